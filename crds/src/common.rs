@@ -1,0 +1,162 @@
+//! Types shared by both resources: the sandbox pod template and prepare steps.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, SecurityContext,
+    Toleration, Volume, VolumeMount,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What every sandbox pod runs: the harness image plus the pod-level settings a platform team
+/// controls. The operator adds floe's init container (copies the `floe` binary), the gateway
+/// sidecar and the `floe sandbox` command wrapper around it; the image itself is never modified.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxTemplate {
+    /// Labels and annotations added to every sandbox pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMetadata>,
+    /// The harness image (it must contain the harness CLI, e.g. `codex` or `claude`).
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: String,
+    /// Image pull policy of the harness container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<LocalObjectReference>>")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Working directory of the harness; the task workspace is created here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub working_dir: Option<String>,
+    /// Resources of the harness container (the gateway sidecar has its own, see `gateway`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<ResourceRequirements>>")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<EnvVar>>")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<EnvFromSource>>")]
+    pub env_from: Vec<EnvFromSource>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<Volume>>")]
+    pub volumes: Vec<Volume>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<VolumeMount>>")]
+    pub volume_mounts: Vec<VolumeMount>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<Toleration>>")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<Affinity>>")]
+    pub affinity: Option<Affinity>,
+    /// e.g. `gvisor` or `kata` for stronger isolation of untrusted agent code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub runtime_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub priority_class_name: Option<String>,
+    /// Service account of the sandbox pod; its token is never mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub service_account_name: Option<String>,
+    /// Security context of the harness container. When unset, floe applies the restricted
+    /// profile (non-root, no privilege escalation, all capabilities dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<SecurityContext>>")]
+    pub security_context: Option<SecurityContext>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateMetadata {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+/// A command run in the sandbox before it counts as READY (pool) or before the harness starts
+/// (task), e.g. cloning a repository or installing dependencies. Retried on failure.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrepareStep {
+    /// Shown in logs, Events and the session result.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Argument vector; use `["sh", "-c", "..."]` for a shell script.
+    #[schemars(length(min = 1, max = 256))]
+    pub command: Vec<String>,
+    #[serde(default = "default_prepare_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub timeout_seconds: i32,
+    /// Extra attempts after the first failure.
+    #[serde(default = "default_prepare_retries")]
+    #[schemars(range(min = 0, max = 10))]
+    pub retries: i32,
+}
+
+fn default_prepare_timeout() -> i32 {
+    300
+}
+fn default_prepare_retries() -> i32 {
+    2
+}
+
+/// The model API a harness speaks to the gateway.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderApi {
+    /// Anthropic Messages (`/v1/messages`).
+    Anthropic,
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    OpenaiChat,
+    /// OpenAI Responses (`/v1/responses`).
+    OpenaiResponses,
+    /// Gemini (`/v1beta/models/{model}:generateContent`).
+    Gemini,
+}
+
+/// Where a sandbox's gateway sends normalized model calls.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamSpec {
+    /// Base URL of an OpenAI-compatible server, e.g. `http://policy-vllm:8000`.
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+    #[serde(default)]
+    pub kind: UpstreamKind,
+    /// Model name sent upstream (vLLM's `--served-model-name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub model: Option<String>,
+}
+
+/// The inference server behind the gateway; decides how token ids are requested.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum UpstreamKind {
+    #[default]
+    #[serde(rename = "vLLM")]
+    Vllm,
+    #[serde(rename = "SGLang")]
+    Sglang,
+}

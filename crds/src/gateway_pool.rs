@@ -1,0 +1,188 @@
+//! `GatewayPool`: a warm pool of single-use sandbox pods for one harness image.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{PrepareStep, SandboxTemplate, UpstreamSpec};
+
+/// Keeps `replicas` sandbox pods READY (gateway healthy, prepare steps done) so that a
+/// RolloutJob can claim one in milliseconds instead of waiting for a cold pod start.
+#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "floe.dev",
+    version = "v1alpha1",
+    kind = "GatewayPool",
+    namespaced,
+    shortname = "gp",
+    category = "floe",
+    status = "GatewayPoolStatus",
+    cel,
+    doc = "A warm pool of READY sandbox pods with the floe gateway injected.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(
+        name = "Claimed",
+        type_ = "integer",
+        json_path = ".status.claimedReplicas"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayPoolSpec {
+    /// How many READY (unclaimed) pods to keep. Driven by `kubectl scale`, HPA or KEDA.
+    #[schemars(range(min = 0, max = 10000))]
+    pub replicas: i32,
+    /// The sandbox pod every replica is made from.
+    pub template: SandboxTemplate,
+    /// Commands run in each new pod before it counts as READY (clone, install, warm caches).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub prepare: Vec<PrepareStep>,
+    #[serde(default)]
+    pub gateway: GatewaySettings,
+    #[serde(default)]
+    pub update_strategy: PoolUpdateStrategy,
+    #[serde(default)]
+    pub refill: RefillPolicy,
+}
+
+/// The gateway sidecar injected into every sandbox pod.
+#[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[x_kube(validation = kube::core::Rule::new("self.port != self.controlPort")
+    .message("gateway.port and gateway.controlPort must differ"))]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySettings {
+    /// Loopback port the harness calls (its provider base URL points here).
+    #[serde(default = "default_gateway_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub port: i32,
+    /// Port of the control API the operator delivers assignments to.
+    #[serde(default = "default_control_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub control_port: i32,
+    /// Model server used when a job brings none (a job in `train` mode always uses its trainer's vLLM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamSpec>,
+    /// Largest request body the gateway accepts, in bytes.
+    #[serde(default = "default_max_body_bytes")]
+    #[schemars(range(min = 1024, max = 1073741824))]
+    pub max_body_bytes: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<ResourceRequirements>>")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            port: default_gateway_port(),
+            control_port: default_control_port(),
+            upstream: None,
+            max_body_bytes: default_max_body_bytes(),
+            resources: None,
+        }
+    }
+}
+
+fn default_gateway_port() -> i32 {
+    8370
+}
+fn default_control_port() -> i32 {
+    8371
+}
+fn default_max_body_bytes() -> i64 {
+    32 * 1024 * 1024
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+pub struct PoolUpdateStrategy {
+    #[serde(default, rename = "type")]
+    pub type_: PoolUpdateStrategyType,
+}
+
+/// What happens to READY pods when the template changes.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum PoolUpdateStrategyType {
+    /// Stale pods stay usable; each is replaced by a current one when claimed or deleted.
+    #[default]
+    OnReplenish,
+    /// Stale unclaimed pods are deleted and recreated at once (claimed pods finish their session).
+    Recreate,
+}
+
+/// Limits on how fast the pool creates pods, so a large claim burst cannot stampede the apiserver
+/// or the image registry.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RefillPolicy {
+    /// Most pods created in one reconcile.
+    #[serde(default = "default_batch_size")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub batch_size: i32,
+    /// Most pods created per minute.
+    #[serde(default = "default_max_per_minute")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_pods_per_minute: i32,
+    /// A pod not READY this long after creation is replaced.
+    #[serde(default = "default_unready_timeout")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub unready_timeout_seconds: i32,
+}
+
+impl Default for RefillPolicy {
+    fn default() -> Self {
+        Self {
+            batch_size: default_batch_size(),
+            max_pods_per_minute: default_max_per_minute(),
+            unready_timeout_seconds: default_unready_timeout(),
+        }
+    }
+}
+
+fn default_batch_size() -> i32 {
+    10
+}
+fn default_max_per_minute() -> i32 {
+    120
+}
+fn default_unready_timeout() -> i32 {
+    600
+}
+
+/// Observed state of the pool.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayPoolStatus {
+    /// Unclaimed pods (warming + READY); the scale subresource's status replicas.
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Pods claimed by a RolloutJob and not finished yet.
+    #[serde(default)]
+    pub claimed_replicas: i32,
+    /// Label selector of the pool's unclaimed pods, for the scale subresource (HPA/KEDA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Hash of the current template; pods with another hash are stale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (all desired replicas READY), `Progressing`, `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<Condition>>")]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Start (or reuse) a genuine local control plane in STATE_DIR: etcd 3.4 + kube-apiserver and
+# kube-controller-manager v1.20.2 (built by setup.sh), on free loopback ports, with a throwaway
+# CA, a static admin token and RBAC. Writes STATE_DIR/kubeconfig and prints its path.
+#
+#   start.sh STATE_DIR     # ~5 s; idempotent: a live control plane in STATE_DIR is reused
+#   stop.sh STATE_DIR      # stops only the PIDs recorded here
+#
+# There is no kubelet and no container runtime: tests play the kubelet's role themselves.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+D=$(realpath -m "${1:?usage: start.sh STATE_DIR}")
+mkdir -p "$D"
+exec 9>"$D/.lock"
+flock 9
+
+log() { echo "[kapi $(date +%T)] $*" >&2; }
+alive() { [ -f "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
+ready() {
+  [ -f "$D/port" ] && curl -sf --max-time 2 --cacert "$D/ca.crt" -H "Authorization: Bearer $(cat "$D/token")" \
+    "https://127.0.0.1:$(cat "$D/port")/readyz" >/dev/null 2>&1
+}
+
+if alive etcd && alive apiserver && ready; then
+  echo "$D/kubeconfig"; exit 0
+fi
+"$HERE/stop.sh" "$D" >/dev/null 2>&1 || true
+
+BIN=${KAPI_BIN:-$("$HERE/setup.sh")}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+if [ ! -f "$D/ca.crt" ]; then
+  openssl genrsa -out "$D/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$D/sa.key" -pubout -out "$D/sa.pub" 2>/dev/null
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$D/ca.key" -out "$D/ca.crt" -days 3650 -subj /CN=floe-test-ca 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -keyout "$D/serving.key" -out "$D/serving.csr" -subj /CN=kube-apiserver 2>/dev/null
+  printf "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n" > "$D/san.ext"
+  openssl x509 -req -in "$D/serving.csr" -CA "$D/ca.crt" -CAkey "$D/ca.key" -CAcreateserial \
+    -out "$D/serving.crt" -days 3650 -extfile "$D/san.ext" 2>/dev/null
+  head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$D/token"
+  echo "$(cat "$D/token"),floe-test-admin,1,system:masters" > "$D/tokens.csv"
+fi
+
+PORT=$(free_port); ETCD_PORT=$(free_port); ETCD_PEER=$(free_port)
+echo "$PORT" > "$D/port"
+cat > "$D/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: floe-test
+  cluster: {server: "https://127.0.0.1:$PORT", certificate-authority: "$D/ca.crt"}
+contexts:
+- name: floe-test
+  context: {cluster: floe-test, user: admin, namespace: default}
+current-context: floe-test
+users:
+- name: admin
+  user: {token: $(cat "$D/token")}
+KC
+
+t0=$(date +%s%N)
+"$BIN/etcd" --name floe-test --data-dir "$D/etcd" \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+  --initial-cluster "floe-test=http://127.0.0.1:$ETCD_PEER" --log-level warn > "$D/etcd.log" 2>&1 9>&- &
+echo $! > "$D/etcd.pid"
+# apiserver 1.20 refuses --insecure-port != 0: TLS with our CA and a static admin token.
+"$BIN/kube-apiserver" \
+  --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+  --insecure-port=0 --secure-port="$PORT" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+  --tls-cert-file="$D/serving.crt" --tls-private-key-file="$D/serving.key" --client-ca-file="$D/ca.crt" \
+  --token-auth-file="$D/tokens.csv" --anonymous-auth=false --authorization-mode=RBAC \
+  --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$D/sa.pub" \
+  --service-account-signing-key-file="$D/sa.key" --api-audiences=https://kubernetes.default.svc \
+  --service-cluster-ip-range=10.96.0.0/24 \
+  --disable-admission-plugins=ServiceAccount --v=1 > "$D/apiserver.log" 2>&1 9>&- &
+echo $! > "$D/apiserver.pid"
+for _ in $(seq 1 300); do
+  ready && break
+  alive apiserver || { log "kube-apiserver exited:"; tail -20 "$D/apiserver.log" >&2; exit 1; }
+  alive etcd || { log "etcd exited:"; tail -20 "$D/etcd.log" >&2; exit 1; }
+  sleep 0.2
+done
+ready || { log "kube-apiserver not ready after 60 s"; tail -20 "$D/apiserver.log" >&2; exit 1; }
+# kube-controller-manager runs garbage collection (ownerReferences) and namespace deletion.
+"$BIN/kube-controller-manager" --kubeconfig="$D/kubeconfig" --leader-elect=false \
+  --service-account-private-key-file="$D/sa.key" --use-service-account-credentials=false \
+  --port=0 --secure-port=0 --controllers='*' --v=1 > "$D/kcm.log" 2>&1 9>&- &
+echo $! > "$D/kcm.pid"
+log "ready in $(( ($(date +%s%N) - t0) / 1000000 )) ms on 127.0.0.1:$PORT"
+echo "$D/kubeconfig"

@@ -1,0 +1,1 @@
+//! Fixtures for the integration tests in `tests/tests/`.
