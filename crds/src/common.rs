@@ -24,6 +24,7 @@ pub struct SandboxTemplate {
     /// Image pull policy of the harness container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Secrets for pulling the harness image from a private registry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<LocalObjectReference>>")]
@@ -36,28 +37,35 @@ pub struct SandboxTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<ResourceRequirements>>")]
     pub resources: Option<ResourceRequirements>,
+    /// Environment of the harness container (floe adds the provider base URLs and the session token).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<EnvVar>>")]
     pub env: Vec<EnvVar>,
+    /// Environment from ConfigMaps or Secrets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<EnvFromSource>>")]
     pub env_from: Vec<EnvFromSource>,
+    /// Pod volumes (floe adds its own emptyDir for the `floe` binary and the workspace).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<Volume>>")]
     pub volumes: Vec<Volume>,
+    /// Mounts of the harness container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<VolumeMount>>")]
     pub volume_mounts: Vec<VolumeMount>,
+    /// Nodes the sandbox pods may run on.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Taints the sandbox pods tolerate (e.g. a dedicated sandbox node pool).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<Toleration>>")]
     pub tolerations: Vec<Toleration>,
+    /// Scheduling affinity of the sandbox pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Affinity>>")]
     pub affinity: Option<Affinity>,
@@ -65,6 +73,7 @@ pub struct SandboxTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub runtime_class_name: Option<String>,
+    /// PriorityClass of the sandbox pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub priority_class_name: Option<String>,
@@ -82,8 +91,10 @@ pub struct SandboxTemplate {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateMetadata {
+    /// Labels added to the pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Annotations added to the pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -106,6 +117,7 @@ pub struct PrepareStep {
     /// Argument vector; use `["sh", "-c", "..."]` for a shell script.
     #[schemars(length(min = 1, max = 256))]
     pub command: Vec<String>,
+    /// Limit of one attempt.
     #[serde(default = "default_prepare_timeout")]
     #[schemars(range(min = 1, max = 86400))]
     pub timeout_seconds: i32,
@@ -143,6 +155,7 @@ pub struct UpstreamSpec {
     /// Base URL of an OpenAI-compatible server, e.g. `http://policy-vllm:8000`.
     #[schemars(length(min = 1, max = 2048))]
     pub url: String,
+    /// Server type, which decides how token ids are requested.
     #[serde(default)]
     pub kind: UpstreamKind,
     /// Model name sent upstream (vLLM's `--served-model-name`).

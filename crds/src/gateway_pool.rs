@@ -1,4 +1,6 @@
 //! `GatewayPool`: a warm pool of single-use sandbox pods for one harness image.
+// Each `printcolumn(...)` in the kube derive repeats `type_ = ...`; that is the API, not a mistake.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -50,10 +52,13 @@ pub struct GatewayPoolSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub prepare: Vec<PrepareStep>,
+    /// The gateway sidecar.
     #[serde(default)]
     pub gateway: GatewaySettings,
+    /// How READY pods are replaced when the template changes.
     #[serde(default)]
     pub update_strategy: PoolUpdateStrategy,
+    /// Limits on how fast the pool creates pods.
     #[serde(default)]
     pub refill: RefillPolicy,
 }
@@ -79,6 +84,7 @@ pub struct GatewaySettings {
     #[serde(default = "default_max_body_bytes")]
     #[schemars(range(min = 1024, max = 1073741824))]
     pub max_body_bytes: i64,
+    /// Resources of the gateway sidecar container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<ResourceRequirements>>")]
     pub resources: Option<ResourceRequirements>,
@@ -108,6 +114,7 @@ fn default_max_body_bytes() -> i64 {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 pub struct PoolUpdateStrategy {
+    /// `OnReplenish` (default) or `Recreate`.
     #[serde(default, rename = "type")]
     pub type_: PoolUpdateStrategyType,
 }
@@ -168,6 +175,7 @@ pub struct GatewayPoolStatus {
     /// Unclaimed pods (warming + READY); the scale subresource's status replicas.
     #[serde(default)]
     pub replicas: i32,
+    /// Unclaimed pods whose gateway is healthy and prepare steps are done.
     #[serde(default)]
     pub ready_replicas: i32,
     /// Pods claimed by a RolloutJob and not finished yet.
@@ -179,6 +187,7 @@ pub struct GatewayPoolStatus {
     /// Hash of the current template; pods with another hash are stale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
+    /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready` (all desired replicas READY), `Progressing`, `Degraded`.

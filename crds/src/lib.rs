@@ -9,6 +9,7 @@
 pub mod common;
 pub mod gateway_pool;
 pub mod generate;
+pub mod reference;
 pub mod rollout_job;
 mod schema;
 pub mod validation;

@@ -1,4 +1,6 @@
 //! `RolloutJob`: tasks × samples → sessions on sandbox pods → trajectories → GRPO or a dataset.
+// Each `printcolumn(...)` in the kube derive repeats `type_ = ...`; that is the API, not a mistake.
+#![allow(clippy::duplicated_attributes)]
 
 use std::collections::BTreeMap;
 
@@ -46,6 +48,7 @@ pub struct RolloutJobSpec {
     /// Sessions per task: the GRPO group size.
     #[schemars(range(min = 1, max = 1024))]
     pub num_samples: i32,
+    /// The coding-agent harness and how it is configured.
     pub harness: HarnessSpec,
     /// Claim sandbox pods from this GatewayPool (same namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,9 +58,12 @@ pub struct RolloutJobSpec {
     /// tasks (a lookahead window); tasks may override the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_template: Option<SandboxTemplate>,
+    /// Scores each session after the harness exits.
     pub evaluator: EvaluatorSpec,
+    /// How captured model calls become training samples.
     #[serde(default)]
     pub trajectory: TrajectorySpec,
+    /// Generation limits the gateway enforces on every model call.
     #[serde(default)]
     pub sampling: SamplingSpec,
     /// GRPO training with a trainer pod (vLLM + trainer). Exclusive with `sft`.
@@ -70,6 +76,7 @@ pub struct RolloutJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
     pub concurrency: Option<i32>,
+    /// Per-session time budgets.
     #[serde(default)]
     pub timeouts: Timeouts,
     /// Wall-clock limit for the whole job, like a Job's; running sessions are stopped at the deadline.
@@ -101,6 +108,7 @@ fn default_backoff_limit() -> i32 {
 ).message("exactly one of tasks.inline, tasks.configMap or tasks.file must be set"))]
 #[serde(rename_all = "camelCase")]
 pub struct TaskSource {
+    /// Tasks written in the job itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 10000))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
@@ -116,8 +124,10 @@ pub struct TaskSource {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigMapTasks {
+    /// ConfigMap name (same namespace).
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// Key holding the JSONL.
     #[serde(default = "default_tasks_key")]
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
@@ -198,6 +208,7 @@ pub struct TaskEvaluation {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct HarnessSpec {
+    /// Which harness: `codex`, `claude-code`, `qwen-code`, `pi`, `gemini-cli` or `custom`.
     pub preset: HarnessPreset,
     /// API the harness speaks to the gateway, for presets that speak several (`pi`, `qwen-code`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -215,6 +226,7 @@ pub struct HarnessSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub args: Vec<String>,
+    /// Extra environment of the harness process.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<EnvVar>>")]
@@ -258,6 +270,7 @@ pub struct EvaluatorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub image: Option<String>,
+    /// How the evaluator's result becomes a reward.
     #[serde(default)]
     pub reward: RewardSpec,
     /// Hidden files for every task (merged under each task's `evaluation.hiddenFiles`),
@@ -276,6 +289,7 @@ pub struct EvaluatorSpec {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RewardSpec {
+    /// Where the reward comes from: `ExitCode` (default), `RewardFile` or `TestOutput`.
     #[serde(default)]
     pub source: RewardSource,
     /// `RewardFile`: JSON file `{"reward": <number>}` written by the evaluator; `TestOutput`:
@@ -325,6 +339,7 @@ pub enum TestScoring {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrajectorySpec {
+    /// `prefixMerging` (default) or `perRequest`.
     #[serde(default)]
     pub builder: TrajectoryBuilder,
 }
@@ -348,9 +363,11 @@ pub struct SamplingSpec {
     #[serde(default = "default_max_response_tokens")]
     #[schemars(range(min = 1, max = 1048576))]
     pub max_response_tokens: i32,
+    /// Sampling temperature sent upstream (overrides the harness's own).
     #[serde(default = "default_temperature")]
     #[schemars(range(min = 0.0, max = 10.0))]
     pub temperature: f64,
+    /// Nucleus sampling threshold sent upstream.
     #[serde(default = "default_top_p")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub top_p: f64,
@@ -424,23 +441,29 @@ pub struct TrainSpec {
     #[serde(default = "default_one")]
     #[schemars(range(min = 0, max = 64))]
     pub gpus: i32,
+    /// The vLLM server in the trainer pod.
     #[serde(default)]
     pub vllm: VllmSpec,
+    /// Resources of the trainer container beyond its GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<ResourceRequirements>>")]
     pub resources: Option<ResourceRequirements>,
+    /// Nodes the trainer pod may run on (GPU nodes).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Taints the trainer pod tolerates (e.g. `nvidia.com/gpu`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<Toleration>>")]
     pub tolerations: Vec<Toleration>,
+    /// GRPO hyper-parameters.
     #[serde(default)]
     pub grpo: GrpoSpec,
     /// Trajectories sampled more than this many policy versions ago are dropped (and counted).
     #[serde(default = "default_one")]
     #[schemars(range(min = 0, max = 1000))]
     pub max_staleness: i32,
+    /// Periodic checkpoints; the trainer resumes from the latest after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
 }
@@ -475,14 +498,18 @@ impl Default for VllmSpec {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct GrpoSpec {
+    /// AdamW learning rate.
     #[serde(default = "default_learning_rate")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub learning_rate: f64,
+    /// Advantage estimator: `MeanStd` (GRPO), `MeanOnly` (Dr. GRPO) or `LeaveOneOut` (RLOO).
     #[serde(default)]
     pub advantage: AdvantageEstimator,
+    /// Lower clip range of the PPO ratio (1 − ε_low).
     #[serde(default = "default_epsilon_low")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub epsilon_low: f64,
+    /// Upper clip range of the PPO ratio (1 + ε_high, clip-higher).
     #[serde(default = "default_epsilon_high")]
     #[schemars(range(min = 0.0, max = 10.0))]
     pub epsilon_high: f64,
@@ -494,6 +521,7 @@ pub struct GrpoSpec {
     #[serde(default)]
     #[schemars(range(min = 0.0, max = 10.0))]
     pub kl_coef: f64,
+    /// How token losses are averaged: `TokenMean`, `SequenceMean` or `TokenSumNorm`.
     #[serde(default)]
     pub loss_aggregation: LossAggregation,
     /// Groups (tasks) per optimizer step.
@@ -504,15 +532,18 @@ pub struct GrpoSpec {
     #[serde(default = "default_micro_batch")]
     #[schemars(range(min = 1, max = 4096))]
     pub micro_batch_size: i32,
+    /// Gradient-norm clipping threshold.
     #[serde(default = "default_max_grad_norm")]
     #[schemars(range(min = 0.0, max = 1000.0))]
     pub max_grad_norm: f64,
+    /// Recompute activations in the backward pass to save GPU memory.
     #[serde(default)]
     pub gradient_checkpointing: bool,
     /// A group is trained once this fraction of its samples arrived and `groupGraceSeconds` passed.
     #[serde(default = "default_min_group_fraction")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub min_group_fraction: f64,
+    /// How long to wait for the rest of a group once `minGroupFraction` arrived.
     #[serde(default = "default_group_grace")]
     #[schemars(range(min = 0, max = 86400))]
     pub group_grace_seconds: i32,
@@ -594,6 +625,7 @@ pub struct CheckpointSpec {
     /// PersistentVolumeClaim for checkpoints (model, optimizer, step, policy version).
     #[schemars(length(min = 1, max = 253))]
     pub claim_name: String,
+    /// Write a checkpoint every this many optimizer steps.
     #[serde(default = "default_checkpoint_every")]
     #[schemars(range(min = 1, max = 1000000))]
     pub every_steps: i32,
@@ -616,6 +648,7 @@ fn default_checkpoint_keep() -> i32 {
 pub struct SftSpec {
     /// Model server the gateways call (a teacher model, or any OpenAI-compatible vLLM).
     pub upstream: UpstreamSpec,
+    /// Where the dataset is written.
     pub output: DatasetOutput,
     /// Trajectories with reward ≥ this are written (default: `evaluator.reward.passThreshold`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -642,26 +675,33 @@ fn default_dataset_path() -> String {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutJobStatus {
+    /// `Pending`, `Running`, `Suspended`, `Succeeded` or `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<RolloutJobPhase>,
     /// `finished/total` sessions, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// Sessions by state.
     #[serde(default)]
     pub sessions: SessionCounts,
+    /// Rewards of the scored sessions so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewards: Option<RewardStats>,
+    /// Progress of the trainer pod (`train` mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trainer: Option<TrainerProgress>,
     /// `Ready`, `Progressing`, `Complete`, `Failed`, `Suspended`, and kstatus `Reconciling`/`Stalled`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<Condition>>")]
     pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// When the first session was claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
     pub start_time: Option<Time>,
+    /// When the job succeeded or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
     pub completion_time: Option<Time>,
@@ -679,12 +719,16 @@ pub enum RolloutJobPhase {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionCounts {
+    /// Tasks × numSamples.
     #[serde(default)]
     pub total: i32,
+    /// Waiting for a sandbox pod.
     #[serde(default)]
     pub pending: i32,
+    /// Assigned to a pod and not finished.
     #[serde(default)]
     pub running: i32,
+    /// Finished with a reward.
     #[serde(default)]
     pub succeeded: i32,
     /// Sessions that exhausted `backoffLimit` on infrastructure failures (no reward recorded).
@@ -700,6 +744,7 @@ pub struct SessionCounts {
 pub struct RewardStats {
     /// Sessions with a reward.
     pub scored: i32,
+    /// Mean reward.
     pub mean: f64,
     /// Fraction of scored sessions with reward ≥ `passThreshold`.
     pub pass_rate: f64,
@@ -708,8 +753,11 @@ pub struct RewardStats {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainerProgress {
+    /// Optimizer steps taken.
     pub step: i64,
+    /// Version of the weights vLLM serves (bumped on every weight push).
     pub policy_version: i64,
+    /// When the last optimizer step finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
     pub last_step_time: Option<Time>,

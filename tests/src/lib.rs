@@ -1,1 +1,12 @@
 //! Fixtures for the integration tests in `tests/tests/`.
+//!
+//! [`cluster()`] gives the genuine control plane the tests run against: the one named by
+//! `FLOE_TEST_KUBECONFIG` (what `scripts/test.sh` starts), or else one this fixture starts or
+//! reuses in `target/kapi-test` with `scripts/kube-test-cluster/start.sh`. It never skips: when
+//! no control plane can be had, the test fails and says why.
+
+pub mod cluster;
+pub mod namespace;
+
+pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
+pub use namespace::TestNamespace;

@@ -1,0 +1,173 @@
+//! The genuine kube-apiserver + etcd + kube-controller-manager the integration tests use.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use floe_crds::generate::{crds, Target};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// Where the tests find the control plane and Debian's kubectl 1.20.
+pub struct TestCluster {
+    pub kubeconfig: PathBuf,
+    pub kubectl: PathBuf,
+}
+
+static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
+
+/// The workspace root (the tests crate lives in `tests/`).
+pub fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+}
+
+/// The control plane for this test process, started or reused once. Panics (fails the test)
+/// when it cannot be had: these tests must never pass by skipping.
+pub fn cluster() -> &'static TestCluster {
+    CLUSTER.get_or_init(|| match start_or_reuse() {
+        Ok(c) => c,
+        Err(e) => panic!("no test control plane: {e:#}"),
+    })
+}
+
+fn script(name: &str) -> PathBuf {
+    workspace_root()
+        .join("scripts/kube-test-cluster")
+        .join(name)
+}
+
+fn run_script(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run script")?;
+    if !out.status.success() {
+        bail!("{:?} failed with {}", cmd, out.status);
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+fn start_or_reuse() -> Result<TestCluster> {
+    let bin_dir = match std::env::var_os("FLOE_KAPI_BIN") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(run_script(&mut Command::new(script("setup.sh")))?),
+    };
+    let kubeconfig = match std::env::var_os("FLOE_TEST_KUBECONFIG") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let state = workspace_root().join("target/kapi-test");
+            PathBuf::from(run_script(
+                Command::new(script("start.sh"))
+                    .arg(&state)
+                    .env("KAPI_BIN", &bin_dir),
+            )?)
+        }
+    };
+    if !kubeconfig.is_file() {
+        bail!("kubeconfig {} does not exist", kubeconfig.display());
+    }
+    Ok(TestCluster {
+        kubeconfig,
+        kubectl: bin_dir.join("kubectl"),
+    })
+}
+
+impl TestCluster {
+    /// A kube client for the admin user. Make one per test: a client belongs to the tokio
+    /// runtime it was made on, and every `#[tokio::test]` has its own.
+    pub async fn client(&self) -> Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        let config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Run Debian's kubectl 1.20 against the test cluster, optionally feeding `stdin`.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<Output> {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot run {}", self.kubectl.display()))?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input)?;
+        }
+        Ok(child.wait_with_output()?)
+    }
+
+    /// The CRD target matching the apiserver's version (1.20 here: no CEL).
+    pub async fn crd_target(&self, client: &Client) -> Result<Target> {
+        let info = client.apiserver_version().await?;
+        Ok(Target::for_kube_version(&format!(
+            "{}.{}",
+            info.major, info.minor
+        ))?)
+    }
+
+    /// Install (server-side apply, idempotent) both CRDs and wait until they are Established.
+    pub async fn install_crds(&self, client: &Client) -> Result<Vec<CustomResourceDefinition>> {
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let target = self.crd_target(client).await?;
+        let params = PatchParams::apply("floe-tests").force();
+        let mut installed = Vec::new();
+        for crd in crds(target)? {
+            let name = crd.metadata.name.clone().context("CRD has a name")?;
+            api.patch(&name, &params, &Patch::Apply(&crd)).await?;
+            installed.push(wait_established(&api, &name).await?);
+        }
+        Ok(installed)
+    }
+}
+
+async fn wait_established(
+    api: &Api<CustomResourceDefinition>,
+    name: &str,
+) -> Result<CustomResourceDefinition> {
+    for _ in 0..100 {
+        let crd = api.get(name).await?;
+        let established = crd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            return Ok(crd);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("CRD {name} not Established after 10 s")
+}
+
+/// Path of the `floe` binary, built by this call if needed (`cargo build -p floe`).
+pub fn floe_bin() -> Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "-p", "floe"])
+        .current_dir(workspace_root())
+        .status()?;
+    if !status.success() {
+        bail!("cargo build -p floe failed");
+    }
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    Ok(target_dir.join("debug/floe"))
+}
