@@ -1,0 +1,245 @@
+//! Append-only, crash-safe capture files.
+//!
+//! Each record is one JSON line, written with a single `write_all` and flushed with
+//! `sync_data` before the caller replies to the harness. A crash can leave at most a torn last
+//! line; readers skip it (and count it) instead of failing, so nothing flushed before is lost.
+//! Closing a session writes [`SEAL_FILE`]; a sealed capture takes no more records.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use super::record::CompletionRecord;
+
+/// The JSONL file in a session's capture directory.
+pub const CAPTURE_FILE: &str = "completions.jsonl";
+/// Present once the session was closed: the capture is complete.
+pub const SEAL_FILE: &str = "sealed";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureWriteError {
+    #[error("capture {0} is sealed")]
+    Sealed(PathBuf),
+    #[error("capture I/O on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("record does not serialize: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Writer for one session's capture directory.
+pub struct CaptureLog {
+    dir: PathBuf,
+    file: File,
+}
+
+impl CaptureLog {
+    /// Open (creating if needed) the capture of a session in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, CaptureWriteError> {
+        let io = |source| CaptureWriteError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        if dir.join(SEAL_FILE).exists() {
+            return Err(CaptureWriteError::Sealed(dir.to_path_buf()));
+        }
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let path = dir.join(CAPTURE_FILE);
+        drop_torn_tail(&path).map_err(io)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            file,
+        })
+    }
+
+    /// Append one record and make it durable before returning.
+    pub fn append(&mut self, record: &CompletionRecord) -> Result<(), CaptureWriteError> {
+        let mut line = serde_json::to_vec(record)?;
+        line.push(b'\n');
+        let io = |source| CaptureWriteError::Io {
+            path: self.dir.join(CAPTURE_FILE),
+            source,
+        };
+        self.file.write_all(&line).map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+
+    /// Seal the capture: no more records; readers know it is complete.
+    pub fn seal(self) -> Result<(), CaptureWriteError> {
+        let path = self.dir.join(SEAL_FILE);
+        File::create(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| CaptureWriteError::Io { path, source })
+    }
+}
+
+/// After a crash mid-write the file may end in a partial line. That record was never
+/// acknowledged (replies wait for `sync_data`), so cut it off; appending after it would turn it
+/// into corruption in the middle of the file.
+fn drop_torn_tail(path: &Path) -> std::io::Result<()> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if bytes.last().is_none_or(|b| *b == b'\n') {
+        return Ok(());
+    }
+    let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    tracing::warn!(path = %path.display(), dropped = bytes.len() - keep, "dropping torn capture tail");
+    let file = OpenOptions::new().write(true).open(path)?;
+    file.set_len(keep as u64)?;
+    file.sync_all()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureReadError {
+    #[error("cannot read capture {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} line {line}: not a capture record: {source}")]
+    Corrupt {
+        path: PathBuf,
+        line: usize,
+        source: serde_json::Error,
+    },
+}
+
+/// A session's capture as read back.
+#[derive(Debug, Default)]
+pub struct SessionCapture {
+    pub records: Vec<CompletionRecord>,
+    /// The session was closed (the capture is complete).
+    pub sealed: bool,
+    /// A torn final line (crash mid-write) was skipped.
+    pub torn_tail: bool,
+}
+
+/// Read a session's capture directory. A torn *last* line is skipped; a bad line anywhere
+/// else is corruption and an error.
+pub fn read_session(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
+    let path = dir.join(CAPTURE_FILE);
+    let io = |source| CaptureReadError::Io {
+        path: path.clone(),
+        source,
+    };
+    let file = File::open(&path).map_err(io)?;
+    let lines: Vec<String> = BufReader::new(file)
+        .lines()
+        .collect::<Result<_, _>>()
+        .map_err(io)?;
+    let mut capture = SessionCapture {
+        sealed: dir.join(SEAL_FILE).exists(),
+        ..Default::default()
+    };
+    let last = lines.len().saturating_sub(1);
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(record) => capture.records.push(record),
+            Err(_) if i == last => capture.torn_tail = true,
+            Err(source) => {
+                return Err(CaptureReadError::Corrupt {
+                    path: path.clone(),
+                    line: i + 1,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(capture)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::Api;
+
+    fn record(seq: u64) -> CompletionRecord {
+        CompletionRecord {
+            v: 1,
+            session: "s".into(),
+            seq,
+            api: Api::OpenaiChat,
+            started_at_ms: seq,
+            finished_at_ms: seq + 1,
+            upstream_ms: 1,
+            model: "policy".into(),
+            policy_version: None,
+            prompt_token_ids: vec![1, 2, 3],
+            completion_token_ids: vec![4, 5],
+            logprobs: Some(vec![-0.5, -0.25]),
+            finish_reason: Some("stop".into()),
+            unparsed_tool_call: false,
+            request: serde_json::json!({}),
+            normalized_request: serde_json::json!({}),
+            response: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn appended_records_read_back_and_seal_stops_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = CaptureLog::open(dir.path()).expect("open");
+        log.append(&record(0)).expect("append");
+        log.append(&record(1)).expect("append");
+        log.seal().expect("seal");
+        let capture = read_session(dir.path()).expect("read");
+        assert_eq!(capture.records, vec![record(0), record(1)]);
+        assert!(capture.sealed && !capture.torn_tail);
+        assert!(matches!(
+            CaptureLog::open(dir.path()),
+            Err(CaptureWriteError::Sealed(_))
+        ));
+    }
+
+    #[test]
+    fn a_torn_last_line_is_skipped_and_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = CaptureLog::open(dir.path()).expect("open");
+        log.append(&record(0)).expect("append");
+        drop(log);
+        // A crash in the middle of the second write.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(CAPTURE_FILE))
+            .expect("file");
+        f.write_all(br#"{"v":1,"session":"s","seq":1,"api":"openai_ch"#)
+            .expect("torn");
+        let capture = read_session(dir.path()).expect("read");
+        assert_eq!(capture.records, vec![record(0)]);
+        assert!(capture.torn_tail && !capture.sealed);
+        // After a restart the torn, never-acknowledged record is cut off and writing goes on.
+        let mut log = CaptureLog::open(dir.path()).expect("reopen");
+        log.append(&record(2)).expect("append");
+        let capture = read_session(dir.path()).expect("read");
+        assert_eq!(capture.records, vec![record(0), record(2)]);
+        assert!(!capture.torn_tail);
+    }
+
+    #[test]
+    fn a_bad_line_in_the_middle_is_corruption_not_silently_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = serde_json::to_string(&record(0)).expect("json");
+        std::fs::write(
+            dir.path().join(CAPTURE_FILE),
+            format!("{good}\nnot json\n{good}\n"),
+        )
+        .expect("write");
+        assert!(matches!(
+            read_session(dir.path()),
+            Err(CaptureReadError::Corrupt { line: 2, .. })
+        ));
+    }
+}

@@ -1,0 +1,11 @@
+//! The capture log: one directory per session, one append-only JSONL file of
+//! [`CompletionRecord`]s, written and flushed before the harness gets its reply.
+
+mod log;
+mod record;
+
+pub use log::{
+    read_session, CaptureLog, CaptureReadError, CaptureWriteError, SessionCapture, CAPTURE_FILE,
+    SEAL_FILE,
+};
+pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};

@@ -1,0 +1,58 @@
+//! One captured model call.
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the capture record format; bumped on any incompatible change.
+pub const CAPTURE_FORMAT_VERSION: u32 = 1;
+
+/// The provider API the harness used for a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    Anthropic,
+    OpenaiChat,
+    OpenaiResponses,
+    Gemini,
+}
+
+/// Everything the gateway knows about one model call. Token ids are the server's own: the
+/// prompt as vLLM tokenized the rendered chat template, and the tokens it sampled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRecord {
+    /// [`CAPTURE_FORMAT_VERSION`].
+    pub v: u32,
+    pub session: String,
+    /// Order of the call within the session (0, 1, …), assigned when the request arrives.
+    pub seq: u64,
+    pub api: Api,
+    /// Unix milliseconds: request received, upstream answered.
+    pub started_at_ms: u64,
+    pub finished_at_ms: u64,
+    /// Time spent waiting for the upstream, in milliseconds.
+    pub upstream_ms: u64,
+    /// Model the upstream reports.
+    pub model: String,
+    /// Policy (weights) version that served the call, when the upstream reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<u64>,
+    pub prompt_token_ids: Vec<u32>,
+    pub completion_token_ids: Vec<u32>,
+    /// Behaviour logprob of each sampled token; `None` when the upstream returned none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<f64>>,
+    /// `stop`, `length`, `tool_calls`, … as the upstream reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// The tool call in the response could not be parsed (the harness got plain text).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unparsed_tool_call: bool,
+    /// The harness's request as received.
+    #[serde(default)]
+    pub request: serde_json::Value,
+    /// The OpenAI Chat Completions request sent upstream.
+    #[serde(default)]
+    pub normalized_request: serde_json::Value,
+    /// The upstream's response as received.
+    #[serde(default)]
+    pub response: serde_json::Value,
+}

@@ -1,0 +1,97 @@
+//! Sans-IO trajectory building: a session's [`CompletionRecord`]s → one [`Trajectory`].
+//!
+//! - [`per_request`]: one trace per model call.
+//! - [`prefix_merging`]: calls whose prompt extends the previous call's prompt + sampled tokens
+//!   become one trace (interstitial tokens masked out), which is where most trainer work is saved.
+//!
+//! Then [`outcome`] applies the session's outcome (reward, timeout, infrastructure error).
+//! The JSON form is the wire format the trainer ingests (`docs/trajectory-format.md`).
+
+pub mod outcome;
+pub mod per_request;
+pub mod prefix_merging;
+mod types;
+
+pub use outcome::{apply_outcome, SessionOutcome};
+pub use types::*;
+
+use crate::capture::CompletionRecord;
+
+/// How to build, beyond the builder itself.
+#[derive(Clone, Debug, Default)]
+pub struct BuildOptions {
+    pub builder: Builder,
+    /// End-of-turn token id; inferred from the data when `None` (see [`infer_end_of_turn`]).
+    pub end_of_turn: Option<u32>,
+    /// Longest trace (prompt + response tokens) a merge may produce; `None` = unbounded.
+    pub max_length: Option<usize>,
+}
+
+/// Build the traces of a session's completions (any order) and their statistics.
+pub fn build_traces(
+    records: &[CompletionRecord],
+    options: &BuildOptions,
+) -> (Vec<Trace>, ReconstructionStats) {
+    let mut ordered: Vec<&CompletionRecord> = records.iter().collect();
+    ordered.sort_by_key(|r| (r.started_at_ms, r.seq));
+    let traces = match options.builder {
+        Builder::PerRequest => per_request::build(&ordered),
+        Builder::PrefixMerging => {
+            let eot = options.end_of_turn.or_else(|| infer_end_of_turn(records));
+            prefix_merging::build(&ordered, eot, options.max_length)
+        }
+    };
+    let stats = ReconstructionStats::of(&ordered, &traces);
+    (traces, stats)
+}
+
+/// Build a session's trajectory and apply its outcome.
+pub fn build_trajectory(
+    session: &SessionInfo,
+    records: &[CompletionRecord],
+    options: &BuildOptions,
+    outcome: &SessionOutcome,
+) -> Trajectory {
+    let (traces, stats) = build_traces(records, options);
+    let mut policy_versions: Vec<u64> = records.iter().filter_map(|r| r.policy_version).collect();
+    policy_versions.sort_unstable();
+    policy_versions.dedup();
+    let mut trajectory = Trajectory {
+        format: TRAJECTORY_FORMAT.to_string(),
+        session: session.session.clone(),
+        task: session.task.clone(),
+        group: session.group.clone(),
+        sample: session.sample,
+        status: SessionStatus::Completed,
+        trainable: true,
+        reward: None,
+        evaluation: None,
+        builder: options.builder,
+        policy_versions,
+        traces,
+        stats,
+        metadata: session.metadata.clone(),
+    };
+    apply_outcome(&mut trajectory, outcome);
+    trajectory
+}
+
+/// The end-of-turn token: the most common last sampled token of calls that stopped on their
+/// own (`stop` / `tool_calls`). `None` when no call did.
+pub fn infer_end_of_turn(records: &[CompletionRecord]) -> Option<u32> {
+    let mut counts = std::collections::BTreeMap::<u32, usize>::new();
+    for r in records {
+        if matches!(r.finish_reason.as_deref(), Some("stop" | "tool_calls")) {
+            if let Some(last) = r.completion_token_ids.last() {
+                *counts.entry(*last).or_default() += 1;
+            }
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(token, n)| (*n, std::cmp::Reverse(*token)))
+        .map(|(t, _)| t)
+}
+
+#[cfg(test)]
+mod tests;

