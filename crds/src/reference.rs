@@ -46,7 +46,7 @@ fn render(examples: &[Value]) -> Result<(String, Vec<String>), GenerateError> {
     let mut walk = Walk::default();
     let mut out = String::from(
         "# CRD reference\n\n<!-- Generated from the Rust types in crds/ and the files in examples/ \
-         by `scripts/gen-crds.sh`. Do not edit. -->\n\n\
+         by `scripts/generate.sh`. Do not edit. -->\n\n\
          Group `floe.dev`, version `v1alpha1`, both namespaced. Constraints are enforced by the \
          apiserver's schema validation; the rules under *CEL rules* are enforced by the apiserver \
          on Kubernetes ≥ 1.25 and by the operator (and `floe run`) everywhere.\n",

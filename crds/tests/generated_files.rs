@@ -1,5 +1,5 @@
 //! The checked-in generated files must match the Rust types. Regenerate with
-//! `scripts/gen-crds.sh` (which runs this test with `FLOE_BLESS=1`).
+//! `scripts/generate.sh` (which runs this test with `FLOE_BLESS=1`).
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,7 @@ fn check(relative: &str, expected: &str) {
     let actual = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         actual == expected,
-        "{relative} is out of date with the Rust types; run scripts/gen-crds.sh and commit the result"
+        "{relative} is out of date with the Rust types; run scripts/generate.sh and commit the result"
     );
 }
 

@@ -6,4 +6,6 @@
 //!   trainer-ready trajectories (`docs/trajectory-format.md`).
 
 pub mod capture;
+pub mod protocol;
+pub mod server;
 pub mod trajectory;

@@ -6,7 +6,11 @@
 //! no control plane can be had, the test fails and says why.
 
 pub mod cluster;
+pub mod gateway;
 pub mod namespace;
+pub mod vllm;
 
 pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
+pub use gateway::TestGateway;
 pub use namespace::TestNamespace;
+pub use vllm::{vllm, Vllm};

@@ -15,6 +15,35 @@ use super::record::CompletionRecord;
 pub const CAPTURE_FILE: &str = "completions.jsonl";
 /// Present once the session was closed: the capture is complete.
 pub const SEAL_FILE: &str = "sealed";
+/// Who the session is ([`SessionMeta`]), written when the session is created.
+pub const META_FILE: &str = "session.json";
+
+/// Identity of a captured session, kept beside its completions.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SessionMeta {
+    pub session: String,
+    #[serde(default)]
+    pub task: String,
+    /// GRPO group id (job + task).
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub sample: u32,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// Write `session.json` atomically (temp file + rename).
+pub fn write_meta(dir: &Path, meta: &SessionMeta) -> Result<(), CaptureWriteError> {
+    let io = |source| CaptureWriteError::Io {
+        path: dir.join(META_FILE),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let tmp = dir.join(".session.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(meta)?).map_err(io)?;
+    std::fs::rename(&tmp, dir.join(META_FILE)).map_err(io)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureWriteError {
@@ -122,6 +151,28 @@ pub struct SessionCapture {
     pub sealed: bool,
     /// A torn final line (crash mid-write) was skipped.
     pub torn_tail: bool,
+    /// `session.json`, when present.
+    pub meta: Option<SessionMeta>,
+}
+
+/// The session capture directories among `paths`: each path that holds a capture, or else its
+/// immediate subdirectories that do. Sorted, for stable output.
+pub fn find_sessions(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for path in paths {
+        if path.join(CAPTURE_FILE).is_file() {
+            found.push(path.clone());
+            continue;
+        }
+        for entry in std::fs::read_dir(path)? {
+            let dir = entry?.path();
+            if dir.join(CAPTURE_FILE).is_file() {
+                found.push(dir);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
 }
 
 /// Read a session's capture directory. A torn *last* line is skipped; a bad line anywhere
@@ -137,8 +188,26 @@ pub fn read_session(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
         .lines()
         .collect::<Result<_, _>>()
         .map_err(io)?;
+    let meta =
+        match std::fs::read(dir.join(META_FILE)) {
+            Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|source| {
+                CaptureReadError::Corrupt {
+                    path: dir.join(META_FILE),
+                    line: 1,
+                    source,
+                }
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(CaptureReadError::Io {
+                    path: dir.join(META_FILE),
+                    source,
+                })
+            }
+        };
     let mut capture = SessionCapture {
         sealed: dir.join(SEAL_FILE).exists(),
+        meta,
         ..Default::default()
     };
     let last = lines.len().saturating_sub(1);

@@ -5,7 +5,7 @@ mod log;
 mod record;
 
 pub use log::{
-    read_session, CaptureLog, CaptureReadError, CaptureWriteError, SessionCapture, CAPTURE_FILE,
-    SEAL_FILE,
+    find_sessions, read_session, write_meta, CaptureLog, CaptureReadError, CaptureWriteError,
+    SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
 };
 pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};

@@ -95,3 +95,17 @@ pub fn infer_end_of_turn(records: &[CompletionRecord]) -> Option<u32> {
 
 #[cfg(test)]
 mod tests;
+
+/// JSON Schema (draft 2020-12) of the wire format, as checked in at
+/// `docs/trajectory.schema.json`.
+pub fn wire_schema() -> serde_json::Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(Trajectory)).unwrap_or_default();
+    if let Some(map) = schema.as_object_mut() {
+        map.insert(
+            "$id".into(),
+            "https://floe.dev/schemas/trajectory/v1.json".into(),
+        );
+        map.insert("title".into(), TRAJECTORY_FORMAT.into());
+    }
+    schema
+}

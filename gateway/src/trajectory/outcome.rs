@@ -21,6 +21,9 @@ pub enum SessionOutcome {
     InfraError { message: String },
     /// The evaluator did not finish in time: the grade is unknown.
     EvaluatorTimeout,
+    /// Not evaluated (yet), e.g. a capture inspected with `floe trajectories build`: tokens and
+    /// masks as built, no reward, not trainable.
+    Unscored,
 }
 
 pub fn apply_outcome(trajectory: &mut Trajectory, outcome: &SessionOutcome) {
@@ -48,6 +51,12 @@ pub fn apply_outcome(trajectory: &mut Trajectory, outcome: &SessionOutcome) {
                 trajectory,
                 serde_json::json!({"error": "evaluator timed out"}),
             );
+        }
+        SessionOutcome::Unscored => {
+            trajectory.status = SessionStatus::Completed;
+            trajectory.reward = None;
+            trajectory.trainable = false;
+            trajectory.evaluation = None;
         }
     }
 }

@@ -33,6 +33,9 @@ struct Chain {
     finish_reason: Option<String>,
     has_logprobs: bool,
     start: ChainStart,
+    /// For a chain that branched off another one after a completed turn: that chain. Decided in
+    /// hindsight: if the parent never continues, the branch was a history rewrite.
+    branched_from: Option<usize>,
     open: bool,
 }
 
@@ -54,6 +57,7 @@ impl Chain {
             finish_reason: r.finish_reason.clone(),
             has_logprobs: has_logprobs(r),
             start,
+            branched_from: None,
             open: true,
         }
     }
@@ -109,6 +113,28 @@ fn stopped_on_its_own(finish_reason: Option<&str>) -> bool {
     matches!(finish_reason, Some("stop" | "tool_calls"))
 }
 
+/// Is the previous turn still there, only rendered differently (re-tokenized, thinking
+/// stripped, tool JSON re-serialized)? Yes if at least half of its sampled tokens reappear
+/// where it should be; if it is simply gone, the history was changed instead.
+fn looks_rerendered(sampled: &[u32], rest: &[u32]) -> bool {
+    let window = &rest[..rest.len().min(sampled.len() + 16)];
+    let mut pool: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    for t in window {
+        *pool.entry(*t).or_default() += 1;
+    }
+    let found = sampled
+        .iter()
+        .filter(|t| match pool.get_mut(t) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        })
+        .count();
+    2 * found >= sampled.len()
+}
+
 fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -125,7 +151,11 @@ fn merge_blocker(
     let rest = &prompt[chain.last_prompt_len..];
     let response = chain.last_response();
     if !rest.starts_with(response) {
-        return Some(ChainStart::TemplateRewrite);
+        return Some(if looks_rerendered(response, rest) {
+            ChainStart::TemplateRewrite
+        } else {
+            ChainStart::PrefixChanged
+        });
     }
     if let Some(eot) = eot {
         // A turn that ended by itself must be closed by an end-of-turn token: sampled, or
@@ -152,21 +182,36 @@ pub fn build(
 ) -> Vec<Trace> {
     let mut chains: Vec<Chain> = Vec::new();
     for r in records {
-        let start = attach(&mut chains, r, eot, max_length);
-        if let Some(start) = start {
-            chains.push(Chain::new(r, start));
+        if let Some((start, branched_from)) = attach(&mut chains, r, eot, max_length) {
+            let mut chain = Chain::new(r, start);
+            chain.branched_from = branched_from;
+            chains.push(chain);
+        }
+    }
+    // A branch whose parent never went on was not a parallel branch: the harness rewrote the
+    // history (compaction, trimmed tool output) and continued from the rewritten version.
+    let last_call: Vec<Option<u64>> = chains
+        .iter()
+        .map(|c| c.completions.last().copied())
+        .collect();
+    for chain in &mut chains {
+        if let Some(parent) = chain.branched_from {
+            if last_call[parent] < chain.completions.first().copied() {
+                chain.start = ChainStart::PrefixChanged;
+            }
         }
     }
     chains.into_iter().map(Chain::into_trace).collect()
 }
 
-/// Extend the right chain with `r` (→ `None`), or say why `r` starts a new one.
+/// Extend the right chain with `r` (→ `None`), or say why `r` starts a new one (and which
+/// chain it branched off after a completed turn, if any).
 fn attach(
     chains: &mut [Chain],
     r: &CompletionRecord,
     eot: Option<u32>,
     max_length: Option<usize>,
-) -> Option<ChainStart> {
+) -> Option<(ChainStart, Option<usize>)> {
     let prompt = &r.prompt_token_ids;
     // Open chains whose last prompt is a strict prefix of this prompt, longest prefix first,
     // most recent first on a tie (parallel samples from one point share a last prompt).
@@ -187,27 +232,41 @@ fn attach(
             Some(reason) => blockers.push((i, reason)),
         }
     }
-    // Nothing to extend. Another sample from a point some chain passed through is a fork,
-    // whatever its siblings look like.
-    if is_fork(chains, prompt) {
-        return Some(ChainStart::Fork);
+    // Nothing to extend. A call from a point some *other* chain passed through is a branch.
+    // (The candidates are excluded: this prompt holds their whole last prompt, so it diverges
+    // inside their last turn, which is a rewrite, not a branch.)
+    let others: Vec<usize> = (0..chains.len())
+        .filter(|i| !candidates.contains(i))
+        .collect();
+    let same_point = others.iter().any(|&i| {
+        chains[i]
+            .prompt_ends
+            .iter()
+            .any(|&end| prompt == &chains[i].tokens[..end])
+    });
+    if same_point {
+        return Some((ChainStart::Fork, None));
+    }
+    // The deepest explanation wins: a branch point counts only if it lies deeper in the
+    // prompt than every blocked candidate's last prompt.
+    let deepest_candidate = candidates.first().map_or(0, |&i| chains[i].last_prompt_len);
+    let branch = others
+        .iter()
+        .flat_map(|&i| chains[i].turn_ends.iter().map(move |&end| (end, i)))
+        .filter(|&(end, i)| {
+            end > deepest_candidate
+                && prompt.len() > end
+                && prompt.starts_with(&chains[i].tokens[..end])
+        })
+        .max();
+    if let Some((_, parent)) = branch {
+        return Some((ChainStart::Fork, Some(parent)));
     }
     if let Some(&(i, reason)) = blockers.first() {
         chains[i].open = false;
-        return Some(reason);
+        return Some((reason, None));
     }
-    Some(classify_unattached(chains, prompt))
-}
-
-fn is_fork(chains: &[Chain], prompt: &[u32]) -> bool {
-    chains.iter().any(|c| {
-        let same_point = c.prompt_ends.iter().any(|&end| prompt == &c.tokens[..end]);
-        let after_turn = c
-            .turn_ends
-            .iter()
-            .any(|&end| prompt.len() > end && prompt.starts_with(&c.tokens[..end]));
-        same_point || after_turn
-    })
+    Some((classify_unattached(chains, prompt), None))
 }
 
 /// A call that extends no chain's last prompt and forks from none: a rewritten history or a

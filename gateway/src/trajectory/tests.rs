@@ -206,23 +206,60 @@ fn interleaved_sub_agents_and_background_calls_fall_into_separate_chains() {
 }
 
 #[test]
-fn retries_and_branches_are_forks_not_breaks() {
+fn retries_and_parallel_branches_are_forks_not_breaks() {
     let p0 = [1, 2];
     let p1 = cat(&[&p0, &[10, EOT], &[20]]);
     let branch = cat(&[&p0, &[10, EOT], &[21]]); // another tool result after turn 0
+    let p2 = cat(&[&p1, &[12, EOT], &[22]]);
     let (traces, stats) = merge(&[
         rec(0, &p0, &[10, EOT], "stop"),
         rec(1, &p0, &[11, EOT], "stop"), // same prompt again: another sample
         rec(2, &p1, &[12, EOT], "stop"),
         rec(3, &branch, &[13, EOT], "stop"),
+        rec(4, &p2, &[14, EOT], "stop"), // the original branch goes on: both are alive
     ]);
-    // seq 2 extends seq 1's chain? No: seq 1's response differs from what p1 holds, so it extends seq 0.
-    assert_eq!(traces[0].completions, [0, 2]);
+    // seq 2 extends seq 0's chain, not its sibling seq 1 whose sample p1 does not hold.
+    assert_eq!(traces[0].completions, [0, 2, 4]);
     assert_eq!(
         starts(&traces),
         [ChainStart::First, ChainStart::Fork, ChainStart::Fork]
     );
     assert_eq!(stats.breaks, 0);
+}
+
+#[test]
+fn a_branch_whose_parent_never_continues_is_a_history_rewrite() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    let rewritten = cat(&[&p0, &[10, EOT], &[20], &[55, 56]]); // turn 1 dropped, summary instead
+    let (traces, stats) = merge(&[
+        rec(0, &p0, &[10, EOT], "stop"),
+        rec(1, &p1, &[12, EOT], "stop"),
+        rec(2, &rewritten, &[13, EOT], "stop"),
+    ]);
+    assert_eq!(
+        starts(&traces),
+        [ChainStart::First, ChainStart::PrefixChanged]
+    );
+    assert_eq!(stats.breaks, 1);
+}
+
+#[test]
+fn a_retokenized_last_turn_deep_in_a_chain_is_a_template_rewrite() {
+    // Seen on vLLM + SmolLM2: "capsettages" sampled as [40, 41], re-rendered as [42, 43].
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    let p2 = cat(&[&p1, &[30, 31, 42, 43, 32, 33, EOT], &[21]]);
+    let (traces, _) = merge(&[
+        rec(0, &p0, &[10, EOT], "stop"),
+        rec(1, &p1, &[30, 31, 40, 41, 32, 33, EOT], "stop"),
+        rec(2, &p2, &[14, EOT], "stop"),
+    ]);
+    assert_eq!(
+        starts(&traces),
+        [ChainStart::First, ChainStart::TemplateRewrite]
+    );
+    assert_eq!(traces[0].completions, [0, 1]);
 }
 
 #[test]

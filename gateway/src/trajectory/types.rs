@@ -58,16 +58,20 @@ pub enum ChainStart {
     /// A prompt unrelated to every earlier chain past its first prompt: a sub-agent, a
     /// background request (title, memory extraction), a parallel agent.
     NewContext,
-    /// Extends an earlier turn of a chain whose later turns went elsewhere (retried or
-    /// parallel calls from the same point).
+    /// Another sample from a point an earlier chain passed through (the same prompt again, or
+    /// a different continuation after a completed turn) while that chain also goes on:
+    /// retried or parallel calls.
     Fork,
     /// One trace per call (`per_request`).
     PerRequest,
-    /// Keeps a chain's first prompt but rewrites later history (compaction, truncated tool output).
+    /// The history after some point was changed and the old version was never continued
+    /// (compaction, trimmed tool output, a dropped turn). Decided in hindsight: a branch whose
+    /// parent chain never continues is a rewrite, not a fork.
     PrefixChanged,
-    /// The previous prompt is a prefix, but the previous turn's sampled tokens do not reappear
-    /// verbatim (thinking stripped by the chat template, tool-call JSON re-serialized,
-    /// re-tokenization at the boundary).
+    /// The previous prompt is a prefix and the previous turn is still there (at least half of
+    /// its sampled tokens reappear), but not verbatim: thinking stripped by the chat template,
+    /// tool-call JSON re-serialized, or sampled text re-tokenized differently. Merging would
+    /// train on a context the model never saw.
     TemplateRewrite,
     /// The previous turn stopped on its own, yet no end-of-turn token follows its sampled tokens.
     NoEndOfTurn,
@@ -96,6 +100,7 @@ pub struct Trace {
     /// Sampled tokens and, in merged traces, the interstitial tokens between turns.
     pub response_token_ids: Vec<u32>,
     /// Same length as `response_token_ids`: 1 = sampled by the policy (trainable), 0 = context.
+    #[schemars(inner(range(min = 0, max = 1)))]
     pub loss_mask: Vec<u8>,
     /// Same length as `response_token_ids`: the behaviour logprob of each sampled token; `null`
     /// where unknown (interstitial tokens, or an upstream that returned none) — never a fake 0.

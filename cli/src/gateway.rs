@@ -1,0 +1,103 @@
+//! `floe gateway`: the sidecar every sandbox pod runs (and `floe run` runs in-process).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use floe_gateway::server::{serve, Config, ServeError};
+
+#[derive(Args)]
+pub struct GatewayArgs {
+    /// Address the harness and the operator reach the gateway on.
+    #[arg(long, default_value = "127.0.0.1:8370")]
+    listen: SocketAddr,
+    /// Base URL of the OpenAI-compatible model server (vLLM), without `/v1`.
+    #[arg(long)]
+    upstream: String,
+    /// Model name sent upstream (vLLM's --served-model-name).
+    #[arg(long, default_value = "policy")]
+    upstream_model: String,
+    /// Where each session's capture directory is created.
+    #[arg(long)]
+    capture_dir: PathBuf,
+    /// File holding the control API's bearer token (from the pod's Secret).
+    #[arg(long)]
+    control_token_file: PathBuf,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Cap on tokens sampled per model call (the job's response-length cap).
+    #[arg(long, default_value_t = 16384)]
+    max_response_tokens: u32,
+    /// Seconds between SSE keep-alive comments while the upstream works.
+    #[arg(long, default_value_t = 5)]
+    keepalive_seconds: u64,
+    /// Limit of one upstream call, in seconds.
+    #[arg(long, default_value_t = 900)]
+    upstream_timeout_seconds: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("cannot read the control token from {0}: {1}")]
+    Token(PathBuf, std::io::Error),
+    #[error("control token file {0} is empty")]
+    EmptyToken(PathBuf),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
+    let token = std::fs::read_to_string(&args.control_token_file)
+        .map_err(|e| GatewayError::Token(args.control_token_file.clone(), e))?
+        .trim()
+        .to_string();
+    if token.is_empty() {
+        return Err(GatewayError::EmptyToken(args.control_token_file));
+    }
+    let config = Config {
+        listen: args.listen,
+        upstream_url: args.upstream,
+        upstream_model: args.upstream_model,
+        capture_dir: args.capture_dir,
+        control_token: token,
+        max_body_bytes: args.max_body_bytes,
+        max_response_tokens: args.max_response_tokens,
+        keepalive: Duration::from_secs(args.keepalive_seconds.max(1)),
+        upstream_timeout: Duration::from_secs(args.upstream_timeout_seconds),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(GatewayError::Runtime)?;
+    runtime.block_on(serve(config, shutdown_signal()))?;
+    Ok(())
+}
+
+/// SIGTERM (pod deletion) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,93 @@
+//! Errors a caller sees, rendered in the caller's own protocol shape.
+
+use crate::capture::Api;
+
+/// Something wrong with a request or its upstream call, with the HTTP status it maps to.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("missing or unknown session token")]
+    Unauthorized,
+    #[error("request body of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
+    #[error("{0}")]
+    ContextTooLong(String),
+    #[error("upstream model server error: {0}")]
+    Upstream(String),
+    #[error("upstream model server did not answer in time")]
+    UpstreamTimeout,
+    #[error("capture failed: {0}")]
+    Capture(String),
+    #[error("no such endpoint: {0}")]
+    NotFound(String),
+}
+
+impl ProtocolError {
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::InvalidRequest(_) | Self::ContextTooLong(_) => 400,
+            Self::Unauthorized => 401,
+            Self::NotFound(_) => 404,
+            Self::TooLarge { .. } => 413,
+            Self::Upstream(_) => 502,
+            Self::UpstreamTimeout => 504,
+            Self::Capture(_) => 500,
+        }
+    }
+
+    /// Label for the `errors_total{kind}` metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::TooLarge { .. } => "too_large",
+            Self::ContextTooLong(_) => "context_too_long",
+            Self::Upstream(_) => "upstream",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::Capture(_) => "capture",
+            Self::NotFound(_) => "not_found",
+        }
+    }
+
+    /// The error body in the shape each provider's SDK parses.
+    pub fn body(&self, api: Api) -> serde_json::Value {
+        let message = self.to_string();
+        match api {
+            Api::OpenaiChat | Api::OpenaiResponses => {
+                let (kind, code) = match self {
+                    Self::Unauthorized => ("authentication_error", "invalid_api_key"),
+                    Self::ContextTooLong(_) => ("invalid_request_error", "context_length_exceeded"),
+                    Self::InvalidRequest(_) | Self::TooLarge { .. } | Self::NotFound(_) => {
+                        ("invalid_request_error", "invalid_request")
+                    }
+                    _ => ("server_error", "server_error"),
+                };
+                serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+            }
+            Api::Anthropic => {
+                let kind = match self {
+                    Self::Unauthorized => "authentication_error",
+                    Self::TooLarge { .. } => "request_too_large",
+                    Self::NotFound(_) => "not_found_error",
+                    Self::InvalidRequest(_) | Self::ContextTooLong(_) => "invalid_request_error",
+                    Self::UpstreamTimeout => "timeout_error",
+                    _ => "api_error",
+                };
+                serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+            }
+            Api::Gemini => {
+                let status = match self {
+                    Self::Unauthorized => "UNAUTHENTICATED",
+                    Self::InvalidRequest(_) | Self::ContextTooLong(_) | Self::TooLarge { .. } => {
+                        "INVALID_ARGUMENT"
+                    }
+                    Self::NotFound(_) => "NOT_FOUND",
+                    Self::UpstreamTimeout => "DEADLINE_EXCEEDED",
+                    _ => "INTERNAL",
+                };
+                serde_json::json!({"error": {"code": self.status(), "message": message, "status": status}})
+            }
+        }
+    }
+}

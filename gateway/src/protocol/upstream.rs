@@ -1,0 +1,226 @@
+//! What floe asks of vLLM on every call, and what it reads back (sans-IO).
+//!
+//! Every call goes upstream as a non-streaming OpenAI Chat Completions request with
+//! `return_token_ids`, `logprobs` and `top_logprobs: 0`, so the gateway sees the server's own
+//! prompt token ids and the sampled token ids with their logprobs.
+
+use serde_json::{Map, Value};
+
+use super::ProtocolError;
+
+/// Limits the gateway applies to every call of a session.
+#[derive(Clone, Debug)]
+pub struct CallLimits {
+    /// Model name sent upstream (vLLM's served model name).
+    pub upstream_model: String,
+    /// Cap on sampled tokens per call (the job's response-length cap).
+    pub max_response_tokens: u32,
+}
+
+/// Parameters that have no meaning for, or are refused by, the upstream call and are removed.
+pub const DROPPED_PARAMS: &[&str] = &[
+    "stream",
+    "stream_options",
+    "store",
+    "metadata",
+    "user",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "prediction",
+    "audio",
+    "modalities",
+    "web_search_options",
+    "max_completion_tokens",
+];
+
+/// Turn a Chat Completions body into the upstream request: capture switches on, streaming
+/// off, one choice, the response-length cap enforced.
+pub fn finalize_request(
+    mut body: Map<String, Value>,
+    limits: &CallLimits,
+) -> Result<Value, ProtocolError> {
+    if body
+        .get("n")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n != 1)
+    {
+        return Err(ProtocolError::InvalidRequest(
+            "n must be 1: floe captures one sample per call".into(),
+        ));
+    }
+    let asked = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64))
+        .map_or(limits.max_response_tokens, |n| {
+            n.min(u64::from(limits.max_response_tokens)) as u32
+        });
+    for key in DROPPED_PARAMS {
+        body.remove(*key);
+    }
+    body.remove("n");
+    body.insert("model".into(), limits.upstream_model.clone().into());
+    body.insert("max_tokens".into(), asked.into());
+    body.insert("stream".into(), false.into());
+    body.insert("return_token_ids".into(), true.into());
+    body.insert("logprobs".into(), true.into());
+    body.insert("top_logprobs".into(), 0.into());
+    Ok(Value::Object(body))
+}
+
+/// The token-level facts of one upstream answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub prompt_token_ids: Vec<u32>,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Option<Vec<f64>>,
+    pub finish_reason: Option<String>,
+    pub model: String,
+}
+
+fn token_ids(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?
+        .iter()
+        .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect()
+}
+
+/// Read the token ids and logprobs out of a vLLM Chat Completions response.
+pub fn read_sampled(response: &Value) -> Result<Sampled, ProtocolError> {
+    let bad = |what: &str| {
+        ProtocolError::Upstream(format!(
+            "response without {what}: is the upstream vLLM with return_token_ids?"
+        ))
+    };
+    let choice = response["choices"].get(0).ok_or_else(|| bad("choices"))?;
+    let prompt_token_ids =
+        token_ids(&response["prompt_token_ids"]).ok_or_else(|| bad("prompt_token_ids"))?;
+    let token_ids = token_ids(&choice["token_ids"]).ok_or_else(|| bad("choices[0].token_ids"))?;
+    let logprobs = choice["logprobs"]["content"]
+        .as_array()
+        .and_then(|items| {
+            items
+                .iter()
+                .map(|i| i["logprob"].as_f64())
+                .collect::<Option<Vec<f64>>>()
+        })
+        .filter(|lp| lp.len() == token_ids.len());
+    Ok(Sampled {
+        prompt_token_ids,
+        token_ids,
+        logprobs,
+        finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
+        model: response["model"].as_str().unwrap_or_default().to_string(),
+    })
+}
+
+/// Map an upstream error answer to the caller's error: context overflow becomes each
+/// provider's own "too long" error, other 4xx stay invalid requests.
+pub fn upstream_error(status: u16, body: &str) -> ProtocolError {
+    let message = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            v["error"]["message"]
+                .as_str()
+                .or(v["message"].as_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| body.chars().take(500).collect());
+    let lower = message.to_lowercase();
+    if lower.contains("context length")
+        || lower.contains("maximum context")
+        || lower.contains("too long")
+    {
+        ProtocolError::ContextTooLong(message)
+    } else if (400..500).contains(&status) {
+        ProtocolError::InvalidRequest(message)
+    } else {
+        ProtocolError::Upstream(format!("HTTP {status}: {message}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn limits() -> CallLimits {
+        CallLimits {
+            upstream_model: "policy".into(),
+            max_response_tokens: 512,
+        }
+    }
+
+    #[test]
+    fn capture_switches_are_forced_and_the_cap_applies() {
+        let body = json!({"model": "gpt-5", "messages": [], "stream": true, "max_completion_tokens": 4096,
+            "stream_options": {"include_usage": true}, "store": true, "temperature": 0.3});
+        let out =
+            finalize_request(body.as_object().cloned().unwrap_or_default(), &limits()).expect("ok");
+        assert_eq!(out["model"], "policy");
+        assert_eq!(out["max_tokens"], 512);
+        assert_eq!(
+            (
+                out["stream"].clone(),
+                out["return_token_ids"].clone(),
+                out["logprobs"].clone()
+            ),
+            (json!(false), json!(true), json!(true))
+        );
+        assert_eq!(out["top_logprobs"], 0);
+        assert_eq!(out["temperature"], 0.3);
+        assert!(out.get("stream_options").is_none() && out.get("store").is_none());
+        let small = finalize_request(
+            json!({"max_tokens": 7})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            &limits(),
+        )
+        .expect("ok");
+        assert_eq!(small["max_tokens"], 7);
+    }
+
+    #[test]
+    fn several_choices_are_refused() {
+        let err = finalize_request(
+            json!({"n": 4}).as_object().cloned().unwrap_or_default(),
+            &limits(),
+        )
+        .expect_err("n");
+        assert_eq!(err.status(), 400);
+    }
+
+    #[test]
+    fn sampled_tokens_and_logprobs_are_read() {
+        let resp = json!({"model": "policy", "prompt_token_ids": [1, 2], "choices": [{"finish_reason": "stop",
+            "token_ids": [5, 2], "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -0.1}]}}]});
+        let s = read_sampled(&resp).expect("ok");
+        assert_eq!(
+            (s.prompt_token_ids, s.token_ids, s.logprobs),
+            (vec![1, 2], vec![5, 2], Some(vec![-0.5, -0.1]))
+        );
+        let no_ids = json!({"choices": [{"finish_reason": "stop"}]});
+        assert!(matches!(
+            read_sampled(&no_ids),
+            Err(ProtocolError::Upstream(_))
+        ));
+    }
+
+    #[test]
+    fn context_overflow_is_recognized() {
+        let body = r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens","type":"BadRequestError","code":400}}"#;
+        assert!(matches!(
+            upstream_error(400, body),
+            ProtocolError::ContextTooLong(_)
+        ));
+        assert!(matches!(
+            upstream_error(400, r#"{"error":{"message":"bad tool"}}"#),
+            ProtocolError::InvalidRequest(_)
+        ));
+        assert!(matches!(
+            upstream_error(503, "overloaded"),
+            ProtocolError::Upstream(_)
+        ));
+    }
+}

@@ -1,0 +1,160 @@
+//! The control API the operator (or `floe run`) uses: create, inspect, close and forget
+//! sessions. Authenticated with the gateway's control token; sessions exist only through it.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::sessions::SessionError;
+use super::Gateway;
+use crate::capture::SessionMeta;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+/// Constant-time comparison, so response timing does not leak the token.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(gateway: &Gateway, headers: &HeaderMap) -> bool {
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    same(given.as_bytes(), gateway.config.control_token.as_bytes())
+}
+
+fn unauthorized() -> Response {
+    error(
+        StatusCode::UNAUTHORIZED,
+        "control API needs `Authorization: Bearer <control token>`",
+    )
+}
+
+pub async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
+    match std::fs::metadata(&gateway.config.capture_dir) {
+        Ok(m) if m.is_dir() => "ok".into_response(),
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "capture directory is missing",
+        ),
+    }
+}
+
+pub async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
+    gateway
+        .metrics
+        .sessions_open
+        .set(gateway.sessions.open_count() as i64);
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        gateway.metrics.render(),
+    )
+        .into_response()
+}
+
+pub async fn create_session(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if !authorized(&gateway, &headers) {
+        return unauthorized();
+    }
+    let meta: SessionMeta = match serde_json::from_slice(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("body must be {{\"session\": ID, \"task\": …}}: {e}"),
+            )
+        }
+    };
+    let gw = gateway.clone();
+    let created =
+        tokio::task::spawn_blocking(move || gw.sessions.create(&gw.config.capture_dir, meta)).await;
+    match created {
+        Ok(Ok((session, fresh))) => {
+            let status = if fresh {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            (
+                status,
+                Json(json!({"session": session.meta.session, "token": session.token})),
+            )
+                .into_response()
+        }
+        Ok(Err(e @ SessionError::BadId(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+pub async fn get_session(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if !authorized(&gateway, &headers) {
+        return unauthorized();
+    }
+    match gateway.sessions.get(&id) {
+        Some(s) => Json(json!({
+            "session": s.meta.session, "task": s.meta.task, "group": s.meta.group, "sample": s.meta.sample,
+            "calls": s.calls(), "open": s.is_open(), "capture_dir": s.dir,
+        }))
+        .into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no session {id:?}")),
+    }
+}
+
+async fn close(gateway: &Arc<Gateway>, id: &str, forget: bool) -> Response {
+    let session = if forget {
+        gateway.sessions.remove(id)
+    } else {
+        gateway.sessions.get(id)
+    };
+    let Some(session) = session else {
+        return error(StatusCode::NOT_FOUND, format!("no session {id:?}"));
+    };
+    let calls = session.calls();
+    let s = session.clone();
+    match tokio::task::spawn_blocking(move || s.close()).await {
+        Ok(Ok(())) => Json(json!({"session": id, "calls": calls, "sealed": true})).into_response(),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Seal the capture; the session's token stops working.
+pub async fn close_session(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if !authorized(&gateway, &headers) {
+        return unauthorized();
+    }
+    close(&gateway, &id, false).await
+}
+
+/// Seal and forget the session (its capture stays on disk).
+pub async fn delete_session(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if !authorized(&gateway, &headers) {
+        return unauthorized();
+    }
+    close(&gateway, &id, true).await
+}

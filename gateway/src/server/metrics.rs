@@ -1,0 +1,96 @@
+//! Prometheus metrics of the gateway (`/metrics`).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: IntCounterVec,
+    pub upstream_seconds: HistogramVec,
+    pub added_seconds: HistogramVec,
+    pub bytes: IntCounterVec,
+    pub sessions_open: IntGauge,
+    pub capture_write_seconds: HistogramVec,
+    pub errors: IntCounterVec,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 120.0, 300.0,
+];
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_requests_total",
+                "Model API requests by API and HTTP status",
+            ),
+            &["api", "status"],
+        )?;
+        let upstream_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "floe_gateway_upstream_latency_seconds",
+                "Time waiting for the upstream model server",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["api"],
+        )?;
+        let added_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "floe_gateway_added_latency_seconds",
+                "Time the gateway adds to a call (total minus upstream)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["api"],
+        )?;
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_bytes_total",
+                "Request and response body bytes",
+            ),
+            &["api", "direction"],
+        )?;
+        let sessions_open = IntGauge::new(
+            "floe_gateway_sessions_open",
+            "Sessions created and not closed",
+        )?;
+        let capture_write_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "floe_gateway_capture_write_seconds",
+                "Durable append of one capture record",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["api"],
+        )?;
+        let errors = IntCounterVec::new(
+            Opts::new("floe_gateway_errors_total", "Errors by kind"),
+            &["kind"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(upstream_seconds.clone()))?;
+        registry.register(Box::new(added_seconds.clone()))?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(sessions_open.clone()))?;
+        registry.register(Box::new(capture_write_seconds.clone()))?;
+        registry.register(Box::new(errors.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            upstream_seconds,
+            added_seconds,
+            bytes,
+            sessions_open,
+            capture_write_seconds,
+            errors,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

@@ -1,0 +1,120 @@
+//! The gateway HTTP server: the harness-facing provider APIs, the operator-facing control API,
+//! health and metrics. Handlers stay thin: protocol work is in [`crate::protocol`], the shared
+//! call path in [`complete`].
+
+mod complete;
+mod control;
+mod metrics;
+mod model_api;
+pub mod sessions;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use metrics::Metrics;
+use sessions::Sessions;
+
+use crate::protocol::upstream::CallLimits;
+
+/// Everything `floe gateway` is started with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Base URL of the OpenAI-compatible upstream (vLLM), without `/v1`.
+    pub upstream_url: String,
+    /// Model name sent upstream.
+    pub upstream_model: String,
+    /// One subdirectory per session is created here.
+    pub capture_dir: PathBuf,
+    /// Bearer token of the control API.
+    pub control_token: String,
+    pub max_body_bytes: usize,
+    /// Cap on sampled tokens per call.
+    pub max_response_tokens: u32,
+    /// Interval of SSE keep-alive comments while the upstream works.
+    pub keepalive: Duration,
+    pub upstream_timeout: Duration,
+}
+
+pub struct Gateway {
+    pub config: Config,
+    pub limits: CallLimits,
+    pub sessions: Sessions,
+    pub metrics: Metrics,
+    pub http: reqwest::Client,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot create capture dir {0}: {1}")]
+    CaptureDir(PathBuf, std::io::Error),
+    #[error("cannot build the upstream client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("cannot listen on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error("server error: {0}")]
+    Serve(std::io::Error),
+}
+
+impl Gateway {
+    pub fn new(config: Config) -> Result<Arc<Self>, ServeError> {
+        std::fs::create_dir_all(&config.capture_dir)
+            .map_err(|e| ServeError::CaptureDir(config.capture_dir.clone(), e))?;
+        let http = reqwest::Client::builder()
+            .timeout(config.upstream_timeout)
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Arc::new(Self {
+            limits: CallLimits {
+                upstream_model: config.upstream_model.clone(),
+                max_response_tokens: config.max_response_tokens,
+            },
+            sessions: Sessions::default(),
+            metrics: Metrics::new()?,
+            http,
+            config,
+        }))
+    }
+}
+
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(control::readyz))
+        .route("/metrics", get(control::metrics))
+        .route("/floe/v1/sessions", post(control::create_session))
+        .route(
+            "/floe/v1/sessions/{id}",
+            get(control::get_session).delete(control::delete_session),
+        )
+        .route("/floe/v1/sessions/{id}/close", post(control::close_session))
+        .route("/v1/chat/completions", post(model_api::chat_completions))
+        .route("/v1/models", get(model_api::models))
+        .fallback(model_api::not_found)
+        .with_state(gateway)
+}
+
+/// Serve until `shutdown` resolves; in-flight calls finish first.
+pub async fn serve(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let listen = config.listen;
+    let gateway = Gateway::new(config)?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| ServeError::Listen(listen, e))?;
+    tracing::info!(addr = %listener.local_addr().map_err(ServeError::Serve)?, "gateway listening");
+    axum::serve(listener, router(gateway))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServeError::Serve)
+}

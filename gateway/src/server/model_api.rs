@@ -1,0 +1,183 @@
+//! The harness-facing model APIs. Each handler: authenticate the session token, read the body
+//! within the size limit, normalize with its protocol module, run the shared call path, and
+//! answer in the provider's own JSON or SSE shape. Errors are provider-shaped too.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::to_bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, StreamExt};
+use serde_json::{json, Value};
+
+use super::complete::{api_label, complete};
+use super::sessions::Session;
+use super::Gateway;
+use crate::capture::Api;
+use crate::protocol::{openai_chat, ProtocolError};
+
+/// The session token, from whichever header the harness's SDK uses.
+fn token(headers: &HeaderMap) -> Option<&str> {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    header("x-api-key")
+        .or_else(|| header("authorization").and_then(|v| v.strip_prefix("Bearer ")))
+        .or_else(|| header("x-goog-api-key"))
+        .map(str::trim)
+}
+
+fn fail(gateway: &Gateway, api: Api, error: &ProtocolError) -> Response {
+    gateway
+        .metrics
+        .errors
+        .with_label_values(&[error.kind()])
+        .inc();
+    let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    gateway
+        .metrics
+        .requests
+        .with_label_values(&[api_label(api), status.as_str()])
+        .inc();
+    (status, Json(error.body(api))).into_response()
+}
+
+/// Authenticate and read the body within the limit.
+async fn admit(
+    gateway: &Gateway,
+    api: Api,
+    request: Request,
+) -> Result<(Arc<Session>, axum::body::Bytes), ProtocolError> {
+    let session = token(request.headers())
+        .and_then(|t| gateway.sessions.by_token(t))
+        .ok_or(ProtocolError::Unauthorized)?;
+    let limit = gateway.config.max_body_bytes;
+    let declared = request
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(size) = declared.filter(|s| *s > limit) {
+        return Err(ProtocolError::TooLarge { size, limit });
+    }
+    let body = to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| ProtocolError::TooLarge {
+            size: limit + 1,
+            limit,
+        })?;
+    gateway
+        .metrics
+        .bytes
+        .with_label_values(&[api_label(api), "in"])
+        .inc_by(body.len() as u64);
+    Ok((session, body))
+}
+
+pub async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let api = Api::OpenaiChat;
+    let t0 = Instant::now();
+    let (session, body) = match admit(&gateway, api, request).await {
+        Ok(ok) => ok,
+        Err(e) => return fail(&gateway, api, &e),
+    };
+    let (normalized, stream) = match openai_chat::normalize(&body) {
+        Ok(n) => n,
+        Err(e) => return fail(&gateway, api, &e),
+    };
+    let original: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let client_model = original["model"].as_str().unwrap_or("policy").to_string();
+    let wants_logprobs = original["logprobs"] == json!(true);
+    let include_usage = original["stream_options"]["include_usage"] == json!(true);
+    let call = complete(gateway.clone(), session, api, original, normalized);
+    if !stream {
+        return match call.await {
+            Ok(done) => {
+                let reply = openai_chat::response(done.response, &client_model, wants_logprobs);
+                finish(&gateway, api, t0, done.upstream, &reply);
+                Json(reply).into_response()
+            }
+            Err(e) => fail(&gateway, api, &e),
+        };
+    }
+    // Streaming: headers go out now; keep-alive comments flow until the answer is captured.
+    let gw = gateway.clone();
+    let events = stream::once(async move {
+        let events: Vec<Event> = match call.await {
+            Ok(done) => {
+                let reply = openai_chat::response(done.response, &client_model, wants_logprobs);
+                finish(&gw, api, t0, done.upstream, &reply);
+                openai_chat::stream_events(&reply, include_usage)
+                    .into_iter()
+                    .map(|d| Event::default().data(d))
+                    .collect()
+            }
+            Err(e) => {
+                gw.metrics.errors.with_label_values(&[e.kind()]).inc();
+                gw.metrics
+                    .requests
+                    .with_label_values(&[api_label(api), "stream_error"])
+                    .inc();
+                vec![Event::default().data(e.body(api).to_string())]
+            }
+        };
+        stream::iter(events.into_iter().map(Ok::<_, Infallible>))
+    })
+    .flatten();
+    Sse::new(events)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(gateway.config.keepalive)
+                .text("keep-alive"),
+        )
+        .into_response()
+}
+
+fn finish(gateway: &Gateway, api: Api, t0: Instant, upstream: std::time::Duration, reply: &Value) {
+    let label = api_label(api);
+    gateway
+        .metrics
+        .requests
+        .with_label_values(&[label, "200"])
+        .inc();
+    let added = t0.elapsed().saturating_sub(upstream);
+    gateway
+        .metrics
+        .added_seconds
+        .with_label_values(&[label])
+        .observe(added.as_secs_f64());
+    let size = serde_json::to_vec(reply).map(|b| b.len()).unwrap_or(0);
+    gateway
+        .metrics
+        .bytes
+        .with_label_values(&[label, "out"])
+        .inc_by(size as u64);
+}
+
+/// `GET /v1/models`: the one model a session can call, under the name the harness expects.
+pub async fn models(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if token(&headers)
+        .and_then(|t| gateway.sessions.by_token(t))
+        .is_none()
+    {
+        return fail(&gateway, Api::OpenaiChat, &ProtocolError::Unauthorized);
+    }
+    let id = gateway.config.upstream_model.clone();
+    Json(json!({"object": "list", "data": [{"id": id, "object": "model", "created": 0, "owned_by": "floe"}]})).into_response()
+}
+
+/// Unknown paths get a 404 in the shape of the API the path looks like.
+pub async fn not_found(State(gateway): State<Arc<Gateway>>, uri: Uri) -> Response {
+    let path = uri.path();
+    let api = if path.starts_with("/v1/messages") {
+        Api::Anthropic
+    } else if path.starts_with("/v1beta") {
+        Api::Gemini
+    } else {
+        Api::OpenaiChat
+    };
+    fail(&gateway, api, &ProtocolError::NotFound(path.to_string()))
+}

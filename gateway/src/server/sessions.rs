@@ -1,0 +1,158 @@
+//! The gateway's sessions: created only through the control API, looked up by token.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use rand::RngExt;
+
+use crate::capture::{write_meta, CaptureLog, CaptureWriteError, CompletionRecord, SessionMeta};
+
+pub struct Session {
+    pub meta: SessionMeta,
+    pub token: String,
+    pub dir: PathBuf,
+    next_seq: AtomicU64,
+    /// `None` once the session is closed (capture sealed).
+    log: Mutex<Option<CaptureLog>>,
+}
+
+impl Session {
+    /// Order number of the next call, taken when the request arrives.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::SeqCst)
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.next_seq.load(Ordering::SeqCst)
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.log.lock().map(|l| l.is_some()).unwrap_or(false)
+    }
+
+    /// Append a record durably (blocking: call from a blocking thread).
+    pub fn capture(&self, record: &CompletionRecord) -> Result<(), CaptureWriteError> {
+        let mut guard = self.log.lock().map_err(|_| poisoned(&self.dir))?;
+        match guard.as_mut() {
+            Some(log) => log.append(record),
+            None => Err(CaptureWriteError::Sealed(self.dir.clone())),
+        }
+    }
+
+    /// Seal the capture; later calls with the token are refused. Idempotent.
+    pub fn close(&self) -> Result<(), CaptureWriteError> {
+        let mut guard = self.log.lock().map_err(|_| poisoned(&self.dir))?;
+        match guard.take() {
+            Some(log) => log.seal(),
+            None => Ok(()),
+        }
+    }
+}
+
+fn poisoned(dir: &Path) -> CaptureWriteError {
+    CaptureWriteError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::other("capture lock poisoned by a panic"),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("session id {0:?} must be 1-253 characters of [A-Za-z0-9._-]")]
+    BadId(String),
+    #[error(transparent)]
+    Capture(#[from] CaptureWriteError),
+}
+
+#[derive(Default)]
+pub struct Sessions {
+    by_id: RwLock<HashMap<String, Arc<Session>>>,
+    by_token: RwLock<HashMap<String, Arc<Session>>>,
+}
+
+fn valid_id(id: &str) -> bool {
+    (1..=253).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !id.starts_with('.')
+}
+
+impl Sessions {
+    /// Create a session, or return the existing one with that id (creation is idempotent, so
+    /// the operator may retry an assignment). Returns whether it was created.
+    pub fn create(
+        &self,
+        root: &Path,
+        meta: SessionMeta,
+    ) -> Result<(Arc<Session>, bool), SessionError> {
+        if !valid_id(&meta.session) {
+            return Err(SessionError::BadId(meta.session));
+        }
+        let mut by_id = self.by_id.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = by_id.get(&meta.session) {
+            return Ok((existing.clone(), false));
+        }
+        let dir = root.join(&meta.session);
+        write_meta(&dir, &meta)?;
+        let log = CaptureLog::open(&dir)?;
+        let token = format!("floe-{}", hex::encode(rand::rng().random::<[u8; 24]>()));
+        let session = Arc::new(Session {
+            meta,
+            token: token.clone(),
+            dir,
+            next_seq: AtomicU64::new(0),
+            log: Mutex::new(Some(log)),
+        });
+        by_id.insert(session.meta.session.clone(), session.clone());
+        self.by_token
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token, session.clone());
+        Ok((session, true))
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.by_id
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// The open session a model call's token belongs to.
+    pub fn by_token(&self, token: &str) -> Option<Arc<Session>> {
+        let session = self
+            .by_token
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned()?;
+        session.is_open().then_some(session)
+    }
+
+    /// Forget a session (its capture stays on disk).
+    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        let session = self
+            .by_id
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)?;
+        self.by_token
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&session.token);
+        Some(session)
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.by_id
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|s| s.is_open())
+            .count()
+    }
+}

