@@ -1,0 +1,176 @@
+//! Trajectory builder benchmark (a bench binary: `cargo bench -p floe-gateway --bench
+//! trajectories`, or `-- --quick` for CI). Real-shaped sessions: a coding agent with a large
+//! system prompt, tool calls whose results are sizeable, sub-agents and background calls.
+//!
+//! Prints, in one run: samples and tokens per builder with the per_request baseline ratio for
+//! sessions of 10, 30 and 100 turns, and the build time of a 10,000-completion session for both
+//! builders, plus peak RSS.
+
+use std::time::Instant;
+
+use floe_gateway::capture::{Api, CompletionRecord};
+use floe_gateway::trajectory::{build_traces, BuildOptions, Builder, ReconstructionStats};
+
+const EOT: u32 = 2;
+
+/// Deterministic xorshift, so every run measures the same sessions.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() as usize) % (hi - lo)
+    }
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| 3 + (self.next() % 150_000) as u32).collect()
+    }
+}
+
+struct Agent {
+    context: Vec<u32>,
+}
+
+/// One session: `main_turns` turns of the main agent; a sub-agent of 5 turns every 10 main
+/// turns; one background (title) call. Sizes in tokens follow real harness traffic: system
+/// prompt `system`, responses 40-400, tool results 50-1500.
+fn session(rng: &mut Rng, main_turns: usize, system: usize) -> Vec<CompletionRecord> {
+    let sys = rng.tokens(system);
+    let mut records = Vec::new();
+    let mut call = |rng: &mut Rng, agent: &mut Agent, records: &mut Vec<CompletionRecord>| {
+        let mut response = rng.tokens(rng.range(40, 400));
+        response.push(EOT);
+        let prompt = agent.context.clone();
+        let seq = records.len() as u64;
+        agent.context.extend(&response);
+        agent.context.push(198);
+        let tool = rng.range(50, 1500);
+        agent.context.extend(rng.tokens(tool));
+        records.push(CompletionRecord {
+            v: 1,
+            session: "bench".into(),
+            seq,
+            api: Api::Anthropic,
+            started_at_ms: seq,
+            finished_at_ms: seq,
+            upstream_ms: 0,
+            model: "policy".into(),
+            policy_version: None,
+            logprobs: Some(vec![-0.5; response.len()]),
+            prompt_token_ids: prompt,
+            completion_token_ids: response,
+            finish_reason: Some("tool_calls".into()),
+            unparsed_tool_call: false,
+            request: serde_json::Value::Null,
+            normalized_request: serde_json::Value::Null,
+            response: serde_json::Value::Null,
+        });
+    };
+    let mut main = Agent { context: [sys.clone(), rng.tokens(200)].concat() };
+    let mut title = Agent { context: rng.tokens(300) };
+    call(rng, &mut title, &mut records);
+    for turn in 0..main_turns {
+        call(rng, &mut main, &mut records);
+        if turn % 10 == 5 {
+            let mut sub = Agent { context: [sys.clone(), rng.tokens(150)].concat() };
+            for _ in 0..5 {
+                call(rng, &mut sub, &mut records);
+            }
+        }
+    }
+    records
+}
+
+/// Many agents sharing one system prompt, interleaved: `chains` × `turns` completions.
+fn wide_session(rng: &mut Rng, chains: usize, turns: usize, system: usize) -> Vec<CompletionRecord> {
+    let sys = rng.tokens(system);
+    let mut agents: Vec<Vec<u32>> = (0..chains).map(|_| [sys.clone(), rng.tokens(100)].concat()).collect();
+    let mut records = Vec::with_capacity(chains * turns);
+    for _ in 0..turns {
+        for agent in agents.iter_mut() {
+            let mut response = rng.tokens(rng.range(20, 120));
+            response.push(EOT);
+            let seq = records.len() as u64;
+            records.push(CompletionRecord {
+                v: 1,
+                session: "bench".into(),
+                seq,
+                api: Api::OpenaiChat,
+                started_at_ms: seq,
+                finished_at_ms: seq,
+                upstream_ms: 0,
+                model: "policy".into(),
+                policy_version: None,
+                logprobs: Some(vec![-0.5; response.len()]),
+                prompt_token_ids: agent.clone(),
+                completion_token_ids: response.clone(),
+                finish_reason: Some("stop".into()),
+                unparsed_tool_call: false,
+                request: serde_json::Value::Null,
+                normalized_request: serde_json::Value::Null,
+                response: serde_json::Value::Null,
+            });
+            agent.extend(&response);
+            agent.extend(rng.tokens(rng.range(20, 200)));
+        }
+    }
+    records
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+fn stats(records: &[CompletionRecord], builder: Builder) -> ReconstructionStats {
+    build_traces(records, &BuildOptions { builder, ..Default::default() }).1
+}
+
+fn time_build(records: &[CompletionRecord], builder: Builder, repeats: usize) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..repeats {
+        let t0 = Instant::now();
+        let (traces, _) = build_traces(records, &BuildOptions { builder, ..Default::default() });
+        std::hint::black_box(traces);
+        best = best.min(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    best
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let mut rng = Rng(0x5eed_f10e);
+    println!("## samples and tokens per session (system prompt 6,000 tokens)\n");
+    println!("| turns | calls | per_request samples | prefix_merging samples | sample ratio | per_request tokens | prefix_merging tokens | token ratio | breaks | trainable tokens equal |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for turns in [10, 30, 100] {
+        let records = session(&mut rng, turns, 6000);
+        let a = stats(&records, Builder::PerRequest);
+        let b = stats(&records, Builder::PrefixMerging);
+        println!(
+            "| {turns} | {} | {} | {} | {:.1}x | {} | {} | {:.1}x | {} | {} |",
+            records.len(), a.traces, b.traces, a.traces as f64 / b.traces as f64,
+            a.total_tokens, b.total_tokens, a.total_tokens as f64 / b.total_tokens as f64,
+            b.breaks, a.trainable_tokens == b.trainable_tokens,
+        );
+        assert_eq!(a.trainable_tokens, b.trainable_tokens, "silent drop");
+    }
+    let (chains, turns) = if quick { (100, 20) } else { (400, 25) };
+    let records = wide_session(&mut rng, chains, turns, 2000);
+    let rss_before = peak_rss_mib();
+    let repeats = if quick { 2 } else { 5 };
+    let per_request = time_build(&records, Builder::PerRequest, repeats);
+    let merged = time_build(&records, Builder::PrefixMerging, repeats);
+    let s = stats(&records, Builder::PrefixMerging);
+    println!("\n## build time, {} completions ({chains} interleaved agents × {turns} turns, shared 2,000-token system prompt)\n", records.len());
+    println!("| builder | best of {repeats} (ms) | vs per_request | samples |");
+    println!("|---|---|---|---|");
+    println!("| per_request | {per_request:.1} | 1.0x | {} |", records.len());
+    println!("| prefix_merging | {merged:.1} | {:.2}x | {} |", merged / per_request, s.traces);
+    println!("\npeak RSS {:.0} MiB (input records alone: {:.0} MiB at start of build)", peak_rss_mib(), rss_before);
+}
