@@ -41,7 +41,8 @@ fn session(rng: &mut Rng, main_turns: usize, system: usize) -> Vec<CompletionRec
     let sys = rng.tokens(system);
     let mut records = Vec::new();
     let mut call = |rng: &mut Rng, agent: &mut Agent, records: &mut Vec<CompletionRecord>| {
-        let mut response = rng.tokens(rng.range(40, 400));
+        let n = rng.range(40, 400);
+        let mut response = rng.tokens(n);
         response.push(EOT);
         let prompt = agent.context.clone();
         let seq = records.len() as u64;
@@ -69,13 +70,19 @@ fn session(rng: &mut Rng, main_turns: usize, system: usize) -> Vec<CompletionRec
             response: serde_json::Value::Null,
         });
     };
-    let mut main = Agent { context: [sys.clone(), rng.tokens(200)].concat() };
-    let mut title = Agent { context: rng.tokens(300) };
+    let mut main = Agent {
+        context: [sys.clone(), rng.tokens(200)].concat(),
+    };
+    let mut title = Agent {
+        context: rng.tokens(300),
+    };
     call(rng, &mut title, &mut records);
     for turn in 0..main_turns {
         call(rng, &mut main, &mut records);
         if turn % 10 == 5 {
-            let mut sub = Agent { context: [sys.clone(), rng.tokens(150)].concat() };
+            let mut sub = Agent {
+                context: [sys.clone(), rng.tokens(150)].concat(),
+            };
             for _ in 0..5 {
                 call(rng, &mut sub, &mut records);
             }
@@ -85,13 +92,21 @@ fn session(rng: &mut Rng, main_turns: usize, system: usize) -> Vec<CompletionRec
 }
 
 /// Many agents sharing one system prompt, interleaved: `chains` × `turns` completions.
-fn wide_session(rng: &mut Rng, chains: usize, turns: usize, system: usize) -> Vec<CompletionRecord> {
+fn wide_session(
+    rng: &mut Rng,
+    chains: usize,
+    turns: usize,
+    system: usize,
+) -> Vec<CompletionRecord> {
     let sys = rng.tokens(system);
-    let mut agents: Vec<Vec<u32>> = (0..chains).map(|_| [sys.clone(), rng.tokens(100)].concat()).collect();
+    let mut agents: Vec<Vec<u32>> = (0..chains)
+        .map(|_| [sys.clone(), rng.tokens(100)].concat())
+        .collect();
     let mut records = Vec::with_capacity(chains * turns);
     for _ in 0..turns {
         for agent in agents.iter_mut() {
-            let mut response = rng.tokens(rng.range(20, 120));
+            let n = rng.range(20, 120);
+            let mut response = rng.tokens(n);
             response.push(EOT);
             let seq = records.len() as u64;
             records.push(CompletionRecord {
@@ -114,7 +129,8 @@ fn wide_session(rng: &mut Rng, chains: usize, turns: usize, system: usize) -> Ve
                 response: serde_json::Value::Null,
             });
             agent.extend(&response);
-            agent.extend(rng.tokens(rng.range(20, 200)));
+            let n = rng.range(20, 200);
+            agent.extend(rng.tokens(n));
         }
     }
     records
@@ -123,19 +139,36 @@ fn wide_session(rng: &mut Rng, chains: usize, turns: usize, system: usize) -> Ve
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
 fn stats(records: &[CompletionRecord], builder: Builder) -> ReconstructionStats {
-    build_traces(records, &BuildOptions { builder, ..Default::default() }).1
+    build_traces(
+        records,
+        &BuildOptions {
+            builder,
+            ..Default::default()
+        },
+    )
+    .1
 }
 
 fn time_build(records: &[CompletionRecord], builder: Builder, repeats: usize) -> f64 {
     let mut best = f64::INFINITY;
     for _ in 0..repeats {
         let t0 = Instant::now();
-        let (traces, _) = build_traces(records, &BuildOptions { builder, ..Default::default() });
+        let (traces, _) = build_traces(
+            records,
+            &BuildOptions {
+                builder,
+                ..Default::default()
+            },
+        );
         std::hint::black_box(traces);
         best = best.min(t0.elapsed().as_secs_f64() * 1000.0);
     }
@@ -154,9 +187,15 @@ fn main() {
         let b = stats(&records, Builder::PrefixMerging);
         println!(
             "| {turns} | {} | {} | {} | {:.1}x | {} | {} | {:.1}x | {} | {} |",
-            records.len(), a.traces, b.traces, a.traces as f64 / b.traces as f64,
-            a.total_tokens, b.total_tokens, a.total_tokens as f64 / b.total_tokens as f64,
-            b.breaks, a.trainable_tokens == b.trainable_tokens,
+            records.len(),
+            a.traces,
+            b.traces,
+            a.traces as f64 / b.traces as f64,
+            a.total_tokens,
+            b.total_tokens,
+            a.total_tokens as f64 / b.total_tokens as f64,
+            b.breaks,
+            a.trainable_tokens == b.trainable_tokens,
         );
         assert_eq!(a.trainable_tokens, b.trainable_tokens, "silent drop");
     }
@@ -170,7 +209,18 @@ fn main() {
     println!("\n## build time, {} completions ({chains} interleaved agents × {turns} turns, shared 2,000-token system prompt)\n", records.len());
     println!("| builder | best of {repeats} (ms) | vs per_request | samples |");
     println!("|---|---|---|---|");
-    println!("| per_request | {per_request:.1} | 1.0x | {} |", records.len());
-    println!("| prefix_merging | {merged:.1} | {:.2}x | {} |", merged / per_request, s.traces);
-    println!("\npeak RSS {:.0} MiB (input records alone: {:.0} MiB at start of build)", peak_rss_mib(), rss_before);
+    println!(
+        "| per_request | {per_request:.1} | 1.0x | {} |",
+        records.len()
+    );
+    println!(
+        "| prefix_merging | {merged:.1} | {:.2}x | {} |",
+        merged / per_request,
+        s.traces
+    );
+    println!(
+        "\npeak RSS {:.0} MiB (input records alone: {:.0} MiB at start of build)",
+        peak_rss_mib(),
+        rss_before
+    );
 }
