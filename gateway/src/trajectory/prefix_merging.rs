@@ -23,14 +23,41 @@ use crate::capture::CompletionRecord;
 
 const HASH_SEED: u64 = 0xcbf2_9ce4_8422_2325;
 
+const HASH_BASE: u64 = 0x100_0000_01b3;
+
 /// Extend prefix hashes `h` (where `h[n]` identifies the first `n` tokens; polynomial rolling
 /// hash, equality always confirmed exactly) by `tokens`.
 fn extend_hashes(h: &mut Vec<u64>, tokens: &[u32]) {
-    const BASE: u64 = 0x100_0000_01b3;
+    let b1 = HASH_BASE;
+    let b2 = b1.wrapping_mul(b1);
+    let b3 = b2.wrapping_mul(b1);
+    let b4 = b3.wrapping_mul(b1);
     let mut acc = h.last().copied().unwrap_or(HASH_SEED);
     h.reserve(tokens.len());
-    for &t in tokens {
-        acc = acc.wrapping_mul(BASE).wrapping_add(u64::from(t) + 1);
+    // Four positions per step, each from the same `acc`: the same values as one token at a
+    // time, with a quarter of the multiply chain (hashing is latency-bound).
+    let mut chunks = tokens.chunks_exact(4);
+    for c in &mut chunks {
+        let x = [c[0], c[1], c[2], c[3]].map(|t| u64::from(t) + 1);
+        let h1 = acc.wrapping_mul(b1).wrapping_add(x[0]);
+        let h2 = acc
+            .wrapping_mul(b2)
+            .wrapping_add(x[0].wrapping_mul(b1))
+            .wrapping_add(x[1]);
+        let s3 = x[0]
+            .wrapping_mul(b2)
+            .wrapping_add(x[1].wrapping_mul(b1))
+            .wrapping_add(x[2]);
+        let h3 = acc.wrapping_mul(b3).wrapping_add(s3);
+        let h4 = acc
+            .wrapping_mul(b4)
+            .wrapping_add(s3.wrapping_mul(b1))
+            .wrapping_add(x[3]);
+        h.extend_from_slice(&[h1, h2, h3, h4]);
+        acc = h4;
+    }
+    for &t in chunks.remainder() {
+        acc = acc.wrapping_mul(b1).wrapping_add(u64::from(t) + 1);
         h.push(acc);
     }
 }
@@ -389,6 +416,13 @@ mod tests {
         reused.truncate(shared + 1);
         extend_hashes(&mut reused, &b[shared..]);
         assert_eq!(reused, fresh);
+        // The four-at-a-time hashing equals the plain recurrence.
+        let mut plain = vec![HASH_SEED];
+        for &t in &b {
+            let last = *plain.last().unwrap_or(&HASH_SEED);
+            plain.push(last.wrapping_mul(HASH_BASE).wrapping_add(u64::from(t) + 1));
+        }
+        assert_eq!(fresh, plain);
         assert_eq!(shared, 200);
         assert_eq!(common_prefix_len(&a, &a[..130]), 130);
     }
