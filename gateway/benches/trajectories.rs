@@ -40,7 +40,7 @@ struct Agent {
 fn session(rng: &mut Rng, main_turns: usize, system: usize) -> Vec<CompletionRecord> {
     let sys = rng.tokens(system);
     let mut records = Vec::new();
-    let mut call = |rng: &mut Rng, agent: &mut Agent, records: &mut Vec<CompletionRecord>| {
+    let call = |rng: &mut Rng, agent: &mut Agent, records: &mut Vec<CompletionRecord>| {
         let n = rng.range(40, 400);
         let mut response = rng.tokens(n);
         response.push(EOT);
