@@ -13,6 +13,8 @@ missing=()
 for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:dpkg apt-get:apt; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
+# Debian's system python3 ships venv/ensurepip separately (vLLM's venv needs them).
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[test] installing ${missing[*]}" >&2
   apt-get update -qq && apt-get install -y -qq "${missing[@]}"
