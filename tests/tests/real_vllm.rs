@@ -434,3 +434,155 @@ async fn the_floe_binary_serves_captures_and_builds_trajectories() -> Result<()>
     );
     Ok(())
 }
+
+/// Parse an SSE body into (event name, data) pairs.
+fn sse_events(body: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for line in body.lines() {
+        if let Some(n) = line.strip_prefix("event: ") {
+            name = n.to_string();
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            out.push((
+                std::mem::take(&mut name),
+                serde_json::from_str(d).unwrap_or(Value::Null),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()> {
+    let gw = TestGateway::start(&vllm().url, 16).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("anthropic-1", "t", 0).await?;
+    let url = format!("{}/v1/messages?beta=true", gw.url);
+    let request = |messages: &Vec<Value>, stream: bool| {
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": stream, "temperature": 1.0,
+            "system": [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}],
+            "messages": messages,
+            "tools": [{"name": "Bash", "description": "Run a command", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}},
+                      {"type": "web_search_20250305", "name": "web_search"}]})
+    };
+    let mut messages = vec![
+        json!({"role": "user", "content": [{"type": "text", "text": "List the files, then fix the bug."}]}),
+    ];
+    for turn in 0..4 {
+        // Claude Code authenticates with x-api-key.
+        let resp = http
+            .post(&url)
+            .header("x-api-key", &token)
+            .header("anthropic-version", "2023-06-01")
+            .json(&request(&messages, false))
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 200);
+        let msg: Value = resp.json().await?;
+        assert_eq!(
+            (
+                msg["type"].as_str(),
+                msg["role"].as_str(),
+                msg["model"].as_str()
+            ),
+            (
+                Some("message"),
+                Some("assistant"),
+                Some("claude-sonnet-4-5")
+            )
+        );
+        assert!(
+            matches!(msg["stop_reason"].as_str(), Some("end_turn" | "max_tokens")),
+            "{msg}"
+        );
+        assert!(msg["usage"]["input_tokens"].as_u64().is_some_and(|n| n > 0));
+        let text: String = msg["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["text"].as_str())
+            .collect();
+        let id = format!("toolu_{turn}");
+        messages.push(json!({"role": "assistant", "content": [{"type": "text", "text": text}, {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": "ls"}}]}));
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": [{"type": "text", "text": "calc.py\ntest_calc.py"}]}]}));
+    }
+    let body = http
+        .post(&url)
+        .header("x-api-key", &token)
+        .json(&request(&messages, true))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let events = sse_events(&body);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"), "{body}");
+    assert_eq!(names.last(), Some(&"message_stop"), "{body}");
+    assert!(names.contains(&"message_delta"));
+    let streamed: String = events
+        .iter()
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+
+    // Wrong key: Anthropic's error shape.
+    let denied = http
+        .post(&url)
+        .header("x-api-key", "sk-ant-nope")
+        .json(&request(&messages, false))
+        .send()
+        .await?;
+    assert_eq!(denied.status(), 401);
+    let err: Value = denied.json().await?;
+    assert_eq!(
+        (err["type"].as_str(), err["error"]["type"].as_str()),
+        (Some("error"), Some("authentication_error"))
+    );
+
+    gw.close("anthropic-1").await?;
+    let capture = read_session(&gw.session_dir("anthropic-1"))?;
+    assert_eq!(capture.records.len(), 5);
+    for r in &capture.records {
+        assert_eq!(r.api, floe_gateway::capture::Api::Anthropic);
+        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
+        assert_eq!(
+            r.prompt_token_ids, expected,
+            "seq {}: captured prompt ids = vLLM /tokenize",
+            r.seq
+        );
+        check_token_alignment(r, 16);
+        // The hosted tool was dropped by rule; the custom one went upstream as a function.
+        assert_eq!(
+            r.normalized_request["tools"].as_array().map(Vec::len),
+            Some(1)
+        );
+    }
+    assert_eq!(
+        capture.records[4].response["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default(),
+        streamed
+    );
+    let metrics = gw.gateway.metrics.render();
+    assert!(metrics.contains(r#"floe_gateway_dropped_total{api="anthropic",what="hosted_tool:web_search_20250305"} 5"#), "{metrics}");
+
+    // Anthropic-shaped history (tool_use / tool_result blocks) merges like any other.
+    let (traces, stats) = build_traces(&capture.records, &BuildOptions::default());
+    let by_seq: BTreeMap<u64, &CompletionRecord> =
+        capture.records.iter().map(|r| (r.seq, r)).collect();
+    eprintln!(
+        "anthropic session: 5 calls -> {} traces, starts {:?}",
+        stats.traces, stats.starts
+    );
+    for t in &traces {
+        assert!(
+            matches!(t.start, ChainStart::First | ChainStart::TemplateRewrite),
+            "{:?}",
+            t.start
+        );
+        if t.start == ChainStart::TemplateRewrite {
+            assert!(rewrite_is_real(t, &by_seq));
+        }
+    }
+    assert_eq!(stats.trainable_tokens, stats.sampled_tokens);
+    Ok(())
+}

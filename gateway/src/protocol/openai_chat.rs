@@ -2,13 +2,12 @@
 //! vLLM speaks it too, so normalization is small: system/developer messages merged into one
 //! leading system message, content parts flattened where the model's template needs strings.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::ProtocolError;
+use super::{Normalized, ProtocolError};
 
-/// Parse and normalize a request body. Returns the normalized body and whether the client
-/// asked for a stream.
-pub fn normalize(body: &[u8]) -> Result<(Map<String, Value>, bool), ProtocolError> {
+/// Parse and normalize a request body.
+pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ProtocolError::InvalidRequest(format!("body is not JSON: {e}")))?;
     let Value::Object(mut req) = value else {
@@ -36,7 +35,21 @@ pub fn normalize(body: &[u8]) -> Result<(Map<String, Value>, bool), ProtocolErro
         ));
     }
     req.insert("messages".into(), Value::Array(merge_system(messages)?));
-    Ok((req, stream))
+    Ok(Normalized {
+        model: req
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("policy")
+            .to_string(),
+        wants_logprobs: req.get("logprobs") == Some(&Value::Bool(true)),
+        include_usage: req
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            == Some(&Value::Bool(true)),
+        request: req,
+        stream,
+        dropped: Vec::new(),
+    })
 }
 
 /// All `system` and `developer` messages, wherever they appear, become one leading system
@@ -158,8 +171,10 @@ mod tests {
             {"role": "system", "content": [{"type": "text", "text": "reminder: "}, {"type": "text", "text": "tests"}]},
             {"role": "assistant", "content": "ok"}
         ]});
-        let (req, stream) = normalize(body.to_string().as_bytes()).expect("ok");
-        assert!(!stream);
+        let n = normalize(body.to_string().as_bytes()).expect("ok");
+        assert!(!n.stream);
+        assert_eq!(n.model, "x");
+        let req = n.request;
         let roles: Vec<&str> = req["messages"]
             .as_array()
             .into_iter()

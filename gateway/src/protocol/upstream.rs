@@ -76,6 +76,8 @@ pub struct Sampled {
     pub logprobs: Option<Vec<f64>>,
     pub finish_reason: Option<String>,
     pub model: String,
+    /// A tool call whose arguments are not a JSON object (returned to the harness as text).
+    pub unparsed_tool_call: bool,
 }
 
 fn token_ids(v: &Value) -> Option<Vec<u32>> {
@@ -105,7 +107,16 @@ pub fn read_sampled(response: &Value) -> Result<Sampled, ProtocolError> {
                 .collect::<Option<Vec<f64>>>()
         })
         .filter(|lp| lp.len() == token_ids.len());
+    let unparsed_tool_call = choice["message"]["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            let args = c["function"]["arguments"].as_str().unwrap_or("{}");
+            !serde_json::from_str::<Value>(args).is_ok_and(|v| v.is_object())
+        });
     Ok(Sampled {
+        unparsed_tool_call,
         prompt_token_ids,
         token_ids,
         logprobs,

@@ -106,7 +106,7 @@ async fn call_and_capture(
         completion_token_ids: sampled.token_ids,
         logprobs: sampled.logprobs,
         finish_reason: sampled.finish_reason,
-        unparsed_tool_call: false,
+        unparsed_tool_call: sampled.unparsed_tool_call,
         request: original,
         normalized_request: upstream_request,
         response: response.clone(),

@@ -13,6 +13,7 @@ pub struct Metrics {
     pub sessions_open: IntGauge,
     pub capture_write_seconds: HistogramVec,
     pub errors: IntCounterVec,
+    pub dropped: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -75,7 +76,15 @@ impl Metrics {
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(sessions_open.clone()))?;
         registry.register(Box::new(capture_write_seconds.clone()))?;
+        let dropped = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_dropped_total",
+                "Request parts vLLM cannot express, dropped by documented rule",
+            ),
+            &["api", "what"],
+        )?;
         registry.register(Box::new(errors.clone()))?;
+        registry.register(Box::new(dropped.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -85,6 +94,7 @@ impl Metrics {
             sessions_open,
             capture_write_seconds,
             errors,
+            dropped,
         })
     }
 

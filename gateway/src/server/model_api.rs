@@ -19,7 +19,7 @@ use super::complete::{api_label, complete};
 use super::sessions::Session;
 use super::Gateway;
 use crate::capture::Api;
-use crate::protocol::{openai_chat, ProtocolError};
+use crate::protocol::{anthropic, openai_chat, Normalized, ProtocolError};
 
 /// The session token, from whichever header the harness's SDK uses.
 fn token(headers: &HeaderMap) -> Option<&str> {
@@ -77,26 +77,86 @@ async fn admit(
     Ok((session, body))
 }
 
+/// What differs between provider APIs on the call path; everything else is shared.
+trait Wire {
+    const API: Api;
+    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError>;
+    /// The provider-shaped JSON reply for an upstream Chat Completions response.
+    fn reply(upstream: Value, n: &Normalized) -> Value;
+    /// The same reply as SSE events.
+    fn events(reply: &Value, n: &Normalized) -> Vec<Event>;
+}
+
+struct OpenaiChat;
+
+impl Wire for OpenaiChat {
+    const API: Api = Api::OpenaiChat;
+    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+        openai_chat::normalize(body)
+    }
+    fn reply(upstream: Value, n: &Normalized) -> Value {
+        openai_chat::response(upstream, &n.model, n.wants_logprobs)
+    }
+    fn events(reply: &Value, n: &Normalized) -> Vec<Event> {
+        openai_chat::stream_events(reply, n.include_usage)
+            .into_iter()
+            .map(|d| Event::default().data(d))
+            .collect()
+    }
+}
+
+struct Anthropic;
+
+impl Wire for Anthropic {
+    const API: Api = Api::Anthropic;
+    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+        anthropic::normalize(body)
+    }
+    fn reply(upstream: Value, n: &Normalized) -> Value {
+        anthropic::response(&upstream, &n.model)
+    }
+    fn events(reply: &Value, _: &Normalized) -> Vec<Event> {
+        anthropic::stream_events(reply)
+            .into_iter()
+            .map(|(name, data)| Event::default().event(name).data(data.to_string()))
+            .collect()
+    }
+}
+
 pub async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
-    let api = Api::OpenaiChat;
+    handle::<OpenaiChat>(gateway, request).await
+}
+
+pub async fn messages(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    handle::<Anthropic>(gateway, request).await
+}
+
+async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
+    let api = W::API;
     let t0 = Instant::now();
     let (session, body) = match admit(&gateway, api, request).await {
         Ok(ok) => ok,
         Err(e) => return fail(&gateway, api, &e),
     };
-    let (normalized, stream) = match openai_chat::normalize(&body) {
+    let mut normalized = match W::normalize(&body) {
         Ok(n) => n,
         Err(e) => return fail(&gateway, api, &e),
     };
+    for what in &normalized.dropped {
+        tracing::debug!(api = api_label(api), what, "dropped from the request");
+        gateway
+            .metrics
+            .dropped
+            .with_label_values(&[api_label(api), what])
+            .inc();
+    }
     let original: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let client_model = original["model"].as_str().unwrap_or("policy").to_string();
-    let wants_logprobs = original["logprobs"] == json!(true);
-    let include_usage = original["stream_options"]["include_usage"] == json!(true);
-    let call = complete(gateway.clone(), session, api, original, normalized);
-    if !stream {
+    let upstream_request = std::mem::take(&mut normalized.request);
+    let call = complete(gateway.clone(), session, api, original, upstream_request);
+    if !normalized.stream {
         return match call.await {
             Ok(done) => {
-                let reply = openai_chat::response(done.response, &client_model, wants_logprobs);
+                let reply = W::reply(done.response, &normalized);
                 finish(&gateway, api, t0, done.upstream, &reply);
                 Json(reply).into_response()
             }
@@ -108,12 +168,9 @@ pub async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Requ
     let events = stream::once(async move {
         let events: Vec<Event> = match call.await {
             Ok(done) => {
-                let reply = openai_chat::response(done.response, &client_model, wants_logprobs);
+                let reply = W::reply(done.response, &normalized);
                 finish(&gw, api, t0, done.upstream, &reply);
-                openai_chat::stream_events(&reply, include_usage)
-                    .into_iter()
-                    .map(|d| Event::default().data(d))
-                    .collect()
+                W::events(&reply, &normalized)
             }
             Err(e) => {
                 gw.metrics.errors.with_label_values(&[e.kind()]).inc();
@@ -121,7 +178,13 @@ pub async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Requ
                     .requests
                     .with_label_values(&[api_label(api), "stream_error"])
                     .inc();
-                vec![Event::default().data(e.body(api).to_string())]
+                let body = e.body(api);
+                let event = Event::default().data(body.to_string());
+                vec![if api == Api::Anthropic {
+                    event.event("error")
+                } else {
+                    event
+                }]
             }
         };
         stream::iter(events.into_iter().map(Ok::<_, Infallible>))

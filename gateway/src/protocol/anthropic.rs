@@ -1,0 +1,545 @@
+//! Anthropic Messages (`/v1/messages`): what Claude Code sends (and Pi / Qwen Code in
+//! Anthropic mode), translated to OpenAI Chat Completions for vLLM and back.
+//!
+//! Request rules:
+//! - `system` (string or text blocks, `cache_control` ignored) → one leading system message.
+//! - user `tool_result` blocks → `tool` messages (first, right after the assistant's tool
+//!   calls), the user's other blocks → one user message after them; `is_error` results are
+//!   prefixed with `Error: `.
+//! - assistant `text` → content, `tool_use` → `tool_calls` (a missing id gets a stable invented
+//!   one), `thinking` → `reasoning_content` (its opaque `signature` is not sent upstream),
+//!   `redacted_thinking` → dropped (nothing readable in it).
+//! - `image` blocks (base64 or URL) → `image_url` parts.
+//! - custom tools → functions (`input_schema` → `parameters`; `cache_control`,
+//!   `defer_loading` ignored); Anthropic-hosted tools (`web_search_*`, `bash_*`, …, anything
+//!   with a `type` other than `custom`) are dropped and counted in [`Normalized::dropped`].
+//! - `thinking.type` enabled/disabled → `chat_template_kwargs.enable_thinking`.
+
+use serde_json::{json, Map, Value};
+
+use super::{Normalized, ProtocolError};
+
+fn invalid(msg: impl Into<String>) -> ProtocolError {
+    ProtocolError::InvalidRequest(msg.into())
+}
+
+fn text_blocks(content: &Value, what: &str) -> Result<String, ProtocolError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => blocks
+            .iter()
+            .map(|b| match b["type"].as_str() {
+                Some("text") => b["text"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| invalid(format!("{what}: text block without text"))),
+                _ => Ok(String::new()),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|t| t.concat()),
+        Value::Null => Ok(String::new()),
+        _ => Err(invalid(format!(
+            "{what} must be a string or an array of blocks"
+        ))),
+    }
+}
+
+fn image_part(block: &Value) -> Option<Value> {
+    let src = &block["source"];
+    let url = match src["type"].as_str()? {
+        "base64" => format!(
+            "data:{};base64,{}",
+            src["media_type"].as_str()?,
+            src["data"].as_str()?
+        ),
+        "url" => src["url"].as_str()?.to_string(),
+        _ => return None,
+    };
+    Some(json!({"type": "image_url", "image_url": {"url": url}}))
+}
+
+pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
+    let Value::Object(req) = value else {
+        return Err(invalid("body must be a JSON object"));
+    };
+    let model = req
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("claude")
+        .to_string();
+    let stream = match req.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid("stream must be a boolean")),
+    };
+    let Some(Value::Array(messages)) = req.get("messages") else {
+        return Err(invalid("messages must be an array"));
+    };
+    let mut dropped = Vec::new();
+    let mut out = Vec::new();
+    let system = text_blocks(req.get("system").unwrap_or(&Value::Null), "system")?;
+    if !system.is_empty() {
+        out.push(json!({"role": "system", "content": system}));
+    }
+    let mut invented = 0usize;
+    for (i, m) in messages.iter().enumerate() {
+        let role = m["role"]
+            .as_str()
+            .ok_or_else(|| invalid(format!("messages[{i}].role must be a string")))?;
+        let blocks: Vec<Value> = match &m["content"] {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(b) => b.clone(),
+            _ => {
+                return Err(invalid(format!(
+                    "messages[{i}].content must be a string or an array of blocks"
+                )))
+            }
+        };
+        match role {
+            "user" => {
+                let mut parts = Vec::new();
+                for b in &blocks {
+                    match b["type"].as_str() {
+                        Some("tool_result") => {
+                            let id = b["tool_use_id"].as_str().ok_or_else(|| {
+                                invalid(format!("messages[{i}]: tool_result without tool_use_id"))
+                            })?;
+                            let mut text = text_blocks(
+                                &b["content"],
+                                &format!("messages[{i}] tool_result content"),
+                            )?;
+                            if b["is_error"] == json!(true) {
+                                text = format!("Error: {text}");
+                            }
+                            out.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+                        }
+                        Some("text") => parts.push(json!({"type": "text", "text": b["text"]})),
+                        Some("image") => match image_part(b) {
+                            Some(p) => parts.push(p),
+                            None => {
+                                return Err(invalid(format!(
+                                    "messages[{i}]: image source must be base64 or url"
+                                )))
+                            }
+                        },
+                        Some("document") => dropped.push("document".to_string()),
+                        other => {
+                            return Err(invalid(format!(
+                                "messages[{i}]: user block type {other:?} is not supported"
+                            )))
+                        }
+                    }
+                }
+                if parts.iter().all(|p| p["type"] == "text") {
+                    let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+                    if !text.is_empty() {
+                        out.push(json!({"role": "user", "content": text}));
+                    }
+                } else {
+                    out.push(json!({"role": "user", "content": parts}));
+                }
+            }
+            "assistant" => {
+                let mut text = String::new();
+                let mut reasoning = String::new();
+                let mut calls = Vec::new();
+                for b in &blocks {
+                    match b["type"].as_str() {
+                        Some("text") => text.push_str(b["text"].as_str().unwrap_or_default()),
+                        Some("thinking") => {
+                            reasoning.push_str(b["thinking"].as_str().unwrap_or_default())
+                        }
+                        Some("redacted_thinking") => dropped.push("redacted_thinking".to_string()),
+                        Some("tool_use") => {
+                            let id = match b["id"].as_str() {
+                                Some(id) if !id.is_empty() => id.to_string(),
+                                _ => {
+                                    invented += 1;
+                                    format!("toolu_floe_{i}_{invented}")
+                                }
+                            };
+                            let name = b["name"].as_str().ok_or_else(|| {
+                                invalid(format!("messages[{i}]: tool_use without name"))
+                            })?;
+                            let input = if b["input"].is_null() {
+                                json!({})
+                            } else {
+                                b["input"].clone()
+                            };
+                            calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.to_string()}}));
+                        }
+                        other => {
+                            return Err(invalid(format!(
+                                "messages[{i}]: assistant block type {other:?} is not supported"
+                            )))
+                        }
+                    }
+                }
+                let mut msg = json!({"role": "assistant", "content": text});
+                if !reasoning.is_empty() {
+                    msg["reasoning_content"] = reasoning.into();
+                }
+                if !calls.is_empty() {
+                    msg["tool_calls"] = Value::Array(calls);
+                }
+                out.push(msg);
+            }
+            other => {
+                return Err(invalid(format!(
+                    "messages[{i}].role {other:?} must be user or assistant"
+                )))
+            }
+        }
+    }
+    if out.iter().all(|m| m["role"] == "system") {
+        return Err(invalid("messages must not be empty"));
+    }
+    let mut request = Map::new();
+    request.insert("messages".into(), Value::Array(out));
+    let max_tokens = req
+        .get("max_tokens")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| invalid("max_tokens is required"))?;
+    request.insert("max_tokens".into(), max_tokens.into());
+    for (from, to) in [
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("stop_sequences", "stop"),
+    ] {
+        if let Some(v) = req.get(from).filter(|v| !v.is_null()) {
+            request.insert(to.into(), v.clone());
+        }
+    }
+    if let Some(Value::Array(tools)) = req.get("tools") {
+        let mut functions = Vec::new();
+        for t in tools {
+            match t["type"].as_str() {
+                None | Some("custom") => functions.push(json!({"type": "function", "function": {
+                    "name": t["name"], "description": t.get("description").cloned().unwrap_or(Value::Null),
+                    "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"}))}})),
+                Some(hosted) => dropped.push(format!("hosted_tool:{hosted}")),
+            }
+        }
+        if !functions.is_empty() {
+            request.insert("tools".into(), Value::Array(functions));
+        }
+    }
+    if let Some(choice) = req.get("tool_choice").filter(|c| !c.is_null()) {
+        let mapped = match choice["type"].as_str() {
+            Some("auto") => json!("auto"),
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => json!({"type": "function", "function": {"name": choice["name"]}}),
+            other => {
+                return Err(invalid(format!(
+                    "tool_choice.type {other:?} is not supported"
+                )))
+            }
+        };
+        if request.contains_key("tools") || mapped == json!("none") {
+            request.insert("tool_choice".into(), mapped);
+        }
+        if choice["disable_parallel_tool_use"] == json!(true) {
+            request.insert("parallel_tool_calls".into(), false.into());
+        }
+    }
+    match req.get("thinking").and_then(|t| t["type"].as_str()) {
+        Some("enabled") | Some("adaptive") => {
+            request.insert(
+                "chat_template_kwargs".into(),
+                json!({"enable_thinking": true}),
+            );
+        }
+        Some("disabled") => {
+            request.insert(
+                "chat_template_kwargs".into(),
+                json!({"enable_thinking": false}),
+            );
+        }
+        _ => {}
+    }
+    Ok(Normalized {
+        request,
+        stream,
+        model,
+        dropped,
+        ..Default::default()
+    })
+}
+
+fn stop_reason(finish: Option<&str>) -> &'static str {
+    match finish {
+        Some("length") => "max_tokens",
+        Some("tool_calls") => "tool_use",
+        _ => "end_turn",
+    }
+}
+
+/// Anthropic content blocks from a Chat Completions message. A tool call whose arguments are
+/// not a JSON object cannot be a `tool_use`: it is returned as text.
+fn content_blocks(message: &Value) -> Vec<Value> {
+    let mut blocks = Vec::new();
+    if let Some(r) = message
+        .get("reasoning_content")
+        .or(message.get("reasoning"))
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+    {
+        // floe's signature: an opaque marker, round-tripped by the harness and ignored on return.
+        blocks.push(json!({"type": "thinking", "thinking": r, "signature": "floe"}));
+    }
+    if let Some(t) = message["content"].as_str().filter(|t| !t.is_empty()) {
+        blocks.push(json!({"type": "text", "text": t}));
+    }
+    for call in message["tool_calls"].as_array().into_iter().flatten() {
+        let args = call["function"]["arguments"].as_str().unwrap_or("{}");
+        match serde_json::from_str::<Value>(args) {
+            Ok(input) if input.is_object() => blocks.push(json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input})),
+            _ => blocks.push(json!({"type": "text", "text": format!("{}({args})", call["function"]["name"].as_str().unwrap_or("tool"))})),
+        }
+    }
+    blocks
+}
+
+/// The Anthropic message for an upstream Chat Completions response.
+pub fn response(upstream: &Value, model: &str) -> Value {
+    let choice = &upstream["choices"][0];
+    let content = content_blocks(&choice["message"]);
+    let has_tool_use = content.iter().any(|b| b["type"] == "tool_use");
+    let finish = choice["finish_reason"].as_str();
+    let reason = if finish == Some("tool_calls") && !has_tool_use {
+        "end_turn"
+    } else {
+        stop_reason(finish)
+    };
+    let id = upstream["id"]
+        .as_str()
+        .unwrap_or("floe")
+        .trim_start_matches("chatcmpl-");
+    json!({
+        "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
+        "content": content, "stop_reason": reason, "stop_sequence": null,
+        "usage": {"input_tokens": upstream["usage"]["prompt_tokens"], "output_tokens": upstream["usage"]["completion_tokens"],
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+    })
+}
+
+/// The message as Anthropic SSE events: `(event name, data)`.
+pub fn stream_events(message: &Value) -> Vec<(String, Value)> {
+    let mut start = message.clone();
+    start["content"] = json!([]);
+    start["stop_reason"] = Value::Null;
+    start["usage"]["output_tokens"] = 0.into();
+    let mut events = vec![(
+        "message_start".to_string(),
+        json!({"type": "message_start", "message": start}),
+    )];
+    for (index, block) in message["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let (empty, deltas) = match block["type"].as_str() {
+            Some("thinking") => (
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                vec![
+                    json!({"type": "thinking_delta", "thinking": block["thinking"]}),
+                    json!({"type": "signature_delta", "signature": block["signature"]}),
+                ],
+            ),
+            Some("tool_use") => (
+                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}),
+                vec![
+                    json!({"type": "input_json_delta", "partial_json": block["input"].to_string()}),
+                ],
+            ),
+            _ => (
+                json!({"type": "text", "text": ""}),
+                vec![json!({"type": "text_delta", "text": block["text"]})],
+            ),
+        };
+        events.push((
+            "content_block_start".into(),
+            json!({"type": "content_block_start", "index": index, "content_block": empty}),
+        ));
+        for delta in deltas {
+            events.push((
+                "content_block_delta".into(),
+                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            ));
+        }
+        events.push((
+            "content_block_stop".into(),
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push((
+        "message_delta".into(),
+        json!({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": null},
+               "usage": {"output_tokens": message["usage"]["output_tokens"]}}),
+    ));
+    events.push(("message_stop".into(), json!({"type": "message_stop"})));
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(v: Value) -> Normalized {
+        normalize(v.to_string().as_bytes()).expect("valid request")
+    }
+
+    #[test]
+    fn a_claude_code_shaped_request_maps_to_chat() {
+        let n = norm(json!({
+            "model": "claude-sonnet-4-5", "max_tokens": 32000, "stream": true,
+            "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                       {"type": "text", "text": " Be concise."}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "fix the test"}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "look first", "signature": "abc"},
+                    {"type": "text", "text": "Reading."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "a.py"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "print(1)"}]},
+                    {"type": "text", "text": "go on"}]}],
+            "tools": [{"name": "Read", "description": "read", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}},
+                      {"type": "web_search_20250305", "name": "web_search"}],
+            "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "metadata": {"user_id": "u"}, "temperature": 1
+        }));
+        assert!(n.stream);
+        assert_eq!(n.model, "claude-sonnet-4-5");
+        assert_eq!(n.dropped, ["hosted_tool:web_search_20250305"]);
+        let m = &n.request["messages"];
+        assert_eq!(
+            m[0],
+            json!({"role": "system", "content": "You are Claude Code. Be concise."})
+        );
+        assert_eq!(m[1], json!({"role": "user", "content": "fix the test"}));
+        assert_eq!(m[2]["reasoning_content"], "look first");
+        assert_eq!(m[2]["content"], "Reading.");
+        assert_eq!(
+            m[2]["tool_calls"][0]["function"],
+            json!({"name": "Read", "arguments": "{\"path\":\"a.py\"}"})
+        );
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "toolu_1", "content": "print(1)"})
+        );
+        assert_eq!(m[4], json!({"role": "user", "content": "go on"}));
+        assert_eq!(n.request["tools"].as_array().map(Vec::len), Some(1));
+        assert_eq!(n.request["tool_choice"], "auto");
+        assert_eq!(
+            n.request["chat_template_kwargs"],
+            json!({"enable_thinking": true})
+        );
+        assert_eq!(n.request["max_tokens"], 32000);
+        assert!(n.request.get("metadata").is_none());
+    }
+
+    #[test]
+    fn missing_tool_ids_are_invented_and_errors_marked() {
+        let n = norm(json!({"max_tokens": 10, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "name": "ls", "input": null}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": true, "content": "boom"}]}]}));
+        let m = &n.request["messages"];
+        assert_eq!(m[1]["tool_calls"][0]["id"], "toolu_floe_1_1");
+        assert_eq!(m[1]["tool_calls"][0]["function"]["arguments"], "{}");
+        assert_eq!(m[2]["content"], "Error: boom");
+    }
+
+    #[test]
+    fn bad_requests_name_the_problem() {
+        for (body, needle) in [
+            (
+                json!({"messages": [{"role": "user", "content": "x"}]}),
+                "max_tokens is required",
+            ),
+            (
+                json!({"max_tokens": 1, "messages": {}}),
+                "messages must be an array",
+            ),
+            (
+                json!({"max_tokens": 1, "messages": [{"role": "system", "content": "x"}]}),
+                "must be user or assistant",
+            ),
+            (
+                json!({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]}),
+                "\"hologram\"",
+            ),
+            (
+                json!({"max_tokens": 1, "messages": []}),
+                "must not be empty",
+            ),
+        ] {
+            let err = normalize(body.to_string().as_bytes()).expect_err("invalid");
+            assert!(err.to_string().contains(needle), "{body}: {err}");
+            assert_eq!(err.body(crate::capture::Api::Anthropic)["type"], "error");
+        }
+    }
+
+    #[test]
+    fn responses_and_stream_events_follow_the_messages_api() {
+        let upstream = json!({"id": "chatcmpl-42", "usage": {"prompt_tokens": 7, "completion_tokens": 5},
+            "choices": [{"finish_reason": "tool_calls", "message": {"content": "Let me run it.", "reasoning_content": "hmm",
+                "tool_calls": [{"id": "call_9", "function": {"name": "Bash", "arguments": "{\"command\": \"ls\"}"}}]}}]});
+        let msg = response(&upstream, "claude-x");
+        assert_eq!(msg["id"], "msg_42");
+        assert_eq!(msg["stop_reason"], "tool_use");
+        let types: Vec<&str> = msg["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["type"].as_str())
+            .collect();
+        assert_eq!(types, ["thinking", "text", "tool_use"]);
+        assert_eq!(msg["content"][2]["input"], json!({"command": "ls"}));
+        assert_eq!(msg["usage"]["input_tokens"], 7);
+        let events = stream_events(&msg);
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names.first(), Some(&"message_start"));
+        assert_eq!(names.last(), Some(&"message_stop"));
+        assert_eq!(
+            names
+                .iter()
+                .filter(|n| **n == "content_block_start")
+                .count(),
+            3
+        );
+        let json_delta = events
+            .iter()
+            .find(|(_, d)| d["delta"]["type"] == "input_json_delta")
+            .expect("tool delta");
+        assert_eq!(
+            serde_json::from_str::<Value>(
+                json_delta.1["delta"]["partial_json"].as_str().unwrap_or("")
+            )
+            .ok(),
+            Some(json!({"command": "ls"}))
+        );
+        assert_eq!(
+            events[events.len() - 2].1["delta"]["stop_reason"],
+            "tool_use"
+        );
+    }
+
+    #[test]
+    fn an_unparsable_tool_call_comes_back_as_text() {
+        let upstream = json!({"choices": [{"finish_reason": "tool_calls", "message": {"content": null,
+            "tool_calls": [{"id": "c", "function": {"name": "Bash", "arguments": "{not json"}}]}}]});
+        let msg = response(&upstream, "m");
+        assert_eq!(
+            msg["content"][0],
+            json!({"type": "text", "text": "Bash({not json)"})
+        );
+        assert_eq!(msg["stop_reason"], "end_turn");
+    }
+}
