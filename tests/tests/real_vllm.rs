@@ -586,3 +586,132 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
     assert_eq!(stats.trainable_tokens, stats.sampled_tokens);
     Ok(())
 }
+
+#[tokio::test]
+async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
+    let gw = TestGateway::start(&vllm().url, 16).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("responses-1", "t", 0).await?;
+    let url = format!("{}/v1/responses", gw.url);
+    let request = |input: &Vec<Value>, stream: bool| {
+        json!({"model": "gpt-5-codex", "instructions": "You are Codex, a coding agent.", "input": input, "stream": stream,
+            "store": false, "include": ["reasoning.encrypted_content"], "tool_choice": "auto", "parallel_tool_calls": false,
+            "prompt_cache_key": "k", "temperature": 1.0,
+            "tools": [{"type": "function", "name": "shell", "description": "Run a command",
+                       "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}}},
+                      {"type": "custom", "name": "apply_patch", "description": "Edit files", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+                      {"type": "web_search"}]})
+    };
+    let mut input = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>workspace-write</permissions>"}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Make test_calc.py pass."}]}),
+    ];
+    for turn in 0..3 {
+        let resp = post(&http, &url, &token, &request(&input, false)).await?;
+        assert_eq!(resp.status(), 200);
+        let r: Value = resp.json().await?;
+        assert_eq!(
+            (r["object"].as_str(), r["model"].as_str()),
+            (Some("response"), Some("gpt-5-codex"))
+        );
+        assert!(
+            matches!(r["status"].as_str(), Some("completed" | "incomplete")),
+            "{r}"
+        );
+        let text: String = r["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|o| o["type"] == "message")
+            .flat_map(|o| o["content"].as_array().cloned().unwrap_or_default())
+            .filter_map(|c| c["text"].as_str().map(str::to_owned))
+            .collect();
+        let call_id = format!("call_{turn}");
+        input.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}));
+        input.push(json!({"type": "function_call", "call_id": call_id, "name": "shell", "arguments": "{\"command\":[\"ls\"]}"}));
+        input.push(json!({"type": "function_call_output", "call_id": call_id, "output": "calc.py\ntest_calc.py"}));
+    }
+    let body = post(&http, &url, &token, &request(&input, true))
+        .await?
+        .text()
+        .await?;
+    let events = sse_events(&body);
+    assert_eq!(
+        events.first().map(|e| e.0.as_str()),
+        Some("response.created"),
+        "{body}"
+    );
+    assert!(
+        matches!(
+            events.last().map(|e| e.0.as_str()),
+            Some("response.completed" | "response.incomplete")
+        ),
+        "{body}"
+    );
+    assert!(events
+        .iter()
+        .enumerate()
+        .all(|(i, (_, d))| d["sequence_number"] == i));
+    let streamed: String = events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .filter_map(|(_, d)| d["delta"].as_str())
+        .collect();
+
+    // The gateway keeps no state: a stateful request is refused in OpenAI's shape.
+    let mut stateful = request(&input, false);
+    stateful["previous_response_id"] = json!("resp_123");
+    let refused = post(&http, &url, &token, &stateful).await?;
+    assert_eq!(refused.status(), 400);
+    let err: Value = refused.json().await?;
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("stateless"),
+        "{err}"
+    );
+
+    gw.close("responses-1").await?;
+    let capture = read_session(&gw.session_dir("responses-1"))?;
+    assert_eq!(capture.records.len(), 4);
+    for r in &capture.records {
+        assert_eq!(r.api, floe_gateway::capture::Api::OpenaiResponses);
+        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
+        assert_eq!(
+            r.prompt_token_ids, expected,
+            "seq {}: captured prompt ids = vLLM /tokenize",
+            r.seq
+        );
+        check_token_alignment(r, 16);
+        assert_eq!(
+            r.normalized_request["tools"].as_array().map(Vec::len),
+            Some(2),
+            "web_search dropped"
+        );
+    }
+    assert_eq!(
+        capture.records[3].response["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default(),
+        streamed
+    );
+    let (traces, stats) = build_traces(&capture.records, &BuildOptions::default());
+    let by_seq: BTreeMap<u64, &CompletionRecord> =
+        capture.records.iter().map(|r| (r.seq, r)).collect();
+    eprintln!(
+        "responses session: 4 calls -> {} traces, starts {:?}",
+        stats.traces, stats.starts
+    );
+    for t in &traces {
+        assert!(
+            matches!(t.start, ChainStart::First | ChainStart::TemplateRewrite),
+            "{:?}",
+            t.start
+        );
+        if t.start == ChainStart::TemplateRewrite {
+            assert!(rewrite_is_real(t, &by_seq));
+        }
+    }
+    Ok(())
+}

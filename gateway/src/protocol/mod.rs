@@ -4,6 +4,7 @@
 pub mod anthropic;
 pub mod errors;
 pub mod openai_chat;
+pub mod openai_responses;
 pub mod upstream;
 
 pub use errors::ProtocolError;
@@ -24,4 +25,6 @@ pub struct Normalized {
     pub wants_logprobs: bool,
     /// OpenAI: `stream_options.include_usage`.
     pub include_usage: bool,
+    /// Responses: freeform `custom` tools, whose calls go back as `custom_tool_call`.
+    pub custom_tools: std::collections::BTreeSet<String>,
 }

@@ -48,7 +48,7 @@ pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
             == Some(&Value::Bool(true)),
         request: req,
         stream,
-        dropped: Vec::new(),
+        ..Default::default()
     })
 }
 

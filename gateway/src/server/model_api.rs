@@ -19,7 +19,7 @@ use super::complete::{api_label, complete};
 use super::sessions::Session;
 use super::Gateway;
 use crate::capture::Api;
-use crate::protocol::{anthropic, openai_chat, Normalized, ProtocolError};
+use crate::protocol::{anthropic, openai_chat, openai_responses, Normalized, ProtocolError};
 
 /// The session token, from whichever header the harness's SDK uses.
 fn token(headers: &HeaderMap) -> Option<&str> {
@@ -116,11 +116,34 @@ impl Wire for Anthropic {
         anthropic::response(&upstream, &n.model)
     }
     fn events(reply: &Value, _: &Normalized) -> Vec<Event> {
-        anthropic::stream_events(reply)
-            .into_iter()
-            .map(|(name, data)| Event::default().event(name).data(data.to_string()))
-            .collect()
+        named_events(anthropic::stream_events(reply))
     }
+}
+
+struct OpenaiResponses;
+
+impl Wire for OpenaiResponses {
+    const API: Api = Api::OpenaiResponses;
+    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+        openai_responses::normalize(body)
+    }
+    fn reply(upstream: Value, n: &Normalized) -> Value {
+        openai_responses::response(&upstream, n)
+    }
+    fn events(reply: &Value, _: &Normalized) -> Vec<Event> {
+        named_events(openai_responses::stream_events(reply))
+    }
+}
+
+fn named_events(events: Vec<(String, Value)>) -> Vec<Event> {
+    events
+        .into_iter()
+        .map(|(name, data)| Event::default().event(name).data(data.to_string()))
+        .collect()
+}
+
+pub async fn responses(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    handle::<OpenaiResponses>(gateway, request).await
 }
 
 pub async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {

@@ -1,0 +1,576 @@
+//! OpenAI Responses (`/v1/responses`): what Codex CLI sends, translated to Chat Completions
+//! for vLLM and back.
+//!
+//! Request rules:
+//! - `instructions` and `system`/`developer` messages → one leading system message.
+//! - `message` items → user/assistant messages (`input_text`/`output_text` parts joined,
+//!   `input_image` → `image_url`); consecutive assistant text, `reasoning` and
+//!   `function_call` / `custom_tool_call` items fold into one assistant message (reasoning →
+//!   `reasoning_content`; `encrypted_content` is opaque and not sent upstream);
+//!   `function_call_output` / `custom_tool_call_output` → `tool` messages.
+//! - `function` tools → functions; `namespace` tools are flattened to their inner functions;
+//!   `custom` (freeform, e.g. Codex's `apply_patch`) → a function with one string parameter
+//!   `input` — vLLM cannot enforce their grammar — and its calls come back as
+//!   `custom_tool_call`; hosted tools (`web_search`, `file_search`, `code_interpreter`,
+//!   `image_generation`, `local_shell`, …) are dropped and counted.
+//! - `previous_response_id` is refused: the gateway keeps no conversation state.
+//! - `reasoning.effort` → `chat_template_kwargs.enable_thinking` (false for `minimal`/`none`),
+//!   `text.format` json_schema → `response_format`, `max_output_tokens` → `max_tokens`.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Map, Value};
+
+use super::{Normalized, ProtocolError};
+
+fn invalid(msg: impl Into<String>) -> ProtocolError {
+    ProtocolError::InvalidRequest(msg.into())
+}
+
+/// Text of a message's content: a string, or parts with `text`.
+fn parts_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        _ => String::new(),
+    }
+}
+
+fn has_image(content: &Value) -> bool {
+    content
+        .as_array()
+        .is_some_and(|parts| parts.iter().any(|p| p["type"] == "input_image"))
+}
+
+fn chat_parts(content: &Value) -> Value {
+    let parts: Vec<Value> = content
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| match p["type"].as_str() {
+            Some("input_text" | "output_text" | "text") => {
+                Some(json!({"type": "text", "text": p["text"]}))
+            }
+            Some("input_image") => p["image_url"]
+                .as_str()
+                .map(|u| json!({"type": "image_url", "image_url": {"url": u}})),
+            _ => None,
+        })
+        .collect();
+    Value::Array(parts)
+}
+
+/// The assistant message being assembled from consecutive output items.
+#[derive(Default)]
+struct Assistant {
+    text: String,
+    reasoning: String,
+    calls: Vec<Value>,
+}
+
+impl Assistant {
+    fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.reasoning.is_empty() && self.calls.is_empty()
+    }
+
+    fn flush(&mut self, out: &mut Vec<Value>) {
+        if self.is_empty() {
+            return;
+        }
+        let mut m = json!({"role": "assistant", "content": std::mem::take(&mut self.text)});
+        if !self.reasoning.is_empty() {
+            m["reasoning_content"] = std::mem::take(&mut self.reasoning).into();
+        }
+        if !self.calls.is_empty() {
+            m["tool_calls"] = Value::Array(std::mem::take(&mut self.calls));
+        }
+        out.push(m);
+    }
+}
+
+pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
+    let Value::Object(req) = value else {
+        return Err(invalid("body must be a JSON object"));
+    };
+    if req
+        .get("previous_response_id")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(invalid("previous_response_id is not supported: the floe gateway is stateless, send the whole input (store: false)"));
+    }
+    let stream = match req.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid("stream must be a boolean")),
+    };
+    let model = req
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("policy")
+        .to_string();
+    let items: Vec<Value> = match req.get("input") {
+        Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
+        Some(Value::Array(items)) => items.clone(),
+        _ => return Err(invalid("input must be a string or an array of items")),
+    };
+    let mut dropped = Vec::new();
+    let mut system = Vec::new();
+    if let Some(i) = req
+        .get("instructions")
+        .and_then(Value::as_str)
+        .filter(|i| !i.is_empty())
+    {
+        system.push(i.to_string());
+    }
+    let (functions, custom) = tools(req.get("tools"), &mut dropped)?;
+    let mut out = Vec::new();
+    let mut assistant = Assistant::default();
+    for (i, item) in items.iter().enumerate() {
+        let kind = item["type"]
+            .as_str()
+            .unwrap_or(if item.get("role").is_some() {
+                "message"
+            } else {
+                ""
+            });
+        match kind {
+            "message" => {
+                let role = item["role"]
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("input[{i}].role must be a string")))?;
+                match role {
+                    "system" | "developer" => system.push(parts_text(&item["content"])),
+                    "assistant" => assistant.text.push_str(&parts_text(&item["content"])),
+                    "user" => {
+                        assistant.flush(&mut out);
+                        let content = if has_image(&item["content"]) {
+                            chat_parts(&item["content"])
+                        } else {
+                            parts_text(&item["content"]).into()
+                        };
+                        out.push(json!({"role": "user", "content": content}));
+                    }
+                    other => {
+                        return Err(invalid(format!(
+                            "input[{i}].role {other:?} is not supported"
+                        )))
+                    }
+                }
+            }
+            "reasoning" => {
+                let texts = item["content"].as_array().or(item["summary"].as_array());
+                let text: String = texts
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                assistant.reasoning.push_str(&text);
+            }
+            "function_call" | "custom_tool_call" => {
+                let call_id = item["call_id"]
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("input[{i}]: {kind} without call_id")))?;
+                let name = item["name"]
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("input[{i}]: {kind} without name")))?;
+                let arguments = if kind == "custom_tool_call" {
+                    json!({"input": item["input"]}).to_string()
+                } else {
+                    item["arguments"].as_str().unwrap_or("{}").to_string()
+                };
+                assistant.calls.push(json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}));
+            }
+            "function_call_output" | "custom_tool_call_output" => {
+                assistant.flush(&mut out);
+                let call_id = item["call_id"]
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("input[{i}]: {kind} without call_id")))?;
+                out.push(json!({"role": "tool", "tool_call_id": call_id, "content": parts_text(&item["output"])}));
+            }
+            other => {
+                return Err(invalid(format!(
+                    "input[{i}]: item type {other:?} is not supported"
+                )))
+            }
+        }
+    }
+    assistant.flush(&mut out);
+    if out.is_empty() {
+        return Err(invalid("input must contain at least one message"));
+    }
+    if !system.is_empty() {
+        out.insert(0, json!({"role": "system", "content": system.join("\n\n")}));
+    }
+    let mut request = Map::new();
+    request.insert("messages".into(), Value::Array(out));
+    if let Some(n) = req.get("max_output_tokens").and_then(Value::as_u64) {
+        request.insert("max_tokens".into(), n.into());
+    }
+    for key in ["temperature", "top_p", "parallel_tool_calls"] {
+        if let Some(v) = req.get(key).filter(|v| !v.is_null()) {
+            request.insert(key.into(), v.clone());
+        }
+    }
+    if !functions.is_empty() {
+        request.insert("tools".into(), Value::Array(functions));
+        if let Some(choice) = req.get("tool_choice").filter(|c| !c.is_null()) {
+            let mapped = match (choice.as_str(), choice["type"].as_str()) {
+                (Some(c @ ("auto" | "required" | "none")), _) => json!(c),
+                (None, Some("function" | "custom")) => {
+                    json!({"type": "function", "function": {"name": choice["name"]}})
+                }
+                _ => json!("auto"),
+            };
+            request.insert("tool_choice".into(), mapped);
+        }
+    }
+    if let Some(effort) = req.get("reasoning").and_then(|r| r["effort"].as_str()) {
+        request.insert(
+            "chat_template_kwargs".into(),
+            json!({"enable_thinking": !matches!(effort, "minimal" | "none")}),
+        );
+    }
+    if req.get("text").and_then(|t| t["format"]["type"].as_str()) == Some("json_schema") {
+        let f = &req["text"]["format"];
+        request.insert("response_format".into(), json!({"type": "json_schema", "json_schema": {"name": f["name"], "schema": f["schema"], "strict": f["strict"]}}));
+    }
+    Ok(Normalized {
+        request,
+        stream,
+        model,
+        dropped,
+        custom_tools: custom,
+        ..Default::default()
+    })
+}
+
+/// Chat functions for the tools; the names of freeform custom tools.
+fn tools(
+    tools: Option<&Value>,
+    dropped: &mut Vec<String>,
+) -> Result<(Vec<Value>, BTreeSet<String>), ProtocolError> {
+    let mut functions = Vec::new();
+    let mut custom = BTreeSet::new();
+    let mut queue: Vec<&Value> = tools
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .collect();
+    while let Some(t) = queue.pop() {
+        match t["type"].as_str() {
+            Some("function") => functions.push(json!({"type": "function", "function": {
+                "name": t["name"], "description": t.get("description").cloned().unwrap_or(Value::Null),
+                "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object", "properties": {}}))}})),
+            Some("namespace") => queue.extend(t["tools"].as_array().into_iter().flatten()),
+            Some("custom") => {
+                let name = t["name"].as_str().ok_or_else(|| invalid("custom tool without name"))?;
+                custom.insert(name.to_string());
+                functions.push(json!({"type": "function", "function": {"name": name, "description": t.get("description").cloned().unwrap_or(Value::Null),
+                    "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}}}));
+            }
+            Some(hosted) => dropped.push(format!("hosted_tool:{hosted}")),
+            None => return Err(invalid("every tool needs a type")),
+        }
+    }
+    functions.reverse();
+    Ok((functions, custom))
+}
+
+/// The Responses object for an upstream Chat Completions response.
+pub fn response(upstream: &Value, n: &Normalized) -> Value {
+    let choice = &upstream["choices"][0];
+    let message = &choice["message"];
+    let id = upstream["id"]
+        .as_str()
+        .unwrap_or("floe")
+        .trim_start_matches("chatcmpl-")
+        .to_string();
+    let mut output = Vec::new();
+    if let Some(r) = message
+        .get("reasoning_content")
+        .or(message.get("reasoning"))
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+    {
+        output.push(json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [], "content": [{"type": "reasoning_text", "text": r}]}));
+    }
+    if let Some(t) = message["content"].as_str().filter(|t| !t.is_empty()) {
+        output.push(json!({"type": "message", "id": format!("msg_{id}"), "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": t, "annotations": []}]}));
+    }
+    for (k, call) in message["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let name = call["function"]["name"].as_str().unwrap_or_default();
+        let args = call["function"]["arguments"].as_str().unwrap_or("{}");
+        let item_id = format!("fc_{id}_{k}");
+        if n.custom_tools.contains(name) {
+            let input = serde_json::from_str::<Value>(args)
+                .ok()
+                .and_then(|v| v["input"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| args.to_string());
+            output.push(json!({"type": "custom_tool_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "input": input}));
+        } else {
+            output.push(json!({"type": "function_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "arguments": args}));
+        }
+    }
+    let truncated = choice["finish_reason"] == "length";
+    let (input, out_tokens) = (
+        upstream["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+        upstream["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+    );
+    json!({
+        "id": format!("resp_{id}"), "object": "response", "created_at": upstream["created"],
+        "status": if truncated { "incomplete" } else { "completed" },
+        "incomplete_details": if truncated { json!({"reason": "max_output_tokens"}) } else { Value::Null },
+        "error": null, "model": n.model, "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
+        "usage": {"input_tokens": input, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out_tokens,
+                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input + out_tokens},
+    })
+}
+
+/// The response as Responses SSE events: `(event name, data)`, ending in `response.completed`
+/// (or `response.incomplete`), which Codex waits for.
+pub fn stream_events(response: &Value) -> Vec<(String, Value)> {
+    let mut events: Vec<(String, Value)> = Vec::new();
+    let mut push = |name: &str, mut data: Value| {
+        data["type"] = name.into();
+        data["sequence_number"] = events.len().into();
+        events.push((name.to_string(), data));
+    };
+    let mut pending = response.clone();
+    pending["status"] = "in_progress".into();
+    pending["output"] = json!([]);
+    push("response.created", json!({"response": pending}));
+    push("response.in_progress", json!({"response": pending}));
+    for (index, item) in response["output"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let mut start = item.clone();
+        start["status"] = "in_progress".into();
+        match item["type"].as_str() {
+            Some("message") => {
+                start["content"] = json!([]);
+                push(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": start}),
+                );
+                let text = &item["content"][0]["text"];
+                let at = json!({"item_id": item["id"], "output_index": index, "content_index": 0});
+                let with = |extra: Value| {
+                    let mut v = at.clone();
+                    if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+                        v.extend(extra.clone());
+                    }
+                    v
+                };
+                push(
+                    "response.content_part.added",
+                    with(json!({"part": {"type": "output_text", "text": "", "annotations": []}})),
+                );
+                push("response.output_text.delta", with(json!({"delta": text})));
+                push("response.output_text.done", with(json!({"text": text})));
+                push(
+                    "response.content_part.done",
+                    with(json!({"part": item["content"][0]})),
+                );
+            }
+            Some("function_call") => {
+                start["arguments"] = "".into();
+                push(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": start}),
+                );
+                push(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": item["id"], "output_index": index, "delta": item["arguments"]}),
+                );
+                push(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": item["id"], "output_index": index, "arguments": item["arguments"]}),
+                );
+            }
+            Some("custom_tool_call") => {
+                start["input"] = "".into();
+                push(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": start}),
+                );
+                push(
+                    "response.custom_tool_call_input.delta",
+                    json!({"item_id": item["id"], "output_index": index, "delta": item["input"]}),
+                );
+                push(
+                    "response.custom_tool_call_input.done",
+                    json!({"item_id": item["id"], "output_index": index, "input": item["input"]}),
+                );
+            }
+            _ => push(
+                "response.output_item.added",
+                json!({"output_index": index, "item": start}),
+            ),
+        }
+        push(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+    }
+    let last = if response["status"] == "incomplete" {
+        "response.incomplete"
+    } else {
+        "response.completed"
+    };
+    push(last, json!({"response": response}));
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(v: Value) -> Normalized {
+        normalize(v.to_string().as_bytes()).expect("valid request")
+    }
+
+    #[test]
+    fn a_codex_shaped_request_maps_to_chat() {
+        let n = norm(json!({
+            "model": "gpt-5-codex", "instructions": "You are Codex.", "stream": true, "store": false,
+            "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "medium", "summary": "auto"},
+            "input": [
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "gAAA"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Running tests."}]},
+                {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"command\":[\"ls\"]}"},
+                {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "a.py"},
+                {"type": "custom_tool_call_output", "call_id": "call_2", "output": "Done"}],
+            "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                      {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
+                      {"type": "namespace", "name": "mcp", "tools": [{"type": "function", "name": "mcp__docs__search", "parameters": {"type": "object"}}]},
+                      {"type": "web_search"}],
+            "tool_choice": "auto", "parallel_tool_calls": false, "prompt_cache_key": "k"
+        }));
+        assert!(n.stream);
+        assert_eq!(n.dropped, ["hosted_tool:web_search"]);
+        let m = &n.request["messages"];
+        assert_eq!(
+            m[0],
+            json!({"role": "system", "content": "You are Codex.\n\n<permissions>"})
+        );
+        assert_eq!(m[1], json!({"role": "user", "content": "fix it"}));
+        assert_eq!(m[2]["content"], "Running tests.");
+        assert_eq!(m[2]["reasoning_content"], "plan");
+        assert_eq!(
+            m[2]["tool_calls"][1]["function"],
+            json!({"name": "apply_patch", "arguments": "{\"input\":\"*** Begin Patch\"}"})
+        );
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "a.py"})
+        );
+        assert_eq!(m[4]["tool_call_id"], "call_2");
+        let names: Vec<&str> = n.request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["shell", "apply_patch", "mcp__docs__search"]);
+        assert!(n.custom_tools.contains("apply_patch"));
+        assert_eq!(
+            n.request["chat_template_kwargs"],
+            json!({"enable_thinking": true})
+        );
+        assert_eq!(n.request["parallel_tool_calls"], false);
+    }
+
+    #[test]
+    fn stateful_and_malformed_requests_are_refused_with_a_reason() {
+        for (body, needle) in [
+            (
+                json!({"input": "hi", "previous_response_id": "resp_1"}),
+                "stateless",
+            ),
+            (json!({"input": 5}), "input must be"),
+            (json!({"input": [{"type": "hologram"}]}), "\"hologram\""),
+            (
+                json!({"input": [{"type": "function_call", "name": "x"}]}),
+                "without call_id",
+            ),
+            (
+                json!({"input": "x", "tools": [{"name": "t"}]}),
+                "needs a type",
+            ),
+            (json!({"input": []}), "at least one message"),
+        ] {
+            let err = normalize(body.to_string().as_bytes()).expect_err("invalid");
+            assert!(err.to_string().contains(needle), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn replies_and_stream_end_in_response_completed() {
+        let n = norm(
+            json!({"model": "gpt-5-codex", "input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}),
+        );
+        let upstream = json!({"id": "chatcmpl-7", "created": 1, "usage": {"prompt_tokens": 10, "completion_tokens": 4},
+            "choices": [{"finish_reason": "tool_calls", "message": {"content": "Patching.", "tool_calls": [
+                {"id": "call_a", "function": {"name": "apply_patch", "arguments": "{\"input\": \"*** Begin Patch\"}"}},
+                {"id": "call_b", "function": {"name": "shell", "arguments": "{\"command\": [\"ls\"]}"}}]}}]});
+        let r = response(&upstream, &n);
+        assert_eq!(
+            (
+                r["object"].as_str(),
+                r["status"].as_str(),
+                r["model"].as_str()
+            ),
+            (Some("response"), Some("completed"), Some("gpt-5-codex"))
+        );
+        let types: Vec<&str> = r["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["type"].as_str())
+            .collect();
+        assert_eq!(types, ["message", "custom_tool_call", "function_call"]);
+        assert_eq!(r["output"][1]["input"], "*** Begin Patch");
+        assert_eq!(r["usage"]["total_tokens"], 14);
+        let events = stream_events(&r);
+        assert_eq!(
+            events.first().map(|e| e.0.as_str()),
+            Some("response.created")
+        );
+        assert_eq!(
+            events.last().map(|e| e.0.as_str()),
+            Some("response.completed")
+        );
+        assert!(events
+            .iter()
+            .enumerate()
+            .all(|(i, (_, d))| d["sequence_number"] == i));
+        let done: Vec<&Value> = events
+            .iter()
+            .filter(|(n, _)| n == "response.output_item.done")
+            .map(|(_, d)| &d["item"])
+            .collect();
+        assert_eq!(done.len(), 3);
+        let truncated = json!({"id": "x", "choices": [{"finish_reason": "length", "message": {"content": "abc"}}]});
+        let r = response(&truncated, &n);
+        assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(
+            stream_events(&r).last().map(|e| e.0.as_str()),
+            Some("response.incomplete")
+        );
+    }
+}
