@@ -2,15 +2,22 @@
 //! real-shaped requests with arbitrary values in every field. Each answer is a normalized
 //! request or a 400-class error.
 
-use floe_gateway::protocol::{anthropic, openai_chat, openai_responses, Normalized, ProtocolError};
+use floe_gateway::protocol::{
+    anthropic, gemini, openai_chat, openai_responses, Normalized, ProtocolError,
+};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
 type Parser = fn(&[u8]) -> Result<Normalized, ProtocolError>;
-const PARSERS: [(&str, Parser); 3] = [
+
+fn gemini_generate(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    gemini::normalize(body, "gemini-2.5-pro", false)
+}
+const PARSERS: [(&str, Parser); 4] = [
     ("openai_chat", openai_chat::normalize),
     ("anthropic", anthropic::normalize),
     ("openai_responses", openai_responses::normalize),
+    ("gemini", gemini_generate),
 ];
 
 fn any_json() -> impl Strategy<Value = Value> {
@@ -109,6 +116,7 @@ proptest! {
             json!({"model": "m", "messages": messages, "tools": tools, "tool_choice": extra}),
             json!({"model": "m", "max_tokens": 16, "system": extra, "messages": messages, "tools": tools}),
             json!({"model": "m", "instructions": "x", "input": messages, "tools": tools, "text": extra}),
+            json!({"systemInstruction": extra, "contents": messages, "tools": tools, "generationConfig": extra}),
         ];
         for body in &bodies {
             for (name, parser) in PARSERS {

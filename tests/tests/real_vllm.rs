@@ -715,3 +715,109 @@ async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Result<()> {
+    let gw = TestGateway::start(&vllm().url, 16).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("gemini-1", "t", 0).await?;
+    let base = format!("{}/v1beta/models/gemini-2.5-pro", gw.url);
+    let request = |contents: &Vec<Value>| {
+        json!({"systemInstruction": {"role": "user", "parts": [{"text": "You are Gemini CLI, a coding agent."}]},
+            "contents": contents,
+            "tools": [{"functionDeclarations": [{"name": "list_directory", "description": "List files",
+                "parametersJsonSchema": {"type": "object", "properties": {"path": {"type": "string"}}}}]}, {"googleSearch": {}}],
+            "generationConfig": {"temperature": 1.0, "topP": 1.0}})
+    };
+    let mut contents =
+        vec![json!({"role": "user", "parts": [{"text": "What is in this folder?"}]})];
+    for _ in 0..2 {
+        let resp = http
+            .post(format!("{base}:generateContent"))
+            .header("x-goog-api-key", &token)
+            .json(&request(&contents))
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 200);
+        let r: Value = resp.json().await?;
+        let cand = &r["candidates"][0];
+        assert!(
+            matches!(cand["finishReason"].as_str(), Some("STOP" | "MAX_TOKENS")),
+            "{r}"
+        );
+        assert!(r["usageMetadata"]["promptTokenCount"]
+            .as_u64()
+            .is_some_and(|n| n > 0));
+        let text: String = cand["content"]["parts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["text"].as_str())
+            .collect();
+        // Gemini CLI's history: the model turn with a call (no id), then the function's response.
+        contents.push(json!({"role": "model", "parts": [{"text": text}, {"functionCall": {"name": "list_directory", "args": {"path": "."}}}]}));
+        contents.push(json!({"role": "user", "parts": [{"functionResponse": {"name": "list_directory", "response": {"output": "calc.py"}}}]}));
+    }
+    // Streaming with alt=sse, the key in the query string.
+    let body = http
+        .post(format!("{base}:streamGenerateContent?alt=sse&key={token}"))
+        .json(&request(&contents))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let chunks: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(chunks.len(), 1, "{body}");
+    // Streaming without alt=sse: a JSON array.
+    let array: Value = http
+        .post(format!("{base}:streamGenerateContent"))
+        .header("x-goog-api-key", &token)
+        .json(&request(&contents))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert!(
+        array
+            .as_array()
+            .is_some_and(|a| a.len() == 1 && a[0]["candidates"].is_array()),
+        "{array}"
+    );
+    // An unknown method is a 404 in Google's shape.
+    let nope = http
+        .post(format!("{base}:predictFuture"))
+        .header("x-goog-api-key", &token)
+        .json(&request(&contents))
+        .send()
+        .await?;
+    assert_eq!(nope.status(), 404);
+    assert_eq!(nope.json::<Value>().await?["error"]["status"], "NOT_FOUND");
+
+    gw.close("gemini-1").await?;
+    let capture = read_session(&gw.session_dir("gemini-1"))?;
+    assert_eq!(capture.records.len(), 4);
+    for r in &capture.records {
+        assert_eq!(r.api, floe_gateway::capture::Api::Gemini);
+        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
+        assert_eq!(
+            r.prompt_token_ids, expected,
+            "seq {}: captured prompt ids = vLLM /tokenize",
+            r.seq
+        );
+        check_token_alignment(r, 16);
+    }
+    let (_, stats) = build_traces(&capture.records[..3], &BuildOptions::default());
+    eprintln!(
+        "gemini session: 3 calls -> {} traces, starts {:?}",
+        stats.traces, stats.starts
+    );
+    assert!(stats
+        .starts
+        .keys()
+        .all(|s| matches!(s, ChainStart::First | ChainStart::TemplateRewrite)));
+    Ok(())
+}

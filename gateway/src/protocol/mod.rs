@@ -3,6 +3,7 @@
 
 pub mod anthropic;
 pub mod errors;
+pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod upstream;
@@ -25,6 +26,8 @@ pub struct Normalized {
     pub wants_logprobs: bool,
     /// OpenAI: `stream_options.include_usage`.
     pub include_usage: bool,
+    /// Gemini `streamGenerateContent` without `alt=sse`: the reply is a JSON array of chunks.
+    pub reply_as_array: bool,
     /// Responses: freeform `custom` tools, whose calls go back as `custom_tool_call`.
     pub custom_tools: std::collections::BTreeSet<String>,
 }

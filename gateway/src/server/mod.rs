@@ -99,6 +99,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/chat/completions", post(model_api::chat_completions))
         .route("/v1/messages", post(model_api::messages))
         .route("/v1/responses", post(model_api::responses))
+        .route("/v1beta/models/{model_method}", post(model_api::gemini))
         .route("/v1/models", get(model_api::models))
         .fallback(model_api::not_found)
         .with_state(gateway)

@@ -19,7 +19,9 @@ use super::complete::{api_label, complete};
 use super::sessions::Session;
 use super::Gateway;
 use crate::capture::Api;
-use crate::protocol::{anthropic, openai_chat, openai_responses, Normalized, ProtocolError};
+use crate::protocol::{
+    anthropic, gemini, openai_chat, openai_responses, Normalized, ProtocolError,
+};
 
 /// The session token, from whichever header the harness's SDK uses.
 fn token(headers: &HeaderMap) -> Option<&str> {
@@ -28,6 +30,13 @@ fn token(headers: &HeaderMap) -> Option<&str> {
         .or_else(|| header("authorization").and_then(|v| v.strip_prefix("Bearer ")))
         .or_else(|| header("x-goog-api-key"))
         .map(str::trim)
+}
+
+/// Google's SDKs may also send the key as `?key=`.
+fn query_key(uri: &Uri) -> Option<&str> {
+    uri.query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("key="))
 }
 
 fn fail(gateway: &Gateway, api: Api, error: &ProtocolError) -> Response {
@@ -52,6 +61,7 @@ async fn admit(
     request: Request,
 ) -> Result<(Arc<Session>, axum::body::Bytes), ProtocolError> {
     let session = token(request.headers())
+        .or_else(|| query_key(request.uri()))
         .and_then(|t| gateway.sessions.by_token(t))
         .ok_or(ProtocolError::Unauthorized)?;
     let limit = gateway.config.max_body_bytes;
@@ -80,7 +90,8 @@ async fn admit(
 /// What differs between provider APIs on the call path; everything else is shared.
 trait Wire {
     const API: Api;
-    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError>;
+    /// `uri` carries what some APIs put in the URL (Gemini's model, method and `alt`).
+    fn normalize(body: &[u8], uri: &Uri) -> Result<Normalized, ProtocolError>;
     /// The provider-shaped JSON reply for an upstream Chat Completions response.
     fn reply(upstream: Value, n: &Normalized) -> Value;
     /// The same reply as SSE events.
@@ -91,7 +102,7 @@ struct OpenaiChat;
 
 impl Wire for OpenaiChat {
     const API: Api = Api::OpenaiChat;
-    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    fn normalize(body: &[u8], _: &Uri) -> Result<Normalized, ProtocolError> {
         openai_chat::normalize(body)
     }
     fn reply(upstream: Value, n: &Normalized) -> Value {
@@ -109,7 +120,7 @@ struct Anthropic;
 
 impl Wire for Anthropic {
     const API: Api = Api::Anthropic;
-    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    fn normalize(body: &[u8], _: &Uri) -> Result<Normalized, ProtocolError> {
         anthropic::normalize(body)
     }
     fn reply(upstream: Value, n: &Normalized) -> Value {
@@ -124,7 +135,7 @@ struct OpenaiResponses;
 
 impl Wire for OpenaiResponses {
     const API: Api = Api::OpenaiResponses;
-    fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    fn normalize(body: &[u8], _: &Uri) -> Result<Normalized, ProtocolError> {
         openai_responses::normalize(body)
     }
     fn reply(upstream: Value, n: &Normalized) -> Value {
@@ -146,6 +157,42 @@ pub async fn responses(State(gateway): State<Arc<Gateway>>, request: Request) ->
     handle::<OpenaiResponses>(gateway, request).await
 }
 
+struct Gemini;
+
+impl Wire for Gemini {
+    const API: Api = Api::Gemini;
+    fn normalize(body: &[u8], uri: &Uri) -> Result<Normalized, ProtocolError> {
+        let segment = uri.path().rsplit('/').next().unwrap_or_default();
+        let not_found = || ProtocolError::NotFound(uri.path().to_string());
+        let (model, method) = gemini::model_and_method(segment).ok_or_else(not_found)?;
+        let sse = uri
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
+        let mut n = match method {
+            "generateContent" => gemini::normalize(body, model, false)?,
+            "streamGenerateContent" => gemini::normalize(body, model, sse)?,
+            _ => return Err(not_found()),
+        };
+        n.reply_as_array = method == "streamGenerateContent" && !sse;
+        Ok(n)
+    }
+    fn reply(upstream: Value, n: &Normalized) -> Value {
+        let reply = gemini::response(&upstream, &n.model);
+        if n.reply_as_array {
+            Value::Array(vec![reply])
+        } else {
+            reply
+        }
+    }
+    fn events(reply: &Value, _: &Normalized) -> Vec<Event> {
+        vec![Event::default().data(reply.to_string())]
+    }
+}
+
+pub async fn gemini(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    handle::<Gemini>(gateway, request).await
+}
+
 pub async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
     handle::<OpenaiChat>(gateway, request).await
 }
@@ -157,11 +204,12 @@ pub async fn messages(State(gateway): State<Arc<Gateway>>, request: Request) -> 
 async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     let api = W::API;
     let t0 = Instant::now();
+    let uri = request.uri().clone();
     let (session, body) = match admit(&gateway, api, request).await {
         Ok(ok) => ok,
         Err(e) => return fail(&gateway, api, &e),
     };
-    let mut normalized = match W::normalize(&body) {
+    let mut normalized = match W::normalize(&body, &uri) {
         Ok(n) => n,
         Err(e) => return fail(&gateway, api, &e),
     };
