@@ -51,23 +51,10 @@ fn session(rng: &mut Rng, main_turns: usize, system: usize) -> Vec<CompletionRec
         let tool = rng.range(50, 1500);
         agent.context.extend(rng.tokens(tool));
         records.push(CompletionRecord {
-            v: 1,
-            session: "bench".into(),
-            seq,
             api: Api::Anthropic,
-            started_at_ms: seq,
-            finished_at_ms: seq,
-            upstream_ms: 0,
-            model: "policy".into(),
-            policy_version: None,
             logprobs: Some(vec![-0.5; response.len()]),
-            prompt_token_ids: prompt,
-            completion_token_ids: response,
             finish_reason: Some("tool_calls".into()),
-            unparsed_tool_call: false,
-            request: serde_json::Value::Null,
-            normalized_request: serde_json::Value::Null,
-            response: serde_json::Value::Null,
+            ..CompletionRecord::from_tokens(seq, prompt, response)
         });
     };
     let mut main = Agent {
@@ -110,23 +97,8 @@ fn wide_session(
             response.push(EOT);
             let seq = records.len() as u64;
             records.push(CompletionRecord {
-                v: 1,
-                session: "bench".into(),
-                seq,
-                api: Api::OpenaiChat,
-                started_at_ms: seq,
-                finished_at_ms: seq,
-                upstream_ms: 0,
-                model: "policy".into(),
-                policy_version: None,
                 logprobs: Some(vec![-0.5; response.len()]),
-                prompt_token_ids: agent.clone(),
-                completion_token_ids: response.clone(),
-                finish_reason: Some("stop".into()),
-                unparsed_tool_call: false,
-                request: serde_json::Value::Null,
-                normalized_request: serde_json::Value::Null,
-                response: serde_json::Value::Null,
+                ..CompletionRecord::from_tokens(seq, agent.clone(), response.clone())
             });
             agent.extend(&response);
             let n = rng.range(20, 200);

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use floe_gateway::capture::{Api, CompletionRecord};
+use floe_gateway::capture::CompletionRecord;
 use floe_gateway::trajectory::{build_traces, BuildOptions, Builder, Trace};
 use proptest::prelude::*;
 
@@ -65,23 +65,9 @@ fn session(steps: &[Step]) -> Vec<CompletionRecord> {
                 .collect()
         });
         records.push(CompletionRecord {
-            v: 1,
-            session: "p".into(),
-            seq: seq as u64,
-            api: Api::OpenaiChat,
-            started_at_ms: seq as u64,
-            finished_at_ms: seq as u64,
-            upstream_ms: 0,
-            model: "m".into(),
-            policy_version: None,
-            prompt_token_ids: prompt.clone(),
-            completion_token_ids: response.clone(),
             logprobs,
             finish_reason: Some(if s.truncated { "length" } else { "stop" }.into()),
-            unparsed_tool_call: false,
-            request: serde_json::Value::Null,
-            normalized_request: serde_json::Value::Null,
-            response: serde_json::Value::Null,
+            ..CompletionRecord::from_tokens(seq as u64, prompt.clone(), response.clone())
         });
         let mut next = match s.event {
             Event::Compact => firsts[s.agent].iter().copied().chain([7, 7]).collect(),

@@ -30,23 +30,11 @@ fn checked_in_schema_matches_the_types() {
 
 fn record(seq: u64, prompt: Vec<u32>, response: Vec<u32>) -> CompletionRecord {
     CompletionRecord {
-        v: 1,
         session: "s".into(),
-        seq,
         api: Api::Anthropic,
-        started_at_ms: seq,
-        finished_at_ms: seq,
-        upstream_ms: 0,
-        model: "policy".into(),
         policy_version: Some(3),
         logprobs: Some(vec![-0.1; response.len()]),
-        prompt_token_ids: prompt,
-        completion_token_ids: response,
-        finish_reason: Some("stop".into()),
-        unparsed_tool_call: false,
-        request: serde_json::Value::Null,
-        normalized_request: serde_json::Value::Null,
-        response: serde_json::Value::Null,
+        ..CompletionRecord::from_tokens(seq, prompt, response)
     }
 }
 

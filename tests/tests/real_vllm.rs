@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use floe_gateway::capture::{read_session, CompletionRecord};
+use floe_gateway::capture::{read_session, Api, CompletionRecord, SessionCapture};
 use floe_gateway::trajectory::{build_traces, BuildOptions, Builder, ChainStart, Trace};
 use floe_tests::{floe_bin, vllm, workspace_root, TestGateway};
 use serde_json::{json, Value};
@@ -68,6 +68,61 @@ fn check_token_alignment(r: &CompletionRecord, cap: usize) {
     );
 }
 
+/// Close the session and check its capture: `calls` records from `api`, each prompt exactly
+/// vLLM's tokenization of what was sent upstream, each sample aligned with its logprobs.
+async fn checked_capture(
+    gw: &TestGateway,
+    http: &reqwest::Client,
+    id: &str,
+    api: Api,
+    calls: usize,
+    cap: usize,
+) -> Result<SessionCapture> {
+    gw.close(id).await?;
+    let capture = read_session(&gw.session_dir(id))?;
+    assert!(capture.sealed);
+    assert_eq!(capture.records.len(), calls);
+    for r in &capture.records {
+        assert_eq!(r.api, api);
+        let expected = tokenize(http, &r.normalized_request["messages"]).await?;
+        assert_eq!(
+            r.prompt_token_ids, expected,
+            "seq {}: captured prompt ids = vLLM /tokenize",
+            r.seq
+        );
+        check_token_alignment(r, cap);
+    }
+    Ok(capture)
+}
+
+/// A single agent's session merges into one chain; the only breaks allowed are real
+/// re-renderings of sampled text.
+fn assert_one_agent_merges(label: &str, records: &[CompletionRecord]) {
+    let (traces, stats) = build_traces(records, &BuildOptions::default());
+    let by_seq: BTreeMap<u64, &CompletionRecord> = records.iter().map(|r| (r.seq, r)).collect();
+    eprintln!(
+        "{label}: {} calls -> {} traces, starts {:?}",
+        records.len(),
+        stats.traces,
+        stats.starts
+    );
+    for t in &traces {
+        assert!(
+            matches!(t.start, ChainStart::First | ChainStart::TemplateRewrite),
+            "{label}: {:?}",
+            t.start
+        );
+        if t.start == ChainStart::TemplateRewrite {
+            assert!(
+                rewrite_is_real(t, &by_seq),
+                "{label}: template_rewrite at {:?} is not real",
+                t.completions
+            );
+        }
+    }
+    assert_eq!(stats.trainable_tokens, stats.sampled_tokens);
+}
+
 #[tokio::test]
 async fn captured_prompt_ids_are_the_servers_tokenization_and_samples_line_up() -> Result<()> {
     let gw = TestGateway::start(&vllm().url, 16).await?;
@@ -118,19 +173,7 @@ async fn captured_prompt_ids_are_the_servers_tokenization_and_samples_line_up() 
     }
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
 
-    gw.close("tok-1").await?;
-    let capture = read_session(&gw.session_dir("tok-1"))?;
-    assert!(capture.sealed);
-    assert_eq!(capture.records.len(), 3);
-    for r in &capture.records {
-        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
-        assert_eq!(
-            r.prompt_token_ids, expected,
-            "seq {}: captured prompt ids = vLLM /tokenize",
-            r.seq
-        );
-        check_token_alignment(r, 16);
-    }
+    let capture = checked_capture(&gw, &http, "tok-1", Api::OpenaiChat, 3, 16).await?;
     // The developer message was merged into the one leading system message.
     assert_eq!(
         capture.records[1].normalized_request["messages"][0]["role"],
@@ -538,18 +581,8 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
         (Some("error"), Some("authentication_error"))
     );
 
-    gw.close("anthropic-1").await?;
-    let capture = read_session(&gw.session_dir("anthropic-1"))?;
-    assert_eq!(capture.records.len(), 5);
+    let capture = checked_capture(&gw, &http, "anthropic-1", Api::Anthropic, 5, 16).await?;
     for r in &capture.records {
-        assert_eq!(r.api, floe_gateway::capture::Api::Anthropic);
-        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
-        assert_eq!(
-            r.prompt_token_ids, expected,
-            "seq {}: captured prompt ids = vLLM /tokenize",
-            r.seq
-        );
-        check_token_alignment(r, 16);
         // The hosted tool was dropped by rule; the custom one went upstream as a function.
         assert_eq!(
             r.normalized_request["tools"].as_array().map(Vec::len),
@@ -566,24 +599,7 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
     assert!(metrics.contains(r#"floe_gateway_dropped_total{api="anthropic",what="hosted_tool:web_search_20250305"} 5"#), "{metrics}");
 
     // Anthropic-shaped history (tool_use / tool_result blocks) merges like any other.
-    let (traces, stats) = build_traces(&capture.records, &BuildOptions::default());
-    let by_seq: BTreeMap<u64, &CompletionRecord> =
-        capture.records.iter().map(|r| (r.seq, r)).collect();
-    eprintln!(
-        "anthropic session: 5 calls -> {} traces, starts {:?}",
-        stats.traces, stats.starts
-    );
-    for t in &traces {
-        assert!(
-            matches!(t.start, ChainStart::First | ChainStart::TemplateRewrite),
-            "{:?}",
-            t.start
-        );
-        if t.start == ChainStart::TemplateRewrite {
-            assert!(rewrite_is_real(t, &by_seq));
-        }
-    }
-    assert_eq!(stats.trainable_tokens, stats.sampled_tokens);
+    assert_one_agent_merges("anthropic session", &capture.records);
     Ok(())
 }
 
@@ -672,18 +688,8 @@ async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
         "{err}"
     );
 
-    gw.close("responses-1").await?;
-    let capture = read_session(&gw.session_dir("responses-1"))?;
-    assert_eq!(capture.records.len(), 4);
+    let capture = checked_capture(&gw, &http, "responses-1", Api::OpenaiResponses, 4, 16).await?;
     for r in &capture.records {
-        assert_eq!(r.api, floe_gateway::capture::Api::OpenaiResponses);
-        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
-        assert_eq!(
-            r.prompt_token_ids, expected,
-            "seq {}: captured prompt ids = vLLM /tokenize",
-            r.seq
-        );
-        check_token_alignment(r, 16);
         assert_eq!(
             r.normalized_request["tools"].as_array().map(Vec::len),
             Some(2),
@@ -696,23 +702,7 @@ async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
             .unwrap_or_default(),
         streamed
     );
-    let (traces, stats) = build_traces(&capture.records, &BuildOptions::default());
-    let by_seq: BTreeMap<u64, &CompletionRecord> =
-        capture.records.iter().map(|r| (r.seq, r)).collect();
-    eprintln!(
-        "responses session: 4 calls -> {} traces, starts {:?}",
-        stats.traces, stats.starts
-    );
-    for t in &traces {
-        assert!(
-            matches!(t.start, ChainStart::First | ChainStart::TemplateRewrite),
-            "{:?}",
-            t.start
-        );
-        if t.start == ChainStart::TemplateRewrite {
-            assert!(rewrite_is_real(t, &by_seq));
-        }
-    }
+    assert_one_agent_merges("responses session", &capture.records);
     Ok(())
 }
 
@@ -797,27 +787,8 @@ async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Resu
     assert_eq!(nope.status(), 404);
     assert_eq!(nope.json::<Value>().await?["error"]["status"], "NOT_FOUND");
 
-    gw.close("gemini-1").await?;
-    let capture = read_session(&gw.session_dir("gemini-1"))?;
-    assert_eq!(capture.records.len(), 4);
-    for r in &capture.records {
-        assert_eq!(r.api, floe_gateway::capture::Api::Gemini);
-        let expected = tokenize(&http, &r.normalized_request["messages"]).await?;
-        assert_eq!(
-            r.prompt_token_ids, expected,
-            "seq {}: captured prompt ids = vLLM /tokenize",
-            r.seq
-        );
-        check_token_alignment(r, 16);
-    }
-    let (_, stats) = build_traces(&capture.records[..3], &BuildOptions::default());
-    eprintln!(
-        "gemini session: 3 calls -> {} traces, starts {:?}",
-        stats.traces, stats.starts
-    );
-    assert!(stats
-        .starts
-        .keys()
-        .all(|s| matches!(s, ChainStart::First | ChainStart::TemplateRewrite)));
+    let capture = checked_capture(&gw, &http, "gemini-1", Api::Gemini, 4, 16).await?;
+    // The last call repeats the third's prompt (a fork), so merge the first three.
+    assert_one_agent_merges("gemini session", &capture.records[..3]);
     Ok(())
 }

@@ -233,27 +233,17 @@ pub fn read_session(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capture::Api;
 
     fn record(seq: u64) -> CompletionRecord {
         CompletionRecord {
-            v: 1,
             session: "s".into(),
-            seq,
-            api: Api::OpenaiChat,
-            started_at_ms: seq,
             finished_at_ms: seq + 1,
             upstream_ms: 1,
-            model: "policy".into(),
-            policy_version: None,
-            prompt_token_ids: vec![1, 2, 3],
-            completion_token_ids: vec![4, 5],
             logprobs: Some(vec![-0.5, -0.25]),
-            finish_reason: Some("stop".into()),
-            unparsed_tool_call: false,
             request: serde_json::json!({}),
             normalized_request: serde_json::json!({}),
             response: serde_json::json!({}),
+            ..CompletionRecord::from_tokens(seq, vec![1, 2, 3], vec![4, 5])
         }
     }
 

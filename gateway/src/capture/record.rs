@@ -56,3 +56,34 @@ pub struct CompletionRecord {
     #[serde(default)]
     pub response: serde_json::Value,
 }
+
+impl CompletionRecord {
+    /// A record with only the token-level facts (no request or response bodies, finish reason
+    /// `stop`, time = `seq`): what tests, benchmarks and session synthesizers need. Set the
+    /// other fields with struct update syntax.
+    pub fn from_tokens(
+        seq: u64,
+        prompt_token_ids: Vec<u32>,
+        completion_token_ids: Vec<u32>,
+    ) -> Self {
+        Self {
+            v: CAPTURE_FORMAT_VERSION,
+            session: String::new(),
+            seq,
+            api: Api::OpenaiChat,
+            started_at_ms: seq,
+            finished_at_ms: seq,
+            upstream_ms: 0,
+            model: "policy".into(),
+            policy_version: None,
+            prompt_token_ids,
+            completion_token_ids,
+            logprobs: None,
+            finish_reason: Some("stop".into()),
+            unparsed_tool_call: false,
+            request: serde_json::Value::Null,
+            normalized_request: serde_json::Value::Null,
+            response: serde_json::Value::Null,
+        }
+    }
+}

@@ -17,7 +17,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::{Normalized, ProtocolError};
+use super::{
+    assistant_message, call_arguments, call_as_text, reasoning_of, Normalized, ProtocolError,
+};
 
 fn invalid(msg: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest(msg.into())
@@ -177,14 +179,7 @@ pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
                         }
                     }
                 }
-                let mut msg = json!({"role": "assistant", "content": text});
-                if !reasoning.is_empty() {
-                    msg["reasoning_content"] = reasoning.into();
-                }
-                if !calls.is_empty() {
-                    msg["tool_calls"] = Value::Array(calls);
-                }
-                out.push(msg);
+                out.push(assistant_message(text, reasoning, calls));
             }
             other => {
                 return Err(invalid(format!(
@@ -282,12 +277,7 @@ fn stop_reason(finish: Option<&str>) -> &'static str {
 /// not a JSON object cannot be a `tool_use`: it is returned as text.
 fn content_blocks(message: &Value) -> Vec<Value> {
     let mut blocks = Vec::new();
-    if let Some(r) = message
-        .get("reasoning_content")
-        .or(message.get("reasoning"))
-        .and_then(Value::as_str)
-        .filter(|r| !r.is_empty())
-    {
+    if let Some(r) = reasoning_of(message) {
         // floe's signature: an opaque marker, round-tripped by the harness and ignored on return.
         blocks.push(json!({"type": "thinking", "thinking": r, "signature": "floe"}));
     }
@@ -295,10 +285,9 @@ fn content_blocks(message: &Value) -> Vec<Value> {
         blocks.push(json!({"type": "text", "text": t}));
     }
     for call in message["tool_calls"].as_array().into_iter().flatten() {
-        let args = call["function"]["arguments"].as_str().unwrap_or("{}");
-        match serde_json::from_str::<Value>(args) {
-            Ok(input) if input.is_object() => blocks.push(json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input})),
-            _ => blocks.push(json!({"type": "text", "text": format!("{}({args})", call["function"]["name"].as_str().unwrap_or("tool"))})),
+        match call_arguments(call) {
+            Some(input) => blocks.push(json!({"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": input})),
+            None => blocks.push(json!({"type": "text", "text": call_as_text(call)})),
         }
     }
     blocks

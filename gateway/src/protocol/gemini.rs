@@ -18,7 +18,9 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::{json, Map, Value};
 
-use super::{Normalized, ProtocolError};
+use super::{
+    assistant_message, call_arguments, call_as_text, reasoning_of, Normalized, ProtocolError,
+};
 
 fn invalid(msg: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest(msg.into())
@@ -132,14 +134,7 @@ pub fn normalize(body: &[u8], model: &str, stream: bool) -> Result<Normalized, P
                         }
                     }
                 }
-                let mut m = json!({"role": "assistant", "content": text});
-                if !reasoning.is_empty() {
-                    m["reasoning_content"] = reasoning.into();
-                }
-                if !calls.is_empty() {
-                    m["tool_calls"] = Value::Array(calls);
-                }
-                out.push(m);
+                out.push(assistant_message(text, reasoning, calls));
             }
             other => {
                 return Err(invalid(format!(
@@ -233,22 +228,16 @@ pub fn response(upstream: &Value, model: &str) -> Value {
     let choice = &upstream["choices"][0];
     let message = &choice["message"];
     let mut parts = Vec::new();
-    if let Some(r) = message
-        .get("reasoning_content")
-        .or(message.get("reasoning"))
-        .and_then(Value::as_str)
-        .filter(|r| !r.is_empty())
-    {
+    if let Some(r) = reasoning_of(message) {
         parts.push(json!({"text": r, "thought": true}));
     }
     if let Some(t) = message["content"].as_str().filter(|t| !t.is_empty()) {
         parts.push(json!({"text": t}));
     }
     for call in message["tool_calls"].as_array().into_iter().flatten() {
-        let args = call["function"]["arguments"].as_str().unwrap_or("{}");
-        match serde_json::from_str::<Value>(args) {
-            Ok(a) if a.is_object() => parts.push(json!({"functionCall": {"id": call["id"], "name": call["function"]["name"], "args": a}})),
-            _ => parts.push(json!({"text": format!("{}({args})", call["function"]["name"].as_str().unwrap_or("tool"))})),
+        match call_arguments(call) {
+            Some(args) => parts.push(json!({"functionCall": {"id": call["id"], "name": call["function"]["name"], "args": args}})),
+            None => parts.push(json!({"text": call_as_text(call)})),
         }
     }
     if parts.is_empty() {

@@ -31,3 +31,44 @@ pub struct Normalized {
     /// Responses: freeform `custom` tools, whose calls go back as `custom_tool_call`.
     pub custom_tools: std::collections::BTreeSet<String>,
 }
+
+/// The Chat Completions assistant message for a turn's text, reasoning and tool calls (the
+/// shape every provider's history folds into).
+pub(crate) fn assistant_message(text: String, reasoning: String, calls: Vec<Value>) -> Value {
+    let mut m = serde_json::json!({"role": "assistant", "content": text});
+    if !reasoning.is_empty() {
+        m["reasoning_content"] = reasoning.into();
+    }
+    if !calls.is_empty() {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
+}
+
+/// The reasoning text of an upstream message (`reasoning_content`, or vLLM's newer `reasoning`).
+pub(crate) fn reasoning_of(message: &Value) -> Option<&str> {
+    message
+        .get("reasoning_content")
+        .filter(|r| !r.is_null())
+        .or(message.get("reasoning"))
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+}
+
+/// A tool call's arguments as a JSON object, or `None` when they are not one (such a call
+/// cannot become a provider's structured call and is returned as text).
+pub(crate) fn call_arguments(call: &Value) -> Option<Value> {
+    let args = call["function"]["arguments"].as_str().unwrap_or("{}");
+    serde_json::from_str::<Value>(args)
+        .ok()
+        .filter(Value::is_object)
+}
+
+/// A call that cannot be a structured call, as the text the model meant: `name(arguments)`.
+pub(crate) fn call_as_text(call: &Value) -> String {
+    let name = call["function"]["name"].as_str().unwrap_or("tool");
+    format!(
+        "{name}({})",
+        call["function"]["arguments"].as_str().unwrap_or_default()
+    )
+}

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{Normalized, ProtocolError};
+use super::{reasoning_of, Normalized, ProtocolError};
 
 /// Parse and normalize a request body.
 pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
@@ -127,12 +127,8 @@ pub fn stream_events(response: &Value, include_usage: bool) -> Vec<String> {
     let choice = &response["choices"][0];
     let message = &choice["message"];
     let mut delta = json!({"role": "assistant", "content": message["content"]});
-    if let Some(reasoning) = message
-        .get("reasoning_content")
-        .or(message.get("reasoning"))
-        .filter(|r| !r.is_null())
-    {
-        delta["reasoning_content"] = reasoning.clone();
+    if let Some(reasoning) = reasoning_of(message) {
+        delta["reasoning_content"] = reasoning.into();
     }
     if let Some(calls) = message["tool_calls"].as_array().filter(|c| !c.is_empty()) {
         let indexed: Vec<Value> = calls

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Map, Value};
 
-use super::{Normalized, ProtocolError};
+use super::{assistant_message, reasoning_of, Normalized, ProtocolError};
 
 fn invalid(msg: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest(msg.into())
@@ -77,14 +77,11 @@ impl Assistant {
         if self.is_empty() {
             return;
         }
-        let mut m = json!({"role": "assistant", "content": std::mem::take(&mut self.text)});
-        if !self.reasoning.is_empty() {
-            m["reasoning_content"] = std::mem::take(&mut self.reasoning).into();
-        }
-        if !self.calls.is_empty() {
-            m["tool_calls"] = Value::Array(std::mem::take(&mut self.calls));
-        }
-        out.push(m);
+        out.push(assistant_message(
+            std::mem::take(&mut self.text),
+            std::mem::take(&mut self.reasoning),
+            std::mem::take(&mut self.calls),
+        ));
     }
 }
 
@@ -289,12 +286,7 @@ pub fn response(upstream: &Value, n: &Normalized) -> Value {
         .trim_start_matches("chatcmpl-")
         .to_string();
     let mut output = Vec::new();
-    if let Some(r) = message
-        .get("reasoning_content")
-        .or(message.get("reasoning"))
-        .and_then(Value::as_str)
-        .filter(|r| !r.is_empty())
-    {
+    if let Some(r) = reasoning_of(message) {
         output.push(json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [], "content": [{"type": "reasoning_text", "text": r}]}));
     }
     if let Some(t) = message["content"].as_str().filter(|t| !t.is_empty()) {

@@ -111,10 +111,7 @@ pub fn read_sampled(response: &Value) -> Result<Sampled, ProtocolError> {
         .as_array()
         .into_iter()
         .flatten()
-        .any(|c| {
-            let args = c["function"]["arguments"].as_str().unwrap_or("{}");
-            !serde_json::from_str::<Value>(args).is_ok_and(|v| v.is_object())
-        });
+        .any(|c| super::call_arguments(c).is_none());
     Ok(Sampled {
         unparsed_tool_call,
         prompt_token_ids,

@@ -1,7 +1,7 @@
 //! Builder behaviour on hand-made sessions: one test per chain-start reason and edge case.
 
 use super::*;
-use crate::capture::{Api, CompletionRecord};
+use crate::capture::CompletionRecord;
 
 const EOT: u32 = 9;
 
@@ -9,23 +9,13 @@ const EOT: u32 = 9;
 /// whose logprob ended up where.
 fn rec(seq: u64, prompt: &[u32], response: &[u32], finish: &str) -> CompletionRecord {
     CompletionRecord {
-        v: 1,
-        session: "s".into(),
-        seq,
-        api: Api::OpenaiChat,
         started_at_ms: 1000 + seq,
         finished_at_ms: 1000 + seq,
-        upstream_ms: 0,
-        model: "policy".into(),
         policy_version: Some(seq / 2),
-        prompt_token_ids: prompt.to_vec(),
-        completion_token_ids: response.to_vec(),
         logprobs: Some((0..response.len()).map(|i| lp(seq, i)).collect()),
         finish_reason: Some(finish.into()),
-        unparsed_tool_call: false,
-        request: serde_json::Value::Null,
-        normalized_request: serde_json::Value::Null,
-        response: serde_json::Value::Null,
+        session: "s".into(),
+        ..CompletionRecord::from_tokens(seq, prompt.to_vec(), response.to_vec())
     }
 }
 
