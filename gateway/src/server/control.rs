@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -22,20 +23,26 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn authorized(gateway: &Gateway, headers: &HeaderMap) -> bool {
-    let given = headers
+/// Layer on every control route: the operator's bearer token, or 401.
+pub async fn require_control_token(
+    State(gateway): State<Arc<Gateway>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let given = request
+        .headers()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
-    same(given.as_bytes(), gateway.config.control_token.as_bytes())
-}
-
-fn unauthorized() -> Response {
-    error(
-        StatusCode::UNAUTHORIZED,
-        "control API needs `Authorization: Bearer <control token>`",
-    )
+    if same(given.as_bytes(), gateway.config.control_token.as_bytes()) {
+        next.run(request).await
+    } else {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "control API needs `Authorization: Bearer <control token>`",
+        )
+    }
 }
 
 pub async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
@@ -62,12 +69,8 @@ pub async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
 
 pub async fn create_session(
     State(gateway): State<Arc<Gateway>>,
-    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if !authorized(&gateway, &headers) {
-        return unauthorized();
-    }
     let meta: SessionMeta = match serde_json::from_slice(&body) {
         Ok(m) => m,
         Err(e) => {
@@ -99,14 +102,7 @@ pub async fn create_session(
     }
 }
 
-pub async fn get_session(
-    State(gateway): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if !authorized(&gateway, &headers) {
-        return unauthorized();
-    }
+pub async fn get_session(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
     match gateway.sessions.get(&id) {
         Some(s) => Json(json!({
             "session": s.meta.session, "task": s.meta.task, "group": s.meta.group, "sample": s.meta.sample,
@@ -138,23 +134,15 @@ async fn close(gateway: &Arc<Gateway>, id: &str, forget: bool) -> Response {
 /// Seal the capture; the session's token stops working.
 pub async fn close_session(
     State(gateway): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if !authorized(&gateway, &headers) {
-        return unauthorized();
-    }
     close(&gateway, &id, false).await
 }
 
 /// Seal and forget the session (its capture stays on disk).
 pub async fn delete_session(
     State(gateway): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if !authorized(&gateway, &headers) {
-        return unauthorized();
-    }
     close(&gateway, &id, true).await
 }

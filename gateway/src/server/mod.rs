@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -86,16 +87,22 @@ impl Gateway {
 }
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(control::readyz))
-        .route("/metrics", get(control::metrics))
+    let control_api = Router::new()
         .route("/floe/v1/sessions", post(control::create_session))
         .route(
             "/floe/v1/sessions/{id}",
             get(control::get_session).delete(control::delete_session),
         )
         .route("/floe/v1/sessions/{id}/close", post(control::close_session))
+        .route_layer(middleware::from_fn_with_state(
+            gateway.clone(),
+            control::require_control_token,
+        ));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(control::readyz))
+        .route("/metrics", get(control::metrics))
+        .merge(control_api)
         .route("/v1/chat/completions", post(model_api::chat_completions))
         .route("/v1/messages", post(model_api::messages))
         .route("/v1/responses", post(model_api::responses))
