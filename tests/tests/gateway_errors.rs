@@ -132,15 +132,54 @@ async fn every_api_answers_errors_in_its_own_shape() -> Result<()> {
     .await?;
     assert_eq!((s, b["error"]["status"].as_str()), (404, Some("NOT_FOUND")));
 
+    // The connectivity probe answers without a session.
+    assert_eq!(
+        http.get(format!("{}/api/hello", gw.url))
+            .send()
+            .await?
+            .status(),
+        200
+    );
+    assert_eq!(
+        http.head(format!("{}/api/hello", gw.url))
+            .send()
+            .await?
+            .status(),
+        200
+    );
+    // Counting tokens needs a session too, and reports a dead upstream in shape.
+    let (s, b) = call(
+        &http,
+        &format!("{}/v1/messages/count_tokens", gw.url),
+        "floe-nope",
+        b"{}".to_vec(),
+    )
+    .await?;
+    assert_eq!(
+        (s, b["error"]["type"].as_str()),
+        (401, Some("authentication_error"))
+    );
+    let count_body = json!({"messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+        .into_bytes();
+    let (s, _) = call(
+        &http,
+        &format!("{}/v1/messages/count_tokens", gw.url),
+        &token,
+        count_body,
+    )
+    .await?;
+    assert_eq!(s, 502);
+
     gw.close("errors-1").await?;
     assert!(read_session(&gw.session_dir("errors-1"))?
         .records
         .is_empty());
     let metrics = gw.gateway.metrics.render();
     for needle in [
-        r#"kind="unauthorized"} 3"#,
+        r#"kind="unauthorized"} 4"#,
         r#"kind="too_large"} 1"#,
-        r#"kind="upstream"} 2"#,
+        r#"kind="upstream"} 3"#,
         r#"kind="invalid_request"} 2"#,
     ] {
         assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");

@@ -567,6 +567,18 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
         .filter_map(|(_, d)| d["delta"]["text"].as_str())
         .collect();
 
+    // count_tokens (no max_tokens): vLLM's own count of the prompt the streamed call was given.
+    let mut count_body = request(&messages, false);
+    count_body.as_object_mut().map(|m| m.remove("max_tokens"));
+    let counted: Value = http
+        .post(format!("{}/v1/messages/count_tokens", gw.url))
+        .header("x-api-key", &token)
+        .json(&count_body)
+        .send()
+        .await?
+        .json()
+        .await?;
+
     // Wrong key: Anthropic's error shape.
     let denied = http
         .post(&url)
@@ -599,6 +611,11 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
     assert!(metrics.contains(r#"floe_gateway_dropped_total{api="anthropic",what="hosted_tool:web_search_20250305"} 5"#), "{metrics}");
 
     // Anthropic-shaped history (tool_use / tool_result blocks) merges like any other.
+    assert_eq!(
+        counted["input_tokens"].as_u64(),
+        Some(capture.records[4].prompt_token_ids.len() as u64),
+        "{counted}"
+    );
     assert_one_agent_merges("anthropic session", &capture.records);
     Ok(())
 }
@@ -777,6 +794,24 @@ async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Resu
             .is_some_and(|a| a.len() == 1 && a[0]["candidates"].is_array()),
         "{array}"
     );
+    // countTokens, in both of its body shapes, counts exactly the prompt the model sees.
+    let counted: Value = http
+        .post(format!("{base}:countTokens"))
+        .header("x-goog-api-key", &token)
+        .json(&request(&contents))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let wrapped: Value = http
+        .post(format!("{base}:countTokens"))
+        .header("x-goog-api-key", &token)
+        .json(&json!({"generateContentRequest": request(&contents)}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(counted["totalTokens"], wrapped["totalTokens"]);
     // An unknown method is a 404 in Google's shape.
     let nope = http
         .post(format!("{base}:predictFuture"))
@@ -790,5 +825,10 @@ async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Resu
     let capture = checked_capture(&gw, &http, "gemini-1", Api::Gemini, 4, 16).await?;
     // The last call repeats the third's prompt (a fork), so merge the first three.
     assert_one_agent_merges("gemini session", &capture.records[..3]);
+    assert_eq!(
+        counted["totalTokens"].as_u64(),
+        Some(capture.records[3].prompt_token_ids.len() as u64),
+        "{counted}"
+    );
     Ok(())
 }

@@ -60,7 +60,17 @@ fn image_part(block: &Value) -> Option<Value> {
     Some(json!({"type": "image_url", "image_url": {"url": url}}))
 }
 
+/// A `/v1/messages` request.
 pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    translate(body, true)
+}
+
+/// A `/v1/messages/count_tokens` request: the same body without `max_tokens`.
+pub fn normalize_count(body: &[u8]) -> Result<Normalized, ProtocolError> {
+    translate(body, false)
+}
+
+fn translate(body: &[u8], generate: bool) -> Result<Normalized, ProtocolError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
     let Value::Object(req) = value else {
@@ -193,11 +203,13 @@ pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
     }
     let mut request = Map::new();
     request.insert("messages".into(), Value::Array(out));
-    let max_tokens = req
-        .get("max_tokens")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| invalid("max_tokens is required"))?;
-    request.insert("max_tokens".into(), max_tokens.into());
+    match req.get("max_tokens").and_then(Value::as_u64) {
+        Some(max_tokens) => {
+            request.insert("max_tokens".into(), max_tokens.into());
+        }
+        None if generate => return Err(invalid("max_tokens is required")),
+        None => {}
+    }
     for (from, to) in [
         ("temperature", "temperature"),
         ("top_p", "top_p"),

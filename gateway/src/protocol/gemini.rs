@@ -216,6 +216,16 @@ pub fn normalize(body: &[u8], model: &str, stream: bool) -> Result<Normalized, P
     })
 }
 
+/// A `:countTokens` request: `{contents}` or `{generateContentRequest: {contents, …}}`.
+pub fn normalize_count(body: &[u8], model: &str) -> Result<Normalized, ProtocolError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
+    match value.get("generateContentRequest") {
+        Some(inner) => normalize(inner.to_string().as_bytes(), model, false),
+        None => normalize(body, model, false),
+    }
+}
+
 fn finish_reason(finish: Option<&str>) -> &'static str {
     match finish {
         Some("length") => "MAX_TOKENS",

@@ -105,6 +105,11 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .merge(control_api)
         .route("/v1/chat/completions", post(model_api::chat_completions))
         .route("/v1/messages", post(model_api::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(model_api::anthropic_count_tokens),
+        )
+        .route("/api/hello", get(model_api::hello).head(model_api::hello))
         .route("/v1/responses", post(model_api::responses))
         .route("/v1beta/models/{model_method}", post(model_api::gemini))
         .route("/v1/models", get(model_api::models))

@@ -190,7 +190,80 @@ impl Wire for Gemini {
 }
 
 pub async fn gemini(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let segment = request.uri().path().rsplit('/').next().unwrap_or_default();
+    if let Some((model, "countTokens")) = gemini::model_and_method(segment) {
+        let model = model.to_string();
+        return count_tokens(
+            &gateway,
+            Api::Gemini,
+            request,
+            |body| gemini::normalize_count(body, &model),
+            |n| json!({"totalTokens": n}),
+        )
+        .await;
+    }
     handle::<Gemini>(gateway, request).await
+}
+
+pub async fn anthropic_count_tokens(
+    State(gateway): State<Arc<Gateway>>,
+    request: Request,
+) -> Response {
+    count_tokens(
+        &gateway,
+        Api::Anthropic,
+        request,
+        anthropic::normalize_count,
+        |n| json!({"input_tokens": n}),
+    )
+    .await
+}
+
+/// Token counting: the upstream's own tokenization of the rendered prompt (`/tokenize`), so the
+/// harness's context bookkeeping matches what the model will see. Nothing is sampled or captured.
+async fn count_tokens(
+    gateway: &Gateway,
+    api: Api,
+    request: Request,
+    normalize: impl FnOnce(&[u8]) -> Result<Normalized, ProtocolError>,
+    reply: impl FnOnce(u64) -> Value,
+) -> Response {
+    let counted = async {
+        let (_, body) = admit(gateway, api, request).await?;
+        let n = normalize(&body)?;
+        let mut tokenize = json!({"model": gateway.config.upstream_model, "messages": n.request["messages"], "add_generation_prompt": true});
+        if let Some(tools) = n.request.get("tools") {
+            tokenize["tools"] = tools.clone();
+        }
+        let url = format!("{}/tokenize", gateway.config.upstream_url.trim_end_matches('/'));
+        let answer = gateway.http.post(url).json(&tokenize).send().await.map_err(|e| ProtocolError::Upstream(e.to_string()))?;
+        let status = answer.status().as_u16();
+        let text = answer.text().await.map_err(|e| ProtocolError::Upstream(e.to_string()))?;
+        if status != 200 {
+            return Err(crate::protocol::upstream::upstream_error(status, &text));
+        }
+        serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["count"].as_u64())
+            .ok_or_else(|| ProtocolError::Upstream("tokenize answered without a count".into()))
+    }
+    .await;
+    match counted {
+        Ok(count) => {
+            gateway
+                .metrics
+                .requests
+                .with_label_values(&[api_label(api), "200"])
+                .inc();
+            Json(reply(count)).into_response()
+        }
+        Err(e) => fail(gateway, api, &e),
+    }
+}
+
+/// `HEAD|GET /api/hello`: a connectivity probe some harnesses send before starting.
+pub async fn hello() -> Response {
+    Json(json!({"ok": true, "server": "floe-gateway"})).into_response()
 }
 
 pub async fn chat_completions(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
