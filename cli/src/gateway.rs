@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use floe_gateway::capture::Durability;
 use floe_gateway::server::{serve, Config, ServeError};
 
 #[derive(Args)]
@@ -30,6 +31,10 @@ pub struct GatewayArgs {
     /// Cap on tokens sampled per model call (the job's response-length cap).
     #[arg(long, default_value_t = 16384)]
     max_response_tokens: u32,
+    /// fdatasync every capture record before replying (default: the record is written to the
+    /// kernel, which survives a gateway crash; a lost node loses the single-use pod anyway).
+    #[arg(long)]
+    capture_fsync: bool,
     /// Seconds between SSE keep-alive comments while the upstream works.
     #[arg(long, default_value_t = 5)]
     keepalive_seconds: u64,
@@ -66,6 +71,11 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         control_token: token,
         max_body_bytes: args.max_body_bytes,
         max_response_tokens: args.max_response_tokens,
+        durability: if args.capture_fsync {
+            Durability::Fsync
+        } else {
+            Durability::Write
+        },
         keepalive: Duration::from_secs(args.keepalive_seconds.max(1)),
         upstream_timeout: Duration::from_secs(args.upstream_timeout_seconds),
     };

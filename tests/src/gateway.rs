@@ -30,6 +30,7 @@ impl TestGateway {
             control_token: "test-control-token".into(),
             max_body_bytes: 4 * 1024 * 1024,
             max_response_tokens,
+            durability: floe_gateway::capture::Durability::Fsync,
             keepalive: Duration::from_secs(1),
             upstream_timeout: Duration::from_secs(300),
         };

@@ -1,8 +1,9 @@
 //! Append-only, crash-safe capture files.
 //!
-//! Each record is one JSON line, written with a single `write_all` and flushed with
-//! `sync_data` before the caller replies to the harness. A crash can leave at most a torn last
-//! line; readers skip it (and count it) instead of failing, so nothing flushed before is lost.
+//! Each record is one JSON line, handed to the kernel with a single `write_all` (and, with
+//! [`Durability::Fsync`], made durable with `fdatasync`) before the caller replies to the
+//! harness. A crash can leave at most a torn last line; readers skip it (and count it) instead
+//! of failing, so nothing acknowledged is lost.
 //! Closing a session writes [`SEAL_FILE`]; a sealed capture takes no more records.
 
 use std::fs::{File, OpenOptions};
@@ -58,15 +59,28 @@ pub enum CaptureWriteError {
     Json(#[from] serde_json::Error),
 }
 
+/// How far a record gets before the harness gets its reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// In the kernel (`write`): survives a crash or kill of the gateway process. The sandbox pod
+    /// is single-use, so a node crash loses the session anyway and it is retried as an
+    /// infrastructure failure.
+    #[default]
+    Write,
+    /// On disk (`fdatasync`): survives a kernel crash or power loss too, at a cost per call.
+    Fsync,
+}
+
 /// Writer for one session's capture directory.
 pub struct CaptureLog {
     dir: PathBuf,
     file: File,
+    durability: Durability,
 }
 
 impl CaptureLog {
     /// Open (creating if needed) the capture of a session in `dir`.
-    pub fn open(dir: &Path) -> Result<Self, CaptureWriteError> {
+    pub fn open(dir: &Path, durability: Durability) -> Result<Self, CaptureWriteError> {
         let io = |source| CaptureWriteError::Io {
             path: dir.to_path_buf(),
             source,
@@ -85,6 +99,7 @@ impl CaptureLog {
         Ok(Self {
             dir: dir.to_path_buf(),
             file,
+            durability,
         })
     }
 
@@ -97,7 +112,10 @@ impl CaptureLog {
             source,
         };
         self.file.write_all(&line).map_err(io)?;
-        self.file.sync_data().map_err(io)
+        match self.durability {
+            Durability::Write => Ok(()),
+            Durability::Fsync => self.file.sync_data().map_err(io),
+        }
     }
 
     /// Seal the capture: no more records; readers know it is complete.
@@ -110,7 +128,7 @@ impl CaptureLog {
 }
 
 /// After a crash mid-write the file may end in a partial line. That record was never
-/// acknowledged (replies wait for `sync_data`), so cut it off; appending after it would turn it
+/// acknowledged (replies wait for the write), so cut it off; appending after it would turn it
 /// into corruption in the middle of the file.
 fn drop_torn_tail(path: &Path) -> std::io::Result<()> {
     let bytes = match std::fs::read(path) {
@@ -250,7 +268,7 @@ mod tests {
     #[test]
     fn appended_records_read_back_and_seal_stops_writes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut log = CaptureLog::open(dir.path()).expect("open");
+        let mut log = CaptureLog::open(dir.path(), Durability::Fsync).expect("open");
         log.append(&record(0)).expect("append");
         log.append(&record(1)).expect("append");
         log.seal().expect("seal");
@@ -258,7 +276,7 @@ mod tests {
         assert_eq!(capture.records, vec![record(0), record(1)]);
         assert!(capture.sealed && !capture.torn_tail);
         assert!(matches!(
-            CaptureLog::open(dir.path()),
+            CaptureLog::open(dir.path(), Durability::Fsync),
             Err(CaptureWriteError::Sealed(_))
         ));
     }
@@ -266,7 +284,7 @@ mod tests {
     #[test]
     fn a_torn_last_line_is_skipped_and_reported() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut log = CaptureLog::open(dir.path()).expect("open");
+        let mut log = CaptureLog::open(dir.path(), Durability::Fsync).expect("open");
         log.append(&record(0)).expect("append");
         drop(log);
         // A crash in the middle of the second write.
@@ -280,7 +298,7 @@ mod tests {
         assert_eq!(capture.records, vec![record(0)]);
         assert!(capture.torn_tail && !capture.sealed);
         // After a restart the torn, never-acknowledged record is cut off and writing goes on.
-        let mut log = CaptureLog::open(dir.path()).expect("reopen");
+        let mut log = CaptureLog::open(dir.path(), Durability::Fsync).expect("reopen");
         log.append(&record(2)).expect("append");
         let capture = read_session(dir.path()).expect("read");
         assert_eq!(capture.records, vec![record(0), record(2)]);

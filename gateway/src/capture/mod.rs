@@ -6,6 +6,6 @@ mod record;
 
 pub use log::{
     find_sessions, read_session, write_meta, CaptureLog, CaptureReadError, CaptureWriteError,
-    SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
+    Durability, SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
 };
 pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};

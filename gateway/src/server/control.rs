@@ -81,8 +81,11 @@ pub async fn create_session(
         }
     };
     let gw = gateway.clone();
-    let created =
-        tokio::task::spawn_blocking(move || gw.sessions.create(&gw.config.capture_dir, meta)).await;
+    let created = tokio::task::spawn_blocking(move || {
+        gw.sessions
+            .create(&gw.config.capture_dir, meta, gw.config.durability)
+    })
+    .await;
     match created {
         Ok(Ok((session, fresh))) => {
             let status = if fresh {

@@ -37,6 +37,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Cap on sampled tokens per call.
     pub max_response_tokens: u32,
+    /// How far a capture record gets before the reply (`write` or `fsync`).
+    pub durability: crate::capture::Durability,
     /// Interval of SSE keep-alive comments while the upstream works.
     pub keepalive: Duration,
     pub upstream_timeout: Duration,

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use rand::RngExt;
 
-use crate::capture::{write_meta, CaptureLog, CaptureWriteError, CompletionRecord, SessionMeta};
+use crate::capture::{
+    write_meta, CaptureLog, CaptureWriteError, CompletionRecord, Durability, SessionMeta,
+};
 
 pub struct Session {
     pub meta: SessionMeta,
@@ -87,6 +89,7 @@ impl Sessions {
         &self,
         root: &Path,
         meta: SessionMeta,
+        durability: Durability,
     ) -> Result<(Arc<Session>, bool), SessionError> {
         if !valid_id(&meta.session) {
             return Err(SessionError::BadId(meta.session));
@@ -97,7 +100,7 @@ impl Sessions {
         }
         let dir = root.join(&meta.session);
         write_meta(&dir, &meta)?;
-        let log = CaptureLog::open(&dir)?;
+        let log = CaptureLog::open(&dir, durability)?;
         let token = format!("floe-{}", hex::encode(rand::rng().random::<[u8; 24]>()));
         let session = Arc::new(Session {
             meta,

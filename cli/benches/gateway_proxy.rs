@@ -1,0 +1,362 @@
+//! Gateway overhead benchmark (a bench binary: `cargo bench -p floe --bench gateway_proxy`,
+//! `-- --quick` in CI). In one run, against the same fast stub upstream (vLLM-shaped answers
+//! with 1,000 prompt token ids, 64 sampled ids and logprobs, returned at once):
+//!
+//! - direct: the client calls the stub (the baseline);
+//! - floe: through the `floe gateway` binary (a separate process: its CPU time is its own),
+//!   which writes every call's capture record before answering; and again with
+//!   `--capture-fsync` (fdatasync per record);
+//! - rllm: through `rllm-model-gateway` from PyPI (sqlite trace store), when
+//!   `scripts/rllm-gateway-setup.sh` has installed it (or `FLOE_BENCH_RLLM_PYTHON` names one).
+//!
+//! Prints p50/p99 latency, the latency added over direct, requests/s, requests per CPU-second
+//! of the gateway process, and the gateway's RSS with 1,000 open sessions.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use serde_json::{json, Value};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+fn stub_answer() -> Vec<u8> {
+    let sampled: Vec<u32> = (0..64).map(|i| 1000 + i).collect();
+    let logprobs: Vec<Value> = sampled
+        .iter()
+        .map(|_| json!({"token": "x", "logprob": -0.25, "bytes": [120], "top_logprobs": []}))
+        .collect();
+    serde_json::to_vec(&json!({
+        "id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "policy",
+        "prompt_token_ids": (0..1000).collect::<Vec<u32>>(),
+        "choices": [{"index": 0, "finish_reason": "stop", "token_ids": sampled, "logprobs": {"content": logprobs},
+                     "message": {"role": "assistant", "content": "Here is the fix: the add function returned a - b instead of a + b."}}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 64, "total_tokens": 1064}
+    }))
+    .unwrap_or_default()
+}
+
+async fn start_stub() -> u16 {
+    let body = axum::body::Bytes::from(stub_answer());
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let body = body.clone();
+            async move { ([("content-type", "application/json")], body) }
+        }),
+    );
+    let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+        Ok(l) => l,
+        Err(e) => panic!("stub listen: {e}"),
+    };
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+struct Gateway {
+    name: &'static str,
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gateway {
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (ticks(11) + ticks(12)) / 100.0 // utime + stime, in clock ticks of 1/100 s
+    }
+
+    fn rss_mib(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            })
+            .map_or(f64::NAN, |kib| kib / 1024.0)
+    }
+
+    /// A new session; returns the chat completions URL and the key to call it with.
+    async fn session(&self, http: &reqwest::Client, id: &str) -> (String, String) {
+        if self.name.starts_with("floe") {
+            let r: Value = match http
+                .post(format!("{}/floe/v1/sessions", self.base))
+                .bearer_auth("bench")
+                .json(&json!({"session": id}))
+                .send()
+                .await
+            {
+                Ok(r) => r.json().await.unwrap_or_default(),
+                Err(e) => panic!("floe session: {e}"),
+            };
+            (
+                format!("{}/v1/chat/completions", self.base),
+                r["token"].as_str().unwrap_or_default().to_string(),
+            )
+        } else {
+            let _ = http
+                .post(format!("{}/sessions", self.base))
+                .json(&json!({"session_id": id}))
+                .send()
+                .await;
+            (
+                format!("{}/sessions/{id}/v1/chat/completions", self.base),
+                "none".into(),
+            )
+        }
+    }
+}
+
+async fn wait_up(http: &reqwest::Client, url: &str) -> bool {
+    for _ in 0..300 {
+        if http
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+async fn start_floe(upstream: &str, http: &reqwest::Client, fsync: bool) -> Gateway {
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let _ = std::fs::write(dir.path().join("token"), "bench");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_floe"))
+        .args([
+            "gateway",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--upstream",
+            upstream,
+        ])
+        .arg("--capture-dir")
+        .arg(dir.path().join("captures"))
+        .arg("--control-token-file")
+        .arg(dir.path().join("token"))
+        .args(fsync.then_some("--capture-fsync"))
+        .env("FLOE_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn();
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => panic!("floe gateway: {e}"),
+    };
+    let base = format!("http://127.0.0.1:{port}");
+    assert!(
+        wait_up(http, &format!("{base}/healthz")).await,
+        "floe gateway did not start"
+    );
+    let name = if fsync {
+        "floe --capture-fsync"
+    } else {
+        "floe"
+    };
+    Gateway {
+        name,
+        child,
+        base,
+        _dir: dir,
+    }
+}
+
+fn rllm_python() -> Option<String> {
+    if let Ok(p) = std::env::var("FLOE_BENCH_RLLM_PYTHON") {
+        return Some(p);
+    }
+    let cache = std::env::var("FLOE_CACHE")
+        .unwrap_or_else(|_| format!("{}/.cache/floe", std::env::var("HOME").unwrap_or_default()));
+    let venv = format!("{cache}/rllm-model-gateway-0.1.0-r1");
+    std::path::Path::new(&format!("{venv}/.complete"))
+        .exists()
+        .then(|| format!("{venv}/bin/python"))
+}
+
+async fn start_rllm(python: &str, upstream: &str, http: &reqwest::Client) -> Option<Gateway> {
+    let dir = tempfile::tempdir().ok()?;
+    let port = free_port();
+    let child = Command::new(python)
+        .args([
+            "-m",
+            "rllm_model_gateway",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--worker",
+            upstream,
+            "--store",
+            "sqlite",
+        ])
+        .arg("--db-path")
+        .arg(dir.path().join("traces.db"))
+        .args(["--log-level", "warning"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let base = format!("http://127.0.0.1:{port}");
+    let gw = Gateway {
+        name: "rllm",
+        child,
+        base,
+        _dir: dir,
+    };
+    wait_up(http, &format!("{}/health", gw.base))
+        .await
+        .then_some(gw)
+}
+
+struct Load {
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+}
+
+impl Load {
+    fn pct(&self, p: f64) -> f64 {
+        let mut v = self.latencies.clone();
+        v.sort();
+        let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+        v.get(i).map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+    }
+    fn rps(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// `targets.len()` concurrent clients, each sending requests back to back for `duration`.
+async fn load(http: &reqwest::Client, targets: Vec<(String, String)>, duration: Duration) -> Load {
+    let body = json!({"model": "policy", "messages": [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "The test test_add fails. Fix calc.py."}], "max_tokens": 256});
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = targets
+        .into_iter()
+        .map(|(url, key)| {
+            let http = http.clone();
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t0 = Instant::now();
+                    let ok = http
+                        .post(&url)
+                        .bearer_auth(&key)
+                        .json(&body)
+                        .send()
+                        .await
+                        .map(|r| r.status().is_success());
+                    if let Ok(true) = ok {
+                        lat.push(t0.elapsed());
+                    }
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.unwrap_or_default());
+    }
+    Load {
+        latencies,
+        elapsed: start.elapsed(),
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => panic!("runtime: {e}"),
+    };
+    runtime.block_on(async {
+        let http = reqwest::Client::builder().pool_max_idle_per_host(2048).build().unwrap_or_default();
+        let stub = format!("http://127.0.0.1:{}", start_stub().await);
+        let floe = start_floe(&stub, &http, false).await;
+        let floe_fsync = start_floe(&stub, &http, true).await;
+        let rllm = match rllm_python() {
+            Some(py) if !quick => start_rllm(&py, &stub, &http).await,
+            _ => None,
+        };
+        let duration = Duration::from_secs(if quick { 1 } else { 4 });
+        let levels: &[usize] = if quick { &[1, 64] } else { &[1, 64, 256] };
+        println!("## gateway overhead against a stub upstream ({} s per cell)\n", duration.as_secs());
+        println!("| sessions | target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | req per gateway CPU-s | vs floe |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        for &n in levels {
+            let direct = load(&http, vec![(format!("{stub}/v1/chat/completions"), "x".into()); n], duration).await;
+            println!("| {n} | direct | {:.2} | {:.2} | – | – | {:.0} | – | – |", direct.pct(0.5), direct.pct(0.99), direct.rps());
+            let mut floe_per_cpu = f64::NAN;
+            for gw in [&floe, &floe_fsync].into_iter().chain(rllm.as_ref()) {
+                let mut targets = Vec::new();
+                for i in 0..n {
+                    targets.push(gw.session(&http, &format!("bench-{n}-{i}")).await);
+                }
+                let cpu0 = gw.cpu_seconds();
+                let run = load(&http, targets, duration).await;
+                let cpu = (gw.cpu_seconds() - cpu0).max(0.01);
+                let per_cpu = run.latencies.len() as f64 / cpu;
+                if gw.name == "floe" {
+                    floe_per_cpu = per_cpu;
+                }
+                println!(
+                    "| {n} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {} |",
+                    gw.name, run.pct(0.5), run.pct(0.99), run.pct(0.5) - direct.pct(0.5), run.pct(0.99) - direct.pct(0.99),
+                    run.rps(), per_cpu,
+                    if gw.name == "floe" { "1.0x".to_string() } else { format!("floe does {:.1}x its req per CPU-s", floe_per_cpu / per_cpu) }
+                );
+            }
+        }
+        let sessions = if quick { 200 } else { 1000 };
+        println!("\n## RSS with {sessions} open sessions\n");
+        for gw in std::iter::once(&floe).chain(rllm.as_ref()) {
+            for i in 0..sessions {
+                gw.session(&http, &format!("idle-{i}")).await;
+            }
+            println!("- {}: {:.1} MiB", gw.name, gw.rss_mib());
+        }
+        if rllm.is_none() && !quick {
+            println!("\n(rllm-model-gateway not installed: run scripts/rllm-gateway-setup.sh to include it)");
+        }
+    });
+}

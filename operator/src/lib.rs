@@ -1,0 +1,5 @@
+//! floe's operator. Reconcile decisions are plain functions over plain data ([`pool`]), so
+//! every decision is unit-tested without a cluster; the controllers that feed them from the
+//! apiserver and apply their plans live at the edges.
+
+pub mod pool;
