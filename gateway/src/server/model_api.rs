@@ -94,8 +94,8 @@ trait Wire {
     fn normalize(body: &[u8], uri: &Uri) -> Result<Normalized, ProtocolError>;
     /// The provider-shaped JSON reply for an upstream Chat Completions response.
     fn reply(upstream: Value, n: &Normalized) -> Value;
-    /// The same reply as SSE events.
-    fn events(reply: &Value, n: &Normalized) -> Vec<Event>;
+    /// The same reply as SSE events: (event name, data).
+    fn events(reply: &Value, n: &Normalized) -> Vec<(Option<String>, String)>;
 }
 
 struct OpenaiChat;
@@ -108,10 +108,10 @@ impl Wire for OpenaiChat {
     fn reply(upstream: Value, n: &Normalized) -> Value {
         openai_chat::response(upstream, &n.model, n.wants_logprobs)
     }
-    fn events(reply: &Value, n: &Normalized) -> Vec<Event> {
+    fn events(reply: &Value, n: &Normalized) -> Vec<(Option<String>, String)> {
         openai_chat::stream_events(reply, n.include_usage)
             .into_iter()
-            .map(|d| Event::default().data(d))
+            .map(|d| (None, d))
             .collect()
     }
 }
@@ -126,7 +126,7 @@ impl Wire for Anthropic {
     fn reply(upstream: Value, n: &Normalized) -> Value {
         anthropic::response(&upstream, &n.model)
     }
-    fn events(reply: &Value, _: &Normalized) -> Vec<Event> {
+    fn events(reply: &Value, _: &Normalized) -> Vec<(Option<String>, String)> {
         named_events(anthropic::stream_events(reply))
     }
 }
@@ -141,15 +141,15 @@ impl Wire for OpenaiResponses {
     fn reply(upstream: Value, n: &Normalized) -> Value {
         openai_responses::response(&upstream, n)
     }
-    fn events(reply: &Value, _: &Normalized) -> Vec<Event> {
+    fn events(reply: &Value, _: &Normalized) -> Vec<(Option<String>, String)> {
         named_events(openai_responses::stream_events(reply))
     }
 }
 
-fn named_events(events: Vec<(String, Value)>) -> Vec<Event> {
+fn named_events(events: Vec<(String, Value)>) -> Vec<(Option<String>, String)> {
     events
         .into_iter()
-        .map(|(name, data)| Event::default().event(name).data(data.to_string()))
+        .map(|(name, data)| (Some(name), data.to_string()))
         .collect()
 }
 
@@ -184,8 +184,8 @@ impl Wire for Gemini {
             reply
         }
     }
-    fn events(reply: &Value, _: &Normalized) -> Vec<Event> {
-        vec![Event::default().data(reply.to_string())]
+    fn events(reply: &Value, _: &Normalized) -> Vec<(Option<String>, String)> {
+        vec![(None, reply.to_string())]
     }
 }
 
@@ -300,9 +300,15 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     if !normalized.stream {
         return match call.await {
             Ok(done) => {
-                let reply = W::reply(done.response, &normalized);
-                finish(&gateway, api, t0, done.upstream, &reply);
-                Json(reply).into_response()
+                // Serialized once: the same bytes are counted and sent.
+                let body =
+                    serde_json::to_vec(&W::reply(done.response, &normalized)).unwrap_or_default();
+                finish(&gateway, api, t0, done.upstream, body.len());
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    body,
+                )
+                    .into_response()
             }
             Err(e) => fail(&gateway, api, &e),
         };
@@ -312,9 +318,21 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     let events = stream::once(async move {
         let events: Vec<Event> = match call.await {
             Ok(done) => {
-                let reply = W::reply(done.response, &normalized);
-                finish(&gw, api, t0, done.upstream, &reply);
-                W::events(&reply, &normalized)
+                let events = W::events(&W::reply(done.response, &normalized), &normalized);
+                finish(
+                    &gw,
+                    api,
+                    t0,
+                    done.upstream,
+                    events.iter().map(|(_, d)| d.len()).sum(),
+                );
+                events
+                    .into_iter()
+                    .map(|(name, data)| match name {
+                        Some(name) => Event::default().event(name).data(data),
+                        None => Event::default().data(data),
+                    })
+                    .collect()
             }
             Err(e) => {
                 gw.metrics.errors.with_label_values(&[e.kind()]).inc();
@@ -343,7 +361,14 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
         .into_response()
 }
 
-fn finish(gateway: &Gateway, api: Api, t0: Instant, upstream: std::time::Duration, reply: &Value) {
+/// Count a successful call; `out_bytes` is the size of what goes back to the harness.
+fn finish(
+    gateway: &Gateway,
+    api: Api,
+    t0: Instant,
+    upstream: std::time::Duration,
+    out_bytes: usize,
+) {
     let label = api_label(api);
     gateway
         .metrics
@@ -356,12 +381,11 @@ fn finish(gateway: &Gateway, api: Api, t0: Instant, upstream: std::time::Duratio
         .added_seconds
         .with_label_values(&[label])
         .observe(added.as_secs_f64());
-    let size = serde_json::to_vec(reply).map(|b| b.len()).unwrap_or(0);
     gateway
         .metrics
         .bytes
         .with_label_values(&[label, "out"])
-        .inc_by(size as u64);
+        .inc_by(out_bytes as u64);
 }
 
 /// `GET /v1/models`: the one model a session can call, under the name the harness expects.
