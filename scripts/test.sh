@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the test scripts use (most machines already have them).
 missing=()
-for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:dpkg apt-get:apt; do
+for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:dpkg apt-get:apt node:nodejs npm:npm; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 # Debian's system python3 ships venv/ensurepip separately (vLLM's venv needs them).
@@ -24,6 +24,13 @@ t0=$(date +%s)
 FLOE_KAPI_BIN=$(scripts/kube-test-cluster/setup.sh)
 export FLOE_KAPI_BIN
 echo "[test] control-plane binaries ready in $(( $(date +%s) - t0 )) s ($FLOE_KAPI_BIN)" >&2
+
+# The harness CLIs need Node >= 20.6 (Debian bookworm's own nodejs is 18: use NodeSource's or nvm's).
+node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a==20&&b>=6)?0:1)' \
+  || { echo "[test] Node >= 20.6 is needed for the real-harness tests (found $(node --version))" >&2; exit 1; }
+t0=$(date +%s)
+scripts/harnesses/install.sh pi >/dev/null
+echo "[test] harness CLIs ready in $(( $(date +%s) - t0 )) s" >&2
 
 t0=$(date +%s)
 read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
