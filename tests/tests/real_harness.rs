@@ -1,5 +1,6 @@
 //! Real, unmodified coding-agent harness CLIs (from npm) against the floe gateway and the
-//! real vLLM: Pi (`@mariozechner/pi-coding-agent`), once per provider API it speaks.
+//! real vLLM: Pi (`@mariozechner/pi-coding-agent`), once per provider API it speaks, and Codex
+//! CLI (`@openai/codex`, Responses API).
 
 use std::process::Command;
 use std::time::Duration;
@@ -140,5 +141,82 @@ async fn pi_runs_headless_through_the_gateway_on_each_api() -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()> {
+    let codex = install("codex")?;
+    let gw = TestGateway::start(&vllm().url, 48).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("codex-1", "hello", 0).await?;
+    let home = tempfile::tempdir()?;
+    let work = tempfile::tempdir()?;
+    // What floe's codex preset writes: a custom provider on the Responses wire API, outside
+    // lookups (plugins, apps) off. The harness binary is untouched.
+    let config = format!(
+        "model = \"policy\"\nmodel_provider = \"floe\"\n\n[model_providers.floe]\nname = \"floe\"\nbase_url = \"{}/v1\"\n\
+         wire_api = \"responses\"\nenv_key = \"FLOE_API_KEY\"\n\n[features]\nplugins = false\napps = false\nremote_plugin = false\n",
+        gw.url
+    );
+    std::fs::write(home.path().join("config.toml"), config)?;
+    let (home_dir, work_dir) = (home.path().to_path_buf(), work.path().to_path_buf());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("timeout")
+            .args([
+                "240",
+                "node",
+                &codex,
+                "exec",
+                "--skip-git-repo-check",
+                "Say hello in one short sentence.",
+            ])
+            .env("CODEX_HOME", home_dir)
+            .env("FLOE_API_KEY", token)
+            .current_dir(work_dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+    })
+    .await??;
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success(),
+        "codex exec: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    gw.close("codex-1").await?;
+    let capture = read_session(&gw.session_dir("codex-1"))?;
+    assert!(!capture.records.is_empty(), "codex: no call captured");
+    let mut answers = Vec::new();
+    for r in &capture.records {
+        assert_eq!(r.api, Api::OpenaiResponses);
+        assert_eq!(
+            r.prompt_token_ids,
+            tokenize(&http, &r.normalized_request["messages"]).await?,
+            "codex: seq {}",
+            r.seq
+        );
+        assert_eq!(
+            r.logprobs.as_ref().map(Vec::len),
+            Some(r.completion_token_ids.len())
+        );
+        answers.push(
+            r.response["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+        );
+    }
+    assert!(
+        answers.contains(&stdout),
+        "codex printed {stdout:?}, captured {answers:?}"
+    );
+    eprintln!(
+        "codex over openai-responses: exit 0, {} calls captured ({} prompt tokens), answer {stdout:?}",
+        capture.records.len(),
+        capture.records[0].prompt_token_ids.len()
+    );
     Ok(())
 }
