@@ -13,4 +13,4 @@ pub mod vllm;
 pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
 pub use gateway::TestGateway;
 pub use namespace::TestNamespace;
-pub use vllm::{vllm, Vllm};
+pub use vllm::{tokenize, vllm, Vllm};

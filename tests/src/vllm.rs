@@ -85,3 +85,18 @@ fn wait_healthy(url: &str, limit: Duration) -> Result<()> {
     }
     bail!("vLLM at {url} not healthy after {limit:?}")
 }
+
+/// The server's own tokenization of a rendered conversation (with the generation prompt): what
+/// a captured prompt must equal.
+pub async fn tokenize(http: &reqwest::Client, messages: &serde_json::Value) -> Result<Vec<u32>> {
+    let body =
+        serde_json::json!({"model": "policy", "messages": messages, "add_generation_prompt": true});
+    let r: serde_json::Value = http
+        .post(format!("{}/tokenize", vllm().url))
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    serde_json::from_value(r["tokens"].clone()).with_context(|| format!("tokenize answered {r}"))
+}

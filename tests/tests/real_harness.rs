@@ -3,12 +3,11 @@
 //! CLI (`@openai/codex`, Responses API).
 
 use std::process::Command;
-use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use floe_gateway::capture::{read_session, Api};
-use floe_tests::{vllm, workspace_root, TestGateway};
-use serde_json::{json, Value};
+use floe_tests::{tokenize, vllm, workspace_root, TestGateway};
+use serde_json::json;
 
 fn install(harness: &str) -> Result<String> {
     let out = Command::new(workspace_root().join("scripts/harnesses/install.sh"))
@@ -22,16 +21,49 @@ fn install(harness: &str) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?.trim().to_string())
 }
 
-async fn tokenize(http: &reqwest::Client, messages: &Value) -> Result<Vec<u32>> {
-    let body = json!({"model": "policy", "messages": messages, "add_generation_prompt": true});
-    let r: Value = http
-        .post(format!("{}/tokenize", vllm().url))
-        .json(&body)
-        .send()
-        .await?
-        .json()
-        .await?;
-    serde_json::from_value(r["tokens"].clone()).with_context(|| format!("tokenize answered {r}"))
+/// Close the session and check what the harness did: calls captured from `api`, each prompt
+/// exactly the server's tokenization and each sample aligned with its logprobs, and what the
+/// harness printed is exactly one of the captured completions. Returns the number of calls.
+async fn check_harness_capture(
+    gw: &TestGateway,
+    http: &reqwest::Client,
+    id: &str,
+    api: Api,
+    label: &str,
+    printed: &str,
+) -> Result<usize> {
+    gw.close(id).await?;
+    let capture = read_session(&gw.session_dir(id))?;
+    assert!(!capture.records.is_empty(), "{label}: no call captured");
+    let mut answers = Vec::new();
+    for r in &capture.records {
+        assert_eq!(r.api, api, "{label}");
+        assert_eq!(
+            r.prompt_token_ids,
+            tokenize(http, &r.normalized_request["messages"]).await?,
+            "{label}: seq {}",
+            r.seq
+        );
+        assert_eq!(
+            r.logprobs.as_ref().map(Vec::len),
+            Some(r.completion_token_ids.len()),
+            "{label}: seq {}",
+            r.seq
+        );
+        answers.push(
+            r.response["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+        );
+    }
+    // What the harness printed is exactly what the model sampled and the gateway captured.
+    assert!(
+        answers.iter().any(|a| a == printed),
+        "{label} printed {printed:?}, captured {answers:?}"
+    );
+    Ok(capture.records.len())
 }
 
 #[tokio::test]
@@ -103,43 +135,9 @@ async fn pi_runs_headless_through_the_gateway_on_each_api() -> Result<()> {
         );
         assert!(!stdout.is_empty(), "pi over {api_name} printed nothing");
 
-        gw.close(&id).await?;
-        let capture = read_session(&gw.session_dir(&id))?;
-        assert!(
-            !capture.records.is_empty(),
-            "pi over {api_name}: no call captured"
-        );
-        let mut answers = Vec::new();
-        for r in &capture.records {
-            assert_eq!(r.api, api, "pi over {api_name}");
-            assert_eq!(
-                r.prompt_token_ids,
-                tokenize(&http, &r.normalized_request["messages"]).await?,
-                "pi over {api_name}: seq {}",
-                r.seq
-            );
-            assert_eq!(
-                r.logprobs.as_ref().map(Vec::len),
-                Some(r.completion_token_ids.len())
-            );
-            answers.push(
-                r.response["choices"][0]["message"]["content"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
-            );
-        }
-        // What the harness printed is exactly what the model sampled and the gateway captured.
-        assert!(
-            answers.contains(&stdout),
-            "pi over {api_name} printed {stdout:?}, captured {answers:?}"
-        );
-        eprintln!(
-            "pi over {api_name}: exit 0, {} calls captured, answer {stdout:?}",
-            capture.records.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let label = format!("pi over {api_name}");
+        let calls = check_harness_capture(&gw, &http, &id, api, &label, &stdout).await?;
+        eprintln!("{label}: exit 0, {calls} calls captured, answer {stdout:?}");
     }
     Ok(())
 }
@@ -185,38 +183,9 @@ async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    gw.close("codex-1").await?;
-    let capture = read_session(&gw.session_dir("codex-1"))?;
-    assert!(!capture.records.is_empty(), "codex: no call captured");
-    let mut answers = Vec::new();
-    for r in &capture.records {
-        assert_eq!(r.api, Api::OpenaiResponses);
-        assert_eq!(
-            r.prompt_token_ids,
-            tokenize(&http, &r.normalized_request["messages"]).await?,
-            "codex: seq {}",
-            r.seq
-        );
-        assert_eq!(
-            r.logprobs.as_ref().map(Vec::len),
-            Some(r.completion_token_ids.len())
-        );
-        answers.push(
-            r.response["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
-        );
-    }
-    assert!(
-        answers.contains(&stdout),
-        "codex printed {stdout:?}, captured {answers:?}"
-    );
-    eprintln!(
-        "codex over openai-responses: exit 0, {} calls captured ({} prompt tokens), answer {stdout:?}",
-        capture.records.len(),
-        capture.records[0].prompt_token_ids.len()
-    );
+    let label = "codex over openai-responses";
+    let calls =
+        check_harness_capture(&gw, &http, "codex-1", Api::OpenaiResponses, label, &stdout).await?;
+    eprintln!("{label}: exit 0, {calls} calls captured, answer {stdout:?}");
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use floe_gateway::capture::{read_session, Api, CompletionRecord, SessionCapture};
 use floe_gateway::trajectory::{build_traces, BuildOptions, Builder, ChainStart, Trace};
-use floe_tests::{floe_bin, vllm, workspace_root, TestGateway};
+use floe_tests::{floe_bin, tokenize, vllm, workspace_root, TestGateway};
 use serde_json::{json, Value};
 
 async fn post(
@@ -35,19 +35,6 @@ async fn chat(
     let json: Value = resp.json().await?;
     anyhow::ensure!(status.is_success(), "chat: {status} {json}");
     Ok(json)
-}
-
-/// vLLM's own tokenization of a rendered conversation (with the generation prompt).
-async fn tokenize(http: &reqwest::Client, messages: &Value) -> Result<Vec<u32>> {
-    let body = json!({"model": "policy", "messages": messages, "add_generation_prompt": true});
-    let r: Value = http
-        .post(format!("{}/tokenize", vllm().url))
-        .json(&body)
-        .send()
-        .await?
-        .json()
-        .await?;
-    serde_json::from_value(r["tokens"].clone()).with_context(|| format!("tokenize answered {r}"))
 }
 
 fn check_token_alignment(r: &CompletionRecord, cap: usize) {
