@@ -22,6 +22,9 @@ pub struct GatewayArgs {
     /// Where each session's capture directory is created.
     #[arg(long)]
     capture_dir: PathBuf,
+    /// Where trajectories wait for their sink (default: CAPTURE_DIR/.spool).
+    #[arg(long)]
+    spool_dir: Option<PathBuf>,
     /// File holding the control API's bearer token (from the pod's Secret).
     #[arg(long)]
     control_token_file: PathBuf,
@@ -67,6 +70,9 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         listen: args.listen,
         upstream_url: args.upstream,
         upstream_model: args.upstream_model,
+        spool_dir: args
+            .spool_dir
+            .unwrap_or_else(|| args.capture_dir.join(".spool")),
         capture_dir: args.capture_dir,
         control_token: token,
         max_body_bytes: args.max_body_bytes,

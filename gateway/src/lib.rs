@@ -4,8 +4,10 @@
 //!   sampled token ids and logprobs (format documented in `docs/capture-format.md`).
 //! - [`trajectory`]: sans-IO builders that turn a session's captured completions into
 //!   trainer-ready trajectories (`docs/trajectory-format.md`).
+//! - [`ship`]: assignments in, trajectories out (spool, trainer or dataset sink).
 
 pub mod capture;
 pub mod protocol;
 pub mod server;
+pub mod ship;
 pub mod trajectory;

@@ -27,6 +27,7 @@ impl TestGateway {
             upstream_url: upstream.to_string(),
             upstream_model: "policy".into(),
             capture_dir: dir.path().join("captures"),
+            spool_dir: dir.path().join("spool"),
             control_token: "test-control-token".into(),
             max_body_bytes: 4 * 1024 * 1024,
             max_response_tokens,

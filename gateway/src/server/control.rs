@@ -14,7 +14,7 @@ use super::sessions::SessionError;
 use super::Gateway;
 use crate::capture::SessionMeta;
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into()}))).into_response()
 }
 
@@ -110,6 +110,7 @@ pub async fn get_session(State(gateway): State<Arc<Gateway>>, Path(id): Path<Str
         Some(s) => Json(json!({
             "session": s.meta.session, "task": s.meta.task, "group": s.meta.group, "sample": s.meta.sample,
             "calls": s.calls(), "open": s.is_open(), "capture_dir": s.dir,
+            "shipment": super::lifecycle::shipment(&gateway, &id),
         }))
         .into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no session {id:?}")),

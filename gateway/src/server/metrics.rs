@@ -14,6 +14,9 @@ pub struct Metrics {
     pub capture_write_seconds: HistogramVec,
     pub errors: IntCounterVec,
     pub dropped: IntCounterVec,
+    /// Trajectories by what happened to them: `shipped`, `retried`, `rejected`.
+    pub trajectories: IntCounterVec,
+    pub spool_pending: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -85,6 +88,19 @@ impl Metrics {
         )?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(dropped.clone()))?;
+        let trajectories = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_trajectories_total",
+                "Trajectory deliveries: shipped, retried (a failed attempt) or rejected by the sink",
+            ),
+            &["result"],
+        )?;
+        let spool_pending = IntGauge::new(
+            "floe_gateway_spool_pending",
+            "Trajectories in the spool not yet accepted by their sink",
+        )?;
+        registry.register(Box::new(trajectories.clone()))?;
+        registry.register(Box::new(spool_pending.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -95,6 +111,8 @@ impl Metrics {
             capture_write_seconds,
             errors,
             dropped,
+            trajectories,
+            spool_pending,
         })
     }
 

@@ -4,6 +4,7 @@
 
 mod complete;
 mod control;
+mod lifecycle;
 mod metrics;
 mod model_api;
 pub mod sessions;
@@ -17,6 +18,7 @@ use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 
+pub use lifecycle::{drain, recover};
 pub use metrics::Metrics;
 use sessions::Sessions;
 
@@ -32,6 +34,8 @@ pub struct Config {
     pub upstream_model: String,
     /// One subdirectory per session is created here.
     pub capture_dir: PathBuf,
+    /// Trajectories wait here until their sink accepts them (survives restarts).
+    pub spool_dir: PathBuf,
     /// Bearer token of the control API.
     pub control_token: String,
     pub max_body_bytes: usize,
@@ -50,12 +54,24 @@ pub struct Gateway {
     pub sessions: Sessions,
     pub metrics: Metrics,
     pub http: reqwest::Client,
+    pub assignments: crate::ship::Assignments,
+    pub spool: crate::ship::Spool,
+    /// Sessions with a shipper running.
+    pub shipping: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Serializes recording outcomes (a result and a shutdown may race).
+    pub finishing: std::sync::Mutex<()>,
+    /// Flips to true when the gateway starts stopping (ends long polls).
+    pub stopping: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot create capture dir {0}: {1}")]
     CaptureDir(PathBuf, std::io::Error),
+    #[error("spool: {0}")]
+    Spool(#[from] crate::ship::SpoolError),
+    #[error("recovering sessions from disk: {0}")]
+    Recover(String),
     #[error("cannot build the upstream client: {0}")]
     Client(#[from] reqwest::Error),
     #[error("metrics: {0}")]
@@ -83,6 +99,11 @@ impl Gateway {
             sessions: Sessions::default(),
             metrics: Metrics::new()?,
             http,
+            assignments: Default::default(),
+            spool: crate::ship::Spool::open(&config.spool_dir)?,
+            shipping: Default::default(),
+            finishing: Default::default(),
+            stopping: tokio::sync::watch::Sender::new(false),
             config,
         }))
     }
@@ -96,6 +117,9 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             get(control::get_session).delete(control::delete_session),
         )
         .route("/floe/v1/sessions/{id}/close", post(control::close_session))
+        .route("/floe/v1/sessions/{id}/result", post(lifecycle::post_result))
+        .route("/floe/v1/assignments", post(lifecycle::post_assignment))
+        .route("/floe/v1/assignments/next", get(lifecycle::next_assignment))
         .route_layer(middleware::from_fn_with_state(
             gateway.clone(),
             control::require_control_token,
@@ -119,19 +143,30 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-/// Serve until `shutdown` resolves; in-flight calls finish first.
+/// How long a stopping gateway keeps trying to ship what is left (pods get 30 s by default).
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Serve until `shutdown` resolves: recover sessions and the spool from disk first; when
+/// stopping, let in-flight calls finish, then give unfinished sessions an outcome and drain.
 pub async fn serve(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let listen = config.listen;
     let gateway = Gateway::new(config)?;
+    let restored = recover(&gateway).map_err(ServeError::Recover)?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| ServeError::Listen(listen, e))?;
-    tracing::info!(addr = %listener.local_addr().map_err(ServeError::Serve)?, "gateway listening");
-    axum::serve(listener, router(gateway))
-        .with_graceful_shutdown(shutdown)
+    tracing::info!(addr = %listener.local_addr().map_err(ServeError::Serve)?, restored, "gateway listening");
+    let stopping = gateway.stopping.clone();
+    axum::serve(listener, router(gateway.clone()))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            stopping.send_replace(true);
+        })
         .await
-        .map_err(ServeError::Serve)
+        .map_err(ServeError::Serve)?;
+    drain(&gateway, DRAIN_DEADLINE).await;
+    Ok(())
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use rand::RngExt;
 
 use crate::capture::{
-    write_meta, CaptureLog, CaptureWriteError, CompletionRecord, Durability, SessionMeta,
+    write_meta, CaptureLog, CaptureWriteError, CompletionRecord, Durability, SessionMeta, SEAL_FILE,
 };
 
 pub struct Session {
@@ -91,6 +91,31 @@ impl Sessions {
         meta: SessionMeta,
         durability: Durability,
     ) -> Result<(Arc<Session>, bool), SessionError> {
+        let token = format!("floe-{}", hex::encode(rand::rng().random::<[u8; 24]>()));
+        self.insert(root, meta, durability, token, true)
+    }
+
+    /// Bring back a session found on disk after a gateway restart, with its token: an open
+    /// capture takes more calls, a sealed one stays closed.
+    pub fn restore(
+        &self,
+        root: &Path,
+        meta: SessionMeta,
+        durability: Durability,
+        token: String,
+    ) -> Result<Arc<Session>, SessionError> {
+        self.insert(root, meta, durability, token, false)
+            .map(|(s, _)| s)
+    }
+
+    fn insert(
+        &self,
+        root: &Path,
+        meta: SessionMeta,
+        durability: Durability,
+        token: String,
+        fresh: bool,
+    ) -> Result<(Arc<Session>, bool), SessionError> {
         if !valid_id(&meta.session) {
             return Err(SessionError::BadId(meta.session));
         }
@@ -99,15 +124,27 @@ impl Sessions {
             return Ok((existing.clone(), false));
         }
         let dir = root.join(&meta.session);
-        write_meta(&dir, &meta)?;
-        let log = CaptureLog::open(&dir, durability)?;
-        let token = format!("floe-{}", hex::encode(rand::rng().random::<[u8; 24]>()));
+        let log = if fresh {
+            write_meta(&dir, &meta)?;
+            Some(CaptureLog::open(&dir, durability)?)
+        } else if dir.join(SEAL_FILE).exists() {
+            None
+        } else {
+            Some(CaptureLog::open(&dir, durability)?)
+        };
+        let calls = if fresh {
+            0
+        } else {
+            crate::capture::read_session(&dir)
+                .map(|c| c.records.iter().map(|r| r.seq + 1).max().unwrap_or(0))
+                .unwrap_or(0)
+        };
         let session = Arc::new(Session {
             meta,
             token: token.clone(),
             dir,
-            next_seq: AtomicU64::new(0),
-            log: Mutex::new(Some(log)),
+            next_seq: AtomicU64::new(calls),
+            log: Mutex::new(log),
         });
         by_id.insert(session.meta.session.clone(), session.clone());
         self.by_token

@@ -11,12 +11,19 @@
 
 use super::types::{Evaluation, SessionStatus, Trajectory};
 
-#[derive(Clone, Debug, PartialEq)]
+/// As JSON (the sandbox runner's result): `{"status": "completed", "evaluation": {...}}`,
+/// `{"status": "agent_timeout"}`, `{"status": "infra_error", "message": "..."}`,
+/// `{"status": "evaluator_timeout"}`, `{"status": "unscored"}`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
 pub enum SessionOutcome {
     /// The harness exited (any code) and the evaluator scored the result.
     Completed { evaluation: Evaluation },
     /// The agent timeout fired; the evaluator's verdict, if it ran, is kept for the record.
-    AgentTimeout { evaluation: Option<Evaluation> },
+    AgentTimeout {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        evaluation: Option<Evaluation>,
+    },
     /// Pod lost, prepare failed, gateway or evaluator crashed, …
     InfraError { message: String },
     /// The evaluator did not finish in time: the grade is unknown.

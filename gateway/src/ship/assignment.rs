@@ -1,0 +1,178 @@
+//! Assignments: the operator (or `floe run`) posts a session's assignment to the gateway; the
+//! sandbox runner in the same pod long-polls for it. The gateway keeps what it needs to build
+//! and ship the trajectory and hands the rest (`run`) to the runner untouched.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use super::Sink;
+use crate::trajectory::Builder;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignment {
+    /// Unique session id: the capture directory name and the trainer's idempotency key.
+    pub session: String,
+    /// Task id.
+    pub task: String,
+    /// GRPO group id (job + task).
+    pub group: String,
+    #[serde(default)]
+    pub sample: u32,
+    #[serde(default)]
+    pub builder: Builder,
+    #[serde(default)]
+    pub sink: Sink,
+    /// Copied into the trajectory.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, serde_json::Value>,
+    /// What the sandbox runner needs (task, harness, evaluator, timeouts); opaque here.
+    #[serde(default)]
+    pub run: serde_json::Value,
+}
+
+/// An assignment as the runner receives it, with the session's model-API token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delivered {
+    pub assignment: Assignment,
+    pub token: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AssignmentError {
+    #[error("session {0:?} was already assigned with different content")]
+    Conflict(String),
+}
+
+/// Assignments not yet taken by a runner, in arrival order, and every assignment seen.
+#[derive(Default)]
+pub struct Assignments {
+    state: Mutex<State>,
+    arrived: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<String>,
+    known: HashMap<String, (Delivered, bool)>,
+}
+
+impl Assignments {
+    /// Queue an assignment. The same assignment again is a no-op (the operator retries);
+    /// different content under a known session id is a conflict. Returns whether it is new.
+    pub fn offer(&self, delivered: Delivered, taken: bool) -> Result<bool, AssignmentError> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let session = delivered.assignment.session.clone();
+        if let Some((known, _)) = state.known.get(&session) {
+            return if known.assignment == delivered.assignment {
+                Ok(false)
+            } else {
+                Err(AssignmentError::Conflict(session))
+            };
+        }
+        if !taken {
+            state.queue.push_back(session.clone());
+        }
+        state.known.insert(session, (delivered, taken));
+        drop(state);
+        self.arrived.notify_waiters();
+        Ok(true)
+    }
+
+    pub fn get(&self, session: &str) -> Option<Delivered> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.known.get(session).map(|(d, _)| d.clone())
+    }
+
+    /// Every assignment seen, with whether a runner took it.
+    pub fn all(&self) -> Vec<(Delivered, bool)> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.known.values().cloned().collect()
+    }
+
+    fn try_take(&self) -> Option<Delivered> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let session = state.queue.pop_front()?;
+        let entry = state.known.get_mut(&session)?;
+        entry.1 = true;
+        Some(entry.0.clone())
+    }
+
+    /// The next untaken assignment, waiting up to `wait` for one to arrive.
+    pub async fn take(&self, wait: Duration) -> Option<Delivered> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Register interest before checking, so an offer between the check and the wait
+            // is not missed.
+            let arrived = self.arrived.notified();
+            if let Some(d) = self.try_take() {
+                return Some(d);
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return self.try_take();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered(session: &str, task: &str) -> Delivered {
+        Delivered {
+            assignment: Assignment {
+                session: session.into(),
+                task: task.into(),
+                group: format!("job/{task}"),
+                sample: 0,
+                builder: Builder::default(),
+                sink: Sink::None,
+                metadata: BTreeMap::new(),
+                run: serde_json::json!({"instruction": "x"}),
+            },
+            token: format!("tok-{session}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn offers_are_idempotent_and_taken_once_in_order() {
+        let a = Assignments::default();
+        assert_eq!(a.offer(delivered("s1", "t"), false), Ok(true));
+        assert_eq!(a.offer(delivered("s1", "t"), false), Ok(false));
+        assert_eq!(
+            a.offer(delivered("s1", "other"), false),
+            Err(AssignmentError::Conflict("s1".into()))
+        );
+        assert_eq!(a.offer(delivered("s2", "t"), false), Ok(true));
+        let first = a.take(Duration::ZERO).await.map(|d| d.assignment.session);
+        let second = a.take(Duration::ZERO).await.map(|d| d.assignment.session);
+        assert_eq!((first.as_deref(), second.as_deref()), (Some("s1"), Some("s2")));
+        assert!(a.take(Duration::from_millis(10)).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_runner_gets_a_later_offer() {
+        let a = std::sync::Arc::new(Assignments::default());
+        let waiter = {
+            let a = a.clone();
+            tokio::spawn(async move { a.take(Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.offer(delivered("late", "t"), false).ok();
+        let got = waiter.await.ok().flatten().map(|d| d.assignment.session);
+        assert_eq!(got.as_deref(), Some("late"));
+    }
+
+    #[test]
+    fn restored_taken_assignments_are_not_queued_again() {
+        let a = Assignments::default();
+        a.offer(delivered("s1", "t"), true).ok();
+        assert!(a.try_take().is_none());
+        assert_eq!(a.all().len(), 1);
+    }
+}

@@ -1,0 +1,94 @@
+//! Where trajectories go: the trainer's ingest endpoint, or a dataset directory (SFT).
+//! Both are idempotent by session id, which is what makes spool replay exactly-once.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::spool::{write_durably, SpoolEntry};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Sink {
+    /// `POST` each trajectory (JSON, `Idempotency-Key: <session>`) to the trainer's ingest URL.
+    /// 2xx and 409 (already ingested) are success; 408, 429, 5xx and connection errors are
+    /// retried; any other 4xx is a permanent refusal.
+    #[serde(rename_all = "camelCase")]
+    Trainer { url: String },
+    /// Write `DIR/accepted/<session>.json` when the session is trainable and its reward is at
+    /// least `minReward` (any reward when unset), else `DIR/rejected/<session>.json`.
+    #[serde(rename_all = "camelCase")]
+    Dataset {
+        dir: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min_reward: Option<f64>,
+    },
+    /// Keep the trajectory in the gateway's spool only.
+    #[default]
+    None,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    /// Worth retrying (network, 5xx, 429, a full disk).
+    #[error("{0}")]
+    Retry(String),
+    /// The sink refused it; retrying cannot help.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+/// Deliver one spooled trajectory. Returns where it went.
+pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<String, DeliveryError> {
+    let trajectory = &entry.trajectory;
+    match &entry.sink {
+        Sink::None => Ok("spool".into()),
+        Sink::Trainer { url } => {
+            let resp = http
+                .post(url)
+                .header("idempotency-key", &trajectory.session)
+                .json(trajectory)
+                .send()
+                .await
+                .map_err(|e| DeliveryError::Retry(format!("POST {url}: {e}")))?;
+            let status = resp.status();
+            if status.is_success() || status.as_u16() == 409 {
+                return Ok(url.clone());
+            }
+            let body = resp.text().await.unwrap_or_default();
+            let message = format!("POST {url}: {status}: {}", truncate(&body, 500));
+            if status.is_server_error() || matches!(status.as_u16(), 408 | 429) {
+                Err(DeliveryError::Retry(message))
+            } else {
+                Err(DeliveryError::Permanent(message))
+            }
+        }
+        Sink::Dataset { dir, min_reward } => {
+            let accepted = trajectory.trainable
+                && trajectory
+                    .reward
+                    .is_some_and(|r| min_reward.is_none_or(|min| r >= min));
+            let sub = dir.join(if accepted { "accepted" } else { "rejected" });
+            let path = sub.join(format!("{}.json", trajectory.session));
+            let bytes = serde_json::to_vec(trajectory)
+                .map_err(|e| DeliveryError::Permanent(e.to_string()))?;
+            let write = move || -> Result<(), String> {
+                std::fs::create_dir_all(&sub).map_err(|e| format!("{}: {e}", sub.display()))?;
+                write_durably(&path, &bytes).map_err(|e| e.to_string())
+            };
+            let target = dir.display().to_string();
+            tokio::task::spawn_blocking(write)
+                .await
+                .map_err(|e| DeliveryError::Retry(e.to_string()))?
+                .map_err(DeliveryError::Retry)?;
+            Ok(target)
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
