@@ -41,6 +41,9 @@ pub struct GatewayArgs {
     /// Seconds between SSE keep-alive comments while the upstream works.
     #[arg(long, default_value_t = 5)]
     keepalive_seconds: u64,
+    /// Report ready (`/readyz`) only after the sandbox runner finished its prepare steps.
+    #[arg(long)]
+    require_runner_ready: bool,
     /// Limit of one upstream call, in seconds.
     #[arg(long, default_value_t = 900)]
     upstream_timeout_seconds: u64,
@@ -84,6 +87,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         },
         keepalive: Duration::from_secs(args.keepalive_seconds.max(1)),
         upstream_timeout: Duration::from_secs(args.upstream_timeout_seconds),
+        require_runner_ready: args.require_runner_ready,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use floe_crds::generate::Target;
 
 mod gateway;
+mod sandbox;
 mod trajectories;
 
 #[derive(Parser)]
@@ -32,6 +33,9 @@ enum Command {
     },
     /// Run the gateway: provider APIs for the harness, vLLM upstream, token-level capture.
     Gateway(gateway::GatewayArgs),
+    /// Run one sandbox session: wait for the assignment from the pod's gateway, run the
+    /// harness, evaluate, report. Exit 0 success, 1 agent failure, 2 usage, 3 infrastructure.
+    Sandbox(sandbox::SandboxArgs),
     /// Build trajectories from session captures, or compare the builders on them.
     Trajectories {
         #[command(subcommand)]
@@ -53,7 +57,7 @@ enum CliError {
     Gateway(#[from] gateway::GatewayError),
 }
 
-fn run(cli: Cli) -> Result<(), CliError> {
+fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Crds { kube_version } => {
             let target = match kube_version {
@@ -64,12 +68,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
             std::io::stdout().lock().write_all(yaml.as_bytes())?;
         }
         Command::Gateway(args) => gateway::run(args)?,
+        Command::Sandbox(args) => {
+            return Ok(ExitCode::from(
+                u8::try_from(sandbox::main(args)).unwrap_or(3),
+            ))
+        }
         Command::Trajectories { command } => {
             let stdout = std::io::stdout();
             trajectories::run(command, &mut std::io::BufWriter::new(stdout.lock()))?;
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -81,7 +90,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("floe: {e}");
             ExitCode::FAILURE

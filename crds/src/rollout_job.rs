@@ -278,6 +278,13 @@ pub struct EvaluatorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<LocalObjectReference>>")]
     pub hidden_files_from: Option<LocalObjectReference>,
+    /// Workspace paths (globs; `*` within a directory, `**` across directories) whose changes by
+    /// the agent are discarded before the evaluator runs, e.g. `tests/**` or `**/conftest.py`.
+    /// Hidden files are always protected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(inner(length(min = 1, max = 1024)))]
+    pub protected_paths: Vec<String>,
 }
 
 #[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]

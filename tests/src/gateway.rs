@@ -34,6 +34,7 @@ impl TestGateway {
             durability: floe_gateway::capture::Durability::Fsync,
             keepalive: Duration::from_secs(1),
             upstream_timeout: Duration::from_secs(300),
+            require_runner_ready: false,
         };
         let gateway = Gateway::new(config.clone())?;
         let app = router(gateway.clone());

@@ -46,13 +46,29 @@ pub async fn require_control_token(
 }
 
 pub async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
+    let runner_ready = !gateway.config.require_runner_ready
+        || gateway
+            .runner_ready
+            .load(std::sync::atomic::Ordering::SeqCst);
     match std::fs::metadata(&gateway.config.capture_dir) {
-        Ok(m) if m.is_dir() => "ok".into_response(),
+        Ok(m) if m.is_dir() && runner_ready => "ok".into_response(),
+        Ok(m) if m.is_dir() => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the sandbox runner has not finished preparing",
+        ),
         _ => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "capture directory is missing",
         ),
     }
+}
+
+/// The sandbox runner finished the pool's prepare steps: the pod may count as READY.
+pub async fn runner_ready(State(gateway): State<Arc<Gateway>>) -> Response {
+    gateway
+        .runner_ready
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    Json(json!({"ready": true})).into_response()
 }
 
 pub async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {

@@ -27,8 +27,17 @@ const ASSIGNMENT_FILE: &str = "assignment.json";
 const TAKEN_FILE: &str = "taken";
 const OUTCOME_FILE: &str = "outcome.json";
 
-fn io_error(e: impl std::fmt::Display) -> Response {
-    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+/// An error answer, decided in blocking code and rendered by the handler.
+struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+fn io_error(e: impl std::fmt::Display) -> Refusal {
+    Refusal(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
 /// `POST /floe/v1/assignments`: create the session and queue its assignment for the runner.
@@ -42,12 +51,12 @@ pub async fn post_assignment(
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid assignment: {e}")),
     };
     let gw = gateway.clone();
-    let created = tokio::task::spawn_blocking(move || -> Result<(Delivered, bool), Response> {
+    let created = tokio::task::spawn_blocking(move || -> Result<(Delivered, bool), Refusal> {
         if let Some(known) = gw.assignments.get(&assignment.session) {
             return if known.assignment == assignment {
                 Ok((known, false))
             } else {
-                Err(error(
+                Err(Refusal(
                     StatusCode::CONFLICT,
                     format!(
                         "session {:?} was already assigned with different content",
@@ -68,7 +77,7 @@ pub async fn post_assignment(
             .create(&gw.config.capture_dir, meta, gw.config.durability)
             .map_err(|e| match e {
                 super::sessions::SessionError::BadId(_) => {
-                    error(StatusCode::BAD_REQUEST, e.to_string())
+                    Refusal(StatusCode::BAD_REQUEST, e.to_string())
                 }
                 other => io_error(other),
             })?;
@@ -77,12 +86,11 @@ pub async fn post_assignment(
             token: session.token.clone(),
         };
         let bytes = serde_json::to_vec(&delivered).map_err(io_error)?;
-        crate::ship::write_durably(&session.dir.join(ASSIGNMENT_FILE), &bytes)
-            .map_err(io_error)?;
+        crate::ship::write_durably(&session.dir.join(ASSIGNMENT_FILE), &bytes).map_err(io_error)?;
         let fresh = gw
             .assignments
             .offer(delivered.clone(), false)
-            .map_err(|e| error(StatusCode::CONFLICT, e.to_string()))?;
+            .map_err(|e| Refusal(StatusCode::CONFLICT, e.to_string()))?;
         Ok((delivered, fresh))
     })
     .await;
@@ -96,8 +104,8 @@ pub async fn post_assignment(
             Json(json!({"session": delivered.assignment.session, "accepted": true})),
         )
             .into_response(),
-        Ok(Err(response)) => response,
-        Err(e) => io_error(e),
+        Ok(Err(refusal)) => refusal.into_response(),
+        Err(e) => io_error(e).into_response(),
     }
 }
 
@@ -133,7 +141,7 @@ pub async fn next_assignment(
                 .capture_dir
                 .join(&delivered.assignment.session);
             if let Err(e) = std::fs::write(dir.join(TAKEN_FILE), b"") {
-                return io_error(e);
+                return io_error(e).into_response();
             }
             Json(delivered).into_response()
         }
@@ -168,8 +176,8 @@ pub async fn post_result(
             Json(summary),
         )
             .into_response(),
-        Ok(Err(response)) => response,
-        Err(e) => io_error(e),
+        Ok(Err(refusal)) => refusal.into_response(),
+        Err(e) => io_error(e).into_response(),
     }
 }
 
@@ -178,20 +186,17 @@ fn finish(
     gateway: &Arc<Gateway>,
     id: &str,
     outcome: SessionOutcome,
-) -> Result<(serde_json::Value, bool), Response> {
-    let _guard = gateway
-        .finishing
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+) -> Result<(serde_json::Value, bool), Refusal> {
+    let _guard = gateway.finishing.lock().unwrap_or_else(|e| e.into_inner());
     let session = gateway
         .sessions
         .get(id)
-        .ok_or_else(|| error(StatusCode::NOT_FOUND, format!("no session {id:?}")))?;
+        .ok_or_else(|| Refusal(StatusCode::NOT_FOUND, format!("no session {id:?}")))?;
     let path = session.dir.join(OUTCOME_FILE);
     if let Ok(bytes) = std::fs::read(&path) {
         let recorded: Option<SessionOutcome> = serde_json::from_slice(&bytes).ok();
         if recorded.as_ref() != Some(&outcome) {
-            return Err(error(
+            return Err(Refusal(
                 StatusCode::CONFLICT,
                 format!("session {id:?} already has a different outcome"),
             ));

@@ -46,6 +46,9 @@ pub struct Config {
     /// Interval of SSE keep-alive comments while the upstream works.
     pub keepalive: Duration,
     pub upstream_timeout: Duration,
+    /// `/readyz` stays 503 until the sandbox runner reports its prepare steps done
+    /// (`POST /floe/v1/runner/ready`): a pool pod is READY only then.
+    pub require_runner_ready: bool,
 }
 
 pub struct Gateway {
@@ -62,6 +65,7 @@ pub struct Gateway {
     pub finishing: std::sync::Mutex<()>,
     /// Flips to true when the gateway starts stopping (ends long polls).
     pub stopping: tokio::sync::watch::Sender<bool>,
+    pub runner_ready: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +108,7 @@ impl Gateway {
             shipping: Default::default(),
             finishing: Default::default(),
             stopping: tokio::sync::watch::Sender::new(false),
+            runner_ready: Default::default(),
             config,
         }))
     }
@@ -117,8 +122,12 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             get(control::get_session).delete(control::delete_session),
         )
         .route("/floe/v1/sessions/{id}/close", post(control::close_session))
-        .route("/floe/v1/sessions/{id}/result", post(lifecycle::post_result))
+        .route(
+            "/floe/v1/sessions/{id}/result",
+            post(lifecycle::post_result),
+        )
         .route("/floe/v1/assignments", post(lifecycle::post_assignment))
+        .route("/floe/v1/runner/ready", post(control::runner_ready))
         .route("/floe/v1/assignments/next", get(lifecycle::next_assignment))
         .route_layer(middleware::from_fn_with_state(
             gateway.clone(),

@@ -151,7 +151,10 @@ mod tests {
         assert_eq!(a.offer(delivered("s2", "t"), false), Ok(true));
         let first = a.take(Duration::ZERO).await.map(|d| d.assignment.session);
         let second = a.take(Duration::ZERO).await.map(|d| d.assignment.session);
-        assert_eq!((first.as_deref(), second.as_deref()), (Some("s1"), Some("s2")));
+        assert_eq!(
+            (first.as_deref(), second.as_deref()),
+            (Some("s1"), Some("s2"))
+        );
         assert!(a.take(Duration::from_millis(10)).await.is_none());
     }
 

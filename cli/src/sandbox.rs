@@ -1,0 +1,111 @@
+//! `floe sandbox`: the runner in a sandbox pod's main container (see docs/sandbox-contract.md).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use floe_crds::common::PrepareStep;
+use floe_sandbox::runner::{run, RunnerConfig};
+use floe_sandbox::summary::{render, ExitKind};
+
+#[derive(Args)]
+pub struct SandboxArgs {
+    /// The pod's gateway (control and model API).
+    #[arg(
+        long,
+        env = "FLOE_GATEWAY_URL",
+        default_value = "http://127.0.0.1:8370"
+    )]
+    gateway: String,
+    /// File holding the gateway's control token (the pod's Secret).
+    #[arg(long, env = "FLOE_CONTROL_TOKEN_FILE")]
+    control_token_file: PathBuf,
+    /// The task workspace: the harness's working directory (default: the current directory).
+    #[arg(long)]
+    workspace: Option<PathBuf>,
+    /// Runner-private state (snapshot, harness home, logs, evaluation copy); outside the
+    /// workspace.
+    #[arg(long, default_value = "/tmp/floe-sandbox")]
+    state_dir: PathBuf,
+    /// Where the result summary goes (default: /dev/termination-log when it exists).
+    #[arg(long)]
+    summary_file: Option<PathBuf>,
+    /// The pool's prepare steps as JSON (`[{"name": …, "command": […]}]`), run before ready.
+    #[arg(long, env = "FLOE_POOL_PREPARE")]
+    pool_prepare: Option<String>,
+    /// Give up waiting for an assignment after this many seconds (default: wait forever).
+    #[arg(long)]
+    assignment_timeout_seconds: Option<u64>,
+    /// How long to wait for the gateway to ship the trajectory.
+    #[arg(long, default_value_t = 300)]
+    ship_timeout_seconds: u64,
+    /// Bytes of stdout/stderr kept per process (harness, evaluator, prepare steps).
+    #[arg(long, default_value_t = 1024 * 1024)]
+    log_cap_bytes: u64,
+    /// Seconds between SIGTERM and SIGKILL when a process group times out.
+    #[arg(long, default_value_t = 5)]
+    kill_grace_seconds: u64,
+}
+
+/// Runs the session and returns the process exit code.
+pub fn main(args: SandboxArgs) -> i32 {
+    let usage = |message: String| {
+        eprintln!("floe sandbox: {message}");
+        ExitKind::Usage.code()
+    };
+    let token = match std::fs::read_to_string(&args.control_token_file) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+        Ok(_) => return usage(format!("{} is empty", args.control_token_file.display())),
+        Err(e) => return usage(format!("{}: {e}", args.control_token_file.display())),
+    };
+    let pool_prepare: Vec<PrepareStep> = match args.pool_prepare.as_deref() {
+        None | Some("") => vec![],
+        Some(json) => match serde_json::from_str(json) {
+            Ok(steps) => steps,
+            Err(e) => {
+                return usage(format!(
+                    "--pool-prepare is not a list of prepare steps: {e}"
+                ))
+            }
+        },
+    };
+    let workspace = match args.workspace.map_or_else(std::env::current_dir, Ok) {
+        Ok(w) => w,
+        Err(e) => return usage(format!("no workspace: {e}")),
+    };
+    let config = RunnerConfig {
+        gateway_url: args.gateway,
+        control_token: token,
+        workspace,
+        state_dir: args.state_dir,
+        pool_prepare,
+        assignment_wait: args.assignment_timeout_seconds.map(Duration::from_secs),
+        ship_wait: Duration::from_secs(args.ship_timeout_seconds),
+        log_cap_bytes: args.log_cap_bytes,
+        kill_grace: Duration::from_secs(args.kill_grace_seconds),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return usage(format!("cannot start the async runtime: {e}")),
+    };
+    let report = runtime.block_on(run(&config));
+    let message = render(&report.summary);
+    println!("{message}");
+    let summary_file = args.summary_file.or_else(|| {
+        let default = PathBuf::from("/dev/termination-log");
+        default.exists().then_some(default)
+    });
+    if let Some(path) = summary_file {
+        if let Err(e) = std::fs::write(&path, &message) {
+            eprintln!(
+                "floe sandbox: cannot write the summary to {}: {e}",
+                path.display()
+            );
+        }
+    }
+    report.exit.code()
+}

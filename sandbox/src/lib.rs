@@ -1,0 +1,21 @@
+//! `floe sandbox`: what runs in a sandbox pod's main container (and, in local mode, in a temp
+//! directory). It takes its assignment from the pod's gateway, runs the task's prepare steps
+//! and an unmodified harness pointed at the gateway, evaluates the result in a fresh copy of
+//! the workspace, reports the outcome, and leaves a short summary for the operator.
+//! The contract is documented in `docs/sandbox-contract.md`.
+//!
+//! - [`spec`]: what an assignment tells the runner.
+//! - [`presets`]: per-harness config files, env and headless command (sans-IO).
+//! - [`workspace`]: snapshot, agent diff, evaluation copy.
+//! - [`process`]: a command under a timeout, its process group killed, output capped.
+//! - [`reward`]: evaluator result → reward (exit code, reward file, test reports).
+//! - [`runner`]: the whole session, talking to the gateway through [`client`].
+
+pub mod client;
+pub mod presets;
+pub mod process;
+pub mod reward;
+pub mod runner;
+pub mod spec;
+pub mod summary;
+pub mod workspace;

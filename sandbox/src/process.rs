@@ -1,0 +1,263 @@
+//! Run one command (a prepare step, the harness, the evaluator) in its own process group under
+//! a timeout. On timeout the whole group gets SIGTERM, then SIGKILL after a grace period; after
+//! any exit, stragglers left in the group are killed too. stdout/stderr go to files, each
+//! capped (the rest is counted, not kept).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+#[derive(Clone, Debug)]
+pub struct CommandSpec {
+    pub program: String,
+    pub args: Vec<String>,
+    /// Set on top of the runner's environment.
+    pub env: Vec<(String, String)>,
+    /// Removed from the runner's environment (e.g. the runner's own credentials).
+    pub env_remove: Vec<String>,
+    pub cwd: PathBuf,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    /// Bytes kept per stream.
+    pub cap_bytes: u64,
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL on timeout.
+    pub kill_grace: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    /// Killed by a signal it did not get from us.
+    Signal(i32),
+    /// Our timeout fired and the group was killed.
+    TimedOut,
+    /// It never started (missing binary, not executable, bad cwd).
+    SpawnFailed(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub exit: Exit,
+    pub elapsed: Duration,
+    /// Total bytes written to each stream (kept or not).
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+impl Finished {
+    pub fn success(&self) -> bool {
+        self.exit == Exit::Code(0)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot create output file {path}: {source}")]
+pub struct OutputError {
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
+    let open = |path: &PathBuf| {
+        std::fs::File::create(path)
+            .map(tokio::fs::File::from_std)
+            .map_err(|source| OutputError {
+                path: path.clone(),
+                source,
+            })
+    };
+    let (out_file, err_file) = (open(&spec.stdout)?, open(&spec.stderr)?);
+    let started = Instant::now();
+    let mut command = tokio::process::Command::new(&spec.program);
+    command
+        .args(&spec.args)
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for key in &spec.env_remove {
+        command.env_remove(key);
+    }
+    command.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Ok(Finished {
+                exit: Exit::SpawnFailed(format!("{}: {e}", spec.program)),
+                elapsed: started.elapsed(),
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            })
+        }
+    };
+    let group = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    let out = child
+        .stdout
+        .take()
+        .map(|s| tokio::spawn(copy_capped(s, out_file, spec.cap_bytes)));
+    let err = child
+        .stderr
+        .take()
+        .map(|s| tokio::spawn(copy_capped(s, err_file, spec.cap_bytes)));
+
+    let exit = match tokio::time::timeout(spec.timeout, child.wait()).await {
+        Ok(Ok(status)) => status_exit(status),
+        Ok(Err(e)) => Exit::SpawnFailed(format!("waiting for {}: {e}", spec.program)),
+        Err(_) => {
+            signal_group(group, Signal::SIGTERM);
+            if tokio::time::timeout(spec.kill_grace, child.wait())
+                .await
+                .is_err()
+            {
+                signal_group(group, Signal::SIGKILL);
+                let _ = child.wait().await;
+            }
+            Exit::TimedOut
+        }
+    };
+    // Whatever the command left running in its group (servers, watchers) dies with it.
+    signal_group(group, Signal::SIGKILL);
+    let drained = |task: Option<tokio::task::JoinHandle<u64>>| async move {
+        match task {
+            Some(t) => tokio::time::timeout(Duration::from_secs(5), t)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or(0),
+            None => 0,
+        }
+    };
+    let stdout_bytes = drained(out).await;
+    let stderr_bytes = drained(err).await;
+    Ok(Finished {
+        exit,
+        elapsed: started.elapsed(),
+        stdout_bytes,
+        stderr_bytes,
+    })
+}
+
+fn status_exit(status: std::process::ExitStatus) -> Exit {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Exit::Code(code),
+        (None, Some(signal)) => Exit::Signal(signal),
+        (None, None) => Exit::Code(-1),
+    }
+}
+
+fn signal_group(group: Option<Pid>, signal: Signal) {
+    if let Some(pid) = group {
+        // ESRCH (the group is already gone) is the normal case.
+        let _ = killpg(pid, signal);
+    }
+}
+
+/// Copy a stream into a file, keeping the first `cap` bytes; returns the total read.
+async fn copy_capped(mut from: impl AsyncRead + Unpin, mut to: tokio::fs::File, cap: u64) -> u64 {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let keep = cap.saturating_sub(total).min(n as u64) as usize;
+        if keep > 0 && to.write_all(&buf[..keep]).await.is_err() {
+            break;
+        }
+        total += n as u64;
+    }
+    if total > cap {
+        let note = format!(
+            "\n[floe: output truncated, {} of {total} bytes kept]\n",
+            cap
+        );
+        let _ = to.write_all(note.as_bytes()).await;
+    }
+    let _ = to.flush().await;
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &std::path::Path, script: &str, timeout_ms: u64) -> CommandSpec {
+        CommandSpec {
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: vec![("GREETING".into(), "hi".into())],
+            env_remove: vec![],
+            cwd: dir.to_path_buf(),
+            stdout: dir.join("out"),
+            stderr: dir.join("err"),
+            cap_bytes: 10,
+            timeout: Duration::from_millis(timeout_ms),
+            kill_grace: Duration::from_millis(200),
+        }
+    }
+
+    #[tokio::test]
+    async fn exit_code_env_and_capped_output() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let done = run(&spec(
+            dir.path(),
+            "echo $GREETING-0123456789abcdef; echo oops >&2; exit 3",
+            5000,
+        ))
+        .await?;
+        assert_eq!(done.exit, Exit::Code(3));
+        assert_eq!(done.stdout_bytes, 20);
+        let out = std::fs::read_to_string(dir.path().join("out"))?;
+        assert!(out.starts_with("hi-0123456"), "{out}");
+        assert!(out.contains("truncated, 10 of 20 bytes kept"), "{out}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("err"))?, "oops\n");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_whole_group_including_background_children(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        // A background grandchild that would write a file after the timeout, and a parent that
+        // ignores SIGTERM: both must be gone.
+        let script = "(sleep 1; touch late) & trap '' TERM; sleep 30";
+        let done = run(&spec(dir.path(), script, 200)).await?;
+        assert_eq!(done.exit, Exit::TimedOut);
+        assert!(done.elapsed < Duration::from_secs(5), "{:?}", done.elapsed);
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(!dir.path().join("late").exists(), "a group member survived");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn stragglers_die_when_the_command_exits() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let done = run(&spec(dir.path(), "(sleep 1; touch late) & exit 0", 5000)).await?;
+        assert!(done.success());
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(!dir.path().join("late").exists());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_missing_binary_is_a_spawn_failure_not_an_exit_code(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let mut s = spec(dir.path(), "", 1000);
+        s.program = "/nonexistent/harness".into();
+        assert!(matches!(run(&s).await?.exit, Exit::SpawnFailed(_)));
+        Ok(())
+    }
+}

@@ -1,0 +1,409 @@
+//! The evaluator's result → a reward. Sans-IO: the runner passes the exit, stdout and the
+//! report file's contents. An evaluator that could not judge (did not start, crashed on a
+//! signal, wrote no reward file, ran no tests) is an infrastructure failure, never a reward
+//! of 0: the session is retried instead of teaching the policy a wrong lesson.
+
+use floe_crds::rollout_job::{RewardSource, RewardSpec, TestOutputFormat, TestScoring};
+use serde::Serialize;
+
+use crate::process::Exit;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TestCounts {
+    pub passed: u64,
+    pub failed: u64,
+    pub skipped: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    pub reward: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tests: Option<TestCounts>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("the evaluator could not judge the session: {0}")]
+pub struct EvaluatorFailure(pub String);
+
+/// What the evaluator left behind.
+pub struct EvaluatorResult<'a> {
+    pub exit: &'a Exit,
+    pub stdout: &'a str,
+    /// Contents of `reward.path` when the spec names one (or why it could not be read).
+    pub report: Option<Result<String, String>>,
+}
+
+pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, EvaluatorFailure> {
+    match result.exit {
+        Exit::SpawnFailed(e) => return Err(EvaluatorFailure(format!("did not start: {e}"))),
+        Exit::Signal(s) => return Err(EvaluatorFailure(format!("killed by signal {s}"))),
+        Exit::TimedOut => return Err(EvaluatorFailure("timed out".into())),
+        Exit::Code(_) => {}
+    }
+    match spec.source {
+        RewardSource::ExitCode => match result.exit {
+            Exit::Code(0) => Ok(Verdict {
+                reward: 1.0,
+                tests: None,
+            }),
+            // The shell's "not found" / "not executable": the evaluator itself is broken.
+            Exit::Code(c @ (126 | 127)) => Err(EvaluatorFailure(format!(
+                "exit {c}: the evaluator command is missing or not executable"
+            ))),
+            _ => Ok(Verdict {
+                reward: 0.0,
+                tests: None,
+            }),
+        },
+        RewardSource::RewardFile => {
+            let text = match &result.report {
+                Some(Ok(text)) => text,
+                Some(Err(e)) => return Err(EvaluatorFailure(format!("reward file: {e}"))),
+                None => return Err(EvaluatorFailure("reward.path is not set".into())),
+            };
+            reward_file(text).map(|reward| Verdict {
+                reward,
+                tests: None,
+            })
+        }
+        RewardSource::TestOutput => {
+            let text = match &result.report {
+                Some(Ok(text)) => text.as_str(),
+                Some(Err(e)) => return Err(EvaluatorFailure(format!("test report: {e}"))),
+                None => result.stdout,
+            };
+            let format = spec
+                .format
+                .ok_or_else(|| EvaluatorFailure("reward.format is not set".into()))?;
+            let counts = match format {
+                TestOutputFormat::PytestSummary => pytest_summary(text),
+                TestOutputFormat::Tap => tap(text),
+                TestOutputFormat::JUnitXml => junit_xml(text)?,
+            };
+            let Some(counts) = counts.filter(|c| c.passed + c.failed > 0) else {
+                return Err(EvaluatorFailure(format!(
+                    "no test results found in the {format:?} output"
+                )));
+            };
+            let reward = match spec.scoring {
+                TestScoring::AllPass => f64::from(u8::from(counts.failed == 0)),
+                TestScoring::Fraction => {
+                    counts.passed as f64 / (counts.passed + counts.failed) as f64
+                }
+            };
+            Ok(Verdict {
+                reward,
+                tests: Some(counts),
+            })
+        }
+    }
+}
+
+/// `{"reward": <finite number>}` (a bare number is accepted too).
+fn reward_file(text: &str) -> Result<f64, EvaluatorFailure> {
+    let value: serde_json::Value = serde_json::from_str(text.trim())
+        .map_err(|e| EvaluatorFailure(format!("reward file is not JSON: {e}")))?;
+    let reward = value
+        .get("reward")
+        .unwrap_or(&value)
+        .as_f64()
+        .filter(|r| r.is_finite())
+        .ok_or_else(|| {
+            EvaluatorFailure(format!(
+                "reward file must hold {{\"reward\": <number>}}, got {}",
+                truncate(text.trim(), 200)
+            ))
+        })?;
+    Ok(reward)
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    s.char_indices().nth(max).map_or(s, |(i, _)| &s[..i])
+}
+
+/// pytest's final summary line, e.g. `==== 3 passed, 1 failed, 2 errors in 0.12s ====` or, with
+/// `-q`, `3 passed, 1 failed in 0.12s`. Errors count as failures, xpassed as passes.
+pub fn pytest_summary(text: &str) -> Option<TestCounts> {
+    for line in text.lines().rev() {
+        let line = line.trim().trim_matches('=').trim();
+        let body = line.rsplit_once(" in ").map_or(line, |(b, _)| b);
+        let mut counts = TestCounts::default();
+        let mut matched = false;
+        for part in body.split(", ") {
+            let mut words = part.split_whitespace();
+            let (Some(n), Some(word), None) = (words.next(), words.next(), words.next()) else {
+                matched = false;
+                break;
+            };
+            let Ok(n) = n.parse::<u64>() else {
+                matched = false;
+                break;
+            };
+            match word {
+                "passed" | "xpassed" => counts.passed += n,
+                "failed" | "error" | "errors" => counts.failed += n,
+                "skipped" | "xfailed" | "deselected" => counts.skipped += n,
+                "warning" | "warnings" | "rerun" | "reruns" | "subtests" => {}
+                _ => {
+                    matched = false;
+                    break;
+                }
+            }
+            matched = true;
+        }
+        if matched {
+            return Some(counts);
+        }
+    }
+    None
+}
+
+/// Test Anything Protocol: `ok` / `not ok` lines; `# SKIP` and `# TODO` are not counted;
+/// tests the plan (`1..N`) promises but never reports count as failed; `Bail out!` fails one.
+pub fn tap(text: &str) -> Option<TestCounts> {
+    let mut counts = TestCounts::default();
+    let mut plan = None;
+    let mut seen = 0u64;
+    let mut any = false;
+    for line in text.lines() {
+        let line = line.trim_start();
+        if let Some(n) = line
+            .strip_prefix("1..")
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            plan = Some(n);
+            any = true;
+            continue;
+        }
+        if line.starts_with("Bail out!") {
+            counts.failed += 1;
+            any = true;
+            continue;
+        }
+        let (ok, rest) = if let Some(rest) = line.strip_prefix("not ok") {
+            (false, rest)
+        } else if let Some(rest) = line.strip_prefix("ok") {
+            (true, rest)
+        } else {
+            continue;
+        };
+        if !(rest.is_empty() || rest.starts_with(' ')) {
+            continue; // "okay", "nothing"
+        }
+        any = true;
+        seen += 1;
+        let directive = rest
+            .split_once('#')
+            .map(|(_, d)| d.trim().to_ascii_uppercase());
+        match directive.as_deref() {
+            Some(d) if d.starts_with("SKIP") || d.starts_with("TODO") => counts.skipped += 1,
+            _ if ok => counts.passed += 1,
+            _ => counts.failed += 1,
+        }
+    }
+    if let Some(planned) = plan {
+        counts.failed += planned.saturating_sub(seen);
+    }
+    any.then_some(counts)
+}
+
+/// JUnit XML: every `<testcase>`; one with `<failure>` or `<error>` failed, with `<skipped>`
+/// skipped, else passed.
+pub fn junit_xml(text: &str) -> Result<Option<TestCounts>, EvaluatorFailure> {
+    let doc = roxmltree::Document::parse(text)
+        .map_err(|e| EvaluatorFailure(format!("JUnit XML does not parse: {e}")))?;
+    let mut counts = TestCounts::default();
+    let mut any = false;
+    for case in doc.descendants().filter(|n| n.has_tag_name("testcase")) {
+        any = true;
+        let child = |name: &str| case.children().any(|c| c.has_tag_name(name));
+        if child("failure") || child("error") {
+            counts.failed += 1;
+        } else if child("skipped") {
+            counts.skipped += 1;
+        } else {
+            counts.passed += 1;
+        }
+    }
+    Ok(any.then_some(counts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(
+        source: RewardSource,
+        format: Option<TestOutputFormat>,
+        scoring: TestScoring,
+    ) -> RewardSpec {
+        RewardSpec {
+            source,
+            path: None,
+            format,
+            scoring,
+            pass_threshold: 1.0,
+        }
+    }
+
+    fn judged(
+        spec: &RewardSpec,
+        exit: Exit,
+        stdout: &str,
+        report: Option<Result<String, String>>,
+    ) -> Result<f64, EvaluatorFailure> {
+        judge(
+            spec,
+            &EvaluatorResult {
+                exit: &exit,
+                stdout,
+                report,
+            },
+        )
+        .map(|v| v.reward)
+    }
+
+    #[test]
+    fn exit_code_rewards_and_broken_evaluators() {
+        let s = spec(RewardSource::ExitCode, None, TestScoring::AllPass);
+        assert_eq!(judged(&s, Exit::Code(0), "", None), Ok(1.0));
+        assert_eq!(judged(&s, Exit::Code(1), "", None), Ok(0.0));
+        assert_eq!(judged(&s, Exit::Code(2), "", None), Ok(0.0));
+        for broken in [
+            Exit::Code(127),
+            Exit::Code(126),
+            Exit::Signal(9),
+            Exit::TimedOut,
+            Exit::SpawnFailed("x".into()),
+        ] {
+            assert!(judged(&s, broken.clone(), "", None).is_err(), "{broken:?}");
+        }
+    }
+
+    #[test]
+    fn reward_file_values_and_failures() {
+        let s = spec(RewardSource::RewardFile, None, TestScoring::AllPass);
+        let file = |t: &str| Some(Ok(t.to_string()));
+        assert_eq!(
+            judged(&s, Exit::Code(0), "", file(r#"{"reward": 0.25}"#)),
+            Ok(0.25)
+        );
+        assert_eq!(judged(&s, Exit::Code(1), "", file("0.5\n")), Ok(0.5));
+        assert!(judged(&s, Exit::Code(0), "", file(r#"{"score": 1}"#)).is_err());
+        assert!(judged(&s, Exit::Code(0), "", file("nope")).is_err());
+        assert!(judged(&s, Exit::Code(0), "", Some(Err("missing".into()))).is_err());
+    }
+
+    #[test]
+    fn pytest_summary_lines() {
+        let c = |passed, failed, skipped| {
+            Some(TestCounts {
+                passed,
+                failed,
+                skipped,
+            })
+        };
+        assert_eq!(pytest_summary("...\n3 passed in 0.01s\n"), c(3, 0, 0));
+        assert_eq!(
+            pytest_summary(
+                "===== 3 passed, 1 failed, 2 errors, 1 skipped, 4 warnings in 0.12s =====\n"
+            ),
+            c(3, 3, 1)
+        );
+        assert_eq!(
+            pytest_summary("1 failed, 1 xpassed, 2 xfailed in 1.0s"),
+            c(1, 1, 2)
+        );
+        assert_eq!(pytest_summary("no tests ran in 0.01s"), None);
+        assert_eq!(pytest_summary("all good"), None);
+        // The summary is the last matching line, not an earlier one in test output.
+        assert_eq!(
+            pytest_summary("5 passed in 1s\nmore output\n2 failed in 3s"),
+            c(0, 2, 0)
+        );
+    }
+
+    #[test]
+    fn tap_streams() {
+        let text = "TAP version 13\n1..5\nok 1 - a\nnot ok 2 - b\nok 3 # SKIP no db\nnot ok 4 # TODO later\n";
+        // Test 5 was planned and never reported: a failure.
+        assert_eq!(
+            tap(text),
+            Some(TestCounts {
+                passed: 1,
+                failed: 2,
+                skipped: 2
+            })
+        );
+        assert_eq!(tap("okay\nnothing"), None);
+        assert_eq!(
+            tap("ok\nBail out! db down"),
+            Some(TestCounts {
+                passed: 1,
+                failed: 1,
+                skipped: 0
+            })
+        );
+    }
+
+    #[test]
+    fn junit_reports() -> Result<(), EvaluatorFailure> {
+        let xml = r#"<testsuites><testsuite name="s">
+            <testcase name="a"/><testcase name="b"><failure message="x"/></testcase>
+            <testcase name="c"><error/></testcase><testcase name="d"><skipped/></testcase>
+            <testcase name="e"></testcase></testsuite></testsuites>"#;
+        assert_eq!(
+            junit_xml(xml)?,
+            Some(TestCounts {
+                passed: 2,
+                failed: 2,
+                skipped: 1
+            })
+        );
+        assert!(junit_xml("<not xml").is_err());
+        assert_eq!(junit_xml("<testsuites/>")?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn test_output_scoring_and_empty_runs() {
+        let all = spec(
+            RewardSource::TestOutput,
+            Some(TestOutputFormat::PytestSummary),
+            TestScoring::AllPass,
+        );
+        let frac = spec(
+            RewardSource::TestOutput,
+            Some(TestOutputFormat::PytestSummary),
+            TestScoring::Fraction,
+        );
+        let out = "3 passed, 1 failed in 0.1s";
+        assert_eq!(judged(&all, Exit::Code(1), out, None), Ok(0.0));
+        assert_eq!(judged(&frac, Exit::Code(1), out, None), Ok(0.75));
+        assert_eq!(
+            judged(&all, Exit::Code(0), "4 passed in 0.1s", None),
+            Ok(1.0)
+        );
+        // Collected nothing (e.g. the agent broke an import the tests need is *not* this: that
+        // is "1 error"); an evaluator that ran no tests at all cannot judge.
+        assert!(judged(&all, Exit::Code(5), "no tests ran in 0.01s", None).is_err());
+        assert_eq!(
+            judged(&all, Exit::Code(2), "1 error in 0.1s", None),
+            Ok(0.0)
+        );
+        // A named report file wins over stdout.
+        let mut from_file = all.clone();
+        from_file.path = Some("report.txt".into());
+        assert_eq!(
+            judged(
+                &from_file,
+                Exit::Code(0),
+                out,
+                Some(Ok("2 passed in 1s".into()))
+            ),
+            Ok(1.0)
+        );
+    }
+}

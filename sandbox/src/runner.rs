@@ -1,0 +1,415 @@
+//! One sandbox session, start to end: pool prepare → ready → assignment → task files and
+//! prepare steps → pristine snapshot → harness (preset) under the agent timeout → seal the
+//! capture → evaluation copy with the agent's diff and the hidden files → evaluator under its
+//! timeout → reward → result to the gateway (which ships the trajectory) → summary + exit code.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use floe_crds::common::PrepareStep;
+use floe_gateway::trajectory::{Evaluation, SessionOutcome};
+use serde_json::json;
+
+use crate::client::GatewayClient;
+use crate::presets::{self, PresetContext};
+use crate::process::{self, CommandSpec, Exit, Finished};
+use crate::reward::{judge, EvaluatorResult};
+use crate::spec::RunSpec;
+use crate::summary::{ExitKind, Summary};
+use crate::workspace::{self, Protected};
+
+/// Variables of the runner that the harness and evaluator never see.
+const PRIVATE_ENV: &[&str] = &["FLOE_CONTROL_TOKEN", "FLOE_CONTROL_TOKEN_FILE"];
+
+#[derive(Clone, Debug)]
+pub struct RunnerConfig {
+    pub gateway_url: String,
+    pub control_token: String,
+    /// The task workspace (the harness's working directory).
+    pub workspace: PathBuf,
+    /// Runner-private state: pristine snapshot, harness home, logs, evaluation copy. Must be
+    /// outside the workspace.
+    pub state_dir: PathBuf,
+    /// The pool's prepare steps, run before the sandbox reports ready.
+    pub pool_prepare: Vec<PrepareStep>,
+    /// Give up waiting for an assignment after this long (`None`: wait forever, as a warm
+    /// pod does).
+    pub assignment_wait: Option<Duration>,
+    /// How long to wait for the gateway to ship the trajectory before exiting.
+    pub ship_wait: Duration,
+    /// Bytes of stdout/stderr kept per process.
+    pub log_cap_bytes: u64,
+    /// SIGTERM → SIGKILL grace for timed-out process groups.
+    pub kill_grace: Duration,
+}
+
+pub struct RunReport {
+    pub exit: ExitKind,
+    pub summary: Summary,
+}
+
+fn infra(summary: Summary, error: String) -> RunReport {
+    RunReport {
+        exit: ExitKind::Infrastructure,
+        summary: Summary {
+            status: "infra_error".into(),
+            error: Some(error),
+            ..summary
+        },
+    }
+}
+
+pub async fn run(config: &RunnerConfig) -> RunReport {
+    let base = Summary {
+        shipment: "none".into(),
+        ..Default::default()
+    };
+    if config.state_dir.starts_with(&config.workspace) {
+        return infra(
+            base,
+            "the state directory must be outside the workspace".into(),
+        );
+    }
+    let client = GatewayClient::new(&config.gateway_url, &config.control_token);
+    if let Err(e) = std::fs::create_dir_all(&config.workspace) {
+        return infra(
+            base,
+            format!("workspace {}: {e}", config.workspace.display()),
+        );
+    }
+    let logs = config.state_dir.join("logs");
+    if let Err(e) = std::fs::create_dir_all(&logs) {
+        return infra(base, format!("state dir {}: {e}", logs.display()));
+    }
+    if let Err(e) = prepare(config, &config.pool_prepare, "pool").await {
+        return infra(base, e);
+    }
+    if let Err(e) = client.ready().await {
+        return infra(base, e.to_string());
+    }
+    tracing::info!("sandbox ready; waiting for an assignment");
+    let delivered = match client.assignment(config.assignment_wait).await {
+        Ok(d) => d,
+        Err(e) => return infra(base, e.to_string()),
+    };
+    let session = delivered.assignment.session.clone();
+    let mut summary = Summary {
+        session: Some(session.clone()),
+        task: Some(delivered.assignment.task.clone()),
+        ..base
+    };
+    tracing::info!(%session, task = %delivered.assignment.task, "assignment received");
+
+    let outcome = match serde_json::from_value::<RunSpec>(delivered.assignment.run.clone()) {
+        Ok(spec) => {
+            session_outcome(
+                config,
+                &client,
+                &spec,
+                &delivered.token,
+                &session,
+                &mut summary,
+            )
+            .await
+        }
+        Err(e) => SessionOutcome::InfraError {
+            message: format!("the assignment's run spec is invalid: {e}"),
+        },
+    };
+    // Whatever happened, the capture is sealed and the outcome reported, so captured calls
+    // are shipped (an infrastructure failure as untrainable, never as reward 0).
+    let _ = client.close(&session).await;
+    match &outcome {
+        SessionOutcome::Completed { evaluation }
+        | SessionOutcome::AgentTimeout {
+            evaluation: Some(evaluation),
+        } => {
+            summary.passed = evaluation.passed;
+        }
+        SessionOutcome::InfraError { message } => {
+            summary.status = "infra_error".into();
+            summary.error = Some(message.clone());
+        }
+        SessionOutcome::EvaluatorTimeout => {
+            summary.status = "evaluator_timeout".into();
+            summary.error = Some("the evaluator timed out".into());
+        }
+        _ => {}
+    }
+    let reported = match client.result(&session, &outcome).await {
+        Ok(r) => r,
+        Err(e) => return infra(summary, format!("reporting the result: {e}")),
+    };
+    let count = |k: &str| reported[k].as_u64().unwrap_or(0);
+    summary.reward = reported["reward"].as_f64();
+    summary.completions = count("completions");
+    summary.sampled_tokens = count("sampledTokens");
+    summary.trainable_tokens = count("trainableTokens");
+    summary.traces = count("traces");
+    summary.shipment = client.wait_shipped(&session, config.ship_wait).await;
+    summary.trajectory = delivered_sink(&delivered.assignment.sink);
+
+    let exit = if matches!(
+        outcome,
+        SessionOutcome::InfraError { .. } | SessionOutcome::EvaluatorTimeout
+    ) {
+        ExitKind::Infrastructure
+    } else if summary.shipment != "shipped" {
+        summary.error = Some(format!("trajectory not shipped ({})", summary.shipment));
+        ExitKind::Infrastructure
+    } else if summary.status == "completed" {
+        ExitKind::Success
+    } else {
+        ExitKind::AgentFailure
+    };
+    RunReport { exit, summary }
+}
+
+fn delivered_sink(sink: &floe_gateway::ship::Sink) -> Option<String> {
+    match sink {
+        floe_gateway::ship::Sink::Trainer { url } => Some(url.clone()),
+        floe_gateway::ship::Sink::Dataset { dir, .. } => Some(dir.display().to_string()),
+        floe_gateway::ship::Sink::None => None,
+    }
+}
+
+/// Prepare steps, each retried `retries` times under its own timeout.
+async fn prepare(config: &RunnerConfig, steps: &[PrepareStep], phase: &str) -> Result<(), String> {
+    for (i, step) in steps.iter().enumerate() {
+        let Some((program, args)) = step.command.split_first() else {
+            return Err(format!(
+                "{phase} prepare step {:?} has an empty command",
+                step.name
+            ));
+        };
+        let attempts = 1 + step.retries.max(0) as u32;
+        let mut last = String::new();
+        for attempt in 1..=attempts {
+            let log = |stream: &str| {
+                config
+                    .state_dir
+                    .join("logs")
+                    .join(format!("{phase}-prepare-{i}.{stream}"))
+            };
+            let spec = CommandSpec {
+                program: program.clone(),
+                args: args.to_vec(),
+                env: vec![],
+                env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
+                cwd: config.workspace.clone(),
+                stdout: log("stdout"),
+                stderr: log("stderr"),
+                cap_bytes: config.log_cap_bytes,
+                timeout: Duration::from_secs(step.timeout_seconds.max(1) as u64),
+                kill_grace: config.kill_grace,
+            };
+            let done = process::run(&spec).await.map_err(|e| e.to_string())?;
+            if done.success() {
+                last.clear();
+                break;
+            }
+            last = format!(
+                "{phase} prepare step {:?} failed ({:?}) after {attempt} attempt(s): {}",
+                step.name,
+                done.exit,
+                tail(&log("stderr"), 500)
+            );
+            tracing::warn!("{last}");
+        }
+        if !last.is_empty() {
+            return Err(last);
+        }
+    }
+    Ok(())
+}
+
+fn tail(path: &Path, max: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let start = text.len().saturating_sub(max);
+    let start = (start..=text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    text[start..].trim().to_string()
+}
+
+/// Everything between the assignment and the outcome. Infrastructure problems become an
+/// `InfraError` outcome; the summary's timing and harness fields are filled as it goes.
+async fn session_outcome(
+    config: &RunnerConfig,
+    client: &GatewayClient,
+    spec: &RunSpec,
+    token: &str,
+    session: &str,
+    summary: &mut Summary,
+) -> SessionOutcome {
+    let state = &config.state_dir;
+    let ws = &config.workspace;
+    let infra_error = |message: String| SessionOutcome::InfraError { message };
+
+    // The task: files, prepare steps, then the snapshot the evaluator starts from.
+    if let Err(e) = workspace::write_files(ws, &spec.task.files) {
+        return infra_error(format!("task files: {e}"));
+    }
+    if let Err(e) = prepare(config, spec.prepare_steps(), "task").await {
+        return infra_error(e);
+    }
+    let pristine = state.join("pristine");
+    if let Err(e) = workspace::copy_tree(ws, &pristine) {
+        return infra_error(format!("snapshot: {e}"));
+    }
+
+    // The harness.
+    let home = state.join("home");
+    let instruction_file = state.join("instruction.md");
+    if let Err(e) = std::fs::create_dir_all(&home)
+        .and_then(|_| std::fs::write(&instruction_file, &spec.task.instruction))
+    {
+        return infra_error(format!("harness home: {e}"));
+    }
+    let ctx = PresetContext {
+        gateway_url: client.base(),
+        token,
+        home: &home,
+        instruction: &spec.task.instruction,
+        instruction_file: &instruction_file,
+        max_response_tokens: spec.max_response_tokens.unwrap_or(16384),
+    };
+    let launch = match presets::launch(&spec.harness, &ctx) {
+        Ok(l) => l,
+        Err(e) => return infra_error(format!("harness preset: {e}")),
+    };
+    for (path, content) in &launch.files {
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|_| std::fs::write(path, content));
+        if let Err(e) = written {
+            return infra_error(format!("harness config {}: {e}", path.display()));
+        }
+    }
+    let logs = state.join("logs");
+    let harness = CommandSpec {
+        program: launch.program.clone(),
+        args: launch.args.clone(),
+        env: launch.env.clone(),
+        env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
+        cwd: ws.clone(),
+        stdout: logs.join("harness.stdout"),
+        stderr: logs.join("harness.stderr"),
+        cap_bytes: config.log_cap_bytes,
+        timeout: Duration::from_secs(spec.timeouts.agent_seconds.max(1) as u64),
+        kill_grace: config.kill_grace,
+    };
+    tracing::info!(%session, program = %harness.program, "starting the harness");
+    let ran: Finished = match process::run(&harness).await {
+        Ok(f) => f,
+        Err(e) => return infra_error(e.to_string()),
+    };
+    summary.agent_seconds = ran.elapsed.as_secs_f64();
+    let timed_out = ran.exit == Exit::TimedOut;
+    match &ran.exit {
+        Exit::SpawnFailed(e) => return infra_error(format!("the harness did not start: {e}")),
+        Exit::Code(c) => summary.harness_exit = Some(*c),
+        Exit::Signal(s) => summary.harness_exit = Some(128 + s),
+        Exit::TimedOut => {}
+    }
+    summary.status = match (&ran.exit, timed_out) {
+        (_, true) => "agent_timeout",
+        (Exit::Code(0), _) => "completed",
+        _ => "agent_failed",
+    }
+    .into();
+    tracing::info!(%session, exit = ?ran.exit, seconds = summary.agent_seconds, "harness finished");
+    // Seal the capture before grading: nothing the agent left running can add calls.
+    if let Err(e) = client.close(session).await {
+        return infra_error(format!("closing the session: {e}"));
+    }
+
+    // Evaluation in a fresh copy; hidden files only now.
+    let changes = match workspace::diff(&pristine, ws) {
+        Ok(c) => c,
+        Err(e) => return infra_error(format!("diff: {e}")),
+    };
+    let hidden = spec.all_hidden_files();
+    let protected = match Protected::new(&spec.evaluator.protected_paths, hidden.keys()) {
+        Ok(p) => p,
+        Err(e) => return infra_error(e.to_string()),
+    };
+    let eval_dir = state.join("eval");
+    let applied =
+        match workspace::evaluation_copy(&pristine, ws, &eval_dir, &changes, &protected, &hidden) {
+            Ok(a) => a,
+            Err(e) => return infra_error(format!("evaluation copy: {e}")),
+        };
+    let Some((program, args)) = spec.evaluator.command.split_first() else {
+        return infra_error("evaluator.command is empty".into());
+    };
+    let evaluation_env = spec.task.evaluation.clone().unwrap_or_default();
+    let evaluator = CommandSpec {
+        program: program.clone(),
+        args: args.iter().chain(&evaluation_env.args).cloned().collect(),
+        env: evaluation_env.env.into_iter().collect(),
+        env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
+        cwd: eval_dir.clone(),
+        stdout: logs.join("evaluator.stdout"),
+        stderr: logs.join("evaluator.stderr"),
+        cap_bytes: config.log_cap_bytes,
+        timeout: Duration::from_secs(spec.timeouts.evaluator_seconds.max(1) as u64),
+        kill_grace: config.kill_grace,
+    };
+    let judged_run = match process::run(&evaluator).await {
+        Ok(f) => f,
+        Err(e) => return infra_error(e.to_string()),
+    };
+    summary.evaluator_seconds = judged_run.elapsed.as_secs_f64();
+    if judged_run.exit == Exit::TimedOut {
+        return SessionOutcome::EvaluatorTimeout;
+    }
+    let stdout = std::fs::read_to_string(&evaluator.stdout).unwrap_or_default();
+    let report = spec.evaluator.reward.path.as_ref().map(|p| {
+        workspace::safe_join(&eval_dir, p)
+            .map_err(|e| e.to_string())
+            .and_then(|path| {
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+            })
+    });
+    let verdict = match judge(
+        &spec.evaluator.reward,
+        &EvaluatorResult {
+            exit: &judged_run.exit,
+            stdout: &stdout,
+            report,
+        },
+    ) {
+        Ok(v) => v,
+        Err(e) => {
+            return infra_error(format!(
+                "{e}; evaluator stderr: {}",
+                tail(&evaluator.stderr, 500)
+            ))
+        }
+    };
+    let evaluation = Evaluation {
+        reward: Some(verdict.reward),
+        passed: Some(verdict.reward >= spec.evaluator.reward.pass_threshold),
+        detail: json!({
+            "evaluatorExit": match judged_run.exit { Exit::Code(c) => Some(c), _ => None },
+            "tests": verdict.tests,
+            "harnessExit": summary.harness_exit,
+            "changes": {
+                "added": applied.applied.added.len(),
+                "modified": applied.applied.modified.len(),
+                "deleted": applied.applied.deleted.len(),
+                "discarded": applied.discarded,
+            },
+        }),
+    };
+    tracing::info!(%session, reward = verdict.reward, changes = changes.len(), "evaluated");
+    if timed_out {
+        SessionOutcome::AgentTimeout {
+            evaluation: Some(evaluation),
+        }
+    } else {
+        SessionOutcome::Completed { evaluation }
+    }
+}
