@@ -287,7 +287,7 @@ pub struct EvaluatorSpec {
     pub protected_paths: Vec<String>,
 }
 
-#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[x_kube(
     validation = kube::core::Rule::new("self.source != 'RewardFile' || has(self.path)")
         .message("evaluator.reward.path is required when source is RewardFile"),
@@ -317,6 +317,19 @@ pub struct RewardSpec {
 
 fn default_pass_threshold() -> f64 {
     1.0
+}
+
+// Not derived: an omitted `reward` must get the same pass threshold as an omitted field.
+impl Default for RewardSpec {
+    fn default() -> Self {
+        Self {
+            source: RewardSource::default(),
+            path: None,
+            format: None,
+            scoring: TestScoring::default(),
+            pass_threshold: default_pass_threshold(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
@@ -768,4 +781,17 @@ pub struct TrainerProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
     pub last_step_time: Option<Time>,
+}
+
+#[cfg(test)]
+mod defaults {
+    use super::*;
+
+    #[test]
+    fn an_omitted_reward_spec_has_the_documented_pass_threshold() {
+        let evaluator: EvaluatorSpec =
+            serde_json::from_value(serde_json::json!({"command": ["true"]})).expect("evaluator");
+        assert_eq!(evaluator.reward.pass_threshold, 1.0);
+        assert_eq!(RewardSpec::default().pass_threshold, 1.0);
+    }
 }

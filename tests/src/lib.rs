@@ -8,9 +8,13 @@
 pub mod cluster;
 pub mod gateway;
 pub mod namespace;
+pub mod processes;
+pub mod scripted_upstream;
 pub mod vllm;
 
 pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
 pub use gateway::TestGateway;
 pub use namespace::TestNamespace;
+pub use processes::{harness_bin_dir, spawn_sandbox, wait_child, GatewayProcess};
+pub use scripted_upstream::{ScriptedUpstream, Step};
 pub use vllm::{tokenize, vllm, Vllm};
