@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod gateway;
+pub mod ingest;
 pub mod namespace;
 pub mod processes;
 pub mod scripted_upstream;
@@ -14,7 +15,8 @@ pub mod vllm;
 
 pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
 pub use gateway::TestGateway;
+pub use ingest::TestIngest;
 pub use namespace::TestNamespace;
-pub use processes::{harness_bin_dir, spawn_sandbox, wait_child, GatewayProcess};
+pub use processes::{harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess};
 pub use scripted_upstream::{ScriptedUpstream, Step};
 pub use vllm::{tokenize, vllm, Vllm};

@@ -24,7 +24,10 @@ pub fn harness_bin_dir(harness: &str) -> Result<PathBuf> {
         String::from_utf8_lossy(&out.stderr)
     );
     let bin = PathBuf::from(String::from_utf8(out.stdout)?.trim());
-    Ok(bin.parent().context("harness bin has a directory")?.to_path_buf())
+    Ok(bin
+        .parent()
+        .context("harness bin has a directory")?
+        .to_path_buf())
 }
 
 /// A `floe gateway` child process. Killed when dropped.
@@ -82,7 +85,13 @@ impl GatewayProcess {
                 .spawn()?,
         );
         for _ in 0..200 {
-            if self.http.get(format!("{}/healthz", self.url)).send().await.is_ok() {
+            if self
+                .http
+                .get(format!("{}/healthz", self.url))
+                .send()
+                .await
+                .is_ok()
+            {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -106,7 +115,8 @@ impl GatewayProcess {
         }
     }
 
-    /// SIGTERM (what the kubelet sends) and wait for the exit.
+    /// SIGTERM (what the kubelet sends) and wait for the exit. Blocks: use a multi-threaded
+    /// test runtime when servers in the test process must keep answering meanwhile.
     pub fn terminate(&mut self) -> Result<std::process::ExitStatus> {
         let mut child = self.child.take().context("gateway not running")?;
         Command::new("kill")
@@ -121,7 +131,12 @@ impl GatewayProcess {
         self.spawn().await
     }
 
-    pub async fn control(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+    pub async fn control(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value)> {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.url))
@@ -132,15 +147,25 @@ impl GatewayProcess {
         let resp = request.send().await?;
         let status = resp.status().as_u16();
         let text = resp.text().await?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
     }
 
     /// What the operator does: post the assignment to the gateway's control API.
     pub async fn assign(&self, assignment: &Value) -> Result<()> {
         let (status, body) = self
-            .control(reqwest::Method::POST, "/floe/v1/assignments", Some(assignment))
+            .control(
+                reqwest::Method::POST,
+                "/floe/v1/assignments",
+                Some(assignment),
+            )
             .await?;
-        anyhow::ensure!(status == 201 || status == 200, "assignment: {status} {body}");
+        anyhow::ensure!(
+            status == 201 || status == 200,
+            "assignment: {status} {body}"
+        );
         Ok(())
     }
 
@@ -160,13 +185,21 @@ impl Drop for GatewayProcess {
 }
 
 /// Start `floe sandbox` against `gateway` with `path_dirs` prepended to PATH.
-pub fn spawn_sandbox(gateway: &GatewayProcess, root: &Path, path_dirs: &[PathBuf]) -> Result<Child> {
-    let mut path = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).collect::<Vec<_>>();
+pub fn spawn_sandbox(
+    gateway: &GatewayProcess,
+    root: &Path,
+    path_dirs: &[PathBuf],
+) -> Result<Child> {
+    let mut path =
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).collect::<Vec<_>>();
     for dir in path_dirs.iter().rev() {
         path.insert(0, dir.clone());
     }
     let log = std::fs::File::create(root.join("sandbox.log"))?;
-    Ok(Command::new(floe_bin()?)
+    // In its own session (setsid), like a container: `kill_session` ends the runner and
+    // everything it started, as a container's death would.
+    Ok(Command::new("setsid")
+        .arg(floe_bin()?)
         .args(["sandbox", "--gateway", &gateway.url])
         .arg("--control-token-file")
         .arg(gateway.root.join("control-token"))
@@ -176,11 +209,25 @@ pub fn spawn_sandbox(gateway: &GatewayProcess, root: &Path, path_dirs: &[PathBuf
         .arg(root.join("state"))
         .arg("--summary-file")
         .arg(root.join("summary.json"))
-        .args(["--assignment-timeout-seconds", "120", "--ship-timeout-seconds", "30"])
+        .args([
+            "--assignment-timeout-seconds",
+            "120",
+            "--ship-timeout-seconds",
+            "30",
+        ])
         .env("PATH", std::env::join_paths(path)?)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()?)
+}
+
+/// SIGKILL every process in the session `leader` started (a container dying).
+pub fn kill_session(leader: &mut Child) -> Result<()> {
+    Command::new("pkill")
+        .args(["-KILL", "-s", &leader.id().to_string()])
+        .status()?;
+    let _ = leader.wait();
+    Ok(())
 }
 
 /// Wait for a child with a deadline; kill it on expiry.

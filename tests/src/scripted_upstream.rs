@@ -37,7 +37,12 @@ impl ScriptedUpstream {
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
             .route("/tokenize", post(tokenize))
-            .route("/v1/models", get(|| async { Json(json!({"object": "list", "data": [{"id": "policy", "object": "model"}]})) }))
+            .route(
+                "/v1/models",
+                get(|| async {
+                    Json(json!({"object": "list", "data": [{"id": "policy", "object": "model"}]}))
+                }),
+            )
             .with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
@@ -108,7 +113,13 @@ fn shell_call(tools: &Value, command: &str) -> Option<(String, Value)> {
     let functions: Vec<&Value> = tools
         .as_array()?
         .iter()
-        .map(|t| if t["function"].is_object() { &t["function"] } else { t })
+        .map(|t| {
+            if t["function"].is_object() {
+                &t["function"]
+            } else {
+                t
+            }
+        })
         .collect();
     let tool = SHELL_TOOLS
         .iter()
@@ -145,7 +156,11 @@ async fn complete(State(state): State<Shared>, Json(body): Json<Value>) -> Json<
                 let call = json!({"id": format!("call_{n}"), "type": "function",
                     "function": {"name": name, "arguments": args.to_string()}});
                 let text = call["function"].to_string();
-                (json!({"role": "assistant", "content": null, "tool_calls": [call]}), "tool_calls", text)
+                (
+                    json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+                    "tool_calls",
+                    text,
+                )
             }
             None => {
                 let text = "I have no shell tool.".to_string();

@@ -8,7 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use floe_tests::{harness_bin_dir, spawn_sandbox, wait_child, GatewayProcess, ScriptedUpstream, Step};
+use floe_tests::{
+    harness_bin_dir, spawn_sandbox, wait_child, GatewayProcess, ScriptedUpstream, Step,
+};
 use serde_json::{json, Value};
 
 const BUGGY: &str = "def add(a, b):\n    return a - b\n";
@@ -54,7 +56,12 @@ async fn session(name: &str, script: Vec<Step>, evaluator: Value) -> Result<Outc
     let upstream = ScriptedUpstream::start(script).await?;
     let root = tempfile::tempdir()?;
     let dataset = root.path().join("dataset");
-    let gateway = GatewayProcess::start(&root.path().join("gw"), &upstream.url, &["--require-runner-ready"]).await?;
+    let gateway = GatewayProcess::start(
+        &root.path().join("gw"),
+        &upstream.url,
+        &["--require-runner-ready"],
+    )
+    .await?;
     anyhow::ensure!(!gateway.ready().await, "ready before the runner prepared");
     let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
     for _ in 0..100 {
@@ -64,14 +71,21 @@ async fn session(name: &str, script: Vec<Step>, evaluator: Value) -> Result<Outc
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     anyhow::ensure!(gateway.ready().await, "the runner never reported ready");
-    gateway.assign(&assignment(name, &dataset, evaluator)).await?;
+    gateway
+        .assign(&assignment(name, &dataset, evaluator))
+        .await?;
     let status = wait_child(&mut runner, Duration::from_secs(240)).await?;
     let log = std::fs::read_to_string(root.path().join("sandbox.log")).unwrap_or_default();
     let summary: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.path().join("summary.json")).with_context(|| format!("no summary; runner log:\n{log}"))?,
+        &std::fs::read_to_string(root.path().join("summary.json"))
+            .with_context(|| format!("no summary; runner log:\n{log}"))?,
     )?;
-    let find = |sub: &str| std::fs::read_to_string(dataset.join(sub).join(format!("{name}.json"))).ok();
-    let trajectory = find("accepted").or_else(|| find("rejected")).map(|t| serde_json::from_str(&t)).transpose()?;
+    let find =
+        |sub: &str| std::fs::read_to_string(dataset.join(sub).join(format!("{name}.json"))).ok();
+    let trajectory = find("accepted")
+        .or_else(|| find("rejected"))
+        .map(|t| serde_json::from_str(&t))
+        .transpose()?;
     eprintln!("{name}: exit {:?}, summary {summary}", status.code());
     Ok(Outcome {
         exit: status.code().unwrap_or(-1),
@@ -86,7 +100,12 @@ fn check_tokens(trajectory: &Value) {
     assert!(!traces.is_empty());
     for t in traces {
         let n = t["response_token_ids"].as_array().map_or(0, Vec::len);
-        assert!(n > 0 && t["prompt_token_ids"].as_array().is_some_and(|p| !p.is_empty()));
+        assert!(
+            n > 0
+                && t["prompt_token_ids"]
+                    .as_array()
+                    .is_some_and(|p| !p.is_empty())
+        );
         assert_eq!(t["loss_mask"].as_array().map(Vec::len), Some(n));
         assert_eq!(t["logprobs"].as_array().map(Vec::len), Some(n));
     }
@@ -94,7 +113,12 @@ fn check_tokens(trajectory: &Value) {
 
 #[tokio::test]
 async fn a_correct_edit_passes_the_hidden_tests_and_ships_reward_1() -> Result<()> {
-    let run = session("fix-1", vec![Step::Shell(FIX.into()), Step::Say("Fixed add().".into())], default_evaluator()).await?;
+    let run = session(
+        "fix-1",
+        vec![Step::Shell(FIX.into()), Step::Say("Fixed add().".into())],
+        default_evaluator(),
+    )
+    .await?;
     assert_eq!(run.exit, 0, "{}", run.summary);
     assert_eq!(run.summary["status"], "completed");
     assert_eq!(run.summary["reward"], 1.0);
@@ -114,12 +138,24 @@ async fn a_correct_edit_passes_the_hidden_tests_and_ships_reward_1() -> Result<(
 
 #[tokio::test]
 async fn a_wrong_edit_fails_the_hidden_tests_and_ships_reward_0() -> Result<()> {
-    let run = session("wrong-1", vec![Step::Shell(WRONG.into()), Step::Say("Done.".into())], default_evaluator()).await?;
-    assert_eq!(run.exit, 0, "a scored session is a success for the runner: {}", run.summary);
+    let run = session(
+        "wrong-1",
+        vec![Step::Shell(WRONG.into()), Step::Say("Done.".into())],
+        default_evaluator(),
+    )
+    .await?;
+    assert_eq!(
+        run.exit, 0,
+        "a scored session is a success for the runner: {}",
+        run.summary
+    );
     assert_eq!(run.summary["reward"], 0.0);
     assert_eq!(run.summary["passed"], false);
     let t = run.trajectory.context("trajectory")?;
-    assert_eq!((t["reward"].as_f64(), t["trainable"].as_bool()), (Some(0.0), Some(true)));
+    assert_eq!(
+        (t["reward"].as_f64(), t["trainable"].as_bool()),
+        (Some(0.0), Some(true))
+    );
     check_tokens(&t);
     Ok(())
 }
@@ -131,13 +167,29 @@ async fn tampering_with_tests_cannot_change_the_grade() -> Result<()> {
     let tamper = format!(
         "{WRONG} && echo pass > test_visible.py && echo 'print(\"fake pass\")' > test_hidden.py && echo 'import sys; sys.exit(0)' > conftest.py"
     );
-    let run = session("tamper-1", vec![Step::Shell(tamper), Step::Say("All tests pass.".into())], default_evaluator()).await?;
+    let run = session(
+        "tamper-1",
+        vec![Step::Shell(tamper), Step::Say("All tests pass.".into())],
+        default_evaluator(),
+    )
+    .await?;
     assert_eq!(run.summary["reward"], 0.0, "{}", run.summary);
     let t = run.trajectory.context("trajectory")?;
     let discarded = &t["evaluation"]["detail"]["changes"]["discarded"];
-    assert_eq!(discarded, &json!(["conftest.py", "test_hidden.py", "test_visible.py"]));
+    assert_eq!(
+        discarded,
+        &json!(["conftest.py", "test_hidden.py", "test_visible.py"])
+    );
     // And the right fix still passes when the agent also deletes the visible test.
-    let run = session("fix-and-delete", vec![Step::Shell(format!("{FIX} && rm test_visible.py")), Step::Say("ok".into())], default_evaluator()).await?;
+    let run = session(
+        "fix-and-delete",
+        vec![
+            Step::Shell(format!("{FIX} && rm test_visible.py")),
+            Step::Say("ok".into()),
+        ],
+        default_evaluator(),
+    )
+    .await?;
     assert_eq!(run.summary["reward"], 1.0, "{}", run.summary);
     Ok(())
 }

@@ -1,0 +1,68 @@
+//! A stand-in for the trainer's ingest endpoint that records every delivery and can be made
+//! to fail (503), to test the gateway's spool and retries. It is idempotent the way the real
+//! trainer must be: a repeated session id is acknowledged (409) and not stored again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::Value;
+
+#[derive(Default)]
+struct Inner {
+    down: AtomicBool,
+    /// session → every body delivered for it (accepted or not).
+    posts: Mutex<BTreeMap<String, Vec<Value>>>,
+}
+
+#[derive(Clone)]
+pub struct TestIngest {
+    pub url: String,
+    inner: Arc<Inner>,
+}
+
+impl TestIngest {
+    pub async fn start() -> anyhow::Result<Self> {
+        let inner = Arc::new(Inner::default());
+        let app = Router::new()
+            .route("/v1/trajectories", post(ingest))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/v1/trajectories", listener.local_addr()?);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self { url, inner })
+    }
+
+    /// While down, every delivery gets 503 (and is still counted).
+    pub fn set_down(&self, down: bool) {
+        self.inner.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Deliveries that reached the endpoint while it was up, per session.
+    pub fn accepted(&self) -> BTreeMap<String, Vec<Value>> {
+        self.inner
+            .posts
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default()
+    }
+}
+
+async fn ingest(State(inner): State<Arc<Inner>>, Json(body): Json<Value>) -> StatusCode {
+    if inner.down.load(Ordering::SeqCst) {
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    let session = body["session"].as_str().unwrap_or_default().to_string();
+    let mut posts = inner.posts.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = posts.entry(session).or_default();
+    seen.push(body);
+    if seen.len() > 1 {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::OK
+    }
+}

@@ -1,0 +1,146 @@
+//! Crashes around a sandbox session lose no captured completion: a gateway killed after the
+//! outcome was recorded but before the trainer took the trajectory ships it after its restart,
+//! exactly once; a sandbox whose runner and harness die mid-session still ships what was
+//! captured when the pod goes away — as an untrainable infrastructure failure, never reward 0.
+//! Real `floe gateway` / `floe sandbox` processes, Pi from npm, the scripted upstream, and a
+//! recording trainer-ingest stand-in.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use floe_tests::{
+    harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess, ScriptedUpstream,
+    Step, TestIngest,
+};
+use serde_json::{json, Value};
+
+fn assignment(session: &str, trainer: &str) -> Value {
+    json!({
+        "session": session, "task": "hello", "group": "job-1/hello", "sample": 1,
+        "sink": {"kind": "trainer", "url": trainer},
+        "run": {
+            "task": {"id": "hello", "instruction": "Create hello.txt saying hi."},
+            "harness": {"preset": "pi", "settings": {"contextWindow": 200000}},
+            "evaluator": {"command": ["grep", "-q", "hi", "hello.txt"]},
+            "timeouts": {"agentSeconds": 120, "evaluatorSeconds": 30},
+        },
+    })
+}
+
+async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_before_shipping_ships_the_spooled_trajectory_once_after_restart(
+) -> Result<()> {
+    let pi = harness_bin_dir("pi")?;
+    let upstream = ScriptedUpstream::start(vec![
+        Step::Shell("echo hi > hello.txt".into()),
+        Step::Say("Created.".into()),
+    ])
+    .await?;
+    let trainer = TestIngest::start().await?;
+    trainer.set_down(true);
+    let root = tempfile::tempdir()?;
+    let mut gateway = GatewayProcess::start(&root.path().join("gw"), &upstream.url, &[]).await?;
+    let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
+    gateway
+        .assign(&assignment("spooled-1", &trainer.url))
+        .await?;
+
+    // The session finishes and is scored; the trainer is down, so it waits in the spool.
+    let pending = gateway.root.join("captures/.spool/pending/spooled-1.json");
+    wait_for("the spooled trajectory", Duration::from_secs(120), || {
+        pending.exists()
+    })
+    .await?;
+    gateway.kill(); // SIGKILL: a crash after capture, before shipping
+    kill_session(&mut runner)?;
+    assert!(trainer.accepted().is_empty());
+
+    trainer.set_down(false);
+    gateway.restart().await?;
+    wait_for("delivery after restart", Duration::from_secs(30), || {
+        trainer.accepted().contains_key("spooled-1")
+    })
+    .await?;
+    let shipped = gateway.root.join("captures/.spool/shipped/spooled-1.json");
+    wait_for("the shipped mark", Duration::from_secs(10), || {
+        shipped.exists()
+    })
+    .await?;
+    // A second restart finds nothing left to ship.
+    gateway.restart().await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let accepted = trainer.accepted();
+    let deliveries = accepted.get("spooled-1").context("delivered")?;
+    assert_eq!(
+        deliveries.len(),
+        1,
+        "delivered exactly once: {deliveries:?}"
+    );
+    let t = &deliveries[0];
+    assert_eq!(t["reward"], 1.0);
+    assert_eq!(t["trainable"], true);
+    assert_eq!(t["stats"]["completions"], 2);
+    assert!(!pending.exists());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_dying_mid_session_still_ships_its_captured_calls_as_untrainable() -> Result<()> {
+    let pi = harness_bin_dir("pi")?;
+    // The first call makes the agent run a long command; the sandbox dies while it runs.
+    let upstream = ScriptedUpstream::start(vec![
+        Step::Shell("sleep 60".into()),
+        Step::Say("never reached".into()),
+    ])
+    .await?;
+    let trainer = TestIngest::start().await?;
+    let root = tempfile::tempdir()?;
+    let mut gateway = GatewayProcess::start(&root.path().join("gw"), &upstream.url, &[]).await?;
+    let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
+    gateway.assign(&assignment("dying-1", &trainer.url)).await?;
+    wait_for("the first model call", Duration::from_secs(120), || {
+        upstream.calls() >= 1
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kill_session(&mut runner)?; // the runner, Pi and its `sleep`: the container is gone
+
+    // The pod is deleted: the gateway gets SIGTERM and drains.
+    let status = gateway.terminate()?;
+    assert!(
+        status.success(),
+        "gateway exit {status}; log:\n{}",
+        gateway.log()
+    );
+    let accepted = trainer.accepted();
+    let deliveries = accepted
+        .get("dying-1")
+        .with_context(|| format!("captured calls shipped; gateway log:\n{}", gateway.log()))?;
+    assert_eq!(deliveries.len(), 1);
+    let t = &deliveries[0];
+    assert_eq!(t["trainable"], false);
+    assert_eq!(t["status"], "error");
+    assert!(
+        t["reward"].is_null(),
+        "never a reward of 0: {}",
+        t["reward"]
+    );
+    assert_eq!(t["stats"]["completions"], 1);
+    assert!(t["traces"][0]["response_token_ids"]
+        .as_array()
+        .is_some_and(|ids| !ids.is_empty()));
+    let _ = wait_child(&mut runner, Duration::from_secs(1)).await;
+    Ok(())
+}
