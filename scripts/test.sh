@@ -30,7 +30,7 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
   || { echo "[test] Node >= 20.6 is needed for the real-harness tests (found $(node --version))" >&2; exit 1; }
 t0=$(date +%s)
 scripts/harnesses/install.sh pi >/dev/null
-scripts/harnesses/install.sh codex >/dev/null
+for harness in codex claude-code qwen-code gemini-cli; do scripts/harnesses/install.sh "$harness" >/dev/null; done
 echo "[test] harness CLIs ready in $(( $(date +%s) - t0 )) s" >&2
 
 t0=$(date +%s)

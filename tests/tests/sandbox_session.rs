@@ -18,7 +18,11 @@ const FIX: &str = "printf 'def add(a, b):\\n    return a + b\\n' > calc.py";
 const WRONG: &str = "printf 'def add(a, b):\\n    return a * b\\n' > calc.py";
 const HIDDEN_TEST: &str = "from calc import add\nassert add(2, 3) == 5\nassert add(-1, 1) == 0\nprint('hidden tests passed')\n";
 
-fn assignment(session: &str, dataset: &Path, evaluator: Value) -> Value {
+fn pi() -> Value {
+    json!({"preset": "pi", "api": "openai-chat", "settings": {"contextWindow": 200000}})
+}
+
+fn assignment(session: &str, dataset: &Path, harness: &Value, evaluator: Value) -> Value {
     json!({
         "session": session, "task": "fix-add", "group": "job-1/fix-add", "sample": 0,
         "builder": "prefix_merging",
@@ -30,7 +34,7 @@ fn assignment(session: &str, dataset: &Path, evaluator: Value) -> Value {
                 "files": {"calc.py": BUGGY, "test_visible.py": "from calc import add\nassert add(1, 1) == 2\n"},
                 "evaluation": {"hiddenFiles": {"test_hidden.py": HIDDEN_TEST}},
             },
-            "harness": {"preset": "pi", "api": "openai-chat", "settings": {"contextWindow": 200000}},
+            "harness": harness,
             "evaluator": evaluator,
             "timeouts": {"agentSeconds": 120, "evaluatorSeconds": 30},
             "maxResponseTokens": 256,
@@ -52,18 +56,32 @@ struct Outcome {
 /// One whole session: scripted model, real gateway + runner + Pi; returns what the operator
 /// and the dataset would see.
 async fn session(name: &str, script: Vec<Step>, evaluator: Value) -> Result<Outcome> {
-    let pi = harness_bin_dir("pi")?;
+    session_with(name, &pi(), script, evaluator).await
+}
+
+async fn session_with(
+    name: &str,
+    harness: &Value,
+    script: Vec<Step>,
+    evaluator: Value,
+) -> Result<Outcome> {
+    let preset = harness["preset"].as_str().context("preset")?;
+    let bin = harness_bin_dir(preset)?;
     let upstream = ScriptedUpstream::start(script).await?;
-    let root = tempfile::tempdir()?;
-    let dataset = root.path().join("dataset");
-    let gateway = GatewayProcess::start(
-        &root.path().join("gw"),
-        &upstream.url,
-        &["--require-runner-ready"],
-    )
-    .await?;
+    let tmp = tempfile::tempdir()?;
+    // FLOE_TEST_KEEP=1 keeps the sandbox's state (harness logs, evaluation copy).
+    let (root, _cleanup) = if std::env::var_os("FLOE_TEST_KEEP").is_some() {
+        let kept = tmp.keep();
+        eprintln!("{name}: keeping {}", kept.display());
+        (kept, None)
+    } else {
+        (tmp.path().to_path_buf(), Some(tmp))
+    };
+    let dataset = root.join("dataset");
+    let gateway =
+        GatewayProcess::start(&root.join("gw"), &upstream.url, &["--require-runner-ready"]).await?;
     anyhow::ensure!(!gateway.ready().await, "ready before the runner prepared");
-    let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
+    let mut runner = spawn_sandbox(&gateway, &root, &[bin])?;
     for _ in 0..100 {
         if gateway.ready().await {
             break;
@@ -72,12 +90,12 @@ async fn session(name: &str, script: Vec<Step>, evaluator: Value) -> Result<Outc
     }
     anyhow::ensure!(gateway.ready().await, "the runner never reported ready");
     gateway
-        .assign(&assignment(name, &dataset, evaluator))
+        .assign(&assignment(name, &dataset, harness, evaluator))
         .await?;
     let status = wait_child(&mut runner, Duration::from_secs(240)).await?;
-    let log = std::fs::read_to_string(root.path().join("sandbox.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(&root.join("sandbox.log")).unwrap_or_default();
     let summary: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.path().join("summary.json"))
+        &std::fs::read_to_string(&root.join("summary.json"))
             .with_context(|| format!("no summary; runner log:\n{log}"))?,
     )?;
     let find =
@@ -210,5 +228,68 @@ async fn a_broken_evaluator_is_an_infrastructure_failure_never_reward_0() -> Res
     assert_eq!(t["trainable"], false);
     assert!(t["reward"].is_null());
     assert_eq!(t["stats"]["completions"], 2);
+    Ok(())
+}
+
+/// The full agent loop through each preset: the harness gets the scripted fix as a call to
+/// its own shell tool, runs it, sends the result back, and the hidden tests pass.
+async fn preset_fixes_the_bug(preset: &str, harness: Value) -> Result<()> {
+    let name = format!("preset-{preset}");
+    let run = session_with(
+        &name,
+        &harness,
+        vec![Step::Shell(FIX.into()), Step::Say("Fixed add().".into())],
+        default_evaluator(),
+    )
+    .await?;
+    assert_eq!(run.exit, 0, "{preset}: {}", run.summary);
+    assert_eq!(run.summary["reward"], 1.0, "{preset}: {}", run.summary);
+    let t = run.trajectory.context("trajectory")?;
+    assert_eq!(t["trainable"], true);
+    assert!(
+        t["stats"]["completions"].as_u64().is_some_and(|n| n >= 2),
+        "{preset}: {}",
+        t["stats"]
+    );
+    check_tokens(&t);
+    eprintln!(
+        "{preset}: agent {:.1} s, {} calls, {} upstream calls",
+        run.summary["agentSeconds"].as_f64().unwrap_or(0.0),
+        t["stats"]["completions"],
+        run.upstream_calls
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn codex_preset_fixes_the_bug() -> Result<()> {
+    preset_fixes_the_bug("codex", json!({"preset": "codex"})).await
+}
+
+#[tokio::test]
+async fn claude_code_preset_fixes_the_bug() -> Result<()> {
+    preset_fixes_the_bug("claude-code", json!({"preset": "claude-code"})).await
+}
+
+#[tokio::test]
+async fn qwen_code_preset_fixes_the_bug() -> Result<()> {
+    preset_fixes_the_bug("qwen-code", json!({"preset": "qwen-code"})).await
+}
+
+#[tokio::test]
+async fn gemini_cli_preset_fixes_the_bug() -> Result<()> {
+    preset_fixes_the_bug("gemini-cli", json!({"preset": "gemini-cli"})).await
+}
+
+#[tokio::test]
+async fn pi_preset_fixes_the_bug_over_each_api() -> Result<()> {
+    for api in ["anthropic", "openai-responses", "gemini"] {
+        preset_fixes_the_bug(
+            "pi",
+            json!({"preset": "pi", "api": api, "settings": {"contextWindow": 200000}}),
+        )
+        .await
+        .with_context(|| format!("pi over {api}"))?;
+    }
     Ok(())
 }

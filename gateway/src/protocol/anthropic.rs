@@ -91,9 +91,13 @@ fn translate(body: &[u8], generate: bool) -> Result<Normalized, ProtocolError> {
     };
     let mut dropped = Vec::new();
     let mut out = Vec::new();
-    let system = text_blocks(req.get("system").unwrap_or(&Value::Null), "system")?;
-    if !system.is_empty() {
-        out.push(json!({"role": "system", "content": system}));
+    // The top-level `system` and any `system` message inside `messages` (Claude Code sends
+    // those mid-conversation) become one leading system message, in order: chat templates
+    // accept a system message only first.
+    let mut system = Vec::new();
+    let top = text_blocks(req.get("system").unwrap_or(&Value::Null), "system")?;
+    if !top.is_empty() {
+        system.push(top);
     }
     let mut invented = 0usize;
     for (i, m) in messages.iter().enumerate() {
@@ -191,15 +195,24 @@ fn translate(body: &[u8], generate: bool) -> Result<Normalized, ProtocolError> {
                 }
                 out.push(assistant_message(text, reasoning, calls));
             }
+            "system" => {
+                let text = text_blocks(&m["content"], &format!("messages[{i}] system content"))?;
+                if !text.is_empty() {
+                    system.push(text);
+                }
+            }
             other => {
                 return Err(invalid(format!(
-                    "messages[{i}].role {other:?} must be user or assistant"
+                    "messages[{i}].role {other:?} must be user, assistant or system"
                 )))
             }
         }
     }
-    if out.iter().all(|m| m["role"] == "system") {
+    if out.is_empty() {
         return Err(invalid("messages must not be empty"));
+    }
+    if !system.is_empty() {
+        out.insert(0, json!({"role": "system", "content": system.join("\n\n")}));
     }
     let mut request = Map::new();
     request.insert("messages".into(), Value::Array(out));
@@ -446,6 +459,29 @@ mod tests {
     }
 
     #[test]
+    fn system_messages_inside_messages_join_the_leading_system_message() {
+        let n = norm(
+            json!({"max_tokens": 10, "system": [{"type": "text", "text": "You are Claude Code."}],
+            "messages": [
+                {"role": "user", "content": "fix it"},
+                {"role": "system", "content": "Reminder: be brief."},
+                {"role": "assistant", "content": "ok"}]}),
+        );
+        let m = &n.request["messages"];
+        assert_eq!(
+            m[0],
+            json!({"role": "system", "content": "You are Claude Code.\n\nReminder: be brief."})
+        );
+        let roles: Vec<_> = m
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| m["role"].clone())
+            .collect();
+        assert_eq!(roles, [json!("system"), json!("user"), json!("assistant")]);
+    }
+
+    #[test]
     fn missing_tool_ids_are_invented_and_errors_marked() {
         let n = norm(json!({"max_tokens": 10, "messages": [
             {"role": "user", "content": "x"},
@@ -469,8 +505,12 @@ mod tests {
                 "messages must be an array",
             ),
             (
+                json!({"max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}),
+                "must be user, assistant or system",
+            ),
+            (
                 json!({"max_tokens": 1, "messages": [{"role": "system", "content": "x"}]}),
-                "must be user or assistant",
+                "must not be empty",
             ),
             (
                 json!({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "hologram"}]}]}),
