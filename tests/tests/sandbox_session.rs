@@ -1,49 +1,14 @@
 //! Sandbox sessions end to end with real processes: `floe gateway` (the sidecar), `floe
-//! sandbox` (the runner) and an unmodified harness from npm (Pi), driven by the deterministic
+//! sandbox` (the runner) and unmodified harnesses from npm, driven by the deterministic
 //! scripted upstream so the agent's edits — and therefore the grade — are known in advance.
-//! The test plays the operator: it posts the assignment to the gateway's control API and reads
-//! the termination summary. Trajectories land in a dataset directory (the SFT sink).
-
-use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
-use floe_tests::{
-    harness_bin_dir, spawn_sandbox, wait_child, GatewayProcess, ScriptedUpstream, Step,
-};
+use floe_tests::toy_task::{check_tokens, default_evaluator, run_session, SessionRun, FIX, WRONG};
+use floe_tests::{ScriptedUpstream, Step};
 use serde_json::{json, Value};
-
-const BUGGY: &str = "def add(a, b):\n    return a - b\n";
-const FIX: &str = "printf 'def add(a, b):\\n    return a + b\\n' > calc.py";
-const WRONG: &str = "printf 'def add(a, b):\\n    return a * b\\n' > calc.py";
-const HIDDEN_TEST: &str = "from calc import add\nassert add(2, 3) == 5\nassert add(-1, 1) == 0\nprint('hidden tests passed')\n";
 
 fn pi() -> Value {
     json!({"preset": "pi", "api": "openai-chat", "settings": {"contextWindow": 200000}})
-}
-
-fn assignment(session: &str, dataset: &Path, harness: &Value, evaluator: Value) -> Value {
-    json!({
-        "session": session, "task": "fix-add", "group": "job-1/fix-add", "sample": 0,
-        "builder": "prefix_merging",
-        "sink": {"kind": "dataset", "dir": dataset},
-        "run": {
-            "task": {
-                "id": "fix-add",
-                "instruction": "calc.py has a bug: add() subtracts. Fix it.",
-                "files": {"calc.py": BUGGY, "test_visible.py": "from calc import add\nassert add(1, 1) == 2\n"},
-                "evaluation": {"hiddenFiles": {"test_hidden.py": HIDDEN_TEST}},
-            },
-            "harness": harness,
-            "evaluator": evaluator,
-            "timeouts": {"agentSeconds": 120, "evaluatorSeconds": 30},
-            "maxResponseTokens": 256,
-        },
-    })
-}
-
-fn default_evaluator() -> Value {
-    json!({"command": ["python3", "test_hidden.py"], "protectedPaths": ["test_*.py", "**/conftest.py"]})
 }
 
 struct Outcome {
@@ -53,8 +18,7 @@ struct Outcome {
     upstream_calls: usize,
 }
 
-/// One whole session: scripted model, real gateway + runner + Pi; returns what the operator
-/// and the dataset would see.
+/// One whole session of the toy task, the scripted model playing `script`.
 async fn session(name: &str, script: Vec<Step>, evaluator: Value) -> Result<Outcome> {
     session_with(name, &pi(), script, evaluator).await
 }
@@ -65,68 +29,18 @@ async fn session_with(
     script: Vec<Step>,
     evaluator: Value,
 ) -> Result<Outcome> {
-    let preset = harness["preset"].as_str().context("preset")?;
-    let bin = harness_bin_dir(preset)?;
     let upstream = ScriptedUpstream::start(script).await?;
-    let tmp = tempfile::tempdir()?;
-    // FLOE_TEST_KEEP=1 keeps the sandbox's state (harness logs, evaluation copy).
-    let (root, _cleanup) = if std::env::var_os("FLOE_TEST_KEEP").is_some() {
-        let kept = tmp.keep();
-        eprintln!("{name}: keeping {}", kept.display());
-        (kept, None)
-    } else {
-        (tmp.path().to_path_buf(), Some(tmp))
-    };
-    let dataset = root.join("dataset");
-    let gateway =
-        GatewayProcess::start(&root.join("gw"), &upstream.url, &["--require-runner-ready"]).await?;
-    anyhow::ensure!(!gateway.ready().await, "ready before the runner prepared");
-    let mut runner = spawn_sandbox(&gateway, &root, &[bin])?;
-    for _ in 0..100 {
-        if gateway.ready().await {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::ensure!(gateway.ready().await, "the runner never reported ready");
-    gateway
-        .assign(&assignment(name, &dataset, harness, evaluator))
-        .await?;
-    let status = wait_child(&mut runner, Duration::from_secs(240)).await?;
-    let log = std::fs::read_to_string(&root.join("sandbox.log")).unwrap_or_default();
-    let summary: Value = serde_json::from_str(
-        &std::fs::read_to_string(&root.join("summary.json"))
-            .with_context(|| format!("no summary; runner log:\n{log}"))?,
-    )?;
-    let find =
-        |sub: &str| std::fs::read_to_string(dataset.join(sub).join(format!("{name}.json"))).ok();
-    let trajectory = find("accepted")
-        .or_else(|| find("rejected"))
-        .map(|t| serde_json::from_str(&t))
-        .transpose()?;
-    eprintln!("{name}: exit {:?}, summary {summary}", status.code());
+    let SessionRun {
+        exit,
+        summary,
+        trajectory,
+    } = run_session(name, harness, &upstream.url, &evaluator).await?;
     Ok(Outcome {
-        exit: status.code().unwrap_or(-1),
+        exit,
         summary,
         trajectory,
         upstream_calls: upstream.calls(),
     })
-}
-
-fn check_tokens(trajectory: &Value) {
-    let traces = trajectory["traces"].as_array().expect("traces");
-    assert!(!traces.is_empty());
-    for t in traces {
-        let n = t["response_token_ids"].as_array().map_or(0, Vec::len);
-        assert!(
-            n > 0
-                && t["prompt_token_ids"]
-                    .as_array()
-                    .is_some_and(|p| !p.is_empty())
-        );
-        assert_eq!(t["loss_mask"].as_array().map(Vec::len), Some(n));
-        assert_eq!(t["logprobs"].as_array().map(Vec::len), Some(n));
-    }
 }
 
 #[tokio::test]
