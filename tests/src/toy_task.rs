@@ -90,9 +90,9 @@ pub async fn run_session(
         .assign(&assignment(name, &dataset, harness, evaluator))
         .await?;
     let status = wait_child(&mut runner, Duration::from_secs(240)).await?;
-    let log = std::fs::read_to_string(&root.join("sandbox.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(root.join("sandbox.log")).unwrap_or_default();
     let summary: Value = serde_json::from_str(
-        &std::fs::read_to_string(&root.join("summary.json"))
+        &std::fs::read_to_string(root.join("summary.json"))
             .with_context(|| format!("no summary; runner log:\n{log}"))?,
     )?;
     let find =
