@@ -416,8 +416,8 @@ fn default_top_p() -> f64 {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Timeouts {
-    /// Budget of the harness run; on expiry the process group is killed and the session is scored
-    /// (reward 0 if the evaluator fails it), its traces stay trainable.
+    /// Budget of the harness run; on expiry the process group is killed and the session gets
+    /// reward 0 with its traces trainable (the evaluator still runs; its verdict is recorded).
     #[serde(default = "default_agent_timeout")]
     #[schemars(range(min = 1, max = 604800))]
     pub agent_seconds: i32,
