@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use floe_crds::generate::Target;
 
 mod gateway;
+mod run;
 mod sandbox;
 mod trajectories;
 
@@ -33,6 +34,9 @@ enum Command {
     },
     /// Run the gateway: provider APIs for the harness, vLLM upstream, token-level capture.
     Gateway(gateway::GatewayArgs),
+    /// Run a RolloutJob on this machine: the same YAML, local processes instead of pods.
+    /// Exit 0 all sessions ran, 1 some failed by infrastructure, 2 bad input, 130 interrupted.
+    Run(run::RunArgs),
     /// Run one sandbox session: wait for the assignment from the pod's gateway, run the
     /// harness, evaluate, report. Exit 0 success, 1 agent failure, 2 usage, 3 infrastructure.
     Sandbox(sandbox::SandboxArgs),
@@ -68,6 +72,9 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             std::io::stdout().lock().write_all(yaml.as_bytes())?;
         }
         Command::Gateway(args) => gateway::run(args)?,
+        Command::Run(args) => {
+            return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
+        }
         Command::Sandbox(args) => {
             return Ok(ExitCode::from(
                 u8::try_from(sandbox::main(args)).unwrap_or(3),
@@ -82,14 +89,21 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // `floe run` draws its own progress; library logs there are for problems only.
+    let default_level = if matches!(cli.command, Command::Run(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLOE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("floe: {e}");

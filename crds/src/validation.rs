@@ -106,3 +106,127 @@ pub fn duplicate_task_ids(tasks: &[Task], field: &str) -> Vec<FieldError> {
         })
         .collect()
 }
+
+/// Validate a RolloutJob document (parsed YAML or JSON) the way the apiserver would on create:
+/// the CRD's OpenAPI schema (types, enums, ranges, patterns, required fields), then defaults
+/// and the CEL rules. For `floe run`, which has no apiserver in front of it.
+pub fn parse_rollout_job(document: &serde_json::Value) -> Result<RolloutJob, ValidationError> {
+    let crds =
+        crate::generate::crds(crate::generate::Target::LATEST).map_err(|e| ValidationError {
+            errors: vec![FieldError {
+                field: String::new(),
+                message: format!("cannot build the CRD schema: {e}"),
+            }],
+        })?;
+    let schema = crds
+        .iter()
+        .find(|c| c.spec.names.kind == "RolloutJob")
+        .and_then(|c| c.spec.versions.first())
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or_default();
+    let mut errors = Vec::new();
+    for (key, want) in [("apiVersion", "floe.dev/v1alpha1"), ("kind", "RolloutJob")] {
+        if document[key] != want {
+            errors.push(FieldError {
+                field: key.into(),
+                message: format!("must be {want:?}"),
+            });
+        }
+    }
+    if let Ok(validator) = jsonschema::validator_for(&schema) {
+        for e in validator.iter_errors(document) {
+            let path = e.instance_path().to_string();
+            errors.push(FieldError {
+                field: pointer_to_field(&path),
+                message: e.to_string(),
+            });
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ValidationError { errors });
+    }
+    let job: RolloutJob =
+        serde_json::from_value(document.clone()).map_err(|e| ValidationError {
+            errors: vec![FieldError {
+                field: String::new(),
+                message: e.to_string(),
+            }],
+        })?;
+    validate_rollout_job(&job)?;
+    Ok(job)
+}
+
+/// `/spec/tasks/inline/3/id` → `spec.tasks.inline[3].id`.
+fn pointer_to_field(pointer: &str) -> String {
+    let mut out = String::new();
+    for part in pointer.split('/').filter(|p| !p.is_empty()) {
+        if part.chars().all(|c| c.is_ascii_digit()) {
+            out.push_str(&format!("[{part}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&part.replace("~1", "/").replace("~0", "~"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod document_tests {
+    use super::*;
+
+    fn job(spec: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "j"}, "spec": spec})
+    }
+
+    fn valid_spec() -> serde_json::Value {
+        serde_json::json!({
+            "tasks": {"inline": [{"id": "t1", "instruction": "do it"}]},
+            "numSamples": 2,
+            "harness": {"preset": "pi"},
+            "evaluator": {"command": ["true"]},
+            "poolRef": {"name": "pool"},
+            "sft": {"upstream": {"url": "http://127.0.0.1:8000"}, "output": {"claimName": "data"}},
+        })
+    }
+
+    #[test]
+    fn a_valid_document_parses_with_defaults() {
+        let parsed = parse_rollout_job(&job(valid_spec())).expect("valid");
+        assert_eq!(parsed.spec.num_samples, 2);
+        assert_eq!(parsed.spec.evaluator.reward.pass_threshold, 1.0);
+    }
+
+    #[test]
+    fn schema_errors_name_the_field() {
+        let mut spec = valid_spec();
+        spec["numSamples"] = serde_json::json!(0);
+        spec["tasks"]["inline"][0]["id"] = serde_json::json!("bad id!");
+        spec["harness"]["preset"] = serde_json::json!("vim");
+        let err = parse_rollout_job(&job(spec)).expect_err("invalid");
+        let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+        assert!(fields.contains(&"spec.numSamples"), "{err}");
+        assert!(fields.contains(&"spec.tasks.inline[0].id"), "{err}");
+        assert!(fields.contains(&"spec.harness.preset"), "{err}");
+    }
+
+    #[test]
+    fn cel_rules_apply_after_the_schema() {
+        let mut spec = valid_spec();
+        spec["train"] = serde_json::json!({"image": "x", "model": "m"});
+        let err = parse_rollout_job(&job(spec)).expect_err("both train and sft");
+        assert!(err.to_string().contains("exactly one of"), "{err}");
+    }
+
+    #[test]
+    fn wrong_kind_is_reported() {
+        let mut doc = job(valid_spec());
+        doc["kind"] = serde_json::json!("GatewayPool");
+        let err = parse_rollout_job(&doc).expect_err("kind");
+        assert_eq!(err.errors[0].field, "kind");
+    }
+}

@@ -352,5 +352,21 @@ fn gemini_cli(
     })
 }
 
+/// The program a harness spec runs (`harness.command[0]`, else the preset's), so callers can
+/// check it exists before any session starts. `None` for a custom preset without a command.
+pub fn program(spec: &HarnessSpec) -> Option<&str> {
+    if let Some(first) = spec.command.first() {
+        return Some(first);
+    }
+    match spec.preset {
+        HarnessPreset::Codex => Some("codex"),
+        HarnessPreset::ClaudeCode => Some("claude"),
+        HarnessPreset::QwenCode => Some("qwen"),
+        HarnessPreset::Pi => Some("pi"),
+        HarnessPreset::GeminiCli => Some("gemini"),
+        HarnessPreset::Custom => None,
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,9 @@
 //! Run one command (a prepare step, the harness, the evaluator) in its own process group under
 //! a timeout. On timeout the whole group gets SIGTERM, then SIGKILL after a grace period; after
-//! any exit, stragglers left in the group are killed too. stdout/stderr go to files, each
-//! capped (the rest is counted, not kept).
+//! any exit — or when the run is cancelled — everything the command started is killed: its
+//! process group, and every process carrying the run's tag in its environment
+//! (`FLOE_PROCESS_TAG`), which catches what left the group (Node's `detached` children, daemons
+//! that `setsid`). stdout/stderr go to files, each capped (the rest is counted, not kept).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -86,6 +88,8 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
         command.env_remove(key);
     }
     command.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    let tag = new_tag();
+    command.env(TAG_VAR, &tag);
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -101,6 +105,11 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(Pid::from_raw);
+    // If this future is dropped (the session is cancelled), everything it started dies with it.
+    let _guard = Cleanup {
+        group,
+        tag: tag.clone(),
+    };
     let out = child
         .stdout
         .take()
@@ -125,8 +134,9 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
             Exit::TimedOut
         }
     };
-    // Whatever the command left running in its group (servers, watchers) dies with it.
+    // Whatever the command left running (servers, watchers, detached children) dies with it.
     signal_group(group, Signal::SIGKILL);
+    kill_tagged(&tag);
     let drained = |task: Option<tokio::task::JoinHandle<u64>>| async move {
         match task {
             Some(t) => tokio::time::timeout(Duration::from_secs(5), t)
@@ -145,6 +155,62 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
         stdout_bytes,
         stderr_bytes,
     })
+}
+
+/// Environment variable that marks every process a run started, however it detached.
+pub const TAG_VAR: &str = "FLOE_PROCESS_TAG";
+
+fn new_tag() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{}-{n}-{nanos}", std::process::id())
+}
+
+/// SIGKILL every process whose environment holds `FLOE_PROCESS_TAG=<tag>` (Linux `/proc`;
+/// processes of other users are unreadable and skipped). Two passes, for children forked
+/// during the first. Returns how many were signalled.
+pub fn kill_tagged(tag: &str) -> usize {
+    let needle = format!("{TAG_VAR}={tag}");
+    let mut killed = 0;
+    for _ in 0..2 {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return killed;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes())
+                && nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
+            {
+                killed += 1;
+            }
+        }
+    }
+    killed
+}
+
+struct Cleanup {
+    group: Option<Pid>,
+    tag: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        signal_group(self.group, Signal::SIGKILL);
+        kill_tagged(&self.tag);
+    }
 }
 
 fn status_exit(status: std::process::ExitStatus) -> Exit {
@@ -248,6 +314,41 @@ mod tests {
         assert!(done.success());
         tokio::time::sleep(Duration::from_millis(1300)).await;
         assert!(!dir.path().join("late").exists());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn cancelling_the_run_kills_the_group() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let s = spec(dir.path(), "(sleep 1; touch late) & sleep 30", 60_000);
+        let cancelled = tokio::time::timeout(Duration::from_millis(300), run(&s)).await;
+        assert!(
+            cancelled.is_err(),
+            "the command should still have been running"
+        );
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(
+            !dir.path().join("late").exists(),
+            "a group member survived cancellation"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn processes_that_left_the_group_die_too() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        // `setsid` puts the child in a new session and process group, like Node's `detached`.
+        let s = spec(
+            dir.path(),
+            "setsid sh -c 'sleep 1; touch late' & exit 0",
+            5000,
+        );
+        assert!(run(&s).await?.success());
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(
+            !dir.path().join("late").exists(),
+            "a detached child survived"
+        );
         Ok(())
     }
 

@@ -1,0 +1,235 @@
+//! From a RolloutJob file to the sessions `floe run` will run: parse and validate it like the
+//! apiserver would, check what local mode cannot do, and expand tasks × samples into
+//! assignments. Pure, except for reading the job's files.
+
+use std::path::{Path, PathBuf};
+
+use floe_crds::rollout_job::{RolloutJob, Task, TrajectoryBuilder};
+use floe_gateway::ship::{Assignment, Sink};
+use floe_gateway::trajectory::Builder;
+use floe_sandbox::spec::RunSpec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("{0} is not valid YAML: {1}")]
+    Yaml(PathBuf, serde_yaml::Error),
+    #[error("{0} is not a valid RolloutJob: {1}")]
+    Invalid(PathBuf, floe_crds::ValidationError),
+    #[error("local mode cannot {0}")]
+    Unsupported(String),
+    #[error("task file {0}, line {1}: {2}")]
+    TaskFile(PathBuf, usize, String),
+}
+
+/// What a local run is: the job, its tasks, and where output goes.
+pub struct Plan {
+    pub job: RolloutJob,
+    pub name: String,
+    pub tasks: Vec<Task>,
+}
+
+impl Plan {
+    pub fn is_sft(&self) -> bool {
+        self.job.spec.sft.is_some()
+    }
+}
+
+pub fn load(path: &Path) -> Result<Plan, PlanError> {
+    let text = std::fs::read_to_string(path).map_err(|e| PlanError::Read(path.into(), e))?;
+    let document: serde_json::Value =
+        serde_yaml::from_str(&text).map_err(|e| PlanError::Yaml(path.into(), e))?;
+    let job = floe_crds::validation::parse_rollout_job(&document)
+        .map_err(|e| PlanError::Invalid(path.into(), e))?;
+    let spec = &job.spec;
+    if spec.tasks.config_map.is_some() {
+        return Err(PlanError::Unsupported(
+            "read tasks from a ConfigMap: use spec.tasks.inline or spec.tasks.file".into(),
+        ));
+    }
+    if spec.evaluator.hidden_files_from.is_some() {
+        return Err(PlanError::Unsupported(
+            "read evaluator.hiddenFilesFrom (a ConfigMap): put hidden files in each task's evaluation.hiddenFiles".into(),
+        ));
+    }
+    let tasks = match (&spec.tasks.inline, &spec.tasks.file) {
+        (Some(tasks), _) => tasks.clone(),
+        (None, Some(file)) => {
+            // A task file path is relative to the job file here (in a cluster: to the volume).
+            let file_path = path
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(file.path.trim_start_matches('/'));
+            read_task_file(&file_path)?
+        }
+        (None, None) => return Err(PlanError::Unsupported("run a job without tasks".into())),
+    };
+    let ids = floe_crds::validation::duplicate_task_ids(&tasks, "spec.tasks");
+    if let Some(e) = ids.first() {
+        return Err(PlanError::Invalid(
+            path.into(),
+            floe_crds::ValidationError {
+                errors: vec![e.clone()],
+            },
+        ));
+    }
+    let name = job
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| "local".to_string());
+    Ok(Plan { job, name, tasks })
+}
+
+/// JSONL: one task per line, the same fields as `spec.tasks.inline[]`.
+fn read_task_file(path: &Path) -> Result<Vec<Task>, PlanError> {
+    let text = std::fs::read_to_string(path).map_err(|e| PlanError::Read(path.into(), e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .map_err(|e| PlanError::TaskFile(path.into(), i + 1, e.to_string()))
+        })
+        .collect()
+}
+
+/// Session id: `<job>-<task>-<sample>`; group: `<job>/<task>`.
+pub fn session_id(job: &str, task: &str, sample: u32) -> String {
+    format!("{job}-{task}-{sample}")
+}
+
+/// Tasks × samples, task-major (each GRPO group's samples together), at most `limit`.
+pub fn expand(plan: &Plan, sink: &Sink, limit: Option<usize>) -> Vec<Assignment> {
+    let spec = &plan.job.spec;
+    let samples = u32::try_from(spec.num_samples.max(1)).unwrap_or(1);
+    let builder = match spec.trajectory.builder {
+        TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,
+        TrajectoryBuilder::PerRequest => Builder::PerRequest,
+    };
+    let mut out = Vec::new();
+    for task in &plan.tasks {
+        for sample in 0..samples {
+            let run = RunSpec {
+                task: task.clone(),
+                harness: spec.harness.clone(),
+                evaluator: spec.evaluator.clone(),
+                timeouts: spec.timeouts.clone(),
+                hidden_files: Default::default(),
+                max_response_tokens: u32::try_from(spec.sampling.max_response_tokens).ok(),
+            };
+            let mut metadata: std::collections::BTreeMap<String, serde_json::Value> = task
+                .metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            metadata.insert("job".into(), plan.name.clone().into());
+            out.push(Assignment {
+                session: session_id(&plan.name, &task.id, sample),
+                task: task.id.clone(),
+                group: format!("{}/{}", plan.name, task.id),
+                sample,
+                builder,
+                sink: sink.clone(),
+                metadata,
+                run: serde_json::to_value(&run).unwrap_or_default(),
+            });
+        }
+    }
+    if let Some(limit) = limit {
+        out.truncate(limit);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(yaml: &str) -> Result<Plan, PlanError> {
+        let dir = tempfile::tempdir().map_err(|e| PlanError::Read("tmp".into(), e))?;
+        let path = dir.path().join("job.yaml");
+        std::fs::write(&path, yaml).map_err(|e| PlanError::Read(path.clone(), e))?;
+        std::fs::write(
+            dir.path().join("tasks.jsonl"),
+            "{\"id\": \"a\", \"instruction\": \"x\"}\n\n{\"id\": \"b\", \"instruction\": \"y\"}\n",
+        )
+        .map_err(|e| PlanError::Read(path.clone(), e))?;
+        load(&path)
+    }
+
+    const JOB: &str = "apiVersion: floe.dev/v1alpha1
+kind: RolloutJob
+metadata: {name: demo}
+spec:
+  tasks:
+    inline:
+      - {id: t1, instruction: one, metadata: {difficulty: easy}}
+      - {id: t2, instruction: two}
+  numSamples: 3
+  harness: {preset: pi}
+  poolRef: {name: pool}
+  evaluator: {command: ['true']}
+  sft: {upstream: {url: 'http://127.0.0.1:8000'}, output: {claimName: data}}
+";
+
+    #[test]
+    fn tasks_times_samples_task_major_with_stable_ids() -> Result<(), PlanError> {
+        let p = plan(JOB)?;
+        let sessions = expand(&p, &Sink::None, None);
+        let ids: Vec<_> = sessions.iter().map(|a| a.session.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "demo-t1-0",
+                "demo-t1-1",
+                "demo-t1-2",
+                "demo-t2-0",
+                "demo-t2-1",
+                "demo-t2-2"
+            ]
+        );
+        assert_eq!(sessions[4].group, "demo/t2");
+        assert_eq!(sessions[4].sample, 1);
+        assert_eq!(sessions[0].metadata["difficulty"], "easy");
+        let run: RunSpec = serde_json::from_value(sessions[0].run.clone())
+            .map_err(|e| PlanError::Unsupported(e.to_string()))?;
+        assert_eq!(run.task.instruction, "one");
+        assert_eq!(run.max_response_tokens, Some(16384));
+        assert_eq!(expand(&p, &Sink::None, Some(4)).len(), 4);
+        Ok(())
+    }
+
+    #[test]
+    fn task_files_are_read_relative_to_the_job() -> Result<(), PlanError> {
+        let job = JOB.replace(
+            "    inline:\n      - {id: t1, instruction: one, metadata: {difficulty: easy}}\n      - {id: t2, instruction: two}\n",
+            "    file: {path: tasks.jsonl}\n",
+        );
+        let p = plan(&job)?;
+        assert_eq!(
+            p.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn bad_input_is_one_clear_error() {
+        let cases = [
+            ("not: [valid", "not valid YAML"),
+            (&JOB.replace("numSamples: 3", "numSamples: 0") as &str, "spec.numSamples"),
+            (&JOB.replace("preset: pi", "preset: vim"), "spec.harness.preset"),
+            (
+                &JOB.replace("    inline:\n      - {id: t1, instruction: one, metadata: {difficulty: easy}}\n      - {id: t2, instruction: two}\n", "    configMap: {name: tasks}\n"),
+                "local mode cannot read tasks from a ConfigMap",
+            ),
+        ];
+        for (yaml, needle) in cases {
+            let err = plan(yaml).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(needle), "{needle:?} not in {err:?}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! The live view of a local run: one redrawn status line on a terminal, one plain line per
+//! finished session otherwise (CI logs, pipes); a table at the end.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+use super::report::{RunSummary, SessionResult};
+
+pub struct Progress {
+    tty: bool,
+    total: usize,
+    done: usize,
+    failed: usize,
+    running: usize,
+    reward_sum: f64,
+    scored: usize,
+    sampled_tokens: u64,
+    started: Instant,
+}
+
+impl Progress {
+    pub fn new(total: usize) -> Self {
+        Self {
+            tty: std::io::stderr().is_terminal(),
+            total,
+            done: 0,
+            failed: 0,
+            running: 0,
+            reward_sum: 0.0,
+            scored: 0,
+            sampled_tokens: 0,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn started(&mut self) {
+        self.running += 1;
+        self.draw();
+    }
+
+    pub fn finished(&mut self, session: &str, result: &SessionResult) {
+        self.running = self.running.saturating_sub(1);
+        self.done += 1;
+        if let Some(s) = &result.summary {
+            if let Some(r) = s.reward {
+                self.reward_sum += r;
+                self.scored += 1;
+            }
+            if matches!(s.status.as_str(), "infra_error" | "evaluator_timeout") {
+                self.failed += 1;
+            }
+            self.sampled_tokens += s.sampled_tokens;
+            if !self.tty {
+                let reward = s.reward.map_or("-".to_string(), |r| format!("{r}"));
+                eprintln!(
+                    "[{}/{}] {session}: {} reward {reward} ({:.1} s, {} calls){}",
+                    self.done,
+                    self.total,
+                    s.status,
+                    result.wall_seconds,
+                    s.completions,
+                    s.error
+                        .as_ref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        self.draw();
+    }
+
+    fn draw(&self) {
+        if !self.tty {
+            return;
+        }
+        let width = 24;
+        let filled = (self.done * width).checked_div(self.total).unwrap_or(0);
+        let elapsed = self.started.elapsed().as_secs_f64().max(1e-9);
+        let reward = if self.scored > 0 {
+            format!("{:.2}", self.reward_sum / self.scored as f64)
+        } else {
+            "-".into()
+        };
+        let mut err = std::io::stderr().lock();
+        let _ = write!(
+            err,
+            "\r\x1b[2K[{}{}] {}/{} done · {} running · {} failed · reward {reward} · {:.0} tok/s · {:.0}s",
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            self.done,
+            self.total,
+            self.running,
+            self.failed,
+            self.sampled_tokens as f64 / elapsed,
+            elapsed
+        );
+        let _ = err.flush();
+    }
+
+    pub fn clear(&self) {
+        if self.tty {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+/// The final table, for people (the same numbers are in `summary.json`).
+pub fn table(summary: &RunSummary) -> String {
+    let s = &summary.sessions;
+    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
+    let mut out = format!(
+        "job {} ({}){}\n\
+         sessions  {} total: {} completed, {} agent failed, {} agent timeout, {} infra error, {} evaluator timeout, {} not finished\n\
+         reward    mean {} · pass rate {} over {} scored\n\
+         tokens    {} sampled ({} trainable) in {} calls\n\
+         dataset   {}: {} accepted, {} rejected\n\
+         time      {:.1} s wall · {:.2} sessions/min · per session: agent {:.1} s, evaluator {:.1} s, floe overhead {:.2} s (max {:.2} s)\n",
+        summary.job,
+        summary.mode,
+        if summary.interrupted { " — interrupted" } else { "" },
+        s.total, s.completed, s.agent_failed, s.agent_timeout, s.infra_error, s.evaluator_timeout, s.not_finished,
+        fmt(summary.reward.mean), fmt(summary.reward.pass_rate), summary.reward.scored,
+        summary.tokens.sampled, summary.tokens.trainable, summary.tokens.completions,
+        summary.dataset.file, summary.dataset.accepted, summary.dataset.rejected,
+        summary.timings.wall_seconds, summary.timings.sessions_per_minute,
+        summary.timings.agent_seconds_mean, summary.timings.evaluator_seconds_mean,
+        summary.timings.overhead_seconds_mean, summary.timings.overhead_seconds_max,
+    );
+    out.push_str(&format!(
+        "{:<32} {:>7} {:>8} {:>9}\n",
+        "task", "scored", "reward", "pass rate"
+    ));
+    for (task, r) in &summary.tasks {
+        out.push_str(&format!(
+            "{:<32} {:>7} {:>8} {:>9}\n",
+            task,
+            r.scored,
+            fmt(r.mean),
+            fmt(r.pass_rate)
+        ));
+    }
+    out
+}

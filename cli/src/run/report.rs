@@ -1,0 +1,281 @@
+//! What a local run leaves behind: `summary.json` (sessions by outcome, reward and pass rate per
+//! task, tokens, acceptance, timings) and the dataset / GRPO trajectory files assembled from the
+//! per-session files the gateway's dataset sink wrote. Aggregation is pure.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use floe_sandbox::summary::Summary;
+use serde::Serialize;
+
+/// One finished (or never started) session as `floe run` saw it.
+#[derive(Clone, Debug)]
+pub struct SessionResult {
+    pub task: String,
+    /// The runner's summary; `None` when the session never ran (interrupted).
+    pub summary: Option<Summary>,
+    /// Wall time of the whole sandbox session (prepare → shipped).
+    pub wall_seconds: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    pub total: u64,
+    pub completed: u64,
+    pub agent_failed: u64,
+    pub agent_timeout: u64,
+    pub infra_error: u64,
+    pub evaluator_timeout: u64,
+    /// Cancelled (Ctrl-C) or never started.
+    pub not_finished: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RewardStats {
+    /// Sessions with a reward (infrastructure failures have none).
+    pub scored: u64,
+    pub mean: Option<f64>,
+    pub pass_rate: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tokens {
+    pub completions: u64,
+    pub sampled: u64,
+    pub trainable: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timings {
+    pub wall_seconds: f64,
+    pub sessions_per_minute: f64,
+    pub agent_seconds_mean: f64,
+    pub evaluator_seconds_mean: f64,
+    /// Per session: its wall time minus harness (incl. model) and evaluator time — what floe
+    /// itself costs (prepare, snapshot, evaluation copy, trajectory build, shipping).
+    pub overhead_seconds_mean: f64,
+    pub overhead_seconds_max: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dataset {
+    /// `dataset.jsonl` (sft) or `trajectories.jsonl` (train).
+    pub file: String,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub acceptance_rate: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSummary {
+    pub job: String,
+    /// `sft` or `train`.
+    pub mode: String,
+    pub interrupted: bool,
+    pub sessions: Counts,
+    pub reward: RewardStats,
+    pub tasks: BTreeMap<String, RewardStats>,
+    pub tokens: Tokens,
+    pub dataset: Dataset,
+    pub timings: Timings,
+}
+
+fn rewards<'a>(results: impl Iterator<Item = &'a SessionResult>) -> RewardStats {
+    let scored: Vec<(f64, bool)> = results
+        .filter_map(|r| r.summary.as_ref())
+        .filter_map(|s| s.reward.map(|reward| (reward, s.passed.unwrap_or(false))))
+        .collect();
+    let n = scored.len() as f64;
+    RewardStats {
+        scored: scored.len() as u64,
+        mean: (!scored.is_empty()).then(|| scored.iter().map(|(r, _)| r).sum::<f64>() / n),
+        pass_rate: (!scored.is_empty())
+            .then(|| scored.iter().filter(|(_, p)| *p).count() as f64 / n),
+    }
+}
+
+pub fn summarize(
+    job: &str,
+    mode: &str,
+    results: &[SessionResult],
+    wall_seconds: f64,
+    interrupted: bool,
+) -> RunSummary {
+    let mut counts = Counts {
+        total: results.len() as u64,
+        ..Default::default()
+    };
+    let mut tokens = Tokens::default();
+    let (mut agent, mut evaluator, mut overheads) = (0.0, 0.0, Vec::new());
+    for r in results {
+        let Some(s) = &r.summary else {
+            counts.not_finished += 1;
+            continue;
+        };
+        match s.status.as_str() {
+            "completed" => counts.completed += 1,
+            "agent_failed" => counts.agent_failed += 1,
+            "agent_timeout" => counts.agent_timeout += 1,
+            "evaluator_timeout" => counts.evaluator_timeout += 1,
+            _ => counts.infra_error += 1,
+        }
+        tokens.completions += s.completions;
+        tokens.sampled += s.sampled_tokens;
+        tokens.trainable += s.trainable_tokens;
+        agent += s.agent_seconds;
+        evaluator += s.evaluator_seconds;
+        overheads.push((r.wall_seconds - s.agent_seconds - s.evaluator_seconds).max(0.0));
+    }
+    let ran = overheads.len().max(1) as f64;
+    let mut tasks: BTreeMap<String, Vec<&SessionResult>> = BTreeMap::new();
+    for r in results {
+        tasks.entry(r.task.clone()).or_default().push(r);
+    }
+    RunSummary {
+        job: job.to_string(),
+        mode: mode.to_string(),
+        interrupted,
+        sessions: counts,
+        reward: rewards(results.iter()),
+        tasks: tasks
+            .into_iter()
+            .map(|(task, rs)| (task, rewards(rs.into_iter())))
+            .collect(),
+        tokens,
+        dataset: Dataset::default(),
+        timings: Timings {
+            wall_seconds,
+            sessions_per_minute: if wall_seconds > 0.0 {
+                overheads.len() as f64 * 60.0 / wall_seconds
+            } else {
+                0.0
+            },
+            agent_seconds_mean: agent / ran,
+            evaluator_seconds_mean: evaluator / ran,
+            overhead_seconds_mean: overheads.iter().sum::<f64>() / ran,
+            overhead_seconds_max: overheads.iter().copied().fold(0.0, f64::max),
+        },
+    }
+}
+
+/// Join the per-session files under `dir/accepted/` into one JSONL file, ordered by GRPO group
+/// then sample (each group's samples contiguous). Returns (accepted, rejected) counts.
+pub fn assemble(dir: &Path, out_file: &Path) -> std::io::Result<(u64, u64)> {
+    let read_dir = |sub: &str| -> std::io::Result<Vec<serde_json::Value>> {
+        let path = dir.join(sub);
+        if !path.exists() {
+            return Ok(vec![]);
+        }
+        let mut items = Vec::new();
+        for entry in std::fs::read_dir(&path)? {
+            let p = entry?.path();
+            if p.extension().and_then(|e| e.to_str()) == Some("json") {
+                let value = serde_json::from_slice(&std::fs::read(&p)?)
+                    .map_err(|e| std::io::Error::other(format!("{}: {e}", p.display())))?;
+                items.push(value);
+            }
+        }
+        Ok(items)
+    };
+    let mut accepted = read_dir("accepted")?;
+    accepted.sort_by(|a, b| {
+        (a["group"].as_str(), a["sample"].as_u64())
+            .cmp(&(b["group"].as_str(), b["sample"].as_u64()))
+    });
+    let mut text = String::new();
+    for t in &accepted {
+        text.push_str(&t.to_string());
+        text.push('\n');
+    }
+    std::fs::write(out_file, text)?;
+    Ok((accepted.len() as u64, read_dir("rejected")?.len() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(task: &str, status: &str, reward: Option<f64>, passed: bool) -> SessionResult {
+        SessionResult {
+            task: task.into(),
+            summary: Some(Summary {
+                status: status.into(),
+                reward,
+                passed: reward.map(|_| passed),
+                agent_seconds: 10.0,
+                evaluator_seconds: 1.0,
+                completions: 3,
+                sampled_tokens: 100,
+                trainable_tokens: if reward.is_some() { 100 } else { 0 },
+                ..Default::default()
+            }),
+            wall_seconds: 11.5,
+        }
+    }
+
+    #[test]
+    fn outcomes_rewards_per_task_and_overhead() {
+        let results = vec![
+            result("a", "completed", Some(1.0), true),
+            result("a", "agent_failed", Some(0.0), false),
+            result("b", "infra_error", None, false),
+            result("b", "agent_timeout", Some(0.0), false),
+            SessionResult {
+                task: "b".into(),
+                summary: None,
+                wall_seconds: 0.0,
+            },
+        ];
+        let s = summarize("j", "sft", &results, 60.0, true);
+        assert_eq!(
+            s.sessions,
+            Counts {
+                total: 5,
+                completed: 1,
+                agent_failed: 1,
+                agent_timeout: 1,
+                infra_error: 1,
+                evaluator_timeout: 0,
+                not_finished: 1
+            }
+        );
+        // The infrastructure failure has no reward and does not count as 0.
+        assert_eq!(s.reward.scored, 3);
+        assert_eq!(s.reward.mean, Some(1.0 / 3.0));
+        assert_eq!(s.tasks["a"].pass_rate, Some(0.5));
+        assert_eq!(s.tasks["b"].mean, Some(0.0));
+        assert_eq!(s.tokens.sampled, 400);
+        assert_eq!(s.tokens.trainable, 300);
+        assert!((s.timings.overhead_seconds_mean - 0.5).abs() < 1e-9);
+        assert!((s.timings.sessions_per_minute - 4.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn assembled_files_keep_groups_together() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("accepted"))?;
+        std::fs::create_dir_all(dir.path().join("rejected"))?;
+        for (name, group, sample) in [("x", "g2", 0), ("y", "g1", 1), ("z", "g1", 0)] {
+            let t = serde_json::json!({"session": name, "group": group, "sample": sample});
+            std::fs::write(
+                dir.path().join(format!("accepted/{name}.json")),
+                t.to_string(),
+            )?;
+        }
+        std::fs::write(dir.path().join("rejected/w.json"), "{}")?;
+        let out = dir.path().join("out.jsonl");
+        assert_eq!(assemble(dir.path(), &out)?, (3, 1));
+        let sessions: Vec<String> = std::fs::read_to_string(&out)?
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).map(|v| v["session"].to_string()))
+            .collect::<Result<_, _>>()?;
+        assert_eq!(sessions, ["\"z\"", "\"y\"", "\"x\""]);
+        Ok(())
+    }
+}
