@@ -7,10 +7,12 @@
 #   2. a real harness: Pi from npm (cached; needs Node >= 20.6);
 #   3. `floe run examples/quickstart/job.yaml --out OUT` — trajectories appear in
 #      OUT/dataset.jsonl (accepted) and OUT/trajectories/, numbers in OUT/summary.json.
-# Usage: examples/quickstart/run.sh [OUT_DIR]   (default: ./quickstart-out, must not exist)
+# Usage: examples/quickstart/run.sh [OUT_DIR [floe run flags…]]   (OUT_DIR default:
+#        ./quickstart-out, must not exist; e.g. `run.sh out --sessions 2` for a short run)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${1:-quickstart-out}
+shift || true
 cd "$ROOT"
 # shellcheck source=../../scripts/env.sh
 source scripts/env.sh
@@ -43,5 +45,5 @@ if [ -z "${MODEL_URL:-}" ]; then
     sleep 1
   done
 fi
-"$FLOE" run examples/quickstart/job.yaml --out "$OUT" --model-url "$MODEL_URL"
+"$FLOE" run examples/quickstart/job.yaml --out "$OUT" --model-url "$MODEL_URL" "$@"
 echo "[quickstart] trajectories: $OUT/dataset.jsonl (accepted), $OUT/trajectories/; summary: $OUT/summary.json" >&2
