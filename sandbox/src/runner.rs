@@ -43,6 +43,32 @@ pub struct RunnerConfig {
     pub kill_grace: Duration,
 }
 
+/// A child process of the runner: `<name>.stdout/.stderr` in the state's `logs/`, the runner's
+/// private variables removed, its output cap and kill grace.
+fn child(
+    config: &RunnerConfig,
+    name: &str,
+    program: &str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: &Path,
+    timeout_seconds: i32,
+) -> CommandSpec {
+    let logs = config.state_dir.join("logs");
+    CommandSpec {
+        program: program.to_string(),
+        args,
+        env,
+        env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
+        cwd: cwd.to_path_buf(),
+        stdout: logs.join(format!("{name}.stdout")),
+        stderr: logs.join(format!("{name}.stderr")),
+        cap_bytes: config.log_cap_bytes,
+        timeout: Duration::from_secs(timeout_seconds.max(1) as u64),
+        kill_grace: config.kill_grace,
+    }
+}
+
 pub struct RunReport {
     pub exit: ExitKind,
     pub summary: Summary,
@@ -185,24 +211,15 @@ async fn prepare(config: &RunnerConfig, steps: &[PrepareStep], phase: &str) -> R
         let attempts = 1 + step.retries.max(0) as u32;
         let mut last = String::new();
         for attempt in 1..=attempts {
-            let log = |stream: &str| {
-                config
-                    .state_dir
-                    .join("logs")
-                    .join(format!("{phase}-prepare-{i}.{stream}"))
-            };
-            let spec = CommandSpec {
-                program: program.clone(),
-                args: args.to_vec(),
-                env: vec![],
-                env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
-                cwd: config.workspace.clone(),
-                stdout: log("stdout"),
-                stderr: log("stderr"),
-                cap_bytes: config.log_cap_bytes,
-                timeout: Duration::from_secs(step.timeout_seconds.max(1) as u64),
-                kill_grace: config.kill_grace,
-            };
+            let spec = child(
+                config,
+                &format!("{phase}-prepare-{i}"),
+                program,
+                args.to_vec(),
+                vec![],
+                &config.workspace,
+                step.timeout_seconds,
+            );
             let done = process::run(&spec).await.map_err(|e| e.to_string())?;
             if done.success() {
                 last.clear();
@@ -212,7 +229,7 @@ async fn prepare(config: &RunnerConfig, steps: &[PrepareStep], phase: &str) -> R
                 "{phase} prepare step {:?} failed ({:?}) after {attempt} attempt(s): {}",
                 step.name,
                 done.exit,
-                tail(&log("stderr"), 500)
+                tail(&spec.stderr, 500)
             );
             tracing::warn!("{last}");
         }
@@ -287,19 +304,15 @@ async fn session_outcome(
             return infra_error(format!("harness config {}: {e}", path.display()));
         }
     }
-    let logs = state.join("logs");
-    let harness = CommandSpec {
-        program: launch.program.clone(),
-        args: launch.args.clone(),
-        env: launch.env.clone(),
-        env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
-        cwd: ws.clone(),
-        stdout: logs.join("harness.stdout"),
-        stderr: logs.join("harness.stderr"),
-        cap_bytes: config.log_cap_bytes,
-        timeout: Duration::from_secs(spec.timeouts.agent_seconds.max(1) as u64),
-        kill_grace: config.kill_grace,
-    };
+    let harness = child(
+        config,
+        "harness",
+        &launch.program,
+        launch.args.clone(),
+        launch.env.clone(),
+        ws,
+        spec.timeouts.agent_seconds,
+    );
     tracing::info!(%session, program = %harness.program, "starting the harness");
     let ran: Finished = match process::run(&harness).await {
         Ok(f) => f,
@@ -345,18 +358,15 @@ async fn session_outcome(
         return infra_error("evaluator.command is empty".into());
     };
     let evaluation_env = spec.task.evaluation.clone().unwrap_or_default();
-    let evaluator = CommandSpec {
-        program: program.clone(),
-        args: args.iter().chain(&evaluation_env.args).cloned().collect(),
-        env: evaluation_env.env.into_iter().collect(),
-        env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
-        cwd: eval_dir.clone(),
-        stdout: logs.join("evaluator.stdout"),
-        stderr: logs.join("evaluator.stderr"),
-        cap_bytes: config.log_cap_bytes,
-        timeout: Duration::from_secs(spec.timeouts.evaluator_seconds.max(1) as u64),
-        kill_grace: config.kill_grace,
-    };
+    let evaluator = child(
+        config,
+        "evaluator",
+        program,
+        args.iter().chain(&evaluation_env.args).cloned().collect(),
+        evaluation_env.env.into_iter().collect(),
+        &eval_dir,
+        spec.timeouts.evaluator_seconds,
+    );
     let judged_run = match process::run(&evaluator).await {
         Ok(f) => f,
         Err(e) => return infra_error(e.to_string()),

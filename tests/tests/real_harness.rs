@@ -6,19 +6,12 @@ use std::process::Command;
 
 use anyhow::Result;
 use floe_gateway::capture::{read_session, Api};
-use floe_tests::{tokenize, vllm, workspace_root, TestGateway};
+use floe_tests::{harness_bin_dir, tokenize, vllm, TestGateway};
 use serde_json::json;
 
-fn install(harness: &str) -> Result<String> {
-    let out = Command::new(workspace_root().join("scripts/harnesses/install.sh"))
-        .arg(harness)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "installing {harness}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+/// The harness's executable, installed (once, cached) from npm.
+fn install(harness: &str, bin: &str) -> Result<String> {
+    Ok(harness_bin_dir(harness)?.join(bin).display().to_string())
 }
 
 /// Close the session and check what the harness did: calls captured from `api`, each prompt
@@ -68,7 +61,7 @@ async fn check_harness_capture(
 
 #[tokio::test]
 async fn pi_runs_headless_through_the_gateway_on_each_api() -> Result<()> {
-    let pi = install("pi")?;
+    let pi = install("pi", "pi")?;
     let gw = TestGateway::start(&vllm().url, 48).await?;
     let http = reqwest::Client::new();
     // (pi's api name, base URL it appends its paths to, the API the gateway must see)
@@ -144,7 +137,7 @@ async fn pi_runs_headless_through_the_gateway_on_each_api() -> Result<()> {
 
 #[tokio::test]
 async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()> {
-    let codex = install("codex")?;
+    let codex = install("codex", "codex")?;
     let gw = TestGateway::start(&vllm().url, 48).await?;
     let http = reqwest::Client::new();
     let token = gw.session("codex-1", "hello", 0).await?;
