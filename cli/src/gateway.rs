@@ -13,6 +13,10 @@ pub struct GatewayArgs {
     /// Address the harness and the operator reach the gateway on.
     #[arg(long, default_value = "127.0.0.1:8370")]
     listen: SocketAddr,
+    /// Also serve on this address (in a pod: the pod IP's control port for the operator, while
+    /// `--listen` stays on loopback for the harness).
+    #[arg(long)]
+    control_listen: Option<SocketAddr>,
     /// Base URL of the OpenAI-compatible model server (vLLM), without `/v1`.
     #[arg(long)]
     upstream: String,
@@ -71,6 +75,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
     }
     let config = Config {
         listen: args.listen,
+        control_listen: args.control_listen,
         upstream_url: args.upstream,
         upstream_model: args.upstream_model,
         spool_dir: args

@@ -40,6 +40,9 @@ enum Command {
     /// Run one sandbox session: wait for the assignment from the pod's gateway, run the
     /// harness, evaluate, report. Exit 0 success, 1 agent failure, 2 usage, 3 infrastructure.
     Sandbox(sandbox::SandboxArgs),
+    /// Copy this `floe` binary to DEST (the sandbox pod's init container puts it in a shared
+    /// volume for the harness container).
+    InstallBinary { dest: std::path::PathBuf },
     /// Build trajectories from session captures, or compare the builders on them.
     Trajectories {
         #[command(subcommand)]
@@ -59,6 +62,17 @@ enum CliError {
     Trajectories(#[from] trajectories::TrajectoriesError),
     #[error(transparent)]
     Gateway(#[from] gateway::GatewayError),
+    #[error("cannot install the floe binary to {0}: {1}")]
+    Install(std::path::PathBuf, std::io::Error),
+}
+
+fn install_binary(dest: &std::path::Path) -> Result<(), CliError> {
+    use std::os::unix::fs::PermissionsExt;
+    let install = || -> std::io::Result<()> {
+        std::fs::copy(std::env::current_exe()?, dest)?;
+        std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755))
+    };
+    install().map_err(|e| CliError::Install(dest.to_path_buf(), e))
 }
 
 fn run(cli: Cli) -> Result<ExitCode, CliError> {
@@ -72,6 +86,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             std::io::stdout().lock().write_all(yaml.as_bytes())?;
         }
         Command::Gateway(args) => gateway::run(args)?,
+        Command::InstallBinary { dest } => install_binary(&dest)?,
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
         }

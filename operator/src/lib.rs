@@ -3,3 +3,4 @@
 //! apiserver and apply their plans live at the edges.
 
 pub mod pool;
+pub mod sandbox_pod;

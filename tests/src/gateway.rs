@@ -24,6 +24,7 @@ impl TestGateway {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let config = Config {
             listen: listener.local_addr()?,
+            control_listen: None,
             upstream_url: upstream.to_string(),
             upstream_model: "policy".into(),
             capture_dir: dir.path().join("captures"),

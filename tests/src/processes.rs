@@ -155,13 +155,20 @@ impl GatewayProcess {
 
     /// What the operator does: post the assignment to the gateway's control API.
     pub async fn assign(&self, assignment: &Value) -> Result<()> {
-        let (status, body) = self
-            .control(
-                reqwest::Method::POST,
-                "/floe/v1/assignments",
-                Some(assignment),
-            )
+        self.assign_at(&self.url, assignment).await
+    }
+
+    /// Post the assignment to `base` (e.g. the gateway's `--control-listen` address).
+    pub async fn assign_at(&self, base: &str, assignment: &Value) -> Result<()> {
+        let resp = self
+            .http
+            .post(format!("{base}/floe/v1/assignments"))
+            .bearer_auth(CONTROL_TOKEN)
+            .json(assignment)
+            .send()
             .await?;
+        let status = resp.status().as_u16();
+        let body = resp.text().await?;
         anyhow::ensure!(
             status == 201 || status == 200,
             "assignment: {status} {body}"

@@ -28,12 +28,14 @@ pub enum Step {
 pub struct ScriptedUpstream {
     pub url: String,
     calls: Arc<AtomicUsize>,
+    requests: Arc<std::sync::Mutex<Vec<Value>>>,
 }
 
 impl ScriptedUpstream {
     pub async fn start(script: Vec<Step>) -> anyhow::Result<Self> {
         let calls = Arc::new(AtomicUsize::new(0));
-        let state = Arc::new((script, calls.clone()));
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let state = Arc::new((script, calls.clone(), requests.clone()));
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
             .route("/tokenize", post(tokenize))
@@ -47,7 +49,16 @@ impl ScriptedUpstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Ok(Self { url, calls })
+        Ok(Self {
+            url,
+            calls,
+            requests,
+        })
+    }
+
+    /// Every chat-completion request body received, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// Chat completions answered so far.
@@ -56,7 +67,11 @@ impl ScriptedUpstream {
     }
 }
 
-type Shared = Arc<(Vec<Step>, Arc<AtomicUsize>)>;
+type Shared = Arc<(
+    Vec<Step>,
+    Arc<AtomicUsize>,
+    Arc<std::sync::Mutex<Vec<Value>>>,
+)>;
 
 const END_OF_TURN: u32 = 2;
 
@@ -140,8 +155,11 @@ fn shell_call(tools: &Value, command: &str) -> Option<(String, Value)> {
 }
 
 async fn complete(State(state): State<Shared>, Json(body): Json<Value>) -> Json<Value> {
-    let (script, calls) = &*state;
+    let (script, calls, requests) = &*state;
     let n = calls.fetch_add(1, Ordering::SeqCst);
+    if let Ok(mut r) = requests.lock() {
+        r.push(body.clone());
+    }
     let turn = body["messages"]
         .as_array()
         .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());

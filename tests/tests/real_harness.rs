@@ -23,7 +23,7 @@ async fn check_harness_capture(
     id: &str,
     api: Api,
     label: &str,
-    printed: &str,
+    printed: Option<&str>,
 ) -> Result<usize> {
     gw.close(id).await?;
     let capture = read_session(&gw.session_dir(id))?;
@@ -52,10 +52,12 @@ async fn check_harness_capture(
         );
     }
     // What the harness printed is exactly what the model sampled and the gateway captured.
-    assert!(
-        answers.iter().any(|a| a == printed),
-        "{label} printed {printed:?}, captured {answers:?}"
-    );
+    if let Some(printed) = printed {
+        assert!(
+            answers.iter().any(|a| a == printed),
+            "{label} printed {printed:?}, captured {answers:?}"
+        );
+    }
     Ok(capture.records.len())
 }
 
@@ -129,7 +131,7 @@ async fn pi_runs_headless_through_the_gateway_on_each_api() -> Result<()> {
         assert!(!stdout.is_empty(), "pi over {api_name} printed nothing");
 
         let label = format!("pi over {api_name}");
-        let calls = check_harness_capture(&gw, &http, &id, api, &label, &stdout).await?;
+        let calls = check_harness_capture(&gw, &http, &id, api, &label, Some(&stdout)).await?;
         eprintln!("{label}: exit 0, {calls} calls captured, answer {stdout:?}");
     }
     Ok(())
@@ -170,15 +172,30 @@ async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()
     })
     .await??;
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // SmolLM2 sometimes runs into the 48-token cap; the gateway then answers an incomplete
+    // Responses result (`max_output_tokens`), and Codex exits 1 saying so. That is the
+    // faithful outcome, not a failure of the path; anything else is.
+    let truncated = !out.status.success() && stderr.contains("reason: max_output_tokens");
     assert!(
-        out.status.success(),
-        "codex exec: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        out.status.success() || truncated,
+        "codex exec: {}\n{stderr}",
+        out.status
     );
     let label = "codex over openai-responses";
+    let printed = (!truncated).then_some(stdout.as_str());
     let calls =
-        check_harness_capture(&gw, &http, "codex-1", Api::OpenaiResponses, label, &stdout).await?;
-    eprintln!("{label}: exit 0, {calls} calls captured, answer {stdout:?}");
+        check_harness_capture(&gw, &http, "codex-1", Api::OpenaiResponses, label, printed).await?;
+    if truncated {
+        let capture = read_session(&gw.session_dir("codex-1"))?;
+        assert!(capture
+            .records
+            .iter()
+            .any(|r| r.finish_reason.as_deref() == Some("length")));
+    }
+    eprintln!(
+        "{label}: exit {}, {calls} calls captured, answer {stdout:?}",
+        out.status
+    );
     Ok(())
 }

@@ -207,3 +207,52 @@ async fn pi_preset_fixes_the_bug_over_each_api() -> Result<()> {
     }
     Ok(())
 }
+
+/// The pod as the operator builds it: the gateway's own upstream is unusable, the operator
+/// reaches the gateway on its separate control address, and the assignment names the upstream
+/// (the job's trainer vLLM in train mode) and the job's sampling, which replace the harness's.
+#[tokio::test]
+async fn the_assignment_names_the_upstream_and_the_job_sampling() -> Result<()> {
+    use floe_tests::toy_task::assignment;
+    use floe_tests::{harness_bin_dir, spawn_sandbox, wait_child, GatewayProcess};
+    let upstream =
+        ScriptedUpstream::start(vec![Step::Shell(FIX.into()), Step::Say("Fixed.".into())]).await?;
+    let root = tempfile::tempdir()?;
+    let control_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let control = format!("127.0.0.1:{control_port}");
+    let gateway = GatewayProcess::start(
+        &root.path().join("gw"),
+        "http://upstream.invalid",
+        &["--require-runner-ready", "--control-listen", &control],
+    )
+    .await?;
+    let mut runner = spawn_sandbox(&gateway, root.path(), &[harness_bin_dir("pi")?])?;
+    let mut a = assignment(
+        "routed-1",
+        &root.path().join("dataset"),
+        &pi(),
+        &default_evaluator(),
+    );
+    a["upstream"] =
+        json!({"url": upstream.url, "maxResponseTokens": 77, "temperature": 0.25, "topP": 0.5});
+    gateway.assign_at(&format!("http://{control}"), &a).await?;
+    let status = wait_child(&mut runner, std::time::Duration::from_secs(120)).await?;
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(root.path().join("summary.json"))?)?;
+    assert_eq!(status.code(), Some(0), "{summary}");
+    assert_eq!(summary["reward"], 1.0);
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert_eq!(r["temperature"], 0.25);
+        assert_eq!(r["top_p"], 0.5);
+        assert!(
+            r["max_tokens"].as_u64().is_some_and(|m| m <= 77),
+            "{}",
+            r["max_tokens"]
+        );
+    }
+    Ok(())
+}

@@ -190,6 +190,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         .map_err(|e| io("loopback listener", &e))?;
     let config = Config {
         listen,
+        control_listen: None,
         upstream_url: model_url.trim_end_matches('/').to_string(),
         upstream_model: model_name,
         capture_dir: out.join("captures"),

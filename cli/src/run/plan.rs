@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use floe_crds::rollout_job::{RolloutJob, Task, TrajectoryBuilder};
-use floe_gateway::ship::{Assignment, Sink};
+use floe_gateway::ship::{Assignment, Sink, UpstreamOverride};
 use floe_gateway::trajectory::Builder;
 use floe_sandbox::spec::RunSpec;
 
@@ -103,6 +103,13 @@ pub fn session_id(job: &str, task: &str, sample: u32) -> String {
 /// Tasks × samples, task-major (each GRPO group's samples together), at most `limit`.
 pub fn expand(plan: &Plan, sink: &Sink, limit: Option<usize>) -> Vec<Assignment> {
     let spec = &plan.job.spec;
+    // The job's response cap and sampling apply to every call of its sessions.
+    let upstream = UpstreamOverride {
+        max_response_tokens: u32::try_from(spec.sampling.max_response_tokens).ok(),
+        temperature: Some(spec.sampling.temperature),
+        top_p: Some(spec.sampling.top_p),
+        ..Default::default()
+    };
     let samples = u32::try_from(spec.num_samples.max(1)).unwrap_or(1);
     let builder = match spec.trajectory.builder {
         TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,
@@ -132,6 +139,7 @@ pub fn expand(plan: &Plan, sink: &Sink, limit: Option<usize>) -> Vec<Assignment>
                 sample,
                 builder,
                 sink: sink.clone(),
+                upstream: Some(upstream.clone()),
                 metadata,
                 run: serde_json::to_value(&run).unwrap_or_default(),
             });
@@ -197,6 +205,11 @@ spec:
             .map_err(|e| PlanError::Unsupported(e.to_string()))?;
         assert_eq!(run.task.instruction, "one");
         assert_eq!(run.max_response_tokens, Some(16384));
+        let upstream = sessions[0].upstream.clone().unwrap_or_default();
+        assert_eq!(
+            (upstream.temperature, upstream.top_p),
+            (Some(1.0), Some(1.0))
+        );
         assert_eq!(expand(&p, &Sink::None, Some(4)).len(), 4);
         Ok(())
     }

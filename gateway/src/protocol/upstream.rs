@@ -15,6 +15,9 @@ pub struct CallLimits {
     pub upstream_model: String,
     /// Cap on sampled tokens per call (the job's response-length cap).
     pub max_response_tokens: u32,
+    /// The job's sampling temperature and nucleus threshold: they replace the harness's own.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
 }
 
 /// Parameters that have no meaning for, or are refused by, the upstream call and are removed.
@@ -60,6 +63,12 @@ pub fn finalize_request(
     }
     body.remove("n");
     body.insert("model".into(), limits.upstream_model.clone().into());
+    if let Some(t) = limits.temperature {
+        body.insert("temperature".into(), t.into());
+    }
+    if let Some(p) = limits.top_p {
+        body.insert("top_p".into(), p.into());
+    }
     body.insert("max_tokens".into(), asked.into());
     body.insert("stream".into(), false.into());
     body.insert("return_token_ids".into(), true.into());
@@ -152,10 +161,28 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn the_job_sampling_replaces_the_harness_own() {
+        let mut l = limits();
+        l.temperature = Some(0.7);
+        l.top_p = Some(0.9);
+        let body = serde_json::json!({"messages": [], "temperature": 0.0, "top_p": 0.1});
+        let out = finalize_request(body.as_object().cloned().unwrap_or_default(), &l).expect("ok");
+        assert_eq!(
+            (out["temperature"].as_f64(), out["top_p"].as_f64()),
+            (Some(0.7), Some(0.9))
+        );
+        let kept =
+            finalize_request(body.as_object().cloned().unwrap_or_default(), &limits()).expect("ok");
+        assert_eq!(kept["temperature"].as_f64(), Some(0.0));
+    }
+
     fn limits() -> CallLimits {
         CallLimits {
             upstream_model: "policy".into(),
             max_response_tokens: 512,
+            temperature: None,
+            top_p: None,
         }
     }
 

@@ -51,13 +51,13 @@ async fn call_and_capture(
 ) -> Result<Completed, ProtocolError> {
     let seq = session.next_seq();
     let started_at_ms = now_ms();
-    let upstream_request = finalize_request(normalized, &gateway.limits)?;
+    let upstream_request = finalize_request(normalized, &session.upstream.limits)?;
     let t0 = Instant::now();
     let sent = gateway
         .http
         .post(format!(
             "{}/v1/chat/completions",
-            gateway.config.upstream_url.trim_end_matches('/')
+            session.upstream.url.trim_end_matches('/')
         ))
         .json(&upstream_request)
         .send()

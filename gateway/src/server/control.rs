@@ -98,8 +98,12 @@ pub async fn create_session(
     };
     let gw = gateway.clone();
     let created = tokio::task::spawn_blocking(move || {
-        gw.sessions
-            .create(&gw.config.capture_dir, meta, gw.config.durability)
+        gw.sessions.create(
+            &gw.config.capture_dir,
+            meta,
+            gw.config.durability,
+            gw.upstream_for(None),
+        )
     })
     .await;
     match created {

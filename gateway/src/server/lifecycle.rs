@@ -74,7 +74,12 @@ pub async fn post_assignment(
         };
         let (session, _) = gw
             .sessions
-            .create(&gw.config.capture_dir, meta, gw.config.durability)
+            .create(
+                &gw.config.capture_dir,
+                meta,
+                gw.config.durability,
+                gw.upstream_for(assignment.upstream.as_ref()),
+            )
             .map_err(|e| match e {
                 super::sessions::SessionError::BadId(_) => {
                     Refusal(StatusCode::BAD_REQUEST, e.to_string())
@@ -362,6 +367,7 @@ pub fn recover(gateway: &Arc<Gateway>) -> Result<usize, String> {
                 meta,
                 gateway.config.durability,
                 delivered.token.clone(),
+                gateway.upstream_for(delivered.assignment.upstream.as_ref()),
             )
             .map_err(|e| e.to_string())?;
         let taken = dir.join(TAKEN_FILE).exists();

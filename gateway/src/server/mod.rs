@@ -28,6 +28,9 @@ use crate::protocol::upstream::CallLimits;
 #[derive(Clone, Debug)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// A second address serving the same API, for the operator's control calls from outside
+    /// the pod (`listen` then stays on loopback for the harness).
+    pub control_listen: Option<SocketAddr>,
     /// Base URL of the OpenAI-compatible upstream (vLLM), without `/v1`.
     pub upstream_url: String,
     /// Model name sent upstream.
@@ -99,6 +102,8 @@ impl Gateway {
             limits: CallLimits {
                 upstream_model: config.upstream_model.clone(),
                 max_response_tokens: config.max_response_tokens,
+                temperature: None,
+                top_p: None,
             },
             sessions: Sessions::default(),
             metrics: Metrics::new()?,
@@ -111,6 +116,31 @@ impl Gateway {
             runner_ready: Default::default(),
             config,
         }))
+    }
+}
+
+impl Gateway {
+    /// A session's upstream: the gateway's own, with what the assignment overrides (a job in
+    /// train mode calls its trainer's vLLM; its sampling settings replace the harness's).
+    pub fn upstream_for(&self, over: Option<&crate::ship::UpstreamOverride>) -> sessions::Upstream {
+        let mut upstream = sessions::Upstream {
+            url: self.config.upstream_url.clone(),
+            limits: self.limits.clone(),
+        };
+        if let Some(o) = over {
+            if let Some(url) = &o.url {
+                upstream.url = url.clone();
+            }
+            if let Some(model) = &o.model {
+                upstream.limits.upstream_model = model.clone();
+            }
+            if let Some(max) = o.max_response_tokens {
+                upstream.limits.max_response_tokens = max;
+            }
+            upstream.limits.temperature = o.temperature.or(upstream.limits.temperature);
+            upstream.limits.top_p = o.top_p.or(upstream.limits.top_p);
+        }
+        upstream
     }
 }
 
@@ -161,21 +191,33 @@ pub async fn serve(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let listen = config.listen;
+    let addrs: Vec<SocketAddr> = std::iter::once(config.listen)
+        .chain(config.control_listen)
+        .collect();
     let gateway = Gateway::new(config)?;
     let restored = recover(&gateway).map_err(ServeError::Recover)?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| ServeError::Listen(listen, e))?;
-    tracing::info!(addr = %listener.local_addr().map_err(ServeError::Serve)?, restored, "gateway listening");
-    let stopping = gateway.stopping.clone();
-    axum::serve(listener, router(gateway.clone()))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            stopping.send_replace(true);
-        })
-        .await
-        .map_err(ServeError::Serve)?;
+    let mut servers = tokio::task::JoinSet::new();
+    for addr in addrs {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServeError::Listen(addr, e))?;
+        tracing::info!(addr = %listener.local_addr().map_err(ServeError::Serve)?, restored, "gateway listening");
+        let mut stopping = gateway.stopping.subscribe();
+        let app = router(gateway.clone());
+        servers.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopping.wait_for(|s| *s).await;
+                })
+                .await
+        });
+    }
+    shutdown.await;
+    gateway.stopping.send_replace(true);
+    while let Some(done) = servers.join_next().await {
+        done.map_err(|e| ServeError::Serve(std::io::Error::other(e)))?
+            .map_err(ServeError::Serve)?;
+    }
     drain(&gateway, DRAIN_DEADLINE).await;
     Ok(())
 }

@@ -229,13 +229,14 @@ async fn count_tokens(
     reply: impl FnOnce(u64) -> Value,
 ) -> Response {
     let counted = async {
-        let (_, body) = admit(gateway, api, request).await?;
+        let (session, body) = admit(gateway, api, request).await?;
         let n = normalize(&body)?;
-        let mut tokenize = json!({"model": gateway.config.upstream_model, "messages": n.request["messages"], "add_generation_prompt": true});
+        let upstream = &session.upstream;
+        let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": n.request["messages"], "add_generation_prompt": true});
         if let Some(tools) = n.request.get("tools") {
             tokenize["tools"] = tools.clone();
         }
-        let url = format!("{}/tokenize", gateway.config.upstream_url.trim_end_matches('/'));
+        let url = format!("{}/tokenize", upstream.url.trim_end_matches('/'));
         let answer = gateway.http.post(url).json(&tokenize).send().await.map_err(|e| ProtocolError::Upstream(e.to_string()))?;
         let status = answer.status().as_u16();
         let text = answer.text().await.map_err(|e| ProtocolError::Upstream(e.to_string()))?;
@@ -390,13 +391,10 @@ fn finish(
 
 /// `GET /v1/models`: the one model a session can call, under the name the harness expects.
 pub async fn models(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if token(&headers)
-        .and_then(|t| gateway.sessions.by_token(t))
-        .is_none()
-    {
+    let Some(session) = token(&headers).and_then(|t| gateway.sessions.by_token(t)) else {
         return fail(&gateway, Api::OpenaiChat, &ProtocolError::Unauthorized);
-    }
-    let id = gateway.config.upstream_model.clone();
+    };
+    let id = session.upstream.limits.upstream_model.clone();
     Json(json!({"object": "list", "data": [{"id": id, "object": "model", "created": 0, "owned_by": "floe"}]})).into_response()
 }
 

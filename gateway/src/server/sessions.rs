@@ -11,10 +11,19 @@ use crate::capture::{
     write_meta, CaptureLog, CaptureWriteError, CompletionRecord, Durability, SessionMeta, SEAL_FILE,
 };
 
+/// Where a session's calls go and with which limits.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    /// Base URL of the OpenAI-compatible server, without `/v1`.
+    pub url: String,
+    pub limits: crate::protocol::upstream::CallLimits,
+}
+
 pub struct Session {
     pub meta: SessionMeta,
     pub token: String,
     pub dir: PathBuf,
+    pub upstream: Upstream,
     next_seq: AtomicU64,
     /// `None` once the session is closed (capture sealed).
     log: Mutex<Option<CaptureLog>>,
@@ -90,9 +99,10 @@ impl Sessions {
         root: &Path,
         meta: SessionMeta,
         durability: Durability,
+        upstream: Upstream,
     ) -> Result<(Arc<Session>, bool), SessionError> {
         let token = format!("floe-{}", hex::encode(rand::rng().random::<[u8; 24]>()));
-        self.insert(root, meta, durability, token, true)
+        self.insert(root, meta, durability, token, upstream, true)
     }
 
     /// Bring back a session found on disk after a gateway restart, with its token: an open
@@ -103,8 +113,9 @@ impl Sessions {
         meta: SessionMeta,
         durability: Durability,
         token: String,
+        upstream: Upstream,
     ) -> Result<Arc<Session>, SessionError> {
-        self.insert(root, meta, durability, token, false)
+        self.insert(root, meta, durability, token, upstream, false)
             .map(|(s, _)| s)
     }
 
@@ -114,6 +125,7 @@ impl Sessions {
         meta: SessionMeta,
         durability: Durability,
         token: String,
+        upstream: Upstream,
         fresh: bool,
     ) -> Result<(Arc<Session>, bool), SessionError> {
         if !valid_id(&meta.session) {
@@ -143,6 +155,7 @@ impl Sessions {
             meta,
             token: token.clone(),
             dir,
+            upstream,
             next_seq: AtomicU64::new(calls),
             log: Mutex::new(log),
         });

@@ -27,12 +27,35 @@ pub struct Assignment {
     pub builder: Builder,
     #[serde(default)]
     pub sink: Sink,
+    /// Where this session's calls go, when not the gateway's own upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamOverride>,
     /// Copied into the trajectory.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, serde_json::Value>,
     /// What the sandbox runner needs (task, harness, evaluator, timeouts); opaque here.
     #[serde(default)]
     pub run: serde_json::Value,
+}
+
+/// Per-session upstream settings; each unset field keeps the gateway's own.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamOverride {
+    /// Base URL without `/v1` (e.g. the job's trainer vLLM Service).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Model name sent upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The job's per-call response cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_response_tokens: Option<u32>,
+    /// The job's sampling settings; they replace the harness's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
 }
 
 /// An assignment as the runner receives it, with the session's model-API token.
@@ -132,6 +155,7 @@ mod tests {
                 sample: 0,
                 builder: Builder::default(),
                 sink: Sink::None,
+                upstream: None,
                 metadata: BTreeMap::new(),
                 run: serde_json::json!({"instruction": "x"}),
             },

@@ -9,6 +9,6 @@ mod assignment;
 mod sink;
 mod spool;
 
-pub use assignment::{Assignment, AssignmentError, Assignments, Delivered};
+pub use assignment::{Assignment, AssignmentError, Assignments, Delivered, UpstreamOverride};
 pub use sink::{deliver, DeliveryError, Sink};
 pub use spool::{write_durably, Spool, SpoolEntry, SpoolError};

@@ -1,0 +1,252 @@
+//! The sandbox pod a GatewayPool makes from its template (sans-IO): the harness image with its
+//! command replaced by `floe sandbox`, the `floe` binary copied in by an init container, the
+//! gateway as a sidecar, the per-pod control token from a Secret, state in labels. This is the
+//! operator's half of `docs/sandbox-contract.md`.
+
+use std::collections::BTreeMap;
+
+use floe_crds::gateway_pool::GatewayPoolSpec;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
+
+pub const POOL_LABEL: &str = "floe.dev/pool";
+pub const STATE_LABEL: &str = "floe.dev/state";
+pub const TEMPLATE_HASH_ANNOTATION: &str = "floe.dev/template-hash";
+/// Key of the control token in the per-pod Secret.
+pub const CONTROL_TOKEN_KEY: &str = "control-token";
+
+/// Where a pod is in its life, as its `floe.dev/state` label says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodState {
+    Warming,
+    Ready,
+    Claimed,
+    Done,
+}
+
+impl PodState {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Warming => "warming",
+            Self::Ready => "ready",
+            Self::Claimed => "claimed",
+            Self::Done => "done",
+        }
+    }
+}
+
+const BIN_DIR: &str = "/floe-bin";
+const CONTROL_DIR: &str = "/floe-control";
+const STATE_DIR: &str = "/floe-state";
+const RUN_DIR: &str = "/floe-run";
+const DEFAULT_WORKDIR: &str = "/workspace";
+
+pub struct SandboxPod<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub pool: &'a str,
+    pub spec: &'a GatewayPoolSpec,
+    /// The image with the `floe` binary (the operator's own).
+    pub floe_image: &'a str,
+    /// The per-pod Secret holding [`CONTROL_TOKEN_KEY`].
+    pub secret: &'a str,
+    /// Kubernetes ≥ 1.29: the gateway as a native sidecar (an init container that keeps
+    /// running and stops after the main container); older: a plain second container.
+    pub native_sidecars: bool,
+}
+
+/// A stable hash of what makes pods of this pool differ (template, prepare steps, gateway):
+/// pods with another hash are stale.
+pub fn template_hash(spec: &GatewayPoolSpec) -> String {
+    let material = json!([spec.template, spec.prepare, spec.gateway]).to_string();
+    // FNV-1a, 64 bit: stable across processes and releases (std's hasher is not).
+    let hash = material.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    format!("{hash:016x}")
+}
+
+fn restricted() -> Value {
+    json!({
+        "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    })
+}
+
+pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
+    let t = &p.spec.template;
+    let g = &p.spec.gateway;
+    let workdir = t
+        .working_dir
+        .clone()
+        .unwrap_or_else(|| DEFAULT_WORKDIR.into());
+    let gateway_url = format!("http://127.0.0.1:{}", g.port);
+    let token_file = format!("{CONTROL_DIR}/{CONTROL_TOKEN_KEY}");
+
+    let mut labels: BTreeMap<String, String> = t
+        .metadata
+        .as_ref()
+        .map(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.insert(POOL_LABEL.into(), p.pool.into());
+    labels.insert(STATE_LABEL.into(), PodState::Warming.label().into());
+    labels.insert("app.kubernetes.io/managed-by".into(), "floe".into());
+    let mut annotations: BTreeMap<String, String> = t
+        .metadata
+        .as_ref()
+        .map(|m| m.annotations.clone())
+        .unwrap_or_default();
+    annotations.insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash(p.spec));
+
+    let mut gateway_args = vec![
+        "gateway".to_string(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", g.port),
+        "--control-listen".into(),
+        format!("0.0.0.0:{}", g.control_port),
+        "--capture-dir".into(),
+        format!("{STATE_DIR}/captures"),
+        "--control-token-file".into(),
+        token_file.clone(),
+        "--max-body-bytes".into(),
+        g.max_body_bytes.to_string(),
+        "--require-runner-ready".into(),
+        // A job without its own upstream uses the pool's; with none at all, every
+        // assignment must carry one.
+        "--upstream".into(),
+        g.upstream
+            .as_ref()
+            .map_or("http://upstream.invalid".into(), |u| u.url.clone()),
+    ];
+    if let Some(model) = g.upstream.as_ref().and_then(|u| u.model.clone()) {
+        gateway_args.extend(["--upstream-model".into(), model]);
+    }
+    let mut gateway = json!({
+        "name": "floe-gateway",
+        "image": p.floe_image,
+        "command": ["floe"],
+        "args": gateway_args,
+        "ports": [{"name": "floe-control", "containerPort": g.control_port}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": g.control_port}, "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": g.control_port}, "periodSeconds": 10},
+        "volumeMounts": [
+            {"name": "floe-control", "mountPath": CONTROL_DIR, "readOnly": true},
+            {"name": "floe-state", "mountPath": STATE_DIR},
+        ],
+        "securityContext": restricted(),
+    });
+    if let Some(r) = &g.resources {
+        gateway["resources"] = serde_json::to_value(r)?;
+    }
+    let copy = json!({
+        "name": "floe-init",
+        "image": p.floe_image,
+        "command": ["floe", "install-binary", format!("{BIN_DIR}/floe")],
+        "volumeMounts": [{"name": "floe-bin", "mountPath": BIN_DIR}],
+        "securityContext": restricted(),
+    });
+
+    let mut env = vec![
+        json!({"name": "FLOE_GATEWAY_URL", "value": gateway_url}),
+        json!({"name": "FLOE_CONTROL_TOKEN_FILE", "value": token_file}),
+        json!({"name": "FLOE_POOL_PREPARE", "value": serde_json::to_string(&p.spec.prepare)?}),
+        json!({"name": "OPENAI_BASE_URL", "value": format!("{gateway_url}/v1")}),
+        json!({"name": "ANTHROPIC_BASE_URL", "value": gateway_url}),
+        json!({"name": "GOOGLE_GEMINI_BASE_URL", "value": gateway_url}),
+    ];
+    env.extend(
+        t.env
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?,
+    );
+    let mut mounts = vec![
+        json!({"name": "floe-bin", "mountPath": BIN_DIR, "readOnly": true}),
+        json!({"name": "floe-control", "mountPath": CONTROL_DIR, "readOnly": true}),
+        json!({"name": "floe-run", "mountPath": RUN_DIR}),
+        json!({"name": "floe-workspace", "mountPath": workdir}),
+    ];
+    mounts.extend(
+        t.volume_mounts
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?,
+    );
+    let mut main = json!({
+        "name": "sandbox",
+        "image": t.image,
+        "command": [format!("{BIN_DIR}/floe"), "sandbox"],
+        "args": ["--workspace", workdir, "--state-dir", format!("{RUN_DIR}/state")],
+        "workingDir": workdir,
+        "env": env,
+        "envFrom": t.env_from,
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": match &t.security_context {
+            Some(sc) => serde_json::to_value(sc)?,
+            None => restricted(),
+        },
+    });
+    if let Some(policy) = t.image_pull_policy {
+        main["imagePullPolicy"] = serde_json::to_value(policy)?;
+    }
+    if let Some(r) = &t.resources {
+        main["resources"] = serde_json::to_value(r)?;
+    }
+
+    let mut volumes = vec![
+        json!({"name": "floe-bin", "emptyDir": {}}),
+        json!({"name": "floe-state", "emptyDir": {}}),
+        json!({"name": "floe-run", "emptyDir": {}}),
+        json!({"name": "floe-workspace", "emptyDir": {}}),
+        json!({"name": "floe-control", "secret": {"secretName": p.secret, "defaultMode": 0o440}}),
+    ];
+    volumes.extend(
+        t.volumes
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?,
+    );
+
+    let (init, containers) = if p.native_sidecars {
+        gateway["restartPolicy"] = "Always".into();
+        (vec![copy, gateway], vec![main])
+    } else {
+        (vec![copy], vec![main, gateway])
+    };
+    let mut spec = json!({
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "initContainers": init,
+        "containers": containers,
+        "volumes": volumes,
+        "imagePullSecrets": t.image_pull_secrets,
+        "nodeSelector": t.node_selector,
+        "tolerations": t.tolerations,
+        // The restricted profile's pod-level half: the runner and the gateway share the
+        // mounted Secret through the group.
+        "securityContext": {"runAsNonRoot": true, "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+    });
+    if let Some(a) = &t.affinity {
+        spec["affinity"] = serde_json::to_value(a)?;
+    }
+    for (key, value) in [
+        ("runtimeClassName", &t.runtime_class_name),
+        ("priorityClassName", &t.priority_class_name),
+        ("serviceAccountName", &t.service_account_name),
+    ] {
+        if let Some(v) = value {
+            spec[key] = v.clone().into();
+        }
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": p.name, "namespace": p.namespace, "labels": labels, "annotations": annotations},
+        "spec": spec,
+    }))
+}
+
+#[cfg(test)]
+mod tests;

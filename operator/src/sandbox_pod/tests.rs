@@ -1,0 +1,177 @@
+use floe_crds::gateway_pool::GatewayPoolSpec;
+use serde_json::{json, Value};
+
+use super::*;
+
+fn spec(extra: Value) -> GatewayPoolSpec {
+    let mut base = json!({
+        "replicas": 2,
+        "template": {"image": "ghcr.io/acme/sandbox-pi:1", "workingDir": "/repo",
+            "env": [{"name": "TZ", "value": "UTC"}],
+            "metadata": {"labels": {"team": "rl"}}},
+        "prepare": [{"name": "deps", "command": ["npm", "ci"]}],
+        "gateway": {"upstream": {"url": "http://policy:8000", "model": "qwen"}},
+    });
+    if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(base).expect("pool spec")
+}
+
+fn pod(spec: &GatewayPoolSpec, native: bool) -> Value {
+    let p = SandboxPod {
+        name: "pool-abc",
+        namespace: "ns",
+        pool: "pool",
+        spec,
+        floe_image: "ghcr.io/floe-dev/floe:0.1.0",
+        secret: "pool-abc-control",
+        native_sidecars: native,
+    };
+    serde_json::to_value(build(&p).expect("pod")).expect("json")
+}
+
+fn container<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no container {name} in {list}"))
+}
+
+fn env<'a>(c: &'a Value, name: &str) -> Option<&'a Value> {
+    c["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| &e["value"])
+}
+
+#[test]
+fn the_harness_command_is_replaced_by_the_runner_with_the_gateway_beside_it() {
+    let s = spec(json!({}));
+    let p = pod(&s, false);
+    let main = container(&p["spec"]["containers"], "sandbox");
+    assert_eq!(main["image"], "ghcr.io/acme/sandbox-pi:1");
+    assert_eq!(main["command"], json!(["/floe-bin/floe", "sandbox"]));
+    assert_eq!(main["workingDir"], "/repo");
+    assert_eq!(
+        env(main, "FLOE_GATEWAY_URL"),
+        Some(&json!("http://127.0.0.1:8370"))
+    );
+    assert_eq!(
+        env(main, "OPENAI_BASE_URL"),
+        Some(&json!("http://127.0.0.1:8370/v1"))
+    );
+    assert_eq!(env(main, "TZ"), Some(&json!("UTC")));
+    let prepare: Value = serde_json::from_str(
+        env(main, "FLOE_POOL_PREPARE")
+            .and_then(Value::as_str)
+            .unwrap_or("null"),
+    )
+    .expect("json");
+    assert_eq!(prepare[0]["name"], "deps");
+    let gw = container(&p["spec"]["containers"], "floe-gateway");
+    let args: Vec<&str> = gw["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for needle in [
+        "--require-runner-ready",
+        "http://policy:8000",
+        "qwen",
+        "127.0.0.1:8370",
+        "0.0.0.0:8371",
+    ] {
+        assert!(args.contains(&needle), "{needle} not in {args:?}");
+    }
+    assert_eq!(gw["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let init = container(&p["spec"]["initContainers"], "floe-init");
+    assert_eq!(init["command"][1], "install-binary");
+}
+
+#[test]
+fn native_sidecars_run_the_gateway_as_a_restartable_init_container() {
+    let s = spec(json!({}));
+    let p = pod(&s, true);
+    let gw = container(&p["spec"]["initContainers"], "floe-gateway");
+    assert_eq!(gw["restartPolicy"], "Always");
+    assert_eq!(p["spec"]["containers"].as_array().map(Vec::len), Some(1));
+    // The binary copy runs first, then the sidecar.
+    assert_eq!(p["spec"]["initContainers"][0]["name"], "floe-init");
+}
+
+#[test]
+fn the_control_token_comes_from_a_secret_never_the_pod_spec() {
+    let s = spec(json!({}));
+    let p = pod(&s, false);
+    let text = p.to_string();
+    let volumes = &p["spec"]["volumes"];
+    let secret = volumes
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "floe-control"))
+        .expect("secret volume");
+    assert_eq!(secret["secret"]["secretName"], "pool-abc-control");
+    assert!(
+        !text.contains("FLOE_CONTROL_TOKEN\""),
+        "no token value in env"
+    );
+    assert_eq!(p["spec"]["automountServiceAccountToken"], false);
+    assert_eq!(p["spec"]["restartPolicy"], "Never");
+}
+
+#[test]
+fn restricted_security_unless_the_template_says_otherwise() {
+    let p = pod(&spec(json!({})), false);
+    let sc = &container(&p["spec"]["containers"], "sandbox")["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    let mut s = spec(json!({}));
+    s.template.security_context = serde_json::from_value(json!({"runAsUser": 0})).ok();
+    let p = pod(&s, false);
+    assert_eq!(
+        container(&p["spec"]["containers"], "sandbox")["securityContext"],
+        json!({"runAsUser": 0})
+    );
+    // The gateway stays restricted either way.
+    assert_eq!(
+        container(&p["spec"]["containers"], "floe-gateway")["securityContext"]["runAsNonRoot"],
+        true
+    );
+}
+
+#[test]
+fn labels_carry_pool_state_and_template_hash() {
+    let s = spec(json!({}));
+    let p = pod(&s, false);
+    let labels = &p["metadata"]["labels"];
+    assert_eq!(labels[POOL_LABEL], "pool");
+    assert_eq!(labels[STATE_LABEL], "warming");
+    assert_eq!(labels["team"], "rl");
+    assert_eq!(
+        p["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION],
+        template_hash(&s)
+    );
+}
+
+#[test]
+fn the_template_hash_changes_with_the_template_only() {
+    let a = spec(json!({}));
+    let mut scaled = a.clone();
+    scaled.replicas = 50;
+    assert_eq!(
+        template_hash(&a),
+        template_hash(&scaled),
+        "scaling is not a template change"
+    );
+    let mut changed = a.clone();
+    changed.template.image = "ghcr.io/acme/sandbox-pi:2".into();
+    assert_ne!(template_hash(&a), template_hash(&changed));
+    let mut prepared = a.clone();
+    prepared.prepare.clear();
+    assert_ne!(template_hash(&a), template_hash(&prepared));
+    assert_eq!(template_hash(&a).len(), 16);
+}
