@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use floe_crds::generate::Target;
 
 mod gateway;
+mod operator;
 mod run;
 mod sandbox;
 mod trajectories;
@@ -32,6 +33,8 @@ enum Command {
         #[arg(long, value_name = "VERSION")]
         kube_version: Option<String>,
     },
+    /// Run the operator: keep GatewayPools' sandbox pods warm (RolloutJob sessions: next).
+    Operator(operator::OperatorArgs),
     /// Run the gateway: provider APIs for the harness, vLLM upstream, token-level capture.
     Gateway(gateway::GatewayArgs),
     /// Run a RolloutJob on this machine: the same YAML, local processes instead of pods.
@@ -62,6 +65,8 @@ enum CliError {
     Trajectories(#[from] trajectories::TrajectoriesError),
     #[error(transparent)]
     Gateway(#[from] gateway::GatewayError),
+    #[error(transparent)]
+    Operator(#[from] operator::OperatorError),
     #[error("cannot install the floe binary to {0}: {1}")]
     Install(std::path::PathBuf, std::io::Error),
 }
@@ -86,6 +91,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             std::io::stdout().lock().write_all(yaml.as_bytes())?;
         }
         Command::Gateway(args) => gateway::run(args)?,
+        Command::Operator(args) => operator::main(args)?,
         Command::InstallBinary { dest } => install_binary(&dest)?,
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))

@@ -3,4 +3,6 @@
 //! apiserver and apply their plans live at the edges.
 
 pub mod pool;
+pub mod pool_controller;
+pub mod run;
 pub mod sandbox_pod;

@@ -1,0 +1,88 @@
+//! `floe operator`: reconcile GatewayPools (and, next, RolloutJobs) on a cluster.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use floe_operator::run::{run, OperatorConfig};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Sidecars {
+    /// Native sidecars when the apiserver is 1.29 or newer.
+    Auto,
+    Native,
+    Plain,
+}
+
+#[derive(Args)]
+pub struct OperatorArgs {
+    /// Kubeconfig file (default: in-cluster config, else $KUBECONFIG / ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Image holding the `floe` binary, for the sandbox pods' init copy and gateway sidecar.
+    #[arg(long, default_value = concat!("ghcr.io/floe-dev/floe:", env!("CARGO_PKG_VERSION")))]
+    floe_image: String,
+    /// How the gateway sidecar runs.
+    #[arg(long, value_enum, default_value = "auto")]
+    sidecars: Sidecars,
+    /// Reconciles per controller at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("kubeconfig {0}: {1}")]
+    Kubeconfig(PathBuf, String),
+    #[error("cannot reach the apiserver: {0}")]
+    Client(#[from] kube::Error),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+async fn client(args: &OperatorArgs) -> Result<kube::Client, OperatorError> {
+    match &args.kubeconfig {
+        Some(path) => {
+            let bad =
+                |e: &dyn std::fmt::Display| OperatorError::Kubeconfig(path.clone(), e.to_string());
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| bad(&e))?;
+            Ok(kube::Client::try_from(config)?)
+        }
+        None => Ok(kube::Client::try_default().await?),
+    }
+}
+
+pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(OperatorError::Runtime)?;
+    runtime.block_on(async {
+        let client = client(&args).await?;
+        let native_sidecars = match args.sidecars {
+            Sidecars::Native => true,
+            Sidecars::Plain => false,
+            Sidecars::Auto => {
+                let version = client.apiserver_version().await?;
+                let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap_or(0);
+                version.major == "1" && minor >= 29
+            }
+        };
+        run(
+            client,
+            OperatorConfig {
+                namespace: args.namespace.clone(),
+                floe_image: args.floe_image.clone(),
+                native_sidecars,
+                concurrency: args.concurrency,
+            },
+        )
+        .await;
+        Ok(())
+    })
+}

@@ -1,0 +1,304 @@
+//! The GatewayPool controller: observe a pool's pods, let [`crate::pool::plan`] decide, carry
+//! out the plan (create pods with their control-token Secrets, delete), mark pods whose
+//! readiness probe passed as READY, and write the pool's status.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floe_crds::gateway_pool::{GatewayPool, GatewayPoolStatus};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Client, Resource, ResourceExt};
+use rand::RngExt;
+use serde_json::json;
+
+use crate::pool::{plan, PoolPod, PoolView};
+use crate::sandbox_pod::{self, PodState, SandboxPod, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("the pool has no namespace")]
+    NoNamespace,
+    #[error("cannot build the sandbox pod: {0}")]
+    Template(#[from] serde_json::Error),
+}
+
+pub struct PoolContext {
+    pub client: Client,
+    /// The image with the `floe` binary (init copy and gateway sidecar).
+    pub floe_image: String,
+    pub native_sidecars: bool,
+    /// Creation times per pool, for the per-minute rate limit.
+    created: Mutex<HashMap<String, VecDeque<Instant>>>,
+}
+
+impl PoolContext {
+    pub fn new(client: Client, floe_image: String, native_sidecars: bool) -> Self {
+        Self {
+            client,
+            floe_image,
+            native_sidecars,
+            created: Mutex::default(),
+        }
+    }
+
+    fn created_last_minute(&self, key: &str) -> i32 {
+        let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        let times = created.entry(key.to_string()).or_default();
+        while times
+            .front()
+            .is_some_and(|t| t.elapsed() > Duration::from_secs(60))
+        {
+            times.pop_front();
+        }
+        times.len() as i32
+    }
+
+    fn record_created(&self, key: &str) {
+        let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        created
+            .entry(key.to_string())
+            .or_default()
+            .push_back(Instant::now());
+    }
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn state(pod: &Pod) -> Option<&str> {
+    pod.labels().get(STATE_LABEL).map(String::as_str)
+}
+
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn owner(pool: &GatewayPool) -> Option<OwnerReference> {
+    pool.controller_owner_ref(&())
+}
+
+pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
+    let ns = pool.namespace().ok_or(PoolError::NoNamespace)?;
+    let name = pool.name_any();
+    let key = format!("{ns}/{name}");
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let observed = pods
+        .list(&ListParams::default().labels(&format!("{POOL_LABEL}={name}")))
+        .await?;
+    let hash = sandbox_pod::template_hash(&pool.spec);
+    let now = k8s_openapi::jiff::Timestamp::now();
+
+    let mut unclaimed = Vec::new();
+    let mut claimed = 0;
+    for pod in &observed.items {
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        match state(pod) {
+            Some("warming") | Some("ready") => {
+                if finished(pod) {
+                    // A warm pod that exited before being claimed is broken: replace it.
+                    pods.delete(&pod.name_any(), &DeleteParams::default())
+                        .await?;
+                    continue;
+                }
+                let ready = is_ready(pod);
+                if ready && state(pod) == Some("warming") {
+                    mark(&pods, pod, PodState::Ready).await?;
+                }
+                let age = pod
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| now.duration_since(t.0).as_secs())
+                    .unwrap_or(0);
+                unclaimed.push(PoolPod {
+                    name: pod.name_any(),
+                    ready,
+                    template_hash: pod
+                        .annotations()
+                        .get(sandbox_pod::TEMPLATE_HASH_ANNOTATION)
+                        .cloned()
+                        .unwrap_or_default(),
+                    age_seconds: age,
+                });
+            }
+            Some("claimed") => claimed += 1,
+            _ => {}
+        }
+    }
+    let view = PoolView {
+        desired: pool.spec.replicas,
+        template_hash: hash.clone(),
+        strategy: pool.spec.update_strategy.type_,
+        refill: pool.spec.refill.clone(),
+        created_last_minute: ctx.created_last_minute(&key),
+    };
+    let decided = plan(&view, &unclaimed);
+    for (pod, reason) in &decided.delete {
+        tracing::info!(pool = %key, %pod, ?reason, "deleting pod");
+        match pods.delete(pod, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for _ in 0..decided.create {
+        create_pod(&ctx, &pool, &ns, &name).await?;
+        ctx.record_created(&key);
+    }
+
+    let deleted: Vec<&String> = decided.delete.iter().map(|(p, _)| p).collect();
+    let kept: Vec<&PoolPod> = unclaimed
+        .iter()
+        .filter(|p| !deleted.contains(&&p.name))
+        .collect();
+    let ready = kept.iter().filter(|p| p.ready).count() as i32;
+    let replicas = kept.len() as i32 + decided.create;
+    write_status(&ctx, &pool, &ns, replicas, ready, claimed, &hash).await?;
+    let settled = ready >= pool.spec.replicas && decided.deferred == 0 && decided.create == 0;
+    Ok(Action::requeue(if settled {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(2)
+    }))
+}
+
+async fn mark(pods: &Api<Pod>, pod: &Pod, to: PodState) -> Result<(), PoolError> {
+    // The resourceVersion makes this a compare-and-swap: a concurrent claim wins.
+    let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), "labels": {STATE_LABEL: to.label()}}});
+    match pods
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_conflict() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn create_pod(
+    ctx: &PoolContext,
+    pool: &GatewayPool,
+    ns: &str,
+    name: &str,
+) -> Result<(), PoolError> {
+    let suffix: String = {
+        let mut rng = rand::rng();
+        (0..5)
+            .map(|_| {
+                let i = rng.random_range(0..36u8);
+                char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
+            })
+            .collect()
+    };
+    let pod_name = format!("{name}-{suffix}");
+    let secret_name = format!("{pod_name}-control");
+    let mut pod = sandbox_pod::build(&SandboxPod {
+        name: &pod_name,
+        namespace: ns,
+        pool: name,
+        spec: &pool.spec,
+        floe_image: &ctx.floe_image,
+        secret: &secret_name,
+        native_sidecars: ctx.native_sidecars,
+    })?;
+    pod.metadata.owner_references = owner(pool).map(|o| vec![o]);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let created = pods.create(&PostParams::default(), &pod).await?;
+    // The Secret is owned by its pod, so it goes when the pod goes.
+    let token = hex::encode(rand::rng().random::<[u8; 32]>());
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(secret_name),
+            namespace: Some(ns.to_string()),
+            labels: Some(BTreeMap::from([(POOL_LABEL.to_string(), name.to_string())])),
+            owner_references: created.controller_owner_ref(&()).map(|mut o| {
+                o.controller = Some(false);
+                vec![o]
+            }),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([(CONTROL_TOKEN_KEY.to_string(), token)])),
+        ..Default::default()
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    secrets.create(&PostParams::default(), &secret).await?;
+    tracing::info!(pool = %name, pod = %pod_name, "created sandbox pod");
+    Ok(())
+}
+
+async fn write_status(
+    ctx: &PoolContext,
+    pool: &GatewayPool,
+    ns: &str,
+    replicas: i32,
+    ready: i32,
+    claimed: i32,
+    hash: &str,
+) -> Result<(), PoolError> {
+    let desired = pool.spec.replicas;
+    let (status, reason, message) = if ready >= desired {
+        ("True", "PoolReady", format!("{ready}/{desired} pods READY"))
+    } else {
+        ("False", "Warming", format!("{ready}/{desired} pods READY"))
+    };
+    let previous = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    // Keep the transition time unless the status flips.
+    let since = match previous {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let new = GatewayPoolStatus {
+        replicas,
+        ready_replicas: ready,
+        claimed_replicas: claimed,
+        selector: Some(format!("{POOL_LABEL}={}", pool.name_any())),
+        template_hash: Some(hash.to_string()),
+        observed_generation: pool.metadata.generation,
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: since,
+            observed_generation: pool.metadata.generation,
+        }],
+    };
+    if pool.status.as_ref() == Some(&new) {
+        return Ok(());
+    }
+    let api: Api<GatewayPool> = Api::namespaced(ctx.client.clone(), ns);
+    api.patch_status(
+        &pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": new})),
+    )
+    .await?;
+    Ok(())
+}
+
+pub fn error_policy(pool: Arc<GatewayPool>, error: &PoolError, _: Arc<PoolContext>) -> Action {
+    tracing::warn!(pool = %pool.name_any(), "reconcile failed: {error}");
+    Action::requeue(Duration::from_secs(5))
+}

@@ -1,0 +1,185 @@
+//! The GatewayPool controller on the genuine kube-apiserver: the real `floe operator` process
+//! keeps `replicas` sandbox pods warm. There is no kubelet here, so the test plays it: it marks
+//! pods Ready (as the readiness probe on the gateway's `/readyz` would) and claims a pod the way
+//! a RolloutJob does (compare-and-swap on the `floe.dev/state` label).
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use floe_crds::gateway_pool::GatewayPool;
+use floe_tests::{cluster, floe_bin, TestNamespace};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_operator(namespace: &str) -> Result<Operator> {
+    Ok(Operator(
+        Command::new(floe_bin()?)
+            .arg("operator")
+            .arg("--kubeconfig")
+            .arg(&cluster().kubeconfig)
+            .args([
+                "--namespace",
+                namespace,
+                "--floe-image",
+                "floe:test",
+                "--sidecars",
+                "auto",
+            ])
+            .stdout(Stdio::null())
+            .spawn()?,
+    ))
+}
+
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Play the kubelet: the pod runs and its readiness probe passes.
+async fn make_ready(pods: &Api<Pod>, name: &str) -> Result<()> {
+    let status = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+async fn pool_pods(pods: &Api<Pod>, state: &str) -> Result<Vec<Pod>> {
+    Ok(pods
+        .list(&ListParams::default().labels(&format!("floe.dev/pool=warm,floe.dev/state={state}")))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
+    let c = cluster();
+    let client = c.client().await?;
+    c.install_crds(&client).await?;
+    let ns = TestNamespace::create(c, &client, "pool").await?;
+    let _operator = start_operator(&ns.name)?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pool: GatewayPool = serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "warm"},
+        "spec": {"replicas": 3, "template": {"image": "ghcr.io/acme/sandbox-pi:1"},
+                 "prepare": [{"name": "deps", "command": ["true"]}],
+                 "gateway": {"upstream": {"url": "http://policy:8000"}}},
+    }))?;
+    pools.create(&PostParams::default(), &pool).await?;
+
+    // Three pods appear, warming, each with its own control-token Secret owned by the pod.
+    let warming = eventually("3 warming pods", async || {
+        let w = pool_pods(&pods, "warming").await?;
+        Ok((w.len() == 3).then_some(w))
+    })
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    for pod in &warming {
+        let secret = secrets.get(&format!("{}-control", pod.name_any())).await?;
+        let owner = &secret.owner_references()[0];
+        assert_eq!(owner.uid, pod.uid().unwrap_or_default());
+        assert!(secret
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key("control-token")));
+        let spec = pod.spec.as_ref().context("pod spec")?;
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        // apiserver 1.20: no native sidecars, so the gateway is a second container.
+        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["sandbox", "floe-gateway"]);
+        assert_eq!(pod.owner_references()[0].kind, "GatewayPool");
+    }
+
+    // The kubelet's part: pods become Ready; the operator marks them READY.
+    for pod in &warming {
+        make_ready(&pods, &pod.name_any()).await?;
+    }
+    eventually("3 READY pods and status", async || {
+        let ready = pool_pods(&pods, "ready").await?.len();
+        let status = pools.get("warm").await?.status.unwrap_or_default();
+        Ok((ready == 3 && status.ready_replicas == 3 && status.replicas == 3).then_some(()))
+    })
+    .await?;
+    let status = pools.get("warm").await?.status.context("status")?;
+    assert_eq!(status.selector.as_deref(), Some("floe.dev/pool=warm"));
+    assert_eq!(status.conditions[0].type_, "Ready");
+    assert_eq!(status.conditions[0].status, "True");
+    assert_eq!(
+        status.observed_generation,
+        pools.get("warm").await?.metadata.generation
+    );
+
+    // A RolloutJob claims one (compare-and-swap on the state label); the pool refills.
+    let victim = pool_pods(&pods, "ready").await?.remove(0);
+    let claim = json!({"metadata": {"resourceVersion": victim.resource_version(), "labels": {"floe.dev/state": "claimed"}}});
+    pods.patch(
+        &victim.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&claim),
+    )
+    .await?;
+    // The same claim again with the old resourceVersion loses: exactly one claimer wins.
+    let second = pods
+        .patch(
+            &victim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&claim),
+        )
+        .await;
+    assert!(matches!(second, Err(kube::Error::Api(s)) if s.is_conflict()));
+    let fresh = eventually("a replacement pod", async || {
+        let w = pool_pods(&pods, "warming").await?;
+        Ok((w.len() == 1).then_some(w))
+    })
+    .await?;
+    make_ready(&pods, &fresh[0].name_any()).await?;
+    eventually("status after refill", async || {
+        let s = pools.get("warm").await?.status.unwrap_or_default();
+        Ok((s.ready_replicas == 3 && s.claimed_replicas == 1).then_some(()))
+    })
+    .await?;
+
+    // Scale down through the scale subresource: surplus pods go.
+    pools
+        .patch_scale(
+            "warm",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 1}})),
+        )
+        .await?;
+    eventually("scaled down to 1", async || {
+        let ready = pool_pods(&pods, "ready").await?.len();
+        let s = pools.get("warm").await?.status.unwrap_or_default();
+        Ok((ready == 1 && s.replicas == 1).then_some(()))
+    })
+    .await?;
+    // The claimed pod is the job's business: untouched.
+    assert!(pods.get(&victim.name_any()).await.is_ok());
+    Ok(())
+}
