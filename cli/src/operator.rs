@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use floe_operator::leader::LeaseConfig;
 use floe_operator::run::{run, OperatorConfig};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -30,6 +31,21 @@ pub struct OperatorArgs {
     /// Reconciles per controller at once.
     #[arg(long, default_value_t = 4)]
     concurrency: u16,
+    /// Run the controllers only while holding a Lease, so several replicas can run.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the Lease (default: `POD_NAMESPACE`, else `--namespace`, else `default`).
+    #[arg(long)]
+    lease_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(long, default_value = "floe-operator")]
+    lease_name: String,
+    /// Seconds without renewal after which a leader is considered gone.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// This replica's name in the Lease (default: `POD_NAME`, else host-pid).
+    #[arg(long)]
+    identity: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +89,29 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 version.major == "1" && minor >= 29
             }
         };
+        let leader = args.leader_elect.then(|| {
+            let identity = args
+                .identity
+                .clone()
+                .or_else(|| std::env::var("POD_NAME").ok())
+                .unwrap_or_else(|| {
+                    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+                    format!("{}-{}", host.trim(), std::process::id())
+                });
+            let duration = std::time::Duration::from_secs(args.lease_duration_seconds.max(3));
+            LeaseConfig {
+                namespace: args
+                    .lease_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .or_else(|| args.namespace.clone())
+                    .unwrap_or_else(|| "default".into()),
+                name: args.lease_name.clone(),
+                identity,
+                duration,
+                renew_every: duration / 3,
+            }
+        });
         run(
             client,
             OperatorConfig {
@@ -80,6 +119,7 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 floe_image: args.floe_image.clone(),
                 native_sidecars,
                 concurrency: args.concurrency,
+                leader,
             },
         )
         .await;

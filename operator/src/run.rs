@@ -1,5 +1,5 @@
-//! `floe operator`: the controllers, wired to the apiserver. Today: GatewayPool (the warm pool);
-//! RolloutJob is next (see the operator issue).
+//! `floe operator`: the controllers, wired to the apiserver, behind leader election when
+//! several replicas run. Today: GatewayPool (the warm pool); RolloutJob is next.
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, Controller};
 use kube::{Api, Client};
 
+use crate::leader::{Leader, LeaseConfig};
 use crate::pool_controller::{error_policy, reconcile, PoolContext};
 
 pub struct OperatorConfig {
@@ -18,10 +19,101 @@ pub struct OperatorConfig {
     pub native_sidecars: bool,
     /// Reconciles of one controller running at once.
     pub concurrency: u16,
+    /// Leader election; `None` runs unconditionally (a single replica).
+    pub leader: Option<LeaseConfig>,
 }
 
-/// Run until SIGTERM/Ctrl-C (in-flight reconciles finish first).
+/// SIGTERM (pod deletion) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {},
+                _ = term.recv() => {},
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+}
+
+/// Why the controllers stopped.
+enum Stop {
+    Signal,
+    LostLease,
+}
+
+/// Run until SIGTERM/Ctrl-C (in-flight reconciles finish first). With leader election, the
+/// controllers run only while this replica holds the lease; losing it stops them and this
+/// replica campaigns again.
 pub async fn run(client: Client, config: OperatorConfig) {
+    let leader = config
+        .leader
+        .clone()
+        .map(|c| Arc::new(Leader::new(client.clone(), c)));
+    let signal = Arc::new(tokio::sync::Notify::new());
+    {
+        let signal = signal.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            signal.notify_waiters();
+            signal.notify_one();
+        });
+    }
+    loop {
+        if let Some(l) = &leader {
+            tokio::select! {
+                _ = l.acquire() => {},
+                _ = signal.notified() => return,
+            }
+        }
+        // The lease keeper runs in its own task (kube's futures are not Sync, the controller's
+        // shutdown trigger must be); it says why through `why` and stops the controllers
+        // through `stop`.
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (why_tx, why_rx) = tokio::sync::oneshot::channel::<Stop>();
+        {
+            let leader = leader.clone();
+            let signal = signal.clone();
+            tokio::spawn(async move {
+                let why = match leader {
+                    Some(l) => tokio::select! {
+                        _ = l.keep() => Stop::LostLease,
+                        _ = signal.notified() => Stop::Signal,
+                    },
+                    None => {
+                        signal.notified().await;
+                        Stop::Signal
+                    }
+                };
+                let _ = why_tx.send(why);
+                let _ = stop_tx.send(());
+            });
+        }
+        run_controllers(client.clone(), &config, async move {
+            let _ = stop_rx.await;
+        })
+        .await;
+        match why_rx.await {
+            Ok(Stop::LostLease) => continue,
+            _ => {
+                if let Some(l) = &leader {
+                    l.release().await;
+                }
+                tracing::info!("floe operator stopped");
+                return;
+            }
+        }
+    }
+}
+
+async fn run_controllers(
+    client: Client,
+    config: &OperatorConfig,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     let (pools, pods): (Api<GatewayPool>, Api<Pod>) = match &config.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
@@ -31,17 +123,17 @@ pub async fn run(client: Client, config: OperatorConfig) {
     };
     let context = Arc::new(PoolContext::new(
         client,
-        config.floe_image,
+        config.floe_image.clone(),
         config.native_sidecars,
     ));
-    tracing::info!(namespace = ?config.namespace, "floe operator started");
+    tracing::info!(namespace = ?config.namespace, "controllers started");
     Controller::new(pools, watcher::Config::default())
         .owns(
             pods,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=floe"),
         )
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
-        .shutdown_on_signal()
+        .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -49,5 +141,5 @@ pub async fn run(client: Client, config: OperatorConfig) {
             }
         })
         .await;
-    tracing::info!("floe operator stopped");
+    tracing::info!("controllers stopped");
 }

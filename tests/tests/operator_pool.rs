@@ -24,6 +24,10 @@ impl Drop for Operator {
 }
 
 fn start_operator(namespace: &str) -> Result<Operator> {
+    start_operator_with(namespace, &[])
+}
+
+fn start_operator_with(namespace: &str, extra: &[&str]) -> Result<Operator> {
     Ok(Operator(
         Command::new(floe_bin()?)
             .arg("operator")
@@ -37,6 +41,7 @@ fn start_operator(namespace: &str) -> Result<Operator> {
                 "--sidecars",
                 "auto",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()?,
     ))
@@ -181,5 +186,82 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
     .await?;
     // The claimed pod is the job's business: untouched.
     assert!(pods.get(&victim.name_any()).await.is_ok());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let c = cluster();
+    let client = c.client().await?;
+    c.install_crds(&client).await?;
+    let ns = TestNamespace::create(c, &client, "leader").await?;
+    let elect = |id: &'static str| -> Result<Operator> {
+        start_operator_with(
+            &ns.name,
+            &[
+                "--leader-elect",
+                "--lease-duration-seconds",
+                "6",
+                "--identity",
+                id,
+            ],
+        )
+    };
+    let mut replicas = vec![("a", elect("a")?), ("b", elect("b")?)];
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let holder = async || -> Result<Option<String>> {
+        Ok(leases
+            .get_opt("floe-operator")
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity))
+    };
+    let first = eventually("a leader", async || holder().await).await?;
+
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pool: GatewayPool = serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "warm"},
+        "spec": {"replicas": 2, "template": {"image": "ghcr.io/acme/sandbox-pi:1"}},
+    }))?;
+    pools.create(&PostParams::default(), &pool).await?;
+    eventually("2 pods", async || {
+        Ok((pool_pods(&pods, "warming").await?.len() == 2).then_some(()))
+    })
+    .await?;
+    // Two replicas acting would each create pods: the count must stay at 2.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(pool_pods(&pods, "warming").await?.len(), 2);
+
+    // The leader stops (SIGTERM, as on a rollout): it releases the lease and the other
+    // replica takes over and keeps acting.
+    let index = replicas
+        .iter()
+        .position(|(id, _)| *id == first)
+        .context("leader is a replica")?;
+    let (_, mut leader) = replicas.remove(index);
+    Command::new("kill")
+        .args(["-TERM", &leader.0.id().to_string()])
+        .status()?;
+    let exit = leader.0.wait()?;
+    assert!(exit.success(), "the leader stops cleanly: {exit}");
+    let next = eventually("the other replica leads", async || {
+        Ok(holder().await?.filter(|h| h != &first))
+    })
+    .await?;
+    assert_eq!(next, replicas[0].0);
+    pools
+        .patch_scale(
+            "warm",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 3}})),
+        )
+        .await?;
+    eventually("the new leader adds the third pod", async || {
+        Ok((pool_pods(&pods, "warming").await?.len() == 3).then_some(()))
+    })
+    .await?;
     Ok(())
 }

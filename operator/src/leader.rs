@@ -1,0 +1,205 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, so several operator replicas can run and
+//! exactly one acts. Every write is a compare-and-swap on the Lease's `resourceVersion`: a
+//! replica becomes leader only by replacing the version it read, and stays leader only while
+//! its renewals keep winning. A leader that stops releases the Lease so another takes over at
+//! once; one that dies is replaced when its Lease expires.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub namespace: String,
+    pub name: String,
+    /// This replica (pod name, or host-pid).
+    pub identity: String,
+    /// A leader that has not renewed for this long is gone.
+    pub duration: Duration,
+    /// How often the leader renews and candidates retry.
+    pub renew_every: Duration,
+}
+
+pub struct Leader {
+    api: Api<Lease>,
+    config: LeaseConfig,
+}
+
+/// Sans-IO: may `me` take a lease held as `spec`, at `now`?
+pub fn may_take(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> bool {
+    let Some(spec) = spec else { return true };
+    let holder = spec.holder_identity.as_deref().unwrap_or("");
+    if holder.is_empty() || holder == me {
+        return true;
+    }
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    match &spec.renew_time {
+        Some(renewed) => now.as_second() > renewed.0.as_second() + duration,
+        None => true,
+    }
+}
+
+impl Leader {
+    pub fn new(client: Client, config: LeaseConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+        }
+    }
+
+    fn spec(&self, previous: Option<&LeaseSpec>, now: Timestamp) -> LeaseSpec {
+        let ours =
+            previous.and_then(|s| s.holder_identity.as_deref()) == Some(&self.config.identity);
+        let transitions = previous.and_then(|s| s.lease_transitions).unwrap_or(0);
+        LeaseSpec {
+            holder_identity: Some(self.config.identity.clone()),
+            lease_duration_seconds: Some(self.config.duration.as_secs() as i32),
+            acquire_time: if ours {
+                previous.and_then(|s| s.acquire_time.clone())
+            } else {
+                Some(MicroTime(now))
+            },
+            renew_time: Some(MicroTime(now)),
+            lease_transitions: Some(if ours || previous.is_none() {
+                transitions
+            } else {
+                transitions + 1
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// One attempt to take or keep the lease. `Ok(true)`: we hold it now.
+    pub async fn try_hold(&self) -> Result<bool, kube::Error> {
+        let now = Timestamp::now();
+        match self.api.get_opt(&self.config.name).await? {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.config.name.clone()),
+                        namespace: Some(self.config.namespace.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(self.spec(None, now)),
+                };
+                match self.api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(s)) if s.is_conflict() || s.code == 409 => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+            Some(mut lease) => {
+                if !may_take(lease.spec.as_ref(), &self.config.identity, now) {
+                    return Ok(false);
+                }
+                lease.spec = Some(self.spec(lease.spec.as_ref(), now));
+                // `replace` sends the resourceVersion we read: a concurrent writer makes it 409.
+                match self
+                    .api
+                    .replace(&self.config.name, &PostParams::default(), &lease)
+                    .await
+                {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(s)) if s.is_conflict() => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Wait until this replica is the leader.
+    pub async fn acquire(&self) {
+        loop {
+            match self.try_hold().await {
+                Ok(true) => {
+                    tracing::info!(identity = %self.config.identity, lease = %self.config.name, "became the leader");
+                    return;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!("leader election: {e}"),
+            }
+            tokio::time::sleep(self.config.renew_every).await;
+        }
+    }
+
+    /// Renew until a renewal is lost (another replica took over, or the apiserver was
+    /// unreachable for longer than the lease); then return.
+    pub async fn keep(&self) {
+        let mut last_renewal = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(self.config.renew_every).await;
+            match self.try_hold().await {
+                Ok(true) => last_renewal = tokio::time::Instant::now(),
+                Ok(false) => {
+                    tracing::warn!("lost the lease to another replica");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("renewing the lease: {e}");
+                    if last_renewal.elapsed() >= self.config.duration {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Give the lease up (on shutdown), so another replica takes over without waiting for it
+    /// to expire.
+    pub async fn release(&self) {
+        if let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await {
+            let held = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                == Some(&self.config.identity);
+            if held {
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.holder_identity = None;
+                    spec.renew_time = None;
+                }
+                let _ = self
+                    .api
+                    .replace(&self.config.name, &PostParams::default(), &lease)
+                    .await;
+                tracing::info!("released the lease");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(by: &str, renewed_at: i64, duration: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(by.into()),
+            lease_duration_seconds: Some(duration),
+            renew_time: Some(MicroTime(
+                Timestamp::from_second(renewed_at).unwrap_or_default(),
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn who_may_take_the_lease() {
+        let now = Timestamp::from_second(1_000).unwrap_or_default();
+        assert!(may_take(None, "a", now), "no lease yet");
+        assert!(may_take(Some(&held("a", 999, 15)), "a", now), "our own");
+        assert!(
+            !may_take(Some(&held("b", 990, 15)), "a", now),
+            "b renewed 10 s ago"
+        );
+        assert!(
+            may_take(Some(&held("b", 980, 15)), "a", now),
+            "b expired 5 s ago"
+        );
+        assert!(may_take(Some(&LeaseSpec::default()), "a", now), "released");
+    }
+}
