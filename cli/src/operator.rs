@@ -43,6 +43,9 @@ pub struct OperatorArgs {
     /// Seconds without renewal after which a leader is considered gone.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_listen: std::net::SocketAddr,
     /// This replica's name in the Lease (default: `POD_NAME`, else host-pid).
     #[arg(long)]
     identity: Option<String>,
@@ -120,6 +123,7 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 native_sidecars,
                 concurrency: args.concurrency,
                 leader,
+                metrics_listen: Some(args.metrics_listen),
             },
         )
         .await;

@@ -3,6 +3,7 @@
 //! apiserver and apply their plans live at the edges.
 
 pub mod leader;
+pub mod metrics;
 pub mod pool;
 pub mod pool_controller;
 pub mod run;

@@ -30,6 +30,7 @@ pub enum PoolError {
 
 pub struct PoolContext {
     pub client: Client,
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// The image with the `floe` binary (init copy and gateway sidecar).
     pub floe_image: String,
     pub native_sidecars: bool,
@@ -38,9 +39,15 @@ pub struct PoolContext {
 }
 
 impl PoolContext {
-    pub fn new(client: Client, floe_image: String, native_sidecars: bool) -> Self {
+    pub fn new(
+        client: Client,
+        metrics: Arc<crate::metrics::Metrics>,
+        floe_image: String,
+        native_sidecars: bool,
+    ) -> Self {
         Self {
             client,
+            metrics,
             floe_image,
             native_sidecars,
             created: Mutex::default(),
@@ -90,7 +97,34 @@ fn owner(pool: &GatewayPool) -> Option<OwnerReference> {
     pool.controller_owner_ref(&())
 }
 
+const CONTROLLER: &str = "gatewaypool";
+
+/// One reconcile, timed and counted under controller-runtime's metric names.
 pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
+    let started = Instant::now();
+    let result = reconcile_pool(pool, ctx.clone()).await;
+    let m = &ctx.metrics;
+    m.reconcile_seconds
+        .with_label_values(&[CONTROLLER])
+        .observe(started.elapsed().as_secs_f64());
+    let label = if result.is_ok() {
+        "requeue_after"
+    } else {
+        "error"
+    };
+    m.reconcile_total
+        .with_label_values(&[CONTROLLER, label])
+        .inc();
+    if result.is_err() {
+        m.reconcile_errors.with_label_values(&[CONTROLLER]).inc();
+    }
+    result
+}
+
+async fn reconcile_pool(
+    pool: Arc<GatewayPool>,
+    ctx: Arc<PoolContext>,
+) -> Result<Action, PoolError> {
     let ns = pool.namespace().ok_or(PoolError::NoNamespace)?;
     let name = pool.name_any();
     let key = format!("{ns}/{name}");
@@ -255,6 +289,19 @@ async fn write_status(
     hash: &str,
 ) -> Result<(), PoolError> {
     let desired = pool.spec.replicas;
+    let labels = [ns, &pool.name_any()];
+    ctx.metrics
+        .pool_ready
+        .with_label_values(&labels)
+        .set(i64::from(ready));
+    ctx.metrics
+        .pool_desired
+        .with_label_values(&labels)
+        .set(i64::from(desired));
+    ctx.metrics
+        .pool_claimed
+        .with_label_values(&labels)
+        .set(i64::from(claimed));
     let (status, reason, message) = if ready >= desired {
         ("True", "PoolReady", format!("{ready}/{desired} pods READY"))
     } else {

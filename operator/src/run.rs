@@ -10,6 +10,7 @@ use kube::runtime::{watcher, Controller};
 use kube::{Api, Client};
 
 use crate::leader::{Leader, LeaseConfig};
+use crate::metrics::Metrics;
 use crate::pool_controller::{error_policy, reconcile, PoolContext};
 
 pub struct OperatorConfig {
@@ -21,6 +22,32 @@ pub struct OperatorConfig {
     pub concurrency: u16,
     /// Leader election; `None` runs unconditionally (a single replica).
     pub leader: Option<LeaseConfig>,
+    /// `/metrics`, `/healthz`, `/readyz` are served here.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// The operator's HTTP endpoints: Prometheus metrics and health probes.
+async fn serve_metrics(addr: std::net::SocketAddr, metrics: Arc<Metrics>) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { metrics.render() }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }));
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => {
+            tracing::info!(%addr, "metrics listening");
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!("metrics server: {e}");
+            }
+        }
+        Err(e) => tracing::error!(%addr, "cannot serve metrics: {e}"),
+    }
 }
 
 /// SIGTERM (pod deletion) or Ctrl-C.
@@ -49,6 +76,16 @@ enum Stop {
 /// controllers run only while this replica holds the lease; losing it stops them and this
 /// replica campaigns again.
 pub async fn run(client: Client, config: OperatorConfig) {
+    let metrics = match Metrics::new() {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            tracing::error!("metrics: {e}");
+            return;
+        }
+    };
+    if let Some(addr) = config.metrics_listen {
+        tokio::spawn(serve_metrics(addr, metrics.clone()));
+    }
     let leader = config
         .leader
         .clone()
@@ -92,10 +129,12 @@ pub async fn run(client: Client, config: OperatorConfig) {
                 let _ = stop_tx.send(());
             });
         }
-        run_controllers(client.clone(), &config, async move {
+        metrics.leader.set(1);
+        run_controllers(client.clone(), &config, metrics.clone(), async move {
             let _ = stop_rx.await;
         })
         .await;
+        metrics.leader.set(0);
         match why_rx.await {
             Ok(Stop::LostLease) => continue,
             _ => {
@@ -112,6 +151,7 @@ pub async fn run(client: Client, config: OperatorConfig) {
 async fn run_controllers(
     client: Client,
     config: &OperatorConfig,
+    metrics: Arc<Metrics>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (pools, pods): (Api<GatewayPool>, Api<Pod>) = match &config.namespace {
@@ -123,6 +163,7 @@ async fn run_controllers(
     };
     let context = Arc::new(PoolContext::new(
         client,
+        metrics,
         config.floe_image.clone(),
         config.native_sidecars,
     ));

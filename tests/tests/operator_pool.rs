@@ -14,7 +14,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-struct Operator(Child);
+struct Operator(Child, u16);
 
 impl Drop for Operator {
     fn drop(&mut self) {
@@ -23,11 +23,23 @@ impl Drop for Operator {
     }
 }
 
+impl Operator {
+    async fn metrics(&self) -> Result<String> {
+        Ok(reqwest::get(format!("http://127.0.0.1:{}/metrics", self.1))
+            .await?
+            .text()
+            .await?)
+    }
+}
+
 fn start_operator(namespace: &str) -> Result<Operator> {
     start_operator_with(namespace, &[])
 }
 
 fn start_operator_with(namespace: &str, extra: &[&str]) -> Result<Operator> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     Ok(Operator(
         Command::new(floe_bin()?)
             .arg("operator")
@@ -42,8 +54,10 @@ fn start_operator_with(namespace: &str, extra: &[&str]) -> Result<Operator> {
                 "auto",
             ])
             .args(extra)
+            .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
             .stdout(Stdio::null())
             .spawn()?,
+        port,
     ))
 }
 
@@ -86,7 +100,7 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
     let client = c.client().await?;
     c.install_crds(&client).await?;
     let ns = TestNamespace::create(c, &client, "pool").await?;
-    let _operator = start_operator(&ns.name)?;
+    let operator = start_operator(&ns.name)?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let pool: GatewayPool = serde_json::from_value(json!({
@@ -218,6 +232,15 @@ async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Re
             .and_then(|s| s.holder_identity))
     };
     let first = eventually("a leader", async || holder().await).await?;
+    for (id, op) in &replicas {
+        let gauge = if *id == first {
+            "floe_leader 1"
+        } else {
+            "floe_leader 0"
+        };
+        let m = eventually("metrics", async || Ok(op.metrics().await.ok())).await?;
+        assert!(m.contains(gauge), "{id}: {gauge} not in metrics");
+    }
 
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
