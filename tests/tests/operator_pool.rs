@@ -153,6 +153,17 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
         status.observed_generation,
         pools.get("warm").await?.metadata.generation
     );
+    let metrics = operator.metrics().await?;
+    let line = format!(
+        "floe_pool_ready{{namespace=\"{}\",pool=\"warm\"}} 3",
+        ns.name
+    );
+    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
+    assert!(metrics.contains(
+        "controller_runtime_reconcile_total{controller=\"gatewaypool\",result=\"requeue_after\"}"
+    ));
+    assert!(metrics
+        .contains("controller_runtime_reconcile_time_seconds_bucket{controller=\"gatewaypool\""));
 
     // A RolloutJob claims one (compare-and-swap on the state label); the pool refills.
     let victim = pool_pods(&pods, "ready").await?.remove(0);
