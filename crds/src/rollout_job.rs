@@ -717,6 +717,18 @@ pub struct RolloutJobStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Sessions that finished with a reward, by index (task `i`, sample `s` → `i × numSamples + s`),
+    /// as sorted ranges like `0-7,9` — the record that makes counting each session exactly once
+    /// survive operator restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_indexes: Option<String>,
+    /// Sessions that exhausted `backoffLimit` (no reward recorded), by index, as ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_indexes: Option<String>,
+    /// Infrastructure failures so far, by session index (only sessions that had one); the next
+    /// attempt of a session is this number.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub retries: BTreeMap<String, i32>,
     /// When the first session was claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
@@ -766,6 +778,12 @@ pub struct RewardStats {
     pub scored: i32,
     /// Mean reward.
     pub mean: f64,
+    /// Sum of the rewards (kept so that folding results in is exact).
+    #[serde(default)]
+    pub sum: f64,
+    /// Scored sessions with reward ≥ `passThreshold`.
+    #[serde(default)]
+    pub passed: i32,
     /// Fraction of scored sessions with reward ≥ `passThreshold`.
     pub pass_rate: f64,
 }

@@ -6,5 +6,6 @@ pub mod leader;
 pub mod metrics;
 pub mod pool;
 pub mod pool_controller;
+pub mod rollout;
 pub mod run;
 pub mod sandbox_pod;

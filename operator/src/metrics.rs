@@ -3,7 +3,14 @@
 //! `controller_runtime_reconcile_errors_total{controller}`,
 //! `controller_runtime_reconcile_time_seconds{controller}`; and floe's own `floe_pool_ready`,
 //! `floe_pool_desired`, `floe_pool_claimed{namespace,pool}`, `floe_leader` (1 on the replica
-//! that holds the lease).
+//! that holds the lease); for RolloutJobs `floe_claims_total{kind=warm|cold}` (cold: the
+//! session had to wait for a pod to warm up), `floe_claim_latency_seconds` (session claimed →
+//! assignment acknowledged by the pod's gateway), `floe_sessions{namespace,job,state}` and the
+//! `floe_session_reward` summary (sum and count per job, from the job's status, so exact
+//! across operator restarts).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -19,6 +26,11 @@ pub struct Metrics {
     pub pool_desired: IntGaugeVec,
     pub pool_claimed: IntGaugeVec,
     pub leader: IntGauge,
+    pub claims: IntCounterVec,
+    pub claim_latency: prometheus::Histogram,
+    pub sessions: IntGaugeVec,
+    /// (namespace, job) → (scored sessions, reward sum).
+    rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
 
 impl Metrics {
@@ -58,6 +70,26 @@ impl Metrics {
             "Pods of a GatewayPool claimed by RolloutJobs",
         )?;
         let leader = IntGauge::new("floe_leader", "1 while this replica holds the leader lease")?;
+        let claims = IntCounterVec::new(
+            Opts::new(
+                "floe_claims_total",
+                "Sandbox pods claimed for sessions (warm: a READY pod was free; cold: the session waited)",
+            ),
+            &["kind"],
+        )?;
+        let claim_latency = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "floe_claim_latency_seconds",
+                "Session claimed until its assignment was acknowledged by the pod's gateway",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+        )?;
+        let sessions = IntGaugeVec::new(
+            Opts::new("floe_sessions", "Sessions of a RolloutJob by state"),
+            &["namespace", "job", "state"],
+        )?;
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_errors.clone()),
@@ -66,6 +98,9 @@ impl Metrics {
             Box::new(pool_desired.clone()),
             Box::new(pool_claimed.clone()),
             Box::new(leader.clone()),
+            Box::new(claims.clone()),
+            Box::new(claim_latency.clone()),
+            Box::new(sessions.clone()),
         ] {
             registry.register(c)?;
         }
@@ -78,12 +113,63 @@ impl Metrics {
             pool_desired,
             pool_claimed,
             leader,
+            claims,
+            claim_latency,
+            sessions,
+            rewards: Mutex::default(),
         })
+    }
+
+    /// A deleted job's series go away.
+    pub fn forget_job(&self, namespace: &str, job: &str) {
+        let mut r = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        r.remove(&(namespace.to_string(), job.to_string()));
+        for state in ["pending", "running", "succeeded", "failed"] {
+            let _ = self.sessions.remove_label_values(&[namespace, job, state]);
+        }
+    }
+
+    /// The reward tally of a job as its status records it.
+    pub fn set_rewards(&self, namespace: &str, job: &str, scored: u64, sum: f64) {
+        let mut r = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        r.insert((namespace.to_string(), job.to_string()), (scored, sum));
     }
 
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        String::from_utf8(out).unwrap_or_default()
+        let mut text = String::from_utf8(out).unwrap_or_default();
+        // The prometheus crate has no summary type; a summary without quantiles is sum + count.
+        let r = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        if !r.is_empty() {
+            text.push_str("# HELP floe_session_reward Rewards of scored sessions\n");
+            text.push_str("# TYPE floe_session_reward summary\n");
+            for ((ns, job), (count, sum)) in r.iter() {
+                let labels = format!("namespace=\"{}\",job=\"{}\"", escape(ns), escape(job));
+                text.push_str(&format!("floe_session_reward_sum{{{labels}}} {sum}\n"));
+                text.push_str(&format!("floe_session_reward_count{{{labels}}} {count}\n"));
+            }
+        }
+        text
     }
+}
+
+/// One reconcile under controller-runtime's metric names.
+pub fn record_reconcile(m: &Metrics, controller: &str, started: std::time::Instant, ok: bool) {
+    m.reconcile_seconds
+        .with_label_values(&[controller])
+        .observe(started.elapsed().as_secs_f64());
+    let result = if ok { "requeue_after" } else { "error" };
+    m.reconcile_total
+        .with_label_values(&[controller, result])
+        .inc();
+    if !ok {
+        m.reconcile_errors.with_label_values(&[controller]).inc();
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

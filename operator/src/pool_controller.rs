@@ -75,7 +75,7 @@ impl PoolContext {
     }
 }
 
-fn is_ready(pod: &Pod) -> bool {
+pub fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -103,21 +103,7 @@ const CONTROLLER: &str = "gatewaypool";
 pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
     let started = Instant::now();
     let result = reconcile_pool(pool, ctx.clone()).await;
-    let m = &ctx.metrics;
-    m.reconcile_seconds
-        .with_label_values(&[CONTROLLER])
-        .observe(started.elapsed().as_secs_f64());
-    let label = if result.is_ok() {
-        "requeue_after"
-    } else {
-        "error"
-    };
-    m.reconcile_total
-        .with_label_values(&[CONTROLLER, label])
-        .inc();
-    if result.is_err() {
-        m.reconcile_errors.with_label_values(&[CONTROLLER]).inc();
-    }
+    crate::metrics::record_reconcile(&ctx.metrics, CONTROLLER, started, result.is_ok());
     result
 }
 

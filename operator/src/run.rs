@@ -1,17 +1,22 @@
 //! `floe operator`: the controllers, wired to the apiserver, behind leader election when
-//! several replicas run. Today: GatewayPool (the warm pool); RolloutJob is next.
+//! several replicas run: GatewayPool (the warm pool) and RolloutJob (sessions on claimed pods).
 
 use std::sync::Arc;
 
 use floe_crds::gateway_pool::GatewayPool;
+use floe_crds::rollout_job::RolloutJob;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 use crate::leader::{Leader, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::pool_controller::{error_policy, reconcile, PoolContext};
+use crate::rollout::controller as job_controller;
+use crate::rollout::pod_view::JOB_LABEL;
+use crate::sandbox_pod::POOL_LABEL;
 
 pub struct OperatorConfig {
     /// Watch one namespace, or all when `None`.
@@ -154,33 +159,64 @@ async fn run_controllers(
     metrics: Arc<Metrics>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (pools, pods): (Api<GatewayPool>, Api<Pod>) = match &config.namespace {
+    let (pools, jobs, pods): (Api<GatewayPool>, Api<RolloutJob>, Api<Pod>) = match &config.namespace
+    {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
         ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
     };
-    let context = Arc::new(PoolContext::new(
-        client,
-        metrics,
+    let pool_context = Arc::new(PoolContext::new(
+        client.clone(),
+        metrics.clone(),
         config.floe_image.clone(),
         config.native_sidecars,
     ));
+    let job_context = Arc::new(job_controller::JobContext::new(client, metrics));
+    let managed = || watcher::Config::default().labels("app.kubernetes.io/managed-by=floe");
+    let controller_config =
+        kube::runtime::controller::Config::default().concurrency(config.concurrency);
+    // Both controllers stop together: one shutdown signal, shared.
+    let stop = futures::future::FutureExt::shared(Box::pin(stop));
     tracing::info!(namespace = ?config.namespace, "controllers started");
-    Controller::new(pools, watcher::Config::default())
-        .owns(
-            pods,
-            watcher::Config::default().labels("app.kubernetes.io/managed-by=floe"),
-        )
-        .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
-        .graceful_shutdown_on(stop)
-        .run(reconcile, error_policy, context)
+    // Pods are mapped by label, not ownerRef: a claim moves a pod's controller ref from its
+    // pool to the job, and the pool must still hear about it (to refill).
+    let pool_runs = Controller::new(pools, watcher::Config::default())
+        .watches(pods.clone(), managed(), |pod: Pod| {
+            let pool = pod.labels().get(POOL_LABEL)?.clone();
+            Some(ObjectRef::<GatewayPool>::new(&pool).within(&pod.namespace()?))
+        })
+        .with_config(controller_config.clone())
+        .graceful_shutdown_on(stop.clone())
+        .run(reconcile, error_policy, pool_context)
         .for_each(|result| async move {
             if let Err(e) = result {
-                tracing::debug!("reconcile: {e}");
+                tracing::debug!("pool reconcile: {e}");
             }
+        });
+    let job_runs = Controller::new(jobs, watcher::Config::default())
+        .watches(pods, managed(), |pod: Pod| {
+            let job = pod.labels().get(JOB_LABEL)?.clone();
+            Some(ObjectRef::<RolloutJob>::new(&job).within(&pod.namespace()?))
         })
-        .await;
+        .with_config(controller_config)
+        .graceful_shutdown_on(stop)
+        .run(
+            job_controller::reconcile,
+            job_controller::error_policy,
+            job_context,
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!("job reconcile: {e}");
+            }
+        });
+    futures::join!(pool_runs, job_runs);
     tracing::info!("controllers stopped");
 }

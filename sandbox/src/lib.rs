@@ -9,6 +9,7 @@
 //! - [`workspace`]: snapshot, agent diff, evaluation copy.
 //! - [`process`]: a command under a timeout, its process group killed, output capped.
 //! - [`reward`]: evaluator result → reward (exit code, reward file, test reports).
+//! - [`session`]: a job's task × sample as an assignment (shared with the operator).
 //! - [`runner`]: the whole session, talking to the gateway through [`client`].
 
 pub mod client;
@@ -16,6 +17,7 @@ pub mod presets;
 pub mod process;
 pub mod reward;
 pub mod runner;
+pub mod session;
 pub mod spec;
 pub mod summary;
 pub mod workspace;

@@ -4,10 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use floe_crds::rollout_job::{RolloutJob, Task, TrajectoryBuilder};
-use floe_gateway::ship::{Assignment, Sink, UpstreamOverride};
-use floe_gateway::trajectory::Builder;
-use floe_sandbox::spec::RunSpec;
+use floe_crds::rollout_job::{RolloutJob, Task};
+use floe_gateway::ship::{Assignment, Sink};
+use floe_sandbox::session::{self, SessionOf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -95,54 +94,24 @@ fn read_task_file(path: &Path) -> Result<Vec<Task>, PlanError> {
         .collect()
 }
 
-/// Session id: `<job>-<task>-<sample>`; group: `<job>/<task>`.
-pub fn session_id(job: &str, task: &str, sample: u32) -> String {
-    format!("{job}-{task}-{sample}")
-}
-
 /// Tasks × samples, task-major (each GRPO group's samples together), at most `limit`.
 pub fn expand(plan: &Plan, sink: &Sink, limit: Option<usize>) -> Vec<Assignment> {
-    let spec = &plan.job.spec;
-    // The job's response cap and sampling apply to every call of its sessions.
-    let upstream = UpstreamOverride {
-        max_response_tokens: u32::try_from(spec.sampling.max_response_tokens).ok(),
-        temperature: Some(spec.sampling.temperature),
-        top_p: Some(spec.sampling.top_p),
-        ..Default::default()
-    };
-    let samples = u32::try_from(spec.num_samples.max(1)).unwrap_or(1);
-    let builder = match spec.trajectory.builder {
-        TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,
-        TrajectoryBuilder::PerRequest => Builder::PerRequest,
-    };
+    let samples = u32::try_from(plan.job.spec.num_samples.max(1)).unwrap_or(1);
+    let no_shared_files = Default::default();
     let mut out = Vec::new();
     for task in &plan.tasks {
         for sample in 0..samples {
-            let run = RunSpec {
-                task: task.clone(),
-                harness: spec.harness.clone(),
-                evaluator: spec.evaluator.clone(),
-                timeouts: spec.timeouts.clone(),
-                hidden_files: Default::default(),
-                max_response_tokens: u32::try_from(spec.sampling.max_response_tokens).ok(),
-            };
-            let mut metadata: std::collections::BTreeMap<String, serde_json::Value> = task
-                .metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect();
-            metadata.insert("job".into(), plan.name.clone().into());
-            out.push(Assignment {
-                session: session_id(&plan.name, &task.id, sample),
-                task: task.id.clone(),
-                group: format!("{}/{}", plan.name, task.id),
+            out.push(session::assignment(&SessionOf {
+                job: &plan.name,
+                spec: &plan.job.spec,
+                task,
                 sample,
-                builder,
-                sink: sink.clone(),
-                upstream: Some(upstream.clone()),
-                metadata,
-                run: serde_json::to_value(&run).unwrap_or_default(),
-            });
+                attempt: 0,
+                sink,
+                upstream_url: None,
+                upstream_model: None,
+                shared_hidden_files: &no_shared_files,
+            }));
         }
     }
     if let Some(limit) = limit {
@@ -154,6 +123,7 @@ pub fn expand(plan: &Plan, sink: &Sink, limit: Option<usize>) -> Vec<Assignment>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use floe_sandbox::spec::RunSpec;
 
     fn plan(yaml: &str) -> Result<Plan, PlanError> {
         let dir = tempfile::tempdir().map_err(|e| PlanError::Read("tmp".into(), e))?;

@@ -1,0 +1,858 @@
+//! The RolloutJob controller: observe a job, its pool and its pods; let [`super::plan::plan`]
+//! decide; apply the plan in the crash-safe order (fold results into the status, then release
+//! pods, then claim and deliver); write the status.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floe_crds::gateway_pool::GatewayPool;
+use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, Task};
+use floe_gateway::ship::Sink;
+use floe_sandbox::session::{self, SessionOf};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::indexes::IndexSet;
+use super::plan::{plan, Fold, JobPlan, JobState, RewardTally};
+use super::pod_view::{self, *};
+use super::status::{self, Blocked, StatusInput};
+use super::tasks;
+use crate::metrics::Metrics;
+use crate::sandbox_pod::{PodState, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
+
+/// Holds a job until its pods' finalizers are removed.
+pub const JOB_FINALIZER: &str = "floe.dev/sessions";
+const CONTROLLER: &str = "rolloutjob";
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("the job has no namespace")]
+    NoNamespace,
+}
+
+pub struct JobContext {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    http: reqwest::Client,
+    recorder: Recorder,
+    /// Sessions that found no READY pod free, by (job uid, index): their claim counts as cold.
+    starved: Mutex<HashSet<(String, u32)>>,
+}
+
+impl JobContext {
+    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
+        let reporter = Reporter {
+            controller: "floe-operator".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap_or_default(),
+            starved: Mutex::default(),
+        }
+    }
+
+    async fn event(&self, job: &RolloutJob, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &job.object_ref(&())).await {
+            tracing::warn!(job = %job.name_any(), "cannot publish event {reason}: {e}");
+        }
+    }
+}
+
+/// One reconcile, timed and counted under controller-runtime's metric names.
+pub async fn reconcile(job: Arc<RolloutJob>, ctx: Arc<JobContext>) -> Result<Action, JobError> {
+    let started = Instant::now();
+    let result = reconcile_job(&job, &ctx).await;
+    crate::metrics::record_reconcile(&ctx.metrics, CONTROLLER, started, result.is_ok());
+    result
+}
+
+pub fn error_policy(job: Arc<RolloutJob>, error: &JobError, _: Arc<JobContext>) -> Action {
+    tracing::warn!(job = %job.name_any(), "reconcile failed: {error}");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// Everything one reconcile needs to know about where the job stands.
+struct Observed {
+    name: String,
+    tasks: Vec<Task>,
+    hidden: BTreeMap<String, String>,
+    control_port: i32,
+    pods: Vec<Pod>,
+    ready: Vec<Pod>,
+}
+
+async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
+    let ns = job.namespace().ok_or(JobError::NoNamespace)?;
+    let jobs: Api<RolloutJob> = Api::namespaced(ctx.client.clone(), &ns);
+    if job.metadata.deletion_timestamp.is_some() {
+        return cleanup(job, ctx, &ns).await;
+    }
+    if !job.finalizers().iter().any(|f| f == JOB_FINALIZER) {
+        let mut list = job.finalizers().to_vec();
+        list.push(JOB_FINALIZER.into());
+        let patch =
+            json!({"metadata": {"resourceVersion": job.resource_version(), "finalizers": list}});
+        jobs.patch(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        // The patch triggers the next reconcile with the new object.
+        return Ok(Action::await_change());
+    }
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let previous = job.status.clone();
+    if let Some(done) = previous.as_ref().and_then(|s| s.completion_time.clone()) {
+        return after_completion(job, &jobs, &done, &now).await;
+    }
+
+    let observed = match observe(job, ctx, &ns).await? {
+        Ok(o) => o,
+        Err(blocked) => return report_blocked(job, ctx, &jobs, &blocked, now).await,
+    };
+    let samples = u32::try_from(job.spec.num_samples.max(1)).unwrap_or(1);
+    let total = u32::try_from(observed.tasks.len())
+        .unwrap_or(u32::MAX)
+        .saturating_mul(samples);
+    let mut state = job_state(job, previous.as_ref(), &now, total);
+    let sessions: Vec<_> = observed
+        .pods
+        .iter()
+        .filter_map(pod_view::session_pod)
+        .collect();
+    let decided = plan(&state, &sessions, observed.ready.len());
+
+    // 1. Fold results into the status (guarded by the job's resourceVersion) ...
+    let mut rv = job.resource_version();
+    let mut written = previous.clone();
+    if !decided.folds.is_empty() {
+        let st = status::status(
+            &StatusInput {
+                previous: previous.as_ref(),
+                generation: job.metadata.generation,
+                state: &decided.next,
+                running: decided.running - decided.claim.len() as u32,
+                blocked: None,
+                now: now.clone(),
+            },
+            previous.as_ref().and_then(|s| s.start_time.clone()),
+        );
+        match write_status(&jobs, job, rv.as_deref(), &st).await? {
+            Some(new_rv) => rv = Some(new_rv),
+            // Someone else wrote first: look again before releasing anything.
+            None => return Ok(Action::requeue(Duration::from_millis(200))),
+        }
+        written = Some(st);
+        report_folds(job, ctx, &decided).await;
+    }
+    state = decided.next.clone();
+    ctx.metrics.set_rewards(
+        &ns,
+        &observed.name,
+        u64::from(state.rewards.scored),
+        state.rewards.sum,
+    );
+
+    // 2. ... only then let go of the pods whose results are recorded.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    for name in &decided.release {
+        release(&pods, name).await?;
+    }
+    for name in &decided.stop {
+        delete_pod(&pods, name).await?;
+    }
+
+    // 3. Deliver assignments still owed, then claim READY pods for the next sessions.
+    for name in &decided.deliver {
+        if let Some(pod) = observed.pods.iter().find(|p| p.name_any() == *name) {
+            deliver(ctx, job, &observed, pod, None).await;
+        }
+    }
+    let uid = job.uid().unwrap_or_default();
+    {
+        let mut starved = ctx.starved.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = (0..state.total)
+            .filter(|i| !state.completed.contains(*i) && !state.failed.contains(*i));
+        for index in pending
+            .filter(|i| !decided.claim.iter().any(|(c, _)| c == i))
+            .take(decided.starved as usize)
+        {
+            starved.insert((uid.clone(), index));
+        }
+    }
+    let mut claimed = 0u32;
+    let mut ready = observed.ready.iter();
+    for &(index, attempt) in &decided.claim {
+        let started = Instant::now();
+        // A pod taken by someone else in the meantime is skipped; the next one is tried.
+        let pod = loop {
+            let Some(candidate) = ready.next() else {
+                break None;
+            };
+            if let Some(pod) = claim(ctx, job, &observed, candidate, index, attempt).await? {
+                break Some(pod);
+            }
+        };
+        let Some(pod) = pod else { break };
+        claimed += 1;
+        let cold = ctx
+            .starved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(uid.clone(), index));
+        ctx.metrics
+            .claims
+            .with_label_values(&[if cold { "cold" } else { "warm" }])
+            .inc();
+        deliver(ctx, job, &observed, &pod, Some(started)).await;
+    }
+
+    // 4. The status after this round.
+    let running = decided.running - (decided.claim.len() as u32 - claimed);
+    let start_time = status::started(previous.as_ref(), claimed > 0, &now);
+    let st = status::status(
+        &StatusInput {
+            previous: written.as_ref(),
+            generation: job.metadata.generation,
+            state: &state,
+            running,
+            blocked: None,
+            now: now.clone(),
+        },
+        start_time,
+    );
+    set_session_gauges(ctx, &ns, &observed.name, &st);
+    if written.as_ref() != Some(&st) {
+        if write_status(&jobs, job, rv.as_deref(), &st)
+            .await?
+            .is_none()
+        {
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        announce_transition(job, ctx, written.as_ref(), &st).await;
+    }
+    Ok(Action::requeue(requeue_after(job, &st, &now)))
+}
+
+fn requeue_after(job: &RolloutJob, st: &RolloutJobStatus, now: &Time) -> Duration {
+    if st.completion_time.is_some() {
+        return match job.spec.ttl_seconds_after_finished {
+            Some(ttl) => Duration::from_secs(u64::try_from(ttl).unwrap_or(0)),
+            None => Duration::from_secs(300),
+        };
+    }
+    // Pod changes wake the controller; this is the safety net, and the deadline's alarm.
+    let mut wait = Duration::from_secs(10);
+    if let (Some(deadline), Some(start)) = (job.spec.active_deadline_seconds, &st.start_time) {
+        let left = deadline - now.0.duration_since(start.0).as_secs();
+        wait = wait.min(Duration::from_secs(u64::try_from(left.max(1)).unwrap_or(1)));
+    }
+    wait
+}
+
+fn job_state(
+    job: &RolloutJob,
+    previous: Option<&RolloutJobStatus>,
+    now: &Time,
+    total: u32,
+) -> JobState {
+    let spec = &job.spec;
+    let parse = |s: Option<&String>| {
+        s.map(|t| {
+            IndexSet::parse(t).unwrap_or_else(|e| {
+                tracing::error!(job = %job.name_any(), "unreadable status: {e}");
+                IndexSet::default()
+            })
+        })
+        .unwrap_or_default()
+    };
+    let rewards = previous.and_then(|s| s.rewards.as_ref());
+    let deadline_exceeded = match (
+        spec.active_deadline_seconds,
+        previous.and_then(|s| s.start_time.as_ref()),
+    ) {
+        (Some(limit), Some(start)) => now.0.duration_since(start.0).as_secs() >= limit,
+        _ => false,
+    };
+    JobState {
+        total,
+        backoff_limit: u32::try_from(spec.backoff_limit).unwrap_or(0),
+        concurrency: spec.concurrency.and_then(|c| u32::try_from(c).ok()),
+        pass_threshold: spec.evaluator.reward.pass_threshold,
+        suspend: spec.suspend,
+        deadline_exceeded,
+        completed: parse(previous.and_then(|s| s.completed_indexes.as_ref())),
+        failed: parse(previous.and_then(|s| s.failed_indexes.as_ref())),
+        retries: previous
+            .map(|s| {
+                s.retries
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.parse().ok()?, u32::try_from(*v).ok()?)))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        rewards: rewards
+            .map(|r| RewardTally {
+                scored: u32::try_from(r.scored).unwrap_or(0),
+                sum: r.sum,
+                passed: u32::try_from(r.passed).unwrap_or(0),
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// The pool, the tasks and the pods; `Err(Blocked)` when the job cannot run as written.
+async fn observe(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+) -> Result<Result<Observed, Blocked>, JobError> {
+    let blocked = |reason: &str, message: String| {
+        Ok(Err(Blocked {
+            reason: reason.into(),
+            message,
+        }))
+    };
+    // apiservers < 1.25 do not run the CRD's CEL rules: the operator applies the same ones.
+    if let Err(e) = floe_crds::validation::validate_rollout_job(job) {
+        return blocked("InvalidSpec", e.to_string());
+    }
+    let spec = &job.spec;
+    let Some(pool_ref) = &spec.pool_ref else {
+        return blocked(
+            "PoolTemplateNotSupported",
+            "spec.poolTemplate (per-job pods with lookahead pre-warming) is not implemented by this operator yet; use spec.poolRef".into(),
+        );
+    };
+    let pools: Api<GatewayPool> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(pool) = pools.get_opt(&pool_ref.name).await? else {
+        return blocked(
+            "PoolNotFound",
+            format!(
+                "GatewayPool {:?} (spec.poolRef) does not exist in namespace {ns}",
+                pool_ref.name
+            ),
+        );
+    };
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
+        (Some(t), _, _) => t.clone(),
+        (None, Some(cm), _) => {
+            let Some(map) = configmaps.get_opt(&cm.name).await? else {
+                return blocked("TasksNotFound", format!("ConfigMap {:?} (spec.tasks.configMap) does not exist", cm.name));
+            };
+            let Some(text) = map.data.as_ref().and_then(|d| d.get(&cm.key)) else {
+                return blocked("TasksNotFound", format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key));
+            };
+            match tasks::parse_jsonl(text, &format!("ConfigMap {}/{}", cm.name, cm.key)) {
+                Ok(t) => t,
+                Err(e) => return blocked("InvalidTasks", e),
+            }
+        }
+        _ => {
+            return blocked(
+                "TaskFileNotSupported",
+                "spec.tasks.file is read by `floe run` (local mode); in a cluster put the JSONL in a ConfigMap (spec.tasks.configMap)".into(),
+            )
+        }
+    };
+    let hidden = match &spec.evaluator.hidden_files_from {
+        Some(r) => match configmaps.get_opt(&r.name).await? {
+            Some(map) => tasks::hidden_files(&map.data.unwrap_or_default()),
+            None => {
+                return blocked(
+                    "HiddenFilesNotFound",
+                    format!(
+                        "ConfigMap {:?} (spec.evaluator.hiddenFilesFrom) does not exist",
+                        r.name
+                    ),
+                )
+            }
+        },
+        None => BTreeMap::new(),
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let name = job.name_any();
+    // Straight from the apiserver (not a cache): a claim must never be made twice.
+    let owned = pods
+        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}")))
+        .await?
+        .items;
+    let mut ready: Vec<Pod> = pods
+        .list(&ListParams::default().labels(&format!(
+            "{POOL_LABEL}={},{STATE_LABEL}={}",
+            pool_ref.name,
+            PodState::Ready.label()
+        )))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && !p.labels().contains_key(JOB_LABEL)
+                && crate::pool_controller::is_ready(p)
+        })
+        .collect();
+    // Oldest first: stale-template pods (OnReplenish) go before fresh ones.
+    ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    Ok(Ok(Observed {
+        name,
+        tasks,
+        hidden,
+        control_port: pool.spec.gateway.control_port,
+        pods: owned,
+        ready,
+    }))
+}
+
+/// Writes the status with the job's resourceVersion as a precondition; `None` on a conflict.
+async fn write_status(
+    jobs: &Api<RolloutJob>,
+    job: &RolloutJob,
+    rv: Option<&str>,
+    st: &RolloutJobStatus,
+) -> Result<Option<String>, JobError> {
+    let patch = json!({"metadata": {"resourceVersion": rv}, "status": st});
+    match jobs
+        .patch_status(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(j) => Ok(j.resource_version()),
+        Err(kube::Error::Api(s)) if s.is_conflict() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
+    for (pod, fold) in &decided.folds {
+        match fold {
+            Fold::Scored { index, reward } => {
+                tracing::info!(job = %job.name_any(), %pod, index, reward, "session scored");
+            }
+            Fold::Retry {
+                index,
+                next_attempt,
+                reason,
+            } => {
+                tracing::warn!(job = %job.name_any(), %pod, index, "session retried: {reason}");
+                ctx.event(
+                    job,
+                    EventType::Warning,
+                    "SessionRetried",
+                    format!("session {index} (pod {pod}) failed: {reason}; attempt {next_attempt} follows on a fresh pod"),
+                )
+                .await;
+            }
+            Fold::Failed { index, reason } => {
+                ctx.event(
+                    job,
+                    EventType::Warning,
+                    "SessionFailed",
+                    format!("session {index} (pod {pod}) failed after backoffLimit {} retries: {reason}; no reward recorded", job.spec.backoff_limit),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// A pod whose result is recorded: its finalizer comes off and it is deleted (the pool
+/// refills).
+async fn release(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
+    let patch =
+        json!({"metadata": {"finalizers": null, "labels": {STATE_LABEL: PodState::Done.label()}}});
+    match pods
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    delete_pod(pods, name).await
+}
+
+async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Claim one READY pod for a session attempt: a compare-and-swap on the pod (its
+/// resourceVersion) that relabels it, records the session, moves the controller ownerRef from
+/// the pool to the job and adds the finalizer that keeps the pod until its result is folded.
+/// `None` when another claimer (or the pool) changed the pod first.
+async fn claim(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    o: &Observed,
+    pod: &Pod,
+    index: u32,
+    attempt: u32,
+) -> Result<Option<Pod>, JobError> {
+    let samples = u32::try_from(job.spec.num_samples.max(1)).unwrap_or(1);
+    let task = o
+        .tasks
+        .get((index / samples) as usize)
+        .map(|t| t.id.clone())
+        .unwrap_or_default();
+    let session = session::session_id(&o.name, &task, index % samples, attempt);
+    let owner = job.controller_owner_ref(&());
+    let patch = json!({"metadata": {
+        "resourceVersion": pod.resource_version(),
+        "labels": {STATE_LABEL: PodState::Claimed.label(), JOB_LABEL: o.name},
+        "annotations": {
+            INDEX_ANNOTATION: index.to_string(),
+            ATTEMPT_ANNOTATION: attempt.to_string(),
+            SESSION_ANNOTATION: session,
+            CLAIMED_AT_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string(),
+        },
+        "ownerReferences": owner.map(|o| vec![o]),
+        "finalizers": [SESSION_FINALIZER],
+    }});
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    match pods
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(p) => {
+            tracing::info!(job = %o.name, pod = %pod.name_any(), index, attempt, "claimed");
+            Ok(Some(p))
+        }
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Where sessions' model calls and trajectories go, by the job's mode.
+fn wiring(job: &RolloutJob) -> (Sink, Option<String>, Option<String>) {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    match (&job.spec.train, &job.spec.sft) {
+        (Some(_), _) => (
+            Sink::Trainer {
+                url: format!(
+                    "http://{}.{ns}.svc:{}/v1/trajectories",
+                    super::aux_pods::trainer_service(&name),
+                    super::aux_pods::INGEST_PORT
+                ),
+            },
+            Some(format!(
+                "http://{}.{ns}.svc:{}",
+                super::aux_pods::policy_service(&name),
+                super::aux_pods::VLLM_PORT
+            )),
+            Some(super::aux_pods::SERVED_MODEL.to_string()),
+        ),
+        (None, Some(sft)) => (
+            Sink::Trainer {
+                url: format!(
+                    "http://{}.{ns}.svc:{}/v1/trajectories",
+                    super::aux_pods::dataset_service(&name),
+                    super::aux_pods::INGEST_PORT
+                ),
+            },
+            Some(sft.upstream.url.clone()),
+            sft.upstream.model.clone(),
+        ),
+        (None, None) => (Sink::None, None, None),
+    }
+}
+
+/// Post the session's assignment to the pod's gateway control port. Idempotent at the
+/// gateway (by session id), so a retry after a lost reply or an operator restart is safe.
+/// Failures are logged and retried on the next reconcile.
+async fn deliver(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    o: &Observed,
+    pod: &Pod,
+    claimed: Option<Instant>,
+) {
+    let name = pod.name_any();
+    let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+        tracing::warn!(%name, "claimed pod has no IP yet");
+        return;
+    };
+    let annotations = pod.annotations();
+    let (Some(index), attempt) = (
+        annotations
+            .get(INDEX_ANNOTATION)
+            .and_then(|i| i.parse::<u32>().ok()),
+        annotations
+            .get(ATTEMPT_ANNOTATION)
+            .and_then(|a| a.parse::<u32>().ok())
+            .unwrap_or(0),
+    ) else {
+        return;
+    };
+    let samples = u32::try_from(job.spec.num_samples.max(1)).unwrap_or(1);
+    let Some(task) = o.tasks.get((index / samples) as usize) else {
+        tracing::error!(%name, index, "session index beyond the job's tasks");
+        return;
+    };
+    let (sink, upstream_url, upstream_model) = wiring(job);
+    let assignment = session::assignment(&SessionOf {
+        job: &o.name,
+        spec: &job.spec,
+        task,
+        sample: index % samples,
+        attempt,
+        sink: &sink,
+        upstream_url,
+        upstream_model,
+        shared_hidden_files: &o.hidden,
+    });
+    let ns = job.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let token = match secrets.get(&format!("{name}-control")).await {
+        Ok(s) => s.data.and_then(|d| {
+            d.get(CONTROL_TOKEN_KEY)
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        }),
+        Err(e) => {
+            tracing::warn!(%name, "control token: {e}");
+            None
+        }
+    };
+    let Some(token) = token else { return };
+    let url = format!(
+        "http://{}/floe/v1/assignments",
+        join_host_port(&ip, o.control_port)
+    );
+    let sent = ctx
+        .http
+        .post(&url)
+        .bearer_auth(token.trim())
+        .json(&assignment)
+        .send()
+        .await;
+    match sent {
+        Ok(r) if r.status().is_success() => {
+            if let Some(t) = claimed {
+                ctx.metrics.claim_latency.observe(t.elapsed().as_secs_f64());
+            }
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+            let patch = json!({"metadata": {"annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}}});
+            if let Err(e) = pods
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(%name, "cannot mark the assignment delivered: {e}");
+            }
+        }
+        Ok(r) => {
+            let code = r.status();
+            let body = r.text().await.unwrap_or_default();
+            tracing::warn!(%name, %code, "assignment refused: {body}");
+            if code == reqwest::StatusCode::CONFLICT {
+                ctx.event(
+                    job,
+                    EventType::Warning,
+                    "AssignmentConflict",
+                    format!("pod {name} already holds a different session: {body}"),
+                )
+                .await;
+            }
+        }
+        Err(e) => tracing::warn!(%name, "cannot deliver the assignment: {e}"),
+    }
+}
+
+fn join_host_port(ip: &str, port: i32) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+/// A deleted job: its pods' finalizers come off (garbage collection deletes them), then its
+/// own.
+async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action, JobError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let owned = pods
+        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any())))
+        .await?;
+    for pod in owned.items {
+        release(&pods, &pod.name_any()).await?;
+    }
+    let rest: Vec<String> = job
+        .finalizers()
+        .iter()
+        .filter(|f| *f != JOB_FINALIZER)
+        .cloned()
+        .collect();
+    let jobs: Api<RolloutJob> = Api::namespaced(ctx.client.clone(), ns);
+    let patch = json!({"metadata": {"finalizers": rest}});
+    match jobs
+        .patch(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    ctx.metrics.forget_job(ns, &job.name_any());
+    Ok(Action::await_change())
+}
+
+/// A finished job only waits for its TTL.
+async fn after_completion(
+    job: &RolloutJob,
+    jobs: &Api<RolloutJob>,
+    done: &Time,
+    now: &Time,
+) -> Result<Action, JobError> {
+    let Some(ttl) = job.spec.ttl_seconds_after_finished else {
+        return Ok(Action::await_change());
+    };
+    let left = i64::from(ttl) - now.0.duration_since(done.0).as_secs();
+    if left > 0 {
+        return Ok(Action::requeue(Duration::from_secs(
+            u64::try_from(left).unwrap_or(1),
+        )));
+    }
+    tracing::info!(job = %job.name_any(), "ttlSecondsAfterFinished passed: deleting the job");
+    match jobs
+        .delete(&job.name_any(), &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Action::await_change())
+}
+
+async fn report_blocked(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    jobs: &Api<RolloutJob>,
+    blocked: &Blocked,
+    now: Time,
+) -> Result<Action, JobError> {
+    let previous = job.status.as_ref();
+    let state = job_state(job, previous, &now, 0);
+    let st = status::status(
+        &StatusInput {
+            previous,
+            generation: job.metadata.generation,
+            state: &state,
+            running: 0,
+            blocked: Some(blocked),
+            now,
+        },
+        previous.and_then(|s| s.start_time.clone()),
+    );
+    let st = RolloutJobStatus {
+        sessions: previous.map(|p| p.sessions.clone()).unwrap_or_default(),
+        progress: previous.and_then(|p| p.progress.clone()),
+        ..st
+    };
+    let was = previous
+        .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Stalled"))
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    if was
+        != Some((
+            "True".into(),
+            blocked.reason.clone(),
+            blocked.message.clone(),
+        ))
+    {
+        tracing::warn!(job = %job.name_any(), reason = %blocked.reason, "{}", blocked.message);
+        ctx.event(
+            job,
+            EventType::Warning,
+            &blocked.reason,
+            blocked.message.clone(),
+        )
+        .await;
+    }
+    if previous != Some(&st) {
+        write_status(jobs, job, job.resource_version().as_deref(), &st).await?;
+    }
+    // The user fixes the spec (a watch event) or creates the missing object.
+    Ok(Action::requeue(Duration::from_secs(15)))
+}
+
+/// Events on phase transitions only.
+async fn announce_transition(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    before: Option<&RolloutJobStatus>,
+    after: &RolloutJobStatus,
+) {
+    let was = before.and_then(|s| s.phase);
+    if was == after.phase {
+        return;
+    }
+    let message = after
+        .conditions
+        .first()
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    let (type_, reason) = match after.phase {
+        Some(floe_crds::rollout_job::RolloutJobPhase::Running) => (EventType::Normal, "Started"),
+        Some(floe_crds::rollout_job::RolloutJobPhase::Suspended) => {
+            (EventType::Normal, "Suspended")
+        }
+        Some(floe_crds::rollout_job::RolloutJobPhase::Succeeded) => {
+            (EventType::Normal, "Completed")
+        }
+        Some(floe_crds::rollout_job::RolloutJobPhase::Failed) => (EventType::Warning, "Failed"),
+        _ => return,
+    };
+    ctx.event(job, type_, reason, message).await;
+}
+
+fn set_session_gauges(ctx: &JobContext, ns: &str, job: &str, st: &RolloutJobStatus) {
+    let s = &st.sessions;
+    for (state, n) in [
+        ("pending", s.pending),
+        ("running", s.running),
+        ("succeeded", s.succeeded),
+        ("failed", s.failed),
+    ] {
+        ctx.metrics
+            .sessions
+            .with_label_values(&[ns, job, state])
+            .set(i64::from(n));
+    }
+}

@@ -1,0 +1,17 @@
+//! RolloutJob: tasks × samples → sessions on claimed pool pods → results folded into status.
+//!
+//! - [`indexes`]: `completedIndexes`-style range sets.
+//! - [`plan`]: the reconcile decision (sans-IO).
+//! - [`pod_view`]: what a claimed pod says (sans-IO).
+//! - [`status`]: counters, phase, conditions (sans-IO).
+//! - [`tasks`]: task JSONL and hidden-file ConfigMaps (sans-IO).
+//! - [`aux_pods`]: the trainer pod (train) or dataset collector (sft) and their Services.
+//! - [`controller`]: the IO edge.
+
+pub mod aux_pods;
+pub mod controller;
+pub mod indexes;
+pub mod plan;
+pub mod pod_view;
+pub mod status;
+pub mod tasks;

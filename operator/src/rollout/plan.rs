@@ -1,0 +1,393 @@
+//! The RolloutJob reconcile decision (sans-IO): from what the job's status records and what
+//! its pods say, decide which results to fold into the status, which pods to let go, which
+//! claimed pods still need their assignment, and which sessions to claim pods for next.
+//!
+//! Crash safety comes from the order the controller applies a plan in, and from the status
+//! being the record: a result is folded (its index added to `completedIndexes`/`failedIndexes`
+//! or its retry counted) in the same status write, guarded by the job's resourceVersion, and
+//! only then is the pod released. A pod whose result is already recorded is released without
+//! folding again — so an operator killed at any point neither loses nor double-counts a session.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::indexes::IndexSet;
+
+/// What a finished session pod reported.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PodResult {
+    /// The runner scored the session (exit 0 or 1; an agent failure is a valid sample).
+    Scored { reward: f64 },
+    /// Infrastructure failure: retried on a fresh pod, never a reward of 0.
+    Infra { reason: String },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PodProgress {
+    /// Claimed and not finished.
+    Active,
+    Finished(PodResult),
+    /// Being deleted before it finished (eviction, node loss, someone's `kubectl delete`).
+    Lost,
+}
+
+/// A pod claimed for one attempt of one session.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionPod {
+    pub name: String,
+    pub index: u32,
+    pub attempt: u32,
+    /// The pod's gateway acknowledged the assignment.
+    pub assigned: bool,
+    pub progress: PodProgress,
+}
+
+/// Rewards of the scored sessions, kept as sums so that folding is exact.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RewardTally {
+    pub scored: u32,
+    pub sum: f64,
+    pub passed: u32,
+}
+
+/// The job as its spec and status describe it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobState {
+    pub total: u32,
+    pub backoff_limit: u32,
+    pub concurrency: Option<u32>,
+    pub pass_threshold: f64,
+    /// Stop claiming (`spec.suspend`); running sessions go on.
+    pub suspend: bool,
+    /// `activeDeadlineSeconds` passed: stop claiming and stop the running sessions.
+    pub deadline_exceeded: bool,
+    pub completed: IndexSet,
+    pub failed: IndexSet,
+    /// Infrastructure failures per session index so far (the next attempt's number).
+    pub retries: BTreeMap<u32, u32>,
+    pub rewards: RewardTally,
+}
+
+impl JobState {
+    pub fn finished(&self) -> bool {
+        (self.completed.len() + self.failed.len()) as u64 >= u64::from(self.total)
+    }
+
+    fn recorded(&self, pod: &SessionPod) -> bool {
+        self.completed.contains(pod.index)
+            || self.failed.contains(pod.index)
+            || self.retries.get(&pod.index).copied().unwrap_or(0) > pod.attempt
+    }
+}
+
+/// What happened to one session, as folded into the status.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fold {
+    Scored {
+        index: u32,
+        reward: f64,
+    },
+    /// Another attempt follows on a fresh pod.
+    Retry {
+        index: u32,
+        next_attempt: u32,
+        reason: String,
+    },
+    /// `backoffLimit` exhausted: failed, no reward.
+    Failed {
+        index: u32,
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobPlan {
+    /// Results to record, with the pod each came from.
+    pub folds: Vec<(String, Fold)>,
+    /// Pods to let go of (finalizer removed, deleted) — only after `folds` are written.
+    pub release: Vec<String>,
+    /// Running pods to stop (deadline): deleted; their loss is folded next time.
+    pub stop: Vec<String>,
+    /// Claimed pods whose gateway has not acknowledged the assignment yet.
+    pub deliver: Vec<String>,
+    /// Sessions to claim a READY pod for, as (index, attempt), lowest index first so GRPO
+    /// groups fill together.
+    pub claim: Vec<(u32, u32)>,
+    /// Sessions waiting because no READY pod was free.
+    pub starved: u32,
+    /// The status after the folds.
+    pub next: JobState,
+    /// Pods holding a session after this plan (active, not released), plus the new claims.
+    pub running: u32,
+}
+
+pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan {
+    let mut next = state.clone();
+    let mut out = JobPlan::default();
+    let mut holding: BTreeSet<u32> = BTreeSet::new();
+    let mut running = 0u32;
+    for pod in pods {
+        if next.recorded(pod) {
+            // Folded before (perhaps by an operator that died before releasing it).
+            out.release.push(pod.name.clone());
+            continue;
+        }
+        let failure = match &pod.progress {
+            PodProgress::Active => {
+                holding.insert(pod.index);
+                running += 1;
+                if state.deadline_exceeded {
+                    out.stop.push(pod.name.clone());
+                } else if !pod.assigned {
+                    out.deliver.push(pod.name.clone());
+                }
+                continue;
+            }
+            PodProgress::Finished(PodResult::Scored { reward }) => {
+                let reward = if reward.is_finite() { *reward } else { 0.0 };
+                next.completed.insert(pod.index);
+                next.rewards.scored += 1;
+                next.rewards.sum += reward;
+                if reward >= state.pass_threshold {
+                    next.rewards.passed += 1;
+                }
+                out.folds.push((
+                    pod.name.clone(),
+                    Fold::Scored {
+                        index: pod.index,
+                        reward,
+                    },
+                ));
+                out.release.push(pod.name.clone());
+                continue;
+            }
+            PodProgress::Finished(PodResult::Infra { reason }) => reason.clone(),
+            PodProgress::Lost => "the pod was deleted before the session finished".to_string(),
+        };
+        let next_attempt = pod.attempt + 1;
+        let fold = if next_attempt > state.backoff_limit {
+            next.failed.insert(pod.index);
+            Fold::Failed {
+                index: pod.index,
+                reason: failure,
+            }
+        } else {
+            next.retries.insert(pod.index, next_attempt);
+            Fold::Retry {
+                index: pod.index,
+                next_attempt,
+                reason: failure,
+            }
+        };
+        out.folds.push((pod.name.clone(), fold));
+        out.release.push(pod.name.clone());
+    }
+
+    if !state.suspend && !state.deadline_exceeded {
+        let room = state
+            .concurrency
+            .map_or(u32::MAX, |c| c.saturating_sub(running));
+        let pending = (0..state.total).filter(|i| {
+            !next.completed.contains(*i) && !next.failed.contains(*i) && !holding.contains(i)
+        });
+        for index in pending.take(usize::try_from(room).unwrap_or(usize::MAX)) {
+            if out.claim.len() < ready_pods {
+                let attempt = next.retries.get(&index).copied().unwrap_or(0);
+                out.claim.push((index, attempt));
+            } else {
+                out.starved += 1;
+            }
+        }
+    }
+    out.running = running + out.claim.len() as u32;
+    out.next = next;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(total: u32) -> JobState {
+        JobState {
+            total,
+            backoff_limit: 2,
+            concurrency: None,
+            pass_threshold: 1.0,
+            suspend: false,
+            deadline_exceeded: false,
+            completed: IndexSet::default(),
+            failed: IndexSet::default(),
+            retries: BTreeMap::new(),
+            rewards: RewardTally::default(),
+        }
+    }
+
+    fn pod(name: &str, index: u32, attempt: u32, progress: PodProgress) -> SessionPod {
+        SessionPod {
+            name: name.into(),
+            index,
+            attempt,
+            assigned: true,
+            progress,
+        }
+    }
+
+    fn scored(reward: f64) -> PodProgress {
+        PodProgress::Finished(PodResult::Scored { reward })
+    }
+
+    fn infra() -> PodProgress {
+        PodProgress::Finished(PodResult::Infra {
+            reason: "evaluator crashed".into(),
+        })
+    }
+
+    #[test]
+    fn a_fresh_job_claims_as_many_sessions_as_ready_pods_lowest_first() {
+        let p = plan(&job(8), &[], 3);
+        assert_eq!(p.claim, [(0, 0), (1, 0), (2, 0)]);
+        assert_eq!(p.starved, 5);
+        assert_eq!(p.running, 3);
+    }
+
+    #[test]
+    fn concurrency_counts_running_pods() {
+        let mut j = job(8);
+        j.concurrency = Some(3);
+        let pods = [
+            pod("a", 0, 0, PodProgress::Active),
+            pod("b", 1, 0, scored(1.0)),
+        ];
+        let p = plan(&j, &pods, 10);
+        // One running, one just finished: two more may start; session 0 is held, 1 is done.
+        assert_eq!(p.claim, [(2, 0), (3, 0)]);
+        assert_eq!(p.starved, 0);
+    }
+
+    #[test]
+    fn a_scored_pod_is_folded_then_released() {
+        let p = plan(&job(4), &[pod("a", 2, 0, scored(0.5))], 0);
+        assert_eq!(
+            p.folds,
+            [(
+                "a".into(),
+                Fold::Scored {
+                    index: 2,
+                    reward: 0.5
+                }
+            )]
+        );
+        assert_eq!(p.release, ["a"]);
+        assert!(p.next.completed.contains(2));
+        assert_eq!(
+            p.next.rewards,
+            RewardTally {
+                scored: 1,
+                sum: 0.5,
+                passed: 0
+            }
+        );
+    }
+
+    #[test]
+    fn an_already_recorded_result_is_released_without_folding_again() {
+        let mut j = job(4);
+        j.completed.insert(2);
+        j.rewards = RewardTally {
+            scored: 1,
+            sum: 1.0,
+            passed: 1,
+        };
+        j.retries.insert(3, 1);
+        let pods = [pod("a", 2, 0, scored(1.0)), pod("b", 3, 0, infra())];
+        let p = plan(&j, &pods, 0);
+        assert!(p.folds.is_empty());
+        assert_eq!(p.release, ["a", "b"]);
+        assert_eq!(p.next, j);
+    }
+
+    #[test]
+    fn infrastructure_failures_retry_with_a_new_attempt_then_fail_without_a_reward() {
+        let j = job(1);
+        let p = plan(&j, &[pod("a", 0, 0, infra())], 5);
+        assert!(matches!(
+            p.folds[0].1,
+            Fold::Retry {
+                index: 0,
+                next_attempt: 1,
+                ..
+            }
+        ));
+        // The retry is claimed at once, as attempt 1.
+        assert_eq!(p.claim, [(0, 1)]);
+        let p = plan(&p.next, &[pod("b", 0, 1, PodProgress::Lost)], 5);
+        assert!(matches!(
+            p.folds[0].1,
+            Fold::Retry {
+                next_attempt: 2,
+                ..
+            }
+        ));
+        let p = plan(&p.next, &[pod("c", 0, 2, infra())], 5);
+        assert!(matches!(p.folds[0].1, Fold::Failed { index: 0, .. }));
+        assert!(p.next.failed.contains(0));
+        assert_eq!(
+            p.next.rewards,
+            RewardTally::default(),
+            "never a reward of 0"
+        );
+        assert!(p.claim.is_empty());
+        assert!(p.next.finished());
+    }
+
+    #[test]
+    fn backoff_limit_zero_fails_on_the_first_infrastructure_error() {
+        let mut j = job(1);
+        j.backoff_limit = 0;
+        let p = plan(&j, &[pod("a", 0, 0, infra())], 5);
+        assert!(matches!(p.folds[0].1, Fold::Failed { .. }));
+    }
+
+    #[test]
+    fn suspend_stops_claiming_but_keeps_running_sessions() {
+        let mut j = job(4);
+        j.suspend = true;
+        let mut waiting = pod("a", 0, 0, PodProgress::Active);
+        waiting.assigned = false;
+        let p = plan(&j, &[waiting, pod("b", 1, 0, scored(1.0))], 5);
+        assert!(p.claim.is_empty());
+        assert_eq!(
+            p.deliver,
+            ["a"],
+            "a claimed session still gets its assignment"
+        );
+        assert_eq!(p.release, ["b"]);
+        assert!(p.stop.is_empty());
+    }
+
+    #[test]
+    fn the_deadline_stops_running_pods_and_claims_nothing() {
+        let mut j = job(4);
+        j.deadline_exceeded = true;
+        let p = plan(&j, &[pod("a", 0, 0, PodProgress::Active)], 5);
+        assert_eq!(p.stop, ["a"]);
+        assert!(p.claim.is_empty() && p.deliver.is_empty());
+    }
+
+    #[test]
+    fn a_non_finite_reward_is_recorded_as_zero_not_nan() {
+        let p = plan(&job(1), &[pod("a", 0, 0, scored(f64::NAN))], 0);
+        assert_eq!(p.next.rewards.sum, 0.0);
+    }
+
+    #[test]
+    fn a_finished_job_claims_nothing() {
+        let mut j = job(2);
+        j.completed.insert(0);
+        j.failed.insert(1);
+        assert!(j.finished());
+        let p = plan(&j, &[], 4);
+        assert!(p.claim.is_empty());
+        assert_eq!(p.starved, 0);
+    }
+}

@@ -1,0 +1,180 @@
+//! Reading a claimed sandbox pod (sans-IO): which session attempt it holds (labels and
+//! annotations written by the claim) and what its runner reported (the sandbox container's
+//! exit code and termination message, `docs/sandbox-contract.md`).
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
+
+use super::plan::{PodProgress, PodResult, SessionPod};
+
+pub const JOB_LABEL: &str = "floe.dev/job";
+pub const INDEX_ANNOTATION: &str = "floe.dev/session-index";
+pub const ATTEMPT_ANNOTATION: &str = "floe.dev/attempt";
+pub const SESSION_ANNOTATION: &str = "floe.dev/session";
+pub const ASSIGNED_ANNOTATION: &str = "floe.dev/assigned";
+pub const CLAIMED_AT_ANNOTATION: &str = "floe.dev/claimed-at";
+/// Keeps a claimed pod until its result is folded into the job's status.
+pub const SESSION_FINALIZER: &str = "floe.dev/session";
+/// The container `floe sandbox` runs in.
+pub const SANDBOX_CONTAINER: &str = "sandbox";
+
+/// The part of the runner's summary the operator needs.
+#[derive(Debug, Deserialize)]
+struct Summary {
+    status: Option<String>,
+    reward: Option<f64>,
+    error: Option<String>,
+}
+
+/// `None` for a pod that is not a session pod (no or unreadable claim annotations).
+pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let index = annotations.get(INDEX_ANNOTATION)?.parse().ok()?;
+    let attempt = annotations
+        .get(ATTEMPT_ANNOTATION)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0);
+    let progress = match result(pod) {
+        Some(r) => PodProgress::Finished(r),
+        None if pod.metadata.deletion_timestamp.is_some() => PodProgress::Lost,
+        None => PodProgress::Active,
+    };
+    Some(SessionPod {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        index,
+        attempt,
+        assigned: annotations.contains_key(ASSIGNED_ANNOTATION),
+        progress,
+    })
+}
+
+/// The session's result once the sandbox container (or the whole pod) has ended.
+pub fn result(pod: &Pod) -> Option<PodResult> {
+    let status = pod.status.as_ref()?;
+    let terminated = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == SANDBOX_CONTAINER)
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    let phase = status.phase.as_deref();
+    let Some(t) = terminated else {
+        // Failed without the container ever reporting (evicted, image pull, node lost).
+        return (phase == Some("Failed")).then(|| PodResult::Infra {
+            reason: format!(
+                "pod failed: {}",
+                status
+                    .message
+                    .as_deref()
+                    .or(status.reason.as_deref())
+                    .unwrap_or("no reason given")
+            ),
+        });
+    };
+    let summary: Option<Summary> = t
+        .message
+        .as_deref()
+        .and_then(|m| serde_json::from_str(m.trim()).ok());
+    match (t.exit_code, summary) {
+        // 0: scored; 1: agent failure, still scored — a valid sample.
+        (
+            0 | 1,
+            Some(Summary {
+                reward: Some(reward),
+                ..
+            }),
+        ) => Some(PodResult::Scored { reward }),
+        (code, summary) => {
+            let why = summary
+                .as_ref()
+                .and_then(|s| s.error.clone().or_else(|| s.status.clone()))
+                .unwrap_or_else(|| match code {
+                    0 | 1 => "the runner left no reward in its termination message".into(),
+                    2 => "the runner was started wrongly (exit 2)".into(),
+                    3 => "infrastructure failure (exit 3)".into(),
+                    c => format!("the sandbox container exited with {c}"),
+                });
+            Some(PodResult::Infra {
+                reason: format!("exit {code}: {why}"),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {INDEX_ANNOTATION: "5", ATTEMPT_ANNOTATION: "1"}},
+            "status": status,
+        }))
+        .unwrap_or_default()
+    }
+
+    fn terminated(code: i32, message: &str) -> Pod {
+        pod(
+            json!({"phase": if code == 0 {"Succeeded"} else {"Failed"}, "containerStatuses": [
+            {"name": "floe-gateway", "ready": false, "restartCount": 0, "image": "f", "imageID": "",
+             "state": {"terminated": {"exitCode": 0}}},
+            {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s", "imageID": "",
+             "state": {"terminated": {"exitCode": code, "message": message}}}]}),
+        )
+    }
+
+    #[test]
+    fn a_scored_summary_is_a_reward_for_exit_0_and_1() {
+        for code in [0, 1] {
+            let p = terminated(code, r#"{"status":"completed","reward":0.25}"#);
+            assert_eq!(result(&p), Some(PodResult::Scored { reward: 0.25 }));
+        }
+    }
+
+    #[test]
+    fn exit_3_is_infrastructure_with_the_runner_s_reason() {
+        let p = terminated(
+            3,
+            r#"{"status":"infra_error","reward":null,"error":"evaluator exited 127"}"#,
+        );
+        assert_eq!(
+            result(&p),
+            Some(PodResult::Infra {
+                reason: "exit 3: evaluator exited 127".into()
+            })
+        );
+    }
+
+    #[test]
+    fn exit_0_without_a_readable_summary_is_not_a_reward_of_0() {
+        let p = terminated(0, "not json");
+        assert!(matches!(result(&p), Some(PodResult::Infra { .. })));
+    }
+
+    #[test]
+    fn an_evicted_pod_is_an_infrastructure_failure() {
+        let p = pod(json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}));
+        assert_eq!(
+            result(&p),
+            Some(PodResult::Infra {
+                reason: "pod failed: low on memory".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_running_pod_is_active_and_a_deleted_one_lost() {
+        let mut p = pod(json!({"phase": "Running"}));
+        let s = session_pod(&p).expect("session pod");
+        assert_eq!(
+            (s.index, s.attempt, s.progress),
+            (5, 1, PodProgress::Active)
+        );
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(session_pod(&p).map(|s| s.progress), Some(PodProgress::Lost));
+    }
+}

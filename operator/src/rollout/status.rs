@@ -1,0 +1,329 @@
+//! A RolloutJob's status from its [`JobState`] (sans-IO): counters, rewards, phase, and the
+//! conditions both `kubectl wait` and kstatus (Flux, Argo CD health) read. A condition keeps
+//! its transition time unless its status flips, so an unchanged job is never rewritten.
+
+use std::collections::BTreeMap;
+
+use floe_crds::rollout_job::{RewardStats, RolloutJobPhase, RolloutJobStatus, SessionCounts};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::indexes::IndexSet;
+use super::plan::{JobState, RewardTally};
+
+/// Why a job cannot run (bad pool ref, invalid spec, unreadable tasks): reported, not retried
+/// in a hot loop.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blocked {
+    pub reason: String,
+    pub message: String,
+}
+
+pub struct StatusInput<'a> {
+    pub previous: Option<&'a RolloutJobStatus>,
+    pub generation: Option<i64>,
+    pub state: &'a JobState,
+    pub running: u32,
+    pub blocked: Option<&'a Blocked>,
+    pub now: Time,
+}
+
+/// The job's `status.startTime`, once a session was claimed.
+pub fn started(previous: Option<&RolloutJobStatus>, claimed_now: bool, now: &Time) -> Option<Time> {
+    previous
+        .and_then(|s| s.start_time.clone())
+        .or_else(|| claimed_now.then(|| now.clone()))
+}
+
+pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
+    let s = i.state;
+    let done = (s.completed.len() + s.failed.len()) as i32;
+    let total = s.total as i32;
+    let running = i.running as i32;
+    let sessions = SessionCounts {
+        total,
+        pending: (total - done - running).max(0),
+        running,
+        succeeded: s.completed.len() as i32,
+        failed: s.failed.len() as i32,
+        retried: s.retries.values().map(|r| *r as i32).sum(),
+    };
+    let previous_completion = i.previous.and_then(|p| p.completion_time.clone());
+    let (phase, conditions) = phase_and_conditions(i, &sessions);
+    let finished = matches!(phase, RolloutJobPhase::Succeeded | RolloutJobPhase::Failed);
+    RolloutJobStatus {
+        phase: Some(phase),
+        progress: Some(format!("{done}/{total}")),
+        sessions,
+        rewards: rewards(&s.rewards),
+        trainer: i.previous.and_then(|p| p.trainer.clone()),
+        conditions: keep_transition_times(i.previous, conditions),
+        observed_generation: i.generation,
+        completed_indexes: non_empty(&s.completed),
+        failed_indexes: non_empty(&s.failed),
+        retries: s
+            .retries
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v as i32))
+            .collect::<BTreeMap<_, _>>(),
+        start_time,
+        completion_time: if finished {
+            previous_completion.or_else(|| Some(i.now.clone()))
+        } else {
+            None
+        },
+    }
+}
+
+fn non_empty(set: &IndexSet) -> Option<String> {
+    (!set.is_empty()).then(|| set.to_string())
+}
+
+fn rewards(t: &RewardTally) -> Option<RewardStats> {
+    (t.scored > 0).then(|| RewardStats {
+        scored: t.scored as i32,
+        mean: t.sum / f64::from(t.scored),
+        sum: t.sum,
+        passed: t.passed as i32,
+        pass_rate: f64::from(t.passed) / f64::from(t.scored),
+    })
+}
+
+fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    }
+}
+
+fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase, Vec<Condition>) {
+    let s = i.state;
+    let mut out = Vec::new();
+    if let Some(b) = i.blocked {
+        // kstatus: Stalled = cannot make progress without a change from the user.
+        out.push(condition("Ready", false, &b.reason, b.message.clone()));
+        out.push(condition("Stalled", true, &b.reason, b.message.clone()));
+        out.push(condition(
+            "Reconciling",
+            false,
+            &b.reason,
+            b.message.clone(),
+        ));
+        return (RolloutJobPhase::Pending, out);
+    }
+    let summary = format!(
+        "{} of {} sessions scored, {} failed after retries",
+        c.succeeded, c.total, c.failed
+    );
+    if s.finished() {
+        if c.succeeded == 0 && c.total > 0 {
+            out.push(condition(
+                "Failed",
+                true,
+                "AllSessionsFailed",
+                summary.clone(),
+            ));
+            out.push(condition(
+                "Ready",
+                false,
+                "AllSessionsFailed",
+                summary.clone(),
+            ));
+            out.push(condition("Stalled", true, "AllSessionsFailed", summary));
+            return (RolloutJobPhase::Failed, out);
+        }
+        out.push(condition(
+            "Complete",
+            true,
+            "SessionsFinished",
+            summary.clone(),
+        ));
+        out.push(condition(
+            "Ready",
+            true,
+            "SessionsFinished",
+            summary.clone(),
+        ));
+        out.push(condition("Progressing", false, "SessionsFinished", summary));
+        return (RolloutJobPhase::Succeeded, out);
+    }
+    if s.deadline_exceeded {
+        let why = format!("activeDeadlineSeconds passed; {summary}");
+        out.push(condition("Failed", true, "DeadlineExceeded", why.clone()));
+        out.push(condition("Ready", false, "DeadlineExceeded", why.clone()));
+        out.push(condition("Stalled", true, "DeadlineExceeded", why));
+        return (RolloutJobPhase::Failed, out);
+    }
+    if s.suspend {
+        let why = format!("suspended with {} sessions still running", c.running);
+        out.push(condition("Suspended", true, "JobSuspended", why.clone()));
+        out.push(condition("Progressing", false, "JobSuspended", why.clone()));
+        out.push(condition("Ready", false, "JobSuspended", why));
+        return (RolloutJobPhase::Suspended, out);
+    }
+    let why = format!("{} running, {} pending; {summary}", c.running, c.pending);
+    out.push(condition(
+        "Progressing",
+        true,
+        "SessionsRunning",
+        why.clone(),
+    ));
+    out.push(condition(
+        "Reconciling",
+        true,
+        "SessionsRunning",
+        why.clone(),
+    ));
+    out.push(condition("Ready", false, "SessionsRunning", why));
+    let started = i.previous.is_some_and(|p| p.start_time.is_some()) || c.running > 0;
+    (
+        if started {
+            RolloutJobPhase::Running
+        } else {
+            RolloutJobPhase::Pending
+        },
+        out,
+    )
+}
+
+/// A condition's transition time moves only when its status changes.
+fn keep_transition_times(
+    previous: Option<&RolloutJobStatus>,
+    mut new: Vec<Condition>,
+) -> Vec<Condition> {
+    for c in &mut new {
+        let before = previous.and_then(|p| p.conditions.iter().find(|o| o.type_ == c.type_));
+        c.last_transition_time = match before {
+            Some(o) if o.status == c.status => o.last_transition_time.clone(),
+            _ => Time(k8s_openapi::jiff::Timestamp::now()),
+        };
+    }
+    new
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(total: u32) -> JobState {
+        JobState {
+            total,
+            backoff_limit: 3,
+            concurrency: None,
+            pass_threshold: 1.0,
+            suspend: false,
+            deadline_exceeded: false,
+            completed: IndexSet::default(),
+            failed: IndexSet::default(),
+            retries: BTreeMap::new(),
+            rewards: RewardTally::default(),
+        }
+    }
+
+    fn input<'a>(
+        s: &'a JobState,
+        previous: Option<&'a RolloutJobStatus>,
+        running: u32,
+    ) -> StatusInput<'a> {
+        StatusInput {
+            previous,
+            generation: Some(2),
+            state: s,
+            running,
+            blocked: None,
+            now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    fn cond<'a>(st: &'a RolloutJobStatus, t: &str) -> Option<&'a str> {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| c.status.as_str())
+    }
+
+    #[test]
+    fn counters_and_rewards_follow_the_state() {
+        let mut s = state(4);
+        s.completed.insert(0);
+        s.completed.insert(1);
+        s.failed.insert(3);
+        s.retries.insert(3, 3);
+        s.rewards = RewardTally {
+            scored: 2,
+            sum: 1.5,
+            passed: 1,
+        };
+        let st = status(&input(&s, None, 1), None);
+        assert_eq!(st.progress.as_deref(), Some("3/4"));
+        assert_eq!(
+            (
+                st.sessions.pending,
+                st.sessions.running,
+                st.sessions.retried
+            ),
+            (0, 1, 3)
+        );
+        let r = st.rewards.clone().expect("rewards");
+        assert_eq!((r.mean, r.pass_rate), (0.75, 0.5));
+        assert_eq!(st.completed_indexes.as_deref(), Some("0-1"));
+        assert_eq!(st.failed_indexes.as_deref(), Some("3"));
+        assert_eq!(st.observed_generation, Some(2));
+        assert_eq!(st.phase, Some(RolloutJobPhase::Running));
+        assert_eq!(cond(&st, "Reconciling"), Some("True"));
+    }
+
+    #[test]
+    fn finished_with_some_scores_is_complete_and_ready_and_keeps_its_completion_time() {
+        let mut s = state(2);
+        s.completed.insert(0);
+        s.failed.insert(1);
+        let first = status(&input(&s, None, 0), None);
+        assert_eq!(first.phase, Some(RolloutJobPhase::Succeeded));
+        assert_eq!(cond(&first, "Complete"), Some("True"));
+        assert_eq!(cond(&first, "Ready"), Some("True"));
+        let mut later = input(&s, Some(&first), 0);
+        later.now = Time(k8s_openapi::jiff::Timestamp::now());
+        let again = status(&later, None);
+        assert_eq!(again.completion_time, first.completion_time);
+        assert_eq!(again.conditions, first.conditions, "no needless rewrite");
+    }
+
+    #[test]
+    fn every_session_failed_is_a_failed_job() {
+        let mut s = state(1);
+        s.failed.insert(0);
+        let st = status(&input(&s, None, 0), None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Failed));
+        assert_eq!(cond(&st, "Stalled"), Some("True"));
+    }
+
+    #[test]
+    fn deadline_suspend_and_blocked_each_say_so() {
+        let mut s = state(3);
+        s.deadline_exceeded = true;
+        assert_eq!(
+            status(&input(&s, None, 0), None).phase,
+            Some(RolloutJobPhase::Failed)
+        );
+        let mut s = state(3);
+        s.suspend = true;
+        let st = status(&input(&s, None, 2), None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Suspended));
+        assert_eq!(cond(&st, "Suspended"), Some("True"));
+        let s = state(3);
+        let blocked = Blocked {
+            reason: "PoolNotFound".into(),
+            message: "no pool".into(),
+        };
+        let mut i = input(&s, None, 0);
+        i.blocked = Some(&blocked);
+        let st = status(&i, None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Pending));
+        assert_eq!(cond(&st, "Stalled"), Some("True"));
+        assert_eq!(st.conditions[0].reason, "PoolNotFound");
+    }
+}

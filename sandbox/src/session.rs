@@ -1,0 +1,100 @@
+//! A RolloutJob's sessions as assignments (sans-IO): the one place that turns a job, a task and
+//! a sample into what a pod's gateway and runner receive, shared by the operator and `floe run`
+//! so both run a job the same way.
+
+use std::collections::BTreeMap;
+
+use floe_crds::rollout_job::{RolloutJobSpec, Task, TrajectoryBuilder};
+use floe_gateway::ship::{Assignment, Sink, UpstreamOverride};
+use floe_gateway::trajectory::Builder;
+
+use crate::spec::RunSpec;
+
+/// Session id: `<job>-<task>-<sample>`, and `-r<attempt>` for a retry after an infrastructure
+/// failure — a retry needs its own id, because the trainer deduplicates by session id and the
+/// failed attempt may already have shipped its (untrainable) trajectory.
+pub fn session_id(job: &str, task: &str, sample: u32, attempt: u32) -> String {
+    if attempt == 0 {
+        format!("{job}-{task}-{sample}")
+    } else {
+        format!("{job}-{task}-{sample}-r{attempt}")
+    }
+}
+
+/// The GRPO group of a task within a job.
+pub fn group_id(job: &str, task: &str) -> String {
+    format!("{job}/{task}")
+}
+
+/// One attempt of one session.
+pub struct SessionOf<'a> {
+    pub job: &'a str,
+    pub spec: &'a RolloutJobSpec,
+    pub task: &'a Task,
+    pub sample: u32,
+    pub attempt: u32,
+    pub sink: &'a Sink,
+    /// Where the session's model calls go (URL, model), when not the gateway's default.
+    pub upstream_url: Option<String>,
+    pub upstream_model: Option<String>,
+    /// Hidden files for every task (`evaluator.hiddenFilesFrom`); the task's own win.
+    pub shared_hidden_files: &'a BTreeMap<String, String>,
+}
+
+pub fn assignment(s: &SessionOf) -> Assignment {
+    let spec = s.spec;
+    let cap = u32::try_from(spec.sampling.max_response_tokens).ok();
+    // The job's response cap and sampling apply to every call of its sessions.
+    let upstream = UpstreamOverride {
+        url: s.upstream_url.clone(),
+        model: s.upstream_model.clone(),
+        max_response_tokens: cap,
+        temperature: Some(spec.sampling.temperature),
+        top_p: Some(spec.sampling.top_p),
+    };
+    let builder = match spec.trajectory.builder {
+        TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,
+        TrajectoryBuilder::PerRequest => Builder::PerRequest,
+    };
+    let run = RunSpec {
+        task: s.task.clone(),
+        harness: spec.harness.clone(),
+        evaluator: spec.evaluator.clone(),
+        timeouts: spec.timeouts.clone(),
+        hidden_files: s.shared_hidden_files.clone(),
+        max_response_tokens: cap,
+    };
+    let mut metadata: BTreeMap<String, serde_json::Value> = s
+        .task
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    metadata.insert("job".into(), s.job.into());
+    if s.attempt > 0 {
+        metadata.insert("attempt".into(), s.attempt.into());
+    }
+    Assignment {
+        session: session_id(s.job, &s.task.id, s.sample, s.attempt),
+        task: s.task.id.clone(),
+        group: group_id(s.job, &s.task.id),
+        sample: s.sample,
+        builder,
+        sink: s.sink.clone(),
+        upstream: Some(upstream),
+        metadata,
+        run: serde_json::to_value(&run).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_gets_its_own_session_id_in_the_same_group() {
+        assert_eq!(session_id("j", "t", 3, 0), "j-t-3");
+        assert_eq!(session_id("j", "t", 3, 2), "j-t-3-r2");
+        assert_eq!(group_id("j", "t"), "j/t");
+    }
+}
