@@ -8,7 +8,9 @@
 pub mod cluster;
 pub mod gateway;
 pub mod ingest;
+pub mod kubelet;
 pub mod namespace;
+pub mod operator;
 pub mod processes;
 pub mod scripted_upstream;
 pub mod toy_task;

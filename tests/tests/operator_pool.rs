@@ -3,76 +3,20 @@
 //! pods Ready (as the readiness probe on the gateway's `/readyz` would) and claims a pod the way
 //! a RolloutJob does (compare-and-swap on the `floe.dev/state` label).
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
-use floe_tests::{cluster, floe_bin, TestNamespace};
+use floe_tests::operator::{eventually, Operator};
+use floe_tests::{cluster, TestNamespace};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-struct Operator(Child, u16);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Operator {
-    async fn metrics(&self) -> Result<String> {
-        Ok(reqwest::get(format!("http://127.0.0.1:{}/metrics", self.1))
-            .await?
-            .text()
-            .await?)
-    }
-}
-
 fn start_operator(namespace: &str) -> Result<Operator> {
-    start_operator_with(namespace, &[])
-}
-
-fn start_operator_with(namespace: &str, extra: &[&str]) -> Result<Operator> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    Ok(Operator(
-        Command::new(floe_bin()?)
-            .arg("operator")
-            .arg("--kubeconfig")
-            .arg(&cluster().kubeconfig)
-            .args([
-                "--namespace",
-                namespace,
-                "--floe-image",
-                "floe:test",
-                "--sidecars",
-                "auto",
-            ])
-            .args(extra)
-            .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .spawn()?,
-        port,
-    ))
-}
-
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<Option<T>>) -> Result<T> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    Operator::start(namespace, &[])
 }
 
 /// Play the kubelet: the pod runs and its readiness probe passes.
@@ -222,7 +166,7 @@ async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Re
     c.install_crds(&client).await?;
     let ns = TestNamespace::create(c, &client, "leader").await?;
     let elect = |id: &'static str| -> Result<Operator> {
-        start_operator_with(
+        Operator::start(
             &ns.name,
             &[
                 "--leader-elect",
@@ -277,9 +221,9 @@ async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Re
         .context("leader is a replica")?;
     let (_, mut leader) = replicas.remove(index);
     Command::new("kill")
-        .args(["-TERM", &leader.0.id().to_string()])
+        .args(["-TERM", &leader.child.id().to_string()])
         .status()?;
-    let exit = leader.0.wait()?;
+    let exit = leader.child.wait()?;
     assert!(exit.success(), "the leader stops cleanly: {exit}");
     let next = eventually("the other replica leads", async || {
         Ok(holder().await?.filter(|h| h != &first))

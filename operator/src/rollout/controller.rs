@@ -125,6 +125,14 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = job.status.clone();
     if let Some(done) = previous.as_ref().and_then(|s| s.completion_time.clone()) {
+        // Pods stopped at a deadline end after the job did: let them go too.
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        let left = pods
+            .list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any())))
+            .await?;
+        for pod in left.items {
+            release(&pods, &pod.name_any()).await?;
+        }
         return after_completion(job, &jobs, &done, &now).await;
     }
 

@@ -1,0 +1,291 @@
+//! A stand-in for the kubelet, for operator tests on a control plane without nodes. It does
+//! openly what a kubelet and the pod's containers would: for each sandbox pod it starts the
+//! pod's real `floe gateway` sidecar (on a loopback address of its own, which becomes the
+//! pod's IP, with the control token from the pod's Secret), reports the pod Running and Ready,
+//! and — playing the runner — takes the assignment the operator delivered to that gateway and
+//! ends the sandbox container with the exit code and termination message a `floe sandbox`
+//! runner would leave. What each session "does" is decided by the test.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{json, Value};
+
+use crate::cluster::floe_bin;
+
+/// What the sandbox container of a session ends with.
+#[derive(Clone, Debug)]
+pub enum Verdict {
+    /// Exit 0 (or 1 for an agent failure) with a reward in the summary.
+    Scored { exit: i32, reward: f64 },
+    /// Exit 3: infrastructure failure.
+    Infra { error: String },
+    /// Keeps running until the pod is deleted.
+    Hang,
+}
+
+pub type Decide = Arc<dyn Fn(&Value) -> Verdict + Send + Sync>;
+
+struct Running {
+    gateway: Child,
+    control: String,
+    token: String,
+    done: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+    }
+}
+
+pub struct FakeKubelet {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<()>>,
+    taken: Arc<Mutex<Vec<Value>>>,
+}
+
+impl FakeKubelet {
+    /// Pods of `namespace` get IPs `127.<block>.x.y`.
+    pub fn start(client: Client, namespace: &str, block: u8, decide: Decide) -> Result<Self> {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let dir = tempfile::tempdir()?.keep();
+        let ns = namespace.to_string();
+        let seen = taken.clone();
+        let task = tokio::spawn(async move {
+            let mut node = Node {
+                pods: Api::namespaced(client.clone(), &ns),
+                secrets: Api::namespaced(client, &ns),
+                running: HashMap::new(),
+                next_ip: 1,
+                block,
+                dir,
+                http: reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()?,
+                decide,
+                taken: seen,
+            };
+            loop {
+                if let Err(e) = node.sync().await {
+                    // Keep going (an apiserver hiccup); the test's own checks will fail if it matters.
+                    eprintln!("fake kubelet: {e:#}");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {},
+                    _ = stopped.changed() => return Ok(()),
+                }
+            }
+        });
+        Ok(Self { stop, task, taken })
+    }
+
+    /// The assignments runners took, in order.
+    pub fn taken(&self) -> Vec<Value> {
+        self.taken.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// Stops the node; the pods' gateways go with it. Fails if the loop failed.
+    pub async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(true);
+        self.task.await?
+    }
+}
+
+struct Node {
+    pods: Api<Pod>,
+    secrets: Api<Secret>,
+    running: HashMap<String, Running>,
+    next_ip: u32,
+    block: u8,
+    dir: PathBuf,
+    http: reqwest::Client,
+    decide: Decide,
+    taken: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Node {
+    async fn sync(&mut self) -> Result<()> {
+        let pods = self
+            .pods
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=floe"))
+            .await?
+            .items;
+        // Pods that are gone or going: their containers stop.
+        self.running.retain(|name, _| {
+            pods.iter()
+                .any(|p| p.name_any() == *name && p.metadata.deletion_timestamp.is_none())
+        });
+        for pod in &pods {
+            let name = pod.name_any();
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            if !self.running.contains_key(&name) {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                if matches!(phase, None | Some("Pending")) {
+                    self.start_pod(pod).await?;
+                }
+                continue;
+            }
+            if pod.labels().get("floe.dev/state").map(String::as_str) == Some("claimed") {
+                self.run_session(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_pod(&mut self, pod: &Pod) -> Result<()> {
+        let name = pod.name_any();
+        let Some(secret) = self.secrets.get_opt(&format!("{name}-control")).await? else {
+            return Ok(()); // the operator creates it right after the pod
+        };
+        let token = secret
+            .data
+            .and_then(|d| {
+                d.get("control-token")
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            })
+            .context("control token")?;
+        let control_port = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == "floe-gateway"))
+            .and_then(|c| c.ports.as_ref())
+            .and_then(|p| p.iter().find(|p| p.name.as_deref() == Some("floe-control")))
+            .map(|p| p.container_port)
+            .context("the pod declares the gateway's control port")?;
+        let n = self.next_ip;
+        self.next_ip += 1;
+        let ip = format!("127.{}.{}.{}", self.block, n / 250, n % 250 + 1);
+        let root = self.dir.join(&name);
+        std::fs::create_dir_all(&root)?;
+        std::fs::write(root.join("token"), &token)?;
+        let log = std::fs::File::create(root.join("gateway.log"))?;
+        let gateway = Command::new(floe_bin()?)
+            .args(["gateway", "--listen", &format!("{ip}:8370")])
+            .args(["--control-listen", &format!("{ip}:{control_port}")])
+            .args(["--upstream", "http://127.0.0.1:9"])
+            .arg("--capture-dir")
+            .arg(root.join("captures"))
+            .arg("--control-token-file")
+            .arg(root.join("token"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        let control = format!("http://{ip}:{control_port}");
+        let running = Running {
+            gateway,
+            control: control.clone(),
+            token,
+            done: false,
+        };
+        let mut up = false;
+        for _ in 0..100 {
+            if self
+                .http
+                .get(format!("{control}/healthz"))
+                .send()
+                .await
+                .is_ok()
+            {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::ensure!(up, "the gateway of {name} did not come up at {control}");
+        self.running.insert(name.clone(), running);
+        let status = json!({"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+            "containerStatuses": [container("sandbox", json!({"running": {}})),
+                                  container("floe-gateway", json!({"running": {}}))],
+        }});
+        self.patch_status(&name, &status).await
+    }
+
+    /// Play the runner: take the delivered assignment (if any yet) and end the container.
+    async fn run_session(&mut self, name: &str) -> Result<()> {
+        let Some(r) = self.running.get(name) else {
+            return Ok(());
+        };
+        if r.done {
+            return Ok(());
+        }
+        let reply = self
+            .http
+            .get(format!(
+                "{}/floe/v1/assignments/next?waitSeconds=0",
+                r.control
+            ))
+            .bearer_auth(&r.token)
+            .send()
+            .await?;
+        if reply.status() != reqwest::StatusCode::OK {
+            return Ok(());
+        }
+        let delivered: Value = reply.json().await?;
+        let assignment = delivered["assignment"].clone();
+        if let Ok(mut t) = self.taken.lock() {
+            t.push(assignment.clone());
+        }
+        let session = assignment["session"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let (exit, summary) = match (self.decide)(&assignment) {
+            Verdict::Hang => return Ok(()),
+            Verdict::Scored { exit, reward } => (
+                exit,
+                json!({"session": session, "status": "completed", "reward": reward, "shipment": "shipped",
+                       "agentSeconds": 0.1, "evaluatorSeconds": 0.1, "completions": 1,
+                       "sampledTokens": 10, "trainableTokens": 10, "traces": 1}),
+            ),
+            Verdict::Infra { error } => (
+                3,
+                json!({"session": session, "status": "infra_error", "reward": null, "error": error,
+                       "shipment": "shipped", "agentSeconds": 0.1, "evaluatorSeconds": 0.0,
+                       "completions": 0, "sampledTokens": 0, "trainableTokens": 0, "traces": 0}),
+            ),
+        };
+        if let Some(r) = self.running.get_mut(name) {
+            r.done = true;
+        }
+        let terminated = json!({"terminated": {"exitCode": exit, "reason": if exit == 0 {"Completed"} else {"Error"},
+                                "message": summary.to_string()}});
+        let status = json!({"status": {
+            "phase": if exit == 0 { "Succeeded" } else { "Failed" },
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+            "containerStatuses": [container("sandbox", terminated),
+                                  container("floe-gateway", json!({"terminated": {"exitCode": 0}}))],
+        }});
+        self.patch_status(name, &status).await
+    }
+
+    async fn patch_status(&self, name: &str, status: &Value) -> Result<()> {
+        match self
+            .pods
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn container(name: &str, state: Value) -> Value {
+    json!({"name": name, "ready": state.get("running").is_some(), "restartCount": 0,
+           "image": "test", "imageID": "", "state": state})
+}

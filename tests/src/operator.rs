@@ -1,0 +1,92 @@
+//! The real `floe operator` process against the test control plane, and polling helpers.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::cluster::{cluster, floe_bin};
+
+/// A running `floe operator`; killed (SIGKILL) when dropped.
+pub struct Operator {
+    pub child: Child,
+    pub metrics_port: u16,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Operator {
+    /// Watch one namespace; `extra` flags are appended.
+    pub fn start(namespace: &str, extra: &[&str]) -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let log = std::env::temp_dir().join(format!("floe-operator-{namespace}-{port}.log"));
+        let child = Command::new(floe_bin()?)
+            .arg("operator")
+            .arg("--kubeconfig")
+            .arg(&cluster().kubeconfig)
+            .args([
+                "--namespace",
+                namespace,
+                "--floe-image",
+                "floe:test",
+                "--sidecars",
+                "auto",
+            ])
+            .args(extra)
+            .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?)
+            .spawn()?;
+        Ok(Self {
+            child,
+            metrics_port: port,
+        })
+    }
+
+    pub async fn metrics(&self) -> Result<String> {
+        Ok(
+            reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+                .await?
+                .text()
+                .await?,
+        )
+    }
+
+    /// SIGKILL: an operator crash mid-reconcile.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Poll `check` every 250 ms until it yields a value, for at most `seconds`.
+pub async fn eventually_within<T>(
+    seconds: u64,
+    what: &str,
+    mut check: impl AsyncFnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {seconds} s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// [`eventually_within`] 60 s.
+pub async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Result<Option<T>>) -> Result<T> {
+    eventually_within(60, what, check).await
+}

@@ -1,0 +1,353 @@
+//! The RolloutJob controller on the genuine kube-apiserver: the real `floe operator` claims
+//! READY pool pods, delivers assignments to each pod's real `floe gateway`, folds the results
+//! into the job's status and lets the pods go. There is no kubelet or container runtime here,
+//! so `floe_tests::kubelet::FakeKubelet` plays both, openly: it starts each pod's gateway on a
+//! loopback address of its own (the pod IP), marks the pod Ready, takes the assignment as the
+//! runner would and ends the sandbox container with a runner-shaped termination message.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use floe_crds::gateway_pool::GatewayPool;
+use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase, RolloutJobStatus};
+use floe_tests::kubelet::{FakeKubelet, Verdict};
+use floe_tests::operator::{eventually, eventually_within, Operator};
+use floe_tests::{cluster, TestNamespace};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{json, Value};
+
+async fn create_pool(client: &Client, ns: &str, name: &str, replicas: i32) -> Result<()> {
+    let pool: GatewayPool = serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "template": {"image": "ghcr.io/acme/sandbox-pi:1"},
+                 "refill": {"batchSize": 8, "maxPodsPerMinute": 600}},
+    }))?;
+    Api::<GatewayPool>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pool)
+        .await?;
+    Ok(())
+}
+
+fn job(name: &str, tasks: &[&str], samples: i32, extra: Value) -> Result<RolloutJob> {
+    let tasks: Vec<Value> = tasks
+        .iter()
+        .map(|t| json!({"id": t, "instruction": format!("solve {t}")}))
+        .collect();
+    let mut spec = json!({
+        "tasks": {"inline": tasks}, "numSamples": samples,
+        "harness": {"preset": "pi"}, "poolRef": {"name": "warm"},
+        "evaluator": {"command": ["python", "-m", "pytest", "-q"]},
+        "sft": {"upstream": {"url": "http://teacher.models.svc:8000", "model": "teacher"},
+                "output": {"claimName": "sft-data"}},
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+        "metadata": {"name": name}, "spec": spec,
+    }))?)
+}
+
+async fn status(jobs: &Api<RolloutJob>, name: &str) -> Result<RolloutJobStatus> {
+    Ok(jobs.get(name).await?.status.unwrap_or_default())
+}
+
+fn condition<'a>(s: &'a RolloutJobStatus, type_: &str) -> Option<(&'a str, &'a str)> {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
+async fn job_pods(pods: &Api<Pod>, job: &str) -> Result<Vec<Pod>> {
+    Ok(pods
+        .list(&ListParams::default().labels(&format!("floe.dev/job={job}")))
+        .await?
+        .items)
+}
+
+async fn event_notes(client: &Client, ns: &str, reason: &str) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| e.note.unwrap_or_default())
+        .collect())
+}
+
+fn attempt(a: &Value) -> u64 {
+    a["metadata"]["attempt"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash() -> Result<()> {
+    let c = cluster();
+    let client = c.client().await?;
+    c.install_crds(&client).await?;
+    let ns = TestNamespace::create(c, &client, "job").await?;
+    let mut operator = Operator::start(&ns.name, &[])?;
+    create_pool(&client, &ns.name, "warm", 4).await?;
+    // t6's first attempts fail in the infrastructure (retried, then scored); t7's sample 0
+    // always does (failed after backoffLimit, never a reward). Even samples pass; sample 3 is
+    // an agent failure (exit 1), still scored.
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        10,
+        Arc::new(|a: &Value| {
+            let task = a["task"].as_str().unwrap_or_default();
+            let sample = a["sample"].as_u64().unwrap_or(0);
+            if (task == "t6" && attempt(a) == 0) || (task == "t7" && sample == 0) {
+                return Verdict::Infra {
+                    error: "evaluator exited 127".into(),
+                };
+            }
+            Verdict::Scored {
+                exit: if sample == 3 { 1 } else { 0 },
+                reward: if sample % 2 == 0 { 1.0 } else { 0.0 },
+            }
+        }),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let tasks = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7"];
+    let spec = job(
+        "big",
+        &tasks,
+        4,
+        json!({"concurrency": 6, "backoffLimit": 2}),
+    )?;
+    jobs.create(&PostParams::default(), &spec).await?;
+
+    // Mid-job, the operator dies without warning and a new one starts.
+    eventually_within(120, "10 sessions scored", async || {
+        Ok((status(&jobs, "big").await?.sessions.succeeded >= 10).then_some(()))
+    })
+    .await?;
+    operator.kill();
+    let mid = status(&jobs, "big").await?;
+    assert!(mid.sessions.succeeded < 32, "the crash must land mid-job");
+    let operator = Operator::start(&ns.name, &[])?;
+
+    let done = eventually_within(180, "the job finished", async || {
+        let s = status(&jobs, "big").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await?;
+    let s = &done.sessions;
+    assert_eq!(
+        (s.total, s.succeeded, s.failed, s.running, s.pending),
+        (32, 31, 1, 0, 0)
+    );
+    // t6: 4 sessions retried once; t7-0: retried twice, then failed (backoffLimit 2).
+    assert_eq!(s.retried, 6);
+    assert_eq!(done.completed_indexes.as_deref(), Some("0-27,29-31"));
+    assert_eq!(done.failed_indexes.as_deref(), Some("28"));
+    let r = done.rewards.clone().context("rewards")?;
+    // Passing: samples 0 and 2 of t0..t6 (14) and t7's sample 2; t7-0 has no reward at all.
+    assert_eq!((r.scored, r.passed, r.sum), (31, 15, 15.0));
+    assert!((r.mean - 15.0 / 31.0).abs() < 1e-12);
+    assert_eq!(done.progress.as_deref(), Some("32/32"));
+    assert_eq!(
+        condition(&done, "Complete"),
+        Some(("True", "SessionsFinished"))
+    );
+    assert_eq!(
+        condition(&done, "Ready"),
+        Some(("True", "SessionsFinished"))
+    );
+    assert!(done.start_time.is_some() && done.completion_time.is_some());
+
+    // No session ran twice and none was lost, across the crash: every attempt exactly once.
+    let taken = kubelet.taken();
+    let ids: Vec<String> = taken
+        .iter()
+        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let unique: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(
+        unique.len(),
+        ids.len(),
+        "a session was assigned twice: {ids:?}"
+    );
+    let mut expected = BTreeSet::new();
+    for t in tasks {
+        for sample in 0..4 {
+            expected.insert(format!("big-{t}-{sample}"));
+        }
+    }
+    for sample in 0..4 {
+        expected.insert(format!("big-t6-{sample}-r1"));
+    }
+    expected.insert("big-t7-0-r1".into());
+    expected.insert("big-t7-0-r2".into());
+    assert_eq!(ids.iter().cloned().collect::<BTreeSet<_>>(), expected);
+    // What each pod's gateway received: the job's group, the sft wiring, the run spec.
+    let first = &taken[0];
+    assert_eq!(
+        first["group"],
+        format!("big/{}", first["task"].as_str().unwrap_or(""))
+    );
+    assert_eq!(first["upstream"]["url"], "http://teacher.models.svc:8000");
+    assert_eq!(first["upstream"]["model"], "teacher");
+    assert_eq!(first["sink"]["kind"], "trainer");
+    assert_eq!(
+        first["sink"]["url"],
+        format!("http://big-dataset.{}.svc:8100/v1/trajectories", ns.name)
+    );
+    assert_eq!(first["run"]["harness"]["preset"], "pi");
+
+    // Every pod was released (finalizer off, deleted); the failure was announced.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    eventually("all session pods gone", async || {
+        Ok(job_pods(&pods, "big").await?.is_empty().then_some(()))
+    })
+    .await?;
+    let failed = event_notes(&client, &ns.name, "SessionFailed").await?;
+    assert!(
+        failed
+            .iter()
+            .any(|n| n.contains("session 28") && n.contains("evaluator exited 127")),
+        "{failed:?}"
+    );
+    let metrics = eventually("job metrics", async || {
+        let m = operator.metrics().await?;
+        Ok(m.contains("floe_session_reward_count").then_some(m))
+    })
+    .await?;
+    let line = format!(
+        "floe_session_reward_count{{namespace=\"{}\",job=\"big\"}} 31",
+        ns.name
+    );
+    assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
+    assert!(metrics.contains("floe_claims_total{kind="));
+    assert!(metrics.contains("floe_claim_latency_seconds_count"));
+
+    // Deleting the job takes its finalizer off (its pods are gone already).
+    jobs.delete("big", &DeleteParams::default()).await?;
+    eventually("the job deleted", async || {
+        Ok(jobs.get_opt("big").await?.is_none().then_some(()))
+    })
+    .await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
+    let c = cluster();
+    let client = c.client().await?;
+    c.install_crds(&client).await?;
+    let ns = TestNamespace::create(c, &client, "jobctl").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+
+    // A job naming a pool that does not exist: a condition and an Event that say which.
+    let mut orphan = job("orphan", &["a"], 1, json!({}))?;
+    orphan.spec.pool_ref = Some(k8s_openapi::api::core::v1::LocalObjectReference {
+        name: "nope".into(),
+    });
+    jobs.create(&PostParams::default(), &orphan).await?;
+    let s = eventually("the orphan job stalled", async || {
+        let s = status(&jobs, "orphan").await?;
+        Ok(condition(&s, "Stalled").is_some().then_some(s))
+    })
+    .await?;
+    assert_eq!(condition(&s, "Stalled"), Some(("True", "PoolNotFound")));
+    assert_eq!(s.phase, Some(RolloutJobPhase::Pending));
+    let notes = eventually("a PoolNotFound event", async || {
+        let n = event_notes(&client, &ns.name, "PoolNotFound").await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await?;
+    assert!(notes[0].contains("\"nope\""), "{notes:?}");
+
+    create_pool(&client, &ns.name, "warm", 2).await?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        11,
+        Arc::new(|a: &Value| {
+            if a["task"] == "slow" {
+                Verdict::Hang
+            } else {
+                Verdict::Scored {
+                    exit: 0,
+                    reward: 1.0,
+                }
+            }
+        }),
+    )?;
+
+    // Suspended from the start: nothing is claimed until it is resumed; then it completes
+    // and, with ttlSecondsAfterFinished, goes away.
+    let paused = job(
+        "paused",
+        &["p", "q"],
+        2,
+        json!({"suspend": true, "ttlSecondsAfterFinished": 3}),
+    )?;
+    jobs.create(&PostParams::default(), &paused).await?;
+    eventually("suspended", async || {
+        let s = status(&jobs, "paused").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Suspended)).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        job_pods(&pods, "paused").await?.is_empty(),
+        "a suspended job claims nothing"
+    );
+    assert_eq!(status(&jobs, "paused").await?.sessions.pending, 4);
+    jobs.patch(
+        "paused",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"suspend": false}})),
+    )
+    .await?;
+    let done = eventually("resumed and finished", async || {
+        let s = status(&jobs, "paused").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await?;
+    assert_eq!(done.sessions.succeeded, 4);
+    eventually("deleted after its TTL", async || {
+        Ok(jobs.get_opt("paused").await?.is_none().then_some(()))
+    })
+    .await?;
+
+    // A deadline stops sessions that never finish: the job fails and says why.
+    let late = job("late", &["slow"], 2, json!({"activeDeadlineSeconds": 4}))?;
+    jobs.create(&PostParams::default(), &late).await?;
+    eventually("both slow sessions running", async || {
+        Ok((status(&jobs, "late").await?.sessions.running == 2).then_some(()))
+    })
+    .await?;
+    let failed = eventually("the deadline", async || {
+        let s = status(&jobs, "late").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Failed)).then_some(s))
+    })
+    .await?;
+    assert_eq!(
+        condition(&failed, "Failed"),
+        Some(("True", "DeadlineExceeded"))
+    );
+    assert_eq!(
+        failed.rewards, None,
+        "stopped sessions are not rewards of 0"
+    );
+    eventually("the slow pods stopped", async || {
+        Ok(job_pods(&pods, "late").await?.is_empty().then_some(()))
+    })
+    .await?;
+    kubelet.stop().await?;
+    Ok(())
+}
