@@ -112,7 +112,7 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
             }
             Verdict::Scored {
                 exit: if sample == 3 { 1 } else { 0 },
-                reward: if sample % 2 == 0 { 1.0 } else { 0.0 },
+                reward: if sample.is_multiple_of(2) { 1.0 } else { 0.0 },
             }
         }),
     )?;
