@@ -98,31 +98,9 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         .enable_all()
         .build()
         .map_err(GatewayError::Runtime)?;
-    runtime.block_on(serve(config, shutdown_signal()))?;
+    runtime.block_on(serve(config, async {
+        floe_operator::run::shutdown_signal().await;
+        tracing::info!("shutting down");
+    }))?;
     Ok(())
-}
-
-/// SIGTERM (pod deletion) or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-    tracing::info!("shutting down");
 }

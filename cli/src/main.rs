@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use floe_crds::generate::Target;
 
+mod collect;
 mod gateway;
 mod operator;
 mod run;
@@ -33,7 +34,7 @@ enum Command {
         #[arg(long, value_name = "VERSION")]
         kube_version: Option<String>,
     },
-    /// Run the operator: keep GatewayPools' sandbox pods warm (RolloutJob sessions: next).
+    /// Run the operator: GatewayPools' warm sandbox pods and RolloutJobs' sessions.
     Operator(operator::OperatorArgs),
     /// Run the gateway: provider APIs for the harness, vLLM upstream, token-level capture.
     Gateway(gateway::GatewayArgs),
@@ -43,6 +44,8 @@ enum Command {
     /// Run one sandbox session: wait for the assignment from the pod's gateway, run the
     /// harness, evaluate, report. Exit 0 success, 1 agent failure, 2 usage, 3 infrastructure.
     Sandbox(sandbox::SandboxArgs),
+    /// Collect an sft job's trajectories into its dataset volume (the job's collector pod).
+    Collect(collect::CollectArgs),
     /// Copy this `floe` binary to DEST (the sandbox pod's init container puts it in a shared
     /// volume for the harness container).
     InstallBinary { dest: std::path::PathBuf },
@@ -67,6 +70,8 @@ enum CliError {
     Gateway(#[from] gateway::GatewayError),
     #[error(transparent)]
     Operator(#[from] operator::OperatorError),
+    #[error(transparent)]
+    Collect(#[from] collect::CollectCliError),
     #[error("cannot install the floe binary to {0}: {1}")]
     Install(std::path::PathBuf, std::io::Error),
 }
@@ -93,6 +98,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Gateway(args) => gateway::run(args)?,
         Command::Operator(args) => operator::main(args)?,
         Command::InstallBinary { dest } => install_binary(&dest)?,
+        Command::Collect(args) => collect::run(args)?,
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
         }

@@ -14,6 +14,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::leader::{Leader, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::pool_controller::{error_policy, reconcile, PoolContext};
+use crate::rollout::aux_pods::OWNER_JOB_LABEL;
 use crate::rollout::controller as job_controller;
 use crate::rollout::pod_view::JOB_LABEL;
 use crate::sandbox_pod::POOL_LABEL;
@@ -178,7 +179,11 @@ async fn run_controllers(
         config.floe_image.clone(),
         config.native_sidecars,
     ));
-    let job_context = Arc::new(job_controller::JobContext::new(client, metrics));
+    let job_context = Arc::new(job_controller::JobContext::new(
+        client,
+        metrics,
+        config.floe_image.clone(),
+    ));
     let managed = || watcher::Config::default().labels("app.kubernetes.io/managed-by=floe");
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);
@@ -202,7 +207,12 @@ async fn run_controllers(
         });
     let job_runs = Controller::new(jobs, watcher::Config::default())
         .watches(pods, managed(), |pod: Pod| {
-            let job = pod.labels().get(JOB_LABEL)?.clone();
+            // Session pods, and the job's own pods (trainer, collector) whose readiness gates it.
+            let labels = pod.labels();
+            let job = labels
+                .get(JOB_LABEL)
+                .or(labels.get(OWNER_JOB_LABEL))?
+                .clone();
             Some(ObjectRef::<RolloutJob>::new(&job).within(&pod.namespace()?))
         })
         .with_config(controller_config)

@@ -27,7 +27,7 @@ pub enum Verdict {
     Scored { exit: i32, reward: f64 },
     /// Exit 3: infrastructure failure.
     Infra { error: String },
-    /// Keeps running until the pod is deleted.
+    /// Not finished yet: asked again on the next sync (forever, unless the answer changes).
     Hang,
 }
 
@@ -37,6 +37,7 @@ struct Running {
     gateway: Child,
     control: String,
     token: String,
+    assignment: Option<Value>,
     done: bool,
 }
 
@@ -66,6 +67,8 @@ impl FakeKubelet {
                 pods: Api::namespaced(client.clone(), &ns),
                 secrets: Api::namespaced(client, &ns),
                 running: HashMap::new(),
+                aux: Default::default(),
+                next_aux: 0,
                 next_ip: 1,
                 block,
                 dir,
@@ -105,6 +108,9 @@ struct Node {
     pods: Api<Pod>,
     secrets: Api<Secret>,
     running: HashMap<String, Running>,
+    /// Job pods reported running.
+    aux: std::collections::HashSet<String>,
+    next_aux: u32,
     next_ip: u32,
     block: u8,
     dir: PathBuf,
@@ -130,10 +136,17 @@ impl Node {
             if pod.metadata.deletion_timestamp.is_some() {
                 continue;
             }
+            if self.aux.contains(&name) {
+                continue;
+            }
             if !self.running.contains_key(&name) {
                 let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
                 if matches!(phase, None | Some("Pending")) {
-                    self.start_pod(pod).await?;
+                    if pod.labels().contains_key("floe.dev/pool") {
+                        self.start_pod(pod).await?;
+                    } else {
+                        self.start_job_pod(pod).await?;
+                    }
                 }
                 continue;
             }
@@ -187,6 +200,7 @@ impl Node {
             gateway,
             control: control.clone(),
             token,
+            assignment: None,
             done: false,
         };
         let mut up = false;
@@ -214,6 +228,27 @@ impl Node {
         self.patch_status(&name, &status).await
     }
 
+    /// A job's own pod (trainer, dataset collector): reported Running and Ready on an address of
+    /// its own; nothing runs there unless the test serves it.
+    async fn start_job_pod(&mut self, pod: &Pod) -> Result<()> {
+        let name = pod.name_any();
+        self.next_aux += 1;
+        let ip = format!("127.{}.255.{}", self.block, self.next_aux);
+        let names: Vec<String> = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+            .unwrap_or_default();
+        let status = json!({"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+            "containerStatuses": names.iter().map(|n| container(n, json!({"running": {}}))).collect::<Vec<_>>(),
+        }});
+        self.patch_status(&name, &status).await?;
+        self.aux.insert(name);
+        Ok(())
+    }
+
     /// Play the runner: take the delivered assignment (if any yet) and end the container.
     async fn run_session(&mut self, name: &str) -> Result<()> {
         let Some(r) = self.running.get(name) else {
@@ -222,23 +257,32 @@ impl Node {
         if r.done {
             return Ok(());
         }
-        let reply = self
-            .http
-            .get(format!(
-                "{}/floe/v1/assignments/next?waitSeconds=0",
-                r.control
-            ))
-            .bearer_auth(&r.token)
-            .send()
-            .await?;
-        if reply.status() != reqwest::StatusCode::OK {
-            return Ok(());
-        }
-        let delivered: Value = reply.json().await?;
-        let assignment = delivered["assignment"].clone();
-        if let Ok(mut t) = self.taken.lock() {
-            t.push(assignment.clone());
-        }
+        let assignment = match &r.assignment {
+            Some(a) => a.clone(),
+            None => {
+                let reply = self
+                    .http
+                    .get(format!(
+                        "{}/floe/v1/assignments/next?waitSeconds=0",
+                        r.control
+                    ))
+                    .bearer_auth(&r.token)
+                    .send()
+                    .await?;
+                if reply.status() != reqwest::StatusCode::OK {
+                    return Ok(());
+                }
+                let delivered: Value = reply.json().await?;
+                let assignment = delivered["assignment"].clone();
+                if let Ok(mut t) = self.taken.lock() {
+                    t.push(assignment.clone());
+                }
+                if let Some(r) = self.running.get_mut(name) {
+                    r.assignment = Some(assignment.clone());
+                }
+                assignment
+            }
+        };
         let session = assignment["session"]
             .as_str()
             .unwrap_or_default()

@@ -83,6 +83,22 @@ async fn event_notes(client: &Client, ns: &str, reason: &str) -> Result<Vec<Stri
         .collect())
 }
 
+/// Delete every job while the operator still runs (it takes the finalizers off), so the
+/// test namespace can go.
+async fn delete_jobs(jobs: &Api<RolloutJob>) -> Result<()> {
+    jobs.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    eventually("the jobs deleted", async || {
+        Ok(jobs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await
+}
+
 fn attempt(a: &Value) -> u64 {
     a["metadata"]["attempt"].as_u64().unwrap_or(0)
 }
@@ -230,12 +246,28 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
     assert!(metrics.contains("floe_claims_total{kind="));
     assert!(metrics.contains("floe_claim_latency_seconds_count"));
 
+    // sft: the job's dataset collector and its Service, owned by the job.
+    let collector = pods.get("big-dataset").await?;
+    assert_eq!(
+        collector
+            .metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o[0].kind.as_str()),
+        Some("RolloutJob")
+    );
+    let args = collector
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers[0].args.clone())
+        .unwrap_or_default();
+    assert_eq!(args[0], "collect");
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns.name)
+        .get("big-dataset")
+        .await?;
+
     // Deleting the job takes its finalizer off (its pods are gone already).
-    jobs.delete("big", &DeleteParams::default()).await?;
-    eventually("the job deleted", async || {
-        Ok(jobs.get_opt("big").await?.is_none().then_some(()))
-    })
-    .await?;
+    delete_jobs(&jobs).await?;
     kubelet.stop().await?;
     Ok(())
 }
@@ -271,12 +303,15 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     assert!(notes[0].contains("\"nope\""), "{notes:?}");
 
     create_pool(&client, &ns.name, "warm", 2).await?;
+    let trainer_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let up = trainer_up.clone();
     let kubelet = FakeKubelet::start(
         client.clone(),
         &ns.name,
         11,
-        Arc::new(|a: &Value| {
-            if a["task"] == "slow" {
+        Arc::new(move |a: &Value| {
+            let waiting = a["task"] == "learn" && !up.load(std::sync::atomic::Ordering::SeqCst);
+            if a["task"] == "slow" || waiting {
                 Verdict::Hang
             } else {
                 Verdict::Scored {
@@ -348,6 +383,62 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         Ok(job_pods(&pods, "late").await?.is_empty().then_some(()))
     })
     .await?;
+    // train: sessions wait for the trainer pod, call its vLLM, ship to its ingest, and the
+    // trainer's progress shows in the job's status.
+    let mut trained = job("trained", &["learn"], 2, json!({}))?;
+    trained.spec.sft = None;
+    trained.spec.train = Some(serde_json::from_value(json!({
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0}}))?);
+    jobs.create(&PostParams::default(), &trained).await?;
+    let ip = eventually("the trainer pod running", async || {
+        Ok(pods
+            .get_opt("trained-trainer")
+            .await?
+            .and_then(|p| p.status)
+            .and_then(|s| s.pod_ip))
+    })
+    .await?;
+    let trainer = axum::Router::new().route(
+        "/v1/status",
+        axum::routing::get(|| async {
+            axum::Json(
+                json!({"step": 3, "policyVersion": 3, "lastStepTime": "2026-11-22T10:00:00Z"}),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
+    tokio::spawn(async move { axum::serve(listener, trainer).await });
+    trainer_up.store(true, std::sync::atomic::Ordering::SeqCst);
+    let done = eventually("the train job finished with trainer progress", async || {
+        let s = status(&jobs, "trained").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded) && s.trainer.is_some()).then_some(s))
+    })
+    .await?;
+    let progress = done.trainer.context("trainer")?;
+    assert_eq!((progress.step, progress.policy_version), (3, 3));
+    let taken = kubelet.taken();
+    let a = taken
+        .iter()
+        .find(|a| a["task"] == "learn")
+        .context("a train session")?;
+    assert_eq!(
+        a["upstream"]["url"],
+        format!("http://trained-policy.{}.svc:8000", ns.name)
+    );
+    assert_eq!(a["upstream"]["model"], "policy");
+    assert_eq!(
+        a["sink"]["url"],
+        format!(
+            "http://trained-trainer.{}.svc:8100/v1/trajectories",
+            ns.name
+        )
+    );
+    for svc in ["trained-policy", "trained-trainer"] {
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns.name)
+            .get(svc)
+            .await?;
+    }
+    delete_jobs(&jobs).await?;
     kubelet.stop().await?;
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! gateway killed at any point ships each trajectory exactly once after its restart.
 
 mod assignment;
+pub mod collector;
 mod sink;
 mod spool;
 

@@ -22,3 +22,313 @@ pub fn trainer_service(job: &str) -> String {
 pub fn dataset_service(job: &str) -> String {
     format!("{job}-dataset")
 }
+
+use std::collections::BTreeMap;
+
+use floe_crds::rollout_job::{RolloutJob, TrainSpec};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{Resource, ResourceExt};
+use serde_json::{json, Value};
+
+/// Label on a job's own pods (trainer, collector) — not `floe.dev/job`, which marks sessions.
+pub const ROLE_LABEL: &str = "floe.dev/job-role";
+pub const OWNER_JOB_LABEL: &str = "floe.dev/owner-job";
+
+/// The Kubernetes objects a job needs besides its sessions.
+pub struct AuxObjects {
+    pub pod: Pod,
+    pub services: Vec<Service>,
+}
+
+fn meta(job: &RolloutJob, name: &str, role: &str) -> Value {
+    json!({
+        "name": name,
+        "namespace": job.namespace(),
+        "labels": {
+            "app.kubernetes.io/managed-by": "floe",
+            "app.kubernetes.io/component": role,
+            ROLE_LABEL: role,
+            OWNER_JOB_LABEL: job.name_any(),
+        },
+        "ownerReferences": job.controller_owner_ref(&()).map(|o| vec![o]),
+    })
+}
+
+fn selector(job: &RolloutJob, role: &str) -> Value {
+    json!({ROLE_LABEL: role, OWNER_JOB_LABEL: job.name_any()})
+}
+
+fn service(
+    job: &RolloutJob,
+    name: &str,
+    role: &str,
+    port: i32,
+) -> Result<Service, serde_json::Error> {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": meta(job, name, role),
+        "spec": {"selector": selector(job, role),
+                 "ports": [{"name": "http", "port": port, "targetPort": port}]},
+    }))
+}
+
+fn restricted() -> Value {
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+           "seccompProfile": {"type": "RuntimeDefault"}})
+}
+
+/// `sft`: `floe collect` with the dataset volume, and its Service.
+pub fn collector(
+    job: &RolloutJob,
+    floe_image: &str,
+) -> Result<Option<AuxObjects>, serde_json::Error> {
+    let Some(sft) = &job.spec.sft else {
+        return Ok(None);
+    };
+    let name = dataset_service(&job.name_any());
+    let dir = format!("/data/{}", sft.output.path.trim_start_matches('/'));
+    let min_reward = sft
+        .min_reward
+        .unwrap_or(job.spec.evaluator.reward.pass_threshold);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": meta(job, &name, "dataset"),
+        "spec": {
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Always",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
+            "containers": [{
+                "name": "collector", "image": floe_image, "command": ["floe"],
+                "args": ["collect", "--listen", format!("0.0.0.0:{INGEST_PORT}"), "--dir", dir,
+                         "--min-reward", min_reward.to_string()],
+                "ports": [{"name": "http", "containerPort": INGEST_PORT}],
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
+                "volumeMounts": [{"name": "dataset", "mountPath": "/data"}],
+                "securityContext": restricted(),
+            }],
+            "volumes": [{"name": "dataset", "persistentVolumeClaim": {"claimName": sft.output.claim_name}}],
+        },
+    }))?;
+    Ok(Some(AuxObjects {
+        pod,
+        services: vec![service(job, &name, "dataset", INGEST_PORT)?],
+    }))
+}
+
+/// What the trainer process reads (env `FLOE_TRAINER_CONFIG`): the job's `train` spec plus
+/// where things are in the pod. The trainer issue owns its meaning (`docs/trainer.md`).
+fn trainer_config(job: &RolloutJob, train: &TrainSpec) -> Value {
+    json!({
+        "job": job.name_any(),
+        "namespace": job.namespace(),
+        "numSamples": job.spec.num_samples,
+        "passThreshold": job.spec.evaluator.reward.pass_threshold,
+        "model": model_path(train),
+        "policyUrl": format!("http://127.0.0.1:{VLLM_PORT}"),
+        "servedModel": SERVED_MODEL,
+        "ingestListen": format!("0.0.0.0:{INGEST_PORT}"),
+        "grpo": train.grpo,
+        "maxStaleness": train.max_staleness,
+        "checkpoint": train.checkpoint.as_ref().map(|c| json!({
+            "dir": "/checkpoints", "everySteps": c.every_steps, "keep": c.keep})),
+    })
+}
+
+fn model_path(train: &TrainSpec) -> String {
+    if train.model_claim_name.is_some() && !train.model.starts_with('/') {
+        format!("/models/{}", train.model)
+    } else {
+        train.model.clone()
+    }
+}
+
+fn gpus(n: i32) -> Value {
+    if n > 0 {
+        json!({"limits": {"nvidia.com/gpu": n.to_string()}})
+    } else {
+        json!({})
+    }
+}
+
+/// `train`: the trainer pod (vLLM serving the policy + the GRPO trainer) and its Services.
+pub fn trainer(job: &RolloutJob) -> Result<Option<AuxObjects>, serde_json::Error> {
+    let Some(train) = &job.spec.train else {
+        return Ok(None);
+    };
+    let name = trainer_service(&job.name_any());
+    let mut vllm_args: Vec<String> = vec![
+        "serve".into(),
+        model_path(train),
+        "--host".into(),
+        "0.0.0.0".into(),
+        "--port".into(),
+        VLLM_PORT.to_string(),
+        "--served-model-name".into(),
+        SERVED_MODEL.into(),
+    ];
+    if train.vllm.gpus > 1 {
+        vllm_args.extend(["--tensor-parallel-size".into(), train.vllm.gpus.to_string()]);
+    }
+    // Harness requests carry tools; without a tool parser vLLM refuses them (400).
+    if !train
+        .vllm
+        .args
+        .iter()
+        .any(|a| a.starts_with("--tool-call-parser"))
+    {
+        vllm_args.extend([
+            "--enable-auto-tool-choice".into(),
+            "--tool-call-parser".into(),
+            "hermes".into(),
+        ]);
+    }
+    vllm_args.extend(train.vllm.args.iter().cloned());
+    let mut trainer_resources = serde_json::to_value(&train.resources)?;
+    if trainer_resources.is_null() {
+        trainer_resources = json!({});
+    }
+    if train.gpus > 0 {
+        trainer_resources["limits"]["nvidia.com/gpu"] = json!(train.gpus.to_string());
+    }
+    let mut mounts = vec![json!({"name": "shm", "mountPath": "/dev/shm"})];
+    let mut volumes = vec![json!({"name": "shm", "emptyDir": {"medium": "Memory"}})];
+    if let Some(claim) = &train.model_claim_name {
+        mounts.push(json!({"name": "models", "mountPath": "/models", "readOnly": true}));
+        volumes.push(json!({"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}));
+    }
+    let mut trainer_mounts = mounts.clone();
+    if let Some(c) = &train.checkpoint {
+        trainer_mounts.push(json!({"name": "checkpoints", "mountPath": "/checkpoints"}));
+        volumes.push(
+            json!({"name": "checkpoints", "persistentVolumeClaim": {"claimName": c.claim_name}}),
+        );
+    }
+    let config = trainer_config(job, train).to_string();
+    let node_selector: BTreeMap<String, String> = train.node_selector.clone();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": meta(job, &name, "trainer"),
+        "spec": {
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Always",
+            "nodeSelector": node_selector,
+            "tolerations": train.tolerations,
+            "containers": [
+                {
+                    "name": "vllm", "image": train.image, "command": ["vllm"], "args": vllm_args,
+                    "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+                    "ports": [{"name": "vllm", "containerPort": VLLM_PORT}],
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5},
+                    "resources": gpus(train.vllm.gpus),
+                    "volumeMounts": mounts,
+                },
+                {
+                    "name": "trainer", "image": train.image, "command": ["floe-trainer"], "args": ["serve"],
+                    "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config}],
+                    "ports": [{"name": "ingest", "containerPort": INGEST_PORT}],
+                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 5},
+                    "resources": trainer_resources,
+                    "volumeMounts": trainer_mounts,
+                },
+            ],
+            "volumes": volumes,
+        },
+    }))?;
+    Ok(Some(AuxObjects {
+        pod,
+        services: vec![
+            service(job, &policy_service(&job.name_any()), "trainer", VLLM_PORT)?,
+            service(job, &name, "trainer", INGEST_PORT)?,
+        ],
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(mode: Value) -> RolloutJob {
+        let mut spec = json!({
+            "tasks": {"inline": [{"id": "a", "instruction": "x"}]}, "numSamples": 4,
+            "harness": {"preset": "pi"}, "poolRef": {"name": "p"},
+            "evaluator": {"command": ["true"], "reward": {"passThreshold": 0.5}},
+        });
+        if let (Some(s), Some(m)) = (spec.as_object_mut(), mode.as_object()) {
+            s.extend(m.clone());
+        }
+        serde_json::from_value(
+            json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": spec}),
+        )
+        .unwrap_or_else(|e| panic!("job: {e}"))
+    }
+
+    #[test]
+    fn sft_gets_a_collector_on_the_dataset_volume_owned_by_the_job() -> Result<(), serde_json::Error>
+    {
+        let j = job(
+            json!({"sft": {"upstream": {"url": "http://t:8000"}, "output": {"claimName": "data", "path": "/runs/1"}}}),
+        );
+        let aux = collector(&j, "floe:1")?.expect("sft has a collector");
+        let pod = serde_json::to_value(&aux.pod)?;
+        assert_eq!(pod["metadata"]["name"], "j-dataset");
+        assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        assert!(
+            pod["metadata"]["labels"].get("floe.dev/job").is_none(),
+            "not a session pod"
+        );
+        let args = &pod["spec"]["containers"][0]["args"];
+        assert_eq!(args[4], "/data/runs/1");
+        assert_eq!(args[6], "0.5", "minReward defaults to the pass threshold");
+        assert_eq!(
+            pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            "data"
+        );
+        assert_eq!(aux.services[0].metadata.name.as_deref(), Some("j-dataset"));
+        assert!(trainer(&j)?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn train_gets_vllm_and_the_trainer_with_gpus_and_a_tool_parser() -> Result<(), serde_json::Error>
+    {
+        let j = job(
+            json!({"train": {"image": "floe-trainer:1", "model": "Qwen3-1.7B", "modelClaimName": "models",
+            "gpus": 2, "vllm": {"gpus": 1, "args": ["--max-model-len", "32768"]},
+            "nodeSelector": {"gpu": "h100"}, "checkpoint": {"claimName": "ckpt"}}}),
+        );
+        let aux = trainer(&j)?.expect("train has a trainer");
+        let pod = serde_json::to_value(&aux.pod)?;
+        let vllm = &pod["spec"]["containers"][0];
+        let args: Vec<&str> = vllm["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(args[1], "/models/Qwen3-1.7B");
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--served-model-name", "policy"]));
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--tool-call-parser", "hermes"]));
+        assert!(args.ends_with(&["--max-model-len", "32768"]));
+        assert_eq!(vllm["resources"]["limits"]["nvidia.com/gpu"], "1");
+        let trainer = &pod["spec"]["containers"][1];
+        assert_eq!(trainer["resources"]["limits"]["nvidia.com/gpu"], "2");
+        let config: Value =
+            serde_json::from_str(trainer["env"][0]["value"].as_str().unwrap_or("{}"))
+                .unwrap_or_default();
+        assert_eq!(config["numSamples"], 4);
+        assert_eq!(config["checkpoint"]["dir"], "/checkpoints");
+        assert_eq!(pod["spec"]["nodeSelector"]["gpu"], "h100");
+        let names: Vec<_> = aux
+            .services
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        assert_eq!(names, ["j-policy", "j-trainer"]);
+        Ok(())
+    }
+}

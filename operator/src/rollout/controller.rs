@@ -41,6 +41,8 @@ pub enum JobError {
 pub struct JobContext {
     pub client: Client,
     pub metrics: Arc<Metrics>,
+    /// The image with the `floe` binary (the sft dataset collector).
+    pub floe_image: String,
     http: reqwest::Client,
     recorder: Recorder,
     /// Sessions that found no READY pod free, by (job uid, index): their claim counts as cold.
@@ -48,7 +50,7 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, metrics: Arc<Metrics>, floe_image: String) -> Self {
         let reporter = Reporter {
             controller: "floe-operator".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -57,6 +59,7 @@ impl JobContext {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
+            floe_image,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()
@@ -150,7 +153,32 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .iter()
         .filter_map(pod_view::session_pod)
         .collect();
-    let decided = plan(&state, &sessions, observed.ready.len());
+    // Sessions start only once their trajectories have somewhere to go.
+    let aux = ensure_aux(job, ctx, &ns).await?;
+    let waiting = aux
+        .as_ref()
+        .filter(|p| !crate::pool_controller::is_ready(p))
+        .map(|p| {
+            format!(
+                "waiting for pod {} (the job's {}) to be ready",
+                p.name_any(),
+                if job.spec.train.is_some() {
+                    "trainer"
+                } else {
+                    "dataset collector"
+                }
+            )
+        });
+    let free = if waiting.is_some() {
+        0
+    } else {
+        observed.ready.len()
+    };
+    let trainer = match (&job.spec.train, &aux) {
+        (Some(_), Some(pod)) => trainer_progress(ctx, pod).await,
+        _ => None,
+    };
+    let decided = plan(&state, &sessions, free);
 
     // 1. Fold results into the status (guarded by the job's resourceVersion) ...
     let mut rv = job.resource_version();
@@ -239,8 +267,11 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
 
     // 4. The status after this round.
     let running = decided.running - (decided.claim.len() as u32 - claimed);
-    let start_time = status::started(previous.as_ref(), claimed > 0, &now);
-    let st = status::status(
+    // Started once any session holds a pod or finished — not just "claimed in this round": a
+    // round whose status write lost a conflict must not leave the job without a start time.
+    let began = running > 0 || !state.completed.is_empty() || !state.failed.is_empty();
+    let start_time = status::started(previous.as_ref(), began, &now);
+    let mut st = status::status(
         &StatusInput {
             previous: written.as_ref(),
             generation: job.metadata.generation,
@@ -251,6 +282,18 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         },
         start_time,
     );
+    if let Some(w) = &waiting {
+        for c in st
+            .conditions
+            .iter_mut()
+            .filter(|c| c.type_ == "Progressing" || c.type_ == "Reconciling")
+        {
+            c.message = w.clone();
+        }
+    }
+    if trainer.is_some() {
+        st.trainer = trainer;
+    }
     set_session_gauges(ctx, &ns, &observed.name, &st);
     if written.as_ref() != Some(&st) {
         if write_status(&jobs, job, rv.as_deref(), &st)
@@ -863,4 +906,82 @@ fn set_session_gauges(ctx: &JobContext, ns: &str, job: &str, st: &RolloutJobStat
             .with_label_values(&[ns, job, state])
             .set(i64::from(n));
     }
+}
+
+/// Create the job's trainer pod (train) or dataset collector (sft) and their Services when
+/// missing; returns the pod as it is now.
+async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Option<Pod>, JobError> {
+    use super::aux_pods;
+    let built = match (&job.spec.train, &job.spec.sft) {
+        (Some(_), _) => aux_pods::trainer(job),
+        (None, Some(_)) => aux_pods::collector(job, &ctx.floe_image),
+        _ => Ok(None),
+    };
+    let objects = match built {
+        Ok(Some(o)) => o,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::error!(job = %job.name_any(), "cannot build the job's pods: {e}");
+            return Ok(None);
+        }
+    };
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(ctx.client.clone(), ns);
+    for svc in &objects.services {
+        create_if_missing(&services, svc).await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let name = objects.pod.name_any();
+    match pods.get_opt(&name).await? {
+        Some(p) => Ok(Some(p)),
+        None => {
+            tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
+            create_if_missing(&pods, &objects.pod).await?;
+            Ok(pods.get_opt(&name).await?)
+        }
+    }
+}
+
+async fn create_if_missing<K>(api: &Api<K>, object: &K) -> Result<(), JobError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&kube::api::PostParams::default(), object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The trainer's `GET /v1/status` (step, policy version, last step time), mirrored into the
+/// job's status; `None` while it cannot be read.
+async fn trainer_progress(
+    ctx: &JobContext,
+    pod: &Pod,
+) -> Option<floe_crds::rollout_job::TrainerProgress> {
+    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+    let url = format!(
+        "http://{}/v1/status",
+        join_host_port(&ip, super::aux_pods::INGEST_PORT)
+    );
+    let reply = ctx
+        .http
+        .get(&url)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    if !reply.status().is_success() {
+        return None;
+    }
+    let v: serde_json::Value = reply.json().await.ok()?;
+    Some(floe_crds::rollout_job::TrainerProgress {
+        step: v.get("step")?.as_i64()?,
+        policy_version: v.get("policyVersion")?.as_i64()?,
+        last_step_time: v
+            .get("lastStepTime")
+            .and_then(|t| t.as_str())
+            .and_then(|t| t.parse().ok())
+            .map(Time),
+    })
 }

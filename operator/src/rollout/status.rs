@@ -27,11 +27,11 @@ pub struct StatusInput<'a> {
     pub now: Time,
 }
 
-/// The job's `status.startTime`, once a session was claimed.
-pub fn started(previous: Option<&RolloutJobStatus>, claimed_now: bool, now: &Time) -> Option<Time> {
+/// The job's `status.startTime`: kept once set, else now if the job has begun.
+pub fn started(previous: Option<&RolloutJobStatus>, begun: bool, now: &Time) -> Option<Time> {
     previous
         .and_then(|s| s.start_time.clone())
-        .or_else(|| claimed_now.then(|| now.clone()))
+        .or_else(|| begun.then(|| now.clone()))
 }
 
 pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {

@@ -1,0 +1,48 @@
+//! `floe collect`: the dataset collector pod of an `sft` RolloutJob (see
+//! `floe_gateway::ship::collector`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use floe_gateway::ship::collector::{serve, CollectError, Collector};
+
+#[derive(Args)]
+pub struct CollectArgs {
+    /// Address the sandbox pods' gateways ship to.
+    #[arg(long, default_value = "0.0.0.0:8100")]
+    listen: SocketAddr,
+    /// Dataset directory (on the job's output volume).
+    #[arg(long)]
+    dir: PathBuf,
+    /// Trajectories with a lower reward go to `rejected/` (default: every trainable one is
+    /// accepted).
+    #[arg(long)]
+    min_reward: Option<f64>,
+    /// Largest trajectory accepted, in bytes.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    max_body_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectCliError {
+    #[error(transparent)]
+    Collect(#[from] CollectError),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+pub fn run(args: CollectArgs) -> Result<(), CollectCliError> {
+    let collector = Collector::open(&args.dir, args.min_reward)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CollectCliError::Runtime)?;
+    runtime.block_on(serve(
+        args.listen,
+        collector,
+        args.max_body_bytes,
+        floe_operator::run::shutdown_signal(),
+    ))?;
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! `floe collect`: the dataset collector of an `sft` RolloutJob. Sandbox pods cannot mount the
+//! job's dataset volume (they were started by the pool before the job claimed them), so their
+//! gateways ship to this one pod, which owns the volume: the same ingest protocol as the
+//! trainer (`POST /v1/trajectories`, idempotent by session), written with the dataset sink
+//! (`accepted/<session>.json` or `rejected/<session>.json`, fsynced) and collected into
+//! `dataset.jsonl` (accepted only, one trajectory per line, rebuilt from `accepted/` at start
+//! so a crash between the two writes cannot leave them disagreeing).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use super::{deliver, DeliveryError, Sink, SpoolEntry};
+use crate::trajectory::Trajectory;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("dataset directory {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    #[error("cannot listen on {0}: {1}")]
+    Listen(std::net::SocketAddr, std::io::Error),
+}
+
+pub struct Collector {
+    dir: PathBuf,
+    min_reward: Option<f64>,
+    http: reqwest::Client,
+    /// One ingest at a time: the existence check, the write and the append are one step.
+    lock: Mutex<()>,
+}
+
+impl Collector {
+    pub fn open(dir: &Path, min_reward: Option<f64>) -> Result<Self, CollectError> {
+        let io = |e| CollectError::Io(dir.to_path_buf(), e);
+        std::fs::create_dir_all(dir.join("accepted")).map_err(io)?;
+        std::fs::create_dir_all(dir.join("rejected")).map_err(io)?;
+        rebuild_dataset(dir).map_err(io)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            min_reward,
+            http: reqwest::Client::new(),
+            lock: Mutex::new(()),
+        })
+    }
+
+    fn seen(&self, session: &str) -> bool {
+        ["accepted", "rejected"]
+            .iter()
+            .any(|sub| self.dir.join(sub).join(format!("{session}.json")).exists())
+    }
+}
+
+/// `dataset.jsonl` = every accepted trajectory, ordered by session id.
+fn rebuild_dataset(dir: &Path) -> std::io::Result<()> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("accepted"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read(&f)?;
+        out.extend_from_slice(text.trim_ascii());
+        out.push(b'\n');
+    }
+    super::write_durably(&dir.join("dataset.jsonl"), &out).map_err(std::io::Error::other)
+}
+
+fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+fn safe_session(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && !s.starts_with('.')
+}
+
+async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Response {
+    let trajectory: Trajectory = match serde_json::from_slice(&body) {
+        Ok(t) => t,
+        Err(e) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("not a floe trajectory: {e}"),
+            )
+        }
+    };
+    if !safe_session(&trajectory.session) {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "session id {:?} is not a safe file name",
+                trajectory.session
+            ),
+        );
+    }
+    let _one = c.lock.lock().await;
+    if c.seen(&trajectory.session) {
+        return refuse(StatusCode::CONFLICT, "already collected");
+    }
+    let session = trajectory.session.clone();
+    let entry = SpoolEntry {
+        sink: Sink::Dataset {
+            dir: c.dir.clone(),
+            min_reward: c.min_reward,
+        },
+        trajectory,
+        rejected: None,
+    };
+    match deliver(&c.http, &entry).await {
+        Ok(_) => {}
+        Err(DeliveryError::Retry(e)) => return refuse(StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(DeliveryError::Permanent(e)) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, e),
+    }
+    let accepted = c.dir.join("accepted").join(format!("{session}.json"));
+    if accepted.exists() {
+        if let Err(e) = append_line(&c.dir.join("dataset.jsonl"), &accepted) {
+            // The per-session file is the record; the next start rebuilds dataset.jsonl.
+            tracing::error!(%session, "dataset.jsonl: {e}");
+        }
+        return (
+            StatusCode::OK,
+            Json(json!({"session": session, "accepted": true})),
+        )
+            .into_response();
+    }
+    (
+        StatusCode::OK,
+        Json(json!({"session": session, "accepted": false})),
+    )
+        .into_response()
+}
+
+fn append_line(dataset: &Path, record: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let text = std::fs::read(record)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dataset)?;
+    f.write_all(text.trim_ascii())?;
+    f.write_all(b"\n")?;
+    f.sync_data()
+}
+
+async fn status(State(c): State<Arc<Collector>>) -> Response {
+    let count = |sub: &str| {
+        std::fs::read_dir(c.dir.join(sub))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    Json(json!({"accepted": count("accepted"), "rejected": count("rejected")})).into_response()
+}
+
+pub fn router(c: Arc<Collector>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/trajectories", post(ingest))
+        .route("/v1/status", get(status))
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(c)
+}
+
+/// Serve until the shutdown future resolves.
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    collector: Collector,
+    max_body_bytes: usize,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), CollectError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CollectError::Listen(addr, e))?;
+    tracing::info!(%addr, dir = %collector.dir.display(), "collecting the dataset");
+    axum::serve(listener, router(Arc::new(collector), max_body_bytes))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| CollectError::Listen(addr, e))
+}
