@@ -59,6 +59,18 @@ pub async fn run_session(
     upstream_url: &str,
     evaluator: &Value,
 ) -> Result<SessionRun> {
+    run_session_to(name, harness, upstream_url, evaluator, None).await
+}
+
+/// [`run_session`] shipping to `sink` instead of a dataset directory (`trajectory` is then
+/// `None`: it went to the sink).
+pub async fn run_session_to(
+    name: &str,
+    harness: &Value,
+    upstream_url: &str,
+    evaluator: &Value,
+    sink: Option<Value>,
+) -> Result<SessionRun> {
     let preset = harness["preset"].as_str().context("preset")?;
     let bin = harness_bin_dir(preset)?;
     let tmp = tempfile::tempdir()?;
@@ -86,9 +98,11 @@ pub async fn run_session(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     anyhow::ensure!(gateway.ready().await, "the runner never reported ready");
-    gateway
-        .assign(&assignment(name, &dataset, harness, evaluator))
-        .await?;
+    let mut assigned = assignment(name, &dataset, harness, evaluator);
+    if let Some(sink) = sink {
+        assigned["sink"] = sink;
+    }
+    gateway.assign(&assigned).await?;
     let status = wait_child(&mut runner, Duration::from_secs(240)).await?;
     let log = std::fs::read_to_string(root.join("sandbox.log")).unwrap_or_default();
     let summary: Value = serde_json::from_str(

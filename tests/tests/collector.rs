@@ -1,0 +1,116 @@
+//! `floe collect`, the sft job's dataset collector, as a real process: real sandbox sessions
+//! (gateway + runner + Pi, scripted model) ship to it over the trainer's ingest protocol; it
+//! sorts them by reward, refuses repeats and bad bodies in its own JSON shape, and rebuilds
+//! `dataset.jsonl` from the per-session records after a crash.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use floe_tests::toy_task::{default_evaluator, run_session_to, FIX, WRONG};
+use floe_tests::{floe_bin, ScriptedUpstream, Step};
+use serde_json::{json, Value};
+
+struct Collector(Child);
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn start(dir: &std::path::Path, port: u16) -> Result<Collector> {
+    let child = Command::new(floe_bin()?)
+        .args([
+            "collect",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--min-reward",
+            "1",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .spawn()?;
+    for _ in 0..100 {
+        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_ok()
+        {
+            return Ok(Collector(child));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("floe collect did not come up")
+}
+
+#[tokio::test]
+async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("dataset");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut collector = start(&dir, port).await?;
+    let url = format!("http://127.0.0.1:{port}/v1/trajectories");
+    let pi = json!({"preset": "pi", "api": "openai-chat", "settings": {"contextWindow": 200000}});
+    for (name, edit) in [("col-fix", FIX), ("col-wrong", WRONG)] {
+        let upstream =
+            ScriptedUpstream::start(vec![Step::Shell(edit.into()), Step::Say("Done.".into())])
+                .await?;
+        let run = run_session_to(
+            name,
+            &pi,
+            &upstream.url,
+            &default_evaluator(),
+            Some(json!({"kind": "trainer", "url": url})),
+        )
+        .await?;
+        assert_eq!(run.summary["shipment"], "shipped", "{}", run.summary);
+        assert_eq!(run.summary["trajectory"], url.as_str());
+    }
+    // minReward 1: the fix is accepted, the wrong edit rejected; the dataset holds the fix.
+    let accepted: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("accepted/col-fix.json"))?)?;
+    assert_eq!(accepted["reward"], 1.0);
+    assert!(dir.join("rejected/col-wrong.json").exists());
+    let lines = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
+    assert_eq!(lines.lines().count(), 1);
+    let http = reqwest::Client::new();
+    let status: Value = http
+        .get(format!("http://127.0.0.1:{port}/v1/status"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(status, json!({"accepted": 1, "rejected": 1}));
+
+    // A repeat (a gateway retrying after a lost reply) is 409, which the sink counts as done.
+    let again = http.post(&url).json(&accepted).send().await?;
+    assert_eq!(again.status(), 409);
+    // Bad bodies get a 4xx that says why, in the collector's JSON shape.
+    let bad = http.post(&url).body("{\"format\": 1}").send().await?;
+    assert_eq!(bad.status(), 400);
+    let why: Value = bad.json().await?;
+    assert!(
+        why["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not a floe trajectory")),
+        "{why}"
+    );
+    let mut sneaky = accepted.clone();
+    sneaky["session"] = json!("../../etc/x");
+    assert_eq!(http.post(&url).json(&sneaky).send().await?.status(), 400);
+
+    // A crash that tore dataset.jsonl: the restart rebuilds it from accepted/.
+    drop(collector);
+    std::fs::write(dir.join("dataset.jsonl"), "{\"torn")?;
+    collector = start(&dir, port).await?;
+    let rebuilt = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
+    let line: Value = serde_json::from_str(rebuilt.lines().next().context("a line")?)?;
+    assert_eq!(line["session"], "col-fix");
+    assert_eq!(rebuilt.lines().count(), 1);
+    drop(collector);
+    Ok(())
+}
