@@ -4,6 +4,7 @@
 
 pub mod leader;
 pub mod metrics;
+pub mod pod_cache;
 pub mod pool;
 pub mod pool_controller;
 pub mod rollout;

@@ -80,10 +80,11 @@ impl Metrics {
         let claim_latency = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "floe_claim_latency_seconds",
-                "Session claimed until its assignment was acknowledged by the pod's gateway",
+                "From the reconcile round that found the session claimable until its assignment was acknowledged by the pod's gateway",
             )
             .buckets(vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+                0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
         )?;
         let sessions = IntGaugeVec::new(

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use floe_crds::gateway_pool::{GatewayPool, GatewayPoolStatus};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use rand::RngExt;
 use serde_json::json;
@@ -30,28 +31,80 @@ pub enum PoolError {
 
 pub struct PoolContext {
     pub client: Client,
+    /// The operator's slim pod cache ([`crate::pod_cache`]).
+    pub pods: Store<Pod>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The image with the `floe` binary (init copy and gateway sidecar).
     pub floe_image: String,
     pub native_sidecars: bool,
     /// Creation times per pool, for the per-minute rate limit.
     created: Mutex<HashMap<String, VecDeque<Instant>>>,
+    /// Pods created or deleted but not yet seen so in the cache, per pool: without them a
+    /// reconcile right after a burst would see the old count and act twice (the ReplicaSet
+    /// controller's "expectations").
+    expected: Mutex<HashMap<String, Expected>>,
 }
+
+#[derive(Default)]
+struct Expected {
+    creates: HashMap<String, Instant>,
+    deletes: HashMap<String, Instant>,
+}
+
+/// How long an expectation waits for the cache before it is dropped (a lost event).
+const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 
 impl PoolContext {
     pub fn new(
         client: Client,
+        pods: Store<Pod>,
         metrics: Arc<crate::metrics::Metrics>,
         floe_image: String,
         native_sidecars: bool,
     ) -> Self {
         Self {
             client,
+            pods,
             metrics,
             floe_image,
             native_sidecars,
             created: Mutex::default(),
+            expected: Mutex::default(),
         }
+    }
+
+    fn expect(&self, key: &str, pod: &str, create: bool) {
+        let mut e = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = e.entry(key.to_string()).or_default();
+        let set = if create {
+            &mut entry.creates
+        } else {
+            &mut entry.deletes
+        };
+        set.insert(pod.to_string(), Instant::now());
+    }
+
+    /// Settle expectations against what the cache shows: (created, not yet seen), (deleted,
+    /// still shown).
+    fn pending(&self, key: &str, cached: &[Arc<Pod>]) -> (Vec<String>, Vec<String>) {
+        let mut e = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = e.entry(key.to_string()).or_default();
+        let shown = |name: &str| {
+            cached
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name))
+        };
+        entry
+            .creates
+            .retain(|name, at| at.elapsed() < EXPECTATION_TTL && shown(name).is_none());
+        entry.deletes.retain(|name, at| {
+            at.elapsed() < EXPECTATION_TTL
+                && shown(name).is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+        });
+        (
+            entry.creates.keys().cloned().collect(),
+            entry.deletes.keys().cloned().collect(),
+        )
     }
 
     fn created_last_minute(&self, key: &str) -> i32 {
@@ -115,24 +168,27 @@ async fn reconcile_pool(
     let name = pool.name_any();
     let key = format!("{ns}/{name}");
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let observed = pods
-        .list(&ListParams::default().labels(&format!("{POOL_LABEL}={name}")))
-        .await?;
+    let cached: Vec<Arc<Pod>> = ctx.pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == Some(ns.as_str())
+            && p.labels().get(POOL_LABEL) == Some(&name)
+    });
+    let (creating, deleting) = ctx.pending(&key, &cached);
     let hash = sandbox_pod::template_hash(&pool.spec);
     let now = k8s_openapi::jiff::Timestamp::now();
 
     let mut unclaimed = Vec::new();
     let mut claimed = 0;
-    for pod in &observed.items {
-        if pod.metadata.deletion_timestamp.is_some() {
+    for pod in &cached {
+        let pod: &Pod = pod;
+        if pod.metadata.deletion_timestamp.is_some() || deleting.contains(&pod.name_any()) {
             continue;
         }
         match state(pod) {
             Some("warming") | Some("ready") => {
                 if finished(pod) {
                     // A warm pod that exited before being claimed is broken: replace it.
-                    pods.delete(&pod.name_any(), &DeleteParams::default())
-                        .await?;
+                    delete(&pods, &pod.name_any()).await?;
+                    ctx.expect(&key, &pod.name_any(), false);
                     continue;
                 }
                 let ready = is_ready(pod);
@@ -160,6 +216,15 @@ async fn reconcile_pool(
             _ => {}
         }
     }
+    // Created, not yet in the cache: warming pods of the current template.
+    for name in creating {
+        unclaimed.push(PoolPod {
+            name,
+            ready: false,
+            template_hash: hash.clone(),
+            age_seconds: 0,
+        });
+    }
     let view = PoolView {
         desired: pool.spec.replicas,
         template_hash: hash.clone(),
@@ -170,14 +235,12 @@ async fn reconcile_pool(
     let decided = plan(&view, &unclaimed);
     for (pod, reason) in &decided.delete {
         tracing::info!(pool = %key, %pod, ?reason, "deleting pod");
-        match pods.delete(pod, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.is_not_found() => {}
-            Err(e) => return Err(e.into()),
-        }
+        delete(&pods, pod).await?;
+        ctx.expect(&key, pod, false);
     }
     for _ in 0..decided.create {
-        create_pod(&ctx, &pool, &ns, &name).await?;
+        let pod = create_pod(&ctx, &pool, &ns, &name).await?;
+        ctx.expect(&key, &pod, true);
         ctx.record_created(&key);
     }
 
@@ -195,6 +258,14 @@ async fn reconcile_pool(
     } else {
         Duration::from_secs(2)
     }))
+}
+
+async fn delete(pods: &Api<Pod>, name: &str) -> Result<(), PoolError> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn mark(pods: &Api<Pod>, pod: &Pod, to: PodState) -> Result<(), PoolError> {
@@ -219,7 +290,7 @@ async fn create_pod(
     pool: &GatewayPool,
     ns: &str,
     name: &str,
-) -> Result<(), PoolError> {
+) -> Result<String, PoolError> {
     let suffix: String = {
         let mut rng = rand::rng();
         (0..5)
@@ -262,7 +333,7 @@ async fn create_pod(
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     secrets.create(&PostParams::default(), &secret).await?;
     tracing::info!(pool = %name, pod = %pod_name, "created sandbox pod");
-    Ok(())
+    Ok(pod_name)
 }
 
 async fn write_status(

@@ -7,17 +7,13 @@ use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::RolloutJob;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
 use crate::leader::{Leader, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::pool_controller::{error_policy, reconcile, PoolContext};
-use crate::rollout::aux_pods::OWNER_JOB_LABEL;
 use crate::rollout::controller as job_controller;
-use crate::rollout::pod_view::JOB_LABEL;
-use crate::sandbox_pod::POOL_LABEL;
 
 pub struct OperatorConfig {
     /// Watch one namespace, or all when `None`.
@@ -173,8 +169,16 @@ async fn run_controllers(
             Api::all(client.clone()),
         ),
     };
+    // One slim pod cache and one pod watch for both controllers; they start once it holds
+    // the whole current state (an empty cache would make the pool create its pods again).
+    let cache = crate::pod_cache::start(pods);
+    if cache.store.wait_until_ready().await.is_err() {
+        tracing::error!("the pod cache never became ready");
+        return;
+    }
     let pool_context = Arc::new(PoolContext::new(
         client.clone(),
+        cache.store.clone(),
         metrics.clone(),
         config.floe_image.clone(),
         config.native_sidecars,
@@ -184,19 +188,13 @@ async fn run_controllers(
         metrics,
         config.floe_image.clone(),
     ));
-    let managed = || watcher::Config::default().labels("app.kubernetes.io/managed-by=floe");
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);
     // Both controllers stop together: one shutdown signal, shared.
     let stop = futures::future::FutureExt::shared(Box::pin(stop));
     tracing::info!(namespace = ?config.namespace, "controllers started");
-    // Pods are mapped by label, not ownerRef: a claim moves a pod's controller ref from its
-    // pool to the job, and the pool must still hear about it (to refill).
     let pool_runs = Controller::new(pools, watcher::Config::default())
-        .watches(pods.clone(), managed(), |pod: Pod| {
-            let pool = pod.labels().get(POOL_LABEL)?.clone();
-            Some(ObjectRef::<GatewayPool>::new(&pool).within(&pod.namespace()?))
-        })
+        .reconcile_on(crate::pod_cache::stream(cache.pools))
         .with_config(controller_config.clone())
         .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, pool_context)
@@ -206,15 +204,7 @@ async fn run_controllers(
             }
         });
     let job_runs = Controller::new(jobs, watcher::Config::default())
-        .watches(pods, managed(), |pod: Pod| {
-            // Session pods, and the job's own pods (trainer, collector) whose readiness gates it.
-            let labels = pod.labels();
-            let job = labels
-                .get(JOB_LABEL)
-                .or(labels.get(OWNER_JOB_LABEL))?
-                .clone();
-            Some(ObjectRef::<RolloutJob>::new(&job).within(&pod.namespace()?))
-        })
+        .reconcile_on(crate::pod_cache::stream(cache.jobs))
         .with_config(controller_config)
         .graceful_shutdown_on(stop)
         .run(
@@ -228,5 +218,6 @@ async fn run_controllers(
             }
         });
     futures::join!(pool_runs, job_runs);
+    cache.task.abort();
     tracing::info!("controllers stopped");
 }

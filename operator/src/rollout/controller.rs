@@ -2,7 +2,7 @@
 //! decide; apply the plan in the crash-safe order (fold results into the status, then release
 //! pods, then claim and deliver); write the status.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,7 @@ use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, Task};
 use floe_gateway::ship::Sink;
 use floe_sandbox::session::{self, SessionOf};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -29,6 +30,8 @@ use crate::sandbox_pod::{PodState, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
 /// Holds a job until its pods' finalizers are removed.
 pub const JOB_FINALIZER: &str = "floe.dev/sessions";
 const CONTROLLER: &str = "rolloutjob";
+/// Claims and deliveries of one round in flight at once.
+const IN_FLIGHT: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -47,6 +50,9 @@ pub struct JobContext {
     recorder: Recorder,
     /// Sessions that found no READY pod free, by (job uid, index): their claim counts as cold.
     starved: Mutex<HashSet<(String, u32)>>,
+    /// Client-side CEL validation per (job uid, generation): evaluating the rules costs tens of
+    /// milliseconds, too much for every round of a running job.
+    validated: Mutex<HashMap<String, (Option<i64>, Result<(), String>)>>,
 }
 
 impl JobContext {
@@ -65,7 +71,22 @@ impl JobContext {
                 .build()
                 .unwrap_or_default(),
             starved: Mutex::default(),
+            validated: Mutex::default(),
         }
+    }
+
+    fn validate(&self, job: &RolloutJob) -> Result<(), String> {
+        let uid = job.uid().unwrap_or_default();
+        let generation = job.metadata.generation;
+        let mut cache = self.validated.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((g, verdict)) = cache.get(&uid) {
+            if *g == generation {
+                return verdict.clone();
+            }
+        }
+        let verdict = floe_crds::validation::validate_rollout_job(job).map_err(|e| e.to_string());
+        cache.insert(uid, (generation, verdict.clone()));
+        verdict
     }
 
     async fn event(&self, job: &RolloutJob, type_: EventType, reason: &str, note: String) {
@@ -106,6 +127,7 @@ struct Observed {
 }
 
 async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
+    let round = Instant::now();
     let ns = job.namespace().ok_or(JobError::NoNamespace)?;
     let jobs: Api<RolloutJob> = Api::namespaced(ctx.client.clone(), &ns);
     if job.metadata.deletion_timestamp.is_some() {
@@ -211,21 +233,23 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         state.rewards.sum,
     );
 
-    // 2. ... only then let go of the pods whose results are recorded.
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    for name in &decided.release {
-        release(&pods, name).await?;
-    }
-    for name in &decided.stop {
-        delete_pod(&pods, name).await?;
-    }
-
-    // 3. Deliver assignments still owed, then claim READY pods for the next sessions.
-    for name in &decided.deliver {
-        if let Some(pod) = observed.pods.iter().find(|p| p.name_any() == *name) {
-            deliver(ctx, job, &observed, pod, None).await;
-        }
-    }
+    // 2. Deliver assignments still owed, then claim READY pods for the next sessions.
+    // Deliveries and claims go out concurrently: a burst of sessions must not wait for each
+    // other's apiserver round trips (claim latency is measured from the start of the round).
+    // (Owned items: a stream of borrowed pods trips the compiler's higher-ranked lifetime
+    // check once the future has to be Send.)
+    let owed: Vec<Pod> = decided
+        .deliver
+        .iter()
+        .filter_map(|name| observed.pods.iter().find(|p| p.name_any() == *name))
+        .cloned()
+        .collect();
+    let observed_ref = &observed;
+    futures::stream::iter(owed)
+        .for_each_concurrent(IN_FLIGHT, |pod: Pod| async move {
+            deliver(ctx, job, observed_ref, &pod, None).await
+        })
+        .await;
     let uid = job.uid().unwrap_or_default();
     {
         let mut starved = ctx.starved.lock().unwrap_or_else(|e| e.into_inner());
@@ -238,31 +262,56 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             starved.insert((uid.clone(), index));
         }
     }
-    let mut claimed = 0u32;
-    let mut ready = observed.ready.iter();
-    for &(index, attempt) in &decided.claim {
-        let started = Instant::now();
-        // A pod taken by someone else in the meantime is skipped; the next one is tried.
-        let pod = loop {
-            let Some(candidate) = ready.next() else {
-                break None;
-            };
-            if let Some(pod) = claim(ctx, job, &observed, candidate, index, attempt).await? {
-                break Some(pod);
+    // Each session gets its own READY pod; one that someone else took first (a conflict) just
+    // waits for the next round.
+    let pairs: Vec<((u32, u32), Pod)> = decided
+        .claim
+        .iter()
+        .copied()
+        .zip(observed.ready.iter().cloned())
+        .collect();
+    let uid_ref = &uid;
+    let claims: Vec<Result<bool, JobError>> = futures::stream::iter(pairs)
+        .map(|((index, attempt), candidate): ((u32, u32), Pod)| {
+            let (observed, uid) = (observed_ref, uid_ref);
+            async move {
+                let Some(pod) = claim(ctx, job, observed, &candidate, index, attempt).await? else {
+                    return Ok(false);
+                };
+                let cold = ctx
+                    .starved
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&(uid.clone(), index));
+                ctx.metrics
+                    .claims
+                    .with_label_values(&[if cold { "cold" } else { "warm" }])
+                    .inc();
+                deliver(ctx, job, observed, &pod, Some(round)).await;
+                Ok(true)
             }
-        };
-        let Some(pod) = pod else { break };
-        claimed += 1;
-        let cold = ctx
-            .starved
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(uid.clone(), index));
-        ctx.metrics
-            .claims
-            .with_label_values(&[if cold { "cold" } else { "warm" }])
-            .inc();
-        deliver(ctx, job, &observed, &pod, Some(started)).await;
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    let mut claimed = 0u32;
+    for c in claims {
+        if c? {
+            claimed += 1;
+        }
+    }
+
+    // 3. Only now (results recorded, new sessions on their way) let go of finished pods.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods_ref = &pods;
+    let released: Vec<Result<(), JobError>> = futures::stream::iter(decided.release.clone())
+        .map(|name: String| async move { release(pods_ref, &name).await })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    released.into_iter().collect::<Result<(), _>>()?;
+    for name in &decided.stop {
+        delete_pod(&pods, name).await?;
     }
 
     // 4. The status after this round.
@@ -387,8 +436,8 @@ async fn observe(
         }))
     };
     // apiservers < 1.25 do not run the CRD's CEL rules: the operator applies the same ones.
-    if let Err(e) = floe_crds::validation::validate_rollout_job(job) {
-        return blocked("InvalidSpec", e.to_string());
+    if let Err(e) = ctx.validate(job) {
+        return blocked("InvalidSpec", e);
     }
     let spec = &job.spec;
     let Some(pool_ref) = &spec.pool_ref else {
@@ -781,6 +830,10 @@ async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action,
         Err(e) => return Err(e.into()),
     }
     ctx.metrics.forget_job(ns, &job.name_any());
+    ctx.validated
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&job.uid().unwrap_or_default());
     Ok(Action::await_change())
 }
 
@@ -925,21 +978,20 @@ async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Opti
             return Ok(None);
         }
     };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let name = objects.pod.name_any();
+    if let Some(p) = pods.get_opt(&name).await? {
+        return Ok(Some(p));
+    }
+    // Services first: the pod's clients find them ready when it is.
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(ctx.client.clone(), ns);
     for svc in &objects.services {
         create_if_missing(&services, svc).await?;
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let name = objects.pod.name_any();
-    match pods.get_opt(&name).await? {
-        Some(p) => Ok(Some(p)),
-        None => {
-            tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
-            create_if_missing(&pods, &objects.pod).await?;
-            Ok(pods.get_opt(&name).await?)
-        }
-    }
+    tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
+    create_if_missing(&pods, &objects.pod).await?;
+    Ok(pods.get_opt(&name).await?)
 }
 
 async fn create_if_missing<K>(api: &Api<K>, object: &K) -> Result<(), JobError>

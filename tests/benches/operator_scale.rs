@@ -1,0 +1,210 @@
+//! Operator benchmarks on the genuine kube-apiserver (the test control plane), each printed
+//! with a baseline measured in the same run:
+//!
+//! 1. **Claim latency**: a RolloutJob against a warm pool; from the reconcile round that found
+//!    a session claimable until the pod's real `floe gateway` acknowledged its assignment
+//!    (the operator's `floe_claim_latency_seconds`), p50/p99 — against the floor of one bare
+//!    apiserver PATCH round trip measured here.
+//! 2. **Operator memory**: RSS while it manages a pool of N pods (each with its Secret),
+//!    against its RSS with nothing to manage.
+//!
+//! `--quick` (CI): 40 sessions, 500 pods. Full: 200 sessions, 5,000 pods.
+//! The fake kubelet (`floe_tests::kubelet`) plays the nodes: see its docs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use floe_crds::gateway_pool::GatewayPool;
+use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
+use floe_tests::kubelet::{FakeKubelet, Verdict};
+use floe_tests::operator::{eventually_within, Operator};
+use floe_tests::{cluster, TestNamespace};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+fn pool(name: &str, replicas: i32) -> Result<GatewayPool> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "template": {"image": "ghcr.io/acme/sandbox:1"},
+                 "refill": {"batchSize": 500, "maxPodsPerMinute": 100000, "unreadyTimeoutSeconds": 86400}},
+    }))?)
+}
+
+/// p-quantile from a Prometheus histogram: the upper bound of the first bucket holding it.
+fn quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
+    let mut buckets = Vec::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix(&format!("{name}_bucket{{le=\"")) else {
+            continue;
+        };
+        let (le, count) = rest.split_once("\"} ")?;
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().ok()?
+        };
+        buckets.push((le, count.trim().parse::<f64>().ok()?));
+    }
+    let total = buckets.last()?.1;
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * total)
+        .map(|(le, _)| *le)
+}
+
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()> {
+    let c = cluster();
+    let ns = TestNamespace::create(c, client, "bench-claim").await?;
+    let operator = Operator::start(&ns.name, &["--concurrency", "4"])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        20,
+        Arc::new(|_| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    pools
+        .create(&PostParams::default(), &pool("warm", warm)?)
+        .await?;
+    eventually_within(300, "the pool READY", async || {
+        let s = pools.get("warm").await?.status.unwrap_or_default();
+        Ok((s.ready_replicas >= warm).then_some(()))
+    })
+    .await?;
+
+    // Baseline: one bare PATCH round trip on this apiserver (the floor of any claim).
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    configmaps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "probe"}}))?,
+        )
+        .await?;
+    let mut bare = Vec::new();
+    for i in 0..50 {
+        let t = Instant::now();
+        configmaps
+            .patch(
+                "probe",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"data": {"i": i.to_string()}})),
+            )
+            .await?;
+        bare.push(t.elapsed().as_secs_f64());
+    }
+
+    let samples = 4;
+    let tasks: Vec<_> = (0..sessions / samples)
+        .map(|i| json!({"id": format!("t{i}"), "instruction": "x"}))
+        .collect();
+    let job: RolloutJob = serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "bench"},
+        "spec": {"tasks": {"inline": tasks}, "numSamples": samples, "harness": {"preset": "pi"},
+                 "poolRef": {"name": "warm"}, "evaluator": {"command": ["true"]},
+                 "concurrency": warm, "sft": {"upstream": {"url": "http://t:8000"}, "output": {"claimName": "d"}}},
+    }))?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let started = Instant::now();
+    jobs.create(&PostParams::default(), &job).await?;
+    eventually_within(900, "the bench job finished", async || {
+        let s = jobs.get("bench").await?.status.unwrap_or_default();
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(()))
+    })
+    .await?;
+    let wall = started.elapsed().as_secs_f64();
+    let metrics = operator.metrics().await?;
+    let p50 = quantile(&metrics, "floe_claim_latency_seconds", 0.5).context("p50")?;
+    let p99 = quantile(&metrics, "floe_claim_latency_seconds", 0.99).context("p99")?;
+    let bare50 = percentile(bare.clone(), 0.5);
+    println!("claim latency, {sessions} sessions, warm pool of {warm} (concurrency {warm}):");
+    println!(
+        "  baseline: bare apiserver PATCH p50 {:.1} ms, p99 {:.1} ms",
+        bare50 * 1e3,
+        percentile(bare, 0.99) * 1e3
+    );
+    println!("  claim → assignment acknowledged: p50 ≤ {:.1} ms ({:.1}× a bare PATCH), p99 ≤ {:.1} ms (target ≤ 100 ms)",
+        p50 * 1e3, p50 / bare50, p99 * 1e3);
+    println!("  whole job: {wall:.1} s, {:.1} sessions/s (bounded by the fake kubelet starting a gateway process per pod)",
+        sessions as f64 / wall);
+    kubelet.stop().await?;
+    jobs.delete("bench", &Default::default()).await?;
+    eventually_within(120, "the bench job deleted", async || {
+        Ok(jobs.get_opt("bench").await?.is_none().then_some(()))
+    })
+    .await?;
+    drop(operator);
+    Ok(())
+}
+
+fn rss_kib(pid: u32) -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok((field("VmRSS:"), field("VmHWM:")))
+}
+
+async fn operator_memory(client: &Client, pods: i32) -> Result<()> {
+    let c = cluster();
+    let ns = TestNamespace::create(c, client, "bench-rss").await?;
+    let operator = Operator::start(&ns.name, &[])?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (idle, _) = rss_kib(operator.child.id())?;
+    // No kubelet here: the pods stay Pending (warming), which is all the operator needs to
+    // manage them (list, watch, status).
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let started = Instant::now();
+    pools
+        .create(&PostParams::default(), &pool("big", pods)?)
+        .await?;
+    eventually_within(1800, "the pool's pods created", async || {
+        let s = pools.get("big").await?.status.unwrap_or_default();
+        Ok((s.replicas >= pods).then_some(()))
+    })
+    .await?;
+    let fill = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (rss, peak) = rss_kib(operator.child.id())?;
+    println!("operator memory managing {pods} pods (+{pods} Secrets):");
+    println!(
+        "  baseline: {:.1} MiB RSS with nothing to manage",
+        idle as f64 / 1024.0
+    );
+    println!("  RSS {:.1} MiB ({:.2}× idle), peak {:.1} MiB (target ≤ 150 MiB); pool filled in {fill:.0} s",
+        rss as f64 / 1024.0, rss as f64 / idle.max(1) as f64, peak as f64 / 1024.0);
+    // Deleting the namespace lets garbage collection take the pods.
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (sessions, warm, pods) = if quick {
+        (40, 10, 500)
+    } else {
+        (200, 50, 5000)
+    };
+    let client = cluster().client().await?;
+    cluster().install_crds(&client).await?;
+    if std::env::var_os("FLOE_BENCH_SKIP_CLAIMS").is_none() {
+        claim_latency(&client, sessions, warm).await?;
+    }
+    operator_memory(&client, pods).await?;
+    Ok(())
+}
