@@ -52,8 +52,11 @@ pub struct JobContext {
     starved: Mutex<HashSet<(String, u32)>>,
     /// Client-side CEL validation per (job uid, generation): evaluating the rules costs tens of
     /// milliseconds, too much for every round of a running job.
-    validated: Mutex<HashMap<String, (Option<i64>, Result<(), String>)>>,
+    validated: Mutex<HashMap<String, Validated>>,
 }
+
+/// A job's generation and what validating it said.
+type Validated = (Option<i64>, Result<(), String>);
 
 impl JobContext {
     pub fn new(client: Client, metrics: Arc<Metrics>, floe_image: String) -> Self {
