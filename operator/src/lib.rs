@@ -10,3 +10,4 @@ pub mod pool_controller;
 pub mod rollout;
 pub mod run;
 pub mod sandbox_pod;
+pub mod tokens;

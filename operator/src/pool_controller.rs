@@ -33,6 +33,7 @@ pub struct PoolContext {
     pub client: Client,
     /// The operator's slim pod cache ([`crate::pod_cache`]).
     pub pods: Store<Pod>,
+    pub tokens: Arc<crate::tokens::ControlTokens>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The image with the `floe` binary (init copy and gateway sidecar).
     pub floe_image: String,
@@ -58,6 +59,7 @@ impl PoolContext {
     pub fn new(
         client: Client,
         pods: Store<Pod>,
+        tokens: Arc<crate::tokens::ControlTokens>,
         metrics: Arc<crate::metrics::Metrics>,
         floe_image: String,
         native_sidecars: bool,
@@ -65,6 +67,7 @@ impl PoolContext {
         Self {
             client,
             pods,
+            tokens,
             metrics,
             floe_image,
             native_sidecars,
@@ -316,6 +319,7 @@ async fn create_pod(
     let created = pods.create(&PostParams::default(), &pod).await?;
     // The Secret is owned by its pod, so it goes when the pod goes.
     let token = hex::encode(rand::rng().random::<[u8; 32]>());
+    ctx.tokens.remember(ns, &pod_name, &token);
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(secret_name),

@@ -176,15 +176,19 @@ async fn run_controllers(
         tracing::error!("the pod cache never became ready");
         return;
     }
+    let tokens = Arc::new(crate::tokens::ControlTokens::default());
     let pool_context = Arc::new(PoolContext::new(
         client.clone(),
         cache.store.clone(),
+        tokens.clone(),
         metrics.clone(),
         config.floe_image.clone(),
         config.native_sidecars,
     ));
     let job_context = Arc::new(job_controller::JobContext::new(
         client,
+        cache.store.clone(),
+        tokens,
         metrics,
         config.floe_image.clone(),
     ));

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -43,6 +44,9 @@ pub enum JobError {
 
 pub struct JobContext {
     pub client: Client,
+    /// The slim pod cache: READY pool pods and the job's own pods are read from it.
+    pods: Store<Pod>,
+    tokens: Arc<crate::tokens::ControlTokens>,
     pub metrics: Arc<Metrics>,
     /// The image with the `floe` binary (the sft dataset collector).
     pub floe_image: String,
@@ -59,7 +63,13 @@ pub struct JobContext {
 type Validated = (Option<i64>, Result<(), String>);
 
 impl JobContext {
-    pub fn new(client: Client, metrics: Arc<Metrics>, floe_image: String) -> Self {
+    pub fn new(
+        client: Client,
+        pods: Store<Pod>,
+        tokens: Arc<crate::tokens::ControlTokens>,
+        metrics: Arc<Metrics>,
+        floe_image: String,
+    ) -> Self {
         let reporter = Reporter {
             controller: "floe-operator".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -67,6 +77,8 @@ impl JobContext {
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
+            pods,
+            tokens,
             metrics,
             floe_image,
             http: reqwest::Client::builder()
@@ -307,8 +319,12 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     // 3. Only now (results recorded, new sessions on their way) let go of finished pods.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let pods_ref = &pods;
+    let ns_ref = &ns;
     let released: Vec<Result<(), JobError>> = futures::stream::iter(decided.release.clone())
-        .map(|name: String| async move { release(pods_ref, &name).await })
+        .map(|name: String| async move {
+            ctx.tokens.forget(&ns_ref, &name);
+            release(pods_ref, &name).await
+        })
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
@@ -503,20 +519,21 @@ async fn observe(
         .list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}")))
         .await?
         .items;
-    let mut ready: Vec<Pod> = pods
-        .list(&ListParams::default().labels(&format!(
-            "{POOL_LABEL}={},{STATE_LABEL}={}",
-            pool_ref.name,
-            PodState::Ready.label()
-        )))
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && !p.labels().contains_key(JOB_LABEL)
+    // READY pods from the cache: a stale entry only costs a lost compare-and-swap (the claim
+    // is retried next round), never a double claim.
+    let mut ready: Vec<Pod> = ctx
+        .pods
+        .state_filter(|p| {
+            let labels = p.labels();
+            p.metadata.namespace.as_deref() == Some(ns)
+                && labels.get(POOL_LABEL) == Some(&pool_ref.name)
+                && labels.get(STATE_LABEL).map(String::as_str) == Some(PodState::Ready.label())
+                && !labels.contains_key(JOB_LABEL)
+                && p.metadata.deletion_timestamp.is_none()
                 && crate::pool_controller::is_ready(p)
         })
+        .into_iter()
+        .map(|p| (*p).clone())
         .collect();
     // Oldest first: stale-template pods (OnReplenish) go before fresh ones.
     ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
@@ -739,17 +756,25 @@ async fn deliver(
         shared_hidden_files: &o.hidden,
     });
     let ns = job.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let token = match secrets.get(&format!("{name}-control")).await {
-        Ok(s) => s.data.and_then(|d| {
-            d.get(CONTROL_TOKEN_KEY)
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        }),
-        Err(e) => {
-            tracing::warn!(%name, "control token: {e}");
-            None
+    let token = match ctx.tokens.get(&ns, &name) {
+        Some(t) => Some(t),
+        None => {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+            match secrets.get(&format!("{name}-control")).await {
+                Ok(s) => s.data.and_then(|d| {
+                    d.get(CONTROL_TOKEN_KEY)
+                        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+                }),
+                Err(e) => {
+                    tracing::warn!(%name, "control token: {e}");
+                    None
+                }
+            }
         }
     };
+    if let Some(t) = &token {
+        ctx.tokens.remember(&ns, &name, t);
+    }
     let Some(token) = token else { return };
     let url = format!(
         "http://{}/floe/v1/assignments",
