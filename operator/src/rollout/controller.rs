@@ -322,7 +322,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     let ns_ref = &ns;
     let released: Vec<Result<(), JobError>> = futures::stream::iter(decided.release.clone())
         .map(|name: String| async move {
-            ctx.tokens.forget(&ns_ref, &name);
+            ctx.tokens.forget(ns_ref, &name);
             release(pods_ref, &name).await
         })
         .buffer_unordered(IN_FLIGHT)
