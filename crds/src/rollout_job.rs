@@ -54,8 +54,9 @@ pub struct RolloutJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<LocalObjectReference>>")]
     pub pool_ref: Option<LocalObjectReference>,
-    /// Or run without a shared pool: the operator pre-warms pods from this template for the next
-    /// tasks (a lookahead window); tasks may override the image.
+    /// Or run without a shared pool: pods pre-warmed from this template for the next tasks (a
+    /// lookahead window); tasks may override the image. Not implemented by the operator yet
+    /// (the job reports `PoolTemplateNotSupported`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_template: Option<SandboxTemplate>,
     /// Scores each session after the harness exits.
@@ -116,7 +117,8 @@ pub struct TaskSource {
     /// A ConfigMap whose key holds one JSON task per line (JSONL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<ConfigMapTasks>,
-    /// A JSONL file on a PersistentVolumeClaim (or, in local mode, on disk).
+    /// A JSONL file, read by `floe run` (local mode). The operator reads no volumes yet: in a
+    /// cluster use `configMap` (the job reports `TaskFileNotSupported`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<FileTasks>,
 }

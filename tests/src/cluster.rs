@@ -156,11 +156,17 @@ async fn wait_established(
     bail!("CRD {name} not Established after 10 s")
 }
 
-/// Path of the `floe` binary, built by this call if needed (`cargo build -p floe`).
+/// Path of the `floe` binary, built by this call if needed (`cargo build -p floe`; with
+/// `FLOE_BIN_PROFILE=release`, the optimized build — for benchmark figures).
 pub fn floe_bin() -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let release = std::env::var("FLOE_BIN_PROFILE").is_ok_and(|p| p == "release");
+    let mut args = vec!["build", "--quiet", "-p", "floe"];
+    if release {
+        args.push("--release");
+    }
     let status = Command::new(cargo)
-        .args(["build", "--quiet", "-p", "floe"])
+        .args(&args)
         .current_dir(workspace_root())
         .status()?;
     if !status.success() {
@@ -169,5 +175,9 @@ pub fn floe_bin() -> Result<PathBuf> {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    Ok(target_dir.join("debug/floe"))
+    Ok(target_dir.join(if release {
+        "release/floe"
+    } else {
+        "debug/floe"
+    }))
 }
