@@ -263,11 +263,12 @@ async fn reconcile_pool(
     }))
 }
 
-async fn delete(pods: &Api<Pod>, name: &str) -> Result<(), PoolError> {
+/// Delete a pod; one already gone is fine. (The RolloutJob controller uses it too.)
+pub async fn delete(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
     match pods.delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 

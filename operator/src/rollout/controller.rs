@@ -619,11 +619,7 @@ async fn release(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
 }
 
 async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
-    match pods.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(crate::pool_controller::delete(pods, name).await?)
 }
 
 /// Claim one READY pod for a session attempt: a compare-and-swap on the pod (its

@@ -68,6 +68,16 @@ pub struct JobState {
 }
 
 impl JobState {
+    /// A job with nothing done yet (pass threshold 1, no concurrency limit).
+    pub fn fresh(total: u32, backoff_limit: u32) -> Self {
+        Self {
+            total,
+            backoff_limit,
+            pass_threshold: 1.0,
+            ..Default::default()
+        }
+    }
+
     pub fn finished(&self) -> bool {
         (self.completed.len() + self.failed.len()) as u64 >= u64::from(self.total)
     }
@@ -208,18 +218,7 @@ mod tests {
     use super::*;
 
     fn job(total: u32) -> JobState {
-        JobState {
-            total,
-            backoff_limit: 2,
-            concurrency: None,
-            pass_threshold: 1.0,
-            suspend: false,
-            deadline_exceeded: false,
-            completed: IndexSet::default(),
-            failed: IndexSet::default(),
-            retries: BTreeMap::new(),
-            rewards: RewardTally::default(),
-        }
+        JobState::fresh(total, 2)
     }
 
     fn pod(name: &str, index: u32, attempt: u32, progress: PodProgress) -> SessionPod {

@@ -209,18 +209,7 @@ mod tests {
     use super::*;
 
     fn state(total: u32) -> JobState {
-        JobState {
-            total,
-            backoff_limit: 3,
-            concurrency: None,
-            pass_threshold: 1.0,
-            suspend: false,
-            deadline_exceeded: false,
-            completed: IndexSet::default(),
-            failed: IndexSet::default(),
-            retries: BTreeMap::new(),
-            rewards: RewardTally::default(),
-        }
+        JobState::fresh(total, 3)
     }
 
     fn input<'a>(
