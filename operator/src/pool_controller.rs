@@ -11,12 +11,13 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use rand::RngExt;
 use serde_json::json;
 
-use crate::pool::{plan, PoolPod, PoolView};
+use crate::pool::{plan, DeleteReason, PoolPod, PoolView};
 use crate::sandbox_pod::{self, PodState, SandboxPod, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,7 @@ pub struct PoolContext {
     /// The operator's slim pod cache ([`crate::pod_cache`]).
     pub pods: Store<Pod>,
     pub tokens: Arc<crate::tokens::ControlTokens>,
+    events: crate::events::Events,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The image with the `floe` binary (init copy and gateway sidecar).
     pub floe_image: String,
@@ -65,6 +67,7 @@ impl PoolContext {
         native_sidecars: bool,
     ) -> Self {
         Self {
+            events: crate::events::Events::new(client.clone()),
             client,
             pods,
             tokens,
@@ -240,6 +243,25 @@ async fn reconcile_pool(
         tracing::info!(pool = %key, %pod, ?reason, "deleting pod");
         delete(&pods, pod).await?;
         ctx.expect(&key, pod, false);
+        let (type_, why, note) = match reason {
+            DeleteReason::Unready => (
+                EventType::Warning,
+                "PodUnready",
+                format!(
+                    "pod {pod} was not READY within {} s; replacing it",
+                    pool.spec.refill.unready_timeout_seconds
+                ),
+            ),
+            DeleteReason::Stale => (
+                EventType::Normal,
+                "PodRecreated",
+                format!("pod {pod} has an old template (updateStrategy Recreate); replacing it"),
+            ),
+            DeleteReason::Surplus => continue,
+        };
+        ctx.events
+            .publish(&pool.object_ref(&()), type_, why, note)
+            .await;
     }
     for _ in 0..decided.create {
         let pod = create_pod(&ctx, &pool, &ns, &name).await?;
@@ -396,6 +418,18 @@ async fn write_status(
     };
     if pool.status.as_ref() == Some(&new) {
         return Ok(());
+    }
+    // An Event when READY flips, not on every count change.
+    if previous.is_some_and(|c| c.status != status) || (previous.is_none() && status == "True") {
+        let why = if status == "True" {
+            "PoolReady"
+        } else {
+            "PoolWarming"
+        };
+        let note = new.conditions[0].message.clone();
+        ctx.events
+            .publish(&pool.object_ref(&()), EventType::Normal, why, note)
+            .await;
     }
     let api: Api<GatewayPool> = Api::namespaced(ctx.client.clone(), ns);
     api.patch_status(

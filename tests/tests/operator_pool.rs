@@ -243,3 +243,112 @@ async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Re
     .await?;
     Ok(())
 }
+
+async fn event_reasons(client: &kube::Client, ns: &str) -> Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_change_recreates_or_waits_for_replenishment_by_strategy() -> Result<()> {
+    let c = cluster();
+    let client = c.client().await?;
+    c.install_crds(&client).await?;
+    let ns = TestNamespace::create(c, &client, "strategy").await?;
+    let _operator = start_operator(&ns.name)?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pool: GatewayPool = serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "warm"},
+        "spec": {"replicas": 2, "template": {"image": "sandbox:1"},
+                 "updateStrategy": {"type": "Recreate"}},
+    }))?;
+    pools.create(&PostParams::default(), &pool).await?;
+    let names = |list: &[Pod]| {
+        let mut n: Vec<String> = list.iter().map(|p| p.name_any()).collect();
+        n.sort();
+        n
+    };
+    let first = eventually("2 warming pods", async || {
+        let w = pool_pods(&pods, "warming").await?;
+        Ok((w.len() == 2).then_some(w))
+    })
+    .await?;
+    for pod in &first {
+        make_ready(&pods, &pod.name_any()).await?;
+    }
+    eventually("2 READY", async || {
+        Ok((pool_pods(&pods, "ready").await?.len() == 2).then_some(()))
+    })
+    .await?;
+
+    // Recreate: a new template replaces the READY pods at once.
+    let set_image = |image: &'static str| json!({"spec": {"template": {"image": image}}});
+    pools
+        .patch(
+            "warm",
+            &PatchParams::default(),
+            &Patch::Merge(&set_image("sandbox:2")),
+        )
+        .await?;
+    let second = eventually("2 new warming pods", async || {
+        let w = pool_pods(&pods, "warming").await?;
+        Ok((w.len() == 2 && pool_pods(&pods, "ready").await?.is_empty()).then_some(w))
+    })
+    .await?;
+    assert!(names(&second).iter().all(|n| !names(&first).contains(n)));
+    for pod in &second {
+        let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone());
+        assert_eq!(image, Some(Some("sandbox:2".to_string())));
+        make_ready(&pods, &pod.name_any()).await?;
+    }
+    eventually("2 READY again", async || {
+        Ok((pool_pods(&pods, "ready").await?.len() == 2).then_some(()))
+    })
+    .await?;
+
+    // OnReplenish: a new template leaves READY pods serving until they are claimed.
+    pools
+        .patch(
+            "warm",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"updateStrategy": {"type": "OnReplenish"}, "template": {"image": "sandbox:3"}}})),
+        )
+        .await?;
+    let hash = eventually("the new template hash in status", async || {
+        let s = pools.get("warm").await?.status.unwrap_or_default();
+        Ok(
+            (s.observed_generation == pools.get("warm").await?.metadata.generation)
+                .then_some(s.template_hash),
+        )
+    })
+    .await?;
+    assert_ne!(
+        hash,
+        second[0]
+            .annotations()
+            .get("floe.dev/template-hash")
+            .cloned()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(names(&pool_pods(&pods, "ready").await?), names(&second));
+    assert!(pool_pods(&pods, "warming").await?.is_empty());
+
+    // Events on transitions (repeats are folded into one Event's series by the recorder).
+    eventually("the pool's Events", async || {
+        let r = event_reasons(&client, &ns.name).await?;
+        Ok(
+            (r.iter().any(|r| r == "PodRecreated") && r.iter().any(|r| r == "PoolReady"))
+                .then_some(()),
+        )
+    })
+    .await?;
+    Ok(())
+}

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -51,7 +51,7 @@ pub struct JobContext {
     /// The image with the `floe` binary (the sft dataset collector).
     pub floe_image: String,
     http: reqwest::Client,
-    recorder: Recorder,
+    events: crate::events::Events,
     /// Sessions that found no READY pod free, by (job uid, index): their claim counts as cold.
     starved: Mutex<HashSet<(String, u32)>>,
     /// Client-side CEL validation per (job uid, generation): evaluating the rules costs tens of
@@ -70,12 +70,8 @@ impl JobContext {
         metrics: Arc<Metrics>,
         floe_image: String,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "floe-operator".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: crate::events::Events::new(client.clone()),
             client,
             pods,
             tokens,
@@ -105,16 +101,9 @@ impl JobContext {
     }
 
     async fn event(&self, job: &RolloutJob, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &job.object_ref(&())).await {
-            tracing::warn!(job = %job.name_any(), "cannot publish event {reason}: {e}");
-        }
+        self.events
+            .publish(&job.object_ref(&()), type_, reason, note)
+            .await;
     }
 }
 
