@@ -62,6 +62,10 @@ VLLM_MAX_MODEL_LEN=40960 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_
 VLLM_LONG_PID=$!
 export FLOE_TEST_VLLM_LONG_URL="http://127.0.0.1:$VLLM_LONG_PORT"
 
+t0=$(date +%s)
+scripts/trainer/test.sh "$VLLM_PYTHON"
+echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
+
 if ! cargo test --workspace --locked "$@"; then
   echo "[test] failed; last lines of the vLLM log:" >&2
   tail -20 "$STATE/vllm.log" >&2

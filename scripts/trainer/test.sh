@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The trainer's checks: ruff (lint + format) and pytest, with the vLLM venv's Python (it has
+# torch, transformers and safetensors) plus pytest and ruff installed once into a cache folder
+# keyed by their versions. Usage: scripts/trainer/test.sh PYTHON [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/env.sh
+PY=$1; shift
+TOOLS="$FLOE_CACHE/pytools-pytest8.4.2-ruff0.14.5"
+if [ ! -f "$TOOLS/.done" ]; then
+  rm -rf "$TOOLS"
+  "$PY" -m pip install --quiet --target "$TOOLS" pytest==8.4.2 ruff==0.14.5 >&2
+  touch "$TOOLS/.done"
+fi
+cd trainer
+export PYTHONPATH="$TOOLS:$PWD"
+"$PY" -m ruff check .
+"$PY" -m ruff format --check .
+"$PY" -m pytest -q "$@"

@@ -1,0 +1,91 @@
+"""Trajectories into GRPO groups (pure: time and the policy version are passed in).
+
+A group is the ``numSamples`` sessions of one task in one job. It is ready when all of them
+arrived, or when ``min_fraction`` of them arrived and ``grace_seconds`` passed since the first.
+Ready groups whose rewards are all equal are dropped (zero advantage: nothing to learn).
+Trajectories sampled more than ``max_staleness`` policy versions ago are dropped. Untrainable
+trajectories (infrastructure failures) never join a group — never as reward 0. Every drop is
+counted by reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .advantages import group_advantages, uniform
+from .wire import Trajectory
+
+
+@dataclass
+class Group:
+    group: str
+    trajectories: list[Trajectory]
+    advantages: list[float]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward or 0.0 for t in self.trajectories]
+
+
+@dataclass
+class _Pending:
+    first_arrival: float
+    by_sample: dict[int, Trajectory] = field(default_factory=dict)
+
+
+class GroupBuffer:
+    def __init__(
+        self,
+        num_samples: int,
+        min_fraction: float = 1.0,
+        grace_seconds: float = 300.0,
+        max_staleness: int = 1,
+        estimator: str = "MeanStd",
+    ) -> None:
+        self.num_samples = num_samples
+        self.min_fraction = min_fraction
+        self.grace_seconds = grace_seconds
+        self.max_staleness = max_staleness
+        self.estimator = estimator
+        self.pending: dict[str, _Pending] = {}
+        self.dropped: Counter[str] = Counter()
+
+    def add(self, t: Trajectory, now: float) -> None:
+        if not t.trainable or t.reward is None:
+            self.dropped["untrainable"] += 1
+            return
+        p = self.pending.setdefault(t.group, _Pending(first_arrival=now))
+        if t.sample in p.by_sample:
+            # A second trainable trajectory for one sample (a retry after a lost reply): one
+            # sample, one vote.
+            self.dropped["duplicate_sample"] += 1
+            return
+        p.by_sample[t.sample] = t
+
+    def _stale(self, t: Trajectory, version: int) -> bool:
+        return bool(t.policy_versions) and min(t.policy_versions) < version - self.max_staleness
+
+    def take_ready(self, now: float, policy_version: int) -> list[Group]:
+        """Remove and return the groups ready to train on, oldest first."""
+        out: list[Group] = []
+        need = max(1, int(-(-self.min_fraction * self.num_samples // 1)))
+        for gid in sorted(self.pending, key=lambda g: self.pending[g].first_arrival):
+            p = self.pending[gid]
+            fresh = {s: t for s, t in p.by_sample.items() if not self._stale(t, policy_version)}
+            stale = len(p.by_sample) - len(fresh)
+            if stale:
+                self.dropped["stale"] += stale
+                p.by_sample = fresh
+            complete = len(fresh) >= self.num_samples
+            enough = len(fresh) >= need and now - p.first_arrival >= self.grace_seconds
+            if not (complete or enough):
+                continue
+            del self.pending[gid]
+            trajs = [fresh[s] for s in sorted(fresh)]
+            rewards = [t.reward or 0.0 for t in trajs]
+            if len(trajs) < 2 or uniform(rewards):
+                self.dropped["zero_advantage"] += 1
+                continue
+            out.append(Group(gid, trajs, group_advantages(rewards, self.estimator)))
+        return out

@@ -1,0 +1,131 @@
+"""Trajectory ingest: ``POST /v1/trajectories`` (the gateway's trainer sink), idempotent by
+session, persisted before it is acknowledged.
+
+Each accepted trajectory is written to ``DIR/<session>.json`` (temporary file, fsync, rename,
+fsync of the directory) before the reply, so a trainer restart loses nothing it acknowledged;
+``load()`` replays them. A body that is too large, not JSON or not a valid trajectory gets a
+4xx with ``{"error": why}`` and nothing of it is kept. Answers: 200 accepted, 409 already
+ingested (the gateway's sink counts it as done), 400 invalid, 413 too large.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from . import wire
+
+SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+class Store:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def path(self, session: str) -> Path:
+        return self.dir / f"{session}.json"
+
+    def put(self, session: str, raw: bytes) -> bool:
+        """Persist durably; False if the session is already stored."""
+        with self._lock:
+            target = self.path(session)
+            if target.exists():
+                return False
+            tmp = self.dir / f".{session}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(raw)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+            fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return True
+
+    def load(self) -> list[wire.Trajectory]:
+        """Every stored trajectory (a restart replays them), by file name."""
+        out = []
+        for p in sorted(self.dir.glob("*.json")):
+            out.append(wire.parse(json.loads(p.read_bytes())))
+        return out
+
+
+class Ingest:
+    """Validates, persists and hands each new trajectory to ``on_trajectory``."""
+
+    def __init__(
+        self,
+        store: Store,
+        on_trajectory: Callable[[wire.Trajectory], None],
+        max_body_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.on_trajectory = on_trajectory
+        self.max_body_bytes = max_body_bytes
+        self.counts = {"accepted": 0, "duplicate": 0, "invalid": 0}
+
+    def handle(self, raw: bytes) -> tuple[int, dict]:
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            self.counts["invalid"] += 1
+            return 400, {"error": f"not JSON: {e}"}
+        try:
+            t = wire.parse(body)
+        except wire.InvalidTrajectory as e:
+            self.counts["invalid"] += 1
+            return 400, {"error": f"not a floe trajectory: {e}"}
+        if not SAFE_SESSION.match(t.session):
+            self.counts["invalid"] += 1
+            return 400, {"error": f"session id {t.session!r} is not a safe file name"}
+        if not self.store.put(t.session, raw):
+            self.counts["duplicate"] += 1
+            return 409, {"error": "already ingested", "session": t.session}
+        self.counts["accepted"] += 1
+        self.on_trajectory(t)
+        return 200, {"session": t.session, "accepted": True}
+
+
+def make_server(
+    ingest: Ingest, address: tuple[str, int], status: Callable[[], dict]
+) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            if self.path != "/v1/trajectories":
+                return self._reply(404, {"error": f"no route {self.path}"})
+            length = int(self.headers.get("content-length") or 0)
+            if length > ingest.max_body_bytes:
+                return self._reply(
+                    413, {"error": f"body of {length} bytes > {ingest.max_body_bytes}"}
+                )
+            code, body = ingest.handle(self.rfile.read(length))
+            self._reply(code, body)
+
+        def do_GET(self):  # noqa: N802
+            if self.path == "/healthz":
+                return self._reply(200, "ok", "text/plain")
+            if self.path == "/v1/status":
+                return self._reply(200, status())
+            self._reply(404, {"error": f"no route {self.path}"})
+
+        def log_message(self, format, *args):  # noqa: A002 (quiet by default)
+            pass
+
+    return ThreadingHTTPServer(address, Handler)

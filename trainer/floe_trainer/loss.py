@@ -1,0 +1,94 @@
+"""The GRPO policy loss on padded token tensors: token-level PPO-clip with clip-higher,
+truncated importance sampling (TIS) against the gateway's behaviour logprobs, and a choice of
+aggregation. Shapes: ``[batch, tokens]`` for per-token tensors, ``[batch]`` for advantages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.28
+    tis_cap: float = 2.0
+    # TokenMean (DAPO), SequenceMean (original GRPO) or TokenSumNorm (Dr. GRPO).
+    aggregation: str = "TokenMean"
+    # TokenSumNorm's constant (e.g. the maximum response length).
+    sum_norm: float = 1024.0
+
+
+@dataclass(frozen=True)
+class LossStats:
+    tokens: int
+    clip_fraction: float
+    tis_mean: float
+    tis_ess: float
+    tis_truncated_fraction: float
+    # Trained tokens without a behaviour logprob (no TIS correction for them).
+    behaviour_unknown: int
+    # Mean |trainer logprob - behaviour logprob| over tokens with both: the mismatch.
+    logprob_mismatch: float
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_behaviour: torch.Tensor,
+    behaviour_known: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+) -> tuple[torch.Tensor, LossStats]:
+    """``logp``: the policy being trained (with grad); ``logp_old``: the same policy before
+    this step's updates (no grad); ``logp_behaviour``: what vLLM sampled with (from the
+    trajectory), valid where ``behaviour_known``; ``mask``: 1 on sampled tokens."""
+    mask = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype).unsqueeze(-1)
+    ratio = torch.exp(logp - logp_old.detach())
+    clipped = torch.clamp(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
+    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    # TIS: the sample came from vLLM's policy, not exactly the trainer's; weight by the
+    # (capped) ratio, 1 where the behaviour logprob is unknown.
+    known = behaviour_known.to(torch.bool) & (mask > 0)
+    raw_w = torch.where(known, torch.exp(logp_old.detach() - logp_behaviour), torch.ones_like(logp))
+    w = torch.clamp(raw_w, max=cfg.tis_cap)
+    per_token = per_token * w.detach() * mask
+
+    n_tokens = mask.sum()
+    if cfg.aggregation == "TokenMean":
+        loss = per_token.sum() / n_tokens.clamp(min=1.0)
+    elif cfg.aggregation == "SequenceMean":
+        per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        has = (mask.sum(-1) > 0).to(logp.dtype)
+        loss = (per_seq * has).sum() / has.sum().clamp(min=1.0)
+    elif cfg.aggregation == "TokenSumNorm":
+        loss = per_token.sum() / (cfg.sum_norm * mask.shape[0])
+    else:
+        raise ValueError(f"unknown loss aggregation {cfg.aggregation!r}")
+
+    with torch.no_grad():
+        m = mask > 0
+        tokens = int(m.sum().item())
+        is_clipped = ((ratio < 1.0 - cfg.epsilon_low) & (adv < 0)) | (
+            (ratio > 1.0 + cfg.epsilon_high) & (adv > 0)
+        )
+        wk = w[known]
+        ess = float(wk.sum() ** 2 / (wk.numel() * (wk**2).sum())) if wk.numel() else 1.0
+        stats = LossStats(
+            tokens=tokens,
+            clip_fraction=float(is_clipped[m].float().mean()) if tokens else 0.0,
+            tis_mean=float(wk.mean()) if wk.numel() else 1.0,
+            tis_ess=ess,
+            tis_truncated_fraction=float((raw_w[known] > cfg.tis_cap).float().mean())
+            if wk.numel()
+            else 0.0,
+            behaviour_unknown=int((m & ~known).sum().item()),
+            logprob_mismatch=float((logp_old - logp_behaviour)[known].abs().mean())
+            if wk.numel()
+            else 0.0,
+        )
+    return loss, stats

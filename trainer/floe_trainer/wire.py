@@ -1,0 +1,126 @@
+"""The trajectory wire format (`floe.trajectory/v1`, docs/trajectory-format.md), validated.
+
+A trajectory that breaks the format is refused whole with a message that says where; nothing
+of it is used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FORMAT = "floe.trajectory/v1"
+
+
+class InvalidTrajectory(ValueError):
+    """The body is not a usable floe trajectory; the message says why."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    loss_mask: list[int]
+    # Behaviour logprob per response token; None where unknown (interstitial tokens).
+    logprobs: list[float | None]
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    session: str
+    task: str
+    group: str
+    sample: int
+    trainable: bool
+    reward: float | None
+    policy_versions: list[int]
+    traces: list[Trace]
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise InvalidTrajectory(message)
+
+
+def _ints(value: object, where: str) -> list[int]:
+    _require(isinstance(value, list), f"{where} must be an array")
+    assert isinstance(value, list)
+    for i, v in enumerate(value):
+        _require(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            f"{where}[{i}] must be a token id (non-negative integer)",
+        )
+    return value
+
+
+def parse_trace(t: object, where: str) -> Trace:
+    _require(isinstance(t, dict), f"{where} must be an object")
+    assert isinstance(t, dict)
+    prompt = _ints(t.get("prompt_token_ids"), f"{where}.prompt_token_ids")
+    response = _ints(t.get("response_token_ids"), f"{where}.response_token_ids")
+    mask = t.get("loss_mask")
+    _require(isinstance(mask, list), f"{where}.loss_mask must be an array")
+    _require(len(mask) == len(response), f"{where}.loss_mask must match response_token_ids")
+    _require(all(m in (0, 1) for m in mask), f"{where}.loss_mask holds only 0 and 1")
+    logprobs = t.get("logprobs")
+    _require(isinstance(logprobs, list), f"{where}.logprobs must be an array")
+    _require(len(logprobs) == len(response), f"{where}.logprobs must match response_token_ids")
+    for i, lp in enumerate(logprobs):
+        _require(
+            lp is None
+            or (
+                isinstance(lp, (int, float))
+                and not isinstance(lp, bool)
+                and math.isfinite(lp)
+                and lp <= 0.0
+            ),
+            f"{where}.logprobs[{i}] must be a log-probability (≤ 0) or null",
+        )
+    return Trace(
+        prompt, response, list(mask), [None if lp is None else float(lp) for lp in logprobs]
+    )
+
+
+def parse(body: object) -> Trajectory:
+    """Validate a decoded JSON body."""
+    _require(isinstance(body, dict), "a trajectory is a JSON object")
+    assert isinstance(body, dict)
+    fmt = body.get("format")
+    _require(fmt == FORMAT, f"format must be {FORMAT!r}, got {fmt!r}")
+    for key in ("session", "task", "group"):
+        _require(
+            isinstance(body.get(key), str) and body[key] != "", f"{key} must be a non-empty string"
+        )
+    sample = body.get("sample")
+    _require(
+        isinstance(sample, int) and not isinstance(sample, bool) and sample >= 0,
+        "sample must be a non-negative integer",
+    )
+    trainable = body.get("trainable")
+    _require(isinstance(trainable, bool), "trainable must be a boolean")
+    reward = body.get("reward")
+    _require(
+        reward is None
+        or (
+            isinstance(reward, (int, float))
+            and not isinstance(reward, bool)
+            and math.isfinite(reward)
+        ),
+        "reward must be a finite number or null",
+    )
+    _require(not (trainable and reward is None), "a trainable trajectory needs a reward")
+    versions = body.get("policy_versions", [])
+    _ints(versions, "policy_versions")
+    traces = body.get("traces")
+    _require(isinstance(traces, list), "traces must be an array")
+    assert isinstance(traces, list)
+    return Trajectory(
+        session=body["session"],
+        task=body["task"],
+        group=body["group"],
+        sample=sample,
+        trainable=trainable,
+        reward=None if reward is None else float(reward),
+        policy_versions=list(versions),
+        traces=[parse_trace(t, f"traces[{i}]") for i, t in enumerate(traces)],
+    )

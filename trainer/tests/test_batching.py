@@ -1,0 +1,73 @@
+import pytest
+
+from floe_trainer.batching import GroupBuffer
+from floe_trainer.wire import Trajectory
+
+
+def traj(group, sample, reward, trainable=True, versions=(0,)):
+    return Trajectory(
+        session=f"{group}-{sample}",
+        task="t",
+        group=group,
+        sample=sample,
+        trainable=trainable,
+        reward=reward if trainable else None,
+        policy_versions=list(versions),
+        traces=[],
+    )
+
+
+def test_a_group_is_ready_when_every_sample_arrived():
+    b = GroupBuffer(num_samples=2)
+    b.add(traj("g", 0, 1.0), now=0)
+    assert b.take_ready(now=1, policy_version=0) == []
+    b.add(traj("g", 1, 0.0), now=1)
+    [g] = b.take_ready(now=1, policy_version=0)
+    assert g.group == "g" and g.rewards == [1.0, 0.0]
+    assert g.advantages == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert b.pending == {}
+
+
+def test_untrainable_sessions_never_join_a_group_as_zero():
+    b = GroupBuffer(num_samples=2)
+    b.add(traj("g", 0, 1.0), now=0)
+    b.add(traj("g", 1, None, trainable=False), now=0)
+    assert b.dropped["untrainable"] == 1
+    assert b.take_ready(now=0, policy_version=0) == [], "the failed sample does not complete it"
+    b.add(traj("g", 1, 0.0), now=1)  # its retry, on a fresh pod, carries the same sample
+    [g] = b.take_ready(now=1, policy_version=0)
+    assert g.rewards == [1.0, 0.0]
+
+
+def test_min_fraction_and_grace():
+    b = GroupBuffer(num_samples=4, min_fraction=0.5, grace_seconds=10)
+    b.add(traj("g", 0, 1.0), now=0)
+    b.add(traj("g", 1, 0.0), now=0)
+    assert b.take_ready(now=9, policy_version=0) == []
+    [g] = b.take_ready(now=10, policy_version=0)
+    assert len(g.trajectories) == 2
+
+
+def test_uniform_rewards_are_dropped_and_counted():
+    b = GroupBuffer(num_samples=2)
+    b.add(traj("g", 0, 1.0), now=0)
+    b.add(traj("g", 1, 1.0), now=0)
+    assert b.take_ready(now=0, policy_version=0) == []
+    assert b.dropped["zero_advantage"] == 1
+
+
+def test_stale_trajectories_are_dropped_and_counted():
+    b = GroupBuffer(num_samples=2, max_staleness=1)
+    b.add(traj("g", 0, 1.0, versions=(3,)), now=0)
+    b.add(traj("g", 1, 0.0, versions=(1, 3)), now=0)  # sampled partly at version 1
+    assert b.take_ready(now=0, policy_version=3) == []
+    assert b.dropped["stale"] == 1
+    b.add(traj("g", 1, 0.0, versions=(3,)), now=0)
+    assert len(b.take_ready(now=0, policy_version=3)) == 1
+
+
+def test_a_duplicate_sample_counts_once():
+    b = GroupBuffer(num_samples=2)
+    b.add(traj("g", 0, 1.0), now=0)
+    b.add(traj("g", 0, 0.0), now=0)
+    assert b.dropped["duplicate_sample"] == 1

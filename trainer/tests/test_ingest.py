@@ -1,0 +1,127 @@
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from floe_trainer.ingest import Ingest, Store, make_server
+
+
+def trajectory(session="job-t-0", reward=1.0, **over):
+    t = {
+        "format": "floe.trajectory/v1",
+        "session": session,
+        "task": "t",
+        "group": "job/t",
+        "sample": 0,
+        "status": "completed",
+        "trainable": True,
+        "reward": reward,
+        "builder": "prefix_merging",
+        "policy_versions": [0],
+        "traces": [
+            {
+                "prompt_token_ids": [1, 2],
+                "response_token_ids": [3, 4, 5],
+                "loss_mask": [1, 0, 1],
+                "logprobs": [-0.5, None, -0.1],
+                "finish_reason": "stop",
+                "completions": [0],
+                "start": "first",
+            }
+        ],
+        "stats": {},
+    }
+    t.update(over)
+    return t
+
+
+@pytest.fixture
+def server(tmp_path):
+    got = []
+    ingest = Ingest(Store(tmp_path / "ingest"), got.append, max_body_bytes=100_000)
+    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {"accepted": ingest.counts["accepted"]})
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", got, tmp_path / "ingest"
+    srv.shutdown()
+
+
+def post(url, body: bytes):
+    req = urllib.request.Request(
+        url + "/v1/trajectories",
+        data=body,
+        method="POST",
+        headers={"content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_accepted_persisted_then_idempotent(server):
+    url, got, directory = server
+    code, body = post(url, json.dumps(trajectory()).encode())
+    assert code == 200 and body["accepted"]
+    assert (directory / "job-t-0.json").exists()
+    assert [t.session for t in got] == ["job-t-0"]
+    code, body = post(url, json.dumps(trajectory()).encode())
+    assert code == 409
+    assert len(got) == 1
+    # A restart replays what was acknowledged.
+    assert [t.session for t in Store(directory).load()] == ["job-t-0"]
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b"{not json", "not JSON"),
+        (json.dumps(trajectory(format="floe.trajectory/v2")).encode(), "format must be"),
+        (json.dumps(trajectory(reward=None)).encode(), "needs a reward"),
+        (json.dumps(trajectory(session="../x")).encode(), "not a safe file name"),
+        (
+            json.dumps(
+                trajectory(
+                    traces=[
+                        {
+                            "prompt_token_ids": [1],
+                            "response_token_ids": [2, 3],
+                            "loss_mask": [1],
+                            "logprobs": [-1.0, -1.0],
+                        }
+                    ]
+                )
+            ).encode(),
+            "traces[0].loss_mask must match",
+        ),
+        (
+            json.dumps(
+                trajectory(
+                    traces=[
+                        {
+                            "prompt_token_ids": [1],
+                            "response_token_ids": [2],
+                            "loss_mask": [1],
+                            "logprobs": [0.5],
+                        }
+                    ]
+                )
+            ).encode(),
+            "log-probability",
+        ),
+    ],
+)
+def test_bad_bodies_get_a_400_that_says_why_and_leave_nothing(server, body, why):
+    url, got, directory = server
+    code, reply = post(url, body)
+    assert code == 400
+    assert why in reply["error"]
+    assert got == [] and list(directory.glob("*.json")) == []
+
+
+def test_too_large_is_413(server):
+    url, got, _ = server
+    code, reply = post(url, b" " * 100_001)
+    assert code == 413 and "bytes" in reply["error"]

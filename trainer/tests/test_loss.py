@@ -1,0 +1,88 @@
+import math
+
+import pytest
+import torch
+
+from floe_trainer.loss import LossConfig, policy_loss
+
+
+def run(logp, old, behav, known, adv, mask, **cfg):
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    lp = t(logp).requires_grad_(True)
+    loss, stats = policy_loss(
+        lp, t(old), t(behav), torch.tensor(known), t(adv), t(mask), LossConfig(**cfg)
+    )
+    loss.backward()
+    return loss.item(), lp.grad, stats
+
+
+def test_on_policy_first_step_is_minus_mean_advantage_over_tokens():
+    # ratio 1, behaviour == old: loss = -sum(A * mask) / tokens.
+    loss, grad, stats = run(
+        [[-1.0, -2.0, -0.5]],
+        [[-1.0, -2.0, -0.5]],
+        [[-1.0, -2.0, -0.5]],
+        [[True, True, True]],
+        [2.0],
+        [[1, 0, 1]],
+    )
+    assert loss == pytest.approx(-2.0)
+    # d/dlogp of -A*exp(logp-old)/n at ratio 1 = -A/n on trained tokens, 0 on the masked one.
+    assert grad[0].tolist() == pytest.approx([-1.0, 0.0, -1.0])
+    assert stats.tokens == 2 and stats.clip_fraction == 0.0
+
+
+def test_clip_higher_stops_the_gradient_past_1_plus_epsilon_high():
+    # ratio e^0.4 = 1.49 > 1.28 with A > 0: clipped, no gradient; ratio e^0.1 = 1.105: not.
+    loss, grad, stats = run(
+        [[0.4 - 1.0, 0.1 - 1.0]],
+        [[-1.0, -1.0]],
+        [[-1.0, -1.0]],
+        [[True, True]],
+        [1.0],
+        [[1, 1]],
+    )
+    assert loss == pytest.approx(-(1.28 + math.exp(0.1)) / 2)
+    assert grad[0, 0].item() == 0.0
+    assert grad[0, 1].item() == pytest.approx(-math.exp(0.1) / 2)
+    assert stats.clip_fraction == pytest.approx(0.5)
+
+
+def test_clip_low_applies_to_negative_advantages():
+    # ratio e^-0.5 = 0.607 < 0.8 with A < 0: the clipped term (0.8 * -1) wins: loss 0.8.
+    loss, grad, _ = run([[-1.5]], [[-1.0]], [[-1.0]], [[True]], [-1.0], [[1]])
+    assert loss == pytest.approx(0.8)
+    assert grad[0, 0].item() == 0.0
+
+
+def test_truncated_importance_sampling_weights_by_the_capped_ratio():
+    # old - behaviour = ln 1.5 -> weight 1.5; = ln 3 -> capped at 2; unknown -> 1.
+    old = [[-1.0, -1.0, -1.0]]
+    behav = [[-1.0 - math.log(1.5), -1.0 - math.log(3.0), 0.0]]
+    loss, _, stats = run(old, old, behav, [[True, True, False]], [1.0], [[1, 1, 1]])
+    assert loss == pytest.approx(-(1.5 + 2.0 + 1.0) / 3)
+    assert stats.tis_mean == pytest.approx(1.75)
+    assert stats.tis_truncated_fraction == pytest.approx(0.5)
+    assert stats.behaviour_unknown == 1
+    assert stats.tis_ess == pytest.approx(3.5**2 / (2 * (1.5**2 + 2.0**2)))
+    assert stats.logprob_mismatch == pytest.approx((math.log(1.5) + math.log(3.0)) / 2)
+
+
+def test_aggregations_differ_as_documented():
+    # Two sequences: 1 token with A=1, 3 tokens with A=-1 (all on-policy).
+    args = (
+        [[-1.0, 0.0, 0.0, 0.0], [-1.0, -1.0, -1.0, 0.0]],
+        [[-1.0, 0.0, 0.0, 0.0], [-1.0, -1.0, -1.0, 0.0]],
+        [[-1.0, 0.0, 0.0, 0.0], [-1.0, -1.0, -1.0, 0.0]],
+        [[True] * 4, [True] * 4],
+        [1.0, -1.0],
+        [[1, 0, 0, 0], [1, 1, 1, 0]],
+    )
+    token_mean, _, _ = run(*args, aggregation="TokenMean")
+    seq_mean, _, _ = run(*args, aggregation="SequenceMean")
+    sum_norm, _, _ = run(*args, aggregation="TokenSumNorm", sum_norm=4.0)
+    assert token_mean == pytest.approx((-1 + 3) / 4)
+    assert seq_mean == pytest.approx((-1 + 1) / 2)
+    assert sum_norm == pytest.approx((-1 + 3) / (4.0 * 2))
+    with pytest.raises(ValueError):
+        run(*args, aggregation="Nope")
