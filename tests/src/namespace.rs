@@ -45,3 +45,13 @@ impl Drop for TestNamespace {
             .output();
     }
 }
+
+/// The usual start of a control-plane test: a client, floe's CRDs installed, and a fresh
+/// namespace `floe-test-<label>-…`.
+pub async fn with_crds(label: &str) -> anyhow::Result<(Client, TestNamespace)> {
+    let c = crate::cluster::cluster();
+    let client = c.client().await?;
+    c.install_crds(&client).await?;
+    let ns = TestNamespace::create(c, &client, label).await?;
+    Ok((client, ns))
+}

@@ -12,8 +12,8 @@ use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase, RolloutJobStatus};
 use floe_tests::kubelet::{FakeKubelet, Verdict};
+use floe_tests::namespace::with_crds;
 use floe_tests::operator::{eventually, eventually_within, Operator};
-use floe_tests::{cluster, TestNamespace};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -105,10 +105,7 @@ fn attempt(a: &Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash() -> Result<()> {
-    let c = cluster();
-    let client = c.client().await?;
-    c.install_crds(&client).await?;
-    let ns = TestNamespace::create(c, &client, "job").await?;
+    let (client, ns) = with_crds("job").await?;
     let mut operator = Operator::start(&ns.name, &[])?;
     create_pool(&client, &ns.name, "warm", 4).await?;
     // t6's first attempts fail in the infrastructure (retried, then scored); t7's sample 0
@@ -274,10 +271,7 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
-    let c = cluster();
-    let client = c.client().await?;
-    c.install_crds(&client).await?;
-    let ns = TestNamespace::create(c, &client, "jobctl").await?;
+    let (client, ns) = with_crds("jobctl").await?;
     let _operator = Operator::start(&ns.name, &[])?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
+use floe_tests::namespace::with_crds;
 use floe_tests::operator::{eventually, Operator};
-use floe_tests::{cluster, TestNamespace};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -40,10 +40,7 @@ async fn pool_pods(pods: &Api<Pod>, state: &str) -> Result<Vec<Pod>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
-    let c = cluster();
-    let client = c.client().await?;
-    c.install_crds(&client).await?;
-    let ns = TestNamespace::create(c, &client, "pool").await?;
+    let (client, ns) = with_crds("pool").await?;
     let operator = start_operator(&ns.name)?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -161,10 +158,7 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
-    let c = cluster();
-    let client = c.client().await?;
-    c.install_crds(&client).await?;
-    let ns = TestNamespace::create(c, &client, "leader").await?;
+    let (client, ns) = with_crds("leader").await?;
     let elect = |id: &'static str| -> Result<Operator> {
         Operator::start(
             &ns.name,
@@ -257,10 +251,7 @@ async fn event_reasons(client: &kube::Client, ns: &str) -> Result<Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_change_recreates_or_waits_for_replenishment_by_strategy() -> Result<()> {
-    let c = cluster();
-    let client = c.client().await?;
-    c.install_crds(&client).await?;
-    let ns = TestNamespace::create(c, &client, "strategy").await?;
+    let (client, ns) = with_crds("strategy").await?;
     let _operator = start_operator(&ns.name)?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
