@@ -63,7 +63,7 @@ VLLM_LONG_PID=$!
 export FLOE_TEST_VLLM_LONG_URL="http://127.0.0.1:$VLLM_LONG_PORT"
 
 t0=$(date +%s)
-scripts/trainer/test.sh "$VLLM_PYTHON"
+scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS"
 echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
 
 if ! cargo test --workspace --locked "$@"; then

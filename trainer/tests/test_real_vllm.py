@@ -1,0 +1,150 @@
+"""Against the real vLLM OpenAI server on CPU serving SmolLM2-135M-Instruct (a copy: this
+test changes its weights): sample a GRPO group through vLLM with token ids and logprobs, train
+one step, push the weights into the running server, and check that vLLM now serves exactly
+the trained policy. Needs FLOE_TEST_MODELS (scripts/test.sh sets it); never skips."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from floe_trainer.batching import GroupBuffer
+from floe_trainer.loss import LossConfig
+from floe_trainer.policy import make_batch, token_logprobs
+from floe_trainer.step import train_step
+from floe_trainer.vllm_sync import prompt_logprobs, push
+from floe_trainer.wire import Trace, parse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    models = os.environ.get("FLOE_TEST_MODELS")
+    assert models, "FLOE_TEST_MODELS must name the converted models (scripts/vllm-cpu/setup.sh)"
+    model_dir = tmp_path_factory.mktemp("policy") / "smollm2"
+    shutil.copytree(Path(models) / "smollm2-135m-instruct", model_dir)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(model_dir.parent / "vllm.log", "w")  # noqa: SIM115 (lives as long as the server)
+    server = subprocess.Popen(
+        [str(ROOT / "scripts/vllm-cpu/serve.sh"), sys.executable, str(model_dir), str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None, (model_dir.parent / "vllm.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vLLM did not start in 240 s"
+            time.sleep(1)
+    yield url, model_dir
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=60)
+
+
+def sample_group(url, prompt_ids, n):
+    body = {
+        "model": "policy",
+        "prompt": prompt_ids,
+        "max_tokens": 16,
+        "n": n,
+        "temperature": 1.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "seed": 7,
+    }
+    req = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())["choices"]
+
+
+def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
+    url, model_dir = served
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Name a fruit."}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    choices = sample_group(url, prompt, 4)
+    buffer = GroupBuffer(num_samples=4)
+    for i, c in enumerate(choices):
+        ids = c["token_ids"]
+        # A synthetic, verifiable reward: shorter answers score higher.
+        body = {
+            "format": "floe.trajectory/v1",
+            "session": f"j-fruit-{i}",
+            "task": "fruit",
+            "group": "j/fruit",
+            "sample": i,
+            "status": "completed",
+            "trainable": True,
+            "reward": 1.0 - len(ids) / 16 + 0.01 * i,
+            "builder": "per_request",
+            "policy_versions": [0],
+            "traces": [
+                {
+                    "prompt_token_ids": prompt,
+                    "response_token_ids": ids,
+                    "loss_mask": [1] * len(ids),
+                    "logprobs": c["logprobs"]["token_logprobs"],
+                }
+            ],
+        }
+        buffer.add(parse(body), now=0)
+    [group] = buffer.take_ready(now=0, policy_version=0)
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    probe = prompt + choices[0]["token_ids"]
+    trace = Trace(
+        prompt,
+        choices[0]["token_ids"],
+        [1] * len(choices[0]["token_ids"]),
+        [None] * len(choices[0]["token_ids"]),
+    )
+    # Before: the trainer and vLLM agree on the behaviour logprobs.
+    with torch.no_grad():
+        before_trainer = token_logprobs(model, make_batch([trace]))[0].tolist()
+    behaviour = choices[0]["logprobs"]["token_logprobs"]
+    assert max(abs(a - b) for a, b in zip(before_trainer, behaviour, strict=True)) < 1e-3
+    before_vllm = prompt_logprobs(url, "policy", probe)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    stats = train_step(model, opt, [group], LossConfig(), micro_batch_size=2)
+    assert stats.tokens == sum(len(c["token_ids"]) for c in choices)
+    assert stats.logprob_mismatch < 1e-3
+    timing = push(model, url, model_dir)
+    print(
+        f"\nweight push: save {timing['save_seconds']:.2f} s,"
+        f" paused {timing['paused_seconds']:.2f} s"
+    )
+
+    after_vllm = prompt_logprobs(url, "policy", probe)
+    with torch.no_grad():
+        after_trainer = token_logprobs(model, make_batch([trace]))[0].tolist()
+    n = len(after_trainer)
+    served_vs_trained = max(abs(a - b) for a, b in zip(after_vllm[-n:], after_trainer, strict=True))
+    moved = max(abs(a - b) for a, b in zip(after_vllm, before_vllm, strict=True))
+    print(f"served vs trained max |Δlogprob| {served_vs_trained:.2e}; moved by {moved:.3f}")
+    assert served_vs_trained < 2e-3, "vLLM serves the trained weights"
+    assert moved > 1e-2, "the push changed what vLLM serves"
