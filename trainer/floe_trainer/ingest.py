@@ -96,7 +96,10 @@ class Ingest:
 
 
 def make_server(
-    ingest: Ingest, address: tuple[str, int], status: Callable[[], dict]
+    ingest: Ingest,
+    address: tuple[str, int],
+    status: Callable[[], dict],
+    metrics: Callable[[], bytes] | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
@@ -123,6 +126,8 @@ def make_server(
                 return self._reply(200, "ok", "text/plain")
             if self.path == "/v1/status":
                 return self._reply(200, status())
+            if self.path == "/metrics" and metrics is not None:
+                return self._reply(200, metrics().decode(), "text/plain; version=0.0.4")
             self._reply(404, {"error": f"no route {self.path}"})
 
         def log_message(self, format, *args):  # noqa: A002 (quiet by default)

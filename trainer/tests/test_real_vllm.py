@@ -148,3 +148,104 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     print(f"served vs trained max |Δlogprob| {served_vs_trained:.2e}; moved by {moved:.3f}")
     assert served_vs_trained < 2e-3, "vLLM serves the trained weights"
     assert moved > 1e-2, "the push changed what vLLM serves"
+
+
+def post_json(url, body):
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.status
+
+
+def group_bodies(url, prompt, task):
+    bodies = []
+    for i, c in enumerate(sample_group(url, prompt, 4)):
+        ids = c["token_ids"]
+        bodies.append(
+            {
+                "format": "floe.trajectory/v1",
+                "session": f"j-{task}-{i}",
+                "task": task,
+                "group": f"j/{task}",
+                "sample": i,
+                "status": "completed",
+                "trainable": True,
+                "reward": 1.0 - len(ids) / 16 + 0.01 * i,
+                "builder": "per_request",
+                "policy_versions": [0],
+                "traces": [
+                    {
+                        "prompt_token_ids": prompt,
+                        "response_token_ids": ids,
+                        "loss_mask": [1] * len(ids),
+                        "logprobs": c["logprobs"]["token_logprobs"],
+                    }
+                ],
+            }
+        )
+    return bodies
+
+
+def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(served, tmp_path):
+    import threading
+
+    from floe_trainer.ingest import make_server
+    from floe_trainer.trainer import Trainer, TrainerConfig
+
+    url, model_dir = served
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Name a colour."}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    conf = {
+        "model": str(model_dir),
+        "policyUrl": url,
+        "numSamples": 4,
+        "grpo": {"groupsPerStep": 1, "learningRate": 1e-5, "microBatchSize": 2},
+        "checkpoint": {"everySteps": 1, "keep": 2},
+    }
+
+    def start():
+        t = Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))
+        srv = make_server(t.ingest, ("127.0.0.1", 0), t.status, t.metrics.render)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        return t, srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+    trainer, srv, ingest = start()
+    for body in group_bodies(url, prompt, "colour"):
+        assert post_json(f"{ingest}/v1/trajectories", body) == 200
+    stats = trainer.run_once()
+    assert stats is not None and stats.sequences == 4
+    status = json.loads(urllib.request.urlopen(f"{ingest}/v1/status").read())
+    assert (status["step"], status["policyVersion"]) == (1, 1)
+    # vLLM now serves the trained weights, reloaded from the trainer's own weights dir.
+    probe = prompt + [28, 29, 30]
+    with torch.no_grad():
+        mine = token_logprobs(
+            trainer.model, make_batch([Trace(prompt, [28, 29, 30], [1] * 3, [None] * 3)])
+        )[0].tolist()
+    served_lp = prompt_logprobs(url, "policy", probe)[-3:]
+    assert max(abs(a - b) for a, b in zip(served_lp, mine, strict=True)) < 2e-3
+    metrics = urllib.request.urlopen(f"{ingest}/metrics").read().decode()
+    assert "floe_trainer_step 1.0" in metrics
+    assert 'floe_trainer_step_phase_seconds_count{phase="sync"} 1.0' in metrics
+
+    # Acknowledged but not yet trained when the trainer dies.
+    for body in group_bodies(url, prompt, "shade"):
+        assert post_json(f"{ingest}/v1/trajectories", body) == 200
+    srv.shutdown()
+    srv.server_close()
+    del trainer
+
+    trainer, srv, ingest = start()
+    assert (trainer.state.step, trainer.state.policy_version) == (1, 1), "resumed at the checkpoint"
+    assert list(trainer.buffer.pending) == ["j/shade"], "replayed: only what was not trained"
+    assert trainer.run_once() is not None
+    assert (trainer.state.step, trainer.state.policy_version) == (2, 2)
+    assert sorted(p.name for p in (tmp_path / "state/checkpoints").glob("ckpt-*")) == [
+        "ckpt-1",
+        "ckpt-2",
+    ]
+    srv.shutdown()

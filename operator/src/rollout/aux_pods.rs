@@ -5,6 +5,8 @@
 pub const VLLM_PORT: i32 = 8000;
 /// Trajectory ingest (trainer or dataset collector): `POST /v1/trajectories`.
 pub const INGEST_PORT: i32 = 8100;
+/// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
+pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
 /// vLLM's `--served-model-name` in the trainer pod; the gateways ask for this model.
 pub const SERVED_MODEL: &str = "policy";
 
@@ -190,8 +192,16 @@ pub fn trainer(job: &RolloutJob) -> Result<Option<AuxObjects>, serde_json::Error
     if train.gpus > 0 {
         trainer_resources["limits"]["nvidia.com/gpu"] = json!(train.gpus.to_string());
     }
-    let mut mounts = vec![json!({"name": "shm", "mountPath": "/dev/shm"})];
-    let mut volumes = vec![json!({"name": "shm", "emptyDir": {"medium": "Memory"}})];
+    // The trainer writes new weights under its state directory and tells vLLM to reload them
+    // from there: both containers mount it (the model volume is read-only).
+    let mut mounts = vec![
+        json!({"name": "shm", "mountPath": "/dev/shm"}),
+        json!({"name": "trainer-state", "mountPath": TRAINER_STATE_DIR}),
+    ];
+    let mut volumes = vec![
+        json!({"name": "shm", "emptyDir": {"medium": "Memory"}}),
+        json!({"name": "trainer-state", "emptyDir": {}}),
+    ];
     if let Some(claim) = &train.model_claim_name {
         mounts.push(json!({"name": "models", "mountPath": "/models", "readOnly": true}));
         volumes.push(json!({"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}));
@@ -224,7 +234,8 @@ pub fn trainer(job: &RolloutJob) -> Result<Option<AuxObjects>, serde_json::Error
                 },
                 {
                     "name": "trainer", "image": train.image, "command": ["floe-trainer"], "args": ["serve"],
-                    "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config}],
+                    "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config},
+                            {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR}],
                     "ports": [{"name": "ingest", "containerPort": INGEST_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 5},
                     "resources": trainer_resources,
@@ -322,6 +333,19 @@ mod tests {
                 .unwrap_or_default();
         assert_eq!(config["numSamples"], 4);
         assert_eq!(config["checkpoint"]["dir"], "/checkpoints");
+        let mounts = |c: &Value| -> Vec<String> {
+            c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["mountPath"].as_str().map(String::from))
+                .collect()
+        };
+        assert!(
+            mounts(vllm).contains(&TRAINER_STATE_DIR.to_string()),
+            "vLLM reads the pushed weights"
+        );
+        assert!(mounts(trainer).contains(&TRAINER_STATE_DIR.to_string()));
         assert_eq!(pod["spec"]["nodeSelector"]["gpu"], "h100");
         let names: Vec<_> = aux
             .services

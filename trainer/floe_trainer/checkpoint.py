@@ -1,0 +1,55 @@
+"""Checkpoints: ``DIR/ckpt-<step>/`` with the model (safetensors + config), the optimizer, and
+``state.json`` (step, policy version, the sessions trained so far). Written to a temporary
+directory and renamed, so a checkpoint is whole or absent; the oldest beyond ``keep`` go."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class State:
+    step: int = 0
+    policy_version: int = 0
+    last_step_time: str | None = None
+    trained_sessions: list[str] = field(default_factory=list)
+
+
+def latest(directory: Path) -> Path | None:
+    found = sorted(
+        (p for p in directory.glob("ckpt-*") if p.is_dir() and (p / "state.json").exists()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    return found[-1] if found else None
+
+
+def save(directory: Path, model, optimizer: torch.optim.Optimizer, state: State, keep: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"ckpt-{state.step}"
+    tmp = directory / f".ckpt-{state.step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state.__dict__))
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    old = sorted(
+        (p for p in directory.glob("ckpt-*") if p.is_dir()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    for p in old[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def load_state(path: Path) -> State:
+    return State(**json.loads((path / "state.json").read_text()))

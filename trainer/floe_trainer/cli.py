@@ -1,0 +1,65 @@
+"""``floe-trainer serve``: the trainer container of a RolloutJob's trainer pod. Reads the
+operator's ``FLOE_TRAINER_CONFIG`` (JSON), serves ingest / status / metrics on
+``ingestListen`` and trains until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from .ingest import make_server
+from .trainer import Trainer, TrainerConfig
+
+log = logging.getLogger("floe_trainer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="floe-trainer")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="ingest trajectories and train (the trainer pod)")
+    s.add_argument("--config", help="JSON file (default: $FLOE_TRAINER_CONFIG)")
+    s.add_argument("--state-dir", default=os.environ.get("FLOE_TRAINER_STATE", "/tmp/floe-trainer"))
+    s.add_argument("--poll-seconds", type=float, default=1.0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    raw = Path(args.config).read_text() if args.config else os.environ.get("FLOE_TRAINER_CONFIG")
+    if not raw:
+        p.error("no configuration: --config FILE or FLOE_TRAINER_CONFIG")
+    conf = json.loads(raw)
+    trainer = Trainer(TrainerConfig.from_operator(conf, Path(args.state_dir)))
+    host, _, port = conf.get("ingestListen", "0.0.0.0:8100").rpartition(":")
+    server = make_server(trainer.ingest, (host, int(port)), trainer.status, trainer.metrics.render)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log.info(
+        "serving on %s:%s; step %d, policy version %d",
+        host,
+        port,
+        trainer.state.step,
+        trainer.state.policy_version,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set():
+        stats = trainer.run_once()
+        if stats is None:
+            stop.wait(args.poll_seconds)
+        else:
+            log.info(
+                "step %d: loss %.4f reward %.3f tokens %d",
+                trainer.state.step,
+                stats.loss,
+                stats.reward_mean,
+                stats.tokens,
+            )
+    server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The trainer's Prometheus metrics (``/metrics``), ``floe_trainer_*``. GPU utilization comes
+from NVML (``nvidia-ml-py``) when a GPU is there; on CPU the GPU series are absent, not 0."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import Counter as PCounter
+
+from .step import StepStats
+
+STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.step_g = Gauge("floe_trainer_step", "Optimizer steps taken", registry=r)
+        self.version = Gauge(
+            "floe_trainer_policy_version", "Weights version vLLM serves", registry=r
+        )
+        self.loss = Gauge("floe_trainer_loss", "Policy loss of the last step", registry=r)
+        self.reward = Gauge(
+            "floe_trainer_reward_mean", "Mean reward of the last step's groups", registry=r
+        )
+        self.pass_rate = Gauge(
+            "floe_trainer_pass_rate", "Pass rate of the last step's groups", registry=r
+        )
+        self.clip = Gauge("floe_trainer_clip_fraction", "Fraction of tokens clipped", registry=r)
+        self.tis_mean = Gauge("floe_trainer_tis_ratio_mean", "Mean truncated IS weight", registry=r)
+        self.tis_ess = Gauge(
+            "floe_trainer_tis_ess", "Effective sample size of the IS weights (0-1)", registry=r
+        )
+        self.mismatch = Gauge(
+            "floe_trainer_logprob_mismatch",
+            "Mean |trainer - vLLM| logprob on sampled tokens",
+            registry=r,
+        )
+        self.grad_norm = Gauge(
+            "floe_trainer_grad_norm", "Gradient norm before clipping", registry=r
+        )
+        self.tokens = PCounter("floe_trainer_tokens", "Trained tokens", registry=r)
+        self.tokens_per_s = Gauge(
+            "floe_trainer_tokens_per_second", "Trained tokens per second of training", registry=r
+        )
+        self.phase = Histogram(
+            "floe_trainer_step_phase_seconds",
+            "Step time by phase: wait (for data), train, sync (weights to vLLM)",
+            ["phase"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        )
+        self.dropped_g = Gauge(
+            "floe_trainer_dropped_total",
+            "Trajectories or groups dropped, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.gpu = Gauge(
+            "floe_trainer_gpu_utilization", "GPU utilization percent (NVML)", ["gpu"], registry=r
+        )
+        self._nvml = _nvml()
+
+    def progress(self, step: int, version: int) -> None:
+        self.step_g.set(step)
+        self.version.set(version)
+
+    def dropped(self, counts: Counter) -> None:
+        for reason, n in counts.items():
+            self.dropped_g.labels(reason).set(n)
+
+    def step(self, s: StepStats, pass_rate: float, wait: float, train: float, sync: float) -> None:
+        self.loss.set(s.loss)
+        self.reward.set(s.reward_mean)
+        self.pass_rate.set(pass_rate)
+        self.clip.set(s.clip_fraction)
+        self.tis_mean.set(s.tis_mean)
+        self.tis_ess.set(s.tis_ess)
+        self.mismatch.set(s.logprob_mismatch)
+        self.grad_norm.set(s.grad_norm)
+        self.tokens.inc(s.tokens)
+        self.tokens_per_s.set(s.tokens / train if train > 0 else 0)
+        for phase, secs in (("wait", wait), ("train", train), ("sync", sync)):
+            self.phase.labels(phase).observe(secs)
+
+    def render(self) -> bytes:
+        if self._nvml is not None:
+            for i, util in self._nvml().items():
+                self.gpu.labels(str(i)).set(util)
+        return generate_latest(self.registry)
+
+
+def _nvml():
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception:  # no NVML library or no GPU: no GPU series
+        return None
+
+    def read() -> dict[int, float]:
+        return {
+            i: float(pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(i)).gpu)
+            for i in range(count)
+        }
+
+    return read

@@ -1,0 +1,179 @@
+"""The trainer loop: trajectories arrive (ingest), groups become ready (batching), every
+``groups_per_step`` ready groups make one optimizer step, the new weights go to vLLM and the
+policy version goes up; checkpoints every ``every_steps``. A restart resumes from the latest
+checkpoint (model, optimizer, step, policy version, pushed back into vLLM) and replays every
+acknowledged trajectory not trained before that checkpoint."""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from . import checkpoint
+from .batching import Group, GroupBuffer
+from .ingest import Ingest, Store
+from .loss import LossConfig
+from .metrics import Metrics
+from .step import StepStats, train_step
+from .vllm_sync import push
+from .wire import Trajectory
+
+
+@dataclass
+class TrainerConfig:
+    model: str
+    policy_url: str
+    state_dir: Path
+    num_samples: int
+    pass_threshold: float = 1.0
+    learning_rate: float = 1e-6
+    advantage: str = "MeanStd"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.28
+    tis_cap: float = 2.0
+    loss_aggregation: str = "TokenMean"
+    groups_per_step: int = 8
+    micro_batch_size: int = 4
+    max_grad_norm: float = 1.0
+    min_group_fraction: float = 1.0
+    group_grace_seconds: float = 300.0
+    max_staleness: int = 1
+    checkpoint_every: int = 50
+    checkpoint_keep: int = 3
+    checkpoint_dir: Path | None = None
+
+    @staticmethod
+    def from_operator(c: dict, state_dir: Path) -> TrainerConfig:
+        """The JSON the operator puts in ``FLOE_TRAINER_CONFIG`` (docs/trainer.md)."""
+        g = c.get("grpo", {})
+        ck = c.get("checkpoint") or {}
+        return TrainerConfig(
+            model=c["model"],
+            policy_url=c.get("policyUrl", "http://127.0.0.1:8000"),
+            state_dir=state_dir,
+            num_samples=int(c["numSamples"]),
+            pass_threshold=float(c.get("passThreshold", 1.0)),
+            learning_rate=float(g.get("learningRate", 1e-6)),
+            advantage=g.get("advantage", "MeanStd"),
+            epsilon_low=float(g.get("epsilonLow", 0.2)),
+            epsilon_high=float(g.get("epsilonHigh", 0.28)),
+            tis_cap=float(g.get("tisCap", 2.0)),
+            loss_aggregation=g.get("lossAggregation", "TokenMean"),
+            groups_per_step=int(g.get("groupsPerStep", 8)),
+            micro_batch_size=int(g.get("microBatchSize", 4)),
+            max_grad_norm=float(g.get("maxGradNorm", 1.0)),
+            min_group_fraction=float(g.get("minGroupFraction", 1.0)),
+            group_grace_seconds=float(g.get("groupGraceSeconds", 300)),
+            max_staleness=int(c.get("maxStaleness", 1)),
+            checkpoint_every=int(ck.get("everySteps", 50)),
+            checkpoint_keep=int(ck.get("keep", 3)),
+            checkpoint_dir=Path(ck["dir"]) if ck.get("dir") else None,
+        )
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig) -> None:
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.lock = threading.Lock()
+        self.ckpt_dir = cfg.checkpoint_dir or cfg.state_dir / "checkpoints"
+        # vLLM reloads from here (the model volume is read-only in the pod).
+        self.weights_dir = cfg.state_dir / "weights"
+        self.buffer = GroupBuffer(
+            cfg.num_samples,
+            cfg.min_group_fraction,
+            cfg.group_grace_seconds,
+            cfg.max_staleness,
+            cfg.advantage,
+        )
+        self.ready: list[Group] = []
+        resume = checkpoint.latest(self.ckpt_dir)
+        self.state = checkpoint.load_state(resume) if resume else checkpoint.State()
+        self.model = AutoModelForCausalLM.from_pretrained(resume or cfg.model, dtype=torch.float32)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate)
+        if resume and (resume / "optimizer.pt").exists():
+            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt"))
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(resume or cfg.model) / "config.json", self.weights_dir / "config.json")
+        if resume:
+            # vLLM may serve weights newer than the checkpoint: serve the checkpoint's again.
+            push(self.model, cfg.policy_url, self.weights_dir)
+        self.store = Store(cfg.state_dir / "ingest")
+        self.ingest = Ingest(self.store, self.add)
+        trained = set(self.state.trained_sessions)
+        for t in self.store.load():
+            if t.session not in trained:
+                self.buffer.add(t, time.time())
+        self.loss_cfg = LossConfig(
+            epsilon_low=cfg.epsilon_low,
+            epsilon_high=cfg.epsilon_high,
+            tis_cap=cfg.tis_cap,
+            aggregation=cfg.loss_aggregation,
+        )
+        self.metrics.progress(self.state.step, self.state.policy_version)
+        self.waiting_since = time.monotonic()
+
+    def add(self, t: Trajectory) -> None:
+        with self.lock:
+            self.buffer.add(t, time.time())
+
+    def run_once(self, now: float | None = None) -> StepStats | None:
+        """Train one step if enough groups are ready; the loop calls this."""
+        now = time.time() if now is None else now
+        with self.lock:
+            self.ready += self.buffer.take_ready(now, self.state.policy_version)
+            self.metrics.dropped(self.buffer.dropped)
+            if len(self.ready) < self.cfg.groups_per_step:
+                return None
+            groups, self.ready = (
+                self.ready[: self.cfg.groups_per_step],
+                self.ready[self.cfg.groups_per_step :],
+            )
+        waited = time.monotonic() - self.waiting_since
+        t0 = time.monotonic()
+        stats = train_step(
+            self.model,
+            self.optimizer,
+            groups,
+            self.loss_cfg,
+            self.cfg.micro_batch_size,
+            self.cfg.max_grad_norm,
+        )
+        t1 = time.monotonic()
+        push(self.model, self.cfg.policy_url, self.weights_dir)
+        t2 = time.monotonic()
+        s = self.state
+        s.step += 1
+        s.policy_version += 1
+        s.last_step_time = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        s.trained_sessions += [t.session for g in groups for t in g.trajectories]
+        rewards = [r for g in groups for r in g.rewards]
+        passed = sum(r >= self.cfg.pass_threshold for r in rewards) / max(len(rewards), 1)
+        self.metrics.step(stats, passed, waited, t1 - t0, t2 - t1)
+        self.metrics.progress(s.step, s.policy_version)
+        if s.step % self.cfg.checkpoint_every == 0:
+            checkpoint.save(self.ckpt_dir, self.model, self.optimizer, s, self.cfg.checkpoint_keep)
+        self.waiting_since = time.monotonic()
+        return stats
+
+    def status(self) -> dict:
+        with self.lock:
+            return {
+                "step": self.state.step,
+                "policyVersion": self.state.policy_version,
+                "lastStepTime": self.state.last_step_time,
+                "pendingGroups": len(self.buffer.pending),
+                "readyGroups": len(self.ready),
+                "dropped": dict(self.buffer.dropped),
+                "ingest": dict(self.ingest.counts),
+            }
+
+    def state_dict(self) -> dict:
+        return asdict(self.state)
