@@ -54,6 +54,11 @@ class TrainerConfig:
         """The JSON the operator puts in ``FLOE_TRAINER_CONFIG`` (docs/trainer.md)."""
         g = c.get("grpo", {})
         ck = c.get("checkpoint") or {}
+        # Not silently ignored: a job asking for what this trainer cannot do yet is refused.
+        if float(g.get("klCoef", 0) or 0) > 0:
+            raise ValueError("grpo.klCoef > 0 (KL to a reference model) is not supported yet")
+        if g.get("gradientCheckpointing"):
+            raise ValueError("grpo.gradientCheckpointing is not supported yet")
         return TrainerConfig(
             model=c["model"],
             policy_url=c.get("policyUrl", "http://127.0.0.1:8000"),
