@@ -28,11 +28,14 @@ MAX_TOKENS = 24
 PROMPTS = ["Name a fruit.", "Name a colour.", "Name an animal.", "Name a country."]
 
 
-def sample(url: str, prompt: list[int], n: int, seed: int) -> list[dict]:
+def sample(
+    url: str, prompt: list[int], n: int, seed: int, max_tokens: int = MAX_TOKENS
+) -> list[dict]:
+    """``n`` completions of ``prompt`` from vLLM, with their token ids and logprobs."""
     body = {
         "model": "policy",
         "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "n": n,
         "temperature": 1.0,
         "logprobs": 0,
@@ -46,6 +49,39 @@ def sample(url: str, prompt: list[int], n: int, seed: int) -> list[dict]:
     )
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())["choices"]
+
+
+def trajectory(
+    session: str,
+    group: str,
+    sample_index: int,
+    prompt: list[int],
+    choice: dict,
+    reward_: float,
+    version: int = 0,
+) -> dict:
+    """A one-call trajectory in the wire format from a vLLM completion choice."""
+    ids = choice["token_ids"]
+    return {
+        "format": "floe.trajectory/v1",
+        "session": session,
+        "task": group.rpartition("/")[2],
+        "group": group,
+        "sample": sample_index,
+        "status": "completed",
+        "trainable": True,
+        "reward": reward_,
+        "builder": "per_request",
+        "policy_versions": [version],
+        "traces": [
+            {
+                "prompt_token_ids": prompt,
+                "response_token_ids": ids,
+                "loss_mask": [1] * len(ids),
+                "logprobs": choice["logprobs"]["token_logprobs"],
+            }
+        ],
+    }
 
 
 def reward(token_ids: list[int]) -> float:
@@ -77,29 +113,8 @@ def run(url: str, model_dir: Path, steps: int, group_size: int = 8, lr: float = 
             for i, c in enumerate(sample(url, prompt, group_size, seed=step * 100 + gi)):
                 r = reward(c["token_ids"])
                 rewards.append(r)
-                buffer.add(
-                    parse(
-                        {
-                            "format": "floe.trajectory/v1",
-                            "session": f"s{step}-{gi}-{i}",
-                            "task": str(gi),
-                            "group": f"g{step}-{gi}",
-                            "sample": i,
-                            "trainable": True,
-                            "reward": r,
-                            "policy_versions": [step],
-                            "traces": [
-                                {
-                                    "prompt_token_ids": prompt,
-                                    "response_token_ids": c["token_ids"],
-                                    "loss_mask": [1] * len(c["token_ids"]),
-                                    "logprobs": c["logprobs"]["token_logprobs"],
-                                }
-                            ],
-                        }
-                    ),
-                    now=0,
-                )
+                body = trajectory(f"s{step}-{gi}-{i}", f"g{step}/{gi}", i, prompt, c, r, step)
+                buffer.add(parse(body), now=0)
         groups = buffer.take_ready(now=0, policy_version=step)
         t0 = time.monotonic()
         if groups:

@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from floe_trainer.batching import GroupBuffer
+from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.loss import LossConfig
 from floe_trainer.policy import make_batch, token_logprobs
 from floe_trainer.step import train_step
@@ -59,24 +60,15 @@ def served(tmp_path_factory):
     server.wait(timeout=60)
 
 
-def sample_group(url, prompt_ids, n):
-    body = {
-        "model": "policy",
-        "prompt": prompt_ids,
-        "max_tokens": 16,
-        "n": n,
-        "temperature": 1.0,
-        "logprobs": 0,
-        "return_token_ids": True,
-        "seed": 7,
-    }
-    req = urllib.request.Request(
-        f"{url}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())["choices"]
+def group_bodies(url, prompt, task):
+    """A group of 4 sampled from vLLM; reward: shorter answers score higher (+ a tie-break)."""
+    choices = sample(url, prompt, 4, seed=7, max_tokens=16)
+    return [
+        trajectory(
+            f"j-{task}-{i}", f"j/{task}", i, prompt, c, 1.0 - len(c["token_ids"]) / 16 + 0.01 * i
+        )
+        for i, c in enumerate(choices)
+    ]
 
 
 def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
@@ -86,52 +78,27 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
         [{"role": "user", "content": "Name a fruit."}], add_generation_prompt=True, tokenize=False
     )
     prompt = tok(text, add_special_tokens=False)["input_ids"]
-    choices = sample_group(url, prompt, 4)
+    bodies = group_bodies(url, prompt, "fruit")
     buffer = GroupBuffer(num_samples=4)
-    for i, c in enumerate(choices):
-        ids = c["token_ids"]
-        # A synthetic, verifiable reward: shorter answers score higher.
-        body = {
-            "format": "floe.trajectory/v1",
-            "session": f"j-fruit-{i}",
-            "task": "fruit",
-            "group": "j/fruit",
-            "sample": i,
-            "status": "completed",
-            "trainable": True,
-            "reward": 1.0 - len(ids) / 16 + 0.01 * i,
-            "builder": "per_request",
-            "policy_versions": [0],
-            "traces": [
-                {
-                    "prompt_token_ids": prompt,
-                    "response_token_ids": ids,
-                    "loss_mask": [1] * len(ids),
-                    "logprobs": c["logprobs"]["token_logprobs"],
-                }
-            ],
-        }
+    for body in bodies:
         buffer.add(parse(body), now=0)
     [group] = buffer.take_ready(now=0, policy_version=0)
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    probe = prompt + choices[0]["token_ids"]
-    trace = Trace(
-        prompt,
-        choices[0]["token_ids"],
-        [1] * len(choices[0]["token_ids"]),
-        [None] * len(choices[0]["token_ids"]),
-    )
+    first = bodies[0]["traces"][0]
+    ids0 = first["response_token_ids"]
+    probe = prompt + ids0
+    trace = Trace(prompt, ids0, [1] * len(ids0), [None] * len(ids0))
     # Before: the trainer and vLLM agree on the behaviour logprobs.
     with torch.no_grad():
         before_trainer = token_logprobs(model, make_batch([trace]))[0].tolist()
-    behaviour = choices[0]["logprobs"]["token_logprobs"]
+    behaviour = first["logprobs"]
     assert max(abs(a - b) for a, b in zip(before_trainer, behaviour, strict=True)) < 1e-3
     before_vllm = prompt_logprobs(url, "policy", probe)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     stats = train_step(model, opt, [group], LossConfig(), micro_batch_size=2)
-    assert stats.tokens == sum(len(c["token_ids"]) for c in choices)
+    assert stats.tokens == sum(len(b["traces"][0]["response_token_ids"]) for b in bodies)
     assert stats.logprob_mismatch < 1e-3
     timing = push(model, url, model_dir)
     print(
@@ -156,35 +123,6 @@ def post_json(url, body):
     )
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.status
-
-
-def group_bodies(url, prompt, task):
-    bodies = []
-    for i, c in enumerate(sample_group(url, prompt, 4)):
-        ids = c["token_ids"]
-        bodies.append(
-            {
-                "format": "floe.trajectory/v1",
-                "session": f"j-{task}-{i}",
-                "task": task,
-                "group": f"j/{task}",
-                "sample": i,
-                "status": "completed",
-                "trainable": True,
-                "reward": 1.0 - len(ids) / 16 + 0.01 * i,
-                "builder": "per_request",
-                "policy_versions": [0],
-                "traces": [
-                    {
-                        "prompt_token_ids": prompt,
-                        "response_token_ids": ids,
-                        "loss_mask": [1] * len(ids),
-                        "logprobs": c["logprobs"]["token_logprobs"],
-                    }
-                ],
-            }
-        )
-    return bodies
 
 
 def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(served, tmp_path):
