@@ -255,17 +255,10 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         })
         .await;
     let uid = job.uid().unwrap_or_default();
-    {
-        let mut starved = ctx.starved.lock().unwrap_or_else(|e| e.into_inner());
-        let pending = (0..state.total)
-            .filter(|i| !state.completed.contains(*i) && !state.failed.contains(*i));
-        for index in pending
-            .filter(|i| !decided.claim.iter().any(|(c, _)| c == i))
-            .take(decided.starved as usize)
-        {
-            starved.insert((uid.clone(), index));
-        }
-    }
+    ctx.starved
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(decided.starved.iter().map(|i| (uid.clone(), *i)));
     // Each session gets its own READY pod; one that someone else took first (a conflict) just
     // waits for the next round.
     let pairs: Vec<((u32, u32), Pod)> = decided
@@ -843,10 +836,15 @@ async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action,
         Err(e) => return Err(e.into()),
     }
     ctx.metrics.forget_job(ns, &job.name_any());
+    let uid = job.uid().unwrap_or_default();
     ctx.validated
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(&job.uid().unwrap_or_default());
+        .remove(&uid);
+    ctx.starved
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|(u, _)| *u != uid);
     Ok(Action::await_change())
 }
 

@@ -122,8 +122,8 @@ pub struct JobPlan {
     /// Sessions to claim a READY pod for, as (index, attempt), lowest index first so GRPO
     /// groups fill together.
     pub claim: Vec<(u32, u32)>,
-    /// Sessions waiting because no READY pod was free.
-    pub starved: u32,
+    /// Sessions (indexes) that could start but found no READY pod free.
+    pub starved: Vec<u32>,
     /// The status after the folds.
     pub next: JobState,
     /// Pods holding a session after this plan (active, not released), plus the new claims.
@@ -204,7 +204,7 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
                 let attempt = next.retries.get(&index).copied().unwrap_or(0);
                 out.claim.push((index, attempt));
             } else {
-                out.starved += 1;
+                out.starved.push(index);
             }
         }
     }
@@ -245,7 +245,7 @@ mod tests {
     fn a_fresh_job_claims_as_many_sessions_as_ready_pods_lowest_first() {
         let p = plan(&job(8), &[], 3);
         assert_eq!(p.claim, [(0, 0), (1, 0), (2, 0)]);
-        assert_eq!(p.starved, 5);
+        assert_eq!(p.starved, [3, 4, 5, 6, 7]);
         assert_eq!(p.running, 3);
     }
 
@@ -260,7 +260,7 @@ mod tests {
         let p = plan(&j, &pods, 10);
         // One running, one just finished: two more may start; session 0 is held, 1 is done.
         assert_eq!(p.claim, [(2, 0), (3, 0)]);
-        assert_eq!(p.starved, 0);
+        assert!(p.starved.is_empty());
     }
 
     #[test]
@@ -387,6 +387,6 @@ mod tests {
         assert!(j.finished());
         let p = plan(&j, &[], 4);
         assert!(p.claim.is_empty());
-        assert_eq!(p.starved, 0);
+        assert!(p.starved.is_empty());
     }
 }
