@@ -1,6 +1,6 @@
 //! The RolloutJob controller: observe a job, its pool and its pods; let [`super::plan::plan`]
-//! decide; apply the plan in the crash-safe order (fold results into the status, then release
-//! pods, then claim and deliver); write the status.
+//! decide; apply the plan in the crash-safe order (fold results into the status first; then
+//! deliver and claim; then release the pods whose results are recorded); write the status.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -44,7 +44,8 @@ pub enum JobError {
 
 pub struct JobContext {
     pub client: Client,
-    /// The slim pod cache: READY pool pods and the job's own pods are read from it.
+    /// The slim pod cache: READY pool pods are read from it (a job's own pods are listed from
+    /// the apiserver, see `observe`).
     pods: Store<Pod>,
     tokens: Arc<crate::tokens::ControlTokens>,
     pub metrics: Arc<Metrics>,
@@ -123,6 +124,8 @@ pub fn error_policy(job: Arc<RolloutJob>, error: &JobError, _: Arc<JobContext>) 
 /// Everything one reconcile needs to know about where the job stands.
 struct Observed {
     name: String,
+    /// `numSamples` (at least 1).
+    samples: u32,
     tasks: Vec<Task>,
     hidden: BTreeMap<String, String>,
     control_port: i32,
@@ -155,13 +158,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     let previous = job.status.clone();
     if let Some(done) = previous.as_ref().and_then(|s| s.completion_time.clone()) {
         // Pods stopped at a deadline end after the job did: let them go too.
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-        let left = pods
-            .list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any())))
-            .await?;
-        for pod in left.items {
-            release(&pods, &pod.name_any()).await?;
-        }
+        release_all(ctx, job, &ns).await?;
         return after_completion(job, &jobs, &done, &now).await;
     }
 
@@ -169,10 +166,9 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         Ok(o) => o,
         Err(blocked) => return report_blocked(job, ctx, &jobs, &blocked, now).await,
     };
-    let samples = u32::try_from(job.spec.num_samples.max(1)).unwrap_or(1);
     let total = u32::try_from(observed.tasks.len())
         .unwrap_or(u32::MAX)
-        .saturating_mul(samples);
+        .saturating_mul(observed.samples);
     let mut state = job_state(job, previous.as_ref(), &now, total);
     let sessions: Vec<_> = observed
         .pods
@@ -521,12 +517,21 @@ async fn observe(
     ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
     Ok(Ok(Observed {
         name,
+        samples: u32::try_from(spec.num_samples.max(1)).unwrap_or(1),
         tasks,
         hidden,
         control_port: pool.spec.gateway.control_port,
         pods: owned,
         ready,
     }))
+}
+
+impl Observed {
+    /// The task and sample of a session index (task-major numbering).
+    fn session(&self, index: u32) -> Option<(&Task, u32)> {
+        let task = self.tasks.get((index / self.samples) as usize)?;
+        Some((task, index % self.samples))
+    }
 }
 
 /// Writes the status with the job's resourceVersion as a precondition; `None` on a conflict.
@@ -600,6 +605,19 @@ async fn release(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
     delete_pod(pods, name).await
 }
 
+/// Every pod of the job, released (a finished or deleted job).
+async fn release_all(ctx: &JobContext, job: &RolloutJob, ns: &str) -> Result<(), JobError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let owned = pods
+        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any())))
+        .await?;
+    for pod in owned.items {
+        ctx.tokens.forget(ns, &pod.name_any());
+        release(&pods, &pod.name_any()).await?;
+    }
+    Ok(())
+}
+
 async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
     Ok(crate::pool_controller::delete(pods, name).await?)
 }
@@ -616,13 +634,11 @@ async fn claim(
     index: u32,
     attempt: u32,
 ) -> Result<Option<Pod>, JobError> {
-    let samples = u32::try_from(job.spec.num_samples.max(1)).unwrap_or(1);
-    let task = o
-        .tasks
-        .get((index / samples) as usize)
-        .map(|t| t.id.clone())
-        .unwrap_or_default();
-    let session = session::session_id(&o.name, &task, index % samples, attempt);
+    let Some((task, sample)) = o.session(index) else {
+        tracing::error!(job = %o.name, index, "session index beyond the job's tasks");
+        return Ok(None);
+    };
+    let session = session::session_id(&o.name, &task.id, sample, attempt);
     let owner = job.controller_owner_ref(&());
     let patch = json!({"metadata": {
         "resourceVersion": pod.resource_version(),
@@ -716,8 +732,7 @@ async fn deliver(
     ) else {
         return;
     };
-    let samples = u32::try_from(job.spec.num_samples.max(1)).unwrap_or(1);
-    let Some(task) = o.tasks.get((index / samples) as usize) else {
+    let Some((task, sample)) = o.session(index) else {
         tracing::error!(%name, index, "session index beyond the job's tasks");
         return;
     };
@@ -726,7 +741,7 @@ async fn deliver(
         job: &o.name,
         spec: &job.spec,
         task,
-        sample: index % samples,
+        sample,
         attempt,
         sink: &sink,
         upstream_url,
@@ -735,10 +750,11 @@ async fn deliver(
     });
     let ns = job.namespace().unwrap_or_default();
     let token = match ctx.tokens.get(&ns, &name) {
-        Some(t) => Some(t),
+        Some(t) => t,
+        // Not created by this operator process (it restarted): read the Secret once.
         None => {
             let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-            match secrets.get(&format!("{name}-control")).await {
+            let read = match secrets.get(&format!("{name}-control")).await {
                 Ok(s) => s.data.and_then(|d| {
                     d.get(CONTROL_TOKEN_KEY)
                         .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
@@ -747,13 +763,12 @@ async fn deliver(
                     tracing::warn!(%name, "control token: {e}");
                     None
                 }
-            }
+            };
+            let Some(t) = read else { return };
+            ctx.tokens.remember(&ns, &name, &t);
+            t
         }
     };
-    if let Some(t) = &token {
-        ctx.tokens.remember(&ns, &name, t);
-    }
-    let Some(token) = token else { return };
     let url = format!(
         "http://{}/floe/v1/assignments",
         join_host_port(&ip, o.control_port)
@@ -761,7 +776,7 @@ async fn deliver(
     let sent = ctx
         .http
         .post(&url)
-        .bearer_auth(token.trim())
+        .bearer_auth(&token)
         .json(&assignment)
         .send()
         .await;
@@ -808,13 +823,7 @@ fn join_host_port(ip: &str, port: i32) -> String {
 /// A deleted job: its pods' finalizers come off (garbage collection deletes them), then its
 /// own.
 async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action, JobError> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let owned = pods
-        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any())))
-        .await?;
-    for pod in owned.items {
-        release(&pods, &pod.name_any()).await?;
-    }
+    release_all(ctx, job, ns).await?;
     let rest: Vec<String> = job
         .finalizers()
         .iter()
