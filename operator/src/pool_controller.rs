@@ -2,7 +2,7 @@
 //! out the plan (create pods with their control-token Secrets, delete), mark pods whose
 //! readiness probe passed as READY, and write the pool's status.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -92,14 +92,15 @@ impl PoolContext {
 
     /// Settle expectations against what the cache shows: (created, not yet seen), (deleted,
     /// still shown).
-    fn pending(&self, key: &str, cached: &[Arc<Pod>]) -> (Vec<String>, Vec<String>) {
+    fn pending(&self, key: &str, cached: &[Arc<Pod>]) -> (Vec<String>, HashSet<String>) {
         let mut e = self.expected.lock().unwrap_or_else(|e| e.into_inner());
         let entry = e.entry(key.to_string()).or_default();
-        let shown = |name: &str| {
-            cached
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(name))
-        };
+        // By name once: a burst of expectations against thousands of cached pods stays linear.
+        let by_name: HashMap<&str, &Pod> = cached
+            .iter()
+            .filter_map(|p| Some((p.metadata.name.as_deref()?, p.as_ref())))
+            .collect();
+        let shown = |name: &str| by_name.get(name).copied();
         entry
             .creates
             .retain(|name, at| at.elapsed() < EXPECTATION_TTL && shown(name).is_none());
