@@ -83,7 +83,9 @@ pub struct Sessions {
     by_token: RwLock<HashMap<String, Arc<Session>>>,
 }
 
-fn valid_id(id: &str) -> bool {
+/// A session id is a directory or file name on the capture volume and in a dataset: 1–253
+/// characters of `[A-Za-z0-9._-]`, not starting with a dot.
+pub fn valid_id(id: &str) -> bool {
     (1..=253).contains(&id.len())
         && id
             .bytes()

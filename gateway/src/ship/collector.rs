@@ -77,14 +77,6 @@ fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into()}))).into_response()
 }
 
-fn safe_session(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && !s.starts_with('.')
-}
-
 async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Response {
     let trajectory: Trajectory = match serde_json::from_slice(&body) {
         Ok(t) => t,
@@ -95,7 +87,7 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
             )
         }
     };
-    if !safe_session(&trajectory.session) {
+    if !crate::server::sessions::valid_id(&trajectory.session) {
         return refuse(
             StatusCode::BAD_REQUEST,
             format!(
