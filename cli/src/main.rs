@@ -20,8 +20,24 @@ mod trajectories;
     about = "RL rollouts over unmodified coding-agent harnesses, on Kubernetes"
 )]
 struct Cli {
+    /// Log lines as text or as JSON objects (one per line, for log pipelines). The level comes
+    /// from `FLOE_LOG` (`info` by default; e.g. `FLOE_LOG=debug,kube=info`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "FLOE_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -123,13 +139,16 @@ fn main() -> ExitCode {
     } else {
         "info"
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FLOE_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use floe_operator::client_rate::RateLimit;
 use floe_operator::leader::LeaseConfig;
 use floe_operator::run::{run, OperatorConfig};
 
@@ -49,12 +50,20 @@ pub struct OperatorArgs {
     /// This replica's name in the Lease (default: `POD_NAME`, else host-pid).
     #[arg(long)]
     identity: Option<String>,
+    /// Apiserver requests per second, sustained (client-side token bucket; 0 = no limit).
+    #[arg(long, default_value_t = 50.0)]
+    kube_qps: f64,
+    /// Apiserver requests allowed at once above `--kube-qps` (the bucket's size).
+    #[arg(long, default_value_t = 100)]
+    kube_burst: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
     #[error("kubeconfig {0}: {1}")]
     Kubeconfig(PathBuf, String),
+    #[error("no kubeconfig and not in a cluster: {0}")]
+    Infer(String),
     #[error("cannot reach the apiserver: {0}")]
     Client(#[from] kube::Error),
     #[error("cannot start the async runtime: {0}")]
@@ -62,18 +71,26 @@ pub enum OperatorError {
 }
 
 async fn client(args: &OperatorArgs) -> Result<kube::Client, OperatorError> {
-    match &args.kubeconfig {
+    let config = match &args.kubeconfig {
         Some(path) => {
             let bad =
                 |e: &dyn std::fmt::Display| OperatorError::Kubeconfig(path.clone(), e.to_string());
             let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
-            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
-                .map_err(|e| bad(&e))?;
-            Ok(kube::Client::try_from(config)?)
+                .map_err(|e| bad(&e))?
         }
-        None => Ok(kube::Client::try_default().await?),
-    }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| OperatorError::Infer(e.to_string()))?,
+    };
+    let limit = RateLimit {
+        qps: args.kube_qps,
+        burst: args.kube_burst,
+    };
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&limit)
+        .build())
 }
 
 pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
