@@ -53,7 +53,8 @@ impl Bucket {
     }
 
     fn unlimited(&self) -> bool {
-        !(self.limit.qps > 0.0)
+        // NaN counts as "no limit" too.
+        self.limit.qps.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
     }
 
     /// Take a token at `now`, or say how long until one is there.
