@@ -5,9 +5,15 @@
 //! `floe_pool_desired`, `floe_pool_claimed{namespace,pool}`, `floe_leader` (1 on the replica
 //! that holds the lease); for RolloutJobs `floe_claims_total{kind=warm|cold}` (cold: the
 //! session had to wait for a pod to warm up), `floe_claim_latency_seconds` (session claimed →
-//! assignment acknowledged by the pod's gateway), `floe_sessions{namespace,job,state}` and the
+//! assignment acknowledged by the pod's gateway), `floe_sessions{namespace,rolloutjob,state}`,
+//! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` (each
+//! finished pod's result as it is folded into status), `floe_sessions_waiting_for_pod{namespace,
+//! rolloutjob,pool}` (sessions the last reconcile could not give a READY pod) and the
 //! `floe_session_reward` summary (sum and count per job, from the job's status, so exact
 //! across operator restarts).
+//!
+//! The job label is `rolloutjob`, not `job`: Prometheus owns `job` (the scrape job), and a
+//! target's `job` would be renamed `exported_job` or, with `honorLabels`, replace it.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -29,6 +35,8 @@ pub struct Metrics {
     pub claims: IntCounterVec,
     pub claim_latency: prometheus::Histogram,
     pub sessions: IntGaugeVec,
+    pub session_results: IntCounterVec,
+    pub waiting_for_pod: IntGaugeVec,
     /// (namespace, job) → (scored sessions, reward sum).
     rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
@@ -89,7 +97,21 @@ impl Metrics {
         )?;
         let sessions = IntGaugeVec::new(
             Opts::new("floe_sessions", "Sessions of a RolloutJob by state"),
-            &["namespace", "job", "state"],
+            &["namespace", "rolloutjob", "state"],
+        )?;
+        let session_results = IntCounterVec::new(
+            Opts::new(
+                "floe_session_results_total",
+                "Finished session pods folded into a RolloutJob's status, by result (scored; retried or failed: infrastructure)",
+            ),
+            &["namespace", "rolloutjob", "result"],
+        )?;
+        let waiting_for_pod = IntGaugeVec::new(
+            Opts::new(
+                "floe_sessions_waiting_for_pod",
+                "Sessions of a RolloutJob that found no READY pod in its GatewayPool at the last reconcile",
+            ),
+            &["namespace", "rolloutjob", "pool"],
         )?;
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
@@ -102,6 +124,8 @@ impl Metrics {
             Box::new(claims.clone()),
             Box::new(claim_latency.clone()),
             Box::new(sessions.clone()),
+            Box::new(session_results.clone()),
+            Box::new(waiting_for_pod.clone()),
         ] {
             registry.register(c)?;
         }
@@ -117,16 +141,28 @@ impl Metrics {
             claims,
             claim_latency,
             sessions,
+            session_results,
+            waiting_for_pod,
             rewards: Mutex::default(),
         })
     }
 
     /// A deleted job's series go away.
-    pub fn forget_job(&self, namespace: &str, job: &str) {
+    pub fn forget_job(&self, namespace: &str, job: &str, pool: Option<&str>) {
         let mut r = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
         r.remove(&(namespace.to_string(), job.to_string()));
         for state in ["pending", "running", "succeeded", "failed"] {
             let _ = self.sessions.remove_label_values(&[namespace, job, state]);
+        }
+        for result in ["scored", "retried", "failed"] {
+            let _ = self
+                .session_results
+                .remove_label_values(&[namespace, job, result]);
+        }
+        if let Some(pool) = pool {
+            let _ = self
+                .waiting_for_pod
+                .remove_label_values(&[namespace, job, pool]);
         }
     }
 
@@ -146,7 +182,11 @@ impl Metrics {
             text.push_str("# HELP floe_session_reward Rewards of scored sessions\n");
             text.push_str("# TYPE floe_session_reward summary\n");
             for ((ns, job), (count, sum)) in r.iter() {
-                let labels = format!("namespace=\"{}\",job=\"{}\"", escape(ns), escape(job));
+                let labels = format!(
+                    "namespace=\"{}\",rolloutjob=\"{}\"",
+                    escape(ns),
+                    escape(job)
+                );
                 text.push_str(&format!("floe_session_reward_sum{{{labels}}} {sum}\n"));
                 text.push_str(&format!("floe_session_reward_count{{{labels}}} {count}\n"));
             }

@@ -236,7 +236,7 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
     })
     .await?;
     let line = format!(
-        "floe_session_reward_count{{namespace=\"{}\",job=\"big\"}} 31",
+        "floe_session_reward_count{{namespace=\"{}\",rolloutjob=\"big\"}} 31",
         ns.name
     );
     assert!(metrics.contains(&line), "{line} not in:\n{metrics}");

@@ -7,6 +7,7 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as PCounter
+from prometheus_client.core import CounterMetricFamily
 
 from .step import StepStats
 
@@ -51,11 +52,10 @@ class Metrics:
             buckets=STEP_BUCKETS,
             registry=r,
         )
-        self.dropped_g = Gauge(
-            "floe_trainer_dropped_total",
-            "Trajectories or groups dropped, by reason",
-            ["reason"],
-            registry=r,
+        self._dropped = _Dropped()
+        r.register(self._dropped)
+        self.groups_trained = PCounter(
+            "floe_trainer_groups_trained", "Groups that went into optimizer steps", registry=r
         )
         self.gpu = Gauge(
             "floe_trainer_gpu_utilization", "GPU utilization percent (NVML)", ["gpu"], registry=r
@@ -67,8 +67,7 @@ class Metrics:
         self.version.set(version)
 
     def dropped(self, counts: Counter) -> None:
-        for reason, n in counts.items():
-            self.dropped_g.labels(reason).set(n)
+        self._dropped.counts = Counter(counts)
 
     def step(self, s: StepStats, pass_rate: float, wait: float, train: float, sync: float) -> None:
         self.loss.set(s.loss)
@@ -89,6 +88,26 @@ class Metrics:
             for i, util in self._nvml().items():
                 self.gpu.labels(str(i)).set(util)
         return generate_latest(self.registry)
+
+
+class _Dropped:
+    """``floe_trainer_dropped_total{reason}``: a counter whose values are the batcher's own
+    running tallies (restored from the checkpoint), so it is exposed as a counter family rather
+    than incremented here."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "floe_trainer_dropped",
+            "Trajectories (untrainable, duplicate_sample, stale) or groups (zero_advantage)"
+            " dropped",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.counts.items()):
+            family.add_metric([reason], n)
+        yield family
 
 
 def _nvml():

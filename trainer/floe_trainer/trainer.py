@@ -162,6 +162,7 @@ class Trainer:
         rewards = [r for g in groups for r in g.rewards]
         passed = sum(r >= self.cfg.pass_threshold for r in rewards) / max(len(rewards), 1)
         self.metrics.step(stats, passed, waited, t1 - t0, t2 - t1)
+        self.metrics.groups_trained.inc(len(groups))
         self.metrics.progress(s.step, s.policy_version)
         if s.step % self.cfg.checkpoint_every == 0:
             checkpoint.save(self.ckpt_dir, self.model, self.optimizer, s, self.cfg.checkpoint_keep)

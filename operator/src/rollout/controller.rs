@@ -250,6 +250,13 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             deliver(ctx, job, observed_ref, &pod, None).await
         })
         .await;
+    if let Some(pool) = &job.spec.pool_ref {
+        let ns = job.namespace().unwrap_or_default();
+        ctx.metrics
+            .waiting_for_pod
+            .with_label_values(&[ns.as_str(), job.name_any().as_str(), pool.name.as_str()])
+            .set(i64::try_from(decided.starved.len()).unwrap_or(i64::MAX));
+    }
     let uid = job.uid().unwrap_or_default();
     ctx.starved
         .lock()
@@ -557,7 +564,17 @@ async fn write_status(
 }
 
 async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
+    let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
     for (pod, fold) in &decided.folds {
+        let result = match fold {
+            Fold::Scored { .. } => "scored",
+            Fold::Retry { .. } => "retried",
+            Fold::Failed { .. } => "failed",
+        };
+        ctx.metrics
+            .session_results
+            .with_label_values(&[ns.as_str(), name.as_str(), result])
+            .inc();
         match fold {
             Fold::Scored { index, reward } => {
                 tracing::info!(job = %job.name_any(), %pod, index, reward, "session scored");
@@ -844,7 +861,8 @@ async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action,
         Err(kube::Error::Api(s)) if s.is_not_found() => {}
         Err(e) => return Err(e.into()),
     }
-    ctx.metrics.forget_job(ns, &job.name_any());
+    let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
+    ctx.metrics.forget_job(ns, &job.name_any(), pool);
     let uid = job.uid().unwrap_or_default();
     ctx.validated
         .lock()
