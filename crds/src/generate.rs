@@ -1,5 +1,5 @@
 //! The CRD manifests, derived from the Rust types. `floe crds` prints them; the copy in
-//! `charts/floe/crds/` is regenerated from here and CI fails when it drifts.
+//! `charts/floe/files/crds/` is regenerated from here and CI fails when it drifts.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

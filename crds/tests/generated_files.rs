@@ -61,11 +61,17 @@ fn reference_values_are_valid_objects() {
     }
 }
 
+/// The chart ships both renderings and picks one by the cluster's version.
 #[test]
 fn chart_crds_match_the_types() {
     check(
-        "charts/floe/crds/floe-crds.yaml",
+        "charts/floe/files/crds/floe-crds.yaml",
         &crds_yaml(Target::LATEST).expect("yaml"),
+    );
+    let pre_cel = Target::for_kube_version("1.24").expect("version");
+    check(
+        "charts/floe/files/crds/floe-crds-pre-1.25.yaml",
+        &crds_yaml(pre_cel).expect("yaml"),
     );
 }
 
