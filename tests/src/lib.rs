@@ -5,6 +5,7 @@
 //! reuses in `target/kapi-test` with `scripts/kube-test-cluster/start.sh`. It never skips: when
 //! no control plane can be had, the test fails and says why.
 
+pub mod chart;
 pub mod cluster;
 pub mod gateway;
 pub mod ingest;
