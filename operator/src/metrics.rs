@@ -113,6 +113,19 @@ impl Metrics {
             ),
             &["namespace", "rolloutjob", "pool"],
         )?;
+        // As controller-runtime does: each controller's series exist from the start, so error
+        // ratios read 0 rather than nothing.
+        for controller in [
+            crate::pool_controller::CONTROLLER,
+            crate::rollout::controller::CONTROLLER,
+        ] {
+            reconcile_errors.with_label_values(&[controller]).inc_by(0);
+            for result in ["requeue_after", "error"] {
+                reconcile_total
+                    .with_label_values(&[controller, result])
+                    .inc_by(0);
+            }
+        }
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_errors.clone()),

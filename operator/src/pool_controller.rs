@@ -157,7 +157,7 @@ fn owner(pool: &GatewayPool) -> Option<OwnerReference> {
     pool.controller_owner_ref(&())
 }
 
-const CONTROLLER: &str = "gatewaypool";
+pub const CONTROLLER: &str = "gatewaypool";
 
 /// One reconcile, timed and counted under controller-runtime's metric names.
 pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {

@@ -100,11 +100,34 @@ pub fn rules_file(yaml: &str) -> Result<String> {
 }
 
 const PROMQL_WORDS: &[&str] = &[
-    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "offset", "bool", "inf", "nan",
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
     // Aggregations, which may be followed by `by (...)` rather than `(`.
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk",
-    "topk", "quantile", "limitk", "limit_ratio",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
 ];
 
 /// The metric names a PromQL expression reads: identifiers that are not functions (followed
@@ -301,7 +324,11 @@ mod tests {
             and on (namespace, rolloutjob) group_left(pool) floe_sessions{state="running"} > 1e3"#;
         assert_eq!(
             promql_metrics(expr),
-            set(&["floe_session_results_total", "floe_x_total", "floe_sessions"])
+            set(&[
+                "floe_session_results_total",
+                "floe_x_total",
+                "floe_sessions"
+            ])
         );
         let dcgm = r#"label_replace(DCGM_FI_DEV_GPU_UTIL{pod=~".+-trainer"}, "rolloutjob", "$1", "pod", "(.+)-trainer")"#;
         assert_eq!(promql_metrics(dcgm), set(&["DCGM_FI_DEV_GPU_UTIL"]));

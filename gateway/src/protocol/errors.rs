@@ -24,6 +24,19 @@ pub enum ProtocolError {
 }
 
 impl ProtocolError {
+    /// Every [`ProtocolError::kind`], so the metric's series exist (at 0) from the start and
+    /// ratios and `rate()` in alerts see a zero rather than nothing.
+    pub const KINDS: &'static [&'static str] = &[
+        "invalid_request",
+        "unauthorized",
+        "too_large",
+        "context_too_long",
+        "upstream",
+        "upstream_timeout",
+        "capture",
+        "not_found",
+    ];
+
     pub fn status(&self) -> u16 {
         match self {
             Self::InvalidRequest(_) | Self::ContextTooLong(_) => 400,
@@ -89,5 +102,26 @@ impl ProtocolError {
                 serde_json::json!({"error": {"code": self.status(), "message": message, "status": status}})
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod kinds_tests {
+    use super::ProtocolError;
+
+    #[test]
+    fn kinds_lists_every_variant() {
+        let all = [
+            ProtocolError::InvalidRequest(String::new()),
+            ProtocolError::Unauthorized,
+            ProtocolError::TooLarge { size: 1, limit: 0 },
+            ProtocolError::ContextTooLong(String::new()),
+            ProtocolError::Upstream(String::new()),
+            ProtocolError::UpstreamTimeout,
+            ProtocolError::Capture(String::new()),
+            ProtocolError::NotFound(String::new()),
+        ];
+        let kinds: Vec<&str> = all.iter().map(ProtocolError::kind).collect();
+        assert_eq!(kinds, ProtocolError::KINDS);
     }
 }

@@ -86,6 +86,9 @@ impl Metrics {
             ),
             &["api", "what"],
         )?;
+        for kind in crate::protocol::errors::ProtocolError::KINDS {
+            errors.with_label_values(&[kind]).inc_by(0);
+        }
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(dropped.clone()))?;
         let trajectories = IntCounterVec::new(

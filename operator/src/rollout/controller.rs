@@ -30,7 +30,7 @@ use crate::sandbox_pod::{PodState, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
 
 /// Holds a job until its pods' finalizers are removed.
 pub const JOB_FINALIZER: &str = "floe.dev/sessions";
-const CONTROLLER: &str = "rolloutjob";
+pub const CONTROLLER: &str = "rolloutjob";
 /// Claims and deliveries of one round in flight at once.
 const IN_FLIGHT: usize = 16;
 
