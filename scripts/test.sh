@@ -36,6 +36,13 @@ echo "[test] harness CLIs ready in $(( $(date +%s) - t0 )) s" >&2
 t0=$(date +%s)
 read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
 echo "[test] vLLM (CPU) and models ready in $(( $(date +%s) - t0 )) s" >&2
+# The trainer's Python, for tests that run its code (the chart test scrapes its metrics).
+export FLOE_TEST_PYTHON="$VLLM_PYTHON"
+
+t0=$(date +%s)
+FLOE_CHART_TOOLS=$(scripts/chart/tools.sh)
+export FLOE_CHART_TOOLS
+echo "[test] helm, promtool and lua ready in $(( $(date +%s) - t0 )) s ($FLOE_CHART_TOOLS)" >&2
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-test.XXXXXX")
 VLLM_PID=

@@ -736,7 +736,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     let done = eventually_within(120, "the job finished", async || {
         let job = jobs.get("chart").await?;
         let finished =
-            job.status.as_ref().and_then(|s| s.phase.clone()) == Some(RolloutJobPhase::Succeeded);
+            job.status.as_ref().and_then(|s| s.phase) == Some(RolloutJobPhase::Succeeded);
         let object = serde_json::to_value(&job)?;
         let (health, message) = argocd_health(&job_script, &object)?;
         if finished {
