@@ -184,6 +184,17 @@ fn argocd_health_checks_read_the_operators_conditions() -> Result<()> {
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
                "metadata": {"name": "j", "generation": generation}, "spec": {}, "status": status})
     };
+    // Observed by the operator (observedGeneration = generation) with these conditions.
+    let settled = |generation: i64, conditions: &[(&str, &str, &str, &str)]| {
+        let conditions: Vec<Value> = conditions
+            .iter()
+            .map(|(t, s, r, m)| condition(t, s, r, m))
+            .collect();
+        job(
+            generation,
+            json!({"observedGeneration": generation, "conditions": conditions}),
+        )
+    };
     let running = json!({"observedGeneration": 1, "progress": "3/8", "conditions": [
         condition("Progressing", "True", "SessionsRunning", "2 running, 3 pending"),
         condition("Reconciling", "True", "SessionsRunning", "2 running, 3 pending"),
@@ -193,39 +204,83 @@ fn argocd_health_checks_read_the_operators_conditions() -> Result<()> {
         (job(2, running.clone()), "Progressing"),
         (job(1, running), "Progressing"),
         (
-            job(
+            settled(
                 1,
-                json!({"observedGeneration": 1, "conditions": [
-                condition("Complete", "True", "SessionsFinished", "8 of 8 sessions scored"),
-                condition("Ready", "True", "SessionsFinished", "8 of 8 sessions scored")]}),
+                &[
+                    (
+                        "Complete",
+                        "True",
+                        "SessionsFinished",
+                        "8 of 8 sessions scored",
+                    ),
+                    (
+                        "Ready",
+                        "True",
+                        "SessionsFinished",
+                        "8 of 8 sessions scored",
+                    ),
+                ],
             ),
             "Healthy",
         ),
         (
-            job(
+            settled(
                 1,
-                json!({"observedGeneration": 1, "conditions": [
-                condition("Failed", "True", "DeadlineExceeded", "activeDeadlineSeconds passed"),
-                condition("Ready", "False", "DeadlineExceeded", "activeDeadlineSeconds passed"),
-                condition("Stalled", "True", "DeadlineExceeded", "activeDeadlineSeconds passed")]}),
+                &[
+                    (
+                        "Failed",
+                        "True",
+                        "DeadlineExceeded",
+                        "activeDeadlineSeconds passed",
+                    ),
+                    (
+                        "Ready",
+                        "False",
+                        "DeadlineExceeded",
+                        "activeDeadlineSeconds passed",
+                    ),
+                    (
+                        "Stalled",
+                        "True",
+                        "DeadlineExceeded",
+                        "activeDeadlineSeconds passed",
+                    ),
+                ],
             ),
             "Degraded",
         ),
         (
-            job(
+            settled(
                 3,
-                json!({"observedGeneration": 3, "conditions": [
-                condition("Ready", "False", "PoolNotFound", "GatewayPool \"warm\" does not exist"),
-                condition("Stalled", "True", "PoolNotFound", "GatewayPool \"warm\" does not exist")]}),
+                &[
+                    (
+                        "Ready",
+                        "False",
+                        "PoolNotFound",
+                        "GatewayPool \"warm\" does not exist",
+                    ),
+                    (
+                        "Stalled",
+                        "True",
+                        "PoolNotFound",
+                        "GatewayPool \"warm\" does not exist",
+                    ),
+                ],
             ),
             "Degraded",
         ),
         (
-            job(
+            settled(
                 1,
-                json!({"observedGeneration": 1, "conditions": [
-                condition("Suspended", "True", "JobSuspended", "suspended with 2 sessions still running"),
-                condition("Ready", "False", "JobSuspended", "suspended")]}),
+                &[
+                    (
+                        "Suspended",
+                        "True",
+                        "JobSuspended",
+                        "suspended with 2 sessions still running",
+                    ),
+                    ("Ready", "False", "JobSuspended", "suspended"),
+                ],
             ),
             "Suspended",
         ),
@@ -403,6 +458,17 @@ fn helm(args: &[&str]) -> Result<String> {
         );
     }
     Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The objects a release installed, as its manifest lists them.
+fn release_objects(release: &str, namespace: &str) -> Result<Vec<Value>> {
+    documents(&helm(&[
+        "get",
+        "manifest",
+        release,
+        "--namespace",
+        namespace,
+    ])?)
 }
 
 /// The CRDs already exist (other tests applied them with `floe crds`): hand them to the
@@ -803,13 +869,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     args.extend_from_slice(&install_args);
     args.extend_from_slice(&["--set", "operator.concurrency=9"]);
     helm(&args)?;
-    let upgraded = documents(&helm(&[
-        "get",
-        "manifest",
-        release,
-        "--namespace",
-        &system.name,
-    ])?)?;
+    let upgraded = release_objects(release, &system.name)?;
     let upgraded_args = find(&upgraded, "Deployment")?["spec"]["template"]["spec"]["containers"][0]
         ["args"]
         .to_string();
@@ -860,13 +920,7 @@ async fn a_single_namespace_install_is_confined_to_its_namespace() -> Result<()>
         "--set",
         &format!("operator.watchNamespace={}", watched.name),
     ])?;
-    let docs = documents(&helm(&[
-        "get",
-        "manifest",
-        release,
-        "--namespace",
-        &system.name,
-    ])?)?;
+    let docs = release_objects(release, &system.name)?;
     assert!(
         !docs
             .iter()
