@@ -54,11 +54,17 @@ pub struct RolloutJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<LocalObjectReference>>")]
     pub pool_ref: Option<LocalObjectReference>,
-    /// Or run without a shared pool: pods pre-warmed from this template for the next tasks (a
-    /// lookahead window); tasks may override the image. Not implemented by the operator yet
-    /// (the job reports `PoolTemplateNotSupported`).
+    /// Or run without a shared pool: the job creates a pod per session from this template
+    /// (a task's `image` replaces the template's), `lookahead` sessions ahead of the running
+    /// ones so they start warm. At most `concurrency` sessions run (8 when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_template: Option<SandboxTemplate>,
+    /// With `poolTemplate`: pods kept warming for the next pending sessions, beyond the running
+    /// ones (default: the concurrency). Larger hides slow image pulls; 0 creates each pod only
+    /// when its session may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub lookahead: Option<i32>,
     /// Scores each session after the harness exits.
     pub evaluator: EvaluatorSpec,
     /// How captured model calls become training samples.

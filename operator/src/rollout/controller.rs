@@ -400,10 +400,17 @@ fn job_state(
         (Some(limit), Some(start)) => now.0.duration_since(start.0).as_secs() >= limit,
         _ => false,
     };
+    let concurrency = spec.concurrency.and_then(|c| u32::try_from(c).ok());
+    let lookahead = spec.pool_template.as_ref().map(|_| {
+        spec.lookahead
+            .and_then(|l| u32::try_from(l).ok())
+            .unwrap_or(concurrency.unwrap_or(super::plan::TEMPLATE_CONCURRENCY))
+    });
     JobState {
         total,
         backoff_limit: u32::try_from(spec.backoff_limit).unwrap_or(0),
-        concurrency: spec.concurrency.and_then(|c| u32::try_from(c).ok()),
+        concurrency,
+        lookahead,
         pass_threshold: spec.evaluator.reward.pass_threshold,
         suspend: spec.suspend,
         deadline_exceeded,

@@ -38,6 +38,9 @@ pub struct SessionPod {
     pub attempt: u32,
     /// The pod's gateway acknowledged the assignment.
     pub assigned: bool,
+    /// The pod is Ready (its gateway answers). Pool pods are claimed Ready; a job's own
+    /// pre-warmed pods (`poolTemplate`) may still be starting.
+    pub ready: bool,
     pub progress: PodProgress,
 }
 
@@ -65,7 +68,14 @@ pub struct JobState {
     /// Infrastructure failures per session index so far (the next attempt's number).
     pub retries: BTreeMap<u32, u32>,
     pub rewards: RewardTally,
+    /// `poolTemplate` mode: the job creates its own pod per session, this many ahead of the
+    /// running ones; `None` claims from a GatewayPool.
+    pub lookahead: Option<u32>,
 }
+
+/// Sessions running at once in `poolTemplate` mode when `concurrency` is not set: the job
+/// creates its pods itself, so "as many as the pool can serve" has no pool to ask.
+pub const TEMPLATE_CONCURRENCY: u32 = 8;
 
 impl JobState {
     /// A job with nothing done yet (pass threshold 1, no concurrency limit).
@@ -122,6 +132,10 @@ pub struct JobPlan {
     /// Sessions to claim a READY pod for, as (index, attempt), lowest index first so GRPO
     /// groups fill together.
     pub claim: Vec<(u32, u32)>,
+    /// `poolTemplate`: pre-warmed pods whose session starts now (their assignment goes out).
+    pub start: Vec<String>,
+    /// `poolTemplate`: sessions to create a pod for, as (index, attempt), lowest index first.
+    pub prewarm: Vec<(u32, u32)>,
     /// Sessions (indexes) that could start but found no READY pod free.
     pub starved: Vec<u32>,
     /// The status after the folds.
@@ -135,10 +149,24 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
     let mut out = JobPlan::default();
     let mut holding: BTreeSet<u32> = BTreeSet::new();
     let mut running = 0u32;
+    let mut waiting: Vec<&SessionPod> = Vec::new();
     for pod in pods {
         if next.recorded(pod) {
             // Folded before (perhaps by an operator that died before releasing it).
             out.release.push(pod.name.clone());
+            continue;
+        }
+        let scored = matches!(pod.progress, PodProgress::Finished(PodResult::Scored { .. }));
+        if state.lookahead.is_some() && !pod.assigned && !scored {
+            // A pre-warmed pod whose session has not started: not an attempt yet. If it dies
+            // while starting, it is simply replaced (same attempt), never counted as a retry.
+            // (A score is folded whatever the annotation says: it proves the session ran.)
+            if pod.progress == PodProgress::Active && !state.deadline_exceeded {
+                holding.insert(pod.index);
+                waiting.push(pod);
+            } else {
+                out.release.push(pod.name.clone());
+            }
             continue;
         }
         let failure = match &pod.progress {
@@ -192,6 +220,12 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
         out.release.push(pod.name.clone());
     }
 
+    if let Some(lookahead) = state.lookahead {
+        plan_prewarmed(state, &next, &holding, &mut waiting, running, lookahead, &mut out);
+        out.running += running;
+        out.next = next;
+        return out;
+    }
     if !state.suspend && !state.deadline_exceeded {
         let room = state
             .concurrency
@@ -213,6 +247,51 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
     out
 }
 
+/// `poolTemplate` mode: start the lowest waiting sessions whose pods are Ready (up to the
+/// concurrency), and keep `concurrency + lookahead` pods alive by creating pods for the next
+/// pending sessions. A session that could start but whose pod is still warming is `starved`.
+fn plan_prewarmed(
+    state: &JobState,
+    next: &JobState,
+    holding: &BTreeSet<u32>,
+    waiting: &mut [&SessionPod],
+    running: u32,
+    lookahead: u32,
+    out: &mut JobPlan,
+) {
+    if state.suspend || state.deadline_exceeded {
+        return;
+    }
+    let concurrency = state.concurrency.unwrap_or(TEMPLATE_CONCURRENCY);
+    let mut room = concurrency.saturating_sub(running);
+    waiting.sort_by_key(|p| p.index);
+    for pod in waiting.iter() {
+        if room == 0 {
+            break;
+        }
+        room -= 1;
+        if pod.ready {
+            out.start.push(pod.name.clone());
+            out.running += 1;
+        } else {
+            out.starved.push(pod.index);
+        }
+    }
+    let alive = running as usize + waiting.len();
+    let budget = concurrency.saturating_add(lookahead) as usize;
+    let pending = (0..state.total).filter(|i| {
+        !next.completed.contains(*i) && !next.failed.contains(*i) && !holding.contains(i)
+    });
+    for index in pending.take(budget.saturating_sub(alive)) {
+        if room > 0 {
+            room -= 1;
+            out.starved.push(index);
+        }
+        let attempt = next.retries.get(&index).copied().unwrap_or(0);
+        out.prewarm.push((index, attempt));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +306,7 @@ mod tests {
             index,
             attempt,
             assigned: true,
+            ready: true,
             progress,
         }
     }
@@ -388,5 +468,121 @@ mod tests {
         let p = plan(&j, &[], 4);
         assert!(p.claim.is_empty());
         assert!(p.starved.is_empty());
+    }
+
+    /// A `poolTemplate` job: concurrency 2, lookahead 2.
+    fn template_job(total: u32) -> JobState {
+        JobState {
+            concurrency: Some(2),
+            lookahead: Some(2),
+            ..job(total)
+        }
+    }
+
+    fn waiting(name: &str, index: u32, ready: bool) -> SessionPod {
+        SessionPod {
+            assigned: false,
+            ready,
+            ..pod(name, index, 0, PodProgress::Active)
+        }
+    }
+
+    #[test]
+    fn a_template_job_creates_concurrency_plus_lookahead_pods_and_waits_for_them() {
+        let p = plan(&template_job(10), &[], 0);
+        assert_eq!(p.prewarm, vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
+        // Sessions 0 and 1 could run now; their pods are only being created.
+        assert_eq!(p.starved, vec![0, 1]);
+        assert!(p.start.is_empty() && p.claim.is_empty());
+        assert_eq!(p.running, 0);
+    }
+
+    #[test]
+    fn ready_prewarmed_pods_start_up_to_the_concurrency_lowest_first() {
+        let pods = [
+            waiting("w3", 3, true),
+            waiting("w1", 1, true),
+            waiting("w0", 0, false),
+            waiting("w2", 2, true),
+        ];
+        let p = plan(&template_job(10), &pods, 0);
+        // Room for 2: session 0 (still warming: starved) and session 1 (ready: starts).
+        assert_eq!(p.start, vec!["w1".to_string()]);
+        assert_eq!(p.starved, vec![0]);
+        assert!(p.prewarm.is_empty(), "4 pods alive = 2 + 2");
+        assert_eq!(p.running, 1);
+    }
+
+    #[test]
+    fn a_finished_template_session_is_folded_and_the_window_moves_on() {
+        let pods = [
+            pod("r0", 0, 0, scored(1.0)),
+            pod("r1", 1, 0, PodProgress::Active),
+            waiting("w2", 2, true),
+            waiting("w3", 3, false),
+        ];
+        let p = plan(&template_job(10), &pods, 0);
+        assert_eq!(p.folds.len(), 1);
+        assert_eq!(p.release, vec!["r0".to_string()]);
+        assert_eq!(p.start, vec!["w2".to_string()]);
+        // r1 and w2 run, w3 warms: one more pod for the window (session 4).
+        assert_eq!(p.prewarm, vec![(4, 0)]);
+        assert_eq!(p.running, 2);
+    }
+
+    #[test]
+    fn a_prewarmed_pod_lost_before_its_session_started_is_replaced_not_retried() {
+        let lost = SessionPod {
+            assigned: false,
+            ready: false,
+            ..pod("w0", 0, 0, PodProgress::Lost)
+        };
+        let crashed = SessionPod {
+            assigned: false,
+            ..pod("w1", 1, 0, infra())
+        };
+        let p = plan(&template_job(4), &[lost, crashed], 0);
+        assert!(p.folds.is_empty(), "{:?}", p.folds);
+        assert_eq!(p.release, vec!["w0".to_string(), "w1".to_string()]);
+        assert!(p.next.retries.is_empty());
+        assert_eq!(p.prewarm, vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
+    }
+
+    #[test]
+    fn a_template_retry_gets_a_fresh_pod_with_the_next_attempt() {
+        let failed = pod("r0", 0, 0, infra());
+        let p = plan(&template_job(3), &[failed], 0);
+        assert_eq!(p.next.retries.get(&0), Some(&1));
+        assert_eq!(p.prewarm, vec![(0, 1), (1, 0), (2, 0)]);
+    }
+
+    #[test]
+    fn suspend_and_deadline_stop_template_jobs_from_starting_or_creating() {
+        let pods = [waiting("w0", 0, true), pod("r1", 1, 0, PodProgress::Active)];
+        let suspended = JobState {
+            suspend: true,
+            ..template_job(10)
+        };
+        let p = plan(&suspended, &pods, 0);
+        assert!(p.start.is_empty() && p.prewarm.is_empty());
+        assert!(p.release.is_empty(), "a suspended job keeps its warm pods");
+        let late = JobState {
+            deadline_exceeded: true,
+            ..template_job(10)
+        };
+        let p = plan(&late, &pods, 0);
+        assert!(p.start.is_empty() && p.prewarm.is_empty());
+        assert_eq!(p.release, vec!["w0".to_string()]);
+        assert_eq!(p.stop, vec!["r1".to_string()]);
+    }
+
+    #[test]
+    fn without_concurrency_a_template_job_runs_the_default_number() {
+        let j = JobState {
+            concurrency: None,
+            lookahead: Some(0),
+            ..job(100)
+        };
+        assert_eq!(plan(&j, &[], 0).prewarm.len(), TEMPLATE_CONCURRENCY as usize);
     }
 }

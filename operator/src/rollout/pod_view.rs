@@ -44,6 +44,7 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         index,
         attempt,
         assigned: annotations.contains_key(ASSIGNED_ANNOTATION),
+        ready: crate::pool_controller::is_ready(pod),
         progress,
     })
 }
