@@ -39,7 +39,9 @@ use crate::common::{PrepareStep, ProviderApi, SandboxTemplate, UpstreamSpec};
     validation = kube::core::Rule::new("has(self.train) != has(self.sft)")
         .message("exactly one of spec.train or spec.sft must be set"),
     validation = kube::core::Rule::new("has(self.poolRef) != has(self.poolTemplate)")
-        .message("exactly one of spec.poolRef or spec.poolTemplate must be set")
+        .message("exactly one of spec.poolRef or spec.poolTemplate must be set"),
+    validation = kube::core::Rule::new("!has(self.lookahead) || has(self.poolTemplate)")
+        .message("spec.lookahead applies only with spec.poolTemplate")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutJobSpec {

@@ -318,16 +318,7 @@ async fn create_pod(
     ns: &str,
     name: &str,
 ) -> Result<String, PoolError> {
-    let suffix: String = {
-        let mut rng = rand::rng();
-        (0..5)
-            .map(|_| {
-                let i = rng.random_range(0..36u8);
-                char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
-            })
-            .collect()
-    };
-    let pod_name = format!("{name}-{suffix}");
+    let pod_name = format!("{name}-{}", sandbox_pod::random_suffix());
     let secret_name = format!("{pod_name}-control");
     let mut pod = sandbox_pod::build(&SandboxPod {
         name: &pod_name,

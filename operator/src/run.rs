@@ -191,6 +191,7 @@ async fn run_controllers(
         tokens,
         metrics,
         config.floe_image.clone(),
+        config.native_sidecars,
     ));
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);

@@ -57,6 +57,18 @@ pub struct SandboxPod<'a> {
 
 /// A stable hash of what makes pods of this pool differ (template, prepare steps, gateway):
 /// pods with another hash are stale.
+/// Five random lowercase alphanumerics, for pod names (as a ReplicaSet's pods get).
+pub fn random_suffix() -> String {
+    use rand::RngExt;
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| {
+            let i = rng.random_range(0..36u8);
+            char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
+        })
+        .collect()
+}
+
 pub fn template_hash(spec: &GatewayPoolSpec) -> String {
     let material = json!([spec.template, spec.prepare, spec.gateway]).to_string();
     // FNV-1a, 64 bit: stable across processes and releases (std's hasher is not).

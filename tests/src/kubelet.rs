@@ -119,6 +119,17 @@ struct Node {
     taken: Arc<Mutex<Vec<Value>>>,
 }
 
+/// A pool's pod or a `poolTemplate` job's own session pod: both run the gateway sidecar.
+fn is_sandbox_pod(pod: &Pod) -> bool {
+    pod.labels().contains_key("floe.dev/pool")
+        || pod.spec.as_ref().is_some_and(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+                .any(|c| c.name == "floe-gateway")
+        })
+}
+
 impl Node {
     async fn sync(&mut self) -> Result<()> {
         let pods = self
@@ -142,7 +153,7 @@ impl Node {
             if !self.running.contains_key(&name) {
                 let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
                 if matches!(phase, None | Some("Pending")) {
-                    if pod.labels().contains_key("floe.dev/pool") {
+                    if is_sandbox_pod(pod) {
                         self.start_pod(pod).await?;
                     } else {
                         self.start_job_pod(pod).await?;

@@ -436,3 +436,123 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     kubelet.stop().await?;
     Ok(())
 }
+
+/// `poolTemplate`: no GatewayPool; the job creates a pod per session attempt from its
+/// template, with the task's own image where it names one, never more than `concurrency +
+/// lookahead` alive; a failed attempt is retried on a fresh pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Result<()> {
+    let (client, ns) = with_crds("tmpl").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        12,
+        Arc::new(|a: &Value| {
+            if a["task"] == "t1" && a["sample"] == 0 && attempt(a) == 0 {
+                return Verdict::Infra {
+                    error: "image pull flaked mid-session".into(),
+                };
+            }
+            Verdict::Scored {
+                exit: 0,
+                reward: 1.0,
+            }
+        }),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = job(
+        "tmpl",
+        &["t0", "t1", "t2"],
+        2,
+        json!({"concurrency": 2, "lookahead": 1}),
+    )?;
+    spec.spec.pool_ref = None;
+    spec.spec.pool_template = Some(serde_json::from_value(
+        json!({"image": "ghcr.io/acme/harness:1", "workingDir": "/testbed"}),
+    )?);
+    if let Some(tasks) = spec.spec.tasks.inline.as_mut() {
+        tasks[0].image = Some("swe/t0:1".into());
+        tasks[2].image = Some("swe/t2:1".into());
+    }
+    jobs.create(&PostParams::default(), &spec).await?;
+
+    // Watch the job's pods while it runs: how many at once, and which image each session got.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut most_alive = 0usize;
+    let mut images: std::collections::BTreeMap<String, String> = Default::default();
+    let done = eventually_within(180, "the template job finished", async || {
+        let alive: Vec<Pod> = job_pods(&pods, "tmpl")
+            .await?
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        most_alive = most_alive.max(alive.len());
+        for p in &alive {
+            let annotations = p.metadata.annotations.clone().unwrap_or_default();
+            let session = annotations
+                .get("floe.dev/session")
+                .cloned()
+                .unwrap_or_default();
+            let image = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "sandbox"))
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            assert!(
+                !p.metadata
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .contains_key("floe.dev/pool"),
+                "a template pod must not look like a pool's"
+            );
+            images.insert(session, image);
+        }
+        let s = status(&jobs, "tmpl").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await?;
+    assert_eq!((done.sessions.succeeded, done.sessions.failed), (6, 0));
+    assert_eq!(done.sessions.retried, 1);
+    assert!(
+        most_alive <= 3,
+        "{most_alive} pods alive > concurrency 2 + lookahead 1"
+    );
+    assert!(most_alive >= 2, "the window was never used: {most_alive}");
+    let expected = [
+        ("tmpl-t0-0", "swe/t0:1"),
+        ("tmpl-t0-1", "swe/t0:1"),
+        ("tmpl-t1-0", "ghcr.io/acme/harness:1"),
+        ("tmpl-t1-0-r1", "ghcr.io/acme/harness:1"),
+        ("tmpl-t1-1", "ghcr.io/acme/harness:1"),
+        ("tmpl-t2-0", "swe/t2:1"),
+        ("tmpl-t2-1", "swe/t2:1"),
+    ];
+    for (session, image) in expected {
+        if let Some(seen) = images.get(session) {
+            assert_eq!(seen, image, "{session}");
+        }
+    }
+    assert!(images.len() >= 5, "saw too few pods to judge: {images:?}");
+    // Every attempt ran exactly once.
+    let ids: Vec<String> = kubelet
+        .taken()
+        .iter()
+        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let unique: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    assert_eq!(
+        unique.into_iter().cloned().collect::<BTreeSet<_>>(),
+        expected.iter().map(|(s, _)| s.to_string()).collect()
+    );
+    eventually("all session pods gone", async || {
+        Ok(job_pods(&pods, "tmpl").await?.is_empty().then_some(()))
+    })
+    .await?;
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

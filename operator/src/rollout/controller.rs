@@ -13,7 +13,7 @@ use floe_sandbox::session::{self, SessionOf};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
@@ -40,6 +40,8 @@ pub enum JobError {
     Kube(#[from] kube::Error),
     #[error("the job has no namespace")]
     NoNamespace,
+    #[error("cannot build a session pod: {0}")]
+    PodSpec(#[from] serde_json::Error),
 }
 
 pub struct JobContext {
@@ -49,8 +51,10 @@ pub struct JobContext {
     pods: Store<Pod>,
     tokens: Arc<crate::tokens::ControlTokens>,
     pub metrics: Arc<Metrics>,
-    /// The image with the `floe` binary (the sft dataset collector).
+    /// The image with the `floe` binary (the sft dataset collector, poolTemplate pods).
     pub floe_image: String,
+    /// poolTemplate pods get the gateway as a native sidecar.
+    native_sidecars: bool,
     http: reqwest::Client,
     events: crate::events::Events,
     /// Sessions that found no READY pod free, by (job uid, index): their claim counts as cold.
@@ -70,8 +74,10 @@ impl JobContext {
         tokens: Arc<crate::tokens::ControlTokens>,
         metrics: Arc<Metrics>,
         floe_image: String,
+        native_sidecars: bool,
     ) -> Self {
         Self {
+            native_sidecars,
             events: crate::events::Events::new(client.clone()),
             client,
             pods,
@@ -200,7 +206,13 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         (Some(_), Some(pod)) => trainer_progress(ctx, pod).await,
         _ => None,
     };
-    let decided = plan(&state, &sessions, free);
+    let mut decided = plan(&state, &sessions, free);
+    if waiting.is_some() && !decided.start.is_empty() {
+        // poolTemplate: pods may warm meanwhile, but no session starts before its trajectories
+        // have somewhere to go.
+        decided.running -= decided.start.len() as u32;
+        decided.start.clear();
+    }
 
     // 1. Fold results into the status (guarded by the job's resourceVersion) ...
     let mut rv = job.resource_version();
@@ -250,13 +262,11 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             deliver(ctx, job, observed_ref, &pod, None).await
         })
         .await;
-    if let Some(pool) = &job.spec.pool_ref {
-        let ns = job.namespace().unwrap_or_default();
-        ctx.metrics
-            .waiting_for_pod
-            .with_label_values(&[ns.as_str(), job.name_any().as_str(), pool.name.as_str()])
-            .set(i64::try_from(decided.starved.len()).unwrap_or(i64::MAX));
-    }
+    let pool_label = job.spec.pool_ref.as_ref().map_or("", |p| p.name.as_str());
+    ctx.metrics
+        .waiting_for_pod
+        .with_label_values(&[ns.as_str(), job.name_any().as_str(), pool_label])
+        .set(i64::try_from(decided.starved.len()).unwrap_or(i64::MAX));
     let uid = job.uid().unwrap_or_default();
     ctx.starved
         .lock()
@@ -300,6 +310,13 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             claimed += 1;
         }
     }
+
+    // poolTemplate: sessions start on their pre-warmed pods; pods for the next ones warm up.
+    let started = start_prewarmed(ctx, job, &observed, &decided.start, round).await;
+    if started < decided.start.len() {
+        decided.running -= (decided.start.len() - started) as u32;
+    }
+    create_prewarmed(ctx, job, &observed, &decided.prewarm).await?;
 
     // 3. Only now (results recorded, new sessions on their way) let go of finished pods.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -451,21 +468,22 @@ async fn observe(
         return blocked("InvalidSpec", e);
     }
     let spec = &job.spec;
-    let Some(pool_ref) = &spec.pool_ref else {
-        return blocked(
-            "PoolTemplateNotSupported",
-            "spec.poolTemplate (per-job pods with lookahead pre-warming) is not implemented by this operator yet; use spec.poolRef".into(),
-        );
-    };
-    let pools: Api<GatewayPool> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(pool) = pools.get_opt(&pool_ref.name).await? else {
-        return blocked(
-            "PoolNotFound",
-            format!(
-                "GatewayPool {:?} (spec.poolRef) does not exist in namespace {ns}",
-                pool_ref.name
-            ),
-        );
+    // A pool to claim from, or (poolTemplate) the job's own pods with default gateway ports.
+    let pool = match &spec.pool_ref {
+        Some(pool_ref) => {
+            let pools: Api<GatewayPool> = Api::namespaced(ctx.client.clone(), ns);
+            let Some(pool) = pools.get_opt(&pool_ref.name).await? else {
+                return blocked(
+                    "PoolNotFound",
+                    format!(
+                        "GatewayPool {:?} (spec.poolRef) does not exist in namespace {ns}",
+                        pool_ref.name
+                    ),
+                );
+            };
+            Some(pool)
+        }
+        None => None,
     };
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
@@ -513,20 +531,24 @@ async fn observe(
         .items;
     // READY pods from the cache: a stale entry only costs a lost compare-and-swap (the claim
     // is retried next round), never a double claim.
-    let mut ready: Vec<Pod> = ctx
-        .pods
-        .state_filter(|p| {
-            let labels = p.labels();
-            p.metadata.namespace.as_deref() == Some(ns)
-                && labels.get(POOL_LABEL) == Some(&pool_ref.name)
-                && labels.get(STATE_LABEL).map(String::as_str) == Some(PodState::Ready.label())
-                && !labels.contains_key(JOB_LABEL)
-                && p.metadata.deletion_timestamp.is_none()
-                && crate::pool_controller::is_ready(p)
-        })
-        .into_iter()
-        .map(|p| (*p).clone())
-        .collect();
+    let pool_name = pool.as_ref().map(|p| p.name_any());
+    let mut ready: Vec<Pod> = match &pool_name {
+        Some(pool_name) => ctx
+            .pods
+            .state_filter(|p| {
+                let labels = p.labels();
+                p.metadata.namespace.as_deref() == Some(ns)
+                    && labels.get(POOL_LABEL) == Some(pool_name)
+                    && labels.get(STATE_LABEL).map(String::as_str) == Some(PodState::Ready.label())
+                    && !labels.contains_key(JOB_LABEL)
+                    && p.metadata.deletion_timestamp.is_none()
+                    && crate::pool_controller::is_ready(p)
+            })
+            .into_iter()
+            .map(|p| (*p).clone())
+            .collect(),
+        None => Vec::new(),
+    };
     // Oldest first: stale-template pods (OnReplenish) go before fresh ones.
     ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
     Ok(Ok(Observed {
@@ -534,7 +556,10 @@ async fn observe(
         samples: u32::try_from(spec.num_samples.max(1)).unwrap_or(1),
         tasks,
         hidden,
-        control_port: pool.spec.gateway.control_port,
+        control_port: pool.map_or_else(
+            || floe_crds::gateway_pool::GatewaySettings::default().control_port,
+            |p| p.spec.gateway.control_port,
+        ),
         pods: owned,
         ready,
     }))
@@ -692,6 +717,109 @@ async fn claim(
         Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// poolTemplate: deliver the assignments of sessions whose pre-warmed pod is Ready (counted as
+/// claims: warm when the pod was Ready before the session could start, cold when the session
+/// waited for it). Returns how many pods were found to start.
+async fn start_prewarmed(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    observed: &Observed,
+    names: &[String],
+    round: Instant,
+) -> usize {
+    let uid = job.uid().unwrap_or_default();
+    let pods: Vec<(Pod, u32)> = names
+        .iter()
+        .filter_map(|name| observed.pods.iter().find(|p| p.name_any() == *name))
+        .filter_map(|p| Some((p.clone(), pod_view::session_pod(p)?.index)))
+        .collect();
+    let found = pods.len();
+    let (uid, observed) = (&uid, observed);
+    futures::stream::iter(pods)
+        .for_each_concurrent(IN_FLIGHT, |(pod, index): (Pod, u32)| async move {
+            let cold = ctx
+                .starved
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(uid.clone(), index));
+            ctx.metrics
+                .claims
+                .with_label_values(&[if cold { "cold" } else { "warm" }])
+                .inc();
+            deliver(ctx, job, observed, &pod, Some(round)).await
+        })
+        .await;
+    found
+}
+
+/// poolTemplate: create the pods (and their control-token Secrets) of the next sessions.
+async fn create_prewarmed(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    observed: &Observed,
+    sessions: &[(u32, u32)],
+) -> Result<(), JobError> {
+    let Some(template) = &job.spec.pool_template else {
+        return Ok(());
+    };
+    let created: Vec<Result<(), JobError>> = futures::stream::iter(sessions.to_vec())
+        .map(|(index, attempt)| async move {
+            let Some((task, sample)) = observed.session(index) else {
+                return Ok(());
+            };
+            let session = session::session_id(&observed.name, &task.id, sample, attempt);
+            let suffix = crate::sandbox_pod::random_suffix();
+            let pod = super::prewarm::build(&super::prewarm::SessionPodFor {
+                job,
+                template,
+                task,
+                index,
+                attempt,
+                session: &session,
+                suffix: &suffix,
+                floe_image: &ctx.floe_image,
+                native_sidecars: ctx.native_sidecars,
+            })?;
+            create_session_pod(ctx, job, pod).await
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    created.into_iter().collect()
+}
+
+/// Create one pre-warmed pod, then its Secret (owned by the pod, so it goes with it).
+async fn create_session_pod(ctx: &JobContext, job: &RolloutJob, pod: Pod) -> Result<(), JobError> {
+    use rand::RngExt;
+    let ns = job.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let created = pods.create(&PostParams::default(), &pod).await?;
+    let token = hex::encode(rand::rng().random::<[u8; 32]>());
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(super::prewarm::secret_name(&name)),
+            namespace: Some(ns.clone()),
+            labels: Some(BTreeMap::from([(JOB_LABEL.to_string(), job.name_any())])),
+            owner_references: created.controller_owner_ref(&()).map(|mut o| {
+                o.controller = Some(false);
+                vec![o]
+            }),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([(
+            CONTROL_TOKEN_KEY.to_string(),
+            token.clone(),
+        )])),
+        ..Default::default()
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    secrets.create(&PostParams::default(), &secret).await?;
+    ctx.tokens.remember(&ns, &name, &token);
+    tracing::info!(job = %job.name_any(), pod = %name, "created pre-warmed session pod");
+    Ok(())
 }
 
 /// Where sessions' model calls and trajectories go, by the job's mode.

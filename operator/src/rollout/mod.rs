@@ -5,6 +5,7 @@
 //! - [`pod_view`]: what a claimed pod says (sans-IO).
 //! - [`status`]: counters, phase, conditions (sans-IO).
 //! - [`tasks`]: task JSONL and hidden-file ConfigMaps (sans-IO).
+//! - [`prewarm`]: a `poolTemplate` job's own pod for one session attempt (sans-IO).
 //! - [`aux_pods`]: the trainer pod (train) or dataset collector (sft) and their Services.
 //! - [`controller`]: the IO edge.
 
@@ -13,5 +14,6 @@ pub mod controller;
 pub mod indexes;
 pub mod plan;
 pub mod pod_view;
+pub mod prewarm;
 pub mod status;
 pub mod tasks;

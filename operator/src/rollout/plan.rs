@@ -156,7 +156,10 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
             out.release.push(pod.name.clone());
             continue;
         }
-        let scored = matches!(pod.progress, PodProgress::Finished(PodResult::Scored { .. }));
+        let scored = matches!(
+            pod.progress,
+            PodProgress::Finished(PodResult::Scored { .. })
+        );
         if state.lookahead.is_some() && !pod.assigned && !scored {
             // A pre-warmed pod whose session has not started: not an attempt yet. If it dies
             // while starting, it is simply replaced (same attempt), never counted as a retry.
@@ -221,7 +224,15 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
     }
 
     if let Some(lookahead) = state.lookahead {
-        plan_prewarmed(state, &next, &holding, &mut waiting, running, lookahead, &mut out);
+        plan_prewarmed(
+            state,
+            &next,
+            &holding,
+            &mut waiting,
+            running,
+            lookahead,
+            &mut out,
+        );
         out.running += running;
         out.next = next;
         return out;
@@ -583,6 +594,9 @@ mod tests {
             lookahead: Some(0),
             ..job(100)
         };
-        assert_eq!(plan(&j, &[], 0).prewarm.len(), TEMPLATE_CONCURRENCY as usize);
+        assert_eq!(
+            plan(&j, &[], 0).prewarm.len(),
+            TEMPLATE_CONCURRENCY as usize
+        );
     }
 }
