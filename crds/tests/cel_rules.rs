@@ -70,6 +70,19 @@ fn exactly_one_of_pool_ref_or_pool_template() {
 }
 
 #[test]
+fn lookahead_only_with_a_pool_template() {
+    let mut job = train_job();
+    job.spec.lookahead = Some(4);
+    assert_eq!(
+        messages(&job),
+        ["spec.lookahead applies only with spec.poolTemplate"]
+    );
+    let mut templated: RolloutJob = example("rolloutjob-lookahead.yaml");
+    templated.spec.lookahead = Some(0);
+    assert!(messages(&templated).is_empty());
+}
+
+#[test]
 fn exactly_one_task_source() {
     let mut job = train_job();
     job.spec.tasks.config_map = Some(floe_crds::ConfigMapTasks {
