@@ -11,6 +11,7 @@ mod gateway;
 mod operator;
 mod run;
 mod sandbox;
+mod serve_tasks;
 mod trajectories;
 
 #[derive(Parser)]
@@ -62,6 +63,8 @@ enum Command {
     Sandbox(sandbox::SandboxArgs),
     /// Collect an sft job's trajectories into its dataset volume (the job's collector pod).
     Collect(collect::CollectArgs),
+    /// Serve a job's JSONL task file from its volume to the operator (the job's task loader pod).
+    ServeTasks(serve_tasks::ServeTasksArgs),
     /// Copy this `floe` binary to DEST (the sandbox pod's init container puts it in a shared
     /// volume for the harness container).
     InstallBinary { dest: std::path::PathBuf },
@@ -88,6 +91,8 @@ enum CliError {
     Operator(#[from] operator::OperatorError),
     #[error(transparent)]
     Collect(#[from] collect::CollectCliError),
+    #[error(transparent)]
+    ServeTasks(#[from] serve_tasks::ServeTasksError),
     #[error("cannot install the floe binary to {0}: {1}")]
     Install(std::path::PathBuf, std::io::Error),
 }
@@ -115,6 +120,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Operator(args) => operator::main(args)?,
         Command::InstallBinary { dest } => install_binary(&dest)?,
         Command::Collect(args) => collect::run(args)?,
+        Command::ServeTasks(args) => serve_tasks::run(args)?,
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
         }

@@ -125,8 +125,9 @@ pub struct TaskSource {
     /// A ConfigMap whose key holds one JSON task per line (JSONL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<ConfigMapTasks>,
-    /// A JSONL file, read by `floe run` (local mode). The operator reads no volumes yet: in a
-    /// cluster use `configMap` (the job reports `TaskFileNotSupported`).
+    /// A JSONL file: on a PersistentVolumeClaim in a cluster (a small loader pod of the job
+    /// mounts it read-only and serves it to the operator), relative to the job file in local
+    /// mode (`floe run`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<FileTasks>,
 }

@@ -57,6 +57,21 @@ pub struct FakeKubelet {
 impl FakeKubelet {
     /// Pods of `namespace` get IPs `127.<block>.x.y`.
     pub fn start(client: Client, namespace: &str, block: u8, decide: Decide) -> Result<Self> {
+        Self::start_with_volumes(client, namespace, block, decide, HashMap::new())
+    }
+
+    /// Like [`FakeKubelet::start`], and a job's own pod whose container runs `floe` and whose
+    /// PersistentVolumeClaims are all in `volumes` (claim name → local directory) really runs:
+    /// its mount paths in the arguments point at those directories, `0.0.0.0` at the pod IP.
+    /// Ready once its `/healthz` answers; a process that exits is reported like a crash loop,
+    /// with its stderr as the termination message (`FallbackToLogsOnError`).
+    pub fn start_with_volumes(
+        client: Client,
+        namespace: &str,
+        block: u8,
+        decide: Decide,
+        volumes: HashMap<String, PathBuf>,
+    ) -> Result<Self> {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let taken = Arc::new(Mutex::new(Vec::new()));
         let dir = tempfile::tempdir()?.keep();
@@ -77,6 +92,8 @@ impl FakeKubelet {
                     .build()?,
                 decide,
                 taken: seen,
+                volumes,
+                processes: Vec::new(),
             };
             loop {
                 if let Err(e) = node.sync().await {
@@ -117,6 +134,18 @@ struct Node {
     http: reqwest::Client,
     decide: Decide,
     taken: Arc<Mutex<Vec<Value>>>,
+    volumes: HashMap<String, PathBuf>,
+    /// Job pods' processes, killed with the node.
+    processes: Vec<KillOnDrop>,
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A pool's pod or a `poolTemplate` job's own session pod: both run the gateway sidecar.
@@ -250,6 +279,10 @@ impl Node {
             .as_ref()
             .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
             .unwrap_or_default();
+        if let Some(command) = self.runnable(pod, &ip) {
+            self.aux.insert(name.clone());
+            return self.run_job_pod(&name, &ip, &names, command).await;
+        }
         let status = json!({"status": {
             "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
             "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
@@ -258,6 +291,105 @@ impl Node {
         self.patch_status(&name, &status).await?;
         self.aux.insert(name);
         Ok(())
+    }
+
+    /// The `floe` arguments of a job pod that can really run here, rewritten for this node.
+    fn runnable(&self, pod: &Pod, ip: &str) -> Option<Vec<String>> {
+        let spec = pod.spec.as_ref()?;
+        let [c] = spec.containers.as_slice() else {
+            return None;
+        };
+        if c.command.as_deref() != Some(&["floe".to_string()][..]) {
+            return None;
+        }
+        let mut mounts: Vec<(String, PathBuf)> = Vec::new();
+        for v in spec.volumes.iter().flatten() {
+            let Some(claim) = &v.persistent_volume_claim else {
+                continue;
+            };
+            let dir = self.volumes.get(&claim.claim_name)?;
+            for m in c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .filter(|m| m.name == v.name)
+            {
+                mounts.push((m.mount_path.clone(), dir.clone()));
+            }
+        }
+        if mounts.is_empty() {
+            return None;
+        }
+        Some(
+            c.args
+                .iter()
+                .flatten()
+                .map(|a| {
+                    let mut a = a.replace("0.0.0.0:", &format!("{ip}:"));
+                    for (path, dir) in &mounts {
+                        if let Some(rest) = a.strip_prefix(path.as_str()) {
+                            a = format!("{}{rest}", dir.display());
+                        }
+                    }
+                    a
+                })
+                .collect(),
+        )
+    }
+
+    async fn run_job_pod(
+        &mut self,
+        name: &str,
+        ip: &str,
+        containers: &[String],
+        args: Vec<String>,
+    ) -> Result<()> {
+        let stderr = self.dir.join(format!("{name}.stderr"));
+        let mut child = Command::new(floe_bin()?)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr)?)
+            .spawn()?;
+        let port = args
+            .iter()
+            .find_map(|a| a.strip_prefix(&format!("{ip}:")))
+            .unwrap_or("8100")
+            .to_string();
+        let mut ready = false;
+        for _ in 0..100 {
+            if let Some(exit) = child.try_wait()? {
+                let message = std::fs::read_to_string(&stderr).unwrap_or_default();
+                let status = json!({"status": {
+                    "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                    "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+                    "containerStatuses": containers.iter().map(|n| json!({
+                        "name": n, "ready": false, "restartCount": 1, "image": "test", "imageID": "",
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"exitCode": exit.code().unwrap_or(1), "message": message}},
+                    })).collect::<Vec<_>>(),
+                }});
+                return self.patch_status(name, &status).await;
+            }
+            if self
+                .http
+                .get(format!("http://{ip}:{port}/healthz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.processes.push(KillOnDrop(child));
+        anyhow::ensure!(ready, "job pod {name} never answered /healthz");
+        let status = json!({"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+            "containerStatuses": containers.iter().map(|n| container(n, json!({"running": {}}))).collect::<Vec<_>>(),
+        }});
+        self.patch_status(name, &status).await
     }
 
     /// Play the runner: take the delivered assignment (if any yet) and end the container.

@@ -556,3 +556,105 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
     kubelet.stop().await?;
     Ok(())
 }
+
+/// `tasks.file` in a cluster: the job's task loader pod mounts the claim (here the fake
+/// kubelet really runs its `floe serve-tasks` on a local directory standing in for the PVC)
+/// and the operator reads the tasks from it; a missing file stalls the job with the loader's
+/// own error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_from_a_file_on_a_claim_are_read_through_the_loader_pod() -> Result<()> {
+    let (client, ns) = with_crds("tfile").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let volume = tempfile::tempdir()?;
+    std::fs::create_dir_all(volume.path().join("sets"))?;
+    let lines: Vec<String> = ["f0", "f1", "f2"]
+        .iter()
+        .map(|t| {
+            json!({"id": t, "instruction": format!("fix {t}"), "image": format!("swe/{t}:1")})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(
+        volume.path().join("sets/tasks.jsonl"),
+        lines.join("\n") + "\n",
+    )?;
+    let kubelet = FakeKubelet::start_with_volumes(
+        client.clone(),
+        &ns.name,
+        13,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+        std::collections::HashMap::from([("swe-tasks".to_string(), volume.path().to_path_buf())]),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let with_file = |name: &str, path: &str| -> Result<RolloutJob> {
+        let mut spec = job(name, &["unused"], 1, json!({"concurrency": 2}))?;
+        spec.spec.tasks =
+            serde_json::from_value(json!({"file": {"claimName": "swe-tasks", "path": path}}))?;
+        spec.spec.pool_ref = None;
+        spec.spec.pool_template = Some(serde_json::from_value(
+            json!({"image": "ghcr.io/acme/harness:1"}),
+        )?);
+        Ok(spec)
+    };
+    jobs.create(
+        &PostParams::default(),
+        &with_file("filed", "/sets/tasks.jsonl")?,
+    )
+    .await?;
+    jobs.create(
+        &PostParams::default(),
+        &with_file("missing", "/sets/nope.jsonl")?,
+    )
+    .await?;
+
+    let done = eventually_within(120, "the file job finished", async || {
+        let s = status(&jobs, "filed").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await?;
+    assert_eq!((done.sessions.total, done.sessions.succeeded), (3, 3));
+    let tasks: BTreeSet<String> = kubelet
+        .taken()
+        .iter()
+        .filter(|a| {
+            a["session"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("filed-"))
+        })
+        .map(|a| {
+            format!(
+                "{}:{}",
+                a["task"].as_str().unwrap_or(""),
+                a["run"]["task"]["instruction"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(
+        tasks,
+        ["f0:fix f0", "f1:fix f1", "f2:fix f2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+
+    let stalled = eventually("the missing-file job stalled", async || {
+        let s = status(&jobs, "missing").await?;
+        Ok(condition(&s, "Stalled")
+            .filter(|(st, _)| *st == "True")
+            .map(|_| s.clone()))
+    })
+    .await?;
+    let c = stalled
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled")
+        .context("Stalled")?;
+    assert_eq!(c.reason, "TaskFileUnreadable");
+    assert!(c.message.contains("No such file"), "{}", c.message);
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

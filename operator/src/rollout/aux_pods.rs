@@ -254,6 +254,47 @@ pub fn trainer(job: &RolloutJob) -> Result<Option<AuxObjects>, serde_json::Error
     }))
 }
 
+/// Where a `tasks.file` job's task loader mounts the job's PVC.
+pub const TASKS_MOUNT: &str = "/tasks-volume";
+
+pub fn task_loader_name(job: &str) -> String {
+    format!("{job}-tasks")
+}
+
+/// `tasks.file` in a cluster: a pod that mounts the claim read-only and serves the file to the
+/// operator (`floe serve-tasks`, `GET :8100/tasks`); `None` without a file or a claim.
+pub fn task_loader(job: &RolloutJob, floe_image: &str) -> Result<Option<Pod>, serde_json::Error> {
+    let Some(file) = &job.spec.tasks.file else {
+        return Ok(None);
+    };
+    let Some(claim) = &file.claim_name else {
+        return Ok(None);
+    };
+    let path = format!("{TASKS_MOUNT}/{}", file.path.trim_start_matches('/'));
+    let name = task_loader_name(&job.name_any());
+    Ok(Some(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": meta(job, &name, "tasks"),
+        "spec": {
+            "automountServiceAccountToken": false,
+            "restartPolicy": "Always",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
+            "containers": [{
+                "name": "tasks", "image": floe_image, "command": ["floe"],
+                "args": ["serve-tasks", "--file", path, "--listen", format!("0.0.0.0:{INGEST_PORT}")],
+                "ports": [{"name": "http", "containerPort": INGEST_PORT}],
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
+                // A file that cannot be read ends the container with the reason as its message.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "volumeMounts": [{"name": "tasks", "mountPath": TASKS_MOUNT, "readOnly": true}],
+                "securityContext": restricted(),
+            }],
+            "volumes": [{"name": "tasks", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}],
+        },
+    }))?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +338,38 @@ mod tests {
         );
         assert_eq!(aux.services[0].metadata.name.as_deref(), Some("j-dataset"));
         assert!(trainer(&j)?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn a_task_file_on_a_claim_gets_a_read_only_loader() -> Result<(), serde_json::Error> {
+        let mut j = job(json!({}));
+        j.spec.tasks = serde_json::from_value(
+            json!({"file": {"claimName": "swe", "path": "/sets/verified.jsonl"}}),
+        )?;
+        let pod = serde_json::to_value(task_loader(&j, "floe:1")?.expect("a loader"))?;
+        assert_eq!(pod["metadata"]["name"], "j-tasks");
+        assert_eq!(pod["metadata"]["labels"]["floe.dev/job-role"], "tasks");
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(
+            c["args"],
+            json!([
+                "serve-tasks",
+                "--file",
+                "/tasks-volume/sets/verified.jsonl",
+                "--listen",
+                "0.0.0.0:8100"
+            ])
+        );
+        assert_eq!(c["volumeMounts"][0]["readOnly"], true);
+        assert_eq!(
+            pod["spec"]["volumes"][0]["persistentVolumeClaim"],
+            json!({"claimName": "swe", "readOnly": true})
+        );
+        assert!(
+            task_loader(&job(json!({})), "floe:1")?.is_none(),
+            "inline tasks"
+        );
         Ok(())
     }
 

@@ -62,7 +62,12 @@ pub struct JobContext {
     /// Client-side CEL validation per (job uid, generation): evaluating the rules costs tens of
     /// milliseconds, too much for every round of a running job.
     validated: Mutex<HashMap<String, Validated>>,
+    /// `tasks.file` jobs' tasks by job uid, with the loader arguments they were read with.
+    file_tasks: Mutex<HashMap<String, LoadedTasks>>,
 }
+
+/// The task loader's arguments and the tasks read with them.
+type LoadedTasks = (String, Arc<Vec<Task>>);
 
 /// A job's generation and what validating it said.
 type Validated = (Option<i64>, Result<(), String>);
@@ -90,6 +95,7 @@ impl JobContext {
                 .unwrap_or_default(),
             starved: Mutex::default(),
             validated: Mutex::default(),
+            file_tasks: Mutex::default(),
         }
     }
 
@@ -132,7 +138,7 @@ struct Observed {
     name: String,
     /// `numSamples` (at least 1).
     samples: u32,
-    tasks: Vec<Task>,
+    tasks: Arc<Vec<Task>>,
     hidden: BTreeMap<String, String>,
     control_port: i32,
     pods: Vec<Pod>,
@@ -461,6 +467,7 @@ async fn observe(
         Ok(Err(Blocked {
             reason: reason.into(),
             message,
+            transient: false,
         }))
     };
     // apiservers < 1.25 do not run the CRD's CEL rules: the operator applies the same ones.
@@ -487,25 +494,33 @@ async fn observe(
     };
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
-        (Some(t), _, _) => t.clone(),
+        (Some(t), _, _) => Arc::new(t.clone()),
         (None, Some(cm), _) => {
             let Some(map) = configmaps.get_opt(&cm.name).await? else {
-                return blocked("TasksNotFound", format!("ConfigMap {:?} (spec.tasks.configMap) does not exist", cm.name));
+                return blocked(
+                    "TasksNotFound",
+                    format!(
+                        "ConfigMap {:?} (spec.tasks.configMap) does not exist",
+                        cm.name
+                    ),
+                );
             };
             let Some(text) = map.data.as_ref().and_then(|d| d.get(&cm.key)) else {
-                return blocked("TasksNotFound", format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key));
+                return blocked(
+                    "TasksNotFound",
+                    format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key),
+                );
             };
             match tasks::parse_jsonl(text, &format!("ConfigMap {}/{}", cm.name, cm.key)) {
-                Ok(t) => t,
+                Ok(t) => Arc::new(t),
                 Err(e) => return blocked("InvalidTasks", e),
             }
         }
-        _ => {
-            return blocked(
-                "TaskFileNotSupported",
-                "spec.tasks.file is read by `floe run` (local mode); in a cluster put the JSONL in a ConfigMap (spec.tasks.configMap)".into(),
-            )
-        }
+        (None, None, Some(_)) => match file_tasks(job, ctx, ns).await? {
+            Ok(t) => t,
+            Err(b) => return Ok(Err(b)),
+        },
+        (None, None, None) => return blocked("InvalidSpec", "spec.tasks names no source".into()),
     };
     let hidden = match &spec.evaluator.hidden_files_from {
         Some(r) => match configmaps.get_opt(&r.name).await? {
@@ -563,6 +578,101 @@ async fn observe(
         pods: owned,
         ready,
     }))
+}
+
+/// `tasks.file`: the operator reads no volumes, so a loader pod mounts the claim and serves
+/// the file (`aux_pods::task_loader`); the parsed tasks are kept per job (they cannot change
+/// once the job started) and the pod stays for an operator restart to read them again.
+async fn file_tasks(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+) -> Result<Result<Arc<Vec<Task>>, Blocked>, JobError> {
+    let stalled = |reason: &str, message: String| {
+        Ok(Err(Blocked {
+            reason: reason.into(),
+            message,
+            transient: false,
+        }))
+    };
+    let uid = job.uid().unwrap_or_default();
+    let Some(loader) = super::aux_pods::task_loader(job, &ctx.floe_image)? else {
+        return stalled(
+            "TaskFileNeedsClaim",
+            "spec.tasks.file.claimName: in a cluster the task file is read from a PersistentVolumeClaim (or use spec.tasks.inline / spec.tasks.configMap)".into(),
+        );
+    };
+    // The loader's arguments name the file: a changed path (before the job started) means a
+    // new loader and a new read.
+    let key = serde_json::to_string(&loader.spec.as_ref().map(|s| &s.containers[0].args))?;
+    if let Some((k, tasks)) = ctx
+        .file_tasks
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&uid)
+    {
+        if *k == key {
+            return Ok(Ok(tasks.clone()));
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let name = loader.name_any();
+    let pod = match pods.get_opt(&name).await? {
+        Some(p)
+            if serde_json::to_string(&p.spec.as_ref().map(|s| &s.containers[0].args))? != key =>
+        {
+            delete_pod(&pods, &name).await?;
+            None
+        }
+        Some(p) => Some(p),
+        None => {
+            create_if_missing(&pods, &loader).await?;
+            None
+        }
+    };
+    let waiting = |message: String| {
+        Ok(Err(Blocked {
+            reason: "LoadingTasks".into(),
+            message,
+            transient: true,
+        }))
+    };
+    let Some(pod) = pod else {
+        return waiting(format!("starting pod {name} to read spec.tasks.file"));
+    };
+    if let Some(why) = pod_view::crashed(&pod) {
+        return stalled("TaskFileUnreadable", format!("pod {name}: {why}"));
+    }
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+    let (Some(ip), true) = (ip, crate::pool_controller::is_ready(&pod)) else {
+        return waiting(format!("waiting for pod {name} to read spec.tasks.file"));
+    };
+    let url = format!("http://{ip}:{}/tasks", super::aux_pods::INGEST_PORT);
+    let text = match ctx
+        .http
+        .get(&url)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => match r.text().await {
+            Ok(t) => t,
+            Err(e) => return waiting(format!("reading {url}: {e}")),
+        },
+        Ok(r) => return waiting(format!("{url} answered {}", r.status())),
+        Err(e) => return waiting(format!("reading {url}: {e}")),
+    };
+    let file = job.spec.tasks.file.as_ref().map_or("", |f| f.path.as_str());
+    let tasks = match tasks::parse_jsonl(&text, &format!("task file {file}")) {
+        Ok(t) => Arc::new(t),
+        Err(e) => return stalled("InvalidTasks", e),
+    };
+    tracing::info!(job = %job.name_any(), tasks = tasks.len(), "read the task file");
+    ctx.file_tasks
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(uid, (key, tasks.clone()));
+    Ok(Ok(tasks))
 }
 
 impl Observed {
@@ -1003,6 +1113,10 @@ async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action,
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&uid);
+    ctx.file_tasks
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&uid);
     ctx.starved
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -1066,6 +1180,13 @@ async fn report_blocked(
     let was = previous
         .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Stalled"))
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    if blocked.transient {
+        if previous != Some(&st) {
+            write_status(jobs, job, job.resource_version().as_deref(), &st).await?;
+        }
+        // The pod it waits for triggers a reconcile when it changes; this is the fallback.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     if was
         != Some((
             "True".into(),

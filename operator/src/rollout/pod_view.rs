@@ -103,6 +103,21 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
     }
 }
 
+/// Why a long-running pod's (first) container keeps failing: it ended with a non-zero exit,
+/// now or before its last restart — with its termination message or reason.
+pub fn crashed(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    let ended = |s: Option<&k8s_openapi::api::core::v1::ContainerState>| {
+        s.and_then(|s| s.terminated.as_ref())
+            .filter(|t| t.exit_code != 0)
+            .map(|t| {
+                let why = t.message.as_deref().or(t.reason.as_deref()).unwrap_or("");
+                format!("exited {}: {}", t.exit_code, why.trim())
+            })
+    };
+    ended(status.state.as_ref()).or_else(|| ended(status.last_state.as_ref()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +192,22 @@ mod tests {
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
         assert_eq!(session_pod(&p).map(|s| s.progress), Some(PodProgress::Lost));
+    }
+
+    #[test]
+    fn a_crashing_loader_says_why() {
+        let crashing = pod(json!({"containerStatuses": [
+            {"name": "tasks", "ready": false, "restartCount": 2, "image": "f", "imageID": "",
+             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+             "lastState": {"terminated": {"exitCode": 1,
+                "message": "floe: cannot read the task file /tasks-volume/x.jsonl: No such file or directory\n"}}}]}));
+        assert_eq!(
+            crashed(&crashing).as_deref(),
+            Some("exited 1: floe: cannot read the task file /tasks-volume/x.jsonl: No such file or directory")
+        );
+        let fine = pod(json!({"containerStatuses": [
+            {"name": "tasks", "ready": true, "restartCount": 0, "image": "f", "imageID": "",
+             "state": {"running": {}}}]}));
+        assert_eq!(crashed(&fine), None);
     }
 }

@@ -16,6 +16,9 @@ use super::plan::{JobState, RewardTally};
 pub struct Blocked {
     pub reason: String,
     pub message: String,
+    /// Waiting on something that comes by itself (the task loader pod starting): the job is
+    /// reconciling, not stalled.
+    pub transient: bool,
 }
 
 pub struct StatusInput<'a> {
@@ -102,6 +105,12 @@ fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condit
 fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase, Vec<Condition>) {
     let s = i.state;
     let mut out = Vec::new();
+    if let Some(b) = i.blocked.filter(|b| b.transient) {
+        out.push(condition("Ready", false, &b.reason, b.message.clone()));
+        out.push(condition("Reconciling", true, &b.reason, b.message.clone()));
+        out.push(condition("Progressing", true, &b.reason, b.message.clone()));
+        return (RolloutJobPhase::Pending, out);
+    }
     if let Some(b) = i.blocked {
         // kstatus: Stalled = cannot make progress without a change from the user.
         out.push(condition("Ready", false, &b.reason, b.message.clone()));
@@ -307,6 +316,7 @@ mod tests {
         let blocked = Blocked {
             reason: "PoolNotFound".into(),
             message: "no pool".into(),
+            transient: false,
         };
         let mut i = input(&s, None, 0);
         i.blocked = Some(&blocked);
@@ -314,5 +324,17 @@ mod tests {
         assert_eq!(st.phase, Some(RolloutJobPhase::Pending));
         assert_eq!(cond(&st, "Stalled"), Some("True"));
         assert_eq!(st.conditions[0].reason, "PoolNotFound");
+        // Waiting on something that comes by itself: reconciling, never stalled.
+        let loading = Blocked {
+            reason: "LoadingTasks".into(),
+            message: "waiting for the task loader".into(),
+            transient: true,
+        };
+        i.blocked = Some(&loading);
+        let st = status(&i, None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Pending));
+        assert_eq!(cond(&st, "Stalled"), None);
+        assert_eq!(cond(&st, "Reconciling"), Some("True"));
+        assert_eq!(cond(&st, "Ready"), Some("False"));
     }
 }
