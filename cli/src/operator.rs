@@ -51,10 +51,10 @@ pub struct OperatorArgs {
     #[arg(long)]
     identity: Option<String>,
     /// Apiserver requests per second, sustained (client-side token bucket; 0 = no limit).
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = 100.0)]
     kube_qps: f64,
     /// Apiserver requests allowed at once above `--kube-qps` (the bucket's size).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 200)]
     kube_burst: u32,
 }
 

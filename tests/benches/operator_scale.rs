@@ -205,6 +205,8 @@ async fn main() -> Result<()> {
     if std::env::var_os("FLOE_BENCH_SKIP_CLAIMS").is_none() {
         claim_latency(&client, sessions, warm).await?;
     }
-    operator_memory(&client, pods).await?;
+    if std::env::var_os("FLOE_BENCH_SKIP_MEMORY").is_none() {
+        operator_memory(&client, pods).await?;
+    }
     Ok(())
 }
