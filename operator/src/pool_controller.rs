@@ -2,7 +2,7 @@
 //! out the plan (create pods with their control-token Secrets, delete), mark pods whose
 //! readiness probe passed as READY, and write the pool's status.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,11 +14,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
-use rand::RngExt;
 use serde_json::json;
 
 use crate::pool::{plan, DeleteReason, PoolPod, PoolView};
-use crate::sandbox_pod::{self, PodState, SandboxPod, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
+use crate::sandbox_pod::{self, PodState, SandboxPod, POOL_LABEL, STATE_LABEL};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -332,23 +331,9 @@ async fn create_pod(
     pod.metadata.owner_references = owner(pool).map(|o| vec![o]);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let created = pods.create(&PostParams::default(), &pod).await?;
-    // The Secret is owned by its pod, so it goes when the pod goes.
-    let token = hex::encode(rand::rng().random::<[u8; 32]>());
+    let token = sandbox_pod::new_control_token();
     ctx.tokens.remember(ns, &pod_name, &token);
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(secret_name),
-            namespace: Some(ns.to_string()),
-            labels: Some(BTreeMap::from([(POOL_LABEL.to_string(), name.to_string())])),
-            owner_references: created.controller_owner_ref(&()).map(|mut o| {
-                o.controller = Some(false);
-                vec![o]
-            }),
-            ..Default::default()
-        },
-        string_data: Some(BTreeMap::from([(CONTROL_TOKEN_KEY.to_string(), token)])),
-        ..Default::default()
-    };
+    let secret = sandbox_pod::control_secret(&created, (POOL_LABEL, name), &token);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     secrets.create(&PostParams::default(), &secret).await?;
     tracing::info!(pool = %name, pod = %pod_name, "created sandbox pod");

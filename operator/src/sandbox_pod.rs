@@ -57,6 +57,39 @@ pub struct SandboxPod<'a> {
 
 /// A stable hash of what makes pods of this pool differ (template, prepare steps, gateway):
 /// pods with another hash are stale.
+/// A fresh per-pod control token (256 random bits, hex).
+pub fn new_control_token() -> String {
+    use rand::RngExt;
+    hex::encode(rand::rng().random::<[u8; 32]>())
+}
+
+/// A sandbox pod's control-token Secret (`<pod>-control`), owned by the created pod so it
+/// goes when the pod goes, labelled with `label`.
+pub fn control_secret(
+    pod: &Pod,
+    label: (&str, &str),
+    token: &str,
+) -> k8s_openapi::api::core::v1::Secret {
+    use kube::{Resource, ResourceExt};
+    k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("{}-control", pod.name_any())),
+            namespace: pod.namespace(),
+            labels: Some(BTreeMap::from([(label.0.to_string(), label.1.to_string())])),
+            owner_references: pod.controller_owner_ref(&()).map(|mut o| {
+                o.controller = Some(false);
+                vec![o]
+            }),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([(
+            CONTROL_TOKEN_KEY.to_string(),
+            token.to_string(),
+        )])),
+        ..Default::default()
+    }
+}
+
 /// Five random lowercase alphanumerics, for pod names (as a ReplicaSet's pods get).
 pub fn random_suffix() -> String {
     use rand::RngExt;

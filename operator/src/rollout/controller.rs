@@ -99,6 +99,19 @@ impl JobContext {
         }
     }
 
+    /// A session got its pod: `cold` when it had waited for one (it was starved before).
+    fn count_claim(&self, uid: &str, index: u32) {
+        let cold = self
+            .starved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(uid.to_string(), index));
+        self.metrics
+            .claims
+            .with_label_values(&[if cold { "cold" } else { "warm" }])
+            .inc();
+    }
+
     fn validate(&self, job: &RolloutJob) -> Result<(), String> {
         let uid = job.uid().unwrap_or_default();
         let generation = job.metadata.generation;
@@ -294,15 +307,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
                 let Some(pod) = claim(ctx, job, observed, &candidate, index, attempt).await? else {
                     return Ok(false);
                 };
-                let cold = ctx
-                    .starved
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&(uid.clone(), index));
-                ctx.metrics
-                    .claims
-                    .with_label_values(&[if cold { "cold" } else { "warm" }])
-                    .inc();
+                ctx.count_claim(uid, index);
                 deliver(ctx, job, observed, &pod, Some(round)).await;
                 Ok(true)
             }
@@ -849,15 +854,7 @@ async fn start_prewarmed(
     let (uid, observed) = (&uid, observed);
     futures::stream::iter(pods)
         .for_each_concurrent(IN_FLIGHT, |(pod, index): (Pod, u32)| async move {
-            let cold = ctx
-                .starved
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&(uid.clone(), index));
-            ctx.metrics
-                .claims
-                .with_label_values(&[if cold { "cold" } else { "warm" }])
-                .inc();
+            ctx.count_claim(uid, index);
             deliver(ctx, job, observed, &pod, Some(round)).await
         })
         .await;
@@ -902,29 +899,12 @@ async fn create_prewarmed(
 
 /// Create one pre-warmed pod, then its Secret (owned by the pod, so it goes with it).
 async fn create_session_pod(ctx: &JobContext, job: &RolloutJob, pod: Pod) -> Result<(), JobError> {
-    use rand::RngExt;
     let ns = job.namespace().unwrap_or_default();
     let name = pod.name_any();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let created = pods.create(&PostParams::default(), &pod).await?;
-    let token = hex::encode(rand::rng().random::<[u8; 32]>());
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(super::prewarm::secret_name(&name)),
-            namespace: Some(ns.clone()),
-            labels: Some(BTreeMap::from([(JOB_LABEL.to_string(), job.name_any())])),
-            owner_references: created.controller_owner_ref(&()).map(|mut o| {
-                o.controller = Some(false);
-                vec![o]
-            }),
-            ..Default::default()
-        },
-        string_data: Some(BTreeMap::from([(
-            CONTROL_TOKEN_KEY.to_string(),
-            token.clone(),
-        )])),
-        ..Default::default()
-    };
+    let token = crate::sandbox_pod::new_control_token();
+    let secret = crate::sandbox_pod::control_secret(&created, (JOB_LABEL, &job.name_any()), &token);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     secrets.create(&PostParams::default(), &secret).await?;
     ctx.tokens.remember(&ns, &name, &token);
