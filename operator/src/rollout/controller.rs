@@ -322,12 +322,11 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         }
     }
 
-    // poolTemplate: sessions start on their pre-warmed pods; pods for the next ones warm up.
+    // poolTemplate: sessions start on their pre-warmed pods.
     let started = start_prewarmed(ctx, job, &observed, &decided.start, round).await;
     if started < decided.start.len() {
         decided.running -= (decided.start.len() - started) as u32;
     }
-    create_prewarmed(ctx, job, &observed, &decided.prewarm).await?;
 
     // 3. Only now (results recorded, new sessions on their way) let go of finished pods.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -345,6 +344,9 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     for name in &decided.stop {
         delete_pod(&pods, name).await?;
     }
+    // poolTemplate: the next sessions' pods, after the finished ones went (the window holds
+    // `concurrency + lookahead` pods, not one more while a finished pod lingers).
+    create_prewarmed(ctx, job, &observed, &decided.prewarm).await?;
 
     // 4. The status after this round.
     let running = decided.running - (decided.claim.len() as u32 - claimed);
