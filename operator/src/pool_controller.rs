@@ -294,6 +294,29 @@ pub async fn delete(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
     }
 }
 
+/// Create a sandbox pod (a pool's or a `poolTemplate` job's), then its control-token Secret
+/// owned by it, and remember the token for deliveries. Returns the created pod.
+pub async fn create_with_control_secret(
+    client: &Client,
+    tokens: &crate::tokens::ControlTokens,
+    pod: &Pod,
+    label: (&str, &str),
+) -> Result<Pod, kube::Error> {
+    let ns = pod.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let created = pods.create(&PostParams::default(), pod).await?;
+    let token = sandbox_pod::new_control_token();
+    tokens.remember(&ns, &created.name_any(), &token);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &sandbox_pod::control_secret(&created, label, &token),
+        )
+        .await?;
+    Ok(created)
+}
+
 async fn mark(pods: &Api<Pod>, pod: &Pod, to: PodState) -> Result<(), PoolError> {
     // The resourceVersion makes this a compare-and-swap: a concurrent claim wins.
     let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), "labels": {STATE_LABEL: to.label()}}});
@@ -318,7 +341,7 @@ async fn create_pod(
     name: &str,
 ) -> Result<String, PoolError> {
     let pod_name = format!("{name}-{}", sandbox_pod::random_suffix());
-    let secret_name = format!("{pod_name}-control");
+    let secret_name = sandbox_pod::control_secret_name(&pod_name);
     let mut pod = sandbox_pod::build(&SandboxPod {
         name: &pod_name,
         namespace: ns,
@@ -329,13 +352,7 @@ async fn create_pod(
         native_sidecars: ctx.native_sidecars,
     })?;
     pod.metadata.owner_references = owner(pool).map(|o| vec![o]);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let created = pods.create(&PostParams::default(), &pod).await?;
-    let token = sandbox_pod::new_control_token();
-    ctx.tokens.remember(ns, &pod_name, &token);
-    let secret = sandbox_pod::control_secret(&created, (POOL_LABEL, name), &token);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    secrets.create(&PostParams::default(), &secret).await?;
+    create_with_control_secret(&ctx.client, &ctx.tokens, &pod, (POOL_LABEL, name)).await?;
     tracing::info!(pool = %name, pod = %pod_name, "created sandbox pod");
     Ok(pod_name)
 }

@@ -55,16 +55,19 @@ pub struct SandboxPod<'a> {
     pub native_sidecars: bool,
 }
 
-/// A stable hash of what makes pods of this pool differ (template, prepare steps, gateway):
-/// pods with another hash are stale.
 /// A fresh per-pod control token (256 random bits, hex).
 pub fn new_control_token() -> String {
     use rand::RngExt;
     hex::encode(rand::rng().random::<[u8; 32]>())
 }
 
-/// A sandbox pod's control-token Secret (`<pod>-control`), owned by the created pod so it
-/// goes when the pod goes, labelled with `label`.
+/// The name of a sandbox pod's control-token Secret.
+pub fn control_secret_name(pod: &str) -> String {
+    format!("{pod}-control")
+}
+
+/// A sandbox pod's control-token Secret ([`control_secret_name`]), owned by the created pod so
+/// it goes when the pod goes, labelled with `label`.
 pub fn control_secret(
     pod: &Pod,
     label: (&str, &str),
@@ -73,7 +76,7 @@ pub fn control_secret(
     use kube::{Resource, ResourceExt};
     k8s_openapi::api::core::v1::Secret {
         metadata: kube::api::ObjectMeta {
-            name: Some(format!("{}-control", pod.name_any())),
+            name: Some(control_secret_name(&pod.name_any())),
             namespace: pod.namespace(),
             labels: Some(BTreeMap::from([(label.0.to_string(), label.1.to_string())])),
             owner_references: pod.controller_owner_ref(&()).map(|mut o| {
@@ -102,6 +105,8 @@ pub fn random_suffix() -> String {
         .collect()
 }
 
+/// A stable hash of what makes pods of this pool differ (template, prepare steps, gateway):
+/// pods with another hash are stale.
 pub fn template_hash(spec: &GatewayPoolSpec) -> String {
     let material = json!([spec.template, spec.prepare, spec.gateway]).to_string();
     // FNV-1a, 64 bit: stable across processes and releases (std's hasher is not).

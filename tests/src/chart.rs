@@ -56,7 +56,11 @@ pub fn run_tool(tool: &str, args: &[&str], stdin: Option<&[u8]>) -> Result<Outpu
 
 /// Run a tool and return its stdout; its stderr is the error when it fails.
 pub fn tool_ok(tool: &str, args: &[&str]) -> Result<String> {
-    let out = run_tool(tool, args, None)?;
+    stdout_of(tool, args, run_tool(tool, args, None)?)
+}
+
+/// A tool run's stdout; its stderr (and stdout) is the error when it failed.
+pub fn stdout_of(tool: &str, args: &[&str], out: Output) -> Result<String> {
     if !out.status.success() {
         bail!(
             "{tool} {} failed: {}{}",

@@ -259,13 +259,9 @@ impl Node {
         }
         anyhow::ensure!(up, "the gateway of {name} did not come up at {control}");
         self.running.insert(name.clone(), running);
-        let status = json!({"status": {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
-            "containerStatuses": [container("sandbox", json!({"running": {}})),
-                                  container("floe-gateway", json!({"running": {}}))],
-        }});
-        self.patch_status(&name, &status).await
+        let containers = ["sandbox".to_string(), "floe-gateway".to_string()];
+        self.patch_status(&name, &running_status(&ip, &containers))
+            .await
     }
 
     /// A job's own pod (trainer, dataset collector): reported Running and Ready on an address of
@@ -283,12 +279,8 @@ impl Node {
             self.aux.insert(name.clone());
             return self.run_job_pod(&name, &ip, &names, command).await;
         }
-        let status = json!({"status": {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
-            "containerStatuses": names.iter().map(|n| container(n, json!({"running": {}}))).collect::<Vec<_>>(),
-        }});
-        self.patch_status(&name, &status).await?;
+        self.patch_status(&name, &running_status(&ip, &names))
+            .await?;
         self.aux.insert(name);
         Ok(())
     }
@@ -359,16 +351,14 @@ impl Node {
         for _ in 0..100 {
             if let Some(exit) = child.try_wait()? {
                 let message = std::fs::read_to_string(&stderr).unwrap_or_default();
-                let status = json!({"status": {
-                    "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-                    "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
-                    "containerStatuses": containers.iter().map(|n| json!({
-                        "name": n, "ready": false, "restartCount": 1, "image": "test", "imageID": "",
-                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                        "lastState": {"terminated": {"exitCode": exit.code().unwrap_or(1), "message": message}},
-                    })).collect::<Vec<_>>(),
-                }});
-                return self.patch_status(name, &status).await;
+                let crashed: Vec<Value> = containers.iter().map(|n| json!({
+                    "name": n, "ready": false, "restartCount": 1, "image": "test", "imageID": "",
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": exit.code().unwrap_or(1), "message": message}},
+                })).collect();
+                return self
+                    .patch_status(name, &pod_status(ip, false, crashed))
+                    .await;
             }
             if self
                 .http
@@ -384,12 +374,8 @@ impl Node {
         }
         self.processes.push(KillOnDrop(child));
         anyhow::ensure!(ready, "job pod {name} never answered /healthz");
-        let status = json!({"status": {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
-            "containerStatuses": containers.iter().map(|n| container(n, json!({"running": {}}))).collect::<Vec<_>>(),
-        }});
-        self.patch_status(name, &status).await
+        self.patch_status(name, &running_status(ip, containers))
+            .await
     }
 
     /// Play the runner: take the delivered assignment (if any yet) and end the container.
@@ -470,6 +456,25 @@ impl Node {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// A running pod's status patch: its IP, Ready as given, these container statuses.
+fn pod_status(ip: &str, ready: bool, containers: Vec<Value>) -> Value {
+    json!({"status": {
+        "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+                        "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+        "containerStatuses": containers,
+    }})
+}
+
+/// Running and Ready, every container running.
+fn running_status(ip: &str, containers: &[String]) -> Value {
+    let running = containers
+        .iter()
+        .map(|n| container(n, json!({"running": {}})))
+        .collect();
+    pod_status(ip, true, running)
 }
 
 fn container(name: &str, state: Value) -> Value {

@@ -10,12 +10,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::chart::{
     argocd_health, chart_dir, documents, exported_metrics, promql_metrics, render, rules_file,
-    run_tool, tool_ok, tools,
+    run_tool, stdout_of, tool_ok, tools,
 };
 use floe_tests::kubelet::{FakeKubelet, Verdict};
 use floe_tests::namespace::{with_crds, TestNamespace};
@@ -445,19 +445,13 @@ fn can_i(user: &str, args: &[&str]) -> Result<bool> {
     Ok(String::from_utf8_lossy(&out.stdout).trim() == "yes")
 }
 
+/// Helm against the test cluster.
 fn helm(args: &[&str]) -> Result<String> {
     let out = std::process::Command::new(tools().join("helm"))
         .args(args)
         .env("KUBECONFIG", &cluster().kubeconfig)
         .output()?;
-    if !out.status.success() {
-        bail!(
-            "helm {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8(out.stdout)?)
+    stdout_of("helm", args, out)
 }
 
 /// The objects a release installed, as its manifest lists them.

@@ -13,7 +13,7 @@ use floe_sandbox::session::{self, SessionOf};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
@@ -470,13 +470,7 @@ async fn observe(
     ctx: &JobContext,
     ns: &str,
 ) -> Result<Result<Observed, Blocked>, JobError> {
-    let blocked = |reason: &str, message: String| {
-        Ok(Err(Blocked {
-            reason: reason.into(),
-            message,
-            transient: false,
-        }))
-    };
+    let blocked = |reason: &str, message: String| Ok(Err(Blocked::stalled(reason, message)));
     // apiservers < 1.25 do not run the CRD's CEL rules: the operator applies the same ones.
     if let Err(e) = ctx.validate(job) {
         return blocked("InvalidSpec", e);
@@ -595,13 +589,7 @@ async fn file_tasks(
     ctx: &JobContext,
     ns: &str,
 ) -> Result<Result<Arc<Vec<Task>>, Blocked>, JobError> {
-    let stalled = |reason: &str, message: String| {
-        Ok(Err(Blocked {
-            reason: reason.into(),
-            message,
-            transient: false,
-        }))
-    };
+    let stalled = |reason: &str, message: String| Ok(Err(Blocked::stalled(reason, message)));
     let uid = job.uid().unwrap_or_default();
     let Some(loader) = super::aux_pods::task_loader(job, &ctx.floe_image)? else {
         return stalled(
@@ -637,13 +625,7 @@ async fn file_tasks(
             None
         }
     };
-    let waiting = |message: String| {
-        Ok(Err(Blocked {
-            reason: "LoadingTasks".into(),
-            message,
-            transient: true,
-        }))
-    };
+    let waiting = |message: String| Ok(Err(Blocked::waiting("LoadingTasks", message)));
     let Some(pod) = pod else {
         return waiting(format!("starting pod {name} to read spec.tasks.file"));
     };
@@ -891,27 +873,21 @@ async fn create_prewarmed(
                 floe_image: &ctx.floe_image,
                 native_sidecars: ctx.native_sidecars,
             })?;
-            create_session_pod(ctx, job, pod).await
+            let job_name = job.name_any();
+            crate::pool_controller::create_with_control_secret(
+                &ctx.client,
+                &ctx.tokens,
+                &pod,
+                (JOB_LABEL, &job_name),
+            )
+            .await?;
+            tracing::info!(job = %job_name, pod = %pod.name_any(), "created pre-warmed session pod");
+            Ok(())
         })
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
     created.into_iter().collect()
-}
-
-/// Create one pre-warmed pod, then its Secret (owned by the pod, so it goes with it).
-async fn create_session_pod(ctx: &JobContext, job: &RolloutJob, pod: Pod) -> Result<(), JobError> {
-    let ns = job.namespace().unwrap_or_default();
-    let name = pod.name_any();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let created = pods.create(&PostParams::default(), &pod).await?;
-    let token = crate::sandbox_pod::new_control_token();
-    let secret = crate::sandbox_pod::control_secret(&created, (JOB_LABEL, &job.name_any()), &token);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    secrets.create(&PostParams::default(), &secret).await?;
-    ctx.tokens.remember(&ns, &name, &token);
-    tracing::info!(job = %job.name_any(), pod = %name, "created pre-warmed session pod");
-    Ok(())
 }
 
 /// Where sessions' model calls and trajectories go, by the job's mode.
@@ -998,7 +974,10 @@ async fn deliver(
         // Not created by this operator process (it restarted): read the Secret once.
         None => {
             let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-            let read = match secrets.get(&format!("{name}-control")).await {
+            let read = match secrets
+                .get(&crate::sandbox_pod::control_secret_name(&name))
+                .await
+            {
                 Ok(s) => s.data.and_then(|d| {
                     d.get(CONTROL_TOKEN_KEY)
                         .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())

@@ -92,10 +92,15 @@ impl JobState {
         (self.completed.len() + self.failed.len()) as u64 >= u64::from(self.total)
     }
 
+    /// The attempt a session's next pod runs (its infrastructure failures so far).
+    fn attempt(&self, index: u32) -> u32 {
+        self.retries.get(&index).copied().unwrap_or(0)
+    }
+
     fn recorded(&self, pod: &SessionPod) -> bool {
         self.completed.contains(pod.index)
             || self.failed.contains(pod.index)
-            || self.retries.get(&pod.index).copied().unwrap_or(0) > pod.attempt
+            || self.attempt(pod.index) > pod.attempt
     }
 }
 
@@ -241,13 +246,9 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
         let room = state
             .concurrency
             .map_or(u32::MAX, |c| c.saturating_sub(running));
-        let pending = (0..state.total).filter(|i| {
-            !next.completed.contains(*i) && !next.failed.contains(*i) && !holding.contains(i)
-        });
-        for index in pending.take(usize::try_from(room).unwrap_or(usize::MAX)) {
+        for index in pending(&next, &holding).take(usize::try_from(room).unwrap_or(usize::MAX)) {
             if out.claim.len() < ready_pods {
-                let attempt = next.retries.get(&index).copied().unwrap_or(0);
-                out.claim.push((index, attempt));
+                out.claim.push((index, next.attempt(index)));
             } else {
                 out.starved.push(index);
             }
@@ -256,6 +257,13 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
     out.running = running + out.claim.len() as u32;
     out.next = next;
     out
+}
+
+/// Sessions neither finished nor holding a pod, lowest index first.
+fn pending<'a>(next: &'a JobState, holding: &'a BTreeSet<u32>) -> impl Iterator<Item = u32> + 'a {
+    (0..next.total).filter(|i| {
+        !next.completed.contains(*i) && !next.failed.contains(*i) && !holding.contains(i)
+    })
 }
 
 /// `poolTemplate` mode: start the lowest waiting sessions whose pods are Ready (up to the
@@ -290,16 +298,12 @@ fn plan_prewarmed(
     }
     let alive = running as usize + waiting.len();
     let budget = concurrency.saturating_add(lookahead) as usize;
-    let pending = (0..state.total).filter(|i| {
-        !next.completed.contains(*i) && !next.failed.contains(*i) && !holding.contains(i)
-    });
-    for index in pending.take(budget.saturating_sub(alive)) {
+    for index in pending(next, holding).take(budget.saturating_sub(alive)) {
         if room > 0 {
             room -= 1;
             out.starved.push(index);
         }
-        let attempt = next.retries.get(&index).copied().unwrap_or(0);
-        out.prewarm.push((index, attempt));
+        out.prewarm.push((index, next.attempt(index)));
     }
 }
 

@@ -37,10 +37,6 @@ pub fn pod_name(job: &str, index: u32, attempt: u32, suffix: &str) -> String {
     format!("{job}-s{index}-a{attempt}-{suffix}")
 }
 
-pub fn secret_name(pod: &str) -> String {
-    format!("{pod}-control")
-}
-
 /// The pool spec a `poolTemplate` job's pods are built from: its template with the task's
 /// image, default gateway settings.
 pub fn pool_spec(template: &SandboxTemplate, task: &Task) -> GatewayPoolSpec {
@@ -63,7 +59,7 @@ pub fn build(p: &SessionPodFor) -> Result<Pod, serde_json::Error> {
     let name = pod_name(&job, p.index, p.attempt, p.suffix);
     let namespace = p.job.namespace().unwrap_or_default();
     let spec = pool_spec(p.template, p.task);
-    let secret = secret_name(&name);
+    let secret = sandbox_pod::control_secret_name(&name);
     let mut pod = sandbox_pod::build(&SandboxPod {
         name: &name,
         namespace: &namespace,

@@ -21,6 +21,26 @@ pub struct Blocked {
     pub transient: bool,
 }
 
+impl Blocked {
+    /// Cannot go on without a change from the user (kstatus `Stalled`).
+    pub fn stalled(reason: &str, message: String) -> Self {
+        Self {
+            reason: reason.into(),
+            message,
+            transient: false,
+        }
+    }
+
+    /// Waiting on something that comes by itself (kstatus `Reconciling`).
+    pub fn waiting(reason: &str, message: String) -> Self {
+        Self {
+            reason: reason.into(),
+            message,
+            transient: true,
+        }
+    }
+}
+
 pub struct StatusInput<'a> {
     pub previous: Option<&'a RolloutJobStatus>,
     pub generation: Option<i64>,
@@ -313,11 +333,7 @@ mod tests {
         assert_eq!(st.phase, Some(RolloutJobPhase::Suspended));
         assert_eq!(cond(&st, "Suspended"), Some("True"));
         let s = state(3);
-        let blocked = Blocked {
-            reason: "PoolNotFound".into(),
-            message: "no pool".into(),
-            transient: false,
-        };
+        let blocked = Blocked::stalled("PoolNotFound", "no pool".into());
         let mut i = input(&s, None, 0);
         i.blocked = Some(&blocked);
         let st = status(&i, None);
@@ -325,11 +341,7 @@ mod tests {
         assert_eq!(cond(&st, "Stalled"), Some("True"));
         assert_eq!(st.conditions[0].reason, "PoolNotFound");
         // Waiting on something that comes by itself: reconciling, never stalled.
-        let loading = Blocked {
-            reason: "LoadingTasks".into(),
-            message: "waiting for the task loader".into(),
-            transient: true,
-        };
+        let loading = Blocked::waiting("LoadingTasks", "waiting for the task loader".into());
         i.blocked = Some(&loading);
         let st = status(&i, None);
         assert_eq!(st.phase, Some(RolloutJobPhase::Pending));
