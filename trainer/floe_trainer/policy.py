@@ -3,7 +3,7 @@ traces under it (padded batches; response tokens only)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -22,6 +22,9 @@ class Batch:
     loss_mask: torch.Tensor
     behaviour: torch.Tensor
     behaviour_known: torch.Tensor
+
+    def to(self, device: torch.device) -> Batch:
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:

@@ -9,6 +9,7 @@ import torch
 
 from .batching import Group
 from .loss import LossConfig, policy_loss
+from .placement import CPU_FP32, Placement
 from .policy import make_batch, token_logprobs
 
 
@@ -23,6 +24,7 @@ class StepStats:
     tis_ess: float
     logprob_mismatch: float
     reward_mean: float
+    kl_mean: float = 0.0
 
 
 def train_step(
@@ -33,7 +35,10 @@ def train_step(
     micro_batch_size: int = 4,
     max_grad_norm: float = 1.0,
     pad_id: int = 0,
+    placement: Placement = CPU_FP32,
+    reference: torch.nn.Module | None = None,
 ) -> StepStats:
+    """``reference``: the frozen policy the KL term (``cfg.kl_coef``) pulls towards."""
     items = [
         (trace, adv)
         for g in groups
@@ -47,16 +52,22 @@ def train_step(
     loss_sum, w = 0.0, []
     for start in range(0, len(items), micro_batch_size):
         chunk = items[start : start + micro_batch_size]
-        batch = make_batch([tr for tr, _ in chunk], pad_id)
-        logp = token_logprobs(model, batch)
+        batch = make_batch([tr for tr, _ in chunk], pad_id).to(placement.device)
+        with placement.autocast():
+            logp = token_logprobs(model, batch)
+            ref = None
+            if cfg.kl_coef > 0 and reference is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(reference, batch)
         loss, stats = policy_loss(
             logp,
             logp.detach(),
             batch.behaviour,
             batch.behaviour_known,
-            torch.tensor([a for _, a in chunk], dtype=torch.float64),
+            torch.tensor([a for _, a in chunk], dtype=torch.float64, device=placement.device),
             batch.loss_mask,
             cfg,
+            ref,
         )
         # Token-mean over the whole step, not per micro-batch.
         share = stats.tokens / max(total_tokens, 1)
@@ -77,4 +88,5 @@ def train_step(
         tis_ess=min((s.tis_ess for s in w), default=1.0),
         logprob_mismatch=sum(s.logprob_mismatch * s.tokens for s in w) / tokens,
         reward_mean=sum(rewards) / max(len(rewards), 1),
+        kl_mean=sum(s.kl_mean * s.tokens for s in w) / tokens,
     )

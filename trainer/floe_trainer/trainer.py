@@ -21,6 +21,7 @@ from .batching import Group, GroupBuffer
 from .ingest import Ingest, Store
 from .loss import LossConfig
 from .metrics import Metrics
+from .placement import resolve
 from .step import StepStats, train_step
 from .vllm_sync import push
 from .wire import Trajectory
@@ -48,17 +49,19 @@ class TrainerConfig:
     checkpoint_every: int = 50
     checkpoint_keep: int = 3
     checkpoint_dir: Path | None = None
+    device: str = "auto"
+    precision: str = "auto"
+    gradient_checkpointing: bool = False
+    kl_coef: float = 0.0
 
     @staticmethod
     def from_operator(c: dict, state_dir: Path) -> TrainerConfig:
         """The JSON the operator puts in ``FLOE_TRAINER_CONFIG`` (docs/trainer.md)."""
         g = c.get("grpo", {})
         ck = c.get("checkpoint") or {}
-        # Not silently ignored: a job asking for what this trainer cannot do yet is refused.
-        if float(g.get("klCoef", 0) or 0) > 0:
-            raise ValueError("grpo.klCoef > 0 (KL to a reference model) is not supported yet")
-        if g.get("gradientCheckpointing"):
-            raise ValueError("grpo.gradientCheckpointing is not supported yet")
+        kl_coef = float(g.get("klCoef", 0) or 0)
+        if kl_coef < 0:
+            raise ValueError(f"grpo.klCoef must be >= 0, got {kl_coef}")
         return TrainerConfig(
             model=c["model"],
             policy_url=c.get("policyUrl", "http://127.0.0.1:8000"),
@@ -80,6 +83,10 @@ class TrainerConfig:
             checkpoint_every=int(ck.get("everySteps", 50)),
             checkpoint_keep=int(ck.get("keep", 3)),
             checkpoint_dir=Path(ck["dir"]) if ck.get("dir") else None,
+            device=c.get("device", "auto"),
+            precision=str(g.get("precision", "Auto")).lower(),
+            gradient_checkpointing=bool(g.get("gradientCheckpointing", False)),
+            kl_coef=kl_coef,
         )
 
 
@@ -101,10 +108,24 @@ class Trainer:
         self.ready: list[Group] = []
         resume = checkpoint.latest(self.ckpt_dir)
         self.state = checkpoint.load_state(resume) if resume else checkpoint.State()
-        self.model = AutoModelForCausalLM.from_pretrained(resume or cfg.model, dtype=torch.float32)
+        self.placement = resolve(cfg.device, cfg.precision)
+        dev = self.placement.device
+        self.model = AutoModelForCausalLM.from_pretrained(
+            resume or cfg.model, dtype=torch.float32
+        ).to(dev)
+        if cfg.gradient_checkpointing:
+            # Activations recomputed in the backward pass: memory for time, on long traces.
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        # The reference for the KL term is the policy the job started from, never a checkpoint.
+        self.reference = None
+        if cfg.kl_coef > 0:
+            ref_dtype = self.placement.autocast_dtype or torch.float32
+            self.reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=ref_dtype)
+            self.reference.to(dev).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate)
         if resume and (resume / "optimizer.pt").exists():
-            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt"))
+            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=dev))
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(resume or cfg.model) / "config.json", self.weights_dir / "config.json")
         if resume:
@@ -121,6 +142,7 @@ class Trainer:
             epsilon_high=cfg.epsilon_high,
             tis_cap=cfg.tis_cap,
             aggregation=cfg.loss_aggregation,
+            kl_coef=cfg.kl_coef,
         )
         self.metrics.progress(self.state.step, self.state.policy_version)
         self.waiting_since = time.monotonic()
@@ -150,6 +172,8 @@ class Trainer:
             self.loss_cfg,
             self.cfg.micro_batch_size,
             self.cfg.max_grad_norm,
+            placement=self.placement,
+            reference=self.reference,
         )
         t1 = time.monotonic()
         push(self.model, self.cfg.policy_url, self.weights_dir)

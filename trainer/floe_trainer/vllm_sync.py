@@ -30,7 +30,9 @@ def _post(url: str, body: dict | None = None, timeout: float = 600) -> dict:
 
 def save_weights(model: torch.nn.Module, directory: Path) -> None:
     """``model.safetensors`` replaced atomically (vLLM must never read a half-written file)."""
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {
+        k: v.detach().to("cpu", copy=False).contiguous() for k, v in model.state_dict().items()
+    }
     tmp = directory / ".model.safetensors.tmp"
     save_file(state, str(tmp))
     with open(tmp, "rb") as f:

@@ -26,7 +26,32 @@ def test_the_operator_config_maps_to_the_trainer_config():
     assert (c.max_staleness, c.checkpoint_every, c.checkpoint_dir) == (2, 10, Path("/checkpoints"))
 
 
-@pytest.mark.parametrize("grpo", [{"klCoef": 0.1}, {"gradientCheckpointing": True}])
-def test_unsupported_options_are_refused_not_ignored(grpo):
-    with pytest.raises(ValueError, match="not supported yet"):
-        TrainerConfig.from_operator({"model": "m", "numSamples": 2, "grpo": grpo}, Path("/tmp"))
+def test_gpu_options_map_through():
+    c = TrainerConfig.from_operator(
+        {
+            "model": "m",
+            "numSamples": 2,
+            "grpo": {"klCoef": 0.05, "gradientCheckpointing": True, "precision": "BF16"},
+        },
+        Path("/tmp"),
+    )
+    assert (c.kl_coef, c.gradient_checkpointing, c.precision) == (0.05, True, "bf16")
+
+
+def test_a_negative_kl_coefficient_is_refused():
+    with pytest.raises(ValueError, match="klCoef"):
+        TrainerConfig.from_operator(
+            {"model": "m", "numSamples": 2, "grpo": {"klCoef": -1}}, Path("/tmp")
+        )
+
+
+def test_placement_resolves_and_refuses_unknown_values():
+    from floe_trainer.placement import resolve
+
+    p = resolve("cpu", "auto")
+    assert (p.device.type, p.precision) == ("cpu", "fp32")
+    assert resolve("cpu", "bf16").precision == "bf16"
+    with pytest.raises(ValueError, match="precision"):
+        resolve("cpu", "fp8")
+    with pytest.raises(ValueError, match="device"):
+        resolve("tpu", "auto")

@@ -86,3 +86,30 @@ def test_aggregations_differ_as_documented():
     assert sum_norm == pytest.approx((-1 + 3) / (4.0 * 2))
     with pytest.raises(ValueError):
         run(*args, aggregation="Nope")
+
+
+def test_kl_to_the_reference_is_the_k3_estimate_with_its_gradient():
+    # A = 0: only the KL term. logp -1, ref -1.5: d = -0.5, k3 = e^-0.5 + 0.5 - 1; the masked
+    # token adds nothing. d/dlogp (coef * k3) = coef * (1 - e^(ref - logp)).
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    lp = t([[-1.0, -2.0]]).requires_grad_(True)
+    loss, stats = policy_loss(
+        lp,
+        t([[-1.0, -2.0]]),
+        t([[-1.0, -2.0]]),
+        torch.tensor([[True, True]]),
+        t([0.0]),
+        t([[1, 0]]),
+        LossConfig(kl_coef=0.1),
+        logp_ref=t([[-1.5, -9.0]]),
+    )
+    loss.backward()
+    k3 = math.exp(-0.5) + 0.5 - 1
+    assert loss.item() == pytest.approx(0.1 * k3)
+    assert stats.kl_mean == pytest.approx(k3)
+    assert lp.grad[0].tolist() == pytest.approx([0.1 * (1 - math.exp(-0.5)), 0.0])
+
+
+def test_kl_needs_the_reference_logprobs():
+    with pytest.raises(ValueError, match="reference"):
+        run([[-1.0]], [[-1.0]], [[-1.0]], [[True]], [1.0], [[1]], kl_coef=0.1)

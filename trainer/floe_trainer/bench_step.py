@@ -1,0 +1,139 @@
+"""Optimizer-step benchmark: one GRPO step over synthetic groups (random tokens, rewards
+spread so every group trains) for each training configuration, timed after a warm-up step.
+Prints step time, trained tokens/s, peak GPU memory and mean GPU utilization (NVML), and each
+configuration's speed as a ratio against the fp32 baseline measured in the same run.
+
+    python -m floe_trainer.bench_step --model-dir DIR [--groups 8 --samples 8
+        --prompt 512 --response 512 --micro-batch 8 --steps 3]"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from .batching import Group
+from .loss import LossConfig
+from .metrics import UtilizationSampler
+from .placement import Placement, resolve
+from .step import train_step
+from .wire import parse
+
+
+def synthetic_groups(
+    groups: int, samples: int, prompt: int, response: int, vocab: int, seed: int = 0
+) -> list[Group]:
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        p = [rng.randrange(vocab) for _ in range(prompt)]
+        trajectories, advantages = [], []
+        for s in range(samples):
+            r = [rng.randrange(vocab) for _ in range(response)]
+            body = {
+                "format": "floe.trajectory/v1",
+                "session": f"b{g}-{s}",
+                "task": str(g),
+                "group": f"bench/{g}",
+                "sample": s,
+                "status": "completed",
+                "trainable": True,
+                "reward": s / max(samples - 1, 1),
+                "builder": "per_request",
+                "policy_versions": [0],
+                "traces": [
+                    {
+                        "prompt_token_ids": p,
+                        "response_token_ids": r,
+                        "loss_mask": [1] * response,
+                        "logprobs": [-rng.uniform(0.1, 5.0) for _ in r],
+                    }
+                ],
+            }
+            trajectories.append(parse(body))
+            advantages.append(s - (samples - 1) / 2)
+        out.append(Group(f"bench/{g}", trajectories, advantages))
+    return out
+
+
+def measure(
+    model_dir: Path,
+    placement: Placement,
+    checkpointing: bool,
+    groups: list[Group],
+    micro_batch: int,
+    steps: int,
+) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.to(placement.device)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    cuda = placement.device.type == "cuda"
+    train_step(model, opt, groups, LossConfig(), micro_batch, placement=placement)  # warm-up
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    util = UtilizationSampler()
+    t0 = time.perf_counter()
+    tokens = 0
+    with util:
+        for _ in range(steps):
+            tokens += train_step(
+                model, opt, groups, LossConfig(), micro_batch, placement=placement
+            ).tokens
+        if cuda:
+            torch.cuda.synchronize()
+    secs = (time.perf_counter() - t0) / steps
+    result = {
+        "step_s": secs,
+        "tokens_per_s": tokens / steps / secs,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "gpu_util": util.mean,
+    }
+    del model, opt
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model-dir", required=True, type=Path)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--groups", type=int, default=8)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--response", type=int, default=512)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3)
+    a = p.parse_args()
+    vocab = AutoModelForCausalLM.from_pretrained(a.model_dir).config.vocab_size
+    groups = synthetic_groups(a.groups, a.samples, a.prompt, a.response, vocab)
+    print(
+        f"{a.groups} groups x {a.samples} samples, prompt {a.prompt} + response {a.response} "
+        f"tokens, micro-batch {a.micro_batch}, {a.steps} timed steps"
+    )
+    configs = [("fp32", False), ("bf16", False), ("bf16", True)]
+    base = None
+    for precision, ckpt in configs:
+        placement = resolve(a.device, precision)
+        r = measure(a.model_dir, placement, ckpt, groups, a.micro_batch, a.steps)
+        base = base or r["step_s"]
+        name = precision + (" + grad checkpointing" if ckpt else "")
+        mem = f", peak {r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else ""
+        util = f", GPU util {r['gpu_util']:.0f} %" if r["gpu_util"] is not None else ""
+        print(
+            f"{name:28s} step {r['step_s']:.3f} s, {r['tokens_per_s']:,.0f} tokens/s{mem}{util}, "
+            f"speed x{base / r['step_s']:.2f} vs fp32",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Where and in which precision the trainer computes: ``device`` auto | cuda | cpu and
+``precision`` auto | bf16 | fp32 (auto: bf16 on a GPU, fp32 on CPU). bf16 is mixed precision:
+the weights and AdamW's state stay fp32 (the master copy vLLM receives) and the forward and
+backward passes run under bf16 autocast."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+DEVICES = ("auto", "cuda", "cpu")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    # None: plain fp32.
+    autocast_dtype: torch.dtype | None
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.autocast_dtype == torch.bfloat16 else "fp32"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+
+CPU_FP32 = Placement(torch.device("cpu"), None)
+
+
+def resolve(device: str = "auto", precision: str = "auto") -> Placement:
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
+    dev = torch.device("cuda" if device == "cuda" or (device == "auto" and has_cuda) else "cpu")
+    if precision == "auto":
+        precision = "bf16" if dev.type == "cuda" else "fp32"
+    return Placement(dev, torch.bfloat16 if precision == "bf16" else None)
