@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The trainer on a GPU, for a session lent one (never CI): converts SmolLM2-135M-Instruct from
 # its GGUF, runs the optimizer-step benchmark (fp32 vs bf16 vs bf16 + gradient checkpointing,
-# with GPU utilization from NVML) and the learning demo sampling with the trained model itself.
+# with GPU utilization from NVML), the unit and GPU tests, and the learning demo sampling with the trained model itself.
 # vLLM is not used: its CUDA build cannot be installed on the lent machines (docs/trainer.md).
 # Usage: scripts/trainer/gpu-proof.sh GGUF_DIR WORK_DIR   (env: PYTHON, STEPS, BENCH_ARGS)
 set -euo pipefail
@@ -13,6 +13,8 @@ if [ ! -f "$W/smollm2/model.safetensors" ]; then
   HF_HUB_OFFLINE=1 "$PY" scripts/vllm-cpu/prepare_models.py smollm2 "$W/smollm2" "$G"
 fi
 export PYTHONPATH="$PWD/trainer${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# The unit tests on this machine's torch/transformers, and the GPU tests (tests/test_gpu.py).
+(cd trainer && FLOE_TEST_MODELS="$W" "$PY" -m pytest -q -rs -s tests -k "not real_vllm" -p no:cacheprovider)
 # shellcheck disable=SC2086
 "$PY" -m floe_trainer.bench_step --model-dir "$W/smollm2" --device cuda ${BENCH_ARGS:-}
 "$PY" -m floe_trainer.learn_demo --local --model-dir "$W/smollm2" --device cuda --steps "${STEPS:-30}"

@@ -9,6 +9,7 @@ configuration's speed as a ratio against the fp32 baseline measured in the same 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import time
 from pathlib import Path
@@ -64,6 +65,7 @@ def measure(
     model_dir: Path,
     placement: Placement,
     checkpointing: bool,
+    kl: bool,
     groups: list[Group],
     micro_batch: int,
     steps: int,
@@ -73,9 +75,19 @@ def measure(
     if checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    opt = placement.optimizer(model.parameters(), 1e-6)
+    reference = None
+    if kl:
+        reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        reference.to(placement.device).eval().requires_grad_(False)
+    cfg = LossConfig(kl_coef=0.05 if kl else 0.0)
     cuda = placement.device.type == "cuda"
-    train_step(model, opt, groups, LossConfig(), micro_batch, placement=placement)  # warm-up
+
+    step = functools.partial(
+        train_step, model, opt, groups, cfg, micro_batch, placement=placement, reference=reference
+    )
+
+    step()  # warm-up
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -84,9 +96,7 @@ def measure(
     tokens = 0
     with util:
         for _ in range(steps):
-            tokens += train_step(
-                model, opt, groups, LossConfig(), micro_batch, placement=placement
-            ).tokens
+            tokens += step().tokens
         if cuda:
             torch.cuda.synchronize()
     secs = (time.perf_counter() - t0) / steps
@@ -96,7 +106,7 @@ def measure(
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "gpu_util": util.mean,
     }
-    del model, opt
+    del step, model, opt, reference
     if cuda:
         torch.cuda.empty_cache()
     return result
@@ -119,13 +129,14 @@ def main() -> None:
         f"{a.groups} groups x {a.samples} samples, prompt {a.prompt} + response {a.response} "
         f"tokens, micro-batch {a.micro_batch}, {a.steps} timed steps"
     )
-    configs = [("fp32", False), ("bf16", False), ("bf16", True)]
+    configs = [("fp32", False, False), ("bf16", False, False), ("bf16", True, False)]
+    configs.append(("bf16", False, True))
     base = None
-    for precision, ckpt in configs:
+    for precision, ckpt, kl in configs:
         placement = resolve(a.device, precision)
-        r = measure(a.model_dir, placement, ckpt, groups, a.micro_batch, a.steps)
+        r = measure(a.model_dir, placement, ckpt, kl, groups, a.micro_batch, a.steps)
         base = base or r["step_s"]
-        name = precision + (" + grad checkpointing" if ckpt else "")
+        name = precision + (" + grad checkpointing" if ckpt else "") + (" + KL ref" if kl else "")
         mem = f", peak {r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else ""
         util = f", GPU util {r['gpu_util']:.0f} %" if r["gpu_util"] is not None else ""
         print(

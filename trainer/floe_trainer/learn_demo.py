@@ -134,7 +134,7 @@ def run(
     sampler = (
         VllmSampler(url, model_dir) if url else LocalSampler(model, tok.eos_token_id, placement)
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = placement.optimizer(model.parameters(), lr)
     util = UtilizationSampler()
     baseline = evaluate(sampler, prompts, 16, seed=10_000)
     curve = []

@@ -28,31 +28,31 @@ class Batch:
 
 
 def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
+    # Rows are built as Python lists and turned into tensors once: per-element tensor writes
+    # cost microseconds each and left the GPU idle for a third of a bf16 step.
     length = max(len(t.prompt_token_ids) + len(t.response_token_ids) for t in traces)
     resp = max(max(len(t.response_token_ids) for t in traces), 1)
-    b = len(traces)
-    input_ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, length), dtype=torch.long)
-    positions = torch.zeros((b, resp), dtype=torch.long)
-    response = torch.zeros((b, resp), dtype=torch.long)
-    mask = torch.zeros((b, resp))
-    behaviour = torch.zeros((b, resp), dtype=torch.float64)
-    known = torch.zeros((b, resp), dtype=torch.bool)
-    for i, t in enumerate(traces):
+    input_ids, attention, positions, response, mask, behaviour, known = ([] for _ in range(7))
+    for t in traces:
         ids = t.prompt_token_ids + t.response_token_ids
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        attention[i, : len(ids)] = 1
         n, p = len(t.response_token_ids), len(t.prompt_token_ids)
-        if n == 0:
-            continue
-        positions[i, :n] = torch.arange(p - 1, p - 1 + n)
-        response[i, :n] = torch.tensor(t.response_token_ids)
-        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        for j, lp in enumerate(t.logprobs):
-            if lp is not None:
-                behaviour[i, j] = lp
-                known[i, j] = True
-    return Batch(input_ids, attention, positions, response, mask, behaviour, known)
+        pad = resp - n
+        input_ids.append(ids + [pad_id] * (length - len(ids)))
+        attention.append([1] * len(ids) + [0] * (length - len(ids)))
+        positions.append(list(range(p - 1, p - 1 + n)) + [0] * pad if n else [0] * resp)
+        response.append(t.response_token_ids + [0] * pad)
+        mask.append([float(m) for m in t.loss_mask] + [0.0] * pad)
+        behaviour.append([0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * pad)
+        known.append([lp is not None for lp in t.logprobs] + [False] * pad)
+    return Batch(
+        torch.tensor(input_ids, dtype=torch.long),
+        torch.tensor(attention, dtype=torch.long),
+        torch.tensor(positions, dtype=torch.long),
+        torch.tensor(response, dtype=torch.long),
+        torch.tensor(mask, dtype=torch.float32),
+        torch.tensor(behaviour, dtype=torch.float64),
+        torch.tensor(known, dtype=torch.bool),
+    )
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

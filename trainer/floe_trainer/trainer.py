@@ -123,7 +123,7 @@ class Trainer:
             ref_dtype = self.placement.autocast_dtype or torch.float32
             self.reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=ref_dtype)
             self.reference.to(dev).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.learning_rate)
+        self.optimizer = self.placement.optimizer(self.model.parameters(), cfg.learning_rate)
         if resume and (resume / "optimizer.pt").exists():
             self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=dev))
         self.weights_dir.mkdir(parents=True, exist_ok=True)
