@@ -9,12 +9,12 @@ cd "$(dirname "$0")/../.."
 G=$1 W=$2 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
-if [ ! -f "$W/smollm2/model.safetensors" ]; then
-  HF_HUB_OFFLINE=1 "$PY" scripts/vllm-cpu/prepare_models.py smollm2 "$W/smollm2" "$G"
+if [ ! -f "$W/smollm2-135m-instruct/model.safetensors" ]; then
+  HF_HUB_OFFLINE=1 "$PY" scripts/vllm-cpu/prepare_models.py smollm2 "$W/smollm2-135m-instruct" "$G"
 fi
 export PYTHONPATH="$PWD/trainer${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # The unit tests on this machine's torch/transformers, and the GPU tests (tests/test_gpu.py).
 (cd trainer && FLOE_TEST_MODELS="$W" "$PY" -m pytest -q -rs -s tests -k "not real_vllm" -p no:cacheprovider)
 # shellcheck disable=SC2086
-"$PY" -m floe_trainer.bench_step --model-dir "$W/smollm2" --device cuda ${BENCH_ARGS:-}
-"$PY" -m floe_trainer.learn_demo --local --model-dir "$W/smollm2" --device cuda --steps "${STEPS:-30}"
+"$PY" -m floe_trainer.bench_step --model-dir "$W/smollm2-135m-instruct" --device cuda ${BENCH_ARGS:-}
+"$PY" -m floe_trainer.learn_demo --local --model-dir "$W/smollm2-135m-instruct" --device cuda --steps "${STEPS:-30}"

@@ -22,9 +22,16 @@ class Batch:
     loss_mask: torch.Tensor
     behaviour: torch.Tensor
     behaviour_known: torch.Tensor
+    # The first logits row any response token needs (rows before it predict prompt tokens).
+    first_position: int = 0
 
     def to(self, device: torch.device) -> Batch:
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
 
 
 def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
@@ -44,6 +51,7 @@ def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
         mask.append([float(m) for m in t.loss_mask] + [0.0] * pad)
         behaviour.append([0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * pad)
         known.append([lp is not None for lp in t.logprobs] + [False] * pad)
+    starts = [len(t.prompt_token_ids) - 1 for t in traces if t.response_token_ids]
     return Batch(
         torch.tensor(input_ids, dtype=torch.long),
         torch.tensor(attention, dtype=torch.long),
@@ -52,12 +60,22 @@ def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
         torch.tensor(mask, dtype=torch.float32),
         torch.tensor(behaviour, dtype=torch.float64),
         torch.tensor(known, dtype=torch.bool),
+        max(min(starts, default=0), 0),
     )
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Log-probability of each response token under ``model`` ([B, R], float64 for the loss)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    picked = torch.gather(logits, 1, batch.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    logp = picked.float().log_softmax(-1)
-    return torch.gather(logp, 2, batch.response_ids.unsqueeze(-1)).squeeze(-1).double()
+    """Log-probability of each response token under ``model`` ([B, R], float64 for the loss).
+
+    Two things keep memory linear in the sequence length. No attention mask: rows are padded
+    on the right only, so under causal attention a real token never sees a pad, and without a
+    mask SDPA runs its fused causal kernel instead of materialising [B, heads, L, L] scores.
+    Logits only from the first position that predicts a response token on (``logits_to_keep``):
+    agent prompts are long and their logits are never used."""
+    start = batch.first_position
+    keep = batch.input_ids.shape[1] - start
+    logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits
+    index = (batch.positions - start).clamp(min=0)
+    picked = torch.gather(logits, 1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
+    chosen = torch.gather(picked, 2, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    return (chosen - torch.logsumexp(picked, -1)).double()

@@ -28,3 +28,40 @@ def test_make_batch_pads_and_indexes_the_response_tokens():
     assert b.behaviour.dtype == torch.float64
     assert b.behaviour.tolist() == [[-0.5, 0, 0], [-1, -2, -3], [0, 0, 0]]
     assert b.behaviour_known.tolist() == [[True, False, False], [True] * 3, [False] * 3]
+    # Row 2 (prompt of 1) is the first to need logits: from position 0.
+    assert b.first_position == 0
+    assert make_batch([trace([5, 6, 7], [8], [1], [None])]).first_position == 2
+
+
+def test_padded_batch_logprobs_equal_each_trace_alone_and_the_masked_full_forward():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from floe_trainer.policy import token_logprobs
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    traces = [
+        trace([1, 2, 3, 4, 5], [6, 7], [1, 1], [None, None]),
+        trace([9], [10, 11, 12, 13], [0, 1, 1, 1], [None] * 4),
+        trace([20, 21, 22], [23], [1], [None]),
+    ]
+    with torch.no_grad():
+        together = token_logprobs(model, make_batch(traces))
+        for i, t in enumerate(traces):
+            n = len(t.response_token_ids)
+            alone = token_logprobs(model, make_batch([t]))[0, :n]
+            assert torch.allclose(together[i, :n], alone, atol=1e-5)
+            # What the old full forward with an attention mask gave.
+            b = make_batch([t])
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[0]
+            full = logits.log_softmax(-1)[b.positions[0, :n], b.response_ids[0, :n]]
+            assert torch.allclose(alone.float(), full, atol=1e-5)
