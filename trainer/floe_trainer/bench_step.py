@@ -66,7 +66,6 @@ def measure(
     placement: Placement,
     checkpointing: bool,
     kl: bool,
-    padding_mask: bool,
     groups: list[Group],
     micro_batch: int,
     steps: int,
@@ -85,15 +84,7 @@ def measure(
     cuda = placement.device.type == "cuda"
 
     step = functools.partial(
-        train_step,
-        model,
-        opt,
-        groups,
-        cfg,
-        micro_batch,
-        placement=placement,
-        reference=reference,
-        padding_mask=padding_mask,
+        train_step, model, opt, groups, cfg, micro_batch, placement=placement, reference=reference
     )
 
     step()  # warm-up
@@ -131,9 +122,6 @@ def main() -> None:
     p.add_argument("--response", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument(
-        "--with-padding-mask", action="store_true", help="also each row with the padding mask"
-    )
     a = p.parse_args()
     vocab = AutoModelForCausalLM.from_pretrained(a.model_dir).config.vocab_size
     groups = synthetic_groups(a.groups, a.samples, a.prompt, a.response, vocab)
@@ -143,23 +131,21 @@ def main() -> None:
     )
     configs = [("fp32", False, False), ("bf16", False, False), ("bf16", True, False)]
     configs.append(("bf16", False, True))
-    masks = [True, False] if a.with_padding_mask else [False]
     base = None
-    for (precision, ckpt, kl), mask in ((c, m) for c in configs for m in masks):
+    for precision, ckpt, kl in configs:
         placement = resolve(a.device, precision)
         name = precision + (" + grad checkpointing" if ckpt else "") + (" + KL ref" if kl else "")
-        name += " + padding mask" if mask else ""
         try:
-            r = measure(a.model_dir, placement, ckpt, kl, mask, groups, a.micro_batch, a.steps)
+            r = measure(a.model_dir, placement, ckpt, kl, groups, a.micro_batch, a.steps)
         except torch.OutOfMemoryError:
-            print(f"{name:42s} out of GPU memory", flush=True)
+            print(f"{name:28s} out of GPU memory", flush=True)
             torch.cuda.empty_cache()
             continue
         base = base or r["step_s"]
         mem = f", peak {r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else ""
         util = f", GPU util {r['gpu_util']:.0f} %" if r["gpu_util"] is not None else ""
         print(
-            f"{name:42s} step {r['step_s']:.3f} s, {r['tokens_per_s']:,.0f} tokens/s{mem}{util}, "
+            f"{name:28s} step {r['step_s']:.3f} s, {r['tokens_per_s']:,.0f} tokens/s{mem}{util}, "
             f"speed x{base / r['step_s']:.2f} vs the first row",
             flush=True,
         )

@@ -37,7 +37,6 @@ def train_step(
     pad_id: int = 0,
     placement: Placement = CPU_FP32,
     reference: torch.nn.Module | None = None,
-    padding_mask: bool = False,
 ) -> StepStats:
     """``reference``: the frozen policy the KL term (``cfg.kl_coef``) pulls towards."""
     items = [
@@ -55,11 +54,11 @@ def train_step(
         chunk = items[start : start + micro_batch_size]
         batch = make_batch([tr for tr, _ in chunk], pad_id).to(placement.device)
         with placement.autocast():
-            logp = token_logprobs(model, batch, padding_mask)
+            logp = token_logprobs(model, batch)
             ref = None
             if cfg.kl_coef > 0 and reference is not None:
                 with torch.no_grad():
-                    ref = token_logprobs(reference, batch, padding_mask)
+                    ref = token_logprobs(reference, batch)
         loss, stats = policy_loss(
             logp,
             logp.detach(),
