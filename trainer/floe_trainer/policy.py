@@ -66,15 +66,13 @@ def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
 
 def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Log-probability of each response token under ``model`` ([B, R], float64 for the loss).
-
-    Two things keep memory linear in the sequence length. No attention mask: rows are padded
-    on the right only, so under causal attention a real token never sees a pad, and without a
-    mask SDPA runs its fused causal kernel instead of materialising [B, heads, L, L] scores.
-    Logits only from the first position that predicts a response token on (``logits_to_keep``):
-    agent prompts are long and their logits are never used."""
+    Logits only from the first position that predicts a response token on
+    (``logits_to_keep``): agent prompts are long, and their [L, vocab] logits are never used."""
     start = batch.first_position
     keep = batch.input_ids.shape[1] - start
-    logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+    ).logits
     index = (batch.positions - start).clamp(min=0)
     picked = torch.gather(logits, 1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
     chosen = torch.gather(picked, 2, batch.response_ids.unsqueeze(-1)).squeeze(-1)
