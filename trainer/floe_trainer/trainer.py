@@ -62,6 +62,12 @@ class TrainerConfig:
         kl_coef = float(g.get("klCoef", 0) or 0)
         if kl_coef < 0:
             raise ValueError(f"grpo.klCoef must be >= 0, got {kl_coef}")
+        # train.gpus: 0 trains on CPU, 1 on the pod's GPU. Refused rather than silently using
+        # one GPU of several: data-parallel training is not implemented.
+        gpus = c.get("gpus")
+        if gpus is not None and int(gpus) > 1:
+            raise ValueError(f"train.gpus is {gpus}: this trainer trains on one GPU; set 1")
+        device = "auto" if gpus is None else ("cpu" if int(gpus) == 0 else "cuda")
         return TrainerConfig(
             model=c["model"],
             policy_url=c.get("policyUrl", "http://127.0.0.1:8000"),
@@ -83,7 +89,7 @@ class TrainerConfig:
             checkpoint_every=int(ck.get("everySteps", 50)),
             checkpoint_keep=int(ck.get("keep", 3)),
             checkpoint_dir=Path(ck["dir"]) if ck.get("dir") else None,
-            device=c.get("device", "auto"),
+            device=device,
             precision=str(g.get("precision", "Auto")).lower(),
             gradient_checkpointing=bool(g.get("gradientCheckpointing", False)),
             kl_coef=kl_coef,

@@ -38,6 +38,17 @@ def test_gpu_options_map_through():
     assert (c.kl_coef, c.gradient_checkpointing, c.precision) == (0.05, True, "bf16")
 
 
+@pytest.mark.parametrize("gpus, device", [(None, "auto"), (0, "cpu"), (1, "cuda")])
+def test_train_gpus_picks_the_device(gpus, device):
+    c = {"model": "m", "numSamples": 2} | ({} if gpus is None else {"gpus": gpus})
+    assert TrainerConfig.from_operator(c, Path("/tmp")).device == device
+
+
+def test_more_than_one_training_gpu_is_refused_not_ignored():
+    with pytest.raises(ValueError, match="one GPU"):
+        TrainerConfig.from_operator({"model": "m", "numSamples": 2, "gpus": 4}, Path("/tmp"))
+
+
 def test_a_negative_kl_coefficient_is_refused():
     with pytest.raises(ValueError, match="klCoef"):
         TrainerConfig.from_operator(

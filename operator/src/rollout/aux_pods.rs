@@ -129,6 +129,7 @@ fn trainer_config(job: &RolloutJob, train: &TrainSpec) -> Value {
         "policyUrl": format!("http://127.0.0.1:{VLLM_PORT}"),
         "servedModel": SERVED_MODEL,
         "ingestListen": format!("0.0.0.0:{INGEST_PORT}"),
+        "gpus": train.gpus,
         "grpo": train.grpo,
         "maxStaleness": train.max_staleness,
         "checkpoint": train.checkpoint.as_ref().map(|c| json!({
