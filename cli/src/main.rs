@@ -9,6 +9,7 @@ use floe_crds::generate::Target;
 mod collect;
 mod gateway;
 mod operator;
+mod policy_proxy;
 mod run;
 mod sandbox;
 mod serve_tasks;
@@ -65,6 +66,9 @@ enum Command {
     Collect(collect::CollectArgs),
     /// Serve a job's JSONL task file from its volume to the operator (the job's task loader pod).
     ServeTasks(serve_tasks::ServeTasksArgs),
+    /// Publish a trainer pod's vLLM (on loopback) to the policy Service: inference and
+    /// read-only paths only, never its weight and pause endpoints.
+    PolicyProxy(policy_proxy::PolicyProxyArgs),
     /// Copy this `floe` binary to DEST (the sandbox pod's init container puts it in a shared
     /// volume for the harness container).
     InstallBinary { dest: std::path::PathBuf },
@@ -93,6 +97,8 @@ enum CliError {
     Collect(#[from] collect::CollectCliError),
     #[error(transparent)]
     ServeTasks(#[from] serve_tasks::ServeTasksError),
+    #[error(transparent)]
+    PolicyProxy(#[from] policy_proxy::PolicyProxyError),
     #[error("cannot install the floe binary to {0}: {1}")]
     Install(std::path::PathBuf, std::io::Error),
 }
@@ -121,6 +127,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::InstallBinary { dest } => install_binary(&dest)?,
         Command::Collect(args) => collect::run(args)?,
         Command::ServeTasks(args) => serve_tasks::run(args)?,
+        Command::PolicyProxy(args) => policy_proxy::run(args)?,
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
         }

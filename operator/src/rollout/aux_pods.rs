@@ -1,8 +1,11 @@
 //! Names and ports of a job's own pods and Services: the trainer pod (vLLM serving the policy,
 //! and the GRPO trainer's ingest) in `train` mode, the dataset collector in `sft` mode.
 
-/// vLLM's OpenAI server in the trainer pod.
+/// The policy Service's port: `floe policy-proxy` in the trainer pod, in front of vLLM.
 pub const VLLM_PORT: i32 = 8000;
+/// vLLM itself, on the trainer pod's loopback only: its dev-mode weight and pause endpoints
+/// are for the trainer container, never for sandbox pods (`floe policy-proxy`).
+pub const VLLM_LOOPBACK_PORT: i32 = 8001;
 /// Trajectory ingest (trainer or dataset collector): `POST /v1/trajectories`.
 pub const INGEST_PORT: i32 = 8100;
 /// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
@@ -126,7 +129,7 @@ fn trainer_config(job: &RolloutJob, train: &TrainSpec) -> Value {
         "numSamples": job.spec.num_samples,
         "passThreshold": job.spec.evaluator.reward.pass_threshold,
         "model": model_path(train),
-        "policyUrl": format!("http://127.0.0.1:{VLLM_PORT}"),
+        "policyUrl": format!("http://127.0.0.1:{VLLM_LOOPBACK_PORT}"),
         "servedModel": SERVED_MODEL,
         "ingestListen": format!("0.0.0.0:{INGEST_PORT}"),
         "gpus": train.gpus,
@@ -153,8 +156,12 @@ fn gpus(n: i32) -> Value {
     }
 }
 
-/// `train`: the trainer pod (vLLM serving the policy + the GRPO trainer) and its Services.
-pub fn trainer(job: &RolloutJob) -> Result<Option<AuxObjects>, serde_json::Error> {
+/// `train`: the trainer pod (vLLM serving the policy behind `floe policy-proxy`, and the GRPO
+/// trainer) and its Services.
+pub fn trainer(
+    job: &RolloutJob,
+    floe_image: &str,
+) -> Result<Option<AuxObjects>, serde_json::Error> {
     let Some(train) = &job.spec.train else {
         return Ok(None);
     };
@@ -163,9 +170,9 @@ pub fn trainer(job: &RolloutJob) -> Result<Option<AuxObjects>, serde_json::Error
         "serve".into(),
         model_path(train),
         "--host".into(),
-        "0.0.0.0".into(),
+        "127.0.0.1".into(),
         "--port".into(),
-        VLLM_PORT.to_string(),
+        VLLM_LOOPBACK_PORT.to_string(),
         "--served-model-name".into(),
         SERVED_MODEL.into(),
     ];
@@ -228,10 +235,18 @@ pub fn trainer(job: &RolloutJob) -> Result<Option<AuxObjects>, serde_json::Error
                 {
                     "name": "vllm", "image": train.image, "command": ["vllm"], "args": vllm_args,
                     "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
-                    "ports": [{"name": "vllm", "containerPort": VLLM_PORT}],
-                    "readinessProbe": {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5},
                     "resources": gpus(train.vllm.gpus),
                     "volumeMounts": mounts,
+                },
+                {
+                    // vLLM's readiness too: /health is forwarded to it.
+                    "name": "policy", "image": floe_image, "command": ["floe"],
+                    "args": ["policy-proxy", "--listen", format!("0.0.0.0:{VLLM_PORT}"),
+                             "--upstream", format!("http://127.0.0.1:{VLLM_LOOPBACK_PORT}")],
+                    "ports": [{"name": "policy", "containerPort": VLLM_PORT}],
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5},
+                    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                    "securityContext": restricted(),
                 },
                 {
                     "name": "trainer", "image": train.image, "command": ["floe-trainer"], "args": ["serve"],
@@ -338,7 +353,7 @@ mod tests {
             "data"
         );
         assert_eq!(aux.services[0].metadata.name.as_deref(), Some("j-dataset"));
-        assert!(trainer(&j)?.is_none());
+        assert!(trainer(&j, "floe:1")?.is_none());
         Ok(())
     }
 
@@ -379,12 +394,21 @@ mod tests {
     {
         let j = job(
             json!({"train": {"image": "floe-trainer:1", "model": "Qwen3-1.7B", "modelClaimName": "models",
-            "gpus": 2, "vllm": {"gpus": 1, "args": ["--max-model-len", "32768"]},
+            "gpus": 1, "vllm": {"gpus": 2, "args": ["--max-model-len", "32768"]},
             "nodeSelector": {"gpu": "h100"}, "checkpoint": {"claimName": "ckpt"}}}),
         );
-        let aux = trainer(&j)?.expect("train has a trainer");
+        let aux = trainer(&j, "floe:1")?.expect("train has a trainer");
         let pod = serde_json::to_value(&aux.pod)?;
-        let vllm = &pod["spec"]["containers"][0];
+        let container = |name: &str| -> Value {
+            pod["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == name)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let vllm = &container("vllm");
         let args: Vec<&str> = vllm["args"]
             .as_array()
             .into_iter()
@@ -392,6 +416,13 @@ mod tests {
             .filter_map(Value::as_str)
             .collect();
         assert_eq!(args[1], "/models/Qwen3-1.7B");
+        // vLLM (dev mode) only on loopback; the policy Service reaches it through the proxy.
+        assert!(args.windows(2).any(|w| w == ["--host", "127.0.0.1"]));
+        assert!(vllm["ports"].is_null(), "vLLM publishes no port");
+        let proxy = &container("policy");
+        assert_eq!(proxy["image"], "floe:1");
+        assert_eq!(proxy["args"][0], "policy-proxy");
+        assert_eq!(proxy["ports"][0]["containerPort"], VLLM_PORT);
         assert!(args
             .windows(2)
             .any(|w| w == ["--served-model-name", "policy"]));
@@ -399,14 +430,18 @@ mod tests {
             .windows(2)
             .any(|w| w == ["--tool-call-parser", "hermes"]));
         assert!(args.ends_with(&["--max-model-len", "32768"]));
-        assert_eq!(vllm["resources"]["limits"]["nvidia.com/gpu"], "1");
-        let trainer = &pod["spec"]["containers"][1];
-        assert_eq!(trainer["resources"]["limits"]["nvidia.com/gpu"], "2");
+        assert_eq!(vllm["resources"]["limits"]["nvidia.com/gpu"], "2");
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--tensor-parallel-size", "2"]));
+        let trainer = &container("trainer");
+        assert_eq!(trainer["resources"]["limits"]["nvidia.com/gpu"], "1");
         let config: Value =
             serde_json::from_str(trainer["env"][0]["value"].as_str().unwrap_or("{}"))
                 .unwrap_or_default();
         assert_eq!(config["numSamples"], 4);
         assert_eq!(config["checkpoint"]["dir"], "/checkpoints");
+        assert_eq!(config["policyUrl"], "http://127.0.0.1:8001");
         let mounts = |c: &Value| -> Vec<String> {
             c["volumeMounts"]
                 .as_array()

@@ -1221,7 +1221,7 @@ fn set_session_gauges(ctx: &JobContext, ns: &str, job: &str, st: &RolloutJobStat
 async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Option<Pod>, JobError> {
     use super::aux_pods;
     let built = match (&job.spec.train, &job.spec.sft) {
-        (Some(_), _) => aux_pods::trainer(job),
+        (Some(_), _) => aux_pods::trainer(job, &ctx.floe_image),
         (None, Some(_)) => aux_pods::collector(job, &ctx.floe_image),
         _ => Ok(None),
     };

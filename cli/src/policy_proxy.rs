@@ -1,0 +1,205 @@
+//! `floe policy-proxy`: the only door into a trainer pod's vLLM. vLLM runs in dev mode there
+//! (the trainer needs `/pause`, `/collective_rpc`, `/reset_prefix_cache`, `/resume` to push
+//! weights), and those endpoints must not be reachable from sandbox pods, which run untrusted
+//! agent code. So vLLM listens on the pod's loopback, and this proxy publishes an allow-list
+//! of inference and read-only paths on the policy Service; anything else is 403.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use clap::Args;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct PolicyProxyArgs {
+    #[arg(long, default_value = "0.0.0.0:8000")]
+    listen: SocketAddr,
+    /// vLLM on the pod's loopback.
+    #[arg(long, default_value = "http://127.0.0.1:8001")]
+    upstream: String,
+    /// Largest request body forwarded (harness prompts with long histories are large).
+    #[arg(long, default_value_t = 64 << 20)]
+    max_body_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyProxyError {
+    #[error("cannot listen on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("cannot build the HTTP client: {0}")]
+    Client(reqwest::Error),
+}
+
+/// What the gateways, the operator and Prometheus need from the policy server; everything
+/// else vLLM serves (weights, pause, sleep, profiling, LoRA loading, aborts) stays in the pod.
+pub fn allowed(method: &Method, path: &str) -> bool {
+    match *method {
+        Method::POST => matches!(
+            path,
+            "/v1/chat/completions" | "/v1/completions" | "/tokenize" | "/detokenize"
+        ),
+        Method::GET | Method::HEAD => {
+            matches!(
+                path,
+                "/v1/models" | "/health" | "/ping" | "/version" | "/metrics"
+            )
+        }
+        _ => false,
+    }
+}
+
+struct Proxy {
+    upstream: String,
+    client: reqwest::Client,
+    max_body_bytes: usize,
+}
+
+fn error(status: StatusCode, kind: &str, message: String) -> Response {
+    // OpenAI's error shape: what vLLM's own clients (the gateways) already parse.
+    let body = json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
+}
+
+async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path();
+    if !allowed(&parts.method, path) {
+        tracing::warn!(method = %parts.method, path, "refused: not served outside the trainer pod");
+        return error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "{} {path} is not served outside the trainer pod",
+                parts.method
+            ),
+        );
+    }
+    let bytes = match to_bytes(body, proxy.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                format!("request body over {} bytes", proxy.max_body_bytes),
+            )
+        }
+    };
+    let query = parts
+        .uri
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let mut upstream = proxy
+        .client
+        .request(
+            parts.method.clone(),
+            format!("{}{path}{query}", proxy.upstream),
+        )
+        .body(bytes);
+    if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+        upstream = upstream.header(header::CONTENT_TYPE, ct);
+    }
+    let resp = match upstream.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unavailable",
+                format!("the policy server did not answer: {e}"),
+            )
+        }
+    };
+    let status = resp.status();
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    match resp.bytes().await {
+        Ok(b) => {
+            let mut out = Response::new(Body::from(b));
+            *out.status_mut() = status;
+            if let Some(ct) = content_type {
+                out.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            out
+        }
+        Err(e) => error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_unavailable",
+            format!("the policy server's answer broke off: {e}"),
+        ),
+    }
+}
+
+pub fn router(upstream: &str, max_body_bytes: usize) -> Result<axum::Router, PolicyProxyError> {
+    let client = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+        .map_err(PolicyProxyError::Client)?;
+    let proxy = Arc::new(Proxy {
+        upstream: upstream.trim_end_matches('/').to_string(),
+        client,
+        max_body_bytes,
+    });
+    Ok(axum::Router::new().fallback(forward).with_state(proxy))
+}
+
+pub fn run(args: PolicyProxyArgs) -> Result<(), PolicyProxyError> {
+    let app = router(&args.upstream, args.max_body_bytes)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(PolicyProxyError::Runtime)?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| PolicyProxyError::Listen(args.listen, e))?;
+        tracing::info!(listen = %args.listen, upstream = %args.upstream, "policy proxy");
+        axum::serve(listener, app)
+            .with_graceful_shutdown(floe_operator::run::shutdown_signal())
+            .await
+            .map_err(|e| PolicyProxyError::Listen(args.listen, e))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inference_and_read_only_paths_pass_and_weight_control_does_not() {
+        for (m, p) in [
+            (Method::POST, "/v1/chat/completions"),
+            (Method::POST, "/v1/completions"),
+            (Method::POST, "/tokenize"),
+            (Method::GET, "/v1/models"),
+            (Method::GET, "/health"),
+            (Method::GET, "/metrics"),
+        ] {
+            assert!(allowed(&m, p), "{m} {p} should pass");
+        }
+        for (m, p) in [
+            (Method::POST, "/pause"),
+            (Method::POST, "/resume"),
+            (Method::POST, "/collective_rpc"),
+            (Method::POST, "/reset_prefix_cache"),
+            (Method::POST, "/sleep"),
+            (Method::POST, "/update_weights"),
+            (Method::POST, "/init_weight_transfer_engine"),
+            (Method::POST, "/v1/load_lora_adapter"),
+            (Method::POST, "/start_profile"),
+            (Method::POST, "/abort_requests"),
+            (Method::GET, "/is_paused"),
+            (Method::DELETE, "/v1/models"),
+            (Method::GET, "/v1/chat/completions/../../pause"),
+            (Method::POST, "/V1/chat/completions"),
+        ] {
+            assert!(!allowed(&m, p), "{m} {p} should be refused");
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! `floe policy-proxy` (the trainer pod's door to its dev-mode vLLM) in front of the genuine
+//! CPU vLLM, which runs with `VLLM_SERVER_DEV_MODE=1` exactly as in the trainer pod: a
+//! gateway's calls go through with their token ids and logprobs, and the weight and pause
+//! endpoints that really exist upstream are refused without reaching it.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use floe_gateway::capture::read_session;
+use floe_tests::{floe_bin, vllm, TestGateway};
+use serde_json::{json, Value};
+
+struct Proxy {
+    url: String,
+    child: Child,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_proxy(upstream: &str) -> Result<Proxy> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(floe_bin()?)
+        .args(["policy-proxy", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", upstream])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let proxy = Proxy {
+        url: format!("http://127.0.0.1:{port}"),
+        child,
+    };
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        if let Ok(r) = http.get(format!("{}/health", proxy.url)).send().await {
+            if r.status().is_success() {
+                return Ok(proxy);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("floe policy-proxy did not come up")
+}
+
+#[tokio::test]
+async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> Result<()> {
+    let upstream = &vllm().url;
+    let proxy = start_proxy(upstream).await?;
+    let http = reqwest::Client::new();
+
+    // A gateway session through the proxy: captured like a direct call.
+    let gw = TestGateway::start(&proxy.url, 8).await?;
+    let token = gw.session("proxied", "t", 0).await?;
+    let resp = http
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth(&token)
+        .json(&json!({"model": "policy", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": "Say hi."}]}))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await?);
+    gw.close("proxied").await?;
+    let capture = read_session(&gw.capture_dir.join("proxied"))?;
+    let call = capture.records.first().expect("one captured call");
+    assert!(!call.prompt_token_ids.is_empty());
+    assert_eq!(
+        call.logprobs.as_ref().map(Vec::len),
+        Some(call.completion_token_ids.len())
+    );
+
+    // Read-only and tokenizer paths pass.
+    for path in ["/v1/models", "/version", "/metrics"] {
+        let r = http.get(format!("{}{path}", proxy.url)).send().await?;
+        assert_eq!(r.status(), 200, "GET {path}");
+    }
+    let tok: Value = http
+        .post(format!("{}/tokenize", proxy.url))
+        .json(&json!({"model": "policy", "prompt": "hello"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert!(
+        tok["tokens"].as_array().is_some_and(|t| !t.is_empty()),
+        "{tok}"
+    );
+
+    // The dev endpoints exist upstream (dev mode)...
+    let paused: Value = http
+        .get(format!("{upstream}/is_paused"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(paused["is_paused"], false, "{paused}");
+    // ...and are refused at the proxy, in OpenAI's error shape, without reaching vLLM.
+    for (path, body) in [
+        ("/pause", json!({})),
+        ("/collective_rpc", json!({"method": "reload_weights"})),
+        ("/reset_prefix_cache", json!({})),
+        ("/sleep", json!({})),
+        ("/update_weights", json!({})),
+    ] {
+        let r = http
+            .post(format!("{}{path}", proxy.url))
+            .json(&body)
+            .send()
+            .await?;
+        assert_eq!(r.status(), 403, "POST {path}");
+        let err: Value = r.json().await?;
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(path)),
+            "{err}"
+        );
+    }
+    let paused: Value = http
+        .get(format!("{upstream}/is_paused"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(
+        paused["is_paused"], false,
+        "the refused /pause reached vLLM"
+    );
+    let still = http
+        .post(format!("{}/v1/completions", proxy.url))
+        .json(&json!({"model": "policy", "prompt": "1, 2, 3,", "max_tokens": 4}))
+        .send()
+        .await?;
+    assert_eq!(still.status(), 200);
+    Ok(())
+}
