@@ -5,7 +5,8 @@
 //! `floe_pool_desired`, `floe_pool_claimed{namespace,pool}`, `floe_leader` (1 on the replica
 //! that holds the lease); for RolloutJobs `floe_claims_total{kind=warm|cold}` (cold: the
 //! session had to wait for a pod to warm up), `floe_claim_latency_seconds` (session claimed →
-//! assignment acknowledged by the pod's gateway), `floe_sessions{namespace,rolloutjob,state}`,
+//! assignment acknowledged by the pod's gateway) and its split `floe_claim_phase_seconds{phase=
+//! observe|patch|deliver}`, `floe_sessions{namespace,rolloutjob,state}`,
 //! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` (each
 //! finished pod's result as it is folded into status), `floe_sessions_waiting_for_pod{namespace,
 //! rolloutjob,pool}` (sessions the last reconcile could not give a READY pod) and the
@@ -16,6 +17,11 @@
 //! target's `job` would be renamed `exported_job` or, with `honorLabels`, replace it.
 
 use std::collections::BTreeMap;
+
+const CLAIM_BUCKETS: [f64; 19] = [
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
 use std::sync::Mutex;
 
 use prometheus::{
@@ -34,6 +40,7 @@ pub struct Metrics {
     pub leader: IntGauge,
     pub claims: IntCounterVec,
     pub claim_latency: prometheus::Histogram,
+    pub claim_phase: prometheus::HistogramVec,
     pub sessions: IntGaugeVec,
     pub session_results: IntCounterVec,
     pub waiting_for_pod: IntGaugeVec,
@@ -90,11 +97,22 @@ impl Metrics {
                 "floe_claim_latency_seconds",
                 "From the reconcile round that found the session claimable until its assignment was acknowledged by the pod's gateway",
             )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
-                0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            ]),
+            .buckets(CLAIM_BUCKETS.to_vec()),
         )?;
+        // The claim latency split, to tell a slow apiserver from a slow gateway: `observe` (the
+        // round's reads and status write before the claim), `patch` (the compare-and-swap on
+        // the pod), `deliver` (the assignment POST until the gateway acknowledged it).
+        let claim_phase = prometheus::HistogramVec::new(
+            HistogramOpts::new(
+                "floe_claim_phase_seconds",
+                "Claim latency by phase: observe (the round before the claim was sent: reads, status write, queueing behind other claims), patch (the pod compare-and-swap), deliver (assignment until acknowledged)",
+            )
+            .buckets(CLAIM_BUCKETS.to_vec()),
+            &["phase"],
+        )?;
+        for phase in ["observe", "patch", "deliver"] {
+            claim_phase.with_label_values(&[phase]);
+        }
         let sessions = IntGaugeVec::new(
             Opts::new("floe_sessions", "Sessions of a RolloutJob by state"),
             &["namespace", "rolloutjob", "state"],
@@ -136,6 +154,7 @@ impl Metrics {
             Box::new(leader.clone()),
             Box::new(claims.clone()),
             Box::new(claim_latency.clone()),
+            Box::new(claim_phase.clone()),
             Box::new(sessions.clone()),
             Box::new(session_results.clone()),
             Box::new(waiting_for_pod.clone()),
@@ -153,6 +172,7 @@ impl Metrics {
             leader,
             claims,
             claim_latency,
+            claim_phase,
             sessions,
             session_results,
             waiting_for_pod,

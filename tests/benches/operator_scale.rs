@@ -35,9 +35,17 @@ fn pool(name: &str, replicas: i32) -> Result<GatewayPool> {
 
 /// p-quantile from a Prometheus histogram: the upper bound of the first bucket holding it.
 fn quantile(metrics: &str, name: &str, q: f64) -> Option<f64> {
+    // `name` may carry leading labels: `floe_claim_phase_seconds{phase="patch",`.
+    let prefix = match name.strip_suffix(',') {
+        Some(labelled) => {
+            let (metric, labels) = labelled.split_once('{').unwrap_or((labelled, ""));
+            format!("{metric}_bucket{{{labels},le=\"")
+        }
+        None => format!("{name}_bucket{{le=\""),
+    };
     let mut buckets = Vec::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix(&format!("{name}_bucket{{le=\"")) else {
+        let Some(rest) = line.strip_prefix(&prefix) else {
             continue;
         };
         let (le, count) = rest.split_once("\"} ")?;
@@ -135,6 +143,18 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
     );
     println!("  claim → assignment acknowledged: p50 ≤ {:.1} ms ({:.1}× a bare PATCH), p99 ≤ {:.1} ms (target ≤ 100 ms)",
         p50 * 1e3, p50 / bare50, p99 * 1e3);
+    for phase in ["observe", "patch", "deliver"] {
+        let series = format!("floe_claim_phase_seconds{{phase=\"{phase}\",");
+        let (q50, q99) = (
+            quantile(&metrics, &series, 0.5).context("phase p50")?,
+            quantile(&metrics, &series, 0.99).context("phase p99")?,
+        );
+        println!(
+            "    phase {phase:8}: p50 ≤ {:.1} ms, p99 ≤ {:.1} ms",
+            q50 * 1e3,
+            q99 * 1e3
+        );
+    }
     println!("  whole job: {wall:.1} s, {:.1} sessions/s (bounded by the fake kubelet starting a gateway process per pod)",
         sessions as f64 / wall);
     kubelet.stop().await?;

@@ -304,11 +304,22 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .map(|((index, attempt), candidate): ((u32, u32), Pod)| {
             let (observed, uid) = (observed_ref, uid_ref);
             async move {
+                let phase = |name: &str, since: Instant| {
+                    ctx.metrics
+                        .claim_phase
+                        .with_label_values(&[name])
+                        .observe(since.elapsed().as_secs_f64());
+                };
+                phase("observe", round);
+                let patching = Instant::now();
                 let Some(pod) = claim(ctx, job, observed, &candidate, index, attempt).await? else {
                     return Ok(false);
                 };
+                phase("patch", patching);
                 ctx.count_claim(uid, index);
+                let delivering = Instant::now();
                 deliver(ctx, job, observed, &pod, Some(round)).await;
+                phase("deliver", delivering);
                 Ok(true)
             }
         })
