@@ -13,8 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 
@@ -78,7 +81,29 @@ impl FakeKubelet {
         let ns = namespace.to_string();
         let seen = taken.clone();
         let task = tokio::spawn(async move {
+            // Like a real kubelet, the node watches its pods rather than listing them: a LIST
+            // of every pod ten times a second loaded the shared apiserver the operator is
+            // measured against.
+            let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let (store, writer) = reflector::store::<Pod>();
+            let changed = Arc::new(tokio::sync::Notify::new());
+            let notify = changed.clone();
+            let watch = tokio::spawn(
+                watcher(
+                    pods_api,
+                    watcher::Config::default().labels("app.kubernetes.io/managed-by=floe"),
+                )
+                .default_backoff()
+                .reflect(writer)
+                .for_each(move |_| {
+                    notify.notify_one();
+                    futures::future::ready(())
+                }),
+            );
+            let _abort_watch = AbortOnDrop(watch);
+            store.wait_until_ready().await?;
             let mut node = Node {
+                store,
                 pods: Api::namespaced(client.clone(), &ns),
                 secrets: Api::namespaced(client, &ns),
                 running: HashMap::new(),
@@ -102,6 +127,7 @@ impl FakeKubelet {
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {},
+                    _ = changed.notified() => {},
                     _ = stopped.changed() => return Ok(()),
                 }
             }
@@ -121,7 +147,17 @@ impl FakeKubelet {
     }
 }
 
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Node {
+    /// The namespace's floe pods, kept by a watch.
+    store: Store<Pod>,
     pods: Api<Pod>,
     secrets: Api<Secret>,
     running: HashMap<String, Running>,
@@ -161,11 +197,7 @@ fn is_sandbox_pod(pod: &Pod) -> bool {
 
 impl Node {
     async fn sync(&mut self) -> Result<()> {
-        let pods = self
-            .pods
-            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=floe"))
-            .await?
-            .items;
+        let pods: Vec<Pod> = self.store.state().iter().map(|p| (**p).clone()).collect();
         // Pods that are gone or going: their containers stop.
         self.running.retain(|name, _| {
             pods.iter()
