@@ -73,6 +73,10 @@ t0=$(date +%s)
 scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS"
 echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
 
+t0=$(date +%s)
+scripts/fuzz.sh "${FLOE_FUZZ_SECONDS:-20}"
+echo "[test] fuzzing (5 targets) in $(( $(date +%s) - t0 )) s" >&2
+
 if ! cargo test --workspace --locked "$@"; then
   echo "[test] failed; last lines of the vLLM log:" >&2
   tail -20 "$STATE/vllm.log" >&2

@@ -1,0 +1,7 @@
+#![no_main]
+use floe_gateway::protocol::openai_responses;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|body: &[u8]| {
+    let _ = openai_responses::normalize(body);
+});

@@ -1,0 +1,13 @@
+#![no_main]
+use floe_gateway::protocol::upstream;
+use libfuzzer_sys::fuzz_target;
+
+// What vLLM answered (any JSON), read for the sampled tokens, logprobs and message.
+fuzz_target!(|body: &[u8]| {
+    if let Ok(answer) = serde_json::from_slice::<serde_json::Value>(body) {
+        let _ = upstream::read_sampled(&answer);
+    }
+    if let Ok(text) = std::str::from_utf8(body) {
+        let _ = upstream::upstream_error(400, text);
+    }
+});
