@@ -11,6 +11,12 @@
 //!
 //! Prints p50/p99 latency, the latency added over direct, requests/s, requests per CPU-second
 //! of the gateway process, and the gateway's RSS with 1,000 open sessions.
+//!
+//! Closed-loop clients (each sends its next request when the last one returns) find the
+//! saturation point; real sessions call at harness pace. So an open-loop section follows:
+//! after the RSS figure, 256 sessions, Poisson arrivals at fixed total rates (the same seeded schedule for every
+//! target), each request sent at its scheduled time whether or not earlier ones returned, and
+//! its latency counted from that time (no coordinated omission).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -299,6 +305,56 @@ async fn load(http: &reqwest::Client, targets: Vec<(String, String)>, duration: 
     }
 }
 
+/// Open loop: requests at Poisson arrival times of total `rate` per second for `duration`,
+/// round-robin over `targets`; latency from each request's scheduled time.
+async fn open_loop(
+    http: &reqwest::Client,
+    targets: &[(String, String)],
+    rate: f64,
+    duration: Duration,
+) -> Load {
+    let body = json!({"model": "policy", "messages": [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "The test test_add fails. Fix calc.py."}], "max_tokens": 256});
+    let start = Instant::now() + Duration::from_millis(20);
+    // xorshift64, fixed seed: every target sees the same schedule.
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut at_s = 0.0;
+    let mut handles = Vec::new();
+    for i in 0.. {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let u = ((seed >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        at_s += -u.ln() / rate;
+        if at_s >= duration.as_secs_f64() {
+            break;
+        }
+        let at = start + Duration::from_secs_f64(at_s);
+        let (url, key) = targets[i % targets.len()].clone();
+        tokio::time::sleep_until(at.into()).await;
+        let (http, body) = (http.clone(), body.clone());
+        handles.push(tokio::spawn(async move {
+            let ok = http.post(&url).bearer_auth(&key).json(&body).send().await;
+            ok.is_ok_and(|r| r.status().is_success())
+                .then(|| at.elapsed())
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut failed = 0;
+    for h in handles {
+        match h.await {
+            Ok(Some(l)) => latencies.push(l),
+            _ => failed += 1,
+        }
+    }
+    assert_eq!(failed, 0, "{failed} open-loop requests failed");
+    Load {
+        latencies,
+        elapsed: duration,
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -357,6 +413,36 @@ fn main() {
         }
         if rllm.is_none() && !quick {
             println!("\n(rllm-model-gateway not installed: run scripts/rllm-gateway-setup.sh to include it)");
+        }
+
+        let (n, rates, secs): (usize, &[f64], u64) =
+            if quick { (64, &[64.0], 2) } else { (256, &[128.0, 512.0, 1024.0], 10) };
+        println!("\n## open loop: {n} sessions, Poisson arrivals, {secs} s per cell\n");
+        println!("| req/s offered | target | p50 ms | p99 ms | added p50 ms | added p99 ms | gateway CPU % |");
+        println!("|---|---|---|---|---|---|---|");
+        let duration = Duration::from_secs(secs);
+        let direct_targets = vec![(format!("{stub}/v1/chat/completions"), "x".to_string()); n];
+        let mut gateways = Vec::new();
+        for gw in [&floe, &floe_fsync] {
+            let mut targets = Vec::new();
+            for i in 0..n {
+                targets.push(gw.session(&http, &format!("open-{i}")).await);
+            }
+            gateways.push((gw, targets));
+        }
+        for &rate in rates {
+            let direct = open_loop(&http, &direct_targets, rate, duration).await;
+            println!("| {rate:.0} | direct | {:.2} | {:.2} | – | – | – |", direct.pct(0.5), direct.pct(0.99));
+            for (gw, targets) in &gateways {
+                let cpu0 = gw.cpu_seconds();
+                let run = open_loop(&http, targets, rate, duration).await;
+                let cpu = gw.cpu_seconds() - cpu0;
+                println!(
+                    "| {rate:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
+                    gw.name, run.pct(0.5), run.pct(0.99), run.pct(0.5) - direct.pct(0.5),
+                    run.pct(0.99) - direct.pct(0.99), 100.0 * cpu / duration.as_secs_f64()
+                );
+            }
         }
     });
 }
