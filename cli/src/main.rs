@@ -12,6 +12,7 @@ mod operator;
 mod policy_proxy;
 mod run;
 mod sandbox;
+mod serve_http;
 mod serve_tasks;
 mod trajectories;
 

@@ -29,10 +29,8 @@ pub struct PolicyProxyArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyProxyError {
-    #[error("cannot listen on {0}: {1}")]
-    Listen(SocketAddr, std::io::Error),
-    #[error("cannot start the async runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error(transparent)]
+    Serve(#[from] crate::serve_http::ServeError),
     #[error("cannot build the HTTP client: {0}")]
     Client(reqwest::Error),
 }
@@ -150,21 +148,13 @@ pub fn router(upstream: &str, max_body_bytes: usize) -> Result<axum::Router, Pol
 
 pub fn run(args: PolicyProxyArgs) -> Result<(), PolicyProxyError> {
     let app = router(&args.upstream, args.max_body_bytes)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(PolicyProxyError::Runtime)?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| PolicyProxyError::Listen(args.listen, e))?;
-        tracing::info!(listen = %args.listen, upstream = %args.upstream, "policy proxy");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(floe_operator::run::shutdown_signal())
-            .await
-            .map_err(|e| PolicyProxyError::Listen(args.listen, e))
-    })
+    let what = format!("policy proxy to {}", args.upstream);
+    Ok(crate::serve_http::serve_blocking(
+        app,
+        args.listen,
+        2,
+        &what,
+    )?)
 }
 
 #[cfg(test)]

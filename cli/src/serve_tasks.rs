@@ -23,37 +23,27 @@ pub struct ServeTasksArgs {
 pub enum ServeTasksError {
     #[error("cannot read the task file {0}: {1}")]
     Read(PathBuf, std::io::Error),
-    #[error("cannot listen on {0}: {1}")]
-    Listen(SocketAddr, std::io::Error),
-    #[error("cannot start the async runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error(transparent)]
+    Serve(#[from] crate::serve_http::ServeError),
 }
 
 pub fn run(args: ServeTasksArgs) -> Result<(), ServeTasksError> {
     let text =
         std::fs::read(&args.file).map_err(|e| ServeTasksError::Read(args.file.clone(), e))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(ServeTasksError::Runtime)?;
-    runtime.block_on(async move {
-        let app = axum::Router::new()
-            .route(
-                "/tasks",
-                get(move || {
-                    let text = text.clone();
-                    async move { ([(header::CONTENT_TYPE, "application/x-ndjson")], text) }
-                }),
-            )
-            .route("/healthz", get(|| async { "ok" }));
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| ServeTasksError::Listen(args.listen, e))?;
-        tracing::info!(file = %args.file.display(), listen = %args.listen, "serving tasks");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(floe_operator::run::shutdown_signal())
-            .await
-            .map_err(|e| ServeTasksError::Listen(args.listen, e))
-    })
+    let app = axum::Router::new()
+        .route(
+            "/tasks",
+            get(move || {
+                let text = text.clone();
+                async move { ([(header::CONTENT_TYPE, "application/x-ndjson")], text) }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    let what = format!("serving tasks from {}", args.file.display());
+    Ok(crate::serve_http::serve_blocking(
+        app,
+        args.listen,
+        1,
+        &what,
+    )?)
 }

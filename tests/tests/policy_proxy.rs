@@ -93,13 +93,16 @@ async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> R
     );
 
     // The dev endpoints exist upstream (dev mode)...
-    let paused: Value = http
-        .get(format!("{upstream}/is_paused"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    assert_eq!(paused["is_paused"], false, "{paused}");
+    let is_paused = async || -> Result<Value> {
+        let answer: Value = http
+            .get(format!("{upstream}/is_paused"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        Ok(answer["is_paused"].clone())
+    };
+    assert_eq!(is_paused().await?, false);
     // ...and are refused at the proxy, in OpenAI's error shape, without reaching vLLM.
     for (path, body) in [
         ("/pause", json!({})),
@@ -122,16 +125,7 @@ async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> R
             "{err}"
         );
     }
-    let paused: Value = http
-        .get(format!("{upstream}/is_paused"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    assert_eq!(
-        paused["is_paused"], false,
-        "the refused /pause reached vLLM"
-    );
+    assert_eq!(is_paused().await?, false, "the refused /pause reached vLLM");
     let still = http
         .post(format!("{}/v1/completions", proxy.url))
         .json(&json!({"model": "policy", "prompt": "1, 2, 3,", "max_tokens": 4}))
