@@ -62,17 +62,20 @@ fn image_part(block: &Value) -> Option<Value> {
 
 /// A `/v1/messages` request.
 pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
-    translate(body, true)
+    normalize_value(super::parse_body(body)?)
+}
+
+/// A parsed `/v1/messages` request.
+pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
+    translate(value, true)
 }
 
 /// A `/v1/messages/count_tokens` request: the same body without `max_tokens`.
 pub fn normalize_count(body: &[u8]) -> Result<Normalized, ProtocolError> {
-    translate(body, false)
+    translate(super::parse_body(body)?, false)
 }
 
-fn translate(body: &[u8], generate: bool) -> Result<Normalized, ProtocolError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
+fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> {
     let Value::Object(req) = value else {
         return Err(invalid("body must be a JSON object"));
     };

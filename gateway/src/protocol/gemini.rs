@@ -32,8 +32,15 @@ pub fn model_and_method(segment: &str) -> Option<(&str, &str)> {
 }
 
 pub fn normalize(body: &[u8], model: &str, stream: bool) -> Result<Normalized, ProtocolError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
+    normalize_value(super::parse_body(body)?, model, stream)
+}
+
+/// Normalize a parsed request body.
+pub fn normalize_value(
+    value: Value,
+    model: &str,
+    stream: bool,
+) -> Result<Normalized, ProtocolError> {
     let Value::Object(req) = value else {
         return Err(invalid("body must be a JSON object"));
     };
@@ -218,11 +225,10 @@ pub fn normalize(body: &[u8], model: &str, stream: bool) -> Result<Normalized, P
 
 /// A `:countTokens` request: `{contents}` or `{generateContentRequest: {contents, …}}`.
 pub fn normalize_count(body: &[u8], model: &str) -> Result<Normalized, ProtocolError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
-    match value.get("generateContentRequest") {
-        Some(inner) => normalize(inner.to_string().as_bytes(), model, false),
-        None => normalize(body, model, false),
+    let mut value = super::parse_body(body)?;
+    match value.get_mut("generateContentRequest") {
+        Some(inner) => normalize_value(inner.take(), model, false),
+        None => normalize_value(value, model, false),
     }
 }
 

@@ -32,6 +32,13 @@ pub struct Normalized {
     pub custom_tools: std::collections::BTreeSet<String>,
 }
 
+/// A request body as JSON: parsed once per call, by the server, and handed to a protocol's
+/// `normalize_value` (the capture keeps the same value as the original request).
+pub fn parse_body(body: &[u8]) -> Result<Value, ProtocolError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ProtocolError::InvalidRequest(format!("body is not JSON: {e}")))
+}
+
 /// The Chat Completions assistant message for a turn's text, reasoning and tool calls (the
 /// shape every provider's history folds into).
 pub(crate) fn assistant_message(text: String, reasoning: String, calls: Vec<Value>) -> Value {

@@ -8,8 +8,11 @@ use super::{reasoning_of, Normalized, ProtocolError};
 
 /// Parse and normalize a request body.
 pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ProtocolError::InvalidRequest(format!("body is not JSON: {e}")))?;
+    normalize_value(super::parse_body(body)?)
+}
+
+/// Normalize a parsed request body.
+pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
     let Value::Object(mut req) = value else {
         return Err(ProtocolError::InvalidRequest(
             "body must be a JSON object".into(),

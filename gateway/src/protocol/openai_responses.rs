@@ -86,8 +86,11 @@ impl Assistant {
 }
 
 pub fn normalize(body: &[u8]) -> Result<Normalized, ProtocolError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| invalid(format!("body is not JSON: {e}")))?;
+    normalize_value(super::parse_body(body)?)
+}
+
+/// Normalize a parsed request body.
+pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
     let Value::Object(req) = value else {
         return Err(invalid("body must be a JSON object"));
     };

@@ -20,7 +20,7 @@ use super::sessions::Session;
 use super::Gateway;
 use crate::capture::Api;
 use crate::protocol::{
-    anthropic, gemini, openai_chat, openai_responses, Normalized, ProtocolError,
+    self, anthropic, gemini, openai_chat, openai_responses, Normalized, ProtocolError,
 };
 
 /// The session token, from whichever header the harness's SDK uses.
@@ -91,7 +91,7 @@ async fn admit(
 trait Wire {
     const API: Api;
     /// `uri` carries what some APIs put in the URL (Gemini's model, method and `alt`).
-    fn normalize(body: &[u8], uri: &Uri) -> Result<Normalized, ProtocolError>;
+    fn normalize(body: Value, uri: &Uri) -> Result<Normalized, ProtocolError>;
     /// The provider-shaped JSON reply for an upstream Chat Completions response.
     fn reply(upstream: Value, n: &Normalized) -> Value;
     /// The same reply as SSE events: (event name, data).
@@ -102,8 +102,8 @@ struct OpenaiChat;
 
 impl Wire for OpenaiChat {
     const API: Api = Api::OpenaiChat;
-    fn normalize(body: &[u8], _: &Uri) -> Result<Normalized, ProtocolError> {
-        openai_chat::normalize(body)
+    fn normalize(body: Value, _: &Uri) -> Result<Normalized, ProtocolError> {
+        openai_chat::normalize_value(body)
     }
     fn reply(upstream: Value, n: &Normalized) -> Value {
         openai_chat::response(upstream, &n.model, n.wants_logprobs)
@@ -120,8 +120,8 @@ struct Anthropic;
 
 impl Wire for Anthropic {
     const API: Api = Api::Anthropic;
-    fn normalize(body: &[u8], _: &Uri) -> Result<Normalized, ProtocolError> {
-        anthropic::normalize(body)
+    fn normalize(body: Value, _: &Uri) -> Result<Normalized, ProtocolError> {
+        anthropic::normalize_value(body)
     }
     fn reply(upstream: Value, n: &Normalized) -> Value {
         anthropic::response(&upstream, &n.model)
@@ -135,8 +135,8 @@ struct OpenaiResponses;
 
 impl Wire for OpenaiResponses {
     const API: Api = Api::OpenaiResponses;
-    fn normalize(body: &[u8], _: &Uri) -> Result<Normalized, ProtocolError> {
-        openai_responses::normalize(body)
+    fn normalize(body: Value, _: &Uri) -> Result<Normalized, ProtocolError> {
+        openai_responses::normalize_value(body)
     }
     fn reply(upstream: Value, n: &Normalized) -> Value {
         openai_responses::response(&upstream, n)
@@ -161,7 +161,7 @@ struct Gemini;
 
 impl Wire for Gemini {
     const API: Api = Api::Gemini;
-    fn normalize(body: &[u8], uri: &Uri) -> Result<Normalized, ProtocolError> {
+    fn normalize(body: Value, uri: &Uri) -> Result<Normalized, ProtocolError> {
         let segment = uri.path().rsplit('/').next().unwrap_or_default();
         let not_found = || ProtocolError::NotFound(uri.path().to_string());
         let (model, method) = gemini::model_and_method(segment).ok_or_else(not_found)?;
@@ -169,8 +169,8 @@ impl Wire for Gemini {
             .query()
             .is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
         let mut n = match method {
-            "generateContent" => gemini::normalize(body, model, false)?,
-            "streamGenerateContent" => gemini::normalize(body, model, sse)?,
+            "generateContent" => gemini::normalize_value(body, model, false)?,
+            "streamGenerateContent" => gemini::normalize_value(body, model, sse)?,
             _ => return Err(not_found()),
         };
         n.reply_as_array = method == "streamGenerateContent" && !sse;
@@ -283,7 +283,12 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
         Ok(ok) => ok,
         Err(e) => return fail(&gateway, api, &e),
     };
-    let mut normalized = match W::normalize(&body, &uri) {
+    // Parsed once: the normalizer takes a copy, the capture keeps the original.
+    let original = match protocol::parse_body(&body) {
+        Ok(v) => v,
+        Err(e) => return fail(&gateway, api, &e),
+    };
+    let mut normalized = match W::normalize(original.clone(), &uri) {
         Ok(n) => n,
         Err(e) => return fail(&gateway, api, &e),
     };
@@ -295,7 +300,6 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
             .with_label_values(&[api_label(api), what])
             .inc();
     }
-    let original: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let upstream_request = std::mem::take(&mut normalized.request);
     let call = complete(gateway.clone(), session, api, original, upstream_request);
     if !normalized.stream {
