@@ -16,7 +16,8 @@
 //! saturation point; real sessions call at harness pace. So an open-loop section follows the
 //! RSS figure: 256 sessions, Poisson arrivals at fixed total rates (the same seeded schedule
 //! for every target), each request sent at its scheduled time whether or not earlier ones
-//! returned.
+//! returned. `-- --open-only` runs just that table at 128 req/s (to repeat it, or to profile
+//! the gateway: its pid is printed on stderr).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -360,6 +361,8 @@ async fn open_loop(
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--open-only`: just the open-loop table at 128 req/s (for profiling the gateway).
+    let open_only = std::env::args().any(|a| a == "--open-only");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -373,15 +376,22 @@ fn main() {
         let stub = format!("http://127.0.0.1:{}", start_stub().await);
         let floe = start_floe(&stub, &http, false).await;
         let floe_fsync = start_floe(&stub, &http, true).await;
+        eprintln!("gateway pids: floe {}, floe --capture-fsync {}", floe.child.id(), floe_fsync.child.id());
         let rllm = match rllm_python() {
-            Some(py) if !quick => start_rllm(&py, &stub, &http).await,
+            Some(py) if !quick && !open_only => start_rllm(&py, &stub, &http).await,
             _ => None,
         };
         let duration = Duration::from_secs(if quick { 1 } else { 4 });
-        let levels: &[usize] = if quick { &[1, 64] } else { &[1, 64, 256] };
-        println!("## gateway overhead against a stub upstream ({} s per cell)\n", duration.as_secs());
-        println!("| sessions | target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | req per gateway CPU-s | vs floe |");
-        println!("|---|---|---|---|---|---|---|---|---|");
+        let levels: &[usize] = match (open_only, quick) {
+            (true, _) => &[],
+            (false, true) => &[1, 64],
+            (false, false) => &[1, 64, 256],
+        };
+        if !levels.is_empty() {
+            println!("## gateway overhead against a stub upstream ({} s per cell)\n", duration.as_secs());
+            println!("| sessions | target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | req per gateway CPU-s | vs floe |");
+            println!("|---|---|---|---|---|---|---|---|---|");
+        }
         for &n in levels {
             let direct = load(&http, vec![(format!("{stub}/v1/chat/completions"), "x".into()); n], duration).await;
             println!("| {n} | direct | {:.2} | {:.2} | – | – | {:.0} | – | – |", direct.pct(0.5), direct.pct(0.99), direct.rps());
@@ -406,20 +416,28 @@ fn main() {
                 );
             }
         }
-        let sessions = if quick { 200 } else { 1000 };
-        println!("\n## RSS with {sessions} open sessions\n");
-        for gw in std::iter::once(&floe).chain(rllm.as_ref()) {
-            for i in 0..sessions {
-                gw.session(&http, &format!("idle-{i}")).await;
+        let sessions = match (open_only, quick) {
+            (true, _) => 0,
+            (false, true) => 200,
+            (false, false) => 1000,
+        };
+        if sessions > 0 {
+            println!("\n## RSS with {sessions} open sessions\n");
+            for gw in std::iter::once(&floe).chain(rllm.as_ref()) {
+                for i in 0..sessions {
+                    gw.session(&http, &format!("idle-{i}")).await;
+                }
+                println!("- {}: {:.1} MiB", gw.name, gw.rss_mib());
             }
-            println!("- {}: {:.1} MiB", gw.name, gw.rss_mib());
+            if rllm.is_none() && !quick {
+                println!("\n(rllm-model-gateway not installed: run scripts/rllm-gateway-setup.sh to include it)");
+            }
         }
-        if rllm.is_none() && !quick {
-            println!("\n(rllm-model-gateway not installed: run scripts/rllm-gateway-setup.sh to include it)");
-        }
-
-        let (n, rates, secs): (usize, &[f64], u64) =
-            if quick { (64, &[64.0], 2) } else { (256, &[128.0, 512.0, 1024.0], 10) };
+        let (n, rates, secs): (usize, &[f64], u64) = match (open_only, quick) {
+            (true, _) => (256, &[128.0], 10),
+            (false, true) => (64, &[64.0], 2),
+            (false, false) => (256, &[128.0, 512.0, 1024.0], 10),
+        };
         println!("\n## open loop: {n} sessions, Poisson arrivals, {secs} s per cell\n");
         println!("| req/s offered | target | p50 ms | p99 ms | added p50 ms | added p99 ms | gateway CPU % |");
         println!("|---|---|---|---|---|---|---|");

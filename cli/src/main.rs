@@ -16,6 +16,11 @@ mod serve_http;
 mod serve_tasks;
 mod trajectories;
 
+// glibc malloc showed up as ~15 % of the gateway's CPU per proxied call (perf, open-loop
+// bench); the JSON trees of every call are many small short-lived allocations.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "floe",

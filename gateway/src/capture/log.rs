@@ -71,6 +71,15 @@ pub enum Durability {
     Fsync,
 }
 
+/// A record as its capture line (JSON and a newline). Encoding is kept apart from
+/// [`CaptureLog::append_line`] so that it can run on the caller's thread while only the write
+/// itself goes where blocking is allowed.
+pub fn encode_line(record: &CompletionRecord) -> Result<Vec<u8>, CaptureWriteError> {
+    let mut line = serde_json::to_vec(record)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
 /// Writer for one session's capture directory.
 pub struct CaptureLog {
     dir: PathBuf,
@@ -105,13 +114,16 @@ impl CaptureLog {
 
     /// Append one record and make it durable before returning.
     pub fn append(&mut self, record: &CompletionRecord) -> Result<(), CaptureWriteError> {
-        let mut line = serde_json::to_vec(record)?;
-        line.push(b'\n');
+        self.append_line(&encode_line(record)?)
+    }
+
+    /// Append a line made by [`encode_line`] and make it durable before returning.
+    pub fn append_line(&mut self, line: &[u8]) -> Result<(), CaptureWriteError> {
         let io = |source| CaptureWriteError::Io {
             path: self.dir.join(CAPTURE_FILE),
             source,
         };
-        self.file.write_all(&line).map_err(io)?;
+        self.file.write_all(line).map_err(io)?;
         match self.durability {
             Durability::Write => Ok(()),
             Durability::Fsync => self.file.sync_data().map_err(io),

@@ -5,7 +5,7 @@ mod log;
 mod record;
 
 pub use log::{
-    find_sessions, read_session, write_meta, CaptureLog, CaptureReadError, CaptureWriteError,
-    Durability, SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
+    encode_line, find_sessions, read_session, write_meta, CaptureLog, CaptureReadError,
+    CaptureWriteError, Durability, SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
 };
 pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};

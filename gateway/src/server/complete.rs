@@ -9,7 +9,9 @@ use serde_json::{Map, Value};
 
 use super::sessions::Session;
 use super::Gateway;
-use crate::capture::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};
+use crate::capture::{
+    encode_line, Api, CaptureWriteError, CompletionRecord, CAPTURE_FORMAT_VERSION,
+};
 use crate::protocol::upstream::{finalize_request, read_sampled, upstream_error};
 use crate::protocol::ProtocolError;
 
@@ -109,14 +111,22 @@ async fn call_and_capture(
         unparsed_tool_call: sampled.unparsed_tool_call,
         request: original,
         normalized_request: upstream_request,
-        response: response.clone(),
+        response,
     };
     let t_capture = Instant::now();
-    let writer = session.clone();
-    tokio::task::spawn_blocking(move || writer.capture(&record))
-        .await
-        .map_err(|e| ProtocolError::Capture(e.to_string()))?
-        .map_err(|e| ProtocolError::Capture(e.to_string()))?;
+    let capture_err = |e: CaptureWriteError| ProtocolError::Capture(e.to_string());
+    // Encoded here; the record's response then goes on to the reply without a copy.
+    let line = encode_line(&record).map_err(capture_err)?;
+    let response = record.response;
+    if session.capture_blocks() {
+        let writer = session.clone();
+        tokio::task::spawn_blocking(move || writer.capture_line(&line))
+            .await
+            .map_err(|e| ProtocolError::Capture(e.to_string()))?
+            .map_err(capture_err)?;
+    } else {
+        session.capture_line(&line).map_err(capture_err)?;
+    }
     gateway
         .metrics
         .capture_write_seconds

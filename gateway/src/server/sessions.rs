@@ -25,6 +25,7 @@ pub struct Session {
     pub dir: PathBuf,
     pub upstream: Upstream,
     next_seq: AtomicU64,
+    durability: Durability,
     /// `None` once the session is closed (capture sealed).
     log: Mutex<Option<CaptureLog>>,
 }
@@ -43,13 +44,25 @@ impl Session {
         self.log.lock().map(|l| l.is_some()).unwrap_or(false)
     }
 
-    /// Append a record durably (blocking: call from a blocking thread).
+    /// Append a record durably (blocking when the capture fsyncs: see [`Self::capture_blocks`]).
     pub fn capture(&self, record: &CompletionRecord) -> Result<(), CaptureWriteError> {
+        self.capture_line(&crate::capture::encode_line(record)?)
+    }
+
+    /// Append a line made by [`crate::capture::encode_line`] durably.
+    pub fn capture_line(&self, line: &[u8]) -> Result<(), CaptureWriteError> {
         let mut guard = self.log.lock().map_err(|_| poisoned(&self.dir))?;
         match guard.as_mut() {
-            Some(log) => log.append(record),
+            Some(log) => log.append_line(line),
             None => Err(CaptureWriteError::Sealed(self.dir.clone())),
         }
+    }
+
+    /// Whether a capture write waits for the disk (`--capture-fsync`) and so belongs on a
+    /// blocking thread. Without it the write only reaches the page cache: microseconds, done
+    /// in place (a hop to the blocking pool and back cost more than the write itself).
+    pub fn capture_blocks(&self) -> bool {
+        self.durability == Durability::Fsync
     }
 
     /// Seal the capture; later calls with the token are refused. Idempotent.
@@ -159,6 +172,7 @@ impl Sessions {
             dir,
             upstream,
             next_seq: AtomicU64::new(calls),
+            durability,
             log: Mutex::new(log),
         });
         by_id.insert(session.meta.session.clone(), session.clone());
