@@ -276,10 +276,13 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .cloned()
         .collect();
     let observed_ref = &observed;
-    futures::stream::iter(owed)
-        .for_each_concurrent(IN_FLIGHT, |pod: Pod| async move {
-            deliver(ctx, job, observed_ref, &pod, None).await
-        })
+    // Pods whose gateway acknowledged its assignment in this round: marked `assigned` once the
+    // round's claims are out, so that this second write per claim never queues a claim.
+    let mut acknowledged: Vec<String> = futures::stream::iter(owed)
+        .map(|pod: Pod| async move { deliver(ctx, job, observed_ref, &pod, None).await })
+        .buffer_unordered(IN_FLIGHT)
+        .filter_map(std::future::ready)
+        .collect()
         .await;
     let pool_label = job.spec.pool_ref.as_ref().map_or("", |p| p.name.as_str());
     ctx.metrics
@@ -300,7 +303,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .zip(observed.ready.iter().cloned())
         .collect();
     let uid_ref = &uid;
-    let claims: Vec<Result<bool, JobError>> = futures::stream::iter(pairs)
+    let claims: Vec<Result<Option<Option<String>>, JobError>> = futures::stream::iter(pairs)
         .map(|((index, attempt), candidate): ((u32, u32), Pod)| {
             let (observed, uid) = (observed_ref, uid_ref);
             async move {
@@ -313,14 +316,14 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
                 phase("observe", round);
                 let patching = Instant::now();
                 let Some(pod) = claim(ctx, job, observed, &candidate, index, attempt).await? else {
-                    return Ok(false);
+                    return Ok(None);
                 };
                 phase("patch", patching);
                 ctx.count_claim(uid, index);
                 let delivering = Instant::now();
-                deliver(ctx, job, observed, &pod, Some(round)).await;
+                let acknowledged = deliver(ctx, job, observed, &pod, Some(round)).await;
                 phase("deliver", delivering);
-                Ok(true)
+                Ok(Some(acknowledged))
             }
         })
         .buffer_unordered(IN_FLIGHT)
@@ -328,16 +331,19 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .await;
     let mut claimed = 0u32;
     for c in claims {
-        if c? {
+        if let Some(acked) = c? {
             claimed += 1;
+            acknowledged.extend(acked);
         }
     }
 
     // poolTemplate: sessions start on their pre-warmed pods.
-    let started = start_prewarmed(ctx, job, &observed, &decided.start, round).await;
+    let (started, acked) = start_prewarmed(ctx, job, &observed, &decided.start, round).await;
     if started < decided.start.len() {
         decided.running -= (decided.start.len() - started) as u32;
     }
+    acknowledged.extend(acked);
+    mark_assigned(ctx, &ns, acknowledged).await;
 
     // 3. Only now (results recorded, new sessions on their way) let go of finished pods.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -831,14 +837,15 @@ async fn claim(
 
 /// poolTemplate: deliver the assignments of sessions whose pre-warmed pod is Ready (counted as
 /// claims: warm when the pod was Ready before the session could start, cold when the session
-/// waited for it). Returns how many pods were found to start.
+/// waited for it). Returns how many pods were found to start, and those whose gateway
+/// acknowledged.
 async fn start_prewarmed(
     ctx: &JobContext,
     job: &RolloutJob,
     observed: &Observed,
     names: &[String],
     round: Instant,
-) -> usize {
+) -> (usize, Vec<String>) {
     let uid = job.uid().unwrap_or_default();
     let pods: Vec<(Pod, u32)> = names
         .iter()
@@ -847,13 +854,34 @@ async fn start_prewarmed(
         .collect();
     let found = pods.len();
     let (uid, observed) = (&uid, observed);
-    futures::stream::iter(pods)
-        .for_each_concurrent(IN_FLIGHT, |(pod, index): (Pod, u32)| async move {
+    let acknowledged = futures::stream::iter(pods)
+        .map(|(pod, index): (Pod, u32)| async move {
             ctx.count_claim(uid, index);
             deliver(ctx, job, observed, &pod, Some(round)).await
         })
+        .buffer_unordered(IN_FLIGHT)
+        .filter_map(std::future::ready)
+        .collect()
         .await;
-    found
+    (found, acknowledged)
+}
+
+/// Record on each pod that its gateway holds the assignment, so later rounds stop delivering
+/// it (a lost mark only costs a repeated delivery, which the gateway takes idempotently).
+async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pods = &pods;
+    futures::stream::iter(names)
+        .for_each_concurrent(IN_FLIGHT, |name: String| async move {
+            let patch = json!({"metadata": {"annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}}});
+            if let Err(e) = pods
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(%name, "cannot mark the assignment delivered: {e}");
+            }
+        })
+        .await;
 }
 
 /// poolTemplate: create the pods (and their control-token Secrets) of the next sessions.
@@ -938,18 +966,19 @@ fn wiring(job: &RolloutJob) -> (Sink, Option<String>, Option<String>) {
 
 /// Post the session's assignment to the pod's gateway control port. Idempotent at the
 /// gateway (by session id), so a retry after a lost reply or an operator restart is safe.
-/// Failures are logged and retried on the next reconcile.
+/// Failures are logged and retried on the next reconcile. Returns the pod's name once its
+/// gateway acknowledged (for [`mark_assigned`]).
 async fn deliver(
     ctx: &JobContext,
     job: &RolloutJob,
     o: &Observed,
     pod: &Pod,
     claimed: Option<Instant>,
-) {
+) -> Option<String> {
     let name = pod.name_any();
     let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
         tracing::warn!(%name, "claimed pod has no IP yet");
-        return;
+        return None;
     };
     let annotations = pod.annotations();
     let (Some(index), attempt) = (
@@ -961,11 +990,11 @@ async fn deliver(
             .and_then(|a| a.parse::<u32>().ok())
             .unwrap_or(0),
     ) else {
-        return;
+        return None;
     };
     let Some((task, sample)) = o.session(index) else {
         tracing::error!(%name, index, "session index beyond the job's tasks");
-        return;
+        return None;
     };
     let (sink, upstream_url, upstream_model) = wiring(job);
     let assignment = session::assignment(&SessionOf {
@@ -998,7 +1027,7 @@ async fn deliver(
                     None
                 }
             };
-            let Some(t) = read else { return };
+            let Some(t) = read else { return None };
             ctx.tokens.remember(&ns, &name, &t);
             t
         }
@@ -1019,14 +1048,7 @@ async fn deliver(
             if let Some(t) = claimed {
                 ctx.metrics.claim_latency.observe(t.elapsed().as_secs_f64());
             }
-            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-            let patch = json!({"metadata": {"annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}}});
-            if let Err(e) = pods
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                tracing::warn!(%name, "cannot mark the assignment delivered: {e}");
-            }
+            return Some(name);
         }
         Ok(r) => {
             let code = r.status();
@@ -1044,6 +1066,7 @@ async fn deliver(
         }
         Err(e) => tracing::warn!(%name, "cannot deliver the assignment: {e}"),
     }
+    None
 }
 
 fn join_host_port(ip: &str, port: i32) -> String {
