@@ -1027,7 +1027,7 @@ async fn deliver(
                     None
                 }
             };
-            let Some(t) = read else { return None };
+            let t = read?;
             ctx.tokens.remember(&ns, &name, &t);
             t
         }
