@@ -575,6 +575,11 @@ pub struct GrpoSpec {
     /// fp32 master weights and optimizer state) or `FP32`.
     #[serde(default)]
     pub precision: TrainingPrecision,
+    /// How each step's weights reach the pod's vLLM: `File` (safetensors on the pod's shared
+    /// volume, then vLLM reloads them; works on CPU and GPU) or `NCCL` (broadcast from the
+    /// trainer's GPU to vLLM's, vLLM's weight-transfer API; needs `gpus: 1`).
+    #[serde(default)]
+    pub weight_sync: WeightSync,
     /// A group is trained once this fraction of its samples arrived and `groupGraceSeconds` passed.
     #[serde(default = "default_min_group_fraction")]
     #[schemars(range(min = 0.0, max = 1.0))]
@@ -600,6 +605,7 @@ impl Default for GrpoSpec {
             max_grad_norm: default_max_grad_norm(),
             gradient_checkpointing: false,
             precision: TrainingPrecision::default(),
+            weight_sync: WeightSync::default(),
             min_group_fraction: default_min_group_fraction(),
             group_grace_seconds: default_group_grace(),
         }
@@ -665,6 +671,15 @@ pub enum TrainingPrecision {
     BF16,
     /// Plain fp32.
     FP32,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum WeightSync {
+    /// Save safetensors, vLLM reloads them from disk.
+    #[default]
+    File,
+    /// GPU-to-GPU broadcast over NCCL (vLLM `--weight-transfer-config {"backend":"nccl"}`).
+    NCCL,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]

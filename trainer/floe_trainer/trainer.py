@@ -21,9 +21,10 @@ from .batching import Group, GroupBuffer
 from .ingest import Ingest, Store
 from .loss import LossConfig
 from .metrics import Metrics
+from .nccl_sync import NcclWeightSync
 from .placement import resolve
 from .step import StepStats, train_step
-from .vllm_sync import push
+from .vllm_sync import FileWeightSync, post, wait_healthy
 from .wire import Trajectory
 
 
@@ -53,6 +54,10 @@ class TrainerConfig:
     precision: str = "auto"
     gradient_checkpointing: bool = False
     kl_coef: float = 0.0
+    # How new weights reach vLLM: "file" (safetensors + reload) or "nccl" (GPU broadcast).
+    weight_sync: str = "file"
+    nccl_port: int = 29551
+    vllm_gpus: int = 1
 
     @staticmethod
     def from_operator(c: dict, state_dir: Path) -> TrainerConfig:
@@ -68,6 +73,13 @@ class TrainerConfig:
         if gpus is not None and int(gpus) > 1:
             raise ValueError(f"train.gpus is {gpus}: this trainer trains on one GPU; set 1")
         device = "auto" if gpus is None else ("cpu" if int(gpus) == 0 else "cuda")
+        weight_sync = str(g.get("weightSync", "File")).lower()
+        if weight_sync not in ("file", "nccl"):
+            raise ValueError(f"grpo.weightSync must be File or NCCL, got {weight_sync!r}")
+        if weight_sync == "nccl" and device != "cuda":
+            raise ValueError(
+                "grpo.weightSync NCCL broadcasts from the trainer's GPU: set train.gpus 1"
+            )
         return TrainerConfig(
             model=c["model"],
             policy_url=c.get("policyUrl", "http://127.0.0.1:8000"),
@@ -93,6 +105,8 @@ class TrainerConfig:
             precision=str(g.get("precision", "Auto")).lower(),
             gradient_checkpointing=bool(g.get("gradientCheckpointing", False)),
             kl_coef=kl_coef,
+            weight_sync=weight_sync,
+            vllm_gpus=int(c.get("vllmGpus", 1)),
         )
 
 
@@ -134,9 +148,12 @@ class Trainer:
             self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=dev))
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(resume or cfg.model) / "config.json", self.weights_dir / "config.json")
+        if resume or cfg.weight_sync == "nccl":
+            wait_healthy(cfg.policy_url)
+        self.sync = self._weight_sync()
         if resume:
             # vLLM may serve weights newer than the checkpoint: serve the checkpoint's again.
-            push(self.model, cfg.policy_url, self.weights_dir)
+            self.sync.push()
         self.store = Store(cfg.state_dir / "ingest")
         self.ingest = Ingest(self.store, self.add)
         trained = set(self.state.trained_sessions)
@@ -152,6 +169,17 @@ class Trainer:
         )
         self.metrics.progress(self.state.step, self.state.policy_version)
         self.waiting_since = time.monotonic()
+
+    def _weight_sync(self) -> FileWeightSync | NcclWeightSync:
+        if self.cfg.weight_sync != "nccl":
+            return FileWeightSync(self.model, self.cfg.policy_url, self.weights_dir)
+        return NcclWeightSync(
+            self.model,
+            self.cfg.policy_url,
+            post,
+            master_port=self.cfg.nccl_port,
+            vllm_world_size=self.cfg.vllm_gpus,
+        )
 
     def add(self, t: Trajectory) -> None:
         with self.lock:
@@ -182,7 +210,7 @@ class Trainer:
             reference=self.reference,
         )
         t1 = time.monotonic()
-        push(self.model, self.cfg.policy_url, self.weights_dir)
+        self.sync.push()
         t2 = time.monotonic()
         s = self.state
         s.step += 1

@@ -2,7 +2,8 @@
 safetensors into the directory vLLM loaded, then ``/pause`` → ``/collective_rpc``
 ``reload_weights`` → ``/reset_prefix_cache`` (cached KV was computed by the old weights) →
 ``/resume``. These are vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``); verified
-against vLLM 0.32 on CPU. On GPUs the NCCL weight-transfer API replaces the file round trip.
+against vLLM 0.32 on CPU. On GPUs ``grpo.weightSync: NCCL`` replaces the file round trip
+(``nccl_sync.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,37 @@ def push(model: torch.nn.Module, vllm_url: str, model_dir: Path) -> dict[str, fl
     finally:
         _post(f"{vllm_url}/resume")
     return {"save_seconds": t1 - t0, "paused_seconds": time.monotonic() - t1}
+
+
+class FileWeightSync:
+    """``push`` with the model and where vLLM reloads from bound (the trainer's default)."""
+
+    def __init__(self, model: torch.nn.Module, vllm_url: str, model_dir: Path) -> None:
+        self.model, self.url, self.dir = model, vllm_url, model_dir
+
+    def push(self) -> dict[str, float]:
+        return push(self.model, self.url, self.dir)
+
+
+def wait_healthy(url: str, timeout: float = 1800.0, every: float = 2.0) -> None:
+    """Until vLLM answers ``/health`` (it may still be loading the model when the trainer
+    starts): a push or the NCCL rendezvous needs it up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=10) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"vLLM at {url} not healthy after {timeout:.0f} s")
+        time.sleep(every)
+
+
+def post(url: str) -> dict:
+    """A control call without a body (pause, resume, cache reset)."""
+    return _post(url)
 
 
 def prompt_logprobs(vllm_url: str, model: str, ids: list[int]) -> list[float]:

@@ -30,7 +30,7 @@ pub fn dataset_service(job: &str) -> String {
 
 use std::collections::BTreeMap;
 
-use floe_crds::rollout_job::{RolloutJob, TrainSpec};
+use floe_crds::rollout_job::{RolloutJob, TrainSpec, WeightSync};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
@@ -133,6 +133,7 @@ fn trainer_config(job: &RolloutJob, train: &TrainSpec) -> Value {
         "servedModel": SERVED_MODEL,
         "ingestListen": format!("0.0.0.0:{INGEST_PORT}"),
         "gpus": train.gpus,
+        "vllmGpus": train.vllm.gpus,
         "grpo": train.grpo,
         "maxStaleness": train.max_staleness,
         "checkpoint": train.checkpoint.as_ref().map(|c| json!({
@@ -190,6 +191,13 @@ pub fn trainer(
             "--enable-auto-tool-choice".into(),
             "--tool-call-parser".into(),
             "hermes".into(),
+        ]);
+    }
+    if train.grpo.weight_sync == WeightSync::NCCL {
+        // The trainer joins vLLM's workers in an NCCL group to broadcast each step's weights.
+        vllm_args.extend([
+            "--weight-transfer-config".into(),
+            r#"{"backend":"nccl"}"#.into(),
         ]);
     }
     vllm_args.extend(train.vllm.args.iter().cloned());
@@ -390,6 +398,32 @@ mod tests {
     }
 
     #[test]
+    fn nccl_weight_sync_starts_vllm_with_its_weight_transfer_engine(
+    ) -> Result<(), serde_json::Error> {
+        let j = job(
+            json!({"train": {"image": "floe-trainer:1", "model": "m", "modelClaimName": "models",
+            "gpus": 1, "grpo": {"weightSync": "NCCL"}, "vllm": {"args": ["--enforce-eager"]}}}),
+        );
+        let aux = trainer(&j, "floe:1")?.expect("train has a trainer");
+        let pod = serde_json::to_value(&aux.pod)?;
+        let args: Vec<&str> = pod["spec"]["containers"][0]["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(pod["spec"]["containers"][0]["name"], "vllm");
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--weight-transfer-config", r#"{"backend":"nccl"}"#]));
+        assert!(
+            args.ends_with(&["--enforce-eager"]),
+            "the job's own args come last"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn train_gets_vllm_and_the_trainer_with_gpus_and_a_tool_parser() -> Result<(), serde_json::Error>
     {
         let j = job(
@@ -442,6 +476,9 @@ mod tests {
         assert_eq!(config["numSamples"], 4);
         assert_eq!(config["checkpoint"]["dir"], "/checkpoints");
         assert_eq!(config["policyUrl"], "http://127.0.0.1:8001");
+        assert_eq!(config["vllmGpus"], 2);
+        assert_eq!(config["grpo"]["weightSync"], "File");
+        assert!(!args.contains(&"--weight-transfer-config"));
         let mounts = |c: &Value| -> Vec<String> {
             c["volumeMounts"]
                 .as_array()

@@ -1,0 +1,119 @@
+"""New weights into vLLM over NCCL, GPU to GPU, with no file round trip: vLLM's weight-transfer
+API (vLLM 0.32, the trainer image's version; vLLM started with
+``--weight-transfer-config '{"backend": "nccl"}'``).
+
+Once, at start: the trainer (NCCL rank 0) and vLLM's workers (ranks 1..N) rendezvous on a
+TCP store in the pod (``/init_weight_transfer_engine`` on vLLM's side). Each push:
+``/pause`` → ``/start_weight_update`` → ``/update_weights`` (vLLM receives) while the trainer
+broadcasts every parameter → ``/finish_weight_update`` → ``/reset_prefix_cache`` →
+``/resume``. vLLM's own trainer-side engine drives the middle three; this module adds the
+pause around them and the cast to the dtype vLLM serves (half the bytes of the fp32 master
+weights for bf16).
+
+Written against vLLM 0.32's sources; CPU tests check the sequence with vLLM's engine replaced
+by a recorder (its NCCL communicator needs CUDA). Not yet run on a GPU: see docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class VllmWeightTransfer:
+    """The vLLM classes this module drives (injected by tests)."""
+
+    init_info: Any  # NCCLTrainerInitInfo
+    engine: Any  # NCCLTrainerWeightTransferEngine
+    client: Any  # HTTPVLLMWeightSyncClient
+    weight_source: Any  # WeightSource (abstract base)
+    param_meta: Any  # ParamMeta
+
+
+def load_vllm() -> VllmWeightTransfer:
+    try:
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+    except ImportError as e:
+        raise RuntimeError(
+            "grpo.weightSync NCCL needs vLLM's weight-transfer API (vllm>=0.32) in the trainer "
+            f"image: {e}"
+        ) from e
+    return VllmWeightTransfer(
+        NCCLTrainerInitInfo,
+        NCCLTrainerWeightTransferEngine,
+        HTTPVLLMWeightSyncClient,
+        WeightSource,
+        ParamMeta,
+    )
+
+
+def served_source(vllm: VllmWeightTransfer, model: torch.nn.Module, dtype: torch.dtype) -> Any:
+    """The model's parameters as vLLM loads them: cast to the served dtype. vLLM sizes its
+    receive buffers from ``metadata()`` and reads bytes from iteration, so both must agree
+    parameter for parameter. Tied embeddings appear once (``named_parameters``
+    deduplicates), and vLLM's loader ties them again."""
+
+    class ServedSource(vllm.weight_source):
+        def metadata(self) -> list:
+            return [
+                vllm.param_meta(name, dtype, tuple(p.shape)) for name, p in model.named_parameters()
+            ]
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            for name, p in model.named_parameters():
+                yield name, p.detach().to(dtype).contiguous()
+
+    return ServedSource()
+
+
+class NcclWeightSync:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        vllm_url: str,
+        post: Callable[[str], Any],
+        *,
+        master_port: int,
+        vllm_world_size: int = 1,
+        served_dtype: torch.dtype = torch.bfloat16,
+        master_address: str = "127.0.0.1",
+        vllm: VllmWeightTransfer | None = None,
+    ) -> None:
+        """``post(url)`` makes the plain control calls (pause, resume, cache reset)."""
+        self.url = vllm_url.rstrip("/")
+        self.post = post
+        api = vllm or load_vllm()
+        t0 = time.monotonic()
+        self.engine = api.engine.trainer_init(
+            api.init_info(
+                master_address=master_address,
+                master_port=master_port,
+                world_size=1 + vllm_world_size,
+                rank=0,
+            ),
+            client=api.client(self.url),
+            source=served_source(api, model, served_dtype),
+        )
+        self.init_seconds = time.monotonic() - t0
+
+    def push(self) -> dict[str, float]:
+        """Same keys as the file push: nothing is saved, all of it is paused time."""
+        t0 = time.monotonic()
+        self.post(f"{self.url}/pause")
+        try:
+            self.engine.send_weights()
+            # Cached KV was computed by the old weights.
+            self.post(f"{self.url}/reset_prefix_cache")
+        finally:
+            self.post(f"{self.url}/resume")
+        return {"save_seconds": 0.0, "paused_seconds": time.monotonic() - t0}
