@@ -359,10 +359,58 @@ async fn open_loop(
     }
 }
 
+/// What a run measures: everything (`Full`), a short version of it for CI (`--quick`), or
+/// only the open-loop table at 128 req/s (`--open-only`, for repeating it or profiling).
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Full,
+    Quick,
+    OpenOnly,
+}
+
+impl Mode {
+    fn from_args() -> Self {
+        let has = |flag: &str| std::env::args().any(|a| a == flag);
+        if has("--open-only") {
+            Mode::OpenOnly
+        } else if has("--quick") {
+            Mode::Quick
+        } else {
+            Mode::Full
+        }
+    }
+
+    /// Closed-loop session counts.
+    fn levels(self) -> &'static [usize] {
+        match self {
+            Mode::Full => &[1, 64, 256],
+            Mode::Quick => &[1, 64],
+            Mode::OpenOnly => &[],
+        }
+    }
+
+    /// Idle sessions for the RSS figure (0: no RSS figure).
+    fn idle_sessions(self) -> usize {
+        match self {
+            Mode::Full => 1000,
+            Mode::Quick => 200,
+            Mode::OpenOnly => 0,
+        }
+    }
+
+    /// Open loop: sessions, offered rates, seconds per cell.
+    fn open_loop(self) -> (usize, &'static [f64], u64) {
+        match self {
+            Mode::Full => (256, &[128.0, 512.0, 1024.0], 10),
+            Mode::Quick => (64, &[64.0], 2),
+            Mode::OpenOnly => (256, &[128.0], 10),
+        }
+    }
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    // `--open-only`: just the open-loop table at 128 req/s (for profiling the gateway).
-    let open_only = std::env::args().any(|a| a == "--open-only");
+    let mode = Mode::from_args();
+    let quick = mode == Mode::Quick;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -378,15 +426,11 @@ fn main() {
         let floe_fsync = start_floe(&stub, &http, true).await;
         eprintln!("gateway pids: floe {}, floe --capture-fsync {}", floe.child.id(), floe_fsync.child.id());
         let rllm = match rllm_python() {
-            Some(py) if !quick && !open_only => start_rllm(&py, &stub, &http).await,
+            Some(py) if mode == Mode::Full => start_rllm(&py, &stub, &http).await,
             _ => None,
         };
         let duration = Duration::from_secs(if quick { 1 } else { 4 });
-        let levels: &[usize] = match (open_only, quick) {
-            (true, _) => &[],
-            (false, true) => &[1, 64],
-            (false, false) => &[1, 64, 256],
-        };
+        let levels = mode.levels();
         if !levels.is_empty() {
             println!("## gateway overhead against a stub upstream ({} s per cell)\n", duration.as_secs());
             println!("| sessions | target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | req per gateway CPU-s | vs floe |");
@@ -416,11 +460,7 @@ fn main() {
                 );
             }
         }
-        let sessions = match (open_only, quick) {
-            (true, _) => 0,
-            (false, true) => 200,
-            (false, false) => 1000,
-        };
+        let sessions = mode.idle_sessions();
         if sessions > 0 {
             println!("\n## RSS with {sessions} open sessions\n");
             for gw in std::iter::once(&floe).chain(rllm.as_ref()) {
@@ -433,11 +473,7 @@ fn main() {
                 println!("\n(rllm-model-gateway not installed: run scripts/rllm-gateway-setup.sh to include it)");
             }
         }
-        let (n, rates, secs): (usize, &[f64], u64) = match (open_only, quick) {
-            (true, _) => (256, &[128.0], 10),
-            (false, true) => (64, &[64.0], 2),
-            (false, false) => (256, &[128.0, 512.0, 1024.0], 10),
-        };
+        let (n, rates, secs) = mode.open_loop();
         println!("\n## open loop: {n} sessions, Poisson arrivals, {secs} s per cell\n");
         println!("| req/s offered | target | p50 ms | p99 ms | added p50 ms | added p99 ms | gateway CPU % |");
         println!("|---|---|---|---|---|---|---|");

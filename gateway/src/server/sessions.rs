@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use rand::RngExt;
 
 use crate::capture::{
-    write_meta, CaptureLog, CaptureWriteError, CompletionRecord, Durability, SessionMeta, SEAL_FILE,
+    write_meta, CaptureLog, CaptureWriteError, Durability, SessionMeta, SEAL_FILE,
 };
 
 /// Where a session's calls go and with which limits.
@@ -44,12 +44,8 @@ impl Session {
         self.log.lock().map(|l| l.is_some()).unwrap_or(false)
     }
 
-    /// Append a record durably (blocking when the capture fsyncs: see [`Self::capture_blocks`]).
-    pub fn capture(&self, record: &CompletionRecord) -> Result<(), CaptureWriteError> {
-        self.capture_line(&crate::capture::encode_line(record)?)
-    }
-
-    /// Append a line made by [`crate::capture::encode_line`] durably.
+    /// Append a line made by [`crate::capture::encode_line`] durably (blocking when the
+    /// capture fsyncs: see [`Self::capture_blocks`]).
     pub fn capture_line(&self, line: &[u8]) -> Result<(), CaptureWriteError> {
         let mut guard = self.log.lock().map_err(|_| poisoned(&self.dir))?;
         match guard.as_mut() {

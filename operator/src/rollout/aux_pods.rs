@@ -397,6 +397,26 @@ mod tests {
         Ok(())
     }
 
+    /// The pod's container called `name` (null when there is none).
+    fn container(pod: &Value, name: &str) -> Value {
+        pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn args(container: &Value) -> Vec<&str> {
+        container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    }
+
     #[test]
     fn nccl_weight_sync_starts_vllm_with_its_weight_transfer_engine(
     ) -> Result<(), serde_json::Error> {
@@ -406,13 +426,9 @@ mod tests {
         );
         let aux = trainer(&j, "floe:1")?.expect("train has a trainer");
         let pod = serde_json::to_value(&aux.pod)?;
-        let args: Vec<&str> = pod["spec"]["containers"][0]["args"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        assert_eq!(pod["spec"]["containers"][0]["name"], "vllm");
+        let vllm = container(&pod, "vllm");
+        let args = args(&vllm);
+        assert_eq!(vllm["name"], "vllm");
         assert!(args
             .windows(2)
             .any(|w| w == ["--weight-transfer-config", r#"{"backend":"nccl"}"#]));
@@ -433,27 +449,13 @@ mod tests {
         );
         let aux = trainer(&j, "floe:1")?.expect("train has a trainer");
         let pod = serde_json::to_value(&aux.pod)?;
-        let container = |name: &str| -> Value {
-            pod["spec"]["containers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["name"] == name)
-                .cloned()
-                .unwrap_or_default()
-        };
-        let vllm = &container("vllm");
-        let args: Vec<&str> = vllm["args"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let vllm = &container(&pod, "vllm");
+        let args = args(vllm);
         assert_eq!(args[1], "/models/Qwen3-1.7B");
         // vLLM (dev mode) only on loopback; the policy Service reaches it through the proxy.
         assert!(args.windows(2).any(|w| w == ["--host", "127.0.0.1"]));
         assert!(vllm["ports"].is_null(), "vLLM publishes no port");
-        let proxy = &container("policy");
+        let proxy = &container(&pod, "policy");
         assert_eq!(proxy["image"], "floe:1");
         assert_eq!(proxy["args"][0], "policy-proxy");
         assert_eq!(proxy["ports"][0]["containerPort"], VLLM_PORT);
@@ -468,7 +470,7 @@ mod tests {
         assert!(args
             .windows(2)
             .any(|w| w == ["--tensor-parallel-size", "2"]));
-        let trainer = &container("trainer");
+        let trainer = &container(&pod, "trainer");
         assert_eq!(trainer["resources"]["limits"]["nvidia.com/gpu"], "1");
         let config: Value =
             serde_json::from_str(trainer["env"][0]["value"].as_str().unwrap_or("{}"))

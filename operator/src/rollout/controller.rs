@@ -303,7 +303,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .zip(observed.ready.iter().cloned())
         .collect();
     let uid_ref = &uid;
-    let claims: Vec<Result<Option<Option<String>>, JobError>> = futures::stream::iter(pairs)
+    let claims: Vec<Result<ClaimOutcome, JobError>> = futures::stream::iter(pairs)
         .map(|((index, attempt), candidate): ((u32, u32), Pod)| {
             let (observed, uid) = (observed_ref, uid_ref);
             async move {
@@ -316,14 +316,14 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
                 phase("observe", round);
                 let patching = Instant::now();
                 let Some(pod) = claim(ctx, job, observed, &candidate, index, attempt).await? else {
-                    return Ok(None);
+                    return Ok(ClaimOutcome::Lost);
                 };
                 phase("patch", patching);
                 ctx.count_claim(uid, index);
                 let delivering = Instant::now();
                 let acknowledged = deliver(ctx, job, observed, &pod, Some(round)).await;
                 phase("deliver", delivering);
-                Ok(Some(acknowledged))
+                Ok(ClaimOutcome::Claimed { acknowledged })
             }
         })
         .buffer_unordered(IN_FLIGHT)
@@ -331,7 +331,10 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .await;
     let mut claimed = 0u32;
     for c in claims {
-        if let Some(acked) = c? {
+        if let ClaimOutcome::Claimed {
+            acknowledged: acked,
+        } = c?
+        {
             claimed += 1;
             acknowledged.extend(acked);
         }
@@ -833,6 +836,14 @@ async fn claim(
         Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// One claim of a round.
+enum ClaimOutcome {
+    /// Someone else took the pod first (or it went): the session waits for the next round.
+    Lost,
+    /// The pod is the session's; `acknowledged` names it once its gateway took the assignment.
+    Claimed { acknowledged: Option<String> },
 }
 
 /// poolTemplate: deliver the assignments of sessions whose pre-warmed pod is Ready (counted as
