@@ -10,23 +10,27 @@ broadcasts every parameter → ``/finish_weight_update`` → ``/reset_prefix_cac
 pause around them and the cast to the dtype vLLM serves (half the bytes of the fp32 master
 weights for bf16).
 
-Written against vLLM 0.32's sources; CPU tests check the sequence with vLLM's engine replaced
-by a recorder (its NCCL communicator needs CUDA). Not yet run on a GPU: see docs/trainer.md.
+Written against vLLM 0.32's sources. The CPU tests run vLLM's own engine and HTTP client with
+only the NCCL rendezvous and broadcast replaced by a recorder (NCCL needs CUDA). Not yet run on
+a GPU: see docs/trainer.md.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .vllm_sync import post
+
 
 @dataclass
 class VllmWeightTransfer:
-    """The vLLM classes this module drives (injected by tests)."""
+    """The vLLM classes this module drives, imported only when NCCL is chosen (the package
+    imports without vLLM)."""
 
     init_info: Any  # NCCLTrainerInitInfo
     engine: Any  # NCCLTrainerWeightTransferEngine
@@ -81,19 +85,14 @@ class NcclWeightSync:
         self,
         model: torch.nn.Module,
         vllm_url: str,
-        post: Callable[[str], Any],
         *,
         master_port: int,
         vllm_world_size: int = 1,
         served_dtype: torch.dtype = torch.bfloat16,
         master_address: str = "127.0.0.1",
-        vllm: VllmWeightTransfer | None = None,
     ) -> None:
-        """``post(url)`` makes the plain control calls (pause, resume, cache reset)."""
         self.url = vllm_url.rstrip("/")
-        self.post = post
-        api = vllm or load_vllm()
-        t0 = time.monotonic()
+        api = load_vllm()
         self.engine = api.engine.trainer_init(
             api.init_info(
                 master_address=master_address,
@@ -104,16 +103,15 @@ class NcclWeightSync:
             client=api.client(self.url),
             source=served_source(api, model, served_dtype),
         )
-        self.init_seconds = time.monotonic() - t0
 
     def push(self) -> dict[str, float]:
         """Same keys as the file push: nothing is saved, all of it is paused time."""
         t0 = time.monotonic()
-        self.post(f"{self.url}/pause")
+        post(f"{self.url}/pause")
         try:
             self.engine.send_weights()
             # Cached KV was computed by the old weights.
-            self.post(f"{self.url}/reset_prefix_cache")
+            post(f"{self.url}/reset_prefix_cache")
         finally:
-            self.post(f"{self.url}/resume")
+            post(f"{self.url}/resume")
         return {"save_seconds": 0.0, "paused_seconds": time.monotonic() - t0}

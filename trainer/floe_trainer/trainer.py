@@ -24,7 +24,7 @@ from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
 from .placement import resolve
 from .step import StepStats, train_step
-from .vllm_sync import FileWeightSync, post, wait_healthy
+from .vllm_sync import FileWeightSync, wait_healthy
 from .wire import Trajectory
 
 
@@ -176,7 +176,6 @@ class Trainer:
         return NcclWeightSync(
             self.model,
             self.cfg.policy_url,
-            post,
             master_port=self.cfg.nccl_port,
             vllm_world_size=self.cfg.vllm_gpus,
         )

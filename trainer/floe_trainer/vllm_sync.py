@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 
-def _post(url: str, body: dict | None = None, timeout: float = 600) -> dict:
+def post(url: str, body: dict | None = None, timeout: float = 600) -> dict:
+    """A control call to vLLM (pause, resume, cache reset, ...); its JSON answer."""
     req = urllib.request.Request(
         url,
         data=json.dumps(body or {}).encode(),
@@ -46,15 +47,15 @@ def push(model: torch.nn.Module, vllm_url: str, model_dir: Path) -> dict[str, fl
     t0 = time.monotonic()
     save_weights(model, model_dir)
     t1 = time.monotonic()
-    _post(f"{vllm_url}/pause")
+    post(f"{vllm_url}/pause")
     try:
-        _post(
+        post(
             f"{vllm_url}/collective_rpc",
             {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}},
         )
-        _post(f"{vllm_url}/reset_prefix_cache")
+        post(f"{vllm_url}/reset_prefix_cache")
     finally:
-        _post(f"{vllm_url}/resume")
+        post(f"{vllm_url}/resume")
     return {"save_seconds": t1 - t0, "paused_seconds": time.monotonic() - t1}
 
 
@@ -82,11 +83,6 @@ def wait_healthy(url: str, timeout: float = 1800.0, every: float = 2.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"vLLM at {url} not healthy after {timeout:.0f} s")
         time.sleep(every)
-
-
-def post(url: str) -> dict:
-    """A control call without a body (pause, resume, cache reset)."""
-    return _post(url)
 
 
 def prompt_logprobs(vllm_url: str, model: str, ids: list[int]) -> list[float]:

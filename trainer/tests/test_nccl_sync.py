@@ -17,7 +17,6 @@ from floe_trainer.trainer import TrainerConfig
 nccl_engine = pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine")
 
 from floe_trainer import nccl_sync  # noqa: E402
-from floe_trainer.vllm_sync import post  # noqa: E402
 
 
 class TiedLM(torch.nn.Module):
@@ -86,7 +85,7 @@ def test_rendezvous_then_each_push_pauses_sends_and_resumes(transport):
     vllm = FakeVllm()
     try:
         model = TiedLM()
-        sync = nccl_sync.NcclWeightSync(model, vllm.url, post, master_port=29551, vllm_world_size=2)
+        sync = nccl_sync.NcclWeightSync(model, vllm.url, master_port=29551, vllm_world_size=2)
         # Rendezvous: vLLM's workers are told ranks 1.. of a group of 1 trainer + 2 workers.
         assert vllm.paths() == ["/init_weight_transfer_engine"]
         init = vllm.calls[0][1]["init_info"]
@@ -122,7 +121,7 @@ def test_rendezvous_then_each_push_pauses_sends_and_resumes(transport):
 def test_a_failed_update_still_resumes_generation_and_raises(transport):
     vllm = FakeVllm(fail_on="/finish_weight_update")
     try:
-        sync = nccl_sync.NcclWeightSync(TiedLM(), vllm.url, post, master_port=29551)
+        sync = nccl_sync.NcclWeightSync(TiedLM(), vllm.url, master_port=29551)
         with pytest.raises(Exception, match="500"):
             sync.push()
         assert vllm.paths()[-1] == "/resume"
