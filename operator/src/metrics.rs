@@ -45,6 +45,7 @@ pub struct Metrics {
     pub sessions: IntGaugeVec,
     pub session_results: IntCounterVec,
     pub waiting_for_pod: IntGaugeVec,
+    pub job_pod_reads: IntCounterVec,
     /// (namespace, job) → (scored sessions, reward sum).
     rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
@@ -132,6 +133,16 @@ impl Metrics {
             ),
             &["namespace", "rolloutjob", "pool"],
         )?;
+        let job_pod_reads = IntCounterVec::new(
+            Opts::new(
+                "floe_job_pod_reads_total",
+                "Reconcile rounds of RolloutJobs by where they read the job's pods: cache (the watch had caught up with every write of this operator) or apiserver (a quorum list)",
+            ),
+            &["source"],
+        )?;
+        for source in ["cache", "apiserver"] {
+            job_pod_reads.with_label_values(&[source]);
+        }
         // As controller-runtime does: each controller's series exist from the start, so error
         // ratios read 0 rather than nothing.
         for controller in [
@@ -159,6 +170,7 @@ impl Metrics {
             Box::new(sessions.clone()),
             Box::new(session_results.clone()),
             Box::new(waiting_for_pod.clone()),
+            Box::new(job_pod_reads.clone()),
         ] {
             registry.register(c)?;
         }
@@ -177,6 +189,7 @@ impl Metrics {
             sessions,
             session_results,
             waiting_for_pod,
+            job_pod_reads,
             rewards: Mutex::default(),
         })
     }

@@ -6,6 +6,8 @@
 //! per pod (measured: 131 MiB RSS at 500 pods); the slim cache is what keeps 5,000 pods in
 //! bounds.
 
+use std::time::Duration;
+
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::RolloutJob;
 use futures::StreamExt;
@@ -58,10 +60,17 @@ pub fn start(api: Api<Pod>) -> PodCache {
     let (job_tx, jobs) = mpsc::unbounded_channel();
     let config = watcher::Config::default().labels("app.kubernetes.io/managed-by=floe");
     let task = tokio::spawn(async move {
-        let mut events = watcher(api, config)
+        let events = watcher(api, config)
             .default_backoff()
             .modify(|pod| *pod = slim(std::mem::take(pod)))
             .boxed();
+        let mut events = match fault_lag() {
+            Some(lag) => {
+                tracing::warn!(?lag, "fault injection: the pod watch lags");
+                lagged(events, lag).boxed()
+            }
+            None => events,
+        };
         while let Some(event) = events.next().await {
             let event = match event {
                 Ok(e) => e,
@@ -94,6 +103,37 @@ pub fn start(api: Api<Pod>) -> PodCache {
         jobs,
         task,
     }
+}
+
+/// Fault injection, for tests only: `FLOE_FAULT_POD_WATCH_LAG_MS` makes the pod cache (and the
+/// triggers it sends) lag the apiserver by that long, to prove that the job controller never
+/// acts on a view older than its own writes.
+fn fault_lag() -> Option<Duration> {
+    let ms: u64 = std::env::var("FLOE_FAULT_POD_WATCH_LAG_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// Each item `lag` after it arrived, in order.
+fn lagged<T: Send + 'static>(
+    mut items: futures::stream::BoxStream<'static, T>,
+    lag: Duration,
+) -> impl futures::Stream<Item = T> + Send {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(item) = items.next().await {
+            if tx.send((tokio::time::Instant::now(), item)).is_err() {
+                break;
+            }
+        }
+    });
+    futures::stream::unfold(rx, move |mut rx| async move {
+        let (arrived, item) = rx.recv().await?;
+        tokio::time::sleep_until(arrived + lag).await;
+        Some((item, rx))
+    })
 }
 
 /// A receiver as a stream (for `Controller::reconcile_on`).

@@ -23,6 +23,11 @@ impl Drop for Operator {
 impl Operator {
     /// Watch one namespace; `extra` flags are appended.
     pub fn start(namespace: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_with_env(namespace, extra, &[])
+    }
+
+    /// As [`Operator::start`], with extra environment variables (fault injection).
+    pub fn start_with_env(namespace: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -42,6 +47,7 @@ impl Operator {
             .args(extra)
             .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log)?)
             .spawn()?;

@@ -99,6 +99,16 @@ async fn delete_jobs(jobs: &Api<RolloutJob>) -> Result<()> {
     .await
 }
 
+/// `floe_job_pod_reads_total{source}` from an operator's metrics page.
+fn pod_reads(metrics: &str, source: &str) -> u64 {
+    let key = format!("floe_job_pod_reads_total{{source=\"{source}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn attempt(a: &Value) -> u64 {
     a["metadata"]["attempt"].as_u64().unwrap_or(0)
 }
@@ -242,6 +252,19 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
     assert!(metrics.contains(&line), "{line} not in:\n{metrics}");
     assert!(metrics.contains("floe_claims_total{kind="));
     assert!(metrics.contains("floe_claim_latency_seconds_count"));
+    // The restarted operator listed the job's pods from the apiserver at first, then read them
+    // from its watch cache once that had caught up with its writes — and, checked above, no
+    // session was assigned twice either way.
+    let (cached, listed) = (
+        pod_reads(&metrics, "cache"),
+        pod_reads(&metrics, "apiserver"),
+    );
+    println!("job pod reads after the restart: {cached} from the cache, {listed} listed");
+    assert!(listed >= 1, "the first round lists from the apiserver");
+    assert!(
+        cached > listed,
+        "most rounds should read the cache: {cached} from the cache, {listed} listed"
+    );
 
     // sft: the job's dataset collector and its Service, owned by the job.
     let collector = pods.get("big-dataset").await?;
@@ -264,6 +287,79 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
         .await?;
 
     // Deleting the job takes its finalizer off (its pods are gone already).
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
+/// The operator reads a job's pods from its watch cache once the cache has caught up with the
+/// operator's own writes. Here the cache lags the apiserver by 600 ms (fault injection), so
+/// rounds often start before the cache has seen the last round's claims and releases: they
+/// must list from the apiserver instead, and no session may ever be assigned twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_pod_cache_never_assigns_a_session_twice() -> Result<()> {
+    let (client, ns) = with_crds("joblag").await?;
+    let operator =
+        Operator::start_with_env(&ns.name, &[], &[("FLOE_FAULT_POD_WATCH_LAG_MS", "600")])?;
+    // More READY pods than the job runs at once: a round that missed the last claims would find
+    // free pods for the same sessions (the compare-and-swap stops it only when it happens to
+    // pick the very pods claimed before).
+    create_pool(&client, &ns.name, "warm", 8).await?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        14,
+        // Sample 0's first attempt fails in the infrastructure: its retry is a lower index
+        // than the sessions claimed meanwhile, which shifts which READY pod each claim picks.
+        Arc::new(|a: &Value| {
+            if a["sample"].as_u64() == Some(0) && attempt(a) == 0 {
+                return Verdict::Infra {
+                    error: "node lost".into(),
+                };
+            }
+            Verdict::Scored {
+                exit: 0,
+                reward: 1.0,
+            }
+        }),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let tasks = ["a", "b", "c", "d"];
+    jobs.create(
+        &PostParams::default(),
+        &job("lag", &tasks, 3, json!({"concurrency": 2}))?,
+    )
+    .await?;
+    let done = eventually_within(180, "the job finished", async || {
+        let s = status(&jobs, "lag").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await?;
+    let s = &done.sessions;
+    assert_eq!((s.total, s.succeeded, s.failed, s.retried), (12, 12, 0, 4));
+    let mut ids: Vec<String> = kubelet
+        .taken()
+        .iter()
+        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
+        .collect();
+    ids.sort();
+    let mut expected: Vec<String> = tasks
+        .iter()
+        .flat_map(|t| (0..3).map(move |sample| format!("lag-{t}-{sample}")))
+        .chain(tasks.iter().map(|t| format!("lag-{t}-0-r1")))
+        .collect();
+    expected.sort();
+    assert_eq!(ids, expected, "every session assigned exactly once");
+    let metrics = operator.metrics().await?;
+    let (cached, listed) = (
+        pod_reads(&metrics, "cache"),
+        pod_reads(&metrics, "apiserver"),
+    );
+    println!("job pod reads with a lagging cache: {cached} from the cache, {listed} listed");
+    assert!(
+        listed > 1,
+        "rounds ahead of the cache list from the apiserver: {cached} from the cache, {listed} listed"
+    );
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;
     Ok(())

@@ -20,6 +20,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::freshness::{version, Bar, Bars};
 use super::indexes::IndexSet;
 use super::plan::{plan, Fold, JobPlan, JobState, RewardTally};
 use super::pod_view::{self, *};
@@ -46,8 +47,8 @@ pub enum JobError {
 
 pub struct JobContext {
     pub client: Client,
-    /// The slim pod cache: READY pool pods are read from it (a job's own pods are listed from
-    /// the apiserver, see `observe`).
+    /// The slim pod cache: READY pool pods are read from it, and a job's own pods once the
+    /// cache has caught up with this operator's writes (`bars`, see `observe`).
     pods: Store<Pod>,
     tokens: Arc<crate::tokens::ControlTokens>,
     pub metrics: Arc<Metrics>,
@@ -64,6 +65,9 @@ pub struct JobContext {
     validated: Mutex<HashMap<String, Validated>>,
     /// `tasks.file` jobs' tasks by job uid, with the loader arguments they were read with.
     file_tasks: Mutex<HashMap<String, LoadedTasks>>,
+    /// Per job uid: what the pod cache must show before a round may read the job's pods from
+    /// it. No entry: the next round lists them from the apiserver.
+    bars: Mutex<HashMap<String, Bars>>,
 }
 
 /// The task loader's arguments and the tasks read with them.
@@ -96,7 +100,29 @@ impl JobContext {
             starved: Mutex::default(),
             validated: Mutex::default(),
             file_tasks: Mutex::default(),
+            bars: Mutex::default(),
         }
+    }
+
+    /// Raise the cache's bar for a job's pod after a write the apiserver answered.
+    fn raise_bar(&self, uid: &str, pod: &str, bar: Bar) {
+        if let Some(bars) = self
+            .bars
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(uid)
+        {
+            bars.raise(pod, bar);
+        }
+    }
+
+    /// The job's next round lists its pods from the apiserver (after a write whose outcome is
+    /// unknown, or once the job is gone).
+    fn forget_bars(&self, uid: &str) {
+        self.bars
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
     }
 
     /// A session got its pod: `cold` when it had waited for one (it was starved before).
@@ -137,6 +163,10 @@ impl JobContext {
 pub async fn reconcile(job: Arc<RolloutJob>, ctx: Arc<JobContext>) -> Result<Action, JobError> {
     let started = Instant::now();
     let result = reconcile_job(&job, &ctx).await;
+    if result.is_err() {
+        // A write of this round may have landed unseen: never trust the cache over it.
+        ctx.forget_bars(&job.uid().unwrap_or_default());
+    }
     crate::metrics::record_reconcile(&ctx.metrics, CONTROLLER, started, result.is_ok());
     result
 }
@@ -182,6 +212,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = job.status.clone();
     if let Some(done) = previous.as_ref().and_then(|s| s.completion_time.clone()) {
+        ctx.forget_bars(&job.uid().unwrap_or_default());
         // Pods stopped at a deadline end after the job did: let them go too.
         release_all(ctx, job, &ns).await?;
         return after_completion(job, &jobs, &done, &now).await;
@@ -355,14 +386,17 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     let released: Vec<Result<(), JobError>> = futures::stream::iter(decided.release.clone())
         .map(|name: String| async move {
             ctx.tokens.forget(ns_ref, &name);
-            release(pods_ref, &name).await
+            let written = release(pods_ref, &name).await?;
+            ctx.raise_bar(uid_ref, &name, bar_after_delete(written));
+            Ok(())
         })
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
     released.into_iter().collect::<Result<(), _>>()?;
     for name in &decided.stop {
-        delete_pod(&pods, name).await?;
+        let written = delete_pod(&pods, name).await?;
+        ctx.raise_bar(&uid, name, bar_after_delete(written));
     }
     // poolTemplate: the next sessions' pods, after the finished ones went (the window holds
     // `concurrency + lookahead` pods, not one more while a finished pod lingers).
@@ -558,13 +592,8 @@ async fn observe(
         },
         None => BTreeMap::new(),
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let name = job.name_any();
-    // Straight from the apiserver (not a cache): a claim must never be made twice.
-    let owned = pods
-        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}")))
-        .await?
-        .items;
+    let owned = job_pods(job, ctx, ns, &name).await?;
     // READY pods from the cache: a stale entry only costs a lost compare-and-swap (the claim
     // is retried next round), never a double claim.
     let pool_name = pool.as_ref().map(|p| p.name_any());
@@ -599,6 +628,65 @@ async fn observe(
         pods: owned,
         ready,
     }))
+}
+
+/// The job's pods. A claim must never be made twice, so they come from the watch cache only
+/// once it has caught up with every write of this operator (see [`super::freshness`]);
+/// otherwise from the apiserver, a quorum list.
+async fn job_pods(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+    name: &str,
+) -> Result<Vec<Pod>, JobError> {
+    let uid = job.uid().unwrap_or_default();
+    let cached: Vec<Arc<Pod>> = ctx.pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == Some(ns)
+            && p.labels().get(JOB_LABEL).map(String::as_str) == Some(name)
+    });
+    let view = || {
+        cached.iter().map(|p| {
+            (
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.metadata.resource_version.as_deref(),
+            )
+        })
+    };
+    {
+        let mut bars = ctx.bars.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = bars.get_mut(&uid).filter(|b| b.met(view())) {
+            *b = Bars::default();
+            drop(bars);
+            ctx.metrics
+                .job_pod_reads
+                .with_label_values(&["cache"])
+                .inc();
+            return Ok(cached.iter().map(|p| (**p).clone()).collect());
+        }
+    }
+    ctx.metrics
+        .job_pod_reads
+        .with_label_values(&["apiserver"])
+        .inc();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}")))
+        .await?
+        .items;
+    let bars = Bars::from_list(
+        listed.iter().map(|p| {
+            (
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.metadata.resource_version.as_deref(),
+            )
+        }),
+        view().map(|(n, _)| n),
+    );
+    ctx.bars
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(uid, bars);
+    Ok(listed)
 }
 
 /// `tasks.file`: the operator reads no volumes, so a loader pod mounts the claim and serves
@@ -758,19 +846,19 @@ async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
 }
 
 /// A pod whose result is recorded: its finalizer comes off and it is deleted (the pool
-/// refills).
-async fn release(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
+/// refills). Returns the pod's last resourceVersion this wrote, if it still exists.
+async fn release(pods: &Api<Pod>, name: &str) -> Result<Option<String>, JobError> {
     let patch =
         json!({"metadata": {"finalizers": null, "labels": {STATE_LABEL: PodState::Done.label()}}});
-    match pods
+    let patched = match pods
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Ok(p) => p.metadata.resource_version,
+        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(None),
         Err(e) => return Err(e.into()),
-    }
-    delete_pod(pods, name).await
+    };
+    Ok(delete_pod(pods, name).await?.or(patched))
 }
 
 /// Every pod of the job, released (a finished or deleted job).
@@ -786,8 +874,23 @@ async fn release_all(ctx: &JobContext, job: &RolloutJob, ns: &str) -> Result<(),
     Ok(())
 }
 
-async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), JobError> {
-    Ok(crate::pool_controller::delete(pods, name).await?)
+/// Delete a pod; returns its resourceVersion when the deletion is graceful (the pod stays,
+/// terminating, for now).
+async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<Option<String>, JobError> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        // The pod itself while it terminates; a Status once it is gone.
+        Ok(answer) => Ok(answer.left().and_then(|p| p.metadata.resource_version)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// After deleting a job's pod: the cache must show it at that version (terminating) or gone.
+fn bar_after_delete(version_written: Option<String>) -> Bar {
+    // Gone before any version was written: the cache must drop it.
+    version_written.as_deref().map_or(Bar::gone(), |v| {
+        Bar::at_least_or_gone(version(Some(v)).unwrap_or(u64::MAX))
+    })
 }
 
 /// Claim one READY pod for a session attempt: a compare-and-swap on the pod (its
@@ -831,6 +934,11 @@ async fn claim(
     {
         Ok(p) => {
             tracing::info!(job = %o.name, pod = %pod.name_any(), index, attempt, "claimed");
+            ctx.raise_bar(
+                &job.uid().unwrap_or_default(),
+                &p.name_any(),
+                Bar::written(version(p.metadata.resource_version.as_deref()).unwrap_or(u64::MAX)),
+            );
             Ok(Some(p))
         }
         Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(None),
@@ -924,13 +1032,20 @@ async fn create_prewarmed(
                 native_sidecars: ctx.native_sidecars,
             })?;
             let job_name = job.name_any();
-            crate::pool_controller::create_with_control_secret(
+            let created = crate::pool_controller::create_with_control_secret(
                 &ctx.client,
                 &ctx.tokens,
                 &pod,
                 (JOB_LABEL, &job_name),
             )
             .await?;
+            ctx.raise_bar(
+                &job.uid().unwrap_or_default(),
+                &created.name_any(),
+                Bar::written(
+                    version(created.metadata.resource_version.as_deref()).unwrap_or(u64::MAX),
+                ),
+            );
             tracing::info!(job = %job_name, pod = %pod.name_any(), "created pre-warmed session pod");
             Ok(())
         })
@@ -1115,6 +1230,7 @@ async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action,
     let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
     ctx.metrics.forget_job(ns, &job.name_any(), pool);
     let uid = job.uid().unwrap_or_default();
+    ctx.forget_bars(&uid);
     ctx.validated
         .lock()
         .unwrap_or_else(|e| e.into_inner())

@@ -2,6 +2,7 @@
 //!
 //! - [`indexes`]: `completedIndexes`-style range sets.
 //! - [`plan`]: the reconcile decision (sans-IO).
+//! - [`freshness`]: when a round may read the job's pods from the watch cache (sans-IO).
 //! - [`pod_view`]: what a claimed pod says (sans-IO).
 //! - [`status`]: counters, phase, conditions (sans-IO).
 //! - [`tasks`]: task JSONL and hidden-file ConfigMaps (sans-IO).
@@ -11,6 +12,7 @@
 
 pub mod aux_pods;
 pub mod controller;
+pub mod freshness;
 pub mod indexes;
 pub mod plan;
 pub mod pod_view;
