@@ -221,6 +221,19 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
             q99 * 1e3
         );
     }
+    let reads = |source: &str| {
+        let key = format!("floe_job_pod_reads_total{{source=\"{source}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .unwrap_or("?")
+            .to_string()
+    };
+    println!(
+        "  rounds reading the job's pods: {} from the watch cache, {} listed from the apiserver",
+        reads("cache"),
+        reads("apiserver")
+    );
     println!("  whole job: {wall:.1} s, {:.1} sessions/s (bounded by the fake kubelet starting a gateway process per pod)",
         sessions as f64 / wall);
     kubelet.stop().await?;
