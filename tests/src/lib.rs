@@ -23,4 +23,4 @@ pub use ingest::TestIngest;
 pub use namespace::TestNamespace;
 pub use processes::{harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess};
 pub use scripted_upstream::{ScriptedUpstream, Step};
-pub use vllm::{tokenize, vllm, vllm_long, Vllm};
+pub use vllm::{tokenize, tokenize_at, vllm, vllm_long, vllm_vision, Vllm};

@@ -5,7 +5,7 @@
 //!   real harness prompts (5k-20k tokens) that SmolLM2 cannot hold.
 //!
 //! Each is the one named by its environment variable (`FLOE_TEST_VLLM_URL`,
-//! `FLOE_TEST_VLLM_LONG_URL`, started by `scripts/test.sh`), or one this fixture starts on a free
+//! `FLOE_TEST_VLLM_LONG_URL`, `FLOE_TEST_VLLM_VISION_URL`, started by `scripts/test.sh`), or one this fixture starts on a free
 //! port and stops when the test process exits. Never skipped: no server, failed test.
 
 use std::process::{Command, Stdio};
@@ -23,11 +23,12 @@ pub struct Vllm {
 
 static VLLM: OnceLock<Vllm> = OnceLock::new();
 static VLLM_LONG: OnceLock<Vllm> = OnceLock::new();
+static VLLM_VISION: OnceLock<Vllm> = OnceLock::new();
 
 /// SmolLM2-135M-Instruct, 8k context.
 pub fn vllm() -> &'static Vllm {
     VLLM.get_or_init(|| {
-        start_or_reuse("FLOE_TEST_VLLM_URL", "smollm2-135m-instruct", 8192)
+        start_or_reuse("FLOE_TEST_VLLM_URL", "smollm2-135m-instruct", 8192, &[])
             .unwrap_or_else(|e| panic!("no vLLM server for the test: {e:#}"))
     })
 }
@@ -35,8 +36,22 @@ pub fn vllm() -> &'static Vllm {
 /// A random tiny Qwen3 (real tokenizer and chat template), 40k context.
 pub fn vllm_long() -> &'static Vllm {
     VLLM_LONG.get_or_init(|| {
-        start_or_reuse("FLOE_TEST_VLLM_LONG_URL", "tiny-qwen3", 40960)
+        start_or_reuse("FLOE_TEST_VLLM_LONG_URL", "tiny-qwen3", 40960, &[])
             .unwrap_or_else(|e| panic!("no long-context vLLM server for the test: {e:#}"))
+    })
+}
+
+/// A random tiny Qwen2-VL (Qwen tokenizer, Qwen2-VL's chat template and image processor, images
+/// up to 112x112 pixels), up to 4 images a prompt (`scripts/test.sh` starts it the same way).
+pub fn vllm_vision() -> &'static Vllm {
+    VLLM_VISION.get_or_init(|| {
+        start_or_reuse(
+            "FLOE_TEST_VLLM_VISION_URL",
+            "tiny-qwen2vl",
+            2048,
+            &["--limit-mm-per-prompt", r#"{"image":4,"video":0}"#],
+        )
+        .unwrap_or_else(|e| panic!("no vision vLLM server for the test: {e:#}"))
     })
 }
 
@@ -46,7 +61,7 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-fn start_or_reuse(env: &str, model: &str, max_model_len: u32) -> Result<Vllm> {
+fn start_or_reuse(env: &str, model: &str, max_model_len: u32, extra: &[&str]) -> Result<Vllm> {
     if let Ok(url) = std::env::var(env) {
         wait_healthy(&url, Duration::from_secs(300))?;
         return Ok(Vllm { url });
@@ -70,9 +85,14 @@ fn start_or_reuse(env: &str, model: &str, max_model_len: u32) -> Result<Vllm> {
     let log = std::fs::File::create(workspace_root().join(format!("target/vllm-test-{port}.log")))?;
     // A watchdog shell stops the server when this test process is gone.
     let script = format!(
-        "VLLM_MAX_MODEL_LEN={max_model_len} \"{}\" \"{python}\" \"{models}/{model}\" {port} & pid=$!; \
+        "VLLM_MAX_MODEL_LEN={max_model_len} \"{}\" \"{python}\" \"{models}/{model}\" {port} {extra} & pid=$!; \
          while kill -0 {me} 2>/dev/null && kill -0 $pid 2>/dev/null; do sleep 1; done; kill $pid 2>/dev/null",
         serve.display(),
+        extra = extra
+            .iter()
+            .map(|a| format!("'{a}'"))
+            .collect::<Vec<_>>()
+            .join(" "),
         me = std::process::id()
     );
     Command::new("sh")
@@ -104,10 +124,19 @@ fn wait_healthy(url: &str, limit: Duration) -> Result<()> {
 /// The server's own tokenization of a rendered conversation (with the generation prompt): what
 /// a captured prompt must equal.
 pub async fn tokenize(http: &reqwest::Client, messages: &serde_json::Value) -> Result<Vec<u32>> {
+    tokenize_at(http, &vllm().url, messages).await
+}
+
+/// [`tokenize`] on the server at `url` (images in `messages` expand to their patch tokens).
+pub async fn tokenize_at(
+    http: &reqwest::Client,
+    url: &str,
+    messages: &serde_json::Value,
+) -> Result<Vec<u32>> {
     let body =
         serde_json::json!({"model": "policy", "messages": messages, "add_generation_prompt": true});
     let r: serde_json::Value = http
-        .post(format!("{}/tokenize", vllm().url))
+        .post(format!("{url}/tokenize"))
         .json(&body)
         .send()
         .await?
