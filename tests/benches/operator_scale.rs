@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::{FakeKubelet, Verdict};
-use floe_tests::operator::{eventually_within, Operator};
+use floe_tests::operator::{eventually_within, metric_value, Operator};
 use floe_tests::{cluster, TestNamespace};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -222,12 +222,8 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
         );
     }
     let reads = |source: &str| {
-        let key = format!("floe_job_pod_reads_total{{source=\"{source}\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(key.as_str()))
-            .unwrap_or("?")
-            .to_string()
+        let series = format!("floe_job_pod_reads_total{{source=\"{source}\"}}");
+        metric_value(&metrics, &series).unwrap_or(f64::NAN)
     };
     println!(
         "  rounds reading the job's pods: {} from the watch cache, {} listed from the apiserver",

@@ -73,6 +73,13 @@ impl Operator {
     }
 }
 
+/// The value of one series (`name{labels}`, exactly as exposed) on a Prometheus metrics page.
+pub fn metric_value(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Poll `check` every 250 ms until it yields a value, for at most `seconds`.
 pub async fn eventually_within<T>(
     seconds: u64,

@@ -13,7 +13,7 @@ use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase, RolloutJobStatus};
 use floe_tests::kubelet::{FakeKubelet, Verdict};
 use floe_tests::namespace::with_crds;
-use floe_tests::operator::{eventually, eventually_within, Operator};
+use floe_tests::operator::{eventually, eventually_within, metric_value, Operator};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -101,12 +101,8 @@ async fn delete_jobs(jobs: &Api<RolloutJob>) -> Result<()> {
 
 /// `floe_job_pod_reads_total{source}` from an operator's metrics page.
 fn pod_reads(metrics: &str, source: &str) -> u64 {
-    let key = format!("floe_job_pod_reads_total{{source=\"{source}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(key.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    let series = format!("floe_job_pod_reads_total{{source=\"{source}\"}}");
+    metric_value(metrics, &series).unwrap_or(0.0) as u64
 }
 
 fn attempt(a: &Value) -> u64 {
