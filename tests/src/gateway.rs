@@ -20,6 +20,15 @@ pub struct TestGateway {
 impl TestGateway {
     /// Start a gateway in front of `upstream` with a per-call cap of `max_response_tokens`.
     pub async fn start(upstream: &str, max_response_tokens: u32) -> Result<Self> {
+        Self::start_with_kind(upstream, max_response_tokens, Default::default()).await
+    }
+
+    /// [`TestGateway::start`] for an upstream of `kind` (vLLM or SGLang).
+    pub async fn start_with_kind(
+        upstream: &str,
+        max_response_tokens: u32,
+        kind: floe_gateway::protocol::upstream::UpstreamKind,
+    ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let config = Config {
@@ -27,6 +36,7 @@ impl TestGateway {
             control_listen: None,
             upstream_url: upstream.to_string(),
             upstream_model: "policy".into(),
+            upstream_kind: kind,
             capture_dir: dir.path().join("captures"),
             spool_dir: dir.path().join("spool"),
             control_token: "test-control-token".into(),

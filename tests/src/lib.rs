@@ -14,6 +14,7 @@ pub mod namespace;
 pub mod operator;
 pub mod processes;
 pub mod scripted_upstream;
+pub mod sglang_shim;
 pub mod toy_task;
 pub mod vllm;
 
@@ -23,4 +24,5 @@ pub use ingest::TestIngest;
 pub use namespace::TestNamespace;
 pub use processes::{harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess};
 pub use scripted_upstream::{ScriptedUpstream, Step};
+pub use sglang_shim::{SglangShim, SHIM_WEIGHT_VERSION};
 pub use vllm::{tokenize, tokenize_at, vllm, vllm_long, vllm_vision, Vllm};

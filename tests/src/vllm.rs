@@ -42,7 +42,8 @@ pub fn vllm_long() -> &'static Vllm {
 }
 
 /// A random tiny Qwen2-VL (Qwen tokenizer, Qwen2-VL's chat template and image processor, images
-/// up to 112x112 pixels), up to 4 images a prompt (`scripts/test.sh` starts it the same way).
+/// up to 112x112 pixels), up to 4 images a prompt. `scripts/test.sh` does not start one: the
+/// test binary that needs it does, for as long as it runs (its memory is not held all suite long).
 pub fn vllm_vision() -> &'static Vllm {
     VLLM_VISION.get_or_init(|| {
         start_or_reuse(
@@ -82,7 +83,9 @@ fn start_or_reuse(env: &str, model: &str, max_model_len: u32, extra: &[&str]) ->
     );
     let port = free_port()?;
     let serve = workspace_root().join("scripts/vllm-cpu/serve.sh");
-    let log = std::fs::File::create(workspace_root().join(format!("target/vllm-test-{port}.log")))?;
+    let logs = workspace_root().join("target");
+    std::fs::create_dir_all(&logs)?;
+    let log = std::fs::File::create(logs.join(format!("vllm-test-{port}.log")))?;
     // A watchdog shell stops the server when this test process is gone.
     let script = format!(
         "VLLM_MAX_MODEL_LEN={max_model_len} \"{}\" \"{python}\" \"{models}/{model}\" {port} {extra} & pid=$!; \

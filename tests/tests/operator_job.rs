@@ -216,6 +216,10 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
     );
     assert_eq!(first["upstream"]["url"], "http://teacher.models.svc:8000");
     assert_eq!(first["upstream"]["model"], "teacher");
+    assert_eq!(
+        first["upstream"]["kind"], "vllm",
+        "the sft upstream's kind (vLLM by default)"
+    );
     assert_eq!(first["sink"]["kind"], "trainer");
     assert_eq!(
         first["sink"]["url"],

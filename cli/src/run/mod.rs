@@ -193,6 +193,10 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         control_listen: None,
         upstream_url: model_url.trim_end_matches('/').to_string(),
         upstream_model: model_name,
+        // The job's own server kind (sft); train mode's policy server is vLLM.
+        upstream_kind: upstream.map_or(Default::default(), |u| {
+            floe_sandbox::session::upstream_kind(u.kind)
+        }),
         capture_dir: out.join("captures"),
         spool_dir: out.join("captures/.spool"),
         control_token: control_token.clone(),

@@ -108,8 +108,7 @@ pub fn expand(plan: &Plan, sink: &Sink, limit: Option<usize>) -> Vec<Assignment>
                 sample,
                 attempt: 0,
                 sink,
-                upstream_url: None,
-                upstream_model: None,
+                upstream: Default::default(),
                 shared_hidden_files: &no_shared_files,
             }));
         }

@@ -100,18 +100,26 @@ fn text_of(content: &Value) -> Option<String> {
     }
 }
 
-/// The upstream response as the client sees it: vLLM's capture fields removed, the model name
-/// the client asked for, logprobs only if it asked for them.
+/// The upstream response as the client sees it: vLLM's and SGLang's capture fields removed,
+/// the model name the client asked for, logprobs only if it asked for them.
 pub fn response(mut upstream: Value, client_model: &str, client_wants_logprobs: bool) -> Value {
     if let Some(obj) = upstream.as_object_mut() {
         obj.remove("prompt_token_ids");
         obj.remove("prompt_logprobs");
         obj.remove("kv_transfer_params");
+        obj.remove("sglext");
         obj.insert("model".into(), client_model.into());
     }
     if let Some(choices) = upstream["choices"].as_array_mut() {
         for c in choices.iter_mut().filter_map(Value::as_object_mut) {
-            c.remove("token_ids");
+            for capture_field in [
+                "token_ids",
+                "prompt_token_ids",
+                "meta_info",
+                "hidden_states",
+            ] {
+                c.remove(capture_field);
+            }
             if !client_wants_logprobs {
                 c.insert("logprobs".into(), Value::Null);
             }

@@ -1,17 +1,50 @@
-//! What floe asks of vLLM on every call, and what it reads back (sans-IO).
+//! What floe asks of the model server on every call, and what it reads back (sans-IO).
 //!
-//! Every call goes upstream as a non-streaming OpenAI Chat Completions request with
-//! `return_token_ids`, `logprobs` and `top_logprobs: 0`, so the gateway sees the server's own
-//! prompt token ids and the sampled token ids with their logprobs.
+//! Every call goes upstream as a non-streaming OpenAI Chat Completions request with the
+//! server's capture switches on, so the gateway sees the server's own prompt token ids and the
+//! sampled token ids with their logprobs:
+//! - vLLM: `return_token_ids`, `logprobs`, `top_logprobs: 0`; the prompt ids come back at the
+//!   top level, the sampled ids in `choices[0].token_ids`, the logprobs in OpenAI's shape.
+//! - SGLang: `return_prompt_token_ids`, `return_meta_info`, `logprobs`, `top_logprobs: 0`; the
+//!   prompt ids come back in `choices[0].prompt_token_ids`, the sampled ids with their
+//!   logprobs in `choices[0].meta_info.output_token_logprobs` (`[logprob, token id, text]`
+//!   each), and `meta_info.weight_version` names the weights that sampled them.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::ProtocolError;
 
+/// Which OpenAI-compatible server the upstream is: each asks for, and returns, the token ids
+/// in its own fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamKind {
+    #[default]
+    Vllm,
+    Sglang,
+}
+
+impl std::str::FromStr for UpstreamKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "vllm" => Ok(Self::Vllm),
+            "sglang" => Ok(Self::Sglang),
+            other => Err(format!(
+                "unknown upstream kind {other:?} (expected vllm or sglang)"
+            )),
+        }
+    }
+}
+
 /// Limits the gateway applies to every call of a session.
 #[derive(Clone, Debug)]
 pub struct CallLimits {
-    /// Model name sent upstream (vLLM's served model name).
+    /// The upstream server's kind.
+    pub kind: UpstreamKind,
+    /// Model name sent upstream (the server's served model name).
     pub upstream_model: String,
     /// Cap on sampled tokens per call (the job's response-length cap).
     pub max_response_tokens: u32,
@@ -71,7 +104,15 @@ pub fn finalize_request(
     }
     body.insert("max_tokens".into(), asked.into());
     body.insert("stream".into(), false.into());
-    body.insert("return_token_ids".into(), true.into());
+    match limits.kind {
+        UpstreamKind::Vllm => {
+            body.insert("return_token_ids".into(), true.into());
+        }
+        UpstreamKind::Sglang => {
+            body.insert("return_prompt_token_ids".into(), true.into());
+            body.insert("return_meta_info".into(), true.into());
+        }
+    }
     body.insert("logprobs".into(), true.into());
     body.insert("top_logprobs".into(), 0.into());
     Ok(Value::Object(body))
@@ -87,6 +128,8 @@ pub struct Sampled {
     pub model: String,
     /// A tool call whose arguments are not a JSON object (returned to the harness as text).
     pub unparsed_tool_call: bool,
+    /// The weights that sampled, when the server says (SGLang's numeric `weight_version`).
+    pub policy_version: Option<u64>,
 }
 
 fn token_ids(v: &Value) -> Option<Vec<u32>> {
@@ -96,26 +139,59 @@ fn token_ids(v: &Value) -> Option<Vec<u32>> {
         .collect()
 }
 
-/// Read the token ids and logprobs out of a vLLM Chat Completions response.
-pub fn read_sampled(response: &Value) -> Result<Sampled, ProtocolError> {
+/// `meta_info.output_token_logprobs` of an SGLang choice: `[logprob, token id, text]` each.
+fn sglang_output(choice: &Value) -> Option<(Vec<u32>, Vec<f64>)> {
+    choice["meta_info"]["output_token_logprobs"]
+        .as_array()?
+        .iter()
+        .map(|t| {
+            let id = u32::try_from(t.get(1)?.as_u64()?).ok()?;
+            Some((id, t.get(0)?.as_f64()?))
+        })
+        .collect::<Option<Vec<(u32, f64)>>>()
+        .map(|pairs| pairs.into_iter().unzip())
+}
+
+/// Read the token ids and logprobs out of a Chat Completions response of an upstream of `kind`.
+pub fn read_sampled(response: &Value, kind: UpstreamKind) -> Result<Sampled, ProtocolError> {
     let bad = |what: &str| {
-        ProtocolError::Upstream(format!(
-            "response without {what}: is the upstream vLLM with return_token_ids?"
-        ))
+        ProtocolError::Upstream(match kind {
+            UpstreamKind::Vllm => {
+                format!("response without {what}: is the upstream vLLM with return_token_ids?")
+            }
+            UpstreamKind::Sglang => format!(
+                "response without {what}: is the upstream SGLang with return_prompt_token_ids and return_meta_info?"
+            ),
+        })
     };
     let choice = response["choices"].get(0).ok_or_else(|| bad("choices"))?;
-    let prompt_token_ids =
-        token_ids(&response["prompt_token_ids"]).ok_or_else(|| bad("prompt_token_ids"))?;
-    let token_ids = token_ids(&choice["token_ids"]).ok_or_else(|| bad("choices[0].token_ids"))?;
-    let logprobs = choice["logprobs"]["content"]
-        .as_array()
-        .and_then(|items| {
-            items
-                .iter()
-                .map(|i| i["logprob"].as_f64())
-                .collect::<Option<Vec<f64>>>()
-        })
-        .filter(|lp| lp.len() == token_ids.len());
+    let openai_logprobs = choice["logprobs"]["content"].as_array().and_then(|items| {
+        items
+            .iter()
+            .map(|i| i["logprob"].as_f64())
+            .collect::<Option<Vec<f64>>>()
+    });
+    let (prompt_token_ids, token_ids, logprobs, policy_version) = match kind {
+        UpstreamKind::Vllm => (
+            token_ids(&response["prompt_token_ids"]).ok_or_else(|| bad("prompt_token_ids"))?,
+            token_ids(&choice["token_ids"]).ok_or_else(|| bad("choices[0].token_ids"))?,
+            openai_logprobs,
+            None,
+        ),
+        UpstreamKind::Sglang => {
+            let prompt = token_ids(&choice["prompt_token_ids"])
+                .ok_or_else(|| bad("choices[0].prompt_token_ids"))?;
+            // The sampled ids and their logprobs come as pairs, so they always line up.
+            let (ids, lps) = sglang_output(choice)
+                .ok_or_else(|| bad("choices[0].meta_info.output_token_logprobs"))?;
+            let version = choice["meta_info"]["weight_version"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .or_else(|| choice["meta_info"]["weight_version"].as_u64());
+            (prompt, ids, Some(lps), version)
+        }
+    };
+    let logprobs = logprobs.filter(|lp| lp.len() == token_ids.len());
     let unparsed_tool_call = choice["message"]["tool_calls"]
         .as_array()
         .into_iter()
@@ -126,6 +202,7 @@ pub fn read_sampled(response: &Value) -> Result<Sampled, ProtocolError> {
         prompt_token_ids,
         token_ids,
         logprobs,
+        policy_version,
         finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
         model: response["model"].as_str().unwrap_or_default().to_string(),
     })
@@ -179,6 +256,7 @@ mod tests {
 
     fn limits() -> CallLimits {
         CallLimits {
+            kind: UpstreamKind::Vllm,
             upstream_model: "policy".into(),
             max_response_tokens: 512,
             temperature: None,
@@ -230,16 +308,97 @@ mod tests {
     fn sampled_tokens_and_logprobs_are_read() {
         let resp = json!({"model": "policy", "prompt_token_ids": [1, 2], "choices": [{"finish_reason": "stop",
             "token_ids": [5, 2], "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -0.1}]}}]});
-        let s = read_sampled(&resp).expect("ok");
+        let s = read_sampled(&resp, UpstreamKind::Vllm).expect("ok");
         assert_eq!(
             (s.prompt_token_ids, s.token_ids, s.logprobs),
             (vec![1, 2], vec![5, 2], Some(vec![-0.5, -0.1]))
         );
         let no_ids = json!({"choices": [{"finish_reason": "stop"}]});
         assert!(matches!(
-            read_sampled(&no_ids),
+            read_sampled(&no_ids, UpstreamKind::Vllm),
             Err(ProtocolError::Upstream(_))
         ));
+    }
+
+    #[test]
+    fn sglang_is_asked_for_its_own_capture_fields() {
+        let mut l = limits();
+        l.kind = UpstreamKind::Sglang;
+        let out = finalize_request(
+            json!({"messages": []})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            &l,
+        )
+        .expect("ok");
+        assert_eq!(
+            (
+                &out["return_prompt_token_ids"],
+                &out["return_meta_info"],
+                &out["logprobs"],
+                &out["top_logprobs"]
+            ),
+            (&json!(true), &json!(true), &json!(true), &json!(0))
+        );
+        // vLLM's spelling is not sent to SGLang.
+        assert!(out.get("return_token_ids").is_none());
+        assert_eq!("SGLang".parse(), Ok(UpstreamKind::Sglang));
+        assert!("tgi".parse::<UpstreamKind>().is_err());
+    }
+
+    /// An SGLang 0.5 answer, as its `ChatCompletionResponseChoice` serializes it.
+    fn sglang_answer(meta: Value) -> Value {
+        json!({"id": "c1", "object": "chat.completion", "model": "policy",
+            "choices": [{"index": 0, "finish_reason": "stop", "matched_stop": 2,
+                "message": {"role": "assistant", "content": "hi", "reasoning_content": null, "tool_calls": null},
+                "logprobs": {"content": [{"token": "hi", "logprob": -0.25, "bytes": null, "top_logprobs": []},
+                                         {"token": "", "logprob": -0.5, "bytes": null, "top_logprobs": []}]},
+                "prompt_token_ids": [1, 2, 3],
+                "meta_info": meta}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+    }
+
+    #[test]
+    fn sglang_answers_are_read_from_the_choice_and_its_meta_info() {
+        let resp = sglang_answer(
+            json!({"id": "r1", "finish_reason": {"type": "stop", "matched": 2},
+            "prompt_tokens": 3, "completion_tokens": 2, "weight_version": "7",
+            "output_token_logprobs": [[-0.25, 5, null], [-0.5, 2, null]]}),
+        );
+        let s = read_sampled(&resp, UpstreamKind::Sglang).expect("ok");
+        assert_eq!(
+            (
+                s.prompt_token_ids,
+                s.token_ids,
+                s.logprobs,
+                s.policy_version,
+                s.finish_reason.as_deref()
+            ),
+            (
+                vec![1, 2, 3],
+                vec![5, 2],
+                Some(vec![-0.25, -0.5]),
+                Some(7),
+                Some("stop")
+            )
+        );
+        // SGLang's default weight version is not a number: no policy version.
+        let resp = sglang_answer(json!({"weight_version": "default",
+            "output_token_logprobs": [[-0.25, 5, null]]}));
+        assert_eq!(
+            read_sampled(&resp, UpstreamKind::Sglang)
+                .expect("ok")
+                .policy_version,
+            None
+        );
+        // Without meta_info (return_meta_info ignored by an old server): a clear error.
+        let resp = sglang_answer(Value::Null);
+        let err = read_sampled(&resp, UpstreamKind::Sglang).expect_err("no meta_info");
+        assert!(err.to_string().contains("return_meta_info"), "{err}");
+        // A vLLM answer read as SGLang's (a misconfigured gateway) says so too.
+        let vllm = json!({"prompt_token_ids": [1], "choices": [{"token_ids": [2]}]});
+        assert!(read_sampled(&vllm, UpstreamKind::Sglang).is_err());
     }
 
     #[test]

@@ -70,7 +70,7 @@ async fn call_and_capture(
         Err(e) => return Err(ProtocolError::Upstream(e.to_string())),
     };
     let status = answer.status().as_u16();
-    let policy_version = answer
+    let header_version: Option<u64> = answer
         .headers()
         .get("x-floe-policy-version")
         .and_then(|v| v.to_str().ok())
@@ -93,7 +93,7 @@ async fn call_and_capture(
     }
     let response: Value = serde_json::from_str(&text)
         .map_err(|e| ProtocolError::Upstream(format!("answer is not JSON: {e}")))?;
-    let sampled = read_sampled(&response)?;
+    let sampled = read_sampled(&response, session.upstream.limits.kind)?;
     let record = CompletionRecord {
         v: CAPTURE_FORMAT_VERSION,
         session: session.meta.session.clone(),
@@ -103,7 +103,7 @@ async fn call_and_capture(
         finished_at_ms: now_ms(),
         upstream_ms: upstream.as_millis() as u64,
         model: sampled.model,
-        policy_version,
+        policy_version: header_version.or(sampled.policy_version),
         prompt_token_ids: sampled.prompt_token_ids,
         completion_token_ids: sampled.token_ids,
         logprobs: sampled.logprobs,

@@ -35,6 +35,8 @@ pub struct Config {
     pub upstream_url: String,
     /// Model name sent upstream.
     pub upstream_model: String,
+    /// vLLM or SGLang: how the token ids are asked for and read back.
+    pub upstream_kind: crate::protocol::upstream::UpstreamKind,
     /// One subdirectory per session is created here.
     pub capture_dir: PathBuf,
     /// Trajectories wait here until their sink accepts them (survives restarts).
@@ -100,6 +102,7 @@ impl Gateway {
             .build()?;
         Ok(Arc::new(Self {
             limits: CallLimits {
+                kind: config.upstream_kind,
                 upstream_model: config.upstream_model.clone(),
                 max_response_tokens: config.max_response_tokens,
                 temperature: None,
@@ -130,6 +133,9 @@ impl Gateway {
         if let Some(o) = over {
             if let Some(url) = &o.url {
                 upstream.url = url.clone();
+            }
+            if let Some(kind) = o.kind {
+                upstream.limits.kind = kind;
             }
             if let Some(model) = &o.model {
                 upstream.limits.upstream_model = model.clone();

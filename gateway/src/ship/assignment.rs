@@ -48,6 +48,9 @@ pub struct UpstreamOverride {
     /// Model name sent upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The server's kind (`vllm` or `sglang`), when not the gateway's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<crate::protocol::upstream::UpstreamKind>,
     /// The job's per-call response cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_response_tokens: Option<u32>,

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, Task};
+use floe_gateway::protocol::upstream::UpstreamKind;
 use floe_gateway::ship::Sink;
-use floe_sandbox::session::{self, SessionOf};
+use floe_sandbox::session::{self, SessionOf, SessionUpstream};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -1056,7 +1057,7 @@ async fn create_prewarmed(
 }
 
 /// Where sessions' model calls and trajectories go, by the job's mode.
-fn wiring(job: &RolloutJob) -> (Sink, Option<String>, Option<String>) {
+fn wiring(job: &RolloutJob) -> (Sink, SessionUpstream) {
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     match (&job.spec.train, &job.spec.sft) {
@@ -1068,12 +1069,16 @@ fn wiring(job: &RolloutJob) -> (Sink, Option<String>, Option<String>) {
                     super::aux_pods::INGEST_PORT
                 ),
             },
-            Some(format!(
-                "http://{}.{ns}.svc:{}",
-                super::aux_pods::policy_service(&name),
-                super::aux_pods::VLLM_PORT
-            )),
-            Some(super::aux_pods::SERVED_MODEL.to_string()),
+            // The job's own policy server is vLLM, whatever the pool's gateways default to.
+            SessionUpstream {
+                url: Some(format!(
+                    "http://{}.{ns}.svc:{}",
+                    super::aux_pods::policy_service(&name),
+                    super::aux_pods::VLLM_PORT
+                )),
+                model: Some(super::aux_pods::SERVED_MODEL.to_string()),
+                kind: Some(UpstreamKind::Vllm),
+            },
         ),
         (None, Some(sft)) => (
             Sink::Trainer {
@@ -1083,10 +1088,13 @@ fn wiring(job: &RolloutJob) -> (Sink, Option<String>, Option<String>) {
                     super::aux_pods::INGEST_PORT
                 ),
             },
-            Some(sft.upstream.url.clone()),
-            sft.upstream.model.clone(),
+            SessionUpstream {
+                url: Some(sft.upstream.url.clone()),
+                model: sft.upstream.model.clone(),
+                kind: Some(session::upstream_kind(sft.upstream.kind)),
+            },
         ),
-        (None, None) => (Sink::None, None, None),
+        (None, None) => (Sink::None, SessionUpstream::default()),
     }
 }
 
@@ -1122,7 +1130,7 @@ async fn deliver(
         tracing::error!(%name, index, "session index beyond the job's tasks");
         return None;
     };
-    let (sink, upstream_url, upstream_model) = wiring(job);
+    let (sink, upstream) = wiring(job);
     let assignment = session::assignment(&SessionOf {
         job: &o.name,
         spec: &job.spec,
@@ -1130,8 +1138,7 @@ async fn deliver(
         sample,
         attempt,
         sink: &sink,
-        upstream_url,
-        upstream_model,
+        upstream,
         shared_hidden_files: &o.hidden,
     });
     let ns = job.namespace().unwrap_or_default();

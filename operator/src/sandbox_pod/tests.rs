@@ -88,8 +88,28 @@ fn the_harness_command_is_replaced_by_the_runner_with_the_gateway_beside_it() {
         assert!(args.contains(&needle), "{needle} not in {args:?}");
     }
     assert_eq!(gw["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // vLLM is the gateway's default: no kind flag.
+    assert!(!args.contains(&"--upstream-kind"), "{args:?}");
     let init = container(&p["spec"]["initContainers"], "floe-init");
     assert_eq!(init["command"][1], "install-binary");
+}
+
+#[test]
+fn an_sglang_upstream_switches_the_gateway_to_sglang_capture() {
+    let s = spec(json!({"gateway": {"upstream": {"url": "http://sgl:30000", "kind": "SGLang"}}}));
+    let p = pod(&s, false);
+    let args = container(&p["spec"]["containers"], "floe-gateway")["args"].clone();
+    let args: Vec<&str> = args
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--upstream-kind")
+        .expect("--upstream-kind");
+    assert_eq!(args.get(at + 1), Some(&"sglang"));
 }
 
 #[test]
