@@ -32,6 +32,10 @@ pub struct OperatorArgs {
     /// Reconciles per controller at once.
     #[arg(long, default_value_t = 4)]
     concurrency: u16,
+    /// Apiserver writes (claims, marks, releases) and assignment deliveries of one job's
+    /// reconcile round in flight at once.
+    #[arg(long, default_value_t = 16)]
+    round_parallelism: usize,
     /// Run the controllers only while holding a Lease, so several replicas can run.
     #[arg(long)]
     leader_elect: bool,
@@ -139,6 +143,7 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 floe_image: args.floe_image.clone(),
                 native_sidecars,
                 concurrency: args.concurrency,
+                round_parallelism: args.round_parallelism,
                 leader,
                 metrics_listen: Some(args.metrics_listen),
             },

@@ -22,6 +22,8 @@ pub struct OperatorConfig {
     pub native_sidecars: bool,
     /// Reconciles of one controller running at once.
     pub concurrency: u16,
+    /// Apiserver writes and gateway deliveries of one job's reconcile round in flight at once.
+    pub round_parallelism: usize,
     /// Leader election; `None` runs unconditionally (a single replica).
     pub leader: Option<LeaseConfig>,
     /// `/metrics`, `/healthz`, `/readyz` are served here.
@@ -192,6 +194,7 @@ async fn run_controllers(
         metrics,
         config.floe_image.clone(),
         config.native_sidecars,
+        config.round_parallelism,
     ));
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);

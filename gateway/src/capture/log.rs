@@ -74,7 +74,9 @@ pub enum Durability {
 /// A record as its capture line (JSON and a newline). Encoding is kept apart from
 /// [`CaptureLog::append_line`] so that it can run on the caller's thread while only the write
 /// itself goes where blocking is allowed.
-pub fn encode_line(record: &CompletionRecord) -> Result<Vec<u8>, CaptureWriteError> {
+pub fn encode_line<R: serde::Serialize>(
+    record: &CompletionRecord<R>,
+) -> Result<Vec<u8>, CaptureWriteError> {
     let mut line = serde_json::to_vec(record)?;
     line.push(b'\n');
     Ok(line)

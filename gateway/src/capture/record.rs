@@ -17,8 +17,11 @@ pub enum Api {
 
 /// Everything the gateway knows about one model call. Token ids are the server's own: the
 /// prompt as vLLM tokenized the rendered chat template, and the tokens it sampled.
+///
+/// `R` is how the upstream's response is held: a `Value` when read back, the answer's own
+/// text (`&RawValue`) when the gateway writes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CompletionRecord {
+pub struct CompletionRecord<R = serde_json::Value> {
     /// [`CAPTURE_FORMAT_VERSION`].
     pub v: u32,
     pub session: String,
@@ -54,7 +57,7 @@ pub struct CompletionRecord {
     pub normalized_request: serde_json::Value,
     /// The upstream's response as received.
     #[serde(default)]
-    pub response: serde_json::Value,
+    pub response: R,
 }
 
 impl CompletionRecord {

@@ -1,6 +1,7 @@
 //! Wire formats of the provider APIs, one module each, as pure functions between the
 //! provider's JSON and OpenAI Chat Completions (what vLLM serves). No IO here.
 
+pub mod answer;
 pub mod anthropic;
 pub mod errors;
 pub mod gemini;

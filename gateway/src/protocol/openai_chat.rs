@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use super::answer::{CAPTURE_FIELDS, CHOICE_CAPTURE_FIELDS};
 use super::{reasoning_of, Normalized, ProtocolError};
 
 /// Parse and normalize a request body.
@@ -103,21 +104,16 @@ fn text_of(content: &Value) -> Option<String> {
 /// The upstream response as the client sees it: vLLM's and SGLang's capture fields removed,
 /// the model name the client asked for, logprobs only if it asked for them.
 pub fn response(mut upstream: Value, client_model: &str, client_wants_logprobs: bool) -> Value {
+    // (An answer read by `answer::read_answer` has none of them already.)
     if let Some(obj) = upstream.as_object_mut() {
-        obj.remove("prompt_token_ids");
-        obj.remove("prompt_logprobs");
-        obj.remove("kv_transfer_params");
-        obj.remove("sglext");
+        for capture_field in CAPTURE_FIELDS {
+            obj.remove(capture_field);
+        }
         obj.insert("model".into(), client_model.into());
     }
     if let Some(choices) = upstream["choices"].as_array_mut() {
         for c in choices.iter_mut().filter_map(Value::as_object_mut) {
-            for capture_field in [
-                "token_ids",
-                "prompt_token_ids",
-                "meta_info",
-                "hidden_states",
-            ] {
+            for capture_field in CHOICE_CAPTURE_FIELDS {
                 c.remove(capture_field);
             }
             if !client_wants_logprobs {

@@ -118,96 +118,6 @@ pub fn finalize_request(
     Ok(Value::Object(body))
 }
 
-/// The token-level facts of one upstream answer.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sampled {
-    pub prompt_token_ids: Vec<u32>,
-    pub token_ids: Vec<u32>,
-    pub logprobs: Option<Vec<f64>>,
-    pub finish_reason: Option<String>,
-    pub model: String,
-    /// A tool call whose arguments are not a JSON object (returned to the harness as text).
-    pub unparsed_tool_call: bool,
-    /// The weights that sampled, when the server says (SGLang's numeric `weight_version`).
-    pub policy_version: Option<u64>,
-}
-
-fn token_ids(v: &Value) -> Option<Vec<u32>> {
-    v.as_array()?
-        .iter()
-        .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-        .collect()
-}
-
-/// `meta_info.output_token_logprobs` of an SGLang choice: `[logprob, token id, text]` each.
-fn sglang_output(choice: &Value) -> Option<(Vec<u32>, Vec<f64>)> {
-    choice["meta_info"]["output_token_logprobs"]
-        .as_array()?
-        .iter()
-        .map(|t| {
-            let id = u32::try_from(t.get(1)?.as_u64()?).ok()?;
-            Some((id, t.get(0)?.as_f64()?))
-        })
-        .collect::<Option<Vec<(u32, f64)>>>()
-        .map(|pairs| pairs.into_iter().unzip())
-}
-
-/// Read the token ids and logprobs out of a Chat Completions response of an upstream of `kind`.
-pub fn read_sampled(response: &Value, kind: UpstreamKind) -> Result<Sampled, ProtocolError> {
-    let bad = |what: &str| {
-        ProtocolError::Upstream(match kind {
-            UpstreamKind::Vllm => {
-                format!("response without {what}: is the upstream vLLM with return_token_ids?")
-            }
-            UpstreamKind::Sglang => format!(
-                "response without {what}: is the upstream SGLang with return_prompt_token_ids and return_meta_info?"
-            ),
-        })
-    };
-    let choice = response["choices"].get(0).ok_or_else(|| bad("choices"))?;
-    let openai_logprobs = choice["logprobs"]["content"].as_array().and_then(|items| {
-        items
-            .iter()
-            .map(|i| i["logprob"].as_f64())
-            .collect::<Option<Vec<f64>>>()
-    });
-    let (prompt_token_ids, token_ids, logprobs, policy_version) = match kind {
-        UpstreamKind::Vllm => (
-            token_ids(&response["prompt_token_ids"]).ok_or_else(|| bad("prompt_token_ids"))?,
-            token_ids(&choice["token_ids"]).ok_or_else(|| bad("choices[0].token_ids"))?,
-            openai_logprobs,
-            None,
-        ),
-        UpstreamKind::Sglang => {
-            let prompt = token_ids(&choice["prompt_token_ids"])
-                .ok_or_else(|| bad("choices[0].prompt_token_ids"))?;
-            // The sampled ids and their logprobs come as pairs, so they always line up.
-            let (ids, lps) = sglang_output(choice)
-                .ok_or_else(|| bad("choices[0].meta_info.output_token_logprobs"))?;
-            let version = choice["meta_info"]["weight_version"]
-                .as_str()
-                .and_then(|v| v.parse().ok())
-                .or_else(|| choice["meta_info"]["weight_version"].as_u64());
-            (prompt, ids, Some(lps), version)
-        }
-    };
-    let logprobs = logprobs.filter(|lp| lp.len() == token_ids.len());
-    let unparsed_tool_call = choice["message"]["tool_calls"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| super::call_arguments(c).is_none());
-    Ok(Sampled {
-        unparsed_tool_call,
-        prompt_token_ids,
-        token_ids,
-        logprobs,
-        policy_version,
-        finish_reason: choice["finish_reason"].as_str().map(str::to_owned),
-        model: response["model"].as_str().unwrap_or_default().to_string(),
-    })
-}
-
 /// Map an upstream error answer to the caller's error: context overflow becomes each
 /// provider's own "too long" error, other 4xx stay invalid requests.
 pub fn upstream_error(status: u16, body: &str) -> ProtocolError {
@@ -305,22 +215,6 @@ mod tests {
     }
 
     #[test]
-    fn sampled_tokens_and_logprobs_are_read() {
-        let resp = json!({"model": "policy", "prompt_token_ids": [1, 2], "choices": [{"finish_reason": "stop",
-            "token_ids": [5, 2], "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -0.1}]}}]});
-        let s = read_sampled(&resp, UpstreamKind::Vllm).expect("ok");
-        assert_eq!(
-            (s.prompt_token_ids, s.token_ids, s.logprobs),
-            (vec![1, 2], vec![5, 2], Some(vec![-0.5, -0.1]))
-        );
-        let no_ids = json!({"choices": [{"finish_reason": "stop"}]});
-        assert!(matches!(
-            read_sampled(&no_ids, UpstreamKind::Vllm),
-            Err(ProtocolError::Upstream(_))
-        ));
-    }
-
-    #[test]
     fn sglang_is_asked_for_its_own_capture_fields() {
         let mut l = limits();
         l.kind = UpstreamKind::Sglang;
@@ -345,60 +239,6 @@ mod tests {
         assert!(out.get("return_token_ids").is_none());
         assert_eq!("SGLang".parse(), Ok(UpstreamKind::Sglang));
         assert!("tgi".parse::<UpstreamKind>().is_err());
-    }
-
-    /// An SGLang 0.5 answer, as its `ChatCompletionResponseChoice` serializes it.
-    fn sglang_answer(meta: Value) -> Value {
-        json!({"id": "c1", "object": "chat.completion", "model": "policy",
-            "choices": [{"index": 0, "finish_reason": "stop", "matched_stop": 2,
-                "message": {"role": "assistant", "content": "hi", "reasoning_content": null, "tool_calls": null},
-                "logprobs": {"content": [{"token": "hi", "logprob": -0.25, "bytes": null, "top_logprobs": []},
-                                         {"token": "", "logprob": -0.5, "bytes": null, "top_logprobs": []}]},
-                "prompt_token_ids": [1, 2, 3],
-                "meta_info": meta}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
-    }
-
-    #[test]
-    fn sglang_answers_are_read_from_the_choice_and_its_meta_info() {
-        let resp = sglang_answer(
-            json!({"id": "r1", "finish_reason": {"type": "stop", "matched": 2},
-            "prompt_tokens": 3, "completion_tokens": 2, "weight_version": "7",
-            "output_token_logprobs": [[-0.25, 5, null], [-0.5, 2, null]]}),
-        );
-        let s = read_sampled(&resp, UpstreamKind::Sglang).expect("ok");
-        assert_eq!(
-            (
-                s.prompt_token_ids,
-                s.token_ids,
-                s.logprobs,
-                s.policy_version,
-                s.finish_reason.as_deref()
-            ),
-            (
-                vec![1, 2, 3],
-                vec![5, 2],
-                Some(vec![-0.25, -0.5]),
-                Some(7),
-                Some("stop")
-            )
-        );
-        // SGLang's default weight version is not a number: no policy version.
-        let resp = sglang_answer(json!({"weight_version": "default",
-            "output_token_logprobs": [[-0.25, 5, null]]}));
-        assert_eq!(
-            read_sampled(&resp, UpstreamKind::Sglang)
-                .expect("ok")
-                .policy_version,
-            None
-        );
-        // Without meta_info (return_meta_info ignored by an old server): a clear error.
-        let resp = sglang_answer(Value::Null);
-        let err = read_sampled(&resp, UpstreamKind::Sglang).expect_err("no meta_info");
-        assert!(err.to_string().contains("return_meta_info"), "{err}");
-        // A vLLM answer read as SGLang's (a misconfigured gateway) says so too.
-        let vllm = json!({"prompt_token_ids": [1], "choices": [{"token_ids": [2]}]});
-        assert!(read_sampled(&vllm, UpstreamKind::Sglang).is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::sessions::Session;
@@ -12,10 +13,11 @@ use super::Gateway;
 use crate::capture::{
     encode_line, Api, CaptureWriteError, CompletionRecord, CAPTURE_FORMAT_VERSION,
 };
-use crate::protocol::upstream::{finalize_request, read_sampled, upstream_error};
+use crate::protocol::answer::read_answer;
+use crate::protocol::upstream::{finalize_request, upstream_error};
 use crate::protocol::ProtocolError;
 
-/// The upstream answer and how long the upstream took.
+/// The upstream answer (without its capture fields) and how long the upstream took.
 pub struct Completed {
     pub response: Value,
     pub upstream: Duration,
@@ -36,9 +38,10 @@ pub async fn complete(
     api: Api,
     original: Value,
     normalized: Map<String, Value>,
+    keep_logprobs: bool,
 ) -> Result<Completed, ProtocolError> {
     let task = tokio::spawn(async move {
-        call_and_capture(&gateway, &session, api, original, normalized).await
+        call_and_capture(&gateway, &session, api, original, normalized, keep_logprobs).await
     });
     task.await
         .unwrap_or_else(|e| Err(ProtocolError::Capture(format!("call task failed: {e}"))))
@@ -50,6 +53,7 @@ async fn call_and_capture(
     api: Api,
     original: Value,
     normalized: Map<String, Value>,
+    keep_logprobs: bool,
 ) -> Result<Completed, ProtocolError> {
     let seq = session.next_seq();
     let started_at_ms = now_ms();
@@ -91,9 +95,9 @@ async fn call_and_capture(
     if status != 200 {
         return Err(upstream_error(status, &text));
     }
-    let response: Value = serde_json::from_str(&text)
-        .map_err(|e| ProtocolError::Upstream(format!("answer is not JSON: {e}")))?;
-    let sampled = read_sampled(&response, session.upstream.limits.kind)?;
+    let answer = read_answer(&text, session.upstream.limits.kind, keep_logprobs)?;
+    let sampled = answer.sampled;
+    let response = as_received(text)?;
     let record = CompletionRecord {
         v: CAPTURE_FORMAT_VERSION,
         session: session.meta.session.clone(),
@@ -111,13 +115,11 @@ async fn call_and_capture(
         unparsed_tool_call: sampled.unparsed_tool_call,
         request: original,
         normalized_request: upstream_request,
-        response,
+        response: &*response,
     };
     let t_capture = Instant::now();
     let capture_err = |e: CaptureWriteError| ProtocolError::Capture(e.to_string());
-    // Encoded here; the record's response then goes on to the reply without a copy.
     let line = encode_line(&record).map_err(capture_err)?;
-    let response = record.response;
     if session.capture_blocks() {
         let writer = session.clone();
         tokio::task::spawn_blocking(move || writer.capture_line(&line))
@@ -132,7 +134,23 @@ async fn call_and_capture(
         .capture_write_seconds
         .with_label_values(&[api_label(api)])
         .observe(t_capture.elapsed().as_secs_f64());
-    Ok(Completed { response, upstream })
+    Ok(Completed {
+        response: answer.reply,
+        upstream,
+    })
+}
+
+/// The answer's own text for the capture record, written as it came (no re-encoding), unless
+/// it has line breaks between its tokens: the capture is one record per line.
+fn as_received(text: String) -> Result<Box<RawValue>, ProtocolError> {
+    let malformed =
+        |e: serde_json::Error| ProtocolError::Upstream(format!("answer is not JSON: {e}"));
+    if text.bytes().any(|b| b == b'\n' || b == b'\r') {
+        let value: Value = serde_json::from_str(&text).map_err(malformed)?;
+        serde_json::value::to_raw_value(&value).map_err(malformed)
+    } else {
+        RawValue::from_string(text).map_err(malformed)
+    }
 }
 
 pub fn api_label(api: Api) -> &'static str {

@@ -301,7 +301,14 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
             .inc();
     }
     let upstream_request = std::mem::take(&mut normalized.request);
-    let call = complete(gateway.clone(), session, api, original, upstream_request);
+    let call = complete(
+        gateway.clone(),
+        session,
+        api,
+        original,
+        upstream_request,
+        normalized.wants_logprobs,
+    );
     if !normalized.stream {
         return match call.await {
             Ok(done) => {

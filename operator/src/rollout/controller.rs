@@ -33,8 +33,6 @@ use crate::sandbox_pod::{PodState, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
 /// Holds a job until its pods' finalizers are removed.
 pub const JOB_FINALIZER: &str = "floe.dev/sessions";
 pub const CONTROLLER: &str = "rolloutjob";
-/// Claims and deliveries of one round in flight at once.
-const IN_FLIGHT: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -69,6 +67,8 @@ pub struct JobContext {
     /// Per job uid: what the pod cache must show before a round may read the job's pods from
     /// it. No entry: the next round lists them from the apiserver.
     bars: Mutex<HashMap<String, Bars>>,
+    /// Claims, deliveries, marks and releases of one round in flight at once.
+    in_flight: usize,
 }
 
 /// The task loader's arguments and the tasks read with them.
@@ -85,8 +85,10 @@ impl JobContext {
         metrics: Arc<Metrics>,
         floe_image: String,
         native_sidecars: bool,
+        in_flight: usize,
     ) -> Self {
         Self {
+            in_flight: in_flight.max(1),
             native_sidecars,
             events: crate::events::Events::new(client.clone()),
             client,
@@ -312,7 +314,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     // round's claims are out, so that this second write per claim never queues a claim.
     let mut acknowledged: Vec<String> = futures::stream::iter(owed)
         .map(|pod: Pod| async move { deliver(ctx, job, observed_ref, &pod, None).await })
-        .buffer_unordered(IN_FLIGHT)
+        .buffer_unordered(ctx.in_flight)
         .filter_map(std::future::ready)
         .collect()
         .await;
@@ -358,7 +360,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
                 Ok(ClaimOutcome::Claimed { acknowledged })
             }
         })
-        .buffer_unordered(IN_FLIGHT)
+        .buffer_unordered(ctx.in_flight)
         .collect()
         .await;
     let mut claimed = 0u32;
@@ -391,7 +393,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             ctx.raise_bar(uid_ref, &name, bar_after_delete(written));
             Ok(())
         })
-        .buffer_unordered(IN_FLIGHT)
+        .buffer_unordered(ctx.in_flight)
         .collect()
         .await;
     released.into_iter().collect::<Result<(), _>>()?;
@@ -979,7 +981,7 @@ async fn start_prewarmed(
             ctx.count_claim(uid, index);
             deliver(ctx, job, observed, &pod, Some(round)).await
         })
-        .buffer_unordered(IN_FLIGHT)
+        .buffer_unordered(ctx.in_flight)
         .filter_map(std::future::ready)
         .collect()
         .await;
@@ -992,7 +994,7 @@ async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let pods = &pods;
     futures::stream::iter(names)
-        .for_each_concurrent(IN_FLIGHT, |name: String| async move {
+        .for_each_concurrent(ctx.in_flight, |name: String| async move {
             let patch = json!({"metadata": {"annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}}});
             if let Err(e) = pods
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -1050,7 +1052,7 @@ async fn create_prewarmed(
             tracing::info!(job = %job_name, pod = %pod.name_any(), "created pre-warmed session pod");
             Ok(())
         })
-        .buffer_unordered(IN_FLIGHT)
+        .buffer_unordered(ctx.in_flight)
         .collect()
         .await;
     created.into_iter().collect()
