@@ -64,7 +64,7 @@ pub fn read_answer(
         ProtocolError::Upstream(format!("answer is not a Chat Completions answer: {e}"))
     };
     let tokens: Tokens = serde_json::from_str(text).map_err(malformed)?;
-    let reply = ReplySeed { keep_logprobs }
+    let reply = Skipping::answer(keep_logprobs)
         .deserialize(&mut serde_json::Deserializer::from_str(text))
         .map_err(malformed)?;
     let sampled = sampled(tokens, &reply, kind)?;
@@ -211,23 +211,6 @@ impl<'de> Visitor<'de> for SglangTokenVisitor {
     }
 }
 
-/// Deserializes an answer into a `Value` without its capture fields (skipped unread).
-struct ReplySeed {
-    keep_logprobs: bool,
-}
-
-impl<'de> DeserializeSeed<'de> for ReplySeed {
-    type Value = Value;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_map(Skipping {
-            skip: &CAPTURE_FIELDS,
-            keep_logprobs: self.keep_logprobs,
-            choices: true,
-        })
-    }
-}
-
 /// A JSON object without the `skip` fields (and without `logprobs` unless kept); with
 /// `choices`, its `choices` array's objects are read the same way with
 /// [`CHOICE_CAPTURE_FIELDS`].
@@ -235,6 +218,34 @@ struct Skipping {
     skip: &'static [&'static str],
     keep_logprobs: bool,
     choices: bool,
+}
+
+impl Skipping {
+    /// The whole answer.
+    fn answer(keep_logprobs: bool) -> Self {
+        Self {
+            skip: &CAPTURE_FIELDS,
+            keep_logprobs,
+            choices: true,
+        }
+    }
+
+    /// One of its choices.
+    fn choice(keep_logprobs: bool) -> Self {
+        Self {
+            skip: &CHOICE_CAPTURE_FIELDS,
+            keep_logprobs,
+            choices: false,
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Skipping {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_map(self)
+    }
 }
 
 impl<'de> Visitor<'de> for Skipping {
@@ -265,7 +276,7 @@ impl<'de> Visitor<'de> for Skipping {
     }
 }
 
-/// The `choices` array, each choice read by [`Skipping`].
+/// The `choices` array (or `null`), each choice read by [`Skipping::choice`].
 struct Choices {
     keep_logprobs: bool,
 }
@@ -291,28 +302,10 @@ impl<'de> Visitor<'de> for Choices {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(choice) = seq.next_element_seed(Choice {
-            keep_logprobs: self.keep_logprobs,
-        })? {
+        while let Some(choice) = seq.next_element_seed(Skipping::choice(self.keep_logprobs))? {
             out.push(choice);
         }
         Ok(Value::Array(out))
-    }
-}
-
-struct Choice {
-    keep_logprobs: bool,
-}
-
-impl<'de> DeserializeSeed<'de> for Choice {
-    type Value = Value;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_map(Skipping {
-            skip: &CHOICE_CAPTURE_FIELDS,
-            keep_logprobs: self.keep_logprobs,
-            choices: false,
-        })
     }
 }
 
