@@ -2,6 +2,7 @@
 //! every decision is unit-tested without a cluster; the controllers that feed them from the
 //! apiserver and apply their plans live at the edges.
 
+pub mod claim_gate;
 pub mod client_rate;
 pub mod events;
 pub mod leader;

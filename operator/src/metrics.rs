@@ -9,7 +9,8 @@
 //! observe|patch|deliver}`, `floe_sessions{namespace,rolloutjob,state}`,
 //! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` (each
 //! finished pod's result as it is folded into status), `floe_sessions_waiting_for_pod{namespace,
-//! rolloutjob,pool}` (sessions the last reconcile could not give a READY pod) and the
+//! rolloutjob,pool}` (sessions the last reconcile could not give a READY pod),
+//! `floe_pool_refill_yield_seconds_total` (time pool refills waited for claims in flight) and the
 //! `floe_session_reward` summary (sum and count per job, from the job's status, so exact
 //! across operator restarts).
 //!
@@ -46,6 +47,7 @@ pub struct Metrics {
     pub session_results: IntCounterVec,
     pub waiting_for_pod: IntGaugeVec,
     pub job_pod_reads: IntCounterVec,
+    pub refill_yield: prometheus::Counter,
     /// (namespace, job) → (scored sessions, reward sum).
     rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
@@ -143,6 +145,10 @@ impl Metrics {
         for source in ["cache", "apiserver"] {
             job_pod_reads.with_label_values(&[source]);
         }
+        let refill_yield = prometheus::Counter::new(
+            "floe_pool_refill_yield_seconds_total",
+            "Time GatewayPool refills waited for RolloutJob claims in flight (claims go first, within 2 s per pool reconcile)",
+        )?;
         // As controller-runtime does: each controller's series exist from the start, so error
         // ratios read 0 rather than nothing.
         for controller in [
@@ -171,6 +177,7 @@ impl Metrics {
             Box::new(session_results.clone()),
             Box::new(waiting_for_pod.clone()),
             Box::new(job_pod_reads.clone()),
+            Box::new(refill_yield.clone()),
         ] {
             registry.register(c)?;
         }
@@ -190,6 +197,7 @@ impl Metrics {
             session_results,
             waiting_for_pod,
             job_pod_reads,
+            refill_yield,
             rewards: Mutex::default(),
         })
     }

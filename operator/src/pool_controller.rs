@@ -39,6 +39,8 @@ pub struct PoolContext {
     /// The image with the `floe` binary (init copy and gateway sidecar).
     pub floe_image: String,
     pub native_sidecars: bool,
+    /// Refills wait for claims in flight ([`crate::claim_gate`]).
+    pub claims: Arc<crate::claim_gate::ClaimGate>,
     /// Creation times per pool, for the per-minute rate limit.
     created: Mutex<HashMap<String, VecDeque<Instant>>>,
     /// Pods created or deleted but not yet seen so in the cache, per pool: without them a
@@ -64,6 +66,7 @@ impl PoolContext {
         metrics: Arc<crate::metrics::Metrics>,
         floe_image: String,
         native_sidecars: bool,
+        claims: Arc<crate::claim_gate::ClaimGate>,
     ) -> Self {
         Self {
             events: crate::events::Events::new(client.clone()),
@@ -73,6 +76,7 @@ impl PoolContext {
             metrics,
             floe_image,
             native_sidecars,
+            claims,
             created: Mutex::default(),
             expected: Mutex::default(),
         }
@@ -263,7 +267,10 @@ async fn reconcile_pool(
             .publish(&pool.object_ref(&()), type_, why, note)
             .await;
     }
+    let yield_until = tokio::time::Instant::now() + crate::claim_gate::REFILL_YIELD_BUDGET;
     for _ in 0..decided.create {
+        let waited = ctx.claims.quiet_by(yield_until).await;
+        ctx.metrics.refill_yield.inc_by(waited.as_secs_f64());
         let pod = create_pod(&ctx, &pool, &ns, &name).await?;
         ctx.expect(&key, &pod, true);
         ctx.record_created(&key);

@@ -179,6 +179,7 @@ async fn run_controllers(
         return;
     }
     let tokens = Arc::new(crate::tokens::ControlTokens::default());
+    let claims = Arc::new(crate::claim_gate::ClaimGate::default());
     let pool_context = Arc::new(PoolContext::new(
         client.clone(),
         cache.store.clone(),
@@ -186,16 +187,20 @@ async fn run_controllers(
         metrics.clone(),
         config.floe_image.clone(),
         config.native_sidecars,
+        claims.clone(),
     ));
-    let job_context = Arc::new(job_controller::JobContext::new(
-        client,
-        cache.store.clone(),
-        tokens,
-        metrics,
-        config.floe_image.clone(),
-        config.native_sidecars,
-        config.round_parallelism,
-    ));
+    let job_context = Arc::new(
+        job_controller::JobContext::new(
+            client,
+            cache.store.clone(),
+            tokens,
+            metrics,
+            config.floe_image.clone(),
+            config.native_sidecars,
+            config.round_parallelism,
+        )
+        .with_claim_gate(claims),
+    );
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);
     // Both controllers stop together: one shutdown signal, shared.

@@ -69,6 +69,8 @@ pub struct JobContext {
     bars: Mutex<HashMap<String, Bars>>,
     /// Claims, deliveries, marks and releases of one round in flight at once.
     in_flight: usize,
+    /// Held while a round claims, so that pools' refills wait ([`crate::claim_gate`]).
+    claims: Arc<crate::claim_gate::ClaimGate>,
 }
 
 /// The task loader's arguments and the tasks read with them.
@@ -89,6 +91,7 @@ impl JobContext {
     ) -> Self {
         Self {
             in_flight: in_flight.max(1),
+            claims: Arc::default(),
             native_sidecars,
             events: crate::events::Events::new(client.clone()),
             client,
@@ -105,6 +108,13 @@ impl JobContext {
             file_tasks: Mutex::default(),
             bars: Mutex::default(),
         }
+    }
+
+    /// Share the gate with the pool controller, so that its refills wait for this one's
+    /// claims (alone, the job controller's gate holds nothing back).
+    pub fn with_claim_gate(mut self, claims: Arc<crate::claim_gate::ClaimGate>) -> Self {
+        self.claims = claims;
+        self
     }
 
     /// Raise the cache's bar for a job's pod after a write the apiserver answered.
@@ -337,32 +347,45 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .zip(observed.ready.iter().cloned())
         .collect();
     let uid_ref = &uid;
+    let phase = |name: &str, since: Instant| {
+        ctx.metrics
+            .claim_phase
+            .with_label_values(&[name])
+            .observe(since.elapsed().as_secs_f64());
+    };
+    // Two stages: `in_flight` PATCHes at the apiserver, and each claimed pod's delivery (to
+    // its own gateway, not the apiserver) beside the next PATCHes. The delivery stage holds
+    // as many as the round claims, so it never stops the PATCH stage from being polled.
+    let deliveries = pairs.len().max(1);
+    let claiming = (!pairs.is_empty()).then(|| ctx.claims.enter());
     let claims: Vec<Result<ClaimOutcome, JobError>> = futures::stream::iter(pairs)
         .map(|((index, attempt), candidate): ((u32, u32), Pod)| {
             let (observed, uid) = (observed_ref, uid_ref);
             async move {
-                let phase = |name: &str, since: Instant| {
-                    ctx.metrics
-                        .claim_phase
-                        .with_label_values(&[name])
-                        .observe(since.elapsed().as_secs_f64());
-                };
                 phase("observe", round);
                 let patching = Instant::now();
-                let Some(pod) = claim(ctx, job, observed, &candidate, index, attempt).await? else {
-                    return Ok(ClaimOutcome::Lost);
-                };
-                phase("patch", patching);
-                ctx.count_claim(uid, index);
-                let delivering = Instant::now();
-                let acknowledged = deliver(ctx, job, observed, &pod, Some(round)).await;
-                phase("deliver", delivering);
-                Ok(ClaimOutcome::Claimed { acknowledged })
+                let claimed = claim(ctx, job, observed, &candidate, index, attempt).await?;
+                if claimed.is_some() {
+                    phase("patch", patching);
+                    ctx.count_claim(uid, index);
+                }
+                Ok(claimed)
             }
         })
         .buffer_unordered(ctx.in_flight)
+        .map(|claimed: Result<Option<Pod>, JobError>| async move {
+            let Some(pod) = claimed? else {
+                return Ok(ClaimOutcome::Lost);
+            };
+            let delivering = Instant::now();
+            let acknowledged = deliver(ctx, job, observed_ref, &pod, Some(round)).await;
+            phase("deliver", delivering);
+            Ok(ClaimOutcome::Claimed { acknowledged })
+        })
+        .buffer_unordered(deliveries)
         .collect()
         .await;
+    drop(claiming);
     let mut claimed = 0u32;
     for c in claims {
         if let ClaimOutcome::Claimed {
