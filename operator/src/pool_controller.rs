@@ -326,7 +326,7 @@ pub async fn create_with_control_secret(
 
 async fn mark(pods: &Api<Pod>, pod: &Pod, to: PodState) -> Result<(), PoolError> {
     // The resourceVersion makes this a compare-and-swap: a concurrent claim wins.
-    let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), "labels": {STATE_LABEL: to.label()}}});
+    let patch = sandbox_pod::state_mark_patch(pod.resource_version(), to);
     match pods
         .patch(
             &pod.name_any(),

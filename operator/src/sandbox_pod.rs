@@ -35,6 +35,30 @@ impl PodState {
     }
 }
 
+/// `metadata.managedFields` in a merge patch that clears a pod's field-ownership record.
+///
+/// Why: on every write the apiserver's field manager converts the old and new pod to typed
+/// trees and diffs them, and a sandbox pod's record (≈ 4.5 KiB, half the pod) rides along in
+/// etcd, every watch event and every cache. An update to an object whose record is empty
+/// skips tracking altogether (apimachinery's `skipNonAppliedManager`, in every version since
+/// 1.18), so every later write to the pod (the claim, the kubelet's status, the release) costs
+/// the apiserver about half (`docs/benchmarks.md`, session 10). These pods are the operator's
+/// alone and live minutes; a server-side apply to one starts tracking again. `[{}]`, not `[]`:
+/// an empty list means "leave it as it is".
+pub fn cleared_managed_fields() -> Value {
+    json!([{}])
+}
+
+/// The compare-and-swap patch that moves a pod to `to` (the pool's warming → ready mark),
+/// clearing its field-ownership record on the way ([`cleared_managed_fields`]).
+pub fn state_mark_patch(resource_version: Option<String>, to: PodState) -> Value {
+    json!({"metadata": {
+        "resourceVersion": resource_version,
+        "labels": {STATE_LABEL: to.label()},
+        "managedFields": cleared_managed_fields(),
+    }})
+}
+
 const BIN_DIR: &str = "/floe-bin";
 const CONTROL_DIR: &str = "/floe-control";
 const STATE_DIR: &str = "/floe-state";

@@ -323,14 +323,22 @@ async fn claim_burst_floor(client: &Client, ns: &str, n: i32) -> Result<BurstFlo
         }))?;
         let created = pods.create(&PostParams::default(), &pod).await?;
         let status = json!({"status": model.status});
-        let running = pods
-            .patch_status(
+        pods.patch_status(
+            &created.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await?;
+        // As the pool's READY mark leaves its pods: no field-ownership record.
+        let cleared = json!({"metadata": {"managedFields": [{}]}});
+        let ready = pods
+            .patch(
                 &created.name_any(),
                 &PatchParams::default(),
-                &Patch::Merge(&status),
+                &Patch::Merge(&cleared),
             )
             .await?;
-        copies.push(running);
+        copies.push(ready);
     }
     let in_flight = round_parallelism();
     let started = Instant::now();
@@ -345,6 +353,7 @@ async fn claim_burst_floor(client: &Client, ns: &str, n: i32) -> Result<BurstFlo
                                 "floe.dev/session": format!("bench-{}", pod.name_any()),
                                 "floe.dev/claimed-at": "2026-11-23T00:00:00Z"},
                 "ownerReferences": [owner_ref],
+                "managedFields": [{}],
             }});
             pods_ref
                 .patch(

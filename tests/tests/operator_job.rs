@@ -577,6 +577,7 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let mut most_alive = 0usize;
     let mut images: std::collections::BTreeMap<String, String> = Default::default();
+    let mut cleared = 0usize;
     let done = eventually_within(180, "the template job finished", async || {
         let alive: Vec<Pod> = job_pods(&pods, "tmpl")
             .await?
@@ -604,6 +605,17 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
                     .contains_key("floe.dev/pool"),
                 "a template pod must not look like a pool's"
             );
+            // Once assigned, the pod's field-ownership record is cleared and stays so.
+            if annotations.contains_key("floe.dev/assigned") {
+                let tracked = p.metadata.managed_fields.as_ref().map_or(0, Vec::len);
+                assert_eq!(
+                    tracked,
+                    0,
+                    "{} still tracked",
+                    p.metadata.name.as_deref().unwrap_or_default()
+                );
+                cleared += 1;
+            }
             images.insert(session, image);
         }
         let s = status(&jobs, "tmpl").await?;
@@ -632,6 +644,7 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
         }
     }
     assert!(images.len() >= 5, "saw too few pods to judge: {images:?}");
+    assert!(cleared > 0, "saw no assigned pod to judge");
     // Every attempt ran exactly once.
     let ids: Vec<String> = kubelet
         .taken()

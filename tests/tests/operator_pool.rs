@@ -38,6 +38,10 @@ async fn pool_pods(pods: &Api<Pod>, state: &str) -> Result<Vec<Pod>> {
         .collect())
 }
 
+fn managed_fields(pod: &Pod) -> usize {
+    pod.metadata.managed_fields.as_ref().map_or(0, Vec::len)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
     let (client, ns) = with_crds("pool").await?;
@@ -86,6 +90,20 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
         Ok((ready == 3 && status.ready_replicas == 3 && status.replicas == 3).then_some(()))
     })
     .await?;
+    // The READY mark cleared each pod's field-ownership record, and the apiserver then tracks
+    // no later write either: the kubelet's next status write leaves it empty.
+    for pod in &warming {
+        assert!(pod
+            .metadata
+            .managed_fields
+            .as_ref()
+            .is_some_and(|m| !m.is_empty()));
+    }
+    for pod in pool_pods(&pods, "ready").await? {
+        assert_eq!(managed_fields(&pod), 0, "{}", pod.name_any());
+        make_ready(&pods, &pod.name_any()).await?;
+        assert_eq!(managed_fields(&pods.get(&pod.name_any()).await?), 0);
+    }
     let status = pools.get("warm").await?.status.context("status")?;
     assert_eq!(status.selector.as_deref(), Some("floe.dev/pool=warm"));
     assert_eq!(status.conditions[0].type_, "Ready");

@@ -28,7 +28,7 @@ use super::pod_view::{self, *};
 use super::status::{self, Blocked, StatusInput};
 use super::tasks;
 use crate::metrics::Metrics;
-use crate::sandbox_pod::{PodState, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
+use crate::sandbox_pod::{self, PodState, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LABEL};
 
 /// Holds a job until its pods' finalizers are removed.
 pub const JOB_FINALIZER: &str = "floe.dev/sessions";
@@ -948,6 +948,9 @@ async fn claim(
         },
         "ownerReferences": owner.map(|o| vec![o]),
         "finalizers": [SESSION_FINALIZER],
+        // The pool's READY mark cleared the pod's field-ownership record already; this also
+        // clears one a pool pod marked by an older operator still has.
+        "managedFields": sandbox_pod::cleared_managed_fields(),
     }});
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
     match pods
@@ -1018,7 +1021,12 @@ async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
     let pods = &pods;
     futures::stream::iter(names)
         .for_each_concurrent(ctx.in_flight, |name: String| async move {
-            let patch = json!({"metadata": {"annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}}});
+            // A `poolTemplate` pod still has its creation's field-ownership record: from here
+            // on the apiserver tracks none of its writes (`cleared_managed_fields`).
+            let patch = json!({"metadata": {
+                "annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()},
+                "managedFields": sandbox_pod::cleared_managed_fields(),
+            }});
             if let Err(e) = pods
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await

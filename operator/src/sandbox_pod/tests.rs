@@ -195,3 +195,14 @@ fn the_template_hash_changes_with_the_template_only() {
     assert_ne!(template_hash(&a), template_hash(&prepared));
     assert_eq!(template_hash(&a).len(), 16);
 }
+
+#[test]
+fn the_ready_mark_is_a_compare_and_swap_that_clears_the_ownership_record() {
+    let patch = state_mark_patch(Some("4711".into()), PodState::Ready);
+    let meta = &patch["metadata"];
+    assert_eq!(meta["resourceVersion"], "4711");
+    assert_eq!(meta["labels"][STATE_LABEL], "ready");
+    // One empty entry clears; an empty list would leave the record as it is.
+    assert_eq!(meta["managedFields"], json!([{}]));
+    assert_eq!(meta.as_object().map(|m| m.len()), Some(3), "{patch}");
+}
