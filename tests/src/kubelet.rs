@@ -38,9 +38,9 @@ pub type Decide = Arc<dyn Fn(&Value) -> Verdict + Send + Sync>;
 
 struct Running {
     gateway: Child,
-    control: String,
-    token: String,
-    assignment: Option<Value>,
+    /// What the pod's runner took from its gateway: filled by its long poll.
+    assignment: Arc<Mutex<Option<Value>>>,
+    _runner: AbortOnDrop,
     done: bool,
 }
 
@@ -104,6 +104,7 @@ impl FakeKubelet {
             store.wait_until_ready().await?;
             let mut node = Node {
                 store,
+                changed: changed.clone(),
                 pods: Api::namespaced(client.clone(), &ns),
                 secrets: Api::namespaced(client, &ns),
                 running: HashMap::new(),
@@ -158,6 +159,8 @@ impl Drop for AbortOnDrop {
 struct Node {
     /// The namespace's floe pods, kept by a watch.
     store: Store<Pod>,
+    /// Wakes the sync loop (a watch event, an assignment taken).
+    changed: Arc<tokio::sync::Notify>,
     pods: Api<Pod>,
     secrets: Api<Secret>,
     running: HashMap<String, Running>,
@@ -173,6 +176,45 @@ struct Node {
     volumes: HashMap<String, PathBuf>,
     /// Job pods' processes, killed with the node.
     processes: Vec<KillOnDrop>,
+}
+
+/// The runner's wait for its assignment, as `floe sandbox` does it: one long poll at a time on
+/// the pod's gateway, so a pod waiting costs nothing. (Polling every claimed pod on each sync
+/// made the node's own requests a burst's largest CPU load.)
+async fn take_assignment(
+    http: reqwest::Client,
+    control: String,
+    token: String,
+    slot: Arc<Mutex<Option<Value>>>,
+    taken: Arc<Mutex<Vec<Value>>>,
+    changed: Arc<tokio::sync::Notify>,
+) {
+    loop {
+        let reply = http
+            .get(format!("{control}/floe/v1/assignments/next?waitSeconds=30"))
+            .bearer_auth(&token)
+            .timeout(Duration::from_secs(40))
+            .send()
+            .await;
+        let delivered = match reply {
+            Ok(r) if r.status() == reqwest::StatusCode::OK => r.json::<Value>().await.ok(),
+            Ok(r) if r.status() == reqwest::StatusCode::NO_CONTENT => continue,
+            _ => None,
+        };
+        let Some(delivered) = delivered else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let assignment = delivered["assignment"].clone();
+        if let Ok(mut t) = taken.lock() {
+            t.push(assignment.clone());
+        }
+        if let Ok(mut s) = slot.lock() {
+            *s = Some(assignment);
+        }
+        changed.notify_one();
+        return;
+    }
 }
 
 struct KillOnDrop(Child);
@@ -268,11 +310,19 @@ impl Node {
             .stderr(log)
             .spawn()?;
         let control = format!("http://{ip}:{control_port}");
+        let assignment = Arc::new(Mutex::new(None));
+        let runner = tokio::spawn(take_assignment(
+            self.http.clone(),
+            control.clone(),
+            token,
+            assignment.clone(),
+            self.taken.clone(),
+            self.changed.clone(),
+        ));
         let running = Running {
             gateway,
-            control: control.clone(),
-            token,
-            assignment: None,
+            assignment,
+            _runner: AbortOnDrop(runner),
             done: false,
         };
         let mut up = false;
@@ -418,31 +468,9 @@ impl Node {
         if r.done {
             return Ok(());
         }
-        let assignment = match &r.assignment {
-            Some(a) => a.clone(),
-            None => {
-                let reply = self
-                    .http
-                    .get(format!(
-                        "{}/floe/v1/assignments/next?waitSeconds=0",
-                        r.control
-                    ))
-                    .bearer_auth(&r.token)
-                    .send()
-                    .await?;
-                if reply.status() != reqwest::StatusCode::OK {
-                    return Ok(());
-                }
-                let delivered: Value = reply.json().await?;
-                let assignment = delivered["assignment"].clone();
-                if let Ok(mut t) = self.taken.lock() {
-                    t.push(assignment.clone());
-                }
-                if let Some(r) = self.running.get_mut(name) {
-                    r.assignment = Some(assignment.clone());
-                }
-                assignment
-            }
+        let taken = r.assignment.lock().map(|a| a.clone()).unwrap_or_default();
+        let Some(assignment) = taken else {
+            return Ok(()); // not delivered yet
         };
         let session = assignment["session"]
             .as_str()
