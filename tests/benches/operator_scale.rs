@@ -225,7 +225,7 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
     );
     let floor_mean = floor.each.iter().sum::<f64>() / floor.each.len().max(1) as f64;
     println!(
-        "  baseline: {} claim-shaped pod PATCHes at once ({} in flight) on copies of the pool's pods, nothing else running: answered after p50 {:.1} ms, p99 {:.1} ms, mean {:.1} ms (from the burst's start); all in {:.1} ms",
+        "  baseline: {} claim-shaped pod PATCHes at once ({} in flight) on copies of the pool's pods, watched as they are, nothing else running: answered after p50 {:.1} ms, p99 {:.1} ms, mean {:.1} ms (from the burst's start); all in {:.1} ms",
         floor.each.len(),
         floor.in_flight,
         percentile(floor.each.clone(), 0.5) * 1e3,
@@ -322,10 +322,12 @@ fn round_parallelism() -> usize {
     16
 }
 
-/// Baseline for the first round: `n` pods with the pool's own spec and status (copies nobody
-/// manages: no floe labels, so neither the operator nor the fake kubelet look at them), then
-/// `n` PATCHes shaped like claims (resourceVersion precondition, labels, annotations, an
-/// ownerReference) with the operator's round parallelism in flight. The pods are deleted
+/// Baseline for the first round: `n` pods with the pool's own spec and status, in the state
+/// the pool's READY mark leaves its pods (no field-ownership record, the floe label, so the
+/// operator's and the fake kubelet's watches carry every write to them, as they carry a
+/// claim), that nobody acts on (no pool, no job, already Running), then `n` PATCHes shaped
+/// like claims (resourceVersion precondition, labels, annotations, an ownerReference, the
+/// record cleared) with the operator's round parallelism in flight. The pods are deleted
 /// afterwards.
 async fn claim_burst_floor(client: &Client, ns: &str, n: i32) -> Result<BurstFloor> {
     use futures::StreamExt;
@@ -360,8 +362,10 @@ async fn claim_burst_floor(client: &Client, ns: &str, n: i32) -> Result<BurstFlo
             &Patch::Merge(&status),
         )
         .await?;
-        // As the pool's READY mark leaves its pods: no field-ownership record.
-        let cleared = json!({"metadata": {"managedFields": [{}]}});
+        // As the pool's READY mark leaves its pods. Only now the floe label: a Pending pod
+        // with it would be started by the fake kubelet.
+        let cleared = json!({"metadata": {"managedFields": [{}],
+                                          "labels": {"app.kubernetes.io/managed-by": "floe"}}});
         let ready = pods
             .patch(
                 &created.name_any(),

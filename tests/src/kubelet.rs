@@ -239,7 +239,8 @@ fn is_sandbox_pod(pod: &Pod) -> bool {
 
 impl Node {
     async fn sync(&mut self) -> Result<()> {
-        let pods: Vec<Pod> = self.store.state().iter().map(|p| (**p).clone()).collect();
+        // Shared, not cloned: this runs on every watch event, and a burst brings dozens.
+        let pods: Vec<Arc<Pod>> = self.store.state();
         // Pods that are gone or going: their containers stop.
         self.running.retain(|name, _| {
             pods.iter()
