@@ -189,6 +189,8 @@ async fn run_controllers(
         config.native_sidecars,
         claims.clone(),
     ));
+    // The pool controller's own cache of pools is the job controller's too.
+    let pool_controller = Controller::new(pools, watcher::Config::default());
     let job_context = Arc::new(
         job_controller::JobContext::new(
             client,
@@ -199,14 +201,15 @@ async fn run_controllers(
             config.native_sidecars,
             config.round_parallelism,
         )
-        .with_claim_gate(claims),
+        .with_claim_gate(claims)
+        .with_pool_cache(pool_controller.store()),
     );
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);
     // Both controllers stop together: one shutdown signal, shared.
     let stop = futures::future::FutureExt::shared(Box::pin(stop));
     tracing::info!(namespace = ?config.namespace, "controllers started");
-    let pool_runs = Controller::new(pools, watcher::Config::default())
+    let pool_runs = pool_controller
         .reconcile_on(crate::pod_cache::stream(cache.pools))
         .with_config(controller_config.clone())
         .graceful_shutdown_on(stop.clone())

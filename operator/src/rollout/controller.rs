@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -71,6 +71,9 @@ pub struct JobContext {
     in_flight: usize,
     /// Held while a round claims, so that pools' refills wait ([`crate::claim_gate`]).
     claims: Arc<crate::claim_gate::ClaimGate>,
+    /// The pool controller's cache of GatewayPools: a round reads its pool from it, and asks
+    /// the apiserver only for one it does not show (so `PoolNotFound` is the apiserver's word).
+    pools: Option<Store<GatewayPool>>,
 }
 
 /// The task loader's arguments and the tasks read with them.
@@ -92,6 +95,7 @@ impl JobContext {
         Self {
             in_flight: in_flight.max(1),
             claims: Arc::default(),
+            pools: None,
             native_sidecars,
             events: crate::events::Events::new(client.clone()),
             client,
@@ -115,6 +119,28 @@ impl JobContext {
     pub fn with_claim_gate(mut self, claims: Arc<crate::claim_gate::ClaimGate>) -> Self {
         self.claims = claims;
         self
+    }
+
+    pub fn with_pool_cache(mut self, pools: Store<GatewayPool>) -> Self {
+        self.pools = Some(pools);
+        self
+    }
+
+    /// A job's pool: from the pool cache, else from the apiserver (`None`: it does not exist).
+    /// Every round reads it, and an apiserver GET before a round's claims is a round trip
+    /// each of them waits for.
+    async fn pool(&self, ns: &str, name: &str) -> Result<Option<GatewayPool>, kube::Error> {
+        let cached = self
+            .pools
+            .as_ref()
+            .and_then(|store| store.get(&ObjectRef::new(name).within(ns)));
+        match cached {
+            Some(pool) => Ok(Some((*pool).clone())),
+            None => {
+                let pools: Api<GatewayPool> = Api::namespaced(self.client.clone(), ns);
+                pools.get_opt(name).await
+            }
+        }
     }
 
     /// Raise the cache's bar for a job's pod after a write the apiserver answered.
@@ -559,8 +585,7 @@ async fn observe(
     // A pool to claim from, or (poolTemplate) the job's own pods with default gateway ports.
     let pool = match &spec.pool_ref {
         Some(pool_ref) => {
-            let pools: Api<GatewayPool> = Api::namespaced(ctx.client.clone(), ns);
-            let Some(pool) = pools.get_opt(&pool_ref.name).await? else {
+            let Some(pool) = ctx.pool(ns, &pool_ref.name).await? else {
                 return blocked(
                     "PoolNotFound",
                     format!(
@@ -1434,8 +1459,12 @@ async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Opti
             return Ok(None);
         }
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let name = objects.pod.name_any();
+    // The pod cache holds it (floe's label) with all a round reads of it: readiness and IP.
+    if let Some(p) = ctx.pods.get(&ObjectRef::new(&name).within(ns)) {
+        return Ok(Some((*p).clone()));
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     if let Some(p) = pods.get_opt(&name).await? {
         return Ok(Some(p));
     }
