@@ -156,9 +156,22 @@ async fn wait_established(
     bail!("CRD {name} not Established after 10 s")
 }
 
-/// Path of the `floe` binary, built by this call if needed (`cargo build -p floe`; with
-/// `FLOE_BIN_PROFILE=release`, the optimized build — for benchmark figures).
+/// Path of the `floe` binary, built by the first call if needed (`cargo build -p floe`; with
+/// `FLOE_BIN_PROFILE=release`, the optimized build — for benchmark figures). Later calls reuse
+/// it: the fake kubelet starts a gateway process per pod, and a no-op `cargo build` costs
+/// ~0.5 s of CPU (and blocked the kubelet's sync that long), per pod.
 pub fn floe_bin() -> Result<PathBuf> {
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(path) = built.as_ref() {
+        return Ok(path.clone());
+    }
+    let path = build_floe()?;
+    *built = Some(path.clone());
+    Ok(path)
+}
+
+fn build_floe() -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let release = std::env::var("FLOE_BIN_PROFILE").is_ok_and(|p| p == "release");
     let mut args = vec!["build", "--quiet", "-p", "floe"];
