@@ -65,7 +65,13 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
     .await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
     for pod in &warming {
-        let secret = secrets.get(&format!("{}-control", pod.name_any())).await?;
+        // The operator creates each pod, then its Secret (owned by the pod, so it needs the
+        // pod's uid): the Secret may trail the pod by a moment.
+        let name = format!("{}-control", pod.name_any());
+        let secret = eventually("the pod's control Secret", async || {
+            Ok(secrets.get_opt(&name).await?)
+        })
+        .await?;
         let owner = &secret.owner_references()[0];
         assert_eq!(owner.uid, pod.uid().unwrap_or_default());
         assert!(secret
@@ -359,5 +365,52 @@ async fn a_template_change_recreates_or_waits_for_replenishment_by_strategy() ->
         )
     })
     .await?;
+    Ok(())
+}
+
+/// kube-rs speaks HTTP/1.1 only: a connection per watch and per request in flight, each a
+/// TLS handshake at the apiserver. The operator speaks HTTP/2 as client-go does: its watches
+/// and writes share one connection. `--kube-http1` brings the old client back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_and_writes_share_one_http2_connection() -> Result<()> {
+    let (client, ns) = with_crds("http2").await?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pool: GatewayPool = serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "warm"},
+        "spec": {"replicas": 4, "template": {"image": "ghcr.io/acme/sandbox-pi:1"}},
+    }))?;
+    pools.create(&PostParams::default(), &pool).await?;
+    let mut operator = Operator::start(&ns.name, &[])?;
+    // The operator at work: it creates the pods, marks them READY as the test plays the
+    // kubelet, and writes the pool's status, all with its watches open.
+    let warming = eventually("4 pods", async || {
+        let w = pool_pods(&pods, "warming").await?;
+        Ok((w.len() == 4).then_some(w))
+    })
+    .await?;
+    for pod in &warming {
+        make_ready(&pods, &pod.name_any()).await?;
+    }
+    eventually("4 READY pods in the status", async || {
+        let status = pools.get("warm").await?.status.unwrap_or_default();
+        Ok((status.ready_replicas == 4).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        operator.apiserver_connections()?,
+        1,
+        "HTTP/2: one connection for every watch and write"
+    );
+    operator.kill();
+
+    let http1 = Operator::start(&ns.name, &["--kube-http1"])?;
+    let many = eventually("a connection per watch", async || {
+        let n = http1.apiserver_connections()?;
+        Ok((n > 1).then_some(n))
+    })
+    .await?;
+    assert!(many > 1);
     Ok(())
 }
