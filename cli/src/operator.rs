@@ -60,10 +60,6 @@ pub struct OperatorArgs {
     /// Apiserver requests allowed at once above `--kube-qps` (the bucket's size).
     #[arg(long, default_value_t = 200)]
     kube_burst: u32,
-    /// Talk HTTP/1.1 to the apiserver (a connection per request in flight, one per watch)
-    /// instead of HTTP/2 (every request and watch on one connection, as client-go does).
-    #[arg(long)]
-    kube_http1: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,8 +70,6 @@ pub enum OperatorError {
     Infer(String),
     #[error("cannot reach the apiserver: {0}")]
     Client(#[from] kube::Error),
-    #[error(transparent)]
-    Build(#[from] floe_operator::kube_client::ClientError),
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -98,11 +92,9 @@ async fn client(args: &OperatorArgs) -> Result<kube::Client, OperatorError> {
         qps: args.kube_qps,
         burst: args.kube_burst,
     };
-    Ok(floe_operator::kube_client::build(
-        config,
-        limit,
-        args.kube_http1,
-    )?)
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&limit)
+        .build())
 }
 
 pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {

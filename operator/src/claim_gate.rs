@@ -1,11 +1,9 @@
-//! Claims before pool work. A RolloutJob's claims and a GatewayPool's reconcile go to the
-//! same apiserver from the same operator (one flow to API Priority and Fairness). A pod
-//! create costs the apiserver more than a claim's PATCH, and every claim wakes its pool: each
-//! wake was a status write beside the claims. A claim is a session waiting; a refill pod is
-//! seconds to minutes from Ready, and a pool's status a second late harms nobody (HPA and
-//! KEDA read it every 15 s or so). So while any round has claims in flight, a pool reconcile
-//! waits for them, within a bound per reconcile so that a busy operator never starves its
-//! pools.
+//! Claims before refills. A RolloutJob's claims and a GatewayPool's refill creates go to the
+//! same apiserver from the same operator (one flow to API Priority and Fairness), and a pod
+//! create costs the apiserver more than a claim's PATCH. A claim is a session waiting; a
+//! refill pod is seconds to minutes from Ready whatever happens. So while any round has
+//! claims in flight, a pool's refill waits for them, within a bound per reconcile so that a
+//! busy operator never starves its pools.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,8 +12,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// How long one pool reconcile may wait for claims, in all.
-pub const POOL_YIELD_BUDGET: Duration = Duration::from_secs(2);
+/// How long one pool reconcile's refill may wait for claims, in all.
+pub const REFILL_YIELD_BUDGET: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 pub struct ClaimGate {
@@ -67,7 +65,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_gate_does_not_wait() {
         let gate = Arc::new(ClaimGate::default());
-        let waited = gate.quiet_by(Instant::now() + POOL_YIELD_BUDGET).await;
+        let waited = gate.quiet_by(Instant::now() + REFILL_YIELD_BUDGET).await;
         assert_eq!(waited, Duration::ZERO);
     }
 
@@ -78,7 +76,7 @@ mod tests {
         let second = gate.enter();
         let waiter = {
             let gate = gate.clone();
-            tokio::spawn(async move { gate.quiet_by(Instant::now() + POOL_YIELD_BUDGET).await })
+            tokio::spawn(async move { gate.quiet_by(Instant::now() + REFILL_YIELD_BUDGET).await })
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(first);

@@ -5,7 +5,6 @@
 pub mod claim_gate;
 pub mod client_rate;
 pub mod events;
-pub mod kube_client;
 pub mod leader;
 pub mod metrics;
 pub mod pod_cache;

@@ -10,7 +10,7 @@
 //! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` (each
 //! finished pod's result as it is folded into status), `floe_sessions_waiting_for_pod{namespace,
 //! rolloutjob,pool}` (sessions the last reconcile could not give a READY pod),
-//! `floe_pool_refill_yield_seconds_total` (time pool reconciles waited for claims in flight) and the
+//! `floe_pool_refill_yield_seconds_total` (time pool refills waited for claims in flight) and the
 //! `floe_session_reward` summary (sum and count per job, from the job's status, so exact
 //! across operator restarts).
 //!
@@ -147,7 +147,7 @@ impl Metrics {
         }
         let refill_yield = prometheus::Counter::new(
             "floe_pool_refill_yield_seconds_total",
-            "Time GatewayPool reconciles (status writes, READY marks, refills) waited for RolloutJob claims in flight (claims go first, within 2 s per pool reconcile)",
+            "Time GatewayPool refills waited for RolloutJob claims in flight (claims go first, within 2 s per pool reconcile)",
         )?;
         // As controller-runtime does: each controller's series exist from the start, so error
         // ratios read 0 rather than nothing.

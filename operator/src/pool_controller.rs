@@ -177,13 +177,6 @@ async fn reconcile_pool(
     let ns = pool.namespace().ok_or(PoolError::NoNamespace)?;
     let name = pool.name_any();
     let key = format!("{ns}/{name}");
-    // Claims go first (`claim_gate`): every claim's pod event wakes this pool, and each wake
-    // used to cost a status write (and READY marks) beside the claims. Waiting here, before
-    // reading the cache, lets one reconcile after the burst see all of its claims and write
-    // the status once; the refill below shares the same bound.
-    let yield_until = tokio::time::Instant::now() + crate::claim_gate::POOL_YIELD_BUDGET;
-    let waited = ctx.claims.quiet_by(yield_until).await;
-    ctx.metrics.refill_yield.inc_by(waited.as_secs_f64());
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let cached: Vec<Arc<Pod>> = ctx.pods.state_filter(|p| {
         p.metadata.namespace.as_deref() == Some(ns.as_str())
@@ -274,6 +267,7 @@ async fn reconcile_pool(
             .publish(&pool.object_ref(&()), type_, why, note)
             .await;
     }
+    let yield_until = tokio::time::Instant::now() + crate::claim_gate::REFILL_YIELD_BUDGET;
     for _ in 0..decided.create {
         let waited = ctx.claims.quiet_by(yield_until).await;
         ctx.metrics.refill_yield.inc_by(waited.as_secs_f64());

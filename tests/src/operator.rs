@@ -3,7 +3,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::cluster::{cluster, floe_bin};
 
@@ -64,47 +64,6 @@ impl Operator {
                 .text()
                 .await?,
         )
-    }
-
-    /// The operator's established TCP connections to the apiserver (Linux: its socket fds
-    /// matched against `/proc/net/tcp*`).
-    pub fn apiserver_connections(&self) -> Result<usize> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&cluster().kubeconfig)?;
-        let server = kubeconfig
-            .clusters
-            .first()
-            .and_then(|c| c.cluster.as_ref())
-            .and_then(|c| c.server.clone())
-            .context("a server in the test kubeconfig")?;
-        let port = server
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
-            .context("the apiserver's port")?;
-        let pid = self.child.id();
-        let mut inodes = std::collections::HashSet::new();
-        for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
-            let target = std::fs::read_link(fd?.path()).unwrap_or_default();
-            if let Some(inode) = target
-                .to_string_lossy()
-                .strip_prefix("socket:[")
-                .and_then(|s| s.strip_suffix(']'))
-            {
-                inodes.insert(inode.to_string());
-            }
-        }
-        let remote = format!(":{port:04X}");
-        let mut n = 0;
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            for line in std::fs::read_to_string(table)?.lines().skip(1) {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                // rem_address, st (01: ESTABLISHED), inode
-                if f.len() > 9 && f[2].ends_with(&remote) && f[3] == "01" && inodes.contains(f[9]) {
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
     }
 
     /// SIGKILL: an operator crash mid-reconcile.

@@ -861,19 +861,13 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     // Upgrade: a changed value reaches the Deployment; CRDs stay.
     let mut args = vec!["upgrade", release, path_str(&chart)?];
     args.extend_from_slice(&install_args);
-    let installed_args = find(&release_objects(release, &system.name)?, "Deployment")?["spec"]
-        ["template"]["spec"]["containers"][0]["args"]
-        .to_string();
-    assert!(!installed_args.contains("--kube-http1"), "{installed_args}");
     args.extend_from_slice(&["--set", "operator.concurrency=9"]);
-    args.extend_from_slice(&["--set", "operator.kubeAPI.http2=false"]);
     helm(&args)?;
     let upgraded = release_objects(release, &system.name)?;
     let upgraded_args = find(&upgraded, "Deployment")?["spec"]["template"]["spec"]["containers"][0]
         ["args"]
         .to_string();
     assert!(upgraded_args.contains("--concurrency=9"), "{upgraded_args}");
-    assert!(upgraded_args.contains("--kube-http1"), "{upgraded_args}");
 
     // Delete the job while the operator runs (it takes the finalizer off), then uninstall:
     // the CRDs (and so every pool and job) survive it.
