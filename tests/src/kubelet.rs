@@ -36,6 +36,21 @@ pub enum Verdict {
 
 pub type Decide = Arc<dyn Fn(&Value) -> Verdict + Send + Sync>;
 
+/// How the node behaves beyond the defaults.
+#[derive(Default)]
+pub struct NodeOptions {
+    /// A job's own pod whose container runs `floe` and whose PersistentVolumeClaims are all
+    /// here (claim name → local directory) really runs: its mount paths in the arguments point
+    /// at those directories, `0.0.0.0` at the pod IP. Ready once its `/healthz` answers; a
+    /// process that exits is reported like a crash loop, with its stderr as the termination
+    /// message (`FallbackToLogsOnError`).
+    pub volumes: HashMap<String, PathBuf>,
+    /// How long a job's own pod that does not really run here (trainer, dataset collector)
+    /// takes from its creation to Ready. A real one pulls an image and starts (a trainer loads
+    /// a model: minutes); by default this node reports it Ready at once.
+    pub job_pod_start: Duration,
+}
+
 struct Running {
     gateway: Child,
     /// What the pod's runner took from its gateway: filled by its long poll.
@@ -60,21 +75,21 @@ pub struct FakeKubelet {
 impl FakeKubelet {
     /// Pods of `namespace` get IPs `127.<block>.x.y`.
     pub fn start(client: Client, namespace: &str, block: u8, decide: Decide) -> Result<Self> {
-        Self::start_with_volumes(client, namespace, block, decide, HashMap::new())
+        Self::start_with(client, namespace, block, decide, NodeOptions::default())
     }
 
-    /// Like [`FakeKubelet::start`], and a job's own pod whose container runs `floe` and whose
-    /// PersistentVolumeClaims are all in `volumes` (claim name → local directory) really runs:
-    /// its mount paths in the arguments point at those directories, `0.0.0.0` at the pod IP.
-    /// Ready once its `/healthz` answers; a process that exits is reported like a crash loop,
-    /// with its stderr as the termination message (`FallbackToLogsOnError`).
-    pub fn start_with_volumes(
+    /// Like [`FakeKubelet::start`], with [`NodeOptions`].
+    pub fn start_with(
         client: Client,
         namespace: &str,
         block: u8,
         decide: Decide,
-        volumes: HashMap<String, PathBuf>,
+        options: NodeOptions,
     ) -> Result<Self> {
+        let NodeOptions {
+            volumes,
+            job_pod_start,
+        } = options;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let taken = Arc::new(Mutex::new(Vec::new()));
         let dir = tempfile::tempdir()?.keep();
@@ -119,6 +134,7 @@ impl FakeKubelet {
                 decide,
                 taken: seen,
                 volumes,
+                job_pod_start,
                 processes: Vec::new(),
             };
             loop {
@@ -174,6 +190,7 @@ struct Node {
     decide: Decide,
     taken: Arc<Mutex<Vec<Value>>>,
     volumes: HashMap<String, PathBuf>,
+    job_pod_start: Duration,
     /// Job pods' processes, killed with the node.
     processes: Vec<KillOnDrop>,
 }
@@ -362,9 +379,22 @@ impl Node {
             self.aux.insert(name.clone());
             return self.run_job_pod(&name, &ip, &names, command).await;
         }
-        self.patch_status(&name, &running_status(&ip, &names))
-            .await?;
-        self.aux.insert(name);
+        let status = running_status(&ip, &names);
+        self.aux.insert(name.clone());
+        if self.job_pod_start.is_zero() {
+            return self.patch_status(&name, &status).await;
+        }
+        // Reported later without holding up this node's other pods.
+        let (pods, wait) = (self.pods.clone(), self.job_pod_start);
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Err(e) = pods
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                eprintln!("fake kubelet: {name} Ready: {e}");
+            }
+        });
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase, RolloutJobStatus};
-use floe_tests::kubelet::{FakeKubelet, Verdict};
+use floe_tests::kubelet::{FakeKubelet, NodeOptions, Verdict};
 use floe_tests::namespace::with_crds;
 use floe_tests::operator::{eventually, eventually_within, metric_value, Operator};
 use k8s_openapi::api::core::v1::Pod;
@@ -687,7 +687,7 @@ async fn tasks_from_a_file_on_a_claim_are_read_through_the_loader_pod() -> Resul
         volume.path().join("sets/tasks.jsonl"),
         lines.join("\n") + "\n",
     )?;
-    let kubelet = FakeKubelet::start_with_volumes(
+    let kubelet = FakeKubelet::start_with(
         client.clone(),
         &ns.name,
         13,
@@ -695,7 +695,13 @@ async fn tasks_from_a_file_on_a_claim_are_read_through_the_loader_pod() -> Resul
             exit: 0,
             reward: 1.0,
         }),
-        std::collections::HashMap::from([("swe-tasks".to_string(), volume.path().to_path_buf())]),
+        NodeOptions {
+            volumes: std::collections::HashMap::from([(
+                "swe-tasks".to_string(),
+                volume.path().to_path_buf(),
+            )]),
+            ..Default::default()
+        },
     )?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let with_file = |name: &str, path: &str| -> Result<RolloutJob> {
