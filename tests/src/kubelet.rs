@@ -388,11 +388,14 @@ impl Node {
         let (pods, wait) = (self.pods.clone(), self.job_pod_start);
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            if let Err(e) = pods
+            match pods
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await
             {
-                eprintln!("fake kubelet: {name} Ready: {e}");
+                Ok(_) => {}
+                // Deleted meanwhile (the job ended first): nothing to report.
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => eprintln!("fake kubelet: {name} Ready: {e}"),
             }
         });
         Ok(())
