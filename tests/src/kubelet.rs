@@ -388,14 +388,8 @@ impl Node {
         let (pods, wait) = (self.pods.clone(), self.job_pod_start);
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            match pods
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                .await
-            {
-                Ok(_) => {}
-                // Deleted meanwhile (the job ended first): nothing to report.
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => eprintln!("fake kubelet: {name} Ready: {e}"),
+            if let Err(e) = patch_pod_status(&pods, &name, &status).await {
+                eprintln!("fake kubelet: {name} Ready: {e}");
             }
         });
         Ok(())
@@ -540,15 +534,19 @@ impl Node {
     }
 
     async fn patch_status(&self, name: &str, status: &Value) -> Result<()> {
-        match self
-            .pods
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        patch_pod_status(&self.pods, name, status).await
+    }
+}
+
+/// Write a pod's status; a pod already gone (deleted meanwhile) is not an error.
+async fn patch_pod_status(pods: &Api<Pod>, name: &str, status: &Value) -> Result<()> {
+    match pods
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
