@@ -14,3 +14,4 @@ pub mod rollout;
 pub mod run;
 pub mod sandbox_pod;
 pub mod tokens;
+pub mod warm_connections;
