@@ -36,10 +36,6 @@ pub struct OperatorArgs {
     /// reconcile round in flight at once.
     #[arg(long, default_value_t = 16)]
     round_parallelism: usize,
-    /// Apiserver connections kept open, so a round's first requests need no new TCP and TLS
-    /// handshakes (default: `--round-parallelism`; 0: open them on demand only).
-    #[arg(long)]
-    kube_warm_connections: Option<usize>,
     /// Run the controllers only while holding a Lease, so several replicas can run.
     #[arg(long)]
     leader_elect: bool,
@@ -148,9 +144,6 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 native_sidecars,
                 concurrency: args.concurrency,
                 round_parallelism: args.round_parallelism,
-                warm_connections: args
-                    .kube_warm_connections
-                    .unwrap_or(args.round_parallelism),
                 leader,
                 metrics_listen: Some(args.metrics_listen),
             },

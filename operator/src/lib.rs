@@ -14,4 +14,3 @@ pub mod rollout;
 pub mod run;
 pub mod sandbox_pod;
 pub mod tokens;
-pub mod warm_connections;

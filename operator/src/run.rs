@@ -24,8 +24,6 @@ pub struct OperatorConfig {
     pub concurrency: u16,
     /// Apiserver writes and gateway deliveries of one job's reconcile round in flight at once.
     pub round_parallelism: usize,
-    /// Apiserver connections kept open for a round's burst ([`crate::warm_connections`]).
-    pub warm_connections: usize,
     /// Leader election; `None` runs unconditionally (a single replica).
     pub leader: Option<LeaseConfig>,
     /// `/metrics`, `/healthz`, `/readyz` are served here.
@@ -180,11 +178,6 @@ async fn run_controllers(
         tracing::error!("the pod cache never became ready");
         return;
     }
-    // Only while the controllers run: a standby replica sends no bursts.
-    let warming = tokio::spawn(crate::warm_connections::keep_warm(
-        client.clone(),
-        config.warm_connections,
-    ));
     let tokens = Arc::new(crate::tokens::ControlTokens::default());
     let claims = Arc::new(crate::claim_gate::ClaimGate::default());
     let pool_context = Arc::new(PoolContext::new(
@@ -242,6 +235,5 @@ async fn run_controllers(
         });
     futures::join!(pool_runs, job_runs);
     cache.task.abort();
-    warming.abort();
     tracing::info!("controllers stopped");
 }

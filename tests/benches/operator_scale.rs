@@ -401,8 +401,7 @@ fn round_parallelism() -> usize {
 /// operator's and the fake kubelet's watches carry every write to them, as they carry a
 /// claim), that nobody acts on (no pool, no job, already Running), then `n` PATCHes shaped
 /// like claims (resourceVersion precondition, labels, annotations, an ownerReference, the
-/// record cleared) with the operator's round parallelism in flight, on as many connections
-/// opened beforehand. The pods are deleted
+/// record cleared) with the operator's round parallelism in flight. The pods are deleted
 /// afterwards.
 async fn claim_burst_floor(client: &Client, ns: &str, n: i32) -> Result<BurstFloor> {
     use futures::StreamExt;
@@ -451,8 +450,6 @@ async fn claim_burst_floor(client: &Client, ns: &str, n: i32) -> Result<BurstFlo
         copies.push(ready);
     }
     let in_flight = round_parallelism();
-    // As the operator keeps them (`floe_operator::warm_connections`): the burst opens none.
-    floe_operator::warm_connections::warm_once(client, in_flight).await;
     let started = Instant::now();
     let pods_ref = &pods;
     let owner_ref = &owner_ref;
