@@ -23,7 +23,8 @@ use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::{FakeKubelet, NodeOptions, Verdict};
-use floe_tests::operator::{eventually_within, metric_value, Operator};
+use floe_tests::operator::{eventually_every, eventually_within, metric_value, Operator};
+use floe_tests::proc_cpu::{self, Snapshot};
 use floe_tests::{cluster, TestNamespace};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -182,6 +183,34 @@ fn writes_between(earlier: &BTreeMap<String, f64>, later: &BTreeMap<String, f64>
     items.join(", ")
 }
 
+/// CPU by part of this one-machine cluster: the control plane, the operator, the gateways the
+/// fake kubelet started (the pods' sidecars) and this process (the fake kubelet and the bench).
+fn cpu_now(operator: u32) -> Snapshot {
+    let kubeconfig = &cluster().kubeconfig;
+    let part = |name: &str| {
+        proc_cpu::control_plane_pid(kubeconfig, name)
+            .into_iter()
+            .collect()
+    };
+    let me = std::process::id();
+    let gateways: Vec<u32> = proc_cpu::children(me)
+        .into_iter()
+        .filter(|p| *p != operator)
+        .collect();
+    Snapshot::take(&[
+        ("apiserver", part("apiserver")),
+        ("etcd", part("etcd")),
+        ("controller-manager", part("kcm")),
+        ("operator", vec![operator]),
+        ("gateways", gateways),
+        ("fake kubelet + bench", vec![me]),
+    ])
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() as f64 - 1.0) * q).round() as usize]
@@ -255,10 +284,28 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
     let writes_before = apiserver_writes(client).await?;
     let started = Instant::now();
     jobs.create(&PostParams::default(), &job).await?;
+    // The first round starts once the collector is Ready: from then on, where the CPU goes.
+    let all_pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns.name);
+    let collector_ready = async || {
+        let ready = all_pods.get_opt("bench-dataset").await?.is_some_and(|p| {
+            p.status
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        });
+        Ok(ready.then_some(()))
+    };
+    // Polled finely, so the round has not begun when the snapshot is taken.
+    let fine = Duration::from_millis(10);
+    eventually_every(fine, 60, "the job's collector Ready", collector_ready).await?;
+    let operator_pid = operator.child.id();
+    let cpu_round_start = cpu_now(operator_pid);
+    let round_start = Instant::now();
     // The first round claims the whole warm pool at once: a burst, unlike the claims that
     // follow one by one as sessions finish. Snapshot the histogram when it is done, to report
     // the two apart.
-    let first_round = eventually_within(120, "the first round's claims", async || {
+    // Every 20 ms, so the CPU tally below ends close to the round's end.
+    let every = Duration::from_millis(20);
+    let first_round = eventually_every(every, 120, "the first round's claims", async || {
         let m = operator.metrics().await?;
         let done = buckets(&m, "floe_claim_latency_seconds")
             .last()
@@ -266,6 +313,8 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
         Ok(done.then_some(m))
     })
     .await?;
+    let cpu_first_round = cpu_now(operator_pid).since(&cpu_round_start);
+    let round_wall = round_start.elapsed().as_secs_f64();
     let writes_first_round = apiserver_writes(client).await?;
     eventually_within(900, "the bench job finished", async || {
         let s = jobs.get("bench").await?.status.unwrap_or_default();
@@ -346,6 +395,21 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
     println!(
         "  apiserver writes over the whole job: {}",
         writes_between(&writes_before, &writes_after)
+    );
+    // On these shared cores the node side (gateways, kubelet) competes with the control plane,
+    // as it would not on a real cluster.
+    let cpu_total: f64 = cpu_first_round.values().sum();
+    println!(
+        "  CPU from the collector's Ready (the first round's start) until the bench saw the round done, {:.0} ms: {} — {:.0} ms in all, {:.2} of the machine's {} cores",
+        round_wall * 1e3,
+        cpu_first_round
+            .iter()
+            .map(|(k, v)| format!("{k} {:.0} ms", v * 1e3))
+            .collect::<Vec<_>>()
+            .join(", "),
+        cpu_total * 1e3,
+        cpu_total / round_wall / cores() as f64,
+        cores()
     );
     let reads = |source: &str| {
         let series = format!("floe_job_pod_reads_total{{source=\"{source}\"}}");

@@ -12,6 +12,7 @@ pub mod ingest;
 pub mod kubelet;
 pub mod namespace;
 pub mod operator;
+pub mod proc_cpu;
 pub mod processes;
 pub mod scripted_upstream;
 pub mod sglang_shim;

@@ -84,6 +84,16 @@ pub fn metric_value(page: &str, series: &str) -> Option<f64> {
 pub async fn eventually_within<T>(
     seconds: u64,
     what: &str,
+    check: impl AsyncFnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    eventually_every(Duration::from_millis(250), seconds, what, check).await
+}
+
+/// Poll `check` every `every` until it yields a value, for at most `seconds`.
+pub async fn eventually_every<T>(
+    every: Duration,
+    seconds: u64,
+    what: &str,
     mut check: impl AsyncFnMut() -> Result<Option<T>>,
 ) -> Result<T> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
@@ -95,7 +105,7 @@ pub async fn eventually_within<T>(
             tokio::time::Instant::now() < deadline,
             "timed out after {seconds} s waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
