@@ -157,6 +157,11 @@ impl FakeKubelet {
         self.taken.lock().map(|t| t.clone()).unwrap_or_default()
     }
 
+    /// How many assignments runners took so far.
+    pub fn taken_count(&self) -> usize {
+        self.taken.lock().map(|t| t.len()).unwrap_or_default()
+    }
+
     /// Stops the node; the pods' gateways go with it. Fails if the loop failed.
     pub async fn stop(self) -> Result<()> {
         let _ = self.stop.send(true);
