@@ -368,19 +368,17 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
             bucket_quantile(b, 0.99).unwrap_or(f64::NAN) * 1e3
         );
     }
-    let mean = |m: &str| {
-        metric_value(m, "floe_claim_latency_seconds_sum").unwrap_or(f64::NAN)
-            / metric_value(m, "floe_claim_latency_seconds_count").unwrap_or(f64::NAN)
+    // A page's claim-latency `sum` or `count`.
+    let total = |m: &str, what: &str| {
+        metric_value(m, &format!("floe_claim_latency_seconds_{what}")).unwrap_or(f64::NAN)
     };
+    let mean = |m: &str| total(m, "sum") / total(m, "count");
     println!(
         "    first round: mean {:.1} ms ({:.2}× the PATCH-only burst's mean)",
         mean(&first_round) * 1e3,
         mean(&first_round) / floor_mean
     );
     // The later claims' mean: steadier than their p99 (a bucket bound over 150 claims).
-    let total = |m: &str, what: &str| {
-        metric_value(m, &format!("floe_claim_latency_seconds_{what}")).unwrap_or(f64::NAN)
-    };
     let later_mean = (total(&metrics, "sum") - total(&first_round, "sum"))
         / (total(&metrics, "count") - total(&first_round, "count"));
     println!("    every later claim: mean {:.1} ms", later_mean * 1e3);
