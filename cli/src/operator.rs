@@ -36,6 +36,12 @@ pub struct OperatorArgs {
     /// reconcile round in flight at once.
     #[arg(long, default_value_t = 16)]
     round_parallelism: usize,
+    /// Claim pool pods for a job's sessions once its trainer or dataset collector pod runs,
+    /// while it gets ready (a trainer loading its model), rather than once it is Ready. The
+    /// sessions start when it is Ready either way; claiming early takes the claims' apiserver
+    /// writes and the pool's refill out of the sessions' wait.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    claim_while_starting: bool,
     /// Run the controllers only while holding a Lease, so several replicas can run.
     #[arg(long)]
     leader_elect: bool,
@@ -144,6 +150,7 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 native_sidecars,
                 concurrency: args.concurrency,
                 round_parallelism: args.round_parallelism,
+                claim_while_starting: args.claim_while_starting,
                 leader,
                 metrics_listen: Some(args.metrics_listen),
             },

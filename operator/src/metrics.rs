@@ -4,8 +4,9 @@
 //! `controller_runtime_reconcile_time_seconds{controller}`; and floe's own `floe_pool_ready`,
 //! `floe_pool_desired`, `floe_pool_claimed{namespace,pool}`, `floe_leader` (1 on the replica
 //! that holds the lease); for RolloutJobs `floe_claims_total{kind=warm|cold}` (cold: the
-//! session had to wait for a pod to warm up), `floe_claim_latency_seconds` (session claimed →
-//! assignment acknowledged by the pod's gateway) and its split `floe_claim_phase_seconds{phase=
+//! session had to wait for a pod to warm up), `floe_claim_latency_seconds` (session claimable →
+//! assignment acknowledged by the pod's gateway; a session claimed while the job's own pod was
+//! starting becomes claimable when that pod is Ready) and its split `floe_claim_phase_seconds{phase=
 //! observe|patch|deliver}`, `floe_sessions{namespace,rolloutjob,state}`,
 //! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` (each
 //! finished pod's result as it is folded into status), `floe_sessions_waiting_for_pod{namespace,
@@ -99,7 +100,7 @@ impl Metrics {
         let claim_latency = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "floe_claim_latency_seconds",
-                "From the reconcile round that found the session claimable until its assignment was acknowledged by the pod's gateway",
+                "From the reconcile round that found the session claimable (for a pod claimed while the job's trainer or collector was starting: the round that found it Ready) until its assignment was acknowledged by the pod's gateway",
             )
             .buckets(CLAIM_BUCKETS.to_vec()),
         )?;

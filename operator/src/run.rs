@@ -24,6 +24,8 @@ pub struct OperatorConfig {
     pub concurrency: u16,
     /// Apiserver writes and gateway deliveries of one job's reconcile round in flight at once.
     pub round_parallelism: usize,
+    /// Claim pool pods for a job's sessions while its trainer or collector pod is starting.
+    pub claim_while_starting: bool,
     /// Leader election; `None` runs unconditionally (a single replica).
     pub leader: Option<LeaseConfig>,
     /// `/metrics`, `/healthz`, `/readyz` are served here.
@@ -202,6 +204,7 @@ async fn run_controllers(
             config.round_parallelism,
         )
         .with_claim_gate(claims)
+        .with_claim_while_starting(config.claim_while_starting)
         .with_pool_cache(pool_controller.store()),
     );
     let controller_config =

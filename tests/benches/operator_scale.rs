@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
-use floe_tests::kubelet::{FakeKubelet, NodeOptions, Verdict};
+use floe_tests::kubelet::{pod_ready, FakeKubelet, NodeOptions, Verdict};
 use floe_tests::operator::{eventually_every, eventually_within, metric_value, Operator};
 use floe_tests::proc_cpu::{self, Snapshot};
 use floe_tests::{cluster, TestNamespace};
@@ -287,11 +287,10 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
     // The first round starts once the collector is Ready: from then on, where the CPU goes.
     let all_pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns.name);
     let collector_ready = async || {
-        let ready = all_pods.get_opt("bench-dataset").await?.is_some_and(|p| {
-            p.status
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        });
+        let ready = all_pods
+            .get_opt("bench-dataset")
+            .await?
+            .is_some_and(|p| pod_ready(&p));
         Ok(ready.then_some(()))
     };
     // Polled finely, so the round has not begun when the snapshot is taken.

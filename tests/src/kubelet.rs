@@ -47,7 +47,8 @@ pub struct NodeOptions {
     pub volumes: HashMap<String, PathBuf>,
     /// How long a job's own pod that does not really run here (trainer, dataset collector)
     /// takes from its creation to Ready. A real one pulls an image and starts (a trainer loads
-    /// a model: minutes); by default this node reports it Ready at once.
+    /// a model: minutes); by default this node reports it Ready at once. When set, the pod is
+    /// reported Running (containers started, not Ready) at once and Ready after this long.
     pub job_pod_start: Duration,
 }
 
@@ -389,7 +390,18 @@ impl Node {
         if self.job_pod_start.is_zero() {
             return self.patch_status(&name, &status).await;
         }
-        // Reported later without holding up this node's other pods.
+        // Its containers run at once (the image is here) and it gets Ready later, as a trainer
+        // loading its model does: reported later without holding up this node's other pods.
+        let starting = names
+            .iter()
+            .map(|n| container(n, json!({"running": {}})))
+            .map(|mut c| {
+                c["ready"] = json!(false);
+                c
+            })
+            .collect();
+        self.patch_status(&name, &pod_status(&ip, false, starting))
+            .await?;
         let (pods, wait) = (self.pods.clone(), self.job_pod_start);
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
@@ -541,6 +553,14 @@ impl Node {
     async fn patch_status(&self, name: &str, status: &Value) -> Result<()> {
         patch_pod_status(&self.pods, name, status).await
     }
+}
+
+/// Whether a pod's Ready condition is True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Write a pod's status; a pod already gone (deleted meanwhile) is not an error.

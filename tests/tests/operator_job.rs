@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase, RolloutJobStatus};
-use floe_tests::kubelet::{FakeKubelet, NodeOptions, Verdict};
+use floe_tests::kubelet::{pod_ready, FakeKubelet, NodeOptions, Verdict};
 use floe_tests::namespace::with_crds;
 use floe_tests::operator::{eventually, eventually_within, metric_value, Operator};
 use k8s_openapi::api::core::v1::Pod;
@@ -769,6 +769,153 @@ async fn tasks_from_a_file_on_a_claim_are_read_through_the_loader_pod() -> Resul
         .context("Stalled")?;
     assert_eq!(c.reason, "TaskFileUnreadable");
     assert!(c.message.contains("No such file"), "{}", c.message);
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
+/// The number of pods a job holds (claimed for its sessions), from the apiserver.
+async fn held(pods: &Api<Pod>, job: &str) -> Result<usize> {
+    Ok(job_pods(pods, job).await?.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_once_it_is_ready(
+) -> Result<()> {
+    let (client, ns) = with_crds("early").await?;
+    let operator = Operator::start(&ns.name, &[])?;
+    create_pool(&client, &ns.name, "warm", 4).await?;
+    // The collector's container runs at once and it gets Ready 8 s later (a trainer loading
+    // its model would take minutes).
+    let start = std::time::Duration::from_secs(8);
+    let kubelet = FakeKubelet::start_with(
+        client.clone(),
+        &ns.name,
+        15,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+        NodeOptions {
+            job_pod_start: start,
+            ..Default::default()
+        },
+    )?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    eventually("the pool READY", async || {
+        let p = pools.get("warm").await?;
+        Ok((p.status.map(|s| s.ready_replicas) == Some(4)).then_some(()))
+    })
+    .await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let created = std::time::Instant::now();
+    jobs.create(
+        &PostParams::default(),
+        &job("early", &["a", "b"], 2, json!({"concurrency": 4}))?,
+    )
+    .await?;
+
+    // Claimed while the collector is still starting; nothing assigned yet.
+    eventually("4 pods claimed", async || {
+        Ok((held(&pods, "early").await? == 4).then_some(()))
+    })
+    .await?;
+    let collector = pods.get("early-dataset").await?;
+    let phase = collector.status.as_ref().and_then(|s| s.phase.clone());
+    assert_eq!(phase.as_deref(), Some("Running"));
+    assert!(
+        !pod_ready(&collector),
+        "the claims came {:?} after the job, before its collector was Ready",
+        created.elapsed()
+    );
+    assert_eq!(
+        kubelet.taken_count(),
+        0,
+        "no session starts before the collector is Ready"
+    );
+    let waiting = eventually("the wait in the job's conditions", async || {
+        let s = status(&jobs, "early").await?;
+        Ok(s.conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .map(|c| c.message.clone())
+            .filter(|m| m.contains("hold their pods")))
+    })
+    .await?;
+    assert!(waiting.contains("early-dataset"), "{waiting}");
+    assert_eq!(kubelet.taken_count(), 0);
+
+    let done = eventually_within(120, "the job finished", async || {
+        let s = status(&jobs, "early").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await?;
+    assert!(
+        created.elapsed() >= start,
+        "the sessions waited for the collector"
+    );
+    assert_eq!((done.sessions.total, done.sessions.succeeded), (4, 4));
+    let mut ids: Vec<String> = kubelet
+        .taken()
+        .iter()
+        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["early-a-0", "early-a-1", "early-b-0", "early-b-1"]);
+    // Each claim's latency is recorded once its delivery is acknowledged, from the round that
+    // found the collector Ready: far below the 8 s the claims waited for it.
+    let metrics = operator.metrics().await?;
+    let count = metric_value(&metrics, "floe_claim_latency_seconds_count").unwrap_or(0.0);
+    let sum = metric_value(&metrics, "floe_claim_latency_seconds_sum").unwrap_or(f64::MAX);
+    assert_eq!(count, 4.0, "{metrics}");
+    assert!(sum < 4.0, "claim latencies summed to {sum} s");
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+
+    // `--claim-while-starting=false`: no claim before the collector is Ready.
+    let (client, ns) = with_crds("late").await?;
+    let _operator = Operator::start(&ns.name, &["--claim-while-starting=false"])?;
+    create_pool(&client, &ns.name, "warm", 2).await?;
+    let kubelet = FakeKubelet::start_with(
+        client.clone(),
+        &ns.name,
+        16,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+        NodeOptions {
+            job_pod_start: std::time::Duration::from_secs(5),
+            ..Default::default()
+        },
+    )?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    eventually("the pool READY", async || {
+        let p = pools.get("warm").await?;
+        Ok((p.status.map(|s| s.ready_replicas) == Some(2)).then_some(()))
+    })
+    .await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(&PostParams::default(), &job("late", &["a"], 2, json!({}))?)
+        .await?;
+    let mut claimed_before_ready = 0;
+    loop {
+        let collector = pods.get_opt("late-dataset").await?;
+        if collector.as_ref().is_some_and(pod_ready) {
+            break;
+        }
+        claimed_before_ready = claimed_before_ready.max(held(&pods, "late").await?);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(claimed_before_ready, 0, "claims waited for the collector");
+    let done = eventually_within(120, "the job finished", async || {
+        let s = status(&jobs, "late").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await?;
+    assert_eq!((done.sessions.total, done.sessions.succeeded), (2, 2));
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;
     Ok(())

@@ -21,6 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::aux_gate;
 use super::freshness::{version, Bar, Bars};
 use super::indexes::IndexSet;
 use super::plan::{plan, Fold, JobPlan, JobState, RewardTally};
@@ -74,6 +75,12 @@ pub struct JobContext {
     /// The pool controller's cache of GatewayPools: a round reads its pool from it, and asks
     /// the apiserver only for one it does not show (so `PoolNotFound` is the apiserver's word).
     pools: Option<Store<GatewayPool>>,
+    /// Claim pool pods while the job's own pod is starting (`--claim-while-starting`).
+    claim_while_starting: bool,
+    /// Per job uid: pods claimed while the job's own pod was starting, whose assignment has
+    /// not gone out. Their claim latency counts from the round that may deliver it (the
+    /// session could not start before), and is recorded when that delivery is acknowledged.
+    claimed_early: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 /// The task loader's arguments and the tasks read with them.
@@ -96,6 +103,8 @@ impl JobContext {
             in_flight: in_flight.max(1),
             claims: Arc::default(),
             pools: None,
+            claim_while_starting: true,
+            claimed_early: Mutex::default(),
             native_sidecars,
             events: crate::events::Events::new(client.clone()),
             client,
@@ -118,6 +127,11 @@ impl JobContext {
     /// claims (alone, the job controller's gate holds nothing back).
     pub fn with_claim_gate(mut self, claims: Arc<crate::claim_gate::ClaimGate>) -> Self {
         self.claims = claims;
+        self
+    }
+
+    pub fn with_claim_while_starting(mut self, on: bool) -> Self {
+        self.claim_while_starting = on;
         self
     }
 
@@ -162,6 +176,34 @@ impl JobContext {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(uid);
+    }
+
+    /// A job is done or gone: forget what this process kept about it between rounds.
+    fn forget_job(&self, uid: &str) {
+        self.forget_bars(uid);
+        self.claimed_early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
+    }
+
+    fn note_claimed_early(&self, uid: &str, pod: &str) {
+        self.claimed_early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(uid.to_string())
+            .or_default()
+            .insert(pod.to_string());
+    }
+
+    /// Whether `pod` was claimed while the job's pod was starting (and forget it: its
+    /// delivery goes out now).
+    fn take_claimed_early(&self, uid: &str, pod: &str) -> bool {
+        self.claimed_early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(uid)
+            .is_some_and(|pods| pods.remove(pod))
     }
 
     /// A session got its pod: `cold` when it had waited for one (it was starved before).
@@ -251,7 +293,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let previous = job.status.clone();
     if let Some(done) = previous.as_ref().and_then(|s| s.completion_time.clone()) {
-        ctx.forget_bars(&job.uid().unwrap_or_default());
+        ctx.forget_job(&job.uid().unwrap_or_default());
         // Pods stopped at a deadline end after the job did: let them go too.
         release_all(ctx, job, &ns).await?;
         return after_completion(job, &jobs, &done, &now).await;
@@ -286,21 +328,20 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
                 }
             )
         });
-    let free = if waiting.is_some() {
-        0
-    } else {
-        observed.ready.len()
-    };
+    // Pool pods may be claimed while that pod is starting; assignments wait until it is Ready.
+    let gate = aux_gate::gate(aux_gate::aux_phase(aux.as_ref()), ctx.claim_while_starting);
+    let free = if gate.claim { observed.ready.len() } else { 0 };
     let trainer = match (&job.spec.train, &aux) {
         (Some(_), Some(pod)) => trainer_progress(ctx, pod).await,
         _ => None,
     };
     let mut decided = plan(&state, &sessions, free);
-    if waiting.is_some() && !decided.start.is_empty() {
-        // poolTemplate: pods may warm meanwhile, but no session starts before its trajectories
-        // have somewhere to go.
+    if !gate.deliver {
+        // Pods may warm (poolTemplate) or be claimed meanwhile, but no session starts before
+        // its trajectories have somewhere to go: a claimed pod keeps its session, unstarted.
         decided.running -= decided.start.len() as u32;
         decided.start.clear();
+        decided.deliver.clear();
     }
 
     // 1. Fold results into the status (guarded by the job's resourceVersion) ...
@@ -346,10 +387,28 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .cloned()
         .collect();
     let observed_ref = &observed;
+    let uid = job.uid().unwrap_or_default();
+    let uid_ref = &uid;
+    let phase = |name: &str, since: Instant| {
+        ctx.metrics
+            .claim_phase
+            .with_label_values(&[name])
+            .observe(since.elapsed().as_secs_f64());
+    };
     // Pods whose gateway acknowledged its assignment in this round: marked `assigned` once the
     // round's claims are out, so that this second write per claim never queues a claim.
     let mut acknowledged: Vec<String> = futures::stream::iter(owed)
-        .map(|pod: Pod| async move { deliver(ctx, job, observed_ref, &pod, None).await })
+        .map(|pod: Pod| async move {
+            // A pod claimed while the job's pod was starting: its session may start from now,
+            // so its claim latency counts from this round.
+            let early = ctx.take_claimed_early(uid_ref, &pod.name_any());
+            let delivering = Instant::now();
+            let acked = deliver(ctx, job, observed_ref, &pod, early.then_some(round)).await;
+            if early {
+                phase("deliver", delivering);
+            }
+            acked
+        })
         .buffer_unordered(ctx.in_flight)
         .filter_map(std::future::ready)
         .collect()
@@ -359,7 +418,6 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .waiting_for_pod
         .with_label_values(&[ns.as_str(), job.name_any().as_str(), pool_label])
         .set(i64::try_from(decided.starved.len()).unwrap_or(i64::MAX));
-    let uid = job.uid().unwrap_or_default();
     ctx.starved
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -372,13 +430,6 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .copied()
         .zip(observed.ready.iter().cloned())
         .collect();
-    let uid_ref = &uid;
-    let phase = |name: &str, since: Instant| {
-        ctx.metrics
-            .claim_phase
-            .with_label_values(&[name])
-            .observe(since.elapsed().as_secs_f64());
-    };
     // Two stages: `in_flight` PATCHes at the apiserver, and each claimed pod's delivery (to
     // its own gateway, not the apiserver) beside the next PATCHes. The delivery stage holds
     // as many as the round claims, so it never stops the PATCH stage from being polled.
@@ -403,6 +454,10 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             let Some(pod) = claimed? else {
                 return Ok(ClaimOutcome::Lost);
             };
+            if !gate.deliver {
+                ctx.note_claimed_early(uid_ref, &pod.name_any());
+                return Ok(ClaimOutcome::Claimed { acknowledged: None });
+            }
             let delivering = Instant::now();
             let acknowledged = deliver(ctx, job, observed_ref, &pod, Some(round)).await;
             phase("deliver", delivering);
@@ -472,6 +527,11 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         start_time,
     );
     if let Some(w) = &waiting {
+        let w = if running > 0 {
+            format!("{w}; {running} sessions hold their pods until then")
+        } else {
+            w.clone()
+        };
         for c in st
             .conditions
             .iter_mut()
@@ -1295,7 +1355,7 @@ async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action,
     let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
     ctx.metrics.forget_job(ns, &job.name_any(), pool);
     let uid = job.uid().unwrap_or_default();
-    ctx.forget_bars(&uid);
+    ctx.forget_job(&uid);
     ctx.validated
         .lock()
         .unwrap_or_else(|e| e.into_inner())

@@ -7,9 +7,11 @@
 //! - [`status`]: counters, phase, conditions (sans-IO).
 //! - [`tasks`]: task JSONL and hidden-file ConfigMaps (sans-IO).
 //! - [`prewarm`]: a `poolTemplate` job's own pod for one session attempt (sans-IO).
+//! - [`aux_gate`]: what the job's own pod allows its sessions: claim, start (sans-IO).
 //! - [`aux_pods`]: the trainer pod (train) or dataset collector (sft) and their Services.
 //! - [`controller`]: the IO edge.
 
+pub mod aux_gate;
 pub mod aux_pods;
 pub mod controller;
 pub mod freshness;
