@@ -12,7 +12,8 @@
 //! For experiments: `FLOE_BENCH_REFILL_PER_MINUTE` paces the claim bench pool's refill
 //! (unpaced by default), `FLOE_BENCH_SESSION_SECONDS` how long sessions hold their pods
 //! (`MIN-MAX`, default 2-6; `0`: done at once), `FLOE_BENCH_OPERATOR_ARGS` adds operator flags (e.g.
-//! `--kube-qps 1000`), `FLOE_BENCH_SKIP_CLAIMS` / `FLOE_BENCH_SKIP_MEMORY` skip a part.
+//! `--kube-qps 1000`), `FLOE_BENCH_COLLECTOR_SECONDS` how long the job's collector takes to get
+//! Ready (default 2), `FLOE_BENCH_SKIP_CLAIMS` / `FLOE_BENCH_SKIP_MEMORY` skip a part.
 //! The fake kubelet (`floe_tests::kubelet`) plays the nodes: see its docs.
 
 use std::collections::BTreeMap;
@@ -56,6 +57,17 @@ fn session_hold() -> (f64, f64) {
     let (lo, hi) = spec.split_once('-').unwrap_or((&spec, &spec));
     let lo: f64 = lo.trim().parse().unwrap_or(0.0);
     (lo, hi.trim().parse().unwrap_or(lo).max(lo))
+}
+
+/// How long the job's dataset collector takes from created to Ready (running, not Ready, in
+/// between): `FLOE_BENCH_COLLECTOR_SECONDS`, default 2. A real trainer loads a model for
+/// minutes.
+fn collector_start() -> Duration {
+    std::env::var("FLOE_BENCH_COLLECTOR_SECONDS")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(Duration::from_secs(2), Duration::from_secs_f64)
 }
 
 /// The fake kubelet's sessions: each holds its pod for a time spread evenly over `hold` by
@@ -229,7 +241,7 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
     // and that round went on to claim: the first round's claims then counted the collector's
     // creation (about 100 ms) as claim latency, which no real cluster would show.
     let node = NodeOptions {
-        job_pod_start: Duration::from_secs(2),
+        job_pod_start: collector_start(),
         ..Default::default()
     };
     let kubelet =
@@ -297,8 +309,10 @@ async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()
     let fine = Duration::from_millis(10);
     eventually_every(fine, 60, "the job's collector Ready", collector_ready).await?;
     let operator_pid = operator.child.id();
-    let cpu_round_start = cpu_now(operator_pid);
+    // The window starts before the snapshot is read: reading ~100 processes' threads takes a
+    // while, and the CPU used meanwhile is in the tally.
     let round_start = Instant::now();
+    let cpu_round_start = cpu_now(operator_pid);
     // The CPU tally ends when the runners have taken the round's 50 assignments: read from
     // the fake kubelet in this process every 5 ms, which costs the cluster nothing (polling
     // the operator's metrics that often slowed the round it measured). A runner takes its
