@@ -159,14 +159,18 @@ async fn wait_established(
 /// Path of the `floe` binary, built by the first call if needed (`cargo build -p floe`; with
 /// `FLOE_BIN_PROFILE=release`, the optimized build — for benchmark figures). Later calls reuse
 /// it: the fake kubelet starts a gateway process per pod, and a no-op `cargo build` costs
-/// ~0.5 s of CPU (and blocked the kubelet's sync that long), per pod.
+/// ~0.5 s of CPU (and blocked the kubelet's sync that long), per pod. `FLOE_BIN` names a
+/// binary to use instead, unbuilt (an A/B of two builds in a benchmark).
 pub fn floe_bin() -> Result<PathBuf> {
     static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(path) = built.as_ref() {
         return Ok(path.clone());
     }
-    let path = build_floe()?;
+    let path = match std::env::var_os("FLOE_BIN") {
+        Some(given) => PathBuf::from(given),
+        None => build_floe()?,
+    };
     *built = Some(path.clone());
     Ok(path)
 }

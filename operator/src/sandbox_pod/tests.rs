@@ -88,6 +88,10 @@ fn the_harness_command_is_replaced_by_the_runner_with_the_gateway_beside_it() {
         assert!(args.contains(&needle), "{needle} not in {args:?}");
     }
     assert_eq!(gw["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // The sidecar turns transparent huge pages off for itself; the runner (whose children are
+    // the harness) does not.
+    assert_eq!(env(gw, "MIMALLOC_ALLOW_THP"), Some(&json!("0")));
+    assert_eq!(env(main, "MIMALLOC_ALLOW_THP"), None);
     // vLLM is the gateway's default: no kind flag.
     assert!(!args.contains(&"--upstream-kind"), "{args:?}");
     let init = container(&p["spec"]["initContainers"], "floe-init");
