@@ -16,12 +16,13 @@
 //! at a time then takes its requests. `--quick`: one batch of 8 per binary instead of 3 of 25.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use floe_tests::cluster::floe_bin;
 use floe_tests::proc_cpu;
+use floe_tests::processes::{sidecar_gateway, KillOnDrop};
 use serde_json::json;
 
 const TOKEN: &str = "bench-token";
@@ -38,15 +39,8 @@ struct Fresh {
 }
 
 struct Gateway {
-    child: Child,
+    child: KillOnDrop,
     control: String,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn rss_mib(pid: u32) -> Option<f64> {
@@ -76,25 +70,15 @@ fn thp_always() -> bool {
 fn start(bin: &Path, dir: &Path, ip: &str) -> Result<Gateway> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("token"), TOKEN)?;
-    let mut command = Command::new(bin);
+    let mut command = sidecar_gateway(bin, ip, 8371, dir);
     if thp_always() {
         // The build alone cannot refuse them there; the sandbox pod's gateway container sets
         // this (`operator::sandbox_pod`), so measure the sidecar as it runs.
         command.env("MIMALLOC_ALLOW_THP", "0");
     }
-    let child = command
-        .args(["gateway", "--listen", &format!("{ip}:8370")])
-        .args(["--control-listen", &format!("{ip}:8371")])
-        .args(["--upstream", "http://127.0.0.1:9"])
-        .arg("--capture-dir")
-        .arg(dir.join("captures"))
-        .arg("--control-token-file")
-        .arg(dir.join("token"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let child = command.stderr(Stdio::null()).spawn()?;
     Ok(Gateway {
-        child,
+        child: KillOnDrop(child),
         control: format!("http://{ip}:8371"),
     })
 }

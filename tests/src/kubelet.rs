@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 
 use crate::cluster::floe_bin;
+use crate::processes::{sidecar_gateway, KillOnDrop};
 
 /// What the sandbox container of a session ends with.
 #[derive(Clone, Debug)]
@@ -53,18 +54,11 @@ pub struct NodeOptions {
 }
 
 struct Running {
-    gateway: Child,
+    _gateway: KillOnDrop,
     /// What the pod's runner took from its gateway: filled by its long poll.
     assignment: Arc<Mutex<Option<Value>>>,
     _runner: AbortOnDrop,
     done: bool,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.gateway.kill();
-        let _ = self.gateway.wait();
-    }
 }
 
 pub struct FakeKubelet {
@@ -240,15 +234,6 @@ async fn take_assignment(
     }
 }
 
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A pool's pod or a `poolTemplate` job's own session pod: both run the gateway sidecar.
 fn is_sandbox_pod(pod: &Pod) -> bool {
     pod.labels().contains_key("floe.dev/pool")
@@ -322,15 +307,7 @@ impl Node {
         std::fs::create_dir_all(&root)?;
         std::fs::write(root.join("token"), &token)?;
         let log = std::fs::File::create(root.join("gateway.log"))?;
-        let gateway = Command::new(floe_bin()?)
-            .args(["gateway", "--listen", &format!("{ip}:8370")])
-            .args(["--control-listen", &format!("{ip}:{control_port}")])
-            .args(["--upstream", "http://127.0.0.1:9"])
-            .arg("--capture-dir")
-            .arg(root.join("captures"))
-            .arg("--control-token-file")
-            .arg(root.join("token"))
-            .stdout(Stdio::null())
+        let gateway = sidecar_gateway(&floe_bin()?, &ip, control_port, &root)
             .stderr(log)
             .spawn()?;
         let control = format!("http://{ip}:{control_port}");
@@ -344,7 +321,7 @@ impl Node {
             self.changed.clone(),
         ));
         let running = Running {
-            gateway,
+            _gateway: KillOnDrop(gateway),
             assignment,
             _runner: AbortOnDrop(runner),
             done: false,

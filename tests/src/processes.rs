@@ -30,6 +30,39 @@ pub fn harness_bin_dir(harness: &str) -> Result<PathBuf> {
         .to_path_buf())
 }
 
+/// A child process, killed (and reaped) when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The command of a sandbox pod's gateway sidecar on a loopback address of its own (`ip`, as
+/// the pod's IP): model API on 8370, control API on `control_port`, captures and the control
+/// token (a file `token`, written by the caller) under `root`, no real upstream.
+pub fn sidecar_gateway(bin: &Path, ip: &str, control_port: i32, root: &Path) -> Command {
+    let mut command = Command::new(bin);
+    command
+        .args(["gateway", "--listen", &format!("{ip}:8370")])
+        .args(["--control-listen", &format!("{ip}:{control_port}")])
+        .args(["--upstream", "http://127.0.0.1:9"])
+        .arg("--capture-dir")
+        .arg(root.join("captures"))
+        .arg("--control-token-file")
+        .arg(root.join("token"))
+        .stdout(Stdio::null());
+    command
+}
+
 /// A `floe gateway` child process. Killed when dropped.
 pub struct GatewayProcess {
     pub url: String,

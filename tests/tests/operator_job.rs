@@ -105,6 +105,24 @@ fn pod_reads(metrics: &str, source: &str) -> u64 {
     metric_value(metrics, &series).unwrap_or(0.0) as u64
 }
 
+/// The session ids the node's runners took, in the order they took them.
+fn taken_sessions(kubelet: &FakeKubelet) -> Vec<String> {
+    kubelet
+        .taken()
+        .iter()
+        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// The job's status once it succeeded (within `secs`).
+async fn succeeded(jobs: &Api<RolloutJob>, name: &str, secs: u64) -> Result<RolloutJobStatus> {
+    eventually_within(secs, &format!("job {name} succeeded"), async || {
+        let s = status(jobs, name).await?;
+        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
+    })
+    .await
+}
+
 fn attempt(a: &Value) -> u64 {
     a["metadata"]["attempt"].as_u64().unwrap_or(0)
 }
@@ -155,11 +173,7 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
     assert!(mid.sessions.succeeded < 32, "the crash must land mid-job");
     let operator = Operator::start(&ns.name, &[])?;
 
-    let done = eventually_within(180, "the job finished", async || {
-        let s = status(&jobs, "big").await?;
-        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
-    })
-    .await?;
+    let done = succeeded(&jobs, "big", 180).await?;
     let s = &done.sessions;
     assert_eq!(
         (s.total, s.succeeded, s.failed, s.running, s.pending),
@@ -186,10 +200,7 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
 
     // No session ran twice and none was lost, across the crash: every attempt exactly once.
     let taken = kubelet.taken();
-    let ids: Vec<String> = taken
-        .iter()
-        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let ids = taken_sessions(&kubelet);
     let unique: BTreeSet<&String> = ids.iter().collect();
     assert_eq!(
         unique.len(),
@@ -330,18 +341,10 @@ async fn a_lagging_pod_cache_never_assigns_a_session_twice() -> Result<()> {
         &job("lag", &tasks, 3, json!({"concurrency": 2}))?,
     )
     .await?;
-    let done = eventually_within(180, "the job finished", async || {
-        let s = status(&jobs, "lag").await?;
-        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
-    })
-    .await?;
+    let done = succeeded(&jobs, "lag", 180).await?;
     let s = &done.sessions;
     assert_eq!((s.total, s.succeeded, s.failed, s.retried), (12, 12, 0, 4));
-    let mut ids: Vec<String> = kubelet
-        .taken()
-        .iter()
-        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let mut ids = taken_sessions(&kubelet);
     ids.sort();
     let mut expected: Vec<String> = tasks
         .iter()
@@ -646,11 +649,7 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
     assert!(images.len() >= 5, "saw too few pods to judge: {images:?}");
     assert!(cleared > 0, "saw no assigned pod to judge");
     // Every attempt ran exactly once.
-    let ids: Vec<String> = kubelet
-        .taken()
-        .iter()
-        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let ids = taken_sessions(&kubelet);
     let unique: BTreeSet<&String> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "{ids:?}");
     assert_eq!(
@@ -725,11 +724,7 @@ async fn tasks_from_a_file_on_a_claim_are_read_through_the_loader_pod() -> Resul
     )
     .await?;
 
-    let done = eventually_within(120, "the file job finished", async || {
-        let s = status(&jobs, "filed").await?;
-        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
-    })
-    .await?;
+    let done = succeeded(&jobs, "filed", 120).await?;
     assert_eq!((done.sessions.total, done.sessions.succeeded), (3, 3));
     let tasks: BTreeSet<String> = kubelet
         .taken()
@@ -779,34 +774,47 @@ async fn held(pods: &Api<Pod>, job: &str) -> Result<usize> {
     Ok(job_pods(pods, job).await?.len())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_once_it_is_ready(
-) -> Result<()> {
-    let (client, ns) = with_crds("early").await?;
-    let operator = Operator::start(&ns.name, &[])?;
-    create_pool(&client, &ns.name, "warm", 4).await?;
-    // The collector's container runs at once and it gets Ready 8 s later (a trainer loading
-    // its model would take minutes).
-    let start = std::time::Duration::from_secs(8);
+/// A pool "warm" of `replicas` READY pods, on a node whose job pods (the collector) run at once
+/// and get Ready `collector_start` later; every session scores 1.
+async fn warm_pool_and_slow_collector(
+    client: &Client,
+    ns: &str,
+    block: u8,
+    replicas: i32,
+    collector_start: std::time::Duration,
+) -> Result<FakeKubelet> {
+    create_pool(client, ns, "warm", replicas).await?;
     let kubelet = FakeKubelet::start_with(
         client.clone(),
-        &ns.name,
-        15,
+        ns,
+        block,
         Arc::new(|_: &Value| Verdict::Scored {
             exit: 0,
             reward: 1.0,
         }),
         NodeOptions {
-            job_pod_start: start,
+            job_pod_start: collector_start,
             ..Default::default()
         },
     )?;
-    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), ns);
     eventually("the pool READY", async || {
         let p = pools.get("warm").await?;
-        Ok((p.status.map(|s| s.ready_replicas) == Some(4)).then_some(()))
+        Ok((p.status.map(|s| s.ready_replicas) == Some(replicas)).then_some(()))
     })
     .await?;
+    Ok(kubelet)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_once_it_is_ready(
+) -> Result<()> {
+    let (client, ns) = with_crds("early").await?;
+    let operator = Operator::start(&ns.name, &[])?;
+    // The collector's container runs at once and it gets Ready 8 s later (a trainer loading
+    // its model would take minutes).
+    let start = std::time::Duration::from_secs(8);
+    let kubelet = warm_pool_and_slow_collector(&client, &ns.name, 15, 4, start).await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let created = std::time::Instant::now();
@@ -846,21 +854,13 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
     assert!(waiting.contains("early-dataset"), "{waiting}");
     assert_eq!(kubelet.taken_count(), 0);
 
-    let done = eventually_within(120, "the job finished", async || {
-        let s = status(&jobs, "early").await?;
-        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
-    })
-    .await?;
+    let done = succeeded(&jobs, "early", 120).await?;
     assert!(
         created.elapsed() >= start,
         "the sessions waited for the collector"
     );
     assert_eq!((done.sessions.total, done.sessions.succeeded), (4, 4));
-    let mut ids: Vec<String> = kubelet
-        .taken()
-        .iter()
-        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
-        .collect();
+    let mut ids = taken_sessions(&kubelet);
     ids.sort();
     assert_eq!(ids, ["early-a-0", "early-a-1", "early-b-0", "early-b-1"]);
     // Each claim's latency is recorded once its delivery is acknowledged, from the round that
@@ -876,26 +876,9 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
     // `--claim-while-starting=false`: no claim before the collector is Ready.
     let (client, ns) = with_crds("late").await?;
     let _operator = Operator::start(&ns.name, &["--claim-while-starting=false"])?;
-    create_pool(&client, &ns.name, "warm", 2).await?;
-    let kubelet = FakeKubelet::start_with(
-        client.clone(),
-        &ns.name,
-        16,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-        NodeOptions {
-            job_pod_start: std::time::Duration::from_secs(5),
-            ..Default::default()
-        },
-    )?;
-    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
-    eventually("the pool READY", async || {
-        let p = pools.get("warm").await?;
-        Ok((p.status.map(|s| s.ready_replicas) == Some(2)).then_some(()))
-    })
-    .await?;
+    let kubelet =
+        warm_pool_and_slow_collector(&client, &ns.name, 16, 2, std::time::Duration::from_secs(5))
+            .await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     jobs.create(&PostParams::default(), &job("late", &["a"], 2, json!({}))?)
@@ -910,11 +893,7 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     assert_eq!(claimed_before_ready, 0, "claims waited for the collector");
-    let done = eventually_within(120, "the job finished", async || {
-        let s = status(&jobs, "late").await?;
-        Ok((s.phase == Some(RolloutJobPhase::Succeeded)).then_some(s))
-    })
-    .await?;
+    let done = succeeded(&jobs, "late", 120).await?;
     assert_eq!((done.sessions.total, done.sessions.succeeded), (2, 2));
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;

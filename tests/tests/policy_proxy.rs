@@ -3,24 +3,18 @@
 //! gateway's calls go through with their token ids and logprobs, and the weight and pause
 //! endpoints that really exist upstream are refused without reaching it.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use floe_gateway::capture::read_session;
+use floe_tests::processes::KillOnDrop;
 use floe_tests::{floe_bin, vllm, TestGateway};
 use serde_json::{json, Value};
 
 struct Proxy {
     url: String,
-    child: Child,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    _child: KillOnDrop,
 }
 
 async fn start_proxy(upstream: &str) -> Result<Proxy> {
@@ -35,7 +29,7 @@ async fn start_proxy(upstream: &str) -> Result<Proxy> {
         .spawn()?;
     let proxy = Proxy {
         url: format!("http://127.0.0.1:{port}"),
-        child,
+        _child: KillOnDrop(child),
     };
     let http = reqwest::Client::new();
     for _ in 0..200 {
