@@ -44,16 +44,7 @@ struct Gateway {
 }
 
 fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib / 1024.0)
+    proc_cpu::rss_kib(pid).map(|(rss, _)| rss as f64 / 1024.0)
 }
 
 fn cpu_ms(pid: u32) -> f64 {

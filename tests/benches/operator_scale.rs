@@ -588,25 +588,12 @@ async fn claim_burst_floor(client: &Client, ns: &str, n: i32) -> Result<BurstFlo
     })
 }
 
-fn rss_kib(pid: u32) -> Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    Ok((field("VmRSS:"), field("VmHWM:")))
-}
-
 async fn operator_memory(client: &Client, pods: i32) -> Result<()> {
     let c = cluster();
     let ns = TestNamespace::create(c, client, "bench-rss").await?;
     let operator = Operator::start(&ns.name, &[])?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (idle, _) = rss_kib(operator.child.id())?;
+    let (idle, _) = proc_cpu::rss_kib(operator.child.id()).context("operator RSS")?;
     // No kubelet here: the pods stay Pending (warming), which is all the operator needs to
     // manage them (list, watch, status).
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
@@ -621,7 +608,7 @@ async fn operator_memory(client: &Client, pods: i32) -> Result<()> {
     .await?;
     let fill = started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let (rss, peak) = rss_kib(operator.child.id())?;
+    let (rss, peak) = proc_cpu::rss_kib(operator.child.id()).context("operator RSS")?;
     println!("operator memory managing {pods} pods (+{pods} Secrets):");
     println!(
         "  baseline: {:.1} MiB RSS with nothing to manage",

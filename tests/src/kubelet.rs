@@ -343,7 +343,7 @@ impl Node {
         anyhow::ensure!(up, "the gateway of {name} did not come up at {control}");
         self.running.insert(name.clone(), running);
         let containers = ["sandbox".to_string(), "floe-gateway".to_string()];
-        self.patch_status(&name, &running_status(&ip, &containers))
+        self.patch_status(&name, &running_status(&ip, &containers, true))
             .await
     }
 
@@ -362,22 +362,14 @@ impl Node {
             self.aux.insert(name.clone());
             return self.run_job_pod(&name, &ip, &names, command).await;
         }
-        let status = running_status(&ip, &names);
+        let status = running_status(&ip, &names, true);
         self.aux.insert(name.clone());
         if self.job_pod_start.is_zero() {
             return self.patch_status(&name, &status).await;
         }
         // Its containers run at once (the image is here) and it gets Ready later, as a trainer
         // loading its model does: reported later without holding up this node's other pods.
-        let starting = names
-            .iter()
-            .map(|n| container(n, json!({"running": {}})))
-            .map(|mut c| {
-                c["ready"] = json!(false);
-                c
-            })
-            .collect();
-        self.patch_status(&name, &pod_status(&ip, false, starting))
+        self.patch_status(&name, &running_status(&ip, &names, false))
             .await?;
         let (pods, wait) = (self.pods.clone(), self.job_pod_start);
         tokio::spawn(async move {
@@ -478,7 +470,7 @@ impl Node {
         }
         self.processes.push(KillOnDrop(child));
         anyhow::ensure!(ready, "job pod {name} never answered /healthz");
-        self.patch_status(name, &running_status(ip, containers))
+        self.patch_status(name, &running_status(ip, containers, true))
             .await
     }
 
@@ -562,13 +554,18 @@ fn pod_status(ip: &str, ready: bool, containers: Vec<Value>) -> Value {
     }})
 }
 
-/// Running and Ready, every container running.
-fn running_status(ip: &str, containers: &[String]) -> Value {
+/// Running, every container running; the pod and its containers Ready as given (not Ready:
+/// started, readiness not yet passing).
+fn running_status(ip: &str, containers: &[String], ready: bool) -> Value {
     let running = containers
         .iter()
-        .map(|n| container(n, json!({"running": {}})))
+        .map(|n| {
+            let mut c = container(n, json!({"running": {}}));
+            c["ready"] = json!(ready);
+            c
+        })
         .collect();
-    pod_status(ip, true, running)
+    pod_status(ip, ready, running)
 }
 
 fn container(name: &str, state: Value) -> Value {

@@ -1,5 +1,5 @@
-//! CPU time of local processes, from `/proc` (Linux): what each part of a test cluster on this
-//! one machine spent over a stretch of a benchmark.
+//! CPU time and memory of local processes, from `/proc` (Linux): what each part of a test
+//! cluster on this one machine spent over a stretch of a benchmark.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +14,20 @@ pub fn seconds(pid: u32) -> Option<f64> {
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum();
     Some(ns as f64 / 1e9)
+}
+
+/// `pid`'s resident set size and its peak (`VmRSS`, `VmHWM`), in KiB. `None` once it is gone.
+pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Some((field("VmRSS:"), field("VmHWM:")))
 }
 
 /// The running children of `parent`.

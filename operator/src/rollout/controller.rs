@@ -314,9 +314,10 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .collect();
     // Sessions start only once their trajectories have somewhere to go.
     let aux = ensure_aux(job, ctx, &ns).await?;
+    let aux_phase = aux_gate::aux_phase(aux.as_ref());
     let waiting = aux
         .as_ref()
-        .filter(|p| !crate::pool_controller::is_ready(p))
+        .filter(|_| aux_phase != aux_gate::AuxPhase::Ready)
         .map(|p| {
             format!(
                 "waiting for pod {} (the job's {}) to be ready",
@@ -329,7 +330,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             )
         });
     // Pool pods may be claimed while that pod is starting; assignments wait until it is Ready.
-    let gate = aux_gate::gate(aux_gate::aux_phase(aux.as_ref()), ctx.claim_while_starting);
+    let gate = aux_gate::gate(aux_phase, ctx.claim_while_starting);
     let free = if gate.claim { observed.ready.len() } else { 0 };
     let trainer = match (&job.spec.train, &aux) {
         (Some(_), Some(pod)) => trainer_progress(ctx, pod).await,
