@@ -66,8 +66,11 @@ class GroupBuffer:
     def _stale(self, t: Trajectory, version: int) -> bool:
         return bool(t.policy_versions) and min(t.policy_versions) < version - self.max_staleness
 
-    def take_ready(self, now: float, policy_version: int) -> list[Group]:
-        """Remove and return the groups ready to train on, oldest first."""
+    def take_ready(self, now: float, policy_version: int, leftovers: bool = False) -> list[Group]:
+        """Remove and return the groups ready to train on, oldest first. ``leftovers``: no
+        more trajectories are coming (the job's sessions are done), so every pending group
+        is taken as it is; one that cannot teach anything is counted (``incomplete`` when
+        fewer than two samples arrived)."""
         out: list[Group] = []
         need = max(1, int(-(-self.min_fraction * self.num_samples // 1)))
         for gid in sorted(self.pending, key=lambda g: self.pending[g].first_arrival):
@@ -79,12 +82,15 @@ class GroupBuffer:
                 p.by_sample = fresh
             complete = len(fresh) >= self.num_samples
             enough = len(fresh) >= need and now - p.first_arrival >= self.grace_seconds
-            if not (complete or enough):
+            if not (complete or enough or leftovers):
                 continue
             del self.pending[gid]
             trajs = [fresh[s] for s in sorted(fresh)]
             rewards = [t.reward or 0.0 for t in trajs]
-            if len(trajs) < 2 or uniform(rewards):
+            if len(trajs) < 2:
+                self.dropped["incomplete" if leftovers and not complete else "zero_advantage"] += 1
+                continue
+            if uniform(rewards):
                 self.dropped["zero_advantage"] += 1
                 continue
             out.append(Group(gid, trajs, group_advantages(rewards, self.estimator)))

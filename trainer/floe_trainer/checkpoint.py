@@ -51,5 +51,40 @@ def save(directory: Path, model, optimizer: torch.optim.Optimizer, state: State,
     return final
 
 
+# Files of a model directory besides the weights that a server needs to serve it.
+SERVING_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+)
+
+
+def save_model(final: Path, model, base: Path) -> Path:
+    """A model directory vLLM (or ``from_pretrained``) serves as it is: the weights and config
+    of ``model``, the tokenizer and chat template of the ``base`` model it was trained from.
+    Written beside and renamed, so it is whole or absent."""
+    tmp = final.parent / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for name in SERVING_FILES:
+        if (base / name).is_file() and not (tmp / name).exists():
+            shutil.copy(base / name, tmp / name)
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
 def load_state(path: Path) -> State:
     return State(**json.loads((path / "state.json").read_text()))

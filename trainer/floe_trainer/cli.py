@@ -33,7 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     conf = json.loads(raw)
     trainer = Trainer(TrainerConfig.from_operator(conf, Path(args.state_dir)))
     host, _, port = conf.get("ingestListen", "0.0.0.0:8100").rpartition(":")
-    server = make_server(trainer.ingest, (host, int(port)), trainer.status, trainer.metrics.render)
+    server = make_server(
+        trainer.ingest,
+        (host, int(port)),
+        trainer.status,
+        trainer.metrics.render,
+        finish=trainer.finish,
+        control_token=os.environ.get("FLOE_TRAINER_CONTROL_TOKEN"),
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log.info(
         "serving on %s:%s; step %d, policy version %d",
@@ -45,17 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    finished_logged = False
     while not stop.is_set():
+        trainer.check_policy_server()
         stats = trainer.run_once()
         if stats is None:
+            if trainer.finished and not finished_logged:
+                log.info("finished; final checkpoint %s", trainer.final_checkpoint)
+                finished_logged = True
             stop.wait(args.poll_seconds)
         else:
             log.info(
-                "step %d: loss %.4f reward %.3f tokens %d",
+                "step %d (policy version %d): loss %.4f reward %.3f tokens %d clip %.3f",
                 trainer.state.step,
+                trainer.state.policy_version,
                 stats.loss,
                 stats.reward_mean,
                 stats.tokens,
+                stats.clip_fraction,
             )
     server.shutdown()
     return 0

@@ -6,10 +6,15 @@ fsync of the directory) before the reply, so a trainer restart loses nothing it 
 ``load()`` replays them. A body that is too large, not JSON or not a valid trajectory gets a
 4xx with ``{"error": why}`` and nothing of it is kept. Answers: 200 accepted, 409 already
 ingested (the gateway's sink counts it as done), 400 invalid, 413 too large.
+
+``POST /v1/finish`` (the job's sessions are all done: train what is left, write the final
+checkpoint) needs the control token as a bearer token: the ingest port is reachable from the
+sandbox pods, whose agents must not end a training run. Without a token it is refused.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import re
@@ -100,6 +105,8 @@ def make_server(
     address: tuple[str, int],
     status: Callable[[], dict],
     metrics: Callable[[], bytes] | None = None,
+    finish: Callable[[], None] | None = None,
+    control_token: str | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
@@ -110,7 +117,18 @@ def make_server(
             self.end_headers()
             self.wfile.write(data)
 
+        def _finish(self):
+            given = self.headers.get("authorization") or ""
+            if finish is None or not control_token:
+                return self._reply(403, {"error": "finish is disabled: no control token"})
+            if not hmac.compare_digest(given.encode(), f"Bearer {control_token}".encode()):
+                return self._reply(401, {"error": "finish needs the control token"})
+            finish()
+            self._reply(202, {"finishing": True})
+
         def do_POST(self):  # noqa: N802 (http.server's name)
+            if self.path == "/v1/finish":
+                return self._finish()
             if self.path != "/v1/trajectories":
                 return self._reply(404, {"error": f"no route {self.path}"})
             length = int(self.headers.get("content-length") or 0)

@@ -60,12 +60,14 @@ def sample(
 class VllmSampler:
     def __init__(self, url: str, model_dir: Path) -> None:
         self.url, self.model_dir = url, model_dir
+        self.version = 0
 
     def sample(self, prompt: list[int], n: int, seed: int, max_tokens: int) -> list[dict]:
         return sample(self.url, prompt, n, seed, max_tokens)
 
     def push(self, model: torch.nn.Module) -> None:
-        push(model, self.url, self.model_dir)
+        self.version += 1
+        push(model, self.url, self.model_dir, self.version)
 
 
 def trajectory(

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from .step import StepStats
 
+LAG_BUCKETS = (0, 1, 2, 3, 4, 8, 16, 32)
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
@@ -63,6 +64,19 @@ class Metrics:
         self.groups_trained = PCounter(
             "floe_trainer_groups_trained", "Groups that went into optimizer steps", registry=r
         )
+        self.repushes = PCounter(
+            "floe_trainer_vllm_repushes",
+            "Pushes of the current weights to a vLLM found serving others (restarted)",
+            registry=r,
+        )
+        self.version_lag = Histogram(
+            "floe_trainer_version_lag",
+            "Policy versions between a trained trajectory's oldest completion and the weights"
+            " it trained",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.lag_counts: Counter[int] = Counter()
         self.gpu = Gauge(
             "floe_trainer_gpu_utilization", "GPU utilization percent (NVML)", ["gpu"], registry=r
         )
@@ -71,6 +85,11 @@ class Metrics:
     def progress(self, step: int, version: int) -> None:
         self.step_g.set(step)
         self.version.set(version)
+
+    def lags(self, lags: list[int]) -> None:
+        for lag in lags:
+            self.version_lag.observe(lag)
+            self.lag_counts[lag] += 1
 
     def dropped(self, counts: Counter) -> None:
         self._dropped.counts = Counter(counts)

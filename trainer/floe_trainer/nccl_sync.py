@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .vllm_sync import post
+from .vllm_sync import paused
 
 
 @dataclass
@@ -104,14 +104,8 @@ class NcclWeightSync:
             source=served_source(api, model, served_dtype),
         )
 
-    def push(self) -> dict[str, float]:
+    def push(self, version: int) -> dict[str, float]:
         """Same keys as the file push: nothing is saved, all of it is paused time."""
         t0 = time.monotonic()
-        post(f"{self.url}/pause")
-        try:
-            self.engine.send_weights()
-            # Cached KV was computed by the old weights.
-            post(f"{self.url}/reset_prefix_cache")
-        finally:
-            post(f"{self.url}/resume")
+        paused(self.url, version, self.engine.send_weights)
         return {"save_seconds": 0.0, "paused_seconds": time.monotonic() - t0}

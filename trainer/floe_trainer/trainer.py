@@ -1,12 +1,19 @@
 """The trainer loop: trajectories arrive (ingest), groups become ready (batching), every
-``groups_per_step`` ready groups make one optimizer step, the new weights go to vLLM and the
+``groups_per_step`` ready groups make one GRPO step, the new weights go to vLLM and the
 policy version goes up; checkpoints every ``every_steps``. A restart resumes from the latest
 checkpoint (model, optimizer, step, policy version, pushed back into vLLM) and replays every
-acknowledged trajectory not trained before that checkpoint."""
+acknowledged trajectory not trained before that checkpoint. A vLLM that restarted (it serves
+the base weights again, labelled ``default``) gets the current weights pushed again.
+
+``finish()`` says no more trajectories are coming: the groups still pending are trained as
+they are (fewer than ``groups_per_step`` make a last, smaller step), every group that cannot
+be trained is counted, and a final checkpoint with the tokenizer goes to ``final_dir``: a
+model directory vLLM serves as the next job's model."""
 
 from __future__ import annotations
 
 import datetime
+import logging
 import shutil
 import threading
 import time
@@ -24,8 +31,10 @@ from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
 from .placement import resolve
 from .step import StepStats, train_step
-from .vllm_sync import FileWeightSync, wait_healthy
+from .vllm_sync import FileWeightSync, served_version, wait_healthy
 from .wire import Trajectory
+
+log = logging.getLogger("floe_trainer")
 
 
 @dataclass
@@ -58,6 +67,13 @@ class TrainerConfig:
     weight_sync: str = "file"
     nccl_port: int = 29551
     vllm_gpus: int = 1
+    # Optimizer updates per rollout batch: ``ppo_epochs`` passes of ``mini_batches`` each.
+    mini_batches: int = 1
+    ppo_epochs: int = 1
+    # The final checkpoint (default: ``<checkpoints>/final``).
+    final_dir: Path | None = None
+    # How often the loop asks vLLM which weights it serves (a restarted vLLM is re-pushed).
+    served_check_seconds: float = 5.0
 
     @staticmethod
     def from_operator(c: dict, state_dir: Path) -> TrainerConfig:
@@ -107,6 +123,9 @@ class TrainerConfig:
             kl_coef=kl_coef,
             weight_sync=weight_sync,
             vllm_gpus=int(c.get("vllmGpus", 1)),
+            mini_batches=int(g.get("miniBatches", 1)),
+            ppo_epochs=int(g.get("ppoEpochs", 1)),
+            final_dir=Path(c["finalDir"]) if c.get("finalDir") else None,
         )
 
 
@@ -153,7 +172,7 @@ class Trainer:
         self.sync = self._weight_sync()
         if resume:
             # vLLM may serve weights newer than the checkpoint: serve the checkpoint's again.
-            self.sync.push()
+            self.sync.push(self.state.policy_version)
         self.store = Store(cfg.state_dir / "ingest")
         self.ingest = Ingest(self.store, self.add)
         trained = set(self.state.trained_sessions)
@@ -169,6 +188,13 @@ class Trainer:
         )
         self.metrics.progress(self.state.step, self.state.policy_version)
         self.waiting_since = time.monotonic()
+        self.finishing = False
+        self.finished = False
+        self.final_checkpoint: Path | None = None
+        self.repushes = 0
+        self.next_served_check = 0.0
+        # One row per step this process took (summary tables, reward curves).
+        self.steps: list[dict] = []
 
     def _weight_sync(self) -> FileWeightSync | NcclWeightSync:
         if self.cfg.weight_sync != "nccl":
@@ -184,18 +210,31 @@ class Trainer:
         with self.lock:
             self.buffer.add(t, time.time())
 
+    def finish(self) -> None:
+        """No more trajectories will come: train what is left, then the final checkpoint."""
+        with self.lock:
+            self.finishing = True
+
     def run_once(self, now: float | None = None) -> StepStats | None:
         """Train one step if enough groups are ready; the loop calls this."""
         now = time.time() if now is None else now
         with self.lock:
-            self.ready += self.buffer.take_ready(now, self.state.policy_version)
-            self.metrics.dropped(self.buffer.dropped)
-            if len(self.ready) < self.cfg.groups_per_step:
-                return None
-            groups, self.ready = (
-                self.ready[: self.cfg.groups_per_step],
-                self.ready[self.cfg.groups_per_step :],
+            stale_before = self.buffer.dropped["stale"]
+            self.ready += self.buffer.take_ready(
+                now, self.state.policy_version, leftovers=self.finishing
             )
+            self.metrics.dropped(self.buffer.dropped)
+            groups: list[Group] = []
+            if len(self.ready) >= self.cfg.groups_per_step or (self.finishing and self.ready):
+                groups, self.ready = (
+                    self.ready[: self.cfg.groups_per_step],
+                    self.ready[self.cfg.groups_per_step :],
+                )
+            done = self.finishing and not self.finished and not self.buffer.pending
+        if not groups:
+            if done:
+                self._final_checkpoint()
+            return None
         waited = time.monotonic() - self.waiting_since
         t0 = time.monotonic()
         stats = train_step(
@@ -207,11 +246,20 @@ class Trainer:
             self.cfg.max_grad_norm,
             placement=self.placement,
             reference=self.reference,
+            mini_batches=self.cfg.mini_batches,
+            epochs=self.cfg.ppo_epochs,
+            seed=self.state.step,
         )
         t1 = time.monotonic()
-        self.sync.push()
-        t2 = time.monotonic()
         s = self.state
+        self.sync.push(s.policy_version + 1)
+        t2 = time.monotonic()
+        lags = [
+            s.policy_version - min(t.policy_versions)
+            for g in groups
+            for t in g.trajectories
+            if t.policy_versions
+        ]
         s.step += 1
         s.policy_version += 1
         s.last_step_time = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -220,11 +268,64 @@ class Trainer:
         passed = sum(r >= self.cfg.pass_threshold for r in rewards) / max(len(rewards), 1)
         self.metrics.step(stats, passed, waited, t1 - t0, t2 - t1)
         self.metrics.groups_trained.inc(len(groups))
+        self.metrics.lags(lags)
         self.metrics.progress(s.step, s.policy_version)
+        with self.lock:
+            self.steps.append(
+                {
+                    "step": s.step,
+                    "policyVersion": s.policy_version,
+                    "groups": len(groups),
+                    "sequences": stats.sequences,
+                    "tokens": stats.tokens,
+                    "rewardMean": stats.reward_mean,
+                    "passRate": passed,
+                    "loss": stats.loss,
+                    "updates": stats.updates,
+                    "clipFraction": stats.clip_fraction,
+                    "logprobMismatch": stats.logprob_mismatch,
+                    "tisMean": stats.tis_mean,
+                    "gradNorm": stats.grad_norm,
+                    "versionLagMax": max(lags, default=0),
+                    "staleDrops": self.buffer.dropped["stale"] - stale_before,
+                    "waitSeconds": round(waited, 3),
+                    "trainSeconds": round(t1 - t0, 3),
+                    "pushSeconds": round(t2 - t1, 3),
+                    "time": s.last_step_time,
+                }
+            )
         if s.step % self.cfg.checkpoint_every == 0:
             checkpoint.save(self.ckpt_dir, self.model, self.optimizer, s, self.cfg.checkpoint_keep)
         self.waiting_since = time.monotonic()
         return stats
+
+    def _final_checkpoint(self) -> None:
+        final = self.cfg.final_dir or self.ckpt_dir / "final"
+        checkpoint.save_model(final, self.model, Path(self.cfg.model))
+        with self.lock:
+            self.final_checkpoint = final
+            self.finished = True
+
+    def check_policy_server(self, now: float | None = None) -> None:
+        """Every ``served_check_seconds``: a vLLM serving other weights than the trainer's
+        (restarted: the base weights again) gets the current ones pushed."""
+        now = time.monotonic() if now is None else now
+        if now < self.next_served_check:
+            return
+        self.next_served_check = now + self.cfg.served_check_seconds
+        try:
+            served = served_version(self.cfg.policy_url)
+        except OSError:
+            return  # down or restarting: asked again next time
+        if served != self.state.policy_version:
+            log.warning(
+                "vLLM serves policy version %s, the trainer is at %d: pushing again",
+                served,
+                self.state.policy_version,
+            )
+            self.sync.push(self.state.policy_version)
+            self.repushes += 1
+            self.metrics.repushes.inc()
 
     def status(self) -> dict:
         with self.lock:
@@ -236,6 +337,12 @@ class Trainer:
                 "readyGroups": len(self.ready),
                 "dropped": dict(self.buffer.dropped),
                 "ingest": dict(self.ingest.counts),
+                "versionLag": {str(k): v for k, v in sorted(self.metrics.lag_counts.items())},
+                "repushes": self.repushes,
+                "finishing": self.finishing,
+                "finished": self.finished,
+                "finalCheckpoint": str(self.final_checkpoint) if self.final_checkpoint else None,
+                "steps": list(self.steps),
             }
 
     def state_dict(self) -> dict:

@@ -1,9 +1,16 @@
 """New weights into a running vLLM server without restarting it: save the model as
-safetensors into the directory vLLM loaded, then ``/pause`` → ``/collective_rpc``
+safetensors into the directory vLLM loaded, then ``/pause?mode=wait`` → ``/collective_rpc``
 ``reload_weights`` → ``/reset_prefix_cache`` (cached KV was computed by the old weights) →
-``/resume``. These are vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``); verified
-against vLLM 0.32 on CPU. On GPUs ``grpo.weightSync: NCCL`` replaces the file round trip
-(``nccl_sync.py``).
+``/update_weight_version`` → ``/resume``. These are vLLM's dev-mode endpoints
+(``VLLM_SERVER_DEV_MODE=1``); verified against vLLM 0.32 on CPU. On GPUs ``grpo.weightSync:
+NCCL`` replaces the file round trip (``nccl_sync.py``).
+
+Requests in flight across a push: ``mode=wait`` lets every running completion finish on the
+weights it started with, holds new ones until ``/resume``, so no completion mixes two policies
+(``abort``, vLLM's default, would turn every push into failed agent calls; ``keep`` would
+resume frozen requests on the new weights). The version label is set while generation is
+paused, so it changes exactly when the weights do; vLLM restarts with ``"default"`` (the base
+weights: version 0), which is how the trainer notices a restarted server.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import json
 import os
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,11 +38,28 @@ def post(url: str, body: dict | None = None, timeout: float = 600) -> dict:
         return json.loads(r.read() or b"{}")
 
 
+# What vLLM's ``/weight_info`` says before any label was set: the weights it loaded at start.
+BASE_VERSION_LABEL = "default"
+
+
+def weights_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as separate CPU tensors. A tied head (``lm_head`` sharing the embedding,
+    as SmolLM2 and small Qwen3 ship) is written out as its own copy: safetensors refuses
+    shared storage, and vLLM 0.32's ``reload_weights`` leaves a tied head stale unless
+    ``lm_head.weight`` is in the file (measured: 1.6 nats off without it, 2e-5 with it)."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in model.state_dict().items():
+        t = v.detach().to("cpu", copy=False)
+        ptr = t.untyped_storage().data_ptr()
+        out[k] = t.clone().contiguous() if ptr in seen else t.contiguous()
+        seen.add(ptr)
+    return out
+
+
 def save_weights(model: torch.nn.Module, directory: Path) -> None:
     """``model.safetensors`` replaced atomically (vLLM must never read a half-written file)."""
-    state = {
-        k: v.detach().to("cpu", copy=False).contiguous() for k, v in model.state_dict().items()
-    }
+    state = weights_state(model)
     tmp = directory / ".model.safetensors.tmp"
     save_file(state, str(tmp))
     with open(tmp, "rb") as f:
@@ -42,20 +67,47 @@ def save_weights(model: torch.nn.Module, directory: Path) -> None:
     os.replace(tmp, directory / "model.safetensors")
 
 
-def push(model: torch.nn.Module, vllm_url: str, model_dir: Path) -> dict[str, float]:
-    """Returns seconds spent saving and in the server (paused time)."""
+def parse_version(label: object) -> int | None:
+    """vLLM's weight version label as floe's policy version: ``"default"`` is 0 (the base
+    weights), a decimal label is its number, anything else (set by someone else) is unknown."""
+    if label == BASE_VERSION_LABEL:
+        return 0
+    if isinstance(label, str) and label.isdigit():
+        return int(label)
+    return None
+
+
+def served_version(vllm_url: str, timeout: float = 5) -> int | None:
+    """The policy version vLLM serves now (``/weight_info``); None if it cannot say."""
+    with urllib.request.urlopen(f"{vllm_url}/weight_info", timeout=timeout) as r:
+        return parse_version(json.loads(r.read()).get("weight_version"))
+
+
+def paused(vllm_url: str, version: int, update: Callable[[], None]) -> None:
+    """``update`` (the weights change) while generation is paused, then the version label."""
+    post(f"{vllm_url}/pause?mode=wait")
+    try:
+        update()
+        post(f"{vllm_url}/reset_prefix_cache")
+        post(f"{vllm_url}/update_weight_version", {"new_version": str(version)})
+    finally:
+        post(f"{vllm_url}/resume")
+
+
+def push(model: torch.nn.Module, vllm_url: str, model_dir: Path, version: int) -> dict[str, float]:
+    """The weights as policy ``version``. Returns seconds spent saving and in the server
+    (paused time)."""
     t0 = time.monotonic()
     save_weights(model, model_dir)
     t1 = time.monotonic()
-    post(f"{vllm_url}/pause")
-    try:
-        post(
+    paused(
+        vllm_url,
+        version,
+        lambda: post(
             f"{vllm_url}/collective_rpc",
             {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}},
-        )
-        post(f"{vllm_url}/reset_prefix_cache")
-    finally:
-        post(f"{vllm_url}/resume")
+        ),
+    )
     return {"save_seconds": t1 - t0, "paused_seconds": time.monotonic() - t1}
 
 
@@ -65,8 +117,8 @@ class FileWeightSync:
     def __init__(self, model: torch.nn.Module, vllm_url: str, model_dir: Path) -> None:
         self.model, self.url, self.dir = model, vllm_url, model_dir
 
-    def push(self) -> dict[str, float]:
-        return push(self.model, self.url, self.dir)
+    def push(self, version: int) -> dict[str, float]:
+        return push(self.model, self.url, self.dir, version)
 
 
 def wait_healthy(url: str, timeout: float = 1800.0, every: float = 2.0) -> None:

@@ -71,3 +71,17 @@ def test_a_duplicate_sample_counts_once():
     b.add(traj("g", 0, 1.0), now=0)
     b.add(traj("g", 0, 0.0), now=0)
     assert b.dropped["duplicate_sample"] == 1
+
+
+def test_leftovers_train_partial_groups_and_count_what_cannot_teach():
+    b = GroupBuffer(num_samples=4)
+    b.add(traj("partial", 0, 1.0), now=0)
+    b.add(traj("partial", 1, 0.0), now=0)
+    b.add(traj("single", 0, 1.0), now=0)
+    b.add(traj("flat", 0, 1.0), now=0)
+    b.add(traj("flat", 1, 1.0), now=0)
+    assert b.take_ready(now=1, policy_version=0) == [], "nothing is ready while more may come"
+    [g] = b.take_ready(now=1, policy_version=0, leftovers=True)
+    assert g.group == "partial" and g.rewards == [1.0, 0.0]
+    assert b.dropped == {"incomplete": 1, "zero_advantage": 1}
+    assert b.pending == {}

@@ -94,15 +94,17 @@ def test_rendezvous_then_each_push_pauses_sends_and_resumes(transport):
 
         with torch.no_grad():
             model.mlp.weight.add_(1.0)
-        timing = sync.push()
+        timing = sync.push(1)
         assert vllm.paths()[1:] == [
-            "/pause",
+            "/pause?mode=wait",
             "/start_weight_update",
             "/update_weights",
             "/finish_weight_update",
             "/reset_prefix_cache",
+            "/update_weight_version",
             "/resume",
         ]
+        assert vllm.calls[-2][1] == {"new_version": "1"}
         assert timing["save_seconds"] == 0.0 and timing["paused_seconds"] >= 0.0
         # What vLLM is told to receive is what the trainer sends: bf16, the tied tensor once.
         update = vllm.calls[3][1]["update_info"]
@@ -123,7 +125,7 @@ def test_a_failed_update_still_resumes_generation_and_raises(transport):
     try:
         sync = nccl_sync.NcclWeightSync(TiedLM(), vllm.url, master_port=29551)
         with pytest.raises(Exception, match="500"):
-            sync.push()
+            sync.push(1)
         assert vllm.paths()[-1] == "/resume"
         assert "/reset_prefix_cache" not in vllm.paths()
     finally:

@@ -1,7 +1,9 @@
-"""Against the real vLLM OpenAI server on CPU serving SmolLM2-135M-Instruct (a copy: this
-test changes its weights): sample a GRPO group through vLLM with token ids and logprobs, train
-one step, push the weights into the running server, and check that vLLM now serves exactly
-the trained policy. Needs FLOE_TEST_MODELS (scripts/test.sh sets it); never skips."""
+"""Against the real vLLM OpenAI server on CPU serving SmolLM2-135M-Instruct as shipped (tied
+embeddings; a copy: these tests change its weights): sample a GRPO group through vLLM with
+token ids and logprobs, train one step, push the weights into the running server, and check
+that vLLM now serves exactly the trained policy; a completion running across a push; a vLLM
+that serves the base weights again; the end of a job. Needs FLOE_TEST_MODELS (scripts/test.sh
+sets it); never skips."""
 
 import json
 import os
@@ -23,7 +25,14 @@ from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.loss import LossConfig
 from floe_trainer.policy import make_batch, token_logprobs
 from floe_trainer.step import train_step
-from floe_trainer.vllm_sync import prompt_logprobs, push
+from floe_trainer.vllm_sync import (
+    paused,
+    post,
+    prompt_logprobs,
+    push,
+    save_weights,
+    served_version,
+)
 from floe_trainer.wire import Trace, parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +44,7 @@ def served(tmp_path_factory):
     assert models, "FLOE_TEST_MODELS must name the converted models (scripts/vllm-cpu/setup.sh)"
     model_dir = tmp_path_factory.mktemp("policy") / "smollm2"
     shutil.copytree(Path(models) / "smollm2-135m-instruct", model_dir)
+    as_shipped(model_dir)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -60,12 +70,32 @@ def served(tmp_path_factory):
     server.wait(timeout=60)
 
 
-def group_bodies(url, prompt, task):
+def as_shipped(model_dir: Path) -> None:
+    """SmolLM2 as its GGUF ships it: the output head tied to the embedding (the cached test
+    copy unties it for older tests; here the trainer must handle the tie itself)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    state = load_file(str(model_dir / "model.safetensors"))
+    head = state.pop("lm_head.weight")
+    assert torch.equal(head, state["model.embed_tokens.weight"])
+    save_file(state, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def group_bodies(url, prompt, task, version=0):
     """A group of 4 sampled from vLLM; reward: shorter answers score higher (+ a tie-break)."""
     choices = sample(url, prompt, 4, seed=7, max_tokens=16)
     return [
         trajectory(
-            f"j-{task}-{i}", f"j/{task}", i, prompt, c, 1.0 - len(c["token_ids"]) / 16 + 0.01 * i
+            f"j-{task}-{i}",
+            f"j/{task}",
+            i,
+            prompt,
+            c,
+            1.0 - len(c["token_ids"]) / 16 + 0.01 * i,
+            version,
         )
         for i, c in enumerate(choices)
     ]
@@ -85,6 +115,7 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     [group] = buffer.take_ready(now=0, policy_version=0)
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "tied"
     first = bodies[0]["traces"][0]
     ids0 = first["response_token_ids"]
     probe = prompt + ids0
@@ -100,7 +131,7 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     stats = train_step(model, opt, [group], LossConfig(), micro_batch_size=2)
     assert stats.tokens == sum(len(b["traces"][0]["response_token_ids"]) for b in bodies)
     assert stats.logprob_mismatch < 1e-3
-    timing = push(model, url, model_dir)
+    timing = push(model, url, model_dir, 1)
     print(
         f"\nweight push: save {timing['save_seconds']:.2f} s,"
         f" paused {timing['paused_seconds']:.2f} s"
@@ -113,14 +144,85 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     served_vs_trained = max(abs(a - b) for a, b in zip(after_vllm[-n:], after_trainer, strict=True))
     moved = max(abs(a - b) for a, b in zip(after_vllm, before_vllm, strict=True))
     print(f"served vs trained max |Δlogprob| {served_vs_trained:.2e}; moved by {moved:.3f}")
-    assert served_vs_trained < 2e-3, "vLLM serves the trained weights"
+    assert served_vs_trained < 2e-3, "vLLM serves the trained weights, tied head included"
     assert moved > 1e-2, "the push changed what vLLM serves"
+    assert served_version(url) == 1, "the weights carry their policy version"
 
 
-def post_json(url, body):
+def complete(url, prompt, tokens, out):
+    body = {
+        "model": "policy",
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "temperature": 1.0,
+        "seed": 3,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    t0 = time.monotonic()
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        f"{url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
     )
+    with urllib.request.urlopen(req, timeout=300) as r:
+        out["choice"] = json.loads(r.read())["choices"][0]
+    out["seconds"] = time.monotonic() - t0
+    out["done_at"] = time.monotonic()
+
+
+def test_a_completion_running_across_a_push_finishes_on_the_weights_it_started_with(served):
+    """vLLM's pause mode ``wait``: the push waits for the running completion, which is
+    sampled entirely by the old weights (no mix of two policies, no aborted agent call)."""
+    import threading
+
+    url, model_dir = served
+    old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    version = served_version(url)
+    prompt = [1, 504, 3458, 282, 4600, 314]
+    out: dict = {}
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in new.model.layers[0].parameters():
+            p.mul_(1.05)
+    save_weights(new, model_dir)
+    caller = threading.Thread(target=complete, args=(url, prompt, 300, out))
+    caller.start()
+    time.sleep(1.0)
+    running_at_pause = "choice" not in out
+    # push() after its save: pause (wait) -> reload -> reset cache -> version -> resume.
+    paused(
+        url,
+        version + 1,
+        lambda: post(
+            f"{url}/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}},
+        ),
+    )
+    caller.join()
+    assert running_at_pause, "the completion was still running when the push paused vLLM"
+    choice = out["choice"]
+    ids = choice["token_ids"]
+    assert len(ids) == 300, "the completion was not cut short"
+    assert served_version(url) == version + 1
+    sampled = choice["logprobs"]["token_logprobs"]
+    trace = Trace(prompt, ids, [1] * len(ids), [None] * len(ids))
+    with torch.no_grad():
+        by_old = token_logprobs(old, make_batch([trace]))[0].tolist()
+        by_new = token_logprobs(new, make_batch([trace]))[0].tolist()
+    off_old = max(abs(a - b) for a, b in zip(sampled, by_old, strict=True))
+    off_new = max(abs(a - b) for a, b in zip(sampled, by_new, strict=True))
+    print(f"\nacross a push: |sampled - old| {off_old:.2e}, |sampled - new| {off_new:.2e}")
+    assert off_old < 2e-3, "every token sampled by the weights the completion started with"
+    assert off_new > 1e-2
+
+
+def post_json(url, body, token=None):
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.status
 
@@ -147,7 +249,14 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
 
     def start():
         t = Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))
-        srv = make_server(t.ingest, ("127.0.0.1", 0), t.status, t.metrics.render)
+        srv = make_server(
+            t.ingest,
+            ("127.0.0.1", 0),
+            t.status,
+            t.metrics.render,
+            finish=t.finish,
+            control_token="t0ken",
+        )
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         return t, srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
@@ -179,6 +288,7 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
 
     trainer, srv, ingest = start()
     assert (trainer.state.step, trainer.state.policy_version) == (1, 1), "resumed at the checkpoint"
+    assert served_version(url) == 1, "the checkpoint's weights pushed again at resume"
     assert list(trainer.buffer.pending) == ["j/shade"], "replayed: only what was not trained"
     assert trainer.run_once() is not None
     assert (trainer.state.step, trainer.state.policy_version) == (2, 2)
@@ -186,7 +296,70 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
         "ckpt-1",
         "ckpt-2",
     ]
+
+    # A vLLM that restarted serves the base weights, labelled "default": the trainer notices
+    # and pushes its own again.
+    base = tmp_path / "base"
+    shutil.copytree(ROOT_MODELS(), base)
+    paused_reload(url, base)
+    assert served_version(url) == 0
+    trainer.check_policy_server(now=1e12)
+    assert served_version(url) == 2 and trainer.repushes == 1
+    with torch.no_grad():
+        mine = token_logprobs(
+            trainer.model, make_batch([Trace(prompt, [28, 29, 30], [1] * 3, [None] * 3)])
+        )[0].tolist()
+    served_lp = prompt_logprobs(url, "policy", probe)[-3:]
+    assert max(abs(a - b) for a, b in zip(served_lp, mine, strict=True)) < 2e-3
+
+    # The job's sessions are done: half a group is still pending; it is trained, then the
+    # final checkpoint is a model directory with the tokenizer.
+    for body in group_bodies(url, prompt, "hue", version=2)[:2]:
+        assert post_json(f"{ingest}/v1/trajectories", body) == 200
+    assert trainer.run_once() is None, "half a group waits while more may come"
+    assert post_json(f"{ingest}/v1/finish", {}, token="t0ken") == 202
+    assert trainer.run_once() is not None, "the leftover half group makes the last step"
+    assert trainer.run_once() is None and trainer.finished
+    final = trainer.final_checkpoint
+    assert final is not None and (final / "tokenizer.json").exists()
+    assert (final / "chat_template.jinja").exists() and (final / "config.json").exists()
+    status = json.loads(urllib.request.urlopen(f"{ingest}/v1/status").read())
+    assert status["finished"] and [r["step"] for r in status["steps"]] == [2, 3]
+    assert status["steps"][-1]["groups"] == 1 and status["steps"][-1]["sequences"] == 2
+    reloaded = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+    AutoTokenizer.from_pretrained(final).apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
+    with torch.no_grad():
+        theirs = token_logprobs(
+            reloaded, make_batch([Trace(prompt, [28, 29, 30], [1] * 3, [None] * 3)])
+        )[0].tolist()
+    assert max(abs(a - b) for a, b in zip(theirs, mine_now(trainer, prompt), strict=True)) < 1e-5
     srv.shutdown()
+
+
+def mine_now(trainer, prompt):
+    with torch.no_grad():
+        return token_logprobs(
+            trainer.model, make_batch([Trace(prompt, [28, 29, 30], [1] * 3, [None] * 3)])
+        )[0].tolist()
+
+
+def ROOT_MODELS() -> Path:  # noqa: N802
+    return Path(os.environ["FLOE_TEST_MODELS"]) / "smollm2-135m-instruct"
+
+
+def paused_reload(url: str, weights_dir: Path) -> None:
+    """What a restarted vLLM serves: the base weights, with no version label."""
+    paused(
+        url,
+        0,
+        lambda: post(
+            f"{url}/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
+        ),
+    )
+    post(f"{url}/update_weight_version", {"new_version": "default"})
 
 
 def test_it_learns_a_verifiable_toy_task(served):
