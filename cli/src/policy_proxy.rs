@@ -3,8 +3,16 @@
 //! weights), and those endpoints must not be reachable from sandbox pods, which run untrusted
 //! agent code. So vLLM listens on the pod's loopback, and this proxy publishes an allow-list
 //! of inference and read-only paths on the policy Service; anything else is 403.
+//!
+//! It also says which policy sampled each completion: before forwarding a completion it reads
+//! the weight version vLLM serves (`/weight_info`, dev mode; the trainer sets it while
+//! generation is paused for each push) and returns it as `x-floe-policy-version`, which the
+//! gateways record. Read before the call, the label is never newer than the weights that
+//! sampled it: a completion held in vLLM's queue during a push is labelled one version older
+//! than it is (conservative for `maxStaleness`); none is labelled newer.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +65,44 @@ struct Proxy {
     upstream: String,
     client: reqwest::Client,
     max_body_bytes: usize,
+    /// Set once the upstream answered 404 to `/weight_info` (not vLLM in dev mode): no label.
+    no_versions: AtomicBool,
+}
+
+/// The header the gateways read the policy version of a completion from.
+pub const POLICY_VERSION_HEADER: &str = "x-floe-policy-version";
+
+/// vLLM's weight version label as floe's policy version: `"default"` (nothing pushed yet: the
+/// weights it loaded) is 0, a decimal label its number, anything else unknown.
+pub fn policy_version(label: &str) -> Option<u64> {
+    if label == "default" {
+        return Some(0);
+    }
+    label.parse().ok()
+}
+
+fn samples(method: &Method, path: &str) -> bool {
+    *method == Method::POST && matches!(path, "/v1/chat/completions" | "/v1/completions")
+}
+
+async fn served_version(proxy: &Proxy) -> Option<u64> {
+    if proxy.no_versions.load(Ordering::Relaxed) {
+        return None;
+    }
+    let resp = proxy
+        .client
+        .get(format!("{}/weight_info", proxy.upstream))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .ok()?;
+    if resp.status() == StatusCode::NOT_FOUND {
+        tracing::warn!("the policy server has no /weight_info (not vLLM in dev mode): completions carry no policy version");
+        proxy.no_versions.store(true, Ordering::Relaxed);
+        return None;
+    }
+    let body: serde_json::Value = resp.json().await.ok()?;
+    policy_version(body["weight_version"].as_str()?)
 }
 
 fn error(status: StatusCode, kind: &str, message: String) -> Response {
@@ -94,6 +140,11 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
         .query()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
+    let version = if samples(&parts.method, path) {
+        served_version(&proxy).await
+    } else {
+        None
+    };
     let mut upstream = proxy
         .client
         .request(
@@ -123,6 +174,10 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
             if let Some(ct) = content_type {
                 out.headers_mut().insert(header::CONTENT_TYPE, ct);
             }
+            if let Some(v) = version {
+                out.headers_mut()
+                    .insert(POLICY_VERSION_HEADER, header::HeaderValue::from(v));
+            }
             out
         }
         Err(e) => error(
@@ -142,6 +197,7 @@ pub fn router(upstream: &str, max_body_bytes: usize) -> Result<axum::Router, Pol
         upstream: upstream.trim_end_matches('/').to_string(),
         client,
         max_body_bytes,
+        no_versions: AtomicBool::new(false),
     });
     Ok(axum::Router::new().fallback(forward).with_state(proxy))
 }
@@ -191,5 +247,13 @@ mod tests {
         ] {
             assert!(!allowed(&m, p), "{m} {p} should be refused");
         }
+    }
+
+    #[test]
+    fn vllm_weight_labels_are_policy_versions() {
+        assert_eq!(policy_version("default"), Some(0));
+        assert_eq!(policy_version("12"), Some(12));
+        assert_eq!(policy_version("step-3"), None);
+        assert_eq!(policy_version("-1"), None);
     }
 }

@@ -564,6 +564,16 @@ pub struct GrpoSpec {
     #[serde(default = "default_micro_batch")]
     #[schemars(range(min = 1, max = 4096))]
     pub micro_batch_size: i32,
+    /// Optimizer updates per pass over a step's rollout batch. The batch's old log-probs are
+    /// taken once before the first update, so from the second update on the PPO ratio moves
+    /// away from 1 and the clip (`epsilonLow`/`epsilonHigh`) bounds each update.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub mini_batches: i32,
+    /// Passes over a step's rollout batch (PPO epochs), each of `miniBatches` updates.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 100))]
+    pub ppo_epochs: i32,
     /// Gradient-norm clipping threshold.
     #[serde(default = "default_max_grad_norm")]
     #[schemars(range(min = 0.0, max = 1000.0))]
@@ -602,6 +612,8 @@ impl Default for GrpoSpec {
             loss_aggregation: LossAggregation::default(),
             groups_per_step: default_groups_per_step(),
             micro_batch_size: default_micro_batch(),
+            mini_batches: 1,
+            ppo_epochs: 1,
             max_grad_norm: default_max_grad_norm(),
             gradient_checkpointing: false,
             precision: TrainingPrecision::default(),

@@ -26,4 +26,5 @@ pub use namespace::TestNamespace;
 pub use processes::{harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess};
 pub use scripted_upstream::{ScriptedUpstream, Step};
 pub use sglang_shim::{SglangShim, SHIM_WEIGHT_VERSION};
+pub use vllm::setup as vllm_setup;
 pub use vllm::{tokenize, tokenize_at, vllm, vllm_long, vllm_vision, Vllm};

@@ -8,6 +8,7 @@
 //! `FLOE_TEST_VLLM_LONG_URL`, `FLOE_TEST_VLLM_VISION_URL`, started by `scripts/test.sh`), or one this fixture starts on a free
 //! port and stops when the test process exits. Never skipped: no server, failed test.
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -62,11 +63,9 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-fn start_or_reuse(env: &str, model: &str, max_model_len: u32, extra: &[&str]) -> Result<Vllm> {
-    if let Ok(url) = std::env::var(env) {
-        wait_healthy(&url, Duration::from_secs(300))?;
-        return Ok(Vllm { url });
-    }
+/// The cached vLLM venv's Python and the converted models' directory
+/// (`scripts/vllm-cpu/setup.sh`: instant once cached).
+pub fn setup() -> Result<(PathBuf, PathBuf)> {
     let setup = workspace_root().join("scripts/vllm-cpu/setup.sh");
     let out = Command::new(&setup)
         .stderr(Stdio::inherit())
@@ -77,10 +76,19 @@ fn start_or_reuse(env: &str, model: &str, max_model_len: u32, extra: &[&str]) ->
     }
     let line = String::from_utf8(out.stdout)?;
     let mut parts = line.split_whitespace();
-    let (python, models) = (
-        parts.next().context("python path")?,
-        parts.next().context("models dir")?,
-    );
+    Ok((
+        parts.next().context("python path")?.into(),
+        parts.next().context("models dir")?.into(),
+    ))
+}
+
+fn start_or_reuse(env: &str, model: &str, max_model_len: u32, extra: &[&str]) -> Result<Vllm> {
+    if let Ok(url) = std::env::var(env) {
+        wait_healthy(&url, Duration::from_secs(300))?;
+        return Ok(Vllm { url });
+    }
+    let (python, models) = setup()?;
+    let (python, models) = (python.display(), models.display());
     let port = free_port()?;
     let serve = workspace_root().join("scripts/vllm-cpu/serve.sh");
     let logs = workspace_root().join("target");

@@ -190,6 +190,8 @@ class Trainer:
         self.waiting_since = time.monotonic()
         self.finishing = False
         self.finished = False
+        # A step (train + push) is running: its groups are neither pending nor ready.
+        self.training = False
         self.final_checkpoint: Path | None = None
         self.repushes = 0
         self.next_served_check = 0.0
@@ -231,10 +233,18 @@ class Trainer:
                     self.ready[self.cfg.groups_per_step :],
                 )
             done = self.finishing and not self.finished and not self.buffer.pending
+            self.training = bool(groups)
         if not groups:
             if done:
                 self._final_checkpoint()
             return None
+        try:
+            return self._step(groups, stale_before)
+        finally:
+            with self.lock:
+                self.training = False
+
+    def _step(self, groups: list[Group], stale_before: int) -> StepStats:
         waited = time.monotonic() - self.waiting_since
         t0 = time.monotonic()
         stats = train_step(
@@ -335,6 +345,7 @@ class Trainer:
                 "lastStepTime": self.state.last_step_time,
                 "pendingGroups": len(self.buffer.pending),
                 "readyGroups": len(self.ready),
+                "training": self.training,
                 "dropped": dict(self.buffer.dropped),
                 "ingest": dict(self.ingest.counts),
                 "versionLag": {str(k): v for k, v in sorted(self.metrics.lag_counts.items())},

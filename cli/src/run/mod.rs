@@ -1,15 +1,18 @@
 //! `floe run JOB.yaml --out DIR`: a RolloutJob on one machine. The same YAML and validation as
 //! the cluster, the same gateway and sandbox runner as a pod — one in-process gateway with a
 //! token per session, one runner per running session, each in its own temp workspace — against
-//! any OpenAI-compatible model server (vLLM in practice).
+//! any OpenAI-compatible model server (vLLM in practice). A `train` job also runs its policy
+//! server and trainer here ([`train`]) and trains while its sessions run.
 //!
 //! Exit codes: 0 every session ran (whatever its reward); 1 some sessions failed by
 //! infrastructure (see summary.json); 2 bad input or a failed pre-flight check (nothing ran);
 //! 130 interrupted (Ctrl-C; everything captured so far is written).
 
+mod curve;
 mod plan;
 mod progress;
 mod report;
+mod train;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -42,10 +45,25 @@ pub struct RunArgs {
     /// Run only the first N sessions (tasks × samples, task by task).
     #[arg(long)]
     sessions: Option<usize>,
-    /// Train mode: post trajectories to this trainer ingest URL instead of writing
-    /// trajectories.jsonl.
+    /// Train mode: a trainer already running (its ingest URL) instead of starting one.
     #[arg(long)]
     trainer_url: Option<String>,
+    /// Train mode: a Python with vLLM, for the policy server (`PYTHON -m
+    /// vllm.entrypoints.openai.api_server`; default: `vllm serve` from PATH). `--model-url`
+    /// attaches to a running vLLM (dev mode) instead.
+    #[arg(long)]
+    vllm_python: Option<PathBuf>,
+    /// Train mode: a Python with `floe_trainer` importable (`PYTHON -m floe_trainer.cli
+    /// serve`; default: `floe-trainer` from PATH).
+    #[arg(long)]
+    trainer_python: Option<PathBuf>,
+    /// Train mode: seconds the policy server and the trainer may take to become ready.
+    #[arg(long, default_value_t = 900)]
+    start_timeout: u64,
+    /// Train mode: only collect trajectories into trajectories.jsonl against `--model-url`
+    /// (no trainer, no weight updates).
+    #[arg(long)]
+    collect_only: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +106,7 @@ fn on_path(program: &str) -> bool {
 }
 
 /// Everything that would make every session fail, checked before the first one starts.
-async fn preflight(plan: &plan::Plan, model_url: &str, out: &Path) -> Result<(), RunError> {
+async fn preflight(plan: &plan::Plan, model_url: Option<&str>, out: &Path) -> Result<(), RunError> {
     let spec = &plan.job.spec;
     match floe_sandbox::presets::program(&spec.harness) {
         Some(program) if !on_path(program) => {
@@ -106,25 +124,8 @@ async fn preflight(plan: &plan::Plan, model_url: &str, out: &Path) -> Result<(),
             )));
         }
     }
-    let url = format!("{}/v1/models", model_url.trim_end_matches('/'));
-    let reachable = reqwest::Client::new()
-        .get(&url)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await;
-    match reachable {
-        Ok(r) if r.status().is_success() => {}
-        Ok(r) => {
-            return Err(RunError::Preflight(format!(
-                "model server at {model_url} answered {} to GET /v1/models",
-                r.status()
-            )))
-        }
-        Err(e) => {
-            return Err(RunError::Preflight(format!(
-                "model server at {model_url} is unreachable ({e}); start one or pass --model-url"
-            )))
-        }
+    if let Some(model_url) = model_url {
+        check_model_server(model_url).await?;
     }
     let occupied = std::fs::read_dir(out)
         .map(|mut d| d.next().is_some())
@@ -138,30 +139,79 @@ async fn preflight(plan: &plan::Plan, model_url: &str, out: &Path) -> Result<(),
     Ok(())
 }
 
+async fn check_model_server(model_url: &str) -> Result<(), RunError> {
+    let url = format!("{}/v1/models", model_url.trim_end_matches('/'));
+    let reachable = reqwest::Client::new()
+        .get(&url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    match reachable {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(RunError::Preflight(format!(
+            "model server at {model_url} answered {} to GET /v1/models",
+            r.status()
+        ))),
+        Err(e) => Err(RunError::Preflight(format!(
+            "model server at {model_url} is unreachable ({e}); start one or pass --model-url"
+        ))),
+    }
+}
+
 async fn run(args: RunArgs) -> Result<i32, RunError> {
     let plan = plan::load(&args.job)?;
     let spec = &plan.job.spec;
     let upstream = spec.sft.as_ref().map(|s| &s.upstream);
+    let trains = spec.train.is_some() && !args.collect_only;
     let model_url = args
         .model_url
         .clone()
-        .or_else(|| upstream.map(|u| u.url.clone()))
-        .ok_or_else(|| {
-            RunError::Preflight("train mode needs --model-url (the policy's vLLM)".into())
-        })?;
-    let model_name = args
-        .model_name
-        .clone()
-        .or_else(|| upstream.and_then(|u| u.model.clone()))
-        .unwrap_or_else(|| "policy".into());
-    preflight(&plan, &model_url, &args.out).await?;
-
+        .or_else(|| upstream.map(|u| u.url.clone()));
+    if model_url.is_none() && !trains {
+        return Err(RunError::Preflight(
+            "--collect-only needs --model-url (the policy's vLLM)".into(),
+        ));
+    }
+    preflight(&plan, model_url.as_deref(), &args.out).await?;
+    let training = if trains {
+        let programs = train::Programs {
+            vllm_python: args.vllm_python.clone(),
+            trainer_python: args.trainer_python.clone(),
+            start_timeout: Duration::from_secs(args.start_timeout),
+        };
+        Some(
+            train::Training::start(
+                &plan,
+                &args.job,
+                &programs,
+                model_url.as_deref(),
+                args.trainer_url.as_deref(),
+                &args.out,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    let (model_url, model_name) = match &training {
+        Some(t) => (t.policy_url.clone(), t.model_name.clone()),
+        None => (
+            model_url.unwrap_or_default(),
+            args.model_name
+                .clone()
+                .or_else(|| upstream.and_then(|u| u.model.clone()))
+                .unwrap_or_else(|| "policy".into()),
+        ),
+    };
+    let mut training = training;
     let io = |what: &str, e: &dyn std::fmt::Display| RunError::Io(format!("{what}: {e}"));
     let out = &args.out;
     std::fs::create_dir_all(out.join("sessions")).map_err(|e| io("output dir", &e))?;
     let trajectories = out.join("trajectories");
-    let sink = match (&args.trainer_url, &spec.sft) {
-        (Some(url), _) => Sink::Trainer { url: url.clone() },
+    let sink = match (&training, &spec.sft) {
+        (Some(t), _) => Sink::Trainer {
+            url: t.ingest_url(),
+        },
         (None, Some(sft)) => Sink::Dataset {
             dir: std::fs::canonicalize(out)
                 .map_err(|e| io("output dir", &e))?
@@ -249,8 +299,24 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let mut interrupted = false;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let samples = usize::try_from(spec.num_samples.max(1)).unwrap_or(1);
+    let mut trainer_status = serde_json::Value::Null;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut failure: Option<String> = None;
     loop {
-        while running.len() < concurrency && next < assignments.len() {
+        while running.len() < concurrency
+            && next < assignments.len()
+            && training.as_ref().is_none_or(|t| {
+                train::may_start(
+                    next,
+                    samples,
+                    t.groups_per_step,
+                    t.max_staleness,
+                    &trainer_status,
+                    running.len(),
+                )
+            })
+        {
             let slot = out.join("sessions").join(format!(".run-{next}"));
             let config = RunnerConfig {
                 gateway_url: gateway_url.clone(),
@@ -271,11 +337,27 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             progress.started();
             next += 1;
         }
-        if running.is_empty() {
+        if running.is_empty() && next >= assignments.len() {
             break;
         }
         tokio::select! {
-            joined = running.join_next() => {
+            _ = tick.tick(), if training.is_some() => {
+                if let Some(t) = training.as_mut() {
+                    if let Some(status) = t.status().await {
+                        t.report_steps(&status);
+                        trainer_status = status;
+                    }
+                    if let Some((what, status)) = t.exited() {
+                        failure = Some(format!("{what} exited ({status}) during the run"));
+                        progress.clear();
+                        eprintln!("floe run: {what} exited ({status}); cancelling running sessions");
+                        running.abort_all();
+                        while running.join_next().await.is_some() {}
+                        break;
+                    }
+                }
+            }
+            joined = running.join_next(), if !running.is_empty() => {
                 let Some(Ok((slot, report, wall))) = joined else { continue };
                 let session = report.summary.session.clone().unwrap_or_else(|| "unassigned".into());
                 let task = report.summary.task.clone().unwrap_or_default();
@@ -317,6 +399,31 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             }),
     );
     let mode = if plan.is_sft() { "sft" } else { "train" };
+    let trained = match training.as_mut() {
+        Some(t) if !interrupted && failure.is_none() => {
+            eprintln!(
+                "[train] sessions done: the trainer trains what is left and writes the final model"
+            );
+            tokio::select! {
+                r = t.finish() => match r {
+                    Ok(status) => Some(status),
+                    Err(e) => {
+                        failure = Some(e.to_string());
+                        t.status().await
+                    }
+                },
+                _ = &mut ctrl_c => {
+                    interrupted = true;
+                    t.status().await
+                }
+            }
+        }
+        Some(t) => t.status().await,
+        None => None,
+    };
+    if let Some(mut t) = training.take() {
+        t.stop().await;
+    }
     let mut summary = report::summarize(
         &plan.name,
         mode,
@@ -324,7 +431,19 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         started.elapsed().as_secs_f64(),
         interrupted,
     );
-    if args.trainer_url.is_none() {
+    if let Some(status) = &trained {
+        summary.training = Some(train::summary(status, "reward-curve.svg"));
+        let points = train::curve_points(status);
+        std::fs::write(
+            out.join("reward-curve.svg"),
+            curve::svg(&points, &format!("{}: reward per step", plan.name)),
+        )
+        .map_err(|e| io("reward-curve.svg", &e))?;
+    }
+    if let Some(f) = &failure {
+        eprintln!("floe run: training failed: {f}");
+    }
+    if !trains {
         let file = if plan.is_sft() {
             "dataset.jsonl"
         } else {
@@ -345,7 +464,9 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     print!("{}", progress::table(&summary));
     Ok(if interrupted {
         130
-    } else if summary.sessions.infra_error + summary.sessions.evaluator_timeout > 0 {
+    } else if failure.is_some()
+        || summary.sessions.infra_error + summary.sessions.evaluator_timeout > 0
+    {
         1
     } else {
         0

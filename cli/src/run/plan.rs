@@ -215,3 +215,63 @@ spec:
         }
     }
 }
+
+#[cfg(test)]
+mod examples {
+    use std::path::{Path, PathBuf};
+
+    use floe_sandbox::workspace::safe_join;
+
+    fn jobs() -> Vec<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        files.push(root.join("quickstart/job.yaml"));
+        files.sort();
+        files
+    }
+
+    /// Every RolloutJob in `examples/` validates as the apiserver and `floe run` validate it,
+    /// and every path the runner resolves inside a workspace or evaluation copy (the reward
+    /// file, task files, hidden files) is one it accepts: an example whose every session would
+    /// fail cannot ship.
+    #[test]
+    fn every_example_job_is_valid_and_its_paths_are_ones_the_runner_accepts() {
+        let mut checked = 0;
+        for file in jobs() {
+            let text = std::fs::read_to_string(&file).expect("example readable");
+            let doc: serde_json::Value = serde_yaml::from_str(&text).expect("example is YAML");
+            if doc["kind"] != "RolloutJob" {
+                continue;
+            }
+            let job = floe_crds::validation::parse_rollout_job(&doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            let eval = Path::new("/evaluation-copy");
+            if let Some(path) = &job.spec.evaluator.reward.path {
+                assert!(
+                    safe_join(eval, path).is_ok(),
+                    "{}: reward.path {path:?} is refused by the runner (relative to the evaluation copy)",
+                    file.display()
+                );
+            }
+            for task in job.spec.tasks.inline.iter().flatten() {
+                let hidden = task.evaluation.as_ref().map(|e| e.hidden_files.keys());
+                for name in task.files.keys().chain(hidden.into_iter().flatten()) {
+                    assert!(
+                        safe_join(eval, name).is_ok(),
+                        "{}: task {} file {name:?}",
+                        file.display(),
+                        task.id
+                    );
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 4, "the example jobs were found ({checked})");
+    }
+}

@@ -126,6 +126,20 @@ pub fn table(summary: &RunSummary) -> String {
         summary.timings.agent_seconds_mean, summary.timings.evaluator_seconds_mean,
         summary.timings.overhead_seconds_mean, summary.timings.overhead_seconds_max,
     );
+    if let Some(t) = &summary.training {
+        let steps = t["steps"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        let reward = |s: Option<&serde_json::Value>| fmt(s.and_then(|s| s["rewardMean"].as_f64()));
+        out.push_str(&format!(
+            "training  {} steps · policy v{} · step reward {} → {} · dropped {} · final model {} · {}\n",
+            steps.len(),
+            t["policyVersion"],
+            reward(steps.first()),
+            reward(steps.last()),
+            t["dropped"],
+            t["finalModel"].as_str().unwrap_or("-"),
+            t["rewardCurve"].as_str().unwrap_or("-"),
+        ));
+    }
     out.push_str(&format!(
         "{:<32} {:>7} {:>8} {:>9}\n",
         "task", "scored", "reward", "pass rate"

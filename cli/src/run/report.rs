@@ -84,6 +84,9 @@ pub struct RunSummary {
     pub tokens: Tokens,
     pub dataset: Dataset,
     pub timings: Timings,
+    /// Train mode: the trainer's steps, policy version, drops, final model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub training: Option<serde_json::Value>,
 }
 
 fn rewards<'a>(results: impl Iterator<Item = &'a SessionResult>) -> RewardStats {
@@ -161,6 +164,7 @@ pub fn summarize(
             overhead_seconds_mean: overheads.iter().sum::<f64>() / ran,
             overhead_seconds_max: overheads.iter().copied().fold(0.0, f64::max),
         },
+        training: None,
     }
 }
 

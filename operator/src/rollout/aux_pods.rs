@@ -5,13 +5,12 @@
 pub const VLLM_PORT: i32 = 8000;
 /// vLLM itself, on the trainer pod's loopback only: its dev-mode weight and pause endpoints
 /// are for the trainer container, never for sandbox pods (`floe policy-proxy`).
-pub const VLLM_LOOPBACK_PORT: i32 = 8001;
+pub const VLLM_LOOPBACK_PORT: u16 = 8001;
 /// Trajectory ingest (trainer or dataset collector): `POST /v1/trajectories`.
 pub const INGEST_PORT: i32 = 8100;
 /// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
 pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
-/// vLLM's `--served-model-name` in the trainer pod; the gateways ask for this model.
-pub const SERVED_MODEL: &str = "policy";
+pub use super::trainer_launch::SERVED_MODEL;
 
 /// Service in front of the trainer pod's vLLM.
 pub fn policy_service(job: &str) -> String {
@@ -30,10 +29,12 @@ pub fn dataset_service(job: &str) -> String {
 
 use std::collections::BTreeMap;
 
-use floe_crds::rollout_job::{RolloutJob, TrainSpec, WeightSync};
+use floe_crds::rollout_job::{RolloutJob, TrainSpec};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
+
+use super::trainer_launch::{self, Layout};
 
 /// Label on a job's own pods (trainer, collector) — not `floe.dev/job`, which marks sessions.
 pub const ROLE_LABEL: &str = "floe.dev/job-role";
@@ -120,27 +121,6 @@ pub fn collector(
     }))
 }
 
-/// What the trainer process reads (env `FLOE_TRAINER_CONFIG`): the job's `train` spec plus
-/// where things are in the pod. The trainer issue owns its meaning (`docs/trainer.md`).
-fn trainer_config(job: &RolloutJob, train: &TrainSpec) -> Value {
-    json!({
-        "job": job.name_any(),
-        "namespace": job.namespace(),
-        "numSamples": job.spec.num_samples,
-        "passThreshold": job.spec.evaluator.reward.pass_threshold,
-        "model": model_path(train),
-        "policyUrl": format!("http://127.0.0.1:{VLLM_LOOPBACK_PORT}"),
-        "servedModel": SERVED_MODEL,
-        "ingestListen": format!("0.0.0.0:{INGEST_PORT}"),
-        "gpus": train.gpus,
-        "vllmGpus": train.vllm.gpus,
-        "grpo": train.grpo,
-        "maxStaleness": train.max_staleness,
-        "checkpoint": train.checkpoint.as_ref().map(|c| json!({
-            "dir": "/checkpoints", "everySteps": c.every_steps, "keep": c.keep})),
-    })
-}
-
 fn model_path(train: &TrainSpec) -> String {
     if train.model_claim_name.is_some() && !train.model.starts_with('/') {
         format!("/models/{}", train.model)
@@ -167,40 +147,19 @@ pub fn trainer(
         return Ok(None);
     };
     let name = trainer_service(&job.name_any());
-    let mut vllm_args: Vec<String> = vec![
-        "serve".into(),
-        model_path(train),
-        "--host".into(),
-        "127.0.0.1".into(),
-        "--port".into(),
-        VLLM_LOOPBACK_PORT.to_string(),
-        "--served-model-name".into(),
-        SERVED_MODEL.into(),
-    ];
-    if train.vllm.gpus > 1 {
-        vllm_args.extend(["--tensor-parallel-size".into(), train.vllm.gpus.to_string()]);
-    }
-    // Harness requests carry tools; without a tool parser vLLM refuses them (400).
-    if !train
-        .vllm
-        .args
+    let layout = Layout {
+        model: model_path(train),
+        vllm_port: VLLM_LOOPBACK_PORT,
+        ingest_listen: format!("0.0.0.0:{INGEST_PORT}"),
+        checkpoint_dir: None,
+        final_dir: None,
+    };
+    let mut vllm_args: Vec<String> = vec!["serve".into(), layout.model.clone()];
+    vllm_args.extend(trainer_launch::vllm_args(train, &layout));
+    let vllm_env: Vec<Value> = trainer_launch::VLLM_ENV
         .iter()
-        .any(|a| a.starts_with("--tool-call-parser"))
-    {
-        vllm_args.extend([
-            "--enable-auto-tool-choice".into(),
-            "--tool-call-parser".into(),
-            "hermes".into(),
-        ]);
-    }
-    if train.grpo.weight_sync == WeightSync::NCCL {
-        // The trainer joins vLLM's workers in an NCCL group to broadcast each step's weights.
-        vllm_args.extend([
-            "--weight-transfer-config".into(),
-            r#"{"backend":"nccl"}"#.into(),
-        ]);
-    }
-    vllm_args.extend(train.vllm.args.iter().cloned());
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
     let mut trainer_resources = serde_json::to_value(&train.resources)?;
     if trainer_resources.is_null() {
         trainer_resources = json!({});
@@ -229,7 +188,9 @@ pub fn trainer(
             json!({"name": "checkpoints", "persistentVolumeClaim": {"claimName": c.claim_name}}),
         );
     }
-    let config = trainer_config(job, train).to_string();
+    let config =
+        trainer_launch::trainer_config(&job.name_any(), job.namespace(), &job.spec, train, &layout)
+            .to_string();
     let node_selector: BTreeMap<String, String> = train.node_selector.clone();
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -242,15 +203,14 @@ pub fn trainer(
             "containers": [
                 {
                     "name": "vllm", "image": train.image, "command": ["vllm"], "args": vllm_args,
-                    "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+                    "env": vllm_env,
                     "resources": gpus(train.vllm.gpus),
                     "volumeMounts": mounts,
                 },
                 {
                     // vLLM's readiness too: /health is forwarded to it.
                     "name": "policy", "image": floe_image, "command": ["floe"],
-                    "args": ["policy-proxy", "--listen", format!("0.0.0.0:{VLLM_PORT}"),
-                             "--upstream", format!("http://127.0.0.1:{VLLM_LOOPBACK_PORT}")],
+                    "args": trainer_launch::policy_proxy_args(&format!("0.0.0.0:{VLLM_PORT}"), &layout),
                     "ports": [{"name": "policy", "containerPort": VLLM_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5},
                     "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},

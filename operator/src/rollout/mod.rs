@@ -9,6 +9,7 @@
 //! - [`prewarm`]: a `poolTemplate` job's own pod for one session attempt (sans-IO).
 //! - [`aux_gate`]: what the job's own pod allows its sessions: claim, start (sans-IO).
 //! - [`aux_pods`]: the trainer pod (train) or dataset collector (sft) and their Services.
+//! - [`trainer_launch`]: the train job's vLLM, policy proxy and trainer arguments (sans-IO).
 //! - [`controller`]: the IO edge.
 
 pub mod aux_gate;
@@ -21,3 +22,4 @@ pub mod pod_view;
 pub mod prewarm;
 pub mod status;
 pub mod tasks;
+pub mod trainer_launch;

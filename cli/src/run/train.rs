@@ -1,0 +1,592 @@
+//! `floe run` for a `train` job: the trainer pod's three processes on this machine — vLLM
+//! serving the policy, `floe policy-proxy` in front of it (in-process here) and `floe-trainer
+//! serve` — started with the arguments and configuration the pod's containers get
+//! (`floe_operator::rollout::trainer_launch`), or attached to with `--model-url` /
+//! `--trainer-url`. Each child runs in its own process group, and every group is stopped on
+//! exit, failure or Ctrl-C (and killed when this value is dropped on an error path).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use floe_operator::rollout::trainer_launch::{self, Layout, SERVED_MODEL};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+use super::plan::Plan;
+use super::RunError;
+
+/// Where this machine's vLLM and trainer programs are (flags of `floe run`).
+pub struct Programs {
+    /// A Python with vLLM: runs `PYTHON -m vllm.entrypoints.openai.api_server`. Default:
+    /// `vllm serve` from PATH.
+    pub vllm_python: Option<PathBuf>,
+    /// A Python with `floe_trainer` importable: runs `PYTHON -m floe_trainer.cli serve`.
+    /// Default: `floe-trainer` from PATH.
+    pub trainer_python: Option<PathBuf>,
+    /// How long vLLM and the trainer may take to answer their health checks.
+    pub start_timeout: Duration,
+}
+
+/// A running train job's policy server, proxy and trainer.
+pub struct Training {
+    /// What the gateway calls: the policy proxy (it labels each completion's policy version).
+    pub policy_url: String,
+    /// The trainer's ingest, status and finish endpoints.
+    pub trainer_url: String,
+    pub model_name: String,
+    pub max_staleness: u64,
+    pub groups_per_step: usize,
+    control_token: Option<String>,
+    /// What each child is, the child, and its process group (its pid at spawn).
+    children: Vec<(String, Child, i32)>,
+    proxy_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    http: reqwest::Client,
+    /// Steps already printed as progress lines.
+    reported_steps: usize,
+}
+
+fn free_port() -> Result<u16, RunError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| RunError::Io(format!("loopback port: {e}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| RunError::Io(format!("loopback port: {e}")))
+}
+
+fn on_path(program: &str) -> bool {
+    super::on_path(program)
+}
+
+/// The model directory of `spec.train.model`: a path relative to the job file, or absolute.
+fn model_dir(plan: &Plan, job_file: &Path) -> Result<PathBuf, RunError> {
+    let train = plan
+        .job
+        .spec
+        .train
+        .as_ref()
+        .ok_or_else(|| RunError::Preflight("not a train job".into()))?;
+    let dir = job_file
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(&train.model);
+    if !dir.join("config.json").is_file() {
+        return Err(RunError::Preflight(format!(
+            "spec.train.model {} is not a model directory here ({} has no config.json)",
+            train.model,
+            dir.display()
+        )));
+    }
+    std::fs::canonicalize(&dir).map_err(|e| RunError::Preflight(format!("{}: {e}", dir.display())))
+}
+
+fn log_file(path: &Path) -> Result<Stdio, RunError> {
+    std::fs::File::create(path)
+        .map(Stdio::from)
+        .map_err(|e| RunError::Io(format!("{}: {e}", path.display())))
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+impl Training {
+    /// Everything the sessions need, started and healthy — or an error after stopping what
+    /// was started (nothing is left half-started).
+    pub async fn start(
+        plan: &Plan,
+        job_file: &Path,
+        programs: &Programs,
+        model_url: Option<&str>,
+        trainer_url: Option<&str>,
+        out: &Path,
+    ) -> Result<Self, RunError> {
+        let mut me = Training {
+            policy_url: String::new(),
+            trainer_url: String::new(),
+            model_name: SERVED_MODEL.into(),
+            max_staleness: 0,
+            groups_per_step: 1,
+            control_token: None,
+            children: Vec::new(),
+            proxy_stop: None,
+            http: reqwest::Client::new(),
+            reported_steps: 0,
+        };
+        match me
+            .start_all(plan, job_file, programs, model_url, trainer_url, out)
+            .await
+        {
+            Ok(()) => Ok(me),
+            Err(e) => {
+                me.stop().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_all(
+        &mut self,
+        plan: &Plan,
+        job_file: &Path,
+        programs: &Programs,
+        model_url: Option<&str>,
+        trainer_url: Option<&str>,
+        out: &Path,
+    ) -> Result<(), RunError> {
+        let spec = &plan.job.spec;
+        let train = spec
+            .train
+            .as_ref()
+            .ok_or_else(|| RunError::Preflight("not a train job".into()))?;
+        let dir = out.join("trainer");
+        // Checked before anything starts: each would fail the run later anyway.
+        let model = match (model_url, trainer_url) {
+            (Some(_), Some(_)) => None,
+            _ => Some(model_dir(plan, job_file)?),
+        };
+        if model_url.is_none() && programs.vllm_python.is_none() && !on_path("vllm") {
+            return Err(RunError::Preflight(
+                "no policy server: `vllm` is not on PATH; pass --vllm-python PYTHON (a Python with vLLM) or --model-url URL (a running vLLM in dev mode)".into(),
+            ));
+        }
+        if trainer_url.is_none() && programs.trainer_python.is_none() && !on_path("floe-trainer") {
+            return Err(RunError::Preflight(
+                "no trainer: `floe-trainer` is not on PATH; pass --trainer-python PYTHON (with floe_trainer importable) or --trainer-url URL".into(),
+            ));
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| RunError::Io(format!("{}: {e}", dir.display())))?;
+        let me = self;
+        me.max_staleness = u64::try_from(train.max_staleness).unwrap_or(0);
+        me.groups_per_step = usize::try_from(train.grpo.groups_per_step)
+            .unwrap_or(1)
+            .max(1);
+        let layout = Layout {
+            model: model
+                .as_ref()
+                .map(|m| m.display().to_string())
+                .unwrap_or_default(),
+            vllm_port: free_port()?,
+            ingest_listen: format!("127.0.0.1:{}", free_port()?),
+            checkpoint_dir: Some(dir.join("checkpoints").display().to_string()),
+            final_dir: Some(out.join("final-model").display().to_string()),
+        };
+        let vllm_url = match model_url {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => {
+                me.start_vllm(train, &layout, programs, &dir).await?;
+                layout.vllm_url()
+            }
+        };
+        me.start_proxy(&vllm_url).await?;
+        me.trainer_url = match trainer_url {
+            // The trainer's base URL (its ingest is `/v1/trajectories` under it).
+            Some(url) => url
+                .trim_end_matches('/')
+                .trim_end_matches("/v1/trajectories")
+                .to_string(),
+            None => {
+                let mut config =
+                    trainer_launch::trainer_config(&plan.name, None, spec, train, &layout);
+                if model_url.is_some() {
+                    // Attached to a running vLLM: the trainer pushes into that one.
+                    config["policyUrl"] = Value::String(vllm_url.clone());
+                }
+                me.start_trainer(&config, &layout, programs, &dir).await?;
+                format!("http://{}", layout.ingest_listen)
+            }
+        };
+        Ok(())
+    }
+
+    /// Where the gateway ships trajectories.
+    pub fn ingest_url(&self) -> String {
+        format!("{}/v1/trajectories", self.trainer_url)
+    }
+
+    async fn start_vllm(
+        &mut self,
+        train: &floe_crds::rollout_job::TrainSpec,
+        layout: &Layout,
+        programs: &Programs,
+        dir: &Path,
+    ) -> Result<(), RunError> {
+        let mut cmd = match &programs.vllm_python {
+            Some(py) => {
+                let mut c = Command::new(py);
+                c.args([
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    &layout.model,
+                ]);
+                c
+            }
+            None => {
+                let mut c = Command::new("vllm");
+                c.args(["serve", &layout.model]);
+                c
+            }
+        };
+        cmd.args(trainer_launch::vllm_args(train, layout));
+        cmd.envs(trainer_launch::VLLM_ENV.iter().copied());
+        let log = dir.join("vllm.log");
+        self.spawn("vLLM", cmd, &log)?;
+        eprintln!(
+            "[train] starting vLLM on {} (log {})",
+            layout.vllm_url(),
+            log.display()
+        );
+        self.wait_healthy(
+            "vLLM",
+            &format!("{}/health", layout.vllm_url()),
+            &log,
+            programs,
+        )
+        .await
+    }
+
+    async fn start_proxy(&mut self, vllm_url: &str) -> Result<(), RunError> {
+        let app = crate::policy_proxy::router(vllm_url, 64 << 20)
+            .map_err(|e| RunError::Io(format!("policy proxy: {e}")))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| RunError::Io(format!("policy proxy: {e}")))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| RunError::Io(format!("policy proxy: {e}")))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        self.proxy_stop = Some(tx);
+        self.policy_url = format!("http://{addr}");
+        Ok(())
+    }
+
+    async fn start_trainer(
+        &mut self,
+        config: &Value,
+        layout: &Layout,
+        programs: &Programs,
+        dir: &Path,
+    ) -> Result<(), RunError> {
+        let state = dir.join("state");
+        let mut cmd = match &programs.trainer_python {
+            Some(py) => {
+                let mut c = Command::new(py);
+                c.args(["-m", "floe_trainer.cli"]);
+                c
+            }
+            None => Command::new("floe-trainer"),
+        };
+        cmd.arg("serve").arg("--state-dir").arg(&state);
+        let token = hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));
+        cmd.env("FLOE_TRAINER_CONFIG", config.to_string())
+            .env("FLOE_TRAINER_CONTROL_TOKEN", &token);
+        self.control_token = Some(token);
+        let log = dir.join("trainer.log");
+        self.spawn("trainer", cmd, &log)?;
+        eprintln!(
+            "[train] starting the trainer on {} (log {})",
+            layout.ingest_listen,
+            log.display()
+        );
+        let url = format!("http://{}/healthz", layout.ingest_listen);
+        self.wait_healthy("the trainer", &url, &log, programs).await
+    }
+
+    fn spawn(&mut self, what: &str, mut cmd: Command, log: &Path) -> Result<(), RunError> {
+        cmd.stdin(Stdio::null())
+            .stdout(log_file(log)?)
+            .stderr(log_file(&log.with_extension("err.log"))?)
+            .process_group(0)
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .map_err(|e| RunError::Preflight(format!("cannot start {what}: {e}")))?;
+        let pgid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| RunError::Preflight(format!("{what} exited at once")))?;
+        self.children.push((what.to_string(), child, pgid));
+        Ok(())
+    }
+
+    async fn wait_healthy(
+        &mut self,
+        what: &str,
+        url: &str,
+        log: &Path,
+        programs: &Programs,
+    ) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(r) = self
+                .http
+                .get(url)
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+            {
+                if r.status().is_success() {
+                    eprintln!(
+                        "[train] {what} ready in {:.0} s",
+                        t0.elapsed().as_secs_f64()
+                    );
+                    return Ok(());
+                }
+            }
+            if let Some((_, child, _)) = self.children.last_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let err = log.with_extension("err.log");
+                    return Err(RunError::Preflight(format!(
+                        "{what} exited ({status}) before it was ready; see {}:\n{}",
+                        err.display(),
+                        tail(&err)
+                    )));
+                }
+            }
+            if t0.elapsed() > programs.start_timeout {
+                return Err(RunError::Preflight(format!(
+                    "{what} was not ready within {} s; see {}",
+                    programs.start_timeout.as_secs(),
+                    log.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The trainer's `/v1/status`, if it answers.
+    pub async fn status(&self) -> Option<Value> {
+        let r = self
+            .http
+            .get(format!("{}/v1/status", self.trainer_url))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .ok()?;
+        r.json().await.ok()
+    }
+
+    /// Prints a line for every step the trainer took since the last call.
+    pub fn report_steps(&mut self, status: &Value) {
+        let steps = status["steps"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        for s in steps.iter().skip(self.reported_steps) {
+            eprintln!("{}", step_line(s));
+        }
+        self.reported_steps = self.reported_steps.max(steps.len());
+    }
+
+    /// The sessions are done and their trajectories acknowledged: the trainer trains what is
+    /// left and writes the final checkpoint. Returns its last status.
+    pub async fn finish(&mut self) -> Result<Value, RunError> {
+        let Some(token) = &self.control_token else {
+            // Attached to a trainer this run did not start: it decides when it is done.
+            return self
+                .status()
+                .await
+                .ok_or_else(|| RunError::Io("the trainer does not answer /v1/status".into()));
+        };
+        let resp = self
+            .http
+            .post(format!("{}/v1/finish", self.trainer_url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| RunError::Io(format!("finishing the trainer: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(RunError::Io(format!(
+                "the trainer refused to finish: {}",
+                resp.text().await.unwrap_or_default()
+            )));
+        }
+        loop {
+            if let Some(status) = self.status().await {
+                self.report_steps(&status);
+                if status["finished"].as_bool() == Some(true) {
+                    return Ok(status);
+                }
+            }
+            if let Some((what, status)) = self.exited() {
+                return Err(RunError::Io(format!(
+                    "{what} exited ({status}) before the training finished"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A child that exited on its own.
+    pub fn exited(&mut self) -> Option<(String, std::process::ExitStatus)> {
+        self.children
+            .iter_mut()
+            .find_map(|(what, c, _)| c.try_wait().ok().flatten().map(|s| (what.clone(), s)))
+    }
+
+    /// SIGTERM to every process group started (trainer first), then SIGKILL after a grace;
+    /// returns once no process of those groups is left (vLLM's engine runs in a child).
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.proxy_stop.take() {
+            let _ = tx.send(());
+        }
+        let mut children = std::mem::take(&mut self.children);
+        children.reverse();
+        for (_, _, pgid) in &children {
+            signal_group(*pgid, Signal::SIGTERM);
+        }
+        for (what, child, pgid) in &mut children {
+            if tokio::time::timeout(Duration::from_secs(20), child.wait())
+                .await
+                .is_err()
+            {
+                eprintln!("[train] {what} did not stop in 20 s: killed");
+            }
+            signal_group(*pgid, Signal::SIGKILL);
+            let _ = child.wait().await;
+            wait_group_gone(*pgid).await;
+        }
+    }
+}
+
+fn signal_group(pgid: i32, signal: Signal) {
+    let _ = killpg(Pid::from_raw(pgid), signal);
+}
+
+impl Drop for Training {
+    /// An error path that never reached `stop`: no process group outlives the run.
+    fn drop(&mut self) {
+        for (_, _, pgid) in &self.children {
+            signal_group(*pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+/// Until no process of group `pgid` is left (at most 20 s).
+async fn wait_group_gone(pgid: i32) {
+    for _ in 0..200 {
+        if killpg(Pid::from_raw(pgid), None).is_err() {
+            return;
+        }
+        signal_group(pgid, Signal::SIGKILL);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `summary.json`'s `training`: what the trainer did, from its last status.
+pub fn summary(status: &Value, curve_file: &str) -> Value {
+    serde_json::json!({
+        "steps": status["steps"],
+        "policyVersion": status["policyVersion"],
+        "finished": status["finished"],
+        "finalModel": status["finalCheckpoint"],
+        "dropped": status["dropped"],
+        "versionLag": status["versionLag"],
+        "repushes": status["repushes"],
+        "ingest": status["ingest"],
+        "rewardCurve": curve_file,
+    })
+}
+
+/// (step, reward mean, pass rate) per step, for the reward curve.
+pub fn curve_points(status: &Value) -> Vec<(u64, f64, f64)> {
+    status["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                s["step"].as_u64().unwrap_or(0),
+                s["rewardMean"].as_f64().unwrap_or(0.0),
+                s["passRate"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect()
+}
+
+/// One progress line per optimizer step.
+pub fn step_line(s: &Value) -> String {
+    let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+    format!(
+        "[train] step {} · policy v{} · {} groups · reward {:.3} · pass {:.0}% · {} tokens · clip {:.3} · lag ≤{} · {} stale · train {:.1} s · push {:.1} s",
+        s["step"],
+        s["policyVersion"],
+        s["groups"],
+        f("rewardMean"),
+        100.0 * f("passRate"),
+        s["tokens"],
+        f("clipFraction"),
+        s["versionLagMax"],
+        s["staleDrops"],
+        f("trainSeconds"),
+        f("pushSeconds"),
+    )
+}
+
+/// May the session at `index` (tasks × samples, task-major) start now? Its batch — the
+/// `groupsPerStep` groups one step trains on — may run at most `maxStaleness` policy versions
+/// ahead of the trainer, so its completions are not dropped as stale; a trainer with nothing
+/// to train while no session runs never holds sessions back (groups dropped for zero
+/// advantage make no step).
+pub fn may_start(
+    index: usize,
+    samples: usize,
+    groups_per_step: usize,
+    max_staleness: u64,
+    trainer: &Value,
+    sessions_running: usize,
+) -> bool {
+    let batch = (index / samples.max(1) / groups_per_step.max(1)) as u64;
+    let version = trainer["policyVersion"].as_u64().unwrap_or(0);
+    if version + max_staleness >= batch {
+        return true;
+    }
+    let idle = trainer["pendingGroups"].as_u64() == Some(0)
+        && trainer["readyGroups"].as_u64() == Some(0)
+        && trainer["training"].as_bool() == Some(false);
+    sessions_running == 0 && idle
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_batch_waits_until_the_trainer_is_within_max_staleness() {
+        let at = |v: u64| json!({"policyVersion": v, "pendingGroups": 1, "readyGroups": 0, "training": true});
+        // 2 samples, 2 groups per step: sessions 0-3 are batch 0, 4-7 batch 1, 8-11 batch 2.
+        assert!(may_start(3, 2, 2, 0, &at(0), 4));
+        assert!(!may_start(4, 2, 2, 0, &at(0), 4));
+        assert!(may_start(4, 2, 2, 0, &at(1), 4));
+        assert!(may_start(8, 2, 2, 1, &at(1), 4));
+        assert!(!may_start(8, 2, 2, 0, &at(1), 4));
+    }
+
+    #[test]
+    fn an_idle_trainer_never_holds_sessions_back() {
+        let idle =
+            json!({"policyVersion": 0, "pendingGroups": 0, "readyGroups": 0, "training": false});
+        assert!(may_start(8, 2, 2, 0, &idle, 0));
+        assert!(
+            !may_start(8, 2, 2, 0, &idle, 1),
+            "a running session may still complete a group"
+        );
+        let busy =
+            json!({"policyVersion": 0, "pendingGroups": 0, "readyGroups": 0, "training": true});
+        assert!(
+            !may_start(8, 2, 2, 0, &busy, 0),
+            "a step in progress will move the version"
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! What a `train` job's three processes are started with — vLLM serving the policy, `floe
+//! policy-proxy` in front of it, and `floe-trainer serve` — wherever they run: the trainer pod's
+//! containers ([`super::aux_pods::trainer`]) and `floe run`'s child processes read the same
+//! arguments and configuration from here, so the two can never drift apart. Sans-IO.
+
+use floe_crds::rollout_job::{RolloutJobSpec, TrainSpec, WeightSync};
+use serde_json::{json, Value};
+
+/// vLLM's `--served-model-name`; the gateways ask for this model.
+pub const SERVED_MODEL: &str = "policy";
+
+/// Environment of the vLLM process: its dev-mode endpoints (pause, reload, weight version)
+/// are how the trainer pushes each step's weights; only the trainer can reach them.
+pub const VLLM_ENV: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
+
+/// Where one run's processes find each other and keep their files.
+pub struct Layout {
+    /// The model directory as vLLM and the trainer open it.
+    pub model: String,
+    /// vLLM's own port, on loopback only (dev mode).
+    pub vllm_port: u16,
+    /// `host:port` the trainer's ingest, status and metrics listen on.
+    pub ingest_listen: String,
+    /// The trainer's periodic checkpoints, if kept outside its state directory.
+    pub checkpoint_dir: Option<String>,
+    /// The final checkpoint (a servable model directory), if not `<checkpoints>/final`.
+    pub final_dir: Option<String>,
+}
+
+impl Layout {
+    pub fn vllm_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.vllm_port)
+    }
+}
+
+/// vLLM's server arguments after the model (`vllm serve MODEL …` in the pod, the module entry
+/// point's `--model MODEL …` on one machine).
+pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--host".into(),
+        "127.0.0.1".into(),
+        "--port".into(),
+        layout.vllm_port.to_string(),
+        "--served-model-name".into(),
+        SERVED_MODEL.into(),
+    ];
+    if train.vllm.gpus > 1 {
+        args.extend(["--tensor-parallel-size".into(), train.vllm.gpus.to_string()]);
+    }
+    // Harness requests carry tools; without a tool parser vLLM refuses them (400).
+    if !train
+        .vllm
+        .args
+        .iter()
+        .any(|a| a.starts_with("--tool-call-parser"))
+    {
+        args.extend([
+            "--enable-auto-tool-choice".into(),
+            "--tool-call-parser".into(),
+            "hermes".into(),
+        ]);
+    }
+    if train.grpo.weight_sync == WeightSync::NCCL {
+        // The trainer joins vLLM's workers in an NCCL group to broadcast each step's weights.
+        args.extend([
+            "--weight-transfer-config".into(),
+            r#"{"backend":"nccl"}"#.into(),
+        ]);
+    }
+    args.extend(train.vllm.args.iter().cloned());
+    args
+}
+
+/// `floe policy-proxy`'s arguments: the only door from the gateways to vLLM.
+pub fn policy_proxy_args(listen: &str, layout: &Layout) -> Vec<String> {
+    vec![
+        "policy-proxy".into(),
+        "--listen".into(),
+        listen.into(),
+        "--upstream".into(),
+        layout.vllm_url(),
+    ]
+}
+
+/// What `floe-trainer serve` reads (env `FLOE_TRAINER_CONFIG`): the job's `train` spec plus
+/// where things are. The trainer owns its meaning (`docs/trainer.md`).
+pub fn trainer_config(
+    job: &str,
+    namespace: Option<String>,
+    spec: &RolloutJobSpec,
+    train: &TrainSpec,
+    layout: &Layout,
+) -> Value {
+    let mut config = json!({
+        "job": job,
+        "namespace": namespace,
+        "numSamples": spec.num_samples,
+        "passThreshold": spec.evaluator.reward.pass_threshold,
+        "model": layout.model,
+        "policyUrl": layout.vllm_url(),
+        "servedModel": SERVED_MODEL,
+        "ingestListen": layout.ingest_listen,
+        "gpus": train.gpus,
+        "vllmGpus": train.vllm.gpus,
+        "grpo": train.grpo,
+        "maxStaleness": train.max_staleness,
+    });
+    let checkpoint = match (&train.checkpoint, &layout.checkpoint_dir) {
+        (Some(c), dir) => Some(json!({
+            "dir": dir.clone().unwrap_or_else(|| "/checkpoints".into()),
+            "everySteps": c.every_steps, "keep": c.keep})),
+        (None, Some(dir)) => Some(json!({"dir": dir})),
+        (None, None) => None,
+    };
+    config["checkpoint"] = checkpoint.unwrap_or(Value::Null);
+    if let Some(dir) = &layout.final_dir {
+        config["finalDir"] = json!(dir);
+    }
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn train(v: Value) -> TrainSpec {
+        serde_json::from_value(v).expect("a valid train spec")
+    }
+
+    fn layout() -> Layout {
+        Layout {
+            model: "/m".into(),
+            vllm_port: 9001,
+            ingest_listen: "127.0.0.1:9100".into(),
+            checkpoint_dir: Some("/out/ckpt".into()),
+            final_dir: Some("/out/final".into()),
+        }
+    }
+
+    #[test]
+    fn a_tool_parser_is_added_unless_the_job_names_one() {
+        let t = train(json!({"image": "i", "model": "m"}));
+        let args = vllm_args(&t, &layout());
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--tool-call-parser", "hermes"]));
+        assert!(args.windows(2).any(|w| w == ["--port", "9001"]));
+        let t = train(json!({"image": "i", "model": "m",
+            "vllm": {"args": ["--tool-call-parser", "qwen3_xml"]}}));
+        let args = vllm_args(&t, &layout());
+        assert!(!args.contains(&"hermes".to_string()));
+        assert!(args.ends_with(&["--tool-call-parser".into(), "qwen3_xml".into()]));
+    }
+
+    #[test]
+    fn the_trainer_config_says_where_everything_is() {
+        let spec: RolloutJobSpec = serde_json::from_value(json!({
+            "numSamples": 3, "tasks": {"inline": []}, "harness": {"preset": "pi"},
+            "evaluator": {"command": ["true"]},
+            "train": {"image": "i", "model": "m", "grpo": {"miniBatches": 2}},
+        }))
+        .expect("a valid spec");
+        let t = spec.train.clone().expect("train");
+        let c = trainer_config("j", None, &spec, &t, &layout());
+        assert_eq!(c["policyUrl"], "http://127.0.0.1:9001");
+        assert_eq!(c["numSamples"], 3);
+        assert_eq!(c["checkpoint"]["dir"], "/out/ckpt");
+        assert_eq!(c["finalDir"], "/out/final");
+        assert_eq!(c["grpo"]["miniBatches"], 2);
+        assert_eq!(c["grpo"]["ppoEpochs"], 1);
+    }
+}

@@ -1,0 +1,260 @@
+//! `floe run` with a `train` job: the RL loop closed on one machine. `floe run` starts the
+//! genuine CPU vLLM (SmolLM2-135M-Instruct) and the real `floe-trainer`, sessions of a small
+//! agent of our own call the model through the gateway, the evaluator scores them, the trainer
+//! trains on their trajectories and pushes each step's weights into the running vLLM, and the
+//! next batch of sessions samples from the policy just trained.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result};
+use floe_tests::{floe_bin, vllm_setup, workspace_root};
+use serde_json::Value;
+
+/// One model call (OpenAI Chat through the gateway, the session token as the key); the answer
+/// goes to `answer.txt`.
+const AGENT: &str = r#"
+import json, os, urllib.request
+body = {"model": os.environ["FLOE_MODEL"], "max_tokens": 24, "temperature": 1.0,
+        "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps(body).encode(), headers={"content-type": "application/json",
+    "authorization": "Bearer " + os.environ["FLOE_SESSION_TOKEN"]})
+answer = json.load(urllib.request.urlopen(req, timeout=300))["choices"][0]["message"]["content"]
+open("answer.txt", "w").write(answer)
+"#;
+
+/// Shorter answers score higher; every length its own reward, so a group is never uniform.
+const GRADER: &str = r#"
+import json
+answer = open("answer.txt").read().strip()
+json.dump({"reward": 1.0 / (1.0 + len(answer) / 20.0)}, open("reward.json", "w"))
+"#;
+
+fn job(model: &Path, tasks: &[&str]) -> String {
+    let indent = |code: &str| code.trim().replace('\n', "\n          ");
+    let tasks: String = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, q)| format!("      - {{id: q{i}, instruction: \"{q}\"}}\n"))
+        .collect();
+    format!(
+        r#"apiVersion: floe.dev/v1alpha1
+kind: RolloutJob
+metadata: {{name: brief}}
+spec:
+  numSamples: 4
+  concurrency: 4
+  poolRef: {{name: python-sandbox}}
+  harness:
+    preset: custom
+    model: policy
+    command:
+      - python3
+      - -c
+      - |
+          {agent}
+  evaluator:
+    command:
+      - python3
+      - -c
+      - |
+          {grader}
+    reward: {{source: RewardFile, path: reward.json, passThreshold: 0.5}}
+  sampling: {{maxResponseTokens: 24, temperature: 1.0}}
+  timeouts: {{agentSeconds: 300, evaluatorSeconds: 30}}
+  train:
+    image: unused-on-one-machine
+    model: {model}
+    gpus: 0
+    vllm:
+      gpus: 0
+      args: ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
+    grpo: {{groupsPerStep: 2, learningRate: 2.0e-5, microBatchSize: 8, miniBatches: 2}}
+    maxStaleness: 0
+  tasks:
+    inline:
+{tasks}"#,
+        agent = indent(AGENT),
+        grader = indent(GRADER),
+        model = model.display(),
+    )
+}
+
+fn floe_run(job_file: &Path, out: &Path, python: &Path) -> Command {
+    let mut cmd = Command::new(floe_bin().expect("floe binary"));
+    cmd.arg("run")
+        .arg(job_file)
+        .arg("--out")
+        .arg(out)
+        .arg("--vllm-python")
+        .arg(python)
+        .arg("--trainer-python")
+        .arg(python)
+        .env("PYTHONPATH", workspace_root().join("trainer"))
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("VLLM_NO_USAGE_STATS", "1")
+        .env("DO_NOT_TRACK", "1")
+        .env("VLLM_CPU_KVCACHE_SPACE", "1");
+    cmd
+}
+
+/// Processes a run started: their command line or an open file (the logs `floe run` gives
+/// them as stdout and stderr, inherited by their own children) is under `dir`.
+fn processes_naming(dir: &Path) -> Vec<String> {
+    let needle = dir.display().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        if !pid.chars().all(|c| c.is_ascii_digit()) || pid == std::process::id().to_string() {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let opens = std::fs::read_dir(entry.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|target| target.starts_with(dir));
+        if cmdline.contains(&needle) || opens {
+            found.push(format!("{pid}: {cmdline}"));
+        }
+    }
+    found
+}
+
+#[test]
+fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> {
+    let (python, models) = vllm_setup()?;
+    let model = models.join("smollm2-135m-instruct");
+    let dir = tempfile::tempdir()?;
+    let job_file = dir.path().join("job.yaml");
+    let questions = [
+        "Name a fruit.",
+        "Name a colour.",
+        "Name an animal.",
+        "Name a country.",
+        "Name a river.",
+        "Name a tree.",
+    ];
+    std::fs::write(&job_file, job(&model, &questions))?;
+    let out = dir.path().join("out");
+    let result = floe_run(&job_file, &out, &python)
+        .stderr(Stdio::inherit())
+        .output()?;
+    let table = String::from_utf8_lossy(&result.stdout);
+    eprintln!("{table}");
+    assert_eq!(result.status.code(), Some(0), "floe run: {table}");
+
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    assert_eq!(summary["mode"], "train");
+    assert_eq!(summary["sessions"]["total"], 24, "{summary}");
+    assert_eq!(summary["sessions"]["completed"], 24, "{summary}");
+    let training = &summary["training"];
+    let steps = training["steps"].as_array().context("training.steps")?;
+    // 6 groups, 2 per step, none uniform: 3 steps, each pushed as the next policy version.
+    let versions: Vec<u64> = steps
+        .iter()
+        .filter_map(|s| s["policyVersion"].as_u64())
+        .collect();
+    assert_eq!(versions, [1, 2, 3], "{training}");
+    assert_eq!(training["policyVersion"], 3);
+    for s in steps {
+        // What the trainer computes for the sampled tokens equals what vLLM sampled them
+        // with: fp32 on both sides, 1e-3 nats mean |Δ| (measured: ~1e-5), also after pushes.
+        let mismatch = s["logprobMismatch"].as_f64().context("logprobMismatch")?;
+        assert!(
+            mismatch < 1e-3,
+            "step {s}: trainer vs vLLM logprobs differ by {mismatch}"
+        );
+        assert_eq!(s["groups"], 2);
+        assert_eq!(
+            s["updates"], 2,
+            "two mini-batches: two optimizer updates per step"
+        );
+        assert_eq!(
+            s["versionLagMax"], 0,
+            "maxStaleness 0: every batch on-policy"
+        );
+    }
+    // Every completion carries the policy version that sampled it: the sessions of batch b
+    // (tasks 2b and 2b+1) ran on version b, after the push that made it.
+    let ingest = out.join("trainer/state/ingest");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&ingest)? {
+        let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
+        let task = t["task"].as_str().context("task")?;
+        let index: u64 = task.trim_start_matches('q').parse()?;
+        assert_eq!(
+            t["policy_versions"],
+            serde_json::json!([index / 2]),
+            "task {task}: {}",
+            t["session"]
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 24);
+
+    // The final model is a directory a server loads as the next job's model.
+    let final_model = PathBuf::from(training["finalModel"].as_str().context("finalModel")?);
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(
+            final_model.join(file).is_file(),
+            "{file} in {}",
+            final_model.display()
+        );
+    }
+    let curve = std::fs::read_to_string(out.join("reward-curve.svg"))?;
+    assert!(curve.contains("<polyline"), "{curve}");
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    Ok(())
+}
+
+#[test]
+fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
+    let (python, models) = vllm_setup()?;
+    let dir = tempfile::tempdir()?;
+    let job_file = dir.path().join("job.yaml");
+    // A model directory that does not exist: one line, exit 2, nothing started or written.
+    std::fs::write(
+        &job_file,
+        job(&dir.path().join("no-such-model"), &["Name a fruit."]),
+    )?;
+    let out = dir.path().join("out");
+    let result = floe_run(&job_file, &out, &python).output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("spec.train.model"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(!out.join("sessions").exists());
+
+    // A trainer that dies while starting: reported with its log, exit 2, vLLM stopped again.
+    std::fs::write(
+        &job_file,
+        job(&models.join("smollm2-135m-instruct"), &["Name a fruit."]),
+    )?;
+    let result = floe_run(&job_file, &out, &python)
+        .env("PYTHONPATH", dir.path())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("the trainer exited"), "{stderr}");
+    assert!(
+        stderr.contains("floe_trainer"),
+        "the trainer's own error: {stderr}"
+    );
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert!(
+        !out.join("sessions").exists() || std::fs::read_dir(out.join("sessions"))?.next().is_none()
+    );
+    Ok(())
+}
