@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
-use floe_tests::{floe_bin, vllm_setup, workspace_root};
+use floe_tests::{floe_bin, vllm, vllm_setup, workspace_root};
 use serde_json::Value;
 
 /// One model call (OpenAI Chat through the gateway, the session token as the key); the answer
@@ -236,12 +236,29 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(!out.join("sessions").exists());
 
-    // A trainer that dies while starting: reported with its log, exit 2, vLLM stopped again.
-    std::fs::write(
-        &job_file,
-        job(&models.join("smollm2-135m-instruct"), &["Name a fruit."]),
-    )?;
+    // A policy server that exits while starting: its log, exit 2.
+    let model = models.join("smollm2-135m-instruct");
+    std::fs::write(&job_file, job(&model, &["Name a fruit."]))?;
+    let mut cmd = floe_run(&job_file, &out, &python);
+    let args: Vec<_> = cmd.get_args().map(|a| a.to_os_string()).collect();
+    let mut cmd = Command::new(cmd.get_program());
+    for a in args {
+        cmd.arg(if a == python.as_os_str() {
+            "/bin/false".into()
+        } else {
+            a
+        });
+    }
+    let result = cmd.output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("vLLM exited"), "{stderr}");
+
+    // A trainer that dies while starting (attached to the suite's running vLLM): its own
+    // error, exit 2, nothing left running, no session started.
+    let out = dir.path().join("out-2");
     let result = floe_run(&job_file, &out, &python)
+        .args(["--model-url", &vllm().url])
         .env("PYTHONPATH", dir.path())
         .output()?;
     let stderr = String::from_utf8_lossy(&result.stderr);
@@ -253,8 +270,6 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     );
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");
-    assert!(
-        !out.join("sessions").exists() || std::fs::read_dir(out.join("sessions"))?.next().is_none()
-    );
+    assert!(!out.join("sessions").exists());
     Ok(())
 }

@@ -68,6 +68,9 @@ async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> R
         call.logprobs.as_ref().map(Vec::len),
         Some(call.completion_token_ids.len())
     );
+    // The proxy labels the completion with the weights vLLM serves: nothing pushed to this
+    // server, so its base weights, version 0 (the trainer's pushes are in local_train.rs).
+    assert_eq!(call.policy_version, Some(0));
 
     // Read-only and tokenizer paths pass.
     for path in ["/v1/models", "/version", "/metrics"] {

@@ -269,12 +269,8 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     assert (status["step"], status["policyVersion"]) == (1, 1)
     # vLLM now serves the trained weights, reloaded from the trainer's own weights dir.
     probe = prompt + [28, 29, 30]
-    with torch.no_grad():
-        mine = token_logprobs(
-            trainer.model, make_batch([Trace(prompt, [28, 29, 30], [1] * 3, [None] * 3)])
-        )[0].tolist()
     served_lp = prompt_logprobs(url, "policy", probe)[-3:]
-    assert max(abs(a - b) for a, b in zip(served_lp, mine, strict=True)) < 2e-3
+    assert max(abs(a - b) for a, b in zip(served_lp, mine_now(trainer, prompt), strict=True)) < 2e-3
     metrics = urllib.request.urlopen(f"{ingest}/metrics").read().decode()
     assert "floe_trainer_step 1.0" in metrics
     assert 'floe_trainer_step_phase_seconds_count{phase="sync"} 1.0' in metrics
@@ -305,12 +301,8 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     assert served_version(url) == 0
     trainer.check_policy_server(now=1e12)
     assert served_version(url) == 2 and trainer.repushes == 1
-    with torch.no_grad():
-        mine = token_logprobs(
-            trainer.model, make_batch([Trace(prompt, [28, 29, 30], [1] * 3, [None] * 3)])
-        )[0].tolist()
     served_lp = prompt_logprobs(url, "policy", probe)[-3:]
-    assert max(abs(a - b) for a, b in zip(served_lp, mine, strict=True)) < 2e-3
+    assert max(abs(a - b) for a, b in zip(served_lp, mine_now(trainer, prompt), strict=True)) < 2e-3
 
     # The job's sessions are done: half a group is still pending; it is trained, then the
     # final checkpoint is a model directory with the tokenizer.

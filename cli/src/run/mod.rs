@@ -343,6 +343,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         tokio::select! {
             _ = tick.tick(), if training.is_some() => {
                 if let Some(t) = training.as_mut() {
+                    t.sample_policy_server().await;
                     if let Some(status) = t.status().await {
                         t.report_steps(&status);
                         trainer_status = status;
@@ -421,6 +422,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         Some(t) => t.status().await,
         None => None,
     };
+    let busy = training.as_ref().and_then(train::Training::busy_fraction);
     if let Some(mut t) = training.take() {
         t.stop().await;
     }
@@ -432,7 +434,9 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         interrupted,
     );
     if let Some(status) = &trained {
-        summary.training = Some(train::summary(status, "reward-curve.svg"));
+        let mut t = train::summary(status, "reward-curve.svg");
+        t["utilization"] = train::utilization(busy, status, started.elapsed().as_secs_f64());
+        summary.training = Some(t);
         let points = train::curve_points(status);
         std::fs::write(
             out.join("reward-curve.svg"),

