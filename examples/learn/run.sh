@@ -10,14 +10,7 @@ shift || true
 cd "$ROOT"
 # shellcheck source=../../scripts/env.sh
 source scripts/env.sh
-FLOE=${FLOE:-}
-if [ -z "$FLOE" ]; then
-  if command -v floe >/dev/null; then FLOE=$(command -v floe); else
-    echo "[learn] building floe" >&2
-    cargo build --quiet -p floe
-    FLOE=$CARGO_TARGET_DIR/debug/floe
-  fi
-fi
+FLOE=$(floe_binary)
 read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
 # The job names its model relative to itself: a copy of the job beside a link to the model.
 JOB=$(mktemp -d "${TMPDIR:-/tmp}/floe-learn.XXXXXX")

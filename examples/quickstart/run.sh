@@ -17,14 +17,7 @@ cd "$ROOT"
 # shellcheck source=../../scripts/env.sh
 source scripts/env.sh
 
-FLOE=${FLOE:-}
-if [ -z "$FLOE" ]; then
-  if command -v floe >/dev/null; then FLOE=$(command -v floe); else
-    echo "[quickstart] building floe" >&2
-    cargo build --quiet -p floe
-    FLOE=$CARGO_TARGET_DIR/debug/floe
-  fi
-fi
+FLOE=$(floe_binary)
 PI=$(scripts/harnesses/install.sh pi)
 export PATH="$(dirname "$PI"):$PATH"
 

@@ -34,21 +34,11 @@ def test_make_batch_pads_and_indexes_the_response_tokens():
 
 
 def test_padded_batch_logprobs_equal_each_trace_alone_and_the_masked_full_forward():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny import tiny_llama
 
     from floe_trainer.policy import token_logprobs
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = tiny_llama(positions=64).eval()
     traces = [
         trace([1, 2, 3, 4, 5], [6, 7], [1, 1], [None, None]),
         trace([9], [10, 11, 12, 13], [0, 1, 1, 1], [None] * 4),

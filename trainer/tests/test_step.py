@@ -3,26 +3,12 @@ update, so the PPO clip acts from the second update on (and never with a single 
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny import tiny_llama
 
 from floe_trainer.batching import Group
 from floe_trainer.loss import LossConfig
 from floe_trainer.step import train_step
 from floe_trainer.wire import Trace, Trajectory
-
-
-def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 def groups(n_groups=2, n=4):
@@ -42,7 +28,7 @@ def groups(n_groups=2, n=4):
 
 
 def step(mini_batches, epochs, lr=0.05):
-    model = tiny_model()
+    model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     cfg = LossConfig(epsilon_low=0.2, epsilon_high=0.28)
     return train_step(
