@@ -239,7 +239,7 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     // A policy server that exits while starting: its log, exit 2.
     let model = models.join("smollm2-135m-instruct");
     std::fs::write(&job_file, job(&model, &["Name a fruit."]))?;
-    let mut cmd = floe_run(&job_file, &out, &python);
+    let cmd = floe_run(&job_file, &out, &python);
     let args: Vec<_> = cmd.get_args().map(|a| a.to_os_string()).collect();
     let mut cmd = Command::new(cmd.get_program());
     for a in args {

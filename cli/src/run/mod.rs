@@ -179,17 +179,21 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             trainer_python: args.trainer_python.clone(),
             start_timeout: Duration::from_secs(args.start_timeout),
         };
-        Some(
-            train::Training::start(
+        // Ctrl-C while vLLM loads drops the start: what it started is killed with it.
+        tokio::select! {
+            started = train::Training::start(
                 &plan,
                 &args.job,
                 &programs,
                 model_url.as_deref(),
                 args.trainer_url.as_deref(),
                 &args.out,
-            )
-            .await?,
-        )
+            ) => Some(started?),
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("floe run: interrupted while the policy server and trainer started");
+                return Ok(130);
+            }
+        }
     } else {
         None
     };
