@@ -95,7 +95,11 @@ def train_step(
         for trace in t.traces
         if any(trace.loss_mask)
     ]
-    _old_logprobs(model, items, micro_batch_size, pad_id, placement)
+    # One update: the policy before it is the policy in it, so its own log-probs (detached)
+    # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
+    on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, len(items))) == 1
+    if not on_policy:
+        _old_logprobs(model, items, micro_batch_size, pad_id, placement)
     model.train()
     rng = random.Random(seed)
     all_stats: list[LossStats] = []
@@ -113,13 +117,17 @@ def train_step(
                 chunk = mini[start : start + micro_batch_size]
                 batch = make_batch([it.trace for it in chunk], pad_id).to(placement.device)
                 width = batch.response_ids.shape[1]
-                old = _padded([it.logp_old for it in chunk], width, placement.device)
                 with placement.autocast():
                     logp = token_logprobs(model, batch)
                     ref = None
                     if cfg.kl_coef > 0 and reference is not None:
                         with torch.no_grad():
                             ref = token_logprobs(reference, batch)
+                old = (
+                    logp.detach()
+                    if on_policy
+                    else _padded([it.logp_old for it in chunk], width, placement.device)
+                )
                 loss, stats = policy_loss(
                     logp,
                     old,
