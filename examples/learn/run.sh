@@ -15,7 +15,12 @@ read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
 # The job names its model relative to itself: a copy of the job beside a link to the model.
 JOB=$(mktemp -d "${TMPDIR:-/tmp}/floe-learn.XXXXXX")
 trap 'rm -rf "$JOB"' EXIT
-cp examples/learn/job.yaml "$JOB/job.yaml"
+# LEARN_JOB=pi.yaml: the same loop with Pi (from npm) as the harness.
+cp "examples/learn/${LEARN_JOB:-job.yaml}" "$JOB/job.yaml"
+if grep -q "preset: pi" "$JOB/job.yaml"; then
+  PI=$(scripts/harnesses/install.sh pi)
+  export PATH="$(dirname "$PI"):$PATH"
+fi
 ln -s "$VLLM_MODELS/smollm2-135m-instruct" "$JOB/model"
 export PYTHONPATH="$ROOT/trainer${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1

@@ -224,14 +224,17 @@ mod examples {
 
     fn jobs() -> Vec<PathBuf> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
-            .into_iter()
-            .flatten()
-            .flatten()
+        let mut files: Vec<PathBuf> = ["", "quickstart", "learn"]
+            .iter()
+            .flat_map(|dir| {
+                std::fs::read_dir(root.join(dir))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
             .collect();
-        files.push(root.join("quickstart/job.yaml"));
         files.sort();
         files
     }
@@ -272,6 +275,6 @@ mod examples {
             }
             checked += 1;
         }
-        assert!(checked >= 4, "the example jobs were found ({checked})");
+        assert!(checked >= 7, "the example jobs were found ({checked})");
     }
 }
