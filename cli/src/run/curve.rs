@@ -56,8 +56,8 @@ pub fn svg(points: &[(u64, f64, f64)], title: &str) -> String {
     ));
     out.push_str(&format!(
         "<text x=\"{:.1}\" y=\"20\" fill=\"#1f77b4\" text-anchor=\"end\">— reward mean</text><text x=\"{:.1}\" y=\"34\" fill=\"#ff7f0e\" text-anchor=\"end\">- - pass rate</text>\n</svg>\n",
-        W - R,
-        W - R
+        W - R - 6.0,
+        W - R - 6.0
     ));
     out
 }
