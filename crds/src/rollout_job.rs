@@ -854,6 +854,14 @@ pub struct TrainerProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
     pub last_step_time: Option<Time>,
+    /// The job's sessions are done and the trainer trained what was left and wrote its final
+    /// model; until then a job whose sessions are done stays `Running`.
+    #[serde(default)]
+    pub finished: bool,
+    /// The final model directory (a servable model: weights, config, tokenizer), in the
+    /// trainer pod's filesystem (on the checkpoint volume when `train.checkpoint` is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_model: Option<String>,
 }
 
 #[cfg(test)]

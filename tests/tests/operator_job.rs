@@ -491,14 +491,43 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
             .and_then(|s| s.pod_ip))
     })
     .await?;
-    let trainer = axum::Router::new().route(
-        "/v1/status",
-        axum::routing::get(|| async {
-            axum::Json(
-                json!({"step": 3, "policyVersion": 3, "lastStepTime": "2026-11-22T10:00:00Z"}),
-            )
-        }),
-    );
+    // A stand-in for the trainer's HTTP face: it finishes only when told so with the token of
+    // the job's control Secret, as `floe-trainer serve` does.
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns.name)
+        .get("trained-trainer-control")
+        .await?;
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("control-token"))
+        .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        .context("the control token")?;
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (said_done, told) = (finished.clone(), finished.clone());
+    let trainer = axum::Router::new()
+        .route(
+            "/v1/status",
+            axum::routing::get(move || async move {
+                let done = said_done.load(std::sync::atomic::Ordering::SeqCst);
+                axum::Json(json!({"step": 3, "policyVersion": 3,
+                    "lastStepTime": "2026-11-22T10:00:00Z", "finished": done,
+                    "finalCheckpoint": done.then_some("/checkpoints/final")}))
+            }),
+        )
+        .route(
+            "/v1/finish",
+            axum::routing::post(move |headers: axum::http::HeaderMap| async move {
+                let given = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                if given != format!("Bearer {token}") {
+                    return axum::http::StatusCode::UNAUTHORIZED;
+                }
+                told.store(true, std::sync::atomic::Ordering::SeqCst);
+                axum::http::StatusCode::ACCEPTED
+            }),
+        );
     let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
     tokio::spawn(async move { axum::serve(listener, trainer).await });
     trainer_up.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -509,6 +538,11 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     .await?;
     let progress = done.trainer.context("trainer")?;
     assert_eq!((progress.step, progress.policy_version), (3, 3));
+    assert!(
+        finished.load(std::sync::atomic::Ordering::SeqCst) && progress.finished,
+        "the job succeeds only once its trainer was told the sessions are done and finished"
+    );
+    assert_eq!(progress.final_model.as_deref(), Some("/checkpoints/final"));
     let taken = kubelet.taken();
     let a = taken
         .iter()

@@ -30,7 +30,7 @@ pub fn dataset_service(job: &str) -> String {
 use std::collections::BTreeMap;
 
 use floe_crds::rollout_job::{RolloutJob, TrainSpec};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
 
@@ -44,6 +44,15 @@ pub const OWNER_JOB_LABEL: &str = "floe.dev/owner-job";
 pub struct AuxObjects {
     pub pod: Pod,
     pub services: Vec<Service>,
+    /// The trainer's control token (`POST /v1/finish`), created before the pod.
+    pub secret: Option<Secret>,
+}
+
+/// The Secret holding a train job's trainer control token (key
+/// [`crate::sandbox_pod::CONTROL_TOKEN_KEY`]): the operator's, to tell the trainer the job's
+/// sessions are done. Sandbox pods, which reach the trainer's port, never see it.
+pub fn trainer_control_secret(job: &str) -> String {
+    format!("{}-control", trainer_service(job))
 }
 
 fn meta(job: &RolloutJob, name: &str, role: &str) -> Value {
@@ -117,6 +126,7 @@ pub fn collector(
     }))?;
     Ok(Some(AuxObjects {
         pod,
+        secret: None,
         services: vec![service(job, &name, "dataset", INGEST_PORT)?],
     }))
 }
@@ -191,6 +201,12 @@ pub fn trainer(
     let config =
         trainer_launch::trainer_config(&job.name_any(), job.namespace(), &job.spec, train, &layout)
             .to_string();
+    let control = trainer_control_secret(&job.name_any());
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": meta(job, &control, "trainer"),
+        "stringData": {crate::sandbox_pod::CONTROL_TOKEN_KEY: crate::sandbox_pod::new_control_token()},
+    }))?;
     let node_selector: BTreeMap<String, String> = train.node_selector.clone();
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -219,7 +235,9 @@ pub fn trainer(
                 {
                     "name": "trainer", "image": train.image, "command": ["floe-trainer"], "args": ["serve"],
                     "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config},
-                            {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR}],
+                            {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR},
+                            {"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
+                                "name": control, "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}}],
                     "ports": [{"name": "ingest", "containerPort": INGEST_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 5},
                     "resources": trainer_resources,
@@ -231,6 +249,7 @@ pub fn trainer(
     }))?;
     Ok(Some(AuxObjects {
         pod,
+        secret: Some(secret),
         services: vec![
             service(job, &policy_service(&job.name_any()), "trainer", VLLM_PORT)?,
             service(job, &name, "trainer", INGEST_PORT)?,
@@ -440,6 +459,16 @@ mod tests {
         assert_eq!(config["policyUrl"], "http://127.0.0.1:8001");
         assert_eq!(config["vllmGpus"], 2);
         assert_eq!(config["grpo"]["weightSync"], "File");
+        assert_eq!(
+            trainer["env"][2]["valueFrom"]["secretKeyRef"]["name"], "j-trainer-control",
+            "the finish token comes from the job's own Secret"
+        );
+        let secret = aux.secret.as_ref().expect("a control-token Secret");
+        assert_eq!(secret.metadata.name.as_deref(), Some("j-trainer-control"));
+        assert!(
+            secret.metadata.owner_references.is_some(),
+            "goes with the job"
+        );
         assert!(!args.contains(&"--weight-transfer-config"));
         let mounts = |c: &Value| -> Vec<String> {
             c["volumeMounts"]

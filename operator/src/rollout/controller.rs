@@ -336,6 +336,9 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         (Some(_), Some(pod)) => trainer_progress(ctx, pod).await,
         _ => None,
     };
+    // A train job's sessions may all be done while its trainer still trains the last groups.
+    let trainer_unfinished =
+        job.spec.train.is_some() && trainer.as_ref().is_some_and(|t| !t.finished);
     let mut decided = plan(&state, &sessions, free);
     if !gate.deliver {
         // Pods may warm (poolTemplate) or be claimed meanwhile, but no session starts before
@@ -357,6 +360,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
                 running: decided.running - decided.claim.len() as u32,
                 blocked: None,
                 now: now.clone(),
+                trainer_unfinished,
             },
             previous.as_ref().and_then(|s| s.start_time.clone()),
         );
@@ -524,6 +528,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             running,
             blocked: None,
             now: now.clone(),
+            trainer_unfinished,
         },
         start_time,
     );
@@ -539,6 +544,16 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             .filter(|c| c.type_ == "Progressing" || c.type_ == "Reconciling")
         {
             c.message = w.clone();
+        }
+    }
+    let finishing = st
+        .conditions
+        .iter()
+        .any(|c| c.reason == status::TRAINING_LAST_GROUPS);
+    if let (true, Some(pod)) = (finishing, &aux) {
+        // Every round until the trainer says it finished: the call is idempotent.
+        if let Err(e) = finish_trainer(ctx, job, &ns, pod).await {
+            tracing::warn!(job = %job.name_any(), "cannot tell the trainer the sessions are done: {e}");
         }
     }
     if trainer.is_some() {
@@ -1417,6 +1432,7 @@ async fn report_blocked(
             running: 0,
             blocked: Some(blocked),
             now,
+            trainer_unfinished: false,
         },
         previous.and_then(|s| s.start_time.clone()),
     );
@@ -1535,6 +1551,11 @@ async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Opti
     for svc in &objects.services {
         create_if_missing(&services, svc).await?;
     }
+    if let Some(secret) = &objects.secret {
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(ctx.client.clone(), ns);
+        create_if_missing(&secrets, secret).await?;
+    }
     tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
     create_if_missing(&pods, &objects.pod).await?;
     Ok(pods.get_opt(&name).await?)
@@ -1581,5 +1602,59 @@ async fn trainer_progress(
             .and_then(|t| t.as_str())
             .and_then(|t| t.parse().ok())
             .map(Time),
+        finished: v.get("finished").and_then(|f| f.as_bool()).unwrap_or(false),
+        final_model: v
+            .get("finalCheckpoint")
+            .and_then(|f| f.as_str())
+            .map(String::from),
     })
+}
+
+/// `POST /v1/finish` to the trainer with the job's control token: the sessions are done, train
+/// what is left and write the final model.
+async fn finish_trainer(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+    pod: &Pod,
+) -> Result<(), String> {
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .ok_or("the trainer pod has no IP")?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = super::aux_pods::trainer_control_secret(&job.name_any());
+    let secret = secrets
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading Secret {name}: {e}"))?
+        .ok_or_else(|| format!("Secret {name} is missing"))?;
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(crate::sandbox_pod::CONTROL_TOKEN_KEY))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .ok_or_else(|| {
+            format!(
+                "Secret {name} has no {}",
+                crate::sandbox_pod::CONTROL_TOKEN_KEY
+            )
+        })?;
+    let url = format!(
+        "http://{}/v1/finish",
+        join_host_port(&ip, super::aux_pods::INGEST_PORT)
+    );
+    let reply = ctx
+        .http
+        .post(&url)
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .map_err(|e| format!("POST {url}: {e}"))?;
+    if !reply.status().is_success() {
+        return Err(format!("POST {url}: {}", reply.status()));
+    }
+    Ok(())
 }

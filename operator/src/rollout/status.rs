@@ -41,6 +41,9 @@ impl Blocked {
     }
 }
 
+/// The reason while a train job's sessions are done and its trainer finishes.
+pub const TRAINING_LAST_GROUPS: &str = "TrainingLastGroups";
+
 pub struct StatusInput<'a> {
     pub previous: Option<&'a RolloutJobStatus>,
     pub generation: Option<i64>,
@@ -48,6 +51,9 @@ pub struct StatusInput<'a> {
     pub running: u32,
     pub blocked: Option<&'a Blocked>,
     pub now: Time,
+    /// A train job whose trainer answers and has not finished: when the sessions are done,
+    /// the job waits for it to train the last groups and write its final model.
+    pub trainer_unfinished: bool,
 }
 
 /// The job's `status.startTime`: kept once set, else now if the job has begun.
@@ -164,6 +170,18 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
             out.push(condition("Stalled", true, "AllSessionsFailed", summary));
             return (RolloutJobPhase::Failed, out);
         }
+        if i.trainer_unfinished && !s.deadline_exceeded {
+            let why =
+                format!("{summary}; the trainer trains the last groups and writes the final model");
+            out.push(condition(
+                "Progressing",
+                true,
+                TRAINING_LAST_GROUPS,
+                why.clone(),
+            ));
+            out.push(condition("Ready", false, TRAINING_LAST_GROUPS, why));
+            return (RolloutJobPhase::Running, out);
+        }
         out.push(condition(
             "Complete",
             true,
@@ -253,7 +271,43 @@ mod tests {
             running,
             blocked: None,
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            trainer_unfinished: false,
         }
+    }
+
+    #[test]
+    fn a_train_job_whose_sessions_are_done_waits_for_its_trainer_to_finish() {
+        let mut s = state(2);
+        s.completed.insert(0);
+        s.completed.insert(1);
+        s.rewards = RewardTally {
+            scored: 2,
+            sum: 1.0,
+            passed: 1,
+        };
+        let mut i = input(&s, None, 0);
+        i.trainer_unfinished = true;
+        let st = status(&i, None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Running));
+        assert_eq!(
+            st.completion_time, None,
+            "not finished while the trainer trains"
+        );
+        assert!(st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Progressing" && c.reason == TRAINING_LAST_GROUPS));
+        // Once it says finished (or cannot be read), the job completes as before.
+        i.trainer_unfinished = false;
+        assert_eq!(status(&i, None).phase, Some(RolloutJobPhase::Succeeded));
+        // A deadline does not wait for it.
+        let mut late = state(2);
+        late.completed.insert(0);
+        late.completed.insert(1);
+        late.deadline_exceeded = true;
+        let mut i = input(&late, None, 0);
+        i.trainer_unfinished = true;
+        assert_ne!(status(&i, None).phase, Some(RolloutJobPhase::Running));
     }
 
     fn cond<'a>(st: &'a RolloutJobStatus, t: &str) -> Option<&'a str> {
