@@ -117,6 +117,15 @@ pub fn control_secret(
     }
 }
 
+/// The control token a control-token Secret holds (sandbox pods' and a train job's trainer's).
+pub fn control_token_of(secret: &k8s_openapi::api::core::v1::Secret) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(CONTROL_TOKEN_KEY)
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+}
+
 /// Five random lowercase alphanumerics, for pod names (as a ReplicaSet's pods get).
 pub fn random_suffix() -> String {
     use rand::RngExt;

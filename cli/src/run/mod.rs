@@ -173,7 +173,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         ));
     }
     preflight(&plan, model_url.as_deref(), &args.out).await?;
-    let training = if trains {
+    let mut training = if trains {
         let programs = train::Programs {
             vllm_python: args.vllm_python.clone(),
             trainer_python: args.trainer_python.clone(),
@@ -207,7 +207,6 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 .unwrap_or_else(|| "policy".into()),
         ),
     };
-    let mut training = training;
     let io = |what: &str, e: &dyn std::fmt::Display| RunError::Io(format!("{what}: {e}"));
     let out = &args.out;
     std::fs::create_dir_all(out.join("sessions")).map_err(|e| io("output dir", &e))?;

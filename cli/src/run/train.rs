@@ -58,10 +58,6 @@ fn free_port() -> Result<u16, RunError> {
         .map_err(|e| RunError::Io(format!("loopback port: {e}")))
 }
 
-fn on_path(program: &str) -> bool {
-    super::on_path(program)
-}
-
 /// The model directory of `spec.train.model`: a path relative to the job file, or absolute.
 fn model_dir(plan: &Plan, job_file: &Path) -> Result<PathBuf, RunError> {
     let train = plan
@@ -152,12 +148,15 @@ impl Training {
             (Some(_), Some(_)) => None,
             _ => Some(model_dir(plan, job_file)?),
         };
-        if model_url.is_none() && programs.vllm_python.is_none() && !on_path("vllm") {
+        if model_url.is_none() && programs.vllm_python.is_none() && !super::on_path("vllm") {
             return Err(RunError::Preflight(
                 "no policy server: `vllm` is not on PATH; pass --vllm-python PYTHON (a Python with vLLM) or --model-url URL (a running vLLM in dev mode)".into(),
             ));
         }
-        if trainer_url.is_none() && programs.trainer_python.is_none() && !on_path("floe-trainer") {
+        if trainer_url.is_none()
+            && programs.trainer_python.is_none()
+            && !super::on_path("floe-trainer")
+        {
             return Err(RunError::Preflight(
                 "no trainer: `floe-trainer` is not on PATH; pass --trainer-python PYTHON (with floe_trainer importable) or --trainer-url URL".into(),
             ));

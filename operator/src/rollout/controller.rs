@@ -1285,10 +1285,7 @@ async fn deliver(
                 .get(&crate::sandbox_pod::control_secret_name(&name))
                 .await
             {
-                Ok(s) => s.data.and_then(|d| {
-                    d.get(CONTROL_TOKEN_KEY)
-                        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
-                }),
+                Ok(s) => crate::sandbox_pod::control_token_of(&s),
                 Err(e) => {
                     tracing::warn!(%name, "control token: {e}");
                     None
@@ -1572,17 +1569,22 @@ where
     }
 }
 
+/// `path` on the trainer pod's ingest port, once the pod has an IP.
+fn trainer_endpoint(pod: &Pod, path: &str) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+    Some(format!(
+        "http://{}{path}",
+        join_host_port(&ip, super::aux_pods::INGEST_PORT)
+    ))
+}
+
 /// The trainer's `GET /v1/status` (step, policy version, last step time), mirrored into the
 /// job's status; `None` while it cannot be read.
 async fn trainer_progress(
     ctx: &JobContext,
     pod: &Pod,
 ) -> Option<floe_crds::rollout_job::TrainerProgress> {
-    let ip = pod.status.as_ref()?.pod_ip.clone()?;
-    let url = format!(
-        "http://{}/v1/status",
-        join_host_port(&ip, super::aux_pods::INGEST_PORT)
-    );
+    let url = trainer_endpoint(pod, "/v1/status")?;
     let reply = ctx
         .http
         .get(&url)
@@ -1618,11 +1620,7 @@ async fn finish_trainer(
     ns: &str,
     pod: &Pod,
 ) -> Result<(), String> {
-    let ip = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .ok_or("the trainer pod has no IP")?;
+    let url = trainer_endpoint(pod, "/v1/finish").ok_or("the trainer pod has no IP")?;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
     let name = super::aux_pods::trainer_control_secret(&job.name_any());
     let secret = secrets
@@ -1630,21 +1628,8 @@ async fn finish_trainer(
         .await
         .map_err(|e| format!("reading Secret {name}: {e}"))?
         .ok_or_else(|| format!("Secret {name} is missing"))?;
-    let token = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(crate::sandbox_pod::CONTROL_TOKEN_KEY))
-        .and_then(|b| String::from_utf8(b.0.clone()).ok())
-        .ok_or_else(|| {
-            format!(
-                "Secret {name} has no {}",
-                crate::sandbox_pod::CONTROL_TOKEN_KEY
-            )
-        })?;
-    let url = format!(
-        "http://{}/v1/finish",
-        join_host_port(&ip, super::aux_pods::INGEST_PORT)
-    );
+    let token = crate::sandbox_pod::control_token_of(&secret)
+        .ok_or_else(|| format!("Secret {name} has no {CONTROL_TOKEN_KEY}"))?;
     let reply = ctx
         .http
         .post(&url)
