@@ -83,6 +83,14 @@ enum Command {
         #[command(subcommand)]
         command: trajectories::TrajectoriesCommand,
     },
+    /// Started by `floe run`: kill what the run left once the run is gone (even SIGKILLed).
+    #[command(hide = true)]
+    RunWatchdog {
+        #[arg(long)]
+        parent: u32,
+        #[arg(long)]
+        tag: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +144,11 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::PolicyProxy(args) => policy_proxy::run(args)?,
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
+        }
+        Command::RunWatchdog { parent, tag } => {
+            return Ok(ExitCode::from(
+                u8::try_from(run::watchdog(parent, &tag)).unwrap_or(1),
+            ))
         }
         Command::Sandbox(args) => {
             return Ok(ExitCode::from(

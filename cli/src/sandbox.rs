@@ -80,6 +80,7 @@ pub fn main(args: SandboxArgs) -> i32 {
         state_dir: args.state_dir,
         pool_prepare,
         assignment_wait: args.assignment_timeout_seconds.map(Duration::from_secs),
+        session: None,
         ship_wait: Duration::from_secs(args.ship_timeout_seconds),
         log_cap_bytes: args.log_cap_bytes,
         kill_grace: Duration::from_secs(args.kill_grace_seconds),

@@ -436,6 +436,14 @@ pub struct Timeouts {
     #[serde(default = "default_evaluator_timeout")]
     #[schemars(range(min = 1, max = 86400))]
     pub evaluator_seconds: i32,
+    /// Deadline of one model call at the gateway, its retries included. Connection errors,
+    /// 429, 500 (twice at most) and 502/503/504 from the model server are retried with backoff
+    /// within it; a call that still fails (or is still unanswered at the deadline) makes the
+    /// session an infrastructure failure: retried, never scored. This is what tells a hung
+    /// model server from a slow policy, so keep it above the longest generation you expect.
+    #[serde(default = "default_model_call_timeout")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub model_call_seconds: i32,
 }
 
 impl Default for Timeouts {
@@ -443,6 +451,7 @@ impl Default for Timeouts {
         Self {
             agent_seconds: default_agent_timeout(),
             evaluator_seconds: default_evaluator_timeout(),
+            model_call_seconds: default_model_call_timeout(),
         }
     }
 }
@@ -451,6 +460,9 @@ fn default_agent_timeout() -> i32 {
     1800
 }
 fn default_evaluator_timeout() -> i32 {
+    600
+}
+fn default_model_call_timeout() -> i32 {
     600
 }
 

@@ -144,6 +144,9 @@ pub fn parse_rollout_job(document: &serde_json::Value) -> Result<RolloutJob, Val
             });
         }
     }
+    // Strict, like `kubectl --validate=strict`: an apiserver would prune a misspelled field
+    // silently, and the job would run with the default in its place.
+    unknown_fields(&schema, document, "", &mut errors);
     if !errors.is_empty() {
         return Err(ValidationError { errors });
     }
@@ -156,6 +159,81 @@ pub fn parse_rollout_job(document: &serde_json::Value) -> Result<RolloutJob, Val
         })?;
     validate_rollout_job(&job)?;
     Ok(job)
+}
+
+/// Fields of `document` that its structural `schema` does not know, each with its path and the
+/// closest known name. Objects that keep unknown fields (`x-kubernetes-preserve-unknown-fields`)
+/// or are maps (`additionalProperties`) accept any key.
+fn unknown_fields(
+    schema: &serde_json::Value,
+    document: &serde_json::Value,
+    pointer: &str,
+    errors: &mut Vec<FieldError>,
+) {
+    match document {
+        serde_json::Value::Object(fields) => {
+            let properties = schema["properties"].as_object();
+            let open = schema["x-kubernetes-preserve-unknown-fields"] == true;
+            let map_values = schema.get("additionalProperties").filter(|v| v.is_object());
+            for (key, value) in fields {
+                let path = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
+                // Every object has these; the CRD's schema does not list them.
+                let object_field = pointer.is_empty()
+                    && ["apiVersion", "kind", "metadata"].contains(&key.as_str());
+                if object_field {
+                    continue;
+                }
+                if let Some(known) = properties.and_then(|p| p.get(key)) {
+                    unknown_fields(known, value, &path, errors);
+                } else if let Some(values) = map_values {
+                    unknown_fields(values, value, &path, errors);
+                } else if let Some(known) = properties.filter(|_| !open) {
+                    let hint = closest(key, known.keys())
+                        .map(|k| format!(" (did you mean `{k}`?)"))
+                        .unwrap_or_default();
+                    errors.push(FieldError {
+                        field: pointer_to_field(&path),
+                        message: format!("unknown field{hint}"),
+                    });
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    unknown_fields(item_schema, item, &format!("{pointer}/{i}"), errors);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The known name nearest to a misspelling (at most a third of its letters off).
+fn closest<'a>(key: &str, known: impl Iterator<Item = &'a String>) -> Option<&'a String> {
+    let lower = key.to_ascii_lowercase();
+    known
+        .map(|k| (edit_distance(&lower, &k.to_ascii_lowercase()), k))
+        .filter(|(d, k)| *d <= k.len().max(3) / 3)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// `/spec/tasks/inline/3/id` → `spec.tasks.inline[3].id`.
@@ -220,6 +298,30 @@ mod document_tests {
         spec["train"] = serde_json::json!({"image": "x", "model": "m"});
         let err = parse_rollout_job(&job(spec)).expect_err("both train and sft");
         assert!(err.to_string().contains("exactly one of"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_with_their_path_and_a_suggestion() {
+        let mut spec = valid_spec();
+        spec["timeouts"] = serde_json::json!({"agentSecond": 5});
+        spec["tasks"]["inline"][0]["hiddenFiles"] = serde_json::json!({"t.py": "x"});
+        spec["harness"]["settings"] = serde_json::json!({"anything": {"goes": true}});
+        let err = parse_rollout_job(&job(spec)).expect_err("unknown fields");
+        let messages: Vec<String> = err.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                "spec.tasks.inline[0].hiddenFiles: unknown field",
+                "spec.timeouts.agentSecond: unknown field (did you mean `agentSeconds`?)",
+            ],
+            "{err}"
+        );
+        // Free-form maps and preserved objects take any key.
+        let mut spec = valid_spec();
+        spec["tasks"]["inline"][0]["metadata"] = serde_json::json!({"any": "key"});
+        spec["harness"]["settings"] = serde_json::json!({"model": {"x": 1}});
+        parse_rollout_job(&job(spec)).expect("maps and settings take any key");
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

@@ -105,7 +105,12 @@ impl GatewayClient {
     }
 
     /// Long-poll until an assignment arrives (or `within` passes, when given).
-    pub async fn assignment(&self, within: Option<Duration>) -> Result<Delivered, ClientError> {
+    /// The next assignment (or session `only`'s), within `within` (`None`: wait forever).
+    pub async fn assignment(
+        &self,
+        within: Option<Duration>,
+        only: Option<&str>,
+    ) -> Result<Delivered, ClientError> {
         let started = tokio::time::Instant::now();
         loop {
             let left = within.map(|w| w.saturating_sub(started.elapsed()));
@@ -115,10 +120,14 @@ impl GatewayClient {
             let wait = left
                 .unwrap_or(Duration::from_secs(30))
                 .min(Duration::from_secs(30));
-            let path = format!(
+            let mut path = format!(
                 "/floe/v1/assignments/next?waitSeconds={}",
                 wait.as_secs().max(1)
             );
+            if let Some(id) = only {
+                // Session ids are [A-Za-z0-9._-]: nothing to escape.
+                path.push_str(&format!("&session={id}"));
+            }
             let (status, body) = self
                 .call(
                     reqwest::Method::GET,

@@ -10,8 +10,10 @@
 //! - [`process`]: a command under a timeout, its process group killed, output capped.
 //! - [`reward`]: evaluator result → reward (exit code, reward file, test reports).
 //! - [`session`]: a job's task × sample as an assignment (shared with the operator).
+//! - [`checks`]: what is wrong with a job's sessions, known before the first runs.
 //! - [`runner`]: the whole session, talking to the gateway through [`client`].
 
+pub mod checks;
 pub mod client;
 pub mod presets;
 pub mod process;

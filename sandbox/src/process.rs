@@ -174,7 +174,13 @@ fn new_tag() -> String {
 /// processes of other users are unreadable and skipped). Two passes, for children forked
 /// during the first. Returns how many were signalled.
 pub fn kill_tagged(tag: &str) -> usize {
-    let needle = format!("{TAG_VAR}={tag}");
+    kill_marked(TAG_VAR, tag)
+}
+
+/// SIGKILL every process (but this one) whose environment holds `var=value`, twice over.
+pub fn kill_marked(var: &str, value: &str) -> usize {
+    let needle = format!("{var}={value}");
+    let me = std::process::id() as i32;
     let mut killed = 0;
     for _ in 0..2 {
         let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -188,6 +194,9 @@ pub fn kill_tagged(tag: &str) -> usize {
             else {
                 continue;
             };
+            if pid == me {
+                continue;
+            }
             let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
                 continue;
             };

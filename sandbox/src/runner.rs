@@ -35,6 +35,8 @@ pub struct RunnerConfig {
     /// Give up waiting for an assignment after this long (`None`: wait forever, as a warm
     /// pod does).
     pub assignment_wait: Option<Duration>,
+    /// Take only this session's assignment (a local run's runner is started for one session).
+    pub session: Option<String>,
     /// How long to wait for the gateway to ship the trajectory before exiting.
     pub ship_wait: Duration,
     /// Bytes of stdout/stderr kept per process.
@@ -114,7 +116,10 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
         return infra(base, e.to_string());
     }
     tracing::info!("sandbox ready; waiting for an assignment");
-    let delivered = match client.assignment(config.assignment_wait).await {
+    let delivered = match client
+        .assignment(config.assignment_wait, config.session.as_deref())
+        .await
+    {
         Ok(d) => d,
         Err(e) => return infra(base, e.to_string()),
     };
@@ -167,6 +172,19 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
         Err(e) => return infra(summary, format!("reporting the result: {e}")),
     };
     let count = |k: &str| reported[k].as_u64().unwrap_or(0);
+    summary.upstream_errors = serde_json::from_value(reported["upstreamErrors"].clone()).ok();
+    // The gateway makes a scored outcome an infrastructure failure when the session's model
+    // calls failed at the model server or none was answered (see `account_for_calls`).
+    let reclassified = reported["status"] == "error"
+        && matches!(
+            outcome,
+            SessionOutcome::Completed { .. } | SessionOutcome::AgentTimeout { .. }
+        );
+    if reclassified {
+        summary.status = "infra_error".into();
+        summary.passed = None;
+        summary.error = reported["error"].as_str().map(str::to_owned);
+    }
     summary.reward = reported["reward"].as_f64();
     summary.completions = count("completions");
     summary.sampled_tokens = count("sampledTokens");
@@ -175,10 +193,11 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
     summary.shipment = client.wait_shipped(&session, config.ship_wait).await;
     summary.trajectory = delivered_sink(&delivered.assignment.sink);
 
-    let exit = if matches!(
-        outcome,
-        SessionOutcome::InfraError { .. } | SessionOutcome::EvaluatorTimeout
-    ) {
+    let exit = if reclassified
+        || matches!(
+            outcome,
+            SessionOutcome::InfraError { .. } | SessionOutcome::EvaluatorTimeout
+        ) {
         ExitKind::Infrastructure
     } else if summary.shipment != "shipped" {
         summary.error = Some(format!("trajectory not shipped ({})", summary.shipment));

@@ -70,6 +70,7 @@ pub fn assignment(s: &SessionOf) -> Assignment {
         max_response_tokens: cap,
         temperature: Some(spec.sampling.temperature),
         top_p: Some(spec.sampling.top_p),
+        call_timeout_seconds: u32::try_from(spec.timeouts.model_call_seconds).ok(),
     };
     let builder = match spec.trajectory.builder {
         TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,

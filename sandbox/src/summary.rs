@@ -1,7 +1,7 @@
 //! How a session's result leaves the pod: a short JSON summary (Kubernetes caps termination
 //! messages at 4096 bytes) and an exit code the operator can act on without parsing anything.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The runner's exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -32,8 +32,8 @@ impl ExitKind {
 }
 
 /// The termination message.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
@@ -59,6 +59,10 @@ pub struct Summary {
     pub trajectory: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Upstream failures the gateway met on this session's calls, by kind: retried attempts
+    /// and calls that failed for the harness (which make the session an infrastructure error).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_errors: Option<floe_gateway::capture::upstream_errors::UpstreamErrors>,
 }
 
 /// Kubernetes keeps at most 4096 bytes of a termination message.
@@ -87,6 +91,7 @@ pub fn render(summary: &Summary) -> String {
                 s.task = None;
                 s.error = None;
                 s.trajectory = None;
+                s.upstream_errors = None;
             }
         }
     }

@@ -4,26 +4,39 @@
 //! any OpenAI-compatible model server (vLLM in practice). A `train` job also runs its policy
 //! server and trainer here ([`train`]) and trains while its sessions run.
 //!
+//! A session that fails by infrastructure (the model server failing its calls, the evaluator
+//! timing out, …) runs again as its next attempt, up to `spec.backoffLimit` times ([`queue`]);
+//! an interrupted run continues with `--resume` ([`resume`]).
+//!
 //! Exit codes: 0 every session ran (whatever its reward); 1 some sessions failed by
 //! infrastructure (see summary.json); 2 bad input or a failed pre-flight check (nothing ran);
-//! 130 interrupted (Ctrl-C; everything captured so far is written).
+//! 130 interrupted (Ctrl-C), 143 terminated (SIGTERM) — everything captured so far is written.
 
 mod curve;
 mod plan;
+mod preflight;
 mod progress;
+mod queue;
 mod report;
+mod resume;
+mod signals;
 mod train;
 
-use std::path::{Path, PathBuf};
+pub use signals::watchdog;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use floe_gateway::server::{drain, recover, router, Config, Gateway};
-use floe_gateway::ship::Sink;
+use floe_gateway::server::{abandon_unfinished, drain, recover, router, Config, Gateway};
+use floe_gateway::ship::{Assignment, Sink};
 use floe_sandbox::runner::{run as run_sandbox, RunnerConfig};
 use rand::RngExt;
 
+use queue::{Attempt, Queue};
 use report::SessionResult;
+use resume::{Earlier, RunRecord};
+use signals::{Signals, Stop};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -64,6 +77,10 @@ pub struct RunArgs {
     /// (no trainer, no weight updates).
     #[arg(long)]
     collect_only: bool,
+    /// Continue the interrupted run in `--out` (same job, task file and `--sessions`):
+    /// sessions that finished are kept, the others run again.
+    #[arg(long)]
+    resume: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,12 +88,19 @@ pub enum RunError {
     #[error(transparent)]
     Plan(#[from] plan::PlanError),
     #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
     Preflight(String),
     #[error("{0}")]
     Io(String),
 }
 
 pub fn main(args: RunArgs) -> i32 {
+    // Before any thread exists: everything this run starts carries its tag.
+    if let Err(e) = signals::watch_this_run() {
+        eprintln!("floe run: cannot start the run's watchdog: {e}");
+        return 2;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -96,90 +120,56 @@ pub fn main(args: RunArgs) -> i32 {
     }
 }
 
-fn on_path(program: &str) -> bool {
-    if program.contains('/') {
-        return Path::new(program).is_file();
+/// Flags that would make a run do nothing, or something other than asked.
+fn check_flags(args: &RunArgs) -> Result<(), RunError> {
+    if args.sessions == Some(0) {
+        return Err(RunError::Usage(
+            "--sessions 0 runs nothing: give at least 1 (or leave it out for every session)".into(),
+        ));
     }
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|dir| dir.join(program).is_file()))
-        .unwrap_or(false)
-}
-
-/// Everything that would make every session fail, checked before the first one starts.
-async fn preflight(plan: &plan::Plan, model_url: Option<&str>, out: &Path) -> Result<(), RunError> {
-    let spec = &plan.job.spec;
-    match floe_sandbox::presets::program(&spec.harness) {
-        Some(program) if !on_path(program) => {
-            return Err(RunError::Preflight(format!(
-                "harness binary `{program}` is not on PATH (install the {:?} harness, e.g. scripts/harnesses/install.sh)",
-                spec.harness.preset
-            )))
-        }
-        _ => {}
-    }
-    if let Some(program) = spec.evaluator.command.first() {
-        if !program.contains('/') && !on_path(program) {
-            return Err(RunError::Preflight(format!(
-                "evaluator command `{program}` is not on PATH"
-            )));
-        }
-    }
-    if let Some(model_url) = model_url {
-        check_model_server(model_url).await?;
-    }
-    let occupied = std::fs::read_dir(out)
-        .map(|mut d| d.next().is_some())
-        .unwrap_or(false);
-    if occupied {
-        return Err(RunError::Preflight(format!(
-            "--out {} is not empty (it holds an earlier run?); use a new directory",
-            out.display()
-        )));
+    if args.concurrency == Some(0) {
+        return Err(RunError::Usage("--concurrency must be at least 1".into()));
     }
     Ok(())
 }
 
-async fn check_model_server(model_url: &str) -> Result<(), RunError> {
-    let url = format!("{}/v1/models", model_url.trim_end_matches('/'));
-    let reachable = reqwest::Client::new()
-        .get(&url)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await;
-    match reachable {
-        Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(RunError::Preflight(format!(
-            "model server at {model_url} answered {} to GET /v1/models",
-            r.status()
-        ))),
-        Err(e) => Err(RunError::Preflight(format!(
-            "model server at {model_url} is unreachable ({e}); start one or pass --model-url"
-        ))),
-    }
-}
-
 async fn run(args: RunArgs) -> Result<i32, RunError> {
+    check_flags(&args)?;
+    let mut signals = Signals::new().map_err(|e| RunError::Io(format!("signal handlers: {e}")))?;
     let plan = plan::load(&args.job)?;
     let spec = &plan.job.spec;
     let upstream = spec.sft.as_ref().map(|s| &s.upstream);
     let trains = spec.train.is_some() && !args.collect_only;
-    let model_url = args
-        .model_url
-        .clone()
-        .or_else(|| upstream.map(|u| u.url.clone()));
+    let model_url = match (&args.model_url, upstream) {
+        (Some(url), _) => Some((url.clone(), "--model-url")),
+        (None, Some(u)) => Some((u.url.clone(), "spec.sft.upstream.url")),
+        (None, None) => None,
+    };
     if model_url.is_none() && !trains {
         return Err(RunError::Preflight(
             "--collect-only needs --model-url (the policy's vLLM)".into(),
         ));
     }
-    preflight(&plan, model_url.as_deref(), &args.out).await?;
+    if args.resume && trains {
+        return Err(RunError::Usage(
+            "--resume continues sft and --collect-only runs; a train run's policy and optimizer are not checkpointed locally yet: start a new --out".into(),
+        ));
+    }
+    preflight::check(
+        &plan,
+        model_url.as_ref().map(|(u, s)| (u.as_str(), *s)),
+        &args.out,
+        args.resume,
+    )
+    .await?;
+    let model_url = model_url.map(|(u, _)| u);
     let mut training = if trains {
         let programs = train::Programs {
             vllm_python: args.vllm_python.clone(),
             trainer_python: args.trainer_python.clone(),
             start_timeout: Duration::from_secs(args.start_timeout),
         };
-        // Ctrl-C while vLLM loads drops the start: what it started is killed with it.
+        // A signal while vLLM loads drops the start: what it started is killed with it.
         tokio::select! {
             started = train::Training::start(
                 &plan,
@@ -189,9 +179,9 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 args.trainer_url.as_deref(),
                 &args.out,
             ) => Some(started?),
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("floe run: interrupted while the policy server and trainer started");
-                return Ok(130);
+            stop = signals.recv() => {
+                eprintln!("floe run: {} while the policy server and trainer started", stop.name());
+                return Ok(stop.exit_code());
             }
         }
     } else {
@@ -207,31 +197,48 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 .unwrap_or_else(|| "policy".into()),
         ),
     };
-    let io = |what: &str, e: &dyn std::fmt::Display| RunError::Io(format!("{what}: {e}"));
     let out = &args.out;
-    std::fs::create_dir_all(out.join("sessions")).map_err(|e| io("output dir", &e))?;
+    let io = |what: &str, e: &dyn std::fmt::Display| RunError::Io(format!("{what}: {e}"));
+    let out_error =
+        |e: &dyn std::fmt::Display| RunError::Io(format!("--out {}: {e}", out.display()));
+    std::fs::create_dir_all(out.join("sessions")).map_err(|e| out_error(&e))?;
     let trajectories = out.join("trajectories");
+    let dataset_dir = || -> Result<PathBuf, RunError> {
+        Ok(std::fs::canonicalize(out)
+            .map_err(|e| out_error(&e))?
+            .join("trajectories"))
+    };
     let sink = match (&training, &spec.sft) {
         (Some(t), _) => Sink::Trainer {
             url: t.ingest_url(),
         },
         (None, Some(sft)) => Sink::Dataset {
-            dir: std::fs::canonicalize(out)
-                .map_err(|e| io("output dir", &e))?
-                .join("trajectories"),
+            dir: dataset_dir()?,
             min_reward: Some(
                 sft.min_reward
                     .unwrap_or(spec.evaluator.reward.pass_threshold),
             ),
         },
         (None, None) => Sink::Dataset {
-            dir: std::fs::canonicalize(out)
-                .map_err(|e| io("output dir", &e))?
-                .join("trajectories"),
+            dir: dataset_dir()?,
             min_reward: None,
         },
     };
-    let assignments = plan::expand(&plan, &sink, args.sessions);
+    let mode = if plan.is_sft() { "sft" } else { "train" };
+    let count = plan::session_count(&plan, args.sessions);
+    let record = RunRecord {
+        job: plan.name.clone(),
+        mode: mode.into(),
+        assignments: plan::expand(&plan, &sink, args.sessions),
+    };
+    let earlier = if args.resume {
+        resume::check_record(out, &record).map_err(RunError::Preflight)?;
+        resume::read(out, &record.assignments).map_err(RunError::Preflight)?
+    } else {
+        resume::write_record(out, &record).map_err(RunError::Io)?;
+        Earlier::default()
+    };
+    drop(record);
 
     // One in-process gateway for all sessions, on a free loopback port.
     let control_token = hex::encode(rand::rng().random::<[u8; 24]>());
@@ -257,11 +264,27 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         max_response_tokens: u32::try_from(spec.sampling.max_response_tokens).unwrap_or(16384),
         durability: floe_gateway::capture::Durability::Write,
         keepalive: Duration::from_secs(5),
-        upstream_timeout: Duration::from_secs(900),
+        upstream_timeout: Duration::from_secs(
+            u64::try_from(spec.timeouts.model_call_seconds).unwrap_or(600),
+        ),
         require_runner_ready: false,
     };
     let gateway = Gateway::new(config).map_err(|e| io("gateway", &e))?;
     recover(&gateway).map_err(|e| io("gateway", &e))?;
+    if args.resume {
+        // Sessions the interrupted run left without an outcome: their calls are shipped
+        // untrainable, and the sessions run again under new attempt ids.
+        let abandoned = abandon_unfinished(
+            &gateway,
+            "the run was interrupted before the session finished",
+        )
+        .await;
+        eprintln!(
+            "floe run: resuming: {} of {count} sessions done; {} left unfinished run again",
+            earlier.done.len(),
+            abandoned.len()
+        );
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let app = router(gateway.clone());
     let server = tokio::spawn(async move {
@@ -273,21 +296,24 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     });
     let gateway_url = format!("http://{listen}");
     let http = reqwest::Client::new();
-    for a in &assignments {
-        let resp = http
-            .post(format!("{gateway_url}/floe/v1/assignments"))
-            .bearer_auth(&control_token)
-            .json(a)
-            .send()
-            .await
-            .map_err(|e| io("posting an assignment", &e))?;
-        if !resp.status().is_success() {
-            let body = resp.text().await.unwrap_or_default();
-            return Err(RunError::Io(format!(
-                "the gateway refused an assignment: {body}"
-            )));
+    let post = |assignment: Assignment| {
+        let (http, url, token) = (http.clone(), gateway_url.clone(), control_token.clone());
+        async move {
+            let resp = http
+                .post(format!("{url}/floe/v1/assignments"))
+                .bearer_auth(&token)
+                .json(&assignment)
+                .send()
+                .await
+                .map_err(|e| format!("posting an assignment: {e}"))?;
+            if resp.status().is_success() {
+                Ok(())
+            } else {
+                let body = resp.text().await.unwrap_or_default();
+                Err(format!("the gateway refused an assignment: {body}"))
+            }
         }
-    }
+    };
 
     let concurrency = args
         .concurrency
@@ -295,32 +321,51 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         .unwrap_or(2)
         .max(1);
     let started = Instant::now();
-    let mut progress = progress::Progress::new(assignments.len());
-    let mut results: Vec<(String, SessionResult)> = Vec::new();
+    let mut progress = progress::Progress::new(count);
+    progress.resumed(earlier.done.len());
+    let firsts: Vec<Attempt> = (0..count)
+        .filter(|i| !earlier.done.contains_key(i))
+        .map(|index| Attempt {
+            index,
+            attempt: earlier.next_attempt.get(&index).copied().unwrap_or(0),
+        })
+        .collect();
+    let first_attempt: std::collections::BTreeMap<usize, u32> =
+        firsts.iter().map(|a| (a.index, a.attempt)).collect();
+    let mut queue = Queue::new(firsts, u32::try_from(spec.backoff_limit).unwrap_or(0));
+    let mut results = earlier.done;
+    let mut upstream_errors = earlier.upstream;
     let mut running = tokio::task::JoinSet::new();
-    let mut next = 0usize;
-    let mut interrupted = false;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    let mut stopped: Option<Stop> = None;
     let samples = usize::try_from(spec.num_samples.max(1)).unwrap_or(1);
     let mut trainer_status = serde_json::Value::Null;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut failure: Option<String> = None;
     loop {
-        while running.len() < concurrency
-            && next < assignments.len()
-            && training.as_ref().is_none_or(|t| {
+        while running.len() < concurrency {
+            let Some(next) = queue.peek() else { break };
+            let may = training.as_ref().is_none_or(|t| {
                 train::may_start(
-                    next,
+                    next.index,
                     samples,
                     t.groups_per_step,
                     t.max_staleness,
                     &trainer_status,
                     running.len(),
                 )
-            })
-        {
-            let slot = out.join("sessions").join(format!(".run-{next}"));
+            });
+            if !may {
+                break;
+            }
+            queue.pop();
+            let Some(assignment) = plan::assignment(&plan, &sink, next.index, next.attempt) else {
+                continue;
+            };
+            let session = assignment.session.clone();
+            // Posted only now: a queued session holds no file or socket (10,000 sessions run
+            // under the default `ulimit -n`).
+            post(assignment).await.map_err(RunError::Io)?;
+            let slot = out.join("sessions").join(&session);
             let config = RunnerConfig {
                 gateway_url: gateway_url.clone(),
                 control_token: control_token.clone(),
@@ -328,6 +373,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 state_dir: slot.join("state"),
                 pool_prepare: vec![],
                 assignment_wait: Some(Duration::from_secs(30)),
+                session: Some(session),
                 ship_wait: Duration::from_secs(300),
                 log_cap_bytes: 1024 * 1024,
                 kill_grace: Duration::from_secs(5),
@@ -335,12 +381,11 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             running.spawn(async move {
                 let t0 = Instant::now();
                 let report = run_sandbox(&config).await;
-                (slot, report, t0.elapsed().as_secs_f64())
+                (next, slot, report, t0.elapsed().as_secs_f64())
             });
             progress.started();
-            next += 1;
         }
-        if running.is_empty() && next >= assignments.len() {
+        if running.is_empty() && queue.is_empty() {
             break;
         }
         tokio::select! {
@@ -362,21 +407,36 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 }
             }
             joined = running.join_next(), if !running.is_empty() => {
-                let Some(Ok((slot, report, wall))) = joined else { continue };
+                let Some(Ok((attempt, slot, report, wall))) = joined else { continue };
                 let session = report.summary.session.clone().unwrap_or_else(|| "unassigned".into());
-                let task = report.summary.task.clone().unwrap_or_default();
-                let dir = out.join("sessions").join(&session);
-                if std::fs::rename(&slot, &dir).is_ok() {
-                    let _ = std::fs::write(dir.join("summary.json"), floe_sandbox::summary::render(&report.summary));
+                if let Some(errors) = &report.summary.upstream_errors {
+                    upstream_errors.add(errors);
                 }
-                let result = SessionResult { task, summary: Some(report.summary), wall_seconds: wall };
-                progress.finished(&session, &result);
-                results.push((session, result));
+                let status = report.summary.status.clone();
+                let result = SessionResult {
+                    task: report.summary.task.clone().unwrap_or_default(),
+                    summary: Some(report.summary),
+                    wall_seconds: wall,
+                };
+                let _ = std::fs::write(slot.join("summary.json"), resume::render_result(&result));
+                let first = first_attempt.get(&attempt.index).copied().unwrap_or(0);
+                match queue.ended(attempt, &status, first) {
+                    Some(retry) => {
+                        let id = plan::assignment(&plan, &sink, retry.index, retry.attempt)
+                            .map(|a| a.session)
+                            .unwrap_or_default();
+                        progress.retrying(&session, &result, &id);
+                    }
+                    None => {
+                        progress.finished(&session, &result);
+                        results.insert(attempt.index, result);
+                    }
+                }
             }
-            _ = &mut ctrl_c => {
-                interrupted = true;
+            stop = signals.recv() => {
+                stopped = Some(stop);
                 progress.clear();
-                eprintln!("floe run: interrupted; cancelling running sessions and writing what was captured");
+                eprintln!("floe run: {}; cancelling running sessions and writing what was captured", stop.name());
                 running.abort_all();
                 while running.join_next().await.is_some() {}
                 break;
@@ -390,21 +450,19 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let _ = stop_tx.send(());
     let _ = server.await;
 
-    let done: std::collections::BTreeSet<&str> = results.iter().map(|(s, _)| s.as_str()).collect();
-    let mut all: Vec<SessionResult> = results.iter().map(|(_, r)| r.clone()).collect();
-    all.extend(
-        assignments
-            .iter()
-            .filter(|a| !done.contains(a.session.as_str()))
-            .map(|a| SessionResult {
-                task: a.task.clone(),
+    let all: Vec<SessionResult> = (0..count)
+        .map(|index| {
+            results.remove(&index).unwrap_or_else(|| SessionResult {
+                task: plan::assignment(&plan, &sink, index, 0)
+                    .map(|a| a.task)
+                    .unwrap_or_default(),
                 summary: None,
                 wall_seconds: 0.0,
-            }),
-    );
-    let mode = if plan.is_sft() { "sft" } else { "train" };
+            })
+        })
+        .collect();
     let trained = match training.as_mut() {
-        Some(t) if !interrupted && failure.is_none() => {
+        Some(t) if stopped.is_none() && failure.is_none() => {
             eprintln!(
                 "[train] sessions done: the trainer trains what is left and writes the final model"
             );
@@ -416,8 +474,8 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                         t.status().await
                     }
                 },
-                _ = &mut ctrl_c => {
-                    interrupted = true;
+                stop = signals.recv() => {
+                    stopped = Some(stop);
                     t.status().await
                 }
             }
@@ -434,8 +492,10 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         mode,
         &all,
         started.elapsed().as_secs_f64(),
-        interrupted,
+        stopped.is_some(),
     );
+    summary.sessions.retries = earlier.retries + queue.retries;
+    summary.upstream_errors = upstream_errors;
     if let Some(status) = &trained {
         let mut t = train::summary(status, "reward-curve.svg");
         t["utilization"] = train::utilization(busy, status, started.elapsed().as_secs_f64());
@@ -469,8 +529,8 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let json = serde_json::to_string_pretty(&summary).map_err(|e| io("summary.json", &e))?;
     std::fs::write(out.join("summary.json"), json).map_err(|e| io("summary.json", &e))?;
     print!("{}", progress::table(&summary));
-    Ok(if interrupted {
-        130
+    Ok(if let Some(stop) = stopped {
+        stop.exit_code()
     } else if failure.is_some()
         || summary.sessions.infra_error + summary.sessions.evaluator_timeout > 0
     {

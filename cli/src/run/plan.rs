@@ -64,20 +64,29 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
         }
         (None, None) => return Err(PlanError::Unsupported("run a job without tasks".into())),
     };
-    let ids = floe_crds::validation::duplicate_task_ids(&tasks, "spec.tasks");
-    if let Some(e) = ids.first() {
-        return Err(PlanError::Invalid(
-            path.into(),
-            floe_crds::ValidationError {
-                errors: vec![e.clone()],
-            },
-        ));
-    }
     let name = job
         .metadata
         .name
         .clone()
         .unwrap_or_else(|| "local".to_string());
+    let tasks_field = match &spec.tasks.file {
+        Some(file) if spec.tasks.inline.is_none() => file.path.clone(),
+        _ => "spec.tasks.inline".to_string(),
+    };
+    let mut errors = floe_crds::validation::duplicate_task_ids(&tasks, "spec.tasks");
+    errors.extend(floe_sandbox::checks::check_sessions(
+        &name,
+        spec,
+        &tasks,
+        &tasks_field,
+        &Default::default(),
+    ));
+    if !errors.is_empty() {
+        return Err(PlanError::Invalid(
+            path.into(),
+            floe_crds::ValidationError { errors },
+        ));
+    }
     Ok(Plan { job, name, tasks })
 }
 
@@ -94,29 +103,38 @@ fn read_task_file(path: &Path) -> Result<Vec<Task>, PlanError> {
         .collect()
 }
 
-/// Tasks × samples, task-major (each GRPO group's samples together), at most `limit`.
+/// How many sessions the run has: tasks × samples, at most `limit`.
+pub fn session_count(plan: &Plan, limit: Option<usize>) -> usize {
+    let all = plan.tasks.len() * samples(plan) as usize;
+    limit.map_or(all, |l| l.min(all))
+}
+
+fn samples(plan: &Plan) -> u32 {
+    u32::try_from(plan.job.spec.num_samples.max(1)).unwrap_or(1)
+}
+
+/// Attempt `attempt` of session `index` (tasks × samples, task-major: each GRPO group's samples
+/// together).
+pub fn assignment(plan: &Plan, sink: &Sink, index: usize, attempt: u32) -> Option<Assignment> {
+    let per_task = samples(plan) as usize;
+    let task = plan.tasks.get(index / per_task)?;
+    Some(session::assignment(&SessionOf {
+        job: &plan.name,
+        spec: &plan.job.spec,
+        task,
+        sample: (index % per_task) as u32,
+        attempt,
+        sink,
+        upstream: Default::default(),
+        shared_hidden_files: &Default::default(),
+    }))
+}
+
+/// Every session's first attempt, in order, at most `limit`.
 pub fn expand(plan: &Plan, sink: &Sink, limit: Option<usize>) -> Vec<Assignment> {
-    let samples = u32::try_from(plan.job.spec.num_samples.max(1)).unwrap_or(1);
-    let no_shared_files = Default::default();
-    let mut out = Vec::new();
-    for task in &plan.tasks {
-        for sample in 0..samples {
-            out.push(session::assignment(&SessionOf {
-                job: &plan.name,
-                spec: &plan.job.spec,
-                task,
-                sample,
-                attempt: 0,
-                sink,
-                upstream: Default::default(),
-                shared_hidden_files: &no_shared_files,
-            }));
-        }
-    }
-    if let Some(limit) = limit {
-        out.truncate(limit);
-    }
-    out
+    (0..session_count(plan, limit))
+        .filter_map(|i| assignment(plan, sink, i, 0))
+        .collect()
 }
 
 #[cfg(test)]

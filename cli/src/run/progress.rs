@@ -38,6 +38,28 @@ impl Progress {
         self.draw();
     }
 
+    /// Sessions an earlier run finished (`--resume`).
+    pub fn resumed(&mut self, done: usize) {
+        self.done += done;
+    }
+
+    /// An attempt failed by infrastructure and runs again as `retry`.
+    pub fn retrying(&mut self, session: &str, result: &SessionResult, retry: &str) {
+        self.running = self.running.saturating_sub(1);
+        if let Some(s) = &result.summary {
+            self.clear();
+            eprintln!(
+                "[retry] {session}: {}{}; runs again as {retry}",
+                s.status,
+                s.error
+                    .as_ref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            );
+        }
+        self.draw();
+    }
+
     pub fn finished(&mut self, session: &str, result: &SessionResult) {
         self.running = self.running.saturating_sub(1);
         self.done += 1;

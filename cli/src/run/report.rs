@@ -29,6 +29,8 @@ pub struct Counts {
     pub evaluator_timeout: u64,
     /// Cancelled (Ctrl-C) or never started.
     pub not_finished: u64,
+    /// Attempts run again after an infrastructure failure (each has its own `-r<N>` session).
+    pub retries: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -84,6 +86,9 @@ pub struct RunSummary {
     pub tokens: Tokens,
     pub dataset: Dataset,
     pub timings: Timings,
+    /// Failed model-server attempts of every attempt run, by kind: `retried` by the gateway,
+    /// and `failed` (the call failed; its session was an infrastructure error).
+    pub upstream_errors: floe_gateway::capture::upstream_errors::UpstreamErrors,
     /// Train mode: the trainer's steps, policy version, drops, final model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub training: Option<serde_json::Value>,
@@ -152,6 +157,7 @@ pub fn summarize(
             .collect(),
         tokens,
         dataset: Dataset::default(),
+        upstream_errors: Default::default(),
         timings: Timings {
             wall_seconds,
             sessions_per_minute: if wall_seconds > 0.0 {
@@ -246,7 +252,8 @@ mod tests {
                 agent_timeout: 1,
                 infra_error: 1,
                 evaluator_timeout: 0,
-                not_finished: 1
+                not_finished: 1,
+                retries: 0,
             }
         );
         // The infrastructure failure has no reward and does not count as 0.

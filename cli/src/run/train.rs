@@ -148,14 +148,17 @@ impl Training {
             (Some(_), Some(_)) => None,
             _ => Some(model_dir(plan, job_file)?),
         };
-        if model_url.is_none() && programs.vllm_python.is_none() && !super::on_path("vllm") {
+        if model_url.is_none()
+            && programs.vllm_python.is_none()
+            && !super::preflight::on_path("vllm")
+        {
             return Err(RunError::Preflight(
                 "no policy server: `vllm` is not on PATH; pass --vllm-python PYTHON (a Python with vLLM) or --model-url URL (a running vLLM in dev mode)".into(),
             ));
         }
         if trainer_url.is_none()
             && programs.trainer_python.is_none()
-            && !super::on_path("floe-trainer")
+            && !super::preflight::on_path("floe-trainer")
         {
             return Err(RunError::Preflight(
                 "no trainer: `floe-trainer` is not on PATH; pass --trainer-python PYTHON (with floe_trainer importable) or --trainer-url URL".into(),

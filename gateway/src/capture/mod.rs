@@ -9,3 +9,4 @@ pub use log::{
     CaptureWriteError, Durability, SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
 };
 pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};
+pub mod upstream_errors;

@@ -7,6 +7,7 @@ pub mod errors;
 pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod retry;
 pub mod upstream;
 
 pub use errors::ProtocolError;

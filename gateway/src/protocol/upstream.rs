@@ -51,6 +51,8 @@ pub struct CallLimits {
     /// The job's sampling temperature and nucleus threshold: they replace the harness's own.
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// Deadline of one call, its retries included (the job's `timeouts.modelCallSeconds`).
+    pub call_deadline: std::time::Duration,
 }
 
 /// Parameters that have no meaning for, or are refused by, the upstream call and are removed.
@@ -171,6 +173,7 @@ mod tests {
             max_response_tokens: 512,
             temperature: None,
             top_p: None,
+            call_deadline: std::time::Duration::from_secs(60),
         }
     }
 

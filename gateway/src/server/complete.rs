@@ -10,10 +10,12 @@ use serde_json::{Map, Value};
 
 use super::sessions::Session;
 use super::Gateway;
+use crate::capture::upstream_errors::{self, UpstreamErrorRecord};
 use crate::capture::{
     encode_line, Api, CaptureWriteError, CompletionRecord, CAPTURE_FORMAT_VERSION,
 };
 use crate::protocol::answer::read_answer;
+use crate::protocol::retry::{parse_retry_after, Failure, RetryPolicy};
 use crate::protocol::upstream::{finalize_request, upstream_error};
 use crate::protocol::ProtocolError;
 
@@ -59,43 +61,20 @@ async fn call_and_capture(
     let started_at_ms = now_ms();
     let upstream_request = finalize_request(normalized, &session.upstream.limits)?;
     let t0 = Instant::now();
-    let sent = gateway
-        .http
-        .post(format!(
-            "{}/v1/chat/completions",
-            session.upstream.url.trim_end_matches('/')
-        ))
-        .json(&upstream_request)
-        .send()
-        .await;
-    let answer = match sent {
-        Ok(r) => r,
-        Err(e) if e.is_timeout() => return Err(ProtocolError::UpstreamTimeout),
-        Err(e) => return Err(ProtocolError::Upstream(e.to_string())),
-    };
-    let status = answer.status().as_u16();
-    let header_version: Option<u64> = answer
-        .headers()
-        .get("x-floe-policy-version")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let text = answer.text().await.map_err(|e| {
-        if e.is_timeout() {
-            ProtocolError::UpstreamTimeout
-        } else {
-            ProtocolError::Upstream(e.to_string())
-        }
-    })?;
+    let (header_version, text) = call_upstream(gateway, session, seq, &upstream_request).await?;
     let upstream = t0.elapsed();
     gateway
         .metrics
         .upstream_seconds
         .with_label_values(&[api_label(api)])
         .observe(upstream.as_secs_f64());
-    if status != 200 {
-        return Err(upstream_error(status, &text));
-    }
-    let answer = read_answer(&text, session.upstream.limits.kind, keep_logprobs)?;
+    let answer = match read_answer(&text, session.upstream.limits.kind, keep_logprobs) {
+        Ok(a) => a,
+        Err(e) => {
+            record_failure(gateway, session, seq, 1, &Failure::Malformed, false, &e);
+            return Err(e);
+        }
+    };
     let sampled = answer.sampled;
     let response = as_received(text)?;
     let record = CompletionRecord {
@@ -138,6 +117,157 @@ async fn call_and_capture(
         response: answer.reply,
         upstream,
     })
+}
+
+/// One attempt's end: the answer, the request's own error (a 4xx: not retried, not the
+/// infrastructure's), or a failure of the infrastructure.
+enum Attempt {
+    Answered {
+        policy_version: Option<u64>,
+        text: String,
+    },
+    Refused(ProtocolError),
+    Failed {
+        failure: Failure,
+        retry_after: Option<Duration>,
+        error: ProtocolError,
+    },
+}
+
+/// Send the request upstream, retrying what the infrastructure failed (see
+/// [`crate::protocol::retry`]) within the session's per-call deadline. Every failed attempt is
+/// counted and written beside the capture; the last one is what the harness gets.
+async fn call_upstream(
+    gateway: &Gateway,
+    session: &Session,
+    seq: u64,
+    request: &Value,
+) -> Result<(Option<u64>, String), ProtocolError> {
+    let deadline = Instant::now() + session.upstream.limits.call_deadline;
+    let url = format!(
+        "{}/v1/chat/completions",
+        session.upstream.url.trim_end_matches('/')
+    );
+    let policy = RetryPolicy::default();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let (failure, retry_after, error) =
+            match attempt_once(&gateway.http, &url, request, remaining).await {
+                Attempt::Answered {
+                    policy_version,
+                    text,
+                } => return Ok((policy_version, text)),
+                Attempt::Refused(error) => return Err(error),
+                Attempt::Failed {
+                    failure,
+                    retry_after,
+                    error,
+                } => (failure, retry_after, error),
+            };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let delay = policy.next_delay(&failure, attempt, retry_after, remaining);
+        record_failure(
+            gateway,
+            session,
+            seq,
+            attempt,
+            &failure,
+            delay.is_some(),
+            &error,
+        );
+        match delay {
+            Some(delay) => tokio::time::sleep(delay).await,
+            None => return Err(error),
+        }
+    }
+}
+
+async fn attempt_once(
+    http: &reqwest::Client,
+    url: &str,
+    request: &Value,
+    remaining: Duration,
+) -> Attempt {
+    let failed = |e: reqwest::Error| {
+        let (failure, error) = if e.is_timeout() {
+            (Failure::Timeout, ProtocolError::UpstreamTimeout)
+        } else if e.is_connect() {
+            (Failure::Connect, ProtocolError::Upstream(e.to_string()))
+        } else {
+            (Failure::Broken, ProtocolError::Upstream(e.to_string()))
+        };
+        Attempt::Failed {
+            failure,
+            retry_after: None,
+            error,
+        }
+    };
+    let answer = match http.post(url).timeout(remaining).json(request).send().await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let status = answer.status().as_u16();
+    let header = |name: &str| {
+        answer
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let policy_version = header("x-floe-policy-version").and_then(|v| v.parse().ok());
+    let retry_after = header("retry-after").and_then(|v| parse_retry_after(&v));
+    let text = match answer.text().await {
+        Ok(t) => t,
+        Err(e) => return failed(e),
+    };
+    if status == 200 {
+        return Attempt::Answered {
+            policy_version,
+            text,
+        };
+    }
+    let error = upstream_error(status, &text);
+    match Failure::from_status(status) {
+        Some(failure) => Attempt::Failed {
+            failure,
+            retry_after,
+            error,
+        },
+        None => Attempt::Refused(error),
+    }
+}
+
+/// Count a failed attempt (metric, the session's `upstream-errors.jsonl`, a log line).
+fn record_failure(
+    gateway: &Gateway,
+    session: &Session,
+    seq: u64,
+    attempt: u32,
+    failure: &Failure,
+    retried: bool,
+    error: &ProtocolError,
+) {
+    let kind = failure.kind();
+    let result = if retried { "retried" } else { "failed" };
+    gateway
+        .metrics
+        .upstream_errors
+        .with_label_values(&[kind.as_str(), result])
+        .inc();
+    tracing::warn!(session = %session.meta.session, seq, attempt, %kind, result, %error, "upstream call failed");
+    let record = UpstreamErrorRecord {
+        seq,
+        attempt,
+        kind,
+        result: result.into(),
+        message: error.to_string().chars().take(500).collect(),
+        at_ms: now_ms(),
+    };
+    if let Err(e) = upstream_errors::append(&session.dir, &record) {
+        tracing::error!(session = %session.meta.session, "cannot record an upstream failure: {e}");
+    }
 }
 
 /// The answer's own text for the capture record, written as it came (no re-encoding), unless

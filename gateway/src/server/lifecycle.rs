@@ -19,8 +19,10 @@ use serde_json::json;
 
 use super::control::error;
 use super::Gateway;
+use crate::capture::upstream_errors::tally;
 use crate::capture::{read_session, SessionMeta};
 use crate::ship::{deliver, Assignment, Delivered, DeliveryError, Sink, SpoolEntry};
+use crate::trajectory::outcome::account_for_calls;
 use crate::trajectory::{build_trajectory, BuildOptions, SessionInfo, SessionOutcome};
 
 const ASSIGNMENT_FILE: &str = "assignment.json";
@@ -119,13 +121,16 @@ pub async fn post_assignment(
 pub struct NextQuery {
     #[serde(default = "default_wait")]
     wait_seconds: u64,
+    /// Only this session's assignment (a local run starts one runner per session).
+    #[serde(default)]
+    session: Option<String>,
 }
 
 fn default_wait() -> u64 {
     30
 }
 
-/// `GET /floe/v1/assignments/next?waitSeconds=N`: the runner's long poll. 200 with
+/// `GET /floe/v1/assignments/next?waitSeconds=N[&session=ID]`: the runner's long poll. 200 with
 /// `{"assignment": ..., "token": ...}`, or 204 when none arrived within N seconds (≤ 300).
 pub async fn next_assignment(
     State(gateway): State<Arc<Gateway>>,
@@ -134,7 +139,7 @@ pub async fn next_assignment(
     let wait = Duration::from_secs(query.wait_seconds.min(300));
     let mut stopping = gateway.stopping.subscribe();
     let taken = tokio::select! {
-        taken = gateway.assignments.take(wait) => taken,
+        taken = gateway.assignments.take(wait, query.session.as_deref()) => taken,
         _ = stopping.wait_for(|s| *s) => {
             return error(StatusCode::SERVICE_UNAVAILABLE, "the gateway is stopping");
         }
@@ -241,9 +246,11 @@ fn spool_trajectory(
         builder,
         ..Default::default()
     };
+    let upstream = tally(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let outcome = account_for_calls(outcome.clone(), capture.records.len(), &upstream);
     let entry = SpoolEntry {
         sink,
-        trajectory: build_trajectory(&info, &capture.records, &options, outcome),
+        trajectory: build_trajectory(&info, &capture.records, &options, &outcome),
         rejected: None,
     };
     gateway.spool.put(&entry).map_err(|e| e.to_string())?;
@@ -261,6 +268,20 @@ fn summary(gateway: &Gateway, id: &str, entry: Option<&SpoolEntry>) -> serde_jso
         value["traces"] = json!(t.stats.traces);
         value["sampledTokens"] = json!(t.stats.sampled_tokens);
         value["trainableTokens"] = json!(t.stats.trainable_tokens);
+        if let Some(error) = t
+            .evaluation
+            .as_ref()
+            .and_then(|e| e.detail["error"].as_str())
+        {
+            value["error"] = json!(error);
+        }
+    }
+    if let Some(session) = gateway.sessions.get(id) {
+        match tally(&session.dir) {
+            Ok(upstream) if !upstream.is_empty() => value["upstreamErrors"] = json!(upstream),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(session = %id, "upstream errors unreadable: {e}"),
+        }
     }
     value
 }
@@ -394,6 +415,23 @@ pub fn recover(gateway: &Arc<Gateway>) -> Result<usize, String> {
 /// outcome (untrainable; its captured calls are kept and shipped, never as reward 0), then
 /// wait up to `deadline` for the spool to drain. Returns how many are still pending.
 pub async fn drain(gateway: &Arc<Gateway>, deadline: Duration) -> usize {
+    abandon_unfinished(gateway, "the sandbox stopped before the session finished").await;
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        let pending = gateway.spool.pending().map(|p| p.len()).unwrap_or(0);
+        if pending == 0 || tokio::time::Instant::now() >= until {
+            if pending > 0 {
+                tracing::warn!(pending, "stopping with trajectories still in the spool");
+            }
+            return pending;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Give every session without an outcome an infrastructure outcome (its captured calls are
+/// shipped untrainable) and take its assignment out of the queue. Returns their ids.
+pub async fn abandon_unfinished(gateway: &Arc<Gateway>, why: &str) -> Vec<String> {
     let unfinished: Vec<String> = gateway
         .assignments
         .all()
@@ -408,25 +446,17 @@ pub async fn drain(gateway: &Arc<Gateway>, deadline: Duration) -> usize {
                 .exists()
         })
         .collect();
-    for id in unfinished {
+    for id in &unfinished {
+        gateway.assignments.withdraw(id);
         let outcome = SessionOutcome::InfraError {
-            message: "the sandbox stopped before the session finished".into(),
+            message: why.to_string(),
         };
-        let gw = gateway.clone();
-        let done = tokio::task::spawn_blocking(move || finish(&gw, &id, outcome).map(|_| ())).await;
+        let (gw, session) = (gateway.clone(), id.clone());
+        let done =
+            tokio::task::spawn_blocking(move || finish(&gw, &session, outcome).map(|_| ())).await;
         if !matches!(done, Ok(Ok(()))) {
-            tracing::error!("could not record an outcome for an unfinished session");
+            tracing::error!(session = %id, "could not record an outcome for an unfinished session");
         }
     }
-    let until = tokio::time::Instant::now() + deadline;
-    loop {
-        let pending = gateway.spool.pending().map(|p| p.len()).unwrap_or(0);
-        if pending == 0 || tokio::time::Instant::now() >= until {
-            if pending > 0 {
-                tracing::warn!(pending, "stopping with trajectories still in the spool");
-            }
-            return pending;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    unfinished
 }

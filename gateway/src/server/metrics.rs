@@ -17,6 +17,9 @@ pub struct Metrics {
     /// Trajectories by what happened to them: `shipped`, `retried`, `rejected`.
     pub trajectories: IntCounterVec,
     pub spool_pending: IntGauge,
+    /// Failed upstream attempts by kind and what followed: `retried` or `failed` (the call
+    /// failed for the harness; its session is an infrastructure failure).
+    pub upstream_errors: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -104,6 +107,19 @@ impl Metrics {
         )?;
         registry.register(Box::new(trajectories.clone()))?;
         registry.register(Box::new(spool_pending.clone()))?;
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_upstream_errors_total",
+                "Failed upstream attempts by kind (connect, broken, timeout, http_<status>, malformed) and result (retried, failed)",
+            ),
+            &["kind", "result"],
+        )?;
+        for kind in crate::protocol::retry::KINDS {
+            for result in ["retried", "failed"] {
+                upstream_errors.with_label_values(&[kind, result]).inc_by(0);
+            }
+        }
+        registry.register(Box::new(upstream_errors.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -116,6 +132,7 @@ impl Metrics {
             dropped,
             trajectories,
             spool_pending,
+            upstream_errors,
         })
     }
 

@@ -18,7 +18,7 @@ use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 
-pub use lifecycle::{drain, recover};
+pub use lifecycle::{abandon_unfinished, drain, recover};
 pub use metrics::Metrics;
 use sessions::Sessions;
 
@@ -50,6 +50,7 @@ pub struct Config {
     pub durability: crate::capture::Durability,
     /// Interval of SSE keep-alive comments while the upstream works.
     pub keepalive: Duration,
+    /// Deadline of one upstream call with its retries, unless the assignment sets the job's.
     pub upstream_timeout: Duration,
     /// `/readyz` stays 503 until the sandbox runner reports its prepare steps done
     /// (`POST /floe/v1/runner/ready`): a pool pod is READY only then.
@@ -95,8 +96,10 @@ impl Gateway {
     pub fn new(config: Config) -> Result<Arc<Self>, ServeError> {
         std::fs::create_dir_all(&config.capture_dir)
             .map_err(|e| ServeError::CaptureDir(config.capture_dir.clone(), e))?;
+        // No client-wide timeout: each upstream call carries its session's deadline, and
+        // shipping has its own.
         let http = reqwest::Client::builder()
-            .timeout(config.upstream_timeout)
+            .connect_timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
             .build()?;
@@ -107,6 +110,7 @@ impl Gateway {
                 max_response_tokens: config.max_response_tokens,
                 temperature: None,
                 top_p: None,
+                call_deadline: config.upstream_timeout,
             },
             sessions: Sessions::default(),
             metrics: Metrics::new()?,
@@ -145,6 +149,9 @@ impl Gateway {
             }
             upstream.limits.temperature = o.temperature.or(upstream.limits.temperature);
             upstream.limits.top_p = o.top_p.or(upstream.limits.top_p);
+            if let Some(seconds) = o.call_timeout_seconds {
+                upstream.limits.call_deadline = Duration::from_secs(seconds.max(1).into());
+            }
         }
         upstream
     }

@@ -59,6 +59,9 @@ pub struct UpstreamOverride {
     pub temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
+    /// The job's per-call deadline (`timeouts.modelCallSeconds`), retries included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_timeout_seconds: Option<u32>,
 }
 
 /// An assignment as the runner receives it, with the session's model-API token.
@@ -120,28 +123,47 @@ impl Assignments {
         state.known.values().cloned().collect()
     }
 
-    fn try_take(&self) -> Option<Delivered> {
+    fn try_take(&self, only: Option<&str>) -> Option<Delivered> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let session = state.queue.pop_front()?;
+        let position = match only {
+            Some(id) => state.queue.iter().position(|s| s == id)?,
+            None => 0,
+        };
+        let session = state.queue.remove(position)?;
         let entry = state.known.get_mut(&session)?;
         entry.1 = true;
         Some(entry.0.clone())
     }
 
-    /// The next untaken assignment, waiting up to `wait` for one to arrive.
-    pub async fn take(&self, wait: Duration) -> Option<Delivered> {
+    /// The next untaken assignment (or the one of session `only`), waiting up to `wait` for
+    /// one to arrive.
+    pub async fn take(&self, wait: Duration, only: Option<&str>) -> Option<Delivered> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Register interest before checking, so an offer between the check and the wait
             // is not missed.
             let arrived = self.arrived.notified();
-            if let Some(d) = self.try_take() {
+            if let Some(d) = self.try_take(only) {
                 return Some(d);
             }
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
-                return self.try_take();
+                return self.try_take(only);
             }
         }
+    }
+
+    /// Take an untaken assignment out of the queue without delivering it (a run that will
+    /// not run it, e.g. one abandoned when a local run resumes). Returns whether it was queued.
+    pub fn withdraw(&self, session: &str) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(position) = state.queue.iter().position(|s| s == session) else {
+            return false;
+        };
+        state.queue.remove(position);
+        if let Some(entry) = state.known.get_mut(session) {
+            entry.1 = true;
+        }
+        true
     }
 }
 
@@ -176,13 +198,19 @@ mod tests {
             Err(AssignmentError::Conflict("s1".into()))
         );
         assert_eq!(a.offer(delivered("s2", "t"), false), Ok(true));
-        let first = a.take(Duration::ZERO).await.map(|d| d.assignment.session);
-        let second = a.take(Duration::ZERO).await.map(|d| d.assignment.session);
+        let first = a
+            .take(Duration::ZERO, None)
+            .await
+            .map(|d| d.assignment.session);
+        let second = a
+            .take(Duration::ZERO, None)
+            .await
+            .map(|d| d.assignment.session);
         assert_eq!(
             (first.as_deref(), second.as_deref()),
             (Some("s1"), Some("s2"))
         );
-        assert!(a.take(Duration::from_millis(10)).await.is_none());
+        assert!(a.take(Duration::from_millis(10), None).await.is_none());
     }
 
     #[tokio::test]
@@ -190,7 +218,7 @@ mod tests {
         let a = std::sync::Arc::new(Assignments::default());
         let waiter = {
             let a = a.clone();
-            tokio::spawn(async move { a.take(Duration::from_secs(5)).await })
+            tokio::spawn(async move { a.take(Duration::from_secs(5), None).await })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         a.offer(delivered("late", "t"), false).ok();
@@ -202,7 +230,22 @@ mod tests {
     fn restored_taken_assignments_are_not_queued_again() {
         let a = Assignments::default();
         a.offer(delivered("s1", "t"), true).ok();
-        assert!(a.try_take().is_none());
+        assert!(a.try_take(None).is_none());
         assert_eq!(a.all().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_runner_may_wait_for_its_own_session_and_a_withdrawn_one_is_never_delivered() {
+        let a = Assignments::default();
+        a.offer(delivered("s1", "t"), false).ok();
+        a.offer(delivered("s2", "t"), false).ok();
+        a.offer(delivered("s3", "t"), false).ok();
+        let own = a.take(Duration::ZERO, Some("s2")).await;
+        assert_eq!(own.map(|d| d.assignment.session).as_deref(), Some("s2"));
+        assert!(a.take(Duration::ZERO, Some("s2")).await.is_none());
+        assert!(a.withdraw("s1"));
+        assert!(!a.withdraw("s1"));
+        let next = a.take(Duration::ZERO, None).await;
+        assert_eq!(next.map(|d| d.assignment.session).as_deref(), Some("s3"));
     }
 }

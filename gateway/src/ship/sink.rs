@@ -28,6 +28,9 @@ pub enum Sink {
     None,
 }
 
+/// One delivery attempt to a trainer; a slower one is retried (the ingest is idempotent).
+const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 #[derive(Debug, thiserror::Error)]
 pub enum DeliveryError {
     /// Worth retrying (network, 5xx, 429, a full disk).
@@ -46,6 +49,7 @@ pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<Strin
         Sink::Trainer { url } => {
             let resp = http
                 .post(url)
+                .timeout(DELIVERY_TIMEOUT)
                 .header("idempotency-key", &trajectory.session)
                 .json(trajectory)
                 .send()

@@ -10,6 +10,7 @@
 //! negative (the model produced it), counted in `stats.unparsed_tool_calls`.
 
 use super::types::{Evaluation, SessionStatus, Trajectory};
+use crate::capture::upstream_errors::UpstreamErrors;
 
 /// As JSON (the sandbox runner's result): `{"status": "completed", "evaluation": {...}}`,
 /// `{"status": "agent_timeout"}`, `{"status": "infra_error", "message": "..."}`,
@@ -31,6 +32,43 @@ pub enum SessionOutcome {
     /// Not evaluated (yet), e.g. a capture inspected with `floe trajectories build`: tokens and
     /// masks as built, no reward, not trainable.
     Unscored,
+}
+
+/// The runner's outcome, corrected by what the gateway itself saw of the session's model calls.
+/// A session is the infrastructure's failure, not the policy's result, when
+/// - one of its calls failed at the model server after the gateway's retries (the agent went on
+///   from an error the policy never caused), or
+/// - none of its calls was answered: the policy never acted, so its reward measures nothing
+///   (a harness that crashed before its first call, or one that bypassed the gateway).
+///
+/// Such a session is retried like any infrastructure failure and never scored or trained.
+pub fn account_for_calls(
+    outcome: SessionOutcome,
+    answered_calls: usize,
+    upstream: &UpstreamErrors,
+) -> SessionOutcome {
+    let scored = matches!(
+        outcome,
+        SessionOutcome::Completed { .. } | SessionOutcome::AgentTimeout { .. }
+    );
+    if !scored {
+        return outcome;
+    }
+    let failed = upstream.failed_calls();
+    if failed > 0 {
+        SessionOutcome::InfraError {
+            message: format!(
+                "{failed} model call(s) failed at the model server ({}) after the gateway's retries; not scored",
+                upstream.describe_failed()
+            ),
+        }
+    } else if answered_calls == 0 {
+        SessionOutcome::InfraError {
+            message: "no model call of the session was answered (the harness made none through the gateway); not scored".into(),
+        }
+    } else {
+        outcome
+    }
 }
 
 pub fn apply_outcome(trajectory: &mut Trajectory, outcome: &SessionOutcome) {
@@ -85,4 +123,56 @@ fn mask_out(trajectory: &mut Trajectory) {
         trace.loss_mask.iter_mut().for_each(|m| *m = 0);
     }
     trajectory.stats.trainable_tokens = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completed() -> SessionOutcome {
+        SessionOutcome::Completed {
+            evaluation: Evaluation {
+                reward: Some(1.0),
+                passed: Some(true),
+                detail: serde_json::Value::Null,
+            },
+        }
+    }
+
+    #[test]
+    fn a_failed_model_call_makes_the_session_the_infrastructure_s() {
+        let mut upstream = UpstreamErrors::default();
+        upstream.retried.insert("connect".into(), 5);
+        // Retried and then answered: the policy's session.
+        assert_eq!(account_for_calls(completed(), 3, &upstream), completed());
+        upstream.failed.insert("http_502".into(), 1);
+        let SessionOutcome::InfraError { message } = account_for_calls(completed(), 3, &upstream)
+        else {
+            panic!("not reclassified");
+        };
+        assert!(message.contains("http_502 ×1"), "{message}");
+        let timeout = SessionOutcome::AgentTimeout { evaluation: None };
+        assert!(matches!(
+            account_for_calls(timeout, 2, &upstream),
+            SessionOutcome::InfraError { .. }
+        ));
+    }
+
+    #[test]
+    fn a_session_without_an_answered_call_is_never_scored() {
+        let none = UpstreamErrors::default();
+        assert!(matches!(
+            account_for_calls(completed(), 0, &none),
+            SessionOutcome::InfraError { .. }
+        ));
+        // Outcomes that are already unscored stay as they are.
+        assert_eq!(
+            account_for_calls(SessionOutcome::EvaluatorTimeout, 0, &none),
+            SessionOutcome::EvaluatorTimeout
+        );
+        assert_eq!(
+            account_for_calls(SessionOutcome::Unscored, 0, &none),
+            SessionOutcome::Unscored
+        );
+    }
 }

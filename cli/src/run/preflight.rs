@@ -1,0 +1,152 @@
+//! Everything that would make every session of a local run fail, checked before the first one
+//! starts: the harness and evaluator programs, the model server, the output directory.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::plan::Plan;
+use super::RunError;
+
+pub fn on_path(program: &str) -> bool {
+    if program.contains('/') {
+        return Path::new(program).is_file();
+    }
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|dir| dir.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+fn refuse(message: String) -> Result<(), RunError> {
+    Err(RunError::Preflight(message))
+}
+
+/// `model_url` is `(url, where it came from)`, e.g. `--model-url` or `spec.sft.upstream.url`.
+pub async fn check(
+    plan: &Plan,
+    model_url: Option<(&str, &str)>,
+    out: &Path,
+    resume: bool,
+) -> Result<(), RunError> {
+    let spec = &plan.job.spec;
+    match floe_sandbox::presets::program(&spec.harness) {
+        Some(program) if !on_path(program) => {
+            return refuse(format!(
+                "harness binary `{program}` is not on PATH (install the {:?} harness, e.g. scripts/harnesses/install.sh)",
+                spec.harness.preset
+            ))
+        }
+        _ => {}
+    }
+    if let Some(program) = spec.evaluator.command.first() {
+        if !program.contains('/') && !on_path(program) {
+            return refuse(format!(
+                "spec.evaluator.command[0]: `{program}` is not on PATH"
+            ));
+        }
+        if program.starts_with('/') && !Path::new(program).is_file() {
+            return refuse(format!(
+                "spec.evaluator.command[0]: {program} does not exist"
+            ));
+        }
+    }
+    if let Some((url, source)) = model_url {
+        check_model_server(url, source).await?;
+    }
+    check_out(out, resume)
+}
+
+fn check_out(out: &Path, resume: bool) -> Result<(), RunError> {
+    let entries = match std::fs::read_dir(out) {
+        Ok(d) => Some(d.count()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return refuse(format!("--out {}: {e}", out.display())),
+    };
+    match (entries, resume) {
+        (Some(n), false) if n > 0 => refuse(format!(
+            "--out {} is not empty (an earlier run?): add --resume to continue it, or use a new directory",
+            out.display()
+        )),
+        (None | Some(0), true) => refuse(format!(
+            "--resume: --out {} holds no earlier run to continue",
+            out.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+async fn check_model_server(model_url: &str, source: &str) -> Result<(), RunError> {
+    let scheme_ok = ["http://", "https://"]
+        .iter()
+        .any(|s| model_url.to_ascii_lowercase().starts_with(s));
+    if !scheme_ok {
+        return refuse(format!(
+            "{source} {model_url:?} must be an http:// or https:// URL (the model server's base URL, without /v1)"
+        ));
+    }
+    let url = format!("{}/v1/models", model_url.trim_end_matches('/'));
+    let answer = reqwest::Client::new()
+        .get(&url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    let answer = match answer {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            return refuse(format!(
+                "model server at {model_url} ({source}) answered {} to GET /v1/models",
+                r.status()
+            ))
+        }
+        Err(e) => {
+            let cause = std::error::Error::source(&e)
+                .map(|c| format!("{e}: {c}"))
+                .unwrap_or_else(|| e.to_string());
+            return refuse(format!(
+                "model server at {model_url} ({source}) is unreachable ({cause}); start one or pass --model-url"
+            ));
+        }
+    };
+    let text = answer.text().await.unwrap_or_default();
+    let listed = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .is_some_and(|v| v["data"].is_array());
+    if !listed {
+        let start: String = text.chars().take(80).collect();
+        return refuse(format!(
+            "{url} did not answer an OpenAI model list ({start:?}…): is {model_url} ({source}) an OpenAI-compatible server's base URL, without /v1?"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_output_directory_must_match_resume() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let fresh = dir.path().join("new");
+        assert!(check_out(&fresh, false).is_ok());
+        let err = check_out(&fresh, true).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("holds no earlier run")));
+        std::fs::write(dir.path().join("x"), "")?;
+        let err = check_out(dir.path(), false).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("--resume")));
+        assert!(check_out(dir.path(), true).is_ok());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_model_url_must_be_http() {
+        let err = check_model_server("127.0.0.1:8000", "--model-url")
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("--model-url \"127.0.0.1:8000\" must be an http://"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! Continuing an interrupted local run in its own `--out` (`floe run --resume`).
+//!
+//! A run writes `run.json` first: the job's name, its mode and every session's first
+//! assignment. `--resume` reads it back and refuses to continue a different job (the job file,
+//! its task file or `--sessions` changed: the two halves would not be one dataset). Then:
+//! - a session whose last attempt was scored (`sessions/<id>/summary.json`) is done and is
+//!   not run again; its result counts in the new summary;
+//! - any other session runs again as a new attempt, numbered past every attempt the earlier
+//!   run started (its captures keep their ids, so nothing is overwritten or shipped twice).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use floe_gateway::ship::Assignment;
+use serde::{Deserialize, Serialize};
+
+use super::queue::is_infrastructure;
+use super::report::SessionResult;
+
+pub const RUN_FILE: &str = "run.json";
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    pub job: String,
+    pub mode: String,
+    /// Every session's first attempt, in order.
+    pub assignments: Vec<Assignment>,
+}
+
+/// What an earlier run left: results of the sessions that are done, and the first attempt
+/// number free for each session that is not.
+#[derive(Debug, Default)]
+pub struct Earlier {
+    pub done: BTreeMap<usize, SessionResult>,
+    pub next_attempt: BTreeMap<usize, u32>,
+    /// Attempts beyond each session's first that the earlier run started.
+    pub retries: u64,
+    /// The upstream failures of every attempt it finished.
+    pub upstream: floe_gateway::capture::upstream_errors::UpstreamErrors,
+}
+
+pub fn write_record(out: &Path, record: &RunRecord) -> Result<(), String> {
+    let text = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
+    std::fs::write(out.join(RUN_FILE), text).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+pub fn check_record(out: &Path, now: &RunRecord) -> Result<(), String> {
+    let path = out.join(RUN_FILE);
+    let text = std::fs::read(&path).map_err(|e| {
+        format!(
+            "--resume: {} is unreadable ({e}): --out does not hold a floe run",
+            path.display()
+        )
+    })?;
+    let before: RunRecord = serde_json::from_slice(&text)
+        .map_err(|e| format!("--resume: {} is not a run record: {e}", path.display()))?;
+    if before.job != now.job || before.mode != now.mode {
+        return Err(format!(
+            "--resume: --out holds a run of {} job {:?}, not of {} job {:?}",
+            before.mode, before.job, now.mode, now.job
+        ));
+    }
+    if before.assignments != now.assignments {
+        let first = before
+            .assignments
+            .iter()
+            .zip(&now.assignments)
+            .position(|(a, b)| a != b)
+            .unwrap_or(before.assignments.len().min(now.assignments.len()));
+        return Err(format!(
+            "--resume: the job's sessions differ from the earlier run's from session {first} on (job file, task file or --sessions changed); resume with the same ones, or use a new --out"
+        ));
+    }
+    Ok(())
+}
+
+/// `base` or `base-r<N>` → (base, N).
+fn split_attempt(id: &str, firsts: &HashMap<&str, usize>) -> Option<(usize, u32)> {
+    if let Some(index) = firsts.get(id) {
+        return Some((*index, 0));
+    }
+    let (base, n) = id.rsplit_once("-r")?;
+    let attempt = n.parse().ok()?;
+    firsts.get(base).map(|index| (*index, attempt))
+}
+
+/// Read what the earlier run in `out` left, for sessions numbered as in `assignments`.
+pub fn read(out: &Path, assignments: &[Assignment]) -> Result<Earlier, String> {
+    let firsts: HashMap<&str, usize> = assignments
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.session.as_str(), i))
+        .collect();
+    // The highest attempt started per session, from its session and capture directories.
+    let mut highest: BTreeMap<usize, u32> = BTreeMap::new();
+    let mut latest: BTreeMap<usize, (u32, SessionResult)> = BTreeMap::new();
+    let mut earlier = Earlier::default();
+    for sub in ["sessions", "captures"] {
+        let Ok(entries) = std::fs::read_dir(out.join(sub)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((index, attempt)) = split_attempt(&name, &firsts) else {
+                continue;
+            };
+            let top = highest.entry(index).or_insert(attempt);
+            *top = (*top).max(attempt);
+            if sub != "sessions" {
+                continue;
+            }
+            if attempt > 0 {
+                earlier.retries += 1;
+            }
+            let Some(result) = read_result(&entry.path())? else {
+                continue; // cancelled: no result
+            };
+            if let Some(errors) = result
+                .summary
+                .as_ref()
+                .and_then(|s| s.upstream_errors.as_ref())
+            {
+                earlier.upstream.add(errors);
+            }
+            if latest.get(&index).is_none_or(|(a, _)| *a < attempt) {
+                latest.insert(index, (attempt, result));
+            }
+        }
+    }
+    for (index, (_, result)) in latest {
+        let scored = result
+            .summary
+            .as_ref()
+            .is_some_and(|s| !is_infrastructure(&s.status));
+        if scored {
+            earlier.done.insert(index, result);
+        }
+    }
+    for (index, top) in highest {
+        if !earlier.done.contains_key(&index) {
+            earlier.next_attempt.insert(index, top + 1);
+        }
+    }
+    Ok(earlier)
+}
+
+/// A finished attempt's `summary.json` (with the run's `wallSeconds`), if it has one.
+fn read_result(dir: &Path) -> Result<Option<SessionResult>, String> {
+    let path = dir.join("summary.json");
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let summary: floe_sandbox::summary::Summary =
+        serde_json::from_value(value.clone()).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Some(SessionResult {
+        task: summary.task.clone().unwrap_or_default(),
+        wall_seconds: value["wallSeconds"].as_f64().unwrap_or(0.0),
+        summary: Some(summary),
+    }))
+}
+
+/// A finished attempt's `summary.json`: the runner's summary and the session's wall time.
+pub fn render_result(result: &SessionResult) -> String {
+    let mut value = serde_json::to_value(&result.summary).unwrap_or_default();
+    value["wallSeconds"] = result.wall_seconds.into();
+    serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floe_sandbox::summary::Summary;
+
+    fn assignment(session: &str) -> Assignment {
+        serde_json::from_value(serde_json::json!({
+            "session": session, "task": "t", "group": "j/t", "sample": 0,
+            "builder": "prefix_merging", "sink": {"kind": "none"},
+        }))
+        .expect("assignment")
+    }
+
+    fn finish(out: &Path, id: &str, status: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(out.join("sessions").join(id))?;
+        let result = SessionResult {
+            task: "t".into(),
+            summary: Some(Summary {
+                session: Some(id.into()),
+                task: Some("t".into()),
+                status: status.into(),
+                ..Default::default()
+            }),
+            wall_seconds: 2.5,
+        };
+        std::fs::write(
+            out.join("sessions").join(id).join("summary.json"),
+            render_result(&result),
+        )
+    }
+
+    #[test]
+    fn done_sessions_are_kept_and_the_rest_continue_past_every_started_attempt(
+    ) -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path();
+        let all: Vec<Assignment> = ["j-t-0", "j-t-1", "j-t-2", "j-t-3"]
+            .into_iter()
+            .map(assignment)
+            .collect();
+        finish(out, "j-t-0", "completed")?;
+        // Failed by infrastructure, retried once, the retry cancelled (no summary).
+        finish(out, "j-t-1", "infra_error")?;
+        std::fs::create_dir_all(out.join("sessions/j-t-1-r1"))?;
+        // Started, then the run was killed: only its capture directory.
+        std::fs::create_dir_all(out.join("captures/j-t-2"))?;
+        std::fs::create_dir_all(out.join("captures/.spool"))?;
+        let earlier = read(out, &all).map_err(std::io::Error::other)?;
+        assert_eq!(earlier.done.keys().copied().collect::<Vec<_>>(), [0]);
+        assert_eq!(earlier.done[&0].wall_seconds, 2.5);
+        assert_eq!(earlier.next_attempt, BTreeMap::from([(1, 2), (2, 1)]));
+        assert_eq!(earlier.retries, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_different_job_is_not_resumed() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let record = |sessions: &[&str]| RunRecord {
+            job: "j".into(),
+            mode: "sft".into(),
+            assignments: sessions.iter().map(|s| assignment(s)).collect(),
+        };
+        write_record(dir.path(), &record(&["a", "b"])).map_err(std::io::Error::other)?;
+        assert!(check_record(dir.path(), &record(&["a", "b"])).is_ok());
+        let err = check_record(dir.path(), &record(&["a", "c"]))
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("from session 1 on"), "{err}");
+        let mut other = record(&["a", "b"]);
+        other.job = "k".into();
+        assert!(check_record(dir.path(), &other).is_err());
+        Ok(())
+    }
+}
