@@ -138,9 +138,25 @@ pub fn parse_rollout_job(document: &serde_json::Value) -> Result<RolloutJob, Val
     if let Ok(validator) = jsonschema::validator_for(&schema) {
         for e in validator.iter_errors(document) {
             let path = e.instance_path().to_string();
+            // The library names two options and counts the rest; a user needs them all.
+            let message = match e.kind() {
+                jsonschema::error::ValidationErrorKind::Enum { options } => format!(
+                    "{} is not one of {}",
+                    e.instance(),
+                    options
+                        .as_array()
+                        .map(|o| o
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", "))
+                        .unwrap_or_else(|| options.to_string())
+                ),
+                _ => e.to_string(),
+            };
             errors.push(FieldError {
                 field: pointer_to_field(&path),
-                message: e.to_string(),
+                message,
             });
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod chart;
 pub mod cluster;
+pub mod fault_proxy;
 pub mod gateway;
 pub mod ingest;
 pub mod kubelet;
@@ -20,6 +21,7 @@ pub mod toy_task;
 pub mod vllm;
 
 pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
+pub use fault_proxy::{Fault, FaultProxy};
 pub use gateway::TestGateway;
 pub use ingest::TestIngest;
 pub use namespace::TestNamespace;

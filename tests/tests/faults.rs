@@ -1,0 +1,633 @@
+//! Fault injection: `floe run` as a real process against a model server that is killed and
+//! restarted, answers errors, or hangs, and `floe run` itself interrupted, terminated and
+//! SIGKILLed, then resumed. What is asserted each time: the infrastructure's failures are never
+//! scored as the policy's (never in a dataset), what can be retried is, every session is
+//! accounted for once, and nothing the run started outlives it.
+//!
+//! The agent is a small `custom` harness: it makes its model calls and then writes its answer
+//! whether they succeeded or not — the case that once put sessions without a single answered
+//! call into the dataset as passed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use floe_tests::{floe_bin, wait_child, Fault, FaultProxy, ScriptedUpstream, Step};
+use serde_json::Value;
+
+/// Makes `CALLS` calls (unless told otherwise by the instruction: `calls N`, `hold FILE`: wait
+/// while FILE exists after the first call), then writes `answer.txt` regardless.
+const AGENT: &str = r#"
+import json, os, sys, time, urllib.request
+words = os.environ["FLOE_INSTRUCTION"].split()
+calls = int(words[words.index("calls") + 1]) if "calls" in words else 2
+hold = words[words.index("hold") + 1] if "hold" in words else None
+ok = 0
+for i in range(calls):
+    body = json.dumps({"model": os.environ["FLOE_MODEL"], "messages": [{"role": "user", "content": "step %d" % i}]}).encode()
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+        headers={"content-type": "application/json", "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        urllib.request.urlopen(req, timeout=300).read()
+        ok += 1
+    except Exception as e:
+        print("call failed:", e, file=sys.stderr)
+    while hold and os.path.exists(hold):
+        time.sleep(0.2)
+open("answer.txt", "w").write(str(ok))
+"#;
+
+struct Job {
+    tasks: Vec<String>,
+    samples: u32,
+    concurrency: u32,
+    backoff_limit: u32,
+    model_call_seconds: u32,
+    agent_seconds: u32,
+}
+
+impl Default for Job {
+    fn default() -> Self {
+        Self {
+            tasks: vec!["calls 2".into()],
+            samples: 2,
+            concurrency: 2,
+            backoff_limit: 3,
+            model_call_seconds: 30,
+            agent_seconds: 120,
+        }
+    }
+}
+
+impl Job {
+    fn yaml(&self) -> String {
+        let agent = AGENT.trim().replace('\n', "\n          ");
+        let tasks: String = self
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("      - {{id: t{i}, instruction: \"{t}\"}}\n"))
+            .collect();
+        format!(
+            r#"apiVersion: floe.dev/v1alpha1
+kind: RolloutJob
+metadata: {{name: faults}}
+spec:
+  numSamples: {samples}
+  concurrency: {concurrency}
+  backoffLimit: {backoff}
+  poolRef: {{name: local}}
+  harness:
+    preset: custom
+    model: policy
+    command:
+      - python3
+      - -c
+      - |
+          {agent}
+  evaluator:
+    command: [test, -f, answer.txt]
+  timeouts: {{agentSeconds: {agent_s}, evaluatorSeconds: 30, modelCallSeconds: {call_s}}}
+  sft:
+    upstream: {{url: "http://127.0.0.1:9"}}
+    output: {{claimName: unused}}
+  tasks:
+    inline:
+{tasks}"#,
+            samples = self.samples,
+            concurrency = self.concurrency,
+            backoff = self.backoff_limit,
+            agent_s = self.agent_seconds,
+            call_s = self.model_call_seconds,
+        )
+    }
+
+    fn write(&self, dir: &Path) -> Result<PathBuf> {
+        let path = dir.join("job.yaml");
+        std::fs::write(&path, self.yaml())?;
+        Ok(path)
+    }
+}
+
+fn floe_run(job: &Path, out: &Path, model_url: &str) -> Result<Command> {
+    let mut cmd = Command::new(floe_bin()?);
+    cmd.arg("run")
+        .arg(job)
+        .arg("--out")
+        .arg(out)
+        .args(["--model-url", model_url])
+        .stdin(Stdio::null());
+    Ok(cmd)
+}
+
+fn resuming(mut cmd: Command) -> Command {
+    cmd.arg("--resume");
+    cmd
+}
+
+async fn upstream() -> Result<ScriptedUpstream> {
+    ScriptedUpstream::start(vec![Step::Say("done".into())]).await
+}
+
+async fn run_to_end(cmd: Command) -> Result<(i32, String)> {
+    let mut cmd = cmd;
+    let output = tokio::task::spawn_blocking(move || cmd.output()).await??;
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    Ok((output.status.code().unwrap_or(-1), stderr))
+}
+
+fn summary(out: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(out.join("summary.json")).context("summary.json")?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn trajectories(out: &Path, which: &str) -> Result<Vec<Value>> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(out.join("trajectories").join(which))
+        .into_iter()
+        .flatten()
+    {
+        all.push(serde_json::from_slice(&std::fs::read(entry?.path())?)?);
+    }
+    Ok(all)
+}
+
+/// Every accepted trajectory has an answered call and a reward; each (group, sample) once.
+fn assert_dataset_is_clean(out: &Path) -> Result<usize> {
+    let mut seen = std::collections::BTreeSet::new();
+    let text = std::fs::read_to_string(out.join("dataset.jsonl"))?;
+    for line in text.lines() {
+        let t: Value = serde_json::from_str(line)?;
+        assert!(
+            t["stats"]["completions"].as_u64() >= Some(1),
+            "a session without an answered call was accepted: {line}"
+        );
+        assert_eq!(t["trainable"], true, "{line}");
+        assert!(
+            seen.insert((t["group"].to_string(), t["sample"].to_string())),
+            "a sample twice in the dataset: {line}"
+        );
+    }
+    Ok(seen.len())
+}
+
+async fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !ready() {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Processes whose environment holds `needle` (the agents of one test's job: their
+/// instruction names the hold file).
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&environ).contains(needle) {
+            found.push(format!("{:?}", entry.file_name()));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_short_outage_and_passing_errors_are_absorbed_by_the_gateway_s_retries() -> Result<()> {
+    let model = upstream().await?;
+    let mut proxy = FaultProxy::start(&model.url).await?;
+    let dir = tempfile::tempdir()?;
+    let job = Job {
+        tasks: vec!["calls 3".into(), "calls 3".into()],
+        ..Default::default()
+    }
+    .write(dir.path())?;
+    let out = dir.path().join("out");
+    // Every 3rd call answers 503, and the server is down for 2 s once sessions are calling.
+    proxy.set(Fault::StatusEvery {
+        status: 503,
+        every: 3,
+    });
+    let mut child = floe_run(&job, &out, &proxy.url)?
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    wait_for("the first model call", Duration::from_secs(60), || {
+        proxy.calls() >= 1
+    })
+    .await?;
+    proxy.down();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.up().await?;
+    let status = wait_child(&mut child, Duration::from_secs(120)).await?;
+    let s = summary(&out)?;
+    assert_eq!(status.code(), Some(0), "{s}");
+    assert_eq!(s["sessions"]["completed"], 4, "{s}");
+    assert_eq!(
+        s["sessions"]["retries"], 0,
+        "no session needed a second attempt: {s}"
+    );
+    let retried = &s["upstreamErrors"]["retried"];
+    assert!(retried["http_503"].as_u64() >= Some(1), "{s}");
+    assert!(
+        retried["connect"].as_u64().unwrap_or(0) + retried["broken"].as_u64().unwrap_or(0) >= 1,
+        "the outage was met and retried: {s}"
+    );
+    assert!(s["upstreamErrors"].get("failed").is_none(), "{s}");
+    assert_eq!(assert_dataset_is_clean(&out)?, 4);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_outage_past_the_call_deadline_is_an_infrastructure_error_retried_never_scored(
+) -> Result<()> {
+    let model = upstream().await?;
+    let mut proxy = FaultProxy::start(&model.url).await?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("out");
+    let job = Job {
+        model_call_seconds: 2,
+        backoff_limit: 0,
+        ..Default::default()
+    }
+    .write(dir.path())?;
+    // Down for the whole run (after pre-flight): with no retry left, every session fails.
+    let mut child = floe_run(&job, &out, &proxy.url)?
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    wait_for("the run's pre-flight", Duration::from_secs(30), || {
+        out.join("run.json").exists()
+    })
+    .await?;
+    proxy.down();
+    let status = wait_child(&mut child, Duration::from_secs(120)).await?;
+    let s = summary(&out)?;
+    assert_eq!(status.code(), Some(1), "{s}");
+    assert_eq!(s["sessions"]["infraError"], 2, "{s}");
+    assert_eq!(s["reward"]["scored"], 0, "nothing scored: {s}");
+    assert!(
+        s["upstreamErrors"]["failed"]["connect"].as_u64() >= Some(2),
+        "{s}"
+    );
+    assert_eq!(s["dataset"]["accepted"], 0, "{s}");
+    for t in trajectories(&out, "rejected")? {
+        assert_eq!(t["trainable"], false);
+        assert!(t["reward"].is_null(), "{t}");
+        let error = t["evaluation"]["detail"]["error"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(error.contains("failed at the model server"), "{error}");
+    }
+
+    // The same outage with retries left: the sessions that failed run again once the server
+    // is back, and only their later attempts are scored.
+    proxy.up().await?;
+    let out = dir.path().join("out-retried");
+    let job = Job {
+        model_call_seconds: 2,
+        backoff_limit: 5,
+        ..Default::default()
+    }
+    .write(dir.path())?;
+    let mut child = floe_run(&job, &out, &proxy.url)?
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    wait_for("the run's pre-flight", Duration::from_secs(30), || {
+        out.join("run.json").exists()
+    })
+    .await?;
+    proxy.down();
+    wait_for("a failed first attempt", Duration::from_secs(60), || {
+        out.join("sessions/faults-t0-0/summary.json").exists()
+            || out.join("sessions/faults-t0-1/summary.json").exists()
+    })
+    .await?;
+    proxy.up().await?;
+    let status = wait_child(&mut child, Duration::from_secs(120)).await?;
+    let s = summary(&out)?;
+    assert_eq!(status.code(), Some(0), "{s}");
+    assert_eq!(s["sessions"]["completed"], 2, "{s}");
+    assert!(s["sessions"]["retries"].as_u64() >= Some(1), "{s}");
+    assert_eq!(assert_dataset_is_clean(&out)?, 2);
+    let retried_ids: Vec<String> = trajectories(&out, "accepted")?
+        .iter()
+        .filter_map(|t| t["session"].as_str().map(str::to_owned))
+        .filter(|id| id.contains("-r"))
+        .collect();
+    assert!(
+        !retried_ids.is_empty(),
+        "a later attempt was the scored one"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_hung_model_and_http_500s_are_the_infrastructure_s() -> Result<()> {
+    let model = upstream().await?;
+    let proxy = FaultProxy::start(&model.url).await?;
+    let dir = tempfile::tempdir()?;
+    let job = Job {
+        tasks: vec!["calls 1".into()],
+        samples: 1,
+        model_call_seconds: 2,
+        backoff_limit: 0,
+        agent_seconds: 60,
+        ..Default::default()
+    }
+    .write(dir.path())?;
+    proxy.set(Fault::Hang(Duration::from_secs(60)));
+    let out = dir.path().join("hung");
+    let (code, stderr) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
+    let s = summary(&out)?;
+    assert_eq!(code, 1, "{stderr}");
+    // Not "agent timeout, reward 0, trainable": the call's deadline caught the hang.
+    assert_eq!(s["sessions"]["infraError"], 1, "{s}");
+    assert_eq!(s["sessions"]["agentTimeout"], 0, "{s}");
+    assert_eq!(s["upstreamErrors"]["failed"]["timeout"], 1, "{s}");
+    assert!(
+        s["timings"]["agentSecondsMean"].as_f64() < Some(30.0),
+        "{s}"
+    );
+
+    // A 500 is retried (twice at most); a run of them fails the call.
+    proxy.set(Fault::Status {
+        status: 500,
+        next: 2,
+    });
+    let out = dir.path().join("500-twice");
+    let (code, stderr) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
+    let s = summary(&out)?;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(s["upstreamErrors"]["retried"]["http_500"], 2, "{s}");
+    assert_eq!(s["sessions"]["completed"], 1, "{s}");
+    proxy.set(Fault::Status {
+        status: 500,
+        next: 3,
+    });
+    let out = dir.path().join("500-thrice");
+    let (code, _) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
+    let s = summary(&out)?;
+    assert_eq!(code, 1, "{s}");
+    assert_eq!(s["upstreamErrors"]["failed"]["http_500"], 1, "{s}");
+    assert_eq!(s["dataset"]["accepted"], 0, "{s}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_ends_a_run_like_ctrl_c_and_sigkill_leaves_nothing_behind_then_resume_finishes(
+) -> Result<()> {
+    let model = upstream().await?;
+    let dir = tempfile::tempdir()?;
+    let hold = dir.path().join("hold");
+    std::fs::write(&hold, "")?;
+    // Three tasks answer at once; the fourth's agents wait on the hold file after a call.
+    let held = format!("calls 1 hold {}", hold.display());
+    let job = Job {
+        tasks: vec![
+            "calls 1".into(),
+            "calls 1".into(),
+            "calls 1".into(),
+            held.clone(),
+        ],
+        ..Default::default()
+    }
+    .write(dir.path())?;
+
+    // SIGTERM: summary written, agents gone, exit 143.
+    let out = dir.path().join("terminated");
+    let mut child = floe_run(&job, &out, &model.url)?
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    wait_for("the held sessions", Duration::from_secs(120), || {
+        !processes_with(&hold.display().to_string()).is_empty()
+            && out.join("sessions/faults-t3-1").exists()
+    })
+    .await?;
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let status = wait_child(&mut child, Duration::from_secs(60)).await?;
+    assert_eq!(status.code(), Some(143));
+    let s = summary(&out)?;
+    assert_eq!(s["interrupted"], true);
+    assert_eq!(s["sessions"]["completed"], 6, "{s}");
+    assert_eq!(s["sessions"]["notFinished"], 2, "{s}");
+    // Only sessions that started have a trajectory; none is a cancelled one's hidden slot.
+    assert_eq!(
+        trajectories(&out, "accepted")?.len() + trajectories(&out, "rejected")?.len(),
+        8
+    );
+    assert!(processes_with(&hold.display().to_string()).is_empty());
+
+    // SIGKILL: nothing can be caught; the watchdog still kills every agent.
+    let out = dir.path().join("killed");
+    let mut child = floe_run(&job, &out, &model.url)?
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    wait_for("the held sessions", Duration::from_secs(120), || {
+        processes_with(&hold.display().to_string()).len() >= 2
+            && out.join("sessions/faults-t3-1").exists()
+    })
+    .await?;
+    child.kill()?;
+    let _ = child.wait();
+    wait_for(
+        "the agents to die with the run",
+        Duration::from_secs(10),
+        || processes_with(&hold.display().to_string()).is_empty(),
+    )
+    .await?;
+    assert!(!out.join("summary.json").exists());
+
+    // Resume: the six finished sessions are kept, the two killed ones run again (and now pass).
+    std::fs::remove_file(&hold)?;
+    let (code, stderr) = run_to_end(resuming(floe_run(&job, &out, &model.url)?)).await?;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("6 of 8 sessions done"), "{stderr}");
+    let s = summary(&out)?;
+    assert_eq!(s["sessions"]["total"], 8, "{s}");
+    assert_eq!(s["sessions"]["completed"], 8, "{s}");
+    assert_eq!(assert_dataset_is_clean(&out)?, 8);
+    // The killed attempts kept their ids; the new ones have their own.
+    assert!(out.join("sessions/faults-t3-0-r1/summary.json").is_file());
+
+    // A different job does not resume in that directory.
+    let other = Job {
+        tasks: vec!["calls 5".into()],
+        ..Default::default()
+    }
+    .write(&{
+        let d = dir.path().join("other");
+        std::fs::create_dir_all(&d)?;
+        d
+    })?;
+    let (code, stderr) = run_to_end(resuming(floe_run(&other, &out, &model.url)?)).await?;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("differ from the earlier run"), "{stderr}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_run_s_open_files_do_not_grow_with_its_queue() -> Result<()> {
+    let model = upstream().await?;
+    let dir = tempfile::tempdir()?;
+    let job = Job {
+        tasks: (0..20).map(|_| "calls 1".to_string()).collect(),
+        samples: 3,
+        concurrency: 4,
+        ..Default::default()
+    }
+    .write(dir.path())?;
+    let out = dir.path().join("out");
+    // 60 queued sessions under 40 open files: each used to hold its capture open from the start.
+    let cmd = format!(
+        "ulimit -n 40 && exec {} run {} --out {} --model-url {}",
+        floe_bin()?.display(),
+        job.display(),
+        out.display(),
+        model.url
+    );
+    let mut sh = Command::new("sh");
+    sh.args(["-c", &cmd]);
+    let (code, stderr) = run_to_end(sh).await?;
+    let s = summary(&out)?;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(s["sessions"]["completed"], 60, "{s}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn broken_job_files_and_flags_stop_before_any_session_with_one_line() -> Result<()> {
+    let model = upstream().await?;
+    let dir = tempfile::tempdir()?;
+    let good = Job::default().yaml();
+    std::fs::write(dir.path().join("empty.jsonl"), "\n")?;
+    let not_json = ScriptedUpstream::start(vec![]).await?;
+    // A server whose /v1/models is not a model list.
+    let html = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let html_url = format!("http://{}", html.local_addr()?);
+    tokio::spawn(async move {
+        let app = axum::Router::new().fallback(|| async { "<html>hello</html>" });
+        let _ = axum::serve(html, app).await;
+    });
+    drop(not_json);
+    let edit = |from: &str, to: &str| {
+        assert!(good.contains(from), "{from}");
+        good.replacen(from, to, 1)
+    };
+    let long_id = "x".repeat(250);
+    let cases: Vec<(String, Vec<&str>, &str, &str)> = vec![
+        (
+            edit("  backoffLimit", "  agentSecond: 5\n  backoffLimit"),
+            vec![],
+            &model.url,
+            "spec.agentSecond: unknown field",
+        ),
+        (
+            edit("modelCallSeconds", "modelCallSecond"),
+            vec![],
+            &model.url,
+            "did you mean `modelCallSeconds`?",
+        ),
+        (
+            edit(
+                "instruction: \"calls 2\"}",
+                "instruction: \"calls 2\", evaluation: {hiddenFiles: {'../x.py': ''}}}",
+            ),
+            vec![],
+            &model.url,
+            "spec.tasks.inline[0].evaluation.hiddenFiles: \"../x.py\" must be a relative path",
+        ),
+        (
+            edit(
+                "command: [test, -f, answer.txt]",
+                "command: [test, -f, answer.txt]\n    protectedPaths: ['[']",
+            ),
+            vec![],
+            &model.url,
+            "spec.evaluator.protectedPaths",
+        ),
+        (
+            edit("command: [test, -f, answer.txt]", "command: [./check.sh]"),
+            vec![],
+            &model.url,
+            "spec.evaluator.command[0]: \"check.sh\" is a relative path",
+        ),
+        (
+            edit("{id: t0,", &format!("{{id: {long_id},")),
+            vec![],
+            &model.url,
+            "spec.tasks.inline[0].id",
+        ),
+        (
+            edit(
+                "    inline:\n      - {id: t0, instruction: \"calls 2\"}\n",
+                "    file: {path: empty.jsonl}\n",
+            ),
+            vec![],
+            &model.url,
+            "empty.jsonl: the job has no tasks",
+        ),
+        (
+            edit("preset: custom", "preset: vim"),
+            vec![],
+            &model.url,
+            "gemini-cli",
+        ),
+        (
+            good.clone(),
+            vec!["--sessions", "0"],
+            &model.url,
+            "--sessions 0 runs nothing",
+        ),
+        (
+            good.clone(),
+            vec!["--concurrency", "0"],
+            &model.url,
+            "--concurrency must be at least 1",
+        ),
+        (
+            good.clone(),
+            vec![],
+            "127.0.0.1:8000",
+            "must be an http:// or https:// URL",
+        ),
+        (
+            good.clone(),
+            vec![],
+            &html_url,
+            "did not answer an OpenAI model list",
+        ),
+        (
+            good.clone(),
+            vec!["--resume"],
+            &model.url,
+            "holds no earlier run",
+        ),
+    ];
+    for (i, (yaml, flags, url, needle)) in cases.into_iter().enumerate() {
+        let job = dir.path().join(format!("job-{i}.yaml"));
+        std::fs::write(&job, &yaml)?;
+        let out = dir.path().join(format!("out-{i}"));
+        let (code, stderr) = run_to_end({
+            let mut c = floe_run(&job, &out, url)?;
+            c.args(&flags);
+            c
+        })
+        .await?;
+        assert_eq!(code, 2, "{needle}: {stderr}");
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(!out.join("sessions").exists(), "nothing ran for {needle:?}");
+    }
+    assert_eq!(model.calls(), 0, "no model call was made");
+    Ok(())
+}
