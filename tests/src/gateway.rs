@@ -29,6 +29,18 @@ impl TestGateway {
         max_response_tokens: u32,
         kind: floe_gateway::protocol::upstream::UpstreamKind,
     ) -> Result<Self> {
+        Self::start_with_deadline(upstream, max_response_tokens, kind, Duration::from_secs(300))
+            .await
+    }
+
+    /// [`TestGateway::start_with_kind`] with a per-call deadline (retries of a failing upstream
+    /// included).
+    pub async fn start_with_deadline(
+        upstream: &str,
+        max_response_tokens: u32,
+        kind: floe_gateway::protocol::upstream::UpstreamKind,
+        call_deadline: Duration,
+    ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let config = Config {
@@ -44,7 +56,7 @@ impl TestGateway {
             max_response_tokens,
             durability: floe_gateway::capture::Durability::Fsync,
             keepalive: Duration::from_secs(1),
-            upstream_timeout: Duration::from_secs(300),
+            upstream_timeout: call_deadline,
             require_runner_ready: false,
         };
         let gateway = Gateway::new(config.clone())?;
