@@ -796,6 +796,11 @@ pub struct RolloutJobStatus {
     /// attempt of a session is this number.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub retries: BTreeMap<String, i32>,
+    /// Failed model-server attempts of the job's sessions by kind (`connect`, `timeout`,
+    /// `http_503`, …): `retried` by the gateways within a call's deadline, and `failed` (the
+    /// call failed for the harness; its session was an infrastructure failure, never scored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_errors: Option<UpstreamErrorCounts>,
     /// When the first session was claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
@@ -836,6 +841,16 @@ pub struct SessionCounts {
     /// Infrastructure retries so far.
     #[serde(default)]
     pub retried: i32,
+}
+
+/// Upstream failures by kind.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamErrorCounts {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub retried: BTreeMap<String, i64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed: BTreeMap<String, i64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

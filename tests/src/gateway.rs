@@ -29,8 +29,13 @@ impl TestGateway {
         max_response_tokens: u32,
         kind: floe_gateway::protocol::upstream::UpstreamKind,
     ) -> Result<Self> {
-        Self::start_with_deadline(upstream, max_response_tokens, kind, Duration::from_secs(300))
-            .await
+        Self::start_with_deadline(
+            upstream,
+            max_response_tokens,
+            kind,
+            Duration::from_secs(300),
+        )
+        .await
     }
 
     /// [`TestGateway::start_with_kind`] with a per-call deadline (retries of a failing upstream

@@ -10,7 +10,7 @@ async fn dead_upstream_gateway() -> Result<TestGateway> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port(); // closed once dropped
-    // A dead upstream is retried until the call's deadline: keep it short here.
+                 // A dead upstream is retried until the call's deadline: keep it short here.
     TestGateway::start_with_deadline(
         &format!("http://127.0.0.1:{port}"),
         16,

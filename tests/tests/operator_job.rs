@@ -396,6 +396,31 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     assert!(notes[0].contains("\"nope\""), "{notes:?}");
 
     create_pool(&client, &ns.name, "warm", 2).await?;
+    // A hidden file the runner would refuse after the agent ran: refused before any claim.
+    let bad = job(
+        "badpath",
+        &[],
+        1,
+        json!({"tasks": {"inline": [{"id": "a", "instruction": "x",
+                                      "evaluation": {"hiddenFiles": {"../x.py": ""}}}]}}),
+    )?;
+    jobs.create(&PostParams::default(), &bad).await?;
+    let s = eventually("the bad-path job stalled", async || {
+        let s = status(&jobs, "badpath").await?;
+        Ok(condition(&s, "Stalled").is_some().then_some(s))
+    })
+    .await?;
+    assert_eq!(condition(&s, "Stalled"), Some(("True", "InvalidTasks")));
+    let notes = eventually("an InvalidTasks event", async || {
+        let n = event_notes(&client, &ns.name, "InvalidTasks").await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await?;
+    assert!(
+        notes[0].contains("spec.tasks.inline[0].evaluation.hiddenFiles"),
+        "{notes:?}"
+    );
+    jobs.delete("badpath", &Default::default()).await?;
     let trainer_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let up = trainer_up.clone();
     let kubelet = FakeKubelet::start(

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, Task};
+use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use floe_gateway::protocol::upstream::UpstreamKind;
 use floe_gateway::ship::Sink;
 use floe_sandbox::session::{self, SessionOf, SessionUpstream};
@@ -588,6 +589,13 @@ fn requeue_after(job: &RolloutJob, st: &RolloutJobStatus, now: &Time) -> Duratio
     wait
 }
 
+fn tally(counts: &BTreeMap<String, i64>) -> BTreeMap<String, u64> {
+    counts
+        .iter()
+        .map(|(k, n)| (k.clone(), u64::try_from(*n).unwrap_or(0)))
+        .collect()
+}
+
 fn job_state(
     job: &RolloutJob,
     previous: Option<&RolloutJobStatus>,
@@ -634,6 +642,13 @@ fn job_state(
                     .iter()
                     .filter_map(|(k, v)| Some((k.parse().ok()?, u32::try_from(*v).ok()?)))
                     .collect()
+            })
+            .unwrap_or_default(),
+        upstream: previous
+            .and_then(|s| s.upstream_errors.as_ref())
+            .map(|u| UpstreamErrors {
+                retried: tally(&u.retried),
+                failed: tally(&u.failed),
             })
             .unwrap_or_default(),
         rewards: rewards
@@ -720,6 +735,18 @@ async fn observe(
         None => BTreeMap::new(),
     };
     let name = job.name_any();
+    // What would fail every session only after its agent ran: refused before the first claim.
+    let tasks_field = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
+        (Some(_), _, _) => "spec.tasks.inline".to_string(),
+        (None, Some(cm), _) => format!("ConfigMap {}/{}", cm.name, cm.key),
+        (None, None, Some(f)) => format!("task file {}", f.path),
+        (None, None, None) => "spec.tasks".to_string(),
+    };
+    let problems = floe_sandbox::checks::check_sessions(&name, spec, &tasks, &tasks_field, &hidden);
+    if !problems.is_empty() {
+        let error = floe_crds::validation::ValidationError { errors: problems };
+        return blocked("InvalidTasks", error.to_string());
+    }
     let owned = job_pods(job, ctx, ns, &name).await?;
     // READY pods from the cache: a stale entry only costs a lost compare-and-swap (the claim
     // is retried next round), never a double claim.

@@ -8,6 +8,7 @@
 //! only then is the pod released. A pod whose result is already recorded is released without
 //! folding again — so an operator killed at any point neither loses nor double-counts a session.
 
+use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::indexes::IndexSet;
@@ -42,6 +43,8 @@ pub struct SessionPod {
     /// pre-warmed pods (`poolTemplate`) may still be starting.
     pub ready: bool,
     pub progress: PodProgress,
+    /// The model-server failures its gateway met (from the runner's summary).
+    pub upstream: UpstreamErrors,
 }
 
 /// Rewards of the scored sessions, kept as sums so that folding is exact.
@@ -68,6 +71,8 @@ pub struct JobState {
     /// Infrastructure failures per session index so far (the next attempt's number).
     pub retries: BTreeMap<u32, u32>,
     pub rewards: RewardTally,
+    /// Model-server failures of every attempt folded so far.
+    pub upstream: UpstreamErrors,
     /// `poolTemplate` mode: the job creates its own pod per session, this many ahead of the
     /// running ones; `None` claims from a GatewayPool.
     pub lookahead: Option<u32>,
@@ -189,6 +194,7 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
                 continue;
             }
             PodProgress::Finished(PodResult::Scored { reward }) => {
+                next.upstream.add(&pod.upstream);
                 let reward = if reward.is_finite() { *reward } else { 0.0 };
                 next.completed.insert(pod.index);
                 next.rewards.scored += 1;
@@ -206,7 +212,10 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
                 out.release.push(pod.name.clone());
                 continue;
             }
-            PodProgress::Finished(PodResult::Infra { reason }) => reason.clone(),
+            PodProgress::Finished(PodResult::Infra { reason }) => {
+                next.upstream.add(&pod.upstream);
+                reason.clone()
+            }
             PodProgress::Lost => "the pod was deleted before the session finished".to_string(),
         };
         let next_attempt = pod.attempt + 1;
@@ -323,6 +332,7 @@ mod tests {
             assigned: true,
             ready: true,
             progress,
+            upstream: UpstreamErrors::default(),
         }
     }
 
@@ -543,6 +553,36 @@ mod tests {
         // r1 and w2 run, w3 warms: one more pod for the window (session 4).
         assert_eq!(p.prewarm, vec![(4, 0)]);
         assert_eq!(p.running, 2);
+    }
+
+    #[test]
+    fn upstream_failures_of_every_folded_attempt_are_counted_once() {
+        let met = |kind: &str, result: &str| {
+            let mut u = UpstreamErrors::default();
+            let bucket = if result == "failed" {
+                &mut u.failed
+            } else {
+                &mut u.retried
+            };
+            bucket.insert(kind.into(), 2);
+            u
+        };
+        let pods = [
+            SessionPod {
+                upstream: met("connect", "retried"),
+                ..pod("a", 0, 0, scored(1.0))
+            },
+            SessionPod {
+                upstream: met("timeout", "failed"),
+                ..pod("b", 1, 0, infra())
+            },
+        ];
+        let p = plan(&JobState::fresh(4, 3), &pods, 0);
+        assert_eq!(p.next.upstream.retried["connect"], 2);
+        assert_eq!(p.next.upstream.failed["timeout"], 2);
+        // Folded pods come back until released: not counted again.
+        let again = plan(&p.next, &pods, 0);
+        assert_eq!(again.next.upstream, p.next.upstream);
     }
 
     #[test]

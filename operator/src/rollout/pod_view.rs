@@ -5,6 +5,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 
+use floe_gateway::capture::upstream_errors::UpstreamErrors;
+
 use super::plan::{PodProgress, PodResult, SessionPod};
 
 pub const JOB_LABEL: &str = "floe.dev/job";
@@ -24,6 +26,8 @@ struct Summary {
     status: Option<String>,
     reward: Option<f64>,
     error: Option<String>,
+    #[serde(default, rename = "upstreamErrors")]
+    upstream_errors: Option<UpstreamErrors>,
 }
 
 /// `None` for a pod that is not a session pod (no or unreadable claim annotations).
@@ -46,7 +50,31 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         assigned: annotations.contains_key(ASSIGNED_ANNOTATION),
         ready: crate::pool_controller::is_ready(pod),
         progress,
+        upstream: upstream_errors(pod),
     })
+}
+
+fn sandbox_summary(pod: &Pod) -> Option<Summary> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == SANDBOX_CONTAINER)?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()?
+        .message
+        .as_deref()
+        .and_then(|m| serde_json::from_str(m.trim()).ok())
+}
+
+/// The model-server failures the runner's summary reports (none before it ended).
+pub fn upstream_errors(pod: &Pod) -> UpstreamErrors {
+    sandbox_summary(pod)
+        .and_then(|s| s.upstream_errors)
+        .unwrap_or_default()
 }
 
 /// The session's result once the sandbox container (or the whole pod) has ended.
@@ -73,10 +101,7 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
             ),
         });
     };
-    let summary: Option<Summary> = t
-        .message
-        .as_deref()
-        .and_then(|m| serde_json::from_str(m.trim()).ok());
+    let summary = sandbox_summary(pod);
     match (t.exit_code, summary) {
         // 0: scored; 1: agent failure, still scored — a valid sample.
         (
@@ -147,6 +172,17 @@ mod tests {
             let p = terminated(code, r#"{"status":"completed","reward":0.25}"#);
             assert_eq!(result(&p), Some(PodResult::Scored { reward: 0.25 }));
         }
+    }
+
+    #[test]
+    fn the_summary_s_upstream_failures_are_read() {
+        let p = terminated(
+            3,
+            r#"{"status":"infra_error","error":"1 model call(s) failed","upstreamErrors":{"retried":{"connect":4},"failed":{"http_503":1}}}"#,
+        );
+        let u = upstream_errors(&p);
+        assert_eq!((u.retries(), u.failed_calls()), (4, 1));
+        assert!(upstream_errors(&terminated(0, "{}")).is_empty());
     }
 
     #[test]

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use floe_crds::rollout_job::{RewardStats, RolloutJobPhase, RolloutJobStatus, SessionCounts};
+use floe_crds::rollout_job::{
+    RewardStats, RolloutJobPhase, RolloutJobStatus, SessionCounts, UpstreamErrorCounts,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::indexes::IndexSet;
@@ -57,6 +59,13 @@ pub struct StatusInput<'a> {
 }
 
 /// The job's `status.startTime`: kept once set, else now if the job has begun.
+fn counts(by_kind: &BTreeMap<String, u64>) -> BTreeMap<String, i64> {
+    by_kind
+        .iter()
+        .map(|(k, n)| (k.clone(), i64::try_from(*n).unwrap_or(i64::MAX)))
+        .collect()
+}
+
 pub fn started(previous: Option<&RolloutJobStatus>, begun: bool, now: &Time) -> Option<Time> {
     previous
         .and_then(|s| s.start_time.clone())
@@ -94,6 +103,10 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
             .iter()
             .map(|(k, v)| (k.to_string(), *v as i32))
             .collect::<BTreeMap<_, _>>(),
+        upstream_errors: (!s.upstream.is_empty()).then(|| UpstreamErrorCounts {
+            retried: counts(&s.upstream.retried),
+            failed: counts(&s.upstream.failed),
+        }),
         start_time,
         completion_time: if finished {
             previous_completion.or_else(|| Some(i.now.clone()))
