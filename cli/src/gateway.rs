@@ -52,7 +52,8 @@ pub struct GatewayArgs {
     /// Report ready (`/readyz`) only after the sandbox runner finished its prepare steps.
     #[arg(long)]
     require_runner_ready: bool,
-    /// Limit of one upstream call, in seconds.
+    /// Deadline of one upstream call, its retries included, in seconds (a session's
+    /// assignment sets its job's `timeouts.modelCallSeconds` instead).
     #[arg(long, default_value_t = 900)]
     upstream_timeout_seconds: u64,
 }
