@@ -109,7 +109,10 @@ fn run_floe(dir: &Path, model: &str, sessions: usize, concurrency: usize) -> Res
 /// session token: the stub does not check it).
 fn run_direct(dir: &Path, model: &str, sessions: usize, concurrency: usize) -> Result<f64> {
     let script = dir.join("agent.sh");
-    std::fs::write(&script, format!("mkdir -p \"$1/s$2\" && cd \"$1/s$2\" && {AGENT}\n"))?;
+    std::fs::write(
+        &script,
+        format!("mkdir -p \"$1/s$2\" && cd \"$1/s$2\" && {AGENT}\n"),
+    )?;
     let t0 = Instant::now();
     let status = Command::new("sh")
         .arg("-c")

@@ -145,6 +145,40 @@ async fn a_broken_evaluator_is_an_infrastructure_failure_never_reward_0() -> Res
     Ok(())
 }
 
+/// A pod's session whose model server fails: the gateway process retries the 500s, the calls
+/// still fail, Pi gives up and the evaluator even passes on the untouched workspace's files —
+/// and still the runner reports an infrastructure failure (exit 3, what the operator retries),
+/// never a reward, with the failures counted by kind.
+#[tokio::test]
+async fn a_failing_model_server_is_an_infrastructure_failure_of_the_pod_never_a_reward(
+) -> Result<()> {
+    let upstream = ScriptedUpstream::start(vec![Step::Say("never answered".into())]).await?;
+    let proxy = floe_tests::FaultProxy::start(&upstream.url).await?;
+    proxy.set(floe_tests::Fault::Status {
+        status: 500,
+        next: 1000,
+    });
+    let run = run_session("outage-1", &pi(), &proxy.url, &json!({"command": ["true"]})).await?;
+    assert_eq!(run.exit, 3, "{}", run.summary);
+    assert_eq!(run.summary["status"], "infra_error", "{}", run.summary);
+    assert!(run.summary["reward"].is_null(), "{}", run.summary);
+    let error = run.summary["error"].as_str().unwrap_or_default();
+    assert!(error.contains("failed at the model server"), "{error}");
+    let errors = &run.summary["upstreamErrors"];
+    assert!(
+        errors["retried"]["http_500"].as_u64() >= Some(2),
+        "{errors}"
+    );
+    assert!(errors["failed"]["http_500"].as_u64() >= Some(1), "{errors}");
+    let t = run.trajectory.context("the trajectory is kept")?;
+    assert_eq!(
+        (t["trainable"].as_bool(), t["reward"].is_null()),
+        (Some(false), true)
+    );
+    assert_eq!(upstream.calls(), 0, "no call got through");
+    Ok(())
+}
+
 /// The full agent loop through each preset: the harness gets the scripted fix as a call to
 /// its own shell tool, runs it, sends the result back, and the hidden tests pass.
 async fn preset_fixes_the_bug(preset: &str, harness: Value) -> Result<()> {
