@@ -494,15 +494,19 @@ impl Node {
             Verdict::Hang => return Ok(()),
             Verdict::Scored { exit, reward } => (
                 exit,
+                // Each attempt reports the model-server failures its gateway met: one retried
+                // 503 for a scored one, one failed connection for an infrastructure one.
                 json!({"session": session, "status": "completed", "reward": reward, "shipment": "shipped",
                        "agentSeconds": 0.1, "evaluatorSeconds": 0.1, "completions": 1,
-                       "sampledTokens": 10, "trainableTokens": 10, "traces": 1}),
+                       "sampledTokens": 10, "trainableTokens": 10, "traces": 1,
+                       "upstreamErrors": {"retried": {"http_503": 1}}}),
             ),
             Verdict::Infra { error } => (
                 3,
                 json!({"session": session, "status": "infra_error", "reward": null, "error": error,
                        "shipment": "shipped", "agentSeconds": 0.1, "evaluatorSeconds": 0.0,
-                       "completions": 0, "sampledTokens": 0, "trainableTokens": 0, "traces": 0}),
+                       "completions": 0, "sampledTokens": 0, "trainableTokens": 0, "traces": 0,
+                       "upstreamErrors": {"failed": {"connect": 1}}}),
             ),
         };
         if let Some(r) = self.running.get_mut(name) {

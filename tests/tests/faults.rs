@@ -126,6 +126,29 @@ fn resuming(mut cmd: Command) -> Command {
     cmd
 }
 
+/// A run in the background (its progress on the test's stderr).
+fn spawn_run(job: &Path, out: &Path, model_url: &str) -> Result<std::process::Child> {
+    Ok(floe_run(job, out, model_url)?
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?)
+}
+
+/// Start a run, and take its model server down once its pre-flight passed.
+async fn start_then_fail(
+    job: &Path,
+    out: &Path,
+    proxy: &mut FaultProxy,
+) -> Result<std::process::Child> {
+    let child = spawn_run(job, out, &proxy.url)?;
+    wait_for("the run's pre-flight", Duration::from_secs(30), || {
+        out.join("run.json").exists()
+    })
+    .await?;
+    proxy.down();
+    Ok(child)
+}
+
 async fn upstream() -> Result<ScriptedUpstream> {
     ScriptedUpstream::start(vec![Step::Say("done".into())]).await
 }
@@ -212,10 +235,7 @@ async fn a_short_outage_and_passing_errors_are_absorbed_by_the_gateway_s_retries
         status: 503,
         every: 3,
     });
-    let mut child = floe_run(&job, &out, &proxy.url)?
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut child = spawn_run(&job, &out, &proxy.url)?;
     wait_for("the first model call", Duration::from_secs(60), || {
         proxy.calls() >= 1
     })
@@ -256,15 +276,7 @@ async fn an_outage_past_the_call_deadline_is_an_infrastructure_error_retried_nev
     }
     .write(dir.path())?;
     // Down for the whole run (after pre-flight): with no retry left, every session fails.
-    let mut child = floe_run(&job, &out, &proxy.url)?
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    wait_for("the run's pre-flight", Duration::from_secs(30), || {
-        out.join("run.json").exists()
-    })
-    .await?;
-    proxy.down();
+    let mut child = start_then_fail(&job, &out, &mut proxy).await?;
     let status = wait_child(&mut child, Duration::from_secs(120)).await?;
     let s = summary(&out)?;
     assert_eq!(status.code(), Some(1), "{s}");
@@ -294,15 +306,7 @@ async fn an_outage_past_the_call_deadline_is_an_infrastructure_error_retried_nev
         ..Default::default()
     }
     .write(dir.path())?;
-    let mut child = floe_run(&job, &out, &proxy.url)?
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    wait_for("the run's pre-flight", Duration::from_secs(30), || {
-        out.join("run.json").exists()
-    })
-    .await?;
-    proxy.down();
+    let mut child = start_then_fail(&job, &out, &mut proxy).await?;
     wait_for("a failed first attempt", Duration::from_secs(60), || {
         out.join("sessions/faults-t0-0/summary.json").exists()
             || out.join("sessions/faults-t0-1/summary.json").exists()
@@ -401,10 +405,7 @@ async fn sigterm_ends_a_run_like_ctrl_c_and_sigkill_leaves_nothing_behind_then_r
 
     // SIGTERM: summary written, agents gone, exit 143.
     let out = dir.path().join("terminated");
-    let mut child = floe_run(&job, &out, &model.url)?
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut child = spawn_run(&job, &out, &model.url)?;
     wait_for("the held sessions", Duration::from_secs(120), || {
         !processes_with(&hold.display().to_string()).is_empty()
             && out.join("sessions/faults-t3-1").exists()
@@ -428,10 +429,7 @@ async fn sigterm_ends_a_run_like_ctrl_c_and_sigkill_leaves_nothing_behind_then_r
 
     // SIGKILL: nothing can be caught; the watchdog still kills every agent.
     let out = dir.path().join("killed");
-    let mut child = floe_run(&job, &out, &model.url)?
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut child = spawn_run(&job, &out, &model.url)?;
     wait_for("the held sessions", Duration::from_secs(120), || {
         processes_with(&hold.display().to_string()).len() >= 2
             && out.join("sessions/faults-t3-1").exists()

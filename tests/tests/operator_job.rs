@@ -181,6 +181,11 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
     );
     // t6: 4 sessions retried once; t7-0: retried twice, then failed (backoffLimit 2).
     assert_eq!(s.retried, 6);
+    // Every folded attempt's model-server failures, once each (an operator SIGKILL between a
+    // pod's result and its release folds nothing twice): 31 scored attempts, 7 failed ones.
+    let upstream = done.upstream_errors.clone().context("upstreamErrors")?;
+    assert_eq!(upstream.retried.get("http_503"), Some(&31), "{upstream:?}");
+    assert_eq!(upstream.failed.get("connect"), Some(&7), "{upstream:?}");
     assert_eq!(done.completed_indexes.as_deref(), Some("0-27,29-31"));
     assert_eq!(done.failed_indexes.as_deref(), Some("28"));
     let r = done.rewards.clone().context("rewards")?;
