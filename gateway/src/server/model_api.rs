@@ -237,7 +237,15 @@ async fn count_tokens(
             tokenize["tools"] = tools.clone();
         }
         let url = format!("{}/tokenize", upstream.url.trim_end_matches('/'));
-        let answer = gateway.http.post(url).json(&tokenize).send().await.map_err(|e| ProtocolError::Upstream(e.to_string()))?;
+        // Not retried (a count is advisory, and nothing is sampled), but bounded like a call.
+        let answer = gateway
+            .http
+            .post(url)
+            .timeout(upstream.limits.call_deadline)
+            .json(&tokenize)
+            .send()
+            .await
+            .map_err(|e| ProtocolError::Upstream(e.to_string()))?;
         let status = answer.status().as_u16();
         let text = answer.text().await.map_err(|e| ProtocolError::Upstream(e.to_string()))?;
         if status != 200 {
