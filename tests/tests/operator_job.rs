@@ -407,7 +407,7 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         &[],
         1,
         json!({"tasks": {"inline": [{"id": "a", "instruction": "x",
-                                      "evaluation": {"hiddenFiles": {"../x.py": ""}}}]}}),
+                                      "evaluation": {"hiddenFiles": {"../x.py": "x"}}}]}}),
     )?;
     jobs.create(&PostParams::default(), &bad).await?;
     let s = eventually("the bad-path job stalled", async || {
