@@ -409,6 +409,10 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             joined = running.join_next(), if !running.is_empty() => {
                 let Some(Ok((attempt, slot, report, wall))) = joined else { continue };
                 let session = report.summary.session.clone().unwrap_or_else(|| "unassigned".into());
+                // Its outcome is recorded and its trajectory shipped (or spooled, which the
+                // drain at the end waits for): the gateway need not keep it in memory.
+                gateway.sessions.remove(&session);
+                gateway.assignments.forget(&session);
                 if let Some(errors) = &report.summary.upstream_errors {
                     upstream_errors.add(errors);
                 }

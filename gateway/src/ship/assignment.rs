@@ -152,6 +152,14 @@ impl Assignments {
         }
     }
 
+    /// Forget a finished session's assignment (a long local run keeps no memory per session
+    /// it has finished). Returns whether it was known.
+    pub fn forget(&self, session: &str) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.queue.retain(|s| s != session);
+        state.known.remove(session).is_some()
+    }
+
     /// Take an untaken assignment out of the queue without delivering it (a run that will
     /// not run it, e.g. one abandoned when a local run resumes). Returns whether it was queued.
     pub fn withdraw(&self, session: &str) -> bool {
@@ -245,6 +253,8 @@ mod tests {
         assert!(a.take(Duration::ZERO, Some("s2")).await.is_none());
         assert!(a.withdraw("s1"));
         assert!(!a.withdraw("s1"));
+        assert!(a.forget("s1") && !a.forget("s1"));
+        assert!(a.get("s1").is_none());
         let next = a.take(Duration::ZERO, None).await;
         assert_eq!(next.map(|d| d.assignment.session).as_deref(), Some("s3"));
     }
