@@ -91,6 +91,17 @@ enum Command {
         #[arg(long)]
         tag: String,
     },
+    /// Started by `floe run` inside a harness's sandbox: forward the gateway's loopback
+    /// address to its unix socket, run the harness, exit with its status.
+    #[command(hide = true)]
+    SandboxRelay {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +137,34 @@ fn install_binary(dest: &std::path::Path) -> Result<(), CliError> {
     install().map_err(|e| CliError::Install(dest.to_path_buf(), e))
 }
 
+fn sandbox_relay(
+    listen: std::net::SocketAddr,
+    socket: std::path::PathBuf,
+    command: Vec<String>,
+) -> u8 {
+    use floe_sandbox::relay;
+    let Some((program, args)) = command.split_first() else {
+        return relay::NOT_STARTED as u8;
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("floe sandbox-relay: cannot start the async runtime: {e}");
+            return relay::NOT_STARTED as u8;
+        }
+    };
+    let code = runtime.block_on(relay::run(relay::RelayArgs {
+        listen,
+        socket,
+        program: program.clone(),
+        args: args.to_vec(),
+    }));
+    u8::try_from(code).unwrap_or(1)
+}
+
 fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Crds { kube_version } => {
@@ -150,6 +189,11 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 u8::try_from(run::watchdog(parent, &tag)).unwrap_or(1),
             ))
         }
+        Command::SandboxRelay {
+            listen,
+            socket,
+            command,
+        } => return Ok(ExitCode::from(sandbox_relay(listen, socket, command))),
         Command::Sandbox(args) => {
             return Ok(ExitCode::from(
                 u8::try_from(sandbox::main(args)).unwrap_or(3),

@@ -84,6 +84,8 @@ pub fn main(args: SandboxArgs) -> i32 {
         ship_wait: Duration::from_secs(args.ship_timeout_seconds),
         log_cap_bytes: args.log_cap_bytes,
         kill_grace: Duration::from_secs(args.kill_grace_seconds),
+        // The pod's containers are the sandbox.
+        confinement: None,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -11,12 +11,16 @@
 //! - [`reward`]: evaluator result → reward (exit code, reward file, test reports).
 //! - [`session`]: a job's task × sample as an assignment (shared with the operator).
 //! - [`checks`]: what is wrong with a job's sessions, known before the first runs.
+//! - [`confine`]: local mode's bubblewrap sandbox for the harness and the evaluator, and
+//!   [`relay`], the model API's only way out of it.
 //! - [`runner`]: the whole session, talking to the gateway through [`client`].
 
 pub mod checks;
 pub mod client;
+pub mod confine;
 pub mod presets;
 pub mod process;
+pub mod relay;
 pub mod reward;
 pub mod runner;
 pub mod session;

@@ -11,6 +11,7 @@ use floe_gateway::trajectory::{Evaluation, SessionOutcome};
 use serde_json::json;
 
 use crate::client::GatewayClient;
+use crate::confine::{self, Access, Confinement};
 use crate::presets::{self, PresetContext};
 use crate::process::{self, CommandSpec, Exit, Finished};
 use crate::reward::{judge, EvaluatorResult};
@@ -43,6 +44,9 @@ pub struct RunnerConfig {
     pub log_cap_bytes: u64,
     /// SIGTERM → SIGKILL grace for timed-out process groups.
     pub kill_grace: Duration,
+    /// Run the harness and the evaluator each in their own sandbox (local mode); `None` in a
+    /// pod, whose containers are the sandbox.
+    pub confinement: Option<Confinement>,
 }
 
 /// A child process of the runner: `<name>.stdout/.stderr` in the state's `logs/`, the runner's
@@ -259,6 +263,20 @@ async fn prepare(config: &RunnerConfig, steps: &[PrepareStep], phase: &str) -> R
     Ok(())
 }
 
+/// Whether `spec`'s program exists and is executable, looked up as the sandbox will.
+fn startable(spec: &CommandSpec) -> Result<(), String> {
+    let path = spec
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PATH").ok());
+    confine::resolve_program(&spec.program, &spec.cwd, path.as_deref())
+        .map(|_| ())
+        .ok_or_else(|| format!("{}: not found or not executable", spec.program))
+}
+
 fn tail(path: &Path, max: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let start = text.len().saturating_sub(max);
@@ -323,7 +341,7 @@ async fn session_outcome(
             return infra_error(format!("harness config {}: {e}", path.display()));
         }
     }
-    let harness = child(
+    let mut harness = child(
         config,
         "harness",
         &launch.program,
@@ -333,6 +351,18 @@ async fn session_outcome(
         spec.timeouts.agent_seconds,
     );
     tracing::info!(%session, program = %harness.program, "starting the harness");
+    if let Some(confinement) = &config.confinement {
+        // Inside the sandbox a missing program is only an exit code: say it here instead.
+        if let Err(e) = startable(&harness) {
+            return infra_error(format!("the harness did not start: {e}"));
+        }
+        let access = Access {
+            writable: vec![ws, &home],
+            read_only: vec![&instruction_file],
+            model_api: true,
+        };
+        harness = confinement.wrap(harness, &access);
+    }
     let ran: Finished = match process::run(&harness).await {
         Ok(f) => f,
         Err(e) => return infra_error(e.to_string()),
@@ -363,7 +393,9 @@ async fn session_outcome(
         Err(e) => return infra_error(format!("diff: {e}")),
     };
     let hidden = spec.all_hidden_files();
-    let protected = match Protected::new(&spec.evaluator.protected_paths, hidden.keys()) {
+    // The reward file is the evaluator's to write: one the agent left is discarded.
+    let evaluator_owned = hidden.keys().chain(spec.evaluator.reward.path.iter());
+    let protected = match Protected::new(&spec.evaluator.protected_paths, evaluator_owned) {
         Ok(p) => p,
         Err(e) => return infra_error(e.to_string()),
     };
@@ -377,7 +409,7 @@ async fn session_outcome(
         return infra_error("evaluator.command is empty".into());
     };
     let evaluation_env = spec.task.evaluation.clone().unwrap_or_default();
-    let evaluator = child(
+    let mut evaluator = child(
         config,
         "evaluator",
         program,
@@ -386,6 +418,16 @@ async fn session_outcome(
         &eval_dir,
         spec.timeouts.evaluator_seconds,
     );
+    if let Some(confinement) = &config.confinement {
+        // Its own namespaces too: the agent's code it runs (tests import it) reaches neither
+        // the network nor any other session.
+        let access = Access {
+            writable: vec![&eval_dir],
+            read_only: vec![],
+            model_api: false,
+        };
+        evaluator = confinement.wrap(evaluator, &access);
+    }
     let judged_run = match process::run(&evaluator).await {
         Ok(f) => f,
         Err(e) => return infra_error(e.to_string()),

@@ -19,11 +19,13 @@ mod progress;
 mod queue;
 mod report;
 mod resume;
+mod sandboxing;
 mod signals;
 mod train;
 
 pub use signals::watchdog;
 
+use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -81,6 +83,10 @@ pub struct RunArgs {
     /// sessions that finished are kept, the others run again.
     #[arg(long)]
     resume: bool,
+    /// Run the agents without a sandbox (bubblewrap): they can then read the hidden tests, the
+    /// captures and each other's sessions, and reach the network. Recorded in summary.json.
+    #[arg(long)]
+    no_sandbox: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,11 +161,22 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             "--resume continues sft and --collect-only runs; a train run's policy and optimizer are not checkpointed locally yet: start a new --out".into(),
         ));
     }
+    let bwrap = if args.no_sandbox {
+        None
+    } else {
+        Some(sandboxing::check()?)
+    };
+    let private = sandboxing::Private {
+        out: args.out.clone(),
+        job: args.job.clone(),
+        task_file: plan.task_file.clone(),
+    };
     preflight::check(
         &plan,
         model_url.as_ref().map(|(u, s)| (u.as_str(), *s)),
         &args.out,
         args.resume,
+        bwrap.is_some().then_some(&private),
     )
     .await?;
     let model_url = model_url.map(|(u, _)| u);
@@ -285,15 +302,36 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             abandoned.len()
         );
     }
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
     let app = router(gateway.clone());
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(
+        axum::serve(listener, app.clone())
+            .with_graceful_shutdown(stopping(stop_rx.clone()))
+            .into_future(),
+    );
+    // Sandboxed harnesses reach the same gateway through a unix socket (their relay forwards
+    // their loopback to it): a short path of its own, private to this user.
+    let socket_dir = tempfile::Builder::new()
+        .prefix("floe-run-")
+        .tempdir()
+        .map_err(|e| io("the gateway's socket directory", &e))?;
+    let socket = socket_dir.path().join("gateway.sock");
+    let confinement = match &bwrap {
+        Some(b) => {
+            let unix = tokio::net::UnixListener::bind(&socket)
+                .map_err(|e| io("the gateway's unix socket", &e))?;
+            tokio::spawn(
+                axum::serve(unix, app)
+                    .with_graceful_shutdown(stopping(stop_rx.clone()))
+                    .into_future(),
+            );
+            Some(sandboxing::confinement(b, &private, &socket, listen)?)
+        }
+        None => None,
+    };
     let gateway_url = format!("http://{listen}");
     let http = reqwest::Client::new();
     let post = |assignment: Assignment| {
@@ -377,6 +415,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 ship_wait: Duration::from_secs(300),
                 log_cap_bytes: 1024 * 1024,
                 kill_grace: Duration::from_secs(5),
+                confinement: confinement.clone(),
             };
             running.spawn(async move {
                 let t0 = Instant::now();
@@ -451,8 +490,9 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     // Unfinished sessions (interrupted) get an infrastructure outcome; their captured calls
     // are shipped like every other trajectory.
     drain(&gateway, Duration::from_secs(30)).await;
-    let _ = stop_tx.send(());
+    let _ = stop_tx.send(true);
     let _ = server.await;
+    drop(socket_dir);
 
     let all: Vec<SessionResult> = (0..count)
         .map(|index| {
@@ -498,6 +538,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         started.elapsed().as_secs_f64(),
         stopped.is_some(),
     );
+    summary.sandbox = sandboxing::describe(bwrap.as_ref());
     summary.sessions.retries = earlier.retries + queue.retries;
     summary.upstream_errors = upstream_errors;
     if let Some(status) = &trained {

@@ -27,6 +27,8 @@ pub struct Plan {
     pub job: RolloutJob,
     pub name: String,
     pub tasks: Vec<Task>,
+    /// The JSONL task file the tasks came from (hidden from the sandbox, like the job file).
+    pub task_file: Option<PathBuf>,
 }
 
 impl Plan {
@@ -52,6 +54,7 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
             "read evaluator.hiddenFilesFrom (a ConfigMap): put hidden files in each task's evaluation.hiddenFiles".into(),
         ));
     }
+    let mut task_file = None;
     let tasks = match (&spec.tasks.inline, &spec.tasks.file) {
         (Some(tasks), _) => tasks.clone(),
         (None, Some(file)) => {
@@ -60,7 +63,9 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join(file.path.trim_start_matches('/'));
-            read_task_file(&file_path)?
+            let tasks = read_task_file(&file_path)?;
+            task_file = Some(file_path);
+            tasks
         }
         (None, None) => return Err(PlanError::Unsupported("run a job without tasks".into())),
     };
@@ -87,7 +92,12 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
             floe_crds::ValidationError { errors },
         ));
     }
-    Ok(Plan { job, name, tasks })
+    Ok(Plan {
+        job,
+        name,
+        tasks,
+        task_file,
+    })
 }
 
 /// JSONL: one task per line, the same fields as `spec.tasks.inline[]`.

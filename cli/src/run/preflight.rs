@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::plan::Plan;
+use super::sandboxing::{self, Private};
 use super::RunError;
 
 pub fn on_path(program: &str) -> bool {
@@ -14,6 +15,30 @@ pub fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|dir| dir.join(program).is_file()))
         .unwrap_or(false)
+}
+
+/// A program the sandbox would not find: refused here, not as every session's failure.
+fn seen_by_sandbox(
+    field: &str,
+    program: &str,
+    sandboxed: Option<&Private>,
+) -> Result<(), RunError> {
+    let Some(private) = sandboxed else {
+        return Ok(());
+    };
+    let path = std::env::var("PATH").ok();
+    let Some(found) =
+        floe_sandbox::confine::resolve_program(program, Path::new("/"), path.as_deref())
+    else {
+        return Ok(());
+    };
+    match sandboxing::invisible(&found, private) {
+        Some(why) => refuse(format!(
+            "{field}: {} is not visible inside the agent's sandbox: {why} (move it, or pass --no-sandbox)",
+            found.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 fn refuse(message: String) -> Result<(), RunError> {
@@ -26,6 +51,7 @@ pub async fn check(
     model_url: Option<(&str, &str)>,
     out: &Path,
     resume: bool,
+    sandboxed: Option<&Private>,
 ) -> Result<(), RunError> {
     let spec = &plan.job.spec;
     match floe_sandbox::presets::program(&spec.harness) {
@@ -35,6 +61,7 @@ pub async fn check(
                 spec.harness.preset
             ))
         }
+        Some(program) => seen_by_sandbox("spec.harness.command[0]", program, sandboxed)?,
         _ => {}
     }
     if let Some(program) = spec.evaluator.command.first() {
@@ -48,6 +75,7 @@ pub async fn check(
                 "spec.evaluator.command[0]: {program} does not exist"
             ));
         }
+        seen_by_sandbox("spec.evaluator.command[0]", program, sandboxed)?;
     }
     if let Some((url, source)) = model_url {
         check_model_server(url, source).await?;

@@ -79,6 +79,8 @@ pub struct RunSummary {
     pub job: String,
     /// `sft` or `train`.
     pub mode: String,
+    /// What confined the agents: `bubblewrap 0.8.0`, or `none (--no-sandbox: …)`.
+    pub sandbox: String,
     pub interrupted: bool,
     pub sessions: Counts,
     pub reward: RewardStats,
@@ -148,6 +150,7 @@ pub fn summarize(
     RunSummary {
         job: job.to_string(),
         mode: mode.to_string(),
+        sandbox: String::new(),
         interrupted,
         sessions: counts,
         reward: rewards(results.iter()),

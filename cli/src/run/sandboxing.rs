@@ -1,0 +1,127 @@
+//! The local run's sandbox ([`floe_sandbox::confine`]): find bubblewrap and prove it works here
+//! before anything runs (a pre-flight check), then, once the gateway listens, the confinement
+//! every session's runner applies. `--no-sandbox` runs without one, and the summary says so.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use floe_sandbox::confine::{Confinement, GatewayRoute, Hidden};
+
+use super::RunError;
+
+/// Where bubblewrap is looked for: `$FLOE_BWRAP`, else `bwrap` on `PATH`.
+const BWRAP_VAR: &str = "FLOE_BWRAP";
+
+/// A bubblewrap that set up a sandbox on this machine.
+pub struct Bubblewrap {
+    path: PathBuf,
+    version: String,
+}
+
+/// What the summary records: `bubblewrap 0.8.0`, or why there was none.
+pub fn describe(bwrap: Option<&Bubblewrap>) -> String {
+    match bwrap {
+        Some(b) => b.version.clone(),
+        None => "none (--no-sandbox: the agent could read hidden tests and reach the network)"
+            .into(),
+    }
+}
+
+/// Finds bubblewrap and runs a probe sandbox with the options sessions will use.
+pub fn check() -> Result<Bubblewrap, RunError> {
+    let hint = "or pass --no-sandbox to run the agents unconfined (recorded in summary.json)";
+    let path = match std::env::var_os(BWRAP_VAR) {
+        Some(p) => PathBuf::from(p),
+        None => find_on_path("bwrap").ok_or_else(|| {
+            RunError::Preflight(format!(
+                "floe run sandboxes every agent with bubblewrap, and `bwrap` is not on PATH: install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) or set {BWRAP_VAR}, {hint}"
+            ))
+        })?,
+    };
+    let version = std::process::Command::new(&path)
+        .arg("--version")
+        .output()
+        .map_err(|e| RunError::Preflight(format!("{}: {e}; {hint}", path.display())))?;
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let probe = Confinement {
+        bwrap: path.clone(),
+        hidden: vec![],
+        gateway: None,
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+    };
+    let (program, args) = probe.probe(Path::new("/"));
+    let ran = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| RunError::Preflight(format!("{}: {e}; {hint}", path.display())))?;
+    if !ran.status.success() {
+        return Err(RunError::Preflight(format!(
+            "bubblewrap cannot set up a sandbox on this machine ({}): {} — unprivileged user namespaces may be off (sysctl kernel.unprivileged_userns_clone=1, or user.max_user_namespaces > 0), {hint}",
+            ran.status,
+            String::from_utf8_lossy(&ran.stderr).trim()
+        )));
+    }
+    Ok(Bubblewrap { path, version })
+}
+
+fn find_on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").ok();
+    floe_sandbox::confine::resolve_program(program, Path::new("/"), path.as_deref())
+}
+
+/// The paths of this run that no agent may see, canonical (bubblewrap mounts over real paths).
+pub struct Private {
+    pub out: PathBuf,
+    pub job: PathBuf,
+    pub task_file: Option<PathBuf>,
+}
+
+/// The confinement every session of this run gets: the run's private paths hidden, the model
+/// API reachable through the gateway's unix socket only.
+pub fn confinement(
+    bwrap: &Bubblewrap,
+    private: &Private,
+    socket: &Path,
+    listen: SocketAddr,
+) -> Result<Confinement, RunError> {
+    let canonical = |p: &Path| {
+        std::fs::canonicalize(p)
+            .map_err(|e| RunError::Io(format!("{}: {e}", p.display())))
+    };
+    let mut hidden = vec![
+        Hidden::Dir(canonical(&private.out)?),
+        Hidden::File(canonical(&private.job)?),
+    ];
+    if let Some(f) = &private.task_file {
+        hidden.push(Hidden::File(canonical(f)?));
+    }
+    let relay = std::env::current_exe()
+        .map_err(|e| RunError::Io(format!("the floe binary's path: {e}")))?;
+    Ok(Confinement {
+        bwrap: bwrap.path.clone(),
+        hidden,
+        gateway: Some(GatewayRoute {
+            socket: socket.to_path_buf(),
+            listen,
+            relay,
+        }),
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+    })
+}
+
+/// A program that the sandbox cannot see: under `/tmp` (the sandbox has its own) or under a
+/// path hidden from it. `Some(why)` for the pre-flight error.
+pub fn invisible(program: &Path, private: &Private) -> Option<String> {
+    let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.to_path_buf());
+    let out = std::fs::canonicalize(&private.out).unwrap_or_else(|_| private.out.clone());
+    if program.starts_with("/tmp") {
+        Some("it is under /tmp, and each sandbox has a /tmp of its own".into())
+    } else if program.starts_with(&out) {
+        Some("it is under --out, which the sandbox hides".into())
+    } else {
+        None
+    }
+}

@@ -1,0 +1,326 @@
+//! Local mode's sandbox: the harness and the evaluator each run inside bubblewrap (`bwrap`,
+//! the tool Flatpak and Codex CLI use on Linux), so the agent sees nothing of the run but its
+//! own workspace and cannot outlive its turn. Sans-IO: this builds the `bwrap` command line;
+//! the runner starts it like any other command ([`crate::process`]).
+//!
+//! What the command line gives each process (threat model: `docs/security.md`):
+//! - every namespace new (`--unshare-all`): its own PID namespace, so when the harness exits
+//!   the namespace's init dies and the kernel kills everything the agent left running, before
+//!   grading starts; its own network namespace with only a loopback device; a user namespace
+//!   in which it is an ordinary user with no capabilities;
+//! - the host's file system read-only, a fresh `/tmp`, and the run's private paths hidden
+//!   (`--out`, the job file, the task file: hidden tests, captures, spool, every session's
+//!   state) — then only its own workspace (and harness home) bound back writable;
+//! - the model API only: a relay inside the sandbox ([`crate::relay`]) listens on the
+//!   gateway's loopback address and forwards to the gateway's unix socket, bound in. There is
+//!   no other route out, so the model server cannot be called past the capture.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::process::CommandSpec;
+
+/// Where the relay binary and the gateway socket appear inside the sandbox (in its own
+/// `/tmp`, which exists whatever the host's layout).
+pub const RELAY_INSIDE: &str = "/tmp/.floe/floe";
+pub const SOCKET_INSIDE: &str = "/tmp/.floe/gateway.sock";
+
+/// The uid/gid the sandboxed processes have in their user namespace when the run is root's:
+/// not root (some harnesses refuse to run as root, and nothing in the sandbox needs it).
+const UNPRIVILEGED: u32 = 1000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Confinement {
+    /// The `bwrap` binary.
+    pub bwrap: PathBuf,
+    /// Host paths nothing in the sandbox may see: directories become empty, files empty.
+    pub hidden: Vec<Hidden>,
+    /// The gateway, for the harness (the evaluator gets no network at all).
+    pub gateway: Option<GatewayRoute>,
+    /// The uid/gid of the run (the sandboxed processes are mapped to them).
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hidden {
+    Dir(PathBuf),
+    File(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayRoute {
+    /// The gateway's unix socket on the host.
+    pub socket: PathBuf,
+    /// The loopback address the harness is told (its `*_BASE_URL`); the relay listens on it
+    /// inside the sandbox's own network namespace.
+    pub listen: SocketAddr,
+    /// The `floe` binary (it has the `sandbox-relay` subcommand).
+    pub relay: PathBuf,
+}
+
+/// What one confined process may touch besides the read-only system.
+#[derive(Clone, Debug, Default)]
+pub struct Access<'a> {
+    /// Bound writable at the same path (the workspace, the harness home).
+    pub writable: Vec<&'a Path>,
+    /// Bound read-only at the same path (the instruction file).
+    pub read_only: Vec<&'a Path>,
+    /// Route the model API through the relay (the harness), or no network (the evaluator).
+    pub model_api: bool,
+}
+
+impl Confinement {
+    /// `bwrap` options, in order: namespaces, the read-only host, what is hidden, then what is
+    /// bound back (a later mount shadows an earlier one, so the order is the policy).
+    pub fn options(&self, access: &Access, cwd: &Path) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--unshare-all",
+            "--die-with-parent",
+            // No controlling terminal to push input into (TIOCSTI), no signals to our group.
+            "--new-session",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let (uid, gid) = if self.uid == 0 {
+            (UNPRIVILEGED, UNPRIVILEGED)
+        } else {
+            (self.uid, self.gid)
+        };
+        push(&mut args, ["--uid", &uid.to_string()]);
+        push(&mut args, ["--gid", &gid.to_string()]);
+        for hidden in &self.hidden {
+            match hidden {
+                Hidden::Dir(p) => push(&mut args, ["--tmpfs", &s(p)]),
+                Hidden::File(p) => push(&mut args, ["--ro-bind", "/dev/null", &s(p)]),
+            }
+        }
+        for p in &access.writable {
+            push(&mut args, ["--bind", &s(p), &s(p)]);
+        }
+        for p in &access.read_only {
+            push(&mut args, ["--ro-bind", &s(p), &s(p)]);
+        }
+        if let (true, Some(route)) = (access.model_api, &self.gateway) {
+            push(&mut args, ["--ro-bind", &s(&route.relay), RELAY_INSIDE]);
+            push(&mut args, ["--bind", &s(&route.socket), SOCKET_INSIDE]);
+        }
+        push(&mut args, ["--chdir", &s(cwd)]);
+        args
+    }
+
+    /// `spec` run inside the sandbox: the same logs, timeout and environment, its program
+    /// behind `bwrap` (and the relay, for a harness).
+    pub fn wrap(&self, spec: CommandSpec, access: &Access) -> CommandSpec {
+        let mut args = self.options(access, &spec.cwd);
+        args.push("--".into());
+        match (&self.gateway, access.model_api) {
+            (Some(route), true) => {
+                args.extend([
+                    RELAY_INSIDE.to_string(),
+                    "sandbox-relay".into(),
+                    "--listen".into(),
+                    route.listen.to_string(),
+                    "--socket".into(),
+                    SOCKET_INSIDE.into(),
+                    "--".into(),
+                ]);
+            }
+            _ => {}
+        }
+        args.push(spec.program.clone());
+        args.extend(spec.args.iter().cloned());
+        CommandSpec {
+            program: s(&self.bwrap),
+            args,
+            ..spec
+        }
+    }
+
+    /// A command that only checks the sandbox can be set up here (the pre-flight check).
+    pub fn probe(&self, cwd: &Path) -> (String, Vec<String>) {
+        let mut args = self.options(&Access::default(), cwd);
+        args.extend(["--".to_string(), "true".to_string()]);
+        (s(&self.bwrap), args)
+    }
+}
+
+fn push<const N: usize>(args: &mut Vec<String>, items: [&str; N]) {
+    args.extend(items.iter().map(|s| s.to_string()));
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Where `program` would be found from `cwd` with `PATH`, as `execvp` looks for it: a path
+/// with a `/` as is (relative to `cwd`), a bare name on `PATH`. `None`: nothing executable
+/// there, so the harness would not start (an infrastructure failure, said before `bwrap`
+/// turns it into an ordinary exit code).
+pub fn resolve_program(program: &str, cwd: &Path, path_var: Option<&str>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = cwd.join(program);
+        return executable(&p).then_some(p);
+    }
+    path_var?
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| cwd.join(d).join(program))
+        .find(|p| executable(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn confinement() -> Confinement {
+        Confinement {
+            bwrap: "/usr/bin/bwrap".into(),
+            hidden: vec![
+                Hidden::Dir("/runs/out".into()),
+                Hidden::File("/jobs/job.yaml".into()),
+            ],
+            gateway: Some(GatewayRoute {
+                socket: "/tmp/floe-x/gw.sock".into(),
+                listen: "127.0.0.1:8370".parse().expect("addr"),
+                relay: "/usr/local/bin/floe".into(),
+            }),
+            uid: 0,
+            gid: 0,
+        }
+    }
+
+    fn spec() -> CommandSpec {
+        CommandSpec {
+            program: "codex".into(),
+            args: vec!["exec".into(), "fix it".into()],
+            env: vec![("HOME".into(), "/runs/out/s/home".into())],
+            env_remove: vec![],
+            cwd: "/runs/out/s/workspace".into(),
+            stdout: "/runs/out/s/logs/harness.stdout".into(),
+            stderr: "/runs/out/s/logs/harness.stderr".into(),
+            cap_bytes: 1,
+            timeout: Duration::from_secs(1),
+            kill_grace: Duration::from_secs(1),
+        }
+    }
+
+    fn position(args: &[String], window: &[&str]) -> usize {
+        args.windows(window.len())
+            .position(|w| w.iter().zip(window).all(|(a, b)| a == b))
+            .unwrap_or_else(|| panic!("{window:?} not in {args:?}"))
+    }
+
+    #[test]
+    fn the_workspace_is_bound_back_after_the_output_directory_is_hidden() {
+        let ws = Path::new("/runs/out/s/workspace");
+        let home = Path::new("/runs/out/s/home");
+        let access = Access {
+            writable: vec![ws, home],
+            read_only: vec![],
+            model_api: true,
+        };
+        let args = confinement().options(&access, ws);
+        let hidden = position(&args, &["--tmpfs", "/runs/out"]);
+        let bound = position(&args, &["--bind", "/runs/out/s/workspace", "/runs/out/s/workspace"]);
+        assert!(position(&args, &["--ro-bind", "/", "/"]) < hidden);
+        assert!(hidden < bound, "{args:?}");
+        assert!(position(&args, &["--ro-bind", "/dev/null", "/jobs/job.yaml"]) < bound);
+        assert!(args.contains(&"--unshare-all".to_string()));
+        // A root run's agent is an ordinary user in its namespace.
+        position(&args, &["--uid", "1000"]);
+    }
+
+    #[test]
+    fn the_harness_runs_behind_the_relay_with_its_own_arguments() {
+        let ws = PathBuf::from("/runs/out/s/workspace");
+        let access = Access {
+            writable: vec![&ws],
+            read_only: vec![],
+            model_api: true,
+        };
+        let wrapped = confinement().wrap(spec(), &access);
+        assert_eq!(wrapped.program, "/usr/bin/bwrap");
+        let tail = &wrapped.args[position(&wrapped.args, &["--", RELAY_INSIDE])..];
+        assert_eq!(
+            tail,
+            [
+                "--",
+                RELAY_INSIDE,
+                "sandbox-relay",
+                "--listen",
+                "127.0.0.1:8370",
+                "--socket",
+                SOCKET_INSIDE,
+                "--",
+                "codex",
+                "exec",
+                "fix it"
+            ]
+        );
+        // Logs, environment and timeout are the runner's, outside the sandbox.
+        assert_eq!(wrapped.stdout, spec().stdout);
+        assert_eq!(wrapped.env, spec().env);
+        position(&wrapped.args, &["--chdir", "/runs/out/s/workspace"]);
+    }
+
+    #[test]
+    fn the_evaluator_gets_no_network_route() {
+        let eval = PathBuf::from("/runs/out/s/eval");
+        let access = Access {
+            writable: vec![&eval],
+            read_only: vec![],
+            model_api: false,
+        };
+        let wrapped = confinement().wrap(spec(), &access);
+        assert!(!wrapped.args.iter().any(|a| a == "sandbox-relay"));
+        assert!(!wrapped.args.iter().any(|a| a == SOCKET_INSIDE));
+        let tail = &wrapped.args[position(&wrapped.args, &["--", "codex"])..];
+        assert_eq!(tail, ["--", "codex", "exec", "fix it"]);
+    }
+
+    #[test]
+    fn a_non_root_run_keeps_its_own_ids() {
+        let c = Confinement {
+            uid: 1234,
+            gid: 99,
+            ..confinement()
+        };
+        let args = c.options(&Access::default(), Path::new("/"));
+        position(&args, &["--uid", "1234", "--gid", "99"]);
+    }
+
+    #[test]
+    fn programs_are_found_as_execvp_finds_them() -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin)?;
+        let tool = bin.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n")?;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::write(bin.join("data"), "")?;
+        let path = format!("/nonexistent:{}", bin.display());
+        assert_eq!(resolve_program("tool", dir.path(), Some(&path)), Some(tool));
+        assert_eq!(resolve_program("data", dir.path(), Some(&path)), None);
+        assert_eq!(resolve_program("missing", dir.path(), Some(&path)), None);
+        assert!(resolve_program("./bin/tool", dir.path(), None).is_some());
+        assert_eq!(resolve_program("./bin/data", dir.path(), None), None);
+        Ok(())
+    }
+}

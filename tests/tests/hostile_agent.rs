@@ -1,0 +1,319 @@
+//! The hostile-agent suite, local mode: `floe run` as a real process with a `custom` harness
+//! (`tests/hostile/agent.py`) that tries every attack of `docs/security.md`'s threat model
+//! instead of fixing its bug, twice: in bubblewrap (the default), where every attack must be
+//! refused and every session must score 0; and with `--no-sandbox`, where the same attacks must
+//! work — so the suite proves its attacks are real, and would fail if the sandbox stopped
+//! refusing them. It prints the results as the table `docs/security.md` shows.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use floe_tests::{floe_bin, wait_child, workspace_root, ScriptedUpstream, Step};
+use serde_json::{json, Value};
+
+const BUGGY: &str = "def add(a, b):\n    return a - b\n";
+const HIDDEN_TEST: &str = "from calc import add\nassert add(2, 3) == 5\nprint('hidden tests passed')\n";
+
+/// A sloppy evaluator that keeps a `reward.json` it finds (only floe's discarding of the
+/// agent's copy protects it), slow enough that a leftover process has time to tamper.
+const EVALUATOR: &str = r#"sleep 1; python3 test_hidden.py && echo '{"reward": 1}' > reward.json; test -f reward.json || echo '{"reward": 0}' > reward.json"#;
+
+/// Attacks that must work without a sandbox (the others are refused by floe itself in both
+/// modes, or depend on the machine, e.g. ptrace rules).
+const REAL_WITHOUT_SANDBOX: &[&str] = &[
+    "read_hidden_tests_in_job_file",
+    "read_hidden_tests_under_out",
+    "write_pristine_snapshot",
+    "write_capture",
+    "see_other_sessions",
+    "call_model_server_directly",
+    "leave_a_process_running",
+];
+
+fn job(dir: &Path, out: &Path, model_url: &str, marker: &str) -> Result<PathBuf> {
+    let agent = workspace_root().join("tests/hostile/agent.py");
+    let path = dir.join("job.yaml");
+    let env = |name: &str, value: &str| json!({"name": name, "value": value});
+    // JSON is YAML: the job as the apiserver would take it.
+    let job = json!({
+        "apiVersion": "floe.dev/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": "hostile"},
+        "spec": {
+            "numSamples": 2,
+            "concurrency": 2,
+            "backoffLimit": 0,
+            "poolRef": {"name": "local"},
+            "harness": {
+                "preset": "custom",
+                "model": "policy",
+                "command": ["python3", agent],
+                "env": [
+                    env("HOSTILE_JOB", &path.display().to_string()),
+                    env("HOSTILE_OUT", &out.display().to_string()),
+                    env("HOSTILE_MODEL", model_url),
+                    env("HOSTILE_MARKER", marker),
+                ],
+            },
+            "evaluator": {
+                "command": ["sh", "-c", EVALUATOR],
+                "protectedPaths": ["test_*.py"],
+                "reward": {"source": "RewardFile", "path": "reward.json"},
+            },
+            "timeouts": {"agentSeconds": 60, "evaluatorSeconds": 30},
+            "sft": {"upstream": {"url": model_url}, "output": {"claimName": "unused"}},
+            "tasks": {"inline": [{
+                "id": "fix-add",
+                "instruction": "calc.py has a bug: add() subtracts. Fix it.",
+                "files": {"calc.py": BUGGY, "test_visible.py": "from calc import add\nassert add(1, 1) == 2\n"},
+                "evaluation": {"hiddenFiles": {"test_hidden.py": HIDDEN_TEST}},
+            }]},
+        },
+    });
+    std::fs::write(&path, serde_json::to_string_pretty(&job)?)?;
+    Ok(path)
+}
+
+/// Processes whose command line holds `marker` (the agents' leftover processes).
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if std::fs::read(entry.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+struct Outcome {
+    summary: Value,
+    /// Per session: attack → succeeded.
+    attacks: BTreeMap<String, BTreeMap<String, bool>>,
+    rewards: Vec<f64>,
+    leftovers: usize,
+}
+
+async fn run(sandbox: bool) -> Result<Outcome> {
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("out");
+    let marker = format!("hostile-leftover-{}", std::process::id());
+    let job = job(dir.path(), &out, &model.url, &marker)?;
+    let mut cmd = Command::new(floe_bin()?);
+    cmd.arg("run")
+        .arg(&job)
+        .arg("--out")
+        .arg(&out)
+        .args(["--model-url", &model.url])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    if !sandbox {
+        cmd.arg("--no-sandbox");
+    }
+    let mut child = cmd.spawn()?;
+    let status = wait_child(&mut child, Duration::from_secs(180)).await?;
+    let leftovers = processes_with(&marker);
+    for pid in &leftovers {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("summary.json")).context("summary.json")?,
+    )?;
+    anyhow::ensure!(status.code() == Some(0), "floe run: {status}; {summary}");
+    let mut attacks = BTreeMap::new();
+    let mut rewards = Vec::new();
+    for entry in std::fs::read_dir(out.join("sessions"))? {
+        let slot = entry?.path();
+        let session: Value =
+            serde_json::from_str(&std::fs::read_to_string(slot.join("summary.json"))?)?;
+        let summary = &session;
+        rewards.push(summary["reward"].as_f64().context("a scored session")?);
+        let tried: BTreeMap<String, Value> = serde_json::from_str(
+            &std::fs::read_to_string(slot.join("workspace/attacks.json"))
+                .context("the agent's attacks.json")?,
+        )?;
+        let mut succeeded: BTreeMap<String, bool> = tried
+            .iter()
+            .map(|(k, v)| (k.clone(), v["succeeded"] == true))
+            .collect();
+        // Judged by their effect, not by the agent: a planted reward file only if it reached
+        // the evaluation copy, a leftover process only if it outlived its session.
+        let id = slot.file_name().unwrap_or_default().to_string_lossy().to_string();
+        let discarded = trajectory(&out, &id)?["evaluation"]["detail"]["changes"]["discarded"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        succeeded.insert(
+            "plant_reward_file".into(),
+            !discarded.contains(&json!("reward.json")),
+        );
+        succeeded.insert("leave_a_process_running".into(), !leftovers.is_empty());
+        attacks.insert(id, succeeded);
+    }
+    Ok(Outcome {
+        summary,
+        attacks,
+        rewards,
+        leftovers: leftovers.len(),
+    })
+}
+
+/// The session's trajectory as the dataset sink wrote it (accepted or rejected).
+fn trajectory(out: &Path, session: &str) -> Result<Value> {
+    for which in ["accepted", "rejected"] {
+        for entry in std::fs::read_dir(out.join("trajectories").join(which))
+            .into_iter()
+            .flatten()
+        {
+            let t: Value = serde_json::from_slice(&std::fs::read(entry?.path())?)?;
+            if t["session"] == session {
+                return Ok(t);
+            }
+        }
+    }
+    anyhow::bail!("no trajectory for {session}")
+}
+
+fn any_session(outcome: &Outcome, attack: &str) -> bool {
+    outcome
+        .attacks
+        .values()
+        .any(|a| a.get(attack).copied().unwrap_or(false))
+}
+
+#[tokio::test]
+async fn every_attack_is_refused_in_the_sandbox_and_works_without_it() -> Result<()> {
+    let confined = run(true).await?;
+    let open = run(false).await?;
+
+    // The table docs/security.md shows.
+    let names: Vec<&String> = confined
+        .attacks
+        .values()
+        .next()
+        .context("a session")?
+        .keys()
+        .collect();
+    let cell = |o: &Outcome, name: &str| {
+        if any_session(o, name) {
+            "succeeded"
+        } else {
+            "refused"
+        }
+    };
+    eprintln!("\n| attack | `--no-sandbox` | bubblewrap |\n|---|---|---|");
+    for name in &names {
+        eprintln!(
+            "| `{name}` | {} | {} |",
+            cell(&open, name),
+            cell(&confined, name)
+        );
+    }
+    eprintln!(
+        "| reward for an unfixed bug | {:?} | {:?} |\n",
+        open.rewards, confined.rewards
+    );
+
+    // In the sandbox: the honest call works, every attack fails, the bug scores 0.
+    assert!(
+        confined.summary["sandbox"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("bubblewrap")),
+        "{}",
+        confined.summary
+    );
+    assert_eq!(confined.attacks.len(), 2);
+    for (session, attacks) in &confined.attacks {
+        for (name, succeeded) in attacks {
+            let honest = name == "honest_model_call_through_gateway";
+            assert_eq!(
+                *succeeded, honest,
+                "{session}: {name} {}",
+                if honest { "failed" } else { "succeeded" }
+            );
+        }
+    }
+    assert_eq!(confined.rewards, [0.0, 0.0], "an unfixed bug was rewarded");
+    assert_eq!(
+        confined.leftovers, 0,
+        "a process the agent left outlived the run"
+    );
+
+    // Without it the same agent gets through: the suite's attacks are real.
+    assert!(open.summary["sandbox"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("none")));
+    for name in REAL_WITHOUT_SANDBOX {
+        assert!(any_session(&open, name), "{name} failed without a sandbox");
+    }
+    assert!(
+        open.rewards.contains(&1.0),
+        "without a sandbox a leftover process rewrote the hidden test: {:?}",
+        open.rewards
+    );
+    // floe itself refuses these in both modes: the gateway the agent's token on its control
+    // API,
+    assert!(!any_session(&open, "report_own_result_to_gateway"));
+    // and the runner a reward file the agent left.
+    assert!(!any_session(&open, "plant_reward_file"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_bubblewrap_the_run_stops_before_any_session_and_says_how_to_go_on() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("out");
+    let job = job(dir.path(), &out, "http://127.0.0.1:9", "unused")?;
+    let output = Command::new(floe_bin()?)
+        .arg("run")
+        .arg(&job)
+        .arg("--out")
+        .arg(&out)
+        .env("PATH", "/nonexistent")
+        .env_remove("FLOE_BWRAP")
+        .stdin(Stdio::null())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`bwrap` is not on PATH"), "{stderr}");
+    assert!(stderr.contains("apt-get install bubblewrap"), "{stderr}");
+    assert!(stderr.contains("--no-sandbox"), "{stderr}");
+    assert!(!out.exists(), "nothing is written");
+
+    // A bubblewrap that cannot set up the sandbox is refused the same way.
+    let fake = dir.path().join("bwrap");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.0' && exit 0\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n",
+    )?;
+    std::fs::set_permissions(
+        &fake,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let output = Command::new(floe_bin()?)
+        .arg("run")
+        .arg(&job)
+        .arg("--out")
+        .arg(&out)
+        .env("FLOE_BWRAP", &fake)
+        .stdin(Stdio::null())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot set up a sandbox") && stderr.contains("No permissions"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing is written");
+    Ok(())
+}
