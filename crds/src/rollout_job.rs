@@ -246,6 +246,19 @@ pub struct HarnessSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::preserve_unknown_object")]
     pub settings: Option<serde_json::Value>,
+    /// Provider-hosted tools in the harness's requests (web search, file search, code
+    /// execution, computer use): the policy runs on vLLM, which cannot run them. `Reject`
+    /// (default) answers such a request with the provider's 400, so the gap shows at once;
+    /// `Drop` removes them and counts them in each trajectory (`droppedHostedTools`).
+    #[serde(default)]
+    pub hosted_tools: HostedTools,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum HostedTools {
+    #[default]
+    Reject,
+    Drop,
 }
 
 fn default_model_name() -> String {

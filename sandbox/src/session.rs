@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use floe_crds::common::UpstreamKind as SpecKind;
 use floe_crds::rollout_job::{RolloutJobSpec, Task, TrajectoryBuilder};
 use floe_gateway::protocol::upstream::UpstreamKind;
+use floe_gateway::protocol::HostedTools;
 use floe_gateway::ship::{Assignment, Sink, UpstreamOverride};
 use floe_gateway::trajectory::Builder;
 
@@ -71,6 +72,10 @@ pub fn assignment(s: &SessionOf) -> Assignment {
         temperature: Some(spec.sampling.temperature),
         top_p: Some(spec.sampling.top_p),
         call_timeout_seconds: u32::try_from(spec.timeouts.model_call_seconds).ok(),
+        hosted_tools: Some(match spec.harness.hosted_tools {
+            floe_crds::rollout_job::HostedTools::Reject => HostedTools::Reject,
+            floe_crds::rollout_job::HostedTools::Drop => HostedTools::Drop,
+        }),
     };
     let builder = match spec.trajectory.builder {
         TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,

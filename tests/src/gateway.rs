@@ -79,11 +79,29 @@ impl TestGateway {
 
     /// Create a session through the control API; returns its token.
     pub async fn session(&self, id: &str, task: &str, sample: u32) -> Result<String> {
+        self.session_with(id, task, sample, json!({})).await
+    }
+
+    /// A session whose provider-hosted tools are dropped (a job's `hostedTools: Drop`), not
+    /// refused.
+    pub async fn session_dropping_hosted_tools(&self, id: &str) -> Result<String> {
+        self.session_with(id, "t", 0, json!({"hostedTools": "drop"}))
+            .await
+    }
+
+    /// A session with per-session upstream settings (an assignment's `upstream`).
+    pub async fn session_with(
+        &self,
+        id: &str,
+        task: &str,
+        sample: u32,
+        upstream: Value,
+    ) -> Result<String> {
         let resp = self
             .http
             .post(format!("{}/floe/v1/sessions", self.url))
             .bearer_auth(&self.control_token)
-            .json(&json!({"session": id, "task": task, "group": format!("test/{task}"), "sample": sample}))
+            .json(&json!({"session": id, "task": task, "group": format!("test/{task}"), "sample": sample, "upstream": upstream}))
             .send()
             .await?;
         let status = resp.status();

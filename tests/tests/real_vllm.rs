@@ -486,7 +486,7 @@ fn sse_events(body: &str) -> Vec<(String, Value)> {
 async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()> {
     let gw = TestGateway::start(&vllm().url, 16).await?;
     let http = reqwest::Client::new();
-    let token = gw.session("anthropic-1", "t", 0).await?;
+    let token = gw.session_dropping_hosted_tools("anthropic-1").await?;
     let url = format!("{}/v1/messages?beta=true", gw.url);
     let request = |messages: &Vec<Value>, stream: bool| {
         json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": stream, "temperature": 1.0,
@@ -498,6 +498,22 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
     let mut messages = vec![
         json!({"role": "user", "content": [{"type": "text", "text": "List the files, then fix the bug."}]}),
     ];
+    // By default a hosted tool is refused in Anthropic's own error shape, before any upstream call.
+    let refused = http
+        .post(&url)
+        .header("x-api-key", gw.session("anthropic-refused", "t", 0).await?)
+        .json(&request(&messages, false))
+        .send()
+        .await?;
+    assert_eq!(refused.status(), 400);
+    let err: Value = refused.json().await?;
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("web_search_20250305") && m.contains("hostedTools: Drop")),
+        "{err}"
+    );
     for turn in 0..4 {
         // Claude Code authenticates with x-api-key.
         let resp = http
@@ -582,11 +598,13 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
 
     let capture = checked_capture(&gw, &http, "anthropic-1", Api::Anthropic, 5, 16).await?;
     for r in &capture.records {
-        // The hosted tool was dropped by rule; the custom one went upstream as a function.
+        // The hosted tool was dropped (the session's choice) and counted; the custom one went
+        // upstream as a function.
         assert_eq!(
             r.normalized_request["tools"].as_array().map(Vec::len),
             Some(1)
         );
+        assert_eq!(r.dropped, ["hosted_tool:web_search_20250305"]);
     }
     assert_eq!(
         capture.records[4].response["choices"][0]["message"]["content"]
@@ -611,7 +629,7 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
 async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
     let gw = TestGateway::start(&vllm().url, 16).await?;
     let http = reqwest::Client::new();
-    let token = gw.session("responses-1", "t", 0).await?;
+    let token = gw.session_dropping_hosted_tools("responses-1").await?;
     let url = format!("{}/v1/responses", gw.url);
     let request = |input: &Vec<Value>, stream: bool| {
         json!({"model": "gpt-5-codex", "instructions": "You are Codex, a coding agent.", "input": input, "stream": stream,
@@ -692,6 +710,24 @@ async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
         "{err}"
     );
 
+    // A default session refuses the hosted tool in OpenAI's error shape.
+    let refused = post(
+        &http,
+        &url,
+        &gw.session("responses-refused", "t", 0).await?,
+        &request(&input, false),
+    )
+    .await?;
+    assert_eq!(refused.status(), 400);
+    let err: Value = refused.json().await?;
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("web_search")),
+        "{err}"
+    );
+
     let capture = checked_capture(&gw, &http, "responses-1", Api::OpenaiResponses, 4, 16).await?;
     for r in &capture.records {
         assert_eq!(
@@ -714,7 +750,7 @@ async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
 async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Result<()> {
     let gw = TestGateway::start(&vllm().url, 16).await?;
     let http = reqwest::Client::new();
-    let token = gw.session("gemini-1", "t", 0).await?;
+    let token = gw.session_dropping_hosted_tools("gemini-1").await?;
     let base = format!("{}/v1beta/models/gemini-2.5-pro", gw.url);
     let request = |contents: &Vec<Value>| {
         json!({"systemInstruction": {"role": "user", "parts": [{"text": "You are Gemini CLI, a coding agent."}]},
@@ -725,6 +761,22 @@ async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Resu
     };
     let mut contents =
         vec![json!({"role": "user", "parts": [{"text": "What is in this folder?"}]})];
+    // A default session refuses `googleSearch` in Google's error shape.
+    let refused = http
+        .post(format!("{base}:generateContent"))
+        .header("x-goog-api-key", gw.session("gemini-refused", "t", 0).await?)
+        .json(&request(&contents))
+        .send()
+        .await?;
+    assert_eq!(refused.status(), 400);
+    let err: Value = refused.json().await?;
+    assert_eq!(err["error"]["status"], "INVALID_ARGUMENT", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("googleSearch")),
+        "{err}"
+    );
     for _ in 0..2 {
         let resp = http
             .post(format!("{base}:generateContent"))

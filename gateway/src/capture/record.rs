@@ -49,6 +49,10 @@ pub struct CompletionRecord<R = serde_json::Value> {
     /// The tool call in the response could not be parsed (the harness got plain text).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unparsed_tool_call: bool,
+    /// What the request held that could not go upstream, e.g. `hosted_tool:web_search` when
+    /// the job drops hosted tools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
     /// The harness's request as received.
     #[serde(default)]
     pub request: serde_json::Value,
@@ -84,6 +88,7 @@ impl CompletionRecord {
             logprobs: None,
             finish_reason: Some("stop".into()),
             unparsed_tool_call: false,
+            dropped: Vec::new(),
             request: serde_json::Value::Null,
             normalized_request: serde_json::Value::Null,
             response: serde_json::Value::Null,

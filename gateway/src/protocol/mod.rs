@@ -14,6 +14,31 @@ pub use errors::ProtocolError;
 
 use serde_json::{Map, Value};
 
+/// What the gateway does with a provider-hosted tool (web search, file search, code execution,
+/// computer use, …) in a request: vLLM cannot run one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostedTools {
+    /// Answer the request with the provider's 400 (the default: nothing is silently lost).
+    #[default]
+    Reject,
+    /// Remove them from the request and count them in the trajectory.
+    Drop,
+}
+
+/// The prefix of [`Normalized::dropped`] entries that name a hosted tool.
+pub const HOSTED_TOOL: &str = "hosted_tool:";
+
+impl Normalized {
+    /// The hosted tools this request asked for, as the provider names them.
+    pub fn hosted_tools(&self) -> Vec<&str> {
+        self.dropped
+            .iter()
+            .filter_map(|d| d.strip_prefix(HOSTED_TOOL))
+            .collect()
+    }
+}
+
 /// A provider request translated for the upstream (OpenAI Chat Completions), with what the
 /// reply needs to know about the original.
 #[derive(Debug, Default, PartialEq)]

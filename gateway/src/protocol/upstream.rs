@@ -53,6 +53,8 @@ pub struct CallLimits {
     pub top_p: Option<f64>,
     /// Deadline of one call, its retries included (the job's `timeouts.modelCallSeconds`).
     pub call_deadline: std::time::Duration,
+    /// Provider-hosted tools in a request: refused (default) or dropped.
+    pub hosted_tools: super::HostedTools,
 }
 
 /// Parameters that have no meaning for, or are refused by, the upstream call and are removed.
@@ -174,6 +176,7 @@ mod tests {
             temperature: None,
             top_p: None,
             call_deadline: std::time::Duration::from_secs(60),
+            hosted_tools: Default::default(),
         }
     }
 

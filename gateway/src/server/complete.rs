@@ -41,22 +41,44 @@ pub async fn complete(
     original: Value,
     normalized: Map<String, Value>,
     keep_logprobs: bool,
+    dropped: Vec<String>,
 ) -> Result<Completed, ProtocolError> {
     let task = tokio::spawn(async move {
-        call_and_capture(&gateway, &session, api, original, normalized, keep_logprobs).await
+        let call = Call {
+            api,
+            original,
+            normalized,
+            keep_logprobs,
+            dropped,
+        };
+        call_and_capture(&gateway, &session, call).await
     });
     task.await
         .unwrap_or_else(|e| Err(ProtocolError::Capture(format!("call task failed: {e}"))))
 }
 
-async fn call_and_capture(
-    gateway: &Gateway,
-    session: &Arc<Session>,
+/// One model call as the harness made it.
+struct Call {
     api: Api,
     original: Value,
     normalized: Map<String, Value>,
     keep_logprobs: bool,
+    /// What the request asked for that could not go upstream (kept in the capture).
+    dropped: Vec<String>,
+}
+
+async fn call_and_capture(
+    gateway: &Gateway,
+    session: &Arc<Session>,
+    call: Call,
 ) -> Result<Completed, ProtocolError> {
+    let Call {
+        api,
+        original,
+        normalized,
+        keep_logprobs,
+        dropped,
+    } = call;
     let seq = session.next_seq();
     let started_at_ms = now_ms();
     let upstream_request = finalize_request(normalized, &session.upstream.limits)?;
@@ -92,6 +114,7 @@ async fn call_and_capture(
         logprobs: sampled.logprobs,
         finish_reason: sampled.finish_reason,
         unparsed_tool_call: sampled.unparsed_tool_call,
+        dropped,
         request: original,
         normalized_request: upstream_request,
         response: &*response,

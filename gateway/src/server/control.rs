@@ -83,11 +83,21 @@ pub async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
         .into_response()
 }
 
+/// `POST /floe/v1/sessions`: the session's identity, and optionally its upstream settings (what
+/// an assignment's `upstream` would set).
+#[derive(serde::Deserialize)]
+struct CreateSession {
+    #[serde(flatten)]
+    meta: SessionMeta,
+    #[serde(default)]
+    upstream: Option<crate::ship::UpstreamOverride>,
+}
+
 pub async fn create_session(
     State(gateway): State<Arc<Gateway>>,
     body: axum::body::Bytes,
 ) -> Response {
-    let meta: SessionMeta = match serde_json::from_slice(&body) {
+    let CreateSession { meta, upstream } = match serde_json::from_slice(&body) {
         Ok(m) => m,
         Err(e) => {
             return error(
@@ -102,7 +112,7 @@ pub async fn create_session(
             &gw.config.capture_dir,
             meta,
             gw.config.durability,
-            gw.upstream_for(None),
+            gw.upstream_for(upstream.as_ref()),
         )
     })
     .await;

@@ -111,6 +111,7 @@ impl Gateway {
                 temperature: None,
                 top_p: None,
                 call_deadline: config.upstream_timeout,
+                hosted_tools: Default::default(),
             },
             sessions: Sessions::default(),
             metrics: Metrics::new()?,
@@ -151,6 +152,9 @@ impl Gateway {
             upstream.limits.top_p = o.top_p.or(upstream.limits.top_p);
             if let Some(seconds) = o.call_timeout_seconds {
                 upstream.limits.call_deadline = Duration::from_secs(seconds.max(1).into());
+            }
+            if let Some(policy) = o.hosted_tools {
+                upstream.limits.hosted_tools = policy;
             }
         }
         upstream

@@ -20,7 +20,8 @@ use super::sessions::Session;
 use super::Gateway;
 use crate::capture::Api;
 use crate::protocol::{
-    self, anthropic, gemini, openai_chat, openai_responses, Normalized, ProtocolError,
+    self, anthropic, gemini, openai_chat, openai_responses, HostedTools, Normalized,
+    ProtocolError,
 };
 
 /// The session token, from whichever header the harness's SDK uses.
@@ -300,6 +301,14 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
         Ok(n) => n,
         Err(e) => return fail(&gateway, api, &e),
     };
+    let hosted = normalized.hosted_tools();
+    if !hosted.is_empty() && session.upstream.limits.hosted_tools == HostedTools::Reject {
+        let refused = ProtocolError::InvalidRequest(format!(
+            "hosted tool(s) {} cannot run here: the model is served by vLLM behind floe's gateway, which runs no provider-side tools. Turn them off in the harness's configuration, or set the job's spec.harness.hostedTools: Drop to drop them (counted in each trajectory as droppedHostedTools)",
+            hosted.join(", ")
+        ));
+        return fail(&gateway, api, &refused);
+    }
     for what in &normalized.dropped {
         tracing::debug!(api = api_label(api), what, "dropped from the request");
         gateway
@@ -316,6 +325,7 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
         original,
         upstream_request,
         normalized.wants_logprobs,
+        normalized.dropped.clone(),
     );
     if !normalized.stream {
         return match call.await {

@@ -62,6 +62,9 @@ pub struct UpstreamOverride {
     /// The job's per-call deadline (`timeouts.modelCallSeconds`), retries included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_timeout_seconds: Option<u32>,
+    /// The job's `harness.hostedTools`: refuse (default) or drop provider-hosted tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_tools: Option<crate::protocol::HostedTools>,
 }
 
 /// An assignment as the runner receives it, with the session's model-API token.

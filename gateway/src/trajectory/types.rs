@@ -135,6 +135,14 @@ pub struct ReconstructionStats {
     pub unparsed_tool_calls: u64,
     /// Sampled tokens without a behaviour logprob.
     pub tokens_missing_logprobs: u64,
+    /// Provider-hosted tools the harness asked for and the gateway dropped (the job's
+    /// `harness.hostedTools: Drop`): the policy acted without tools its prompt offered.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped_hosted_tools: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ReconstructionStats {
@@ -166,6 +174,12 @@ impl ReconstructionStats {
             starts,
             truncated_turns: count(&|r| u64::from(r.finish_reason.as_deref() == Some("length"))),
             unparsed_tool_calls: count(&|r| u64::from(r.unparsed_tool_call)),
+            dropped_hosted_tools: count(&|r| {
+                r.dropped
+                    .iter()
+                    .filter(|d| d.starts_with(crate::protocol::HOSTED_TOOL))
+                    .count() as u64
+            }),
             tokens_missing_logprobs: count(&|r| {
                 if r.logprobs.is_none() {
                     r.completion_token_ids.len() as u64
