@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the test scripts use (most machines already have them).
 missing=()
-for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:dpkg apt-get:apt node:nodejs npm:npm; do
+for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:dpkg apt-get:apt node:nodejs npm:npm bwrap:bubblewrap; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 # Debian's system python3 ships venv/ensurepip separately (vLLM's venv needs them).

@@ -249,7 +249,7 @@ pub struct HarnessSpec {
     /// Provider-hosted tools in the harness's requests (web search, file search, code
     /// execution, computer use): the policy runs on vLLM, which cannot run them. `Reject`
     /// (default) answers such a request with the provider's 400, so the gap shows at once;
-    /// `Drop` removes them and counts them in each trajectory (`droppedHostedTools`).
+    /// `Drop` removes them and counts them in each trajectory (`stats.dropped_hosted_tools`).
     #[serde(default)]
     pub hosted_tools: HostedTools,
 }

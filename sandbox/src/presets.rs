@@ -158,7 +158,8 @@ fn json_file(path: PathBuf, mut base: Value, settings: &Value) -> (PathBuf, Stri
 }
 
 /// Codex CLI: `codex exec` with a custom provider on the Responses wire API; plugins and apps
-/// off (they make outside lookups). The pod is the sandbox, so Codex's own is bypassed.
+/// off (they make outside lookups), hosted web search off. The pod (or local mode's bubblewrap)
+/// is the sandbox, so Codex's own is bypassed.
 fn codex(spec: &HarnessSpec, ctx: &PresetContext, settings: &Value) -> Result<Launch, PresetError> {
     only("codex", spec, ProviderApi::OpenaiResponses)?;
     let gw = ctx.gateway_url.trim_end_matches('/');
@@ -170,6 +171,8 @@ fn codex(spec: &HarnessSpec, ctx: &PresetContext, settings: &Value) -> Result<La
             "env_key": "FLOE_SESSION_TOKEN",
         }},
         "features": {"plugins": false, "apps": false, "remote_plugin": false},
+        // Its hosted web search runs at OpenAI, not on vLLM: the gateway would refuse it.
+        "web_search": "disabled",
     });
     merge(&mut config, settings);
     let text = toml::to_string(&config).map_err(|e| PresetError::Render("codex", e.to_string()))?;

@@ -4,7 +4,9 @@
 //! trajectory or dataset) — and the run's peak RSS and open files, sampled from `/proc`.
 //!
 //! The agent is one `curl` chat completion and a file write; the evaluator `test -f`. So the
-//! difference between the two rates is what floe costs per session.
+//! difference between the two rates is what floe costs per session. floe runs twice: with its
+//! sandbox (bubblewrap around every harness and evaluator, the default) and `--no-sandbox`, so
+//! the sandbox's own cost per session is measured in the same run.
 //!
 //! `--quick`: 100 sessions. Default: 400. `FLOE_BENCH_SESSIONS=N` sets any other size (the
 //! figures in docs/benchmarks.md include 10,000); `FLOE_BENCH_CONCURRENCY` (default 8).
@@ -55,15 +57,25 @@ fn open_files(pid: u32) -> usize {
 struct Floe {
     per_minute: f64,
     overhead_mean: f64,
+    /// Mean wall time of one session: harness + evaluator + floe's overhead.
+    session_mean: f64,
     peak_rss_mib: f64,
     peak_open_files: usize,
 }
 
-fn run_floe(dir: &Path, model: &str, sessions: usize, concurrency: usize) -> Result<Floe> {
+fn run_floe(
+    dir: &Path,
+    model: &str,
+    sessions: usize,
+    concurrency: usize,
+    sandbox: bool,
+) -> Result<Floe> {
+    std::fs::create_dir_all(dir)?;
     let job_file = dir.join("job.yaml");
     std::fs::write(&job_file, job(sessions))?;
     let out = dir.join("out");
-    let mut child = Command::new(floe_bin()?)
+    let mut command = Command::new(floe_bin()?);
+    command
         .arg("run")
         .arg(&job_file)
         .arg("--out")
@@ -72,8 +84,11 @@ fn run_floe(dir: &Path, model: &str, sessions: usize, concurrency: usize) -> Res
         .args(["--sessions", &sessions.to_string()])
         .args(["--concurrency", &concurrency.to_string()])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+        .stderr(Stdio::null());
+    if !sandbox {
+        command.arg("--no-sandbox");
+    }
+    let mut child = command.spawn()?;
     let pid = child.id();
     let (mut peak_rss, mut peak_files) = (0u64, 0usize);
     let status = loop {
@@ -93,7 +108,11 @@ fn run_floe(dir: &Path, model: &str, sessions: usize, concurrency: usize) -> Res
         "every session completed: {}",
         summary["sessions"]
     );
+    let timing = |k: &str| summary["timings"][k].as_f64().context(k.to_string());
     Ok(Floe {
+        session_mean: timing("agentSecondsMean")?
+            + timing("evaluatorSecondsMean")?
+            + timing("overheadSecondsMean")?,
         per_minute: summary["timings"]["sessionsPerMinute"]
             .as_f64()
             .context("sessionsPerMinute")?,
@@ -142,13 +161,14 @@ async fn main() -> Result<()> {
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
     let dir = tempfile::tempdir()?;
     let url = model.url.clone();
-    let (floe_dir, direct_dir) = (dir.path().join("floe"), dir.path().join("direct"));
-    std::fs::create_dir_all(&floe_dir)?;
+    let root = dir.path().to_path_buf();
+    let direct_dir = root.join("direct");
     std::fs::create_dir_all(&direct_dir)?;
-    let (floe, direct) = tokio::task::spawn_blocking(move || -> Result<(Floe, f64)> {
+    let (floe, open, direct) = tokio::task::spawn_blocking(move || -> Result<(Floe, Floe, f64)> {
         let direct = run_direct(&direct_dir, &url, sessions, concurrency)?;
-        let floe = run_floe(&floe_dir, &url, sessions, concurrency)?;
-        Ok((floe, direct))
+        let floe = run_floe(&root.join("floe"), &url, sessions, concurrency, true)?;
+        let open = run_floe(&root.join("open"), &url, sessions, concurrency, false)?;
+        Ok((floe, open, direct))
     })
     .await??;
     println!(
@@ -159,6 +179,15 @@ async fn main() -> Result<()> {
         floe.overhead_mean,
         floe.peak_rss_mib,
         floe.peak_open_files,
+    );
+    println!(
+        "the sandbox: {:.0} sessions/min with it, {:.0}/min with --no-sandbox ({:.2}x); a session takes {:.3} s with it, {:.3} s without: {:+.3} s each",
+        floe.per_minute,
+        open.per_minute,
+        floe.per_minute / open.per_minute,
+        floe.session_mean,
+        open.session_mean,
+        floe.session_mean - open.session_mean,
     );
     Ok(())
 }

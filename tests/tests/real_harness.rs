@@ -146,9 +146,9 @@ async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()
     let home = tempfile::tempdir()?;
     let work = tempfile::tempdir()?;
     // What floe's codex preset writes: a custom provider on the Responses wire API, outside
-    // lookups (plugins, apps) off. The harness binary is untouched.
+    // lookups (plugins, apps) and hosted web search off. The harness binary is untouched.
     let config = format!(
-        "model = \"policy\"\nmodel_provider = \"floe\"\n\n[model_providers.floe]\nname = \"floe\"\nbase_url = \"{}/v1\"\n\
+        "model = \"policy\"\nmodel_provider = \"floe\"\nweb_search = \"disabled\"\n\n[model_providers.floe]\nname = \"floe\"\nbase_url = \"{}/v1\"\n\
          wire_api = \"responses\"\nenv_key = \"FLOE_API_KEY\"\n\n[features]\nplugins = false\napps = false\nremote_plugin = false\n",
         gw.url
     );

@@ -304,7 +304,7 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     let hosted = normalized.hosted_tools();
     if !hosted.is_empty() && session.upstream.limits.hosted_tools == HostedTools::Reject {
         let refused = ProtocolError::InvalidRequest(format!(
-            "hosted tool(s) {} cannot run here: the model is served by vLLM behind floe's gateway, which runs no provider-side tools. Turn them off in the harness's configuration, or set the job's spec.harness.hostedTools: Drop to drop them (counted in each trajectory as droppedHostedTools)",
+            "hosted tool(s) {} cannot run here: the model is served by vLLM behind floe's gateway, which runs no provider-side tools. Turn them off in the harness's configuration, or set the job's spec.harness.hostedTools: Drop to drop them (counted in each trajectory as stats.dropped_hosted_tools)",
             hosted.join(", ")
         ));
         return fail(&gateway, api, &refused);

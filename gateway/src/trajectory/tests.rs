@@ -428,3 +428,28 @@ fn an_unparsed_tool_call_stays_a_trainable_negative() {
     assert_eq!(t.stats.unparsed_tool_calls, 1);
     assert_eq!(t.stats.trainable_tokens, 4);
 }
+
+#[test]
+fn dropped_hosted_tools_are_counted_per_trajectory_and_omitted_when_none() {
+    let mut records = two_turns();
+    records[0].dropped = vec!["hosted_tool:web_search".into(), "document".into()];
+    records[1].dropped = vec!["hosted_tool:web_search".into()];
+    let outcome = || SessionOutcome::Completed {
+        evaluation: Evaluation {
+            reward: Some(1.0),
+            passed: Some(true),
+            detail: serde_json::Value::Null,
+        },
+    };
+    let t = build_trajectory(&session(), &records, &BuildOptions::default(), &outcome());
+    // Only hosted tools: a dropped `document` part is another kind of loss.
+    assert_eq!(t.stats.dropped_hosted_tools, 2);
+    let clean = build_trajectory(
+        &session(),
+        &two_turns(),
+        &BuildOptions::default(),
+        &outcome(),
+    );
+    let wire = serde_json::to_value(&clean.stats).expect("stats serialize");
+    assert!(wire.get("dropped_hosted_tools").is_none(), "{wire}");
+}
