@@ -124,19 +124,16 @@ impl Confinement {
     pub fn wrap(&self, spec: CommandSpec, access: &Access) -> CommandSpec {
         let mut args = self.options(access, &spec.cwd);
         args.push("--".into());
-        match (&self.gateway, access.model_api) {
-            (Some(route), true) => {
-                args.extend([
-                    RELAY_INSIDE.to_string(),
-                    "sandbox-relay".into(),
-                    "--listen".into(),
-                    route.listen.to_string(),
-                    "--socket".into(),
-                    SOCKET_INSIDE.into(),
-                    "--".into(),
-                ]);
-            }
-            _ => {}
+        if let (Some(route), true) = (&self.gateway, access.model_api) {
+            args.extend([
+                RELAY_INSIDE.to_string(),
+                "sandbox-relay".into(),
+                "--listen".into(),
+                route.listen.to_string(),
+                "--socket".into(),
+                SOCKET_INSIDE.into(),
+                "--".into(),
+            ]);
         }
         args.push(spec.program.clone());
         args.extend(spec.args.iter().cloned());
@@ -237,7 +234,10 @@ mod tests {
         };
         let args = confinement().options(&access, ws);
         let hidden = position(&args, &["--tmpfs", "/runs/out"]);
-        let bound = position(&args, &["--bind", "/runs/out/s/workspace", "/runs/out/s/workspace"]);
+        let bound = position(
+            &args,
+            &["--bind", "/runs/out/s/workspace", "/runs/out/s/workspace"],
+        );
         assert!(position(&args, &["--ro-bind", "/", "/"]) < hidden);
         assert!(hidden < bound, "{args:?}");
         assert!(position(&args, &["--ro-bind", "/dev/null", "/jobs/job.yaml"]) < bound);

@@ -764,7 +764,10 @@ async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Resu
     // A default session refuses `googleSearch` in Google's error shape.
     let refused = http
         .post(format!("{base}:generateContent"))
-        .header("x-goog-api-key", gw.session("gemini-refused", "t", 0).await?)
+        .header(
+            "x-goog-api-key",
+            gw.session("gemini-refused", "t", 0).await?,
+        )
         .json(&request(&contents))
         .send()
         .await?;

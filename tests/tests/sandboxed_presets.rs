@@ -76,7 +76,8 @@ async fn preset_fixes_the_bug_in_the_sandbox(preset: &str, harness: Value) -> Re
         "{summary}"
     );
     assert_eq!(
-        summary["reward"]["passRate"], 1.0,
+        summary["reward"]["passRate"],
+        1.0,
         "{preset} did not fix the bug in the sandbox: {summary}\n{}",
         logs()
     );

@@ -22,8 +22,9 @@ pub struct Bubblewrap {
 pub fn describe(bwrap: Option<&Bubblewrap>) -> String {
     match bwrap {
         Some(b) => b.version.clone(),
-        None => "none (--no-sandbox: the agent could read hidden tests and reach the network)"
-            .into(),
+        None => {
+            "none (--no-sandbox: the agent could read hidden tests and reach the network)".into()
+        }
     }
 }
 
@@ -87,8 +88,7 @@ pub fn confinement(
     listen: SocketAddr,
 ) -> Result<Confinement, RunError> {
     let canonical = |p: &Path| {
-        std::fs::canonicalize(p)
-            .map_err(|e| RunError::Io(format!("{}: {e}", p.display())))
+        std::fs::canonicalize(p).map_err(|e| RunError::Io(format!("{}: {e}", p.display())))
     };
     let mut hidden = vec![
         Hidden::Dir(canonical(&private.out)?),

@@ -20,8 +20,7 @@ use super::sessions::Session;
 use super::Gateway;
 use crate::capture::Api;
 use crate::protocol::{
-    self, anthropic, gemini, openai_chat, openai_responses, HostedTools, Normalized,
-    ProtocolError,
+    self, anthropic, gemini, openai_chat, openai_responses, HostedTools, Normalized, ProtocolError,
 };
 
 /// The session token, from whichever header the harness's SDK uses.
