@@ -59,6 +59,9 @@ struct Floe {
     overhead_mean: f64,
     /// Mean wall time of one session: harness + evaluator + floe's overhead.
     session_mean: f64,
+    /// Of which the harness and the evaluator (each inside its sandbox, when there is one).
+    agent_mean: f64,
+    evaluator_mean: f64,
     peak_rss_mib: f64,
     peak_open_files: usize,
 }
@@ -110,6 +113,8 @@ fn run_floe(
     );
     let timing = |k: &str| summary["timings"][k].as_f64().context(k.to_string());
     Ok(Floe {
+        agent_mean: timing("agentSecondsMean")?,
+        evaluator_mean: timing("evaluatorSecondsMean")?,
         session_mean: timing("agentSecondsMean")?
             + timing("evaluatorSecondsMean")?
             + timing("overheadSecondsMean")?,
@@ -181,13 +186,17 @@ async fn main() -> Result<()> {
         floe.peak_open_files,
     );
     println!(
-        "the sandbox: {:.0} sessions/min with it, {:.0}/min with --no-sandbox ({:.2}x); a session takes {:.3} s with it, {:.3} s without: {:+.3} s each",
+        "the sandbox: {:.0} sessions/min with it, {:.0}/min with --no-sandbox ({:.2}x); a session takes {:.3} s with it, {:.3} s without: {:+.3} s each (harness {:+.3} s, evaluator {:+.3} s, the rest {:+.3} s)",
         floe.per_minute,
         open.per_minute,
         floe.per_minute / open.per_minute,
         floe.session_mean,
         open.session_mean,
         floe.session_mean - open.session_mean,
+        floe.agent_mean - open.agent_mean,
+        floe.evaluator_mean - open.evaluator_mean,
+        (floe.session_mean - floe.agent_mean - floe.evaluator_mean)
+            - (open.session_mean - open.agent_mean - open.evaluator_mean),
     );
     Ok(())
 }
