@@ -91,14 +91,15 @@ enum Command {
         #[arg(long)]
         tag: String,
     },
-    /// Started by `floe run` inside a harness's sandbox: forward the gateway's loopback
-    /// address to its unix socket, run the harness, exit with its status.
+    /// Started by `floe run` inside each sandbox: run the command under the sandbox's syscall
+    /// filter (for a harness, forwarding the gateway's loopback address to its unix socket),
+    /// exit with its status.
     #[command(hide = true)]
-    SandboxRelay {
-        #[arg(long)]
-        listen: std::net::SocketAddr,
-        #[arg(long)]
-        socket: std::path::PathBuf,
+    SandboxExec {
+        #[arg(long, requires = "socket")]
+        listen: Option<std::net::SocketAddr>,
+        #[arg(long, requires = "listen")]
+        socket: Option<std::path::PathBuf>,
         #[arg(required = true, last = true)]
         command: Vec<String>,
     },
@@ -137,9 +138,8 @@ fn install_binary(dest: &std::path::Path) -> Result<(), CliError> {
     install().map_err(|e| CliError::Install(dest.to_path_buf(), e))
 }
 
-fn sandbox_relay(
-    listen: std::net::SocketAddr,
-    socket: std::path::PathBuf,
+fn sandbox_exec(
+    relay_to: Option<(std::net::SocketAddr, std::path::PathBuf)>,
     command: Vec<String>,
 ) -> u8 {
     use floe_sandbox::relay;
@@ -152,13 +152,12 @@ fn sandbox_relay(
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("floe sandbox-relay: cannot start the async runtime: {e}");
+            eprintln!("floe sandbox-exec: cannot start the async runtime: {e}");
             return relay::NOT_STARTED as u8;
         }
     };
-    let code = runtime.block_on(relay::run(relay::RelayArgs {
-        listen,
-        socket,
+    let code = runtime.block_on(relay::run(relay::ExecArgs {
+        relay: relay_to,
         program: program.clone(),
         args: args.to_vec(),
     }));
@@ -189,11 +188,11 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 u8::try_from(run::watchdog(parent, &tag)).unwrap_or(1),
             ))
         }
-        Command::SandboxRelay {
+        Command::SandboxExec {
             listen,
             socket,
             command,
-        } => return Ok(ExitCode::from(sandbox_relay(listen, socket, command))),
+        } => return Ok(ExitCode::from(sandbox_exec(listen.zip(socket), command))),
         Command::Sandbox(args) => {
             return Ok(ExitCode::from(
                 u8::try_from(sandbox::main(args)).unwrap_or(3),

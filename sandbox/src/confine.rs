@@ -13,16 +13,21 @@
 //!   state) — then only its own workspace (and harness home) bound back writable;
 //! - the model API only: a relay inside the sandbox ([`crate::relay`]) listens on the
 //!   gateway's loopback address and forwards to the gateway's unix socket, bound in. There is
-//!   no other route out, so the model server cannot be called past the capture.
+//!   no other route out, so the model server cannot be called past the capture;
+//! - a seccomp filter ([`crate::syscall_filter`]) on the command itself: no unix-domain socket,
+//!   so no host daemon's socket, though the file system shows them read-only.
+//!
+//! The sandbox's first process is always `floe sandbox-exec` (the relay, when there is a
+//! gateway route): it installs the filter on the command, not on itself.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::process::CommandSpec;
 
-/// Where the relay binary and the gateway socket appear inside the sandbox (in its own
-/// `/tmp`, which exists whatever the host's layout).
-pub const RELAY_INSIDE: &str = "/tmp/.floe/floe";
+/// Where the floe binary and the gateway socket appear inside the sandbox (in its own `/tmp`,
+/// which exists whatever the host's layout).
+pub const FLOE_INSIDE: &str = "/tmp/.floe/floe";
 pub const SOCKET_INSIDE: &str = "/tmp/.floe/gateway.sock";
 
 /// The uid/gid the sandboxed processes have in their user namespace when the run is root's:
@@ -37,6 +42,8 @@ pub struct Confinement {
     pub hidden: Vec<Hidden>,
     /// The gateway, for the harness (the evaluator gets no network at all).
     pub gateway: Option<GatewayRoute>,
+    /// The `floe` binary (its `sandbox-exec` subcommand starts every confined command).
+    pub floe: PathBuf,
     /// The uid/gid of the run (the sandboxed processes are mapped to them).
     pub uid: u32,
     pub gid: u32,
@@ -55,8 +62,6 @@ pub struct GatewayRoute {
     /// The loopback address the harness is told (its `*_BASE_URL`); the relay listens on it
     /// inside the sandbox's own network namespace.
     pub listen: SocketAddr,
-    /// The `floe` binary (it has the `sandbox-relay` subcommand).
-    pub relay: PathBuf,
 }
 
 /// What one confined process may touch besides the read-only system.
@@ -111,8 +116,8 @@ impl Confinement {
         for p in &access.read_only {
             push(&mut args, ["--ro-bind", &s(p), &s(p)]);
         }
+        push(&mut args, ["--ro-bind", &s(&self.floe), FLOE_INSIDE]);
         if let (true, Some(route)) = (access.model_api, &self.gateway) {
-            push(&mut args, ["--ro-bind", &s(&route.relay), RELAY_INSIDE]);
             push(&mut args, ["--bind", &s(&route.socket), SOCKET_INSIDE]);
         }
         push(&mut args, ["--chdir", &s(cwd)]);
@@ -120,21 +125,22 @@ impl Confinement {
     }
 
     /// `spec` run inside the sandbox: the same logs, timeout and environment, its program
-    /// behind `bwrap` (and the relay, for a harness).
+    /// behind `bwrap` and `floe sandbox-exec` (the relay too, for a harness).
     pub fn wrap(&self, spec: CommandSpec, access: &Access) -> CommandSpec {
         let mut args = self.options(access, &spec.cwd);
-        args.push("--".into());
+        push(&mut args, ["--", FLOE_INSIDE, "sandbox-exec"]);
         if let (Some(route), true) = (&self.gateway, access.model_api) {
-            args.extend([
-                RELAY_INSIDE.to_string(),
-                "sandbox-relay".into(),
-                "--listen".into(),
-                route.listen.to_string(),
-                "--socket".into(),
-                SOCKET_INSIDE.into(),
-                "--".into(),
-            ]);
+            push(
+                &mut args,
+                [
+                    "--listen",
+                    &route.listen.to_string(),
+                    "--socket",
+                    SOCKET_INSIDE,
+                ],
+            );
         }
+        args.push("--".into());
         args.push(spec.program.clone());
         args.extend(spec.args.iter().cloned());
         CommandSpec {
@@ -195,8 +201,8 @@ mod tests {
             gateway: Some(GatewayRoute {
                 socket: "/tmp/floe-x/gw.sock".into(),
                 listen: "127.0.0.1:8370".parse().expect("addr"),
-                relay: "/usr/local/bin/floe".into(),
             }),
+            floe: "/usr/local/bin/floe".into(),
             uid: 0,
             gid: 0,
         }
@@ -256,13 +262,13 @@ mod tests {
         };
         let wrapped = confinement().wrap(spec(), &access);
         assert_eq!(wrapped.program, "/usr/bin/bwrap");
-        let tail = &wrapped.args[position(&wrapped.args, &["--", RELAY_INSIDE])..];
+        let tail = &wrapped.args[position(&wrapped.args, &["--", FLOE_INSIDE])..];
         assert_eq!(
             tail,
             [
                 "--",
-                RELAY_INSIDE,
-                "sandbox-relay",
+                FLOE_INSIDE,
+                "sandbox-exec",
                 "--listen",
                 "127.0.0.1:8370",
                 "--socket",
@@ -288,10 +294,22 @@ mod tests {
             model_api: false,
         };
         let wrapped = confinement().wrap(spec(), &access);
-        assert!(!wrapped.args.iter().any(|a| a == "sandbox-relay"));
+        assert!(!wrapped.args.iter().any(|a| a == "--listen"));
         assert!(!wrapped.args.iter().any(|a| a == SOCKET_INSIDE));
-        let tail = &wrapped.args[position(&wrapped.args, &["--", "codex"])..];
-        assert_eq!(tail, ["--", "codex", "exec", "fix it"]);
+        // Still started by `floe sandbox-exec`, for the syscall filter.
+        let tail = &wrapped.args[position(&wrapped.args, &["--", FLOE_INSIDE])..];
+        assert_eq!(
+            tail,
+            [
+                "--",
+                FLOE_INSIDE,
+                "sandbox-exec",
+                "--",
+                "codex",
+                "exec",
+                "fix it"
+            ]
+        );
     }
 
     #[test]

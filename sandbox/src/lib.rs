@@ -11,8 +11,9 @@
 //! - [`reward`]: evaluator result → reward (exit code, reward file, test reports).
 //! - [`session`]: a job's task × sample as an assignment (shared with the operator).
 //! - [`checks`]: what is wrong with a job's sessions, known before the first runs.
-//! - [`confine`]: local mode's bubblewrap sandbox for the harness and the evaluator, and
-//!   [`relay`], the model API's only way out of it.
+//! - [`confine`]: local mode's bubblewrap sandbox for the harness and the evaluator;
+//!   [`relay`], the first process in it and the model API's only way out of it;
+//!   [`syscall_filter`], the seccomp filter on what it starts.
 //! - [`runner`]: the whole session, talking to the gateway through [`client`].
 
 pub mod checks;
@@ -26,4 +27,5 @@ pub mod runner;
 pub mod session;
 pub mod spec;
 pub mod summary;
+pub mod syscall_filter;
 pub mod workspace;

@@ -5,7 +5,8 @@ It leaves the bug unfixed, so any reward above 0 is a forged one. It also makes 
 call through the gateway, so the legitimate path is proven in the same sandbox.
 
 Told by the test (harness env): HOSTILE_JOB (the job file), HOSTILE_OUT (floe run's --out),
-HOSTILE_MODEL (the model server's own URL), HOSTILE_MARKER (names its leftover process).
+HOSTILE_MODEL (the model server's own URL), HOSTILE_MARKER (names its leftover process),
+HOSTILE_SOCKET (a host daemon's unix socket, as /run/containerd/containerd.sock would be).
 """
 
 import glob
@@ -20,6 +21,7 @@ JOB = os.environ["HOSTILE_JOB"]
 OUT = os.environ["HOSTILE_OUT"]
 MODEL = os.environ["HOSTILE_MODEL"]
 MARKER = os.environ["HOSTILE_MARKER"]
+SOCKET = os.environ["HOSTILE_SOCKET"]
 HIDDEN_MARK = "assert add(2, 3) == 5"
 SESSION = os.path.basename(os.path.dirname(os.getcwd()))
 results = {}
@@ -106,6 +108,17 @@ def _():
 def _():
     with urllib.request.urlopen(MODEL + "/v1/models", timeout=5) as resp:
         return f"HTTP {resp.status} from {MODEL}"
+
+
+@attempt("connect_host_unix_socket")
+def _():
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(SOCKET)
+    s.close()
+    return f"connected to {SOCKET}"
 
 
 @attempt("control_token_in_reach")

@@ -31,10 +31,11 @@ const REAL_WITHOUT_SANDBOX: &[&str] = &[
     "write_capture",
     "see_other_sessions",
     "call_model_server_directly",
+    "connect_host_unix_socket",
     "leave_a_process_running",
 ];
 
-fn job(dir: &Path, out: &Path, model_url: &str, marker: &str) -> Result<PathBuf> {
+fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> Result<PathBuf> {
     let agent = workspace_root().join("tests/hostile/agent.py");
     let path = dir.join("job.yaml");
     let env = |name: &str, value: &str| json!({"name": name, "value": value});
@@ -57,6 +58,7 @@ fn job(dir: &Path, out: &Path, model_url: &str, marker: &str) -> Result<PathBuf>
                     env("HOSTILE_OUT", &out.display().to_string()),
                     env("HOSTILE_MODEL", model_url),
                     env("HOSTILE_MARKER", marker),
+                    env("HOSTILE_SOCKET", &socket.display().to_string()),
                 ],
             },
             "evaluator": {
@@ -107,7 +109,21 @@ async fn run(sandbox: bool) -> Result<Outcome> {
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("out");
     let marker = format!("hostile-leftover-{}", std::process::id());
-    let job = job(dir.path(), &out, &model.url, &marker)?;
+    // A host daemon's socket, outside /tmp (the sandbox shows the host read-only there, and a
+    // read-only mount does not stop connect()).
+    let socket = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "hostile-{}-{}.sock",
+        std::process::id(),
+        if sandbox { "confined" } else { "open" }
+    ));
+    let _ = std::fs::remove_file(&socket);
+    let daemon = tokio::net::UnixListener::bind(&socket)?;
+    let accepting = tokio::spawn(async move {
+        while let Ok((stream, _)) = daemon.accept().await {
+            drop(stream);
+        }
+    });
+    let job = job(dir.path(), &out, &model.url, &marker, &socket)?;
     let mut cmd = Command::new(floe_bin()?);
     cmd.arg("run")
         .arg(&job)
@@ -121,6 +137,8 @@ async fn run(sandbox: bool) -> Result<Outcome> {
     }
     let mut child = cmd.spawn()?;
     let status = wait_child(&mut child, Duration::from_secs(180)).await?;
+    accepting.abort();
+    let _ = std::fs::remove_file(&socket);
     let leftovers = processes_with(&marker);
     for pid in &leftovers {
         let _ = Command::new("kill")
@@ -279,7 +297,13 @@ async fn every_attack_is_refused_in_the_sandbox_and_works_without_it() -> Result
 async fn without_bubblewrap_the_run_stops_before_any_session_and_says_how_to_go_on() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("out");
-    let job = job(dir.path(), &out, "http://127.0.0.1:9", "unused")?;
+    let job = job(
+        dir.path(),
+        &out,
+        "http://127.0.0.1:9",
+        "unused",
+        Path::new("/nonexistent"),
+    )?;
     let output = Command::new(floe_bin()?)
         .arg("run")
         .arg(&job)

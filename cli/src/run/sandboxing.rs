@@ -48,6 +48,7 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         bwrap: path.clone(),
         hidden: vec![],
         gateway: None,
+        floe: floe_binary()?,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
     };
@@ -65,6 +66,10 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         )));
     }
     Ok(Bubblewrap { path, version })
+}
+
+fn floe_binary() -> Result<PathBuf, RunError> {
+    std::env::current_exe().map_err(|e| RunError::Io(format!("the floe binary's path: {e}")))
 }
 
 fn find_on_path(program: &str) -> Option<PathBuf> {
@@ -97,16 +102,14 @@ pub fn confinement(
     if let Some(f) = &private.task_file {
         hidden.push(Hidden::File(canonical(f)?));
     }
-    let relay = std::env::current_exe()
-        .map_err(|e| RunError::Io(format!("the floe binary's path: {e}")))?;
     Ok(Confinement {
         bwrap: bwrap.path.clone(),
         hidden,
         gateway: Some(GatewayRoute {
             socket: socket.to_path_buf(),
             listen,
-            relay,
         }),
+        floe: floe_binary()?,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
     })

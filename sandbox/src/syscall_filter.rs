@@ -1,0 +1,99 @@
+//! The seccomp filter every sandboxed harness and evaluator runs under (local mode, installed by
+//! `floe sandbox-exec` just before it starts the command). The sandbox's mount namespace shows
+//! the host read-only, but a read-only mount does not stop `connect()` to a unix socket on it
+//! (`/run/containerd/containerd.sock`, a Docker socket, systemd's): without this filter an
+//! agent could ask a host daemon to do what the sandbox forbids. So, as Anthropic's
+//! sandbox-runtime does on Linux, creating a unix-domain socket is refused (`EPERM`);
+//! `socketpair` (pipes between processes) still works. io_uring is refused too: its socket and
+//! connect operations would bypass a per-syscall filter.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the sandbox's seccomp filter: {0}")]
+pub struct FilterError(String);
+
+/// The compiled filter for this machine's architecture.
+pub fn program() -> Result<BpfProgram, FilterError> {
+    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
+    let unix_domain = SeccompRule::new(vec![SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::AF_UNIX as u64,
+    )
+    .map_err(|e| err(&e))?])
+    .map_err(|e| err(&e))?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    rules.insert(libc::SYS_socket, vec![unix_domain]);
+    // An empty rule list matches the syscall whatever its arguments.
+    for io_uring in [
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ] {
+        rules.insert(io_uring, vec![]);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| err(&e))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| err(&e))
+}
+
+/// Installs `program` on the calling thread (with `no_new_privs`): it then holds for that thread
+/// and every process it starts.
+pub fn apply(program: &BpfProgram) -> std::io::Result<()> {
+    seccompiler::apply_filter(program).map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child under the filter: unix sockets refused, everything else as before.
+    #[test]
+    fn a_filtered_child_cannot_create_unix_sockets_but_keeps_pipes_and_inet() {
+        let filter = program().expect("filter");
+        let probe = r#"
+import socket, errno
+try:
+    socket.socket(socket.AF_UNIX)
+    print("unix: allowed")
+except OSError as e:
+    print("unix:", errno.errorcode[e.errno])
+a, b = socket.socketpair()
+print("socketpair: ok")
+socket.socket(socket.AF_INET).close()
+print("inet: ok")
+"#;
+        // As `floe sandbox-exec` does: a thread of its own installs the filter, then starts it.
+        let out = std::thread::spawn(move || {
+            apply(&filter).expect("filter installed");
+            std::process::Command::new("python3")
+                .args(["-c", probe])
+                .output()
+                .expect("python3 runs")
+        })
+        .join()
+        .expect("thread");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(text, "unix: EPERM\nsocketpair: ok\ninet: ok\n");
+    }
+}
