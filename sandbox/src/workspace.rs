@@ -90,12 +90,17 @@ fn copy_entry(src: &Path, dst: &Path) -> Result<(), WorkspaceError> {
         std::os::unix::fs::symlink(target, dst).map_err(io(dst))
     } else if meta.is_dir() {
         copy_tree(src, dst)
-    } else {
+    } else if meta.is_file() {
         std::fs::copy(src, dst).map(|_| ()).map_err(io(dst))
+    } else {
+        // A FIFO (or socket, device) is not task content, and reading a FIFO nobody writes
+        // blocks forever: an agent could hang its own grading with one `mkfifo`.
+        Ok(())
     }
 }
 
-/// Every file and symlink under `root`, as `/`-separated relative paths.
+/// Every regular file and symlink under `root`, as `/`-separated relative paths (FIFOs,
+/// sockets and devices are not content: never listed, compared or copied).
 pub fn list(root: &Path) -> Result<BTreeSet<String>, WorkspaceError> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<(), WorkspaceError> {
         for entry in std::fs::read_dir(dir).map_err(io(dir))? {
@@ -103,6 +108,8 @@ pub fn list(root: &Path) -> Result<BTreeSet<String>, WorkspaceError> {
             let meta = std::fs::symlink_metadata(&path).map_err(io(&path))?;
             if meta.is_dir() {
                 walk(root, &path, out)?;
+            } else if !(meta.is_file() || meta.file_type().is_symlink()) {
+                continue;
             } else if let Ok(rel) = path.strip_prefix(root) {
                 out.insert(rel.to_string_lossy().replace('\\', "/"));
             }
@@ -277,6 +284,40 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_fifo_the_agent_left_is_neither_diffed_nor_copied() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let (pristine, ws, eval) = (
+            dir.path().join("p"),
+            dir.path().join("w"),
+            dir.path().join("e"),
+        );
+        std::fs::create_dir_all(&pristine)?;
+        std::fs::write(pristine.join("calc.py"), "x")?;
+        copy_tree(&pristine, &ws)?;
+        // Nobody will ever write to it: reading it would block the runner forever.
+        let made = std::process::Command::new("mkfifo")
+            .arg(ws.join("calc.py.fifo"))
+            .status()?;
+        assert!(made.success());
+        std::fs::write(ws.join("new.py"), "y")?;
+        let changes = diff(&pristine, &ws)?;
+        assert_eq!(changes.added, ["new.py"]);
+        let protected = Protected::new(&[], std::iter::empty())?;
+        evaluation_copy(
+            &pristine,
+            &ws,
+            &eval,
+            &changes,
+            &protected,
+            &BTreeMap::new(),
+        )?;
+        assert!(eval.join("new.py").exists());
+        assert!(!eval.join("calc.py.fifo").exists());
+        Ok(())
     }
 
     #[test]

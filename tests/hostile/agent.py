@@ -172,6 +172,13 @@ def _():
     return "reward.json written in the workspace (discarded at evaluation if refused)"
 
 
+@attempt("hang_grading_with_a_fifo")
+def _():
+    # Nobody writes to it once the agent is gone: a runner that copies it waits forever.
+    os.mkfifo("results.fifo")
+    return "created (refused if the session was graded anyway)"
+
+
 @attempt("leave_a_process_running")
 def _():
     # Out of the process group, out of the session, with an empty environment (no tag): it
