@@ -388,7 +388,9 @@ async fn sigterm_ends_a_run_like_ctrl_c_and_sigkill_leaves_nothing_behind_then_r
 ) -> Result<()> {
     let model = upstream().await?;
     let dir = tempfile::tempdir()?;
-    let hold = dir.path().join("hold");
+    // Outside /tmp: each agent's sandbox has a /tmp of its own but sees the rest read-only.
+    let hold =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-hold-{}", std::process::id()));
     std::fs::write(&hold, "")?;
     // Three tasks answer at once; the fourth's agents wait on the hold file after a call.
     let held = format!("calls 1 hold {}", hold.display());

@@ -4,7 +4,9 @@
 //! assignment. `--resume` reads it back and refuses to continue a different job (the job file,
 //! its task file or `--sessions` changed: the two halves would not be one dataset). Then:
 //! - a session whose last attempt was scored (`sessions/<id>/summary.json`) is done and is
-//!   not run again; its result counts in the new summary;
+//!   not run again; its result counts in the new summary. So is one whose scored trajectory
+//!   was already delivered (`trajectories/*/<id>.json`) when the run was killed before its
+//!   `summary.json`: running it again would put a second sample of its group in the dataset;
 //! - any other session runs again as a new attempt, numbered past every attempt the earlier
 //!   run started (its captures keep their ids, so nothing is overwritten or shipped twice).
 
@@ -113,8 +115,12 @@ pub fn read(out: &Path, assignments: &[Assignment]) -> Result<Earlier, String> {
             if attempt > 0 {
                 earlier.retries += 1;
             }
-            let Some(result) = read_result(&entry.path())? else {
-                continue; // cancelled: no result
+            let result = match read_result(&entry.path())? {
+                Some(r) => r,
+                None => match delivered(out, &name)? {
+                    Some(r) => r,
+                    None => continue, // cancelled: no result
+                },
             };
             if let Some(errors) = result
                 .summary
@@ -143,6 +149,49 @@ pub fn read(out: &Path, assignments: &[Assignment]) -> Result<Earlier, String> {
         }
     }
     Ok(earlier)
+}
+
+/// The result of an attempt whose trajectory the dataset sink already wrote, rebuilt from it
+/// (timings unknown: 0).
+fn delivered(out: &Path, session: &str) -> Result<Option<SessionResult>, String> {
+    let dir = out.join("trajectories");
+    let Some(path) = ["accepted", "rejected"]
+        .iter()
+        .map(|sub| dir.join(sub).join(format!("{session}.json")))
+        .find(|p| p.is_file())
+    else {
+        return Ok(None);
+    };
+    let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let t: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let evaluation = &t["evaluation"];
+    let status = match t["status"].as_str() {
+        Some("completed") if evaluation["detail"]["harnessExit"].as_i64() == Some(0) => "completed",
+        Some("completed") => "agent_failed",
+        Some("timeout") => "agent_timeout",
+        _ => "infra_error",
+    };
+    let count = |k: &str| t["stats"][k].as_u64().unwrap_or(0);
+    let summary = floe_sandbox::summary::Summary {
+        session: Some(session.to_string()),
+        task: t["task"].as_str().map(str::to_owned),
+        status: status.into(),
+        reward: t["reward"].as_f64(),
+        passed: evaluation["passed"].as_bool(),
+        completions: count("completions"),
+        sampled_tokens: count("sampled_tokens"),
+        trainable_tokens: count("trainable_tokens"),
+        traces: count("traces"),
+        shipment: "shipped".into(),
+        trajectory: Some(path.display().to_string()),
+        ..Default::default()
+    };
+    Ok(Some(SessionResult {
+        task: summary.task.clone().unwrap_or_default(),
+        wall_seconds: 0.0,
+        summary: Some(summary),
+    }))
 }
 
 /// A finished attempt's `summary.json` (with the run's `wallSeconds`), if it has one.
@@ -223,6 +272,40 @@ mod tests {
         assert_eq!(earlier.done[&0].wall_seconds, 2.5);
         assert_eq!(earlier.next_attempt, BTreeMap::from([(1, 2), (2, 1)]));
         assert_eq!(earlier.retries, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_session_killed_after_its_trajectory_was_delivered_is_done() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path();
+        let all: Vec<Assignment> = ["j-t-0", "j-t-1"].into_iter().map(assignment).collect();
+        // Both started; the run was killed before either wrote its summary.json. j-t-0's
+        // scored trajectory reached the dataset sink, j-t-1's infrastructure failure too.
+        for id in ["j-t-0", "j-t-1"] {
+            std::fs::create_dir_all(out.join("sessions").join(id))?;
+        }
+        std::fs::create_dir_all(out.join("trajectories/accepted"))?;
+        std::fs::create_dir_all(out.join("trajectories/rejected"))?;
+        std::fs::write(
+            out.join("trajectories/accepted/j-t-0.json"),
+            r#"{"session": "j-t-0", "task": "t", "status": "completed", "reward": 1.0,
+                "evaluation": {"reward": 1.0, "passed": true, "detail": {"harnessExit": 0}},
+                "stats": {"completions": 3, "sampled_tokens": 40, "trainable_tokens": 40, "traces": 1}}"#,
+        )?;
+        std::fs::write(
+            out.join("trajectories/rejected/j-t-1.json"),
+            r#"{"session": "j-t-1", "task": "t", "status": "error", "reward": null}"#,
+        )?;
+        let earlier = read(out, &all).map_err(std::io::Error::other)?;
+        assert_eq!(earlier.done.keys().copied().collect::<Vec<_>>(), [0]);
+        let summary = earlier.done[&0].summary.clone().unwrap_or_default();
+        assert_eq!(
+            (summary.status.as_str(), summary.reward, summary.completions),
+            ("completed", Some(1.0), 3)
+        );
+        // The infrastructure failure runs again, as its next attempt.
+        assert_eq!(earlier.next_attempt, BTreeMap::from([(1, 1)]));
         Ok(())
     }
 
