@@ -223,6 +223,14 @@ mod tests {
         }
     }
 
+    fn writable<'a>(paths: &[&'a Path], model_api: bool) -> Access<'a> {
+        Access {
+            writable: paths.to_vec(),
+            read_only: vec![],
+            model_api,
+        }
+    }
+
     fn position(args: &[String], window: &[&str]) -> usize {
         args.windows(window.len())
             .position(|w| w.iter().zip(window).all(|(a, b)| a == b))
@@ -232,12 +240,7 @@ mod tests {
     #[test]
     fn the_workspace_is_bound_back_after_the_output_directory_is_hidden() {
         let ws = Path::new("/runs/out/s/workspace");
-        let home = Path::new("/runs/out/s/home");
-        let access = Access {
-            writable: vec![ws, home],
-            read_only: vec![],
-            model_api: true,
-        };
+        let access = writable(&[ws, Path::new("/runs/out/s/home")], true);
         let args = confinement().options(&access, ws);
         let hidden = position(&args, &["--tmpfs", "/runs/out"]);
         let bound = position(
@@ -254,12 +257,7 @@ mod tests {
 
     #[test]
     fn the_harness_runs_behind_the_relay_with_its_own_arguments() {
-        let ws = PathBuf::from("/runs/out/s/workspace");
-        let access = Access {
-            writable: vec![&ws],
-            read_only: vec![],
-            model_api: true,
-        };
+        let access = writable(&[Path::new("/runs/out/s/workspace")], true);
         let wrapped = confinement().wrap(spec(), &access);
         assert_eq!(wrapped.program, "/usr/bin/bwrap");
         let tail = &wrapped.args[position(&wrapped.args, &["--", FLOE_INSIDE])..];
@@ -287,12 +285,7 @@ mod tests {
 
     #[test]
     fn the_evaluator_gets_no_network_route() {
-        let eval = PathBuf::from("/runs/out/s/eval");
-        let access = Access {
-            writable: vec![&eval],
-            read_only: vec![],
-            model_api: false,
-        };
+        let access = writable(&[Path::new("/runs/out/s/eval")], false);
         let wrapped = confinement().wrap(spec(), &access);
         assert!(!wrapped.args.iter().any(|a| a == "--listen"));
         assert!(!wrapped.args.iter().any(|a| a == SOCKET_INSIDE));

@@ -465,6 +465,25 @@ async fn the_floe_binary_serves_captures_and_builds_trajectories() -> Result<()>
     Ok(())
 }
 
+/// A hosted tool refused before any upstream call: 400 in the provider's own error shape
+/// (`error.<field>` = value), naming the tool and the job setting that drops it instead.
+async fn assert_hosted_tool_refused(
+    resp: reqwest::Response,
+    (field, value): (&str, &str),
+    tool: &str,
+) -> Result<()> {
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await?;
+    assert_eq!(err["error"][field], value, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(tool) && m.contains("hostedTools: Drop")),
+        "{err}"
+    );
+    Ok(())
+}
+
 /// Parse an SSE body into (event name, data) pairs.
 fn sse_events(body: &str) -> Vec<(String, Value)> {
     let mut out = Vec::new();
@@ -505,15 +524,12 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
         .json(&request(&messages, false))
         .send()
         .await?;
-    assert_eq!(refused.status(), 400);
-    let err: Value = refused.json().await?;
-    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("web_search_20250305") && m.contains("hostedTools: Drop")),
-        "{err}"
-    );
+    assert_hosted_tool_refused(
+        refused,
+        ("type", "invalid_request_error"),
+        "web_search_20250305",
+    )
+    .await?;
     for turn in 0..4 {
         // Claude Code authenticates with x-api-key.
         let resp = http
@@ -718,15 +734,7 @@ async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
         &request(&input, false),
     )
     .await?;
-    assert_eq!(refused.status(), 400);
-    let err: Value = refused.json().await?;
-    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("web_search")),
-        "{err}"
-    );
+    assert_hosted_tool_refused(refused, ("type", "invalid_request_error"), "web_search").await?;
 
     let capture = checked_capture(&gw, &http, "responses-1", Api::OpenaiResponses, 4, 16).await?;
     for r in &capture.records {
@@ -771,15 +779,7 @@ async fn gemini_generate_content_round_trips_through_vllm_with_capture() -> Resu
         .json(&request(&contents))
         .send()
         .await?;
-    assert_eq!(refused.status(), 400);
-    let err: Value = refused.json().await?;
-    assert_eq!(err["error"]["status"], "INVALID_ARGUMENT", "{err}");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("googleSearch")),
-        "{err}"
-    );
+    assert_hosted_tool_refused(refused, ("status", "INVALID_ARGUMENT"), "googleSearch").await?;
     for _ in 0..2 {
         let resp = http
             .post(format!("{base}:generateContent"))
