@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use floe_tests::{floe_bin, wait_child, workspace_root, ScriptedUpstream, Step};
+use floe_tests::{floe_bin, wait_child, ScriptedUpstream, Step};
 use serde_json::{json, Value};
 
 const BUGGY: &str = "def add(a, b):\n    return a - b\n";
@@ -35,8 +35,11 @@ const REAL_WITHOUT_SANDBOX: &[&str] = &[
     "leave_a_process_running",
 ];
 
+/// The agent's source, given inline (`python3 -c`): a script file would have to live where the
+/// sandbox sees it, and a checkout under /tmp is not.
+const AGENT: &str = include_str!("../hostile/agent.py");
+
 fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> Result<PathBuf> {
-    let agent = workspace_root().join("tests/hostile/agent.py");
     let path = dir.join("job.yaml");
     let env = |name: &str, value: &str| json!({"name": name, "value": value});
     // JSON is YAML: the job as the apiserver would take it.
@@ -52,7 +55,7 @@ fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> 
             "harness": {
                 "preset": "custom",
                 "model": "policy",
-                "command": ["python3", agent],
+                "command": ["python3", "-c", AGENT],
                 "env": [
                     env("HOSTILE_JOB", &path.display().to_string()),
                     env("HOSTILE_OUT", &out.display().to_string()),
@@ -341,6 +344,42 @@ async fn without_bubblewrap_the_run_stops_before_any_session_and_says_how_to_go_
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("cannot set up a sandbox") && stderr.contains("No permissions"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing is written");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_script_the_sandbox_cannot_see_is_refused_before_any_session() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("out");
+    let job = job(
+        dir.path(),
+        &out,
+        &model.url,
+        "unused",
+        Path::new("/nonexistent"),
+    )?;
+    // The same job, its agent a script file under /tmp (each sandbox has a /tmp of its own).
+    let script = dir.path().join("agent.py");
+    std::fs::write(&script, AGENT)?;
+    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&job)?)?;
+    spec["spec"]["harness"]["command"] = json!(["python3", script]);
+    std::fs::write(&job, serde_json::to_string(&spec)?)?;
+    let output = Command::new(floe_bin()?)
+        .arg("run")
+        .arg(&job)
+        .arg("--out")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("spec.harness.command[1]")
+            && stderr.contains("is not visible inside the agent's sandbox"),
         "{stderr}"
     );
     assert!(!out.exists(), "nothing is written");

@@ -77,6 +77,27 @@ pub async fn check(
         }
         seen_by_sandbox("spec.evaluator.command[0]", program, sandboxed)?;
     }
+    if let Some(private) = sandboxed {
+        // A script named by an absolute path (`python3 /tmp/agent.py`) must be visible too.
+        let named = [
+            ("spec.harness.command", &spec.harness.command),
+            ("spec.harness.args", &spec.harness.args),
+            ("spec.evaluator.command", &spec.evaluator.command),
+        ];
+        for (field, words) in named {
+            for (i, word) in words.iter().enumerate() {
+                let path = Path::new(word);
+                if !path.is_absolute() || !path.exists() {
+                    continue;
+                }
+                if let Some(why) = sandboxing::invisible(path, private) {
+                    return refuse(format!(
+                        "{field}[{i}]: {word} is not visible inside the agent's sandbox: {why} (move it, or pass --no-sandbox)"
+                    ));
+                }
+            }
+        }
+    }
     if let Some((url, source)) = model_url {
         check_model_server(url, source).await?;
     }
