@@ -313,14 +313,14 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             .into_future(),
     );
     // Sandboxed harnesses reach the same gateway through a unix socket (their relay forwards
-    // their loopback to it): a short path of its own, private to this user.
-    let socket_dir = tempfile::Builder::new()
-        .prefix("floe-run-")
-        .tempdir()
-        .map_err(|e| io("the gateway's socket directory", &e))?;
-    let socket = socket_dir.path().join("gateway.sock");
-    let confinement = match &bwrap {
+    // their loopback to it): a short path of its own, private to this user, kept to the end.
+    let (confinement, _socket_dir) = match &bwrap {
         Some(b) => {
+            let socket_dir = tempfile::Builder::new()
+                .prefix("floe-run-")
+                .tempdir()
+                .map_err(|e| io("the gateway's socket directory", &e))?;
+            let socket = socket_dir.path().join("gateway.sock");
             let unix = tokio::net::UnixListener::bind(&socket)
                 .map_err(|e| io("the gateway's unix socket", &e))?;
             tokio::spawn(
@@ -328,9 +328,10 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                     .with_graceful_shutdown(stopping(stop_rx.clone()))
                     .into_future(),
             );
-            Some(sandboxing::confinement(b, &private, &socket, listen)?)
+            let confinement = sandboxing::confinement(b, &private, &socket, listen)?;
+            (Some(confinement), Some(socket_dir))
         }
-        None => None,
+        None => (None, None),
     };
     let gateway_url = format!("http://{listen}");
     let http = reqwest::Client::new();
@@ -492,7 +493,6 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     drain(&gateway, Duration::from_secs(30)).await;
     let _ = stop_tx.send(true);
     let _ = server.await;
-    drop(socket_dir);
 
     let all: Vec<SessionResult> = (0..count)
         .map(|index| {

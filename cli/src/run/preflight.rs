@@ -26,10 +26,7 @@ fn seen_by_sandbox(
     let Some(private) = sandboxed else {
         return Ok(());
     };
-    let path = std::env::var("PATH").ok();
-    let Some(found) =
-        floe_sandbox::confine::resolve_program(program, Path::new("/"), path.as_deref())
-    else {
+    let Some(found) = sandboxing::find_on_path(program) else {
         return Ok(());
     };
     match sandboxing::invisible(&found, private) {

@@ -72,7 +72,8 @@ fn floe_binary() -> Result<PathBuf, RunError> {
     std::env::current_exe().map_err(|e| RunError::Io(format!("the floe binary's path: {e}")))
 }
 
-fn find_on_path(program: &str) -> Option<PathBuf> {
+/// Where `program` is, looked up as `execvp` would from `floe run`'s own `PATH`.
+pub fn find_on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var("PATH").ok();
     floe_sandbox::confine::resolve_program(program, Path::new("/"), path.as_deref())
 }
