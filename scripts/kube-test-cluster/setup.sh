@@ -43,7 +43,10 @@ fi
 for d in debs/*.deb; do dpkg-deb -x "$d" root; done
 
 log "fetch kubernetes $K8S_DEB_VERSION source package (private deb-src list)"
-echo "deb-src http://deb.debian.org/debian bookworm main" > apt/sources.list
+# The deb-src entry uses the mirror apt is already configured with (no host name in the repo).
+MIRROR=$(apt-get indextargets --format '$(REPO_URI)' 'Identifier: Packages' 'Origin: Debian' 'Codename: bookworm' | head -1)
+[ -n "$MIRROR" ] || { log "no Debian bookworm mirror in apt's configuration"; exit 1; }
+echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR bookworm main" > apt/sources.list
 APTOPT=(-o "Dir::Etc::SourceList=$P/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent -o "Dir::State::Lists=$P/apt/lists")
 apt-get "${APTOPT[@]}" update -qq >/dev/null 2>&1
 (cd src && apt-get "${APTOPT[@]}" source --download-only "kubernetes=$K8S_DEB_VERSION" >/dev/null 2>&1 \

@@ -3,13 +3,20 @@
 # kube-controller-manager v1.20.2 (built by setup.sh), on free loopback ports, with a throwaway
 # CA, a static admin token and RBAC. Writes STATE_DIR/kubeconfig and prints its path.
 #
-#   start.sh STATE_DIR     # ~5 s; idempotent: a live control plane in STATE_DIR is reused
-#   stop.sh STATE_DIR      # stops only the PIDs recorded here
+#   start.sh STATE_DIR         # ~5 s; idempotent: a live control plane in STATE_DIR is reused
+#   start.sh --node STATE_DIR  # ...and a genuine node beside it (node-start.sh: kubelet,
+#                              # containerd, kube-scheduler, kube-proxy; root only, ~25 s)
+#   stop.sh STATE_DIR          # stops only the PIDs recorded here (and the node, if any)
 #
-# There is no kubelet and no container runtime: tests play the kubelet's role themselves.
+# Without --node there is no kubelet and no container runtime: tests play the kubelet's role.
+# KAPI_BIND_IP=ADDR (node-start.sh sets it for pods that use in-cluster config): the apiserver
+# listens on ADDR instead of 127.0.0.1, its certificate also names ADDR and the `kubernetes`
+# Service address, and ServiceAccount tokens are issued.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+if [ "${1:-}" = --node ]; then shift; exec "$HERE/node-start.sh" "$@"; fi
 D=$(realpath -m "${1:?usage: start.sh STATE_DIR}")
+BIND=${KAPI_BIND_IP:-127.0.0.1}
 mkdir -p "$D"
 exec 9>"$D/.lock"
 flock 9
@@ -18,7 +25,7 @@ log() { echo "[kapi $(date +%T)] $*" >&2; }
 alive() { [ -f "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
 ready() {
   [ -f "$D/port" ] && curl -sf --max-time 2 --cacert "$D/ca.crt" -H "Authorization: Bearer $(cat "$D/token")" \
-    "https://127.0.0.1:$(cat "$D/port")/readyz" >/dev/null 2>&1
+    "https://$BIND:$(cat "$D/port")/readyz" >/dev/null 2>&1
 }
 
 if alive etcd && alive apiserver && ready; then
@@ -34,7 +41,10 @@ if [ ! -f "$D/ca.crt" ]; then
   openssl rsa -in "$D/sa.key" -pubout -out "$D/sa.pub" 2>/dev/null
   openssl req -x509 -newkey rsa:2048 -nodes -keyout "$D/ca.key" -out "$D/ca.crt" -days 3650 -subj /CN=floe-test-ca 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -keyout "$D/serving.key" -out "$D/serving.csr" -subj /CN=kube-apiserver 2>/dev/null
-  printf "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n" > "$D/san.ext"
+  SAN="IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  # 10.96.0.1: the `kubernetes` Service's address in --service-cluster-ip-range below.
+  [ "$BIND" = 127.0.0.1 ] || SAN="$SAN,IP:$BIND,IP:10.96.0.1"
+  printf "subjectAltName=%s\nextendedKeyUsage=serverAuth\n" "$SAN" > "$D/san.ext"
   openssl x509 -req -in "$D/serving.csr" -CA "$D/ca.crt" -CAkey "$D/ca.key" -CAcreateserial \
     -out "$D/serving.crt" -days 3650 -extfile "$D/san.ext" 2>/dev/null
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$D/token"
@@ -48,7 +58,7 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: floe-test
-  cluster: {server: "https://127.0.0.1:$PORT", certificate-authority: "$D/ca.crt"}
+  cluster: {server: "https://$BIND:$PORT", certificate-authority: "$D/ca.crt"}
 contexts:
 - name: floe-test
   context: {cluster: floe-test, user: admin, namespace: default}
@@ -65,15 +75,18 @@ t0=$(date +%s%N)
   --initial-cluster "floe-test=http://127.0.0.1:$ETCD_PEER" --log-level warn > "$D/etcd.log" 2>&1 9>&- &
 echo $! > "$D/etcd.pid"
 # apiserver 1.20 refuses --insecure-port != 0: TLS with our CA and a static admin token.
+# Without in-cluster clients no pod needs a ServiceAccount token: the admission plugin is off.
+SA_ADMISSION=(--disable-admission-plugins=ServiceAccount)
+[ "$BIND" = 127.0.0.1 ] || SA_ADMISSION=()
 "$BIN/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-  --insecure-port=0 --secure-port="$PORT" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+  --insecure-port=0 --secure-port="$PORT" --bind-address="$BIND" --advertise-address="$BIND" \
   --tls-cert-file="$D/serving.crt" --tls-private-key-file="$D/serving.key" --client-ca-file="$D/ca.crt" \
   --token-auth-file="$D/tokens.csv" --anonymous-auth=false --authorization-mode=RBAC \
   --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$D/sa.pub" \
   --service-account-signing-key-file="$D/sa.key" --api-audiences=https://kubernetes.default.svc \
   --service-cluster-ip-range=10.96.0.0/24 \
-  --disable-admission-plugins=ServiceAccount --v=1 > "$D/apiserver.log" 2>&1 9>&- &
+  "${SA_ADMISSION[@]}" --v=1 > "$D/apiserver.log" 2>&1 9>&- &
 echo $! > "$D/apiserver.pid"
 for _ in $(seq 1 300); do
   ready && break
@@ -84,8 +97,8 @@ done
 ready || { log "kube-apiserver not ready after 60 s"; tail -20 "$D/apiserver.log" >&2; exit 1; }
 # kube-controller-manager runs garbage collection (ownerReferences) and namespace deletion.
 "$BIN/kube-controller-manager" --kubeconfig="$D/kubeconfig" --leader-elect=false \
-  --service-account-private-key-file="$D/sa.key" --use-service-account-credentials=false \
+  --service-account-private-key-file="$D/sa.key" --root-ca-file="$D/ca.crt" --use-service-account-credentials=false \
   --port=0 --secure-port=0 --controllers='*' --v=1 > "$D/kcm.log" 2>&1 9>&- &
 echo $! > "$D/kcm.pid"
-log "ready in $(( ($(date +%s%N) - t0) / 1000000 )) ms on 127.0.0.1:$PORT"
+log "ready in $(( ($(date +%s%N) - t0) / 1000000 )) ms on $BIND:$PORT"
 echo "$D/kubeconfig"

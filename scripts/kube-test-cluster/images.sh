@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Images for the real node, built from this machine's files (no registry, no builder) and
+# imported into the node's containerd:
+#   floe.local/floe:<hash>        the `floe` binary (operator, gateway sidecar, floe-init,
+#                                 collector) with the shared libraries it links, USER 65532 —
+#                                 the layout of the Dockerfile's image (/usr/local/bin/floe)
+#   floe.local/python-sandbox:<v> Debian's python3.11 with its standard library and
+#                                 libraries, busybox for the shell tools, USER 1000
+#
+#   images.sh STATE_DIR FLOE_BIN  -> prints "floe=NAME" and "python=NAME" (images already in
+#                                    the node are not imported again)
+#
+# The floe binary built here links glibc (>= 2.34: Debian 12, Ubuntu 22.04 and later) and
+# libgcc_s: the sandbox pods' init container copies it into the harness image, so harness images
+# need both (every glibc distribution image has them). The Dockerfile builds a static (musl) binary that runs in any image.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+D=$(realpath -m "${1:?usage: images.sh STATE_DIR FLOE_BIN}")
+FLOE_BIN=${2:?usage: images.sh STATE_DIR FLOE_BIN}
+CACHE=${FLOE_CACHE:-$HOME/.cache/floe}/node-images-r1
+CTR=(ctr --address "$D/containerd/containerd.sock" -n k8s.io)
+log() { echo "[images $(date +%T)] $*" >&2; }
+if [ ! -x /bin/busybox ] || ! /bin/busybox --list >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends busybox-static >/dev/null \
+    || { apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends busybox-static >/dev/null; }
+fi
+mkdir -p "$CACHE" "$D/images"
+exec 7>"$CACHE/.lock"; flock 7
+
+# Copy FILE and the shared libraries it loads (ldd's closure) into ROOT, at the same paths.
+with_libs() {
+  local root=$1 f=$2
+  cp -L --parents "$f" "$root/"
+  ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | while read -r lib; do
+    [ -e "$root$lib" ] || cp -L --parents "$lib" "$root/"
+  done
+}
+have=$("${CTR[@]}" images ls -q)
+import() { grep -qx "$2" <<<"$have" || "${CTR[@]}" images import "$1" >/dev/null; }
+
+# floe: tagged by the stripped binary's hash, so a rebuilt binary is a new image.
+STRIPPED=$D/images/floe.stripped
+objcopy --strip-debug "$FLOE_BIN" "$STRIPPED"
+TAG=$(sha256sum "$STRIPPED" | cut -c1-12)
+FLOE_IMAGE=floe.local/floe:$TAG
+if ! grep -qx "$FLOE_IMAGE" <<<"$have"; then
+  R=$D/images/floe-root; rm -rf "$R"; mkdir -p "$R/etc" "$R/tmp" "$R/usr/local/bin"
+  chmod 1777 "$R/tmp"
+  install -m 0755 "$STRIPPED" "$R/usr/local/bin/floe"
+  with_libs "$R" "$R/usr/local/bin/floe"
+  # with_libs copied the binary again under its own path: keep only /usr/local/bin/floe.
+  rm -rf "${R:?}${R}"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > "$R/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' > "$R/etc/group"
+  python3 "$HERE/mkimage.py" "$D/images/floe.tar" "$FLOE_IMAGE" "$R" --entrypoint floe --user 65532:65532 >&2
+  import "$D/images/floe.tar" "$FLOE_IMAGE"
+  rm -rf "$R" "$D/images/floe.tar"
+  log "$FLOE_IMAGE imported"
+fi
+rm -f "$STRIPPED"
+
+# python: cached by the interpreter's version (rebuilt when Debian's python3.11 changes).
+PY=/usr/bin/python3.11
+PY_VERSION=$(dpkg-query -W -f='${Version}' python3.11-minimal 2>/dev/null || "$PY" -V)
+PY_TAG=$(echo "$PY_VERSION" | tr -c 'A-Za-z0-9.\n' '-')
+PY_IMAGE=floe.local/python-sandbox:$PY_TAG
+PY_TAR=$CACHE/python-sandbox-$PY_TAG.tar
+if [ ! -f "$PY_TAR" ]; then
+  R=$CACHE/python-root; rm -rf "$R"; mkdir -p "$R"/{bin,etc,tmp,home/user,usr/bin,workspace}
+  chmod 1777 "$R/tmp"
+  with_libs "$R" "$PY"
+  # As in Debian's and the official python images (and what the copied-in floe binary needs).
+  cp -L --parents /lib/x86_64-linux-gnu/libgcc_s.so.1 "$R/"
+  tar -C / --exclude='__pycache__' --exclude='python3.11/test' --exclude='python3.11/idlelib' \
+    --exclude='python3.11/tkinter' --exclude='python3.11/ensurepip' --exclude='python3.11/lib2to3' \
+    -cf - usr/lib/python3.11 | tar -C "$R" -xf -
+  for so in "$R"/usr/lib/python3.11/lib-dynload/*.so; do
+    ldd "$so" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+      [ -e "$R$lib" ] || cp -L --parents "$lib" "$R/"
+    done
+  done
+  ln -s python3.11 "$R/usr/bin/python3"; ln -s python3.11 "$R/usr/bin/python"
+  cp /bin/busybox "$R/bin/busybox"
+  for a in $("$R/bin/busybox" --list); do [ -e "$R/bin/$a" ] || ln -s busybox "$R/bin/$a"; done
+  printf 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n' > "$R/etc/passwd"
+  printf 'root:x:0:\nuser:x:1000:\n' > "$R/etc/group"
+  chown 1000:1000 "$R/home/user"
+  python3 "$HERE/mkimage.py" "$PY_TAR.part" "$PY_IMAGE" "$R" --cmd /usr/bin/python3 --user 1000:1000 --workdir /workspace >&2
+  mv "$PY_TAR.part" "$PY_TAR"
+  rm -rf "$R"
+fi
+import "$PY_TAR" "$PY_IMAGE"
+echo "floe=$FLOE_IMAGE"
+echo "python=$PY_IMAGE"
