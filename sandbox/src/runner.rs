@@ -382,6 +382,10 @@ async fn session_outcome(
     }
     .into();
     tracing::info!(%session, exit = ?ran.exit, seconds = summary.agent_seconds, "harness finished");
+    if !ran.success() && !timed_out {
+        // In a pod the state dir goes with the pod: this log line is where a user sees why.
+        tracing::warn!(%session, stderr = %tail(&harness.stderr, 2000), "the harness failed");
+    }
     // Seal the capture before grading: nothing the agent left running can add calls.
     if let Err(e) = client.close(session).await {
         return infra_error(format!("closing the session: {e}"));

@@ -7,11 +7,13 @@
 
 pub mod chart;
 pub mod cluster;
+pub mod cluster_dns;
 pub mod fault_proxy;
 pub mod gateway;
 pub mod ingest;
 pub mod kubelet;
 pub mod namespace;
+pub mod node;
 pub mod operator;
 pub mod proc_cpu;
 pub mod processes;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::cluster::{cluster, floe_bin};
+use crate::cluster::{cluster, floe_bin, TestCluster};
 
 /// A running `floe operator`; killed (SIGKILL) when dropped.
 pub struct Operator {
@@ -28,6 +28,17 @@ impl Operator {
 
     /// As [`Operator::start`], with extra environment variables (fault injection).
     pub fn start_with_env(namespace: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        Self::start_on(cluster(), "floe:test", namespace, extra, env)
+    }
+
+    /// On another cluster (the real node's), with its pods made from `floe_image`.
+    pub fn start_on(
+        on: &TestCluster,
+        floe_image: &str,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -35,12 +46,12 @@ impl Operator {
         let child = Command::new(floe_bin()?)
             .arg("operator")
             .arg("--kubeconfig")
-            .arg(&cluster().kubeconfig)
+            .arg(&on.kubeconfig)
             .args([
                 "--namespace",
                 namespace,
                 "--floe-image",
-                "floe:test",
+                floe_image,
                 "--sidecars",
                 "auto",
             ])

@@ -1,0 +1,180 @@
+//! The genuine one-node cluster (`scripts/kube-test-cluster/start.sh --node`): its own control
+//! plane, a real kubelet with containerd and runc, kube-scheduler and kube-proxy. Apart from
+//! [`crate::cluster()`]: a real kubelet would run the pods the played-kubelet tests create.
+//!
+//! [`node()`] is the one `scripts/test.sh` started (`FLOE_TEST_NODE_DIR`), or else one this
+//! fixture starts or reuses in `target/knode` (stop it with `scripts/kube-test-cluster/stop.sh
+//! target/knode`). Root only. It never skips: without a node, the test fails and says why.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cluster::{floe_bin, workspace_root, TestCluster};
+
+pub struct TestNode {
+    pub cluster: TestCluster,
+    pub dir: PathBuf,
+    /// The host's address on the pods' bridge: what pods reach the host by.
+    pub host_ip: Ipv4Addr,
+    /// Host TCP ports pods may reach on `host_ip` (every other one is closed to them).
+    pub host_ports: Vec<u16>,
+}
+
+/// Images in the node's containerd, built from this machine's files.
+pub struct NodeImages {
+    /// `floe` (operator, gateway sidecar, floe-init, collector).
+    pub floe: String,
+    /// Debian's python3.11 and busybox, USER 1000.
+    pub python: String,
+}
+
+static NODE: OnceLock<TestNode> = OnceLock::new();
+static IMAGES: OnceLock<NodeImages> = OnceLock::new();
+
+pub fn node() -> &'static TestNode {
+    NODE.get_or_init(|| match start_or_reuse() {
+        Ok(n) => n,
+        Err(e) => panic!("no real node for the test: {e:#}"),
+    })
+}
+
+fn script(name: &str) -> PathBuf {
+    workspace_root()
+        .join("scripts/kube-test-cluster")
+        .join(name)
+}
+
+fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed with {}", out.status);
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn start_or_reuse() -> Result<TestNode> {
+    let dir = match std::env::var_os("FLOE_TEST_NODE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let dir = workspace_root().join("target/knode");
+            // Reused when alive (its ports then stay what they were).
+            let ports = format!("{} {}", free_port()?, free_port()?);
+            run(Command::new(script("start.sh"))
+                .arg("--node")
+                .arg(&dir)
+                .env("FLOE_NODE_HOST_PORTS", ports))?;
+            dir
+        }
+    };
+    let read = |name: &str| -> Result<String> {
+        Ok(std::fs::read_to_string(dir.join(name))
+            .with_context(|| format!("{} (is the node started?)", dir.join(name).display()))?
+            .trim()
+            .to_string())
+    };
+    let host_ip = read("host-ip")?.parse()?;
+    let host_ports = read("host-ports")?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<Vec<u16>, _>>()?;
+    let kubeconfig = dir.join("kubeconfig");
+    if !kubeconfig.is_file() {
+        bail!("{} does not exist", kubeconfig.display());
+    }
+    Ok(TestNode {
+        cluster: TestCluster {
+            kubeconfig,
+            kubectl: dir.join("kubectl"),
+        },
+        dir,
+        host_ip,
+        host_ports,
+    })
+}
+
+impl TestNode {
+    /// The images, built and imported once per test process (`images.sh`).
+    pub fn images(&self) -> Result<&'static NodeImages> {
+        if let Some(i) = IMAGES.get() {
+            return Ok(i);
+        }
+        let out = run(Command::new(script("images.sh"))
+            .arg(&self.dir)
+            .arg(floe_bin()?))?;
+        let get = |key: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+                .map(str::to_string)
+                .with_context(|| format!("images.sh printed no {key}= line: {out}"))
+        };
+        let images = NodeImages {
+            floe: get("floe")?,
+            python: get("python")?,
+        };
+        Ok(IMAGES.get_or_init(|| images))
+    }
+
+    /// A host port pods may reach, by index in `host_ports`.
+    pub fn host_port(&self, i: usize) -> Result<u16> {
+        self.host_ports
+            .get(i)
+            .copied()
+            .with_context(|| format!("the node opened only {:?} to pods", self.host_ports))
+    }
+
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.dir.join("containerd/containerd.sock")
+    }
+
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+}
+
+/// A TCP relay from `listen` to `target` (a loopback server pods cannot reach themselves),
+/// until dropped.
+pub struct Forward {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Forward {
+    pub async fn start(listen: SocketAddr, target: SocketAddr) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Ok(Self { task })
+    }
+}
+
+/// The last lines of a file (a component's log, for a failure message).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
