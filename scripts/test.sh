@@ -44,12 +44,15 @@ FLOE_CHART_TOOLS=$(scripts/chart/tools.sh)
 export FLOE_CHART_TOOLS
 echo "[test] helm, promtool and lua ready in $(( $(date +%s) - t0 )) s ($FLOE_CHART_TOOLS)" >&2
 
+# Short: containerd's socket path under it must stay under 100 characters.
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-test.XXXXXX")
 VLLM_PID=
 VLLM_LONG_PID=
+NODE_PID=
 cleanup() {
   # vLLM runs an engine process beside the API server: stop its whole process group.
   for pid in $VLLM_PID $VLLM_LONG_PID; do kill -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  [ -z "$NODE_PID" ] || { wait "$NODE_PID" 2>/dev/null; scripts/kube-test-cluster/stop.sh "$STATE/node"; }
   scripts/kube-test-cluster/stop.sh "$STATE/kapi"
   rm -rf "$STATE"
 }
@@ -57,14 +60,23 @@ trap cleanup EXIT
 FLOE_TEST_KUBECONFIG=$(scripts/kube-test-cluster/start.sh "$STATE/kapi")
 export FLOE_TEST_KUBECONFIG
 
+# The genuine node (its own control plane: a real kubelet would run the pods the other
+# operator tests only play) starts in the background (~25 s; ~2-5 min the first time, to build
+# it); tests/real_node.rs uses it. Pods may reach two host ports (the tests' relays).
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+FLOE_NODE_HOST_PORTS="$(free_port) $(free_port)" scripts/kube-test-cluster/start.sh --node "$STATE/node" \
+  > "$STATE/node-start.log" 2>&1 &
+NODE_PID=$!
+export FLOE_TEST_NODE_DIR="$STATE/node"
+
 # The real vLLM starts in the background (~50 s) while cargo compiles; its tests wait for it.
-VLLM_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+VLLM_PORT=$(free_port)
 # SmolLM2's full 8k context: Codex's first prompt alone is ~4.5k tokens.
 VLLM_MAX_MODEL_LEN=8192 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
 VLLM_PID=$!
 export FLOE_TEST_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
 # The long-context tiny Qwen3 for real harness prompts (5k-20k tokens) through every preset.
-VLLM_LONG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+VLLM_LONG_PORT=$(free_port)
 VLLM_MAX_MODEL_LEN=40960 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/tiny-qwen3" "$VLLM_LONG_PORT" > "$STATE/vllm-long.log" 2>&1 &
 VLLM_LONG_PID=$!
 export FLOE_TEST_VLLM_LONG_URL="http://127.0.0.1:$VLLM_LONG_PORT"
@@ -76,8 +88,13 @@ scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS"
 echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
 
 t0=$(date +%s)
-scripts/fuzz.sh "${FLOE_FUZZ_SECONDS:-20}"
+scripts/fuzz.sh "${FLOE_FUZZ_SECONDS:-10}"
 echo "[test] fuzzing (5 targets) in $(( $(date +%s) - t0 )) s" >&2
+
+if ! wait "$NODE_PID"; then
+  echo "[test] the real node did not start:" >&2; tail -30 "$STATE/node-start.log" >&2; exit 1
+fi
+echo "[test] real node: $(tail -2 "$STATE/node-start.log" | head -1)" >&2
 
 if ! cargo test --workspace --locked "$@"; then
   echo "[test] failed; last lines of the vLLM log:" >&2

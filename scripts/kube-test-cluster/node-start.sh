@@ -201,5 +201,8 @@ for _ in $(seq 1 240); do
   sleep 0.5
 done
 node_ready || { log "node $NODE_NAME not Ready after 120 s"; tail -30 "$D/kubelet.log" >&2; exit 1; }
+# What tests read back: where pods reach the host, and which host ports they may.
+echo "$HOST_IP" > "$D/host-ip"
+echo "${FLOE_NODE_HOST_PORTS:-}" > "$D/host-ports"
 log "node $NODE_NAME Ready in $(ms) ms"
 echo "$KC"

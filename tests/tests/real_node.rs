@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use anyhow::{bail, Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
-use floe_crds::rollout_job::RolloutJob;
+use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::cluster_dns::ClusterDns;
 use floe_tests::node::{node, tail, Forward, TestNode};
 use floe_tests::operator::{eventually_within, Operator};
@@ -260,14 +260,16 @@ async fn a_pool_warms_real_pods_and_an_sft_job_runs_in_them_to_a_dataset() -> Re
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
     let done = eventually_within(300, "the job to finish", async || {
         let job = jobs.get("fix").await?;
-        let phase = job.status.as_ref().and_then(|s| s.phase.clone());
-        Ok(phase
-            .is_some_and(|p| format!("{p:?}") != "Pending" && format!("{p:?}") != "Running")
-            .then_some(job))
+        let phase = job.status.as_ref().and_then(|s| s.phase);
+        Ok(matches!(
+            phase,
+            Some(RolloutJobPhase::Succeeded | RolloutJobPhase::Failed)
+        )
+        .then_some(job))
     })
     .await?;
     let status = done.status.clone().context("status")?;
-    if format!("{:?}", status.phase) != "Some(Succeeded)" {
+    if status.phase != Some(RolloutJobPhase::Succeeded) {
         bail!("{status:?}\n{}", pod_logs(n, &ns)?);
     }
     assert_eq!(status.sessions.total, 4, "{status:?}");
