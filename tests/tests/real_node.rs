@@ -3,7 +3,8 @@
 //! runs a session through the gateway to the real vLLM, the kubelet writes the termination
 //! message the operator reads, and the sft collector writes the dataset on a real volume. Pods
 //! reach the job's Services by name through the node's cluster DNS (`floe_tests::cluster_dns`)
-//! and the model server through a Service in front of the host, as on a real cluster.
+//! and the model server through a Service in front of the host, as on a real cluster. A pod
+//! deleted mid-session (the kubelet stops it) is retried on a fresh pod and scored once.
 
 use std::net::SocketAddr;
 
@@ -20,9 +21,10 @@ use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 
 /// The custom harness: one model call through the gateway, then a fix for the task it knows
-/// (`fix-add`); any other task is left unsolved, so its hidden test fails (reward 0).
+/// (`fix-add`); any other task is left unsolved, so its hidden test fails (reward 0). Asked to
+/// work "slowly", it sleeps 20 s first (a pod to delete mid-session).
 const AGENT: &str = r#"
-import json, os, pathlib, urllib.request
+import json, os, pathlib, time, urllib.request
 base = os.environ["OPENAI_BASE_URL"].rstrip("/")
 body = {"model": "policy", "max_tokens": 16,
         "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
@@ -31,6 +33,8 @@ req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).e
                                       "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
 reply = json.load(urllib.request.urlopen(req, timeout=120))
 print("model said:", reply["choices"][0]["message"]["content"])
+if "slowly" in os.environ["FLOE_INSTRUCTION"]:
+    time.sleep(20)
 if pathlib.Path("calc.py").exists():
     pathlib.Path("calc.py").write_text("def add(a, b):\n    return a + b\n")
 "#;
@@ -175,7 +179,7 @@ fn pod_logs(n: &TestNode, ns: &str) -> Result<String> {
 }
 
 #[tokio::test]
-async fn a_pool_warms_real_pods_and_an_sft_job_runs_in_them_to_a_dataset() -> Result<()> {
+async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() -> Result<()> {
     let n = node();
     let images = n.images()?;
     let client = n.cluster.client().await?;
@@ -234,60 +238,25 @@ async fn a_pool_warms_real_pods_and_an_sft_job_runs_in_them_to_a_dataset() -> Re
         "no service-account token: {facts}"
     );
 
+    let fix_add = json!({"id": "fix-add", "instruction": "calc.py: add() subtracts. Fix it.",
+        "files": {"calc.py": "def add(a, b):\n    return a - b\n"},
+        "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
+    let fix_max = json!({"id": "fix-max", "instruction": "biggest() returns the smallest. Fix it.",
+        "files": {"listmax.py": "def biggest(xs):\n    return min(xs)\n"},
+        "evaluation": {"hiddenFiles": {"test_hidden.py":
+            "from listmax import biggest\nassert biggest([3, 9, 2]) == 9\n"}}});
     apply(
         &client,
         &ns,
-        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
-               "metadata": {"name": "fix"},
-               "spec": {"numSamples": 2, "concurrency": 2, "poolRef": {"name": "python"},
-                        "harness": {"preset": "custom", "command": ["python3", "/opt/agent/agent.py"]},
-                        "evaluator": {"command": ["python3", "test_hidden.py"]},
-                        "sampling": {"maxResponseTokens": 16},
-                        "timeouts": {"agentSeconds": 120, "evaluatorSeconds": 30},
-                        "sft": {"upstream": {"url": format!("http://teacher.{ns}.svc:8000"), "model": "policy"},
-                                "output": {"claimName": "data", "path": "/run"}, "minReward": 1},
-                        "tasks": {"inline": [
-                            {"id": "fix-add", "instruction": "calc.py: add() subtracts. Fix it.",
-                             "files": {"calc.py": "def add(a, b):\n    return a - b\n"},
-                             "evaluation": {"hiddenFiles": {"test_hidden.py":
-                                 "from calc import add\nassert add(2, 3) == 5\n"}}},
-                            {"id": "fix-max", "instruction": "biggest() returns the smallest. Fix it.",
-                             "files": {"listmax.py": "def biggest(xs):\n    return min(xs)\n"},
-                             "evaluation": {"hiddenFiles": {"test_hidden.py":
-                                 "from listmax import biggest\nassert biggest([3, 9, 2]) == 9\n"}}}]}}}),
+        sft_job("fix", &ns, 2, "/run", json!([fix_add, fix_max])),
     )
     .await?;
-    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
-    let done = eventually_within(300, "the job to finish", async || {
-        let job = jobs.get("fix").await?;
-        let phase = job.status.as_ref().and_then(|s| s.phase);
-        Ok(matches!(
-            phase,
-            Some(RolloutJobPhase::Succeeded | RolloutJobPhase::Failed)
-        )
-        .then_some(job))
-    })
-    .await?;
-    let status = done.status.clone().context("status")?;
-    if status.phase != Some(RolloutJobPhase::Succeeded) {
-        bail!("{status:?}\n{}", pod_logs(n, &ns)?);
-    }
+    let status = finished(n, &client, &ns, "fix").await?;
     assert_eq!(status.sessions.total, 4, "{status:?}");
     assert_eq!(status.sessions.succeeded, 4, "{status:?}");
     assert_eq!(status.sessions.failed, 0, "{status:?}");
-
     // The collector wrote the two solved sessions (reward 1) and only those.
-    let dataset = data.path().join("run/dataset.jsonl");
-    let lines = eventually_within(30, "the dataset", async || {
-        let text = std::fs::read_to_string(&dataset).unwrap_or_default();
-        let lines: Vec<Value> = text
-            .lines()
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()?;
-        Ok((lines.len() >= 2).then_some(lines))
-    })
-    .await?;
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    let lines = dataset(&data.path().join("run"), 2).await?;
     for t in &lines {
         assert_eq!(t["task"], "fix-add", "{t}");
         assert_eq!(t["reward"], 1.0, "{t}");
@@ -299,5 +268,88 @@ async fn a_pool_warms_real_pods_and_an_sft_job_runs_in_them_to_a_dataset() -> Re
             "sampled token ids captured in the pod: {t}"
         );
     }
+
+    // A sandbox pod deleted while its harness runs (the kubelet stops its containers): the
+    // session runs again on a fresh pod and is scored once, never as the policy's 0.
+    let mut slow = fix_add.clone();
+    slow["id"] = "fix-add-slowly".into();
+    slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
+    apply(
+        &client,
+        &ns,
+        sft_job("slow", &ns, 1, "/slow", json!([slow])),
+    )
+    .await?;
+    let victim = eventually_within(120, "the slow session's harness to start", async || {
+        let listed = pods
+            .list(&ListParams::default().labels("floe.dev/job=slow"))
+            .await?;
+        Ok(listed.items.into_iter().next().map(|p| p.name_any()))
+    })
+    .await?;
+    // The agent has made its model call and sleeps (20 s) when the pod goes.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    pods.delete(&victim, &Default::default()).await?;
+    let status = finished(n, &client, &ns, "slow").await?;
+    assert_eq!(status.sessions.succeeded, 1, "{status:?}");
+    assert_eq!(status.sessions.failed, 0, "{status:?}");
+    assert!(status.sessions.retried >= 1, "{status:?}");
+    let lines = dataset(&data.path().join("slow"), 1).await?;
+    assert_eq!(lines[0]["reward"], 1.0, "scored by the retry: {}", lines[0]);
     Ok(())
+}
+
+/// An sft job of the custom agent on the pool, its dataset under `path` of the claim.
+fn sft_job(name: &str, ns: &str, samples: i32, path: &str, tasks: Value) -> Value {
+    json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+           "metadata": {"name": name},
+           "spec": {"numSamples": samples, "concurrency": 2, "poolRef": {"name": "python"},
+                    "harness": {"preset": "custom", "command": ["python3", "/opt/agent/agent.py"]},
+                    "evaluator": {"command": ["python3", "test_hidden.py"]},
+                    "sampling": {"maxResponseTokens": 16},
+                    "timeouts": {"agentSeconds": 120, "evaluatorSeconds": 30},
+                    "sft": {"upstream": {"url": format!("http://teacher.{ns}.svc:8000"), "model": "policy"},
+                            "output": {"claimName": "data", "path": path}, "minReward": 1},
+                    "tasks": {"inline": tasks}}})
+}
+
+/// The job's status once it finished; an error with the pods' logs unless it succeeded.
+async fn finished(
+    n: &TestNode,
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<floe_crds::rollout_job::RolloutJobStatus> {
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), ns);
+    let done = eventually_within(300, "the job to finish", async || {
+        let job = jobs.get(name).await?;
+        let phase = job.status.as_ref().and_then(|s| s.phase);
+        Ok(matches!(
+            phase,
+            Some(RolloutJobPhase::Succeeded | RolloutJobPhase::Failed)
+        )
+        .then_some(job))
+    })
+    .await?;
+    let status = done.status.context("status")?;
+    if status.phase != Some(RolloutJobPhase::Succeeded) {
+        bail!("{status:?}\n{}", pod_logs(n, ns)?);
+    }
+    Ok(status)
+}
+
+/// The `lines` trajectories of `dir/dataset.jsonl`, once the collector wrote them (no more).
+async fn dataset(dir: &std::path::Path, lines: usize) -> Result<Vec<Value>> {
+    let file = dir.join("dataset.jsonl");
+    let got = eventually_within(30, "the dataset", async || {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let got: Vec<Value> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        Ok((got.len() >= lines).then_some(got))
+    })
+    .await?;
+    assert_eq!(got.len(), lines, "{got:?}");
+    Ok(got)
 }
