@@ -51,7 +51,14 @@ if [ ! -f "$D/ca.crt" ]; then
   echo "$(cat "$D/token"),floe-test-admin,1,system:masters" > "$D/tokens.csv"
 fi
 
-PORT=$(free_port); ETCD_PORT=$(free_port); ETCD_PEER=$(free_port)
+# The apiserver keeps its port across restarts in DIR when it is free: etcd keeps the
+# `kubernetes` Endpoints, which in-cluster clients are sent to, and 1.20 does not rewrite a
+# stale port there.
+PORT=$(cat "$D/port" 2>/dev/null || true)
+if [ -z "$PORT" ] || ! python3 -c 'import socket,sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$PORT" 2>/dev/null; then
+  PORT=$(free_port)
+fi
+ETCD_PORT=$(free_port); ETCD_PEER=$(free_port)
 echo "$PORT" > "$D/port"
 cat > "$D/kubeconfig" <<KC
 apiVersion: v1

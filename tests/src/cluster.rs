@@ -14,6 +14,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 /// Where the tests find the control plane and Debian's kubectl 1.20.
+#[derive(Clone)]
 pub struct TestCluster {
     pub kubeconfig: PathBuf,
     pub kubectl: PathBuf,

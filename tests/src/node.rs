@@ -127,12 +127,14 @@ impl TestNode {
         Ok(IMAGES.get_or_init(|| images))
     }
 
-    /// A host port pods may reach, by index in `host_ports`.
-    pub fn host_port(&self, i: usize) -> Result<u16> {
-        self.host_ports
-            .get(i)
-            .copied()
-            .with_context(|| format!("the node opened only {:?} to pods", self.host_ports))
+    /// The host port where [`host_services`] relays to vLLM: the first one open to pods.
+    pub fn model_port(&self) -> Result<u16> {
+        self.host_ports.first().copied().with_context(|| {
+            format!(
+                "the node opened no host port to pods ({})",
+                self.dir.display()
+            )
+        })
     }
 
     pub fn containerd_socket(&self) -> PathBuf {
@@ -142,6 +144,62 @@ impl TestNode {
     pub fn log(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.log"))
     }
+}
+
+/// What the node's pods use from the host, served for the whole test process from a thread of
+/// its own (a test's runtime ends with the test; these must outlive every test using the node):
+/// the cluster DNS on the bridge address, port 53, and a relay from the bridge address's first
+/// open port to the real vLLM (see [`TestNode::model_port`]).
+pub fn host_services(n: &TestNode) -> Result<()> {
+    static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
+    STARTED
+        .get_or_init(|| start_host_services(n).map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+fn start_host_services(n: &TestNode) -> Result<()> {
+    let vllm: SocketAddr = crate::vllm::vllm()
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .context("vLLM URL")?;
+    let dns_addr = SocketAddr::new(n.host_ip.into(), 53);
+    let model_addr = SocketAddr::new(n.host_ip.into(), n.model_port()?);
+    let cluster = n.cluster.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.send(Err(anyhow::Error::from(e)));
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            let started = async {
+                let client = cluster.client().await?;
+                let dns = crate::cluster_dns::ClusterDns::start(client, dns_addr).await?;
+                let forward = Forward::start(model_addr, vllm).await?;
+                anyhow::Ok((dns, forward))
+            }
+            .await;
+            match started {
+                Ok(serving) => {
+                    let _ = tx.send(Ok(()));
+                    let _serving = serving;
+                    std::future::pending::<()>().await;
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        });
+    });
+    rx.recv().context("the host services' thread ended")?
 }
 
 /// A TCP relay from `listen` to `target` (a loopback server pods cannot reach themselves),

@@ -6,15 +6,12 @@
 //! and the model server through a Service in front of the host, as on a real cluster. A pod
 //! deleted mid-session (the kubelet stops it) is retried on a fresh pod and scored once.
 
-use std::net::SocketAddr;
-
 use anyhow::{bail, Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
-use floe_tests::cluster_dns::ClusterDns;
-use floe_tests::node::{node, tail, Forward, TestNode};
+use floe_tests::node::{host_services, node, tail, TestNode};
 use floe_tests::operator::{eventually_within, Operator};
-use floe_tests::{vllm, TestNamespace};
+use floe_tests::{chart, TestNamespace};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -69,15 +66,9 @@ async fn apply(client: &Client, ns: &str, object: Value) -> Result<()> {
 }
 
 /// The model server as pods see it: a Service without selector whose endpoint is the host's
-/// bridge address, where a relay forwards to the real vLLM on loopback.
-async fn model_service(n: &TestNode, client: &Client, ns: &str) -> Result<Forward> {
-    let port = n.host_port(0)?;
-    let vllm: SocketAddr = vllm()
-        .url
-        .trim_start_matches("http://")
-        .parse()
-        .context("vLLM URL")?;
-    let forward = Forward::start(SocketAddr::new(n.host_ip.into(), port), vllm).await?;
+/// bridge address, where the host services relay to the real vLLM on loopback.
+async fn model_service(n: &TestNode, client: &Client, ns: &str) -> Result<()> {
+    let port = n.model_port()?;
     apply(
         client,
         ns,
@@ -92,8 +83,7 @@ async fn model_service(n: &TestNode, client: &Client, ns: &str) -> Result<Forwar
                "subsets": [{"addresses": [{"ip": n.host_ip.to_string()}],
                             "ports": [{"port": port}]}]}),
     )
-    .await?;
-    Ok(forward)
+    .await
 }
 
 /// A hostPath volume for the dataset, owned by the collector's user (hostPath ignores
@@ -178,36 +168,41 @@ fn pod_logs(n: &TestNode, ns: &str) -> Result<String> {
     ))
 }
 
-#[tokio::test]
-async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() -> Result<()> {
-    let n = node();
-    let images = n.images()?;
-    let client = n.cluster.client().await?;
-    n.cluster.install_crds(&client).await?;
-    let ns = TestNamespace::create(&n.cluster, &client, "node").await?;
-    let ns = ns.name.clone();
-    let _dns = ClusterDns::start(client.clone(), SocketAddr::new(n.host_ip.into(), 53)).await?;
-    let _model = model_service(n, &client, &ns).await?;
+/// A namespace where sessions can run: the model Service, the dataset claim (on `data`), the
+/// agent's ConfigMap.
+struct Work {
+    ns: TestNamespace,
+    data: tempfile::TempDir,
+}
+
+async fn prepare(n: &TestNode, client: &Client, label: &str) -> Result<Work> {
+    n.cluster.install_crds(client).await?;
+    host_services(n)?;
+    let ns = TestNamespace::create(&n.cluster, client, label).await?;
+    model_service(n, client, &ns.name).await?;
     let data = tempfile::Builder::new()
         .prefix("floe-node-data")
         .tempdir()?;
-    dataset_volume(&client, &ns, data.path()).await?;
+    dataset_volume(client, &ns.name, data.path()).await?;
     apply(
-        &client,
-        &ns,
+        client,
+        &ns.name,
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "agent"},
                "data": {"agent.py": AGENT}}),
     )
     .await?;
-    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    Ok(Work { ns, data })
+}
 
+/// The GatewayPool `python` of two pods, once both are READY (the operator must run).
+async fn warm_pool(n: &TestNode, client: &Client, ns: &str, python: &str) -> Result<Vec<Pod>> {
     apply(
-        &client,
-        &ns,
+        client,
+        ns,
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
                "metadata": {"name": "python"},
                "spec": {"replicas": 2,
-                        "template": {"image": images.python, "imagePullPolicy": "Never",
+                        "template": {"image": python, "imagePullPolicy": "Never",
                                      "volumes": [{"name": "agent", "configMap": {"name": "agent"}}],
                                      "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
                                                        "readOnly": true}]},
@@ -215,9 +210,9 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
                                      "command": ["python3", "-c", "import json, sqlite3"]}]}}),
     )
     .await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns);
-    let warm = eventually_within(120, "two READY pods from the real kubelet", async || {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), ns);
+    eventually_within(180, "two READY pods from the real kubelet", async || {
         let pool = pools.get("python").await?;
         let ready_replicas = pool.status.as_ref().map_or(0, |s| s.ready_replicas);
         let listed = pods
@@ -227,7 +222,33 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
         Ok((ready_replicas == 2 && running.len() >= 2).then_some(running))
     })
     .await
-    .with_context(|| tail(&n.log("kubelet"), 20))?;
+    .with_context(|| tail(&n.log("kubelet"), 20))
+}
+
+fn fix_add() -> Value {
+    json!({"id": "fix-add", "instruction": "calc.py: add() subtracts. Fix it.",
+        "files": {"calc.py": "def add(a, b):\n    return a - b\n"},
+        "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}})
+}
+
+fn fix_max() -> Value {
+    json!({"id": "fix-max", "instruction": "biggest() returns the smallest. Fix it.",
+        "files": {"listmax.py": "def biggest(xs):\n    return min(xs)\n"},
+        "evaluation": {"hiddenFiles": {"test_hidden.py":
+            "from listmax import biggest\nassert biggest([3, 9, 2]) == 9\n"}}})
+}
+
+#[tokio::test]
+async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() -> Result<()> {
+    let n = node();
+    let images = n.images()?;
+    let client = n.cluster.client().await?;
+    let work = prepare(n, &client, "node").await?;
+    let ns = work.ns.name.clone();
+    let data = &work.data;
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    let warm = warm_pool(n, &client, &ns, &images.python).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let facts = security_facts(n, &ns, &warm[0].name_any())?;
     let lines: Vec<&str> = facts.lines().collect();
     assert_eq!(lines.first(), Some(&"1000"), "the image's user: {facts}");
@@ -238,17 +259,10 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
         "no service-account token: {facts}"
     );
 
-    let fix_add = json!({"id": "fix-add", "instruction": "calc.py: add() subtracts. Fix it.",
-        "files": {"calc.py": "def add(a, b):\n    return a - b\n"},
-        "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
-    let fix_max = json!({"id": "fix-max", "instruction": "biggest() returns the smallest. Fix it.",
-        "files": {"listmax.py": "def biggest(xs):\n    return min(xs)\n"},
-        "evaluation": {"hiddenFiles": {"test_hidden.py":
-            "from listmax import biggest\nassert biggest([3, 9, 2]) == 9\n"}}});
     apply(
         &client,
         &ns,
-        sft_job("fix", &ns, 2, "/run", json!([fix_add, fix_max])),
+        sft_job("fix", &ns, 2, "/run", json!([fix_add(), fix_max()])),
     )
     .await?;
     let status = finished(n, &client, &ns, "fix").await?;
@@ -271,7 +285,7 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
 
     // A sandbox pod deleted while its harness runs (the kubelet stops its containers): the
     // session runs again on a fresh pod and is scored once, never as the policy's 0.
-    let mut slow = fix_add.clone();
+    let mut slow = fix_add();
     slow["id"] = "fix-add-slowly".into();
     slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
     apply(
@@ -352,4 +366,118 @@ async fn dataset(dir: &std::path::Path, lines: usize) -> Result<Vec<Value>> {
     .await?;
     assert_eq!(got.len(), lines, "{got:?}");
     Ok(got)
+}
+
+/// Helm against the node's cluster.
+fn helm(n: &TestNode, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(chart::tools().join("helm"))
+        .args(args)
+        .env("KUBECONFIG", &n.cluster.kubeconfig)
+        .output()?;
+    chart::stdout_of("helm", args, out)
+}
+
+/// The logs of every pod in `ns` (the chart's operator pods), for a failure message.
+fn operator_logs(n: &TestNode, ns: &str) -> String {
+    n.cluster
+        .kubectl(
+            &[
+                "logs",
+                "-n",
+                ns,
+                "-l",
+                "app.kubernetes.io/name=floe",
+                "--tail=30",
+            ],
+            None,
+        )
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result<()> {
+    let n = node();
+    let images = n.images()?;
+    let client = n.cluster.client().await?;
+    let work = prepare(n, &client, "chart-work").await?;
+    let ns = work.ns.name.clone();
+    let system = TestNamespace::create(&n.cluster, &client, "chart-sys").await?;
+    let (repository, tag) = images.floe.rsplit_once(':').context("image tag")?;
+    let chart_dir = chart::chart_dir();
+    // README's install, with the image built here and the CRDs the fixture already applied:
+    // two replicas with leader election, in-cluster config, the chart's RBAC for one namespace.
+    helm(
+        n,
+        &[
+            "install",
+            "floe",
+            chart_dir.to_str().context("chart path")?,
+            "--namespace",
+            &system.name,
+            "--set",
+            "crds.install=false",
+            "--set",
+            &format!("operator.watchNamespace={ns}"),
+            "--set",
+            &format!("image.repository={repository}"),
+            "--set",
+            &format!("image.tag={tag}"),
+            "--set",
+            "image.pullPolicy=Never",
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    )
+    .with_context(|| operator_logs(n, &system.name))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &system.name);
+    let operators = pods.list(&ListParams::default()).await?.items;
+    assert_eq!(operators.len(), 2, "two operator replicas");
+    assert!(operators.iter().all(ready));
+
+    warm_pool(n, &client, &ns, &images.python)
+        .await
+        .with_context(|| operator_logs(n, &system.name))?;
+    let mut slow = fix_add();
+    slow["id"] = "fix-add-slowly".into();
+    slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
+    apply(
+        &client,
+        &ns,
+        sft_job("both", &ns, 2, "/both", json!([fix_add(), slow])),
+    )
+    .await?;
+    // Every operator pod deleted while sessions run: the Deployment's new pods take over.
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
+    eventually_within(120, "sessions running", async || {
+        let job = jobs.get("both").await?;
+        Ok(job
+            .status
+            .is_some_and(|s| s.sessions.running > 0)
+            .then_some(()))
+    })
+    .await?;
+    for pod in &operators {
+        pods.delete(&pod.name_any(), &Default::default()).await?;
+    }
+    let status = finished(n, &client, &ns, "both")
+        .await
+        .with_context(|| operator_logs(n, &system.name))?;
+    assert_eq!(status.sessions.total, 4, "{status:?}");
+    assert_eq!(status.sessions.succeeded, 4, "{status:?}");
+    assert_eq!(status.sessions.failed, 0, "{status:?}");
+    let lines = dataset(&work.data.path().join("both"), 4).await?;
+    let sessions: std::collections::BTreeSet<&str> =
+        lines.iter().filter_map(|t| t["session"].as_str()).collect();
+    assert_eq!(sessions.len(), 4, "each session once: {sessions:?}");
+    let replaced = pods.list(&ListParams::default()).await?.items;
+    assert!(
+        replaced
+            .iter()
+            .all(|p| !operators.iter().any(|o| o.name_any() == p.name_any())),
+        "the operator pods were replaced"
+    );
+    helm(n, &["uninstall", "floe", "--namespace", &system.name])?;
+    Ok(())
 }
