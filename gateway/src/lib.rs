@@ -7,6 +7,7 @@
 //! - [`ship`]: assignments in, trajectories out (spool, trainer or dataset sink).
 
 pub mod capture;
+pub mod net_error;
 pub mod protocol;
 pub mod server;
 pub mod ship;

@@ -180,10 +180,12 @@ impl GatewayClient {
     }
 
     /// Wait until the trajectory left the spool (`shipped` or `rejected`), up to `within`.
-    /// Returns the last shipment state seen.
-    pub async fn wait_shipped(&self, session: &str, within: Duration) -> String {
+    /// Returns the last shipment state seen, with the gateway's last delivery error when it
+    /// was not shipped.
+    pub async fn wait_shipped(&self, session: &str, within: Duration) -> (String, Option<String>) {
         let give_up = tokio::time::Instant::now() + within;
         let mut last = String::from("unknown");
+        let mut error = None;
         loop {
             if let Ok((_, v)) = self
                 .call(
@@ -196,12 +198,16 @@ impl GatewayClient {
                 .await
             {
                 last = v["shipment"].as_str().unwrap_or("unknown").to_string();
-                if last == "shipped" || last == "rejected" {
-                    return last;
+                error = v["shipmentError"].as_str().map(str::to_owned);
+                if last == "shipped" {
+                    return (last, None);
+                }
+                if last == "rejected" {
+                    return (last, error);
                 }
             }
             if tokio::time::Instant::now() >= give_up {
-                return last;
+                return (last, error);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

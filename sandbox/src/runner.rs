@@ -194,7 +194,8 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
     summary.sampled_tokens = count("sampledTokens");
     summary.trainable_tokens = count("trainableTokens");
     summary.traces = count("traces");
-    summary.shipment = client.wait_shipped(&session, config.ship_wait).await;
+    let (shipment, shipment_error) = client.wait_shipped(&session, config.ship_wait).await;
+    summary.shipment = shipment;
     summary.trajectory = delivered_sink(&delivered.assignment.sink);
 
     let exit = if reclassified
@@ -204,7 +205,10 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
         ) {
         ExitKind::Infrastructure
     } else if summary.shipment != "shipped" {
-        summary.error = Some(format!("trajectory not shipped ({})", summary.shipment));
+        summary.error = Some(match shipment_error {
+            Some(cause) => format!("trajectory not shipped ({}): {cause}", summary.shipment),
+            None => format!("trajectory not shipped ({})", summary.shipment),
+        });
         ExitKind::Infrastructure
     } else if summary.status == "completed" {
         ExitKind::Success

@@ -256,6 +256,12 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
             .any(|n| n.contains("session 28") && n.contains("evaluator exited 127")),
         "{failed:?}"
     );
+    // The job's end is announced too (the last fold finishes it: no later status write).
+    eventually("the Completed event", async || {
+        let notes = event_notes(&client, &ns.name, "Completed").await?;
+        Ok((!notes.is_empty()).then_some(notes))
+    })
+    .await?;
     let metrics = eventually("job metrics", async || {
         let m = operator.metrics().await?;
         Ok(m.contains("floe_session_reward_count").then_some(m))
@@ -502,6 +508,11 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         failed.rewards, None,
         "stopped sessions are not rewards of 0"
     );
+    eventually("the Failed event", async || {
+        let notes = event_notes(&client, &ns.name, "Failed").await?;
+        Ok((!notes.is_empty()).then_some(notes))
+    })
+    .await?;
     eventually("the slow pods stopped", async || {
         Ok(job_pods(&pods, "late").await?.is_empty().then_some(()))
     })

@@ -266,6 +266,18 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
     )
     .await?;
     let status = finished(n, &client, &ns, "fix").await?;
+    eventually_within(30, "the job's Completed event", async || {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+        let listed = events.list(&ListParams::default()).await?.items;
+        Ok(listed
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("Completed")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("fix")
+            })
+            .then_some(()))
+    })
+    .await?;
     assert_eq!(status.sessions.total, 4, "{status:?}");
     assert_eq!(status.sessions.succeeded, 4, "{status:?}");
     assert_eq!(status.sessions.failed, 0, "{status:?}");

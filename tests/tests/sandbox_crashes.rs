@@ -63,6 +63,35 @@ async fn a_gateway_killed_before_shipping_ships_the_spooled_trajectory_once_afte
         pending.exists()
     })
     .await?;
+    // Why it waits, where the runner (and a user) reads it: the failed delivery's cause.
+    let mut outcome = Value::Null;
+    for _ in 0..50 {
+        outcome = gateway
+            .control(reqwest::Method::GET, "/floe/v1/sessions/spooled-1", None)
+            .await?
+            .1;
+        if outcome["shipmentError"].is_string() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(outcome["shipment"], "pending", "{outcome}");
+    assert!(
+        outcome["shipmentError"]
+            .as_str()
+            .is_some_and(|e| e.contains("503")),
+        "{outcome}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", gateway.url))
+        .await?
+        .text()
+        .await?;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("floe_gateway_delivery_errors_total{kind=\"http_503\"}")),
+        "{metrics}"
+    );
     gateway.kill(); // SIGKILL: a crash after capture, before shipping
     kill_session(&mut runner)?;
     assert!(trainer.accepted().is_empty());

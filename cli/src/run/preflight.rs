@@ -144,7 +144,7 @@ async fn check_model_server(model_url: &str, source: &str) -> Result<(), RunErro
             ))
         }
         Err(e) => {
-            let cause = error_chain(&e);
+            let cause = floe_gateway::net_error::error_chain(&e);
             return refuse(format!(
                 "model server at {model_url} ({source}) is unreachable ({cause}); start one or pass --model-url"
             ));
@@ -161,21 +161,6 @@ async fn check_model_server(model_url: &str, source: &str) -> Result<(), RunErro
         ));
     }
     Ok(())
-}
-
-/// An error and its causes, `a: b: c` (reqwest's own text stops at "client error (Connect)").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let part = cause.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -137,12 +137,18 @@ pub async fn create_session(
 
 pub async fn get_session(State(gateway): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
     match gateway.sessions.get(&id) {
-        Some(s) => Json(json!({
-            "session": s.meta.session, "task": s.meta.task, "group": s.meta.group, "sample": s.meta.sample,
-            "calls": s.calls(), "open": s.is_open(), "capture_dir": s.dir,
-            "shipment": super::lifecycle::shipment(&gateway, &id),
-        }))
-        .into_response(),
+        Some(s) => {
+            let mut value = json!({
+                "session": s.meta.session, "task": s.meta.task, "group": s.meta.group, "sample": s.meta.sample,
+                "calls": s.calls(), "open": s.is_open(), "capture_dir": s.dir,
+                "shipment": super::lifecycle::shipment(&gateway, &id),
+            });
+            // Why a trajectory still waits (or was refused): the last failed delivery's cause.
+            if let Some(error) = gateway.delivery_error(&id) {
+                value["shipmentError"] = json!(error);
+            }
+            Json(value).into_response()
+        }
         None => error(StatusCode::NOT_FOUND, format!("no session {id:?}")),
     }
 }

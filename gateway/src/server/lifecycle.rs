@@ -315,6 +315,7 @@ pub fn spawn_shipping(gateway: Arc<Gateway>, entry: SpoolEntry) {
         loop {
             match deliver(&gateway.http, &entry).await {
                 Ok(target) => {
+                    gateway.forget_delivery_error(&id);
                     match gateway.spool.mark_shipped(&id) {
                         Ok(_) => tracing::info!(session = %id, %target, "trajectory shipped"),
                         Err(e) => tracing::error!(session = %id, "shipped but not marked: {e}"),
@@ -328,6 +329,7 @@ pub fn spawn_shipping(gateway: Arc<Gateway>, entry: SpoolEntry) {
                 }
                 Err(DeliveryError::Permanent(reason)) => {
                     tracing::error!(session = %id, %reason, "sink refused the trajectory; kept in the spool's rejected/");
+                    gateway.note_delivery_error(&id, &reason);
                     if let Err(e) = gateway.spool.mark_rejected(entry.clone(), &reason) {
                         tracing::error!(session = %id, "cannot move to rejected/: {e}");
                     }
@@ -338,8 +340,14 @@ pub fn spawn_shipping(gateway: Arc<Gateway>, entry: SpoolEntry) {
                         .inc();
                     break;
                 }
-                Err(DeliveryError::Retry(reason)) => {
-                    tracing::warn!(session = %id, %reason, retry_in = ?backoff, "delivery failed");
+                Err(DeliveryError::Retry(failure)) => {
+                    tracing::warn!(session = %id, kind = %failure.kind, reason = %failure.message, retry_in = ?backoff, "delivery failed");
+                    gateway
+                        .metrics
+                        .delivery_errors
+                        .with_label_values(&[&failure.kind])
+                        .inc();
+                    gateway.note_delivery_error(&id, &failure.message);
                     gateway
                         .metrics
                         .trajectories

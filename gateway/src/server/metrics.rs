@@ -20,6 +20,8 @@ pub struct Metrics {
     /// Failed upstream attempts by kind and what followed: `retried` or `failed` (the call
     /// failed for the harness; its session is an infrastructure failure).
     pub upstream_errors: IntCounterVec,
+    /// Failed trajectory deliveries by cause (`crate::net_error::KINDS`, `http_<status>`, `disk`).
+    pub delivery_errors: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -120,6 +122,17 @@ impl Metrics {
             }
         }
         registry.register(Box::new(upstream_errors.clone()))?;
+        let delivery_errors = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_delivery_errors_total",
+                "Failed trajectory delivery attempts by cause (dns, refused, timeout, tls, connect, broken, http_<status>, disk)",
+            ),
+            &["kind"],
+        )?;
+        for kind in crate::net_error::KINDS {
+            delivery_errors.with_label_values(&[kind]).inc_by(0);
+        }
+        registry.register(Box::new(delivery_errors.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -133,6 +146,7 @@ impl Metrics {
             trajectories,
             spool_pending,
             upstream_errors,
+            delivery_errors,
         })
     }
 

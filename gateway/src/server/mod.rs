@@ -67,6 +67,8 @@ pub struct Gateway {
     pub spool: crate::ship::Spool,
     /// Sessions with a shipper running.
     pub shipping: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The last failed delivery attempt of each session not yet shipped (for its outcome).
+    pub delivery_errors: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// Serializes recording outcomes (a result and a shutdown may race).
     pub finishing: std::sync::Mutex<()>,
     /// Flips to true when the gateway starts stopping (ends long polls).
@@ -119,6 +121,7 @@ impl Gateway {
             assignments: Default::default(),
             spool: crate::ship::Spool::open(&config.spool_dir)?,
             shipping: Default::default(),
+            delivery_errors: Default::default(),
             finishing: Default::default(),
             stopping: tokio::sync::watch::Sender::new(false),
             runner_ready: Default::default(),
@@ -128,6 +131,28 @@ impl Gateway {
 }
 
 impl Gateway {
+    fn delivery_errors(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
+        self.delivery_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn note_delivery_error(&self, session: &str, error: &str) {
+        self.delivery_errors()
+            .insert(session.to_string(), error.to_string());
+    }
+
+    pub fn forget_delivery_error(&self, session: &str) {
+        self.delivery_errors().remove(session);
+    }
+
+    /// The last failed delivery of a session whose trajectory is not shipped.
+    pub fn delivery_error(&self, session: &str) -> Option<String> {
+        self.delivery_errors().get(session).cloned()
+    }
+
     /// A session's upstream: the gateway's own, with what the assignment overrides (a job in
     /// train mode calls its trainer's vLLM; its sampling settings replace the harness's).
     pub fn upstream_for(&self, over: Option<&crate::ship::UpstreamOverride>) -> sessions::Upstream {

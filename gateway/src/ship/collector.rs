@@ -111,7 +111,7 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
     };
     match deliver(&c.http, &entry).await {
         Ok(_) => {}
-        Err(DeliveryError::Retry(e)) => return refuse(StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(DeliveryError::Retry(e)) => return refuse(StatusCode::SERVICE_UNAVAILABLE, e.message),
         Err(DeliveryError::Permanent(e)) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, e),
     }
     let accepted = c.dir.join("accepted").join(format!("{session}.json"));

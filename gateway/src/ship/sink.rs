@@ -35,10 +35,31 @@ const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120
 pub enum DeliveryError {
     /// Worth retrying (network, 5xx, 429, a full disk).
     #[error("{0}")]
-    Retry(String),
+    Retry(Failure),
     /// The sink refused it; retrying cannot help.
     #[error("{0}")]
     Permanent(String),
+}
+
+/// A delivery attempt that may succeed later: what happened, and its kind for the metric
+/// (`dns`, `refused`, `timeout`, `tls`, `connect`, `broken`, `http_<status>`, `disk`).
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn retry(kind: impl Into<String>, message: String) -> DeliveryError {
+    DeliveryError::Retry(Failure {
+        kind: kind.into(),
+        message,
+    })
 }
 
 /// Deliver one spooled trajectory. Returns where it went.
@@ -54,7 +75,10 @@ pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<Strin
                 .json(trajectory)
                 .send()
                 .await
-                .map_err(|e| DeliveryError::Retry(format!("POST {url}: {e}")))?;
+                .map_err(|e| {
+                    let (kind, chain) = crate::net_error::describe(&e);
+                    retry(kind, format!("POST {url}: {chain}"))
+                })?;
             let status = resp.status();
             if status.is_success() || status.as_u16() == 409 {
                 return Ok(url.clone());
@@ -62,7 +86,7 @@ pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<Strin
             let body = resp.text().await.unwrap_or_default();
             let message = format!("POST {url}: {status}: {}", truncate(&body, 500));
             if status.is_server_error() || matches!(status.as_u16(), 408 | 429) {
-                Err(DeliveryError::Retry(message))
+                Err(retry(format!("http_{}", status.as_u16()), message))
             } else {
                 Err(DeliveryError::Permanent(message))
             }
@@ -83,8 +107,8 @@ pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<Strin
             let target = dir.display().to_string();
             tokio::task::spawn_blocking(write)
                 .await
-                .map_err(|e| DeliveryError::Retry(e.to_string()))?
-                .map_err(DeliveryError::Retry)?;
+                .map_err(|e| retry("disk", e.to_string()))?
+                .map_err(|e| retry("disk", e))?;
             Ok(target)
         }
     }

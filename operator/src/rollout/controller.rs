@@ -370,6 +370,9 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             // Someone else wrote first: look again before releasing anything.
             None => return Ok(Action::requeue(Duration::from_millis(200))),
         }
+        // The fold may finish the job: announce it now, or the final write below (which then
+        // sees no change) never would.
+        announce_transition(job, ctx, previous.as_ref(), &st).await;
         written = Some(st);
         report_folds(job, ctx, &decided).await;
     }
