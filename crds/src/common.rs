@@ -82,7 +82,8 @@ pub struct SandboxTemplate {
     #[schemars(length(max = 253))]
     pub service_account_name: Option<String>,
     /// Security context of the harness container. When unset, floe applies the restricted
-    /// profile (non-root, no privilege escalation, all capabilities dropped).
+    /// profile (uid and gid 1000, non-root, no privilege escalation, all capabilities dropped,
+    /// the runtime's seccomp profile). When set, it is used as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<SecurityContext>>")]
     pub security_context: Option<SecurityContext>,

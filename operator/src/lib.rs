@@ -8,6 +8,7 @@ pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod pod_cache;
+pub mod pod_problem;
 pub mod pool;
 pub mod pool_controller;
 pub mod rollout;

@@ -1,5 +1,5 @@
 //! One watch on floe's pods for the whole operator: a slimmed cache (what the controllers
-//! read: labels, annotations, owner, phase, conditions, IP, container exit states — no spec,
+//! read: labels, annotations, owner, phase, conditions, IP, container states — no spec,
 //! no managed fields) and the triggers that wake the pool and job controllers.
 //!
 //! Listing a big pool from the apiserver on every reconcile cost ~250 KiB of operator memory
@@ -11,7 +11,7 @@ use std::time::Duration;
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::RolloutJob;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
@@ -29,21 +29,26 @@ pub fn slim(mut pod: Pod) -> Pod {
         phase: s.phase,
         conditions: s.conditions,
         pod_ip: s.pod_ip,
-        container_statuses: s.container_statuses.map(|cs| {
-            cs.into_iter()
-                .map(|mut c| {
-                    c.image = String::new();
-                    c.image_id = String::new();
-                    c.last_state = None;
-                    c
-                })
-                .collect()
-        }),
+        container_statuses: s.container_statuses.map(slim_statuses),
+        // Why a pod cannot start may be its init container's (`crate::pod_problem`).
+        init_container_statuses: s.init_container_statuses.map(slim_statuses),
         message: s.message,
         reason: s.reason,
         ..Default::default()
     });
     pod
+}
+
+fn slim_statuses(statuses: Vec<ContainerStatus>) -> Vec<ContainerStatus> {
+    statuses
+        .into_iter()
+        .map(|mut c| {
+            c.image = String::new();
+            c.image_id = String::new();
+            c.last_state = None;
+            c
+        })
+        .collect()
 }
 
 pub struct PodCache {

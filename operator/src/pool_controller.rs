@@ -47,6 +47,9 @@ pub struct PoolContext {
     /// reconcile right after a burst would see the old count and act twice (the ReplicaSet
     /// controller's "expectations").
     expected: Mutex<HashMap<String, Expected>>,
+    /// Pods replaced in a row for not becoming READY, per pool (reset by a READY pod): the
+    /// unready timeout backs off with it ([`crate::pod_problem::backed_off_timeout`]).
+    unready_failures: Mutex<HashMap<String, u32>>,
 }
 
 #[derive(Default)]
@@ -79,6 +82,7 @@ impl PoolContext {
             claims,
             created: Mutex::default(),
             expected: Mutex::default(),
+            unready_failures: Mutex::default(),
         }
     }
 
@@ -115,6 +119,28 @@ impl PoolContext {
             entry.creates.keys().cloned().collect(),
             entry.deletes.keys().cloned().collect(),
         )
+    }
+
+    fn unready_failures(&self, key: &str) -> u32 {
+        let failures = self
+            .unready_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        failures.get(key).copied().unwrap_or(0)
+    }
+
+    /// `Some(n)`: n more pods replaced for not becoming READY; `None`: a pod became READY.
+    fn count_unready(&self, key: &str, more: Option<u32>) {
+        let mut failures = self
+            .unready_failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match more {
+            Some(n) => *failures.entry(key.to_string()).or_default() += n,
+            None => {
+                failures.remove(key);
+            }
+        }
     }
 
     fn created_last_minute(&self, key: &str) -> i32 {
@@ -187,6 +213,7 @@ async fn reconcile_pool(
     let now = k8s_openapi::jiff::Timestamp::now();
 
     let mut unclaimed = Vec::new();
+    let mut problems = Vec::new();
     let mut claimed = 0;
     for pod in &cached {
         let pod: &Pod = pod;
@@ -204,6 +231,10 @@ async fn reconcile_pool(
                 let ready = is_ready(pod);
                 if ready && state(pod) == Some("warming") {
                     mark(&pods, pod, PodState::Ready).await?;
+                    ctx.count_unready(&key, None);
+                }
+                if !ready {
+                    problems.extend(crate::pod_problem::problem(pod));
                 }
                 let age = pod
                     .metadata
@@ -235,14 +266,28 @@ async fn reconcile_pool(
             age_seconds: 0,
         });
     }
+    let failures = ctx.unready_failures(&key);
+    let unready_timeout =
+        crate::pod_problem::backed_off_timeout(pool.spec.refill.unready_timeout_seconds, failures);
     let view = PoolView {
         desired: pool.spec.replicas,
         template_hash: hash.clone(),
         strategy: pool.spec.update_strategy.type_,
-        refill: pool.spec.refill.clone(),
+        refill: floe_crds::RefillPolicy {
+            unready_timeout_seconds: unready_timeout,
+            ..pool.spec.refill.clone()
+        },
         created_last_minute: ctx.created_last_minute(&key),
     };
     let decided = plan(&view, &unclaimed);
+    let replaced_unready = decided
+        .delete
+        .iter()
+        .filter(|(_, r)| *r == DeleteReason::Unready)
+        .count() as u32;
+    if replaced_unready > 0 {
+        ctx.count_unready(&key, Some(replaced_unready));
+    }
     for (pod, reason) in &decided.delete {
         tracing::info!(pool = %key, %pod, ?reason, "deleting pod");
         delete(&pods, pod).await?;
@@ -252,8 +297,17 @@ async fn reconcile_pool(
                 EventType::Warning,
                 "PodUnready",
                 format!(
-                    "pod {pod} was not READY within {} s; replacing it",
-                    pool.spec.refill.unready_timeout_seconds
+                    "pod {pod} was not READY within {unready_timeout} s{}; replacing it (the next \
+                     replacement waits {} s)",
+                    problems
+                        .iter()
+                        .find(|p| p.pod == *pod)
+                        .map(|p| format!(" ({})", p.describe()))
+                        .unwrap_or_default(),
+                    crate::pod_problem::backed_off_timeout(
+                        pool.spec.refill.unready_timeout_seconds,
+                        failures + replaced_unready
+                    ),
                 ),
             ),
             DeleteReason::Stale => (
@@ -283,7 +337,16 @@ async fn reconcile_pool(
         .collect();
     let ready = kept.iter().filter(|p| p.ready).count() as i32;
     let replicas = kept.len() as i32 + decided.create;
-    write_status(&ctx, &pool, &ns, replicas, ready, claimed, &hash).await?;
+    let kept_problems: Vec<&crate::pod_problem::PodProblem> = problems
+        .iter()
+        .filter(|p| !deleted.contains(&&p.pod))
+        .collect();
+    let counts = Counts {
+        replicas,
+        ready,
+        claimed,
+    };
+    write_status(&ctx, &pool, &ns, counts, &kept_problems, &hash).await?;
     let settled = ready >= pool.spec.replicas && decided.deferred == 0 && decided.create == 0;
     Ok(Action::requeue(if settled {
         Duration::from_secs(60)
@@ -364,15 +427,25 @@ async fn create_pod(
     Ok(pod_name)
 }
 
+struct Counts {
+    replicas: i32,
+    ready: i32,
+    claimed: i32,
+}
+
 async fn write_status(
     ctx: &PoolContext,
     pool: &GatewayPool,
     ns: &str,
-    replicas: i32,
-    ready: i32,
-    claimed: i32,
+    counts: Counts,
+    problems: &[&crate::pod_problem::PodProblem],
     hash: &str,
 ) -> Result<(), PoolError> {
+    let Counts {
+        replicas,
+        ready,
+        claimed,
+    } = counts;
     let desired = pool.spec.replicas;
     let labels = [ns, &pool.name_any()];
     ctx.metrics
@@ -387,10 +460,30 @@ async fn write_status(
         .pool_claimed
         .with_label_values(&labels)
         .set(i64::from(claimed));
-    let (status, reason, message) = if ready >= desired {
-        ("True", "PoolReady", format!("{ready}/{desired} pods READY"))
-    } else {
-        ("False", "Warming", format!("{ready}/{desired} pods READY"))
+    let (status, reason, message) = match problems.first() {
+        _ if ready >= desired => (
+            "True",
+            "PoolReady".to_string(),
+            format!("{ready}/{desired} pods READY"),
+        ),
+        // Where users look: the kubelet's or the scheduler's reason on the pool itself.
+        Some(p) => (
+            "False",
+            p.reason.clone(),
+            format!(
+                "{ready}/{desired} pods READY; {}{}",
+                p.describe(),
+                match problems.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more pods)", n - 1),
+                }
+            ),
+        ),
+        None => (
+            "False",
+            "Warming".to_string(),
+            format!("{ready}/{desired} pods READY"),
+        ),
     };
     let previous = pool
         .status
@@ -411,7 +504,7 @@ async fn write_status(
         conditions: vec![Condition {
             type_: "Ready".into(),
             status: status.into(),
-            reason: reason.into(),
+            reason: reason.clone(),
             message,
             last_transition_time: since,
             observed_generation: pool.metadata.generation,
@@ -419,6 +512,15 @@ async fn write_status(
     };
     if pool.status.as_ref() == Some(&new) {
         return Ok(());
+    }
+    // A Warning when pods start failing for a new reason (once per reason, not per reconcile).
+    if let Some(p) = problems.first() {
+        if previous.is_none_or(|c| c.reason != reason) {
+            let note = new.conditions[0].message.clone();
+            ctx.events
+                .publish(&pool.object_ref(&()), EventType::Warning, &p.reason, note)
+                .await;
+        }
     }
     // An Event when READY flips, not on every count change.
     if previous.is_some_and(|c| c.status != status) || (previous.is_none() && status == "True") {

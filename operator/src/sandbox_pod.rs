@@ -149,9 +149,18 @@ pub fn template_hash(spec: &GatewayPoolSpec) -> String {
     format!("{hash:016x}")
 }
 
-fn restricted() -> Value {
+/// The user a sandbox container runs as when its template sets no security context: most
+/// public images (node, python, debian) declare no numeric non-root `USER`, and the kubelet
+/// refuses `runAsNonRoot` without one (`CreateContainerConfigError`). 1000 is the first
+/// regular user of Debian-based images (`node` in the node images). A template's own
+/// `securityContext` replaces this (`docs/crds.md`).
+pub const SANDBOX_UID: i64 = 1000;
+/// floe's own containers (the image's `USER`, set here too for a rebuilt image without one).
+pub const FLOE_UID: i64 = 65532;
+
+fn restricted(uid: i64) -> Value {
     json!({
-        "runAsNonRoot": true, "allowPrivilegeEscalation": false,
+        "runAsNonRoot": true, "runAsUser": uid, "runAsGroup": uid, "allowPrivilegeEscalation": false,
         "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
     })
 }
@@ -227,7 +236,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
             {"name": "floe-control", "mountPath": CONTROL_DIR, "readOnly": true},
             {"name": "floe-state", "mountPath": STATE_DIR},
         ],
-        "securityContext": restricted(),
+        "securityContext": restricted(FLOE_UID),
     });
     if let Some(r) = &g.resources {
         gateway["resources"] = serde_json::to_value(r)?;
@@ -237,7 +246,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         "image": p.floe_image,
         "command": ["floe", "install-binary", format!("{BIN_DIR}/floe")],
         "volumeMounts": [{"name": "floe-bin", "mountPath": BIN_DIR}],
-        "securityContext": restricted(),
+        "securityContext": restricted(FLOE_UID),
     });
 
     let mut env = vec![
@@ -279,7 +288,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": match &t.security_context {
             Some(sc) => serde_json::to_value(sc)?,
-            None => restricted(),
+            None => restricted(SANDBOX_UID),
         },
     });
     if let Some(policy) = t.image_pull_policy {

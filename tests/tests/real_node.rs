@@ -251,7 +251,11 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let facts = security_facts(n, &ns, &warm[0].name_any())?;
     let lines: Vec<&str> = facts.lines().collect();
-    assert_eq!(lines.first(), Some(&"1000"), "the image's user: {facts}");
+    assert_eq!(
+        lines.first(),
+        Some(&"1000"),
+        "the default non-root user: {facts}"
+    );
     assert!(facts.contains("CapEff:\t0000000000000000"), "{facts}");
     assert!(facts.contains("NoNewPrivs:\t1"), "{facts}");
     assert!(
@@ -491,5 +495,79 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
         "the operator pods were replaced"
     );
     helm(n, &["uninstall", "floe", "--namespace", &system.name])?;
+    Ok(())
+}
+
+/// The pool's Ready condition, once its reason is `reason`.
+async fn pool_condition(client: &Client, ns: &str, pool: &str, reason: &str) -> Result<String> {
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), ns);
+    eventually_within(
+        90,
+        &format!("pool {pool}'s condition {reason}"),
+        async || {
+            let p = pools.get(pool).await?;
+            Ok(p.status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.type_ == "Ready" && c.reason == reason)
+                .map(|c| c.message.clone()))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
+    let n = node();
+    let images = n.images()?;
+    let client = n.cluster.client().await?;
+    n.cluster.install_crds(&client).await?;
+    let ns = TestNamespace::create(&n.cluster, &client, "node-stuck").await?;
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns.name, &[], &[])?;
+    let pool = |name: &str, template: Value| {
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": name}, "spec": {"replicas": 1, "template": template}})
+    };
+    // More CPU than the node has: the scheduler's words, not a silent "0/1 pods READY".
+    apply(
+        &client,
+        &ns.name,
+        pool(
+            "huge",
+            json!({"image": images.python, "imagePullPolicy": "Never",
+                   "resources": {"requests": {"cpu": "64"}}}),
+        ),
+    )
+    .await?;
+    // An image the node does not have and may not pull: the kubelet's words.
+    apply(
+        &client,
+        &ns.name,
+        pool(
+            "missing",
+            json!({"image": "floe.local/no-such-image:1", "imagePullPolicy": "Never"}),
+        ),
+    )
+    .await?;
+    let huge = pool_condition(&client, &ns.name, "huge", "Unschedulable").await?;
+    assert!(huge.contains("Insufficient cpu"), "{huge}");
+    let missing = pool_condition(&client, &ns.name, "missing", "ErrImageNeverPull").await?;
+    assert!(
+        missing.contains("container sandbox") && missing.contains("no-such-image"),
+        "{missing}"
+    );
+    // Announced once as a Warning on the pool.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    eventually_within(30, "the Warning events", async || {
+        let listed = events.list(&ListParams::default()).await?.items;
+        let warned = |reason: &str| {
+            listed.iter().any(|e| {
+                e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
+            })
+        };
+        Ok((warned("Unschedulable") && warned("ErrImageNeverPull")).then_some(()))
+    })
+    .await?;
     Ok(())
 }

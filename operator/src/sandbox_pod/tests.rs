@@ -151,6 +151,9 @@ fn restricted_security_unless_the_template_says_otherwise() {
     let p = pod(&spec(json!({})), false);
     let sc = &container(&p["spec"]["containers"], "sandbox")["securityContext"];
     assert_eq!(sc["runAsNonRoot"], true);
+    // A numeric user, so images without a numeric non-root USER start too.
+    assert_eq!(sc["runAsUser"], 1000);
+    assert_eq!(sc["runAsGroup"], 1000);
     assert_eq!(sc["allowPrivilegeEscalation"], false);
     assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
     let mut s = spec(json!({}));

@@ -1,0 +1,166 @@
+//! Why a pool pod is not becoming READY, read from what the scheduler and the kubelet wrote on
+//! it (sans-IO). The pool's condition and Events carry it, so the cause shows where users look
+//! (`kubectl describe gatewaypool`) instead of only in the kubelet's Event on one pod.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+
+/// A pod that cannot become READY as it is: waiting on something retrying will not fix soon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodProblem {
+    pub pod: String,
+    /// The container, or `None` for the pod as a whole (not scheduled).
+    pub container: Option<String>,
+    /// The kubelet's or the scheduler's reason (`CreateContainerConfigError`, `Unschedulable`, …).
+    pub reason: String,
+    pub message: String,
+}
+
+impl PodProblem {
+    /// One line: `pod p container c: Reason: message`.
+    pub fn describe(&self) -> String {
+        let at = match &self.container {
+            Some(c) => format!("pod {} container {c}", self.pod),
+            None => format!("pod {}", self.pod),
+        };
+        if self.message.is_empty() {
+            format!("{at}: {}", self.reason)
+        } else {
+            format!("{at}: {}: {}", self.reason, self.message)
+        }
+    }
+}
+
+/// Waiting reasons that mean the container will not start as configured. (`ContainerCreating`
+/// and `PodInitializing` are progress, not problems.)
+const STUCK: &[&str] = &[
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "RunContainerError",
+];
+
+pub fn problem(pod: &Pod) -> Option<PodProblem> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.as_ref()?;
+    if let Some(c) = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    }) {
+        return Some(PodProblem {
+            pod: name,
+            container: None,
+            reason: "Unschedulable".into(),
+            message: c.message.clone().unwrap_or_default(),
+        });
+    }
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    containers
+        .filter_map(|c| container_problem(c).map(|(reason, message)| (c, reason, message)))
+        .map(|(c, reason, message)| PodProblem {
+            pod: name.clone(),
+            container: Some(c.name.clone()),
+            reason,
+            message,
+        })
+        .next()
+}
+
+fn container_problem(c: &ContainerStatus) -> Option<(String, String)> {
+    let state = c.state.as_ref()?;
+    if let Some(w) = &state.waiting {
+        let reason = w.reason.clone().unwrap_or_default();
+        if STUCK.contains(&reason.as_str()) {
+            return Some((reason, w.message.clone().unwrap_or_default()));
+        }
+    }
+    // A container that already failed (an init container's copy, a crashed gateway).
+    if let Some(t) = &state.terminated {
+        if t.exit_code != 0 {
+            let reason = t.reason.clone().unwrap_or_else(|| "Error".into());
+            let message = t
+                .message
+                .clone()
+                .filter(|m| !m.trim().is_empty())
+                .unwrap_or_else(|| format!("exit code {}", t.exit_code));
+            return Some((reason, message));
+        }
+    }
+    None
+}
+
+/// The unready timeout after `failures` pods of a pool in a row were replaced for not becoming
+/// READY: doubled each time, up to 32×, so a template that cannot start is retried ever more
+/// slowly instead of in a tight loop. A pod that becomes READY resets the count.
+pub fn backed_off_timeout(base_seconds: i32, failures: u32) -> i32 {
+    base_seconds.saturating_mul(1 << failures.min(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).expect("pod")
+    }
+
+    #[test]
+    fn a_container_that_cannot_start_is_named_with_the_kubelets_words() {
+        let p = pod(json!({"containerStatuses": [
+            {"name": "floe-gateway", "ready": true, "restartCount": 0, "image": "", "imageID": "",
+             "state": {"running": {}}},
+            {"name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+             "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                   "message": "container has runAsNonRoot and image will run as root"}}}]}));
+        let got = problem(&p).expect("a problem");
+        assert_eq!(
+            got.describe(),
+            "pod p container sandbox: CreateContainerConfigError: container has runAsNonRoot and image will run as root"
+        );
+    }
+
+    #[test]
+    fn progress_is_not_a_problem_and_a_failed_init_container_is() {
+        let creating = pod(json!({"containerStatuses": [
+            {"name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+             "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
+        assert_eq!(problem(&creating), None);
+        let init = pod(json!({"initContainerStatuses": [
+            {"name": "floe-init", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+             "state": {"terminated": {"exitCode": 127, "reason": "Error"}}}]}));
+        assert_eq!(
+            problem(&init).expect("problem").describe(),
+            "pod p container floe-init: Error: exit code 127"
+        );
+    }
+
+    #[test]
+    fn a_pod_the_scheduler_cannot_place_says_why() {
+        let p = pod(
+            json!({"conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/1 nodes are available: 1 Insufficient cpu."}]}),
+        );
+        let got = problem(&p).expect("problem");
+        assert_eq!(got.container, None);
+        assert_eq!(got.reason, "Unschedulable");
+        assert!(got.describe().contains("Insufficient cpu"));
+    }
+
+    #[test]
+    fn the_unready_timeout_backs_off_and_is_capped() {
+        assert_eq!(backed_off_timeout(120, 0), 120);
+        assert_eq!(backed_off_timeout(120, 1), 240);
+        assert_eq!(backed_off_timeout(120, 5), 3840);
+        assert_eq!(backed_off_timeout(120, 40), 3840);
+        assert_eq!(backed_off_timeout(i32::MAX, 3), i32::MAX);
+    }
+}
