@@ -474,8 +474,13 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
             .then_some(()))
     })
     .await?;
+    // Killed, not stopped: no grace period, the objects go at once.
+    let kill = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
     for pod in &operators {
-        pods.delete(&pod.name_any(), &Default::default()).await?;
+        pods.delete(&pod.name_any(), &kill).await?;
     }
     let status = finished(n, &client, &ns, "both")
         .await
@@ -487,12 +492,19 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
     let sessions: std::collections::BTreeSet<&str> =
         lines.iter().filter_map(|t| t["session"].as_str()).collect();
     assert_eq!(sessions.len(), 4, "each session once: {sessions:?}");
-    let replaced = pods.list(&ListParams::default()).await?.items;
+    let now: Vec<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
     assert!(
-        replaced
-            .iter()
-            .all(|p| !operators.iter().any(|o| o.name_any() == p.name_any())),
-        "the operator pods were replaced"
+        !now.is_empty()
+            && now
+                .iter()
+                .all(|p| !operators.iter().any(|o| o.name_any() == *p)),
+        "the job was finished by new operator pods: {now:?}"
     );
     helm(n, &["uninstall", "floe", "--namespace", &system.name])?;
     Ok(())
