@@ -40,36 +40,11 @@ mkdir -p "$P"
 exec 9>"$P/.lock"; flock 9
 if [ -f "$STAMP" ]; then echo "$P"; exit 0; fi
 
-rm -rf "$P"/{debs,root,src,bin,apt,gopath,images}
-mkdir -p "$P"/{debs,root,src,bin,apt/lists/partial,images}
-cd "$P"
-
-log "fetch Go 1.19 + reflect2 1.0.2 (.deb, extracted under $P/root)"
-fetch_debs() { (cd debs && apt-get download -q golang-1.19-go golang-1.19-src golang-github-modern-go-reflect2-dev >/dev/null 2>&1); }
-fetch_debs || { apt-get update -qq >/dev/null 2>&1 || true; fetch_debs; }
-for d in debs/*.deb; do dpkg-deb -x "$d" root; done
-
-# The deb-src entry uses the mirror apt is already configured with (no host name in the repo).
-MIRROR=$(apt-get indextargets --format '$(REPO_URI)' 'Identifier: Packages' 'Origin: Debian' 'Codename: bookworm' | head -1)
-[ -n "$MIRROR" ] || { log "no Debian bookworm mirror in apt's configuration"; exit 1; }
-log "fetch kubernetes $K8S_DEB_VERSION source package"
-echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR bookworm main" > apt/sources.list
-APTOPT=(-o "Dir::Etc::SourceList=$P/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent -o "Dir::State::Lists=$P/apt/lists")
-apt-get "${APTOPT[@]}" update -qq >/dev/null 2>&1
-(cd src && apt-get "${APTOPT[@]}" source --download-only "kubernetes=$K8S_DEB_VERSION" >/dev/null 2>&1 \
-  && tar xzf "kubernetes_1.20.5+really${K8S_VERSION}.orig.tar.gz")
-
-export PATH=$P/root/usr/lib/go-1.19/bin:$PATH GOCACHE=$CACHE/gocache GOPATH=$P/gopath \
-  GOPROXY=off GO111MODULE=off CGO_ENABLED=0 GOFLAGS=
-mkdir -p "$GOPATH/src/k8s.io"
-ln -sfn "$P/src/kubernetes-$K8S_VERSION" "$GOPATH/src/k8s.io/kubernetes"
-cd "$GOPATH/src/k8s.io/kubernetes"
-
-# Vendored modern-go/reflect2 1.0.1 segfaults on Go >= 1.18; Debian ships 1.0.2 (as setup.sh).
-R=vendor/github.com/modern-go/reflect2
-rm -f $R/*.go $R/*.s
-cp "$P"/root/usr/share/gocode/src/github.com/modern-go/reflect2/*.{go,s} $R/
-rm -f $R/*_test.go
+rm -rf "$P"/{bin,images}
+mkdir -p "$P"/{bin,images}
+# shellcheck source=k8s-source.sh
+. "$HERE/k8s-source.sh"
+k8s_source "$P"
 
 # The kubelet links the legacy in-tree image credential providers; the AWS one's Enabled() walks
 # the AWS SDK credential chain at start-up, which dials the EC2 metadata address 169.254.169.254
@@ -77,10 +52,7 @@ rm -f $R/*_test.go
 sed -i '\|_ "k8s.io/kubernetes/pkg/credentialprovider/aws"|d' cmd/kubelet/app/plugins.go
 if grep -q credentialprovider/aws cmd/kubelet/app/plugins.go; then log "aws credential provider patch failed"; exit 1; fi
 
-LD="-s -w"
-for V in k8s.io/kubernetes/vendor/k8s.io/component-base/version k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
-  LD="$LD -X $V.gitVersion=v$K8S_VERSION -X $V.gitMajor=1 -X $V.gitMinor=20 -X $V.gitTreeState=archive"
-done
+LD=$(k8s_ldflags)
 # These three do not import pkg/generated/openapi: no openapi-gen step. -tags providerless: no
 # in-tree cloud providers (and none of their metadata probes).
 for c in kube-scheduler kube-proxy kubelet; do

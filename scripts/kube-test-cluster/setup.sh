@@ -26,44 +26,12 @@ exec 9>"$P/.lock"
 flock 9
 if [ -f "$STAMP" ]; then echo "$P/bin"; exit 0; fi
 
-rm -rf "$P"/{debs,root,src,bin,apt,gopath}
-mkdir -p "$P"/{debs,root,src,bin,apt/lists/partial}
-cd "$P"
-
-fetch_debs() {
-  (cd debs && apt-get download -q golang-1.19-go golang-1.19-src etcd-server kubernetes-client \
-    golang-github-modern-go-reflect2-dev >/dev/null 2>&1)
-}
-log "fetch Go 1.19, etcd 3.4, kubectl 1.20, reflect2 1.0.2 (.deb, extracted under $P/root)"
-if ! fetch_debs; then
-  log "apt lists look stale: apt-get update"
-  apt-get update -qq >/dev/null 2>&1 || true
-  fetch_debs || { log "apt-get download failed"; exit 1; }
-fi
-for d in debs/*.deb; do dpkg-deb -x "$d" root; done
-
-log "fetch kubernetes $K8S_DEB_VERSION source package (private deb-src list)"
-# The deb-src entry uses the mirror apt is already configured with (no host name in the repo).
-MIRROR=$(apt-get indextargets --format '$(REPO_URI)' 'Identifier: Packages' 'Origin: Debian' 'Codename: bookworm' | head -1)
-[ -n "$MIRROR" ] || { log "no Debian bookworm mirror in apt's configuration"; exit 1; }
-echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR bookworm main" > apt/sources.list
-APTOPT=(-o "Dir::Etc::SourceList=$P/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent -o "Dir::State::Lists=$P/apt/lists")
-apt-get "${APTOPT[@]}" update -qq >/dev/null 2>&1
-(cd src && apt-get "${APTOPT[@]}" source --download-only "kubernetes=$K8S_DEB_VERSION" >/dev/null 2>&1 \
-  && tar xzf "kubernetes_1.20.5+really${K8S_VERSION}.orig.tar.gz")
-
-export PATH=$P/root/usr/lib/go-1.19/bin:$PATH GOCACHE=$CACHE/gocache GOPATH=$P/gopath \
-  GOPROXY=off GO111MODULE=off CGO_ENABLED=0 GOFLAGS=
-mkdir -p "$GOPATH/src/k8s.io"
-ln -sfn "$P/src/kubernetes-$K8S_VERSION" "$GOPATH/src/k8s.io/kubernetes"
-cd "$GOPATH/src/k8s.io/kubernetes"
-
-# Fix 1: vendored modern-go/reflect2 1.0.1 segfaults on Go >= 1.18; Debian ships 1.0.2.
-log "patch vendored modern-go/reflect2 1.0.1 -> 1.0.2"
-R=vendor/github.com/modern-go/reflect2
-rm -f $R/*.go $R/*.s
-cp "$P"/root/usr/share/gocode/src/github.com/modern-go/reflect2/*.{go,s} $R/
-rm -f $R/*_test.go
+rm -rf "$P/bin"
+mkdir -p "$P/bin"
+# shellcheck source=k8s-source.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/k8s-source.sh"
+# Go, the sources, reflect2 (fix 1 is applied there), etcd 3.4 and kubectl 1.20.
+k8s_source "$P" etcd-server kubernetes-client
 
 # Fix 2: pkg/generated/openapi is generated code that the source tarball does not carry.
 log "generate pkg/generated/openapi with the vendored openapi-gen"
@@ -77,10 +45,7 @@ DIRS=$(find -H . \( -not \( \( -path './_*' -o -path './.*' -o -path ./vendor \)
 # The known API-rule exceptions must match exactly, or the generated code is not what upstream ships.
 diff -q <(sort "$P/openapi-violations.report") <(sort api/api-rules/violation_exceptions.list)
 
-LD="-s -w"
-for V in k8s.io/kubernetes/vendor/k8s.io/component-base/version k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
-  LD="$LD -X $V.gitVersion=v$K8S_VERSION -X $V.gitMajor=1 -X $V.gitMinor=20 -X $V.gitTreeState=archive"
-done
+LD=$(k8s_ldflags)
 for c in kube-apiserver kube-controller-manager; do
   log "go build $c"
   go build -trimpath -ldflags "$LD" -o "$P/bin/$c" "./cmd/$c"
