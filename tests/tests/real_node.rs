@@ -9,7 +9,7 @@
 use anyhow::{bail, Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
-use floe_tests::node::{host_services, node, tail, TestNode};
+use floe_tests::node::{host_services, node, tail, NodeImages, TestNode};
 use floe_tests::operator::{eventually_within, Operator};
 use floe_tests::{chart, TestNamespace};
 use k8s_openapi::api::core::v1::Pod;
@@ -168,17 +168,24 @@ fn pod_logs(n: &TestNode, ns: &str) -> Result<String> {
     ))
 }
 
-/// A namespace where sessions can run: the model Service, the dataset claim (on `data`), the
-/// agent's ConfigMap.
+/// The node, its images, a client, and a namespace where sessions can run: the model Service,
+/// the dataset claim (on `data`), the agent's ConfigMap.
 struct Work {
+    n: &'static TestNode,
+    images: &'static NodeImages,
+    client: Client,
     ns: TestNamespace,
     data: tempfile::TempDir,
 }
 
-async fn prepare(n: &TestNode, client: &Client, label: &str) -> Result<Work> {
-    n.cluster.install_crds(client).await?;
+async fn prepare(label: &str) -> Result<Work> {
+    let n = node();
+    let images = n.images()?;
+    let client = n.cluster.client().await?;
+    n.cluster.install_crds(&client).await?;
     host_services(n)?;
-    let ns = TestNamespace::create(&n.cluster, client, label).await?;
+    let ns = TestNamespace::create(&n.cluster, &client, label).await?;
+    let client = &client;
     model_service(n, client, &ns.name).await?;
     let data = tempfile::Builder::new()
         .prefix("floe-node-data")
@@ -191,7 +198,13 @@ async fn prepare(n: &TestNode, client: &Client, label: &str) -> Result<Work> {
                "data": {"agent.py": AGENT}}),
     )
     .await?;
-    Ok(Work { ns, data })
+    Ok(Work {
+        n,
+        images,
+        client: client.clone(),
+        ns,
+        data,
+    })
 }
 
 /// The GatewayPool `python` of two pods, once both are READY (the operator must run).
@@ -240,11 +253,13 @@ fn fix_max() -> Value {
 
 #[tokio::test]
 async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() -> Result<()> {
-    let n = node();
-    let images = n.images()?;
-    let client = n.cluster.client().await?;
-    let work = prepare(n, &client, "node").await?;
-    let ns = work.ns.name.clone();
+    let work = prepare("node").await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
     let data = &work.data;
     let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
     let warm = warm_pool(n, &client, &ns, &images.python).await?;
@@ -413,11 +428,13 @@ fn operator_logs(n: &TestNode, ns: &str) -> String {
 
 #[tokio::test]
 async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result<()> {
-    let n = node();
-    let images = n.images()?;
-    let client = n.cluster.client().await?;
-    let work = prepare(n, &client, "chart-work").await?;
-    let ns = work.ns.name.clone();
+    let work = prepare("chart-work").await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
     let system = TestNamespace::create(&n.cluster, &client, "chart-sys").await?;
     let (repository, tag) = images.floe.rsplit_once(':').context("image tag")?;
     let chart_dir = chart::chart_dir();
