@@ -337,10 +337,13 @@ async fn reconcile_pool(
         .collect();
     let ready = kept.iter().filter(|p| p.ready).count() as i32;
     let replicas = kept.len() as i32 + decided.create;
-    let kept_problems: Vec<&crate::pod_problem::PodProblem> = problems
+    let mut kept_problems: Vec<&crate::pod_problem::PodProblem> = problems
         .iter()
         .filter(|p| !deleted.contains(&&p.pod))
         .collect();
+    // The cache's order is arbitrary: with pods failing for different reasons, the condition
+    // (and its Warning Event, sent when the reason changes) must not flip between them.
+    kept_problems.sort_by(|a, b| (&a.reason, &a.pod).cmp(&(&b.reason, &b.pod)));
     let counts = Counts {
         replicas,
         ready,
