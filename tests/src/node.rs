@@ -137,10 +137,6 @@ impl TestNode {
         })
     }
 
-    pub fn containerd_socket(&self) -> PathBuf {
-        self.dir.join("containerd/containerd.sock")
-    }
-
     pub fn log(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.log"))
     }
