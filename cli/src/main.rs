@@ -1,12 +1,11 @@
 //! `floe`: one binary for the operator, the gateway sidecar, the sandbox runner and local mode.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use floe_crds::generate::Target;
 
 mod collect;
+mod crds;
 mod gateway;
 mod operator;
 mod policy_proxy;
@@ -51,10 +50,12 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Print the RolloutJob and GatewayPool CustomResourceDefinitions as multi-document YAML
-    /// (`floe crds | kubectl apply -f -`).
+    /// (`floe crds | kubectl apply -f -`), rendered for the cluster kubectl's configuration
+    /// points at (its version is asked; a current cluster is assumed when none answers).
     Crds {
-        /// Render for this Kubernetes version (e.g. `1.20`); clusters older than 1.25 get the
-        /// CRDs without CEL rules, which the operator then enforces itself.
+        /// Render for this Kubernetes version (e.g. `1.20`) instead of asking the cluster;
+        /// clusters older than 1.25 get the CRDs without CEL rules, which the operator then
+        /// enforces itself.
         #[arg(long, value_name = "VERSION")]
         kube_version: Option<String>,
     },
@@ -107,10 +108,8 @@ enum Command {
 
 #[derive(Debug, thiserror::Error)]
 enum CliError {
-    #[error("cannot render the CRDs: {0}")]
-    Render(#[from] floe_crds::generate::GenerateError),
     #[error(transparent)]
-    KubeVersion(#[from] floe_crds::generate::VersionError),
+    Crds(#[from] crds::CrdsError),
     #[error("cannot write to stdout: {0}")]
     Stdout(#[from] std::io::Error),
     #[error(transparent)]
@@ -166,14 +165,7 @@ fn sandbox_exec(
 
 fn run(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
-        Command::Crds { kube_version } => {
-            let target = match kube_version {
-                Some(v) => Target::for_kube_version(&v)?,
-                None => Target::LATEST,
-            };
-            let yaml = floe_crds::generate::crds_yaml(target)?;
-            std::io::stdout().lock().write_all(yaml.as_bytes())?;
-        }
+        Command::Crds { kube_version } => crds::run(kube_version)?,
         Command::Gateway(args) => gateway::run(args)?,
         Command::Operator(args) => operator::main(args)?,
         Command::InstallBinary { dest } => install_binary(&dest)?,

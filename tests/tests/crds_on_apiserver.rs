@@ -91,6 +91,9 @@ async fn crds_install_and_are_established() -> Result<()> {
     Ok(())
 }
 
+/// The command users type, as `floe --help` shows it: `floe crds | kubectl apply -f -`, with
+/// no flag. floe asks the cluster kubectl's configuration names for its version, so a 1.20
+/// apiserver gets CRDs without CEL rules and accepts them.
 #[tokio::test]
 async fn floe_crds_piped_into_kubectl_apply() -> Result<()> {
     let c = cluster();
@@ -98,12 +101,22 @@ async fn floe_crds_piped_into_kubectl_apply() -> Result<()> {
     let info = client.apiserver_version().await?;
     let version = format!("{}.{}", info.major, info.minor);
     let out = std::process::Command::new(floe_bin()?)
-        .args(["crds", "--kube-version", &version])
+        .arg("crds")
+        .env("KUBECONFIG", &c.kubeconfig)
         .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "floe crds: {stderr}");
     assert!(
-        out.status.success(),
-        "floe crds: {}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr.contains(&format!("rendered for the cluster's Kubernetes {version}")),
+        "floe crds says what it rendered for: {stderr}"
+    );
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    let cel = floe_crds::generate::Target::for_kube_version(&version)?.cel;
+    assert_eq!(yaml.contains("x-kubernetes-validations"), cel, "{version}");
+    assert_eq!(
+        yaml,
+        floe_crds::generate::crds_yaml(floe_crds::generate::Target::for_kube_version(&version)?)?,
+        "the same CRDs as --kube-version {version}"
     );
     let applied = c.kubectl(&["apply", "-f", "-"], Some(&out.stdout))?;
     let stdout = String::from_utf8_lossy(&applied.stdout);
@@ -114,6 +127,26 @@ async fn floe_crds_piped_into_kubectl_apply() -> Result<()> {
     );
     assert!(stdout.contains("gatewaypools.floe.dev"), "{stdout}");
     assert!(stdout.contains("rolloutjobs.floe.dev"), "{stdout}");
+    Ok(())
+}
+
+/// No cluster to ask (a file rendered for later): a current cluster's CRDs, and stderr says
+/// which flag renders them for an older one.
+#[test]
+fn floe_crds_without_a_cluster_renders_for_a_current_one_and_says_so() -> Result<()> {
+    let out = std::process::Command::new(floe_bin()?)
+        .arg("crds")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "floe crds: {stderr}");
+    assert!(stderr.contains("no cluster answered"), "{stderr}");
+    assert!(stderr.contains("--kube-version 1.20"), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        floe_crds::generate::crds_yaml(floe_crds::generate::Target::LATEST)?
+    );
     Ok(())
 }
 
