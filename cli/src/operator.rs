@@ -42,6 +42,11 @@ pub struct OperatorArgs {
     /// writes and the pool's refill out of the sessions' wait.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     claim_while_starting: bool,
+    /// Pool pods claimed while the job's pod gets ready are given back (deleted unused; the
+    /// pool warms fresh ones) when it has not been Ready for this many seconds, and no more are
+    /// claimed until it is. A job's pod that fails (crash loop) gives them back at once.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    claim_while_starting_limit: u64,
     /// Run the controllers only while holding a Lease, so several replicas can run.
     #[arg(long)]
     leader_elect: bool,
@@ -150,7 +155,9 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 native_sidecars,
                 concurrency: args.concurrency,
                 round_parallelism: args.round_parallelism,
-                claim_while_starting: args.claim_while_starting,
+                claim_while_starting: args.claim_while_starting.then_some(
+                    std::time::Duration::from_secs(args.claim_while_starting_limit),
+                ),
                 leader,
                 metrics_listen: Some(args.metrics_listen),
             },

@@ -76,25 +76,48 @@ pub fn problem(pod: &Pod) -> Option<PodProblem> {
 
 fn container_problem(c: &ContainerStatus) -> Option<(String, String)> {
     let state = c.state.as_ref()?;
+    // Why it crashed last time: a crash loop's waiting message says only "back-off 10s
+    // restarting failed container"; the cause is in the last termination.
+    let last_crash = c
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .filter(|t| t.exit_code != 0)
+        .map(|t| format!("last exit {}: {}", t.exit_code, termination_words(t)));
     if let Some(w) = &state.waiting {
         let reason = w.reason.clone().unwrap_or_default();
         if STUCK.contains(&reason.as_str()) {
-            return Some((reason, w.message.clone().unwrap_or_default()));
+            let message = match (reason.as_str(), &last_crash) {
+                ("CrashLoopBackOff", Some(crash)) => crash.clone(),
+                _ => w.message.clone().unwrap_or_default(),
+            };
+            return Some((reason, message));
         }
     }
     // A container that already failed (an init container's copy, a crashed gateway).
     if let Some(t) = &state.terminated {
         if t.exit_code != 0 {
             let reason = t.reason.clone().unwrap_or_else(|| "Error".into());
-            let message = t
-                .message
-                .clone()
-                .filter(|m| !m.trim().is_empty())
-                .unwrap_or_else(|| format!("exit code {}", t.exit_code));
-            return Some((reason, message));
+            return Some((reason, termination_words(t)));
+        }
+    }
+    // Restarted after a crash and not ready again (yet): between two crashes of a loop.
+    if state.running.is_some() && !c.ready && c.restart_count > 0 {
+        if let Some(crash) = last_crash {
+            return Some(("Restarted".into(), crash));
         }
     }
     None
+}
+
+/// A termination's own message (the termination-message file, or the log tail with
+/// `FallbackToLogsOnError`), or its exit code.
+fn termination_words(t: &k8s_openapi::api::core::v1::ContainerStateTerminated) -> String {
+    t.message
+        .as_deref()
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map_or_else(|| format!("exit code {}", t.exit_code), str::to_string)
 }
 
 /// The unready timeout after `failures` pods of a pool in a row were replaced for not becoming
@@ -141,6 +164,35 @@ mod tests {
             problem(&init).expect("problem").describe(),
             "pod p container floe-init: Error: exit code 127"
         );
+    }
+
+    #[test]
+    fn a_crash_loop_is_named_with_its_last_exit_not_the_back_off() {
+        let looping = pod(json!({"containerStatuses": [
+            {"name": "collector", "ready": false, "restartCount": 3, "image": "", "imageID": "",
+             "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                   "message": "back-off 40s restarting failed container=collector"}},
+             "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                          "message": "dataset directory /data: Permission denied\n"}}}]}));
+        assert_eq!(
+            problem(&looping).expect("problem").describe(),
+            "pod p container collector: CrashLoopBackOff: last exit 1: dataset directory /data: Permission denied"
+        );
+        // Between two crashes the container runs again for a moment, not ready.
+        let between = pod(json!({"containerStatuses": [
+            {"name": "collector", "ready": false, "restartCount": 4, "image": "", "imageID": "",
+             "state": {"running": {}},
+             "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}));
+        assert_eq!(
+            problem(&between).expect("problem").describe(),
+            "pod p container collector: Restarted: last exit 1: exit code 1"
+        );
+        // Ready again after a restart: no problem.
+        let recovered = pod(json!({"containerStatuses": [
+            {"name": "collector", "ready": true, "restartCount": 4, "image": "", "imageID": "",
+             "state": {"running": {}},
+             "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}));
+        assert_eq!(problem(&recovered), None);
     }
 
     #[test]

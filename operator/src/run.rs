@@ -24,8 +24,9 @@ pub struct OperatorConfig {
     pub concurrency: u16,
     /// Apiserver writes and gateway deliveries of one job's reconcile round in flight at once.
     pub round_parallelism: usize,
-    /// Claim pool pods for a job's sessions while its trainer or collector pod is starting.
-    pub claim_while_starting: bool,
+    /// Claim pool pods for a job's sessions while its trainer or collector pod is starting,
+    /// holding them at most this long; `None` claims only once it is Ready.
+    pub claim_while_starting: Option<std::time::Duration>,
     /// Leader election; `None` runs unconditionally (a single replica).
     pub leader: Option<LeaseConfig>,
     /// `/metrics`, `/healthz`, `/readyz` are served here.

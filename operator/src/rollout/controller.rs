@@ -76,13 +76,17 @@ pub struct JobContext {
     /// The pool controller's cache of GatewayPools: a round reads its pool from it, and asks
     /// the apiserver only for one it does not show (so `PoolNotFound` is the apiserver's word).
     pools: Option<Store<GatewayPool>>,
-    /// Claim pool pods while the job's own pod is starting (`--claim-while-starting`).
-    claim_while_starting: bool,
+    /// Claim pool pods while the job's own pod is starting (`--claim-while-starting`), for at
+    /// most this long (`--claim-while-starting-limit`); `None` when off.
+    early_claims: Option<Duration>,
     /// Per job uid: pods claimed while the job's own pod was starting, whose assignment has
     /// not gone out. Their claim latency counts from the round that may deliver it (the
     /// session could not start before), and is recorded when that delivery is acknowledged.
     claimed_early: Mutex<HashMap<String, HashSet<String>>>,
 }
+
+/// How long pool pods claimed while the job's own pod starts may wait for it by default.
+pub const DEFAULT_EARLY_CLAIM_LIMIT: Duration = Duration::from_secs(600);
 
 /// The task loader's arguments and the tasks read with them.
 type LoadedTasks = (String, Arc<Vec<Task>>);
@@ -104,7 +108,7 @@ impl JobContext {
             in_flight: in_flight.max(1),
             claims: Arc::default(),
             pools: None,
-            claim_while_starting: true,
+            early_claims: Some(DEFAULT_EARLY_CLAIM_LIMIT),
             claimed_early: Mutex::default(),
             native_sidecars,
             events: crate::events::Events::new(client.clone()),
@@ -131,8 +135,9 @@ impl JobContext {
         self
     }
 
-    pub fn with_claim_while_starting(mut self, on: bool) -> Self {
-        self.claim_while_starting = on;
+    /// `None` claims only once the job's own pod is Ready.
+    pub fn with_claim_while_starting(mut self, limit: Option<Duration>) -> Self {
+        self.early_claims = limit;
         self
     }
 
@@ -316,22 +321,16 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     // Sessions start only once their trajectories have somewhere to go.
     let aux = ensure_aux(job, ctx, &ns).await?;
     let aux_phase = aux_gate::aux_phase(aux.as_ref());
+    let unready_for = aux
+        .as_ref()
+        .map_or(Duration::ZERO, |p| aux_gate::unready_for(p, now.0));
+    // Pool pods may be claimed while that pod is starting; assignments wait until it is Ready.
+    let gate = aux_gate::gate(aux_phase, ctx.early_claims, unready_for);
     let waiting = aux
         .as_ref()
         .filter(|_| aux_phase != aux_gate::AuxPhase::Ready)
-        .map(|p| {
-            format!(
-                "waiting for pod {} (the job's {}) to be ready",
-                p.name_any(),
-                if job.spec.train.is_some() {
-                    "trainer"
-                } else {
-                    "dataset collector"
-                }
-            )
-        });
-    // Pool pods may be claimed while that pod is starting; assignments wait until it is Ready.
-    let gate = aux_gate::gate(aux_phase, ctx.claim_while_starting);
+        .map(|p| aux_waiting(job, p, aux_phase, ctx.early_claims, unready_for));
+    state.give_back_unstarted = gate.give_back;
     let free = if gate.claim { observed.ready.len() } else { 0 };
     let trainer = match (&job.spec.train, &aux) {
         (Some(_), Some(pod)) => trainer_progress(ctx, pod).await,
@@ -502,6 +501,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
     let released: Vec<Result<(), JobError>> = futures::stream::iter(decided.release.clone())
         .map(|name: String| async move {
             ctx.tokens.forget(ns_ref, &name);
+            ctx.take_claimed_early(uid_ref, &name);
             let written = release(pods_ref, &name).await?;
             ctx.raise_bar(uid_ref, &name, bar_after_delete(written));
             Ok(())
@@ -536,8 +536,20 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         },
         start_time,
     );
+    if let (aux_gate::AuxPhase::Failing, Some(w), Some(pod)) = (aux_phase, &waiting, &aux) {
+        let was_failing = written
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Progressing"))
+            .is_some_and(|c| c.message.contains(AUX_FAILING));
+        if !was_failing {
+            tracing::warn!(job = %job.name_any(), pod = %pod.name_any(), "{w}");
+            ctx.event(job, EventType::Warning, "JobPodFailing", w.clone())
+                .await;
+        }
+    }
     if let Some(w) = &waiting {
-        let w = if running > 0 {
+        // Pods claimed early wait for it; started sessions (it was Ready before) go on.
+        let w = if running > 0 && gate.claim {
             format!("{w}; {running} sessions hold their pods until then")
         } else {
             w.clone()
@@ -574,6 +586,48 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         announce_transition(job, ctx, written.as_ref(), &st).await;
     }
     Ok(Action::requeue(requeue_after(job, &st, &now)))
+}
+
+/// Words in the job's condition while its own pod fails (how the next round knows it said so).
+const AUX_FAILING: &str = "is failing";
+
+/// The job's condition while its own pod is not Ready: which pod, why, and what that means for
+/// the pool pods the job holds.
+fn aux_waiting(
+    job: &RolloutJob,
+    pod: &Pod,
+    phase: aux_gate::AuxPhase,
+    early_claims: Option<Duration>,
+    unready_for: Duration,
+) -> String {
+    let role = if job.spec.train.is_some() {
+        "trainer"
+    } else {
+        "dataset collector"
+    };
+    let name = pod.name_any();
+    let problem = crate::pod_problem::problem(pod).map(|p| p.describe());
+    match (phase, problem) {
+        (aux_gate::AuxPhase::Failing, Some(why)) => format!(
+            "the job's {role} {AUX_FAILING}: {why}; no session starts and the job holds no pool pods until it is Ready"
+        ),
+        (aux_gate::AuxPhase::Failing, None) => format!(
+            "the job's {role} {AUX_FAILING}: pod {name} failed; no session starts and the job holds no pool pods until it is Ready"
+        ),
+        (aux_gate::AuxPhase::NotRunning, Some(why)) => {
+            format!("waiting for pod {name} (the job's {role}) to run: {why}")
+        }
+        (aux_gate::AuxPhase::Starting, _)
+            if early_claims.is_some_and(|limit| unready_for >= limit) =>
+        {
+            format!(
+                "waiting for pod {name} (the job's {role}) to be ready; not ready for {} s, past the {} s early-claim limit: the job holds no pool pods until it is",
+                unready_for.as_secs(),
+                early_claims.map_or(0, |l| l.as_secs())
+            )
+        }
+        _ => format!("waiting for pod {name} (the job's {role}) to be ready"),
+    }
 }
 
 fn requeue_after(job: &RolloutJob, st: &RolloutJobStatus, now: &Time) -> Duration {
@@ -637,6 +691,8 @@ fn job_state(
         pass_threshold: spec.evaluator.reward.pass_threshold,
         suspend: spec.suspend,
         deadline_exceeded,
+        // The job's own pod decides it in the round (`aux_gate`).
+        give_back_unstarted: false,
         completed: parse(previous.and_then(|s| s.completed_indexes.as_ref())),
         failed: parse(previous.and_then(|s| s.failed_indexes.as_ref())),
         retries: previous

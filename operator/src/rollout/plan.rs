@@ -66,6 +66,10 @@ pub struct JobState {
     pub suspend: bool,
     /// `activeDeadlineSeconds` passed: stop claiming and stop the running sessions.
     pub deadline_exceeded: bool,
+    /// The job's own pod (trainer, collector) cannot take trajectories for now and the pods
+    /// claimed for sessions that have not started must not wait for it: let them go, unused
+    /// (not an attempt), and claim none (`aux_gate`).
+    pub give_back_unstarted: bool,
     pub completed: IndexSet,
     pub failed: IndexSet,
     /// Infrastructure failures per session index so far (the next attempt's number).
@@ -182,6 +186,11 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
             }
             continue;
         }
+        if state.give_back_unstarted && !pod.assigned && pod.progress == PodProgress::Active {
+            // Claimed from the pool, its session never started: nothing to fold.
+            out.release.push(pod.name.clone());
+            continue;
+        }
         let failure = match &pod.progress {
             PodProgress::Active => {
                 holding.insert(pod.index);
@@ -251,7 +260,7 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
         out.next = next;
         return out;
     }
-    if !state.suspend && !state.deadline_exceeded {
+    if !state.suspend && !state.deadline_exceeded && !state.give_back_unstarted {
         let room = state
             .concurrency
             .map_or(u32::MAX, |c| c.saturating_sub(running));
@@ -467,6 +476,29 @@ mod tests {
         );
         assert_eq!(p.release, ["b"]);
         assert!(p.stop.is_empty());
+    }
+
+    #[test]
+    fn unstarted_claims_are_given_back_unused_while_running_sessions_go_on() {
+        let mut j = job(4);
+        j.give_back_unstarted = true;
+        let mut unstarted = pod("a", 0, 0, PodProgress::Active);
+        unstarted.assigned = false;
+        let pods = [
+            unstarted,
+            pod("b", 1, 0, PodProgress::Active),
+            pod("c", 2, 0, scored(1.0)),
+        ];
+        let p = plan(&j, &pods, 5);
+        assert_eq!(p.release, ["a", "c"], "the unstarted pod goes, unused");
+        assert_eq!(p.folds.len(), 1, "only the scored session is folded");
+        assert!(
+            p.next.retries.is_empty(),
+            "an unstarted session is not an attempt"
+        );
+        assert!(p.claim.is_empty() && p.deliver.is_empty());
+        assert!(p.starved.is_empty(), "not starved for pool pods: on hold");
+        assert_eq!(p.running, 1, "the started session keeps its pod");
     }
 
     #[test]
