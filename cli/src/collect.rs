@@ -28,12 +28,35 @@ pub struct CollectArgs {
 pub enum CollectCliError {
     #[error(transparent)]
     Collect(#[from] CollectError),
+    #[error(
+        "dataset directory {dir} is not writable by uid {uid} gid {gid}, the collector's user: {source}. \
+         The volume does not give the pod's fsGroup write access (hostPath and some NFS exports \
+         ignore fsGroup): make the directory writable by that user, or set \
+         spec.sft.output.runAsUser/runAsGroup to its owner"
+    )]
+    NotWritable {
+        dir: PathBuf,
+        uid: u32,
+        gid: u32,
+        source: std::io::Error,
+    },
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
 }
 
 pub fn run(args: CollectArgs) -> Result<(), CollectCliError> {
-    let collector = Collector::open(&args.dir, args.min_reward)?;
+    let collector = match Collector::open(&args.dir, args.min_reward) {
+        Ok(c) => c,
+        Err(CollectError::Io(dir, e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(CollectCliError::NotWritable {
+                dir,
+                uid: nix::unistd::getuid().as_raw(),
+                gid: nix::unistd::getgid().as_raw(),
+                source: e,
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -765,6 +765,16 @@ pub struct DatasetOutput {
     #[serde(default = "default_dataset_path")]
     #[schemars(length(min = 1, max = 4096))]
     pub path: String,
+    /// User the dataset collector runs as and writes the dataset as (default 65532). On a
+    /// volume that does not apply the pod's `fsGroup` (hostPath, some NFS exports), set it to
+    /// the directory's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_user: Option<i64>,
+    /// Group the dataset collector runs as, also its `fsGroup` (default 65532).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_group: Option<i64>,
 }
 
 fn default_dataset_path() -> String {

@@ -105,15 +105,26 @@ pub fn collector(
     let min_reward = sft
         .min_reward
         .unwrap_or(job.spec.evaluator.reward.pass_threshold);
+    let user = sft
+        .output
+        .run_as_user
+        .unwrap_or(crate::sandbox_pod::FLOE_UID);
+    let group = sft
+        .output
+        .run_as_group
+        .unwrap_or(crate::sandbox_pod::FLOE_UID);
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": meta(job, &name, "dataset"),
         "spec": {
             "automountServiceAccountToken": false,
             "restartPolicy": "Always",
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
+            "securityContext": {"runAsNonRoot": true, "runAsUser": user, "runAsGroup": group,
+                                "fsGroup": group},
             "containers": [{
                 "name": "collector", "image": floe_image, "command": ["floe"],
+                // A dataset directory it cannot write ends it with the reason as its message.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "args": ["collect", "--listen", format!("0.0.0.0:{INGEST_PORT}"), "--dir", dir,
                          "--min-reward", min_reward.to_string()],
                 "ports": [{"name": "http", "containerPort": INGEST_PORT}],
