@@ -1,7 +1,8 @@
 //! `floe collect`, the sft job's dataset collector, as a real process: real sandbox sessions
 //! (gateway + runner + Pi, scripted model) ship to it over the trainer's ingest protocol; it
 //! sorts them by reward, refuses repeats and bad bodies in its own JSON shape, and rebuilds
-//! `dataset.jsonl` from the per-session records after a crash.
+//! `dataset.jsonl` from the per-session records after a crash; the job's summary is written
+//! beside it when the job finished.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -102,6 +103,28 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     let mut sneaky = accepted.clone();
     sneaky["session"] = json!("../../etc/x");
     assert_eq!(http.post(&url).json(&sneaky).send().await?.status(), 400);
+
+    // The job finished: the operator's summary is written beside the dataset, with the
+    // collector's counts; again (an operator restarted before it deleted the pod) the same.
+    let finish = format!("http://127.0.0.1:{port}/v1/finish");
+    let record = json!({"job": "col", "mode": "sft", "sessions": {"total": 2, "completed": 2}});
+    for _ in 0..2 {
+        let answer = http.post(&finish).json(&record).send().await?;
+        assert_eq!(answer.status(), 200);
+        let written: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?;
+        assert_eq!(written, answer.json::<Value>().await?);
+        assert_eq!(written["sessions"], record["sessions"]);
+        assert_eq!(
+            written["dataset"],
+            json!({"file": "dataset.jsonl", "accepted": 1, "rejected": 1, "acceptanceRate": 0.5})
+        );
+    }
+    let bad = http.post(&finish).body("[1]").send().await?;
+    assert_eq!(bad.status(), 400);
+    assert!(bad.json::<Value>().await?["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("not a job summary")));
 
     // A crash that tore dataset.jsonl: the restart rebuilds it from accepted/.
     drop(collector);

@@ -278,12 +278,12 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
         "no service-account token: {facts}"
     );
 
-    apply(
-        &client,
-        &ns,
-        sft_job("fix", &ns, 2, "/run", json!([fix_add(), fix_max()])),
-    )
-    .await?;
+    // The collector writes as the directory's owner (hostPath ignores fsGroup).
+    owned_dir(&data.path().join("run"), "1000:1000")?;
+    let mut fix = sft_job("fix", &ns, 2, "/run", json!([fix_add(), fix_max()]));
+    fix["spec"]["sft"]["output"]["runAsUser"] = 1000.into();
+    fix["spec"]["sft"]["output"]["runAsGroup"] = 1000.into();
+    apply(&client, &ns, fix).await?;
     let status = finished(n, &client, &ns, "fix").await?;
     eventually_within(30, "the job's Completed event", async || {
         let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
@@ -314,6 +314,28 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
         );
     }
 
+    // The job's summary beside its dataset; then the collector ends with the job.
+    let summary: Value = eventually_within(60, "summary.json", async || {
+        let text = std::fs::read_to_string(data.path().join("run/summary.json")).ok();
+        Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+    })
+    .await?;
+    assert_eq!(summary["job"], "fix", "{summary}");
+    assert_eq!(summary["phase"], "Succeeded", "{summary}");
+    assert_eq!(
+        summary["sessions"],
+        json!({"total": 4, "completed": 4, "failed": 0, "retries": 0})
+    );
+    assert_eq!(summary["reward"]["passRate"], 0.5, "{summary}");
+    assert_eq!(
+        summary["dataset"],
+        json!({"file": "dataset.jsonl", "accepted": 2, "rejected": 2, "acceptanceRate": 0.5})
+    );
+    eventually_within(60, "the collector pod gone", async || {
+        Ok(pods.get_opt("fix-dataset").await?.is_none().then_some(()))
+    })
+    .await?;
+
     // A sandbox pod deleted while its harness runs (the kubelet stops its containers): the
     // session runs again on a fresh pod and is scored once, never as the policy's 0.
     let mut slow = fix_add();
@@ -341,6 +363,66 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
     assert!(status.sessions.retried >= 1, "{status:?}");
     let lines = dataset(&data.path().join("slow"), 1).await?;
     assert_eq!(lines[0]["reward"], 1.0, "scored by the retry: {}", lines[0]);
+
+    // A dataset directory the collector cannot write (root's, on a volume that ignores
+    // fsGroup): the collector crash-loops, the job says why where users look, and holds no
+    // pool pods meanwhile. Fixed on the volume, the job goes on by itself.
+    let locked = data.path().join("locked");
+    owned_dir(&locked, "0:0")?;
+    apply(
+        &client,
+        &ns,
+        sft_job("locked", &ns, 1, "/locked", json!([fix_add()])),
+    )
+    .await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
+    let why = eventually_within(120, "the job to say its collector fails", async || {
+        let job = jobs.get("locked").await?;
+        let message = job
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .find(|c| c.type_ == "Progressing")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        Ok(message.contains("is failing").then_some(message))
+    })
+    .await?;
+    assert!(
+        why.contains("not writable by uid 65532 gid 65532") && why.contains("runAsUser"),
+        "the collector's own words: {why}"
+    );
+    eventually_within(60, "no pool pod held for the locked job", async || {
+        let held = pods
+            .list(&ListParams::default().labels("floe.dev/job=locked"))
+            .await?;
+        Ok(held.items.is_empty().then_some(()))
+    })
+    .await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let listed = events.list(&ListParams::default()).await?.items;
+    assert!(
+        listed.iter().any(|e| e.reason.as_deref() == Some("JobPodFailing")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("locked")),
+        "a Warning Event names it"
+    );
+    owned_dir(&locked, "65532:65532")?;
+    let status = finished(n, &client, &ns, "locked").await?;
+    assert_eq!(status.sessions.succeeded, 1, "{status:?}");
+    assert_eq!(status.sessions.retried, 0, "given back unused, not retried");
+    Ok(())
+}
+
+/// `dir` on the node's disk, owned by `owner` (`uid:gid`), mode 0755.
+fn owned_dir(dir: &std::path::Path, owner: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    let chown = std::process::Command::new("chown")
+        .arg(owner)
+        .arg(dir)
+        .status()?;
+    anyhow::ensure!(chown.success(), "chown {owner} {}", dir.display());
     Ok(())
 }
 

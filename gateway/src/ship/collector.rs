@@ -4,7 +4,8 @@
 //! trainer (`POST /v1/trajectories`, idempotent by session), written with the dataset sink
 //! (`accepted/<session>.json` or `rejected/<session>.json`, fsynced) and collected into
 //! `dataset.jsonl` (accepted only, one trajectory per line, rebuilt from `accepted/` at start
-//! so a crash between the two writes cannot leave them disagreeing).
+//! so a crash between the two writes cannot leave them disagreeing). When the job finished, the
+//! operator posts its summary to `POST /v1/finish`, written as `summary.json`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -145,19 +146,67 @@ fn append_line(dataset: &Path, record: &Path) -> std::io::Result<()> {
     f.sync_data()
 }
 
+impl Collector {
+    /// Trajectories collected so far: (accepted, rejected).
+    fn counts(&self) -> (usize, usize) {
+        let count = |sub: &str| {
+            std::fs::read_dir(self.dir.join(sub))
+                .map(|d| d.count())
+                .unwrap_or(0)
+        };
+        (count("accepted"), count("rejected"))
+    }
+}
+
 async fn status(State(c): State<Arc<Collector>>) -> Response {
-    let count = |sub: &str| {
-        std::fs::read_dir(c.dir.join(sub))
-            .map(|d| d.count())
-            .unwrap_or(0)
+    let (accepted, rejected) = c.counts();
+    Json(json!({"accepted": accepted, "rejected": rejected})).into_response()
+}
+
+/// `POST /v1/finish` with the job's summary (the operator's record, once the job finished):
+/// written as `summary.json` beside `dataset.jsonl`, with the collector's own counts under
+/// `dataset`. Idempotent; the written summary is the answer.
+async fn finish(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Response {
+    let mut summary: serde_json::Map<String, serde_json::Value> =
+        match serde_json::from_slice(&body) {
+            Ok(s) => s,
+            Err(e) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("not a job summary (a JSON object): {e}"),
+                )
+            }
+        };
+    // After every ingest already answered: the counts include them.
+    let _one = c.lock.lock().await;
+    let (accepted, rejected) = c.counts();
+    let seen = accepted + rejected;
+    summary.insert(
+        "dataset".into(),
+        json!({
+            "file": "dataset.jsonl",
+            "accepted": accepted,
+            "rejected": rejected,
+            "acceptanceRate": if seen == 0 { 0.0 } else { accepted as f64 / seen as f64 },
+        }),
+    );
+    let summary = serde_json::Value::Object(summary);
+    let text = match serde_json::to_vec_pretty(&summary) {
+        Ok(t) => t,
+        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
-    Json(json!({"accepted": count("accepted"), "rejected": count("rejected")})).into_response()
+    if let Err(e) = super::write_durably(&c.dir.join("summary.json"), &text) {
+        return refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    }
+    tracing::info!(accepted, rejected, "wrote summary.json");
+    Json(summary).into_response()
 }
 
 pub fn router(c: Arc<Collector>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/trajectories", post(ingest))
         .route("/v1/status", get(status))
+        .route("/v1/finish", post(finish))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(c)

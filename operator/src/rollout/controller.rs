@@ -22,6 +22,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+mod job_end;
+
 use super::aux_gate;
 use super::freshness::{version, Bar, Bars};
 use super::indexes::IndexSet;
@@ -302,6 +304,9 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         ctx.forget_job(&job.uid().unwrap_or_default());
         // Pods stopped at a deadline end after the job did: let them go too.
         release_all(ctx, job, &ns).await?;
+        if let Some(wait) = job_end::end_job_pods(job, ctx, &ns, &done, &now).await? {
+            return Ok(Action::requeue(wait));
+        }
         return after_completion(job, &jobs, &done, &now).await;
     }
 

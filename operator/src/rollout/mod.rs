@@ -10,6 +10,7 @@
 //! - [`aux_gate`]: what the job's own pod allows its sessions: claim, start (sans-IO).
 //! - [`aux_pods`]: the trainer pod (train) or dataset collector (sft) and their Services.
 //! - [`trainer_launch`]: the train job's vLLM, policy proxy and trainer arguments (sans-IO).
+//! - [`summary`]: a finished job's `summary.json` (sans-IO).
 //! - [`controller`]: the IO edge.
 
 pub mod aux_gate;
@@ -21,5 +22,6 @@ pub mod plan;
 pub mod pod_view;
 pub mod prewarm;
 pub mod status;
+pub mod summary;
 pub mod tasks;
 pub mod trainer_launch;
