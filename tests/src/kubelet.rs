@@ -552,8 +552,11 @@ async fn patch_pod_status(pods: &Api<Pod>, name: &str, status: &Value) -> Result
 fn pod_status(ip: &str, ready: bool, containers: Vec<Value>) -> Value {
     json!({"status": {
         "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        // Now, as a kubelet writes it: the operator bounds how long a job waits on a pod
+        // that is not Ready from it.
         "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
-                        "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+                        "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            k8s_openapi::jiff::Timestamp::now())}],
         "containerStatuses": containers,
     }})
 }

@@ -402,8 +402,10 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
     let listed = events.list(&ListParams::default()).await?.items;
     assert!(
-        listed.iter().any(|e| e.reason.as_deref() == Some("JobPodFailing")
-            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("locked")),
+        listed
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("JobPodFailing")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("locked")),
         "a Warning Event names it"
     );
     owned_dir(&locked, "65532:65532")?;

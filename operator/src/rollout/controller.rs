@@ -304,7 +304,16 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         ctx.forget_job(&job.uid().unwrap_or_default());
         // Pods stopped at a deadline end after the job did: let them go too.
         release_all(ctx, job, &ns).await?;
-        if let Some(wait) = job_end::end_job_pods(job, ctx, &ns, &done, &now).await? {
+        // The job's own pods end with it; a job due for deletion (its TTL) waits for none.
+        let ttl_left = job
+            .spec
+            .ttl_seconds_after_finished
+            .map(|ttl| i64::from(ttl) - now.0.duration_since(done.0).as_secs());
+        let patience = ttl_left.is_none_or(|left| left > 0);
+        if let Some(wait) = job_end::end_job_pods(job, ctx, &ns, &done, &now, patience).await? {
+            let wait = ttl_left.map_or(wait, |left| {
+                wait.min(Duration::from_secs(u64::try_from(left).unwrap_or(1)))
+            });
             return Ok(Action::requeue(wait));
         }
         return after_completion(job, &jobs, &done, &now).await;

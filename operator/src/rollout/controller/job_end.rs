@@ -19,13 +19,16 @@ use crate::rollout::{aux_pods, summary};
 /// stopped without one.
 const SUMMARY_GRACE: Duration = Duration::from_secs(120);
 
-/// Ends the job's own pods; `Some(wait)` when a reconcile should come back for one.
+/// Ends the job's own pods; `Some(wait)` when a reconcile should come back for one. Without
+/// `patience` (the job is about to be deleted) a collector that cannot write the summary now
+/// is stopped at once.
 pub(super) async fn end_job_pods(
     job: &RolloutJob,
     ctx: &JobContext,
     ns: &str,
     done: &Time,
     now: &Time,
+    patience: bool,
 ) -> Result<Option<Duration>, JobError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let name = job.name_any();
@@ -54,14 +57,20 @@ pub(super) async fn end_job_pods(
         }
         Err(why) => {
             let since = now.0.duration_since(done.0).as_secs();
-            let left = SUMMARY_GRACE.as_secs().saturating_sub(u64::try_from(since).unwrap_or(0));
-            if left > 0 {
+            let left = SUMMARY_GRACE
+                .as_secs()
+                .saturating_sub(u64::try_from(since).unwrap_or(0));
+            if left > 0 && patience {
                 tracing::info!(job = %name, "summary.json not written yet: {why}");
                 return Ok(Some(Duration::from_secs(left.min(5))));
             }
             let note = format!(
-                "the dataset collector did not write summary.json within {} s of the job's end ({why}); dataset.jsonl is complete, the summary is the job's status; stopping the collector",
-                SUMMARY_GRACE.as_secs()
+                "the dataset collector did not write summary.json {} ({why}); dataset.jsonl is complete, the summary is the job's status; stopping the collector",
+                if patience {
+                    format!("within {} s of the job's end", SUMMARY_GRACE.as_secs())
+                } else {
+                    "before the job's ttlSecondsAfterFinished".to_string()
+                }
             );
             tracing::warn!(job = %name, "{note}");
             ctx.event(job, EventType::Warning, "SummaryNotWritten", note)
