@@ -6,9 +6,11 @@
 #                                 the layout of the Dockerfile's image (/usr/local/bin/floe)
 #   floe.local/python-sandbox:<v> Debian's python3.11 with its standard library and
 #                                 libraries, busybox for the shell tools, USER 1000
+#   floe.local/pi-sandbox:<v>     the python sandbox plus this machine's Node.js and the Pi
+#                                 harness CLI from npm (scripts/harnesses/install.sh), unmodified
 #
-#   images.sh STATE_DIR FLOE_BIN  -> prints "floe=NAME" and "python=NAME" (images already in
-#                                    the node are not imported again)
+#   images.sh STATE_DIR FLOE_BIN  -> prints "floe=NAME", "python=NAME" and "pi=NAME" (images
+#                                    already in the node are not imported again)
 #
 # The floe binary built here links glibc (>= 2.34: Debian 12, Ubuntu 22.04 and later) and
 # libgcc_s: the sandbox pods' init container copies it into the harness image, so harness images
@@ -17,7 +19,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 D=$(realpath -m "${1:?usage: images.sh STATE_DIR FLOE_BIN}")
 FLOE_BIN=${2:?usage: images.sh STATE_DIR FLOE_BIN}
-CACHE=${FLOE_CACHE:-$HOME/.cache/floe}/node-images-r1
+CACHE=${FLOE_CACHE:-$HOME/.cache/floe}/node-images-r2
 CTR=(ctr --address "$D/containerd/containerd.sock" -n k8s.io)
 log() { echo "[images $(date +%T)] $*" >&2; }
 if [ ! -x /bin/busybox ] || ! /bin/busybox --list >/dev/null 2>&1; then
@@ -65,9 +67,11 @@ PY_VERSION=$(dpkg-query -W -f='${Version}' python3.11-minimal 2>/dev/null || "$P
 PY_TAG=$(echo "$PY_VERSION" | tr -c 'A-Za-z0-9.\n' '-')
 PY_IMAGE=floe.local/python-sandbox:$PY_TAG
 PY_TAR=$CACHE/python-sandbox-$PY_TAG.tar
-if [ ! -f "$PY_TAR" ]; then
-  R=$CACHE/python-root; rm -rf "$R"; mkdir -p "$R"/{bin,etc,tmp,home/user,usr/bin,workspace}
-  chmod 1777 "$R/tmp"
+# The python sandbox's files under ROOT.
+python_root() {
+  local R=$1
+  rm -rf "$R"; mkdir -p "$R"/{bin,etc,tmp,home/user,usr/bin,workspace}
+  chmod 1777 "$R/tmp" "$R/home/user"
   with_libs "$R" "$PY"
   # As in Debian's and the official python images (and what the copied-in floe binary needs).
   cp -L --parents /lib/x86_64-linux-gnu/libgcc_s.so.1 "$R/"
@@ -82,13 +86,40 @@ if [ ! -f "$PY_TAR" ]; then
   ln -s python3.11 "$R/usr/bin/python3"; ln -s python3.11 "$R/usr/bin/python"
   cp /bin/busybox "$R/bin/busybox"
   for a in $("$R/bin/busybox" --list); do [ -e "$R/bin/$a" ] || ln -s busybox "$R/bin/$a"; done
+  ln -s /bin/busybox "$R/usr/bin/env"   # `#!/usr/bin/env node` scripts (Pi's CLI)
   printf 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n' > "$R/etc/passwd"
   printf 'root:x:0:\nuser:x:1000:\n' > "$R/etc/group"
-  chown 1000:1000 "$R/home/user"
+}
+if [ ! -f "$PY_TAR" ]; then
+  R=$CACHE/python-root
+  python_root "$R"
   python3 "$HERE/mkimage.py" "$PY_TAR.part" "$PY_IMAGE" "$R" --cmd /usr/bin/python3 --user 1000:1000 --workdir /workspace >&2
   mv "$PY_TAR.part" "$PY_TAR"
   rm -rf "$R"
 fi
 import "$PY_TAR" "$PY_IMAGE"
+
+# pi: cached by Pi's and Node's versions (and the python sandbox's under it).
+PI_BIN=$("$HERE/../harnesses/install.sh" pi)
+PI_DIR=$(cd "$(dirname "$PI_BIN")/../.." && pwd)   # .../harnesses/pi-<version>
+NODE=$(command -v node)
+NODE_VERSION=$("$NODE" --version)
+PI_IMAGE=floe.local/pi-sandbox:${PI_DIR##*/pi-}-node${NODE_VERSION#v}-py$PY_TAG
+PI_TAR=$CACHE/pi-sandbox-${PI_IMAGE##*:}.tar
+if [ ! -f "$PI_TAR" ]; then
+  R=$CACHE/pi-root
+  python_root "$R"
+  mkdir -p "$R/usr/local/bin" "$R/opt"
+  install -m 0755 "$NODE" "$R/usr/local/bin/node"
+  with_libs "$R" "$R/usr/local/bin/node"
+  rm -rf "${R:?}${R}"
+  cp -a "$PI_DIR" "$R/opt/pi"
+  ln -s "/opt/pi/node_modules/.bin/pi" "$R/usr/local/bin/pi"
+  python3 "$HERE/mkimage.py" "$PI_TAR.part" "$PI_IMAGE" "$R" --cmd /usr/local/bin/pi --user 1000:1000 --workdir /workspace >&2
+  mv "$PI_TAR.part" "$PI_TAR"
+  rm -rf "$R"
+fi
+import "$PI_TAR" "$PI_IMAGE"
 echo "floe=$FLOE_IMAGE"
 echo "python=$PY_IMAGE"
+echo "pi=$PI_IMAGE"

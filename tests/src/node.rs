@@ -30,6 +30,8 @@ pub struct NodeImages {
     pub floe: String,
     /// Debian's python3.11 and busybox, USER 1000.
     pub python: String,
+    /// The python sandbox plus Node.js and the Pi harness CLI (`pi` on PATH).
+    pub pi: String,
 }
 
 static NODE: OnceLock<TestNode> = OnceLock::new();
@@ -123,6 +125,7 @@ impl TestNode {
         let images = NodeImages {
             floe: get("floe")?,
             python: get("python")?,
+            pi: get("pi")?,
         };
         Ok(IMAGES.get_or_init(|| images))
     }

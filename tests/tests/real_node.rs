@@ -209,13 +209,24 @@ async fn prepare(label: &str) -> Result<Work> {
 
 /// The GatewayPool `python` of two pods, once both are READY (the operator must run).
 async fn warm_pool(n: &TestNode, client: &Client, ns: &str, python: &str) -> Result<Vec<Pod>> {
+    warm_pool_of(n, client, ns, "python", python).await
+}
+
+/// The GatewayPool `name` of two pods of `image`, once both are READY.
+async fn warm_pool_of(
+    n: &TestNode,
+    client: &Client,
+    ns: &str,
+    name: &str,
+    image: &str,
+) -> Result<Vec<Pod>> {
     apply(
         client,
         ns,
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
-               "metadata": {"name": "python"},
+               "metadata": {"name": name},
                "spec": {"replicas": 2,
-                        "template": {"image": python, "imagePullPolicy": "Never",
+                        "template": {"image": image, "imagePullPolicy": "Never",
                                      "volumes": [{"name": "agent", "configMap": {"name": "agent"}}],
                                      "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
                                                        "readOnly": true}]},
@@ -226,10 +237,10 @@ async fn warm_pool(n: &TestNode, client: &Client, ns: &str, python: &str) -> Res
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), ns);
     eventually_within(180, "two READY pods from the real kubelet", async || {
-        let pool = pools.get("python").await?;
+        let pool = pools.get(name).await?;
         let ready_replicas = pool.status.as_ref().map_or(0, |s| s.ready_replicas);
         let listed = pods
-            .list(&ListParams::default().labels("floe.dev/pool=python"))
+            .list(&ListParams::default().labels(&format!("floe.dev/pool={name}")))
             .await?;
         let running: Vec<Pod> = listed.items.into_iter().filter(ready).collect();
         Ok((ready_replicas == 2 && running.len() >= 2).then_some(running))
@@ -425,6 +436,50 @@ fn owned_dir(dir: &std::path::Path, owner: &str) -> Result<()> {
         .arg(dir)
         .status()?;
     anyhow::ensure!(chown.success(), "chown {owner} {}", dir.display());
+    Ok(())
+}
+
+/// Pi, the unmodified harness CLI from npm, in real pods: its image (Node.js + Pi + python for
+/// the task's test) warms to READY, Pi calls the real vLLM through the pod's gateway sidecar,
+/// and its calls reach the dataset as token-level trajectories.
+#[tokio::test]
+async fn pi_runs_in_real_pods_against_the_real_vllm() -> Result<()> {
+    let work = prepare("pi").await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    warm_pool_of(n, &client, &ns, "pi", &images.pi).await?;
+    let mut job = sft_job("pi-fix", &ns, 2, "/pi", json!([fix_add()]));
+    job["spec"]["poolRef"]["name"] = "pi".into();
+    job["spec"]["harness"] = json!({"preset": "pi", "api": "openai-chat",
+                                    "settings": {"contextWindow": 8192}});
+    // Every scored session in the dataset: a 135M model rarely fixes the bug.
+    job["spec"]["sft"]["minReward"] = 0.into();
+    apply(&client, &ns, job).await?;
+    let status = finished(n, &client, &ns, "pi-fix").await?;
+    assert_eq!(status.sessions.total, 2, "{status:?}");
+    assert_eq!(status.sessions.succeeded, 2, "{status:?}");
+    let lines = dataset(&work.data.path().join("pi"), 2).await?;
+    for t in &lines {
+        assert_eq!(t["task"], "fix-add", "{t}");
+        let traces = t["traces"].as_array().context("traces")?;
+        assert!(!traces.is_empty(), "Pi's calls captured: {t}");
+        for tr in traces {
+            let sampled = tr["response_token_ids"].as_array().map_or(0, Vec::len);
+            assert!(
+                (1..=16).contains(&sampled),
+                "sampled tokens under the job's maxResponseTokens: {tr}"
+            );
+        }
+        // Pi's own system prompt and tool definitions went through the gateway (the custom
+        // agent's prompt is the instruction alone, a few dozen tokens).
+        let prompt = traces[0]["prompt_token_ids"].as_array().map_or(0, Vec::len);
+        assert!(prompt > 300, "Pi's prompt is {prompt} tokens");
+    }
     Ok(())
 }
 
