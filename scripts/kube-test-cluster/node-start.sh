@@ -28,7 +28,11 @@ mkdir -p "$D"
 exec 8>"$D/.knode.lock"   # one start.sh per STATE_DIR at a time (children get 8>&-)
 flock 8
 log() { echo "[knode $(date +%T)] $*" >&2; }
-alive() { [ -f "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
+# Running, and not a zombie its parent has yet to reap (kill -0 succeeds on those).
+alive() {
+  local pid; pid=$(cat "$D/$1.pid" 2>/dev/null) || return 1
+  kill -0 "$pid" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
+}
 t0=$(date +%s%N)
 ms() { echo $(( ($(date +%s%N) - t0) / 1000000 )); }
 
@@ -166,7 +170,7 @@ if ! alive kubelet; then
     --cluster-dns="$HOST_IP" --cluster-domain=cluster.local \
     --eviction-hard='memory.available<100Mi,nodefs.available<2%,imagefs.available<2%' \
     --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
-    --v=2 > "$D/kubelet.log" 2>&1 8>&- &
+    --v=2 >> "$D/kubelet.log" 2>&1 8>&- &   # appended: a restarted kubelet's log follows the last
   echo $! > "$D/kubelet.pid"
 fi
 

@@ -22,7 +22,11 @@ exec 9>"$D/.lock"
 flock 9
 
 log() { echo "[kapi $(date +%T)] $*" >&2; }
-alive() { [ -f "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
+# Running, and not a zombie its parent has yet to reap (kill -0 succeeds on those).
+alive() {
+  local pid; pid=$(cat "$D/$1.pid" 2>/dev/null) || return 1
+  kill -0 "$pid" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
+}
 ready() {
   [ -f "$D/port" ] && curl -sf --max-time 2 --cacert "$D/ca.crt" -H "Authorization: Bearer $(cat "$D/token")" \
     "https://$BIND:$(cat "$D/port")/readyz" >/dev/null 2>&1

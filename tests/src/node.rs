@@ -130,6 +130,43 @@ impl TestNode {
         Ok(IMAGES.get_or_init(|| images))
     }
 
+    /// Stop the kubelet (SIGTERM, as a service manager restarting it does) and start it again
+    /// with the same flags (`start.sh --node`, which starts only what is not running), returning
+    /// once the node is Ready with a heartbeat from the new kubelet. Running containers stay
+    /// with containerd meanwhile.
+    pub fn restart_kubelet(&self) -> Result<std::time::Duration> {
+        let started = std::time::Instant::now();
+        let pid_file = self.dir.join("kubelet.pid");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .with_context(|| pid_file.display().to_string())?
+            .trim()
+            .parse()?;
+        run(Command::new("kill").arg(pid.to_string()))?;
+        let gone = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // Gone, or a zombie its (re)parent has not reaped yet.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+            })
+        });
+        if !gone {
+            bail!("the kubelet (pid {pid}) did not stop within 20 s of SIGTERM");
+        }
+        let ports = self
+            .host_ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(" ");
+        run(Command::new(script("start.sh"))
+            .arg("--node")
+            .arg(&self.dir)
+            .env("FLOE_NODE_HOST_PORTS", ports))?;
+        Ok(started.elapsed())
+    }
+
     /// The host port where [`host_services`] relays to vLLM: the first one open to pods.
     pub fn model_port(&self) -> Result<u16> {
         self.host_ports.first().copied().with_context(|| {

@@ -168,9 +168,19 @@ fn pod_logs(n: &TestNode, ns: &str) -> Result<String> {
     ))
 }
 
+/// The tests share the node; the one that restarts its kubelet has it alone.
+static NODE_USE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// How a test uses the node: beside the others, or alone.
+enum NodeUse {
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
 /// The node, its images, a client, and a namespace where sessions can run: the model Service,
 /// the dataset claim (on `data`), the agent's ConfigMap.
 struct Work {
+    _node_use: NodeUse,
     n: &'static TestNode,
     images: &'static NodeImages,
     client: Client,
@@ -179,6 +189,10 @@ struct Work {
 }
 
 async fn prepare(label: &str) -> Result<Work> {
+    prepare_as(label, NodeUse::Shared(NODE_USE.read().await)).await
+}
+
+async fn prepare_as(label: &str, node_use: NodeUse) -> Result<Work> {
     let n = node();
     let images = n.images()?;
     let client = n.cluster.client().await?;
@@ -199,6 +213,7 @@ async fn prepare(label: &str) -> Result<Work> {
     )
     .await?;
     Ok(Work {
+        _node_use: node_use,
         n,
         images,
         client: client.clone(),
@@ -483,6 +498,66 @@ async fn pi_runs_in_real_pods_against_the_real_vllm() -> Result<()> {
     Ok(())
 }
 
+/// The kubelet restarted while sessions run (an upgrade, a crash, a config change): containerd
+/// keeps the containers, the new kubelet takes the pods back, and every session finishes on its
+/// first pod, scored once — a kubelet restart is not a lost pod. The pool is READY again after.
+#[tokio::test]
+async fn a_kubelet_restarted_mid_job_loses_no_session() -> Result<()> {
+    let work = prepare_as("restart", NodeUse::Alone(NODE_USE.write().await)).await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    warm_pool(n, &client, &ns, &images.python).await?;
+    let mut slow = fix_add();
+    slow["id"] = "fix-add-slowly".into();
+    slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
+    apply(
+        &client,
+        &ns,
+        sft_job("restart", &ns, 2, "/restart", json!([slow])),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    eventually_within(120, "both sessions' harnesses started", async || {
+        let listed = pods
+            .list(&ListParams::default().labels("floe.dev/job=restart"))
+            .await?;
+        let assigned = listed
+            .items
+            .iter()
+            .filter(|p| p.annotations().contains_key("floe.dev/assigned"))
+            .count();
+        Ok((assigned == 2).then_some(()))
+    })
+    .await?;
+    // The agents have called the model and sleep 20 s; the kubelet is gone for part of it.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let took = n.restart_kubelet()?;
+    println!("kubelet restarted, node Ready again in {took:?}");
+    let status = finished(n, &client, &ns, "restart").await?;
+    assert_eq!(status.sessions.succeeded, 2, "{status:?}");
+    assert_eq!(
+        (status.sessions.failed, status.sessions.retried),
+        (0, 0),
+        "no session lost to the restart: {status:?}"
+    );
+    let lines = dataset(&work.data.path().join("restart"), 2).await?;
+    for t in &lines {
+        assert_eq!(t["reward"], 1.0, "{t}");
+    }
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns);
+    eventually_within(120, "the pool READY again", async || {
+        let pool = pools.get("python").await?;
+        Ok((pool.status.map(|s| s.ready_replicas) == Some(2)).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 /// An sft job of the custom agent on the pool, its dataset under `path` of the claim.
 fn sft_job(name: &str, ns: &str, samples: i32, path: &str, tasks: Value) -> Value {
     json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
@@ -686,6 +761,7 @@ async fn pool_condition(client: &Client, ns: &str, pool: &str, reason: &str) -> 
 
 #[tokio::test]
 async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
+    let _shared = NODE_USE.read().await;
     let n = node();
     let images = n.images()?;
     let client = n.cluster.client().await?;
