@@ -367,6 +367,10 @@ async fn session_outcome(
         };
         harness = confinement.wrap(harness, &access);
     }
+    summary.harness_started_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_millis()).ok());
     let ran: Finished = match process::run(&harness).await {
         Ok(f) => f,
         Err(e) => return infra_error(e.to_string()),

@@ -46,6 +46,10 @@ pub struct Summary {
     pub passed: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harness_exit: Option<i32>,
+    /// When the harness process was started (wall clock, milliseconds since the Unix epoch):
+    /// with the pod's `floe.dev/claimed-at`, how long a claimed session took to start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness_started_unix_ms: Option<u64>,
     pub agent_seconds: f64,
     pub evaluator_seconds: f64,
     pub completions: u64,

@@ -167,6 +167,74 @@ impl TestNode {
         Ok(started.elapsed())
     }
 
+    /// Create `object` in `ns`: floe's resources through kube-rs, anything else with
+    /// `kubectl apply`.
+    pub async fn apply(
+        &self,
+        client: &kube::Client,
+        ns: &str,
+        object: serde_json::Value,
+    ) -> Result<()> {
+        use floe_crds::{GatewayPool, RolloutJob};
+        use kube::api::{Api, PostParams};
+        let kind = object["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "GatewayPool" => {
+                Api::<GatewayPool>::namespaced(client.clone(), ns)
+                    .create(&PostParams::default(), &serde_json::from_value(object)?)
+                    .await?;
+            }
+            "RolloutJob" => {
+                Api::<RolloutJob>::namespaced(client.clone(), ns)
+                    .create(&PostParams::default(), &serde_json::from_value(object)?)
+                    .await?;
+            }
+            _ => {
+                let yaml = serde_yaml::to_string(&object)?;
+                let out = self
+                    .cluster
+                    .kubectl(&["apply", "-n", ns, "-f", "-"], Some(yaml.as_bytes()))?;
+                if !out.status.success() {
+                    bail!(
+                        "kubectl apply {kind}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A hostPath volume at `dir` for a job's dataset, owned by the collector's user
+    /// (hostPath ignores `fsGroup`), bound to the claim `data` in `ns`.
+    pub async fn dataset_volume(&self, client: &kube::Client, ns: &str, dir: &Path) -> Result<()> {
+        use serde_json::json;
+        std::fs::create_dir_all(dir)?;
+        let chown = Command::new("chown").arg("65532:65532").arg(dir).status()?;
+        if !chown.success() {
+            bail!("chown 65532:65532 {}", dir.display());
+        }
+        let pv = format!("{ns}-data");
+        self.apply(
+            client,
+            ns,
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+                   "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "",
+                            "hostPath": {"path": dir.display().to_string(), "type": "Directory"},
+                            "claimRef": {"namespace": ns, "name": "data"}}}),
+        )
+        .await?;
+        self.apply(
+            client,
+            ns,
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+                   "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                            "resources": {"requests": {"storage": "1Gi"}}}}),
+        )
+        .await
+    }
+
     /// The host port where [`host_services`] relays to vLLM: the first one open to pods.
     pub fn model_port(&self) -> Result<u16> {
         self.host_ports.first().copied().with_context(|| {

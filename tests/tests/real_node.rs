@@ -13,7 +13,7 @@ use floe_tests::node::{host_services, node, tail, NodeImages, TestNode};
 use floe_tests::operator::{eventually_within, Operator};
 use floe_tests::{chart, TestNamespace};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 
@@ -37,32 +37,7 @@ if pathlib.Path("calc.py").exists():
 "#;
 
 async fn apply(client: &Client, ns: &str, object: Value) -> Result<()> {
-    let kind = object["kind"].as_str().unwrap_or_default().to_string();
-    match kind.as_str() {
-        "GatewayPool" => {
-            Api::<GatewayPool>::namespaced(client.clone(), ns)
-                .create(&PostParams::default(), &serde_json::from_value(object)?)
-                .await?;
-        }
-        "RolloutJob" => {
-            Api::<RolloutJob>::namespaced(client.clone(), ns)
-                .create(&PostParams::default(), &serde_json::from_value(object)?)
-                .await?;
-        }
-        _ => {
-            let yaml = serde_yaml::to_string(&object)?;
-            let out = node()
-                .cluster
-                .kubectl(&["apply", "-n", ns, "-f", "-"], Some(yaml.as_bytes()))?;
-            if !out.status.success() {
-                bail!(
-                    "kubectl apply {kind}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
-    }
-    Ok(())
+    node().apply(client, ns, object).await
 }
 
 /// The model server as pods see it: a Service without selector whose endpoint is the host's
@@ -86,33 +61,8 @@ async fn model_service(n: &TestNode, client: &Client, ns: &str) -> Result<()> {
     .await
 }
 
-/// A hostPath volume for the dataset, owned by the collector's user (hostPath ignores
-/// `fsGroup`), bound to the job's claim.
 async fn dataset_volume(client: &Client, ns: &str, dir: &std::path::Path) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::process::Command::new("chown")
-        .args(["65532:65532"])
-        .arg(dir)
-        .status()?;
-    let pv = format!("{ns}-data");
-    apply(
-        client,
-        ns,
-        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "",
-                        "hostPath": {"path": dir.display().to_string(), "type": "Directory"},
-                        "claimRef": {"namespace": ns, "name": "data"}}}),
-    )
-    .await?;
-    apply(
-        client,
-        ns,
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
-               "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
-                        "resources": {"requests": {"storage": "1Gi"}}}}),
-    )
-    .await
+    node().dataset_volume(client, ns, dir).await
 }
 
 fn ready(pod: &Pod) -> bool {
@@ -270,6 +220,14 @@ fn fix_add() -> Value {
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}})
 }
 
+/// `fix_add`, which the agent solves after sleeping 20 s: a session to disturb while it runs.
+fn fix_add_slowly() -> Value {
+    let mut slow = fix_add();
+    slow["id"] = "fix-add-slowly".into();
+    slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
+    slow
+}
+
 fn fix_max() -> Value {
     json!({"id": "fix-max", "instruction": "biggest() returns the smallest. Fix it.",
         "files": {"listmax.py": "def biggest(xs):\n    return min(xs)\n"},
@@ -364,13 +322,10 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
 
     // A sandbox pod deleted while its harness runs (the kubelet stops its containers): the
     // session runs again on a fresh pod and is scored once, never as the policy's 0.
-    let mut slow = fix_add();
-    slow["id"] = "fix-add-slowly".into();
-    slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
     apply(
         &client,
         &ns,
-        sft_job("slow", &ns, 1, "/slow", json!([slow])),
+        sft_job("slow", &ns, 1, "/slow", json!([fix_add_slowly()])),
     )
     .await?;
     let victim = eventually_within(120, "the slow session's harness to start", async || {
@@ -512,13 +467,10 @@ async fn a_kubelet_restarted_mid_job_loses_no_session() -> Result<()> {
     );
     let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
     warm_pool(n, &client, &ns, &images.python).await?;
-    let mut slow = fix_add();
-    slow["id"] = "fix-add-slowly".into();
-    slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
     apply(
         &client,
         &ns,
-        sft_job("restart", &ns, 2, "/restart", json!([slow])),
+        sft_job("restart", &ns, 2, "/restart", json!([fix_add_slowly()])),
     )
     .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -686,13 +638,16 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
     warm_pool(n, &client, &ns, &images.python)
         .await
         .with_context(|| operator_logs(n, &system.name))?;
-    let mut slow = fix_add();
-    slow["id"] = "fix-add-slowly".into();
-    slow["instruction"] = "calc.py: add() subtracts. Fix it, slowly.".into();
     apply(
         &client,
         &ns,
-        sft_job("both", &ns, 2, "/both", json!([fix_add(), slow])),
+        sft_job(
+            "both",
+            &ns,
+            2,
+            "/both",
+            json!([fix_add(), fix_add_slowly()]),
+        ),
     )
     .await?;
     // Every operator pod deleted while sessions run: the Deployment's new pods take over.

@@ -1,0 +1,262 @@
+//! Warm claims on the real node (`floe_tests::node`: a real kubelet, containerd and runc), each
+//! figure printed beside the node's own baseline measured in the same run:
+//!
+//! 1. **Claim → harness started**: a RolloutJob against a warm pool; per session, from the
+//!    pod's `floe.dev/claimed-at` (the operator's claim) to the runner's
+//!    `harnessStartedUnixMs` (its termination message): the assignment's delivery to the pod's
+//!    gateway, the runner taking it, the task files, and the harness process's start. p50/p99.
+//! 2. **Refill**: while the job runs, the pool's replacement pods, created → READY (the
+//!    gateway's readiness probe passed and the pool marked it), p50/p99, and the rate at which
+//!    pods reached READY.
+//!
+//! Baseline for both: the node starting a bare pod of the same image (created → Ready, no
+//! init container, no sidecar), what a claim would cost without a warm pool.
+//!
+//! Sessions run the `custom` harness `true` and the evaluator `true`: the figures are floe's
+//! and the node's, not an agent's. `--quick`: 20 sessions; full: 120. Root only (the node).
+//! `FLOE_BIN_PROFILE=release` builds the operator and the images' `floe` in release mode.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
+use floe_tests::node::{host_services, node};
+use floe_tests::operator::{eventually_within, Operator};
+use floe_tests::TestNamespace;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use serde_json::json;
+
+/// What the watch saw of each pod, by name, in the bench's time (`Instant`s).
+#[derive(Default)]
+struct Seen {
+    first: HashMap<String, Instant>,
+    ready: HashMap<String, Instant>,
+    pool_ready: HashMap<String, Instant>,
+    /// (claimed-at, harness started), Unix milliseconds.
+    started: HashMap<String, (i64, i64)>,
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The claim's and the harness's start, once the runner's summary is on the pod.
+fn claim_to_start(p: &Pod) -> Option<(i64, i64)> {
+    let claimed: k8s_openapi::jiff::Timestamp =
+        p.annotations().get("floe.dev/claimed-at")?.parse().ok()?;
+    let message = p
+        .status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())?;
+    let summary: serde_json::Value = serde_json::from_str(&message).ok()?;
+    Some((
+        claimed.as_millisecond(),
+        summary["harnessStartedUnixMs"].as_i64()?,
+    ))
+}
+
+fn watch(api: Api<Pod>, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        while let Some(event) = events.next().await {
+            let now = Instant::now();
+            let pods = match event {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => vec![p],
+                _ => continue,
+            };
+            let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+            for p in pods {
+                let name = p.name_any();
+                s.first.entry(name.clone()).or_insert(now);
+                if pod_ready(&p) {
+                    s.ready.entry(name.clone()).or_insert(now);
+                }
+                if p.labels().get("floe.dev/state").map(String::as_str) == Some("ready") {
+                    s.pool_ready.entry(name.clone()).or_insert(now);
+                }
+                if let Some(t) = claim_to_start(&p) {
+                    s.started.entry(name).or_insert(t);
+                }
+            }
+        }
+    })
+}
+
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let sessions: usize = if quick { 20 } else { 120 };
+    let warm = 4;
+    let n = node();
+    let images = n.images()?;
+    let client = n.cluster.client().await?;
+    n.cluster.install_crds(&client).await?;
+    // Cluster DNS: the sessions' gateways ship to the collector's Service by name.
+    host_services(n)?;
+    let ns = TestNamespace::create(&n.cluster, &client, "bench-node").await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let watching = watch(pods.clone(), seen.clone());
+    let data = tempfile::Builder::new()
+        .prefix("floe-bench-node")
+        .tempdir()?;
+    n.dataset_volume(&client, &ns.name, data.path()).await?;
+
+    // Baseline: bare pods of the sandbox image, one at a time (the node is otherwise idle).
+    let mut bare = Vec::new();
+    for i in 0..5 {
+        let name = format!("bare-{i}");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": images.python, "imagePullPolicy": "Never",
+                                     "command": ["sleep", "3600"]}]}}))?;
+        let sent = Instant::now();
+        pods.create(&PostParams::default(), &pod).await?;
+        let ready = eventually_within(60, "a bare pod Ready", async || {
+            Ok(seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .ready
+                .get(&name)
+                .copied())
+        })
+        .await?;
+        bare.push(ms(ready.duration_since(sent)));
+        pods.delete(&name, &DeleteParams::default()).await?;
+    }
+
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns.name, &[], &[])?;
+    n.apply(
+        &client,
+        &ns.name,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": "warm"},
+               "spec": {"replicas": warm, "template": {"image": images.python, "imagePullPolicy": "Never"}}}),
+    )
+    .await?;
+    let pools: Api<floe_crds::GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    eventually_within(180, "the pool READY", async || {
+        let p = pools.get("warm").await?;
+        Ok((p.status.map(|s| s.ready_replicas) == Some(warm)).then_some(()))
+    })
+    .await?;
+
+    let tasks: Vec<_> = (0..sessions / 4)
+        .map(|i| json!({"id": format!("t{i}"), "instruction": "nothing to do"}))
+        .collect();
+    let job_started = Instant::now();
+    n.apply(
+        &client,
+        &ns.name,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "claims"},
+               "spec": {"numSamples": 4, "concurrency": warm, "poolRef": {"name": "warm"},
+                        "harness": {"preset": "custom", "command": ["true"]},
+                        "evaluator": {"command": ["true"]},
+                        "timeouts": {"agentSeconds": 60, "evaluatorSeconds": 30},
+                        "sft": {"upstream": {"url": "http://127.0.0.1:9", "model": "none"},
+                                "output": {"claimName": "data", "path": "/claims"}},
+                        "tasks": {"inline": tasks}}}),
+    )
+    .await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    // Each slot runs a session, lets its pod go and waits for the pool's replacement.
+    let budget = 120 + 10 * sessions as u64;
+    let status = eventually_within(budget, "the job to finish", async || {
+        let j = jobs.get("claims").await?;
+        Ok(j.status.filter(|s| {
+            matches!(
+                s.phase,
+                Some(RolloutJobPhase::Succeeded | RolloutJobPhase::Failed)
+            )
+        }))
+    })
+    .await?;
+    let job_seconds = job_started.elapsed().as_secs_f64();
+    if status.sessions.succeeded as usize != sessions {
+        bail!("the job did not score every session: {:?}", status.sessions);
+    }
+    watching.abort();
+
+    let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+    let claims: Vec<f64> = s
+        .started
+        .values()
+        .map(|(claimed, started)| (started - claimed) as f64)
+        .collect();
+    if claims.len() < sessions {
+        bail!(
+            "saw {} sessions' start of {sessions} (pods released before the watch saw them?)",
+            claims.len()
+        );
+    }
+    // Replacement pods: created by the pool after the job began, READY while it ran.
+    let refills: Vec<(Instant, f64)> = s
+        .pool_ready
+        .iter()
+        .filter_map(|(name, ready)| {
+            let first = *s.first.get(name)?;
+            (first > job_started).then(|| (*ready, ms(ready.duration_since(first))))
+        })
+        .collect();
+    let refill_window = refills
+        .iter()
+        .map(|(at, _)| at.duration_since(job_started).as_secs_f64())
+        .fold(0.0, f64::max);
+    let refill_ms: Vec<f64> = refills.iter().map(|(_, d)| *d).collect();
+    let (b50, b99) = (percentile(bare.clone(), 0.5), percentile(bare, 0.99));
+    let (c50, c99) = (
+        percentile(claims.clone(), 0.5),
+        percentile(claims.clone(), 0.99),
+    );
+    println!(
+        "node claims: {sessions} sessions, warm pool {warm}, job {job_seconds:.1} s ({:.1} sessions/s)",
+        sessions as f64 / job_seconds
+    );
+    println!("| | p50 | p99 | n |\n|---|---|---|---|");
+    println!("| baseline: bare pod created → Ready (same image, same node) | {b50:.0} ms | {b99:.0} ms | 5 |");
+    println!(
+        "| claim → harness process started in the claimed pod | {c50:.0} ms | {c99:.0} ms | {} |",
+        claims.len()
+    );
+    if !refill_ms.is_empty() {
+        println!(
+            "| refill: pool pod created → READY | {:.0} ms | {:.0} ms | {} |",
+            percentile(refill_ms.clone(), 0.5),
+            percentile(refill_ms.clone(), 0.99),
+            refill_ms.len()
+        );
+    }
+    println!(
+        "claim → harness start is {:.1}× faster than a bare pod's start at p50 ({:.1}× at p99)",
+        b50 / c50.max(1.0),
+        b99 / c99.max(1.0)
+    );
+    println!(
+        "refill rate: {} pods READY in {refill_window:.1} s = {:.2} pods/s",
+        refill_ms.len(),
+        refill_ms.len() as f64 / refill_window.max(0.001)
+    );
+    Ok(())
+}
