@@ -12,8 +12,9 @@
 //! Baseline for both: the node starting a bare pod of the same image (created → Ready, no
 //! init container, no sidecar), what a claim would cost without a warm pool.
 //!
-//! Sessions run the `custom` harness `true` and the evaluator `true`: the figures are floe's
-//! and the node's, not an agent's. `--quick`: 20 sessions; full: 120. Root only (the node).
+//! Sessions run a `custom` harness that makes one model call of one token (a session without a
+//! model call is not scored: it never reached the policy) and the evaluator `true`: the
+//! figures are floe's and the node's, not an agent's. `--quick`: 20 sessions; full: 120. Root only (the node).
 //! `FLOE_BIN_PROFILE=release` builds the operator and the images' `floe` in release mode.
 
 use std::collections::HashMap;
@@ -31,6 +32,17 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::json;
+
+/// One model call of one token through the pod's gateway, then done.
+const AGENT: &str = r#"
+import json, os, urllib.request
+body = {"model": "policy", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+                             data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json",
+                                      "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+urllib.request.urlopen(req, timeout=60).read()
+"#;
 
 /// What the watch saw of each pod, by name, in the bench's time (`Instant`s).
 #[derive(Default)]
@@ -122,6 +134,14 @@ async fn main() -> Result<()> {
         .prefix("floe-bench-node")
         .tempdir()?;
     n.dataset_volume(&client, &ns.name, data.path()).await?;
+    n.model_service(&client, &ns.name).await?;
+    n.apply(
+        &client,
+        &ns.name,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "agent"},
+               "data": {"agent.py": AGENT}}),
+    )
+    .await?;
 
     // Baseline: bare pods of the sandbox image, one at a time (the node is otherwise idle).
     let mut bare = Vec::new();
@@ -153,7 +173,11 @@ async fn main() -> Result<()> {
         &ns.name,
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
                "metadata": {"name": "warm"},
-               "spec": {"replicas": warm, "template": {"image": images.python, "imagePullPolicy": "Never"}}}),
+               "spec": {"replicas": warm,
+                        "template": {"image": images.python, "imagePullPolicy": "Never",
+                                     "volumes": [{"name": "agent", "configMap": {"name": "agent"}}],
+                                     "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
+                                                       "readOnly": true}]}}}),
     )
     .await?;
     let pools: Api<floe_crds::GatewayPool> = Api::namespaced(client.clone(), &ns.name);
@@ -172,10 +196,11 @@ async fn main() -> Result<()> {
         &ns.name,
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "claims"},
                "spec": {"numSamples": 4, "concurrency": warm, "poolRef": {"name": "warm"},
-                        "harness": {"preset": "custom", "command": ["true"]},
+                        "harness": {"preset": "custom", "command": ["python3", "/opt/agent/agent.py"]},
                         "evaluator": {"command": ["true"]},
+                        "sampling": {"maxResponseTokens": 1},
                         "timeouts": {"agentSeconds": 60, "evaluatorSeconds": 30},
-                        "sft": {"upstream": {"url": "http://127.0.0.1:9", "model": "none"},
+                        "sft": {"upstream": {"url": format!("http://teacher.{}.svc:8000", ns.name), "model": "policy"},
                                 "output": {"claimName": "data", "path": "/claims"}},
                         "tasks": {"inline": tasks}}}),
     )
@@ -195,7 +220,22 @@ async fn main() -> Result<()> {
     .await?;
     let job_seconds = job_started.elapsed().as_secs_f64();
     if status.sessions.succeeded as usize != sessions {
-        bail!("the job did not score every session: {:?}", status.sessions);
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(client.clone(), &ns.name);
+        let why: Vec<String> = events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .filter_map(|e| e.note)
+            .take(3)
+            .collect();
+        bail!(
+            "the job did not score every session: {:?}\n{}",
+            status.sessions,
+            why.join("\n")
+        );
     }
     watching.abort();
 

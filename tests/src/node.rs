@@ -205,6 +205,29 @@ impl TestNode {
         Ok(())
     }
 
+    /// The model server as pods see it: the Service `teacher:8000` in `ns`, without selector,
+    /// whose endpoint is the host's bridge address, where [`host_services`] relays to the real
+    /// vLLM on loopback.
+    pub async fn model_service(&self, client: &kube::Client, ns: &str) -> Result<()> {
+        use serde_json::json;
+        let port = self.model_port()?;
+        self.apply(
+            client,
+            ns,
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "teacher"},
+                   "spec": {"ports": [{"port": 8000, "targetPort": port}]}}),
+        )
+        .await?;
+        self.apply(
+            client,
+            ns,
+            json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "teacher"},
+                   "subsets": [{"addresses": [{"ip": self.host_ip.to_string()}],
+                                "ports": [{"port": port}]}]}),
+        )
+        .await
+    }
+
     /// A hostPath volume at `dir` for a job's dataset, owned by the collector's user
     /// (hostPath ignores `fsGroup`), bound to the claim `data` in `ns`.
     pub async fn dataset_volume(&self, client: &kube::Client, ns: &str, dir: &Path) -> Result<()> {

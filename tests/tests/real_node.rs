@@ -40,25 +40,8 @@ async fn apply(client: &Client, ns: &str, object: Value) -> Result<()> {
     node().apply(client, ns, object).await
 }
 
-/// The model server as pods see it: a Service without selector whose endpoint is the host's
-/// bridge address, where the host services relay to the real vLLM on loopback.
 async fn model_service(n: &TestNode, client: &Client, ns: &str) -> Result<()> {
-    let port = n.model_port()?;
-    apply(
-        client,
-        ns,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "teacher"},
-               "spec": {"ports": [{"port": 8000, "targetPort": port}]}}),
-    )
-    .await?;
-    apply(
-        client,
-        ns,
-        json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "teacher"},
-               "subsets": [{"addresses": [{"ip": n.host_ip.to_string()}],
-                            "ports": [{"port": port}]}]}),
-    )
-    .await
+    n.model_service(client, ns).await
 }
 
 async fn dataset_volume(client: &Client, ns: &str, dir: &std::path::Path) -> Result<()> {
