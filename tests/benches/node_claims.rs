@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
+use floe_tests::kubelet::pod_ready;
 use floe_tests::node::{host_services, node};
 use floe_tests::operator::{eventually_within, Operator};
-use floe_tests::TestNamespace;
+use floe_tests::{percentile, TestNamespace};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -52,13 +53,6 @@ struct Seen {
     pool_ready: HashMap<String, Instant>,
     /// (claimed-at, harness started), Unix milliseconds.
     started: HashMap<String, (i64, i64)>,
-}
-
-fn pod_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The claim's and the harness's start, once the runner's summary is on the pod.
@@ -104,11 +98,6 @@ fn watch(api: Api<Pod>, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<()> {
             }
         }
     })
-}
-
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
 fn ms(d: Duration) -> f64 {

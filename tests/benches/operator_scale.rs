@@ -26,7 +26,7 @@ use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::{pod_ready, FakeKubelet, NodeOptions, Verdict};
 use floe_tests::operator::{eventually_every, eventually_within, metric_value, Operator};
 use floe_tests::proc_cpu::{self, Snapshot};
-use floe_tests::{cluster, TestNamespace};
+use floe_tests::{cluster, percentile, TestNamespace};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -221,11 +221,6 @@ fn cpu_now(operator: u32) -> Snapshot {
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
 async fn claim_latency(client: &Client, sessions: usize, warm: i32) -> Result<()> {

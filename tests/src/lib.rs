@@ -32,3 +32,9 @@ pub use scripted_upstream::{ScriptedUpstream, Step};
 pub use sglang_shim::{SglangShim, SHIM_WEIGHT_VERSION};
 pub use vllm::setup as vllm_setup;
 pub use vllm::{tokenize, tokenize_at, vllm, vllm_long, vllm_vision, Vllm};
+
+/// The `q` quantile (0–1) of `v`, nearest rank; `v` must not be empty.
+pub fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}

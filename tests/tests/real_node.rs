@@ -9,6 +9,7 @@
 use anyhow::{bail, Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
+use floe_tests::kubelet::pod_ready;
 use floe_tests::node::{host_services, node, tail, NodeImages, TestNode};
 use floe_tests::operator::{eventually_within, Operator};
 use floe_tests::{chart, TestNamespace};
@@ -46,13 +47,6 @@ async fn model_service(n: &TestNode, client: &Client, ns: &str) -> Result<()> {
 
 async fn dataset_volume(client: &Client, ns: &str, dir: &std::path::Path) -> Result<()> {
     node().dataset_volume(client, ns, dir).await
-}
-
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// What the kubelet applied to the harness container, seen from inside it.
@@ -190,7 +184,7 @@ async fn warm_pool_of(
         let listed = pods
             .list(&ListParams::default().labels(&format!("floe.dev/pool={name}")))
             .await?;
-        let running: Vec<Pod> = listed.items.into_iter().filter(ready).collect();
+        let running: Vec<Pod> = listed.items.into_iter().filter(pod_ready).collect();
         Ok((ready_replicas == 2 && running.len() >= 2).then_some(running))
     })
     .await
@@ -616,7 +610,7 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
     let pods: Api<Pod> = Api::namespaced(client.clone(), &system.name);
     let operators = pods.list(&ListParams::default()).await?.items;
     assert_eq!(operators.len(), 2, "two operator replicas");
-    assert!(operators.iter().all(ready));
+    assert!(operators.iter().all(pod_ready));
 
     warm_pool(n, &client, &ns, &images.python)
         .await

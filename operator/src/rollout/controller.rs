@@ -305,10 +305,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         // Pods stopped at a deadline end after the job did: let them go too.
         release_all(ctx, job, &ns).await?;
         // The job's own pods end with it; a job due for deletion (its TTL) waits for none.
-        let ttl_left = job
-            .spec
-            .ttl_seconds_after_finished
-            .map(|ttl| i64::from(ttl) - now.0.duration_since(done.0).as_secs());
+        let ttl_left = ttl_left(job, &done, &now);
         let patience = ttl_left.is_none_or(|left| left > 0);
         if let Some(wait) = job_end::end_job_pods(job, ctx, &ns, &done, &now, patience).await? {
             let wait = ttl_left.map_or(wait, |left| {
@@ -316,7 +313,7 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
             });
             return Ok(Action::requeue(wait));
         }
-        return after_completion(job, &jobs, &done, &now).await;
+        return after_completion(job, &jobs, ttl_left).await;
     }
 
     let observed = match observe(job, ctx, &ns).await? {
@@ -1485,16 +1482,23 @@ async fn cleanup(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Action,
 }
 
 /// A finished job only waits for its TTL.
+/// Seconds until a finished job's `ttlSecondsAfterFinished` passes (≤ 0: passed); `None`
+/// without one.
+fn ttl_left(job: &RolloutJob, done: &Time, now: &Time) -> Option<i64> {
+    job.spec
+        .ttl_seconds_after_finished
+        .map(|ttl| i64::from(ttl) - now.0.duration_since(done.0).as_secs())
+}
+
+/// `ttl_left`: from [`ttl_left`].
 async fn after_completion(
     job: &RolloutJob,
     jobs: &Api<RolloutJob>,
-    done: &Time,
-    now: &Time,
+    ttl_left: Option<i64>,
 ) -> Result<Action, JobError> {
-    let Some(ttl) = job.spec.ttl_seconds_after_finished else {
+    let Some(left) = ttl_left else {
         return Ok(Action::await_change());
     };
-    let left = i64::from(ttl) - now.0.duration_since(done.0).as_secs();
     if left > 0 {
         return Ok(Action::requeue(Duration::from_secs(
             u64::try_from(left).unwrap_or(1),
