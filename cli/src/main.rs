@@ -69,6 +69,9 @@ enum Command {
     /// Run one sandbox session: wait for the assignment from the pod's gateway, run the
     /// harness, evaluate, report. Exit 0 success, 1 agent failure, 2 usage, 3 infrastructure.
     Sandbox(sandbox::SandboxArgs),
+    /// A sandbox pod's agent container: dial the grader, run the harness it sends, kill every
+    /// process left in this container, report.
+    Agent(sandbox::AgentArgs),
     /// Collect an sft job's trajectories into its dataset volume (the job's collector pod).
     Collect(collect::CollectArgs),
     /// Serve a job's JSONL task file from its volume to the operator (the job's task loader pod).
@@ -185,6 +188,11 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
             socket,
             command,
         } => return Ok(ExitCode::from(sandbox_exec(listen.zip(socket), command))),
+        Command::Agent(args) => {
+            return Ok(ExitCode::from(
+                u8::try_from(sandbox::agent_main(args)).unwrap_or(3),
+            ))
+        }
         Command::Sandbox(args) => {
             return Ok(ExitCode::from(
                 u8::try_from(sandbox::main(args)).unwrap_or(3),

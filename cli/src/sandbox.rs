@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use floe_crds::common::PrepareStep;
-use floe_sandbox::runner::{run, RunnerConfig};
+use floe_sandbox::runner::{run, AgentContainer, RunnerConfig};
 use floe_sandbox::summary::{render, ExitKind};
 
 #[derive(Args)]
@@ -45,6 +45,56 @@ pub struct SandboxArgs {
     /// Seconds between SIGTERM and SIGKILL when a process group times out.
     #[arg(long, default_value_t = 5)]
     kill_grace_seconds: u64,
+    /// Run the harness in the pod's agent container: listen here for its supervisor
+    /// (`floe agent`), which runs it and reports once every agent process is gone. Without
+    /// it the harness runs in this container, beside the grader.
+    #[arg(long, env = "FLOE_AGENT_LISTEN", requires = "agent_dir")]
+    agent_listen: Option<std::net::SocketAddr>,
+    /// The volume shared with the agent container (the harness's home, instruction, logs).
+    #[arg(long, env = "FLOE_AGENT_DIR")]
+    agent_dir: Option<PathBuf>,
+    /// How long the agent container's supervisor may take to dial.
+    #[arg(long, default_value_t = 300)]
+    agent_dial_timeout_seconds: u64,
+}
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// The grader's agent link (`floe sandbox --agent-listen`), on the pod's loopback.
+    #[arg(long, env = "FLOE_AGENT_GRADER")]
+    grader: std::net::SocketAddr,
+    /// How long to keep dialling it (the grader's container starting).
+    #[arg(long, default_value_t = 300)]
+    dial_timeout_seconds: u64,
+}
+
+/// `floe agent`: the agent container's PID 1 (see `floe_sandbox::agent_link`). Exit 0 once it
+/// reported, 3 when the link failed.
+pub fn agent_main(args: AgentArgs) -> i32 {
+    // Not dumpable: the agent, same user, can neither trace this process nor read its memory
+    // or file descriptors (the link).
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("floe agent: cannot make this process undumpable: {e}");
+        return ExitKind::Infrastructure.code();
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("floe agent: cannot start the async runtime: {e}");
+            return ExitKind::Infrastructure.code();
+        }
+    };
+    let wait = Duration::from_secs(args.dial_timeout_seconds);
+    match runtime.block_on(floe_sandbox::agent_link::supervise(args.grader, wait)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("floe agent: {e}");
+            ExitKind::Infrastructure.code()
+        }
+    }
 }
 
 /// Runs the session and returns the process exit code.
@@ -86,6 +136,14 @@ pub fn main(args: SandboxArgs) -> i32 {
         kill_grace: Duration::from_secs(args.kill_grace_seconds),
         // The pod's containers are the sandbox.
         confinement: None,
+        agent: args
+            .agent_listen
+            .zip(args.agent_dir)
+            .map(|(listen, dir)| AgentContainer {
+                listen,
+                dir,
+                dial_wait: Duration::from_secs(args.agent_dial_timeout_seconds),
+            }),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

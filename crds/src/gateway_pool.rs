@@ -67,6 +67,8 @@ pub struct GatewayPoolSpec {
 #[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[x_kube(validation = kube::core::Rule::new("self.port != self.controlPort")
     .message("gateway.port and gateway.controlPort must differ"))]
+#[x_kube(validation = kube::core::Rule::new("self.port != 8379 && self.controlPort != 8379")
+    .message("port 8379 is the sandbox pod's agent link: gateway.port and gateway.controlPort must not use it"))]
 #[serde(rename_all = "camelCase")]
 pub struct GatewaySettings {
     /// Loopback port the harness calls (its provider base URL points here).

@@ -1,6 +1,8 @@
-//! The sandbox pod a GatewayPool makes from its template (sans-IO): the harness image with its
-//! command replaced by `floe sandbox`, the `floe` binary copied in by an init container, the
-//! gateway as a sidecar, the per-pod control token from a Secret, state in labels. This is the
+//! The sandbox pod a GatewayPool makes from its template (sans-IO): the harness image twice —
+//! once as the agent container (`floe agent` runs the harness and nothing survives it), once as
+//! the grader (`floe sandbox`: prepare steps, the assignment, the evaluator) — the `floe`
+//! binary copied in by an init container, the gateway as a sidecar, the per-pod control token
+//! from a Secret that only the grader and the gateway mount, state in labels. This is the
 //! operator's half of `docs/sandbox-contract.md`.
 
 use std::collections::BTreeMap;
@@ -64,6 +66,14 @@ const CONTROL_DIR: &str = "/floe-control";
 const STATE_DIR: &str = "/floe-state";
 const RUN_DIR: &str = "/floe-run";
 const DEFAULT_WORKDIR: &str = "/workspace";
+/// The volume the agent and the grader share besides the workspace: the harness's home,
+/// instruction and logs.
+const AGENT_DIR: &str = "/floe-agent";
+/// Loopback port of the grader's agent link; the gateway's ports may not take it.
+pub const AGENT_LINK_PORT: i32 = 8379;
+/// The agent container's name (the grader keeps `sandbox`, whose termination message the
+/// operator reads).
+pub const AGENT_CONTAINER: &str = "agent";
 
 pub struct SandboxPod<'a> {
     pub name: &'a str,
@@ -165,6 +175,28 @@ fn restricted(uid: i64) -> Value {
     })
 }
 
+/// The grader's resources, from the harness container's: the same CPU and memory limits (an
+/// evaluator is held to what the harness was), but requests of its own that are small, so a
+/// pool's pods do not ask the scheduler for twice the harness's share. Extended resources
+/// (GPUs) stay the agent's. `None` when the template limits neither.
+fn grader_resources(harness: &k8s_openapi::api::core::v1::ResourceRequirements) -> Option<Value> {
+    let limits: BTreeMap<&str, &k8s_openapi::apimachinery::pkg::api::resource::Quantity> = harness
+        .limits
+        .iter()
+        .flatten()
+        .filter(|(k, _)| matches!(k.as_str(), "cpu" | "memory"))
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    if limits.is_empty() {
+        return None;
+    }
+    let requests: BTreeMap<&str, &str> = limits
+        .keys()
+        .map(|k| (*k, if *k == "cpu" { "10m" } else { "32Mi" }))
+        .collect();
+    Some(json!({"limits": limits, "requests": requests}))
+}
+
 pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     let t = &p.spec.template;
     let g = &p.spec.gateway;
@@ -249,53 +281,86 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         "securityContext": restricted(FLOE_UID),
     });
 
-    let mut env = vec![
+    let template_env = t
+        .env
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    let template_mounts = t
+        .volume_mounts
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    let link = format!("127.0.0.1:{AGENT_LINK_PORT}");
+    let security = match &t.security_context {
+        Some(sc) => serde_json::to_value(sc)?,
+        None => restricted(SANDBOX_UID),
+    };
+    // The grader: the only container of the harness image with the control token, the
+    // assignment (hidden files) and the evaluation copy. The agent never ran in it.
+    let mut grader_env = vec![
         json!({"name": "FLOE_GATEWAY_URL", "value": gateway_url}),
         json!({"name": "FLOE_CONTROL_TOKEN_FILE", "value": token_file}),
         json!({"name": "FLOE_POOL_PREPARE", "value": serde_json::to_string(&p.spec.prepare)?}),
-        json!({"name": "OPENAI_BASE_URL", "value": format!("{gateway_url}/v1")}),
-        json!({"name": "ANTHROPIC_BASE_URL", "value": gateway_url}),
-        json!({"name": "GOOGLE_GEMINI_BASE_URL", "value": gateway_url}),
     ];
-    env.extend(
-        t.env
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<_>, _>>()?,
-    );
-    let mut mounts = vec![
+    grader_env.extend(template_env.iter().cloned());
+    let mut grader_mounts = vec![
         json!({"name": "floe-bin", "mountPath": BIN_DIR, "readOnly": true}),
         json!({"name": "floe-control", "mountPath": CONTROL_DIR, "readOnly": true}),
         json!({"name": "floe-run", "mountPath": RUN_DIR}),
         json!({"name": "floe-workspace", "mountPath": workdir}),
+        json!({"name": "floe-agent", "mountPath": AGENT_DIR}),
     ];
-    mounts.extend(
-        t.volume_mounts
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<_>, _>>()?,
-    );
+    grader_mounts.extend(template_mounts.iter().cloned());
     let mut main = json!({
         "name": "sandbox",
         "image": t.image,
         "command": [format!("{BIN_DIR}/floe"), "sandbox"],
-        "args": ["--workspace", workdir, "--state-dir", format!("{RUN_DIR}/state")],
+        "args": ["--workspace", workdir, "--state-dir", format!("{RUN_DIR}/state"),
+                 "--agent-listen", link, "--agent-dir", AGENT_DIR],
         "workingDir": workdir,
-        "env": env,
+        "env": grader_env,
         "envFrom": t.env_from,
-        "volumeMounts": mounts,
+        "volumeMounts": grader_mounts,
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": match &t.security_context {
-            Some(sc) => serde_json::to_value(sc)?,
-            None => restricted(SANDBOX_UID),
-        },
+        "securityContext": security,
+    });
+    // The agent: the harness under `floe agent` (PID 1 of the container's own PID namespace),
+    // the workspace and its home; no token, no floe state.
+    let mut agent_env = vec![
+        json!({"name": "FLOE_GATEWAY_URL", "value": gateway_url}),
+        json!({"name": "OPENAI_BASE_URL", "value": format!("{gateway_url}/v1")}),
+        json!({"name": "ANTHROPIC_BASE_URL", "value": gateway_url}),
+        json!({"name": "GOOGLE_GEMINI_BASE_URL", "value": gateway_url}),
+    ];
+    agent_env.extend(template_env);
+    let mut agent_mounts = vec![
+        json!({"name": "floe-bin", "mountPath": BIN_DIR, "readOnly": true}),
+        json!({"name": "floe-workspace", "mountPath": workdir}),
+        json!({"name": "floe-agent", "mountPath": AGENT_DIR}),
+    ];
+    agent_mounts.extend(template_mounts);
+    let mut agent = json!({
+        "name": AGENT_CONTAINER,
+        "image": t.image,
+        "command": [format!("{BIN_DIR}/floe"), "agent"],
+        "args": ["--grader", link],
+        "workingDir": workdir,
+        "env": agent_env,
+        "envFrom": t.env_from,
+        "volumeMounts": agent_mounts,
+        "securityContext": main["securityContext"].clone(),
     });
     if let Some(policy) = t.image_pull_policy {
         main["imagePullPolicy"] = serde_json::to_value(policy)?;
+        agent["imagePullPolicy"] = serde_json::to_value(policy)?;
     }
     if let Some(r) = &t.resources {
-        main["resources"] = serde_json::to_value(r)?;
+        agent["resources"] = serde_json::to_value(r)?;
+        if let Some(g) = grader_resources(r) {
+            main["resources"] = g;
+        }
     }
 
     let mut volumes = vec![
@@ -303,6 +368,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         json!({"name": "floe-state", "emptyDir": {}}),
         json!({"name": "floe-run", "emptyDir": {}}),
         json!({"name": "floe-workspace", "emptyDir": {}}),
+        json!({"name": "floe-agent", "emptyDir": {}}),
         json!({"name": "floe-control", "secret": {"secretName": p.secret, "defaultMode": 0o440}}),
     ];
     volumes.extend(
@@ -314,9 +380,9 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
 
     let (init, containers) = if p.native_sidecars {
         gateway["restartPolicy"] = "Always".into();
-        (vec![copy, gateway], vec![main])
+        (vec![copy, gateway], vec![main, agent])
     } else {
-        (vec![copy], vec![main, gateway])
+        (vec![copy], vec![main, agent, gateway])
     };
     let mut spec = json!({
         "restartPolicy": "Never",
@@ -328,7 +394,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         "imagePullSecrets": t.image_pull_secrets,
         "nodeSelector": t.node_selector,
         "tolerations": t.tolerations,
-        // The restricted profile's pod-level half: the runner and the gateway share the
+        // The restricted profile's pod-level half: the grader and the gateway share the
         // mounted Secret through the group.
         "securityContext": {"runAsNonRoot": true, "fsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
     });

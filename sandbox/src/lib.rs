@@ -14,8 +14,11 @@
 //! - [`confine`]: local mode's bubblewrap sandbox for the harness and the evaluator;
 //!   [`relay`], the first process in it and the model API's only way out of it;
 //!   [`syscall_filter`], the seccomp filter on what it starts.
+//! - [`agent_link`]: in pods, the harness in a container of its own, run by `floe agent`
+//!   for the grader, which waits until every agent process is gone.
 //! - [`runner`]: the whole session, talking to the gateway through [`client`].
 
+pub mod agent_link;
 pub mod checks;
 pub mod client;
 pub mod confine;

@@ -13,7 +13,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct CommandSpec {
     pub program: String,
     pub args: Vec<String>,
@@ -31,7 +31,7 @@ pub struct CommandSpec {
     pub kill_grace: Duration,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Exit {
     Code(i32),
     /// Killed by a signal it did not get from us.
@@ -42,7 +42,7 @@ pub enum Exit {
     SpawnFailed(String),
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Finished {
     pub exit: Exit,
     pub elapsed: Duration,

@@ -10,6 +10,7 @@ use floe_crds::common::PrepareStep;
 use floe_gateway::trajectory::{Evaluation, SessionOutcome};
 use serde_json::json;
 
+use crate::agent_link::{self, GraderEnd, Linked};
 use crate::client::GatewayClient;
 use crate::confine::{self, Access, Confinement};
 use crate::presets::{self, PresetContext};
@@ -47,6 +48,20 @@ pub struct RunnerConfig {
     /// Run the harness and the evaluator each in their own sandbox (local mode); `None` in a
     /// pod, whose containers are the sandbox.
     pub confinement: Option<Confinement>,
+    /// Pods: the harness runs in the agent container, not here ([`agent_link`]).
+    pub agent: Option<AgentContainer>,
+}
+
+/// Where the agent container is and what it shares with this one.
+#[derive(Clone, Debug)]
+pub struct AgentContainer {
+    /// The loopback address its supervisor dials.
+    pub listen: std::net::SocketAddr,
+    /// A volume both containers mount: the harness's home, instruction and logs. The agent
+    /// can write it, so nothing the grader relies on lives there.
+    pub dir: PathBuf,
+    /// How long the supervisor may take to dial (the container starting).
+    pub dial_wait: Duration,
 }
 
 /// A child process of the runner: `<name>.stdout/.stderr` in the state's `logs/`, the runner's
@@ -113,9 +128,24 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
     if let Err(e) = std::fs::create_dir_all(&logs) {
         return infra(base, format!("state dir {}: {e}", logs.display()));
     }
+    // Bound before anything runs, so the agent container's supervisor is the first to dial.
+    let grader_end = match &config.agent {
+        Some(agent) => match GraderEnd::bind(agent.listen).await {
+            Ok(end) => Some((end, agent.dial_wait)),
+            Err(e) => return infra(base, format!("agent link on {}: {e}", agent.listen)),
+        },
+        None => None,
+    };
     if let Err(e) = prepare(config, &config.pool_prepare, "pool").await {
         return infra(base, e);
     }
+    let link = match grader_end {
+        Some((end, wait)) => match end.accept(wait).await {
+            Ok(linked) => Some(linked),
+            Err(e) => return infra(base, e.to_string()),
+        },
+        None => None,
+    };
     if let Err(e) = client.ready().await {
         return infra(base, e.to_string());
     }
@@ -144,6 +174,7 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
                 &delivered.token,
                 &session,
                 &mut summary,
+                link,
             )
             .await
         }
@@ -281,6 +312,44 @@ fn startable(spec: &CommandSpec) -> Result<(), String> {
         .ok_or_else(|| format!("{}: not found or not executable", spec.program))
 }
 
+/// [`tail`] of a file the agent could have replaced: never through a symlink.
+fn agent_tail(path: &Path, max: usize) -> String {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => tail(path, max),
+        _ => String::new(),
+    }
+}
+
+/// The harness in the agent container, through its supervisor. `Err`: a message for an
+/// infrastructure failure. A container that died under its supervisor is the harness's own
+/// failure (its memory limit, say), never the infrastructure's: the agent could cause it.
+async fn in_agent_container(link: Linked, harness: &CommandSpec) -> Result<Finished, String> {
+    let started = std::time::Instant::now();
+    let report = link.run(harness, Duration::from_secs(60)).await;
+    match &report {
+        Ok(r) if !r.namespace_emptied => Err(
+            "the agent container's supervisor is not its PID 1, so its processes could outlive \
+             it (a pod sharing its process namespace?): not graded"
+                .into(),
+        ),
+        Ok(r) => Ok(r.finished.clone()),
+        // Silent, or a garbled line: its supervisor may still be alive, and so may the agent.
+        Err(e) if !matches!(e, agent_link::LinkError::Gone) => Err(e.to_string()),
+        Err(e) => {
+            tracing::warn!("{e}; graded as the harness's failure");
+            // Its init is gone, so the kernel is killing the rest of its namespace: give it
+            // that moment before the workspace is read.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(Finished {
+                exit: agent_link::exit_of(&report),
+                elapsed: started.elapsed(),
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            })
+        }
+    }
+}
+
 fn tail(path: &Path, max: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let start = text.len().saturating_sub(max);
@@ -299,6 +368,7 @@ async fn session_outcome(
     token: &str,
     session: &str,
     summary: &mut Summary,
+    link: Option<Linked>,
 ) -> SessionOutcome {
     let state = &config.state_dir;
     let ws = &config.workspace;
@@ -316,10 +386,13 @@ async fn session_outcome(
         return infra_error(format!("snapshot: {e}"));
     }
 
-    // The harness.
-    let home = state.join("home");
-    let instruction_file = state.join("instruction.md");
+    // The harness. In a pod its home, instruction and logs are in the volume it shares with
+    // this container; locally in the runner's state.
+    let agent_dir = config.agent.as_ref().map_or(state, |a| &a.dir);
+    let home = agent_dir.join("home");
+    let instruction_file = agent_dir.join("instruction.md");
     if let Err(e) = std::fs::create_dir_all(&home)
+        .and_then(|_| std::fs::create_dir_all(agent_dir.join("logs")))
         .and_then(|_| std::fs::write(&instruction_file, &spec.task.instruction))
     {
         return infra_error(format!("harness home: {e}"));
@@ -354,6 +427,8 @@ async fn session_outcome(
         ws,
         spec.timeouts.agent_seconds,
     );
+    harness.stdout = agent_dir.join("logs/harness.stdout");
+    harness.stderr = agent_dir.join("logs/harness.stderr");
     tracing::info!(%session, program = %harness.program, "starting the harness");
     if let Some(confinement) = &config.confinement {
         // Inside the sandbox a missing program is only an exit code: say it here instead.
@@ -371,9 +446,15 @@ async fn session_outcome(
         .duration_since(std::time::UNIX_EPOCH)
         .ok()
         .and_then(|d| u64::try_from(d.as_millis()).ok());
-    let ran: Finished = match process::run(&harness).await {
-        Ok(f) => f,
-        Err(e) => return infra_error(e.to_string()),
+    let ran: Finished = match link {
+        Some(link) => match in_agent_container(link, &harness).await {
+            Ok(f) => f,
+            Err(message) => return infra_error(message),
+        },
+        None => match process::run(&harness).await {
+            Ok(f) => f,
+            Err(e) => return infra_error(e.to_string()),
+        },
     };
     summary.agent_seconds = ran.elapsed.as_secs_f64();
     let timed_out = ran.exit == Exit::TimedOut;
@@ -392,7 +473,7 @@ async fn session_outcome(
     tracing::info!(%session, exit = ?ran.exit, seconds = summary.agent_seconds, "harness finished");
     if !ran.success() && !timed_out {
         // In a pod the state dir goes with the pod: this log line is where a user sees why.
-        tracing::warn!(%session, stderr = %tail(&harness.stderr, 2000), "the harness failed");
+        tracing::warn!(%session, stderr = %agent_tail(&harness.stderr, 2000), "the harness failed");
     }
     // Seal the capture before grading: nothing the agent left running can add calls.
     if let Err(e) = client.close(session).await {

@@ -417,6 +417,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 log_cap_bytes: 1024 * 1024,
                 kill_grace: Duration::from_secs(5),
                 confinement: confinement.clone(),
+                agent: None,
             };
             running.spawn(async move {
                 let t0 = Instant::now();

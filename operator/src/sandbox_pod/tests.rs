@@ -59,11 +59,13 @@ fn the_harness_command_is_replaced_by_the_runner_with_the_gateway_beside_it() {
         env(main, "FLOE_GATEWAY_URL"),
         Some(&json!("http://127.0.0.1:8370"))
     );
+    let agent = container(&p["spec"]["containers"], "agent");
     assert_eq!(
-        env(main, "OPENAI_BASE_URL"),
+        env(agent, "OPENAI_BASE_URL"),
         Some(&json!("http://127.0.0.1:8370/v1"))
     );
     assert_eq!(env(main, "TZ"), Some(&json!("UTC")));
+    assert_eq!(env(agent, "TZ"), Some(&json!("UTC")));
     let prepare: Value = serde_json::from_str(
         env(main, "FLOE_POOL_PREPARE")
             .and_then(Value::as_str)
@@ -122,7 +124,7 @@ fn native_sidecars_run_the_gateway_as_a_restartable_init_container() {
     let p = pod(&s, true);
     let gw = container(&p["spec"]["initContainers"], "floe-gateway");
     assert_eq!(gw["restartPolicy"], "Always");
-    assert_eq!(p["spec"]["containers"].as_array().map(Vec::len), Some(1));
+    assert_eq!(p["spec"]["containers"].as_array().map(Vec::len), Some(2));
     // The binary copy runs first, then the sidecar.
     assert_eq!(p["spec"]["initContainers"][0]["name"], "floe-init");
 }
@@ -212,4 +214,63 @@ fn the_ready_mark_is_a_compare_and_swap_that_clears_the_ownership_record() {
     // One empty entry clears; an empty list would leave the record as it is.
     assert_eq!(meta["managedFields"], json!([{}]));
     assert_eq!(meta.as_object().map(|m| m.len()), Some(3), "{patch}");
+}
+
+#[test]
+fn the_agent_runs_apart_from_the_grader_without_the_token_or_floe_state() {
+    let s = spec(json!({"template": {"image": "img", "workingDir": "/repo",
+        "resources": {"limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
+                      "requests": {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": "1"}},
+        "volumes": [{"name": "cache", "emptyDir": {}}],
+        "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}}));
+    let p = pod(&s, true);
+    let containers = &p["spec"]["containers"];
+    let (grader, agent) = (
+        container(containers, "sandbox"),
+        container(containers, "agent"),
+    );
+    assert_eq!(agent["image"], "img");
+    assert_eq!(agent["command"], json!(["/floe-bin/floe", "agent"]));
+    assert_eq!(agent["args"], json!(["--grader", "127.0.0.1:8379"]));
+    let grader_args = grader["args"].to_string();
+    assert!(
+        grader_args.contains("\"--agent-listen\",\"127.0.0.1:8379\""),
+        "{grader_args}"
+    );
+    let mounts = |c: &Value| -> Vec<String> {
+        c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    // The agent sees its workspace, its home and the template's volumes; never the token,
+    // the grader's state (assignment, snapshot, evaluation copy) or the gateway's captures.
+    assert_eq!(
+        mounts(agent),
+        ["floe-bin", "floe-workspace", "floe-agent", "cache"]
+    );
+    for private in ["floe-control", "floe-run"] {
+        assert!(mounts(grader).contains(&private.to_string()), "{private}");
+    }
+    for private in ["floe-control", "floe-run", "floe-state"] {
+        assert!(!mounts(agent).contains(&private.to_string()), "{private}");
+    }
+    assert_eq!(env(agent, "FLOE_CONTROL_TOKEN_FILE"), None);
+    assert_eq!(env(agent, "FLOE_POOL_PREPARE"), None);
+    // The PID namespaces stay apart: the agent's init is `floe agent`.
+    assert_eq!(p["spec"].get("shareProcessNamespace"), None);
+    // The harness keeps the template's resources; the grader its limits, small requests,
+    // and no GPU of its own.
+    assert_eq!(agent["resources"]["requests"]["nvidia.com/gpu"], "1");
+    assert_eq!(
+        grader["resources"]["limits"],
+        json!({"cpu": "2", "memory": "4Gi"})
+    );
+    assert_eq!(
+        grader["resources"]["requests"],
+        json!({"cpu": "10m", "memory": "32Mi"})
+    );
+    assert_eq!(agent["securityContext"], grader["securityContext"]);
 }

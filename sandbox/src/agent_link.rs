@@ -1,0 +1,273 @@
+//! Pods: the harness runs in a container of its own (`agent`), graded from another (`sandbox`)
+//! that the agent never ran in. This is the line between them.
+//!
+//! The agent container's first and only process is `floe agent`: PID 1 of the container's own
+//! PID namespace. Before any agent code exists it dials the grader over the pod's loopback;
+//! the grader takes the first connection and closes its listener, so the link is the
+//! supervisor's alone (nothing else in the pod could have dialled first: the agent container
+//! runs nothing else yet, and the gateway is floe's). The grader sends one command; the
+//! supervisor runs it, then kills every process left in its namespace and reaps them until it
+//! has no child, and only then reports. The report therefore means: the agent is gone, all of
+//! it, however it detached. The agent cannot stop that: a PID namespace's init ignores the
+//! signals its own namespace sends it, and the supervisor is not dumpable, so the agent can
+//! neither trace it nor read its memory or file descriptors.
+//!
+//! Wire: one JSON line each way ([`Order`], [`Report`]).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::process::{self, CommandSpec, Exit, Finished};
+
+/// What the grader tells the supervisor: the one command to run.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Order {
+    pub run: CommandSpec,
+}
+
+/// What the supervisor answers once the command and everything it started are gone.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub finished: Finished,
+    /// Every other process of the agent's PID namespace was killed and reaped (the supervisor
+    /// is its init). `false` where it is not: the grader must not trust the container then.
+    pub namespace_emptied: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("agent link: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("agent link: malformed message: {0}")]
+    Malformed(#[from] serde_json::Error),
+    #[error("the agent container did not dial the grader within {0:?}")]
+    NeverDialled(Duration),
+    #[error("the agent container ended without a report")]
+    Gone,
+    #[error("the agent container gave no report within {0:?}")]
+    Silent(Duration),
+    #[error("the grader went away before the harness finished")]
+    GraderGone,
+}
+
+// ---- the grader's side ----
+
+/// The grader's end, bound before anything else runs in the pod.
+pub struct GraderEnd {
+    listener: TcpListener,
+}
+
+/// The grader's end once the supervisor dialled it.
+pub struct Linked {
+    stream: BufReader<TcpStream>,
+}
+
+impl GraderEnd {
+    pub async fn bind(addr: SocketAddr) -> std::io::Result<Self> {
+        Ok(Self {
+            listener: TcpListener::bind(addr).await?,
+        })
+    }
+
+    /// The first connection, within `wait`; the listener closes with it.
+    pub async fn accept(self, wait: Duration) -> Result<Linked, LinkError> {
+        match tokio::time::timeout(wait, self.listener.accept()).await {
+            Ok(Ok((stream, _))) => Ok(Linked {
+                stream: BufReader::new(stream),
+            }),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(LinkError::NeverDialled(wait)),
+        }
+    }
+}
+
+impl Linked {
+    /// Runs `spec` in the agent container and waits for its report: at most the command's own
+    /// timeout and grace, and `slack` on top.
+    pub async fn run(mut self, spec: &CommandSpec, slack: Duration) -> Result<Report, LinkError> {
+        let mut line = serde_json::to_vec(&Order { run: spec.clone() })?;
+        line.push(b'\n');
+        self.stream.get_mut().write_all(&line).await?;
+        let wait = spec.timeout + spec.kill_grace + slack;
+        let mut reply = String::new();
+        match tokio::time::timeout(wait, self.stream.read_line(&mut reply)).await {
+            Err(_) => Err(LinkError::Silent(wait)),
+            Ok(Err(e)) => Err(e.into()),
+            Ok(Ok(0)) => Err(LinkError::Gone),
+            Ok(Ok(_)) => Ok(serde_json::from_str(&reply)?),
+        }
+    }
+}
+
+// ---- the agent container's side ----
+
+/// `floe agent`: dial the grader (retrying for `dial_wait`), run the one command it sends,
+/// empty the namespace, report. If the grader goes away first, everything is killed all the
+/// same and this returns [`LinkError::GraderGone`].
+pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), LinkError> {
+    let stream = dial(grader, dial_wait).await?;
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let Some(line) = lines.next_line().await? else {
+        return Err(LinkError::GraderGone);
+    };
+    let order: Order = serde_json::from_str(&line)?;
+    tracing::info!(program = %order.run.program, "running the harness");
+    let finished = tokio::select! {
+        done = process::run(&order.run) => done.unwrap_or_else(|e| Finished {
+            exit: Exit::SpawnFailed(e.to_string()),
+            elapsed: Duration::ZERO,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }),
+        // EOF or anything else: the grader is gone. Dropping the run kills its group.
+        _ = lines.next_line() => {
+            empty_namespace().await;
+            return Err(LinkError::GraderGone);
+        }
+    };
+    let namespace_emptied = empty_namespace().await;
+    let mut reply = serde_json::to_vec(&Report {
+        finished,
+        namespace_emptied,
+    })?;
+    reply.push(b'\n');
+    write.write_all(&reply).await?;
+    write.shutdown().await?;
+    Ok(())
+}
+
+async fn dial(grader: SocketAddr, wait: Duration) -> Result<TcpStream, LinkError> {
+    let started = Instant::now();
+    loop {
+        match TcpStream::connect(grader).await {
+            Ok(s) => return Ok(s),
+            Err(_) if started.elapsed() < wait => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_) => return Err(LinkError::NeverDialled(wait)),
+        }
+    }
+}
+
+/// As PID 1: SIGKILL every process of the namespace and reap until there is no child left.
+/// Every process of a PID namespace descends from its init, and orphans are re-parented to
+/// it, so "no child" means "nobody else". Not PID 1 (a test, a runtime that shares PID
+/// namespaces): nothing is touched and `false` says so.
+async fn empty_namespace() -> bool {
+    if std::process::id() != 1 {
+        return false;
+    }
+    tokio::task::spawn_blocking(|| {
+        use nix::errno::Errno;
+        use nix::sys::signal::{kill, Signal};
+        use nix::sys::wait::waitpid;
+        use nix::unistd::Pid;
+        loop {
+            // kill(-1) from init reaches every process of its namespace but itself.
+            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+            match waitpid(None::<Pid>, None) {
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(_) => return true, // ECHILD: no child, so no process, is left
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// The harness's exit as the grader records it, given the report (or its absence).
+pub fn exit_of(report: &Result<Report, LinkError>) -> Exit {
+    match report {
+        Ok(r) => r.finished.exit.clone(),
+        // The container died under the supervisor (its cgroup ran out of memory, say): killed.
+        Err(_) => Exit::Signal(9),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dir: &std::path::Path, script: &str) -> CommandSpec {
+        CommandSpec {
+            program: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: vec![],
+            env_remove: vec![],
+            cwd: dir.to_path_buf(),
+            stdout: dir.join("out"),
+            stderr: dir.join("err"),
+            cap_bytes: 1024,
+            timeout: Duration::from_secs(10),
+            kill_grace: Duration::from_millis(200),
+        }
+    }
+
+    async fn linked() -> Result<(Linked, tokio::task::JoinHandle<Result<(), LinkError>>), LinkError>
+    {
+        let end = GraderEnd::bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await?;
+        let addr = end.listener.local_addr()?;
+        let supervisor = tokio::spawn(supervise(addr, Duration::from_secs(5)));
+        Ok((end.accept(Duration::from_secs(5)).await?, supervisor))
+    }
+
+    #[tokio::test]
+    async fn the_supervisor_runs_the_order_and_reports_its_exit() -> Result<(), LinkError> {
+        let dir = tempfile::tempdir()?;
+        let (link, supervisor) = linked().await?;
+        let report = link
+            .run(&spec(dir.path(), "echo hi; exit 4"), Duration::from_secs(5))
+            .await?;
+        assert_eq!(report.finished.exit, Exit::Code(4));
+        // Not PID 1 here: the report must not claim an emptied namespace.
+        assert!(!report.namespace_emptied);
+        assert_eq!(std::fs::read_to_string(dir.path().join("out"))?, "hi\n");
+        assert!(matches!(supervisor.await, Ok(Ok(()))));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_listener_takes_one_connection_only() -> Result<(), LinkError> {
+        let end = GraderEnd::bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await?;
+        let addr = end.listener.local_addr()?;
+        let _first = TcpStream::connect(addr).await?;
+        let _linked = end.accept(Duration::from_secs(5)).await?;
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "a second dialler reached the grader"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_grader_that_goes_away_takes_the_harness_with_it() -> Result<(), LinkError> {
+        let dir = tempfile::tempdir()?;
+        let (link, supervisor) = linked().await?;
+        let script = "sleep 1; touch late";
+        let order = serde_json::to_vec(&Order {
+            run: spec(dir.path(), script),
+        })?;
+        let mut stream = link.stream.into_inner();
+        stream.write_all(&order).await?;
+        stream.write_all(b"\n").await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(stream);
+        assert!(matches!(supervisor.await, Ok(Err(LinkError::GraderGone))));
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        assert!(!dir.path().join("late").exists(), "the harness survived");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn no_dialler_is_a_clear_error() -> Result<(), LinkError> {
+        let end = GraderEnd::bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await?;
+        let err = end.accept(Duration::from_millis(100)).await.err();
+        assert!(matches!(err, Some(LinkError::NeverDialled(_))), "{err:?}");
+        Ok(())
+    }
+}
