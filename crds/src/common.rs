@@ -10,8 +10,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What every sandbox pod runs: the harness image plus the pod-level settings a platform team
-/// controls. The operator adds floe's init container (copies the `floe` binary), the gateway
-/// sidecar and the `floe sandbox` command wrapper around it; the image itself is never modified.
+/// controls. The image runs twice: as the `agent` container (the harness, under `floe agent`)
+/// and as the `sandbox` container (the grader: `floe sandbox` runs the prepare steps and the
+/// evaluator). The operator adds floe's init container (copies the `floe` binary) and the
+/// gateway sidecar; the image itself is never modified.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxTemplate {
@@ -33,11 +35,14 @@ pub struct SandboxTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub working_dir: Option<String>,
-    /// Resources of the harness container (the gateway sidecar has its own, see `gateway`).
+    /// Resources of the harness (`agent`) container. The grader gets the same CPU and memory
+    /// limits with requests of 10m CPU and 32Mi memory; the gateway sidecar has its own (see
+    /// `gateway`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<ResourceRequirements>>")]
     pub resources: Option<ResourceRequirements>,
-    /// Environment of the harness container (floe adds the provider base URLs and the session token).
+    /// Environment of the agent and grader containers (floe adds the provider base URLs and the
+    /// session token to the harness).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<EnvVar>>")]
@@ -52,7 +57,8 @@ pub struct SandboxTemplate {
     #[schemars(length(max = 64))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<Volume>>")]
     pub volumes: Vec<Volume>,
-    /// Mounts of the harness container.
+    /// Mounts of the agent and grader containers (both: mount read-only what the evaluator
+    /// reads, or the agent can change it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<VolumeMount>>")]
@@ -81,7 +87,7 @@ pub struct SandboxTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub service_account_name: Option<String>,
-    /// Security context of the harness container. When unset, floe applies the restricted
+    /// Security context of the agent and grader containers. When unset, floe applies the restricted
     /// profile (uid and gid 1000, non-root, no privilege escalation, all capabilities dropped,
     /// the runtime's seccomp profile). When set, it is used as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -747,3 +747,126 @@ async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// The hostile agent of `tests/hostile/pod_agent.py` in real pods: it tries every attack of
+/// `docs/security.md` from the agent container (the control token, the hidden test anywhere
+/// it can read, the assignment and a forged result through the gateway, the grader's state,
+/// floe's processes, its supervisor's memory and life, the agent link, a reward file for a
+/// sloppy evaluator, a process left behind to rewrite the evaluation copy) and leaves the bug
+/// unfixed. Every attack but the direct model call (row 7, still open in pods) is refused,
+/// the leftover process is dead before grading starts, and both sessions score 0.
+#[tokio::test]
+async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let work = prepare("hostile").await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
+    let results = tempfile::Builder::new().prefix("floe-hostile").tempdir()?;
+    std::fs::set_permissions(results.path(), std::fs::Permissions::from_mode(0o777))?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hostile"},
+               "data": {"agent.py": include_str!("../hostile/pod_agent.py")}}),
+    )
+    .await?;
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": "python"},
+               "spec": {"replicas": 2,
+                        "template": {"image": images.python, "imagePullPolicy": "Never",
+                                     "volumes": [
+                                        {"name": "agent", "configMap": {"name": "hostile"}},
+                                        {"name": "results", "hostPath": {
+                                            "path": results.path().display().to_string(),
+                                            "type": "Directory"}}],
+                                     "volumeMounts": [
+                                        {"name": "agent", "mountPath": "/opt/agent", "readOnly": true},
+                                        {"name": "results", "mountPath": "/results"}]}}}),
+    )
+    .await?;
+    let mut job = sft_job("hostile", &ns, 2, "/hostile", json!([fix_add()]));
+    job["spec"]["harness"]["env"] = json!([
+        {"name": "HOSTILE_RESULTS", "value": "/results"},
+        {"name": "HOSTILE_MODEL", "value": format!("http://teacher.{ns}.svc:8000")}]);
+    // A sloppy evaluator: it keeps a reward.json it finds (only floe's discarding of the
+    // agent's one stops a forged 1), and stamps when grading starts.
+    job["spec"]["evaluator"] = json!({
+        "command": ["sh", "-c", "python3 -c 'import time; print(repr(time.time()))' \
+                     > /results/$(hostname).graded; \
+                     if [ ! -f reward.json ]; then \
+                       if python3 test_hidden.py; then r=1; else r=0; fi; \
+                       echo \"{\\\"reward\\\": $r}\" > reward.json; fi"],
+        "reward": {"source": "RewardFile", "path": "reward.json"}});
+    job["spec"]["sft"]["minReward"] = 0.into();
+    apply(&client, &ns, job).await?;
+    let status = finished(n, &client, &ns, "hostile").await?;
+    assert_eq!(status.sessions.succeeded, 2, "{status:?}");
+    let lines = dataset(&work.data.path().join("hostile"), 2).await?;
+    for t in &lines {
+        assert_eq!(t["reward"], 0.0, "a forged reward: {t}");
+        let discarded = t["evaluation"]["detail"]["changes"]["discarded"].to_string();
+        assert!(discarded.contains("reward.json"), "{discarded}");
+    }
+
+    let mut reports = 0;
+    for entry in std::fs::read_dir(results.path())? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        reports += 1;
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let succeeded = |attack: &str| report[attack]["succeeded"].as_bool();
+        assert_eq!(
+            succeeded("honest_model_call_through_gateway"),
+            Some(true),
+            "{report}"
+        );
+        for attack in [
+            "read_control_token",
+            "read_hidden_tests_anywhere",
+            "take_the_assignment_with_the_session_token",
+            "report_own_result_to_gateway",
+            "write_grader_state",
+            "see_floe_processes",
+            "read_supervisor_memory",
+            "kill_the_supervisor",
+            "steal_the_agent_link",
+        ] {
+            assert_eq!(succeeded(attack), Some(false), "{attack} in {report}");
+        }
+        // Row 7 is open in pods: the harness shares the pod's network with the gateway.
+        assert_eq!(
+            succeeded("call_model_server_directly"),
+            Some(true),
+            "row 7 closed? update docs/security.md: {report}"
+        );
+        // The process it left stamped its life until its namespace was emptied, before the
+        // grader started: its last stamp is older than the grading's first.
+        let pod = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .context("pod name")?;
+        let stamp = |suffix: &str| -> Result<f64> {
+            let text = std::fs::read_to_string(results.path().join(format!("{pod}.{suffix}")))
+                .with_context(|| format!("{pod}.{suffix}"))?;
+            Ok(text.trim().parse()?)
+        };
+        let (alive, graded) = (stamp("alive")?, stamp("graded")?);
+        assert!(
+            alive < graded,
+            "the leftover lived {:.3}s into grading",
+            alive - graded
+        );
+    }
+    assert_eq!(reports, 2, "one report per session");
+    Ok(())
+}
