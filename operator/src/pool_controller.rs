@@ -175,11 +175,20 @@ fn state(pod: &Pod) -> Option<&str> {
     pod.labels().get(STATE_LABEL).map(String::as_str)
 }
 
+/// An unclaimed pod that can never serve: it ended, or one of its containers did. They never
+/// restart (`restartPolicy: Never`), and the grader waits for an agent container that failed
+/// to start (a kubelet restarted mid-start says `StartError`) until its dial timeout.
 fn finished(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
     matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        status.and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
-    )
+    ) || status
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+        })
 }
 
 fn owner(pool: &GatewayPool) -> Option<OwnerReference> {
@@ -223,7 +232,7 @@ async fn reconcile_pool(
         match state(pod) {
             Some("warming") | Some("ready") => {
                 if finished(pod) {
-                    // A warm pod that exited before being claimed is broken: replace it.
+                    // A warm pod that (partly) exited before being claimed is broken: replace it.
                     delete(&pods, &pod.name_any()).await?;
                     ctx.expect(&key, &pod.name_any(), false);
                     continue;
@@ -550,4 +559,37 @@ async fn write_status(
 pub fn error_policy(pool: Arc<GatewayPool>, error: &PoolError, _: Arc<PoolContext>) -> Action {
     tracing::warn!(pool = %pool.name_any(), "reconcile failed: {error}");
     Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(phase: &str, agent_state: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": phase, "containerStatuses": [
+                {"name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                 "state": {"running": {}}},
+                {"name": "agent", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                 "state": agent_state}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn a_pod_whose_agent_container_ended_is_finished() {
+        let start_error =
+            serde_json::json!({"terminated": {"exitCode": 128, "reason": "StartError"}});
+        assert!(finished(&pod("Running", start_error)));
+        assert!(!finished(&pod(
+            "Running",
+            serde_json::json!({"running": {}})
+        )));
+        assert!(!finished(&pod(
+            "Pending",
+            serde_json::json!({"waiting": {"reason": "ContainerCreating"}})
+        )));
+        assert!(finished(&pod("Failed", serde_json::json!({"running": {}}))));
+    }
 }
