@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use clap::Args;
 use floe_gateway::ship::collector::{serve, CollectError, Collector};
 
+/// The job's ingest token; posts without it are refused.
+pub const INGEST_TOKEN_ENV: &str = "FLOE_INGEST_TOKEN";
+
 #[derive(Args)]
 pub struct CollectArgs {
     /// Address the sandbox pods' gateways ship to.
@@ -57,6 +60,15 @@ pub fn run(args: CollectArgs) -> Result<(), CollectCliError> {
         }
         Err(e) => return Err(e.into()),
     };
+    // The job's ingest token, from its Secret (never an argument: arguments are visible).
+    let token = std::env::var(INGEST_TOKEN_ENV)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    if token.is_none() {
+        tracing::warn!("no {INGEST_TOKEN_ENV}: anyone who reaches this port can post trajectories");
+    }
+    let collector = collector.with_token(token);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -6,6 +6,7 @@
 //!   trainer-ready trajectories (`docs/trajectory-format.md`).
 //! - [`ship`]: assignments in, trajectories out (spool, trainer or dataset sink).
 
+pub mod bearer;
 pub mod capture;
 pub mod net_error;
 pub mod protocol;

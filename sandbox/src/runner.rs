@@ -251,7 +251,7 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
 
 fn delivered_sink(sink: &floe_gateway::ship::Sink) -> Option<String> {
     match sink {
-        floe_gateway::ship::Sink::Trainer { url } => Some(url.clone()),
+        floe_gateway::ship::Sink::Trainer { url, .. } => Some(url.clone()),
         floe_gateway::ship::Sink::Dataset { dir, .. } => Some(dir.display().to_string()),
         floe_gateway::ship::Sink::None => None,
     }

@@ -4,7 +4,8 @@ records what worked in RESULTS/<pod>.json (a host directory the test mounts).
 
 It leaves the bug unfixed, so any reward above 0 is a forged one. It also makes one honest model
 call through the gateway, so the legitimate path is proven in the same container. Told by the
-test (harness env): HOSTILE_RESULTS, HOSTILE_MODEL (the model server's own URL).
+test (harness env): HOSTILE_RESULTS, HOSTILE_MODEL (the model server's own URL), HOSTILE_INGEST
+(the job's collector: where its gateway ships trajectories).
 """
 
 import glob
@@ -19,6 +20,7 @@ import urllib.request
 
 RESULTS = os.environ["HOSTILE_RESULTS"]
 MODEL = os.environ["HOSTILE_MODEL"]
+INGEST = os.environ["HOSTILE_INGEST"]
 POD = socket.gethostname()
 HIDDEN_MARK = "assert add(2, 3) " + "== 5"  # split: this file must not match itself
 GATEWAY = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
@@ -120,6 +122,27 @@ def _():
         ))
         if seen:
             return f"{base}: {seen}"
+    return None
+
+
+@attempt("post_a_forged_trajectory_to_the_ingest")
+def _():
+    # Its own session's trajectory with reward 1, before its gateway ships the real one: the
+    # ingest is idempotent by session, so a first post would win. Without a token and with
+    # the only one it has.
+    forged = {
+        "format": "floe.trajectory/v1", "session": "forged-" + POD, "task": "fix-add",
+        "group": "forged", "sample": 0, "status": "completed", "trainable": True,
+        "reward": 1.0, "builder": "per_request", "traces": [], "stats": {},
+    }
+    for token in ("", TOKEN):
+        try:
+            status, body = call(INGEST + "/v1/trajectories", forged, token=token)
+            return f"HTTP {status}: {body[:100]}"
+        except urllib.error.HTTPError as e:
+            # Only "who are you" is a refusal; any other answer means it got past that.
+            if e.code != 401:
+                return f"HTTP {e.code}: {e.read()[:100]!r}"
     return None
 
 

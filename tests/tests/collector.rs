@@ -2,7 +2,8 @@
 //! (gateway + runner + Pi, scripted model) ship to it over the trainer's ingest protocol; it
 //! sorts them by reward, refuses repeats and bad bodies in its own JSON shape, and rebuilds
 //! `dataset.jsonl` from the per-session records after a crash; the job's summary is written
-//! beside it when the job finished.
+//! beside it when the job finished. Only holders of the job's ingest token may post: an
+//! agent's own trajectory (a reward it chose) is refused.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -13,6 +14,9 @@ use floe_tests::{floe_bin, ScriptedUpstream, Step};
 use serde_json::{json, Value};
 
 struct Collector(Child);
+
+/// The job's ingest token, as the operator gives it to the collector and the gateways.
+const TOKEN: &str = "the-jobs-ingest-token";
 
 impl Drop for Collector {
     fn drop(&mut self) {
@@ -32,6 +36,7 @@ async fn start(dir: &std::path::Path, port: u16) -> Result<Collector> {
         ])
         .arg("--dir")
         .arg(dir)
+        .env("FLOE_INGEST_TOKEN", TOKEN)
         .stdout(Stdio::null())
         .spawn()?;
     for _ in 0..100 {
@@ -65,7 +70,7 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
             &pi,
             &upstream.url,
             &default_evaluator(),
-            Some(json!({"kind": "trainer", "url": url})),
+            Some(json!({"kind": "trainer", "url": url, "token": TOKEN})),
         )
         .await?;
         assert_eq!(run.summary["shipment"], "shipped", "{}", run.summary);
@@ -78,7 +83,32 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     assert!(dir.join("rejected/col-wrong.json").exists());
     let lines = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
     assert_eq!(lines.lines().count(), 1);
-    let http = reqwest::Client::new();
+    let raw = reqwest::Client::new();
+    // An agent's own trajectory, without the token or with its session's: refused, not kept.
+    let mut forged: Value = serde_json::from_str(&std::fs::read_to_string(
+        dir.join("rejected/col-wrong.json"),
+    )?)?;
+    forged["session"] = json!("col-forged");
+    forged["reward"] = json!(1.0);
+    for token in [None, Some("session-token")] {
+        let mut post = raw.post(&url).json(&forged);
+        if let Some(t) = token {
+            post = post.bearer_auth(t);
+        }
+        assert_eq!(post.send().await?.status(), 401);
+    }
+    assert!(!dir.join("accepted/col-forged.json").exists());
+    let finish = format!("http://127.0.0.1:{port}/v1/finish");
+    assert_eq!(
+        raw.post(&finish).json(&json!({})).send().await?.status(),
+        401
+    );
+    let http = reqwest::Client::builder()
+        .default_headers(reqwest::header::HeaderMap::from_iter([(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {TOKEN}").parse()?,
+        )]))
+        .build()?;
     let status: Value = http
         .get(format!("http://127.0.0.1:{port}/v1/status"))
         .send()
@@ -106,7 +136,6 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
 
     // The job finished: the operator's summary is written beside the dataset, with the
     // collector's counts; again (an operator restarted before it deleted the pod) the same.
-    let finish = format!("http://127.0.0.1:{port}/v1/finish");
     let record = json!({"job": "col", "mode": "sft", "sessions": {"total": 2, "completed": 2}});
     for _ in 0..2 {
         let answer = http.post(&finish).json(&record).send().await?;

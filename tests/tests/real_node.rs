@@ -798,7 +798,8 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
     let mut job = sft_job("hostile", &ns, 2, "/hostile", json!([fix_add()]));
     job["spec"]["harness"]["env"] = json!([
         {"name": "HOSTILE_RESULTS", "value": "/results"},
-        {"name": "HOSTILE_MODEL", "value": format!("http://teacher.{ns}.svc:8000")}]);
+        {"name": "HOSTILE_MODEL", "value": format!("http://teacher.{ns}.svc:8000")},
+        {"name": "HOSTILE_INGEST", "value": format!("http://hostile-dataset.{ns}.svc:8100")}]);
     // A sloppy evaluator: it keeps a reward.json it finds (only floe's discarding of the
     // agent's one stops a forged 1), and stamps when grading starts.
     job["spec"]["evaluator"] = json!({
@@ -838,6 +839,7 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
             "read_hidden_tests_anywhere",
             "take_the_assignment_with_the_session_token",
             "report_own_result_to_gateway",
+            "post_a_forged_trajectory_to_the_ingest",
             "write_grader_state",
             "see_floe_processes",
             "read_supervisor_memory",

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.metrics.render,
         finish=trainer.finish,
         control_token=os.environ.get("FLOE_TRAINER_CONTROL_TOKEN"),
+        ingest_token=os.environ.get("FLOE_TRAINER_INGEST_TOKEN") or None,
     )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log.info(

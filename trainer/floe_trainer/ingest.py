@@ -10,6 +10,11 @@ ingested (the gateway's sink counts it as done), 400 invalid, 413 too large.
 ``POST /v1/finish`` (the job's sessions are all done: train what is left, write the final
 checkpoint) needs the control token as a bearer token: the ingest port is reachable from the
 sandbox pods, whose agents must not end a training run. Without a token it is refused.
+
+With an ingest token (``FLOE_TRAINER_INGEST_TOKEN``: the job's, which only floe's gateways
+hold), ``POST /v1/trajectories`` needs it as a bearer token too (401 without): an agent shares
+its pod's network with the gateway, and a trajectory it posted itself would be a reward it
+chose.
 """
 
 from __future__ import annotations
@@ -107,6 +112,7 @@ def make_server(
     metrics: Callable[[], bytes] | None = None,
     finish: Callable[[], None] | None = None,
     control_token: str | None = None,
+    ingest_token: str | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
@@ -131,6 +137,11 @@ def make_server(
                 return self._finish()
             if self.path != "/v1/trajectories":
                 return self._reply(404, {"error": f"no route {self.path}"})
+            given = self.headers.get("authorization") or ""
+            if ingest_token and not hmac.compare_digest(
+                given.encode(), f"Bearer {ingest_token}".encode()
+            ):
+                return self._reply(401, {"error": "ingest needs the job's ingest token"})
             length = int(self.headers.get("content-length") or 0)
             if length > ingest.max_body_bytes:
                 return self._reply(

@@ -125,3 +125,36 @@ def test_too_large_is_413(server):
     url, got, _ = server
     code, reply = post(url, b" " * 100_001)
     assert code == 413 and "bytes" in reply["error"]
+
+
+def test_with_an_ingest_token_only_its_bearer_may_post(tmp_path):
+    got = []
+    ingest = Ingest(Store(tmp_path / "ingest"), got.append, max_body_bytes=100_000)
+    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {}, ingest_token="s3cret")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        body = json.dumps(trajectory(reward=1.0)).encode()
+        # What an agent sharing its pod's network could try: no token, or its own session's.
+        for headers in ({}, {"authorization": "Bearer session-token"}):
+            req = urllib.request.Request(
+                url + "/v1/trajectories",
+                data=body,
+                method="POST",
+                headers={"content-type": "application/json", **headers},
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req)
+            assert refused.value.code == 401
+        assert got == [] and not (tmp_path / "ingest" / "job-t-0.json").exists()
+        req = urllib.request.Request(
+            url + "/v1/trajectories",
+            data=body,
+            method="POST",
+            headers={"content-type": "application/json", "authorization": "Bearer s3cret"},
+        )
+        with urllib.request.urlopen(req) as r:
+            assert r.status == 200
+        assert [t.session for t in got] == ["job-t-0"]
+    finally:
+        srv.shutdown()

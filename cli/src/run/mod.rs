@@ -228,6 +228,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let sink = match (&training, &spec.sft) {
         (Some(t), _) => Sink::Trainer {
             url: t.ingest_url(),
+            token: t.ingest_token(),
         },
         (None, Some(sft)) => Sink::Dataset {
             dir: dataset_dir()?,

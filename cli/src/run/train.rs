@@ -40,6 +40,8 @@ pub struct Training {
     pub max_staleness: u64,
     pub groups_per_step: usize,
     control_token: Option<String>,
+    /// The started trainer's ingest token, which the gateway's sink carries.
+    ingest_token: Option<String>,
     /// What each child is, the child, and its process group (its pid at spawn).
     children: Vec<(String, Child, i32)>,
     proxy_stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -110,6 +112,7 @@ impl Training {
             max_staleness: 0,
             groups_per_step: 1,
             control_token: None,
+            ingest_token: None,
             children: Vec::new(),
             proxy_stop: None,
             http: reqwest::Client::new(),
@@ -214,6 +217,11 @@ impl Training {
         format!("{}/v1/trajectories", self.trainer_url)
     }
 
+    /// The ingest token of the trainer this run started (`None` for one the user runs).
+    pub fn ingest_token(&self) -> Option<String> {
+        self.ingest_token.clone()
+    }
+
     async fn start_vllm(
         &mut self,
         train: &floe_crds::rollout_job::TrainSpec,
@@ -295,10 +303,13 @@ impl Training {
             None => Command::new("floe-trainer"),
         };
         cmd.arg("serve").arg("--state-dir").arg(&state);
-        let token = hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));
+        let token = || hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));
+        let (control, ingest) = (token(), token());
         cmd.env("FLOE_TRAINER_CONFIG", config.to_string())
-            .env("FLOE_TRAINER_CONTROL_TOKEN", &token);
-        self.control_token = Some(token);
+            .env("FLOE_TRAINER_CONTROL_TOKEN", &control)
+            .env("FLOE_TRAINER_INGEST_TOKEN", &ingest);
+        self.control_token = Some(control);
+        self.ingest_token = Some(ingest);
         let log = dir.join("trainer.log");
         self.spawn("trainer", cmd, &log)?;
         eprintln!(

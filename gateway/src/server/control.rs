@@ -18,24 +18,13 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response 
     (status, Json(json!({"error": message.into()}))).into_response()
 }
 
-/// Constant-time comparison, so response timing does not leak the token.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Layer on every control route: the operator's bearer token, or 401.
 pub async fn require_control_token(
     State(gateway): State<Arc<Gateway>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let given = request
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    if same(given.as_bytes(), gateway.config.control_token.as_bytes()) {
+    if crate::bearer::carries(request.headers(), &gateway.config.control_token) {
         next.run(request).await
     } else {
         error(

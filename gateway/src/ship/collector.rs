@@ -5,7 +5,9 @@
 //! (`accepted/<session>.json` or `rejected/<session>.json`, fsynced) and collected into
 //! `dataset.jsonl` (accepted only, one trajectory per line, rebuilt from `accepted/` at start
 //! so a crash between the two writes cannot leave them disagreeing). When the job finished, the
-//! operator posts its summary to `POST /v1/finish`, written as `summary.json`.
+//! operator posts its summary to `POST /v1/finish`, written as `summary.json`. With a token
+//! (the job's ingest token), both posts need it as a bearer token: the sandbox pods reach this
+//! port, and an agent shares its pod's network with the gateway.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +37,7 @@ pub struct Collector {
     http: reqwest::Client,
     /// One ingest at a time: the existence check, the write and the append are one step.
     lock: Mutex<()>,
+    token: Option<String>,
 }
 
 impl Collector {
@@ -48,6 +51,23 @@ impl Collector {
             min_reward,
             http: reqwest::Client::new(),
             lock: Mutex::new(()),
+            token: None,
+        })
+    }
+
+    /// Posts need `Authorization: Bearer <token>`.
+    pub fn with_token(self, token: Option<String>) -> Self {
+        Self { token, ..self }
+    }
+
+    /// `Some(401)` unless the request carries the token (when there is one).
+    fn unauthorized(&self, headers: &axum::http::HeaderMap) -> Option<Response> {
+        let token = self.token.as_deref()?;
+        (!crate::bearer::carries(headers, token)).then(|| {
+            refuse(
+                StatusCode::UNAUTHORIZED,
+                "posting needs `Authorization: Bearer <the job's ingest token>`",
+            )
         })
     }
 
@@ -78,7 +98,14 @@ fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into()}))).into_response()
 }
 
-async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Response {
+async fn ingest(
+    State(c): State<Arc<Collector>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Some(refused) = c.unauthorized(&headers) {
+        return refused;
+    }
     let trajectory: Trajectory = match serde_json::from_slice(&body) {
         Ok(t) => t,
         Err(e) => {
@@ -166,7 +193,14 @@ async fn status(State(c): State<Arc<Collector>>) -> Response {
 /// `POST /v1/finish` with the job's summary (the operator's record, once the job finished):
 /// written as `summary.json` beside `dataset.jsonl`, with the collector's own counts under
 /// `dataset`. Idempotent; the written summary is the answer.
-async fn finish(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Response {
+async fn finish(
+    State(c): State<Arc<Collector>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Some(refused) = c.unauthorized(&headers) {
+        return refused;
+    }
     let mut summary: serde_json::Map<String, serde_json::Value> =
         match serde_json::from_slice(&body) {
             Ok(s) => s,

@@ -12,9 +12,15 @@ use super::spool::{write_durably, SpoolEntry};
 pub enum Sink {
     /// `POST` each trajectory (JSON, `Idempotency-Key: <session>`) to the trainer's ingest URL.
     /// 2xx and 409 (already ingested) are success; 408, 429, 5xx and connection errors are
-    /// retried; any other 4xx is a permanent refusal.
+    /// retried; any other 4xx is a permanent refusal. With `token`, as a bearer token: the
+    /// job's ingest token, which only floe's gateways hold (the agent, which shares the pod's
+    /// network, can reach the ingest port but must not post trajectories of its own).
     #[serde(rename_all = "camelCase")]
-    Trainer { url: String },
+    Trainer {
+        url: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+    },
     /// Write `DIR/accepted/<session>.json` when the session is trainable and its reward is at
     /// least `minReward` (any reward when unset), else `DIR/rejected/<session>.json`.
     #[serde(rename_all = "camelCase")]
@@ -67,18 +73,19 @@ pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<Strin
     let trajectory = &entry.trajectory;
     match &entry.sink {
         Sink::None => Ok("spool".into()),
-        Sink::Trainer { url } => {
-            let resp = http
+        Sink::Trainer { url, token } => {
+            let mut request = http
                 .post(url)
                 .timeout(DELIVERY_TIMEOUT)
                 .header("idempotency-key", &trajectory.session)
-                .json(trajectory)
-                .send()
-                .await
-                .map_err(|e| {
-                    let (kind, chain) = crate::net_error::describe(&e);
-                    retry(kind, format!("POST {url}: {chain}"))
-                })?;
+                .json(trajectory);
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let resp = request.send().await.map_err(|e| {
+                let (kind, chain) = crate::net_error::describe(&e);
+                retry(kind, format!("POST {url}: {chain}"))
+            })?;
             let status = resp.status();
             if status.is_success() || status.as_u16() == 409 {
                 return Ok(url.clone());

@@ -44,8 +44,31 @@ pub const OWNER_JOB_LABEL: &str = "floe.dev/owner-job";
 pub struct AuxObjects {
     pub pod: Pod,
     pub services: Vec<Service>,
-    /// The trainer's control token (`POST /v1/finish`), created before the pod.
-    pub secret: Option<Secret>,
+    /// Created before the pod: the job's ingest token ([`ingest_secret`]) and, for a trainer,
+    /// its control token ([`trainer_control_secret`]).
+    pub secrets: Vec<Secret>,
+}
+
+/// The Secret holding a job's ingest token (key [`crate::sandbox_pod::CONTROL_TOKEN_KEY`]):
+/// the trainer's or the collector's `POST /v1/trajectories` needs it. The operator gives it to
+/// the gateways in each assignment's sink; the agent, which shares its pod's network with the
+/// gateway and so reaches that port too, never has it.
+pub fn ingest_secret(job: &str) -> String {
+    format!("{job}-ingest")
+}
+
+fn ingest_secret_object(job: &RolloutJob, role: &str) -> Result<Secret, serde_json::Error> {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": meta(job, &ingest_secret(&job.name_any()), role),
+        "stringData": {crate::sandbox_pod::CONTROL_TOKEN_KEY: crate::sandbox_pod::new_control_token()},
+    }))
+}
+
+/// An env var read from the job's ingest Secret.
+fn ingest_token_env(job: &RolloutJob, var: &str) -> Value {
+    json!({"name": var, "valueFrom": {"secretKeyRef": {
+        "name": ingest_secret(&job.name_any()), "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}})
 }
 
 /// The Secret holding a train job's trainer control token (key
@@ -129,6 +152,7 @@ pub fn collector(
                          "--min-reward", min_reward.to_string()],
                 "ports": [{"name": "http", "containerPort": INGEST_PORT}],
                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
+                "env": [ingest_token_env(job, "FLOE_INGEST_TOKEN")],
                 "volumeMounts": [{"name": "dataset", "mountPath": "/data"}],
                 "securityContext": restricted(),
             }],
@@ -137,7 +161,7 @@ pub fn collector(
     }))?;
     Ok(Some(AuxObjects {
         pod,
-        secret: None,
+        secrets: vec![ingest_secret_object(job, "dataset")?],
         services: vec![service(job, &name, "dataset", INGEST_PORT)?],
     }))
 }
@@ -248,7 +272,8 @@ pub fn trainer(
                     "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config},
                             {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR},
                             {"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
-                                "name": control, "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}}],
+                                "name": control, "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}},
+                            ingest_token_env(job, "FLOE_TRAINER_INGEST_TOKEN")],
                     "ports": [{"name": "ingest", "containerPort": INGEST_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 5},
                     "resources": trainer_resources,
@@ -260,7 +285,7 @@ pub fn trainer(
     }))?;
     Ok(Some(AuxObjects {
         pod,
-        secret: Some(secret),
+        secrets: vec![secret, ingest_secret_object(job, "trainer")?],
         services: vec![
             service(job, &policy_service(&job.name_any()), "trainer", VLLM_PORT)?,
             service(job, &name, "trainer", INGEST_PORT)?,
@@ -351,6 +376,12 @@ mod tests {
             "data"
         );
         assert_eq!(aux.services[0].metadata.name.as_deref(), Some("j-dataset"));
+        // Posts need the job's ingest token, from its own Secret (made with the pod).
+        let env = &pod["spec"]["containers"][0]["env"][0];
+        assert_eq!(env["name"], "FLOE_INGEST_TOKEN");
+        assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "j-ingest");
+        assert_eq!(aux.secrets.len(), 1);
+        assert_eq!(aux.secrets[0].metadata.name.as_deref(), Some("j-ingest"));
         assert!(trainer(&j, "floe:1")?.is_none());
         Ok(())
     }
@@ -474,7 +505,12 @@ mod tests {
             trainer["env"][2]["valueFrom"]["secretKeyRef"]["name"], "j-trainer-control",
             "the finish token comes from the job's own Secret"
         );
-        let secret = aux.secret.as_ref().expect("a control-token Secret");
+        assert_eq!(
+            trainer["env"][3]["valueFrom"]["secretKeyRef"]["name"], "j-ingest",
+            "ingest needs the job's ingest token"
+        );
+        assert_eq!(aux.secrets[1].metadata.name.as_deref(), Some("j-ingest"));
+        let secret = aux.secrets.first().expect("a control-token Secret");
         assert_eq!(secret.metadata.name.as_deref(), Some("j-trainer-control"));
         assert!(
             secret.metadata.owner_references.is_some(),

@@ -1287,8 +1287,27 @@ async fn create_prewarmed(
     created.into_iter().collect()
 }
 
-/// Where sessions' model calls and trajectories go, by the job's mode.
-fn wiring(job: &RolloutJob) -> (Sink, SessionUpstream) {
+/// The token a Secret holds, remembered under `key`: read once per operator process (the
+/// operator made most of them itself and remembered them then).
+async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Option<String> {
+    if let Some(t) = ctx.tokens.get(ns, key) {
+        return Some(t);
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let token = match secrets.get(secret).await {
+        Ok(s) => crate::sandbox_pod::control_token_of(&s),
+        Err(e) => {
+            tracing::warn!(%secret, "token: {e}");
+            None
+        }
+    }?;
+    ctx.tokens.remember(ns, key, &token);
+    Some(token)
+}
+
+/// Where sessions' model calls and trajectories go, by the job's mode; trajectories with the
+/// job's ingest token.
+fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstream) {
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     match (&job.spec.train, &job.spec.sft) {
@@ -1299,6 +1318,7 @@ fn wiring(job: &RolloutJob) -> (Sink, SessionUpstream) {
                     super::aux_pods::trainer_service(&name),
                     super::aux_pods::INGEST_PORT
                 ),
+                token: ingest_token,
             },
             // The job's own policy server is vLLM, whatever the pool's gateways default to.
             SessionUpstream {
@@ -1318,6 +1338,7 @@ fn wiring(job: &RolloutJob) -> (Sink, SessionUpstream) {
                     super::aux_pods::dataset_service(&name),
                     super::aux_pods::INGEST_PORT
                 ),
+                token: ingest_token,
             },
             SessionUpstream {
                 url: Some(sft.upstream.url.clone()),
@@ -1361,7 +1382,21 @@ async fn deliver(
         tracing::error!(%name, index, "session index beyond the job's tasks");
         return None;
     };
-    let (sink, upstream) = wiring(job);
+    let ns = job.namespace().unwrap_or_default();
+    let ingest_token = match (&job.spec.train, &job.spec.sft) {
+        (None, None) => None,
+        // Without it the trainer or collector would refuse every trajectory: wait for it.
+        _ => Some(
+            secret_token(
+                ctx,
+                &ns,
+                &format!("secret/{}", super::aux_pods::ingest_secret(&o.name)),
+                &super::aux_pods::ingest_secret(&o.name),
+            )
+            .await?,
+        ),
+    };
+    let (sink, upstream) = wiring(job, ingest_token);
     let assignment = session::assignment(&SessionOf {
         job: &o.name,
         spec: &job.spec,
@@ -1372,27 +1407,13 @@ async fn deliver(
         upstream,
         shared_hidden_files: &o.hidden,
     });
-    let ns = job.namespace().unwrap_or_default();
-    let token = match ctx.tokens.get(&ns, &name) {
-        Some(t) => t,
-        // Not created by this operator process (it restarted): read the Secret once.
-        None => {
-            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-            let read = match secrets
-                .get(&crate::sandbox_pod::control_secret_name(&name))
-                .await
-            {
-                Ok(s) => crate::sandbox_pod::control_token_of(&s),
-                Err(e) => {
-                    tracing::warn!(%name, "control token: {e}");
-                    None
-                }
-            };
-            let t = read?;
-            ctx.tokens.remember(&ns, &name, &t);
-            t
-        }
-    };
+    let token = secret_token(
+        ctx,
+        &ns,
+        &name,
+        &crate::sandbox_pod::control_secret_name(&name),
+    )
+    .await?;
     let url = format!(
         "http://{}/floe/v1/assignments",
         join_host_port(&ip, o.control_port)
@@ -1652,9 +1673,8 @@ async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Opti
     for svc in &objects.services {
         create_if_missing(&services, svc).await?;
     }
-    if let Some(secret) = &objects.secret {
-        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-            Api::namespaced(ctx.client.clone(), ns);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
+    for secret in &objects.secrets {
         create_if_missing(&secrets, secret).await?;
     }
     tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");

@@ -87,9 +87,15 @@ async fn write_summary(ctx: &JobContext, job: &RolloutJob, pod: &Pod) -> Result<
     }
     let status = job.status.clone().unwrap_or_default();
     let url = trainer_endpoint(pod, "/v1/finish").ok_or("the collector pod has no IP")?;
+    let secret = aux_pods::ingest_secret(&job.name_any());
+    let ns = job.namespace().unwrap_or_default();
+    let token = super::secret_token(ctx, &ns, &format!("secret/{secret}"), &secret)
+        .await
+        .ok_or_else(|| format!("the job's ingest token (Secret {secret}) cannot be read"))?;
     let reply = ctx
         .http
         .post(&url)
+        .bearer_auth(token)
         .json(&summary::job_summary(job, &status))
         .timeout(Duration::from_secs(10))
         .send()

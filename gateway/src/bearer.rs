@@ -1,0 +1,34 @@
+//! Bearer-token checks shared by the gateway's control API and the dataset collector.
+
+use axum::http::HeaderMap;
+
+/// Constant-time comparison, so response timing does not leak the token.
+pub fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>`.
+pub fn carries(headers: &HeaderMap, token: &str) -> bool {
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    same(given.as_bytes(), token.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_passes() {
+        let mut h = HeaderMap::new();
+        assert!(!carries(&h, "t0k"));
+        h.insert("authorization", "Bearer t0k".parse().expect("header"));
+        assert!(carries(&h, "t0k"));
+        assert!(!carries(&h, "t0"));
+        h.insert("authorization", "t0k".parse().expect("header"));
+        assert!(!carries(&h, "t0k"));
+    }
+}
