@@ -10,6 +10,10 @@
 //! gateways record. Read before the call, the label is never newer than the weights that
 //! sampled it: a completion held in vLLM's queue during a push is labelled one version older
 //! than it is (conservative for `maxStaleness`); none is labelled newer.
+//!
+//! With a token (`FLOE_POLICY_TOKEN`, the job's: only its gateways have it), inference needs it
+//! as a bearer token. An agent shares its pod's network with its gateway, so it reaches this
+//! port too; without the token it cannot sample the policy past the gateway's capture.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,11 +67,16 @@ pub fn allowed(method: &Method, path: &str) -> bool {
 
 struct Proxy {
     upstream: String,
+    /// Demanded on every POST (inference, tokenization) when set.
+    token: Option<String>,
     client: reqwest::Client,
     max_body_bytes: usize,
     /// Set once the upstream answered 404 to `/weight_info` (not vLLM in dev mode): no label.
     no_versions: AtomicBool,
 }
+
+/// The job's token; inference without it is refused.
+pub const POLICY_TOKEN_ENV: &str = "FLOE_POLICY_TOKEN";
 
 /// The header the gateways read the policy version of a completion from.
 pub const POLICY_VERSION_HEADER: &str = "x-floe-policy-version";
@@ -124,6 +133,15 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
                 parts.method
             ),
         );
+    }
+    if let Some(token) = &proxy.token {
+        if parts.method == Method::POST && !floe_gateway::bearer::carries(&parts.headers, token) {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "the policy server takes calls from the job's gateways only".into(),
+            );
+        }
     }
     let bytes = match to_bytes(body, proxy.max_body_bytes).await {
         Ok(b) => b,
@@ -188,13 +206,18 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
     }
 }
 
-pub fn router(upstream: &str, max_body_bytes: usize) -> Result<axum::Router, PolicyProxyError> {
+pub fn router(
+    upstream: &str,
+    max_body_bytes: usize,
+    token: Option<String>,
+) -> Result<axum::Router, PolicyProxyError> {
     let client = reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(90))
         .build()
         .map_err(PolicyProxyError::Client)?;
     let proxy = Arc::new(Proxy {
         upstream: upstream.trim_end_matches('/').to_string(),
+        token,
         client,
         max_body_bytes,
         no_versions: AtomicBool::new(false),
@@ -203,7 +226,15 @@ pub fn router(upstream: &str, max_body_bytes: usize) -> Result<axum::Router, Pol
 }
 
 pub fn run(args: PolicyProxyArgs) -> Result<(), PolicyProxyError> {
-    let app = router(&args.upstream, args.max_body_bytes)?;
+    // From the job's Secret, never an argument (arguments are visible).
+    let token = std::env::var(POLICY_TOKEN_ENV)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    if token.is_none() {
+        tracing::warn!("no {POLICY_TOKEN_ENV}: anyone who reaches this port can sample the policy");
+    }
+    let app = router(&args.upstream, args.max_body_bytes, token)?;
     let what = format!("policy proxy to {}", args.upstream);
     Ok(crate::serve_http::serve_blocking(
         app,

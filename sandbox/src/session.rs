@@ -50,6 +50,8 @@ pub struct SessionUpstream {
     pub url: Option<String>,
     pub model: Option<String>,
     pub kind: Option<UpstreamKind>,
+    /// The upstream's bearer token (the job's policy server demands one).
+    pub api_key: Option<String>,
 }
 
 /// The gateway's name for a spec's `upstream.kind`.
@@ -67,6 +69,7 @@ pub fn assignment(s: &SessionOf) -> Assignment {
     let upstream = UpstreamOverride {
         url: s.upstream.url.clone(),
         model: s.upstream.model.clone(),
+        api_key: s.upstream.api_key.clone(),
         kind: s.upstream.kind,
         max_response_tokens: cap,
         temperature: Some(spec.sampling.temperature),

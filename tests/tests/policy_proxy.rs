@@ -1,7 +1,9 @@
 //! `floe policy-proxy` (the trainer pod's door to its dev-mode vLLM) in front of the genuine
 //! CPU vLLM, which runs with `VLLM_SERVER_DEV_MODE=1` exactly as in the trainer pod: a
 //! gateway's calls go through with their token ids and logprobs, and the weight and pause
-//! endpoints that really exist upstream are refused without reaching it.
+//! endpoints that really exist upstream are refused without reaching it. Inference needs the
+//! job's token, which only the gateways get (in the assignment's upstream): an agent in the same
+//! pod network is refused.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -11,6 +13,9 @@ use floe_gateway::capture::read_session;
 use floe_tests::processes::KillOnDrop;
 use floe_tests::{floe_bin, vllm, TestGateway};
 use serde_json::{json, Value};
+
+/// The job's token (the operator's `<job>-ingest` Secret).
+const JOB_TOKEN: &str = "the-jobs-token";
 
 struct Proxy {
     url: String,
@@ -24,6 +29,7 @@ async fn start_proxy(upstream: &str) -> Result<Proxy> {
     let child = Command::new(floe_bin()?)
         .args(["policy-proxy", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--upstream", upstream])
+        .env("FLOE_POLICY_TOKEN", JOB_TOKEN)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()?;
@@ -51,7 +57,9 @@ async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> R
 
     // A gateway session through the proxy: captured like a direct call.
     let gw = TestGateway::start(&proxy.url, 8).await?;
-    let token = gw.session("proxied", "t", 0).await?;
+    let token = gw
+        .session_with("proxied", "t", 0, json!({"apiKey": JOB_TOKEN}))
+        .await?;
     let resp = http
         .post(format!("{}/v1/chat/completions", gw.url))
         .bearer_auth(&token)
@@ -72,13 +80,30 @@ async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> R
     // server, so its base weights, version 0 (the trainer's pushes are in local_train.rs).
     assert_eq!(call.policy_version, Some(0));
 
-    // Read-only and tokenizer paths pass.
+    // An agent sharing the pod's network, calling the policy past its gateway: without the
+    // job's token, or with its own session token, it is refused in OpenAI's shape.
+    for bearer in [None, Some(token.as_str())] {
+        let mut call = http
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .json(&json!({"model": "policy", "max_tokens": 4,
+                          "messages": [{"role": "user", "content": "hi"}]}));
+        if let Some(b) = bearer {
+            call = call.bearer_auth(b);
+        }
+        let refused = call.send().await?;
+        assert_eq!(refused.status(), 401);
+        let err: Value = refused.json().await?;
+        assert_eq!(err["error"]["type"], "authentication_error", "{err}");
+    }
+
+    // Read-only paths pass without it; the tokenizer with it.
     for path in ["/v1/models", "/version", "/metrics"] {
         let r = http.get(format!("{}{path}", proxy.url)).send().await?;
         assert_eq!(r.status(), 200, "GET {path}");
     }
     let tok: Value = http
         .post(format!("{}/tokenize", proxy.url))
+        .bearer_auth(JOB_TOKEN)
         .json(&json!({"model": "policy", "prompt": "hello"}))
         .send()
         .await?
@@ -125,6 +150,7 @@ async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> R
     assert_eq!(is_paused().await?, false, "the refused /pause reached vLLM");
     let still = http
         .post(format!("{}/v1/completions", proxy.url))
+        .bearer_auth(JOB_TOKEN)
         .json(&json!({"model": "policy", "prompt": "1, 2, 3,", "max_tokens": 4}))
         .send()
         .await?;

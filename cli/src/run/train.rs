@@ -265,7 +265,9 @@ impl Training {
     }
 
     async fn start_proxy(&mut self, vllm_url: &str) -> Result<(), RunError> {
-        let app = crate::policy_proxy::router(vllm_url, 64 << 20)
+        // No token here: each sandbox has its own network namespace, which reaches nothing
+        // but its gateway's socket.
+        let app = crate::policy_proxy::router(vllm_url, 64 << 20, None)
             .map_err(|e| RunError::Io(format!("policy proxy: {e}")))?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -176,19 +176,26 @@ async fn call_upstream(
     loop {
         attempt += 1;
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let (failure, retry_after, error) =
-            match attempt_once(&gateway.http, &url, request, remaining).await {
-                Attempt::Answered {
-                    policy_version,
-                    text,
-                } => return Ok((policy_version, text)),
-                Attempt::Refused(error) => return Err(error),
-                Attempt::Failed {
-                    failure,
-                    retry_after,
-                    error,
-                } => (failure, retry_after, error),
-            };
+        let (failure, retry_after, error) = match attempt_once(
+            &gateway.http,
+            &url,
+            session.upstream.api_key.as_deref(),
+            request,
+            remaining,
+        )
+        .await
+        {
+            Attempt::Answered {
+                policy_version,
+                text,
+            } => return Ok((policy_version, text)),
+            Attempt::Refused(error) => return Err(error),
+            Attempt::Failed {
+                failure,
+                retry_after,
+                error,
+            } => (failure, retry_after, error),
+        };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let delay = policy.next_delay(&failure, attempt, retry_after, remaining);
         record_failure(
@@ -210,6 +217,7 @@ async fn call_upstream(
 async fn attempt_once(
     http: &reqwest::Client,
     url: &str,
+    api_key: Option<&str>,
     request: &Value,
     remaining: Duration,
 ) -> Attempt {
@@ -227,7 +235,11 @@ async fn attempt_once(
             error,
         }
     };
-    let answer = match http.post(url).timeout(remaining).json(request).send().await {
+    let mut post = http.post(url).timeout(remaining).json(request);
+    if let Some(key) = api_key {
+        post = post.bearer_auth(key);
+    }
+    let answer = match post.send().await {
         Ok(r) => r,
         Err(e) => return failed(e),
     };

@@ -158,12 +158,14 @@ impl Gateway {
     pub fn upstream_for(&self, over: Option<&crate::ship::UpstreamOverride>) -> sessions::Upstream {
         let mut upstream = sessions::Upstream {
             url: self.config.upstream_url.clone(),
+            api_key: None,
             limits: self.limits.clone(),
         };
         if let Some(o) = over {
             if let Some(url) = &o.url {
                 upstream.url = url.clone();
             }
+            upstream.api_key = o.api_key.clone();
             if let Some(kind) = o.kind {
                 upstream.limits.kind = kind;
             }

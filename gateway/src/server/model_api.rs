@@ -238,11 +238,15 @@ async fn count_tokens(
         }
         let url = format!("{}/tokenize", upstream.url.trim_end_matches('/'));
         // Not retried (a count is advisory, and nothing is sampled), but bounded like a call.
-        let answer = gateway
+        let mut post = gateway
             .http
             .post(url)
             .timeout(upstream.limits.call_deadline)
-            .json(&tokenize)
+            .json(&tokenize);
+        if let Some(key) = &upstream.api_key {
+            post = post.bearer_auth(key);
+        }
+        let answer = post
             .send()
             .await
             .map_err(|e| ProtocolError::Upstream(e.to_string()))?;

@@ -16,6 +16,8 @@ use crate::capture::{
 pub struct Upstream {
     /// Base URL of the OpenAI-compatible server, without `/v1`.
     pub url: String,
+    /// Sent as a bearer token on every call (the job's policy server demands it).
+    pub api_key: Option<String>,
     pub limits: crate::protocol::upstream::CallLimits,
 }
 

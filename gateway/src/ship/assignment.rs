@@ -48,6 +48,10 @@ pub struct UpstreamOverride {
     /// Model name sent upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Bearer token for the upstream (a train job's policy server refuses calls without it:
+    /// the agent shares the pod's network and must not call it past the capture).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
     /// The server's kind (`vllm` or `sglang`), when not the gateway's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<crate::protocol::upstream::UpstreamKind>,

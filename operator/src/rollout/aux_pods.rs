@@ -262,6 +262,7 @@ pub fn trainer(
                     // vLLM's readiness too: /health is forwarded to it.
                     "name": "policy", "image": floe_image, "command": ["floe"],
                     "args": trainer_launch::policy_proxy_args(&format!("0.0.0.0:{VLLM_PORT}"), &layout),
+                    "env": [ingest_token_env(job, "FLOE_POLICY_TOKEN")],
                     "ports": [{"name": "policy", "containerPort": VLLM_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5},
                     "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
@@ -479,6 +480,10 @@ mod tests {
         let proxy = &container(&pod, "policy");
         assert_eq!(proxy["image"], "floe:1");
         assert_eq!(proxy["args"][0], "policy-proxy");
+        assert_eq!(
+            proxy["env"][0]["valueFrom"]["secretKeyRef"]["name"], "j-ingest",
+            "inference needs the job's token"
+        );
         assert_eq!(proxy["ports"][0]["containerPort"], VLLM_PORT);
         assert!(args
             .windows(2)

@@ -1305,8 +1305,8 @@ async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Op
     Some(token)
 }
 
-/// Where sessions' model calls and trajectories go, by the job's mode; trajectories with the
-/// job's ingest token.
+/// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:
+/// the trainer's (or collector's) ingest and a train job's policy server demand it.
 fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstream) {
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
@@ -1318,7 +1318,7 @@ fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstr
                     super::aux_pods::trainer_service(&name),
                     super::aux_pods::INGEST_PORT
                 ),
-                token: ingest_token,
+                token: ingest_token.clone(),
             },
             // The job's own policy server is vLLM, whatever the pool's gateways default to.
             SessionUpstream {
@@ -1329,6 +1329,8 @@ fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstr
                 )),
                 model: Some(super::aux_pods::SERVED_MODEL.to_string()),
                 kind: Some(UpstreamKind::Vllm),
+                // The policy proxy refuses inference without the job's token.
+                api_key: ingest_token,
             },
         ),
         (None, Some(sft)) => (
@@ -1344,6 +1346,7 @@ fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstr
                 url: Some(sft.upstream.url.clone()),
                 model: sft.upstream.model.clone(),
                 kind: Some(session::upstream_kind(sft.upstream.kind)),
+                api_key: None,
             },
         ),
         (None, None) => (Sink::None, SessionUpstream::default()),
