@@ -14,7 +14,7 @@ use floe_tests::processes::KillOnDrop;
 use floe_tests::{floe_bin, vllm, TestGateway};
 use serde_json::{json, Value};
 
-/// The job's token (the operator's `<job>-ingest` Secret).
+/// The job's token (the operator's `<job>-token` Secret).
 const JOB_TOKEN: &str = "the-jobs-token";
 
 struct Proxy {

@@ -44,31 +44,32 @@ pub const OWNER_JOB_LABEL: &str = "floe.dev/owner-job";
 pub struct AuxObjects {
     pub pod: Pod,
     pub services: Vec<Service>,
-    /// Created before the pod: the job's ingest token ([`ingest_secret`]) and, for a trainer,
+    /// Created before the pod: the job's token ([`job_token_secret`]) and, for a trainer,
     /// its control token ([`trainer_control_secret`]).
     pub secrets: Vec<Secret>,
 }
 
-/// The Secret holding a job's ingest token (key [`crate::sandbox_pod::CONTROL_TOKEN_KEY`]):
-/// the trainer's or the collector's `POST /v1/trajectories` needs it. The operator gives it to
-/// the gateways in each assignment's sink; the agent, which shares its pod's network with the
-/// gateway and so reaches that port too, never has it.
-pub fn ingest_secret(job: &str) -> String {
-    format!("{job}-ingest")
+/// The Secret holding a job's token (key [`crate::sandbox_pod::CONTROL_TOKEN_KEY`]): what the
+/// job's gateways present to its trainer's or collector's ingest (`POST /v1/trajectories`)
+/// and to its policy server. The operator gives it to the gateways in each assignment; the
+/// agent, which shares its pod's network with the gateway and so reaches those ports too,
+/// never has it.
+pub fn job_token_secret(job: &str) -> String {
+    format!("{job}-token")
 }
 
-fn ingest_secret_object(job: &RolloutJob, role: &str) -> Result<Secret, serde_json::Error> {
+fn job_token_secret_object(job: &RolloutJob, role: &str) -> Result<Secret, serde_json::Error> {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": meta(job, &ingest_secret(&job.name_any()), role),
+        "metadata": meta(job, &job_token_secret(&job.name_any()), role),
         "stringData": {crate::sandbox_pod::CONTROL_TOKEN_KEY: crate::sandbox_pod::new_control_token()},
     }))
 }
 
-/// An env var read from the job's ingest Secret.
-fn ingest_token_env(job: &RolloutJob, var: &str) -> Value {
+/// An env var read from the job's token Secret.
+fn job_token_env(job: &RolloutJob, var: &str) -> Value {
     json!({"name": var, "valueFrom": {"secretKeyRef": {
-        "name": ingest_secret(&job.name_any()), "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}})
+        "name": job_token_secret(&job.name_any()), "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}})
 }
 
 /// The Secret holding a train job's trainer control token (key
@@ -152,7 +153,7 @@ pub fn collector(
                          "--min-reward", min_reward.to_string()],
                 "ports": [{"name": "http", "containerPort": INGEST_PORT}],
                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
-                "env": [ingest_token_env(job, "FLOE_INGEST_TOKEN")],
+                "env": [job_token_env(job, "FLOE_INGEST_TOKEN")],
                 "volumeMounts": [{"name": "dataset", "mountPath": "/data"}],
                 "securityContext": restricted(),
             }],
@@ -161,7 +162,7 @@ pub fn collector(
     }))?;
     Ok(Some(AuxObjects {
         pod,
-        secrets: vec![ingest_secret_object(job, "dataset")?],
+        secrets: vec![job_token_secret_object(job, "dataset")?],
         services: vec![service(job, &name, "dataset", INGEST_PORT)?],
     }))
 }
@@ -262,7 +263,7 @@ pub fn trainer(
                     // vLLM's readiness too: /health is forwarded to it.
                     "name": "policy", "image": floe_image, "command": ["floe"],
                     "args": trainer_launch::policy_proxy_args(&format!("0.0.0.0:{VLLM_PORT}"), &layout),
-                    "env": [ingest_token_env(job, "FLOE_POLICY_TOKEN")],
+                    "env": [job_token_env(job, "FLOE_POLICY_TOKEN")],
                     "ports": [{"name": "policy", "containerPort": VLLM_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/health", "port": VLLM_PORT}, "periodSeconds": 5},
                     "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
@@ -274,7 +275,7 @@ pub fn trainer(
                             {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR},
                             {"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
                                 "name": control, "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}},
-                            ingest_token_env(job, "FLOE_TRAINER_INGEST_TOKEN")],
+                            job_token_env(job, "FLOE_TRAINER_INGEST_TOKEN")],
                     "ports": [{"name": "ingest", "containerPort": INGEST_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 5},
                     "resources": trainer_resources,
@@ -286,7 +287,7 @@ pub fn trainer(
     }))?;
     Ok(Some(AuxObjects {
         pod,
-        secrets: vec![secret, ingest_secret_object(job, "trainer")?],
+        secrets: vec![secret, job_token_secret_object(job, "trainer")?],
         services: vec![
             service(job, &policy_service(&job.name_any()), "trainer", VLLM_PORT)?,
             service(job, &name, "trainer", INGEST_PORT)?,
@@ -377,12 +378,12 @@ mod tests {
             "data"
         );
         assert_eq!(aux.services[0].metadata.name.as_deref(), Some("j-dataset"));
-        // Posts need the job's ingest token, from its own Secret (made with the pod).
+        // Posts need the job's token, from its own Secret (made with the pod).
         let env = &pod["spec"]["containers"][0]["env"][0];
         assert_eq!(env["name"], "FLOE_INGEST_TOKEN");
-        assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "j-ingest");
+        assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "j-token");
         assert_eq!(aux.secrets.len(), 1);
-        assert_eq!(aux.secrets[0].metadata.name.as_deref(), Some("j-ingest"));
+        assert_eq!(aux.secrets[0].metadata.name.as_deref(), Some("j-token"));
         assert!(trainer(&j, "floe:1")?.is_none());
         Ok(())
     }
@@ -481,7 +482,7 @@ mod tests {
         assert_eq!(proxy["image"], "floe:1");
         assert_eq!(proxy["args"][0], "policy-proxy");
         assert_eq!(
-            proxy["env"][0]["valueFrom"]["secretKeyRef"]["name"], "j-ingest",
+            proxy["env"][0]["valueFrom"]["secretKeyRef"]["name"], "j-token",
             "inference needs the job's token"
         );
         assert_eq!(proxy["ports"][0]["containerPort"], VLLM_PORT);
@@ -511,10 +512,10 @@ mod tests {
             "the finish token comes from the job's own Secret"
         );
         assert_eq!(
-            trainer["env"][3]["valueFrom"]["secretKeyRef"]["name"], "j-ingest",
-            "ingest needs the job's ingest token"
+            trainer["env"][3]["valueFrom"]["secretKeyRef"]["name"], "j-token",
+            "ingest needs the job's token"
         );
-        assert_eq!(aux.secrets[1].metadata.name.as_deref(), Some("j-ingest"));
+        assert_eq!(aux.secrets[1].metadata.name.as_deref(), Some("j-token"));
         let secret = aux.secrets.first().expect("a control-token Secret");
         assert_eq!(secret.metadata.name.as_deref(), Some("j-trainer-control"));
         assert!(

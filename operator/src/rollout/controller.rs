@@ -1307,7 +1307,7 @@ async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Op
 
 /// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:
 /// the trainer's (or collector's) ingest and a train job's policy server demand it.
-fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstream) {
+fn wiring(job: &RolloutJob, job_token: Option<String>) -> (Sink, SessionUpstream) {
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     match (&job.spec.train, &job.spec.sft) {
@@ -1318,7 +1318,7 @@ fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstr
                     super::aux_pods::trainer_service(&name),
                     super::aux_pods::INGEST_PORT
                 ),
-                token: ingest_token.clone(),
+                token: job_token.clone(),
             },
             // The job's own policy server is vLLM, whatever the pool's gateways default to.
             SessionUpstream {
@@ -1330,7 +1330,7 @@ fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstr
                 model: Some(super::aux_pods::SERVED_MODEL.to_string()),
                 kind: Some(UpstreamKind::Vllm),
                 // The policy proxy refuses inference without the job's token.
-                api_key: ingest_token,
+                api_key: job_token,
             },
         ),
         (None, Some(sft)) => (
@@ -1340,7 +1340,7 @@ fn wiring(job: &RolloutJob, ingest_token: Option<String>) -> (Sink, SessionUpstr
                     super::aux_pods::dataset_service(&name),
                     super::aux_pods::INGEST_PORT
                 ),
-                token: ingest_token,
+                token: job_token,
             },
             SessionUpstream {
                 url: Some(sft.upstream.url.clone()),
@@ -1386,20 +1386,20 @@ async fn deliver(
         return None;
     };
     let ns = job.namespace().unwrap_or_default();
-    let ingest_token = match (&job.spec.train, &job.spec.sft) {
+    let job_token = match (&job.spec.train, &job.spec.sft) {
         (None, None) => None,
         // Without it the trainer or collector would refuse every trajectory: wait for it.
         _ => Some(
             secret_token(
                 ctx,
                 &ns,
-                &format!("secret/{}", super::aux_pods::ingest_secret(&o.name)),
-                &super::aux_pods::ingest_secret(&o.name),
+                &format!("secret/{}", super::aux_pods::job_token_secret(&o.name)),
+                &super::aux_pods::job_token_secret(&o.name),
             )
             .await?,
         ),
     };
-    let (sink, upstream) = wiring(job, ingest_token);
+    let (sink, upstream) = wiring(job, job_token);
     let assignment = session::assignment(&SessionOf {
         job: &o.name,
         spec: &job.spec,
