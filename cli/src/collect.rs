@@ -60,14 +60,7 @@ pub fn run(args: CollectArgs) -> Result<(), CollectCliError> {
         }
         Err(e) => return Err(e.into()),
     };
-    // The job's ingest token, from its Secret (never an argument: arguments are visible).
-    let token = std::env::var(INGEST_TOKEN_ENV)
-        .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty());
-    if token.is_none() {
-        tracing::warn!("no {INGEST_TOKEN_ENV}: anyone who reaches this port can post trajectories");
-    }
+    let token = floe_gateway::bearer::token_from_env(INGEST_TOKEN_ENV, "post trajectories");
     let collector = collector.with_token(token);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

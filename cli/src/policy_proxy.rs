@@ -226,14 +226,7 @@ pub fn router(
 }
 
 pub fn run(args: PolicyProxyArgs) -> Result<(), PolicyProxyError> {
-    // From the job's Secret, never an argument (arguments are visible).
-    let token = std::env::var(POLICY_TOKEN_ENV)
-        .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty());
-    if token.is_none() {
-        tracing::warn!("no {POLICY_TOKEN_ENV}: anyone who reaches this port can sample the policy");
-    }
+    let token = floe_gateway::bearer::token_from_env(POLICY_TOKEN_ENV, "sample the policy");
     let app = router(&args.upstream, args.max_body_bytes, token)?;
     let what = format!("policy proxy to {}", args.upstream);
     Ok(crate::serve_http::serve_blocking(

@@ -7,6 +7,20 @@ pub fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A token from the environment variable `var` (a Secret's key, never an argument: arguments
+/// are visible to every process of the node). Unset or blank: `None`, and a warning that
+/// whoever reaches the port can `what`.
+pub fn token_from_env(var: &str, what: &str) -> Option<String> {
+    let token = std::env::var(var)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    if token.is_none() {
+        tracing::warn!("no {var}: anyone who reaches this port can {what}");
+    }
+    token
+}
+
 /// Whether `headers` carry `Authorization: Bearer <token>`.
 pub fn carries(headers: &HeaderMap, token: &str) -> bool {
     let given = headers

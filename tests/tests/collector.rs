@@ -83,7 +83,10 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     assert!(dir.join("rejected/col-wrong.json").exists());
     let lines = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
     assert_eq!(lines.lines().count(), 1);
-    let raw = reqwest::Client::new();
+    // A refused post's body is never read, so the server closes that connection: no reuse.
+    let raw = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()?;
     // An agent's own trajectory, without the token or with its session's: refused, not kept.
     let mut forged: Value = serde_json::from_str(&std::fs::read_to_string(
         dir.join("rejected/col-wrong.json"),

@@ -60,17 +60,6 @@ impl Collector {
         Self { token, ..self }
     }
 
-    /// `Some(401)` unless the request carries the token (when there is one).
-    fn unauthorized(&self, headers: &axum::http::HeaderMap) -> Option<Response> {
-        let token = self.token.as_deref()?;
-        (!crate::bearer::carries(headers, token)).then(|| {
-            refuse(
-                StatusCode::UNAUTHORIZED,
-                "posting needs `Authorization: Bearer <the job's ingest token>`",
-            )
-        })
-    }
-
     fn seen(&self, session: &str) -> bool {
         ["accepted", "rejected"]
             .iter()
@@ -98,14 +87,7 @@ fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into()}))).into_response()
 }
 
-async fn ingest(
-    State(c): State<Arc<Collector>>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    if let Some(refused) = c.unauthorized(&headers) {
-        return refused;
-    }
+async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Response {
     let trajectory: Trajectory = match serde_json::from_slice(&body) {
         Ok(t) => t,
         Err(e) => {
@@ -193,14 +175,7 @@ async fn status(State(c): State<Arc<Collector>>) -> Response {
 /// `POST /v1/finish` with the job's summary (the operator's record, once the job finished):
 /// written as `summary.json` beside `dataset.jsonl`, with the collector's own counts under
 /// `dataset`. Idempotent; the written summary is the answer.
-async fn finish(
-    State(c): State<Arc<Collector>>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    if let Some(refused) = c.unauthorized(&headers) {
-        return refused;
-    }
+async fn finish(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Response {
     let mut summary: serde_json::Map<String, serde_json::Value> =
         match serde_json::from_slice(&body) {
             Ok(s) => s,
@@ -236,11 +211,32 @@ async fn finish(
     Json(summary).into_response()
 }
 
+/// Layer on the two posts: 401 unless the request carries the job's token (when there is one).
+async fn require_token(
+    State(c): State<Arc<Collector>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match c.token.as_deref() {
+        Some(token) if !crate::bearer::carries(request.headers(), token) => refuse(
+            StatusCode::UNAUTHORIZED,
+            "posting needs `Authorization: Bearer <the job's token>`",
+        ),
+        _ => next.run(request).await,
+    }
+}
+
 pub fn router(c: Arc<Collector>, max_body_bytes: usize) -> Router {
-    Router::new()
+    let posts = Router::new()
         .route("/v1/trajectories", post(ingest))
-        .route("/v1/status", get(status))
         .route("/v1/finish", post(finish))
+        .route_layer(axum::middleware::from_fn_with_state(
+            c.clone(),
+            require_token,
+        ));
+    Router::new()
+        .merge(posts)
+        .route("/v1/status", get(status))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(c)
