@@ -82,7 +82,7 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
         assert_eq!(spec.automount_service_account_token, Some(false));
         // apiserver 1.20: no native sidecars, so the gateway is a second container.
         let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["sandbox", "floe-gateway"]);
+        assert_eq!(names, ["sandbox", "agent", "floe-gateway"]);
         assert_eq!(pod.owner_references()[0].kind, "GatewayPool");
     }
 
