@@ -3,7 +3,7 @@
 use axum::http::HeaderMap;
 
 /// Constant-time comparison, so response timing does not leak the token.
-pub fn same(a: &[u8], b: &[u8]) -> bool {
+fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -180,15 +180,6 @@ async fn empty_namespace() -> bool {
     .unwrap_or(false)
 }
 
-/// The harness's exit as the grader records it, given the report (or its absence).
-pub fn exit_of(report: &Result<Report, LinkError>) -> Exit {
-    match report {
-        Ok(r) => r.finished.exit.clone(),
-        // The container died under the supervisor (its cgroup ran out of memory, say): killed.
-        Err(_) => Exit::Signal(9),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1305,6 +1305,14 @@ async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Op
     Some(token)
 }
 
+/// The job's token (its Secret [`super::aux_pods::job_token_secret`]): what its gateways show
+/// its ingest and policy server, and the operator the collector's finish.
+async fn job_token(ctx: &JobContext, job: &RolloutJob) -> Option<String> {
+    let secret = super::aux_pods::job_token_secret(&job.name_any());
+    let ns = job.namespace().unwrap_or_default();
+    secret_token(ctx, &ns, &format!("secret/{secret}"), &secret).await
+}
+
 /// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:
 /// the trainer's (or collector's) ingest and a train job's policy server demand it.
 fn wiring(job: &RolloutJob, job_token: Option<String>) -> (Sink, SessionUpstream) {
@@ -1389,15 +1397,7 @@ async fn deliver(
     let job_token = match (&job.spec.train, &job.spec.sft) {
         (None, None) => None,
         // Without it the trainer or collector would refuse every trajectory: wait for it.
-        _ => Some(
-            secret_token(
-                ctx,
-                &ns,
-                &format!("secret/{}", super::aux_pods::job_token_secret(&o.name)),
-                &super::aux_pods::job_token_secret(&o.name),
-            )
-            .await?,
-        ),
+        _ => Some(job_token(ctx, job).await?),
     };
     let (sink, upstream) = wiring(job, job_token);
     let assignment = session::assignment(&SessionOf {

@@ -87,11 +87,12 @@ async fn write_summary(ctx: &JobContext, job: &RolloutJob, pod: &Pod) -> Result<
     }
     let status = job.status.clone().unwrap_or_default();
     let url = trainer_endpoint(pod, "/v1/finish").ok_or("the collector pod has no IP")?;
-    let secret = aux_pods::job_token_secret(&job.name_any());
-    let ns = job.namespace().unwrap_or_default();
-    let token = super::secret_token(ctx, &ns, &format!("secret/{secret}"), &secret)
-        .await
-        .ok_or_else(|| format!("the job's token (Secret {secret}) cannot be read"))?;
+    let token = super::job_token(ctx, job).await.ok_or_else(|| {
+        format!(
+            "the job's token (Secret {}) cannot be read",
+            aux_pods::job_token_secret(&job.name_any())
+        )
+    })?;
     let reply = ctx
         .http
         .post(&url)
