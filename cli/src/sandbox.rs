@@ -56,6 +56,10 @@ pub struct SandboxArgs {
     /// How long the agent container's supervisor may take to dial.
     #[arg(long, default_value_t = 300)]
     agent_dial_timeout_seconds: u64,
+    /// Check at start that this pod's egress is restricted (`warn` or `refuse` when it is
+    /// not; the operator sets it from the pool's `spec.egress.unrestricted`).
+    #[arg(long, env = "FLOE_EGRESS_CHECK")]
+    egress_check: Option<floe_sandbox::egress_check::EgressCheck>,
 }
 
 #[derive(Args)]
@@ -144,6 +148,7 @@ pub fn main(args: SandboxArgs) -> i32 {
                 dir,
                 dial_wait: Duration::from_secs(args.agent_dial_timeout_seconds),
             }),
+        egress_check: args.egress_check,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -10,10 +10,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What every sandbox pod runs: the harness image plus the pod-level settings a platform team
-/// controls. The image runs twice: as the `agent` container (the harness, under `floe agent`)
-/// and as the `sandbox` container (the grader: `floe sandbox` runs the prepare steps and the
-/// evaluator). The operator adds floe's init container (copies the `floe` binary) and the
-/// gateway sidecar; the image itself is never modified.
+/// controls. Two containers: the `agent` (the harness image, the harness under `floe agent`)
+/// and the `sandbox` grader (`floe sandbox` runs the prepare steps and the evaluator, in
+/// `graderImage`, by default the harness image too). The operator adds floe's init container
+/// (copies the `floe` binary) and the gateway sidecar; the images are never modified.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxTemplate {
@@ -23,7 +23,14 @@ pub struct SandboxTemplate {
     /// The harness image (it must contain the harness CLI, e.g. `codex` or `claude`).
     #[schemars(length(min = 1, max = 1024))]
     pub image: String,
-    /// Image pull policy of the harness container.
+    /// Image of the grader container, where the workspace is set up, the pool's prepare steps
+    /// run and the evaluator runs (default: `image`). A job whose `evaluator.image` is set runs
+    /// only on a pool whose grader image is that image. Like the harness image, it needs glibc
+    /// and `libgcc_s` for the copied-in `floe` binary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub grader_image: Option<String>,
+    /// Image pull policy of the harness and grader containers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<ImagePullPolicy>,
     /// Secrets for pulling the harness image from a private registry.
@@ -169,6 +176,11 @@ pub struct UpstreamSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub model: Option<String>,
+    /// Secret (same namespace) holding the model server's API key. Only the gateway has it and
+    /// sends it as `Authorization: Bearer`; the agent shares the pod's network but never the
+    /// key, so a server that demands it cannot be called past the gateway's capture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_secret: Option<SecretKeyRef>,
 }
 
 /// The inference server behind the gateway; decides how token ids are requested.
@@ -179,4 +191,21 @@ pub enum UpstreamKind {
     Vllm,
     #[serde(rename = "SGLang")]
     Sglang,
+}
+
+/// One key of a Secret in the resource's namespace.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The key within it.
+    #[serde(default = "default_api_key_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_api_key_key() -> String {
+    "apiKey".into()
 }

@@ -61,6 +61,57 @@ pub struct GatewayPoolSpec {
     /// Limits on how fast the pool creates pods.
     #[serde(default)]
     pub refill: RefillPolicy,
+    /// Where the pods may connect: the agent is untrusted code and shares the pod's network
+    /// with the gateway.
+    #[serde(default, skip_serializing_if = "EgressSpec::is_default")]
+    pub egress: EgressSpec,
+}
+
+/// The sandbox pods' egress: a NetworkPolicy the operator keeps, and a check each pod makes at
+/// start that it is enforced.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressSpec {
+    /// `Managed` (default): the operator keeps a NetworkPolicy `<pool>-egress`, owned by the
+    /// pool, that lets its pods reach only DNS, their job's trainer pod (policy server 8000,
+    /// ingest 8100) or dataset collector (8100) in the pool's namespace, and `allow`.
+    /// `Unmanaged`: none; the cluster's own policies apply.
+    #[serde(default)]
+    pub policy: EgressPolicy,
+    /// More egress rules for that NetworkPolicy: a teacher or vLLM elsewhere, an API the task
+    /// needs. Everything else is refused where the cluster's CNI enforces NetworkPolicy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(
+        schema_with = "crate::schema::k8s::<Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>>"
+    )]
+    pub allow: Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>,
+    /// What a pod does when its grader reaches the Kubernetes API at start, which no sandbox
+    /// egress rule allows (the CNI does not enforce NetworkPolicy, or `allow` opens it):
+    /// `Warn` (default: it logs, counts `floe_gateway_egress_unrestricted` and serves) or
+    /// `Refuse` (it ends before READY, and the pool says why).
+    #[serde(default)]
+    pub unrestricted: UnrestrictedEgress,
+}
+
+impl EgressSpec {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum EgressPolicy {
+    #[default]
+    Managed,
+    Unmanaged,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum UnrestrictedEgress {
+    #[default]
+    Warn,
+    Refuse,
 }
 
 /// The gateway sidecar injected into every sandbox pod.

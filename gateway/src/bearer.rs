@@ -2,6 +2,10 @@
 
 use axum::http::HeaderMap;
 
+/// Where `floe gateway` and `floe run` read the model server's API key (a Secret's key in a
+/// pod's gateway container; never in the agent's environment).
+pub const UPSTREAM_KEY_ENV: &str = "FLOE_UPSTREAM_API_KEY";
+
 /// Constant-time comparison, so response timing does not leak the token.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -4,6 +4,7 @@
 
 pub mod claim_gate;
 pub mod client_rate;
+pub mod egress_policy;
 pub mod events;
 pub mod leader;
 pub mod metrics;

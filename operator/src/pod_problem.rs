@@ -120,6 +120,46 @@ fn termination_words(t: &k8s_openapi::api::core::v1::ContainerStateTerminated) -
         .map_or_else(|| format!("exit code {}", t.exit_code), str::to_string)
 }
 
+/// How long a pool waits before replacing a pod after `in_a_row` of its pods ended before they
+/// were claimed (a grader that refuses to serve, a harness image whose `floe` cannot run): 5 s,
+/// doubled each time up to 5 minutes, so a template that cannot serve is not recreated at the
+/// pool's full refill rate.
+pub fn ended_backoff(in_a_row: u32) -> std::time::Duration {
+    let doubled = 5u64.saturating_mul(1 << in_a_row.saturating_sub(1).min(6));
+    std::time::Duration::from_secs(doubled.min(300))
+}
+
+/// An unclaimed pod that ended, as the pool tells it: its container's own words, the grader's
+/// first (the agent's supervisor only says its link closed when the grader ended).
+pub fn ended(pod: &Pod) -> PodProblem {
+    let grader = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.name == crate::sandbox_pod::GRADER_CONTAINER)
+        })
+        .and_then(|c| Some((c, container_problem(c)?)))
+        .map(|(c, (reason, message))| PodProblem {
+            pod: String::new(),
+            container: Some(c.name.clone()),
+            reason,
+            message,
+        });
+    let found = grader.or_else(|| problem(pod));
+    let (container, words) = match found {
+        Some(p) => (p.container, format!("{}: {}", p.reason, p.message)),
+        None => (None, "it ended".to_string()),
+    };
+    PodProblem {
+        pod: pod.metadata.name.clone().unwrap_or_default(),
+        container,
+        reason: "PodFailed".into(),
+        message: format!("{words} (before it was claimed)"),
+    }
+}
+
 /// The unready timeout after `failures` pods of a pool in a row were replaced for not becoming
 /// READY: doubled each time, up to 32×, so a template that cannot start is retried ever more
 /// slowly instead of in a tight loop. A pod that becomes READY resets the count.
@@ -131,6 +171,34 @@ pub fn backed_off_timeout(base_seconds: i32, failures: u32) -> i32 {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn pods_that_end_unclaimed_are_replaced_ever_more_slowly() {
+        let secs: Vec<u64> = (1..=8).map(|n| ended_backoff(n).as_secs()).collect();
+        assert_eq!(secs, [5, 10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(ended_backoff(0).as_secs(), 5);
+    }
+
+    #[test]
+    fn an_ended_pod_says_why_in_its_graders_words() {
+        let p = pod(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "agent", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}, {
+            "name": "sandbox", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"terminated": {"exitCode": 3, "reason": "Error",
+                                     "message": "egress is not restricted"}}}]}));
+        let e = ended(&pod_named(p, "pool-x"));
+        assert_eq!(e.reason, "PodFailed");
+        assert_eq!(
+            e.describe(),
+            "pod pool-x container sandbox: PodFailed: Error: egress is not restricted (before it was claimed)"
+        );
+    }
+
+    fn pod_named(mut p: Pod, name: &str) -> Pod {
+        p.metadata.name = Some(name.into());
+        p
+    }
 
     fn pod(status: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).expect("pod")

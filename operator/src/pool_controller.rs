@@ -50,7 +50,15 @@ pub struct PoolContext {
     /// Pods replaced in a row for not becoming READY, per pool (reset by a READY pod): the
     /// unready timeout backs off with it ([`crate::pod_problem::backed_off_timeout`]).
     unready_failures: Mutex<HashMap<String, u32>>,
+    /// The last pod per pool that ended before it was claimed, when, and how many in a row
+    /// (reset by a READY pod): replacements back off ([`crate::pod_problem::ended_backoff`]).
+    ended: Mutex<HashMap<String, (crate::pod_problem::PodProblem, Instant, u32)>>,
+    /// The egress NetworkPolicy last applied per pool (its JSON, `None`: deleted) and when.
+    egress_applied: Mutex<HashMap<String, (Option<String>, Instant)>>,
 }
+
+/// How often an unchanged egress policy is applied again (restoring one deleted by hand).
+const EGRESS_REAPPLY: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 struct Expected {
@@ -83,7 +91,54 @@ impl PoolContext {
             created: Mutex::default(),
             expected: Mutex::default(),
             unready_failures: Mutex::default(),
+            egress_applied: Mutex::default(),
+            ended: Mutex::default(),
         }
+    }
+
+    fn record_ended(&self, key: &str, problem: crate::pod_problem::PodProblem) {
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let in_a_row = ended.get(key).map_or(0, |(_, _, n)| *n) + 1;
+        ended.insert(key.to_string(), (problem, Instant::now(), in_a_row));
+    }
+
+    fn forget_ended(&self, key: &str) {
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        ended.remove(key);
+    }
+
+    /// The last pod that ended unclaimed, its back-off and how much of it is left.
+    fn last_ended(
+        &self,
+        key: &str,
+    ) -> Option<(crate::pod_problem::PodProblem, Duration, Duration)> {
+        let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let (problem, at, in_a_row) = ended.get(key)?;
+        let backoff = crate::pod_problem::ended_backoff(*in_a_row);
+        Some((
+            problem.clone(),
+            backoff,
+            backoff.saturating_sub(at.elapsed()),
+        ))
+    }
+
+    /// Whether `wanted` for pool `key` was applied within [`EGRESS_REAPPLY`].
+    fn egress_fresh(&self, key: &str, wanted: &Option<String>) -> bool {
+        let applied = self
+            .egress_applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        applied
+            .get(key)
+            .is_some_and(|(json, at)| json == wanted && at.elapsed() < EGRESS_REAPPLY)
+    }
+
+    fn egress_done(&self, key: &str, applied: Option<String>) {
+        let mut map = self
+            .egress_applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.insert(key.to_string(), (applied, Instant::now()));
     }
 
     fn expect(&self, key: &str, pod: &str, create: bool) {
@@ -217,6 +272,7 @@ async fn reconcile_pool(
         p.metadata.namespace.as_deref() == Some(ns.as_str())
             && p.labels().get(POOL_LABEL) == Some(&name)
     });
+    ensure_egress_policy(&ctx, &pool, &ns, &key).await;
     let (creating, deleting) = ctx.pending(&key, &cached);
     let hash = sandbox_pod::template_hash(&pool.spec);
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -232,15 +288,27 @@ async fn reconcile_pool(
         match state(pod) {
             Some("warming") | Some("ready") => {
                 if finished(pod) {
-                    // A warm pod that (partly) exited before being claimed is broken: replace it.
+                    // A warm pod that (partly) exited before being claimed is broken: replace it,
+                    // saying why on the pool.
                     delete(&pods, &pod.name_any()).await?;
                     ctx.expect(&key, &pod.name_any(), false);
+                    let why = crate::pod_problem::ended(pod);
+                    ctx.events
+                        .publish(
+                            &pool.object_ref(&()),
+                            EventType::Warning,
+                            "PodFailed",
+                            format!("{}; replacing it", why.describe()),
+                        )
+                        .await;
+                    ctx.record_ended(&key, why);
                     continue;
                 }
                 let ready = is_ready(pod);
                 if ready && state(pod) == Some("warming") {
                     mark(&pods, pod, PodState::Ready).await?;
                     ctx.count_unready(&key, None);
+                    ctx.forget_ended(&key);
                 }
                 if !ready {
                     problems.extend(crate::pod_problem::problem(pod));
@@ -288,7 +356,13 @@ async fn reconcile_pool(
         },
         created_last_minute: ctx.created_last_minute(&key),
     };
-    let decided = plan(&view, &unclaimed);
+    let mut decided = plan(&view, &unclaimed);
+    // Pods that end before they are claimed are replaced ever more slowly.
+    let ended = ctx.last_ended(&key);
+    if ended.as_ref().is_some_and(|(_, _, left)| !left.is_zero()) {
+        decided.deferred += decided.create;
+        decided.create = 0;
+    }
     let replaced_unready = decided
         .delete
         .iter()
@@ -353,6 +427,14 @@ async fn reconcile_pool(
     // The cache's order is arbitrary: with pods failing for different reasons, the condition
     // (and its Warning Event, sent when the reason changes) must not flip between them.
     kept_problems.sort_by(|a, b| (&a.reason, &a.pod).cmp(&(&b.reason, &b.pod)));
+    // No live pod says what is wrong: the last one that ended does, until a pod is READY.
+    let ended_problem = ended.map(|(mut p, backoff, _)| {
+        p.message = format!("{}; replaced after {} s", p.message, backoff.as_secs());
+        p
+    });
+    if kept_problems.is_empty() {
+        kept_problems.extend(ended_problem.as_ref());
+    }
     let counts = Counts {
         replicas,
         ready,
@@ -365,6 +447,54 @@ async fn reconcile_pool(
     } else {
         Duration::from_secs(2)
     }))
+}
+
+/// Keep the pool's egress NetworkPolicy ([`crate::egress_policy`]) as its spec says. A
+/// failure (an operator without RBAC for NetworkPolicies, say) is a Warning on the pool, not a
+/// failed reconcile: the pods' own check still says whether their egress is open.
+async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, key: &str) {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let name = crate::egress_policy::policy_name(&pool.name_any());
+    let wanted = match crate::egress_policy::build(pool) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(pool = %key, "egress policy: {e}");
+            return;
+        }
+    };
+    let wanted_json = wanted.as_ref().and_then(|p| serde_json::to_string(p).ok());
+    if ctx.egress_fresh(key, &wanted_json) {
+        return;
+    }
+    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+    let done = match &wanted {
+        Some(policy) => api
+            .patch(
+                &name,
+                &PatchParams::apply("floe-operator").force(),
+                &Patch::Apply(policy),
+            )
+            .await
+            .map(|_| ()),
+        None => match api.delete(&name, &DeleteParams::default()).await {
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            other => other.map(|_| ()),
+        },
+    };
+    match done {
+        Ok(()) => ctx.egress_done(key, wanted_json),
+        Err(e) => {
+            tracing::warn!(pool = %key, "egress policy {name}: {e}");
+            ctx.events
+                .publish(
+                    &pool.object_ref(&()),
+                    EventType::Warning,
+                    "EgressPolicyFailed",
+                    format!("cannot apply NetworkPolicy {name} (spec.egress): {e}"),
+                )
+                .await;
+        }
+    }
 }
 
 /// Delete a pod; one already gone is fine. (The RolloutJob controller uses it too.)

@@ -71,6 +71,8 @@ const DEFAULT_WORKDIR: &str = "/workspace";
 const AGENT_DIR: &str = "/floe-agent";
 /// Loopback port of the grader's agent link; the gateway's ports may not take it.
 pub const AGENT_LINK_PORT: i32 = 8379;
+/// The grader container's name (its termination message is the session's report).
+pub const GRADER_CONTAINER: &str = "sandbox";
 /// The agent container's name (the grader keeps `sandbox`, whose termination message the
 /// operator reads).
 pub const AGENT_CONTAINER: &str = "agent";
@@ -129,11 +131,28 @@ pub fn control_secret(
 
 /// The control token a control-token Secret holds (sandbox pods' and a train job's trainer's).
 pub fn control_token_of(secret: &k8s_openapi::api::core::v1::Secret) -> Option<String> {
+    secret_value(secret, CONTROL_TOKEN_KEY)
+}
+
+/// The image of a sandbox pod's grader container (where its evaluator runs).
+pub fn grader_image(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == GRADER_CONTAINER)?
+        .image
+        .as_deref()
+}
+
+/// A Secret's `key`, trimmed; `None` when absent or blank.
+pub fn secret_value(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option<String> {
     secret
         .data
         .as_ref()?
-        .get(CONTROL_TOKEN_KEY)
+        .get(key)
         .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 /// Five random lowercase alphanumerics, for pod names (as a ReplicaSet's pods get).
@@ -151,7 +170,14 @@ pub fn random_suffix() -> String {
 /// A stable hash of what makes pods of this pool differ (template, prepare steps, gateway):
 /// pods with another hash are stale.
 pub fn template_hash(spec: &GatewayPoolSpec) -> String {
-    let material = json!([spec.template, spec.prepare, spec.gateway]).to_string();
+    let mut material = json!([spec.template, spec.prepare, spec.gateway]);
+    // Only when set: pods made before the field existed keep their hash.
+    if !spec.egress.is_default() {
+        if let Some(parts) = material.as_array_mut() {
+            parts.push(json!(spec.egress));
+        }
+    }
+    let material = material.to_string();
     // FNV-1a, 64 bit: stable across processes and releases (std's hasher is not).
     let hash = material.bytes().fold(0xcbf29ce484222325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
@@ -250,17 +276,25 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
             gateway_args.extend(["--upstream-kind".into(), "sglang".into()]);
         }
     }
+    // A node with transparent huge pages set to `always` backs each heap thread's first
+    // touch with a 2 MB page: ~9 MiB more RSS per sidecar and milliseconds of page
+    // zeroing on its first requests. The binary never asks for them (mimalloc's `no_thp`);
+    // this has mimalloc turn them off for the process (`prctl`) where the node would
+    // give them unasked. Only the gateway: the runner's children (the harness) inherit it.
+    let mut gateway_env = vec![json!({"name": "MIMALLOC_ALLOW_THP", "value": "0"})];
+    // The model server's key: in the gateway's container only, never the agent's.
+    if let Some(secret) = g.upstream.as_ref().and_then(|u| u.api_key_secret.as_ref()) {
+        gateway_env.push(
+            json!({"name": floe_gateway::bearer::UPSTREAM_KEY_ENV, "valueFrom":
+            {"secretKeyRef": {"name": secret.name, "key": secret.key}}}),
+        );
+    }
     let mut gateway = json!({
         "name": "floe-gateway",
         "image": p.floe_image,
         "command": ["floe"],
         "args": gateway_args,
-        // A node with transparent huge pages set to `always` backs each heap thread's first
-        // touch with a 2 MB page: ~9 MiB more RSS per sidecar and milliseconds of page
-        // zeroing on its first requests. The binary never asks for them (mimalloc's `no_thp`);
-        // this has mimalloc turn them off for the process (`prctl`) where the node would
-        // give them unasked. Only the gateway: the runner's children (the harness) inherit it.
-        "env": [{"name": "MIMALLOC_ALLOW_THP", "value": "0"}],
+        "env": gateway_env,
         "ports": [{"name": "floe-control", "containerPort": g.control_port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": g.control_port}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": g.control_port}, "periodSeconds": 10},
@@ -302,6 +336,8 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         json!({"name": "FLOE_GATEWAY_URL", "value": gateway_url}),
         json!({"name": "FLOE_CONTROL_TOKEN_FILE", "value": token_file}),
         json!({"name": "FLOE_POOL_PREPARE", "value": serde_json::to_string(&p.spec.prepare)?}),
+        json!({"name": crate::egress_policy::EGRESS_CHECK_ENV,
+               "value": crate::egress_policy::check_mode(p.spec.egress.unrestricted)}),
     ];
     grader_env.extend(template_env.iter().cloned());
     let mut grader_mounts = vec![
@@ -313,8 +349,8 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     ];
     grader_mounts.extend(template_mounts.iter().cloned());
     let mut main = json!({
-        "name": "sandbox",
-        "image": t.image,
+        "name": GRADER_CONTAINER,
+        "image": t.grader_image.as_deref().unwrap_or(&t.image),
         "command": [format!("{BIN_DIR}/floe"), "sandbox"],
         "args": ["--workspace", workdir, "--state-dir", format!("{RUN_DIR}/state"),
                  "--agent-listen", link, "--agent-dir", AGENT_DIR],

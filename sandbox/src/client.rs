@@ -91,12 +91,14 @@ impl GatewayClient {
         }
     }
 
-    /// Tell the gateway this sandbox is prepared (its `/readyz` turns ready).
-    pub async fn ready(&self) -> Result<(), ClientError> {
+    /// Tell the gateway this sandbox is prepared (its `/readyz` turns ready), and what its
+    /// egress check reached that it should not have.
+    pub async fn ready(&self, egress_unrestricted: Option<&str>) -> Result<(), ClientError> {
+        let body = serde_json::json!({"egressUnrestricted": egress_unrestricted});
         self.call(
             reqwest::Method::POST,
             "/floe/v1/runner/ready",
-            None,
+            Some(&body),
             Duration::from_secs(10),
             Duration::from_secs(120),
         )

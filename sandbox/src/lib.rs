@@ -22,6 +22,7 @@ pub mod agent_link;
 pub mod checks;
 pub mod client;
 pub mod confine;
+pub mod egress_check;
 pub mod presets;
 pub mod process;
 pub mod relay;

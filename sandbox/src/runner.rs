@@ -21,7 +21,11 @@ use crate::summary::{ExitKind, Summary};
 use crate::workspace::{self, Protected};
 
 /// Variables of the runner that the harness and evaluator never see.
-const PRIVATE_ENV: &[&str] = &["FLOE_CONTROL_TOKEN", "FLOE_CONTROL_TOKEN_FILE"];
+const PRIVATE_ENV: &[&str] = &[
+    "FLOE_CONTROL_TOKEN",
+    "FLOE_CONTROL_TOKEN_FILE",
+    floe_gateway::bearer::UPSTREAM_KEY_ENV,
+];
 
 #[derive(Clone, Debug)]
 pub struct RunnerConfig {
@@ -50,6 +54,8 @@ pub struct RunnerConfig {
     pub confinement: Option<Confinement>,
     /// Pods: the harness runs in the agent container, not here ([`agent_link`]).
     pub agent: Option<AgentContainer>,
+    /// Pods: check at start that egress is restricted ([`crate::egress_check`]).
+    pub egress_check: Option<crate::egress_check::EgressCheck>,
 }
 
 /// Where the agent container is and what it shares with this one.
@@ -146,7 +152,24 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
         },
         None => None,
     };
-    if let Err(e) = client.ready().await {
+    let unrestricted = match config.egress_check {
+        Some(_) => crate::egress_check::unrestricted().await,
+        None => None,
+    };
+    if let (Some(what), Some(mode)) = (&unrestricted, config.egress_check) {
+        if mode == crate::egress_check::EgressCheck::Refuse {
+            return infra(
+                base,
+                format!(
+                    "this pod's egress is not restricted: {what}, which no sandbox egress rule \
+                     allows. Its pool says spec.egress.unrestricted: Refuse; does the cluster's \
+                     CNI enforce NetworkPolicy (docs/operations.md#sandbox-egress)?"
+                ),
+            );
+        }
+        tracing::warn!("this pod's egress is not restricted: {what} (agents can reach the network past the gateway)");
+    }
+    if let Err(e) = client.ready(unrestricted.as_deref()).await {
         return infra(base, e.to_string());
     }
     tracing::info!("sandbox ready; waiting for an assignment");

@@ -53,6 +53,7 @@ impl TestGateway {
             control_listen: None,
             upstream_url: upstream.to_string(),
             upstream_model: "policy".into(),
+            upstream_api_key: None,
             upstream_kind: kind,
             capture_dir: dir.path().join("captures"),
             spool_dir: dir.path().join("spool"),

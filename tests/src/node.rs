@@ -205,27 +205,49 @@ impl TestNode {
         Ok(())
     }
 
-    /// The model server as pods see it: the Service `teacher:8000` in `ns`, without selector,
-    /// whose endpoint is the host's bridge address, where [`host_services`] relays to the real
-    /// vLLM on loopback.
+    /// The model server as pods see it: the Service `teacher:8000` in `ns`, whose endpoint is
+    /// the host's bridge address, where [`host_services`] relays to the real vLLM on loopback.
     pub async fn model_service(&self, client: &kube::Client, ns: &str) -> Result<()> {
+        self.host_service(client, ns, "teacher", self.model_port()?)
+            .await
+    }
+
+    /// The Service `name:8000` in `ns`, without selector: its endpoint is the host's bridge
+    /// address on `port` (one of the ports open to pods).
+    pub async fn host_service(
+        &self,
+        client: &kube::Client,
+        ns: &str,
+        name: &str,
+        port: u16,
+    ) -> Result<()> {
         use serde_json::json;
-        let port = self.model_port()?;
         self.apply(
             client,
             ns,
-            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "teacher"},
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
                    "spec": {"ports": [{"port": 8000, "targetPort": port}]}}),
         )
         .await?;
         self.apply(
             client,
             ns,
-            json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "teacher"},
+            json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": name},
                    "subsets": [{"addresses": [{"ip": self.host_ip.to_string()}],
                                 "ports": [{"port": port}]}]}),
         )
         .await
+    }
+
+    /// The second host port open to pods, for a test's own server on the bridge address
+    /// (one test at a time).
+    pub fn spare_port(&self) -> Result<u16> {
+        self.host_ports.get(1).copied().with_context(|| {
+            format!(
+                "the node opened no second host port to pods ({})",
+                self.dir.display()
+            )
+        })
     }
 
     /// A hostPath volume at `dir` for a job's dataset, owned by the collector's user

@@ -46,6 +46,44 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// `floe policy-proxy` in front of `upstream`, demanding `token` for inference; killed when
+/// dropped.
+pub struct PolicyProxy {
+    pub url: String,
+    _child: KillOnDrop,
+}
+
+impl PolicyProxy {
+    /// On `listen` (port 0: a free one), once it answers `/health`.
+    pub async fn start(listen: std::net::SocketAddr, upstream: &str, token: &str) -> Result<Self> {
+        let listen = match listen.port() {
+            0 => std::net::TcpListener::bind(listen)?.local_addr()?,
+            _ => listen,
+        };
+        let child = Command::new(floe_bin()?)
+            .args(["policy-proxy", "--listen", &listen.to_string()])
+            .args(["--upstream", upstream])
+            .env("FLOE_POLICY_TOKEN", token)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let proxy = PolicyProxy {
+            url: format!("http://{listen}"),
+            _child: KillOnDrop(child),
+        };
+        let http = reqwest::Client::new();
+        for _ in 0..200 {
+            if let Ok(r) = http.get(format!("{}/health", proxy.url)).send().await {
+                if r.status().is_success() {
+                    return Ok(proxy);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("floe policy-proxy did not come up on {listen}")
+    }
+}
+
 /// The command of a sandbox pod's gateway sidecar on a loopback address of its own (`ip`, as
 /// the pod's IP): model API on 8370, control API on `control_port`, captures and the control
 /// token (a file `token`, written by the caller) under `root`, no real upstream.

@@ -85,6 +85,28 @@ async fn event_notes(client: &Client, ns: &str, reason: &str) -> Result<Vec<Stri
 
 /// Delete every job while the operator still runs (it takes the finalizers off), so the
 /// test namespace can go.
+/// Once job `name` is Stalled for `reason`: the notes of the job's Events of that reason.
+async fn stalled_for(
+    client: &Client,
+    jobs: &Api<RolloutJob>,
+    ns: &str,
+    name: &str,
+    reason: &str,
+) -> Result<Vec<String>> {
+    let s = eventually(&format!("{name} stalled"), async || {
+        let s = status(jobs, name).await?;
+        Ok(condition(&s, "Stalled").is_some().then_some(s))
+    })
+    .await?;
+    assert_eq!(condition(&s, "Stalled"), Some(("True", reason)), "{name}");
+    assert_eq!(s.phase, Some(RolloutJobPhase::Pending), "{name}");
+    eventually(&format!("a {reason} event"), async || {
+        let n = event_notes(client, ns, reason).await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await
+}
+
 async fn delete_jobs(jobs: &Api<RolloutJob>) -> Result<()> {
     jobs.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
@@ -392,18 +414,7 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         name: "nope".into(),
     });
     jobs.create(&PostParams::default(), &orphan).await?;
-    let s = eventually("the orphan job stalled", async || {
-        let s = status(&jobs, "orphan").await?;
-        Ok(condition(&s, "Stalled").is_some().then_some(s))
-    })
-    .await?;
-    assert_eq!(condition(&s, "Stalled"), Some(("True", "PoolNotFound")));
-    assert_eq!(s.phase, Some(RolloutJobPhase::Pending));
-    let notes = eventually("a PoolNotFound event", async || {
-        let n = event_notes(&client, &ns.name, "PoolNotFound").await?;
-        Ok((!n.is_empty()).then_some(n))
-    })
-    .await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "orphan", "PoolNotFound").await?;
     assert!(notes[0].contains("\"nope\""), "{notes:?}");
 
     create_pool(&client, &ns.name, "warm", 2).await?;
@@ -416,22 +427,47 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
                                       "evaluation": {"hiddenFiles": {"../x.py": "x"}}}]}}),
     )?;
     jobs.create(&PostParams::default(), &bad).await?;
-    let s = eventually("the bad-path job stalled", async || {
-        let s = status(&jobs, "badpath").await?;
-        Ok(condition(&s, "Stalled").is_some().then_some(s))
-    })
-    .await?;
-    assert_eq!(condition(&s, "Stalled"), Some(("True", "InvalidTasks")));
-    let notes = eventually("an InvalidTasks event", async || {
-        let n = event_notes(&client, &ns.name, "InvalidTasks").await?;
-        Ok((!n.is_empty()).then_some(n))
-    })
-    .await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "badpath", "InvalidTasks").await?;
     assert!(
         notes[0].contains("spec.tasks.inline[0].evaluation.hiddenFiles"),
         "{notes:?}"
     );
     jobs.delete("badpath", &Default::default()).await?;
+    // An evaluator image the pool does not grade in: refused before any claim.
+    let other = job(
+        "otherimage",
+        &["a"],
+        1,
+        json!({"evaluator": {"command": ["pytest"], "image": "graders/pytest:3"}}),
+    )?;
+    jobs.create(&PostParams::default(), &other).await?;
+    let notes = stalled_for(
+        &client,
+        &jobs,
+        &ns.name,
+        "otherimage",
+        "EvaluatorImageMismatch",
+    )
+    .await?;
+    assert!(
+        notes[0].contains("graders/pytest:3") && notes[0].contains("graderImage"),
+        "{notes:?}"
+    );
+    assert!(job_pods(&pods, "otherimage").await?.is_empty());
+    jobs.delete("otherimage", &Default::default()).await?;
+    // The teacher's key from a Secret that is not there yet: the job waits and says so; the
+    // Secret's key then reaches the gateways in the assignment.
+    let keyed = job(
+        "keyed",
+        &["k"],
+        1,
+        json!({"sft": {"upstream": {"url": "http://teacher.models.svc:8000", "model": "teacher",
+                                    "apiKeySecret": {"name": "teacher-key"}},
+                       "output": {"claimName": "sft-data"}}}),
+    )?;
+    jobs.create(&PostParams::default(), &keyed).await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "keyed", "UpstreamKeyNotFound").await?;
+    assert!(notes[0].contains("\"teacher-key\""), "{notes:?}");
     let trainer_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let up = trainer_up.clone();
     let kubelet = FakeKubelet::start(
@@ -487,6 +523,21 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         Ok(jobs.get_opt("paused").await?.is_none().then_some(()))
     })
     .await?;
+
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns.name)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "teacher-key"},
+                                            "stringData": {"apiKey": "t3acher"}}))?,
+        )
+        .await?;
+    succeeded(&jobs, "keyed", 60).await?;
+    let taken = kubelet.taken();
+    let a = taken
+        .iter()
+        .find(|a| a["task"] == "k")
+        .context("the keyed session")?;
+    assert_eq!(a["upstream"]["apiKey"], "t3acher");
 
     // A deadline stops sessions that never finish: the job fails and says why.
     let late = job("late", &["slow"], 2, json!({"activeDeadlineSeconds": 4}))?;

@@ -5,54 +5,19 @@
 //! job's token, which only the gateways get (in the assignment's upstream): an agent in the same
 //! pod network is refused.
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
-use anyhow::{bail, Result};
+use anyhow::Result;
 use floe_gateway::capture::read_session;
-use floe_tests::processes::KillOnDrop;
-use floe_tests::{floe_bin, vllm, TestGateway};
+use floe_tests::processes::PolicyProxy;
+use floe_tests::{vllm, TestGateway};
 use serde_json::{json, Value};
 
 /// The job's token (the operator's `<job>-token` Secret).
 const JOB_TOKEN: &str = "the-jobs-token";
 
-struct Proxy {
-    url: String,
-    _child: KillOnDrop,
-}
-
-async fn start_proxy(upstream: &str) -> Result<Proxy> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let child = Command::new(floe_bin()?)
-        .args(["policy-proxy", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--upstream", upstream])
-        .env("FLOE_POLICY_TOKEN", JOB_TOKEN)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let proxy = Proxy {
-        url: format!("http://127.0.0.1:{port}"),
-        _child: KillOnDrop(child),
-    };
-    let http = reqwest::Client::new();
-    for _ in 0..200 {
-        if let Ok(r) = http.get(format!("{}/health", proxy.url)).send().await {
-            if r.status().is_success() {
-                return Ok(proxy);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("floe policy-proxy did not come up")
-}
-
 #[tokio::test]
 async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> Result<()> {
     let upstream = &vllm().url;
-    let proxy = start_proxy(upstream).await?;
+    let proxy = PolicyProxy::start("127.0.0.1:0".parse()?, upstream, JOB_TOKEN).await?;
     let http = reqwest::Client::new();
 
     // A gateway session through the proxy: captured like a direct call.

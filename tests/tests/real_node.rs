@@ -176,16 +176,27 @@ async fn warm_pool_of(
                                      "command": ["python3", "-c", "import json, sqlite3"]}]}}),
     )
     .await?;
+    warm_pods(n, client, ns, name, 2).await
+}
+
+/// Pool `name`'s pods, once `count` are READY (the operator must run).
+async fn warm_pods(
+    n: &TestNode,
+    client: &Client,
+    ns: &str,
+    name: &str,
+    count: usize,
+) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), ns);
-    eventually_within(180, "two READY pods from the real kubelet", async || {
+    eventually_within(180, &format!("{count} READY pods of {name}"), async || {
         let pool = pools.get(name).await?;
         let ready_replicas = pool.status.as_ref().map_or(0, |s| s.ready_replicas);
         let listed = pods
             .list(&ListParams::default().labels(&format!("floe.dev/pool={name}")))
             .await?;
         let running: Vec<Pod> = listed.items.into_iter().filter(pod_ready).collect();
-        Ok((ready_replicas == 2 && running.len() >= 2).then_some(running))
+        Ok((ready_replicas as usize >= count && running.len() >= count).then_some(running))
     })
     .await
     .with_context(|| tail(&n.log("kubelet"), 20))
@@ -616,6 +627,11 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
     warm_pool(n, &client, &ns, &images.python)
         .await
         .with_context(|| operator_logs(n, &system.name))?;
+    // The chart's RBAC lets the operator keep the pool's egress NetworkPolicy.
+    Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), &ns)
+        .get("python-egress")
+        .await
+        .with_context(|| operator_logs(n, &system.name))?;
     apply(
         &client,
         &ns,
@@ -726,6 +742,27 @@ async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
         ),
     )
     .await?;
+    // Egress the test node's CNI does not restrict (it enforces no NetworkPolicy): a pool that
+    // refuses to serve then ends its pods before READY and says why; one that warns serves
+    // and counts it.
+    apply(
+        &client,
+        &ns.name,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": "refuses"},
+               "spec": {"replicas": 1, "egress": {"unrestricted": "Refuse"},
+                        "template": {"image": images.python, "imagePullPolicy": "Never"}}}),
+    )
+    .await?;
+    apply(
+        &client,
+        &ns.name,
+        pool(
+            "warns",
+            json!({"image": images.python, "imagePullPolicy": "Never"}),
+        ),
+    )
+    .await?;
     let huge = pool_condition(&client, &ns.name, "huge", "Unschedulable").await?;
     assert!(huge.contains("Insufficient cpu"), "{huge}");
     let missing = pool_condition(&client, &ns.name, "missing", "ErrImageNeverPull").await?;
@@ -745,9 +782,46 @@ async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
                 e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning")
             })
         };
-        Ok((warned("Unschedulable") && warned("ErrImageNeverPull")).then_some(()))
+        Ok(
+            (warned("Unschedulable") && warned("ErrImageNeverPull") && warned("PodFailed"))
+                .then_some(()),
+        )
     })
     .await?;
+
+    let refused = pool_condition(&client, &ns.name, "refuses", "PodFailed").await?;
+    assert!(
+        refused.contains("container sandbox")
+            && refused.contains("egress is not restricted")
+            && refused.contains("reached the Kubernetes API"),
+        "{refused}"
+    );
+    // Each pool has its egress NetworkPolicy, owned by it (accepted here, not enforced).
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), &ns.name);
+    for pool in ["refuses", "warns"] {
+        let policy = policies.get(&format!("{pool}-egress")).await?;
+        let owner = &policy.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("GatewayPool", pool)
+        );
+    }
+    let warned = warm_pods(n, &client, &ns.name, "warns", 1).await?;
+    let ip = warned[0]
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("pod IP")?;
+    let page = reqwest::get(format!("http://{ip}:8371/metrics"))
+        .await?
+        .text()
+        .await?;
+    assert_eq!(
+        floe_tests::operator::metric_value(&page, "floe_gateway_egress_unrestricted"),
+        Some(1.0),
+        "{page}"
+    );
     Ok(())
 }
 
@@ -755,9 +829,9 @@ async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
 /// `docs/security.md` from the agent container (the control token, the hidden test anywhere
 /// it can read, the assignment and a forged result through the gateway, the grader's state,
 /// floe's processes, its supervisor's memory and life, the agent link, a reward file for a
-/// sloppy evaluator, a process left behind to rewrite the evaluation copy) and leaves the bug
-/// unfixed. Every attack but the direct model call (row 7, still open in pods) is refused,
-/// the leftover process is dead before grading starts, and both sessions score 0.
+/// sloppy evaluator, a process left behind to rewrite the evaluation copy, sampling the
+/// teacher directly) and leaves the bug unfixed. Every attack is refused, the leftover process
+/// is dead before grading starts, and both sessions score 0.
 #[tokio::test]
 async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -795,10 +869,31 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
                                         {"name": "results", "mountPath": "/results"}]}}}),
     )
     .await?;
+    // The teacher demands a key (floe's policy proxy in front of the real vLLM stands in for a
+    // server started with `--api-key`), which the job names in a Secret: only gateways get it.
+    const TEACHER_KEY: &str = "the-teachers-key";
+    let spare = n.spare_port()?;
+    let _teacher = floe_tests::processes::PolicyProxy::start(
+        std::net::SocketAddr::new(n.host_ip.into(), spare),
+        &floe_tests::vllm::vllm().url,
+        TEACHER_KEY,
+    )
+    .await?;
+    n.host_service(&client, &ns, "keyed-teacher", spare).await?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "teacher-key"},
+               "stringData": {"apiKey": TEACHER_KEY}}),
+    )
+    .await?;
+    let teacher = format!("http://keyed-teacher.{ns}.svc:8000");
     let mut job = sft_job("hostile", &ns, 2, "/hostile", json!([fix_add()]));
+    job["spec"]["sft"]["upstream"] = json!({"url": teacher, "model": "policy",
+                                            "apiKeySecret": {"name": "teacher-key"}});
     job["spec"]["harness"]["env"] = json!([
         {"name": "HOSTILE_RESULTS", "value": "/results"},
-        {"name": "HOSTILE_MODEL", "value": format!("http://teacher.{ns}.svc:8000")},
+        {"name": "HOSTILE_MODEL", "value": teacher},
         {"name": "HOSTILE_INGEST", "value": format!("http://hostile-dataset.{ns}.svc:8100")}]);
     // A sloppy evaluator: it keeps a reward.json it finds (only floe's discarding of the
     // agent's one stops a forged 1), and stamps when grading starts.
@@ -845,15 +940,11 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
             "read_supervisor_memory",
             "kill_the_supervisor",
             "steal_the_agent_link",
+            // The harness shares the pod's network with the gateway, but not the key.
+            "call_model_server_directly",
         ] {
             assert_eq!(succeeded(attack), Some(false), "{attack} in {report}");
         }
-        // Row 7 is open in pods: the harness shares the pod's network with the gateway.
-        assert_eq!(
-            succeeded("call_model_server_directly"),
-            Some(true),
-            "row 7 closed? update docs/security.md: {report}"
-        );
         // The process it left stamped its life until its namespace was emptied, before the
         // grader started: its last stamp is older than the grading's first.
         let pod = path

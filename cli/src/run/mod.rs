@@ -146,6 +146,22 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let spec = &plan.job.spec;
     let upstream = spec.sft.as_ref().map(|s| &s.upstream);
     let trains = spec.train.is_some() && !args.collect_only;
+    // The model server's key: the in-process gateway sends it; no sandboxed process sees it.
+    let upstream_key = std::env::var(floe_gateway::bearer::UPSTREAM_KEY_ENV)
+        .ok()
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty());
+    if let (Some(secret), None) = (
+        upstream.and_then(|u| u.api_key_secret.as_ref()),
+        &upstream_key,
+    ) {
+        return Err(RunError::Preflight(format!(
+            "spec.sft.upstream.apiKeySecret names Secret {:?} (key {:?}), which floe run cannot read: put the key in {}",
+            secret.name,
+            secret.key,
+            floe_gateway::bearer::UPSTREAM_KEY_ENV
+        )));
+    }
     let model_url = match (&args.model_url, upstream) {
         (Some(url), _) => Some((url.clone(), "--model-url")),
         (None, Some(u)) => Some((u.url.clone(), "spec.sft.upstream.url")),
@@ -174,6 +190,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     preflight::check(
         &plan,
         model_url.as_ref().map(|(u, s)| (u.as_str(), *s)),
+        upstream_key.as_deref(),
         &args.out,
         args.resume,
         bwrap.is_some().then_some(&private),
@@ -271,6 +288,8 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         control_listen: None,
         upstream_url: model_url.trim_end_matches('/').to_string(),
         upstream_model: model_name,
+        // A train run samples its own policy server, which takes no key.
+        upstream_api_key: upstream_key.filter(|_| training.is_none()),
         // The job's own server kind (sft); train mode's policy server is vLLM.
         upstream_kind: upstream.map_or(Default::default(), |u| {
             floe_sandbox::session::upstream_kind(u.kind)
@@ -419,6 +438,8 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 kill_grace: Duration::from_secs(5),
                 confinement: confinement.clone(),
                 agent: None,
+                // Its own network namespace reaches only the gateway ([`sandboxing`]).
+                egress_check: None,
             };
             running.spawn(async move {
                 let t0 = Instant::now();

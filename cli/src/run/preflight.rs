@@ -46,6 +46,7 @@ fn refuse(message: String) -> Result<(), RunError> {
 pub async fn check(
     plan: &Plan,
     model_url: Option<(&str, &str)>,
+    model_key: Option<&str>,
     out: &Path,
     resume: bool,
     sandboxed: Option<&Private>,
@@ -96,7 +97,7 @@ pub async fn check(
         }
     }
     if let Some((url, source)) = model_url {
-        check_model_server(url, source).await?;
+        check_model_server(url, source, model_key).await?;
     }
     check_out(out, resume)
 }
@@ -120,7 +121,11 @@ fn check_out(out: &Path, resume: bool) -> Result<(), RunError> {
     }
 }
 
-async fn check_model_server(model_url: &str, source: &str) -> Result<(), RunError> {
+async fn check_model_server(
+    model_url: &str,
+    source: &str,
+    key: Option<&str>,
+) -> Result<(), RunError> {
     let scheme_ok = ["http://", "https://"]
         .iter()
         .any(|s| model_url.to_ascii_lowercase().starts_with(s));
@@ -130,18 +135,30 @@ async fn check_model_server(model_url: &str, source: &str) -> Result<(), RunErro
         ));
     }
     let url = format!("{}/v1/models", model_url.trim_end_matches('/'));
-    let answer = reqwest::Client::new()
+    let mut request = reqwest::Client::new()
         .get(&url)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await;
-    let answer = match answer {
+        .timeout(Duration::from_secs(5));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let answer = match request.send().await {
         Ok(r) if r.status().is_success() => r,
         Ok(r) => {
+            let hint = match (r.status().as_u16(), key) {
+                (401 | 403, None) => format!(
+                    " (a server that wants an API key: put it in {})",
+                    floe_gateway::bearer::UPSTREAM_KEY_ENV
+                ),
+                (401 | 403, Some(_)) => format!(
+                    " (it refused the key in {})",
+                    floe_gateway::bearer::UPSTREAM_KEY_ENV
+                ),
+                _ => String::new(),
+            };
             return refuse(format!(
-                "model server at {model_url} ({source}) answered {} to GET /v1/models",
+                "model server at {model_url} ({source}) answered {} to GET /v1/models{hint}",
                 r.status()
-            ))
+            ));
         }
         Err(e) => {
             let cause = floe_gateway::net_error::error_chain(&e);
@@ -183,7 +200,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_model_url_must_be_http() {
-        let err = check_model_server("127.0.0.1:8000", "--model-url")
+        let err = check_model_server("127.0.0.1:8000", "--model-url", None)
             .await
             .err()
             .map(|e| e.to_string())

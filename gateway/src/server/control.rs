@@ -53,7 +53,27 @@ pub async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
 }
 
 /// The sandbox runner finished the pool's prepare steps: the pod may count as READY.
-pub async fn runner_ready(State(gateway): State<Arc<Gateway>>) -> Response {
+/// `POST /floe/v1/runner/ready`, with what the runner found at start: `egressUnrestricted`
+/// says what it reached that the pod's egress policy should refuse.
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerReady {
+    #[serde(default)]
+    egress_unrestricted: Option<String>,
+}
+
+pub async fn runner_ready(
+    State(gateway): State<Arc<Gateway>>,
+    body: Option<Json<RunnerReady>>,
+) -> Response {
+    let found = body.map(|Json(b)| b).unwrap_or_default();
+    if let Some(what) = &found.egress_unrestricted {
+        tracing::warn!("this pod's egress is not restricted: {what}");
+    }
+    gateway
+        .metrics
+        .egress_unrestricted
+        .set(i64::from(found.egress_unrestricted.is_some()));
     gateway
         .runner_ready
         .store(true, std::sync::atomic::Ordering::SeqCst);

@@ -11,6 +11,8 @@ pub struct Metrics {
     pub added_seconds: HistogramVec,
     pub bytes: IntCounterVec,
     pub sessions_open: IntGauge,
+    /// 1 when the pod's grader reached, at start, what its egress policy should refuse.
+    pub egress_unrestricted: IntGauge,
     pub capture_write_seconds: HistogramVec,
     pub errors: IntCounterVec,
     pub dropped: IntCounterVec,
@@ -83,6 +85,11 @@ impl Metrics {
         registry.register(Box::new(added_seconds.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(sessions_open.clone()))?;
+        let egress_unrestricted = IntGauge::new(
+            "floe_gateway_egress_unrestricted",
+            "1 when this sandbox pod reached the Kubernetes API at start: its egress is not restricted (NetworkPolicy not enforced, or opened)",
+        )?;
+        registry.register(Box::new(egress_unrestricted.clone()))?;
         registry.register(Box::new(capture_write_seconds.clone()))?;
         let dropped = IntCounterVec::new(
             Opts::new(
@@ -140,6 +147,7 @@ impl Metrics {
             added_seconds,
             bytes,
             sessions_open,
+            egress_unrestricted,
             capture_write_seconds,
             errors,
             dropped,

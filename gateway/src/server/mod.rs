@@ -35,6 +35,8 @@ pub struct Config {
     pub upstream_url: String,
     /// Model name sent upstream.
     pub upstream_model: String,
+    /// The upstream's API key, sent as a bearer token to `upstream_url` only.
+    pub upstream_api_key: Option<String>,
     /// vLLM or SGLang: how the token ids are asked for and read back.
     pub upstream_kind: crate::protocol::upstream::UpstreamKind,
     /// One subdirectory per session is created here.
@@ -158,14 +160,18 @@ impl Gateway {
     pub fn upstream_for(&self, over: Option<&crate::ship::UpstreamOverride>) -> sessions::Upstream {
         let mut upstream = sessions::Upstream {
             url: self.config.upstream_url.clone(),
-            api_key: None,
+            api_key: self.config.upstream_api_key.clone(),
             limits: self.limits.clone(),
         };
         if let Some(o) = over {
+            // The gateway's own key goes to its own upstream only, never to a job's server.
             if let Some(url) = &o.url {
                 upstream.url = url.clone();
+                upstream.api_key = None;
             }
-            upstream.api_key = o.api_key.clone();
+            if let Some(key) = &o.api_key {
+                upstream.api_key = Some(key.clone());
+            }
             if let Some(kind) = o.kind {
                 upstream.limits.kind = kind;
             }
@@ -264,4 +270,56 @@ pub async fn serve(
     }
     drain(&gateway, DRAIN_DEADLINE).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ship::UpstreamOverride;
+
+    fn gateway(dir: &std::path::Path, key: Option<&str>) -> Arc<Gateway> {
+        Gateway::new(Config {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            control_listen: None,
+            upstream_url: "http://teacher:8000".into(),
+            upstream_model: "policy".into(),
+            upstream_api_key: key.map(str::to_string),
+            upstream_kind: Default::default(),
+            capture_dir: dir.join("captures"),
+            spool_dir: dir.join("spool"),
+            control_token: "control".into(),
+            max_body_bytes: 1024,
+            max_response_tokens: 16,
+            durability: crate::capture::Durability::Write,
+            keepalive: Duration::from_secs(5),
+            upstream_timeout: Duration::from_secs(5),
+            require_runner_ready: false,
+        })
+        .expect("gateway")
+    }
+
+    #[test]
+    fn the_gateways_key_goes_to_its_own_upstream_only() -> Result<(), std::io::Error> {
+        let dir = tempfile::tempdir()?;
+        let g = gateway(dir.path(), Some("pool-key"));
+        let key = |over: Option<UpstreamOverride>| g.upstream_for(over.as_ref()).api_key;
+        assert_eq!(key(None).as_deref(), Some("pool-key"));
+        let model_only = UpstreamOverride {
+            model: Some("m".into()),
+            ..Default::default()
+        };
+        assert_eq!(key(Some(model_only)).as_deref(), Some("pool-key"));
+        // A job's own server never sees the pool's key; its own key replaces it.
+        let elsewhere = UpstreamOverride {
+            url: Some("http://policy:8000".into()),
+            ..Default::default()
+        };
+        assert_eq!(key(Some(elsewhere.clone())), None);
+        let with_key = UpstreamOverride {
+            api_key: Some("job-key".into()),
+            ..elsewhere
+        };
+        assert_eq!(key(Some(with_key)).as_deref(), Some("job-key"));
+        Ok(())
+    }
 }

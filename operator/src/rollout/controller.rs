@@ -275,6 +275,8 @@ struct Observed {
     control_port: i32,
     pods: Vec<Pod>,
     ready: Vec<Pod>,
+    /// An `sft` job's model server key (`spec.sft.upstream.apiKeySecret`), for its gateways.
+    upstream_key: Option<String>,
 }
 
 async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
@@ -759,6 +761,52 @@ async fn observe(
         }
         None => None,
     };
+    // The evaluator runs in the grader container of the pod a session claims.
+    if let (Some(want), Some(pool)) = (&spec.evaluator.image, &pool) {
+        let t = &pool.spec.template;
+        let grades_in = t.grader_image.as_ref().unwrap_or(&t.image);
+        if grades_in != want {
+            return blocked(
+                "EvaluatorImageMismatch",
+                format!(
+                    "spec.evaluator.image is {want:?}, but GatewayPool {:?} grades in {grades_in:?} \
+                     (its spec.template.graderImage, else its image): set the pool's graderImage \
+                     to {want:?}, or use a pool that has it",
+                    pool.name_any()
+                ),
+            );
+        }
+    }
+    let upstream_key = match spec
+        .sft
+        .as_ref()
+        .filter(|_| spec.train.is_none())
+        .and_then(|s| s.upstream.api_key_secret.as_ref())
+    {
+        Some(r) => {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+            let secret = secrets.get_opt(&r.name).await?;
+            match secret.as_ref().and_then(|s| sandbox_pod::secret_value(s, &r.key)) {
+                Some(key) => Some(key),
+                None => {
+                    return blocked(
+                        "UpstreamKeyNotFound",
+                        match secret {
+                            None => format!(
+                                "Secret {:?} (spec.sft.upstream.apiKeySecret) does not exist in namespace {ns}",
+                                r.name
+                            ),
+                            Some(_) => format!(
+                                "Secret {:?} (spec.sft.upstream.apiKeySecret) has no key {:?}, or it is empty",
+                                r.name, r.key
+                            ),
+                        },
+                    )
+                }
+            }
+        }
+        None => None,
+    };
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
         (Some(t), _, _) => Arc::new(t.clone()),
@@ -832,6 +880,10 @@ async fn observe(
                     && !labels.contains_key(JOB_LABEL)
                     && p.metadata.deletion_timestamp.is_none()
                     && crate::pool_controller::is_ready(p)
+                    // A pod of an older template may grade in another image.
+                    && spec.evaluator.image.as_ref().is_none_or(|want| {
+                        sandbox_pod::grader_image(p) == Some(want.as_str())
+                    })
             })
             .into_iter()
             .map(|p| (*p).clone())
@@ -851,6 +903,7 @@ async fn observe(
         ),
         pods: owned,
         ready,
+        upstream_key,
     }))
 }
 
@@ -1315,7 +1368,11 @@ async fn job_token(ctx: &JobContext, job: &RolloutJob) -> Option<String> {
 
 /// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:
 /// the trainer's (or collector's) ingest and a train job's policy server demand it.
-fn wiring(job: &RolloutJob, job_token: Option<String>) -> (Sink, SessionUpstream) {
+fn wiring(
+    job: &RolloutJob,
+    job_token: Option<String>,
+    upstream_key: Option<String>,
+) -> (Sink, SessionUpstream) {
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
     match (&job.spec.train, &job.spec.sft) {
@@ -1354,7 +1411,7 @@ fn wiring(job: &RolloutJob, job_token: Option<String>) -> (Sink, SessionUpstream
                 url: Some(sft.upstream.url.clone()),
                 model: sft.upstream.model.clone(),
                 kind: Some(session::upstream_kind(sft.upstream.kind)),
-                api_key: None,
+                api_key: upstream_key,
             },
         ),
         (None, None) => (Sink::None, SessionUpstream::default()),
@@ -1399,7 +1456,7 @@ async fn deliver(
         // Without it the trainer or collector would refuse every trajectory: wait for it.
         _ => Some(job_token(ctx, job).await?),
     };
-    let (sink, upstream) = wiring(job, job_token);
+    let (sink, upstream) = wiring(job, job_token, o.upstream_key.clone());
     let assignment = session::assignment(&SessionOf {
         job: &o.name,
         spec: &job.spec,

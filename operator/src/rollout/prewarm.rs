@@ -38,11 +38,18 @@ pub fn pod_name(job: &str, index: u32, attempt: u32, suffix: &str) -> String {
 }
 
 /// The pool spec a `poolTemplate` job's pods are built from: its template with the task's
-/// image, default gateway settings.
-pub fn pool_spec(template: &SandboxTemplate, task: &Task) -> GatewayPoolSpec {
+/// image, the evaluator's image as the grader's, default gateway settings.
+pub fn pool_spec(
+    template: &SandboxTemplate,
+    task: &Task,
+    evaluator_image: Option<&String>,
+) -> GatewayPoolSpec {
     let mut template = template.clone();
     if let Some(image) = &task.image {
         template.image = image.clone();
+    }
+    if let Some(image) = evaluator_image {
+        template.grader_image = Some(image.clone());
     }
     GatewayPoolSpec {
         replicas: 0,
@@ -51,6 +58,7 @@ pub fn pool_spec(template: &SandboxTemplate, task: &Task) -> GatewayPoolSpec {
         gateway: Default::default(),
         update_strategy: Default::default(),
         refill: Default::default(),
+        egress: Default::default(),
     }
 }
 
@@ -58,7 +66,7 @@ pub fn build(p: &SessionPodFor) -> Result<Pod, serde_json::Error> {
     let job = p.job.name_any();
     let name = pod_name(&job, p.index, p.attempt, p.suffix);
     let namespace = p.job.namespace().unwrap_or_default();
-    let spec = pool_spec(p.template, p.task);
+    let spec = pool_spec(p.template, p.task, p.job.spec.evaluator.image.as_ref());
     let secret = sandbox_pod::control_secret_name(&name);
     let mut pod = sandbox_pod::build(&SandboxPod {
         name: &name,
@@ -109,10 +117,13 @@ mod tests {
     }
 
     fn built(image: Option<&str>) -> Pod {
-        let job = job();
+        built_for(&job(), image)
+    }
+
+    fn built_for(job: &RolloutJob, image: Option<&str>) -> Pod {
         let template = job.spec.pool_template.clone().expect("template");
         build(&SessionPodFor {
-            job: &job,
+            job,
             template: &template,
             task: &task(image),
             index: 3,
@@ -160,5 +171,24 @@ mod tests {
     fn a_task_image_replaces_the_templates() {
         assert_eq!(main_image(&built(None)), "harness:1");
         assert_eq!(main_image(&built(Some("swe/django:42"))), "swe/django:42");
+    }
+
+    #[test]
+    fn the_evaluator_image_is_the_graders_and_only_the_graders() {
+        let mut job = job();
+        job.spec.evaluator.image = Some("graders/pytest:3".into());
+        let pod = built_for(&job, Some("swe/django:42"));
+        let image = |name: &str| {
+            pod.spec
+                .as_ref()
+                .expect("spec")
+                .containers
+                .iter()
+                .find(|c| c.name == name)
+                .and_then(|c| c.image.clone())
+                .expect("container")
+        };
+        assert_eq!(image("sandbox"), "graders/pytest:3");
+        assert_eq!(image(sandbox_pod::AGENT_CONTAINER), "swe/django:42");
     }
 }

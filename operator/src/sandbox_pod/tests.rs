@@ -274,3 +274,46 @@ fn the_agent_runs_apart_from_the_grader_without_the_token_or_floe_state() {
     );
     assert_eq!(agent["securityContext"], grader["securityContext"]);
 }
+
+#[test]
+fn the_grader_runs_in_its_own_image_when_the_template_names_one() {
+    let plain = pod(&spec(json!({})), true);
+    let image = |p: &Value, name: &str| container(&p["spec"]["containers"], name)["image"].clone();
+    assert_eq!(image(&plain, "sandbox"), image(&plain, "agent"));
+    let s = spec(json!({"template": {"image": "harness:1", "graderImage": "graders/pytest:3"}}));
+    let p = pod(&s, true);
+    assert_eq!(image(&p, "sandbox"), "graders/pytest:3");
+    assert_eq!(image(&p, "agent"), "harness:1");
+    let built: Pod = serde_json::from_value(p).expect("pod");
+    assert_eq!(grader_image(&built), Some("graders/pytest:3"));
+}
+
+#[test]
+fn the_model_servers_key_reaches_the_gateway_container_only() {
+    let s = spec(
+        json!({"gateway": {"upstream": {"url": "http://teacher:8000",
+        "apiKeySecret": {"name": "teacher-key"}}}}),
+    );
+    let p = pod(&s, false);
+    let containers = &p["spec"]["containers"];
+    let gateway = container(containers, "floe-gateway");
+    let from = gateway["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["name"] == "FLOE_UPSTREAM_API_KEY"))
+        .expect("the key's variable");
+    assert_eq!(
+        from["valueFrom"]["secretKeyRef"],
+        json!({"name": "teacher-key", "key": "apiKey"})
+    );
+    for other in ["sandbox", "agent"] {
+        assert!(
+            !container(containers, other)
+                .to_string()
+                .contains("teacher-key"),
+            "{other} has the key"
+        );
+    }
+    // Without a Secret, no variable at all.
+    let none = pod(&spec(json!({})), false);
+    assert!(!none.to_string().contains("FLOE_UPSTREAM_API_KEY"));
+}

@@ -1,0 +1,129 @@
+//! The NetworkPolicy a GatewayPool's pods get (sans-IO). The agent is untrusted code that
+//! shares its pod's network namespace with the gateway, so whatever the pod may reach, the
+//! agent may too: DNS, the job's own trainer pod (policy server, ingest) or dataset collector,
+//! and what the pool's `egress.allow` adds. Those floe serves demand the job's token, which only
+//! gateways hold; everything else (other pods, the Kubernetes API, cloud metadata, the
+//! internet) is refused wherever the CNI enforces NetworkPolicy. Each pod also checks at start
+//! that it is enforced (`floe sandbox`, [`EGRESS_CHECK_ENV`]).
+
+use floe_crds::gateway_pool::{EgressPolicy, GatewayPool, UnrestrictedEgress};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::rollout::aux_pods::{INGEST_PORT, ROLE_LABEL, VLLM_PORT};
+use crate::sandbox_pod::POOL_LABEL;
+
+/// Tells a sandbox pod's grader to check its egress at start, and what to do when it is open:
+/// `warn` or `refuse`.
+pub const EGRESS_CHECK_ENV: &str = "FLOE_EGRESS_CHECK";
+
+/// The pool's policy: `<pool>-egress`.
+pub fn policy_name(pool: &str) -> String {
+    format!("{pool}-egress")
+}
+
+/// `EGRESS_CHECK_ENV`'s value for a pool's pods.
+pub fn check_mode(mode: UnrestrictedEgress) -> &'static str {
+    match mode {
+        UnrestrictedEgress::Warn => "warn",
+        UnrestrictedEgress::Refuse => "refuse",
+    }
+}
+
+/// The NetworkPolicy the operator keeps for `pool`, owned by it; `None` when the pool says
+/// `egress.policy: Unmanaged`.
+pub fn build(pool: &GatewayPool) -> Result<Option<NetworkPolicy>, serde_json::Error> {
+    let egress = &pool.spec.egress;
+    if egress.policy == EgressPolicy::Unmanaged {
+        return Ok(None);
+    }
+    let name = pool.name_any();
+    let mut rules = vec![
+        // The job's trainer pod (policy proxy, ingest) or dataset collector, in this namespace.
+        json!({"to": [{"podSelector": {"matchExpressions": [
+                  {"key": ROLE_LABEL, "operator": "In", "values": ["trainer", "dataset"]}]}}],
+               "ports": [{"protocol": "TCP", "port": VLLM_PORT},
+                         {"protocol": "TCP", "port": INGEST_PORT}]}),
+        // DNS, wherever the cluster serves it.
+        json!({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}),
+    ];
+    for rule in &egress.allow {
+        rules.push(serde_json::to_value(rule)?);
+    }
+    let policy = json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": policy_name(&name),
+            "namespace": pool.namespace(),
+            "labels": {POOL_LABEL: name, "app.kubernetes.io/managed-by": "floe"},
+            "ownerReferences": pool.controller_owner_ref(&()).into_iter().collect::<Vec<_>>(),
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {POOL_LABEL: name}},
+            "policyTypes": ["Egress"],
+            "egress": rules,
+        },
+    });
+    serde_json::from_value(policy).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(egress: serde_json::Value) -> GatewayPool {
+        serde_json::from_value(json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+            "metadata": {"name": "pi", "namespace": "rl", "uid": "u-1"},
+            "spec": {"replicas": 1, "template": {"image": "pi:1"}, "egress": egress},
+        }))
+        .expect("pool")
+    }
+
+    #[test]
+    fn by_default_the_pools_pods_reach_dns_and_their_jobs_pods_only() {
+        let policy = build(&pool(json!({}))).expect("builds").expect("managed");
+        assert_eq!(policy.metadata.name.as_deref(), Some("pi-egress"));
+        assert_eq!(policy.metadata.namespace.as_deref(), Some("rl"));
+        let owner = &policy.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("GatewayPool", "u-1")
+        );
+        let spec = serde_json::to_value(policy.spec.expect("spec")).expect("json");
+        assert_eq!(
+            spec["podSelector"],
+            json!({"matchLabels": {"floe.dev/pool": "pi"}})
+        );
+        // Egress only: the operator's assignments come in on the control port.
+        assert_eq!(spec["policyTypes"], json!(["Egress"]));
+        let rules = spec["egress"].as_array().expect("rules");
+        assert_eq!(rules.len(), 2);
+        assert_eq!(
+            rules[0]["to"][0]["podSelector"]["matchExpressions"][0]["values"],
+            json!(["trainer", "dataset"])
+        );
+        assert_eq!(
+            rules[0]["ports"],
+            json!([{"protocol": "TCP", "port": 8000},
+                                              {"protocol": "TCP", "port": 8100}])
+        );
+        assert!(rules[1].get("to").is_none(), "DNS anywhere: {}", rules[1]);
+    }
+
+    #[test]
+    fn allow_adds_rules_and_unmanaged_keeps_none() {
+        let teacher = json!({"to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}],
+                             "ports": [{"protocol": "TCP", "port": 8000}]});
+        let policy = build(&pool(json!({"allow": [teacher]})))
+            .expect("builds")
+            .expect("managed");
+        let spec = serde_json::to_value(policy.spec.expect("spec")).expect("json");
+        assert_eq!(spec["egress"][2], teacher);
+        assert!(build(&pool(json!({"policy": "Unmanaged"})))
+            .expect("builds")
+            .is_none());
+    }
+}
