@@ -132,6 +132,21 @@ def _():
     return None
 
 
+@attempt("upstream_key_in_reach")
+def _():
+    # The model server's key (FLOE_UPSTREAM_API_KEY, which the test gives `floe run`): in this
+    # process's environment, or any visible process's.
+    if "FLOE_UPSTREAM_API_KEY" in os.environ:
+        return "in the harness's own environment"
+    for environ in glob.glob("/proc/*/environ"):
+        try:
+            if b"FLOE_UPSTREAM_API_KEY=" in open(environ, "rb").read():
+                return environ
+        except OSError:
+            pass
+    return None
+
+
 @attempt("read_floe_run_memory")
 def _():
     for cmdline in glob.glob("/proc/*/cmdline"):

@@ -33,6 +33,8 @@ const REAL_WITHOUT_SANDBOX: &[&str] = &[
     "call_model_server_directly",
     "connect_host_unix_socket",
     "leave_a_process_running",
+    // `floe run`'s own environment is readable by its user's processes.
+    "upstream_key_in_reach",
 ];
 
 /// The agent's source, given inline (`python3 -c`): a script file would have to live where the
@@ -133,6 +135,8 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         .arg("--out")
         .arg(&out)
         .args(["--model-url", &model.url])
+        // A model server key: the gateway sends it; no sandboxed process may see it.
+        .env("FLOE_UPSTREAM_API_KEY", "the-model-servers-key")
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     if !sandbox {

@@ -104,6 +104,56 @@ async fn the_quickstart_runs_end_to_end_and_writes_a_valid_dataset() -> Result<(
     Ok(())
 }
 
+/// The quickstart's job with a teacher that wants a key from the Secret `teacher-key`.
+fn with_teacher_key(job: &str) -> String {
+    job.replace(
+        "upstream: {url: \"http://127.0.0.1:8000\", model: policy}",
+        "upstream: {url: \"http://127.0.0.1:8000\", model: policy, apiKeySecret: {name: teacher-key}}",
+    )
+}
+
+/// A teacher that demands a key (floe's policy proxy in front of the real vLLM, as a server
+/// started with `--api-key`): `floe run` takes it from `FLOE_UPSTREAM_API_KEY` and its gateway
+/// sends it; the sessions' model calls go through.
+#[tokio::test]
+async fn a_teachers_key_comes_from_the_environment() -> Result<()> {
+    let pi = harness_bin_dir("pi")?;
+    let dir = tempfile::tempdir()?;
+    let job = dir.path().join("keyed.yaml");
+    let quickstart =
+        std::fs::read_to_string(workspace_root().join("examples/quickstart/job.yaml"))?;
+    let keyed = with_teacher_key(&quickstart);
+    assert_ne!(keyed, quickstart, "the quickstart's upstream line changed");
+    std::fs::write(&job, keyed)?;
+    let teacher =
+        floe_tests::processes::PolicyProxy::start("127.0.0.1:0".parse()?, &vllm().url, "t3acher")
+            .await?;
+    let out = dir.path().join("run");
+    let (url, path, out2) = (teacher.url.clone(), path_with(&pi)?, out.clone());
+    let result = tokio::task::spawn_blocking(move || {
+        floe_run(&job, &out2, &url, &path)?
+            .args(["--sessions", "1"])
+            .env("FLOE_UPSTREAM_API_KEY", "t3acher")
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(anyhow::Error::from)
+    })
+    .await??;
+    assert_eq!(
+        result.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&result.stdout)
+    );
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    assert_eq!(summary["sessions"]["infraError"], 0, "{summary}");
+    assert!(
+        summary["tokens"]["sampled"].as_u64().unwrap_or(0) > 0,
+        "the teacher sampled through the key: {summary}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn bad_input_stops_before_any_session_with_one_line() -> Result<()> {
     let pi = harness_bin_dir("pi")?;
@@ -116,10 +166,18 @@ async fn bad_input_stops_before_any_session_with_one_line() -> Result<()> {
         &invalid,
         std::fs::read_to_string(&job)?.replace("numSamples: 2", "numSamples: 0"),
     )?;
+    let keyed = dir.path().join("keyed.yaml");
+    std::fs::write(&keyed, with_teacher_key(&std::fs::read_to_string(&job)?))?;
     let upstream = ScriptedUpstream::start(vec![]).await?;
     let with_pi = path_with(&pi)?;
     let without_pi = std::env::var_os("PATH").unwrap_or_default();
-    let cases: [(&Path, &str, &std::ffi::OsStr, &str); 4] = [
+    let cases: [(&Path, &str, &std::ffi::OsStr, &str); 5] = [
+        (
+            &keyed,
+            &upstream.url,
+            &with_pi,
+            "names Secret \"teacher-key\" (key \"apiKey\"), which floe run cannot read: put the key in FLOE_UPSTREAM_API_KEY",
+        ),
         (&bad_yaml, &upstream.url, &with_pi, "not valid YAML"),
         (&invalid, &upstream.url, &with_pi, "spec.numSamples"),
         (
@@ -141,6 +199,7 @@ async fn bad_input_stops_before_any_session_with_one_line() -> Result<()> {
         let out2 = out.clone();
         let result = tokio::task::spawn_blocking(move || {
             floe_run(&job, &out2, &url, &path)?
+                .env_remove("FLOE_UPSTREAM_API_KEY")
                 .output()
                 .map_err(anyhow::Error::from)
         })

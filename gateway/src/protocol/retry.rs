@@ -37,9 +37,11 @@ impl Failure {
         }
     }
 
-    /// An upstream status that is the infrastructure's failure (else the request's own).
+    /// An upstream status that is the infrastructure's failure (else the request's own): 429,
+    /// 5xx, and 401/403, which refuse the gateway's credential (a wrong or missing key), never
+    /// the agent's request.
     pub fn from_status(status: u16) -> Option<Self> {
-        (status == 429 || status >= 500).then_some(Self::Status(status))
+        matches!(status, 401 | 403 | 429 | 500..).then_some(Self::Status(status))
     }
 }
 
@@ -48,6 +50,8 @@ pub const KINDS: &[&str] = &[
     "connect",
     "broken",
     "timeout",
+    "http_401",
+    "http_403",
     "http_429",
     "http_500",
     "http_502",
@@ -149,6 +153,11 @@ mod tests {
         }
         assert_eq!(Failure::from_status(400), None);
         assert_eq!(Failure::from_status(404), None);
+        // A refused credential is the deployment's fault, and retrying it cannot help.
+        for status in [401, 403] {
+            let f = Failure::from_status(status).expect("infrastructure");
+            assert_eq!(p.next_delay(&f, 1, None, LONG), None);
+        }
         assert_eq!(Failure::from_status(429), Some(Failure::Status(429)));
         assert_eq!(Failure::from_status(503), Some(Failure::Status(503)));
     }

@@ -140,6 +140,10 @@ pub fn upstream_error(status: u16, body: &str) -> ProtocolError {
         || lower.contains("too long")
     {
         ProtocolError::ContextTooLong(message)
+    } else if matches!(status, 401 | 403) {
+        ProtocolError::Upstream(format!(
+            "HTTP {status}: the model server refused the gateway's credential: {message}"
+        ))
     } else if (400..500).contains(&status) {
         ProtocolError::InvalidRequest(message)
     } else {
@@ -262,5 +266,11 @@ mod tests {
             upstream_error(503, "overloaded"),
             ProtocolError::Upstream(_)
         ));
+        // A refused key is the gateway's problem, never the request's.
+        let refused = upstream_error(401, r#"{"error":{"message":"Unauthorized"}}"#);
+        assert!(
+            matches!(&refused, ProtocolError::Upstream(m) if m.contains("credential")),
+            "{refused:?}"
+        );
     }
 }
