@@ -121,15 +121,20 @@ def _():
     return f"connected to {SOCKET}"
 
 
-@attempt("control_token_in_reach")
-def _():
+def in_any_environ(needle):
+    """The first visible process environment holding `needle`."""
     for environ in glob.glob("/proc/*/environ"):
         try:
-            if b"FLOE_CONTROL_TOKEN" in open(environ, "rb").read():
+            if needle in open(environ, "rb").read():
                 return environ
         except OSError:
             pass
     return None
+
+
+@attempt("control_token_in_reach")
+def _():
+    return in_any_environ(b"FLOE_CONTROL_TOKEN")
 
 
 @attempt("upstream_key_in_reach")
@@ -138,13 +143,7 @@ def _():
     # process's environment, or any visible process's.
     if "FLOE_UPSTREAM_API_KEY" in os.environ:
         return "in the harness's own environment"
-    for environ in glob.glob("/proc/*/environ"):
-        try:
-            if b"FLOE_UPSTREAM_API_KEY=" in open(environ, "rb").read():
-                return environ
-        except OSError:
-            pass
-    return None
+    return in_any_environ(b"FLOE_UPSTREAM_API_KEY=")
 
 
 @attempt("read_floe_run_memory")
