@@ -36,6 +36,11 @@ use crate::common::{PrepareStep, SandboxTemplate, UpstreamSpec};
         json_path = ".status.claimedReplicas"
     ),
     printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].reason"#
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"

@@ -146,7 +146,7 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Ready", "Desired", "Claimed", "Age"]);
+        assert_eq!(cols, ["Ready", "Desired", "Claimed", "Reason", "Age"]);
         assert_eq!(
             crd.spec.names.short_names.as_deref(),
             Some(&["gp".to_string()][..])
@@ -163,7 +163,7 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Phase", "Done/Total", "Pass", "Step", "Age"]);
+        assert_eq!(cols, ["Phase", "Done/Total", "Pass", "Step", "Reason", "Age"]);
         assert_eq!(
             crd.spec.names.short_names.as_deref(),
             Some(&["rj".to_string()][..])

@@ -33,6 +33,11 @@ use crate::common::{PrepareStep, ProviderApi, SandboxTemplate, UpstreamSpec};
     printcolumn(name = "Done/Total", type_ = "string", json_path = ".status.progress"),
     printcolumn(name = "Pass", type_ = "number", json_path = ".status.rewards.passRate"),
     printcolumn(name = "Step", type_ = "integer", json_path = ".status.trainer.step"),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].reason"#
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(
@@ -215,7 +220,9 @@ pub struct TaskEvaluation {
         .message("harness.command is required for the custom preset"),
     validation = kube::core::Rule::new(
         "!has(self.api) || (self.preset == 'codex' ? self.api == 'openai-responses' : self.preset == 'claude-code' ? self.api == 'anthropic' : self.preset == 'gemini-cli' ? self.api == 'gemini' : self.preset == 'qwen-code' ? self.api != 'gemini' : true)"
-    ).message("harness.api is not an API this preset speaks (codex: openai-responses; claude-code: anthropic; gemini-cli: gemini; qwen-code: anthropic, openai-chat or openai-responses)")
+    ).message("harness.api is not an API this preset speaks (codex: openai-responses; claude-code: anthropic; gemini-cli: gemini; qwen-code: anthropic, openai-chat or openai-responses)"),
+    validation = kube::core::Rule::new("!has(self.env) || self.env.all(e, !has(e.valueFrom))")
+        .message("harness.env takes plain values only: a session's environment travels in its assignment, where nothing resolves valueFrom; put Secret or ConfigMap references in the pool template's env or envFrom, which the kubelet resolves")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct HarnessSpec {

@@ -113,6 +113,25 @@ fn custom_preset_needs_a_command() {
 }
 
 #[test]
+fn harness_env_takes_plain_values_only() {
+    let mut job = train_job();
+    job.spec.harness.env = serde_json::from_value(serde_json::json!([
+        {"name": "PLAIN", "value": "1"}]))
+    .expect("env");
+    assert!(messages(&job).is_empty());
+    job.spec.harness.env = serde_json::from_value(serde_json::json!([
+        {"name": "PLAIN", "value": "1"},
+        {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]))
+    .expect("env");
+    let said = messages(&job);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("harness.env takes plain values only"),
+        "{said:?}"
+    );
+}
+
+#[test]
 fn api_must_be_one_the_preset_speaks() {
     use floe_crds::{HarnessPreset as P, ProviderApi as A};
     let cases = [

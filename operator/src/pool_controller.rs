@@ -358,8 +358,10 @@ async fn reconcile_pool(
     };
     let mut decided = plan(&view, &unclaimed);
     // Pods that end before they are claimed are replaced ever more slowly.
-    let ended = ctx.last_ended(&key);
-    if ended.as_ref().is_some_and(|(_, _, left)| !left.is_zero()) {
+    if ctx
+        .last_ended(&key)
+        .is_some_and(|(_, _, left)| !left.is_zero())
+    {
         decided.deferred += decided.create;
         decided.create = 0;
     }
@@ -405,13 +407,45 @@ async fn reconcile_pool(
             .await;
     }
     let yield_until = tokio::time::Instant::now() + crate::claim_gate::REFILL_YIELD_BUDGET;
+    let mut created = 0;
     for _ in 0..decided.create {
         let waited = ctx.claims.quiet_by(yield_until).await;
         ctx.metrics.refill_yield.inc_by(waited.as_secs_f64());
-        let pod = create_pod(&ctx, &pool, &ns, &name).await?;
+        let pod = format!("{name}-{}", sandbox_pod::random_suffix());
+        match create_pod(&ctx, &pool, &ns, &name, &pod).await {
+            Ok(()) => {}
+            // The apiserver refuses the pod the template makes (an admission rule, a
+            // RuntimeClass that does not exist, a quota): say so on the pool and back off, as
+            // for pods that end unclaimed, instead of retrying in the operator's log only.
+            Err(PoolError::Kube(kube::Error::Api(e)))
+                if (400..500).contains(&e.code) && e.code != 409 =>
+            {
+                let why = crate::pod_problem::PodProblem {
+                    pod: pod.clone(),
+                    container: None,
+                    reason: "PodCreateRejected".into(),
+                    message: e.message.clone(),
+                };
+                tracing::warn!(pool = %key, "{}", why.describe());
+                ctx.events
+                    .publish(
+                        &pool.object_ref(&()),
+                        EventType::Warning,
+                        "PodCreateRejected",
+                        why.describe(),
+                    )
+                    .await;
+                ctx.record_ended(&key, why);
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+        created += 1;
         ctx.expect(&key, &pod, true);
         ctx.record_created(&key);
     }
+    decided.deferred += decided.create - created;
+    decided.create = created;
 
     let deleted: Vec<&String> = decided.delete.iter().map(|(p, _)| p).collect();
     let kept: Vec<&PoolPod> = unclaimed
@@ -427,8 +461,9 @@ async fn reconcile_pool(
     // The cache's order is arbitrary: with pods failing for different reasons, the condition
     // (and its Warning Event, sent when the reason changes) must not flip between them.
     kept_problems.sort_by(|a, b| (&a.reason, &a.pod).cmp(&(&b.reason, &b.pod)));
-    // No live pod says what is wrong: the last one that ended does, until a pod is READY.
-    let ended_problem = ended.map(|(mut p, backoff, _)| {
+    // No live pod says what is wrong: the last one that ended (or was refused) does, until a
+    // pod is READY.
+    let ended_problem = ctx.last_ended(&key).map(|(mut p, backoff, _)| {
         p.message = format!("{}; replaced after {} s", p.message, backoff.as_secs());
         p
     });
@@ -551,11 +586,11 @@ async fn create_pod(
     pool: &GatewayPool,
     ns: &str,
     name: &str,
-) -> Result<String, PoolError> {
-    let pod_name = format!("{name}-{}", sandbox_pod::random_suffix());
-    let secret_name = sandbox_pod::control_secret_name(&pod_name);
+    pod_name: &str,
+) -> Result<(), PoolError> {
+    let secret_name = sandbox_pod::control_secret_name(pod_name);
     let mut pod = sandbox_pod::build(&SandboxPod {
-        name: &pod_name,
+        name: pod_name,
         namespace: ns,
         pool: name,
         spec: &pool.spec,
@@ -566,7 +601,7 @@ async fn create_pod(
     pod.metadata.owner_references = owner(pool).map(|o| vec![o]);
     create_with_control_secret(&ctx.client, &ctx.tokens, &pod, (POOL_LABEL, name)).await?;
     tracing::info!(pool = %name, pod = %pod_name, "created sandbox pod");
-    Ok(pod_name)
+    Ok(())
 }
 
 struct Counts {
@@ -631,26 +666,38 @@ async fn write_status(
         .status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-    // Keep the transition time unless the status flips.
-    let since = match previous {
-        Some(c) if c.status == status => c.last_transition_time.clone(),
-        _ => Time(k8s_openapi::jiff::Timestamp::now()),
-    };
+    let generation = pool.metadata.generation;
+    let earlier = pool.status.as_ref().map(|s| s.conditions.as_slice());
+    // kstatus: Reconciling while pods warm, Stalled while they cannot become READY as the
+    // template stands (Argo CD and Flux show the pool Degraded then).
+    let stalled = status == "False" && !problems.is_empty();
+    let conditions = vec![
+        condition(earlier, "Ready", status, &reason, &message, generation),
+        condition(
+            earlier,
+            "Reconciling",
+            if status == "True" { "False" } else { "True" },
+            &reason,
+            &message,
+            generation,
+        ),
+        condition(
+            earlier,
+            "Stalled",
+            if stalled { "True" } else { "False" },
+            &reason,
+            &message,
+            generation,
+        ),
+    ];
     let new = GatewayPoolStatus {
         replicas,
         ready_replicas: ready,
         claimed_replicas: claimed,
-        selector: Some(format!("{POOL_LABEL}={}", pool.name_any())),
+        selector: Some(unclaimed_selector(&pool.name_any())),
         template_hash: Some(hash.to_string()),
-        observed_generation: pool.metadata.generation,
-        conditions: vec![Condition {
-            type_: "Ready".into(),
-            status: status.into(),
-            reason: reason.clone(),
-            message,
-            last_transition_time: since,
-            observed_generation: pool.metadata.generation,
-        }],
+        observed_generation: generation,
+        conditions,
     };
     if pool.status.as_ref() == Some(&new) {
         return Ok(());
@@ -684,6 +731,43 @@ async fn write_status(
     )
     .await?;
     Ok(())
+}
+
+/// The scale subresource's selector: the pool's unclaimed pods (what `replicas` counts), so an
+/// HPA or KEDA never counts pods busy with a session.
+pub fn unclaimed_selector(pool: &str) -> String {
+    format!(
+        "{POOL_LABEL}={pool},{STATE_LABEL} in ({},{})",
+        PodState::Warming.label(),
+        PodState::Ready.label()
+    )
+}
+
+/// A condition of the new status, keeping its transition time from `earlier` unless its
+/// status flips.
+fn condition(
+    earlier: Option<&[Condition]>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let since = earlier
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .map_or_else(
+            || Time(k8s_openapi::jiff::Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        );
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: since,
+        observed_generation: generation,
+    }
 }
 
 pub fn error_policy(pool: Arc<GatewayPool>, error: &PoolError, _: Arc<PoolContext>) -> Action {

@@ -506,6 +506,10 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         job_pods(&pods, "paused").await?.is_empty(),
         "a suspended job claims nothing"
     );
+    assert!(
+        pods.get_opt("paused-dataset").await?.is_none(),
+        "nor starts its collector (Kueue admits by resuming)"
+    );
     assert_eq!(status(&jobs, "paused").await?.sessions.pending, 4);
     jobs.patch(
         "paused",

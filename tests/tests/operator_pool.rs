@@ -111,9 +111,24 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
         assert_eq!(managed_fields(&pods.get(&pod.name_any()).await?), 0);
     }
     let status = pools.get("warm").await?.status.context("status")?;
-    assert_eq!(status.selector.as_deref(), Some("floe.dev/pool=warm"));
-    assert_eq!(status.conditions[0].type_, "Ready");
-    assert_eq!(status.conditions[0].status, "True");
+    // What an HPA or KEDA counts: the unclaimed pods only.
+    assert_eq!(
+        status.selector.as_deref(),
+        Some("floe.dev/pool=warm,floe.dev/state in (warming,ready)")
+    );
+    let kstatus: Vec<(&str, &str)> = status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.as_str(), c.status.as_str()))
+        .collect();
+    assert_eq!(
+        kstatus,
+        [
+            ("Ready", "True"),
+            ("Reconciling", "False"),
+            ("Stalled", "False")
+        ]
+    );
     assert_eq!(
         status.observed_generation,
         pools.get("warm").await?.metadata.generation
@@ -365,5 +380,55 @@ async fn a_template_change_recreates_or_waits_for_replenishment_by_strategy() ->
         )
     })
     .await?;
+    Ok(())
+}
+
+/// A pod the apiserver refuses as the template makes it (here a RuntimeClass that does not
+/// exist, as `examples/gatewaypool.yaml`'s `gvisor` on a plain cluster): the pool says so in its
+/// `Ready` and `Stalled` conditions and a Warning, and backs off instead of retrying every
+/// reconcile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_the_apiserver_refuses_is_named_on_the_pool_which_backs_off() -> Result<()> {
+    let (client, ns) = with_crds("refused").await?;
+    let _operator = start_operator(&ns.name)?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool: GatewayPool = serde_json::from_value(json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "gvisor"},
+        "spec": {"replicas": 2, "template": {"image": "sandbox:1", "runtimeClassName": "gvisor"}},
+    }))?;
+    pools.create(&PostParams::default(), &pool).await?;
+    let status = eventually("the pool names the refusal", async || {
+        let s = pools.get("gvisor").await?.status;
+        Ok(s.filter(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "PodCreateRejected")
+        }))
+    })
+    .await?;
+    let condition = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.message.clone()))
+    };
+    let (ready, message) = condition("Ready").context("Ready")?;
+    assert_eq!(ready, "False");
+    assert!(
+        message.contains("RuntimeClass \"gvisor\" not found"),
+        "{message}"
+    );
+    assert_eq!(condition("Stalled").map(|c| c.0).as_deref(), Some("True"));
+    assert_eq!(status.replicas, 0, "nothing was created");
+    // Backed off: 5 s, then 10 s, between tries (not a try per reconcile).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let tries = event_reasons(&client, &ns.name)
+        .await?
+        .iter()
+        .filter(|r| *r == "PodCreateRejected")
+        .count();
+    assert!((1..=3).contains(&tries), "{tries} refused creates in 12 s");
     Ok(())
 }

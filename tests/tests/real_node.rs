@@ -766,6 +766,25 @@ async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
     let huge = pool_condition(&client, &ns.name, "huge", "Unschedulable").await?;
     assert!(huge.contains("Insufficient cpu"), "{huge}");
     let missing = pool_condition(&client, &ns.name, "missing", "ErrImageNeverPull").await?;
+    // kstatus: Stalled, which Argo CD shows as Degraded with the kubelet's words.
+    let stuck = serde_json::to_value(
+        Api::<GatewayPool>::namespaced(client.clone(), &ns.name)
+            .get("missing")
+            .await?,
+    )?;
+    let script = floe_tests::workspace_root().join("docs/argocd/gatewaypool-health.lua");
+    let (health, said) = chart::argocd_health(&script, &stuck)?;
+    assert_eq!(health, "Degraded", "{said}");
+    assert!(said.contains("no-such-image"), "{said}");
+    // And `kubectl get` shows why.
+    let listed = n.cluster.kubectl(&["get", "gp", "-n", &ns.name], None)?;
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("missing") && l.contains("ErrImageNeverPull")),
+        "{table}"
+    );
     // Both the agent and the grader run the template's image: either may be named.
     assert!(
         (missing.contains("container sandbox") || missing.contains("container agent"))

@@ -1005,6 +1005,13 @@ async fn file_tasks(
             None
         }
         Some(p) => Some(p),
+        // Suspended before its tasks were read (Kueue creates jobs suspended): no pod yet.
+        None if job.spec.suspend => {
+            return Ok(Err(Blocked::waiting(
+                "JobSuspended",
+                format!("suspended; spec.tasks.file is read (pod {name}) once the job is resumed"),
+            )))
+        }
         None => {
             create_if_missing(&pods, &loader).await?;
             None
@@ -1726,6 +1733,11 @@ async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Opti
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     if let Some(p) = pods.get_opt(&name).await? {
         return Ok(Some(p));
+    }
+    // A job suspended before it ran (Kueue admits jobs by resuming them) holds no trainer GPU
+    // or collector until it is resumed; it starts no session meanwhile either.
+    if job.spec.suspend {
+        return Ok(None);
     }
     // Services first: the pod's clients find them ready when it is.
     let services: Api<k8s_openapi::api::core::v1::Service> =

@@ -144,6 +144,23 @@ fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condit
 fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase, Vec<Condition>) {
     let s = i.state;
     let mut out = Vec::new();
+    // Suspended while waiting for something of its own (its task file): suspended is the news.
+    if let Some(b) = i.blocked.filter(|b| b.transient && s.suspend) {
+        out.push(condition(
+            "Suspended",
+            true,
+            "JobSuspended",
+            b.message.clone(),
+        ));
+        out.push(condition(
+            "Progressing",
+            false,
+            "JobSuspended",
+            b.message.clone(),
+        ));
+        out.push(condition("Ready", false, "JobSuspended", b.message.clone()));
+        return (RolloutJobPhase::Suspended, out);
+    }
     if let Some(b) = i.blocked.filter(|b| b.transient) {
         out.push(condition("Ready", false, &b.reason, b.message.clone()));
         out.push(condition("Reconciling", true, &b.reason, b.message.clone()));
@@ -415,5 +432,18 @@ mod tests {
         assert_eq!(cond(&st, "Stalled"), None);
         assert_eq!(cond(&st, "Reconciling"), Some("True"));
         assert_eq!(cond(&st, "Ready"), Some("False"));
+        // Suspended before its task file was read: suspended is what it says.
+        let mut s = state(0);
+        s.suspend = true;
+        let unread = Blocked::waiting(
+            "JobSuspended",
+            "suspended; spec.tasks.file is read …".into(),
+        );
+        let mut i = input(&s, None, 0);
+        i.blocked = Some(&unread);
+        let st = status(&i, None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Suspended));
+        assert_eq!(cond(&st, "Suspended"), Some("True"));
+        assert_eq!(cond(&st, "Reconciling"), None);
     }
 }
