@@ -163,7 +163,10 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Phase", "Done/Total", "Pass", "Step", "Reason", "Age"]);
+        assert_eq!(
+            cols,
+            ["Phase", "Done/Total", "Pass", "Step", "Reason", "Age"]
+        );
         assert_eq!(
             crd.spec.names.short_names.as_deref(),
             Some(&["rj".to_string()][..])

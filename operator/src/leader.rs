@@ -151,23 +151,35 @@ impl Leader {
     /// Give the lease up (on shutdown), so another replica takes over without waiting for it
     /// to expire.
     pub async fn release(&self) {
-        if let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await {
-            let held = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                == Some(&self.config.identity);
-            if held {
-                if let Some(spec) = lease.spec.as_mut() {
-                    spec.holder_identity = None;
-                    spec.renew_time = None;
-                }
-                let _ = self
-                    .api
-                    .replace(&self.config.name, &PostParams::default(), &lease)
-                    .await;
-                tracing::info!("released the lease");
-            }
+        let name = &self.config.name;
+        // Said when it fails (an uninstall that removed the operator's RBAC first, say): the
+        // next leader then waits for the lease to expire.
+        let failed = |e: kube::Error| {
+            tracing::warn!(
+                "could not release the lease {name}: {e}; another replica takes over when it expires ({} s)",
+                self.config.duration.as_secs()
+            )
+        };
+        let mut lease = match self.api.get_opt(name).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return,
+            Err(e) => return failed(e),
+        };
+        let held = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(&self.config.identity);
+        if !held {
+            return;
+        }
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.renew_time = None;
+        }
+        match self.api.replace(name, &PostParams::default(), &lease).await {
+            Ok(_) => tracing::info!("released the lease {name}"),
+            Err(e) => failed(e),
         }
     }
 }
