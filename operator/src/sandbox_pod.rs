@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
 pub const POOL_LABEL: &str = "floe.dev/pool";
+/// On every sandbox pod, a pool's or a `poolTemplate` job's own: what NetworkPolicies select.
+pub const SANDBOX_LABEL: &str = "floe.dev/sandbox";
 pub const STATE_LABEL: &str = "floe.dev/state";
 pub const TEMPLATE_HASH_ANNOTATION: &str = "floe.dev/template-hash";
 /// Key of the control token in the per-pod Secret.
@@ -240,6 +242,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         .unwrap_or_default();
     labels.insert(POOL_LABEL.into(), p.pool.into());
     labels.insert(STATE_LABEL.into(), PodState::Warming.label().into());
+    labels.insert(SANDBOX_LABEL.into(), "true".into());
     labels.insert("app.kubernetes.io/managed-by".into(), "floe".into());
     let mut annotations: BTreeMap<String, String> = t
         .metadata

@@ -119,6 +119,17 @@ fn lint_passes_and_the_schema_rejects_bad_values() -> Result<()> {
             &["--set", "networkPolicy.sandbox.enabled=true"],
             "networkPolicy.sandbox.enabled needs networkPolicy.sandbox.namespaces",
         ),
+        (
+            &[
+                "--kube-version",
+                "1.20.2",
+                "--set",
+                "networkPolicy.sandbox.enabled=true",
+                "--set",
+                "networkPolicy.sandbox.namespaces={rl}",
+            ],
+            "before Kubernetes 1.21 namespaces carry no kubernetes.io/metadata.name label",
+        ),
     ];
     for (args, message) in cases {
         let mut all = vec!["template", "floe", chart];
@@ -670,6 +681,9 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
         "networkPolicy.sandbox.enabled=true",
         "--set-json",
         &format!("networkPolicy.sandbox.namespaces=[\"{}\"]", work.name),
+        // This apiserver is 1.20: namespaces have no kubernetes.io/metadata.name label.
+        "--set-json",
+        r#"networkPolicy.sandbox.operatorNamespaceSelector={"matchLabels":{"floe.dev/operator":"true"}}"#,
     ];
     let mut args = vec!["install", release, path_str(&chart)?];
     args.extend_from_slice(&install_args);

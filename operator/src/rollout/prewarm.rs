@@ -153,6 +153,13 @@ mod tests {
         assert_eq!(labels.get(JOB_LABEL).map(String::as_str), Some("swe"));
         assert_eq!(labels.get(STATE_LABEL).map(String::as_str), Some("claimed"));
         assert!(!labels.contains_key(POOL_LABEL), "{labels:?}");
+        // Still a sandbox pod to every NetworkPolicy.
+        assert_eq!(
+            labels
+                .get(crate::sandbox_pod::SANDBOX_LABEL)
+                .map(String::as_str),
+            Some("true")
+        );
         let a = pod.annotations();
         assert_eq!(a[INDEX_ANNOTATION], "3");
         assert_eq!(a[ATTEMPT_ANNOTATION], "1");

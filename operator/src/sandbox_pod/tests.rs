@@ -179,6 +179,7 @@ fn labels_carry_pool_state_and_template_hash() {
     let labels = &p["metadata"]["labels"];
     assert_eq!(labels[POOL_LABEL], "pool");
     assert_eq!(labels[STATE_LABEL], "warming");
+    assert_eq!(labels[SANDBOX_LABEL], "true");
     assert_eq!(labels["team"], "rl");
     assert_eq!(
         p["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION],
