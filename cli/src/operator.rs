@@ -17,7 +17,8 @@ pub enum Sidecars {
 
 #[derive(Args)]
 pub struct OperatorArgs {
-    /// Kubeconfig file (default: in-cluster config, else $KUBECONFIG / ~/.kube/config).
+    /// Kubeconfig file (default: $KUBECONFIG or ~/.kube/config when one loads, else the
+    /// in-cluster config).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Watch only this namespace (default: all namespaces).

@@ -493,7 +493,7 @@ pub struct TrainSpec {
     /// Trainer image (vLLM + `floe-trainer`).
     #[schemars(length(min = 1, max = 1024))]
     pub image: String,
-    /// Model path (on `modelVolume`) or name that vLLM and the trainer load.
+    /// Model path (on `modelClaimName`'s volume) or name that vLLM and the trainer load.
     #[schemars(length(min = 1, max = 4096))]
     pub model: String,
     /// PersistentVolumeClaim holding the model weights, mounted read-only at `/models`.
