@@ -83,10 +83,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         control_listen: args.control_listen,
         upstream_url: args.upstream,
         upstream_model: args.upstream_model,
-        upstream_api_key: std::env::var(floe_gateway::bearer::UPSTREAM_KEY_ENV)
-            .ok()
-            .map(|k| k.trim().to_string())
-            .filter(|k| !k.is_empty()),
+        upstream_api_key: floe_gateway::bearer::env_secret(floe_gateway::bearer::UPSTREAM_KEY_ENV),
         upstream_kind: args.upstream_kind,
         spool_dir: args
             .spool_dir

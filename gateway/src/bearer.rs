@@ -15,14 +15,19 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// are visible to every process of the node). Unset or blank: `None`, and a warning that
 /// whoever reaches the port can `what`.
 pub fn token_from_env(var: &str, what: &str) -> Option<String> {
-    let token = std::env::var(var)
-        .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty());
+    let token = env_secret(var);
     if token.is_none() {
         tracing::warn!("no {var}: anyone who reaches this port can {what}");
     }
     token
+}
+
+/// The trimmed value of the environment variable `var`; `None` when unset or blank.
+pub fn env_secret(var: &str) -> Option<String> {
+    std::env::var(var)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`.

@@ -147,10 +147,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let upstream = spec.sft.as_ref().map(|s| &s.upstream);
     let trains = spec.train.is_some() && !args.collect_only;
     // The model server's key: the in-process gateway sends it; no sandboxed process sees it.
-    let upstream_key = std::env::var(floe_gateway::bearer::UPSTREAM_KEY_ENV)
-        .ok()
-        .map(|k| k.trim().to_string())
-        .filter(|k| !k.is_empty());
+    let upstream_key = floe_gateway::bearer::env_secret(floe_gateway::bearer::UPSTREAM_KEY_ENV);
     if let (Some(secret), None) = (
         upstream.and_then(|u| u.api_key_secret.as_ref()),
         &upstream_key,
