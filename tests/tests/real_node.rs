@@ -18,6 +18,9 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 
+#[path = "real_node/prometheus.rs"]
+mod prometheus;
+
 /// The custom harness: one model call through the gateway, then a fix for the task it knows
 /// (`fix-add`); any other task is left unsolved, so its hidden test fails (reward 0). Asked to
 /// work "slowly", it sleeps 20 s first (a pod to delete mid-session).

@@ -15,6 +15,15 @@ pub enum Api {
     Gemini,
 }
 
+impl Api {
+    pub const ALL: [Api; 4] = [
+        Api::Anthropic,
+        Api::OpenaiChat,
+        Api::OpenaiResponses,
+        Api::Gemini,
+    ];
+}
+
 /// Everything the gateway knows about one model call. Token ids are the server's own: the
 /// prompt as vLLM tokenized the rendered chat template, and the tokens it sampled.
 ///

@@ -98,6 +98,14 @@ impl Metrics {
             ),
             &["api", "what"],
         )?;
+        // A sandbox pod lives for one session: a series born at its first call would show
+        // Prometheus no increase() for that call (often the pod's only one), so the per-API
+        // series of successful calls and latencies exist, empty, from the start.
+        for api in crate::capture::Api::ALL.map(super::complete::api_label) {
+            requests.with_label_values(&[api, "200"]).inc_by(0);
+            upstream_seconds.with_label_values(&[api]);
+            added_seconds.with_label_values(&[api]);
+        }
         for kind in crate::protocol::errors::ProtocolError::KINDS {
             errors.with_label_values(&[kind]).inc_by(0);
         }

@@ -1706,6 +1706,15 @@ fn set_session_gauges(ctx: &JobContext, ns: &str, job: &str, st: &RolloutJobStat
             .with_label_values(&[ns, job, state])
             .set(i64::from(n));
     }
+    // Every result's counter exists from the job's first round, at 0: a counter whose first
+    // sample is already 1 shows no increase() to Prometheus, so a job's first failures would
+    // never reach FloeSessionFailuresHigh.
+    for result in ["scored", "retried", "failed"] {
+        ctx.metrics
+            .session_results
+            .with_label_values(&[ns, job, result])
+            .inc_by(0);
+    }
 }
 
 /// Create the job's trainer pod (train) or dataset collector (sft) and their Services when

@@ -1,0 +1,297 @@
+//! Prometheus as an on-call team runs it, against floe on the real node: the chart installed
+//! by Helm runs the operator in a pod; a real Prometheus discovers it and the sandbox pods'
+//! gateways through the apiserver exactly as the Prometheus Operator would from the chart's
+//! own ServiceMonitor and PodMonitors, and evaluates the chart's own rule file (rendered by
+//! Helm; only durations and thresholds are set through values, so that alerts act within a
+//! test). Everything is read through Prometheus's HTTP API: incidents induced on the node make
+//! the matching alerts fire with the labels on-call needs, and clear when the cause goes; the
+//! dashboard's every panel returns data.
+
+use super::*;
+use floe_tests::chart::{documents, promql_metrics, render, rules_file};
+use floe_tests::prometheus::Prometheus;
+
+/// The monitors on, and values that shorten the rules' durations and lower the claim bound,
+/// for a test's timescale (`--set-json` where Helm's `--set` would make a number a string).
+const FAST_RULES: &[&str] = &[
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.serviceMonitor.interval=1s",
+    "metrics.podMonitor.enabled=true",
+    "metrics.podMonitor.interval=1s",
+    "prometheusRule.enabled=true",
+    "prometheusRule.rules.poolEmpty.for=2s",
+    "prometheusRule.rules.sessionFailures.window=40s",
+    "prometheusRule.rules.sessionFailures.minResults=1",
+    "prometheusRule.rules.sessionFailures.for=1s",
+    "prometheusRule.rules.claimLatency.window=30s",
+    "prometheusRule.rules.claimLatency.for=1s",
+    "prometheusRule.rules.sandboxEgressUnrestricted.for=1s",
+    "prometheusRule.rules.operatorDown.for=2s",
+    "prometheusRule.rules.operatorNoLeader.for=2s",
+];
+
+/// Series only a train job's trainer pod (or a GPU node's DCGM exporter) has; this node runs
+/// no trainer. `tests/tests/chart.rs` reads them from the real trainer's own page.
+fn needs_a_trainer(metric: &str) -> bool {
+    metric.starts_with("floe_trainer_") || metric.starts_with("DCGM_")
+}
+
+/// Wait until alert `name` fires with `labels`; its annotations' summary.
+async fn fires(prom: &Prometheus, name: &str, labels: &[(&str, &str)]) -> Result<String> {
+    eventually_within(150, &format!("{name} {labels:?} to fire"), async || {
+        let firing = prom.firing(name, labels).await?;
+        Ok(firing.first().map(|a| {
+            a["annotations"]["summary"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        }))
+    })
+    .await
+    .with_context(|| prom.log())
+}
+
+/// Wait until alert `name` with `labels` is neither pending nor firing.
+async fn clears(prom: &Prometheus, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+    eventually_within(150, &format!("{name} {labels:?} to clear"), async || {
+        let alerts = prom.alerts().await?;
+        Ok((!alerts.iter().any(|a| {
+            a["labels"]["alertname"] == name && labels.iter().all(|(k, v)| a["labels"][*k] == *v)
+        }))
+        .then_some(()))
+    })
+    .await
+}
+
+/// Pool `python` of `replicas` pods (the custom agent's image).
+fn python_pool(image: &str, replicas: i32) -> Value {
+    json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+           "metadata": {"name": "python"},
+           "spec": {"replicas": replicas,
+                    "template": {"image": image, "imagePullPolicy": "Never",
+                                 "volumes": [{"name": "agent", "configMap": {"name": "agent"}}],
+                                 "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
+                                                   "readOnly": true}]}}})
+}
+
+/// Set pool `python`'s replicas.
+async fn scale_pool(client: &Client, ns: &str, replicas: i32) -> Result<()> {
+    Api::<GatewayPool>::namespaced(client.clone(), ns)
+        .patch(
+            "python",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> Result<()> {
+    let work = prepare("prom").await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
+    let system = TestNamespace::create(&n.cluster, &client, "prom-sys").await?;
+    let sys = system.name.clone();
+    let (repository, tag) = images.floe.rsplit_once(':').context("image tag")?;
+    let release: Vec<String> = [
+        "crds.install=false".to_string(),
+        "operator.replicas=1".into(),
+        format!("operator.watchNamespace={ns}"),
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+        "image.pullPolicy=Never".into(),
+    ]
+    .iter()
+    .flat_map(|v| ["--set".to_string(), v.clone()])
+    .collect();
+    let release: Vec<&str> = release.iter().map(String::as_str).collect();
+    let chart_dir = chart::chart_dir();
+    let mut install = vec![
+        "install",
+        "floe",
+        chart_dir.to_str().context("chart path")?,
+        "--namespace",
+        &sys,
+        "--wait",
+        "--timeout",
+        "3m",
+    ];
+    install.extend_from_slice(&release);
+    helm(n, &install).with_context(|| operator_logs(n, &sys))?;
+    // The same release's monitors and rules, as the Prometheus Operator would receive them.
+    let mut monitoring = vec!["--namespace", sys.as_str()];
+    monitoring.extend_from_slice(&release);
+    for v in FAST_RULES {
+        monitoring.extend_from_slice(&["--set", v]);
+    }
+    monitoring.extend_from_slice(&[
+        "--set-json",
+        "prometheusRule.rules.claimLatency.p99Seconds=0.001",
+    ]);
+    let rendered = render(&monitoring)?;
+    let rules = rules_file(&rendered)?;
+    let prom = Prometheus::start_for_monitors(&documents(&rendered)?, client.clone(), &rules, "1s")
+        .await?;
+
+    // The operator, found through its Service's endpoints, by the job name the rules use.
+    let op = format!("job=\"floe-metrics\", namespace=\"{sys}\"");
+    eventually_within(90, "Prometheus scraping the operator", async || {
+        Ok((!prom.query(&format!("up{{{op}}} == 1")).await?.is_empty()).then_some(()))
+    })
+    .await
+    .with_context(|| prom.log())?;
+    let leader = prom.query(&format!("floe_leader{{{op}}}")).await?;
+    assert_eq!(leader.len(), 1, "one replica's leader gauge: {leader:?}");
+
+    // An empty pool while sessions wait: FloePoolEmpty names the namespace and pool.
+    apply(&client, &ns, python_pool(&images.python, 0)).await?;
+    apply(
+        &client,
+        &ns,
+        sft_job("fast", &ns, 2, "/fast", json!([fix_add()])),
+    )
+    .await?;
+    let on_pool = [("namespace", ns.as_str()), ("pool", "python")];
+    let summary = fires(&prom, "FloePoolEmpty", &on_pool).await?;
+    assert!(
+        summary.contains(&format!("GatewayPool {ns}/python has no READY pod while 2")),
+        "{summary}"
+    );
+    // What the runbook says to do: raise the pool's replicas. The alert clears, the sessions run.
+    scale_pool(&client, &ns, 2).await?;
+    clears(&prom, "FloePoolEmpty", &on_pool).await?;
+    finished(n, &client, &ns, "fast").await?;
+    // Claims slower than the bound (lowered to 1 ms: any real claim).
+    fires(&prom, "FloeClaimsSlow", &[("severity", "warning")]).await?;
+    // The node's CNI enforces no NetworkPolicy: the pool's gateways say so, and the alert
+    // names the pool.
+    fires(&prom, "FloeSandboxEgressUnrestricted", &on_pool).await?;
+    // The gateways are scraped through the chart's PodMonitor, labelled with their pool.
+    let gateways = prom
+        .query(&format!(
+            "up{{job=\"{sys}/floe-gateways\", namespace=\"{ns}\", pool=\"python\"}} == 1"
+        ))
+        .await?;
+    assert!(!gateways.is_empty(), "{:?}", prom.targets().await?);
+
+    // A session pod lost mid-session (an infrastructure failure, retried on a fresh pod):
+    // FloeSessionFailuresHigh names the job, on its first failure.
+    apply(
+        &client,
+        &ns,
+        sft_job("slow", &ns, 1, "/slow", json!([fix_add_slowly()])),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let victim = eventually_within(120, "the slow session's pod", async || {
+        let listed = pods
+            .list(&ListParams::default().labels("floe.dev/job=slow"))
+            .await?;
+        Ok(listed.items.into_iter().next().map(|p| p.name_any()))
+    })
+    .await?;
+    // The agent has made its model call and sleeps (20 s) when the pod goes.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    pods.delete(&victim, &Default::default()).await?;
+    let on_slow = [("namespace", ns.as_str()), ("rolloutjob", "slow")];
+    let summary = fires(&prom, "FloeSessionFailuresHigh", &on_slow).await?;
+    assert!(
+        summary.contains("of sessions fail by infrastructure"),
+        "{summary}"
+    );
+    let status = finished(n, &client, &ns, "slow").await?;
+    assert!(status.sessions.retried >= 1, "{status:?}");
+
+    // Every series the rules and the dashboard read exists, and every panel returns data for
+    // this namespace, job and operator (the trainer's panels need a trainer: see above).
+    let mut metrics = std::collections::BTreeSet::new();
+    let groups: Value = serde_yaml::from_str(&rules)?;
+    for group in groups["groups"].as_array().context("groups")? {
+        for rule in group["rules"].as_array().context("rules")? {
+            metrics.extend(promql_metrics(rule["expr"].as_str().context("expr")?));
+        }
+    }
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(
+        chart_dir.join("files/dashboards/floe.json"),
+    )?)?;
+    let mut panels = Vec::new();
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().context("panel expr")?;
+            metrics.extend(promql_metrics(expr));
+            panels.push((panel["title"].as_str().unwrap_or("").to_string(), expr));
+        }
+    }
+    let missing: Vec<&String> = {
+        let mut missing = Vec::new();
+        for metric in metrics.iter().filter(|m| !needs_a_trainer(m)) {
+            if prom.query(&format!("count({metric})")).await?.is_empty() {
+                missing.push(metric);
+            }
+        }
+        missing
+    };
+    assert!(missing.is_empty(), "series no target exports: {missing:?}");
+    let mut empty = Vec::new();
+    for (title, expr) in &panels {
+        if promql_metrics(expr).iter().any(|m| needs_a_trainer(m)) {
+            continue;
+        }
+        let query = expr
+            .replace("$namespace", &ns)
+            .replace("$rolloutjob", "slow|fast")
+            .replace("$operator", "floe-metrics");
+        if prom.query(&query).await?.is_empty() {
+            empty.push(format!("{title}: {query}"));
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "dashboard panels with no data: {empty:#?}"
+    );
+    let errors = prom.rule_errors().await?;
+    assert!(
+        errors.is_empty(),
+        "rules Prometheus cannot evaluate: {errors:?}"
+    );
+
+    // Causes gone, alerts clear: no claims and no failures within their windows; the pool's
+    // pods (and their unrestricted egress) gone.
+    scale_pool(&client, &ns, 0).await?;
+    clears(&prom, "FloeSessionFailuresHigh", &on_slow).await?;
+    clears(&prom, "FloeClaimsSlow", &[]).await?;
+    clears(&prom, "FloeSandboxEgressUnrestricted", &on_pool).await?;
+
+    // The operator's replicas scaled to none: FloeOperatorDown; back, it clears, and its
+    // new pod leads (FloeOperatorNoLeader never fired).
+    let scale = |replicas: &str| {
+        n.cluster.kubectl(
+            &[
+                "scale",
+                "deployment",
+                "-n",
+                &sys,
+                "--all",
+                &format!("--replicas={replicas}"),
+            ],
+            None,
+        )
+    };
+    scale("0")?;
+    fires(&prom, "FloeOperatorDown", &[("severity", "critical")]).await?;
+    scale("1")?;
+    clears(&prom, "FloeOperatorDown", &[]).await?;
+    eventually_within(120, "the new replica to lead", async || {
+        let led = prom.query(&format!("floe_leader{{{op}}} == 1")).await?;
+        Ok((!led.is_empty()).then_some(()))
+    })
+    .await?;
+    assert!(prom.firing("FloeOperatorNoLeader", &[]).await?.is_empty());
+    helm(n, &["uninstall", "floe", "--namespace", &sys])?;
+    Ok(())
+}
