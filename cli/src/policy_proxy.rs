@@ -16,7 +16,7 @@
 //! port too; without the token it cannot sample the policy past the gateway's capture.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,6 +73,8 @@ struct Proxy {
     max_body_bytes: usize,
     /// Set once the upstream answered 404 to `/weight_info` (not vLLM in dev mode): no label.
     no_versions: AtomicBool,
+    /// The last version `/weight_info` reported (`u64::MAX`: none yet).
+    last_version: AtomicU64,
 }
 
 /// The job's token; inference without it is refused.
@@ -94,24 +96,49 @@ fn samples(method: &Method, path: &str) -> bool {
     *method == Method::POST && matches!(path, "/v1/chat/completions" | "/v1/completions")
 }
 
+/// The weight version vLLM serves now. When `/weight_info` does not answer in time (a loaded
+/// vLLM), the last version it reported: versions only grow while it runs, so that label is
+/// never newer than the weights (the module's promise); without it the completion would carry
+/// no version and escape `maxStaleness`.
 async fn served_version(proxy: &Proxy) -> Option<u64> {
     if proxy.no_versions.load(Ordering::Relaxed) {
         return None;
     }
-    let resp = proxy
+    let last = || Some(proxy.last_version.load(Ordering::Relaxed)).filter(|v| *v != u64::MAX);
+    let resp = match proxy
         .client
         .get(format!("{}/weight_info", proxy.upstream))
         .timeout(Duration::from_secs(5))
         .send()
         .await
-        .ok()?;
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(last = ?last(), "/weight_info did not answer ({e}): labelled with the last version read");
+            return last();
+        }
+    };
     if resp.status() == StatusCode::NOT_FOUND {
         tracing::warn!("the policy server has no /weight_info (not vLLM in dev mode): completions carry no policy version");
         proxy.no_versions.store(true, Ordering::Relaxed);
         return None;
     }
-    let body: serde_json::Value = resp.json().await.ok()?;
-    policy_version(body["weight_version"].as_str()?)
+    let read = match resp.json::<serde_json::Value>().await {
+        Ok(body) => body["weight_version"].as_str().and_then(policy_version),
+        Err(e) => {
+            tracing::warn!(
+                "/weight_info answer unreadable ({e}): labelled with the last version read"
+            );
+            None
+        }
+    };
+    match read {
+        Some(v) => {
+            proxy.last_version.store(v, Ordering::Relaxed);
+            Some(v)
+        }
+        None => last(),
+    }
 }
 
 fn error(status: StatusCode, kind: &str, message: String) -> Response {
@@ -221,6 +248,7 @@ pub fn router(
         client,
         max_body_bytes,
         no_versions: AtomicBool::new(false),
+        last_version: AtomicU64::new(u64::MAX),
     });
     Ok(axum::Router::new().fallback(forward).with_state(proxy))
 }

@@ -189,6 +189,44 @@ impl Prometheus {
     }
 }
 
+/// The chart dashboard's panel queries: (panel title, PromQL with its `$variables`).
+pub fn dashboard_queries() -> Result<Vec<(String, String)>> {
+    let path = crate::chart::chart_dir().join("files/dashboards/floe.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().context("panel expr")?;
+            out.push((
+                panel["title"].as_str().unwrap_or("").to_string(),
+                expr.to_string(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+impl Prometheus {
+    /// The `queries` (panel title, PromQL) that return no series with the dashboard's
+    /// variables replaced by `vars` (name without `$`, regex value), as "title: query".
+    pub async fn panels_without_data(
+        &self,
+        queries: &[(String, String)],
+        vars: &[(&str, &str)],
+    ) -> Result<Vec<String>> {
+        let mut empty = Vec::new();
+        for (title, expr) in queries {
+            let query = vars
+                .iter()
+                .fold(expr.clone(), |q, (k, v)| q.replace(&format!("${k}"), v));
+            if self.query(&query).await?.is_empty() {
+                empty.push(format!("{title}: {query}"));
+            }
+        }
+        Ok(empty)
+    }
+}
+
 /// A Kubernetes label name as a Prometheus meta label suffix (`floe.dev/pool` → `floe_dev_pool`).
 fn sanitize(label: &str) -> String {
     label

@@ -125,6 +125,68 @@ fn processes_naming(dir: &Path) -> Vec<String> {
     found
 }
 
+/// The trainer's ingest address, from `floe run`'s stderr (forwarded to the test's own), once
+/// it says it starts the trainer.
+fn trainer_address(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("{line}");
+            if let Some(addr) = line
+                .strip_prefix("[train] starting the trainer on ")
+                .and_then(|rest| rest.split_whitespace().next())
+            {
+                let _ = tx.send(addr.to_string());
+            }
+        }
+    });
+    rx
+}
+
+/// A real Prometheus scrapes the trainer of the run (as the chart's trainer PodMonitor would:
+/// its `/metrics` on the ingest port, the RolloutJob as label `rolloutjob`) and, once it has
+/// seen two steps, every trainer panel of the dashboard returns data for this job (the GPU
+/// ones need a GPU: `trainer/tests/test_gpu.py` checks that series where one is).
+async fn prometheus_reads_the_trainer(address: std::sync::mpsc::Receiver<String>) -> Result<()> {
+    use floe_tests::chart::promql_metrics;
+    use floe_tests::prometheus::{dashboard_queries, Prometheus};
+    let address = tokio::task::spawn_blocking(move || {
+        address.recv_timeout(std::time::Duration::from_secs(600))
+    })
+    .await?
+    .context("floe run never started its trainer")?;
+    let scrape = serde_json::json!({
+        "job_name": "trainer",
+        "static_configs": [{"targets": [address],
+                            "labels": {"namespace": "local", "rolloutjob": "brief"}}]});
+    let prom = Prometheus::start(&[scrape], "groups: []\n", "1s").await?;
+    floe_tests::operator::eventually_within(900, "Prometheus to see step 2", async || {
+        let stepped = prom
+            .query("max(floe_trainer_step{rolloutjob=\"brief\"}) >= 2")
+            .await?;
+        Ok((!stepped.is_empty()).then_some(()))
+    })
+    .await
+    .with_context(|| prom.log())?;
+    let trainer_panels: Vec<(String, String)> = dashboard_queries()?
+        .into_iter()
+        .filter(|(_, expr)| {
+            let read = promql_metrics(expr);
+            read.iter().all(|m| m.starts_with("floe_trainer_"))
+                && !read.contains("floe_trainer_gpu_utilization")
+        })
+        .collect();
+    assert!(trainer_panels.len() >= 10, "{trainer_panels:?}");
+    let vars = [("namespace", "local"), ("rolloutjob", "brief")];
+    let empty = prom.panels_without_data(&trainer_panels, &vars).await?;
+    assert!(empty.is_empty(), "trainer panels with no data: {empty:#?}");
+    Ok(())
+}
+
 #[test]
 fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> {
     let (python, models) = vllm_setup()?;
@@ -141,12 +203,21 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     ];
     std::fs::write(&job_file, job(&model, &questions))?;
     let out = dir.path().join("out");
-    let result = floe_run(&job_file, &out, &python)
-        .stderr(Stdio::inherit())
-        .output()?;
+    let mut run = floe_run(&job_file, &out, &python)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let trainer = trainer_address(run.stderr.take().context("stderr")?);
+    // Checked while the run goes on; the run is waited for whatever the check says.
+    let scraped = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(prometheus_reads_the_trainer(trainer));
+    let result = run.wait_with_output()?;
     let table = String::from_utf8_lossy(&result.stdout);
     eprintln!("{table}");
     assert_eq!(result.status.code(), Some(0), "floe run: {table}");
+    scraped?;
 
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
     assert_eq!(summary["mode"], "train");

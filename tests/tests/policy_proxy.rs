@@ -122,3 +122,54 @@ async fn the_policy_proxy_serves_inference_and_fences_vllms_dev_endpoints() -> R
     assert_eq!(still.status(), 200);
     Ok(())
 }
+
+/// A vLLM too loaded to answer `/weight_info` within the proxy's 5 s: the completion is
+/// labelled with the last version it reported (never newer than the weights), not left
+/// without a version that `maxStaleness` could judge.
+#[tokio::test]
+async fn a_slow_weight_info_labels_with_the_last_version_read() -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let app = axum::Router::new()
+        .route(
+            "/weight_info",
+            axum::routing::get(move || {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n > 0 {
+                        tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+                    }
+                    axum::Json(json!({"weight_version": "3"}))
+                }
+            }),
+        )
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async { axum::Json(json!({"choices": []})) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let upstream = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let proxy = PolicyProxy::start("127.0.0.1:0".parse()?, &upstream, JOB_TOKEN).await?;
+    let http = reqwest::Client::new();
+    for _ in 0..2 {
+        let resp = http
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth(JOB_TOKEN)
+            .json(&json!({"model": "policy", "messages": []}))
+            .send()
+            .await?;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()
+                .get("x-floe-policy-version")
+                .and_then(|v| v.to_str().ok()),
+            Some("3")
+        );
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "the second read timed out");
+    Ok(())
+}

@@ -566,6 +566,44 @@ fn helm(n: &TestNode, args: &[&str]) -> Result<String> {
     chart::stdout_of("helm", args, out)
 }
 
+/// `helm install floe` of `charts/floe` into `system`: the image built here, the CRDs the
+/// fixture already applied, `replicas` operators watching `watched`; once it is up. Returns
+/// the release's `--set` arguments (to render its other objects with the same values).
+fn install_chart(
+    n: &TestNode,
+    images: &NodeImages,
+    system: &str,
+    watched: &str,
+    replicas: u32,
+) -> Result<Vec<String>> {
+    let (repository, tag) = images.floe.rsplit_once(':').context("image tag")?;
+    let release: Vec<String> = [
+        "crds.install=false".to_string(),
+        format!("operator.replicas={replicas}"),
+        format!("operator.watchNamespace={watched}"),
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+        "image.pullPolicy=Never".into(),
+    ]
+    .into_iter()
+    .flat_map(|v| ["--set".to_string(), v])
+    .collect();
+    let chart_dir = chart::chart_dir();
+    let mut install = vec![
+        "install",
+        "floe",
+        chart_dir.to_str().context("chart path")?,
+        "--namespace",
+        system,
+        "--wait",
+        "--timeout",
+        "3m",
+    ];
+    install.extend(release.iter().map(String::as_str));
+    helm(n, &install).with_context(|| operator_logs(n, system))?;
+    Ok(release)
+}
+
 /// The logs of every pod in `ns` (the chart's operator pods), for a failure message.
 fn operator_logs(n: &TestNode, ns: &str) -> String {
     n.cluster
@@ -594,34 +632,9 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
         work.ns.name.clone(),
     );
     let system = TestNamespace::create(&n.cluster, &client, "chart-sys").await?;
-    let (repository, tag) = images.floe.rsplit_once(':').context("image tag")?;
-    let chart_dir = chart::chart_dir();
     // README's install, with the image built here and the CRDs the fixture already applied:
     // two replicas with leader election, in-cluster config, the chart's RBAC for one namespace.
-    helm(
-        n,
-        &[
-            "install",
-            "floe",
-            chart_dir.to_str().context("chart path")?,
-            "--namespace",
-            &system.name,
-            "--set",
-            "crds.install=false",
-            "--set",
-            &format!("operator.watchNamespace={ns}"),
-            "--set",
-            &format!("image.repository={repository}"),
-            "--set",
-            &format!("image.tag={tag}"),
-            "--set",
-            "image.pullPolicy=Never",
-            "--wait",
-            "--timeout",
-            "3m",
-        ],
-    )
-    .with_context(|| operator_logs(n, &system.name))?;
+    install_chart(n, images, &system.name, &ns, 2)?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &system.name);
     let operators = pods.list(&ListParams::default()).await?.items;
     assert_eq!(operators.len(), 2, "two operator replicas");

@@ -81,6 +81,9 @@ class Metrics:
             "floe_trainer_gpu_utilization", "GPU utilization percent (NVML)", ["gpu"], registry=r
         )
         self._nvml = _nvml()
+        # Each phase's series from the start: the first step's times count in rate().
+        for phase in ("wait", "train", "sync"):
+            self.phase.labels(phase)
 
     def progress(self, step: int, version: int) -> None:
         self.step_g.set(step)
@@ -116,6 +119,11 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+# What the batcher drops (floe_trainer.batching): trajectories untrainable, duplicate_sample,
+# stale; groups zero_advantage, incomplete.
+REASONS = ("untrainable", "duplicate_sample", "stale", "zero_advantage", "incomplete")
+
+
 class _Dropped:
     """``floe_trainer_dropped_total{reason}``: a counter whose values are the batcher's own
     running tallies (restored from the checkpoint), so it is exposed as a counter family rather
@@ -131,7 +139,11 @@ class _Dropped:
             " dropped",
             labels=["reason"],
         )
-        for reason, n in sorted(self.counts.items()):
+        # Every reason from the start, at 0: a series born at its first drop shows Prometheus
+        # no increase() for it, and the dashboard's Dropped panel would be empty until then.
+        counts = dict.fromkeys(REASONS, 0)
+        counts.update(self.counts)
+        for reason, n in sorted(counts.items()):
             family.add_metric([reason], n)
         yield family
 

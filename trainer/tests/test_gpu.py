@@ -74,3 +74,14 @@ def test_a_bf16_step_with_checkpointing_and_kl_trains_fp32_master_weights(model_
     assert model.lm_head.weight.dtype == torch.float32
     assert not torch.equal(model.lm_head.weight, before)
     assert all(torch.isfinite(torch.tensor([s.loss, s.grad_norm])).all() for s in (first, second))
+
+
+def test_the_gpu_utilization_series_is_exported_per_gpu():
+    """What FloeTrainerGPUIdle and the dashboard's GPU panel read: one series per visible GPU,
+    from NVML (the trainer image installs nvidia-ml-py)."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (the trainer image has it)")
+    from floe_trainer.metrics import Metrics
+
+    page = Metrics().render().decode()
+    for i in range(torch.cuda.device_count()):
+        assert f'floe_trainer_gpu_utilization{{gpu="{i}"}}' in page, page

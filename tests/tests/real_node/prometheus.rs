@@ -9,7 +9,7 @@
 
 use super::*;
 use floe_tests::chart::{documents, promql_metrics, render, rules_file};
-use floe_tests::prometheus::Prometheus;
+use floe_tests::prometheus::{dashboard_queries, Prometheus};
 
 /// The monitors on, and values that shorten the rules' durations and lower the claim bound,
 /// for a test's timescale (`--set-json` where Helm's `--set` would make a number a string).
@@ -97,35 +97,10 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     );
     let system = TestNamespace::create(&n.cluster, &client, "prom-sys").await?;
     let sys = system.name.clone();
-    let (repository, tag) = images.floe.rsplit_once(':').context("image tag")?;
-    let release: Vec<String> = [
-        "crds.install=false".to_string(),
-        "operator.replicas=1".into(),
-        format!("operator.watchNamespace={ns}"),
-        format!("image.repository={repository}"),
-        format!("image.tag={tag}"),
-        "image.pullPolicy=Never".into(),
-    ]
-    .iter()
-    .flat_map(|v| ["--set".to_string(), v.clone()])
-    .collect();
-    let release: Vec<&str> = release.iter().map(String::as_str).collect();
-    let chart_dir = chart::chart_dir();
-    let mut install = vec![
-        "install",
-        "floe",
-        chart_dir.to_str().context("chart path")?,
-        "--namespace",
-        &sys,
-        "--wait",
-        "--timeout",
-        "3m",
-    ];
-    install.extend_from_slice(&release);
-    helm(n, &install).with_context(|| operator_logs(n, &sys))?;
+    let release = install_chart(n, images, &sys, &ns, 1)?;
     // The same release's monitors and rules, as the Prometheus Operator would receive them.
     let mut monitoring = vec!["--namespace", sys.as_str()];
-    monitoring.extend_from_slice(&release);
+    monitoring.extend(release.iter().map(String::as_str));
     for v in FAST_RULES {
         monitoring.extend_from_slice(&["--set", v]);
     }
@@ -216,16 +191,9 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
             metrics.extend(promql_metrics(rule["expr"].as_str().context("expr")?));
         }
     }
-    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(
-        chart_dir.join("files/dashboards/floe.json"),
-    )?)?;
-    let mut panels = Vec::new();
-    for panel in dashboard["panels"].as_array().context("panels")? {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            let expr = target["expr"].as_str().context("panel expr")?;
-            metrics.extend(promql_metrics(expr));
-            panels.push((panel["title"].as_str().unwrap_or("").to_string(), expr));
-        }
+    let panels = dashboard_queries()?;
+    for (_, expr) in &panels {
+        metrics.extend(promql_metrics(expr));
     }
     let missing: Vec<&String> = {
         let mut missing = Vec::new();
@@ -237,19 +205,16 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
         missing
     };
     assert!(missing.is_empty(), "series no target exports: {missing:?}");
-    let mut empty = Vec::new();
-    for (title, expr) in &panels {
-        if promql_metrics(expr).iter().any(|m| needs_a_trainer(m)) {
-            continue;
-        }
-        let query = expr
-            .replace("$namespace", &ns)
-            .replace("$rolloutjob", "slow|fast")
-            .replace("$operator", "floe-metrics");
-        if prom.query(&query).await?.is_empty() {
-            empty.push(format!("{title}: {query}"));
-        }
-    }
+    let ours: Vec<(String, String)> = panels
+        .into_iter()
+        .filter(|(_, expr)| !promql_metrics(expr).iter().any(|m| needs_a_trainer(m)))
+        .collect();
+    let vars = [
+        ("namespace", ns.as_str()),
+        ("rolloutjob", "slow|fast"),
+        ("operator", "floe-metrics"),
+    ];
+    let empty = prom.panels_without_data(&ours, &vars).await?;
     assert!(
         empty.is_empty(),
         "dashboard panels with no data: {empty:#?}"
