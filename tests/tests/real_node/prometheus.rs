@@ -24,6 +24,10 @@ const FAST_RULES: &[&str] = &[
     "prometheusRule.rules.sessionFailures.minResults=1",
     "prometheusRule.rules.sessionFailures.for=1s",
     "prometheusRule.rules.claimLatency.window=30s",
+    "prometheusRule.rules.gatewayUpstreamLatency.window=30s",
+    "prometheusRule.rules.gatewayUpstreamLatency.for=1s",
+    "prometheusRule.rules.gatewayUpstreamErrors.window=30s",
+    "prometheusRule.rules.gatewayUpstreamErrors.for=1s",
     "prometheusRule.rules.claimLatency.for=1s",
     "prometheusRule.rules.sandboxEgressUnrestricted.for=1s",
     "prometheusRule.rules.operatorDown.for=2s",
@@ -104,10 +108,12 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     for v in FAST_RULES {
         monitoring.extend_from_slice(&["--set", v]);
     }
-    monitoring.extend_from_slice(&[
-        "--set-json",
+    for bound in [
         "prometheusRule.rules.claimLatency.p99Seconds=0.001",
-    ]);
+        "prometheusRule.rules.gatewayUpstreamLatency.p99Seconds=0.001",
+    ] {
+        monitoring.extend_from_slice(&["--set-json", bound]);
+    }
     let rendered = render(&monitoring)?;
     let rules = rules_file(&rendered)?;
     let prom = Prometheus::start_for_monitors(&documents(&rendered)?, client.clone(), &rules, "1s")
@@ -143,6 +149,8 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     finished(n, &client, &ns, "fast").await?;
     // Claims slower than the bound (lowered to 1 ms: any real claim).
     fires(&prom, "FloeClaimsSlow", &[("severity", "warning")]).await?;
+    // Model calls slower than the bound (lowered to 1 ms: any real vLLM call), by pool.
+    fires(&prom, "FloeGatewayUpstreamSlow", &on_pool).await?;
     // The node's CNI enforces no NetworkPolicy: the pool's gateways say so, and the alert
     // names the pool.
     fires(&prom, "FloeSandboxEgressUnrestricted", &on_pool).await?;
@@ -182,6 +190,16 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     let status = finished(n, &client, &ns, "slow").await?;
     assert!(status.sessions.retried >= 1, "{status:?}");
 
+    // A teacher that does not exist (no such Service): the gateway's calls fail upstream
+    // within the job's 2 s call deadline, and FloeGatewayUpstreamErrors names the pool.
+    let mut down = sft_job("down", &ns, 1, "/down", json!([fix_add()]));
+    down["spec"]["sft"]["upstream"]["url"] = format!("http://nobody.{ns}.svc:8000").into();
+    down["spec"]["timeouts"]["modelCallSeconds"] = 2.into();
+    down["spec"]["backoffLimit"] = 0.into();
+    apply(&client, &ns, down).await?;
+    let summary = fires(&prom, "FloeGatewayUpstreamErrors", &on_pool).await?;
+    assert!(summary.contains("of model calls fail upstream"), "{summary}");
+
     // Every series the rules and the dashboard read exists, and every panel returns data for
     // this namespace, job and operator (the trainer's panels need a trainer: see above).
     let mut metrics = std::collections::BTreeSet::new();
@@ -211,7 +229,7 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
         .collect();
     let vars = [
         ("namespace", ns.as_str()),
-        ("rolloutjob", "slow|fast"),
+        ("rolloutjob", "slow|fast|down"),
         ("operator", "floe-metrics"),
     ];
     let empty = prom.panels_without_data(&ours, &vars).await?;
@@ -230,6 +248,8 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     scale_pool(&client, &ns, 0).await?;
     clears(&prom, "FloeSessionFailuresHigh", &on_slow).await?;
     clears(&prom, "FloeClaimsSlow", &[]).await?;
+    clears(&prom, "FloeGatewayUpstreamSlow", &on_pool).await?;
+    clears(&prom, "FloeGatewayUpstreamErrors", &on_pool).await?;
     clears(&prom, "FloeSandboxEgressUnrestricted", &on_pool).await?;
 
     // The operator's replicas scaled to none: FloeOperatorDown; back, it clears, and its
