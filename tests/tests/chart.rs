@@ -595,7 +595,7 @@ srv.shutdown()
 }
 
 /// `/metrics` of a gateway that served a model call and refused one (the pool pods' gateways
-/// above have served nothing, so their histograms and per-API series are not there yet).
+/// above have served nothing: their per-API series are there, but only at 0).
 async fn gateway_with_traffic_page() -> Result<String> {
     let upstream = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
     let gw = TestGateway::start(&upstream.url, 16).await?;

@@ -163,7 +163,7 @@ async fn prometheus_reads_the_trainer(address: std::sync::mpsc::Receiver<String>
         "job_name": "trainer",
         "static_configs": [{"targets": [address],
                             "labels": {"namespace": "local", "rolloutjob": "brief"}}]});
-    let prom = Prometheus::start(&[scrape], "groups: []\n", "1s").await?;
+    let prom = Prometheus::start(&[scrape], "groups: []\n", "2s").await?;
     floe_tests::operator::eventually_within(900, "Prometheus to see step 2", async || {
         let stepped = prom
             .query("max(floe_trainer_step{rolloutjob=\"brief\"}) >= 2")

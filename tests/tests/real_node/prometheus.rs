@@ -15,9 +15,11 @@ use floe_tests::prometheus::{dashboard_queries, Prometheus};
 /// for a test's timescale (`--set-json` where Helm's `--set` would make a number a string).
 const FAST_RULES: &[&str] = &[
     "metrics.serviceMonitor.enabled=true",
-    "metrics.serviceMonitor.interval=1s",
+    "metrics.serviceMonitor.interval=2s",
     "metrics.podMonitor.enabled=true",
-    "metrics.podMonitor.interval=1s",
+    // Two seconds: a scrape times out at its interval, and a gateway answers slower while
+    // its pod's agent and the model share the node's two cores.
+    "metrics.podMonitor.interval=2s",
     "prometheusRule.enabled=true",
     "prometheusRule.rules.poolEmpty.for=2s",
     "prometheusRule.rules.sessionFailures.window=40s",
@@ -76,6 +78,19 @@ fn python_pool(image: &str, replicas: i32) -> Value {
                                  "volumes": [{"name": "agent", "configMap": {"name": "agent"}}],
                                  "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
                                                    "readOnly": true}]}}})
+}
+
+/// Wait until Prometheus has scraped two of pool `python`'s pods before any call: a pod's
+/// counters count for `rate()` from the first scrape on, so a pod claimed and used before
+/// Prometheus ever saw it (possible within a scrape interval of READY) shows no calls.
+async fn at_rest(prom: &Prometheus, ns: &str) -> Result<()> {
+    let idle = format!(
+        "count(floe_gateway_requests_total{{namespace=\"{ns}\", pool=\"python\", api=\"openai_chat\", status=\"200\"}} == 0) >= 2"
+    );
+    eventually_within(120, "two READY gateways scraped at rest", async || {
+        Ok((!prom.query(&idle).await?.is_empty()).then_some(()))
+    })
+    .await
 }
 
 /// Set pool `python`'s replicas.
@@ -149,8 +164,6 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     finished(n, &client, &ns, "fast").await?;
     // Claims slower than the bound (lowered to 1 ms: any real claim).
     fires(&prom, "FloeClaimsSlow", &[("severity", "warning")]).await?;
-    // Model calls slower than the bound (lowered to 1 ms: any real vLLM call), by pool.
-    fires(&prom, "FloeGatewayUpstreamSlow", &on_pool).await?;
     // The node's CNI enforces no NetworkPolicy: the pool's gateways say so, and the alert
     // names the pool.
     fires(&prom, "FloeSandboxEgressUnrestricted", &on_pool).await?;
@@ -164,6 +177,7 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
 
     // A session pod lost mid-session (an infrastructure failure, retried on a fresh pod):
     // FloeSessionFailuresHigh names the job, on its first failure.
+    at_rest(&prom, &ns).await?;
     apply(
         &client,
         &ns,
@@ -187,8 +201,20 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
         summary.contains("of sessions fail by infrastructure"),
         "{summary}"
     );
+    // Its model calls are slower than the bound (lowered to 1 ms: any real vLLM call).
+    if let Err(e) = fires(&prom, "FloeGatewayUpstreamSlow", &on_pool).await {
+        let mut seen = String::new();
+        for q in [
+            "floe_gateway_upstream_latency_seconds_count[2m]",
+            "up{endpoint=\"floe-control\"}[2m]",
+        ] {
+            seen.push_str(&format!("\n{q}: {:?}", prom.query(q).await?));
+        }
+        return Err(e.context(seen));
+    }
     let status = finished(n, &client, &ns, "slow").await?;
     assert!(status.sessions.retried >= 1, "{status:?}");
+    at_rest(&prom, &ns).await?;
 
     // A teacher that does not exist (no such Service): the gateway's calls fail upstream
     // within the job's 2 s call deadline, and FloeGatewayUpstreamErrors names the pool.
@@ -198,7 +224,10 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     down["spec"]["backoffLimit"] = 0.into();
     apply(&client, &ns, down).await?;
     let summary = fires(&prom, "FloeGatewayUpstreamErrors", &on_pool).await?;
-    assert!(summary.contains("of model calls fail upstream"), "{summary}");
+    assert!(
+        summary.contains("of model calls fail upstream"),
+        "{summary}"
+    );
 
     // Every series the rules and the dashboard read exists, and every panel returns data for
     // this namespace, job and operator (the trainer's panels need a trainer: see above).
@@ -252,8 +281,9 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     clears(&prom, "FloeGatewayUpstreamErrors", &on_pool).await?;
     clears(&prom, "FloeSandboxEgressUnrestricted", &on_pool).await?;
 
-    // The operator's replicas scaled to none: FloeOperatorDown; back, it clears, and its
-    // new pod leads (FloeOperatorNoLeader never fired).
+    // The operator's replicas scaled to none: FloeOperatorDown. Back while someone else holds
+    // its Lease: FloeOperatorDown clears and FloeOperatorNoLeader fires; with that Lease gone,
+    // the replica leads and it clears.
     let scale = |replicas: &str| {
         n.cluster.kubectl(
             &[
@@ -269,14 +299,33 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     };
     scale("0")?;
     fires(&prom, "FloeOperatorDown", &[("severity", "critical")]).await?;
+    assert!(prom.firing("FloeOperatorNoLeader", &[]).await?.is_empty());
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), &sys);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    leases
+        .patch(
+            "floe-operator",
+            &kube::api::PatchParams::apply("floe-test").force(),
+            &kube::api::Patch::Apply(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "floe-operator"},
+                "spec": {"holderIdentity": "an-intruder", "leaseDurationSeconds": 3600,
+                         "renewTime": now, "acquireTime": now}})),
+        )
+        .await?;
     scale("1")?;
     clears(&prom, "FloeOperatorDown", &[]).await?;
-    eventually_within(120, "the new replica to lead", async || {
+    fires(&prom, "FloeOperatorNoLeader", &[("severity", "critical")]).await?;
+    leases.delete("floe-operator", &Default::default()).await?;
+    clears(&prom, "FloeOperatorNoLeader", &[]).await?;
+    eventually_within(60, "the replica to lead", async || {
         let led = prom.query(&format!("floe_leader{{{op}}} == 1")).await?;
         Ok((!led.is_empty()).then_some(()))
     })
     .await?;
-    assert!(prom.firing("FloeOperatorNoLeader", &[]).await?.is_empty());
     helm(n, &["uninstall", "floe", "--namespace", &sys])?;
     Ok(())
 }
