@@ -1,7 +1,8 @@
 //! The Helm chart's test tools: the real Helm and promtool (`scripts/chart/tools.sh`, or the
 //! directory `FLOE_CHART_TOOLS` names), a Lua interpreter for the Argo CD health checks, and
-//! the pure helpers the chart tests share: metric names in PromQL, metric names a `/metrics`
-//! page exports, JSON objects as Lua table literals.
+//! the pure helpers the chart tests share: the dashboard's queries, metric names in PromQL (and
+//! every one the dashboard and rules read), metric names a `/metrics` page exports, JSON
+//! objects as Lua table literals.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,49 @@ pub fn rules_file(yaml: &str) -> Result<String> {
     Ok(serde_yaml::to_string(
         &serde_json::json!({"groups": rule["spec"]["groups"]}),
     )?)
+}
+
+/// The chart dashboard's panel queries: (panel title, PromQL with its `$variables`).
+pub fn dashboard_queries() -> Result<Vec<(String, String)>> {
+    let path = crate::chart::chart_dir().join("files/dashboards/floe.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().context("panels")? {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().context("panel expr")?;
+            out.push((
+                panel["title"].as_str().unwrap_or("").to_string(),
+                expr.to_string(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Every metric the dashboard's queries, its variables and the alerts' expressions read.
+pub fn referenced_metrics(rules: &str) -> Result<BTreeSet<String>> {
+    let mut exprs: Vec<String> = dashboard_queries()?.into_iter().map(|(_, e)| e).collect();
+    let path = chart_dir().join("files/dashboards/floe.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .context("templating")?
+    {
+        if let Some(q) = var["query"]["query"].as_str() {
+            // label_values(metric{...}, label)
+            let inner = q.trim_start_matches("label_values(");
+            let metric = inner.split([',', '{']).next().unwrap_or_default();
+            exprs.push(metric.to_string());
+        }
+    }
+    anyhow::ensure!(exprs.len() > 20, "the dashboard lost its queries");
+    let rules: Value = serde_yaml::from_str(rules)?;
+    for group in rules["groups"].as_array().context("groups")? {
+        for rule in group["rules"].as_array().context("rules")? {
+            exprs.push(rule["expr"].as_str().context("expr")?.to_string());
+        }
+    }
+    Ok(exprs.iter().flat_map(|e| promql_metrics(e)).collect())
 }
 
 const PROMQL_WORDS: &[&str] = &[

@@ -187,26 +187,7 @@ impl Prometheus {
         }
         Ok(errors)
     }
-}
 
-/// The chart dashboard's panel queries: (panel title, PromQL with its `$variables`).
-pub fn dashboard_queries() -> Result<Vec<(String, String)>> {
-    let path = crate::chart::chart_dir().join("files/dashboards/floe.json");
-    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
-    let mut out = Vec::new();
-    for panel in dashboard["panels"].as_array().context("panels")? {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            let expr = target["expr"].as_str().context("panel expr")?;
-            out.push((
-                panel["title"].as_str().unwrap_or("").to_string(),
-                expr.to_string(),
-            ));
-        }
-    }
-    Ok(out)
-}
-
-impl Prometheus {
     /// The `queries` (panel title, PromQL) that return no series with the dashboard's
     /// variables replaced by `vars` (name without `$`, regex value), as "title: query".
     pub async fn panels_without_data(

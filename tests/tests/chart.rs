@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::chart::{
-    argocd_health, chart_dir, documents, exported_metrics, promql_metrics, render, rules_file,
+    argocd_health, chart_dir, documents, exported_metrics, referenced_metrics, render, rules_file,
     run_tool, stdout_of, tool_ok, tools,
 };
 use floe_tests::kubelet::{FakeKubelet, Verdict};
@@ -617,42 +617,6 @@ async fn gateway_with_traffic_page() -> Result<String> {
         .await?
         .text()
         .await?)
-}
-
-/// Every metric the dashboard's queries and the alerts' expressions read.
-fn referenced_metrics(rules: &str) -> Result<BTreeSet<String>> {
-    let mut names = BTreeSet::new();
-    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(
-        chart_dir().join("files/dashboards/floe.json"),
-    )?)?;
-    let mut exprs = Vec::new();
-    for panel in dashboard["panels"].as_array().context("panels")? {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            exprs.push(target["expr"].as_str().context("expr")?.to_string());
-        }
-    }
-    for var in dashboard["templating"]["list"]
-        .as_array()
-        .context("templating")?
-    {
-        if let Some(q) = var["query"]["query"].as_str() {
-            // label_values(metric{...}, label)
-            let inner = q.trim_start_matches("label_values(");
-            let metric = inner.split([',', '{']).next().unwrap_or_default();
-            exprs.push(metric.to_string());
-        }
-    }
-    anyhow::ensure!(exprs.len() > 20, "the dashboard lost its queries");
-    let rules: Value = serde_yaml::from_str(rules)?;
-    for group in rules["groups"].as_array().context("groups")? {
-        for rule in group["rules"].as_array().context("rules")? {
-            exprs.push(rule["expr"].as_str().context("expr")?.to_string());
-        }
-    }
-    for e in &exprs {
-        names.extend(promql_metrics(e));
-    }
-    Ok(names)
 }
 
 /// The two install tests run operators; a cluster-wide one would also act on the other's

@@ -152,8 +152,8 @@ fn trainer_address(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiv
 /// seen two steps, every trainer panel of the dashboard returns data for this job (the GPU
 /// ones need a GPU: `trainer/tests/test_gpu.py` checks that series where one is).
 async fn prometheus_reads_the_trainer(address: std::sync::mpsc::Receiver<String>) -> Result<()> {
-    use floe_tests::chart::promql_metrics;
-    use floe_tests::prometheus::{dashboard_queries, Prometheus};
+    use floe_tests::chart::{dashboard_queries, promql_metrics};
+    use floe_tests::prometheus::Prometheus;
     let address = tokio::task::spawn_blocking(move || {
         address.recv_timeout(std::time::Duration::from_secs(600))
     })

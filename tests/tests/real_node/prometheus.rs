@@ -8,8 +8,10 @@
 //! dashboard's every panel returns data.
 
 use super::*;
-use floe_tests::chart::{documents, promql_metrics, render, rules_file};
-use floe_tests::prometheus::{dashboard_queries, Prometheus};
+use floe_tests::chart::{
+    dashboard_queries, documents, promql_metrics, referenced_metrics, render, rules_file,
+};
+use floe_tests::prometheus::Prometheus;
 
 /// The monitors on, and values that shorten the rules' durations and lower the claim bound,
 /// for a test's timescale (`--set-json` where Helm's `--set` would make a number a string).
@@ -231,28 +233,17 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
 
     // Every series the rules and the dashboard read exists, and every panel returns data for
     // this namespace, job and operator (the trainer's panels need a trainer: see above).
-    let mut metrics = std::collections::BTreeSet::new();
-    let groups: Value = serde_yaml::from_str(&rules)?;
-    for group in groups["groups"].as_array().context("groups")? {
-        for rule in group["rules"].as_array().context("rules")? {
-            metrics.extend(promql_metrics(rule["expr"].as_str().context("expr")?));
+    let mut missing = Vec::new();
+    for metric in referenced_metrics(&rules)?
+        .into_iter()
+        .filter(|m| !needs_a_trainer(m))
+    {
+        if prom.query(&format!("count({metric})")).await?.is_empty() {
+            missing.push(metric);
         }
     }
-    let panels = dashboard_queries()?;
-    for (_, expr) in &panels {
-        metrics.extend(promql_metrics(expr));
-    }
-    let missing: Vec<&String> = {
-        let mut missing = Vec::new();
-        for metric in metrics.iter().filter(|m| !needs_a_trainer(m)) {
-            if prom.query(&format!("count({metric})")).await?.is_empty() {
-                missing.push(metric);
-            }
-        }
-        missing
-    };
     assert!(missing.is_empty(), "series no target exports: {missing:?}");
-    let ours: Vec<(String, String)> = panels
+    let ours: Vec<(String, String)> = dashboard_queries()?
         .into_iter()
         .filter(|(_, expr)| !promql_metrics(expr).iter().any(|m| needs_a_trainer(m)))
         .collect();
