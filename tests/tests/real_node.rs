@@ -23,18 +23,25 @@ mod prometheus;
 
 /// The custom harness: one model call through the gateway, then a fix for the task it knows
 /// (`fix-add`); any other task is left unsolved, so its hidden test fails (reward 0). Asked to
-/// work "slowly", it sleeps 20 s first (a pod to delete mid-session).
+/// work "slowly", it sleeps 20 s after its model call (a pod to delete mid-session), or after
+/// that call failed (a pod that lives long enough for Prometheus to scrape the failure).
 const AGENT: &str = r#"
 import json, os, pathlib, time, urllib.request
+slowly = "slowly" in os.environ["FLOE_INSTRUCTION"]
 base = os.environ["OPENAI_BASE_URL"].rstrip("/")
 body = {"model": "policy", "max_tokens": 16,
         "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
 req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
                              headers={"content-type": "application/json",
                                       "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
-reply = json.load(urllib.request.urlopen(req, timeout=120))
+try:
+    reply = json.load(urllib.request.urlopen(req, timeout=120))
+except Exception:
+    if slowly:
+        time.sleep(20)
+    raise
 print("model said:", reply["choices"][0]["message"]["content"])
-if "slowly" in os.environ["FLOE_INSTRUCTION"]:
+if slowly:
     time.sleep(20)
 if pathlib.Path("calc.py").exists():
     pathlib.Path("calc.py").write_text("def add(a, b):\n    return a + b\n")

@@ -219,8 +219,10 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     at_rest(&prom, &ns).await?;
 
     // A teacher that does not exist (no such Service): the gateway's calls fail upstream
-    // within the job's 2 s call deadline, and FloeGatewayUpstreamErrors names the pool.
-    let mut down = sft_job("down", &ns, 1, "/down", json!([fix_add()]));
+    // within the job's 2 s call deadline, and FloeGatewayUpstreamErrors names the pool. The
+    // agent lingers 20 s after its failed call: a pod that went at once could leave no scrape
+    // between its failure and its end (a CI run lost the alert that way).
+    let mut down = sft_job("down", &ns, 1, "/down", json!([fix_add_slowly()]));
     down["spec"]["sft"]["upstream"]["url"] = format!("http://nobody.{ns}.svc:8000").into();
     down["spec"]["timeouts"]["modelCallSeconds"] = 2.into();
     down["spec"]["backoffLimit"] = 0.into();
