@@ -14,11 +14,16 @@
 //!   `defer_loading` ignored); Anthropic-hosted tools (`web_search_*`, `bash_*`, …, anything
 //!   with a `type` other than `custom`) are dropped and counted in [`Normalized::dropped`].
 //! - `thinking.type` enabled/disabled → `chat_template_kwargs.enable_thinking`.
+//! - `output_config.format` (`json_schema`) → `response_format`: vLLM's guided decoding.
+//!
+//! Reply: a stop on one of the caller's `stop_sequences` is `stop_reason: "stop_sequence"`
+//! with the matched string, as Anthropic reports it.
 
 use serde_json::{json, Map, Value};
 
 use super::{
-    assistant_message, call_arguments, call_as_text, reasoning_of, Normalized, ProtocolError,
+    assistant_message, call_arguments, call_as_text, json_schema_format, matched_stop_sequence,
+    reasoning_of, Normalized, ProtocolError,
 };
 
 fn invalid(msg: impl Into<String>) -> ProtocolError {
@@ -284,6 +289,29 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
         }
         _ => {}
     }
+    if let Some(format) = req
+        .get("output_config")
+        .and_then(|c| c.get("format"))
+        .filter(|f| !f.is_null())
+    {
+        match format["type"].as_str() {
+            Some("json_schema") => {
+                let schema = format
+                    .get("schema")
+                    .filter(|s| s.is_object())
+                    .ok_or_else(|| invalid("output_config.format.schema must be an object"))?;
+                request.insert(
+                    "response_format".into(),
+                    json_schema_format("output", schema.clone(), None),
+                );
+            }
+            other => {
+                return Err(invalid(format!(
+                    "output_config.format.type {other:?} is not supported: use json_schema"
+                )))
+            }
+        }
+    }
     Ok(Normalized {
         request,
         stream,
@@ -327,7 +355,10 @@ pub fn response(upstream: &Value, model: &str) -> Value {
     let content = content_blocks(&choice["message"]);
     let has_tool_use = content.iter().any(|b| b["type"] == "tool_use");
     let finish = choice["finish_reason"].as_str();
-    let reason = if finish == Some("tool_calls") && !has_tool_use {
+    let stop_sequence = matched_stop_sequence(choice);
+    let reason = if stop_sequence.is_some() {
+        "stop_sequence"
+    } else if finish == Some("tool_calls") && !has_tool_use {
         "end_turn"
     } else {
         stop_reason(finish)
@@ -338,7 +369,7 @@ pub fn response(upstream: &Value, model: &str) -> Value {
         .trim_start_matches("chatcmpl-");
     json!({
         "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model,
-        "content": content, "stop_reason": reason, "stop_sequence": null,
+        "content": content, "stop_reason": reason, "stop_sequence": stop_sequence,
         "usage": {"input_tokens": upstream["usage"]["prompt_tokens"], "output_tokens": upstream["usage"]["completion_tokens"],
                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
     })
@@ -349,6 +380,7 @@ pub fn stream_events(message: &Value) -> Vec<(String, Value)> {
     let mut start = message.clone();
     start["content"] = json!([]);
     start["stop_reason"] = Value::Null;
+    start["stop_sequence"] = Value::Null;
     start["usage"]["output_tokens"] = 0.into();
     let mut events = vec![(
         "message_start".to_string(),
@@ -396,7 +428,7 @@ pub fn stream_events(message: &Value) -> Vec<(String, Value)> {
     }
     events.push((
         "message_delta".into(),
-        json!({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": null},
+        json!({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
                "usage": {"output_tokens": message["usage"]["output_tokens"]}}),
     ));
     events.push(("message_stop".into(), json!({"type": "message_stop"})));
@@ -585,5 +617,57 @@ mod tests {
             json!({"type": "text", "text": "Bash({not json)"})
         );
         assert_eq!(msg["stop_reason"], "end_turn");
+    }
+
+    #[test]
+    fn a_stop_on_a_callers_sequence_is_reported_with_the_sequence() {
+        // vLLM names the matched string in `stop_reason`; a number there is a stop token.
+        let upstream = json!({"choices": [{"finish_reason": "stop", "stop_reason": "END",
+            "message": {"content": "one two"}}]});
+        let msg = response(&upstream, "m");
+        assert_eq!(msg["stop_reason"], "stop_sequence");
+        assert_eq!(msg["stop_sequence"], "END");
+        let events = stream_events(&msg);
+        assert_eq!(events[0].1["message"]["stop_sequence"], Value::Null);
+        let delta = &events[events.len() - 2].1["delta"];
+        assert_eq!(
+            (&delta["stop_reason"], &delta["stop_sequence"]),
+            (&json!("stop_sequence"), &json!("END"))
+        );
+        for eos in [json!(2), Value::Null] {
+            let upstream = json!({"choices": [{"finish_reason": "stop", "stop_reason": eos,
+                "message": {"content": "done"}}]});
+            let msg = response(&upstream, "m");
+            assert_eq!(
+                (&msg["stop_reason"], &msg["stop_sequence"]),
+                (&json!("end_turn"), &Value::Null)
+            );
+        }
+        // SGLang's field.
+        let sglang = json!({"choices": [{"finish_reason": "stop", "matched_stop": "\n\n",
+            "message": {"content": "x"}}]});
+        assert_eq!(response(&sglang, "m")["stop_sequence"], "\n\n");
+    }
+
+    #[test]
+    fn structured_output_reaches_guided_decoding() {
+        let schema =
+            json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+        let n = norm(json!({"model": "m", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "n?"}],
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}}));
+        assert_eq!(
+            n.request["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})
+        );
+        for bad in [
+            json!({"type": "json_schema"}),
+            json!({"type": "regex", "schema": {}}),
+        ] {
+            let body = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "n?"}],
+                "output_config": {"format": bad}});
+            let err = normalize(body.to_string().as_bytes()).expect_err("refused");
+            assert!(err.to_string().contains("output_config.format"), "{err}");
+        }
     }
 }

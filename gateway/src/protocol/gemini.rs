@@ -7,19 +7,26 @@
 //!   `response` serialized), `inlineData` → `image_url` data URL.
 //! - `model` contents: `text` → assistant content, `thought: true` text → `reasoning_content`,
 //!   `functionCall` → `tool_calls`; `thoughtSignature` is opaque and not sent upstream.
-//!   Gemini calls often carry no id: the gateway invents one and matches the following
-//!   `functionResponse` by name, in order.
+//!   Gemini pairs a `functionResponse` with its call by id when it has one, else by name in
+//!   call order (what the SDKs' `Part.from_function_response(name=…)` sends, even for a call
+//!   that came back with an id): calls without an id get an invented one, and a response
+//!   without an id answers the earliest unanswered call of its name.
 //! - `functionDeclarations` → functions (`parameters` or `parametersJsonSchema`); built-in tools
 //!   (`googleSearch`, `codeExecution`, `urlContext`, …) are dropped and counted.
 //! - `generationConfig`: `maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences`;
 //!   `thinkingConfig` → `chat_template_kwargs.enable_thinking`; `candidateCount` > 1 refused.
+//! - Structured output → vLLM's guided decoding: `responseMimeType: application/json` with
+//!   `responseJsonSchema` (JSON Schema) or `responseSchema` (Gemini's OpenAPI subset, turned
+//!   into JSON Schema) → `response_format` json_schema, without a schema → json_object;
+//!   `text/x.enum` with an enum schema → `structured_outputs.choice`.
 
 use std::collections::{HashMap, VecDeque};
 
 use serde_json::{json, Map, Value};
 
 use super::{
-    assistant_message, call_arguments, call_as_text, reasoning_of, Normalized, ProtocolError,
+    assistant_message, call_arguments, call_as_text, json_schema_format, reasoning_of, Normalized,
+    ProtocolError,
 };
 
 fn invalid(msg: impl Into<String>) -> ProtocolError {
@@ -60,7 +67,7 @@ pub fn normalize_value(
     if !system.is_empty() {
         out.push(json!({"role": "system", "content": system}));
     }
-    // Invented call ids waiting for their response, by function name.
+    // Call ids (given or invented) waiting for their response, by function name.
     let mut pending: HashMap<String, VecDeque<String>> = HashMap::new();
     for (i, c) in contents.iter().enumerate() {
         let parts = c["parts"]
@@ -77,8 +84,13 @@ pub fn normalize_value(
                                 "contents[{i}].parts[{k}].functionResponse.name is required"
                             ))
                         })?;
-                        let id = match fr["id"].as_str() {
-                            Some(id) => id.to_string(),
+                        let id = match fr["id"].as_str().filter(|id| !id.is_empty()) {
+                            Some(id) => {
+                                if let Some(waiting) = pending.get_mut(name) {
+                                    waiting.retain(|w| w != id);
+                                }
+                                id.to_string()
+                            }
                             None => pending
                                 .get_mut(name)
                                 .and_then(VecDeque::pop_front)
@@ -116,17 +128,14 @@ pub fn normalize_value(
                                 "contents[{i}].parts[{k}].functionCall.name is required"
                             ))
                         })?;
-                        let id = match fc["id"].as_str() {
+                        let id = match fc["id"].as_str().filter(|id| !id.is_empty()) {
                             Some(id) => id.to_string(),
-                            None => {
-                                let id = format!("call_{name}_{i}_{k}");
-                                pending
-                                    .entry(name.to_string())
-                                    .or_default()
-                                    .push_back(id.clone());
-                                id
-                            }
+                            None => format!("call_{name}_{i}_{k}"),
                         };
+                        pending
+                            .entry(name.to_string())
+                            .or_default()
+                            .push_back(id.clone());
                         let args = if fc["args"].is_null() {
                             json!({})
                         } else {
@@ -214,6 +223,7 @@ pub fn normalize_value(
             json!({"enable_thinking": on}),
         );
     }
+    structured_output(&g, &mut request)?;
     Ok(Normalized {
         request,
         stream,
@@ -221,6 +231,103 @@ pub fn normalize_value(
         dropped,
         ..Default::default()
     })
+}
+
+/// `generationConfig`'s structured output, as vLLM's guided decoding.
+fn structured_output(g: &Value, request: &mut Map<String, Value>) -> Result<(), ProtocolError> {
+    let schema = match (g.get("responseJsonSchema"), g.get("responseSchema")) {
+        (Some(json_schema), _) if !json_schema.is_null() => Some(json_schema.clone()),
+        (_, Some(openapi)) if !openapi.is_null() => Some(json_schema_of(openapi)?),
+        _ => None,
+    };
+    match g["responseMimeType"].as_str() {
+        None | Some("text/plain") => {
+            if schema.is_some() {
+                return Err(invalid(
+                    "generationConfig.responseSchema needs responseMimeType application/json or text/x.enum",
+                ));
+            }
+        }
+        Some("application/json") => {
+            let format = match schema {
+                Some(schema) => json_schema_format("response", schema, None),
+                None => json!({"type": "json_object"}),
+            };
+            request.insert("response_format".into(), format);
+        }
+        Some("text/x.enum") => {
+            let choices = schema
+                .as_ref()
+                .and_then(|s| s["enum"].as_array())
+                .filter(|e| !e.is_empty() && e.iter().all(Value::is_string))
+                .ok_or_else(|| {
+                    invalid("responseMimeType text/x.enum needs a responseSchema with a string enum")
+                })?;
+            request.insert(
+                "structured_outputs".into(),
+                json!({"choice": choices.clone()}),
+            );
+        }
+        Some(other) => {
+            return Err(invalid(format!(
+                "generationConfig.responseMimeType {other:?} is not supported: use text/plain, application/json or text/x.enum"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// JSON Schema for a Gemini `Schema` (the OpenAPI 3.0 subset): types are upper case there,
+/// `nullable` is a flag, `propertyOrdering` and `example` have no JSON Schema meaning.
+fn json_schema_of(schema: &Value) -> Result<Value, ProtocolError> {
+    let Value::Object(fields) = schema else {
+        return Err(invalid("generationConfig.responseSchema must be an object"));
+    };
+    let mut out = Map::new();
+    for (key, value) in fields {
+        match key.as_str() {
+            "type" => {
+                let t = value
+                    .as_str()
+                    .ok_or_else(|| invalid("responseSchema type must be a string"))?
+                    .to_ascii_lowercase();
+                if t != "type_unspecified" {
+                    out.insert("type".into(), t.into());
+                }
+            }
+            "properties" => {
+                let props = value
+                    .as_object()
+                    .ok_or_else(|| invalid("responseSchema properties must be an object"))?
+                    .iter()
+                    .map(|(name, s)| Ok((name.clone(), json_schema_of(s)?)))
+                    .collect::<Result<Map<_, _>, ProtocolError>>()?;
+                out.insert(key.clone(), Value::Object(props));
+            }
+            "items" => {
+                out.insert(key.clone(), json_schema_of(value)?);
+            }
+            "anyOf" => {
+                let any = value
+                    .as_array()
+                    .ok_or_else(|| invalid("responseSchema anyOf must be an array"))?
+                    .iter()
+                    .map(json_schema_of)
+                    .collect::<Result<Vec<_>, _>>()?;
+                out.insert(key.clone(), Value::Array(any));
+            }
+            "nullable" | "propertyOrdering" | "example" => {}
+            _ => {
+                out.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    if fields.get("nullable") == Some(&Value::Bool(true)) {
+        if let Some(Value::String(t)) = out.get("type").cloned() {
+            out.insert("type".into(), json!([t, "null"]));
+        }
+    }
+    Ok(Value::Object(out))
 }
 
 /// A `:countTokens` request: `{contents}` or `{generateContentRequest: {contents, …}}`.
@@ -347,5 +454,105 @@ mod tests {
             response(&cut, "m")["candidates"][0]["finishReason"],
             "MAX_TOKENS"
         );
+    }
+
+    #[test]
+    fn responses_without_ids_answer_their_calls_by_name_in_order() {
+        // The gateway's reply gave the calls ids; the SDK's helper sends responses without.
+        let body = json!({"contents": [
+            {"role": "user", "parts": [{"text": "weather in two towns"}]},
+            {"role": "model", "parts": [
+                {"functionCall": {"id": "call_a", "name": "weather", "args": {"town": "A"}}},
+                {"functionCall": {"id": "call_b", "name": "weather", "args": {"town": "B"}}},
+                {"functionCall": {"name": "time", "args": {}}}]},
+            {"role": "user", "parts": [
+                {"functionResponse": {"name": "time", "response": {"t": "noon"}}},
+                {"functionResponse": {"name": "weather", "response": {"sky": "rain"}}},
+                {"functionResponse": {"name": "weather", "response": {"sky": "sun"}}}]},
+            {"role": "model", "parts": [{"functionCall": {"id": "call_c", "name": "weather", "args": {"town": "C"}}},
+                                        {"functionCall": {"id": "call_d", "name": "weather", "args": {"town": "D"}}}]},
+            {"role": "user", "parts": [
+                {"functionResponse": {"id": "call_d", "name": "weather", "response": {"sky": "fog"}}},
+                {"functionResponse": {"name": "weather", "response": {"sky": "snow"}}}]}]});
+        let n = normalize(body.to_string().as_bytes(), "m", false).expect("valid");
+        let m = n.request["messages"].as_array().expect("messages");
+        let time_id = m[1]["tool_calls"][2]["id"].clone();
+        let answered: Vec<(&Value, &Value)> = m
+            .iter()
+            .filter(|x| x["role"] == "tool")
+            .map(|x| (&x["tool_call_id"], &x["content"]))
+            .collect();
+        assert_eq!(
+            answered,
+            [
+                (&time_id, &json!("{\"t\":\"noon\"}")),
+                (&json!("call_a"), &json!("{\"sky\":\"rain\"}")),
+                (&json!("call_b"), &json!("{\"sky\":\"sun\"}")),
+                // An id answers its own call; the one without answers the other.
+                (&json!("call_d"), &json!("{\"sky\":\"fog\"}")),
+                (&json!("call_c"), &json!("{\"sky\":\"snow\"}")),
+            ]
+        );
+    }
+
+    #[test]
+    fn structured_output_reaches_guided_decoding() {
+        let ask = |g: Value| {
+            normalize(
+                json!({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": g})
+                    .to_string()
+                    .as_bytes(),
+                "m",
+                false,
+            )
+        };
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let n = ask(json!({"responseMimeType": "application/json", "responseJsonSchema": schema}))
+            .expect("valid");
+        assert_eq!(
+            n.request["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "response", "schema": schema}})
+        );
+        // Gemini's own Schema: upper-case types, nullable, propertyOrdering.
+        let openapi = json!({"type": "OBJECT", "propertyOrdering": ["name", "tags"],
+            "properties": {"name": {"type": "STRING", "nullable": true},
+                           "tags": {"type": "ARRAY", "items": {"type": "STRING", "enum": ["a", "b"]}}},
+            "required": ["name"]});
+        let n = ask(json!({"responseMimeType": "application/json", "responseSchema": openapi}))
+            .expect("valid");
+        assert_eq!(
+            n.request["response_format"]["json_schema"]["schema"],
+            json!({"type": "object", "required": ["name"],
+                "properties": {"name": {"type": ["string", "null"]},
+                               "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}}}})
+        );
+        let n = ask(json!({"responseMimeType": "application/json"})).expect("valid");
+        assert_eq!(n.request["response_format"], json!({"type": "json_object"}));
+        let n = ask(json!({"responseMimeType": "text/x.enum",
+            "responseSchema": {"type": "STRING", "enum": ["red", "blue"]}}))
+        .expect("valid");
+        assert_eq!(
+            n.request["structured_outputs"],
+            json!({"choice": ["red", "blue"]})
+        );
+        assert!(!ask(json!({"temperature": 0.1}))
+            .expect("valid")
+            .request
+            .contains_key("response_format"));
+        for (g, needle) in [
+            (json!({"responseMimeType": "text/x.enum"}), "string enum"),
+            (json!({"responseMimeType": "image/png"}), "image/png"),
+            (
+                json!({"responseSchema": {"type": "STRING"}}),
+                "responseMimeType",
+            ),
+            (
+                json!({"responseMimeType": "application/json", "responseSchema": {"type": 3}}),
+                "type must be a string",
+            ),
+        ] {
+            let err = ask(g.clone()).expect_err("refused");
+            assert!(err.to_string().contains(needle), "{g}: {err}");
+        }
     }
 }

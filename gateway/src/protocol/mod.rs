@@ -106,3 +106,25 @@ pub(crate) fn call_as_text(call: &Value) -> String {
         call["function"]["arguments"].as_str().unwrap_or_default()
     )
 }
+
+/// The stop sequence an upstream choice ended on, when it ended on one: vLLM's `stop_reason`
+/// or SGLang's `matched_stop` holds the matched string (a number there is a stop token id,
+/// the model's own end of turn, not a caller's sequence).
+pub(crate) fn matched_stop_sequence(choice: &Value) -> Option<&str> {
+    if choice["finish_reason"] != "stop" {
+        return None;
+    }
+    ["stop_reason", "matched_stop"]
+        .iter()
+        .find_map(|k| choice.get(*k).and_then(Value::as_str))
+}
+
+/// Chat Completions' `response_format` for a JSON schema (what vLLM turns into guided
+/// decoding), from any provider's structured-output request.
+pub(crate) fn json_schema_format(name: &str, schema: Value, strict: Option<bool>) -> Value {
+    let mut spec = serde_json::json!({"name": name, "schema": schema});
+    if let Some(strict) = strict {
+        spec["strict"] = strict.into();
+    }
+    serde_json::json!({"type": "json_schema", "json_schema": spec})
+}

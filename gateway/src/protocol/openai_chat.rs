@@ -39,7 +39,16 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
         ));
     }
     req.insert("messages".into(), Value::Array(merge_system(messages)?));
+    // OpenAI's hosted web search, asked for by a parameter rather than a tool: vLLM has none.
+    let mut dropped = Vec::new();
+    if req
+        .remove("web_search_options")
+        .is_some_and(|o| !o.is_null())
+    {
+        dropped.push(format!("{}web_search_options", super::HOSTED_TOOL));
+    }
     Ok(Normalized {
+        dropped,
         model: req
             .get("model")
             .and_then(Value::as_str)
@@ -186,6 +195,20 @@ mod tests {
             .collect();
         assert_eq!(roles, ["system", "user", "assistant"]);
         assert_eq!(req["messages"][0]["content"], "be brief\n\nreminder: tests");
+    }
+
+    #[test]
+    fn web_search_options_is_a_hosted_tool() {
+        let body = json!({"messages": [{"role": "user", "content": "news?"}],
+            "web_search_options": {"search_context_size": "low"}});
+        let n = normalize(body.to_string().as_bytes()).expect("ok");
+        assert_eq!(n.hosted_tools(), ["web_search_options"]);
+        assert!(!n.request.contains_key("web_search_options"));
+        let plain = json!({"messages": [{"role": "user", "content": "hi"}]});
+        assert!(normalize(plain.to_string().as_bytes())
+            .expect("ok")
+            .dropped
+            .is_empty());
     }
 
     #[test]

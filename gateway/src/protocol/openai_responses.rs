@@ -15,7 +15,7 @@
 //!   `image_generation`, `local_shell`, …) are dropped and counted.
 //! - `previous_response_id` is refused: the gateway keeps no conversation state.
 //! - `reasoning.effort` → `chat_template_kwargs.enable_thinking` (false for `minimal`/`none`),
-//!   `text.format` json_schema → `response_format`, `max_output_tokens` → `max_tokens`.
+//!   `text.format` json_schema / json_object → `response_format`, `max_output_tokens` → `max_tokens`.
 
 use std::collections::BTreeSet;
 
@@ -233,9 +233,29 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
             json!({"enable_thinking": !matches!(effort, "minimal" | "none")}),
         );
     }
-    if req.get("text").and_then(|t| t["format"]["type"].as_str()) == Some("json_schema") {
-        let f = &req["text"]["format"];
-        request.insert("response_format".into(), json!({"type": "json_schema", "json_schema": {"name": f["name"], "schema": f["schema"], "strict": f["strict"]}}));
+    let format = req
+        .get("text")
+        .map(|t| &t["format"])
+        .unwrap_or(&Value::Null);
+    match format["type"].as_str() {
+        Some("json_schema") => {
+            let schema = format
+                .get("schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| invalid("text.format.schema must be an object"))?;
+            request.insert(
+                "response_format".into(),
+                super::json_schema_format(
+                    format["name"].as_str().unwrap_or("response"),
+                    schema.clone(),
+                    format["strict"].as_bool(),
+                ),
+            );
+        }
+        Some("json_object") => {
+            request.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+        _ => {}
     }
     Ok(Normalized {
         request,

@@ -386,12 +386,22 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     })
     .flatten();
     Sse::new(events)
-        .keep_alive(
-            KeepAlive::new()
-                .interval(gateway.config.keepalive)
-                .text("keep-alive"),
-        )
+        .keep_alive(keep_alive(api).interval(gateway.config.keepalive))
         .into_response()
+}
+
+/// What keeps a stream alive while the upstream works, in a shape every official SDK of the
+/// API skips: Anthropic's own `ping` event; for Gemini a bare blank line (google-genai for
+/// Python parses every line that is not `data:` as JSON, so an SSE comment breaks it); an
+/// SSE comment for OpenAI's APIs.
+fn keep_alive(api: Api) -> KeepAlive {
+    match api {
+        Api::Anthropic => {
+            KeepAlive::new().event(Event::default().event("ping").data(r#"{"type": "ping"}"#))
+        }
+        Api::Gemini => KeepAlive::new().event(Event::default()),
+        Api::OpenaiChat | Api::OpenaiResponses => KeepAlive::new().text("keep-alive"),
+    }
 }
 
 /// Count a successful call; `out_bytes` is the size of what goes back to the harness.
