@@ -10,7 +10,7 @@
 //!   one), `thinking` → `reasoning_content` (its opaque `signature` is not sent upstream),
 //!   `redacted_thinking` → dropped (nothing readable in it).
 //! - `image` blocks (base64 or URL) → `image_url` parts.
-//! - custom tools → functions (`input_schema` → `parameters`; `cache_control`,
+//! - custom tools → functions (`input_schema` → `parameters`, `strict` kept; `cache_control`,
 //!   `defer_loading` ignored); Anthropic-hosted tools (`web_search_*`, `bash_*`, …, anything
 //!   with a `type` other than `custom`) are dropped and counted in [`Normalized::dropped`].
 //! - `thinking.type` enabled/disabled → `chat_template_kwargs.enable_thinking`.
@@ -245,9 +245,14 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
         let mut functions = Vec::new();
         for t in tools {
             match t["type"].as_str() {
-                None | Some("custom") => functions.push(json!({"type": "function", "function": {
-                    "name": t["name"], "description": t.get("description").cloned().unwrap_or(Value::Null),
-                    "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"}))}})),
+                None | Some("custom") => functions.push(super::function_tool(
+                    &t["name"],
+                    t.get("description"),
+                    t.get("input_schema")
+                        .cloned()
+                        .unwrap_or(json!({"type": "object"})),
+                    t["strict"].as_bool(),
+                )),
                 Some(hosted) => dropped.push(format!("hosted_tool:{hosted}")),
             }
         }
@@ -356,9 +361,13 @@ pub fn response(upstream: &Value, model: &str) -> Value {
     let has_tool_use = content.iter().any(|b| b["type"] == "tool_use");
     let finish = choice["finish_reason"].as_str();
     let stop_sequence = matched_stop_sequence(choice);
+    // A message that ends in tool calls is `tool_use` whatever vLLM's finish reason: a call
+    // forced by name (`tool_choice: tool`) finishes with "stop" there.
     let reason = if stop_sequence.is_some() {
         "stop_sequence"
-    } else if finish == Some("tool_calls") && !has_tool_use {
+    } else if has_tool_use && finish != Some("length") {
+        "tool_use"
+    } else if finish == Some("tool_calls") {
         "end_turn"
     } else {
         stop_reason(finish)
@@ -605,6 +614,13 @@ mod tests {
             events[events.len() - 2].1["delta"]["stop_reason"],
             "tool_use"
         );
+    }
+
+    #[test]
+    fn a_forced_tool_call_is_tool_use() {
+        let upstream = json!({"choices": [{"finish_reason": "stop", "message": {"content": "",
+            "tool_calls": [{"id": "c", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}}]});
+        assert_eq!(response(&upstream, "m")["stop_reason"], "tool_use");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   call order (what the SDKs' `Part.from_function_response(name=…)` sends, even for a call
 //!   that came back with an id): calls without an id get an invented one, and a response
 //!   without an id answers the earliest unanswered call of its name.
-//! - `functionDeclarations` → functions (`parameters` or `parametersJsonSchema`); built-in tools
+//! - `functionDeclarations` → functions (`parameters` or `parametersJsonSchema`; strict under
+//!   `toolConfig` modes ANY and VALIDATED, whose calls Gemini guarantees to follow the schema); built-in tools
 //!   (`googleSearch`, `codeExecution`, `urlContext`, …) are dropped and counted.
 //! - `generationConfig`: `maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences`;
 //!   `thinkingConfig` → `chat_template_kwargs.enable_thinking`; `candidateCount` > 1 refused.
@@ -164,6 +165,11 @@ pub fn normalize_value(
     }
     let mut request = Map::new();
     request.insert("messages".into(), Value::Array(out));
+    // Gemini's ANY and VALIDATED modes guarantee calls that follow the declared schema.
+    let mode = req
+        .get("toolConfig")
+        .and_then(|c| c["functionCallingConfig"]["mode"].as_str());
+    let strict = matches!(mode, Some("ANY" | "VALIDATED")).then_some(true);
     let mut functions = Vec::new();
     for t in req
         .get("tools")
@@ -175,12 +181,19 @@ pub fn normalize_value(
         for (kind, v) in obj {
             if kind == "functionDeclarations" {
                 for f in v.as_array().into_iter().flatten() {
-                    let params = f
-                        .get("parametersJsonSchema")
-                        .or(f.get("parameters"))
-                        .cloned()
-                        .unwrap_or(json!({"type": "object", "properties": {}}));
-                    functions.push(json!({"type": "function", "function": {"name": f["name"], "description": f.get("description").cloned().unwrap_or(Value::Null), "parameters": params}}));
+                    // `parameters` is Gemini's own Schema (upper-case types): JSON Schema
+                    // for vLLM, like a structured-output schema.
+                    let params = match (f.get("parametersJsonSchema"), f.get("parameters")) {
+                        (Some(json_schema), _) if !json_schema.is_null() => json_schema.clone(),
+                        (_, Some(openapi)) if !openapi.is_null() => json_schema_of(openapi)?,
+                        _ => json!({"type": "object", "properties": {}}),
+                    };
+                    functions.push(super::function_tool(
+                        &f["name"],
+                        f.get("description"),
+                        params,
+                        strict,
+                    ));
                 }
             } else {
                 dropped.push(format!("hosted_tool:{kind}"));
@@ -189,10 +202,7 @@ pub fn normalize_value(
     }
     if !functions.is_empty() {
         request.insert("tools".into(), Value::Array(functions));
-        match req
-            .get("toolConfig")
-            .and_then(|c| c["functionCallingConfig"]["mode"].as_str())
-        {
+        match mode {
             Some("ANY") => request.insert("tool_choice".into(), "required".into()),
             Some("NONE") => request.insert("tool_choice".into(), "none".into()),
             _ => None,
@@ -281,7 +291,9 @@ fn structured_output(g: &Value, request: &mut Map<String, Value>) -> Result<(), 
 /// `nullable` is a flag, `propertyOrdering` and `example` have no JSON Schema meaning.
 fn json_schema_of(schema: &Value) -> Result<Value, ProtocolError> {
     let Value::Object(fields) = schema else {
-        return Err(invalid("generationConfig.responseSchema must be an object"));
+        return Err(invalid(
+            "a Schema (responseSchema, parameters) must be an object",
+        ));
     };
     let mut out = Map::new();
     for (key, value) in fields {
@@ -289,7 +301,7 @@ fn json_schema_of(schema: &Value) -> Result<Value, ProtocolError> {
             "type" => {
                 let t = value
                     .as_str()
-                    .ok_or_else(|| invalid("responseSchema type must be a string"))?
+                    .ok_or_else(|| invalid("Schema type must be a string"))?
                     .to_ascii_lowercase();
                 if t != "type_unspecified" {
                     out.insert("type".into(), t.into());
@@ -298,7 +310,7 @@ fn json_schema_of(schema: &Value) -> Result<Value, ProtocolError> {
             "properties" => {
                 let props = value
                     .as_object()
-                    .ok_or_else(|| invalid("responseSchema properties must be an object"))?
+                    .ok_or_else(|| invalid("Schema properties must be an object"))?
                     .iter()
                     .map(|(name, s)| Ok((name.clone(), json_schema_of(s)?)))
                     .collect::<Result<Map<_, _>, ProtocolError>>()?;
@@ -310,7 +322,7 @@ fn json_schema_of(schema: &Value) -> Result<Value, ProtocolError> {
             "anyOf" => {
                 let any = value
                     .as_array()
-                    .ok_or_else(|| invalid("responseSchema anyOf must be an array"))?
+                    .ok_or_else(|| invalid("Schema anyOf must be an array"))?
                     .iter()
                     .map(json_schema_of)
                     .collect::<Result<Vec<_>, _>>()?;
@@ -553,6 +565,30 @@ mod tests {
         ] {
             let err = ask(g.clone()).expect_err("refused");
             assert!(err.to_string().contains(needle), "{g}: {err}");
+        }
+    }
+
+    #[test]
+    fn declared_functions_follow_the_schema_under_any_and_validated() {
+        let ask = |mode: &str| {
+            let body = json!({"contents": [{"parts": [{"text": "x"}]}],
+                "tools": [{"functionDeclarations": [{"name": "f",
+                    "parameters": {"type": "OBJECT", "properties": {"city": {"type": "STRING"}}}}]}],
+                "toolConfig": {"functionCallingConfig": {"mode": mode}}});
+            normalize(body.to_string().as_bytes(), "m", false).expect("valid")
+        };
+        for (mode, strict) in [
+            ("ANY", json!(true)),
+            ("VALIDATED", json!(true)),
+            ("AUTO", Value::Null),
+        ] {
+            let n = ask(mode);
+            let f = &n.request["tools"][0]["function"];
+            assert_eq!(f["strict"], strict, "{mode}");
+            assert_eq!(
+                f["parameters"],
+                json!({"type": "object", "properties": {"city": {"type": "string"}}})
+            );
         }
     }
 }

@@ -128,3 +128,20 @@ pub(crate) fn json_schema_format(name: &str, schema: Value, strict: Option<bool>
     }
     serde_json::json!({"type": "json_schema", "json_schema": spec})
 }
+
+/// A Chat Completions function tool. `strict` (the caller's, or implied by its API) makes vLLM
+/// constrain the call's arguments to `parameters`; without it a small model may emit
+/// arguments that are no JSON object at all.
+pub(crate) fn function_tool(
+    name: &Value,
+    description: Option<&Value>,
+    parameters: Value,
+    strict: Option<bool>,
+) -> Value {
+    let mut function = serde_json::json!({"name": name,
+        "description": description.cloned().unwrap_or(Value::Null), "parameters": parameters});
+    if let Some(strict) = strict {
+        function["strict"] = strict.into();
+    }
+    serde_json::json!({"type": "function", "function": function})
+}

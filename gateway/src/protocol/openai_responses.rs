@@ -281,12 +281,19 @@ fn tools(
         .collect();
     while let Some(t) = queue.pop() {
         match t["type"].as_str() {
-            Some("function") => functions.push(json!({"type": "function", "function": {
-                "name": t["name"], "description": t.get("description").cloned().unwrap_or(Value::Null),
-                "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object", "properties": {}}))}})),
+            Some("function") => functions.push(super::function_tool(
+                &t["name"],
+                t.get("description"),
+                t.get("parameters")
+                    .cloned()
+                    .unwrap_or(json!({"type": "object", "properties": {}})),
+                t["strict"].as_bool(),
+            )),
             Some("namespace") => queue.extend(t["tools"].as_array().into_iter().flatten()),
             Some("custom") => {
-                let name = t["name"].as_str().ok_or_else(|| invalid("custom tool without name"))?;
+                let name = t["name"]
+                    .as_str()
+                    .ok_or_else(|| invalid("custom tool without name"))?;
                 custom.insert(name.to_string());
                 functions.push(json!({"type": "function", "function": {"name": name, "description": t.get("description").cloned().unwrap_or(Value::Null),
                     "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}}}));
