@@ -49,7 +49,7 @@ pub fn normalize_value(
     model: &str,
     stream: bool,
 ) -> Result<Normalized, ProtocolError> {
-    let Value::Object(req) = value else {
+    let Value::Object(req) = camel_case_keys(value) else {
         return Err(invalid("body must be a JSON object"));
     };
     let Some(Value::Array(contents)) = req.get("contents") else {
@@ -241,6 +241,68 @@ pub fn normalize_value(
         dropped,
         ..Default::default()
     })
+}
+
+/// Fields whose values are the caller's own data (function arguments and results, JSON
+/// Schemas, labels): their keys are kept as written.
+const FREE_FORM: [&str; 7] = [
+    "args",
+    "response",
+    "parametersJsonSchema",
+    "responseJsonSchema",
+    "default",
+    "example",
+    "labels",
+];
+
+/// The request with every field name in lowerCamelCase. Gemini's API is protobuf JSON, whose
+/// parsers take a field's proto name too (`parameters_json_schema`, `inline_data`): google-genai
+/// for Python sends some fields that way. Only field names change: the caller's own data
+/// ([`FREE_FORM`], and the property names of a `Schema`'s `properties`) stays as written.
+fn camel_case_keys(value: Value) -> Value {
+    let Value::Object(fields) = value else {
+        return match value {
+            Value::Array(items) => Value::Array(items.into_iter().map(camel_case_keys).collect()),
+            other => other,
+        };
+    };
+    let mut out = Map::new();
+    for (key, value) in fields {
+        let key = lower_camel(&key);
+        let value = if FREE_FORM.contains(&key.as_str()) {
+            value
+        } else if key == "properties" {
+            match value {
+                Value::Object(props) => Value::Object(
+                    props
+                        .into_iter()
+                        .map(|(name, schema)| (name, camel_case_keys(schema)))
+                        .collect(),
+                ),
+                other => other,
+            }
+        } else {
+            camel_case_keys(value)
+        };
+        out.insert(key, value);
+    }
+    Value::Object(out)
+}
+
+fn lower_camel(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        if c == '_' && !out.is_empty() {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `generationConfig`'s structured output, as vLLM's guided decoding.
@@ -590,5 +652,40 @@ mod tests {
                 json!({"type": "object", "properties": {"city": {"type": "string"}}})
             );
         }
+    }
+
+    #[test]
+    fn proto_field_names_are_read_like_their_json_names() {
+        // As google-genai for Python sends a declaration's JSON Schema; the schema's own
+        // property names and a call's arguments keep their spelling.
+        let body = json!({"contents": [
+            {"role": "user", "parts": [{"text": "x"}, {"inline_data": {"mime_type": "image/png", "data": "AA=="}}]},
+            {"role": "model", "parts": [{"function_call": {"name": "f", "args": {"city_name": "Oslo"}}}]},
+            {"role": "user", "parts": [{"function_response": {"name": "f", "response": {"sky_state": "rain"}}}]}],
+            "tools": [{"function_declarations": [{"name": "f",
+                "parameters_json_schema": {"type": "object", "properties": {"city_name": {"type": "string"}}}}]}],
+            "tool_config": {"function_calling_config": {"mode": "ANY"}},
+            "generation_config": {"max_output_tokens": 7, "response_mime_type": "application/json",
+                "response_schema": {"type": "OBJECT", "properties": {"max_items": {"type": "STRING"}}, "property_ordering": ["max_items"]}}});
+        let n = normalize(body.to_string().as_bytes(), "m", false).expect("valid");
+        let m = &n.request["messages"];
+        assert_eq!(m[0]["content"][1]["image_url"]["url"], "data:image/png;base64,AA==");
+        assert_eq!(
+            m[1]["tool_calls"][0]["function"]["arguments"],
+            "{\"city_name\":\"Oslo\"}"
+        );
+        assert_eq!(m[2]["content"], "{\"sky_state\":\"rain\"}");
+        let f = &n.request["tools"][0]["function"];
+        assert_eq!(
+            (&f["parameters"]["properties"]["city_name"], &f["strict"]),
+            (&json!({"type": "string"}), &json!(true))
+        );
+        assert_eq!(n.request["max_tokens"], 7);
+        assert_eq!(
+            n.request["response_format"]["json_schema"]["schema"],
+            json!({"type": "object", "properties": {"max_items": {"type": "string"}}})
+        );
+        assert_eq!(lower_camel("a_b_c"), "aBC");
+        assert_eq!(lower_camel("_x"), "_x");
     }
 }

@@ -144,6 +144,11 @@ pub fn upstream_error(status: u16, body: &str) -> ProtocolError {
         ProtocolError::Upstream(format!(
             "HTTP {status}: the model server refused the gateway's credential: {message}"
         ))
+    } else if matches!(status, 408 | 429) {
+        // The server's load or patience, not the request: still failing once the call's
+        // retries are spent, it is an upstream failure (a 400 would blame the harness, and
+        // its SDK would not retry).
+        ProtocolError::Upstream(format!("HTTP {status}: {message}"))
     } else if (400..500).contains(&status) {
         ProtocolError::InvalidRequest(message)
     } else {
@@ -262,10 +267,13 @@ mod tests {
             upstream_error(400, r#"{"error":{"message":"bad tool"}}"#),
             ProtocolError::InvalidRequest(_)
         ));
-        assert!(matches!(
-            upstream_error(503, "overloaded"),
-            ProtocolError::Upstream(_)
-        ));
+        // Load and patience are the server's: once retries are spent, an upstream failure.
+        for status in [503, 429, 408] {
+            assert!(
+                matches!(upstream_error(status, "overloaded"), ProtocolError::Upstream(_)),
+                "{status}"
+            );
+        }
         // A refused key is the gateway's problem, never the request's.
         let refused = upstream_error(401, r#"{"error":{"message":"Unauthorized"}}"#);
         assert!(
