@@ -16,6 +16,8 @@ const URL = CONFIG.url;
 const SESSIONS = CONFIG.sessions;
 const FORCED = "alpha beta gamma";
 const STOP = "beta";
+// Structured-output and forced tool-call cases sample greedily: guided JSON lets a 135M model pad whitespace until
+// the token cap at temperature 1.
 // Strict tools: vLLM then constrains the arguments, which a 135M model would not get right.
 const WEATHER_SCHEMA = {
   type: "object",
@@ -124,7 +126,7 @@ async function chatCases() {
     }],
     ["tool_round_trip", async () => {
       const msgs = [{ role: "user", content: "Weather in Paris?" }];
-      const r = await create({ messages: msgs, tools: weather, tool_choice: forced, max_tokens: 64 });
+      const r = await create({ messages: msgs, tools: weather, tool_choice: forced, max_tokens: 64, temperature: 0 });
       const call = r.choices[0].message.tool_calls[0];
       assert(call.function.name === "get_weather" && city(JSON.parse(call.function.arguments)), call);
       msgs.push(r.choices[0].message, { role: "tool", tool_call_id: call.id, content: "sunny, 21 C" });
@@ -133,14 +135,14 @@ async function chatCases() {
     }],
     ["streamed_tool_call", async () => {
       // The SDK's stream helper assembles the call from its deltas.
-      const s = c.chat.completions.stream({ model: "gpt-5", messages: [{ role: "user", content: "Weather in Rome?" }], tools: weather, tool_choice: forced, max_tokens: 64 });
+      const s = c.chat.completions.stream({ model: "gpt-5", messages: [{ role: "user", content: "Weather in Rome?" }], tools: weather, tool_choice: forced, max_tokens: 64, temperature: 0 });
       const final = await s.finalChatCompletion();
       const call = final.choices[0].message.tool_calls[0];
       assert(call.function.name === "get_weather" && city(JSON.parse(call.function.arguments)), call);
       return call.function.arguments;
     }],
     ["structured_output", async () => {
-      const r = await create({ max_tokens: 64, messages: [{ role: "user", content: "A city, as JSON." }], response_format: { type: "json_schema", json_schema: { name: "city", schema: CITY_SCHEMA, strict: true } } });
+      const r = await create({ max_tokens: 64, temperature: 0, messages: [{ role: "user", content: "A city, as JSON." }], response_format: { type: "json_schema", json_schema: { name: "city", schema: CITY_SCHEMA, strict: true } } });
       const parsed = JSON.parse(r.choices[0].message.content);
       assert(isCity(parsed), parsed);
       return JSON.stringify(parsed);
@@ -198,7 +200,7 @@ async function responsesCases() {
     }],
     ["tool_round_trip", async () => {
       const items = [{ role: "user", content: "Weather in Paris?" }];
-      const r = await create({ input: items, tools: weather, tool_choice: forced, max_output_tokens: 64 });
+      const r = await create({ input: items, tools: weather, tool_choice: forced, max_output_tokens: 64, temperature: 0 });
       const call = r.output.find((o) => o.type === "function_call");
       assert(call && call.name === "get_weather" && city(JSON.parse(call.arguments)), r.output);
       items.push(...r.output, { type: "function_call_output", call_id: call.call_id, output: "sunny, 21 C" });
@@ -206,7 +208,7 @@ async function responsesCases() {
       return `${call.arguments} -> ${JSON.stringify(r2.output_text)}`;
     }],
     ["streamed_tool_call", async () => {
-      const s = c.responses.stream({ model: "gpt-5", input: "Weather in Rome?", tools: weather, tool_choice: forced, max_output_tokens: 64 });
+      const s = c.responses.stream({ model: "gpt-5", input: "Weather in Rome?", tools: weather, tool_choice: forced, max_output_tokens: 64, temperature: 0 });
       let args = null;
       for await (const e of s) if (e.type === "response.function_call_arguments.done") args = e.arguments;
       const final = await s.finalResponse();
@@ -215,7 +217,7 @@ async function responsesCases() {
       return args;
     }],
     ["structured_output", async () => {
-      const r = await create({ input: "A city, as JSON.", max_output_tokens: 64, text: { format: { type: "json_schema", name: "city", schema: CITY_SCHEMA, strict: true } } });
+      const r = await create({ input: "A city, as JSON.", max_output_tokens: 64, temperature: 0, text: { format: { type: "json_schema", name: "city", schema: CITY_SCHEMA, strict: true } } });
       const parsed = JSON.parse(r.output_text);
       assert(isCity(parsed), parsed);
       return JSON.stringify(parsed);
@@ -286,7 +288,7 @@ async function anthropicCases() {
     }],
     ["tool_round_trip", async () => {
       const msgs = [{ role: "user", content: "Weather in Paris?" }];
-      const m = await create({ max_tokens: 64, messages: msgs, tools: weather, tool_choice: forced });
+      const m = await create({ max_tokens: 64, temperature: 0, messages: msgs, tools: weather, tool_choice: forced });
       const use = m.content.find((b) => b.type === "tool_use");
       assert(m.stop_reason === "tool_use" && use && use.name === "get_weather" && city(use.input), m);
       msgs.push({ role: "assistant", content: m.content }, { role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content: "sunny, 21 C" }] });
@@ -294,13 +296,13 @@ async function anthropicCases() {
       return `${JSON.stringify(use.input)} -> ${JSON.stringify(text(m2))}`;
     }],
     ["streamed_tool_call", async () => {
-      const final = await c.messages.stream({ model, max_tokens: 64, tools: weather, tool_choice: forced, messages: [{ role: "user", content: "Weather in Rome?" }] }).finalMessage();
+      const final = await c.messages.stream({ model, max_tokens: 64, temperature: 0, tools: weather, tool_choice: forced, messages: [{ role: "user", content: "Weather in Rome?" }] }).finalMessage();
       const use = final.content.find((b) => b.type === "tool_use");
       assert(use && use.name === "get_weather" && city(use.input), final);
       return JSON.stringify(use.input);
     }],
     ["structured_output", async () => {
-      const m = await create({ max_tokens: 64, messages: [{ role: "user", content: "A city, as JSON." }], output_config: { format: { type: "json_schema", schema: CITY_SCHEMA } } });
+      const m = await create({ max_tokens: 64, temperature: 0, messages: [{ role: "user", content: "A city, as JSON." }], output_config: { format: { type: "json_schema", schema: CITY_SCHEMA } } });
       const parsed = JSON.parse(text(m));
       assert(isCity(parsed), parsed);
       return JSON.stringify(parsed);
@@ -373,7 +375,7 @@ async function geminiCases() {
     ["tool_round_trip", async () => {
       // The documented manual loop: the call's content back, then createPartFromFunctionResponse.
       const contents = [{ role: "user", parts: [{ text: "Weather in Paris?" }] }];
-      const r = await generate({ maxOutputTokens: 64, tools: weather, toolConfig: forced }, contents);
+      const r = await generate({ maxOutputTokens: 64, temperature: 0, tools: weather, toolConfig: forced }, contents);
       const call = r.functionCalls[0];
       assert(call.name === "get_weather" && city(call.args), r);
       contents.push(r.candidates[0].content, { role: "user", parts: [genai.createPartFromFunctionResponse(call.id, call.name, { weather: "sunny, 21 C" })] });
@@ -382,12 +384,12 @@ async function geminiCases() {
     }],
     ["streamed_tool_call", async () => {
       const calls = [];
-      for await (const ch of await c.models.generateContentStream({ model, contents: "Weather in Rome?", config: { maxOutputTokens: 64, tools: weather, toolConfig: forced } })) calls.push(...(ch.functionCalls || []));
+      for await (const ch of await c.models.generateContentStream({ model, contents: "Weather in Rome?", config: { maxOutputTokens: 64, temperature: 0, tools: weather, toolConfig: forced } })) calls.push(...(ch.functionCalls || []));
       assert(calls.length && calls[0].name === "get_weather" && city(calls[0].args), calls);
       return JSON.stringify(calls[0].args);
     }],
     ["structured_output", async () => {
-      const r = await generate({ maxOutputTokens: 64, responseMimeType: "application/json", responseJsonSchema: CITY_SCHEMA }, "A city, as JSON.");
+      const r = await generate({ maxOutputTokens: 64, temperature: 0, responseMimeType: "application/json", responseJsonSchema: CITY_SCHEMA }, "A city, as JSON.");
       const parsed = JSON.parse(r.text);
       assert(isCity(parsed), parsed);
       const e = await generate({ responseMimeType: "text/x.enum", responseSchema: { type: "STRING", enum: ["red", "blue"] } }, "A colour.");

@@ -25,6 +25,8 @@ SESSIONS = CONFIG["sessions"]
 # The text the stop-sequence cases force through guided decoding, and where they stop.
 FORCED = "alpha beta gamma"
 STOP = "beta"
+# Structured-output and forced tool-call cases sample greedily: guided JSON lets a 135M model pad whitespace until
+# the token cap at temperature 1.
 # Strict tools: vLLM then constrains the arguments, which a 135M model would not get right.
 WEATHER_SCHEMA = {
     "type": "object",
@@ -139,7 +141,8 @@ def chat_cases():
 
     def tool_round_trip():
         msgs = [{"role": "user", "content": "Weather in Paris?"}]
-        r = c.chat.completions.create(model="gpt-5", messages=msgs, tools=weather, tool_choice=forced, max_tokens=64)
+        r = c.chat.completions.create(model="gpt-5", messages=msgs, tools=weather, tool_choice=forced, max_tokens=64,
+                                      temperature=0.0)
         call = r.choices[0].message.tool_calls[0]
         assert call.function.name == "get_weather" and city(json.loads(call.function.arguments)), call
         msgs += [r.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
@@ -149,7 +152,8 @@ def chat_cases():
     def streamed_tool_call():
         name, args = "", ""
         for chunk in c.chat.completions.create(model="gpt-5", messages=[{"role": "user", "content": "Weather in Rome?"}],
-                                               tools=weather, tool_choice=forced, max_tokens=64, stream=True):
+                                               tools=weather, tool_choice=forced, max_tokens=64, stream=True,
+                                               temperature=0.0):
             for ch in chunk.choices:
                 for tc in ch.delta.tool_calls or []:
                     name += tc.function.name or ""
@@ -158,7 +162,7 @@ def chat_cases():
         return args
 
     def structured():
-        r = c.chat.completions.parse(model="gpt-5", max_tokens=64, response_format=City,
+        r = c.chat.completions.parse(model="gpt-5", max_tokens=64, response_format=City, temperature=0.0,
                                      messages=[{"role": "user", "content": "A city, as JSON."}])
         parsed = r.choices[0].message.parsed
         assert isinstance(parsed, City), parsed
@@ -237,7 +241,8 @@ def responses_cases():
 
     def tool_round_trip():
         items = [{"role": "user", "content": "Weather in Paris?"}]
-        r = c.responses.create(model="gpt-5", input=items, tools=weather, tool_choice=forced, max_output_tokens=64)
+        r = c.responses.create(model="gpt-5", input=items, tools=weather, tool_choice=forced, max_output_tokens=64,
+                               temperature=0.0)
         call = next(o for o in r.output if o.type == "function_call")
         assert call.name == "get_weather" and city(json.loads(call.arguments)), call
         items += [*r.output, {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}]
@@ -246,7 +251,7 @@ def responses_cases():
 
     def streamed_tool_call():
         with c.responses.stream(model="gpt-5", input="Weather in Rome?", tools=weather, tool_choice=forced,
-                                max_output_tokens=64) as s:
+                                max_output_tokens=64, temperature=0.0) as s:
             done = [e for e in s if e.type == "response.function_call_arguments.done"]
             final = s.get_final_response()
         assert done and any(o.type == "function_call" for o in final.output), final.output
@@ -254,7 +259,8 @@ def responses_cases():
         return done[0].arguments
 
     def structured():
-        r = c.responses.parse(model="gpt-5", input="A city, as JSON.", text_format=City, max_output_tokens=64)
+        r = c.responses.parse(model="gpt-5", input="A city, as JSON.", text_format=City, max_output_tokens=64,
+                              temperature=0.0)
         assert isinstance(r.output_parsed, City), r.output_parsed
         return r.output_parsed.model_dump_json()
 
@@ -346,7 +352,8 @@ def anthropic_cases():
 
     def tool_round_trip():
         msgs = [{"role": "user", "content": "Weather in Paris?"}]
-        m = c.messages.create(model=model, max_tokens=64, messages=msgs, tools=weather, tool_choice=forced)
+        m = c.messages.create(model=model, max_tokens=64, messages=msgs, tools=weather, tool_choice=forced,
+                              extra_body={"temperature": 0.0})
         use = next(b for b in m.content if b.type == "tool_use")
         assert m.stop_reason == "tool_use" and use.name == "get_weather" and city(use.input), m
         msgs += [{"role": "assistant", "content": m.content},
@@ -356,6 +363,7 @@ def anthropic_cases():
 
     def streamed_tool_call():
         with c.messages.stream(model=model, max_tokens=64, tools=weather, tool_choice=forced,
+                               extra_body={"temperature": 0.0},
                                messages=[{"role": "user", "content": "Weather in Rome?"}]) as s:
             final = s.get_final_message()
         use = next(b for b in final.content if b.type == "tool_use")
@@ -363,7 +371,7 @@ def anthropic_cases():
         return json.dumps(use.input)
 
     def structured():
-        m = c.messages.parse(model=model, max_tokens=64, output_format=City,
+        m = c.messages.parse(model=model, max_tokens=64, output_format=City, extra_body={"temperature": 0.0},
                              messages=[{"role": "user", "content": "A city, as JSON."}])
         assert isinstance(m.parsed_output, City), m.parsed_output
         return m.parsed_output.model_dump_json()
@@ -469,7 +477,8 @@ def gemini_cases():
     def tool_round_trip():
         # The documented manual loop: the call's content back, then Part.from_function_response.
         contents = [gt.Content(role="user", parts=[gt.Part(text="Weather in Paris?")])]
-        config = cfg(max_output_tokens=64, tools=[weather], tool_config=forced, automatic_function_calling=no_afc)
+        config = cfg(max_output_tokens=64, tools=[weather], tool_config=forced, automatic_function_calling=no_afc,
+                     temperature=0.0)
         r = c.models.generate_content(model=model, contents=contents, config=config)
         call = r.function_calls[0]
         assert call.name == "get_weather" and city(call.args), r
@@ -482,14 +491,15 @@ def gemini_cases():
     def streamed_tool_call():
         calls = [fc for ch in c.models.generate_content_stream(
             model=model, contents="Weather in Rome?",
-            config=cfg(max_output_tokens=64, tools=[weather], tool_config=forced, automatic_function_calling=no_afc))
+            config=cfg(max_output_tokens=64, tools=[weather], tool_config=forced, automatic_function_calling=no_afc,
+                       temperature=0.0))
             for fc in (ch.function_calls or [])]
         assert calls and calls[0].name == "get_weather" and city(calls[0].args), calls
         return json.dumps(calls[0].args)
 
     def structured():
         r = c.models.generate_content(model=model, contents="A city, as JSON.", config=cfg(
-            max_output_tokens=64, response_mime_type="application/json", response_schema=City))
+            max_output_tokens=64, response_mime_type="application/json", response_schema=City, temperature=0.0))
         assert isinstance(r.parsed, City), (r.parsed, r.text)
         enum = c.models.generate_content(model=model, contents="A colour.", config=cfg(
             response_mime_type="text/x.enum", response_schema={"type": "STRING", "enum": ["red", "blue"]}))

@@ -66,8 +66,14 @@ fn pinned_versions() -> Result<BTreeMap<String, String>> {
             .with_context(|| format!("{var} in install.sh"))?;
         for pin in line[var.len()..].trim_matches('"').split_whitespace() {
             let (name, version) = pin.rsplit_once(sep).context("a pinned version")?;
-            let short = name.trim_start_matches("@anthropic-ai/").replace("@google/", "google-");
-            let short = if short == "sdk" { "anthropic".into() } else { short };
+            let short = name
+                .trim_start_matches("@anthropic-ai/")
+                .replace("@google/", "google-");
+            let short = if short == "sdk" {
+                "anthropic".into()
+            } else {
+                short
+            };
             versions.insert(format!("{lang}-{short}"), version.to_string());
         }
     }
@@ -117,7 +123,11 @@ fn compatibility_table(results: &[Value], versions: &BTreeMap<String, String>) -
                 .iter()
                 .find(|r| r["sdk"] == sdk && r["api"] == api && r["case"] == case)
                 .map(|r| if r["ok"] == true { "pass" } else { "FAIL" })
-                .unwrap_or(if not_in_api(api, case) { "n/a" } else { "missing" });
+                .unwrap_or(if not_in_api(api, case) {
+                    "n/a"
+                } else {
+                    "missing"
+                });
             table.push_str(&format!(" {cell} |"));
         }
     }
@@ -152,7 +162,11 @@ fn orphan_tool_results(capture_dir: &Path, session: &str) -> Result<Vec<String>>
     let mut orphans = Vec::new();
     for r in &capture.records {
         let mut calls = Vec::new();
-        for m in r.normalized_request["messages"].as_array().into_iter().flatten() {
+        for m in r.normalized_request["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             for c in m["tool_calls"].as_array().into_iter().flatten() {
                 calls.push(c["id"].clone());
             }
@@ -228,7 +242,11 @@ async fn every_official_sdk_path_works_through_the_gateway() -> Result<()> {
         .filter(|r| r["ok"] != true)
         .map(|r| format!("{} {} {}: {}", r["sdk"], r["api"], r["case"], r["detail"]))
         .collect();
-    assert!(failed.is_empty(), "failing SDK cases:\n{}", failed.join("\n\n"));
+    assert!(
+        failed.is_empty(),
+        "failing SDK cases:\n{}",
+        failed.join("\n\n")
+    );
     for r in &results {
         eprintln!("{} {} {}: {}", r["sdk"], r["api"], r["case"], r["detail"]);
     }
@@ -260,7 +278,10 @@ async fn every_official_sdk_path_works_through_the_gateway() -> Result<()> {
         gw.close(id).await?;
         orphans.extend(orphan_tool_results(&gw.capture_dir, id)?);
     }
-    assert!(orphans.is_empty(), "tool results answering no call: {orphans:#?}");
+    assert!(
+        orphans.is_empty(),
+        "tool results answering no call: {orphans:#?}"
+    );
     // The slow upstream was slow: the keep-alive cases outlived several keep-alive intervals.
     assert!(slow.calls() >= COMBOS.len(), "{} slow calls", slow.calls());
 

@@ -669,7 +669,10 @@ mod tests {
                 "response_schema": {"type": "OBJECT", "properties": {"max_items": {"type": "STRING"}}, "property_ordering": ["max_items"]}}});
         let n = normalize(body.to_string().as_bytes(), "m", false).expect("valid");
         let m = &n.request["messages"];
-        assert_eq!(m[0]["content"][1]["image_url"]["url"], "data:image/png;base64,AA==");
+        assert_eq!(
+            m[0]["content"][1]["image_url"]["url"],
+            "data:image/png;base64,AA=="
+        );
         assert_eq!(
             m[1]["tool_calls"][0]["function"]["arguments"],
             "{\"city_name\":\"Oslo\"}"

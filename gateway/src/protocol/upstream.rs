@@ -270,7 +270,10 @@ mod tests {
         // Load and patience are the server's: once retries are spent, an upstream failure.
         for status in [503, 429, 408] {
             assert!(
-                matches!(upstream_error(status, "overloaded"), ProtocolError::Upstream(_)),
+                matches!(
+                    upstream_error(status, "overloaded"),
+                    ProtocolError::Upstream(_)
+                ),
                 "{status}"
             );
         }
