@@ -579,7 +579,10 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
     let events = sse_events(&body);
     // Anthropic's own keep-alive, `ping`, may come while vLLM works; the SDKs skip it.
     let (pings, events): (Vec<_>, Vec<_>) = events.into_iter().partition(|(n, _)| n == "ping");
-    assert!(pings.iter().all(|(_, d)| *d == json!({"type": "ping"})), "{body}");
+    assert!(
+        pings.iter().all(|(_, d)| *d == json!({"type": "ping"})),
+        "{body}"
+    );
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names.first(), Some(&"message_start"), "{body}");
     assert_eq!(names.last(), Some(&"message_stop"), "{body}");

@@ -22,7 +22,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    assistant_message, call_arguments, call_as_text, json_schema_format, matched_stop_sequence,
+    assistant_message, call_arguments, call_as_text, json_schema_of_format, matched_stop_sequence,
     reasoning_of, Normalized, ProtocolError,
 };
 
@@ -301,13 +301,9 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
     {
         match format["type"].as_str() {
             Some("json_schema") => {
-                let schema = format
-                    .get("schema")
-                    .filter(|s| s.is_object())
-                    .ok_or_else(|| invalid("output_config.format.schema must be an object"))?;
                 request.insert(
                     "response_format".into(),
-                    json_schema_format("output", schema.clone(), None),
+                    json_schema_of_format(format, "output_config.format", "output")?,
                 );
             }
             other => {

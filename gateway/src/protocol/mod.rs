@@ -119,6 +119,24 @@ pub(crate) fn matched_stop_sequence(choice: &Value) -> Option<&str> {
         .find_map(|k| choice.get(*k).and_then(Value::as_str))
 }
 
+/// `response_format` for a provider's `{"type": "json_schema", "schema", "name"?, "strict"?}`
+/// (Anthropic's `output_config.format`, Responses' `text.format`); `what` names it in errors.
+pub(crate) fn json_schema_of_format(
+    format: &Value,
+    what: &str,
+    default_name: &str,
+) -> Result<Value, ProtocolError> {
+    let schema = format
+        .get("schema")
+        .filter(|s| s.is_object())
+        .ok_or_else(|| ProtocolError::InvalidRequest(format!("{what}.schema must be an object")))?;
+    Ok(json_schema_format(
+        format["name"].as_str().unwrap_or(default_name),
+        schema.clone(),
+        format["strict"].as_bool(),
+    ))
+}
+
 /// Chat Completions' `response_format` for a JSON schema (what vLLM turns into guided
 /// decoding), from any provider's structured-output request.
 pub(crate) fn json_schema_format(name: &str, schema: Value, strict: Option<bool>) -> Value {

@@ -239,17 +239,9 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
         .unwrap_or(&Value::Null);
     match format["type"].as_str() {
         Some("json_schema") => {
-            let schema = format
-                .get("schema")
-                .filter(|s| s.is_object())
-                .ok_or_else(|| invalid("text.format.schema must be an object"))?;
             request.insert(
                 "response_format".into(),
-                super::json_schema_format(
-                    format["name"].as_str().unwrap_or("response"),
-                    schema.clone(),
-                    format["strict"].as_bool(),
-                ),
+                super::json_schema_of_format(format, "text.format", "response")?,
             );
         }
         Some("json_object") => {
