@@ -1,4 +1,5 @@
 from collections import Counter
+from pathlib import Path
 
 from floe_trainer.metrics import Metrics
 
@@ -16,3 +17,24 @@ def test_dropped_is_a_counter_family_with_the_batchers_tallies():
     assert 'floe_trainer_dropped_total{reason="zero_advantage"} 2.0' in text
     m.groups_trained.inc(4)
     assert "floe_trainer_groups_trained_total 4.0" in m.render().decode()
+
+
+def test_the_docs_list_every_metric_with_its_labels():
+    """docs/trainer.md's Metrics section names every family the trainer exposes, with its
+    labels, and nothing else."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trainer.md").read_text()
+    section = doc.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    documented = {}
+    for quoted in section.split("`")[1::2]:
+        if quoted.startswith("floe_trainer_"):
+            name, _, labels = quoted.partition("{")
+            documented[name] = {
+                lb.split("=")[0].strip() for lb in labels.rstrip("}").split(",") if lb
+            }
+    m = Metrics()
+    m.gpu.labels("0").set(1)  # on CPU the GPU gauge has no series: give it one to read
+    exposed = {}
+    for family in m.registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        exposed[name] = {k for s in family.samples for k in s.labels if k != "le"}
+    assert documented == exposed
