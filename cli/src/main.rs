@@ -232,3 +232,60 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod docs_tests {
+    use std::collections::BTreeSet;
+
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The `--flags` in `text`.
+    fn flags_in(text: &str) -> BTreeSet<String> {
+        text.split("--")
+            .skip(1)
+            .map(|rest| {
+                rest.chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect::<String>()
+            })
+            .filter(|f| f.starts_with(|c: char| c.is_ascii_lowercase()))
+            .collect()
+    }
+
+    /// Each subcommand's synopsis in the docs names exactly its flags (global ones, like
+    /// `--log-format`, are documented once, beside the logs).
+    #[test]
+    fn each_synopsis_lists_every_flag_of_its_command() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let first_block = |doc: &str| doc.split("```").nth(1).unwrap_or_default().to_string();
+        let runner_flags = |doc: &str| {
+            let after = doc.split("## Runner flags").nth(1).unwrap_or_default();
+            after.split("\n\n").nth(1).unwrap_or_default().to_string()
+        };
+        type Locate = fn(&str) -> String;
+        let synopses: [(&str, &str, Locate); 4] = [
+            ("gateway", "docs/gateway.md", first_block),
+            ("operator", "docs/operator.md", first_block),
+            ("run", "docs/local-mode.md", first_block),
+            ("sandbox", "docs/sandbox-contract.md", runner_flags),
+        ];
+        let cli = Cli::command();
+        for (name, path, locate) in synopses {
+            let doc = std::fs::read_to_string(format!("{root}/{path}")).expect(path);
+            let documented = flags_in(&locate(&doc));
+            let command = cli.find_subcommand(name).expect(name);
+            let flags: BTreeSet<String> = command
+                .get_arguments()
+                .filter(|a| !a.is_global_set())
+                .filter_map(|a| a.get_long().map(str::to_string))
+                .filter(|f| f != "help" && f != "version")
+                .collect();
+            assert_eq!(
+                documented, flags,
+                "{path}'s `floe {name}` synopsis vs its flags"
+            );
+        }
+    }
+}

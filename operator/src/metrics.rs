@@ -34,6 +34,8 @@ const CLAIM_BUCKETS: [f64; 23] = [
 
 pub struct Metrics {
     registry: Registry,
+    /// Every family registered, with its label names (the docs' list is checked against it).
+    families: Vec<(String, Vec<String>)>,
     pub reconcile_total: IntCounterVec,
     pub reconcile_errors: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
@@ -163,6 +165,7 @@ impl Metrics {
                     .inc_by(0);
             }
         }
+        let mut families = Vec::new();
         for c in [
             Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_errors.clone()),
@@ -180,10 +183,14 @@ impl Metrics {
             Box::new(job_pod_reads.clone()),
             Box::new(refill_yield.clone()),
         ] {
+            for desc in c.desc() {
+                families.push((desc.fq_name.clone(), desc.variable_labels.clone()));
+            }
             registry.register(c)?;
         }
         Ok(Self {
             registry,
+            families,
             reconcile_total,
             reconcile_errors,
             reconcile_seconds,
@@ -269,4 +276,56 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod docs_tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::Metrics;
+
+    /// `docs/operator.md`'s metrics section names every family the operator exposes, with its
+    /// labels, and nothing else.
+    #[test]
+    fn the_docs_list_every_metric_with_its_labels() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operator.md");
+        let doc = std::fs::read_to_string(path).expect("docs/operator.md");
+        let section = doc
+            .split("\n## Metrics")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("a Metrics section");
+        let mut documented = BTreeMap::new();
+        for quoted in section.split('`').skip(1).step_by(2) {
+            if !(quoted.starts_with("floe_") || quoted.starts_with("controller_runtime_")) {
+                continue;
+            }
+            let (name, labels) = match quoted.split_once('{') {
+                Some((name, rest)) => (
+                    name,
+                    rest.trim_end_matches('}')
+                        .split(',')
+                        .map(|l| l.split('=').next().unwrap_or_default().trim().to_string())
+                        .collect(),
+                ),
+                None => (quoted, BTreeSet::new()),
+            };
+            documented.insert(name.to_string(), labels);
+        }
+        let metrics = Metrics::new().expect("metrics");
+        let mut exposed: BTreeMap<String, BTreeSet<String>> = metrics
+            .families
+            .iter()
+            .map(|(name, labels)| (name.clone(), labels.iter().cloned().collect()))
+            .collect();
+        // Rendered by hand (the prometheus crate has no summary type).
+        exposed.insert(
+            "floe_session_reward".into(),
+            ["namespace", "rolloutjob"].map(String::from).into(),
+        );
+        assert_eq!(
+            documented, exposed,
+            "docs/operator.md's metrics vs the registry"
+        );
+    }
 }

@@ -1,11 +1,15 @@
 //! Prometheus metrics of the gateway (`/metrics`).
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
     pub registry: Registry,
+    /// Every family registered, with its label names: all `/metrics` can ever show, series or
+    /// not yet (the docs' list is checked against it).
+    pub families: Vec<(String, Vec<String>)>,
     pub requests: IntCounterVec,
     pub upstream_seconds: HistogramVec,
     pub added_seconds: HistogramVec,
@@ -31,9 +35,22 @@ const LATENCY_BUCKETS: &[f64] = &[
     30.0, 60.0, 120.0, 300.0,
 ];
 
+/// Register `collector` and note its families.
+fn register<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    families: &mut Vec<(String, Vec<String>)>,
+    collector: &C,
+) -> Result<(), prometheus::Error> {
+    for desc in collector.desc() {
+        families.push((desc.fq_name.clone(), desc.variable_labels.clone()));
+    }
+    registry.register(Box::new(collector.clone()))
+}
+
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
+        let mut families = Vec::new();
         let requests = IntCounterVec::new(
             Opts::new(
                 "floe_gateway_requests_total",
@@ -80,17 +97,17 @@ impl Metrics {
             Opts::new("floe_gateway_errors_total", "Errors by kind"),
             &["kind"],
         )?;
-        registry.register(Box::new(requests.clone()))?;
-        registry.register(Box::new(upstream_seconds.clone()))?;
-        registry.register(Box::new(added_seconds.clone()))?;
-        registry.register(Box::new(bytes.clone()))?;
-        registry.register(Box::new(sessions_open.clone()))?;
+        register(&registry, &mut families, &requests)?;
+        register(&registry, &mut families, &upstream_seconds)?;
+        register(&registry, &mut families, &added_seconds)?;
+        register(&registry, &mut families, &bytes)?;
+        register(&registry, &mut families, &sessions_open)?;
         let egress_unrestricted = IntGauge::new(
             "floe_gateway_egress_unrestricted",
             "1 when this sandbox pod reached the Kubernetes API at start: its egress is not restricted (NetworkPolicy not enforced, or opened)",
         )?;
-        registry.register(Box::new(egress_unrestricted.clone()))?;
-        registry.register(Box::new(capture_write_seconds.clone()))?;
+        register(&registry, &mut families, &egress_unrestricted)?;
+        register(&registry, &mut families, &capture_write_seconds)?;
         let dropped = IntCounterVec::new(
             Opts::new(
                 "floe_gateway_dropped_total",
@@ -100,17 +117,21 @@ impl Metrics {
         )?;
         // A sandbox pod lives for one session: a series born at its first call would show
         // Prometheus no increase() for that call (often the pod's only one), so the per-API
-        // series of successful calls and latencies exist, empty, from the start.
+        // series of successful calls, of calls the upstream failed (the denominator of the
+        // upstream-error ratio: without them a pod whose only call failed reads +Inf) and of
+        // latencies exist, empty, from the start.
         for api in crate::capture::Api::ALL.map(super::complete::api_label) {
-            requests.with_label_values(&[api, "200"]).inc_by(0);
+            for status in ["200", "502", "504", "stream_error"] {
+                requests.with_label_values(&[api, status]).inc_by(0);
+            }
             upstream_seconds.with_label_values(&[api]);
             added_seconds.with_label_values(&[api]);
         }
         for kind in crate::protocol::errors::ProtocolError::KINDS {
             errors.with_label_values(&[kind]).inc_by(0);
         }
-        registry.register(Box::new(errors.clone()))?;
-        registry.register(Box::new(dropped.clone()))?;
+        register(&registry, &mut families, &errors)?;
+        register(&registry, &mut families, &dropped)?;
         let trajectories = IntCounterVec::new(
             Opts::new(
                 "floe_gateway_trajectories_total",
@@ -122,8 +143,8 @@ impl Metrics {
             "floe_gateway_spool_pending",
             "Trajectories in the spool not yet accepted by their sink",
         )?;
-        registry.register(Box::new(trajectories.clone()))?;
-        registry.register(Box::new(spool_pending.clone()))?;
+        register(&registry, &mut families, &trajectories)?;
+        register(&registry, &mut families, &spool_pending)?;
         let upstream_errors = IntCounterVec::new(
             Opts::new(
                 "floe_gateway_upstream_errors_total",
@@ -136,7 +157,7 @@ impl Metrics {
                 upstream_errors.with_label_values(&[kind, result]).inc_by(0);
             }
         }
-        registry.register(Box::new(upstream_errors.clone()))?;
+        register(&registry, &mut families, &upstream_errors)?;
         let delivery_errors = IntCounterVec::new(
             Opts::new(
                 "floe_gateway_delivery_errors_total",
@@ -147,9 +168,10 @@ impl Metrics {
         for kind in crate::net_error::KINDS {
             delivery_errors.with_label_values(&[kind]).inc_by(0);
         }
-        registry.register(Box::new(delivery_errors.clone()))?;
+        register(&registry, &mut families, &delivery_errors)?;
         Ok(Self {
             registry,
+            families,
             requests,
             upstream_seconds,
             added_seconds,
@@ -170,5 +192,63 @@ impl Metrics {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::Metrics;
+
+    #[test]
+    fn the_upstream_failure_series_exist_before_any_call() {
+        let page = Metrics::new().expect("metrics").render();
+        for status in ["200", "502", "504", "stream_error"] {
+            let line =
+                format!("floe_gateway_requests_total{{api=\"gemini\",status=\"{status}\"}} 0");
+            assert!(page.contains(&line), "{line}");
+        }
+    }
+
+    /// `docs/gateway.md`'s metrics section names every family the gateway registers, with its
+    /// labels, and nothing else.
+    #[test]
+    fn the_docs_list_every_metric_with_its_labels() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/gateway.md");
+        let doc = std::fs::read_to_string(path).expect("docs/gateway.md");
+        let section = doc
+            .split("## Metrics")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("a Metrics section");
+        let mut documented = BTreeMap::new();
+        for (at, _) in section.match_indices("floe_gateway_") {
+            let rest = &section[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let labels: BTreeSet<String> = match rest[end..].strip_prefix('{') {
+                Some(inner) => inner
+                    .split('}')
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(|l| l.split('=').next().unwrap_or_default().trim().to_string())
+                    .collect(),
+                None => BTreeSet::new(),
+            };
+            documented.insert(rest[..end].to_string(), labels);
+        }
+        let metrics = Metrics::new().expect("metrics");
+        let registered: BTreeMap<String, BTreeSet<String>> = metrics
+            .families
+            .iter()
+            .map(|(name, labels)| (name.clone(), labels.iter().cloned().collect()))
+            .collect();
+        assert_eq!(
+            documented, registered,
+            "docs/gateway.md's metrics vs the registry"
+        );
     }
 }
