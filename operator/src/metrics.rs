@@ -35,7 +35,7 @@ const CLAIM_BUCKETS: [f64; 23] = [
 pub struct Metrics {
     registry: Registry,
     /// Every family registered, with its label names (the docs' list is checked against it).
-    families: Vec<(String, Vec<String>)>,
+    pub families: Vec<(String, Vec<String>)>,
     pub reconcile_total: IntCounterVec,
     pub reconcile_errors: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
