@@ -287,8 +287,12 @@ fn tools(
                     .as_str()
                     .ok_or_else(|| invalid("custom tool without name"))?;
                 custom.insert(name.to_string());
-                functions.push(json!({"type": "function", "function": {"name": name, "description": t.get("description").cloned().unwrap_or(Value::Null),
-                    "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}}}));
+                functions.push(super::function_tool(
+                    &t["name"],
+                    t.get("description"),
+                    json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}),
+                    None,
+                ));
             }
             Some(hosted) => dropped.push(format!("hosted_tool:{hosted}")),
             None => return Err(invalid("every tool needs a type")),
