@@ -8,17 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 
-# Debian packages the test scripts use (most machines already have them).
-missing=()
-for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:dpkg apt-get:apt node:nodejs npm:npm bwrap:bubblewrap; do
-  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
-done
-# Debian's system python3 ships venv/ensurepip separately (vLLM's venv needs them).
-python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[test] installing ${missing[*]}" >&2
-  apt-get update -qq && apt-get install -y -qq "${missing[@]}"
-fi
+scripts/debian-packages.sh
 
 t0=$(date +%s)
 FLOE_KAPI_BIN=$(scripts/kube-test-cluster/setup.sh)
