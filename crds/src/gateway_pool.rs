@@ -248,7 +248,9 @@ pub struct GatewayPoolStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` (all desired replicas READY), `Progressing`, `Degraded`.
+    /// `Ready` (all desired replicas READY), and kstatus `Reconciling` (pods warming) and
+    /// `Stalled` (pods cannot become READY as the template stands; Argo CD and Flux show the
+    /// pool Degraded), each with the reason and the pod's problem.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<Condition>>")]
     pub conditions: Vec<Condition>,

@@ -16,3 +16,28 @@ pub mod rollout;
 pub mod run;
 pub mod sandbox_pod;
 pub mod tokens;
+
+/// The condition types `docs/crds.md` lists for a kind (its `status.conditions` row: every
+/// backticked word of the description), for tests that check them against the code.
+#[cfg(test)]
+pub(crate) fn documented_condition_types(kind: &str) -> std::collections::BTreeSet<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/crds.md");
+    let doc = std::fs::read_to_string(path).expect("docs/crds.md");
+    let section = doc
+        .split(&format!("\n## {kind} "))
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the kind's section");
+    let row = section
+        .lines()
+        .find(|l| l.starts_with("| `status.conditions`"))
+        .expect("a status.conditions row");
+    let description = row.split('|').nth(5).expect("a description column");
+    description
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .flat_map(|w| w.split('/'))
+        .map(str::to_string)
+        .collect()
+}

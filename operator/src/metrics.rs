@@ -11,14 +11,18 @@
 //! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` (each
 //! finished pod's result as it is folded into status), `floe_sessions_waiting_for_pod{namespace,
 //! rolloutjob,pool}` (sessions the last reconcile could not give a READY pod),
-//! `floe_pool_refill_yield_seconds_total` (time pool refills waited for claims in flight) and the
+//! `floe_pool_refill_yield_seconds_total` (time pool refills waited for claims in flight), the
 //! `floe_session_reward` summary (sum and count per job, from the job's status, so exact
-//! across operator restarts).
+//! across operator restarts), and `floe_pool_blocked{namespace,pool,reason}` /
+//! `floe_rolloutjob_blocked{namespace,rolloutjob,reason}`: 1 while the object's `Ready`
+//! condition names a blocker (a pod the apiserver refuses, an image that cannot be pulled, a
+//! pod that cannot be scheduled or ends before READY, an invalid spec), with that condition's
+//! reason; no series otherwise, so an alert reads `reason` straight from it.
 //!
 //! The job label is `rolloutjob`, not `job`: Prometheus owns `job` (the scrape job), and a
 //! target's `job` would be renamed `exported_job` or, with `honorLabels`, replace it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use prometheus::{
@@ -51,8 +55,21 @@ pub struct Metrics {
     pub waiting_for_pod: IntGaugeVec,
     pub job_pod_reads: IntCounterVec,
     pub refill_yield: prometheus::Counter,
+    pool_blocked: IntGaugeVec,
+    job_blocked: IntGaugeVec,
+    /// (kind, namespace, name) → the reason its `*_blocked` series carries now.
+    blocked: Mutex<BTreeMap<(Kind, String, String), String>>,
+    /// Pools with series, so a deleted pool's go ([`Metrics::forget_pools_except`]).
+    pools: Mutex<BTreeSet<(String, String)>>,
     /// (namespace, job) → (scored sessions, reward sum).
     rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
+}
+
+/// The two kinds of object whose blockers are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    GatewayPool,
+    RolloutJob,
 }
 
 impl Metrics {
@@ -152,6 +169,20 @@ impl Metrics {
             "floe_pool_refill_yield_seconds_total",
             "Time GatewayPool refills waited for RolloutJob claims in flight (claims go first, within 2 s per pool reconcile)",
         )?;
+        let pool_blocked = IntGaugeVec::new(
+            Opts::new(
+                "floe_pool_blocked",
+                "1 while a GatewayPool's pods cannot become READY as its template stands, labelled with its Ready condition's reason (PodCreateRejected, PodFailed, Unschedulable, ErrImagePull, ...)",
+            ),
+            &["namespace", "pool", "reason"],
+        )?;
+        let job_blocked = IntGaugeVec::new(
+            Opts::new(
+                "floe_rolloutjob_blocked",
+                "1 while a RolloutJob cannot go on without a change (an invalid spec, a missing pool) or its own pod (trainer, dataset collector, task loader) cannot run, labelled with the condition's reason",
+            ),
+            &["namespace", "rolloutjob", "reason"],
+        )?;
         // As controller-runtime does: each controller's series exist from the start, so error
         // ratios read 0 rather than nothing.
         for controller in [
@@ -182,6 +213,8 @@ impl Metrics {
             Box::new(waiting_for_pod.clone()),
             Box::new(job_pod_reads.clone()),
             Box::new(refill_yield.clone()),
+            Box::new(pool_blocked.clone()),
+            Box::new(job_blocked.clone()),
         ] {
             for desc in c.desc() {
                 families.push((desc.fq_name.clone(), desc.variable_labels.clone()));
@@ -206,8 +239,68 @@ impl Metrics {
             waiting_for_pod,
             job_pod_reads,
             refill_yield,
+            pool_blocked,
+            job_blocked,
+            blocked: Mutex::default(),
+            pools: Mutex::default(),
             rewards: Mutex::default(),
         })
+    }
+
+    /// The object's blocker now (`None`: not blocked): one series with its reason, or none.
+    pub fn set_blocked(&self, kind: Kind, namespace: &str, name: &str, reason: Option<&str>) {
+        let gauge = match kind {
+            Kind::GatewayPool => &self.pool_blocked,
+            Kind::RolloutJob => &self.job_blocked,
+        };
+        let mut blocked = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (kind, namespace.to_string(), name.to_string());
+        if let Some(was) = blocked.get(&key).filter(|was| Some(was.as_str()) != reason) {
+            let _ = gauge.remove_label_values(&[namespace, name, was]);
+        }
+        match reason {
+            Some(reason) => {
+                gauge.with_label_values(&[namespace, name, reason]).set(1);
+                blocked.insert(key, reason.to_string());
+            }
+            None => {
+                blocked.remove(&key);
+            }
+        }
+    }
+
+    /// A pool's gauges as its last reconcile found it.
+    pub fn set_pool(&self, namespace: &str, pool: &str, ready: i32, desired: i32, claimed: i32) {
+        let labels = [namespace, pool];
+        self.pool_ready
+            .with_label_values(&labels)
+            .set(i64::from(ready));
+        self.pool_desired
+            .with_label_values(&labels)
+            .set(i64::from(desired));
+        self.pool_claimed
+            .with_label_values(&labels)
+            .set(i64::from(claimed));
+        self.pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((namespace.to_string(), pool.to_string()));
+    }
+
+    /// Deleted pools' series go (pools have no finalizer, so no reconcile sees them go).
+    pub fn forget_pools_except(&self, live: &BTreeSet<(String, String)>) {
+        let gone: Vec<(String, String)> = {
+            let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            let gone = pools.difference(live).cloned().collect();
+            pools.retain(|p| live.contains(p));
+            gone
+        };
+        for (ns, pool) in gone {
+            for gauge in [&self.pool_ready, &self.pool_desired, &self.pool_claimed] {
+                let _ = gauge.remove_label_values(&[&ns, &pool]);
+            }
+            self.set_blocked(Kind::GatewayPool, &ns, &pool, None);
+        }
     }
 
     /// A deleted job's series go away.
@@ -227,6 +320,7 @@ impl Metrics {
                 .waiting_for_pod
                 .remove_label_values(&[namespace, job, pool]);
         }
+        self.set_blocked(Kind::RolloutJob, namespace, job, None);
     }
 
     /// The reward tally of a job as its status records it.
@@ -327,5 +421,56 @@ mod docs_tests {
             documented, exposed,
             "docs/operator.md's metrics vs the registry"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::{Kind, Metrics};
+
+    fn series(m: &Metrics, family: &str) -> Vec<String> {
+        m.render()
+            .lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_blocker_is_one_series_with_the_current_reason_and_none_once_cleared() {
+        let m = Metrics::new().expect("metrics");
+        m.set_blocked(Kind::GatewayPool, "ns", "p", Some("Unschedulable"));
+        m.set_blocked(Kind::GatewayPool, "ns", "p", Some("ErrImagePull"));
+        m.set_blocked(Kind::RolloutJob, "ns", "j", Some("PoolNotFound"));
+        assert_eq!(
+            series(&m, "floe_pool_blocked"),
+            ["floe_pool_blocked{namespace=\"ns\",pool=\"p\",reason=\"ErrImagePull\"} 1"]
+        );
+        assert_eq!(
+            series(&m, "floe_rolloutjob_blocked"),
+            ["floe_rolloutjob_blocked{namespace=\"ns\",reason=\"PoolNotFound\",rolloutjob=\"j\"} 1"]
+        );
+        m.set_blocked(Kind::GatewayPool, "ns", "p", None);
+        m.forget_job("ns", "j", None);
+        assert!(series(&m, "floe_pool_blocked").is_empty());
+        assert!(series(&m, "floe_rolloutjob_blocked").is_empty());
+    }
+
+    #[test]
+    fn a_deleted_pools_series_go() {
+        let m = Metrics::new().expect("metrics");
+        m.set_pool("ns", "kept", 1, 2, 0);
+        m.set_pool("ns", "gone", 0, 1, 0);
+        m.set_blocked(Kind::GatewayPool, "ns", "gone", Some("PodFailed"));
+        let live: BTreeSet<_> = [("ns".to_string(), "kept".to_string())].into();
+        m.forget_pools_except(&live);
+        let text = m.render();
+        assert!(
+            text.contains("floe_pool_ready{namespace=\"ns\",pool=\"kept\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("pool=\"gone\""), "{text}");
     }
 }

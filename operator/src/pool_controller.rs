@@ -624,19 +624,8 @@ async fn write_status(
         claimed,
     } = counts;
     let desired = pool.spec.replicas;
-    let labels = [ns, &pool.name_any()];
     ctx.metrics
-        .pool_ready
-        .with_label_values(&labels)
-        .set(i64::from(ready));
-    ctx.metrics
-        .pool_desired
-        .with_label_values(&labels)
-        .set(i64::from(desired));
-    ctx.metrics
-        .pool_claimed
-        .with_label_values(&labels)
-        .set(i64::from(claimed));
+        .set_pool(ns, &pool.name_any(), ready, desired, claimed);
     let (status, reason, message) = match problems.first() {
         _ if ready >= desired => (
             "True",
@@ -671,25 +660,20 @@ async fn write_status(
     // kstatus: Reconciling while pods warm, Stalled while they cannot become READY as the
     // template stands (Argo CD and Flux show the pool Degraded then).
     let stalled = status == "False" && !problems.is_empty();
-    let conditions = vec![
-        condition(earlier, "Ready", status, &reason, &message, generation),
-        condition(
-            earlier,
-            "Reconciling",
-            if status == "True" { "False" } else { "True" },
-            &reason,
-            &message,
-            generation,
-        ),
-        condition(
-            earlier,
-            "Stalled",
-            if stalled { "True" } else { "False" },
-            &reason,
-            &message,
-            generation,
-        ),
-    ];
+    ctx.metrics.set_blocked(
+        crate::metrics::Kind::GatewayPool,
+        ns,
+        &pool.name_any(),
+        stalled.then_some(reason.as_str()),
+    );
+    let conditions = pool_conditions(
+        earlier,
+        status == "True",
+        stalled,
+        &reason,
+        &message,
+        generation,
+    );
     let new = GatewayPoolStatus {
         replicas,
         ready_replicas: ready,
@@ -743,6 +727,39 @@ pub fn unclaimed_selector(pool: &str) -> String {
     )
 }
 
+/// The pool's conditions (`docs/crds.md` lists their types; a test checks): `Ready`, and
+/// kstatus's `Reconciling` (not all pods READY yet) and `Stalled` (they cannot become READY as
+/// the template stands).
+fn pool_conditions(
+    earlier: Option<&[Condition]>,
+    ready: bool,
+    stalled: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    let flag = |b: bool| if b { "True" } else { "False" };
+    vec![
+        condition(earlier, "Ready", flag(ready), reason, message, generation),
+        condition(
+            earlier,
+            "Reconciling",
+            flag(!ready),
+            reason,
+            message,
+            generation,
+        ),
+        condition(
+            earlier,
+            "Stalled",
+            flag(stalled),
+            reason,
+            message,
+            generation,
+        ),
+    ]
+}
+
 /// A condition of the new status, keeping its transition time from `earlier` unless its
 /// status flips.
 fn condition(
@@ -778,6 +795,18 @@ pub fn error_policy(pool: Arc<GatewayPool>, error: &PoolError, _: Arc<PoolContex
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `docs/crds.md` names exactly the condition types a pool gets, ready, warming or stalled.
+    #[test]
+    fn the_docs_list_the_pools_condition_types() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (ready, stalled) in [(true, false), (false, false), (false, true)] {
+            for c in pool_conditions(None, ready, stalled, "R", "m", Some(1)) {
+                seen.insert(c.type_);
+            }
+        }
+        assert_eq!(seen, crate::documented_condition_types("GatewayPool"));
+    }
 
     fn pod(phase: &str, agent_state: serde_json::Value) -> Pod {
         serde_json::from_value(serde_json::json!({

@@ -8,7 +8,7 @@ use floe_crds::rollout_job::RolloutJob;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, Controller};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
 use crate::leader::{Leader, LeaseConfig};
 use crate::metrics::Metrics;
@@ -194,6 +194,10 @@ async fn run_controllers(
     ));
     // The pool controller's own cache of pools is the job controller's too.
     let pool_controller = Controller::new(pools, watcher::Config::default());
+    let prune = tokio::spawn(forget_deleted_pools(
+        pool_controller.store(),
+        metrics.clone(),
+    ));
     let job_context = Arc::new(
         job_controller::JobContext::new(
             client,
@@ -238,6 +242,27 @@ async fn run_controllers(
             }
         });
     futures::join!(pool_runs, job_runs);
+    prune.abort();
     cache.task.abort();
     tracing::info!("controllers stopped");
+}
+
+/// Pools have no finalizer, so no reconcile sees one deleted: every half minute, the series of
+/// pools no longer in the cache go (a deleted blocked pool must not page forever).
+async fn forget_deleted_pools(
+    pools: kube::runtime::reflector::Store<GatewayPool>,
+    metrics: Arc<Metrics>,
+) {
+    if pools.wait_until_ready().await.is_err() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        let live = pools
+            .state()
+            .iter()
+            .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        metrics.forget_pools_except(&live);
+    }
 }

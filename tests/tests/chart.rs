@@ -161,7 +161,7 @@ fn alerts_fire_on_synthetic_incidents_and_stay_silent_otherwise() -> Result<()> 
         "promtool",
         &["check", "rules", path_str(&dir.path().join("rules.yaml"))?],
     )?;
-    assert!(check.contains("SUCCESS: 13 rules found"), "{check}");
+    assert!(check.contains("SUCCESS: 15 rules found"), "{check}");
     let out = tool_ok("promtool", &["test", "rules", path_str(&test)?])?;
     assert!(out.contains("SUCCESS"), "{out}");
 
@@ -672,6 +672,52 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     ] {
         assert!(kinds.contains(kind), "{kind} not installed: {kinds:?}");
     }
+    // The operator's NetworkPolicy names the apiserver as NetworkPolicy sees it (after
+    // kube-proxy's DNAT): the addresses and ports of default/kubernetes, read at install.
+    let endpoints =
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), "default")
+            .get("kubernetes")
+            .await?;
+    let subset = endpoints
+        .subsets
+        .as_ref()
+        .and_then(|s| s.first())
+        .context("the apiserver's endpoints")?;
+    let want_cidrs: BTreeSet<String> = subset
+        .addresses
+        .iter()
+        .flatten()
+        .map(|a| format!("{}/32", a.ip))
+        .collect();
+    let want_ports: BTreeSet<i64> = subset
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| i64::from(p.port))
+        .collect();
+    let operator_policy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "NetworkPolicy"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-operator"))
+        })
+        .context("the operator's NetworkPolicy")?;
+    let to_apiserver = &operator_policy["spec"]["egress"][0];
+    let cidrs: BTreeSet<String> = to_apiserver["to"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["ipBlock"]["cidr"].as_str().map(str::to_string))
+        .collect();
+    let ports: BTreeSet<i64> = to_apiserver["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["port"].as_i64())
+        .collect();
+    assert_eq!((cidrs, ports), (want_cidrs, want_ports), "{to_apiserver}");
     let deployment = find(&docs, "Deployment")?.clone();
     let sa = find(&docs, "ServiceAccount")?["metadata"]["name"]
         .as_str()
@@ -804,9 +850,49 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     assert_ne!(cond("Stalled").as_deref(), Some("True"));
     assert_eq!(status["sessions"]["succeeded"], 6);
 
+    // Blocked objects, whose series exist only while they are blocked: a pool whose pods the
+    // apiserver refuses (no such RuntimeClass) and a job whose pool does not exist.
+    pools
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+                "metadata": {"name": "refused"},
+                "spec": {"replicas": 1, "template": {"image": "sandbox:1", "runtimeClassName": "gvisor"}},
+            }))?,
+        )
+        .await?;
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "orphan"},
+            "spec": {"tasks": {"inline": [{"id": "t"}]}, "harness": {"preset": "pi"},
+                     "poolRef": {"name": "no-such-pool"},
+                     "evaluator": {"command": ["true"]},
+                     "sft": {"upstream": {"url": "http://teacher.models.svc:8000", "model": "teacher"},
+                             "output": {"claimName": "sft-data"}}},
+        }))?,
+    )
+    .await?;
+    let blocked_page = eventually_within(60, "both blockers on the metrics page", async || {
+        let page = reqwest::get(&operator.metrics).await?.text().await?;
+        let pool = format!(
+            "floe_pool_blocked{{namespace=\"{}\",pool=\"refused\",reason=\"PodCreateRejected\"}} 1",
+            work.name
+        );
+        let job = format!(
+            "floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"PoolNotFound\",rolloutjob=\"orphan\"}} 1",
+            work.name
+        );
+        Ok((page.contains(&pool) && page.contains(&job)).then_some(page))
+    })
+    .await
+    .with_context(|| format!("operator log: {}", log.display()))?;
+
     // Every metric the dashboard and the alerts read is exported by the code: the operator
     // that just ran the job, a pool pod's real gateway, and the trainer's registry.
-    let mut exported = exported_metrics(&reqwest::get(&operator.metrics).await?.text().await?);
+    let mut exported = exported_metrics(&blocked_page);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &work.name);
     let gateway_page = eventually("a READY pool pod's gateway metrics", async || {
         let ready = pods

@@ -867,6 +867,107 @@ async fn pools_whose_pods_cannot_start_say_why_on_the_pool() -> Result<()> {
     Ok(())
 }
 
+/// The job's Ready condition once its reason is one of `reasons`: (reason, message).
+async fn job_condition(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    reasons: &[&str],
+) -> Result<(String, String)> {
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), ns);
+    eventually_within(
+        90,
+        &format!("job {job}'s condition one of {reasons:?}"),
+        async || {
+            let j = jobs.get(job).await?;
+            Ok(j.status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.type_ == "Ready" && reasons.contains(&c.reason.as_str()))
+                .map(|c| (c.reason.clone(), c.message.clone())))
+        },
+    )
+    .await
+}
+
+/// Every file of `examples/` applied as README says (`kubectl apply -f examples/`) to this
+/// plain cluster, which has none of their prerequisites (a gVisor RuntimeClass, GPUs, PVCs,
+/// Secrets, ConfigMaps, the images): each object names what it lacks in its `Ready` condition,
+/// and nothing is pulled or started for them (their images are not on the node, and no pod
+/// of theirs gets past the scheduler or the apiserver).
+#[tokio::test]
+async fn every_example_names_its_missing_prerequisite_on_a_plain_cluster() -> Result<()> {
+    let _shared = NODE_USE.read().await;
+    let n = node();
+    let images = n.images()?;
+    let client = n.cluster.client().await?;
+    n.cluster.install_crds(&client).await?;
+    let ns = TestNamespace::create(&n.cluster, &client, "node-examples").await?;
+    let operator = Operator::start_on(&n.cluster, &images.floe, &ns.name, &[], &[])?;
+    let examples = floe_tests::workspace_root().join("examples");
+    let mut applied = 0;
+    for entry in std::fs::read_dir(&examples)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let file = path.to_str().context("example path")?;
+            let out = n
+                .cluster
+                .kubectl(&["apply", "-n", &ns.name, "-f", file], None)?;
+            anyhow::ensure!(
+                out.status.success(),
+                "kubectl apply -f {file}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            applied += 1;
+        }
+    }
+    assert_eq!(applied, 4, "examples/*.yaml: a pool and a job per mode");
+
+    // The pool: no gVisor RuntimeClass here, so the apiserver refuses its pods.
+    let pool = pool_condition(&client, &ns.name, "codex", "PodCreateRejected").await?;
+    assert!(pool.contains("RuntimeClass \"gvisor\" not found"), "{pool}");
+    // The train job: its trainer pod asks for a GPU node and PVCs this cluster lacks.
+    let (_, train) = job_condition(&client, &ns.name, "fizzbuzz-grpo", &["Unschedulable"]).await?;
+    assert!(
+        train.contains("trainer") && train.contains("fizzbuzz-grpo-trainer"),
+        "{train}"
+    );
+    // The sft job: its teacher's key Secret does not exist.
+    let (_, sft) = job_condition(
+        &client,
+        &ns.name,
+        "repo-fixes-sft",
+        &["UpstreamKeyNotFound"],
+    )
+    .await?;
+    assert!(sft.contains("teacher-api-key"), "{sft}");
+    // The lookahead job is applied suspended: it says so and creates nothing, not even the
+    // pod that would read its task file.
+    let (_, suspended) =
+        job_condition(&client, &ns.name, "swe-lookahead-grpo", &["JobSuspended"]).await?;
+    assert!(suspended.contains("suspended"), "{suspended}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let theirs = pods
+        .list(&ListParams::default().labels("floe.dev/job=swe-lookahead-grpo"))
+        .await?;
+    assert!(theirs.items.is_empty(), "a suspended job made pods");
+    // Nothing of theirs reached a container runtime: every pod there is unscheduled.
+    for pod in pods.list(&ListParams::default()).await?.items {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        assert_eq!(node, None, "pod {} was scheduled", pod.name_any());
+    }
+    // And each blocker is a metric an alert reads.
+    let metrics = operator.metrics().await?;
+    for line in [
+        format!("floe_pool_blocked{{namespace=\"{}\",pool=\"codex\",reason=\"PodCreateRejected\"}} 1", ns.name),
+        format!("floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"Unschedulable\",rolloutjob=\"fizzbuzz-grpo\"}} 1", ns.name),
+        format!("floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"UpstreamKeyNotFound\",rolloutjob=\"repo-fixes-sft\"}} 1", ns.name),
+    ] {
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+    }
+    Ok(())
+}
+
 /// The hostile agent of `tests/hostile/pod_agent.py` in real pods: it tries every attack of
 /// `docs/security.md` from the agent container (the control token, the hidden test anywhere
 /// it can read, the assignment and a forged result through the gateway, the grader's state,

@@ -62,3 +62,29 @@ matchLabels:
   kubernetes.io/metadata.name: {{ .Release.Namespace }}
 {{- end -}}
 {{- end -}}
+
+{{/* The apiserver as the operator's NetworkPolicy must name it, as JSON {cidrs, ports,
+detected}: the values' CIDRs and ports when CIDRs are given; else the addresses and ports of
+the default/kubernetes Endpoints, read from the cluster (Helm's lookup: on install and
+upgrade, empty under `helm template`); else no CIDR (any address) on the values' ports. */}}
+{{- define "floe.apiServerEndpoints" -}}
+{{- $given := .Values.networkPolicy.operator.apiServer -}}
+{{- $out := dict "cidrs" $given.cidrs "ports" $given.ports "detected" false -}}
+{{- if not $given.cidrs -}}
+{{- $endpoints := lookup "v1" "Endpoints" "default" "kubernetes" -}}
+{{- $cidrs := list -}}
+{{- $ports := list -}}
+{{- range ($endpoints.subsets | default list) -}}
+{{- range (.addresses | default list) -}}
+{{- $cidrs = append $cidrs (printf "%s/%s" .ip (ternary "128" "32" (contains ":" .ip))) -}}
+{{- end -}}
+{{- range (.ports | default list) -}}
+{{- $ports = append $ports .port -}}
+{{- end -}}
+{{- end -}}
+{{- if and $cidrs $ports -}}
+{{- $out = dict "cidrs" ($cidrs | uniq) "ports" ($ports | uniq) "detected" true -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}

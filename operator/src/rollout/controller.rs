@@ -549,6 +549,25 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         },
         start_time,
     );
+    // Where users look: the job's own pod's problem is the job's reason, and its metric.
+    let aux_problem = aux
+        .as_ref()
+        .filter(|_| aux_phase != aux_gate::AuxPhase::Ready)
+        .and_then(crate::pod_problem::problem);
+    ctx.metrics.set_blocked(
+        crate::metrics::Kind::RolloutJob,
+        &ns,
+        &observed.name,
+        aux_problem.as_ref().map(|p| p.reason.as_str()),
+    );
+    if let Some(problem) = &aux_problem {
+        for c in st.conditions.iter_mut().filter(|c| {
+            c.reason == "SessionsRunning"
+                && matches!(c.type_.as_str(), "Ready" | "Progressing" | "Reconciling")
+        }) {
+            c.reason = problem.reason.clone();
+        }
+    }
     if let (aux_gate::AuxPhase::Failing, Some(w), Some(pod)) = (aux_phase, &waiting, &aux) {
         let was_failing = written
             .as_ref()
@@ -567,11 +586,12 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         } else {
             w.clone()
         };
-        for c in st
-            .conditions
-            .iter_mut()
-            .filter(|c| c.type_ == "Progressing" || c.type_ == "Reconciling")
-        {
+        // Ready says it too when that pod has a problem (its reason is the Reason column).
+        for c in st.conditions.iter_mut().filter(|c| {
+            c.type_ == "Progressing"
+                || c.type_ == "Reconciling"
+                || (c.type_ == "Ready" && aux_problem.is_some())
+        }) {
             c.message = w.clone();
         }
     }
@@ -1023,6 +1043,14 @@ async fn file_tasks(
     };
     if let Some(why) = pod_view::crashed(&pod) {
         return stalled("TaskFileUnreadable", format!("pod {name}: {why}"));
+    }
+    // Cannot be scheduled (a claim that does not exist), an image that cannot be pulled: the
+    // scheduler's or the kubelet's words, on the job.
+    if let Some(p) = crate::pod_problem::problem(&pod) {
+        return stalled(
+            &p.reason,
+            format!("the job's task loader cannot run: {}", p.describe()),
+        );
     }
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
     let (Some(ip), true) = (ip, crate::pool_controller::is_ready(&pod)) else {
@@ -1630,6 +1658,12 @@ async fn report_blocked(
         progress: previous.and_then(|p| p.progress.clone()),
         ..st
     };
+    ctx.metrics.set_blocked(
+        crate::metrics::Kind::RolloutJob,
+        &job.namespace().unwrap_or_default(),
+        &job.name_any(),
+        (!blocked.transient).then_some(blocked.reason.as_str()),
+    );
     let was = previous
         .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Stalled"))
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));

@@ -340,6 +340,43 @@ mod tests {
         assert_ne!(status(&i, None).phase, Some(RolloutJobPhase::Running));
     }
 
+    /// `docs/crds.md` names exactly the condition types a job gets, on every path: running,
+    /// finished, failed, past its deadline, suspended, blocked, waiting, training its last
+    /// groups.
+    #[test]
+    fn the_docs_list_the_jobs_condition_types() {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut see = |st: RolloutJobStatus| {
+            seen.extend(st.conditions.into_iter().map(|c| c.type_));
+        };
+        let running = state(2);
+        see(status(&input(&running, None, 1), None));
+        let mut done = state(1);
+        done.completed.insert(0);
+        see(status(&input(&done, None, 0), None));
+        let mut training = input(&done, None, 0);
+        training.trainer_unfinished = true;
+        see(status(&training, None));
+        let mut failed = state(1);
+        failed.failed.insert(0);
+        see(status(&input(&failed, None, 0), None));
+        let mut late = state(1);
+        late.deadline_exceeded = true;
+        see(status(&input(&late, None, 0), None));
+        let mut suspended = state(1);
+        suspended.suspend = true;
+        see(status(&input(&suspended, None, 0), None));
+        for blocked in [
+            Blocked::stalled("PoolNotFound", "m".into()),
+            Blocked::waiting("LoadingTasks", "m".into()),
+        ] {
+            let mut i = input(&running, None, 0);
+            i.blocked = Some(&blocked);
+            see(status(&i, None));
+        }
+        assert_eq!(seen, crate::documented_condition_types("RolloutJob"));
+    }
+
     fn cond<'a>(st: &'a RolloutJobStatus, t: &str) -> Option<&'a str> {
         st.conditions
             .iter()

@@ -36,6 +36,8 @@ const FAST_RULES: &[&str] = &[
     "prometheusRule.rules.sandboxEgressUnrestricted.for=1s",
     "prometheusRule.rules.operatorDown.for=2s",
     "prometheusRule.rules.operatorNoLeader.for=2s",
+    "prometheusRule.rules.poolBlocked.for=1s",
+    "prometheusRule.rules.jobBlocked.for=1s",
 ];
 
 /// Series only a train job's trainer pod (or a GPU node's DCGM exporter) has; this node runs
@@ -145,6 +147,40 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     .with_context(|| prom.log())?;
     let leader = prom.query(&format!("floe_leader{{{op}}}")).await?;
     assert_eq!(leader.len(), 1, "one replica's leader gauge: {leader:?}");
+
+    // Blockers, each named with its reason: a pool whose image the node may not pull, and a
+    // job whose pool does not exist. They stay until the end (the series check below needs
+    // them), then go with their objects, and so do their alerts.
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": "unpullable"},
+               "spec": {"replicas": 1,
+                        "template": {"image": "floe.local/no-such-image:1", "imagePullPolicy": "Never"}}}),
+    )
+    .await?;
+    let mut orphan = sft_job("orphan", &ns, 1, "/orphan", json!([fix_add()]));
+    orphan["spec"]["poolRef"]["name"] = "no-such-pool".into();
+    apply(&client, &ns, orphan).await?;
+    let on_unpullable = [
+        ("namespace", ns.as_str()),
+        ("pool", "unpullable"),
+        ("reason", "ErrImageNeverPull"),
+    ];
+    let summary = fires(&prom, "FloePoolBlocked", &on_unpullable).await?;
+    assert!(
+        summary.contains(&format!(
+            "GatewayPool {ns}/unpullable cannot make READY pods"
+        )),
+        "{summary}"
+    );
+    let on_orphan = [
+        ("namespace", ns.as_str()),
+        ("rolloutjob", "orphan"),
+        ("reason", "PoolNotFound"),
+    ];
+    fires(&prom, "FloeRolloutJobBlocked", &on_orphan).await?;
 
     // An empty pool while sessions wait: FloePoolEmpty names the namespace and pool.
     apply(&client, &ns, python_pool(&images.python, 0)).await?;
@@ -273,6 +309,16 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     clears(&prom, "FloeGatewayUpstreamSlow", &on_pool).await?;
     clears(&prom, "FloeGatewayUpstreamErrors", &on_pool).await?;
     clears(&prom, "FloeSandboxEgressUnrestricted", &on_pool).await?;
+    // A deleted pool's and job's blockers go with them (pools have no finalizer: the
+    // operator's sweep of deleted pools' series).
+    Api::<GatewayPool>::namespaced(client.clone(), &ns)
+        .delete("unpullable", &Default::default())
+        .await?;
+    Api::<RolloutJob>::namespaced(client.clone(), &ns)
+        .delete("orphan", &Default::default())
+        .await?;
+    clears(&prom, "FloePoolBlocked", &on_unpullable).await?;
+    clears(&prom, "FloeRolloutJobBlocked", &on_orphan).await?;
 
     // The operator's replicas scaled to none: FloeOperatorDown. Back while someone else holds
     // its Lease: FloeOperatorDown clears and FloeOperatorNoLeader fires; with that Lease gone,
