@@ -932,15 +932,9 @@ async fn every_example_names_its_missing_prerequisite_on_a_plain_cluster() -> Re
         train.contains("trainer") && train.contains("fizzbuzz-grpo-trainer"),
         "{train}"
     );
-    // The sft job: its teacher's key Secret does not exist.
-    let (_, sft) = job_condition(
-        &client,
-        &ns.name,
-        "repo-fixes-sft",
-        &["UpstreamKeyNotFound"],
-    )
-    .await?;
-    assert!(sft.contains("teacher-api-key"), "{sft}");
+    // The sft job: its pool (a Claude Code one) does not exist here.
+    let (_, sft) = job_condition(&client, &ns.name, "repo-fixes-sft", &["PoolNotFound"]).await?;
+    assert!(sft.contains("claude-code"), "{sft}");
     // The lookahead job is applied suspended: it says so and creates nothing, not even the
     // pod that would read its task file.
     let (_, suspended) =
@@ -951,6 +945,21 @@ async fn every_example_names_its_missing_prerequisite_on_a_plain_cluster() -> Re
         .list(&ListParams::default().labels("floe.dev/job=swe-lookahead-grpo"))
         .await?;
     assert!(theirs.items.is_empty(), "a suspended job made pods");
+    // Resumed, it starts the pod that reads its task file, which cannot be scheduled without
+    // the PVC: the job stalls with the scheduler's words.
+    Api::<RolloutJob>::namespaced(client.clone(), &ns.name)
+        .patch(
+            "swe-lookahead-grpo",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await?;
+    let (_, loader) =
+        job_condition(&client, &ns.name, "swe-lookahead-grpo", &["Unschedulable"]).await?;
+    assert!(
+        loader.contains("task loader") && loader.contains("swe-tasks"),
+        "{loader}"
+    );
     // Nothing of theirs reached a container runtime: every pod there is unscheduled.
     for pod in pods.list(&ListParams::default()).await?.items {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -961,7 +970,8 @@ async fn every_example_names_its_missing_prerequisite_on_a_plain_cluster() -> Re
     for line in [
         format!("floe_pool_blocked{{namespace=\"{}\",pool=\"codex\",reason=\"PodCreateRejected\"}} 1", ns.name),
         format!("floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"Unschedulable\",rolloutjob=\"fizzbuzz-grpo\"}} 1", ns.name),
-        format!("floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"UpstreamKeyNotFound\",rolloutjob=\"repo-fixes-sft\"}} 1", ns.name),
+        format!("floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"PoolNotFound\",rolloutjob=\"repo-fixes-sft\"}} 1", ns.name),
+        format!("floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"Unschedulable\",rolloutjob=\"swe-lookahead-grpo\"}} 1", ns.name),
     ] {
         assert!(metrics.contains(&line), "{line} not in {metrics}");
     }
