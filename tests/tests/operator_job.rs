@@ -666,6 +666,62 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     Ok(())
 }
 
+/// The job's own pod (here the sft dataset collector) refused by the apiserver (a quota of no
+/// pods): the job stalls naming the pod and the apiserver's words, with a Warning and its
+/// blocker metric, instead of failing every reconcile in the operator's log only; once the
+/// quota allows it, the pod is made and the job goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<()> {
+    let (client, ns) = with_crds("jobrefused").await?;
+    let operator = Operator::start(&ns.name, &[])?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(client.clone(), &ns.name);
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}},
+            }))?,
+        )
+        .await?;
+    create_pool(&client, &ns.name, "warm", 0).await?;
+    jobs.create(
+        &PostParams::default(),
+        &job("capped", &["a"], 1, json!({}))?,
+    )
+    .await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "capped", "PodCreateRejected").await?;
+    assert!(
+        notes[0].contains("the apiserver refused the job's pod capped-dataset")
+            && notes[0].contains("quota"),
+        "{notes:?}"
+    );
+    let page = operator.metrics().await?;
+    let series = format!(
+        "floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"PodCreateRejected\",rolloutjob=\"capped\"}}",
+        ns.name
+    );
+    assert_eq!(metric_value(&page, &series), Some(1.0), "{page}");
+    // The quota lifted: the collector is created and the job no longer stalls.
+    quotas.delete("no-pods", &Default::default()).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    eventually("the collector pod", async || {
+        Ok(pods.get_opt("capped-dataset").await?)
+    })
+    .await?;
+    eventually("the job no longer stalled", async || {
+        let s = status(&jobs, "capped").await?;
+        Ok(condition(&s, "Stalled").is_none().then_some(()))
+    })
+    .await?;
+    let page = operator.metrics().await?;
+    assert_eq!(metric_value(&page, &series), None, "{page}");
+    delete_jobs(&jobs).await?;
+    Ok(())
+}
+
 /// `poolTemplate`: no GatewayPool; the job creates a pod per session attempt from its
 /// template, with the task's own image where it names one, never more than `concurrency +
 /// lookahead` alive; a failed attempt is retried on a fresh pod.

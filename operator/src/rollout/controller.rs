@@ -332,7 +332,10 @@ async fn reconcile_job(job: &RolloutJob, ctx: &JobContext) -> Result<Action, Job
         .filter_map(pod_view::session_pod)
         .collect();
     // Sessions start only once their trajectories have somewhere to go.
-    let aux = ensure_aux(job, ctx, &ns).await?;
+    let aux = match ensure_aux(job, ctx, &ns).await? {
+        Ok(aux) => aux,
+        Err(blocked) => return report_blocked(job, ctx, &jobs, &blocked, now).await,
+    };
     let aux_phase = aux_gate::aux_phase(aux.as_ref());
     let unready_for = aux
         .as_ref()
@@ -1033,7 +1036,9 @@ async fn file_tasks(
             )))
         }
         None => {
-            create_if_missing(&pods, &loader).await?;
+            if let Err(b) = refused(create_if_missing(&pods, &loader).await, "pod", &loader)? {
+                return Ok(Err(b));
+            }
             None
         }
     };
@@ -1753,48 +1758,94 @@ fn set_session_gauges(ctx: &JobContext, ns: &str, job: &str, st: &RolloutJobStat
 
 /// Create the job's trainer pod (train) or dataset collector (sft) and their Services when
 /// missing; returns the pod as it is now.
-async fn ensure_aux(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Option<Pod>, JobError> {
+async fn ensure_aux(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+) -> Result<Result<Option<Pod>, Blocked>, JobError> {
     use super::aux_pods;
     let built = match (&job.spec.train, &job.spec.sft) {
         (Some(_), _) => aux_pods::trainer(job, &ctx.floe_image),
         (None, Some(_)) => aux_pods::collector(job, &ctx.floe_image),
         _ => Ok(None),
     };
+    // A pod that cannot be built must not read as "no pod needed": the gate would open.
     let objects = match built {
         Ok(Some(o)) => o,
-        Ok(None) => return Ok(None),
+        Ok(None) => return Ok(Ok(None)),
         Err(e) => {
-            tracing::error!(job = %job.name_any(), "cannot build the job's pods: {e}");
-            return Ok(None);
+            return Ok(Err(Blocked::stalled(
+                "InvalidSpec",
+                format!("cannot build the job's own pod from its spec: {e}"),
+            )))
         }
     };
     let name = objects.pod.name_any();
     // The pod cache holds it (floe's label) with all a round reads of it: readiness and IP.
     if let Some(p) = ctx.pods.get(&ObjectRef::new(&name).within(ns)) {
-        return Ok(Some((*p).clone()));
+        return Ok(Ok(Some((*p).clone())));
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     if let Some(p) = pods.get_opt(&name).await? {
-        return Ok(Some(p));
+        return Ok(Ok(Some(p)));
     }
     // A job suspended before it ran (Kueue admits jobs by resuming them) holds no trainer GPU
     // or collector until it is resumed; it starts no session meanwhile either.
     if job.spec.suspend {
-        return Ok(None);
+        return Ok(Ok(None));
     }
     // Services first: the pod's clients find them ready when it is.
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(ctx.client.clone(), ns);
     for svc in &objects.services {
-        create_if_missing(&services, svc).await?;
+        if let Err(b) = refused(create_if_missing(&services, svc).await, "Service", svc)? {
+            return Ok(Err(b));
+        }
     }
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
     for secret in &objects.secrets {
-        create_if_missing(&secrets, secret).await?;
+        if let Err(b) = refused(create_if_missing(&secrets, secret).await, "Secret", secret)? {
+            return Ok(Err(b));
+        }
     }
     tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
-    create_if_missing(&pods, &objects.pod).await?;
-    Ok(pods.get_opt(&name).await?)
+    if let Err(b) = refused(
+        create_if_missing(&pods, &objects.pod).await,
+        "pod",
+        &objects.pod,
+    )? {
+        return Ok(Err(b));
+    }
+    Ok(Ok(pods.get_opt(&name).await?))
+}
+
+/// A create the apiserver refuses for good (an admission rule, a quota, a RuntimeClass that
+/// does not exist, RBAC) is the user's to fix: the job stalls saying which object and why,
+/// instead of failing every reconcile with the words in the operator's log only.
+fn refused<K: kube::Resource>(
+    created: Result<(), JobError>,
+    kind: &str,
+    object: &K,
+) -> Result<Result<(), Blocked>, JobError> {
+    match created {
+        Err(JobError::Kube(kube::Error::Api(e)))
+            if (400..500).contains(&e.code) && !matches!(e.code, 408 | 409 | 429) =>
+        {
+            Ok(Err(Blocked::stalled(
+                if kind == "pod" {
+                    "PodCreateRejected"
+                } else {
+                    "CreateRejected"
+                },
+                format!(
+                    "the apiserver refused the job's {kind} {}: {}",
+                    object.meta().name.as_deref().unwrap_or_default(),
+                    e.message
+                ),
+            )))
+        }
+        other => other.map(Ok),
+    }
 }
 
 async fn create_if_missing<K>(api: &Api<K>, object: &K) -> Result<(), JobError>
