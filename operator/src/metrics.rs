@@ -65,6 +65,22 @@ pub struct Metrics {
     rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
 
+/// The operator's two controllers, by the name their reconcile series carry.
+#[derive(Clone, Copy, Debug)]
+pub enum Controller {
+    GatewayPool,
+    RolloutJob,
+}
+
+impl Controller {
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::GatewayPool => "gatewaypool",
+            Controller::RolloutJob => "rolloutjob",
+        }
+    }
+}
+
 /// The two kinds of object whose blockers are counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
@@ -185,10 +201,7 @@ impl Metrics {
         )?;
         // As controller-runtime does: each controller's series exist from the start, so error
         // ratios read 0 rather than nothing.
-        for controller in [
-            crate::pool_controller::CONTROLLER,
-            crate::rollout::controller::CONTROLLER,
-        ] {
+        for controller in [Controller::GatewayPool, Controller::RolloutJob].map(Controller::name) {
             reconcile_errors.with_label_values(&[controller]).inc_by(0);
             for result in ["requeue_after", "error"] {
                 reconcile_total
@@ -353,7 +366,13 @@ impl Metrics {
 }
 
 /// One reconcile under controller-runtime's metric names.
-pub fn record_reconcile(m: &Metrics, controller: &str, started: std::time::Instant, ok: bool) {
+pub fn record_reconcile(
+    m: &Metrics,
+    controller: Controller,
+    started: std::time::Instant,
+    ok: bool,
+) {
+    let controller = controller.name();
     m.reconcile_seconds
         .with_label_values(&[controller])
         .observe(started.elapsed().as_secs_f64());

@@ -250,13 +250,16 @@ fn owner(pool: &GatewayPool) -> Option<OwnerReference> {
     pool.controller_owner_ref(&())
 }
 
-pub const CONTROLLER: &str = "gatewaypool";
-
 /// One reconcile, timed and counted under controller-runtime's metric names.
 pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
     let started = Instant::now();
     let result = reconcile_pool(pool, ctx.clone()).await;
-    crate::metrics::record_reconcile(&ctx.metrics, CONTROLLER, started, result.is_ok());
+    crate::metrics::record_reconcile(
+        &ctx.metrics,
+        crate::metrics::Controller::GatewayPool,
+        started,
+        result.is_ok(),
+    );
     result
 }
 

@@ -36,8 +36,6 @@ use crate::sandbox_pod::{self, PodState, CONTROL_TOKEN_KEY, POOL_LABEL, STATE_LA
 
 /// Holds a job until its pods' finalizers are removed.
 pub const JOB_FINALIZER: &str = "floe.dev/sessions";
-pub const CONTROLLER: &str = "rolloutjob";
-
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     #[error("kubernetes API: {0}")]
@@ -256,7 +254,12 @@ pub async fn reconcile(job: Arc<RolloutJob>, ctx: Arc<JobContext>) -> Result<Act
         // A write of this round may have landed unseen: never trust the cache over it.
         ctx.forget_bars(&job.uid().unwrap_or_default());
     }
-    crate::metrics::record_reconcile(&ctx.metrics, CONTROLLER, started, result.is_ok());
+    crate::metrics::record_reconcile(
+        &ctx.metrics,
+        crate::metrics::Controller::RolloutJob,
+        started,
+        result.is_ok(),
+    );
     result
 }
 
