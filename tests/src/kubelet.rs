@@ -22,7 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 
 use crate::cluster::floe_bin;
-use crate::processes::{sidecar_gateway, KillOnDrop};
+use crate::processes::KillOnDrop;
 
 /// What the sandbox container of a session ends with.
 #[derive(Clone, Debug)]
@@ -198,6 +198,66 @@ struct Node {
 /// The runner's wait for its assignment, as `floe sandbox` does it: one long poll at a time on
 /// the pod's gateway, so a pod waiting costs nothing. (Polling every claimed pod on each sync
 /// made the node's own requests a burst's largest CPU load.)
+/// A pod's `floe` container as this node can run it: the command and arguments the operator
+/// wrote, with its listen addresses moved to the pod's IP and each volume mount to a directory
+/// of the pod's own under `root` (a Secret volume's files written there), and its plain
+/// environment. A flag the operator passes that the binary does not take fails here as it
+/// would on a kubelet.
+fn pod_container_command(
+    pod: &Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+    ip: &str,
+    root: &std::path::Path,
+    secret: &Secret,
+) -> Result<Command> {
+    anyhow::ensure!(
+        container.command.as_deref() == Some(&["floe".to_string()][..]),
+        "container {} does not run floe: {:?}",
+        container.name,
+        container.command
+    );
+    let volumes = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default();
+    let mut mounts = Vec::new();
+    for m in container.volume_mounts.iter().flatten() {
+        let dir = root.join(&m.name);
+        std::fs::create_dir_all(&dir)?;
+        let from_secret = volumes
+            .iter()
+            .find(|v| v.name == m.name)
+            .and_then(|v| v.secret.as_ref())
+            .is_some_and(|s| s.secret_name.as_deref() == secret.metadata.name.as_deref());
+        if from_secret {
+            for (key, value) in secret.data.iter().flatten() {
+                std::fs::write(dir.join(key), &value.0)?;
+            }
+        }
+        mounts.push((m.mount_path.clone(), dir));
+    }
+    let args = container.args.iter().flatten().map(|a| {
+        let mut a = a
+            .replace("0.0.0.0:", &format!("{ip}:"))
+            .replace("127.0.0.1:", &format!("{ip}:"));
+        for (path, dir) in &mounts {
+            if let Some(rest) = a.strip_prefix(path.as_str()) {
+                a = format!("{}{rest}", dir.display());
+            }
+        }
+        a
+    });
+    let mut command = Command::new(floe_bin()?);
+    command.args(args);
+    for e in container.env.iter().flatten() {
+        if let Some(value) = &e.value {
+            command.env(&e.name, value);
+        }
+    }
+    Ok(command)
+}
+
 async fn take_assignment(
     http: reqwest::Client,
     control: String,
@@ -287,16 +347,20 @@ impl Node {
         };
         let token = secret
             .data
+            .as_ref()
             .and_then(|d| {
                 d.get("control-token")
                     .map(|b| String::from_utf8_lossy(&b.0).into_owned())
             })
             .context("control token")?;
-        let control_port = pod
+        let container = pod
             .spec
             .as_ref()
             .and_then(|s| s.containers.iter().find(|c| c.name == "floe-gateway"))
-            .and_then(|c| c.ports.as_ref())
+            .context("the pod has a floe-gateway container")?;
+        let control_port = container
+            .ports
+            .as_ref()
             .and_then(|p| p.iter().find(|p| p.name.as_deref() == Some("floe-control")))
             .map(|p| p.container_port)
             .context("the pod declares the gateway's control port")?;
@@ -305,9 +369,9 @@ impl Node {
         let ip = format!("127.{}.{}.{}", self.block, n / 250, n % 250 + 1);
         let root = self.dir.join(&name);
         std::fs::create_dir_all(&root)?;
-        std::fs::write(root.join("token"), &token)?;
         let log = std::fs::File::create(root.join("gateway.log"))?;
-        let gateway = sidecar_gateway(&floe_bin()?, &ip, control_port, &root)
+        let gateway = pod_container_command(pod, container, &ip, &root, &secret)?
+            .stdout(Stdio::null())
             .stderr(log)
             .spawn()?;
         let control = format!("http://{ip}:{control_port}");
