@@ -46,7 +46,9 @@ use crate::common::{PrepareStep, ProviderApi, SandboxTemplate, UpstreamSpec};
     validation = kube::core::Rule::new("has(self.poolRef) != has(self.poolTemplate)")
         .message("exactly one of spec.poolRef or spec.poolTemplate must be set"),
     validation = kube::core::Rule::new("!has(self.lookahead) || has(self.poolTemplate)")
-        .message("spec.lookahead applies only with spec.poolTemplate")
+        .message("spec.lookahead applies only with spec.poolTemplate"),
+    validation = kube::core::Rule::new("!has(self.egress) || has(self.poolTemplate)")
+        .message("spec.egress applies only with spec.poolTemplate (a pool's pods follow the pool's spec.egress)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutJobSpec {
@@ -72,6 +74,12 @@ pub struct RolloutJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10000))]
     pub lookahead: Option<i32>,
+    /// With `poolTemplate`: where the job's own sandbox pods may connect, as a GatewayPool's
+    /// `spec.egress`. `Managed` (default): the operator keeps a NetworkPolicy
+    /// `<job>-job-egress`, owned by the job, that lets them reach only DNS, the job's trainer
+    /// pod or dataset collector, and `allow`; each pod checks at start that it is enforced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::gateway_pool::EgressSpec>,
     /// Scores each session after the harness exits.
     pub evaluator: EvaluatorSpec,
     /// How captured model calls become training samples.

@@ -83,6 +83,19 @@ fn lookahead_only_with_a_pool_template() {
 }
 
 #[test]
+fn egress_only_with_a_pool_template() {
+    let mut job = train_job();
+    job.spec.egress = Some(Default::default());
+    assert_eq!(
+        messages(&job),
+        ["spec.egress applies only with spec.poolTemplate (a pool's pods follow the pool's spec.egress)"]
+    );
+    let mut templated: RolloutJob = example("rolloutjob-lookahead.yaml");
+    templated.spec.egress = Some(Default::default());
+    assert!(messages(&templated).is_empty());
+}
+
+#[test]
 fn exactly_one_task_source() {
     let mut job = train_job();
     job.spec.tasks.config_map = Some(floe_crds::ConfigMapTasks {

@@ -6,13 +6,15 @@
 //! internet) is refused wherever the CNI enforces NetworkPolicy. Each pod also checks at start
 //! that it is enforced (`floe sandbox`, [`EGRESS_CHECK_ENV`]).
 
-use floe_crds::gateway_pool::{EgressPolicy, GatewayPool, UnrestrictedEgress};
+use floe_crds::gateway_pool::{EgressPolicy, EgressSpec, GatewayPool, UnrestrictedEgress};
+use floe_crds::rollout_job::RolloutJob;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::rollout::aux_pods::{INGEST_PORT, ROLE_LABEL, VLLM_PORT};
-use crate::sandbox_pod::POOL_LABEL;
+use crate::rollout::pod_view::JOB_LABEL;
+use crate::sandbox_pod::{POOL_LABEL, SANDBOX_LABEL};
 
 /// Tells a sandbox pod's grader to check its egress at start, and what to do when it is open:
 /// `warn` or `refuse`.
@@ -34,11 +36,45 @@ pub fn check_mode(mode: UnrestrictedEgress) -> &'static str {
 /// The NetworkPolicy the operator keeps for `pool`, owned by it; `None` when the pool says
 /// `egress.policy: Unmanaged`.
 pub fn build(pool: &GatewayPool) -> Result<Option<NetworkPolicy>, serde_json::Error> {
-    let egress = &pool.spec.egress;
+    let name = pool.name_any();
+    policy(
+        &policy_name(&name),
+        pool,
+        json!({POOL_LABEL: name}),
+        &pool.spec.egress,
+    )
+}
+
+/// A `poolTemplate` job's policy: `<job>-job-egress` (a pool of the job's name keeps its own).
+pub fn job_policy_name(job: &str) -> String {
+    format!("{job}-job-egress")
+}
+
+/// The NetworkPolicy the operator keeps for a `poolTemplate` job's own sandbox pods, owned by
+/// the job, as its `spec.egress` says (the pool's rules: DNS, the job's trainer or collector,
+/// `allow`); `None` for a job that claims from a pool, or says `Unmanaged`.
+pub fn build_for_job(job: &RolloutJob) -> Result<Option<NetworkPolicy>, serde_json::Error> {
+    if job.spec.pool_template.is_none() {
+        return Ok(None);
+    }
+    let name = job.name_any();
+    policy(
+        &job_policy_name(&name),
+        job,
+        json!({JOB_LABEL: name, SANDBOX_LABEL: "true"}),
+        &job.spec.egress.clone().unwrap_or_default(),
+    )
+}
+
+fn policy<K: Resource<DynamicType = ()>>(
+    name: &str,
+    owner: &K,
+    selector: serde_json::Value,
+    egress: &EgressSpec,
+) -> Result<Option<NetworkPolicy>, serde_json::Error> {
     if egress.policy == EgressPolicy::Unmanaged {
         return Ok(None);
     }
-    let name = pool.name_any();
     let mut rules = vec![
         // The job's trainer pod (policy proxy, ingest) or dataset collector, in this namespace.
         json!({"to": [{"podSelector": {"matchExpressions": [
@@ -51,17 +87,19 @@ pub fn build(pool: &GatewayPool) -> Result<Option<NetworkPolicy>, serde_json::Er
     for rule in &egress.allow {
         rules.push(serde_json::to_value(rule)?);
     }
+    let mut labels = selector.clone();
+    labels["app.kubernetes.io/managed-by"] = "floe".into();
     let policy = json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": policy_name(&name),
-            "namespace": pool.namespace(),
-            "labels": {POOL_LABEL: name, "app.kubernetes.io/managed-by": "floe"},
-            "ownerReferences": pool.controller_owner_ref(&()).into_iter().collect::<Vec<_>>(),
+            "name": name,
+            "namespace": owner.meta().namespace,
+            "labels": labels,
+            "ownerReferences": owner.controller_owner_ref(&()).into_iter().collect::<Vec<_>>(),
         },
         "spec": {
-            "podSelector": {"matchLabels": {POOL_LABEL: name}},
+            "podSelector": {"matchLabels": selector},
             "policyTypes": ["Egress"],
             "egress": rules,
         },
@@ -111,6 +149,59 @@ mod tests {
                                               {"protocol": "TCP", "port": 8100}])
         );
         assert!(rules[1].get("to").is_none(), "DNS anywhere: {}", rules[1]);
+    }
+
+    fn job(spec: serde_json::Value) -> RolloutJob {
+        let mut full = json!({"tasks": {"inline": [{"id": "a", "instruction": "x"}]}, "numSamples": 1,
+                              "harness": {"preset": "pi"}, "evaluator": {"command": ["true"]},
+                              "sft": {"upstream": {"url": "http://m:8000"},
+                                      "output": {"claimName": "d"}}});
+        if let (Some(full), Some(spec)) = (full.as_object_mut(), spec.as_object()) {
+            full.extend(spec.clone());
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "swe", "namespace": "rl", "uid": "u-2"}, "spec": full,
+        }))
+        .expect("job")
+    }
+
+    #[test]
+    fn a_pool_template_jobs_own_pods_get_the_same_rules_owned_by_the_job() {
+        let teacher = json!({"to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}]});
+        let policy = build_for_job(&job(json!({"poolTemplate": {"image": "swe:1"},
+                                                "egress": {"allow": [teacher]}})))
+        .expect("builds")
+        .expect("managed");
+        assert_eq!(policy.metadata.name.as_deref(), Some("swe-job-egress"));
+        let owner = &policy.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("RolloutJob", "u-2")
+        );
+        let spec = serde_json::to_value(policy.spec.expect("spec")).expect("json");
+        assert_eq!(
+            spec["podSelector"],
+            json!({"matchLabels": {"floe.dev/job": "swe", "floe.dev/sandbox": "true"}})
+        );
+        let pool_rules = serde_json::to_value(
+            build(&pool(json!({"allow": [teacher]})))
+                .expect("builds")
+                .expect("managed")
+                .spec,
+        )
+        .expect("json");
+        assert_eq!(spec["egress"], pool_rules["egress"]);
+        // A job on a pool follows the pool's policy; Unmanaged keeps none.
+        assert!(build_for_job(&job(json!({"poolRef": {"name": "p"}})))
+            .expect("builds")
+            .is_none());
+        assert!(
+            build_for_job(&job(json!({"poolTemplate": {"image": "swe:1"},
+                                           "egress": {"policy": "Unmanaged"}})))
+            .expect("builds")
+            .is_none()
+        );
     }
 
     #[test]

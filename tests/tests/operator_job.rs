@@ -834,6 +834,25 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
     }
     assert!(images.len() >= 5, "saw too few pods to judge: {images:?}");
     assert!(cleared > 0, "saw no assigned pod to judge");
+    // The job's own pods have an egress NetworkPolicy, as a pool's do: owned by the job,
+    // selecting its sandbox pods, with the pool's rules (DNS, the job's trainer or collector).
+    let policy = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        client.clone(),
+        &ns.name,
+    )
+    .get("tmpl-job-egress")
+    .await?;
+    let owner = &policy.metadata.owner_references.clone().unwrap_or_default()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("RolloutJob", "tmpl")
+    );
+    let spec = serde_json::to_value(policy.spec)?;
+    assert_eq!(
+        spec["podSelector"],
+        json!({"matchLabels": {"floe.dev/job": "tmpl", "floe.dev/sandbox": "true"}})
+    );
+    assert_eq!(spec["policyTypes"], json!(["Egress"]));
     // Every attempt ran exactly once.
     let ids = taken_sessions(&kubelet);
     let unique: BTreeSet<&String> = ids.iter().collect();

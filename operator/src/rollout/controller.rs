@@ -1332,6 +1332,45 @@ async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
 }
 
 /// poolTemplate: create the pods (and their control-token Secrets) of the next sessions.
+/// Keep a `poolTemplate` job's egress NetworkPolicy as its spec says
+/// ([`crate::egress_policy::build_for_job`]). A failure (no RBAC for NetworkPolicies, say) is a
+/// Warning on the job, not a failed reconcile: each pod's own check still says whether its
+/// egress is open.
+async fn ensure_job_egress_policy(ctx: &JobContext, job: &RolloutJob) {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let ns = job.namespace().unwrap_or_default();
+    let name = crate::egress_policy::job_policy_name(&job.name_any());
+    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+    let done = match crate::egress_policy::build_for_job(job) {
+        Ok(Some(policy)) => api
+            .patch(
+                &name,
+                &PatchParams::apply("floe-operator").force(),
+                &Patch::Apply(&policy),
+            )
+            .await
+            .map(|_| ()),
+        Ok(None) => match api.delete(&name, &Default::default()).await {
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            other => other.map(|_| ()),
+        },
+        Err(e) => {
+            tracing::warn!(job = %job.name_any(), "egress policy: {e}");
+            return;
+        }
+    };
+    if let Err(e) = done {
+        tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
+        ctx.event(
+            job,
+            EventType::Warning,
+            "EgressPolicyFailed",
+            format!("cannot apply NetworkPolicy {name} (spec.egress): {e}"),
+        )
+        .await;
+    }
+}
+
 async fn create_prewarmed(
     ctx: &JobContext,
     job: &RolloutJob,
@@ -1341,6 +1380,12 @@ async fn create_prewarmed(
     let Some(template) = &job.spec.pool_template else {
         return Ok(());
     };
+    if sessions.is_empty() {
+        return Ok(());
+    }
+    // The pods' NetworkPolicy before the pods: applied with each batch of new pods, so one
+    // deleted by hand comes back before the next untrusted agent starts.
+    ensure_job_egress_policy(ctx, job).await;
     let created: Vec<Result<(), JobError>> = futures::stream::iter(sessions.to_vec())
         .map(|(index, attempt)| async move {
             let Some((task, sample)) = observed.session(index) else {

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use floe_crds::common::SandboxTemplate;
-use floe_crds::gateway_pool::GatewayPoolSpec;
+use floe_crds::gateway_pool::{EgressSpec, GatewayPoolSpec};
 use floe_crds::rollout_job::{RolloutJob, Task};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Resource, ResourceExt};
@@ -38,11 +38,12 @@ pub fn pod_name(job: &str, index: u32, attempt: u32, suffix: &str) -> String {
 }
 
 /// The pool spec a `poolTemplate` job's pods are built from: its template with the task's
-/// image, the evaluator's image as the grader's, default gateway settings.
+/// image, the evaluator's image as the grader's, the job's egress, default gateway settings.
 pub fn pool_spec(
     template: &SandboxTemplate,
     task: &Task,
     evaluator_image: Option<&String>,
+    egress: Option<&EgressSpec>,
 ) -> GatewayPoolSpec {
     let mut template = template.clone();
     if let Some(image) = &task.image {
@@ -58,7 +59,7 @@ pub fn pool_spec(
         gateway: Default::default(),
         update_strategy: Default::default(),
         refill: Default::default(),
-        egress: Default::default(),
+        egress: egress.cloned().unwrap_or_default(),
     }
 }
 
@@ -66,7 +67,12 @@ pub fn build(p: &SessionPodFor) -> Result<Pod, serde_json::Error> {
     let job = p.job.name_any();
     let name = pod_name(&job, p.index, p.attempt, p.suffix);
     let namespace = p.job.namespace().unwrap_or_default();
-    let spec = pool_spec(p.template, p.task, p.job.spec.evaluator.image.as_ref());
+    let spec = pool_spec(
+        p.template,
+        p.task,
+        p.job.spec.evaluator.image.as_ref(),
+        p.job.spec.egress.as_ref(),
+    );
     let secret = sandbox_pod::control_secret_name(&name);
     let mut pod = sandbox_pod::build(&SandboxPod {
         name: &name,
