@@ -261,6 +261,50 @@ pub fn promql_metrics(expr: &str) -> BTreeSet<String> {
 /// Every sample name a Prometheus text page can carry: the names on sample lines, and for
 /// each `# TYPE` family (also one with no samples yet: a labelled metric nobody set) the
 /// names its type implies.
+/// The apiserver rule (the first egress rule) of the chart's operator NetworkPolicy: its
+/// `ipBlock` CIDRs and ports.
+pub fn apiserver_rule(policy: &Value) -> (BTreeSet<String>, BTreeSet<i64>) {
+    let rule = &policy["spec"]["egress"][0];
+    let cidrs = rule["to"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["ipBlock"]["cidr"].as_str().map(str::to_string))
+        .collect();
+    let ports = rule["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["port"].as_i64())
+        .collect();
+    (cidrs, ports)
+}
+
+/// What that rule must be, given the cluster's `default/kubernetes` Endpoints: their
+/// addresses (`/32`) and ports, or, with none to read, any address on the values' default
+/// ports.
+pub fn apiserver_rule_for(
+    endpoints: Option<&k8s_openapi::api::core::v1::Endpoints>,
+) -> (BTreeSet<String>, BTreeSet<i64>) {
+    let subsets = endpoints
+        .and_then(|e| e.subsets.clone())
+        .unwrap_or_default();
+    let cidrs: BTreeSet<String> = subsets
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .map(|a| format!("{}/32", a.ip))
+        .collect();
+    let ports: BTreeSet<i64> = subsets
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| i64::from(p.port))
+        .collect();
+    if cidrs.is_empty() || ports.is_empty() {
+        return (BTreeSet::new(), [443, 6443].into());
+    }
+    (cidrs, ports)
+}
+
 pub fn exported_metrics(page: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in page.lines() {

@@ -14,8 +14,8 @@ use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::chart::{
-    argocd_health, chart_dir, documents, exported_metrics, referenced_metrics, render, rules_file,
-    run_tool, stdout_of, tool_ok, tools,
+    apiserver_rule, apiserver_rule_for, argocd_health, chart_dir, documents, exported_metrics,
+    referenced_metrics, render, rules_file, run_tool, stdout_of, tool_ok, tools,
 };
 use floe_tests::kubelet::{FakeKubelet, Verdict};
 use floe_tests::namespace::{with_crds, TestNamespace};
@@ -674,27 +674,14 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     }
     // The operator's NetworkPolicy names the apiserver as NetworkPolicy sees it (after
     // kube-proxy's DNAT): the addresses and ports of default/kubernetes, read at install.
+    // This apiserver advertises a loopback address, which an Endpoints object may not hold,
+    // so it has none: the policy falls back to any address on the values' ports (the real
+    // node's test sees the addresses read).
     let endpoints =
         Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), "default")
-            .get("kubernetes")
+            .get_opt("kubernetes")
             .await?;
-    let subset = endpoints
-        .subsets
-        .as_ref()
-        .and_then(|s| s.first())
-        .context("the apiserver's endpoints")?;
-    let want_cidrs: BTreeSet<String> = subset
-        .addresses
-        .iter()
-        .flatten()
-        .map(|a| format!("{}/32", a.ip))
-        .collect();
-    let want_ports: BTreeSet<i64> = subset
-        .ports
-        .iter()
-        .flatten()
-        .map(|p| i64::from(p.port))
-        .collect();
+    let (want_cidrs, want_ports) = apiserver_rule_for(endpoints.as_ref());
     let operator_policy = docs
         .iter()
         .find(|d| {
@@ -704,20 +691,11 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
                     .is_some_and(|n| n.ends_with("-operator"))
         })
         .context("the operator's NetworkPolicy")?;
-    let to_apiserver = &operator_policy["spec"]["egress"][0];
-    let cidrs: BTreeSet<String> = to_apiserver["to"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["ipBlock"]["cidr"].as_str().map(str::to_string))
-        .collect();
-    let ports: BTreeSet<i64> = to_apiserver["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["port"].as_i64())
-        .collect();
-    assert_eq!((cidrs, ports), (want_cidrs, want_ports), "{to_apiserver}");
+    assert_eq!(
+        apiserver_rule(operator_policy),
+        (want_cidrs, want_ports),
+        "{operator_policy}"
+    );
     let deployment = find(&docs, "Deployment")?.clone();
     let sa = find(&docs, "ServiceAccount")?["metadata"]["name"]
         .as_str()
@@ -867,7 +845,8 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
         &serde_json::from_value(json!({
             "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
             "metadata": {"name": "orphan"},
-            "spec": {"tasks": {"inline": [{"id": "t"}]}, "harness": {"preset": "pi"},
+            "spec": {"tasks": {"inline": [{"id": "t", "instruction": "x"}]}, "numSamples": 1,
+                     "harness": {"preset": "pi"},
                      "poolRef": {"name": "no-such-pool"},
                      "evaluator": {"command": ["true"]},
                      "sft": {"upstream": {"url": "http://teacher.models.svc:8000", "model": "teacher"},

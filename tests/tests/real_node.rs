@@ -646,6 +646,35 @@ async fn the_chart_runs_the_operator_in_pods_and_a_job_outlives_them() -> Result
     let operators = pods.list(&ListParams::default()).await?.items;
     assert_eq!(operators.len(), 2, "two operator replicas");
     assert!(operators.iter().all(pod_ready));
+    // With the operator's NetworkPolicy on, Helm reads the apiserver's endpoints from this
+    // cluster (whose apiserver advertises the node's address) and the policy names exactly
+    // them: what an install does, rendered against the cluster without changing the release.
+    let chart_dir = chart::chart_dir();
+    let rendered = helm(
+        n,
+        &[
+            "template",
+            "floe",
+            chart_dir.to_str().context("chart path")?,
+            "--namespace",
+            &system.name,
+            "--dry-run=server",
+            "--set",
+            "networkPolicy.operator.enabled=true",
+        ],
+    )?;
+    let docs = chart::documents(&rendered)?;
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "NetworkPolicy")
+        .context("the operator's NetworkPolicy")?;
+    let endpoints =
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), "default")
+            .get("kubernetes")
+            .await?;
+    let read = chart::apiserver_rule_for(Some(&endpoints));
+    assert!(!read.0.is_empty(), "{endpoints:?}");
+    assert_eq!(chart::apiserver_rule(policy), read, "{policy}");
 
     warm_pool(n, &client, &ns, &images.python)
         .await
