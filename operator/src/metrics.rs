@@ -309,6 +309,7 @@ impl Metrics {
             gone
         };
         for (ns, pool) in gone {
+            tracing::info!(namespace = %ns, %pool, "the pool is gone: its series go");
             for gauge in [&self.pool_ready, &self.pool_desired, &self.pool_claimed] {
                 let _ = gauge.remove_label_values(&[&ns, &pool]);
             }

@@ -248,14 +248,14 @@ async fn run_controllers(
 }
 
 /// Pools have no finalizer, so no reconcile sees one deleted: every half minute, the series of
-/// pools no longer in the cache go (a deleted blocked pool must not page forever).
+/// pools no longer in the cache go (a deleted blocked pool must not page forever). The first
+/// sweep comes 30 s after start, long after the cache's first list. (Not gated on the store's
+/// `wait_until_ready`: with kube-runtime 5.0 it never resolved for the controller's store,
+/// though the store filled.)
 async fn forget_deleted_pools(
     pools: kube::runtime::reflector::Store<GatewayPool>,
     metrics: Arc<Metrics>,
 ) {
-    if pools.wait_until_ready().await.is_err() {
-        return;
-    }
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(30)).await;
         let live = pools

@@ -113,6 +113,13 @@ impl TestNode {
         if let Some(i) = IMAGES.get() {
             return Ok(i);
         }
+        // One build at a time: tests start in parallel, and two `images.sh` on a cold cache
+        // race for apt's lock (a cold CI run lost a test that way).
+        static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = IMAGES.get() {
+            return Ok(i);
+        }
         let out = run(Command::new(script("images.sh"))
             .arg(&self.dir)
             .arg(floe_bin()?))?;

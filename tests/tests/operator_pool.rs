@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_tests::namespace::with_crds;
-use floe_tests::operator::{eventually, Operator};
+use floe_tests::operator::{eventually, eventually_within, metric_value, Operator};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -390,7 +390,7 @@ async fn a_template_change_recreates_or_waits_for_replenishment_by_strategy() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_the_apiserver_refuses_is_named_on_the_pool_which_backs_off() -> Result<()> {
     let (client, ns) = with_crds("refused").await?;
-    let _operator = start_operator(&ns.name)?;
+    let operator = start_operator(&ns.name)?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     let pool: GatewayPool = serde_json::from_value(json!({
         "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
@@ -430,5 +430,19 @@ async fn a_pod_the_apiserver_refuses_is_named_on_the_pool_which_backs_off() -> R
         .filter(|r| *r == "PodCreateRejected")
         .count();
     assert!((1..=3).contains(&tries), "{tries} refused creates in 12 s");
+    // The blocker is a metric with its reason while the pool lives, and goes with the pool
+    // (pools have no finalizer: the operator sweeps deleted pools' series).
+    let series = format!(
+        "floe_pool_blocked{{namespace=\"{}\",pool=\"gvisor\",reason=\"PodCreateRejected\"}}",
+        ns.name
+    );
+    let page = operator.metrics().await?;
+    assert_eq!(metric_value(&page, &series), Some(1.0), "{page}");
+    pools.delete("gvisor", &Default::default()).await?;
+    eventually_within(60, "the deleted pool's series gone", async || {
+        let page = operator.metrics().await?;
+        Ok((!page.contains("pool=\"gvisor\"")).then_some(()))
+    })
+    .await?;
     Ok(())
 }

@@ -85,11 +85,13 @@ pub async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
         .metrics
         .sessions_open
         .set(gateway.sessions.open_count() as i64);
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        gateway.metrics.render(),
-    )
-        .into_response()
+    let page = gateway.metrics.render();
+    *gateway
+        .last_scrape
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(page.clone());
+    gateway.scraped.notify_waiters();
+    ([("content-type", "text/plain; version=0.0.4")], page).into_response()
 }
 
 /// `POST /floe/v1/sessions`: the session's identity, and optionally its upstream settings (what

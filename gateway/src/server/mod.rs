@@ -76,6 +76,10 @@ pub struct Gateway {
     /// Flips to true when the gateway starts stopping (ends long polls).
     pub stopping: tokio::sync::watch::Sender<bool>,
     pub runner_ready: std::sync::atomic::AtomicBool,
+    /// The metrics page as last served, and a signal on each serving: a stopping gateway
+    /// waits for its final counters to be scraped ([`final_scrape`]).
+    pub last_scrape: std::sync::Mutex<Option<String>>,
+    pub scraped: tokio::sync::Notify,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +131,8 @@ impl Gateway {
             finishing: Default::default(),
             stopping: tokio::sync::watch::Sender::new(false),
             runner_ready: Default::default(),
+            last_scrape: Default::default(),
+            scraped: Default::default(),
             config,
         }))
     }
@@ -235,8 +241,49 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 /// How long a stopping gateway keeps trying to ship what is left (pods get 30 s by default).
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(20);
 
+/// How long a stopping gateway that is scraped keeps its control port up for the scrape that
+/// sees its final counters (with the drain, within a pod's default 30 s grace).
+pub const FINAL_SCRAPE_WAIT: Duration = Duration::from_secs(25);
+
+/// A session pod is deleted as soon as its result is folded, often within a second of its
+/// last model call: without this, a failure in that second never reaches Prometheus (a pod
+/// whose only call failed upstream showed nothing). When something scrapes this gateway and
+/// the page changed since its last scrape, wait (at most `wait`) for one more scrape.
+pub async fn final_scrape(gateway: &Gateway, wait: Duration) -> bool {
+    let unseen = || {
+        let last = gateway
+            .last_scrape
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .is_some_and(|page| *page != gateway.metrics.render())
+    };
+    if !unseen() {
+        return true;
+    }
+    tracing::info!(
+        "waiting up to {} s for a scrape of the final metrics",
+        wait.as_secs()
+    );
+    tokio::time::timeout(wait, async {
+        loop {
+            // Registered before the check: a scrape between the two is not missed.
+            let scraped = gateway.scraped.notified();
+            tokio::pin!(scraped);
+            scraped.as_mut().enable();
+            if !unseen() {
+                return;
+            }
+            scraped.await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
 /// Serve until `shutdown` resolves: recover sessions and the spool from disk first; when
-/// stopping, let in-flight calls finish, then give unfinished sessions an outcome and drain.
+/// stopping, let in-flight calls finish, then give unfinished sessions an outcome and drain;
+/// the control port (metrics) stays up until the final counters are scraped.
 pub async fn serve(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -246,21 +293,34 @@ pub async fn serve(
         .collect();
     let gateway = Gateway::new(config)?;
     let restored = recover(&gateway).map_err(ServeError::Recover)?;
+    let released = tokio::sync::watch::Sender::new(false);
     let mut servers = tokio::task::JoinSet::new();
-    for addr in addrs {
+    let mut control = tokio::task::JoinSet::new();
+    for (i, addr) in addrs.into_iter().enumerate() {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| ServeError::Listen(addr, e))?;
         tracing::info!(addr = %listener.local_addr().map_err(ServeError::Serve)?, restored, "gateway listening");
-        let mut stopping = gateway.stopping.subscribe();
+        // The model API stops taking calls at once; the control port (a second listener)
+        // serves until the drain and the final scrape are done.
+        let mut until = if i == 0 {
+            gateway.stopping.subscribe()
+        } else {
+            released.subscribe()
+        };
         let app = router(gateway.clone());
-        servers.spawn(async move {
+        let server = async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
-                    let _ = stopping.wait_for(|s| *s).await;
+                    let _ = until.wait_for(|s| *s).await;
                 })
                 .await
-        });
+        };
+        if i == 0 {
+            servers.spawn(server);
+        } else {
+            control.spawn(server);
+        }
     }
     shutdown.await;
     gateway.stopping.send_replace(true);
@@ -269,6 +329,14 @@ pub async fn serve(
             .map_err(ServeError::Serve)?;
     }
     drain(&gateway, DRAIN_DEADLINE).await;
+    if !control.is_empty() && !final_scrape(&gateway, FINAL_SCRAPE_WAIT).await {
+        tracing::warn!("no scrape saw the final metrics");
+    }
+    released.send_replace(true);
+    while let Some(done) = control.join_next().await {
+        done.map_err(|e| ServeError::Serve(std::io::Error::other(e)))?
+            .map_err(ServeError::Serve)?;
+    }
     Ok(())
 }
 
@@ -320,6 +388,42 @@ mod tests {
             ..elsewhere
         };
         assert_eq!(key(Some(with_key)).as_deref(), Some("job-key"));
+        Ok(())
+    }
+
+    /// A stopping gateway waits for the scrape that sees its final counters when something
+    /// scrapes it and the page changed since; not when nothing ever scraped it, or nothing
+    /// changed; and never past its bound.
+    #[tokio::test]
+    async fn a_stopping_gateway_waits_for_the_scrape_of_its_final_counters(
+    ) -> Result<(), std::io::Error> {
+        let dir = tempfile::tempdir()?;
+        let g = gateway(dir.path(), None);
+        let bump = || g.metrics.errors.with_label_values(&["upstream"]).inc();
+        let short = Duration::from_millis(200);
+        // Never scraped: nothing to wait for.
+        bump();
+        assert!(final_scrape(&g, short).await);
+        // Scraped, unchanged since: nothing to wait for.
+        let _ = control::metrics(axum::extract::State(g.clone())).await;
+        assert!(final_scrape(&g, short).await);
+        // Changed since the last scrape, and nobody scrapes again: the bound ends the wait.
+        bump();
+        let started = std::time::Instant::now();
+        assert!(!final_scrape(&g, short).await);
+        assert!(started.elapsed() >= short);
+        // Changed, and a scrape comes: the wait ends with it.
+        let scraper = {
+            let g = g.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = control::metrics(axum::extract::State(g)).await;
+            })
+        };
+        let started = std::time::Instant::now();
+        assert!(final_scrape(&g, Duration::from_secs(10)).await);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        scraper.await.map_err(std::io::Error::other)?;
         Ok(())
     }
 }

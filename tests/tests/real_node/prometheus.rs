@@ -263,7 +263,23 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     down["spec"]["timeouts"]["modelCallSeconds"] = 2.into();
     down["spec"]["backoffLimit"] = 0.into();
     apply(&client, &ns, down).await?;
-    let summary = fires(&prom, "FloeGatewayUpstreamErrors", &on_pool).await?;
+    let summary = match fires(&prom, "FloeGatewayUpstreamErrors", &on_pool).await {
+        Ok(s) => s,
+        Err(e) => {
+            let mut seen = String::new();
+            for q in [
+                "floe_gateway_errors_total{kind=~\"upstream|upstream_timeout\"}[3m]",
+                "floe_gateway_requests_total{status!=\"200\"}[3m]",
+            ] {
+                seen.push_str(&format!("\n{q}: {:?}", prom.query(q).await?));
+            }
+            let job = Api::<RolloutJob>::namespaced(client.clone(), &ns)
+                .get("down")
+                .await?;
+            seen.push_str(&format!("\njob down: {:?}", job.status));
+            return Err(e.context(seen));
+        }
+    };
     assert!(
         summary.contains("of model calls fail upstream"),
         "{summary}"
