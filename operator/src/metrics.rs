@@ -65,27 +65,21 @@ pub struct Metrics {
     rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
 
-/// The operator's two controllers, by the name their reconcile series carry.
-#[derive(Clone, Copy, Debug)]
-pub enum Controller {
-    GatewayPool,
-    RolloutJob,
-}
-
-impl Controller {
-    pub fn name(self) -> &'static str {
-        match self {
-            Controller::GatewayPool => "gatewaypool",
-            Controller::RolloutJob => "rolloutjob",
-        }
-    }
-}
-
-/// The two kinds of object whose blockers are counted.
+/// The operator's two kinds of object: each has a controller and can be blocked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
     GatewayPool,
     RolloutJob,
+}
+
+impl Kind {
+    /// The name its controller's reconcile series carry.
+    pub fn controller(self) -> &'static str {
+        match self {
+            Kind::GatewayPool => "gatewaypool",
+            Kind::RolloutJob => "rolloutjob",
+        }
+    }
 }
 
 impl Metrics {
@@ -201,7 +195,7 @@ impl Metrics {
         )?;
         // As controller-runtime does: each controller's series exist from the start, so error
         // ratios read 0 rather than nothing.
-        for controller in [Controller::GatewayPool, Controller::RolloutJob].map(Controller::name) {
+        for controller in [Kind::GatewayPool, Kind::RolloutJob].map(Kind::controller) {
             reconcile_errors.with_label_values(&[controller]).inc_by(0);
             for result in ["requeue_after", "error"] {
                 reconcile_total
@@ -367,13 +361,8 @@ impl Metrics {
 }
 
 /// One reconcile under controller-runtime's metric names.
-pub fn record_reconcile(
-    m: &Metrics,
-    controller: Controller,
-    started: std::time::Instant,
-    ok: bool,
-) {
-    let controller = controller.name();
+pub fn record_reconcile(m: &Metrics, kind: Kind, started: std::time::Instant, ok: bool) {
+    let controller = kind.controller();
     m.reconcile_seconds
         .with_label_values(&[controller])
         .observe(started.elapsed().as_secs_f64());

@@ -256,7 +256,7 @@ pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<
     let result = reconcile_pool(pool, ctx.clone()).await;
     crate::metrics::record_reconcile(
         &ctx.metrics,
-        crate::metrics::Controller::GatewayPool,
+        crate::metrics::Kind::GatewayPool,
         started,
         result.is_ok(),
     );
@@ -491,7 +491,6 @@ async fn reconcile_pool(
 /// failure (an operator without RBAC for NetworkPolicies, say) is a Warning on the pool, not a
 /// failed reconcile: the pods' own check still says whether their egress is open.
 async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, key: &str) {
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
     let name = crate::egress_policy::policy_name(&pool.name_any());
     let wanted = match crate::egress_policy::build(pool) {
         Ok(p) => p,
@@ -504,22 +503,7 @@ async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, k
     if ctx.egress_fresh(key, &wanted_json) {
         return;
     }
-    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
-    let done = match &wanted {
-        Some(policy) => api
-            .patch(
-                &name,
-                &PatchParams::apply("floe-operator").force(),
-                &Patch::Apply(policy),
-            )
-            .await
-            .map(|_| ()),
-        None => match api.delete(&name, &DeleteParams::default()).await {
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            other => other.map(|_| ()),
-        },
-    };
-    match done {
+    match keep_policy(&ctx.client, ns, &name, wanted.as_ref()).await {
         Ok(()) => ctx.egress_done(key, wanted_json),
         Err(e) => {
             tracing::warn!(pool = %key, "egress policy {name}: {e}");
@@ -532,6 +516,33 @@ async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, k
                 )
                 .await;
         }
+    }
+}
+
+/// Make NetworkPolicy `name` what `wanted` says: applied (server-side, floe's field manager)
+/// or, with `None`, deleted (one already gone is fine). (The RolloutJob controller keeps its
+/// `poolTemplate` pods' policy with it too.)
+pub async fn keep_policy(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    wanted: Option<&k8s_openapi::api::networking::v1::NetworkPolicy>,
+) -> Result<(), kube::Error> {
+    let api: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), ns);
+    match wanted {
+        Some(policy) => api
+            .patch(
+                name,
+                &PatchParams::apply("floe-operator").force(),
+                &Patch::Apply(policy),
+            )
+            .await
+            .map(|_| ()),
+        None => match api.delete(name, &DeleteParams::default()).await {
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            other => other.map(|_| ()),
+        },
     }
 }
 

@@ -256,7 +256,7 @@ pub async fn reconcile(job: Arc<RolloutJob>, ctx: Arc<JobContext>) -> Result<Act
     }
     crate::metrics::record_reconcile(
         &ctx.metrics,
-        crate::metrics::Controller::RolloutJob,
+        crate::metrics::Kind::RolloutJob,
         started,
         result.is_ok(),
     );
@@ -1337,29 +1337,18 @@ async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
 /// Warning on the job, not a failed reconcile: each pod's own check still says whether its
 /// egress is open.
 async fn ensure_job_egress_policy(ctx: &JobContext, job: &RolloutJob) {
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
     let ns = job.namespace().unwrap_or_default();
     let name = crate::egress_policy::job_policy_name(&job.name_any());
-    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-    let done = match crate::egress_policy::build_for_job(job) {
-        Ok(Some(policy)) => api
-            .patch(
-                &name,
-                &PatchParams::apply("floe-operator").force(),
-                &Patch::Apply(&policy),
-            )
-            .await
-            .map(|_| ()),
-        Ok(None) => match api.delete(&name, &Default::default()).await {
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            other => other.map(|_| ()),
-        },
+    let wanted = match crate::egress_policy::build_for_job(job) {
+        Ok(p) => p,
         Err(e) => {
             tracing::warn!(job = %job.name_any(), "egress policy: {e}");
             return;
         }
     };
-    if let Err(e) = done {
+    if let Err(e) =
+        crate::pool_controller::keep_policy(&ctx.client, &ns, &name, wanted.as_ref()).await
+    {
         tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
         ctx.event(
             job,
