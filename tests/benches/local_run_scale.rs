@@ -138,10 +138,12 @@ fn run_direct(dir: &Path, model: &str, sessions: usize, concurrency: usize) -> R
         format!("mkdir -p \"$1/s$2\" && cd \"$1/s$2\" && {AGENT}\n"),
     )?;
     let t0 = Instant::now();
+    // `-n 1` appends each number as the last argument; `-I N` would also replace an `N` in
+    // the temporary directory's random name (a CI run failed on `/tmp/.tmponDMJN`).
     let status = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "seq {sessions} | xargs -P {concurrency} -I N sh {} {} N",
+            "seq {sessions} | xargs -P {concurrency} -n 1 sh '{}' '{}'",
             script.display(),
             dir.display()
         ))
