@@ -15,6 +15,7 @@ pub mod pool_controller;
 pub mod rollout;
 pub mod run;
 pub mod sandbox_pod;
+pub mod sync;
 pub mod tokens;
 
 /// The condition types `docs/crds.md` lists for a kind (its `status.conditions` row: every

@@ -260,7 +260,7 @@ impl Metrics {
             Kind::GatewayPool => &self.pool_blocked,
             Kind::RolloutJob => &self.job_blocked,
         };
-        let mut blocked = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut blocked = crate::sync::lock(&self.blocked);
         let key = (kind, namespace.to_string(), name.to_string());
         if let Some(was) = blocked.get(&key).filter(|was| Some(was.as_str()) != reason) {
             let _ = gauge.remove_label_values(&[namespace, name, was]);
@@ -288,16 +288,13 @@ impl Metrics {
         self.pool_claimed
             .with_label_values(&labels)
             .set(i64::from(claimed));
-        self.pools
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((namespace.to_string(), pool.to_string()));
+        crate::sync::lock(&self.pools).insert((namespace.to_string(), pool.to_string()));
     }
 
     /// Deleted pools' series go (pools have no finalizer, so no reconcile sees them go).
     pub fn forget_pools_except(&self, live: &BTreeSet<(String, String)>) {
         let gone: Vec<(String, String)> = {
-            let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pools = crate::sync::lock(&self.pools);
             let gone = pools.difference(live).cloned().collect();
             pools.retain(|p| live.contains(p));
             gone
@@ -313,7 +310,7 @@ impl Metrics {
 
     /// A deleted job's series go away.
     pub fn forget_job(&self, namespace: &str, job: &str, pool: Option<&str>) {
-        let mut r = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = crate::sync::lock(&self.rewards);
         r.remove(&(namespace.to_string(), job.to_string()));
         for state in ["pending", "running", "succeeded", "failed"] {
             let _ = self.sessions.remove_label_values(&[namespace, job, state]);
@@ -333,7 +330,7 @@ impl Metrics {
 
     /// The reward tally of a job as its status records it.
     pub fn set_rewards(&self, namespace: &str, job: &str, scored: u64, sum: f64) {
-        let mut r = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = crate::sync::lock(&self.rewards);
         r.insert((namespace.to_string(), job.to_string()), (scored, sum));
     }
 
@@ -342,7 +339,7 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         let mut text = String::from_utf8(out).unwrap_or_default();
         // The prometheus crate has no summary type; a summary without quantiles is sum + count.
-        let r = self.rewards.lock().unwrap_or_else(|e| e.into_inner());
+        let r = crate::sync::lock(&self.rewards);
         if !r.is_empty() {
             text.push_str("# HELP floe_session_reward Rewards of scored sessions\n");
             text.push_str("# TYPE floe_session_reward summary\n");

@@ -97,13 +97,13 @@ impl PoolContext {
     }
 
     fn record_ended(&self, key: &str, problem: crate::pod_problem::PodProblem) {
-        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ended = crate::sync::lock(&self.ended);
         let in_a_row = ended.get(key).map_or(0, |(_, _, n)| *n) + 1;
         ended.insert(key.to_string(), (problem, Instant::now(), in_a_row));
     }
 
     fn forget_ended(&self, key: &str) {
-        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ended = crate::sync::lock(&self.ended);
         ended.remove(key);
     }
 
@@ -112,7 +112,7 @@ impl PoolContext {
         &self,
         key: &str,
     ) -> Option<(crate::pod_problem::PodProblem, Duration, Duration)> {
-        let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let ended = crate::sync::lock(&self.ended);
         let (problem, at, in_a_row) = ended.get(key)?;
         let backoff = crate::pod_problem::ended_backoff(*in_a_row);
         Some((
@@ -124,25 +124,19 @@ impl PoolContext {
 
     /// Whether `wanted` for pool `key` was applied within [`EGRESS_REAPPLY`].
     fn egress_fresh(&self, key: &str, wanted: &Option<String>) -> bool {
-        let applied = self
-            .egress_applied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let applied = crate::sync::lock(&self.egress_applied);
         applied
             .get(key)
             .is_some_and(|(json, at)| json == wanted && at.elapsed() < EGRESS_REAPPLY)
     }
 
     fn egress_done(&self, key: &str, applied: Option<String>) {
-        let mut map = self
-            .egress_applied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut map = crate::sync::lock(&self.egress_applied);
         map.insert(key.to_string(), (applied, Instant::now()));
     }
 
     fn expect(&self, key: &str, pod: &str, create: bool) {
-        let mut e = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+        let mut e = crate::sync::lock(&self.expected);
         let entry = e.entry(key.to_string()).or_default();
         let set = if create {
             &mut entry.creates
@@ -155,7 +149,7 @@ impl PoolContext {
     /// Settle expectations against what the cache shows: (created, not yet seen), (deleted,
     /// still shown).
     fn pending(&self, key: &str, cached: &[Arc<Pod>]) -> (Vec<String>, HashSet<String>) {
-        let mut e = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+        let mut e = crate::sync::lock(&self.expected);
         let entry = e.entry(key.to_string()).or_default();
         // By name once: a burst of expectations against thousands of cached pods stays linear.
         let by_name: HashMap<&str, &Pod> = cached
@@ -177,19 +171,13 @@ impl PoolContext {
     }
 
     fn unready_failures(&self, key: &str) -> u32 {
-        let failures = self
-            .unready_failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let failures = crate::sync::lock(&self.unready_failures);
         failures.get(key).copied().unwrap_or(0)
     }
 
     /// `Some(n)`: n more pods replaced for not becoming READY; `None`: a pod became READY.
     fn count_unready(&self, key: &str, more: Option<u32>) {
-        let mut failures = self
-            .unready_failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut failures = crate::sync::lock(&self.unready_failures);
         match more {
             Some(n) => *failures.entry(key.to_string()).or_default() += n,
             None => {
@@ -199,7 +187,7 @@ impl PoolContext {
     }
 
     fn created_last_minute(&self, key: &str) -> i32 {
-        let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        let mut created = crate::sync::lock(&self.created);
         let times = created.entry(key.to_string()).or_default();
         while times
             .front()
@@ -211,7 +199,7 @@ impl PoolContext {
     }
 
     fn record_created(&self, key: &str) {
-        let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        let mut created = crate::sync::lock(&self.created);
         created
             .entry(key.to_string())
             .or_default()

@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus};
 use k8s_openapi::api::core::v1::Pod;
 
 /// Where the job's own pod is, as far as its sessions care.
@@ -79,6 +80,15 @@ pub struct Gate {
     pub give_back: bool,
 }
 
+impl Gate {
+    /// The job has no pod of its own, or it is Ready.
+    pub const OPEN: Gate = Gate {
+        claim: true,
+        deliver: true,
+        give_back: false,
+    };
+}
+
 /// `early_claims`: the operator's `--claim-while-starting` (`None` when off) with its limit;
 /// `unready_for`: how long the job's pod has not been Ready.
 pub fn gate(phase: AuxPhase, early_claims: Option<Duration>, unready_for: Duration) -> Gate {
@@ -88,17 +98,101 @@ pub fn gate(phase: AuxPhase, early_claims: Option<Duration>, unready_for: Durati
         give_back: true,
     };
     match phase {
-        AuxPhase::Ready => Gate {
-            claim: true,
-            deliver: true,
-            give_back: false,
-        },
+        AuxPhase::Ready => Gate::OPEN,
         AuxPhase::Starting if early_claims.is_some_and(|limit| unready_for < limit) => Gate {
             claim: true,
             deliver: false,
             give_back: false,
         },
         AuxPhase::Starting | AuxPhase::Failing | AuxPhase::NotRunning => closed,
+    }
+}
+
+/// What a round makes of the job's own pod: what its sessions may do, and what the job's
+/// conditions say while it is not Ready.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobPodRound {
+    pub phase: AuxPhase,
+    pub gate: Gate,
+    /// `None` while the pod is Ready, or when the job has none.
+    pub wait: Option<Wait>,
+}
+
+/// What the job's conditions say while its own pod is not Ready.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Wait {
+    /// Which pod, why, and what that means for the pool pods the job holds.
+    pub message: String,
+    /// The pod's problem ([`crate::pod_problem`]) as a reason: the job's reason too, where
+    /// users look first.
+    pub problem: Option<String>,
+    /// The pod is failing: the job warns once, when it starts to.
+    pub failing: bool,
+}
+
+/// Words in the job's condition while its own pod fails (how the next round knows it said so).
+pub const FAILING: &str = "is failing";
+
+/// `early_claims`: the operator's `--claim-while-starting` (`None` when off) with its limit.
+pub fn read(
+    job: &RolloutJob,
+    pod: Option<&Pod>,
+    early_claims: Option<Duration>,
+    now: k8s_openapi::jiff::Timestamp,
+) -> JobPodRound {
+    let phase = aux_phase(pod);
+    let unready = pod.map_or(Duration::ZERO, |p| unready_for(p, now));
+    let wait = pod.filter(|_| phase != AuxPhase::Ready).map(|pod| Wait {
+        message: waiting_message(job, pod, phase, early_claims, unready),
+        problem: crate::pod_problem::problem(pod).map(|p| p.reason),
+        failing: phase == AuxPhase::Failing,
+    });
+    JobPodRound {
+        phase,
+        gate: gate(phase, early_claims, unready),
+        wait,
+    }
+}
+
+/// Whether the job's last status said its own pod was failing.
+pub fn said_failing(previous: Option<&RolloutJobStatus>) -> bool {
+    previous
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Progressing"))
+        .is_some_and(|c| c.message.contains(FAILING))
+}
+
+fn waiting_message(
+    job: &RolloutJob,
+    pod: &Pod,
+    phase: AuxPhase,
+    early_claims: Option<Duration>,
+    unready_for: Duration,
+) -> String {
+    let role = if job.spec.train.is_some() {
+        "trainer"
+    } else {
+        "dataset collector"
+    };
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let problem = crate::pod_problem::problem(pod).map(|p| p.describe());
+    match (phase, problem) {
+        (AuxPhase::Failing, Some(why)) => format!(
+            "the job's {role} {FAILING}: {why}; no session starts and the job holds no pool pods until it is Ready"
+        ),
+        (AuxPhase::Failing, None) => format!(
+            "the job's {role} {FAILING}: pod {name} failed; no session starts and the job holds no pool pods until it is Ready"
+        ),
+        (AuxPhase::NotRunning, Some(why)) => {
+            format!("waiting for pod {name} (the job's {role}) to run: {why}")
+        }
+        (AuxPhase::Starting, _) if early_claims.is_some_and(|limit| unready_for >= limit) => {
+            format!(
+                "waiting for pod {name} (the job's {role}) to be ready; not ready for {} s, past the {} s early-claim limit: the job holds no pool pods until it is",
+                unready_for.as_secs(),
+                early_claims.map_or(0, |l| l.as_secs())
+            )
+        }
+        _ => format!("waiting for pod {name} (the job's {role}) to be ready"),
     }
 }
 
@@ -225,6 +319,51 @@ mod tests {
         assert_eq!(
             aux_phase(Some(&pod(json!({"phase": "Failed"})))),
             AuxPhase::Failing
+        );
+    }
+
+    fn train_job() -> RolloutJob {
+        serde_json::from_value(json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "j", "namespace": "ns"},
+            "spec": {"poolRef": {"name": "p"}, "harness": {"preset": "pi"},
+                     "tasks": {"inline": [{"id": "t", "instruction": "p"}]}, "numSamples": 2,
+                     "evaluator": {"command": ["true"]},
+                     "train": {"image": "floe-trainer:1", "model": "m"}}}))
+        .expect("a job")
+    }
+
+    #[test]
+    fn a_round_reads_the_job_pods_gate_and_what_the_job_says_meanwhile() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T00:06:00Z".parse().expect("time");
+        let job = train_job();
+        let none = read(&job, None, LIMIT, now);
+        assert_eq!((none.phase, none.wait), (AuxPhase::Ready, None));
+        let starting = read(&job, Some(&pod(ready(false))), LIMIT, now);
+        let wait = starting.wait.expect("a starting pod is waited for");
+        assert_eq!(
+            wait.message,
+            "waiting for pod job-trainer (the job's trainer) to be ready"
+        );
+        assert!(!wait.failing && wait.problem.is_none());
+        assert!(starting.gate.claim && !starting.gate.deliver);
+        let looping = pod(json!({"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 2,
+                "image": "", "imageID": "",
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 1}}}]}));
+        let failing = read(&job, Some(&looping), LIMIT, now)
+            .wait
+            .expect("a failing pod is waited for");
+        assert!(failing.failing);
+        assert_eq!(failing.problem.as_deref(), Some("CrashLoopBackOff"));
+        assert!(
+            failing
+                .message
+                .starts_with("the job's trainer is failing: "),
+            "{}",
+            failing.message
         );
     }
 }

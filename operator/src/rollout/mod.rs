@@ -1,6 +1,7 @@
 //! RolloutJob: tasks × samples → sessions on claimed pool pods → results folded into status.
 //!
 //! - [`indexes`]: `completedIndexes`-style range sets.
+//! - [`job_state`]: what a job's spec and status say, as the planner reads it (sans-IO).
 //! - [`plan`]: the reconcile decision (sans-IO).
 //! - [`freshness`]: when a round may read the job's pods from the watch cache (sans-IO).
 //! - [`pod_view`]: what a claimed pod says (sans-IO).
@@ -18,6 +19,7 @@ pub mod aux_pods;
 pub mod controller;
 pub mod freshness;
 pub mod indexes;
+pub mod job_state;
 pub mod plan;
 pub mod pod_view;
 pub mod prewarm;

@@ -11,6 +11,7 @@
 use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::aux_gate::Gate;
 use super::indexes::IndexSet;
 
 /// What a finished session pod reported.
@@ -66,10 +67,6 @@ pub struct JobState {
     pub suspend: bool,
     /// `activeDeadlineSeconds` passed: stop claiming and stop the running sessions.
     pub deadline_exceeded: bool,
-    /// The job's own pod (trainer, collector) cannot take trajectories for now and the pods
-    /// claimed for sessions that have not started must not wait for it: let them go, unused
-    /// (not an attempt), and claim none (`aux_gate`).
-    pub give_back_unstarted: bool,
     pub completed: IndexSet,
     pub failed: IndexSet,
     /// Infrastructure failures per session index so far (the next attempt's number).
@@ -158,7 +155,40 @@ pub struct JobPlan {
     pub running: u32,
 }
 
-pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan {
+impl JobPlan {
+    /// Sessions holding a pod once the round's writes went out, of which `claimed` claims and
+    /// `started` pre-warmed starts succeeded: a lost claim or a pod gone before its start
+    /// holds no session.
+    pub fn running_after(&self, claimed: usize, started: usize) -> u32 {
+        let lost =
+            self.claim.len().saturating_sub(claimed) + self.start.len().saturating_sub(started);
+        self.running
+            .saturating_sub(u32::try_from(lost).unwrap_or(u32::MAX))
+    }
+}
+
+/// The round's decision. `gate`: what the job's own pod (trainer, collector) allows its
+/// sessions now ([`super::aux_gate`]): claims only when it lets them; no session starts
+/// before its trajectories have somewhere to go (a claimed pod keeps its session, unstarted);
+/// and when it cannot take trajectories for a while, pods claimed for sessions that have not
+/// started go back, unused (not an attempt).
+pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize, gate: Gate) -> JobPlan {
+    let ready_pods = if gate.claim { ready_pods } else { 0 };
+    let mut out = plan_sessions(state, pods, ready_pods, gate.give_back);
+    if !gate.deliver {
+        out.running -= out.start.len() as u32;
+        out.start.clear();
+        out.deliver.clear();
+    }
+    out
+}
+
+fn plan_sessions(
+    state: &JobState,
+    pods: &[SessionPod],
+    ready_pods: usize,
+    give_back_unstarted: bool,
+) -> JobPlan {
     let mut next = state.clone();
     let mut out = JobPlan::default();
     let mut holding: BTreeSet<u32> = BTreeSet::new();
@@ -186,7 +216,7 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
             }
             continue;
         }
-        if state.give_back_unstarted && !pod.assigned && pod.progress == PodProgress::Active {
+        if give_back_unstarted && !pod.assigned && pod.progress == PodProgress::Active {
             // Claimed from the pool, its session never started: nothing to fold.
             out.release.push(pod.name.clone());
             continue;
@@ -260,7 +290,7 @@ pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize) -> JobPlan
         out.next = next;
         return out;
     }
-    if !state.suspend && !state.deadline_exceeded && !state.give_back_unstarted {
+    if !state.suspend && !state.deadline_exceeded && !give_back_unstarted {
         let room = state
             .concurrency
             .map_or(u32::MAX, |c| c.saturating_sub(running));
@@ -333,6 +363,20 @@ mod tests {
         JobState::fresh(total, 2)
     }
 
+    /// The job's own pod failing: nothing starts, nothing is claimed, unstarted claims go back.
+    const CLOSED: Gate = Gate {
+        claim: false,
+        deliver: false,
+        give_back: true,
+    };
+
+    /// The job's own pod starting: pool pods may be claimed, no session starts.
+    const CLAIM_ONLY: Gate = Gate {
+        claim: true,
+        deliver: false,
+        give_back: false,
+    };
+
     fn pod(name: &str, index: u32, attempt: u32, progress: PodProgress) -> SessionPod {
         SessionPod {
             name: name.into(),
@@ -357,7 +401,7 @@ mod tests {
 
     #[test]
     fn a_fresh_job_claims_as_many_sessions_as_ready_pods_lowest_first() {
-        let p = plan(&job(8), &[], 3);
+        let p = plan(&job(8), &[], 3, Gate::OPEN);
         assert_eq!(p.claim, [(0, 0), (1, 0), (2, 0)]);
         assert_eq!(p.starved, [3, 4, 5, 6, 7]);
         assert_eq!(p.running, 3);
@@ -371,7 +415,7 @@ mod tests {
             pod("a", 0, 0, PodProgress::Active),
             pod("b", 1, 0, scored(1.0)),
         ];
-        let p = plan(&j, &pods, 10);
+        let p = plan(&j, &pods, 10, Gate::OPEN);
         // One running, one just finished: two more may start; session 0 is held, 1 is done.
         assert_eq!(p.claim, [(2, 0), (3, 0)]);
         assert!(p.starved.is_empty());
@@ -379,7 +423,7 @@ mod tests {
 
     #[test]
     fn a_scored_pod_is_folded_then_released() {
-        let p = plan(&job(4), &[pod("a", 2, 0, scored(0.5))], 0);
+        let p = plan(&job(4), &[pod("a", 2, 0, scored(0.5))], 0, Gate::OPEN);
         assert_eq!(
             p.folds,
             [(
@@ -413,7 +457,7 @@ mod tests {
         };
         j.retries.insert(3, 1);
         let pods = [pod("a", 2, 0, scored(1.0)), pod("b", 3, 0, infra())];
-        let p = plan(&j, &pods, 0);
+        let p = plan(&j, &pods, 0, Gate::OPEN);
         assert!(p.folds.is_empty());
         assert_eq!(p.release, ["a", "b"]);
         assert_eq!(p.next, j);
@@ -422,7 +466,7 @@ mod tests {
     #[test]
     fn infrastructure_failures_retry_with_a_new_attempt_then_fail_without_a_reward() {
         let j = job(1);
-        let p = plan(&j, &[pod("a", 0, 0, infra())], 5);
+        let p = plan(&j, &[pod("a", 0, 0, infra())], 5, Gate::OPEN);
         assert!(matches!(
             p.folds[0].1,
             Fold::Retry {
@@ -433,7 +477,7 @@ mod tests {
         ));
         // The retry is claimed at once, as attempt 1.
         assert_eq!(p.claim, [(0, 1)]);
-        let p = plan(&p.next, &[pod("b", 0, 1, PodProgress::Lost)], 5);
+        let p = plan(&p.next, &[pod("b", 0, 1, PodProgress::Lost)], 5, Gate::OPEN);
         assert!(matches!(
             p.folds[0].1,
             Fold::Retry {
@@ -441,7 +485,7 @@ mod tests {
                 ..
             }
         ));
-        let p = plan(&p.next, &[pod("c", 0, 2, infra())], 5);
+        let p = plan(&p.next, &[pod("c", 0, 2, infra())], 5, Gate::OPEN);
         assert!(matches!(p.folds[0].1, Fold::Failed { index: 0, .. }));
         assert!(p.next.failed.contains(0));
         assert_eq!(
@@ -457,7 +501,7 @@ mod tests {
     fn backoff_limit_zero_fails_on_the_first_infrastructure_error() {
         let mut j = job(1);
         j.backoff_limit = 0;
-        let p = plan(&j, &[pod("a", 0, 0, infra())], 5);
+        let p = plan(&j, &[pod("a", 0, 0, infra())], 5, Gate::OPEN);
         assert!(matches!(p.folds[0].1, Fold::Failed { .. }));
     }
 
@@ -467,7 +511,7 @@ mod tests {
         j.suspend = true;
         let mut waiting = pod("a", 0, 0, PodProgress::Active);
         waiting.assigned = false;
-        let p = plan(&j, &[waiting, pod("b", 1, 0, scored(1.0))], 5);
+        let p = plan(&j, &[waiting, pod("b", 1, 0, scored(1.0))], 5, Gate::OPEN);
         assert!(p.claim.is_empty());
         assert_eq!(
             p.deliver,
@@ -480,8 +524,7 @@ mod tests {
 
     #[test]
     fn unstarted_claims_are_given_back_unused_while_running_sessions_go_on() {
-        let mut j = job(4);
-        j.give_back_unstarted = true;
+        let j = job(4);
         let mut unstarted = pod("a", 0, 0, PodProgress::Active);
         unstarted.assigned = false;
         let pods = [
@@ -489,7 +532,7 @@ mod tests {
             pod("b", 1, 0, PodProgress::Active),
             pod("c", 2, 0, scored(1.0)),
         ];
-        let p = plan(&j, &pods, 5);
+        let p = plan(&j, &pods, 5, CLOSED);
         assert_eq!(p.release, ["a", "c"], "the unstarted pod goes, unused");
         assert_eq!(p.folds.len(), 1, "only the scored session is folded");
         assert!(
@@ -502,17 +545,59 @@ mod tests {
     }
 
     #[test]
+    fn while_the_job_pod_starts_sessions_are_claimed_but_none_starts() {
+        let mut unassigned = pod("a", 0, 0, PodProgress::Active);
+        unassigned.assigned = false;
+        let p = plan(&job(4), &[unassigned.clone()], 2, CLAIM_ONLY);
+        assert_eq!(p.claim, [(1, 0), (2, 0)], "claims go on");
+        assert!(p.deliver.is_empty(), "no assignment goes out");
+        assert_eq!(p.running, 3, "the claimed pods hold their sessions");
+        let p = plan(&job(4), &[unassigned], 2, CLOSED);
+        assert!(p.claim.is_empty() && p.deliver.is_empty());
+        assert_eq!(p.release, ["a"], "the unstarted claim goes back");
+
+        let warm = |name: &str, index| SessionPod {
+            assigned: false,
+            ..pod(name, index, 0, PodProgress::Active)
+        };
+        let pods = [warm("w0", 0), warm("w1", 1)];
+        let open = plan(&template_job(4), &pods, 0, Gate::OPEN);
+        assert_eq!(open.start, ["w0", "w1"]);
+        let held = plan(&template_job(4), &pods, 0, CLAIM_ONLY);
+        assert!(held.start.is_empty(), "pre-warmed pods wait, unstarted");
+        assert_eq!(held.running, open.running - 2);
+        assert_eq!(held.prewarm, open.prewarm, "pods still warm meanwhile");
+    }
+
+    #[test]
+    fn running_after_the_writes_counts_only_claims_and_starts_that_landed() {
+        let p = plan(
+            &job(8),
+            &[pod("a", 0, 0, PodProgress::Active)],
+            3,
+            Gate::OPEN,
+        );
+        assert_eq!(p.running, 4);
+        assert_eq!(p.running_after(3, 0), 4);
+        assert_eq!(
+            p.running_after(1, 0),
+            2,
+            "two claims lost to another claimer"
+        );
+    }
+
+    #[test]
     fn the_deadline_stops_running_pods_and_claims_nothing() {
         let mut j = job(4);
         j.deadline_exceeded = true;
-        let p = plan(&j, &[pod("a", 0, 0, PodProgress::Active)], 5);
+        let p = plan(&j, &[pod("a", 0, 0, PodProgress::Active)], 5, Gate::OPEN);
         assert_eq!(p.stop, ["a"]);
         assert!(p.claim.is_empty() && p.deliver.is_empty());
     }
 
     #[test]
     fn a_non_finite_reward_is_recorded_as_zero_not_nan() {
-        let p = plan(&job(1), &[pod("a", 0, 0, scored(f64::NAN))], 0);
+        let p = plan(&job(1), &[pod("a", 0, 0, scored(f64::NAN))], 0, Gate::OPEN);
         assert_eq!(p.next.rewards.sum, 0.0);
     }
 
@@ -522,7 +607,7 @@ mod tests {
         j.completed.insert(0);
         j.failed.insert(1);
         assert!(j.finished());
-        let p = plan(&j, &[], 4);
+        let p = plan(&j, &[], 4, Gate::OPEN);
         assert!(p.claim.is_empty());
         assert!(p.starved.is_empty());
     }
@@ -546,7 +631,7 @@ mod tests {
 
     #[test]
     fn a_template_job_creates_concurrency_plus_lookahead_pods_and_waits_for_them() {
-        let p = plan(&template_job(10), &[], 0);
+        let p = plan(&template_job(10), &[], 0, Gate::OPEN);
         assert_eq!(p.prewarm, vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
         // Sessions 0 and 1 could run now; their pods are only being created.
         assert_eq!(p.starved, vec![0, 1]);
@@ -562,7 +647,7 @@ mod tests {
             waiting("w0", 0, false),
             waiting("w2", 2, true),
         ];
-        let p = plan(&template_job(10), &pods, 0);
+        let p = plan(&template_job(10), &pods, 0, Gate::OPEN);
         // Room for 2: session 0 (still warming: starved) and session 1 (ready: starts).
         assert_eq!(p.start, vec!["w1".to_string()]);
         assert_eq!(p.starved, vec![0]);
@@ -578,7 +663,7 @@ mod tests {
             waiting("w2", 2, true),
             waiting("w3", 3, false),
         ];
-        let p = plan(&template_job(10), &pods, 0);
+        let p = plan(&template_job(10), &pods, 0, Gate::OPEN);
         assert_eq!(p.folds.len(), 1);
         assert_eq!(p.release, vec!["r0".to_string()]);
         assert_eq!(p.start, vec!["w2".to_string()]);
@@ -609,11 +694,11 @@ mod tests {
                 ..pod("b", 1, 0, infra())
             },
         ];
-        let p = plan(&JobState::fresh(4, 3), &pods, 0);
+        let p = plan(&JobState::fresh(4, 3), &pods, 0, Gate::OPEN);
         assert_eq!(p.next.upstream.retried["connect"], 2);
         assert_eq!(p.next.upstream.failed["timeout"], 2);
         // Folded pods come back until released: not counted again.
-        let again = plan(&p.next, &pods, 0);
+        let again = plan(&p.next, &pods, 0, Gate::OPEN);
         assert_eq!(again.next.upstream, p.next.upstream);
     }
 
@@ -628,7 +713,7 @@ mod tests {
             assigned: false,
             ..pod("w1", 1, 0, infra())
         };
-        let p = plan(&template_job(4), &[lost, crashed], 0);
+        let p = plan(&template_job(4), &[lost, crashed], 0, Gate::OPEN);
         assert!(p.folds.is_empty(), "{:?}", p.folds);
         assert_eq!(p.release, vec!["w0".to_string(), "w1".to_string()]);
         assert!(p.next.retries.is_empty());
@@ -638,7 +723,7 @@ mod tests {
     #[test]
     fn a_template_retry_gets_a_fresh_pod_with_the_next_attempt() {
         let failed = pod("r0", 0, 0, infra());
-        let p = plan(&template_job(3), &[failed], 0);
+        let p = plan(&template_job(3), &[failed], 0, Gate::OPEN);
         assert_eq!(p.next.retries.get(&0), Some(&1));
         assert_eq!(p.prewarm, vec![(0, 1), (1, 0), (2, 0)]);
     }
@@ -650,14 +735,14 @@ mod tests {
             suspend: true,
             ..template_job(10)
         };
-        let p = plan(&suspended, &pods, 0);
+        let p = plan(&suspended, &pods, 0, Gate::OPEN);
         assert!(p.start.is_empty() && p.prewarm.is_empty());
         assert!(p.release.is_empty(), "a suspended job keeps its warm pods");
         let late = JobState {
             deadline_exceeded: true,
             ..template_job(10)
         };
-        let p = plan(&late, &pods, 0);
+        let p = plan(&late, &pods, 0, Gate::OPEN);
         assert!(p.start.is_empty() && p.prewarm.is_empty());
         assert_eq!(p.release, vec!["w0".to_string()]);
         assert_eq!(p.stop, vec!["r1".to_string()]);
@@ -671,7 +756,7 @@ mod tests {
             ..job(100)
         };
         assert_eq!(
-            plan(&j, &[], 0).prewarm.len(),
+            plan(&j, &[], 0, Gate::OPEN).prewarm.len(),
             TEMPLATE_CONCURRENCY as usize
         );
     }

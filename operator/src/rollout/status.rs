@@ -9,6 +9,7 @@ use floe_crds::rollout_job::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use super::aux_gate::{JobPodRound, Wait};
 use super::indexes::IndexSet;
 use super::plan::{JobState, RewardTally};
 
@@ -56,6 +57,9 @@ pub struct StatusInput<'a> {
     /// A train job whose trainer answers and has not finished: when the sessions are done,
     /// the job waits for it to train the last groups and write its final model.
     pub trainer_unfinished: bool,
+    /// The job's own pod as this round read it: while it is not Ready, the job's conditions
+    /// say what it waits for.
+    pub job_pod: Option<&'a JobPodRound>,
 }
 
 /// The job's `status.startTime`: kept once set, else now if the job has begun.
@@ -86,7 +90,16 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         retried: s.retries.values().map(|r| *r as i32).sum(),
     };
     let previous_completion = i.previous.and_then(|p| p.completion_time.clone());
-    let (phase, conditions) = phase_and_conditions(i, &sessions);
+    let (phase, mut conditions) = phase_and_conditions(i, &sessions);
+    if let Some(round) = i.job_pod {
+        if let Some(wait) = &round.wait {
+            say_job_pod_waits(
+                &mut conditions,
+                wait,
+                (i.running > 0 && round.gate.claim).then_some(i.running),
+            );
+        }
+    }
     let finished = matches!(phase, RolloutJobPhase::Succeeded | RolloutJobPhase::Failed);
     RolloutJobStatus {
         phase: Some(phase),
@@ -113,6 +126,32 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         } else {
             None
         },
+    }
+}
+
+/// While the job's own pod is not Ready its conditions say so: the pod's problem is the job's
+/// reason (the Reason column), and what it waits for their message. `holding`: sessions that
+/// keep their pods meanwhile (started before, or claimed early).
+fn say_job_pod_waits(conditions: &mut [Condition], wait: &Wait, holding: Option<u32>) {
+    if let Some(reason) = &wait.problem {
+        for c in conditions.iter_mut().filter(|c| {
+            c.reason == "SessionsRunning"
+                && matches!(c.type_.as_str(), "Ready" | "Progressing" | "Reconciling")
+        }) {
+            c.reason = reason.clone();
+        }
+    }
+    let message = match holding {
+        Some(n) => format!("{}; {n} sessions hold their pods until then", wait.message),
+        None => wait.message.clone(),
+    };
+    // Ready says it too when that pod has a problem.
+    for c in conditions.iter_mut().filter(|c| {
+        c.type_ == "Progressing"
+            || c.type_ == "Reconciling"
+            || (c.type_ == "Ready" && wait.problem.is_some())
+    }) {
+        c.message = message.clone();
     }
 }
 
@@ -302,6 +341,60 @@ mod tests {
             blocked: None,
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             trainer_unfinished: false,
+            job_pod: None,
+        }
+    }
+
+    fn waiting_for(problem: Option<&str>, claim: bool) -> JobPodRound {
+        JobPodRound {
+            phase: super::super::aux_gate::AuxPhase::NotRunning,
+            gate: super::super::aux_gate::Gate {
+                claim,
+                deliver: false,
+                give_back: !claim,
+            },
+            wait: Some(Wait {
+                message: "waiting for pod j-trainer".into(),
+                problem: problem.map(String::from),
+                failing: false,
+            }),
+        }
+    }
+
+    /// A condition's "reason: message".
+    fn said(st: &RolloutJobStatus, t: &str) -> String {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| format!("{}: {}", c.reason, c.message))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn while_the_job_pod_is_not_ready_the_conditions_say_what_the_job_waits_for() {
+        let s = state(4);
+        let plain = waiting_for(None, true);
+        let mut i = input(&s, None, 2);
+        i.job_pod = Some(&plain);
+        let st = status(&i, None);
+        assert_eq!(
+            said(&st, "Progressing"),
+            "SessionsRunning: waiting for pod j-trainer; 2 sessions hold their pods until then"
+        );
+        assert!(
+            !said(&st, "Ready").contains("j-trainer"),
+            "Ready names the pod only when it has a problem"
+        );
+        let problem = waiting_for(Some("ErrImagePull"), false);
+        let mut i = input(&s, None, 2);
+        i.job_pod = Some(&problem);
+        let st = status(&i, None);
+        for t in ["Progressing", "Reconciling", "Ready"] {
+            assert_eq!(
+                said(&st, t),
+                "ErrImagePull: waiting for pod j-trainer",
+                "{t}"
+            );
         }
     }
 

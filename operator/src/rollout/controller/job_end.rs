@@ -2,18 +2,88 @@
 //! it wrote the job's `summary.json` beside the dataset (or, when it cannot, a bounded while
 //! later with a Warning Event); the trainer once its final model is on the checkpoint volume.
 //! A trainer without `spec.train.checkpoint` keeps running: its final model lives only in the
-//! pod until the job is deleted.
+//! pod until the job is deleted. A finished job then waits for its TTL; a deleted job lets go
+//! of its pods.
 
 use std::time::Duration;
 
 use floe_crds::rollout_job::RolloutJob;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::DeleteParams;
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
-use super::{delete_pod, trainer_endpoint, JobContext, JobError};
+use super::own_pod::trainer_endpoint;
+use super::pod_writes::{delete_pod, release_all};
+use super::{JobContext, JobError};
 use crate::rollout::{aux_pods, summary};
+
+/// A deleted job: its pods' finalizers come off (garbage collection deletes them); the
+/// finalizer helper then removes the job's own.
+pub(super) async fn cleanup(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
+    let ns = job.namespace().ok_or(JobError::NoNamespace)?;
+    release_all(ctx, job, &ns).await?;
+    let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
+    ctx.metrics.forget_job(&ns, &job.name_any(), pool);
+    ctx.forget(&job.uid().unwrap_or_default());
+    Ok(Action::await_change())
+}
+
+/// A finished job: pods stopped at a deadline let go, its own pods ended, then its TTL.
+pub(super) async fn finished(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+    done: &Time,
+    now: &Time,
+) -> Result<Action, JobError> {
+    ctx.forget(&job.uid().unwrap_or_default());
+    // Pods stopped at a deadline end after the job did: let them go too.
+    release_all(ctx, job, ns).await?;
+    // The job's own pods end with it; a job due for deletion (its TTL) waits for none.
+    let ttl_left = ttl_left(job, done, now);
+    let patience = ttl_left.is_none_or(|left| left > 0);
+    if let Some(wait) = end_job_pods(job, ctx, ns, done, now, patience).await? {
+        let wait = ttl_left.map_or(wait, |left| {
+            wait.min(Duration::from_secs(u64::try_from(left).unwrap_or(1)))
+        });
+        return Ok(Action::requeue(wait));
+    }
+    let Some(left) = ttl_left else {
+        return Ok(Action::await_change());
+    };
+    if left > 0 {
+        return Ok(Action::requeue(Duration::from_secs(
+            u64::try_from(left).unwrap_or(1),
+        )));
+    }
+    tracing::info!(job = %job.name_any(), "ttlSecondsAfterFinished passed: deleting the job");
+    let jobs: Api<RolloutJob> = Api::namespaced(ctx.client.clone(), ns);
+    match jobs
+        .delete(&job.name_any(), &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => {
+            return Err(JobError::api(format!(
+                "deleting job {ns}/{} (its TTL passed)",
+                job.name_any()
+            ))(e))
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// Seconds until a finished job's `ttlSecondsAfterFinished` passes (≤ 0: passed); `None`
+/// without one.
+fn ttl_left(job: &RolloutJob, done: &Time, now: &Time) -> Option<i64> {
+    job.spec
+        .ttl_seconds_after_finished
+        .map(|ttl| i64::from(ttl) - now.0.duration_since(done.0).as_secs())
+}
 
 /// How long after the job finished the collector may take to write the summary before it is
 /// stopped without one.
@@ -22,7 +92,7 @@ const SUMMARY_GRACE: Duration = Duration::from_secs(120);
 /// Ends the job's own pods; `Some(wait)` when a reconcile should come back for one. Without
 /// `patience` (the job is about to be deleted) a collector that cannot write the summary now
 /// is stopped at once.
-pub(super) async fn end_job_pods(
+async fn end_job_pods(
     job: &RolloutJob,
     ctx: &JobContext,
     ns: &str,
@@ -45,7 +115,11 @@ pub(super) async fn end_job_pods(
         return Ok(None);
     }
     let collector = aux_pods::dataset_service(&name);
-    let Some(pod) = pods.get_opt(&collector).await? else {
+    let found = pods
+        .get_opt(&collector)
+        .await
+        .map_err(JobError::api(format!("reading pod {ns}/{collector}")))?;
+    let Some(pod) = found else {
         return Ok(None);
     };
     if pod.metadata.deletion_timestamp.is_some() {
@@ -87,7 +161,7 @@ async fn write_summary(ctx: &JobContext, job: &RolloutJob, pod: &Pod) -> Result<
     }
     let status = job.status.clone().unwrap_or_default();
     let url = trainer_endpoint(pod, "/v1/finish").ok_or("the collector pod has no IP")?;
-    let token = super::job_token(ctx, job).await.ok_or_else(|| {
+    let token = super::deliver::job_token(ctx, job).await.ok_or_else(|| {
         format!(
             "the job's token (Secret {}) cannot be read",
             aux_pods::job_token_secret(&job.name_any())

@@ -1,0 +1,266 @@
+//! A round's claims: the assignments still owed, READY pool pods claimed for the next
+//! sessions (each delivered as soon as it is claimed), and `poolTemplate` sessions started on
+//! their pre-warmed pods.
+
+use std::time::Instant;
+
+use floe_crds::rollout_job::RolloutJob;
+use floe_sandbox::session;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::deliver::deliver;
+use super::observe::Observed;
+use super::{JobContext, JobError};
+use crate::rollout::aux_gate::Gate;
+use crate::rollout::freshness::{version, Bar};
+use crate::rollout::plan::JobPlan;
+use crate::rollout::pod_view::{self, *};
+use crate::sandbox_pod::{self, PodState, STATE_LABEL};
+
+/// What a round's claims and starts achieved.
+pub(super) struct Achieved {
+    /// Claims that won their pod.
+    pub claimed: usize,
+    /// `poolTemplate` sessions whose pre-warmed pod was there to start.
+    pub started: usize,
+}
+
+/// Deliver assignments still owed, then claim READY pods for the next sessions, then start
+/// pre-warmed ones; mark the pods whose gateway acknowledged. Deliveries and claims go out
+/// concurrently: a burst of sessions must not wait for each other's apiserver round trips
+/// (claim latency is measured from `round`, the start of the round).
+pub(super) async fn claim_and_start(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    observed: &Observed,
+    decided: &JobPlan,
+    gate: Gate,
+    round: Instant,
+) -> Result<Achieved, JobError> {
+    let ns = job.namespace().unwrap_or_default();
+    // (Owned items: a stream of borrowed pods trips the compiler's higher-ranked lifetime
+    // check once the future has to be Send.)
+    let owed: Vec<Pod> = decided
+        .deliver
+        .iter()
+        .filter_map(|name| observed.pods.iter().find(|p| p.name_any() == *name))
+        .cloned()
+        .collect();
+    let uid = job.uid().unwrap_or_default();
+    let uid_ref = &uid;
+    let phase = |name: &str, since: Instant| {
+        ctx.metrics
+            .claim_phase
+            .with_label_values(&[name])
+            .observe(since.elapsed().as_secs_f64());
+    };
+    // Pods whose gateway acknowledged its assignment in this round: marked `assigned` once the
+    // round's claims are out, so that this second write per claim never queues a claim.
+    let mut acknowledged: Vec<String> = futures::stream::iter(owed)
+        .map(|pod: Pod| async move {
+            // A pod claimed while the job's pod was starting: its session may start from now,
+            // so its claim latency counts from this round.
+            let early = ctx.take_claimed_early(uid_ref, &pod.name_any());
+            let delivering = Instant::now();
+            let acked = deliver(ctx, job, observed, &pod, early.then_some(round)).await;
+            if early {
+                phase("deliver", delivering);
+            }
+            acked
+        })
+        .buffer_unordered(ctx.in_flight)
+        .filter_map(std::future::ready)
+        .collect()
+        .await;
+    let pool_label = job.spec.pool_ref.as_ref().map_or("", |p| p.name.as_str());
+    ctx.metrics
+        .waiting_for_pod
+        .with_label_values(&[ns.as_str(), job.name_any().as_str(), pool_label])
+        .set(i64::try_from(decided.starved.len()).unwrap_or(i64::MAX));
+    ctx.note_starved(&uid, &decided.starved);
+    // Each session gets its own READY pod; one that someone else took first (a conflict) just
+    // waits for the next round.
+    let pairs: Vec<((u32, u32), Pod)> = decided
+        .claim
+        .iter()
+        .copied()
+        .zip(observed.ready.iter().cloned())
+        .collect();
+    // Two stages: `in_flight` PATCHes at the apiserver, and each claimed pod's delivery (to
+    // its own gateway, not the apiserver) beside the next PATCHes. The delivery stage holds
+    // as many as the round claims, so it never stops the PATCH stage from being polled.
+    let deliveries = pairs.len().max(1);
+    let claiming = (!pairs.is_empty()).then(|| ctx.claims.enter());
+    let claims: Vec<Result<ClaimOutcome, JobError>> = futures::stream::iter(pairs)
+        .map(
+            |((index, attempt), candidate): ((u32, u32), Pod)| async move {
+                phase("observe", round);
+                let patching = Instant::now();
+                let claimed = claim(ctx, job, observed, &candidate, index, attempt).await?;
+                if claimed.is_some() {
+                    phase("patch", patching);
+                    ctx.count_claim(uid_ref, index);
+                }
+                Ok(claimed)
+            },
+        )
+        .buffer_unordered(ctx.in_flight)
+        .map(|claimed: Result<Option<Pod>, JobError>| async move {
+            let Some(pod) = claimed? else {
+                return Ok(ClaimOutcome::Lost);
+            };
+            if !gate.deliver {
+                ctx.note_claimed_early(uid_ref, &pod.name_any());
+                return Ok(ClaimOutcome::Claimed { acknowledged: None });
+            }
+            let delivering = Instant::now();
+            let acknowledged = deliver(ctx, job, observed, &pod, Some(round)).await;
+            phase("deliver", delivering);
+            Ok(ClaimOutcome::Claimed { acknowledged })
+        })
+        .buffer_unordered(deliveries)
+        .collect()
+        .await;
+    drop(claiming);
+    let mut claimed = 0;
+    for c in claims {
+        if let ClaimOutcome::Claimed {
+            acknowledged: acked,
+        } = c?
+        {
+            claimed += 1;
+            acknowledged.extend(acked);
+        }
+    }
+    // poolTemplate: sessions start on their pre-warmed pods.
+    let (started, acked) = start_prewarmed(ctx, job, observed, &decided.start, round).await;
+    acknowledged.extend(acked);
+    mark_assigned(ctx, &ns, acknowledged).await;
+    Ok(Achieved { claimed, started })
+}
+
+/// Claim one READY pod for a session attempt: a compare-and-swap on the pod (its
+/// resourceVersion) that relabels it, records the session, moves the controller ownerRef from
+/// the pool to the job and adds the finalizer that keeps the pod until its result is folded.
+/// `None` when another claimer (or the pool) changed the pod first.
+async fn claim(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    o: &Observed,
+    pod: &Pod,
+    index: u32,
+    attempt: u32,
+) -> Result<Option<Pod>, JobError> {
+    let Some((task, sample)) = o.session(index) else {
+        tracing::error!(job = %o.name, index, "session index beyond the job's tasks");
+        return Ok(None);
+    };
+    let session = session::session_id(&o.name, &task.id, sample, attempt);
+    let owner = job.controller_owner_ref(&());
+    let patch = json!({"metadata": {
+        "resourceVersion": pod.resource_version(),
+        "labels": {STATE_LABEL: PodState::Claimed.label(), JOB_LABEL: o.name},
+        "annotations": {
+            INDEX_ANNOTATION: index.to_string(),
+            ATTEMPT_ANNOTATION: attempt.to_string(),
+            SESSION_ANNOTATION: session,
+            CLAIMED_AT_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string(),
+        },
+        "ownerReferences": owner.map(|o| vec![o]),
+        "finalizers": [SESSION_FINALIZER],
+        // The pool's READY mark cleared the pod's field-ownership record already; this also
+        // clears one a pool pod marked by an older operator still has.
+        "managedFields": sandbox_pod::cleared_managed_fields(),
+    }});
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    match pods
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(p) => {
+            tracing::info!(job = %o.name, pod = %pod.name_any(), index, attempt, "claimed");
+            ctx.raise_bar(
+                &job.uid().unwrap_or_default(),
+                &p.name_any(),
+                Bar::written(version(p.metadata.resource_version.as_deref()).unwrap_or(u64::MAX)),
+            );
+            Ok(Some(p))
+        }
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(None),
+        Err(e) => Err(JobError::api(format!(
+            "claiming pod {}/{} for session {index}",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any()
+        ))(e)),
+    }
+}
+
+/// One claim of a round.
+enum ClaimOutcome {
+    /// Someone else took the pod first (or it went): the session waits for the next round.
+    Lost,
+    /// The pod is the session's; `acknowledged` names it once its gateway took the assignment.
+    Claimed { acknowledged: Option<String> },
+}
+
+/// poolTemplate: deliver the assignments of sessions whose pre-warmed pod is Ready (counted as
+/// claims: warm when the pod was Ready before the session could start, cold when the session
+/// waited for it). Returns how many pods were found to start, and those whose gateway
+/// acknowledged.
+async fn start_prewarmed(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    observed: &Observed,
+    names: &[String],
+    round: Instant,
+) -> (usize, Vec<String>) {
+    let uid = job.uid().unwrap_or_default();
+    let pods: Vec<(Pod, u32)> = names
+        .iter()
+        .filter_map(|name| observed.pods.iter().find(|p| p.name_any() == *name))
+        .filter_map(|p| Some((p.clone(), pod_view::session_pod(p)?.index)))
+        .collect();
+    let found = pods.len();
+    let (uid, observed) = (&uid, observed);
+    let acknowledged = futures::stream::iter(pods)
+        .map(|(pod, index): (Pod, u32)| async move {
+            ctx.count_claim(uid, index);
+            deliver(ctx, job, observed, &pod, Some(round)).await
+        })
+        .buffer_unordered(ctx.in_flight)
+        .filter_map(std::future::ready)
+        .collect()
+        .await;
+    (found, acknowledged)
+}
+
+/// Record on each pod that its gateway holds the assignment, so later rounds stop delivering
+/// it (a lost mark only costs a repeated delivery, which the gateway takes idempotently).
+async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pods = &pods;
+    futures::stream::iter(names)
+        .for_each_concurrent(ctx.in_flight, |name: String| async move {
+            // A `poolTemplate` pod still has its creation's field-ownership record: from here
+            // on the apiserver tracks none of its writes (`cleared_managed_fields`).
+            let patch = json!({"metadata": {
+                "annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()},
+                "managedFields": sandbox_pod::cleared_managed_fields(),
+            }});
+            if let Err(e) = pods
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(%name, "cannot mark the assignment delivered: {e}");
+            }
+        })
+        .await;
+}

@@ -1,0 +1,224 @@
+//! What the job controller shares across rounds: clients, caches, and what it remembers
+//! about each job between rounds ([`JobMemory`], forgotten in one place).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use floe_crds::gateway_pool::GatewayPool;
+use floe_crds::rollout_job::{RolloutJob, Task};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+
+use super::JobError;
+use crate::metrics::Metrics;
+use crate::rollout::freshness::{Bar, Bars};
+use crate::sync::lock;
+
+pub struct JobContext {
+    pub client: Client,
+    /// The slim pod cache: READY pool pods are read from it, and a job's own pods once the
+    /// cache has caught up with this operator's writes (`JobMemory::bars`).
+    pub(super) pods: Store<Pod>,
+    pub(super) tokens: Arc<crate::tokens::ControlTokens>,
+    pub metrics: Arc<Metrics>,
+    /// The image with the `floe` binary (the sft dataset collector, poolTemplate pods).
+    pub floe_image: String,
+    /// poolTemplate pods get the gateway as a native sidecar.
+    pub(super) native_sidecars: bool,
+    pub(super) http: reqwest::Client,
+    events: crate::events::Events,
+    /// Per job uid, what this process remembers between rounds.
+    memory: Mutex<HashMap<String, JobMemory>>,
+    /// Claims, deliveries, marks and releases of one round in flight at once.
+    pub(super) in_flight: usize,
+    /// Held while a round claims, so that pools' refills wait ([`crate::claim_gate`]).
+    pub(super) claims: Arc<crate::claim_gate::ClaimGate>,
+    /// The pool controller's cache of GatewayPools: a round reads its pool from it, and asks
+    /// the apiserver only for one it does not show (so `PoolNotFound` is the apiserver's word).
+    pools: Option<Store<GatewayPool>>,
+    /// Claim pool pods while the job's own pod is starting (`--claim-while-starting`), for at
+    /// most this long (`--claim-while-starting-limit`); `None` when off.
+    pub(super) early_claims: Option<Duration>,
+}
+
+/// What the controller keeps about one job between its rounds. Losing it (an operator
+/// restart) costs work, never correctness: each piece is read again or counted afresh.
+#[derive(Default)]
+pub(super) struct JobMemory {
+    /// Sessions that found no READY pod free: their claim counts as cold.
+    starved: HashSet<u32>,
+    /// Client-side CEL validation of one generation: evaluating the rules costs tens of
+    /// milliseconds, too much for every round of a running job.
+    validated: Option<(Option<i64>, Result<(), String>)>,
+    /// `tasks.file`: the loader arguments the tasks were read with, and the tasks.
+    pub(super) file_tasks: Option<(String, Arc<Vec<Task>>)>,
+    /// What the pod cache must show before a round may read the job's pods from it. `None`:
+    /// the next round lists them from the apiserver.
+    pub(super) bars: Option<Bars>,
+    /// Pods claimed while the job's own pod was starting, whose assignment has not gone out.
+    /// Their claim latency counts from the round that may deliver it (the session could not
+    /// start before), and is recorded when that delivery is acknowledged.
+    claimed_early: HashSet<String>,
+}
+
+/// How long pool pods claimed while the job's own pod starts may wait for it by default.
+pub const DEFAULT_EARLY_CLAIM_LIMIT: Duration = Duration::from_secs(600);
+
+impl JobContext {
+    pub fn new(
+        client: Client,
+        pods: Store<Pod>,
+        tokens: Arc<crate::tokens::ControlTokens>,
+        metrics: Arc<Metrics>,
+        floe_image: String,
+        native_sidecars: bool,
+        in_flight: usize,
+    ) -> Self {
+        Self {
+            in_flight: in_flight.max(1),
+            claims: Arc::default(),
+            pools: None,
+            early_claims: Some(DEFAULT_EARLY_CLAIM_LIMIT),
+            native_sidecars,
+            events: crate::events::Events::new(client.clone()),
+            client,
+            pods,
+            tokens,
+            metrics,
+            floe_image,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap_or_default(),
+            memory: Mutex::default(),
+        }
+    }
+
+    /// Share the gate with the pool controller, so that its refills wait for this one's
+    /// claims (alone, the job controller's gate holds nothing back).
+    pub fn with_claim_gate(mut self, claims: Arc<crate::claim_gate::ClaimGate>) -> Self {
+        self.claims = claims;
+        self
+    }
+
+    /// `None` claims only once the job's own pod is Ready.
+    pub fn with_claim_while_starting(mut self, limit: Option<Duration>) -> Self {
+        self.early_claims = limit;
+        self
+    }
+
+    pub fn with_pool_cache(mut self, pools: Store<GatewayPool>) -> Self {
+        self.pools = Some(pools);
+        self
+    }
+
+    /// A job's pool: from the pool cache, else from the apiserver (`None`: it does not exist).
+    /// Every round reads it, and an apiserver GET before a round's claims is a round trip
+    /// each of them waits for.
+    pub(super) async fn pool(&self, ns: &str, name: &str) -> Result<Option<GatewayPool>, JobError> {
+        let cached = self
+            .pools
+            .as_ref()
+            .and_then(|store| store.get(&ObjectRef::new(name).within(ns)));
+        match cached {
+            Some(pool) => Ok(Some((*pool).clone())),
+            None => {
+                let pools: Api<GatewayPool> = Api::namespaced(self.client.clone(), ns);
+                pools
+                    .get_opt(name)
+                    .await
+                    .map_err(JobError::api(format!("reading GatewayPool {ns}/{name}")))
+            }
+        }
+    }
+
+    /// Read or change what is remembered about job `uid`.
+    pub(super) fn remember<T>(&self, uid: &str, f: impl FnOnce(&mut JobMemory) -> T) -> T {
+        f(lock(&self.memory).entry(uid.to_string()).or_default())
+    }
+
+    /// A job is done or gone: forget everything this process kept about it.
+    pub(super) fn forget(&self, uid: &str) {
+        lock(&self.memory).remove(uid);
+    }
+
+    /// Raise the cache's bar for a job's pod after a write the apiserver answered.
+    pub(super) fn raise_bar(&self, uid: &str, pod: &str, bar: Bar) {
+        if let Some(bars) = lock(&self.memory)
+            .get_mut(uid)
+            .and_then(|m| m.bars.as_mut())
+        {
+            bars.raise(pod, bar);
+        }
+    }
+
+    /// The job's next round lists its pods from the apiserver (after a write whose outcome is
+    /// unknown).
+    pub(super) fn forget_bars(&self, uid: &str) {
+        if let Some(m) = lock(&self.memory).get_mut(uid) {
+            m.bars = None;
+        }
+    }
+
+    pub(super) fn note_claimed_early(&self, uid: &str, pod: &str) {
+        self.remember(uid, |m| m.claimed_early.insert(pod.to_string()));
+    }
+
+    /// Whether `pod` was claimed while the job's pod was starting (and forget it: its
+    /// delivery goes out now).
+    pub(super) fn take_claimed_early(&self, uid: &str, pod: &str) -> bool {
+        lock(&self.memory)
+            .get_mut(uid)
+            .is_some_and(|m| m.claimed_early.remove(pod))
+    }
+
+    /// Sessions that could start but found no READY pod: their claims, later, count as cold.
+    pub(super) fn note_starved(&self, uid: &str, indexes: &[u32]) {
+        if !indexes.is_empty() {
+            self.remember(uid, |m| m.starved.extend(indexes.iter().copied()));
+        }
+    }
+
+    /// A session got its pod: `cold` when it had waited for one (it was starved before).
+    pub(super) fn count_claim(&self, uid: &str, index: u32) {
+        let cold = lock(&self.memory)
+            .get_mut(uid)
+            .is_some_and(|m| m.starved.remove(&index));
+        self.metrics
+            .claims
+            .with_label_values(&[if cold { "cold" } else { "warm" }])
+            .inc();
+    }
+
+    pub(super) fn validate(&self, job: &RolloutJob) -> Result<(), String> {
+        let uid = job.uid().unwrap_or_default();
+        let generation = job.metadata.generation;
+        let known = self.remember(&uid, |m| {
+            m.validated
+                .as_ref()
+                .filter(|(g, _)| *g == generation)
+                .map(|(_, v)| v.clone())
+        });
+        if let Some(verdict) = known {
+            return verdict;
+        }
+        let verdict = floe_crds::validation::validate_rollout_job(job).map_err(|e| e.to_string());
+        self.remember(&uid, |m| m.validated = Some((generation, verdict.clone())));
+        verdict
+    }
+
+    pub(super) async fn event(
+        &self,
+        job: &RolloutJob,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        self.events
+            .publish(&job.object_ref(&()), type_, reason, note)
+            .await;
+    }
+}

@@ -1,0 +1,196 @@
+//! A session's assignment, posted to its pod's gateway: what the session runs, where its
+//! model calls and trajectories go, and with which tokens.
+
+use std::time::Instant;
+
+use floe_crds::rollout_job::RolloutJob;
+use floe_gateway::protocol::upstream::UpstreamKind;
+use floe_gateway::ship::Sink;
+use floe_sandbox::session::{self, SessionOf, SessionUpstream};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+
+use super::observe::Observed;
+use super::JobContext;
+use crate::rollout::aux_pods;
+use crate::rollout::pod_view::{ATTEMPT_ANNOTATION, INDEX_ANNOTATION};
+
+/// The token a Secret holds, remembered under `key`: read once per operator process (the
+/// operator made most of them itself and remembered them then).
+async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Option<String> {
+    if let Some(t) = ctx.tokens.get(ns, key) {
+        return Some(t);
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let token = match secrets.get(secret).await {
+        Ok(s) => crate::sandbox_pod::control_token_of(&s),
+        Err(e) => {
+            tracing::warn!(%secret, "token: {e}");
+            None
+        }
+    }?;
+    ctx.tokens.remember(ns, key, &token);
+    Some(token)
+}
+
+/// The job's token (its Secret [`aux_pods::job_token_secret`]): what its gateways show
+/// its ingest and policy server, and the operator the collector's finish.
+pub(super) async fn job_token(ctx: &JobContext, job: &RolloutJob) -> Option<String> {
+    let secret = aux_pods::job_token_secret(&job.name_any());
+    let ns = job.namespace().unwrap_or_default();
+    secret_token(ctx, &ns, &format!("secret/{secret}"), &secret).await
+}
+
+/// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:
+/// the trainer's (or collector's) ingest and a train job's policy server demand it.
+fn wiring(
+    job: &RolloutJob,
+    job_token: Option<String>,
+    upstream_key: Option<String>,
+) -> (Sink, SessionUpstream) {
+    let ns = job.namespace().unwrap_or_default();
+    let name = job.name_any();
+    match (&job.spec.train, &job.spec.sft) {
+        (Some(_), _) => (
+            Sink::Trainer {
+                url: format!(
+                    "http://{}.{ns}.svc:{}/v1/trajectories",
+                    aux_pods::trainer_service(&name),
+                    aux_pods::INGEST_PORT
+                ),
+                token: job_token.clone(),
+            },
+            // The job's own policy server is vLLM, whatever the pool's gateways default to.
+            SessionUpstream {
+                url: Some(format!(
+                    "http://{}.{ns}.svc:{}",
+                    aux_pods::policy_service(&name),
+                    aux_pods::VLLM_PORT
+                )),
+                model: Some(aux_pods::SERVED_MODEL.to_string()),
+                kind: Some(UpstreamKind::Vllm),
+                // The policy proxy refuses inference without the job's token.
+                api_key: job_token,
+            },
+        ),
+        (None, Some(sft)) => (
+            Sink::Trainer {
+                url: format!(
+                    "http://{}.{ns}.svc:{}/v1/trajectories",
+                    aux_pods::dataset_service(&name),
+                    aux_pods::INGEST_PORT
+                ),
+                token: job_token,
+            },
+            SessionUpstream {
+                url: Some(sft.upstream.url.clone()),
+                model: sft.upstream.model.clone(),
+                kind: Some(session::upstream_kind(sft.upstream.kind)),
+                api_key: upstream_key,
+            },
+        ),
+        (None, None) => (Sink::None, SessionUpstream::default()),
+    }
+}
+
+/// Post the session's assignment to the pod's gateway control port. Idempotent at the
+/// gateway (by session id), so a retry after a lost reply or an operator restart is safe.
+/// Failures are logged and retried on the next reconcile. Returns the pod's name once its
+/// gateway acknowledged (for [`mark_assigned`]).
+pub(super) async fn deliver(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    o: &Observed,
+    pod: &Pod,
+    claimed: Option<Instant>,
+) -> Option<String> {
+    let name = pod.name_any();
+    let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+        tracing::warn!(%name, "claimed pod has no IP yet");
+        return None;
+    };
+    let annotations = pod.annotations();
+    let (Some(index), attempt) = (
+        annotations
+            .get(INDEX_ANNOTATION)
+            .and_then(|i| i.parse::<u32>().ok()),
+        annotations
+            .get(ATTEMPT_ANNOTATION)
+            .and_then(|a| a.parse::<u32>().ok())
+            .unwrap_or(0),
+    ) else {
+        return None;
+    };
+    let Some((task, sample)) = o.session(index) else {
+        tracing::error!(%name, index, "session index beyond the job's tasks");
+        return None;
+    };
+    let ns = job.namespace().unwrap_or_default();
+    let job_token = match (&job.spec.train, &job.spec.sft) {
+        (None, None) => None,
+        // Without it the trainer or collector would refuse every trajectory: wait for it.
+        _ => Some(job_token(ctx, job).await?),
+    };
+    let (sink, upstream) = wiring(job, job_token, o.upstream_key.clone());
+    let assignment = session::assignment(&SessionOf {
+        job: &o.name,
+        spec: &job.spec,
+        task,
+        sample,
+        attempt,
+        sink: &sink,
+        upstream,
+        shared_hidden_files: &o.hidden,
+    });
+    let token = secret_token(
+        ctx,
+        &ns,
+        &name,
+        &crate::sandbox_pod::control_secret_name(&name),
+    )
+    .await?;
+    let url = format!(
+        "http://{}/floe/v1/assignments",
+        join_host_port(&ip, o.control_port)
+    );
+    let sent = ctx
+        .http
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&assignment)
+        .send()
+        .await;
+    match sent {
+        Ok(r) if r.status().is_success() => {
+            if let Some(t) = claimed {
+                ctx.metrics.claim_latency.observe(t.elapsed().as_secs_f64());
+            }
+            return Some(name);
+        }
+        Ok(r) => {
+            let code = r.status();
+            let body = r.text().await.unwrap_or_default();
+            tracing::warn!(%name, %code, "assignment refused: {body}");
+            if code == reqwest::StatusCode::CONFLICT {
+                ctx.event(
+                    job,
+                    EventType::Warning,
+                    "AssignmentConflict",
+                    format!("pod {name} already holds a different session: {body}"),
+                )
+                .await;
+            }
+        }
+        Err(e) => tracing::warn!(%name, "cannot deliver the assignment: {e}"),
+    }
+    None
+}
+
+pub(super) fn join_host_port(ip: &str, port: i32) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}

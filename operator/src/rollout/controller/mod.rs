@@ -1,0 +1,190 @@
+//! The RolloutJob controller. Each round is one short sequence: observe the job, its pool and
+//! its pods; let [`super::plan::plan`] decide; apply the plan in the crash-safe order (fold
+//! results into the status first; then claim and deliver; then release the pods whose results
+//! are recorded); write the status.
+//!
+//! - [`context`]: what the controller shares across rounds, and remembers per job.
+//! - [`observe`]: a round's reads: the pool, the tasks, the job's pods.
+//! - [`own_pod`]: the job's own pod (trainer, dataset collector), its Services and its trainer.
+//! - [`claims`]: claiming READY pool pods and starting pre-warmed ones.
+//! - [`deliver`]: a session's assignment, to its pod's gateway.
+//! - [`pod_writes`]: releasing, stopping and creating the job's pods.
+//! - [`report`]: a round's status writes, Events and metrics.
+//! - [`job_end`]: a finished job (its own pods, its TTL) and a deleted one.
+
+mod claims;
+mod context;
+mod deliver;
+mod job_end;
+mod observe;
+mod own_pod;
+mod pod_writes;
+mod report;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floe_crds::rollout_job::RolloutJob;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event};
+use kube::{Api, ResourceExt};
+
+pub use context::{JobContext, DEFAULT_EARLY_CLAIM_LIMIT};
+
+use super::aux_gate;
+use super::job_state::job_state;
+use super::plan::plan;
+use super::pod_view;
+use super::status::Blocked;
+
+/// Holds a job until its pods' finalizers are removed.
+pub const JOB_FINALIZER: &str = "floe.dev/sessions";
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// An apiserver call failed; `doing` names the call and its object.
+    #[error("{doing}: {source}")]
+    Api {
+        doing: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the job has no namespace")]
+    NoNamespace,
+    #[error("cannot build a session pod: {0}")]
+    PodSpec(#[from] serde_json::Error),
+}
+
+impl JobError {
+    /// For `map_err`: the apiserver failed while `doing` something.
+    pub(crate) fn api(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let doing = doing.into();
+        move |source| Self::Api { doing, source }
+    }
+}
+
+/// What a round's failure is, to the controller: the finalizer helper's errors around ours.
+pub type ReconcileError = kube::runtime::finalizer::Error<JobError>;
+
+/// Why a round stops before its end.
+enum Halt {
+    /// The job cannot run as written, or waits for something to come: said on the job.
+    Blocked(Blocked),
+    /// A call failed: the round is tried again.
+    Failed(JobError),
+}
+
+impl From<JobError> for Halt {
+    fn from(e: JobError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+impl From<serde_json::Error> for Halt {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Failed(e.into())
+    }
+}
+
+impl From<Blocked> for Halt {
+    fn from(b: Blocked) -> Self {
+        Self::Blocked(b)
+    }
+}
+
+/// One reconcile, timed and counted under controller-runtime's metric names. The job keeps
+/// [`JOB_FINALIZER`] while it lives, so that its claimed pods are let go when it is deleted.
+pub async fn reconcile(
+    job: Arc<RolloutJob>,
+    ctx: Arc<JobContext>,
+) -> Result<Action, ReconcileError> {
+    let started = Instant::now();
+    let uid = job.uid().unwrap_or_default();
+    let jobs: Api<RolloutJob> =
+        Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    let ctx_ref = &*ctx;
+    let result = finalizer(&jobs, JOB_FINALIZER, job, |event| async move {
+        match event {
+            Event::Apply(job) => apply(&job, ctx_ref).await,
+            Event::Cleanup(job) => job_end::cleanup(&job, ctx_ref).await,
+        }
+    })
+    .await;
+    if result.is_err() {
+        // A write of this round may have landed unseen: never trust the cache over it.
+        ctx.forget_bars(&uid);
+    }
+    crate::metrics::record_reconcile(
+        &ctx.metrics,
+        crate::metrics::Kind::RolloutJob,
+        started,
+        result.is_ok(),
+    );
+    result
+}
+
+pub fn error_policy(job: Arc<RolloutJob>, error: &ReconcileError, _: Arc<JobContext>) -> Action {
+    tracing::warn!(job = %job.name_any(), "reconcile failed: {error}");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// A live job's round; a finished job only ends its pods and waits for its TTL.
+async fn apply(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
+    let ns = job.namespace().ok_or(JobError::NoNamespace)?;
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    if let Some(done) = job.status.as_ref().and_then(|s| s.completion_time.clone()) {
+        return job_end::finished(job, ctx, &ns, &done, &now).await;
+    }
+    match round(job, ctx, &ns, &now).await {
+        Ok(action) => Ok(action),
+        Err(Halt::Blocked(blocked)) => report::blocked(job, ctx, &blocked, now).await,
+        Err(Halt::Failed(e)) => Err(e),
+    }
+}
+
+/// observe → plan → fold → claim and deliver → release → status.
+async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Result<Action, Halt> {
+    let started = Instant::now();
+    // Observe: the pool, the tasks and the pods; the job's own pod, which gates its sessions.
+    let observed = observe::observe(job, ctx, ns).await?;
+    let own_pod = own_pod::ensure(job, ctx, ns).await?;
+    let job_pod = aux_gate::read(job, own_pod.as_ref(), ctx.early_claims, now.0);
+    let trainer = own_pod::trainer_progress(ctx, job, own_pod.as_ref()).await;
+
+    // Plan.
+    let state = job_state(job, job.status.as_ref(), now, observed.total());
+    let sessions: Vec<_> = observed
+        .pods
+        .iter()
+        .filter_map(pod_view::session_pod)
+        .collect();
+    let decided = plan(&state, &sessions, observed.ready.len(), job_pod.gate);
+
+    // Fold results into the status (guarded by the job's resourceVersion) ...
+    let report = report::RoundReport {
+        job,
+        ctx,
+        ns,
+        now,
+        job_pod: &job_pod,
+        // A train job's sessions may all be done while its trainer still trains the last groups.
+        trainer_unfinished: job.spec.train.is_some()
+            && trainer.as_ref().is_some_and(|t| !t.finished),
+    };
+    let Some(written) = report.fold(&decided).await? else {
+        // Someone else wrote first: look again before releasing anything.
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    };
+    // ... then deliver and claim, so that new sessions are on their way ...
+    let achieved =
+        claims::claim_and_start(ctx, job, &observed, &decided, job_pod.gate, started).await?;
+    // ... and only then let go of finished pods.
+    pod_writes::release_and_replace(ctx, job, &observed, &decided).await?;
+
+    // The status after this round.
+    let running = decided.running_after(achieved.claimed, achieved.started);
+    Ok(report
+        .finish(written, &decided.next, running, trainer, own_pod.as_ref())
+        .await?)
+}

@@ -1,0 +1,391 @@
+//! A round's reads: the job's pool, tasks, hidden files and pods. What makes the job unable to
+//! run as written stops the round here ([`Halt::Blocked`]), before any claim.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use floe_crds::rollout_job::{RolloutJob, Task};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+
+use super::pod_writes::delete_pod;
+use super::{own_pod, Halt, JobContext, JobError};
+use crate::rollout::freshness::Bars;
+use crate::rollout::pod_view::{self, JOB_LABEL};
+use crate::rollout::status::Blocked;
+use crate::rollout::{aux_pods, tasks};
+use crate::sandbox_pod::{self, PodState, POOL_LABEL, STATE_LABEL};
+
+/// Everything one round needs to know about where the job stands.
+pub(super) struct Observed {
+    pub(super) name: String,
+    /// `numSamples` (at least 1).
+    pub(super) samples: u32,
+    pub(super) tasks: Arc<Vec<Task>>,
+    pub(super) hidden: BTreeMap<String, String>,
+    pub(super) control_port: i32,
+    pub(super) pods: Vec<Pod>,
+    pub(super) ready: Vec<Pod>,
+    /// An `sft` job's model server key (`spec.sft.upstream.apiKeySecret`), for its gateways.
+    pub(super) upstream_key: Option<String>,
+}
+
+/// The pool, the tasks and the pods; `Err(Blocked)` when the job cannot run as written.
+pub(super) async fn observe(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+) -> Result<Observed, Halt> {
+    let blocked =
+        |reason: &str, message: String| Err(Halt::Blocked(Blocked::stalled(reason, message)));
+    // apiservers < 1.25 do not run the CRD's CEL rules: the operator applies the same ones.
+    if let Err(e) = ctx.validate(job) {
+        return blocked("InvalidSpec", e);
+    }
+    let spec = &job.spec;
+    // A pool to claim from, or (poolTemplate) the job's own pods with default gateway ports.
+    let pool = match &spec.pool_ref {
+        Some(pool_ref) => {
+            let Some(pool) = ctx.pool(ns, &pool_ref.name).await? else {
+                return blocked(
+                    "PoolNotFound",
+                    format!(
+                        "GatewayPool {:?} (spec.poolRef) does not exist in namespace {ns}",
+                        pool_ref.name
+                    ),
+                );
+            };
+            Some(pool)
+        }
+        None => None,
+    };
+    // The evaluator runs in the grader container of the pod a session claims.
+    if let (Some(want), Some(pool)) = (&spec.evaluator.image, &pool) {
+        let t = &pool.spec.template;
+        let grades_in = t.grader_image.as_ref().unwrap_or(&t.image);
+        if grades_in != want {
+            return blocked(
+                "EvaluatorImageMismatch",
+                format!(
+                    "spec.evaluator.image is {want:?}, but GatewayPool {:?} grades in {grades_in:?} \
+                     (its spec.template.graderImage, else its image): set the pool's graderImage \
+                     to {want:?}, or use a pool that has it",
+                    pool.name_any()
+                ),
+            );
+        }
+    }
+    let upstream_key = match spec
+        .sft
+        .as_ref()
+        .filter(|_| spec.train.is_none())
+        .and_then(|s| s.upstream.api_key_secret.as_ref())
+    {
+        Some(r) => {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+            let secret = secrets
+                .get_opt(&r.name)
+                .await
+                .map_err(JobError::api(format!("reading Secret {ns}/{}", r.name)))?;
+            match secret.as_ref().and_then(|s| sandbox_pod::secret_value(s, &r.key)) {
+                Some(key) => Some(key),
+                None => {
+                    return blocked(
+                        "UpstreamKeyNotFound",
+                        match secret {
+                            None => format!(
+                                "Secret {:?} (spec.sft.upstream.apiKeySecret) does not exist in namespace {ns}",
+                                r.name
+                            ),
+                            Some(_) => format!(
+                                "Secret {:?} (spec.sft.upstream.apiKeySecret) has no key {:?}, or it is empty",
+                                r.name, r.key
+                            ),
+                        },
+                    )
+                }
+            }
+        }
+        None => None,
+    };
+    let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
+        (Some(t), _, _) => Arc::new(t.clone()),
+        (None, Some(cm), _) => {
+            let map = configmaps
+                .get_opt(&cm.name)
+                .await
+                .map_err(JobError::api(format!("reading ConfigMap {ns}/{}", cm.name)))?;
+            let Some(map) = map else {
+                return blocked(
+                    "TasksNotFound",
+                    format!(
+                        "ConfigMap {:?} (spec.tasks.configMap) does not exist",
+                        cm.name
+                    ),
+                );
+            };
+            let Some(text) = map.data.as_ref().and_then(|d| d.get(&cm.key)) else {
+                return blocked(
+                    "TasksNotFound",
+                    format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key),
+                );
+            };
+            match tasks::parse_jsonl(text, &format!("ConfigMap {}/{}", cm.name, cm.key)) {
+                Ok(t) => Arc::new(t),
+                Err(e) => return blocked("InvalidTasks", e),
+            }
+        }
+        (None, None, Some(_)) => file_tasks(job, ctx, ns).await?,
+        (None, None, None) => return blocked("InvalidSpec", "spec.tasks names no source".into()),
+    };
+    let hidden = match &spec.evaluator.hidden_files_from {
+        Some(r) => match configmaps
+            .get_opt(&r.name)
+            .await
+            .map_err(JobError::api(format!("reading ConfigMap {ns}/{}", r.name)))?
+        {
+            Some(map) => tasks::hidden_files(&map.data.unwrap_or_default()),
+            None => {
+                return blocked(
+                    "HiddenFilesNotFound",
+                    format!(
+                        "ConfigMap {:?} (spec.evaluator.hiddenFilesFrom) does not exist",
+                        r.name
+                    ),
+                )
+            }
+        },
+        None => BTreeMap::new(),
+    };
+    let name = job.name_any();
+    // What would fail every session only after its agent ran: refused before the first claim.
+    let tasks_field = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
+        (Some(_), _, _) => "spec.tasks.inline".to_string(),
+        (None, Some(cm), _) => format!("ConfigMap {}/{}", cm.name, cm.key),
+        (None, None, Some(f)) => format!("task file {}", f.path),
+        (None, None, None) => "spec.tasks".to_string(),
+    };
+    let problems = floe_sandbox::checks::check_sessions(&name, spec, &tasks, &tasks_field, &hidden);
+    if !problems.is_empty() {
+        let error = floe_crds::validation::ValidationError { errors: problems };
+        return blocked("InvalidTasks", error.to_string());
+    }
+    let owned = job_pods(job, ctx, ns, &name).await?;
+    // READY pods from the cache: a stale entry only costs a lost compare-and-swap (the claim
+    // is retried next round), never a double claim.
+    let pool_name = pool.as_ref().map(|p| p.name_any());
+    let mut ready: Vec<Pod> = match &pool_name {
+        Some(pool_name) => ctx
+            .pods
+            .state_filter(|p| {
+                let labels = p.labels();
+                p.metadata.namespace.as_deref() == Some(ns)
+                    && labels.get(POOL_LABEL) == Some(pool_name)
+                    && labels.get(STATE_LABEL).map(String::as_str) == Some(PodState::Ready.label())
+                    && !labels.contains_key(JOB_LABEL)
+                    && p.metadata.deletion_timestamp.is_none()
+                    && crate::pool_controller::is_ready(p)
+                    // A pod of an older template may grade in another image.
+                    && spec.evaluator.image.as_ref().is_none_or(|want| {
+                        sandbox_pod::grader_image(p) == Some(want.as_str())
+                    })
+            })
+            .into_iter()
+            .map(|p| (*p).clone())
+            .collect(),
+        None => Vec::new(),
+    };
+    // Oldest first: stale-template pods (OnReplenish) go before fresh ones.
+    ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    Ok(Observed {
+        name,
+        samples: u32::try_from(spec.num_samples.max(1)).unwrap_or(1),
+        tasks,
+        hidden,
+        control_port: pool.map_or_else(
+            || floe_crds::gateway_pool::GatewaySettings::default().control_port,
+            |p| p.spec.gateway.control_port,
+        ),
+        pods: owned,
+        ready,
+        upstream_key,
+    })
+}
+
+/// The job's pods. A claim must never be made twice, so they come from the watch cache only
+/// once it has caught up with every write of this operator (see [`crate::rollout::freshness`]);
+/// otherwise from the apiserver, a quorum list.
+async fn job_pods(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+    name: &str,
+) -> Result<Vec<Pod>, JobError> {
+    let uid = job.uid().unwrap_or_default();
+    let cached: Vec<Arc<Pod>> = ctx.pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == Some(ns)
+            && p.labels().get(JOB_LABEL).map(String::as_str) == Some(name)
+    });
+    let view = || {
+        cached.iter().map(|p| {
+            (
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.metadata.resource_version.as_deref(),
+            )
+        })
+    };
+    let caught_up = ctx.remember(&uid, |m| match m.bars.as_mut() {
+        Some(b) if b.met(view()) => {
+            *b = Bars::default();
+            true
+        }
+        _ => false,
+    });
+    {
+        if caught_up {
+            ctx.metrics
+                .job_pod_reads
+                .with_label_values(&["cache"])
+                .inc();
+            return Ok(cached.iter().map(|p| (**p).clone()).collect());
+        }
+    }
+    ctx.metrics
+        .job_pod_reads
+        .with_label_values(&["apiserver"])
+        .inc();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}")))
+        .await
+        .map_err(JobError::api(format!("listing job {ns}/{name}'s pods")))?
+        .items;
+    let bars = Bars::from_list(
+        listed.iter().map(|p| {
+            (
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.metadata.resource_version.as_deref(),
+            )
+        }),
+        view().map(|(n, _)| n),
+    );
+    ctx.remember(&uid, |m| m.bars = Some(bars));
+    Ok(listed)
+}
+
+/// `tasks.file`: the operator reads no volumes, so a loader pod mounts the claim and serves
+/// the file (`aux_pods::task_loader`); the parsed tasks are kept per job (they cannot change
+/// once the job started) and the pod stays for an operator restart to read them again.
+async fn file_tasks(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Arc<Vec<Task>>, Halt> {
+    let stalled =
+        |reason: &str, message: String| Err(Halt::Blocked(Blocked::stalled(reason, message)));
+    let uid = job.uid().unwrap_or_default();
+    let Some(loader) = aux_pods::task_loader(job, &ctx.floe_image)? else {
+        return stalled(
+            "TaskFileNeedsClaim",
+            "spec.tasks.file.claimName: in a cluster the task file is read from a PersistentVolumeClaim (or use spec.tasks.inline / spec.tasks.configMap)".into(),
+        );
+    };
+    // The loader's arguments name the file: a changed path (before the job started) means a
+    // new loader and a new read.
+    let key = serde_json::to_string(&loader.spec.as_ref().map(|s| &s.containers[0].args))?;
+    let known = ctx.remember(&uid, |m| {
+        m.file_tasks
+            .as_ref()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, tasks)| tasks.clone())
+    });
+    if let Some(tasks) = known {
+        return Ok(tasks);
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let name = loader.name_any();
+    let found = pods
+        .get_opt(&name)
+        .await
+        .map_err(JobError::api(format!("reading pod {ns}/{name}")))?;
+    let pod = match found {
+        Some(p)
+            if serde_json::to_string(&p.spec.as_ref().map(|s| &s.containers[0].args))? != key =>
+        {
+            delete_pod(&pods, &name).await?;
+            None
+        }
+        Some(p) => Some(p),
+        // Suspended before its tasks were read (Kueue creates jobs suspended): no pod yet.
+        None if job.spec.suspend => {
+            return Err(Halt::Blocked(Blocked::waiting(
+                "JobSuspended",
+                format!("suspended; spec.tasks.file is read (pod {name}) once the job is resumed"),
+            )))
+        }
+        None => {
+            own_pod::refused(
+                own_pod::create_if_missing(&pods, &loader).await,
+                "pod",
+                &loader,
+            )?;
+            None
+        }
+    };
+    let waiting = |message: String| Err(Halt::Blocked(Blocked::waiting("LoadingTasks", message)));
+    let Some(pod) = pod else {
+        return waiting(format!("starting pod {name} to read spec.tasks.file"));
+    };
+    if let Some(why) = pod_view::crashed(&pod) {
+        return stalled("TaskFileUnreadable", format!("pod {name}: {why}"));
+    }
+    // Cannot be scheduled (a claim that does not exist), an image that cannot be pulled: the
+    // scheduler's or the kubelet's words, on the job.
+    if let Some(p) = crate::pod_problem::problem(&pod) {
+        return stalled(
+            &p.reason,
+            format!("the job's task loader cannot run: {}", p.describe()),
+        );
+    }
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+    let (Some(ip), true) = (ip, crate::pool_controller::is_ready(&pod)) else {
+        return waiting(format!("waiting for pod {name} to read spec.tasks.file"));
+    };
+    let url = format!("http://{ip}:{}/tasks", aux_pods::INGEST_PORT);
+    let text = match ctx
+        .http
+        .get(&url)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => match r.text().await {
+            Ok(t) => t,
+            Err(e) => return waiting(format!("reading {url}: {e}")),
+        },
+        Ok(r) => return waiting(format!("{url} answered {}", r.status())),
+        Err(e) => return waiting(format!("reading {url}: {e}")),
+    };
+    let file = job.spec.tasks.file.as_ref().map_or("", |f| f.path.as_str());
+    let tasks = match tasks::parse_jsonl(&text, &format!("task file {file}")) {
+        Ok(t) => Arc::new(t),
+        Err(e) => return stalled("InvalidTasks", e),
+    };
+    tracing::info!(job = %job.name_any(), tasks = tasks.len(), "read the task file");
+    ctx.remember(&uid, |m| m.file_tasks = Some((key, tasks.clone())));
+    Ok(tasks)
+}
+
+impl Observed {
+    /// The job's sessions: tasks × samples.
+    pub(super) fn total(&self) -> u32 {
+        u32::try_from(self.tasks.len())
+            .unwrap_or(u32::MAX)
+            .saturating_mul(self.samples)
+    }
+
+    /// The task and sample of a session index (task-major numbering).
+    pub(super) fn session(&self, index: u32) -> Option<(&Task, u32)> {
+        let task = self.tasks.get((index / self.samples) as usize)?;
+        Some((task, index % self.samples))
+    }
+}

@@ -1,0 +1,217 @@
+//! The job's own pod: the trainer (train) or the dataset collector (sft), with its Services
+//! and Secrets, created when missing; and what its trainer says (progress, finish).
+
+use std::time::Duration;
+
+use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+
+use super::deliver::join_host_port;
+use super::{Halt, JobContext, JobError};
+use crate::rollout::aux_pods;
+use crate::rollout::status::{self, Blocked};
+use crate::sandbox_pod::CONTROL_TOKEN_KEY;
+
+/// Create the job's trainer pod (train) or dataset collector (sft) and their Services when
+/// missing; returns the pod as it is now.
+pub(super) async fn ensure(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+) -> Result<Option<Pod>, Halt> {
+    let built = match (&job.spec.train, &job.spec.sft) {
+        (Some(_), _) => aux_pods::trainer(job, &ctx.floe_image),
+        (None, Some(_)) => aux_pods::collector(job, &ctx.floe_image),
+        _ => Ok(None),
+    };
+    // A pod that cannot be built must not read as "no pod needed": the gate would open.
+    let objects = match built {
+        Ok(Some(o)) => o,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            return Err(Halt::Blocked(Blocked::stalled(
+                "InvalidSpec",
+                format!("cannot build the job's own pod from its spec: {e}"),
+            )))
+        }
+    };
+    let name = objects.pod.name_any();
+    // The pod cache holds it (floe's label) with all a round reads of it: readiness and IP.
+    if let Some(p) = ctx.pods.get(&ObjectRef::new(&name).within(ns)) {
+        return Ok(Some((*p).clone()));
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let read = |e| JobError::api(format!("reading pod {ns}/{name}"))(e);
+    if let Some(p) = pods.get_opt(&name).await.map_err(read)? {
+        return Ok(Some(p));
+    }
+    // A job suspended before it ran (Kueue admits jobs by resuming them) holds no trainer GPU
+    // or collector until it is resumed; it starts no session meanwhile either.
+    if job.spec.suspend {
+        return Ok(None);
+    }
+    // Services first: the pod's clients find them ready when it is.
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    for svc in &objects.services {
+        refused(create_if_missing(&services, svc).await, "Service", svc)?;
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    for secret in &objects.secrets {
+        refused(create_if_missing(&secrets, secret).await, "Secret", secret)?;
+    }
+    tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
+    refused(
+        create_if_missing(&pods, &objects.pod).await,
+        "pod",
+        &objects.pod,
+    )?;
+    Ok(pods.get_opt(&name).await.map_err(read)?)
+}
+
+/// A create the apiserver refuses for good (an admission rule, a quota, a RuntimeClass that
+/// does not exist, RBAC) is the user's to fix: the job stalls saying which object and why,
+/// instead of failing every reconcile with the words in the operator's log only.
+pub(super) fn refused<K: kube::Resource>(
+    created: Result<(), JobError>,
+    kind: &str,
+    object: &K,
+) -> Result<(), Halt> {
+    match created {
+        Err(JobError::Api {
+            source: kube::Error::Api(e),
+            ..
+        }) if (400..500).contains(&e.code) && !matches!(e.code, 408 | 409 | 429) => {
+            Err(Halt::Blocked(Blocked::stalled(
+                if kind == "pod" {
+                    "PodCreateRejected"
+                } else {
+                    "CreateRejected"
+                },
+                format!(
+                    "the apiserver refused the job's {kind} {}: {}",
+                    object.meta().name.as_deref().unwrap_or_default(),
+                    e.message
+                ),
+            )))
+        }
+        other => Ok(other?),
+    }
+}
+
+pub(super) async fn create_if_missing<K>(api: &Api<K>, object: &K) -> Result<(), JobError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    match api.create(&kube::api::PostParams::default(), object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+        Err(e) => Err(JobError::api(format!(
+            "creating {} {}/{}",
+            K::kind(&Default::default()),
+            api.namespace().unwrap_or_default(),
+            object.meta().name.as_deref().unwrap_or_default()
+        ))(e)),
+    }
+}
+
+/// `path` on the trainer pod's ingest port, once the pod has an IP.
+pub(super) fn trainer_endpoint(pod: &Pod, path: &str) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+    Some(format!(
+        "http://{}{path}",
+        join_host_port(&ip, aux_pods::INGEST_PORT)
+    ))
+}
+
+/// The trainer's `GET /v1/status` (step, policy version, last step time), mirrored into the
+/// job's status; `None` while it cannot be read.
+pub(super) async fn trainer_progress(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    pod: Option<&Pod>,
+) -> Option<TrainerProgress> {
+    job.spec.train.as_ref()?;
+    let pod = pod?;
+    let url = trainer_endpoint(pod, "/v1/status")?;
+    let reply = ctx
+        .http
+        .get(&url)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    if !reply.status().is_success() {
+        return None;
+    }
+    let v: serde_json::Value = reply.json().await.ok()?;
+    Some(TrainerProgress {
+        step: v.get("step")?.as_i64()?,
+        policy_version: v.get("policyVersion")?.as_i64()?,
+        last_step_time: v
+            .get("lastStepTime")
+            .and_then(|t| t.as_str())
+            .and_then(|t| t.parse().ok())
+            .map(Time),
+        finished: v.get("finished").and_then(|f| f.as_bool()).unwrap_or(false),
+        final_model: v
+            .get("finalCheckpoint")
+            .and_then(|f| f.as_str())
+            .map(String::from),
+    })
+}
+
+/// `POST /v1/finish` to the trainer with the job's control token: the sessions are done, train
+/// what is left and write the final model.
+async fn finish_trainer(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+    pod: &Pod,
+) -> Result<(), String> {
+    let url = trainer_endpoint(pod, "/v1/finish").ok_or("the trainer pod has no IP")?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = aux_pods::trainer_control_secret(&job.name_any());
+    let secret = secrets
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading Secret {name}: {e}"))?
+        .ok_or_else(|| format!("Secret {name} is missing"))?;
+    let token = crate::sandbox_pod::control_token_of(&secret)
+        .ok_or_else(|| format!("Secret {name} has no {CONTROL_TOKEN_KEY}"))?;
+    let reply = ctx
+        .http
+        .post(&url)
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .map_err(|e| format!("POST {url}: {e}"))?;
+    if !reply.status().is_success() {
+        return Err(format!("POST {url}: {}", reply.status()));
+    }
+    Ok(())
+}
+
+/// A train job whose sessions are done: tell its trainer, every round until it says it
+/// finished (the call is idempotent).
+pub(super) async fn finish_trainer_when_done(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+    st: &RolloutJobStatus,
+    pod: Option<&Pod>,
+) {
+    let finishing = st
+        .conditions
+        .iter()
+        .any(|c| c.reason == status::TRAINING_LAST_GROUPS);
+    if let (true, Some(pod)) = (finishing, pod) {
+        if let Err(e) = finish_trainer(ctx, job, ns, pod).await {
+            tracing::warn!(job = %job.name_any(), "cannot tell the trainer the sessions are done: {e}");
+        }
+    }
+}

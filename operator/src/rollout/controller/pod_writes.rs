@@ -1,0 +1,202 @@
+//! A round's writes to the job's pods after its claims: pods whose results are recorded are
+//! let go, pods past the deadline stopped, and (`poolTemplate`) the next sessions' pods made.
+
+use floe_crds::rollout_job::RolloutJob;
+use floe_sandbox::session;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::observe::Observed;
+use super::{JobContext, JobError};
+use crate::rollout::freshness::{version, Bar};
+use crate::rollout::plan::JobPlan;
+use crate::rollout::pod_view::JOB_LABEL;
+use crate::sandbox_pod::{PodState, STATE_LABEL};
+
+/// Only now (results recorded, new sessions on their way) let go of finished pods; then stop
+/// the pods past the deadline; then (`poolTemplate`) make the next sessions' pods, after the
+/// finished ones went (the window holds `concurrency + lookahead` pods, not one more while a
+/// finished pod lingers).
+pub(super) async fn release_and_replace(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    observed: &Observed,
+    decided: &JobPlan,
+) -> Result<(), JobError> {
+    let ns = job.namespace().unwrap_or_default();
+    let uid = job.uid().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let (pods_ref, ns_ref, uid_ref) = (&pods, &ns, &uid);
+    let released: Vec<Result<(), JobError>> = futures::stream::iter(decided.release.clone())
+        .map(|name: String| async move {
+            ctx.tokens.forget(ns_ref, &name);
+            ctx.take_claimed_early(uid_ref, &name);
+            let written = release(pods_ref, &name).await?;
+            ctx.raise_bar(uid_ref, &name, bar_after_delete(written));
+            Ok(())
+        })
+        .buffer_unordered(ctx.in_flight)
+        .collect()
+        .await;
+    released.into_iter().collect::<Result<(), _>>()?;
+    for name in &decided.stop {
+        let written = delete_pod(&pods, name).await?;
+        ctx.raise_bar(&uid, name, bar_after_delete(written));
+    }
+    create_prewarmed(ctx, job, observed, &decided.prewarm).await
+}
+
+/// A pod whose result is recorded: its finalizer comes off and it is deleted (the pool
+/// refills). Returns the pod's last resourceVersion this wrote, if it still exists.
+async fn release(pods: &Api<Pod>, name: &str) -> Result<Option<String>, JobError> {
+    let ns = pods.namespace().unwrap_or_default();
+    let patch =
+        json!({"metadata": {"finalizers": null, "labels": {STATE_LABEL: PodState::Done.label()}}});
+    let patched = match pods
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(p) => p.metadata.resource_version,
+        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(None),
+        Err(e) => return Err(JobError::api(format!("releasing pod {ns}/{name}"))(e)),
+    };
+    Ok(delete_pod(pods, name).await?.or(patched))
+}
+
+/// Every pod of the job, released (a finished or deleted job).
+pub(super) async fn release_all(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+) -> Result<(), JobError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let owned = pods
+        .list(&ListParams::default().labels(&format!("{JOB_LABEL}={}", job.name_any())))
+        .await
+        .map_err(JobError::api(format!(
+            "listing job {ns}/{}'s pods",
+            job.name_any()
+        )))?;
+    for pod in owned.items {
+        ctx.tokens.forget(ns, &pod.name_any());
+        release(&pods, &pod.name_any()).await?;
+    }
+    Ok(())
+}
+
+/// Delete a pod; returns its resourceVersion when the deletion is graceful (the pod stays,
+/// terminating, for now).
+pub(super) async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<Option<String>, JobError> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        // The pod itself while it terminates; a Status once it is gone.
+        Ok(answer) => Ok(answer.left().and_then(|p| p.metadata.resource_version)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(e) => Err(JobError::api(format!(
+            "deleting pod {}/{name}",
+            pods.namespace().unwrap_or_default()
+        ))(e)),
+    }
+}
+
+/// After deleting a job's pod: the cache must show it at that version (terminating) or gone.
+fn bar_after_delete(version_written: Option<String>) -> Bar {
+    // Gone before any version was written: the cache must drop it.
+    version_written.as_deref().map_or(Bar::gone(), |v| {
+        Bar::at_least_or_gone(version(Some(v)).unwrap_or(u64::MAX))
+    })
+}
+
+/// Keep a `poolTemplate` job's egress NetworkPolicy as its spec says
+/// ([`crate::egress_policy::build_for_job`]). A failure (no RBAC for NetworkPolicies, say) is a
+/// Warning on the job, not a failed reconcile: each pod's own check still says whether its
+/// egress is open.
+async fn ensure_job_egress_policy(ctx: &JobContext, job: &RolloutJob) {
+    let ns = job.namespace().unwrap_or_default();
+    let name = crate::egress_policy::job_policy_name(&job.name_any());
+    let wanted = match crate::egress_policy::build_for_job(job) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(job = %job.name_any(), "egress policy: {e}");
+            return;
+        }
+    };
+    if let Err(e) =
+        crate::pool_controller::keep_policy(&ctx.client, &ns, &name, wanted.as_ref()).await
+    {
+        tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
+        ctx.event(
+            job,
+            EventType::Warning,
+            "EgressPolicyFailed",
+            format!("cannot apply NetworkPolicy {name} (spec.egress): {e}"),
+        )
+        .await;
+    }
+}
+
+/// poolTemplate: create the pods (and their control-token Secrets) of the next sessions.
+async fn create_prewarmed(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    observed: &Observed,
+    sessions: &[(u32, u32)],
+) -> Result<(), JobError> {
+    let Some(template) = &job.spec.pool_template else {
+        return Ok(());
+    };
+    if sessions.is_empty() {
+        return Ok(());
+    }
+    // The pods' NetworkPolicy before the pods: applied with each batch of new pods, so one
+    // deleted by hand comes back before the next untrusted agent starts.
+    ensure_job_egress_policy(ctx, job).await;
+    let created: Vec<Result<(), JobError>> = futures::stream::iter(sessions.to_vec())
+        .map(|(index, attempt)| async move {
+            let Some((task, sample)) = observed.session(index) else {
+                return Ok(());
+            };
+            let session = session::session_id(&observed.name, &task.id, sample, attempt);
+            let suffix = crate::sandbox_pod::random_suffix();
+            let pod = crate::rollout::prewarm::build(&crate::rollout::prewarm::SessionPodFor {
+                job,
+                template,
+                task,
+                index,
+                attempt,
+                session: &session,
+                suffix: &suffix,
+                floe_image: &ctx.floe_image,
+                native_sidecars: ctx.native_sidecars,
+            })?;
+            let job_name = job.name_any();
+            let created = crate::pool_controller::create_with_control_secret(
+                &ctx.client,
+                &ctx.tokens,
+                &pod,
+                (JOB_LABEL, &job_name),
+            )
+            .await
+            .map_err(JobError::api(format!(
+                "creating session pod {}/{} and its control Secret",
+                pod.namespace().unwrap_or_default(),
+                pod.name_any()
+            )))?;
+            ctx.raise_bar(
+                &job.uid().unwrap_or_default(),
+                &created.name_any(),
+                Bar::written(
+                    version(created.metadata.resource_version.as_deref()).unwrap_or(u64::MAX),
+                ),
+            );
+            tracing::info!(job = %job_name, pod = %pod.name_any(), "created pre-warmed session pod");
+            Ok(())
+        })
+        .buffer_unordered(ctx.in_flight)
+        .collect()
+        .await;
+    created.into_iter().collect()
+}

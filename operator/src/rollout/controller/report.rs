@@ -1,0 +1,362 @@
+//! A round's reports: its status writes (guarded by the job's resourceVersion), the Events of
+//! its folds and transitions, and the job's metrics.
+
+use std::time::Duration;
+
+use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::{own_pod, JobContext, JobError};
+use crate::metrics::Kind;
+use crate::rollout::aux_gate::{self, JobPodRound};
+use crate::rollout::job_state::job_state;
+use crate::rollout::plan::{Fold, JobPlan, JobState};
+use crate::rollout::status::{self, Blocked, StatusInput};
+
+/// What a round's status writes share.
+pub(super) struct RoundReport<'a> {
+    pub job: &'a RolloutJob,
+    pub ctx: &'a JobContext,
+    pub ns: &'a str,
+    pub now: &'a Time,
+    pub job_pod: &'a JobPodRound,
+    /// A train job whose trainer has not finished (`status::StatusInput::trainer_unfinished`).
+    pub trainer_unfinished: bool,
+}
+
+/// The job's status as this round last wrote it (or found it), with its resourceVersion.
+pub(super) struct Written {
+    rv: Option<String>,
+    status: Option<RolloutJobStatus>,
+}
+
+impl RoundReport<'_> {
+    fn jobs(&self) -> Api<RolloutJob> {
+        Api::namespaced(self.ctx.client.clone(), self.ns)
+    }
+
+    fn status(
+        &self,
+        previous: Option<&RolloutJobStatus>,
+        state: &JobState,
+        running: u32,
+        start_time: Option<Time>,
+    ) -> RolloutJobStatus {
+        status::status(
+            &StatusInput {
+                previous,
+                generation: self.job.metadata.generation,
+                state,
+                running,
+                blocked: None,
+                now: self.now.clone(),
+                trainer_unfinished: self.trainer_unfinished,
+                job_pod: Some(self.job_pod),
+            },
+            start_time,
+        )
+    }
+
+    /// Fold the plan's results into the status. `None`: someone else wrote the job first.
+    pub async fn fold(&self, decided: &JobPlan) -> Result<Option<Written>, JobError> {
+        let (job, ctx) = (self.job, self.ctx);
+        let previous = job.status.as_ref();
+        let mut written = Written {
+            rv: job.resource_version(),
+            status: job.status.clone(),
+        };
+        if !decided.folds.is_empty() {
+            // Claims are not made yet; pre-warmed starts are (a pod lost before its start is
+            // counted at the round's end).
+            let running = decided.running_after(0, decided.start.len());
+            let st = self.status(
+                previous,
+                &decided.next,
+                running,
+                previous.and_then(|s| s.start_time.clone()),
+            );
+            let Some(rv) = write_status(&self.jobs(), job, written.rv.as_deref(), &st).await?
+            else {
+                return Ok(None);
+            };
+            // The fold may finish the job: announce it now, or the final write (which then
+            // sees no change) never would.
+            announce_transition(job, ctx, previous, &st).await;
+            written = Written {
+                rv: Some(rv),
+                status: Some(st),
+            };
+            report_folds(job, ctx, decided).await;
+        }
+        let rewards = &decided.next.rewards;
+        ctx.metrics.set_rewards(
+            self.ns,
+            &job.name_any(),
+            u64::from(rewards.scored),
+            rewards.sum,
+        );
+        Ok(Some(written))
+    }
+
+    /// The status after the round's claims and releases, with `running` sessions holding pods.
+    pub async fn finish(
+        &self,
+        written: Written,
+        state: &JobState,
+        running: u32,
+        trainer: Option<TrainerProgress>,
+        own_pod: Option<&Pod>,
+    ) -> Result<Action, JobError> {
+        let (job, ctx, ns) = (self.job, self.ctx, self.ns);
+        // Started once any session holds a pod or finished — not just "claimed in this round":
+        // a round whose status write lost a conflict must not leave the job without a start time.
+        let began = running > 0 || !state.completed.is_empty() || !state.failed.is_empty();
+        let start_time = status::started(job.status.as_ref(), began, self.now);
+        let mut st = self.status(written.status.as_ref(), state, running, start_time);
+        let wait = self.job_pod.wait.as_ref();
+        // Where users look: the job's own pod's problem is the job's reason, and its metric.
+        ctx.metrics.set_blocked(
+            Kind::RolloutJob,
+            ns,
+            &job.name_any(),
+            wait.and_then(|w| w.problem.as_deref()),
+        );
+        if let Some(w) = wait.filter(|w| w.failing) {
+            if !aux_gate::said_failing(job.status.as_ref()) {
+                tracing::warn!(job = %job.name_any(), "{}", w.message);
+                ctx.event(job, EventType::Warning, "JobPodFailing", w.message.clone())
+                    .await;
+            }
+        }
+        own_pod::finish_trainer_when_done(ctx, job, ns, &st, own_pod).await;
+        if trainer.is_some() {
+            st.trainer = trainer;
+        }
+        set_session_gauges(ctx, ns, &job.name_any(), &st);
+        if written.status.as_ref() != Some(&st) {
+            let jobs = self.jobs();
+            if write_status(&jobs, job, written.rv.as_deref(), &st)
+                .await?
+                .is_none()
+            {
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            announce_transition(job, ctx, written.status.as_ref(), &st).await;
+        }
+        Ok(Action::requeue(requeue_after(job, &st, self.now)))
+    }
+}
+
+fn requeue_after(job: &RolloutJob, st: &RolloutJobStatus, now: &Time) -> Duration {
+    if st.completion_time.is_some() {
+        return match job.spec.ttl_seconds_after_finished {
+            Some(ttl) => Duration::from_secs(u64::try_from(ttl).unwrap_or(0)),
+            None => Duration::from_secs(300),
+        };
+    }
+    // Pod changes wake the controller; this is the safety net, and the deadline's alarm.
+    let mut wait = Duration::from_secs(10);
+    if let (Some(deadline), Some(start)) = (job.spec.active_deadline_seconds, &st.start_time) {
+        let left = deadline - now.0.duration_since(start.0).as_secs();
+        wait = wait.min(Duration::from_secs(u64::try_from(left.max(1)).unwrap_or(1)));
+    }
+    wait
+}
+
+/// Writes the status with the job's resourceVersion as a precondition; `None` on a conflict.
+async fn write_status(
+    jobs: &Api<RolloutJob>,
+    job: &RolloutJob,
+    rv: Option<&str>,
+    st: &RolloutJobStatus,
+) -> Result<Option<String>, JobError> {
+    let patch = json!({"metadata": {"resourceVersion": rv}, "status": st});
+    match jobs
+        .patch_status(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(j) => Ok(j.resource_version()),
+        Err(kube::Error::Api(s)) if s.is_conflict() => Ok(None),
+        Err(e) => Err(JobError::api(format!(
+            "writing the status of job {}/{}",
+            job.namespace().unwrap_or_default(),
+            job.name_any()
+        ))(e)),
+    }
+}
+
+async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
+    let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+    for (pod, fold) in &decided.folds {
+        let result = match fold {
+            Fold::Scored { .. } => "scored",
+            Fold::Retry { .. } => "retried",
+            Fold::Failed { .. } => "failed",
+        };
+        ctx.metrics
+            .session_results
+            .with_label_values(&[ns.as_str(), name.as_str(), result])
+            .inc();
+        match fold {
+            Fold::Scored { index, reward } => {
+                tracing::info!(job = %job.name_any(), %pod, index, reward, "session scored");
+            }
+            Fold::Retry {
+                index,
+                next_attempt,
+                reason,
+            } => {
+                tracing::warn!(job = %job.name_any(), %pod, index, "session retried: {reason}");
+                ctx.event(
+                    job,
+                    EventType::Warning,
+                    "SessionRetried",
+                    format!("session {index} (pod {pod}) failed: {reason}; attempt {next_attempt} follows on a fresh pod"),
+                )
+                .await;
+            }
+            Fold::Failed { index, reason } => {
+                ctx.event(
+                    job,
+                    EventType::Warning,
+                    "SessionFailed",
+                    format!("session {index} (pod {pod}) failed after backoffLimit {} retries: {reason}; no reward recorded", job.spec.backoff_limit),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// A job that cannot run as written, or waits for something to come: its conditions say
+/// why; a Warning Event when it stalls (once per reason and message).
+pub(super) async fn blocked(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    blocked: &Blocked,
+    now: Time,
+) -> Result<Action, JobError> {
+    let jobs =
+        &Api::<RolloutJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    let previous = job.status.as_ref();
+    let state = job_state(job, previous, &now, 0);
+    let st = status::status(
+        &StatusInput {
+            previous,
+            generation: job.metadata.generation,
+            state: &state,
+            running: 0,
+            blocked: Some(blocked),
+            now,
+            trainer_unfinished: false,
+            job_pod: None,
+        },
+        previous.and_then(|s| s.start_time.clone()),
+    );
+    let st = RolloutJobStatus {
+        sessions: previous.map(|p| p.sessions.clone()).unwrap_or_default(),
+        progress: previous.and_then(|p| p.progress.clone()),
+        ..st
+    };
+    ctx.metrics.set_blocked(
+        Kind::RolloutJob,
+        &job.namespace().unwrap_or_default(),
+        &job.name_any(),
+        (!blocked.transient).then_some(blocked.reason.as_str()),
+    );
+    let was = previous
+        .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Stalled"))
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    if blocked.transient {
+        if previous != Some(&st) {
+            write_status(jobs, job, job.resource_version().as_deref(), &st).await?;
+        }
+        // The pod it waits for triggers a reconcile when it changes; this is the fallback.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    if was
+        != Some((
+            "True".into(),
+            blocked.reason.clone(),
+            blocked.message.clone(),
+        ))
+    {
+        tracing::warn!(job = %job.name_any(), reason = %blocked.reason, "{}", blocked.message);
+        ctx.event(
+            job,
+            EventType::Warning,
+            &blocked.reason,
+            blocked.message.clone(),
+        )
+        .await;
+    }
+    if previous != Some(&st) {
+        write_status(jobs, job, job.resource_version().as_deref(), &st).await?;
+    }
+    // The user fixes the spec (a watch event) or creates the missing object.
+    Ok(Action::requeue(Duration::from_secs(15)))
+}
+
+/// Events on phase transitions only.
+async fn announce_transition(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    before: Option<&RolloutJobStatus>,
+    after: &RolloutJobStatus,
+) {
+    let was = before.and_then(|s| s.phase);
+    if was == after.phase {
+        return;
+    }
+    let message = after
+        .conditions
+        .first()
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    let (type_, reason) = match after.phase {
+        Some(floe_crds::rollout_job::RolloutJobPhase::Running) => (EventType::Normal, "Started"),
+        Some(floe_crds::rollout_job::RolloutJobPhase::Suspended) => {
+            (EventType::Normal, "Suspended")
+        }
+        Some(floe_crds::rollout_job::RolloutJobPhase::Succeeded) => {
+            (EventType::Normal, "Completed")
+        }
+        Some(floe_crds::rollout_job::RolloutJobPhase::Failed) => (EventType::Warning, "Failed"),
+        _ => return,
+    };
+    ctx.event(job, type_, reason, message).await;
+}
+
+fn set_session_gauges(ctx: &JobContext, ns: &str, job: &str, st: &RolloutJobStatus) {
+    let s = &st.sessions;
+    for (state, n) in [
+        ("pending", s.pending),
+        ("running", s.running),
+        ("succeeded", s.succeeded),
+        ("failed", s.failed),
+    ] {
+        ctx.metrics
+            .sessions
+            .with_label_values(&[ns, job, state])
+            .set(i64::from(n));
+    }
+    // Every result's counter exists from the job's first round, at 0: a counter whose first
+    // sample is already 1 shows no increase() to Prometheus, so a job's first failures would
+    // never reach FloeSessionFailuresHigh.
+    for result in ["scored", "retried", "failed"] {
+        ctx.metrics
+            .session_results
+            .with_label_values(&[ns, job, result])
+            .inc_by(0);
+    }
+}
