@@ -46,7 +46,7 @@ pub struct OperatorArgs {
     /// Pool pods claimed while the job's pod gets ready are given back (deleted unused; the
     /// pool warms fresh ones) when it has not been Ready for this many seconds, and no more are
     /// claimed until it is. A job's pod that fails (crash loop) gives them back at once.
-    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    #[arg(long, default_value_t = floe_operator::run::DEFAULT_EARLY_CLAIM_LIMIT.as_secs(), value_name = "SECONDS")]
     claim_while_starting_limit: u64,
     /// Run the controllers only while holding a Lease, so several replicas can run.
     #[arg(long)]

@@ -4,17 +4,18 @@
 //! and what the pool's `egress.allow` adds. Those floe serves demand the job's token, which only
 //! gateways hold; everything else (other pods, the Kubernetes API, cloud metadata, the
 //! internet) is refused wherever the CNI enforces NetworkPolicy. Each pod also checks at start
-//! that it is enforced (`floe sandbox`, [`EGRESS_CHECK_ENV`]).
+//! that it is enforced (`floe sandbox`, [`EGRESS_CHECK_ENV`]). [`keep`] is the one write: both
+//! controllers apply their policy with it.
 
 use floe_crds::gateway_pool::{EgressPolicy, EgressSpec, GatewayPool, UnrestrictedEgress};
 use floe_crds::rollout_job::RolloutJob;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::{Resource, ResourceExt};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+use crate::pods::names::{JOB_LABEL, POOL_LABEL, SANDBOX_LABEL};
 use crate::rollout::aux_pods::{INGEST_PORT, ROLE_LABEL, VLLM_PORT};
-use crate::rollout::pod_view::JOB_LABEL;
-use crate::sandbox_pod::{POOL_LABEL, SANDBOX_LABEL};
 
 /// Tells a sandbox pod's grader to check its egress at start, and what to do when it is open:
 /// `warn` or `refuse`.
@@ -105,6 +106,33 @@ fn policy<K: Resource<DynamicType = ()>>(
         },
     });
     serde_json::from_value(policy).map(Some)
+}
+
+/// Make NetworkPolicy `name` what `wanted` says: applied (server-side, floe's field manager)
+/// or, with `None`, deleted (one already gone is fine). (The RolloutJob controller keeps its
+/// `poolTemplate` pods' policy with it too.)
+pub async fn keep(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    wanted: Option<&k8s_openapi::api::networking::v1::NetworkPolicy>,
+) -> Result<(), kube::Error> {
+    let api: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), ns);
+    match wanted {
+        Some(policy) => api
+            .patch(
+                name,
+                &PatchParams::apply("floe-operator").force(),
+                &Patch::Apply(policy),
+            )
+            .await
+            .map(|_| ()),
+        None => match api.delete(name, &DeleteParams::default()).await {
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            other => other.map(|_| ()),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -1,22 +1,23 @@
-//! floe's operator. Reconcile decisions are plain functions over plain data ([`pool`]), so
-//! every decision is unit-tested without a cluster; the controllers that feed them from the
-//! apiserver and apply their plans live at the edges.
+//! floe's operator. Reconcile decisions are plain functions over plain data ([`pool::plan`],
+//! [`rollout::plan`]), so every decision is unit-tested without a cluster; the controllers that
+//! feed them from the apiserver and apply their plans live at the edges. Only what the `floe` binary uses is public;
+//! read the rest with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
 
-pub mod claim_gate;
+pub(crate) mod claim_gate;
 pub mod client_rate;
-pub mod egress_policy;
-pub mod events;
+pub(crate) mod egress_policy;
+pub(crate) mod events;
 pub mod leader;
-pub mod metrics;
-pub mod pod_cache;
-pub mod pod_problem;
-pub mod pool;
-pub mod pool_controller;
+pub(crate) mod metrics;
+pub(crate) mod pod_cache;
+pub(crate) mod pod_problem;
+pub(crate) mod pods;
+pub(crate) mod pool;
 pub mod rollout;
 pub mod run;
-pub mod sandbox_pod;
-pub mod sync;
-pub mod tokens;
+pub(crate) mod sync;
+pub(crate) mod tokens;
 
 /// The condition types `docs/crds.md` lists for a kind (its `status.conditions` row: every
 /// backticked word of the description), for tests that check them against the code.

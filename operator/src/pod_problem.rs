@@ -138,7 +138,7 @@ pub fn ended(pod: &Pod) -> PodProblem {
         .and_then(|s| s.container_statuses.as_ref())
         .and_then(|cs| {
             cs.iter()
-                .find(|c| c.name == crate::sandbox_pod::GRADER_CONTAINER)
+                .find(|c| c.name == crate::pods::names::GRADER_CONTAINER)
         })
         .and_then(|c| Some((c, container_problem(c)?)))
         .map(|(c, (reason, message))| PodProblem {

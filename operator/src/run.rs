@@ -12,8 +12,11 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::leader::{Leader, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::pool_controller::{error_policy, reconcile, PoolContext};
+use crate::pool::{error_policy, reconcile, PoolContext};
 use crate::rollout::controller as job_controller;
+
+/// How long pool pods claimed while a job's own pod starts may wait for it (`--claim-while-starting-limit`).
+pub use crate::rollout::controller::DEFAULT_EARLY_CLAIM_LIMIT;
 
 pub struct OperatorConfig {
     /// Watch one namespace, or all when `None`.
@@ -197,6 +200,7 @@ async fn run_controllers(
     let prune = tokio::spawn(forget_deleted_pools(
         pool_controller.store(),
         metrics.clone(),
+        pool_context.clone(),
     ));
     let job_context = Arc::new(
         job_controller::JobContext::new(
@@ -255,14 +259,21 @@ async fn run_controllers(
 async fn forget_deleted_pools(
     pools: kube::runtime::reflector::Store<GatewayPool>,
     metrics: Arc<Metrics>,
+    context: Arc<PoolContext>,
 ) {
     loop {
         tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-        let live = pools
+        let live: std::collections::BTreeSet<(String, String)> = pools
             .state()
             .iter()
             .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
             .collect();
         metrics.forget_pools_except(&live);
+        context.forget_pools_except(
+            &live
+                .iter()
+                .map(|(ns, name)| format!("{ns}/{name}"))
+                .collect(),
+        );
     }
 }

@@ -36,7 +36,7 @@ pub fn aux_phase(aux: Option<&Pod>) -> AuxPhase {
     let Some(pod) = aux else {
         return AuxPhase::Ready;
     };
-    if crate::pool_controller::is_ready(pod) {
+    if crate::pods::view::is_ready(pod) {
         return AuxPhase::Ready;
     }
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());

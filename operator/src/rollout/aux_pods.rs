@@ -49,7 +49,7 @@ pub struct AuxObjects {
     pub secrets: Vec<Secret>,
 }
 
-/// The Secret holding a job's token (key [`crate::sandbox_pod::CONTROL_TOKEN_KEY`]): what the
+/// The Secret holding a job's token (key [`crate::pods::names::CONTROL_TOKEN_KEY`]): what the
 /// job's gateways present to its trainer's or collector's ingest (`POST /v1/trajectories`)
 /// and to its policy server. The operator gives it to the gateways in each assignment; the
 /// agent, which shares its pod's network with the gateway and so reaches those ports too,
@@ -62,18 +62,18 @@ fn job_token_secret_object(job: &RolloutJob, role: &str) -> Result<Secret, serde
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": meta(job, &job_token_secret(&job.name_any()), role),
-        "stringData": {crate::sandbox_pod::CONTROL_TOKEN_KEY: crate::sandbox_pod::new_control_token()},
+        "stringData": {crate::pods::names::CONTROL_TOKEN_KEY: crate::pods::sandbox::new_control_token()},
     }))
 }
 
 /// An env var read from the job's token Secret.
 fn job_token_env(job: &RolloutJob, var: &str) -> Value {
     json!({"name": var, "valueFrom": {"secretKeyRef": {
-        "name": job_token_secret(&job.name_any()), "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}})
+        "name": job_token_secret(&job.name_any()), "key": crate::pods::names::CONTROL_TOKEN_KEY}}})
 }
 
 /// The Secret holding a train job's trainer control token (key
-/// [`crate::sandbox_pod::CONTROL_TOKEN_KEY`]): the operator's, to tell the trainer the job's
+/// [`crate::pods::names::CONTROL_TOKEN_KEY`]): the operator's, to tell the trainer the job's
 /// sessions are done. Sandbox pods, which reach the trainer's port, never see it.
 pub fn trainer_control_secret(job: &str) -> String {
     format!("{}-control", trainer_service(job))
@@ -132,11 +132,11 @@ pub fn collector(
     let user = sft
         .output
         .run_as_user
-        .unwrap_or(crate::sandbox_pod::FLOE_UID);
+        .unwrap_or(crate::pods::sandbox::FLOE_UID);
     let group = sft
         .output
         .run_as_group
-        .unwrap_or(crate::sandbox_pod::FLOE_UID);
+        .unwrap_or(crate::pods::sandbox::FLOE_UID);
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": meta(job, &name, "dataset"),
@@ -241,7 +241,7 @@ pub fn trainer(
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": meta(job, &control, "trainer"),
-        "stringData": {crate::sandbox_pod::CONTROL_TOKEN_KEY: crate::sandbox_pod::new_control_token()},
+        "stringData": {crate::pods::names::CONTROL_TOKEN_KEY: crate::pods::sandbox::new_control_token()},
     }))?;
     let node_selector: BTreeMap<String, String> = train.node_selector.clone();
     let pod: Pod = serde_json::from_value(json!({
@@ -274,7 +274,7 @@ pub fn trainer(
                     "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config},
                             {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR},
                             {"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
-                                "name": control, "key": crate::sandbox_pod::CONTROL_TOKEN_KEY}}},
+                                "name": control, "key": crate::pods::names::CONTROL_TOKEN_KEY}}},
                             job_token_env(job, "FLOE_TRAINER_INGEST_TOKEN")],
                     "ports": [{"name": "ingest", "containerPort": INGEST_PORT}],
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 5},

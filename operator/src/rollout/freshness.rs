@@ -107,12 +107,10 @@ impl Bars {
             })
     }
 
+    #[cfg(test)]
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.by_pod.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_pod.is_empty()
     }
 }
 

@@ -55,10 +55,6 @@ impl IndexSet {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-
-    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.0.iter().copied()
-    }
 }
 
 impl std::fmt::Display for IndexSet {

@@ -14,16 +14,16 @@
 //! - [`summary`]: a finished job's `summary.json` (sans-IO).
 //! - [`controller`]: the IO edge.
 
-pub mod aux_gate;
-pub mod aux_pods;
-pub mod controller;
-pub mod freshness;
-pub mod indexes;
-pub mod job_state;
-pub mod plan;
-pub mod pod_view;
-pub mod prewarm;
-pub mod status;
-pub mod summary;
-pub mod tasks;
+pub(crate) mod aux_gate;
+pub(crate) mod aux_pods;
+pub(crate) mod controller;
+pub(crate) mod freshness;
+pub(crate) mod indexes;
+pub(crate) mod job_state;
+pub(crate) mod plan;
+pub(crate) mod pod_view;
+pub(crate) mod prewarm;
+pub(crate) mod status;
+pub(crate) mod summary;
+pub(crate) mod tasks;
 pub mod trainer_launch;

@@ -85,6 +85,7 @@ pub const TEMPLATE_CONCURRENCY: u32 = 8;
 
 impl JobState {
     /// A job with nothing done yet (pass threshold 1, no concurrency limit).
+    #[cfg(test)]
     pub fn fresh(total: u32, backoff_limit: u32) -> Self {
         Self {
             total,

@@ -9,16 +9,9 @@ use floe_gateway::capture::upstream_errors::UpstreamErrors;
 
 use super::plan::{PodProgress, PodResult, SessionPod};
 
-pub const JOB_LABEL: &str = "floe.dev/job";
-pub const INDEX_ANNOTATION: &str = "floe.dev/session-index";
-pub const ATTEMPT_ANNOTATION: &str = "floe.dev/attempt";
-pub const SESSION_ANNOTATION: &str = "floe.dev/session";
-pub const ASSIGNED_ANNOTATION: &str = "floe.dev/assigned";
-pub const CLAIMED_AT_ANNOTATION: &str = "floe.dev/claimed-at";
-/// Keeps a claimed pod until its result is folded into the job's status.
-pub const SESSION_FINALIZER: &str = "floe.dev/session";
-/// The container `floe sandbox` runs in.
-pub const SANDBOX_CONTAINER: &str = "sandbox";
+use crate::pods::names::{
+    ASSIGNED_ANNOTATION, ATTEMPT_ANNOTATION, GRADER_CONTAINER, INDEX_ANNOTATION,
+};
 
 /// The part of the runner's summary the operator needs.
 #[derive(Debug, Deserialize)]
@@ -48,7 +41,7 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         index,
         attempt,
         assigned: annotations.contains_key(ASSIGNED_ANNOTATION),
-        ready: crate::pool_controller::is_ready(pod),
+        ready: crate::pods::view::is_ready(pod),
         progress,
         upstream: upstream_errors(pod),
     })
@@ -60,7 +53,7 @@ fn sandbox_summary(pod: &Pod) -> Option<Summary> {
         .container_statuses
         .iter()
         .flatten()
-        .find(|c| c.name == SANDBOX_CONTAINER)?
+        .find(|c| c.name == GRADER_CONTAINER)?
         .state
         .as_ref()?
         .terminated
@@ -84,7 +77,7 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
         .container_statuses
         .iter()
         .flatten()
-        .find(|c| c.name == SANDBOX_CONTAINER)
+        .find(|c| c.name == GRADER_CONTAINER)
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.terminated.as_ref());
     let phase = status.phase.as_deref();

@@ -13,10 +13,12 @@ use floe_crds::rollout_job::{RolloutJob, Task};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Resource, ResourceExt};
 
-use super::pod_view::{
-    ATTEMPT_ANNOTATION, INDEX_ANNOTATION, JOB_LABEL, SESSION_ANNOTATION, SESSION_FINALIZER,
+use crate::pods::names::{
+    ATTEMPT_ANNOTATION, INDEX_ANNOTATION, JOB_LABEL, POOL_LABEL, SESSION_ANNOTATION,
+    SESSION_FINALIZER, STATE_LABEL,
 };
-use crate::sandbox_pod::{self, PodState, SandboxPod, POOL_LABEL, STATE_LABEL};
+use crate::pods::sandbox::{self, SandboxPod};
+use crate::pods::PodState;
 
 /// What one pre-warmed session pod is for.
 pub struct SessionPodFor<'a> {
@@ -73,8 +75,8 @@ pub fn build(p: &SessionPodFor) -> Result<Pod, serde_json::Error> {
         p.job.spec.evaluator.image.as_ref(),
         p.job.spec.egress.as_ref(),
     );
-    let secret = sandbox_pod::control_secret_name(&name);
-    let mut pod = sandbox_pod::build(&SandboxPod {
+    let secret = sandbox::control_secret_name(&name);
+    let mut pod = sandbox::build(&SandboxPod {
         name: &name,
         namespace: &namespace,
         pool: &job,
@@ -162,7 +164,7 @@ mod tests {
         // Still a sandbox pod to every NetworkPolicy.
         assert_eq!(
             labels
-                .get(crate::sandbox_pod::SANDBOX_LABEL)
+                .get(crate::pods::names::SANDBOX_LABEL)
                 .map(String::as_str),
             Some("true")
         );
@@ -202,6 +204,6 @@ mod tests {
                 .expect("container")
         };
         assert_eq!(image("sandbox"), "graders/pytest:3");
-        assert_eq!(image(sandbox_pod::AGENT_CONTAINER), "swe/django:42");
+        assert_eq!(image(crate::pods::names::AGENT_CONTAINER), "swe/django:42");
     }
 }

@@ -15,11 +15,12 @@ use serde_json::json;
 use super::deliver::deliver;
 use super::observe::Observed;
 use super::{JobContext, JobError};
+use crate::pods::names::*;
+use crate::pods::PodState;
 use crate::rollout::aux_gate::Gate;
 use crate::rollout::freshness::{version, Bar};
 use crate::rollout::plan::JobPlan;
-use crate::rollout::pod_view::{self, *};
-use crate::sandbox_pod::{self, PodState, STATE_LABEL};
+use crate::rollout::pod_view;
 
 /// What a round's claims and starts achieved.
 pub(super) struct Achieved {
@@ -174,7 +175,7 @@ async fn claim(
         "finalizers": [SESSION_FINALIZER],
         // The pool's READY mark cleared the pod's field-ownership record already; this also
         // clears one a pool pod marked by an older operator still has.
-        "managedFields": sandbox_pod::cleared_managed_fields(),
+        "managedFields": crate::pods::sandbox::cleared_managed_fields(),
     }});
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
     match pods
@@ -253,7 +254,7 @@ async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
             // on the apiserver tracks none of its writes (`cleared_managed_fields`).
             let patch = json!({"metadata": {
                 "annotations": {ASSIGNED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()},
-                "managedFields": sandbox_pod::cleared_managed_fields(),
+                "managedFields": crate::pods::sandbox::cleared_managed_fields(),
             }});
             if let Err(e) = pods
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))

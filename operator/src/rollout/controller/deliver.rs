@@ -13,8 +13,8 @@ use kube::{Api, ResourceExt};
 
 use super::observe::Observed;
 use super::JobContext;
+use crate::pods::names::{ATTEMPT_ANNOTATION, INDEX_ANNOTATION};
 use crate::rollout::aux_pods;
-use crate::rollout::pod_view::{ATTEMPT_ANNOTATION, INDEX_ANNOTATION};
 
 /// The token a Secret holds, remembered under `key`: read once per operator process (the
 /// operator made most of them itself and remembered them then).
@@ -24,7 +24,7 @@ async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Op
     }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let token = match secrets.get(secret).await {
-        Ok(s) => crate::sandbox_pod::control_token_of(&s),
+        Ok(s) => crate::pods::view::control_token_of(&s),
         Err(e) => {
             tracing::warn!(%secret, "token: {e}");
             None
@@ -147,7 +147,7 @@ pub(super) async fn deliver(
         ctx,
         &ns,
         &name,
-        &crate::sandbox_pod::control_secret_name(&name),
+        &crate::pods::sandbox::control_secret_name(&name),
     )
     .await?;
     let url = format!(

@@ -156,7 +156,7 @@ async fn end_job_pods(
 }
 
 async fn write_summary(ctx: &JobContext, job: &RolloutJob, pod: &Pod) -> Result<(), String> {
-    if !crate::pool_controller::is_ready(pod) {
+    if !crate::pods::view::is_ready(pod) {
         return Err(format!("pod {} is not ready", pod.name_any()));
     }
     let status = job.status.clone().unwrap_or_default();

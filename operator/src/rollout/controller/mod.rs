@@ -38,8 +38,7 @@ use super::plan::plan;
 use super::pod_view;
 use super::status::Blocked;
 
-/// Holds a job until its pods' finalizers are removed.
-pub const JOB_FINALIZER: &str = "floe.dev/sessions";
+pub use crate::pods::names::JOB_FINALIZER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {

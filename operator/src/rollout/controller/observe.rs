@@ -12,11 +12,12 @@ use kube::{Api, ResourceExt};
 
 use super::pod_writes::delete_pod;
 use super::{own_pod, Halt, JobContext, JobError};
+use crate::pods::names::{JOB_LABEL, POOL_LABEL, STATE_LABEL};
+use crate::pods::PodState;
 use crate::rollout::freshness::Bars;
-use crate::rollout::pod_view::{self, JOB_LABEL};
+use crate::rollout::pod_view;
 use crate::rollout::status::Blocked;
 use crate::rollout::{aux_pods, tasks};
-use crate::sandbox_pod::{self, PodState, POOL_LABEL, STATE_LABEL};
 
 /// Everything one round needs to know about where the job stands.
 pub(super) struct Observed {
@@ -89,7 +90,7 @@ pub(super) async fn observe(
                 .get_opt(&r.name)
                 .await
                 .map_err(JobError::api(format!("reading Secret {ns}/{}", r.name)))?;
-            match secret.as_ref().and_then(|s| sandbox_pod::secret_value(s, &r.key)) {
+            match secret.as_ref().and_then(|s| crate::pods::view::secret_value(s, &r.key)) {
                 Some(key) => Some(key),
                 None => {
                     return blocked(
@@ -187,10 +188,10 @@ pub(super) async fn observe(
                     && labels.get(STATE_LABEL).map(String::as_str) == Some(PodState::Ready.label())
                     && !labels.contains_key(JOB_LABEL)
                     && p.metadata.deletion_timestamp.is_none()
-                    && crate::pool_controller::is_ready(p)
+                    && crate::pods::view::is_ready(p)
                     // A pod of an older template may grade in another image.
                     && spec.evaluator.image.as_ref().is_none_or(|want| {
-                        sandbox_pod::grader_image(p) == Some(want.as_str())
+                        crate::pods::view::grader_image(p) == Some(want.as_str())
                     })
             })
             .into_iter()
@@ -347,7 +348,7 @@ async fn file_tasks(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Arc<
         );
     }
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
-    let (Some(ip), true) = (ip, crate::pool_controller::is_ready(&pod)) else {
+    let (Some(ip), true) = (ip, crate::pods::view::is_ready(&pod)) else {
         return waiting(format!("waiting for pod {name} to read spec.tasks.file"));
     };
     let url = format!("http://{ip}:{}/tasks", aux_pods::INGEST_PORT);

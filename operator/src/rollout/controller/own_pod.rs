@@ -11,9 +11,9 @@ use kube::{Api, ResourceExt};
 
 use super::deliver::join_host_port;
 use super::{Halt, JobContext, JobError};
+use crate::pods::names::CONTROL_TOKEN_KEY;
 use crate::rollout::aux_pods;
 use crate::rollout::status::{self, Blocked};
-use crate::sandbox_pod::CONTROL_TOKEN_KEY;
 
 /// Create the job's trainer pod (train) or dataset collector (sft) and their Services when
 /// missing; returns the pod as it is now.
@@ -180,7 +180,7 @@ async fn finish_trainer(
         .await
         .map_err(|e| format!("reading Secret {name}: {e}"))?
         .ok_or_else(|| format!("Secret {name} is missing"))?;
-    let token = crate::sandbox_pod::control_token_of(&secret)
+    let token = crate::pods::view::control_token_of(&secret)
         .ok_or_else(|| format!("Secret {name} has no {CONTROL_TOKEN_KEY}"))?;
     let reply = ctx
         .http

@@ -12,10 +12,10 @@ use serde_json::json;
 
 use super::observe::Observed;
 use super::{JobContext, JobError};
+use crate::pods::names::{JOB_LABEL, STATE_LABEL};
+use crate::pods::PodState;
 use crate::rollout::freshness::{version, Bar};
 use crate::rollout::plan::JobPlan;
-use crate::rollout::pod_view::JOB_LABEL;
-use crate::sandbox_pod::{PodState, STATE_LABEL};
 
 /// Only now (results recorded, new sessions on their way) let go of finished pods; then stop
 /// the pods past the deadline; then (`poolTemplate`) make the next sessions' pods, after the
@@ -124,9 +124,7 @@ async fn ensure_job_egress_policy(ctx: &JobContext, job: &RolloutJob) {
             return;
         }
     };
-    if let Err(e) =
-        crate::pool_controller::keep_policy(&ctx.client, &ns, &name, wanted.as_ref()).await
-    {
+    if let Err(e) = crate::egress_policy::keep(&ctx.client, &ns, &name, wanted.as_ref()).await {
         tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
         ctx.event(
             job,
@@ -160,7 +158,7 @@ async fn create_prewarmed(
                 return Ok(());
             };
             let session = session::session_id(&observed.name, &task.id, sample, attempt);
-            let suffix = crate::sandbox_pod::random_suffix();
+            let suffix = crate::pods::sandbox::random_suffix();
             let pod = crate::rollout::prewarm::build(&crate::rollout::prewarm::SessionPodFor {
                 job,
                 template,
@@ -173,7 +171,7 @@ async fn create_prewarmed(
                 native_sidecars: ctx.native_sidecars,
             })?;
             let job_name = job.name_any();
-            let created = crate::pool_controller::create_with_control_secret(
+            let created = crate::pods::writes::create_with_control_secret(
                 &ctx.client,
                 &ctx.tokens,
                 &pod,

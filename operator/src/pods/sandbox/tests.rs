@@ -2,6 +2,7 @@ use floe_crds::gateway_pool::GatewayPoolSpec;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::pods::view::grader_image;
 
 fn spec(extra: Value) -> GatewayPoolSpec {
     let mut base = json!({

@@ -11,33 +11,8 @@ use floe_crds::gateway_pool::GatewayPoolSpec;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
-pub const POOL_LABEL: &str = "floe.dev/pool";
-/// On every sandbox pod, a pool's or a `poolTemplate` job's own: what NetworkPolicies select.
-pub const SANDBOX_LABEL: &str = "floe.dev/sandbox";
-pub const STATE_LABEL: &str = "floe.dev/state";
-pub const TEMPLATE_HASH_ANNOTATION: &str = "floe.dev/template-hash";
-/// Key of the control token in the per-pod Secret.
-pub const CONTROL_TOKEN_KEY: &str = "control-token";
-
-/// Where a pod is in its life, as its `floe.dev/state` label says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PodState {
-    Warming,
-    Ready,
-    Claimed,
-    Done,
-}
-
-impl PodState {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Warming => "warming",
-            Self::Ready => "ready",
-            Self::Claimed => "claimed",
-            Self::Done => "done",
-        }
-    }
-}
+use super::names::*;
+use super::PodState;
 
 /// `metadata.managedFields` in a merge patch that clears a pod's field-ownership record.
 ///
@@ -73,11 +48,6 @@ const DEFAULT_WORKDIR: &str = "/workspace";
 const AGENT_DIR: &str = "/floe-agent";
 /// Loopback port of the grader's agent link; the gateway's ports may not take it.
 pub const AGENT_LINK_PORT: i32 = 8379;
-/// The grader container's name (its termination message is the session's report).
-pub const GRADER_CONTAINER: &str = "sandbox";
-/// The agent container's name (the grader keeps `sandbox`, whose termination message the
-/// operator reads).
-pub const AGENT_CONTAINER: &str = "agent";
 
 pub struct SandboxPod<'a> {
     pub name: &'a str,
@@ -129,32 +99,6 @@ pub fn control_secret(
         )])),
         ..Default::default()
     }
-}
-
-/// The control token a control-token Secret holds (sandbox pods' and a train job's trainer's).
-pub fn control_token_of(secret: &k8s_openapi::api::core::v1::Secret) -> Option<String> {
-    secret_value(secret, CONTROL_TOKEN_KEY)
-}
-
-/// The image of a sandbox pod's grader container (where its evaluator runs).
-pub fn grader_image(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == GRADER_CONTAINER)?
-        .image
-        .as_deref()
-}
-
-/// A Secret's `key`, trimmed; `None` when absent or blank.
-pub fn secret_value(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()?
-        .get(key)
-        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
-        .filter(|v| !v.is_empty())
 }
 
 /// Five random lowercase alphanumerics, for pod names (as a ReplicaSet's pods get).

@@ -1,0 +1,40 @@
+//! Every name floe writes on the objects it makes: labels, annotations, finalizers, container
+//! names and Secret keys. They live in users' clusters (and in NetworkPolicies, dashboards and
+//! scripts that select on them), so a change here is a migration, not a rename.
+
+/// The pool a sandbox pod was made for.
+pub const POOL_LABEL: &str = "floe.dev/pool";
+/// On every sandbox pod, a pool's or a `poolTemplate` job's own: what NetworkPolicies select.
+pub const SANDBOX_LABEL: &str = "floe.dev/sandbox";
+/// Where a sandbox pod is in its life ([`super::PodState`]).
+pub const STATE_LABEL: &str = "floe.dev/state";
+/// The job a claimed (or `poolTemplate`) pod runs a session of.
+pub const JOB_LABEL: &str = "floe.dev/job";
+
+/// The pool template a pod was made from (`updateStrategy` compares it).
+pub const TEMPLATE_HASH_ANNOTATION: &str = "floe.dev/template-hash";
+/// The session index a claimed pod holds.
+pub const INDEX_ANNOTATION: &str = "floe.dev/session-index";
+/// The attempt of that session (its infrastructure retries so far).
+pub const ATTEMPT_ANNOTATION: &str = "floe.dev/attempt";
+/// The session id.
+pub const SESSION_ANNOTATION: &str = "floe.dev/session";
+/// Set once the pod's gateway acknowledged the assignment.
+pub const ASSIGNED_ANNOTATION: &str = "floe.dev/assigned";
+/// When the pod was claimed.
+pub const CLAIMED_AT_ANNOTATION: &str = "floe.dev/claimed-at";
+
+/// On a claimed pod: keeps it until its result is folded into the job's status.
+pub const SESSION_FINALIZER: &str = "floe.dev/session";
+/// On a RolloutJob: keeps it until its pods' finalizers are removed. (One letter from
+/// [`SESSION_FINALIZER`], on another kind; both are in live objects, so both stay.)
+pub const JOB_FINALIZER: &str = "floe.dev/sessions";
+
+/// The container `floe sandbox` runs in: prepare steps, the assignment, the evaluator; its
+/// termination message is the session's result.
+pub const GRADER_CONTAINER: &str = "sandbox";
+/// The container the harness runs in (`floe agent`).
+pub const AGENT_CONTAINER: &str = "agent";
+
+/// Key of the control token in the per-pod Secret.
+pub const CONTROL_TOKEN_KEY: &str = "control-token";

@@ -1,0 +1,95 @@
+//! Reading a pod and its Secret (sans-IO): readiness, floe's state label, whether it ended,
+//! its grader's image, its control token.
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+
+use super::names::{CONTROL_TOKEN_KEY, GRADER_CONTAINER, STATE_LABEL};
+
+/// The pod's `Ready` condition is `True`.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The pod's `floe.dev/state` label.
+pub fn state(pod: &Pod) -> Option<&str> {
+    pod.labels().get(STATE_LABEL).map(String::as_str)
+}
+
+/// An unclaimed pod that can never serve: it ended, or one of its containers did. They never
+/// restart (`restartPolicy: Never`), and the grader waits for an agent container that failed
+/// to start (a kubelet restarted mid-start says `StartError`) until its dial timeout.
+pub fn finished(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) || status
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+        })
+}
+
+/// The image of a sandbox pod's grader container (where its evaluator runs).
+pub fn grader_image(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == GRADER_CONTAINER)?
+        .image
+        .as_deref()
+}
+
+/// The control token a control-token Secret holds (sandbox pods' and a train job's trainer's).
+pub fn control_token_of(secret: &Secret) -> Option<String> {
+    secret_value(secret, CONTROL_TOKEN_KEY)
+}
+
+/// A Secret's `key`, trimmed; `None` when absent or blank.
+pub fn secret_value(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(phase: &str, agent_state: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": phase, "containerStatuses": [
+                {"name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                 "state": {"running": {}}},
+                {"name": "agent", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                 "state": agent_state}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn a_pod_whose_agent_container_ended_is_finished() {
+        let start_error =
+            serde_json::json!({"terminated": {"exitCode": 128, "reason": "StartError"}});
+        assert!(finished(&pod("Running", start_error)));
+        assert!(!finished(&pod(
+            "Running",
+            serde_json::json!({"running": {}})
+        )));
+        assert!(!finished(&pod(
+            "Pending",
+            serde_json::json!({"waiting": {"reason": "ContainerCreating"}})
+        )));
+        assert!(finished(&pod("Failed", serde_json::json!({"running": {}}))));
+    }
+}

@@ -1,0 +1,163 @@
+//! What the pool controller shares across rounds, and what it remembers about each pool
+//! between rounds ([`PoolMemory`], forgotten in one place when the pool goes).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::Store;
+use kube::Client;
+
+use super::expectations::{Expectations, Pending};
+use crate::pod_problem::PodProblem;
+use crate::sync::lock;
+
+/// How often an unchanged egress policy is applied again (restoring one deleted by hand).
+const EGRESS_REAPPLY: Duration = Duration::from_secs(60);
+
+pub struct PoolContext {
+    pub client: Client,
+    /// The operator's slim pod cache ([`crate::pod_cache`]).
+    pub pods: Store<Pod>,
+    pub tokens: Arc<crate::tokens::ControlTokens>,
+    pub(super) events: crate::events::Events,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// The image with the `floe` binary (init copy and gateway sidecar).
+    pub floe_image: String,
+    pub native_sidecars: bool,
+    /// Refills wait for claims in flight ([`crate::claim_gate`]).
+    pub claims: Arc<crate::claim_gate::ClaimGate>,
+    /// Per pool (`namespace/name`), what this process remembers between rounds.
+    memory: Mutex<HashMap<String, PoolMemory>>,
+}
+
+/// What the controller keeps about one pool between its rounds. Losing it (an operator
+/// restart) costs a moment's caution at most: each piece is counted afresh.
+#[derive(Default)]
+struct PoolMemory {
+    /// Creation times, for the per-minute rate limit.
+    created: VecDeque<Instant>,
+    /// Pods created or deleted but not yet seen so in the cache.
+    expected: Expectations,
+    /// Pods replaced in a row for not becoming READY (reset by a READY pod): the unready
+    /// timeout backs off with it ([`crate::pod_problem::backed_off_timeout`]).
+    unready_failures: u32,
+    /// The last pod that ended before it was claimed, when, and how many in a row (reset by a
+    /// READY pod): replacements back off ([`crate::pod_problem::ended_backoff`]).
+    ended: Option<(PodProblem, Instant, u32)>,
+    /// The egress NetworkPolicy last applied (its JSON, `None`: deleted) and when.
+    egress_applied: Option<(Option<String>, Instant)>,
+}
+
+impl PoolContext {
+    pub fn new(
+        client: Client,
+        pods: Store<Pod>,
+        tokens: Arc<crate::tokens::ControlTokens>,
+        metrics: Arc<crate::metrics::Metrics>,
+        floe_image: String,
+        native_sidecars: bool,
+        claims: Arc<crate::claim_gate::ClaimGate>,
+    ) -> Self {
+        Self {
+            events: crate::events::Events::new(client.clone()),
+            client,
+            pods,
+            tokens,
+            metrics,
+            floe_image,
+            native_sidecars,
+            claims,
+            memory: Mutex::default(),
+        }
+    }
+
+    fn remember<T>(&self, key: &str, f: impl FnOnce(&mut PoolMemory) -> T) -> T {
+        f(lock(&self.memory).entry(key.to_string()).or_default())
+    }
+
+    /// Forget every pool but `live` (`namespace/name` keys): deleted pools leave nothing behind.
+    pub fn forget_pools_except(&self, live: &BTreeSet<String>) {
+        lock(&self.memory).retain(|key, _| live.contains(key));
+    }
+
+    pub(super) fn record_ended(&self, key: &str, problem: PodProblem) {
+        self.remember(key, |m| {
+            let in_a_row = m.ended.as_ref().map_or(0, |(_, _, n)| *n) + 1;
+            m.ended = Some((problem, Instant::now(), in_a_row));
+        });
+    }
+
+    /// The last pod that ended unclaimed, its back-off and how much of it is left.
+    pub(super) fn last_ended(&self, key: &str) -> Option<(PodProblem, Duration, Duration)> {
+        self.remember(key, |m| {
+            let (problem, at, in_a_row) = m.ended.as_ref()?;
+            let backoff = crate::pod_problem::ended_backoff(*in_a_row);
+            Some((
+                problem.clone(),
+                backoff,
+                backoff.saturating_sub(at.elapsed()),
+            ))
+        })
+    }
+
+    /// Whether `wanted` was applied for the pool within [`EGRESS_REAPPLY`].
+    pub(super) fn egress_fresh(&self, key: &str, wanted: &Option<String>) -> bool {
+        self.remember(key, |m| {
+            m.egress_applied
+                .as_ref()
+                .is_some_and(|(json, at)| json == wanted && at.elapsed() < EGRESS_REAPPLY)
+        })
+    }
+
+    pub(super) fn egress_done(&self, key: &str, applied: Option<String>) {
+        self.remember(key, |m| m.egress_applied = Some((applied, Instant::now())));
+    }
+
+    pub(super) fn expect_created(&self, key: &str, pod: &str) {
+        self.remember(key, |m| m.expected.created(pod, Instant::now()));
+    }
+
+    pub(super) fn expect_deleted(&self, key: &str, pod: &str) {
+        self.remember(key, |m| m.expected.deleted(pod, Instant::now()));
+    }
+
+    pub(super) fn pending(&self, key: &str, cached: &[Arc<Pod>]) -> Pending {
+        self.remember(key, |m| m.expected.pending(cached, Instant::now()))
+    }
+
+    pub(super) fn unready_failures(&self, key: &str) -> u32 {
+        self.remember(key, |m| m.unready_failures)
+    }
+
+    /// n more pods replaced for not becoming READY.
+    pub(super) fn count_unready(&self, key: &str, n: u32) {
+        self.remember(key, |m| m.unready_failures += n);
+    }
+
+    /// A pod became READY: the back-offs start over.
+    pub(super) fn pod_became_ready(&self, key: &str) {
+        self.remember(key, |m| {
+            m.unready_failures = 0;
+            m.ended = None;
+        });
+    }
+
+    pub(super) fn created_last_minute(&self, key: &str) -> i32 {
+        self.remember(key, |m| {
+            while m
+                .created
+                .front()
+                .is_some_and(|t| t.elapsed() > Duration::from_secs(60))
+            {
+                m.created.pop_front();
+            }
+            m.created.len() as i32
+        })
+    }
+
+    pub(super) fn record_created(&self, key: &str) {
+        self.remember(key, |m| m.created.push_back(Instant::now()));
+    }
+}

@@ -1,0 +1,357 @@
+//! The GatewayPool controller: observe a pool's pods, let [`super::plan::plan`] decide, carry
+//! out the plan (create pods with their control-token Secrets, delete), mark pods whose
+//! readiness probe passed as READY, and write the pool's status ([`super::status`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floe_crds::gateway_pool::GatewayPool;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+
+use super::plan::{plan, DeleteReason, PoolPod, PoolView};
+use super::status::{write_status, Counts};
+use super::PoolContext;
+use crate::pods::names::{POOL_LABEL, TEMPLATE_HASH_ANNOTATION};
+use crate::pods::sandbox::{self, SandboxPod};
+use crate::pods::view::{finished, is_ready, state};
+use crate::pods::{writes, PodState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// An apiserver call failed; `doing` names the call and its object.
+    #[error("{doing}: {source}")]
+    Api {
+        doing: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the pool has no namespace")]
+    NoNamespace,
+    #[error("cannot build the sandbox pod: {0}")]
+    Template(#[from] serde_json::Error),
+}
+
+impl PoolError {
+    /// For `map_err`: the apiserver failed while `doing` something.
+    pub(crate) fn api(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let doing = doing.into();
+        move |source| Self::Api { doing, source }
+    }
+}
+
+/// One reconcile, timed and counted under controller-runtime's metric names.
+pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
+    let started = Instant::now();
+    let result = reconcile_pool(pool, ctx.clone()).await;
+    crate::metrics::record_reconcile(
+        &ctx.metrics,
+        crate::metrics::Kind::GatewayPool,
+        started,
+        result.is_ok(),
+    );
+    result
+}
+
+async fn reconcile_pool(
+    pool: Arc<GatewayPool>,
+    ctx: Arc<PoolContext>,
+) -> Result<Action, PoolError> {
+    let ns = pool.namespace().ok_or(PoolError::NoNamespace)?;
+    let name = pool.name_any();
+    let key = format!("{ns}/{name}");
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let cached: Vec<Arc<Pod>> = ctx.pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == Some(ns.as_str())
+            && p.labels().get(POOL_LABEL) == Some(&name)
+    });
+    ensure_egress_policy(&ctx, &pool, &ns, &key).await;
+    let pending = ctx.pending(&key, &cached);
+    let (creating, deleting) = (pending.creating, pending.deleting);
+    let hash = sandbox::template_hash(&pool.spec);
+    let now = k8s_openapi::jiff::Timestamp::now();
+
+    let mut unclaimed = Vec::new();
+    let mut problems = Vec::new();
+    let mut claimed = 0;
+    for pod in &cached {
+        let pod: &Pod = pod;
+        if pod.metadata.deletion_timestamp.is_some() || deleting.contains(&pod.name_any()) {
+            continue;
+        }
+        match state(pod) {
+            Some("warming") | Some("ready") => {
+                if finished(pod) {
+                    // A warm pod that (partly) exited before being claimed is broken: replace it,
+                    // saying why on the pool.
+                    writes::delete(&pods, &pod.name_any())
+                        .await
+                        .map_err(PoolError::api(format!(
+                            "deleting ended pod {ns}/{}",
+                            pod.name_any()
+                        )))?;
+                    ctx.expect_deleted(&key, &pod.name_any());
+                    let why = crate::pod_problem::ended(pod);
+                    ctx.events
+                        .publish(
+                            &pool.object_ref(&()),
+                            EventType::Warning,
+                            "PodFailed",
+                            format!("{}; replacing it", why.describe()),
+                        )
+                        .await;
+                    ctx.record_ended(&key, why);
+                    continue;
+                }
+                let ready = is_ready(pod);
+                if ready && state(pod) == Some("warming") {
+                    writes::mark(&pods, pod, PodState::Ready)
+                        .await
+                        .map_err(PoolError::api(format!(
+                            "marking pod {ns}/{} READY",
+                            pod.name_any()
+                        )))?;
+                    ctx.pod_became_ready(&key);
+                }
+                if !ready {
+                    problems.extend(crate::pod_problem::problem(pod));
+                }
+                let age = pod
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| now.duration_since(t.0).as_secs())
+                    .unwrap_or(0);
+                unclaimed.push(PoolPod {
+                    name: pod.name_any(),
+                    ready,
+                    template_hash: pod
+                        .annotations()
+                        .get(TEMPLATE_HASH_ANNOTATION)
+                        .cloned()
+                        .unwrap_or_default(),
+                    age_seconds: age,
+                });
+            }
+            Some("claimed") => claimed += 1,
+            _ => {}
+        }
+    }
+    // Created, not yet in the cache: warming pods of the current template.
+    for name in creating {
+        unclaimed.push(PoolPod {
+            name,
+            ready: false,
+            template_hash: hash.clone(),
+            age_seconds: 0,
+        });
+    }
+    let failures = ctx.unready_failures(&key);
+    let unready_timeout =
+        crate::pod_problem::backed_off_timeout(pool.spec.refill.unready_timeout_seconds, failures);
+    let view = PoolView {
+        desired: pool.spec.replicas,
+        template_hash: hash.clone(),
+        strategy: pool.spec.update_strategy.type_,
+        refill: floe_crds::RefillPolicy {
+            unready_timeout_seconds: unready_timeout,
+            ..pool.spec.refill.clone()
+        },
+        created_last_minute: ctx.created_last_minute(&key),
+    };
+    let mut decided = plan(&view, &unclaimed);
+    // Pods that end before they are claimed are replaced ever more slowly.
+    if ctx
+        .last_ended(&key)
+        .is_some_and(|(_, _, left)| !left.is_zero())
+    {
+        decided.deferred += decided.create;
+        decided.create = 0;
+    }
+    let replaced_unready = decided
+        .delete
+        .iter()
+        .filter(|(_, r)| *r == DeleteReason::Unready)
+        .count() as u32;
+    if replaced_unready > 0 {
+        ctx.count_unready(&key, replaced_unready);
+    }
+    for (pod, reason) in &decided.delete {
+        tracing::info!(pool = %key, %pod, ?reason, "deleting pod");
+        writes::delete(&pods, pod)
+            .await
+            .map_err(PoolError::api(format!("deleting pod {ns}/{pod}")))?;
+        ctx.expect_deleted(&key, pod);
+        let (type_, why, note) = match reason {
+            DeleteReason::Unready => (
+                EventType::Warning,
+                "PodUnready",
+                format!(
+                    "pod {pod} was not READY within {unready_timeout} s{}; replacing it (the next \
+                     replacement waits {} s)",
+                    problems
+                        .iter()
+                        .find(|p| p.pod == *pod)
+                        .map(|p| format!(" ({})", p.describe()))
+                        .unwrap_or_default(),
+                    crate::pod_problem::backed_off_timeout(
+                        pool.spec.refill.unready_timeout_seconds,
+                        failures + replaced_unready
+                    ),
+                ),
+            ),
+            DeleteReason::Stale => (
+                EventType::Normal,
+                "PodRecreated",
+                format!("pod {pod} has an old template (updateStrategy Recreate); replacing it"),
+            ),
+            DeleteReason::Surplus => continue,
+        };
+        ctx.events
+            .publish(&pool.object_ref(&()), type_, why, note)
+            .await;
+    }
+    let yield_until = tokio::time::Instant::now() + crate::claim_gate::REFILL_YIELD_BUDGET;
+    let mut created = 0;
+    for _ in 0..decided.create {
+        let waited = ctx.claims.quiet_by(yield_until).await;
+        ctx.metrics.refill_yield.inc_by(waited.as_secs_f64());
+        let pod = format!("{name}-{}", sandbox::random_suffix());
+        match create_pod(&ctx, &pool, &ns, &name, &pod).await {
+            Ok(()) => {}
+            // The apiserver refuses the pod the template makes (an admission rule, a
+            // RuntimeClass that does not exist, a quota): say so on the pool and back off, as
+            // for pods that end unclaimed, instead of retrying in the operator's log only.
+            Err(PoolError::Api {
+                source: kube::Error::Api(e),
+                ..
+            }) if (400..500).contains(&e.code) && e.code != 409 => {
+                let why = crate::pod_problem::PodProblem {
+                    pod: pod.clone(),
+                    container: None,
+                    reason: "PodCreateRejected".into(),
+                    message: e.message.clone(),
+                };
+                tracing::warn!(pool = %key, "{}", why.describe());
+                ctx.events
+                    .publish(
+                        &pool.object_ref(&()),
+                        EventType::Warning,
+                        "PodCreateRejected",
+                        why.describe(),
+                    )
+                    .await;
+                ctx.record_ended(&key, why);
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+        created += 1;
+        ctx.expect_created(&key, &pod);
+        ctx.record_created(&key);
+    }
+    decided.deferred += decided.create - created;
+    decided.create = created;
+
+    let deleted: Vec<&String> = decided.delete.iter().map(|(p, _)| p).collect();
+    let kept: Vec<&PoolPod> = unclaimed
+        .iter()
+        .filter(|p| !deleted.contains(&&p.name))
+        .collect();
+    let ready = kept.iter().filter(|p| p.ready).count() as i32;
+    let replicas = kept.len() as i32 + decided.create;
+    let mut kept_problems: Vec<&crate::pod_problem::PodProblem> = problems
+        .iter()
+        .filter(|p| !deleted.contains(&&p.pod))
+        .collect();
+    // The cache's order is arbitrary: with pods failing for different reasons, the condition
+    // (and its Warning Event, sent when the reason changes) must not flip between them.
+    kept_problems.sort_by(|a, b| (&a.reason, &a.pod).cmp(&(&b.reason, &b.pod)));
+    // No live pod says what is wrong: the last one that ended (or was refused) does, until a
+    // pod is READY.
+    let ended_problem = ctx.last_ended(&key).map(|(mut p, backoff, _)| {
+        p.message = format!("{}; replaced after {} s", p.message, backoff.as_secs());
+        p
+    });
+    if kept_problems.is_empty() {
+        kept_problems.extend(ended_problem.as_ref());
+    }
+    let counts = Counts {
+        replicas,
+        ready,
+        claimed,
+    };
+    write_status(&ctx, &pool, &ns, counts, &kept_problems, &hash).await?;
+    let settled = ready >= pool.spec.replicas && decided.deferred == 0 && decided.create == 0;
+    Ok(Action::requeue(if settled {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(2)
+    }))
+}
+
+/// Keep the pool's egress NetworkPolicy ([`crate::egress_policy`]) as its spec says. A
+/// failure (an operator without RBAC for NetworkPolicies, say) is a Warning on the pool, not a
+/// failed reconcile: the pods' own check still says whether their egress is open.
+async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, key: &str) {
+    let name = crate::egress_policy::policy_name(&pool.name_any());
+    let wanted = match crate::egress_policy::build(pool) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(pool = %key, "egress policy: {e}");
+            return;
+        }
+    };
+    let wanted_json = wanted.as_ref().and_then(|p| serde_json::to_string(p).ok());
+    if ctx.egress_fresh(key, &wanted_json) {
+        return;
+    }
+    match crate::egress_policy::keep(&ctx.client, ns, &name, wanted.as_ref()).await {
+        Ok(()) => ctx.egress_done(key, wanted_json),
+        Err(e) => {
+            tracing::warn!(pool = %key, "egress policy {name}: {e}");
+            ctx.events
+                .publish(
+                    &pool.object_ref(&()),
+                    EventType::Warning,
+                    "EgressPolicyFailed",
+                    format!("cannot apply NetworkPolicy {name} (spec.egress): {e}"),
+                )
+                .await;
+        }
+    }
+}
+
+async fn create_pod(
+    ctx: &PoolContext,
+    pool: &GatewayPool,
+    ns: &str,
+    name: &str,
+    pod_name: &str,
+) -> Result<(), PoolError> {
+    let secret_name = sandbox::control_secret_name(pod_name);
+    let mut pod = sandbox::build(&SandboxPod {
+        name: pod_name,
+        namespace: ns,
+        pool: name,
+        spec: &pool.spec,
+        floe_image: &ctx.floe_image,
+        secret: &secret_name,
+        native_sidecars: ctx.native_sidecars,
+    })?;
+    pod.metadata.owner_references = pool.controller_owner_ref(&()).map(|o| vec![o]);
+    writes::create_with_control_secret(&ctx.client, &ctx.tokens, &pod, (POOL_LABEL, name))
+        .await
+        .map_err(PoolError::api(format!(
+            "creating pod {ns}/{pod_name} and its control Secret"
+        )))?;
+    tracing::info!(pool = %name, pod = %pod_name, "created sandbox pod");
+    Ok(())
+}
+
+pub fn error_policy(pool: Arc<GatewayPool>, error: &PoolError, _: Arc<PoolContext>) -> Action {
+    tracing::warn!(pool = %pool.name_any(), "reconcile failed: {error}");
+    Action::requeue(Duration::from_secs(5))
+}

@@ -1,0 +1,16 @@
+//! GatewayPool: a pool of pre-warmed sandbox pods, kept at `replicas` unclaimed.
+//!
+//! - [`plan`]: what to create and delete, from the pool's spec and its unclaimed pods (sans-IO).
+//! - [`expectations`]: writes the pod cache does not show yet (sans-IO, clock passed in).
+//! - [`context`]: what the controller shares across rounds, and remembers per pool.
+//! - [`controller`]: the IO edge: observe, apply the plan, mark READY pods.
+//! - [`status`]: counts, selector and conditions, written with their Events.
+
+mod context;
+pub mod controller;
+pub mod expectations;
+pub mod plan;
+mod status;
+
+pub use context::PoolContext;
+pub use controller::{error_policy, reconcile};

@@ -1,0 +1,219 @@
+//! The pool's status: counts, the scale subresource's selector, and the conditions kstatus
+//! and `kubectl wait` read, with an Event when READY flips or pods fail for a new reason.
+
+use floe_crds::gateway_pool::{GatewayPool, GatewayPoolStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::controller::PoolError;
+use super::PoolContext;
+use crate::pod_problem::PodProblem;
+use crate::pods::names::{POOL_LABEL, STATE_LABEL};
+use crate::pods::PodState;
+
+pub(super) struct Counts {
+    pub replicas: i32,
+    pub ready: i32,
+    pub claimed: i32,
+}
+
+pub(super) async fn write_status(
+    ctx: &PoolContext,
+    pool: &GatewayPool,
+    ns: &str,
+    counts: Counts,
+    problems: &[&PodProblem],
+    hash: &str,
+) -> Result<(), PoolError> {
+    let Counts {
+        replicas,
+        ready,
+        claimed,
+    } = counts;
+    let desired = pool.spec.replicas;
+    ctx.metrics
+        .set_pool(ns, &pool.name_any(), ready, desired, claimed);
+    let (status, reason, message) = match problems.first() {
+        _ if ready >= desired => (
+            "True",
+            "PoolReady".to_string(),
+            format!("{ready}/{desired} pods READY"),
+        ),
+        // Where users look: the kubelet's or the scheduler's reason on the pool itself.
+        Some(p) => (
+            "False",
+            p.reason.clone(),
+            format!(
+                "{ready}/{desired} pods READY; {}{}",
+                p.describe(),
+                match problems.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more pods)", n - 1),
+                }
+            ),
+        ),
+        None => (
+            "False",
+            "Warming".to_string(),
+            format!("{ready}/{desired} pods READY"),
+        ),
+    };
+    let previous = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let generation = pool.metadata.generation;
+    let earlier = pool.status.as_ref().map(|s| s.conditions.as_slice());
+    // kstatus: Reconciling while pods warm, Stalled while they cannot become READY as the
+    // template stands (Argo CD and Flux show the pool Degraded then).
+    let stalled = status == "False" && !problems.is_empty();
+    ctx.metrics.set_blocked(
+        crate::metrics::Kind::GatewayPool,
+        ns,
+        &pool.name_any(),
+        stalled.then_some(reason.as_str()),
+    );
+    let conditions = pool_conditions(
+        earlier,
+        status == "True",
+        stalled,
+        &reason,
+        &message,
+        generation,
+    );
+    let new = GatewayPoolStatus {
+        replicas,
+        ready_replicas: ready,
+        claimed_replicas: claimed,
+        selector: Some(unclaimed_selector(&pool.name_any())),
+        template_hash: Some(hash.to_string()),
+        observed_generation: generation,
+        conditions,
+    };
+    if pool.status.as_ref() == Some(&new) {
+        return Ok(());
+    }
+    // A Warning when pods start failing for a new reason (once per reason, not per reconcile).
+    if let Some(p) = problems.first() {
+        if previous.is_none_or(|c| c.reason != reason) {
+            let note = new.conditions[0].message.clone();
+            ctx.events
+                .publish(&pool.object_ref(&()), EventType::Warning, &p.reason, note)
+                .await;
+        }
+    }
+    // An Event when READY flips, not on every count change.
+    if previous.is_some_and(|c| c.status != status) || (previous.is_none() && status == "True") {
+        let why = if status == "True" {
+            "PoolReady"
+        } else {
+            "PoolWarming"
+        };
+        let note = new.conditions[0].message.clone();
+        ctx.events
+            .publish(&pool.object_ref(&()), EventType::Normal, why, note)
+            .await;
+    }
+    let api: Api<GatewayPool> = Api::namespaced(ctx.client.clone(), ns);
+    api.patch_status(
+        &pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": new})),
+    )
+    .await
+    .map_err(PoolError::api(format!(
+        "writing the status of GatewayPool {ns}/{}",
+        pool.name_any()
+    )))?;
+    Ok(())
+}
+
+/// The scale subresource's selector: the pool's unclaimed pods (what `replicas` counts), so an
+/// HPA or KEDA never counts pods busy with a session.
+pub fn unclaimed_selector(pool: &str) -> String {
+    format!(
+        "{POOL_LABEL}={pool},{STATE_LABEL} in ({},{})",
+        PodState::Warming.label(),
+        PodState::Ready.label()
+    )
+}
+
+/// The pool's conditions (`docs/crds.md` lists their types; a test checks): `Ready`, and
+/// kstatus's `Reconciling` (not all pods READY yet) and `Stalled` (they cannot become READY as
+/// the template stands).
+fn pool_conditions(
+    earlier: Option<&[Condition]>,
+    ready: bool,
+    stalled: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    let flag = |b: bool| if b { "True" } else { "False" };
+    vec![
+        condition(earlier, "Ready", flag(ready), reason, message, generation),
+        condition(
+            earlier,
+            "Reconciling",
+            flag(!ready),
+            reason,
+            message,
+            generation,
+        ),
+        condition(
+            earlier,
+            "Stalled",
+            flag(stalled),
+            reason,
+            message,
+            generation,
+        ),
+    ]
+}
+
+/// A condition of the new status, keeping its transition time from `earlier` unless its
+/// status flips.
+fn condition(
+    earlier: Option<&[Condition]>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let since = earlier
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .map_or_else(
+            || Time(k8s_openapi::jiff::Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        );
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: since,
+        observed_generation: generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `docs/crds.md` names exactly the condition types a pool gets, ready, warming or stalled.
+    #[test]
+    fn the_docs_list_the_pools_condition_types() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (ready, stalled) in [(true, false), (false, false), (false, true)] {
+            for c in pool_conditions(None, ready, stalled, "R", "m", Some(1)) {
+                seen.insert(c.type_);
+            }
+        }
+        assert_eq!(seen, crate::documented_condition_types("GatewayPool"));
+    }
+}
