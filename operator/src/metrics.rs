@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -41,21 +42,21 @@ pub struct Metrics {
     /// Every family registered, with its label names (the docs' list is checked against it).
     #[cfg_attr(not(test), allow(dead_code))]
     pub families: Vec<(String, Vec<String>)>,
-    pub reconcile_total: IntCounterVec,
-    pub reconcile_errors: IntCounterVec,
-    pub reconcile_seconds: HistogramVec,
-    pub pool_ready: IntGaugeVec,
-    pub pool_desired: IntGaugeVec,
-    pub pool_claimed: IntGaugeVec,
-    pub leader: IntGauge,
-    pub claims: IntCounterVec,
-    pub claim_latency: prometheus::Histogram,
-    pub claim_phase: prometheus::HistogramVec,
-    pub sessions: IntGaugeVec,
-    pub session_results: IntCounterVec,
-    pub waiting_for_pod: IntGaugeVec,
-    pub job_pod_reads: IntCounterVec,
-    pub refill_yield: prometheus::Counter,
+    reconcile_total: IntCounterVec,
+    reconcile_errors: IntCounterVec,
+    reconcile_seconds: HistogramVec,
+    pool_ready: IntGaugeVec,
+    pool_desired: IntGaugeVec,
+    pool_claimed: IntGaugeVec,
+    leader: IntGauge,
+    claims: IntCounterVec,
+    claim_latency: prometheus::Histogram,
+    claim_phase: prometheus::HistogramVec,
+    sessions: IntGaugeVec,
+    session_results: IntCounterVec,
+    waiting_for_pod: IntGaugeVec,
+    job_pod_reads: IntCounterVec,
+    refill_yield: prometheus::Counter,
     pool_blocked: IntGaugeVec,
     job_blocked: IntGaugeVec,
     /// (kind, namespace, name) → the reason its `*_blocked` series carries now.
@@ -255,6 +256,98 @@ impl Metrics {
         })
     }
 
+    /// Start timing a reconcile of `kind`.
+    pub fn reconcile_timer(&self, kind: Kind) -> ReconcileTimer<'_> {
+        ReconcileTimer {
+            metrics: self,
+            controller: kind.controller(),
+            started: Instant::now(),
+        }
+    }
+
+    /// This replica holds (or lost) the Lease.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// A session got its pod: `cold` when it had to wait for one.
+    pub fn claimed(&self, cold: bool) {
+        self.claims
+            .with_label_values(&[if cold { "cold" } else { "warm" }])
+            .inc();
+    }
+
+    /// One phase of a claim, from `since` until now.
+    pub fn claim_phase(&self, phase: ClaimPhase, since: Instant) {
+        let name = match phase {
+            ClaimPhase::Observe => "observe",
+            ClaimPhase::Patch => "patch",
+            ClaimPhase::Deliver => "deliver",
+        };
+        self.claim_phase
+            .with_label_values(&[name])
+            .observe(since.elapsed().as_secs_f64());
+    }
+
+    /// A claimed session's assignment was acknowledged: its claim latency, from `since`.
+    pub fn claim_delivered(&self, since: Instant) {
+        self.claim_latency.observe(since.elapsed().as_secs_f64());
+    }
+
+    /// Sessions of a job that could start but found no READY pod of `pool`.
+    pub fn set_waiting_for_pod(&self, namespace: &str, job: &str, pool: &str, sessions: usize) {
+        self.waiting_for_pod
+            .with_label_values(&[namespace, job, pool])
+            .set(i64::try_from(sessions).unwrap_or(i64::MAX));
+    }
+
+    /// A round read a job's pods.
+    pub fn job_pods_read(&self, from: PodSource) {
+        let source = match from {
+            PodSource::Cache => "cache",
+            PodSource::Apiserver => "apiserver",
+        };
+        self.job_pod_reads.with_label_values(&[source]).inc();
+    }
+
+    /// A session attempt's result was folded into its job's status.
+    pub fn session_result(&self, namespace: &str, job: &str, result: SessionResult) {
+        self.session_results
+            .with_label_values(&[namespace, job, result.label()])
+            .inc();
+    }
+
+    /// A job's session counts as its status says them.
+    pub fn set_sessions(
+        &self,
+        namespace: &str,
+        job: &str,
+        s: &floe_crds::rollout_job::SessionCounts,
+    ) {
+        for (state, n) in
+            SESSION_STATES
+                .into_iter()
+                .zip([s.pending, s.running, s.succeeded, s.failed])
+        {
+            self.sessions
+                .with_label_values(&[namespace, job, state])
+                .set(i64::from(n));
+        }
+        // Every result's counter exists from the job's first round, at 0: a counter whose first
+        // sample is already 1 shows no increase() to Prometheus, so a job's first failures would
+        // never reach FloeSessionFailuresHigh.
+        for result in SessionResult::ALL {
+            self.session_results
+                .with_label_values(&[namespace, job, result.label()])
+                .inc_by(0);
+        }
+    }
+
+    /// A pool's refill waited this long for claims in flight.
+    pub fn refill_yielded(&self, waited: Duration) {
+        self.refill_yield.inc_by(waited.as_secs_f64());
+    }
+
     /// The object's blocker now (`None`: not blocked): one series with its reason, or none.
     pub fn set_blocked(&self, kind: Kind, namespace: &str, name: &str, reason: Option<&str>) {
         let gauge = match kind {
@@ -313,13 +406,13 @@ impl Metrics {
     pub fn forget_job(&self, namespace: &str, job: &str, pool: Option<&str>) {
         let mut r = crate::sync::lock(&self.rewards);
         r.remove(&(namespace.to_string(), job.to_string()));
-        for state in ["pending", "running", "succeeded", "failed"] {
+        for state in SESSION_STATES {
             let _ = self.sessions.remove_label_values(&[namespace, job, state]);
         }
-        for result in ["scored", "retried", "failed"] {
+        for result in SessionResult::ALL {
             let _ = self
                 .session_results
-                .remove_label_values(&[namespace, job, result]);
+                .remove_label_values(&[namespace, job, result.label()]);
         }
         if let Some(pool) = pool {
             let _ = self
@@ -358,20 +451,71 @@ impl Metrics {
     }
 }
 
-/// One reconcile under controller-runtime's metric names.
-pub fn record_reconcile(m: &Metrics, kind: Kind, started: std::time::Instant, ok: bool) {
-    let controller = kind.controller();
-    m.reconcile_seconds
-        .with_label_values(&[controller])
-        .observe(started.elapsed().as_secs_f64());
-    let result = if ok { "requeue_after" } else { "error" };
-    m.reconcile_total
-        .with_label_values(&[controller, result])
-        .inc();
-    if !ok {
-        m.reconcile_errors.with_label_values(&[controller]).inc();
+/// One reconcile, timed from its start; [`ReconcileTimer::finish`] records it under
+/// controller-runtime's metric names.
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    controller: &'static str,
+    started: Instant,
+}
+
+impl ReconcileTimer<'_> {
+    pub fn finish(self, ok: bool) {
+        let m = self.metrics;
+        m.reconcile_seconds
+            .with_label_values(&[self.controller])
+            .observe(self.started.elapsed().as_secs_f64());
+        let result = if ok { "requeue_after" } else { "error" };
+        m.reconcile_total
+            .with_label_values(&[self.controller, result])
+            .inc();
+        if !ok {
+            m.reconcile_errors
+                .with_label_values(&[self.controller])
+                .inc();
+        }
     }
 }
+
+/// A claim's phase (`floe_claim_phase_seconds{phase}`).
+#[derive(Clone, Copy, Debug)]
+pub enum ClaimPhase {
+    /// From the round's start until the claim's PATCH goes out.
+    Observe,
+    /// The claim's PATCH.
+    Patch,
+    /// The assignment's delivery to the pod's gateway.
+    Deliver,
+}
+
+/// Where a round read a job's pods from (`floe_job_pod_reads_total{source}`).
+#[derive(Clone, Copy, Debug)]
+pub enum PodSource {
+    Cache,
+    Apiserver,
+}
+
+/// What became of a session attempt (`floe_session_results_total{result}`).
+#[derive(Clone, Copy, Debug)]
+pub enum SessionResult {
+    Scored,
+    Retried,
+    Failed,
+}
+
+impl SessionResult {
+    const ALL: [SessionResult; 3] = [Self::Scored, Self::Retried, Self::Failed];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Scored => "scored",
+            Self::Retried => "retried",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+const SESSION_STATES: [&str; 4] = ["pending", "running", "succeeded", "failed"];
 
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")

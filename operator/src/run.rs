@@ -139,12 +139,12 @@ pub async fn run(client: Client, config: OperatorConfig) {
                 let _ = stop_tx.send(());
             });
         }
-        metrics.leader.set(1);
+        metrics.set_leader(true);
         run_controllers(client.clone(), &config, metrics.clone(), async move {
             let _ = stop_rx.await;
         })
         .await;
-        metrics.leader.set(0);
+        metrics.set_leader(false);
         match why_rx.await {
             Ok(Stop::LostLease) => continue,
             _ => {

@@ -3,7 +3,7 @@
 //! readiness probe passed as READY, and write the pool's status ([`super::status`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use floe_crds::gateway_pool::GatewayPool;
 use k8s_openapi::api::core::v1::Pod;
@@ -14,6 +14,7 @@ use kube::{Api, Resource, ResourceExt};
 use super::plan::{plan, DeleteReason, PoolPod, PoolView};
 use super::status::{write_status, Counts};
 use super::PoolContext;
+use crate::metrics::Kind;
 use crate::pods::names::{POOL_LABEL, TEMPLATE_HASH_ANNOTATION};
 use crate::pods::sandbox::{self, SandboxPod};
 use crate::pods::view::{finished, is_ready, state};
@@ -44,14 +45,9 @@ impl PoolError {
 
 /// One reconcile, timed and counted under controller-runtime's metric names.
 pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {
-    let started = Instant::now();
+    let timer = ctx.metrics.reconcile_timer(Kind::GatewayPool);
     let result = reconcile_pool(pool, ctx.clone()).await;
-    crate::metrics::record_reconcile(
-        &ctx.metrics,
-        crate::metrics::Kind::GatewayPool,
-        started,
-        result.is_ok(),
-    );
+    timer.finish(result.is_ok());
     result
 }
 
@@ -217,7 +213,7 @@ async fn reconcile_pool(
     let mut created = 0;
     for _ in 0..decided.create {
         let waited = ctx.claims.quiet_by(yield_until).await;
-        ctx.metrics.refill_yield.inc_by(waited.as_secs_f64());
+        ctx.metrics.refill_yielded(waited);
         let pod = format!("{name}-{}", sandbox::random_suffix());
         match create_pod(&ctx, &pool, &ns, &name, &pod).await {
             Ok(()) => {}

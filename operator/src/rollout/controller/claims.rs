@@ -15,6 +15,7 @@ use serde_json::json;
 use super::deliver::deliver;
 use super::observe::Observed;
 use super::{JobContext, JobError};
+use crate::metrics::ClaimPhase;
 use crate::pods::names::*;
 use crate::pods::PodState;
 use crate::rollout::aux_gate::Gate;
@@ -53,12 +54,7 @@ pub(super) async fn claim_and_start(
         .collect();
     let uid = job.uid().unwrap_or_default();
     let uid_ref = &uid;
-    let phase = |name: &str, since: Instant| {
-        ctx.metrics
-            .claim_phase
-            .with_label_values(&[name])
-            .observe(since.elapsed().as_secs_f64());
-    };
+    let phase = |phase: ClaimPhase, since: Instant| ctx.metrics.claim_phase(phase, since);
     // Pods whose gateway acknowledged its assignment in this round: marked `assigned` once the
     // round's claims are out, so that this second write per claim never queues a claim.
     let mut acknowledged: Vec<String> = futures::stream::iter(owed)
@@ -69,7 +65,7 @@ pub(super) async fn claim_and_start(
             let delivering = Instant::now();
             let acked = deliver(ctx, job, observed, &pod, early.then_some(round)).await;
             if early {
-                phase("deliver", delivering);
+                phase(ClaimPhase::Deliver, delivering);
             }
             acked
         })
@@ -79,9 +75,7 @@ pub(super) async fn claim_and_start(
         .await;
     let pool_label = job.spec.pool_ref.as_ref().map_or("", |p| p.name.as_str());
     ctx.metrics
-        .waiting_for_pod
-        .with_label_values(&[ns.as_str(), job.name_any().as_str(), pool_label])
-        .set(i64::try_from(decided.starved.len()).unwrap_or(i64::MAX));
+        .set_waiting_for_pod(&ns, &job.name_any(), pool_label, decided.starved.len());
     ctx.note_starved(&uid, &decided.starved);
     // Each session gets its own READY pod; one that someone else took first (a conflict) just
     // waits for the next round.
@@ -99,11 +93,11 @@ pub(super) async fn claim_and_start(
     let claims: Vec<Result<ClaimOutcome, JobError>> = futures::stream::iter(pairs)
         .map(
             |((index, attempt), candidate): ((u32, u32), Pod)| async move {
-                phase("observe", round);
+                phase(ClaimPhase::Observe, round);
                 let patching = Instant::now();
                 let claimed = claim(ctx, job, observed, &candidate, index, attempt).await?;
                 if claimed.is_some() {
-                    phase("patch", patching);
+                    phase(ClaimPhase::Patch, patching);
                     ctx.count_claim(uid_ref, index);
                 }
                 Ok(claimed)
@@ -120,7 +114,7 @@ pub(super) async fn claim_and_start(
             }
             let delivering = Instant::now();
             let acknowledged = deliver(ctx, job, observed, &pod, Some(round)).await;
-            phase("deliver", delivering);
+            phase(ClaimPhase::Deliver, delivering);
             Ok(ClaimOutcome::Claimed { acknowledged })
         })
         .buffer_unordered(deliveries)

@@ -187,10 +187,7 @@ impl JobContext {
         let cold = lock(&self.memory)
             .get_mut(uid)
             .is_some_and(|m| m.starved.remove(&index));
-        self.metrics
-            .claims
-            .with_label_values(&[if cold { "cold" } else { "warm" }])
-            .inc();
+        self.metrics.claimed(cold);
     }
 
     pub(super) fn validate(&self, job: &RolloutJob) -> Result<(), String> {

@@ -164,7 +164,7 @@ pub(super) async fn deliver(
     match sent {
         Ok(r) if r.status().is_success() => {
             if let Some(t) = claimed {
-                ctx.metrics.claim_latency.observe(t.elapsed().as_secs_f64());
+                ctx.metrics.claim_delivered(t);
             }
             return Some(name);
         }

@@ -98,7 +98,9 @@ pub async fn reconcile(
     job: Arc<RolloutJob>,
     ctx: Arc<JobContext>,
 ) -> Result<Action, ReconcileError> {
-    let started = Instant::now();
+    let timer = ctx
+        .metrics
+        .reconcile_timer(crate::metrics::Kind::RolloutJob);
     let uid = job.uid().unwrap_or_default();
     let jobs: Api<RolloutJob> =
         Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
@@ -114,12 +116,7 @@ pub async fn reconcile(
         // A write of this round may have landed unseen: never trust the cache over it.
         ctx.forget_bars(&uid);
     }
-    crate::metrics::record_reconcile(
-        &ctx.metrics,
-        crate::metrics::Kind::RolloutJob,
-        started,
-        result.is_ok(),
-    );
+    timer.finish(result.is_ok());
     result
 }
 

@@ -12,6 +12,7 @@ use kube::{Api, ResourceExt};
 
 use super::pod_writes::delete_pod;
 use super::{own_pod, Halt, JobContext, JobError};
+use crate::metrics::PodSource;
 use crate::pods::names::{JOB_LABEL, POOL_LABEL, STATE_LABEL};
 use crate::pods::PodState;
 use crate::rollout::freshness::Bars;
@@ -245,19 +246,11 @@ async fn job_pods(
         }
         _ => false,
     });
-    {
-        if caught_up {
-            ctx.metrics
-                .job_pod_reads
-                .with_label_values(&["cache"])
-                .inc();
-            return Ok(cached.iter().map(|p| (**p).clone()).collect());
-        }
+    if caught_up {
+        ctx.metrics.job_pods_read(PodSource::Cache);
+        return Ok(cached.iter().map(|p| (**p).clone()).collect());
     }
-    ctx.metrics
-        .job_pod_reads
-        .with_label_values(&["apiserver"])
-        .inc();
+    ctx.metrics.job_pods_read(PodSource::Apiserver);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let listed = pods
         .list(&ListParams::default().labels(&format!("{JOB_LABEL}={name}")))

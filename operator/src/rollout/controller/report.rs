@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::{own_pod, JobContext, JobError};
-use crate::metrics::Kind;
+use crate::metrics::{Kind, SessionResult};
 use crate::rollout::aux_gate::{self, JobPodRound};
 use crate::rollout::job_state::job_state;
 use crate::rollout::plan::{Fold, JobPlan, JobState};
@@ -138,7 +138,7 @@ impl RoundReport<'_> {
         if trainer.is_some() {
             st.trainer = trainer;
         }
-        set_session_gauges(ctx, ns, &job.name_any(), &st);
+        ctx.metrics.set_sessions(ns, &job.name_any(), &st.sessions);
         if written.status.as_ref() != Some(&st) {
             let jobs = self.jobs();
             if write_status(&jobs, job, written.rv.as_deref(), &st)
@@ -199,14 +199,11 @@ async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
     for (pod, fold) in &decided.folds {
         let result = match fold {
-            Fold::Scored { .. } => "scored",
-            Fold::Retry { .. } => "retried",
-            Fold::Failed { .. } => "failed",
+            Fold::Scored { .. } => SessionResult::Scored,
+            Fold::Retry { .. } => SessionResult::Retried,
+            Fold::Failed { .. } => SessionResult::Failed,
         };
-        ctx.metrics
-            .session_results
-            .with_label_values(&[ns.as_str(), name.as_str(), result])
-            .inc();
+        ctx.metrics.session_result(&ns, &name, result);
         match fold {
             Fold::Scored { index, reward } => {
                 tracing::info!(job = %job.name_any(), %pod, index, reward, "session scored");
@@ -335,28 +332,4 @@ async fn announce_transition(
         _ => return,
     };
     ctx.event(job, type_, reason, message).await;
-}
-
-fn set_session_gauges(ctx: &JobContext, ns: &str, job: &str, st: &RolloutJobStatus) {
-    let s = &st.sessions;
-    for (state, n) in [
-        ("pending", s.pending),
-        ("running", s.running),
-        ("succeeded", s.succeeded),
-        ("failed", s.failed),
-    ] {
-        ctx.metrics
-            .sessions
-            .with_label_values(&[ns, job, state])
-            .set(i64::from(n));
-    }
-    // Every result's counter exists from the job's first round, at 0: a counter whose first
-    // sample is already 1 shows no increase() to Prometheus, so a job's first failures would
-    // never reach FloeSessionFailuresHigh.
-    for result in ["scored", "retried", "failed"] {
-        ctx.metrics
-            .session_results
-            .with_label_values(&[ns, job, result])
-            .inc_by(0);
-    }
 }
