@@ -40,7 +40,7 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = 32 * 1024 * 1024)]
     max_body_bytes: usize,
     /// Cap on tokens sampled per model call (the job's response-length cap).
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, default_value_t = floe_crds::rollout_job::DEFAULT_MAX_RESPONSE_TOKENS as u32)]
     max_response_tokens: u32,
     /// fdatasync every capture record before replying (default: the record is written to the
     /// kernel, which survives a gateway crash; a lost node loses the single-use pod anyway).

@@ -119,6 +119,37 @@ pub struct RolloutJobSpec {
     pub ttl_seconds_after_finished: Option<i32>,
 }
 
+/// Session `index` of a job with `samples` per task is sample `index % samples` of task
+/// `index / samples`: task-major, so each GRPO group's samples are neighbours and are claimed
+/// together.
+pub fn session_at(index: u32, samples: u32) -> (usize, u32) {
+    let samples = samples.max(1);
+    ((index / samples) as usize, index % samples)
+}
+
+/// The job/session contract every reader of a spec shares (the operator, `floe run`, the
+/// runner): one place for its defaults and numbering.
+impl RolloutJobSpec {
+    /// Sessions per task (the GRPO group size), at least 1.
+    pub fn samples(&self) -> u32 {
+        u32::try_from(self.num_samples.max(1)).unwrap_or(1)
+    }
+
+    /// The task (its position) and sample of session `index` ([`session_at`]).
+    pub fn session_at(&self, index: u32) -> (usize, u32) {
+        session_at(index, self.samples())
+    }
+
+    /// An `sft` job's dataset keeps trajectories with reward at least this: `sft.minReward`,
+    /// else the evaluator's pass threshold. `None` without `sft`.
+    pub fn sft_min_reward(&self) -> Option<f64> {
+        self.sft.as_ref().map(|sft| {
+            sft.min_reward
+                .unwrap_or(self.evaluator.reward.pass_threshold)
+        })
+    }
+}
+
 fn default_backoff_limit() -> i32 {
     3
 }
@@ -442,8 +473,11 @@ impl Default for SamplingSpec {
     }
 }
 
+/// `sampling.maxResponseTokens` when unset: what each model call may generate.
+pub const DEFAULT_MAX_RESPONSE_TOKENS: i32 = 16384;
+
 fn default_max_response_tokens() -> i32 {
-    16384
+    DEFAULT_MAX_RESPONSE_TOKENS
 }
 fn default_temperature() -> f64 {
     1.0

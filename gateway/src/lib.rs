@@ -12,4 +12,5 @@ pub mod net_error;
 pub mod protocol;
 pub mod server;
 pub mod ship;
+pub mod sync;
 pub mod trajectory;

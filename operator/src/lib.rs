@@ -4,6 +4,7 @@
 //! read the rest with `cargo doc --document-private-items`.
 #![allow(rustdoc::private_intra_doc_links)]
 
+pub(crate) mod api_call;
 pub(crate) mod claim_gate;
 pub mod client_rate;
 pub(crate) mod egress_policy;
@@ -16,7 +17,6 @@ pub(crate) mod pods;
 pub(crate) mod pool;
 pub mod rollout;
 pub mod run;
-pub(crate) mod sync;
 pub(crate) mod tokens;
 
 /// The condition types `docs/crds.md` lists for a kind (its `status.conditions` row: every

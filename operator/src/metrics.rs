@@ -354,7 +354,7 @@ impl Metrics {
             Kind::GatewayPool => &self.pool_blocked,
             Kind::RolloutJob => &self.job_blocked,
         };
-        let mut blocked = crate::sync::lock(&self.blocked);
+        let mut blocked = floe_gateway::sync::lock(&self.blocked);
         let key = (kind, namespace.to_string(), name.to_string());
         if let Some(was) = blocked.get(&key).filter(|was| Some(was.as_str()) != reason) {
             let _ = gauge.remove_label_values(&[namespace, name, was]);
@@ -382,13 +382,13 @@ impl Metrics {
         self.pool_claimed
             .with_label_values(&labels)
             .set(i64::from(claimed));
-        crate::sync::lock(&self.pools).insert((namespace.to_string(), pool.to_string()));
+        floe_gateway::sync::lock(&self.pools).insert((namespace.to_string(), pool.to_string()));
     }
 
     /// Deleted pools' series go (pools have no finalizer, so no reconcile sees them go).
     pub fn forget_pools_except(&self, live: &BTreeSet<(String, String)>) {
         let gone: Vec<(String, String)> = {
-            let mut pools = crate::sync::lock(&self.pools);
+            let mut pools = floe_gateway::sync::lock(&self.pools);
             let gone = pools.difference(live).cloned().collect();
             pools.retain(|p| live.contains(p));
             gone
@@ -404,7 +404,7 @@ impl Metrics {
 
     /// A deleted job's series go away.
     pub fn forget_job(&self, namespace: &str, job: &str, pool: Option<&str>) {
-        let mut r = crate::sync::lock(&self.rewards);
+        let mut r = floe_gateway::sync::lock(&self.rewards);
         r.remove(&(namespace.to_string(), job.to_string()));
         for state in SESSION_STATES {
             let _ = self.sessions.remove_label_values(&[namespace, job, state]);
@@ -424,7 +424,7 @@ impl Metrics {
 
     /// The reward tally of a job as its status records it.
     pub fn set_rewards(&self, namespace: &str, job: &str, scored: u64, sum: f64) {
-        let mut r = crate::sync::lock(&self.rewards);
+        let mut r = floe_gateway::sync::lock(&self.rewards);
         r.insert((namespace.to_string(), job.to_string()), (scored, sum));
     }
 
@@ -433,7 +433,7 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         let mut text = String::from_utf8(out).unwrap_or_default();
         // The prometheus crate has no summary type; a summary without quantiles is sum + count.
-        let r = crate::sync::lock(&self.rewards);
+        let r = floe_gateway::sync::lock(&self.rewards);
         if !r.is_empty() {
             text.push_str("# HELP floe_session_reward Rewards of scored sessions\n");
             text.push_str("# TYPE floe_session_reward summary\n");

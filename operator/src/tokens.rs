@@ -10,17 +10,17 @@ pub struct ControlTokens(Mutex<HashMap<(String, String), String>>);
 
 impl ControlTokens {
     pub fn remember(&self, namespace: &str, pod: &str, token: &str) {
-        let mut m = crate::sync::lock(&self.0);
+        let mut m = floe_gateway::sync::lock(&self.0);
         m.insert((namespace.into(), pod.into()), token.into());
     }
 
     pub fn get(&self, namespace: &str, pod: &str) -> Option<String> {
-        let m = crate::sync::lock(&self.0);
+        let m = floe_gateway::sync::lock(&self.0);
         m.get(&(namespace.to_string(), pod.to_string())).cloned()
     }
 
     pub fn forget(&self, namespace: &str, pod: &str) {
-        let mut m = crate::sync::lock(&self.0);
+        let mut m = floe_gateway::sync::lock(&self.0);
         m.remove(&(namespace.to_string(), pod.to_string()));
     }
 }

@@ -44,7 +44,7 @@ pub fn check_sessions(
         push("spec.evaluator.protectedPaths".into(), e.to_string());
     }
     // The last attempt has the longest id.
-    let samples = u32::try_from(spec.num_samples.max(1)).unwrap_or(1);
+    let samples = spec.samples();
     let attempts = u32::try_from(spec.backoff_limit.max(0)).unwrap_or(0);
     // The program is looked up in the evaluation copy when it is a relative path with a `/`.
     let local_program = evaluator

@@ -179,35 +179,49 @@ pub fn kill_tagged(tag: &str) -> usize {
 
 /// SIGKILL every process (but this one) whose environment holds `var=value`, twice over.
 pub fn kill_marked(var: &str, value: &str) -> usize {
-    let needle = format!("{var}={value}");
-    let me = std::process::id() as i32;
     let mut killed = 0;
     for _ in 0..2 {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return killed;
-        };
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            if pid == me {
-                continue;
-            }
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-                continue;
-            };
-            if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes())
-                && nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
-            {
+        for pid in marked(var, value) {
+            if nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
                 killed += 1;
             }
         }
     }
     killed
+}
+
+/// Processes (but this one) whose environment holds `var=value`.
+fn marked(var: &str, value: &str) -> Vec<i32> {
+    let needle = format!("{var}={value}");
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            (pid != me && environ.split(|b| *b == 0).any(|v| v == needle.as_bytes())).then_some(pid)
+        })
+        .collect()
+}
+
+/// Kill every process (but this one) whose environment holds `var=value`, and wait (at most
+/// `within`) until none is left: a process sent SIGKILL still runs until the kernel gets to
+/// it. Returns how many are left. (A zombie's environment reads empty: it no longer counts.)
+pub fn end_marked(var: &str, value: &str, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = marked(var, value);
+        if left.is_empty() || Instant::now() >= deadline {
+            return left.len();
+        }
+        for pid in left {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 struct Cleanup {
@@ -267,6 +281,30 @@ async fn copy_capped(mut from: impl AsyncRead + Unpin, mut to: tokio::fs::File, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ending_marked_processes_waits_until_they_are_gone() -> std::io::Result<()> {
+        let value = format!("test-{}", std::process::id());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env("FLOE_TEST_MARK", &value)
+            .spawn()?;
+        let pid = i32::try_from(child.id()).unwrap_or_default();
+        // Seen once its environment is readable (right after exec).
+        let until = Instant::now() + Duration::from_secs(5);
+        while !marked("FLOE_TEST_MARK", &value).contains(&pid) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(marked("FLOE_TEST_MARK", &value), [pid]);
+        // Killed, not yet reaped: a zombie, which no longer counts.
+        assert_eq!(
+            end_marked("FLOE_TEST_MARK", &value, Duration::from_secs(5)),
+            0
+        );
+        let status = child.wait()?;
+        assert!(!status.success(), "killed, not finished: {status:?}");
+        Ok(())
+    }
 
     fn spec(dir: &std::path::Path, script: &str, timeout_ms: u64) -> CommandSpec {
         CommandSpec {

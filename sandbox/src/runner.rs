@@ -427,7 +427,9 @@ async fn session_outcome(
         home: &home,
         instruction: &spec.task.instruction,
         instruction_file: &instruction_file,
-        max_response_tokens: spec.max_response_tokens.unwrap_or(16384),
+        max_response_tokens: spec
+            .max_response_tokens
+            .unwrap_or(floe_crds::rollout_job::DEFAULT_MAX_RESPONSE_TOKENS as u32),
     };
     let launch = match presets::launch(&spec.harness, &ctx) {
         Ok(l) => l,

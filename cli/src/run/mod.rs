@@ -117,13 +117,22 @@ pub fn main(args: RunArgs) -> i32 {
             return 2;
         }
     };
-    match runtime.block_on(run(args)) {
+    let code = match runtime.block_on(run(args)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("floe run: {e}");
             2
         }
+    };
+    drop(runtime);
+    // Nothing the run started outlives it: a cancelled session's processes were sent SIGKILL,
+    // but under load they may not be gone yet when the run is done. (The watchdog covers a
+    // run that cannot get here: SIGKILL, a panic.)
+    let left = signals::end_this_runs_processes(std::time::Duration::from_secs(5));
+    if left > 0 {
+        eprintln!("floe run: {left} process(es) the run started are still alive at exit");
     }
+    code
 }
 
 /// Flags that would make a run do nothing, or something other than asked.
@@ -244,12 +253,9 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             url: t.ingest_url(),
             token: t.ingest_token(),
         },
-        (None, Some(sft)) => Sink::Dataset {
+        (None, Some(_)) => Sink::Dataset {
             dir: dataset_dir()?,
-            min_reward: Some(
-                sft.min_reward
-                    .unwrap_or(spec.evaluator.reward.pass_threshold),
-            ),
+            min_reward: spec.sft_min_reward(),
         },
         (None, None) => Sink::Dataset {
             dir: dataset_dir()?,
@@ -295,7 +301,8 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         spool_dir: out.join("captures/.spool"),
         control_token: control_token.clone(),
         max_body_bytes: 32 * 1024 * 1024,
-        max_response_tokens: u32::try_from(spec.sampling.max_response_tokens).unwrap_or(16384),
+        max_response_tokens: u32::try_from(spec.sampling.max_response_tokens)
+            .unwrap_or(floe_crds::rollout_job::DEFAULT_MAX_RESPONSE_TOKENS as u32),
         durability: floe_gateway::capture::Durability::Write,
         keepalive: Duration::from_secs(5),
         upstream_timeout: Duration::from_secs(
@@ -393,7 +400,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let mut upstream_errors = earlier.upstream;
     let mut running = tokio::task::JoinSet::new();
     let mut stopped: Option<Stop> = None;
-    let samples = usize::try_from(spec.num_samples.max(1)).unwrap_or(1);
+    let samples = spec.samples() as usize;
     let mut trainer_status = serde_json::Value::Null;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut failure: Option<String> = None;

@@ -18,8 +18,8 @@ pub enum PlanError {
     Invalid(PathBuf, floe_crds::ValidationError),
     #[error("local mode cannot {0}")]
     Unsupported(String),
-    #[error("task file {0}, line {1}: {2}")]
-    TaskFile(PathBuf, usize, String),
+    #[error("task file {0}, {1}")]
+    TaskFile(PathBuf, floe_crds::task_file::TaskFileError),
 }
 
 /// What a local run is: the job, its tasks, and where output goes.
@@ -100,17 +100,10 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
     })
 }
 
-/// JSONL: one task per line, the same fields as `spec.tasks.inline[]`.
+/// The task file, through the one parser the operator uses too.
 fn read_task_file(path: &Path) -> Result<Vec<Task>, PlanError> {
     let text = std::fs::read_to_string(path).map_err(|e| PlanError::Read(path.into(), e))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, line)| {
-            serde_json::from_str(line)
-                .map_err(|e| PlanError::TaskFile(path.into(), i + 1, e.to_string()))
-        })
-        .collect()
+    floe_crds::task_file::parse(&text).map_err(|e| PlanError::TaskFile(path.into(), e))
 }
 
 /// How many sessions the run has: tasks × samples, at most `limit`.
@@ -120,19 +113,19 @@ pub fn session_count(plan: &Plan, limit: Option<usize>) -> usize {
 }
 
 fn samples(plan: &Plan) -> u32 {
-    u32::try_from(plan.job.spec.num_samples.max(1)).unwrap_or(1)
+    plan.job.spec.samples()
 }
 
 /// Attempt `attempt` of session `index` (tasks × samples, task-major: each GRPO group's samples
 /// together).
 pub fn assignment(plan: &Plan, sink: &Sink, index: usize, attempt: u32) -> Option<Assignment> {
-    let per_task = samples(plan) as usize;
-    let task = plan.tasks.get(index / per_task)?;
+    let (task, sample) = plan.job.spec.session_at(u32::try_from(index).ok()?);
+    let task = plan.tasks.get(task)?;
     Some(session::assignment(&SessionOf {
         job: &plan.name,
         spec: &plan.job.spec,
         task,
-        sample: (index % per_task) as u32,
+        sample,
         attempt,
         sink,
         upstream: Default::default(),

@@ -83,6 +83,15 @@ pub fn watch_this_run() -> std::io::Result<()> {
         .map(|_| ())
 }
 
+/// Kill every process carrying this run's tag and wait (at most `within`) until they are gone;
+/// returns how many are left.
+pub fn end_this_runs_processes(within: Duration) -> usize {
+    match std::env::var(RUN_TAG_VAR) {
+        Ok(tag) => floe_sandbox::process::end_marked(RUN_TAG_VAR, &tag, within),
+        Err(_) => 0,
+    }
+}
+
 /// `floe run-watchdog`: wait until `parent` is gone, then kill what carried its tag.
 pub fn watchdog(parent: u32, tag: &str) -> i32 {
     // Reparented (to init or a subreaper) once the run has ended, however it ended.

@@ -85,11 +85,7 @@ async fn call_and_capture(
     let t0 = Instant::now();
     let (header_version, text) = call_upstream(gateway, session, seq, &upstream_request).await?;
     let upstream = t0.elapsed();
-    gateway
-        .metrics
-        .upstream_seconds
-        .with_label_values(&[api_label(api)])
-        .observe(upstream.as_secs_f64());
+    gateway.metrics.upstream_call(api, upstream);
     let answer = match read_answer(&text, session.upstream.limits.kind, keep_logprobs) {
         Ok(a) => a,
         Err(e) => {
@@ -131,11 +127,7 @@ async fn call_and_capture(
     } else {
         session.capture_line(&line).map_err(capture_err)?;
     }
-    gateway
-        .metrics
-        .capture_write_seconds
-        .with_label_values(&[api_label(api)])
-        .observe(t_capture.elapsed().as_secs_f64());
+    gateway.metrics.capture_written(api, t_capture.elapsed());
     Ok(Completed {
         response: answer.reply,
         upstream,
@@ -286,11 +278,7 @@ fn record_failure(
 ) {
     let kind = failure.kind();
     let result = if retried { "retried" } else { "failed" };
-    gateway
-        .metrics
-        .upstream_errors
-        .with_label_values(&[kind.as_str(), result])
-        .inc();
+    gateway.metrics.upstream_error(kind.as_str(), retried);
     tracing::warn!(session = %session.meta.session, seq, attempt, %kind, result, %error, "upstream call failed");
     let record = UpstreamErrorRecord {
         seq,
@@ -315,14 +303,5 @@ fn as_received(text: String) -> Result<Box<RawValue>, ProtocolError> {
         serde_json::value::to_raw_value(&value).map_err(malformed)
     } else {
         RawValue::from_string(text).map_err(malformed)
-    }
-}
-
-pub fn api_label(api: Api) -> &'static str {
-    match api {
-        Api::Anthropic => "anthropic",
-        Api::OpenaiChat => "openai_chat",
-        Api::OpenaiResponses => "openai_responses",
-        Api::Gemini => "gemini",
     }
 }

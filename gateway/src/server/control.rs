@@ -10,13 +10,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use super::reply::error;
+use super::session_store::shipment;
 use super::sessions::SessionError;
 use super::Gateway;
 use crate::capture::SessionMeta;
-
-pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": message.into()}))).into_response()
-}
 
 /// Layer on every control route: the operator's bearer token, or 401.
 pub async fn require_control_token(
@@ -72,8 +70,7 @@ pub async fn runner_ready(
     }
     gateway
         .metrics
-        .egress_unrestricted
-        .set(i64::from(found.egress_unrestricted.is_some()));
+        .set_egress_unrestricted(found.egress_unrestricted.is_some());
     gateway
         .runner_ready
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -83,13 +80,9 @@ pub async fn runner_ready(
 pub async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
     gateway
         .metrics
-        .sessions_open
-        .set(gateway.sessions.open_count() as i64);
+        .set_sessions_open(gateway.sessions.open_count());
     let page = gateway.metrics.render();
-    *gateway
-        .last_scrape
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = Some(page.clone());
+    *crate::sync::lock(&gateway.last_scrape) = Some(page.clone());
     gateway.scraped.notify_waiters();
     ([("content-type", "text/plain; version=0.0.4")], page).into_response()
 }
@@ -152,7 +145,7 @@ pub async fn get_session(State(gateway): State<Arc<Gateway>>, Path(id): Path<Str
             let mut value = json!({
                 "session": s.meta.session, "task": s.meta.task, "group": s.meta.group, "sample": s.meta.sample,
                 "calls": s.calls(), "open": s.is_open(), "capture_dir": s.dir,
-                "shipment": super::lifecycle::shipment(&gateway, &id),
+                "shipment": shipment(&gateway, &id),
             });
             // Why a trajectory still waits (or was refused): the last failed delivery's cause.
             if let Some(error) = gateway.delivery_error(&id) {

@@ -1,33 +1,37 @@
 //! Prometheus metrics of the gateway (`/metrics`).
 
+use std::time::Duration;
+
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
+use crate::capture::Api;
+
 pub struct Metrics {
-    pub registry: Registry,
+    registry: Registry,
     /// Every family registered, with its label names: all `/metrics` can ever show, series or
     /// not yet (the docs' list is checked against it).
     pub families: Vec<(String, Vec<String>)>,
-    pub requests: IntCounterVec,
-    pub upstream_seconds: HistogramVec,
-    pub added_seconds: HistogramVec,
-    pub bytes: IntCounterVec,
-    pub sessions_open: IntGauge,
+    requests: IntCounterVec,
+    upstream_seconds: HistogramVec,
+    added_seconds: HistogramVec,
+    bytes: IntCounterVec,
+    sessions_open: IntGauge,
     /// 1 when the pod's grader reached, at start, what its egress policy should refuse.
-    pub egress_unrestricted: IntGauge,
-    pub capture_write_seconds: HistogramVec,
-    pub errors: IntCounterVec,
-    pub dropped: IntCounterVec,
+    egress_unrestricted: IntGauge,
+    capture_write_seconds: HistogramVec,
+    errors: IntCounterVec,
+    dropped: IntCounterVec,
     /// Trajectories by what happened to them: `shipped`, `retried`, `rejected`.
-    pub trajectories: IntCounterVec,
-    pub spool_pending: IntGauge,
+    trajectories: IntCounterVec,
+    spool_pending: IntGauge,
     /// Failed upstream attempts by kind and what followed: `retried` or `failed` (the call
     /// failed for the harness; its session is an infrastructure failure).
-    pub upstream_errors: IntCounterVec,
+    upstream_errors: IntCounterVec,
     /// Failed trajectory deliveries by cause (`crate::net_error::KINDS`, `http_<status>`, `disk`).
-    pub delivery_errors: IntCounterVec,
+    delivery_errors: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -120,7 +124,7 @@ impl Metrics {
         // series of successful calls, of calls the upstream failed (the denominator of the
         // upstream-error ratio: without them a pod whose only call failed reads +Inf) and of
         // latencies exist, empty, from the start.
-        for api in crate::capture::Api::ALL.map(super::complete::api_label) {
+        for api in Api::ALL.map(api_label) {
             for status in ["200", "502", "504", "stream_error"] {
                 requests.with_label_values(&[api, status]).inc_by(0);
             }
@@ -188,10 +192,109 @@ impl Metrics {
         })
     }
 
+    /// A model API request answered with `status` (`200`, `400`, …, or `stream_error`).
+    pub fn request(&self, api: Api, status: &str) {
+        self.requests
+            .with_label_values(&[api_label(api), status])
+            .inc();
+    }
+
+    /// A request refused or failed, by the error's kind.
+    pub fn error(&self, kind: &str) {
+        self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Bytes of a request read from the harness.
+    pub fn bytes_in(&self, api: Api, n: usize) {
+        self.bytes
+            .with_label_values(&[api_label(api), "in"])
+            .inc_by(n as u64);
+    }
+
+    /// A request answered: 200, the latency the gateway added beside the upstream's, the bytes
+    /// sent back.
+    pub fn answered(&self, api: Api, added: Duration, out_bytes: usize) {
+        let label = api_label(api);
+        self.requests.with_label_values(&[label, "200"]).inc();
+        self.added_seconds
+            .with_label_values(&[label])
+            .observe(added.as_secs_f64());
+        self.bytes
+            .with_label_values(&[label, "out"])
+            .inc_by(out_bytes as u64);
+    }
+
+    /// Something of the harness's request was dropped in translation.
+    pub fn dropped(&self, api: Api, what: &str) {
+        self.dropped
+            .with_label_values(&[api_label(api), what])
+            .inc();
+    }
+
+    /// One upstream call (with its retries) took this long.
+    pub fn upstream_call(&self, api: Api, took: Duration) {
+        self.upstream_seconds
+            .with_label_values(&[api_label(api)])
+            .observe(took.as_secs_f64());
+    }
+
+    /// One capture line took this long to write.
+    pub fn capture_written(&self, api: Api, took: Duration) {
+        self.capture_write_seconds
+            .with_label_values(&[api_label(api)])
+            .observe(took.as_secs_f64());
+    }
+
+    /// A failed upstream attempt, and whether it was `retried`.
+    pub fn upstream_error(&self, kind: &str, retried: bool) {
+        let result = if retried { "retried" } else { "failed" };
+        self.upstream_errors
+            .with_label_values(&[kind, result])
+            .inc();
+    }
+
+    pub fn set_sessions_open(&self, n: usize) {
+        self.sessions_open.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The pod's grader reached, at start, what its egress policy should refuse.
+    pub fn set_egress_unrestricted(&self, open: bool) {
+        self.egress_unrestricted.set(i64::from(open));
+    }
+
+    /// A session's shipping loop started (`true`) or ended.
+    pub fn shipping(&self, started: bool) {
+        if started {
+            self.spool_pending.inc();
+        } else {
+            self.spool_pending.dec();
+        }
+    }
+
+    /// What happened to a trajectory's delivery: `shipped`, `retried` or `rejected`.
+    pub fn trajectory(&self, fate: &str) {
+        self.trajectories.with_label_values(&[fate]).inc();
+    }
+
+    /// A failed delivery attempt, by cause.
+    pub fn delivery_error(&self, kind: &str) {
+        self.delivery_errors.with_label_values(&[kind]).inc();
+    }
+
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// The `api` label of a provider API.
+pub fn api_label(api: Api) -> &'static str {
+    match api {
+        Api::Anthropic => "anthropic",
+        Api::OpenaiChat => "openai_chat",
+        Api::OpenaiResponses => "openai_responses",
+        Api::Gemini => "gemini",
     }
 }
 

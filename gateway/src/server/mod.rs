@@ -2,12 +2,15 @@
 //! health and metrics. Handlers stay thin: protocol work is in [`crate::protocol`], the shared
 //! call path in [`complete`].
 
+mod assignments;
 mod complete;
 mod control;
-mod lifecycle;
 mod metrics;
 mod model_api;
+mod reply;
+pub mod session_store;
 pub mod sessions;
+mod shipping;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,8 +21,8 @@ use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 
-pub use lifecycle::{abandon_unfinished, drain, recover};
 pub use metrics::Metrics;
+pub use session_store::{abandon_unfinished, drain, recover};
 use sessions::Sessions;
 
 use crate::protocol::upstream::CallLimits;
@@ -139,28 +142,6 @@ impl Gateway {
 }
 
 impl Gateway {
-    fn delivery_errors(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, String>> {
-        self.delivery_errors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn note_delivery_error(&self, session: &str, error: &str) {
-        self.delivery_errors()
-            .insert(session.to_string(), error.to_string());
-    }
-
-    pub fn forget_delivery_error(&self, session: &str) {
-        self.delivery_errors().remove(session);
-    }
-
-    /// The last failed delivery of a session whose trajectory is not shipped.
-    pub fn delivery_error(&self, session: &str) -> Option<String> {
-        self.delivery_errors().get(session).cloned()
-    }
-
     /// A session's upstream: the gateway's own, with what the assignment overrides (a job in
     /// train mode calls its trainer's vLLM; its sampling settings replace the harness's).
     pub fn upstream_for(&self, over: Option<&crate::ship::UpstreamOverride>) -> sessions::Upstream {
@@ -210,11 +191,14 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/floe/v1/sessions/{id}/close", post(control::close_session))
         .route(
             "/floe/v1/sessions/{id}/result",
-            post(lifecycle::post_result),
+            post(assignments::post_result),
         )
-        .route("/floe/v1/assignments", post(lifecycle::post_assignment))
+        .route("/floe/v1/assignments", post(assignments::post_assignment))
         .route("/floe/v1/runner/ready", post(control::runner_ready))
-        .route("/floe/v1/assignments/next", get(lifecycle::next_assignment))
+        .route(
+            "/floe/v1/assignments/next",
+            get(assignments::next_assignment),
+        )
         .route_layer(middleware::from_fn_with_state(
             gateway.clone(),
             control::require_control_token,
@@ -251,10 +235,7 @@ pub const FINAL_SCRAPE_WAIT: Duration = Duration::from_secs(25);
 /// the page changed since its last scrape, wait (at most `wait`) for one more scrape.
 pub async fn final_scrape(gateway: &Gateway, wait: Duration) -> bool {
     let unseen = || {
-        let last = gateway
-            .last_scrape
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let last = crate::sync::lock(&gateway.last_scrape);
         last.as_ref()
             .is_some_and(|page| *page != gateway.metrics.render())
     };
@@ -399,7 +380,7 @@ mod tests {
     ) -> Result<(), std::io::Error> {
         let dir = tempfile::tempdir()?;
         let g = gateway(dir.path(), None);
-        let bump = || g.metrics.errors.with_label_values(&["upstream"]).inc();
+        let bump = || g.metrics.error("upstream");
         let short = Duration::from_millis(200);
         // Never scraped: nothing to wait for.
         bump();

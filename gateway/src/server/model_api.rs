@@ -15,7 +15,8 @@ use axum::Json;
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
-use super::complete::{api_label, complete};
+use super::complete::complete;
+use super::metrics::api_label;
 use super::sessions::Session;
 use super::Gateway;
 use crate::capture::Api;
@@ -40,17 +41,9 @@ fn query_key(uri: &Uri) -> Option<&str> {
 }
 
 fn fail(gateway: &Gateway, api: Api, error: &ProtocolError) -> Response {
-    gateway
-        .metrics
-        .errors
-        .with_label_values(&[error.kind()])
-        .inc();
+    gateway.metrics.error(error.kind());
     let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    gateway
-        .metrics
-        .requests
-        .with_label_values(&[api_label(api), status.as_str()])
-        .inc();
+    gateway.metrics.request(api, status.as_str());
     (status, Json(error.body(api))).into_response()
 }
 
@@ -79,11 +72,7 @@ async fn admit(
             size: limit + 1,
             limit,
         })?;
-    gateway
-        .metrics
-        .bytes
-        .with_label_values(&[api_label(api), "in"])
-        .inc_by(body.len() as u64);
+    gateway.metrics.bytes_in(api, body.len());
     Ok((session, body))
 }
 
@@ -263,11 +252,7 @@ async fn count_tokens(
     .await;
     match counted {
         Ok(count) => {
-            gateway
-                .metrics
-                .requests
-                .with_label_values(&[api_label(api), "200"])
-                .inc();
+            gateway.metrics.request(api, "200");
             Json(reply(count)).into_response()
         }
         Err(e) => fail(gateway, api, &e),
@@ -314,11 +299,7 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     }
     for what in &normalized.dropped {
         tracing::debug!(api = api_label(api), what, "dropped from the request");
-        gateway
-            .metrics
-            .dropped
-            .with_label_values(&[api_label(api), what])
-            .inc();
+        gateway.metrics.dropped(api, what);
     }
     let upstream_request = std::mem::take(&mut normalized.request);
     let call = complete(
@@ -368,11 +349,8 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
                     .collect()
             }
             Err(e) => {
-                gw.metrics.errors.with_label_values(&[e.kind()]).inc();
-                gw.metrics
-                    .requests
-                    .with_label_values(&[api_label(api), "stream_error"])
-                    .inc();
+                gw.metrics.error(e.kind());
+                gw.metrics.request(api, "stream_error");
                 let body = e.body(api);
                 let event = Event::default().data(body.to_string());
                 vec![if api == Api::Anthropic {
@@ -412,23 +390,8 @@ fn finish(
     upstream: std::time::Duration,
     out_bytes: usize,
 ) {
-    let label = api_label(api);
-    gateway
-        .metrics
-        .requests
-        .with_label_values(&[label, "200"])
-        .inc();
     let added = t0.elapsed().saturating_sub(upstream);
-    gateway
-        .metrics
-        .added_seconds
-        .with_label_values(&[label])
-        .observe(added.as_secs_f64());
-    gateway
-        .metrics
-        .bytes
-        .with_label_values(&[label, "out"])
-        .inc_by(out_bytes as u64);
+    gateway.metrics.answered(api, added, out_bytes);
 }
 
 /// `GET /v1/models`: the one model a session can call, under the name the harness expects.

@@ -144,7 +144,7 @@ impl Sessions {
         if !valid_id(&meta.session) {
             return Err(SessionError::BadId(meta.session));
         }
-        let mut by_id = self.by_id.write().unwrap_or_else(|e| e.into_inner());
+        let mut by_id = crate::sync::write(&self.by_id);
         if let Some(existing) = by_id.get(&meta.session) {
             return Ok((existing.clone(), false));
         }
@@ -174,50 +174,29 @@ impl Sessions {
             log: Mutex::new(log),
         });
         by_id.insert(session.meta.session.clone(), session.clone());
-        self.by_token
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(token, session.clone());
+        crate::sync::write(&self.by_token).insert(token, session.clone());
         Ok((session, true))
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
-        self.by_id
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned()
+        crate::sync::read(&self.by_id).get(id).cloned()
     }
 
     /// The open session a model call's token belongs to.
     pub fn by_token(&self, token: &str) -> Option<Arc<Session>> {
-        let session = self
-            .by_token
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(token)
-            .cloned()?;
+        let session = crate::sync::read(&self.by_token).get(token).cloned()?;
         session.is_open().then_some(session)
     }
 
     /// Forget a session (its capture stays on disk).
     pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
-        let session = self
-            .by_id
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)?;
-        self.by_token
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&session.token);
+        let session = crate::sync::write(&self.by_id).remove(id)?;
+        crate::sync::write(&self.by_token).remove(&session.token);
         Some(session)
     }
 
     pub fn open_count(&self) -> usize {
-        self.by_id
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        crate::sync::read(&self.by_id)
             .values()
             .filter(|s| s.is_open())
             .count()

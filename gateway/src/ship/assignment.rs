@@ -101,7 +101,7 @@ impl Assignments {
     /// Queue an assignment. The same assignment again is a no-op (the operator retries);
     /// different content under a known session id is a conflict. Returns whether it is new.
     pub fn offer(&self, delivered: Delivered, taken: bool) -> Result<bool, AssignmentError> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::sync::lock(&self.state);
         let session = delivered.assignment.session.clone();
         if let Some((known, _)) = state.known.get(&session) {
             return if known.assignment == delivered.assignment {
@@ -120,18 +120,18 @@ impl Assignments {
     }
 
     pub fn get(&self, session: &str) -> Option<Delivered> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = crate::sync::lock(&self.state);
         state.known.get(session).map(|(d, _)| d.clone())
     }
 
     /// Every assignment seen, with whether a runner took it.
     pub fn all(&self) -> Vec<(Delivered, bool)> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = crate::sync::lock(&self.state);
         state.known.values().cloned().collect()
     }
 
     fn try_take(&self, only: Option<&str>) -> Option<Delivered> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::sync::lock(&self.state);
         let position = match only {
             Some(id) => state.queue.iter().position(|s| s == id)?,
             None => 0,
@@ -162,7 +162,7 @@ impl Assignments {
     /// Forget a finished session's assignment (a long local run keeps no memory per session
     /// it has finished). Returns whether it was known.
     pub fn forget(&self, session: &str) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::sync::lock(&self.state);
         state.queue.retain(|s| s != session);
         state.known.remove(session).is_some()
     }
@@ -170,7 +170,7 @@ impl Assignments {
     /// Take an untaken assignment out of the queue without delivering it (a run that will
     /// not run it, e.g. one abandoned when a local run resumes). Returns whether it was queued.
     pub fn withdraw(&self, session: &str) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::sync::lock(&self.state);
         let Some(position) = state.queue.iter().position(|s| s == session) else {
             return false;
         };

@@ -7,9 +7,10 @@
 
 mod assignment;
 pub mod collector;
+pub mod shipper;
 mod sink;
 mod spool;
 
 pub use assignment::{Assignment, AssignmentError, Assignments, Delivered, UpstreamOverride};
-pub use sink::{deliver, DeliveryError, Sink};
+pub use sink::{deliver, DeliveryError, Failure, Sink};
 pub use spool::{write_durably, Spool, SpoolEntry, SpoolError};

@@ -11,7 +11,7 @@ use kube::Client;
 
 use super::expectations::{Expectations, Pending};
 use crate::pod_problem::PodProblem;
-use crate::sync::lock;
+use floe_gateway::sync::lock;
 
 /// How often an unchanged egress policy is applied again (restoring one deleted by hand).
 const EGRESS_REAPPLY: Duration = Duration::from_secs(60);

@@ -14,6 +14,7 @@ use kube::{Api, Resource, ResourceExt};
 use super::plan::{plan, DeleteReason, PoolPod, PoolView};
 use super::status::{write_status, Counts};
 use super::PoolContext;
+use crate::api_call::ApiCallError;
 use crate::metrics::Kind;
 use crate::pods::names::{POOL_LABEL, TEMPLATE_HASH_ANNOTATION};
 use crate::pods::sandbox::{self, SandboxPod};
@@ -22,13 +23,8 @@ use crate::pods::{writes, PodState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
-    /// An apiserver call failed; `doing` names the call and its object.
-    #[error("{doing}: {source}")]
-    Api {
-        doing: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Api(#[from] ApiCallError),
     #[error("the pool has no namespace")]
     NoNamespace,
     #[error("cannot build the sandbox pod: {0}")]
@@ -38,8 +34,8 @@ pub enum PoolError {
 impl PoolError {
     /// For `map_err`: the apiserver failed while `doing` something.
     pub(crate) fn api(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
-        let doing = doing.into();
-        move |source| Self::Api { doing, source }
+        let failed = ApiCallError::doing(doing);
+        move |source| Self::Api(failed(source))
     }
 }
 
@@ -215,20 +211,23 @@ async fn reconcile_pool(
         let waited = ctx.claims.quiet_by(yield_until).await;
         ctx.metrics.refill_yielded(waited);
         let pod = format!("{name}-{}", sandbox::random_suffix());
-        match create_pod(&ctx, &pool, &ns, &name, &pod).await {
+        let made = create_pod(&ctx, &pool, &ns, &name, &pod).await;
+        // The apiserver's words when it refused the pod for good.
+        let refusal = match &made {
+            Err(PoolError::Api(call)) => call.refusal().map(|e| e.message.clone()),
+            _ => None,
+        };
+        match made {
             Ok(()) => {}
             // The apiserver refuses the pod the template makes (an admission rule, a
             // RuntimeClass that does not exist, a quota): say so on the pool and back off, as
             // for pods that end unclaimed, instead of retrying in the operator's log only.
-            Err(PoolError::Api {
-                source: kube::Error::Api(e),
-                ..
-            }) if (400..500).contains(&e.code) && e.code != 409 => {
+            Err(_) if refusal.is_some() => {
                 let why = crate::pod_problem::PodProblem {
                     pod: pod.clone(),
                     container: None,
                     reason: "PodCreateRejected".into(),
-                    message: e.message.clone(),
+                    message: refusal.unwrap_or_default(),
                 };
                 tracing::warn!(pool = %key, "{}", why.describe());
                 ctx.events

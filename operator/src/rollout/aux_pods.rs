@@ -126,8 +126,9 @@ pub fn collector(
     };
     let name = dataset_service(&job.name_any());
     let dir = format!("/data/{}", sft.output.path.trim_start_matches('/'));
-    let min_reward = sft
-        .min_reward
+    let min_reward = job
+        .spec
+        .sft_min_reward()
         .unwrap_or(job.spec.evaluator.reward.pass_threshold);
     let user = sft
         .output

@@ -15,7 +15,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use super::JobError;
 use crate::metrics::Metrics;
 use crate::rollout::freshness::{Bar, Bars};
-use crate::sync::lock;
+use floe_gateway::sync::lock;
 
 pub struct JobContext {
     pub client: Client,

@@ -38,17 +38,13 @@ use super::plan::plan;
 use super::pod_view;
 use super::status::Blocked;
 
+use crate::api_call::ApiCallError;
 pub use crate::pods::names::JOB_FINALIZER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
-    /// An apiserver call failed; `doing` names the call and its object.
-    #[error("{doing}: {source}")]
-    Api {
-        doing: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Api(#[from] ApiCallError),
     #[error("the job has no namespace")]
     NoNamespace,
     #[error("cannot build a session pod: {0}")]
@@ -58,8 +54,8 @@ pub enum JobError {
 impl JobError {
     /// For `map_err`: the apiserver failed while `doing` something.
     pub(crate) fn api(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
-        let doing = doing.into();
-        move |source| Self::Api { doing, source }
+        let failed = ApiCallError::doing(doing);
+        move |source| Self::Api(failed(source))
     }
 }
 

@@ -204,7 +204,7 @@ pub(super) async fn observe(
     ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
     Ok(Observed {
         name,
-        samples: u32::try_from(spec.num_samples.max(1)).unwrap_or(1),
+        samples: spec.samples(),
         tasks,
         hidden,
         control_port: pool.map_or_else(
@@ -379,7 +379,7 @@ impl Observed {
 
     /// The task and sample of a session index (task-major numbering).
     pub(super) fn session(&self, index: u32) -> Option<(&Task, u32)> {
-        let task = self.tasks.get((index / self.samples) as usize)?;
-        Some((task, index % self.samples))
+        let (task, sample) = floe_crds::rollout_job::session_at(index, self.samples);
+        Some((self.tasks.get(task)?, sample))
     }
 }

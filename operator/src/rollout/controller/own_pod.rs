@@ -79,25 +79,24 @@ pub(super) fn refused<K: kube::Resource>(
     kind: &str,
     object: &K,
 ) -> Result<(), Halt> {
-    match created {
-        Err(JobError::Api {
-            source: kube::Error::Api(e),
-            ..
-        }) if (400..500).contains(&e.code) && !matches!(e.code, 408 | 409 | 429) => {
-            Err(Halt::Blocked(Blocked::stalled(
-                if kind == "pod" {
-                    "PodCreateRejected"
-                } else {
-                    "CreateRejected"
-                },
-                format!(
-                    "the apiserver refused the job's {kind} {}: {}",
-                    object.meta().name.as_deref().unwrap_or_default(),
-                    e.message
-                ),
-            )))
-        }
-        other => Ok(other?),
+    let refusal = match &created {
+        Err(JobError::Api(call)) => call.refusal().map(|e| e.message.clone()),
+        _ => None,
+    };
+    match (created, refusal) {
+        (Err(_), Some(message)) => Err(Halt::Blocked(Blocked::stalled(
+            if kind == "pod" {
+                "PodCreateRejected"
+            } else {
+                "CreateRejected"
+            },
+            format!(
+                "the apiserver refused the job's {kind} {}: {}",
+                object.meta().name.as_deref().unwrap_or_default(),
+                message
+            ),
+        ))),
+        (other, _) => Ok(other?),
     }
 }
 
