@@ -4,34 +4,23 @@
 //! and what the pool's `egress.allow` adds. Those floe serves demand the job's token, which only
 //! gateways hold; everything else (other pods, the Kubernetes API, cloud metadata, the
 //! internet) is refused wherever the CNI enforces NetworkPolicy. Each pod also checks at start
-//! that it is enforced (`floe sandbox`, [`EGRESS_CHECK_ENV`]). [`keep`] is the one write: both
+//! that it is enforced (`floe sandbox`, [`crate::pods::names::EGRESS_CHECK_ENV`]). [`keep`] is the one write: both
 //! controllers apply their policy with it.
 
-use floe_crds::gateway_pool::{EgressPolicy, EgressSpec, GatewayPool, UnrestrictedEgress};
+use floe_crds::gateway_pool::{EgressPolicy, EgressSpec, GatewayPool};
 use floe_crds::rollout_job::RolloutJob;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::pods::names::{JOB_LABEL, POOL_LABEL, SANDBOX_LABEL};
-use crate::rollout::aux_pods::{INGEST_PORT, ROLE_LABEL, VLLM_PORT};
-
-/// Tells a sandbox pod's grader to check its egress at start, and what to do when it is open:
-/// `warn` or `refuse`.
-pub const EGRESS_CHECK_ENV: &str = "FLOE_EGRESS_CHECK";
+use crate::pods::names::{
+    INGEST_PORT, JOB_LABEL, POOL_LABEL, ROLE_LABEL, SANDBOX_LABEL, VLLM_PORT,
+};
 
 /// The pool's policy: `<pool>-egress`.
 pub fn policy_name(pool: &str) -> String {
     format!("{pool}-egress")
-}
-
-/// `EGRESS_CHECK_ENV`'s value for a pool's pods.
-pub fn check_mode(mode: UnrestrictedEgress) -> &'static str {
-    match mode {
-        UnrestrictedEgress::Warn => "warn",
-        UnrestrictedEgress::Refuse => "refuse",
-    }
 }
 
 /// The NetworkPolicy the operator keeps for `pool`, owned by it; `None` when the pool says

@@ -17,8 +17,8 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
 
+use crate::pods::names::OWNER_JOB_LABEL;
 use crate::pods::names::{JOB_LABEL, POOL_LABEL};
-use crate::rollout::aux_pods::OWNER_JOB_LABEL;
 
 /// Only what the controllers read.
 pub fn slim(mut pod: Pod) -> Pod {

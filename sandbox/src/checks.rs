@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use floe_crds::rollout_job::{RolloutJobSpec, Task};
 use floe_crds::validation::FieldError;
-use floe_gateway::server::sessions::valid_id;
+use floe_gateway::capture::valid_session_id as valid_id;
 
 use crate::session::session_id;
 use crate::workspace::{safe_join, Protected};

@@ -10,3 +10,13 @@ pub use log::{
 };
 pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};
 pub mod upstream_errors;
+
+/// A session id is a directory or file name on the capture volume and in a dataset: 1–253
+/// characters of `[A-Za-z0-9._-]`, not starting with a dot.
+pub fn valid_session_id(id: &str) -> bool {
+    (1..=253).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !id.starts_with('.')
+}

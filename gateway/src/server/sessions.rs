@@ -94,15 +94,7 @@ pub struct Sessions {
     by_token: RwLock<HashMap<String, Arc<Session>>>,
 }
 
-/// A session id is a directory or file name on the capture volume and in a dataset: 1–253
-/// characters of `[A-Za-z0-9._-]`, not starting with a dot.
-pub fn valid_id(id: &str) -> bool {
-    (1..=253).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        && !id.starts_with('.')
-}
+pub use crate::capture::valid_session_id as valid_id;
 
 impl Sessions {
     /// Create a session, or return the existing one with that id (creation is idempotent, so

@@ -97,7 +97,7 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
             )
         }
     };
-    if !crate::server::sessions::valid_id(&trajectory.session) {
+    if !crate::capture::valid_session_id(&trajectory.session) {
         return refuse(
             StatusCode::BAD_REQUEST,
             format!(

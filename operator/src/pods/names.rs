@@ -38,3 +38,20 @@ pub const AGENT_CONTAINER: &str = "agent";
 
 /// Key of the control token in the per-pod Secret.
 pub const CONTROL_TOKEN_KEY: &str = "control-token";
+
+/// On a job's own pods (trainer, collector, task loader): which one it is. Not
+/// [`JOB_LABEL`], which marks sessions.
+pub const ROLE_LABEL: &str = "floe.dev/job-role";
+/// On a job's own pods: the job they belong to.
+pub const OWNER_JOB_LABEL: &str = "floe.dev/owner-job";
+
+/// Tells a sandbox pod's grader to check its egress at start, and what to do when it is open:
+/// `warn` or `refuse` (`floe sandbox --egress-check`).
+pub const EGRESS_CHECK_ENV: &str = "FLOE_EGRESS_CHECK";
+
+/// The policy Service's port: `floe policy-proxy` in a train job's trainer pod, in front of
+/// vLLM. Sandbox pods' egress policy opens it.
+pub const VLLM_PORT: i32 = 8000;
+/// Trajectory ingest (trainer or dataset collector, `POST /v1/trajectories`) and the task
+/// loader's `/tasks`. Sandbox pods' egress policy opens it.
+pub const INGEST_PORT: i32 = 8100;

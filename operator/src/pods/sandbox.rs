@@ -169,6 +169,14 @@ fn grader_resources(harness: &k8s_openapi::api::core::v1::ResourceRequirements) 
     Some(json!({"limits": limits, "requests": requests}))
 }
 
+/// [`EGRESS_CHECK_ENV`]'s value for a pool's pods.
+fn egress_check_mode(mode: floe_crds::gateway_pool::UnrestrictedEgress) -> &'static str {
+    match mode {
+        floe_crds::gateway_pool::UnrestrictedEgress::Warn => "warn",
+        floe_crds::gateway_pool::UnrestrictedEgress::Refuse => "refuse",
+    }
+}
+
 pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     let t = &p.spec.template;
     let g = &p.spec.gateway;
@@ -283,8 +291,8 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         json!({"name": "FLOE_GATEWAY_URL", "value": gateway_url}),
         json!({"name": "FLOE_CONTROL_TOKEN_FILE", "value": token_file}),
         json!({"name": "FLOE_POOL_PREPARE", "value": serde_json::to_string(&p.spec.prepare)?}),
-        json!({"name": crate::egress_policy::EGRESS_CHECK_ENV,
-               "value": crate::egress_policy::check_mode(p.spec.egress.unrestricted)}),
+        json!({"name": EGRESS_CHECK_ENV,
+               "value": egress_check_mode(p.spec.egress.unrestricted)}),
     ];
     grader_env.extend(template_env.iter().cloned());
     let mut grader_mounts = vec![

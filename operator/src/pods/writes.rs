@@ -8,11 +8,14 @@ use kube::{Api, Client, ResourceExt};
 use super::sandbox::{control_secret, new_control_token, state_mark_patch};
 use super::PodState;
 
-/// Delete a pod; one already gone is fine.
-pub async fn delete(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
+/// Delete a pod; one already gone is fine. Returns its resourceVersion when the deletion is
+/// graceful (the pod stays, terminating, for now): what a cache must show before it may be
+/// trusted about the pod again.
+pub async fn delete(pods: &Api<Pod>, name: &str) -> Result<Option<String>, kube::Error> {
     match pods.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        // The pod itself while it terminates; a Status once it is gone.
+        Ok(answer) => Ok(answer.left().and_then(|p| p.metadata.resource_version)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
         Err(e) => Err(e),
     }
 }

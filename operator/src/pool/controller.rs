@@ -13,31 +13,12 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::plan::{plan, DeleteReason, PoolPod, PoolView};
 use super::status::{write_status, Counts};
-use super::PoolContext;
-use crate::api_call::ApiCallError;
+use super::{PoolContext, PoolError};
 use crate::metrics::Kind;
 use crate::pods::names::{POOL_LABEL, TEMPLATE_HASH_ANNOTATION};
 use crate::pods::sandbox::{self, SandboxPod};
 use crate::pods::view::{finished, is_ready, state};
 use crate::pods::{writes, PodState};
-
-#[derive(Debug, thiserror::Error)]
-pub enum PoolError {
-    #[error(transparent)]
-    Api(#[from] ApiCallError),
-    #[error("the pool has no namespace")]
-    NoNamespace,
-    #[error("cannot build the sandbox pod: {0}")]
-    Template(#[from] serde_json::Error),
-}
-
-impl PoolError {
-    /// For `map_err`: the apiserver failed while `doing` something.
-    pub(crate) fn api(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
-        let failed = ApiCallError::doing(doing);
-        move |source| Self::Api(failed(source))
-    }
-}
 
 /// One reconcile, timed and counted under controller-runtime's metric names.
 pub async fn reconcile(pool: Arc<GatewayPool>, ctx: Arc<PoolContext>) -> Result<Action, PoolError> {

@@ -14,3 +14,23 @@ mod status;
 
 pub use context::PoolContext;
 pub use controller::{error_policy, reconcile};
+
+use crate::api_call::ApiCallError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Api(#[from] ApiCallError),
+    #[error("the pool has no namespace")]
+    NoNamespace,
+    #[error("cannot build the sandbox pod: {0}")]
+    Template(#[from] serde_json::Error),
+}
+
+impl PoolError {
+    /// For `map_err`: the apiserver failed while `doing` something.
+    pub(crate) fn api(doing: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let failed = ApiCallError::doing(doing);
+        move |source| Self::Api(failed(source))
+    }
+}

@@ -8,8 +8,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
-use super::controller::PoolError;
-use super::PoolContext;
+use super::{PoolContext, PoolError};
 use crate::pod_problem::PodProblem;
 use crate::pods::names::{POOL_LABEL, STATE_LABEL};
 use crate::pods::PodState;

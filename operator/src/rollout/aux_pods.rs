@@ -1,16 +1,13 @@
 //! Names and ports of a job's own pods and Services: the trainer pod (vLLM serving the policy,
 //! and the GRPO trainer's ingest) in `train` mode, the dataset collector in `sft` mode.
 
-/// The policy Service's port: `floe policy-proxy` in the trainer pod, in front of vLLM.
-pub const VLLM_PORT: i32 = 8000;
 /// vLLM itself, on the trainer pod's loopback only: its dev-mode weight and pause endpoints
 /// are for the trainer container, never for sandbox pods (`floe policy-proxy`).
 pub const VLLM_LOOPBACK_PORT: u16 = 8001;
-/// Trajectory ingest (trainer or dataset collector): `POST /v1/trajectories`.
-pub const INGEST_PORT: i32 = 8100;
 /// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
 pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
 pub use super::trainer_launch::SERVED_MODEL;
+pub use crate::pods::names::{INGEST_PORT, OWNER_JOB_LABEL, ROLE_LABEL, VLLM_PORT};
 
 /// Service in front of the trainer pod's vLLM.
 pub fn policy_service(job: &str) -> String {
@@ -35,10 +32,6 @@ use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
 
 use super::trainer_launch::{self, Layout};
-
-/// Label on a job's own pods (trainer, collector) — not `floe.dev/job`, which marks sessions.
-pub const ROLE_LABEL: &str = "floe.dev/job-role";
-pub const OWNER_JOB_LABEL: &str = "floe.dev/owner-job";
 
 /// The Kubernetes objects a job needs besides its sessions.
 pub struct AuxObjects {

@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use super::pod_writes::delete_pod;
 use super::{own_pod, Halt, JobContext, JobError};
 use crate::metrics::PodSource;
 use crate::pods::names::{JOB_LABEL, POOL_LABEL, STATE_LABEL};
@@ -305,7 +304,9 @@ async fn file_tasks(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Arc<
         Some(p)
             if serde_json::to_string(&p.spec.as_ref().map(|s| &s.containers[0].args))? != key =>
         {
-            delete_pod(&pods, &name).await?;
+            crate::pods::writes::delete(&pods, &name)
+                .await
+                .map_err(JobError::api(format!("deleting pod {ns}/{name}")))?;
             None
         }
         Some(p) => Some(p),

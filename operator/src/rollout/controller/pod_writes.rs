@@ -5,7 +5,7 @@ use floe_crds::rollout_job::RolloutJob;
 use floe_sandbox::session;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -88,18 +88,14 @@ pub(super) async fn release_all(
     Ok(())
 }
 
-/// Delete a pod; returns its resourceVersion when the deletion is graceful (the pod stays,
-/// terminating, for now).
+/// Delete a job's pod ([`crate::pods::writes::delete`]).
 pub(super) async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<Option<String>, JobError> {
-    match pods.delete(name, &DeleteParams::default()).await {
-        // The pod itself while it terminates; a Status once it is gone.
-        Ok(answer) => Ok(answer.left().and_then(|p| p.metadata.resource_version)),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
-        Err(e) => Err(JobError::api(format!(
+    crate::pods::writes::delete(pods, name)
+        .await
+        .map_err(JobError::api(format!(
             "deleting pod {}/{name}",
             pods.namespace().unwrap_or_default()
-        ))(e)),
-    }
+        )))
 }
 
 /// After deleting a job's pod: the cache must show it at that version (terminating) or gone.

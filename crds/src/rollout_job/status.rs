@@ -1,0 +1,140 @@
+//! `status`: what the operator (or `floe run`) observed of a job.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Observed state of the job.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutJobStatus {
+    /// `Pending`, `Running`, `Suspended`, `Succeeded` or `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RolloutJobPhase>,
+    /// `finished/total` sessions, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    /// Sessions by state.
+    #[serde(default)]
+    pub sessions: SessionCounts,
+    /// Rewards of the scored sessions so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewards: Option<RewardStats>,
+    /// Progress of the trainer pod (`train` mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<TrainerProgress>,
+    /// `Ready`, `Progressing`, `Complete`, `Failed`, `Suspended`, and kstatus `Reconciling`/`Stalled`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<Condition>>")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Sessions that finished with a reward, by index (task `i`, sample `s` → `i × numSamples + s`),
+    /// as sorted ranges like `0-7,9` — the record that makes counting each session exactly once
+    /// survive operator restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_indexes: Option<String>,
+    /// Sessions that exhausted `backoffLimit` (no reward recorded), by index, as ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_indexes: Option<String>,
+    /// Infrastructure failures so far, by session index (only sessions that had one); the next
+    /// attempt of a session is this number.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub retries: BTreeMap<String, i32>,
+    /// Failed model-server attempts of the job's sessions by kind (`connect`, `timeout`,
+    /// `http_503`, …): `retried` by the gateways within a call's deadline, and `failed` (the
+    /// call failed for the harness; its session was an infrastructure failure, never scored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_errors: Option<UpstreamErrorCounts>,
+    /// When the first session was claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
+    pub start_time: Option<Time>,
+    /// When the job succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
+    pub completion_time: Option<Time>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum RolloutJobPhase {
+    Pending,
+    Running,
+    Suspended,
+    Succeeded,
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionCounts {
+    /// Tasks × numSamples.
+    #[serde(default)]
+    pub total: i32,
+    /// Waiting for a sandbox pod.
+    #[serde(default)]
+    pub pending: i32,
+    /// Assigned to a pod and not finished.
+    #[serde(default)]
+    pub running: i32,
+    /// Finished with a reward.
+    #[serde(default)]
+    pub succeeded: i32,
+    /// Sessions that exhausted `backoffLimit` on infrastructure failures (no reward recorded).
+    #[serde(default)]
+    pub failed: i32,
+    /// Infrastructure retries so far.
+    #[serde(default)]
+    pub retried: i32,
+}
+
+/// Upstream failures by kind.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamErrorCounts {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub retried: BTreeMap<String, i64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failed: BTreeMap<String, i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RewardStats {
+    /// Sessions with a reward.
+    pub scored: i32,
+    /// Mean reward.
+    pub mean: f64,
+    /// Sum of the rewards (kept so that folding results in is exact).
+    #[serde(default)]
+    pub sum: f64,
+    /// Scored sessions with reward ≥ `passThreshold`.
+    #[serde(default)]
+    pub passed: i32,
+    /// Fraction of scored sessions with reward ≥ `passThreshold`.
+    pub pass_rate: f64,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainerProgress {
+    /// Optimizer steps taken.
+    pub step: i64,
+    /// Version of the weights vLLM serves (bumped on every weight push).
+    pub policy_version: i64,
+    /// When the last optimizer step finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
+    pub last_step_time: Option<Time>,
+    /// The job's sessions are done and the trainer trained what was left and wrote its final
+    /// model; until then a job whose sessions are done stays `Running`.
+    #[serde(default)]
+    pub finished: bool,
+    /// The final model directory (a servable model: weights, config, tokenizer), in the
+    /// trainer pod's filesystem (on the checkpoint volume when `train.checkpoint` is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_model: Option<String>,
+}

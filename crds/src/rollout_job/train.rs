@@ -1,0 +1,312 @@
+//! `spec.train` (the trainer pod: vLLM serving the policy, and GRPO) and `spec.sft` (a
+//! dataset of accepted trajectories).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::UpstreamSpec;
+
+/// The trainer pod: vLLM serving the policy to every gateway, and the GRPO trainer.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainSpec {
+    /// Trainer image (vLLM + `floe-trainer`).
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: String,
+    /// Model path (on `modelClaimName`'s volume) or name that vLLM and the trainer load.
+    #[schemars(length(min = 1, max = 4096))]
+    pub model: String,
+    /// PersistentVolumeClaim holding the model weights, mounted read-only at `/models`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub model_claim_name: Option<String>,
+    /// GPUs for training (`nvidia.com/gpu`): 0 trains on CPU, 1 on a GPU. Data-parallel
+    /// training over several GPUs is not implemented yet.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 0, max = 1))]
+    pub gpus: i32,
+    /// The vLLM server in the trainer pod.
+    #[serde(default)]
+    pub vllm: VllmSpec,
+    /// Resources of the trainer container beyond its GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::k8s::<Option<ResourceRequirements>>")]
+    pub resources: Option<ResourceRequirements>,
+    /// Nodes the trainer pod may run on (GPU nodes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the trainer pod tolerates (e.g. `nvidia.com/gpu`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "crate::schema::k8s::<Vec<Toleration>>")]
+    pub tolerations: Vec<Toleration>,
+    /// GRPO hyper-parameters.
+    #[serde(default)]
+    pub grpo: GrpoSpec,
+    /// Trajectories sampled more than this many policy versions ago are dropped (and counted).
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_staleness: i32,
+    /// Periodic checkpoints; the trainer resumes from the latest after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+}
+
+fn default_one() -> i32 {
+    1
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VllmSpec {
+    /// GPUs for the vLLM server (tensor parallel size).
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 0, max = 64))]
+    pub gpus: i32,
+    /// Extra `vllm` server arguments, e.g. `["--max-model-len", "32768"]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub args: Vec<String>,
+}
+
+impl Default for VllmSpec {
+    fn default() -> Self {
+        Self {
+            gpus: 1,
+            args: Vec::new(),
+        }
+    }
+}
+
+/// GRPO hyper-parameters. Defaults follow DAPO-style clip-higher with truncated importance sampling.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpoSpec {
+    /// AdamW learning rate.
+    #[serde(default = "default_learning_rate")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub learning_rate: f64,
+    /// Advantage estimator: `MeanStd` (GRPO), `MeanOnly` (Dr. GRPO) or `LeaveOneOut` (RLOO).
+    #[serde(default)]
+    pub advantage: AdvantageEstimator,
+    /// Lower clip range of the PPO ratio (1 − ε_low).
+    #[serde(default = "default_epsilon_low")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub epsilon_low: f64,
+    /// Upper clip range of the PPO ratio (1 + ε_high, clip-higher).
+    #[serde(default = "default_epsilon_high")]
+    #[schemars(range(min = 0.0, max = 10.0))]
+    pub epsilon_high: f64,
+    /// Cap of the truncated importance-sampling ratio against the behaviour logprobs.
+    #[serde(default = "default_tis_cap")]
+    #[schemars(range(min = 1.0, max = 100.0))]
+    pub tis_cap: f64,
+    /// KL penalty to the reference model (0 = off, no reference model loaded).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 10.0))]
+    pub kl_coef: f64,
+    /// How token losses are averaged: `TokenMean`, `SequenceMean` or `TokenSumNorm`.
+    #[serde(default)]
+    pub loss_aggregation: LossAggregation,
+    /// Groups (tasks) per optimizer step.
+    #[serde(default = "default_groups_per_step")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub groups_per_step: i32,
+    /// Sequences per forward/backward pass (gradient accumulation covers the rest).
+    #[serde(default = "default_micro_batch")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub micro_batch_size: i32,
+    /// Optimizer updates per pass over a step's rollout batch. The batch's old log-probs are
+    /// taken once before the first update, so from the second update on the PPO ratio moves
+    /// away from 1 and the clip (`epsilonLow`/`epsilonHigh`) bounds each update.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub mini_batches: i32,
+    /// Passes over a step's rollout batch (PPO epochs), each of `miniBatches` updates.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 100))]
+    pub ppo_epochs: i32,
+    /// Gradient-norm clipping threshold.
+    #[serde(default = "default_max_grad_norm")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub max_grad_norm: f64,
+    /// Recompute activations in the backward pass to save GPU memory.
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
+    /// Training precision: `Auto` (BF16 on a GPU, FP32 on CPU), `BF16` (bf16 autocast over
+    /// fp32 master weights and optimizer state) or `FP32`.
+    #[serde(default)]
+    pub precision: TrainingPrecision,
+    /// How each step's weights reach the pod's vLLM: `File` (safetensors on the pod's shared
+    /// volume, then vLLM reloads them; works on CPU and GPU) or `NCCL` (broadcast from the
+    /// trainer's GPU to vLLM's, vLLM's weight-transfer API; needs `gpus: 1`).
+    #[serde(default)]
+    pub weight_sync: WeightSync,
+    /// A group is trained once this fraction of its samples arrived and `groupGraceSeconds` passed.
+    #[serde(default = "default_min_group_fraction")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_group_fraction: f64,
+    /// How long to wait for the rest of a group once `minGroupFraction` arrived.
+    #[serde(default = "default_group_grace")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub group_grace_seconds: i32,
+}
+
+impl Default for GrpoSpec {
+    fn default() -> Self {
+        Self {
+            learning_rate: default_learning_rate(),
+            advantage: AdvantageEstimator::default(),
+            epsilon_low: default_epsilon_low(),
+            epsilon_high: default_epsilon_high(),
+            tis_cap: default_tis_cap(),
+            kl_coef: 0.0,
+            loss_aggregation: LossAggregation::default(),
+            groups_per_step: default_groups_per_step(),
+            micro_batch_size: default_micro_batch(),
+            mini_batches: 1,
+            ppo_epochs: 1,
+            max_grad_norm: default_max_grad_norm(),
+            gradient_checkpointing: false,
+            precision: TrainingPrecision::default(),
+            weight_sync: WeightSync::default(),
+            min_group_fraction: default_min_group_fraction(),
+            group_grace_seconds: default_group_grace(),
+        }
+    }
+}
+
+fn default_learning_rate() -> f64 {
+    1e-6
+}
+fn default_epsilon_low() -> f64 {
+    0.2
+}
+fn default_epsilon_high() -> f64 {
+    0.28
+}
+fn default_tis_cap() -> f64 {
+    2.0
+}
+fn default_groups_per_step() -> i32 {
+    8
+}
+fn default_micro_batch() -> i32 {
+    4
+}
+fn default_max_grad_norm() -> f64 {
+    1.0
+}
+fn default_min_group_fraction() -> f64 {
+    1.0
+}
+fn default_group_grace() -> i32 {
+    300
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum AdvantageEstimator {
+    /// (r − mean) / std within the group (GRPO).
+    #[default]
+    MeanStd,
+    /// r − mean, no std normalization (Dr. GRPO).
+    MeanOnly,
+    /// r − mean of the other samples (RLOO).
+    LeaveOneOut,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum LossAggregation {
+    /// Mean over all trainable tokens of the batch (DAPO).
+    #[default]
+    TokenMean,
+    /// Mean over tokens per sequence, then over sequences (original GRPO).
+    SequenceMean,
+    /// Sum over tokens divided by a constant (Dr. GRPO).
+    TokenSumNorm,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum TrainingPrecision {
+    /// BF16 where the trainer has a GPU, FP32 on CPU.
+    #[default]
+    Auto,
+    /// bf16 autocast; weights and AdamW state stay fp32.
+    BF16,
+    /// Plain fp32.
+    FP32,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum WeightSync {
+    /// Save safetensors, vLLM reloads them from disk.
+    #[default]
+    File,
+    /// GPU-to-GPU broadcast over NCCL (vLLM `--weight-transfer-config {"backend":"nccl"}`).
+    NCCL,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// PersistentVolumeClaim for checkpoints (model, optimizer, step, policy version).
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// Write a checkpoint every this many optimizer steps.
+    #[serde(default = "default_checkpoint_every")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub every_steps: i32,
+    /// Checkpoints kept; older ones are deleted.
+    #[serde(default = "default_checkpoint_keep")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep: i32,
+}
+
+fn default_checkpoint_every() -> i32 {
+    50
+}
+fn default_checkpoint_keep() -> i32 {
+    3
+}
+
+/// Supervised fine-tuning data collection: accepted trajectories go to a JSONL dataset.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SftSpec {
+    /// Model server the gateways call (a teacher model, or any OpenAI-compatible vLLM).
+    pub upstream: UpstreamSpec,
+    /// Where the dataset is written.
+    pub output: DatasetOutput,
+    /// Trajectories with reward ≥ this are written (default: `evaluator.reward.passThreshold`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_reward: Option<f64>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DatasetOutput {
+    /// PersistentVolumeClaim the dataset is written to.
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// Directory inside the claim; `dataset.jsonl` and `summary.json` are written there.
+    #[serde(default = "default_dataset_path")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub path: String,
+    /// User the dataset collector runs as and writes the dataset as (default 65532). On a
+    /// volume that does not apply the pod's `fsGroup` (hostPath, some NFS exports), set it to
+    /// the directory's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_user: Option<i64>,
+    /// Group the dataset collector runs as, also its `fsGroup` (default 65532).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_group: Option<i64>,
+}
+
+fn default_dataset_path() -> String {
+    "/".to_string()
+}
