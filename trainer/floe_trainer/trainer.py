@@ -77,55 +77,69 @@ class TrainerConfig:
 
     @staticmethod
     def from_operator(c: dict, state_dir: Path) -> TrainerConfig:
-        """The JSON the operator puts in ``FLOE_TRAINER_CONFIG`` (docs/trainer.md)."""
-        g = c.get("grpo", {})
+        """The JSON the operator puts in ``FLOE_TRAINER_CONFIG`` (docs/trainer.md).
+
+        A key the config leaves out keeps this class's default; the operator and ``floe run``
+        write every field with the CRD's defaults filled, and a test holds the two equal
+        (``tests/test_contract_defaults.py``)."""
+        g = c.get("grpo") or {}
         ck = c.get("checkpoint") or {}
-        kl_coef = float(g.get("klCoef", 0) or 0)
-        if kl_coef < 0:
-            raise ValueError(f"grpo.klCoef must be >= 0, got {kl_coef}")
+        given: dict = {}
+
+        def take(field: str, source: dict, key: str, convert) -> None:
+            if source.get(key) is not None:
+                given[field] = convert(source[key])
+
+        take("policy_url", c, "policyUrl", str)
+        take("pass_threshold", c, "passThreshold", float)
+        take("max_staleness", c, "maxStaleness", int)
+        take("vllm_gpus", c, "vllmGpus", int)
+        take("final_dir", c, "finalDir", Path)
+        for field, key, convert in [
+            ("learning_rate", "learningRate", float),
+            ("advantage", "advantage", str),
+            ("epsilon_low", "epsilonLow", float),
+            ("epsilon_high", "epsilonHigh", float),
+            ("tis_cap", "tisCap", float),
+            ("loss_aggregation", "lossAggregation", str),
+            ("groups_per_step", "groupsPerStep", int),
+            ("micro_batch_size", "microBatchSize", int),
+            ("max_grad_norm", "maxGradNorm", float),
+            ("min_group_fraction", "minGroupFraction", float),
+            ("group_grace_seconds", "groupGraceSeconds", float),
+            ("precision", "precision", lambda v: str(v).lower()),
+            ("gradient_checkpointing", "gradientCheckpointing", bool),
+            ("kl_coef", "klCoef", float),
+            ("weight_sync", "weightSync", lambda v: str(v).lower()),
+            ("mini_batches", "miniBatches", int),
+            ("ppo_epochs", "ppoEpochs", int),
+        ]:
+            take(field, g, key, convert)
+        take("checkpoint_every", ck, "everySteps", int)
+        take("checkpoint_keep", ck, "keep", int)
+        take("checkpoint_dir", ck, "dir", Path)
+        if given.get("kl_coef", 0.0) < 0:
+            raise ValueError(f"grpo.klCoef must be >= 0, got {given['kl_coef']}")
         # train.gpus: 0 trains on CPU, 1 on the pod's GPU. Refused rather than silently using
         # one GPU of several: data-parallel training is not implemented.
         gpus = c.get("gpus")
         if gpus is not None and int(gpus) > 1:
             raise ValueError(f"train.gpus is {gpus}: this trainer trains on one GPU; set 1")
-        device = "auto" if gpus is None else ("cpu" if int(gpus) == 0 else "cuda")
-        weight_sync = str(g.get("weightSync", "File")).lower()
+        if gpus is not None:
+            given["device"] = "cpu" if int(gpus) == 0 else "cuda"
+        weight_sync = given.get("weight_sync", TrainerConfig.weight_sync)
         if weight_sync not in ("file", "nccl"):
             raise ValueError(f"grpo.weightSync must be File or NCCL, got {weight_sync!r}")
-        if weight_sync == "nccl" and device != "cuda":
+        if weight_sync == "nccl" and given.get("device", TrainerConfig.device) != "cuda":
             raise ValueError(
                 "grpo.weightSync NCCL broadcasts from the trainer's GPU: set train.gpus 1"
             )
         return TrainerConfig(
             model=c["model"],
-            policy_url=c.get("policyUrl", "http://127.0.0.1:8000"),
+            policy_url=given.pop("policy_url", "http://127.0.0.1:8000"),
             state_dir=state_dir,
             num_samples=int(c["numSamples"]),
-            pass_threshold=float(c.get("passThreshold", 1.0)),
-            learning_rate=float(g.get("learningRate", 1e-6)),
-            advantage=g.get("advantage", "MeanStd"),
-            epsilon_low=float(g.get("epsilonLow", 0.2)),
-            epsilon_high=float(g.get("epsilonHigh", 0.28)),
-            tis_cap=float(g.get("tisCap", 2.0)),
-            loss_aggregation=g.get("lossAggregation", "TokenMean"),
-            groups_per_step=int(g.get("groupsPerStep", 8)),
-            micro_batch_size=int(g.get("microBatchSize", 4)),
-            max_grad_norm=float(g.get("maxGradNorm", 1.0)),
-            min_group_fraction=float(g.get("minGroupFraction", 1.0)),
-            group_grace_seconds=float(g.get("groupGraceSeconds", 300)),
-            max_staleness=int(c.get("maxStaleness", 1)),
-            checkpoint_every=int(ck.get("everySteps", 50)),
-            checkpoint_keep=int(ck.get("keep", 3)),
-            checkpoint_dir=Path(ck["dir"]) if ck.get("dir") else None,
-            device=device,
-            precision=str(g.get("precision", "Auto")).lower(),
-            gradient_checkpointing=bool(g.get("gradientCheckpointing", False)),
-            kl_coef=kl_coef,
-            weight_sync=weight_sync,
-            vllm_gpus=int(c.get("vllmGpus", 1)),
-            mini_batches=int(g.get("miniBatches", 1)),
-            ppo_epochs=int(g.get("ppoEpochs", 1)),
-            final_dir=Path(c["finalDir"]) if c.get("finalDir") else None,
+            **given,
         )
 
 

@@ -92,7 +92,7 @@ pub enum ServeError {
     #[error("spool: {0}")]
     Spool(#[from] crate::ship::SpoolError),
     #[error("recovering sessions from disk: {0}")]
-    Recover(String),
+    Recover(#[from] session_store::StoreError),
     #[error("cannot build the upstream client: {0}")]
     Client(#[from] reqwest::Error),
     #[error("metrics: {0}")]
@@ -273,7 +273,7 @@ pub async fn serve(
         .chain(config.control_listen)
         .collect();
     let gateway = Gateway::new(config)?;
-    let restored = recover(&gateway).map_err(ServeError::Recover)?;
+    let restored = recover(&gateway)?;
     let released = tokio::sync::watch::Sender::new(false);
     let mut servers = tokio::task::JoinSet::new();
     let mut control = tokio::task::JoinSet::new();

@@ -201,17 +201,17 @@ pub fn shipment(gateway: &Gateway, id: &str) -> &'static str {
 /// After a (re)start: bring back every assigned session from disk (open ones keep taking
 /// calls with their old token), spool any outcome that was recorded but not spooled, and
 /// resume shipping everything pending. Must run inside the runtime.
-pub fn recover(gateway: &Arc<Gateway>) -> Result<usize, String> {
+pub fn recover(gateway: &Arc<Gateway>) -> Result<usize, StoreError> {
     let root = &gateway.config.capture_dir;
     let mut restored = 0;
-    for item in std::fs::read_dir(root).map_err(|e| format!("{}: {e}", root.display()))? {
+    for item in std::fs::read_dir(root).map_err(|e| storage(format!("{}: {e}", root.display())))? {
         let Ok(item) = item else { continue };
         let dir = item.path();
         let Ok(bytes) = std::fs::read(dir.join(ASSIGNMENT_FILE)) else {
             continue;
         };
         let delivered: Delivered = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{}: {e}", dir.join(ASSIGNMENT_FILE).display()))?;
+            .map_err(|e| storage(format!("{}: {e}", dir.join(ASSIGNMENT_FILE).display())))?;
         let id = delivered.assignment.session.clone();
         let meta = read_session(&dir)
             .ok()
@@ -229,22 +229,19 @@ pub fn recover(gateway: &Arc<Gateway>) -> Result<usize, String> {
                 delivered.token.clone(),
                 gateway.upstream_for(delivered.assignment.upstream.as_ref()),
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(storage)?;
         let taken = dir.join(TAKEN_FILE).exists();
-        gateway
-            .assignments
-            .offer(delivered, taken)
-            .map_err(|e| e.to_string())?;
+        gateway.assignments.offer(delivered, taken)?;
         if let Ok(bytes) = std::fs::read(dir.join(OUTCOME_FILE)) {
             let outcome: SessionOutcome = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("{}: {e}", dir.join(OUTCOME_FILE).display()))?;
+                .map_err(|e| storage(format!("{}: {e}", dir.join(OUTCOME_FILE).display())))?;
             if shipment(gateway, &id) == "none" {
-                spool_trajectory(gateway, &dir, &id, &outcome).map_err(|e| e.to_string())?;
+                spool_trajectory(gateway, &dir, &id, &outcome)?;
             }
         }
         restored += 1;
     }
-    for entry in gateway.spool.pending().map_err(|e| e.to_string())? {
+    for entry in gateway.spool.pending().map_err(storage)? {
         shipper::spawn(gateway.clone(), entry);
     }
     Ok(restored)

@@ -1,10 +1,19 @@
 //! Reading a pod and its Secret (sans-IO): readiness, floe's state label, whether it ended,
-//! its grader's image, its control token.
+//! its grader's image, its address, its control token.
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 
 use super::names::{CONTROL_TOKEN_KEY, GRADER_CONTAINER, STATE_LABEL};
+
+/// `ip:port`, with an IPv6 pod IP in brackets.
+pub fn join_host_port(ip: &str, port: i32) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
 
 /// The pod's `Ready` condition is `True`.
 pub fn is_ready(pod: &Pod) -> bool {

@@ -14,6 +14,7 @@ use kube::{Api, ResourceExt};
 use super::observe::Observed;
 use super::JobContext;
 use crate::pods::names::{ATTEMPT_ANNOTATION, INDEX_ANNOTATION};
+use crate::pods::view::join_host_port;
 use crate::rollout::aux_pods;
 
 /// The token a Secret holds, remembered under `key`: read once per operator process (the
@@ -185,12 +186,4 @@ pub(super) async fn deliver(
         Err(e) => tracing::warn!(%name, "cannot deliver the assignment: {e}"),
     }
     None
-}
-
-pub(super) fn join_host_port(ip: &str, port: i32) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]:{port}")
-    } else {
-        format!("{ip}:{port}")
-    }
 }

@@ -9,9 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::deliver::join_host_port;
 use super::{Halt, JobContext, JobError};
 use crate::pods::names::CONTROL_TOKEN_KEY;
+use crate::pods::view::join_host_port;
 use crate::rollout::aux_pods;
 use crate::rollout::status::{self, Blocked};
 

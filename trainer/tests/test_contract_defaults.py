@@ -1,0 +1,57 @@
+"""The trainer's defaults are the RolloutJob CRD's: a key missing from FLOE_TRAINER_CONFIG
+means the same thing to the trainer as a field left out of the job does to the operator."""
+
+from pathlib import Path
+
+import yaml
+
+from floe_trainer.trainer import TrainerConfig
+
+CRDS = Path(__file__).resolve().parents[2] / "charts/floe/files/crds/floe-crds.yaml"
+
+# CRD field (under spec.train) -> TrainerConfig attribute, and how the trainer spells the value.
+GRPO = {
+    "learningRate": ("learning_rate", float),
+    "advantage": ("advantage", str),
+    "epsilonLow": ("epsilon_low", float),
+    "epsilonHigh": ("epsilon_high", float),
+    "tisCap": ("tis_cap", float),
+    "lossAggregation": ("loss_aggregation", str),
+    "groupsPerStep": ("groups_per_step", int),
+    "microBatchSize": ("micro_batch_size", int),
+    "maxGradNorm": ("max_grad_norm", float),
+    "minGroupFraction": ("min_group_fraction", float),
+    "groupGraceSeconds": ("group_grace_seconds", float),
+    "precision": ("precision", lambda v: str(v).lower()),
+    "gradientCheckpointing": ("gradient_checkpointing", bool),
+    "klCoef": ("kl_coef", float),
+    "weightSync": ("weight_sync", lambda v: str(v).lower()),
+    "miniBatches": ("mini_batches", int),
+    "ppoEpochs": ("ppo_epochs", int),
+}
+
+
+def train_schema() -> dict:
+    for doc in yaml.safe_load_all(CRDS.read_text()):
+        if doc and doc["spec"]["names"]["kind"] == "RolloutJob":
+            spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            return spec["properties"]["train"]["properties"]
+    raise AssertionError(f"no RolloutJob CRD in {CRDS}")
+
+
+def test_every_grpo_default_of_the_crd_is_the_trainers():
+    grpo = train_schema()["grpo"]["properties"]
+    assert set(grpo) == set(GRPO), "a grpo field the trainer does not read, or one it lost"
+    left_out = TrainerConfig.from_operator({"model": "m", "numSamples": 2}, Path("/tmp"))
+    for field, (attr, spell) in GRPO.items():
+        assert getattr(left_out, attr) == spell(grpo[field]["default"]), field
+
+
+def test_the_other_train_defaults_match_too():
+    train = train_schema()
+    left_out = TrainerConfig.from_operator({"model": "m", "numSamples": 2}, Path("/tmp"))
+    assert left_out.max_staleness == train["maxStaleness"]["default"]
+    assert left_out.vllm_gpus == train["vllm"]["default"]["gpus"]
+    checkpoint = train["checkpoint"]["properties"]
+    assert left_out.checkpoint_every == checkpoint["everySteps"]["default"]
+    assert left_out.checkpoint_keep == checkpoint["keep"]["default"]
