@@ -184,17 +184,14 @@ async fn run_controllers(
         tracing::error!("the pod cache never became ready");
         return;
     }
-    let tokens = Arc::new(crate::tokens::ControlTokens::default());
-    let claims = Arc::new(crate::claim_gate::ClaimGate::default());
-    let pool_context = Arc::new(PoolContext::new(
-        client.clone(),
+    let shared = Arc::new(crate::shared::Shared::new(
+        client,
         cache.store.clone(),
-        tokens.clone(),
         metrics.clone(),
         config.floe_image.clone(),
         config.native_sidecars,
-        claims.clone(),
     ));
+    let pool_context = Arc::new(PoolContext::new(shared.clone()));
     // The pool controller's own cache of pools is the job controller's too.
     let pool_controller = Controller::new(pools, watcher::Config::default());
     let prune = tokio::spawn(forget_deleted_pools(
@@ -203,18 +200,9 @@ async fn run_controllers(
         pool_context.clone(),
     ));
     let job_context = Arc::new(
-        job_controller::JobContext::new(
-            client,
-            cache.store.clone(),
-            tokens,
-            metrics,
-            config.floe_image.clone(),
-            config.native_sidecars,
-            config.round_parallelism,
-        )
-        .with_claim_gate(claims)
-        .with_claim_while_starting(config.claim_while_starting)
-        .with_pool_cache(pool_controller.store()),
+        job_controller::JobContext::new(shared, config.round_parallelism)
+            .with_claim_while_starting(config.claim_while_starting)
+            .with_pool_cache(pool_controller.store()),
     );
     let controller_config =
         kube::runtime::controller::Config::default().concurrency(config.concurrency);

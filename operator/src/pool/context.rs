@@ -6,30 +6,28 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::Store;
-use kube::Client;
 
 use super::expectations::{Expectations, Pending};
 use crate::pod_problem::PodProblem;
+use crate::shared::Shared;
 use floe_gateway::sync::lock;
 
 /// How often an unchanged egress policy is applied again (restoring one deleted by hand).
 const EGRESS_REAPPLY: Duration = Duration::from_secs(60);
 
 pub struct PoolContext {
-    pub client: Client,
-    /// The operator's slim pod cache ([`crate::pod_cache`]).
-    pub pods: Store<Pod>,
-    pub tokens: Arc<crate::tokens::ControlTokens>,
-    pub(super) events: crate::events::Events,
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// The image with the `floe` binary (init copy and gateway sidecar).
-    pub floe_image: String,
-    pub native_sidecars: bool,
-    /// Refills wait for claims in flight ([`crate::claim_gate`]).
-    pub claims: Arc<crate::claim_gate::ClaimGate>,
+    shared: Arc<Shared>,
     /// Per pool (`namespace/name`), what this process remembers between rounds.
     memory: Mutex<HashMap<String, PoolMemory>>,
+}
+
+/// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).
+impl std::ops::Deref for PoolContext {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 /// What the controller keeps about one pool between its rounds. Losing it (an operator
@@ -51,24 +49,9 @@ struct PoolMemory {
 }
 
 impl PoolContext {
-    pub fn new(
-        client: Client,
-        pods: Store<Pod>,
-        tokens: Arc<crate::tokens::ControlTokens>,
-        metrics: Arc<crate::metrics::Metrics>,
-        floe_image: String,
-        native_sidecars: bool,
-        claims: Arc<crate::claim_gate::ClaimGate>,
-    ) -> Self {
+    pub fn new(shared: Arc<Shared>) -> Self {
         Self {
-            events: crate::events::Events::new(client.clone()),
-            client,
-            pods,
-            tokens,
-            metrics,
-            floe_image,
-            native_sidecars,
-            claims,
+            shared,
             memory: Mutex::default(),
         }
     }

@@ -7,35 +7,22 @@ use std::time::Duration;
 
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, Task};
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 
 use super::JobError;
-use crate::metrics::Metrics;
 use crate::rollout::freshness::{Bar, Bars};
+use crate::shared::Shared;
 use floe_gateway::sync::lock;
 
 pub struct JobContext {
-    pub client: Client,
-    /// The slim pod cache: READY pool pods are read from it, and a job's own pods once the
-    /// cache has caught up with this operator's writes (`JobMemory::bars`).
-    pub(super) pods: Store<Pod>,
-    pub(super) tokens: Arc<crate::tokens::ControlTokens>,
-    pub metrics: Arc<Metrics>,
-    /// The image with the `floe` binary (the sft dataset collector, poolTemplate pods).
-    pub floe_image: String,
-    /// poolTemplate pods get the gateway as a native sidecar.
-    pub(super) native_sidecars: bool,
+    shared: Arc<Shared>,
     pub(super) http: reqwest::Client,
-    events: crate::events::Events,
     /// Per job uid, what this process remembers between rounds.
     memory: Mutex<HashMap<String, JobMemory>>,
     /// Claims, deliveries, marks and releases of one round in flight at once.
     pub(super) in_flight: usize,
-    /// Held while a round claims, so that pools' refills wait ([`crate::claim_gate`]).
-    pub(super) claims: Arc<crate::claim_gate::ClaimGate>,
     /// The pool controller's cache of GatewayPools: a round reads its pool from it, and asks
     /// the apiserver only for one it does not show (so `PoolNotFound` is the apiserver's word).
     pools: Option<Store<GatewayPool>>,
@@ -64,44 +51,31 @@ pub(super) struct JobMemory {
     claimed_early: HashSet<String>,
 }
 
+/// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).
+impl std::ops::Deref for JobContext {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
 /// How long pool pods claimed while the job's own pod starts may wait for it by default.
 pub const DEFAULT_EARLY_CLAIM_LIMIT: Duration = Duration::from_secs(600);
 
 impl JobContext {
-    pub fn new(
-        client: Client,
-        pods: Store<Pod>,
-        tokens: Arc<crate::tokens::ControlTokens>,
-        metrics: Arc<Metrics>,
-        floe_image: String,
-        native_sidecars: bool,
-        in_flight: usize,
-    ) -> Self {
+    pub fn new(shared: Arc<Shared>, in_flight: usize) -> Self {
         Self {
+            shared,
             in_flight: in_flight.max(1),
-            claims: Arc::default(),
             pools: None,
             early_claims: Some(DEFAULT_EARLY_CLAIM_LIMIT),
-            native_sidecars,
-            events: crate::events::Events::new(client.clone()),
-            client,
-            pods,
-            tokens,
-            metrics,
-            floe_image,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
                 .build()
                 .unwrap_or_default(),
             memory: Mutex::default(),
         }
-    }
-
-    /// Share the gate with the pool controller, so that its refills wait for this one's
-    /// claims (alone, the job controller's gate holds nothing back).
-    pub fn with_claim_gate(mut self, claims: Arc<crate::claim_gate::ClaimGate>) -> Self {
-        self.claims = claims;
-        self
     }
 
     /// `None` claims only once the job's own pod is Ready.
