@@ -23,8 +23,14 @@ struct Summary {
     upstream_errors: Option<UpstreamErrors>,
 }
 
-/// `None` for a pod that is not a session pod (no or unreadable claim annotations).
+/// `None` for a pod that is not a session pod (no or unreadable claim annotations), or that
+/// the job let go of (`floe.dev/state: done`: its result folded, or given back before its
+/// session started). A released pod can take a while to go (its gateway's drain); seen in
+/// that while it would read as lost, and a session given back unused would count a retry.
 pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
+    if crate::pods::view::state(pod) == Some(crate::pods::PodState::Done.label()) {
+        return None;
+    }
     let annotations = pod.metadata.annotations.as_ref()?;
     let index = annotations.get(INDEX_ANNOTATION)?.parse().ok()?;
     let attempt = annotations
@@ -157,6 +163,28 @@ mod tests {
             {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s", "imageID": "",
              "state": {"terminated": {"exitCode": code, "message": message}}}]}),
         )
+    }
+
+    #[test]
+    fn a_pod_the_job_let_go_of_is_no_longer_a_session_pod() {
+        let mut released = pod(json!({"phase": "Running"}));
+        released.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(
+            session_pod(&released).map(|s| s.progress),
+            Some(PodProgress::Lost),
+            "terminating, before the release's label"
+        );
+        released.metadata.labels = Some(
+            [(
+                crate::pods::names::STATE_LABEL.to_string(),
+                "done".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(session_pod(&released), None);
     }
 
     #[test]
