@@ -1,8 +1,6 @@
 //! An apiserver call that failed, saying which call and which object: both controllers' errors
 //! carry one, and the log line names what to look at.
 
-use kube::core::Status;
-
 #[derive(Debug, thiserror::Error)]
 #[error("{doing}: {source}")]
 pub struct ApiCallError {
@@ -22,12 +20,13 @@ impl ApiCallError {
     /// The apiserver refused the call for good (an admission rule, a quota, a RuntimeClass that
     /// does not exist, RBAC, an invalid object): a 4xx other than a conflict, a timeout or
     /// throttling, which are worth retrying. The user's to fix, so it is said on the object.
-    pub fn refusal(&self) -> Option<&Status> {
+    /// Returns the apiserver's words then.
+    pub fn refusal(&self) -> Option<&str> {
         match &self.source {
             kube::Error::Api(e)
                 if (400..500).contains(&e.code) && !matches!(e.code, 408 | 409 | 429) =>
             {
-                Some(e)
+                Some(e.message.as_str())
             }
             _ => None,
         }

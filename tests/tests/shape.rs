@@ -48,11 +48,14 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
     parts
 }
 
+/// A file's text before its tests.
+fn before_tests(text: &str) -> &str {
+    text.split("#[cfg(test)]").next().unwrap_or_default()
+}
+
 /// The code of a file before its tests, without comment lines.
 fn code(text: &str) -> Vec<&str> {
-    text.split("#[cfg(test)]")
-        .next()
-        .unwrap_or_default()
+    before_tests(text)
         .lines()
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect()
@@ -236,12 +239,7 @@ fn no_source_file_has_more_than_650_lines_of_code_before_its_tests() {
         sources(&workspace().join(krate).join("src"), &mut files);
         for file in files.iter().filter(|f| !f.ends_with("tests.rs")) {
             let text = std::fs::read_to_string(file).unwrap_or_default();
-            let lines = text
-                .split("#[cfg(test)]")
-                .next()
-                .unwrap_or_default()
-                .lines()
-                .count();
+            let lines = before_tests(&text).lines().count();
             if lines > MAX_CODE_LINES {
                 long.push(format!("{} ({lines} lines)", file.display()));
             }

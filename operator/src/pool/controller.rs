@@ -193,37 +193,32 @@ async fn reconcile_pool(
         ctx.metrics.refill_yielded(waited);
         let pod = format!("{name}-{}", sandbox::random_suffix());
         let made = create_pod(&ctx, &pool, &ns, &name, &pod).await;
-        // The apiserver's words when it refused the pod for good.
-        let refusal = match &made {
-            Err(PoolError::Api(call)) => call.refusal().map(|e| e.message.clone()),
+        // The apiserver refuses the pod the template makes (an admission rule, a RuntimeClass
+        // that does not exist, a quota): say so on the pool and back off, as for pods that
+        // end unclaimed, instead of retrying in the operator's log only.
+        if let Some(refusal) = match &made {
+            Err(PoolError::Api(call)) => call.refusal(),
             _ => None,
-        };
-        match made {
-            Ok(()) => {}
-            // The apiserver refuses the pod the template makes (an admission rule, a
-            // RuntimeClass that does not exist, a quota): say so on the pool and back off, as
-            // for pods that end unclaimed, instead of retrying in the operator's log only.
-            Err(_) if refusal.is_some() => {
-                let why = crate::pod_problem::PodProblem {
-                    pod: pod.clone(),
-                    container: None,
-                    reason: "PodCreateRejected".into(),
-                    message: refusal.unwrap_or_default(),
-                };
-                tracing::warn!(pool = %key, "{}", why.describe());
-                ctx.events
-                    .publish(
-                        &pool.object_ref(&()),
-                        EventType::Warning,
-                        "PodCreateRejected",
-                        why.describe(),
-                    )
-                    .await;
-                ctx.record_ended(&key, why);
-                break;
-            }
-            Err(e) => return Err(e),
+        } {
+            let why = crate::pod_problem::PodProblem {
+                pod: pod.clone(),
+                container: None,
+                reason: "PodCreateRejected".into(),
+                message: refusal.to_string(),
+            };
+            tracing::warn!(pool = %key, "{}", why.describe());
+            ctx.events
+                .publish(
+                    &pool.object_ref(&()),
+                    EventType::Warning,
+                    "PodCreateRejected",
+                    why.describe(),
+                )
+                .await;
+            ctx.record_ended(&key, why);
+            break;
         }
+        made?;
         created += 1;
         ctx.expect_created(&key, &pod);
         ctx.record_created(&key);

@@ -79,25 +79,23 @@ pub(super) fn refused<K: kube::Resource>(
     kind: &str,
     object: &K,
 ) -> Result<(), Halt> {
-    let refusal = match &created {
-        Err(JobError::Api(call)) => call.refusal().map(|e| e.message.clone()),
+    if let Some(refusal) = match &created {
+        Err(JobError::Api(call)) => call.refusal(),
         _ => None,
-    };
-    match (created, refusal) {
-        (Err(_), Some(message)) => Err(Halt::Blocked(Blocked::stalled(
+    } {
+        return Err(Halt::Blocked(Blocked::stalled(
             if kind == "pod" {
                 "PodCreateRejected"
             } else {
                 "CreateRejected"
             },
             format!(
-                "the apiserver refused the job's {kind} {}: {}",
+                "the apiserver refused the job's {kind} {}: {refusal}",
                 object.meta().name.as_deref().unwrap_or_default(),
-                message
             ),
-        ))),
-        (other, _) => Ok(other?),
+        )));
     }
+    Ok(created?)
 }
 
 pub(super) async fn create_if_missing<K>(api: &Api<K>, object: &K) -> Result<(), JobError>
