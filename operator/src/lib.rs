@@ -11,6 +11,8 @@ pub(crate) mod egress_policy;
 pub(crate) mod events;
 pub mod leader;
 pub(crate) mod metrics;
+/// A RolloutJob's session series, shared with `floe run --metrics-listen`.
+pub use metrics::job_series;
 pub(crate) mod pod_cache;
 pub(crate) mod pod_problem;
 pub(crate) mod pods;

@@ -12,9 +12,13 @@ use floe_tests::{floe_bin, vllm, vllm_setup, workspace_root};
 use serde_json::Value;
 
 /// One model call (OpenAI Chat through the gateway, the session token as the key); the answer
-/// goes to `answer.txt`.
+/// goes to `answer.txt`. Asked for a country, it first thinks for 25 s: its group reaches the
+/// trainer late, and the trainer waits without a step while sessions run (a stall for
+/// Prometheus to see).
 const AGENT: &str = r#"
-import json, os, urllib.request
+import json, os, time, urllib.request
+if "country" in os.environ["FLOE_INSTRUCTION"]:
+    time.sleep(25)
 body = {"model": os.environ["FLOE_MODEL"], "max_tokens": 24, "temperature": 1.0,
         "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
 req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
@@ -125,65 +129,94 @@ fn processes_naming(dir: &Path) -> Vec<String> {
     found
 }
 
-/// The trainer's ingest address, from `floe run`'s stderr (forwarded to the test's own), once
-/// it says it starts the trainer.
-fn trainer_address(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
+/// `floe run`'s stderr forwarded to the test's own, as it comes.
+fn forward(stderr: std::process::ChildStderr) {
     use std::io::BufRead;
-    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stderr)
             .lines()
             .map_while(Result::ok)
         {
             eprintln!("{line}");
-            if let Some(addr) = line
-                .strip_prefix("[train] starting the trainer on ")
-                .and_then(|rest| rest.split_whitespace().next())
-            {
-                let _ = tx.send(addr.to_string());
-            }
         }
     });
-    rx
 }
 
-/// A real Prometheus scrapes the trainer of the run (as the chart's trainer PodMonitor would:
-/// its `/metrics` on the ingest port, the RolloutJob as label `rolloutjob`) and, once it has
-/// seen two steps, every trainer panel of the dashboard returns data for this job (the GPU
-/// ones need a GPU: `trainer/tests/test_gpu.py` checks that series where one is).
-async fn prometheus_reads_the_trainer(address: std::sync::mpsc::Receiver<String>) -> Result<()> {
-    use floe_tests::chart::{dashboard_queries, promql_metrics};
+/// The series a local run can have: its sessions', its gateway's and its trainer's (the GPU
+/// gauge needs a GPU: `trainer/tests/test_gpu.py` checks it where one is).
+fn a_local_run_has(metric: &str) -> bool {
+    (metric.starts_with("floe_trainer_")
+        || metric.starts_with("floe_gateway_")
+        || metric.starts_with("floe_session"))
+        && metric != "floe_trainer_gpu_utilization"
+}
+
+/// A real Prometheus scrapes the run as a user points one at it (`--metrics-listen`, a static
+/// target: the page labels its series with the job) and evaluates the chart's own rules,
+/// rendered by Helm with a trainer-stall bound of 10 s. While the slow group keeps the trainer
+/// waiting with sessions running, FloeTrainerStalled fires for this job (the run's session
+/// series and the trainer's step join on namespace and job); once the trainer steps again it
+/// clears. Every series the rules and the dashboard read that a local run has exists, and
+/// every panel over them returns data for this job.
+async fn prometheus_reads_the_run(address: String) -> Result<()> {
+    use floe_tests::chart::{
+        dashboard_queries, promql_metrics, referenced_metrics, render, rules_file,
+    };
+    use floe_tests::operator::eventually_within;
     use floe_tests::prometheus::Prometheus;
-    let address = tokio::task::spawn_blocking(move || {
-        address.recv_timeout(std::time::Duration::from_secs(600))
-    })
-    .await?
-    .context("floe run never started its trainer")?;
+    let rendered = render(&[
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "prometheusRule.rules.trainerStalled.noStepFor=10s",
+        "--set",
+        "prometheusRule.rules.trainerStalled.for=1s",
+    ])?;
+    let rules = rules_file(&rendered)?;
     let scrape = serde_json::json!({
-        "job_name": "trainer",
-        "static_configs": [{"targets": [address],
-                            "labels": {"namespace": "local", "rolloutjob": "brief"}}]});
-    let prom = Prometheus::start(&[scrape], "groups: []\n", "2s").await?;
-    floe_tests::operator::eventually_within(900, "Prometheus to see step 2", async || {
-        let stepped = prom
-            .query("max(floe_trainer_step{rolloutjob=\"brief\"}) >= 2")
-            .await?;
-        Ok((!stepped.is_empty()).then_some(()))
+        "job_name": "floe-run",
+        "static_configs": [{"targets": [address]}]});
+    let prom = Prometheus::start(&[scrape], &rules, "1s").await?;
+    let job = [("namespace", "default"), ("rolloutjob", "brief")];
+    eventually_within(900, "FloeTrainerStalled to fire for the job", async || {
+        Ok((!prom.firing("FloeTrainerStalled", &job).await?.is_empty()).then_some(()))
     })
     .await
     .with_context(|| prom.log())?;
-    let trainer_panels: Vec<(String, String)> = dashboard_queries()?
+    eventually_within(300, "FloeTrainerStalled to clear", async || {
+        let alerts = prom.alerts().await?;
+        Ok((!alerts
+            .iter()
+            .any(|a| a["labels"]["alertname"] == "FloeTrainerStalled"))
+        .then_some(()))
+    })
+    .await?;
+    let mut missing = Vec::new();
+    for metric in referenced_metrics(&rules)?
         .into_iter()
-        .filter(|(_, expr)| {
-            let read = promql_metrics(expr);
-            read.iter().all(|m| m.starts_with("floe_trainer_"))
-                && !read.contains("floe_trainer_gpu_utilization")
-        })
+        .filter(|m| a_local_run_has(m))
+    {
+        let q = format!("count({metric}{{namespace=\"default\", rolloutjob=\"brief\"}})");
+        if prom.query(&q).await?.is_empty() {
+            missing.push(metric);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "series the run does not export: {missing:?}"
+    );
+    let panels: Vec<(String, String)> = dashboard_queries()?
+        .into_iter()
+        .filter(|(_, expr)| promql_metrics(expr).iter().all(|m| a_local_run_has(m)))
         .collect();
-    assert!(trainer_panels.len() >= 10, "{trainer_panels:?}");
-    let vars = [("namespace", "local"), ("rolloutjob", "brief")];
-    let empty = prom.panels_without_data(&trainer_panels, &vars).await?;
-    assert!(empty.is_empty(), "trainer panels with no data: {empty:#?}");
+    assert!(panels.len() >= 15, "{panels:?}");
+    let empty = prom.panels_without_data(&panels, &job).await?;
+    assert!(empty.is_empty(), "panels with no data: {empty:#?}");
+    let errors = prom.rule_errors().await?;
+    assert!(
+        errors.is_empty(),
+        "rules Prometheus cannot evaluate: {errors:?}"
+    );
     Ok(())
 }
 
@@ -203,16 +236,19 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     ];
     std::fs::write(&job_file, job(&model, &questions))?;
     let out = dir.path().join("out");
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut run = floe_run(&job_file, &out, &python)
+        .arg("--metrics-listen")
+        .arg(metrics.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    let trainer = trainer_address(run.stderr.take().context("stderr")?);
+    forward(run.stderr.take().context("stderr")?);
     // Checked while the run goes on; the run is waited for whatever the check says.
     let scraped = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(prometheus_reads_the_trainer(trainer));
+        .block_on(prometheus_reads_the_run(metrics.to_string()));
     let result = run.wait_with_output()?;
     let table = String::from_utf8_lossy(&result.stdout);
     eprintln!("{table}");

@@ -13,6 +13,7 @@
 //! 130 interrupted (Ctrl-C), 143 terminated (SIGTERM) — everything captured so far is written.
 
 mod curve;
+mod metrics;
 mod plan;
 mod preflight;
 mod progress;
@@ -87,6 +88,10 @@ pub struct RunArgs {
     /// captures and each other's sessions, and reach the network. Recorded in summary.json.
     #[arg(long)]
     no_sandbox: bool,
+    /// Serve `/metrics` here (e.g. `127.0.0.1:9464`): the job's session series, the gateway's
+    /// and the trainer's, labelled with the job's namespace and name, for the chart's rules.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -386,6 +391,15 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let started = Instant::now();
     let mut progress = progress::Progress::new(count);
     progress.resumed(earlier.done.len());
+    if let Some(listen) = args.metrics_listen {
+        let namespace = plan.job.metadata.namespace.as_deref().unwrap_or("default");
+        let run_metrics = metrics::RunMetrics::new(namespace, &plan.name)
+            .map(std::sync::Arc::new)
+            .map_err(|e| io("metrics", &e))?;
+        let trainer = training.as_ref().map(|t| t.trainer_url.clone());
+        metrics::serve(listen, run_metrics.clone(), gateway.clone(), trainer).await?;
+        progress.export(run_metrics);
+    }
     let firsts: Vec<Attempt> = (0..count)
         .filter(|i| !earlier.done.contains_key(i))
         .map(|index| Attempt {

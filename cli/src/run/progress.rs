@@ -2,8 +2,12 @@
 //! finished session otherwise (CI logs, pipes); a table at the end.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::Instant;
 
+use floe_operator::job_series::SessionResult as Outcome;
+
+use super::metrics::RunMetrics;
 use super::report::{RunSummary, SessionResult};
 
 pub struct Progress {
@@ -12,10 +16,13 @@ pub struct Progress {
     done: usize,
     failed: usize,
     running: usize,
+    retried: usize,
     reward_sum: f64,
     scored: usize,
     sampled_tokens: u64,
     started: Instant,
+    /// `--metrics-listen`: the same counts, for Prometheus.
+    metrics: Option<Arc<RunMetrics>>,
 }
 
 impl Progress {
@@ -26,26 +33,56 @@ impl Progress {
             done: 0,
             failed: 0,
             running: 0,
+            retried: 0,
             reward_sum: 0.0,
             scored: 0,
             sampled_tokens: 0,
             started: Instant::now(),
+            metrics: None,
         }
+    }
+
+    /// Keep `metrics` up to date from now on.
+    pub fn export(&mut self, metrics: Arc<RunMetrics>) {
+        self.metrics = Some(metrics);
+        self.count(None);
+    }
+
+    /// The counts into the metrics, with the result of the attempt that just ended.
+    fn count(&self, ended: Option<Outcome>) {
+        let Some(m) = &self.metrics else { return };
+        let n = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+        let counts = floe_crds::rollout_job::SessionCounts {
+            total: n(self.total),
+            pending: n(self.total.saturating_sub(self.done + self.running)),
+            running: n(self.running),
+            succeeded: n(self.done.saturating_sub(self.failed)),
+            failed: n(self.failed),
+            retried: n(self.retried),
+        };
+        if let Some(outcome) = ended {
+            m.result(outcome);
+        }
+        m.set(&counts, self.scored as u64, self.reward_sum);
     }
 
     pub fn started(&mut self) {
         self.running += 1;
+        self.count(None);
         self.draw();
     }
 
     /// Sessions an earlier run finished (`--resume`).
     pub fn resumed(&mut self, done: usize) {
         self.done += done;
+        self.count(None);
     }
 
     /// An attempt failed by infrastructure and runs again as `retry`.
     pub fn retrying(&mut self, session: &str, result: &SessionResult, retry: &str) {
         self.running = self.running.saturating_sub(1);
+        self.retried += 1;
+        self.count(Some(Outcome::Retried));
         if let Some(s) = &result.summary {
             self.clear();
             eprintln!(
@@ -63,6 +100,7 @@ impl Progress {
     pub fn finished(&mut self, session: &str, result: &SessionResult) {
         self.running = self.running.saturating_sub(1);
         self.done += 1;
+        let failed_before = self.failed;
         if let Some(s) = &result.summary {
             if let Some(r) = s.reward {
                 self.reward_sum += r;
@@ -88,6 +126,13 @@ impl Progress {
                 );
             }
         }
+        // Without a summary the runner reported nothing: not the policy's result.
+        let failed = self.failed > failed_before || result.summary.is_none();
+        self.count(Some(if failed {
+            Outcome::Failed
+        } else {
+            Outcome::Scored
+        }));
         self.draw();
     }
 

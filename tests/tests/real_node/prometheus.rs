@@ -12,6 +12,7 @@ use floe_tests::chart::{
     dashboard_queries, documents, promql_metrics, referenced_metrics, render, rules_file,
 };
 use floe_tests::prometheus::Prometheus;
+use k8s_openapi::api::rbac::v1::Role;
 
 /// The monitors on, and values that shorten the rules' durations and lower the claim bound,
 /// for a test's timescale (`--set-json` where Helm's `--set` would make a number a string).
@@ -38,6 +39,8 @@ const FAST_RULES: &[&str] = &[
     "prometheusRule.rules.operatorNoLeader.for=2s",
     "prometheusRule.rules.poolBlocked.for=1s",
     "prometheusRule.rules.jobBlocked.for=1s",
+    "prometheusRule.rules.reconcileErrors.window=30s",
+    "prometheusRule.rules.reconcileErrors.for=1s",
 ];
 
 /// Series only a train job's trainer pod (or a GPU node's DCGM exporter) has; this node runs
@@ -255,10 +258,11 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     at_rest(&prom, &ns).await?;
 
     // A teacher that does not exist (no such Service): the gateway's calls fail upstream
-    // within the job's 2 s call deadline, and the job records it (its status counts the
-    // upstream failures by kind). FloeGatewayUpstreamErrors is not awaited here: on a loaded
-    // 2-core machine the failed session's pod was not scraped between its failure and its
-    // end in two runs of three (issue 32; the rule itself is tested by promtool).
+    // within the job's 2 s call deadline. FloeGatewayUpstreamErrors names the pool, and the
+    // job records the failure (its status counts upstream failures by kind). The failure comes
+    // within a second of the claim: seen only because the pod's target keeps its labels
+    // through the claim (the PodMonitor once copied the job label the claim adds, and then
+    // missed it in two runs of three).
     let mut down = sft_job("down", &ns, 1, "/down", json!([fix_add_slowly()]));
     down["spec"]["sft"]["upstream"]["url"] = format!("http://nobody.{ns}.svc:8000").into();
     down["spec"]["timeouts"]["modelCallSeconds"] = 2.into();
@@ -277,6 +281,11 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
     )
     .await?;
     assert!(failed.failed.values().sum::<i64>() >= 1, "{failed:?}");
+    let summary = fires(&prom, "FloeGatewayUpstreamErrors", &on_pool).await?;
+    assert!(
+        summary.contains(&format!("Gateways of pool {ns}/python:")),
+        "{summary}"
+    );
 
     // Every series the rules and the dashboard read exists, and every panel returns data for
     // this namespace, job and operator (the trainer's panels need a trainer: see above).
@@ -310,9 +319,35 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
         "rules Prometheus cannot evaluate: {errors:?}"
     );
 
+    // An upgrade that lost a permission: the operator may no longer write pools' status, so
+    // every pool reconcile with a status to write fails (scaling the pool gives it one).
+    // FloeReconcileErrors names the controller; with the permission back, it clears.
+    let roles: Api<Role> = Api::namespaced(client.clone(), &ns);
+    let granted = roles.get("floe").await?;
+    let mut narrowed = granted.clone();
+    for rule in narrowed.rules.iter_mut().flatten() {
+        if let Some(resources) = rule.resources.as_mut() {
+            resources.retain(|r| r != "gatewaypools/status");
+        }
+    }
+    roles
+        .replace("floe", &Default::default(), &narrowed)
+        .await?;
     // Causes gone, alerts clear: no claims and no failures within their windows; the pool's
     // pods (and their unrestricted egress) gone.
     scale_pool(&client, &ns, 0).await?;
+    let on_pools = [("controller", "gatewaypool"), ("severity", "warning")];
+    let summary = fires(&prom, "FloeReconcileErrors", &on_pools).await?;
+    assert!(
+        summary.contains("floe gatewaypool controller:"),
+        "{summary}"
+    );
+    let mut restored = roles.get("floe").await?;
+    restored.rules = granted.rules;
+    roles
+        .replace("floe", &Default::default(), &restored)
+        .await?;
+    clears(&prom, "FloeReconcileErrors", &on_pools).await?;
     clears(&prom, "FloeSessionFailuresHigh", &on_slow).await?;
     clears(&prom, "FloeClaimsSlow", &[]).await?;
     clears(&prom, "FloeGatewayUpstreamSlow", &on_pool).await?;

@@ -26,6 +26,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub mod job_series;
+pub use job_series::{JobSeries, SessionResult};
+
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -52,8 +55,7 @@ pub struct Metrics {
     claims: IntCounterVec,
     claim_latency: prometheus::Histogram,
     claim_phase: prometheus::HistogramVec,
-    sessions: IntGaugeVec,
-    session_results: IntCounterVec,
+    jobs: JobSeries,
     waiting_for_pod: IntGaugeVec,
     job_pod_reads: IntCounterVec,
     refill_yield: prometheus::Counter,
@@ -63,8 +65,6 @@ pub struct Metrics {
     blocked: Mutex<BTreeMap<(Kind, String, String), String>>,
     /// Pools with series, so a deleted pool's go ([`Metrics::forget_pools_except`]).
     pools: Mutex<BTreeSet<(String, String)>>,
-    /// (namespace, job) → (scored sessions, reward sum).
-    rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
 
 /// The operator's two kinds of object: each has a controller and can be blocked.
@@ -149,17 +149,7 @@ impl Metrics {
         for phase in ["observe", "patch", "deliver"] {
             claim_phase.with_label_values(&[phase]);
         }
-        let sessions = IntGaugeVec::new(
-            Opts::new("floe_sessions", "Sessions of a RolloutJob by state"),
-            &["namespace", "rolloutjob", "state"],
-        )?;
-        let session_results = IntCounterVec::new(
-            Opts::new(
-                "floe_session_results_total",
-                "Finished session pods folded into a RolloutJob's status, by result (scored; retried or failed: infrastructure)",
-            ),
-            &["namespace", "rolloutjob", "result"],
-        )?;
+        let jobs = JobSeries::new()?;
         let waiting_for_pod = IntGaugeVec::new(
             Opts::new(
                 "floe_sessions_waiting_for_pod",
@@ -217,14 +207,15 @@ impl Metrics {
             Box::new(claims.clone()),
             Box::new(claim_latency.clone()),
             Box::new(claim_phase.clone()),
-            Box::new(sessions.clone()),
-            Box::new(session_results.clone()),
             Box::new(waiting_for_pod.clone()),
             Box::new(job_pod_reads.clone()),
             Box::new(refill_yield.clone()),
             Box::new(pool_blocked.clone()),
             Box::new(job_blocked.clone()),
-        ] {
+        ]
+        .into_iter()
+        .chain(jobs.collectors())
+        {
             for desc in c.desc() {
                 families.push((desc.fq_name.clone(), desc.variable_labels.clone()));
             }
@@ -243,8 +234,7 @@ impl Metrics {
             claims,
             claim_latency,
             claim_phase,
-            sessions,
-            session_results,
+            jobs,
             waiting_for_pod,
             job_pod_reads,
             refill_yield,
@@ -252,7 +242,6 @@ impl Metrics {
             job_blocked,
             blocked: Mutex::default(),
             pools: Mutex::default(),
-            rewards: Mutex::default(),
         })
     }
 
@@ -312,9 +301,7 @@ impl Metrics {
 
     /// A session attempt's result was folded into its job's status.
     pub fn session_result(&self, namespace: &str, job: &str, result: SessionResult) {
-        self.session_results
-            .with_label_values(&[namespace, job, result.label()])
-            .inc();
+        self.jobs.session_result(namespace, job, result);
     }
 
     /// A job's session counts as its status says them.
@@ -324,23 +311,7 @@ impl Metrics {
         job: &str,
         s: &floe_crds::rollout_job::SessionCounts,
     ) {
-        for (state, n) in
-            SESSION_STATES
-                .into_iter()
-                .zip([s.pending, s.running, s.succeeded, s.failed])
-        {
-            self.sessions
-                .with_label_values(&[namespace, job, state])
-                .set(i64::from(n));
-        }
-        // Every result's counter exists from the job's first round, at 0: a counter whose first
-        // sample is already 1 shows no increase() to Prometheus, so a job's first failures would
-        // never reach FloeSessionFailuresHigh.
-        for result in SessionResult::ALL {
-            self.session_results
-                .with_label_values(&[namespace, job, result.label()])
-                .inc_by(0);
-        }
+        self.jobs.set_sessions(namespace, job, s);
     }
 
     /// A pool's refill waited this long for claims in flight.
@@ -404,16 +375,7 @@ impl Metrics {
 
     /// A deleted job's series go away.
     pub fn forget_job(&self, namespace: &str, job: &str, pool: Option<&str>) {
-        let mut r = floe_gateway::sync::lock(&self.rewards);
-        r.remove(&(namespace.to_string(), job.to_string()));
-        for state in SESSION_STATES {
-            let _ = self.sessions.remove_label_values(&[namespace, job, state]);
-        }
-        for result in SessionResult::ALL {
-            let _ = self
-                .session_results
-                .remove_label_values(&[namespace, job, result.label()]);
-        }
+        self.jobs.forget(namespace, job);
         if let Some(pool) = pool {
             let _ = self
                 .waiting_for_pod
@@ -424,29 +386,14 @@ impl Metrics {
 
     /// The reward tally of a job as its status records it.
     pub fn set_rewards(&self, namespace: &str, job: &str, scored: u64, sum: f64) {
-        let mut r = floe_gateway::sync::lock(&self.rewards);
-        r.insert((namespace.to_string(), job.to_string()), (scored, sum));
+        self.jobs.set_rewards(namespace, job, scored, sum);
     }
 
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         let mut text = String::from_utf8(out).unwrap_or_default();
-        // The prometheus crate has no summary type; a summary without quantiles is sum + count.
-        let r = floe_gateway::sync::lock(&self.rewards);
-        if !r.is_empty() {
-            text.push_str("# HELP floe_session_reward Rewards of scored sessions\n");
-            text.push_str("# TYPE floe_session_reward summary\n");
-            for ((ns, job), (count, sum)) in r.iter() {
-                let labels = format!(
-                    "namespace=\"{}\",rolloutjob=\"{}\"",
-                    escape(ns),
-                    escape(job)
-                );
-                text.push_str(&format!("floe_session_reward_sum{{{labels}}} {sum}\n"));
-                text.push_str(&format!("floe_session_reward_count{{{labels}}} {count}\n"));
-            }
-        }
+        self.jobs.render_rewards(&mut text);
         text
     }
 }
@@ -493,34 +440,6 @@ pub enum ClaimPhase {
 pub enum PodSource {
     Cache,
     Apiserver,
-}
-
-/// What became of a session attempt (`floe_session_results_total{result}`).
-#[derive(Clone, Copy, Debug)]
-pub enum SessionResult {
-    Scored,
-    Retried,
-    Failed,
-}
-
-impl SessionResult {
-    const ALL: [SessionResult; 3] = [Self::Scored, Self::Retried, Self::Failed];
-
-    fn label(self) -> &'static str {
-        match self {
-            Self::Scored => "scored",
-            Self::Retried => "retried",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-const SESSION_STATES: [&str; 4] = ["pending", "running", "succeeded", "failed"];
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -1,0 +1,148 @@
+//! A RolloutJob's session series, the same wherever its sessions run: on the operator's page
+//! and on a local `floe run`'s (`--metrics-listen`), so the chart's rules and dashboard read
+//! both. `floe_sessions{namespace,rolloutjob,state}`,
+//! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` and the
+//! `floe_session_reward` summary (sum and count per job).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use prometheus::core::Collector;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+
+/// What became of a session attempt (`floe_session_results_total{result}`).
+#[derive(Clone, Copy, Debug)]
+pub enum SessionResult {
+    Scored,
+    Retried,
+    Failed,
+}
+
+impl SessionResult {
+    pub(crate) const ALL: [SessionResult; 3] = [Self::Scored, Self::Retried, Self::Failed];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Scored => "scored",
+            Self::Retried => "retried",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+const SESSION_STATES: [&str; 4] = ["pending", "running", "succeeded", "failed"];
+
+pub struct JobSeries {
+    sessions: IntGaugeVec,
+    results: IntCounterVec,
+    /// (namespace, job) → (scored sessions, reward sum).
+    rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
+}
+
+impl JobSeries {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let sessions = IntGaugeVec::new(
+            Opts::new("floe_sessions", "Sessions of a RolloutJob by state"),
+            &["namespace", "rolloutjob", "state"],
+        )?;
+        let results = IntCounterVec::new(
+            Opts::new(
+                "floe_session_results_total",
+                "Finished session attempts of a RolloutJob by result (scored; retried or failed: infrastructure)",
+            ),
+            &["namespace", "rolloutjob", "result"],
+        )?;
+        Ok(Self {
+            sessions,
+            results,
+            rewards: Mutex::default(),
+        })
+    }
+
+    /// What a registry holds of these (the reward summary is rendered by [`Self::render_rewards`]).
+    pub fn collectors(&self) -> [Box<dyn Collector>; 2] {
+        [
+            Box::new(self.sessions.clone()),
+            Box::new(self.results.clone()),
+        ]
+    }
+
+    /// A job's session counts.
+    pub fn set_sessions(
+        &self,
+        namespace: &str,
+        job: &str,
+        s: &floe_crds::rollout_job::SessionCounts,
+    ) {
+        for (state, n) in
+            SESSION_STATES
+                .into_iter()
+                .zip([s.pending, s.running, s.succeeded, s.failed])
+        {
+            self.sessions
+                .with_label_values(&[namespace, job, state])
+                .set(i64::from(n));
+        }
+        // Every result's counter exists from the job's first count, at 0: a counter whose first
+        // sample is already 1 shows no increase() to Prometheus, so a job's first failures would
+        // never reach FloeSessionFailuresHigh.
+        for result in SessionResult::ALL {
+            self.results
+                .with_label_values(&[namespace, job, result.label()])
+                .inc_by(0);
+        }
+    }
+
+    /// A session attempt of a job ended so.
+    pub fn session_result(&self, namespace: &str, job: &str, result: SessionResult) {
+        self.results
+            .with_label_values(&[namespace, job, result.label()])
+            .inc();
+    }
+
+    /// A job's reward tally: scored sessions and the sum of their rewards.
+    pub fn set_rewards(&self, namespace: &str, job: &str, scored: u64, sum: f64) {
+        let mut r = floe_gateway::sync::lock(&self.rewards);
+        r.insert((namespace.to_string(), job.to_string()), (scored, sum));
+    }
+
+    /// A deleted job's series go.
+    pub fn forget(&self, namespace: &str, job: &str) {
+        floe_gateway::sync::lock(&self.rewards).remove(&(namespace.to_string(), job.to_string()));
+        for state in SESSION_STATES {
+            let _ = self.sessions.remove_label_values(&[namespace, job, state]);
+        }
+        for result in SessionResult::ALL {
+            let _ = self
+                .results
+                .remove_label_values(&[namespace, job, result.label()]);
+        }
+    }
+
+    /// The reward summary in the text format (the prometheus crate has no summary type; a
+    /// summary without quantiles is sum + count).
+    pub fn render_rewards(&self, text: &mut String) {
+        let r = floe_gateway::sync::lock(&self.rewards);
+        if r.is_empty() {
+            return;
+        }
+        text.push_str("# HELP floe_session_reward Rewards of scored sessions\n");
+        text.push_str("# TYPE floe_session_reward summary\n");
+        for ((ns, job), (count, sum)) in r.iter() {
+            let labels = format!(
+                "namespace=\"{}\",rolloutjob=\"{}\"",
+                escape(ns),
+                escape(job)
+            );
+            text.push_str(&format!("floe_session_reward_sum{{{labels}}} {sum}\n"));
+            text.push_str(&format!("floe_session_reward_count{{{labels}}} {count}\n"));
+        }
+    }
+}
+
+/// A label value as the text format writes it.
+pub fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
