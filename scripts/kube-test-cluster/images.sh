@@ -6,10 +6,11 @@
 #                                 the layout of the Dockerfile's image (/usr/local/bin/floe)
 #   floe.local/python-sandbox:<v> Debian's python3.11 with its standard library and
 #                                 libraries, busybox for the shell tools, USER 1000
-#   floe.local/pi-sandbox:<v>     the python sandbox plus this machine's Node.js and the Pi
-#                                 harness CLI from npm (scripts/harnesses/install.sh), unmodified
+#   floe.local/harness-sandbox:<v> the python sandbox plus this machine's Node.js and the five
+#                                 harness CLIs from npm (scripts/harnesses/install.sh),
+#                                 unmodified: pi, codex, claude, qwen, gemini on PATH
 #
-#   images.sh STATE_DIR FLOE_BIN  -> prints "floe=NAME", "python=NAME" and "pi=NAME" (images
+#   images.sh STATE_DIR FLOE_BIN  -> prints "floe=NAME", "python=NAME" and "harnesses=NAME" (images
 #                                    already in the node are not imported again)
 #
 # The floe binary built here links glibc (>= 2.34: Debian 12, Ubuntu 22.04 and later) and
@@ -99,27 +100,44 @@ if [ ! -f "$PY_TAR" ]; then
 fi
 import "$PY_TAR" "$PY_IMAGE"
 
-# pi: cached by Pi's and Node's versions (and the python sandbox's under it).
-PI_BIN=$("$HERE/../harnesses/install.sh" pi)
-PI_DIR=$(cd "$(dirname "$PI_BIN")/../.." && pwd)   # .../harnesses/pi-<version>
+# harnesses: cached by the five harness CLIs' versions and Node's (and the python sandbox's
+# under it). Each CLI unmodified from npm (scripts/harnesses/install.sh) under /opt/<name>, its
+# command on PATH; native binaries (Claude Code's) with the libraries they load.
+HARNESSES="pi codex claude-code qwen-code gemini-cli"
 NODE=$(command -v node)
 NODE_VERSION=$("$NODE" --version)
-PI_IMAGE=floe.local/pi-sandbox:${PI_DIR##*/pi-}-node${NODE_VERSION#v}-py$PY_TAG
-PI_TAR=$CACHE/pi-sandbox-${PI_IMAGE##*:}.tar
-if [ ! -f "$PI_TAR" ]; then
-  R=$CACHE/pi-root
+H_TAG=""
+declare -A H_BIN
+for h in $HARNESSES; do
+  BIN=$("$HERE/../harnesses/install.sh" "$h")
+  H_BIN[$h]=$BIN
+  H_DIR=$(cd "$(dirname "$BIN")/../.." && pwd)   # .../harnesses/<name>-<version>
+  H_TAG="$H_TAG-${H_DIR##*/}"
+done
+H_IMAGE=floe.local/harness-sandbox:$(echo "${H_TAG#-}-node${NODE_VERSION#v}-py$PY_TAG" | sha256sum | cut -c1-16)
+H_TAR=$CACHE/harness-sandbox-${H_IMAGE##*:}.tar
+if [ ! -f "$H_TAR" ]; then
+  R=$CACHE/harness-root
   python_root "$R"
   mkdir -p "$R/usr/local/bin" "$R/opt"
   install -m 0755 "$NODE" "$R/usr/local/bin/node"
   with_libs "$R" "$R/usr/local/bin/node"
   rm -rf "${R:?}${R}"
-  cp -a "$PI_DIR" "$R/opt/pi"
-  ln -s "/opt/pi/node_modules/.bin/pi" "$R/usr/local/bin/pi"
-  python3 "$HERE/mkimage.py" "$PI_TAR.part" "$PI_IMAGE" "$R" --cmd /usr/local/bin/pi --user 1000:1000 --workdir /workspace >&2
-  mv "$PI_TAR.part" "$PI_TAR"
+  for h in $HARNESSES; do
+    BIN=${H_BIN[$h]}
+    H_DIR=$(cd "$(dirname "$BIN")/../.." && pwd)
+    cp -a "$H_DIR" "$R/opt/$h"
+    ln -s "/opt/$h/node_modules/.bin/${BIN##*/}" "$R/usr/local/bin/${BIN##*/}"
+    # ldd prints nothing useful for a script (node's own libraries are in already).
+    { ldd "$(readlink -f "$BIN")" 2>/dev/null || true; } | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | while read -r lib; do
+      [ -e "$R$lib" ] || cp -L --parents "$lib" "$R/"
+    done
+  done
+  python3 "$HERE/mkimage.py" "$H_TAR.part" "$H_IMAGE" "$R" --cmd /usr/local/bin/pi --user 1000:1000 --workdir /workspace >&2
+  mv "$H_TAR.part" "$H_TAR"
   rm -rf "$R"
 fi
-import "$PI_TAR" "$PI_IMAGE"
+import "$H_TAR" "$H_IMAGE"
 echo "floe=$FLOE_IMAGE"
 echo "python=$PY_IMAGE"
-echo "pi=$PI_IMAGE"
+echo "harnesses=$H_IMAGE"

@@ -30,8 +30,9 @@ pub struct NodeImages {
     pub floe: String,
     /// Debian's python3.11 and busybox, USER 1000.
     pub python: String,
-    /// The python sandbox plus Node.js and the Pi harness CLI (`pi` on PATH).
-    pub pi: String,
+    /// The python sandbox plus Node.js and the five harness CLIs (`pi`, `codex`, `claude`,
+    /// `qwen`, `gemini` on PATH).
+    pub harnesses: String,
 }
 
 static NODE: OnceLock<TestNode> = OnceLock::new();
@@ -132,7 +133,7 @@ impl TestNode {
         let images = NodeImages {
             floe: get("floe")?,
             python: get("python")?,
-            pi: get("pi")?,
+            harnesses: get("harnesses")?,
         };
         Ok(IMAGES.get_or_init(|| images))
     }
@@ -246,15 +247,18 @@ impl TestNode {
         .await
     }
 
-    /// The second host port open to pods, for a test's own server on the bridge address
-    /// (one test at a time).
-    pub fn spare_port(&self) -> Result<u16> {
-        self.host_ports.get(1).copied().with_context(|| {
+    /// The second host port open to pods, for a test's own server on the bridge address: one
+    /// test at a time, until the guard drops.
+    pub async fn spare_port(&self) -> Result<(u16, tokio::sync::MutexGuard<'static, ()>)> {
+        static SPARE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let held = SPARE.lock().await;
+        let port = self.host_ports.get(1).copied().with_context(|| {
             format!(
                 "the node opened no second host port to pods ({})",
                 self.dir.display()
             )
-        })
+        })?;
+        Ok((port, held))
     }
 
     /// A hostPath volume at `dir` for a job's dataset, owned by the collector's user

@@ -33,6 +33,11 @@ pub struct ScriptedUpstream {
 
 impl ScriptedUpstream {
     pub async fn start(script: Vec<Step>) -> anyhow::Result<Self> {
+        Self::start_on(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), script).await
+    }
+
+    /// Serve on `listen` (pods reach a server on the node's bridge address).
+    pub async fn start_on(listen: std::net::SocketAddr, script: Vec<Step>) -> anyhow::Result<Self> {
         let calls = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
         let state = Arc::new((script, calls.clone(), requests.clone()));
@@ -46,7 +51,7 @@ impl ScriptedUpstream {
                 }),
             )
             .with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = tokio::net::TcpListener::bind(listen).await?;
         let url = format!("http://{}", listener.local_addr()?);
         tokio::spawn(async move { axum::serve(listener, app).await });
         Ok(Self {

@@ -147,7 +147,8 @@ fn forward(stderr: std::process::ChildStderr) {
 fn a_local_run_has(metric: &str) -> bool {
     (metric.starts_with("floe_trainer_")
         || metric.starts_with("floe_gateway_")
-        || metric.starts_with("floe_session"))
+        || metric == "floe_sessions"
+        || metric.starts_with("floe_session_"))
         && metric != "floe_trainer_gpu_utilization"
 }
 

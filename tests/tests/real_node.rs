@@ -420,7 +420,7 @@ async fn pi_runs_in_real_pods_against_the_real_vllm() -> Result<()> {
         work.ns.name.clone(),
     );
     let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
-    warm_pool_of(n, &client, &ns, "pi", &images.pi).await?;
+    warm_pool_of(n, &client, &ns, "pi", &images.harnesses).await?;
     let mut job = sft_job("pi-fix", &ns, 2, "/pi", json!([fix_add()]));
     job["spec"]["poolRef"]["name"] = "pi".into();
     job["spec"]["harness"] = json!({"preset": "pi", "api": "openai-chat",
@@ -448,6 +448,74 @@ async fn pi_runs_in_real_pods_against_the_real_vllm() -> Result<()> {
         let prompt = traces[0]["prompt_token_ids"].as_array().map_or(0, Vec::len);
         assert!(prompt > 300, "Pi's prompt is {prompt} tokens");
     }
+    Ok(())
+}
+
+/// The other four harness presets, unmodified from npm, in real pods: Codex CLI, Claude Code,
+/// Qwen Code and Gemini CLI, each in the harness image's restricted sandbox container with what
+/// its preset injects (base URL, key, config files, flags) pointing it at the pod's gateway
+/// sidecar. A scripted model on the bridge address (the jobs' teacher) has each CLI call its
+/// own shell tool to fix the bug; every session scores 1 and its calls reach the dataset. (A
+/// stub model because these CLIs' own prompts, 10-25 K tokens, do not fit the 135M model's
+/// context; Pi runs against the real vLLM above.)
+#[tokio::test]
+async fn every_harness_preset_fixes_the_bug_in_real_pods() -> Result<()> {
+    use floe_tests::scripted_upstream::{ScriptedUpstream, Step};
+    use floe_tests::toy_task::FIX;
+    const PRESETS: [&str; 4] = ["codex", "claude-code", "qwen-code", "gemini-cli"];
+    let work = prepare("presets").await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
+    let (spare, _spare_held) = n.spare_port().await?;
+    let _model = ScriptedUpstream::start_on(
+        std::net::SocketAddr::new(n.host_ip.into(), spare),
+        vec![Step::Shell(FIX.into()), Step::Say("Fixed add().".into())],
+    )
+    .await?;
+    n.host_service(&client, &ns, "scripted", spare).await?;
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": "harnesses"},
+               "spec": {"replicas": PRESETS.len(),
+                        "template": {"image": images.harnesses, "imagePullPolicy": "Never"}}}),
+    )
+    .await?;
+    warm_pods(n, &client, &ns, "harnesses", PRESETS.len()).await?;
+    for preset in PRESETS {
+        let mut job = sft_job(preset, &ns, 1, &format!("/{preset}"), json!([fix_add()]));
+        job["spec"]["poolRef"]["name"] = "harnesses".into();
+        job["spec"]["harness"] = json!({"preset": preset});
+        job["spec"]["sft"]["upstream"]["url"] = format!("http://scripted.{ns}.svc:8000").into();
+        job["spec"]["sampling"]["maxResponseTokens"] = 256.into();
+        job["spec"]["timeouts"]["agentSeconds"] = 240.into();
+        apply(&client, &ns, job).await?;
+    }
+    let mut failures = Vec::new();
+    for preset in PRESETS {
+        let status = finished(n, &client, &ns, preset).await?;
+        if status.sessions.succeeded != 1 {
+            failures.push(format!("{preset}: {:?}", status.sessions));
+            continue;
+        }
+        // minReward 1: only a session whose hidden test passed is in the dataset.
+        match dataset(&work.data.path().join(preset), 1).await {
+            Ok(lines) => {
+                let traces = lines[0]["traces"].as_array().map_or(0, Vec::len);
+                if traces == 0 {
+                    failures.push(format!("{preset}: no call captured: {}", lines[0]));
+                }
+            }
+            Err(e) => failures.push(format!("{preset}: did not fix the bug: {e:#}")),
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
     Ok(())
 }
 
@@ -1054,7 +1122,7 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
     // The teacher demands a key (floe's policy proxy in front of the real vLLM stands in for a
     // server started with `--api-key`), which the job names in a Secret: only gateways get it.
     const TEACHER_KEY: &str = "the-teachers-key";
-    let spare = n.spare_port()?;
+    let (spare, _spare_held) = n.spare_port().await?;
     let _teacher = floe_tests::processes::PolicyProxy::start(
         std::net::SocketAddr::new(n.host_ip.into(), spare),
         &floe_tests::vllm::vllm().url,
