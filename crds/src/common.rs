@@ -20,7 +20,8 @@ pub struct SandboxTemplate {
     /// Labels and annotations added to every sandbox pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateMetadata>,
-    /// The harness image (it must contain the harness CLI, e.g. `codex` or `claude`).
+    /// The harness image (it must contain the harness CLI, e.g. `codex` or `claude`, and bash
+    /// for Claude Code, Qwen Code and Gemini CLI, whose shell tools run it).
     #[schemars(length(min = 1, max = 1024))]
     pub image: String,
     /// Image of the grader container, where the workspace is set up, the pool's prepare steps

@@ -6,7 +6,7 @@
 //! cluster without CRD CEL support (< 1.25) and `floe run` in local mode report the same
 //! messages for the same mistakes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -66,13 +66,66 @@ fn cel_errors(result: Result<(), kube::core::cel::ValidationErrors>) -> Vec<Fiel
     }
 }
 
-/// Validate a RolloutJob as the apiserver would on create.
+/// Validate a RolloutJob as the apiserver would on create, and refuse the fields it pruned.
 pub fn validate_rollout_job(job: &RolloutJob) -> Result<(), ValidationError> {
     let mut errors = cel_errors(job.validate_cel());
     if let Some(tasks) = &job.spec.tasks.inline {
         errors.extend(duplicate_task_ids(tasks, "spec.tasks.inline"));
     }
+    errors.extend(pruned_fields(
+        "RolloutJob",
+        job.metadata.annotations.as_ref(),
+    ));
     into_result(errors)
+}
+
+/// The annotation client-side `kubectl apply` (and Argo CD) writes: the object as it was last
+/// applied, before the apiserver pruned what its schema does not know.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Fields the user applied that the CRD's schema does not know. An apiserver prunes them
+/// silently (those before 1.25 have no strict field validation; later ones only when the client
+/// asks), so the object no longer shows them and a misspelled `agentSecond` would run with the
+/// default: they are read back from `kubectl apply`'s annotation. Objects created otherwise
+/// carry none, and pass.
+pub fn pruned_fields(
+    kind: &str,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Vec<FieldError> {
+    let Some(applied) = annotations.and_then(|a| a.get(LAST_APPLIED)) else {
+        return Vec::new();
+    };
+    let Ok(document) = serde_json::from_str::<serde_json::Value>(applied) else {
+        return Vec::new();
+    };
+    let Ok(schema) = schema_of(kind) else {
+        return Vec::new();
+    };
+    let mut errors = Vec::new();
+    unknown_fields(&schema, &document, "", &mut errors);
+    for e in &mut errors {
+        e.message = format!(
+            "{}: the apiserver dropped it, so it has no effect; fix the manifest",
+            e.message
+        );
+    }
+    errors
+}
+
+/// The OpenAPI schema of one of floe's kinds, as the CRD carries it.
+fn schema_of(kind: &str) -> Result<serde_json::Value, FieldError> {
+    let crds = crate::generate::crds(crate::generate::Target::LATEST).map_err(|e| FieldError {
+        field: String::new(),
+        message: format!("cannot build the CRD schema: {e}"),
+    })?;
+    Ok(crds
+        .iter()
+        .find(|c| c.spec.names.kind == kind)
+        .and_then(|c| c.spec.versions.first())
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or_default())
 }
 
 /// Validate an update of a RolloutJob (transition rules such as immutability after start).
@@ -111,21 +164,7 @@ pub fn duplicate_task_ids(tasks: &[Task], field: &str) -> Vec<FieldError> {
 /// the CRD's OpenAPI schema (types, enums, ranges, patterns, required fields), then defaults
 /// and the CEL rules. For `floe run`, which has no apiserver in front of it.
 pub fn parse_rollout_job(document: &serde_json::Value) -> Result<RolloutJob, ValidationError> {
-    let crds =
-        crate::generate::crds(crate::generate::Target::LATEST).map_err(|e| ValidationError {
-            errors: vec![FieldError {
-                field: String::new(),
-                message: format!("cannot build the CRD schema: {e}"),
-            }],
-        })?;
-    let schema = crds
-        .iter()
-        .find(|c| c.spec.names.kind == "RolloutJob")
-        .and_then(|c| c.spec.versions.first())
-        .and_then(|v| v.schema.as_ref())
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .and_then(|s| serde_json::to_value(s).ok())
-        .unwrap_or_default();
+    let schema = schema_of("RolloutJob").map_err(|e| ValidationError { errors: vec![e] })?;
     let mut errors = Vec::new();
     for (key, want) in [("apiVersion", "floe.dev/v1alpha1"), ("kind", "RolloutJob")] {
         if document[key] != want {
@@ -338,6 +377,28 @@ mod document_tests {
         spec["harness"]["settings"] = serde_json::json!({"model": {"x": 1}});
         parse_rollout_job(&job(spec)).expect("maps and settings take any key");
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn fields_the_apiserver_pruned_are_read_back_from_the_last_applied_annotation() {
+        let applied = {
+            let mut spec = valid_spec();
+            spec["timeouts"] = serde_json::json!({"agentSecond": 5});
+            job(spec)
+        };
+        // What the apiserver keeps: the same object without the field it does not know.
+        let mut kept = parse_rollout_job(&job(valid_spec())).expect("valid");
+        validate_rollout_job(&kept).expect("no annotation: nothing to read back");
+        kept.metadata.annotations = Some(BTreeMap::from([(
+            LAST_APPLIED.to_string(),
+            applied.to_string(),
+        )]));
+        let err = validate_rollout_job(&kept).expect_err("a pruned field");
+        assert_eq!(
+            err.to_string(),
+            "spec.timeouts.agentSecond: unknown field (did you mean `agentSeconds`?): the \
+             apiserver dropped it, so it has no effect; fix the manifest"
+        );
     }
 
     #[test]

@@ -102,8 +102,9 @@ import "$PY_TAR" "$PY_IMAGE"
 
 # harnesses: cached by the five harness CLIs' versions and Node's (and the python sandbox's
 # under it). Each CLI unmodified from npm (scripts/harnesses/install.sh) under /opt/<name>, its
-# command on PATH; native binaries (Claude Code's) with the libraries they load.
+# command on PATH; native binaries (Claude Code's) with the libraries they load; Debian's bash.
 HARNESSES="pi codex claude-code qwen-code gemini-cli"
+rm -f "$CACHE"/pi-sandbox-*.tar   # the Pi-only image this one replaced
 NODE=$(command -v node)
 NODE_VERSION=$("$NODE" --version)
 H_TAG=""
@@ -114,7 +115,9 @@ for h in $HARNESSES; do
   H_DIR=$(cd "$(dirname "$BIN")/../.." && pwd)   # .../harnesses/<name>-<version>
   H_TAG="$H_TAG-${H_DIR##*/}"
 done
-H_IMAGE=floe.local/harness-sandbox:$(echo "${H_TAG#-}-node${NODE_VERSION#v}-py$PY_TAG" | sha256sum | cut -c1-16)
+BASH_VERSION_DEB=$(dpkg-query -W -f='${Version}' bash 2>/dev/null || bash --version | head -1)
+# r2: bash added. Bump it when what goes in changes.
+H_IMAGE=floe.local/harness-sandbox:$(echo "r2${H_TAG}-node${NODE_VERSION#v}-py$PY_TAG-bash$BASH_VERSION_DEB" | sha256sum | cut -c1-16)
 H_TAR=$CACHE/harness-sandbox-${H_IMAGE##*:}.tar
 if [ ! -f "$H_TAR" ]; then
   R=$CACHE/harness-root
@@ -123,6 +126,10 @@ if [ ! -f "$H_TAR" ]; then
   install -m 0755 "$NODE" "$R/usr/local/bin/node"
   with_libs "$R" "$R/usr/local/bin/node"
   rm -rf "${R:?}${R}"
+  # Claude Code, Qwen Code and Gemini CLI run their shell tool with bash (busybox's sh is not
+  # enough: "No suitable shell found", "spawn bash ENOENT").
+  rm -f "$R/bin/bash"
+  with_libs "$R" /bin/bash
   for h in $HARNESSES; do
     BIN=${H_BIN[$h]}
     H_DIR=$(cd "$(dirname "$BIN")/../.." && pwd)

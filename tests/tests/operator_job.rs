@@ -433,6 +433,48 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         "{notes:?}"
     );
     jobs.delete("badpath", &Default::default()).await?;
+    // A misspelled field. `kubectl apply` refuses it itself, from the schema the CRD publishes;
+    // with `--validate=false` (or a client that does not check) the apiserver prunes it (this
+    // one, 1.20, has no strict field validation), and the operator reads it back from the
+    // last-applied annotation and refuses the job, naming the field and the name it meant.
+    // Re-applied without it (the spec and generation unchanged), the job goes on.
+    let mut typo = serde_json::to_value(job("typo", &["a"], 1, json!({}))?)?;
+    typo["spec"]["timeouts"] = json!({"agentSecond": 5});
+    let kubectl_apply = |object: &Value, validate: bool| -> Result<std::process::Output> {
+        let validate = format!("--validate={validate}");
+        floe_tests::cluster::cluster().kubectl(
+            &["apply", &validate, "-n", &ns.name, "-f", "-"],
+            Some(object.to_string().as_bytes()),
+        )
+    };
+    let refused = kubectl_apply(&typo, true)?;
+    assert!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("unknown field \"agentSecond\""),
+        "{refused:?}"
+    );
+    let applied = kubectl_apply(&typo, false)?;
+    anyhow::ensure!(applied.status.success(), "kubectl apply: {applied:?}");
+    let notes = stalled_for(&client, &jobs, &ns.name, "typo", "InvalidSpec").await?;
+    assert!(
+        notes[0]
+            .contains("spec.timeouts.agentSecond: unknown field (did you mean `agentSeconds`?)"),
+        "{notes:?}"
+    );
+    typo["spec"]
+        .as_object_mut()
+        .context("spec")?
+        .remove("timeouts");
+    let applied = kubectl_apply(&typo, false)?;
+    anyhow::ensure!(applied.status.success(), "kubectl apply: {applied:?}");
+    eventually("the typo job to go on", async || {
+        let s = status(&jobs, "typo").await?;
+        Ok(condition(&s, "Stalled")
+            .is_none_or(|(v, _)| v == "False")
+            .then_some(()))
+    })
+    .await?;
+    jobs.delete("typo", &Default::default()).await?;
     // An evaluator image the pool does not grade in: refused before any claim.
     let other = job(
         "otherimage",

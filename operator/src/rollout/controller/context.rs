@@ -31,15 +31,19 @@ pub struct JobContext {
     pub(super) early_claims: Option<Duration>,
 }
 
+/// What a validation verdict holds for: the spec's generation and a hash of the
+/// last-applied annotation.
+type SpecVersion = (Option<i64>, Option<u64>);
+
 /// What the controller keeps about one job between its rounds. Losing it (an operator
 /// restart) costs work, never correctness: each piece is read again or counted afresh.
 #[derive(Default)]
 pub(super) struct JobMemory {
     /// Sessions that found no READY pod free: their claim counts as cold.
     starved: HashSet<u32>,
-    /// Client-side CEL validation of one generation: evaluating the rules costs tens of
-    /// milliseconds, too much for every round of a running job.
-    validated: Option<(Option<i64>, Result<(), String>)>,
+    /// Client-side validation of one generation (and last-applied annotation): evaluating
+    /// the CEL rules costs tens of milliseconds, too much for every round of a running job.
+    validated: Option<(SpecVersion, Result<(), String>)>,
     /// `tasks.file`: the loader arguments the tasks were read with, and the tasks.
     pub(super) file_tasks: Option<(String, Arc<Vec<Task>>)>,
     /// What the pod cache must show before a round may read the job's pods from it. `None`:
@@ -166,7 +170,18 @@ impl JobContext {
 
     pub(super) fn validate(&self, job: &RolloutJob) -> Result<(), String> {
         let uid = job.uid().unwrap_or_default();
-        let generation = job.metadata.generation;
+        // What `kubectl apply` last sent counts too: removing a field the apiserver pruned
+        // leaves the spec (and its generation) as it was.
+        let applied = job
+            .annotations()
+            .get(floe_crds::validation::LAST_APPLIED)
+            .map(|a| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                a.hash(&mut h);
+                h.finish()
+            });
+        let generation = (job.metadata.generation, applied);
         let known = self.remember(&uid, |m| {
             m.validated
                 .as_ref()
