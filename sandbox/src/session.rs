@@ -8,7 +8,7 @@ use floe_crds::common::UpstreamKind as SpecKind;
 use floe_crds::rollout_job::{RolloutJobSpec, Task, TrajectoryBuilder};
 use floe_gateway::protocol::upstream::UpstreamKind;
 use floe_gateway::protocol::HostedTools;
-use floe_gateway::ship::{Assignment, Sink, UpstreamOverride};
+use floe_gateway::ship::{Assignment, RetryOverride, Sink, UpstreamOverride};
 use floe_gateway::trajectory::Builder;
 
 use crate::spec::RunSpec;
@@ -62,6 +62,16 @@ pub fn upstream_kind(kind: SpecKind) -> UpstreamKind {
     }
 }
 
+/// The job's retry shape as the gateway takes it.
+fn retry_override(r: &floe_crds::rollout_job::ModelCallRetry) -> RetryOverride {
+    let positive = |v: i32| u32::try_from(v).unwrap_or(0);
+    RetryOverride {
+        first_backoff_millis: positive(r.first_backoff_millis),
+        max_backoff_millis: positive(r.max_backoff_seconds).saturating_mul(1000),
+        http500_retries: positive(r.http500_retries),
+    }
+}
+
 pub fn assignment(s: &SessionOf) -> Assignment {
     let spec = s.spec;
     let cap = u32::try_from(spec.sampling.max_response_tokens).ok();
@@ -79,6 +89,7 @@ pub fn assignment(s: &SessionOf) -> Assignment {
             floe_crds::rollout_job::HostedTools::Reject => HostedTools::Reject,
             floe_crds::rollout_job::HostedTools::Drop => HostedTools::Drop,
         }),
+        retry: Some(retry_override(&spec.model_call_retry)),
     };
     let builder = match spec.trajectory.builder {
         TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,

@@ -45,6 +45,9 @@ struct Job {
     backoff_limit: u32,
     model_call_seconds: u32,
     agent_seconds: u32,
+    /// `spec.modelCallRetry`.
+    first_backoff_millis: u32,
+    http500_retries: u32,
 }
 
 impl Default for Job {
@@ -56,6 +59,8 @@ impl Default for Job {
             backoff_limit: 3,
             model_call_seconds: 30,
             agent_seconds: 120,
+            first_backoff_millis: 250,
+            http500_retries: 2,
         }
     }
 }
@@ -89,6 +94,7 @@ spec:
   evaluator:
     command: [test, -f, answer.txt]
   timeouts: {{agentSeconds: {agent_s}, evaluatorSeconds: 30, modelCallSeconds: {call_s}}}
+  modelCallRetry: {{firstBackoffMillis: {first}, http500Retries: {r500}}}
   sft:
     upstream: {{url: "http://127.0.0.1:9"}}
     output: {{claimName: unused}}
@@ -100,6 +106,8 @@ spec:
             backoff = self.backoff_limit,
             agent_s = self.agent_seconds,
             call_s = self.model_call_seconds,
+            first = self.first_backoff_millis,
+            r500 = self.http500_retries,
         )
     }
 
@@ -336,15 +344,16 @@ async fn a_hung_model_and_http_500s_are_the_infrastructure_s() -> Result<()> {
     let model = upstream().await?;
     let proxy = FaultProxy::start(&model.url).await?;
     let dir = tempfile::tempdir()?;
-    let job = Job {
+    // One session, one call, no session retry: each fault shows as it is.
+    let job_spec = || Job {
         tasks: vec!["calls 1".into()],
         samples: 1,
         model_call_seconds: 2,
         backoff_limit: 0,
         agent_seconds: 60,
         ..Default::default()
-    }
-    .write(dir.path())?;
+    };
+    let job = job_spec().write(dir.path())?;
     proxy.set(Fault::Hang(Duration::from_secs(60)));
     let out = dir.path().join("hung");
     let (code, stderr) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
@@ -380,6 +389,51 @@ async fn a_hung_model_and_http_500s_are_the_infrastructure_s() -> Result<()> {
     assert_eq!(code, 1, "{s}");
     assert_eq!(s["upstreamErrors"]["failed"]["http_500"], 1, "{s}");
     assert_eq!(s["dataset"]["accepted"], 0, "{s}");
+
+    // The job's retry shape: no retry of a 500 at all, and a first wait of 1.5 s.
+    for d in ["strict", "patient"] {
+        std::fs::create_dir_all(dir.path().join(d))?;
+    }
+    let strict = Job {
+        http500_retries: 0,
+        ..job_spec()
+    }
+    .write(&dir.path().join("strict"))?;
+    proxy.set(Fault::Status {
+        status: 500,
+        next: 1,
+    });
+    let out = dir.path().join("500-once-no-retry");
+    let (code, _) = run_to_end(floe_run(&strict, &out, &proxy.url)?).await?;
+    let s = summary(&out)?;
+    assert_eq!(code, 1, "{s}");
+    assert_eq!(s["upstreamErrors"]["failed"]["http_500"], 1, "{s}");
+    assert!(
+        s["upstreamErrors"]["retried"]["http_500"].as_u64() < Some(1),
+        "{s}"
+    );
+    let patient = Job {
+        first_backoff_millis: 1500,
+        model_call_seconds: 30,
+        ..job_spec()
+    }
+    .write(&dir.path().join("patient"))?;
+    proxy.set(Fault::Status {
+        status: 503,
+        next: 1,
+    });
+    let out = dir.path().join("503-once-slow-backoff");
+    let (code, stderr) = run_to_end(floe_run(&patient, &out, &proxy.url)?).await?;
+    let s = summary(&out)?;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(s["upstreamErrors"]["retried"]["http_503"], 1, "{s}");
+    let record: Value = serde_json::from_str(
+        std::fs::read_to_string(out.join("captures/faults-t0-0/upstream-errors.jsonl"))?.trim(),
+    )?;
+    assert_eq!(
+        record["retryInMs"], 1500,
+        "the job's first backoff, not the default 250: {record}"
+    );
     Ok(())
 }
 

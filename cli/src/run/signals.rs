@@ -98,12 +98,15 @@ pub fn watchdog(parent: u32, tag: &str) -> i32 {
     while std::os::unix::process::parent_id() == parent {
         std::thread::sleep(Duration::from_millis(200));
     }
-    let mut killed = floe_sandbox::process::kill_marked(RUN_TAG_VAR, tag);
-    // A process forking while it is killed: once more after a moment.
-    std::thread::sleep(Duration::from_millis(300));
-    killed += floe_sandbox::process::kill_marked(RUN_TAG_VAR, tag);
+    let killed = floe_sandbox::process::kill_marked(RUN_TAG_VAR, tag);
+    // Until none is left (a process forking while it is killed), as the run's own exit does.
+    let left = floe_sandbox::process::end_marked(RUN_TAG_VAR, tag, Duration::from_secs(5));
     if killed > 0 {
         eprintln!("floe run-watchdog: the run ended; killed {killed} process(es) it had left");
+    }
+    if left > 0 {
+        eprintln!("floe run-watchdog: {left} process(es) of the run are still alive");
+        return 1;
     }
     0
 }

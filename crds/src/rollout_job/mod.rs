@@ -106,6 +106,9 @@ pub struct RolloutJobSpec {
     /// Per-session time budgets.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// How the gateway retries a model call the infrastructure failed.
+    #[serde(default)]
+    pub model_call_retry: ModelCallRetry,
     /// Wall-clock limit for the whole job, like a Job's; running sessions are stopped at the deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
@@ -511,6 +514,48 @@ pub struct Timeouts {
     #[serde(default = "default_model_call_timeout")]
     #[schemars(range(min = 1, max = 86400))]
     pub model_call_seconds: i32,
+}
+
+/// How the gateway retries a model call the infrastructure failed — connection errors, 429,
+/// 502/503/504, and a 500 a few times — with exponential backoff, within
+/// `timeouts.modelCallSeconds` and never past it (a retry that could only time out is not
+/// made). A server's `Retry-After` is honoured when it asks for longer.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCallRetry {
+    /// Wait before the first retry; doubled after each.
+    #[serde(default = "default_first_backoff_millis")]
+    #[schemars(range(min = 10, max = 60000))]
+    pub first_backoff_millis: i32,
+    /// Longest wait between two attempts.
+    #[serde(default = "default_max_backoff_seconds")]
+    #[schemars(range(min = 1, max = 600))]
+    pub max_backoff_seconds: i32,
+    /// Retries of an HTTP 500, which is often deterministic (a request the server crashes on):
+    /// 0 fails the call at the first one.
+    #[serde(default = "default_http500_retries")]
+    #[schemars(range(min = 0, max = 10))]
+    pub http500_retries: i32,
+}
+
+impl Default for ModelCallRetry {
+    fn default() -> Self {
+        Self {
+            first_backoff_millis: default_first_backoff_millis(),
+            max_backoff_seconds: default_max_backoff_seconds(),
+            http500_retries: default_http500_retries(),
+        }
+    }
+}
+
+fn default_first_backoff_millis() -> i32 {
+    250
+}
+fn default_max_backoff_seconds() -> i32 {
+    8
+}
+fn default_http500_retries() -> i32 {
+    2
 }
 
 impl Default for Timeouts {

@@ -23,6 +23,10 @@ pub struct UpstreamErrorRecord {
     pub result: String,
     pub message: String,
     pub at_ms: u64,
+    /// The wait before the next attempt (the job's `modelCallRetry`, or the server's
+    /// `Retry-After` when longer); absent when the call failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_in_ms: Option<u64>,
 }
 
 /// A session's upstream failures by kind: attempts that were retried, and calls that failed
@@ -116,6 +120,7 @@ mod tests {
             result: result.into(),
             message: "x".into(),
             at_ms: 0,
+            retry_in_ms: None,
         }
     }
 

@@ -55,6 +55,8 @@ pub struct CallLimits {
     pub call_deadline: std::time::Duration,
     /// Provider-hosted tools in a request: refused (default) or dropped.
     pub hosted_tools: super::HostedTools,
+    /// How failed attempts are retried within the deadline (the job's `modelCallRetry`).
+    pub retry: super::retry::RetryPolicy,
 }
 
 /// Parameters that have no meaning for, or are refused by, the upstream call and are removed.
@@ -186,6 +188,7 @@ mod tests {
             top_p: None,
             call_deadline: std::time::Duration::from_secs(60),
             hosted_tools: Default::default(),
+            retry: Default::default(),
         }
     }
 

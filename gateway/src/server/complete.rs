@@ -15,7 +15,7 @@ use crate::capture::{
     encode_line, Api, CaptureWriteError, CompletionRecord, CAPTURE_FORMAT_VERSION,
 };
 use crate::protocol::answer::read_answer;
-use crate::protocol::retry::{parse_retry_after, Failure, RetryPolicy};
+use crate::protocol::retry::{parse_retry_after, Failure};
 use crate::protocol::upstream::{finalize_request, upstream_error};
 use crate::protocol::ProtocolError;
 
@@ -89,7 +89,7 @@ async fn call_and_capture(
     let answer = match read_answer(&text, session.upstream.limits.kind, keep_logprobs) {
         Ok(a) => a,
         Err(e) => {
-            record_failure(gateway, session, seq, 1, &Failure::Malformed, false, &e);
+            record_failure(gateway, session, seq, 1, &Failure::Malformed, None, &e);
             return Err(e);
         }
     };
@@ -163,7 +163,7 @@ async fn call_upstream(
         "{}/v1/chat/completions",
         session.upstream.url.trim_end_matches('/')
     );
-    let policy = RetryPolicy::default();
+    let policy = session.upstream.limits.retry;
     let mut attempt = 0u32;
     loop {
         attempt += 1;
@@ -190,15 +190,7 @@ async fn call_upstream(
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let delay = policy.next_delay(&failure, attempt, retry_after, remaining);
-        record_failure(
-            gateway,
-            session,
-            seq,
-            attempt,
-            &failure,
-            delay.is_some(),
-            &error,
-        );
+        record_failure(gateway, session, seq, attempt, &failure, delay, &error);
         match delay {
             Some(delay) => tokio::time::sleep(delay).await,
             None => return Err(error),
@@ -273,10 +265,11 @@ fn record_failure(
     seq: u64,
     attempt: u32,
     failure: &Failure,
-    retried: bool,
+    retry_in: Option<Duration>,
     error: &ProtocolError,
 ) {
     let kind = failure.kind();
+    let retried = retry_in.is_some();
     let result = if retried { "retried" } else { "failed" };
     gateway.metrics.upstream_error(kind.as_str(), retried);
     tracing::warn!(session = %session.meta.session, seq, attempt, %kind, result, %error, "upstream call failed");
@@ -287,6 +280,7 @@ fn record_failure(
         result: result.into(),
         message: error.to_string().chars().take(500).collect(),
         at_ms: now_ms(),
+        retry_in_ms: retry_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
     };
     if let Err(e) = upstream_errors::append(&session.dir, &record) {
         tracing::error!(session = %session.meta.session, "cannot record an upstream failure: {e}");

@@ -123,6 +123,7 @@ impl Gateway {
                 top_p: None,
                 call_deadline: config.upstream_timeout,
                 hosted_tools: Default::default(),
+                retry: Default::default(),
             },
             sessions: Sessions::default(),
             metrics: Metrics::new()?,
@@ -175,6 +176,9 @@ impl Gateway {
             }
             if let Some(policy) = o.hosted_tools {
                 upstream.limits.hosted_tools = policy;
+            }
+            if let Some(retry) = o.retry {
+                upstream.limits.retry = retry.into();
             }
         }
         upstream
@@ -369,6 +373,31 @@ mod tests {
             ..elsewhere
         };
         assert_eq!(key(Some(with_key)).as_deref(), Some("job-key"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_jobs_retry_shape_replaces_the_default_for_its_sessions() -> Result<(), std::io::Error> {
+        use crate::protocol::retry::RetryPolicy;
+        let dir = tempfile::tempdir()?;
+        let g = gateway(dir.path(), None);
+        assert_eq!(g.upstream_for(None).limits.retry, RetryPolicy::default());
+        let strict = UpstreamOverride {
+            retry: Some(crate::ship::RetryOverride {
+                first_backoff_millis: 1500,
+                max_backoff_millis: 3000,
+                http500_retries: 0,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            g.upstream_for(Some(&strict)).limits.retry,
+            RetryPolicy {
+                first_backoff: Duration::from_millis(1500),
+                max_backoff: Duration::from_secs(3),
+                max_500_retries: 0,
+            }
+        );
         Ok(())
     }
 

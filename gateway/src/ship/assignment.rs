@@ -69,6 +69,28 @@ pub struct UpstreamOverride {
     /// The job's `harness.hostedTools`: refuse (default) or drop provider-hosted tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosted_tools: Option<crate::protocol::HostedTools>,
+    /// The job's `modelCallRetry`: how failed upstream attempts are retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryOverride>,
+}
+
+/// A job's retry shape ([`crate::protocol::retry::RetryPolicy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryOverride {
+    pub first_backoff_millis: u32,
+    pub max_backoff_millis: u32,
+    pub http500_retries: u32,
+}
+
+impl From<RetryOverride> for crate::protocol::retry::RetryPolicy {
+    fn from(o: RetryOverride) -> Self {
+        Self {
+            first_backoff: std::time::Duration::from_millis(o.first_backoff_millis.max(1).into()),
+            max_backoff: std::time::Duration::from_millis(o.max_backoff_millis.max(1).into()),
+            max_500_retries: o.http500_retries,
+        }
+    }
 }
 
 /// An assignment as the runner receives it, with the session's model-API token.

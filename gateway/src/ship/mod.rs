@@ -11,6 +11,8 @@ pub mod shipper;
 mod sink;
 mod spool;
 
-pub use assignment::{Assignment, AssignmentError, Assignments, Delivered, UpstreamOverride};
+pub use assignment::{
+    Assignment, AssignmentError, Assignments, Delivered, RetryOverride, UpstreamOverride,
+};
 pub use sink::{deliver, DeliveryError, Failure, Sink};
 pub use spool::{write_durably, Spool, SpoolEntry, SpoolError};

@@ -114,15 +114,11 @@ pub fn collector(
     job: &RolloutJob,
     floe_image: &str,
 ) -> Result<Option<AuxObjects>, serde_json::Error> {
-    let Some(sft) = &job.spec.sft else {
+    let (Some(sft), Some(min_reward)) = (&job.spec.sft, job.spec.sft_min_reward()) else {
         return Ok(None);
     };
     let name = dataset_service(&job.name_any());
     let dir = format!("/data/{}", sft.output.path.trim_start_matches('/'));
-    let min_reward = job
-        .spec
-        .sft_min_reward()
-        .unwrap_or(job.spec.evaluator.reward.pass_threshold);
     let user = sft
         .output
         .run_as_user
