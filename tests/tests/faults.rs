@@ -353,11 +353,17 @@ async fn a_hung_model_and_http_500s_are_the_infrastructure_s() -> Result<()> {
         agent_seconds: 60,
         ..Default::default()
     };
-    let job = job_spec().write(dir.path())?;
-    proxy.set(Fault::Hang(Duration::from_secs(60)));
-    let out = dir.path().join("hung");
-    let (code, stderr) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
-    let s = summary(&out)?;
+    // `job` run into `dir/name` with `fault` on the model: its exit code, summary and stderr.
+    let under = async |fault: Fault, job: Job, name: &str| -> Result<(i32, Value, String)> {
+        let here = dir.path().join(name);
+        std::fs::create_dir_all(&here)?;
+        let job = job.write(&here)?;
+        proxy.set(fault);
+        let out = here.join("out");
+        let (code, stderr) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
+        Ok((code, summary(&out)?, stderr))
+    };
+    let (code, s, stderr) = under(Fault::Hang(Duration::from_secs(60)), job_spec(), "hung").await?;
     assert_eq!(code, 1, "{stderr}");
     // Not "agent timeout, reward 0, trainable": the call's deadline caught the hang.
     assert_eq!(s["sessions"]["infraError"], 1, "{s}");
@@ -369,43 +375,22 @@ async fn a_hung_model_and_http_500s_are_the_infrastructure_s() -> Result<()> {
     );
 
     // A 500 is retried (twice at most); a run of them fails the call.
-    proxy.set(Fault::Status {
-        status: 500,
-        next: 2,
-    });
-    let out = dir.path().join("500-twice");
-    let (code, stderr) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
-    let s = summary(&out)?;
+    let http = |status, next| Fault::Status { status, next };
+    let (code, s, stderr) = under(http(500, 2), job_spec(), "500-twice").await?;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(s["upstreamErrors"]["retried"]["http_500"], 2, "{s}");
     assert_eq!(s["sessions"]["completed"], 1, "{s}");
-    proxy.set(Fault::Status {
-        status: 500,
-        next: 3,
-    });
-    let out = dir.path().join("500-thrice");
-    let (code, _) = run_to_end(floe_run(&job, &out, &proxy.url)?).await?;
-    let s = summary(&out)?;
+    let (code, s, _) = under(http(500, 3), job_spec(), "500-thrice").await?;
     assert_eq!(code, 1, "{s}");
     assert_eq!(s["upstreamErrors"]["failed"]["http_500"], 1, "{s}");
     assert_eq!(s["dataset"]["accepted"], 0, "{s}");
 
     // The job's retry shape: no retry of a 500 at all, and a first wait of 1.5 s.
-    for d in ["strict", "patient"] {
-        std::fs::create_dir_all(dir.path().join(d))?;
-    }
     let strict = Job {
         http500_retries: 0,
         ..job_spec()
-    }
-    .write(&dir.path().join("strict"))?;
-    proxy.set(Fault::Status {
-        status: 500,
-        next: 1,
-    });
-    let out = dir.path().join("500-once-no-retry");
-    let (code, _) = run_to_end(floe_run(&strict, &out, &proxy.url)?).await?;
-    let s = summary(&out)?;
+    };
+    let (code, s, _) = under(http(500, 1), strict, "500-once-no-retry").await?;
     assert_eq!(code, 1, "{s}");
     assert_eq!(s["upstreamErrors"]["failed"]["http_500"], 1, "{s}");
     assert!(
@@ -416,20 +401,14 @@ async fn a_hung_model_and_http_500s_are_the_infrastructure_s() -> Result<()> {
         first_backoff_millis: 1500,
         model_call_seconds: 30,
         ..job_spec()
-    }
-    .write(&dir.path().join("patient"))?;
-    proxy.set(Fault::Status {
-        status: 503,
-        next: 1,
-    });
-    let out = dir.path().join("503-once-slow-backoff");
-    let (code, stderr) = run_to_end(floe_run(&patient, &out, &proxy.url)?).await?;
-    let s = summary(&out)?;
+    };
+    let (code, s, stderr) = under(http(503, 1), patient, "503-once-slow-backoff").await?;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(s["upstreamErrors"]["retried"]["http_503"], 1, "{s}");
-    let record: Value = serde_json::from_str(
-        std::fs::read_to_string(out.join("captures/faults-t0-0/upstream-errors.jsonl"))?.trim(),
-    )?;
+    let errors = dir
+        .path()
+        .join("503-once-slow-backoff/out/captures/faults-t0-0/upstream-errors.jsonl");
+    let record: Value = serde_json::from_str(std::fs::read_to_string(errors)?.trim())?;
     assert_eq!(
         record["retryInMs"], 1500,
         "the job's first backoff, not the default 250: {record}"
