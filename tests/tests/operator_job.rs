@@ -615,11 +615,13 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     })
     .await?;
     // train: sessions wait for the trainer pod, call its vLLM, ship to its ingest, and the
-    // trainer's progress shows in the job's status.
-    let mut trained = job("trained", &["learn"], 2, json!({}))?;
+    // trainer's progress shows in the job's status. One group per step, maxStaleness 0: the
+    // `more` group (batch 1) waits until the trainer has stepped past the `learn` group's.
+    let mut trained = job("trained", &["learn", "more"], 2, json!({}))?;
     trained.spec.sft = None;
     trained.spec.train = Some(serde_json::from_value(json!({
-        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0}}))?);
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
+        "maxStaleness": 0, "grpo": {"groupsPerStep": 1}}))?);
     jobs.create(&PostParams::default(), &trained).await?;
     let ip = eventually("the trainer pod running", async || {
         Ok(pods
@@ -642,12 +644,17 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         .context("the control token")?;
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (said_done, told) = (finished.clone(), finished.clone());
+    // Version 0 with a group pending (not idle) until the test moves it.
+    let version = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let serving = version.clone();
     let trainer = axum::Router::new()
         .route(
             "/v1/status",
             axum::routing::get(move || async move {
                 let done = said_done.load(std::sync::atomic::Ordering::SeqCst);
-                axum::Json(json!({"step": 3, "policyVersion": 3,
+                let v = serving.load(std::sync::atomic::Ordering::SeqCst);
+                axum::Json(json!({"step": v, "policyVersion": v,
+                    "pendingGroups": 1, "readyGroups": 0, "training": false,
                     "lastStepTime": "2026-11-22T10:00:00Z", "finished": done,
                     "finalCheckpoint": done.then_some("/checkpoints/final")}))
             }),
@@ -669,6 +676,28 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
     tokio::spawn(async move { axum::serve(listener, trainer).await });
     trainer_up.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The learn group scored; the more group not claimed while the trainer is at version 0
+    // (the round that folds the learn sessions is the one that would claim it).
+    eventually("the learn group scored", async || {
+        let s = status(&jobs, "trained").await?;
+        Ok((s.sessions.succeeded == 2).then_some(()))
+    })
+    .await?;
+    for _ in 0..2 {
+        let s = status(&jobs, "trained").await?;
+        assert_eq!(
+            (s.sessions.running, s.sessions.pending),
+            (0, 2),
+            "batch 1 waits for the trainer: {:?}",
+            s.sessions
+        );
+        assert!(
+            !kubelet.taken().iter().any(|a| a["task"] == "more"),
+            "no session of batch 1 started"
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    version.store(3, std::sync::atomic::Ordering::SeqCst);
     let done = eventually("the train job finished with trainer progress", async || {
         let s = status(&jobs, "trained").await?;
         Ok((s.phase == Some(RolloutJobPhase::Succeeded) && s.trainer.is_some()).then_some(s))

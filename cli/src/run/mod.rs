@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use floe_crds::rollout_job::{StalenessGate, TrainerState};
 use floe_gateway::server::{abandon_unfinished, drain, recover, router, Config, Gateway};
 use floe_gateway::ship::{Assignment, Sink};
 use floe_sandbox::runner::{run as run_sandbox, RunnerConfig};
@@ -414,23 +415,21 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let mut upstream_errors = earlier.upstream;
     let mut running = tokio::task::JoinSet::new();
     let mut stopped: Option<Stop> = None;
-    let samples = spec.samples() as usize;
     let mut trainer_status = serde_json::Value::Null;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut failure: Option<String> = None;
     loop {
         while running.len() < concurrency {
             let Some(next) = queue.peek() else { break };
-            let may = training.as_ref().is_none_or(|t| {
-                train::may_start(
-                    next.index,
-                    samples,
-                    t.groups_per_step,
-                    t.max_staleness,
-                    &trainer_status,
-                    running.len(),
-                )
-            });
+            // The same gate as the operator's: a batch at most maxStaleness versions ahead.
+            let may = match (&training, &spec.train) {
+                (Some(_), Some(train)) => {
+                    let trainer = TrainerState::from_status(&trainer_status);
+                    StalenessGate::new(train, spec.samples(), trainer)
+                        .may_start(next.index as u64, running.len() as u64)
+                }
+                _ => true,
+            };
             if !may {
                 break;
             }

@@ -37,8 +37,6 @@ pub struct Training {
     /// The trainer's ingest, status and finish endpoints.
     pub trainer_url: String,
     pub model_name: String,
-    pub max_staleness: u64,
-    pub groups_per_step: usize,
     control_token: Option<String>,
     /// The started trainer's ingest token, which the gateway's sink carries.
     ingest_token: Option<String>,
@@ -109,8 +107,6 @@ impl Training {
             policy_url: String::new(),
             trainer_url: String::new(),
             model_name: SERVED_MODEL.into(),
-            max_staleness: 0,
-            groups_per_step: 1,
             control_token: None,
             ingest_token: None,
             children: Vec::new(),
@@ -170,10 +166,6 @@ impl Training {
         std::fs::create_dir_all(&dir)
             .map_err(|e| RunError::Io(format!("{}: {e}", dir.display())))?;
         let me = self;
-        me.max_staleness = u64::try_from(train.max_staleness).unwrap_or(0);
-        me.groups_per_step = usize::try_from(train.grpo.groups_per_step)
-            .unwrap_or(1)
-            .max(1);
         let layout = Layout {
             model: model
                 .as_ref()
@@ -599,45 +591,10 @@ pub fn step_line(s: &Value) -> String {
     )
 }
 
-/// May the session at `index` (tasks × samples, task-major) start now? Its batch — the
-/// `groupsPerStep` groups one step trains on — may run at most `maxStaleness` policy versions
-/// ahead of the trainer, so its completions are not dropped as stale; a trainer with nothing
-/// to train while no session runs never holds sessions back (groups dropped for zero
-/// advantage make no step).
-pub fn may_start(
-    index: usize,
-    samples: usize,
-    groups_per_step: usize,
-    max_staleness: u64,
-    trainer: &Value,
-    sessions_running: usize,
-) -> bool {
-    let batch = (index / samples.max(1) / groups_per_step.max(1)) as u64;
-    let version = trainer["policyVersion"].as_u64().unwrap_or(0);
-    if version + max_staleness >= batch {
-        return true;
-    }
-    let idle = trainer["pendingGroups"].as_u64() == Some(0)
-        && trainer["readyGroups"].as_u64() == Some(0)
-        && trainer["training"].as_bool() == Some(false);
-    sessions_running == 0 && idle
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn a_batch_waits_until_the_trainer_is_within_max_staleness() {
-        let at = |v: u64| json!({"policyVersion": v, "pendingGroups": 1, "readyGroups": 0, "training": true});
-        // 2 samples, 2 groups per step: sessions 0-3 are batch 0, 4-7 batch 1, 8-11 batch 2.
-        assert!(may_start(3, 2, 2, 0, &at(0), 4));
-        assert!(!may_start(4, 2, 2, 0, &at(0), 4));
-        assert!(may_start(4, 2, 2, 0, &at(1), 4));
-        assert!(may_start(8, 2, 2, 1, &at(1), 4));
-        assert!(!may_start(8, 2, 2, 0, &at(1), 4));
-    }
 
     #[test]
     fn requests_running_sums_vllms_gauge_over_engines() {
@@ -648,22 +605,5 @@ mod tests {
         let u = utilization(Some(0.5), &status, 10.0);
         assert_eq!(u["trainerIdleFraction"], 0.6);
         assert_eq!(u["policyServerBusyFraction"], 0.5);
-    }
-
-    #[test]
-    fn an_idle_trainer_never_holds_sessions_back() {
-        let idle =
-            json!({"policyVersion": 0, "pendingGroups": 0, "readyGroups": 0, "training": false});
-        assert!(may_start(8, 2, 2, 0, &idle, 0));
-        assert!(
-            !may_start(8, 2, 2, 0, &idle, 1),
-            "a running session may still complete a group"
-        );
-        let busy =
-            json!({"policyVersion": 0, "pendingGroups": 0, "readyGroups": 0, "training": true});
-        assert!(
-            !may_start(8, 2, 2, 0, &busy, 0),
-            "a step in progress will move the version"
-        );
     }
 }

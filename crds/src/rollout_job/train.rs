@@ -59,6 +59,60 @@ fn default_one() -> i32 {
     1
 }
 
+/// What a trainer says of itself (`GET /v1/status`), as far as starting sessions goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrainerState {
+    /// The policy version the job's vLLM serves.
+    pub policy_version: u64,
+    /// No group waiting or ready and no step in progress: no new version is coming.
+    pub idle: bool,
+}
+
+impl TrainerState {
+    pub fn from_status(status: &serde_json::Value) -> Self {
+        Self {
+            policy_version: status["policyVersion"].as_u64().unwrap_or(0),
+            idle: status["pendingGroups"].as_u64() == Some(0)
+                && status["readyGroups"].as_u64() == Some(0)
+                && status["training"].as_bool() == Some(false),
+        }
+    }
+}
+
+/// When a train job's sessions may start, in `floe run` and on the cluster alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StalenessGate {
+    /// Sessions per optimizer step: `numSamples × groupsPerStep` (sessions are numbered
+    /// task-major, so these are the step's whole groups).
+    pub batch_size: u64,
+    pub max_staleness: u64,
+    pub trainer: TrainerState,
+}
+
+impl StalenessGate {
+    pub fn new(train: &TrainSpec, samples: u32, trainer: TrainerState) -> Self {
+        let groups = u64::try_from(train.grpo.groups_per_step)
+            .unwrap_or(1)
+            .max(1);
+        Self {
+            batch_size: u64::from(samples.max(1)) * groups,
+            max_staleness: u64::try_from(train.max_staleness).unwrap_or(0),
+            trainer,
+        }
+    }
+
+    /// May the session at `index` start now, with `running` sessions running? Its batch —
+    /// the groups one step trains on — may run at most `maxStaleness` policy versions ahead of
+    /// the trainer, or its completions would be dropped as stale when trained; a trainer with
+    /// nothing to train while no session runs never holds sessions back (groups dropped for
+    /// zero advantage make no step, so no version would come).
+    pub fn may_start(&self, index: u64, running: u64) -> bool {
+        let batch = index / self.batch_size.max(1);
+        self.trainer.policy_version + self.max_staleness >= batch
+            || (running == 0 && self.trainer.idle)
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct VllmSpec {
@@ -309,4 +363,65 @@ pub struct DatasetOutput {
 
 fn default_dataset_path() -> String {
     "/".to_string()
+}
+
+#[cfg(test)]
+mod staleness_tests {
+    use super::*;
+
+    fn gate(version: u64, max_staleness: u64, idle: bool) -> StalenessGate {
+        // 2 samples, 2 groups per step: sessions 0-3 are batch 0, 4-7 batch 1, 8-11 batch 2.
+        StalenessGate {
+            batch_size: 4,
+            max_staleness,
+            trainer: TrainerState {
+                policy_version: version,
+                idle,
+            },
+        }
+    }
+
+    #[test]
+    fn a_batch_waits_until_the_trainer_is_within_max_staleness() {
+        assert!(gate(0, 0, false).may_start(3, 4));
+        assert!(!gate(0, 0, false).may_start(4, 4));
+        assert!(gate(1, 0, false).may_start(4, 4));
+        assert!(gate(1, 1, false).may_start(8, 4));
+        assert!(!gate(1, 0, false).may_start(8, 4));
+    }
+
+    #[test]
+    fn an_idle_trainer_never_holds_sessions_back() {
+        assert!(gate(0, 0, true).may_start(8, 0));
+        assert!(
+            !gate(0, 0, true).may_start(8, 1),
+            "a running session may still complete a group"
+        );
+        assert!(
+            !gate(0, 0, false).may_start(8, 0),
+            "a step in progress will move the version"
+        );
+    }
+
+    #[test]
+    fn the_gate_reads_the_spec_and_the_trainers_status() {
+        let train: TrainSpec = serde_json::from_value(serde_json::json!({
+            "image": "t", "model": "m", "maxStaleness": 2, "grpo": {"groupsPerStep": 3}}))
+        .expect("train spec");
+        let status = serde_json::json!({"policyVersion": 5, "pendingGroups": 0,
+                                        "readyGroups": 0, "training": false});
+        let g = StalenessGate::new(&train, 4, TrainerState::from_status(&status));
+        assert_eq!(g.batch_size, 12);
+        assert_eq!(g.max_staleness, 2);
+        assert_eq!(
+            g.trainer,
+            TrainerState {
+                policy_version: 5,
+                idle: true
+            }
+        );
+        let busy =
+            TrainerState::from_status(&serde_json::json!({"policyVersion": 1, "training": true}));
+        assert!(!busy.idle);
+    }
 }

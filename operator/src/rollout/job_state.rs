@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus};
+use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, StalenessGate, TrainerState};
 use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -53,6 +53,8 @@ pub fn job_state(
         backoff_limit: u32::try_from(spec.backoff_limit).unwrap_or(0),
         concurrency,
         lookahead,
+        // Set from what the trainer says this round ([`staleness_gate`]).
+        staleness: None,
         pass_threshold: spec.evaluator.reward.pass_threshold,
         suspend: spec.suspend,
         deadline_exceeded,
@@ -80,5 +82,63 @@ pub fn job_state(
                 passed: u32::try_from(r.passed).unwrap_or(0),
             })
             .unwrap_or_default(),
+    }
+}
+
+/// When a train job's sessions may start ([`StalenessGate`], as in `floe run`), from what its
+/// trainer said this round; unread (the trainer restarting), the version the status last
+/// recorded, and not idle. `None` for an sft job.
+pub fn staleness_gate(job: &RolloutJob, read: Option<TrainerState>) -> Option<StalenessGate> {
+    let train = job.spec.train.as_ref()?;
+    let trainer = read.unwrap_or_else(|| TrainerState {
+        policy_version: job
+            .status
+            .as_ref()
+            .and_then(|s| s.trainer.as_ref())
+            .map_or(0, |t| u64::try_from(t.policy_version).unwrap_or(0)),
+        idle: false,
+    });
+    Some(StalenessGate::new(train, job.spec.samples(), trainer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn train_job(status: serde_json::Value) -> RolloutJob {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "j", "namespace": "ns"},
+            "spec": {"numSamples": 2, "poolRef": {"name": "p"},
+                     "harness": {"preset": "pi"}, "evaluator": {"command": ["true"]},
+                     "train": {"image": "t", "model": "m", "maxStaleness": 0,
+                               "grpo": {"groupsPerStep": 2}},
+                     "tasks": {"inline": [{"id": "a", "instruction": "x"}]}},
+            "status": status}))
+        .expect("a train job")
+    }
+
+    #[test]
+    fn a_train_jobs_gate_reads_the_trainer_or_else_the_status() {
+        let job = train_job(serde_json::json!({"trainer": {"step": 2, "policyVersion": 2}}));
+        let read = TrainerState {
+            policy_version: 3,
+            idle: true,
+        };
+        let gate = staleness_gate(&job, Some(read)).expect("a train job has a gate");
+        assert_eq!((gate.batch_size, gate.max_staleness), (4, 0));
+        assert_eq!(gate.trainer, read);
+        // Unread this round: the last recorded version, never idle.
+        let gate = staleness_gate(&job, None).expect("gate");
+        assert_eq!(
+            gate.trainer,
+            TrainerState {
+                policy_version: 2,
+                idle: false
+            }
+        );
+        let mut sft = job.clone();
+        sft.spec.train = None;
+        assert_eq!(staleness_gate(&sft, Some(read)), None);
     }
 }

@@ -8,6 +8,7 @@
 //! only then is the pod released. A pod whose result is already recorded is released without
 //! folding again — so an operator killed at any point neither loses nor double-counts a session.
 
+use floe_crds::rollout_job::StalenessGate;
 use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -77,6 +78,9 @@ pub struct JobState {
     /// `poolTemplate` mode: the job creates its own pod per session, this many ahead of the
     /// running ones; `None` claims from a GatewayPool.
     pub lookahead: Option<u32>,
+    /// A train job's sessions start at most `maxStaleness` policy versions ahead of its
+    /// trainer; `None` for an sft job.
+    pub staleness: Option<StalenessGate>,
 }
 
 /// Sessions running at once in `poolTemplate` mode when `concurrency` is not set: the job
@@ -97,6 +101,12 @@ impl JobState {
 
     pub fn finished(&self) -> bool {
         (self.completed.len() + self.failed.len()) as u64 >= u64::from(self.total)
+    }
+
+    /// May session `index` start, with `running` sessions running?
+    fn may_start(&self, index: u32, running: u32) -> bool {
+        self.staleness
+            .is_none_or(|g| g.may_start(u64::from(index), u64::from(running)))
     }
 
     /// The attempt a session's next pod runs (its infrastructure failures so far).
@@ -296,6 +306,10 @@ fn plan_sessions(
             .concurrency
             .map_or(u32::MAX, |c| c.saturating_sub(running));
         for index in pending(&next, &holding).take(usize::try_from(room).unwrap_or(usize::MAX)) {
+            // Lowest index first: once one waits for the trainer, so do all after it.
+            if !state.may_start(index, running + out.claim.len() as u32) {
+                break;
+            }
             if out.claim.len() < ready_pods {
                 out.claim.push((index, next.attempt(index)));
             } else {
@@ -334,7 +348,7 @@ fn plan_prewarmed(
     let mut room = concurrency.saturating_sub(running);
     waiting.sort_by_key(|p| p.index);
     for pod in waiting.iter() {
-        if room == 0 {
+        if room == 0 || !state.may_start(pod.index, out.running + running) {
             break;
         }
         room -= 1;
@@ -406,6 +420,46 @@ mod tests {
         assert_eq!(p.claim, [(0, 0), (1, 0), (2, 0)]);
         assert_eq!(p.starved, [3, 4, 5, 6, 7]);
         assert_eq!(p.running, 3);
+    }
+
+    /// A train job: 2 sessions per group, 2 groups per step (batches of 4), maxStaleness 0.
+    fn train_job(total: u32, version: u64, idle: bool) -> JobState {
+        use floe_crds::rollout_job::TrainerState;
+        JobState {
+            staleness: Some(StalenessGate {
+                batch_size: 4,
+                max_staleness: 0,
+                trainer: TrainerState {
+                    policy_version: version,
+                    idle,
+                },
+            }),
+            ..job(total)
+        }
+    }
+
+    #[test]
+    fn a_train_jobs_next_batch_waits_for_the_trainers_version() {
+        // Version 0: batch 0 (sessions 0-3) only, whatever the pool has READY; the rest are
+        // not starved for pods, they wait for the trainer.
+        let p = plan(&train_job(12, 0, false), &[], 10, Gate::OPEN);
+        assert_eq!(p.claim, [(0, 0), (1, 0), (2, 0), (3, 0)]);
+        assert!(p.starved.is_empty());
+        // Batch 0 done and the trainer at version 1: batch 1 starts.
+        let mut j = train_job(12, 1, false);
+        for i in 0..4 {
+            j.completed.insert(i);
+        }
+        let p = plan(&j, &[], 10, Gate::OPEN);
+        assert_eq!(p.claim, [(4, 0), (5, 0), (6, 0), (7, 0)]);
+        // An idle trainer (groups dropped for zero advantage make no step) holds nothing back
+        // once no session runs: one starts, and the next round sees it running.
+        let mut j = train_job(12, 0, true);
+        for i in 0..4 {
+            j.completed.insert(i);
+        }
+        let p = plan(&j, &[], 10, Gate::OPEN);
+        assert_eq!(p.claim, [(4, 0)]);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use kube::{Api, ResourceExt};
 pub use context::{JobContext, DEFAULT_EARLY_CLAIM_LIMIT};
 
 use super::aux_gate;
-use super::job_state::job_state;
+use super::job_state::{job_state, staleness_gate};
 use super::plan::plan;
 use super::pod_view;
 use super::status::Blocked;
@@ -142,10 +142,13 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
     let observed = observe::observe(job, ctx, ns).await?;
     let own_pod = own_pod::ensure(job, ctx, ns).await?;
     let job_pod = aux_gate::read(job, own_pod.as_ref(), ctx.early_claims, now.0);
-    let trainer = own_pod::trainer_progress(ctx, job, own_pod.as_ref()).await;
+    let (trainer, trainer_state) = own_pod::trainer_progress(ctx, job, own_pod.as_ref())
+        .await
+        .unzip();
 
     // Plan.
-    let state = job_state(job, job.status.as_ref(), now, observed.total());
+    let mut state = job_state(job, job.status.as_ref(), now, observed.total());
+    state.staleness = staleness_gate(job, trainer_state);
     let sessions: Vec<_> = observed
         .pods
         .iter()

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress};
+use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress, TrainerState};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::ObjectRef;
@@ -124,13 +124,14 @@ pub(super) fn trainer_endpoint(pod: &Pod, path: &str) -> Option<String> {
     ))
 }
 
-/// The trainer's `GET /v1/status` (step, policy version, last step time), mirrored into the
-/// job's status; `None` while it cannot be read.
+/// The trainer's `GET /v1/status`: its progress (step, policy version, last step time),
+/// mirrored into the job's status, and what gates the job's sessions; `None` while it cannot
+/// be read.
 pub(super) async fn trainer_progress(
     ctx: &JobContext,
     job: &RolloutJob,
     pod: Option<&Pod>,
-) -> Option<TrainerProgress> {
+) -> Option<(TrainerProgress, TrainerState)> {
     job.spec.train.as_ref()?;
     let pod = pod?;
     let url = trainer_endpoint(pod, "/v1/status")?;
@@ -145,7 +146,7 @@ pub(super) async fn trainer_progress(
         return None;
     }
     let v: serde_json::Value = reply.json().await.ok()?;
-    Some(TrainerProgress {
+    let progress = TrainerProgress {
         step: v.get("step")?.as_i64()?,
         policy_version: v.get("policyVersion")?.as_i64()?,
         last_step_time: v
@@ -158,7 +159,8 @@ pub(super) async fn trainer_progress(
             .get("finalCheckpoint")
             .and_then(|f| f.as_str())
             .map(String::from),
-    })
+    };
+    Some((progress, TrainerState::from_status(&v)))
 }
 
 /// `POST /v1/finish` to the trainer with the job's control token: the sessions are done, train
