@@ -35,7 +35,18 @@ answer = open("answer.txt").read().strip()
 json.dump({"reward": 1.0 / (1.0 + len(answer) / 20.0)}, open("reward.json", "w"))
 "#;
 
-fn job(model: &Path, tasks: &[&str]) -> String {
+/// GRPO groups of `samples` sessions, `groups_per_step` of them per optimizer step.
+struct Shape {
+    samples: u32,
+    groups_per_step: u32,
+}
+
+const LEARNING: Shape = Shape {
+    samples: 4,
+    groups_per_step: 2,
+};
+
+fn job(model: &Path, tasks: &[&str], shape: &Shape) -> String {
     let indent = |code: &str| code.trim().replace('\n', "\n          ");
     let tasks: String = tasks
         .iter()
@@ -47,7 +58,7 @@ fn job(model: &Path, tasks: &[&str]) -> String {
 kind: RolloutJob
 metadata: {{name: brief}}
 spec:
-  numSamples: 4
+  numSamples: {samples}
   concurrency: 4
   poolRef: {{name: python-sandbox}}
   harness:
@@ -74,7 +85,7 @@ spec:
     vllm:
       gpus: 0
       args: ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
-    grpo: {{groupsPerStep: 2, learningRate: 2.0e-5, microBatchSize: 8, miniBatches: 2}}
+    grpo: {{groupsPerStep: {groups_per_step}, learningRate: 2.0e-5, microBatchSize: 8, miniBatches: 2}}
     maxStaleness: 0
   tasks:
     inline:
@@ -82,6 +93,8 @@ spec:
         agent = indent(AGENT),
         grader = indent(GRADER),
         model = model.display(),
+        samples = shape.samples,
+        groups_per_step = shape.groups_per_step,
     )
 }
 
@@ -129,17 +142,21 @@ fn processes_naming(dir: &Path) -> Vec<String> {
     found
 }
 
-/// `floe run`'s stderr forwarded to the test's own, as it comes.
-fn forward(stderr: std::process::ChildStderr) {
+/// `floe run`'s stderr forwarded to the test's own, as it comes; also its lines, for a test
+/// that waits for one.
+fn forward(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(stderr)
             .lines()
             .map_while(Result::ok)
         {
             eprintln!("{line}");
+            let _ = tx.send(line);
         }
     });
+    rx
 }
 
 /// The series a local run can have: its sessions', its gateway's and its trainer's (the GPU
@@ -235,7 +252,7 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
         "Name a river.",
         "Name a tree.",
     ];
-    std::fs::write(&job_file, job(&model, &questions))?;
+    std::fs::write(&job_file, job(&model, &questions, &LEARNING))?;
     let out = dir.path().join("out");
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut run = floe_run(&job_file, &out, &python)
@@ -244,7 +261,7 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    forward(run.stderr.take().context("stderr")?);
+    let _lines = forward(run.stderr.take().context("stderr")?);
     // Checked while the run goes on; the run is waited for whatever the check says.
     let scraped = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -334,7 +351,11 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     // A model directory that does not exist: one line, exit 2, nothing started or written.
     std::fs::write(
         &job_file,
-        job(&dir.path().join("no-such-model"), &["Name a fruit."]),
+        job(
+            &dir.path().join("no-such-model"),
+            &["Name a fruit."],
+            &LEARNING,
+        ),
     )?;
     let out = dir.path().join("out");
     let result = floe_run(&job_file, &out, &python).output()?;
@@ -346,7 +367,7 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
 
     // A policy server that exits while starting: its log, exit 2.
     let model = models.join("smollm2-135m-instruct");
-    std::fs::write(&job_file, job(&model, &["Name a fruit."]))?;
+    std::fs::write(&job_file, job(&model, &["Name a fruit."], &LEARNING))?;
     let cmd = floe_run(&job_file, &out, &python);
     let args: Vec<_> = cmd.get_args().map(|a| a.to_os_string()).collect();
     let mut cmd = Command::new(cmd.get_program());
@@ -379,5 +400,121 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");
     assert!(!out.join("sessions").exists());
+    Ok(())
+}
+
+/// A train run stopped after its first step (SIGTERM, as `timeout` or systemd stop it) and
+/// continued with `--resume` in the same `--out` is one job: the stopped trainer wrote a
+/// checkpoint (none was due: the periodic one is every 50 steps), the resumed trainer starts
+/// from it with the new vLLM serving its weights, the finished sessions are not run again,
+/// each sample of each group is trained exactly once, and the step table spans both runs.
+#[test]
+fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result<()> {
+    let (python, models) = vllm_setup()?;
+    let model = models.join("smollm2-135m-instruct");
+    let dir = tempfile::tempdir()?;
+    let job_file = dir.path().join("job.yaml");
+    let shape = Shape {
+        samples: 2,
+        groups_per_step: 1,
+    };
+    let questions = ["Name a fruit.", "Name a colour.", "Name an animal."];
+    std::fs::write(&job_file, job(&model, &questions, &shape))?;
+    let out = dir.path().join("out");
+
+    let mut run = floe_run(&job_file, &out, &python)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let lines = forward(run.stderr.take().context("stderr")?);
+    let first_step = lines
+        .iter()
+        .find(|l| l.starts_with("[train] step 1 "))
+        .context("floe run ended before its first step")?;
+    eprintln!("[test] after {first_step:?}: SIGTERM");
+    Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()?;
+    let status = run.wait()?;
+    assert_eq!(status.code(), Some(143), "SIGTERM's exit code");
+    let stopped: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    assert_eq!(stopped["interrupted"], true, "{stopped}");
+    let steps_then = stopped["training"]["steps"].as_array().map_or(0, Vec::len);
+    assert!(steps_then >= 1, "{stopped}");
+    let checkpoints = out.join("trainer/checkpoints");
+    let written = checkpoints.join(format!("ckpt-{steps_then}/state.json"));
+    assert!(
+        written.is_file(),
+        "the stopped trainer's checkpoint {}",
+        written.display()
+    );
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+
+    let resumed = floe_run(&job_file, &out, &python)
+        .arg("--resume")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let result = resumed.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    eprintln!("{stderr}");
+    assert_eq!(result.status.code(), Some(0), "floe run --resume: {stderr}");
+    assert!(stderr.contains("resuming: "), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "[train] resumed from the checkpoint of step {steps_then}"
+        )),
+        "{stderr}"
+    );
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    assert_eq!(summary["interrupted"], false, "{summary}");
+    assert_eq!(summary["sessions"]["total"], 6, "{summary}");
+    assert_eq!(summary["sessions"]["completed"], 6, "{summary}");
+    let training = &summary["training"];
+    let table: Vec<u64> = training["steps"]
+        .as_array()
+        .context("training.steps")?
+        .iter()
+        .filter_map(|s| s["step"].as_u64())
+        .collect();
+    assert_eq!(table, [1, 2, 3], "one table over both runs: {training}");
+    assert_eq!(training["policyVersion"], 3, "{training}");
+
+    // Trained exactly once per sample: the sessions the last checkpoint (written when the
+    // resumed run stopped its trainer) lists, by session without its attempt suffix.
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(
+        checkpoints.join("ckpt-3/state.json"),
+    )?)?;
+    let mut trained: Vec<String> = state["trained_sessions"]
+        .as_array()
+        .context("trained_sessions")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(|s| match s.rsplit_once("-r") {
+            Some((base, n)) if n.chars().all(|c| c.is_ascii_digit()) => base.to_string(),
+            _ => s.to_string(),
+        })
+        .collect();
+    trained.sort();
+    let count = trained.len();
+    trained.dedup();
+    assert_eq!(
+        (count, trained.len()),
+        (6, 6),
+        "each of the 6 samples once: {state}"
+    );
+    // Each group was sampled from the policy of its batch, before and after the stop.
+    for entry in std::fs::read_dir(out.join("trainer/state/ingest"))? {
+        let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
+        if t["trainable"] != true {
+            continue; // an attempt the stop cut short (run again)
+        }
+        let task = t["task"].as_str().context("task")?;
+        let index: u64 = task.trim_start_matches('q').parse()?;
+        assert_eq!(t["policy_versions"], serde_json::json!([index]), "{task}");
+    }
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
     Ok(())
 }

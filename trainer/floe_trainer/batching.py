@@ -3,7 +3,8 @@
 A group is the ``numSamples`` sessions of one task in one job. It is ready when all of them
 arrived, or when ``min_fraction`` of them arrived and ``grace_seconds`` passed since the first.
 Ready groups whose rewards are all equal are dropped (zero advantage: nothing to learn).
-Trajectories sampled more than ``max_staleness`` policy versions ago are dropped. Untrainable
+Trajectories sampled more than ``max_staleness`` policy versions ago are dropped (their samples
+still count towards the group being complete: none is sent again). Untrainable
 trajectories (infrastructure failures) never join a group — never as reward 0. Every drop is
 counted by reason.
 """
@@ -32,6 +33,9 @@ class Group:
 class _Pending:
     first_arrival: float
     by_sample: dict[int, Trajectory] = field(default_factory=dict)
+    # Samples that arrived and were dropped as stale: no session will send them again, so
+    # they count towards the group being complete (or it would wait for them forever).
+    stale_samples: set[int] = field(default_factory=set)
 
 
 class GroupBuffer:
@@ -79,8 +83,9 @@ class GroupBuffer:
             stale = len(p.by_sample) - len(fresh)
             if stale:
                 self.dropped["stale"] += stale
+                p.stale_samples |= p.by_sample.keys() - fresh.keys()
                 p.by_sample = fresh
-            complete = len(fresh) >= self.num_samples
+            complete = len(fresh) + len(p.stale_samples - fresh.keys()) >= self.num_samples
             enough = len(fresh) >= need and now - p.first_arrival >= self.grace_seconds
             if not (complete or enough or leftovers):
                 continue
@@ -88,7 +93,8 @@ class GroupBuffer:
             trajs = [fresh[s] for s in sorted(fresh)]
             rewards = [t.reward or 0.0 for t in trajs]
             if len(trajs) < 2:
-                self.dropped["incomplete" if leftovers and not complete else "zero_advantage"] += 1
+                short = (leftovers and not complete) or bool(p.stale_samples)
+                self.dropped["incomplete" if short else "zero_advantage"] += 1
                 continue
             if uniform(rewards):
                 self.dropped["zero_advantage"] += 1

@@ -1,6 +1,7 @@
 """Checkpoints: ``DIR/ckpt-<step>/`` with the model (safetensors + config), the optimizer, and
-``state.json`` (step, policy version, the sessions trained so far). Written to a temporary
-directory and renamed, so a checkpoint is whole or absent; the oldest beyond ``keep`` go."""
+``state.json`` (step, policy version, the sessions trained so far, the step table). Written to
+a temporary directory and renamed, so a checkpoint is whole or absent; the oldest beyond
+``keep`` go."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class State:
     policy_version: int = 0
     last_step_time: str | None = None
     trained_sessions: list[str] = field(default_factory=list)
+    # One row per step up to this checkpoint (the job's step table spans restarts).
+    steps: list[dict] = field(default_factory=list)
 
 
 def latest(directory: Path) -> Path | None:

@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                 stats.clip_fraction,
             )
     server.shutdown()
+    # Stopped (SIGTERM: a pod deleted, `floe run` interrupted): steps since the last periodic
+    # checkpoint are kept, so a restart need not train their trajectories again.
+    trainer.save_checkpoint()
     return 0
 
 

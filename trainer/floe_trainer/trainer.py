@@ -209,8 +209,11 @@ class Trainer:
         self.final_checkpoint: Path | None = None
         self.repushes = 0
         self.next_served_check = 0.0
-        # One row per step this process took (summary tables, reward curves).
-        self.steps: list[dict] = []
+        # One row per step of the job (summary tables, reward curves): those up to the
+        # checkpoint it resumed from, then this process's. Saved with each checkpoint.
+        self.steps: list[dict] = self.state.steps
+        self.resumed_from_step = self.state.step
+        self.checkpointed_step = self.state.step
 
     def _weight_sync(self) -> FileWeightSync | NcclWeightSync:
         if self.cfg.weight_sync != "nccl":
@@ -319,9 +322,20 @@ class Trainer:
                 }
             )
         if s.step % self.cfg.checkpoint_every == 0:
-            checkpoint.save(self.ckpt_dir, self.model, self.optimizer, s, self.cfg.checkpoint_keep)
+            self.save_checkpoint()
         self.waiting_since = time.monotonic()
         return stats
+
+    def save_checkpoint(self) -> None:
+        """A checkpoint of the current step, unless there is one already (a stopped trainer
+        writes one, so a restart trains nothing again that it had trained). Called by the
+        thread that trains, never while a step runs; the lock stays free for the ingest."""
+        if self.state.step == self.checkpointed_step:
+            return
+        checkpoint.save(
+            self.ckpt_dir, self.model, self.optimizer, self.state, self.cfg.checkpoint_keep
+        )
+        self.checkpointed_step = self.state.step
 
     def _final_checkpoint(self) -> None:
         final = self.cfg.final_dir or self.ckpt_dir / "final"
@@ -368,6 +382,7 @@ class Trainer:
                 "finished": self.finished,
                 "finalCheckpoint": str(self.final_checkpoint) if self.final_checkpoint else None,
                 "steps": list(self.steps),
+                "resumedFromStep": self.resumed_from_step,
             }
 
     def state_dict(self) -> dict:

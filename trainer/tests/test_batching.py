@@ -57,13 +57,25 @@ def test_uniform_rewards_are_dropped_and_counted():
 
 
 def test_stale_trajectories_are_dropped_and_counted():
-    b = GroupBuffer(num_samples=2, max_staleness=1)
+    b = GroupBuffer(num_samples=3, max_staleness=1)
     b.add(traj("g", 0, 1.0, versions=(3,)), now=0)
     b.add(traj("g", 1, 0.0, versions=(1, 3)), now=0)  # sampled partly at version 1
-    assert b.take_ready(now=0, policy_version=3) == []
+    assert b.take_ready(now=0, policy_version=3) == [], "sample 2 may still come"
     assert b.dropped["stale"] == 1
-    b.add(traj("g", 1, 0.0, versions=(3,)), now=0)
-    assert len(b.take_ready(now=0, policy_version=3)) == 1
+    b.add(traj("g", 2, 0.5, versions=(3,)), now=0)
+    # The stale sample counts as arrived (no session sends it again): the group trains on
+    # the two fresh ones rather than wait for it until the job ends.
+    [g] = b.take_ready(now=0, policy_version=3)
+    assert g.rewards == [1.0, 0.5]
+
+
+def test_a_group_left_with_one_fresh_sample_is_dropped_as_incomplete_not_held():
+    b = GroupBuffer(num_samples=2, max_staleness=0)
+    b.add(traj("g", 0, 1.0, versions=(0,)), now=0)
+    b.add(traj("g", 1, 0.0, versions=(1,)), now=0)
+    assert b.take_ready(now=0, policy_version=1) == []
+    assert b.pending == {}, "not waiting for a sample that will not come"
+    assert (b.dropped["stale"], b.dropped["incomplete"]) == (1, 1)
 
 
 def test_a_duplicate_sample_counts_once():

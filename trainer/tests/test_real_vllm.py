@@ -286,8 +286,13 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     assert (trainer.state.step, trainer.state.policy_version) == (1, 1), "resumed at the checkpoint"
     assert served_version(url) == 1, "the checkpoint's weights pushed again at resume"
     assert list(trainer.buffer.pending) == ["j/shade"], "replayed: only what was not trained"
+    status = trainer.status()
+    assert status["resumedFromStep"] == 1
+    assert [s["step"] for s in status["steps"]] == [1], "the step table spans restarts"
     assert trainer.run_once() is not None
     assert (trainer.state.step, trainer.state.policy_version) == (2, 2)
+    assert [s["step"] for s in trainer.status()["steps"]] == [1, 2]
+    trainer.save_checkpoint()  # a stop right after a periodic checkpoint writes nothing new
     assert sorted(p.name for p in (tmp_path / "state/checkpoints").glob("ckpt-*")) == [
         "ckpt-1",
         "ckpt-2",
@@ -305,7 +310,9 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     assert max(abs(a - b) for a, b in zip(served_lp, mine_now(trainer, prompt), strict=True)) < 2e-3
 
     # The job's sessions are done: half a group is still pending; it is trained, then the
-    # final checkpoint is a model directory with the tokenizer.
+    # final checkpoint is a model directory with the tokenizer. (No periodic checkpoint of
+    # that last step: the one a stopping trainer writes is checked below.)
+    trainer.cfg.checkpoint_every = 100
     for body in group_bodies(url, prompt, "hue", version=2)[:2]:
         assert post_json(f"{ingest}/v1/trajectories", body) == 200
     assert trainer.run_once() is None, "half a group waits while more may come"
@@ -316,7 +323,11 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     assert final is not None and (final / "tokenizer.json").exists()
     assert (final / "chat_template.jinja").exists() and (final / "config.json").exists()
     status = json.loads(urllib.request.urlopen(f"{ingest}/v1/status").read())
-    assert status["finished"] and [r["step"] for r in status["steps"]] == [2, 3]
+    assert status["finished"] and [r["step"] for r in status["steps"]] == [1, 2, 3]
+    assert not (tmp_path / "state/checkpoints/ckpt-3").exists()
+    trainer.save_checkpoint()  # what `floe-trainer serve` does when stopped
+    saved = json.loads((tmp_path / "state/checkpoints/ckpt-3/state.json").read_text())
+    assert [r["step"] for r in saved["steps"]] == [1, 2, 3] and saved["policy_version"] == 3
     assert status["steps"][-1]["groups"] == 1 and status["steps"][-1]["sequences"] == 2
     reloaded = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
     AutoTokenizer.from_pretrained(final).apply_chat_template(

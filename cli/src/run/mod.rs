@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use floe_crds::rollout_job::{StalenessGate, TrainerState};
-use floe_gateway::server::{abandon_unfinished, drain, recover, router, Config, Gateway};
+use floe_gateway::server::{
+    abandon_unfinished, drain, recover, redirect_trainer, router, Config, Gateway,
+};
 use floe_gateway::ship::{Assignment, Sink};
 use floe_sandbox::runner::{run as run_sandbox, RunnerConfig};
 use rand::RngExt;
@@ -184,11 +186,6 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             "--collect-only needs --model-url (the policy's vLLM)".into(),
         ));
     }
-    if args.resume && trains {
-        return Err(RunError::Usage(
-            "--resume continues sft and --collect-only runs; a train run's policy and optimizer are not checkpointed locally yet: start a new --out".into(),
-        ));
-    }
     let bwrap = if args.no_sandbox {
         None
     } else {
@@ -317,6 +314,10 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         require_runner_ready: false,
     };
     let gateway = Gateway::new(config).map_err(|e| io("gateway", &e))?;
+    if args.resume && training.is_some() {
+        // The interrupted run's trainer is gone; this run's has a new address and token.
+        redirect_trainer(&gateway, &sink).map_err(|e| io("gateway", &e))?;
+    }
     recover(&gateway).map_err(|e| io("gateway", &e))?;
     if args.resume {
         // Sessions the interrupted run left without an outcome: their calls are shipped
@@ -423,10 +424,24 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             let Some(next) = queue.peek() else { break };
             // The same gate as the operator's: a batch at most maxStaleness versions ahead.
             let may = match (&training, &spec.train) {
-                (Some(_), Some(train)) => {
-                    let trainer = TrainerState::from_status(&trainer_status);
-                    StalenessGate::new(train, spec.samples(), trainer)
-                        .may_start(next.index as u64, running.len() as u64)
+                (Some(t), Some(train)) => {
+                    let gate = |status: &serde_json::Value| {
+                        StalenessGate::new(train, spec.samples(), TrainerState::from_status(status))
+                    };
+                    let (index, now_running) = (next.index as u64, running.len() as u64);
+                    if gate(&trainer_status).in_reach(index) {
+                        true
+                    } else if gate(&trainer_status).may_start(index, now_running) {
+                        // Only because the trainer looked idle, in a status read up to a
+                        // second ago: the sessions that just ended delivered their group since
+                        // (acknowledged before they ended). Read it again before relying on it.
+                        if let Some(status) = t.status().await {
+                            trainer_status = status;
+                        }
+                        gate(&trainer_status).may_start(index, now_running)
+                    } else {
+                        false
+                    }
                 }
                 _ => true,
             };

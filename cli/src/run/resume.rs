@@ -5,15 +5,22 @@
 //! its task file or `--sessions` changed: the two halves would not be one dataset). Then:
 //! - a session whose last attempt was scored (`sessions/<id>/summary.json`) is done and is
 //!   not run again; its result counts in the new summary. So is one whose scored trajectory
-//!   was already delivered (`trajectories/*/<id>.json`) when the run was killed before its
-//!   `summary.json`: running it again would put a second sample of its group in the dataset;
+//!   was already delivered (`trajectories/*/<id>.json`, or in a train run the trainer's spool
+//!   entry `captures/.spool/{shipped,pending}/<id>.json`) when the run was killed before its
+//!   `summary.json`: running it again would put a second sample of its group in the dataset
+//!   or train it twice;
 //! - any other session runs again as a new attempt, numbered past every attempt the earlier
 //!   run started (its captures keep their ids, so nothing is overwritten or shipped twice).
+//!
+//! A train run's trainer resumes from its latest checkpoint in `--out` and replays what it
+//! acknowledged but had not trained by then; the interrupted run's trainer sink (address and
+//! token) is not part of what must match, and what it had spooled for that trainer is
+//! redirected to the new one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use floe_gateway::ship::Assignment;
+use floe_gateway::ship::{Assignment, Sink};
 use serde::{Deserialize, Serialize};
 
 use super::queue::is_infrastructure;
@@ -63,18 +70,36 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<(), String> {
             before.mode, before.job, now.mode, now.job
         ));
     }
-    if before.assignments != now.assignments {
+    let same = |a: &Assignment, b: &Assignment| comparable(a) == comparable(b);
+    if before.assignments.len() != now.assignments.len()
+        || before
+            .assignments
+            .iter()
+            .zip(&now.assignments)
+            .any(|(a, b)| !same(a, b))
+    {
         let first = before
             .assignments
             .iter()
             .zip(&now.assignments)
-            .position(|(a, b)| a != b)
+            .position(|(a, b)| !same(a, b))
             .unwrap_or(before.assignments.len().min(now.assignments.len()));
         return Err(format!(
             "--resume: the job's sessions differ from the earlier run's from session {first} on (job file, task file or --sessions changed); resume with the same ones, or use a new --out"
         ));
     }
     Ok(())
+}
+
+/// An assignment without what differs between two runs of the same job: a train run's
+/// trainer listens on a new address with a new ingest token each time it starts.
+fn comparable(a: &Assignment) -> Assignment {
+    let mut a = a.clone();
+    if let Sink::Trainer { url, token } = &mut a.sink {
+        url.clear();
+        *token = None;
+    }
+    a
 }
 
 /// `base` or `base-r<N>` → (base, N).
@@ -154,17 +179,28 @@ pub fn read(out: &Path, assignments: &[Assignment]) -> Result<Earlier, String> {
 /// The result of an attempt whose trajectory the dataset sink already wrote, rebuilt from it
 /// (timings unknown: 0).
 fn delivered(out: &Path, session: &str) -> Result<Option<SessionResult>, String> {
-    let dir = out.join("trajectories");
-    let Some(path) = ["accepted", "rejected"]
+    let file = format!("{session}.json");
+    let (dataset, spool) = (out.join("trajectories"), out.join("captures/.spool"));
+    // The dataset's files are trajectories; the spool's (a train run's trainer sink: shipped,
+    // or still pending, which the resumed run ships) hold one under `trajectory`.
+    let found = ["accepted", "rejected"]
         .iter()
-        .map(|sub| dir.join(sub).join(format!("{session}.json")))
-        .find(|p| p.is_file())
-    else {
+        .map(|sub| (dataset.join(sub).join(&file), false))
+        .chain(
+            ["shipped", "pending"]
+                .iter()
+                .map(|sub| (spool.join(sub).join(&file), true)),
+        )
+        .find(|(p, _)| p.is_file());
+    let Some((path, spooled)) = found else {
         return Ok(None);
     };
     let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let t: serde_json::Value =
+    let mut t: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if spooled {
+        t = t["trajectory"].take();
+    }
     let evaluation = &t["evaluation"];
     let status = match t["status"].as_str() {
         Some("completed") if evaluation["detail"]["harnessExit"].as_i64() == Some(0) => "completed",
@@ -326,6 +362,67 @@ mod tests {
         let mut other = record(&["a", "b"]);
         other.job = "k".into();
         assert!(check_record(dir.path(), &other).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_train_session_whose_trajectory_the_spool_holds_is_done() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path();
+        let all: Vec<Assignment> = ["j-t-0", "j-t-1"].into_iter().map(assignment).collect();
+        for id in ["j-t-0", "j-t-1"] {
+            std::fs::create_dir_all(out.join("sessions").join(id))?;
+        }
+        // Killed before either summary.json: j-t-0's scored trajectory was spooled for the
+        // trainer (not yet acknowledged); j-t-1's interrupted attempt was shipped untrainable.
+        std::fs::create_dir_all(out.join("captures/.spool/pending"))?;
+        std::fs::create_dir_all(out.join("captures/.spool/shipped"))?;
+        std::fs::write(
+            out.join("captures/.spool/pending/j-t-0.json"),
+            r#"{"sink": {"kind": "trainer", "url": "http://127.0.0.1:9/v1/trajectories"},
+                "trajectory": {"session": "j-t-0", "task": "t", "status": "completed", "reward": 0.5,
+                "evaluation": {"reward": 0.5, "passed": false, "detail": {"harnessExit": 0}},
+                "stats": {"completions": 1, "sampled_tokens": 9, "trainable_tokens": 9, "traces": 1}}}"#,
+        )?;
+        std::fs::write(
+            out.join("captures/.spool/shipped/j-t-1.json"),
+            r#"{"sink": {"kind": "trainer", "url": "http://127.0.0.1:9/v1/trajectories"},
+                "trajectory": {"session": "j-t-1", "task": "t", "status": "error", "reward": null}}"#,
+        )?;
+        let earlier = read(out, &all).map_err(std::io::Error::other)?;
+        assert_eq!(earlier.done.keys().copied().collect::<Vec<_>>(), [0]);
+        let summary = earlier.done[&0].summary.clone().unwrap_or_default();
+        assert_eq!(
+            (summary.status.as_str(), summary.reward),
+            ("completed", Some(0.5))
+        );
+        assert_eq!(earlier.next_attempt, BTreeMap::from([(1, 1)]));
+        Ok(())
+    }
+
+    #[test]
+    fn a_train_run_resumes_with_a_new_trainer_address_and_token() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let record = |port: u16, token: &str| RunRecord {
+            job: "j".into(),
+            mode: "train".into(),
+            assignments: ["a", "b"]
+                .iter()
+                .map(|s| Assignment {
+                    sink: Sink::Trainer {
+                        url: format!("http://127.0.0.1:{port}/v1/trajectories"),
+                        token: Some(token.into()),
+                    },
+                    ..assignment(s)
+                })
+                .collect(),
+        };
+        write_record(dir.path(), &record(1000, "first")).map_err(std::io::Error::other)?;
+        assert!(check_record(dir.path(), &record(2000, "second")).is_ok());
+        let mut other = record(2000, "second");
+        other.assignments[1].task = "u".into();
+        let err = check_record(dir.path(), &other).err().unwrap_or_default();
+        assert!(err.contains("from session 1 on"), "{err}");
         Ok(())
     }
 }

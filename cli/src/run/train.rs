@@ -415,6 +415,15 @@ impl Training {
     /// Prints a line for every step the trainer took since the last call.
     pub fn report_steps(&mut self, status: &Value) {
         let steps = status["steps"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        // Steps an earlier run took (`--resume`) were printed by that run.
+        let resumed = status["resumedFromStep"].as_u64().unwrap_or(0);
+        if resumed > 0 && self.reported_steps == 0 {
+            eprintln!(
+                "[train] resumed from the checkpoint of step {resumed} (policy version {})",
+                status["policyVersion"]
+            );
+            self.reported_steps = usize::try_from(resumed).unwrap_or(0).min(steps.len());
+        }
         for s in steps.iter().skip(self.reported_steps) {
             eprintln!("{}", step_line(s));
         }
@@ -474,11 +483,11 @@ impl Training {
             let _ = tx.send(());
         }
         let mut children = std::mem::take(&mut self.children);
+        // The trainer (started last) first, and alone: it finishes its step, which pushes to
+        // vLLM, and writes its last checkpoint before vLLM goes.
         children.reverse();
-        for (_, _, pgid) in &children {
-            signal_group(*pgid, Signal::SIGTERM);
-        }
         for (what, child, pgid) in &mut children {
+            signal_group(*pgid, Signal::SIGTERM);
             if tokio::time::timeout(Duration::from_secs(20), child.wait())
                 .await
                 .is_err()

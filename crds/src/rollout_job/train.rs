@@ -107,9 +107,15 @@ impl StalenessGate {
     /// nothing to train while no session runs never holds sessions back (groups dropped for
     /// zero advantage make no step, so no version would come).
     pub fn may_start(&self, index: u64, running: u64) -> bool {
+        self.in_reach(index) || (running == 0 && self.trainer.idle)
+    }
+
+    /// Is the session at `index` within `maxStaleness` versions of the trainer's policy?
+    /// (When it is not, only an idle trainer lets it start: a caller whose trainer state may
+    /// predate a session that just ended reads it again before relying on that.)
+    pub fn in_reach(&self, index: u64) -> bool {
         let batch = index / self.batch_size.max(1);
         self.trainer.policy_version + self.max_staleness >= batch
-            || (running == 0 && self.trainer.idle)
     }
 }
 
@@ -400,6 +406,10 @@ mod staleness_tests {
         assert!(
             !gate(0, 0, false).may_start(8, 0),
             "a step in progress will move the version"
+        );
+        assert!(
+            !gate(0, 0, true).in_reach(8),
+            "what only idleness lets start is not in reach"
         );
     }
 

@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use metrics::Metrics;
-pub use session_store::{abandon_unfinished, drain, recover};
+pub use session_store::{abandon_unfinished, drain, recover, redirect_trainer};
 use sessions::Sessions;
 
 use crate::protocol::upstream::CallLimits;

@@ -247,6 +247,32 @@ pub fn recover(gateway: &Arc<Gateway>) -> Result<usize, StoreError> {
     Ok(restored)
 }
 
+/// Before [`recover`] in a resumed local run: every recorded assignment and pending
+/// trajectory bound for a trainer goes to `to`, the trainer the resumed run started (a new
+/// address and token; the interrupted run's trainer is gone). Returns how many were changed.
+pub fn redirect_trainer(gateway: &Gateway, to: &Sink) -> Result<usize, StoreError> {
+    let root = &gateway.config.capture_dir;
+    let mut changed = 0;
+    for item in std::fs::read_dir(root).map_err(|e| storage(format!("{}: {e}", root.display())))? {
+        let Ok(item) = item else { continue };
+        let path = item.path().join(ASSIGNMENT_FILE);
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let mut delivered: Delivered = serde_json::from_slice(&bytes)
+            .map_err(|e| storage(format!("{}: {e}", path.display())))?;
+        if matches!(delivered.assignment.sink, Sink::Trainer { .. })
+            && delivered.assignment.sink != *to
+        {
+            delivered.assignment.sink = to.clone();
+            let bytes = serde_json::to_vec(&delivered).map_err(storage)?;
+            crate::ship::write_durably(&path, &bytes).map_err(storage)?;
+            changed += 1;
+        }
+    }
+    Ok(changed + gateway.spool.redirect_pending(to).map_err(storage)?)
+}
+
 /// On shutdown: every assigned session without an outcome gets an infrastructure-error
 /// outcome (untrainable; its captured calls are kept and shipped, never as reward 0), then
 /// wait up to `deadline` for the spool to drain. Returns how many are still pending.

@@ -139,6 +139,21 @@ impl Spool {
         Ok(entries)
     }
 
+    /// Point every pending entry bound for a trainer at `to` instead: a resumed local run
+    /// starts its trainer on a new address with a new token, and what the interrupted run
+    /// spooled for the old one must reach the new one. Returns how many were changed.
+    pub fn redirect_pending(&self, to: &Sink) -> Result<usize, SpoolError> {
+        let mut changed = 0;
+        for mut entry in self.pending()? {
+            if matches!(entry.sink, Sink::Trainer { .. }) && entry.sink != *to {
+                entry.sink = to.clone();
+                self.put(&entry)?;
+                changed += 1;
+            }
+        }
+        Ok(changed)
+    }
+
     pub fn read_shipped(&self, session: &str) -> Result<SpoolEntry, SpoolError> {
         read_entry(&self.shipped_path(session))
     }
@@ -223,6 +238,32 @@ mod tests {
         assert!(reopened.pending()?.is_empty());
         let rejected = read_entry(&dir.path().join("rejected/b.json"))?;
         assert_eq!(rejected.rejected.as_deref(), Some("400 bad"));
+        Ok(())
+    }
+
+    #[test]
+    fn pending_entries_for_a_trainer_are_redirected_and_others_kept() -> Result<(), SpoolError> {
+        let dir = tempfile::tempdir().map_err(|source| SpoolError::Io {
+            path: PathBuf::new(),
+            source,
+        })?;
+        let spool = Spool::open(dir.path())?;
+        let old = Sink::Trainer {
+            url: "http://127.0.0.1:1/v1/trajectories".into(),
+            token: Some("old".into()),
+        };
+        let new = Sink::Trainer {
+            url: "http://127.0.0.1:2/v1/trajectories".into(),
+            token: Some("new".into()),
+        };
+        let mut to_trainer = entry("a");
+        to_trainer.sink = old;
+        spool.put(&to_trainer)?;
+        spool.put(&entry("b"))?; // Sink::None: not a trainer's
+        assert_eq!(spool.redirect_pending(&new)?, 1);
+        assert_eq!(spool.redirect_pending(&new)?, 0, "already there");
+        let sinks: Vec<Sink> = spool.pending()?.into_iter().map(|e| e.sink).collect();
+        assert_eq!(sinks, [new, Sink::None]);
         Ok(())
     }
 }

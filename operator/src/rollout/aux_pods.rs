@@ -6,6 +6,8 @@
 pub const VLLM_LOOPBACK_PORT: u16 = 8001;
 /// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
 pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
+/// How long a deleted trainer pod has to write its last checkpoint.
+pub const TRAINER_STOP_GRACE_SECONDS: i64 = 300;
 pub use super::trainer_launch::SERVED_MODEL;
 pub use crate::pods::names::{INGEST_PORT, OWNER_JOB_LABEL, ROLE_LABEL, VLLM_PORT};
 
@@ -240,6 +242,10 @@ pub fn trainer(
         "spec": {
             "automountServiceAccountToken": false,
             "restartPolicy": "Always",
+            // A stopped trainer writes a checkpoint of the steps since its last periodic one
+            // (the optimizer state too: minutes for a large model), so a restart need not
+            // train their trajectories again.
+            "terminationGracePeriodSeconds": TRAINER_STOP_GRACE_SECONDS,
             "nodeSelector": node_selector,
             "tolerations": train.tolerations,
             "containers": [
@@ -489,6 +495,10 @@ mod tests {
             .any(|w| w == ["--tensor-parallel-size", "2"]));
         let trainer = &container(&pod, "trainer");
         assert_eq!(trainer["resources"]["limits"]["nvidia.com/gpu"], "1");
+        assert_eq!(
+            pod["spec"]["terminationGracePeriodSeconds"], TRAINER_STOP_GRACE_SECONDS,
+            "time for the last checkpoint"
+        );
         let config: Value =
             serde_json::from_str(trainer["env"][0]["value"].as_str().unwrap_or("{}"))
                 .unwrap_or_default();
