@@ -54,7 +54,7 @@ impl RunMetrics {
     }
 
     /// The whole page: the run's series, then the gateway's and the trainer's, labelled.
-    fn page(&self, gateway: &str, trainer: Option<&str>) -> String {
+    pub(super) fn page(&self, gateway: &str, trainer: Option<&str>) -> String {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         let mut page = String::from_utf8(out).unwrap_or_default();

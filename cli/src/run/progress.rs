@@ -126,8 +126,12 @@ impl Progress {
                 );
             }
         }
-        // Without a summary the runner reported nothing: not the policy's result.
-        let failed = self.failed > failed_before || result.summary.is_none();
+        // Without a summary the runner reported nothing: not the policy's result (failed in
+        // the session counts too, as in the results).
+        if result.summary.is_none() {
+            self.failed += 1;
+        }
+        let failed = self.failed > failed_before;
         self.count(Some(if failed {
             Outcome::Failed
         } else {
@@ -221,4 +225,31 @@ pub fn table(summary: &RunSummary) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_without_a_summary_is_failed_in_both_the_counts_and_the_results() {
+        let metrics = Arc::new(RunMetrics::new("ns", "j").expect("metrics"));
+        let mut progress = Progress::new(1);
+        progress.export(metrics.clone());
+        progress.started();
+        let nothing = SessionResult {
+            task: "t".into(),
+            summary: None,
+            wall_seconds: 1.0,
+        };
+        progress.finished("j-t-0", &nothing);
+        let page = metrics.page("", None);
+        for line in [
+            "floe_sessions{namespace=\"ns\",rolloutjob=\"j\",state=\"failed\"} 1",
+            "floe_sessions{namespace=\"ns\",rolloutjob=\"j\",state=\"succeeded\"} 0",
+            "floe_session_results_total{namespace=\"ns\",result=\"failed\",rolloutjob=\"j\"} 1",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} not in:\n{page}");
+        }
+    }
 }
