@@ -44,7 +44,7 @@ pub fn check_sessions(
         push("spec.evaluator.protectedPaths".into(), e.to_string());
     }
     // The last attempt has the longest id.
-    let samples = spec.samples();
+    let (samples, epochs) = (spec.samples(), spec.epochs());
     let attempts = u32::try_from(spec.backoff_limit.max(0)).unwrap_or(0);
     // The program is looked up in the evaluation copy when it is a relative path with a `/`.
     let local_program = evaluator
@@ -54,7 +54,7 @@ pub fn check_sessions(
         .map(|p| p.trim_start_matches("./").to_string());
     for (i, task) in tasks.iter().enumerate() {
         let field = format!("{tasks_field}[{i}]");
-        let id = session_id(job, &task.id, samples - 1, attempts);
+        let id = session_id(job, &task.id, epochs - 1, samples - 1, attempts);
         if !valid_id(&id) {
             push(
                 format!("{field}.id"),

@@ -13,20 +13,29 @@ use floe_gateway::trajectory::Builder;
 
 use crate::spec::RunSpec;
 
-/// Session id: `<job>-<task>-<sample>`, and `-r<attempt>` for a retry after an infrastructure
-/// failure — a retry needs its own id, because the trainer deduplicates by session id and the
-/// failed attempt may already have shipped its (untrainable) trajectory.
-pub fn session_id(job: &str, task: &str, sample: u32, attempt: u32) -> String {
-    if attempt == 0 {
-        format!("{job}-{task}-{sample}")
-    } else {
-        format!("{job}-{task}-{sample}-r{attempt}")
+/// Session id: `<job>-<task>-<sample>` in the first epoch, `<job>-<task>-<sample>.e<epoch>` in
+/// a later one (no first-epoch id ends so: ids stay distinct whatever the task ids), and
+/// `-r<attempt>` for a retry after an infrastructure failure — a retry needs its own id,
+/// because the trainer deduplicates by session id and the failed attempt may already have
+/// shipped its (untrainable) trajectory.
+pub fn session_id(job: &str, task: &str, epoch: u32, sample: u32, attempt: u32) -> String {
+    let mut id = format!("{job}-{task}-{sample}");
+    if epoch > 0 {
+        id.push_str(&format!(".e{epoch}"));
     }
+    if attempt > 0 {
+        id.push_str(&format!("-r{attempt}"));
+    }
+    id
 }
 
-/// The GRPO group of a task within a job.
-pub fn group_id(job: &str, task: &str) -> String {
-    format!("{job}/{task}")
+/// The GRPO group of a task within a job: one per epoch (each pass samples the task anew).
+pub fn group_id(job: &str, task: &str, epoch: u32) -> String {
+    if epoch == 0 {
+        format!("{job}/{task}")
+    } else {
+        format!("{job}/{task}/e{epoch}")
+    }
 }
 
 /// One attempt of one session.
@@ -34,6 +43,8 @@ pub struct SessionOf<'a> {
     pub job: &'a str,
     pub spec: &'a RolloutJobSpec,
     pub task: &'a Task,
+    /// The pass over the task set, from 0.
+    pub epoch: u32,
     pub sample: u32,
     pub attempt: u32,
     pub sink: &'a Sink,
@@ -113,10 +124,13 @@ pub fn assignment(s: &SessionOf) -> Assignment {
     if s.attempt > 0 {
         metadata.insert("attempt".into(), s.attempt.into());
     }
+    if s.epoch > 0 {
+        metadata.insert("epoch".into(), s.epoch.into());
+    }
     Assignment {
-        session: session_id(s.job, &s.task.id, s.sample, s.attempt),
+        session: session_id(s.job, &s.task.id, s.epoch, s.sample, s.attempt),
         task: s.task.id.clone(),
-        group: group_id(s.job, &s.task.id),
+        group: group_id(s.job, &s.task.id, s.epoch),
         sample: s.sample,
         builder,
         sink: s.sink.clone(),
@@ -132,9 +146,17 @@ mod tests {
 
     #[test]
     fn a_retry_gets_its_own_session_id_in_the_same_group() {
-        assert_eq!(session_id("j", "t", 3, 0), "j-t-3");
-        assert_eq!(session_id("j", "t", 3, 2), "j-t-3-r2");
-        assert_eq!(group_id("j", "t"), "j/t");
+        assert_eq!(session_id("j", "t", 0, 3, 0), "j-t-3");
+        assert_eq!(session_id("j", "t", 0, 3, 2), "j-t-3-r2");
+        assert_eq!(session_id("j", "t", 2, 3, 0), "j-t-3.e2");
+        assert_eq!(session_id("j", "t", 2, 3, 1), "j-t-3.e2-r1");
+        // A task whose id looks like a later epoch's suffix still gets its own ids.
+        assert_ne!(
+            session_id("j", "t-3.e2", 0, 0, 0),
+            session_id("j", "t", 2, 3, 0)
+        );
+        assert_eq!(group_id("j", "t", 0), "j/t");
+        assert_eq!(group_id("j", "t", 2), "j/t/e2");
     }
 
     #[test]

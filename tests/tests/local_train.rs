@@ -35,15 +35,18 @@ answer = open("answer.txt").read().strip()
 json.dump({"reward": 1.0 / (1.0 + len(answer) / 20.0)}, open("reward.json", "w"))
 "#;
 
-/// GRPO groups of `samples` sessions, `groups_per_step` of them per optimizer step.
+/// GRPO groups of `samples` sessions, `groups_per_step` of them per optimizer step, and
+/// `epochs` passes over the tasks.
 struct Shape {
     samples: u32,
     groups_per_step: u32,
+    epochs: u32,
 }
 
 const LEARNING: Shape = Shape {
     samples: 4,
     groups_per_step: 2,
+    epochs: 1,
 };
 
 fn job(model: &Path, tasks: &[&str], shape: &Shape) -> String {
@@ -87,6 +90,7 @@ spec:
       args: ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
     grpo: {{groupsPerStep: {groups_per_step}, learningRate: 2.0e-5, microBatchSize: 8, miniBatches: 2}}
     maxStaleness: 0
+    epochs: {epochs}
   tasks:
     inline:
 {tasks}"#,
@@ -95,6 +99,7 @@ spec:
         model = model.display(),
         samples = shape.samples,
         groups_per_step = shape.groups_per_step,
+        epochs = shape.epochs,
     )
 }
 
@@ -403,11 +408,13 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     Ok(())
 }
 
-/// A train run stopped after its first step (SIGTERM, as `timeout` or systemd stop it) and
-/// continued with `--resume` in the same `--out` is one job: the stopped trainer wrote a
-/// checkpoint (none was due: the periodic one is every 50 steps), the resumed trainer starts
-/// from it with the new vLLM serving its weights, the finished sessions are not run again,
-/// each sample of each group is trained exactly once, and the step table spans both runs.
+/// A train run of two epochs over two tasks, stopped after its first step (SIGTERM, as
+/// `timeout` or systemd stop it) and continued with `--resume` in the same `--out`, is one
+/// job: the stopped trainer wrote a checkpoint (none was due: the periodic one is every 50
+/// steps), the resumed trainer starts from it with the new vLLM serving its weights, the
+/// finished sessions are not run again, each sample of each group (a task's group per epoch)
+/// is trained exactly once, each batch sampled from the policy of its step, and the step
+/// table spans both runs.
 #[test]
 fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result<()> {
     let (python, models) = vllm_setup()?;
@@ -417,8 +424,9 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
     let shape = Shape {
         samples: 2,
         groups_per_step: 1,
+        epochs: 2,
     };
-    let questions = ["Name a fruit.", "Name a colour.", "Name an animal."];
+    let questions = ["Name a fruit.", "Name a colour."];
     std::fs::write(&job_file, job(&model, &questions, &shape))?;
     let out = dir.path().join("out");
 
@@ -469,8 +477,8 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
     );
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
     assert_eq!(summary["interrupted"], false, "{summary}");
-    assert_eq!(summary["sessions"]["total"], 6, "{summary}");
-    assert_eq!(summary["sessions"]["completed"], 6, "{summary}");
+    assert_eq!(summary["sessions"]["total"], 8, "{summary}");
+    assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
     let training = &summary["training"];
     let table: Vec<u64> = training["steps"]
         .as_array()
@@ -478,13 +486,13 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
         .iter()
         .filter_map(|s| s["step"].as_u64())
         .collect();
-    assert_eq!(table, [1, 2, 3], "one table over both runs: {training}");
-    assert_eq!(training["policyVersion"], 3, "{training}");
+    assert_eq!(table, [1, 2, 3, 4], "one table over both runs: {training}");
+    assert_eq!(training["policyVersion"], 4, "{training}");
 
     // Trained exactly once per sample: the sessions the last checkpoint (written when the
     // resumed run stopped its trainer) lists, by session without its attempt suffix.
     let state: Value = serde_json::from_str(&std::fs::read_to_string(
-        checkpoints.join("ckpt-3/state.json"),
+        checkpoints.join("ckpt-4/state.json"),
     )?)?;
     let mut trained: Vec<String> = state["trained_sessions"]
         .as_array()
@@ -501,18 +509,33 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
     trained.dedup();
     assert_eq!(
         (count, trained.len()),
-        (6, 6),
-        "each of the 6 samples once: {state}"
+        (8, 8),
+        "each of the 8 samples once: {state}"
     );
-    // Each group was sampled from the policy of its batch, before and after the stop.
+    // Groups in run order (run.json: each session's first attempt, in order): the first epoch
+    // as listed, then the second, each task once, as groups of their own.
+    let run: Value = serde_json::from_str(&std::fs::read_to_string(out.join("run.json"))?)?;
+    let mut groups: Vec<String> = run["assignments"]
+        .as_array()
+        .context("assignments")?
+        .iter()
+        .filter_map(|a| a["group"].as_str().map(str::to_owned))
+        .collect();
+    groups.dedup();
+    assert_eq!(groups[..2], ["brief/q0", "brief/q1"], "{groups:?}");
+    let mut second = groups[2..].to_vec();
+    second.sort();
+    assert_eq!(second, ["brief/q0/e1", "brief/q1/e1"], "{groups:?}");
+    // Each group (one per step) was sampled from the policy its step started from, before
+    // and after the stop.
     for entry in std::fs::read_dir(out.join("trainer/state/ingest"))? {
         let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
         if t["trainable"] != true {
             continue; // an attempt the stop cut short (run again)
         }
-        let task = t["task"].as_str().context("task")?;
-        let index: u64 = task.trim_start_matches('q').parse()?;
-        assert_eq!(t["policy_versions"], serde_json::json!([index]), "{task}");
+        let group = t["group"].as_str().context("group")?;
+        let batch = groups.iter().position(|g| g == group).context("group")?;
+        assert_eq!(t["policy_versions"], serde_json::json!([batch]), "{group}");
     }
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");

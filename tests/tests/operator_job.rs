@@ -615,13 +615,14 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     })
     .await?;
     // train: sessions wait for the trainer pod, call its vLLM, ship to its ingest, and the
-    // trainer's progress shows in the job's status. One group per step, maxStaleness 0: the
-    // `more` group (batch 1) waits until the trainer has stepped past the `learn` group's.
-    let mut trained = job("trained", &["learn", "more"], 2, json!({}))?;
+    // trainer's progress shows in the job's status. Two epochs over one task, one group per
+    // step, maxStaleness 0: the second epoch's group (batch 1) waits until the trainer has
+    // stepped past the first's.
+    let mut trained = job("trained", &["learn"], 2, json!({}))?;
     trained.spec.sft = None;
     trained.spec.train = Some(serde_json::from_value(json!({
         "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
-        "maxStaleness": 0, "grpo": {"groupsPerStep": 1}}))?);
+        "maxStaleness": 0, "grpo": {"groupsPerStep": 1}, "epochs": 2}))?);
     jobs.create(&PostParams::default(), &trained).await?;
     let ip = eventually("the trainer pod running", async || {
         Ok(pods
@@ -676,8 +677,8 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
     tokio::spawn(async move { axum::serve(listener, trainer).await });
     trainer_up.store(true, std::sync::atomic::Ordering::SeqCst);
-    // The learn group scored; the more group not claimed while the trainer is at version 0
-    // (the round that folds the learn sessions is the one that would claim it).
+    // The first epoch's group scored; the second's not claimed while the trainer is at
+    // version 0 (the round that folds the first sessions is the one that would claim it).
     eventually("the learn group scored", async || {
         let s = status(&jobs, "trained").await?;
         Ok((s.sessions.succeeded == 2).then_some(()))
@@ -692,7 +693,10 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
             s.sessions
         );
         assert!(
-            !kubelet.taken().iter().any(|a| a["task"] == "more"),
+            !kubelet
+                .taken()
+                .iter()
+                .any(|a| a["group"] == "trained/learn/e1"),
             "no session of batch 1 started"
         );
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
@@ -711,6 +715,24 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     );
     assert_eq!(progress.final_model.as_deref(), Some("/checkpoints/final"));
     let taken = kubelet.taken();
+    // Each epoch's sessions: ids and a group of their own.
+    let mut epochs: Vec<(String, String)> = taken
+        .iter()
+        .filter(|a| a["task"] == "learn")
+        .map(|a| (a["session"].to_string(), a["group"].to_string()))
+        .collect();
+    epochs.sort();
+    assert_eq!(
+        epochs,
+        [
+            ("\"trained-learn-0\"", "\"trained/learn\""),
+            ("\"trained-learn-0.e1\"", "\"trained/learn/e1\""),
+            ("\"trained-learn-1\"", "\"trained/learn\""),
+            ("\"trained-learn-1.e1\"", "\"trained/learn/e1\""),
+        ]
+        .map(|(s, g)| (s.to_string(), g.to_string())),
+        "{taken:?}"
+    );
     let a = taken
         .iter()
         .find(|a| a["task"] == "learn")

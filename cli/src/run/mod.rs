@@ -61,7 +61,7 @@ pub struct RunArgs {
     /// Sessions at a time (default: `spec.concurrency`, else 2).
     #[arg(long)]
     concurrency: Option<usize>,
-    /// Run only the first N sessions (tasks × samples, task by task).
+    /// Run only the first N sessions (tasks × samples × epochs, task by task).
     #[arg(long)]
     sessions: Option<usize>,
     /// Train mode: a trainer already running (its ingest URL) instead of starting one.

@@ -106,26 +106,26 @@ fn read_task_file(path: &Path) -> Result<Vec<Task>, PlanError> {
     floe_crds::task_file::parse(&text).map_err(|e| PlanError::TaskFile(path.into(), e))
 }
 
-/// How many sessions the run has: tasks × samples, at most `limit`.
+/// How many sessions the run has: tasks × samples × epochs, at most `limit`.
 pub fn session_count(plan: &Plan, limit: Option<usize>) -> usize {
-    let all = plan.tasks.len() * samples(plan) as usize;
+    let all = usize::try_from(plan.job.spec.session_count(plan.tasks.len())).unwrap_or(usize::MAX);
     limit.map_or(all, |l| l.min(all))
 }
 
-fn samples(plan: &Plan) -> u32 {
-    plan.job.spec.samples()
-}
-
-/// Attempt `attempt` of session `index` (tasks × samples, task-major: each GRPO group's samples
-/// together).
+/// Attempt `attempt` of session `index` (epoch-major, then task-major: each GRPO group's
+/// samples together; [`floe_crds::rollout_job::numbering`]).
 pub fn assignment(plan: &Plan, sink: &Sink, index: usize, attempt: u32) -> Option<Assignment> {
-    let (task, sample) = plan.job.spec.session_at(u32::try_from(index).ok()?);
-    let task = plan.tasks.get(task)?;
+    let place = plan
+        .job
+        .spec
+        .session_at(u64::try_from(index).ok()?, plan.tasks.len())?;
+    let task = plan.tasks.get(place.task)?;
     Some(session::assignment(&SessionOf {
         job: &plan.name,
         spec: &plan.job.spec,
         task,
-        sample,
+        epoch: place.epoch,
+        sample: place.sample,
         attempt,
         sink,
         upstream: Default::default(),
@@ -201,6 +201,38 @@ spec:
             (Some(1.0), Some(1.0))
         );
         assert_eq!(expand(&p, &Sink::None, Some(4)).len(), 4);
+        Ok(())
+    }
+
+    #[test]
+    fn a_train_job_s_epochs_pass_over_the_tasks_again_as_new_groups() -> Result<(), PlanError> {
+        let job = JOB.replace(
+            "  sft: {upstream: {url: 'http://127.0.0.1:8000'}, output: {claimName: data}}\n",
+            "  train: {image: t, model: m, epochs: 3}\n",
+        );
+        let p = plan(&job)?;
+        let sessions = expand(&p, &Sink::None, None);
+        assert_eq!(sessions.len(), 2 * 3 * 3, "tasks × samples × epochs");
+        assert_eq!(session_count(&p, None), 18);
+        let first: Vec<_> = sessions[..6].iter().map(|a| a.session.as_str()).collect();
+        assert_eq!(first[..3], ["demo-t1-0", "demo-t1-1", "demo-t1-2"]);
+        // Each later epoch: every task once, a group's samples together, ids and groups of
+        // its own.
+        for (epoch, batch) in sessions.chunks(6).enumerate().skip(1) {
+            let mut tasks: Vec<&str> = batch.iter().map(|a| a.task.as_str()).collect();
+            tasks.dedup();
+            tasks.sort_unstable();
+            assert_eq!(tasks, ["t1", "t2"]);
+            for a in batch {
+                assert_eq!(a.group, format!("demo/{}/e{epoch}", a.task));
+                assert_eq!(a.session, format!("demo-{}-{}.e{epoch}", a.task, a.sample));
+                assert_eq!(a.metadata["epoch"], epoch);
+            }
+        }
+        let mut ids: Vec<_> = sessions.iter().map(|a| a.session.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 18, "every session id distinct");
         Ok(())
     }
 

@@ -11,9 +11,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{PrepareStep, ProviderApi, SandboxTemplate};
 
+pub mod numbering;
 mod status;
 mod train;
 
+pub use numbering::SessionPlace;
 pub use status::*;
 pub use train::*;
 
@@ -127,14 +129,6 @@ pub struct RolloutJobSpec {
     pub ttl_seconds_after_finished: Option<i32>,
 }
 
-/// Session `index` of a job with `samples` per task is sample `index % samples` of task
-/// `index / samples`: task-major, so each GRPO group's samples are neighbours and are claimed
-/// together.
-pub fn session_at(index: u32, samples: u32) -> (usize, u32) {
-    let samples = samples.max(1);
-    ((index / samples) as usize, index % samples)
-}
-
 /// The job/session contract every reader of a spec shares (the operator, `floe run`, the
 /// runner): one place for its defaults and numbering.
 impl RolloutJobSpec {
@@ -143,9 +137,24 @@ impl RolloutJobSpec {
         u32::try_from(self.num_samples.max(1)).unwrap_or(1)
     }
 
-    /// The task (its position) and sample of session `index` ([`session_at`]).
-    pub fn session_at(&self, index: u32) -> (usize, u32) {
-        session_at(index, self.samples())
+    /// Passes over the task set (`train.epochs`; 1 for other jobs).
+    pub fn epochs(&self) -> u32 {
+        self.train
+            .as_ref()
+            .and_then(|t| u32::try_from(t.epochs).ok())
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// The job's sessions over `tasks` tasks: tasks × samples × epochs.
+    pub fn session_count(&self, tasks: usize) -> u64 {
+        numbering::session_count(tasks, self.samples(), self.epochs())
+    }
+
+    /// The epoch, task (its position) and sample of session `index` of a job over `tasks`
+    /// tasks ([`numbering::session_at`]); `None` past the last.
+    pub fn session_at(&self, index: u64, tasks: usize) -> Option<SessionPlace> {
+        numbering::session_at(index, self.samples(), tasks, self.epochs())
     }
 
     /// An `sft` job's dataset keeps trajectories with reward at least this: `sft.minReward`,

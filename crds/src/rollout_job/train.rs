@@ -50,6 +50,12 @@ pub struct TrainSpec {
     #[serde(default = "default_one")]
     #[schemars(range(min = 0, max = 1000))]
     pub max_staleness: i32,
+    /// Passes over the task set: every task's group is sampled once per epoch, the first
+    /// epoch in the task list's order and each later one in a shuffled order of its own (the
+    /// same in `floe run` and on the cluster). Sessions: tasks × numSamples × epochs.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub epochs: i32,
     /// Periodic checkpoints; the trainer resumes from the latest after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,

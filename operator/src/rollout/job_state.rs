@@ -17,7 +17,7 @@ fn tally(counts: &BTreeMap<String, i64>) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// `total`: the job's sessions (tasks × samples).
+/// `total`: the job's sessions (tasks × samples × epochs).
 pub fn job_state(
     job: &RolloutJob,
     previous: Option<&RolloutJobStatus>,

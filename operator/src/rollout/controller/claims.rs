@@ -150,11 +150,11 @@ async fn claim(
     index: u32,
     attempt: u32,
 ) -> Result<Option<Pod>, JobError> {
-    let Some((task, sample)) = o.session(index) else {
+    let Some((task, place)) = o.session(index) else {
         tracing::error!(job = %o.name, index, "session index beyond the job's tasks");
         return Ok(None);
     };
-    let session = session::session_id(&o.name, &task.id, sample, attempt);
+    let session = session::session_id(&o.name, &task.id, place.epoch, place.sample, attempt);
     let owner = job.controller_owner_ref(&());
     let patch = json!({"metadata": {
         "resourceVersion": pod.resource_version(),

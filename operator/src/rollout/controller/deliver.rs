@@ -123,7 +123,7 @@ pub(super) async fn deliver(
     ) else {
         return None;
     };
-    let Some((task, sample)) = o.session(index) else {
+    let Some((task, place)) = o.session(index) else {
         tracing::error!(%name, index, "session index beyond the job's tasks");
         return None;
     };
@@ -138,7 +138,8 @@ pub(super) async fn deliver(
         job: &o.name,
         spec: &job.spec,
         task,
-        sample,
+        epoch: place.epoch,
+        sample: place.sample,
         attempt,
         sink: &sink,
         upstream,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use floe_crds::rollout_job::{RolloutJob, Task};
+use floe_crds::rollout_job::{RolloutJob, SessionPlace, Task};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -24,6 +24,8 @@ pub(super) struct Observed {
     pub(super) name: String,
     /// `numSamples` (at least 1).
     pub(super) samples: u32,
+    /// `train.epochs` (at least 1).
+    pub(super) epochs: u32,
     pub(super) tasks: Arc<Vec<Task>>,
     pub(super) hidden: BTreeMap<String, String>,
     pub(super) control_port: i32,
@@ -204,6 +206,7 @@ pub(super) async fn observe(
     Ok(Observed {
         name,
         samples: spec.samples(),
+        epochs: spec.epochs(),
         tasks,
         hidden,
         control_port: pool.map_or_else(
@@ -371,16 +374,25 @@ async fn file_tasks(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Arc<
 }
 
 impl Observed {
-    /// The job's sessions: tasks × samples.
+    /// The job's sessions: tasks × samples × epochs.
     pub(super) fn total(&self) -> u32 {
-        u32::try_from(self.tasks.len())
-            .unwrap_or(u32::MAX)
-            .saturating_mul(self.samples)
+        let n = floe_crds::rollout_job::numbering::session_count(
+            self.tasks.len(),
+            self.samples,
+            self.epochs,
+        );
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    /// The task and sample of a session index (task-major numbering).
-    pub(super) fn session(&self, index: u32) -> Option<(&Task, u32)> {
-        let (task, sample) = floe_crds::rollout_job::session_at(index, self.samples);
-        Some((self.tasks.get(task)?, sample))
+    /// The task and place (epoch, sample) of a session index
+    /// ([`floe_crds::rollout_job::numbering`]).
+    pub(super) fn session(&self, index: u32) -> Option<(&Task, SessionPlace)> {
+        let place = floe_crds::rollout_job::numbering::session_at(
+            u64::from(index),
+            self.samples,
+            self.tasks.len(),
+            self.epochs,
+        )?;
+        Some((self.tasks.get(place.task)?, place))
     }
 }

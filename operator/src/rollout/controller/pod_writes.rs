@@ -150,10 +150,11 @@ async fn create_prewarmed(
     ensure_job_egress_policy(ctx, job).await;
     let created: Vec<Result<(), JobError>> = futures::stream::iter(sessions.to_vec())
         .map(|(index, attempt)| async move {
-            let Some((task, sample)) = observed.session(index) else {
+            let Some((task, place)) = observed.session(index) else {
                 return Ok(());
             };
-            let session = session::session_id(&observed.name, &task.id, sample, attempt);
+            let session =
+                session::session_id(&observed.name, &task.id, place.epoch, place.sample, attempt);
             let suffix = crate::pods::sandbox::random_suffix();
             let pod = crate::rollout::prewarm::build(&crate::rollout::prewarm::SessionPodFor {
                 job,
