@@ -72,6 +72,9 @@ class TrainerConfig:
     ppo_epochs: int = 1
     # The final checkpoint (default: ``<checkpoints>/final``).
     final_dir: Path | None = None
+    # Every acknowledged trajectory (default: ``<state>/ingest``); the operator puts it on the
+    # checkpoint claim, so a lost trainer pod loses none.
+    ingest_dir: Path | None = None
     # How often the loop asks vLLM which weights it serves (a restarted vLLM is re-pushed).
     served_check_seconds: float = 5.0
 
@@ -95,6 +98,7 @@ class TrainerConfig:
         take("max_staleness", c, "maxStaleness", int)
         take("vllm_gpus", c, "vllmGpus", int)
         take("final_dir", c, "finalDir", Path)
+        take("ingest_dir", c, "ingestDir", Path)
         for field, key, convert in [
             ("learning_rate", "learningRate", float),
             ("advantage", "advantage", str),
@@ -187,7 +191,7 @@ class Trainer:
         if resume:
             # vLLM may serve weights newer than the checkpoint: serve the checkpoint's again.
             self.sync.push(self.state.policy_version)
-        self.store = Store(cfg.state_dir / "ingest")
+        self.store = Store(cfg.ingest_dir or cfg.state_dir / "ingest")
         self.ingest = Ingest(self.store, self.add)
         trained = set(self.state.trained_sessions)
         for t in self.store.load():

@@ -14,9 +14,11 @@ def test_the_operator_config_maps_to_the_trainer_config():
             "maxStaleness": 2,
             "grpo": {"learningRate": 3e-6, "advantage": "LeaveOneOut", "groupsPerStep": 4},
             "checkpoint": {"dir": "/checkpoints", "everySteps": 10, "keep": 2},
+            "ingestDir": "/checkpoints/ingest",
         },
         Path("/tmp/s"),
     )
+    assert c.ingest_dir == Path("/checkpoints/ingest")
     assert (c.num_samples, c.learning_rate, c.advantage, c.groups_per_step) == (
         8,
         3e-6,

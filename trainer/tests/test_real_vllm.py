@@ -245,6 +245,8 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
         "numSamples": 4,
         "grpo": {"groupsPerStep": 1, "learningRate": 1e-5, "microBatchSize": 2},
         "checkpoint": {"everySteps": 1, "keep": 2},
+        # As in the pod with a checkpoint claim: acknowledged trajectories on durable storage.
+        "ingestDir": str(tmp_path / "claim/ingest"),
     }
 
     def start():
@@ -278,6 +280,7 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     # Acknowledged but not yet trained when the trainer dies.
     for body in group_bodies(url, prompt, "shade"):
         assert post_json(f"{ingest}/v1/trajectories", body) == 200
+    assert len(list((tmp_path / "claim/ingest").iterdir())) == 8, "kept where the job said"
     srv.shutdown()
     srv.server_close()
     del trainer

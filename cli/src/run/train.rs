@@ -175,6 +175,8 @@ impl Training {
             ingest_listen: format!("127.0.0.1:{}", free_port()?),
             checkpoint_dir: Some(dir.join("checkpoints").display().to_string()),
             final_dir: Some(out.join("final-model").display().to_string()),
+            // The state directory is in --out already: it outlives the trainer (--resume).
+            ingest_dir: None,
         };
         let vllm_url = match model_url {
             Some(url) => url.trim_end_matches('/').to_string(),

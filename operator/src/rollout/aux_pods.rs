@@ -6,6 +6,8 @@
 pub const VLLM_LOOPBACK_PORT: u16 = 8001;
 /// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
 pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
+/// Where the trainer pod mounts `train.checkpoint.claimName`.
+pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
 /// How long a deleted trainer pod has to write its last checkpoint.
 pub const TRAINER_STOP_GRACE_SECONDS: i64 = 300;
 pub use super::trainer_launch::SERVED_MODEL;
@@ -191,6 +193,14 @@ pub fn trainer(
         ingest_listen: format!("0.0.0.0:{INGEST_PORT}"),
         checkpoint_dir: None,
         final_dir: None,
+        // With a checkpoint claim, the acknowledged trajectories are kept on it too: a
+        // trainer pod that is lost (deleted, evicted, its node gone) loses none of them, and
+        // its successor replays those its checkpoint has not trained. Without one, they live
+        // on the pod's emptyDir (kept across container restarts, not across pods).
+        ingest_dir: train
+            .checkpoint
+            .as_ref()
+            .map(|_| format!("{CHECKPOINT_MOUNT}/ingest")),
     };
     let mut vllm_args: Vec<String> = vec!["serve".into(), layout.model.clone()];
     vllm_args.extend(trainer_launch::vllm_args(train, &layout));
@@ -221,7 +231,7 @@ pub fn trainer(
     }
     let mut trainer_mounts = mounts.clone();
     if let Some(c) = &train.checkpoint {
-        trainer_mounts.push(json!({"name": "checkpoints", "mountPath": "/checkpoints"}));
+        trainer_mounts.push(json!({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}));
         volumes.push(
             json!({"name": "checkpoints", "persistentVolumeClaim": {"claimName": c.claim_name}}),
         );
@@ -504,6 +514,10 @@ mod tests {
                 .unwrap_or_default();
         assert_eq!(config["numSamples"], 4);
         assert_eq!(config["checkpoint"]["dir"], "/checkpoints");
+        assert_eq!(
+            config["ingestDir"], "/checkpoints/ingest",
+            "acknowledged trajectories outlive the pod on the checkpoint claim"
+        );
         assert_eq!(config["policyUrl"], "http://127.0.0.1:8001");
         assert_eq!(config["vllmGpus"], 2);
         assert_eq!(config["grpo"]["weightSync"], "File");

@@ -25,6 +25,9 @@ pub struct Layout {
     pub checkpoint_dir: Option<String>,
     /// The final checkpoint (a servable model directory), if not `<checkpoints>/final`.
     pub final_dir: Option<String>,
+    /// Where the trainer keeps every trajectory it acknowledged, if not under its state
+    /// directory: on durable storage, so that losing the trainer loses none of them.
+    pub ingest_dir: Option<String>,
 }
 
 impl Layout {
@@ -107,7 +110,7 @@ pub fn trainer_config(
     });
     let checkpoint = match (&train.checkpoint, &layout.checkpoint_dir) {
         (Some(c), dir) => Some(json!({
-            "dir": dir.clone().unwrap_or_else(|| "/checkpoints".into()),
+            "dir": dir.clone().unwrap_or_else(|| super::aux_pods::CHECKPOINT_MOUNT.into()),
             "everySteps": c.every_steps, "keep": c.keep})),
         (None, Some(dir)) => Some(json!({"dir": dir})),
         (None, None) => None,
@@ -115,6 +118,9 @@ pub fn trainer_config(
     config["checkpoint"] = checkpoint.unwrap_or(Value::Null);
     if let Some(dir) = &layout.final_dir {
         config["finalDir"] = json!(dir);
+    }
+    if let Some(dir) = &layout.ingest_dir {
+        config["ingestDir"] = json!(dir);
     }
     config
 }
@@ -134,6 +140,7 @@ mod tests {
             ingest_listen: "127.0.0.1:9100".into(),
             checkpoint_dir: Some("/out/ckpt".into()),
             final_dir: Some("/out/final".into()),
+            ingest_dir: None,
         }
     }
 
@@ -166,6 +173,7 @@ mod tests {
         assert_eq!(c["numSamples"], 3);
         assert_eq!(c["checkpoint"]["dir"], "/out/ckpt");
         assert_eq!(c["finalDir"], "/out/final");
+        assert!(c.get("ingestDir").is_none(), "under the state directory");
         assert_eq!(c["grpo"]["miniBatches"], 2);
         assert_eq!(c["grpo"]["ppoEpochs"], 1);
     }
