@@ -622,7 +622,8 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     trained.spec.sft = None;
     trained.spec.train = Some(serde_json::from_value(json!({
         "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
-        "maxStaleness": 0, "grpo": {"groupsPerStep": 1}, "epochs": 2}))?);
+        "maxStaleness": 0, "grpo": {"groupsPerStep": 1}, "epochs": 2,
+        "checkpoint": {"claimName": "trained-state"}}))?);
     jobs.create(&PostParams::default(), &trained).await?;
     let ip = eventually("the trainer pod running", async || {
         Ok(pods
@@ -632,6 +633,29 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
             .and_then(|s| s.pod_ip))
     })
     .await?;
+    // As the apiserver holds it: the checkpoint claim mounted, and the acknowledged
+    // trajectories kept on it (a lost trainer pod loses none).
+    let pod = serde_json::to_value(pods.get("trained-trainer").await?)?;
+    let claims: Vec<&Value> = pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["persistentVolumeClaim"].get("claimName"))
+        .collect();
+    assert_eq!(claims, [&json!("trained-state")], "{pod}");
+    let trainer_container = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "trainer")
+        .context("the trainer container")?;
+    let config: Value = serde_json::from_str(
+        trainer_container["env"][0]["value"]
+            .as_str()
+            .context("FLOE_TRAINER_CONFIG")?,
+    )?;
+    assert_eq!(config["ingestDir"], "/checkpoints/ingest", "{config}");
+    assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 300);
     // A stand-in for the trainer's HTTP face: it finishes only when told so with the token of
     // the job's control Secret, as `floe-trainer serve` does.
     let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns.name)
