@@ -180,34 +180,38 @@ pub fn summarize(
 /// Join the per-session files under `dir/accepted/` into one JSONL file, ordered by GRPO group
 /// then sample (each group's samples contiguous). Returns (accepted, rejected) counts.
 pub fn assemble(dir: &Path, out_file: &Path) -> std::io::Result<(u64, u64)> {
-    let read_dir = |sub: &str| -> std::io::Result<Vec<serde_json::Value>> {
+    let files = |sub: &str| -> std::io::Result<Vec<std::path::PathBuf>> {
         let path = dir.join(sub);
         if !path.exists() {
             return Ok(vec![]);
         }
-        let mut items = Vec::new();
+        let mut found = Vec::new();
         for entry in std::fs::read_dir(&path)? {
             let p = entry?.path();
             if p.extension().and_then(|e| e.to_str()) == Some("json") {
-                let value = serde_json::from_slice(&std::fs::read(&p)?)
-                    .map_err(|e| std::io::Error::other(format!("{}: {e}", p.display())))?;
-                items.push(value);
+                found.push(p);
             }
         }
-        Ok(items)
+        Ok(found)
     };
-    let mut accepted = read_dir("accepted")?;
-    accepted.sort_by(|a, b| {
-        (a["group"].as_str(), a["sample"].as_u64())
-            .cmp(&(b["group"].as_str(), b["sample"].as_u64()))
-    });
-    let mut text = String::new();
-    for t in &accepted {
-        text.push_str(&t.to_string());
-        text.push('\n');
+    /// What the dataset is ordered by; the rest of a trajectory is skipped, not kept.
+    #[derive(serde::Deserialize)]
+    struct Key {
+        group: String,
+        sample: u64,
     }
-    std::fs::write(out_file, text)?;
-    Ok((accepted.len() as u64, read_dir("rejected")?.len() as u64))
+    // Keys first, then the files streamed in that order: one trajectory in memory at a time
+    // (all of them at once would be the whole dataset's size).
+    let mut keyed = Vec::new();
+    for p in files("accepted")? {
+        let key: Key = serde_json::from_slice(&std::fs::read(&p)?)
+            .map_err(|e| std::io::Error::other(format!("{}: {e}", p.display())))?;
+        keyed.push(((key.group, key.sample), p));
+    }
+    keyed.sort();
+    let ordered: Vec<_> = keyed.into_iter().map(|(_, p)| p).collect();
+    let accepted = floe_gateway::ship::write_jsonl_durably(out_file, &ordered)?;
+    Ok((accepted, files("rejected")?.len() as u64))
 }
 
 #[cfg(test)]

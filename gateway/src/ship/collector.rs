@@ -74,13 +74,7 @@ fn rebuild_dataset(dir: &Path) -> std::io::Result<()> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
-    let mut out = Vec::new();
-    for f in files {
-        let text = std::fs::read(&f)?;
-        out.extend_from_slice(text.trim_ascii());
-        out.push(b'\n');
-    }
-    super::write_durably(&dir.join("dataset.jsonl"), &out).map_err(std::io::Error::other)
+    super::write_jsonl_durably(&dir.join("dataset.jsonl"), &files).map(|_| ())
 }
 
 fn refuse(status: StatusCode, message: impl Into<String>) -> Response {

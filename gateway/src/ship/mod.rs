@@ -15,4 +15,4 @@ pub use assignment::{
     Assignment, AssignmentError, Assignments, Delivered, RetryOverride, UpstreamOverride,
 };
 pub use sink::{deliver, DeliveryError, Failure, Sink};
-pub use spool::{write_durably, Spool, SpoolEntry, SpoolError};
+pub use spool::{write_durably, write_jsonl_durably, Spool, SpoolEntry, SpoolError};

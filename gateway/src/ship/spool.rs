@@ -185,6 +185,25 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), SpoolError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
+/// `path` = the given JSON files, one compact line each, in the order given, written like
+/// [`write_durably`] but streamed: one file in memory at a time, however large the dataset
+/// (a whole dataset held at once is the size of every trajectory in it). Returns the lines.
+pub fn write_jsonl_durably(path: &Path, files: &[PathBuf]) -> std::io::Result<u64> {
+    use std::io::Write;
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    for file in files {
+        let text = std::fs::read(file)?;
+        // Each file is one JSON value written compactly (`serde_json::to_vec`): no newline.
+        out.write_all(text.trim_ascii())?;
+        out.write_all(b"\n")?;
+    }
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(files.len() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +283,23 @@ mod tests {
         assert_eq!(spool.redirect_pending(&new)?, 0, "already there");
         let sinks: Vec<Sink> = spool.pending()?.into_iter().map(|e| e.sink).collect();
         assert_eq!(sinks, [new, Sink::None]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_dataset_is_streamed_one_line_per_file_in_the_order_given() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+        std::fs::write(&a, "{\"session\":\"a\"}\n")?;
+        std::fs::write(&b, "{\"session\":\"b\"}")?;
+        let out = dir.path().join("dataset.jsonl");
+        std::fs::write(&out, "old\n")?;
+        assert_eq!(write_jsonl_durably(&out, &[b, a])?, 2);
+        assert_eq!(
+            std::fs::read_to_string(&out)?,
+            "{\"session\":\"b\"}\n{\"session\":\"a\"}\n"
+        );
+        assert!(!dir.path().join("dataset.jsonl.tmp").exists());
         Ok(())
     }
 }
