@@ -6,8 +6,6 @@
 pub const VLLM_LOOPBACK_PORT: u16 = 8001;
 /// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
 pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
-/// Where the trainer pod mounts `train.checkpoint.claimName`.
-pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
 /// How long a deleted trainer pod has to write its last checkpoint.
 pub const TRAINER_STOP_GRACE_SECONDS: i64 = 300;
 pub use super::trainer_launch::SERVED_MODEL;
@@ -200,7 +198,7 @@ pub fn trainer(
         ingest_dir: train
             .checkpoint
             .as_ref()
-            .map(|_| format!("{CHECKPOINT_MOUNT}/ingest")),
+            .map(|_| format!("{}/ingest", trainer_launch::CHECKPOINT_MOUNT)),
     };
     let mut vllm_args: Vec<String> = vec!["serve".into(), layout.model.clone()];
     vllm_args.extend(trainer_launch::vllm_args(train, &layout));
@@ -231,7 +229,8 @@ pub fn trainer(
     }
     let mut trainer_mounts = mounts.clone();
     if let Some(c) = &train.checkpoint {
-        trainer_mounts.push(json!({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}));
+        trainer_mounts
+            .push(json!({"name": "checkpoints", "mountPath": trainer_launch::CHECKPOINT_MOUNT}));
         volumes.push(
             json!({"name": "checkpoints", "persistentVolumeClaim": {"claimName": c.claim_name}}),
         );

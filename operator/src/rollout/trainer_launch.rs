@@ -6,6 +6,9 @@
 use floe_crds::rollout_job::{RolloutJobSpec, TrainSpec, WeightSync};
 use serde_json::{json, Value};
 
+/// Where the trainer pod mounts `train.checkpoint.claimName`.
+pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
+
 /// vLLM's `--served-model-name`; the gateways ask for this model.
 pub const SERVED_MODEL: &str = "policy";
 
@@ -110,7 +113,7 @@ pub fn trainer_config(
     });
     let checkpoint = match (&train.checkpoint, &layout.checkpoint_dir) {
         (Some(c), dir) => Some(json!({
-            "dir": dir.clone().unwrap_or_else(|| super::aux_pods::CHECKPOINT_MOUNT.into()),
+            "dir": dir.clone().unwrap_or_else(|| CHECKPOINT_MOUNT.into()),
             "everySteps": c.every_steps, "keep": c.keep})),
         (None, Some(dir)) => Some(json!({"dir": dir})),
         (None, None) => None,
