@@ -70,20 +70,14 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<(), String> {
             before.mode, before.job, now.mode, now.job
         ));
     }
-    let same = |a: &Assignment, b: &Assignment| comparable(a) == comparable(b);
-    if before.assignments.len() != now.assignments.len()
-        || before
-            .assignments
-            .iter()
-            .zip(&now.assignments)
-            .any(|(a, b)| !same(a, b))
-    {
-        let first = before
-            .assignments
-            .iter()
-            .zip(&now.assignments)
-            .position(|(a, b)| !same(a, b))
-            .unwrap_or(before.assignments.len().min(now.assignments.len()));
+    // The first session that differs, or where the shorter list ends.
+    let (b, n) = (&before.assignments, &now.assignments);
+    let differs = b
+        .iter()
+        .zip(n)
+        .position(|(x, y)| comparable(x) != comparable(y))
+        .or((b.len() != n.len()).then(|| b.len().min(n.len())));
+    if let Some(first) = differs {
         return Err(format!(
             "--resume: the job's sessions differ from the earlier run's from session {first} on (job file, task file or --sessions changed); resume with the same ones, or use a new --out"
         ));
@@ -359,6 +353,10 @@ mod tests {
             .err()
             .unwrap_or_default();
         assert!(err.contains("from session 1 on"), "{err}");
+        let err = check_record(dir.path(), &record(&["a"]))
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("from session 1 on"), "fewer sessions: {err}");
         let mut other = record(&["a", "b"]);
         other.job = "k".into();
         assert!(check_record(dir.path(), &other).is_err());
