@@ -5,15 +5,18 @@ operator's ``FLOE_TRAINER_CONFIG`` (JSON), serves ingest / status / metrics on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 from .ingest import make_server
-from .trainer import Trainer, TrainerConfig
+from .memory_plan import MemoryPlanError
+from .trainer import Trainer, TrainerConfig, review_memory
 
 log = logging.getLogger("floe_trainer")
 
@@ -25,13 +28,41 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--config", help="JSON file (default: $FLOE_TRAINER_CONFIG)")
     s.add_argument("--state-dir", default=os.environ.get("FLOE_TRAINER_STATE", "/tmp/floe-trainer"))
     s.add_argument("--poll-seconds", type=float, default=1.0)
+    pl = sub.add_parser(
+        "plan",
+        help="the memory plan of the configured training step; exit 3 when it cannot fit",
+    )
+    pl.add_argument("--config", help="JSON file (default: $FLOE_TRAINER_CONFIG)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     raw = Path(args.config).read_text() if args.config else os.environ.get("FLOE_TRAINER_CONFIG")
     if not raw:
         p.error("no configuration: --config FILE or FLOE_TRAINER_CONFIG")
     conf = json.loads(raw)
-    trainer = Trainer(TrainerConfig.from_operator(conf, Path(args.state_dir)))
+    state_dir = Path(getattr(args, "state_dir", "/tmp/floe-trainer"))
+    try:
+        cfg = TrainerConfig.from_operator(conf, state_dir)
+        if args.command == "plan":
+            print(json.dumps(review_memory(cfg, Path(cfg.model))))
+            return 0
+        trainer = Trainer(cfg)
+    except MemoryPlanError as e:
+        refuse(str(e))
+        return 3
+    return serve(trainer, conf, args.poll_seconds)
+
+
+def refuse(line: str) -> None:
+    """One line on stderr and, in a pod, as the container's termination message (what the
+    operator puts in the job's condition)."""
+    print(line, file=sys.stderr, flush=True)
+    message = Path("/dev/termination-log")  # the kubelet mounts it; never created here
+    if message.exists():
+        with contextlib.suppress(OSError):
+            message.write_text(line)
+
+
+def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
     host, _, port = conf.get("ingestListen", "0.0.0.0:8100").rpartition(":")
     server = make_server(
         trainer.ingest,
@@ -61,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             if trainer.finished and not finished_logged:
                 log.info("finished; final checkpoint %s", trainer.final_checkpoint)
                 finished_logged = True
-            stop.wait(args.poll_seconds)
+            stop.wait(poll_seconds)
         else:
             log.info(
                 "step %d (policy version %d): loss %.4f reward %.3f tokens %d clip %.3f",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .wire import Trace
 
@@ -64,10 +65,61 @@ def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
     )
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+# Response positions whose logits exist at once. A trace's logits are [R, vocab] floats, and
+# the loss keeps ~4 such tensors alive through the backward pass: 40 GB for a 16K-token Qwen3
+# response (vocab 151,936). In chunks, each recomputed in the backward pass, they are a
+# chunk's worth (a second lm_head matmul per chunk: a few % of a step).
+LOGITS_CHUNK = 1024
+
+# Configs whose logits are not just ``lm_head(hidden)``: these models take the plain path.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def token_logprobs(model: torch.nn.Module, batch: Batch, chunk: int = LOGITS_CHUNK) -> torch.Tensor:
     """Log-probability of each response token under ``model`` ([B, R], float64 for the loss).
-    Logits only from the first position that predicts a response token on
-    (``logits_to_keep``): agent prompts are long, and their [L, vocab] logits are never used."""
+    Only the hidden states that predict a response token reach the output head, ``chunk``
+    positions at a time (see ``LOGITS_CHUNK``); agent prompts are long and their logits are
+    never needed."""
+    if not _chunkable(model):
+        return _logprobs_whole(model, batch)
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask
+    ).last_hidden_state
+    # [B, R, H]: the row that predicts each response token.
+    index = batch.positions.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+    rows = torch.gather(hidden, 1, index)
+    head = model.get_output_embeddings()
+    parts = []
+    for a in range(0, rows.shape[1], max(chunk, 1)):
+        ids = batch.response_ids[:, a : a + chunk]
+        part = rows[:, a : a + chunk]
+        if torch.is_grad_enabled() and rows.shape[1] > chunk:
+            # Keep only this chunk's hidden rows for the backward pass, not its logits.
+            parts.append(checkpoint(_chosen_logprobs, head, part, ids, use_reentrant=False))
+        else:
+            parts.append(_chosen_logprobs(head, part, ids))
+    return torch.cat(parts, dim=1).double()
+
+
+def _chosen_logprobs(head: torch.nn.Module, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    logits = head(rows).float()
+    chosen = torch.gather(logits, 2, ids.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, -1)
+
+
+def _chunkable(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, k, None) for k in _LOGIT_TRANSFORMS):
+        return False
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    return decoder is not None and decoder is not model and isinstance(head, torch.nn.Linear)
+
+
+def _logprobs_whole(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The model's own forward with ``logits_to_keep`` (models whose logits are transformed)."""
     start = batch.first_position
     keep = batch.input_ids.shape[1] - start
     logits = model(

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from . import checkpoint
+from . import checkpoint, memory_plan
 from .batching import Group, GroupBuffer
 from .ingest import Ingest, Store
 from .loss import LossConfig
@@ -77,6 +77,11 @@ class TrainerConfig:
     ingest_dir: Path | None = None
     # How often the loop asks vLLM which weights it serves (a restarted vLLM is re-pushed).
     served_check_seconds: float = 5.0
+    # The longest trace a step may see: vLLM's context length (default: the model's).
+    max_sequence_tokens: int | None = None
+    # "enforce": a step that cannot fit the device is refused before the model loads;
+    # "warn": logged, and the trainer starts anyway.
+    memory_plan: str = "enforce"
 
     @staticmethod
     def from_operator(c: dict, state_dir: Path) -> TrainerConfig:
@@ -99,6 +104,8 @@ class TrainerConfig:
         take("vllm_gpus", c, "vllmGpus", int)
         take("final_dir", c, "finalDir", Path)
         take("ingest_dir", c, "ingestDir", Path)
+        take("max_sequence_tokens", c, "maxSequenceTokens", int)
+        take("memory_plan", c, "memoryPlan", lambda v: str(v).lower())
         for field, key, convert in [
             ("learning_rate", "learningRate", float),
             ("advantage", "advantage", str),
@@ -131,6 +138,8 @@ class TrainerConfig:
             raise ValueError(f"train.gpus is {gpus}: this trainer trains on one GPU; set 1")
         if gpus is not None:
             given["device"] = "cpu" if int(gpus) == 0 else "cuda"
+        if given.get("memory_plan", "enforce") not in memory_plan.MODES:
+            raise ValueError(f"memoryPlan must be Enforce or Warn, got {c['memoryPlan']!r}")
         weight_sync = given.get("weight_sync", TrainerConfig.weight_sync)
         if weight_sync not in ("file", "nccl"):
             raise ValueError(f"grpo.weightSync must be File or NCCL, got {weight_sync!r}")
@@ -145,6 +154,26 @@ class TrainerConfig:
             num_samples=int(c["numSamples"]),
             **given,
         )
+
+
+def review_memory(cfg: TrainerConfig, model_dir: Path) -> dict | None:
+    """The memory plan of ``cfg``'s training step (``memory_plan.review``), as ``/v1/status``
+    reports it."""
+    placement = resolve(cfg.device, cfg.precision)
+    reviewed = memory_plan.review(
+        model_dir,
+        placement.device.type,
+        placement.precision,
+        cfg.max_sequence_tokens,
+        cfg.micro_batch_size,
+        cfg.gradient_checkpointing,
+        cfg.kl_coef > 0,
+        cfg.memory_plan,
+    )
+    if reviewed is None:
+        return None
+    plan, have = reviewed
+    return {**plan.as_json(), "capacityBytes": have}
 
 
 class Trainer:
@@ -167,6 +196,9 @@ class Trainer:
         self.state = checkpoint.load_state(resume) if resume else checkpoint.State()
         self.placement = resolve(cfg.device, cfg.precision)
         dev = self.placement.device
+        # Before the model loads: a step that cannot fit is refused in one line, not an OOM
+        # minutes (or a first long trace) later.
+        self.memory_plan = review_memory(cfg, Path(resume or cfg.model))
         self.model = AutoModelForCausalLM.from_pretrained(
             resume or cfg.model, dtype=torch.float32
         ).to(dev)
@@ -387,6 +419,7 @@ class Trainer:
                 "finalCheckpoint": str(self.final_checkpoint) if self.final_checkpoint else None,
                 "steps": list(self.steps),
                 "resumedFromStep": self.resumed_from_step,
+                "memoryPlan": self.memory_plan,
             }
 
     def state_dict(self) -> dict:

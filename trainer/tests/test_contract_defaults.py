@@ -51,6 +51,7 @@ def test_the_other_train_defaults_match_too():
     train = train_schema()
     left_out = TrainerConfig.from_operator({"model": "m", "numSamples": 2}, Path("/tmp"))
     assert left_out.max_staleness == train["maxStaleness"]["default"]
+    assert left_out.memory_plan == train["memoryPlan"]["default"].lower()
     assert left_out.vllm_gpus == train["vllm"]["default"]["gpus"]
     checkpoint = train["checkpoint"]["properties"]
     assert left_out.checkpoint_every == checkpoint["everySteps"]["default"]

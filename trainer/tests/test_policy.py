@@ -55,3 +55,41 @@ def test_padded_batch_logprobs_equal_each_trace_alone_and_the_masked_full_forwar
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[0]
             full = logits.log_softmax(-1)[b.positions[0, :n], b.response_ids[0, :n]]
             assert torch.allclose(alone.float(), full, atol=1e-5)
+
+
+def test_logprobs_in_chunks_equal_the_whole_forward_in_value_and_gradient():
+    from tiny import tiny_llama
+
+    from floe_trainer.policy import _chunkable, _logprobs_whole, token_logprobs
+
+    model = tiny_llama(positions=64)
+    assert _chunkable(model)
+    b = make_batch(
+        [
+            trace([1, 2, 3], [4, 5, 6, 7, 8], [1] * 5, [None] * 5),
+            trace([9, 10, 11, 12, 13, 14], [15, 16], [1, 1], [None] * 2),
+            trace([], [17, 18], [1, 1], [None] * 2),
+        ]
+    )
+    grads = []
+    values = []
+    for run in (lambda: _logprobs_whole(model, b), lambda: token_logprobs(model, b, chunk=2)):
+        model.zero_grad(set_to_none=True)
+        out = run()
+        (out * b.loss_mask).sum().backward()
+        values.append(out.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    masked = b.loss_mask.bool()
+    assert torch.allclose(values[0][masked], values[1][masked], atol=1e-6)
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=1e-6), name
+
+
+def test_a_model_whose_logits_are_transformed_takes_the_whole_forward():
+    from tiny import tiny_llama
+
+    from floe_trainer.policy import _chunkable
+
+    model = tiny_llama()
+    model.config.logit_scale = 0.5
+    assert not _chunkable(model)

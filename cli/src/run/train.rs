@@ -80,6 +80,61 @@ fn model_dir(plan: &Plan, job_file: &Path) -> Result<PathBuf, RunError> {
     std::fs::canonicalize(&dir).map_err(|e| RunError::Preflight(format!("{}: {e}", dir.display())))
 }
 
+/// `floe-trainer`, or the module in the Python given.
+fn trainer_command(programs: &Programs) -> Command {
+    match &programs.trainer_python {
+        Some(py) => {
+            let mut c = Command::new(py);
+            c.args(["-m", "floe_trainer.cli"]);
+            c
+        }
+        None => Command::new("floe-trainer"),
+    }
+}
+
+/// `floe-trainer plan`: the trainer's memory plan for this config, made without loading the
+/// model. A step that cannot fit (exit 3) fails the run before any process starts, with the
+/// trainer's one line; `memoryPlan: Warn` lets it through with that line in the trainer's log.
+async fn check_memory_plan(config: &Value, programs: &Programs) -> Result<(), RunError> {
+    let out = trainer_command(programs)
+        .arg("plan")
+        .env("FLOE_TRAINER_CONFIG", config.to_string())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| RunError::Preflight(format!("cannot run the trainer's memory plan: {e}")))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    match out.status.code() {
+        Some(0) => {
+            let planned: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            if let (Some(need), Some(have)) = (
+                planned["totalBytes"].as_f64(),
+                planned["capacityBytes"].as_f64(),
+            ) {
+                let gib = f64::from(1u32 << 30);
+                eprintln!(
+                    "[train] memory plan: a training step needs {:.1} GiB of the {:.1} GiB the trainer has",
+                    need / gib,
+                    have / gib
+                );
+            }
+            Ok(())
+        }
+        Some(3) => Err(RunError::Preflight(last.trim().to_string())),
+        _ => Err(RunError::Preflight(format!(
+            "the trainer's memory plan failed ({}): {}",
+            out.status,
+            last.trim()
+        ))),
+    }
+}
+
 fn log_file(path: &Path) -> Result<Stdio, RunError> {
     std::fs::File::create(path)
         .map(Stdio::from)
@@ -178,6 +233,13 @@ impl Training {
             // The state directory is in --out already: it outlives the trainer (--resume).
             ingest_dir: None,
         };
+        let config = trainer_url
+            .is_none()
+            .then(|| trainer_launch::trainer_config(&plan.name, None, spec, train, &layout));
+        if let Some(config) = &config {
+            // Before vLLM starts: a step that cannot fit is refused now, in the trainer's words.
+            check_memory_plan(config, programs).await?;
+        }
         let vllm_url = match model_url {
             Some(url) => url.trim_end_matches('/').to_string(),
             None => {
@@ -193,8 +255,7 @@ impl Training {
                 .trim_end_matches("/v1/trajectories")
                 .to_string(),
             None => {
-                let mut config =
-                    trainer_launch::trainer_config(&plan.name, None, spec, train, &layout);
+                let mut config = config.unwrap_or_default();
                 if model_url.is_some() {
                     // Attached to a running vLLM: the trainer pushes into that one.
                     config["policyUrl"] = Value::String(vllm_url.clone());
@@ -290,14 +351,7 @@ impl Training {
         dir: &Path,
     ) -> Result<(), RunError> {
         let state = dir.join("state");
-        let mut cmd = match &programs.trainer_python {
-            Some(py) => {
-                let mut c = Command::new(py);
-                c.args(["-m", "floe_trainer.cli"]);
-                c
-            }
-            None => Command::new("floe-trainer"),
-        };
+        let mut cmd = trainer_command(programs);
         cmd.arg("serve").arg("--state-dir").arg(&state);
         let token = || hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));
         let (control, ingest) = (token(), token());

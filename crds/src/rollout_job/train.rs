@@ -59,6 +59,22 @@ pub struct TrainSpec {
     /// Periodic checkpoints; the trainer resumes from the latest after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
+    /// The trainer's memory plan, made before it loads the model: what one step needs on
+    /// each training device (weights, gradients and AdamW state, activations of a micro-batch
+    /// of traces as long as vLLM's `--max-model-len`, logits) against what the device has.
+    /// `Enforce` refuses a step that cannot fit, in one line naming a change that fits (the
+    /// job's condition carries it); `Warn` logs that line and starts anyway.
+    #[serde(default)]
+    pub memory_plan: MemoryPlanMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum MemoryPlanMode {
+    /// A step that cannot fit is refused before the model loads.
+    #[default]
+    Enforce,
+    /// The refusal is logged and the trainer starts anyway.
+    Warn,
 }
 
 fn default_one() -> i32 {

@@ -77,6 +77,35 @@ pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
     args
 }
 
+/// vLLM's context length when the job sets it (`--max-model-len N` or `--max-model-len=N`):
+/// the longest trace the trainer can be sent, which its memory plan is made for.
+pub fn max_model_len(args: &[String]) -> Option<u64> {
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let value = match arg.strip_prefix("--max-model-len") {
+            Some("") => it.next().map(String::as_str),
+            Some(rest) => rest.strip_prefix('='),
+            None => None,
+        };
+        if let Some(v) = value {
+            return parse_length(v);
+        }
+    }
+    None
+}
+
+/// vLLM's own spellings: `16384`, `16k`/`16K` (×1000 / ×1024), `1m`/`1M`.
+fn parse_length(v: &str) -> Option<u64> {
+    let (digits, unit) = match v.char_indices().last()? {
+        (i, 'k') => (&v[..i], 1000),
+        (i, 'K') => (&v[..i], 1024),
+        (i, 'm') => (&v[..i], 1_000_000),
+        (i, 'M') => (&v[..i], 1024 * 1024),
+        _ => (v, 1),
+    };
+    digits.parse::<u64>().ok().map(|n| n.saturating_mul(unit))
+}
+
 /// `floe policy-proxy`'s arguments: the only door from the gateways to vLLM.
 pub fn policy_proxy_args(listen: &str, layout: &Layout) -> Vec<String> {
     vec![
@@ -110,6 +139,8 @@ pub fn trainer_config(
         "vllmGpus": train.vllm.gpus,
         "grpo": train.grpo,
         "maxStaleness": train.max_staleness,
+        "maxSequenceTokens": max_model_len(&train.vllm.args),
+        "memoryPlan": train.memory_plan,
     });
     let checkpoint = match (&train.checkpoint, &layout.checkpoint_dir) {
         (Some(c), dir) => Some(json!({
@@ -179,5 +210,39 @@ mod tests {
         assert!(c.get("ingestDir").is_none(), "under the state directory");
         assert_eq!(c["grpo"]["miniBatches"], 2);
         assert_eq!(c["grpo"]["ppoEpochs"], 1);
+        // No context length set: the trainer plans for the model's own.
+        assert!(c["maxSequenceTokens"].is_null());
+        assert_eq!(c["memoryPlan"], "Enforce");
+        let mut t = t;
+        t.vllm.args = vec!["--max-model-len".into(), "16384".into()];
+        t.memory_plan = floe_crds::rollout_job::MemoryPlanMode::Warn;
+        let c = trainer_config("j", None, &spec, &t, &layout());
+        assert_eq!(c["maxSequenceTokens"], 16384);
+        assert_eq!(c["memoryPlan"], "Warn");
+    }
+
+    #[test]
+    fn the_context_length_is_read_in_each_of_vllms_spellings() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            max_model_len(&args(&["--max-model-len", "8192"])),
+            Some(8192)
+        );
+        assert_eq!(
+            max_model_len(&args(&["--x", "--max-model-len=32k"])),
+            Some(32_000)
+        );
+        assert_eq!(
+            max_model_len(&args(&["--max-model-len", "16K"])),
+            Some(16_384)
+        );
+        assert_eq!(
+            max_model_len(&args(&["--max-model-len", "1M"])),
+            Some(1 << 20)
+        );
+        assert_eq!(max_model_len(&args(&["--max-model-len", "auto"])), None);
+        assert_eq!(max_model_len(&args(&["--max-model-len"])), None);
+        assert_eq!(max_model_len(&args(&["--max-model-length", "9"])), None);
+        assert_eq!(max_model_len(&args(&[])), None);
     }
 }

@@ -1,0 +1,366 @@
+"""The memory plan: before the trainer loads a model, what one GRPO step will need on each
+device it trains on, from the model's shape and the job's settings, against what the device
+has. A job that cannot fit is refused with one line that names a change that makes it fit.
+
+Every term is bytes on one training device (``P`` parameters, ``T`` tokens in a micro-batch =
+``microBatchSize`` × the longest trace, ``L`` layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
+
+- weights, gradients and AdamW's two moments: fp32 master state, ``4P + 4P + 8P`` (sharded
+  over ``gpus`` when the state is sharded);
+- bf16 copies of the weights that autocast keeps for the backward pass: ``2P`` (bf16 only);
+- the KL reference model: ``2P`` (bf16) or ``4P`` (fp32), only with ``klCoef`` > 0;
+- activations saved for the backward pass, per token and layer ``(10h + 4i)`` values (fp32:
+  4 bytes each; bf16: 2, plus the two RMSNorms' fp32 upcasts ``4h × 4``). With gradient
+  checkpointing only each layer's input ``h`` is kept, plus one whole layer being recomputed;
+- logits: ~4 ``[positions, V]`` fp32 tensors live at the loss's peak (the logits, their gather,
+  and both gradients), over at most ``LOGITS_CHUNK`` positions (``policy.token_logprobs``);
+- attention: on CPU, PyTorch's attention keeps ~3 ``[heads, T, T]`` fp32 score tensors while
+  a layer runs (measured: the forward's growth is quadratic in T); on a GPU the fused kernels
+  keep none, but a micro-batch of several traces carries a ``[B, T, T]`` padding mask;
+- the runtime: on CPU, what the process holds before the model loads (interpreter, torch,
+  transformers: measured, not assumed) plus 0.5 GiB the compute libraries take at the first
+  step (thread pools, kernel caches: measured on this machine); on a GPU, 1 GiB for the CUDA
+  context and kernels.
+
+Checked against measured peaks on CPU (``tests/test_memory_plan.py``: SmolLM2-135M, full
+training, with and without gradient checkpointing, within 20 %). The GPU terms follow the same
+arithmetic; ``scripts/trainer/gpu-proof.sh`` prints estimate against measured peak."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .policy import LOGITS_CHUNK
+
+log = logging.getLogger("floe_trainer")
+
+GIB = 1024**3
+# The CUDA context, cuBLAS workspaces and kernel images of a training process.
+CUDA_RUNTIME = 1 * GIB
+# What the compute libraries allocate at a CPU process's first step (measured: 0.4-0.6 GiB).
+CPU_FIRST_STEP = GIB // 2
+# Live [positions, vocab] fp32 tensors at the loss's peak (measured on CPU: ~4).
+LOGIT_COPIES = 4
+# Live [heads, T, T] fp32 attention scores while a layer runs on CPU.
+CPU_SCORE_COPIES = 3
+
+
+class MemoryPlanError(ValueError):
+    """A job whose training step cannot fit the device (the message is one line)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    parameters: int
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    heads: int
+    # Parameters of the largest unit a sharded engine gathers at once (a decoder layer, or the
+    # embedding).
+    largest_unit: int
+
+    @staticmethod
+    def from_config(config: dict, counted: dict[str, int] | None = None) -> ModelShape:
+        """``config``: the model's ``config.json`` (a multimodal one's ``text_config``);
+        ``counted``: parameter count per tensor name from the weights' headers, when known."""
+        text = config.get("text_config") or config
+        h = int(text["hidden_size"])
+        layers = int(text["num_hidden_layers"])
+        inter = int(text.get("intermediate_size") or 4 * h)
+        vocab = int(text["vocab_size"])
+        heads = int(text.get("num_attention_heads") or 1)
+        head_dim = int(text.get("head_dim") or h // heads)
+        kv = int(text.get("num_key_value_heads") or heads) * head_dim
+        layer = h * heads * head_dim * 2 + h * kv * 2 + 3 * h * inter + 2 * h
+        tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+        if counted:
+            parameters = sum(counted.values())
+            per_layer: dict[str, int] = {}
+            for name, n in counted.items():
+                unit = _layer_of(name)
+                if unit is not None:
+                    per_layer[unit] = per_layer.get(unit, 0) + n
+            layer = max(per_layer.values(), default=layer)
+        else:
+            parameters = vocab * h * (1 if tied else 2) + layers * layer + h
+        return ModelShape(
+            parameters=parameters,
+            layers=layers,
+            hidden=h,
+            intermediate=inter,
+            vocab=vocab,
+            max_positions=int(text.get("max_position_embeddings") or 0),
+            heads=heads,
+            largest_unit=max(layer, vocab * h),
+        )
+
+    @staticmethod
+    def from_dir(path: Path) -> ModelShape:
+        """A model directory: ``config.json`` and, when present, the safetensors headers (the
+        exact parameter count, without reading any weight)."""
+        config = json.loads((path / "config.json").read_text())
+        return ModelShape.from_config(config, safetensors_counts(path) or None)
+
+
+def _layer_of(name: str) -> str | None:
+    parts = name.split(".")
+    for k, part in enumerate(parts[:-1]):
+        if part in ("layers", "h", "blocks") and parts[k + 1].isdigit():
+            return ".".join(parts[: k + 2])
+    return None
+
+
+def safetensors_counts(path: Path) -> dict[str, int]:
+    """Elements per tensor, read from each safetensors file's JSON header (8-byte length,
+    then the header); empty when the directory has none."""
+    counts: dict[str, int] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with file.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in meta["shape"]:
+                n *= int(d)
+            counts[name] = n
+    return counts
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str  # "cuda" | "cpu"
+    precision: str  # "bf16" | "fp32"
+    # Tokens of the longest trace a step may see (vLLM's context length).
+    sequence: int
+    micro_batch: int = 1
+    gradient_checkpointing: bool = False
+    reference: bool = False
+    # Devices the weights, gradients and optimizer state are sharded over.
+    shards: int = 1
+    logits_chunk: int = LOGITS_CHUNK
+    # CPU: bytes the process holds before the model loads (measured by the caller).
+    runtime: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    settings: Settings
+    # (what, bytes), in the order printed.
+    items: tuple[tuple[str, int], ...]
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.items)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{what} {b / GIB:.1f}" for what, b in self.items if b)
+        return f"{self.total / GIB:.1f} GiB ({parts})"
+
+    def as_json(self) -> dict:
+        return {
+            "totalBytes": self.total,
+            "items": {what: b for what, b in self.items},
+            "tokensPerMicroBatch": self.settings.micro_batch * self.settings.sequence,
+        }
+
+
+def estimate(shape: ModelShape, s: Settings) -> Plan:
+    p, h, i = shape.parameters, shape.hidden, shape.intermediate
+    bf16 = s.precision == "bf16"
+    shards = max(s.shards, 1)
+    value = 2 if bf16 else 4
+    tokens = max(s.micro_batch, 1) * max(s.sequence, 1)
+    per_token_layer = (10 * h + 4 * i) * value + (16 * h if bf16 else 0)
+    if s.gradient_checkpointing:
+        activations = tokens * (shape.layers * h * value + per_token_layer)
+    else:
+        activations = tokens * shape.layers * per_token_layer
+    positions = min(tokens, max(s.logits_chunk, 1) * max(s.micro_batch, 1))
+    logits = positions * shape.vocab * (4 * LOGIT_COPIES + (2 if bf16 else 0))
+    rows, length = max(s.micro_batch, 1), max(s.sequence, 1)
+    if s.device == "cpu":
+        attention = rows * shape.heads * length * length * 4 * CPU_SCORE_COPIES
+    else:
+        attention = rows * length * length if rows > 1 else 0
+    if shards > 1:
+        # A sharded engine gathers one unit's full weights at a time (and prefetches the next).
+        copies = ("gathered layers", 2 * shape.largest_unit * value)
+    else:
+        copies = ("bf16 weight copies", 2 * p if bf16 else 0)
+    items = (
+        ("weights", 4 * p // shards),
+        ("gradients", 4 * p // shards),
+        ("AdamW state", 8 * p // shards),
+        copies,
+        ("reference model", value * p // shards if s.reference else 0),
+        ("activations", activations),
+        ("attention", attention),
+        ("logits", logits),
+        ("runtime", CUDA_RUNTIME if s.device == "cuda" else s.runtime + CPU_FIRST_STEP),
+    )
+    return Plan(s, items)
+
+
+def check(shape: ModelShape, s: Settings, capacity: int, device_name: str) -> Plan:
+    """The plan, or ``MemoryPlanError`` with one line: what the step needs, what the device
+    has, and the first single change (in the order a user would try them) that fits."""
+    plan = estimate(shape, s)
+    if plan.total <= capacity:
+        return plan
+    have = capacity / GIB
+    line = f"memory plan: a training step needs {plan.describe()} on each {device_name}"
+    line += f", which has {have:.1f} GiB"
+    for change, changed in _changes(s):
+        alt = estimate(shape, changed)
+        if alt.total <= capacity:
+            raise MemoryPlanError(f"{line}: {change} ({alt.total / GIB:.1f} GiB)")
+    state = 16 * shape.parameters / GIB
+    raise MemoryPlanError(
+        f"{line}; no setting makes it fit (the fp32 weights, gradients and AdamW state alone "
+        f"are {state:.1f} GiB): use a smaller model or a device with more memory"
+    )
+
+
+def _changes(s: Settings) -> list[tuple[str, Settings]]:
+    """Single changes first, then the same ones together, then a shorter context on top."""
+    knobs: list[tuple[str, dict]] = []
+    if not s.gradient_checkpointing:
+        knobs.append(("grpo.gradientCheckpointing: true", {"gradient_checkpointing": True}))
+    if s.micro_batch > 1:
+        knobs.append((f"grpo.microBatchSize: 1 (now {s.micro_batch})", {"micro_batch": 1}))
+    if s.reference:
+        knobs.append(("grpo.klCoef: 0 (no reference model)", {"reference": False}))
+    if s.device == "cuda" and s.precision != "bf16":
+        knobs.append(("grpo.precision: BF16", {"precision": "bf16"}))
+    out = [(f"set {what}", replace(s, **change)) for what, change in knobs]
+    together, names = s, []
+    for what, change in knobs:
+        together, names = replace(together, **change), [*names, what]
+        if len(names) > 1:
+            out.append(("set " + " and ".join(names), together))
+    for fraction in (2, 4, 8, 16):
+        shorter = max(s.sequence // fraction, 1)
+        also = f" and set {' and '.join(names)}" if names else ""
+        out.append(
+            (
+                f"shorten the context to {shorter} tokens (vLLM's --max-model-len, now "
+                f"{s.sequence}){also}",
+                replace(together, sequence=shorter),
+            )
+        )
+    return out
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def capacity(device: str) -> tuple[int, str]:
+    """Bytes one training device offers, and what to call it: a GPU's total memory, or on CPU
+    the smaller of the container's memory limit (cgroup v2 or v1) and the memory available
+    now plus what this process already holds."""
+    if device == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(props.total_memory), f"GPU ({props.name})"
+    limits = []
+    for f in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            raw = Path(f).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 1 << 60:
+            limits.append(int(raw))
+    meminfo = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        meminfo[key] = int(rest.split()[0]) * 1024 if rest.split() else 0
+    limits.append(meminfo.get("MemAvailable", meminfo.get("MemTotal", 0)) + resident_bytes())
+    return min(limits), "CPU (memory available to the trainer)"
+
+
+def plan_for(
+    model_dir: Path,
+    device: str,
+    precision: str,
+    max_sequence_tokens: int | None,
+    micro_batch: int,
+    gradient_checkpointing: bool,
+    reference: bool,
+    runtime: int,
+) -> tuple[ModelShape, Settings] | None:
+    """The shape and settings a trainer config plans for; ``None`` when the model is not a
+    directory with a ``config.json`` here (a hub name: nothing to read before loading it)."""
+    if not (model_dir / "config.json").is_file():
+        return None
+    shape = ModelShape.from_dir(model_dir)
+    sequence = max_sequence_tokens or shape.max_positions
+    if not sequence:
+        return None
+    return shape, Settings(
+        device=device,
+        precision=precision,
+        sequence=sequence,
+        micro_batch=micro_batch,
+        gradient_checkpointing=gradient_checkpointing,
+        reference=reference,
+        runtime=runtime,
+    )
+
+
+MODES = ("enforce", "warn")
+
+
+def review(
+    model_dir: Path,
+    device: str,
+    precision: str,
+    max_sequence_tokens: int | None,
+    micro_batch: int,
+    gradient_checkpointing: bool,
+    reference: bool,
+    mode: str = "enforce",
+) -> tuple[Plan, int] | None:
+    """A trainer's plan before it loads its model, with the device's capacity: refused
+    (``MemoryPlanError``) when it cannot fit and ``mode`` is ``enforce``, logged when ``warn``.
+    ``None`` when there is nothing to plan from (a model name rather than a directory). On CPU
+    the runtime term is what this process holds now: call it after importing torch and
+    transformers, before loading the model."""
+    found = plan_for(
+        model_dir,
+        device,
+        precision,
+        max_sequence_tokens,
+        micro_batch,
+        gradient_checkpointing,
+        reference,
+        resident_bytes(),
+    )
+    if found is None:
+        log.warning("memory plan: %s has no config.json here; not checked", model_dir)
+        return None
+    shape, settings = found
+    have, name = capacity(settings.device)
+    try:
+        plan = check(shape, settings, have, name)
+    except MemoryPlanError as e:
+        if mode != "warn":
+            raise
+        log.warning("%s (memoryPlan: Warn, starting anyway)", e)
+        plan = estimate(shape, settings)
+    log.info("memory plan: %s per %s of %.1f GiB", plan.describe(), name, have / GIB)
+    return plan, have

@@ -1,0 +1,102 @@
+"""Measure what GRPO steps really take on this machine, beside the memory plan's estimate for
+the same settings: the proof of ``memory_plan`` (CPU in the tests, GPU in the proof script).
+
+    python -m floe_trainer.memory_probe --model-dir DIR --sequence 1536 [--micro-batch 1
+        --gradient-checkpointing --device cpu --precision fp32 --steps 2]
+
+Prints one JSON line: the estimate's items and total, the measured peak, and their ratio. The
+peak is the process's peak resident memory on CPU (``ru_maxrss``), and on a GPU the caching
+allocator's peak reservation plus the plan's CUDA runtime term (the context is not visible to
+the allocator)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from .bench_step import synthetic_groups
+from .loss import LossConfig
+from .memory_plan import CUDA_RUNTIME, ModelShape, Settings, estimate, resident_bytes
+from .placement import resolve
+from .step import train_step
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="floe_trainer.memory_probe")
+    p.add_argument("--model-dir", type=Path, required=True)
+    p.add_argument("--sequence", type=int, required=True, help="tokens per trace")
+    p.add_argument("--prompt", type=int, default=64, help="of which prompt tokens")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--steps", type=int, default=2)
+    args = p.parse_args(argv)
+    placement = resolve(args.device, args.precision)
+    runtime = resident_bytes()
+    shape = ModelShape.from_dir(args.model_dir)
+    settings = Settings(
+        device=placement.device.type,
+        precision=placement.precision,
+        sequence=args.sequence,
+        micro_batch=args.micro_batch,
+        gradient_checkpointing=args.gradient_checkpointing,
+        runtime=runtime,
+    )
+    plan = estimate(shape, settings)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model.to(placement.device)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    optimizer = placement.optimizer(model.parameters(), 1e-6)
+    # One group of micro-batch-many full-length traces: each step's micro-batch is the
+    # settings' T tokens. The second step is the peak: AdamW's state exists from the first.
+    groups = synthetic_groups(
+        1,
+        max(args.micro_batch, 2),
+        args.prompt,
+        args.sequence - args.prompt,
+        shape.vocab,
+    )
+    for _ in range(max(args.steps, 1)):
+        train_step(
+            model,
+            optimizer,
+            groups,
+            LossConfig(),
+            micro_batch_size=args.micro_batch,
+            placement=placement,
+        )
+    if placement.device.type == "cuda":
+        peak = torch.cuda.max_memory_reserved() + CUDA_RUNTIME
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(
+        json.dumps(
+            {
+                "model": str(args.model_dir),
+                "parameters": shape.parameters,
+                "settings": {
+                    "device": settings.device,
+                    "precision": settings.precision,
+                    "sequence": settings.sequence,
+                    "microBatch": settings.micro_batch,
+                    "gradientCheckpointing": settings.gradient_checkpointing,
+                },
+                "estimate": plan.as_json(),
+                "peakBytes": peak,
+                "estimateOverPeak": round(plan.total / peak, 4),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

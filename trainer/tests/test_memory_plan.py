@@ -1,0 +1,221 @@
+"""The memory plan: its arithmetic, its refusals, the repository's train example against the GPU
+it names, and its estimate against measured peak memory of real training steps on CPU."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from floe_trainer.memory_plan import (
+    CUDA_RUNTIME,
+    GIB,
+    MemoryPlanError,
+    ModelShape,
+    Settings,
+    check,
+    estimate,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Qwen3's published configs (the example's model, and the 8B it used before).
+QWEN3_1_7B = {
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+}
+QWEN3_8B = {
+    **QWEN3_1_7B,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "tie_word_embeddings": False,
+}
+# What torch reports as an H100 80GB's total memory.
+H100 = int(79.1 * GIB)
+
+
+def saved_tiny(tmp_path, tied=False):
+    from tiny import tiny_llama
+
+    model = tiny_llama()
+    model.config.tie_word_embeddings = tied
+    if tied:
+        model.tie_weights()
+    model.save_pretrained(tmp_path)
+    return model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_shape_counts_parameters_from_the_weights_headers_and_from_the_config(tmp_path, tied):
+    model = saved_tiny(tmp_path, tied)
+    shape = ModelShape.from_dir(tmp_path)
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert ModelShape.from_config(config).parameters == shape.parameters
+    per_layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    assert shape.largest_unit == max(per_layer, 64 * 32)
+    assert (shape.layers, shape.hidden, shape.intermediate, shape.vocab) == (2, 32, 64, 64)
+
+
+def test_the_estimate_adds_up_term_by_term():
+    shape = ModelShape(
+        parameters=1000,
+        layers=2,
+        hidden=8,
+        intermediate=16,
+        vocab=100,
+        max_positions=64,
+        heads=2,
+        largest_unit=400,
+    )
+    s = Settings("cuda", "bf16", sequence=10, micro_batch=2, reference=True, logits_chunk=4)
+    items = dict(estimate(shape, s).items)
+    assert items["weights"] == 4000 and items["gradients"] == 4000
+    assert items["AdamW state"] == 8000
+    assert items["bf16 weight copies"] == 2000
+    assert items["reference model"] == 2000
+    # 20 tokens × 2 layers × ((10·8 + 4·16) values × 2 bytes + 4·8 fp32 upcasts × 4 bytes).
+    assert items["activations"] == 20 * 2 * (144 * 2 + 128)
+    # 2 sequences × a chunk of 4 positions × vocab × (4 fp32 copies + the bf16 head output).
+    assert items["logits"] == 8 * 100 * (16 + 2)
+    # Two traces a micro-batch: their padding mask, one byte a position pair.
+    assert items["attention"] == 2 * 10 * 10
+    assert items["runtime"] == CUDA_RUNTIME
+    ckpt = dict(
+        estimate(shape, Settings("cpu", "fp32", 10, gradient_checkpointing=True, runtime=7)).items
+    )
+    assert ckpt["activations"] == 10 * (2 * 8 * 4 + 144 * 4)
+    # CPU attention: 3 fp32 [heads, T, T] score tensors; the runtime measured plus 0.5 GiB.
+    assert ckpt["attention"] == 2 * 10 * 10 * 4 * 3
+    assert ckpt["runtime"] == 7 + GIB // 2
+    sharded = dict(estimate(shape, Settings("cuda", "bf16", 10, shards=4)).items)
+    assert sharded["weights"] == 1000 and sharded["AdamW state"] == 2000
+    assert sharded["gathered layers"] == 2 * 400 * 2
+
+
+def test_a_step_that_cannot_fit_names_the_first_change_that_fits():
+    shape = ModelShape.from_config(QWEN3_1_7B)
+    s = Settings("cuda", "bf16", sequence=16384, micro_batch=1)
+    with pytest.raises(MemoryPlanError) as e:
+        check(shape, s, H100, "GPU")
+    line = str(e.value)
+    assert "\n" not in line
+    assert line.startswith("memory plan: a training step needs ")
+    assert "on each GPU, which has 79.1 GiB" in line
+    assert line.endswith("GiB)") and ": set grpo.gradientCheckpointing: true (" in line
+    # With eight traces a micro-batch, checkpointing alone is not enough: one trace is.
+    with pytest.raises(MemoryPlanError, match="set grpo.microBatchSize: 1 \\(now 8\\) \\("):
+        check(
+            shape,
+            Settings("cuda", "bf16", 16384, micro_batch=8, gradient_checkpointing=True),
+            H100,
+            "GPU",
+        )
+
+
+def test_a_model_too_big_for_the_device_is_refused_whatever_the_settings():
+    shape = ModelShape.from_config(QWEN3_8B)
+    with pytest.raises(MemoryPlanError, match="no setting makes it fit .* state alone are 1"):
+        check(shape, Settings("cuda", "bf16", 16384, gradient_checkpointing=True), H100, "GPU")
+
+
+def test_the_train_example_fits_the_gpu_it_names():
+    job = yaml.safe_load((ROOT / "examples/rolloutjob-train.yaml").read_text())
+    train = job["spec"]["train"]
+    assert train["model"].endswith("Qwen3-1.7B")
+    grpo = train.get("grpo", {})
+    args = train.get("vllm", {}).get("args", [])
+    sequence = int(args[args.index("--max-model-len") + 1])
+    s = Settings(
+        "cuda",
+        "bf16",
+        sequence,
+        micro_batch=grpo.get("microBatchSize", 4),
+        gradient_checkpointing=grpo.get("gradientCheckpointing", False),
+        reference=grpo.get("klCoef", 0) > 0,
+    )
+    plan = check(ModelShape.from_config(QWEN3_1_7B), s, H100, "GPU")
+    assert plan.total < 0.9 * H100
+
+
+def test_serve_refuses_a_step_that_cannot_fit_before_loading_the_model(tmp_path):
+    saved_tiny(tmp_path / "model")
+    conf = {
+        "model": str(tmp_path / "model"),
+        "numSamples": 2,
+        "gpus": 0,
+        # A trillion-token context: no machine holds its activations.
+        "maxSequenceTokens": 10**12,
+        "ingestListen": "127.0.0.1:0",
+    }
+    env = {**os.environ, "FLOE_TRAINER_CONFIG": json.dumps(conf)}
+    state = tmp_path / "state"
+    for command in (["serve", "--state-dir", str(state)], ["plan"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "floe_trainer.cli", *command],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 3, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("memory plan: a training step needs "), last
+        assert "shorten the context" in last or "no setting makes it fit" in last
+    # Nothing was loaded or written: the weights directory comes after the model.
+    assert not (state / "weights").exists()
+    conf["maxSequenceTokens"] = 64
+    done = subprocess.run(
+        [sys.executable, "-m", "floe_trainer.cli", "plan"],
+        env={**os.environ, "FLOE_TRAINER_CONFIG": json.dumps(conf)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    planned = json.loads(done.stdout)
+    assert planned["tokensPerMicroBatch"] == 4 * 64
+    assert 0 < planned["totalBytes"] < planned["capacityBytes"]
+
+
+def probe(model: Path, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "floe_trainer.memory_probe", "--model-dir", str(model), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # Logits in two chunks; activations the largest variable term.
+        ["--sequence", "1536"],
+        # Checkpointed layers: the fp32 state and the logits' chunk dominate.
+        ["--sequence", "2560", "--gradient-checkpointing"],
+    ],
+    ids=["full", "gradient-checkpointing"],
+)
+def test_the_estimate_is_within_a_fifth_of_the_measured_peak_on_cpu(args):
+    models = os.environ.get("FLOE_TEST_MODELS")
+    assert models, "FLOE_TEST_MODELS must name the converted models (scripts/vllm-cpu/setup.sh)"
+    got = probe(Path(models) / "smollm2-135m-instruct", *args)
+    ratio = got["estimateOverPeak"]
+    print(json.dumps(got))
+    assert 0.8 <= ratio <= 1.2, got
+    assert got["peakBytes"] > 3 * GIB  # a real step of a 163M-parameter model ran
