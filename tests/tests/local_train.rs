@@ -373,18 +373,56 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(!out.join("sessions").exists());
 
-    // A policy server that exits while starting: its log, exit 2.
+    // A step that cannot fit (a million-token context, the memory plan enforced): the
+    // trainer's one line, exit 2, before vLLM or the trainer starts.
     let model = models.join("smollm2-135m-instruct");
+    let enforced = job(&model, &["Name a fruit."], &LEARNING)
+        .replace("memoryPlan: Warn", "memoryPlan: Enforce")
+        .replace(
+            r#""--max-model-len", "2048""#,
+            r#""--max-model-len", "1000000""#,
+        );
+    assert!(enforced.contains("Enforce") && enforced.contains("1000000"));
+    std::fs::write(&job_file, enforced)?;
+    let refused = dir.path().join("out-refused");
+    let result = floe_run(&job_file, &refused, &python).output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    let line = stderr.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("memory plan: a training step needs ")
+            && line.contains("on each CPU (memory available to the trainer), which has ")
+            && line.contains("shorten the context to"),
+        "{stderr}"
+    );
+    assert!(
+        !refused.join("trainer/vllm.log").exists(),
+        "vLLM was started"
+    );
+    assert!(
+        !refused.join("trainer/trainer.log").exists(),
+        "the trainer was started"
+    );
+    assert!(!refused.join("sessions").exists());
+
+    // A policy server that exits while starting: its log, exit 2.
     std::fs::write(&job_file, job(&model, &["Name a fruit."], &LEARNING))?;
     let cmd = floe_run(&job_file, &out, &python);
     let args: Vec<_> = cmd.get_args().map(|a| a.to_os_string()).collect();
+    let envs: Vec<_> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| Some((k.to_os_string(), v?.to_os_string())))
+        .collect();
     let mut cmd = Command::new(cmd.get_program());
+    cmd.envs(envs);
+    let mut after_vllm_flag = false;
     for a in args {
-        cmd.arg(if a == python.as_os_str() {
+        cmd.arg(if after_vllm_flag {
             "/bin/false".into()
         } else {
-            a
+            a.clone()
         });
+        after_vllm_flag = a == "--vllm-python";
     }
     let result = cmd.output()?;
     let stderr = String::from_utf8_lossy(&result.stderr);

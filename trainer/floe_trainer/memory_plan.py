@@ -8,7 +8,11 @@ Every term is bytes on one training device (``P`` parameters, ``T`` tokens in a 
 - weights, gradients and AdamW's two moments: fp32 master state, ``4P + 4P + 8P`` (sharded
   over ``gpus`` when the state is sharded);
 - bf16 copies of the weights that autocast keeps for the backward pass: ``2P`` (bf16 only);
-- the KL reference model: ``2P`` (bf16) or ``4P`` (fp32), only with ``klCoef`` > 0;
+- the KL reference model: ``2P`` (bf16) or ``4P`` (fp32), only with ``klCoef`` > 0 (whole on
+  every process);
+- sharded over several processes (FSDP2, ``distributed``): the fp32 state divided among
+  them, plus two decoder layers gathered whole at a time, and logits for every position
+  (the model's own forward: the chunked log-probs need the root's weights outside it);
 - activations saved for the backward pass, per token and layer ``(10h + 4i)`` values (fp32:
   4 bytes each; bf16: 2, plus the two RMSNorms' fp32 upcasts ``4h × 4``). With gradient
   checkpointing only each layer's input ``h`` is kept, plus one whole layer being recomputed;
@@ -185,6 +189,9 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
     else:
         activations = tokens * shape.layers * per_token_layer
     positions = min(tokens, max(s.logits_chunk, 1) * max(s.micro_batch, 1))
+    if shards > 1:
+        # Sharded, log-probs come from the model's own forward: every position's logits.
+        positions = tokens
     logits = positions * shape.vocab * (4 * LOGIT_COPIES + (2 if bf16 else 0))
     rows, length = max(s.micro_batch, 1), max(s.sequence, 1)
     if s.device == "cpu":
@@ -192,8 +199,9 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
     else:
         attention = rows * length * length if rows > 1 else 0
     if shards > 1:
-        # A sharded engine gathers one unit's full weights at a time (and prefetches the next).
-        copies = ("gathered layers", 2 * shape.largest_unit * value)
+        # FSDP gathers one unit's fp32 weights at a time (and prefetches the next); autocast
+        # keeps its bf16 casts of them.
+        copies = ("gathered layers", 2 * shape.largest_unit * (4 + (2 if bf16 else 0)))
     else:
         copies = ("bf16 weight copies", 2 * p if bf16 else 0)
     items = (
@@ -201,7 +209,8 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
         ("gradients", 4 * p // shards),
         ("AdamW state", 8 * p // shards),
         copies,
-        ("reference model", value * p // shards if s.reference else 0),
+        # Replicated on every process (it only runs forward).
+        ("reference model", value * p if s.reference else 0),
         ("activations", activations),
         ("attention", attention),
         ("logits", logits),
@@ -223,6 +232,16 @@ def check(shape: ModelShape, s: Settings, capacity: int, device_name: str) -> Pl
         alt = estimate(shape, changed)
         if alt.total <= capacity:
             raise MemoryPlanError(f"{line}: {change} ({alt.total / GIB:.1f} GiB)")
+    # Every setting that trades speed for memory, and the longest context that then fits.
+    together, names = _all_knobs(s)
+    longest = _longest_fitting(shape, together, capacity)
+    if longest:
+        also = f"set {' and '.join(names)}, and " if names else ""
+        alt = estimate(shape, replace(together, sequence=longest))
+        raise MemoryPlanError(
+            f"{line}: {also}shorten the context to {longest} tokens (vLLM's --max-model-len, "
+            f"now {s.sequence}) ({alt.total / GIB:.1f} GiB)"
+        )
     state = 16 * shape.parameters / GIB
     raise MemoryPlanError(
         f"{line}; no setting makes it fit (the fp32 weights, gradients and AdamW state alone "
@@ -230,8 +249,21 @@ def check(shape: ModelShape, s: Settings, capacity: int, device_name: str) -> Pl
     )
 
 
-def _changes(s: Settings) -> list[tuple[str, Settings]]:
-    """Single changes first, then the same ones together, then a shorter context on top."""
+def _longest_fitting(shape: ModelShape, s: Settings, capacity: int) -> int | None:
+    """The longest context (a multiple of 1,024 tokens when that long) that fits, if any."""
+    low, high = 0, s.sequence - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if estimate(shape, replace(s, sequence=mid)).total <= capacity:
+            low = mid
+        else:
+            high = mid - 1
+    if low >= 1024:
+        low -= low % 1024
+    return low or None
+
+
+def _knobs(s: Settings) -> list[tuple[str, dict]]:
     knobs: list[tuple[str, dict]] = []
     if not s.gradient_checkpointing:
         knobs.append(("grpo.gradientCheckpointing: true", {"gradient_checkpointing": True}))
@@ -241,22 +273,25 @@ def _changes(s: Settings) -> list[tuple[str, Settings]]:
         knobs.append(("grpo.klCoef: 0 (no reference model)", {"reference": False}))
     if s.device == "cuda" and s.precision != "bf16":
         knobs.append(("grpo.precision: BF16", {"precision": "bf16"}))
+    return knobs
+
+
+def _all_knobs(s: Settings) -> tuple[Settings, list[str]]:
+    together, names = s, []
+    for what, change in _knobs(s):
+        together, names = replace(together, **change), [*names, what]
+    return together, names
+
+
+def _changes(s: Settings) -> list[tuple[str, Settings]]:
+    """Single changes first, then the same ones together (the context is left as it is)."""
+    knobs = _knobs(s)
     out = [(f"set {what}", replace(s, **change)) for what, change in knobs]
     together, names = s, []
     for what, change in knobs:
         together, names = replace(together, **change), [*names, what]
         if len(names) > 1:
             out.append(("set " + " and ".join(names), together))
-    for fraction in (2, 4, 8, 16):
-        shorter = max(s.sequence // fraction, 1)
-        also = f" and set {' and '.join(names)}" if names else ""
-        out.append(
-            (
-                f"shorten the context to {shorter} tokens (vLLM's --max-model-len, now "
-                f"{s.sequence}){also}",
-                replace(together, sequence=shorter),
-            )
-        )
     return out
 
 

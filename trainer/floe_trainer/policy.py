@@ -111,6 +111,11 @@ def _chunkable(model: torch.nn.Module) -> bool:
     config = getattr(model, "config", None)
     if config is None or any(getattr(config, k, None) for k in _LOGIT_TRANSFORMS):
         return False
+    # FSDP gathers the root's weights (embeddings, head) in the model's own forward only.
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return False
     try:
         decoder, head = model.get_decoder(), model.get_output_embeddings()
     except (AttributeError, NotImplementedError):

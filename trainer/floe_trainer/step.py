@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .batching import Group
+from .distributed import SINGLE, World, gather, total
 from .loss import LossConfig, LossStats, policy_loss
 from .placement import CPU_FP32, Placement
 from .policy import make_batch, token_logprobs
@@ -46,17 +47,30 @@ class _Item:
 
 
 def _old_logprobs(
-    model: torch.nn.Module, items: list[_Item], micro: int, pad_id: int, placement: Placement
+    model: torch.nn.Module,
+    items: list[_Item],
+    micro: int,
+    pad_id: int,
+    placement: Placement,
+    world: World,
 ) -> None:
+    """``logp_old`` of every item: each process computes its share (all making as many
+    passes), and they swap them (mini-batches are shuffled after the first epoch, so a
+    process later trains traces another one scored)."""
     model.eval()
+    numbered = world.share(list(enumerate(items)))
+    scored: list[tuple[int, torch.Tensor]] = []
     with torch.no_grad():
-        for start in range(0, len(items), micro):
-            chunk = items[start : start + micro]
-            batch = make_batch([it.trace for it in chunk], pad_id).to(placement.device)
+        for k in range(world.passes(items, micro)):
+            chunk = numbered[k * micro : (k + 1) * micro]
+            traces = [it.trace for _, it in chunk] or [items[0].trace]
             with placement.autocast():
-                logp = token_logprobs(model, batch).cpu()
-            for row, it in enumerate(chunk):
-                it.logp_old = logp[row, : len(it.trace.response_token_ids)]
+                logp = token_logprobs(model, make_batch(traces, pad_id).to(placement.device))
+            for row, (index, it) in enumerate(chunk):
+                scored.append((index, logp[row, : len(it.trace.response_token_ids)].cpu()))
+    for part in gather(world, scored):
+        for index, logp in part:
+            items[index].logp_old = logp
 
 
 def _padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
@@ -85,9 +99,11 @@ def train_step(
     mini_batches: int = 1,
     epochs: int = 1,
     seed: int = 0,
+    world: World = SINGLE,
 ) -> StepStats:
     """``reference``: the frozen policy the KL term (``cfg.kl_coef``) pulls towards;
-    ``seed``: the order of the mini-batches after the first epoch."""
+    ``seed``: the order of the mini-batches after the first epoch; ``world``: the processes
+    that train together (each calls this with the same groups, see ``distributed``)."""
     items = [
         _Item(trace, adv)
         for g in groups
@@ -99,22 +115,29 @@ def train_step(
     # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
     on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, len(items))) == 1
     if not on_policy:
-        _old_logprobs(model, items, micro_batch_size, pad_id, placement)
+        _old_logprobs(model, items, micro_batch_size, pad_id, placement, world)
     model.train()
     rng = random.Random(seed)
     all_stats: list[LossStats] = []
+    first_epoch: list[LossStats] = []
     last_update: list[LossStats] = []
     loss_first_epoch, grad_norm, updates = 0.0, 0.0, 0
+    micro = max(micro_batch_size, 1)
     for epoch in range(max(1, epochs)):
         order = list(items)
         if epoch > 0:
             rng.shuffle(order)
         for mini in _split(order, mini_batches):
             mini_tokens = sum(sum(it.trace.loss_mask) for it in mini)
+            mine = world.share(mini)
             optimizer.zero_grad(set_to_none=True)
             last_update = []
-            for start in range(0, len(mini), micro_batch_size):
-                chunk = mini[start : start + micro_batch_size]
+            for k in range(world.passes(mini, micro)):
+                chunk = mine[k * micro : (k + 1) * micro]
+                # A process with no trace left still makes the pass (FSDP's collectives run
+                # in every forward and backward), with a loss that counts zero.
+                idle = not chunk
+                chunk = chunk or mini[:1]
                 batch = make_batch([it.trace for it in chunk], pad_id).to(placement.device)
                 width = batch.response_ids.shape[1]
                 with placement.autocast():
@@ -125,7 +148,7 @@ def train_step(
                             ref = token_logprobs(reference, batch)
                 old = (
                     logp.detach()
-                    if on_policy
+                    if on_policy or idle
                     else _padded([it.logp_old for it in chunk], width, placement.device)
                 )
                 loss, stats = policy_loss(
@@ -140,23 +163,34 @@ def train_step(
                     cfg,
                     ref,
                 )
-                # Token-mean over the whole mini-batch, not per micro-batch.
-                share = stats.tokens / max(mini_tokens, 1)
-                (loss * share).backward()
+                # Token-mean over the whole mini-batch (every process's traces), not per
+                # micro-batch; × the processes: FSDP averages their gradients, we sum them.
+                share = 0.0 if idle else stats.tokens / max(mini_tokens, 1)
+                (loss * (share * world.size)).backward()
+                if idle:
+                    continue
                 if epoch == 0:
                     loss_first_epoch += loss.item() * stats.tokens
+                    first_epoch.append(stats)
                 last_update.append(stats)
                 all_stats.append(stats)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            # Sharded parameters give a DTensor norm (already over every process's shard).
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             optimizer.step()
             updates += 1
+    if world.sharded:
+        loss_first_epoch = total(world, loss_first_epoch)
+        all_stats, first_epoch, last_update = (
+            [st for part in gather(world, kept) for st in part]
+            for kept in (all_stats, first_epoch, last_update)
+        )
     total_tokens = sum(sum(it.trace.loss_mask) for it in items)
 
     def mean(stats: list[LossStats], field: str) -> float:
         n = sum(s.tokens for s in stats) or 1
         return sum(getattr(s, field) * s.tokens for s in stats) / n
 
-    first_epoch = all_stats[: len(all_stats) // max(1, epochs)] if all_stats else []
     rewards = [r for g in groups for r in g.rewards]
     return StepStats(
         loss=loss_first_epoch / max(total_tokens, 1),

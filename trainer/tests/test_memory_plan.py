@@ -100,9 +100,12 @@ def test_the_estimate_adds_up_term_by_term():
     # CPU attention: 3 fp32 [heads, T, T] score tensors; the runtime measured plus 0.5 GiB.
     assert ckpt["attention"] == 2 * 10 * 10 * 4 * 3
     assert ckpt["runtime"] == 7 + GIB // 2
-    sharded = dict(estimate(shape, Settings("cuda", "bf16", 10, shards=4)).items)
+    sharded = dict(estimate(shape, Settings("cuda", "bf16", 10, shards=4, reference=True)).items)
     assert sharded["weights"] == 1000 and sharded["AdamW state"] == 2000
-    assert sharded["gathered layers"] == 2 * 400 * 2
+    # Two units gathered in fp32, with their bf16 casts; the reference whole; every logit.
+    assert sharded["gathered layers"] == 2 * 400 * (4 + 2)
+    assert sharded["reference model"] == 2000
+    assert sharded["logits"] == 10 * 100 * (16 + 2)
 
 
 def test_a_step_that_cannot_fit_names_the_first_change_that_fits():

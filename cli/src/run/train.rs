@@ -128,7 +128,7 @@ async fn check_memory_plan(config: &Value, programs: &Programs) -> Result<(), Ru
         }
         Some(3) => Err(RunError::Preflight(last.trim().to_string())),
         _ => Err(RunError::Preflight(format!(
-            "the trainer's memory plan failed ({}): {}",
+            "the trainer exited while making its memory plan ({}): {}",
             out.status,
             last.trim()
         ))),

@@ -1,0 +1,121 @@
+"""Data-parallel training over several processes (one per GPU, or several CPU processes with
+gloo in the tests) with PyTorch's own engine: FSDP2 ``fully_shard`` shards parameters,
+gradients and AdamW's state over the processes; each decoder layer is gathered whole only
+while it computes.
+
+Every process runs the same step over the same groups and trains its own share of each
+mini-batch's traces (``World.share``). FSDP's collectives run in every forward and backward
+pass, so every process makes the same number of passes: one with fewer traces makes a pass
+whose loss counts zero (``World.passes``). The loss of each trace keeps its weight in the whole
+mini-batch's token mean, and FSDP's gradient average over the processes is undone by scaling
+each process's loss by their number: the summed gradient equals one process's over the whole
+mini-batch.
+
+Weights leave the shards only whole (``full_state_dict``: a collective every process calls;
+the leader gets the tensors), for a push into vLLM or a checkpoint."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.size > 1
+
+    def share(self, items: list[T]) -> list[T]:
+        """This process's traces of a mini-batch (every ``size``-th, from its rank)."""
+        return items[self.rank :: self.size]
+
+    def passes(self, items: list[T], micro_batch_size: int) -> int:
+        """Micro-batch passes every process makes over ``items``: the most any one needs."""
+        micro = max(micro_batch_size, 1)
+        most = max(len(items[r :: self.size]) for r in range(self.size))
+        return max(-(-most // micro), 1)
+
+
+SINGLE = World()
+
+
+def from_env(device_type: str) -> World:
+    """The world ``torchrun`` describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), joined:
+    NCCL between GPUs, gloo between CPU processes. One process: no process group at all."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return SINGLE
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return World(dist.get_rank(), dist.get_world_size())
+
+
+def shard(model: torch.nn.Module, world: World, device_type: str) -> torch.nn.Module:
+    """FSDP2 over ``world``: each decoder layer its own unit (gathered one at a time), the
+    rest (embeddings, final norm, head) the root's. Parameters stay fp32 (the master copy);
+    bf16 comes from autocast inside the layers, as on one device."""
+    if not world.sharded:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device_type, (world.size,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers to shard")
+    return list(layers)
+
+
+def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
+    """The whole fp32 weights on CPU: on the leader when sharded (the others get ``{}``), as
+    ``model.state_dict()`` otherwise. Every process of a sharded world must call it."""
+    if not world.sharded:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    return full if world.leader else {}
+
+
+def total(world: World, value: float) -> float:
+    """``value`` summed over the processes."""
+    if not world.sharded:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def gather(world: World, obj: T) -> list[T]:
+    """Every process's ``obj``, in rank order."""
+    if not world.sharded:
+        return [obj]
+    out: list = [None] * world.size
+    dist.all_gather_object(out, obj)
+    return out

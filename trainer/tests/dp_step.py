@@ -1,0 +1,84 @@
+"""One GRPO step of a tiny Llama over fixed groups, in this process alone or as one of the
+processes ``torchrun`` starts (gloo, FSDP2): the leader saves the updated weights and the
+step's figures to ``OUT``. ``test_distributed.py`` runs it both ways and compares."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import tiny_llama  # noqa: E402
+
+from floe_trainer.batching import Group  # noqa: E402
+from floe_trainer.distributed import from_env, full_state_dict, shard  # noqa: E402
+from floe_trainer.loss import LossConfig  # noqa: E402
+from floe_trainer.step import train_step  # noqa: E402
+from floe_trainer.wire import parse  # noqa: E402
+
+
+def groups() -> list[Group]:
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for task in range(2):
+        prompt = torch.randint(1, 64, (5 + task,), generator=g).tolist()
+        trajectories, advantages = [], []
+        for sample in range(3):
+            n = 3 + sample + task
+            response = torch.randint(1, 64, (n,), generator=g).tolist()
+            body = {
+                "format": "floe.trajectory/v1",
+                "session": f"s{task}-{sample}",
+                "task": str(task),
+                "group": f"dp/{task}",
+                "sample": sample,
+                "status": "completed",
+                "trainable": True,
+                "reward": sample / 2,
+                "builder": "per_request",
+                "policy_versions": [0],
+                "traces": [
+                    {
+                        "prompt_token_ids": prompt,
+                        "response_token_ids": response,
+                        "loss_mask": [1] * n,
+                        "logprobs": [-1.0 - 0.1 * j for j in range(n)],
+                    }
+                ],
+            }
+            trajectories.append(parse(body))
+            advantages.append(sample - 1.0)
+        out.append(Group(f"dp/{task}", trajectories, advantages))
+    return out
+
+
+def main(out: Path, optimizer_name: str) -> None:
+    torch.set_num_threads(1)
+    world = from_env("cpu")
+    model = shard(tiny_llama(seed=3), world, "cpu")
+    # AdamW as the trainer uses it (large enough a rate for the clip to act), or SGD, whose
+    # update is the gradient itself: the check that the summed gradient is the same.
+    if optimizer_name == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    stats = train_step(
+        model,
+        optimizer,
+        groups(),
+        LossConfig(),
+        micro_batch_size=1,
+        mini_batches=2,
+        epochs=2,
+        world=world,
+    )
+    weights = full_state_dict(model, world)
+    if world.leader:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(weights, out / "weights.pt")
+        (out / "stats.json").write_text(json.dumps({**stats.__dict__, "processes": world.size}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
