@@ -4,9 +4,9 @@ gradients and AdamW's state over the processes; each decoder layer is gathered w
 while it computes.
 
 Every process runs the same step over the same groups and trains its own share of each
-mini-batch's traces (``World.share``). FSDP's collectives run in every forward and backward
+mini-batch's traces (``World.shares``). FSDP's collectives run in every forward and backward
 pass, so every process makes the same number of passes: one with fewer traces makes a pass
-whose loss counts zero (``World.passes``). The loss of each trace keeps its weight in the whole
+whose loss counts zero. The loss of each trace keeps its weight in the whole
 mini-batch's token mean, and FSDP's gradient average over the processes is undone by scaling
 each process's loss by their number: the summed gradient equals one process's over the whole
 mini-batch.
@@ -39,15 +39,9 @@ class World:
     def sharded(self) -> bool:
         return self.size > 1
 
-    def share(self, items: list[T]) -> list[T]:
-        """This process's traces of a mini-batch (every ``size``-th, from its rank)."""
-        return items[self.rank :: self.size]
-
-    def passes(self, items: list[T], micro_batch_size: int) -> int:
-        """Micro-batch passes every process makes over ``items``: the most any one needs."""
-        micro = max(micro_batch_size, 1)
-        most = max(len(items[r :: self.size]) for r in range(self.size))
-        return max(-(-most // micro), 1)
+    def shares(self, items: list[T]) -> list[list[T]]:
+        """Every process's traces of a mini-batch, by rank (every ``size``-th from its own)."""
+        return [items[r :: self.size] for r in range(self.size)]
 
 
 SINGLE = World()

@@ -2,8 +2,10 @@
 device it trains on, from the model's shape and the job's settings, against what the device
 has. A job that cannot fit is refused with one line that names a change that makes it fit.
 
-Every term is bytes on one training device (``P`` parameters, ``T`` tokens in a micro-batch =
-``microBatchSize`` × the longest trace, ``L`` layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
+Every term is bytes on one training device (``P`` parameters, ``T`` tokens in the largest
+forward/backward pass = ``microBatchSize`` traces of vLLM's whole context, or
+``maxTokensPerMicroBatch`` when set (at least one whole trace), ``S`` the context, ``L``
+layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
 
 - weights, gradients and AdamW's two moments: fp32 master state, ``4P + 4P + 8P`` (sharded
   over ``gpus`` when the state is sharded);
@@ -18,9 +20,10 @@ Every term is bytes on one training device (``P`` parameters, ``T`` tokens in a 
   checkpointing only each layer's input ``h`` is kept, plus one whole layer being recomputed;
 - logits: ~4 ``[positions, V]`` fp32 tensors live at the loss's peak (the logits, their gather,
   and both gradients), over at most ``LOGITS_CHUNK`` positions (``policy.token_logprobs``);
-- attention: on CPU, PyTorch's attention keeps ~3 ``[heads, T, T]`` fp32 score tensors while
-  a layer runs (measured: the forward's growth is quadratic in T); on a GPU the fused kernels
-  keep none, but a micro-batch of several traces carries a ``[B, T, T]`` padding mask;
+- attention: on CPU, PyTorch's attention keeps ~3 fp32 ``[heads, S, S]`` score tensors per
+  row while a layer runs (measured: the forward's growth is quadratic in the length), ``T × S
+  × heads × 12`` at most; on a GPU the fused kernels keep none, but a pass of several traces
+  carries a padding mask, ``T × S`` bytes;
 - the runtime: on CPU, what the process holds before the model loads (interpreter, torch,
   transformers: measured, not assumed) plus 0.5 GiB the compute libraries take at the first
   step (thread pools, kernel caches: measured on this machine); on a GPU, 1 GiB for the CUDA
@@ -146,6 +149,8 @@ class Settings:
     # Tokens of the longest trace a step may see (vLLM's context length).
     sequence: int
     micro_batch: int = 1
+    # ``maxTokensPerMicroBatch``: a pass holds at most this many tokens (or one whole trace).
+    max_tokens: int | None = None
     gradient_checkpointing: bool = False
     reference: bool = False
     # Devices the weights, gradients and optimizer state are sharded over.
@@ -153,6 +158,15 @@ class Settings:
     logits_chunk: int = LOGITS_CHUNK
     # CPU: bytes the process holds before the model loads (measured by the caller).
     runtime: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the largest pass: ``micro_batch`` traces of the whole context, or the
+        token budget (never less than one whole trace)."""
+        whole = max(self.micro_batch, 1) * max(self.sequence, 1)
+        if self.max_tokens is None:
+            return whole
+        return max(min(whole, self.max_tokens), self.sequence)
 
 
 @dataclass(frozen=True)
@@ -173,7 +187,7 @@ class Plan:
         return {
             "totalBytes": self.total,
             "items": {what: b for what, b in self.items},
-            "tokensPerMicroBatch": self.settings.micro_batch * self.settings.sequence,
+            "tokensPerMicroBatch": self.settings.tokens,
         }
 
 
@@ -182,7 +196,7 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
     bf16 = s.precision == "bf16"
     shards = max(s.shards, 1)
     value = 2 if bf16 else 4
-    tokens = max(s.micro_batch, 1) * max(s.sequence, 1)
+    tokens = s.tokens
     per_token_layer = (10 * h + 4 * i) * value + (16 * h if bf16 else 0)
     if s.gradient_checkpointing:
         activations = tokens * (shape.layers * h * value + per_token_layer)
@@ -193,11 +207,12 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
         # Sharded, log-probs come from the model's own forward: every position's logits.
         positions = tokens
     logits = positions * shape.vocab * (4 * LOGIT_COPIES + (2 if bf16 else 0))
-    rows, length = max(s.micro_batch, 1), max(s.sequence, 1)
+    # Rows × length² is largest for the longest rows the pass allows: tokens × the context.
+    pairs = tokens * max(s.sequence, 1)
     if s.device == "cpu":
-        attention = rows * shape.heads * length * length * 4 * CPU_SCORE_COPIES
+        attention = pairs * shape.heads * 4 * CPU_SCORE_COPIES
     else:
-        attention = rows * length * length if rows > 1 else 0
+        attention = pairs if tokens > s.sequence else 0
     if shards > 1:
         # FSDP gathers one unit's fp32 weights at a time (and prefetches the next); autocast
         # keeps its bf16 casts of them.
@@ -267,6 +282,9 @@ def _knobs(s: Settings) -> list[tuple[str, dict]]:
     knobs: list[tuple[str, dict]] = []
     if not s.gradient_checkpointing:
         knobs.append(("grpo.gradientCheckpointing: true", {"gradient_checkpointing": True}))
+    if s.micro_batch > 1 and s.max_tokens is None:
+        # Short traces still packed several a pass; a long one alone.
+        knobs.append((f"grpo.maxTokensPerMicroBatch: {s.sequence}", {"max_tokens": s.sequence}))
     if s.micro_batch > 1:
         knobs.append((f"grpo.microBatchSize: 1 (now {s.micro_batch})", {"micro_batch": 1}))
     if s.reference:
@@ -337,6 +355,7 @@ def plan_for(
     gradient_checkpointing: bool,
     reference: bool,
     runtime: int,
+    max_tokens: int | None = None,
 ) -> tuple[ModelShape, Settings] | None:
     """The shape and settings a trainer config plans for; ``None`` when the model is not a
     directory with a ``config.json`` here (a hub name: nothing to read before loading it)."""
@@ -354,6 +373,7 @@ def plan_for(
         gradient_checkpointing=gradient_checkpointing,
         reference=reference,
         runtime=runtime,
+        max_tokens=max_tokens,
     )
 
 
@@ -369,6 +389,7 @@ def review(
     gradient_checkpointing: bool,
     reference: bool,
     mode: str = "enforce",
+    max_tokens: int | None = None,
 ) -> tuple[Plan, int] | None:
     """A trainer's plan before it loads its model, with the device's capacity: refused
     (``MemoryPlanError``) when it cannot fit and ``mode`` is ``enforce``, logged when ``warn``.
@@ -384,6 +405,7 @@ def review(
         gradient_checkpointing,
         reference,
         resident_bytes(),
+        max_tokens,
     )
     if found is None:
         log.warning("memory plan: %s has no config.json here; not checked", model_dir)

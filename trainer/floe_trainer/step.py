@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -18,6 +19,8 @@ from .loss import LossConfig, LossStats, policy_loss
 from .placement import CPU_FP32, Placement
 from .policy import make_batch, token_logprobs
 from .wire import Trace
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,6 +53,7 @@ def _old_logprobs(
     model: torch.nn.Module,
     items: list[_Item],
     micro: int,
+    max_tokens: int | None,
     pad_id: int,
     placement: Placement,
     world: World,
@@ -58,11 +62,19 @@ def _old_logprobs(
     passes), and they swap them (mini-batches are shuffled after the first epoch, so a
     process later trains traces another one scored)."""
     model.eval()
-    numbered = world.share(list(enumerate(items)))
+
+    def length(pair: tuple[int, _Item]) -> int:
+        return _trace_length(pair[1])
+
+    shares = [
+        micro_batches(share, micro, max_tokens, length)
+        for share in world.shares(list(enumerate(items)))
+    ]
+    mine = shares[world.rank]
     scored: list[tuple[int, torch.Tensor]] = []
     with torch.no_grad():
-        for k in range(world.passes(items, micro)):
-            chunk = numbered[k * micro : (k + 1) * micro]
+        for k in range(max(max(len(b) for b in shares), 1)):
+            chunk = mine[k] if k < len(mine) else []
             traces = [it.trace for _, it in chunk] or [items[0].trace]
             with placement.autocast():
                 logp = token_logprobs(model, make_batch(traces, pad_id).to(placement.device))
@@ -71,6 +83,30 @@ def _old_logprobs(
     for part in gather(world, scored):
         for index, logp in part:
             items[index].logp_old = logp
+
+
+def micro_batches(items: list[T], micro: int, max_tokens: int | None, length) -> list[list[T]]:
+    """Passes over ``items``: ``micro`` a pass; with ``max_tokens``, sorted by ``length`` and
+    packed while rows × the longest row stay within it (a longer trace goes alone)."""
+    micro = max(micro, 1)
+    if max_tokens is None:
+        return [items[k : k + micro] for k in range(0, len(items), micro)]
+    out: list[list[T]] = []
+    longest = 0
+    for it in sorted(items, key=length):
+        n = length(it)
+        current = out[-1] if out else []
+        if current and len(current) < micro and (len(current) + 1) * max(longest, n) <= max_tokens:
+            current.append(it)
+            longest = max(longest, n)
+        else:
+            out.append([it])
+            longest = n
+    return out
+
+
+def _trace_length(it: _Item) -> int:
+    return len(it.trace.prompt_token_ids) + len(it.trace.response_token_ids)
 
 
 def _padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
@@ -100,6 +136,7 @@ def train_step(
     epochs: int = 1,
     seed: int = 0,
     world: World = SINGLE,
+    max_tokens_per_micro_batch: int | None = None,
 ) -> StepStats:
     """``reference``: the frozen policy the KL term (``cfg.kl_coef``) pulls towards;
     ``seed``: the order of the mini-batches after the first epoch; ``world``: the processes
@@ -115,7 +152,9 @@ def train_step(
     # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
     on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, len(items))) == 1
     if not on_policy:
-        _old_logprobs(model, items, micro_batch_size, pad_id, placement, world)
+        _old_logprobs(
+            model, items, micro_batch_size, max_tokens_per_micro_batch, pad_id, placement, world
+        )
     model.train()
     rng = random.Random(seed)
     all_stats: list[LossStats] = []
@@ -129,11 +168,15 @@ def train_step(
             rng.shuffle(order)
         for mini in _split(order, mini_batches):
             mini_tokens = sum(sum(it.trace.loss_mask) for it in mini)
-            mine = world.share(mini)
+            shares = [
+                micro_batches(share, micro, max_tokens_per_micro_batch, _trace_length)
+                for share in world.shares(mini)
+            ]
+            mine = shares[world.rank]
             optimizer.zero_grad(set_to_none=True)
             last_update = []
-            for k in range(world.passes(mini, micro)):
-                chunk = mine[k * micro : (k + 1) * micro]
+            for k in range(max(max(len(b) for b in shares), 1)):
+                chunk = mine[k] if k < len(mine) else []
                 # A process with no trace left still makes the pass (FSDP's collectives run
                 # in every forward and backward), with a loss that counts zero.
                 idle = not chunk

@@ -52,6 +52,8 @@ class TrainerConfig:
     loss_aggregation: str = "TokenMean"
     groups_per_step: int = 8
     micro_batch_size: int = 4
+    # Tokens a forward/backward pass may hold (traces packed by length); None: a count only.
+    max_tokens_per_micro_batch: int | None = None
     max_grad_norm: float = 1.0
     min_group_fraction: float = 1.0
     group_grace_seconds: float = 300.0
@@ -115,6 +117,7 @@ class TrainerConfig:
             ("loss_aggregation", "lossAggregation", str),
             ("groups_per_step", "groupsPerStep", int),
             ("micro_batch_size", "microBatchSize", int),
+            ("max_tokens_per_micro_batch", "maxTokensPerMicroBatch", int),
             ("max_grad_norm", "maxGradNorm", float),
             ("min_group_fraction", "minGroupFraction", float),
             ("group_grace_seconds", "groupGraceSeconds", float),
@@ -169,6 +172,7 @@ def review_memory(cfg: TrainerConfig, model_dir: Path) -> dict | None:
         cfg.gradient_checkpointing,
         cfg.kl_coef > 0,
         cfg.memory_plan,
+        cfg.max_tokens_per_micro_batch,
     )
     if reviewed is None:
         return None
@@ -312,6 +316,7 @@ class Trainer:
             mini_batches=self.cfg.mini_batches,
             epochs=self.cfg.ppo_epochs,
             seed=self.state.step,
+            max_tokens_per_micro_batch=self.cfg.max_tokens_per_micro_batch,
         )
         t1 = time.monotonic()
         s = self.state

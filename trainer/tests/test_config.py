@@ -12,13 +12,25 @@ def test_the_operator_config_maps_to_the_trainer_config():
             "numSamples": 8,
             "passThreshold": 0.5,
             "maxStaleness": 2,
-            "grpo": {"learningRate": 3e-6, "advantage": "LeaveOneOut", "groupsPerStep": 4},
+            "grpo": {
+                "learningRate": 3e-6,
+                "advantage": "LeaveOneOut",
+                "groupsPerStep": 4,
+                "maxTokensPerMicroBatch": 32768,
+            },
             "checkpoint": {"dir": "/checkpoints", "everySteps": 10, "keep": 2},
             "ingestDir": "/checkpoints/ingest",
+            "maxSequenceTokens": 16384,
+            "memoryPlan": "Warn",
         },
         Path("/tmp/s"),
     )
     assert c.ingest_dir == Path("/checkpoints/ingest")
+    assert (c.max_tokens_per_micro_batch, c.max_sequence_tokens, c.memory_plan) == (
+        32768,
+        16384,
+        "warn",
+    )
     assert (c.num_samples, c.learning_rate, c.advantage, c.groups_per_step) == (
         8,
         3e-6,

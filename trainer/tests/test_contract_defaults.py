@@ -19,6 +19,7 @@ GRPO = {
     "lossAggregation": ("loss_aggregation", str),
     "groupsPerStep": ("groups_per_step", int),
     "microBatchSize": ("micro_batch_size", int),
+    "maxTokensPerMicroBatch": ("max_tokens_per_micro_batch", int),
     "maxGradNorm": ("max_grad_norm", float),
     "minGroupFraction": ("min_group_fraction", float),
     "groupGraceSeconds": ("group_grace_seconds", float),
@@ -44,6 +45,9 @@ def test_every_grpo_default_of_the_crd_is_the_trainers():
     assert set(grpo) == set(GRPO), "a grpo field the trainer does not read, or one it lost"
     left_out = TrainerConfig.from_operator({"model": "m", "numSamples": 2}, Path("/tmp"))
     for field, (attr, spell) in GRPO.items():
+        if "default" not in grpo[field]:
+            assert getattr(left_out, attr) is None, f"{field}: unset in the CRD, so in the trainer"
+            continue
         assert getattr(left_out, attr) == spell(grpo[field]["default"]), field
 
 

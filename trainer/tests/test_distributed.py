@@ -15,14 +15,11 @@ from floe_trainer.distributed import World
 HERE = Path(__file__).resolve().parent
 
 
-def test_each_process_takes_every_nth_trace_and_all_make_the_same_passes():
+def test_each_process_takes_every_nth_trace():
     items = list(range(5))
-    assert World(0, 2).share(items) == [0, 2, 4] and World(1, 2).share(items) == [1, 3]
-    # Rank 0 needs 2 passes of 2 and rank 1 one: both make 2 (rank 1's second is idle).
-    assert World(1, 2).passes(items, 2) == 2
-    assert World(0, 1).passes(items, 2) == 3
-    assert World(2, 8).passes(items, 4) == 1  # ranks 5-7 have none: still one pass
-    assert World().share(items) == items and not World().sharded
+    assert World(0, 2).shares(items) == [[0, 2, 4], [1, 3]]
+    assert World(3, 8).shares(items)[5:] == [[], [], []]  # ranks with none still take part
+    assert World().shares(items) == [items] and not World().sharded
 
 
 def run_step(out: Path, optimizer: str, processes: int) -> tuple[dict, dict]:

@@ -118,14 +118,29 @@ def test_a_step_that_cannot_fit_names_the_first_change_that_fits():
     assert line.startswith("memory plan: a training step needs ")
     assert "on each GPU, which has 79.1 GiB" in line
     assert line.endswith("GiB)") and ": set grpo.gradientCheckpointing: true (" in line
-    # With eight traces a micro-batch, checkpointing alone is not enough: one trace is.
-    with pytest.raises(MemoryPlanError, match="set grpo.microBatchSize: 1 \\(now 8\\) \\("):
+    # With eight traces a pass, checkpointing alone is not enough: a pass of one context's
+    # tokens is (short traces still packed together).
+    with pytest.raises(MemoryPlanError, match="set grpo.maxTokensPerMicroBatch: 16384 \\("):
         check(
             shape,
             Settings("cuda", "bf16", 16384, micro_batch=8, gradient_checkpointing=True),
             H100,
             "GPU",
         )
+
+
+def test_a_token_budget_bounds_the_pass_but_never_below_one_whole_trace():
+    shape = ModelShape.from_config(QWEN3_1_7B)
+    whole = Settings("cuda", "bf16", 16384, micro_batch=8)
+    assert whole.tokens == 8 * 16384
+    budget = Settings("cuda", "bf16", 16384, micro_batch=8, max_tokens=32768)
+    assert budget.tokens == 32768
+    assert Settings("cuda", "bf16", 16384, micro_batch=8, max_tokens=1000).tokens == 16384
+    a, b = dict(estimate(shape, whole).items), dict(estimate(shape, budget).items)
+    assert b["activations"] * 4 == a["activations"]
+    # A pass of several traces carries their padding mask: tokens × context bytes.
+    assert b["attention"] == 32768 * 16384
+    assert estimate(shape, budget).as_json()["tokensPerMicroBatch"] == 32768
 
 
 def test_a_model_too_big_for_the_device_is_refused_whatever_the_settings():
@@ -146,11 +161,13 @@ def test_the_train_example_fits_the_gpu_it_names():
         "bf16",
         sequence,
         micro_batch=grpo.get("microBatchSize", 4),
+        max_tokens=grpo.get("maxTokensPerMicroBatch"),
         gradient_checkpointing=grpo.get("gradientCheckpointing", False),
         reference=grpo.get("klCoef", 0) > 0,
     )
     plan = check(ModelShape.from_config(QWEN3_1_7B), s, H100, "GPU")
     assert plan.total < 0.9 * H100
+    assert round(plan.total / GIB, 1) == 48.0  # the figure the example's header gives
 
 
 def test_serve_refuses_a_step_that_cannot_fit_before_loading_the_model(tmp_path):

@@ -61,3 +61,17 @@ def test_the_first_updates_loss_is_the_on_policy_loss(epochs):
     # The reported loss is the first epoch's: comparable across steps whatever the epochs.
     a, b = step(1, 1, lr=0.0), step(1, epochs, lr=0.0)
     assert a.loss == pytest.approx(b.loss, abs=1e-9)
+
+
+def test_micro_batches_hold_a_count_or_pack_by_tokens_with_long_traces_alone():
+    from floe_trainer.step import micro_batches
+
+    lengths = [5, 40, 7, 12, 100, 3]
+    assert micro_batches(lengths, 4, None, int) == [[5, 40, 7, 12], [100, 3]]
+    # Sorted by length; rows × the longest row stay within 30 tokens; at most 4 rows.
+    packed = micro_batches(lengths, 4, 30, int)
+    assert packed == [[3, 5, 7], [12], [40], [100]]
+    for batch in packed:
+        assert len(batch) == 1 or len(batch) * max(batch) <= 30
+    assert micro_batches(lengths, 2, 1000, int) == [[3, 5], [7, 12], [40, 100]]
+    assert micro_batches([], 4, 30, int) == []

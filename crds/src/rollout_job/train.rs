@@ -201,6 +201,15 @@ pub struct GrpoSpec {
     #[serde(default = "default_micro_batch")]
     #[schemars(range(min = 1, max = 4096))]
     pub micro_batch_size: i32,
+    /// At most this many tokens (traces × the longest one's length, padding included) in a
+    /// forward/backward pass: short traces are packed up to `microBatchSize` a pass, a long
+    /// one goes alone. Traces are sorted by length within a mini-batch first. Unset: every
+    /// pass holds `microBatchSize` traces. The memory plan is made for this many tokens (or
+    /// one trace of vLLM's context length, if longer) instead of `microBatchSize` traces of
+    /// the whole context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_tokens_per_micro_batch: Option<i64>,
     /// Optimizer updates per pass over a step's rollout batch. The batch's old log-probs are
     /// taken once before the first update, so from the second update on the PPO ratio moves
     /// away from 1 and the clip (`epsilonLow`/`epsilonHigh`) bounds each update.
@@ -249,6 +258,7 @@ impl Default for GrpoSpec {
             loss_aggregation: LossAggregation::default(),
             groups_per_step: default_groups_per_step(),
             micro_batch_size: default_micro_batch(),
+            max_tokens_per_micro_batch: None,
             mini_batches: 1,
             ppo_epochs: 1,
             max_grad_norm: default_max_grad_norm(),
