@@ -32,13 +32,16 @@ def latest(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save(directory: Path, model, optimizer: torch.optim.Optimizer, state: State, keep: int) -> Path:
+def save(
+    directory: Path, model, weights: dict, optimizer_state: dict, state: State, keep: int
+) -> Path:
+    """``weights`` and ``optimizer_state``: whole state dicts (gathered, when sharded)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"ckpt-{state.step}"
     tmp = directory / f".ckpt-{state.step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    torch.save(optimizer_state, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps(state.__dict__))
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
@@ -70,14 +73,14 @@ SERVING_FILES = (
 )
 
 
-def save_model(final: Path, model, base: Path) -> Path:
+def save_model(final: Path, model, weights: dict, base: Path) -> Path:
     """A model directory vLLM (or ``from_pretrained``) serves as it is: the weights and config
     of ``model``, the tokenizer and chat template of the ``base`` model it was trained from.
     Written beside and renamed, so it is whole or absent."""
     tmp = final.parent / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     final.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     for name in SERVING_FILES:
         if (base / name).is_file() and not (tmp / name).exists():
             shutil.copy(base / name, tmp / name)

@@ -14,9 +14,11 @@ import sys
 import threading
 from pathlib import Path
 
+from .distributed import from_env
 from .ingest import make_server
 from .memory_plan import MemoryPlanError
-from .trainer import Trainer, TrainerConfig, review_memory
+from .placement import resolve
+from .trainer import Trainer, TrainerConfig, check_processes, follow, review_memory
 
 log = logging.getLogger("floe_trainer")
 
@@ -42,10 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = Path(getattr(args, "state_dir", "/tmp/floe-trainer"))
     try:
         cfg = TrainerConfig.from_operator(conf, state_dir)
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
         if args.command == "plan":
-            print(json.dumps(review_memory(cfg, Path(cfg.model))))
+            # Planned for the processes the job will start (``floe run`` asks before).
+            processes = cfg.gpus if cfg.gpus and cfg.gpus > 1 else processes
+            print(json.dumps(review_memory(cfg, Path(cfg.model), processes)))
             return 0
-        trainer = Trainer(cfg)
+        check_processes(cfg, processes)
+        world = from_env(resolve(cfg.device, cfg.precision).device.type)
+        if not world.leader:
+            # Stopped by the leader only: torchrun passes a pod's SIGTERM to every process,
+            # and the leader's last checkpoint needs them all.
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
+            return follow(cfg, world)
+        trainer = Trainer(cfg, world)
     except MemoryPlanError as e:
         refuse(str(e))
         return 3
@@ -89,6 +102,7 @@ def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
         trainer.check_policy_server()
         stats = trainer.run_once()
         if stats is None:
+            trainer.heartbeat()
             if trainer.finished and not finished_logged:
                 log.info("finished; final checkpoint %s", trainer.final_checkpoint)
                 finished_logged = True
@@ -107,6 +121,7 @@ def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
     # Stopped (SIGTERM: a pod deleted, `floe run` interrupted): steps since the last periodic
     # checkpoint are kept, so a restart need not train their trajectories again.
     trainer.save_checkpoint()
+    trainer.stop_followers()
     return 0
 
 

@@ -16,6 +16,7 @@ the leader gets the tensors), for a push into vLLM or a checkpoint."""
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import TypeVar
@@ -46,6 +47,10 @@ class World:
 
 SINGLE = World()
 
+# How often an idle leader tells the other processes it is still there (they wait for its
+# next order in a collective, which times out).
+HEARTBEAT_SECONDS = 60.0
+
 
 def from_env(device_type: str) -> World:
     """The world ``torchrun`` describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), joined:
@@ -56,7 +61,11 @@ def from_env(device_type: str) -> World:
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        # A step, a checkpoint or a gather of a large model may take long; the leader's
+        # heartbeat (``HEARTBEAT_SECONDS``) keeps the followers' waits for orders short.
+        dist.init_process_group(
+            "nccl" if device_type == "cuda" else "gloo", timeout=datetime.timedelta(hours=2)
+        )
     return World(dist.get_rank(), dist.get_world_size())
 
 
@@ -113,3 +122,54 @@ def gather(world: World, obj: T) -> list[T]:
     out: list = [None] * world.size
     dist.all_gather_object(out, obj)
     return out
+
+
+def agree(world: World, obj: T) -> T:
+    """The leader's ``obj``, on every process."""
+    if not world.sharded:
+        return obj
+    box = [obj if world.leader else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def tell(world: World, *command) -> None:
+    """The leader says what every process does next (``follow``'s loop receives it)."""
+    if world.sharded:
+        agree(world, command)
+
+
+def full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: World
+) -> dict:
+    """AdamW's whole state (parameter names as keys when sharded: the leader gets it, the
+    others ``{}``); ``optimizer.state_dict()`` on one process. A collective when sharded."""
+    if not world.sharded:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    full = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    return full if world.leader else {}
+
+
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, world: World
+) -> None:
+    """The inverse of ``full_optimizer_state`` (every process passes the whole state it read
+    from the checkpoint; each keeps its shard)."""
+    if not world.sharded:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    set_optimizer_state_dict(
+        model, optimizer, state, options=StateDictOptions(full_state_dict=True)
+    )

@@ -294,19 +294,26 @@ def _knobs(s: Settings) -> list[tuple[str, dict]]:
     return knobs
 
 
+def _combinable(s: Settings) -> list[tuple[str, dict]]:
+    knobs = _knobs(s)
+    if any("micro_batch" in change for _, change in knobs):
+        # One trace a pass: a token budget adds nothing.
+        knobs = [(w, c) for w, c in knobs if "max_tokens" not in c]
+    return knobs
+
+
 def _all_knobs(s: Settings) -> tuple[Settings, list[str]]:
     together, names = s, []
-    for what, change in _knobs(s):
+    for what, change in _combinable(s):
         together, names = replace(together, **change), [*names, what]
     return together, names
 
 
 def _changes(s: Settings) -> list[tuple[str, Settings]]:
     """Single changes first, then the same ones together (the context is left as it is)."""
-    knobs = _knobs(s)
-    out = [(f"set {what}", replace(s, **change)) for what, change in knobs]
+    out = [(f"set {what}", replace(s, **change)) for what, change in _knobs(s)]
     together, names = s, []
-    for what, change in knobs:
+    for what, change in _combinable(s):
         together, names = replace(together, **change), [*names, what]
         if len(names) > 1:
             out.append(("set " + " and ".join(names), together))
@@ -356,6 +363,7 @@ def plan_for(
     reference: bool,
     runtime: int,
     max_tokens: int | None = None,
+    shards: int = 1,
 ) -> tuple[ModelShape, Settings] | None:
     """The shape and settings a trainer config plans for; ``None`` when the model is not a
     directory with a ``config.json`` here (a hub name: nothing to read before loading it)."""
@@ -374,6 +382,7 @@ def plan_for(
         reference=reference,
         runtime=runtime,
         max_tokens=max_tokens,
+        shards=shards,
     )
 
 
@@ -390,6 +399,7 @@ def review(
     reference: bool,
     mode: str = "enforce",
     max_tokens: int | None = None,
+    shards: int = 1,
 ) -> tuple[Plan, int] | None:
     """A trainer's plan before it loads its model, with the device's capacity: refused
     (``MemoryPlanError``) when it cannot fit and ``mode`` is ``enforce``, logged when ``warn``.
@@ -406,6 +416,7 @@ def review(
         reference,
         resident_bytes(),
         max_tokens,
+        shards,
     )
     if found is None:
         log.warning("memory plan: %s has no config.json here; not checked", model_dir)

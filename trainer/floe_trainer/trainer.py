@@ -25,11 +25,22 @@ from transformers import AutoModelForCausalLM
 
 from . import checkpoint, memory_plan
 from .batching import Group, GroupBuffer
+from .distributed import (
+    HEARTBEAT_SECONDS,
+    SINGLE,
+    World,
+    agree,
+    full_optimizer_state,
+    full_state_dict,
+    load_optimizer_state,
+    shard,
+    tell,
+)
 from .ingest import Ingest, Store
 from .loss import LossConfig
 from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
-from .placement import resolve
+from .placement import Placement, resolve
 from .step import StepStats, train_step
 from .vllm_sync import FileWeightSync, served_version, wait_healthy
 from .wire import Trajectory
@@ -81,6 +92,8 @@ class TrainerConfig:
     served_check_seconds: float = 5.0
     # The longest trace a step may see: vLLM's context length (default: the model's).
     max_sequence_tokens: int | None = None
+    # Training GPUs (``train.gpus``): one process each; None when the config does not say.
+    gpus: int | None = None
     # "enforce": a step that cannot fit the device is refused before the model loads;
     # "warn": logged, and the trainer starts anyway.
     memory_plan: str = "enforce"
@@ -134,18 +147,19 @@ class TrainerConfig:
         take("checkpoint_dir", ck, "dir", Path)
         if given.get("kl_coef", 0.0) < 0:
             raise ValueError(f"grpo.klCoef must be >= 0, got {given['kl_coef']}")
-        # train.gpus: 0 trains on CPU, 1 on the pod's GPU. Refused rather than silently using
-        # one GPU of several: data-parallel training is not implemented.
+        # train.gpus: 0 trains on CPU, 1 on the pod's GPU, more on that many processes under
+        # torchrun (``processes``: checked against the processes started, never ignored).
         gpus = c.get("gpus")
-        if gpus is not None and int(gpus) > 1:
-            raise ValueError(f"train.gpus is {gpus}: this trainer trains on one GPU; set 1")
         if gpus is not None:
             given["device"] = "cpu" if int(gpus) == 0 else "cuda"
+            given["gpus"] = int(gpus)
         if given.get("memory_plan", "enforce") not in memory_plan.MODES:
             raise ValueError(f"memoryPlan must be Enforce or Warn, got {c['memoryPlan']!r}")
         weight_sync = given.get("weight_sync", TrainerConfig.weight_sync)
         if weight_sync not in ("file", "nccl"):
             raise ValueError(f"grpo.weightSync must be File or NCCL, got {weight_sync!r}")
+        if weight_sync == "nccl" and given.get("gpus", 1) > 1:
+            raise ValueError("grpo.weightSync NCCL is for one training GPU; use File")
         if weight_sync == "nccl" and given.get("device", TrainerConfig.device) != "cuda":
             raise ValueError(
                 "grpo.weightSync NCCL broadcasts from the trainer's GPU: set train.gpus 1"
@@ -159,7 +173,19 @@ class TrainerConfig:
         )
 
 
-def review_memory(cfg: TrainerConfig, model_dir: Path) -> dict | None:
+def check_processes(cfg: TrainerConfig, started: int) -> None:
+    """``train.gpus`` GPUs are trained on by as many processes: a trainer started otherwise is
+    refused rather than training on fewer GPUs than the job has (CPU training takes any
+    number: the tests run two)."""
+    if cfg.gpus is not None and cfg.gpus >= 1 and started != cfg.gpus:
+        raise ValueError(
+            f"train.gpus is {cfg.gpus} but {started} trainer process(es) started: start one per "
+            f"GPU, torchrun --standalone --nproc-per-node={cfg.gpus} -m floe_trainer.cli serve "
+            "(the operator and floe run do)"
+        )
+
+
+def review_memory(cfg: TrainerConfig, model_dir: Path, processes: int = 1) -> dict | None:
     """The memory plan of ``cfg``'s training step (``memory_plan.review``), as ``/v1/status``
     reports it."""
     placement = resolve(cfg.device, cfg.precision)
@@ -173,6 +199,7 @@ def review_memory(cfg: TrainerConfig, model_dir: Path) -> dict | None:
         cfg.kl_coef > 0,
         cfg.memory_plan,
         cfg.max_tokens_per_micro_batch,
+        processes,
     )
     if reviewed is None:
         return None
@@ -180,8 +207,102 @@ def review_memory(cfg: TrainerConfig, model_dir: Path) -> dict | None:
     return {**plan.as_json(), "capacityBytes": have}
 
 
+@dataclass
+class Policy:
+    """What every process of a trainer holds: the model (sharded over the processes when
+    several), its optimizer, the KL reference and where they compute."""
+
+    placement: Placement
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    reference: torch.nn.Module | None
+    memory_plan: dict | None
+
+
+def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy:
+    placement = resolve(cfg.device, cfg.precision)
+    dev = placement.device
+    # Before the model loads: a step that cannot fit is refused in one line, not an OOM
+    # minutes (or a first long trace) later.
+    plan = review_memory(cfg, Path(resume or cfg.model), world.size)
+    model = AutoModelForCausalLM.from_pretrained(resume or cfg.model, dtype=torch.float32).to(dev)
+    if cfg.gradient_checkpointing:
+        # Activations recomputed in the backward pass: memory for time, on long traces.
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    model = shard(model, world, dev.type)
+    # The reference for the KL term is the policy the job started from, never a checkpoint.
+    reference = None
+    if cfg.kl_coef > 0:
+        ref_dtype = placement.autocast_dtype or torch.float32
+        reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=ref_dtype)
+        reference.to(dev).eval().requires_grad_(False)
+    optimizer = placement.optimizer(model.parameters(), cfg.learning_rate)
+    if resume and (resume / "optimizer.pt").exists():
+        saved = torch.load(resume / "optimizer.pt", map_location=dev)
+        load_optimizer_state(model, optimizer, saved, world)
+    return Policy(placement, model, optimizer, reference, plan)
+
+
+def loss_config(cfg: TrainerConfig) -> LossConfig:
+    return LossConfig(
+        epsilon_low=cfg.epsilon_low,
+        epsilon_high=cfg.epsilon_high,
+        tis_cap=cfg.tis_cap,
+        aggregation=cfg.loss_aggregation,
+        kl_coef=cfg.kl_coef,
+    )
+
+
+def step_options(cfg: TrainerConfig) -> dict:
+    """``train_step``'s settings from ``cfg`` (the same on every process)."""
+    return {
+        "micro_batch_size": cfg.micro_batch_size,
+        "max_grad_norm": cfg.max_grad_norm,
+        "mini_batches": cfg.mini_batches,
+        "epochs": cfg.ppo_epochs,
+        "max_tokens_per_micro_batch": cfg.max_tokens_per_micro_batch,
+    }
+
+
+def follow(cfg: TrainerConfig, world: World) -> int:
+    """A process other than the leader: the same policy, sharded; then, until told to stop,
+    the steps, weight gathers and checkpoints the leader says, in its order."""
+    ckpt_dir = cfg.checkpoint_dir or cfg.state_dir / "checkpoints"
+    resume = agree(world, checkpoint.latest(ckpt_dir))
+    policy = load_policy(cfg, world, resume)
+    loss_cfg = loss_config(cfg)
+    while True:
+        command = agree(world, None)
+        what = command[0]
+        if what == "step":
+            _, groups, seed = command
+            train_step(
+                policy.model,
+                policy.optimizer,
+                groups,
+                loss_cfg,
+                placement=policy.placement,
+                reference=policy.reference,
+                seed=seed,
+                world=world,
+                **step_options(cfg),
+            )
+        elif what == "weights":
+            full_state_dict(policy.model, world)
+        elif what == "checkpoint":
+            full_state_dict(policy.model, world)
+            full_optimizer_state(policy.model, policy.optimizer, world)
+        elif what == "stop":
+            return 0
+        elif what == "noop":
+            continue
+        else:
+            raise ValueError(f"unknown command from the leader: {what!r}")
+
+
 class Trainer:
-    def __init__(self, cfg: TrainerConfig) -> None:
+    def __init__(self, cfg: TrainerConfig, world: World = SINGLE) -> None:
         self.cfg = cfg
         self.metrics = Metrics()
         self.lock = threading.Lock()
@@ -196,29 +317,18 @@ class Trainer:
             cfg.advantage,
         )
         self.ready: list[Group] = []
-        resume = checkpoint.latest(self.ckpt_dir)
+        resume = agree(world, checkpoint.latest(self.ckpt_dir))
         self.state = checkpoint.load_state(resume) if resume else checkpoint.State()
-        self.placement = resolve(cfg.device, cfg.precision)
-        dev = self.placement.device
-        # Before the model loads: a step that cannot fit is refused in one line, not an OOM
-        # minutes (or a first long trace) later.
-        self.memory_plan = review_memory(cfg, Path(resume or cfg.model))
-        self.model = AutoModelForCausalLM.from_pretrained(
-            resume or cfg.model, dtype=torch.float32
-        ).to(dev)
-        if cfg.gradient_checkpointing:
-            # Activations recomputed in the backward pass: memory for time, on long traces.
-            self.model.gradient_checkpointing_enable()
-            self.model.config.use_cache = False
-        # The reference for the KL term is the policy the job started from, never a checkpoint.
-        self.reference = None
-        if cfg.kl_coef > 0:
-            ref_dtype = self.placement.autocast_dtype or torch.float32
-            self.reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=ref_dtype)
-            self.reference.to(dev).eval().requires_grad_(False)
-        self.optimizer = self.placement.optimizer(self.model.parameters(), cfg.learning_rate)
-        if resume and (resume / "optimizer.pt").exists():
-            self.optimizer.load_state_dict(torch.load(resume / "optimizer.pt", map_location=dev))
+        # The processes that train together (torchrun); this one leads: it serves the ingest
+        # and tells the others each step, push and checkpoint (``follow``).
+        self.world = world
+        self.last_told = time.monotonic()
+        if world.sharded and cfg.weight_sync == "nccl":
+            raise ValueError("grpo.weightSync NCCL is for one training process; use File")
+        policy = load_policy(cfg, world, resume)
+        self.placement, self.model = policy.placement, policy.model
+        self.optimizer, self.reference = policy.optimizer, policy.reference
+        self.memory_plan = policy.memory_plan
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(resume or cfg.model) / "config.json", self.weights_dir / "config.json")
         if resume or cfg.weight_sync == "nccl":
@@ -233,13 +343,7 @@ class Trainer:
         for t in self.store.load():
             if t.session not in trained:
                 self.buffer.add(t, time.time())
-        self.loss_cfg = LossConfig(
-            epsilon_low=cfg.epsilon_low,
-            epsilon_high=cfg.epsilon_high,
-            tis_cap=cfg.tis_cap,
-            aggregation=cfg.loss_aggregation,
-            kl_coef=cfg.kl_coef,
-        )
+        self.loss_cfg = loss_config(cfg)
         self.metrics.progress(self.state.step, self.state.policy_version)
         self.waiting_since = time.monotonic()
         self.finishing = False
@@ -257,13 +361,32 @@ class Trainer:
 
     def _weight_sync(self) -> FileWeightSync | NcclWeightSync:
         if self.cfg.weight_sync != "nccl":
-            return FileWeightSync(self.model, self.cfg.policy_url, self.weights_dir)
+            return FileWeightSync(self.full_weights, self.cfg.policy_url, self.weights_dir)
         return NcclWeightSync(
             self.model,
             self.cfg.policy_url,
             master_port=self.cfg.nccl_port,
             vllm_world_size=self.cfg.vllm_gpus,
         )
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The whole weights (gathered from every process when sharded)."""
+        self._tell("weights")
+        return full_state_dict(self.model, self.world)
+
+    def _tell(self, *command) -> None:
+        tell(self.world, *command)
+        self.last_told = time.monotonic()
+
+    def heartbeat(self, now: float | None = None) -> None:
+        """Called while idle: the other processes hear from the leader at least every
+        ``HEARTBEAT_SECONDS`` (their wait for its next order would time out)."""
+        now = time.monotonic() if now is None else now
+        if self.world.sharded and now - self.last_told >= HEARTBEAT_SECONDS:
+            self._tell("noop")
+
+    def stop_followers(self) -> None:
+        self._tell("stop")
 
     def add(self, t: Trajectory) -> None:
         with self.lock:
@@ -304,19 +427,17 @@ class Trainer:
     def _step(self, groups: list[Group], stale_before: int) -> StepStats:
         waited = time.monotonic() - self.waiting_since
         t0 = time.monotonic()
+        self._tell("step", groups, self.state.step)
         stats = train_step(
             self.model,
             self.optimizer,
             groups,
             self.loss_cfg,
-            self.cfg.micro_batch_size,
-            self.cfg.max_grad_norm,
             placement=self.placement,
             reference=self.reference,
-            mini_batches=self.cfg.mini_batches,
-            epochs=self.cfg.ppo_epochs,
             seed=self.state.step,
-            max_tokens_per_micro_batch=self.cfg.max_tokens_per_micro_batch,
+            world=self.world,
+            **step_options(self.cfg),
         )
         t1 = time.monotonic()
         s = self.state
@@ -373,14 +494,17 @@ class Trainer:
         thread that trains, never while a step runs; the lock stays free for the ingest."""
         if self.state.step == self.checkpointed_step:
             return
+        self._tell("checkpoint")
+        weights = full_state_dict(self.model, self.world)
+        optimizer = full_optimizer_state(self.model, self.optimizer, self.world)
         checkpoint.save(
-            self.ckpt_dir, self.model, self.optimizer, self.state, self.cfg.checkpoint_keep
+            self.ckpt_dir, self.model, weights, optimizer, self.state, self.cfg.checkpoint_keep
         )
         self.checkpointed_step = self.state.step
 
     def _final_checkpoint(self) -> None:
         final = self.cfg.final_dir or self.ckpt_dir / "final"
-        checkpoint.save_model(final, self.model, Path(self.cfg.model))
+        checkpoint.save_model(final, self.model, self.full_weights(), Path(self.cfg.model))
         with self.lock:
             self.final_checkpoint = final
             self.finished = True

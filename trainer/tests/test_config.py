@@ -58,9 +58,21 @@ def test_train_gpus_picks_the_device(gpus, device):
     assert TrainerConfig.from_operator(c, Path("/tmp")).device == device
 
 
-def test_more_than_one_training_gpu_is_refused_not_ignored():
-    with pytest.raises(ValueError, match="one GPU"):
-        TrainerConfig.from_operator({"model": "m", "numSamples": 2, "gpus": 4}, Path("/tmp"))
+def test_training_gpus_need_as_many_processes_never_fewer():
+    from floe_trainer.trainer import check_processes
+
+    c = TrainerConfig.from_operator({"model": "m", "numSamples": 2, "gpus": 4}, Path("/tmp"))
+    assert (c.device, c.gpus) == ("cuda", 4)
+    check_processes(c, 4)
+    with pytest.raises(ValueError, match="train.gpus is 4 but 1 trainer process"):
+        check_processes(c, 1)
+    cpu = TrainerConfig.from_operator({"model": "m", "numSamples": 2, "gpus": 0}, Path("/tmp"))
+    check_processes(cpu, 2)  # CPU training: any number (the tests run two)
+    with pytest.raises(ValueError, match="NCCL is for one training GPU"):
+        TrainerConfig.from_operator(
+            {"model": "m", "numSamples": 2, "gpus": 2, "grpo": {"weightSync": "NCCL"}},
+            Path("/tmp"),
+        )
 
 
 def test_a_negative_kl_coefficient_is_refused():

@@ -5,6 +5,7 @@ that vLLM now serves exactly the trained policy; a completion running across a p
 that serves the base weights again; the end of a job. Needs FLOE_TEST_MODELS (scripts/test.sh
 sets it); never skips."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,10 @@ from floe_trainer.vllm_sync import (
 from floe_trainer.wire import Trace, parse
 
 ROOT = Path(__file__).resolve().parents[2]
+# The served context (serve.sh's --max-model-len), as the operator tells the trainer. Its
+# worst case (two 4K-token traces a pass) needs more memory than a CI machine has; these
+# traces are a few dozen tokens: the plan is made and logged, not enforced.
+PLAN_AS_CI_CAN = {"maxSequenceTokens": 4096, "memoryPlan": "Warn"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +136,7 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     stats = train_step(model, opt, [group], LossConfig(), micro_batch_size=2)
     assert stats.tokens == sum(len(b["traces"][0]["response_token_ids"]) for b in bodies)
     assert stats.logprob_mismatch < 1e-3
-    timing = push(model, url, model_dir, 1)
+    timing = push(model.state_dict, url, model_dir, 1)
     print(
         f"\nweight push: save {timing['save_seconds']:.2f} s,"
         f" paused {timing['paused_seconds']:.2f} s"
@@ -247,6 +252,7 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
         "checkpoint": {"everySteps": 1, "keep": 2},
         # As in the pod with a checkpoint claim: acknowledged trajectories on durable storage.
         "ingestDir": str(tmp_path / "claim/ingest"),
+        **PLAN_AS_CI_CAN,
     }
 
     def start():
@@ -382,3 +388,132 @@ def test_it_learns_a_verifiable_toy_task(served):
     baseline, final, curve = run(url, model_dir, steps=6)
     print("curve:", [round(r, 3) for _, r, _, _ in curve])
     assert final >= baseline + 0.3, (baseline, final, curve)
+
+
+def test_two_processes_train_a_step_vllm_serves_and_resume_from_their_checkpoint(served, tmp_path):
+    """``floe-trainer serve`` under torchrun, 2 CPU processes (gloo, FSDP2): the leader
+    serves the ingest and leads; the step's weights (gathered from both shards) are what one
+    process would have trained, and what vLLM serves after the push; a SIGTERM to torchrun (a
+    pod deleted) leaves a checkpoint both processes wrote, and two new processes resume it."""
+    from safetensors.torch import load_file
+
+    from floe_trainer.batching import GroupBuffer
+    from floe_trainer.trainer import TrainerConfig, loss_config, step_options
+
+    url, model_dir = served
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Name a tree."}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = {
+        "model": str(model_dir),
+        "policyUrl": url,
+        "numSamples": 4,
+        "gpus": 0,
+        "ingestListen": f"127.0.0.1:{port}",
+        "grpo": {
+            "groupsPerStep": 1,
+            "learningRate": 1e-5,
+            "microBatchSize": 1,
+            "miniBatches": 2,
+        },
+        "checkpoint": {"everySteps": 100, "keep": 2},
+        **PLAN_AS_CI_CAN,
+    }
+    state = tmp_path / "state"
+    ingest = f"http://127.0.0.1:{port}"
+
+    def start():
+        log = open(tmp_path / "trainer.log", "a")  # noqa: SIM115 (as long as the processes)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            + ["--nproc-per-node=2", "-m", "floe_trainer.cli", "serve", "--state-dir", str(state)],
+            env={
+                **os.environ,
+                "FLOE_TRAINER_CONFIG": json.dumps(conf),
+                "PYTHONPATH": os.pathsep.join([str(ROOT / "trainer"), *sys.path]),
+                "OMP_NUM_THREADS": "1",
+            },
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"{ingest}/healthz", timeout=2)
+                return proc
+            except OSError:
+                log_tail = (tmp_path / "trainer.log").read_text()[-4000:]
+                assert proc.poll() is None, log_tail
+                assert time.monotonic() < deadline, log_tail
+                time.sleep(1)
+
+    def status():
+        return json.loads(urllib.request.urlopen(f"{ingest}/v1/status", timeout=10).read())
+
+    def stop(proc):
+        proc.send_signal(signal.SIGTERM)  # what the kubelet sends the container's PID 1
+        try:
+            proc.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    bodies = group_bodies(url, prompt, "tree")
+    proc = start()
+    try:
+        for body in bodies:
+            assert post_json(f"{ingest}/v1/trajectories", body) == 200
+        deadline = time.monotonic() + 300
+        while status()["step"] < 1:
+            assert proc.poll() is None, (tmp_path / "trainer.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, "no step in 300 s"
+            time.sleep(1)
+        assert status()["policyVersion"] == 1 and served_version(url) == 1
+        assert status()["memoryPlan"]["items"]["gathered layers"] > 0, "planned as sharded"
+        stop(proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    # The same step in this one process.
+    cfg = TrainerConfig.from_operator(conf, tmp_path / "unused")
+    buffer = GroupBuffer(num_samples=4)
+    for body in bodies:
+        buffer.add(parse(body), now=0)
+    [group] = buffer.take_ready(now=0, policy_version=0)
+    start_weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    train_step(model, opt, [group], loss_config(cfg), seed=0, **step_options(cfg))
+    pushed = load_file(str(state / "weights/model.safetensors"))
+    mine = model.state_dict()
+    base = start_weights.state_dict()
+    diff = sum(float(((pushed[k] - base[k]) - (mine[k] - base[k])).pow(2).sum()) for k in mine)
+    norm = sum(float((mine[k] - base[k]).pow(2).sum()) for k in mine)
+    assert norm > 0 and (diff / norm) ** 0.5 <= 1e-3, (diff / norm) ** 0.5
+    probe = prompt + [28, 29, 30]
+    served_lp = prompt_logprobs(url, "policy", probe)[-3:]
+    with torch.no_grad():
+        ours = token_logprobs(
+            model, make_batch([Trace(prompt, [28, 29, 30], [1] * 3, [None] * 3)])
+        )[0].tolist()
+    assert max(abs(a - b) for a, b in zip(served_lp, ours, strict=True)) < 2e-3
+
+    # Stopped: the checkpoint both processes gathered (weights and AdamW state), then resumed.
+    ckpt = state / "checkpoints/ckpt-1"
+    assert (ckpt / "optimizer.pt").exists() and (ckpt / "model.safetensors").exists()
+    proc = start()
+    try:
+        now = status()
+        assert (now["step"], now["policyVersion"], now["resumedFromStep"]) == (1, 1, 1)
+        assert served_version(url) == 1
+        stop(proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

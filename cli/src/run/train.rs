@@ -260,7 +260,8 @@ impl Training {
                     // Attached to a running vLLM: the trainer pushes into that one.
                     config["policyUrl"] = Value::String(vllm_url.clone());
                 }
-                me.start_trainer(&config, &layout, programs, &dir).await?;
+                me.start_trainer(train, &config, &layout, programs, &dir)
+                    .await?;
                 format!("http://{}", layout.ingest_listen)
             }
         };
@@ -345,14 +346,20 @@ impl Training {
 
     async fn start_trainer(
         &mut self,
+        train: &floe_crds::rollout_job::TrainSpec,
         config: &Value,
         layout: &Layout,
         programs: &Programs,
         dir: &Path,
     ) -> Result<(), RunError> {
         let state = dir.join("state");
-        let mut cmd = trainer_command(programs);
-        cmd.arg("serve").arg("--state-dir").arg(&state);
+        let python = programs
+            .trainer_python
+            .as_ref()
+            .map(|p| p.display().to_string());
+        let line = trainer_launch::trainer_command(train, python.as_deref());
+        let mut cmd = Command::new(&line[0]);
+        cmd.args(&line[1..]).arg("--state-dir").arg(&state);
         let token = || hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));
         let (control, ingest) = (token(), token());
         cmd.env("FLOE_TRAINER_CONFIG", config.to_string())

@@ -23,10 +23,11 @@ pub struct TrainSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub model_claim_name: Option<String>,
-    /// GPUs for training (`nvidia.com/gpu`): 0 trains on CPU, 1 on a GPU. Data-parallel
-    /// training over several GPUs is not implemented yet.
+    /// GPUs for training (`nvidia.com/gpu`): 0 trains on CPU, 1 on a GPU; more starts one
+    /// trainer process per GPU under `torchrun` (FSDP2: parameters, gradients and AdamW state
+    /// sharded over them), all in the trainer pod.
     #[serde(default = "default_one")]
-    #[schemars(range(min = 0, max = 1))]
+    #[schemars(range(min = 0, max = 8))]
     pub gpus: i32,
     /// The vLLM server in the trainer pod.
     #[serde(default)]

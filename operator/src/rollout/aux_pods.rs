@@ -238,6 +238,7 @@ pub fn trainer(
     let config =
         trainer_launch::trainer_config(&job.name_any(), job.namespace(), &job.spec, train, &layout)
             .to_string();
+    let trainer_command = trainer_launch::trainer_command(train, None);
     let control = trainer_control_secret(&job.name_any());
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -275,7 +276,8 @@ pub fn trainer(
                     "securityContext": restricted(),
                 },
                 {
-                    "name": "trainer", "image": train.image, "command": ["floe-trainer"], "args": ["serve"],
+                    "name": "trainer", "image": train.image,
+                    "command": &trainer_command[..1], "args": &trainer_command[1..],
                     "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config},
                             {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR},
                             {"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
@@ -468,6 +470,31 @@ mod tests {
     }
 
     #[test]
+    fn several_training_gpus_get_one_trainer_process_each() -> Result<(), serde_json::Error> {
+        let j = job(json!({"train": {"image": "floe-trainer:1", "model": "m", "gpus": 4}}));
+        let aux = trainer(&j, "floe:1")?.expect("train has a trainer");
+        let pod = serde_json::to_value(&aux.pod)?;
+        let trainer = &container(&pod, "trainer");
+        assert_eq!(trainer["resources"]["limits"]["nvidia.com/gpu"], "4");
+        assert_eq!(trainer["command"], json!(["torchrun"]));
+        assert_eq!(
+            trainer["args"],
+            json!([
+                "--standalone",
+                "--nproc-per-node=4",
+                "-m",
+                "floe_trainer.cli",
+                "serve"
+            ])
+        );
+        // The processes exchange shards through shared memory: /dev/shm is memory-backed.
+        assert!(trainer["volumeMounts"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|v| v["mountPath"] == "/dev/shm")));
+        Ok(())
+    }
+
+    #[test]
     fn train_gets_vllm_and_the_trainer_with_gpus_and_a_tool_parser() -> Result<(), serde_json::Error>
     {
         let j = job(
@@ -504,6 +531,8 @@ mod tests {
             .any(|w| w == ["--tensor-parallel-size", "2"]));
         let trainer = &container(&pod, "trainer");
         assert_eq!(trainer["resources"]["limits"]["nvidia.com/gpu"], "1");
+        assert_eq!(trainer["command"], json!(["floe-trainer"]));
+        assert_eq!(trainer["args"], json!(["serve"]));
         assert_eq!(
             pod["spec"]["terminationGracePeriodSeconds"], TRAINER_STOP_GRACE_SECONDS,
             "time for the last checkpoint"

@@ -106,6 +106,31 @@ fn parse_length(v: &str) -> Option<u64> {
     digits.parse::<u64>().ok().map(|n| n.saturating_mul(unit))
 }
 
+/// The trainer's command line after its program: `floe-trainer serve` for one process, or
+/// `torchrun` starting one process per training GPU (they shard the model with FSDP2; the
+/// first serves the ingest and leads). `python` runs the module of that Python instead of
+/// the installed entry points (`floe run --trainer-python`).
+pub fn trainer_command(train: &TrainSpec, python: Option<&str>) -> Vec<String> {
+    let mut cmd: Vec<String> = Vec::new();
+    let sharded = train.gpus > 1;
+    match (python, sharded) {
+        (Some(py), true) => cmd.extend([py.into(), "-m".into(), "torch.distributed.run".into()]),
+        (None, true) => cmd.push("torchrun".into()),
+        (Some(py), false) => cmd.extend([py.into(), "-m".into(), "floe_trainer.cli".into()]),
+        (None, false) => cmd.push("floe-trainer".into()),
+    }
+    if sharded {
+        cmd.extend([
+            "--standalone".into(),
+            format!("--nproc-per-node={}", train.gpus),
+            "-m".into(),
+            "floe_trainer.cli".into(),
+        ]);
+    }
+    cmd.push("serve".into());
+    cmd
+}
+
 /// `floe policy-proxy`'s arguments: the only door from the gateways to vLLM.
 pub fn policy_proxy_args(listen: &str, layout: &Layout) -> Vec<String> {
     vec![
@@ -219,6 +244,31 @@ mod tests {
         let c = trainer_config("j", None, &spec, &t, &layout());
         assert_eq!(c["maxSequenceTokens"], 16384);
         assert_eq!(c["memoryPlan"], "Warn");
+    }
+
+    #[test]
+    fn several_training_gpus_start_one_process_each_under_torchrun() {
+        let one = train(json!({"image": "i", "model": "m"}));
+        assert_eq!(trainer_command(&one, None), ["floe-trainer", "serve"]);
+        assert_eq!(
+            trainer_command(&one, Some("/py")),
+            ["/py", "-m", "floe_trainer.cli", "serve"]
+        );
+        let four = train(json!({"image": "i", "model": "m", "gpus": 4}));
+        let torchrun = [
+            "--standalone",
+            "--nproc-per-node=4",
+            "-m",
+            "floe_trainer.cli",
+            "serve",
+        ];
+        assert_eq!(trainer_command(&four, None)[0], "torchrun");
+        assert_eq!(trainer_command(&four, None)[1..], torchrun);
+        assert_eq!(
+            trainer_command(&four, Some("/py"))[..3],
+            ["/py", "-m", "torch.distributed.run"]
+        );
+        assert_eq!(trainer_command(&four, Some("/py"))[3..], torchrun);
     }
 
     #[test]
