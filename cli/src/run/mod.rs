@@ -23,6 +23,7 @@ mod resume;
 mod sandboxing;
 mod signals;
 mod train;
+mod train_plan;
 
 pub use signals::watchdog;
 

@@ -80,61 +80,6 @@ fn model_dir(plan: &Plan, job_file: &Path) -> Result<PathBuf, RunError> {
     std::fs::canonicalize(&dir).map_err(|e| RunError::Preflight(format!("{}: {e}", dir.display())))
 }
 
-/// `floe-trainer`, or the module in the Python given.
-fn trainer_command(programs: &Programs) -> Command {
-    match &programs.trainer_python {
-        Some(py) => {
-            let mut c = Command::new(py);
-            c.args(["-m", "floe_trainer.cli"]);
-            c
-        }
-        None => Command::new("floe-trainer"),
-    }
-}
-
-/// `floe-trainer plan`: the trainer's memory plan for this config, made without loading the
-/// model. A step that cannot fit (exit 3) fails the run before any process starts, with the
-/// trainer's one line; `memoryPlan: Warn` lets it through with that line in the trainer's log.
-async fn check_memory_plan(config: &Value, programs: &Programs) -> Result<(), RunError> {
-    let out = trainer_command(programs)
-        .arg("plan")
-        .env("FLOE_TRAINER_CONFIG", config.to_string())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| RunError::Preflight(format!("cannot run the trainer's memory plan: {e}")))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stderr
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
-    match out.status.code() {
-        Some(0) => {
-            let planned: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-            if let (Some(need), Some(have)) = (
-                planned["totalBytes"].as_f64(),
-                planned["capacityBytes"].as_f64(),
-            ) {
-                let gib = f64::from(1u32 << 30);
-                eprintln!(
-                    "[train] memory plan: a training step needs {:.1} GiB of the {:.1} GiB the trainer has",
-                    need / gib,
-                    have / gib
-                );
-            }
-            Ok(())
-        }
-        Some(3) => Err(RunError::Preflight(last.trim().to_string())),
-        _ => Err(RunError::Preflight(format!(
-            "the trainer exited while making its memory plan ({}): {}",
-            out.status,
-            last.trim()
-        ))),
-    }
-}
-
 fn log_file(path: &Path) -> Result<Stdio, RunError> {
     std::fs::File::create(path)
         .map(Stdio::from)
@@ -238,7 +183,8 @@ impl Training {
             .then(|| trainer_launch::trainer_config(&plan.name, None, spec, train, &layout));
         if let Some(config) = &config {
             // Before vLLM starts: a step that cannot fit is refused now, in the trainer's words.
-            check_memory_plan(config, programs).await?;
+            super::train_plan::check_memory_plan(config, programs.trainer_python.as_deref())
+                .await?;
         }
         let vllm_url = match model_url {
             Some(url) => url.trim_end_matches('/').to_string(),
