@@ -353,39 +353,6 @@ def capacity(device: str) -> tuple[int, str]:
     return min(limits), "CPU (memory available to the trainer)"
 
 
-def plan_for(
-    model_dir: Path,
-    device: str,
-    precision: str,
-    max_sequence_tokens: int | None,
-    micro_batch: int,
-    gradient_checkpointing: bool,
-    reference: bool,
-    runtime: int,
-    max_tokens: int | None = None,
-    shards: int = 1,
-) -> tuple[ModelShape, Settings] | None:
-    """The shape and settings a trainer config plans for; ``None`` when the model is not a
-    directory with a ``config.json`` here (a hub name: nothing to read before loading it)."""
-    if not (model_dir / "config.json").is_file():
-        return None
-    shape = ModelShape.from_dir(model_dir)
-    sequence = max_sequence_tokens or shape.max_positions
-    if not sequence:
-        return None
-    return shape, Settings(
-        device=device,
-        precision=precision,
-        sequence=sequence,
-        micro_batch=micro_batch,
-        gradient_checkpointing=gradient_checkpointing,
-        reference=reference,
-        runtime=runtime,
-        max_tokens=max_tokens,
-        shards=shards,
-    )
-
-
 MODES = ("enforce", "warn")
 
 
@@ -406,22 +373,25 @@ def review(
     ``None`` when there is nothing to plan from (a model name rather than a directory). On CPU
     the runtime term is what this process holds now: call it after importing torch and
     transformers, before loading the model."""
-    found = plan_for(
-        model_dir,
-        device,
-        precision,
-        max_sequence_tokens,
-        micro_batch,
-        gradient_checkpointing,
-        reference,
-        resident_bytes(),
-        max_tokens,
-        shards,
-    )
-    if found is None:
+    if not (model_dir / "config.json").is_file():
         log.warning("memory plan: %s has no config.json here; not checked", model_dir)
         return None
-    shape, settings = found
+    shape = ModelShape.from_dir(model_dir)
+    sequence = max_sequence_tokens or shape.max_positions
+    if not sequence:
+        log.warning("memory plan: no context length for %s; not checked", model_dir)
+        return None
+    settings = Settings(
+        device=device,
+        precision=precision,
+        sequence=sequence,
+        micro_batch=micro_batch,
+        gradient_checkpointing=gradient_checkpointing,
+        reference=reference,
+        runtime=resident_bytes(),
+        max_tokens=max_tokens,
+        shards=shards,
+    )
     have, name = capacity(settings.device)
     try:
         plan = check(shape, settings, have, name)
