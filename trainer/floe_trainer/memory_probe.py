@@ -2,18 +2,20 @@
 the same settings: the proof of ``memory_plan`` (CPU in the tests, GPU in the proof script).
 
     python -m floe_trainer.memory_probe --model-dir DIR --sequence 1536 [--micro-batch 1
-        --gradient-checkpointing --device cpu --precision fp32 --steps 2]
+        --max-tokens N --gradient-checkpointing --reference --device cpu --precision fp32
+        --steps 2]
 
 Prints one JSON line: the estimate's items and total, the measured peak, and their ratio. The
 peak is the process's peak resident memory on CPU (``ru_maxrss``), and on a GPU the caching
 allocator's peak reservation plus the plan's CUDA runtime term (the context is not visible to
-the allocator)."""
+the allocator). On a GPU it also prints the last step's time."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import resource
+import time
 from pathlib import Path
 
 import torch
@@ -32,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sequence", type=int, required=True, help="tokens per trace")
     p.add_argument("--prompt", type=int, default=64, help="of which prompt tokens")
     p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, help="grpo.maxTokensPerMicroBatch")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--reference", action="store_true", help="a KL reference model (klCoef > 0)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="auto")
     p.add_argument("--steps", type=int, default=2)
@@ -45,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         precision=placement.precision,
         sequence=args.sequence,
         micro_batch=args.micro_batch,
+        max_tokens=args.max_tokens,
         gradient_checkpointing=args.gradient_checkpointing,
+        reference=args.reference,
         runtime=runtime,
     )
     plan = estimate(shape, settings)
@@ -55,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     optimizer = placement.optimizer(model.parameters(), 1e-6)
+    reference = None
+    if args.reference:
+        dtype = placement.autocast_dtype or torch.float32
+        reference = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
+        reference.to(placement.device).eval().requires_grad_(False)
     # One group of micro-batch-many full-length traces: each step's micro-batch is the
     # settings' T tokens. The second step is the peak: AdamW's state exists from the first.
     groups = synthetic_groups(
@@ -64,17 +75,31 @@ def main(argv: list[str] | None = None) -> int:
         args.sequence - args.prompt,
         shape.vocab,
     )
+    cuda = placement.device.type == "cuda"
+    seconds = 0.0
     for _ in range(max(args.steps, 1)):
+        start = time.perf_counter()
         train_step(
             model,
             optimizer,
             groups,
-            LossConfig(),
+            LossConfig(kl_coef=0.1 if args.reference else 0.0),
             micro_batch_size=args.micro_batch,
             placement=placement,
+            reference=reference,
+            max_tokens_per_micro_batch=args.max_tokens,
         )
-    if placement.device.type == "cuda":
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    extra = {}
+    if cuda:
         peak = torch.cuda.max_memory_reserved() + CUDA_RUNTIME
+        extra = {
+            "allocatedPeakBytes": torch.cuda.max_memory_allocated(),
+            "lastStepSeconds": round(seconds, 3),
+            "gpu": torch.cuda.get_device_name(),
+        }
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(
@@ -87,11 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                     "precision": settings.precision,
                     "sequence": settings.sequence,
                     "microBatch": settings.micro_batch,
+                    "maxTokens": settings.max_tokens,
                     "gradientCheckpointing": settings.gradient_checkpointing,
+                    "reference": settings.reference,
                 },
                 "estimate": plan.as_json(),
                 "peakBytes": peak,
                 "estimateOverPeak": round(plan.total / peak, 4),
+                **extra,
             }
         )
     )
