@@ -8,6 +8,7 @@
 #      weights against the plain path's after the same steps, and both step times;
 #   3. the trainer's unit and GPU tests on this machine's torch (in parallel with 1-2, on CPU).
 # One JSON line per measurement in OUT/probes.jsonl. Usage: gpu-scale-proof.sh WORK_DIR OUT
+# (env MODELS: the models to probe, default "smollm2-135m-instruct qwen3-1.7b").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 W=$1 OUT=$2 PY=${PYTHON:-python3}
@@ -15,18 +16,21 @@ mkdir -p "$W" "$OUT"
 export PYTHONPATH="$PWD/trainer${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
-(cd trainer && "$PY" -m pytest -q -rs -p no:cacheprovider tests -k "not real_vllm" -x \
+(cd trainer && "$PY" -m pytest -q -rs -p no:cacheprovider tests -k "not real_vllm and not fifth" \
   >"$OUT/pytest.log" 2>&1; echo "pytest rc=$?" >>"$OUT/pytest.log") &
 tests=$!
-for m in smollm2-135m-instruct qwen3-1.7b; do
+MODELS=${MODELS:-smollm2-135m-instruct qwen3-1.7b}
+for m in $MODELS; do
   "$PY" scripts/trainer/random_model.py "scripts/trainer/configs/$m.json" "$W/$m" 2>/dev/null
 done
 probe() {
   local model=$1; shift
+  [[ " $MODELS " == *" $model "* ]] || return 0
   "$PY" -m floe_trainer.memory_probe --model-dir "$W/$model" --device cuda "$@" 2>"$OUT/probe.err" \
     | tee -a "$OUT/probes.jsonl" || tail -3 "$OUT/probe.err"
 }
 probe smollm2-135m-instruct --precision fp32 --sequence 4096
+probe smollm2-135m-instruct --precision fp32 --sequence 4096 --gradient-checkpointing
 probe smollm2-135m-instruct --precision bf16 --sequence 8192 --gradient-checkpointing
 probe smollm2-135m-instruct --precision bf16 --sequence 2048 --micro-batch 4
 # examples/rolloutjob-train.yaml: 16K context, 4 traces per pass bounded by 32K tokens, gc.

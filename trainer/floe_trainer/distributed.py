@@ -63,10 +63,15 @@ def from_env(device_type: str) -> World:
     if not dist.is_initialized():
         # A step, a checkpoint or a gather of a large model may take long; the leader's
         # heartbeat (``HEARTBEAT_SECONDS``) keeps the followers' waits for orders short.
-        dist.init_process_group(
-            "nccl" if device_type == "cuda" else "gloo", timeout=datetime.timedelta(hours=2)
-        )
+        dist.init_process_group(backend(device_type), timeout=datetime.timedelta(hours=2))
     return World(dist.get_rank(), dist.get_world_size())
+
+
+def backend(device_type: str) -> str:
+    """NCCL for the GPU tensors (FSDP's gathers and reductions) and gloo beside it for the CPU
+    ones (``total``'s sums, checkpoints gathered to CPU): NCCL alone refuses a CPU tensor
+    ("No backend type associated with device type cpu", seen on the first GPU run)."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
 
 
 def shard(model: torch.nn.Module, world: World, device_type: str) -> torch.nn.Module:

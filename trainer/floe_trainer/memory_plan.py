@@ -22,16 +22,19 @@ layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
   and both gradients), over at most ``LOGITS_CHUNK`` positions (``policy.token_logprobs``);
 - attention: on CPU, PyTorch's attention keeps ~3 fp32 ``[heads, S, S]`` score tensors per
   row while a layer runs (measured: the forward's growth is quadratic in the length), ``T × S
-  × heads × 12`` at most; on a GPU the fused kernels keep none, but a pass of several traces
-  carries a padding mask, ``T × S`` bytes;
+  × heads × 12`` at most; on a GPU in bf16 the fused kernels keep none, but a pass of several
+  traces carries a padding mask, ``T × S`` bytes; on a GPU in fp32 PyTorch's attention takes
+  its plain path, which keeps each layer's ``[heads, S, S]`` fp32 probabilities for the
+  backward pass (one layer's with checkpointing) plus two more while a layer runs (measured on
+  an H200: SmolLM2 at 4,096 tokens peaked at 30.0 GB where the other terms are 10.3);
 - the runtime: on CPU, what the process holds before the model loads (interpreter, torch,
   transformers: measured, not assumed) plus 0.5 GiB the compute libraries take at the first
   step (thread pools, kernel caches: measured on this machine); on a GPU, 1 GiB for the CUDA
   context and kernels.
 
 Checked against measured peaks on CPU (``tests/test_memory_plan.py``: SmolLM2-135M, full
-training, with and without gradient checkpointing, within 20 %). The GPU terms follow the same
-arithmetic; ``scripts/trainer/gpu-proof.sh`` prints estimate against measured peak."""
+training, with and without gradient checkpointing, within 20 %) and on an H200
+(``scripts/trainer/gpu-scale-proof.sh``: SmolLM2-135M and Qwen3-1.7B, docs/trainer.md)."""
 
 from __future__ import annotations
 
@@ -54,6 +57,9 @@ CPU_FIRST_STEP = GIB // 2
 LOGIT_COPIES = 4
 # Live [heads, T, T] fp32 attention scores while a layer runs on CPU.
 CPU_SCORE_COPIES = 3
+# Live [heads, T, T] fp32 probabilities of the layer running on a GPU in fp32 (its scores and
+# softmax), beside the ones kept for the backward pass.
+GPU_FP32_SCORE_COPIES = 2
 
 
 class MemoryPlanError(ValueError):
@@ -211,6 +217,9 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
     pairs = tokens * max(s.sequence, 1)
     if s.device == "cpu":
         attention = pairs * shape.heads * 4 * CPU_SCORE_COPIES
+    elif not bf16:
+        kept = 1 if s.gradient_checkpointing else shape.layers
+        attention = pairs * shape.heads * 4 * (kept + GPU_FP32_SCORE_COPIES)
     else:
         attention = pairs if tokens > s.sequence else 0
     if shards > 1:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from floe_trainer.bench_step import synthetic_groups
-from floe_trainer.distributed import World, full_state_dict, shard
+from floe_trainer.distributed import World, backend, full_state_dict, shard
 from floe_trainer.loss import LossConfig
 from floe_trainer.placement import resolve
 from floe_trainer.step import train_step
@@ -59,7 +59,7 @@ def run(model_dir: Path, world: World, placement, groups, steps: int):
 
 def main(model_dir: Path, steps: int) -> None:
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group(backend("cuda" if cuda else "cpu"))
     placement = resolve("cuda" if cuda else "cpu", "auto")
     before = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     vocab = before["model.embed_tokens.weight"].shape[0]

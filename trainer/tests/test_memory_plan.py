@@ -100,6 +100,12 @@ def test_the_estimate_adds_up_term_by_term():
     # CPU attention: 3 fp32 [heads, T, T] score tensors; the runtime measured plus 0.5 GiB.
     assert ckpt["attention"] == 2 * 10 * 10 * 4 * 3
     assert ckpt["runtime"] == 7 + GIB // 2
+    # A GPU in fp32: each layer's fp32 probabilities kept (one layer's with checkpointing),
+    # two more live in the layer running.
+    gpu32 = dict(estimate(shape, Settings("cuda", "fp32", 10)).items)
+    assert gpu32["attention"] == 10 * 10 * 2 * 4 * (2 + 2)
+    gpu32_ckpt = estimate(shape, Settings("cuda", "fp32", 10, gradient_checkpointing=True))
+    assert dict(gpu32_ckpt.items)["attention"] == 10 * 10 * 2 * 4 * (1 + 2)
     sharded = dict(estimate(shape, Settings("cuda", "bf16", 10, shards=4, reference=True)).items)
     assert sharded["weights"] == 1000 and sharded["AdamW state"] == 2000
     # Two units gathered in fp32, with their bf16 casts; the reference whole; every logit.
