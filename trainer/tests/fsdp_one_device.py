@@ -2,8 +2,8 @@
 one GPU and NCCL refuses two processes on the same one, so this is the sharded path's CUDA
 proof that one machine allows — ``fully_shard`` units, NCCL collectives, bf16 autocast over
 fp32 DTensor master weights, the fused AdamW on DTensors, the full-state gather. The same steps
-run on a plain copy of the model; the updated weights must agree (fp32 + AdamW: within 1e-3
-of the largest update; bf16 + SGD: the difference's norm within 5 % of the update's), and both
+run on a plain copy of the model; the updated weights must agree (the difference's norm against
+the update's: within 1e-4 in fp32 with AdamW, 5 % in bf16 with SGD), and both
 are timed.
 
     torchrun --nproc-per-node=1 trainer/tests/fsdp_one_device.py MODEL_DIR [STEPS]
@@ -109,7 +109,9 @@ def main(model_dir: Path, steps: int) -> None:
     # fp32: the same arithmetic through FSDP's units and collectives (TF32 is off by default).
     exact = runs[0]
     assert exact["largestUpdate"] > 0, "the steps moved no weight"
-    assert exact["largestGap"] <= 1e-3 * exact["largestUpdate"], report
+    # (Not the largest gap: a weight near 1.0 rounds to its float's 1.2e-7 steps, a few
+    # percent of an update of 4e-5; on the H200 the norms' ratio was 1.1e-5.)
+    assert exact["gapNormOverUpdateNorm"] <= 1e-4, report
     # bf16 with SGD (the update is the gradient): the gradients agree up to bf16's noise.
     for r in runs[1:]:
         if r["optimizer"] == "sgd":
