@@ -33,9 +33,10 @@ def latest(directory: Path) -> Path | None:
 
 
 def save(
-    directory: Path, model, weights: dict, optimizer_state: dict, state: State, keep: int
+    directory: Path, model, weights: dict | None, optimizer_state: dict, state: State, keep: int
 ) -> Path:
-    """``weights`` and ``optimizer_state``: whole state dicts (gathered, when sharded)."""
+    """``weights`` and ``optimizer_state``: whole state dicts (gathered, when sharded);
+    ``weights`` None: the model saves what it trains (a LoRA model: its adapter)."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"ckpt-{state.step}"
     tmp = directory / f".ckpt-{state.step}.tmp"

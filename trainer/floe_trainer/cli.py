@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .distributed import from_env
 from .ingest import make_server
-from .memory_plan import MemoryPlanError
+from .memory_plan import LoraTargetError, MemoryPlanError
 from .placement import resolve
 from .trainer import Trainer, TrainerConfig, check_processes, follow, review_memory
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(sig, signal.SIG_IGN)
             return follow(cfg, world)
         trainer = Trainer(cfg, world)
-    except MemoryPlanError as e:
+    except (MemoryPlanError, LoraTargetError) as e:
         refuse(str(e))
         return 3
     return serve(trainer, conf, args.poll_seconds)

@@ -57,6 +57,11 @@ CPU_FIRST_STEP = GIB // 2
 LOGIT_COPIES = 4
 # Live [heads, T, T] fp32 attention scores while a layer runs on CPU.
 CPU_SCORE_COPIES = 3
+# A LoRA adapter the plan suggests when full training cannot fit, on the modules it targets by
+# default (every projection of attention and MLP: ``lora.DEFAULT_TARGETS``).
+SUGGESTED_RANK = 16
+STATE_ITEMS = ("weights", "gradients", "AdamW state")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Live [heads, T, T] fp32 probabilities of the layer running on a GPU in fp32 (its scores and
 # softmax), beside the ones kept for the backward pass.
 GPU_FP32_SCORE_COPIES = 2
@@ -64,6 +69,10 @@ GPU_FP32_SCORE_COPIES = 2
 
 class MemoryPlanError(ValueError):
     """A job whose training step cannot fit the device (the message is one line)."""
+
+
+class LoraTargetError(ValueError):
+    """A LoRA adapter asked for on modules the model does not have (one line)."""
 
 
 @dataclass(frozen=True)
@@ -78,11 +87,21 @@ class ModelShape:
     # Parameters of the largest unit a sharded engine gathers at once (a decoder layer, or the
     # embedding).
     largest_unit: int
+    # The 2-D weights by their module's own name (``q_proj``): (name, how many, in, out).
+    linears: tuple[tuple[str, int, int, int], ...] = ()
+
+    def adapter_parameters(self, rank: int, targets: tuple[str, ...]) -> int:
+        """A LoRA adapter's parameters: ``rank × (in + out)`` for every targeted weight."""
+        return sum(n * rank * (i + o) for name, n, i, o in self.linears if name in targets)
+
+    def missing_modules(self, targets: tuple[str, ...]) -> list[str]:
+        names = {name for name, *_ in self.linears}
+        return [t for t in targets if t not in names]
 
     @staticmethod
-    def from_config(config: dict, counted: dict[str, int] | None = None) -> ModelShape:
+    def from_config(config: dict, shapes: dict[str, tuple[int, ...]] | None = None) -> ModelShape:
         """``config``: the model's ``config.json`` (a multimodal one's ``text_config``);
-        ``counted``: parameter count per tensor name from the weights' headers, when known."""
+        ``shapes``: every tensor's shape by name, from the weights' headers, when known."""
         text = config.get("text_config") or config
         h = int(text["hidden_size"])
         layers = int(text["num_hidden_layers"])
@@ -93,6 +112,33 @@ class ModelShape:
         kv = int(text.get("num_key_value_heads") or heads) * head_dim
         layer = h * heads * head_dim * 2 + h * kv * 2 + 3 * h * inter + 2 * h
         tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+        att = heads * head_dim
+        linears: dict[tuple[str, int, int], int] = {}
+        if shapes:
+            for name, shape in shapes.items():
+                parts = name.split(".")
+                if len(shape) == 2 and parts[-1] == "weight" and len(parts) > 1:
+                    key = (parts[-2], int(shape[1]), int(shape[0]))
+                    linears[key] = linears.get(key, 0) + 1
+        else:
+            for module, i, o in [
+                ("q_proj", h, att),
+                ("k_proj", h, kv),
+                ("v_proj", h, kv),
+                ("o_proj", att, h),
+                ("gate_proj", h, inter),
+                ("up_proj", h, inter),
+                ("down_proj", inter, h),
+            ]:
+                linears[(module, i, o)] = layers
+        counted = None
+        if shapes:
+            counted = {}
+            for name, shape in shapes.items():
+                n = 1
+                for d in shape:
+                    n *= int(d)
+                counted[name] = n
         if counted:
             parameters = sum(counted.values())
             per_layer: dict[str, int] = {}
@@ -112,6 +158,7 @@ class ModelShape:
             max_positions=int(text.get("max_position_embeddings") or 0),
             heads=heads,
             largest_unit=max(layer, vocab * h),
+            linears=tuple((name, n, i, o) for (name, i, o), n in sorted(linears.items())),
         )
 
     @staticmethod
@@ -119,7 +166,7 @@ class ModelShape:
         """A model directory: ``config.json`` and, when present, the safetensors headers (the
         exact parameter count, without reading any weight)."""
         config = json.loads((path / "config.json").read_text())
-        return ModelShape.from_config(config, safetensors_counts(path) or None)
+        return ModelShape.from_config(config, safetensors_shapes(path) or None)
 
 
 def _layer_of(name: str) -> str | None:
@@ -130,22 +177,18 @@ def _layer_of(name: str) -> str | None:
     return None
 
 
-def safetensors_counts(path: Path) -> dict[str, int]:
-    """Elements per tensor, read from each safetensors file's JSON header (8-byte length,
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, read from each safetensors file's JSON header (8-byte length,
     then the header); empty when the directory has none."""
-    counts: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in sorted(path.glob("*.safetensors")):
         with file.open("rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(size))
         for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            n = 1
-            for d in meta["shape"]:
-                n *= int(d)
-            counts[name] = n
-    return counts
+            if name != "__metadata__":
+                shapes[name] = tuple(int(d) for d in meta["shape"])
+    return shapes
 
 
 @dataclass(frozen=True)
@@ -164,6 +207,8 @@ class Settings:
     logits_chunk: int = LOGITS_CHUNK
     # CPU: bytes the process holds before the model loads (measured by the caller).
     runtime: int = 0
+    # ``train.lora``: the adapter's parameters (only they train); None: every weight trains.
+    adapter: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -228,10 +273,18 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
         copies = ("gathered layers", 2 * shape.largest_unit * (4 + (2 if bf16 else 0)))
     else:
         copies = ("bf16 weight copies", 2 * p if bf16 else 0)
+    if s.adapter is not None:
+        # LoRA: the frozen base in the precision it computes in (no bf16 copies), the
+        # adapter in fp32 with its gradients and AdamW state.
+        a = s.adapter
+        weights, trained = value * p + 4 * a, a
+        copies = ("bf16 weight copies", 0)
+    else:
+        weights, trained = 4 * p // shards, p // shards
     items = (
-        ("weights", 4 * p // shards),
-        ("gradients", 4 * p // shards),
-        ("AdamW state", 8 * p // shards),
+        ("weights", weights),
+        ("gradients", 4 * trained),
+        ("AdamW state", 8 * trained),
         copies,
         # Replicated on every process (it only runs forward).
         ("reference model", value * p if s.reference else 0),
@@ -252,12 +305,12 @@ def check(shape: ModelShape, s: Settings, capacity: int, device_name: str) -> Pl
     have = capacity / GIB
     line = f"memory plan: a training step needs {plan.describe()} on each {device_name}"
     line += f", which has {have:.1f} GiB"
-    for change, changed in _changes(s):
+    for change, changed in _changes(s, shape):
         alt = estimate(shape, changed)
         if alt.total <= capacity:
             raise MemoryPlanError(f"{line}: {change} ({alt.total / GIB:.1f} GiB)")
     # Every setting that trades speed for memory, and the longest context that then fits.
-    together, names = _all_knobs(s)
+    together, names = _all_knobs(s, shape)
     longest = _longest_fitting(shape, together, capacity)
     if longest:
         also = f"set {' and '.join(names)}, and " if names else ""
@@ -266,9 +319,11 @@ def check(shape: ModelShape, s: Settings, capacity: int, device_name: str) -> Pl
             f"{line}: {also}shorten the context to {longest} tokens (vLLM's --max-model-len, "
             f"now {s.sequence}) ({alt.total / GIB:.1f} GiB)"
         )
-    state = 16 * shape.parameters / GIB
+    least = replace(together, sequence=1)
+    state = sum(b for what, b in estimate(shape, least).items if what in STATE_ITEMS) / GIB
+    even = "even with a LoRA adapter, " if s.adapter is None and least.adapter is not None else ""
     raise MemoryPlanError(
-        f"{line}; no setting makes it fit (the fp32 weights, gradients and AdamW state alone "
+        f"{line}; no setting makes it fit ({even}the weights, gradients and AdamW state alone "
         f"are {state:.1f} GiB): use a smaller model or a device with more memory"
     )
 
@@ -287,7 +342,7 @@ def _longest_fitting(shape: ModelShape, s: Settings, capacity: int) -> int | Non
     return low or None
 
 
-def _knobs(s: Settings) -> list[tuple[str, dict]]:
+def _knobs(s: Settings, shape: ModelShape) -> list[tuple[str, dict]]:
     knobs: list[tuple[str, dict]] = []
     if not s.gradient_checkpointing:
         knobs.append(("grpo.gradientCheckpointing: true", {"gradient_checkpointing": True}))
@@ -300,29 +355,33 @@ def _knobs(s: Settings) -> list[tuple[str, dict]]:
         knobs.append(("grpo.klCoef: 0 (no reference model)", {"reference": False}))
     if s.device == "cuda" and s.precision != "bf16":
         knobs.append(("grpo.precision: BF16", {"precision": "bf16"}))
+    adapter = shape.adapter_parameters(SUGGESTED_RANK, LORA_TARGETS)
+    if s.adapter is None and s.shards == 1 and adapter:
+        # Last: it changes what trains, not only how.
+        knobs.append((f"train.lora.rank: {SUGGESTED_RANK} (a LoRA adapter)", {"adapter": adapter}))
     return knobs
 
 
-def _combinable(s: Settings) -> list[tuple[str, dict]]:
-    knobs = _knobs(s)
+def _combinable(s: Settings, shape: ModelShape) -> list[tuple[str, dict]]:
+    knobs = _knobs(s, shape)
     if any("micro_batch" in change for _, change in knobs):
         # One trace a pass: a token budget adds nothing.
         knobs = [(w, c) for w, c in knobs if "max_tokens" not in c]
     return knobs
 
 
-def _all_knobs(s: Settings) -> tuple[Settings, list[str]]:
+def _all_knobs(s: Settings, shape: ModelShape) -> tuple[Settings, list[str]]:
     together, names = s, []
-    for what, change in _combinable(s):
+    for what, change in _combinable(s, shape):
         together, names = replace(together, **change), [*names, what]
     return together, names
 
 
-def _changes(s: Settings) -> list[tuple[str, Settings]]:
+def _changes(s: Settings, shape: ModelShape) -> list[tuple[str, Settings]]:
     """Single changes first, then the same ones together (the context is left as it is)."""
-    out = [(f"set {what}", replace(s, **change)) for what, change in _knobs(s)]
+    out = [(f"set {what}", replace(s, **change)) for what, change in _knobs(s, shape)]
     together, names = s, []
-    for what, change in _combinable(s):
+    for what, change in _combinable(s, shape):
         together, names = replace(together, **change), [*names, what]
         if len(names) > 1:
             out.append(("set " + " and ".join(names), together))
@@ -376,16 +435,29 @@ def review(
     mode: str = "enforce",
     max_tokens: int | None = None,
     shards: int = 1,
+    lora: tuple[int, tuple[str, ...]] | None = None,
 ) -> tuple[Plan, int] | None:
     """A trainer's plan before it loads its model, with the device's capacity: refused
     (``MemoryPlanError``) when it cannot fit and ``mode`` is ``enforce``, logged when ``warn``.
     ``None`` when there is nothing to plan from (a model name rather than a directory). On CPU
     the runtime term is what this process holds now: call it after importing torch and
-    transformers, before loading the model."""
+    transformers, before loading the model. ``lora``: (rank, target modules) of an adapter;
+    a target the model does not have is refused here too (``LoraTargetError``)."""
     if not (model_dir / "config.json").is_file():
         log.warning("memory plan: %s has no config.json here; not checked", model_dir)
         return None
     shape = ModelShape.from_dir(model_dir)
+    adapter = None
+    if lora is not None:
+        rank, targets = lora
+        missing = shape.missing_modules(targets)
+        if missing:
+            have = sorted({name for name, *_ in shape.linears})
+            raise LoraTargetError(
+                f"train.lora.targetModules: {', '.join(missing)} not in {model_dir.name} "
+                f"(its linear modules: {', '.join(have)})"
+            )
+        adapter = shape.adapter_parameters(rank, targets)
     sequence = max_sequence_tokens or shape.max_positions
     if not sequence:
         log.warning("memory plan: no context length for %s; not checked", model_dir)
@@ -400,6 +472,7 @@ def review(
         runtime=resident_bytes(),
         max_tokens=max_tokens,
         shards=shards,
+        adapter=adapter,
     )
     have, name = capacity(settings.device)
     try:

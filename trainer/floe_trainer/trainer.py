@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from . import checkpoint, memory_plan
+from . import checkpoint, lora, memory_plan
 from .batching import Group, GroupBuffer
 from .distributed import (
     HEARTBEAT_SECONDS,
@@ -42,7 +42,14 @@ from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
 from .placement import Placement, resolve
 from .step import StepStats, train_step
-from .vllm_sync import FileWeightSync, served_version, wait_healthy
+from .lora import LoraSpec
+from .vllm_sync import (
+    BASE_VERSION_LABEL,
+    FileWeightSync,
+    parse_version,
+    served_label,
+    wait_healthy,
+)
 from .wire import Trajectory
 
 log = logging.getLogger("floe_trainer")
@@ -97,6 +104,8 @@ class TrainerConfig:
     # "enforce": a step that cannot fit the device is refused before the model loads;
     # "warn": logged, and the trainer starts anyway.
     memory_plan: str = "enforce"
+    # ``train.lora``: train an adapter only (``lora``); None trains every weight.
+    lora: LoraSpec | None = None
 
     @staticmethod
     def from_operator(c: dict, state_dir: Path) -> TrainerConfig:
@@ -121,6 +130,7 @@ class TrainerConfig:
         take("ingest_dir", c, "ingestDir", Path)
         take("max_sequence_tokens", c, "maxSequenceTokens", int)
         take("memory_plan", c, "memoryPlan", lambda v: str(v).lower())
+        take("lora", c, "lora", LoraSpec.from_operator)
         for field, key, convert in [
             ("learning_rate", "learningRate", float),
             ("advantage", "advantage", str),
@@ -158,6 +168,10 @@ class TrainerConfig:
         weight_sync = given.get("weight_sync", TrainerConfig.weight_sync)
         if weight_sync not in ("file", "nccl"):
             raise ValueError(f"grpo.weightSync must be File or NCCL, got {weight_sync!r}")
+        if given.get("lora") and given.get("gpus", 1) > 1:
+            raise ValueError("train.lora trains on one GPU (or CPU): set train.gpus 1")
+        if given.get("lora") and weight_sync == "nccl":
+            raise ValueError("train.lora pushes the adapter as a file: set grpo.weightSync File")
         if weight_sync == "nccl" and given.get("gpus", 1) > 1:
             raise ValueError("grpo.weightSync NCCL is for one training GPU; use File")
         if weight_sync == "nccl" and given.get("device", TrainerConfig.device) != "cuda":
@@ -189,8 +203,9 @@ def review_memory(cfg: TrainerConfig, model_dir: Path, processes: int = 1) -> di
     """The memory plan of ``cfg``'s training step (``memory_plan.review``), as ``/v1/status``
     reports it."""
     placement = resolve(cfg.device, cfg.precision)
+    lora = (cfg.lora.rank, cfg.lora.targets) if cfg.lora else None
     reviewed = memory_plan.review(
-        model_dir,
+        Path(cfg.model) if cfg.lora else model_dir,
         placement.device.type,
         placement.precision,
         cfg.max_sequence_tokens,
@@ -200,6 +215,7 @@ def review_memory(cfg: TrainerConfig, model_dir: Path, processes: int = 1) -> di
         cfg.memory_plan,
         cfg.max_tokens_per_micro_batch,
         processes,
+        lora,
     )
     if reviewed is None:
         return None
@@ -225,11 +241,23 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
     # Before the model loads: a step that cannot fit is refused in one line, not an OOM
     # minutes (or a first long trace) later.
     plan = review_memory(cfg, Path(resume or cfg.model), world.size)
-    model = AutoModelForCausalLM.from_pretrained(resume or cfg.model, dtype=torch.float32).to(dev)
+    if cfg.lora:
+        # The frozen base in the precision it computes in; the adapter (fp32) from the
+        # checkpoint when resuming (a LoRA checkpoint holds only the adapter).
+        dtype = placement.autocast_dtype or torch.float32
+        base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(dev)
+        model = lora.wrap(base, cfg.lora, resume)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(resume or cfg.model, dtype=torch.float32)
+        model.to(dev)
     if cfg.gradient_checkpointing:
         # Activations recomputed in the backward pass: memory for time, on long traces.
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
+        if cfg.lora:
+            # The frozen embeddings' output needs a gradient for the checkpointed layers'
+            # adapters to get theirs.
+            model.enable_input_require_grads()
     model = shard(model, world, dev.type)
     # The reference for the KL term is the policy the job started from, never a checkpoint.
     reference = None
@@ -237,7 +265,7 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
         ref_dtype = placement.autocast_dtype or torch.float32
         reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=ref_dtype)
         reference.to(dev).eval().requires_grad_(False)
-    optimizer = placement.optimizer(model.parameters(), cfg.learning_rate)
+    optimizer = placement.optimizer(lora.trainable(model), cfg.learning_rate)
     if resume and (resume / "optimizer.pt").exists():
         saved = torch.load(resume / "optimizer.pt", map_location=dev)
         load_optimizer_state(model, optimizer, saved, world)
@@ -329,13 +357,25 @@ class Trainer:
         self.placement, self.model = policy.placement, policy.model
         self.optimizer, self.reference = policy.optimizer, policy.reference
         self.memory_plan = policy.memory_plan
+        self.lora_status = None
+        if cfg.lora:
+            self.lora_status = {
+                "rank": cfg.lora.rank,
+                "alpha": cfg.lora.alpha,
+                "targetModules": list(cfg.lora.targets),
+                "trainableParameters": sum(p.numel() for p in lora.trainable(self.model)),
+            }
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(Path(resume or cfg.model) / "config.json", self.weights_dir / "config.json")
-        if resume or cfg.weight_sync == "nccl":
+        if not cfg.lora:
+            config = Path(resume or cfg.model) / "config.json"
+            shutil.copy(config, self.weights_dir / "config.json")
+        if resume or cfg.weight_sync == "nccl" or cfg.lora:
             wait_healthy(cfg.policy_url)
         self.sync = self._weight_sync()
-        if resume:
+        if resume or cfg.lora:
             # vLLM may serve weights newer than the checkpoint: serve the checkpoint's again.
+            # With LoRA, the adapter gateways ask for exists only once pushed: before this
+            # trainer is ready (the job's sessions wait for it).
             self.sync.push(self.state.policy_version)
         self.store = Store(cfg.ingest_dir or cfg.state_dir / "ingest")
         self.ingest = Ingest(self.store, self.add)
@@ -359,7 +399,9 @@ class Trainer:
         self.resumed_from_step = self.state.step
         self.checkpointed_step = self.state.step
 
-    def _weight_sync(self) -> FileWeightSync | NcclWeightSync:
+    def _weight_sync(self) -> FileWeightSync | NcclWeightSync | lora.LoraWeightSync:
+        if self.cfg.lora:
+            return lora.LoraWeightSync(self.model, self.cfg.policy_url, self.weights_dir)
         if self.cfg.weight_sync != "nccl":
             return FileWeightSync(self.full_weights, self.cfg.policy_url, self.weights_dir)
         return NcclWeightSync(
@@ -495,7 +537,8 @@ class Trainer:
         if self.state.step == self.checkpointed_step:
             return
         self._tell("checkpoint")
-        weights = full_state_dict(self.model, self.world)
+        # A LoRA model saves its adapter itself.
+        weights = None if self.cfg.lora else full_state_dict(self.model, self.world)
         optimizer = full_optimizer_state(self.model, self.optimizer, self.world)
         checkpoint.save(
             self.ckpt_dir, self.model, weights, optimizer, self.state, self.cfg.checkpoint_keep
@@ -504,7 +547,15 @@ class Trainer:
 
     def _final_checkpoint(self) -> None:
         final = self.cfg.final_dir or self.ckpt_dir / "final"
-        checkpoint.save_model(final, self.model, self.full_weights(), Path(self.cfg.model))
+        if self.cfg.lora and not self.cfg.lora.merge_final:
+            lora.save_adapter(self.model, final)
+        elif self.cfg.lora:
+            base = self.model.get_base_model()
+            merged = lora.merged_weights(self.model)
+            checkpoint.save_model(final, base, merged, Path(self.cfg.model))
+            lora.save_adapter(self.model, final / "adapter")
+        else:
+            checkpoint.save_model(final, self.model, self.full_weights(), Path(self.cfg.model))
         with self.lock:
             self.final_checkpoint = final
             self.finished = True
@@ -517,10 +568,14 @@ class Trainer:
             return
         self.next_served_check = now + self.cfg.served_check_seconds
         try:
-            served = served_version(self.cfg.policy_url)
+            label = served_label(self.cfg.policy_url)
         except OSError:
             return  # down or restarting: asked again next time
-        if served != self.state.policy_version:
+        served = parse_version(label)
+        # With LoRA the trainer labels every push, version 0 too: vLLM's base label means the
+        # adapter is not loaded (a restarted server).
+        lost = self.cfg.lora is not None and label == BASE_VERSION_LABEL
+        if served != self.state.policy_version or lost:
             log.warning(
                 "vLLM serves policy version %s, the trainer is at %d: pushing again",
                 served,
@@ -549,6 +604,7 @@ class Trainer:
                 "steps": list(self.steps),
                 "resumedFromStep": self.resumed_from_step,
                 "memoryPlan": self.memory_plan,
+                "lora": self.lora_status,
             }
 
     def state_dict(self) -> dict:

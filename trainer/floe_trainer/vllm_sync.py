@@ -81,10 +81,15 @@ def parse_version(label: object) -> int | None:
     return None
 
 
-def served_version(vllm_url: str, timeout: float = 5) -> int | None:
-    """The policy version vLLM serves now (``/weight_info``); None if it cannot say."""
+def served_label(vllm_url: str, timeout: float = 5) -> object:
+    """vLLM's weight version label now (``/weight_info``)."""
     with urllib.request.urlopen(f"{vllm_url}/weight_info", timeout=timeout) as r:
-        return parse_version(json.loads(r.read()).get("weight_version"))
+        return json.loads(r.read()).get("weight_version")
+
+
+def served_version(vllm_url: str, timeout: float = 5) -> int | None:
+    """The policy version vLLM serves now; None if it cannot say."""
+    return parse_version(served_label(vllm_url, timeout))
 
 
 def paused(vllm_url: str, version: int, update: Callable[[], None]) -> None:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import yaml
 from floe_trainer.memory_plan import (
     CUDA_RUNTIME,
     GIB,
+    LORA_TARGETS,
     MemoryPlanError,
     ModelShape,
     Settings,
@@ -149,10 +151,26 @@ def test_a_token_budget_bounds_the_pass_but_never_below_one_whole_trace():
     assert estimate(shape, budget).as_json()["tokensPerMicroBatch"] == 32768
 
 
+def test_a_model_too_big_to_train_whole_is_pointed_to_a_lora_adapter():
+    shape = ModelShape.from_config(QWEN3_8B)
+    s = Settings("cuda", "bf16", 16384, gradient_checkpointing=True)
+    with pytest.raises(MemoryPlanError, match=r"set train.lora.rank: 16 \(a LoRA adapter\)"):
+        check(shape, s, H100, "GPU")
+    # Rank 16 on every projection of 36 layers: 16 × (in + out) each.
+    per_layer = 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 12288))
+    assert shape.adapter_parameters(16, LORA_TARGETS) == 36 * per_layer
+    lora = dict(estimate(shape, replace(s, adapter=36 * per_layer)).items)
+    # The frozen base in bf16; only the adapter has fp32 weights, gradients and AdamW state.
+    assert lora["weights"] == 2 * shape.parameters + 4 * 36 * per_layer
+    assert lora["gradients"] == 4 * 36 * per_layer and lora["AdamW state"] == 8 * 36 * per_layer
+    assert lora["bf16 weight copies"] == 0
+
+
 def test_a_model_too_big_for_the_device_is_refused_whatever_the_settings():
     shape = ModelShape.from_config(QWEN3_8B)
-    with pytest.raises(MemoryPlanError, match="no setting makes it fit .* state alone are 1"):
-        check(shape, Settings("cuda", "bf16", 16384, gradient_checkpointing=True), H100, "GPU")
+    s = Settings("cuda", "bf16", 16384, gradient_checkpointing=True)
+    with pytest.raises(MemoryPlanError, match="no setting makes it fit \\(even with a LoRA adapter, .* alone are 15.9"):
+        check(shape, s, 12 * GIB, "GPU")
 
 
 def test_the_train_example_fits_the_gpu_it_names():

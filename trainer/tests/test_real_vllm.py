@@ -36,6 +36,8 @@ from floe_trainer.vllm_sync import (
 )
 from floe_trainer.wire import Trace, parse
 
+from vllm_server import running  # noqa: E402  (tests/ is on the path)
+
 ROOT = Path(__file__).resolve().parents[2]
 # The served context (serve.sh's --max-model-len), as the operator tells the trainer. Its
 # worst case (two 4K-token traces a pass) needs more memory than a CI machine has; these
@@ -50,29 +52,8 @@ def served(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("policy") / "smollm2"
     shutil.copytree(Path(models) / "smollm2-135m-instruct", model_dir)
     as_shipped(model_dir)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(model_dir.parent / "vllm.log", "w")  # noqa: SIM115 (lives as long as the server)
-    server = subprocess.Popen(
-        [str(ROOT / "scripts/vllm-cpu/serve.sh"), sys.executable, str(model_dir), str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2)
-            break
-        except OSError:
-            assert server.poll() is None, (model_dir.parent / "vllm.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "vLLM did not start in 240 s"
-            time.sleep(1)
-    yield url, model_dir
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(timeout=60)
+    with running(model_dir) as url:
+        yield url, model_dir
 
 
 def as_shipped(model_dir: Path) -> None:

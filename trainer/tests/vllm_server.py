@@ -1,0 +1,49 @@
+"""The real vLLM OpenAI server on CPU for the tests (``scripts/vllm-cpu/serve.sh``): started
+on a free loopback port with the model given, waited for, and stopped with its process group."""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def running(model_dir: Path, *args: str, env: dict | None = None) -> Iterator[str]:
+    """vLLM serving ``model_dir`` (extra server ``args``, extra ``env``); yields its URL. Its
+    log is ``vllm.log`` beside the model."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = model_dir.parent / "vllm.log"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [str(ROOT / "scripts/vllm-cpu/serve.sh"), sys.executable, str(model_dir), str(port)]
+            + list(args),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 240
+            while True:
+                try:
+                    urllib.request.urlopen(f"{url}/health", timeout=2)
+                    break
+                except OSError:
+                    assert server.poll() is None, log_path.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "vLLM did not start in 240 s"
+                    time.sleep(1)
+            yield url
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
