@@ -356,6 +356,25 @@ mod document_tests {
     }
 
     #[test]
+    fn a_lora_adapter_is_refused_where_the_trainer_cannot_train_one() {
+        let mut spec = valid_spec();
+        spec.as_object_mut().map(|s| s.remove("sft"));
+        spec["train"] = serde_json::json!({"image": "x", "model": "m", "lora": {"rank": 8}});
+        parse_rollout_job(&job(spec.clone())).expect("LoRA on one GPU");
+        spec["train"]["gpus"] = serde_json::json!(2);
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("LoRA over 2 GPUs");
+        assert!(err.to_string().contains("train.lora trains on one GPU"), "{err}");
+        spec["train"]["gpus"] = serde_json::json!(1);
+        spec["train"]["grpo"] = serde_json::json!({"weightSync": "NCCL"});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("LoRA with NCCL");
+        assert!(err.to_string().contains("grpo.weightSync must be File"), "{err}");
+        spec["train"]["grpo"] = serde_json::json!({});
+        spec["train"]["lora"]["rank"] = serde_json::json!(1024);
+        let err = parse_rollout_job(&job(spec)).expect_err("rank past vLLM's");
+        assert!(err.to_string().contains("spec.train.lora.rank"), "{err}");
+    }
+
+    #[test]
     fn unknown_fields_are_refused_with_their_path_and_a_suggestion() {
         let mut spec = valid_spec();
         spec["timeouts"] = serde_json::json!({"agentSecond": 5});

@@ -28,7 +28,8 @@ from .vllm_sync import paused
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # The adapter's name in vLLM: what the gateways ask for (trainer_launch.rs ``SERVED_MODEL``).
 SERVED_ADAPTER = "policy"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# ``train.lora`` left without a rank (the CRD's default too: test_contract_defaults.py).
+DEFAULT_RANK = 16
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ class LoraSpec:
     def from_operator(c: dict | None) -> LoraSpec | None:
         """``train.lora`` as the operator writes it (``rank``, ``alpha``, ``targetModules``,
         ``mergeFinal``); None when the job trains every weight."""
-        if not c:
+        if c is None:
             return None
-        rank = int(c.get("rank") or 16)
+        rank = int(c.get("rank") or DEFAULT_RANK)
         if not 1 <= rank <= VLLM_RANKS[-1]:
             raise ValueError(f"train.lora.rank must be 1 to {VLLM_RANKS[-1]}, got {rank}")
         targets = tuple(c.get("targetModules") or LORA_TARGETS)

@@ -60,3 +60,13 @@ def test_the_other_train_defaults_match_too():
     checkpoint = train["checkpoint"]["properties"]
     assert left_out.checkpoint_every == checkpoint["everySteps"]["default"]
     assert left_out.checkpoint_keep == checkpoint["keep"]["default"]
+
+
+def test_the_lora_defaults_match():
+    from floe_trainer.lora import LoraSpec
+
+    lora = train_schema()["lora"]["properties"]
+    spec = LoraSpec.from_operator({})
+    assert spec.rank == lora["rank"]["default"]
+    assert spec.merge_final == lora["mergeFinal"]["default"]
+    assert spec.alpha == 2 * spec.rank and "default" not in lora["alpha"]

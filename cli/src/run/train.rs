@@ -249,7 +249,7 @@ impl Training {
             }
         };
         cmd.args(trainer_launch::vllm_args(train, layout));
-        cmd.envs(trainer_launch::VLLM_ENV.iter().copied());
+        cmd.envs(trainer_launch::vllm_env(train));
         let log = dir.join("vllm.log");
         self.spawn("vLLM", cmd, &log)?;
         eprintln!(

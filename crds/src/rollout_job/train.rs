@@ -4,13 +4,19 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::UpstreamSpec;
 
 /// The trainer pod: vLLM serving the policy to every gateway, and the GRPO trainer.
-#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[x_kube(validation = kube::core::Rule::new("!has(self.lora) || !has(self.gpus) || self.gpus <= 1")
+    .message("train.lora trains on one GPU (or CPU): train.gpus must be 0 or 1"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.lora) || !has(self.grpo) || !has(self.grpo.weightSync) || self.grpo.weightSync != 'NCCL'")
+    .message("train.lora pushes the adapter as a file: grpo.weightSync must be File"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainSpec {
     /// Trainer image (vLLM + `floe-trainer`).
@@ -67,6 +73,43 @@ pub struct TrainSpec {
     /// job's condition carries it); `Warn` logs that line and starts anyway.
     #[serde(default)]
     pub memory_plan: MemoryPlanMode,
+    /// Train a LoRA adapter instead of every weight (PEFT): the base stays frozen, vLLM serves
+    /// it with the adapter loaded, and each step's push moves only the adapter. Unset: full
+    /// training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraSpec>,
+}
+
+/// `train.lora`: the adapter.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LoraSpec {
+    /// The adapter's rank (vLLM serves up to 512).
+    #[serde(default = "default_lora_rank")]
+    #[schemars(range(min = 1, max = 512))]
+    pub rank: i32,
+    /// LoRA's scale numerator (the update is scaled by alpha / rank). Unset: 2 × rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 100000.0))]
+    pub alpha: Option<f64>,
+    /// The modules that get an adapter, by their own name in the model. Unset: every
+    /// projection of attention and MLP (`q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`,
+    /// `up_proj`, `down_proj`). A name the model lacks is refused before the trainer loads it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub target_modules: Vec<String>,
+    /// The final checkpoint holds the merged model (servable as the next job's model, with
+    /// the adapter beside it in `adapter/`); false: the adapter alone.
+    #[serde(default = "default_true")]
+    pub merge_final: bool,
+}
+
+fn default_lora_rank() -> i32 {
+    16
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

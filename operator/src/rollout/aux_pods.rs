@@ -202,8 +202,8 @@ pub fn trainer(
     };
     let mut vllm_args: Vec<String> = vec!["serve".into(), layout.model.clone()];
     vllm_args.extend(trainer_launch::vllm_args(train, &layout));
-    let vllm_env: Vec<Value> = trainer_launch::VLLM_ENV
-        .iter()
+    let vllm_env: Vec<Value> = trainer_launch::vllm_env(train)
+        .into_iter()
         .map(|(k, v)| json!({"name": k, "value": v}))
         .collect();
     let mut trainer_resources = serde_json::to_value(&train.resources)?;

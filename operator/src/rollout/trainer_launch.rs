@@ -9,12 +9,25 @@ use serde_json::{json, Value};
 /// Where the trainer pod mounts `train.checkpoint.claimName`.
 pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
 
-/// vLLM's `--served-model-name`; the gateways ask for this model.
+/// vLLM's `--served-model-name`; the gateways ask for this model. With `train.lora` it is
+/// the adapter's name, and the base is served as [`BASE_MODEL`].
 pub const SERVED_MODEL: &str = "policy";
+/// The base model's name in vLLM when the policy is a LoRA adapter on it.
+pub const BASE_MODEL: &str = "policy-base";
+
+/// vLLM's `--max-lora-rank` takes one of these (vllm/config/lora.py).
+const VLLM_LORA_RANKS: &[i32] = &[1, 8, 16, 32, 64, 128, 256, 320, 512];
 
 /// Environment of the vLLM process: its dev-mode endpoints (pause, reload, weight version)
-/// are how the trainer pushes each step's weights; only the trainer can reach them.
-pub const VLLM_ENV: &[(&str, &str)] = &[("VLLM_SERVER_DEV_MODE", "1")];
+/// are how the trainer pushes each step's weights, and with LoRA it loads each step's
+/// adapter in place at run time; only the trainer can reach those endpoints.
+pub fn vllm_env(train: &TrainSpec) -> Vec<(&'static str, &'static str)> {
+    let mut env = vec![("VLLM_SERVER_DEV_MODE", "1")];
+    if train.lora.is_some() {
+        env.push(("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"));
+    }
+    env
+}
 
 /// Where one run's processes find each other and keep their files.
 pub struct Layout {
@@ -48,8 +61,23 @@ pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
         "--port".into(),
         layout.vllm_port.to_string(),
         "--served-model-name".into(),
-        SERVED_MODEL.into(),
+        if train.lora.is_some() { BASE_MODEL } else { SERVED_MODEL }.into(),
     ];
+    if let Some(lora) = &train.lora {
+        // The smallest rank vLLM accepts that holds the adapter; one adapter at a time.
+        let rank = VLLM_LORA_RANKS
+            .iter()
+            .find(|r| **r >= lora.rank)
+            .copied()
+            .unwrap_or(lora.rank);
+        args.extend([
+            "--enable-lora".into(),
+            "--max-lora-rank".into(),
+            rank.to_string(),
+            "--max-loras".into(),
+            "1".into(),
+        ]);
+    }
     if train.vllm.gpus > 1 {
         args.extend(["--tensor-parallel-size".into(), train.vllm.gpus.to_string()]);
     }
@@ -166,6 +194,7 @@ pub fn trainer_config(
         "maxStaleness": train.max_staleness,
         "maxSequenceTokens": max_model_len(&train.vllm.args),
         "memoryPlan": train.memory_plan,
+        "lora": train.lora,
     });
     let checkpoint = match (&train.checkpoint, &layout.checkpoint_dir) {
         (Some(c), dir) => Some(json!({
@@ -216,6 +245,30 @@ mod tests {
         let args = vllm_args(&t, &layout());
         assert!(!args.contains(&"hermes".to_string()));
         assert!(args.ends_with(&["--tool-call-parser".into(), "qwen3_xml".into()]));
+    }
+
+    #[test]
+    fn a_lora_job_serves_the_adapter_under_the_policy_name() {
+        let t = train(json!({"image": "i", "model": "m", "lora": {"rank": 12}}));
+        let args = vllm_args(&t, &layout());
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--served-model-name", BASE_MODEL]));
+        assert!(args.contains(&"--enable-lora".to_string()));
+        // vLLM takes 1, 8, 16, 32, …: the smallest that holds rank 12.
+        assert!(args.windows(2).any(|w| w == ["--max-lora-rank", "16"]));
+        assert!(vllm_env(&t).contains(&("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")));
+        let full = train(json!({"image": "i", "model": "m"}));
+        assert!(!vllm_args(&full, &layout()).contains(&"--enable-lora".to_string()));
+        assert_eq!(vllm_env(&full), vec![("VLLM_SERVER_DEV_MODE", "1")]);
+        let spec: RolloutJobSpec = serde_json::from_value(json!({
+            "numSamples": 2, "tasks": {"inline": []}, "harness": {"preset": "pi"},
+            "evaluator": {"command": ["true"]},
+            "train": {"image": "i", "model": "m", "lora": {"rank": 12}},
+        }))
+        .expect("a valid spec");
+        let c = trainer_config("j", None, &spec, &t, &layout());
+        assert_eq!(c["lora"], json!({"rank": 12, "mergeFinal": true}));
     }
 
     #[test]
