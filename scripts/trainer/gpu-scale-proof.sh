@@ -4,6 +4,7 @@
 # since memory and speed do not depend on the weights' values.
 #   1. the memory plan's estimate against the allocator's peak (floe_trainer.memory_probe) for
 #      SmolLM2-135M and for Qwen3-1.7B with examples/rolloutjob-train.yaml's own settings;
+#      and a LoRA adapter on Qwen3-1.7B (PEFT from the machine's own packages);
 #   2. FSDP2 over NCCL in one process (trainer/tests/fsdp_one_device.py): the sharded path's
 #      weights against the plain path's after the same steps, and both step times;
 #   3. the trainer's unit and GPU tests on this machine's torch (in parallel with 1-2, on CPU).
@@ -37,7 +38,12 @@ probe smollm2-135m-instruct --precision bf16 --sequence 2048 --micro-batch 4
 probe qwen3-1.7b --precision bf16 --sequence 16384 --micro-batch 4 --max-tokens 32768 --gradient-checkpointing
 probe qwen3-1.7b --precision bf16 --sequence 4096 --micro-batch 2
 probe qwen3-1.7b --precision bf16 --sequence 8192 --gradient-checkpointing --reference
-"$PY" -m torch.distributed.run --nproc-per-node=1 trainer/tests/fsdp_one_device.py \
-  "$W/smollm2-135m-instruct" 4 2>"$OUT/fsdp.err" | tee -a "$OUT/probes.jsonl" || tail -5 "$OUT/fsdp.err"
+# LoRA (rank 16 on every projection): the example's settings, and the same 2 × 4,096 step.
+probe qwen3-1.7b --precision bf16 --sequence 16384 --micro-batch 4 --max-tokens 32768 --gradient-checkpointing --lora-rank 16
+probe qwen3-1.7b --precision bf16 --sequence 4096 --micro-batch 2 --lora-rank 16
+if [[ " $MODELS " == *" smollm2-135m-instruct "* ]]; then
+  "$PY" -m torch.distributed.run --nproc-per-node=1 trainer/tests/fsdp_one_device.py \
+    "$W/smollm2-135m-instruct" 4 2>"$OUT/fsdp.err" | tee -a "$OUT/probes.jsonl" || tail -5 "$OUT/fsdp.err"
+fi
 wait "$tests"
 tail -5 "$OUT/pytest.log"

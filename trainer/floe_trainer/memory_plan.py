@@ -20,17 +20,20 @@ layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
   checkpointing only each layer's input ``h`` is kept, plus one whole layer being recomputed;
 - logits: ~4 ``[positions, V]`` fp32 tensors live at the loss's peak (the logits, their gather,
   and both gradients), over at most ``LOGITS_CHUNK`` positions (``policy.token_logprobs``);
-- attention: on CPU, PyTorch's attention keeps ~3 fp32 ``[heads, S, S]`` score tensors per
-  row while a layer runs (measured: the forward's growth is quadratic in the length), ``T × S
-  × heads × 12`` at most; on a GPU in bf16 the fused kernels keep none, but a pass of several
+- attention: on CPU, PyTorch's attention keeps one fp32 ``[heads, S, S]`` score tensor per row
+  while a layer runs (measured: the forward's growth is quadratic in the length), ``T × S ×
+  heads × 4`` at most; on a GPU in bf16 the fused kernels keep none, but a pass of several
   traces carries a padding mask, ``T × S`` bytes; on a GPU in fp32 PyTorch's attention takes
   its plain path, which keeps each layer's ``[heads, S, S]`` fp32 probabilities for the
   backward pass (one layer's with checkpointing) plus two more while a layer runs (measured on
   an H200: SmolLM2 at 4,096 tokens peaked at 30.0 GB where the other terms are 10.3);
 - the runtime: on CPU, what the process holds before the model loads (interpreter, torch,
-  transformers: measured, not assumed) plus 0.5 GiB the compute libraries take at the first
-  step (thread pools, kernel caches: measured on this machine); on a GPU, 1 GiB for the CUDA
-  context and kernels.
+  transformers: measured, not assumed); on a GPU, 1 GiB for the CUDA context and kernels.
+
+On CPU the trainer fixes glibc's mmap threshold (``placement.return_freed_memory_on_cpu``):
+without it, freed activations fragment the heap and the resident peak runs 10-60 % over what
+the step holds (more with LoRA's small tensors between the large ones), which earlier versions
+of these terms absorbed as three score copies and 0.5 GiB "at the first step".
 
 Checked against measured peaks on CPU (``tests/test_memory_plan.py``: SmolLM2-135M, full
 training, with and without gradient checkpointing, within 20 %) and on an H200
@@ -51,12 +54,10 @@ log = logging.getLogger("floe_trainer")
 GIB = 1024**3
 # The CUDA context, cuBLAS workspaces and kernel images of a training process.
 CUDA_RUNTIME = 1 * GIB
-# What the compute libraries allocate at a CPU process's first step (measured: 0.4-0.6 GiB).
-CPU_FIRST_STEP = GIB // 2
 # Live [positions, vocab] fp32 tensors at the loss's peak (measured on CPU: ~4).
 LOGIT_COPIES = 4
 # Live [heads, T, T] fp32 attention scores while a layer runs on CPU.
-CPU_SCORE_COPIES = 3
+CPU_SCORE_COPIES = 1
 # A LoRA adapter the plan suggests when full training cannot fit, on the modules it targets by
 # default (every projection of attention and MLP: ``lora.DEFAULT_TARGETS``).
 SUGGESTED_RANK = 16
@@ -291,7 +292,7 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
         ("activations", activations),
         ("attention", attention),
         ("logits", logits),
-        ("runtime", CUDA_RUNTIME if s.device == "cuda" else s.runtime + CPU_FIRST_STEP),
+        ("runtime", CUDA_RUNTIME if s.device == "cuda" else s.runtime),
     )
     return Plan(s, items)
 

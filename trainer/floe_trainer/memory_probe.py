@@ -2,8 +2,8 @@
 the same settings: the proof of ``memory_plan`` (CPU in the tests, GPU in the proof script).
 
     python -m floe_trainer.memory_probe --model-dir DIR --sequence 1536 [--micro-batch 1
-        --max-tokens N --gradient-checkpointing --reference --device cpu --precision fp32
-        --steps 2]
+        --max-tokens N --gradient-checkpointing --reference --lora-rank R --device cpu
+        --precision fp32 --steps 2]
 
 Prints one JSON line: the estimate's items and total, the measured peak, and their ratio. The
 peak is the process's peak resident memory on CPU (``ru_maxrss``), and on a GPU the caching
@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from .bench_step import synthetic_groups
-from .loss import LossConfig
-from .memory_plan import CUDA_RUNTIME, ModelShape, Settings, estimate, resident_bytes
-from .placement import resolve
+from .distributed import SINGLE
+from .lora import LoraSpec
+from .memory_plan import CUDA_RUNTIME, ModelShape
 from .step import train_step
+from .trainer import TrainerConfig, load_policy, loss_config, step_options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,35 +37,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, help="grpo.maxTokensPerMicroBatch")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--reference", action="store_true", help="a KL reference model (klCoef > 0)")
+    p.add_argument("--lora-rank", type=int, help="train.lora.rank (its default targets)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="auto")
     p.add_argument("--steps", type=int, default=2)
     args = p.parse_args(argv)
-    placement = resolve(args.device, args.precision)
-    runtime = resident_bytes()
-    shape = ModelShape.from_dir(args.model_dir)
-    settings = Settings(
-        device=placement.device.type,
-        precision=placement.precision,
-        sequence=args.sequence,
-        micro_batch=args.micro_batch,
-        max_tokens=args.max_tokens,
+    # The trainer's own loading (``load_policy``): the plan it makes before the model loads
+    # (on CPU its runtime term is this process now), then the model, adapter and optimizer.
+    cfg = TrainerConfig(
+        model=str(args.model_dir),
+        policy_url="",
+        state_dir=Path("/nonexistent"),
+        num_samples=2,
+        learning_rate=1e-6,
+        micro_batch_size=args.micro_batch,
+        max_tokens_per_micro_batch=args.max_tokens,
         gradient_checkpointing=args.gradient_checkpointing,
-        reference=args.reference,
-        runtime=runtime,
+        kl_coef=0.1 if args.reference else 0.0,
+        device=args.device,
+        precision=args.precision,
+        max_sequence_tokens=args.sequence,
+        memory_plan="warn",
+        lora=LoraSpec.from_operator({"rank": args.lora_rank}) if args.lora_rank else None,
     )
-    plan = estimate(shape, settings)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
-    model.to(placement.device)
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    optimizer = placement.optimizer(model.parameters(), 1e-6)
-    reference = None
-    if args.reference:
-        dtype = placement.autocast_dtype or torch.float32
-        reference = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
-        reference.to(placement.device).eval().requires_grad_(False)
+    policy = load_policy(cfg, SINGLE, None)
+    plan = policy.memory_plan
+    if plan is None:
+        raise SystemExit(f"no plan for {args.model_dir}: it needs a config.json")
+    placement = policy.placement
+    shape = ModelShape.from_dir(args.model_dir)
     # One group of micro-batch-many full-length traces: each step's micro-batch is the
     # settings' T tokens. The second step is the peak: AdamW's state exists from the first.
     groups = synthetic_groups(
@@ -80,14 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(max(args.steps, 1)):
         start = time.perf_counter()
         train_step(
-            model,
-            optimizer,
+            policy.model,
+            policy.optimizer,
             groups,
-            LossConfig(kl_coef=0.1 if args.reference else 0.0),
-            micro_batch_size=args.micro_batch,
+            loss_config(cfg),
             placement=placement,
-            reference=reference,
-            max_tokens_per_micro_batch=args.max_tokens,
+            reference=policy.reference,
+            **step_options(cfg),
         )
         if cuda:
             torch.cuda.synchronize()
@@ -108,17 +107,18 @@ def main(argv: list[str] | None = None) -> int:
                 "model": str(args.model_dir),
                 "parameters": shape.parameters,
                 "settings": {
-                    "device": settings.device,
-                    "precision": settings.precision,
-                    "sequence": settings.sequence,
-                    "microBatch": settings.micro_batch,
-                    "maxTokens": settings.max_tokens,
-                    "gradientCheckpointing": settings.gradient_checkpointing,
-                    "reference": settings.reference,
+                    "device": placement.device.type,
+                    "precision": placement.precision,
+                    "sequence": args.sequence,
+                    "microBatch": args.micro_batch,
+                    "maxTokens": args.max_tokens,
+                    "gradientCheckpointing": args.gradient_checkpointing,
+                    "reference": args.reference,
+                    "loraRank": args.lora_rank,
                 },
-                "estimate": plan.as_json(),
+                "estimate": {k: v for k, v in plan.items() if k != "capacityBytes"},
                 "peakBytes": peak,
-                "estimateOverPeak": round(plan.total / peak, 4),
+                "estimateOverPeak": round(plan["totalBytes"] / peak, 4),
                 **extra,
             }
         )

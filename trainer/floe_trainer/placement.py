@@ -49,3 +49,25 @@ def resolve(device: str = "auto", precision: str = "auto") -> Placement:
     if precision == "auto":
         precision = "bf16" if dev.type == "cuda" else "fp32"
     return Placement(dev, torch.bfloat16 if precision == "bf16" else None)
+
+
+# glibc's mallopt parameter number for the mmap threshold (malloc.h: M_MMAP_THRESHOLD).
+_M_MMAP_THRESHOLD = -3
+_CPU_MMAP_THRESHOLD = 128 * 1024
+
+
+def return_freed_memory_on_cpu(device: torch.device) -> bool:
+    """On CPU, allocations of 128 KiB or more get their own mappings and go back to the system
+    when freed. glibc otherwise raises that threshold as large blocks are freed (up to 32 MiB)
+    and serves activations from its heap, where a step's freed tensors fragment it: a LoRA
+    forward pass of SmolLM2 over 3,072 tokens peaked at 8.2 GB of resident memory, 5.1 GB with
+    the threshold fixed (the memory plan's estimate is 5.2). True when set."""
+    if device.type != "cpu":
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _CPU_MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False  # not glibc: its allocator keeps its own ways

@@ -41,7 +41,7 @@ from .lora import LoraSpec
 from .loss import LossConfig
 from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
-from .placement import Placement, resolve
+from .placement import Placement, resolve, return_freed_memory_on_cpu
 from .step import StepStats, train_step
 from .vllm_sync import (
     BASE_VERSION_LABEL,
@@ -238,6 +238,7 @@ class Policy:
 def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy:
     placement = resolve(cfg.device, cfg.precision)
     dev = placement.device
+    return_freed_memory_on_cpu(dev)
     # Before the model loads: a step that cannot fit is refused in one line, not an OOM
     # minutes (or a first long trace) later.
     plan = review_memory(cfg, Path(resume or cfg.model), world.size)
