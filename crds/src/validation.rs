@@ -363,11 +363,17 @@ mod document_tests {
         parse_rollout_job(&job(spec.clone())).expect("LoRA on one GPU");
         spec["train"]["gpus"] = serde_json::json!(2);
         let err = parse_rollout_job(&job(spec.clone())).expect_err("LoRA over 2 GPUs");
-        assert!(err.to_string().contains("train.lora trains on one GPU"), "{err}");
+        assert!(
+            err.to_string().contains("train.lora trains on one GPU"),
+            "{err}"
+        );
         spec["train"]["gpus"] = serde_json::json!(1);
         spec["train"]["grpo"] = serde_json::json!({"weightSync": "NCCL"});
         let err = parse_rollout_job(&job(spec.clone())).expect_err("LoRA with NCCL");
-        assert!(err.to_string().contains("grpo.weightSync must be File"), "{err}");
+        assert!(
+            err.to_string().contains("grpo.weightSync must be File"),
+            "{err}"
+        );
         spec["train"]["grpo"] = serde_json::json!({});
         spec["train"]["lora"]["rank"] = serde_json::json!(1024);
         let err = parse_rollout_job(&job(spec)).expect_err("rank past vLLM's");

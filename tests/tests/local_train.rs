@@ -41,12 +41,15 @@ struct Shape {
     samples: u32,
     groups_per_step: u32,
     epochs: u32,
+    /// `train.lora.rank`: a LoRA adapter instead of every weight.
+    lora_rank: Option<u32>,
 }
 
 const LEARNING: Shape = Shape {
     samples: 4,
     groups_per_step: 2,
     epochs: 1,
+    lora_rank: None,
 };
 
 fn job(model: &Path, tasks: &[&str], shape: &Shape) -> String {
@@ -93,7 +96,7 @@ spec:
     # --max-model-len tokens each) needs more memory than a CI machine has: warn, not refuse.
     memoryPlan: Warn
     maxStaleness: 0
-    epochs: {epochs}
+    epochs: {epochs}{lora}
   tasks:
     inline:
 {tasks}"#,
@@ -103,6 +106,10 @@ spec:
         samples = shape.samples,
         groups_per_step = shape.groups_per_step,
         epochs = shape.epochs,
+        lora = shape
+            .lora_rank
+            .map(|r| format!("\n    lora: {{rank: {r}}}"))
+            .unwrap_or_default(),
     )
 }
 
@@ -351,6 +358,78 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     Ok(())
 }
 
+/// `train.lora` through `floe run`: vLLM serves the base as `policy-base` with the adapter
+/// the trainer pushes as `policy`, which is what the harness's gateway asks for; the trainer's
+/// log-probs of what vLLM sampled through the adapter match; each push is the adapter alone;
+/// the final model is the merged one, with the adapter beside it.
+#[test]
+fn a_lora_train_job_samples_through_the_adapter_it_trains() -> Result<()> {
+    let (python, models) = vllm_setup()?;
+    let model = models.join("smollm2-135m-instruct");
+    let dir = tempfile::tempdir()?;
+    let job_file = dir.path().join("job.yaml");
+    let shape = Shape {
+        samples: 4,
+        groups_per_step: 2,
+        epochs: 1,
+        lora_rank: Some(8),
+    };
+    std::fs::write(
+        &job_file,
+        job(&model, &["Name a fruit.", "Name a river."], &shape),
+    )?;
+    let out = dir.path().join("out");
+    let result = floe_run(&job_file, &out, &python).output()?;
+    let table = String::from_utf8_lossy(&result.stdout);
+    assert_eq!(
+        result.status.code(),
+        Some(0),
+        "floe run: {table}\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
+    let training = &summary["training"];
+    let steps = training["steps"].as_array().context("training.steps")?;
+    assert_eq!(steps.len(), 1, "{training}");
+    let mismatch = steps[0]["logprobMismatch"]
+        .as_f64()
+        .context("logprobMismatch")?;
+    assert!(mismatch < 1e-3, "trainer vs vLLM's adapter: {mismatch}");
+    let vllm_log = std::fs::read_to_string(out.join("trainer/vllm.log")).unwrap_or_default();
+    assert!(
+        vllm_log.contains("LoRA adapter 'policy' added") || vllm_log.contains("load_lora_adapter"),
+        "vLLM loaded the adapter: {}",
+        vllm_log
+            .lines()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let pushed = out.join("trainer/state/weights/adapter-1");
+    let bytes: u64 = std::fs::read_dir(&pushed)?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    assert!(bytes < 20 << 20, "a push is the adapter: {bytes} bytes");
+    let final_model = PathBuf::from(training["finalModel"].as_str().context("finalModel")?);
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "adapter/adapter_config.json",
+    ] {
+        assert!(
+            final_model.join(file).is_file(),
+            "{file} in {}",
+            final_model.display()
+        );
+    }
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    Ok(())
+}
+
 #[test]
 fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     let (python, models) = vllm_setup()?;
@@ -466,6 +545,7 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
         samples: 2,
         groups_per_step: 1,
         epochs: 2,
+        lora_rank: None,
     };
     let questions = ["Name a fruit.", "Name a colour."];
     std::fs::write(&job_file, job(&model, &questions, &shape))?;

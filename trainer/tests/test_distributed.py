@@ -69,6 +69,7 @@ def test_the_sharded_path_in_one_process_updates_as_the_plain_path_does(tmp_path
 
     tiny_llama(seed=5).save_pretrained(tmp_path / "model")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), *sys.path])}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU run (gpu-scale-proof.sh runs it on a GPU)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [
         "--nproc-per-node=1",

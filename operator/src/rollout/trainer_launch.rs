@@ -61,7 +61,12 @@ pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
         "--port".into(),
         layout.vllm_port.to_string(),
         "--served-model-name".into(),
-        if train.lora.is_some() { BASE_MODEL } else { SERVED_MODEL }.into(),
+        if train.lora.is_some() {
+            BASE_MODEL
+        } else {
+            SERVED_MODEL
+        }
+        .into(),
     ];
     if let Some(lora) = &train.lora {
         // The smallest rank vLLM accepts that holds the adapter; one adapter at a time.
