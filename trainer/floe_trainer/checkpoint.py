@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,18 +38,13 @@ def save(
 ) -> Path:
     """``weights`` and ``optimizer_state``: whole state dicts (gathered, when sharded);
     ``weights`` None: the model saves what it trains (a LoRA model: its adapter)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"ckpt-{state.step}"
-    tmp = directory / f".ckpt-{state.step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps(state.__dict__))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state.__dict__))
+
+    final = written_whole(directory / f"ckpt-{state.step}", write)
     old = sorted(
         (p for p in directory.glob("ckpt-*") if p.is_dir()),
         key=lambda p: int(p.name.split("-")[1]),
@@ -78,13 +74,23 @@ def save_model(final: Path, model, weights: dict, base: Path) -> Path:
     """A model directory vLLM (or ``from_pretrained``) serves as it is: the weights and config
     of ``model``, the tokenizer and chat template of the ``base`` model it was trained from.
     Written beside and renamed, so it is whole or absent."""
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        for name in SERVING_FILES:
+            if (base / name).is_file() and not (tmp / name).exists():
+                shutil.copy(base / name, tmp / name)
+
+    return written_whole(final, write)
+
+
+def written_whole(final: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` fills a directory beside ``final``, its files are synced, and it is renamed
+    to ``final``: a reader sees the whole directory or none (an old one until the rename)."""
     tmp = final.parent / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     final.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-    for name in SERVING_FILES:
-        if (base / name).is_file() and not (tmp / name).exists():
-            shutil.copy(base / name, tmp / name)
+    write(tmp)
     for f in tmp.iterdir():
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())

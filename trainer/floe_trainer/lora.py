@@ -12,7 +12,6 @@ The adapter's dropout is 0: the trainer's log-probs must be the ones vLLM sample
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import written_whole
 from .memory_plan import LORA_TARGETS
 from .vllm_sync import paused
 
@@ -77,15 +77,7 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def save_adapter(model, directory: Path) -> Path:
     """The adapter's files (config + safetensors), written beside and renamed: whole or
     absent."""
-    tmp = directory.parent / f".{directory.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
-    return directory
+    return written_whole(directory, model.save_pretrained)
 
 
 def merged_weights(model) -> dict[str, torch.Tensor]:

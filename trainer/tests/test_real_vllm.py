@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import running
+from vllm_server import running, served_against
 
 from floe_trainer.batching import GroupBuffer
 from floe_trainer.learn_demo import sample, trajectory
@@ -122,13 +122,9 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
         f" paused {timing['paused_seconds']:.2f} s"
     )
 
-    after_vllm = prompt_logprobs(url, "policy", probe)
     with torch.no_grad():
         after_trainer = token_logprobs(model, make_batch([trace]))[0].tolist()
-    n = len(after_trainer)
-    served_vs_trained = max(abs(a - b) for a, b in zip(after_vllm[-n:], after_trainer, strict=True))
-    moved = max(abs(a - b) for a, b in zip(after_vllm, before_vllm, strict=True))
-    print(f"served vs trained max |Δlogprob| {served_vs_trained:.2e}; moved by {moved:.3f}")
+    served_vs_trained, moved = served_against(url, probe, after_trainer, before_vllm)
     assert served_vs_trained < 2e-3, "vLLM serves the trained weights, tied head included"
     assert moved > 1e-2, "the push changed what vLLM serves"
     assert served_version(url) == 1, "the weights carry their policy version"

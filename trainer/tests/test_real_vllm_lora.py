@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import running
+from vllm_server import running, served_against
 
 from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.policy import make_batch, token_logprobs
@@ -79,11 +79,7 @@ def test_a_lora_step_is_what_vllm_serves_and_the_job_ends_with_the_merged_model(
     trace = Trace(prompt, probe_ids, [1] * len(probe_ids), [None] * len(probe_ids))
     with torch.no_grad():
         trained = token_logprobs(trainer.model, make_batch([trace]))[0].tolist()
-    served_now = prompt_logprobs(url, "policy", probe)
-    n = len(trained)
-    gap = max(abs(a - b) for a, b in zip(served_now[-n:], trained, strict=True))
-    moved = max(abs(a - b) for a, b in zip(served_now, base, strict=True))
-    print(f"\nLoRA: served vs trained max |Δlogprob| {gap:.2e}; moved by {moved:.3f}")
+    gap, moved = served_against(url, probe, trained, base)
     assert gap < 2e-3, "vLLM serves the trained adapter"
     assert moved > 1e-2, "the push changed what vLLM serves"
     pushed = next((tmp_path / "state" / "weights").glob("adapter-1"))

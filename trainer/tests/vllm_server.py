@@ -47,3 +47,19 @@ def running(model_dir: Path, *args: str, env: dict | None = None) -> Iterator[st
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=60)
+
+
+def served_against(
+    url: str, probe: list[int], trained: list[float], before: list[float]
+) -> tuple[float, float]:
+    """vLLM's prompt log-probs of ``probe`` under ``policy`` now: their largest gap from the
+    trainer's (``trained``, the response's tokens at the end) and how far they moved from
+    ``before``."""
+    from floe_trainer.vllm_sync import prompt_logprobs
+
+    served = prompt_logprobs(url, "policy", probe)
+    n = len(trained)
+    gap = max(abs(a - b) for a, b in zip(served[-n:], trained, strict=True))
+    moved = max(abs(a - b) for a, b in zip(served, before, strict=True))
+    print(f"\nserved vs trained max |Δlogprob| {gap:.2e}; moved by {moved:.3f}")
+    return gap, moved
