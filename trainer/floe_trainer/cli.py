@@ -18,7 +18,14 @@ from .distributed import from_env
 from .ingest import make_server
 from .memory_plan import LoraTargetError, MemoryPlanError
 from .placement import resolve
-from .trainer import Trainer, TrainerConfig, check_processes, follow, review_memory
+from .trainer import (
+    Trainer,
+    TrainerConfig,
+    check_processes,
+    expected_processes,
+    follow,
+    review_memory,
+)
 
 log = logging.getLogger("floe_trainer")
 
@@ -47,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         processes = int(os.environ.get("WORLD_SIZE", "1"))
         if args.command == "plan":
             # Planned for the processes the job will start (``floe run`` asks before).
-            processes = cfg.gpus if cfg.gpus and cfg.gpus > 1 else processes
+            processes = expected_processes(cfg) or processes
             print(json.dumps(review_memory(cfg, Path(cfg.model), processes)))
             return 0
         check_processes(cfg, processes)

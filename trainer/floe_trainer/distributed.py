@@ -111,6 +111,16 @@ def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Ten
     return full if world.leader else {}
 
 
+def broadcast_weights(model: torch.nn.Module, world: World) -> None:
+    """The leader's weights into every process's model, before it is sharded: a resumed world
+    whose other processes loaded the base model (their node may not see the checkpoint)."""
+    if not world.sharded:
+        return
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
 def total(world: World, value: float) -> float:
     """``value`` summed over the processes."""
     if not world.sharded:
@@ -165,8 +175,8 @@ def full_optimizer_state(
 def load_optimizer_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, world: World
 ) -> None:
-    """The inverse of ``full_optimizer_state`` (every process passes the whole state it read
-    from the checkpoint; each keeps its shard)."""
+    """The inverse of ``full_optimizer_state``: the leader passes the whole state it read from
+    the checkpoint, the others ``{}``; each keeps its shard of what the leader broadcasts."""
     if not world.sharded:
         optimizer.load_state_dict(state)
         return
@@ -176,5 +186,8 @@ def load_optimizer_state(
     )
 
     set_optimizer_state_dict(
-        model, optimizer, state, options=StateDictOptions(full_state_dict=True)
+        model,
+        optimizer,
+        state,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )

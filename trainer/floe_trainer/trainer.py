@@ -30,6 +30,7 @@ from .distributed import (
     SINGLE,
     World,
     agree,
+    broadcast_weights,
     full_optimizer_state,
     full_state_dict,
     load_optimizer_state,
@@ -101,6 +102,8 @@ class TrainerConfig:
     max_sequence_tokens: int | None = None
     # Training GPUs (``train.gpus``): one process each; None when the config does not say.
     gpus: int | None = None
+    # Trainer pods (``train.nodes``), each with ``gpus`` processes (one on CPU), one world.
+    nodes: int = 1
     # "enforce": a step that cannot fit the device is refused before the model loads;
     # "warn": logged, and the trainer starts anyway.
     memory_plan: str = "enforce"
@@ -126,6 +129,7 @@ class TrainerConfig:
         take("pass_threshold", c, "passThreshold", float)
         take("max_staleness", c, "maxStaleness", int)
         take("vllm_gpus", c, "vllmGpus", int)
+        take("nodes", c, "nodes", int)
         take("final_dir", c, "finalDir", Path)
         take("ingest_dir", c, "ingestDir", Path)
         take("max_sequence_tokens", c, "maxSequenceTokens", int)
@@ -170,6 +174,10 @@ class TrainerConfig:
             raise ValueError(f"grpo.weightSync must be File or NCCL, got {weight_sync!r}")
         if given.get("lora") and given.get("gpus", 1) > 1:
             raise ValueError("train.lora trains on one GPU (or CPU): set train.gpus 1")
+        if given.get("lora") and given.get("nodes", 1) > 1:
+            raise ValueError("train.lora trains in one process: set train.nodes 1")
+        if weight_sync == "nccl" and given.get("nodes", 1) > 1:
+            raise ValueError("grpo.weightSync NCCL is for one training process; use File")
         if given.get("lora") and weight_sync == "nccl":
             raise ValueError("train.lora pushes the adapter as a file: set grpo.weightSync File")
         if weight_sync == "nccl" and given.get("gpus", 1) > 1:
@@ -187,14 +195,25 @@ class TrainerConfig:
         )
 
 
+def expected_processes(cfg: TrainerConfig) -> int | None:
+    """The trainer processes ``cfg`` trains with: one per GPU on each of ``train.nodes`` pods
+    (one per pod on CPU); None where any number will do (CPU on one machine: the tests run
+    two)."""
+    if cfg.gpus is None or (cfg.gpus == 0 and cfg.nodes <= 1):
+        return None
+    return max(cfg.gpus, 1) * cfg.nodes
+
+
 def check_processes(cfg: TrainerConfig, started: int) -> None:
-    """``train.gpus`` GPUs are trained on by as many processes: a trainer started otherwise is
-    refused rather than training on fewer GPUs than the job has (CPU training takes any
-    number: the tests run two)."""
-    if cfg.gpus is not None and cfg.gpus >= 1 and started != cfg.gpus:
+    """``train.gpus`` GPUs on each of ``train.nodes`` pods are trained on by as many
+    processes: a trainer started otherwise is refused rather than training on fewer GPUs than
+    the job has."""
+    expected = expected_processes(cfg)
+    if expected is not None and started != expected:
         raise ValueError(
-            f"train.gpus is {cfg.gpus} but {started} trainer process(es) started: start one per "
-            f"GPU, torchrun --standalone --nproc-per-node={cfg.gpus} -m floe_trainer.cli serve "
+            f"train.gpus is {cfg.gpus} and train.nodes {cfg.nodes} but {started} trainer "
+            f"process(es) started: start {expected}, torchrun --nproc-per-node="
+            f"{max(cfg.gpus or 1, 1)} on each node -m floe_trainer.cli serve "
             "(the operator and floe run do)"
         )
 
@@ -241,7 +260,11 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
     return_freed_memory_on_cpu(dev)
     # Before the model loads: a step that cannot fit is refused in one line, not an OOM
     # minutes (or a first long trace) later.
-    plan = review_memory(cfg, Path(resume or cfg.model), world.size)
+    # A sharded world resumes from the leader's checkpoint alone: the other processes start
+    # from the base model and take the checkpoint's weights from the leader (on another node
+    # they cannot see its checkpoint volume).
+    own_resume = resume if world.leader else None
+    plan = review_memory(cfg, Path(own_resume or cfg.model), world.size)
     if cfg.lora:
         # The frozen base in the precision it computes in; the adapter (fp32) from the
         # checkpoint when resuming (a LoRA checkpoint holds only the adapter).
@@ -249,8 +272,10 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
         base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(dev)
         model = lora.wrap(base, cfg.lora, resume)
     else:
-        model = AutoModelForCausalLM.from_pretrained(resume or cfg.model, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(own_resume or cfg.model, dtype=torch.float32)
         model.to(dev)
+        if resume:
+            broadcast_weights(model, world)
     if cfg.gradient_checkpointing:
         # Activations recomputed in the backward pass: memory for time, on long traces.
         model.gradient_checkpointing_enable()
@@ -267,8 +292,8 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
         reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=ref_dtype)
         reference.to(dev).eval().requires_grad_(False)
     optimizer = placement.optimizer(lora.trainable(model), cfg.learning_rate)
-    if resume and (resume / "optimizer.pt").exists():
-        saved = torch.load(resume / "optimizer.pt", map_location=dev)
+    if agree(world, bool(own_resume and (own_resume / "optimizer.pt").exists())):
+        saved = torch.load(own_resume / "optimizer.pt", map_location=dev) if own_resume else {}
         load_optimizer_state(model, optimizer, saved, world)
     return Policy(placement, model, optimizer, reference, plan)
 

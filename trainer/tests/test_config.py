@@ -64,10 +64,31 @@ def test_training_gpus_need_as_many_processes_never_fewer():
     c = TrainerConfig.from_operator({"model": "m", "numSamples": 2, "gpus": 4}, Path("/tmp"))
     assert (c.device, c.gpus) == ("cuda", 4)
     check_processes(c, 4)
-    with pytest.raises(ValueError, match="train.gpus is 4 but 1 trainer process"):
+    with pytest.raises(ValueError, match="train.gpus is 4 and train.nodes 1 but 1 trainer"):
         check_processes(c, 1)
     cpu = TrainerConfig.from_operator({"model": "m", "numSamples": 2, "gpus": 0}, Path("/tmp"))
-    check_processes(cpu, 2)  # CPU training: any number (the tests run two)
+    check_processes(cpu, 2)  # CPU training on one machine: any number (the tests run two)
+    # Several nodes: each node's processes, all of them.
+    nodes = TrainerConfig.from_operator(
+        {"model": "m", "numSamples": 2, "gpus": 8, "nodes": 2}, Path("/tmp")
+    )
+    check_processes(nodes, 16)
+    with pytest.raises(ValueError, match="start 16"):
+        check_processes(nodes, 8)
+    cpu_nodes = TrainerConfig.from_operator(
+        {"model": "m", "numSamples": 2, "gpus": 0, "nodes": 2}, Path("/tmp")
+    )
+    check_processes(cpu_nodes, 2)
+    with pytest.raises(ValueError, match="start 2"):
+        check_processes(cpu_nodes, 1)
+    for refused, why in [
+        ({"lora": {"rank": 8}}, "train.nodes 1"),
+        ({"grpo": {"weightSync": "NCCL"}, "gpus": 1}, "one training process"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            TrainerConfig.from_operator(
+                {"model": "m", "numSamples": 2, "nodes": 2} | refused, Path("/tmp")
+            )
     with pytest.raises(ValueError, match="NCCL is for one training GPU"):
         TrainerConfig.from_operator(
             {"model": "m", "numSamples": 2, "gpus": 2, "grpo": {"weightSync": "NCCL"}},

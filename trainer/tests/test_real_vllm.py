@@ -367,11 +367,23 @@ def test_it_learns_a_verifiable_toy_task(served):
     assert final >= baseline + 0.3, (baseline, final, curve)
 
 
-def test_two_processes_train_a_step_vllm_serves_and_resume_from_their_checkpoint(served, tmp_path):
-    """``floe-trainer serve`` under torchrun, 2 CPU processes (gloo, FSDP2): the leader
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_train_a_step_vllm_serves_and_resume_from_the_first_ones_checkpoint(
+    served, tmp_path
+):
+    """``floe-trainer serve`` as two nodes of one process each (``train.nodes: 2`` on CPU:
+    two torchruns joined by a static rendezvous at the first, as the operator starts its
+    pods; gloo, FSDP2), each with a state directory of its own, as pods have: the first
     serves the ingest and leads; the step's weights (gathered from both shards) are what one
-    process would have trained, and what vLLM serves after the push; a SIGTERM to torchrun (a
-    pod deleted) leaves a checkpoint both processes wrote, and two new processes resume it."""
+    process would have trained, and what vLLM serves after the push. A SIGTERM to the first
+    alone (its pod deleted) leaves a checkpoint both gathered, and the second, told to stop,
+    ends cleanly. Two new nodes resume: the second, whose directory has no checkpoint, takes
+    the weights and AdamW state from the first."""
     from safetensors.torch import load_file
 
     from floe_trainer.batching import GroupBuffer
@@ -383,14 +395,13 @@ def test_two_processes_train_a_step_vllm_serves_and_resume_from_their_checkpoint
         [{"role": "user", "content": "Name a tree."}], add_generation_prompt=True, tokenize=False
     )
     prompt = tok(text, add_special_tokens=False)["input_ids"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     conf = {
         "model": str(model_dir),
         "policyUrl": url,
         "numSamples": 4,
         "gpus": 0,
+        "nodes": 2,
         "ingestListen": f"127.0.0.1:{port}",
         "grpo": {
             "groupsPerStep": 1,
@@ -404,11 +415,14 @@ def test_two_processes_train_a_step_vllm_serves_and_resume_from_their_checkpoint
     state = tmp_path / "state"
     ingest = f"http://127.0.0.1:{port}"
 
-    def start():
-        log = open(tmp_path / "trainer.log", "a")  # noqa: SIM115 (as long as the processes)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-            + ["--nproc-per-node=2", "-m", "floe_trainer.cli", "serve", "--state-dir", str(state)],
+    def node(rank: int, rendezvous: int):
+        """One pod's torchrun, with the arguments the operator gives it (trainer_launch.rs)."""
+        log = open(tmp_path / f"node{rank}.log", "a")  # noqa: SIM115 (as long as the process)
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}"]
+            + ["--master-addr=127.0.0.1", f"--master-port={rendezvous}", "--nproc-per-node=1"]
+            + ["-m", "floe_trainer.cli", "serve"]
+            + ["--state-dir", str(state if rank == 0 else tmp_path / f"state-node{rank}")],
             env={
                 **os.environ,
                 "FLOE_TRAINER_CONFIG": json.dumps(conf),
@@ -419,44 +433,59 @@ def test_two_processes_train_a_step_vllm_serves_and_resume_from_their_checkpoint
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def logs() -> str:
+        return "".join((tmp_path / f"node{r}.log").read_text()[-3000:] for r in (0, 1))
+
+    def start():
+        rendezvous = free_port()
+        procs = [node(0, rendezvous), node(1, rendezvous)]
         deadline = time.monotonic() + 180
         while True:
             try:
                 urllib.request.urlopen(f"{ingest}/healthz", timeout=2)
-                return proc
+                return procs
             except OSError:
-                log_tail = (tmp_path / "trainer.log").read_text()[-4000:]
-                assert proc.poll() is None, log_tail
-                assert time.monotonic() < deadline, log_tail
+                assert all(p.poll() is None for p in procs), logs()
+                assert time.monotonic() < deadline, logs()
                 time.sleep(1)
 
     def status():
         return json.loads(urllib.request.urlopen(f"{ingest}/v1/status", timeout=10).read())
 
-    def stop(proc):
-        proc.send_signal(signal.SIGTERM)  # what the kubelet sends the container's PID 1
-        try:
-            proc.wait(timeout=120)
-        finally:
+    def kill(procs):
+        for p in procs:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(p.pid, signal.SIGKILL)
+
+    def stop(procs):
+        first, second = procs
+        first.send_signal(signal.SIGTERM)  # what the kubelet sends the first pod's PID 1
+        try:
+            # torchrun ends 1 on a signal once its processes have; the second's ends once the
+            # leader told its process to stop (then 1 too: the rendezvous store it shared went
+            # with the first). Within the time each is given, or the checkpoint below is not
+            # what they wrote.
+            first.wait(timeout=120)
+            second.wait(timeout=60)
+        finally:
+            kill(procs)
 
     bodies = group_bodies(url, prompt, "tree")
-    proc = start()
+    procs = start()
     try:
         for body in bodies:
             assert post_json(f"{ingest}/v1/trajectories", body) == 200
         deadline = time.monotonic() + 300
         while status()["step"] < 1:
-            assert proc.poll() is None, (tmp_path / "trainer.log").read_text()[-4000:]
+            assert all(p.poll() is None for p in procs), logs()
             assert time.monotonic() < deadline, "no step in 300 s"
             time.sleep(1)
         assert status()["policyVersion"] == 1 and served_version(url) == 1
         assert status()["memoryPlan"]["items"]["gathered layers"] > 0, "planned as sharded"
-        stop(proc)
+        stop(procs)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill(procs)
 
     # The same step in this one process.
     cfg = TrainerConfig.from_operator(conf, tmp_path / "unused")
@@ -486,15 +515,24 @@ def test_two_processes_train_a_step_vllm_serves_and_resume_from_their_checkpoint
     del start_weights, model, opt, pushed, mine, base
     gc.collect()
 
-    # Stopped: the checkpoint both processes gathered (weights and AdamW state), then resumed.
+    # Stopped: the checkpoint both processes gathered (weights and AdamW state), on the first
+    # node only; then resumed.
     ckpt = state / "checkpoints/ckpt-1"
     assert (ckpt / "optimizer.pt").exists() and (ckpt / "model.safetensors").exists()
-    proc = start()
+    assert not list((tmp_path / "state-node1").glob("**/ckpt-*")), "the second writes none"
+    procs = start()
     try:
         now = status()
         assert (now["step"], now["policyVersion"], now["resumedFromStep"]) == (1, 1, 1)
         assert served_version(url) == 1
-        stop(proc)
+        # The resumed world pushed what it holds, gathered from both shards: the checkpoint's
+        # weights exactly (the second node's half came from the first by broadcast).
+        pushed = load_file(str(state / "weights/model.safetensors"))
+        saved = load_file(str(ckpt / "model.safetensors"))
+        common = pushed.keys() & saved.keys()
+        assert len(common) > 100, sorted(pushed)[:5]
+        assert all(torch.equal(pushed[k], saved[k]) for k in common)
+        del pushed, saved
+        stop(procs)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill(procs)

@@ -143,6 +143,12 @@ impl Training {
             .ok_or_else(|| RunError::Preflight("not a train job".into()))?;
         let dir = out.join("trainer");
         // Checked before anything starts: each would fail the run later anyway.
+        if train.nodes > 1 && trainer_url.is_none() {
+            return Err(RunError::Preflight(format!(
+                "train.nodes is {}: a trainer over several nodes runs on the cluster (the operator starts one pod per node); floe run trains on this machine: set train.nodes to 1 or pass --trainer-url URL",
+                train.nodes
+            )));
+        }
         let model = match (model_url, trainer_url) {
             (Some(_), Some(_)) => None,
             _ => Some(model_dir(plan, job_file)?),
@@ -303,7 +309,7 @@ impl Training {
             .trainer_python
             .as_ref()
             .map(|p| p.display().to_string());
-        let line = trainer_launch::trainer_command(train, python.as_deref());
+        let line = trainer_launch::trainer_command(train, python.as_deref(), None);
         let mut cmd = Command::new(&line[0]);
         cmd.args(&line[1..]).arg("--state-dir").arg(&state);
         let token = || hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));

@@ -14,6 +14,11 @@ use crate::common::UpstreamSpec;
 #[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[x_kube(validation = kube::core::Rule::new("!has(self.lora) || !has(self.gpus) || self.gpus <= 1")
     .message("train.lora trains on one GPU (or CPU): train.gpus must be 0 or 1"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.lora) || !has(self.nodes) || self.nodes <= 1")
+    .message("train.lora trains in one process: train.nodes must be 1"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.grpo) || !has(self.grpo.weightSync) || self.grpo.weightSync != 'NCCL' || ((!has(self.gpus) || self.gpus == 1) && (!has(self.nodes) || self.nodes == 1))")
+    .message("grpo.weightSync NCCL broadcasts from one training GPU: train.gpus must be 1 and train.nodes 1 (or use File)"))]
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.lora) || !has(self.grpo) || !has(self.grpo.weightSync) || self.grpo.weightSync != 'NCCL'")
     .message("train.lora pushes the adapter as a file: grpo.weightSync must be File"))]
@@ -35,6 +40,17 @@ pub struct TrainSpec {
     #[serde(default = "default_one")]
     #[schemars(range(min = 0, max = 8))]
     pub gpus: i32,
+    /// Trainer pods, one per node, for a model that one node's GPUs cannot train: `torchrun`
+    /// joins `gpus` processes (one if 0) on each into one FSDP2 world of nodes × gpus, with a
+    /// static rendezvous at the first pod's IP (no DNS needed). The first pod (`<job>-trainer`)
+    /// also runs vLLM and the ingest and writes the checkpoints; the others
+    /// (`<job>-trainer-1`, …) only train, created once the first has an IP and replaced with
+    /// it. Each pod mounts `modelClaimName` read-only (a ReadOnlyMany volume when they land on
+    /// several nodes); a restarted world resumes from the first pod's checkpoint by
+    /// broadcast, so only it mounts `checkpoint.claimName`.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 64))]
+    pub nodes: i32,
     /// The vLLM server in the trainer pod.
     #[serde(default)]
     pub vllm: VllmSpec,

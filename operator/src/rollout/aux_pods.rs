@@ -74,7 +74,7 @@ pub fn trainer_control_secret(job: &str) -> String {
     format!("{}-control", trainer_service(job))
 }
 
-fn meta(job: &RolloutJob, name: &str, role: &str) -> Value {
+pub(super) fn meta(job: &RolloutJob, name: &str, role: &str) -> Value {
     json!({
         "name": name,
         "namespace": job.namespace(),
@@ -106,7 +106,7 @@ fn service(
     }))
 }
 
-fn restricted() -> Value {
+pub(super) fn restricted() -> Value {
     json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
            "seccompProfile": {"type": "RuntimeDefault"}})
 }
@@ -175,17 +175,9 @@ fn gpus(n: i32) -> Value {
     }
 }
 
-/// `train`: the trainer pod (vLLM serving the policy behind `floe policy-proxy`, and the GRPO
-/// trainer) and its Services.
-pub fn trainer(
-    job: &RolloutJob,
-    floe_image: &str,
-) -> Result<Option<AuxObjects>, serde_json::Error> {
-    let Some(train) = &job.spec.train else {
-        return Ok(None);
-    };
-    let name = trainer_service(&job.name_any());
-    let layout = Layout {
+/// Where a `train` job's processes find each other and keep their files in its pods.
+pub(super) fn trainer_layout(train: &TrainSpec) -> Layout {
+    Layout {
         model: model_path(train),
         vllm_port: VLLM_LOOPBACK_PORT,
         ingest_listen: format!("0.0.0.0:{INGEST_PORT}"),
@@ -199,22 +191,25 @@ pub fn trainer(
             .checkpoint
             .as_ref()
             .map(|_| format!("{}/ingest", trainer_launch::CHECKPOINT_MOUNT)),
-    };
-    let mut vllm_args: Vec<String> = vec!["serve".into(), layout.model.clone()];
-    vllm_args.extend(trainer_launch::vllm_args(train, &layout));
-    let vllm_env: Vec<Value> = trainer_launch::vllm_env(train)
-        .into_iter()
-        .map(|(k, v)| json!({"name": k, "value": v}))
-        .collect();
-    let mut trainer_resources = serde_json::to_value(&train.resources)?;
-    if trainer_resources.is_null() {
-        trainer_resources = json!({});
+    }
+}
+
+/// The trainer container's resources: the job's, with its GPUs.
+pub(super) fn trainer_resources(train: &TrainSpec) -> Result<Value, serde_json::Error> {
+    let mut resources = serde_json::to_value(&train.resources)?;
+    if resources.is_null() {
+        resources = json!({});
     }
     if train.gpus > 0 {
-        trainer_resources["limits"]["nvidia.com/gpu"] = json!(train.gpus.to_string());
+        resources["limits"]["nvidia.com/gpu"] = json!(train.gpus.to_string());
     }
-    // The trainer writes new weights under its state directory and tells vLLM to reload them
-    // from there: both containers mount it (the model volume is read-only).
+    Ok(resources)
+}
+
+/// The volumes every trainer pod has, with their mounts: shared memory, the state directory
+/// (the trainer writes new weights there and tells vLLM to reload them: the model volume is
+/// read-only) and the model claim.
+pub(super) fn trainer_volumes(train: &TrainSpec) -> (Vec<Value>, Vec<Value>) {
     let mut mounts = vec![
         json!({"name": "shm", "mountPath": "/dev/shm"}),
         json!({"name": "trainer-state", "mountPath": TRAINER_STATE_DIR}),
@@ -227,6 +222,29 @@ pub fn trainer(
         mounts.push(json!({"name": "models", "mountPath": "/models", "readOnly": true}));
         volumes.push(json!({"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}));
     }
+    (mounts, volumes)
+}
+
+/// `train`: the trainer pod (vLLM serving the policy behind `floe policy-proxy`, and the GRPO
+/// trainer) and its Services. With `train.nodes` > 1 it is the first of the trainer's pods
+/// (the others: [`super::trainer_workers`]).
+pub fn trainer(
+    job: &RolloutJob,
+    floe_image: &str,
+) -> Result<Option<AuxObjects>, serde_json::Error> {
+    let Some(train) = &job.spec.train else {
+        return Ok(None);
+    };
+    let name = trainer_service(&job.name_any());
+    let layout = trainer_layout(train);
+    let mut vllm_args: Vec<String> = vec!["serve".into(), layout.model.clone()];
+    vllm_args.extend(trainer_launch::vllm_args(train, &layout));
+    let vllm_env: Vec<Value> = trainer_launch::vllm_env(train)
+        .into_iter()
+        .map(|(k, v)| json!({"name": k, "value": v}))
+        .collect();
+    let trainer_resources = trainer_resources(train)?;
+    let (mounts, mut volumes) = trainer_volumes(train);
     let mut trainer_mounts = mounts.clone();
     if let Some(c) = &train.checkpoint {
         trainer_mounts
@@ -238,7 +256,26 @@ pub fn trainer(
     let config =
         trainer_launch::trainer_config(&job.name_any(), job.namespace(), &job.spec, train, &layout)
             .to_string();
-    let trainer_command = trainer_launch::trainer_command(train, None);
+    // Several nodes: the first pod's own IP (the kubelet expands `$(FLOE_POD_IP)` in its
+    // arguments) is where torchrun's rendezvous store listens.
+    let node = trainer_launch::TrainerNode {
+        rank: 0,
+        leader_addr: "$(FLOE_POD_IP)",
+    };
+    let trainer_command = trainer_launch::trainer_command(train, None, Some(node));
+    let mut trainer_env = vec![
+        json!({"name": "FLOE_TRAINER_CONFIG", "value": config}),
+        json!({"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR}),
+        json!({"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": trainer_control_secret(&job.name_any()), "key": crate::pods::names::CONTROL_TOKEN_KEY}}}),
+        job_token_env(job, "FLOE_TRAINER_INGEST_TOKEN"),
+    ];
+    let mut trainer_ports = vec![json!({"name": "ingest", "containerPort": INGEST_PORT})];
+    if train.nodes > 1 {
+        trainer_env.insert(0, pod_ip_env());
+        trainer_ports
+            .push(json!({"name": "rendezvous", "containerPort": trainer_launch::RENDEZVOUS_PORT}));
+    }
     let control = trainer_control_secret(&job.name_any());
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -278,12 +315,8 @@ pub fn trainer(
                 {
                     "name": "trainer", "image": train.image,
                     "command": &trainer_command[..1], "args": &trainer_command[1..],
-                    "env": [{"name": "FLOE_TRAINER_CONFIG", "value": config},
-                            {"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR},
-                            {"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
-                                "name": control, "key": crate::pods::names::CONTROL_TOKEN_KEY}}},
-                            job_token_env(job, "FLOE_TRAINER_INGEST_TOKEN")],
-                    "ports": [{"name": "ingest", "containerPort": INGEST_PORT}],
+                    "env": trainer_env,
+                    "ports": trainer_ports,
                     "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 5},
                     "resources": trainer_resources,
                     "volumeMounts": trainer_mounts,
@@ -300,6 +333,11 @@ pub fn trainer(
             service(job, &name, "trainer", INGEST_PORT)?,
         ],
     }))
+}
+
+/// `FLOE_POD_IP`: the pod's own IP, from the downward API.
+pub(super) fn pod_ip_env() -> Value {
+    json!({"name": "FLOE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
 }
 
 /// Where a `tasks.file` job's task loader mounts the job's PVC.

@@ -11,6 +11,7 @@
 //! - [`aux_gate`]: what the job's own pod allows its sessions: claim, start (sans-IO).
 //! - [`aux_pods`]: the trainer pod (train) or dataset collector (sft) and their Services.
 //! - [`trainer_launch`]: the train job's vLLM, policy proxy and trainer arguments (sans-IO).
+//! - [`trainer_workers`]: a trainer over several nodes: the pods besides the first (sans-IO).
 //! - [`summary`]: a finished job's `summary.json` (sans-IO).
 //! - [`controller`]: the IO edge.
 
@@ -27,3 +28,4 @@ pub(crate) mod status;
 pub(crate) mod summary;
 pub(crate) mod tasks;
 pub mod trainer_launch;
+pub(crate) mod trainer_workers;

@@ -139,13 +139,33 @@ fn parse_length(v: &str) -> Option<u64> {
     digits.parse::<u64>().ok().map(|n| n.saturating_mul(unit))
 }
 
+/// torchrun's rendezvous port on the first trainer pod when the trainer spans several
+/// (`train.nodes` > 1).
+pub const RENDEZVOUS_PORT: u16 = 29500;
+
+/// Which of a several-node trainer's pods (`train.nodes` > 1) a command line is for.
+#[derive(Clone, Copy, Debug)]
+pub struct TrainerNode<'a> {
+    /// 0: the first pod (vLLM, the ingest, the leading process); 1…: the pods that only train.
+    pub rank: i32,
+    /// The first pod's address, where torchrun's rendezvous store listens.
+    pub leader_addr: &'a str,
+}
+
 /// The trainer's command line after its program: `floe-trainer serve` for one process, or
 /// `torchrun` starting one process per training GPU (they shard the model with FSDP2; the
-/// first serves the ingest and leads). `python` runs the module of that Python instead of
-/// the installed entry points (`floe run --trainer-python`).
-pub fn trainer_command(train: &TrainSpec, python: Option<&str>) -> Vec<String> {
+/// first serves the ingest and leads). With `node` (a pod of a several-node trainer) torchrun
+/// joins the other pods' processes by a static rendezvous at the first pod's address; without
+/// it the processes are this machine's alone. `python` runs the module of that Python instead
+/// of the installed entry points (`floe run --trainer-python`).
+pub fn trainer_command(
+    train: &TrainSpec,
+    python: Option<&str>,
+    node: Option<TrainerNode>,
+) -> Vec<String> {
     let mut cmd: Vec<String> = Vec::new();
-    let sharded = train.gpus > 1;
+    let node = node.filter(|_| train.nodes > 1);
+    let sharded = train.gpus > 1 || node.is_some();
     match (python, sharded) {
         (Some(py), true) => cmd.extend([py.into(), "-m".into(), "torch.distributed.run".into()]),
         (None, true) => cmd.push("torchrun".into()),
@@ -153,9 +173,19 @@ pub fn trainer_command(train: &TrainSpec, python: Option<&str>) -> Vec<String> {
         (None, false) => cmd.push("floe-trainer".into()),
     }
     if sharded {
+        match node {
+            // Static: each pod's rank is fixed, so the first pod's process is always the
+            // world's rank 0, the one that serves the ingest and pushes to its vLLM.
+            Some(n) => cmd.extend([
+                format!("--nnodes={}", train.nodes),
+                format!("--node-rank={}", n.rank),
+                format!("--master-addr={}", n.leader_addr),
+                format!("--master-port={RENDEZVOUS_PORT}"),
+            ]),
+            None => cmd.push("--standalone".into()),
+        }
         cmd.extend([
-            "--standalone".into(),
-            format!("--nproc-per-node={}", train.gpus),
+            format!("--nproc-per-node={}", train.gpus.max(1)),
             "-m".into(),
             "floe_trainer.cli".into(),
         ]);
@@ -194,6 +224,7 @@ pub fn trainer_config(
         "servedModel": SERVED_MODEL,
         "ingestListen": layout.ingest_listen,
         "gpus": train.gpus,
+        "nodes": train.nodes,
         "vllmGpus": train.vllm.gpus,
         "grpo": train.grpo,
         "maxStaleness": train.max_staleness,
@@ -307,9 +338,9 @@ mod tests {
     #[test]
     fn several_training_gpus_start_one_process_each_under_torchrun() {
         let one = train(json!({"image": "i", "model": "m"}));
-        assert_eq!(trainer_command(&one, None), ["floe-trainer", "serve"]);
+        assert_eq!(trainer_command(&one, None, None), ["floe-trainer", "serve"]);
         assert_eq!(
-            trainer_command(&one, Some("/py")),
+            trainer_command(&one, Some("/py"), None),
             ["/py", "-m", "floe_trainer.cli", "serve"]
         );
         let four = train(json!({"image": "i", "model": "m", "gpus": 4}));
@@ -320,13 +351,44 @@ mod tests {
             "floe_trainer.cli",
             "serve",
         ];
-        assert_eq!(trainer_command(&four, None)[0], "torchrun");
-        assert_eq!(trainer_command(&four, None)[1..], torchrun);
+        assert_eq!(trainer_command(&four, None, None)[0], "torchrun");
+        assert_eq!(trainer_command(&four, None, None)[1..], torchrun);
         assert_eq!(
-            trainer_command(&four, Some("/py"))[..3],
+            trainer_command(&four, Some("/py"), None)[..3],
             ["/py", "-m", "torch.distributed.run"]
         );
-        assert_eq!(trainer_command(&four, Some("/py"))[3..], torchrun);
+        assert_eq!(trainer_command(&four, Some("/py"), None)[3..], torchrun);
+    }
+
+    #[test]
+    fn several_trainer_nodes_join_by_a_static_rendezvous_at_the_first() {
+        let two = train(json!({"image": "i", "model": "m", "gpus": 8, "nodes": 2}));
+        let second = TrainerNode {
+            rank: 1,
+            leader_addr: "10.0.0.7",
+        };
+        assert_eq!(
+            trainer_command(&two, None, Some(second)),
+            [
+                "torchrun",
+                "--nnodes=2",
+                "--node-rank=1",
+                "--master-addr=10.0.0.7",
+                "--master-port=29500",
+                "--nproc-per-node=8",
+                "-m",
+                "floe_trainer.cli",
+                "serve"
+            ]
+        );
+        // CPU pods train with one process each, still joined.
+        let cpu = train(json!({"image": "i", "model": "m", "gpus": 0, "nodes": 3}));
+        let line = trainer_command(&cpu, None, Some(second));
+        assert!(line.contains(&"--nproc-per-node=1".to_string()), "{line:?}");
+        assert!(line.contains(&"--nnodes=3".to_string()), "{line:?}");
+        // One node: the node is ignored, the processes are the pod's own.
+        let one = train(json!({"image": "i", "model": "m", "gpus": 2}));
+        assert!(trainer_command(&one, None, Some(second)).contains(&"--standalone".to_string()));
     }
 
     #[test]

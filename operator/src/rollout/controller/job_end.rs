@@ -106,6 +106,11 @@ async fn end_job_pods(
         delete_pod(&pods, &aux_pods::task_loader_name(&name)).await?;
     }
     if let Some(train) = &job.spec.train {
+        // The other nodes' pods hold GPUs and have nothing left to do: their processes ended
+        // when the first pod's finished (or the job failed).
+        for worker in crate::rollout::trainer_workers::worker_names(job) {
+            delete_pod(&pods, &worker).await?;
+        }
         if train.checkpoint.is_some() {
             delete_pod(&pods, &aux_pods::trainer_service(&name)).await?;
         }

@@ -20,6 +20,7 @@ mod observe;
 mod own_pod;
 mod pod_writes;
 mod report;
+mod trainer_nodes;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,6 +142,7 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
     // Observe: the pool, the tasks and the pods; the job's own pod, which gates its sessions.
     let observed = observe::observe(job, ctx, ns).await?;
     let own_pod = own_pod::ensure(job, ctx, ns).await?;
+    trainer_nodes::ensure(job, ctx, ns, own_pod.as_ref()).await?;
     let job_pod = aux_gate::read(job, own_pod.as_ref(), ctx.early_claims, now.0);
     let (trainer, trainer_state) = own_pod::trainer_progress(ctx, job, own_pod.as_ref())
         .await

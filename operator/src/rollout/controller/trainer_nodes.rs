@@ -1,0 +1,70 @@
+//! A trainer over several nodes: the pods besides the first, made once the first has an IP
+//! and made again when it is replaced or one of them fails ([`crate::rollout::trainer_workers`]
+//! decides; this is the IO).
+
+use floe_crds::rollout_job::RolloutJob;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+
+use super::own_pod::{create_if_missing, refused};
+use super::{Halt, JobContext, JobError};
+use crate::rollout::trainer_workers::{self, WorkerAction};
+
+/// Every pod of node rank 1… as the first pod (`leader`) is now; nothing before it has an IP.
+pub(super) async fn ensure(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+    leader: Option<&Pod>,
+) -> Result<(), Halt> {
+    let names = trainer_workers::worker_names(job);
+    let Some((ip, uid)) = leader.and_then(trainer_workers::leader_identity) else {
+        return Ok(());
+    };
+    if names.is_empty() || job.spec.suspend {
+        return Ok(());
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    for (rank, name) in (1..).zip(&names) {
+        let existing = ctx.pods.get(&ObjectRef::new(name).within(ns));
+        match trainer_workers::action(existing.as_deref(), uid) {
+            WorkerAction::Keep => {}
+            WorkerAction::Create => {
+                let built = trainer_workers::worker(job, rank, ip, uid);
+                let Ok(Some(pod)) = built else {
+                    continue;
+                };
+                tracing::info!(job = %job.name_any(), pod = %name, rank, leader = %ip, "creating a trainer pod");
+                refused(create_if_missing(&pods, &pod).await, "pod", &pod)?;
+            }
+            WorkerAction::Replace(why) => {
+                let old = existing.as_deref().and_then(|p| p.metadata.uid.clone());
+                tracing::info!(job = %job.name_any(), pod = %name, "replacing a trainer pod: {why}");
+                delete_exactly(&pods, name, old).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Delete `name` only if it is still the pod of UID `uid` (the cache may be behind a pod made
+/// since for the new first pod); gone already, or another one now, is fine.
+async fn delete_exactly(pods: &Api<Pod>, name: &str, uid: Option<String>) -> Result<(), Halt> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Halt::Failed(JobError::api(format!(
+            "deleting pod {}/{name}",
+            pods.namespace().unwrap_or_default()
+        ))(e))),
+    }
+}
