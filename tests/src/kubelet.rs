@@ -310,10 +310,13 @@ impl Node {
         // Shared, not cloned: this runs on every watch event, and a burst brings dozens.
         let pods: Vec<Arc<Pod>> = self.store.state();
         // Pods that are gone or going: their containers stop.
-        self.running.retain(|name, _| {
+        let alive = |name: &String| {
             pods.iter()
                 .any(|p| p.name_any() == *name && p.metadata.deletion_timestamp.is_none())
-        });
+        };
+        self.running.retain(|name, _| alive(name));
+        // A job pod made again under its old name (a replaced trainer pod) is started again.
+        self.aux.retain(alive);
         for pod in &pods {
             let name = pod.name_any();
             if pod.metadata.deletion_timestamp.is_some() {

@@ -484,6 +484,25 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     );
     assert!(!refused.join("sessions").exists());
 
+    // A trainer over several nodes is the cluster's: refused, nothing started.
+    let sharded = job(&model, &["Name a fruit."], &LEARNING).replacen(
+        "    gpus: 0\n",
+        "    gpus: 0\n    nodes: 2\n",
+        1,
+    );
+    assert!(sharded.contains("nodes: 2"), "{sharded}");
+    std::fs::write(&job_file, sharded)?;
+    let refused = dir.path().join("out-nodes");
+    let result = floe_run(&job_file, &refused, &python).output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("train.nodes is 2: a trainer over several nodes runs on the cluster"),
+        "{stderr}"
+    );
+    assert!(!refused.join("trainer/vllm.log").exists());
+    assert!(!refused.join("sessions").exists());
+
     // A policy server that exits while starting: its log, exit 2.
     std::fs::write(&job_file, job(&model, &["Name a fruit."], &LEARNING))?;
     let cmd = floe_run(&job_file, &out, &python);

@@ -839,6 +839,146 @@ async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<(
     Ok(())
 }
 
+/// `train.nodes: 2`: the first trainer pod, then (once it has an IP) the second, ranked and
+/// pointed at it; the first replaced, the second is replaced with it and joins the new one;
+/// the second failing, it is made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_over_two_nodes_is_two_ranked_pods_that_follow_the_first() -> Result<()> {
+    let (client, ns) = with_crds("jobnodes").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create_pool(&client, &ns.name, "warm", 0).await?;
+    // Plays the trainer pods (Running, an IP each); no session ever starts (an empty pool).
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        12,
+        Arc::new(|_: &Value| Verdict::Hang),
+    )?;
+    let mut sharded = job("sharded", &["a"], 2, json!({}))?;
+    sharded.spec.sft = None;
+    sharded.spec.train = Some(serde_json::from_value(json!({
+        "image": "floe-trainer:test", "model": "m", "modelClaimName": "models",
+        "gpus": 0, "nodes": 2, "checkpoint": {"claimName": "sharded-state"}}))?);
+    jobs.create(&PostParams::default(), &sharded).await?;
+    let first_ip_uid = async || -> Result<Option<(String, String)>> {
+        let Some(p) = pods.get_opt("sharded-trainer").await? else {
+            return Ok(None);
+        };
+        let ip = p.status.and_then(|s| s.pod_ip);
+        Ok(ip.zip(p.metadata.uid))
+    };
+    // Joined to `uid` at `ip`, with the second node's rank (as the apiserver holds it).
+    let second_joined = async |ip: &str, uid: &str| -> Result<Option<Value>> {
+        let Some(p) = pods.get_opt("sharded-trainer-1").await? else {
+            return Ok(None);
+        };
+        let p = serde_json::to_value(p)?;
+        let joined = p["metadata"]["annotations"]["floe.dev/trainer-leader-uid"] == uid
+            && p["metadata"]["deletionTimestamp"].is_null()
+            && p["spec"]["containers"][0]["args"]
+                .as_array()
+                .is_some_and(|a| a.contains(&json!(format!("--master-addr={ip}"))));
+        Ok(joined.then_some(p))
+    };
+    let (ip, uid) = eventually("the first trainer pod with an IP", first_ip_uid).await?;
+    let second = eventually("the second trainer pod, joined to the first", async || {
+        second_joined(&ip, &uid).await
+    })
+    .await?;
+    let args = &second["spec"]["containers"][0]["args"];
+    for a in [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-port=29500",
+        "--nproc-per-node=1",
+    ] {
+        assert!(
+            args.as_array().is_some_and(|v| v.contains(&json!(a))),
+            "{a}: {args}"
+        );
+    }
+    assert_eq!(
+        second["metadata"]["labels"]["floe.dev/job-role"],
+        "trainer-worker"
+    );
+    assert_eq!(second["metadata"]["ownerReferences"][0]["name"], "sharded");
+    let claims = second["spec"]["volumes"].to_string();
+    assert!(
+        claims.contains("\"models\"") && !claims.contains("sharded-state"),
+        "{claims}"
+    );
+    // The first pod's trainer: rank 0, its own IP as the rendezvous; the job's Services
+    // select it alone.
+    let first = serde_json::to_value(pods.get("sharded-trainer").await?)?;
+    let first_args = first["spec"]["containers"].to_string();
+    assert!(first_args.contains("--node-rank=0") && first_args.contains("$(FLOE_POD_IP)"));
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), &ns.name);
+    let ingest = services.get("sharded-trainer").await?;
+    let selector = ingest.spec.and_then(|s| s.selector).unwrap_or_default();
+    assert_eq!(
+        selector.get("floe.dev/job-role").map(String::as_str),
+        Some("trainer")
+    );
+
+    // The first pod replaced (deleted at once, as after its node was lost): a new one with a
+    // new IP, and the second made again for it. The old second is deleted by the operator;
+    // the kubelet's part (removing it after its grace period) is the test's, here.
+    pods.delete(
+        "sharded-trainer",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let (ip2, uid2) = eventually("a new first trainer pod", async || {
+        Ok(first_ip_uid().await?.filter(|(_, u)| *u != uid))
+    })
+    .await?;
+    eventually("the second pod, made again for the new first", async || {
+        if let Some(p) = pods.get_opt("sharded-trainer-1").await? {
+            if p.metadata.deletion_timestamp.is_some() {
+                let now = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                };
+                let _ = pods.delete("sharded-trainer-1", &now).await;
+            }
+        }
+        second_joined(&ip2, &uid2).await
+    })
+    .await?;
+    // The second fails for good (evicted): made again.
+    let failed_uid = pods.get("sharded-trainer-1").await?.metadata.uid;
+    pods.patch_status(
+        "sharded-trainer-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Failed", "reason": "Evicted"}})),
+    )
+    .await?;
+    eventually("the failed second pod made again", async || {
+        if let Some(p) = pods.get_opt("sharded-trainer-1").await? {
+            if p.metadata.deletion_timestamp.is_some() {
+                let now = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                };
+                let _ = pods.delete("sharded-trainer-1", &now).await;
+            }
+        }
+        let again = second_joined(&ip2, &uid2).await?;
+        let p = pods.get_opt("sharded-trainer-1").await?;
+        Ok(again.filter(|_| p.is_some_and(|p| p.metadata.uid != failed_uid)))
+    })
+    .await?;
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
 /// `poolTemplate`: no GatewayPool; the job creates a pod per session attempt from its
 /// template, with the task's own image where it names one, never more than `concurrency +
 /// lookahead` alive; a failed attempt is retried on a fresh pod.
