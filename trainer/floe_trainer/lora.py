@@ -70,6 +70,11 @@ def wrap(model: torch.nn.Module, spec: LoraSpec, resume: Path | None = None) -> 
     return get_peft_model(model, config)
 
 
+def adapted(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a policy with a LoRA adapter (PEFT's model)."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 

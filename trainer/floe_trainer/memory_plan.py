@@ -287,8 +287,9 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
         ("gradients", 4 * trained),
         ("AdamW state", 8 * trained),
         copies,
-        # Replicated on every process (it only runs forward).
-        ("reference model", value * p if s.reference else 0),
+        # Replicated on every process (it only runs forward). A LoRA policy's reference is
+        # itself with the adapter off: no second copy.
+        ("reference model", value * p if s.reference and s.adapter is None else 0),
         ("activations", activations),
         ("attention", attention),
         ("logits", logits),
@@ -352,7 +353,7 @@ def _knobs(s: Settings, shape: ModelShape) -> list[tuple[str, dict]]:
         knobs.append((f"grpo.maxTokensPerMicroBatch: {s.sequence}", {"max_tokens": s.sequence}))
     if s.micro_batch > 1:
         knobs.append((f"grpo.microBatchSize: 1 (now {s.micro_batch})", {"micro_batch": 1}))
-    if s.reference:
+    if s.reference and s.adapter is None:
         knobs.append(("grpo.klCoef: 0 (no reference model)", {"reference": False}))
     if s.device == "cuda" and s.precision != "bf16":
         knobs.append(("grpo.precision: BF16", {"precision": "bf16"}))

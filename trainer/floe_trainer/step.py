@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import torch
 
+from . import lora
 from .batching import Group
 from .distributed import SINGLE, World, gather, total
 from .loss import LossConfig, LossStats, policy_loss
@@ -122,6 +123,20 @@ def _split(items: list[_Item], parts: int) -> list[list[_Item]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def reference_logprobs(
+    model: torch.nn.Module, reference: torch.nn.Module | None, batch
+) -> torch.Tensor | None:
+    """The KL reference's log-probs of ``batch``: ``reference``'s own, or, for a LoRA policy
+    (which loads none), the policy's with its adapter off: the base it started from, without a
+    second copy of it in memory. None when there is no reference."""
+    if reference is not None:
+        return token_logprobs(reference, batch)
+    if lora.adapted(model):
+        with model.disable_adapter():
+            return token_logprobs(model, batch)
+    return None
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -186,9 +201,9 @@ def train_step(
                 with placement.autocast():
                     logp = token_logprobs(model, batch)
                     ref = None
-                    if cfg.kl_coef > 0 and reference is not None:
+                    if cfg.kl_coef > 0:
                         with torch.no_grad():
-                            ref = token_logprobs(reference, batch)
+                            ref = reference_logprobs(model, reference, batch)
                 old = (
                     logp.detach()
                     if on_policy or idle

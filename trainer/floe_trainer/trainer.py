@@ -286,8 +286,10 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
             model.enable_input_require_grads()
     model = shard(model, world, dev.type)
     # The reference for the KL term is the policy the job started from, never a checkpoint.
+    # With LoRA that is the base itself, the adapter off (``step.reference_logprobs``): no
+    # second copy of the model.
     reference = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0 and not cfg.lora:
         ref_dtype = placement.autocast_dtype or torch.float32
         reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=ref_dtype)
         reference.to(dev).eval().requires_grad_(False)

@@ -88,3 +88,42 @@ def test_a_target_module_the_model_lacks_is_refused_before_it_loads(tmp_path):
     tiny_llama().save_pretrained(tmp_path)
     with pytest.raises(LoraTargetError, match=r"c_attn not in .*its linear modules: .*q_proj"):
         review(tmp_path, "cpu", "fp32", 64, 1, False, False, lora=(8, ("q_proj", "c_attn")))
+
+
+def test_the_kl_reference_of_a_lora_policy_is_its_base_with_the_adapter_off():
+    """No second model for the KL term: the policy with its adapter off is the base it started
+    from. Its log-probs equal a separate copy's, and a step pulled towards it equals the same
+    step with that copy as the reference."""
+    from floe_trainer.policy import make_batch, token_logprobs
+    from floe_trainer.step import reference_logprobs
+
+    def adapted():
+        model = lora.wrap(tiny_llama(seed=3), lora.LoraSpec(4, 8.0))
+        torch.manual_seed(7)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.1)  # the policy has moved off its base
+        return model
+
+    base = tiny_llama(seed=3).eval()
+    model = adapted()
+    groups = synthetic_groups(2, 4, 6, 6, vocab=64)
+    batch = make_batch([t for g in groups for tr in g.trajectories for t in tr.traces])
+    with torch.no_grad():
+        off = reference_logprobs(model, None, batch)
+        separate = token_logprobs(base, batch)
+        on = token_logprobs(model, batch)
+    torch.testing.assert_close(off, separate, rtol=0, atol=1e-6)
+    assert (on - separate).abs().max() > 1e-3, "the adapter is on outside the reference"
+    cfg = LossConfig(kl_coef=0.5)
+    stepped = []
+    for reference in (None, base):
+        m = adapted()
+        optimizer = torch.optim.AdamW(lora.trainable(m), lr=1e-2)
+        stats = train_step(m, optimizer, groups, cfg, micro_batch_size=2, reference=reference)
+        assert stats.kl_mean > 0
+        stepped.append((stats.kl_mean, m.state_dict()))
+    (kl_off, off_state), (kl_copy, copy_state) = stepped
+    assert kl_off == pytest.approx(kl_copy, rel=1e-6)
+    for k, v in copy_state.items():
+        torch.testing.assert_close(off_state[k], v, rtol=0, atol=1e-6)

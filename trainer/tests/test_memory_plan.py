@@ -164,6 +164,10 @@ def test_a_model_too_big_to_train_whole_is_pointed_to_a_lora_adapter():
     assert lora["weights"] == 2 * shape.parameters + 4 * 36 * per_layer
     assert lora["gradients"] == 4 * 36 * per_layer and lora["AdamW state"] == 8 * 36 * per_layer
     assert lora["bf16 weight copies"] == 0
+    # The KL reference is the base with the adapter off: no second copy to plan.
+    with_kl = dict(estimate(shape, replace(s, adapter=36 * per_layer, reference=True)).items)
+    assert with_kl["reference model"] == 0
+    assert dict(estimate(shape, replace(s, reference=True)).items)["reference model"] > 0
 
 
 def test_a_model_too_big_for_the_device_is_refused_whatever_the_settings():

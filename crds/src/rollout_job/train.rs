@@ -246,7 +246,9 @@ pub struct GrpoSpec {
     #[serde(default = "default_tis_cap")]
     #[schemars(range(min = 1.0, max = 100.0))]
     pub tis_cap: f64,
-    /// KL penalty to the reference model (0 = off, no reference model loaded).
+    /// KL penalty to the reference model, the policy the job started from (0 = off, no
+    /// reference model loaded; with `train.lora` the reference is the policy with its adapter
+    /// off, never a second copy).
     #[serde(default)]
     #[schemars(range(min = 0.0, max = 10.0))]
     pub kl_coef: f64,
