@@ -24,6 +24,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from .policy import register_sharded_logprobs
+
 T = TypeVar("T")
 
 
@@ -87,6 +89,7 @@ def shard(model: torch.nn.Module, world: World, device_type: str) -> torch.nn.Mo
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    register_sharded_logprobs(model)
     return model
 
 

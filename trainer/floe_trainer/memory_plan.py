@@ -13,8 +13,8 @@ layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
 - the KL reference model: ``2P`` (bf16) or ``4P`` (fp32), only with ``klCoef`` > 0 (whole on
   every process);
 - sharded over several processes (FSDP2, ``distributed``): the fp32 state divided among
-  them, plus two decoder layers gathered whole at a time, and logits for every position
-  (the model's own forward: the chunked log-probs need the root's weights outside it);
+  them, plus two decoder layers gathered whole at a time (the logits chunked as on one
+  device: ``policy.register_sharded_logprobs``);
 - activations saved for the backward pass, per token and layer ``(10h + 4i)`` values (fp32:
   4 bytes each; bf16: 2, plus the two RMSNorms' fp32 upcasts ``4h × 4``). With gradient
   checkpointing only each layer's input ``h`` is kept, plus one whole layer being recomputed;
@@ -255,9 +255,6 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
     else:
         activations = tokens * shape.layers * per_token_layer
     positions = min(tokens, max(s.logits_chunk, 1) * max(s.micro_batch, 1))
-    if shards > 1:
-        # Sharded, log-probs come from the model's own forward: every position's logits.
-        positions = tokens
     logits = positions * shape.vocab * (4 * LOGIT_COPIES + (2 if bf16 else 0))
     # Rows × length² is largest for the longest rows the pass allows: tokens × the context.
     pairs = tokens * max(s.sequence, 1)

@@ -3,6 +3,7 @@ traces under it (padded batches; response tokens only)."""
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -75,13 +76,40 @@ LOGITS_CHUNK = 1024
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch, chunk: int = LOGITS_CHUNK) -> torch.Tensor:
+def token_logprobs(model: torch.nn.Module, batch: Batch, chunk: int | None = None) -> torch.Tensor:
     """Log-probability of each response token under ``model`` ([B, R], float64 for the loss).
     Only the hidden states that predict a response token reach the output head, ``chunk``
-    positions at a time (see ``LOGITS_CHUNK``); agent prompts are long and their logits are
-    never needed."""
+    positions at a time (default ``LOGITS_CHUNK``); agent prompts are long and their logits
+    are never needed."""
     if not _chunkable(model):
         return _logprobs_whole(model, batch)
+    chunk = chunk or LOGITS_CHUNK
+    sharded = getattr(model, SHARDED_LOGPROBS, None)
+    if sharded is not None:
+        return sharded(batch, chunk)
+    return _chunked_logprobs(model, batch, chunk)
+
+
+# The chunked log-probs as a forward method of a model sharded with FSDP2
+# (``register_sharded_logprobs``).
+SHARDED_LOGPROBS = "floe_chunked_logprobs"
+
+
+def register_sharded_logprobs(model: torch.nn.Module) -> None:
+    """FSDP2 gathers the root's weights (embeddings, final norm, head) around the model's
+    ``forward`` only, and the chunked log-probs call the decoder and the head apart. Registered
+    as a forward method of the sharded model (PyTorch's ``register_fsdp_forward_method``), they
+    gather them as its forward would, so a sharded step keeps a chunk of logits too, not every
+    position's. A no-op for a model that is not sharded or takes the plain path."""
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    if not isinstance(model, FSDPModule) or not _chunkable_shape(model):
+        return
+    setattr(model, SHARDED_LOGPROBS, types.MethodType(_chunked_logprobs, model))
+    register_fsdp_forward_method(model, SHARDED_LOGPROBS)
+
+
+def _chunked_logprobs(model: torch.nn.Module, batch: Batch, chunk: int) -> torch.Tensor:
     hidden = model.get_decoder()(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask
     ).last_hidden_state
@@ -108,13 +136,18 @@ def _chosen_logprobs(head: torch.nn.Module, rows: torch.Tensor, ids: torch.Tenso
 
 
 def _chunkable(model: torch.nn.Module) -> bool:
-    config = getattr(model, "config", None)
-    if config is None or any(getattr(config, k, None) for k in _LOGIT_TRANSFORMS):
-        return False
-    # FSDP gathers the root's weights (embeddings, head) in the model's own forward only.
+    # Sharded, only through the registered forward method (the root's weights gathered).
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):
+    if isinstance(model, FSDPModule) and not hasattr(model, SHARDED_LOGPROBS):
+        return False
+    return _chunkable_shape(model)
+
+
+def _chunkable_shape(model: torch.nn.Module) -> bool:
+    """Logits that are just ``lm_head(decoder(...))``, with both reachable apart."""
+    config = getattr(model, "config", None)
+    if config is None or any(getattr(config, k, None) for k in _LOGIT_TRANSFORMS):
         return False
     try:
         decoder, head = model.get_decoder(), model.get_output_embeddings()

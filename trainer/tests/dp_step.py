@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny import tiny_llama  # noqa: E402
 
+from floe_trainer import policy  # noqa: E402
 from floe_trainer.batching import Group  # noqa: E402
 from floe_trainer.distributed import from_env, full_state_dict, shard  # noqa: E402
 from floe_trainer.loss import LossConfig  # noqa: E402
@@ -55,6 +56,9 @@ def groups() -> list[Group]:
 
 def main(out: Path, optimizer_name: str) -> None:
     torch.set_num_threads(1)
+    # Responses of 3-6 tokens in chunks of 2: several chunks each, the checkpointed head of
+    # the chunked log-probs, sharded too (``register_sharded_logprobs``), in both runs.
+    policy.LOGITS_CHUNK = 2
     world = from_env("cpu")
     model = shard(tiny_llama(seed=3), world, "cpu")
     # AdamW as the trainer uses it (large enough a rate for the clip to act), or SGD, whose
@@ -77,7 +81,10 @@ def main(out: Path, optimizer_name: str) -> None:
     if world.leader:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(weights, out / "weights.pt")
-        (out / "stats.json").write_text(json.dumps({**stats.__dict__, "processes": world.size}))
+        # Whether its log-probs took the chunked path (sharded: the registered method).
+        chunked = policy._chunkable(model)
+        figures = {**stats.__dict__, "processes": world.size, "chunked": chunked}
+        (out / "stats.json").write_text(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ def test_one_step_in_two_processes_updates_the_weights_as_one_process_does(tmp_p
     for key in ("loss", "grad_norm", "clip_fraction", "clip_fraction_last", "tokens"):
         assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
     assert one["updates"] == two["updates"] == 4
+    assert one["chunked"] and two["chunked"], "the sharded step's logits chunked too"
     if optimizer == "adamw":
         # Four updates (2 epochs × 2 mini-batches): the policy moved and the clip acted, so
         # the old log-probs the processes swapped were used.

@@ -110,10 +110,15 @@ def test_the_estimate_adds_up_term_by_term():
     assert dict(gpu32_ckpt.items)["attention"] == 10 * 10 * 2 * 4 * (1 + 2)
     sharded = dict(estimate(shape, Settings("cuda", "bf16", 10, shards=4, reference=True)).items)
     assert sharded["weights"] == 1000 and sharded["AdamW state"] == 2000
-    # Two units gathered in fp32, with their bf16 casts; the reference whole; every logit.
+    # Two units gathered in fp32, with their bf16 casts; the reference whole.
     assert sharded["gathered layers"] == 2 * 400 * (4 + 2)
     assert sharded["reference model"] == 2000
     assert sharded["logits"] == 10 * 100 * (16 + 2)
+    # Sharded or not, the logits are a chunk's worth (4 positions here), not every position's.
+    s = Settings("cuda", "bf16", 10, logits_chunk=4)
+    for shards in (1, 4):
+        chunked = dict(estimate(shape, replace(s, shards=shards)).items)
+        assert chunked["logits"] == 4 * 100 * (16 + 2)
 
 
 def test_a_step_that_cannot_fit_names_the_first_change_that_fits():
