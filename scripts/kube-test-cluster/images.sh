@@ -148,3 +148,67 @@ import "$H_TAR" "$H_IMAGE"
 echo "floe=$FLOE_IMAGE"
 echo "python=$PY_IMAGE"
 echo "harnesses=$H_IMAGE"
+
+# trainer (only with FLOE_TRAINER_PYTHON, the vLLM venv's python from scripts/vllm-cpu/setup.sh):
+# the venv's base interpreter with its standard library, the system libraries the venv's native
+# modules load, lscpu (vLLM reads the CPU topology with it), busybox, floe_trainer, and the
+# three commands the trainer pod runs (`vllm`, `torchrun`, `floe-trainer`). The venv itself
+# (~6 GB: torch's CUDA build loads its CUDA libraries even on CPU) is not copied: it comes from
+# the pod's model volume, a read-only hostPath PersistentVolume of this cache, at
+# /models/<venv>. Only a test can do that; a real trainer image is trainer/Dockerfile's.
+if [ -n "${FLOE_TRAINER_PYTHON:-}" ]; then
+  VENV=$(cd "$(dirname "$FLOE_TRAINER_PYTHON")/.." && pwd)
+  BASE_PY=$(readlink -f "$VENV/bin/python3")
+  BASE_PREFIX=$(cd "$(dirname "$BASE_PY")/.." && pwd)
+  STDLIB=$(ls -d "$BASE_PREFIX"/lib/python3.*/ | head -1)
+  SRC=$HERE/../../trainer/floe_trainer
+  T_SUM=$( (echo "${VENV##*/} $BASE_PY"; cat "$0"; cd "$SRC" && find . -name '*.py' | sort | xargs cat) | sha256sum | cut -c1-16)
+  T_IMAGE=floe.local/trainer:$T_SUM
+  T_TAR=$CACHE/trainer-$T_SUM.tar
+  if [ ! -f "$T_TAR" ]; then
+    R=$CACHE/trainer-root
+    rm -rf "$R"; mkdir -p "$R"/{bin,etc,tmp,home/user,usr/local/bin,opt/floe-trainer,models}
+    chmod 1777 "$R/tmp" "$R/home/user"
+    with_libs "$R" "$BASE_PY"
+    # The venv's own link (bin/python3 -> the base's python3, itself a link) resolves in the image.
+    LINK=$(readlink "$VENV/bin/python3")
+    if [ "$LINK" != "$BASE_PY" ] && [ "${LINK#/}" != "$LINK" ]; then
+      mkdir -p "$R$(dirname "$LINK")"; ln -sf "$BASE_PY" "$R$LINK"
+    fi
+    tar -C / --exclude='__pycache__' --exclude='site-packages' --exclude='test' --exclude='idlelib' \
+      --exclude='tkinter' --exclude='ensurepip' -cf - "${STDLIB#/}" | tar -C "$R" -xf -
+    cp /bin/busybox "$R/bin/busybox"
+    for a in $("$R/bin/busybox" --list); do [ -e "$R/bin/$a" ] || ln -s busybox "$R/bin/$a"; done
+    with_libs "$R" "$(command -v lscpu)"
+    # The system libraries of every native module in the venv (and of the stdlib's own).
+    find "$VENV" "$STDLIB" -name '*.so*' -type f 2>/dev/null | while read -r so; do
+      ldd "$so" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+    done | grep -v "^$VENV/" | sort -u | while read -r lib; do
+      [ -e "$R$lib" ] || cp -L --parents "$lib" "$R/"
+    done
+    # cp --parents made the interpreter's parents as the host has them (/root: 0700): the
+    # image's user must reach it.
+    chmod -R a+rX "$R"
+    cp -r "$SRC" "$R/opt/floe-trainer/"
+    find "$R/opt/floe-trainer" -name __pycache__ -prune -exec rm -rf {} +
+    PY_IN_POD=/models/${VENV##*/}/bin/python
+    # TORCHDYNAMO_DISABLE: vLLM's CPU sampler compiles a helper with torch.compile, which needs a
+    # C++ compiler (inductor) that this image does not carry; eager gives the same tokens.
+    env_lines="export TORCHDYNAMO_DISABLE=1 HOME=\${HOME:-/home/user} PYTHONPATH=/opt/floe-trainer HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=\${VLLM_CPU_KVCACHE_SPACE:-1}"
+    # `vllm serve MODEL ARGS`: the package is vllm-cpu, so its module entry point.
+    printf '#!/bin/sh\n%s\n[ "$1" = serve ] || exec %s -m vllm.entrypoints.cli.main "$@"\nshift; model=$1; shift\nexec %s -m vllm.entrypoints.openai.api_server --model "$model" "$@"\n' \
+      "$env_lines" "$PY_IN_POD" "$PY_IN_POD" > "$R/usr/local/bin/vllm"
+    printf '#!/bin/sh\n%s\nexec %s -m torch.distributed.run "$@"\n' "$env_lines" "$PY_IN_POD" > "$R/usr/local/bin/torchrun"
+    printf '#!/bin/sh\n%s\nexec %s -m floe_trainer.cli "$@"\n' "$env_lines" "$PY_IN_POD" > "$R/usr/local/bin/floe-trainer"
+    chmod 0755 "$R"/usr/local/bin/*
+    printf 'root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n' > "$R/etc/passwd"
+    printf 'root:x:0:\nuser:x:1000:\n' > "$R/etc/group"
+    python3 "$HERE/mkimage.py" "$T_TAR.part" "$T_IMAGE" "$R" --user 1000:1000 --workdir /home/user >&2
+    mv "$T_TAR.part" "$T_TAR"
+    rm -rf "$R"
+    log "$T_IMAGE built ($(du -h "$T_TAR" | cut -f1))"
+  fi
+  import "$T_TAR" "$T_IMAGE"
+  echo "trainer=$T_IMAGE"
+  echo "trainer-volume=$(dirname "$VENV")"
+fi

@@ -60,5 +60,8 @@ if [ ! -f "$M/.complete" ]; then
   rm -rf "$TOK"
   touch "$M/.complete"
 fi
+# Readable by anyone: the real-node tests' trainer pod (a non-root user) reads the models and
+# the venv from a hostPath of this cache (safetensors writes its files 0600).
+chmod -R a+rX "$M"
 log "ready"
 echo "$V/bin/python $M"

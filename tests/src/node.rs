@@ -33,6 +33,12 @@ pub struct NodeImages {
     /// The python sandbox plus Node.js and the five harness CLIs (`pi`, `codex`, `claude`,
     /// `qwen`, `gemini` on PATH).
     pub harnesses: String,
+    /// The trainer pod's image (`vllm`, `torchrun`, `floe-trainer` on PATH), when the tests
+    /// have the vLLM venv (`FLOE_TEST_PYTHON`): it runs that venv from the pod's model volume,
+    /// a hostPath of [`NodeImages::trainer_volume`] at `/models`.
+    pub trainer: Option<String>,
+    /// The host directory holding the venv and the converted models.
+    pub trainer_volume: Option<PathBuf>,
 }
 
 static NODE: OnceLock<TestNode> = OnceLock::new();
@@ -121,9 +127,12 @@ impl TestNode {
         if let Some(i) = IMAGES.get() {
             return Ok(i);
         }
-        let out = run(Command::new(script("images.sh"))
-            .arg(&self.dir)
-            .arg(floe_bin()?))?;
+        let mut build = Command::new(script("images.sh"));
+        build.arg(&self.dir).arg(floe_bin()?);
+        if let Some(python) = std::env::var_os("FLOE_TEST_PYTHON") {
+            build.env("FLOE_TRAINER_PYTHON", python);
+        }
+        let out = run(&mut build)?;
         let get = |key: &str| {
             out.lines()
                 .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
@@ -134,6 +143,8 @@ impl TestNode {
             floe: get("floe")?,
             python: get("python")?,
             harnesses: get("harnesses")?,
+            trainer: get("trainer").ok(),
+            trainer_volume: get("trainer-volume").ok().map(PathBuf::from),
         };
         Ok(IMAGES.get_or_init(|| images))
     }

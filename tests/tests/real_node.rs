@@ -20,6 +20,8 @@ use serde_json::{json, Value};
 
 #[path = "real_node/prometheus.rs"]
 mod prometheus;
+#[path = "real_node/training.rs"]
+mod training;
 
 /// The custom harness: one model call through the gateway, then a fix for the task it knows
 /// (`fix-add`); any other task is left unsolved, so its hidden test fails (reward 0). Asked to

@@ -379,6 +379,8 @@ class Trainer:
         # and tells the others each step, push and checkpoint (``follow``).
         self.world = world
         self.last_told = time.monotonic()
+        # Told to stop: after the final checkpoint, or when this process stops.
+        self.followers_stopped = False
         if world.sharded and cfg.weight_sync == "nccl":
             raise ValueError("grpo.weightSync NCCL is for one training process; use File")
         policy = load_policy(cfg, world, resume)
@@ -452,11 +454,14 @@ class Trainer:
         """Called while idle: the other processes hear from the leader at least every
         ``HEARTBEAT_SECONDS`` (their wait for its next order would time out)."""
         now = time.monotonic() if now is None else now
-        if self.world.sharded and now - self.last_told >= HEARTBEAT_SECONDS:
+        idle_for = now - self.last_told
+        if self.world.sharded and not self.followers_stopped and idle_for >= HEARTBEAT_SECONDS:
             self._tell("noop")
 
     def stop_followers(self) -> None:
-        self._tell("stop")
+        if not self.followers_stopped:
+            self._tell("stop")
+            self.followers_stopped = True
 
     def add(self, t: Trajectory) -> None:
         with self.lock:
@@ -562,7 +567,7 @@ class Trainer:
         """A checkpoint of the current step, unless there is one already (a stopped trainer
         writes one, so a restart trains nothing again that it had trained). Called by the
         thread that trains, never while a step runs; the lock stays free for the ingest."""
-        if self.state.step == self.checkpointed_step:
+        if self.state.step == self.checkpointed_step or self.followers_stopped:
             return
         self._tell("checkpoint")
         # A LoRA model saves its adapter itself.
@@ -587,6 +592,12 @@ class Trainer:
         with self.lock:
             self.final_checkpoint = final
             self.finished = True
+        if self.world.sharded:
+            # Nothing is left for the other processes: the resumable state goes to the
+            # checkpoints, then they end (their pods' GPUs go free; the job's end deletes them)
+            # and this one serves its status alone.
+            self.save_checkpoint()
+            self.stop_followers()
 
     def check_policy_server(self, now: float | None = None) -> None:
         """Every ``served_check_seconds``: a vLLM serving other weights than the trainer's

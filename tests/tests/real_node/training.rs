@@ -1,0 +1,231 @@
+//! A `train` job on the real node: the operator's trainer pods run on the kubelet — the first
+//! with the real vLLM serving the policy behind `floe policy-proxy` and the real
+//! `floe-trainer`, the second (`train.nodes: 2`) joining it by torchrun's static rendezvous at
+//! its pod IP over the node's bridge, the model sharded over the two (FSDP2, gloo). Sessions in
+//! pool pods sample the policy through the job's Service, ship their trajectories to the
+//! ingest, and the trainer takes real steps that the job's status shows.
+//!
+//! The trainer image runs the tests' vLLM venv from the pod's model volume (a read-only
+//! hostPath PersistentVolume of the cache holding it and the models): torch's CUDA build is
+//! ~6 GB with its CUDA libraries, too much to import into the node on every run
+//! (`scripts/kube-test-cluster/images.sh`).
+
+use super::*;
+
+/// The learning agent: one model call through the gateway, its reply kept for the grader.
+const LEARN_AGENT: &str = r#"
+import json, os, pathlib, urllib.request
+base = os.environ["OPENAI_BASE_URL"].rstrip("/")
+body = {"model": "policy", "max_tokens": 12,
+        "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
+req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json",
+                                      "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+reply = json.load(urllib.request.urlopen(req, timeout=120))
+pathlib.Path("reply.txt").write_text(reply["choices"][0]["message"]["content"] or "")
+"#;
+
+/// The grader (a hidden file): shorter replies score higher, so the rewards of a group differ
+/// and each group trains (a group whose rewards are all equal has no advantage to learn from).
+const GRADE: &str = r#"
+import json, pathlib
+reply = pathlib.Path("reply.txt").read_text() if pathlib.Path("reply.txt").exists() else ""
+pathlib.Path("reward.json").write_text(json.dumps({"reward": max(0.0, 1.0 - len(reply) / 60)}))
+"#;
+
+fn task(id: &str, question: &str) -> Value {
+    json!({"id": id, "instruction": question,
+           "evaluation": {"hiddenFiles": {"grade.py": GRADE}}})
+}
+
+#[tokio::test]
+async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
+    // Alone on the node: vLLM and a training step in pods, beside the other tests' pods and
+    // the two host vLLMs, would starve this 2-core machine and their time limits.
+    let work = prepare_as("train", NodeUse::Alone(NODE_USE.write().await)).await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
+    let (Some(trainer_image), Some(volume)) = (&images.trainer, &images.trainer_volume) else {
+        bail!("no trainer image: FLOE_TEST_PYTHON must name the vLLM venv's python (scripts/test.sh sets it)");
+    };
+    let models = std::env::var("FLOE_TEST_MODELS")
+        .context("FLOE_TEST_MODELS: scripts/vllm-cpu/setup.sh's converted models")?;
+    let model = std::path::Path::new(&models).join("smollm2-135m-instruct");
+    let in_volume = model
+        .strip_prefix(volume)
+        .with_context(|| format!("{} is not under {}", model.display(), volume.display()))?;
+    // The model volume, read-only (the venv rides on it).
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": format!("{ns}-models")},
+               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
+                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                        "hostPath": {"path": volume.display().to_string(), "type": "Directory"},
+                        "claimRef": {"namespace": ns, "name": "models"}}}),
+    )
+    .await?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models"},
+               "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                        "volumeName": format!("{ns}-models"),
+                        "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "agent"},
+               "data": {"agent.py": AGENT, "learn.py": LEARN_AGENT}}),
+    )
+    .await?;
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    warm_pool(n, &client, &ns, &images.python).await?;
+    let job = json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+        "metadata": {"name": "learn"},
+        "spec": {"numSamples": 2, "concurrency": 2, "poolRef": {"name": "python"},
+                 "harness": {"preset": "custom", "command": ["python3", "/opt/agent/learn.py"]},
+                 "evaluator": {"command": ["python3", "grade.py"],
+                               "reward": {"source": "RewardFile", "path": "reward.json",
+                                          "passThreshold": 0.5}},
+                 "sampling": {"maxResponseTokens": 12},
+                 "timeouts": {"agentSeconds": 180, "evaluatorSeconds": 30},
+                 "tasks": {"inline": [task("fruit", "Name a fruit."),
+                                      task("colour", "Name a colour.")]},
+                 "train": {"image": trainer_image, "model": in_volume.display().to_string(),
+                           "modelClaimName": "models", "gpus": 0, "nodes": 2,
+                           "memoryPlan": "Warn",
+                           "maxStaleness": 4,
+                           "vllm": {"gpus": 0, "args": ["--dtype", "float32", "--enforce-eager",
+                                                        "--max-model-len", "2048"]},
+                           "grpo": {"groupsPerStep": 1, "learningRate": 1e-5,
+                                    "microBatchSize": 4}}}});
+    apply(&client, &ns, job).await?;
+    // The second trainer pod, made once the first has an IP, pointed at it.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let leader_ip = eventually_within(
+        240,
+        "the second trainer pod, joined to the first",
+        async || {
+            let (Some(first), Some(second)) = (
+                pods.get_opt("learn-trainer").await?,
+                pods.get_opt("learn-trainer-1").await?,
+            ) else {
+                return Ok(None);
+            };
+            let ip = first.status.and_then(|s| s.pod_ip).unwrap_or_default();
+            let args = second
+                .spec
+                .map(|s| s.containers[0].args.clone().unwrap_or_default());
+            let joined = args.is_some_and(|a| a.contains(&format!("--master-addr={ip}")));
+            Ok((joined && !ip.is_empty()).then_some(ip))
+        },
+    )
+    .await
+    .with_context(|| trainer_logs(n, &ns))?;
+    // The first's trainer planned its step for a sharded world: each process holds half the
+    // state plus the layers it gathers.
+    let http = reqwest::Client::new();
+    let plan = eventually_within(300, "the trainer's status", async || {
+        let url = format!("http://{leader_ip}:8100/v1/status");
+        let Ok(reply) = http.get(&url).send().await else {
+            return Ok(None);
+        };
+        let status: Value = reply.json().await?;
+        Ok(status.get("memoryPlan").cloned())
+    })
+    .await
+    .with_context(|| trainer_logs(n, &ns))?;
+    assert!(
+        plan["items"]["gathered layers"]
+            .as_f64()
+            .is_some_and(|b| b > 0.0),
+        "{plan}"
+    );
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
+    // The trainer pod loads vLLM and the model on this 2-core node (~1-2 min) before any
+    // session starts; then 4 sessions and two steps.
+    let done = eventually_within(600, "the train job to finish", async || {
+        let job = jobs.get("learn").await?;
+        let phase = job.status.as_ref().and_then(|s| s.phase);
+        Ok(matches!(
+            phase,
+            Some(RolloutJobPhase::Succeeded | RolloutJobPhase::Failed)
+        )
+        .then_some(job))
+    })
+    .await
+    .with_context(|| trainer_logs(n, &ns))?;
+    let status = done.status.context("status")?;
+    if status.phase != Some(RolloutJobPhase::Succeeded) {
+        bail!(
+            "{status:?}\n{}\n{}",
+            pod_logs(n, &ns)?,
+            trainer_logs(n, &ns)
+        );
+    }
+    assert_eq!(status.sessions.total, 4, "{status:?}");
+    assert_eq!(status.sessions.succeeded, 4, "{status:?}");
+    // The trainer's own figures, read from its /v1/status by the operator: real steps, each
+    // pushed into the pod's vLLM as the next policy version.
+    let trainer = status
+        .trainer
+        .clone()
+        .context("the trainer's progress in the status")?;
+    assert!(trainer.finished, "{trainer:?}");
+    assert!(
+        trainer.step >= 1 && trainer.policy_version >= 1,
+        "{trainer:?}\n{}",
+        trainer_logs(n, &ns)
+    );
+    assert!(trainer.final_model.is_some(), "{trainer:?}");
+    // The first pod as the kubelet ran it: its three containers up, none restarted. The
+    // second's process ended when the first's finished; the job's end deletes its pod.
+    let pod = pods.get("learn-trainer").await?;
+    let containers = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default();
+    for c in &containers {
+        assert_eq!(c.restart_count, 0, "{} restarted: {:?}", c.name, c);
+    }
+    assert_eq!(containers.len(), 3, "{containers:?}");
+    eventually_within(120, "the second trainer pod gone", async || {
+        Ok(pods
+            .get_opt("learn-trainer-1")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+/// The trainer pod's containers' last lines.
+fn trainer_logs(n: &TestNode, ns: &str) -> String {
+    [
+        ("learn-trainer", "vllm"),
+        ("learn-trainer", "trainer"),
+        ("learn-trainer", "policy"),
+        ("learn-trainer-1", "trainer"),
+    ]
+    .iter()
+    .map(|(pod, c)| {
+        let out = n
+            .cluster
+            .kubectl(&["logs", "-n", ns, pod, "-c", c, "--tail", "30"], None)
+            .map_or_else(
+                |e| e.to_string(),
+                |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+            );
+        format!("--- {pod} {c}\n{out}")
+    })
+    .collect::<Vec<_>>()
+    .join("\n")
+}
