@@ -926,28 +926,24 @@ async fn a_trainer_over_two_nodes_is_two_ranked_pods_that_follow_the_first() -> 
     // The first pod replaced (deleted at once, as after its node was lost): a new one with a
     // new IP, and the second made again for it. The old second is deleted by the operator;
     // the kubelet's part (removing it after its grace period) is the test's, here.
-    pods.delete(
-        "sharded-trainer",
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let at_once = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    let remove_if_deleted = async || -> Result<()> {
+        let second = pods.get_opt("sharded-trainer-1").await?;
+        if second.is_some_and(|p| p.metadata.deletion_timestamp.is_some()) {
+            let _ = pods.delete("sharded-trainer-1", &at_once).await;
+        }
+        Ok(())
+    };
+    pods.delete("sharded-trainer", &at_once).await?;
     let (ip2, uid2) = eventually("a new first trainer pod", async || {
         Ok(first_ip_uid().await?.filter(|(_, u)| *u != uid))
     })
     .await?;
     eventually("the second pod, made again for the new first", async || {
-        if let Some(p) = pods.get_opt("sharded-trainer-1").await? {
-            if p.metadata.deletion_timestamp.is_some() {
-                let now = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                };
-                let _ = pods.delete("sharded-trainer-1", &now).await;
-            }
-        }
+        remove_if_deleted().await?;
         second_joined(&ip2, &uid2).await
     })
     .await?;
@@ -960,15 +956,7 @@ async fn a_trainer_over_two_nodes_is_two_ranked_pods_that_follow_the_first() -> 
     )
     .await?;
     eventually("the failed second pod made again", async || {
-        if let Some(p) = pods.get_opt("sharded-trainer-1").await? {
-            if p.metadata.deletion_timestamp.is_some() {
-                let now = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                };
-                let _ = pods.delete("sharded-trainer-1", &now).await;
-            }
-        }
+        remove_if_deleted().await?;
         let again = second_joined(&ip2, &uid2).await?;
         let p = pods.get_opt("sharded-trainer-1").await?;
         Ok(again.filter(|_| p.is_some_and(|p| p.metadata.uid != failed_uid)))

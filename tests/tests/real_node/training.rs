@@ -52,9 +52,8 @@ async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
     let (Some(trainer_image), Some(volume)) = (&images.trainer, &images.trainer_volume) else {
         bail!("no trainer image: FLOE_TEST_PYTHON must name the vLLM venv's python (scripts/test.sh sets it)");
     };
-    let models = std::env::var("FLOE_TEST_MODELS")
-        .context("FLOE_TEST_MODELS: scripts/vllm-cpu/setup.sh's converted models")?;
-    let model = std::path::Path::new(&models).join("smollm2-135m-instruct");
+    let (_, models) = floe_tests::vllm::setup()?;
+    let model = models.join("smollm2-135m-instruct");
     let in_volume = model
         .strip_prefix(volume)
         .with_context(|| format!("{} is not under {}", model.display(), volume.display()))?;
