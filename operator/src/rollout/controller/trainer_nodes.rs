@@ -10,6 +10,7 @@ use kube::{Api, ResourceExt};
 
 use super::own_pod::{create_if_missing, refused};
 use super::{Halt, JobContext, JobError};
+use crate::rollout::status::Blocked;
 use crate::rollout::trainer_workers::{self, WorkerAction};
 
 /// Every pod of node rank 1… as the first pod (`leader`) is now; nothing before it has an IP.
@@ -32,9 +33,17 @@ pub(super) async fn ensure(
         match trainer_workers::action(existing.as_deref(), uid) {
             WorkerAction::Keep => {}
             WorkerAction::Create => {
-                let built = trainer_workers::worker(job, rank, ip, uid);
-                let Ok(Some(pod)) = built else {
-                    continue;
+                // A spec that cannot be built must say so: the first pod would wait for this
+                // one's rendezvous forever.
+                let pod = match trainer_workers::worker(job, rank, ip, uid) {
+                    Ok(Some(pod)) => pod,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        return Err(Halt::Blocked(Blocked::stalled(
+                            "InvalidSpec",
+                            format!("cannot build trainer pod {name} from the job's spec: {e}"),
+                        )))
+                    }
                 };
                 tracing::info!(job = %job.name_any(), pod = %name, rank, leader = %ip, "creating a trainer pod");
                 refused(create_if_missing(&pods, &pod).await, "pod", &pod)?;
