@@ -263,11 +263,12 @@ pub fn trainer(
         leader_addr: "$(FLOE_POD_IP)",
     };
     let trainer_command = trainer_launch::trainer_command(train, None, Some(node));
+    let control = trainer_control_secret(&job.name_any());
     let mut trainer_env = vec![
         json!({"name": "FLOE_TRAINER_CONFIG", "value": config}),
         json!({"name": "FLOE_TRAINER_STATE", "value": TRAINER_STATE_DIR}),
         json!({"name": "FLOE_TRAINER_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": trainer_control_secret(&job.name_any()), "key": crate::pods::names::CONTROL_TOKEN_KEY}}}),
+            "name": control, "key": crate::pods::names::CONTROL_TOKEN_KEY}}}),
         job_token_env(job, "FLOE_TRAINER_INGEST_TOKEN"),
     ];
     let mut trainer_ports = vec![json!({"name": "ingest", "containerPort": INGEST_PORT})];
@@ -276,7 +277,6 @@ pub fn trainer(
         trainer_ports
             .push(json!({"name": "rendezvous", "containerPort": trainer_launch::RENDEZVOUS_PORT}));
     }
-    let control = trainer_control_secret(&job.name_any());
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": meta(job, &control, "trainer"),
