@@ -356,6 +356,22 @@ mod document_tests {
     }
 
     #[test]
+    fn a_train_job_refuses_greedy_sampling_and_an_sft_job_takes_it() {
+        let mut spec = valid_spec();
+        spec["sampling"] = serde_json::json!({"temperature": 0.0});
+        parse_rollout_job(&job(spec.clone())).expect("an sft job samples as it likes");
+        spec.as_object_mut().map(|s| s.remove("sft"));
+        spec["train"] = serde_json::json!({"image": "x", "model": "m"});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("greedy train job");
+        assert!(
+            err.to_string().contains("sampling.temperature > 0"),
+            "{err}"
+        );
+        spec["sampling"] = serde_json::json!({"topP": 0.95, "temperature": 0.7});
+        parse_rollout_job(&job(spec)).expect("a tempered train job");
+    }
+
+    #[test]
     fn a_lora_adapter_is_refused_where_the_trainer_cannot_train_one() {
         let mut spec = valid_spec();
         spec.as_object_mut().map(|s| s.remove("sft"));

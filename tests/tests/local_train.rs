@@ -19,7 +19,7 @@ const AGENT: &str = r#"
 import json, os, time, urllib.request
 if "country" in os.environ["FLOE_INSTRUCTION"]:
     time.sleep(25)
-body = {"model": os.environ["FLOE_MODEL"], "max_tokens": 24, "temperature": 1.0,
+body = {"model": os.environ["FLOE_MODEL"], "max_tokens": 24, "temperature": 0.8,
         "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
 req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
     data=json.dumps(body).encode(), headers={"content-type": "application/json",
@@ -82,7 +82,7 @@ spec:
       - |
           {grader}
     reward: {{source: RewardFile, path: reward.json, passThreshold: 0.5}}
-  sampling: {{maxResponseTokens: 24, temperature: 1.0}}
+  sampling: {{maxResponseTokens: 24, temperature: 0.8}}
   timeouts: {{agentSeconds: 300, evaluatorSeconds: 30}}
   train:
     image: unused-on-one-machine
@@ -303,7 +303,9 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     assert_eq!(training["policyVersion"], 3);
     for s in steps {
         // What the trainer computes for the sampled tokens equals what vLLM sampled them
-        // with: fp32 on both sides, 1e-3 nats mean |Δ| (measured: 1.0-1.3e-5), also after pushes.
+        // with: fp32 on both sides, 1e-3 nats mean |Δ| (measured: 1.0-1.3e-5), also after
+        // pushes; at the job's temperature 0.8, so both weigh the tempered policy (vLLM's raw
+        // log-probs, or a trainer that ignored the temperature, differ by far more).
         let mismatch = s["logprobMismatch"].as_f64().context("logprobMismatch")?;
         assert!(
             mismatch < 1e-3,

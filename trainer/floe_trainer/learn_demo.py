@@ -35,7 +35,12 @@ PROMPTS = ["Name a fruit.", "Name a colour.", "Name an animal.", "Name a country
 
 
 def sample(
-    url: str, prompt: list[int], n: int, seed: int, max_tokens: int = MAX_TOKENS
+    url: str,
+    prompt: list[int],
+    n: int,
+    seed: int,
+    max_tokens: int = MAX_TOKENS,
+    temperature: float = 1.0,
 ) -> list[dict]:
     """``n`` completions of ``prompt`` from vLLM, with their token ids and logprobs."""
     body = {
@@ -43,7 +48,7 @@ def sample(
         "prompt": prompt,
         "max_tokens": max_tokens,
         "n": n,
-        "temperature": 1.0,
+        "temperature": temperature,
         "logprobs": 0,
         "return_token_ids": True,
         "seed": seed,

@@ -21,6 +21,9 @@ class LossConfig:
     sum_norm: float = 1024.0
     # Weight of the per-token KL penalty to a frozen reference policy (0: off, no reference).
     kl_coef: float = 0.0
+    # The job's sampling temperature: every log-prob is of the tempered policy
+    # (``policy.Batch.temperature``).
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ class Batch:
     behaviour_known: torch.Tensor
     # The first logits row any response token needs (rows before it predict prompt tokens).
     first_position: int = 0
+    # The sampling temperature: log-probs are of ``softmax(logits / temperature)``, the
+    # distribution the tokens were drawn from (vLLM reports those with
+    # ``--logprobs-mode processed_logprobs``), so the PPO ratio and TIS weigh the right policy.
+    temperature: float = 1.0
 
     def to(self, device: torch.device) -> Batch:
         moved = {
@@ -36,7 +40,7 @@ class Batch:
         return replace(self, **moved)
 
 
-def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
+def make_batch(traces: list[Trace], pad_id: int = 0, temperature: float = 1.0) -> Batch:
     # Rows are built as Python lists and turned into tensors once: per-element tensor writes
     # cost microseconds each and left the GPU idle for a third of a bf16 step.
     length = max(len(t.prompt_token_ids) + len(t.response_token_ids) for t in traces)
@@ -63,6 +67,7 @@ def make_batch(traces: list[Trace], pad_id: int = 0) -> Batch:
         torch.tensor(behaviour, dtype=torch.float64),
         torch.tensor(known, dtype=torch.bool),
         max(min(starts, default=0), 0),
+        temperature,
     )
 
 
@@ -123,14 +128,20 @@ def _chunked_logprobs(model: torch.nn.Module, batch: Batch, chunk: int) -> torch
         part = rows[:, a : a + chunk]
         if torch.is_grad_enabled() and rows.shape[1] > chunk:
             # Keep only this chunk's hidden rows for the backward pass, not its logits.
-            parts.append(checkpoint(_chosen_logprobs, head, part, ids, use_reentrant=False))
+            parts.append(
+                checkpoint(
+                    _chosen_logprobs, head, part, ids, batch.temperature, use_reentrant=False
+                )
+            )
         else:
-            parts.append(_chosen_logprobs(head, part, ids))
+            parts.append(_chosen_logprobs(head, part, ids, batch.temperature))
     return torch.cat(parts, dim=1).double()
 
 
-def _chosen_logprobs(head: torch.nn.Module, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    logits = head(rows).float()
+def _chosen_logprobs(
+    head: torch.nn.Module, rows: torch.Tensor, ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    logits = _tempered(head(rows).float(), temperature)
     chosen = torch.gather(logits, 2, ids.unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(logits, -1)
 
@@ -165,5 +176,10 @@ def _logprobs_whole(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     ).logits
     index = (batch.positions - start).clamp(min=0)
     picked = torch.gather(logits, 1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
+    picked = _tempered(picked, batch.temperature)
     chosen = torch.gather(picked, 2, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     return (chosen - torch.logsumexp(picked, -1)).double()
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature == 1.0 else logits / temperature

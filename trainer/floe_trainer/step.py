@@ -58,6 +58,7 @@ def _old_logprobs(
     pad_id: int,
     placement: Placement,
     world: World,
+    temperature: float = 1.0,
 ) -> None:
     """``logp_old`` of every item: each process computes its share (all making as many
     passes), and they swap them (mini-batches are shuffled after the first epoch, so a
@@ -78,7 +79,9 @@ def _old_logprobs(
             chunk = mine[k] if k < len(mine) else []
             traces = [it.trace for _, it in chunk] or [items[0].trace]
             with placement.autocast():
-                logp = token_logprobs(model, make_batch(traces, pad_id).to(placement.device))
+                logp = token_logprobs(
+                    model, make_batch(traces, pad_id, temperature).to(placement.device)
+                )
             for row, (index, it) in enumerate(chunk):
                 scored.append((index, logp[row, : len(it.trace.response_token_ids)].cpu()))
     for part in gather(world, scored):
@@ -168,7 +171,14 @@ def train_step(
     on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, len(items))) == 1
     if not on_policy:
         _old_logprobs(
-            model, items, micro_batch_size, max_tokens_per_micro_batch, pad_id, placement, world
+            model,
+            items,
+            micro_batch_size,
+            max_tokens_per_micro_batch,
+            pad_id,
+            placement,
+            world,
+            cfg.temperature,
         )
     model.train()
     rng = random.Random(seed)
@@ -196,7 +206,9 @@ def train_step(
                 # in every forward and backward), with a loss that counts zero.
                 idle = not chunk
                 chunk = chunk or mini[:1]
-                batch = make_batch([it.trace for it in chunk], pad_id).to(placement.device)
+                batch = make_batch([it.trace for it in chunk], pad_id, cfg.temperature).to(
+                    placement.device
+                )
                 width = batch.response_ids.shape[1]
                 with placement.autocast():
                     logp = token_logprobs(model, batch)

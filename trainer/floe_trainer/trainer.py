@@ -84,6 +84,8 @@ class TrainerConfig:
     precision: str = "auto"
     gradient_checkpointing: bool = False
     kl_coef: float = 0.0
+    # ``sampling.temperature``: the policy trained is the tempered one vLLM samples from.
+    temperature: float = 1.0
     # How new weights reach vLLM: "file" (safetensors + reload) or "nccl" (GPU broadcast).
     weight_sync: str = "file"
     nccl_port: int = 29551
@@ -133,6 +135,7 @@ class TrainerConfig:
         take("final_dir", c, "finalDir", Path)
         take("ingest_dir", c, "ingestDir", Path)
         take("max_sequence_tokens", c, "maxSequenceTokens", int)
+        take("temperature", c, "temperature", float)
         take("memory_plan", c, "memoryPlan", lambda v: str(v).lower())
         take("lora", c, "lora", LoraSpec.from_operator)
         for field, key, convert in [
@@ -159,6 +162,11 @@ class TrainerConfig:
         take("checkpoint_every", ck, "everySteps", int)
         take("checkpoint_keep", ck, "keep", int)
         take("checkpoint_dir", ck, "dir", Path)
+        if given.get("temperature", 1.0) <= 0:
+            raise ValueError(
+                f"sampling.temperature must be > 0 to train, got {given['temperature']}: "
+                "greedy tokens have no sampling distribution to weigh"
+            )
         if given.get("kl_coef", 0.0) < 0:
             raise ValueError(f"grpo.klCoef must be >= 0, got {given['kl_coef']}")
         # train.gpus: 0 trains on CPU, 1 on the pod's GPU, more on that many processes under
@@ -307,6 +315,7 @@ def loss_config(cfg: TrainerConfig) -> LossConfig:
         tis_cap=cfg.tis_cap,
         aggregation=cfg.loss_aggregation,
         kl_coef=cfg.kl_coef,
+        temperature=cfg.temperature,
     )
 
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from floe_trainer.trainer import TrainerConfig
+from floe_trainer.trainer import TrainerConfig, loss_config
 
 
 def test_the_operator_config_maps_to_the_trainer_config():
@@ -113,3 +113,13 @@ def test_placement_resolves_and_refuses_unknown_values():
         resolve("cpu", "fp8")
     with pytest.raises(ValueError, match="device"):
         resolve("tpu", "auto")
+
+
+def test_the_sampling_temperature_is_the_trained_policys_and_greedy_is_refused():
+    cfg = TrainerConfig.from_operator(
+        {"model": "m", "numSamples": 2, "temperature": 0.7}, Path("/t")
+    )
+    assert cfg.temperature == 0.7
+    assert loss_config(cfg).temperature == 0.7
+    with pytest.raises(ValueError, match="temperature"):
+        TrainerConfig.from_operator({"model": "m", "numSamples": 2, "temperature": 0}, Path("/t"))

@@ -93,3 +93,22 @@ def test_a_model_whose_logits_are_transformed_takes_the_whole_forward():
     model = tiny_llama()
     model.config.logit_scale = 0.5
     assert not _chunkable(model)
+
+
+def test_logprobs_are_of_the_tempered_distribution_the_tokens_were_sampled_from():
+    from tiny import tiny_llama
+
+    from floe_trainer.policy import _logprobs_whole, token_logprobs
+
+    model = tiny_llama(positions=64).eval()
+    t = trace([1, 2, 3, 4], [5, 6, 7], [1, 1, 1], [None] * 3)
+    with torch.no_grad():
+        plain = token_logprobs(model, make_batch([t]))[0]
+        b = make_batch([t], temperature=0.5)
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[0]
+        tempered = (logits / 0.5).log_softmax(-1)[b.positions[0], b.response_ids[0]]
+        for out in (token_logprobs(model, b, chunk=2)[0], _logprobs_whole(model, b)[0]):
+            assert torch.allclose(out.float(), tempered, atol=1e-5)
+            # Not the untempered policy's: a trainer that ignored the temperature would
+            # weigh the tokens by a distribution they were not drawn from.
+            assert (out - plain).abs().max() > 1e-2

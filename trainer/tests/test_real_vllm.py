@@ -52,8 +52,36 @@ def served(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("policy") / "smollm2"
     shutil.copytree(Path(models) / "smollm2-135m-instruct", model_dir)
     as_shipped(model_dir)
-    with running(model_dir) as url:
+    # As the operator and `floe run` start it (trainer_launch::vllm_args): the behaviour
+    # log-probs are of the distribution sampled from, temperature applied.
+    with running(model_dir, "--logprobs-mode", "processed_logprobs") as url:
         yield url, model_dir
+
+
+def test_at_a_sampling_temperature_the_trainer_weighs_tokens_as_vllm_drew_them(served):
+    url, model_dir = served
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Name a river."}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    gaps = {0.6: [], 1.0: []}
+    for c in sample(url, prompt, 4, seed=3, max_tokens=12, temperature=0.6):
+        ids = c["token_ids"]
+        trace = Trace(prompt, ids, [1] * len(ids), [None] * len(ids))
+        behaviour = c["logprobs"]["token_logprobs"]
+        for t, out in gaps.items():
+            with torch.no_grad():
+                mine = token_logprobs(model, make_batch([trace], temperature=t))[0].tolist()
+            out.append(max(abs(a - b) for a, b in zip(mine, behaviour, strict=True)))
+    print(
+        f"\nat T=0.6: trainer vs vLLM max |Δ| {max(gaps[0.6]):.2e}; untempered {max(gaps[1.0]):.3f}"
+    )
+    assert max(gaps[0.6]) < 1e-3
+    # The untempered policy is not the one that drew them: a trainer that ignored the
+    # temperature (or a vLLM reporting raw log-probs) would weigh every token wrongly.
+    assert max(gaps[1.0]) > 1e-2
 
 
 def as_shipped(model_dir: Path) -> None:

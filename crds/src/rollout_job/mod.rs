@@ -55,7 +55,10 @@ pub use train::*;
     validation = kube::core::Rule::new("!has(self.lookahead) || has(self.poolTemplate)")
         .message("spec.lookahead applies only with spec.poolTemplate"),
     validation = kube::core::Rule::new("!has(self.egress) || has(self.poolTemplate)")
-        .message("spec.egress applies only with spec.poolTemplate (a pool's pods follow the pool's spec.egress)")
+        .message("spec.egress applies only with spec.poolTemplate (a pool's pods follow the pool's spec.egress)"),
+    validation = kube::core::Rule::new(
+        "!has(self.train) || !has(self.sampling) || !has(self.sampling.temperature) || self.sampling.temperature > 0.0"
+    ).message("a train job samples with sampling.temperature > 0: greedy decoding gives every sample of a group the same answer, and the trainer trains the tempered policy the tokens were drawn from")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutJobSpec {

@@ -99,6 +99,16 @@ pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
             "hermes".into(),
         ]);
     }
+    // The behaviour log-probs the trainer's ratio and TIS weigh by: those of the distribution
+    // the token was drawn from (temperature applied), not the raw model's (vLLM's default).
+    if !train
+        .vllm
+        .args
+        .iter()
+        .any(|a| a.starts_with("--logprobs-mode"))
+    {
+        args.extend(["--logprobs-mode".into(), "processed_logprobs".into()]);
+    }
     if train.grpo.weight_sync == WeightSync::NCCL {
         // The trainer joins vLLM's workers in an NCCL group to broadcast each step's weights.
         args.extend([
@@ -229,6 +239,7 @@ pub fn trainer_config(
         "grpo": train.grpo,
         "maxStaleness": train.max_staleness,
         "maxSequenceTokens": max_model_len(&train.vllm.args),
+        "temperature": spec.sampling.temperature,
         "memoryPlan": train.memory_plan,
         "lora": train.lora,
     });
@@ -276,6 +287,9 @@ mod tests {
             .windows(2)
             .any(|w| w == ["--tool-call-parser", "hermes"]));
         assert!(args.windows(2).any(|w| w == ["--port", "9001"]));
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--logprobs-mode", "processed_logprobs"]));
         let t = train(json!({"image": "i", "model": "m",
             "vllm": {"args": ["--tool-call-parser", "qwen3_xml"]}}));
         let args = vllm_args(&t, &layout());
