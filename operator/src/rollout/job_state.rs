@@ -97,6 +97,7 @@ pub fn staleness_gate(job: &RolloutJob, read: Option<TrainerState>) -> Option<St
             .and_then(|s| s.trainer.as_ref())
             .map_or(0, |t| u64::try_from(t.policy_version).unwrap_or(0)),
         idle: false,
+        ready_groups: 0,
     });
     Some(StalenessGate::new(train, job.spec.samples(), trainer))
 }
@@ -124,6 +125,7 @@ mod tests {
         let read = TrainerState {
             policy_version: 3,
             idle: true,
+            ready_groups: 1,
         };
         let gate = staleness_gate(&job, Some(read)).expect("a train job has a gate");
         assert_eq!((gate.batch_size, gate.max_staleness), (4, 0));
@@ -134,7 +136,8 @@ mod tests {
             gate.trainer,
             TrainerState {
                 policy_version: 2,
-                idle: false
+                idle: false,
+                ready_groups: 0
             }
         );
         let mut sft = job.clone();

@@ -428,10 +428,12 @@ mod tests {
         JobState {
             staleness: Some(StalenessGate {
                 batch_size: 4,
+                groups_per_step: 2,
                 max_staleness: 0,
                 trainer: TrainerState {
                     policy_version: version,
                     idle,
+                    ready_groups: 0,
                 },
             }),
             ..job(total)
