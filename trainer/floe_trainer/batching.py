@@ -54,6 +54,9 @@ class GroupBuffer:
         self.estimator = estimator
         self.pending: dict[str, _Pending] = {}
         self.dropped: Counter[str] = Counter()
+        # Groups dropped whole (``zero_advantage`` and ``incomplete`` count groups; the other
+        # reasons count trajectories).
+        self.groups_dropped = 0
 
     def add(self, t: Trajectory, now: float) -> None:
         if not t.trainable or t.reward is None:
@@ -95,9 +98,11 @@ class GroupBuffer:
             if len(trajs) < 2:
                 short = (leftovers and not complete) or bool(p.stale_samples)
                 self.dropped["incomplete" if short else "zero_advantage"] += 1
+                self.groups_dropped += 1
                 continue
             if uniform(rewards):
                 self.dropped["zero_advantage"] += 1
+                self.groups_dropped += 1
                 continue
             out.append(Group(gid, trajs, group_advantages(rewards, self.estimator)))
         return out

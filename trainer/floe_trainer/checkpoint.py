@@ -23,6 +23,10 @@ class State:
     trained_sessions: list[str] = field(default_factory=list)
     # One row per step up to this checkpoint (the job's step table spans restarts).
     steps: list[dict] = field(default_factory=list)
+    # Groups gone from the buffer for good: trained, or dropped whole (zero advantage,
+    # incomplete). The operator's and `floe run`'s staleness gate counts on it: a dropped
+    # group makes no step, yet the next groups may be sampled by the current policy.
+    groups_done: int = 0
 
 
 def latest(directory: Path) -> Path | None:

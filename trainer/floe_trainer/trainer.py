@@ -486,9 +486,11 @@ class Trainer:
         now = time.time() if now is None else now
         with self.lock:
             stale_before = self.buffer.dropped["stale"]
+            dropped_before = self.buffer.groups_dropped
             self.ready += self.buffer.take_ready(
                 now, self.state.policy_version, leftovers=self.finishing
             )
+            self.state.groups_done += self.buffer.groups_dropped - dropped_before
             self.metrics.dropped(self.buffer.dropped)
             groups: list[Group] = []
             if len(self.ready) >= self.cfg.groups_per_step or (self.finishing and self.ready):
@@ -537,6 +539,7 @@ class Trainer:
         s.policy_version += 1
         s.last_step_time = datetime.datetime.now(datetime.timezone.utc).isoformat()
         s.trained_sessions += [t.session for g in groups for t in g.trajectories]
+        s.groups_done += len(groups)
         rewards = [r for g in groups for r in g.rewards]
         passed = sum(r >= self.cfg.pass_threshold for r in rewards) / max(len(rewards), 1)
         self.metrics.step(stats, passed, waited, t1 - t0, t2 - t1)
@@ -641,6 +644,7 @@ class Trainer:
                 "lastStepTime": self.state.last_step_time,
                 "pendingGroups": len(self.buffer.pending),
                 "readyGroups": len(self.ready),
+                "groupsDone": self.state.groups_done,
                 "training": self.training,
                 "dropped": dict(self.buffer.dropped),
                 "ingest": dict(self.ingest.counts),

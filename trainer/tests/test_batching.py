@@ -54,6 +54,7 @@ def test_uniform_rewards_are_dropped_and_counted():
     b.add(traj("g", 1, 1.0), now=0)
     assert b.take_ready(now=0, policy_version=0) == []
     assert b.dropped["zero_advantage"] == 1
+    assert b.groups_dropped == 1, "a whole group gone: the staleness gate opens the next one"
 
 
 def test_stale_trajectories_are_dropped_and_counted():
@@ -96,4 +97,5 @@ def test_leftovers_train_partial_groups_and_count_what_cannot_teach():
     [g] = b.take_ready(now=1, policy_version=0, leftovers=True)
     assert g.group == "partial" and g.rewards == [1.0, 0.0]
     assert b.dropped == {"incomplete": 1, "zero_advantage": 1}
+    assert b.groups_dropped == 2
     assert b.pending == {}

@@ -303,8 +303,10 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     status = trainer.status()
     assert status["resumedFromStep"] == 1
     assert [s["step"] for s in status["steps"]] == [1], "the step table spans restarts"
+    assert status["groupsDone"] == 1, "so does the count the staleness gate reads"
     assert trainer.run_once() is not None
     assert (trainer.state.step, trainer.state.policy_version) == (2, 2)
+    assert trainer.status()["groupsDone"] == 2
     assert [s["step"] for s in trainer.status()["steps"]] == [1, 2]
     trainer.save_checkpoint()  # a stop right after a periodic checkpoint writes nothing new
     assert sorted(p.name for p in (tmp_path / "state/checkpoints").glob("ckpt-*")) == [

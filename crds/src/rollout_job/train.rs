@@ -151,6 +151,8 @@ pub struct TrainerState {
     pub idle: bool,
     /// Groups complete and waiting for a step.
     pub ready_groups: u64,
+    /// Groups gone for good: trained, or dropped whole (every sample scored alike, or too few).
+    pub groups_done: u64,
 }
 
 impl TrainerState {
@@ -160,6 +162,7 @@ impl TrainerState {
             idle: status["pendingGroups"].as_u64() == Some(0)
                 && status["training"].as_bool() == Some(false),
             ready_groups: status["readyGroups"].as_u64().unwrap_or(u64::MAX),
+            groups_done: status["groupsDone"].as_u64().unwrap_or(0),
         }
     }
 }
@@ -205,11 +208,18 @@ impl StalenessGate {
     }
 
     /// Is the session at `index` within `maxStaleness` versions of the trainer's policy?
-    /// (When it is not, only an idle trainer lets it start: a caller whose trainer state may
-    /// predate a session that just ended reads it again before relying on that.)
+    /// Its batch is, or its group is among the `maxStaleness + 1` steps' worth of groups after
+    /// those the trainer is done with: a dropped group makes no step, and the groups after it
+    /// then join the step the current policy's samples go to. (When it is not, only an idle
+    /// trainer lets it start: a caller whose trainer state may predate a session that just
+    /// ended reads it again before relying on that.)
     pub fn in_reach(&self, index: u64) -> bool {
         let batch = index / self.batch_size.max(1);
+        let groups = self.groups_per_step.max(1);
+        let group = index / (self.batch_size / groups).max(1);
+        let open = (self.max_staleness + 1).saturating_mul(groups);
         self.trainer.policy_version + self.max_staleness >= batch
+            || group < self.trainer.groups_done.saturating_add(open)
     }
 }
 
@@ -491,6 +501,7 @@ mod staleness_tests {
                 policy_version: version,
                 idle,
                 ready_groups: 0,
+                groups_done: 0,
             },
         }
     }
@@ -540,6 +551,26 @@ mod staleness_tests {
     }
 
     #[test]
+    fn groups_the_trainer_dropped_open_the_next_ones_while_sessions_run() {
+        // 2 samples a group, 2 groups a step. Groups 0 and 1 ended; group 0 was dropped (all
+        // scored 0), group 1 waits as ready: group 2 (sessions 4, 5) may run, all at once,
+        // and join group 1 in the step policy version 0's samples go to; group 3 may not.
+        let mut g = gate(0, 0, false);
+        g.trainer.groups_done = 1;
+        g.trainer.ready_groups = 1;
+        assert!(g.in_reach(4) && g.in_reach(5) && g.may_start(5, 1));
+        assert!(
+            !g.in_reach(6),
+            "group 3 would be trained a version after it was sampled"
+        );
+        g.max_staleness = 1;
+        assert!(
+            g.in_reach(9) && !g.in_reach(10),
+            "one more step's worth of groups"
+        );
+    }
+
+    #[test]
     fn the_gate_reads_the_spec_and_the_trainers_status() {
         let train: TrainSpec = serde_json::from_value(serde_json::json!({
             "image": "t", "model": "m", "maxStaleness": 2, "grpo": {"groupsPerStep": 3}}))
@@ -555,7 +586,8 @@ mod staleness_tests {
             TrainerState {
                 policy_version: 5,
                 idle: true,
-                ready_groups: 0
+                ready_groups: 0,
+                groups_done: 0
             }
         );
         let busy =

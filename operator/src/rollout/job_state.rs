@@ -98,6 +98,7 @@ pub fn staleness_gate(job: &RolloutJob, read: Option<TrainerState>) -> Option<St
             .map_or(0, |t| u64::try_from(t.policy_version).unwrap_or(0)),
         idle: false,
         ready_groups: 0,
+        groups_done: 0,
     });
     Some(StalenessGate::new(train, job.spec.samples(), trainer))
 }
@@ -126,6 +127,7 @@ mod tests {
             policy_version: 3,
             idle: true,
             ready_groups: 1,
+            groups_done: 0,
         };
         let gate = staleness_gate(&job, Some(read)).expect("a train job has a gate");
         assert_eq!((gate.batch_size, gate.max_staleness), (4, 0));
@@ -137,7 +139,8 @@ mod tests {
             TrainerState {
                 policy_version: 2,
                 idle: false,
-                ready_groups: 0
+                ready_groups: 0,
+                groups_done: 0
             }
         );
         let mut sft = job.clone();

@@ -434,6 +434,7 @@ mod tests {
                     policy_version: version,
                     idle,
                     ready_groups: 0,
+                    groups_done: 0,
                 },
             }),
             ..job(total)
