@@ -3,7 +3,8 @@
 # vLLM serving MODEL_DIR (the base SmolLM2, or a run's OUT/final-model), samples the held-out
 # questions through floe's gateway with `floe run --collect-only`, and prints
 # "pass rate P reward R" from OUT_DIR/summary.json.
-# Usage: examples/learn/evaluate.sh MODEL_DIR OUT_DIR   (MODEL_DIR "base": the base model)
+# Usage: examples/learn/evaluate.sh MODEL_DIR OUT_DIR [floe run flags…]
+#   (MODEL_DIR "base": the base model; e.g. `--sessions 64` samples the first 64 sessions only)
 # LEARN_JOB=tools.yaml: that job's held-out tasks instead (its tasks file, -train → -heldout).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,7 +31,7 @@ if [ -n "${LEARN_JOB:-}" ]; then
   cp examples/learn/*.jsonl "$OUT.logs/"
   grep -q -- '-heldout.jsonl' "$HELDOUT" || { echo "[evaluate] $LEARN_JOB names no -train.jsonl tasks" >&2; exit 2; }
 fi
-"$FLOE" run "$HELDOUT" --out "$OUT" --collect-only --model-url "http://127.0.0.1:$PORT" >"$OUT.logs/table.txt" 2>"$OUT.logs/run.log"
+"$FLOE" run "$HELDOUT" --out "$OUT" --collect-only --model-url "http://127.0.0.1:$PORT" "${@:3}" >"$OUT.logs/table.txt" 2>"$OUT.logs/run.log"
 python3 - "$OUT/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
