@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
-use floe_tests::{floe_bin, vllm, vllm_setup, workspace_root};
+use floe_tests::{floe_bin, harness_bin_dir, vllm, vllm_setup, workspace_root};
 use serde_json::Value;
 
 /// One model call (OpenAI Chat through the gateway, the session token as the key); the answer
@@ -355,6 +355,85 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     }
     let curve = std::fs::read_to_string(out.join("reward-curve.svg"))?;
     assert!(curve.contains("<polyline"), "{curve}");
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    Ok(())
+}
+
+/// A real harness's sessions train the policy: `examples/learn/pi.yaml` as a user runs it (Pi
+/// from npm, unmodified, each of its calls through floe's gateway), 2 questions × 4 samples,
+/// one group a step. Every session's trajectory is trained; the second question's sessions
+/// were sampled by the policy the first one's trained, and the trainer's log-probs of Pi's
+/// sampled tokens are vLLM's.
+#[test]
+fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
+    let (python, models) = vllm_setup()?;
+    let pi = harness_bin_dir("pi")?;
+    let dir = tempfile::tempdir()?;
+    let job_file = dir.path().join("job.yaml");
+    std::fs::copy(workspace_root().join("examples/learn/pi.yaml"), &job_file)?;
+    // The example names its model relative to itself, as run.sh links it.
+    std::os::unix::fs::symlink(
+        models.join("smollm2-135m-instruct"),
+        dir.path().join("model"),
+    )?;
+    let mut path = vec![pi];
+    path.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let out = dir.path().join("out");
+    let result = floe_run(&job_file, &out, &python)
+        .env("PATH", std::env::join_paths(path)?)
+        .output()?;
+    let table = String::from_utf8_lossy(&result.stdout);
+    assert_eq!(
+        result.status.code(),
+        Some(0),
+        "floe run: {table}\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
+    let training = &summary["training"];
+    assert_eq!(training["ingest"]["accepted"], 8, "{training}");
+    let steps = training["steps"].as_array().context("training.steps")?;
+    let versions: Vec<u64> = steps
+        .iter()
+        .filter_map(|s| s["policyVersion"].as_u64())
+        .collect();
+    assert_eq!(versions, [1, 2], "one step a question: {training}");
+    for s in steps {
+        assert_eq!(s["groups"], 1, "{s}");
+        let mismatch = s["logprobMismatch"].as_f64().context("logprobMismatch")?;
+        assert!(
+            mismatch < 1e-3,
+            "trainer vs vLLM on Pi's tokens: {mismatch}"
+        );
+    }
+    let mut by_task = std::collections::BTreeMap::<String, Vec<Value>>::new();
+    for entry in std::fs::read_dir(out.join("trainer/state/ingest"))? {
+        let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
+        assert!(
+            t["stats"]["completions"].as_u64() >= Some(1),
+            "Pi called the model: {}",
+            t["stats"]
+        );
+        let task = t["task"].as_str().context("task")?.to_string();
+        by_task
+            .entry(task)
+            .or_default()
+            .push(t["policy_versions"].clone());
+    }
+    assert_eq!(
+        by_task["fruit"],
+        vec![serde_json::json!([0]); 4],
+        "{by_task:?}"
+    );
+    assert_eq!(
+        by_task["colour"],
+        vec![serde_json::json!([1]); 4],
+        "{by_task:?}"
+    );
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");
     Ok(())
