@@ -132,6 +132,21 @@ fn floe_run(job_file: &Path, out: &Path, python: &Path) -> Command {
     cmd
 }
 
+/// Run `floe run` to its end, which must be a success, and read its `summary.json`.
+fn succeeded(run: &mut Command, out: &Path) -> Result<Value> {
+    let result = run.output()?;
+    assert_eq!(
+        result.status.code(),
+        Some(0),
+        "floe run: {}\n{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    Ok(serde_json::from_str(&std::fs::read_to_string(
+        out.join("summary.json"),
+    )?)?)
+}
+
 /// Processes a run started: their command line or an open file (the logs `floe run` gives
 /// them as stdout and stderr, inherited by their own children) is under `dir`.
 fn processes_naming(dir: &Path) -> Vec<String> {
@@ -382,17 +397,10 @@ fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
         &std::env::var_os("PATH").unwrap_or_default(),
     ));
     let out = dir.path().join("out");
-    let result = floe_run(&job_file, &out, &python)
-        .env("PATH", std::env::join_paths(path)?)
-        .output()?;
-    let table = String::from_utf8_lossy(&result.stdout);
-    assert_eq!(
-        result.status.code(),
-        Some(0),
-        "floe run: {table}\n{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    let summary = succeeded(
+        floe_run(&job_file, &out, &python).env("PATH", std::env::join_paths(path)?),
+        &out,
+    )?;
     assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
     let training = &summary["training"];
     assert_eq!(training["ingest"]["accepted"], 8, "{training}");
@@ -460,15 +468,7 @@ fn a_lora_train_job_samples_through_the_adapter_it_trains() -> Result<()> {
         job(&model, &["Name a fruit.", "Name a river."], &shape),
     )?;
     let out = dir.path().join("out");
-    let result = floe_run(&job_file, &out, &python).output()?;
-    let table = String::from_utf8_lossy(&result.stdout);
-    assert_eq!(
-        result.status.code(),
-        Some(0),
-        "floe run: {table}\n{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    let summary = succeeded(&mut floe_run(&job_file, &out, &python), &out)?;
     assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
     let training = &summary["training"];
     let steps = training["steps"].as_array().context("training.steps")?;

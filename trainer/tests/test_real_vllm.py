@@ -58,13 +58,18 @@ def served(tmp_path_factory):
         yield url, model_dir
 
 
-def test_at_a_sampling_temperature_the_trainer_weighs_tokens_as_vllm_drew_them(served):
-    url, model_dir = served
+def chat_prompt(model_dir, question: str) -> list[int]:
+    """The token ids of ``question`` as a one-message chat, ready for the reply."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     text = tok.apply_chat_template(
-        [{"role": "user", "content": "Name a river."}], add_generation_prompt=True, tokenize=False
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
     )
-    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_at_a_sampling_temperature_the_trainer_weighs_tokens_as_vllm_drew_them(served):
+    url, model_dir = served
+    prompt = chat_prompt(model_dir, "Name a river.")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     gaps = {0.6: [], 1.0: []}
     for c in sample(url, prompt, 4, seed=3, max_tokens=12, temperature=0.6):
@@ -117,11 +122,7 @@ def group_bodies(url, prompt, task, version=0):
 
 def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     url, model_dir = served
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "Name a fruit."}], add_generation_prompt=True, tokenize=False
-    )
-    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    prompt = chat_prompt(model_dir, "Name a fruit.")
     bodies = group_bodies(url, prompt, "fruit")
     buffer = GroupBuffer(num_samples=4)
     for body in bodies:
@@ -244,11 +245,7 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     from floe_trainer.trainer import Trainer, TrainerConfig
 
     url, model_dir = served
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "Name a colour."}], add_generation_prompt=True, tokenize=False
-    )
-    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    prompt = chat_prompt(model_dir, "Name a colour.")
     conf = {
         "model": str(model_dir),
         "policyUrl": url,
@@ -420,11 +417,7 @@ def test_two_nodes_train_a_step_vllm_serves_and_resume_from_the_first_ones_check
     from floe_trainer.trainer import TrainerConfig, loss_config, step_options
 
     url, model_dir = served
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "Name a tree."}], add_generation_prompt=True, tokenize=False
-    )
-    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    prompt = chat_prompt(model_dir, "Name a tree.")
     port = free_port()
     conf = {
         "model": str(model_dir),
