@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .distributed import from_env
+from .distributed import from_env, leave
 from .ingest import make_server
 from .memory_plan import LoraTargetError, MemoryPlanError
 from .placement import resolve
@@ -64,12 +64,18 @@ def main(argv: list[str] | None = None) -> int:
             # and the leader's last checkpoint needs them all.
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, signal.SIG_IGN)
-            return follow(cfg, world)
+            try:
+                return follow(cfg, world)
+            finally:
+                leave()
         trainer = Trainer(cfg, world)
     except (MemoryPlanError, LoraTargetError) as e:
         refuse(str(e))
         return 3
-    return serve(trainer, conf, args.poll_seconds)
+    try:
+        return serve(trainer, conf, args.poll_seconds)
+    finally:
+        leave()
 
 
 def refuse(line: str) -> None:

@@ -13,7 +13,7 @@ from tiny import tiny_llama  # noqa: E402
 
 from floe_trainer import policy  # noqa: E402
 from floe_trainer.batching import Group  # noqa: E402
-from floe_trainer.distributed import from_env, full_state_dict, shard  # noqa: E402
+from floe_trainer.distributed import from_env, full_state_dict, leave, shard  # noqa: E402
 from floe_trainer.loss import LossConfig  # noqa: E402
 from floe_trainer.step import train_step  # noqa: E402
 from floe_trainer.wire import parse  # noqa: E402
@@ -85,6 +85,7 @@ def main(out: Path, optimizer_name: str) -> None:
         chunked = policy._chunkable(model)
         figures = {**stats.__dict__, "processes": world.size, "chunked": chunked}
         (out / "stats.json").write_text(json.dumps(figures))
+    leave()
 
 
 if __name__ == "__main__":
