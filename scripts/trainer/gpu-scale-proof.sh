@@ -6,7 +6,8 @@
 #      SmolLM2-135M and for Qwen3-1.7B with examples/rolloutjob-train.yaml's own settings;
 #      and a LoRA adapter on Qwen3-1.7B (PEFT from the machine's own packages);
 #   2. FSDP2 over NCCL in one process (trainer/tests/fsdp_one_device.py): the sharded path's
-#      weights against the plain path's after the same steps, and both step times;
+#      weights against the plain path's after the same steps (fp32 at temperatures 1 and 0.7,
+#      bf16), and both step times;
 #   3. the trainer's unit and GPU tests on this machine's torch (in parallel with 1-2, on CPU).
 # One JSON line per measurement in OUT/probes.jsonl. Usage: gpu-scale-proof.sh WORK_DIR OUT
 # (env MODELS: the models to probe, default "smollm2-135m-instruct qwen3-1.7b").
@@ -31,11 +32,14 @@ probe() {
     | tee -a "$OUT/probes.jsonl" || tail -3 "$OUT/probe.err"
 }
 probe smollm2-135m-instruct --precision fp32 --sequence 4096
+probe smollm2-135m-instruct --precision fp32 --sequence 4096 --temperature 0.7
 probe smollm2-135m-instruct --precision fp32 --sequence 4096 --gradient-checkpointing
 probe smollm2-135m-instruct --precision bf16 --sequence 8192 --gradient-checkpointing
 probe smollm2-135m-instruct --precision bf16 --sequence 2048 --micro-batch 4
 # examples/rolloutjob-train.yaml: 16K context, 4 traces per pass bounded by 32K tokens, gc.
 probe qwen3-1.7b --precision bf16 --sequence 16384 --micro-batch 4 --max-tokens 32768 --gradient-checkpointing
+# The same at a sampling temperature (the tempered log-probs divide each logits chunk).
+probe qwen3-1.7b --precision bf16 --sequence 16384 --micro-batch 4 --max-tokens 32768 --gradient-checkpointing --temperature 0.7
 probe qwen3-1.7b --precision bf16 --sequence 4096 --micro-batch 2
 probe qwen3-1.7b --precision bf16 --sequence 8192 --gradient-checkpointing --reference
 # LoRA (rank 16 on every projection): the example's settings, and the same 2 × 4,096 step.

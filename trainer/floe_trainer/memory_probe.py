@@ -3,7 +3,7 @@ the same settings: the proof of ``memory_plan`` (CPU in the tests, GPU in the pr
 
     python -m floe_trainer.memory_probe --model-dir DIR --sequence 1536 [--micro-batch 1
         --max-tokens N --gradient-checkpointing --reference --lora-rank R --device cpu
-        --precision fp32 --steps 2]
+        --precision fp32 --steps 2 --temperature 0.7]
 
 Prints one JSON line: the estimate's items and total, the measured peak, and their ratio. The
 peak is the process's peak resident memory on CPU (``ru_maxrss``), and on a GPU the caching
@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="auto")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling.temperature (tempered logits)"
+    )
     args = p.parse_args(argv)
     # The trainer's own loading (``load_policy``): the plan it makes before the model loads
     # (on CPU its runtime term is this process now), then the model, adapter and optimizer.
@@ -58,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         precision=args.precision,
         max_sequence_tokens=args.sequence,
         memory_plan="warn",
+        temperature=args.temperature,
         lora=LoraSpec.from_operator({"rank": args.lora_rank}) if args.lora_rank else None,
     )
     policy = load_policy(cfg, SINGLE, None)
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     "gradientCheckpointing": args.gradient_checkpointing,
                     "reference": args.reference,
                     "loraRank": args.lora_rank,
+                    "temperature": args.temperature,
                 },
                 "estimate": {k: v for k, v in plan.items() if k != "capacityBytes"},
                 "peakBytes": peak,
