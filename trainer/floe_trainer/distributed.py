@@ -110,26 +110,41 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
-    """The whole fp32 weights on CPU: on the leader when sharded (the others get ``{}``), as
-    ``model.state_dict()`` otherwise. Every process of a sharded world must call it."""
+def full_state_dict(
+    model: torch.nn.Module, world: World, trainable_only: bool = False
+) -> dict[str, torch.Tensor]:
+    """The whole weights on CPU: on the leader when sharded (the others get ``{}``), as
+    ``model.state_dict()`` otherwise. ``trainable_only``: the parameters that train alone (a
+    LoRA adapter, without gathering its frozen base). Every process of a sharded world must
+    call it."""
     if not world.sharded:
-        return model.state_dict()
+        state = model.state_dict()
+        if trainable_only:
+            keep = {name for name, p in model.named_parameters() if p.requires_grad}
+            state = {k: v for k, v in state.items() if k in keep}
+        return state
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    full = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
     )
+    full = get_model_state_dict(model, options=options)
     return full if world.leader else {}
 
 
-def broadcast_weights(model: torch.nn.Module, world: World) -> None:
+def broadcast_weights(model: torch.nn.Module, world: World, trainable_only: bool = False) -> None:
     """The leader's weights into every process's model, before it is sharded: a resumed world
-    whose other processes loaded the base model (their node may not see the checkpoint)."""
+    whose other processes loaded the base model (their node may not see the checkpoint).
+    ``trainable_only``: the trained parameters alone (a LoRA adapter: fresh ones are drawn at
+    random on each process, and the base is the same files everywhere)."""
     if not world.sharded:
         return
     with torch.no_grad():
-        for tensor in model.state_dict().values():
+        if trainable_only:
+            tensors = [p for p in model.parameters() if p.requires_grad]
+        else:
+            tensors = list(model.state_dict().values())
+        for tensor in tensors:
             dist.broadcast(tensor, src=0)
 
 

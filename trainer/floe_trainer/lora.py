@@ -15,6 +15,7 @@ import json
 import shutil
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,11 @@ class LoraSpec:
         return LoraSpec(rank, alpha, targets, bool(c.get("mergeFinal", True)))
 
 
+# A fresh adapter's A is drawn from this seed: the same job starts from the same adapter, on
+# every process of a sharded trainer too (which also takes the leader's, ``load_policy``).
+INIT_SEED = 0
+
+
 def wrap(model: torch.nn.Module, spec: LoraSpec, resume: Path | None = None) -> torch.nn.Module:
     """``model`` (frozen) with a trainable adapter: a fresh one (B = 0, so the policy starts
     as the base), or the one a checkpoint holds."""
@@ -67,7 +73,9 @@ def wrap(model: torch.nn.Module, spec: LoraSpec, resume: Path | None = None) -> 
         lora_dropout=0.0,
         bias="none",
     )
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(INIT_SEED)
+        return get_peft_model(model, config)
 
 
 def adapted(model: torch.nn.Module) -> bool:
@@ -79,32 +87,37 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def save_adapter(model, directory: Path) -> Path:
+def save_adapter(model, directory: Path, state: dict[str, torch.Tensor] | None = None) -> Path:
     """The adapter's files (config + safetensors), written beside and renamed: whole or
-    absent."""
-    return written_whole(directory, model.save_pretrained)
+    absent. ``state``: the model's state gathered whole (``distributed.full_state_dict``; a
+    sharded model's own holds shards), from which PEFT keeps the adapter's tensors."""
+    return written_whole(directory, lambda tmp: model.save_pretrained(tmp, state_dict=state))
 
 
-def merged_weights(model) -> dict[str, torch.Tensor]:
-    """The base's state dict with every adapter folded in (``W + scale·B·A``), under the base
-    model's own names: what ``merge_and_unload`` would give, without changing the model."""
-    from peft.tuners.lora import LoraLayer
+def adapter_module(key: str) -> str | None:
+    """The module a base weight of an adapted layer belongs to (``...q_proj`` for
+    ``...q_proj.base_layer.weight``); None for any other key."""
+    suffix = ".base_layer.weight"
+    return key[: -len(suffix)] if key.endswith(suffix) else None
 
-    base = model.get_base_model()
-    deltas = {
-        name: module.get_delta_weight("default")
-        for name, module in base.named_modules()
-        if isinstance(module, LoraLayer)
-    }
+
+def merged_weights(state: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, torch.Tensor]:
+    """The base's weights with the adapter folded in (``W + alpha/rank · B·A``), under the base
+    model's own names: what PEFT's ``merge_and_unload`` gives, from the policy's whole state
+    dict (``distributed.full_state_dict``: gathered when sharded), without changing the model.
+    """
+    scale = spec.alpha / spec.rank
     out = {}
-    for key, value in base.state_dict().items():
+    for key, value in state.items():
         if "lora_" in key:
             continue
-        key = key.replace(".base_layer.", ".")
-        module = key.rsplit(".", 1)[0]
-        if key.endswith(".weight") and module in deltas:
-            value = (value.float() + deltas[module].float()).to(value.dtype)
-        out[key] = value.detach().to("cpu")
+        module = adapter_module(key)
+        if module is not None:
+            a = state[f"{module}.lora_A.default.weight"].float()
+            b = state[f"{module}.lora_B.default.weight"].float()
+            value = (value.float() + scale * (b @ a)).to(value.dtype)
+        name = key.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        out[name] = value.detach().to("cpu")
     return out
 
 
@@ -121,14 +134,15 @@ def post_text(url: str, body: dict, timeout: float = 600) -> str:
 class LoraWeightSync:
     """Each version's adapter into vLLM: written to ``<dir>/adapter-<version>`` (vLLM reads it
     while loading), loaded in place under ``SERVED_ADAPTER`` while generation is paused, then
-    the older directories removed."""
+    the older directories removed. ``adapter``: the adapter's tensors, whole (gathered from
+    every process when sharded; a collective they all join)."""
 
-    def __init__(self, model, vllm_url: str, directory: Path) -> None:
-        self.model, self.url, self.dir = model, vllm_url, directory
+    def __init__(self, model, adapter: Callable[[], dict], vllm_url: str, directory: Path) -> None:
+        self.model, self.adapter, self.url, self.dir = model, adapter, vllm_url, directory
 
     def push(self, version: int) -> dict[str, float]:
         t0 = time.monotonic()
-        target = save_adapter(self.model, self.dir / f"adapter-{version}")
+        target = save_adapter(self.model, self.dir / f"adapter-{version}", self.adapter())
         t1 = time.monotonic()
         paused(
             self.url,

@@ -14,7 +14,8 @@ layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
   every process);
 - sharded over several processes (FSDP2, ``distributed``): the fp32 state divided among
   them, plus two decoder layers gathered whole at a time (the logits chunked as on one
-  device: ``policy.register_sharded_logprobs``);
+  device: ``policy.register_sharded_logprobs``); with LoRA the frozen base and the adapter
+  are divided alike, a layer gathered in the base's precision;
 - activations saved for the backward pass, per token and layer ``(10h + 4i)`` values (fp32:
   4 bytes each; bf16: 2, plus the two RMSNorms' fp32 upcasts ``4h × 4``). With gradient
   checkpointing only each layer's input ``h`` is kept, plus one whole layer being recomputed;
@@ -273,10 +274,15 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
         copies = ("bf16 weight copies", 2 * p if bf16 else 0)
     if s.adapter is not None:
         # LoRA: the frozen base in the precision it computes in (no bf16 copies), the
-        # adapter in fp32 with its gradients and AdamW state.
+        # adapter in fp32 with its gradients and AdamW state; sharded, both are divided and
+        # a unit is gathered in the base's own precision.
         a = s.adapter
-        weights, trained = value * p + 4 * a, a
-        copies = ("bf16 weight copies", 0)
+        weights, trained = (value * p + 4 * a) // shards, a // shards
+        copies = (
+            ("gathered layers", 2 * shape.largest_unit * value)
+            if shards > 1
+            else ("bf16 weight copies", 0)
+        )
     else:
         weights, trained = 4 * p // shards, p // shards
     items = (

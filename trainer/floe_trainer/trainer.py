@@ -180,10 +180,6 @@ class TrainerConfig:
         weight_sync = given.get("weight_sync", TrainerConfig.weight_sync)
         if weight_sync not in ("file", "nccl"):
             raise ValueError(f"grpo.weightSync must be File or NCCL, got {weight_sync!r}")
-        if given.get("lora") and given.get("gpus", 1) > 1:
-            raise ValueError("train.lora trains on one GPU (or CPU): set train.gpus 1")
-        if given.get("lora") and given.get("nodes", 1) > 1:
-            raise ValueError("train.lora trains in one process: set train.nodes 1")
         if weight_sync == "nccl" and given.get("nodes", 1) > 1:
             raise ValueError("grpo.weightSync NCCL is for one training process; use File")
         if given.get("lora") and weight_sync == "nccl":
@@ -278,7 +274,9 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
         # checkpoint when resuming (a LoRA checkpoint holds only the adapter).
         dtype = placement.autocast_dtype or torch.float32
         base = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(dev)
-        model = lora.wrap(base, cfg.lora, resume)
+        model = lora.wrap(base, cfg.lora, own_resume)
+        # Every process trains the leader's adapter: a fresh one is drawn at random on each.
+        broadcast_weights(model, world, trainable_only=True)
     else:
         model = AutoModelForCausalLM.from_pretrained(own_resume or cfg.model, dtype=torch.float32)
         model.to(dev)
@@ -355,8 +353,10 @@ def follow(cfg: TrainerConfig, world: World) -> int:
             )
         elif what == "weights":
             full_state_dict(policy.model, world)
+        elif what == "adapter":
+            full_state_dict(policy.model, world, trainable_only=True)
         elif what == "checkpoint":
-            full_state_dict(policy.model, world)
+            full_state_dict(policy.model, world, trainable_only=bool(cfg.lora))
             full_optimizer_state(policy.model, policy.optimizer, world)
         elif what == "stop":
             return 0
@@ -440,7 +440,9 @@ class Trainer:
 
     def _weight_sync(self) -> FileWeightSync | NcclWeightSync | lora.LoraWeightSync:
         if self.cfg.lora:
-            return lora.LoraWeightSync(self.model, self.cfg.policy_url, self.weights_dir)
+            return lora.LoraWeightSync(
+                self.model, self.adapter_weights, self.cfg.policy_url, self.weights_dir
+            )
         if self.cfg.weight_sync != "nccl":
             return FileWeightSync(self.full_weights, self.cfg.policy_url, self.weights_dir)
         return NcclWeightSync(
@@ -454,6 +456,11 @@ class Trainer:
         """The whole weights (gathered from every process when sharded)."""
         self._tell("weights")
         return full_state_dict(self.model, self.world)
+
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """A LoRA policy's adapter, whole (gathered without its frozen base when sharded)."""
+        self._tell("adapter")
+        return full_state_dict(self.model, self.world, trainable_only=True)
 
     def _tell(self, *command) -> None:
         tell(self.world, *command)
@@ -582,8 +589,8 @@ class Trainer:
         if self.state.step == self.checkpointed_step or self.followers_stopped:
             return
         self._tell("checkpoint")
-        # A LoRA model saves its adapter itself.
-        weights = None if self.cfg.lora else full_state_dict(self.model, self.world)
+        # A LoRA checkpoint holds the adapter alone.
+        weights = full_state_dict(self.model, self.world, trainable_only=bool(self.cfg.lora))
         optimizer = full_optimizer_state(self.model, self.optimizer, self.world)
         checkpoint.save(
             self.ckpt_dir, self.model, weights, optimizer, self.state, self.cfg.checkpoint_keep
@@ -593,12 +600,12 @@ class Trainer:
     def _final_checkpoint(self) -> None:
         final = self.cfg.final_dir or self.ckpt_dir / "final"
         if self.cfg.lora and not self.cfg.lora.merge_final:
-            lora.save_adapter(self.model, final)
+            lora.save_adapter(self.model, final, self.adapter_weights())
         elif self.cfg.lora:
-            base = self.model.get_base_model()
-            merged = lora.merged_weights(self.model)
-            checkpoint.save_model(final, base, merged, Path(self.cfg.model))
-            lora.save_adapter(self.model, final / "adapter")
+            whole = self.full_weights()
+            merged = lora.merged_weights(whole, self.cfg.lora)
+            checkpoint.save_model(final, self.model.get_base_model(), merged, Path(self.cfg.model))
+            lora.save_adapter(self.model, final / "adapter", whole)
         else:
             checkpoint.save_model(final, self.model, self.full_weights(), Path(self.cfg.model))
         with self.lock:

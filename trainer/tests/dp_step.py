@@ -1,6 +1,10 @@
 """One GRPO step of a tiny Llama over fixed groups, in this process alone or as one of the
 processes ``torchrun`` starts (gloo, FSDP2): the leader saves the updated weights and the
-step's figures to ``OUT``. ``test_distributed.py`` runs it both ways and compares."""
+step's figures to ``OUT``. ``test_distributed.py`` runs it both ways and compares. With
+``lora`` last, a LoRA adapter trains (the weights saved are the merged ones, the adapter
+beside them).
+
+    dp_step.py OUT adamw|sgd [lora]"""
 
 import json
 import sys
@@ -11,9 +15,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny import tiny_llama  # noqa: E402
 
-from floe_trainer import policy  # noqa: E402
+from floe_trainer import lora, policy  # noqa: E402
 from floe_trainer.batching import Group  # noqa: E402
-from floe_trainer.distributed import from_env, full_state_dict, leave, shard  # noqa: E402
+from floe_trainer.distributed import (  # noqa: E402
+    broadcast_weights,
+    from_env,
+    full_state_dict,
+    leave,
+    shard,
+)
 from floe_trainer.loss import LossConfig  # noqa: E402
 from floe_trainer.step import train_step  # noqa: E402
 from floe_trainer.wire import parse  # noqa: E402
@@ -54,19 +64,27 @@ def groups() -> list[Group]:
     return out
 
 
-def main(out: Path, optimizer_name: str) -> None:
+def main(out: Path, optimizer_name: str, adapter: bool) -> None:
     torch.set_num_threads(1)
     # Responses of 3-6 tokens in chunks of 2: several chunks each, the checkpointed head of
     # the chunked log-probs, sharded too (``register_sharded_logprobs``), in both runs.
     policy.LOGITS_CHUNK = 2
     world = from_env("cpu")
-    model = shard(tiny_llama(seed=3), world, "cpu")
+    model = tiny_llama(seed=3)
+    if adapter:
+        # As ``trainer.load_policy`` does: each process draws its own adapter (here each from
+        # another seed, so only the leader's broadcast can make them one), the leader's wins.
+        lora.INIT_SEED = world.rank
+        model = lora.wrap(model, lora.LoraSpec(4, 8.0))
+        broadcast_weights(model, world, trainable_only=True)
+    model = shard(model, world, "cpu")
+    trained = lora.trainable(model)
     # AdamW as the trainer uses it (large enough a rate for the clip to act), or SGD, whose
     # update is the gradient itself: the check that the summed gradient is the same.
     if optimizer_name == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        optimizer = torch.optim.SGD(trained, lr=0.5)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+        optimizer = torch.optim.AdamW(trained, lr=3e-2)
     stats = train_step(
         model,
         optimizer,
@@ -78,8 +96,14 @@ def main(out: Path, optimizer_name: str) -> None:
         world=world,
     )
     weights = full_state_dict(model, world)
+    # The trainer's LoRA gathers: the adapter alone (pushes, checkpoints), and the whole
+    # model merged (the final checkpoint).
+    adapter_only = full_state_dict(model, world, trainable_only=adapter) if adapter else {}
     if world.leader:
         out.mkdir(parents=True, exist_ok=True)
+        if adapter:
+            torch.save(adapter_only, out / "adapter.pt")
+            weights = lora.merged_weights(weights, lora.LoraSpec(4, 8.0))
         torch.save(weights, out / "weights.pt")
         # Whether its log-probs took the chunked path (sharded: the registered method).
         chunked = policy._chunkable(model)
@@ -89,4 +113,4 @@ def main(out: Path, optimizer_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["lora"])

@@ -81,8 +81,12 @@ def test_training_gpus_need_as_many_processes_never_fewer():
     check_processes(cpu_nodes, 2)
     with pytest.raises(ValueError, match="start 2"):
         check_processes(cpu_nodes, 1)
+    # A LoRA adapter trains over several nodes (sharded like full training); NCCL sync does not.
+    lora_nodes = TrainerConfig.from_operator(
+        {"model": "m", "numSamples": 2, "gpus": 2, "nodes": 2, "lora": {"rank": 8}}, Path("/tmp")
+    )
+    check_processes(lora_nodes, 4)
     for refused, why in [
-        ({"lora": {"rank": 8}}, "train.nodes 1"),
         ({"grpo": {"weightSync": "NCCL"}, "gpus": 1}, "one training process"),
     ]:
         with pytest.raises(ValueError, match=why):

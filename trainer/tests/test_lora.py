@@ -31,8 +31,8 @@ def test_the_job_settings_are_read_with_their_defaults():
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"gpus": 2}, "trains on one GPU"),
         ({"grpo": {"weightSync": "NCCL"}, "gpus": 1}, "pushes the adapter as a file"),
+        ({"grpo": {"weightSync": "NCCL"}, "gpus": 2}, "pushes the adapter as a file"),
     ],
 )
 def test_lora_is_refused_where_it_cannot_work(tmp_path, extra, message):
@@ -67,11 +67,23 @@ def test_the_merged_weights_are_the_adapter_folded_into_the_base():
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.05)
-    merged = lora.merged_weights(model)
+    merged = lora.merged_weights(model.state_dict(), lora.LoraSpec(4, 8.0))
     expected = model.merge_and_unload().state_dict()
     assert set(merged) == set(expected)
     for k, v in expected.items():
         torch.testing.assert_close(merged[k], v, rtol=0, atol=1e-6)
+
+
+def test_a_fresh_adapter_is_the_same_on_every_process_and_leaves_the_rng_alone():
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    base = tiny_llama(seed=2)
+    torch.manual_seed(123)
+    first = lora.wrap(base, lora.LoraSpec(4, 8.0)).state_dict()
+    assert torch.equal(torch.rand(1), expected_next), "the caller's random stream is untouched"
+    again = lora.wrap(tiny_llama(seed=2), lora.LoraSpec(4, 8.0)).state_dict()
+    for k, v in first.items():
+        assert torch.equal(v, again[k]), k
 
 
 def test_the_adapter_size_comes_from_the_weights_headers(tmp_path):

@@ -12,10 +12,6 @@ use crate::common::UpstreamSpec;
 
 /// The trainer pod: vLLM serving the policy to every gateway, and the GRPO trainer.
 #[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[x_kube(validation = kube::core::Rule::new("!has(self.lora) || !has(self.gpus) || self.gpus <= 1")
-    .message("train.lora trains on one GPU (or CPU): train.gpus must be 0 or 1"))]
-#[x_kube(validation = kube::core::Rule::new("!has(self.lora) || !has(self.nodes) || self.nodes <= 1")
-    .message("train.lora trains in one process: train.nodes must be 1"))]
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.grpo) || !has(self.grpo.weightSync) || self.grpo.weightSync != 'NCCL' || ((!has(self.gpus) || self.gpus == 1) && (!has(self.nodes) || self.nodes == 1))")
     .message("grpo.weightSync NCCL broadcasts from one training GPU: train.gpus must be 1 and train.nodes 1 (or use File)"))]
