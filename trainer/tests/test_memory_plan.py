@@ -173,6 +173,11 @@ def test_a_model_too_big_to_train_whole_is_pointed_to_a_lora_adapter():
     with_kl = dict(estimate(shape, replace(s, adapter=36 * per_layer, reference=True)).items)
     assert with_kl["reference model"] == 0
     assert dict(estimate(shape, replace(s, reference=True)).items)["reference model"] > 0
+    # Over 8 processes the base and the adapter are divided; two units gathered in bf16.
+    sharded = dict(estimate(shape, replace(s, adapter=36 * per_layer, shards=8)).items)
+    assert sharded["weights"] == (2 * shape.parameters + 4 * 36 * per_layer) // 8
+    assert sharded["AdamW state"] == 8 * (36 * per_layer // 8)
+    assert sharded["gathered layers"] == 2 * shape.largest_unit * 2
 
 
 def test_a_model_too_big_for_the_device_is_refused_whatever_the_settings():
