@@ -20,11 +20,14 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
+from floe_trainer import lora
 from floe_trainer.bench_step import synthetic_groups
 from floe_trainer.distributed import World, backend, full_state_dict, shard
 from floe_trainer.loss import LossConfig
 from floe_trainer.placement import resolve
 from floe_trainer.step import train_step
+
+LORA = lora.LoraSpec(16, 32.0)
 
 
 @dataclass(frozen=True)
@@ -44,14 +47,21 @@ def run(
     groups,
     steps: int,
     temperature: float,
+    adapter: bool = False,
 ):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # A LoRA policy as ``trainer.load_policy`` builds it: the frozen base in the precision it
+    # computes in (bf16 on a GPU), the adapter in fp32: one FSDP unit holds both dtypes.
+    dtype = (placement.autocast_dtype or torch.float32) if adapter else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.to(placement.device)
+    if adapter:
+        model = lora.wrap(model, LORA)
     model = shard(model, world, placement.device.type)
+    trained = lora.trainable(model)
     if optimizer_name == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer = torch.optim.SGD(trained, lr=0.1)
     else:
-        optimizer = placement.optimizer(model.parameters(), 1e-5)
+        optimizer = placement.optimizer(trained, 1e-4 if adapter else 1e-5)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -67,7 +77,8 @@ def run(
         if placement.device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    weights = {k: v.detach().float().cpu() for k, v in full_state_dict(model, world).items()}
+    state = full_state_dict(model, world, trainable_only=adapter)
+    weights = {k: v.detach().float().cpu() for k, v in state.items()}
     return weights, times
 
 
@@ -78,17 +89,30 @@ def compare(
     optimizer_name: str,
     steps: int,
     temperature: float = 1.0,
+    adapter: bool = False,
 ):
     placement = resolve(device, precision)
-    before = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
-    vocab = before["model.embed_tokens.weight"].shape[0]
+    before = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    vocab = before.get_input_embeddings().weight.shape[0]
+    if adapter:
+        fresh = lora.wrap(before, LORA)  # the same adapter every run draws (``INIT_SEED``)
+        before = {k: v.float() for k, v in fresh.state_dict().items() if "lora_" in k}
+    else:
+        before = before.state_dict()
     length = 256 if device == "cuda" else 16
     groups = synthetic_groups(2, 4, length, length, vocab)
     plain, plain_times = run(
-        model_dir, World(), placement, optimizer_name, groups, steps, temperature
+        model_dir, World(), placement, optimizer_name, groups, steps, temperature, adapter
     )
     sharded, sharded_times = run(
-        model_dir, ShardedAlone(0, 1), placement, optimizer_name, groups, steps, temperature
+        model_dir,
+        ShardedAlone(0, 1),
+        placement,
+        optimizer_name,
+        groups,
+        steps,
+        temperature,
+        adapter,
     )
     update = torch.cat([(plain[k] - before[k]).flatten() for k in before])
     gap = torch.cat([(plain[k] - sharded[k]).flatten() for k in before])
@@ -96,6 +120,7 @@ def compare(
         "precision": placement.precision,
         "optimizer": optimizer_name,
         "temperature": temperature,
+        "lora": adapter,
         "steps": steps,
         "largestUpdate": update.abs().max().item(),
         "largestGap": gap.abs().max().item(),
@@ -115,6 +140,8 @@ def main(model_dir: Path, steps: int) -> None:
     runs = [
         compare(model_dir, device, "fp32", "adamw", steps),
         compare(model_dir, device, "fp32", "adamw", steps, temperature=0.7),
+        # LoRA: on a GPU a bf16 base beside the fp32 adapter in each unit.
+        compare(model_dir, device, "bf16" if cuda else "fp32", "adamw", steps, adapter=True),
     ]
     if cuda:
         runs += [
@@ -135,7 +162,9 @@ def main(model_dir: Path, steps: int) -> None:
         # percent of an update of 4e-5; on the H200 the norms' ratio was 1.1e-5.)
         assert exact["gapNormOverUpdateNorm"] <= 1e-4, report
     # bf16 with SGD (the update is the gradient): the gradients agree up to bf16's noise.
-    for r in runs[2:]:
+    # The adapter: its update is the adapter's norm (B starts at 0), within 1e-4 of it.
+    assert runs[2]["largestUpdate"] > 0 and runs[2]["gapNormOverUpdateNorm"] <= 1e-4, report
+    for r in runs[3:]:
         if r["optimizer"] == "sgd":
             assert r["gapNormOverUpdateNorm"] <= 5e-2, report
 

@@ -94,7 +94,7 @@ def test_the_sharded_path_in_one_process_updates_as_the_plain_path_does(tmp_path
     """``fsdp_one_device.py``, the GPU proof's FSDP check (one process: NCCL refuses two on
     one GPU), kept working on CPU: every sharded branch (units, collectives, the full-state
     gather) against the plain path, fp32 AdamW, at temperature 1 and at 0.7 (tempered
-    log-probs), within 1e-4 of the update's norm."""
+    log-probs), and a LoRA adapter, within 1e-4 of the update's norm."""
     from tiny import tiny_llama
 
     tiny_llama(seed=5).save_pretrained(tmp_path / "model")
@@ -111,6 +111,10 @@ def test_the_sharded_path_in_one_process_updates_as_the_plain_path_does(tmp_path
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["backend"] == "gloo"
-    assert [r["temperature"] for r in report["runs"]] == [1.0, 0.7]
+    assert [(r["temperature"], r["lora"]) for r in report["runs"]] == [
+        (1.0, False),
+        (0.7, False),
+        (1.0, True),
+    ]
     for run in report["runs"]:
         assert run["largestUpdate"] > 0 and run["gapNormOverUpdateNorm"] <= 1e-4
