@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import running, served_against
+from vllm_server import free_port, running, served_against
 
 from floe_trainer.batching import GroupBuffer
 from floe_trainer.learn_demo import sample, trajectory
@@ -402,12 +401,6 @@ def test_it_learns_a_verifiable_toy_task(served):
     baseline, final, curve = run(url, model_dir, steps=6)
     print("curve:", [round(r, 3) for _, r, _, _ in curve])
     assert final >= baseline + 0.3, (baseline, final, curve)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_train_a_step_vllm_serves_and_resume_from_the_first_ones_checkpoint(

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import running, served_against
+from vllm_server import free_port, running, served_against
 
 from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.policy import make_batch, token_logprobs
@@ -121,12 +120,6 @@ def test_a_lora_step_is_what_vllm_serves_and_the_job_ends_with_the_merged_model(
     assert again.state.step == 1 and served_label(url) == "1"
     for k, v in adapter_state(again.model).items():
         torch.testing.assert_close(v, trained_adapter[k], rtol=0, atol=0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_processes_train_the_adapter_vllm_serves_and_end_with_the_merged_model(

@@ -15,13 +15,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextlib.contextmanager
 def running(model_dir: Path, *args: str, env: dict | None = None) -> Iterator[str]:
     """vLLM serving ``model_dir`` (extra server ``args``, extra ``env``); yields its URL. Its
     log is ``vllm.log`` beside the model."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log_path = model_dir.parent / "vllm.log"
     with open(log_path, "w") as log:
         server = subprocess.Popen(
