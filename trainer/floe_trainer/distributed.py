@@ -24,6 +24,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from .lora import trainable
 from .policy import register_sharded_logprobs
 
 T = TypeVar("T")
@@ -140,10 +141,7 @@ def broadcast_weights(model: torch.nn.Module, world: World, trainable_only: bool
     if not world.sharded:
         return
     with torch.no_grad():
-        if trainable_only:
-            tensors = [p for p in model.parameters() if p.requires_grad]
-        else:
-            tensors = list(model.state_dict().values())
+        tensors = trainable(model) if trainable_only else list(model.state_dict().values())
         for tensor in tensors:
             dist.broadcast(tensor, src=0)
 
