@@ -657,7 +657,8 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
 /// steps), the resumed trainer starts from it with the new vLLM serving its weights, the
 /// finished sessions are not run again, each sample of each group (a task's group per epoch)
 /// is trained exactly once, each batch sampled from the policy of its step, and the step
-/// table spans both runs.
+/// table spans both runs. (A group whose samples score alike makes no step: the expected
+/// steps come from the rewards the groups delivered.)
 #[test]
 fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result<()> {
     let _memory = beside_one_other();
@@ -739,39 +740,6 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
     assert_eq!(summary["interrupted"], false, "{summary}");
     assert_eq!(summary["sessions"]["total"], 8, "{summary}");
     assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
-    let training = &summary["training"];
-    let table: Vec<u64> = training["steps"]
-        .as_array()
-        .context("training.steps")?
-        .iter()
-        .filter_map(|s| s["step"].as_u64())
-        .collect();
-    assert_eq!(table, [1, 2, 3, 4], "one table over both runs: {training}");
-    assert_eq!(training["policyVersion"], 4, "{training}");
-
-    // Trained exactly once per sample: the sessions the last checkpoint (written when the
-    // resumed run stopped its trainer) lists, by session without its attempt suffix.
-    let state: Value = serde_json::from_str(&std::fs::read_to_string(
-        checkpoints.join("ckpt-4/state.json"),
-    )?)?;
-    let mut trained: Vec<String> = state["trained_sessions"]
-        .as_array()
-        .context("trained_sessions")?
-        .iter()
-        .filter_map(Value::as_str)
-        .map(|s| match s.rsplit_once("-r") {
-            Some((base, n)) if n.chars().all(|c| c.is_ascii_digit()) => base.to_string(),
-            _ => s.to_string(),
-        })
-        .collect();
-    trained.sort();
-    let count = trained.len();
-    trained.dedup();
-    assert_eq!(
-        (count, trained.len()),
-        (8, 8),
-        "each of the 8 samples once: {state}"
-    );
     // Groups in run order (run.json: each session's first attempt, in order): the first epoch
     // as listed, then the second, each task once, as groups of their own.
     let run: Value = serde_json::from_str(&std::fs::read_to_string(out.join("run.json"))?)?;
@@ -786,17 +754,82 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
     let mut second = groups[2..].to_vec();
     second.sort();
     assert_eq!(second, ["brief/q0/e1", "brief/q1/e1"], "{groups:?}");
-    // Each group (one per step) was sampled from the policy its step started from, before
-    // and after the stop.
+
+    // What each group delivered: its samples' rewards and policy versions (attempts the stop
+    // cut short are untrainable, and their sessions run again).
+    let mut delivered: Vec<Vec<(f64, Value)>> = vec![Vec::new(); groups.len()];
     for entry in std::fs::read_dir(out.join("trainer/state/ingest"))? {
         let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
         if t["trainable"] != true {
-            continue; // an attempt the stop cut short (run again)
+            continue;
         }
         let group = t["group"].as_str().context("group")?;
-        let batch = groups.iter().position(|g| g == group).context("group")?;
-        assert_eq!(t["policy_versions"], serde_json::json!([batch]), "{group}");
+        let at = groups.iter().position(|g| g == group).context("group")?;
+        let reward = t["reward"].as_f64().context("reward")?;
+        delivered[at].push((reward, t["policy_versions"].clone()));
     }
+    // A group whose two samples scored alike teaches nothing and makes no step (sampling at
+    // temperature 0.8 gives two equally long answers now and then); the groups after it join
+    // the step the same policy's samples go to.
+    let teaches = |samples: &[(f64, Value)]| {
+        let (lo, hi) = samples
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), (r, _)| {
+                (lo.min(*r), hi.max(*r))
+            });
+        samples.len() == 2 && hi - lo >= 1e-12
+    };
+    let mut steps_before = 0u64;
+    for (group, samples) in groups.iter().zip(&delivered) {
+        assert_eq!(samples.len(), 2, "{group}: each sample once");
+        // Each group was sampled from the policy its step started from, before and after the
+        // stop.
+        for (_, versions) in samples {
+            assert_eq!(versions, &serde_json::json!([steps_before]), "{group}");
+        }
+        steps_before += u64::from(teaches(samples));
+    }
+    assert!(steps_before >= steps_then, "{delivered:?}");
+    let training = &summary["training"];
+    let table: Vec<u64> = training["steps"]
+        .as_array()
+        .context("training.steps")?
+        .iter()
+        .filter_map(|s| s["step"].as_u64())
+        .collect();
+    let expected: Vec<u64> = (1..=steps_before).collect();
+    assert_eq!(table, expected, "one table over both runs: {training}");
+    assert_eq!(training["policyVersion"], steps_before, "{training}");
+    assert_eq!(
+        training["dropped"]["zero_advantage"].as_u64().unwrap_or(0),
+        groups.len() as u64 - steps_before,
+        "{training}"
+    );
+
+    // Trained exactly once per sample: the sessions the last checkpoint (written when the
+    // resumed run stopped its trainer) lists, by session without its attempt suffix.
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(
+        checkpoints.join(format!("ckpt-{steps_before}/state.json")),
+    )?)?;
+    let mut trained: Vec<String> = state["trained_sessions"]
+        .as_array()
+        .context("trained_sessions")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(|s| match s.rsplit_once("-r") {
+            Some((base, n)) if n.chars().all(|c| c.is_ascii_digit()) => base.to_string(),
+            _ => s.to_string(),
+        })
+        .collect();
+    trained.sort();
+    let count = trained.len();
+    trained.dedup();
+    let samples_trained = 2 * steps_before as usize;
+    assert_eq!(
+        (count, trained.len()),
+        (samples_trained, samples_trained),
+        "each sample of each trained group once: {state}"
+    );
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");
     Ok(())
