@@ -643,6 +643,8 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         .filter_map(|v| v["persistentVolumeClaim"].get("claimName"))
         .collect();
     assert_eq!(claims, [&json!("trained-state")], "{pod}");
+    // A fresh root-owned claim is the trainer's to write: the kubelet gives it to the group.
+    assert_eq!(pod["spec"]["securityContext"]["fsGroup"], 1000, "{pod}");
     let trainer_container = pod["spec"]["containers"]
         .as_array()
         .into_iter()

@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import free_port, running, served_against
+from vllm_server import free_port, one_group, running, served_against
 
-from floe_trainer.batching import GroupBuffer
 from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.loss import LossConfig
 from floe_trainer.policy import make_batch, token_logprobs
@@ -35,7 +34,7 @@ from floe_trainer.vllm_sync import (
     save_weights,
     served_version,
 )
-from floe_trainer.wire import Trace, parse
+from floe_trainer.wire import Trace
 
 ROOT = Path(__file__).resolve().parents[2]
 # The served context (serve.sh's --max-model-len), as the operator tells the trainer. Its
@@ -123,10 +122,7 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     url, model_dir = served
     prompt = chat_prompt(model_dir, "Name a fruit.")
     bodies = group_bodies(url, prompt, "fruit")
-    buffer = GroupBuffer(num_samples=4)
-    for body in bodies:
-        buffer.add(parse(body), now=0)
-    [group] = buffer.take_ready(now=0, policy_version=0)
+    group = one_group(bodies)
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "tied"
@@ -416,7 +412,6 @@ def test_two_nodes_train_a_step_vllm_serves_and_resume_from_the_first_ones_check
     the weights and AdamW state from the first."""
     from safetensors.torch import load_file
 
-    from floe_trainer.batching import GroupBuffer
     from floe_trainer.trainer import TrainerConfig, loss_config, step_options
 
     url, model_dir = served
@@ -515,10 +510,7 @@ def test_two_nodes_train_a_step_vllm_serves_and_resume_from_the_first_ones_check
 
     # The same step in this one process.
     cfg = TrainerConfig.from_operator(conf, tmp_path / "unused")
-    buffer = GroupBuffer(num_samples=4)
-    for body in bodies:
-        buffer.add(parse(body), now=0)
-    [group] = buffer.take_ready(now=0, policy_version=0)
+    group = one_group(bodies)
     start_weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)

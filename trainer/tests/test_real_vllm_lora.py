@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import free_port, running, served_against
+from vllm_server import free_port, one_group, running, served_against
 
 from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.policy import make_batch, token_logprobs
@@ -133,7 +133,6 @@ def test_two_processes_train_the_adapter_vllm_serves_and_end_with_the_merged_mod
     from safetensors.torch import load_file
 
     from floe_trainer import lora
-    from floe_trainer.batching import GroupBuffer
     from floe_trainer.step import train_step
     from floe_trainer.trainer import loss_config, step_options
 
@@ -200,10 +199,7 @@ def test_two_processes_train_the_adapter_vllm_serves_and_end_with_the_merged_mod
 
         # The same step in this one process, from the same fresh adapter (``lora.INIT_SEED``).
         cfg = TrainerConfig.from_operator(conf, tmp_path / "unused")
-        buffer = GroupBuffer(num_samples=4)
-        for body in bodies:
-            buffer.add(parse(body), now=0)
-        [group] = buffer.take_ready(now=0, policy_version=0)
+        group = one_group(bodies)
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         model = lora.wrap(base, cfg.lora)
         start = adapter_state(model)

@@ -68,3 +68,17 @@ def served_against(
     moved = max(abs(a - b) for a, b in zip(served, before, strict=True))
     print(f"\nserved vs trained max |Δlogprob| {gap:.2e}; moved by {moved:.3f}")
     return gap, moved
+
+
+def one_group(bodies: list[dict]):
+    """The group the trainer makes of one task's trajectory bodies (all its samples, sampled
+    from policy version 0), as its ingest and buffer would: to train the same step in the
+    test's own process."""
+    from floe_trainer.batching import GroupBuffer
+    from floe_trainer.wire import parse
+
+    buffer = GroupBuffer(num_samples=len(bodies))
+    for body in bodies:
+        buffer.add(parse(body), now=0)
+    [group] = buffer.take_ready(now=0, policy_version=0)
+    return group

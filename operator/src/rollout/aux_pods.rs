@@ -8,6 +8,11 @@ pub const VLLM_LOOPBACK_PORT: u16 = 8001;
 pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
 /// How long a deleted trainer pod has to write its last checkpoint.
 pub const TRAINER_STOP_GRACE_SECONDS: i64 = 300;
+/// The trainer pods' `fsGroup`: the floe-trainer image's group. Every container of the pod
+/// runs with it as a supplementary group, and the kubelet gives a claim that supports
+/// ownership (most provisioned volumes, not hostPath) to it, so a fresh root-owned checkpoint
+/// claim is writable by whichever user the trainer image runs as.
+pub const TRAINER_FS_GROUP: i64 = 1000;
 pub use super::trainer_launch::SERVED_MODEL;
 pub use crate::pods::names::{INGEST_PORT, OWNER_JOB_LABEL, ROLE_LABEL, VLLM_PORT};
 
@@ -271,6 +276,13 @@ pub fn trainer(
             "name": control, "key": crate::pods::names::CONTROL_TOKEN_KEY}}}),
         job_token_env(job, "FLOE_TRAINER_INGEST_TOKEN"),
     ];
+    if train.nodes > 1 || train.gpus > 1 {
+        // torchrun passes the pod's SIGTERM to the processes and kills them 30 s later by
+        // default: too soon for the leader to gather and write its last checkpoint (a 135M
+        // model on two CPU pods took longer). It waits out the pod's grace instead.
+        trainer_env.push(json!({"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                                "value": (TRAINER_STOP_GRACE_SECONDS - 15).to_string()}));
+    }
     let mut trainer_ports = vec![json!({"name": "ingest", "containerPort": INGEST_PORT})];
     if train.nodes > 1 {
         trainer_env.insert(0, pod_ip_env());
@@ -288,6 +300,7 @@ pub fn trainer(
         "metadata": meta(job, &name, "trainer"),
         "spec": {
             "automountServiceAccountToken": false,
+            "securityContext": {"fsGroup": TRAINER_FS_GROUP},
             "restartPolicy": "Always",
             // A stopped trainer writes a checkpoint of the steps since its last periodic one
             // (the optimizer state too: minutes for a large model), so a restart need not
@@ -529,6 +542,21 @@ mod tests {
         assert!(trainer["volumeMounts"]
             .as_array()
             .is_some_and(|m| m.iter().any(|v| v["mountPath"] == "/dev/shm")));
+        // A deleted pod's torchrun waits for the last checkpoint within the pod's grace.
+        let wait = trainer["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+            .and_then(|e| e["value"].as_str()?.parse::<i64>().ok());
+        assert!(
+            wait.is_some_and(|w| w > 30
+                && w < pod["spec"]["terminationGracePeriodSeconds"]
+                    .as_i64()
+                    .unwrap_or(0)),
+            "{trainer}"
+        );
+        assert_eq!(pod["spec"]["securityContext"]["fsGroup"], TRAINER_FS_GROUP);
         Ok(())
     }
 

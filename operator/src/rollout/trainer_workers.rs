@@ -21,7 +21,7 @@ use serde_json::json;
 
 use super::aux_pods::{
     meta, pod_ip_env, trainer_layout, trainer_resources, trainer_service, trainer_volumes,
-    TRAINER_STATE_DIR,
+    TRAINER_FS_GROUP, TRAINER_STATE_DIR,
 };
 use super::trainer_launch::{self, TrainerNode};
 
@@ -118,6 +118,7 @@ pub fn worker(
         "metadata": metadata,
         "spec": {
             "automountServiceAccountToken": false,
+            "securityContext": {"fsGroup": TRAINER_FS_GROUP},
             // A process that ends cleanly was stopped by the leader at the job's end; one that
             // fails (its world broke: the first pod's trainer restarted) starts again and
             // joins the rendezvous anew.
