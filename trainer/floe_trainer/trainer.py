@@ -17,6 +17,7 @@ import logging
 import shutil
 import threading
 import time
+import urllib.error
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -534,7 +535,18 @@ class Trainer:
         )
         t1 = time.monotonic()
         s = self.state
-        self.sync.push(s.policy_version + 1)
+        try:
+            self.sync.push(s.policy_version + 1)
+        except urllib.error.HTTPError:
+            raise
+        except OSError as e:
+            # vLLM unreachable: stopping with the pod (every container gets the pod's SIGTERM
+            # at once) or restarting. The step stands: its weights are this trainer's, a stop
+            # still checkpoints them, and ``check_policy_server`` pushes them again to a vLLM
+            # that answers with other weights.
+            log.warning(
+                "push of policy version %d failed (%s): pushed again later", s.policy_version + 1, e
+            )
         t2 = time.monotonic()
         lags = [
             s.policy_version - min(t.policy_versions)

@@ -3,7 +3,9 @@
 //! `floe-trainer`, the second (`train.nodes: 2`) joining it by torchrun's static rendezvous at
 //! its pod IP over the node's bridge, the model sharded over the two (FSDP2, gloo). Sessions in
 //! pool pods sample the policy through the job's Service, ship their trajectories to the
-//! ingest, and the trainer takes real steps that the job's status shows.
+//! ingest, and the trainer takes real steps that the job's status shows. The first pod is
+//! deleted after a step: its successor resumes from the checkpoint it wrote on the job's claim
+//! and trains every acknowledged trajectory once over both.
 //!
 //! The trainer image runs the tests' vLLM venv from the pod's model volume (a read-only
 //! hostPath PersistentVolume of the cache holding it and the models): torch's CUDA build is
@@ -39,7 +41,7 @@ fn task(id: &str, question: &str) -> Value {
 }
 
 #[tokio::test]
-async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
+async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_one() -> Result<()> {
     // Alone on the node: vLLM and a training step in pods, beside the other tests' pods and
     // the two host vLLMs, would starve this 2-core machine and their time limits.
     let work = prepare_as("train", NodeUse::Alone(NODE_USE.write().await)).await?;
@@ -77,6 +79,35 @@ async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
                         "resources": {"requests": {"storage": "1Gi"}}}}),
     )
     .await?;
+    // The checkpoint claim: a hostPath the trainer pods' group may write (root-owned, mode
+    // 0775, group 1000: the operator's fsGroup; hostPath volumes are not chowned to it).
+    let checkpoints = tempfile::Builder::new()
+        .prefix("floe-node-checkpoints")
+        .tempdir()?;
+    owned_dir(checkpoints.path(), "0:1000")?;
+    std::fs::set_permissions(
+        checkpoints.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o775),
+    )?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": format!("{ns}-checkpoints")},
+               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                        "hostPath": {"path": checkpoints.path().display().to_string(), "type": "Directory"},
+                        "claimRef": {"namespace": ns, "name": "checkpoints"}}}),
+    )
+    .await?;
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "checkpoints"},
+               "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                        "volumeName": format!("{ns}-checkpoints"),
+                        "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await?;
     apply(
         &client,
         &ns,
@@ -98,7 +129,10 @@ async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
                  "tasks": {"inline": [task("fruit", "Name a fruit."),
                                       task("colour", "Name a colour.")]},
                  "train": {"image": trainer_image, "model": in_volume.display().to_string(),
-                           "modelClaimName": "models", "gpus": 0, "nodes": 2,
+                           "modelClaimName": "models", "gpus": 0, "nodes": 2, "epochs": 3,
+                           // The checkpoints and every acknowledged trajectory outlive
+                           // the pods.
+                           "checkpoint": {"claimName": "checkpoints"},
                            "memoryPlan": "Warn",
                            "maxStaleness": 4,
                            "vllm": {"gpus": 0, "args": ["--dtype", "float32", "--enforce-eager",
@@ -147,9 +181,64 @@ async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
             .is_some_and(|b| b > 0.0),
         "{plan}"
     );
+    // Lost mid-job, once it has taken a step: the first trainer pod deleted (as `kubectl
+    // delete`, a drain or an eviction do). Stopping, it writes a checkpoint on the claim with
+    // the second pod's half of the state; the operator makes a new first pod (and a new second
+    // one, joined to it), which resumes from that checkpoint and replays the acknowledged
+    // trajectories it had not trained.
+    let status_of = |ip: String| {
+        let http = http.clone();
+        async move {
+            let Ok(reply) = http.get(format!("http://{ip}:8100/v1/status")).send().await else {
+                return Ok::<_, anyhow::Error>(None);
+            };
+            Ok(reply.json::<Value>().await.ok())
+        }
+    };
+    let step_then = eventually_within(300, "the trainer's first step", async || {
+        Ok(status_of(leader_ip.clone())
+            .await?
+            .and_then(|s| s["step"].as_u64())
+            .filter(|step| *step >= 1))
+    })
+    .await
+    .with_context(|| trainer_logs(n, &ns))?;
+    let first_uid = pods
+        .get("learn-trainer")
+        .await?
+        .metadata
+        .uid
+        .context("the first trainer pod's uid")?;
+    eprintln!("[test] deleting the first trainer pod after step {step_then}");
+    pods.delete("learn-trainer", &kube::api::DeleteParams::default())
+        .await?;
+    let resumed = eventually_within(
+        480,
+        "a new first trainer pod, resumed from the checkpoint",
+        async || {
+            let Some(pod) = pods.get_opt("learn-trainer").await? else {
+                return Ok(None);
+            };
+            if pod.metadata.uid.as_deref() == Some(first_uid.as_str()) {
+                return Ok(None);
+            }
+            let Some(ip) = pod.status.and_then(|s| s.pod_ip) else {
+                return Ok(None);
+            };
+            Ok(status_of(ip)
+                .await?
+                .and_then(|s| s["resumedFromStep"].as_u64()))
+        },
+    )
+    .await
+    .with_context(|| trainer_logs(n, &ns))?;
+    assert!(
+        resumed >= step_then,
+        "resumed from step {resumed}, after step {step_then}"
+    );
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
     // The trainer pod loads vLLM and the model on this 2-core node (~1-2 min) before any
-    // session starts; then 4 sessions and two steps.
+    // session starts; then 12 sessions (two tasks, three epochs) and up to six steps.
     let done = eventually_within(600, "the train job to finish", async || {
         let job = jobs.get("learn").await?;
         let phase = job.status.as_ref().and_then(|s| s.phase);
@@ -169,8 +258,8 @@ async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
             trainer_logs(n, &ns)
         );
     }
-    assert_eq!(status.sessions.total, 4, "{status:?}");
-    assert_eq!(status.sessions.succeeded, 4, "{status:?}");
+    assert_eq!(status.sessions.total, 12, "{status:?}");
+    assert_eq!(status.sessions.succeeded, 12, "{status:?}");
     // The trainer's own figures, read from its /v1/status by the operator: real steps, each
     // pushed into the pod's vLLM as the next policy version.
     let trainer = status
@@ -184,6 +273,44 @@ async fn a_train_job_takes_real_steps_in_a_real_trainer_pod() -> Result<()> {
         trainer_logs(n, &ns)
     );
     assert!(trainer.final_model.is_some(), "{trainer:?}");
+    assert!(trainer.step as u64 >= resumed, "{trainer:?}");
+    // Each acknowledged trajectory trained once over both pods: the checkpoint the second
+    // trainer wrote when it finished lists every session its steps and its predecessor's
+    // trained (a group whose samples scored alike trains in no step).
+    let last = std::fs::read_dir(checkpoints.path())?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("ckpt-")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .context("no checkpoint on the claim")?;
+    assert_eq!(last, trainer.step as u64, "{trainer:?}");
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(
+        checkpoints.path().join(format!("ckpt-{last}/state.json")),
+    )?)?;
+    // By session, without the attempt suffix of a retry (`-r<n>`).
+    let mut trained: Vec<&str> = state["trained_sessions"]
+        .as_array()
+        .context("trained_sessions")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(|s| match s.rsplit_once("-r") {
+            Some((base, n)) if n.chars().all(|c| c.is_ascii_digit()) => base,
+            _ => s,
+        })
+        .collect();
+    trained.sort_unstable();
+    let count = trained.len();
+    trained.dedup();
+    assert_eq!(
+        (count, trained.len()),
+        (2 * last as usize, 2 * last as usize),
+        "two samples a step, each once: {state}"
+    );
     // The first pod as the kubelet ran it: its three containers up, none restarted. The
     // second's process ended when the first's finished; the job's end deletes its pod.
     let pod = pods.get("learn-trainer").await?;
