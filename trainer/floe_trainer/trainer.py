@@ -620,15 +620,16 @@ class Trainer:
             lora.save_adapter(self.model, final / "adapter", whole)
         else:
             checkpoint.save_model(final, self.model, self.full_weights(), Path(self.cfg.model))
-        with self.lock:
-            self.final_checkpoint = final
-            self.finished = True
         if self.world.sharded:
             # Nothing is left for the other processes: the resumable state goes to the
             # checkpoints, then they end (their pods' GPUs go free; the job's end deletes them)
-            # and this one serves its status alone.
+            # and this one serves its status alone. Before "finished": the job's end, which
+            # that answer starts, finds everything on disk.
             self.save_checkpoint()
             self.stop_followers()
+        with self.lock:
+            self.final_checkpoint = final
+            self.finished = True
 
     def check_policy_server(self, now: float | None = None) -> None:
         """Every ``served_check_seconds``: a vLLM serving other weights than the trainer's
