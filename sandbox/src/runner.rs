@@ -101,6 +101,15 @@ pub struct RunReport {
     pub summary: Summary,
 }
 
+/// The wall clock in milliseconds since the Unix epoch (compared with the operator's claim
+/// time, so wall clock, not monotonic).
+fn unix_ms_now() -> Option<u64> {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
+}
+
 fn infra(summary: Summary, error: String) -> RunReport {
     RunReport {
         exit: ExitKind::Infrastructure,
@@ -180,10 +189,12 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
         Ok(d) => d,
         Err(e) => return infra(base, e.to_string()),
     };
+    let received = unix_ms_now();
     let session = delivered.assignment.session.clone();
     let mut summary = Summary {
         session: Some(session.clone()),
         task: Some(delivered.assignment.task.clone()),
+        assignment_received_unix_ms: received,
         ..base
     };
     tracing::info!(%session, task = %delivered.assignment.task, "assignment received");
@@ -468,10 +479,7 @@ async fn session_outcome(
         };
         harness = confinement.wrap(harness, &access);
     }
-    summary.harness_started_unix_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .and_then(|d| u64::try_from(d.as_millis()).ok());
+    summary.harness_started_unix_ms = unix_ms_now();
     let ran: Finished = match link {
         Some(link) => match in_agent_container(link, &harness).await {
             Ok(f) => f,

@@ -50,6 +50,10 @@ pub struct Summary {
     /// with the pod's `floe.dev/claimed-at`, how long a claimed session took to start.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harness_started_unix_ms: Option<u64>,
+    /// When the runner's long poll returned the assignment (same clock): splits a claim's
+    /// latency into its delivery to the pod and the runner's own start of the harness.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub assignment_received_unix_ms: Option<u64>,
     pub agent_seconds: f64,
     pub evaluator_seconds: f64,
     pub completions: u64,

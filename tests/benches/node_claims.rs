@@ -51,12 +51,13 @@ struct Seen {
     first: HashMap<String, Instant>,
     ready: HashMap<String, Instant>,
     pool_ready: HashMap<String, Instant>,
-    /// (claimed-at, harness started), Unix milliseconds.
-    started: HashMap<String, (i64, i64)>,
+    /// Claimed-at, assignment received by the runner, harness started: Unix milliseconds.
+    started: HashMap<String, [i64; 3]>,
 }
 
-/// The claim's and the harness's start, once the runner's summary is on the pod.
-fn claim_to_start(p: &Pod) -> Option<(i64, i64)> {
+/// The claim, the runner's receipt of the assignment and the harness's start, once the
+/// runner's summary is on the pod.
+fn claim_to_start(p: &Pod) -> Option<[i64; 3]> {
     let claimed: k8s_openapi::jiff::Timestamp =
         p.annotations().get("floe.dev/claimed-at")?.parse().ok()?;
     let message = p
@@ -67,10 +68,11 @@ fn claim_to_start(p: &Pod) -> Option<(i64, i64)> {
         .iter()
         .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())?;
     let summary: serde_json::Value = serde_json::from_str(&message).ok()?;
-    Some((
+    Some([
         claimed.as_millisecond(),
+        summary["assignmentReceivedUnixMs"].as_i64()?,
         summary["harnessStartedUnixMs"].as_i64()?,
-    ))
+    ])
 }
 
 fn watch(api: Api<Pod>, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<()> {
@@ -158,7 +160,7 @@ async fn main() -> Result<()> {
 
     // Claims only once the job's collector is Ready: a claim made while it starts waits for it
     // on purpose (`--claim-while-starting`), which is not a warm claim's latency.
-    let _operator = Operator::start_on(
+    let operator = Operator::start_on(
         &n.cluster,
         &images.floe,
         &ns.name,
@@ -235,13 +237,38 @@ async fn main() -> Result<()> {
         );
     }
     watching.abort();
+    // The operator's own view of the claim (its histogram: means only).
+    let metrics = operator.metrics().await?;
+    let phase_mean = |phase: &str| {
+        let read = |series: &str| {
+            metrics
+                .lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "floe_claim_phase_seconds_{series}{{phase=\"{phase}\"}}"
+                    ))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        Some(1000.0 * read("sum")? / read("count")?.max(1.0))
+    };
 
     let s = seen.lock().unwrap_or_else(|e| e.into_inner());
     let claims: Vec<f64> = s
         .started
         .values()
-        .map(|(claimed, started)| (started - claimed) as f64)
+        .map(|[claimed, _, started]| (started - claimed) as f64)
         .collect();
+    // The same claims in two parts: the operator's PATCH and the assignment's delivery through
+    // the pod's gateway to the runner's long poll, then the runner's own work (task files,
+    // harness config) up to the harness's start.
+    let (to_runner, in_runner): (Vec<f64>, Vec<f64>) = s
+        .started
+        .values()
+        .map(|[claimed, received, started]| {
+            ((received - claimed) as f64, (started - received) as f64)
+        })
+        .unzip();
     if claims.len() < sessions {
         bail!(
             "saw {} sessions' start of {sessions} (pods released before the watch saw them?)",
@@ -292,6 +319,20 @@ async fn main() -> Result<()> {
         "| claim → harness process started in the claimed pod | {c50:.0} ms | {c99:.0} ms | {} |",
         claims.len()
     );
+    for (part, values) in [
+        ("claim → the runner has the assignment", to_runner),
+        ("the runner has it → harness started", in_runner),
+    ] {
+        println!(
+            "| {part} | {:.0} ms | {:.0} ms | {} |",
+            percentile(values.clone(), 0.5),
+            percentile(values.clone(), 0.99),
+            values.len()
+        );
+    }
+    if let (Some(patch), Some(deliver)) = (phase_mean("patch"), phase_mean("deliver")) {
+        println!("operator's means: claim PATCH {patch:.0} ms, delivery to the pod's gateway {deliver:.0} ms");
+    }
     if !refill_ms.is_empty() {
         println!(
             "| refill: pool pod created → READY | {:.0} ms | {:.0} ms | {} |",

@@ -275,28 +275,43 @@ impl TestNode {
     /// A hostPath volume at `dir` for a job's dataset, owned by the collector's user
     /// (hostPath ignores `fsGroup`), bound to the claim `data` in `ns`.
     pub async fn dataset_volume(&self, client: &kube::Client, ns: &str, dir: &Path) -> Result<()> {
-        use serde_json::json;
         std::fs::create_dir_all(dir)?;
         let chown = Command::new("chown").arg("65532:65532").arg(dir).status()?;
         if !chown.success() {
             bail!("chown 65532:65532 {}", dir.display());
         }
-        let pv = format!("{ns}-data");
+        self.host_path_claim(client, ns, "data", dir, "ReadWriteOnce", "Delete")
+            .await
+    }
+
+    /// The claim `claim` in `ns`, bound to a PersistentVolume `{ns}-{claim}` of the host
+    /// directory `dir` (which must exist) with the given access mode and reclaim policy.
+    pub async fn host_path_claim(
+        &self,
+        client: &kube::Client,
+        ns: &str,
+        claim: &str,
+        dir: &Path,
+        access: &str,
+        reclaim: &str,
+    ) -> Result<()> {
+        use serde_json::json;
+        let pv = format!("{ns}-{claim}");
         self.apply(
             client,
             ns,
             json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-                   "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "",
+                   "spec": {"capacity": {"storage": "1Gi"}, "accessModes": [access],
+                            "persistentVolumeReclaimPolicy": reclaim, "storageClassName": "",
                             "hostPath": {"path": dir.display().to_string(), "type": "Directory"},
-                            "claimRef": {"namespace": ns, "name": "data"}}}),
+                            "claimRef": {"namespace": ns, "name": claim}}}),
         )
         .await?;
         self.apply(
             client,
             ns,
-            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
-                   "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+                   "spec": {"accessModes": [access], "storageClassName": "", "volumeName": pv,
                             "resources": {"requests": {"storage": "1Gi"}}}}),
         )
         .await

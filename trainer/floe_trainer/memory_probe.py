@@ -3,7 +3,7 @@ the same settings: the proof of ``memory_plan`` (CPU in the tests, GPU in the pr
 
     python -m floe_trainer.memory_probe --model-dir DIR --sequence 1536 [--micro-batch 1
         --max-tokens N --gradient-checkpointing --reference --lora-rank R --device cpu
-        --precision fp32 --steps 2 --temperature 0.7]
+        --precision fp32 --steps 1 --temperature 0.7]
 
 Prints one JSON line: the estimate's items and total, the measured peak, and their ratio. The
 peak is the process's peak resident memory on CPU (``ru_maxrss``), and on a GPU the caching
@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-rank", type=int, help="train.lora.rank (its default targets)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="auto")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument(
+        "--steps", type=int, default=1, help="measured full-length steps after the warm-up"
+    )
     p.add_argument(
         "--temperature", type=float, default=1.0, help="sampling.temperature (tempered logits)"
     )
@@ -70,18 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no plan for {args.model_dir}: it needs a config.json")
     placement = policy.placement
     shape = ModelShape.from_dir(args.model_dir)
-    # One group of micro-batch-many full-length traces: each step's micro-batch is the
-    # settings' T tokens. The second step is the peak: AdamW's state exists from the first.
-    groups = synthetic_groups(
-        1,
-        max(args.micro_batch, 2),
-        args.prompt,
-        args.sequence - args.prompt,
-        shape.vocab,
+    # The peak is a full-length micro-batch's forward and backward while the gradients of the
+    # step's earlier micro-batches and AdamW's state exist. So: one warm-up step on short
+    # traces (it makes the optimizer's state), then steps of two full micro-batches of
+    # micro-batch-many full-length traces each. (Two full-length steps, as before, reach the
+    # same peak at twice the CPU time.)
+    warm_up = synthetic_groups(1, 2, args.prompt, 8, shape.vocab)
+    full = synthetic_groups(
+        1, 2 * max(args.micro_batch, 1), args.prompt, args.sequence - args.prompt, shape.vocab
     )
     cuda = placement.device.type == "cuda"
     seconds = 0.0
-    for _ in range(max(args.steps, 1)):
+    for groups in [warm_up] + [full] * max(args.steps, 1):
         start = time.perf_counter()
         train_step(
             policy.model,

@@ -264,10 +264,11 @@ def probe(model: Path, *args: str) -> dict:
     ("args", "lowest"),
     [
         # Logits in two chunks; activations the largest variable term. The estimate undershoots
-        # this one by about a fifth: 0.796-0.841 of the peak over 7 runs (session 30, a CI run
-        # among them at 0.796; 0.817 twice before that session's changes), ~1.5 GB unexplained;
-        # the bound sits just under what was measured, and the gap is an open item of issue 28.
-        (["--sequence", "1536"], 0.78),
+        # this one the most: 0.868 of the peak (session 33). It was 0.80-0.84 until the step
+        # stopped keeping a micro-batch's log-probs and loss (its autograd graph) through the
+        # next one's forward: 0.44 GiB of the ~1.5 GiB gap. The rest (~0.9 GiB, present only
+        # from the second micro-batch of a step on) is still unexplained (issue 28).
+        (["--sequence", "1536"], 0.8),
         # Checkpointed layers: the fp32 state and the logits' chunk dominate.
         (["--sequence", "2560", "--gradient-checkpointing"], 0.8),
         # A LoRA adapter: the frozen base, the adapter's state, the same activations.

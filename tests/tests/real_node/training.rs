@@ -60,25 +60,8 @@ async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_o
         .strip_prefix(volume)
         .with_context(|| format!("{} is not under {}", model.display(), volume.display()))?;
     // The model volume, read-only (the venv rides on it).
-    apply(
-        &client,
-        &ns,
-        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": format!("{ns}-models")},
-               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"],
-                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                        "hostPath": {"path": volume.display().to_string(), "type": "Directory"},
-                        "claimRef": {"namespace": ns, "name": "models"}}}),
-    )
-    .await?;
-    apply(
-        &client,
-        &ns,
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models"},
-               "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "",
-                        "volumeName": format!("{ns}-models"),
-                        "resources": {"requests": {"storage": "1Gi"}}}}),
-    )
-    .await?;
+    n.host_path_claim(&client, &ns, "models", volume, "ReadOnlyMany", "Retain")
+        .await?;
     // The checkpoint claim: a hostPath the trainer pods' group may write (root-owned, mode
     // 0775, group 1000: the operator's fsGroup; hostPath volumes are not chowned to it).
     let checkpoints = tempfile::Builder::new()
@@ -89,23 +72,13 @@ async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_o
         checkpoints.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o775),
     )?;
-    apply(
+    n.host_path_claim(
         &client,
         &ns,
-        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": format!("{ns}-checkpoints")},
-               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                        "hostPath": {"path": checkpoints.path().display().to_string(), "type": "Directory"},
-                        "claimRef": {"namespace": ns, "name": "checkpoints"}}}),
-    )
-    .await?;
-    apply(
-        &client,
-        &ns,
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "checkpoints"},
-               "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                        "volumeName": format!("{ns}-checkpoints"),
-                        "resources": {"requests": {"storage": "1Gi"}}}}),
+        "checkpoints",
+        checkpoints.path(),
+        "ReadWriteOnce",
+        "Retain",
     )
     .await?;
     apply(
