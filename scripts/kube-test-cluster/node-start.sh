@@ -160,6 +160,8 @@ mkdir -p "$K"
 KUBELET_STARTED=$(cat "$K/started" 2>/dev/null || echo 0)
 if ! alive kubelet; then
   KUBELET_STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ); echo "$KUBELET_STARTED" > "$K/started"
+  # --kube-api-qps/burst: kubelet >= 1.27's defaults (50/100). At 1.20's 5/10 a busy node's pod
+  # status reached the apiserver seconds late (a pool pod's Ready ~4 s after the kubelet saw it).
   AWS_EC2_METADATA_DISABLED=true "$BIN/kubelet" --kubeconfig="$KC" --hostname-override="$NODE_NAME" --node-ip="$HOST_IP" \
     --container-runtime=remote --container-runtime-endpoint="unix://$SOCK" --runtime-request-timeout=5m \
     --cgroup-driver=cgroupfs --fail-swap-on=false \
@@ -169,6 +171,7 @@ if ! alive kubelet; then
     --pod-infra-container-image="$PAUSE_IMAGE" --resolv-conf= \
     --cluster-dns="$HOST_IP" --cluster-domain=cluster.local \
     --eviction-hard='memory.available<100Mi,nodefs.available<2%,imagefs.available<2%' \
+    --kube-api-qps=50 --kube-api-burst=100 \
     --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
     --v=2 >> "$D/kubelet.log" 2>&1 8>&- &   # appended: a restarted kubelet's log follows the last
   echo $! > "$D/kubelet.pid"

@@ -4,10 +4,13 @@
 //! 1. **Claim → harness started**: a RolloutJob against a warm pool; per session, from the
 //!    pod's `floe.dev/claimed-at` (the operator's claim) to the runner's
 //!    `harnessStartedUnixMs` (its termination message): the assignment's delivery to the pod's
-//!    gateway, the runner taking it, the task files, and the harness process's start. p50/p99.
+//!    gateway, the runner taking it, the task files, and the harness process's start. p50/p99,
+//!    split at the runner's `assignmentReceivedUnixMs`, the slowest three, and the operator's
+//!    own PATCH and delivery means (`floe_claim_phase_seconds`).
 //! 2. **Refill**: while the job runs, the pool's replacement pods, created → READY (the
 //!    gateway's readiness probe passed and the pool marked it), p50/p99, and the rate at which
-//!    pods reached READY.
+//!    pods reached READY; split at the kubelet's Ready as the watch saw it, and the kubelet's
+//!    own record on each pod (its conditions' and containers' timestamps, whole seconds).
 //!
 //! Baseline for both: the node starting a bare pod of the same image (created → Ready, no
 //! init container, no sidecar), what a claim would cost without a warm pool.
@@ -51,6 +54,8 @@ struct Seen {
     first: HashMap<String, Instant>,
     ready: HashMap<String, Instant>,
     pool_ready: HashMap<String, Instant>,
+    /// Each pool pod's own record when it was marked READY: (what, seconds after creation).
+    timeline: HashMap<String, Vec<(String, f64)>>,
     /// Claimed-at, assignment received by the runner, harness started: Unix milliseconds.
     started: HashMap<String, [i64; 3]>,
 }
@@ -75,6 +80,52 @@ fn claim_to_start(p: &Pod) -> Option<[i64; 3]> {
     ])
 }
 
+/// What the kubelet recorded on a pod, in seconds after its creation (the API's timestamps
+/// have whole seconds): each condition's last transition and each container's start.
+fn timeline(p: &Pod) -> Vec<(String, f64)> {
+    let Some(created) = p.metadata.creation_timestamp.as_ref() else {
+        return Vec::new();
+    };
+    let after = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| {
+        (t.0.as_millisecond() - created.0.as_millisecond()) as f64 / 1000.0
+    };
+    let Some(status) = p.status.as_ref() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for c in status.conditions.iter().flatten() {
+        if let Some(t) = &c.last_transition_time {
+            out.push((format!("condition {}", c.type_), after(t)));
+        }
+    }
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .map(|c| ("init", c));
+    for (kind, c) in containers.chain(
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .map(|c| ("container", c)),
+    ) {
+        let state = c.state.as_ref();
+        if let Some(t) = state.and_then(|s| s.running.as_ref()?.started_at.as_ref()) {
+            out.push((format!("{kind} {} started", c.name), after(t)));
+        }
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+            if let Some(at) = &t.started_at {
+                out.push((format!("{kind} {} started", c.name), after(at)));
+            }
+            if let Some(at) = &t.finished_at {
+                out.push((format!("{kind} {} finished", c.name), after(at)));
+            }
+        }
+    }
+    out
+}
+
 fn watch(api: Api<Pod>, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut events = watcher(api, watcher::Config::default()).boxed();
@@ -93,6 +144,9 @@ fn watch(api: Api<Pod>, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<()> {
                 }
                 if p.labels().get("floe.dev/state").map(String::as_str) == Some("ready") {
                     s.pool_ready.entry(name.clone()).or_insert(now);
+                    s.timeline
+                        .entry(name.clone())
+                        .or_insert_with(|| timeline(&p));
                 }
                 if let Some(t) = claim_to_start(&p) {
                     s.started.entry(name).or_insert(t);
@@ -330,6 +384,17 @@ async fn main() -> Result<()> {
             values.len()
         );
     }
+    // The tail, claim by claim: (to the runner, in the runner), the slowest three.
+    let mut slowest: Vec<[i64; 2]> = s
+        .started
+        .values()
+        .map(|[claimed, received, started]| [received - claimed, started - received])
+        .collect();
+    slowest.sort_by_key(|[to, inside]| std::cmp::Reverse(to + inside));
+    println!(
+        "slowest claims (ms to the runner + ms in it): {:?}",
+        &slowest[..slowest.len().min(3)]
+    );
     if let (Some(patch), Some(deliver)) = (phase_mean("patch"), phase_mean("deliver")) {
         println!("operator's means: claim PATCH {patch:.0} ms, delivery to the pod's gateway {deliver:.0} ms");
     }
@@ -354,6 +419,23 @@ async fn main() -> Result<()> {
                 values.len()
             );
         }
+    }
+    // Where a refill's time goes, by the kubelet's own record (medians, whole seconds).
+    let mut events: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for (name, at) in &s.timeline {
+        if s.first.get(name).is_some_and(|first| *first > job_started) {
+            for (what, secs) in at {
+                events.entry(what.as_str()).or_default().push(*secs);
+            }
+        }
+    }
+    let mut ordered: Vec<(f64, &str, usize)> = events
+        .iter()
+        .map(|(what, v)| (percentile(v.clone(), 0.5), *what, v.len()))
+        .collect();
+    ordered.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (median, what, count) in ordered {
+        println!("refill pod, {what}: {median:.0} s after creation (median of {count})");
     }
     println!(
         "claim → harness start is {:.1}× faster than a bare pod's start at p50 ({:.1}× at p99)",
