@@ -266,8 +266,9 @@ def probe(model: Path, *args: str) -> dict:
         # Logits in two chunks; activations the largest variable term. The estimate undershoots
         # this one the most: 0.868 of the peak (session 33). It was 0.80-0.84 until the step
         # stopped keeping a micro-batch's log-probs and loss (its autograd graph) through the
-        # next one's forward: 0.44 GiB of the ~1.5 GiB gap. The rest (~0.9 GiB, present only
-        # from the second micro-batch of a step on) is still unexplained (issue 28).
+        # next one's forward: 0.44 GiB of the ~1.5 GiB gap. The rest is glibc's heap: a
+        # 1,536-token hidden state (3.4 MiB) sits under the trainer's 4 MiB mmap threshold, and
+        # the first micro-batch's freed ones fragment it (at 128 KiB the peak is the estimate).
         (["--sequence", "1536"], 0.8),
         # Checkpointed layers: the fp32 state and the logits' chunk dominate.
         (["--sequence", "2560", "--gradient-checkpointing"], 0.8),
