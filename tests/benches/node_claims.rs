@@ -28,7 +28,7 @@ use anyhow::{bail, Result};
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::pod_ready;
 use floe_tests::node::{host_services, node};
-use floe_tests::operator::{eventually_within, Operator};
+use floe_tests::operator::{eventually_within, metric_value, Operator};
 use floe_tests::{percentile, TestNamespace};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -154,6 +154,16 @@ fn watch(api: Api<Pod>, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<()> {
             }
         }
     })
+}
+
+/// One table row: p50, p99 and the count of `values` (milliseconds).
+fn row(label: &str, values: &[f64]) {
+    println!(
+        "| {label} | {:.0} ms | {:.0} ms | {} |",
+        percentile(values.to_vec(), 0.5),
+        percentile(values.to_vec(), 0.99),
+        values.len()
+    );
 }
 
 fn ms(d: Duration) -> f64 {
@@ -295,34 +305,29 @@ async fn main() -> Result<()> {
     let metrics = operator.metrics().await?;
     let phase_mean = |phase: &str| {
         let read = |series: &str| {
-            metrics
-                .lines()
-                .find(|l| {
-                    l.starts_with(&format!(
-                        "floe_claim_phase_seconds_{series}{{phase=\"{phase}\"}}"
-                    ))
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            metric_value(
+                &metrics,
+                &format!("floe_claim_phase_seconds_{series}{{phase=\"{phase}\"}}"),
+            )
         };
         Some(1000.0 * read("sum")? / read("count")?.max(1.0))
     };
 
     let s = seen.lock().unwrap_or_else(|e| e.into_inner());
-    let claims: Vec<f64> = s
+    // Each claim in two parts: the operator's PATCH and the assignment's delivery through the
+    // pod's gateway to the runner's long poll, then the runner's own work (task files, harness
+    // config) up to the harness's start. Milliseconds.
+    let mut parts: Vec<[i64; 2]> = s
         .started
         .values()
-        .map(|[claimed, _, started]| (started - claimed) as f64)
+        .map(|[claimed, received, started]| [received - claimed, started - received])
         .collect();
-    // The same claims in two parts: the operator's PATCH and the assignment's delivery through
-    // the pod's gateway to the runner's long poll, then the runner's own work (task files,
-    // harness config) up to the harness's start.
-    let (to_runner, in_runner): (Vec<f64>, Vec<f64>) = s
-        .started
-        .values()
-        .map(|[claimed, received, started]| {
-            ((received - claimed) as f64, (started - received) as f64)
-        })
-        .unzip();
+    let claims: Vec<f64> = parts
+        .iter()
+        .map(|[to, inside]| (to + inside) as f64)
+        .collect();
+    let to_runner: Vec<f64> = parts.iter().map(|[to, _]| *to as f64).collect();
+    let in_runner: Vec<f64> = parts.iter().map(|[_, inside]| *inside as f64).collect();
     if claims.len() < sessions {
         bail!(
             "saw {} sessions' start of {sessions} (pods released before the watch saw them?)",
@@ -369,55 +374,30 @@ async fn main() -> Result<()> {
     );
     println!("| | p50 | p99 | n |\n|---|---|---|---|");
     println!("| baseline: bare pod created → Ready (same image, same node) | {b50:.0} ms | {b99:.0} ms | 5 |");
-    println!(
-        "| claim → harness process started in the claimed pod | {c50:.0} ms | {c99:.0} ms | {} |",
-        claims.len()
+    row(
+        "claim → harness process started in the claimed pod",
+        &claims,
     );
-    for (part, values) in [
-        ("claim → the runner has the assignment", to_runner),
-        ("the runner has it → harness started", in_runner),
-    ] {
-        println!(
-            "| {part} | {:.0} ms | {:.0} ms | {} |",
-            percentile(values.clone(), 0.5),
-            percentile(values.clone(), 0.99),
-            values.len()
-        );
-    }
+    row("claim → the runner has the assignment", &to_runner);
+    row("the runner has it → harness started", &in_runner);
     // The tail, claim by claim: (to the runner, in the runner), the slowest three.
-    let mut slowest: Vec<[i64; 2]> = s
-        .started
-        .values()
-        .map(|[claimed, received, started]| [received - claimed, started - received])
-        .collect();
-    slowest.sort_by_key(|[to, inside]| std::cmp::Reverse(to + inside));
+    parts.sort_by_key(|[to, inside]| std::cmp::Reverse(to + inside));
     println!(
         "slowest claims (ms to the runner + ms in it): {:?}",
-        &slowest[..slowest.len().min(3)]
+        &parts[..parts.len().min(3)]
     );
     if let (Some(patch), Some(deliver)) = (phase_mean("patch"), phase_mean("deliver")) {
         println!("operator's means: claim PATCH {patch:.0} ms, delivery to the pod's gateway {deliver:.0} ms");
     }
     if !refill_ms.is_empty() {
-        println!(
-            "| refill: pool pod created → READY | {:.0} ms | {:.0} ms | {} |",
-            percentile(refill_ms.clone(), 0.5),
-            percentile(refill_ms.clone(), 0.99),
-            refill_ms.len()
-        );
+        row("refill: pool pod created → READY", &refill_ms);
         for (part, values) in [
             ("created → kubelet Ready", to_ready),
             ("kubelet Ready → READY (the operator)", to_label),
         ] {
-            if values.is_empty() {
-                continue;
+            if !values.is_empty() {
+                row(&format!("refill, {part}"), &values);
             }
-            println!(
-                "| refill, {part} | {:.0} ms | {:.0} ms | {} |",
-                percentile(values.clone(), 0.5),
-                percentile(values.clone(), 0.99),
-                values.len()
-            );
         }
     }
     // Where a refill's time goes, by the kubelet's own record (medians, whole seconds).
