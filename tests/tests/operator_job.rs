@@ -805,6 +805,17 @@ async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<(
             }))?,
         )
         .await?;
+    // Quota admission reads quotas from the apiserver's own cache, so a pod created right
+    // after the quota can slip through (CI saw it once). The controller-manager's status
+    // on the quota comes after the cache has it.
+    eventually("the quota in force", async || {
+        let q = quotas.get("no-pods").await?;
+        Ok(q.status
+            .and_then(|s| s.hard)
+            .is_some_and(|h| h.contains_key("pods"))
+            .then_some(()))
+    })
+    .await?;
     create_pool(&client, &ns.name, "warm", 0).await?;
     jobs.create(
         &PostParams::default(),
