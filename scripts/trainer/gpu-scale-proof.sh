@@ -41,6 +41,8 @@ probe qwen3-1.7b --precision bf16 --sequence 16384 --micro-batch 4 --max-tokens 
 # The same at a sampling temperature (the tempered log-probs divide each logits chunk).
 probe qwen3-1.7b --precision bf16 --sequence 16384 --micro-batch 4 --max-tokens 32768 --gradient-checkpointing --temperature 0.7
 probe qwen3-1.7b --precision bf16 --sequence 4096 --micro-batch 2
+# The same with the allocator's fixed blocks (the trainer grows segments in place unless told).
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False probe qwen3-1.7b --precision bf16 --sequence 4096 --micro-batch 2
 probe qwen3-1.7b --precision bf16 --sequence 8192 --gradient-checkpointing --reference
 # LoRA (rank 16 on every projection): the example's settings, and the same 2 × 4,096 step.
 probe qwen3-1.7b --precision bf16 --sequence 16384 --micro-batch 4 --max-tokens 32768 --gradient-checkpointing --lora-rank 16

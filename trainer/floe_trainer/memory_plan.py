@@ -17,8 +17,12 @@ layers, ``h`` hidden, ``i`` MLP width, ``V`` vocab):
   device: ``policy.register_sharded_logprobs``); with LoRA the frozen base and the adapter
   are divided alike, a layer gathered in the base's precision;
 - activations saved for the backward pass, per token and layer ``(10h + 4i)`` values (fp32:
-  4 bytes each; bf16: 2, plus the two RMSNorms' fp32 upcasts ``4h × 4``). With gradient
-  checkpointing only each layer's input ``h`` is kept, plus one whole layer being recomputed;
+  4 bytes each; bf16: 2, plus the two RMSNorms' fp32 upcasts ``4h × 4``). A model that
+  norms each head's queries and keys (Qwen3's ``q_norm``/``k_norm``) keeps more for those
+  norms: per query and key value, its input upcast to fp32 and its normalized bf16 (6 bytes;
+  fp32: the input and the normalized, 8) — 15 % of Qwen3-1.7B's layer, missed until an H200
+  run measured a two-pass step 11 % over the plan. With gradient checkpointing only each
+  layer's input ``h`` is kept, plus one whole layer being recomputed;
 - logits: ~4 ``[positions, V]`` fp32 tensors live at the loss's peak (the logits, their gather,
   and both gradients), over at most ``LOGITS_CHUNK`` positions (``policy.token_logprobs``);
 - attention: on CPU, PyTorch's attention keeps one fp32 ``[heads, S, S]`` score tensor per row
@@ -91,6 +95,9 @@ class ModelShape:
     largest_unit: int
     # The 2-D weights by their module's own name (``q_proj``): (name, how many, in, out).
     linears: tuple[tuple[str, int, int, int], ...] = ()
+    # Query plus key width (heads × head_dim + kv heads × head_dim) when each head's queries
+    # and keys pass through their own RMSNorm (Qwen3's q_norm / k_norm), else 0.
+    qk_norm_width: int = 0
 
     def adapter_parameters(self, rank: int, targets: tuple[str, ...]) -> int:
         """A LoRA adapter's parameters: ``rank × (in + out)`` for every targeted weight."""
@@ -161,6 +168,7 @@ class ModelShape:
             heads=heads,
             largest_unit=max(layer, vocab * h),
             linears=tuple((name, n, i, o) for (name, i, o), n in sorted(linears.items())),
+            qk_norm_width=att + kv if _norms_queries_and_keys(text, shapes) else 0,
         )
 
     @staticmethod
@@ -169,6 +177,14 @@ class ModelShape:
         exact parameter count, without reading any weight)."""
         config = json.loads((path / "config.json").read_text())
         return ModelShape.from_config(config, safetensors_shapes(path) or None)
+
+
+def _norms_queries_and_keys(text: dict, shapes: dict[str, tuple[int, ...]] | None) -> bool:
+    """Whether attention norms each head's queries and keys: from the weights' names when
+    known, else from the architecture (the Qwen3 family)."""
+    if shapes:
+        return any(name.endswith(("q_norm.weight", "k_norm.weight")) for name in shapes)
+    return str(text.get("model_type", "")).startswith("qwen3")
 
 
 def _layer_of(name: str) -> str | None:
@@ -251,6 +267,7 @@ def estimate(shape: ModelShape, s: Settings) -> Plan:
     value = 2 if bf16 else 4
     tokens = s.tokens
     per_token_layer = (10 * h + 4 * i) * value + (16 * h if bf16 else 0)
+    per_token_layer += shape.qk_norm_width * (6 if bf16 else 8)
     if s.gradient_checkpointing:
         activations = tokens * (shape.layers * h * value + per_token_layer)
     else:

@@ -43,7 +43,7 @@ from .lora import LoraSpec
 from .loss import LossConfig
 from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
-from .placement import Placement, resolve, return_freed_memory_on_cpu
+from .placement import Placement, grow_gpu_memory_in_place, resolve, return_freed_memory_on_cpu
 from .step import StepStats, train_step
 from .vllm_sync import (
     BASE_VERSION_LABEL,
@@ -263,6 +263,7 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
     placement = resolve(cfg.device, cfg.precision)
     dev = placement.device
     return_freed_memory_on_cpu(dev)
+    grow_gpu_memory_in_place(dev)
     # Before the model loads: a step that cannot fit is refused in one line, not an OOM
     # minutes (or a first long trace) later.
     # A sharded world resumes from the leader's checkpoint alone: the other processes start

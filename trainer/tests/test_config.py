@@ -119,6 +119,24 @@ def test_placement_resolves_and_refuses_unknown_values():
         resolve("tpu", "auto")
 
 
+def test_gpu_memory_grows_in_place_unless_the_user_configured_the_allocator(monkeypatch):
+    import torch
+
+    from floe_trainer.placement import grow_gpu_memory_in_place
+
+    asked: list[str] = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", asked.append)
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(var, raising=False)
+    assert not grow_gpu_memory_in_place(torch.device("cpu"))
+    assert grow_gpu_memory_in_place(torch.device("cuda")) and asked == ["expandable_segments:True"]
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.setenv(var, "max_split_size_mb:512")
+        assert not grow_gpu_memory_in_place(torch.device("cuda"))
+        monkeypatch.delenv(var)
+    assert asked == ["expandable_segments:True"]
+
+
 def test_the_sampling_temperature_is_the_trained_policys_and_greedy_is_refused():
     cfg = TrainerConfig.from_operator(
         {"model": "m", "numSamples": 2, "temperature": 0.7}, Path("/t")
