@@ -23,7 +23,7 @@ from pathlib import Path
 from floe_trainer.checkpoint import written_whole
 
 def write(tmp: Path) -> None:
-    (tmp).mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "model.safetensors").write_bytes(b"x" * 4096)
     print("half", flush=True)
     time.sleep(600)

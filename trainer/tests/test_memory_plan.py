@@ -308,26 +308,29 @@ def test_the_estimate_is_within_a_fifth_of_the_measured_peak_on_cpu(args, lowest
     assert got["peakBytes"] > 3 * GIB  # a real step of a 163M-parameter model ran
 
 
+# The small random layer whose saved bytes are counted, and whose plan they are checked against.
+SIZES = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+}
+
+
 def saved_bytes_per_token_and_layer(architecture: str, precision: str, tokens: int = 256) -> float:
     """What autograd keeps for the backward pass, per token and decoder layer: the forward of a
     2- and a 4-layer random model, the difference over the two layers between them."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-    sizes = dict(
-        hidden_size=256,
-        intermediate_size=768,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        vocab_size=512,
-        max_position_embeddings=1024,
-    )
     config = {"llama": LlamaConfig, "qwen3": Qwen3Config}[architecture]
     total = []
     for layers in (2, 4):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config(num_hidden_layers=layers, **sizes))
+        model = AutoModelForCausalLM.from_config(config(num_hidden_layers=layers, **SIZES))
         saved: dict[tuple, int] = {}
 
         def keep(t, saved=saved):
@@ -353,22 +356,12 @@ def test_the_query_and_key_norms_term_is_what_autograd_keeps_for_them(precision)
         "llama", precision
     )
     width = (8 + 4) * 32  # query and key heads × head_dim
-    one_layer = ModelShape(
-        parameters=1,
-        layers=1,
-        hidden=256,
-        intermediate=768,
-        vocab=512,
-        max_positions=1024,
-        heads=8,
-        largest_unit=1,
-    )
-    activations = {
-        w: dict(estimate(replace(one_layer, qk_norm_width=w), Settings("cpu", precision, 1)).items)[
-            "activations"
-        ]
-        for w in (0, width)
-    }
-    term = activations[width] - activations[0]
+    qwen3 = ModelShape.from_config({"model_type": "qwen3", "num_hidden_layers": 1, **SIZES})
+    assert qwen3.qk_norm_width == width
+
+    def activations(shape: ModelShape) -> int:
+        return dict(estimate(shape, Settings("cpu", precision, 1)).items)["activations"]
+
+    term = activations(qwen3) - activations(replace(qwen3, qk_norm_width=0))
     assert term == width * (6 if precision == "bf16" else 8)
     assert term <= extra <= term * 1.07, (extra, term)
