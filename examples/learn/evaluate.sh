@@ -6,6 +6,8 @@
 # Usage: examples/learn/evaluate.sh MODEL_DIR OUT_DIR [floe run flags…]
 #   (MODEL_DIR "base": the base model; e.g. `--sessions 64` samples the first 64 sessions only)
 # LEARN_JOB=tools.yaml: that job's held-out tasks instead (its tasks file, -train → -heldout).
+# EVAL_SAMPLES=N (with LEARN_JOB): N samples per held-out task instead of the job's (more tasks in
+#   fewer sessions: task difficulty varies more than one task's samples do).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$(realpath -m "$2")
@@ -30,6 +32,11 @@ if [ -n "${LEARN_JOB:-}" ]; then
   sed 's/-train\.jsonl/-heldout.jsonl/' "examples/learn/$LEARN_JOB" >"$HELDOUT"
   cp examples/learn/*.jsonl "$OUT.logs/"
   grep -q -- '-heldout.jsonl' "$HELDOUT" || { echo "[evaluate] $LEARN_JOB names no -train.jsonl tasks" >&2; exit 2; }
+fi
+if [ -n "${EVAL_SAMPLES:-}" ]; then
+  [ -n "${LEARN_JOB:-}" ] || { echo "[evaluate] EVAL_SAMPLES needs LEARN_JOB" >&2; exit 2; }
+  sed -i "s/^  numSamples: .*/  numSamples: $EVAL_SAMPLES/" "$HELDOUT"
+  grep -q "^  numSamples: $EVAL_SAMPLES\$" "$HELDOUT" || { echo "[evaluate] $HELDOUT sets no spec.numSamples" >&2; exit 2; }
 fi
 "$FLOE" run "$HELDOUT" --out "$OUT" --collect-only --model-url "http://127.0.0.1:$PORT" "${@:3}" >"$OUT.logs/table.txt" 2>"$OUT.logs/run.log"
 python3 - "$OUT/summary.json" <<'PY'

@@ -1,8 +1,6 @@
 #![no_main]
-use floe_gateway::protocol::anthropic;
+// The body lives in floe_gateway (one copy): tests/fuzz_corpus.rs replays this target's corpus.
+use floe_gateway::protocol::fuzz_inputs;
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|body: &[u8]| {
-    let _ = anthropic::normalize(body);
-    let _ = anthropic::normalize_count(body);
-});
+fuzz_target!(|body: &[u8]| fuzz_inputs::anthropic_request(body));

@@ -1,10 +1,6 @@
 #![no_main]
-use floe_gateway::protocol::gemini;
+// The body lives in floe_gateway (one copy): tests/fuzz_corpus.rs replays this target's corpus.
+use floe_gateway::protocol::fuzz_inputs;
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|body: &[u8]| {
-    // generateContent, streamGenerateContent and countTokens read the same body.
-    let _ = gemini::normalize(body, "gemini-2.5-pro", false);
-    let _ = gemini::normalize(body, "gemini-2.5-pro", true);
-    let _ = gemini::normalize_count(body, "gemini-2.5-pro");
-});
+fuzz_target!(|body: &[u8]| fuzz_inputs::gemini_request(body));

@@ -8,6 +8,9 @@ set -euo pipefail
 PY=$1; MODEL=$2; PORT=$3; shift 3
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+# The model runs in the engine process: on CPU vLLM otherwise spawns a worker process that
+# imports torch and vLLM again (~20 s of a ~60 s start on a slow 2-core machine).
+export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
 exec "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
   --served-model-name policy --max-model-len "${VLLM_MAX_MODEL_LEN:-4096}" --dtype float32 --enforce-eager \
   --enable-auto-tool-choice --tool-call-parser "${VLLM_TOOL_PARSER:-hermes}" "$@"

@@ -397,10 +397,12 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
 }
 
 /// A real harness's sessions train the policy: `examples/learn/pi.yaml` as a user runs it (Pi
-/// from npm, unmodified, each of its calls through floe's gateway), 2 questions × 4 samples,
-/// one group a step. Every session's trajectory is trained; the second question's sessions
-/// were sampled by the policy the first one's trained, and the trainer's log-probs of Pi's
-/// sampled tokens are vLLM's.
+/// from npm, unmodified, each of its calls through floe's gateway), its first question's 4
+/// samples (`--sessions 4`: training on Pi's ~2k-token prompts is this suite's costliest step
+/// on CPU). Every session's trajectory is trained in one step, and the trainer's log-probs of
+/// the tokens Pi was sampled are vLLM's. (That later sessions sample the policy earlier ones
+/// trained is `a_train_job_trains_the_policy_its_later_sessions_sample_from`'s, and CI's
+/// learning run's; `FLOE_TEST_FULL=1` runs both questions here.)
 #[test]
 fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
     let _memory = alone();
@@ -419,19 +421,24 @@ fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
         &std::env::var_os("PATH").unwrap_or_default(),
     ));
     let out = dir.path().join("out");
+    let full = std::env::var_os("FLOE_TEST_FULL").is_some();
+    let sessions = if full { 8 } else { 4 };
     let summary = succeeded(
-        floe_run(&job_file, &out, &python).env("PATH", std::env::join_paths(path)?),
+        floe_run(&job_file, &out, &python)
+            .env("PATH", std::env::join_paths(path)?)
+            .args(["--sessions", &sessions.to_string()]),
         &out,
     )?;
-    assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
+    assert_eq!(summary["sessions"]["completed"], sessions, "{summary}");
     let training = &summary["training"];
-    assert_eq!(training["ingest"]["accepted"], 8, "{training}");
+    assert_eq!(training["ingest"]["accepted"], sessions, "{training}");
     let steps = training["steps"].as_array().context("training.steps")?;
     let versions: Vec<u64> = steps
         .iter()
         .filter_map(|s| s["policyVersion"].as_u64())
         .collect();
-    assert_eq!(versions, [1, 2], "one step a question: {training}");
+    let expected: &[u64] = if full { &[1, 2] } else { &[1] };
+    assert_eq!(versions, expected, "one step a question: {training}");
     for s in steps {
         assert_eq!(s["groups"], 1, "{s}");
         let mismatch = s["logprobMismatch"].as_f64().context("logprobMismatch")?;
@@ -459,11 +466,13 @@ fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
         vec![serde_json::json!([0]); 4],
         "{by_task:?}"
     );
-    assert_eq!(
-        by_task["colour"],
-        vec![serde_json::json!([1]); 4],
-        "{by_task:?}"
-    );
+    if full {
+        assert_eq!(
+            by_task["colour"],
+            vec![serde_json::json!([1]); 4],
+            "{by_task:?}"
+        );
+    }
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");
     Ok(())
@@ -474,6 +483,7 @@ fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
 /// log-probs of what vLLM sampled through the adapter match; each push is the adapter alone;
 /// the final model is the merged one, with the adapter beside it.
 #[test]
+#[ignore = "FLOE_TEST_FULL=1 only; in CI: trainer/tests/test_real_vllm_lora.py (the adapter vLLM serves after a push, the merged final model) and the shared policy-server command's unit tests"]
 fn a_lora_train_job_samples_through_the_adapter_it_trains() -> Result<()> {
     let _memory = beside_one_other();
     let (python, models) = vllm_setup()?;
@@ -660,6 +670,7 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
 /// table spans both runs. (A group whose samples score alike makes no step: the expected
 /// steps come from the rewards the groups delivered.)
 #[test]
+#[ignore = "FLOE_TEST_FULL=1 only; in CI: faults.rs (`floe run --resume` keeps finished sessions, runs the rest), trainer/tests/test_real_vllm.py (a trainer resumes from its checkpoint, vLLM serving its weights, nothing trained twice) and real_node/training.rs (a deleted trainer pod's successor resumes so)"]
 fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result<()> {
     let _memory = beside_one_other();
     let (python, models) = vllm_setup()?;

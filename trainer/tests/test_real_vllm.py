@@ -399,6 +399,11 @@ def test_it_learns_a_verifiable_toy_task(served):
     assert final >= baseline + 0.3, (baseline, final, curve)
 
 
+@pytest.mark.full(
+    reason="tests/tests/real_node/training.rs runs train.nodes 2 in real trainer pods (FSDP2 over "
+    "gloo, vLLM pushes, a deleted pod's successor resuming, every trajectory trained once); "
+    "test_distributed.py checks two processes' step equals one process's"
+)
 def test_two_nodes_train_a_step_vllm_serves_and_resume_from_the_first_ones_checkpoint(
     served, tmp_path
 ):

@@ -122,6 +122,10 @@ def test_a_lora_step_is_what_vllm_serves_and_the_job_ends_with_the_merged_model(
         torch.testing.assert_close(v, trained_adapter[k], rtol=0, atol=0)
 
 
+@pytest.mark.full(
+    reason="test_distributed.py checks a LoRA step in two processes equals one process's, and "
+    "the test above that vLLM serves the adapter one process pushes and the merged final model"
+)
 def test_two_processes_train_the_adapter_vllm_serves_and_end_with_the_merged_model(
     served, tmp_path
 ):

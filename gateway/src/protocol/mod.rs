@@ -4,6 +4,7 @@
 pub mod answer;
 pub mod anthropic;
 pub mod errors;
+pub mod fuzz_inputs;
 pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;

@@ -21,10 +21,17 @@ const VLLM_LORA_RANKS: &[i32] = &[1, 8, 16, 32, 64, 128, 256, 320, 512];
 /// Environment of the vLLM process: its dev-mode endpoints (pause, reload, weight version)
 /// are how the trainer pushes each step's weights, and with LoRA it loads each step's
 /// adapter in place at run time; only the trainer can reach those endpoints.
+///
+/// On CPU (`train.vllm.gpus: 0`) the model runs inside vLLM's engine process: its CPU platform
+/// otherwise spawns a separate worker process, which imports torch and vLLM once more (~20 s
+/// of a ~60 s start on a slow 2-core machine) to run the same single worker.
 pub fn vllm_env(train: &TrainSpec) -> Vec<(&'static str, &'static str)> {
     let mut env = vec![("VLLM_SERVER_DEV_MODE", "1")];
     if train.lora.is_some() {
         env.push(("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"));
+    }
+    if train.vllm.gpus == 0 {
+        env.push(("VLLM_ENABLE_V1_MULTIPROCESSING", "0"));
     }
     env
 }
@@ -311,6 +318,8 @@ mod tests {
         let full = train(json!({"image": "i", "model": "m"}));
         assert!(!vllm_args(&full, &layout()).contains(&"--enable-lora".to_string()));
         assert_eq!(vllm_env(&full), vec![("VLLM_SERVER_DEV_MODE", "1")]);
+        let cpu = train(json!({"image": "i", "model": "m", "vllm": {"gpus": 0}}));
+        assert!(vllm_env(&cpu).contains(&("VLLM_ENABLE_V1_MULTIPROCESSING", "0")));
         let spec: RolloutJobSpec = serde_json::from_value(json!({
             "numSamples": 2, "tasks": {"inline": []}, "harness": {"preset": "pi"},
             "evaluator": {"command": ["true"]},
