@@ -5,7 +5,7 @@
 # normalized request or a 4xx). cargo-fuzz is installed once into ~/.cache/floe; each target's
 # corpus grows there from run to run, seeded from fuzz/seeds/ and fuzz/corpus/. A crash fails
 # the run and leaves the input under fuzz/artifacts/<target>/. `--minimize` then merges what the
-# cache holds into the committed fuzz/corpus/ (`cargo fuzz cmin`), which the gateway's
+# cache holds into the committed fuzz/corpus/ (libFuzzer's -merge=1), which the gateway's
 # tests/fuzz_corpus.rs replays on every test run.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [--minimize]   (default 20)
 set -euo pipefail
@@ -44,14 +44,15 @@ for t in $(cargo fuzz list); do
 done
 
 [ "$MINIMIZE" = --minimize ] || exit 0
+# libFuzzer's merge: into an empty directory, the fewest inputs of the cache's corpus, the
+# committed one and the seeds that keep all the coverage they reach together (what produced
+# the committed corpus).
 for t in $(cargo fuzz list); do
   merged=$(mktemp -d)
-  cp "$CORPUS/$t"/* "$merged/"
-  [ ! -d "corpus/$t" ] || cp corpus/"$t"/* "$merged/" 2>/dev/null || true
   log=$(mktemp)
-  cargo fuzz cmin --sanitizer none --release --target-dir "$TARGET_DIR" "$t" "$merged" -- -dict=json.dict >"$log" 2>&1 \
-    || { tail -20 "$log" >&2; exit 1; }
-  rm -rf "corpus/$t" && mkdir -p corpus && mv "$merged" "corpus/$t" && chmod 755 "corpus/$t"
+  cargo fuzz run --sanitizer none --release --target-dir "$TARGET_DIR" "$t" "$merged" "$CORPUS/$t" "corpus/$t" "seeds/$t" \
+      -- -merge=1 -dict=json.dict >"$log" 2>&1 || { tail -20 "$log" >&2; exit 1; }
+  rm -rf "corpus/$t" && mv "$merged" "corpus/$t" && chmod 755 "corpus/$t"
   echo "[fuzz] $t: corpus minimized to $(ls "corpus/$t" | wc -l) inputs ($(du -sh "corpus/$t" | cut -f1))" >&2
   rm -f "$log"
 done

@@ -1,4 +1,4 @@
-//! Every input the fuzzer kept (`fuzz/corpus/<target>/`, minimized with `cargo fuzz cmin`, and
+//! Every input the fuzzer kept (`fuzz/corpus/<target>/`, minimized by `scripts/fuzz.sh --minimize`, and
 //! the hand-written `fuzz/seeds/<target>/`) through the same entry point its libFuzzer target
 //! calls: each returns, none panics. A regression check on every test run; finding new
 //! inputs is `scripts/fuzz.sh`'s job (`docs/testing.md`, "Fuzzing").
