@@ -19,6 +19,12 @@ trap 'rm -rf "$JOB"' EXIT
 # LEARN_JOB=tools.yaml: a multi-turn agent that must run a command to answer (its tasks in JSONL).
 cp "examples/learn/${LEARN_JOB:-job.yaml}" "$JOB/job.yaml"
 cp examples/learn/*.jsonl "$JOB/"
+# LEARN_MAX_STALENESS=N: the job's train.maxStaleness instead (the utilization run in
+# docs/benchmarks.md: N=2 with `--concurrency 8`, so sampling runs on while the trainer steps).
+if [ -n "${LEARN_MAX_STALENESS:-}" ]; then
+  sed -i "s/^    maxStaleness: .*/    maxStaleness: $LEARN_MAX_STALENESS/" "$JOB/job.yaml"
+  grep -q "^    maxStaleness: $LEARN_MAX_STALENESS\$" "$JOB/job.yaml" || { echo "[learn] ${LEARN_JOB:-job.yaml} sets no train.maxStaleness" >&2; exit 2; }
+fi
 if grep -q "preset: pi" "$JOB/job.yaml"; then
   PI=$(scripts/harnesses/install.sh pi)
   export PATH="$(dirname "$PI"):$PATH"
