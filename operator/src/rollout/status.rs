@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use floe_crds::rollout_job::{
-    RewardStats, RolloutJobPhase, RolloutJobStatus, SessionCounts, UpstreamErrorCounts,
+    RewardStats, RolloutJobPhase, RolloutJobStatus, SessionCounts, TrainerProgress,
+    UpstreamErrorCounts,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -54,8 +55,8 @@ pub struct StatusInput<'a> {
     pub running: u32,
     pub blocked: Option<&'a Blocked>,
     pub now: Time,
-    /// A train job whose trainer answers and has not finished: when the sessions are done,
-    /// the job waits for it to train the last groups and write its final model.
+    /// A train job whose trainer has not finished ([`trainer_unfinished`]): when the sessions
+    /// are done, the job waits for it to train the last groups and write its final model.
     pub trainer_unfinished: bool,
     /// The job's own pod as this round read it: while it is not Ready, the job's conditions
     /// say what it waits for.
@@ -153,6 +154,19 @@ fn say_job_pod_waits(conditions: &mut [Condition], wait: &Wait, holding: Option<
     }) {
         c.message = message.clone();
     }
+}
+
+/// Whether a train job's trainer has yet to finish: until a round reads `finished` from it
+/// (`now`) or an earlier round did (`previous`, the progress mirrored into the status). A
+/// trainer that cannot be read — its pod being replaced, an answer slower than the round's
+/// timeout — has not finished: a job declared done then would delete the pod that was about
+/// to resume from its checkpoint and write the final model.
+pub fn trainer_unfinished(
+    train: bool,
+    previous: Option<&TrainerProgress>,
+    now: Option<&TrainerProgress>,
+) -> bool {
+    train && !previous.is_some_and(|t| t.finished) && !now.is_some_and(|t| t.finished)
 }
 
 fn non_empty(set: &IndexSet) -> Option<String> {
@@ -420,7 +434,7 @@ mod tests {
             .conditions
             .iter()
             .any(|c| c.type_ == "Progressing" && c.reason == TRAINING_LAST_GROUPS));
-        // Once it says finished (or cannot be read), the job completes as before.
+        // Once it says finished, the job completes as before.
         i.trainer_unfinished = false;
         assert_eq!(status(&i, None).phase, Some(RolloutJobPhase::Succeeded));
         // A deadline does not wait for it.
@@ -431,6 +445,25 @@ mod tests {
         let mut i = input(&late, None, 0);
         i.trainer_unfinished = true;
         assert_ne!(status(&i, None).phase, Some(RolloutJobPhase::Running));
+    }
+
+    #[test]
+    fn a_trainer_that_cannot_be_read_has_not_finished() {
+        let said = |finished| TrainerProgress {
+            step: 1,
+            policy_version: 1,
+            last_step_time: None,
+            finished,
+            final_model: None,
+        };
+        // Its pod replaced after the sessions were done: no answer this round.
+        assert!(trainer_unfinished(true, Some(&said(false)), None));
+        assert!(trainer_unfinished(true, None, None));
+        assert!(trainer_unfinished(true, None, Some(&said(false))));
+        assert!(!trainer_unfinished(true, None, Some(&said(true))));
+        // Finished once stays finished, when the job's end has deleted the trainer pod.
+        assert!(!trainer_unfinished(true, Some(&said(true)), None));
+        assert!(!trainer_unfinished(false, None, None));
     }
 
     /// `docs/crds.md` names exactly the condition types a job gets, on every path: running,

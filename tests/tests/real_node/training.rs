@@ -40,8 +40,32 @@ fn task(id: &str, question: &str) -> Value {
            "evaluation": {"hiddenFiles": {"grade.py": GRADE}}})
 }
 
+/// How the test loses the first trainer pod after a step.
+#[derive(Clone, Copy, PartialEq)]
+enum Loss {
+    /// Deleted as `kubectl delete`, a drain or an eviction do: the trainer gets SIGTERM and
+    /// writes a stop checkpoint.
+    Deleted,
+    /// Force-deleted (grace 0, as `kubectl delete --force --grace-period=0` or a lost node's
+    /// pod removed): the object goes at once, the kubelet kills the containers, and the new
+    /// pod of the same name may start while the old process still dies. The successor
+    /// resumes from the last periodic checkpoint (every step here).
+    ForceDeleted,
+}
+
 #[tokio::test]
 async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_one() -> Result<()> {
+    train_job_outlives_losing_its_trainer_pod(Loss::Deleted).await
+}
+
+#[tokio::test]
+#[ignore = "FLOE_TEST_FULL=1 only; in CI: the deleted-pod variant above (same resume and \
+            trained-once checks) and test_checkpoint.py (a trainer killed mid-checkpoint)"]
+async fn a_train_job_outlives_its_trainer_pod_force_deleted() -> Result<()> {
+    train_job_outlives_losing_its_trainer_pod(Loss::ForceDeleted).await
+}
+
+async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     // Alone on the node: vLLM and a training step in pods, beside the other tests' pods and
     // the two host vLLMs, would starve this 2-core machine and their time limits.
     let work = prepare_as("train", NodeUse::Alone(NODE_USE.write().await)).await?;
@@ -90,6 +114,10 @@ async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_o
     .await?;
     let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
     warm_pool(n, &client, &ns, &images.python).await?;
+    let checkpoint = match loss {
+        Loss::Deleted => json!({"claimName": "checkpoints"}),
+        Loss::ForceDeleted => json!({"claimName": "checkpoints", "everySteps": 1}),
+    };
     let job = json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
         "metadata": {"name": "learn"},
         "spec": {"numSamples": 2, "concurrency": 2, "poolRef": {"name": "python"},
@@ -105,7 +133,7 @@ async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_o
                            "modelClaimName": "models", "gpus": 0, "nodes": 2, "epochs": 3,
                            // The checkpoints and every acknowledged trajectory outlive
                            // the pods.
-                           "checkpoint": {"claimName": "checkpoints"},
+                           "checkpoint": checkpoint,
                            "memoryPlan": "Warn",
                            "maxStaleness": 4,
                            "vllm": {"gpus": 0, "args": ["--dtype", "float32", "--enforce-eager",
@@ -182,9 +210,27 @@ async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_o
         .metadata
         .uid
         .context("the first trainer pod's uid")?;
-    eprintln!("[test] deleting the first trainer pod after step {step_then}");
-    pods.delete("learn-trainer", &kube::api::DeleteParams::default())
-        .await?;
+    let params = match loss {
+        Loss::Deleted => kube::api::DeleteParams::default(),
+        Loss::ForceDeleted => {
+            // Killed with no warning, no stop checkpoint: the successor resumes from the last
+            // periodic one, which must be whole on the claim first (the step shows in the
+            // status before its checkpoint is renamed into place).
+            eventually_within(120, "the step's checkpoint on the claim", async || {
+                Ok(checkpoint_steps(checkpoints.path())?
+                    .into_iter()
+                    .max()
+                    .filter(|s| *s >= step_then))
+            })
+            .await?;
+            kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            }
+        }
+    };
+    eprintln!("[test] deleting the first trainer pod after step {step_then} ({params:?})");
+    pods.delete("learn-trainer", &params).await?;
     let resumed = eventually_within(
         480,
         "a new first trainer pod, resumed from the checkpoint",
@@ -250,15 +296,8 @@ async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_o
     // Each acknowledged trajectory trained once over both pods: the checkpoint the second
     // trainer wrote when it finished lists every session its steps and its predecessor's
     // trained (a group whose samples scored alike trains in no step).
-    let last = std::fs::read_dir(checkpoints.path())?
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_prefix("ckpt-")?
-                .parse::<u64>()
-                .ok()
-        })
+    let last = checkpoint_steps(checkpoints.path())?
+        .into_iter()
         .max()
         .context("no checkpoint on the claim")?;
     assert_eq!(last, trainer.step as u64, "{trainer:?}");
@@ -304,6 +343,21 @@ async fn a_train_job_takes_real_steps_in_real_trainer_pods_and_outlives_losing_o
     })
     .await?;
     Ok(())
+}
+
+/// The steps of the whole checkpoints on the claim (`ckpt-<step>`; one being written has
+/// another name until it is renamed).
+fn checkpoint_steps(dir: &std::path::Path) -> Result<Vec<u64>> {
+    Ok(std::fs::read_dir(dir)?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("ckpt-")?
+                .parse::<u64>()
+                .ok()
+        })
+        .collect())
 }
 
 /// The trainer pod's containers' last lines.

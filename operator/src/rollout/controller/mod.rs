@@ -166,8 +166,11 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         now,
         job_pod: &job_pod,
         // A train job's sessions may all be done while its trainer still trains the last groups.
-        trainer_unfinished: job.spec.train.is_some()
-            && trainer.as_ref().is_some_and(|t| !t.finished),
+        trainer_unfinished: crate::rollout::status::trainer_unfinished(
+            job.spec.train.is_some(),
+            job.status.as_ref().and_then(|s| s.trainer.as_ref()),
+            trainer.as_ref(),
+        ),
     };
     let Some(written) = report.fold(&decided).await? else {
         // Someone else wrote first: look again before releasing anything.
