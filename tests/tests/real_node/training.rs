@@ -41,7 +41,7 @@ fn task(id: &str, question: &str) -> Value {
 }
 
 /// How the test loses the first trainer pod after a step.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Loss {
     /// Deleted as `kubectl delete`, a drain or an eviction do: the trainer gets SIGTERM and
     /// writes a stop checkpoint.
@@ -217,10 +217,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
             // periodic one, which must be whole on the claim first (the step shows in the
             // status before its checkpoint is renamed into place).
             eventually_within(120, "the step's checkpoint on the claim", async || {
-                Ok(checkpoint_steps(checkpoints.path())?
-                    .into_iter()
-                    .max()
-                    .filter(|s| *s >= step_then))
+                Ok(latest_checkpoint(checkpoints.path())?.filter(|s| *s >= step_then))
             })
             .await?;
             kube::api::DeleteParams {
@@ -296,10 +293,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     // Each acknowledged trajectory trained once over both pods: the checkpoint the second
     // trainer wrote when it finished lists every session its steps and its predecessor's
     // trained (a group whose samples scored alike trains in no step).
-    let last = checkpoint_steps(checkpoints.path())?
-        .into_iter()
-        .max()
-        .context("no checkpoint on the claim")?;
+    let last = latest_checkpoint(checkpoints.path())?.context("no checkpoint on the claim")?;
     assert_eq!(last, trainer.step as u64, "{trainer:?}");
     let state: Value = serde_json::from_str(&std::fs::read_to_string(
         checkpoints.path().join(format!("ckpt-{last}/state.json")),
@@ -345,9 +339,9 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     Ok(())
 }
 
-/// The steps of the whole checkpoints on the claim (`ckpt-<step>`; one being written has
+/// The step of the newest whole checkpoint on the claim (`ckpt-<step>`; one being written has
 /// another name until it is renamed).
-fn checkpoint_steps(dir: &std::path::Path) -> Result<Vec<u64>> {
+fn latest_checkpoint(dir: &std::path::Path) -> Result<Option<u64>> {
     Ok(std::fs::read_dir(dir)?
         .filter_map(|e| {
             e.ok()?
@@ -357,7 +351,7 @@ fn checkpoint_steps(dir: &std::path::Path) -> Result<Vec<u64>> {
                 .parse::<u64>()
                 .ok()
         })
-        .collect())
+        .max())
 }
 
 /// The trainer pod's containers' last lines.
