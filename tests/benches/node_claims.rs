@@ -317,17 +317,22 @@ async fn main() -> Result<()> {
     // Each claim in two parts: the operator's PATCH and the assignment's delivery through the
     // pod's gateway to the runner's long poll, then the runner's own work (task files, harness
     // config) up to the harness's start. Milliseconds.
-    let mut parts: Vec<[i64; 2]> = s
+    let mut parts: Vec<([i64; 2], &str)> = s
         .started
-        .values()
-        .map(|[claimed, received, started]| [received - claimed, started - received])
+        .iter()
+        .map(|(pod, [claimed, received, started])| {
+            ([received - claimed, started - received], pod.as_str())
+        })
         .collect();
     let claims: Vec<f64> = parts
         .iter()
-        .map(|[to, inside]| (to + inside) as f64)
+        .map(|([to, inside], _)| (to + inside) as f64)
         .collect();
-    let to_runner: Vec<f64> = parts.iter().map(|[to, _]| *to as f64).collect();
-    let in_runner: Vec<f64> = parts.iter().map(|[_, inside]| *inside as f64).collect();
+    let to_runner: Vec<f64> = parts.iter().map(|([to, _], _)| *to as f64).collect();
+    let in_runner: Vec<f64> = parts
+        .iter()
+        .map(|([_, inside], _)| *inside as f64)
+        .collect();
     if claims.len() < sessions {
         bail!(
             "saw {} sessions' start of {sessions} (pods released before the watch saw them?)",
@@ -380,10 +385,11 @@ async fn main() -> Result<()> {
     );
     row("claim → the runner has the assignment", &to_runner);
     row("the runner has it → harness started", &in_runner);
-    // The tail, claim by claim: (to the runner, in the runner), the slowest three.
-    parts.sort_by_key(|[to, inside]| std::cmp::Reverse(to + inside));
+    // The tail, claim by claim: (to the runner, in the runner), the slowest three, by pod (the
+    // operator logs each claim's PATCH and delivery as "claim timings" with the pod).
+    parts.sort_by_key(|([to, inside], _)| std::cmp::Reverse(to + inside));
     println!(
-        "slowest claims (ms to the runner + ms in it): {:?}",
+        "slowest claims (ms to the runner + ms in it, pod): {:?}",
         &parts[..parts.len().min(3)]
     );
     if let (Some(patch), Some(deliver)) = (phase_mean("patch"), phase_mean("deliver")) {

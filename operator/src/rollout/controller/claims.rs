@@ -100,23 +100,34 @@ pub(super) async fn claim_and_start(
                     phase(ClaimPhase::Patch, patching);
                     ctx.count_claim(uid_ref, index);
                 }
-                Ok(claimed)
+                Ok(claimed.map(|pod| (pod, [patching, Instant::now()])))
             },
         )
         .buffer_unordered(ctx.in_flight)
-        .map(|claimed: Result<Option<Pod>, JobError>| async move {
-            let Some(pod) = claimed? else {
-                return Ok(ClaimOutcome::Lost);
-            };
-            if !gate.deliver {
-                ctx.note_claimed_early(uid_ref, &pod.name_any());
-                return Ok(ClaimOutcome::Claimed { acknowledged: None });
-            }
-            let delivering = Instant::now();
-            let acknowledged = deliver(ctx, job, observed, &pod, Some(round)).await;
-            phase(ClaimPhase::Deliver, delivering);
-            Ok(ClaimOutcome::Claimed { acknowledged })
-        })
+        .map(
+            |claimed: Result<Option<(Pod, [Instant; 2])>, JobError>| async move {
+                let Some((pod, [patching, patched])) = claimed? else {
+                    return Ok(ClaimOutcome::Lost);
+                };
+                if !gate.deliver {
+                    ctx.note_claimed_early(uid_ref, &pod.name_any());
+                    return Ok(ClaimOutcome::Claimed { acknowledged: None });
+                }
+                let delivering = Instant::now();
+                let acknowledged = deliver(ctx, job, observed, &pod, Some(round)).await;
+                phase(ClaimPhase::Deliver, delivering);
+                // Where a slow claim's time went, claim by claim (the histograms keep only sums).
+                tracing::info!(
+                    pod = %pod.name_any(),
+                    since_round_ms = patching.saturating_duration_since(round).as_millis() as u64,
+                    patch_ms = patched.saturating_duration_since(patching).as_millis() as u64,
+                    deliver_ms = delivering.elapsed().as_millis() as u64,
+                    acknowledged = acknowledged.is_some(),
+                    "claim timings"
+                );
+                Ok(ClaimOutcome::Claimed { acknowledged })
+            },
+        )
         .buffer_unordered(deliveries)
         .collect()
         .await;
