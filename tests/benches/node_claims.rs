@@ -17,8 +17,13 @@
 //!
 //! Sessions run a `custom` harness that makes one model call of one token (a session without a
 //! model call is not scored: it never reached the policy) and the evaluator `true`: the
-//! figures are floe's and the node's, not an agent's. `--quick`: 20 sessions; full: 120. Root only (the node).
-//! `FLOE_BIN_PROFILE=release` builds the operator and the images' `floe` in release mode.
+//! figures are floe's and the node's, not an agent's. The model is the scripted upstream
+//! (`floe_tests::scripted_upstream`, on the bridge address) unless `FLOE_BENCH_MODEL=vllm`:
+//! on a cluster the model server has GPU nodes of its own, and here the real vLLM's engine
+//! took a quarter of the two cores the claims are measured on (session 38). `--quick`: 20
+//! sessions; full: 120. Root only (the node). `FLOE_BIN_PROFILE=release` builds the operator
+//! and the images' `floe` in release mode. Also printed: how busy the machine's CPUs were
+//! while the job ran, and the pods' share.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,8 +32,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::pod_ready;
-use floe_tests::node::{host_services, node};
+use floe_tests::node::{host_dns, host_services, node};
 use floe_tests::operator::{eventually_within, metric_value, Operator};
+use floe_tests::scripted_upstream::{ScriptedUpstream, Step};
 use floe_tests::{percentile, TestNamespace};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -37,15 +43,13 @@ use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::json;
 
-/// One model call of one token through the pod's gateway, then done.
-const AGENT: &str = r#"
-import json, os, urllib.request
-body = {"model": "policy", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
-req = urllib.request.Request(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
-                             data=json.dumps(body).encode(),
-                             headers={"content-type": "application/json",
-                                      "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
-urllib.request.urlopen(req, timeout=60).read()
+/// One model call of one token through the pod's gateway, then done: busybox's `wget` (a Python
+/// agent spent ~0.4 CPU-s a session starting up, 15 % of the machine during the job: an
+/// agent's cost, not the claim's).
+const AGENT: &str = r#"wget -q -O /dev/null --header "content-type: application/json" \
+  --header "authorization: Bearer $OPENAI_API_KEY" \
+  --post-data '{"model": "policy", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}' \
+  "${OPENAI_BASE_URL%/}/chat/completions"
 "#;
 
 /// What the watch saw of each pod, by name, in the bench's time (`Instant`s).
@@ -179,8 +183,17 @@ async fn main() -> Result<()> {
     let images = n.images()?;
     let client = n.cluster.client().await?;
     n.cluster.install_crds(&client).await?;
+    let real_model = match std::env::var("FLOE_BENCH_MODEL").as_deref() {
+        Ok("vllm") => true,
+        Ok("stub") | Err(_) => false,
+        Ok(other) => bail!("FLOE_BENCH_MODEL={other}: stub (the default) or vllm"),
+    };
     // Cluster DNS: the sessions' gateways ship to the collector's Service by name.
-    host_services(n)?;
+    if real_model {
+        host_services(n)?;
+    } else {
+        host_dns(n)?;
+    }
     let ns = TestNamespace::create(&n.cluster, &client, "bench-node").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -189,12 +202,25 @@ async fn main() -> Result<()> {
         .prefix("floe-bench-node")
         .tempdir()?;
     n.dataset_volume(&client, &ns.name, data.path()).await?;
-    n.model_service(&client, &ns.name).await?;
+    // The Service `teacher`: the host's vLLM, or the scripted upstream on the node's spare port.
+    let _stub = if real_model {
+        n.model_service(&client, &ns.name).await?;
+        None
+    } else {
+        let (port, held) = n.spare_port().await?;
+        let stub = ScriptedUpstream::start_on(
+            std::net::SocketAddr::new(n.host_ip.into(), port),
+            vec![Step::Say("ok".into())],
+        )
+        .await?;
+        n.host_service(&client, &ns.name, "teacher", port).await?;
+        Some((stub, held))
+    };
     n.apply(
         &client,
         &ns.name,
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "agent"},
-               "data": {"agent.py": AGENT}}),
+               "data": {"agent.sh": AGENT}}),
     )
     .await?;
 
@@ -254,12 +280,13 @@ async fn main() -> Result<()> {
         .map(|i| json!({"id": format!("t{i}"), "instruction": "nothing to do"}))
         .collect();
     let job_started = Instant::now();
+    let cpu_before = CpuTimes::read();
     n.apply(
         &client,
         &ns.name,
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob", "metadata": {"name": "claims"},
                "spec": {"numSamples": 4, "concurrency": warm, "poolRef": {"name": "warm"},
-                        "harness": {"preset": "custom", "command": ["python3", "/opt/agent/agent.py"]},
+                        "harness": {"preset": "custom", "command": ["sh", "/opt/agent/agent.sh"]},
                         "evaluator": {"command": ["true"]},
                         "sampling": {"maxResponseTokens": 1},
                         "timeouts": {"agentSeconds": 60, "evaluatorSeconds": 30},
@@ -282,6 +309,7 @@ async fn main() -> Result<()> {
     })
     .await?;
     let job_seconds = job_started.elapsed().as_secs_f64();
+    let cpu = cpu_before.and_then(|before| CpuTimes::read()?.since(&before));
     if status.sessions.succeeded as usize != sessions {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(client.clone(), &ns.name);
@@ -377,6 +405,17 @@ async fn main() -> Result<()> {
         "node claims: {sessions} sessions, warm pool {warm}, job {job_seconds:.1} s ({:.1} sessions/s)",
         sessions as f64 / job_seconds
     );
+    println!(
+        "model: {}",
+        if real_model {
+            "the host's vLLM"
+        } else {
+            "the scripted upstream"
+        }
+    );
+    if let Ok(cpu) = cpu {
+        println!("{cpu}");
+    }
     println!("| | p50 | p99 | n |\n|---|---|---|---|");
     println!("| baseline: bare pod created → Ready (same image, same node) | {b50:.0} ms | {b99:.0} ms | 5 |");
     row(
@@ -434,4 +473,84 @@ async fn main() -> Result<()> {
         refill_ms.len() as f64 / refill_window.max(0.001)
     );
     Ok(())
+}
+
+/// The machine's CPU time (`/proc/stat`, all CPUs) and the node's pods' (`kubepods` cgroup, v1
+/// or v2), in seconds.
+struct CpuTimes {
+    busy: f64,
+    total: f64,
+    pods: Option<f64>,
+}
+
+impl CpuTimes {
+    fn read() -> Result<Self> {
+        let stat = std::fs::read_to_string("/proc/stat")?;
+        let ticks: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
+        let total: f64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).unwrap_or(&0.0) + ticks.get(4).unwrap_or(&0.0);
+        // USER_HZ is 100 on Linux.
+        let pods = std::fs::read_to_string("/sys/fs/cgroup/cpuacct/kubepods/cpuacct.usage")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|ns| ns / 1e9)
+            .or_else(|| {
+                let stat = std::fs::read_to_string("/sys/fs/cgroup/kubepods/cpu.stat").ok()?;
+                let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
+                Some(usec.trim().parse::<f64>().ok()? / 1e6)
+            });
+        Ok(Self {
+            busy: (total - idle) / 100.0,
+            total: total / 100.0,
+            pods,
+        })
+    }
+
+    fn since(self, before: &Self) -> Result<CpuUse> {
+        let cores = std::thread::available_parallelism()?.get();
+        Ok(CpuUse {
+            cores,
+            busy: self.busy - before.busy,
+            total: self.total - before.total,
+            pods: self.pods.zip(before.pods).map(|(a, b)| a - b),
+        })
+    }
+}
+
+/// CPU use over the job.
+struct CpuUse {
+    cores: usize,
+    busy: f64,
+    total: f64,
+    pods: Option<f64>,
+}
+
+impl std::fmt::Display for CpuUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let share = |s: f64| 100.0 * s / self.total.max(f64::EPSILON);
+        write!(
+            f,
+            "CPU while the job ran: {:.0} % busy of {} cores ({:.0} CPU-s)",
+            share(self.busy),
+            self.cores,
+            self.busy
+        )?;
+        if let Some(pods) = self.pods {
+            write!(
+                f,
+                "; the node's pods {:.0} CPU-s ({:.0} %)",
+                pods,
+                share(pods)
+            )?;
+        }
+        Ok(())
+    }
 }

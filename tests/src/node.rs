@@ -337,19 +337,35 @@ impl TestNode {
 /// the cluster DNS on the bridge address, port 53, and a relay from the bridge address's first
 /// open port to the real vLLM (see [`TestNode::model_port`]).
 pub fn host_services(n: &TestNode) -> Result<()> {
+    started_once(n, true)
+}
+
+/// [`host_services`] without the relay to vLLM (and without starting one): for a process whose
+/// pods' model is a server of its own. Whichever of the two a process calls first is what it
+/// gets.
+pub fn host_dns(n: &TestNode) -> Result<()> {
+    started_once(n, false)
+}
+
+fn started_once(n: &TestNode, relay_model: bool) -> Result<()> {
     static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
     STARTED
-        .get_or_init(|| start_host_services(n).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| start_host_services(n, relay_model).map_err(|e| format!("{e:#}")))
         .clone()
         .map_err(anyhow::Error::msg)
 }
 
-fn start_host_services(n: &TestNode) -> Result<()> {
-    let vllm: SocketAddr = crate::vllm::vllm()
-        .url
-        .trim_start_matches("http://")
-        .parse()
-        .context("vLLM URL")?;
+fn start_host_services(n: &TestNode, relay_model: bool) -> Result<()> {
+    let vllm: Option<SocketAddr> = if relay_model {
+        let url = &crate::vllm::vllm().url;
+        Some(
+            url.trim_start_matches("http://")
+                .parse()
+                .context("vLLM URL")?,
+        )
+    } else {
+        None
+    };
     let dns_addr = SocketAddr::new(n.host_ip.into(), 53);
     let model_addr = SocketAddr::new(n.host_ip.into(), n.model_port()?);
     let cluster = n.cluster.clone();
@@ -369,7 +385,10 @@ fn start_host_services(n: &TestNode) -> Result<()> {
             let started = async {
                 let client = cluster.client().await?;
                 let dns = crate::cluster_dns::ClusterDns::start(client, dns_addr).await?;
-                let forward = Forward::start(model_addr, vllm).await?;
+                let forward = match vllm {
+                    Some(vllm) => Some(Forward::start(model_addr, vllm).await?),
+                    None => None,
+                };
                 anyhow::Ok((dns, forward))
             }
             .await;
