@@ -497,7 +497,6 @@ impl CpuTimes {
         // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
         let total: f64 = ticks.iter().take(8).sum();
         let idle = ticks.get(3).unwrap_or(&0.0) + ticks.get(4).unwrap_or(&0.0);
-        // USER_HZ is 100 on Linux.
         let pods = std::fs::read_to_string("/sys/fs/cgroup/cpuacct/kubepods/cpuacct.usage")
             .ok()
             .and_then(|v| v.trim().parse::<f64>().ok())
@@ -507,6 +506,7 @@ impl CpuTimes {
                 let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
                 Some(usec.trim().parse::<f64>().ok()? / 1e6)
             });
+        // `/proc/stat` counts in USER_HZ, 100 a second on Linux.
         Ok(Self {
             busy: (total - idle) / 100.0,
             total: total / 100.0,
