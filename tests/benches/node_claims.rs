@@ -34,6 +34,7 @@ use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::pod_ready;
 use floe_tests::node::{host_dns, host_services, node};
 use floe_tests::operator::{eventually_within, metric_value, Operator};
+use floe_tests::proc_cpu::MachineCpu;
 use floe_tests::scripted_upstream::{ScriptedUpstream, Step};
 use floe_tests::{percentile, TestNamespace};
 use futures::StreamExt;
@@ -280,7 +281,7 @@ async fn main() -> Result<()> {
         .map(|i| json!({"id": format!("t{i}"), "instruction": "nothing to do"}))
         .collect();
     let job_started = Instant::now();
-    let cpu_before = CpuTimes::read();
+    let cpu_before = MachineCpu::read();
     n.apply(
         &client,
         &ns.name,
@@ -309,7 +310,7 @@ async fn main() -> Result<()> {
     })
     .await?;
     let job_seconds = job_started.elapsed().as_secs_f64();
-    let cpu = cpu_before.and_then(|before| CpuTimes::read()?.since(&before));
+    let cpu = cpu_before.and_then(|before| MachineCpu::read()?.since(&before));
     if status.sessions.succeeded as usize != sessions {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(client.clone(), &ns.name);
@@ -414,7 +415,7 @@ async fn main() -> Result<()> {
         }
     );
     if let Ok(cpu) = cpu {
-        println!("{cpu}");
+        println!("CPU while the job ran: {cpu}");
     }
     println!("| | p50 | p99 | n |\n|---|---|---|---|");
     println!("| baseline: bare pod created → Ready (same image, same node) | {b50:.0} ms | {b99:.0} ms | 5 |");
@@ -473,84 +474,4 @@ async fn main() -> Result<()> {
         refill_ms.len() as f64 / refill_window.max(0.001)
     );
     Ok(())
-}
-
-/// The machine's CPU time (`/proc/stat`, all CPUs) and the node's pods' (`kubepods` cgroup, v1
-/// or v2), in seconds.
-struct CpuTimes {
-    busy: f64,
-    total: f64,
-    pods: Option<f64>,
-}
-
-impl CpuTimes {
-    fn read() -> Result<Self> {
-        let stat = std::fs::read_to_string("/proc/stat")?;
-        let ticks: Vec<f64> = stat
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
-        let total: f64 = ticks.iter().take(8).sum();
-        let idle = ticks.get(3).unwrap_or(&0.0) + ticks.get(4).unwrap_or(&0.0);
-        let pods = std::fs::read_to_string("/sys/fs/cgroup/cpuacct/kubepods/cpuacct.usage")
-            .ok()
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map(|ns| ns / 1e9)
-            .or_else(|| {
-                let stat = std::fs::read_to_string("/sys/fs/cgroup/kubepods/cpu.stat").ok()?;
-                let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
-                Some(usec.trim().parse::<f64>().ok()? / 1e6)
-            });
-        // `/proc/stat` counts in USER_HZ, 100 a second on Linux.
-        Ok(Self {
-            busy: (total - idle) / 100.0,
-            total: total / 100.0,
-            pods,
-        })
-    }
-
-    fn since(self, before: &Self) -> Result<CpuUse> {
-        let cores = std::thread::available_parallelism()?.get();
-        Ok(CpuUse {
-            cores,
-            busy: self.busy - before.busy,
-            total: self.total - before.total,
-            pods: self.pods.zip(before.pods).map(|(a, b)| a - b),
-        })
-    }
-}
-
-/// CPU use over the job.
-struct CpuUse {
-    cores: usize,
-    busy: f64,
-    total: f64,
-    pods: Option<f64>,
-}
-
-impl std::fmt::Display for CpuUse {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let share = |s: f64| 100.0 * s / self.total.max(f64::EPSILON);
-        write!(
-            f,
-            "CPU while the job ran: {:.0} % busy of {} cores ({:.0} CPU-s)",
-            share(self.busy),
-            self.cores,
-            self.busy
-        )?;
-        if let Some(pods) = self.pods {
-            write!(
-                f,
-                "; the node's pods {:.0} CPU-s ({:.0} %)",
-                pods,
-                share(pods)
-            )?;
-        }
-        Ok(())
-    }
 }

@@ -86,6 +86,87 @@ impl Snapshot {
     }
 }
 
+/// The machine's CPU time (`/proc/stat`, all CPUs) and the node's pods' (`kubepods` cgroup, v1
+/// or v2), in seconds.
+pub struct MachineCpu {
+    busy: f64,
+    total: f64,
+    pods: Option<f64>,
+}
+
+impl MachineCpu {
+    pub fn read() -> std::io::Result<Self> {
+        let stat = std::fs::read_to_string("/proc/stat")?;
+        let ticks: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
+        let total: f64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).unwrap_or(&0.0) + ticks.get(4).unwrap_or(&0.0);
+        let pods = std::fs::read_to_string("/sys/fs/cgroup/cpuacct/kubepods/cpuacct.usage")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|ns| ns / 1e9)
+            .or_else(|| {
+                let stat = std::fs::read_to_string("/sys/fs/cgroup/kubepods/cpu.stat").ok()?;
+                let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
+                Some(usec.trim().parse::<f64>().ok()? / 1e6)
+            });
+        // `/proc/stat` counts in USER_HZ, 100 a second on Linux.
+        Ok(Self {
+            busy: (total - idle) / 100.0,
+            total: total / 100.0,
+            pods,
+        })
+    }
+
+    /// What was used since `before` was read.
+    pub fn since(self, before: &Self) -> std::io::Result<CpuUse> {
+        let cores = std::thread::available_parallelism()?.get();
+        Ok(CpuUse {
+            cores,
+            busy: self.busy - before.busy,
+            total: self.total - before.total,
+            pods: self.pods.zip(before.pods).map(|(a, b)| a - b),
+        })
+    }
+}
+
+/// CPU use over a stretch: the machine's, and the node's pods' where known.
+pub struct CpuUse {
+    cores: usize,
+    busy: f64,
+    total: f64,
+    pods: Option<f64>,
+}
+
+impl std::fmt::Display for CpuUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let share = |s: f64| 100.0 * s / self.total.max(f64::EPSILON);
+        write!(
+            f,
+            "{:.0} % busy of {} cores ({:.0} CPU-s)",
+            share(self.busy),
+            self.cores,
+            self.busy
+        )?;
+        if let Some(pods) = self.pods {
+            write!(
+                f,
+                "; the node's pods {:.0} CPU-s ({:.0} %)",
+                pods,
+                share(pods)
+            )?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +187,20 @@ mod tests {
         child.kill()?;
         child.wait()?;
         assert!(found, "the child is listed");
+        Ok(())
+    }
+
+    #[test]
+    fn the_machine_is_seen_busy_while_this_process_spins() -> anyhow::Result<()> {
+        let before = MachineCpu::read()?;
+        let spun = std::time::Instant::now();
+        let mut x = 0u64;
+        while spun.elapsed() < std::time::Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+        }
+        let used = MachineCpu::read()?.since(&before)?;
+        // One core spun for 0.3 s of the ~0.3 s × cores that passed (ticks are 10 ms).
+        assert!(used.busy >= 0.2 && used.busy <= used.total, "{used}");
         Ok(())
     }
 
