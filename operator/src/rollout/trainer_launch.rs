@@ -24,7 +24,9 @@ const VLLM_LORA_RANKS: &[i32] = &[1, 8, 16, 32, 64, 128, 256, 320, 512];
 ///
 /// On CPU (`train.vllm.gpus: 0`) the model runs inside vLLM's engine process: its CPU platform
 /// otherwise spawns a separate worker process, which imports torch and vLLM once more (~20 s
-/// of a ~60 s start on a slow 2-core machine) to run the same single worker.
+/// of a ~60 s start on a slow 2-core machine) to run the same single worker. Its OpenMP
+/// threads sleep between kernels instead of spinning: on CPU vLLM shares the machine with the
+/// trainer and the sessions, and a small model's kernels are too short for the spin to pay.
 pub fn vllm_env(train: &TrainSpec) -> Vec<(&'static str, &'static str)> {
     let mut env = vec![("VLLM_SERVER_DEV_MODE", "1")];
     if train.lora.is_some() {
@@ -32,6 +34,7 @@ pub fn vllm_env(train: &TrainSpec) -> Vec<(&'static str, &'static str)> {
     }
     if train.vllm.gpus == 0 {
         env.push(("VLLM_ENABLE_V1_MULTIPROCESSING", "0"));
+        env.push(("OMP_WAIT_POLICY", "PASSIVE"));
     }
     env
 }
@@ -320,6 +323,7 @@ mod tests {
         assert_eq!(vllm_env(&full), vec![("VLLM_SERVER_DEV_MODE", "1")]);
         let cpu = train(json!({"image": "i", "model": "m", "vllm": {"gpus": 0}}));
         assert!(vllm_env(&cpu).contains(&("VLLM_ENABLE_V1_MULTIPROCESSING", "0")));
+        assert!(vllm_env(&cpu).contains(&("OMP_WAIT_POLICY", "PASSIVE")));
         let spec: RolloutJobSpec = serde_json::from_value(json!({
             "numSamples": 2, "tasks": {"inline": []}, "harness": {"preset": "pi"},
             "evaluator": {"command": ["true"]},
