@@ -176,6 +176,22 @@ pub fn floe_bin() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The variables cargo sets for a crate it compiles or runs (not cargo's own configuration,
+/// such as `CARGO_HOME` or `CARGO_TARGET_DIR`).
+fn set_by_cargo_for_the_crate(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_MANIFEST_")
+        || matches!(
+            name,
+            "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
+}
+
 fn build_floe() -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let release = std::env::var("FLOE_BIN_PROFILE").is_ok_and(|p| p == "release");
@@ -183,10 +199,18 @@ fn build_floe() -> Result<PathBuf> {
     if release {
         args.push("--release");
     }
-    let status = Command::new(cargo)
-        .args(&args)
-        .current_dir(workspace_root())
-        .status()?;
+    let mut build = Command::new(cargo);
+    build.args(&args).current_dir(workspace_root());
+    // Cargo gives a test process its crate's variables (`CARGO_MANIFEST_DIR=.../tests`, the
+    // `CARGO_PKG_*`): passed on, they differ from a top-level build's, and build scripts that
+    // watch them (ring's, under rustls and kube) rerun, so this build and the next top-level
+    // one each recompile ring, rustls, kube and floe (~40 s apiece on a slow 2-core machine).
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_the_crate) {
+            build.env_remove(name);
+        }
+    }
+    let status = build.status()?;
     if !status.success() {
         bail!("cargo build -p floe failed");
     }
@@ -198,4 +222,34 @@ fn build_floe() -> Result<PathBuf> {
     } else {
         "debug/floe"
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_by_cargo_for_the_crate;
+
+    #[test]
+    fn the_crate_variables_cargo_sets_are_dropped_and_its_configuration_kept() {
+        for set in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_CRATE_NAME",
+            "CARGO_TARGET_TMPDIR",
+            "OUT_DIR",
+        ] {
+            assert!(set_by_cargo_for_the_crate(set), "{set}");
+        }
+        for kept in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "RUSTFLAGS",
+        ] {
+            assert!(!set_by_cargo_for_the_crate(kept), "{kept}");
+        }
+    }
 }
