@@ -47,8 +47,16 @@ TRAINER_PID=
 BESIDE_PID=
 NODE_PID=
 cleanup() {
-  # vLLM runs an engine process beside the API server: stop its whole process group.
-  for pid in $VLLM_PID $VLLM_LONG_PID; do kill -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  # Every step runs, whatever the one before returned (errexit would end the trap at the first).
+  set +e
+  # vLLM runs an engine process beside the API server: stop its whole process group, killed
+  # after 15 s (a vLLM still loading its model was seen to outlive SIGTERM).
+  for pid in $VLLM_PID $VLLM_LONG_PID; do
+    kill -- "-$pid" 2>/dev/null || continue
+    (sleep 15; kill -KILL -- "-$pid" 2>/dev/null) &
+    wait "$pid" 2>/dev/null
+    kill $! 2>/dev/null
+  done
   # A lane still running (the script stopped early): its tests stop their own fixtures.
   for pid in $TRAINER_PID $BESIDE_PID; do pkill -TERM -P "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
   [ -z "$NODE_PID" ] || { wait "$NODE_PID" 2>/dev/null; scripts/kube-test-cluster/stop.sh "$STATE/node"; }
