@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .distributed import from_env, leave
+from .distributed import exit_process, from_env, leave
 from .ingest import make_server
 from .memory_plan import LoraTargetError, MemoryPlanError
 from .placement import resolve
@@ -138,5 +138,10 @@ def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
     return 0
 
 
+def run() -> None:
+    """The program (``floe-trainer``, ``python -m floe_trainer.cli``)."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -17,9 +17,11 @@ the leader gets the tensors), for a push into vLLM or a checkpoint."""
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -54,6 +56,9 @@ SINGLE = World()
 # next order in a collective, which times out).
 HEARTBEAT_SECONDS = 60.0
 
+# Whether this process joined a world of several (``exit_process``).
+_JOINED = False
+
 
 def from_env(device_type: str) -> World:
     """The world ``torchrun`` describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), joined:
@@ -67,6 +72,8 @@ def from_env(device_type: str) -> World:
         # A step, a checkpoint or a gather of a large model may take long; the leader's
         # heartbeat (``HEARTBEAT_SECONDS``) keeps the followers' waits for orders short.
         dist.init_process_group(backend(device_type), timeout=datetime.timedelta(hours=2))
+    global _JOINED
+    _JOINED = True
     return World(dist.get_rank(), dist.get_world_size())
 
 
@@ -77,6 +84,21 @@ def leave() -> None:
     and a flaky CI run."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the program. A process that joined a world of several ends without the
+    interpreter's finalization, once what it printed and logged is flushed: ``leave`` drops
+    the world, but the sharded model's FSDP state still holds the process group, so its gloo
+    threads went down in finalization, beside the peer's own teardown, and a leader aborted
+    after writing all it had to ("terminate called without an active exception", SIGABRT; a
+    CI run on a loaded 2-core machine). One process exits as usual."""
+    if not _JOINED:
+        sys.exit(code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def backend(device_type: str) -> str:

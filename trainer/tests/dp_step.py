@@ -19,6 +19,7 @@ from floe_trainer import lora, policy  # noqa: E402
 from floe_trainer.batching import Group  # noqa: E402
 from floe_trainer.distributed import (  # noqa: E402
     broadcast_weights,
+    exit_process,
     from_env,
     full_state_dict,
     leave,
@@ -114,3 +115,4 @@ def main(out: Path, optimizer_name: str, adapter: bool) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["lora"])
+    exit_process(0)

@@ -118,3 +118,31 @@ def test_the_sharded_path_in_one_process_updates_as_the_plain_path_does(tmp_path
     ]
     for run in report["runs"]:
         assert run["largestUpdate"] > 0 and run["gapNormOverUpdateNorm"] <= 1e-4
+
+
+def test_a_process_of_a_world_exits_with_its_output_flushed_and_one_process_as_usual():
+    """``exit_process``: one process raises ``SystemExit`` (what the tests and a plain run
+    see); one that joined a world ends at once with its code, what it printed and logged
+    flushed (the interpreter's finalization skipped: the gloo teardown that aborted there)."""
+    from floe_trainer import distributed
+
+    with pytest.raises(SystemExit) as ended:
+        distributed.exit_process(4)
+    assert ended.value.code == 4
+    script = (
+        "import atexit, logging, sys\n"
+        "from floe_trainer import distributed\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "atexit.register(lambda: print('finalized'))\n"
+        "distributed._JOINED = True\n"
+        "print('done', end='')\n"
+        "logging.getLogger('t').info('logged')\n"
+        "distributed.exit_process(3)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout == "done"  # flushed, and no atexit handler ran
+    assert "logged" in done.stderr
