@@ -46,6 +46,7 @@ VLLM_LONG_PID=
 TRAINER_PID=
 BESIDE_PID=
 NODE_PID=
+NODE_LANE_PID=
 cleanup() {
   # Every step runs, whatever the one before returned (errexit would end the trap at the first).
   set +e
@@ -58,7 +59,7 @@ cleanup() {
     kill $! 2>/dev/null
   done
   # A lane still running (the script stopped early): its tests stop their own fixtures.
-  for pid in $TRAINER_PID $BESIDE_PID; do pkill -TERM -P "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  for pid in $TRAINER_PID $BESIDE_PID $NODE_LANE_PID; do pkill -TERM -P "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
   [ -z "$NODE_PID" ] || { wait "$NODE_PID" 2>/dev/null; scripts/kube-test-cluster/stop.sh "$STATE/node"; }
   scripts/kube-test-cluster/stop.sh "$STATE/kapi"
   rm -rf "$STATE"
@@ -79,21 +80,30 @@ fi
 # start. Every other one (unit, doc, apiserver, sandbox, fault and played-kubelet tests) runs
 # beside the trainer's suite, which leaves about a third of the two cores idle while it waits
 # on its vLLM and its subprocesses. A new target lands in the first lane unless named here.
+# Of those, the real node's suite runs in a lane of its own beside the others (its tests mostly
+# wait on pods: it left a third of the two cores idle alone); the tests on either side that
+# start a vLLM and a trainer of their own never overlap (`floe_tests::memory`'s lease).
 AFTER_TRAINER=(local_run local_train official_sdks policy_proxy real_harness real_node real_vllm
   real_vllm_vision sandbox_real_vllm sglang_upstream)
+NODE_LANE=(real_node)
 mapfile -t TARGETS < <(cargo metadata --locked --no-deps --format-version 1 | python3 -c '
 import json, sys
-after = set(sys.argv[1:])
+after, node = (set(a.split()) for a in sys.argv[1:])
 m = json.load(sys.stdin)
 tests = sorted(t["name"] for p in m["packages"] for t in p["targets"] if t["kind"] == ["test"])
-missing = after - set(tests)
+missing = (after | node) - set(tests)
 assert not missing, f"scripts/test.sh names test targets that do not exist: {sorted(missing)}"
+assert node <= after, f"the node lane runs after the trainer: {sorted(node - after)}"
 for t in tests:
-    print(("after " if t in after else "beside ") + t)
-' "${AFTER_TRAINER[@]}")
-BESIDE_ARGS=(--lib --bins) AFTER_ARGS=()
+    print(("node " if t in node else "after " if t in after else "beside ") + t)
+' "${AFTER_TRAINER[*]}" "${NODE_LANE[*]}")
+BESIDE_ARGS=(--lib --bins) AFTER_ARGS=() NODE_ARGS=()
 for t in "${TARGETS[@]}"; do
-  case $t in after\ *) AFTER_ARGS+=(--test "${t#after }") ;; *) BESIDE_ARGS+=(--test "${t#beside }") ;; esac
+  case $t in
+    after\ *) AFTER_ARGS+=(--test "${t#after }") ;;
+    node\ *) NODE_ARGS+=(--test "${t#node }") ;;
+    *) BESIDE_ARGS+=(--test "${t#beside }") ;;
+  esac
 done
 # The trainer suite starts its own vLLM and trains real steps; beside the two servers below
 # (~7 GB) and their start it took 940 s instead of ~530 s, so they start after it.
@@ -161,7 +171,25 @@ if ! wait "$NODE_PID"; then
 fi
 echo "[test] real node: $(tail -2 "$STATE/node-start.log" | head -1)" >&2
 
-if ! cargo test --workspace --locked "${AFTER_ARGS[@]}" "$@" "${FULL[@]}"; then
+# Both lanes' test binaries are built first (two `cargo test` that compile wait on one lock).
+cargo test --workspace --locked "${AFTER_ARGS[@]}" "${NODE_ARGS[@]}" --no-run "$@" "${FULL[@]}"
+(
+  lane_t0=$(date +%s)
+  cargo test --workspace --locked "${NODE_ARGS[@]}" "$@" "${FULL[@]}"
+  rc=$?
+  echo "[test] the real node's suite in $(( $(date +%s) - lane_t0 )) s" >&2
+  exit $rc
+) > "$STATE/node-lane.log" 2>&1 &
+NODE_LANE_PID=$!
+lane_t0=$(date +%s)
+after_ok=0
+cargo test --workspace --locked "${AFTER_ARGS[@]}" "$@" "${FULL[@]}" || after_ok=$?
+echo "[test] the suites beside the real node's in $(( $(date +%s) - lane_t0 )) s" >&2
+node_ok=0
+wait "$NODE_LANE_PID" || node_ok=$?
+NODE_LANE_PID=
+cat "$STATE/node-lane.log"
+if [ "$after_ok" != 0 ] || [ "$node_ok" != 0 ]; then
   echo "[test] failed; last lines of the vLLM log:" >&2
   tail -20 "$STATE/vllm.log" >&2
   echo "[test] last lines of the long-context vLLM log:" >&2

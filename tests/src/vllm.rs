@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::cluster::workspace_root;
+use crate::memory::{memory_lease, MemoryLease, Share};
 
 pub struct Vllm {
     /// Base URL without `/v1`.
     pub url: String,
+    /// Held while a server this process started runs (see [`crate::memory`]).
+    _memory: Option<MemoryLease>,
 }
 
 static VLLM: OnceLock<Vllm> = OnceLock::new();
@@ -29,22 +32,29 @@ static VLLM_VISION: OnceLock<Vllm> = OnceLock::new();
 /// SmolLM2-135M-Instruct, 8k context.
 pub fn vllm() -> &'static Vllm {
     VLLM.get_or_init(|| {
-        start_or_reuse("FLOE_TEST_VLLM_URL", "smollm2-135m-instruct", 8192, &[])
-            .unwrap_or_else(|e| panic!("no vLLM server for the test: {e:#}"))
+        start_or_reuse(
+            "FLOE_TEST_VLLM_URL",
+            "smollm2-135m-instruct",
+            8192,
+            &[],
+            false,
+        )
+        .unwrap_or_else(|e| panic!("no vLLM server for the test: {e:#}"))
     })
 }
 
 /// A random tiny Qwen3 (real tokenizer and chat template), 40k context.
 pub fn vllm_long() -> &'static Vllm {
     VLLM_LONG.get_or_init(|| {
-        start_or_reuse("FLOE_TEST_VLLM_LONG_URL", "tiny-qwen3", 40960, &[])
+        start_or_reuse("FLOE_TEST_VLLM_LONG_URL", "tiny-qwen3", 40960, &[], false)
             .unwrap_or_else(|e| panic!("no long-context vLLM server for the test: {e:#}"))
     })
 }
 
 /// A random tiny Qwen2-VL (Qwen tokenizer, Qwen2-VL's chat template and image processor, images
 /// up to 112x112 pixels), up to 4 images a prompt. `scripts/test.sh` does not start one: the
-/// test binary that needs it does, for as long as it runs (its memory is not held all suite long).
+/// test binary that needs it does, for as long as it runs (its memory is not held all suite long),
+/// under the memory lease (never beside another test's own vLLM and trainer).
 pub fn vllm_vision() -> &'static Vllm {
     VLLM_VISION.get_or_init(|| {
         start_or_reuse(
@@ -52,6 +62,7 @@ pub fn vllm_vision() -> &'static Vllm {
             "tiny-qwen2vl",
             2048,
             &["--limit-mm-per-prompt", r#"{"image":4,"video":0}"#],
+            true,
         )
         .unwrap_or_else(|e| panic!("no vision vLLM server for the test: {e:#}"))
     })
@@ -82,11 +93,25 @@ pub fn setup() -> Result<(PathBuf, PathBuf)> {
     ))
 }
 
-fn start_or_reuse(env: &str, model: &str, max_model_len: u32, extra: &[&str]) -> Result<Vllm> {
+/// The server `env` names, else one started here; `lease`: a server started here first takes
+/// the memory lease, shared (the suite's two servers do not: `scripts/test.sh` starts them
+/// before any test, and a test run without it starts them one binary at a time).
+fn start_or_reuse(
+    env: &str,
+    model: &str,
+    max_model_len: u32,
+    extra: &[&str],
+    lease: bool,
+) -> Result<Vllm> {
     if let Ok(url) = std::env::var(env) {
         wait_healthy(&url, Duration::from_secs(300))?;
-        return Ok(Vllm { url });
+        return Ok(Vllm { url, _memory: None });
     }
+    let memory = if lease {
+        Some(memory_lease(&format!("vLLM ({model})"), Share::Shared)?)
+    } else {
+        None
+    };
     let (python, models) = setup()?;
     let (python, models) = (python.display(), models.display());
     let port = free_port()?;
@@ -114,7 +139,10 @@ fn start_or_reuse(env: &str, model: &str, max_model_len: u32, extra: &[&str]) ->
         .spawn()?;
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(&url, Duration::from_secs(300))?;
-    Ok(Vllm { url })
+    Ok(Vllm {
+        url,
+        _memory: memory,
+    })
 }
 
 fn wait_healthy(url: &str, limit: Duration) -> Result<()> {

@@ -9,7 +9,9 @@ use std::process::{Command, Stdio};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use anyhow::{Context, Result};
-use floe_tests::{floe_bin, harness_bin_dir, vllm, vllm_setup, workspace_root};
+use floe_tests::{
+    floe_bin, harness_bin_dir, memory_lease, vllm, vllm_setup, workspace_root, MemoryLease, Share,
+};
 use serde_json::Value;
 
 /// One model call (OpenAI Chat through the gateway, the session token as the key); the answer
@@ -40,19 +42,23 @@ json.dump({"reward": 1.0 / (1.0 + len(answer) / 20.0)}, open("reward.json", "w")
 /// suite's two long-running vLLM servers left ~1.5 GB free on a 24 GB CI machine (measured);
 /// the Pi job (Pi's Node processes on top) then starved the machine: its second batch's
 /// sessions made no model call in 300 s and evaluators timed out. So the Pi job runs alone,
-/// the others two at a time.
+/// the others two at a time. Each also takes the machine's memory lease, shared: never beside
+/// another test binary's vLLM and trainers (`floe_tests::memory`; `scripts/test.sh` runs the
+/// real node's suite beside this one).
 static MEMORY: RwLock<()> = RwLock::new(());
 
-fn beside_one_other() -> RwLockReadGuard<'static, ()> {
-    MEMORY
+fn beside_one_other() -> Result<(RwLockReadGuard<'static, ()>, MemoryLease)> {
+    let here = MEMORY
         .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Ok((here, memory_lease("a train job", Share::Shared)?))
 }
 
-fn alone() -> RwLockWriteGuard<'static, ()> {
-    MEMORY
+fn alone() -> Result<(RwLockWriteGuard<'static, ()>, MemoryLease)> {
+    let here = MEMORY
         .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Ok((here, memory_lease("the Pi train job", Share::Shared)?))
 }
 
 /// GRPO groups of `samples` sessions, `groups_per_step` of them per optimizer step, and
@@ -290,7 +296,7 @@ async fn prometheus_reads_the_run(address: String) -> Result<()> {
 
 #[test]
 fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> {
-    let _memory = beside_one_other();
+    let _memory = beside_one_other()?;
     let (python, models) = vllm_setup()?;
     let model = models.join("smollm2-135m-instruct");
     let dir = tempfile::tempdir()?;
@@ -405,7 +411,7 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
 /// learning run's; `FLOE_TEST_FULL=1` runs both questions here.)
 #[test]
 fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
-    let _memory = alone();
+    let _memory = alone()?;
     let (python, models) = vllm_setup()?;
     let pi = harness_bin_dir("pi")?;
     let dir = tempfile::tempdir()?;
@@ -485,7 +491,7 @@ fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
 #[test]
 #[ignore = "FLOE_TEST_FULL=1 only; in CI: trainer/tests/test_real_vllm_lora.py (the adapter vLLM serves after a push, the merged final model) and the shared policy-server command's unit tests"]
 fn a_lora_train_job_samples_through_the_adapter_it_trains() -> Result<()> {
-    let _memory = beside_one_other();
+    let _memory = beside_one_other()?;
     let (python, models) = vllm_setup()?;
     let model = models.join("smollm2-135m-instruct");
     let dir = tempfile::tempdir()?;
@@ -672,7 +678,7 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
 #[test]
 #[ignore = "FLOE_TEST_FULL=1 only; in CI: faults.rs (`floe run --resume` keeps finished sessions, runs the rest), trainer/tests/test_real_vllm.py (a trainer resumes from its checkpoint, vLLM serving its weights, nothing trained twice) and real_node/training.rs (a deleted trainer pod's successor resumes so)"]
 fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result<()> {
-    let _memory = beside_one_other();
+    let _memory = beside_one_other()?;
     let (python, models) = vllm_setup()?;
     let model = models.join("smollm2-135m-instruct");
     let dir = tempfile::tempdir()?;

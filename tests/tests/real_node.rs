@@ -12,7 +12,7 @@ use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::pod_ready;
 use floe_tests::node::{host_services, node, tail, NodeImages, TestNode};
 use floe_tests::operator::{eventually_within, Operator};
-use floe_tests::{chart, TestNamespace};
+use floe_tests::{chart, memory_lease, Share, TestNamespace};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};

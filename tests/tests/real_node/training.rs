@@ -67,8 +67,12 @@ async fn a_train_job_outlives_its_trainer_pod_force_deleted() -> Result<()> {
 
 async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     // Alone on the node: vLLM and a training step in pods, beside the other tests' pods and
-    // the two host vLLMs, would starve this 2-core machine and their time limits.
-    let work = prepare_as("train", NodeUse::Alone(NODE_USE.write().await)).await?;
+    // the two host vLLMs, would starve this 2-core machine and their time limits. And alone
+    // on the machine's memory: never beside another test binary's own vLLM and trainers
+    // (`scripts/test.sh` runs this suite beside `local_train`'s).
+    let node_use = NodeUse::Alone(NODE_USE.write().await);
+    let _memory = memory_lease("the real node's train job", Share::Exclusive)?;
+    let work = prepare_as("train", node_use).await?;
     let (n, images, client, ns) = (
         work.n,
         work.images,
