@@ -4,16 +4,45 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// CPU time `pid` has used so far, all its threads, in seconds (`schedstat`: nanoseconds, not
-/// the 10 ms ticks of `stat`). `None` once it is gone.
+/// CPU time `pid` has used so far, all its threads, in seconds: its live threads' at nanosecond
+/// precision (`schedstat`, not the 10 ms ticks of `stat`), plus its exited threads' from the
+/// ticks the process's own `stat` keeps for them (a sum over the live threads alone fell when a
+/// thread exited). `None` once it is gone.
 pub fn seconds(pid: u32) -> Option<f64> {
+    let process_ticks =
+        stat_cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let ns: u64 = tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    Some(ns as f64 / 1e9)
+    let (mut live_ns, mut live_ticks) = (0u64, 0u64);
+    for task in tasks.flatten() {
+        let read = |name: &str| std::fs::read_to_string(task.path().join(name)).ok();
+        // A thread that exits between the two reads counts in neither.
+        let (Some(schedstat), Some(stat)) = (read("schedstat"), read("stat")) else {
+            continue;
+        };
+        let (Some(ns), Some(ticks)) = (
+            schedstat
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok()),
+            stat_cpu_ticks(&stat),
+        ) else {
+            continue;
+        };
+        live_ns += ns;
+        live_ticks += ticks;
+    }
+    // `stat` counts in USER_HZ, 100 a second on Linux.
+    Some(live_ns as f64 / 1e9 + process_ticks.saturating_sub(live_ticks) as f64 / 100.0)
+}
+
+/// utime + stime of a `/proc/.../stat` line, in clock ticks.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses. utime and stime are
+    // fields 14 and 15, the 12th and 13th after comm.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
 }
 
 /// `pid`'s resident set size and its peak (`VmRSS`, `VmHWM`), in KiB. `None` once it is gone.
@@ -182,6 +211,20 @@ mod tests {
         std::hint::black_box(x);
         let after = seconds(me).ok_or_else(|| anyhow::anyhow!("no schedstat"))?;
         assert!(after > before, "{before} → {after}");
+        // A thread that used CPU and exited still counts (other tests' threads come and go in
+        // this process too, so only a lower bound is certain).
+        let before = seconds(me).ok_or_else(|| anyhow::anyhow!("no schedstat"))?;
+        let used = std::thread::spawn(|| {
+            let t0 = std::time::Instant::now();
+            let mut x = 0u64;
+            while t0.elapsed() < std::time::Duration::from_millis(200) {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+            }
+        });
+        used.join()
+            .map_err(|_| anyhow::anyhow!("the spinning thread panicked"))?;
+        let after = seconds(me).ok_or_else(|| anyhow::anyhow!("no schedstat"))?;
+        assert!(after - before >= 0.1, "{before} → {after}");
         let mut child = std::process::Command::new("sleep").arg("5").spawn()?;
         let found = children(me).contains(&child.id());
         child.kill()?;
