@@ -24,11 +24,16 @@ pub fn seconds(pid: u32) -> Option<f64> {
     Some((live_ns as f64 / 1e9).max(process_ticks as f64 / 100.0))
 }
 
+/// The fields of a `/proc/.../stat` line after `comm` (field 3, state, first).
+fn stat_fields_after_comm(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace())
+}
+
 /// utime + stime of a `/proc/.../stat` line, in clock ticks.
 fn stat_cpu_ticks(stat: &str) -> Option<u64> {
-    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses. utime and stime are
-    // fields 14 and 15, the 12th and 13th after comm.
-    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
+    // Fields 14 and 15, the 12th and 13th after comm.
+    let mut fields = stat_fields_after_comm(stat)?.skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some(utime + stime)
@@ -62,9 +67,7 @@ pub fn children(parent: u32) -> Vec<u32> {
 
 fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    after_comm.split_whitespace().nth(1)?.parse().ok()
+    stat_fields_after_comm(&stat)?.nth(1)?.parse().ok()
 }
 
 /// The pid a control plane started by `scripts/kube-test-cluster/start.sh` recorded for one of
