@@ -67,17 +67,21 @@ cleanup() {
   # Every step runs, whatever the one before returned (errexit would end the trap at the first).
   set +e
   # vLLM runs an engine process beside the API server: stop its whole process group, killed
-  # after 15 s (a vLLM still loading its model was seen to outlive SIGTERM).
+  # after 15 s (a vLLM still loading its model was seen to outlive SIGTERM). Both servers, the
+  # node and the control plane stop at once (one after the other they took ~24 s).
+  local pid killers=()
   for pid in $VLLM_PID $VLLM_LONG_PID; do
     kill -- "-$pid" 2>/dev/null || continue
     (sleep 15; kill -KILL -- "-$pid" 2>/dev/null) &
-    wait "$pid" 2>/dev/null
-    kill $! 2>/dev/null
+    killers+=($!)
   done
   # A lane still running (the script stopped early): its tests stop their own fixtures.
   for pid in $TRAINER_PID $BESIDE_PID $NODE_LANE_PID; do pkill -TERM -P "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
-  [ -z "$NODE_PID" ] || { wait "$NODE_PID" 2>/dev/null; scripts/kube-test-cluster/stop.sh "$STATE/node"; }
+  [ -z "$NODE_PID" ] || { wait "$NODE_PID" 2>/dev/null; scripts/kube-test-cluster/stop.sh "$STATE/node" & }
   scripts/kube-test-cluster/stop.sh "$STATE/kapi"
+  for pid in $VLLM_PID $VLLM_LONG_PID; do wait "$pid" 2>/dev/null; done
+  kill "${killers[@]}" 2>/dev/null
+  wait
   rm -rf "$STATE"
 }
 trap cleanup EXIT
@@ -135,28 +139,33 @@ scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS" &
 TRAINER_PID=$!
 # Only this lane runs cargo while the trainer's suite runs (the other lane's build comes
 # after it): two `cargo test` that both compile wait on one lock.
+# It ended ~1 min before the trainer's suite: it then builds the later lanes' test binaries.
 (
   lane_t0=$(date +%s)
   cargo test --workspace --locked "${BESIDE_ARGS[@]}" "$@" "${FULL[@]}" \
     && cargo test --workspace --locked --doc "$@" "${FULL[@]}"
   rc=$?
   echo "[test] Rust tests beside the trainer's suite in $(( $(date +%s) - lane_t0 )) s" >&2
+  cargo test --workspace --locked "${AFTER_ARGS[@]}" "${NODE_ARGS[@]}" --no-run "$@" "${FULL[@]}" \
+    || { echo "[test] building the later lanes' test binaries failed" >&2; rc=1; }
   exit $rc
 ) > "$STATE/beside-trainer.log" 2>&1 &
 BESIDE_PID=$!
-trainer_ok=0
-wait "$TRAINER_PID" || trainer_ok=$?
-TRAINER_PID=
-echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
 
 # The genuine node (its own control plane: a real kubelet would run the pods the other
 # operator tests only play) starts in the background (~25 s; ~2-5 min the first time, to build
-# it); tests/real_node.rs uses it. Pods may reach two host ports (the tests' relays).
+# it) as soon as either lane above ends; tests/real_node.rs uses it. Pods may reach two host
+# ports (the tests' relays).
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+trainer_ok=0 beside_ok=0 ended=
+wait -n -p ended "$TRAINER_PID" "$BESIDE_PID" || { [ "$ended" = "$TRAINER_PID" ] && trainer_ok=1 || beside_ok=1; }
 FLOE_NODE_HOST_PORTS="$(free_port) $(free_port)" scripts/kube-test-cluster/start.sh --node "$STATE/node" \
   > "$STATE/node-start.log" 2>&1 &
 NODE_PID=$!
 export FLOE_TEST_NODE_DIR="$STATE/node"
+if [ "$ended" != "$TRAINER_PID" ]; then wait "$TRAINER_PID" || trainer_ok=$?; fi
+TRAINER_PID=
+echo "[test] trainer (ruff + pytest) in $(( $(date +%s) - t0 )) s" >&2
 
 # The real vLLM starts in the background (~50 s) while fuzzing and cargo run; its tests wait for it.
 VLLM_PORT=$(free_port)
@@ -182,8 +191,7 @@ if [ "${FLOE_FUZZ_SECONDS:-0}" -gt 0 ]; then
   echo "[test] fuzzing (5 targets) in $(( $(date +%s) - t0 )) s" >&2
 fi
 
-beside_ok=0
-wait "$BESIDE_PID" || beside_ok=$?
+if [ "$ended" != "$BESIDE_PID" ]; then wait "$BESIDE_PID" || beside_ok=$?; fi
 BESIDE_PID=
 cat "$STATE/beside-trainer.log"
 [ "$trainer_ok" = 0 ] || { echo "[test] the trainer's suite failed" >&2; exit 1; }
@@ -194,12 +202,15 @@ if ! wait "$NODE_PID"; then
 fi
 echo "[test] real node: $(tail -2 "$STATE/node-start.log" | head -1)" >&2
 
-# Both lanes' test binaries are built first (two `cargo test` that compile wait on one lock).
+# Both lanes' test binaries (built beside the trainer's suite: instant here) are built before
+# either runs: two `cargo test` that both compile wait on one lock.
 cargo test --workspace --locked "${AFTER_ARGS[@]}" "${NODE_ARGS[@]}" --no-run "$@" "${FULL[@]}"
 (
   lane_t0=$(date +%s)
-  cargo test --workspace --locked "${NODE_ARGS[@]}" "$@" "${FULL[@]}"
-  rc=$?
+  # Printed when the lane ends: each line stamped with the time it came.
+  cargo test --workspace --locked "${NODE_ARGS[@]}" "$@" "${FULL[@]}" 2>&1 \
+    | while IFS= read -r line; do printf '[node lane %(%T)T] %s\n' -1 "$line"; done
+  rc=${PIPESTATUS[0]}
   echo "[test] the real node's suite in $(( $(date +%s) - lane_t0 )) s" >&2
   exit $rc
 ) > "$STATE/node-lane.log" 2>&1 &

@@ -17,4 +17,5 @@ cd trainer
 export PYTHONPATH="$TOOLS:$PWD"
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
-"$PY" -m pytest -q "$@"
+# The slowest tests named at the end: where the suite's time goes, in every CI log.
+"$PY" -m pytest -q --durations=12 "$@"
