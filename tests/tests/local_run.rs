@@ -45,10 +45,11 @@ async fn the_quickstart_runs_end_to_end_and_writes_a_valid_dataset() -> Result<(
     let url = vllm().url.clone();
     let path = path_with(&pi)?;
     let result = tokio::task::spawn_blocking(move || {
-        // Two of the four tasks, both samples, to keep it short (CI's quickstart step also runs
-        // README's script).
+        // The first task's two samples, one round at the job's concurrency, to keep it short
+        // (CI's quickstart step also runs README's script; Pi's sessions through every API are
+        // real_harness.rs's).
         floe_run(&job, &out_dir, &url, &path)?
-            .args(["--sessions", "4"])
+            .args(["--sessions", "2"])
             .stderr(Stdio::inherit())
             .output()
             .map_err(anyhow::Error::from)
@@ -61,11 +62,11 @@ async fn the_quickstart_runs_end_to_end_and_writes_a_valid_dataset() -> Result<(
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json"))?)?;
     assert_eq!(summary["job"], "quickstart");
     assert_eq!(summary["mode"], "sft");
-    assert_eq!(summary["sessions"]["total"], 4, "{summary}");
+    assert_eq!(summary["sessions"]["total"], 2, "{summary}");
     assert_eq!(summary["sessions"]["notFinished"], 0);
     assert_eq!(summary["sessions"]["infraError"], 0, "{summary}");
-    assert_eq!(summary["reward"]["scored"], 4);
-    assert_eq!(summary["tasks"].as_object().map(|t| t.len()), Some(2));
+    assert_eq!(summary["reward"]["scored"], 2);
+    assert_eq!(summary["tasks"].as_object().map(|t| t.len()), Some(1));
     assert!(summary["tokens"]["sampled"].as_u64().unwrap_or(0) > 0);
     assert!(summary["timings"]["overheadSecondsMean"].as_f64().is_some());
 
@@ -93,7 +94,7 @@ async fn the_quickstart_runs_end_to_end_and_writes_a_valid_dataset() -> Result<(
         assert!(validator.is_valid(&t));
         seen += 1;
     }
-    assert_eq!(seen, 4, "one trajectory per session");
+    assert_eq!(seen, 2, "one trajectory per session");
     // Per-session logs.
     assert!(run
         .join("sessions/quickstart-fix-add-0/state/logs/harness.stdout")

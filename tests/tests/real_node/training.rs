@@ -134,7 +134,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
                  "tasks": {"inline": [task("fruit", "Name a fruit."),
                                       task("colour", "Name a colour.")]},
                  "train": {"image": trainer_image, "model": in_volume.display().to_string(),
-                           "modelClaimName": "models", "gpus": 0, "nodes": 2, "epochs": 3,
+                           "modelClaimName": "models", "gpus": 0, "nodes": 2, "epochs": 2,
                            // The checkpoints and every acknowledged trajectory outlive
                            // the pods.
                            "checkpoint": checkpoint,
@@ -258,7 +258,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     );
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
     // The trainer pod loads vLLM and the model on this 2-core node (~1-2 min) before any
-    // session starts; then 12 sessions (two tasks, three epochs) and up to six steps.
+    // session starts; then 8 sessions (two tasks, two epochs) and up to four steps.
     let done = eventually_within(600, "the train job to finish", async || {
         let job = jobs.get("learn").await?;
         let phase = job.status.as_ref().and_then(|s| s.phase);
@@ -278,8 +278,8 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
             trainer_logs(n, &ns)
         );
     }
-    assert_eq!(status.sessions.total, 12, "{status:?}");
-    assert_eq!(status.sessions.succeeded, 12, "{status:?}");
+    assert_eq!(status.sessions.total, 8, "{status:?}");
+    assert_eq!(status.sessions.succeeded, 8, "{status:?}");
     // The trainer's own figures, read from its /v1/status by the operator: real steps, each
     // pushed into the pod's vLLM as the next policy version.
     let trainer = status
