@@ -105,27 +105,28 @@ fi
 # start a vLLM and a trainer of their own never overlap (`floe_tests::memory`'s lease).
 AFTER_TRAINER=(local_run local_train official_sdks policy_proxy real_harness real_node real_vllm
   real_vllm_vision sandbox_real_vllm sglang_upstream)
-# sandbox_real_vllm (~1 min, no node) runs after the node's suite, in its lane: the other lane
-# took ~80 s longer without it.
-NODE_LANE=(real_node sandbox_real_vllm)
-# In the other lane these run first, in this order: they take the memory lease, which the node's
-# train job, ~7 min into its suite, then waits for. Run later, each stood still while the train
-# job held the lease (local_train took 636 s against 235 s alone; the vision test, run right
-# after local_train, 356 s against 40 s: the train job had been waiting and took the lease in
-# between).
-LEASE_FIRST=(real_vllm_vision local_train)
+NODE_LANE=(real_node)
+# The tests that start a vLLM and trainers of their own hold the memory lease in turn: the
+# node's train job (exclusive; ~6-7 min) and then the vision test and local_train (shared; ~6
+# min together), one after the other: the longest chain in the lanes. So the node lane starts
+# with its train job (`NODE_FIRST`, a test name filter, in a `cargo test` of its own) and the
+# other lane ends with `LEASE_LAST`, in this order, after the train job; each lane's other tests
+# run beside the other lane's lease holders. (With the vision test and local_train first, the
+# train job waited for them, ~6 min into the node's suite, and the node lane idled meanwhile.)
+NODE_FIRST=training::
+LEASE_LAST=(real_vllm_vision local_train)
 mapfile -t TARGETS < <(cargo metadata --locked --no-deps --format-version 1 | python3 -c '
 import json, sys
-after, node, first = (set(a.split()) for a in sys.argv[1:])
+after, node, last = (set(a.split()) for a in sys.argv[1:])
 m = json.load(sys.stdin)
 tests = sorted(t["name"] for p in m["packages"] for t in p["targets"] if t["kind"] == ["test"])
-missing = (after | node | first) - set(tests)
+missing = (after | node | last) - set(tests)
 assert not missing, f"scripts/test.sh names test targets that do not exist: {sorted(missing)}"
 assert node <= after, f"the node lane runs after the trainer: {sorted(node - after)}"
-assert first <= after - node, f"LEASE_FIRST runs beside the node lane: {sorted(first - (after - node))}"
+assert last <= after - node, f"LEASE_LAST runs beside the node lane: {sorted(last - (after - node))}"
 for t in tests:
     print(("node " if t in node else "after " if t in after else "beside ") + t)
-' "${AFTER_TRAINER[*]}" "${NODE_LANE[*]}" "${LEASE_FIRST[*]}")
+' "${AFTER_TRAINER[*]}" "${NODE_LANE[*]}" "${LEASE_LAST[*]}")
 BESIDE_ARGS=(--lib --bins) AFTER_ARGS=() NODE_ARGS=()
 for t in "${TARGETS[@]}"; do
   case $t in
@@ -210,10 +211,19 @@ cargo test --workspace --locked "${AFTER_ARGS[@]}" "${NODE_ARGS[@]}" --no-run "$
 (
   lane_t0=$(date +%s)
   # Printed when the lane ends: each line stamped with the time it came.
-  cargo test --workspace --locked "${NODE_ARGS[@]}" "$@" "${FULL[@]}" 2>&1 \
-    | while IFS= read -r line; do printf '[node lane %(%T)T] %s\n' -1 "$line"; done
+  {
+    if [ $# -eq 0 ]; then
+      # No filter of the caller's: the train job first, then the rest of the node's suite.
+      LIBTEST=()
+      [ ${#FULL[@]} -eq 0 ] || LIBTEST=(--include-ignored)
+      cargo test --workspace --locked "${NODE_ARGS[@]}" -- "$NODE_FIRST" "${LIBTEST[@]}" \
+        && cargo test --workspace --locked "${NODE_ARGS[@]}" -- --skip "$NODE_FIRST" "${LIBTEST[@]}"
+    else
+      cargo test --workspace --locked "${NODE_ARGS[@]}" "$@" "${FULL[@]}"
+    fi
+  } 2>&1 | while IFS= read -r line; do printf '[node lane %(%T)T] %s\n' -1 "$line"; done
   rc=${PIPESTATUS[0]}
-  echo "[test] the real node's suite (and ${NODE_LANE[*]:1}) in $(( $(date +%s) - lane_t0 )) s" >&2
+  echo "[test] the real node's suite in $(( $(date +%s) - lane_t0 )) s" >&2
   exit $rc
 ) > "$STATE/node-lane.log" 2>&1 &
 NODE_LANE_PID=$!
@@ -221,13 +231,13 @@ lane_t0=$(date +%s)
 after_ok=0
 REST_ARGS=()
 for ((i = 0; i < ${#AFTER_ARGS[@]}; i += 2)); do
-  [[ " ${LEASE_FIRST[*]} " == *" ${AFTER_ARGS[i+1]} "* ]] || REST_ARGS+=(--test "${AFTER_ARGS[i+1]}")
+  [[ " ${LEASE_LAST[*]} " == *" ${AFTER_ARGS[i+1]} "* ]] || REST_ARGS+=(--test "${AFTER_ARGS[i+1]}")
 done
-for t in "${LEASE_FIRST[@]}"; do
+cargo test --workspace --locked "${REST_ARGS[@]}" "$@" "${FULL[@]}" || after_ok=$?
+for t in "${LEASE_LAST[@]}"; do
   [ "$after_ok" = 0 ] || break
   cargo test --workspace --locked --test "$t" "$@" "${FULL[@]}" || after_ok=$?
 done
-[ "$after_ok" != 0 ] || cargo test --workspace --locked "${REST_ARGS[@]}" "$@" "${FULL[@]}" || after_ok=$?
 echo "[test] the suites beside the real node's in $(( $(date +%s) - lane_t0 )) s" >&2
 node_ok=0
 wait "$NODE_LANE_PID" || node_ok=$?
