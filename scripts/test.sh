@@ -140,9 +140,9 @@ done
 t0=$(date +%s)
 scripts/trainer/test.sh "$VLLM_PYTHON" "$VLLM_MODELS" &
 TRAINER_PID=$!
-# Only this lane runs cargo while the trainer's suite runs (the other lane's build comes
-# after it): two `cargo test` that both compile wait on one lock.
-# It ended ~1 min before the trainer's suite: it then builds the later lanes' test binaries.
+# Only this lane runs cargo while the trainer's suite runs: two `cargo test` that both compile
+# wait on one lock. It ends ~1 min before the trainer's suite, so it then builds the later two
+# lanes' test binaries too, before either of them runs (a failed build fails this lane).
 (
   lane_t0=$(date +%s)
   cargo test --workspace --locked "${BESIDE_ARGS[@]}" "$@" "${FULL[@]}" \
@@ -205,9 +205,6 @@ if ! wait "$NODE_PID"; then
 fi
 echo "[test] real node: $(tail -2 "$STATE/node-start.log" | head -1)" >&2
 
-# Both lanes' test binaries (built beside the trainer's suite: instant here) are built before
-# either runs: two `cargo test` that both compile wait on one lock.
-cargo test --workspace --locked "${AFTER_ARGS[@]}" "${NODE_ARGS[@]}" --no-run "$@" "${FULL[@]}"
 (
   lane_t0=$(date +%s)
   # Printed when the lane ends: each line stamped with the time it came.
