@@ -110,15 +110,17 @@ impl Snapshot {
 /// The machine's CPU time (`/proc/stat`, all CPUs) and the node's pods' (`kubepods` cgroup, v1
 /// or v2), in seconds.
 pub struct MachineCpu {
-    busy: f64,
-    total: f64,
+    // Clock ticks, kept whole: differences of float seconds can round a fully busy stretch's
+    // busy time a hair above its total.
+    busy_ticks: u64,
+    total_ticks: u64,
     pods: Option<f64>,
 }
 
 impl MachineCpu {
     pub fn read() -> std::io::Result<Self> {
         let stat = std::fs::read_to_string("/proc/stat")?;
-        let ticks: Vec<f64> = stat
+        let ticks: Vec<u64> = stat
             .lines()
             .next()
             .unwrap_or_default()
@@ -127,8 +129,8 @@ impl MachineCpu {
             .filter_map(|v| v.parse().ok())
             .collect();
         // user nice system idle iowait irq softirq steal …: idle and iowait are not busy.
-        let total: f64 = ticks.iter().take(8).sum();
-        let idle = ticks.get(3).unwrap_or(&0.0) + ticks.get(4).unwrap_or(&0.0);
+        let total: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).unwrap_or(&0) + ticks.get(4).unwrap_or(&0);
         let pods = std::fs::read_to_string("/sys/fs/cgroup/cpuacct/kubepods/cpuacct.usage")
             .ok()
             .and_then(|v| v.trim().parse::<f64>().ok())
@@ -138,10 +140,9 @@ impl MachineCpu {
                 let usec = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?;
                 Some(usec.trim().parse::<f64>().ok()? / 1e6)
             });
-        // `/proc/stat` counts in USER_HZ, 100 a second on Linux.
         Ok(Self {
-            busy: (total - idle) / 100.0,
-            total: total / 100.0,
+            busy_ticks: total.saturating_sub(idle),
+            total_ticks: total,
             pods,
         })
     }
@@ -151,8 +152,9 @@ impl MachineCpu {
         let cores = std::thread::available_parallelism()?.get();
         Ok(CpuUse {
             cores,
-            busy: self.busy - before.busy,
-            total: self.total - before.total,
+            // `/proc/stat` counts in USER_HZ, 100 a second on Linux.
+            busy: self.busy_ticks.saturating_sub(before.busy_ticks) as f64 / 100.0,
+            total: self.total_ticks.saturating_sub(before.total_ticks) as f64 / 100.0,
             pods: self.pods.zip(before.pods).map(|(a, b)| a - b),
         })
     }
