@@ -208,11 +208,28 @@ mod tests {
         // A thread that used CPU and exited still counts (other tests' threads come and go in
         // this process too, so only a lower bound is certain).
         let before = seconds(me).ok_or_else(|| anyhow::anyhow!("no schedstat"))?;
+        // The thread spins until it has itself used 0.2 CPU-s, not for 0.2 s of wall time: on a
+        // machine other suites keep busy, a wall-time spin may get half of that.
         let used = std::thread::spawn(|| {
+            let own_ns = || {
+                std::fs::read_to_string("/proc/thread-self/schedstat")
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            };
+            let start = own_ns();
             let t0 = std::time::Instant::now();
             let mut x = 0u64;
-            while t0.elapsed() < std::time::Duration::from_millis(200) {
-                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+            while t0.elapsed() < std::time::Duration::from_secs(30) {
+                for _ in 0..100_000 {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+                }
+                let enough = match (start, own_ns()) {
+                    (Some(a), Some(b)) => b >= a + 200_000_000,
+                    _ => t0.elapsed() >= std::time::Duration::from_millis(200),
+                };
+                if enough {
+                    break;
+                }
             }
         });
         used.join()
