@@ -344,12 +344,13 @@ mod tests {
     ) -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         // A background grandchild that would write a file after the timeout, and a parent that
-        // ignores SIGTERM: both must be gone.
-        let script = "(sleep 1; touch late) & trap '' TERM; sleep 30";
+        // ignores SIGTERM: both must be gone. (Each `late` waits 3 s, not 1: the kill must come
+        // before it, on a machine busy enough to delay a timer by most of a second.)
+        let script = "(sleep 3; touch late) & trap '' TERM; sleep 30";
         let done = run(&spec(dir.path(), script, 200)).await?;
         assert_eq!(done.exit, Exit::TimedOut);
         assert!(done.elapsed < Duration::from_secs(5), "{:?}", done.elapsed);
-        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tokio::time::sleep(Duration::from_millis(3300)).await;
         assert!(!dir.path().join("late").exists(), "a group member survived");
         Ok(())
     }
@@ -357,9 +358,9 @@ mod tests {
     #[tokio::test]
     async fn stragglers_die_when_the_command_exits() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let done = run(&spec(dir.path(), "(sleep 1; touch late) & exit 0", 5000)).await?;
+        let done = run(&spec(dir.path(), "(sleep 3; touch late) & exit 0", 5000)).await?;
         assert!(done.success());
-        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tokio::time::sleep(Duration::from_millis(3300)).await;
         assert!(!dir.path().join("late").exists());
         Ok(())
     }
@@ -367,13 +368,13 @@ mod tests {
     #[tokio::test]
     async fn cancelling_the_run_kills_the_group() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let s = spec(dir.path(), "(sleep 1; touch late) & sleep 30", 60_000);
+        let s = spec(dir.path(), "(sleep 3; touch late) & sleep 30", 60_000);
         let cancelled = tokio::time::timeout(Duration::from_millis(300), run(&s)).await;
         assert!(
             cancelled.is_err(),
             "the command should still have been running"
         );
-        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tokio::time::sleep(Duration::from_millis(3300)).await;
         assert!(
             !dir.path().join("late").exists(),
             "a group member survived cancellation"
@@ -387,11 +388,11 @@ mod tests {
         // `setsid` puts the child in a new session and process group, like Node's `detached`.
         let s = spec(
             dir.path(),
-            "setsid sh -c 'sleep 1; touch late' & exit 0",
+            "setsid sh -c 'sleep 3; touch late' & exit 0",
             5000,
         );
         assert!(run(&s).await?.success());
-        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tokio::time::sleep(Duration::from_millis(3300)).await;
         assert!(
             !dir.path().join("late").exists(),
             "a detached child survived"

@@ -91,10 +91,9 @@ pub async fn run_session_to(
     .await?;
     anyhow::ensure!(!gateway.ready().await, "ready before the runner prepared");
     let mut runner = spawn_sandbox(&gateway, &root, &[bin])?;
-    for _ in 0..100 {
-        if gateway.ready().await {
-            break;
-        }
+    // A debug build's runner can take seconds to prepare on a busy machine.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !gateway.ready().await && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     anyhow::ensure!(gateway.ready().await, "the runner never reported ready");

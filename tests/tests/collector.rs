@@ -39,7 +39,8 @@ async fn start(dir: &std::path::Path, port: u16) -> Result<Collector> {
         .env("FLOE_INGEST_TOKEN", TOKEN)
         .stdout(Stdio::null())
         .spawn()?;
-    for _ in 0..100 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
             .await
             .is_ok()

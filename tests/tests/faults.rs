@@ -374,13 +374,19 @@ async fn a_hung_model_and_http_500s_are_the_infrastructure_s() -> Result<()> {
         "{s}"
     );
 
-    // A 500 is retried (twice at most); a run of them fails the call.
+    // A 500 is retried (twice at most); a run of them fails the call. A deadline of 10 s: a
+    // retry is made only while it fits in the call's deadline, and on a busy machine two
+    // attempts and a backoff can take most of 2 s.
     let http = |status, next| Fault::Status { status, next };
-    let (code, s, stderr) = under(http(500, 2), job_spec(), "500-twice").await?;
+    let roomy = || Job {
+        model_call_seconds: 10,
+        ..job_spec()
+    };
+    let (code, s, stderr) = under(http(500, 2), roomy(), "500-twice").await?;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(s["upstreamErrors"]["retried"]["http_500"], 2, "{s}");
     assert_eq!(s["sessions"]["completed"], 1, "{s}");
-    let (code, s, _) = under(http(500, 3), job_spec(), "500-thrice").await?;
+    let (code, s, _) = under(http(500, 3), roomy(), "500-thrice").await?;
     assert_eq!(code, 1, "{s}");
     assert_eq!(s["upstreamErrors"]["failed"]["http_500"], 1, "{s}");
     assert_eq!(s["dataset"]["accepted"], 0, "{s}");

@@ -331,11 +331,17 @@ async fn real_pods_warm_run_sft_jobs_to_a_dataset_and_survive_a_deleted_pod() ->
         sft_job("slow", &ns, 1, "/slow", json!([fix_add_slowly()])),
     )
     .await?;
+    // Assigned, not just claimed: a pod lost before its assignment was delivered is given back
+    // unstarted, not a session to retry.
     let victim = eventually_within(120, "the slow session's harness to start", async || {
         let listed = pods
             .list(&ListParams::default().labels("floe.dev/job=slow"))
             .await?;
-        Ok(listed.items.into_iter().next().map(|p| p.name_any()))
+        Ok(listed
+            .items
+            .into_iter()
+            .find(|p| p.annotations().contains_key("floe.dev/assigned"))
+            .map(|p| p.name_any()))
     })
     .await?;
     // The agent has made its model call and sleeps (20 s) when the pod goes.

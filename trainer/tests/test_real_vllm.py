@@ -189,6 +189,17 @@ def complete(url, prompt, tokens, out):
     out["done_at"] = time.monotonic()
 
 
+def requests_running(url: str) -> float:
+    """The sum of vLLM's ``vllm:num_requests_running`` series on its metrics page."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        page = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in page.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
 def test_a_completion_running_across_a_push_finishes_on_the_weights_it_started_with(served):
     """vLLM's pause mode ``wait``: the push waits for the running completion, which is
     sampled entirely by the old weights (no mix of two policies, no aborted agent call)."""
@@ -206,8 +217,12 @@ def test_a_completion_running_across_a_push_finishes_on_the_weights_it_started_w
     save_weights(new, model_dir)
     caller = threading.Thread(target=complete, args=(url, prompt, 300, out))
     caller.start()
-    time.sleep(1.0)
-    running_at_pause = "choice" not in out
+    # The push must find the completion in the engine, not still in the API server (a fixed
+    # second was not always enough on a busy machine).
+    deadline = time.monotonic() + 60
+    while requests_running(url) < 1 and "choice" not in out and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running_at_pause = "choice" not in out and requests_running(url) >= 1
     # push() after its save: pause (wait) -> reload -> reset cache -> version -> resume.
     paused(
         url,

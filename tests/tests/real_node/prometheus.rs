@@ -230,7 +230,12 @@ async fn prometheus_scrapes_floe_on_the_node_and_its_alerts_fire_and_clear() -> 
         let listed = pods
             .list(&ListParams::default().labels("floe.dev/job=slow"))
             .await?;
-        Ok(listed.items.into_iter().next().map(|p| p.name_any()))
+        // Assigned: a pod lost before its assignment was delivered fails no session.
+        Ok(listed
+            .items
+            .into_iter()
+            .find(|p| p.annotations().contains_key("floe.dev/assigned"))
+            .map(|p| p.name_any()))
     })
     .await?;
     // The agent has made its model call and sleeps (20 s) when the pod goes.
