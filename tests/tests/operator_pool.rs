@@ -198,13 +198,15 @@ async fn the_pool_fills_to_replicas_and_refills_after_a_claim() -> Result<()> {
 async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
     let (client, ns) = with_crds("leader").await?;
+    // 15 s: renewals every 5 s, so only a 10 s stall of the leader lets the other take over
+    // before the test stops it (a stopping leader releases the Lease: no wait for expiry).
     let elect = |id: &'static str| -> Result<Operator> {
         Operator::start(
             &ns.name,
             &[
                 "--leader-elect",
                 "--lease-duration-seconds",
-                "6",
+                "15",
                 "--identity",
                 id,
             ],
