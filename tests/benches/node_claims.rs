@@ -33,7 +33,7 @@ use anyhow::{bail, Result};
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::pod_ready;
 use floe_tests::node::{host_dns, host_services, node};
-use floe_tests::operator::{eventually_within, metric_value, Operator};
+use floe_tests::operator::{eventually_within, metric_value, pool_ready, Operator};
 use floe_tests::proc_cpu::MachineCpu;
 use floe_tests::scripted_upstream::{ScriptedUpstream, Step};
 use floe_tests::{percentile, TestNamespace};
@@ -271,11 +271,7 @@ async fn main() -> Result<()> {
     )
     .await?;
     let pools: Api<floe_crds::GatewayPool> = Api::namespaced(client.clone(), &ns.name);
-    eventually_within(180, "the pool READY", async || {
-        let p = pools.get("warm").await?;
-        Ok((p.status.map(|s| s.ready_replicas) == Some(warm)).then_some(()))
-    })
-    .await?;
+    pool_ready(&pools, "warm", warm, 180).await?;
 
     let tasks: Vec<_> = (0..sessions / 4)
         .map(|i| json!({"id": format!("t{i}"), "instruction": "nothing to do"}))

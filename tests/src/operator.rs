@@ -120,6 +120,21 @@ pub async fn eventually_every<T>(
     }
 }
 
+/// Wait, at most `seconds`, until GatewayPool `name` reports `replicas` pods READY.
+pub async fn pool_ready(
+    pools: &kube::Api<floe_crds::GatewayPool>,
+    name: &str,
+    replicas: i32,
+    seconds: u64,
+) -> Result<()> {
+    let what = format!("the pool {name} READY at {replicas}");
+    eventually_within(seconds, &what, async || {
+        let p = pools.get(name).await?;
+        Ok((p.status.map(|s| s.ready_replicas) == Some(replicas)).then_some(()))
+    })
+    .await
+}
+
 /// [`eventually_within`] 60 s.
 pub async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Result<Option<T>>) -> Result<T> {
     eventually_within(60, what, check).await

@@ -92,11 +92,13 @@ pub async fn run_session_to(
     anyhow::ensure!(!gateway.ready().await, "ready before the runner prepared");
     let mut runner = spawn_sandbox(&gateway, &root, &[bin])?;
     // A debug build's runner can take seconds to prepare on a busy machine.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !gateway.ready().await && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::ensure!(gateway.ready().await, "the runner never reported ready");
+    crate::operator::eventually_every(
+        Duration::from_millis(50),
+        30,
+        "the runner to report ready",
+        async || Ok(gateway.ready().await.then_some(())),
+    )
+    .await?;
     let mut assigned = assignment(name, &dataset, harness, evaluator);
     if let Some(sink) = sink {
         assigned["sink"] = sink;

@@ -19,7 +19,7 @@ use floe_tests::chart::{
 };
 use floe_tests::kubelet::{FakeKubelet, Verdict};
 use floe_tests::namespace::{with_crds, TestNamespace};
-use floe_tests::operator::{eventually, eventually_within};
+use floe_tests::operator::{eventually, eventually_within, pool_ready};
 use floe_tests::{cluster, floe_bin, workspace_root, ScriptedUpstream, Step, TestGateway};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -999,12 +999,9 @@ async fn a_single_namespace_install_is_confined_to_its_namespace() -> Result<()>
         42,
         Arc::new(|_: &Value| Verdict::Hang),
     )?;
-    eventually_within(90, "the watched pool READY", async || {
-        let p = watched_pools.get("mine").await?;
-        Ok((p.status.map(|s| s.ready_replicas) == Some(2)).then_some(()))
-    })
-    .await
-    .with_context(|| format!("operator log: {}", log.display()))?;
+    pool_ready(&watched_pools, "mine", 2, 90)
+        .await
+        .with_context(|| format!("operator log: {}", log.display()))?;
     // The other namespace's pool is not this operator's: no pods, no status.
     let theirs = other_pools.get("theirs").await?;
     assert!(theirs.status.is_none(), "{:?}", theirs.status);

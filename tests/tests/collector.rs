@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use floe_tests::operator::eventually_every;
 use floe_tests::toy_task::{default_evaluator, run_session_to, FIX, WRONG};
 use floe_tests::{floe_bin, ScriptedUpstream, Step};
 use serde_json::{json, Value};
@@ -39,17 +40,16 @@ async fn start(dir: &std::path::Path, port: u16) -> Result<Collector> {
         .env("FLOE_INGEST_TOKEN", TOKEN)
         .stdout(Stdio::null())
         .spawn()?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while std::time::Instant::now() < deadline {
-        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
-            .await
-            .is_ok()
-        {
-            return Ok(Collector(child));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("floe collect did not come up")
+    let collector = Collector(child);
+    let health = format!("http://127.0.0.1:{port}/healthz");
+    eventually_every(
+        Duration::from_millis(50),
+        30,
+        "floe collect to come up",
+        async || Ok(reqwest::get(&health).await.ok().map(|_| ())),
+    )
+    .await?;
+    Ok(collector)
 }
 
 #[tokio::test]

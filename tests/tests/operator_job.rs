@@ -13,7 +13,7 @@ use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase, RolloutJobStatus};
 use floe_tests::kubelet::{pod_ready, FakeKubelet, NodeOptions, Verdict};
 use floe_tests::namespace::with_crds;
-use floe_tests::operator::{eventually, eventually_within, metric_value, Operator};
+use floe_tests::operator::{eventually, eventually_within, metric_value, pool_ready, Operator};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -590,11 +590,7 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     // job's pod is still being replaced, and building it on a busy machine can take most of
     // the 4 s.
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
-    eventually("the pool refilled", async || {
-        let p = pools.get("warm").await?;
-        Ok((p.status.map(|s| s.ready_replicas) == Some(2)).then_some(()))
-    })
-    .await?;
+    pool_ready(&pools, "warm", 2, 60).await?;
     let late = job("late", &["slow"], 2, json!({"activeDeadlineSeconds": 4}))?;
     jobs.create(&PostParams::default(), &late).await?;
     eventually("both slow sessions running", async || {
@@ -1270,11 +1266,7 @@ async fn warm_pool_and_slow_collector(
         },
     )?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), ns);
-    eventually("the pool READY", async || {
-        let p = pools.get("warm").await?;
-        Ok((p.status.map(|s| s.ready_replicas) == Some(replicas)).then_some(()))
-    })
-    .await?;
+    pool_ready(&pools, "warm", replicas, 60).await?;
     Ok(kubelet)
 }
 

@@ -11,7 +11,7 @@ use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobPhase};
 use floe_tests::kubelet::pod_ready;
 use floe_tests::node::{host_services, node, tail, NodeImages, TestNode};
-use floe_tests::operator::{eventually_within, Operator};
+use floe_tests::operator::{eventually_within, pool_ready, Operator};
 use floe_tests::{chart, memory_lease, Share, TestNamespace};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -580,12 +580,9 @@ async fn a_kubelet_restarted_mid_job_loses_no_session() -> Result<()> {
         assert_eq!(t["reward"], 1.0, "{t}");
     }
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns);
-    eventually_within(120, "the pool READY again", async || {
-        let pool = pools.get("python").await?;
-        Ok((pool.status.map(|s| s.ready_replicas) == Some(2)).then_some(()))
-    })
-    .await
-    .with_context(|| pod_logs(n, &ns).unwrap_or_default())?;
+    pool_ready(&pools, "python", 2, 120)
+        .await
+        .with_context(|| pod_logs(n, &ns).unwrap_or_default())?;
     Ok(())
 }
 

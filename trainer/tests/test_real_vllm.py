@@ -220,9 +220,11 @@ def test_a_completion_running_across_a_push_finishes_on_the_weights_it_started_w
     # The push must find the completion in the engine, not still in the API server (a fixed
     # second was not always enough on a busy machine).
     deadline = time.monotonic() + 60
-    while requests_running(url) < 1 and "choice" not in out and time.monotonic() < deadline:
+    running = requests_running(url)
+    while running < 1 and "choice" not in out and time.monotonic() < deadline:
         time.sleep(0.05)
-    running_at_pause = "choice" not in out and requests_running(url) >= 1
+        running = requests_running(url)
+    running_at_pause = running >= 1 and "choice" not in out
     # push() after its save: pause (wait) -> reload -> reset cache -> version -> resume.
     paused(
         url,
