@@ -4,8 +4,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[cfg(test)]
+mod cli_reference;
 mod collect;
 mod crds;
+mod doctor;
 mod gateway;
 mod operator;
 mod policy_proxy;
@@ -66,6 +69,9 @@ enum Command {
     /// Run a RolloutJob on this machine: the same YAML, local processes instead of pods.
     /// Exit 0 all sessions ran, 1 some failed by infrastructure, 2 bad input, 130 interrupted.
     Run(run::RunArgs),
+    /// Check what this machine lacks for local mode (`floe run`, the quickstart) and, with
+    /// `--tests`, for floe's tests: each problem with its fix. Exit 0 when nothing is missing.
+    Doctor(doctor::DoctorArgs),
     /// Run one sandbox session: wait for the assignment from the pod's gateway, run the
     /// harness, evaluate, report. Exit 0 success, 1 agent failure, 2 usage, 3 infrastructure.
     Sandbox(sandbox::SandboxArgs),
@@ -175,6 +181,7 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Collect(args) => collect::run(args)?,
         Command::ServeTasks(args) => serve_tasks::run(args)?,
         Command::PolicyProxy(args) => policy_proxy::run(args)?,
+        Command::Doctor(args) => return Ok(ExitCode::from(doctor::main(&args))),
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
         }

@@ -11,6 +11,11 @@ use crate::rollout_job::Task;
 pub enum TaskFileError {
     #[error("line {line}: {message}")]
     Unreadable { line: usize, message: String },
+    #[error("line {line}: {}", join(.errors))]
+    Invalid {
+        line: usize,
+        errors: Vec<crate::validation::FieldError>,
+    },
     #[error("line {line}: duplicate task id {id:?} (first on line {first})")]
     DuplicateId {
         line: usize,
@@ -19,7 +24,16 @@ pub enum TaskFileError {
     },
 }
 
-/// The tasks of a task file, in order. An empty file is an empty list: what that means (a
+fn join(errors: &[crate::validation::FieldError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The tasks of a task file, in order. Each line is checked against the schema of an inline
+/// task: an unknown key is refused with its line and name, never dropped. An empty file is an empty list: what that means (a
 /// job with nothing to run) is the caller's to say.
 pub fn parse(text: &str) -> Result<Vec<Task>, TaskFileError> {
     let mut tasks = Vec::new();
@@ -29,10 +43,19 @@ pub fn parse(text: &str) -> Result<Vec<Task>, TaskFileError> {
             continue;
         }
         let line_no = i + 1;
-        let task: Task = serde_json::from_str(line).map_err(|e| TaskFileError::Unreadable {
+        let unreadable = |e: serde_json::Error| TaskFileError::Unreadable {
             line: line_no,
             message: e.to_string(),
-        })?;
+        };
+        let value: serde_json::Value = serde_json::from_str(line).map_err(unreadable)?;
+        let errors = crate::validation::task_errors(&value);
+        if !errors.is_empty() {
+            return Err(TaskFileError::Invalid {
+                line: line_no,
+                errors,
+            });
+        }
+        let task: Task = serde_json::from_value(value).map_err(unreadable)?;
         if let Some(first) = seen.insert(task.id.clone(), line_no) {
             return Err(TaskFileError::DuplicateId {
                 line: line_no,
@@ -66,5 +89,35 @@ mod tests {
             Err("line 3: duplicate task id \"a\" (first on line 1)".into())
         );
         assert_eq!(parse("\n"), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn a_misspelled_or_unknown_key_is_refused_with_its_line_and_name() {
+        let err = |text: &str| parse(text).map_err(|e| e.to_string()).err();
+        let good = "{\"id\":\"a\",\"instruction\":\"x\"}\n";
+        let hidden = format!(
+            "{good}{{\"id\":\"t0\",\"instruction\":\"x\",\"hidden\":{{\"test_x.py\":\"\"}}}}\n"
+        );
+        assert_eq!(err(&hidden), Some("line 2: hidden: unknown field".into()));
+        let typo = "{\"id\":\"t0\",\"instruction\":\"x\",\"evalution\":{}}";
+        assert_eq!(
+            err(typo),
+            Some("line 1: evalution: unknown field (did you mean `evaluation`?)".into())
+        );
+        // Nested too: a task's evaluation is as strict as the task.
+        let nested = "{\"id\":\"t0\",\"instruction\":\"x\",\"evaluation\":{\"hiddenFile\":{}}}";
+        assert_eq!(
+            err(nested),
+            Some(
+                "line 1: evaluation.hiddenFile: unknown field (did you mean `hiddenFiles`?)".into()
+            )
+        );
+        // The schema's own rules hold as for an inline task: a wrong type names its field.
+        let typed = "{\"id\":\"t0\",\"instruction\":7}";
+        assert!(
+            err(typed).is_some_and(|e| e.starts_with("line 1: instruction: ")),
+            "{:?}",
+            err(typed)
+        );
     }
 }

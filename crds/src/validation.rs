@@ -174,7 +174,31 @@ pub fn parse_rollout_job(document: &serde_json::Value) -> Result<RolloutJob, Val
             });
         }
     }
-    if let Ok(validator) = jsonschema::validator_for(&schema) {
+    schema_errors(&schema, document, &mut errors);
+    if !errors.is_empty() {
+        return Err(ValidationError { errors });
+    }
+    let job: RolloutJob =
+        serde_json::from_value(document.clone()).map_err(|e| ValidationError {
+            errors: vec![FieldError {
+                field: String::new(),
+                message: e.to_string(),
+            }],
+        })?;
+    validate_rollout_job(&job)?;
+    Ok(job)
+}
+
+/// `document` against `schema`, as the apiserver checks it (types, enums, ranges, patterns,
+/// required fields) and, strict like `kubectl --validate=strict`, every field the schema does
+/// not know: an apiserver would prune a misspelled field silently, and the object would run
+/// with the default in its place.
+fn schema_errors(
+    schema: &serde_json::Value,
+    document: &serde_json::Value,
+    errors: &mut Vec<FieldError>,
+) {
+    if let Ok(validator) = jsonschema::validator_for(schema) {
         for e in validator.iter_errors(document) {
             let path = e.instance_path().to_string();
             // The library names two options and counts the rest; a user needs them all.
@@ -199,21 +223,36 @@ pub fn parse_rollout_job(document: &serde_json::Value) -> Result<RolloutJob, Val
             });
         }
     }
-    // Strict, like `kubectl --validate=strict`: an apiserver would prune a misspelled field
-    // silently, and the job would run with the default in its place.
-    unknown_fields(&schema, document, "", &mut errors);
-    if !errors.is_empty() {
-        return Err(ValidationError { errors });
-    }
-    let job: RolloutJob =
-        serde_json::from_value(document.clone()).map_err(|e| ValidationError {
-            errors: vec![FieldError {
+    unknown_fields(schema, document, "", errors);
+}
+
+/// One task as a task file's line gives it: checked against the schema of
+/// `spec.tasks.inline[]`, as strictly as a task written in the job itself (a misspelled
+/// `evaluation` would otherwise run the task without its hidden tests). Fields are named from
+/// the task, e.g. `evaluation.hiddenFile`.
+pub fn task_errors(task: &serde_json::Value) -> Vec<FieldError> {
+    static TASK_SCHEMA: std::sync::OnceLock<Result<serde_json::Value, FieldError>> =
+        std::sync::OnceLock::new();
+    let schema = TASK_SCHEMA.get_or_init(|| {
+        let job = schema_of("RolloutJob")?;
+        let task =
+            &job["properties"]["spec"]["properties"]["tasks"]["properties"]["inline"]["items"];
+        if task.is_object() {
+            Ok(task.clone())
+        } else {
+            Err(FieldError {
                 field: String::new(),
-                message: e.to_string(),
-            }],
-        })?;
-    validate_rollout_job(&job)?;
-    Ok(job)
+                message: "the RolloutJob schema has no spec.tasks.inline[] to check a task against"
+                    .into(),
+            })
+        }
+    });
+    let mut errors = Vec::new();
+    match schema {
+        Ok(schema) => schema_errors(schema, task, &mut errors),
+        Err(e) => errors.push(e.clone()),
+    }
+    errors
 }
 
 /// Fields of `document` that its structural `schema` does not know, each with its path and the

