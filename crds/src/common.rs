@@ -173,7 +173,8 @@ pub struct UpstreamSpec {
     /// Server type, which decides how token ids are requested.
     #[serde(default)]
     pub kind: UpstreamKind,
-    /// Model name sent upstream (vLLM's `--served-model-name`).
+    /// Model name sent upstream (vLLM's `--served-model-name`; unset: `policy`), whatever name
+    /// the harness asks for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub model: Option<String>,

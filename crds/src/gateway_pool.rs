@@ -78,13 +78,15 @@ pub struct GatewayPoolSpec {
 #[serde(rename_all = "camelCase")]
 pub struct EgressSpec {
     /// `Managed` (default): the operator keeps a NetworkPolicy `<pool>-egress`, owned by the
-    /// pool, that lets its pods reach only DNS, their job's trainer pod (policy server 8000,
-    /// ingest 8100) or dataset collector (8100) in the pool's namespace, and `allow`.
-    /// `Unmanaged`: none; the cluster's own policies apply.
+    /// pool, that lets its pods reach only TCP 8000 and 8100 on any trainer or dataset-collector
+    /// pod in the pool's namespace, TCP/UDP 53 on any address (DNS; not yet narrowed to the
+    /// cluster's DNS: an open gap), and `allow`. `Unmanaged`: none; the cluster's own policies
+    /// apply.
     #[serde(default)]
     pub policy: EgressPolicy,
     /// More egress rules for that NetworkPolicy: a teacher or vLLM elsewhere, an API the task
-    /// needs. Everything else is refused where the cluster's CNI enforces NetworkPolicy.
+    /// needs. Everything else (but port 53, above) is refused where the cluster's CNI enforces
+    /// NetworkPolicy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(

@@ -433,6 +433,110 @@ async fn every_variant_is_accepted_by_the_apiserver() -> Result<()> {
     Ok(())
 }
 
+/// The Helm-less path's RBAC, checked in for `kubectl apply -f`: the chart's own ServiceAccount
+/// and rules for release `floe` in `floe-system`, so it never drifts from what the chart's
+/// tests prove the operator needs.
+const HELMLESS_RBAC: &str = "deploy/operator-rbac.yaml";
+
+fn helmless_rbac() -> Result<String> {
+    let rendered = render(&[
+        "--namespace",
+        "floe-system",
+        "--show-only",
+        "templates/serviceaccount.yaml",
+        "--show-only",
+        "templates/rbac.yaml",
+    ])?;
+    Ok(format!(
+        "# Generated from charts/floe (templates/serviceaccount.yaml, templates/rbac.yaml) for the\n\
+         # operator without Helm: kubectl create namespace floe-system; kubectl apply -f {HELMLESS_RBAC};\n\
+         # then run `floe operator` as system:serviceaccount:floe-system:floe (docs/operator.md#permissions).\n\
+         # Regenerate: FLOE_BLESS=1 cargo test -p floe-tests --test chart helmless_rbac\n{rendered}"
+    ))
+}
+
+#[test]
+fn the_helmless_rbac_manifest_is_the_charts() -> Result<()> {
+    let expected = helmless_rbac()?;
+    let path = workspace_root().join(HELMLESS_RBAC);
+    if std::env::var_os("FLOE_BLESS").is_some() {
+        std::fs::write(&path, &expected)?;
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        actual == expected,
+        "{HELMLESS_RBAC} drifted from the chart: run `FLOE_BLESS=1 cargo test -p floe-tests --test chart helmless_rbac` and commit it"
+    );
+    Ok(())
+}
+
+/// The checked-in manifest, applied as its header says, grants what the operator does: the
+/// verbs a hand-written list once missed among them (NetworkPolicies, secrets delete, pods
+/// list/watch, events patch, finalizers), and nothing it does not need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_helmless_rbac_manifest_applies_and_grants_the_operators_verbs() -> Result<()> {
+    let (client, ns) = with_crds("helmless-rbac").await?;
+    ensure_namespace(&client, "floe-system").await?;
+    let manifest = std::fs::read(workspace_root().join(HELMLESS_RBAC))?;
+    let out = cluster().kubectl(&["apply", "-f", "-"], Some(&manifest))?;
+    assert!(
+        out.status.success(),
+        "kubectl apply -f {HELMLESS_RBAC}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let user = "system:serviceaccount:floe-system:floe";
+    let in_ns = format!("--namespace={}", ns.name);
+    let lease_ns = "--namespace=floe-system";
+    for (args, allowed) in [
+        (
+            vec!["create", "networkpolicies.networking.k8s.io", &in_ns],
+            true,
+        ),
+        (
+            vec!["delete", "networkpolicies.networking.k8s.io", &in_ns],
+            true,
+        ),
+        (vec!["delete", "secrets", &in_ns], true),
+        (vec!["list", "pods", &in_ns], true),
+        (vec!["watch", "pods", &in_ns], true),
+        (vec!["patch", "events.events.k8s.io", &in_ns], true),
+        (
+            vec![
+                "update",
+                "rolloutjobs.floe.dev",
+                "--subresource=finalizers",
+                &in_ns,
+            ],
+            true,
+        ),
+        (
+            vec![
+                "update",
+                "gatewaypools.floe.dev",
+                "--subresource=finalizers",
+                &in_ns,
+            ],
+            true,
+        ),
+        (
+            vec![
+                "patch",
+                "rolloutjobs.floe.dev",
+                "--subresource=status",
+                &in_ns,
+            ],
+            true,
+        ),
+        (vec!["create", "leases.coordination.k8s.io", lease_ns], true),
+        (vec!["delete", "rolloutjobs.floe.dev", &in_ns], false),
+        (vec!["list", "secrets", &in_ns], false),
+        (vec!["create", "deployments.apps", &in_ns], false),
+    ] {
+        assert_eq!(can_i(user, &args)?, allowed, "can-i {args:?}");
+    }
+    Ok(())
+}
+
 /// A kubeconfig that acts as `user` (impersonation by the test cluster's admin).
 fn impersonating(user: &str, dir: &Path) -> Result<PathBuf> {
     let text = std::fs::read_to_string(&cluster().kubeconfig)?;
@@ -696,6 +800,38 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
         (want_cidrs, want_ports),
         "{operator_policy}"
     );
+    // Its own calls on port 8100: a trainer's status and finish (own_pod.rs), a task loader's
+    // tasks, an sft collector's finish (job_end.rs). The collector's was once left out.
+    for role in ["trainer", "tasks", "dataset"] {
+        let allowed = operator_policy["spec"]["egress"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|rule| {
+                let port = rule["ports"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["port"] == 8100));
+                let to_role = rule["to"].as_array().is_some_and(|to| {
+                    to.iter().any(|peer| {
+                        peer["podSelector"]["matchExpressions"]
+                            .as_array()
+                            .is_some_and(|es| {
+                                es.iter().any(|e| {
+                                    e["key"] == "floe.dev/job-role"
+                                        && e["values"]
+                                            .as_array()
+                                            .is_some_and(|v| v.iter().any(|v| v == role))
+                                })
+                            })
+                    })
+                });
+                port && to_role
+            });
+        assert!(
+            allowed,
+            "the operator cannot reach a {role} pod on 8100: {operator_policy}"
+        );
+    }
     let deployment = find(&docs, "Deployment")?.clone();
     let sa = find(&docs, "ServiceAccount")?["metadata"]["name"]
         .as_str()

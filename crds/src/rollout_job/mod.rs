@@ -86,8 +86,9 @@ pub struct RolloutJobSpec {
     pub lookahead: Option<i32>,
     /// With `poolTemplate`: where the job's own sandbox pods may connect, as a GatewayPool's
     /// `spec.egress`. `Managed` (default): the operator keeps a NetworkPolicy
-    /// `<job>-job-egress`, owned by the job, that lets them reach only DNS, the job's trainer
-    /// pod or dataset collector, and `allow`; each pod checks at start that it is enforced.
+    /// `<job>-job-egress`, owned by the job, with the same rules as a pool's (TCP 8000 and 8100
+    /// on any trainer or dataset-collector pod in the namespace, TCP/UDP 53 on any address, and
+    /// `allow`); each pod checks at start that it is enforced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::gateway_pool::EgressSpec>,
     /// Scores each session after the harness exits.
@@ -215,8 +216,8 @@ fn default_tasks_key() -> String {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FileTasks {
-    /// Path of the JSONL file inside the claim (or, in local mode without a claim, relative to
-    /// the job file).
+    /// Path of the JSONL file inside the claim (in local mode, where `claimName` is ignored:
+    /// relative to the job file).
     #[schemars(length(min = 1, max = 4096))]
     pub path: String,
     /// PersistentVolumeClaim holding the file.
