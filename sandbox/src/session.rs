@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use floe_crds::common::UpstreamKind as SpecKind;
 use floe_crds::rollout_job::{RolloutJobSpec, Task, TrajectoryBuilder};
+use floe_gateway::protocol::sampling::CallerSampling;
 use floe_gateway::protocol::upstream::UpstreamKind;
 use floe_gateway::protocol::HostedTools;
 use floe_gateway::ship::{Assignment, RetryOverride, Sink, UpstreamOverride};
@@ -95,6 +96,14 @@ pub fn assignment(s: &SessionOf) -> Assignment {
         max_response_tokens: cap,
         temperature: Some(spec.sampling.temperature),
         top_p: Some(spec.sampling.top_p),
+        // A train job's samples are trained as the policy's: its sampling contract holds.
+        caller_sampling: spec
+            .train
+            .as_ref()
+            .map(|_| match spec.sampling.caller_params {
+                floe_crds::rollout_job::CallerParams::Drop => CallerSampling::Drop,
+                floe_crds::rollout_job::CallerParams::Refuse => CallerSampling::Refuse,
+            }),
         call_timeout_seconds: u32::try_from(spec.timeouts.model_call_seconds).ok(),
         hosted_tools: Some(match spec.harness.hosted_tools {
             floe_crds::rollout_job::HostedTools::Reject => HostedTools::Reject,

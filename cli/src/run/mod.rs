@@ -14,6 +14,7 @@
 
 mod curve;
 mod fail_fast;
+mod flags;
 mod metrics;
 mod plan;
 mod preflight;
@@ -26,6 +27,7 @@ mod signals;
 mod train;
 mod train_plan;
 
+pub use sandboxing::works as sandbox_works;
 pub use signals::watchdog;
 
 use std::future::IntoFuture;
@@ -145,60 +147,9 @@ pub fn main(args: RunArgs) -> i32 {
     code
 }
 
-/// Whether bubblewrap sets up this run's kind of sandbox here: `Ok("bubblewrap 0.8.0")`, or
-/// the pre-flight's words (for `floe doctor`).
-pub fn sandbox_works() -> Result<String, String> {
-    sandboxing::check()
-        .map(|b| sandboxing::describe(Some(&b)))
-        .map_err(|e| e.to_string())
-}
-
-/// Flags that would make a run do nothing, or something other than asked.
-fn check_flags(args: &RunArgs) -> Result<(), RunError> {
-    if args.sessions == Some(0) {
-        return Err(RunError::Usage(
-            "--sessions 0 runs nothing: give at least 1 (or leave it out for every session)".into(),
-        ));
-    }
-    if args.concurrency == Some(0) {
-        return Err(RunError::Usage("--concurrency must be at least 1".into()));
-    }
-    Ok(())
-}
-
-/// Every path the run hands a child process (bubblewrap's bind sources, the runner's workspace,
-/// the trainer's output) is absolute: a relative one names something else from the child's
-/// working directory, and bubblewrap resolves a bind source against its own.
-fn absolute_paths(args: &mut RunArgs) -> Result<(), RunError> {
-    // A bare program name (`python3`) is looked up on PATH, not in the working directory.
-    let named_by_path = |p: &Option<PathBuf>| {
-        p.as_ref()
-            .filter(|p| p.components().count() > 1 || p.is_absolute())
-            .is_some()
-    };
-    let (vllm, trainer) = (
-        named_by_path(&args.vllm_python),
-        named_by_path(&args.trainer_python),
-    );
-    for path in [
-        Some(&mut args.out),
-        Some(&mut args.job),
-        args.vllm_python.as_mut().filter(|_| vllm),
-        args.trainer_python.as_mut().filter(|_| trainer),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        // Joined to the working directory as the kernel would (`..` kept, no link followed).
-        *path = std::path::absolute(&*path)
-            .map_err(|e| RunError::Usage(format!("{}: {e}", path.display())))?;
-    }
-    Ok(())
-}
-
 async fn run(mut args: RunArgs) -> Result<i32, RunError> {
-    check_flags(&args)?;
-    absolute_paths(&mut args)?;
+    flags::check(&args)?;
+    flags::absolute_paths(&mut args)?;
     let mut signals = Signals::new().map_err(|e| RunError::Io(format!("signal handlers: {e}")))?;
     let plan = plan::load(&args.job)?;
     let spec = &plan.job.spec;

@@ -68,6 +68,14 @@ pub fn check() -> Result<Bubblewrap, RunError> {
     Ok(Bubblewrap { path, version })
 }
 
+/// Whether bubblewrap sets up this run's kind of sandbox here: `Ok("bubblewrap 0.8.0")`, or
+/// the pre-flight's words (for `floe doctor`).
+pub fn works() -> Result<String, String> {
+    check()
+        .map(|b| describe(Some(&b)))
+        .map_err(|e| e.to_string())
+}
+
 fn floe_binary() -> Result<PathBuf, RunError> {
     std::env::current_exe().map_err(|e| RunError::Io(format!("the floe binary's path: {e}")))
 }

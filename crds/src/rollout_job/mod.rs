@@ -58,7 +58,10 @@ pub use train::*;
         .message("spec.egress applies only with spec.poolTemplate (a pool's pods follow the pool's spec.egress)"),
     validation = kube::core::Rule::new(
         "!has(self.train) || !has(self.sampling) || !has(self.sampling.temperature) || self.sampling.temperature > 0.0"
-    ).message("a train job samples with sampling.temperature > 0: greedy decoding gives every sample of a group the same answer, and the trainer trains the tempered policy the tokens were drawn from")
+    ).message("a train job samples with sampling.temperature > 0: greedy decoding gives every sample of a group the same answer, and the trainer trains the tempered policy the tokens were drawn from"),
+    validation = kube::core::Rule::new(
+        "!has(self.train) || !has(self.sampling) || !has(self.sampling.topP) || self.sampling.topP == 1.0"
+    ).message("a train job samples with sampling.topP 1: the trainer models the tempered full-vocabulary distribution, and nucleus sampling would make every sampled token's log-prob disagree with it")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutJobSpec {
@@ -478,10 +481,35 @@ pub struct SamplingSpec {
     #[serde(default = "default_temperature")]
     #[schemars(range(min = 0.0, max = 10.0))]
     pub temperature: f64,
-    /// Nucleus sampling threshold sent upstream.
+    /// Nucleus sampling threshold sent upstream. A train job keeps it at 1: the trainer models
+    /// the tempered full-vocabulary distribution.
     #[serde(default = "default_top_p")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub top_p: f64,
+    /// A train job's calls go upstream with the complete policy sampling set (the temperature
+    /// and `topP` above, `top_k` -1, `min_p` 0, neutral penalties), whatever the model's
+    /// `generation_config.json` says. A parameter from the harness that would change the
+    /// distribution (`top_k`, `min_p`, penalties, `logit_bias`, `ignore_eos`, `min_tokens`,
+    /// guided decoding, a forced `tool_choice`, anything not known to leave it alone) is
+    /// `Drop`ped (default; counted in `floe_gateway_dropped_total{what="sampling:<name>"}` and
+    /// the capture's `dropped`) or `Refuse`d (the call gets a 400 in its API's shape). An sft job
+    /// passes them through.
+    #[serde(default, skip_serializing_if = "CallerParams::is_default")]
+    pub caller_params: CallerParams,
+}
+
+/// What a train job does with a harness's distribution-changing sampling parameters.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum CallerParams {
+    #[default]
+    Drop,
+    Refuse,
+}
+
+impl CallerParams {
+    fn is_default(&self) -> bool {
+        *self == Self::Drop
+    }
 }
 
 impl Default for SamplingSpec {
@@ -490,6 +518,7 @@ impl Default for SamplingSpec {
             max_response_tokens: default_max_response_tokens(),
             temperature: default_temperature(),
             top_p: default_top_p(),
+            caller_params: CallerParams::default(),
         }
     }
 }

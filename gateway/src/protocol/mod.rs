@@ -9,6 +9,7 @@ pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod retry;
+pub mod sampling;
 pub mod upstream;
 
 pub use errors::ProtocolError;

@@ -51,6 +51,9 @@ pub struct CallLimits {
     /// The job's sampling temperature and nucleus threshold: they replace the harness's own.
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// The caller's other sampling parameters: passed through (sft) or, in a train job, the
+    /// policy's own sampling set ([`super::sampling`]).
+    pub caller_sampling: super::sampling::CallerSampling,
     /// Deadline of one call, its retries included (the job's `timeouts.modelCallSeconds`).
     pub call_deadline: std::time::Duration,
     /// Provider-hosted tools in a request: refused (default) or dropped.
@@ -76,12 +79,19 @@ pub const DROPPED_PARAMS: &[&str] = &[
     "max_completion_tokens",
 ];
 
+/// An upstream request, and the caller's sampling parameters the job's contract removed.
+#[derive(Debug)]
+pub struct Finalized {
+    pub request: Value,
+    pub dropped_sampling: Vec<String>,
+}
+
 /// Turn a Chat Completions body into the upstream request: capture switches on, streaming
-/// off, one choice, the response-length cap enforced.
+/// off, one choice, the response-length cap enforced, the job's sampling contract applied.
 pub fn finalize_request(
     mut body: Map<String, Value>,
     limits: &CallLimits,
-) -> Result<Value, ProtocolError> {
+) -> Result<Finalized, ProtocolError> {
     if body
         .get("n")
         .and_then(Value::as_u64)
@@ -102,12 +112,12 @@ pub fn finalize_request(
     }
     body.remove("n");
     body.insert("model".into(), limits.upstream_model.clone().into());
-    if let Some(t) = limits.temperature {
-        body.insert("temperature".into(), t.into());
-    }
-    if let Some(p) = limits.top_p {
-        body.insert("top_p".into(), p.into());
-    }
+    let dropped_sampling = super::sampling::apply(
+        &mut body,
+        limits.caller_sampling,
+        limits.temperature,
+        limits.top_p,
+    )?;
     body.insert("max_tokens".into(), asked.into());
     body.insert("stream".into(), false.into());
     match limits.kind {
@@ -121,7 +131,10 @@ pub fn finalize_request(
     }
     body.insert("logprobs".into(), true.into());
     body.insert("top_logprobs".into(), 0.into());
-    Ok(Value::Object(body))
+    Ok(Finalized {
+        request: Value::Object(body),
+        dropped_sampling,
+    })
 }
 
 /// Map an upstream error answer to the caller's error: context overflow becomes each
@@ -169,13 +182,16 @@ mod tests {
         l.temperature = Some(0.7);
         l.top_p = Some(0.9);
         let body = serde_json::json!({"messages": [], "temperature": 0.0, "top_p": 0.1});
-        let out = finalize_request(body.as_object().cloned().unwrap_or_default(), &l).expect("ok");
+        let out = finalize_request(body.as_object().cloned().unwrap_or_default(), &l)
+            .expect("ok")
+            .request;
         assert_eq!(
             (out["temperature"].as_f64(), out["top_p"].as_f64()),
             (Some(0.7), Some(0.9))
         );
-        let kept =
-            finalize_request(body.as_object().cloned().unwrap_or_default(), &limits()).expect("ok");
+        let kept = finalize_request(body.as_object().cloned().unwrap_or_default(), &limits())
+            .expect("ok")
+            .request;
         assert_eq!(kept["temperature"].as_f64(), Some(0.0));
     }
 
@@ -186,6 +202,7 @@ mod tests {
             max_response_tokens: 512,
             temperature: None,
             top_p: None,
+            caller_sampling: Default::default(),
             call_deadline: std::time::Duration::from_secs(60),
             hosted_tools: Default::default(),
             retry: Default::default(),
@@ -196,8 +213,9 @@ mod tests {
     fn capture_switches_are_forced_and_the_cap_applies() {
         let body = json!({"model": "gpt-5", "messages": [], "stream": true, "max_completion_tokens": 4096,
             "stream_options": {"include_usage": true}, "store": true, "temperature": 0.3});
-        let out =
-            finalize_request(body.as_object().cloned().unwrap_or_default(), &limits()).expect("ok");
+        let out = finalize_request(body.as_object().cloned().unwrap_or_default(), &limits())
+            .expect("ok")
+            .request;
         assert_eq!(out["model"], "policy");
         assert_eq!(out["max_tokens"], 512);
         assert_eq!(
@@ -218,7 +236,8 @@ mod tests {
                 .unwrap_or_default(),
             &limits(),
         )
-        .expect("ok");
+        .expect("ok")
+        .request;
         assert_eq!(small["max_tokens"], 7);
     }
 
@@ -243,7 +262,8 @@ mod tests {
                 .unwrap_or_default(),
             &l,
         )
-        .expect("ok");
+        .expect("ok")
+        .request;
         assert_eq!(
             (
                 &out["return_prompt_token_ids"],

@@ -81,7 +81,13 @@ async fn call_and_capture(
     } = call;
     let seq = session.next_seq();
     let started_at_ms = now_ms();
-    let upstream_request = finalize_request(normalized, &session.upstream.limits)?;
+    let finalized = finalize_request(normalized, &session.upstream.limits)?;
+    let upstream_request = finalized.request;
+    let mut dropped = dropped;
+    for name in finalized.dropped_sampling {
+        gateway.metrics.dropped(api, &format!("sampling:{name}"));
+        dropped.push(format!("sampling:{name}"));
+    }
     let t0 = Instant::now();
     let (header_version, text) = call_upstream(gateway, session, seq, &upstream_request).await?;
     let upstream = t0.elapsed();

@@ -121,6 +121,7 @@ impl Gateway {
                 max_response_tokens: config.max_response_tokens,
                 temperature: None,
                 top_p: None,
+                caller_sampling: Default::default(),
                 call_deadline: config.upstream_timeout,
                 hosted_tools: Default::default(),
                 retry: Default::default(),
@@ -171,6 +172,9 @@ impl Gateway {
             }
             upstream.limits.temperature = o.temperature.or(upstream.limits.temperature);
             upstream.limits.top_p = o.top_p.or(upstream.limits.top_p);
+            if let Some(mode) = o.caller_sampling {
+                upstream.limits.caller_sampling = mode;
+            }
             if let Some(seconds) = o.call_timeout_seconds {
                 upstream.limits.call_deadline = Duration::from_secs(seconds.max(1).into());
             }

@@ -63,6 +63,10 @@ pub struct UpstreamOverride {
     pub temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
+    /// A train job's sampling contract for the caller's other parameters (unset: passed
+    /// through, as an sft job's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller_sampling: Option<crate::protocol::sampling::CallerSampling>,
     /// The job's per-call deadline (`timeouts.modelCallSeconds`), retries included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_timeout_seconds: Option<u32>,

@@ -109,6 +109,18 @@ pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
             "hermes".into(),
         ]);
     }
+    // A request's unset sampling knobs come from vLLM's own neutral defaults, not the model's
+    // generation_config.json (Qwen3's top_k 20, top_p 0.95, …): the gateway sends the whole
+    // set anyway, and this keeps any other caller of the policy server (the trainer's fidelity
+    // check, a dev-mode client) on the distribution the trainer models.
+    if !train
+        .vllm
+        .args
+        .iter()
+        .any(|a| a.starts_with("--generation-config"))
+    {
+        args.extend(["--generation-config".into(), "vllm".into()]);
+    }
     // The behaviour log-probs the trainer's ratio and TIS weigh by: those of the distribution
     // the token was drawn from (temperature applied), not the raw model's (vLLM's default).
     if !train
@@ -300,6 +312,9 @@ mod tests {
         assert!(args
             .windows(2)
             .any(|w| w == ["--logprobs-mode", "processed_logprobs"]));
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["--generation-config", "vllm"]));
         let t = train(json!({"image": "i", "model": "m",
             "vllm": {"args": ["--tool-call-parser", "qwen3_xml"]}}));
         let args = vllm_args(&t, &layout());

@@ -1,0 +1,245 @@
+//! The sampling contract of a train job's calls (sans-IO): every token the trainer trains on
+//! must have been drawn from the distribution it models, `softmax(logits / temperature)` over
+//! the whole vocabulary. So a train job's call goes upstream with the complete sampling set
+//! (the job's temperature and `top_p`, every other knob neutral: vLLM fills a knob a request
+//! leaves out from the model's `generation_config.json`, Qwen3's `top_k` 20 among them), and a
+//! parameter from the caller that would change the distribution (`top_k`, `min_p`, penalties,
+//! `logit_bias`, `ignore_eos`, `min_tokens`, guided decoding, a forced `tool_choice`) is dropped
+//! and counted, or refused, as the job says. What the request may carry is an allow-list: a
+//! parameter not on it is treated alike, so one vLLM adds later cannot slip through.
+//!
+//! An sft job's calls pass the caller's parameters through (its data is judged by reward, not
+//! trained as the sampler's policy); only temperature and `top_p` are the job's.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::ProtocolError;
+
+/// What the gateway does with a caller's sampling parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CallerSampling {
+    /// sft: the caller's parameters go upstream (temperature and `top_p` are the job's).
+    #[default]
+    PassThrough,
+    /// train: the complete policy sampling set; a parameter that would change it is removed
+    /// and counted (`floe_gateway_dropped_total{what="sampling:<name>"}`, the capture's
+    /// `dropped`).
+    Drop,
+    /// train: as `Drop`, but such a call is answered with a 400 in its API's shape.
+    Refuse,
+}
+
+/// Parameters of an upstream Chat Completions request that leave the sampled distribution
+/// alone: the conversation and its rendering (the prompt's token ids are captured as the server
+/// rendered them), where sampling stops, and the capture switches the gateway sets.
+const ALLOWED: &[&str] = &[
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_tokens",
+    "stop",
+    "stop_token_ids",
+    "seed",
+    "stream",
+    "n",
+    "temperature",
+    "top_p",
+    "logprobs",
+    "top_logprobs",
+    "return_token_ids",
+    "return_prompt_token_ids",
+    "return_meta_info",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "documents",
+    "reasoning_effort",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+];
+
+/// The knobs a train job's call sets to neutral, whatever the model's generation config says.
+fn neutral() -> [(&'static str, Value); 5] {
+    [
+        ("top_k", Value::from(-1)),
+        ("min_p", Value::from(0.0)),
+        ("repetition_penalty", Value::from(1.0)),
+        ("presence_penalty", Value::from(0.0)),
+        ("frequency_penalty", Value::from(0.0)),
+    ]
+}
+
+/// Whether an allowed parameter's value still leaves the distribution alone: `tool_choice`
+/// forcing a call (`required`, a named function) and a structured `response_format` are
+/// guided decoding, which masks tokens.
+fn neutral_value(key: &str, value: &Value) -> bool {
+    match key {
+        "tool_choice" => matches!(value.as_str(), Some("auto" | "none")) || value.is_null(),
+        _ => true,
+    }
+}
+
+/// Applies the contract to `body` (a normalized Chat Completions request). Returns the names
+/// of the parameters removed; `Err` when the job refuses them.
+pub fn apply(
+    body: &mut Map<String, Value>,
+    mode: CallerSampling,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+) -> Result<Vec<String>, ProtocolError> {
+    if let Some(t) = temperature {
+        body.insert("temperature".into(), t.into());
+    }
+    if let Some(p) = top_p {
+        body.insert("top_p".into(), p.into());
+    }
+    if mode == CallerSampling::PassThrough {
+        return Ok(Vec::new());
+    }
+    let foreign: Vec<String> = body
+        .iter()
+        .filter(|(k, v)| {
+            let format_text = k.as_str() == "response_format" && v["type"] == "text";
+            !format_text && (!ALLOWED.contains(&k.as_str()) || !neutral_value(k, v))
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    if mode == CallerSampling::Refuse && !foreign.is_empty() {
+        return Err(ProtocolError::InvalidRequest(format!(
+            "this train job samples only the policy's own distribution (temperature, full vocabulary), and {} would change it: leave it out (spec.sampling.callerParams: Refuse)",
+            foreign.join(", ")
+        )));
+    }
+    for key in &foreign {
+        body.remove(key);
+    }
+    for (key, value) in neutral() {
+        body.insert(key.into(), value);
+    }
+    Ok(foreign)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    /// What an agent once got through to the model server in a train job.
+    fn hostile() -> Map<String, Value> {
+        body(
+            json!({"model": "x", "messages": [], "tools": [], "tool_choice": "auto",
+            "logit_bias": {"42": 100}, "ignore_eos": true, "min_tokens": 50, "top_k": 5,
+            "min_p": 0.3, "repetition_penalty": 1.3, "presence_penalty": 1.0,
+            "guided_json": {"type": "object"}, "structured_outputs": {"regex": "a+"},
+            "response_format": {"type": "json_object"}, "allowed_token_ids": [1, 2],
+            "temperature": 0.0, "top_p": 0.1, "stop": ["\n"], "seed": 7,
+            "chat_template_kwargs": {"enable_thinking": false}}),
+        )
+    }
+
+    #[test]
+    fn a_train_call_samples_the_policy_and_drops_the_rest() {
+        let mut b = hostile();
+        let mut dropped = apply(&mut b, CallerSampling::Drop, Some(0.7), Some(1.0)).expect("drop");
+        dropped.sort();
+        assert_eq!(
+            dropped,
+            [
+                "allowed_token_ids",
+                "guided_json",
+                "ignore_eos",
+                "logit_bias",
+                "min_p",
+                "min_tokens",
+                "presence_penalty",
+                "repetition_penalty",
+                "response_format",
+                "structured_outputs",
+                "top_k"
+            ]
+        );
+        assert_eq!(
+            (
+                &b["temperature"],
+                &b["top_p"],
+                &b["top_k"],
+                &b["min_p"],
+                &b["repetition_penalty"],
+                &b["presence_penalty"],
+                &b["frequency_penalty"]
+            ),
+            (
+                &json!(0.7),
+                &json!(1.0),
+                &json!(-1),
+                &json!(0.0),
+                &json!(1.0),
+                &json!(0.0),
+                &json!(0.0)
+            )
+        );
+        // What shapes the prompt or where sampling stops stays.
+        for kept in [
+            "stop",
+            "seed",
+            "chat_template_kwargs",
+            "tools",
+            "tool_choice",
+        ] {
+            assert!(b.contains_key(kept), "{kept}");
+        }
+        assert!(!b.contains_key("logit_bias") && !b.contains_key("ignore_eos"));
+    }
+
+    #[test]
+    fn a_forced_tool_call_or_an_unknown_parameter_is_foreign_too() {
+        for (v, name) in [
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+                "tool_choice",
+            ),
+            (json!({"vllm_xargs": {"a": 1}}), "vllm_xargs"),
+            (json!({"use_beam_search": true}), "use_beam_search"),
+        ] {
+            let mut b = body(v);
+            let dropped = apply(&mut b, CallerSampling::Drop, Some(1.0), None).expect("drop");
+            assert_eq!(dropped, [name]);
+        }
+        let mut text = body(json!({"response_format": {"type": "text"}, "tool_choice": "none"}));
+        assert!(apply(&mut text, CallerSampling::Drop, None, None)
+            .expect("text")
+            .is_empty());
+    }
+
+    #[test]
+    fn refuse_names_every_foreign_parameter_and_sft_passes_them_through() {
+        let err = apply(&mut hostile(), CallerSampling::Refuse, Some(1.0), Some(1.0))
+            .expect_err("refused");
+        assert_eq!(err.status(), 400);
+        let message = err.to_string();
+        assert!(
+            message.contains("logit_bias") && message.contains("top_k"),
+            "{message}"
+        );
+        let mut sft = hostile();
+        let dropped =
+            apply(&mut sft, CallerSampling::PassThrough, Some(0.8), Some(0.9)).expect("sft");
+        assert!(dropped.is_empty());
+        assert_eq!(
+            (&sft["top_k"], &sft["temperature"]),
+            (&json!(5), &json!(0.8))
+        );
+    }
+}
