@@ -1,9 +1,10 @@
 //! The gateway's answers to bad input and a dead upstream, in each caller's own error shape
-//! (no model server needed: the upstream is a closed port).
+//! (no model server needed: the upstream is a closed port), and a train job's sampling
+//! contract as a scripted model server receives it.
 
 use anyhow::Result;
 use floe_gateway::capture::read_session;
-use floe_tests::TestGateway;
+use floe_tests::{ScriptedUpstream, Step, TestGateway};
 use serde_json::{json, Value};
 
 async fn dead_upstream_gateway() -> Result<TestGateway> {
@@ -260,5 +261,150 @@ async fn the_control_api_guards_sessions() -> Result<()> {
     .await?;
     assert_eq!(s, 401);
     assert!(read_session(&gw.session_dir("s-1"))?.sealed);
+    Ok(())
+}
+
+/// A train job's calls, through three provider APIs, with the parameters an agent once got
+/// through to the model server: upstream they carry the policy's own sampling set and none of
+/// the caller's; the capture and the gateway's metrics name what was dropped. With
+/// `callerParams: Refuse` such a call gets a 400 in its own API's shape, naming them; an sft
+/// session passes them through.
+#[tokio::test]
+async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![Step::Say("ok".into())]).await?;
+    let gw = TestGateway::start(&model.url, 64).await?;
+    let http = reqwest::Client::new();
+    let train = json!({"temperature": 0.7, "topP": 1.0, "callerSampling": "drop"});
+    let token = gw
+        .session_with("contract-drop", "t", 0, train.clone())
+        .await?;
+    let calls = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "logit_bias": {"42": 100}, "ignore_eos": true, "min_tokens": 20, "top_k": 3,
+                "repetition_penalty": 1.4, "guided_regex": "a+", "temperature": 0.0}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 16, "top_k": 5, "temperature": 0.1,
+                "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1beta/models/m:generateContent",
+            json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+                "generationConfig": {"topK": 7, "temperature": 0.2,
+                    "responseMimeType": "application/json"}}),
+        ),
+    ];
+    for (path, body) in &calls {
+        let (status, answer) = call(
+            &http,
+            &format!("{}{path}", gw.url),
+            &token,
+            serde_json::to_vec(body)?,
+        )
+        .await?;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    for r in &requests {
+        assert_eq!(
+            (
+                &r["temperature"],
+                &r["top_p"],
+                &r["top_k"],
+                &r["min_p"],
+                &r["repetition_penalty"],
+                &r["presence_penalty"],
+                &r["frequency_penalty"]
+            ),
+            (
+                &json!(0.7),
+                &json!(1.0),
+                &json!(-1),
+                &json!(0.0),
+                &json!(1.0),
+                &json!(0.0),
+                &json!(0.0)
+            ),
+            "{r}"
+        );
+        for foreign in [
+            "logit_bias",
+            "ignore_eos",
+            "min_tokens",
+            "guided_regex",
+            "response_format",
+        ] {
+            assert!(
+                r.get(foreign).is_none(),
+                "{foreign} reached the server: {r}"
+            );
+        }
+    }
+    gw.close("contract-drop").await?;
+    let capture = read_session(&gw.session_dir("contract-drop"))?;
+    let dropped: Vec<&str> = capture
+        .records
+        .iter()
+        .flat_map(|r| r.dropped.iter().map(String::as_str))
+        .collect();
+    for name in [
+        "sampling:logit_bias",
+        "sampling:top_k",
+        "sampling:response_format",
+    ] {
+        assert!(dropped.contains(&name), "{name} in {dropped:?}");
+    }
+    let page = http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("floe_gateway_dropped_total")
+                && l.contains("what=\"sampling:ignore_eos\"")),
+        "{page}"
+    );
+
+    // Refuse: the caller's own 400, naming what it sent; nothing reaches the server.
+    let mut refuse = train.clone();
+    refuse["callerSampling"] = json!("refuse");
+    let token = gw.session_with("contract-refuse", "t", 0, refuse).await?;
+    let (status, answer) = call(
+        &http,
+        &format!("{}/v1/messages", gw.url),
+        &token,
+        serde_json::to_vec(&calls[1].1)?,
+    )
+    .await?;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["type"], "error", "Anthropic's shape: {answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("top_k"), "{answer}");
+    assert_eq!(model.requests().len(), 3, "nothing more reached the server");
+
+    // sft: the caller's parameters pass; temperature is still the job's.
+    let token = gw
+        .session_with("contract-sft", "t", 0, json!({"temperature": 0.9}))
+        .await?;
+    let (status, _) = call(
+        &http,
+        &format!("{}/v1/chat/completions", gw.url),
+        &token,
+        serde_json::to_vec(&calls[0].1)?,
+    )
+    .await?;
+    assert_eq!(status, 200);
+    let last = model.requests().pop().unwrap_or_default();
+    assert_eq!(
+        (&last["top_k"], &last["temperature"]),
+        (&json!(3), &json!(0.9))
+    );
+    assert_eq!(last["logit_bias"], json!({"42": 100}));
     Ok(())
 }

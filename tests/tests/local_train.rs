@@ -294,12 +294,46 @@ async fn prometheus_reads_the_run(address: String) -> Result<()> {
     Ok(())
 }
 
+/// `model` as a directory of links to its files, but for a `generation_config.json` that
+/// carries Qwen3's sampling defaults (and Qwen2.5's repetition penalty): what vLLM's default
+/// `--generation-config auto` fills into every request that leaves a knob out. SmolLM2's own
+/// carries none, so without this no test could see a sampled distribution the trainer does
+/// not model (0.40 nats per token measured, against ~1e-5).
+fn with_qwen3_sampling_defaults(model: &Path, dir: &Path) -> Result<PathBuf> {
+    let copy = dir.join("smollm2-with-qwen3-defaults");
+    std::fs::create_dir_all(&copy)?;
+    for entry in std::fs::read_dir(model)? {
+        let entry = entry?;
+        if entry.file_name() != "generation_config.json" {
+            std::os::unix::fs::symlink(entry.path(), copy.join(entry.file_name()))?;
+        }
+    }
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(
+        model.join("generation_config.json"),
+    )?)?;
+    for (key, value) in [
+        ("do_sample", serde_json::json!(true)),
+        ("top_k", serde_json::json!(20)),
+        ("top_p", serde_json::json!(0.95)),
+        ("temperature", serde_json::json!(0.6)),
+        ("repetition_penalty", serde_json::json!(1.05)),
+    ] {
+        config[key] = value;
+    }
+    std::fs::write(
+        copy.join("generation_config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
+    Ok(copy)
+}
+
 #[test]
 fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> {
     let _memory = beside_one_other()?;
     let (python, models) = vllm_setup()?;
-    let model = models.join("smollm2-135m-instruct");
     let dir = tempfile::tempdir()?;
+    // Sampling defaults in the model's generation config must not change what is sampled.
+    let model = with_qwen3_sampling_defaults(&models.join("smollm2-135m-instruct"), dir.path())?;
     let job_file = dir.path().join("job.yaml");
     let questions = [
         "Name a fruit.",
@@ -347,7 +381,8 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
         // What the trainer computes for the sampled tokens equals what vLLM sampled them
         // with: fp32 on both sides, 1e-3 nats mean |Δ| (measured: 1.0-1.3e-5), also after
         // pushes; at the job's temperature 0.8, so both weigh the tempered policy (vLLM's raw
-        // log-probs, or a trainer that ignored the temperature, differ by far more).
+        // log-probs, or a trainer that ignored the temperature, differ by far more), over the
+        // full vocabulary whatever the model's generation config says (top_k 20 there: 0.40).
         let mismatch = s["logprobMismatch"].as_f64().context("logprobMismatch")?;
         assert!(
             mismatch < 1e-3,

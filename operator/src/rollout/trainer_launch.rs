@@ -96,40 +96,30 @@ pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
     if train.vllm.gpus > 1 {
         args.extend(["--tensor-parallel-size".into(), train.vllm.gpus.to_string()]);
     }
-    // Harness requests carry tools; without a tool parser vLLM refuses them (400).
-    if !train
-        .vllm
-        .args
-        .iter()
-        .any(|a| a.starts_with("--tool-call-parser"))
-    {
-        args.extend([
-            "--enable-auto-tool-choice".into(),
-            "--tool-call-parser".into(),
-            "hermes".into(),
-        ]);
-    }
-    // A request's unset sampling knobs come from vLLM's own neutral defaults, not the model's
-    // generation_config.json (Qwen3's top_k 20, top_p 0.95, …): the gateway sends the whole
-    // set anyway, and this keeps any other caller of the policy server (the trainer's fidelity
-    // check, a dev-mode client) on the distribution the trainer models.
-    if !train
-        .vllm
-        .args
-        .iter()
-        .any(|a| a.starts_with("--generation-config"))
-    {
-        args.extend(["--generation-config".into(), "vllm".into()]);
-    }
-    // The behaviour log-probs the trainer's ratio and TIS weigh by: those of the distribution
-    // the token was drawn from (temperature applied), not the raw model's (vLLM's default).
-    if !train
-        .vllm
-        .args
-        .iter()
-        .any(|a| a.starts_with("--logprobs-mode"))
-    {
-        args.extend(["--logprobs-mode".into(), "processed_logprobs".into()]);
+    // floe's defaults, each unless the job's `vllm.args` names that flag itself:
+    let named = |flag: &str| train.vllm.args.iter().any(|a| a.starts_with(flag));
+    let defaults: [(&str, &[&str]); 3] = [
+        // Harness requests carry tools; without a tool parser vLLM refuses them (400).
+        (
+            "--tool-call-parser",
+            &["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+        ),
+        // A request's unset sampling knobs come from vLLM's neutral defaults, not the model's
+        // generation_config.json (Qwen3's top_k 20, top_p 0.95, …): the gateway sends the
+        // whole set anyway, and this keeps any other caller of the policy server on the
+        // distribution the trainer models.
+        ("--generation-config", &["--generation-config", "vllm"]),
+        // The behaviour log-probs the trainer's ratio and TIS weigh by: those of the
+        // distribution the token was drawn from (temperature applied), not the raw model's.
+        (
+            "--logprobs-mode",
+            &["--logprobs-mode", "processed_logprobs"],
+        ),
+    ];
+    for (flag, words) in defaults {
+        if !named(flag) {
+            args.extend(words.iter().map(|w| (*w).to_string()));
+        }
     }
     if train.grpo.weight_sync == WeightSync::NCCL {
         // The trainer joins vLLM's workers in an NCCL group to broadcast each step's weights.
