@@ -406,8 +406,22 @@ mod document_tests {
             err.to_string().contains("sampling.temperature > 0"),
             "{err}"
         );
+        spec["sampling"] = serde_json::json!({"topP": 1.0, "temperature": 0.7});
+        parse_rollout_job(&job(spec.clone())).expect("a tempered train job");
+        // The trainer models the tempered full-vocabulary distribution: no nucleus.
         spec["sampling"] = serde_json::json!({"topP": 0.95, "temperature": 0.7});
-        parse_rollout_job(&job(spec)).expect("a tempered train job");
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("top_p train job");
+        assert!(err.to_string().contains("sampling.topP 1"), "{err}");
+        // Nor an update clipped to nothing.
+        spec["sampling"] = serde_json::json!({"temperature": 0.7});
+        spec["train"]["grpo"] = serde_json::json!({"maxGradNorm": 0.0});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("maxGradNorm 0");
+        assert!(
+            err.to_string().contains("grpo.maxGradNorm must be above 0"),
+            "{err}"
+        );
+        spec["train"]["grpo"] = serde_json::json!({"maxGradNorm": 0.5});
+        parse_rollout_job(&job(spec)).expect("maxGradNorm 0.5");
     }
 
     #[test]

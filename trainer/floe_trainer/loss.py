@@ -9,6 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
+# The k3 KL estimator's bounds, as verl's ``low_var_kl``: the log-ratio to the reference, and
+# one token's penalty.
+KL_LOG_RATIO_BOUND = 20.0
+KL_TOKEN_BOUND = 10.0
+
 
 @dataclass(frozen=True)
 class LossConfig:
@@ -71,9 +76,13 @@ def policy_loss(
         if logp_ref is None:
             raise ValueError("kl_coef > 0 needs the reference policy's logprobs")
         # k3 estimator (Schulman): exp(ref - logp) - (ref - logp) - 1, unbiased and >= 0; it
-        # is not importance-weighted, as in GRPO.
-        d = logp_ref.detach().to(logp.dtype) - logp
-        kl = torch.exp(d) - d - 1.0
+        # is not importance-weighted, as in GRPO. Clamped as verl's low_var_kl is: a token the
+        # policy has made far likelier than the reference would otherwise give exp(d) an
+        # overflow, and one token's penalty the whole loss.
+        d = torch.clamp(
+            logp_ref.detach().to(logp.dtype) - logp, -KL_LOG_RATIO_BOUND, KL_LOG_RATIO_BOUND
+        )
+        kl = torch.clamp(torch.exp(d) - d - 1.0, max=KL_TOKEN_BOUND)
         per_token = per_token + cfg.kl_coef * kl
     per_token = per_token * mask
 

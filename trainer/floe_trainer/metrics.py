@@ -48,6 +48,11 @@ class Metrics:
         self.grad_norm = Gauge(
             "floe_trainer_grad_norm", "Gradient norm before clipping", registry=r
         )
+        self.skipped_updates = PCounter(
+            "floe_trainer_skipped_updates",
+            "Optimizer updates skipped: their gradient norm was not finite",
+            registry=r,
+        )
         self.tokens = PCounter("floe_trainer_tokens", "Trained tokens", registry=r)
         self.tokens_per_s = Gauge(
             "floe_trainer_tokens_per_second", "Trained tokens per second of training", registry=r
@@ -107,6 +112,7 @@ class Metrics:
         self.mismatch.set(s.logprob_mismatch)
         self.kl.set(s.kl_mean)
         self.grad_norm.set(s.grad_norm)
+        self.skipped_updates.inc(s.skipped_updates)
         self.tokens.inc(s.tokens)
         self.tokens_per_s.set(s.tokens / train if train > 0 else 0)
         for phase, secs in (("wait", wait), ("train", train), ("sync", sync)):

@@ -7,6 +7,7 @@ acts; from the second update on the policy has moved and the clip bounds how far
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import TypeVar
@@ -40,6 +41,8 @@ class StepStats:
     updates: int = 1
     # Clip fraction of the last update (the first one's is 0 by construction).
     clip_fraction_last: float = 0.0
+    # Updates not applied: their gradient norm was not finite (an overflow, a NaN loss).
+    skipped_updates: int = 0
 
 
 @dataclass
@@ -185,7 +188,7 @@ def train_step(
     all_stats: list[LossStats] = []
     first_epoch: list[LossStats] = []
     last_update: list[LossStats] = []
-    loss_first_epoch, grad_norm, updates = 0.0, 0.0, 0
+    loss_first_epoch, grad_norm, updates, skipped = 0.0, 0.0, 0, 0
     micro = max(micro_batch_size, 1)
     for epoch in range(max(1, epochs)):
         order = list(items)
@@ -251,8 +254,16 @@ def train_step(
                 last_update.append(stats)
                 all_stats.append(stats)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            # Sharded parameters give a DTensor norm (already over every process's shard).
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            # Sharded parameters give a DTensor norm (already over every process's shard), so
+            # every process decides alike below.
+            norm_value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            if not math.isfinite(norm_value):
+                # A NaN or infinite gradient would reach AdamW's moments and every weight, then
+                # the push and the checkpoint: the update is skipped and counted instead.
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            grad_norm = norm_value
             optimizer.step()
             updates += 1
     if world.sharded:
@@ -281,4 +292,5 @@ def train_step(
         kl_mean=mean(all_stats, "kl_mean"),
         updates=updates,
         clip_fraction_last=mean(last_update, "clip_fraction"),
+        skipped_updates=skipped,
     )

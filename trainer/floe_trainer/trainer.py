@@ -578,6 +578,7 @@ class Trainer:
                     "passRate": passed,
                     "loss": stats.loss,
                     "updates": stats.updates,
+                    "skippedUpdates": stats.skipped_updates,
                     "clipFraction": stats.clip_fraction,
                     "logprobMismatch": stats.logprob_mismatch,
                     "tisMean": stats.tis_mean,

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from floe_trainer.loss import LossConfig, policy_loss
+from floe_trainer.loss import KL_TOKEN_BOUND, LossConfig, policy_loss
 
 
 def run(logp, old, behav, known, adv, mask, **cfg):
@@ -113,3 +113,24 @@ def test_kl_to_the_reference_is_the_k3_estimate_with_its_gradient():
 def test_kl_needs_the_reference_logprobs():
     with pytest.raises(ValueError, match="reference"):
         run([[-1.0]], [[-1.0]], [[-1.0]], [[True]], [1.0], [[1]], kl_coef=0.1)
+
+
+def test_kl_is_bounded_where_the_policy_left_the_reference_far_behind():
+    # ref - logp = 50 would give exp(50) ~ 5e21 per token: the log-ratio is clamped to 20 and a
+    # token's penalty to 10 (verl's low_var_kl), and it stays finite with a finite gradient.
+    t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    lp = t([[-60.0, -1.0]]).requires_grad_(True)
+    loss, stats = policy_loss(
+        lp,
+        t([[-60.0, -1.0]]),
+        t([[-60.0, -1.0]]),
+        torch.tensor([[True, True]]),
+        t([0.0]),
+        t([[1, 1]]),
+        LossConfig(kl_coef=1.0),
+        logp_ref=t([[-10.0, -1.0]]),
+    )
+    loss.backward()
+    assert math.isfinite(loss.item())
+    assert stats.kl_mean == pytest.approx((KL_TOKEN_BOUND + 0.0) / 2)
+    assert all(math.isfinite(g) for g in lp.grad[0].tolist())

@@ -75,3 +75,18 @@ def test_micro_batches_hold_a_count_or_pack_by_tokens_with_long_traces_alone():
         assert len(batch) == 1 or len(batch) * max(batch) <= 30
     assert micro_batches(lengths, 2, 1000, int) == [[3, 5], [7, 12], [40, 100]]
     assert micro_batches([], 4, 30, int) == []
+
+
+def test_an_update_with_a_non_finite_gradient_is_skipped_and_counted():
+    # A NaN advantage poisons the first mini-batch's gradient: that update is skipped (no NaN
+    # reaches the optimizer or a weight), the next one is applied.
+    model = tiny_llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    gs = groups()
+    gs[0] = Group(gs[0].group, gs[0].trajectories, [float("nan")] * len(gs[0].advantages))
+    s = train_step(model, opt, gs, LossConfig(), micro_batch_size=2, mini_batches=2, epochs=1)
+    assert s.skipped_updates == 1 and s.updates == 1
+    after = list(model.parameters())
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))

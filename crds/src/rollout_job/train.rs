@@ -18,6 +18,9 @@ use crate::common::UpstreamSpec;
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.lora) || !has(self.grpo) || !has(self.grpo.weightSync) || self.grpo.weightSync != 'NCCL'")
     .message("train.lora pushes the adapter as a file: grpo.weightSync must be File"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.grpo) || !has(self.grpo.maxGradNorm) || self.grpo.maxGradNorm > 0.0")
+    .message("grpo.maxGradNorm must be above 0: clipping to 0 zeroes every update"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainSpec {
     /// Trainer image (vLLM + `floe-trainer`).
