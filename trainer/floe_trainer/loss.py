@@ -55,11 +55,15 @@ def policy_loss(
     mask: torch.Tensor,
     cfg: LossConfig,
     logp_ref: torch.Tensor | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """``logp``: the policy being trained (with grad); ``logp_old``: the same policy before
     this step's updates (no grad); ``logp_behaviour``: what vLLM sampled with (from the
     trajectory), valid where ``behaviour_known``; ``mask``: 1 on sampled tokens;
-    ``logp_ref``: the frozen reference policy, needed when ``cfg.kl_coef > 0``."""
+    ``logp_ref``: the frozen reference policy, needed when ``cfg.kl_coef > 0``;
+    ``row_weights`` ``[batch]``: each row's token weight in the whole mini-batch's loss
+    (``aggregation_weights``), so that the loss is the mini-batch's share whatever the rows
+    around it; unset, the rows are aggregated among themselves as ``cfg.aggregation`` says."""
     mask = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - logp_old.detach())
@@ -87,7 +91,9 @@ def policy_loss(
     per_token = per_token * mask
 
     n_tokens = mask.sum()
-    if cfg.aggregation == "TokenMean":
+    if row_weights is not None:
+        loss = (per_token * row_weights.to(logp.dtype).unsqueeze(-1)).sum()
+    elif cfg.aggregation == "TokenMean":
         loss = per_token.sum() / n_tokens.clamp(min=1.0)
     elif cfg.aggregation == "SequenceMean":
         per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)
@@ -121,3 +127,30 @@ def policy_loss(
             kl_mean=float(kl[m].mean()) if tokens else 0.0,
         )
     return loss, stats
+
+
+def aggregation_weights(
+    aggregation: str, tokens: list[int], trajectories: list[int], sum_norm: float
+) -> list[float]:
+    """Each trace's token weight in one mini-batch's loss, for traces with ``tokens`` loss
+    tokens each, of the trajectories ``trajectories`` names (a ``per_request`` trajectory has a
+    trace per call). One normaliser for the whole mini-batch, so micro-batches, packing and
+    processes change nothing (the loss of the mini-batch is the sum of its parts):
+
+    - ``TokenMean`` (DAPO): 1 / the mini-batch's tokens;
+    - ``SequenceMean`` (GRPO): each trajectory's tokens averaged, then the trajectories: 1 /
+      (trajectories × that trajectory's tokens in the mini-batch);
+    - ``TokenSumNorm`` (Dr. GRPO): 1 / (trajectories × ``sum_norm``), the constant being the
+      longest response a call may sample, so no length is favoured."""
+    total = sum(tokens)
+    per_trajectory: dict[int, int] = {}
+    for n, t in zip(tokens, trajectories, strict=True):
+        per_trajectory[t] = per_trajectory.get(t, 0) + n
+    count = max(len([t for t, n in per_trajectory.items() if n > 0]), 1)
+    if aggregation == "TokenMean":
+        return [1.0 / max(total, 1)] * len(tokens)
+    if aggregation == "SequenceMean":
+        return [1.0 / (count * max(per_trajectory[t], 1)) for t in trajectories]
+    if aggregation == "TokenSumNorm":
+        return [1.0 / (count * sum_norm)] * len(tokens)
+    raise ValueError(f"unknown loss aggregation {aggregation!r}")

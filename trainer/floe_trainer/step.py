@@ -17,7 +17,7 @@ import torch
 from . import lora
 from .batching import Group
 from .distributed import SINGLE, World, gather, total
-from .loss import LossConfig, LossStats, policy_loss
+from .loss import LossConfig, LossStats, aggregation_weights, policy_loss
 from .placement import CPU_FP32, Placement
 from .policy import make_batch, token_logprobs
 from .wire import Trace
@@ -49,6 +49,10 @@ class StepStats:
 class _Item:
     trace: Trace
     advantage: float
+    # The trajectory the trace is of (its index in the step), for SequenceMean's average.
+    trajectory: int = 0
+    # Its token weight in the current mini-batch's loss (``aggregation_weights``).
+    weight: float = 0.0
     # Per-response-token log-probabilities before the step ([R_i], float64, on CPU).
     logp_old: torch.Tensor | None = None
 
@@ -162,10 +166,12 @@ def train_step(
     """``reference``: the frozen policy the KL term (``cfg.kl_coef``) pulls towards;
     ``seed``: the order of the mini-batches after the first epoch; ``world``: the processes
     that train together (each calls this with the same groups, see ``distributed``)."""
+    trajectories = [
+        (t, adv) for g in groups for t, adv in zip(g.trajectories, g.advantages, strict=True)
+    ]
     items = [
-        _Item(trace, adv)
-        for g in groups
-        for t, adv in zip(g.trajectories, g.advantages, strict=True)
+        _Item(trace, adv, index)
+        for index, (t, adv) in enumerate(trajectories)
         for trace in t.traces
         if any(trace.loss_mask)
     ]
@@ -196,6 +202,15 @@ def train_step(
             rng.shuffle(order)
         for mini in _split(order, mini_batches):
             mini_tokens = sum(sum(it.trace.loss_mask) for it in mini)
+            # The whole mini-batch's normaliser, before it is split among processes and passes.
+            weights = aggregation_weights(
+                cfg.aggregation,
+                [sum(it.trace.loss_mask) for it in mini],
+                [it.trajectory for it in mini],
+                cfg.sum_norm,
+            )
+            for it, w in zip(mini, weights, strict=True):
+                it.weight = w
             shares = [
                 micro_batches(share, micro, max_tokens_per_micro_batch, _trace_length)
                 for share in world.shares(mini)
@@ -235,11 +250,15 @@ def train_step(
                     batch.loss_mask,
                     cfg,
                     ref,
+                    torch.tensor(
+                        [0.0 if idle else it.weight for it in chunk],
+                        dtype=torch.float64,
+                        device=old.device,
+                    ),
                 )
-                # Token-mean over the whole mini-batch (every process's traces), not per
-                # micro-batch; × the processes: FSDP averages their gradients, we sum them.
-                share = 0.0 if idle else stats.tokens / max(mini_tokens, 1)
-                (loss * (share * world.size)).backward()
+                # Each row weighs its share of the whole mini-batch (every process's traces);
+                # × the processes: FSDP averages their gradients, we sum them.
+                (loss * world.size).backward()
                 loss_value = loss.item()
                 # Let this micro-batch's tensors go before the next one's forward: its
                 # log-probs and loss hold its autograd graph, and with it what the checkpointed
@@ -249,7 +268,8 @@ def train_step(
                 if idle:
                     continue
                 if epoch == 0:
-                    loss_first_epoch += loss_value * stats.tokens
+                    # The mini-batch's loss, weighted by its tokens for the step's figure.
+                    loss_first_epoch += loss_value * mini_tokens
                     first_epoch.append(stats)
                 last_update.append(stats)
                 all_stats.append(stats)

@@ -87,6 +87,9 @@ class TrainerConfig:
     kl_coef: float = 0.0
     # ``sampling.temperature``: the policy trained is the tempered one vLLM samples from.
     temperature: float = 1.0
+    # ``sampling.maxResponseTokens``: TokenSumNorm's constant (Dr. GRPO's), so no length is
+    # favoured; unset, 1024.
+    max_response_tokens: int | None = None
     # How new weights reach vLLM: "file" (safetensors + reload) or "nccl" (GPU broadcast).
     weight_sync: str = "file"
     nccl_port: int = 29551
@@ -137,6 +140,7 @@ class TrainerConfig:
         take("ingest_dir", c, "ingestDir", Path)
         take("max_sequence_tokens", c, "maxSequenceTokens", int)
         take("temperature", c, "temperature", float)
+        take("max_response_tokens", c, "maxResponseTokens", int)
         take("memory_plan", c, "memoryPlan", lambda v: str(v).lower())
         take("lora", c, "lora", LoraSpec.from_operator)
         for field, key, convert in [
@@ -316,6 +320,7 @@ def loss_config(cfg: TrainerConfig) -> LossConfig:
         aggregation=cfg.loss_aggregation,
         kl_coef=cfg.kl_coef,
         temperature=cfg.temperature,
+        sum_norm=float(cfg.max_response_tokens or LossConfig.sum_norm),
     )
 
 

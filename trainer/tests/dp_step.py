@@ -4,7 +4,7 @@ step's figures to ``OUT``. ``test_distributed.py`` runs it both ways and compare
 ``lora`` last, a LoRA adapter trains (the weights saved are the merged ones, the adapter
 beside them).
 
-    dp_step.py OUT adamw|sgd [lora]"""
+    dp_step.py OUT adamw|sgd [lora] [SequenceMean|TokenSumNorm]"""
 
 import json
 import sys
@@ -65,7 +65,7 @@ def groups() -> list[Group]:
     return out
 
 
-def main(out: Path, optimizer_name: str, adapter: bool) -> None:
+def main(out: Path, optimizer_name: str, adapter: bool, aggregation: str = "TokenMean") -> None:
     torch.set_num_threads(1)
     # Responses of 3-6 tokens in chunks of 2: several chunks each, the checkpointed head of
     # the chunked log-probs, sharded too (``register_sharded_logprobs``), in both runs.
@@ -90,7 +90,7 @@ def main(out: Path, optimizer_name: str, adapter: bool) -> None:
         model,
         optimizer,
         groups(),
-        LossConfig(),
+        LossConfig(aggregation=aggregation, sum_norm=8.0),
         micro_batch_size=1,
         mini_batches=2,
         epochs=2,
@@ -114,5 +114,7 @@ def main(out: Path, optimizer_name: str, adapter: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["lora"])
+    rest = sys.argv[3:]
+    modes = [a for a in rest if a != "lora"]
+    main(Path(sys.argv[1]), sys.argv[2], "lora" in rest, *modes)
     exit_process(0)

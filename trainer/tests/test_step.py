@@ -90,3 +90,70 @@ def test_an_update_with_a_non_finite_gradient_is_skipped_and_counted():
     after = list(model.parameters())
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def _multi_trace_groups():
+    # One group: a per_request trajectory of 3 calls (advantage +1, 2-token responses) and a
+    # one-call trajectory (advantage -1, 3 tokens): it has more traces and more tokens.
+    def trace(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(1, 64, (4,), generator=g).tolist()
+        return Trace(prompt, torch.randint(1, 64, (n,), generator=g).tolist(), [1] * n, [None] * n)
+
+    many = Trajectory("a", "t", "g", 0, True, 1.0, [0], [trace(2, 1), trace(2, 2), trace(2, 3)])
+    one = Trajectory("b", "t", "g", 1, True, 0.0, [0], [trace(3, 4)])
+    return [Group("g", [many, one], [1.0, -1.0])]
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [
+        # On policy with unknown behaviour log-probs every token's loss is -advantage.
+        ("TokenMean", (6 * -1.0 + 3 * 1.0) / 9),
+        # Each trajectory's tokens averaged, then the two trajectories (counting the 4 traces
+        # instead gave (3 * -1 + 1) / 4).
+        ("SequenceMean", (-1.0 + 1.0) / 2),
+        # Dr. GRPO: the token sum over trajectories × the constant.
+        ("TokenSumNorm", (6 * -1.0 + 3 * 1.0) / (2 * 16.0)),
+    ],
+)
+def test_each_aggregation_is_its_definition_over_trajectories(aggregation, expected):
+    cfg = LossConfig(aggregation=aggregation, sum_norm=16.0)
+    s = train_step(
+        tiny_llama(),
+        torch.optim.SGD(tiny_llama().parameters(), lr=0.0),
+        _multi_trace_groups(),
+        cfg,
+        micro_batch_size=1,
+    )
+    assert s.loss == pytest.approx(expected, abs=1e-9)
+
+
+def _gradients(aggregation, **options):
+    model = tiny_llama()
+    grads = {}
+
+    class Keep(torch.optim.SGD):
+        def step(self, closure=None):
+            for n, p in model.named_parameters():
+                grads[n] = p.grad.detach().clone()
+            return super().step(closure)
+
+    gs = groups() + _multi_trace_groups()
+    cfg = LossConfig(aggregation=aggregation, sum_norm=16.0)
+    train_step(model, Keep(model.parameters(), lr=0.0), gs, cfg, max_grad_norm=1e9, **options)
+    return grads
+
+
+@pytest.mark.parametrize("aggregation", ["TokenMean", "SequenceMean", "TokenSumNorm"])
+def test_micro_batches_and_packing_change_no_gradient(aggregation):
+    # One normaliser per mini-batch: a trace a pass, the whole mini-batch in one pass, and
+    # passes packed by tokens give the same gradient in every mode.
+    one = _gradients(aggregation, micro_batch_size=1)
+    whole = _gradients(aggregation, micro_batch_size=64)
+    packed = _gradients(aggregation, micro_batch_size=64, max_tokens_per_micro_batch=30)
+    assert one.keys() == whole.keys() == packed.keys()
+    for name in one:
+        torch.testing.assert_close(whole[name], one[name], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(packed[name], one[name], rtol=1e-5, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in one.values())

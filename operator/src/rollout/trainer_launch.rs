@@ -252,6 +252,8 @@ pub fn trainer_config(
         "maxStaleness": train.max_staleness,
         "maxSequenceTokens": max_model_len(&train.vllm.args),
         "temperature": spec.sampling.temperature,
+        // TokenSumNorm's constant: the longest response a call may sample.
+        "maxResponseTokens": spec.sampling.max_response_tokens,
         "memoryPlan": train.memory_plan,
         "lora": train.lora,
     });
