@@ -395,12 +395,12 @@ pub enum AdvantageEstimator {
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 pub enum LossAggregation {
-    /// Mean over all trainable tokens of the batch (DAPO).
+    /// Mean over all trainable tokens of the mini-batch (DAPO).
     #[default]
     TokenMean,
-    /// Mean over tokens per sequence, then over sequences (original GRPO).
+    /// Mean over each trajectory's tokens (all its traces), then over trajectories (GRPO).
     SequenceMean,
-    /// Sum over tokens divided by a constant (Dr. GRPO).
+    /// Sum over tokens divided by trajectories × `sampling.maxResponseTokens` (Dr. GRPO).
     TokenSumNorm,
 }
 
