@@ -377,6 +377,15 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
         .collect();
     assert_eq!(versions, [1, 2, 3], "{training}");
     assert_eq!(training["policyVersion"], 3);
+    // Every scored session, by the policy version that sampled it (the reward curve's line):
+    // batch b (8 sessions) ran on version b.
+    let sampled: Vec<(u64, u64)> = training["sampled"]
+        .as_array()
+        .context("training.sampled")?
+        .iter()
+        .filter_map(|r| Some((r["policyVersion"].as_u64()?, r["sessions"].as_u64()?)))
+        .collect();
+    assert_eq!(sampled, [(0, 8), (1, 8), (2, 8)], "{training}");
     for s in steps {
         // What the trainer computes for the sampled tokens equals what vLLM sampled them
         // with: fp32 on both sides, 1e-3 nats mean |Δ| (measured: 1.0-1.3e-5), also after

@@ -27,6 +27,10 @@ class State:
     # incomplete). The operator's and `floe run`'s staleness gate counts on it: a dropped
     # group makes no step, yet the next groups may be sampled by the current policy.
     groups_done: int = 0
+    # Every scored session by the policy version that sampled it (its oldest): [sessions,
+    # reward sum, passed], keyed by the version as text (JSON). Groups the trainer dropped (all
+    # passed, all failed) count here too: the learning curve, not only what was trained.
+    sampled: dict[str, list[float]] = field(default_factory=dict)
 
 
 def latest(directory: Path) -> Path | None:

@@ -53,6 +53,23 @@ class Metrics:
             "Optimizer updates skipped: their gradient norm was not finite",
             registry=r,
         )
+        self.sampled_sessions = PCounter(
+            "floe_trainer_sampled_sessions",
+            "Scored sessions received, whatever became of their group (trained or dropped)",
+            registry=r,
+        )
+        # A gauge: rewards may be negative. delta(...[w]) / increase(sessions[w]) is the
+        # mean reward of the sessions received in w.
+        self.sampled_reward = Gauge(
+            "floe_trainer_sampled_reward_sum",
+            "Sum of the rewards of the scored sessions received (with sampled_sessions_total)",
+            registry=r,
+        )
+        self.sampled_passed = PCounter(
+            "floe_trainer_sampled_passed",
+            "Scored sessions received that passed",
+            registry=r,
+        )
         self.tokens = PCounter("floe_trainer_tokens", "Trained tokens", registry=r)
         self.tokens_per_s = Gauge(
             "floe_trainer_tokens_per_second", "Trained tokens per second of training", registry=r
@@ -98,6 +115,12 @@ class Metrics:
         for lag in lags:
             self.version_lag.observe(lag)
             self.lag_counts[lag] += 1
+
+    def sampled(self, reward: float, passed: bool) -> None:
+        self.sampled_sessions.inc()
+        self.sampled_reward.inc(reward)
+        if passed:
+            self.sampled_passed.inc()
 
     def dropped(self, counts: Counter) -> None:
         self._dropped.counts = Counter(counts)

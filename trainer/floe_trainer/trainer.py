@@ -488,7 +488,35 @@ class Trainer:
 
     def add(self, t: Trajectory) -> None:
         with self.lock:
+            self._count_sampled(t)
             self.buffer.add(t, time.time())
+
+    def _count_sampled(self, t: Trajectory) -> None:
+        """Every scored session, whatever becomes of its group: the reward each policy version
+        earned (a curve of trained groups alone reads lower as the policy gets better, since
+        groups that all pass are dropped)."""
+        if t.reward is None:
+            return
+        version = min(t.policy_versions) if t.policy_versions else 0
+        row = self.state.sampled.setdefault(str(version), [0.0, 0.0, 0.0])
+        passed = t.reward >= self.cfg.pass_threshold
+        row[0] += 1
+        row[1] += t.reward
+        row[2] += 1.0 if passed else 0.0
+        self.metrics.sampled(t.reward, passed)
+
+    def sampled_by_version(self) -> list[dict]:
+        return [
+            {
+                "policyVersion": int(v),
+                "sessions": int(n),
+                "rewardMean": total / n if n else 0.0,
+                "passRate": passed / n if n else 0.0,
+            }
+            for v, (n, total, passed) in sorted(
+                self.state.sampled.items(), key=lambda kv: int(kv[0])
+            )
+        ]
 
     def finish(self) -> None:
         """No more trajectories will come: train what is left, then the final checkpoint."""
@@ -681,6 +709,7 @@ class Trainer:
                 "finished": self.finished,
                 "finalCheckpoint": str(self.final_checkpoint) if self.final_checkpoint else None,
                 "steps": list(self.steps),
+                "sampled": self.sampled_by_version(),
                 "resumedFromStep": self.resumed_from_step,
                 "memoryPlan": self.memory_plan,
                 "lora": self.lora_status,

@@ -1,28 +1,35 @@
-//! The reward curve of a train run as an SVG picture (`reward-curve.svg`): mean reward and
-//! pass rate per optimizer step, for a person to look at. Pure: steps in, text out.
+//! The reward curve of a train run as an SVG picture (`reward-curve.svg`), for a person to look
+//! at: by policy version, the mean reward and pass rate of every session it sampled (groups the
+//! trainer dropped for all passing or all failing included), beside the mean reward of the
+//! groups each step trained on (step k makes version k). The trained groups alone read lower
+//! as the policy improves: a group that all passes teaches nothing and is dropped. Pure: series
+//! in, text out.
 
-/// One point per step: (step, reward mean, pass rate).
-pub fn svg(points: &[(u64, f64, f64)], title: &str) -> String {
+/// One line of the picture.
+pub struct Series {
+    pub name: &'static str,
+    pub color: &'static str,
+    /// SVG `stroke-dasharray`, or empty for a solid line.
+    pub dash: &'static str,
+    /// (policy version or step, value).
+    pub points: Vec<(u64, f64)>,
+}
+
+pub fn svg(series: &[Series], title: &str) -> String {
     const W: f64 = 640.0;
     const H: f64 = 360.0;
     const L: f64 = 56.0;
     const R: f64 = 16.0;
     const T: f64 = 36.0;
     const B: f64 = 44.0;
-    let last = points.iter().map(|p| p.0).max().unwrap_or(1).max(1) as f64;
-    let first = points.iter().map(|p| p.0).min().unwrap_or(0) as f64;
+    let all = || series.iter().flat_map(|s| s.points.iter());
+    let last = all().map(|p| p.0).max().unwrap_or(1).max(1) as f64;
+    let first = all().map(|p| p.0).min().unwrap_or(0) as f64;
     let span = (last - first).max(1.0);
-    let lo = points.iter().map(|p| p.1).fold(0.0_f64, f64::min).min(0.0);
-    let hi = points.iter().map(|p| p.1).fold(1.0_f64, f64::max);
+    let lo = all().map(|p| p.1).fold(0.0_f64, f64::min).min(0.0);
+    let hi = all().map(|p| p.1).fold(1.0_f64, f64::max);
     let x = |s: u64| L + (s as f64 - first) / span * (W - L - R);
     let y = |v: f64| T + (hi - v) / (hi - lo).max(1e-9) * (H - T - B);
-    let line = |pick: &dyn Fn(&(u64, f64, f64)) -> f64| {
-        points
-            .iter()
-            .map(|p| format!("{:.1},{:.1}", x(p.0), y(pick(p))))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
@@ -40,25 +47,37 @@ pub fn svg(points: &[(u64, f64, f64)], title: &str) -> String {
         ));
     }
     out.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">optimizer step ({} to {})</text>\n",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">policy version (step k makes version k; {} to {})</text>\n",
         (L + W - R) / 2.0,
         H - 12.0,
         first,
         last
     ));
-    out.push_str(&format!(
-        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
-        line(&|p| p.1)
-    ));
-    out.push_str(&format!(
-        "<polyline fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"2\" stroke-dasharray=\"5,3\" points=\"{}\"/>\n",
-        line(&|p| p.2)
-    ));
-    out.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"20\" fill=\"#1f77b4\" text-anchor=\"end\">— reward mean</text><text x=\"{:.1}\" y=\"34\" fill=\"#ff7f0e\" text-anchor=\"end\">- - pass rate</text>\n</svg>\n",
-        W - R - 6.0,
-        W - R - 6.0
-    ));
+    for (i, s) in series.iter().enumerate() {
+        let points: Vec<String> = s
+            .points
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1)))
+            .collect();
+        let dash = if s.dash.is_empty() {
+            String::new()
+        } else {
+            format!(" stroke-dasharray=\"{}\"", s.dash)
+        };
+        out.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{dash} points=\"{}\"/>\n",
+            s.color,
+            points.join(" ")
+        ));
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{}\" text-anchor=\"end\">{}</text>\n",
+            W - R - 6.0,
+            20.0 + 14.0 * i as f64,
+            s.color,
+            escape(s.name)
+        ));
+    }
+    out.push_str("</svg>\n");
     out
 }
 
@@ -72,22 +91,33 @@ fn escape(s: &str) -> String {
 mod tests {
     use super::*;
 
+    fn one(points: Vec<(u64, f64)>) -> Series {
+        Series {
+            name: "reward <mean>",
+            color: "#1f77b4",
+            dash: "",
+            points,
+        }
+    }
+
     #[test]
-    fn every_step_is_a_point_of_both_lines() {
-        let s = svg(&[(1, 0.1, 0.0), (2, 0.5, 0.25), (3, 0.9, 1.0)], "job <x>");
+    fn every_point_of_every_series_is_drawn_and_higher_reward_is_higher() {
+        let pass = Series {
+            name: "pass rate",
+            color: "#ff7f0e",
+            dash: "5,3",
+            points: vec![(0, 0.0), (1, 0.25), (2, 1.0)],
+        };
+        let s = svg(&[one(vec![(0, 0.1), (1, 0.5), (2, 0.9)]), pass], "job <x>");
         let lines: Vec<&str> = s.lines().filter(|l| l.starts_with("<polyline")).collect();
         assert_eq!(lines.len(), 2);
-        for l in lines {
+        assert!(lines[1].contains("stroke-dasharray=\"5,3\""));
+        for l in &lines {
             let points = l.split("points=\"").nth(1).unwrap_or("");
             assert_eq!(points.trim_end_matches("\"/>").split(' ').count(), 3, "{l}");
         }
-        assert!(s.contains("job &lt;x&gt;"));
-        // Higher reward is drawn higher (smaller y).
-        let reward = s
-            .lines()
-            .find(|l| l.contains("#1f77b4\" stroke-width"))
-            .unwrap_or("");
-        let ys: Vec<f64> = reward
+        assert!(s.contains("job &lt;x&gt;") && s.contains("reward &lt;mean&gt;"));
+        let ys: Vec<f64> = lines[0]
             .split("points=\"")
             .nth(1)
             .unwrap_or("")
@@ -101,5 +131,6 @@ mod tests {
     #[test]
     fn no_steps_is_still_a_picture() {
         assert!(svg(&[], "empty").ends_with("</svg>\n"));
+        assert!(svg(&[one(vec![])], "empty").ends_with("</svg>\n"));
     }
 }

@@ -629,10 +629,10 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         let mut t = train::summary(status, "reward-curve.svg");
         t["utilization"] = train::utilization(busy, status, started.elapsed().as_secs_f64());
         summary.training = Some(t);
-        let points = train::curve_points(status);
+        let series = train::curve_series(status);
         std::fs::write(
             out.join("reward-curve.svg"),
-            curve::svg(&points, &format!("{}: reward per step", plan.name)),
+            curve::svg(&series, &format!("{}: reward by policy version", plan.name)),
         )
         .map_err(|e| io("reward-curve.svg", &e))?;
     }

@@ -569,6 +569,7 @@ pub fn utilization(busy: Option<f64>, status: &Value, wall_seconds: f64) -> Valu
 pub fn summary(status: &Value, curve_file: &str) -> Value {
     serde_json::json!({
         "steps": status["steps"],
+        "sampled": status["sampled"],
         "policyVersion": status["policyVersion"],
         "finished": status["finished"],
         "finalModel": status["finalCheckpoint"],
@@ -580,20 +581,37 @@ pub fn summary(status: &Value, curve_file: &str) -> Value {
     })
 }
 
-/// (step, reward mean, pass rate) per step, for the reward curve.
-pub fn curve_points(status: &Value) -> Vec<(u64, f64, f64)> {
-    status["steps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|s| {
-            (
-                s["step"].as_u64().unwrap_or(0),
-                s["rewardMean"].as_f64().unwrap_or(0.0),
-                s["passRate"].as_f64().unwrap_or(0.0),
-            )
-        })
-        .collect()
+/// The reward curve's lines: every session's mean reward and pass rate by the policy version
+/// that sampled it (dropped groups included), and the trained groups' mean reward by step.
+pub fn curve_series(status: &Value) -> Vec<super::curve::Series> {
+    let rows = |key: &str, x: &str, y: &str| -> Vec<(u64, f64)> {
+        status[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| (r[x].as_u64().unwrap_or(0), r[y].as_f64().unwrap_or(0.0)))
+            .collect()
+    };
+    vec![
+        super::curve::Series {
+            name: "— reward, every session sampled",
+            color: "#1f77b4",
+            dash: "",
+            points: rows("sampled", "policyVersion", "rewardMean"),
+        },
+        super::curve::Series {
+            name: "- - pass rate, every session sampled",
+            color: "#ff7f0e",
+            dash: "5,3",
+            points: rows("sampled", "policyVersion", "passRate"),
+        },
+        super::curve::Series {
+            name: "··· reward, groups trained at step k",
+            color: "#7f7f7f",
+            dash: "2,3",
+            points: rows("steps", "step", "rewardMean"),
+        },
+    ]
 }
 
 /// One progress line per optimizer step.
