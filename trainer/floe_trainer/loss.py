@@ -44,6 +44,10 @@ class LossStats:
     logprob_mismatch: float
     # Mean per-token KL estimate to the reference policy (0 when there is none).
     kl_mean: float = 0.0
+    # The clip split by side: the ratio above 1 + epsilon_high on a positive advantage (the
+    # update would raise a token further), below 1 - epsilon_low on a negative one.
+    clip_high_fraction: float = 0.0
+    clip_low_fraction: float = 0.0
 
 
 def policy_loss(
@@ -107,9 +111,9 @@ def policy_loss(
     with torch.no_grad():
         m = mask > 0
         tokens = int(m.sum().item())
-        is_clipped = ((ratio < 1.0 - cfg.epsilon_low) & (adv < 0)) | (
-            (ratio > 1.0 + cfg.epsilon_high) & (adv > 0)
-        )
+        clipped_low = (ratio < 1.0 - cfg.epsilon_low) & (adv < 0)
+        clipped_high = (ratio > 1.0 + cfg.epsilon_high) & (adv > 0)
+        is_clipped = clipped_low | clipped_high
         wk = w[known]
         ess = float(wk.sum() ** 2 / (wk.numel() * (wk**2).sum())) if wk.numel() else 1.0
         stats = LossStats(
@@ -125,6 +129,8 @@ def policy_loss(
             if wk.numel()
             else 0.0,
             kl_mean=float(kl[m].mean()) if tokens else 0.0,
+            clip_high_fraction=float(clipped_high[m].float().mean()) if tokens else 0.0,
+            clip_low_fraction=float(clipped_low[m].float().mean()) if tokens else 0.0,
         )
     return loss, stats
 

@@ -31,6 +31,32 @@ class Metrics:
             "floe_trainer_pass_rate", "Pass rate of the last step's groups", registry=r
         )
         self.clip = Gauge("floe_trainer_clip_fraction", "Fraction of tokens clipped", registry=r)
+        self.clip_side = Gauge(
+            "floe_trainer_clip_fraction_by_side",
+            "Fraction of tokens clipped: high (ratio above 1 + epsilonHigh, positive "
+            "advantage) or low (below 1 - epsilonLow, negative advantage)",
+            ["side"],
+            registry=r,
+        )
+        self.tis_truncated = Gauge(
+            "floe_trainer_tis_truncated_fraction",
+            "Fraction of tokens whose importance weight was truncated at tisCap",
+            registry=r,
+        )
+        self.advantage_std = Gauge(
+            "floe_trainer_advantage_std", "Std of the last step's advantages", registry=r
+        )
+        self.response_tokens = Gauge(
+            "floe_trainer_response_tokens",
+            "Sampled tokens per trace in the last step: mean and max",
+            ["stat"],
+            registry=r,
+        )
+        # Every labelled series exists from the start (0 until the first step).
+        for side in ("high", "low"):
+            self.clip_side.labels(side)
+        for stat in ("mean", "max"):
+            self.response_tokens.labels(stat)
         self.tis_mean = Gauge("floe_trainer_tis_ratio_mean", "Mean truncated IS weight", registry=r)
         self.tis_ess = Gauge(
             "floe_trainer_tis_ess", "Effective sample size of the IS weights (0-1)", registry=r
@@ -130,6 +156,12 @@ class Metrics:
         self.reward.set(s.reward_mean)
         self.pass_rate.set(pass_rate)
         self.clip.set(s.clip_fraction)
+        self.clip_side.labels("high").set(s.clip_fraction_high)
+        self.clip_side.labels("low").set(s.clip_fraction_low)
+        self.tis_truncated.set(s.tis_truncated_fraction)
+        self.advantage_std.set(s.advantage_std)
+        self.response_tokens.labels("mean").set(s.response_tokens_mean)
+        self.response_tokens.labels("max").set(s.response_tokens_max)
         self.tis_mean.set(s.tis_mean)
         self.tis_ess.set(s.tis_ess)
         self.mismatch.set(s.logprob_mismatch)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -43,6 +43,19 @@ class StepStats:
     clip_fraction_last: float = 0.0
     # Updates not applied: their gradient norm was not finite (an overflow, a NaN loss).
     skipped_updates: int = 0
+    # The clip by side, over every update (see ``LossStats``).
+    clip_fraction_high: float = 0.0
+    clip_fraction_low: float = 0.0
+    # Tokens whose importance weight was truncated at tisCap (first pass).
+    tis_truncated_fraction: float = 0.0
+    # The trajectories' advantages (after the group baseline).
+    advantage_mean: float = 0.0
+    advantage_std: float = 0.0
+    # Sampled tokens per trace (one model call's response).
+    response_tokens_mean: float = 0.0
+    response_tokens_max: int = 0
+    # The gradient norm of every update, before clipping (``grad_norm`` is the last).
+    grad_norms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -195,6 +208,7 @@ def train_step(
     first_epoch: list[LossStats] = []
     last_update: list[LossStats] = []
     loss_first_epoch, grad_norm, updates, skipped = 0.0, 0.0, 0, 0
+    grad_norms: list[float] = []
     micro = max(micro_batch_size, 1)
     for epoch in range(max(1, epochs)):
         order = list(items)
@@ -284,6 +298,7 @@ def train_step(
                 skipped += 1
                 continue
             grad_norm = norm_value
+            grad_norms.append(norm_value)
             optimizer.step()
             updates += 1
     if world.sharded:
@@ -299,6 +314,10 @@ def train_step(
         return sum(getattr(s, field) * s.tokens for s in stats) / n
 
     rewards = [r for g in groups for r in g.rewards]
+    advantages = [adv for _, adv in trajectories]
+    adv_mean = sum(advantages) / max(len(advantages), 1)
+    adv_var = sum((a - adv_mean) ** 2 for a in advantages) / max(len(advantages), 1)
+    lengths = [len(it.trace.response_token_ids) for it in items]
     return StepStats(
         loss=loss_first_epoch / max(total_tokens, 1),
         tokens=total_tokens,
@@ -313,4 +332,12 @@ def train_step(
         updates=updates,
         clip_fraction_last=mean(last_update, "clip_fraction"),
         skipped_updates=skipped,
+        clip_fraction_high=mean(all_stats, "clip_high_fraction"),
+        clip_fraction_low=mean(all_stats, "clip_low_fraction"),
+        tis_truncated_fraction=mean(first_epoch, "tis_truncated_fraction"),
+        advantage_mean=adv_mean,
+        advantage_std=math.sqrt(adv_var),
+        response_tokens_mean=sum(lengths) / max(len(lengths), 1),
+        response_tokens_max=max(lengths, default=0),
+        grad_norms=grad_norms,
     )

@@ -49,6 +49,13 @@ def test_later_updates_see_the_policy_move_and_the_clip_acts():
     assert s.clip_fraction_last > 0.0
     # Every token is counted once in the step's totals, whatever the number of updates.
     assert s.tokens == 2 * 4 * 8 and s.sequences == 8
+    # What a practitioner reads: the clip by side (disjoint: a side per advantage sign), every
+    # update's gradient norm, the advantages and response lengths of the batch.
+    assert s.clip_fraction == pytest.approx(s.clip_fraction_high + s.clip_fraction_low)
+    assert s.clip_fraction_high > 0 and s.clip_fraction_low > 0
+    assert len(s.grad_norms) == s.updates and s.grad_norms[-1] == s.grad_norm
+    assert (s.advantage_mean, s.advantage_std) == (0.0, 1.0)
+    assert (s.response_tokens_mean, s.response_tokens_max) == (8.0, 8)
 
 
 def test_more_mini_batches_than_sequences_is_one_update_per_sequence():
