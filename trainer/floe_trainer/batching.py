@@ -53,6 +53,9 @@ class GroupBuffer:
         self.max_staleness = max_staleness
         self.estimator = estimator
         self.pending: dict[str, _Pending] = {}
+        # Groups taken (for training, or dropped whole): a sample of one arriving later is
+        # ``late``, never a new group of stragglers trained against their own baseline.
+        self.closed: set[str] = set()
         self.dropped: Counter[str] = Counter()
         # Groups dropped whole (``zero_advantage`` and ``incomplete`` count groups; the other
         # reasons count trajectories).
@@ -61,6 +64,9 @@ class GroupBuffer:
     def add(self, t: Trajectory, now: float) -> None:
         if not t.trainable or t.reward is None:
             self.dropped["untrainable"] += 1
+            return
+        if t.group in self.closed:
+            self.dropped["late"] += 1
             return
         p = self.pending.setdefault(t.group, _Pending(first_arrival=now))
         if t.sample in p.by_sample:
@@ -93,6 +99,7 @@ class GroupBuffer:
             if not (complete or enough or leftovers):
                 continue
             del self.pending[gid]
+            self.closed.add(gid)
             trajs = [fresh[s] for s in sorted(fresh)]
             rewards = [t.reward or 0.0 for t in trajs]
             if len(trajs) < 2:
@@ -105,4 +112,24 @@ class GroupBuffer:
                 self.groups_dropped += 1
                 continue
             out.append(Group(gid, trajs, group_advantages(rewards, self.estimator)))
+        return out
+
+    def still_fresh(self, groups: list[Group], policy_version: int) -> list[Group]:
+        """Groups taken earlier, checked again as their step starts (steps may have run since,
+        moving the policy on): stale samples are dropped and counted, the rest keep a group of
+        their own only while they can still teach something (two or more, rewards differing),
+        with advantages of the samples that are left."""
+        out: list[Group] = []
+        for g in groups:
+            fresh = [t for t in g.trajectories if not self._stale(t, policy_version)]
+            if len(fresh) == len(g.trajectories):
+                out.append(g)
+                continue
+            self.dropped["stale"] += len(g.trajectories) - len(fresh)
+            rewards = [t.reward or 0.0 for t in fresh]
+            if len(fresh) < 2 or uniform(rewards):
+                self.dropped["incomplete" if len(fresh) < 2 else "zero_advantage"] += 1
+                self.groups_dropped += 1
+                continue
+            out.append(Group(g.group, fresh, group_advantages(rewards, self.estimator)))
         return out

@@ -540,6 +540,11 @@ class Trainer:
                     self.ready[: self.cfg.groups_per_step],
                     self.ready[self.cfg.groups_per_step :],
                 )
+                # Taken maybe steps ago: staleness is what it is now, as the step starts.
+                before = self.buffer.groups_dropped
+                groups = self.buffer.still_fresh(groups, self.state.policy_version)
+                self.state.groups_done += self.buffer.groups_dropped - before
+                self.metrics.dropped(self.buffer.dropped)
             done = self.finishing and not self.finished and not self.buffer.pending
             self.training = bool(groups)
         if not groups:

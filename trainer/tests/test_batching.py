@@ -99,3 +99,30 @@ def test_leftovers_train_partial_groups_and_count_what_cannot_teach():
     assert b.dropped == {"incomplete": 1, "zero_advantage": 1}
     assert b.groups_dropped == 2
     assert b.pending == {}
+
+
+def test_a_late_sample_of_a_taken_group_is_dropped_not_a_new_group():
+    b = GroupBuffer(num_samples=2)
+    b.add(traj("g", 0, 1.0), now=0)
+    b.add(traj("g", 1, 0.0), now=0)
+    assert len(b.take_ready(now=0, policy_version=0)) == 1
+    # A retry's second delivery, or a straggler: the group has trained (or been dropped).
+    b.add(traj("g", 2, 1.0), now=1)
+    b.add(traj("g", 3, 0.0), now=1)
+    assert b.pending == {} and b.dropped["late"] == 2
+    assert b.take_ready(now=1, policy_version=0, leftovers=True) == []
+
+
+def test_staleness_is_checked_again_when_the_step_starts():
+    b = GroupBuffer(num_samples=3, max_staleness=1)
+    for s, (r, v) in enumerate([(1.0, 0), (0.0, 1), (0.5, 1)]):
+        b.add(traj("g", s, r, versions=(v,)), now=0)
+    [g] = b.take_ready(now=0, policy_version=1)
+    # Fresh when taken; two steps later, when its step starts, sample 0 is too old: the
+    # others train with their own baseline.
+    [kept] = b.still_fresh([g], policy_version=2)
+    assert kept.rewards == [0.0, 0.5] and b.dropped["stale"] == 1
+    assert kept.advantages[0] < 0 < kept.advantages[1]
+    # At version 3 none is fresh: the group is dropped and counted.
+    assert b.still_fresh([g], policy_version=3) == []
+    assert b.dropped["incomplete"] == 1 and b.groups_dropped == 1
