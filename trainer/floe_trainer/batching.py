@@ -36,6 +36,8 @@ class _Pending:
     # Samples that arrived and were dropped as stale: no session will send them again, so
     # they count towards the group being complete (or it would wait for them forever).
     stale_samples: set[int] = field(default_factory=set)
+    # Samples whose session failed for good (``sample_failed``): they will not come either.
+    failed_samples: set[int] = field(default_factory=set)
 
 
 class GroupBuffer:
@@ -76,6 +78,17 @@ class GroupBuffer:
             return
         p.by_sample[t.sample] = t
 
+    def sample_failed(self, group: str, sample: int, now: float) -> None:
+        """A sample that will never arrive: its session failed by infrastructure past its
+        retries. Its group is complete without it (with ``minGroupFraction: 1`` it would
+        otherwise wait until the job's end and be dropped as stale)."""
+        if group in self.closed:
+            return
+        p = self.pending.setdefault(group, _Pending(first_arrival=now))
+        if sample not in p.by_sample and sample not in p.failed_samples:
+            p.failed_samples.add(sample)
+            self.dropped["failed"] += 1
+
     def _stale(self, t: Trajectory, version: int) -> bool:
         return bool(t.policy_versions) and min(t.policy_versions) < version - self.max_staleness
 
@@ -94,7 +107,8 @@ class GroupBuffer:
                 self.dropped["stale"] += stale
                 p.stale_samples |= p.by_sample.keys() - fresh.keys()
                 p.by_sample = fresh
-            complete = len(fresh) + len(p.stale_samples - fresh.keys()) >= self.num_samples
+            gone = (p.stale_samples | p.failed_samples) - fresh.keys()
+            complete = len(fresh) + len(gone) >= self.num_samples
             enough = len(fresh) >= need and now - p.first_arrival >= self.grace_seconds
             if not (complete or enough or leftovers):
                 continue
@@ -103,7 +117,7 @@ class GroupBuffer:
             trajs = [fresh[s] for s in sorted(fresh)]
             rewards = [t.reward or 0.0 for t in trajs]
             if len(trajs) < 2:
-                short = (leftovers and not complete) or bool(p.stale_samples)
+                short = (leftovers and not complete) or bool(p.stale_samples | p.failed_samples)
                 self.dropped["incomplete" if short else "zero_advantage"] += 1
                 self.groups_dropped += 1
                 continue

@@ -10,6 +10,9 @@ ingested (the gateway's sink counts it as done), 400 invalid, 413 too large.
 ``POST /v1/finish`` (the job's sessions are all done: train what is left, write the final
 checkpoint) needs the control token as a bearer token: the ingest port is reachable from the
 sandbox pods, whose agents must not end a training run. Without a token it is refused.
+``POST /v1/failed`` ``{"group": G, "sample": S}`` (that sample's session failed for good by
+infrastructure: its retries are spent, no trajectory of it will come) takes the same token:
+its group then completes without it instead of waiting for the job's end.
 
 With an ingest token (``FLOE_TRAINER_INGEST_TOKEN``: the job's, which only floe's gateways
 hold), ``POST /v1/trajectories`` needs it as a bearer token too (401 without): an agent shares
@@ -113,6 +116,7 @@ def make_server(
     finish: Callable[[], None] | None = None,
     control_token: str | None = None,
     ingest_token: str | None = None,
+    failed: Callable[[str, int], None] | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
@@ -123,18 +127,41 @@ def make_server(
             self.end_headers()
             self.wfile.write(data)
 
-        def _finish(self):
+        def _controlled(self, what: str, handler) -> bool:
+            """The control token's check; False (and the reply sent) when it fails."""
             given = self.headers.get("authorization") or ""
-            if finish is None or not control_token:
-                return self._reply(403, {"error": "finish is disabled: no control token"})
+            if handler is None or not control_token:
+                self._reply(403, {"error": f"{what} is disabled: no control token"})
+                return False
             if not hmac.compare_digest(given.encode(), f"Bearer {control_token}".encode()):
-                return self._reply(401, {"error": "finish needs the control token"})
-            finish()
-            self._reply(202, {"finishing": True})
+                self._reply(401, {"error": f"{what} needs the control token"})
+                return False
+            return True
+
+        def _finish(self):
+            if self._controlled("finish", finish):
+                finish()
+                self._reply(202, {"finishing": True})
+
+        def _failed(self):
+            if not self._controlled("failed", failed):
+                return
+            length = int(self.headers.get("content-length") or 0)
+            try:
+                body = json.loads(self.rfile.read(min(length, 65536)))
+                group, sample = body["group"], body["sample"]
+                if not isinstance(group, str) or not isinstance(sample, int) or sample < 0:
+                    raise ValueError("group must be a string and sample a whole number >= 0")
+            except (ValueError, KeyError, TypeError) as e:
+                return self._reply(400, {"error": f'expected {{"group": G, "sample": S}}: {e}'})
+            failed(group, sample)
+            self._reply(202, {"group": group, "sample": sample})
 
         def do_POST(self):  # noqa: N802 (http.server's name)
             if self.path == "/v1/finish":
                 return self._finish()
+            if self.path == "/v1/failed":
+                return self._failed()
             if self.path != "/v1/trajectories":
                 return self._reply(404, {"error": f"no route {self.path}"})
             given = self.headers.get("authorization") or ""

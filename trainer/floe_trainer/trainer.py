@@ -518,6 +518,12 @@ class Trainer:
             )
         ]
 
+    def sample_failed(self, group: str, sample: int) -> None:
+        """That sample's session failed for good (its retries spent): no trajectory of it will
+        come, so its group completes without it."""
+        with self.lock:
+            self.buffer.sample_failed(group, sample, time.time())
+
     def finish(self) -> None:
         """No more trajectories will come: train what is left, then the final checkpoint."""
         with self.lock:

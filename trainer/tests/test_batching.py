@@ -126,3 +126,21 @@ def test_staleness_is_checked_again_when_the_step_starts():
     # At version 3 none is fresh: the group is dropped and counted.
     assert b.still_fresh([g], policy_version=3) == []
     assert b.dropped["incomplete"] == 1 and b.groups_dropped == 1
+
+
+def test_a_sample_that_failed_for_good_completes_its_group_without_it():
+    b = GroupBuffer(num_samples=3, min_fraction=1.0)
+    b.add(traj("g", 0, 1.0), now=0)
+    b.add(traj("g", 1, 0.0), now=0)
+    assert b.take_ready(now=0, policy_version=0) == [], "sample 2 may still come"
+    b.sample_failed("g", 2, now=1)
+    [g] = b.take_ready(now=1, policy_version=0)
+    assert g.rewards == [1.0, 0.0] and b.dropped["failed"] == 1
+    # Said again (a retried report), or of a group already taken: nothing changes.
+    b.sample_failed("g", 2, now=2)
+    assert b.dropped["failed"] == 1 and b.pending == {}
+    # A group all of whose sessions failed is dropped as incomplete, not held to the end.
+    for s in range(3):
+        b.sample_failed("h", s, now=3)
+    assert b.take_ready(now=3, policy_version=0) == []
+    assert b.pending == {} and b.dropped["incomplete"] == 1

@@ -158,3 +158,40 @@ def test_with_an_ingest_token_only_its_bearer_may_post(tmp_path):
         assert [t.session for t in got] == ["job-t-0"]
     finally:
         srv.shutdown()
+
+
+def test_a_failed_sample_is_reported_with_the_control_token_only(tmp_path):
+    failed = []
+    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
+    srv = make_server(
+        ingest,
+        ("127.0.0.1", 0),
+        lambda: {},
+        control_token="c0ntrol",
+        failed=lambda g, s: failed.append((g, s)),
+    )
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/failed"
+
+    def send(body, token=None):
+        headers = {"content-type": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        good = json.dumps({"group": "job/t", "sample": 2}).encode()
+        # An agent on the pod's network must not make its group's other samples train alone.
+        assert send(good) == 401 and send(good, "session-token") == 401
+        assert send(b'{"group": "job/t"}', "c0ntrol") == 400
+        assert send(b'{"group": "job/t", "sample": -1}', "c0ntrol") == 400
+        assert failed == []
+        assert send(good, "c0ntrol") == 202
+        assert failed == [("job/t", 2)]
+    finally:
+        srv.shutdown()

@@ -106,16 +106,18 @@ def test_rendezvous_then_each_push_pauses_sends_and_resumes(transport):
         ]
         assert vllm.calls[-2][1] == {"new_version": "1"}
         assert timing["save_seconds"] == 0.0 and timing["paused_seconds"] >= 0.0
-        # What vLLM is told to receive is what the trainer sends: bf16, the tied tensor once.
+        # What vLLM is told to receive is what the trainer sends: bf16, the tied tensor under
+        # both its names (vLLM's reload leaves a tied head stale unless it gets lm_head too).
         update = vllm.calls[3][1]["update_info"]
-        assert update["names"] == ["embed.weight", "mlp.weight", "mlp.bias"]
+        assert update["names"] == ["embed.weight", "mlp.weight", "mlp.bias", "lm_head.weight"]
         assert set(update["dtype_names"]) == {"bfloat16"}
-        assert update["shapes"] == [[11, 4], [4, 4], [4]]
+        assert update["shapes"] == [[11, 4], [4, 4], [4], [11, 4]]
         meta, tensors = transport["rounds"][0]
         assert [m.name for m in meta] == [n for n, _ in tensors] == update["names"]
         sent = dict(tensors)
         assert all(t.dtype == torch.bfloat16 for t in sent.values())
         assert torch.equal(sent["mlp.weight"], model.mlp.weight.detach().to(torch.bfloat16))
+        assert torch.equal(sent["lm_head.weight"], sent["embed.weight"])
     finally:
         vllm.close()
 

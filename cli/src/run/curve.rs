@@ -5,6 +5,8 @@
 //! as the policy improves: a group that all passes teaches nothing and is dropped. Pure: series
 //! in, text out.
 
+use serde_json::Value;
+
 /// One line of the picture.
 pub struct Series {
     pub name: &'static str,
@@ -79,6 +81,47 @@ pub fn svg(series: &[Series], title: &str) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// The reward curve's lines: every session's mean reward and pass rate by the policy version
+/// that sampled it (dropped groups included), and the trained groups' mean reward by step.
+pub fn series(status: &Value) -> Vec<Series> {
+    let rows = |key: &str, x: &str, y: &str| -> Vec<(u64, f64)> {
+        status[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| (r[x].as_u64().unwrap_or(0), r[y].as_f64().unwrap_or(0.0)))
+            .collect()
+    };
+    vec![
+        Series {
+            name: "— reward, every session sampled",
+            color: "#1f77b4",
+            dash: "",
+            points: rows("sampled", "policyVersion", "rewardMean"),
+        },
+        Series {
+            name: "- - pass rate, every session sampled",
+            color: "#ff7f0e",
+            dash: "5,3",
+            points: rows("sampled", "policyVersion", "passRate"),
+        },
+        Series {
+            name: "··· reward, groups trained at step k",
+            color: "#7f7f7f",
+            dash: "2,3",
+            points: rows("steps", "step", "rewardMean"),
+        },
+    ]
+}
+
+/// `reward-curve.svg` in `out`, from the trainer's last status.
+pub fn write(out: &std::path::Path, status: &Value, job: &str) -> std::io::Result<()> {
+    std::fs::write(
+        out.join("reward-curve.svg"),
+        svg(&series(status), &format!("{job}: reward by policy version")),
+    )
 }
 
 fn escape(s: &str) -> String {

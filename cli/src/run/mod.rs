@@ -155,29 +155,8 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let spec = &plan.job.spec;
     let upstream = spec.sft.as_ref().map(|s| &s.upstream);
     let trains = spec.train.is_some() && !args.collect_only;
-    // The model server's key: the in-process gateway sends it; no sandboxed process sees it.
-    let upstream_key = floe_gateway::bearer::env_secret(floe_gateway::bearer::UPSTREAM_KEY_ENV);
-    if let (Some(secret), None) = (
-        upstream.and_then(|u| u.api_key_secret.as_ref()),
-        &upstream_key,
-    ) {
-        return Err(RunError::Preflight(format!(
-            "spec.sft.upstream.apiKeySecret names Secret {:?} (key {:?}), which floe run cannot read: put the key in {}",
-            secret.name,
-            secret.key,
-            floe_gateway::bearer::UPSTREAM_KEY_ENV
-        )));
-    }
-    let model_url = match (&args.model_url, upstream) {
-        (Some(url), _) => Some((url.clone(), "--model-url")),
-        (None, Some(u)) => Some((u.url.clone(), "spec.sft.upstream.url")),
-        (None, None) => None,
-    };
-    if model_url.is_none() && !trains {
-        return Err(RunError::Preflight(
-            "--collect-only needs --model-url (the policy's vLLM)".into(),
-        ));
-    }
+    let (model_url, upstream_key) =
+        preflight::model_server_source(args.model_url.as_ref(), upstream, trains)?;
     let bwrap = if args.no_sandbox {
         None
     } else {
@@ -555,6 +534,12 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                         progress.retrying(&session, &result, &id);
                     }
                     None => {
+                        if let (Some(t), true) = (&training, queue::is_infrastructure(&status)) {
+                            // Failed for good: its group completes without it.
+                            if let Some(a) = plan::assignment(&plan, &sink, attempt.index, 0) {
+                                t.sample_failed(&a.group, a.sample).await;
+                            }
+                        }
                         progress.finished(&session, &result);
                         results.insert(attempt.index, result);
                     }
@@ -629,31 +614,14 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         let mut t = train::summary(status, "reward-curve.svg");
         t["utilization"] = train::utilization(busy, status, started.elapsed().as_secs_f64());
         summary.training = Some(t);
-        let series = train::curve_series(status);
-        std::fs::write(
-            out.join("reward-curve.svg"),
-            curve::svg(&series, &format!("{}: reward by policy version", plan.name)),
-        )
-        .map_err(|e| io("reward-curve.svg", &e))?;
+        curve::write(out, status, &plan.name).map_err(|e| io("reward-curve.svg", &e))?;
     }
     if let Some(f) = &failure {
         eprintln!("floe run: training failed: {f}");
     }
     if !trains {
-        let file = if plan.is_sft() {
-            "dataset.jsonl"
-        } else {
-            "trajectories.jsonl"
-        };
-        let (accepted, rejected) =
-            report::assemble(&trajectories, &out.join(file)).map_err(|e| io(file, &e))?;
-        summary.dataset = report::Dataset {
-            file: file.into(),
-            accepted,
-            rejected,
-            acceptance_rate: (accepted + rejected > 0)
-                .then(|| accepted as f64 / (accepted + rejected) as f64),
-        };
+        summary.dataset =
+            report::dataset(&trajectories, out, plan.is_sft()).map_err(RunError::Io)?;
     }
     let json = serde_json::to_string_pretty(&summary).map_err(|e| io("summary.json", &e))?;
     std::fs::write(out.join("summary.json"), json).map_err(|e| io("summary.json", &e))?;

@@ -42,6 +42,38 @@ fn refuse(message: String) -> Result<(), RunError> {
     Err(RunError::Preflight(message))
 }
 
+/// A model server's URL and where it came from (`--model-url`, `spec.sft.upstream.url`).
+pub type Located = (String, &'static str);
+
+/// Where the run's model server is (`--model-url`, else the sft job's upstream, with where it
+/// came from) and its key, from the environment (the in-process gateway sends it; no
+/// sandboxed process sees it).
+pub fn model_server_source(
+    flag: Option<&String>,
+    upstream: Option<&floe_crds::common::UpstreamSpec>,
+    trains: bool,
+) -> Result<(Option<Located>, Option<String>), RunError> {
+    let key = floe_gateway::bearer::env_secret(floe_gateway::bearer::UPSTREAM_KEY_ENV);
+    if let (Some(secret), None) = (upstream.and_then(|u| u.api_key_secret.as_ref()), &key) {
+        return Err(RunError::Preflight(format!(
+            "spec.sft.upstream.apiKeySecret names Secret {:?} (key {:?}), which floe run cannot read: put the key in {}",
+            secret.name,
+            secret.key,
+            floe_gateway::bearer::UPSTREAM_KEY_ENV
+        )));
+    }
+    let url = match (flag, upstream) {
+        (Some(url), _) => Some((url.clone(), "--model-url")),
+        (None, Some(u)) => Some((u.url.clone(), "spec.sft.upstream.url")),
+        (None, None) => None,
+    };
+    if url.is_none() && !trains {
+        return refuse("--collect-only needs --model-url (the policy's vLLM)".into())
+            .map(|()| (None, None));
+    }
+    Ok((url, key))
+}
+
 /// The model server a run samples, as the pre-flight checks it.
 pub struct ModelServer<'a> {
     pub url: &'a str,

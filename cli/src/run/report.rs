@@ -100,6 +100,25 @@ pub struct RunSummary {
     pub training: Option<serde_json::Value>,
 }
 
+/// The run's output file from its trajectories (`dataset.jsonl` for sft, `trajectories.jsonl`
+/// for a train job's `--collect-only`), and what went into it.
+pub fn dataset(trajectories: &Path, out: &Path, sft: bool) -> Result<Dataset, String> {
+    let file = if sft {
+        "dataset.jsonl"
+    } else {
+        "trajectories.jsonl"
+    };
+    let (accepted, rejected) =
+        assemble(trajectories, &out.join(file)).map_err(|e| format!("{file}: {e}"))?;
+    Ok(Dataset {
+        file: file.into(),
+        accepted,
+        rejected,
+        acceptance_rate: (accepted + rejected > 0)
+            .then(|| accepted as f64 / (accepted + rejected) as f64),
+    })
+}
+
 fn rewards<'a>(results: impl Iterator<Item = &'a SessionResult>) -> RewardStats {
     let scored: Vec<(f64, bool)> = results
         .filter_map(|r| r.summary.as_ref())

@@ -445,6 +445,30 @@ impl Training {
         self.reported_steps = self.reported_steps.max(steps.len());
     }
 
+    /// A session that failed for good by infrastructure (its retries spent): its group need
+    /// not wait for it. A trainer that cannot be told keeps the old behaviour (the group
+    /// completes with its grace period or at the end), so a failure here is only logged.
+    pub async fn sample_failed(&self, group: &str, sample: u32) {
+        let Some(token) = &self.control_token else {
+            return;
+        };
+        let sent = self
+            .http
+            .post(format!("{}/v1/failed", self.trainer_url))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"group": group, "sample": sample}))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Err(e) = sent.and_then(reqwest::Response::error_for_status) {
+            tracing::warn!(
+                group,
+                sample,
+                "could not tell the trainer of a failed sample: {e}"
+            );
+        }
+    }
+
     /// The sessions are done and their trajectories acknowledged: the trainer trains what is
     /// left and writes the final checkpoint. Returns its last status.
     pub async fn finish(&mut self) -> Result<Value, RunError> {
@@ -579,39 +603,6 @@ pub fn summary(status: &Value, curve_file: &str) -> Value {
         "ingest": status["ingest"],
         "rewardCurve": curve_file,
     })
-}
-
-/// The reward curve's lines: every session's mean reward and pass rate by the policy version
-/// that sampled it (dropped groups included), and the trained groups' mean reward by step.
-pub fn curve_series(status: &Value) -> Vec<super::curve::Series> {
-    let rows = |key: &str, x: &str, y: &str| -> Vec<(u64, f64)> {
-        status[key]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| (r[x].as_u64().unwrap_or(0), r[y].as_f64().unwrap_or(0.0)))
-            .collect()
-    };
-    vec![
-        super::curve::Series {
-            name: "— reward, every session sampled",
-            color: "#1f77b4",
-            dash: "",
-            points: rows("sampled", "policyVersion", "rewardMean"),
-        },
-        super::curve::Series {
-            name: "- - pass rate, every session sampled",
-            color: "#ff7f0e",
-            dash: "5,3",
-            points: rows("sampled", "policyVersion", "passRate"),
-        },
-        super::curve::Series {
-            name: "··· reward, groups trained at step k",
-            color: "#7f7f7f",
-            dash: "2,3",
-            points: rows("steps", "step", "rewardMean"),
-        },
-    ]
 }
 
 /// One progress line per optimizer step.
