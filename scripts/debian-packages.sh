@@ -5,10 +5,13 @@
 # package conflicts with it) alone, and says what to do when a Node >= 20.6 cannot come from apt.
 set -euo pipefail
 SUDO=
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "[deps] not root and no sudo: install as root" >&2; exit 1; }
-  SUDO=sudo
-fi
+# Only what must be installed needs root (sudo when not root); a machine with everything passes.
+as_root() {
+  if [ "$(id -u)" != 0 ] && [ -z "$SUDO" ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "[deps] not root and no sudo: run this as root to install $*" >&2; exit 1; }
+    SUDO=sudo
+  fi
+}
 missing=()
 for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:dpkg apt-get:apt bwrap:bubblewrap; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
@@ -30,7 +33,7 @@ else
 fi
 
 updated=
-apt_update() { [ -n "$updated" ] || { $SUDO apt-get update -qq; updated=1; }; }
+apt_update() { as_root "packages"; [ -n "$updated" ] || { $SUDO apt-get update -qq; updated=1; }; }
 if [ -n "$need_node" ]; then
   apt_update
   candidate=$(apt-cache policy nodejs 2>/dev/null | awk '/Candidate:/ {print $2}')
@@ -45,6 +48,7 @@ if [ -n "$need_node" ]; then
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[deps] installing ${missing[*]}" >&2
+  as_root "${missing[*]}"
   apt_update
   $SUDO apt-get install -y -qq "${missing[@]}"
 fi

@@ -112,6 +112,9 @@ mod tests {
                 "line 1: evaluation.hiddenFile: unknown field (did you mean `hiddenFiles`?)".into()
             )
         );
+        // A field written as null is a field left out, as serde reads it.
+        let nulls = "{\"id\":\"t0\",\"instruction\":\"x\",\"image\":null,\"evaluation\":null}";
+        assert_eq!(parse(nulls).map(|t| t.len()), Ok(1));
         // The schema's own rules hold as for an inline task: a wrong type names its field.
         let typed = "{\"id\":\"t0\",\"instruction\":7}";
         assert!(

@@ -199,31 +199,40 @@ fn schema_errors(
     errors: &mut Vec<FieldError>,
 ) {
     if let Ok(validator) = jsonschema::validator_for(schema) {
-        for e in validator.iter_errors(document) {
-            let path = e.instance_path().to_string();
-            // The library names two options and counts the rest; a user needs them all.
-            let message = match e.kind() {
-                jsonschema::error::ValidationErrorKind::Enum { options } => format!(
-                    "{} is not one of {}",
-                    e.instance(),
-                    options
-                        .as_array()
-                        .map(|o| o
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", "))
-                        .unwrap_or_else(|| options.to_string())
-                ),
-                _ => e.to_string(),
-            };
-            errors.push(FieldError {
-                field: pointer_to_field(&path),
-                message,
-            });
-        }
+        compiled_errors(&validator, document, errors);
     }
     unknown_fields(schema, document, "", errors);
+}
+
+/// What a compiled schema says of `document`, in the apiserver's terms.
+fn compiled_errors(
+    validator: &jsonschema::Validator,
+    document: &serde_json::Value,
+    errors: &mut Vec<FieldError>,
+) {
+    for e in validator.iter_errors(document) {
+        let path = e.instance_path().to_string();
+        // The library names two options and counts the rest; a user needs them all.
+        let message = match e.kind() {
+            jsonschema::error::ValidationErrorKind::Enum { options } => format!(
+                "{} is not one of {}",
+                e.instance(),
+                options
+                    .as_array()
+                    .map(|o| o
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "))
+                    .unwrap_or_else(|| options.to_string())
+            ),
+            _ => e.to_string(),
+        };
+        errors.push(FieldError {
+            field: pointer_to_field(&path),
+            message,
+        });
+    }
 }
 
 /// One task as a task file's line gives it: checked against the schema of
@@ -231,28 +240,55 @@ fn schema_errors(
 /// `evaluation` would otherwise run the task without its hidden tests). Fields are named from
 /// the task, e.g. `evaluation.hiddenFile`.
 pub fn task_errors(task: &serde_json::Value) -> Vec<FieldError> {
-    static TASK_SCHEMA: std::sync::OnceLock<Result<serde_json::Value, FieldError>> =
+    type Compiled = (serde_json::Value, jsonschema::Validator);
+    // Compiled once: a task file of thousands of lines, read again on every reconcile.
+    static TASK_SCHEMA: std::sync::OnceLock<Result<Compiled, FieldError>> =
         std::sync::OnceLock::new();
-    let schema = TASK_SCHEMA.get_or_init(|| {
+    let compiled = TASK_SCHEMA.get_or_init(|| {
+        let no_schema = |message: String| FieldError {
+            field: String::new(),
+            message,
+        };
         let job = schema_of("RolloutJob")?;
         let task =
             &job["properties"]["spec"]["properties"]["tasks"]["properties"]["inline"]["items"];
-        if task.is_object() {
-            Ok(task.clone())
-        } else {
-            Err(FieldError {
-                field: String::new(),
-                message: "the RolloutJob schema has no spec.tasks.inline[] to check a task against"
-                    .into(),
-            })
+        if !task.is_object() {
+            return Err(no_schema(
+                "the RolloutJob schema has no spec.tasks.inline[] to check a task against".into(),
+            ));
         }
+        let validator = jsonschema::validator_for(task)
+            .map_err(|e| no_schema(format!("cannot compile the task schema: {e}")))?;
+        Ok((task.clone(), validator))
     });
+    // `null` is a field left out, as serde and the apiserver read it (the schema's `nullable`
+    // is OpenAPI's, which the validator does not know).
+    let task = without_nulls(task);
     let mut errors = Vec::new();
-    match schema {
-        Ok(schema) => schema_errors(schema, task, &mut errors),
+    match compiled {
+        Ok((schema, validator)) => {
+            compiled_errors(validator, &task, &mut errors);
+            unknown_fields(schema, &task, "", &mut errors);
+        }
         Err(e) => errors.push(e.clone()),
     }
     errors
+}
+
+fn without_nulls(value: &serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(fields) => serde_json::Value::Object(
+            fields
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.iter().map(without_nulls).collect())
+        }
+        other => other.clone(),
+    }
 }
 
 /// Fields of `document` that its structural `schema` does not know, each with its path and the

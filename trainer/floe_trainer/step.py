@@ -140,7 +140,7 @@ def _padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch
     return out.to(device)
 
 
-def _split(items: list[_Item], parts: int) -> list[list[_Item]]:
+def _split(items: list[T], parts: int) -> list[list[T]]:
     parts = max(1, min(parts, len(items)))
     size = -(-len(items) // parts)
     return [items[i : i + size] for i in range(0, len(items), size)]
@@ -190,7 +190,8 @@ def train_step(
     ]
     # One update: the policy before it is the policy in it, so its own log-probs (detached)
     # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
-    on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, len(items))) == 1
+    n_trajectories = len({it.trajectory for it in items})
+    on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, n_trajectories)) == 1
     if not on_policy:
         _old_logprobs(
             model,
@@ -210,11 +211,17 @@ def train_step(
     loss_first_epoch, grad_norm, updates, skipped = 0.0, 0.0, 0, 0
     grad_norms: list[float] = []
     micro = max(micro_batch_size, 1)
+    # Mini-batches hold whole trajectories: a per_request trajectory's traces split across
+    # mini-batches would count as a trajectory in each (SequenceMean, TokenSumNorm).
+    by_trajectory: dict[int, list[_Item]] = {}
+    for it in items:
+        by_trajectory.setdefault(it.trajectory, []).append(it)
     for epoch in range(max(1, epochs)):
-        order = list(items)
+        order = list(by_trajectory.values())
         if epoch > 0:
             rng.shuffle(order)
-        for mini in _split(order, mini_batches):
+        for part in _split(order, mini_batches):
+            mini = [it for traj in part for it in traj]
             mini_tokens = sum(sum(it.trace.loss_mask) for it in mini)
             # The whole mini-batch's normaliser, before it is split among processes and passes.
             weights = aggregation_weights(

@@ -551,7 +551,11 @@ class Trainer:
                 groups = self.buffer.still_fresh(groups, self.state.policy_version)
                 self.state.groups_done += self.buffer.groups_dropped - before
                 self.metrics.dropped(self.buffer.dropped)
-            done = self.finishing and not self.finished and not self.buffer.pending
+            # Done only with nothing left anywhere: ``still_fresh`` may have emptied this
+            # step's groups while more wait in ``ready``.
+            done = (
+                self.finishing and not self.finished and not self.buffer.pending and not self.ready
+            )
             self.training = bool(groups)
         if not groups:
             if done:

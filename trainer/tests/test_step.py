@@ -164,3 +164,20 @@ def test_micro_batches_and_packing_change_no_gradient(aggregation):
         torch.testing.assert_close(whole[name], one[name], rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(packed[name], one[name], rtol=1e-5, atol=1e-7)
     assert any(g.abs().sum() > 0 for g in one.values())
+
+
+def test_a_mini_batch_holds_whole_trajectories():
+    # Two mini-batches of the 3-call trajectory and the 1-call one: each holds one trajectory
+    # whole (split by trace, the 3-call one counted as a trajectory in both, SequenceMean's
+    # figure was -4/9). Per mini-batch: -1 over 6 tokens, then +1 over 3.
+    cfg = LossConfig(aggregation="SequenceMean")
+    s = train_step(
+        tiny_llama(),
+        torch.optim.SGD(tiny_llama().parameters(), lr=0.0),
+        _multi_trace_groups(),
+        cfg,
+        micro_batch_size=1,
+        mini_batches=2,
+    )
+    assert s.updates == 2
+    assert s.loss == pytest.approx((-1.0 * 6 + 1.0 * 3) / 9, abs=1e-9)

@@ -8,21 +8,23 @@
 
 use std::collections::BTreeSet;
 
-/// Attempts that must fail alike before the run stops, across at least two sessions.
+/// Attempts that must fail alike before the run stops, across at least two tasks (sessions
+/// are numbered task by task, so the first ones are often all one task's samples: a cause of
+/// that task alone, a prepare step or a prompt too long, must not stop the run).
 const ALIKE: usize = 4;
 
 #[derive(Debug, Default)]
 pub struct FailFast {
     disarmed: bool,
     cause: Option<String>,
-    sessions: BTreeSet<usize>,
+    tasks: BTreeSet<String>,
     alike: usize,
 }
 
 /// One ended attempt, as the verdict needs it.
 pub struct Ended<'a> {
-    /// The session's place in the run (its retries share it).
-    pub index: usize,
+    /// The session's task.
+    pub task: &'a str,
     /// Its id, left out of the cause so that two sessions' messages compare equal.
     pub session: &'a str,
     pub status: &'a str,
@@ -47,12 +49,12 @@ impl FailFast {
         let cause = normalized(attempt.error.unwrap_or("no cause given"), attempt.session);
         if self.cause.as_ref() != Some(&cause) {
             self.cause = Some(cause);
-            self.sessions.clear();
+            self.tasks.clear();
             self.alike = 0;
         }
-        self.sessions.insert(attempt.index);
+        self.tasks.insert(attempt.task.to_string());
         self.alike += 1;
-        (self.alike >= ALIKE && self.sessions.len() >= 2)
+        (self.alike >= ALIKE && self.tasks.len() >= 2)
             .then(|| attempt.error.unwrap_or("no cause given").to_string())
     }
 }
@@ -97,9 +99,9 @@ pub fn explain(cause: &str) -> String {
 mod tests {
     use super::*;
 
-    fn infra<'a>(index: usize, session: &'a str, error: &'a str) -> Ended<'a> {
+    fn infra<'a>(task: &'a str, session: &'a str, error: &'a str) -> Ended<'a> {
         Ended {
-            index,
+            task,
             session,
             status: "infra_error",
             error: Some(error),
@@ -114,20 +116,22 @@ mod tests {
         let mut f = FailFast::default();
         let msg = |s: &str| format!("{BWRAP}{s}/workspace");
         let (a0, b0, a1, b1) = (msg("j-a-0"), msg("j-b-0"), msg("j-a-0-r1"), msg("j-b-0-r1"));
-        assert_eq!(f.ended(&infra(0, "j-a-0", &a0)), None);
-        assert_eq!(f.ended(&infra(1, "j-b-0", &b0)), None);
-        assert_eq!(f.ended(&infra(0, "j-a-0-r1", &a1)), None);
-        assert_eq!(f.ended(&infra(1, "j-b-0-r1", &b1)), Some(b1.clone()));
+        assert_eq!(f.ended(&infra("a", "j-a-0", &a0)), None);
+        assert_eq!(f.ended(&infra("b", "j-b-0", &b0)), None);
+        assert_eq!(f.ended(&infra("a", "j-a-0-r1", &a1)), None);
+        assert_eq!(f.ended(&infra("b", "j-b-0-r1", &b1)), Some(b1.clone()));
         assert!(explain(&b1).contains("the sandbox could not start"));
     }
 
     #[test]
-    fn one_session_failing_again_and_again_is_that_session_s() {
+    fn one_task_failing_again_and_again_is_that_task_s() {
+        // Its samples and their retries alike (a prepare step of that task, say): the run
+        // goes on to the other tasks.
         let mut f = FailFast::default();
-        for attempt in 0..6 {
-            let id = format!("j-a-0-r{attempt}");
-            let e = format!("evaluation copy: {id}: boom");
-            assert_eq!(f.ended(&infra(0, &id, &e)), None);
+        for (sample, attempt) in [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)] {
+            let id = format!("j-a-{sample}-r{attempt}");
+            let e = format!("task prepare step failed in {id}: exit 1");
+            assert_eq!(f.ended(&infra("a", &id, &e)), None);
         }
     }
 
@@ -136,7 +140,7 @@ mod tests {
         let mut f = FailFast::default();
         let outage = Ended {
             failed_calls: 2,
-            ..infra(0, "a", "2 model call(s) failed at the model server")
+            ..infra("a", "a", "2 model call(s) failed at the model server")
         };
         for _ in 0..5 {
             assert_eq!(f.ended(&outage), None);
@@ -145,12 +149,12 @@ mod tests {
             f.ended(&Ended {
                 status: "agent_failed",
                 error: None,
-                ..infra(1, "b", "")
+                ..infra("b", "b", "")
             }),
             None
         );
-        for i in 0..6 {
-            assert_eq!(f.ended(&infra(i, "x", "the same")), None);
+        for task in ["a", "b", "c", "d", "e", "f"] {
+            assert_eq!(f.ended(&infra(task, "x", "the same")), None);
         }
     }
 
@@ -161,7 +165,7 @@ mod tests {
             .iter()
             .enumerate()
         {
-            assert_eq!(f.ended(&infra(i, "s", e)), None);
+            assert_eq!(f.ended(&infra(["a", "b", "c"][i % 3], "s", e)), None);
         }
     }
 }

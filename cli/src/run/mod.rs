@@ -464,9 +464,14 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             break;
         }
         // A retry backing off while a slot is free: wake when it may start.
+        let now = Instant::now();
         let retry_at = (running.len() < concurrency)
-            .then(|| queue.next_ready(Instant::now()))
+            .then(|| queue.next_ready(now))
             .flatten();
+        if running.is_empty() && training.is_none() && retry_at.is_none() {
+            // A retry became ready since the slots were filled: nothing else would wake us.
+            continue;
+        }
         tokio::select! {
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {}
             _ = tick.tick(), if training.is_some() => {
@@ -505,7 +510,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 let _ = std::fs::write(slot.join("summary.json"), resume::render_result(&result));
                 let first = first_attempt.get(&attempt.index).copied().unwrap_or(0);
                 let alike = fail_fast.ended(&fail_fast::Ended {
-                    index: attempt.index,
+                    task: &result.task,
                     session: &session,
                     status: &status,
                     error: result.summary.as_ref().and_then(|s| s.error.as_deref()),
