@@ -112,6 +112,14 @@ def _multi_trace_groups():
     return [Group("g", [many, one], [1.0, -1.0])]
 
 
+def _frozen_step(cfg, **options):
+    """One step over ``_multi_trace_groups`` that leaves the weights as they were (lr 0): the
+    loss it reports is the definition's, on policy."""
+    model = tiny_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    return train_step(model, optimizer, _multi_trace_groups(), cfg, micro_batch_size=1, **options)
+
+
 @pytest.mark.parametrize(
     ("aggregation", "expected"),
     [
@@ -125,14 +133,7 @@ def _multi_trace_groups():
     ],
 )
 def test_each_aggregation_is_its_definition_over_trajectories(aggregation, expected):
-    cfg = LossConfig(aggregation=aggregation, sum_norm=16.0)
-    s = train_step(
-        tiny_llama(),
-        torch.optim.SGD(tiny_llama().parameters(), lr=0.0),
-        _multi_trace_groups(),
-        cfg,
-        micro_batch_size=1,
-    )
+    s = _frozen_step(LossConfig(aggregation=aggregation, sum_norm=16.0))
     assert s.loss == pytest.approx(expected, abs=1e-9)
 
 
@@ -170,14 +171,6 @@ def test_a_mini_batch_holds_whole_trajectories():
     # Two mini-batches of the 3-call trajectory and the 1-call one: each holds one trajectory
     # whole (split by trace, the 3-call one counted as a trajectory in both, SequenceMean's
     # figure was -4/9). Per mini-batch: -1 over 6 tokens, then +1 over 3.
-    cfg = LossConfig(aggregation="SequenceMean")
-    s = train_step(
-        tiny_llama(),
-        torch.optim.SGD(tiny_llama().parameters(), lr=0.0),
-        _multi_trace_groups(),
-        cfg,
-        micro_batch_size=1,
-        mini_batches=2,
-    )
+    s = _frozen_step(LossConfig(aggregation="SequenceMean"), mini_batches=2)
     assert s.updates == 2
     assert s.loss == pytest.approx((-1.0 * 6 + 1.0 * 3) / 9, abs=1e-9)
