@@ -13,7 +13,9 @@
 //!   state) — then only its own workspace (and harness home) bound back writable;
 //! - the model API only: a relay inside the sandbox ([`crate::relay`]) listens on the
 //!   gateway's loopback address and forwards to the gateway's unix socket, bound in. There is
-//!   no other route out, so the model server cannot be called past the capture;
+//!   no other route out, so the model server cannot be called past the capture. The socket
+//!   sits in the sandbox's `/tmp`, which the agent can rewrite, so the relay pins it before
+//!   the agent exists and never looks the path up again;
 //! - a seccomp filter ([`crate::syscall_filter`]) on the command itself: no unix-domain socket,
 //!   so no host daemon's socket, though the file system shows them read-only.
 //!

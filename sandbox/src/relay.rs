@@ -7,10 +7,19 @@
 //! that same address inside and forwards every connection to the gateway's unix socket, bound
 //! in. The harness needs no other setting: its `*_BASE_URL` is the address it would have used
 //! anyway.
+//!
+//! The relay runs outside the command's seccomp filter (it must dial a unix socket), in a
+//! sandbox whose `/tmp` the agent can rewrite: so it opens the socket once, before the command
+//! exists, as an `O_PATH` descriptor that does not follow links, and dials that inode through
+//! `/proc/self/fd/N` ever after. Renaming `/tmp/.floe` and planting a link to a host daemon's
+//! socket changes nothing it dials. It is not dumpable (the agent, the same user, can neither
+//! trace it nor read its memory), and once the command is started it installs a filter of its
+//! own that refuses starting programs, tracing and namespace or mount changes.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::ExitStatus;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus};
 
 use tokio::net::{TcpListener, UnixStream};
 
@@ -28,29 +37,58 @@ pub struct ExecArgs {
 
 /// Runs until the command exits; returns the exit code to leave with.
 pub async fn run(exec: ExecArgs) -> i32 {
-    let listener = match &exec.relay {
-        Some((listen, _)) => match TcpListener::bind(listen).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                eprintln!("floe sandbox-exec: cannot listen on {listen}: {e}");
-                return NOT_STARTED;
+    // Before anything else: nothing started later may trace this process or read its memory.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("floe sandbox-exec: cannot make this process undumpable: {e}");
+        return NOT_STARTED;
+    }
+    let relay = match &exec.relay {
+        Some((listen, socket)) => {
+            let listener = match TcpListener::bind(listen).await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("floe sandbox-exec: cannot listen on {listen}: {e}");
+                    return NOT_STARTED;
+                }
+            };
+            match PinnedSocket::open(socket) {
+                Ok(pinned) => Some((listener, pinned)),
+                Err(e) => {
+                    eprintln!("floe sandbox-exec: {e}");
+                    return NOT_STARTED;
+                }
             }
-        },
+        }
         None => None,
     };
-    let filter = match syscall_filter::program() {
-        Ok(f) => f,
-        Err(e) => {
+    let (command, relay_filter) = match (syscall_filter::program(), syscall_filter::relay()) {
+        (Ok(c), Ok(r)) => (c, r),
+        (Err(e), _) | (_, Err(e)) => {
             eprintln!("floe sandbox-exec: {e}");
             return NOT_STARTED;
         }
     };
-    let mut finished = start_filtered(filter, exec.program.clone(), exec.args.clone());
-    let socket = exec.relay.map(|(_, socket)| socket);
+    let child = match start_filtered(command, &exec.program, &exec.args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("floe sandbox-exec: cannot run {}: {e}", exec.program);
+            return NOT_STARTED;
+        }
+    };
+    // The command is started (the only `execve` this process needed): the relay's own filter
+    // goes on every thread now.
+    if let Err(e) = syscall_filter::apply_all_threads(&relay_filter) {
+        eprintln!("floe sandbox-exec: {e}");
+        return NOT_STARTED;
+    }
+    let mut finished = tokio::task::spawn_blocking(move || {
+        let mut child = child;
+        child.wait()
+    });
     loop {
         let accepted = async {
-            match &listener {
-                Some(l) => l.accept().await,
+            match &relay {
+                Some((l, _)) => l.accept().await,
                 None => std::future::pending().await,
             }
         };
@@ -59,25 +97,23 @@ pub async fn run(exec: ExecArgs) -> i32 {
                 return match status {
                     Ok(Ok(s)) => exit_code(s),
                     Ok(Err(e)) => {
-                        eprintln!("floe sandbox-exec: cannot run {}: {e}", exec.program);
+                        eprintln!("floe sandbox-exec: waiting for {}: {e}", exec.program);
                         NOT_STARTED
                     }
                     Err(_) => NOT_STARTED,
                 };
             }
             accepted = accepted => {
-                let (Ok((mut client, _)), Some(socket)) = (accepted, socket.clone()) else {
+                let (Ok((mut client, _)), Some((_, pinned))) = (accepted, &relay) else {
                     continue;
                 };
+                let dial = pinned.dial_path();
                 tokio::spawn(async move {
-                    match UnixStream::connect(&socket).await {
+                    match UnixStream::connect(&dial).await {
                         Ok(mut gateway) => {
                             let _ = tokio::io::copy_bidirectional(&mut client, &mut gateway).await;
                         }
-                        Err(e) => eprintln!(
-                            "floe sandbox-exec: the gateway ({}) refused a connection: {e}",
-                            socket.display()
-                        ),
+                        Err(e) => eprintln!("floe sandbox-exec: the gateway refused a connection: {e}"),
                     }
                 });
             }
@@ -85,26 +121,57 @@ pub async fn run(exec: ExecArgs) -> i32 {
     }
 }
 
+/// The gateway's socket, opened once as an `O_PATH` descriptor: dialled through
+/// `/proc/self/fd/N`, so the inode, not whatever the path names later.
+struct PinnedSocket {
+    fd: std::fs::File,
+}
+
+impl PinnedSocket {
+    fn open(path: &Path) -> Result<Self, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| format!("the gateway's socket {}: {e}", path.display()))?;
+        let kind = fd
+            .metadata()
+            .map_err(|e| format!("the gateway's socket {}: {e}", path.display()))?
+            .file_type();
+        if !kind.is_socket() {
+            return Err(format!(
+                "{} is not a socket (a link or a file planted there?)",
+                path.display()
+            ));
+        }
+        Ok(Self { fd })
+    }
+
+    fn dial_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+}
+
 /// Starts the command from a thread of its own that installed the filter first: a seccomp
 /// filter belongs to the thread that installs it and to the processes it starts, so the relay's
-/// own threads (which connect to the gateway's unix socket) stay unfiltered. The command
-/// inherits stdio, environment and working directory: the relay is invisible.
+/// own threads (which connect to the gateway's unix socket) stay unfiltered. The thread ends
+/// once the command is started (the relay's filter is then synchronised onto every thread,
+/// which a thread holding another filter would refuse). The command inherits stdio,
+/// environment and working directory: the relay is invisible.
 fn start_filtered(
     filter: seccompiler::BpfProgram,
-    program: String,
-    args: Vec<String>,
-) -> tokio::sync::oneshot::Receiver<std::io::Result<ExitStatus>> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    program: &str,
+    args: &[String],
+) -> std::io::Result<Child> {
+    let (program, args) = (program.to_string(), args.to_vec());
     std::thread::spawn(move || {
-        let ran = syscall_filter::apply(&filter).and_then(|()| {
-            std::process::Command::new(&program)
-                .args(&args)
-                .spawn()?
-                .wait()
-        });
-        let _ = tx.send(ran);
-    });
-    rx
+        syscall_filter::apply(&filter)?;
+        std::process::Command::new(&program).args(&args).spawn()
+    })
+    .join()
+    .unwrap_or_else(|_| Err(std::io::Error::other("the starting thread panicked")))
 }
 
 /// A shell's convention: the code, or 128 + the signal that killed it.

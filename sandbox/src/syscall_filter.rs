@@ -52,6 +52,55 @@ pub fn program() -> Result<BpfProgram, FilterError> {
         .map_err(|e: seccompiler::BackendError| err(&e))
 }
 
+/// The relay's own filter (`floe sandbox-exec` itself, once its command is started): it only
+/// accepts, dials and copies bytes, so starting a program, tracing, other processes' memory,
+/// namespaces and mounts are refused. Unlike the command's filter it allows unix sockets (the
+/// gateway's).
+pub fn relay() -> Result<BpfProgram, FilterError> {
+    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
+    let refused = [
+        libc::SYS_execve,
+        libc::SYS_execveat,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_bpf,
+        libc::SYS_userfaultfd,
+        libc::SYS_perf_event_open,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ];
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = refused.into_iter().map(|s| (s, vec![])).collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| err(&e))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| err(&e))
+}
+
+/// Installs `program` on every thread of this process at once (`SECCOMP_FILTER_FLAG_TSYNC`).
+pub fn apply_all_threads(program: &BpfProgram) -> Result<(), FilterError> {
+    seccompiler::apply_filter_all_threads(program)
+        .map_err(|e| FilterError(format!("cannot install the relay's filter: {e}")))
+}
+
 /// Installs `program` on the calling thread (with `no_new_privs`): it then holds for that thread
 /// and every process it starts.
 pub fn apply(program: &BpfProgram) -> std::io::Result<()> {
@@ -95,5 +144,27 @@ print("inet: ok")
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(text, "unix: EPERM\nsocketpair: ok\ninet: ok\n");
+    }
+
+    /// The relay's filter: it keeps dialling unix sockets, but cannot start a program.
+    #[test]
+    fn the_relay_filter_refuses_exec_but_keeps_unix_sockets() {
+        let filter = relay().expect("filter");
+        let (spawned, socket) = std::thread::spawn(move || {
+            apply(&filter).expect("filter installed");
+            let spawned = std::process::Command::new("true").status();
+            // Nothing listens there: ENOENT says the socket was created and dialled.
+            let dialled = std::os::unix::net::UnixStream::connect("/nonexistent/floe.sock")
+                .map_err(|e| e.raw_os_error());
+            (spawned.map_err(|e| e.raw_os_error()), dialled)
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(spawned.err(), Some(Some(libc::EPERM)));
+        assert_eq!(
+            socket.err(),
+            Some(Some(libc::ENOENT)),
+            "unix sockets must still work"
+        );
     }
 }

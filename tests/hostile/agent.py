@@ -23,6 +23,8 @@ MODEL = os.environ["HOSTILE_MODEL"]
 MARKER = os.environ["HOSTILE_MARKER"]
 SOCKET = os.environ["HOSTILE_SOCKET"]
 HIDDEN_MARK = "assert add(2, 3) == 5"
+# What the test's host daemon answers every connection with.
+DAEMON_ANSWER = b"host-daemon-answer"
 SESSION = os.path.basename(os.path.dirname(os.getcwd()))
 results = {}
 
@@ -117,8 +119,9 @@ def _():
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
     s.connect(SOCKET)
+    answer = s.recv(100)
     s.close()
-    return f"connected to {SOCKET}"
+    return f"connected to {SOCKET}: {answer!r}"
 
 
 def in_any_environ(needle):
@@ -159,6 +162,24 @@ def _():
             with open(f"/proc/{pid}/mem", "rb") as mem:
                 mem.seek(start)
                 return f"read {len(mem.read(64))} bytes of floe run (pid {pid})"
+    return None
+
+
+@attempt("read_relay_memory")
+def _():
+    # The relay (`floe sandbox-exec`, this sandbox's first process) dials unix sockets outside
+    # the agent's filter: its memory, or a trace of it, would be a way around that filter.
+    for cmdline in glob.glob("/proc/*/cmdline"):
+        try:
+            argv = open(cmdline, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1] == b"sandbox-exec":
+            pid = cmdline.split("/")[2]
+            start = int(open(f"/proc/{pid}/maps").readline().split("-")[0], 16)
+            with open(f"/proc/{pid}/mem", "rb") as mem:
+                mem.seek(start)
+                return f"read {len(mem.read(64))} bytes of the relay (pid {pid})"
     return None
 
 
@@ -216,6 +237,27 @@ while time.time() < end:
         os._exit(0)
     os.waitpid(pid, 0)
     return "started (refused if it is gone when grading starts)"
+
+
+@attempt("relay_dials_a_planted_socket")
+def _():
+    # The relay, outside the seccomp filter, carries the harness's model calls to the gateway's
+    # socket at /tmp/.floe/gateway.sock, in this sandbox's own /tmp: move the directory away,
+    # plant a link to a host daemon's socket in its place, and call the model again. Last, as
+    # it leaves no route to the gateway when it works.
+    import socket
+    import urllib.parse
+
+    if not os.path.isdir("/tmp/.floe"):
+        return None  # no relay: nothing to trick
+    os.rename("/tmp/.floe", "/tmp/.floe-moved")
+    os.mkdir("/tmp/.floe")
+    os.symlink(SOCKET, "/tmp/.floe/gateway.sock")
+    base = urllib.parse.urlsplit(os.environ["OPENAI_BASE_URL"])
+    with socket.create_connection((base.hostname, base.port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        answer = s.recv(200)
+    return answer.decode(errors="replace") if DAEMON_ANSWER in answer else None
 
 
 json.dump(results, open("attacks.json", "w"), indent=1)

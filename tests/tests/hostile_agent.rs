@@ -124,8 +124,9 @@ async fn run(sandbox: bool) -> Result<Outcome> {
     let _ = std::fs::remove_file(&socket);
     let daemon = tokio::net::UnixListener::bind(&socket)?;
     let accepting = tokio::spawn(async move {
-        while let Ok((stream, _)) = daemon.accept().await {
-            drop(stream);
+        while let Ok((mut stream, _)) = daemon.accept().await {
+            // What a root daemon would answer: the agent must never read it.
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, b"host-daemon-answer\n").await;
         }
     });
     let job = job(dir.path(), &out, &model.url, &marker, &socket)?;
