@@ -25,6 +25,10 @@ use tokio::net::{TcpListener, UnixStream};
 
 use crate::syscall_filter;
 
+/// The line `floe sandbox-exec` writes on stderr just before it starts the command: the runner
+/// reads it as "the sandbox was set up" (`bwrap` itself fails before it, with its own message).
+pub const STARTED: &str = "floe sandbox-exec: started";
+
 /// Exit status when the command cannot be started (as a shell says "command not found").
 pub const NOT_STARTED: i32 = 127;
 
@@ -68,6 +72,7 @@ pub async fn run(exec: ExecArgs) -> i32 {
             return NOT_STARTED;
         }
     };
+    eprintln!("{STARTED}");
     let child = match start_filtered(command, &exec.program, &exec.args) {
         Ok(c) => c,
         Err(e) => {

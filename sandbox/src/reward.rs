@@ -1,7 +1,12 @@
 //! The evaluator's result → a reward. Sans-IO: the runner passes the exit, stdout and the
-//! report file's contents. An evaluator that could not judge (did not start, crashed on a
-//! signal, wrote no reward file, ran no tests) is an infrastructure failure, never a reward
-//! of 0: the session is retried instead of teaching the policy a wrong lesson.
+//! report file's contents.
+//!
+//! The outcome table (`docs/sandbox-contract.md`): the evaluator runs the policy's code, so
+//! whatever that code can cause — an exit before any summary, a signal, tests that never end,
+//! a reward file missing or garbled — is the policy's failure, scored (reward 0) with a reason
+//! code, never "not scored": an RL run learns every loss it can turn into a retry. Only what
+//! floe can show is not the code's (an evaluator that did not start, a job that names no
+//! reward file or format) is an infrastructure failure.
 
 use floe_crds::rollout_job::{RewardSource, RewardSpec, TestOutputFormat, TestScoring};
 use serde::Serialize;
@@ -22,9 +27,58 @@ pub struct Verdict {
     pub tests: Option<TestCounts>,
 }
 
+/// Why a session scored as a failure without a verdict of its evaluator: each is something the
+/// agent's workspace or the code under test caused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureReason {
+    /// The tests did not finish within `timeouts.evaluatorSeconds`.
+    EvaluatorTimeout,
+    /// The evaluator died by a signal (the code under test crashed it, or filled its memory).
+    EvaluatorKilled,
+    /// The evaluator ran but left no verdict: no reward file, an unparseable one, no test
+    /// results in its output.
+    NoVerdict,
+    /// The agent's workspace could not be read as task content.
+    WorkspaceUnreadable,
+    /// The agent's changes are larger than floe copies for grading.
+    WorkspaceTooLarge,
+}
+
+impl FailureReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::EvaluatorTimeout => "evaluator_timeout",
+            Self::EvaluatorKilled => "evaluator_killed",
+            Self::NoVerdict => "no_verdict",
+            Self::WorkspaceUnreadable => "workspace_unreadable",
+            Self::WorkspaceTooLarge => "workspace_too_large",
+        }
+    }
+}
+
+/// The reward of a session that failed for a [`FailureReason`].
+pub const FAILURE_REWARD: f64 = 0.0;
+
 #[derive(Debug, thiserror::Error, PartialEq)]
-#[error("the evaluator could not judge the session: {0}")]
-pub struct EvaluatorFailure(pub String);
+pub enum EvaluatorFailure {
+    /// What the evaluated code did: the policy's failure, scored.
+    #[error("{message}")]
+    ByTheCode {
+        reason: FailureReason,
+        message: String,
+    },
+    /// The evaluator or the job cannot judge anything: infrastructure.
+    #[error("the evaluator could not judge the session: {0}")]
+    Broken(String),
+}
+
+fn no_verdict(message: String) -> EvaluatorFailure {
+    EvaluatorFailure::ByTheCode {
+        reason: FailureReason::NoVerdict,
+        message,
+    }
+}
 
 /// What the evaluator left behind.
 pub struct EvaluatorResult<'a> {
@@ -36,31 +90,35 @@ pub struct EvaluatorResult<'a> {
 
 pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, EvaluatorFailure> {
     match result.exit {
-        Exit::SpawnFailed(e) => return Err(EvaluatorFailure(format!("did not start: {e}"))),
-        Exit::Signal(s) => return Err(EvaluatorFailure(format!("killed by signal {s}"))),
-        Exit::TimedOut => return Err(EvaluatorFailure("timed out".into())),
+        Exit::SpawnFailed(e) => {
+            return Err(EvaluatorFailure::Broken(format!("did not start: {e}")))
+        }
+        Exit::Signal(s) => {
+            return Err(EvaluatorFailure::ByTheCode {
+                reason: FailureReason::EvaluatorKilled,
+                message: format!("the evaluator was killed by signal {s}"),
+            })
+        }
+        Exit::TimedOut => {
+            return Err(EvaluatorFailure::ByTheCode {
+                reason: FailureReason::EvaluatorTimeout,
+                message: "the evaluator timed out".into(),
+            })
+        }
         Exit::Code(_) => {}
     }
     match spec.source {
-        RewardSource::ExitCode => match result.exit {
-            Exit::Code(0) => Ok(Verdict {
-                reward: 1.0,
-                tests: None,
-            }),
-            // The shell's "not found" / "not executable": the evaluator itself is broken.
-            Exit::Code(c @ (126 | 127)) => Err(EvaluatorFailure(format!(
-                "exit {c}: the evaluator command is missing or not executable"
-            ))),
-            _ => Ok(Verdict {
-                reward: 0.0,
-                tests: None,
-            }),
-        },
+        // Any exit but 0 is a failure, 126 and 127 too: the runner checked the evaluator's
+        // program starts before running it, so they are the code's (`os._exit(127)`).
+        RewardSource::ExitCode => Ok(Verdict {
+            reward: f64::from(u8::from(*result.exit == Exit::Code(0))),
+            tests: None,
+        }),
         RewardSource::RewardFile => {
             let text = match &result.report {
                 Some(Ok(text)) => text,
-                Some(Err(e)) => return Err(EvaluatorFailure(format!("reward file: {e}"))),
-                None => return Err(EvaluatorFailure("reward.path is not set".into())),
+                Some(Err(e)) => return Err(no_verdict(format!("reward file: {e}"))),
+                None => return Err(EvaluatorFailure::Broken("reward.path is not set".into())),
             };
             reward_file(text).map(|reward| Verdict {
                 reward,
@@ -70,19 +128,19 @@ pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, Eva
         RewardSource::TestOutput => {
             let text = match &result.report {
                 Some(Ok(text)) => text.as_str(),
-                Some(Err(e)) => return Err(EvaluatorFailure(format!("test report: {e}"))),
+                Some(Err(e)) => return Err(no_verdict(format!("test report: {e}"))),
                 None => result.stdout,
             };
             let format = spec
                 .format
-                .ok_or_else(|| EvaluatorFailure("reward.format is not set".into()))?;
+                .ok_or_else(|| EvaluatorFailure::Broken("reward.format is not set".into()))?;
             let counts = match format {
                 TestOutputFormat::PytestSummary => pytest_summary(text),
                 TestOutputFormat::Tap => tap(text),
                 TestOutputFormat::JUnitXml => junit_xml(text)?,
             };
             let Some(counts) = counts.filter(|c| c.passed + c.failed > 0) else {
-                return Err(EvaluatorFailure(format!(
+                return Err(no_verdict(format!(
                     "no test results found in the {format:?} output"
                 )));
             };
@@ -103,14 +161,14 @@ pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, Eva
 /// `{"reward": <finite number>}` (a bare number is accepted too).
 fn reward_file(text: &str) -> Result<f64, EvaluatorFailure> {
     let value: serde_json::Value = serde_json::from_str(text.trim())
-        .map_err(|e| EvaluatorFailure(format!("reward file is not JSON: {e}")))?;
+        .map_err(|e| no_verdict(format!("reward file is not JSON: {e}")))?;
     let reward = value
         .get("reward")
         .unwrap_or(&value)
         .as_f64()
         .filter(|r| r.is_finite())
         .ok_or_else(|| {
-            EvaluatorFailure(format!(
+            no_verdict(format!(
                 "reward file must hold {{\"reward\": <number>}}, got {}",
                 truncate(text.trim(), 200)
             ))
@@ -213,7 +271,7 @@ pub fn tap(text: &str) -> Option<TestCounts> {
 /// skipped, else passed.
 pub fn junit_xml(text: &str) -> Result<Option<TestCounts>, EvaluatorFailure> {
     let doc = roxmltree::Document::parse(text)
-        .map_err(|e| EvaluatorFailure(format!("JUnit XML does not parse: {e}")))?;
+        .map_err(|e| no_verdict(format!("JUnit XML does not parse: {e}")))?;
     let mut counts = TestCounts::default();
     let mut any = false;
     for case in doc.descendants().filter(|n| n.has_tag_name("testcase")) {
@@ -271,15 +329,25 @@ mod tests {
         assert_eq!(judged(&s, Exit::Code(0), "", None), Ok(1.0));
         assert_eq!(judged(&s, Exit::Code(1), "", None), Ok(0.0));
         assert_eq!(judged(&s, Exit::Code(2), "", None), Ok(0.0));
-        for broken in [
-            Exit::Code(127),
-            Exit::Code(126),
-            Exit::Signal(9),
-            Exit::TimedOut,
-            Exit::SpawnFailed("x".into()),
-        ] {
-            assert!(judged(&s, broken.clone(), "", None).is_err(), "{broken:?}");
-        }
+        // The code under test can exit 127 (`os._exit(127)`): a failure, not a broken evaluator.
+        assert_eq!(judged(&s, Exit::Code(127), "", None), Ok(0.0));
+        assert_eq!(judged(&s, Exit::Code(126), "", None), Ok(0.0));
+        let reason = |exit: Exit| match judged(&s, exit, "", None) {
+            Err(EvaluatorFailure::ByTheCode { reason, .. }) => Some(reason),
+            _ => None,
+        };
+        assert_eq!(
+            reason(Exit::Signal(9)),
+            Some(FailureReason::EvaluatorKilled)
+        );
+        assert_eq!(
+            reason(Exit::TimedOut),
+            Some(FailureReason::EvaluatorTimeout)
+        );
+        assert!(matches!(
+            judged(&s, Exit::SpawnFailed("x".into()), "", None),
+            Err(EvaluatorFailure::Broken(_))
+        ));
     }
 
     #[test]
@@ -293,7 +361,22 @@ mod tests {
         assert_eq!(judged(&s, Exit::Code(1), "", file("0.5\n")), Ok(0.5));
         assert!(judged(&s, Exit::Code(0), "", file(r#"{"score": 1}"#)).is_err());
         assert!(judged(&s, Exit::Code(0), "", file("nope")).is_err());
-        assert!(judged(&s, Exit::Code(0), "", Some(Err("missing".into()))).is_err());
+        let missing = judged(&s, Exit::Code(0), "", Some(Err("missing".into())));
+        assert!(
+            matches!(
+                missing,
+                Err(EvaluatorFailure::ByTheCode {
+                    reason: FailureReason::NoVerdict,
+                    ..
+                })
+            ),
+            "{missing:?}"
+        );
+        // A job without reward.path cannot be judged by anyone: infrastructure.
+        assert!(matches!(
+            judged(&s, Exit::Code(0), "", None),
+            Err(EvaluatorFailure::Broken(_))
+        ));
     }
 
     #[test]
@@ -387,8 +470,14 @@ mod tests {
             Ok(1.0)
         );
         // Collected nothing (e.g. the agent broke an import the tests need is *not* this: that
-        // is "1 error"); an evaluator that ran no tests at all cannot judge.
-        assert!(judged(&all, Exit::Code(5), "no tests ran in 0.01s", None).is_err());
+        // is "1 error"); no test ran, or the code exited before any summary: the code's failure.
+        assert!(matches!(
+            judged(&all, Exit::Code(5), "no tests ran in 0.01s", None),
+            Err(EvaluatorFailure::ByTheCode {
+                reason: FailureReason::NoVerdict,
+                ..
+            })
+        ));
         assert_eq!(
             judged(&all, Exit::Code(2), "1 error in 0.1s", None),
             Ok(0.0)

@@ -7,18 +7,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use floe_crds::common::PrepareStep;
-use floe_gateway::trajectory::{Evaluation, SessionOutcome};
-use serde_json::json;
+use floe_gateway::trajectory::SessionOutcome;
 
 use crate::agent_link::{self, GraderEnd, Linked};
 use crate::client::GatewayClient;
 use crate::confine::{self, Access, Confinement};
 use crate::presets::{self, PresetContext};
 use crate::process::{self, CommandSpec, Exit, Finished};
-use crate::reward::{judge, EvaluatorResult};
 use crate::spec::RunSpec;
 use crate::summary::{ExitKind, Summary};
-use crate::workspace::{self, Protected};
+use crate::workspace;
 
 /// Variables of the runner that the harness and evaluator never see.
 const PRIVATE_ENV: &[&str] = &[
@@ -72,7 +70,7 @@ pub struct AgentContainer {
 
 /// A child process of the runner: `<name>.stdout/.stderr` in the state's `logs/`, the runner's
 /// private variables removed, its output cap and kill grace.
-fn child(
+pub(crate) fn child(
     config: &RunnerConfig,
     name: &str,
     program: &str,
@@ -341,7 +339,7 @@ async fn prepare(config: &RunnerConfig, steps: &[PrepareStep], phase: &str) -> R
 }
 
 /// Whether `spec`'s program exists and is executable, looked up as the sandbox will.
-fn startable(spec: &CommandSpec) -> Result<(), String> {
+pub(crate) fn startable(spec: &CommandSpec) -> Result<(), String> {
     let path = spec
         .env
         .iter()
@@ -354,12 +352,16 @@ fn startable(spec: &CommandSpec) -> Result<(), String> {
         .ok_or_else(|| format!("{}: not found or not executable", spec.program))
 }
 
-/// [`tail`] of a file the agent could have replaced: never through a symlink.
+/// [`tail`] of a file the agent could have replaced: a regular file, its directory and itself
+/// reached without a link.
 fn agent_tail(path: &Path, max: usize) -> String {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_file() => tail(path, max),
-        _ => String::new(),
-    }
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return String::new();
+    };
+    crate::tree::Dir::open(parent)
+        .and_then(|d| d.open_file(name))
+        .map(|f| tail_of(f, max))
+        .unwrap_or_default()
 }
 
 /// `the harness exited 1: bwrap: Can't find source path …`: a failed harness's exit and the
@@ -371,7 +373,7 @@ fn died_before_calling(config: &RunnerConfig, exit: Option<i32>) -> Option<Strin
     let last: String = stderr
         .lines()
         .rev()
-        .find(|l| !l.trim().is_empty())
+        .find(|l| !l.trim().is_empty() && *l != crate::relay::STARTED)
         .unwrap_or("")
         .chars()
         .take(300)
@@ -414,13 +416,24 @@ async fn in_agent_container(link: Linked, harness: &CommandSpec) -> Result<Finis
     }
 }
 
-fn tail(path: &Path, max: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let start = text.len().saturating_sub(max);
-    let start = (start..=text.len())
-        .find(|i| text.is_char_boundary(*i))
-        .unwrap_or(0);
-    text[start..].trim().to_string()
+/// The last `max` bytes of a log, read from its end (a log may be a 64 GiB sparse file).
+pub(crate) fn tail(path: &Path, max: usize) -> String {
+    std::fs::File::open(path)
+        .map(|f| tail_of(f, max))
+        .unwrap_or_default()
+}
+
+fn tail_of(mut file: std::fs::File, max: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut bytes = Vec::new();
+    let read = file.metadata().and_then(|m| {
+        file.seek(SeekFrom::Start(m.len().saturating_sub(max as u64)))?;
+        file.take(max as u64).read_to_end(&mut bytes)
+    });
+    if read.is_err() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&bytes).trim().to_string()
 }
 
 /// Everything between the assignment and the outcome. Infrastructure problems become an
@@ -544,94 +557,10 @@ async fn session_outcome(
     }
 
     // Evaluation in a fresh copy; hidden files only now.
-    let changes = match workspace::diff(&pristine, ws) {
-        Ok(c) => c,
-        Err(e) => return infra_error(format!("diff: {e}")),
+    let evaluation = match crate::grading::grade(config, spec, &pristine, ws, summary).await {
+        Ok(e) => e,
+        Err(message) => return infra_error(message),
     };
-    let hidden = spec.all_hidden_files();
-    // The reward file is the evaluator's to write: one the agent left is discarded.
-    let evaluator_owned = hidden.keys().chain(spec.evaluator.reward.path.iter());
-    let protected = match Protected::new(&spec.evaluator.protected_paths, evaluator_owned) {
-        Ok(p) => p,
-        Err(e) => return infra_error(e.to_string()),
-    };
-    let eval_dir = state.join("eval");
-    let applied =
-        match workspace::evaluation_copy(&pristine, ws, &eval_dir, &changes, &protected, &hidden) {
-            Ok(a) => a,
-            Err(e) => return infra_error(format!("evaluation copy: {e}")),
-        };
-    let Some((program, args)) = spec.evaluator.command.split_first() else {
-        return infra_error("evaluator.command is empty".into());
-    };
-    let evaluation_env = spec.task.evaluation.clone().unwrap_or_default();
-    let mut evaluator = child(
-        config,
-        "evaluator",
-        program,
-        args.iter().chain(&evaluation_env.args).cloned().collect(),
-        evaluation_env.env.into_iter().collect(),
-        &eval_dir,
-        spec.timeouts.evaluator_seconds,
-    );
-    if let Some(confinement) = &config.confinement {
-        // Its own namespaces too: the agent's code it runs (tests import it) reaches neither
-        // the network nor any other session.
-        let access = Access {
-            writable: vec![&eval_dir],
-            read_only: vec![],
-            model_api: false,
-        };
-        evaluator = confinement.wrap(evaluator, &access);
-    }
-    let judged_run = match process::run(&evaluator).await {
-        Ok(f) => f,
-        Err(e) => return infra_error(e.to_string()),
-    };
-    summary.evaluator_seconds = judged_run.elapsed.as_secs_f64();
-    if judged_run.exit == Exit::TimedOut {
-        return SessionOutcome::EvaluatorTimeout;
-    }
-    let stdout = std::fs::read_to_string(&evaluator.stdout).unwrap_or_default();
-    let report = spec.evaluator.reward.path.as_ref().map(|p| {
-        workspace::safe_join(&eval_dir, p)
-            .map_err(|e| e.to_string())
-            .and_then(|path| {
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
-            })
-    });
-    let verdict = match judge(
-        &spec.evaluator.reward,
-        &EvaluatorResult {
-            exit: &judged_run.exit,
-            stdout: &stdout,
-            report,
-        },
-    ) {
-        Ok(v) => v,
-        Err(e) => {
-            return infra_error(format!(
-                "{e}; evaluator stderr: {}",
-                tail(&evaluator.stderr, 500)
-            ))
-        }
-    };
-    let evaluation = Evaluation {
-        reward: Some(verdict.reward),
-        passed: Some(verdict.reward >= spec.evaluator.reward.pass_threshold),
-        detail: json!({
-            "evaluatorExit": match judged_run.exit { Exit::Code(c) => Some(c), _ => None },
-            "tests": verdict.tests,
-            "harnessExit": summary.harness_exit,
-            "changes": {
-                "added": applied.applied.added.len(),
-                "modified": applied.applied.modified.len(),
-                "deleted": applied.applied.deleted.len(),
-                "discarded": applied.discarded,
-            },
-        }),
-    };
-    tracing::info!(%session, reward = verdict.reward, changes = changes.len(), "evaluated");
     if timed_out {
         SessionOutcome::AgentTimeout {
             evaluation: Some(evaluation),

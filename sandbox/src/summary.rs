@@ -44,6 +44,10 @@ pub struct Summary {
     pub reward: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub passed: Option<bool>,
+    /// Why the session scored as the policy's failure without its evaluator's verdict
+    /// ([`crate::reward::FailureReason`]'s code: `evaluator_timeout`, `no_verdict`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harness_exit: Option<i32>,
     /// When the harness process was started (wall clock, milliseconds since the Unix epoch):

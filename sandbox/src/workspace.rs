@@ -8,10 +8,19 @@
 //! job allows it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
+
+use crate::tree::{self, Dir, Kind};
+
+/// The most bytes of the agent's changes copied into an evaluation copy: a workspace that holds
+/// more (a 64 GiB sparse file, say) is the policy's failure, not a disk floe fills.
+pub const MAX_CHANGED_BYTES: u64 = 2 << 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
@@ -24,6 +33,21 @@ pub enum WorkspaceError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Something the agent left cannot be read as task content (floe's own side is fine).
+    #[error("the workspace's {path}: {source}")]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the agent's changes hold more than {limit} bytes")]
+    TooLarge { limit: u64 },
+}
+
+impl WorkspaceError {
+    /// Whether the agent's workspace caused it (the policy's failure), not floe's side.
+    pub fn is_the_agents(&self) -> bool {
+        matches!(self, Self::Unreadable { .. } | Self::TooLarge { .. })
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkspaceError + '_ {
@@ -33,100 +57,129 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkspaceError + '_ {
     }
 }
 
-/// `root/relative`, refusing absolute paths and `..` (task files come from user YAML).
-pub fn safe_join(root: &Path, relative: &str) -> Result<PathBuf, WorkspaceError> {
+fn agents(path: &Path) -> impl FnOnce(std::io::Error) -> WorkspaceError + '_ {
+    move |source| WorkspaceError::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `relative` checked: no absolute path, no `..` (task files come from user YAML).
+pub fn safe_relative(relative: &str) -> Result<&Path, WorkspaceError> {
     let rel = Path::new(relative);
     let ok = !relative.is_empty()
         && rel
             .components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        && rel.components().any(|c| matches!(c, Component::Normal(_)));
     if ok {
-        Ok(root.join(rel))
+        Ok(rel)
     } else {
         Err(WorkspaceError::UnsafePath(relative.to_string()))
     }
 }
 
-/// Write `path → content` files under `root`, creating directories.
+/// `root/relative`, refusing absolute paths and `..`.
+pub fn safe_join(root: &Path, relative: &str) -> Result<PathBuf, WorkspaceError> {
+    safe_relative(relative).map(|rel| root.join(rel))
+}
+
+/// Write `path → content` files under `root`, creating directories. Nothing is written through
+/// a link: a link (or file) where a directory or the file goes is removed first.
 pub fn write_files(root: &Path, files: &BTreeMap<String, String>) -> Result<(), WorkspaceError> {
+    let dir = Dir::create(root).map_err(io(root))?;
     for (relative, content) in files {
-        let path = safe_join(root, relative)?;
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io(parent))?;
-        }
-        // Replace, never write through: the agent may have left a symlink at this path.
-        if std::fs::symlink_metadata(&path).is_ok() {
-            remove(&path)?;
-        }
-        std::fs::write(&path, content).map_err(io(&path))?;
+        let rel = safe_relative(relative)?;
+        let at = root.join(rel);
+        let (parent, name) = dir.make_parents(rel).map_err(io(&at))?;
+        parent.remove(&name).map_err(io(&at))?;
+        parent
+            .create_file(&name, 0o644)
+            .and_then(|mut f| f.write_all(content.as_bytes()))
+            .map_err(io(&at))?;
     }
     Ok(())
 }
 
-fn remove(path: &Path) -> Result<(), WorkspaceError> {
-    let meta = std::fs::symlink_metadata(path).map_err(io(path))?;
-    if meta.is_dir() {
-        std::fs::remove_dir_all(path).map_err(io(path))
-    } else {
-        std::fs::remove_file(path).map_err(io(path))
-    }
-}
-
-/// Copy a tree (files with their permissions, symlinks as symlinks, directories).
+/// Copy a tree (files with their permissions, symlinks as symlinks, directories); FIFOs,
+/// sockets and devices are not task content and are left out.
 pub fn copy_tree(from: &Path, to: &Path) -> Result<(), WorkspaceError> {
-    std::fs::create_dir_all(to).map_err(io(to))?;
-    for entry in std::fs::read_dir(from).map_err(io(from))? {
-        let entry = entry.map_err(io(from))?;
-        let (src, dst) = (entry.path(), to.join(entry.file_name()));
-        copy_entry(&src, &dst)?;
+    let src = Dir::open(from).map_err(io(from))?;
+    let dst = Dir::create(to).map_err(io(to))?;
+    copy_dir(&src, &dst, from)
+}
+
+fn copy_dir(src: &Dir, dst: &Dir, at: &Path) -> Result<(), WorkspaceError> {
+    for name in src.names().map_err(io(at))? {
+        copy_entry(src, &name, dst, &at.join(&name))?;
     }
     Ok(())
 }
 
-fn copy_entry(src: &Path, dst: &Path) -> Result<(), WorkspaceError> {
-    let meta = std::fs::symlink_metadata(src).map_err(io(src))?;
-    if meta.file_type().is_symlink() {
-        let target = std::fs::read_link(src).map_err(io(src))?;
-        std::os::unix::fs::symlink(target, dst).map_err(io(dst))
-    } else if meta.is_dir() {
-        copy_tree(src, dst)
-    } else if meta.is_file() {
-        std::fs::copy(src, dst).map(|_| ()).map_err(io(dst))
-    } else {
-        // A FIFO (or socket, device) is not task content, and reading a FIFO nobody writes
-        // blocks forever: an agent could hang its own grading with one `mkfifo`.
-        Ok(())
+/// Copies `name` from `src` to `dst` (where nothing of that name is); returns the bytes
+/// copied. Errors reading `src` are [`io`]'s.
+fn copy_entry(src: &Dir, name: &OsStr, dst: &Dir, at: &Path) -> Result<u64, WorkspaceError> {
+    match src.kind(name).map_err(io(at))? {
+        Some(Kind::Link(target)) => dst.symlink(&target, name).map(|()| 0).map_err(io(at)),
+        Some(Kind::Dir) => {
+            let (from, to) = (
+                src.subdir(name).map_err(io(at))?,
+                dst.mkdir(name).map_err(io(at))?,
+            );
+            copy_dir(&from, &to, at).map(|()| 0)
+        }
+        Some(Kind::File { mode, .. }) => {
+            let mut file = src.open_file(name).map_err(io(at))?;
+            tree::copy_file(&mut file, mode, dst, name).map_err(io(at))
+        }
+        // A FIFO nobody writes would block a reader forever: one `mkfifo` must not hang grading.
+        Some(Kind::Other) | None => Ok(0),
     }
 }
 
-/// Every regular file and symlink under `root`, as `/`-separated relative paths (FIFOs,
+/// Every regular file and symlink under `root`, relative to it (names are bytes; FIFOs,
 /// sockets and devices are not content: never listed, compared or copied).
-pub fn list(root: &Path) -> Result<BTreeSet<String>, WorkspaceError> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<(), WorkspaceError> {
-        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-            let path = entry.map_err(io(dir))?.path();
-            let meta = std::fs::symlink_metadata(&path).map_err(io(&path))?;
-            if meta.is_dir() {
-                walk(root, &path, out)?;
-            } else if !(meta.is_file() || meta.file_type().is_symlink()) {
-                continue;
-            } else if let Ok(rel) = path.strip_prefix(root) {
-                out.insert(rel.to_string_lossy().replace('\\', "/"));
+pub fn list(root: &Path) -> Result<BTreeSet<PathBuf>, WorkspaceError> {
+    fn walk(
+        dir: &Dir,
+        rel: &Path,
+        root: &Path,
+        out: &mut BTreeSet<PathBuf>,
+    ) -> Result<(), WorkspaceError> {
+        for name in dir.names().map_err(io(&root.join(rel)))? {
+            let path = rel.join(&name);
+            match dir.kind(&name).map_err(io(&root.join(&path)))? {
+                Some(Kind::Dir) => {
+                    let sub = dir.subdir(&name).map_err(io(&root.join(&path)))?;
+                    walk(&sub, &path, root, out)?;
+                }
+                Some(Kind::File { .. } | Kind::Link(_)) => {
+                    out.insert(path);
+                }
+                Some(Kind::Other) | None => {}
             }
         }
         Ok(())
     }
     let mut out = BTreeSet::new();
-    walk(root, root, &mut out)?;
+    let dir = Dir::open(root).map_err(io(root))?;
+    walk(&dir, Path::new(""), root, &mut out)?;
     Ok(out)
+}
+
+fn lossy<S: Serializer>(paths: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(paths.iter().map(|p| p.to_string_lossy()))
 }
 
 /// What the agent changed, by path.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Changes {
-    pub added: Vec<String>,
-    pub modified: Vec<String>,
-    pub deleted: Vec<String>,
+    #[serde(serialize_with = "lossy")]
+    pub added: Vec<PathBuf>,
+    #[serde(serialize_with = "lossy")]
+    pub modified: Vec<PathBuf>,
+    #[serde(serialize_with = "lossy")]
+    pub deleted: Vec<PathBuf>,
 }
 
 impl Changes {
@@ -141,9 +194,9 @@ impl Changes {
 
 /// Sans-IO: classify paths given both listings and whether a path in both differs.
 pub fn classify(
-    before: &BTreeSet<String>,
-    after: &BTreeSet<String>,
-    differs: impl Fn(&str) -> bool,
+    before: &BTreeSet<PathBuf>,
+    after: &BTreeSet<PathBuf>,
+    differs: impl Fn(&Path) -> bool,
 ) -> Changes {
     Changes {
         added: after.difference(before).cloned().collect(),
@@ -157,34 +210,50 @@ pub fn classify(
 }
 
 /// The agent's changes: `pristine` (before) versus `workspace` (after). Content, file type,
-/// symlink target and the executable bit count.
+/// symlink target and the executable bit count. What cannot be read in the workspace is
+/// [`WorkspaceError::Unreadable`]: the agent's doing.
 pub fn diff(pristine: &Path, workspace: &Path) -> Result<Changes, WorkspaceError> {
-    let (before, after) = (list(pristine)?, list(workspace)?);
-    Ok(classify(&before, &after, |p| {
-        !same_entry(&pristine.join(p), &workspace.join(p))
+    let before = list(pristine)?;
+    let after = list(workspace).map_err(to_agents)?;
+    let (p, w) = (
+        Dir::open(pristine).map_err(io(pristine))?,
+        Dir::open(workspace).map_err(agents(workspace))?,
+    );
+    Ok(classify(&before, &after, |rel| {
+        !same_entry(&p, &w, rel).unwrap_or(false)
     }))
 }
 
-fn same_entry(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let (Ok(ma), Ok(mb)) = (std::fs::symlink_metadata(a), std::fs::symlink_metadata(b)) else {
-        return false;
-    };
-    if ma.file_type().is_symlink() || mb.file_type().is_symlink() {
-        return ma.file_type().is_symlink()
-            && mb.file_type().is_symlink()
-            && std::fs::read_link(a).ok() == std::fs::read_link(b).ok();
+fn to_agents(e: WorkspaceError) -> WorkspaceError {
+    match e {
+        WorkspaceError::Io { path, source } => WorkspaceError::Unreadable { path, source },
+        other => other,
     }
-    ma.len() == mb.len()
-        && (ma.permissions().mode() & 0o111) == (mb.permissions().mode() & 0o111)
-        && std::fs::read(a).ok() == std::fs::read(b).ok()
+}
+
+fn same_entry(a: &Dir, b: &Dir, rel: &Path) -> std::io::Result<bool> {
+    let (Some((da, name)), Some((db, _))) = (a.find_parent(rel)?, b.find_parent(rel)?) else {
+        return Ok(false);
+    };
+    Ok(match (da.kind(&name)?, db.kind(&name)?) {
+        (Some(Kind::Link(x)), Some(Kind::Link(y))) => x == y,
+        (Some(Kind::File { mode: ma, len: la }), Some(Kind::File { mode: mb, len: lb })) => {
+            la == lb
+                && (ma & 0o111) == (mb & 0o111)
+                && tree::same_content(&mut da.open_file(&name)?, &mut db.open_file(&name)?)?
+        }
+        _ => false,
+    })
 }
 
 /// Paths the agent may not change for the grader: the job's protected globs and every hidden
-/// file.
+/// file (and the reward file).
 pub struct Protected {
     globs: GlobSet,
-    exact: BTreeSet<String>,
+    exact: BTreeSet<PathBuf>,
+    /// Directories that hold a hidden or protected path: a link or file the agent puts there
+    /// would be written through, or would shadow what the grader relies on.
+    guarded: BTreeSet<PathBuf>,
 }
 
 impl Protected {
@@ -193,6 +262,7 @@ impl Protected {
         hidden: impl IntoIterator<Item = &'a String>,
     ) -> Result<Self, WorkspaceError> {
         let mut builder = GlobSetBuilder::new();
+        let mut guarded = BTreeSet::new();
         for p in patterns {
             let glob = globset::GlobBuilder::new(p)
                 .literal_separator(true)
@@ -200,20 +270,42 @@ impl Protected {
                 .or_else(|_| Glob::new(p))
                 .map_err(|e| WorkspaceError::Pattern(p.clone(), e.to_string()))?;
             builder.add(glob);
+            // `tests/**`, `tests/test_*.py`: `tests` holds protected paths.
+            let literal: PathBuf = Path::new(p)
+                .components()
+                .take_while(|c| !c.as_os_str().as_bytes().iter().any(|b| b"*?[{".contains(b)))
+                .collect();
+            let dir = if literal.as_os_str() == OsStr::new(p) {
+                literal.parent().map(Path::to_path_buf).unwrap_or_default()
+            } else {
+                literal
+            };
+            guarded.extend(dir.ancestors().map(Path::to_path_buf));
         }
+        let exact: BTreeSet<PathBuf> = hidden
+            .into_iter()
+            .map(|p| Path::new(p.trim_start_matches("./")).components().collect())
+            .collect();
+        for p in &exact {
+            guarded.extend(p.ancestors().skip(1).map(Path::to_path_buf));
+        }
+        guarded.remove(Path::new(""));
         Ok(Self {
             globs: builder
                 .build()
                 .map_err(|e| WorkspaceError::Pattern(patterns.join(", "), e.to_string()))?,
-            exact: hidden
-                .into_iter()
-                .map(|p| p.trim_start_matches("./").to_string())
-                .collect(),
+            exact,
+            guarded,
         })
     }
 
-    pub fn covers(&self, path: &str) -> bool {
+    pub fn covers(&self, path: &Path) -> bool {
         self.exact.contains(path) || self.globs.is_match(path)
+    }
+
+    /// Whether `path` is a directory that holds a protected or hidden path.
+    pub fn guards(&self, path: &Path) -> bool {
+        self.guarded.contains(path)
     }
 }
 
@@ -221,12 +313,61 @@ impl Protected {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Applied {
     pub applied: Changes,
-    /// Changes to protected paths, not applied.
-    pub discarded: Vec<String>,
+    /// Changes to protected paths (or their directories), not applied.
+    #[serde(serialize_with = "lossy")]
+    pub discarded: Vec<PathBuf>,
+}
+
+/// Whether the agent's change at `path` may reach the evaluation copy: not a protected path,
+/// not a link or file where a directory holding protected or hidden paths goes, nothing that
+/// would remove a protected path of the task, and no link that leaves the tree.
+fn allowed(
+    path: &Path,
+    kind: Option<&Kind>,
+    protected: &Protected,
+    pristine: &BTreeSet<PathBuf>,
+) -> bool {
+    if protected.covers(path) || protected.guards(path) {
+        return false;
+    }
+    // Replacing a directory of the task removes everything in it.
+    let under = pristine
+        .range(path.to_path_buf()..)
+        .take_while(|p| p.starts_with(path))
+        .filter(|p| p.as_path() != path);
+    if under.clone().any(|p| protected.covers(p)) {
+        return false;
+    }
+    match kind {
+        Some(Kind::Link(target)) => stays_inside(path, Path::new(OsStr::from_bytes(target))),
+        _ => true,
+    }
+}
+
+/// Whether the link at `at` pointing to `target` resolves inside the tree without leaving it
+/// (relative, never above the root): a link out of the workspace would let the grader read
+/// what the agent keeps elsewhere.
+fn stays_inside(at: &Path, target: &Path) -> bool {
+    let mut depth = at.components().count() as i64 - 1;
+    for c in target.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
 }
 
 /// Build the evaluation copy: `pristine` copied to `eval`, the agent's `changes` (read from
-/// `workspace`) applied except on protected paths, then the hidden files written on top.
+/// `workspace`) applied except where [`allowed`] says no, then the hidden files written on top,
+/// every directory on their way a real one (a link there is removed, never written through).
 pub fn evaluation_copy(
     pristine: &Path,
     workspace: &Path,
@@ -236,48 +377,102 @@ pub fn evaluation_copy(
     hidden: &BTreeMap<String, String>,
 ) -> Result<Applied, WorkspaceError> {
     copy_tree(pristine, eval)?;
+    let before = list(pristine)?;
+    let (ws, dst) = (
+        Dir::open(workspace).map_err(agents(workspace))?,
+        Dir::open(eval).map_err(io(eval))?,
+    );
     let mut result = Applied::default();
-    let mut keep = |path: &String, into: &mut Vec<String>| {
-        if protected.covers(path) {
+    let mut copied = 0u64;
+    for (path, added) in changes
+        .added
+        .iter()
+        .map(|p| (p, true))
+        .chain(changes.modified.iter().map(|p| (p, false)))
+    {
+        let from = ws.find_parent(path).map_err(agents(path))?;
+        let kind = match &from {
+            Some((dir, name)) => dir.kind(name).map_err(agents(path))?,
+            None => None,
+        };
+        if !allowed(path, kind.as_ref(), protected, &before) {
             result.discarded.push(path.clone());
-            false
-        } else {
-            into.push(path.clone());
-            true
+            continue;
         }
-    };
-    for path in changes.added.iter().chain(&changes.modified) {
-        let bucket = if changes.added.contains(path) {
+        let (Some((src, name)), Some(_)) = (from, kind) else {
+            continue; // gone since the listing: nothing to apply
+        };
+        let (parent, last) = dst.make_parents(path).map_err(io(&eval.join(path)))?;
+        parent.remove(&last).map_err(io(&eval.join(path)))?;
+        copied += copy_entry(&src, &name, &parent, path).map_err(to_agents)?;
+        if copied > MAX_CHANGED_BYTES {
+            return Err(WorkspaceError::TooLarge {
+                limit: MAX_CHANGED_BYTES,
+            });
+        }
+        let bucket = if added {
             &mut result.applied.added
         } else {
             &mut result.applied.modified
         };
-        if keep(path, bucket) {
-            let dst = safe_join(eval, path)?;
-            if std::fs::symlink_metadata(&dst).is_ok() {
-                remove(&dst)?;
-            }
-            if let Some(parent) = dst.parent() {
-                std::fs::create_dir_all(parent).map_err(io(parent))?;
-            }
-            copy_entry(&safe_join(workspace, path)?, &dst)?;
-        }
+        bucket.push(path.clone());
     }
     for path in &changes.deleted {
-        if keep(path, &mut result.applied.deleted) {
-            let dst = safe_join(eval, path)?;
-            if std::fs::symlink_metadata(&dst).is_ok() {
-                remove(&dst)?;
-            }
+        if !allowed(path, None, protected, &before) {
+            result.discarded.push(path.clone());
+            continue;
         }
+        if let Some((parent, last)) = dst.find_parent(path).map_err(io(&eval.join(path)))? {
+            parent.remove(&last).map_err(io(&eval.join(path)))?;
+        }
+        result.applied.deleted.push(path.clone());
     }
+    result.discarded.sort();
     write_files(eval, hidden)?;
     Ok(result)
+}
+
+/// The evaluator's report file (`reward.path`) in the evaluation copy: read only if it is a
+/// regular file reached without a link, and at most `limit` bytes. `Err` says why not.
+pub fn read_report(eval: &Path, relative: &str, limit: u64) -> Result<String, String> {
+    let rel = safe_relative(relative).map_err(|e| e.to_string())?;
+    let dir = Dir::open(eval).map_err(|e| format!("{}: {e}", eval.display()))?;
+    let Some((parent, name)) = dir
+        .find_parent(rel)
+        .map_err(|e| format!("{relative}: {e}"))?
+    else {
+        return Err(format!("{relative}: no such file (or a link on its way)"));
+    };
+    match parent.kind(&name).map_err(|e| format!("{relative}: {e}"))? {
+        Some(Kind::File { len, .. }) if len <= limit => {}
+        Some(Kind::File { len, .. }) => {
+            return Err(format!("{relative}: {len} bytes, more than {limit}"))
+        }
+        Some(Kind::Link(_)) => return Err(format!("{relative}: a link, not a file")),
+        Some(_) => return Err(format!("{relative}: not a regular file")),
+        None => return Err(format!("{relative}: no such file")),
+    }
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(
+            parent
+                .open_file(&name)
+                .map_err(|e| format!("{relative}: {e}"))?,
+            limit,
+        ),
+        &mut text,
+    )
+    .map_err(|e| format!("{relative}: {e}"))?;
+    String::from_utf8(text).map_err(|_| format!("{relative}: not UTF-8"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(paths: &[PathBuf]) -> Vec<String> {
+        paths.iter().map(|p| p.display().to_string()).collect()
+    }
 
     fn files(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -305,7 +500,7 @@ mod tests {
         assert!(made.success());
         std::fs::write(ws.join("new.py"), "y")?;
         let changes = diff(&pristine, &ws)?;
-        assert_eq!(changes.added, ["new.py"]);
+        assert_eq!(names(&changes.added), ["new.py"]);
         let protected = Protected::new(&[], std::iter::empty())?;
         evaluation_copy(
             &pristine,
@@ -334,27 +529,27 @@ mod tests {
 
     #[test]
     fn classify_is_a_set_difference() {
-        let before: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
-        let after: BTreeSet<String> = ["b", "c", "d"].map(String::from).into();
-        let changes = classify(&before, &after, |p| p == "c");
-        assert_eq!(changes.added, ["d"]);
-        assert_eq!(changes.modified, ["c"]);
-        assert_eq!(changes.deleted, ["a"]);
+        let before: BTreeSet<PathBuf> = ["a", "b", "c"].map(PathBuf::from).into();
+        let after: BTreeSet<PathBuf> = ["b", "c", "d"].map(PathBuf::from).into();
+        let changes = classify(&before, &after, |p| p == Path::new("c"));
+        assert_eq!(names(&changes.added), ["d"]);
+        assert_eq!(names(&changes.modified), ["c"]);
+        assert_eq!(names(&changes.deleted), ["a"]);
     }
 
     #[test]
     fn protected_globs_and_hidden_files() -> Result<(), WorkspaceError> {
         let hidden = ["tests/test_hidden.py".to_string()];
         let p = Protected::new(&["tests/**".into(), "**/conftest.py".into()], &hidden)?;
-        assert!(p.covers("tests/test_visible.py"));
-        assert!(p.covers("tests/deep/x.py"));
-        assert!(p.covers("conftest.py"));
-        assert!(p.covers("pkg/conftest.py"));
-        assert!(!p.covers("calc.py"));
-        assert!(!p.covers("testsuite.py"));
+        assert!(p.covers(Path::new("tests/test_visible.py")));
+        assert!(p.covers(Path::new("tests/deep/x.py")));
+        assert!(p.covers(Path::new("conftest.py")));
+        assert!(p.covers(Path::new("pkg/conftest.py")));
+        assert!(!p.covers(Path::new("calc.py")));
+        assert!(!p.covers(Path::new("testsuite.py")));
         let only_hidden = Protected::new(&[], &hidden)?;
-        assert!(only_hidden.covers("tests/test_hidden.py"));
-        assert!(!only_hidden.covers("tests/test_visible.py"));
+        assert!(only_hidden.covers(Path::new("tests/test_hidden.py")));
+        assert!(!only_hidden.covers(Path::new("tests/test_visible.py")));
         Ok(())
     }
 
@@ -392,21 +587,24 @@ mod tests {
         std::fs::remove_file(work.join("old.txt")).map_err(io(&work))?;
         let changes = diff(&pristine, &work)?;
         assert_eq!(
-            changes.added,
+            names(&changes.added),
             ["conftest.py", "new.py", "tests/test_hidden.py"]
         );
-        assert_eq!(changes.modified, ["calc.py", "tests/test_visible.py"]);
-        assert_eq!(changes.deleted, ["old.txt"]);
+        assert_eq!(
+            names(&changes.modified),
+            ["calc.py", "tests/test_visible.py"]
+        );
+        assert_eq!(names(&changes.deleted), ["old.txt"]);
 
         let hidden = files(&[("tests/test_hidden.py", "assert add(2, 2) == 4\n")]);
         let protected =
             Protected::new(&["tests/**".into(), "**/conftest.py".into()], hidden.keys())?;
         let applied = evaluation_copy(&pristine, &work, &eval, &changes, &protected, &hidden)?;
-        assert_eq!(applied.applied.added, ["new.py"]);
-        assert_eq!(applied.applied.modified, ["calc.py"]);
-        assert_eq!(applied.applied.deleted, ["old.txt"]);
+        assert_eq!(names(&applied.applied.added), ["new.py"]);
+        assert_eq!(names(&applied.applied.modified), ["calc.py"]);
+        assert_eq!(names(&applied.applied.deleted), ["old.txt"]);
         assert_eq!(
-            applied.discarded,
+            names(&applied.discarded),
             [
                 "conftest.py",
                 "tests/test_hidden.py",
@@ -446,6 +644,173 @@ mod tests {
             std::fs::read_to_string(root.join("t.py")).unwrap_or_default(),
             "real"
         );
+        Ok(())
+    }
+
+    /// pristine → workspace (the agent's `act`) → evaluation copy, with `protected` and
+    /// `hidden`; returns the evaluation copy's directory and what was applied.
+    fn graded(
+        tmp: &Path,
+        task: &[(&str, &str)],
+        act: impl FnOnce(&Path) -> std::io::Result<()>,
+        protected: &[&str],
+        hidden: &[(&str, &str)],
+    ) -> Result<(PathBuf, Applied), Box<dyn std::error::Error>> {
+        let (pristine, ws, eval) = (tmp.join("p"), tmp.join("w"), tmp.join("e"));
+        write_files(&pristine, &files(task))?;
+        copy_tree(&pristine, &ws)?;
+        act(&ws)?;
+        let changes = diff(&pristine, &ws)?;
+        let hidden = files(hidden);
+        let patterns: Vec<String> = protected.iter().map(|p| p.to_string()).collect();
+        let protected = Protected::new(&patterns, hidden.keys())?;
+        let applied = evaluation_copy(&pristine, &ws, &eval, &changes, &protected, &hidden)?;
+        Ok((eval, applied))
+    }
+
+    #[test]
+    fn a_link_over_the_hidden_tests_directory_is_discarded_and_never_written_through(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside)?;
+        let target = outside.clone();
+        // The issue's forgery: `tests` a link (to the process's cwd, or anywhere), a passing
+        // `test_hidden.py` where the link leads.
+        let (eval, applied) = graded(
+            tmp.path(),
+            &[("calc.py", "bug")],
+            move |ws| {
+                std::os::unix::fs::symlink(&target, ws.join("tests"))?;
+                std::fs::write(ws.join("test_hidden.py"), "pass")
+            },
+            &[],
+            &[("tests/test_hidden.py", "real")],
+        )?;
+        assert!(names(&applied.discarded).contains(&"tests".to_string()));
+        assert!(std::fs::symlink_metadata(eval.join("tests"))?.is_dir());
+        assert_eq!(
+            std::fs::read_to_string(eval.join("tests/test_hidden.py"))?,
+            "real"
+        );
+        assert!(
+            std::fs::read_dir(&outside)?.next().is_none(),
+            "written through"
+        );
+        // A dangling link in the same place is no different.
+        let tmp = tempfile::tempdir()?;
+        let (eval, _) = graded(
+            tmp.path(),
+            &[("calc.py", "bug")],
+            |ws| std::os::unix::fs::symlink("/nonexistent/dir", ws.join("tests")),
+            &[],
+            &[("tests/test_hidden.py", "real")],
+        )?;
+        assert_eq!(
+            std::fs::read_to_string(eval.join("tests/test_hidden.py"))?,
+            "real"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_protected_directory_cannot_be_swapped_for_a_link_or_a_file(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let task = [("calc.py", "bug"), ("tests/test_visible.py", "real test")];
+        for protected in ["tests/**", "**/test_*.py"] {
+            let tmp = tempfile::tempdir()?;
+            let (eval, applied) = graded(
+                tmp.path(),
+                &task,
+                |ws| {
+                    std::fs::remove_dir_all(ws.join("tests"))?;
+                    std::fs::create_dir(ws.join("mine"))?;
+                    std::fs::write(ws.join("mine/test_visible.py"), "pass")?;
+                    std::os::unix::fs::symlink("mine", ws.join("tests"))
+                },
+                &[protected],
+                &[],
+            )?;
+            assert!(
+                names(&applied.discarded).contains(&"tests".to_string()),
+                "{protected}: {applied:?}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(eval.join("tests/test_visible.py"))?,
+                "real test",
+                "{protected}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn links_that_leave_the_tree_are_discarded_links_inside_it_kept(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let (eval, applied) = graded(
+            tmp.path(),
+            &[("calc.py", "bug"), ("pkg/mod.py", "x")],
+            |ws| {
+                std::os::unix::fs::symlink("/etc", ws.join("abs"))?;
+                std::os::unix::fs::symlink("../../elsewhere", ws.join("pkg/up"))?;
+                std::os::unix::fs::symlink("../calc.py", ws.join("pkg/calc.py"))
+            },
+            &[],
+            &[],
+        )?;
+        assert_eq!(names(&applied.discarded), ["abs", "pkg/up"]);
+        assert_eq!(names(&applied.applied.added), ["pkg/calc.py"]);
+        assert_eq!(
+            std::fs::read_link(eval.join("pkg/calc.py"))?,
+            Path::new("../calc.py")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_content_like_any_other() -> Result<(), Box<dyn std::error::Error>>
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir()?;
+        let odd = OsStr::from_bytes(b"caf\xe9.py").to_os_string();
+        let name = odd.clone();
+        let (eval, applied) = graded(
+            tmp.path(),
+            &[("calc.py", "bug")],
+            move |ws| std::fs::write(ws.join(&name), "x"),
+            &[],
+            &[],
+        )?;
+        assert_eq!(applied.applied.added, [PathBuf::from(&odd)]);
+        assert_eq!(std::fs::read_to_string(eval.join(&odd))?, "x");
+        // It serialises (lossily) for the summary.
+        assert!(serde_json::to_string(&applied)?.contains("caf"));
+        Ok(())
+    }
+
+    #[test]
+    fn the_report_is_read_only_from_a_regular_file_within_the_limit(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path();
+        std::fs::write(dir.join("reward.json"), r#"{"reward": 1}"#)?;
+        assert_eq!(read_report(dir, "reward.json", 100)?, r#"{"reward": 1}"#);
+        assert!(read_report(dir, "reward.json", 5).is_err());
+        std::fs::create_dir(dir.join("sub"))?;
+        std::os::unix::fs::symlink("/dev/zero", dir.join("sub/zero.json"))?;
+        assert!(read_report(dir, "sub/zero.json", 100).is_err());
+        std::os::unix::fs::symlink(dir.join("sub"), dir.join("via"))?;
+        std::fs::write(dir.join("sub/r.json"), "1")?;
+        assert!(
+            read_report(dir, "via/r.json", 100).is_err(),
+            "through a link"
+        );
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join("fifo.json"))
+            .status()?;
+        assert!(made.success());
+        assert!(read_report(dir, "fifo.json", 100).is_err());
         Ok(())
     }
 }

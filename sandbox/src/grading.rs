@@ -1,0 +1,175 @@
+//! Grading one session: the evaluation copy (the pristine task, the agent's diff without
+//! protected paths, the hidden files), the evaluator in it, and the verdict.
+//!
+//! The outcome table ([`crate::reward`], `docs/sandbox-contract.md`): whatever the agent's
+//! workspace or the code under test causes (names or files floe cannot read as content, a
+//! workspace too large, an evaluator that hangs, dies or leaves no verdict) is scored as the
+//! policy's failure, reward 0 with a reason code in the trajectory and the summary. Only what
+//! floe can show is not the code's is an infrastructure failure: an evaluator whose program is
+//! not there, a sandbox that did not start, a job that names no reward file, floe's own side.
+
+use std::path::Path;
+
+use floe_gateway::trajectory::Evaluation;
+use serde_json::json;
+
+use crate::confine::Access;
+use crate::process::{self, Exit};
+use crate::relay;
+use crate::reward::{judge, EvaluatorFailure, EvaluatorResult, FailureReason, FAILURE_REWARD};
+use crate::runner::{child, startable, tail, RunnerConfig};
+use crate::spec::RunSpec;
+use crate::summary::Summary;
+use crate::workspace::{self, Protected, WorkspaceError};
+
+/// The most bytes of a reward or test report file read.
+const REPORT_LIMIT: u64 = 16 << 20;
+
+/// Grades the session whose agent left `ws` (started from `pristine`). `Err`: an
+/// infrastructure failure's message.
+pub(crate) async fn grade(
+    config: &RunnerConfig,
+    spec: &RunSpec,
+    pristine: &Path,
+    ws: &Path,
+    summary: &mut Summary,
+) -> Result<Evaluation, String> {
+    let failed = |summary: &mut Summary, reason: FailureReason, message: String| {
+        tracing::info!(reason = reason.code(), %message, "scored as the policy's failure");
+        summary.failure = Some(reason.code().to_string());
+        Ok(Evaluation {
+            reward: Some(FAILURE_REWARD),
+            passed: Some(false),
+            detail: json!({
+                "failure": reason.code(),
+                "failureMessage": message,
+                "harnessExit": summary.harness_exit,
+            }),
+        })
+    };
+    let workspace_failure = |summary: &mut Summary, e: WorkspaceError| {
+        let reason = match e {
+            WorkspaceError::TooLarge { .. } => FailureReason::WorkspaceTooLarge,
+            _ => FailureReason::WorkspaceUnreadable,
+        };
+        failed(summary, reason, e.to_string())
+    };
+    let changes = match workspace::diff(pristine, ws) {
+        Ok(c) => c,
+        Err(e) if e.is_the_agents() => return workspace_failure(summary, e),
+        Err(e) => return Err(format!("diff: {e}")),
+    };
+    let hidden = spec.all_hidden_files();
+    let Some((program, args)) = spec.evaluator.command.split_first() else {
+        return Err("evaluator.command is empty".into());
+    };
+    // The reward file is the evaluator's to write, and an evaluator script of the task's is the
+    // evaluator: what the agent left at either path is discarded.
+    let evaluator_script = (program.contains('/') && !program.starts_with('/'))
+        .then(|| program.trim_start_matches("./").to_string());
+    let evaluator_owned = hidden
+        .keys()
+        .chain(spec.evaluator.reward.path.iter())
+        .chain(evaluator_script.iter());
+    let protected = Protected::new(&spec.evaluator.protected_paths, evaluator_owned)
+        .map_err(|e| e.to_string())?;
+    let eval_dir = config.state_dir.join("eval");
+    let applied =
+        match workspace::evaluation_copy(pristine, ws, &eval_dir, &changes, &protected, &hidden) {
+            Ok(a) => a,
+            Err(e) if e.is_the_agents() => return workspace_failure(summary, e),
+            Err(e) => return Err(format!("evaluation copy: {e}")),
+        };
+    let evaluation_env = spec.task.evaluation.clone().unwrap_or_default();
+    let mut evaluator = child(
+        config,
+        "evaluator",
+        program,
+        args.iter().chain(&evaluation_env.args).cloned().collect(),
+        evaluation_env.env.into_iter().collect(),
+        &eval_dir,
+        spec.timeouts.evaluator_seconds,
+    );
+    // A program that is not there is the job's (or the image's), not the code's: said here, so
+    // that an exit code the code under test can also produce (127) is never taken for it.
+    startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;
+    if let Some(confinement) = &config.confinement {
+        // Its own namespaces too: the agent's code it runs (tests import it) reaches neither
+        // the network nor any other session, and whatever it starts dies with the namespace
+        // before the reward is read.
+        let access = Access {
+            writable: vec![&eval_dir],
+            read_only: vec![],
+            model_api: false,
+        };
+        evaluator = confinement.wrap(evaluator, &access);
+    }
+    let ran = process::run(&evaluator).await.map_err(|e| e.to_string())?;
+    summary.evaluator_seconds = ran.elapsed.as_secs_f64();
+    if config.confinement.is_some() && !sandbox_started(&evaluator.stderr) {
+        return Err(format!(
+            "the evaluator's sandbox did not start ({:?}): {}",
+            ran.exit,
+            tail(&evaluator.stderr, 500)
+        ));
+    }
+    let stdout = tail(&evaluator.stdout, REPORT_LIMIT as usize);
+    let report = spec
+        .evaluator
+        .reward
+        .path
+        .as_ref()
+        .map(|p| workspace::read_report(&eval_dir, p, REPORT_LIMIT));
+    let verdict = match judge(
+        &spec.evaluator.reward,
+        &EvaluatorResult {
+            exit: &ran.exit,
+            stdout: &stdout,
+            report,
+        },
+    ) {
+        Ok(v) => v,
+        Err(EvaluatorFailure::ByTheCode { reason, message }) => {
+            return failed(summary, reason, message)
+        }
+        Err(e @ EvaluatorFailure::Broken(_)) => {
+            return Err(format!(
+                "{e}; evaluator stderr: {}",
+                tail(&evaluator.stderr, 500)
+            ))
+        }
+    };
+    tracing::info!(
+        reward = verdict.reward,
+        changes = changes.len(),
+        "evaluated"
+    );
+    Ok(Evaluation {
+        reward: Some(verdict.reward),
+        passed: Some(verdict.reward >= spec.evaluator.reward.pass_threshold),
+        detail: json!({
+            "evaluatorExit": match ran.exit { Exit::Code(c) => Some(c), _ => None },
+            "tests": verdict.tests,
+            "harnessExit": summary.harness_exit,
+            "changes": {
+                "added": applied.applied.added.len(),
+                "modified": applied.applied.modified.len(),
+                "deleted": applied.applied.deleted.len(),
+                "discarded": applied.discarded.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
+            },
+        }),
+    })
+}
+
+/// Whether `floe sandbox-exec` announced the command started: its line comes first on stderr,
+/// before anything the command writes, and nothing can take back bytes from a pipe. Without
+/// it, `bwrap` failed to set the sandbox up (floe's side, not the code's).
+fn sandbox_started(stderr: &Path) -> bool {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(stderr)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    head[..n]
+        .split(|b| *b == b'\n')
+        .any(|line| line == relay::STARTED.as_bytes())
+}
