@@ -110,6 +110,10 @@ enum Command {
         listen: Option<std::net::SocketAddr>,
         #[arg(long, requires = "listen")]
         socket: Option<std::path::PathBuf>,
+        /// The evaluator: exit 253 if the command left a process behind (a straggler could have
+        /// rewritten its verdict).
+        #[arg(long)]
+        no_stragglers: bool,
         #[arg(required = true, last = true)]
         command: Vec<String>,
     },
@@ -148,6 +152,7 @@ fn install_binary(dest: &std::path::Path) -> Result<(), CliError> {
 
 fn sandbox_exec(
     relay_to: Option<(std::net::SocketAddr, std::path::PathBuf)>,
+    no_stragglers: bool,
     command: Vec<String>,
 ) -> u8 {
     use floe_sandbox::relay;
@@ -166,6 +171,7 @@ fn sandbox_exec(
     };
     let code = runtime.block_on(relay::run(relay::ExecArgs {
         relay: relay_to,
+        no_stragglers,
         program: program.clone(),
         args: args.to_vec(),
     }));
@@ -193,8 +199,15 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::SandboxExec {
             listen,
             socket,
+            no_stragglers,
             command,
-        } => return Ok(ExitCode::from(sandbox_exec(listen.zip(socket), command))),
+        } => {
+            return Ok(ExitCode::from(sandbox_exec(
+                listen.zip(socket),
+                no_stragglers,
+                command,
+            )))
+        }
         Command::Agent(args) => {
             return Ok(ExitCode::from(
                 u8::try_from(sandbox::agent_main(args)).unwrap_or(3),

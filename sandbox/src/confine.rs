@@ -142,6 +142,10 @@ impl Confinement {
                 ],
             );
         }
+        if !access.model_api {
+            // The evaluator: a process it leaves behind voids its verdict.
+            args.push("--no-stragglers".into());
+        }
         args.push("--".into());
         args.push(spec.program.clone());
         args.extend(spec.args.iter().cloned());
@@ -299,6 +303,7 @@ mod tests {
                 "--",
                 FLOE_INSIDE,
                 "sandbox-exec",
+                "--no-stragglers",
                 "--",
                 "codex",
                 "exec",

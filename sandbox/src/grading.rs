@@ -113,6 +113,11 @@ pub(crate) async fn grade(
             tail(&evaluator.stderr, 500)
         ));
     }
+    if config.confinement.is_some() && ran.exit == Exit::Code(relay::STRAGGLERS) {
+        let why = "the evaluator's command left a process behind (it could have rewritten the \
+                   verdict after the tests)";
+        return failed(summary, FailureReason::EvaluatorStraggler, why.into());
+    }
     let stdout = tail(&evaluator.stdout, REPORT_LIMIT as usize);
     let report = spec
         .evaluator

@@ -29,12 +29,21 @@ use crate::syscall_filter;
 /// reads it as "the sandbox was set up" (`bwrap` itself fails before it, with its own message).
 pub const STARTED: &str = "floe sandbox-exec: started";
 
+/// The evaluator's exit when its command left a process behind: orphans are re-parented to
+/// `floe sandbox-exec` (a child subreaper), so one still alive, or dead but not reaped, when
+/// the command exits is a process that left the command's tree (`setsid`, a double fork) and
+/// could have rewritten the verdict between the tests and the end. The runner scores that as
+/// the policy's failure. The code under test can exit 253 itself: only to its own loss.
+pub const STRAGGLERS: i32 = 253;
+
 /// Exit status when the command cannot be started (as a shell says "command not found").
 pub const NOT_STARTED: i32 = 127;
 
 pub struct ExecArgs {
     /// Relay `listen` (inside) to the gateway's unix `socket`; `None`: no network.
     pub relay: Option<(SocketAddr, PathBuf)>,
+    /// The evaluator: exit [`STRAGGLERS`] if the command left any process behind.
+    pub no_stragglers: bool,
     pub program: String,
     pub args: Vec<String>,
 }
@@ -72,6 +81,12 @@ pub async fn run(exec: ExecArgs) -> i32 {
             return NOT_STARTED;
         }
     };
+    if exec.no_stragglers {
+        if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+            eprintln!("floe sandbox-exec: cannot become a subreaper: {e}");
+            return NOT_STARTED;
+        }
+    }
     eprintln!("{STARTED}");
     let child = match start_filtered(command, &exec.program, &exec.args) {
         Ok(c) => c,
@@ -100,6 +115,10 @@ pub async fn run(exec: ExecArgs) -> i32 {
         tokio::select! {
             status = &mut finished => {
                 return match status {
+                    Ok(Ok(_)) if exec.no_stragglers && left_behind() > 0 => {
+                        eprintln!("floe sandbox-exec: the command left processes behind");
+                        STRAGGLERS
+                    }
                     Ok(Ok(s)) => exit_code(s),
                     Ok(Err(e)) => {
                         eprintln!("floe sandbox-exec: waiting for {}: {e}", exec.program);
@@ -177,6 +196,41 @@ fn start_filtered(
     })
     .join()
     .unwrap_or_else(|_| Err(std::io::Error::other("the starting thread panicked")))
+}
+
+/// How many processes are this one's children now that the command is reaped (orphans it
+/// adopted as subreaper, alive or zombie). Each is killed: the namespace dies with this
+/// process anyway, this only makes it certain.
+fn left_behind() -> usize {
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut found = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses, so after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+        if ppid == Some(me.as_str()) {
+            found += 1;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    found
 }
 
 /// A shell's convention: the code, or 128 + the signal that killed it.

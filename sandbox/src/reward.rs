@@ -39,6 +39,8 @@ pub enum FailureReason {
     /// The evaluator ran but left no verdict: no reward file, an unparseable one, no test
     /// results in its output.
     NoVerdict,
+    /// The evaluator's command left a process behind, which could have rewritten its verdict.
+    EvaluatorStraggler,
     /// The agent's workspace could not be read as task content.
     WorkspaceUnreadable,
     /// The agent's changes are larger than floe copies for grading.
@@ -51,6 +53,7 @@ impl FailureReason {
             Self::EvaluatorTimeout => "evaluator_timeout",
             Self::EvaluatorKilled => "evaluator_killed",
             Self::NoVerdict => "no_verdict",
+            Self::EvaluatorStraggler => "evaluator_straggler",
             Self::WorkspaceUnreadable => "workspace_unreadable",
             Self::WorkspaceTooLarge => "workspace_too_large",
         }
@@ -180,41 +183,48 @@ fn truncate(s: &str, max: usize) -> &str {
     s.char_indices().nth(max).map_or(s, |(i, _)| &s[..i])
 }
 
-/// pytest's final summary line, e.g. `==== 3 passed, 1 failed, 2 errors in 0.12s ====` or, with
+/// pytest's summary line, e.g. `==== 3 passed, 1 failed, 2 errors in 0.12s ====` or, with
 /// `-q`, `3 passed, 1 failed in 0.12s`. Errors count as failures, xpassed as passes.
+///
+/// There must be exactly one: the code under test runs in pytest's process and can print a
+/// second one after pytest's (an `atexit` hook, a leftover child), and "the last one wins"
+/// would let it. Two summaries are no verdict (the policy's failure).
 pub fn pytest_summary(text: &str) -> Option<TestCounts> {
-    for line in text.lines().rev() {
-        let line = line.trim().trim_matches('=').trim();
-        let body = line.rsplit_once(" in ").map_or(line, |(b, _)| b);
-        let mut counts = TestCounts::default();
-        let mut matched = false;
-        for part in body.split(", ") {
-            let mut words = part.split_whitespace();
-            let (Some(n), Some(word), None) = (words.next(), words.next(), words.next()) else {
-                matched = false;
-                break;
-            };
-            let Ok(n) = n.parse::<u64>() else {
-                matched = false;
-                break;
-            };
-            match word {
-                "passed" | "xpassed" => counts.passed += n,
-                "failed" | "error" | "errors" => counts.failed += n,
-                "skipped" | "xfailed" | "deselected" => counts.skipped += n,
-                "warning" | "warnings" | "rerun" | "reruns" | "subtests" => {}
-                _ => {
-                    matched = false;
-                    break;
-                }
-            }
-            matched = true;
-        }
-        if matched {
-            return Some(counts);
-        }
+    let mut found = text.lines().filter_map(pytest_summary_line);
+    match (found.next(), found.next()) {
+        (Some(counts), None) => Some(counts),
+        _ => None,
     }
-    None
+}
+
+fn pytest_summary_line(line: &str) -> Option<TestCounts> {
+    let line = line.trim().trim_matches('=').trim();
+    let body = line.rsplit_once(" in ").map_or(line, |(b, _)| b);
+    let mut counts = TestCounts::default();
+    let mut matched = false;
+    for part in body.split(", ") {
+        let mut words = part.split_whitespace();
+        let (Some(n), Some(word), None) = (words.next(), words.next(), words.next()) else {
+            matched = false;
+            break;
+        };
+        let Ok(n) = n.parse::<u64>() else {
+            matched = false;
+            break;
+        };
+        match word {
+            "passed" | "xpassed" => counts.passed += n,
+            "failed" | "error" | "errors" => counts.failed += n,
+            "skipped" | "xfailed" | "deselected" => counts.skipped += n,
+            "warning" | "warnings" | "rerun" | "reruns" | "subtests" => {}
+            _ => {
+                matched = false;
+                break;
+            }
+        }
+        matched = true;
+    }
+    matched.then_some(counts)
 }
 
 /// Test Anything Protocol: `ok` / `not ok` lines; `# SKIP` and `# TODO` are not counted;
@@ -401,10 +411,14 @@ mod tests {
         );
         assert_eq!(pytest_summary("no tests ran in 0.01s"), None);
         assert_eq!(pytest_summary("all good"), None);
-        // The summary is the last matching line, not an earlier one in test output.
+        // A second summary (the code under test printing one after pytest's) is no verdict.
         assert_eq!(
             pytest_summary("5 passed in 1s\nmore output\n2 failed in 3s"),
-            c(0, 2, 0)
+            None
+        );
+        assert_eq!(
+            pytest_summary("1 failed in 0.1s\n99 passed in 0.1s\n"),
+            None
         );
     }
 

@@ -116,24 +116,43 @@ fn copy_dir(src: &Dir, dst: &Dir, at: &Path) -> Result<(), WorkspaceError> {
     Ok(())
 }
 
-/// Copies `name` from `src` to `dst` (where nothing of that name is); returns the bytes
-/// copied. Errors reading `src` are [`io`]'s.
-fn copy_entry(src: &Dir, name: &OsStr, dst: &Dir, at: &Path) -> Result<u64, WorkspaceError> {
+/// Copies `name` from `src` to `dst` (where nothing of that name is).
+fn copy_entry(src: &Dir, name: &OsStr, dst: &Dir, at: &Path) -> Result<(), WorkspaceError> {
     match src.kind(name).map_err(io(at))? {
-        Some(Kind::Link(target)) => dst.symlink(&target, name).map(|()| 0).map_err(io(at)),
+        Some(Kind::Link(target)) => dst.symlink(&target, name).map_err(io(at)),
         Some(Kind::Dir) => {
             let (from, to) = (
                 src.subdir(name).map_err(io(at))?,
                 dst.mkdir(name).map_err(io(at))?,
             );
-            copy_dir(&from, &to, at).map(|()| 0)
+            copy_dir(&from, &to, at)
         }
         Some(Kind::File { mode, .. }) => {
             let mut file = src.open_file(name).map_err(io(at))?;
-            tree::copy_file(&mut file, mode, dst, name).map_err(io(at))
+            tree::copy_file(&mut file, mode, dst, name)
+                .map(|_| ())
+                .map_err(io(at))
         }
         // A FIFO nobody writes would block a reader forever: one `mkfifo` must not hang grading.
-        Some(Kind::Other) | None => Ok(0),
+        Some(Kind::Other) | None => Ok(()),
+    }
+}
+
+/// The bytes a copy of `name` would write (a directory's files, recursively).
+fn size_of(dir: &Dir, name: &OsStr, kind: &Kind) -> std::io::Result<u64> {
+    match kind {
+        Kind::File { len, .. } => Ok(*len),
+        Kind::Dir => {
+            let sub = dir.subdir(name)?;
+            let mut total = 0u64;
+            for inner in sub.names()? {
+                if let Some(k) = sub.kind(&inner)? {
+                    total = total.saturating_add(size_of(&sub, &inner, &k)?);
+                }
+            }
+            Ok(total)
+        }
+        Kind::Link(_) | Kind::Other => Ok(0),
     }
 }
 
@@ -399,17 +418,19 @@ pub fn evaluation_copy(
             result.discarded.push(path.clone());
             continue;
         }
-        let (Some((src, name)), Some(_)) = (from, kind) else {
+        let (Some((src, name)), Some(kind)) = (from, kind) else {
             continue; // gone since the listing: nothing to apply
         };
-        let (parent, last) = dst.make_parents(path).map_err(io(&eval.join(path)))?;
-        parent.remove(&last).map_err(io(&eval.join(path)))?;
-        copied += copy_entry(&src, &name, &parent, path).map_err(to_agents)?;
+        // Counted before a byte is written: a 64 GiB sparse file is refused, not copied.
+        copied += size_of(&src, &name, &kind).map_err(agents(path))?;
         if copied > MAX_CHANGED_BYTES {
             return Err(WorkspaceError::TooLarge {
                 limit: MAX_CHANGED_BYTES,
             });
         }
+        let (parent, last) = dst.make_parents(path).map_err(io(&eval.join(path)))?;
+        parent.remove(&last).map_err(io(&eval.join(path)))?;
+        copy_entry(&src, &name, &parent, path).map_err(to_agents)?;
         let bucket = if added {
             &mut result.applied.added
         } else {
@@ -811,6 +832,24 @@ mod tests {
             .status()?;
         assert!(made.success());
         assert!(read_report(dir, "fifo.json", 100).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_huge_sparse_file_is_refused_before_a_byte_is_copied(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let result = graded(
+            tmp.path(),
+            &[("calc.py", "bug")],
+            |ws| std::fs::File::create(ws.join("big.bin"))?.set_len(64 << 30),
+            &[],
+            &[],
+        );
+        let err = result.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("more than"), "{err}");
+        let copied = tmp.path().join("e/big.bin");
+        assert!(!copied.exists(), "copied");
         Ok(())
     }
 }

@@ -31,6 +31,10 @@ pub struct Counts {
     pub not_finished: u64,
     /// Attempts run again after an infrastructure failure (each has its own `-r<N>` session).
     pub retries: u64,
+    /// Scored sessions that failed without their evaluator's verdict, by reason
+    /// (`evaluator_timeout`, `no_verdict`, `evaluator_straggler`, …): what the code under
+    /// test did. One reason on every session of a task usually means a broken evaluator.
+    pub failures: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -157,6 +161,9 @@ pub fn summarize(
             "agent_timeout" => counts.agent_timeout += 1,
             "evaluator_timeout" => counts.evaluator_timeout += 1,
             _ => counts.infra_error += 1,
+        }
+        if let Some(reason) = &s.failure {
+            *counts.failures.entry(reason.clone()).or_default() += 1;
         }
         tokens.completions += s.completions;
         tokens.sampled += s.sampled_tokens;
@@ -285,6 +292,7 @@ mod tests {
                 evaluator_timeout: 0,
                 not_finished: 1,
                 retries: 0,
+                failures: BTreeMap::new(),
             }
         );
         // The infrastructure failure has no reward and does not count as 0.
