@@ -71,8 +71,11 @@ pub(crate) async fn grade(
         .keys()
         .chain(spec.evaluator.reward.path.iter())
         .chain(evaluator_script.iter());
-    let protected = Protected::new(&spec.evaluator.protected_paths, evaluator_owned)
-        .map_err(|e| e.to_string())?;
+    let mut patterns = spec.evaluator.protected_paths.clone();
+    if spec.evaluator.protect_test_config {
+        patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
+    }
+    let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
     let eval_dir = config.state_dir.join("eval");
     let applied =
         match workspace::evaluation_copy(pristine, ws, &eval_dir, &changes, &protected, &hidden) {

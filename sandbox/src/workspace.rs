@@ -22,6 +22,25 @@ use crate::tree::{self, Dir, Kind};
 /// more (a 64 GiB sparse file, say) is the policy's failure, not a disk floe fills.
 pub const MAX_CHANGED_BYTES: u64 = 2 << 30;
 
+/// Test runners' configuration files, protected unless a job says
+/// `evaluator.protectTestConfig: false`: they decide what a test run collects and how it
+/// reports (`python_files = chk_*.py` in a `pytest.ini` skips the hidden tests; a `conftest.py`
+/// hook rewrites outcomes; a `sitecustomize.py` runs before anything).
+pub const TEST_RUNNER_CONFIG: &[&str] = &[
+    "**/conftest.py",
+    "**/pytest.ini",
+    "**/.pytest.ini",
+    "**/pytest.toml",
+    "**/pyproject.toml",
+    "**/setup.cfg",
+    "**/tox.ini",
+    "**/sitecustomize.py",
+    "**/usercustomize.py",
+    "**/jest.config.*",
+    "**/vitest.config.*",
+    "**/.mocharc*",
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
     #[error("file path {0:?} must be relative and stay inside the workspace")]
@@ -850,6 +869,27 @@ mod tests {
         assert!(err.contains("more than"), "{err}");
         let copied = tmp.path().join("e/big.bin");
         assert!(!copied.exists(), "copied");
+        Ok(())
+    }
+
+    #[test]
+    fn test_runner_configuration_is_protected_wherever_it_is() -> Result<(), WorkspaceError> {
+        let patterns: Vec<String> = TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()).collect();
+        let p = Protected::new(&patterns, std::iter::empty())?;
+        for path in [
+            "pytest.ini",
+            "pyproject.toml",
+            "pkg/setup.cfg",
+            "tests/conftest.py",
+            "tox.ini",
+            "sitecustomize.py",
+            "web/jest.config.js",
+            ".mocharc.yml",
+        ] {
+            assert!(p.covers(Path::new(path)), "{path}");
+        }
+        assert!(!p.covers(Path::new("calc.py")));
+        assert!(!p.covers(Path::new("docs/pytest.md")));
         Ok(())
     }
 }

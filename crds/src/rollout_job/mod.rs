@@ -379,6 +379,22 @@ pub struct EvaluatorSpec {
     #[schemars(length(max = 64))]
     #[schemars(inner(length(min = 1, max = 1024)))]
     pub protected_paths: Vec<String>,
+    /// Protect the test runners' configuration files too, wherever they are in the workspace:
+    /// `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`, `pyproject.toml`, `setup.cfg`,
+    /// `tox.ini`, `sitecustomize.py`, `usercustomize.py`, and Jest's, Vitest's and Mocha's
+    /// config files. They decide what a test run collects and reports (`python_files =
+    /// chk_*.py` skips the hidden tests). Default `true`; `false` only for tasks whose solution
+    /// must change one of them.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub protect_test_config: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 #[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
