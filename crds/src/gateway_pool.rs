@@ -79,20 +79,29 @@ pub struct GatewayPoolSpec {
 pub struct EgressSpec {
     /// `Managed` (default): the operator keeps a NetworkPolicy `<pool>-egress`, owned by the
     /// pool, that lets its pods reach only TCP 8000 and 8100 on any trainer or dataset-collector
-    /// pod in the pool's namespace, TCP/UDP 53 on any address (DNS; not yet narrowed to the
-    /// cluster's DNS: an open gap), and `allow`. `Unmanaged`: none; the cluster's own policies
-    /// apply.
+    /// pod in the pool's namespace, TCP/UDP 53 on the cluster's DNS pods (`dns`), and `allow`.
+    /// `Unmanaged`: none; the cluster's own policies apply.
     #[serde(default)]
     pub policy: EgressPolicy,
     /// More egress rules for that NetworkPolicy: a teacher or vLLM elsewhere, an API the task
-    /// needs. Everything else (but port 53, above) is refused where the cluster's CNI enforces
-    /// NetworkPolicy.
+    /// needs. Everything else is refused where the cluster's CNI enforces NetworkPolicy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(
         schema_with = "crate::schema::k8s::<Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>>"
     )]
     pub allow: Vec<k8s_openapi::api::networking::v1::NetworkPolicyEgressRule>,
+    /// Where the pods may resolve names (TCP and UDP 53). Default: the pods labelled
+    /// `k8s-app: kube-dns` in namespace `kube-system` (CoreDNS and kube-dns both carry it).
+    /// Set it for a DNS elsewhere, e.g. a NodeLocal DNSCache (`ipBlock: {cidr:
+    /// 169.254.20.10/32}`); `[]` allows no DNS at all. Port 53 anywhere else is refused: a
+    /// resolver on the internet is a way out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[schemars(
+        schema_with = "crate::schema::k8s::<Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>>"
+    )]
+    pub dns: Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
     /// What a pod does when its grader reaches the Kubernetes API at start, which no sandbox
     /// egress rule allows (the CNI does not enforce NetworkPolicy, or `allow` opens it):
     /// `Warn` (default: it logs, counts `floe_gateway_egress_unrestricted` and serves) or

@@ -71,9 +71,19 @@ fn policy<K: Resource<DynamicType = ()>>(
                   {"key": ROLE_LABEL, "operator": "In", "values": ["trainer", "dataset"]}]}}],
                "ports": [{"protocol": "TCP", "port": VLLM_PORT},
                          {"protocol": "TCP", "port": INGEST_PORT}]}),
-        // DNS, wherever the cluster serves it.
-        json!({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}),
     ];
+    // DNS, only where the cluster serves it: port 53 anywhere would be a way out.
+    let dns = match &egress.dns {
+        Some(peers) => serde_json::to_value(peers)?,
+        None => json!([{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }]),
+    };
+    if dns.as_array().is_some_and(|peers| !peers.is_empty()) {
+        rules.push(json!({"to": dns,
+                          "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}));
+    }
     for rule in &egress.allow {
         rules.push(serde_json::to_value(rule)?);
     }
@@ -165,7 +175,13 @@ mod tests {
             json!([{"protocol": "TCP", "port": 8000},
                                               {"protocol": "TCP", "port": 8100}])
         );
-        assert!(rules[1].get("to").is_none(), "DNS anywhere: {}", rules[1]);
+        // DNS only to the cluster's DNS pods.
+        assert_eq!(
+            rules[1]["to"],
+            json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}])
+        );
+        assert_eq!(rules[1]["ports"][0]["port"], 53);
     }
 
     fn job(spec: serde_json::Value) -> RolloutJob {
@@ -233,5 +249,140 @@ mod tests {
         assert!(build(&pool(json!({"policy": "Unmanaged"})))
             .expect("builds")
             .is_none());
+    }
+
+    /// A destination as the CNI sees it: an address, and the pod's labels and namespace's
+    /// labels when it is a pod.
+    struct To {
+        ip: [u8; 4],
+        pod: Option<(serde_json::Value, serde_json::Value)>,
+    }
+
+    fn labels_match(selector: &serde_json::Value, labels: &serde_json::Value) -> bool {
+        let by_labels = selector["matchLabels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .all(|(k, v)| labels[k] == *v);
+        let by_expressions = selector["matchExpressions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|e| {
+                let values = e["values"].as_array().cloned().unwrap_or_default();
+                match e["operator"].as_str() {
+                    Some("In") => values.contains(&labels[e["key"].as_str().unwrap_or("")]),
+                    _ => false,
+                }
+            });
+        by_labels && by_expressions
+    }
+
+    fn in_cidr(ip: [u8; 4], cidr: &str) -> bool {
+        let Some((net, bits)) = cidr.split_once('/') else {
+            return false;
+        };
+        let net: Vec<u8> = net.split('.').filter_map(|o| o.parse().ok()).collect();
+        let (Ok(bits), Ok(net)) = (bits.parse::<u32>(), <[u8; 4]>::try_from(net)) else {
+            return false;
+        };
+        let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+        u32::from_be_bytes(ip) & mask == u32::from_be_bytes(net) & mask
+    }
+
+    /// NetworkPolicy's egress semantics for one selected pod in namespace `rl`: allowed iff a
+    /// rule's peers (none: anywhere) and ports (none: any) match.
+    fn allowed(policy: &NetworkPolicy, to: &To, port: i64, protocol: &str) -> bool {
+        let spec = serde_json::to_value(policy.spec.clone()).unwrap_or_default();
+        let own_ns = json!({"kubernetes.io/metadata.name": "rl"});
+        spec["egress"].as_array().into_iter().flatten().any(|rule| {
+            let ports_ok = rule["ports"].as_array().is_none_or(|ports| {
+                ports
+                    .iter()
+                    .any(|p| p["port"] == port && p["protocol"] == protocol)
+            });
+            let peer_ok = rule["to"].as_array().is_none_or(|peers| {
+                peers.iter().any(|peer| {
+                    if let Some(cidr) = peer["ipBlock"]["cidr"].as_str() {
+                        return in_cidr(to.ip, cidr);
+                    }
+                    let Some((pod, ns)) = &to.pod else {
+                        return false;
+                    };
+                    let ns_ok = match peer.get("namespaceSelector") {
+                        Some(sel) => labels_match(sel, ns),
+                        None => *ns == own_ns,
+                    };
+                    let pod_ok = peer
+                        .get("podSelector")
+                        .is_none_or(|sel| labels_match(sel, pod));
+                    ns_ok && pod_ok
+                })
+            });
+            ports_ok && peer_ok
+        })
+    }
+
+    #[test]
+    fn the_pool_policy_against_a_table_of_destinations() {
+        let ns = |n: &str| json!({"kubernetes.io/metadata.name": n});
+        let pod = |labels: serde_json::Value, n: &str| To {
+            ip: [10, 244, 0, 9],
+            pod: Some((labels, ns(n))),
+        };
+        let ip = |ip: [u8; 4]| To { ip, pod: None };
+        let teacher = json!({"to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}],
+                             "ports": [{"protocol": "TCP", "port": 8000}]});
+        let policy = build(&pool(json!({"allow": [teacher]})))
+            .expect("builds")
+            .expect("managed");
+        let dns_pod = || pod(json!({"k8s-app": "kube-dns"}), "kube-system");
+        let trainer = || pod(json!({ROLE_LABEL: "trainer"}), "rl");
+        let table: Vec<(&str, To, i64, &str, bool)> = vec![
+            ("cluster DNS, UDP", dns_pod(), 53, "UDP", true),
+            ("cluster DNS, TCP", dns_pod(), 53, "TCP", true),
+            ("a resolver on the internet", ip([8, 8, 8, 8]), 53, "UDP", false),
+            ("port 53 of another pod", pod(json!({"app": "x"}), "rl"), 53, "UDP", false),
+            ("the job's trainer, policy server", trainer(), 8000, "TCP", true),
+            ("the job's trainer, ingest", trainer(), 8100, "TCP", true),
+            ("the trainer's ssh", trainer(), 22, "TCP", false),
+            (
+                "a collector",
+                pod(json!({ROLE_LABEL: "dataset"}), "rl"),
+                8100,
+                "TCP",
+                true,
+            ),
+            ("another pod on 8000", pod(json!({"app": "x"}), "rl"), 8000, "TCP", false),
+            (
+                "a trainer in another namespace",
+                pod(json!({ROLE_LABEL: "trainer"}), "other"),
+                8000,
+                "TCP",
+                false,
+            ),
+            ("the Kubernetes API", ip([10, 96, 0, 1]), 443, "TCP", false),
+            ("cloud metadata", ip([169, 254, 169, 254]), 80, "TCP", false),
+            ("the allowed teacher", ip([10, 0, 0, 7]), 8000, "TCP", true),
+            ("the teacher's other port", ip([10, 0, 0, 7]), 22, "TCP", false),
+        ];
+        for (what, to, port, protocol, expected) in &table {
+            assert_eq!(
+                allowed(&policy, to, *port, protocol),
+                *expected,
+                "{what} ({protocol} {port})"
+            );
+        }
+        // A DNS of the pool's own (a node-local cache), and no DNS at all.
+        let local = build(&pool(json!({"dns": [{"ipBlock": {"cidr": "169.254.20.10/32"}}]})))
+            .expect("builds")
+            .expect("managed");
+        assert!(allowed(&local, &ip([169, 254, 20, 10]), 53, "UDP"));
+        assert!(!allowed(&local, &dns_pod(), 53, "UDP"));
+        let none = build(&pool(json!({"dns": []})))
+            .expect("builds")
+            .expect("managed");
+        assert!(!allowed(&none, &dns_pod(), 53, "UDP"));
+        assert!(allowed(&none, &trainer(), 8000, "TCP"));
     }
 }

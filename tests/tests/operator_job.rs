@@ -1116,6 +1116,12 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
         json!({"matchLabels": {"floe.dev/job": "tmpl", "floe.dev/sandbox": "true"}})
     );
     assert_eq!(spec["policyTypes"], json!(["Egress"]));
+    // DNS only to the cluster's DNS pods, as the apiserver stored it.
+    assert_eq!(
+        spec["egress"][1]["to"][0]["podSelector"],
+        json!({"matchLabels": {"k8s-app": "kube-dns"}}),
+        "{spec}"
+    );
     // Every attempt ran exactly once.
     let ids = taken_sessions(&kubelet);
     let unique: BTreeSet<&String> = ids.iter().collect();
