@@ -17,9 +17,17 @@ pub struct SandboxArgs {
         default_value = "http://127.0.0.1:8370"
     )]
     gateway: String,
-    /// File holding the gateway's control token (the pod's Secret).
-    #[arg(long, env = "FLOE_CONTROL_TOKEN_FILE")]
-    control_token_file: PathBuf,
+    /// File holding the gateway's control token. In a pod the token comes as
+    /// `FLOE_CONTROL_TOKEN` instead (from its Secret): no file the evaluator could read.
+    #[arg(
+        long,
+        env = "FLOE_CONTROL_TOKEN_FILE",
+        required_unless_present = "control_token"
+    )]
+    control_token_file: Option<PathBuf>,
+    /// The gateway's control token itself.
+    #[arg(long, env = "FLOE_CONTROL_TOKEN", hide = true, hide_env_values = true)]
+    control_token: Option<String>,
     /// The task workspace: the harness's working directory (default: the current directory).
     #[arg(long)]
     workspace: Option<PathBuf>,
@@ -107,10 +115,20 @@ pub fn main(args: SandboxArgs) -> i32 {
         eprintln!("floe sandbox: {message}");
         ExitKind::Usage.code()
     };
-    let token = match std::fs::read_to_string(&args.control_token_file) {
-        Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-        Ok(_) => return usage(format!("{} is empty", args.control_token_file.display())),
-        Err(e) => return usage(format!("{}: {e}", args.control_token_file.display())),
+    // Before the token is in memory: nothing this runner starts (the evaluator runs the
+    // agent's code, as the same user) may trace it or read its memory or environment.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        return usage(format!("cannot make the runner undumpable: {e}"));
+    }
+    let token = match (&args.control_token, &args.control_token_file) {
+        (Some(t), _) if !t.trim().is_empty() => t.trim().to_string(),
+        (Some(_), _) => return usage("FLOE_CONTROL_TOKEN is empty".into()),
+        (None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+            Ok(_) => return usage(format!("{} is empty", file.display())),
+            Err(e) => return usage(format!("{}: {e}", file.display())),
+        },
+        (None, None) => return usage("no control token (FLOE_CONTROL_TOKEN_FILE)".into()),
     };
     let pool_prepare: Vec<PrepareStep> = match args.pool_prepare.as_deref() {
         None | Some("") => vec![],

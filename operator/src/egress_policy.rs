@@ -286,7 +286,11 @@ mod tests {
         let (Ok(bits), Ok(net)) = (bits.parse::<u32>(), <[u8; 4]>::try_from(net)) else {
             return false;
         };
-        let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+        let mask = if bits == 0 {
+            0
+        } else {
+            u32::MAX << (32 - bits)
+        };
         u32::from_be_bytes(ip) & mask == u32::from_be_bytes(net) & mask
     }
 
@@ -341,9 +345,27 @@ mod tests {
         let table: Vec<(&str, To, i64, &str, bool)> = vec![
             ("cluster DNS, UDP", dns_pod(), 53, "UDP", true),
             ("cluster DNS, TCP", dns_pod(), 53, "TCP", true),
-            ("a resolver on the internet", ip([8, 8, 8, 8]), 53, "UDP", false),
-            ("port 53 of another pod", pod(json!({"app": "x"}), "rl"), 53, "UDP", false),
-            ("the job's trainer, policy server", trainer(), 8000, "TCP", true),
+            (
+                "a resolver on the internet",
+                ip([8, 8, 8, 8]),
+                53,
+                "UDP",
+                false,
+            ),
+            (
+                "port 53 of another pod",
+                pod(json!({"app": "x"}), "rl"),
+                53,
+                "UDP",
+                false,
+            ),
+            (
+                "the job's trainer, policy server",
+                trainer(),
+                8000,
+                "TCP",
+                true,
+            ),
             ("the job's trainer, ingest", trainer(), 8100, "TCP", true),
             ("the trainer's ssh", trainer(), 22, "TCP", false),
             (
@@ -353,7 +375,13 @@ mod tests {
                 "TCP",
                 true,
             ),
-            ("another pod on 8000", pod(json!({"app": "x"}), "rl"), 8000, "TCP", false),
+            (
+                "another pod on 8000",
+                pod(json!({"app": "x"}), "rl"),
+                8000,
+                "TCP",
+                false,
+            ),
             (
                 "a trainer in another namespace",
                 pod(json!({ROLE_LABEL: "trainer"}), "other"),
@@ -364,7 +392,13 @@ mod tests {
             ("the Kubernetes API", ip([10, 96, 0, 1]), 443, "TCP", false),
             ("cloud metadata", ip([169, 254, 169, 254]), 80, "TCP", false),
             ("the allowed teacher", ip([10, 0, 0, 7]), 8000, "TCP", true),
-            ("the teacher's other port", ip([10, 0, 0, 7]), 22, "TCP", false),
+            (
+                "the teacher's other port",
+                ip([10, 0, 0, 7]),
+                22,
+                "TCP",
+                false,
+            ),
         ];
         for (what, to, port, protocol, expected) in &table {
             assert_eq!(
@@ -374,9 +408,11 @@ mod tests {
             );
         }
         // A DNS of the pool's own (a node-local cache), and no DNS at all.
-        let local = build(&pool(json!({"dns": [{"ipBlock": {"cidr": "169.254.20.10/32"}}]})))
-            .expect("builds")
-            .expect("managed");
+        let local = build(&pool(
+            json!({"dns": [{"ipBlock": {"cidr": "169.254.20.10/32"}}]}),
+        ))
+        .expect("builds")
+        .expect("managed");
         assert!(allowed(&local, &ip([169, 254, 20, 10]), 53, "UDP"));
         assert!(!allowed(&local, &dns_pod(), 53, "UDP"));
         let none = build(&pool(json!({"dns": []})))

@@ -154,30 +154,14 @@ async fn dial(grader: SocketAddr, wait: Duration) -> Result<TcpStream, LinkError
     }
 }
 
-/// As PID 1: SIGKILL every process of the namespace and reap until there is no child left.
-/// Every process of a PID namespace descends from its init, and orphans are re-parented to
-/// it, so "no child" means "nobody else". Not PID 1 (a test, a runtime that shares PID
-/// namespaces): nothing is touched and `false` says so.
+/// As PID 1: every other process of the namespace killed and reaped
+/// ([`process::empty_own_namespace`]); `false` when this is not PID 1.
 async fn empty_namespace() -> bool {
-    if std::process::id() != 1 {
-        return false;
-    }
-    tokio::task::spawn_blocking(|| {
-        use nix::errno::Errno;
-        use nix::sys::signal::{kill, Signal};
-        use nix::sys::wait::waitpid;
-        use nix::unistd::Pid;
-        loop {
-            // kill(-1) from init reaches every process of its namespace but itself.
-            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-            match waitpid(None::<Pid>, None) {
-                Ok(_) | Err(Errno::EINTR) => continue,
-                Err(_) => return true, // ECHILD: no child, so no process, is left
-            }
-        }
-    })
-    .await
-    .unwrap_or(false)
+    tokio::task::spawn_blocking(process::empty_own_namespace)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
 }
 
 #[cfg(test)]

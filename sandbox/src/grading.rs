@@ -47,6 +47,13 @@ pub(crate) async fn grade(
             }),
         })
     };
+    // The same, once the evaluation copy exists: what of the agent's changes reached it.
+    let failed_with = |summary: &mut Summary, reason, message, applied: &workspace::Applied| {
+        failed(summary, reason, message).map(|mut e: Evaluation| {
+            e.detail["changes"] = changes_detail(applied);
+            e
+        })
+    };
     let workspace_failure = |summary: &mut Summary, e: WorkspaceError| {
         let reason = match e {
             WorkspaceError::TooLarge { .. } => FailureReason::WorkspaceTooLarge,
@@ -107,6 +114,8 @@ pub(crate) async fn grade(
         };
         evaluator = confinement.wrap(evaluator, &access);
     }
+    // Whatever ran before (none should be left) is not the evaluator's doing.
+    let before = process::other_processes();
     let ran = process::run(&evaluator).await.map_err(|e| e.to_string())?;
     summary.evaluator_seconds = ran.elapsed.as_secs_f64();
     if config.confinement.is_some() && !sandbox_started(&evaluator.stderr) {
@@ -119,7 +128,29 @@ pub(crate) async fn grade(
     if config.confinement.is_some() && ran.exit == Exit::Code(relay::STRAGGLERS) {
         let why = "the evaluator's command left a process behind (it could have rewritten the \
                    verdict after the tests)";
-        return failed(summary, FailureReason::EvaluatorStraggler, why.into());
+        return failed_with(
+            summary,
+            FailureReason::EvaluatorStraggler,
+            why.into(),
+            &applied,
+        );
+    }
+    if config.confinement.is_none() {
+        // In a pod the runner is the grader container's init: whatever the evaluator left
+        // (orphans come to it) is killed and reaped before the verdict is read, and its having
+        // been there voids the verdict, as `floe sandbox-exec` decides in local mode.
+        let left = tokio::task::spawn_blocking(process::empty_own_namespace)
+            .await
+            .ok()
+            .flatten()
+            .map_or(0, |after| after.difference(&before).count());
+        if left > 0 {
+            let why = format!(
+                "the evaluator's command left {left} process(es) behind (they could have \
+                 rewritten the verdict after the tests)"
+            );
+            return failed_with(summary, FailureReason::EvaluatorStraggler, why, &applied);
+        }
     }
     let stdout = tail(&evaluator.stdout, REPORT_LIMIT as usize);
     let report = spec
@@ -138,7 +169,7 @@ pub(crate) async fn grade(
     ) {
         Ok(v) => v,
         Err(EvaluatorFailure::ByTheCode { reason, message }) => {
-            return failed(summary, reason, message)
+            return failed_with(summary, reason, message, &applied)
         }
         Err(e @ EvaluatorFailure::Broken(_)) => {
             return Err(format!(
@@ -159,13 +190,18 @@ pub(crate) async fn grade(
             "evaluatorExit": match ran.exit { Exit::Code(c) => Some(c), _ => None },
             "tests": verdict.tests,
             "harnessExit": summary.harness_exit,
-            "changes": {
-                "added": applied.applied.added.len(),
-                "modified": applied.applied.modified.len(),
-                "deleted": applied.applied.deleted.len(),
-                "discarded": applied.discarded.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
-            },
+            "changes": changes_detail(&applied),
         }),
+    })
+}
+
+/// What of the agent's changes reached the evaluation copy, for the trajectory's detail.
+fn changes_detail(applied: &workspace::Applied) -> serde_json::Value {
+    json!({
+        "added": applied.applied.added.len(),
+        "modified": applied.applied.modified.len(),
+        "deleted": applied.applied.deleted.len(),
+        "discarded": applied.discarded.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
     })
 }
 

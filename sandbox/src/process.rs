@@ -157,6 +157,40 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
     })
 }
 
+/// The processes of this PID namespace but this one (their PIDs, from `/proc`).
+pub fn other_processes() -> std::collections::BTreeSet<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|pid| *pid != me)
+        .collect()
+}
+
+/// As PID 1 of a PID namespace (a container's init): SIGKILL every other process of it and
+/// reap until there is no child left; returns the processes there were besides this one.
+/// Every process of a PID namespace descends from its init, and orphans are re-parented to it,
+/// so "no child" means "nobody else". `None` when this is not PID 1 (a test, a pod sharing its
+/// process namespace): nothing is touched.
+pub fn empty_own_namespace() -> Option<std::collections::BTreeSet<u32>> {
+    use nix::errno::Errno;
+    use nix::sys::wait::waitpid;
+    if std::process::id() != 1 {
+        return None;
+    }
+    let others = other_processes();
+    loop {
+        // kill(-1) from init reaches every process of its namespace but itself.
+        let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+        match waitpid(None::<Pid>, None) {
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(_) => return Some(others), // ECHILD: nobody is left
+        }
+    }
+}
+
 /// Environment variable that marks every process a run started, however it detached.
 pub const TAG_VAR: &str = "FLOE_PROCESS_TAG";
 

@@ -1172,7 +1172,38 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
         assert_eq!(t["reward"], 0.0, "a forged reward: {t}");
         let discarded = t["evaluation"]["detail"]["changes"]["discarded"].to_string();
         assert!(discarded.contains("reward.json"), "{discarded}");
+        // The agent's calc.py left a process in the grader that rewrote the verdict: the
+        // runner (the grader's init) found it, and scored the session as the policy's failure.
+        assert_eq!(
+            t["evaluation"]["detail"]["failure"], "evaluator_straggler",
+            "{t}"
+        );
     }
+    // The agent's code the evaluator ran found no control token: no file, not in its own
+    // environment, not in any process's it could read (the runner is not dumpable).
+    let mut evaluated = 0;
+    for entry in std::fs::read_dir(results.path())? {
+        let path = entry?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("evaluation") {
+            continue;
+        }
+        evaluated += 1;
+        let found: std::collections::BTreeMap<String, bool> =
+            serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let reached: Vec<&String> = found
+            .iter()
+            .filter(|(_, hit)| **hit)
+            .map(|(k, _)| k)
+            .collect();
+        assert!(
+            reached.is_empty(),
+            "the evaluated code reached the token: {reached:?}"
+        );
+    }
+    assert_eq!(
+        evaluated, 2,
+        "the evaluator ran the agent's code in each session"
+    );
 
     let mut reports = 0;
     for entry in std::fs::read_dir(results.path())? {

@@ -285,11 +285,16 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         Some(sc) => serde_json::to_value(sc)?,
         None => restricted(SANDBOX_UID),
     };
-    // The grader: the only container of the harness image with the control token, the
-    // assignment (hidden files) and the evaluation copy. The agent never ran in it.
+    // The grader: the only container of the harness image with the control token (in the
+    // runner's memory only), the assignment (hidden files) and the evaluation copy. The agent
+    // never ran in it.
     let mut grader_env = vec![
         json!({"name": "FLOE_GATEWAY_URL", "value": gateway_url}),
-        json!({"name": "FLOE_CONTROL_TOKEN_FILE", "value": token_file}),
+        // The token as a variable, never a file: the evaluator runs code the agent wrote, as
+        // the same user, and could read a file the grader can. The runner keeps the variable
+        // from its children and is not dumpable, so its environment is not readable either.
+        json!({"name": "FLOE_CONTROL_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": p.secret, "key": CONTROL_TOKEN_KEY}}}),
         json!({"name": "FLOE_POOL_PREPARE", "value": serde_json::to_string(&p.spec.prepare)?}),
         json!({"name": EGRESS_CHECK_ENV,
                "value": egress_check_mode(p.spec.egress.unrestricted)}),
@@ -297,7 +302,6 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     grader_env.extend(template_env.iter().cloned());
     let mut grader_mounts = vec![
         json!({"name": "floe-bin", "mountPath": BIN_DIR, "readOnly": true}),
-        json!({"name": "floe-control", "mountPath": CONTROL_DIR, "readOnly": true}),
         json!({"name": "floe-run", "mountPath": RUN_DIR}),
         json!({"name": "floe-workspace", "mountPath": workdir}),
         json!({"name": "floe-agent", "mountPath": AGENT_DIR}),

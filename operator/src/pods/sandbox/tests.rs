@@ -141,10 +141,19 @@ fn the_control_token_comes_from_a_secret_never_the_pod_spec() {
         .and_then(|v| v.iter().find(|v| v["name"] == "floe-control"))
         .expect("secret volume");
     assert_eq!(secret["secret"]["secretName"], "pool-abc-control");
-    assert!(
-        !text.contains("FLOE_CONTROL_TOKEN\""),
-        "no token value in env"
-    );
+    // The grader's FLOE_CONTROL_TOKEN comes from the Secret: no value in the pod spec.
+    let containers = p["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for c in &containers {
+        for v in c["env"].as_array().into_iter().flatten() {
+            if v["name"] == "FLOE_CONTROL_TOKEN" {
+                assert!(v.get("value").is_none(), "a token value in env: {v}");
+            }
+        }
+    }
+    assert!(!text.contains("FLOE_CONTROL_TOKEN_FILE"), "{text}");
     assert_eq!(p["spec"]["automountServiceAccountToken"], false);
     assert_eq!(p["spec"]["restartPolicy"], "Never");
 }
@@ -253,9 +262,20 @@ fn the_agent_runs_apart_from_the_grader_without_the_token_or_floe_state() {
         mounts(agent),
         ["floe-bin", "floe-workspace", "floe-agent", "cache"]
     );
-    for private in ["floe-control", "floe-run"] {
-        assert!(mounts(grader).contains(&private.to_string()), "{private}");
-    }
+    assert!(mounts(grader).contains(&"floe-run".to_string()));
+    // The grader's evaluator runs the agent's code: the token is no file there, only the
+    // runner's variable (from the Secret).
+    assert!(!mounts(grader).contains(&"floe-control".to_string()));
+    let from_secret = grader["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "FLOE_CONTROL_TOKEN")
+        .map(|v| v["valueFrom"]["secretKeyRef"].clone());
+    assert_eq!(
+        from_secret,
+        Some(json!({"name": "pool-abc-control", "key": "control-token"}))
+    );
     for private in ["floe-control", "floe-run", "floe-state"] {
         assert!(!mounts(agent).contains(&private.to_string()), "{private}");
     }
