@@ -49,6 +49,9 @@ pub struct Confinement {
     /// The uid/gid of the run (the sandboxed processes are mapped to them).
     pub uid: u32,
     pub gid: u32,
+    /// Each session's cgroup limits ([`crate::limits`]); `None` where the machine does not let
+    /// floe make cgroups.
+    pub limits: Option<crate::limits::Limits>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +78,8 @@ pub struct Access<'a> {
     pub read_only: Vec<&'a Path>,
     /// Route the model API through the relay (the harness), or no network (the evaluator).
     pub model_api: bool,
+    /// The session's `cgroup.procs` files the command joins before `bwrap` starts.
+    pub cgroup_procs: Vec<PathBuf>,
 }
 
 impl Confinement {
@@ -149,9 +154,26 @@ impl Confinement {
         args.push("--".into());
         args.push(spec.program.clone());
         args.extend(spec.args.iter().cloned());
+        if access.cgroup_procs.is_empty() {
+            return CommandSpec {
+                program: s(&self.bwrap),
+                args,
+                ..spec
+            };
+        }
+        // Into the session's cgroups first: everything `bwrap` starts is inside.
+        let mut joined = vec![
+            "-c".to_string(),
+            crate::limits::JOIN.to_string(),
+            "floe-cgroup".into(),
+        ];
+        joined.extend(access.cgroup_procs.iter().map(|p| s(p)));
+        joined.push("--".into());
+        joined.push(s(&self.bwrap));
+        joined.extend(args);
         CommandSpec {
-            program: s(&self.bwrap),
-            args,
+            program: "sh".into(),
+            args: joined,
             ..spec
         }
     }
@@ -211,6 +233,7 @@ mod tests {
             floe: "/usr/local/bin/floe".into(),
             uid: 0,
             gid: 0,
+            limits: None,
         }
     }
 
@@ -234,6 +257,7 @@ mod tests {
             writable: paths.to_vec(),
             read_only: vec![],
             model_api,
+            cgroup_procs: vec![],
         }
     }
 

@@ -32,6 +32,7 @@ pub(crate) async fn grade(
     spec: &RunSpec,
     pristine: &Path,
     ws: &Path,
+    cgroup_procs: &[std::path::PathBuf],
     summary: &mut Summary,
 ) -> Result<Evaluation, String> {
     let failed = |summary: &mut Summary, reason: FailureReason, message: String| {
@@ -111,6 +112,7 @@ pub(crate) async fn grade(
             writable: vec![&eval_dir],
             read_only: vec![],
             model_api: false,
+            cgroup_procs: cgroup_procs.to_vec(),
         };
         evaluator = confinement.wrap(evaluator, &access);
     }

@@ -24,6 +24,7 @@ pub mod client;
 pub mod confine;
 pub mod egress_check;
 pub mod grading;
+pub mod limits;
 pub mod presets;
 pub mod process;
 pub mod relay;

@@ -436,6 +436,22 @@ fn tail_of(mut file: std::fs::File, max: usize) -> String {
     String::from_utf8_lossy(&bytes).trim().to_string()
 }
 
+/// A session's cgroup: unique on the machine (two runs may hold the same session ids).
+fn cgroup_name(session: &str) -> String {
+    let safe: String = session
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    format!("floe-{}-{safe}", std::process::id())
+}
+
 /// Everything between the assignment and the outcome. Infrastructure problems become an
 /// `InfraError` outcome; the summary's timing and harness fields are filled as it goes.
 async fn session_outcome(
@@ -462,6 +478,17 @@ async fn session_outcome(
     if let Err(e) = workspace::copy_tree(ws, &pristine) {
         return infra_error(format!("snapshot: {e}"));
     }
+
+    // Local mode: the session's own cgroup for the harness and the evaluator (removed, with
+    // anything left in it, when this function returns).
+    let cgroup = match config.confinement.as_ref().and_then(|c| c.limits.as_ref()) {
+        Some(limits) => match crate::limits::SessionCgroup::create(limits, &cgroup_name(session)) {
+            Ok(cg) => Some(cg),
+            Err(e) => return infra_error(format!("the session's cgroup: {e}")),
+        },
+        None => None,
+    };
+    let cgroup_procs = cgroup.as_ref().map(|c| c.procs()).unwrap_or_default();
 
     // The harness. In a pod its home, instruction and logs are in the volume it shares with
     // this container; locally in the runner's state.
@@ -518,6 +545,7 @@ async fn session_outcome(
             writable: vec![ws, &home],
             read_only: vec![&instruction_file],
             model_api: true,
+            cgroup_procs: cgroup_procs.clone(),
         };
         harness = confinement.wrap(harness, &access);
     }
@@ -557,10 +585,11 @@ async fn session_outcome(
     }
 
     // Evaluation in a fresh copy; hidden files only now.
-    let evaluation = match crate::grading::grade(config, spec, &pristine, ws, summary).await {
-        Ok(e) => e,
-        Err(message) => return infra_error(message),
-    };
+    let evaluation =
+        match crate::grading::grade(config, spec, &pristine, ws, &cgroup_procs, summary).await {
+            Ok(e) => e,
+            Err(message) => return infra_error(message),
+        };
     if timed_out {
         SessionOutcome::AgentTimeout {
             evaluation: Some(evaluation),

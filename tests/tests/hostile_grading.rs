@@ -226,3 +226,108 @@ async fn no_attack_on_the_grade_forges_a_reward_or_escapes_scoring() -> Result<(
     assert_eq!(status.code(), Some(0), "{summary}");
     Ok(())
 }
+
+/// A session that forks without end and fills memory, beside an honest one: the hog is held
+/// to its session's limits (`--session-pids`, `--session-memory`), and its sibling's outcome
+/// is what it would have been alone.
+#[tokio::test]
+async fn a_session_that_exhausts_processes_and_memory_cannot_starve_its_sibling() -> Result<()> {
+    const HOG: &str = r#"python3 - <<'EOF'
+import json, os, subprocess, sys, time
+forked, error = 0, None
+children = []
+for _ in range(400):
+    try:
+        children.append(subprocess.Popen(["sleep", "30"]))
+        forked += 1
+    except OSError as e:
+        error = str(e)
+        break
+for c in children:
+    c.kill()
+    c.wait()
+filler = subprocess.run([sys.executable, "-c", "x = bytearray(1 << 30); print(len(x))"])
+json.dump({"forked": forked, "error": error, "fill_exit": filler.returncode}, open("hog.json", "w"))
+EOF"#;
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("out");
+    let path = job(dir.path(), &model.url)?;
+    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    spec["spec"]["tasks"]["inline"] = json!([
+        {"id": "hog", "instruction": HOG, "files": {"calc.py": BUGGY},
+         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}},
+        {"id": "fix", "instruction": FIX, "files": {"calc.py": BUGGY},
+         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}},
+    ]);
+    std::fs::write(&path, serde_json::to_string(&spec)?)?;
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(floe_bin()?)
+        .arg("run")
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .args(["--model-url", &model.url])
+        .args(["--session-pids", "128", "--session-memory", "256Mi"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
+    let stderr = std::fs::read_to_string(&log)?;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("summary.json")).with_context(|| stderr.clone())?,
+    )?;
+    let sandbox = summary["sandbox"].as_str().unwrap_or_default().to_string();
+    let session = |task: &str| -> Result<Value> {
+        Ok(serde_json::from_str(
+            &std::fs::read_to_string(
+                out.join("sessions")
+                    .join(format!("grading-{task}-0/summary.json")),
+            )
+            .with_context(|| format!("{task}: {stderr}"))?,
+        )?)
+    };
+    assert_eq!(
+        session("fix")?["reward"],
+        1.0,
+        "the sibling: {}",
+        session("fix")?
+    );
+    assert_eq!(session("hog")?["reward"], 0.0);
+    if !sandbox.contains("processes per session") {
+        // A machine that does not let floe make cgroups (not root, none delegated) runs
+        // without limits and says so; a root run always can.
+        assert!(!nix_is_root(), "a root run without limits: {sandbox}");
+        assert!(
+            stderr.contains("no per-session resource limits"),
+            "{stderr}"
+        );
+        return Ok(());
+    }
+    let hog_log =
+        std::fs::read_to_string(out.join("sessions/grading-hog-0/state/logs/harness.stderr"))
+            .unwrap_or_default();
+    let hog: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("sessions/grading-hog-0/workspace/hog.json"))
+            .with_context(|| format!("the hog left no hog.json; its stderr: {hog_log}"))?,
+    )?;
+    eprintln!("{sandbox}\nhog: {hog}");
+    assert!(
+        hog["forked"].as_u64().is_some_and(|n| n < 128) && !hog["error"].is_null(),
+        "the process limit did not hold: {hog}"
+    );
+    assert_eq!(
+        hog["fill_exit"], -9,
+        "the memory fill was not killed: {hog}"
+    );
+    Ok(())
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}

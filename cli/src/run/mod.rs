@@ -23,6 +23,7 @@ mod queue;
 mod report;
 mod resume;
 mod sandboxing;
+mod session_limits;
 mod signals;
 mod train;
 mod train_plan;
@@ -99,6 +100,8 @@ pub struct RunArgs {
     /// and the trainer's, labelled with the job's namespace and name, for the chart's rules.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    limits: session_limits::SessionLimitArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +163,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let bwrap = if args.no_sandbox {
         None
     } else {
-        Some(sandboxing::check()?)
+        Some(sandboxing::check()?.with_limits(&args.limits))
     };
     let private = sandboxing::Private {
         out: args.out.clone(),

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use floe_sandbox::confine::{Confinement, GatewayRoute, Hidden};
+use floe_sandbox::limits::Limits;
 
 use super::RunError;
 
@@ -16,12 +17,36 @@ const BWRAP_VAR: &str = "FLOE_BWRAP";
 pub struct Bubblewrap {
     path: PathBuf,
     version: String,
+    /// Each session's cgroup limits, or why there are none.
+    limits: Option<Result<Limits, String>>,
 }
 
-/// What the summary records: `bubblewrap 0.8.0`, or why there was none.
+impl Bubblewrap {
+    /// With the per-session limits this machine allows; none is said on stderr at once.
+    pub fn with_limits(self, args: &super::session_limits::SessionLimitArgs) -> Self {
+        let limits = super::session_limits::resolve(args);
+        if let Err(why) = &limits {
+            eprintln!(
+                "floe run: no per-session resource limits ({why}): one session's fork bomb or \
+                 memory fill can make its siblings fail"
+            );
+        }
+        Self {
+            limits: Some(limits),
+            ..self
+        }
+    }
+}
+
+/// What the summary records: `bubblewrap 0.8.0` and the sessions' limits, or why there was no
+/// sandbox.
 pub fn describe(bwrap: Option<&Bubblewrap>) -> String {
     match bwrap {
-        Some(b) => b.version.clone(),
+        Some(b) => match &b.limits {
+            Some(Ok(limits)) => format!("{}; {limits}", b.version),
+            Some(Err(why)) => format!("{}; no per-session limits ({why})", b.version),
+            None => b.version.clone(),
+        },
         None => {
             "none (--no-sandbox: the agent could read hidden tests and reach the network)".into()
         }
@@ -51,6 +76,7 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         floe: floe_binary()?,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
+        limits: None,
     };
     let (program, args) = probe.probe(Path::new("/"));
     let ran = std::process::Command::new(program)
@@ -65,7 +91,11 @@ pub fn check() -> Result<Bubblewrap, RunError> {
             String::from_utf8_lossy(&ran.stderr).trim()
         )));
     }
-    Ok(Bubblewrap { path, version })
+    Ok(Bubblewrap {
+        path,
+        version,
+        limits: None,
+    })
 }
 
 /// Whether bubblewrap sets up this run's kind of sandbox here: `Ok("bubblewrap 0.8.0")`, or
@@ -121,6 +151,7 @@ pub fn confinement(
         floe: floe_binary()?,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
+        limits: bwrap.limits.clone().and_then(Result::ok),
     })
 }
 

@@ -1,0 +1,230 @@
+//! Per-session resource limits in local mode: each session's harness and evaluator run in a
+//! cgroup of the session's own, with a memory and a process-count limit, so a fork bomb or a
+//! memory fill in one session cannot make a concurrent sibling time out or its evaluator die
+//! (scored 0, which raises the attacker's group advantage). Pods get the same from their
+//! containers' resources.
+//!
+//! floe makes the cgroups under its own, where the machine lets it: cgroup v2 with the
+//! `memory` and `pids` controllers delegated to floe's cgroup, or cgroup v1's `memory` and
+//! `pids` hierarchies writable (a root run). Elsewhere there are no limits, and `floe run` says
+//! so at start. Commands join the session's cgroup through a shell that writes its own pid into
+//! each `cgroup.procs` and then `exec`s `bwrap`: everything the sandbox starts is inside.
+
+use std::path::{Path, PathBuf};
+
+/// Where session cgroups are made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// cgroup v2: floe's own cgroup directory.
+    V2(PathBuf),
+    /// cgroup v1: floe's cgroup in the `memory` and in the `pids` hierarchy.
+    V1 { memory: PathBuf, pids: PathBuf },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub hierarchy: Hierarchy,
+    /// Bytes of memory for the session (harness and evaluator together, one at a time).
+    pub memory_bytes: u64,
+    /// Processes (and threads) at once.
+    pub pids: u64,
+}
+
+impl std::fmt::Display for Limits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.hierarchy {
+            Hierarchy::V2(_) => "cgroup v2",
+            Hierarchy::V1 { .. } => "cgroup v1",
+        };
+        write!(
+            f,
+            "{kind}: {} MiB, {} processes per session",
+            self.memory_bytes >> 20,
+            self.pids
+        )
+    }
+}
+
+/// Sans-IO: floe's cgroup paths from `/proc/self/cgroup` under `root` (`/sys/fs/cgroup`):
+/// the v1 `memory` and `pids` hierarchies when both are mounted, else the v2 path.
+pub fn from_proc_cgroup(text: &str, root: &Path, v1: bool) -> Option<Hierarchy> {
+    let mut memory = None;
+    let mut pids = None;
+    let mut unified = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let relative = path.trim_start_matches('/');
+        for c in controllers.split(',') {
+            match c {
+                "memory" => memory = Some(root.join("memory").join(relative)),
+                "pids" => pids = Some(root.join("pids").join(relative)),
+                _ => {}
+            }
+        }
+        if controllers.is_empty() {
+            unified = Some(root.join(relative));
+        }
+    }
+    match (v1, memory, pids, unified) {
+        (true, Some(memory), Some(pids), _) => Some(Hierarchy::V1 { memory, pids }),
+        (false, _, _, Some(dir)) => Some(Hierarchy::V2(dir)),
+        _ => None,
+    }
+}
+
+/// This machine's hierarchy, if floe can make limited cgroups in it (tried: a probe cgroup is
+/// made and removed). `Err` says why not.
+pub fn detect() -> Result<Hierarchy, String> {
+    let root = Path::new("/sys/fs/cgroup");
+    let text = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let v2 = root.join("cgroup.controllers").exists();
+    let hierarchy = from_proc_cgroup(&text, root, !v2)
+        .ok_or_else(|| "no memory and pids controllers for this process".to_string())?;
+    let probe = format!("floe-probe-{}", std::process::id());
+    let limits = Limits {
+        hierarchy: hierarchy.clone(),
+        memory_bytes: 1 << 30,
+        pids: 64,
+    };
+    SessionCgroup::create(&limits, &probe).map(drop)?;
+    Ok(hierarchy)
+}
+
+/// A session's cgroup(s), removed when dropped (whatever is left in them killed first).
+pub struct SessionCgroup {
+    dirs: Vec<PathBuf>,
+}
+
+impl SessionCgroup {
+    pub fn create(limits: &Limits, name: &str) -> Result<Self, String> {
+        let mut made = Self { dirs: Vec::new() };
+        let write = |dir: &Path, file: &str, value: String| {
+            std::fs::write(dir.join(file), value)
+                .map_err(|e| format!("{}: {e}", dir.join(file).display()))
+        };
+        let mkdir = |made: &mut Self, dir: PathBuf| -> Result<PathBuf, String> {
+            std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            made.dirs.push(dir.clone());
+            Ok(dir)
+        };
+        match &limits.hierarchy {
+            Hierarchy::V2(base) => {
+                // The controllers must be enabled for floe's children (delegation allows it).
+                let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
+                let dir = mkdir(&mut made, base.join(name))?;
+                write(&dir, "memory.max", limits.memory_bytes.to_string())?;
+                let _ = write(&dir, "memory.swap.max", "0".into());
+                write(&dir, "pids.max", limits.pids.to_string())?;
+            }
+            Hierarchy::V1 { memory, pids } => {
+                let dir = mkdir(&mut made, memory.join(name))?;
+                write(
+                    &dir,
+                    "memory.limit_in_bytes",
+                    limits.memory_bytes.to_string(),
+                )?;
+                // With swap accounting the limit covers swap too; without, the file is absent.
+                let _ = write(
+                    &dir,
+                    "memory.memsw.limit_in_bytes",
+                    limits.memory_bytes.to_string(),
+                );
+                let dir = mkdir(&mut made, pids.join(name))?;
+                write(&dir, "pids.max", limits.pids.to_string())?;
+            }
+        }
+        Ok(made)
+    }
+
+    /// The `cgroup.procs` files a command's first process writes itself into.
+    pub fn procs(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+}
+
+impl Drop for SessionCgroup {
+    fn drop(&mut self) {
+        for dir in self.dirs.iter().rev() {
+            for _ in 0..50 {
+                let left = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in left.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// The shell that puts a command into the session's cgroups: `sh -c JOIN floe-cgroup PROCS…
+/// -- PROGRAM ARGS…`. It writes its own pid into each file, then becomes the program; exit 125
+/// if it cannot (before the program exists, so a sandbox that never announced its start).
+pub const JOIN: &str =
+    r#"while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@""#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hierarchy_is_read_from_proc_self_cgroup() {
+        let root = Path::new("/sys/fs/cgroup");
+        let v1 = "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/abc\n0::/\n";
+        assert_eq!(
+            from_proc_cgroup(v1, root, true),
+            Some(Hierarchy::V1 {
+                memory: "/sys/fs/cgroup/memory/process_api/abc".into(),
+                pids: "/sys/fs/cgroup/pids".into(),
+            })
+        );
+        let v2 = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/floe.scope\n";
+        assert_eq!(
+            from_proc_cgroup(v2, root, false),
+            Some(Hierarchy::V2(
+                "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/floe.scope"
+                    .into()
+            ))
+        );
+        // v1 without a pids hierarchy: no limits.
+        assert_eq!(from_proc_cgroup("4:memory:/x\n", root, true), None);
+        // Combined controllers on one line.
+        assert!(from_proc_cgroup("3:memory,pids:/x\n", root, true).is_some());
+    }
+
+    #[test]
+    fn the_join_shell_enters_every_file_then_runs_the_program() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(JOIN)
+            .arg("floe-cgroup")
+            .args([&a, &b])
+            .args(["--", "sh", "-c", "echo $$"])
+            .output()?;
+        assert!(out.status.success());
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        // The program is the shell itself after `exec`: the same pid was written.
+        assert_eq!(std::fs::read_to_string(&a)?.trim(), pid);
+        assert_eq!(std::fs::read_to_string(&b)?.trim(), pid);
+        let refused = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(JOIN)
+            .arg("floe-cgroup")
+            .args(["/nonexistent/cgroup.procs", "--", "true"])
+            .status()?;
+        assert_eq!(refused.code(), Some(125));
+        Ok(())
+    }
+}
