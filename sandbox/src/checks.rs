@@ -80,6 +80,30 @@ pub fn check_sessions(
                 );
             }
         }
+        // A file that another needs as its directory (`tests` and `tests/test_x.py`): one
+        // would silently replace the other when the workspace or the evaluation copy is made.
+        let task_hidden = task.evaluation.as_ref().map(|e| &e.hidden_files);
+        let all: std::collections::BTreeSet<&str> = task
+            .files
+            .keys()
+            .chain(task_hidden.into_iter().flat_map(|h| h.keys()))
+            .chain(shared_hidden.keys())
+            .map(|p| p.trim_start_matches("./"))
+            .filter(|p| safe_join(root, p).is_ok())
+            .collect();
+        for path in &all {
+            let as_dir = std::path::Path::new(path)
+                .ancestors()
+                .skip(1)
+                .filter_map(|a| a.to_str())
+                .find(|a| all.contains(a));
+            if let Some(dir) = as_dir {
+                push(
+                    format!("{field}.evaluation.hiddenFiles"),
+                    format!("{dir:?} is a file of the task, and {path:?} needs it to be a directory: the two cannot both be written"),
+                );
+            }
+        }
         if let Some(program) = &local_program {
             let provided = task.files.contains_key(program)
                 || shared_hidden.contains_key(program)
@@ -174,5 +198,21 @@ mod tests {
         assert!(errors[0].message.contains("\"b\""), "{errors:?}");
         let shared = BTreeMap::from([("check.sh".to_string(), String::new())]);
         assert!(check_sessions("j", &s, &[has, task("b")], "t", &shared).is_empty());
+    }
+
+    #[test]
+    fn a_file_that_another_needs_as_its_directory_is_refused() {
+        let task: Task = serde_json::from_value(serde_json::json!({
+            "id": "t", "instruction": "x", "files": {"tests": "a file"},
+            "evaluation": {"hiddenFiles": {"tests/test_hidden.py": "assert True"}},
+        }))
+        .expect("task");
+        let errors = check_sessions("j", &spec(), &[task], "spec.tasks.inline", &BTreeMap::new());
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.message.contains("needs it to be a directory")),
+            "{errors:?}"
+        );
     }
 }

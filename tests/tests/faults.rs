@@ -587,6 +587,16 @@ async fn broken_job_files_and_flags_stop_before_any_session_with_one_line() -> R
             "spec.tasks.inline[0].evaluation.hiddenFiles: \"../x.py\" must be a relative path",
         ),
         (
+            // A hidden test under a path the task has as a file: one would replace the other.
+            edit(
+                "instruction: \"calls 2\"}",
+                "instruction: \"calls 2\", files: {tests: x}, evaluation: {hiddenFiles: {'tests/t.py': ''}}}",
+            ),
+            vec![],
+            &model.url,
+            "\"tests\" is a file of the task, and \"tests/t.py\" needs it to be a directory",
+        ),
+        (
             edit(
                 "command: [test, -f, answer.txt]",
                 "command: [test, -f, answer.txt]\n    protectedPaths: ['[']",
