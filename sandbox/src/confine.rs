@@ -135,6 +135,12 @@ impl Confinement {
     /// behind `bwrap` and `floe sandbox-exec` (the relay too, for a harness).
     pub fn wrap(&self, spec: CommandSpec, access: &Access) -> CommandSpec {
         let mut args = self.options(access, &spec.cwd);
+        if !access.model_api {
+            // The evaluator's `floe sandbox-exec` is the namespace's init: every orphan comes
+            // to it, and nothing the evaluated code runs can signal it (an init ignores its own
+            // namespace's signals), so its count of what was left behind stands.
+            args.push("--as-pid-1".into());
+        }
         push(&mut args, ["--", FLOE_INSIDE, "sandbox-exec"]);
         if let (Some(route), true) = (&self.gateway, access.model_api) {
             push(
@@ -319,6 +325,8 @@ mod tests {
         let wrapped = confinement().wrap(spec(), &access);
         assert!(!wrapped.args.iter().any(|a| a == "--listen"));
         assert!(!wrapped.args.iter().any(|a| a == SOCKET_INSIDE));
+        // Its `floe sandbox-exec` is the namespace's init (nothing inside can signal it).
+        assert!(wrapped.args.iter().any(|a| a == "--as-pid-1"));
         // Still started by `floe sandbox-exec`, for the syscall filter.
         let tail = &wrapped.args[position(&wrapped.args, &["--", FLOE_INSIDE])..];
         assert_eq!(

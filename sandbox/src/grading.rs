@@ -57,7 +57,9 @@ pub(crate) async fn grade(
     };
     let workspace_failure = |summary: &mut Summary, e: WorkspaceError| {
         let reason = match e {
-            WorkspaceError::TooLarge { .. } => FailureReason::WorkspaceTooLarge,
+            WorkspaceError::TooLarge { .. } | WorkspaceError::TooMuch(_) => {
+                FailureReason::WorkspaceTooLarge
+            }
             _ => FailureReason::WorkspaceUnreadable,
         };
         failed(summary, reason, e.to_string())
@@ -101,6 +103,8 @@ pub(crate) async fn grade(
         &eval_dir,
         spec.timeouts.evaluator_seconds,
     );
+    // Its whole report, when the report is its stdout: the summary is at the end.
+    evaluator.cap_bytes = REPORT_LIMIT;
     // A program that is not there is the job's (or the image's), not the code's: said here, so
     // that an exit code the code under test can also produce (127) is never taken for it.
     startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;
@@ -153,6 +157,14 @@ pub(crate) async fn grade(
             );
             return failed_with(summary, FailureReason::EvaluatorStraggler, why, &applied);
         }
+    }
+    let from_stdout = spec.evaluator.reward.path.is_none()
+        && spec.evaluator.reward.source == floe_crds::rollout_job::RewardSource::TestOutput;
+    if from_stdout && ran.stdout_bytes > REPORT_LIMIT {
+        // Only its first bytes were kept: a summary printed first and pushed out of reach of
+        // the real one by padding would otherwise be read as the only one.
+        let why = format!("the evaluator wrote more than {REPORT_LIMIT} bytes on stdout");
+        return failed_with(summary, FailureReason::NoVerdict, why, &applied);
     }
     let stdout = tail(&evaluator.stdout, REPORT_LIMIT as usize);
     let report = spec

@@ -199,15 +199,19 @@ fn start_filtered(
 }
 
 /// How many processes are this one's children now that the command is reaped (orphans it
-/// adopted as subreaper, alive or zombie). Each is killed: the namespace dies with this
-/// process anyway, this only makes it certain.
+/// adopted as init or subreaper, alive or zombie). Each is killed: the namespace dies with
+/// this process anyway, this only makes it certain. Fails closed: what cannot be read (the
+/// evaluated code lowered this process's file limit, say) counts as left behind.
 fn left_behind() -> usize {
     let me = std::process::id().to_string();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+        return usize::MAX;
     };
     let mut found = 0;
-    for entry in entries.flatten() {
+    for entry in entries {
+        let Ok(entry) = entry else {
+            return usize::MAX;
+        };
         let Some(pid) = entry
             .file_name()
             .to_str()
@@ -215,8 +219,11 @@ fn left_behind() -> usize {
         else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
+        let stat = match std::fs::read_to_string(entry.path().join("stat")) {
+            Ok(s) => s,
+            // Gone since the listing: not left behind.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return usize::MAX,
         };
         // `pid (comm) state ppid …`: comm may hold spaces and parentheses, so after the last ')'.
         let ppid = stat

@@ -22,9 +22,11 @@ use rustix::io::Errno;
 /// What a name in a directory is (the name itself, not what a link points to).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// `allocated`: bytes on disk (a sparse file's holes take none).
     File {
         mode: u32,
         len: u64,
+        allocated: u64,
     },
     Link(Vec<u8>),
     Dir,
@@ -65,6 +67,9 @@ impl Dir {
             FileType::RegularFile => Kind::File {
                 mode: stat.st_mode & 0o7777,
                 len: u64::try_from(stat.st_size).unwrap_or(0),
+                allocated: u64::try_from(stat.st_blocks)
+                    .unwrap_or(0)
+                    .saturating_mul(512),
             },
             FileType::Directory => Kind::Dir,
             FileType::Symlink => Kind::Link(
@@ -131,8 +136,9 @@ impl Dir {
         let fd = rustix::fs::openat(&self.fd, name, flags, Mode::from_raw_mode(mode & 0o777))
             .map_err(err)?;
         let file = File::from(fd);
-        // The umask may have taken bits the copy must keep (the executable bit).
-        rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o7777)).map_err(err)?;
+        // The umask may have taken bits the copy must keep (the executable bit); set-id and
+        // sticky bits are never copied (a root run would make the agent's file set-uid root).
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(mode & 0o777)).map_err(err)?;
         Ok(file)
     }
 

@@ -31,6 +31,7 @@ pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/pytest.ini",
     "**/.pytest.ini",
     "**/pytest.toml",
+    "**/.pytest.toml",
     "**/pyproject.toml",
     "**/setup.cfg",
     "**/tox.ini",
@@ -38,6 +39,8 @@ pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/usercustomize.py",
     "**/jest.config.*",
     "**/vitest.config.*",
+    "**/vite.config.*",
+    "**/package.json",
     "**/.mocharc*",
 ];
 
@@ -60,12 +63,19 @@ pub enum WorkspaceError {
     },
     #[error("the agent's changes hold more than {limit} bytes")]
     TooLarge { limit: u64 },
+    /// The workspace outgrew the task's by more than a listing takes: entries, path bytes,
+    /// depth or bytes on disk.
+    #[error("the workspace has {0}")]
+    TooMuch(String),
 }
 
 impl WorkspaceError {
     /// Whether the agent's workspace caused it (the policy's failure), not floe's side.
     pub fn is_the_agents(&self) -> bool {
-        matches!(self, Self::Unreadable { .. } | Self::TooLarge { .. })
+        matches!(
+            self,
+            Self::Unreadable { .. } | Self::TooLarge { .. } | Self::TooMuch(_)
+        )
     }
 }
 
@@ -175,33 +185,105 @@ fn size_of(dir: &Dir, name: &OsStr, kind: &Kind) -> std::io::Result<u64> {
     }
 }
 
+/// What a listing found.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    pub paths: BTreeSet<PathBuf>,
+    /// The bytes of every path listed (what the listing holds in memory).
+    pub path_bytes: u64,
+    /// The bytes its regular files take on disk.
+    pub allocated: u64,
+}
+
+/// How far a listing may go: the agent's workspace may outgrow the task's by so much, and no
+/// more (a million nested names, or a disk filled through a file that is then discarded, is
+/// the policy's failure, not floe's memory or disk).
+#[derive(Clone, Copy, Debug)]
+pub struct Caps {
+    pub entries: usize,
+    pub path_bytes: u64,
+    pub allocated: u64,
+    pub depth: usize,
+}
+
+impl Caps {
+    /// floe's own trees (the task as prepared): only the depth, for the stack.
+    pub const TASK: Self = Self {
+        entries: usize::MAX,
+        path_bytes: u64::MAX,
+        allocated: u64::MAX,
+        depth: 1024,
+    };
+
+    /// The agent's workspace: the task's listing and 200,000 entries, 64 MiB of paths and
+    /// 8 GiB on disk more, 256 directories deep.
+    pub fn beyond(task: &Listing) -> Self {
+        Self {
+            entries: task.paths.len() + 200_000,
+            path_bytes: task.path_bytes + (64 << 20),
+            allocated: task.allocated + (8 << 30),
+            depth: 256,
+        }
+    }
+}
+
 /// Every regular file and symlink under `root`, relative to it (names are bytes; FIFOs,
 /// sockets and devices are not content: never listed, compared or copied).
 pub fn list(root: &Path) -> Result<BTreeSet<PathBuf>, WorkspaceError> {
+    list_within(root, Caps::TASK).map(|l| l.paths)
+}
+
+/// [`list`] within `caps` ([`WorkspaceError::TooMuch`] beyond them).
+pub fn list_within(root: &Path, caps: Caps) -> Result<Listing, WorkspaceError> {
     fn walk(
         dir: &Dir,
         rel: &Path,
+        depth: usize,
         root: &Path,
-        out: &mut BTreeSet<PathBuf>,
+        caps: Caps,
+        out: &mut Listing,
     ) -> Result<(), WorkspaceError> {
+        if depth > caps.depth {
+            return Err(WorkspaceError::TooMuch(format!(
+                "directories more than {} deep",
+                caps.depth
+            )));
+        }
         for name in dir.names().map_err(io(&root.join(rel)))? {
             let path = rel.join(&name);
-            match dir.kind(&name).map_err(io(&root.join(&path)))? {
+            let kind = dir.kind(&name).map_err(io(&root.join(&path)))?;
+            if let Some(Kind::File { allocated, .. }) = kind {
+                out.allocated = out.allocated.saturating_add(allocated);
+                if out.allocated > caps.allocated {
+                    return Err(WorkspaceError::TooMuch(format!(
+                        "more than {} bytes on disk",
+                        caps.allocated
+                    )));
+                }
+            }
+            match kind {
                 Some(Kind::Dir) => {
                     let sub = dir.subdir(&name).map_err(io(&root.join(&path)))?;
-                    walk(&sub, &path, root, out)?;
+                    walk(&sub, &path, depth + 1, root, caps, out)?;
                 }
                 Some(Kind::File { .. } | Kind::Link(_)) => {
-                    out.insert(path);
+                    out.path_bytes += path.as_os_str().len() as u64;
+                    out.paths.insert(path);
+                    if out.paths.len() > caps.entries || out.path_bytes > caps.path_bytes {
+                        return Err(WorkspaceError::TooMuch(format!(
+                            "more than {} files, or {} bytes of their names",
+                            caps.entries, caps.path_bytes
+                        )));
+                    }
                 }
                 Some(Kind::Other) | None => {}
             }
         }
         Ok(())
     }
-    let mut out = BTreeSet::new();
+    let mut out = Listing::default();
     let dir = Dir::open(root).map_err(io(root))?;
-    walk(&dir, Path::new(""), root, &mut out)?;
+    walk(&dir, Path::new(""), 0, root, caps, &mut out)?;
     Ok(out)
 }
 
@@ -251,8 +333,11 @@ pub fn classify(
 /// symlink target and the executable bit count. What cannot be read in the workspace is
 /// [`WorkspaceError::Unreadable`]: the agent's doing.
 pub fn diff(pristine: &Path, workspace: &Path) -> Result<Changes, WorkspaceError> {
-    let before = list(pristine)?;
-    let after = list(workspace).map_err(to_agents)?;
+    let task = list_within(pristine, Caps::TASK)?;
+    let after = list_within(workspace, Caps::beyond(&task))
+        .map_err(to_agents)?
+        .paths;
+    let before = task.paths;
     let (p, w) = (
         Dir::open(pristine).map_err(io(pristine))?,
         Dir::open(workspace).map_err(agents(workspace))?,
@@ -275,7 +360,14 @@ fn same_entry(a: &Dir, b: &Dir, rel: &Path) -> std::io::Result<bool> {
     };
     Ok(match (da.kind(&name)?, db.kind(&name)?) {
         (Some(Kind::Link(x)), Some(Kind::Link(y))) => x == y,
-        (Some(Kind::File { mode: ma, len: la }), Some(Kind::File { mode: mb, len: lb })) => {
+        (
+            Some(Kind::File {
+                mode: ma, len: la, ..
+            }),
+            Some(Kind::File {
+                mode: mb, len: lb, ..
+            }),
+        ) => {
             la == lb
                 && (ma & 0o111) == (mb & 0o111)
                 && tree::same_content(&mut da.open_file(&name)?, &mut db.open_file(&name)?)?
@@ -341,6 +433,21 @@ impl Protected {
         self.exact.contains(path) || self.globs.is_match(path)
     }
 
+    /// Whether `path` would shadow a hidden module for Python's import: beside
+    /// `tests/test_hidden.py`, a `tests/test_hidden.so` or `.pyc`, or a package directory
+    /// `tests/test_hidden/`, is imported in its place.
+    pub fn shadows_hidden(&self, path: &Path) -> bool {
+        self.exact.iter().any(|hidden| {
+            let (Some(dir), Some(stem)) = (hidden.parent(), hidden.file_stem()) else {
+                return false;
+            };
+            let module = dir.join(stem);
+            path != hidden
+                && (path.starts_with(&module)
+                    || (path.parent() == Some(dir) && path.file_stem() == Some(stem)))
+        })
+    }
+
     /// Whether `path` is a directory that holds a protected or hidden path.
     pub fn guards(&self, path: &Path) -> bool {
         self.guarded.contains(path)
@@ -365,7 +472,13 @@ fn allowed(
     protected: &Protected,
     pristine: &BTreeSet<PathBuf>,
 ) -> bool {
-    if protected.covers(path) || protected.guards(path) {
+    // A protected path turned into a directory would be removed for what the agent put in it.
+    if protected.covers(path)
+        || protected.guards(path)
+        || path.ancestors().skip(1).any(|a| protected.covers(a))
+        || protected.shadows_hidden(path)
+        || is_bytecode(path)
+    {
         return false;
     }
     // Replacing a directory of the task removes everything in it.
@@ -382,25 +495,31 @@ fn allowed(
     }
 }
 
-/// Whether the link at `at` pointing to `target` resolves inside the tree without leaving it
-/// (relative, never above the root): a link out of the workspace would let the grader read
-/// what the agent keeps elsewhere.
+/// Compiled Python the interpreter would take over its source (an "unchecked hash" `.pyc` is
+/// never compared with the `.py`): Python writes its own when the evaluator runs.
+fn is_bytecode(path: &Path) -> bool {
+    path.components().any(|c| c.as_os_str() == "__pycache__")
+        || path.extension().is_some_and(|e| e == "pyc" || e == "pyo")
+}
+
+/// Whether the link at `at` pointing to `target` resolves inside the tree without leaving it:
+/// a link out of the workspace would let the grader read what the agent keeps elsewhere.
+/// Relative, its `..` only leading and no more than the link is deep: a `..` after a name
+/// applies to where that name leads, which may itself be a link (`a -> .`, then
+/// `a/a/../../..` leaves the tree), so it is refused.
 fn stays_inside(at: &Path, target: &Path) -> bool {
-    let mut depth = at.components().count() as i64 - 1;
+    let depth = at.components().count().saturating_sub(1);
+    let mut ups = 0;
+    let mut named = false;
     for c in target.components() {
         match c {
-            Component::Normal(_) => depth += 1,
+            Component::Normal(_) => named = true,
             Component::CurDir => {}
-            Component::ParentDir => {
-                depth -= 1;
-                if depth < 0 {
-                    return false;
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => return false,
+            Component::ParentDir if !named => ups += 1,
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return false,
         }
     }
-    true
+    ups <= depth
 }
 
 /// Build the evaluation copy: `pristine` copied to `eval`, the agent's `changes` (read from
@@ -890,6 +1009,95 @@ mod tests {
         }
         assert!(!p.covers(Path::new("calc.py")));
         assert!(!p.covers(Path::new("docs/pytest.md")));
+        Ok(())
+    }
+
+    #[test]
+    fn a_protected_file_made_a_directory_and_modules_that_shadow_hidden_ones_are_discarded(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let (eval, applied) = graded(
+            tmp.path(),
+            &[
+                ("calc.py", "bug"),
+                ("tests/test_regress.py", "real regression test"),
+            ],
+            |ws| {
+                std::fs::remove_file(ws.join("tests/test_regress.py"))?;
+                std::fs::create_dir_all(ws.join("tests/test_regress.py"))?;
+                std::fs::write(ws.join("tests/test_regress.py/x"), "")?;
+                std::fs::write(ws.join("tests/test_hidden.so"), "")?;
+                std::fs::create_dir_all(ws.join("tests/test_hidden"))?;
+                std::fs::write(ws.join("tests/test_hidden/__init__.py"), "")?;
+                std::fs::create_dir_all(ws.join("tests/__pycache__"))?;
+                std::fs::write(ws.join("tests/__pycache__/test_hidden.cpython-311.pyc"), "")?;
+                std::fs::write(ws.join("tests/test_other.py"), "fine")
+            },
+            &["**/test_*.py"],
+            &[("tests/test_hidden.py", "real")],
+        )?;
+        assert_eq!(
+            std::fs::read_to_string(eval.join("tests/test_regress.py"))?,
+            "real regression test"
+        );
+        assert!(!eval.join("tests/test_hidden.so").exists());
+        assert!(!eval.join("tests/test_hidden").exists());
+        assert!(!eval.join("tests/__pycache__").exists());
+        assert_eq!(
+            names(&applied.discarded),
+            [
+                "tests/__pycache__/test_hidden.cpython-311.pyc",
+                "tests/test_hidden/__init__.py",
+                "tests/test_hidden.so",
+                "tests/test_other.py",
+                "tests/test_regress.py",
+                "tests/test_regress.py/x",
+            ]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_link_through_a_link_cannot_climb_out() {
+        // `a -> .` then `x -> a/a/../../..`: lexically inside, really above the root.
+        assert!(!stays_inside(Path::new("x"), Path::new("a/a/../../..")));
+        assert!(!stays_inside(Path::new("x"), Path::new("..")));
+        assert!(!stays_inside(Path::new("x"), Path::new("/etc")));
+        assert!(stays_inside(Path::new("pkg/x"), Path::new("../calc.py")));
+        assert!(!stays_inside(
+            Path::new("pkg/x"),
+            Path::new("../../calc.py")
+        ));
+        assert!(stays_inside(Path::new("x"), Path::new("a/a/b")));
+    }
+
+    #[test]
+    fn a_workspace_may_outgrow_the_task_only_so_far() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let (task, ws) = (tmp.path().join("t"), tmp.path().join("w"));
+        write_files(&task, &files(&[("calc.py", "bug")]))?;
+        copy_tree(&task, &ws)?;
+        let mut deep = ws.clone();
+        for _ in 0..300 {
+            deep = deep.join("d");
+        }
+        std::fs::create_dir_all(&deep)?;
+        std::fs::write(deep.join("f"), "")?;
+        let err = diff(&task, &ws)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("deep"), "{err}");
+        let caps = Caps {
+            entries: 3,
+            ..Caps::beyond(&list_within(&task, Caps::TASK)?)
+        };
+        std::fs::remove_dir_all(ws.join("d"))?;
+        for i in 0..5 {
+            std::fs::write(ws.join(format!("f{i}")), "")?;
+        }
+        let err = list_within(&ws, caps).err();
+        assert!(matches!(err, Some(WorkspaceError::TooMuch(_))), "{err:?}");
         Ok(())
     }
 }
