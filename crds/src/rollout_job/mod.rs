@@ -380,9 +380,9 @@ pub struct EvaluatorSpec {
     #[schemars(inner(length(min = 1, max = 1024)))]
     pub protected_paths: Vec<String>,
     /// Protect the test runners' configuration files too, wherever they are in the workspace:
-    /// `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`, `pyproject.toml`, `setup.cfg`,
-    /// `tox.ini`, `sitecustomize.py`, `usercustomize.py`, and Jest's, Vitest's and Mocha's
-    /// config files. They decide what a test run collects and reports (`python_files =
+    /// `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`, `.pytest.toml`,
+    /// `pyproject.toml`, `setup.cfg`, `tox.ini`, `sitecustomize.py`, `usercustomize.py`,
+    /// `package.json`, and Jest's, Vitest's, Vite's and Mocha's config files. They decide what a test run collects and reports (`python_files =
     /// chk_*.py` skips the hidden tests). Default `true`; `false` only for tasks whose solution
     /// must change one of them.
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
