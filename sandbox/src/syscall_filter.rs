@@ -31,14 +31,18 @@ pub fn program() -> Result<BpfProgram, FilterError> {
     .map_err(|e| err(&e))?])
     .map_err(|e| err(&e))?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    rules.insert(libc::SYS_socket, vec![unix_domain]);
+    for socket in with_x32(libc::SYS_socket) {
+        rules.insert(socket, vec![unix_domain.clone()]);
+    }
     // An empty rule list matches the syscall whatever its arguments.
     for io_uring in [
         libc::SYS_io_uring_setup,
         libc::SYS_io_uring_enter,
         libc::SYS_io_uring_register,
     ] {
-        rules.insert(io_uring, vec![]);
+        for nr in with_x32(io_uring) {
+            rules.insert(nr, vec![]);
+        }
     }
     let filter = SeccompFilter::new(
         rules,
@@ -82,7 +86,19 @@ pub fn relay() -> Result<BpfProgram, FilterError> {
         libc::SYS_io_uring_enter,
         libc::SYS_io_uring_register,
     ];
-    let rules: BTreeMap<i64, Vec<SeccompRule>> = refused.into_iter().map(|s| (s, vec![])).collect();
+    // x32's own numbers for the calls whose arguments differ in size (`execve` is 520 there):
+    // the x32 bit alone does not cover them.
+    let x32_only: &[i64] = if cfg!(target_arch = "x86_64") {
+        &[520, 521, 539, 540, 545].map(|n| n | 0x4000_0000)
+    } else {
+        &[]
+    };
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = refused
+        .into_iter()
+        .flat_map(with_x32)
+        .chain(x32_only.iter().copied())
+        .map(|s| (s, vec![]))
+        .collect();
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -93,6 +109,16 @@ pub fn relay() -> Result<BpfProgram, FilterError> {
     filter
         .try_into()
         .map_err(|e: seccompiler::BackendError| err(&e))
+}
+
+/// `nr`, and on x86-64 its x32 twin (`nr | 0x40000000`): an x32 call passes the filter's
+/// architecture check, so on a kernel with x32 enabled it must be refused by number too.
+fn with_x32(nr: i64) -> Vec<i64> {
+    if cfg!(target_arch = "x86_64") {
+        vec![nr, nr | 0x4000_0000]
+    } else {
+        vec![nr]
+    }
 }
 
 /// Installs `program` on every thread of this process at once (`SECCOMP_FILTER_FLAG_TSYNC`).
