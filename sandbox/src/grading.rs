@@ -13,11 +13,11 @@ use std::path::Path;
 use floe_gateway::trajectory::Evaluation;
 use serde_json::json;
 
+use crate::children::{child, startable, tail, RunnerConfig};
 use crate::confine::Access;
 use crate::process::{self, Exit};
 use crate::relay;
 use crate::reward::{judge, EvaluatorFailure, EvaluatorResult, FailureReason, FAILURE_REWARD};
-use crate::runner::{child, startable, tail, RunnerConfig};
 use crate::spec::RunSpec;
 use crate::summary::Summary;
 use crate::workspace::{self, Protected, WorkspaceError};

@@ -20,6 +20,7 @@
 
 pub mod agent_link;
 pub mod checks;
+pub mod children;
 pub mod client;
 pub mod confine;
 pub mod egress_check;

@@ -1,0 +1,121 @@
+//! What the runner is told ([`RunnerConfig`]) and how it starts its children: the command
+//! specs of prepare steps, the harness and the evaluator, with their logs, and reading those
+//! logs back. Shared by [`crate::runner`] and [`crate::grading`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use floe_crds::common::PrepareStep;
+
+use crate::confine::{self, Confinement};
+use crate::process::CommandSpec;
+
+/// Variables of the runner that the harness and evaluator never see.
+const PRIVATE_ENV: &[&str] = &[
+    "FLOE_CONTROL_TOKEN",
+    "FLOE_CONTROL_TOKEN_FILE",
+    floe_gateway::bearer::UPSTREAM_KEY_ENV,
+];
+
+#[derive(Clone, Debug)]
+pub struct RunnerConfig {
+    pub gateway_url: String,
+    pub control_token: String,
+    /// The task workspace (the harness's working directory).
+    pub workspace: PathBuf,
+    /// Runner-private state: pristine snapshot, harness home, logs, evaluation copy. Must be
+    /// outside the workspace.
+    pub state_dir: PathBuf,
+    /// The pool's prepare steps, run before the sandbox reports ready.
+    pub pool_prepare: Vec<PrepareStep>,
+    /// Give up waiting for an assignment after this long (`None`: wait forever, as a warm
+    /// pod does).
+    pub assignment_wait: Option<Duration>,
+    /// Take only this session's assignment (a local run's runner is started for one session).
+    pub session: Option<String>,
+    /// How long to wait for the gateway to ship the trajectory before exiting.
+    pub ship_wait: Duration,
+    /// Bytes of stdout/stderr kept per process.
+    pub log_cap_bytes: u64,
+    /// SIGTERM → SIGKILL grace for timed-out process groups.
+    pub kill_grace: Duration,
+    /// Run the harness and the evaluator each in their own sandbox (local mode); `None` in a
+    /// pod, whose containers are the sandbox.
+    pub confinement: Option<Confinement>,
+    /// Pods: the harness runs in the agent container, not here ([`agent_link`]).
+    pub agent: Option<AgentContainer>,
+    /// Pods: check at start that egress is restricted ([`crate::egress_check`]).
+    pub egress_check: Option<crate::egress_check::EgressCheck>,
+}
+
+/// Where the agent container is and what it shares with this one.
+#[derive(Clone, Debug)]
+pub struct AgentContainer {
+    /// The loopback address its supervisor dials.
+    pub listen: std::net::SocketAddr,
+    /// A volume both containers mount: the harness's home, instruction and logs. The agent
+    /// can write it, so nothing the grader relies on lives there.
+    pub dir: PathBuf,
+    /// How long the supervisor may take to dial (the container starting).
+    pub dial_wait: Duration,
+}
+
+/// A child process of the runner: `<name>.stdout/.stderr` in the state's `logs/`, the runner's
+/// private variables removed, its output cap and kill grace.
+pub(crate) fn child(
+    config: &RunnerConfig,
+    name: &str,
+    program: &str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: &Path,
+    timeout_seconds: i32,
+) -> CommandSpec {
+    let logs = config.state_dir.join("logs");
+    CommandSpec {
+        program: program.to_string(),
+        args,
+        env,
+        env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
+        cwd: cwd.to_path_buf(),
+        stdout: logs.join(format!("{name}.stdout")),
+        stderr: logs.join(format!("{name}.stderr")),
+        cap_bytes: config.log_cap_bytes,
+        timeout: Duration::from_secs(timeout_seconds.max(1) as u64),
+        kill_grace: config.kill_grace,
+    }
+}
+
+/// Whether `spec`'s program exists and is executable, looked up as the sandbox will.
+pub(crate) fn startable(spec: &CommandSpec) -> Result<(), String> {
+    let path = spec
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PATH").ok());
+    confine::resolve_program(&spec.program, &spec.cwd, path.as_deref())
+        .map(|_| ())
+        .ok_or_else(|| format!("{}: not found or not executable", spec.program))
+}
+
+/// The last `max` bytes of a log, read from its end (a log may be a 64 GiB sparse file).
+pub(crate) fn tail(path: &Path, max: usize) -> String {
+    std::fs::File::open(path)
+        .map(|f| tail_of(f, max))
+        .unwrap_or_default()
+}
+
+pub(crate) fn tail_of(mut file: std::fs::File, max: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut bytes = Vec::new();
+    let read = file.metadata().and_then(|m| {
+        file.seek(SeekFrom::Start(m.len().saturating_sub(max as u64)))?;
+        file.take(max as u64).read_to_end(&mut bytes)
+    });
+    if read.is_err() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&bytes).trim().to_string()
+}
