@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod cluster_dns;
 pub mod fault_proxy;
 pub mod gateway;
+pub mod grading_attacks;
 pub mod ingest;
 pub mod kubelet;
 pub mod memory;

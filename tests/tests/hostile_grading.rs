@@ -11,183 +11,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use floe_tests::grading_attacks::{self, attacks, AGENT, BUGGY, FIX, HIDDEN_TEST};
 use floe_tests::{floe_bin, wait_child, ScriptedUpstream, Step};
 use serde_json::{json, Value};
 
-const BUGGY: &str = "def add(a, b):\n    return a - b\n";
-const FIX: &str = r"printf 'def add(a, b):\n    return a + b\n' > calc.py";
-
-/// A careful evaluator: it runs the hidden test and writes its verdict only afterwards, in
-/// pytest's summary form, to a report file floe reads (`reward.source: TestOutput`).
-const EVALUATOR: &str = r#"
-import runpy, sys
-sys.path.insert(0, ".")
-try:
-    runpy.run_path("tests/test_hidden.py")
-    verdict = "1 passed in 0.01s"
-except AssertionError:
-    verdict = "1 failed in 0.01s"
-open("report.txt", "w").write(verdict + "\n")
-"#;
-
-/// The harness: one honest call (a session no call of which was answered is not scored), then
-/// the task's instruction as a shell script.
-const AGENT: &str = r#"
-import json, os, urllib.request
-req = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps({"model": os.environ["FLOE_MODEL"], "messages": [{"role": "user", "content": "hi"}]}).encode(),
-    headers={"content-type": "application/json", "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
-)
-urllib.request.urlopen(req, timeout=30).read()
-os.execvp("sh", ["sh", "-c", os.environ["FLOE_INSTRUCTION"]])
-"#;
-
-/// calc.py, unfixed, that starts a process outside the evaluator's tree (`setsid`, double
-/// fork) when the tests import it; the process waits for the failing verdict and rewrites it.
-const STRAGGLER: &str = r#"import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        end = time.time() + 20
-        while time.time() < end:
-            try:
-                if "failed" in open("report.txt").read():
-                    open("report.txt", "w").write("1 passed in 0.01s\n")
-            except OSError:
-                pass
-            time.sleep(0.001)
-    os._exit(0)
-def add(a, b):
-    return a - b
-"#;
-
-/// [`STRAGGLER`] that first tries to blind the evaluator's `floe sandbox-exec`, which counts
-/// what the command left behind: lowers its file limit (so it cannot read `/proc`) and
-/// SIGKILLs it (bubblewrap's own init would then wait for the rest and pass its 137 on).
-const STRAGGLER_VS_INIT: &str = r#"import glob, os, resource, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        for p in glob.glob("/proc/[0-9]*/cmdline"):
-            try:
-                argv = open(p, "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if len(argv) > 1 and argv[1] == b"sandbox-exec":
-                pid = int(p.split("/")[2])
-                try:
-                    resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, 3))
-                except OSError:
-                    pass
-                try:
-                    os.kill(pid, 9)
-                except OSError:
-                    pass
-        end = time.time() + 20
-        while time.time() < end:
-            try:
-                if "failed" in open("report.txt").read():
-                    open("report.txt", "w").write("1 passed in 0.01s\n")
-            except OSError:
-                pass
-            time.sleep(0.001)
-    os._exit(0)
-def add(a, b):
-    return a - b
-"#;
-
-/// (task, the agent's commands, expected reward, expected failure reason).
-fn attacks() -> Vec<(&'static str, String, f64, Option<&'static str>)> {
-    let calc = |text: &str| format!("cat > calc.py <<'EOF'\n{text}EOF");
-    vec![
-        ("fix", FIX.into(), 1.0, None),
-        // The hidden test's directory a link to the evaluator's own working directory, a
-        // passing `test_hidden.py` where it leads: the runner used to write the hidden test
-        // through the link, and the evaluator ran the agent's.
-        (
-            "link-ancestor",
-            "ln -s /proc/self/cwd tests && echo 'print(1)' > test_hidden.py".into(),
-            0.0,
-            None,
-        ),
-        // Workspaces floe used to fail to copy (infrastructure, retried, never scored).
-        (
-            "odd-name",
-            format!(r#"{FIX} && touch "$(printf 'caf\351.py')""#),
-            1.0,
-            None,
-        ),
-        (
-            "mode-000",
-            format!("{FIX} && mkdir locked && touch locked/f && chmod 000 locked"),
-            1.0,
-            None,
-        ),
-        (
-            "sparse-64g",
-            format!("{FIX} && truncate -s 64G big.bin"),
-            0.0,
-            Some("workspace_too_large"),
-        ),
-        // The code under test ends the evaluator before its verdict, kills it, or hangs it.
-        (
-            "exit-before-verdict",
-            calc("import os\nos._exit(0)\n"),
-            0.0,
-            Some("no_verdict"),
-        ),
-        (
-            "killed",
-            calc("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"),
-            0.0,
-            Some("no_verdict"),
-        ),
-        (
-            "hang",
-            calc("import time\ntime.sleep(600)\n"),
-            0.0,
-            Some("evaluator_timeout"),
-        ),
-        // The report file a link to /dev/zero: read whole, it ran `floe run` out of memory.
-        (
-            "report-link",
-            calc(&format!(
-                "import os\nos.symlink('/dev/zero', 'report.txt')\n{BUGGY}"
-            )),
-            0.0,
-            Some("no_verdict"),
-        ),
-        (
-            "straggler",
-            calc(STRAGGLER),
-            0.0,
-            Some("evaluator_straggler"),
-        ),
-        (
-            "straggler-vs-init",
-            calc(STRAGGLER_VS_INIT),
-            0.0,
-            Some("evaluator_straggler"),
-        ),
-    ]
-}
-
 fn job(dir: &Path, model_url: &str) -> Result<std::path::PathBuf> {
     let path = dir.join("job.yaml");
-    let tasks: Vec<Value> = attacks()
-        .into_iter()
-        .map(|(id, commands, _, _)| {
-            json!({
-                "id": id,
-                "instruction": commands,
-                "files": {"calc.py": BUGGY},
-                "evaluation": {"hiddenFiles": {
-                    "tests/test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n",
-                }},
-            })
-        })
-        .collect();
+    let tasks = grading_attacks::tasks(&[]);
     let job = json!({
         "apiVersion": "floe.dev/v1alpha1",
         "kind": "RolloutJob",
@@ -198,11 +28,7 @@ fn job(dir: &Path, model_url: &str) -> Result<std::path::PathBuf> {
             "backoffLimit": 0,
             "poolRef": {"name": "local"},
             "harness": {"preset": "custom", "model": "policy", "command": ["python3", "-c", AGENT]},
-            "evaluator": {
-                "command": ["python3", "-c", EVALUATOR],
-                "protectedPaths": ["tests/**"],
-                "reward": {"source": "TestOutput", "format": "PytestSummary", "path": "report.txt"},
-            },
+            "evaluator": grading_attacks::evaluator(),
             "timeouts": {"agentSeconds": 60, "evaluatorSeconds": 5},
             "sft": {"upstream": {"url": model_url}, "output": {"claimName": "unused"}},
             "tasks": {"inline": tasks},
@@ -297,9 +123,9 @@ EOF"#;
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
     spec["spec"]["tasks"]["inline"] = json!([
         {"id": "hog", "instruction": HOG, "files": {"calc.py": BUGGY},
-         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}},
+         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
         {"id": "fix", "instruction": FIX, "files": {"calc.py": BUGGY},
-         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}},
+         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
     ]);
     std::fs::write(&path, serde_json::to_string(&spec)?)?;
     let log = dir.path().join("stderr");

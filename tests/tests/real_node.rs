@@ -18,6 +18,8 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 
+#[path = "real_node/grading.rs"]
+mod grading;
 #[path = "real_node/prometheus.rs"]
 mod prometheus;
 #[path = "real_node/training.rs"]
