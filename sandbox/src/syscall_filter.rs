@@ -21,7 +21,6 @@ pub struct FilterError(String);
 /// The compiled filter for this machine's architecture.
 pub fn program() -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
     let unix_domain = SeccompRule::new(vec![SeccompCondition::new(
         0,
         SeccompCmpArgLen::Dword,
@@ -44,16 +43,7 @@ pub fn program() -> Result<BpfProgram, FilterError> {
             rules.insert(nr, vec![]);
         }
     }
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(|e| err(&e))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| err(&e))
+    refusing(rules)
 }
 
 /// The relay's own filter (`floe sandbox-exec` itself, once its command is started): it only
@@ -61,8 +51,6 @@ pub fn program() -> Result<BpfProgram, FilterError> {
 /// namespaces and mounts are refused. Unlike the command's filter it allows unix sockets (the
 /// gateway's).
 pub fn relay() -> Result<BpfProgram, FilterError> {
-    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
     let refused = [
         libc::SYS_execve,
         libc::SYS_execveat,
@@ -99,6 +87,14 @@ pub fn relay() -> Result<BpfProgram, FilterError> {
         .chain(x32_only.iter().copied())
         .map(|s| (s, vec![]))
         .collect();
+    refusing(rules)
+}
+
+/// A filter that refuses (`EPERM`) what `rules` match and allows everything else, for this
+/// machine's architecture.
+fn refusing(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, FilterError> {
+    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
