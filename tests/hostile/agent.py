@@ -149,38 +149,32 @@ def _():
     return in_any_environ(b"FLOE_UPSTREAM_API_KEY=")
 
 
-@attempt("read_floe_run_memory")
-def _():
+def read_memory_of(matches, what):
+    """Reads 64 bytes of the first visible process whose argv `matches`."""
     for cmdline in glob.glob("/proc/*/cmdline"):
         try:
             argv = open(cmdline, "rb").read().split(b"\0")
         except OSError:
             continue
-        if len(argv) > 1 and argv[0].endswith(b"floe") and argv[1] == b"run":
+        if len(argv) > 1 and matches(argv):
             pid = cmdline.split("/")[2]
             start = int(open(f"/proc/{pid}/maps").readline().split("-")[0], 16)
             with open(f"/proc/{pid}/mem", "rb") as mem:
                 mem.seek(start)
-                return f"read {len(mem.read(64))} bytes of floe run (pid {pid})"
+                return f"read {len(mem.read(64))} bytes of {what} (pid {pid})"
     return None
+
+
+@attempt("read_floe_run_memory")
+def _():
+    return read_memory_of(lambda argv: argv[0].endswith(b"floe") and argv[1] == b"run", "floe run")
 
 
 @attempt("read_relay_memory")
 def _():
     # The relay (`floe sandbox-exec`, this sandbox's first process) dials unix sockets outside
     # the agent's filter: its memory, or a trace of it, would be a way around that filter.
-    for cmdline in glob.glob("/proc/*/cmdline"):
-        try:
-            argv = open(cmdline, "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 1 and argv[1] == b"sandbox-exec":
-            pid = cmdline.split("/")[2]
-            start = int(open(f"/proc/{pid}/maps").readline().split("-")[0], 16)
-            with open(f"/proc/{pid}/mem", "rb") as mem:
-                mem.seek(start)
-                return f"read {len(mem.read(64))} bytes of the relay (pid {pid})"
-    return None
+    return read_memory_of(lambda argv: argv[1] == b"sandbox-exec", "the relay")
 
 
 @attempt("report_own_result_to_gateway")
