@@ -78,9 +78,10 @@ pub struct GatewayPoolSpec {
 #[serde(rename_all = "camelCase")]
 pub struct EgressSpec {
     /// `Managed` (default): the operator keeps a NetworkPolicy `<pool>-egress`, owned by the
-    /// pool, that lets its pods reach only TCP 8000 and 8100 on any trainer or dataset-collector
-    /// pod in the pool's namespace, TCP/UDP 53 on the cluster's DNS pods (`dns`), and `allow`.
-    /// `Unmanaged`: none; the cluster's own policies apply.
+    /// pool, that lets its pods reach only TCP/UDP 53 on the cluster's DNS pods (`dns`) and
+    /// `allow`; each job keeps one, `<job>-job-egress`, that adds TCP 8000 and 8100 of its own
+    /// trainer or dataset collector to the pods running its sessions. `Unmanaged`: neither;
+    /// the cluster's own policies apply.
     #[serde(default)]
     pub policy: EgressPolicy,
     /// More egress rules for that NetworkPolicy: a teacher or vLLM elsewhere, an API the task

@@ -1,9 +1,12 @@
-//! The NetworkPolicy a GatewayPool's pods get (sans-IO). The agent is untrusted code that
-//! shares its pod's network namespace with the gateway, so whatever the pod may reach, the
-//! agent may too: DNS, the job's own trainer pod (policy server, ingest) or dataset collector,
-//! and what the pool's `egress.allow` adds. Those floe serves demand the job's token, which only
-//! gateways hold; everything else (other pods, the Kubernetes API, cloud metadata, the
-//! internet) is refused wherever the CNI enforces NetworkPolicy. Each pod also checks at start
+//! The NetworkPolicies sandbox pods get (sans-IO). The agent is untrusted code that shares its
+//! pod's network namespace with the gateway, so whatever the pod may reach, the agent may too.
+//! A pool's policy allows its pods DNS and what `egress.allow` adds; a job's policy allows the
+//! pods running its sessions (claimed from a pool, or its own `poolTemplate` pods) its own
+//! trainer (policy server, ingest) or dataset collector, never another job's. Policies add up,
+//! so a claimed pool pod gets both, and loses its job's rule when it leaves the job. What floe
+//! serves demands the job's token, which only gateways hold; everything else (other pods, the
+//! Kubernetes API, cloud metadata, the internet) is refused wherever the CNI enforces
+//! NetworkPolicy. Each pod also checks at start
 //! that it is enforced (`floe sandbox`, [`crate::pods::names::EGRESS_CHECK_ENV`]). [`keep`] is the one write: both
 //! controllers apply their policy with it.
 
@@ -15,7 +18,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::pods::names::{
-    INGEST_PORT, JOB_LABEL, POOL_LABEL, ROLE_LABEL, SANDBOX_LABEL, VLLM_PORT,
+    INGEST_PORT, JOB_LABEL, OWNER_JOB_LABEL, POOL_LABEL, ROLE_LABEL, SANDBOX_LABEL, VLLM_PORT,
 };
 
 /// The pool's policy: `<pool>-egress`.
@@ -23,7 +26,8 @@ pub fn policy_name(pool: &str) -> String {
     format!("{pool}-egress")
 }
 
-/// The NetworkPolicy the operator keeps for `pool`, owned by it; `None` when the pool says
+/// The NetworkPolicy the operator keeps for `pool`, owned by it: DNS and `egress.allow`, no
+/// trainer (a job's own policy adds it to the pods it claims); `None` when the pool says
 /// `egress.policy: Unmanaged`.
 pub fn build(pool: &GatewayPool) -> Result<Option<NetworkPolicy>, serde_json::Error> {
     let name = pool.name_any();
@@ -31,61 +35,62 @@ pub fn build(pool: &GatewayPool) -> Result<Option<NetworkPolicy>, serde_json::Er
         &policy_name(&name),
         pool,
         json!({POOL_LABEL: name}),
-        &pool.spec.egress,
+        Vec::new(),
+        Some(&pool.spec.egress),
     )
 }
 
-/// A `poolTemplate` job's policy: `<job>-job-egress` (a pool of the job's name keeps its own).
+/// A job's policy: `<job>-job-egress` (a pool of the job's name keeps its own).
 pub fn job_policy_name(job: &str) -> String {
     format!("{job}-job-egress")
 }
 
-/// The NetworkPolicy the operator keeps for a `poolTemplate` job's own sandbox pods, owned by
-/// the job, as its `spec.egress` says (the pool's rules: DNS, the job's trainer or collector,
-/// `allow`); `None` for a job that claims from a pool, or says `Unmanaged`.
-pub fn build_for_job(job: &RolloutJob) -> Result<Option<NetworkPolicy>, serde_json::Error> {
-    if job.spec.pool_template.is_none() {
-        return Ok(None);
-    }
+/// The NetworkPolicy the operator keeps for the sandbox pods running `job`'s sessions, owned
+/// by the job: its own trainer or collector and, for a `poolTemplate` job's own pods, the
+/// pool's other rules from its `spec.egress` (DNS, `allow`). `pool` is the pool a job claims
+/// from. `None` when that pool, or a `poolTemplate` job, says `Unmanaged`: a policy selecting
+/// a pod makes everything it does not allow refused, which would cut off whatever the user's
+/// own policies give it.
+pub fn build_for_job(
+    job: &RolloutJob,
+    pool: Option<&GatewayPool>,
+) -> Result<Option<NetworkPolicy>, serde_json::Error> {
     let name = job.name_any();
+    let own_spec = job.spec.egress.clone().unwrap_or_default();
+    let egress = match (&job.spec.pool_template, pool) {
+        (Some(_), _) => Some(&own_spec),
+        (None, Some(pool)) if pool.spec.egress.policy == EgressPolicy::Managed => None,
+        (None, _) => return Ok(None),
+    };
+    let own_pods = json!({"to": [{"podSelector": {
+                              "matchLabels": {OWNER_JOB_LABEL: name},
+                              "matchExpressions": [{"key": ROLE_LABEL, "operator": "In",
+                                                    "values": ["trainer", "dataset"]}]}}],
+                          "ports": [{"protocol": "TCP", "port": VLLM_PORT},
+                                    {"protocol": "TCP", "port": INGEST_PORT}]});
     policy(
         &job_policy_name(&name),
         job,
         json!({JOB_LABEL: name, SANDBOX_LABEL: "true"}),
-        &job.spec.egress.clone().unwrap_or_default(),
+        vec![own_pods],
+        egress,
     )
 }
 
+/// A policy selecting `selector` with `first` rules, then (given `egress`) DNS and `allow`.
 fn policy<K: Resource<DynamicType = ()>>(
     name: &str,
     owner: &K,
     selector: serde_json::Value,
-    egress: &EgressSpec,
+    first: Vec<serde_json::Value>,
+    egress: Option<&EgressSpec>,
 ) -> Result<Option<NetworkPolicy>, serde_json::Error> {
-    if egress.policy == EgressPolicy::Unmanaged {
+    if egress.is_some_and(|e| e.policy == EgressPolicy::Unmanaged) {
         return Ok(None);
     }
-    let mut rules = vec![
-        // The job's trainer pod (policy proxy, ingest) or dataset collector, in this namespace.
-        json!({"to": [{"podSelector": {"matchExpressions": [
-                  {"key": ROLE_LABEL, "operator": "In", "values": ["trainer", "dataset"]}]}}],
-               "ports": [{"protocol": "TCP", "port": VLLM_PORT},
-                         {"protocol": "TCP", "port": INGEST_PORT}]}),
-    ];
-    // DNS, only where the cluster serves it: port 53 anywhere would be a way out.
-    let dns = match &egress.dns {
-        Some(peers) => serde_json::to_value(peers)?,
-        None => json!([{
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-        }]),
-    };
-    if dns.as_array().is_some_and(|peers| !peers.is_empty()) {
-        rules.push(json!({"to": dns,
-                          "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}));
-    }
-    for rule in &egress.allow {
-        rules.push(serde_json::to_value(rule)?);
+    let mut rules = first;
+    if let Some(egress) = egress {
+        pool_rules(egress, &mut rules)?;
     }
     let mut labels = selector.clone();
     labels["app.kubernetes.io/managed-by"] = "floe".into();
@@ -105,6 +110,29 @@ fn policy<K: Resource<DynamicType = ()>>(
         },
     });
     serde_json::from_value(policy).map(Some)
+}
+
+/// A pool's rules: DNS, only where the cluster serves it (port 53 anywhere would be a way
+/// out), and `allow`.
+fn pool_rules(
+    egress: &EgressSpec,
+    rules: &mut Vec<serde_json::Value>,
+) -> Result<(), serde_json::Error> {
+    let dns = match &egress.dns {
+        Some(peers) => serde_json::to_value(peers)?,
+        None => json!([{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }]),
+    };
+    if dns.as_array().is_some_and(|peers| !peers.is_empty()) {
+        rules.push(json!({"to": dns,
+                          "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}));
+    }
+    for rule in &egress.allow {
+        rules.push(serde_json::to_value(rule)?);
+    }
+    Ok(())
 }
 
 /// Make NetworkPolicy `name` what `wanted` says: applied (server-side, floe's field manager)
@@ -148,7 +176,7 @@ mod tests {
     }
 
     #[test]
-    fn by_default_the_pools_pods_reach_dns_and_their_jobs_pods_only() {
+    fn by_default_the_pools_pods_reach_dns_only() {
         let policy = build(&pool(json!({}))).expect("builds").expect("managed");
         assert_eq!(policy.metadata.name.as_deref(), Some("pi-egress"));
         assert_eq!(policy.metadata.namespace.as_deref(), Some("rl"));
@@ -164,24 +192,13 @@ mod tests {
         );
         // Egress only: the operator's assignments come in on the control port.
         assert_eq!(spec["policyTypes"], json!(["Egress"]));
-        let rules = spec["egress"].as_array().expect("rules");
-        assert_eq!(rules.len(), 2);
+        // DNS only to the cluster's DNS pods; trainers come with a job's own policy.
         assert_eq!(
-            rules[0]["to"][0]["podSelector"]["matchExpressions"][0]["values"],
-            json!(["trainer", "dataset"])
+            spec["egress"],
+            json!([{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}])
         );
-        assert_eq!(
-            rules[0]["ports"],
-            json!([{"protocol": "TCP", "port": 8000},
-                                              {"protocol": "TCP", "port": 8100}])
-        );
-        // DNS only to the cluster's DNS pods.
-        assert_eq!(
-            rules[1]["to"],
-            json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}])
-        );
-        assert_eq!(rules[1]["ports"][0]["port"], 53);
     }
 
     fn job(spec: serde_json::Value) -> RolloutJob {
@@ -199,11 +216,22 @@ mod tests {
         .expect("job")
     }
 
+    /// The rule a job's policy starts with: its own trainer or collector, on 8000 and 8100.
+    fn own_pods_rule(job: &str) -> serde_json::Value {
+        json!({"to": [{"podSelector": {"matchLabels": {"floe.dev/owner-job": job},
+                                       "matchExpressions": [{"key": "floe.dev/job-role", "operator": "In",
+                                                             "values": ["trainer", "dataset"]}]}}],
+               "ports": [{"protocol": "TCP", "port": 8000}, {"protocol": "TCP", "port": 8100}]})
+    }
+
     #[test]
-    fn a_pool_template_jobs_own_pods_get_the_same_rules_owned_by_the_job() {
+    fn a_pool_template_jobs_own_pods_get_its_trainer_and_the_pool_rules_owned_by_the_job() {
         let teacher = json!({"to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}]});
-        let policy = build_for_job(&job(json!({"poolTemplate": {"image": "swe:1"},
-                                                "egress": {"allow": [teacher]}})))
+        let policy = build_for_job(
+            &job(json!({"poolTemplate": {"image": "swe:1"},
+                        "egress": {"allow": [teacher]}})),
+            None,
+        )
         .expect("builds")
         .expect("managed");
         assert_eq!(policy.metadata.name.as_deref(), Some("swe-job-egress"));
@@ -224,17 +252,39 @@ mod tests {
                 .spec,
         )
         .expect("json");
-        assert_eq!(spec["egress"], pool_rules["egress"]);
-        // A job on a pool follows the pool's policy; Unmanaged keeps none.
-        assert!(build_for_job(&job(json!({"poolRef": {"name": "p"}})))
+        let mut want = vec![own_pods_rule("swe")];
+        want.extend(pool_rules["egress"].as_array().cloned().unwrap_or_default());
+        assert_eq!(spec["egress"], json!(want));
+        assert!(build_for_job(
+            &job(json!({"poolTemplate": {"image": "swe:1"},
+                                           "egress": {"policy": "Unmanaged"}})),
+            None
+        )
+        .expect("builds")
+        .is_none());
+    }
+
+    #[test]
+    fn a_job_on_a_managed_pool_adds_its_own_trainer_to_the_pods_it_claims() {
+        let on_pool = job(json!({"poolRef": {"name": "pi"}}));
+        let policy = build_for_job(&on_pool, Some(&pool(json!({}))))
+            .expect("builds")
+            .expect("managed");
+        assert_eq!(policy.metadata.name.as_deref(), Some("swe-job-egress"));
+        let spec = serde_json::to_value(policy.spec.expect("spec")).expect("json");
+        // A claimed pod carries floe.dev/job; an unclaimed one does not, so it reaches no trainer.
+        assert_eq!(
+            spec["podSelector"],
+            json!({"matchLabels": {"floe.dev/job": "swe", "floe.dev/sandbox": "true"}})
+        );
+        // Only the trainer: DNS and allow come with the pool's own policy.
+        assert_eq!(spec["egress"], json!([own_pods_rule("swe")]));
+        // A pool whose egress the user manages gets no policy from floe: one would cut off what
+        // the user's policies allow.
+        let unmanaged = pool(json!({"policy": "Unmanaged"}));
+        assert!(build_for_job(&on_pool, Some(&unmanaged))
             .expect("builds")
             .is_none());
-        assert!(
-            build_for_job(&job(json!({"poolTemplate": {"image": "swe:1"},
-                                           "egress": {"policy": "Unmanaged"}})))
-            .expect("builds")
-            .is_none()
-        );
     }
 
     #[test]
@@ -245,7 +295,7 @@ mod tests {
             .expect("builds")
             .expect("managed");
         let spec = serde_json::to_value(policy.spec.expect("spec")).expect("json");
-        assert_eq!(spec["egress"][2], teacher);
+        assert_eq!(spec["egress"][1], teacher);
         assert!(build(&pool(json!({"policy": "Unmanaged"})))
             .expect("builds")
             .is_none());
@@ -294,12 +344,29 @@ mod tests {
         u32::from_be_bytes(ip) & mask == u32::from_be_bytes(net) & mask
     }
 
-    /// NetworkPolicy's egress semantics for one selected pod in namespace `rl`: allowed iff a
-    /// rule's peers (none: anywhere) and ports (none: any) match.
-    fn allowed(policy: &NetworkPolicy, to: &To, port: i64, protocol: &str) -> bool {
-        let spec = serde_json::to_value(policy.spec.clone()).unwrap_or_default();
+    /// NetworkPolicy's egress semantics for a pod in namespace `rl` labelled `from`: open when
+    /// no policy selects it; else allowed iff a rule of a policy selecting it matches, by its
+    /// peers (none: anywhere) and ports (none: any).
+    fn allowed(
+        policies: &[&NetworkPolicy],
+        from: &serde_json::Value,
+        to: &To,
+        port: i64,
+        protocol: &str,
+    ) -> bool {
         let own_ns = json!({"kubernetes.io/metadata.name": "rl"});
-        spec["egress"].as_array().into_iter().flatten().any(|rule| {
+        let selecting: Vec<serde_json::Value> = policies
+            .iter()
+            .map(|p| serde_json::to_value(p.spec.clone()).unwrap_or_default())
+            .filter(|spec| labels_match(&spec["podSelector"], from))
+            .collect();
+        if selecting.is_empty() {
+            return true;
+        }
+        let rules = selecting
+            .iter()
+            .flat_map(|spec| spec["egress"].as_array().cloned().unwrap_or_default());
+        rules.into_iter().any(|rule| {
             let ports_ok = rule["ports"].as_array().is_none_or(|ports| {
                 ports
                     .iter()
@@ -327,8 +394,11 @@ mod tests {
         })
     }
 
+    /// The policies of one namespace (pool `pi`; jobs `swe` and `rival` claiming from it;
+    /// `tmpl` with its own pods) against a table of destinations, from a pod `swe` claimed, an
+    /// unclaimed pool pod and a `tmpl` pod.
     #[test]
-    fn the_pool_policy_against_a_table_of_destinations() {
+    fn the_policies_against_a_table_of_destinations() {
         let ns = |n: &str| json!({"kubernetes.io/metadata.name": n});
         let pod = |labels: serde_json::Value, n: &str| To {
             ip: [10, 244, 0, 9],
@@ -337,75 +407,164 @@ mod tests {
         let ip = |ip: [u8; 4]| To { ip, pod: None };
         let teacher = json!({"to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}],
                              "ports": [{"protocol": "TCP", "port": 8000}]});
-        let policy = build(&pool(json!({"allow": [teacher]})))
-            .expect("builds")
-            .expect("managed");
+        let the_pool = pool(json!({"allow": [teacher]}));
+        let named = |name: &str, spec: serde_json::Value| {
+            let mut j = job(spec);
+            j.metadata.name = Some(name.into());
+            j
+        };
+        let policies: Vec<NetworkPolicy> = [
+            build(&the_pool),
+            build_for_job(
+                &named("swe", json!({"poolRef": {"name": "pi"}})),
+                Some(&the_pool),
+            ),
+            build_for_job(
+                &named("rival", json!({"poolRef": {"name": "pi"}})),
+                Some(&the_pool),
+            ),
+            build_for_job(
+                &named("tmpl", json!({"poolTemplate": {"image": "swe:1"}})),
+                None,
+            ),
+        ]
+        .into_iter()
+        .map(|p| p.expect("builds").expect("managed"))
+        .collect();
+        let policies: Vec<&NetworkPolicy> = policies.iter().collect();
+        let claimed = json!({POOL_LABEL: "pi", SANDBOX_LABEL: "true", JOB_LABEL: "swe"});
+        let unclaimed = json!({POOL_LABEL: "pi", SANDBOX_LABEL: "true"});
+        let own = json!({JOB_LABEL: "tmpl", SANDBOX_LABEL: "true"});
         let dns_pod = || pod(json!({"k8s-app": "kube-dns"}), "kube-system");
-        let trainer = || pod(json!({ROLE_LABEL: "trainer"}), "rl");
-        let table: Vec<(&str, To, i64, &str, bool)> = vec![
-            ("cluster DNS, UDP", dns_pod(), 53, "UDP", true),
-            ("cluster DNS, TCP", dns_pod(), 53, "TCP", true),
+        let of = |job: &str, role: &str| pod(json!({OWNER_JOB_LABEL: job, ROLE_LABEL: role}), "rl");
+        // (what, to, port, protocol, allowed from: the claimed pod, the unclaimed one, tmpl's)
+        let table: Vec<(&str, To, i64, &str, [bool; 3])> = vec![
+            ("cluster DNS, UDP", dns_pod(), 53, "UDP", [true; 3]),
+            ("cluster DNS, TCP", dns_pod(), 53, "TCP", [true; 3]),
             (
                 "a resolver on the internet",
                 ip([8, 8, 8, 8]),
                 53,
                 "UDP",
-                false,
+                [false; 3],
             ),
             (
                 "port 53 of another pod",
                 pod(json!({"app": "x"}), "rl"),
                 53,
                 "UDP",
-                false,
+                [false; 3],
             ),
             (
-                "the job's trainer, policy server",
-                trainer(),
+                "swe's trainer, policy server",
+                of("swe", "trainer"),
                 8000,
                 "TCP",
-                true,
+                [true, false, false],
             ),
-            ("the job's trainer, ingest", trainer(), 8100, "TCP", true),
-            ("the trainer's ssh", trainer(), 22, "TCP", false),
             (
-                "a collector",
-                pod(json!({ROLE_LABEL: "dataset"}), "rl"),
+                "swe's trainer, ingest",
+                of("swe", "trainer"),
                 8100,
                 "TCP",
-                true,
+                [true, false, false],
+            ),
+            (
+                "swe's trainer, ssh",
+                of("swe", "trainer"),
+                22,
+                "TCP",
+                [false; 3],
+            ),
+            (
+                "swe's task loader",
+                of("swe", "tasks"),
+                8100,
+                "TCP",
+                [false; 3],
+            ),
+            (
+                "rival's trainer",
+                of("rival", "trainer"),
+                8100,
+                "TCP",
+                [false; 3],
+            ),
+            (
+                "rival's collector",
+                of("rival", "dataset"),
+                8100,
+                "TCP",
+                [false; 3],
+            ),
+            (
+                "tmpl's trainer",
+                of("tmpl", "trainer"),
+                8000,
+                "TCP",
+                [false, false, true],
+            ),
+            (
+                "a trainer without an owner",
+                pod(json!({ROLE_LABEL: "trainer"}), "rl"),
+                8000,
+                "TCP",
+                [false; 3],
             ),
             (
                 "another pod on 8000",
                 pod(json!({"app": "x"}), "rl"),
                 8000,
                 "TCP",
-                false,
+                [false; 3],
             ),
             (
-                "a trainer in another namespace",
-                pod(json!({ROLE_LABEL: "trainer"}), "other"),
+                "swe's trainer's twin in another namespace",
+                pod(
+                    json!({OWNER_JOB_LABEL: "swe", ROLE_LABEL: "trainer"}),
+                    "other",
+                ),
                 8000,
                 "TCP",
-                false,
+                [false; 3],
             ),
-            ("the Kubernetes API", ip([10, 96, 0, 1]), 443, "TCP", false),
-            ("cloud metadata", ip([169, 254, 169, 254]), 80, "TCP", false),
-            ("the allowed teacher", ip([10, 0, 0, 7]), 8000, "TCP", true),
+            (
+                "the Kubernetes API",
+                ip([10, 96, 0, 1]),
+                443,
+                "TCP",
+                [false; 3],
+            ),
+            (
+                "cloud metadata",
+                ip([169, 254, 169, 254]),
+                80,
+                "TCP",
+                [false; 3],
+            ),
+            (
+                "the pool's teacher",
+                ip([10, 0, 0, 7]),
+                8000,
+                "TCP",
+                [true, true, false],
+            ),
             (
                 "the teacher's other port",
                 ip([10, 0, 0, 7]),
                 22,
                 "TCP",
-                false,
+                [false; 3],
             ),
         ];
         for (what, to, port, protocol, expected) in &table {
-            assert_eq!(
-                allowed(&policy, to, *port, protocol),
-                *expected,
-                "{what} ({protocol} {port})"
-            );
+            for (from, expected) in [&claimed, &unclaimed, &own].into_iter().zip(expected) {
+                assert_eq!(
+                    allowed(&policies, from, to, *port, protocol),
+                    *expected,
+                    "{what} ({protocol} {port}) from {from}"
+                );
+            }
         }
         // A DNS of the pool's own (a node-local cache), and no DNS at all.
         let local = build(&pool(
@@ -413,12 +572,17 @@ mod tests {
         ))
         .expect("builds")
         .expect("managed");
-        assert!(allowed(&local, &ip([169, 254, 20, 10]), 53, "UDP"));
-        assert!(!allowed(&local, &dns_pod(), 53, "UDP"));
+        assert!(allowed(
+            &[&local],
+            &unclaimed,
+            &ip([169, 254, 20, 10]),
+            53,
+            "UDP"
+        ));
+        assert!(!allowed(&[&local], &unclaimed, &dns_pod(), 53, "UDP"));
         let none = build(&pool(json!({"dns": []})))
             .expect("builds")
             .expect("managed");
-        assert!(!allowed(&none, &dns_pod(), 53, "UDP"));
-        assert!(allowed(&none, &trainer(), 8000, "TCP"));
+        assert!(!allowed(&[&none], &unclaimed, &dns_pod(), 53, "UDP"));
     }
 }

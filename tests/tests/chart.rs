@@ -800,6 +800,24 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
         (want_cidrs, want_ports),
         "{operator_policy}"
     );
+    // Sandbox pods: DNS only to the cluster's DNS pods, and no trainer or collector (each
+    // job's own policy adds its own; one rule here would open every job's to every agent).
+    let sandbox_policy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "NetworkPolicy"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-sandbox"))
+        })
+        .context("the sandbox pods' NetworkPolicy")?;
+    assert_eq!(
+        sandbox_policy["spec"]["egress"],
+        json!([{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]),
+        "{sandbox_policy}"
+    );
     // Its own calls on port 8100: a trainer's status and finish (own_pod.rs), a task loader's
     // tasks, an sft collector's finish (job_end.rs). The collector's was once left out.
     for role in ["trainer", "tasks", "dataset"] {

@@ -329,6 +329,28 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
     Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns.name)
         .get("big-dataset")
         .await?;
+    // The pods it claimed reach its collector, and no other job's, through the job's own
+    // egress policy (the pool's allows no trainer or collector).
+    let policy = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        client.clone(),
+        &ns.name,
+    )
+    .get("big-job-egress")
+    .await?;
+    assert_eq!(
+        policy.metadata.owner_references.clone().unwrap_or_default()[0].name,
+        "big"
+    );
+    let spec = serde_json::to_value(policy.spec)?;
+    assert_eq!(
+        spec["podSelector"],
+        json!({"matchLabels": {"floe.dev/job": "big", "floe.dev/sandbox": "true"}})
+    );
+    assert_eq!(
+        spec["egress"][0]["to"][0]["podSelector"]["matchLabels"],
+        json!({"floe.dev/owner-job": "big"}),
+        "{spec}"
+    );
 
     // Deleting the job takes its finalizer off (its pods are gone already).
     delete_jobs(&jobs).await?;

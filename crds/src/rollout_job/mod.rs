@@ -89,9 +89,9 @@ pub struct RolloutJobSpec {
     pub lookahead: Option<i32>,
     /// With `poolTemplate`: where the job's own sandbox pods may connect, as a GatewayPool's
     /// `spec.egress`. `Managed` (default): the operator keeps a NetworkPolicy
-    /// `<job>-job-egress`, owned by the job, with the same rules as a pool's (TCP 8000 and 8100
-    /// on any trainer or dataset-collector pod in the namespace, TCP/UDP 53 on any address, and
-    /// `allow`); each pod checks at start that it is enforced.
+    /// `<job>-job-egress`, owned by the job: TCP 8000 and 8100 of the job's own trainer or
+    /// dataset collector, TCP/UDP 53 on the cluster's DNS pods (`dns`), and `allow`; each pod
+    /// checks at start that it is enforced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::gateway_pool::EgressSpec>,
     /// Scores each session after the harness exits.

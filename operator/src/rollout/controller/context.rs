@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, Task};
@@ -53,6 +53,8 @@ pub(super) struct JobMemory {
     /// Their claim latency counts from the round that may deliver it (the session could not
     /// start before), and is recorded when that delivery is acknowledged.
     claimed_early: HashSet<String>,
+    /// The job's egress NetworkPolicy last applied (its JSON, `None`: deleted) and when.
+    egress_applied: Option<(Option<String>, Instant)>,
 }
 
 /// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).
@@ -63,6 +65,9 @@ impl std::ops::Deref for JobContext {
         &self.shared
     }
 }
+
+/// How often an unchanged egress policy of a job on a pool is applied again.
+const EGRESS_REAPPLY: Duration = Duration::from_secs(60);
 
 /// How long pool pods claimed while the job's own pod starts may wait for it by default.
 pub const DEFAULT_EARLY_CLAIM_LIMIT: Duration = Duration::from_secs(600);
@@ -139,6 +144,21 @@ impl JobContext {
         if let Some(m) = lock(&self.memory).get_mut(uid) {
             m.bars = None;
         }
+    }
+
+    /// Whether `wanted` was applied for job `uid` within the last minute: a job claiming
+    /// from a pool keeps its policy on its rounds' way to their claims, so it is applied again
+    /// only when it changes or a minute has passed (restoring one deleted by hand).
+    pub(super) fn egress_fresh(&self, uid: &str, wanted: &Option<String>) -> bool {
+        self.remember(uid, |m| {
+            m.egress_applied
+                .as_ref()
+                .is_some_and(|(json, at)| json == wanted && at.elapsed() < EGRESS_REAPPLY)
+        })
+    }
+
+    pub(super) fn egress_done(&self, uid: &str, applied: Option<String>) {
+        self.remember(uid, |m| m.egress_applied = Some((applied, Instant::now())));
     }
 
     pub(super) fn note_claimed_early(&self, uid: &str, pod: &str) {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::{RolloutJob, SessionPlace, Task};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::ListParams;
@@ -29,6 +30,8 @@ pub(super) struct Observed {
     pub(super) tasks: Arc<Vec<Task>>,
     pub(super) hidden: BTreeMap<String, String>,
     pub(super) control_port: i32,
+    /// The pool the job claims from (`None`: `poolTemplate`).
+    pub(super) pool: Option<GatewayPool>,
     pub(super) pods: Vec<Pod>,
     pub(super) ready: Vec<Pod>,
     /// An `sft` job's model server key (`spec.sft.upstream.apiKeySecret`), for its gateways.
@@ -209,10 +212,11 @@ pub(super) async fn observe(
         epochs: spec.epochs(),
         tasks,
         hidden,
-        control_port: pool.map_or_else(
+        control_port: pool.as_ref().map_or_else(
             || floe_crds::gateway_pool::GatewaySettings::default().control_port,
             |p| p.spec.gateway.control_port,
         ),
+        pool,
         pods: owned,
         ready,
         upstream_key,

@@ -1,6 +1,7 @@
 //! A round's writes to the job's pods after its claims: pods whose results are recorded are
 //! let go, pods past the deadline stopped, and (`poolTemplate`) the next sessions' pods made.
 
+use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::RolloutJob;
 use floe_sandbox::session;
 use futures::StreamExt;
@@ -106,21 +107,36 @@ fn bar_after_delete(version_written: Option<String>) -> Bar {
     })
 }
 
-/// Keep a `poolTemplate` job's egress NetworkPolicy as its spec says
-/// ([`crate::egress_policy::build_for_job`]). A failure (no RBAC for NetworkPolicies, say) is a
-/// Warning on the job, not a failed reconcile: each pod's own check still says whether its
-/// egress is open.
-async fn ensure_job_egress_policy(ctx: &JobContext, job: &RolloutJob) {
+/// Keep the job's egress NetworkPolicy ([`crate::egress_policy::build_for_job`]): a
+/// `poolTemplate` job's before each batch of new pods; a job on a pool's before its claims,
+/// again only when it changes or a minute has passed (it is on the claims' way). A failure (no
+/// RBAC for NetworkPolicies, say) is a Warning on the job, not a failed reconcile: each pod's
+/// own check still says whether its egress is open.
+pub(super) async fn ensure_job_egress_policy(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    pool: Option<&GatewayPool>,
+) {
     let ns = job.namespace().unwrap_or_default();
     let name = crate::egress_policy::job_policy_name(&job.name_any());
-    let wanted = match crate::egress_policy::build_for_job(job) {
+    let wanted = match crate::egress_policy::build_for_job(job, pool) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(job = %job.name_any(), "egress policy: {e}");
             return;
         }
     };
-    if let Err(e) = crate::egress_policy::keep(&ctx.client, &ns, &name, wanted.as_ref()).await {
+    let uid = job.uid().unwrap_or_default();
+    let wanted_json = wanted.as_ref().and_then(|p| serde_json::to_string(p).ok());
+    let memo = job.spec.pool_template.is_none();
+    if memo && ctx.egress_fresh(&uid, &wanted_json) {
+        return;
+    }
+    let kept = crate::egress_policy::keep(&ctx.client, &ns, &name, wanted.as_ref()).await;
+    if kept.is_ok() {
+        ctx.egress_done(&uid, wanted_json);
+    }
+    if let Err(e) = kept {
         tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
         ctx.event(
             job,
@@ -147,7 +163,7 @@ async fn create_prewarmed(
     }
     // The pods' NetworkPolicy before the pods: applied with each batch of new pods, so one
     // deleted by hand comes back before the next untrusted agent starts.
-    ensure_job_egress_policy(ctx, job).await;
+    ensure_job_egress_policy(ctx, job, None).await;
     let created: Vec<Result<(), JobError>> = futures::stream::iter(sessions.to_vec())
         .map(|(index, attempt)| async move {
             let Some((task, place)) = observed.session(index) else {
