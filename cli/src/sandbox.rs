@@ -68,6 +68,12 @@ pub struct SandboxArgs {
     /// not; the operator sets it from the pool's `spec.egress.unrestricted`).
     #[arg(long, env = "FLOE_EGRESS_CHECK")]
     egress_check: Option<floe_sandbox::egress_check::EgressCheck>,
+    /// Disk the harness's workspace and home may fill together while it runs, e.g. `8Gi`
+    /// (checked every 2 s; past it the harness is stopped and the session scores 0 as
+    /// `disk_limit`); `0`: none. The operator sets it from the pool's `template.diskBudget`.
+    #[arg(long, env = "FLOE_DISK_BUDGET", default_value = "0",
+          value_parser = floe_sandbox::limits::parse_bytes)]
+    disk_budget: u64,
 }
 
 #[derive(Args)]
@@ -167,6 +173,7 @@ pub fn main(args: SandboxArgs) -> i32 {
                 dial_wait: Duration::from_secs(args.agent_dial_timeout_seconds),
             }),
         egress_check: args.egress_check,
+        disk_budget: (args.disk_budget > 0).then_some(args.disk_budget),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

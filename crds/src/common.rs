@@ -101,7 +101,19 @@ pub struct SandboxTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<SecurityContext>>")]
     pub security_context: Option<SecurityContext>,
+    /// Disk the agent's workspace and harness home may fill together: bytes, or with `Ki`,
+    /// `Mi`, `Gi`, `Ti` (default `8Gi`; `"0"`: none). The grader measures it every 2 s while
+    /// the harness runs; past it the harness is stopped and the session scores 0
+    /// (`disk_limit`), as `floe run --session-disk` does. Both volumes also get four times
+    /// this as their emptyDir `sizeLimit`, a backstop the kubelet enforces by evicting the pod
+    /// (an infrastructure failure) should a write outrun the check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 24), regex(pattern = r"^[0-9]+(Ki|Mi|Gi|Ti)?$"))]
+    pub disk_budget: Option<String>,
 }
+
+/// [`SandboxTemplate::disk_budget`] when unset.
+pub const DEFAULT_DISK_BUDGET: &str = "8Gi";
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -85,20 +85,48 @@ impl GraderEnd {
     }
 }
 
+/// The grader's second and last line, when it ends the command early (a limit it watches):
+/// the supervisor stops it as its timeout would, and reports as usual.
+const STOP: &str = "stop";
+
 impl Linked {
+    /// [`Self::run_until`] with nothing to stop it early.
+    pub async fn run(self, spec: &CommandSpec, slack: Duration) -> Result<Report, LinkError> {
+        self.run_until(spec, slack, std::future::pending::<()>())
+            .await
+            .map(|(report, _)| report)
+    }
+
     /// Runs `spec` in the agent container and waits for its report: at most the command's own
-    /// timeout and grace, and `slack` on top.
-    pub async fn run(mut self, spec: &CommandSpec, slack: Duration) -> Result<Report, LinkError> {
+    /// timeout and grace, and `slack` on top. When `stop` completes first, the command is
+    /// stopped as by its timeout ([`Exit::TimedOut`]) and `stop`'s output comes back with the
+    /// report.
+    pub async fn run_until<T>(
+        mut self,
+        spec: &CommandSpec,
+        slack: Duration,
+        stop: impl std::future::Future<Output = T>,
+    ) -> Result<(Report, Option<T>), LinkError> {
         let mut line = serde_json::to_vec(&Order { run: spec.clone() })?;
         line.push(b'\n');
         self.stream.get_mut().write_all(&line).await?;
         let wait = spec.timeout + spec.kill_grace + slack;
+        let deadline = tokio::time::Instant::now() + wait;
         let mut reply = String::new();
-        match tokio::time::timeout(wait, self.stream.read_line(&mut reply)).await {
+        let mut stopped = None;
+        let read = tokio::select! {
+            read = tokio::time::timeout_at(deadline, self.stream.read_line(&mut reply)) => read,
+            why = stop => {
+                stopped = Some(why);
+                self.stream.get_mut().write_all(format!("{STOP}\n").as_bytes()).await?;
+                tokio::time::timeout_at(deadline, self.stream.read_line(&mut reply)).await
+            }
+        };
+        match read {
             Err(_) => Err(LinkError::Silent(wait)),
             Ok(Err(e)) => Err(e.into()),
             Ok(Ok(0)) => Err(LinkError::Gone),
-            Ok(Ok(_)) => Ok(serde_json::from_str(&reply)?),
+            Ok(Ok(_)) => Ok((serde_json::from_str(&reply)?, stopped)),
         }
     }
 }
@@ -117,18 +145,22 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
     };
     let order: Order = serde_json::from_str(&line)?;
     tracing::info!(program = %order.run.program, "running the harness");
-    let finished = tokio::select! {
-        done = process::run(&order.run) => done.unwrap_or_else(|e| Finished {
+    // The grader's next line: `stop` ends the command as its timeout would; EOF or anything
+    // else means the grader is gone.
+    let stop = async { matches!(lines.next_line().await, Ok(Some(line)) if line.trim() == STOP) };
+    let finished = match process::run_until(&order.run, stop).await {
+        Ok((_, Some(false))) => {
+            // The run was ended as by its timeout; nobody is left to report to.
+            empty_namespace().await;
+            return Err(LinkError::GraderGone);
+        }
+        Ok((finished, _)) => finished,
+        Err(e) => Finished {
             exit: Exit::SpawnFailed(e.to_string()),
             elapsed: Duration::ZERO,
             stdout_bytes: 0,
             stderr_bytes: 0,
-        }),
-        // EOF or anything else: the grader is gone. Dropping the run kills its group.
-        _ = lines.next_line() => {
-            empty_namespace().await;
-            return Err(LinkError::GraderGone);
-        }
+        },
     };
     let namespace_emptied = empty_namespace().await;
     let mut reply = serde_json::to_vec(&Report {
@@ -203,6 +235,36 @@ mod tests {
         assert!(!report.namespace_emptied);
         assert_eq!(std::fs::read_to_string(dir.path().join("out"))?, "hi\n");
         assert!(matches!(supervisor.await, Ok(Ok(()))));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_stop_from_the_grader_ends_the_harness_and_still_gets_a_report(
+    ) -> Result<(), LinkError> {
+        let dir = tempfile::tempdir()?;
+        let (link, supervisor) = linked().await?;
+        let stop = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            "over budget"
+        };
+        let started = Instant::now();
+        let (report, stopped) = link
+            .run_until(
+                &spec(dir.path(), "sleep 3; touch late"),
+                Duration::from_secs(5),
+                stop,
+            )
+            .await?;
+        assert_eq!(report.finished.exit, Exit::TimedOut);
+        assert_eq!(stopped, Some("over budget"));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(matches!(supervisor.await, Ok(Ok(()))));
+        tokio::time::sleep(Duration::from_millis(3200)).await;
+        assert!(!dir.path().join("late").exists(), "the harness survived");
         Ok(())
     }
 

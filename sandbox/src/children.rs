@@ -46,6 +46,9 @@ pub struct RunnerConfig {
     pub agent: Option<AgentContainer>,
     /// Pods: check at start that egress is restricted ([`crate::egress_check`]).
     pub egress_check: Option<crate::egress_check::EgressCheck>,
+    /// Bytes the harness's workspace and home may hold together while it runs
+    /// ([`crate::disk_budget`]); `None`: no budget.
+    pub disk_budget: Option<u64>,
 }
 
 /// Where the agent container is and what it shares with this one.

@@ -52,7 +52,13 @@ pub struct Confinement {
     /// Each session's cgroup limits ([`crate::limits`]); `None` where the machine does not let
     /// floe make cgroups.
     pub limits: Option<crate::limits::Limits>,
+    /// The size of the sandbox's `/tmp`, a tmpfs (memory); `0`: tmpfs's default, half the
+    /// machine's memory (a bubblewrap before 0.7 cannot size it).
+    pub tmp_bytes: u64,
 }
+
+/// A hidden directory is an empty tmpfs the sandbox could write to: this much at most.
+const HIDDEN_DIR_BYTES: u64 = 1 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hidden {
@@ -98,12 +104,15 @@ impl Confinement {
             "/dev",
             "--proc",
             "/proc",
-            "--tmpfs",
-            "/tmp",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // tmpfs is memory: sized, so filling it cannot take the machine's (bwrap ≥ 0.7).
+        if self.tmp_bytes > 0 {
+            push(&mut args, ["--size", &self.tmp_bytes.to_string()]);
+        }
+        push(&mut args, ["--tmpfs", "/tmp"]);
         let (uid, gid) = if self.uid == 0 {
             (UNPRIVILEGED, UNPRIVILEGED)
         } else {
@@ -113,6 +122,10 @@ impl Confinement {
         push(&mut args, ["--gid", &gid.to_string()]);
         for hidden in &self.hidden {
             match hidden {
+                Hidden::Dir(p) if self.tmp_bytes > 0 => push(
+                    &mut args,
+                    ["--size", &HIDDEN_DIR_BYTES.to_string(), "--tmpfs", &s(p)],
+                ),
                 Hidden::Dir(p) => push(&mut args, ["--tmpfs", &s(p)]),
                 Hidden::File(p) => push(&mut args, ["--ro-bind", "/dev/null", &s(p)]),
             }
@@ -240,6 +253,7 @@ mod tests {
             uid: 0,
             gid: 0,
             limits: None,
+            tmp_bytes: 0,
         }
     }
 
@@ -342,6 +356,19 @@ mod tests {
                 "fix it"
             ]
         );
+    }
+
+    #[test]
+    fn tmpfs_mounts_are_sized_when_a_size_is_given() {
+        let args = confinement().options(&Access::default(), Path::new("/"));
+        assert!(!args.contains(&"--size".to_string()), "{args:?}");
+        let sized = Confinement {
+            tmp_bytes: 4 << 30,
+            ..confinement()
+        };
+        let args = sized.options(&Access::default(), Path::new("/"));
+        position(&args, &["--size", "4294967296", "--tmpfs", "/tmp"]);
+        position(&args, &["--size", "1048576", "--tmpfs", "/runs/out"]);
     }
 
     #[test]

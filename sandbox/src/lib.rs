@@ -23,6 +23,7 @@ pub mod checks;
 pub mod children;
 pub mod client;
 pub mod confine;
+pub mod disk_budget;
 pub mod egress_check;
 pub mod grading;
 pub mod limits;

@@ -30,6 +30,32 @@ pub struct Limits {
     pub pids: u64,
 }
 
+/// `4Gi`, `512Mi`, `100Ki` or a number of bytes (`floe run --session-memory`,
+/// `--session-disk`, a pool template's `diskBudget`).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        "Ti" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?}: a number of bytes, or one with Ki, Mi, Gi or Ti"
+            ))
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: a number of bytes, or one with Ki, Mi, Gi or Ti"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
 impl std::fmt::Display for Limits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.hierarchy {
@@ -176,6 +202,16 @@ pub const JOIN: &str =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_are_kubernetes_style() {
+        assert_eq!(parse_bytes("4Gi"), Ok(4 << 30));
+        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("4GB").is_err());
+        assert!(parse_bytes("Gi").is_err());
+        assert!(parse_bytes("99999999999Ti").is_err());
+    }
 
     #[test]
     fn the_hierarchy_is_read_from_proc_self_cgroup() {

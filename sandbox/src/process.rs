@@ -65,6 +65,17 @@ pub struct OutputError {
 }
 
 pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
+    run_until(spec, std::future::pending::<()>())
+        .await
+        .map(|(finished, _)| finished)
+}
+
+/// [`run`], ended early as by its timeout when `stop` completes first (a limit the caller
+/// watches): then [`Exit::TimedOut`] and `stop`'s output.
+pub async fn run_until<T>(
+    spec: &CommandSpec,
+    stop: impl std::future::Future<Output = T>,
+) -> Result<(Finished, Option<T>), OutputError> {
     let open = |path: &PathBuf| {
         std::fs::File::create(path)
             .map(tokio::fs::File::from_std)
@@ -93,12 +104,13 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
-            return Ok(Finished {
+            let finished = Finished {
                 exit: Exit::SpawnFailed(format!("{}: {e}", spec.program)),
                 elapsed: started.elapsed(),
                 stdout_bytes: 0,
                 stderr_bytes: 0,
-            })
+            };
+            return Ok((finished, None));
         }
     };
     let group = child
@@ -119,18 +131,23 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
         .take()
         .map(|s| tokio::spawn(copy_capped(s, err_file, spec.cap_bytes)));
 
-    let exit = match tokio::time::timeout(spec.timeout, child.wait()).await {
+    let mut stopped = None;
+    let waited = tokio::select! {
+        waited = tokio::time::timeout(spec.timeout, child.wait()) => waited,
+        why = stop => {
+            stopped = Some(why);
+            Ok(Err(std::io::Error::other("stopped")))
+        }
+    };
+    let exit = match waited {
         Ok(Ok(status)) => status_exit(status),
+        Ok(Err(_)) if stopped.is_some() => {
+            end_group(&mut child, group, spec.kill_grace).await;
+            Exit::TimedOut
+        }
         Ok(Err(e)) => Exit::SpawnFailed(format!("waiting for {}: {e}", spec.program)),
         Err(_) => {
-            signal_group(group, Signal::SIGTERM);
-            if tokio::time::timeout(spec.kill_grace, child.wait())
-                .await
-                .is_err()
-            {
-                signal_group(group, Signal::SIGKILL);
-                let _ = child.wait().await;
-            }
+            end_group(&mut child, group, spec.kill_grace).await;
             Exit::TimedOut
         }
     };
@@ -149,12 +166,22 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
     };
     let stdout_bytes = drained(out).await;
     let stderr_bytes = drained(err).await;
-    Ok(Finished {
+    let finished = Finished {
         exit,
         elapsed: started.elapsed(),
         stdout_bytes,
         stderr_bytes,
-    })
+    };
+    Ok((finished, stopped))
+}
+
+/// SIGTERM to the command's group, SIGKILL after `grace`; returns once the command is reaped.
+async fn end_group(child: &mut tokio::process::Child, group: Option<Pid>, grace: Duration) {
+    signal_group(group, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        signal_group(group, Signal::SIGKILL);
+        let _ = child.wait().await;
+    }
 }
 
 /// The processes of this PID namespace but this one (their PIDs, from `/proc`).
@@ -386,6 +413,31 @@ mod tests {
         assert!(done.elapsed < Duration::from_secs(5), "{:?}", done.elapsed);
         tokio::time::sleep(Duration::from_millis(3300)).await;
         assert!(!dir.path().join("late").exists(), "a group member survived");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_stop_ends_the_command_as_its_timeout_would() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let script = "(sleep 3; touch late) & trap '' TERM; sleep 30";
+        let stop = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            "over its disk budget"
+        };
+        let (done, stopped) = run_until(&spec(dir.path(), script, 30_000), stop).await?;
+        assert_eq!(done.exit, Exit::TimedOut);
+        assert_eq!(stopped, Some("over its disk budget"));
+        assert!(done.elapsed < Duration::from_secs(5), "{:?}", done.elapsed);
+        tokio::time::sleep(Duration::from_millis(3300)).await;
+        assert!(!dir.path().join("late").exists(), "a group member survived");
+        // A command that ends first: no stop.
+        let (done, stopped) = run_until(
+            &spec(dir.path(), "exit 0", 5000),
+            std::future::pending::<()>(),
+        )
+        .await?;
+        assert_eq!((done.exit, stopped), (Exit::Code(0), None));
         Ok(())
     }
 

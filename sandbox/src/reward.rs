@@ -45,6 +45,9 @@ pub enum FailureReason {
     WorkspaceUnreadable,
     /// The agent's changes are larger than floe copies for grading.
     WorkspaceTooLarge,
+    /// The agent filled more disk than its session may (local mode's `--session-disk`, checked
+    /// while it runs); it was stopped there, as by its timeout.
+    DiskLimit,
 }
 
 impl FailureReason {
@@ -56,6 +59,7 @@ impl FailureReason {
             Self::EvaluatorStraggler => "evaluator_straggler",
             Self::WorkspaceUnreadable => "workspace_unreadable",
             Self::WorkspaceTooLarge => "workspace_too_large",
+            Self::DiskLimit => "disk_limit",
         }
     }
 }

@@ -300,16 +300,20 @@ fn died_before_calling(config: &RunnerConfig, exit: Option<i32>) -> Option<Strin
 /// The harness in the agent container, through its supervisor. `Err`: a message for an
 /// infrastructure failure. A container that died under its supervisor is the harness's own
 /// failure (its memory limit, say), never the infrastructure's: the agent could cause it.
-async fn in_agent_container(link: Linked, harness: &CommandSpec) -> Result<Finished, String> {
+async fn in_agent_container<T>(
+    link: Linked,
+    harness: &CommandSpec,
+    stop: impl std::future::Future<Output = T>,
+) -> Result<(Finished, Option<T>), String> {
     let started = std::time::Instant::now();
-    let report = link.run(harness, Duration::from_secs(60)).await;
-    match &report {
-        Ok(r) if !r.namespace_emptied => Err(
+    let report = link.run_until(harness, Duration::from_secs(60), stop).await;
+    match report {
+        Ok((r, _)) if !r.namespace_emptied => Err(
             "the agent container's supervisor is not its PID 1, so its processes could outlive \
              it (a pod sharing its process namespace?): not graded"
                 .into(),
         ),
-        Ok(r) => Ok(r.finished.clone()),
+        Ok((r, stopped)) => Ok((r.finished, stopped)),
         // Silent, or a garbled line: its supervisor may still be alive, and so may the agent.
         Err(e) if !matches!(e, agent_link::LinkError::Gone) => Err(e.to_string()),
         Err(e) => {
@@ -317,13 +321,14 @@ async fn in_agent_container(link: Linked, harness: &CommandSpec) -> Result<Finis
             // Its init is gone, so the kernel is killing the rest of its namespace: give it
             // that moment before the workspace is read.
             tokio::time::sleep(Duration::from_secs(2)).await;
-            Ok(Finished {
+            let finished = Finished {
                 // Killed, as far as anyone can tell: its container ended under it.
                 exit: Exit::Signal(9),
                 elapsed: started.elapsed(),
                 stdout_bytes: 0,
                 stderr_bytes: 0,
-            })
+            };
+            Ok((finished, None))
         }
     }
 }
@@ -442,17 +447,33 @@ async fn session_outcome(
         harness = confinement.wrap(harness, &access);
     }
     summary.harness_started_unix_ms = unix_ms_now();
-    let ran: Finished = match link {
-        Some(link) => match in_agent_container(link, &harness).await {
+    // The harness is stopped once its workspace and home outgrow the session's disk budget.
+    let over_budget = async {
+        match config.disk_budget {
+            Some(bytes) => {
+                let budget = crate::disk_budget::Budget {
+                    bytes,
+                    entries: crate::disk_budget::MAX_ENTRIES,
+                };
+                crate::disk_budget::exceeded(vec![ws.to_path_buf(), home.clone()], budget).await
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let (ran, over_disk): (Finished, Option<String>) = match link {
+        Some(link) => match in_agent_container(link, &harness, over_budget).await {
             Ok(f) => f,
             Err(message) => return infra_error(message),
         },
-        None => match process::run(&harness).await {
+        None => match process::run_until(&harness, over_budget).await {
             Ok(f) => f,
             Err(e) => return infra_error(e.to_string()),
         },
     };
     summary.agent_seconds = ran.elapsed.as_secs_f64();
+    if let Some(why) = &over_disk {
+        tracing::warn!(%session, "the harness was stopped: its workspace and home hold {why}");
+    }
     let timed_out = ran.exit == Exit::TimedOut;
     match &ran.exit {
         Exit::SpawnFailed(e) => return infra_error(format!("the harness did not start: {e}")),
@@ -482,6 +503,19 @@ async fn session_outcome(
             Ok(e) => e,
             Err(message) => return infra_error(message),
         };
+    let mut evaluation = evaluation;
+    if let Some(why) = over_disk {
+        // Out of disk as out of time: the policy's failure (reward 0 as `agent_timeout`), the
+        // evaluator's verdict kept for the record.
+        let reason = crate::reward::FailureReason::DiskLimit.code();
+        let message = format!(
+            "the harness was stopped: its workspace and home hold {why} (the session's disk budget)"
+        );
+        summary.failure = Some(reason.into());
+        summary.error = Some(message.clone());
+        evaluation.detail["failure"] = reason.into();
+        evaluation.detail["failureMessage"] = message.into();
+    }
     if timed_out {
         SessionOutcome::AgentTimeout {
             evaluation: Some(evaluation),

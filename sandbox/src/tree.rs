@@ -94,6 +94,23 @@ impl Dir {
         .map_err(err)
     }
 
+    /// Each name in this directory (but `.` and `..`) to `each`, as read, until it breaks: a
+    /// directory of millions of names is never held in memory.
+    pub fn each_name(
+        &self,
+        mut each: impl FnMut(&OsStr) -> std::ops::ControlFlow<()>,
+    ) -> io::Result<()> {
+        let mut dir = rustix::fs::Dir::read_from(&self.fd).map_err(err)?;
+        while let Some(entry) = dir.read() {
+            let entry = entry.map_err(err)?;
+            let bytes = entry.file_name().to_bytes();
+            if bytes != b"." && bytes != b".." && each(OsStr::from_bytes(bytes)).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Every name in this directory (but `.` and `..`), as bytes.
     pub fn names(&self) -> io::Result<Vec<OsString>> {
         let mut names = Vec::new();

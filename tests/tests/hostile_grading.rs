@@ -55,6 +55,7 @@ async fn no_attack_on_the_grade_forges_a_reward_or_escapes_scoring() -> Result<(
         .arg("--out")
         .arg(&out)
         .args(["--model-url", &model.url])
+        .args(["--session-disk", grading_attacks::DISK_BUDGET])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()?;
@@ -81,6 +82,15 @@ async fn no_attack_on_the_grade_forges_a_reward_or_escapes_scoring() -> Result<(
         assert_eq!(s["reward"].as_f64(), Some(reward), "{task}: {s}");
         assert_eq!(s["failure"].as_str(), failure, "{task}: {s}");
     }
+    // Stopped at the budget, not at the 60 s timeout, before it wrote all it meant to.
+    let filler = &seen["disk-fill"];
+    assert!(
+        filler["agentSeconds"].as_f64().is_some_and(|s| s < 30.0),
+        "{filler}"
+    );
+    assert!(!out
+        .join("sessions/grading-disk-fill-0/workspace/filled.txt")
+        .exists());
     assert_eq!(summary["sessions"]["infraError"], 0, "{summary}");
     assert_eq!(
         summary["sessions"]["failures"]["evaluator_timeout"], 1,
@@ -197,4 +207,63 @@ fn nix_is_root() -> bool {
         .unwrap_or_default()
         .lines()
         .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// A session that fills its sandbox's `/tmp`, which is memory: it holds no more than half of
+/// `--session-memory`, so the fill meets "no space" before the memory limit, and the session
+/// goes on to its fix and scores as it would have. (Filling the disk is an attack of the table:
+/// `disk-fill`.)
+#[tokio::test]
+async fn a_session_that_fills_its_tmp_gets_no_space_not_the_machines_memory() -> Result<()> {
+    let filler = format!(
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=600 2>/dev/null; \
+         du -sm /tmp/fill | cut -f1 > tmp_mib.txt; rm -f /tmp/fill; {FIX}"
+    );
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("out");
+    let path = job(dir.path(), &model.url)?;
+    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    spec["spec"]["tasks"]["inline"] = json!([
+        {"id": "filler", "instruction": filler, "files": {"calc.py": BUGGY},
+         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
+    ]);
+    std::fs::write(&path, serde_json::to_string(&spec)?)?;
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(floe_bin()?)
+        .arg("run")
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .args(["--model-url", &model.url])
+        .args(["--session-memory", "256Mi"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
+    let stderr = std::fs::read_to_string(&log)?;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("summary.json")).with_context(|| stderr.clone())?,
+    )?;
+    let session: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("sessions/grading-filler-0/summary.json"))
+            .with_context(|| stderr.clone())?,
+    )?;
+    eprintln!("{}\nfiller: {session}", summary["sandbox"]);
+    assert_eq!(session["reward"], 1.0, "{session}");
+    if summary["sandbox"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("bubblewrap 0.6") || s.starts_with("bubblewrap 0.5"))
+    {
+        return Ok(()); // cannot size a tmpfs: /tmp is half the machine's memory
+    }
+    let tmp_mib: u64 =
+        std::fs::read_to_string(out.join("sessions/grading-filler-0/workspace/tmp_mib.txt"))
+            .with_context(|| format!("no tmp_mib.txt: {session}"))?
+            .trim()
+            .parse()?;
+    assert!(tmp_mib <= 128, "/tmp held {tmp_mib} MiB");
+    Ok(())
 }

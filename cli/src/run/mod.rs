@@ -455,6 +455,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 agent: None,
                 // Its own network namespace reaches only the gateway ([`sandboxing`]).
                 egress_check: None,
+                disk_budget: (args.limits.session_disk > 0).then_some(args.limits.session_disk),
             };
             running.spawn(async move {
                 let t0 = Instant::now();

@@ -19,6 +19,10 @@ pub struct Bubblewrap {
     version: String,
     /// Each session's cgroup limits, or why there are none.
     limits: Option<Result<Limits, String>>,
+    /// Each sandbox's `/tmp` size ([`Confinement::tmp_bytes`]).
+    tmp_bytes: u64,
+    /// Each session's disk budget (`--session-disk`), for the description.
+    disk_bytes: u64,
 }
 
 impl Bubblewrap {
@@ -33,6 +37,8 @@ impl Bubblewrap {
         }
         Self {
             limits: Some(limits),
+            tmp_bytes: super::session_limits::tmp_bytes(args, &self.version),
+            disk_bytes: args.session_disk,
             ..self
         }
     }
@@ -42,11 +48,17 @@ impl Bubblewrap {
 /// sandbox.
 pub fn describe(bwrap: Option<&Bubblewrap>) -> String {
     match bwrap {
-        Some(b) => match &b.limits {
-            Some(Ok(limits)) => format!("{}; {limits}", b.version),
-            Some(Err(why)) => format!("{}; no per-session limits ({why})", b.version),
-            None => b.version.clone(),
-        },
+        Some(b) => {
+            let limits = match &b.limits {
+                Some(Ok(limits)) => format!("{}; {limits}", b.version),
+                Some(Err(why)) => format!("{}; no per-session limits ({why})", b.version),
+                None => b.version.clone(),
+            };
+            match b.disk_bytes {
+                0 => format!("{limits}; no disk budget"),
+                bytes => format!("{limits}; {} MiB of disk per session", bytes >> 20),
+            }
+        }
         None => {
             "none (--no-sandbox: the agent could read hidden tests and reach the network)".into()
         }
@@ -77,6 +89,7 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
         limits: None,
+        tmp_bytes: 0,
     };
     let (program, args) = probe.probe(Path::new("/"));
     let ran = std::process::Command::new(program)
@@ -95,6 +108,8 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         path,
         version,
         limits: None,
+        tmp_bytes: 0,
+        disk_bytes: 0,
     })
 }
 
@@ -152,6 +167,7 @@ pub fn confinement(
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
         limits: bwrap.limits.clone().and_then(Result::ok),
+        tmp_bytes: bwrap.tmp_bytes,
     })
 }
 

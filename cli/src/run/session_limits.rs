@@ -1,7 +1,7 @@
 //! `floe run`'s per-session resource limits ([`floe_sandbox::limits`]): the flags, and the
 //! limits this machine allows.
 
-use floe_sandbox::limits::{self, Limits};
+use floe_sandbox::limits::{self, parse_bytes, Limits};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SessionLimitArgs {
@@ -12,31 +12,34 @@ pub struct SessionLimitArgs {
     /// Processes (and threads) each session may have at once; `0`: no limit.
     #[arg(long, default_value_t = 1024)]
     pub session_pids: u64,
+    /// Disk each session's workspace and harness home may fill together, e.g. `8Gi`; `0`: no
+    /// limit. Measured every 2 s while the harness runs; past it the harness is stopped and
+    /// the session scores as the policy's failure (`disk_limit`).
+    #[arg(long, default_value = "8Gi", value_parser = parse_bytes)]
+    pub session_disk: u64,
 }
 
-/// `4Gi`, `512Mi`, `100Ki` or a number of bytes.
-fn parse_bytes(text: &str) -> Result<u64, String> {
-    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, ""),
-    };
-    let shift = match unit {
-        "" => 0,
-        "Ki" => 10,
-        "Mi" => 20,
-        "Gi" => 30,
-        "Ti" => 40,
-        _ => {
-            return Err(format!(
-                "{text:?}: a number of bytes, or one with Ki, Mi, Gi or Ti"
-            ))
-        }
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?}: a number of bytes, or one with Ki, Mi, Gi or Ti"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
+/// The size of each sandbox's `/tmp`: half of `--session-memory` where bubblewrap can size a
+/// tmpfs (its pages count against the session's memory, so a full `/tmp` says "no space"
+/// before the memory limit kills the harness); `0` leaves tmpfs's default.
+pub fn tmp_bytes(args: &SessionLimitArgs, bwrap_version: &str) -> u64 {
+    if sizes_tmpfs(bwrap_version) {
+        args.session_memory / 2
+    } else {
+        0
+    }
+}
+
+/// Whether `bubblewrap X.Y.Z` takes `--size` (0.7 and later).
+fn sizes_tmpfs(version: &str) -> bool {
+    let numbers: Vec<u64> = version
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .split('.')
+        .map_while(|n| n.parse().ok())
+        .collect();
+    matches!(numbers.as_slice(), [major, minor, ..] if (*major, *minor) >= (0, 7))
 }
 
 /// The limits every session of this run gets, or why there are none (said at start and in
@@ -67,11 +70,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_are_kubernetes_style() {
-        assert_eq!(parse_bytes("4Gi"), Ok(4 << 30));
-        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
-        assert_eq!(parse_bytes("1000"), Ok(1000));
-        assert!(parse_bytes("4GB").is_err());
-        assert!(parse_bytes("Gi").is_err());
+    fn tmpfs_is_sized_from_bubblewrap_0_7() {
+        assert!(sizes_tmpfs("bubblewrap 0.8.0"));
+        assert!(sizes_tmpfs("bubblewrap 0.7.0"));
+        assert!(sizes_tmpfs("bubblewrap 1.0"));
+        assert!(!sizes_tmpfs("bubblewrap 0.6.1"));
+        assert!(!sizes_tmpfs("bubblewrap"));
     }
 }

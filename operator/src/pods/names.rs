@@ -49,6 +49,10 @@ pub const OWNER_JOB_LABEL: &str = "floe.dev/owner-job";
 /// `warn` or `refuse` (`floe sandbox --egress-check`).
 pub const EGRESS_CHECK_ENV: &str = "FLOE_EGRESS_CHECK";
 
+/// Tells a sandbox pod's grader the agent's disk budget (`floe sandbox --disk-budget`, from the
+/// template's `diskBudget`).
+pub const DISK_BUDGET_ENV: &str = "FLOE_DISK_BUDGET";
+
 /// The policy Service's port: `floe policy-proxy` in a train job's trainer pod, in front of
 /// vLLM. Sandbox pods' egress policy opens it.
 pub const VLLM_PORT: i32 = 8000;

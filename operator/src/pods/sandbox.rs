@@ -288,6 +288,10 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     // The grader: the only container of the harness image with the control token (in the
     // runner's memory only), the assignment (hidden files) and the evaluation copy. The agent
     // never ran in it.
+    let disk_budget = t
+        .disk_budget
+        .as_deref()
+        .unwrap_or(floe_crds::common::DEFAULT_DISK_BUDGET);
     let mut grader_env = vec![
         json!({"name": "FLOE_GATEWAY_URL", "value": gateway_url}),
         // The token as a variable, never a file: the evaluator runs code the agent wrote, as
@@ -298,6 +302,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         json!({"name": "FLOE_POOL_PREPARE", "value": serde_json::to_string(&p.spec.prepare)?}),
         json!({"name": EGRESS_CHECK_ENV,
                "value": egress_check_mode(p.spec.egress.unrestricted)}),
+        json!({"name": DISK_BUDGET_ENV, "value": disk_budget}),
     ];
     grader_env.extend(template_env.iter().cloned());
     let mut grader_mounts = vec![
@@ -358,12 +363,25 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         }
     }
 
+    // What the agent writes: its budget is checked by the grader; the kubelet's backstop is
+    // four times that (a write must outrun the check by that much to be evicted).
+    let agent_volume = match floe_sandbox::limits::parse_bytes(disk_budget) {
+        Ok(bytes) if bytes > 0 => {
+            json!({"emptyDir": {"sizeLimit": bytes.saturating_mul(4).to_string()}})
+        }
+        _ => json!({"emptyDir": {}}),
+    };
+    let named = |name: &str| {
+        let mut v = agent_volume.clone();
+        v["name"] = name.into();
+        v
+    };
     let mut volumes = vec![
         json!({"name": "floe-bin", "emptyDir": {}}),
         json!({"name": "floe-state", "emptyDir": {}}),
         json!({"name": "floe-run", "emptyDir": {}}),
-        json!({"name": "floe-workspace", "emptyDir": {}}),
-        json!({"name": "floe-agent", "emptyDir": {}}),
+        named("floe-workspace"),
+        named("floe-agent"),
         json!({"name": "floe-control", "secret": {"secretName": p.secret, "defaultMode": 0o440}}),
     ];
     volumes.extend(

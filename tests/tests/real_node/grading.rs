@@ -18,8 +18,8 @@ urllib.request.urlopen(req, timeout=120).read()
 os.execvp("sh", ["sh", "-c", os.environ["FLOE_INSTRUCTION"]])
 "#;
 
-/// The attacks whose effect a pod shows as local mode does (the sibling and disk ones are
-/// the containers' resources there).
+/// The attacks whose effect a pod shows as local mode does (the sibling ones are the
+/// containers' resources there).
 const IN_PODS: &[&str] = &[
     "fix",
     "link-ancestor",
@@ -28,6 +28,7 @@ const IN_PODS: &[&str] = &[
     "hang",
     "report-link",
     "straggler",
+    "disk-fill",
 ];
 
 #[tokio::test]
@@ -54,6 +55,7 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
                "metadata": {"name": "python"},
                "spec": {"replicas": 2,
                         "template": {"image": images.python, "imagePullPolicy": "Never",
+                                     "diskBudget": grading_attacks::DISK_BUDGET,
                                      "volumes": [{"name": "agent", "configMap": {"name": "shell-agent"}}],
                                      "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
                                                        "readOnly": true}]}}}),

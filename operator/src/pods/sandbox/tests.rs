@@ -339,3 +339,35 @@ fn the_model_servers_key_reaches_the_gateway_container_only() {
     let none = pod(&spec(json!({})), false);
     assert!(!none.to_string().contains("FLOE_UPSTREAM_API_KEY"));
 }
+
+#[test]
+fn the_agents_disk_budget_reaches_the_grader_and_bounds_its_volumes() {
+    let volume = |p: &Value, name: &str| -> Value {
+        p["spec"]["volumes"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no volume {name}"))
+    };
+    // By default 8Gi: the grader checks it, the kubelet evicts past four times that.
+    let p = pod(&spec(json!({})), false);
+    let main = container(&p["spec"]["containers"], "sandbox");
+    assert_eq!(env(main, "FLOE_DISK_BUDGET"), Some(&json!("8Gi")));
+    for name in ["floe-workspace", "floe-agent"] {
+        assert_eq!(
+            volume(&p, name)["emptyDir"]["sizeLimit"],
+            (32u64 << 30).to_string()
+        );
+    }
+    // floe's own volumes are not the agent's to fill.
+    assert_eq!(volume(&p, "floe-state")["emptyDir"], json!({}));
+    let agent = container(&p["spec"]["containers"], "agent");
+    assert_eq!(env(agent, "FLOE_DISK_BUDGET"), None);
+    // "0": no budget, no sizeLimit.
+    let mut s = spec(json!({}));
+    s.template.disk_budget = Some("0".into());
+    let p = pod(&s, false);
+    assert_eq!(volume(&p, "floe-workspace")["emptyDir"], json!({}));
+    let main = container(&p["spec"]["containers"], "sandbox");
+    assert_eq!(env(main, "FLOE_DISK_BUDGET"), Some(&json!("0")));
+}
