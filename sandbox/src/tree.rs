@@ -12,7 +12,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path};
 
@@ -230,12 +230,24 @@ impl Dir {
     }
 
     fn add_owner_bits(&self, name: &OsStr, bits: u32) -> io::Result<()> {
-        let stat = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err)?;
+        // Pinned first, never through a link: `chmodat` by name follows one, and the agent may
+        // still be swapping names (the disk budget walks its workspace while it runs). An
+        // `O_PATH` descriptor needs no permission on the file itself; its `/proc/self/fd` entry
+        // is that inode, whatever the name points to by now.
+        let pinned = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(err)?;
+        let stat = rustix::fs::fstat(&pinned).map_err(err)?;
         if FileType::from_raw_mode(stat.st_mode) == FileType::Symlink {
             return Err(io::Error::other("a link"));
         }
         let mode = Mode::from_raw_mode((stat.st_mode & 0o7777) | bits);
-        rustix::fs::chmodat(&self.fd, name, mode, AtFlags::empty()).map_err(err)
+        let by_descriptor = format!("/proc/self/fd/{}", pinned.as_raw_fd());
+        rustix::fs::chmod(by_descriptor.as_str(), mode).map_err(err)
     }
 }
 
@@ -298,6 +310,26 @@ pub fn copy_file(from: &mut File, mode: u32, to: &Dir, name: &OsStr) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_bits_go_on_the_named_directory_never_through_a_link() -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir()?;
+        let locked = tmp.path().join("locked");
+        std::fs::create_dir(&locked)?;
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000))?;
+        let target = tmp.path().join("target");
+        std::fs::create_dir(&target)?;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o500))?;
+        std::os::unix::fs::symlink(&target, tmp.path().join("link"))?;
+        let dir = Dir::open(tmp.path())?;
+        dir.add_owner_bits(OsStr::new("locked"), 0o700)?;
+        let mode = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode(&locked)?, 0o700);
+        assert!(dir.add_owner_bits(OsStr::new("link"), 0o700).is_err());
+        assert_eq!(mode(&target)?, 0o500, "chmod went through the link");
+        Ok(())
+    }
 
     #[test]
     fn a_link_in_the_way_is_removed_not_followed() -> io::Result<()> {
