@@ -74,7 +74,7 @@ pub async fn next_assignment(
     match taken {
         Some(delivered) => match session_store::mark_taken(&gateway, &delivered.assignment.session)
         {
-            Ok(()) => Json(delivered).into_response(),
+            Ok(()) => Json(delivered.for_the_runner()).into_response(),
             Err(e) => e.into_response(),
         },
         None => StatusCode::NO_CONTENT.into_response(),

@@ -104,6 +104,21 @@ pub struct Delivered {
     pub token: String,
 }
 
+impl Delivered {
+    /// What the runner may hold: without the job's ingest token and the upstream's key, which
+    /// only the gateway uses. The runner grades code the agent wrote; what it never had, that
+    /// code cannot take from it.
+    pub fn for_the_runner(mut self) -> Self {
+        if let Sink::Trainer { token, .. } = &mut self.assignment.sink {
+            *token = None;
+        }
+        if let Some(upstream) = &mut self.assignment.upstream {
+            upstream.api_key = None;
+        }
+        self
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum AssignmentError {
     #[error("session {0:?} was already assigned with different content")]
@@ -227,6 +242,31 @@ mod tests {
             },
             token: format!("tok-{session}"),
         }
+    }
+
+    #[test]
+    fn the_runner_gets_neither_the_ingest_token_nor_the_upstream_key() {
+        let mut d = delivered("s1", "t");
+        d.assignment.sink = Sink::Trainer {
+            url: "http://trainer:8100/v1/trajectories".into(),
+            token: Some("ingest-secret".into()),
+        };
+        d.assignment.upstream = Some(UpstreamOverride {
+            url: Some("http://policy:8000".into()),
+            api_key: Some("policy-secret".into()),
+            ..Default::default()
+        });
+        let text = serde_json::to_string(&d.clone().for_the_runner()).expect("json");
+        assert!(!text.contains("secret"), "{text}");
+        // The rest is the runner's as it was: its session token, where trajectories go.
+        assert!(
+            text.contains("tok-s1") && text.contains("http://trainer:8100"),
+            "{text}"
+        );
+        // The gateway's own copy keeps both.
+        assert!(serde_json::to_string(&d)
+            .expect("json")
+            .contains("ingest-secret"));
     }
 
     #[tokio::test]
