@@ -8,10 +8,13 @@ pub const BUGGY: &str = "def add(a, b):\n    return a - b\n";
 pub const FIX: &str = r"printf 'def add(a, b):\n    return a + b\n' > calc.py";
 
 /// A careful evaluator: it runs the hidden test and writes its verdict only afterwards, in
-/// pytest's summary form, to a report file floe reads (`reward.source: TestOutput`).
+/// pytest's summary form, to a report file floe reads (`reward.source: TestOutput`). Like
+/// pytest, it first loads a `conftest.py` at the root.
 pub const EVALUATOR: &str = r#"
-import runpy, sys
+import os, runpy, sys
 sys.path.insert(0, ".")
+if os.path.exists("conftest.py"):
+    runpy.run_path("conftest.py")
 try:
     runpy.run_path("tests/test_hidden.py")
     verdict = "1 passed in 0.01s"
@@ -122,6 +125,14 @@ pub fn attacks() -> Vec<(&'static str, String, f64, Option<&'static str>)> {
             ),
             0.0,
             Some("disk_limit"),
+        ),
+        // Test-runner configuration: a `conftest.py` that patches the code under test before
+        // the tests run (protected by default, `evaluator.protectTestConfig`).
+        (
+            "conftest",
+            "printf 'import calc\ncalc.add = lambda a, b: a + b\n' > conftest.py".into(),
+            0.0,
+            None,
         ),
         // The code under test ends the evaluator before its verdict, kills it, or hangs it.
         (

@@ -29,6 +29,7 @@ const IN_PODS: &[&str] = &[
     "report-link",
     "straggler",
     "disk-fill",
+    "conftest",
 ];
 
 #[tokio::test]
