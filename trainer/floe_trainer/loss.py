@@ -48,6 +48,9 @@ class LossStats:
     # update would raise a token further), below 1 - epsilon_low on a negative one.
     clip_high_fraction: float = 0.0
     clip_low_fraction: float = 0.0
+    # Mean entropy of the (tempered) policy over the sampled tokens' positions (first epoch's
+    # passes; ``step.train_step`` fills it in).
+    entropy: float = 0.0
 
 
 def policy_loss(

@@ -43,6 +43,11 @@ class Metrics:
             "Fraction of tokens whose importance weight was truncated at tisCap",
             registry=r,
         )
+        self.entropy = Gauge(
+            "floe_trainer_policy_entropy",
+            "Mean entropy (nats) of the policy over the last step's sampled tokens' positions",
+            registry=r,
+        )
         self.advantage_std = Gauge(
             "floe_trainer_advantage_std", "Std of the last step's advantages", registry=r
         )
@@ -160,6 +165,7 @@ class Metrics:
         self.clip_side.labels("low").set(s.clip_fraction_low)
         self.tis_truncated.set(s.tis_truncated_fraction)
         self.advantage_std.set(s.advantage_std)
+        self.entropy.set(s.entropy)
         self.response_tokens.labels("mean").set(s.response_tokens_mean)
         self.response_tokens.labels("max").set(s.response_tokens_max)
         self.tis_mean.set(s.tis_mean)

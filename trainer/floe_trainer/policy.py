@@ -86,13 +86,30 @@ def token_logprobs(model: torch.nn.Module, batch: Batch, chunk: int | None = Non
     Only the hidden states that predict a response token reach the output head, ``chunk``
     positions at a time (default ``LOGITS_CHUNK``); agent prompts are long and their logits
     are never needed."""
+    return _logprobs(model, batch, chunk, entropy=False)[0]
+
+
+def token_logprobs_and_entropy(
+    model: torch.nn.Module, batch: Batch, chunk: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs``, and the (tempered) policy's entropy at each response position
+    ([B, R], float32, without grad): ``logsumexp(z) - sum(softmax(z) * z)`` over the
+    vocabulary, from the logits the log-probs are taken from (each chunk's, once more)."""
+    logp, entropy = _logprobs(model, batch, chunk, entropy=True)
+    assert entropy is not None
+    return logp, entropy
+
+
+def _logprobs(
+    model: torch.nn.Module, batch: Batch, chunk: int | None, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not _chunkable(model):
-        return _logprobs_whole(model, batch)
+        return _logprobs_whole(model, batch, entropy)
     chunk = chunk or LOGITS_CHUNK
     sharded = getattr(model, SHARDED_LOGPROBS, None)
     if sharded is not None:
-        return sharded(batch, chunk)
-    return _chunked_logprobs(model, batch, chunk)
+        return sharded(batch, chunk, entropy)
+    return _chunked_logprobs(model, batch, chunk, entropy)
 
 
 # The chunked log-probs as a forward method of a model sharded with FSDP2
@@ -114,7 +131,9 @@ def register_sharded_logprobs(model: torch.nn.Module) -> None:
     register_fsdp_forward_method(model, SHARDED_LOGPROBS)
 
 
-def _chunked_logprobs(model: torch.nn.Module, batch: Batch, chunk: int) -> torch.Tensor:
+def _chunked_logprobs(
+    model: torch.nn.Module, batch: Batch, chunk: int, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     hidden = model.get_decoder()(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask
     ).last_hidden_state
@@ -122,28 +141,46 @@ def _chunked_logprobs(model: torch.nn.Module, batch: Batch, chunk: int) -> torch
     index = batch.positions.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
     rows = torch.gather(hidden, 1, index)
     head = model.get_output_embeddings()
-    parts = []
+    parts, entropies = [], []
     for a in range(0, rows.shape[1], max(chunk, 1)):
         ids = batch.response_ids[:, a : a + chunk]
         part = rows[:, a : a + chunk]
         if torch.is_grad_enabled() and rows.shape[1] > chunk:
             # Keep only this chunk's hidden rows for the backward pass, not its logits.
-            parts.append(
-                checkpoint(
-                    _chosen_logprobs, head, part, ids, batch.temperature, use_reentrant=False
-                )
+            logp, ent = checkpoint(
+                _chosen_logprobs,
+                head,
+                part,
+                ids,
+                batch.temperature,
+                entropy,
+                use_reentrant=False,
             )
         else:
-            parts.append(_chosen_logprobs(head, part, ids, batch.temperature))
-    return torch.cat(parts, dim=1).double()
+            logp, ent = _chosen_logprobs(head, part, ids, batch.temperature, entropy)
+        parts.append(logp)
+        entropies.append(ent)
+    together = torch.cat(entropies, dim=1) if entropy else None
+    return torch.cat(parts, dim=1).double(), together
 
 
 def _chosen_logprobs(
-    head: torch.nn.Module, rows: torch.Tensor, ids: torch.Tensor, temperature: float
-) -> torch.Tensor:
+    head: torch.nn.Module,
+    rows: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = _tempered(head(rows).float(), temperature)
     chosen = torch.gather(logits, 2, ids.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, -1)
+    lse = torch.logsumexp(logits, -1)
+    return chosen - lse, _entropy(logits, lse) if entropy else None
+
+
+def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Per position, without grad: a measurement, never a term of the loss."""
+    with torch.no_grad():
+        return lse - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 def _chunkable(model: torch.nn.Module) -> bool:
@@ -167,7 +204,9 @@ def _chunkable_shape(model: torch.nn.Module) -> bool:
     return decoder is not None and decoder is not model and isinstance(head, torch.nn.Linear)
 
 
-def _logprobs_whole(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def _logprobs_whole(
+    model: torch.nn.Module, batch: Batch, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The model's own forward with ``logits_to_keep`` (models whose logits are transformed)."""
     start = batch.first_position
     keep = batch.input_ids.shape[1] - start
@@ -178,7 +217,8 @@ def _logprobs_whole(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     picked = torch.gather(logits, 1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
     picked = _tempered(picked, batch.temperature)
     chosen = torch.gather(picked, 2, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-    return (chosen - torch.logsumexp(picked, -1)).double()
+    lse = torch.logsumexp(picked, -1)
+    return (chosen - lse).double(), _entropy(picked, lse) if entropy else None
 
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
@@ -19,7 +19,7 @@ from .batching import Group
 from .distributed import SINGLE, World, gather, total
 from .loss import LossConfig, LossStats, aggregation_weights, policy_loss
 from .placement import CPU_FP32, Placement
-from .policy import make_batch, token_logprobs
+from .policy import make_batch, token_logprobs, token_logprobs_and_entropy
 from .wire import Trace
 
 T = TypeVar("T")
@@ -56,6 +56,9 @@ class StepStats:
     response_tokens_max: int = 0
     # The gradient norm of every update, before clipping (``grad_norm`` is the last).
     grad_norms: list[float] = field(default_factory=list)
+    # The policy's mean entropy over the sampled tokens' positions (nats; first epoch). A
+    # collapse towards 0 is the policy ceasing to explore (DAPO's clip-higher is against it).
+    entropy: float = 0.0
 
 
 @dataclass
@@ -250,7 +253,13 @@ def train_step(
                 )
                 width = batch.response_ids.shape[1]
                 with placement.autocast():
-                    logp = token_logprobs(model, batch)
+                    # The policy's entropy, measured on the first epoch's passes (its logits
+                    # are there; later epochs' policies are already moved by this step).
+                    entropy = None
+                    if epoch == 0:
+                        logp, entropy = token_logprobs_and_entropy(model, batch)
+                    else:
+                        logp = token_logprobs(model, batch)
                     ref = None
                     if cfg.kl_coef > 0:
                         with torch.no_grad():
@@ -285,12 +294,16 @@ def train_step(
                 # log-probs and loss hold its autograd graph, and with it what the checkpointed
                 # head recomputed (0.5 GB of a 1,536-token micro-batch of SmolLM2, measured:
                 # the second micro-batch's forward ran beside them).
+                batch_mask = batch.loss_mask
                 del logp, loss, old, ref, batch
                 if idle:
                     continue
                 if epoch == 0:
                     # The mini-batch's loss, weighted by its tokens for the step's figure.
                     loss_first_epoch += loss_value * mini_tokens
+                    if entropy is not None and stats.tokens:
+                        mask = batch_mask.to(entropy.dtype)
+                        stats = replace(stats, entropy=float((entropy * mask).sum() / mask.sum()))
                     first_epoch.append(stats)
                 last_update.append(stats)
                 all_stats.append(stats)
@@ -342,6 +355,7 @@ def train_step(
         clip_fraction_high=mean(all_stats, "clip_high_fraction"),
         clip_fraction_low=mean(all_stats, "clip_low_fraction"),
         tis_truncated_fraction=mean(first_epoch, "tis_truncated_fraction"),
+        entropy=mean(first_epoch, "entropy"),
         advantage_mean=adv_mean,
         advantage_std=math.sqrt(adv_var),
         response_tokens_mean=sum(lengths) / max(len(lengths), 1),

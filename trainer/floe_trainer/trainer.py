@@ -633,6 +633,7 @@ class Trainer:
                     "logprobMismatch": stats.logprob_mismatch,
                     "tisMean": stats.tis_mean,
                     "tisTruncatedFraction": stats.tis_truncated_fraction,
+                    "entropy": stats.entropy,
                     "advantageMean": stats.advantage_mean,
                     "advantageStd": stats.advantage_std,
                     "responseTokensMean": stats.response_tokens_mean,

@@ -1,3 +1,5 @@
+import math
+
 import torch
 
 from floe_trainer.policy import make_batch
@@ -73,7 +75,7 @@ def test_logprobs_in_chunks_equal_the_whole_forward_in_value_and_gradient():
     )
     grads = []
     values = []
-    for run in (lambda: _logprobs_whole(model, b), lambda: token_logprobs(model, b, chunk=2)):
+    for run in (lambda: _logprobs_whole(model, b)[0], lambda: token_logprobs(model, b, chunk=2)):
         model.zero_grad(set_to_none=True)
         out = run()
         (out * b.loss_mask).sum().backward()
@@ -107,8 +109,36 @@ def test_logprobs_are_of_the_tempered_distribution_the_tokens_were_sampled_from(
         b = make_batch([t], temperature=0.5)
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[0]
         tempered = (logits / 0.5).log_softmax(-1)[b.positions[0], b.response_ids[0]]
-        for out in (token_logprobs(model, b, chunk=2)[0], _logprobs_whole(model, b)[0]):
+        for out in (token_logprobs(model, b, chunk=2)[0], _logprobs_whole(model, b)[0][0]):
             assert torch.allclose(out.float(), tempered, atol=1e-5)
             # Not the untempered policy's: a trainer that ignored the temperature would
             # weigh the tokens by a distribution they were not drawn from.
             assert (out - plain).abs().max() > 1e-2
+
+
+def test_entropy_is_the_tempered_policys_at_each_response_position_on_every_path():
+    from tiny import tiny_llama
+
+    from floe_trainer.policy import _logprobs_whole, token_logprobs, token_logprobs_and_entropy
+
+    model = tiny_llama(positions=64)
+    t = trace([1, 2, 3, 4], [5, 6, 7], [1, 1, 1], [None] * 3)
+    b = make_batch([t], temperature=0.7)
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[0]
+        p = (logits[b.positions[0]] / 0.7).softmax(-1)
+        expected = -(p * p.log()).sum(-1)
+    # The chunked path with grad (checkpointed chunks), without, and the whole forward.
+    logp, entropy = token_logprobs_and_entropy(model, b, chunk=2)
+    assert logp.requires_grad and not entropy.requires_grad
+    assert torch.allclose(entropy[0], expected, atol=1e-5)
+    assert torch.allclose(logp.detach(), token_logprobs(model, b, chunk=2).detach())
+    (logp * b.loss_mask).sum().backward()  # the entropy takes no part in the gradient
+    with torch.no_grad():
+        _, entropy = token_logprobs_and_entropy(model, b)
+        assert torch.allclose(entropy[0], expected, atol=1e-5)
+        _, whole = _logprobs_whole(model, b, entropy=True)
+        assert torch.allclose(whole[0], expected, atol=1e-5)
+    # Bounds: 0 for a certain policy, log(V) for a uniform one.
+    vocab = logits.shape[-1]
+    assert float(expected.max()) <= math.log(vocab) + 1e-5 and float(expected.min()) > 0

@@ -1,6 +1,8 @@
 """One GRPO step on a tiny random model: the old log-probs are taken once before the first
 update, so the PPO clip acts from the second update on (and never with a single update)."""
 
+import math
+
 import pytest
 import torch
 from tiny import tiny_llama
@@ -56,6 +58,28 @@ def test_later_updates_see_the_policy_move_and_the_clip_acts():
     assert len(s.grad_norms) == s.updates and s.grad_norms[-1] == s.grad_norm
     assert (s.advantage_mean, s.advantage_std) == (0.0, 1.0)
     assert (s.response_tokens_mean, s.response_tokens_max) == (8.0, 8)
+
+
+def test_the_step_reports_the_policys_entropy_over_the_sampled_positions():
+    from floe_trainer.policy import make_batch
+
+    gs = groups()
+    model = tiny_llama()
+    # What the policy before the step gives each sampled position, computed directly.
+    traces = [t for g in gs for traj in g.trajectories for t in traj.traces]
+    b = make_batch(traces)
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+        rows = torch.gather(
+            logits, 1, b.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        ).log_softmax(-1)
+        per_position = -(rows.exp() * rows).sum(-1)
+        expected = float(per_position[b.loss_mask.bool()].mean())
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    s = train_step(model, opt, gs, LossConfig(), micro_batch_size=2)
+    assert s.entropy == pytest.approx(expected, rel=1e-4)
+    # A random 64-token policy is close to uniform: near log(64), never above.
+    assert 0.5 * math.log(64) < s.entropy <= math.log(64)
 
 
 def test_more_mini_batches_than_sequences_is_one_update_per_sequence():
