@@ -1392,3 +1392,107 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
     kubelet.stop().await?;
     Ok(())
 }
+
+/// A train job's sample whose retries are spent will never reach the trainer: the operator
+/// says so (`POST /v1/failed` with the job's control token), once, so that its group completes
+/// without it instead of waiting until the job's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()> {
+    let (client, ns) = with_crds("jobfailed").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    create_pool(&client, &ns.name, "warm", 3).await?;
+    // Sample 1 of every group fails in the infrastructure, every attempt.
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        17,
+        Arc::new(|a: &Value| {
+            if a["sample"] == 1 {
+                Verdict::Infra {
+                    error: "node lost".into(),
+                }
+            } else {
+                Verdict::Scored {
+                    exit: 0,
+                    reward: 1.0,
+                }
+            }
+        }),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = job("lossy", &["t"], 3, json!({"backoffLimit": 1}))?;
+    spec.spec.sft = None;
+    spec.spec.train = Some(serde_json::from_value(json!({
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0}}))?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    let ip = eventually("the trainer pod running", async || {
+        Ok(pods
+            .get_opt("lossy-trainer")
+            .await?
+            .and_then(|p| p.status)
+            .and_then(|s| s.pod_ip))
+    })
+    .await?;
+    let token = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns.name)
+        .get("lossy-trainer-control")
+        .await?
+        .data
+        .and_then(|d| {
+            d.get("control-token")
+                .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        })
+        .context("the control token")?;
+    // A stand-in for the trainer's HTTP face: what it was told, with which credential.
+    let told: Arc<std::sync::Mutex<Vec<(String, Value)>>> = Arc::default();
+    let record = told.clone();
+    let trainer = axum::Router::new()
+        .route(
+            "/v1/status",
+            axum::routing::get(|| async {
+                axum::Json(json!({"step": 0, "policyVersion": 0, "pendingGroups": 1,
+                                  "readyGroups": 0, "training": false, "finished": false}))
+            }),
+        )
+        .route(
+            "/v1/failed",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| async move {
+                    let given = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string();
+                    record.lock().map(|mut t| t.push((given, body))).ok();
+                    axum::http::StatusCode::ACCEPTED
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
+    tokio::spawn(async move { axum::serve(listener, trainer).await });
+    let failed = eventually("the sample failed for good", async || {
+        let s = status(&jobs, "lossy").await?;
+        Ok((s.sessions.failed >= 1 && s.sessions.succeeded >= 2).then_some(s))
+    })
+    .await?;
+    assert_eq!(failed.sessions.failed, 1, "{:?}", failed.sessions);
+    let reported = eventually("the trainer told", async || {
+        let t = told.lock().map(|t| t.clone()).unwrap_or_default();
+        Ok((!t.is_empty()).then_some(t))
+    })
+    .await?;
+    // A few more rounds: it is said once.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let reported_later = told.lock().map(|t| t.clone()).unwrap_or_default();
+    assert_eq!(reported_later.len(), 1, "{reported_later:?}");
+    assert_eq!(
+        reported[0],
+        (
+            format!("Bearer {token}"),
+            json!({"group": "lossy/t", "sample": 1})
+        )
+    );
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

@@ -35,7 +35,7 @@ pub use context::{JobContext, DEFAULT_EARLY_CLAIM_LIMIT};
 
 use super::aux_gate;
 use super::job_state::{job_state, staleness_gate};
-use super::plan::plan;
+use super::plan::{plan, Fold};
 use super::pod_view;
 use super::status::Blocked;
 
@@ -176,6 +176,20 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         // Someone else wrote first: look again before releasing anything.
         return Ok(Action::requeue(Duration::from_millis(200)));
     };
+    // Samples that failed for good, now folded: their groups need not wait for them.
+    let failed: Vec<(String, u32)> = decided
+        .folds
+        .iter()
+        .filter_map(|(_, fold)| match fold {
+            Fold::Failed { index, .. } => observed.session(*index),
+            _ => None,
+        })
+        .map(|(task, place)| {
+            let group = floe_sandbox::session::group_id(&observed.name, &task.id, place.epoch);
+            (group, place.sample)
+        })
+        .collect();
+    own_pod::tell_trainer_failed(ctx, job, ns, own_pod.as_ref(), &failed).await;
     // ... then deliver and claim, so that new sessions are on their way ...
     let achieved =
         claims::claim_and_start(ctx, job, &observed, &decided, job_pod.gate, started).await?;

@@ -171,7 +171,41 @@ async fn finish_trainer(
     ns: &str,
     pod: &Pod,
 ) -> Result<(), String> {
-    let url = trainer_endpoint(pod, "/v1/finish").ok_or("the trainer pod has no IP")?;
+    post_to_trainer(ctx, job, ns, pod, "/v1/finish", None).await
+}
+
+/// `POST /v1/failed` for each sample whose session failed for good (its `backoffLimit`
+/// retries spent): its group completes without it instead of waiting for it until the job's
+/// end. Said once, as the round that folds the failure; a trainer that cannot be told keeps the
+/// old behaviour (the group's grace period, or the job's end), so a failure is only logged.
+pub(super) async fn tell_trainer_failed(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+    pod: Option<&Pod>,
+    failed: &[(String, u32)],
+) {
+    let (Some(pod), Some(_)) = (pod, &job.spec.train) else {
+        return;
+    };
+    for (group, sample) in failed {
+        let body = serde_json::json!({"group": group, "sample": sample});
+        if let Err(e) = post_to_trainer(ctx, job, ns, pod, "/v1/failed", Some(&body)).await {
+            tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample: {e}");
+        }
+    }
+}
+
+/// `POST` to the trainer's `path` with the job's control token (from its Secret).
+async fn post_to_trainer(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+    pod: &Pod,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(), String> {
+    let url = trainer_endpoint(pod, path).ok_or("the trainer pod has no IP")?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let name = aux_pods::trainer_control_secret(&job.name_any());
     let secret = secrets
@@ -181,11 +215,15 @@ async fn finish_trainer(
         .ok_or_else(|| format!("Secret {name} is missing"))?;
     let token = crate::pods::view::control_token_of(&secret)
         .ok_or_else(|| format!("Secret {name} has no {CONTROL_TOKEN_KEY}"))?;
-    let reply = ctx
+    let mut request = ctx
         .http
         .post(&url)
         .bearer_auth(token)
-        .timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5));
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let reply = request
         .send()
         .await
         .map_err(|e| format!("POST {url}: {e}"))?;
