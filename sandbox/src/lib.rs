@@ -25,6 +25,7 @@ pub mod client;
 pub mod confine;
 pub mod disk_budget;
 pub mod egress_check;
+pub mod fidelity;
 pub mod grading;
 pub mod limits;
 pub mod presets;

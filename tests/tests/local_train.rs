@@ -352,7 +352,7 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    let _lines = forward(run.stderr.take().context("stderr")?);
+    let lines = forward(run.stderr.take().context("stderr")?);
     // Checked while the run goes on; the run is waited for whatever the check says.
     let scraped = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -363,6 +363,20 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     eprintln!("{table}");
     assert_eq!(result.status.code(), Some(0), "floe run: {table}");
     scraped?;
+    // Before any session, the fidelity check: probes sampled with the sessions' own requests
+    // (the gateway's code), through the generation config's defaults, scored by the trainer.
+    let said: Vec<String> = lines.try_iter().collect();
+    let fidelity = said
+        .iter()
+        .find(|l| l.starts_with("[train] fidelity check: "))
+        .with_context(|| format!("no fidelity line in {said:?}"))?;
+    let apart: f64 = fidelity
+        .split(" nats apart")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| fidelity.clone())?;
+    assert!(apart < 1e-3, "{fidelity}");
 
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
     assert_eq!(summary["mode"], "train");
@@ -704,6 +718,33 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     assert!(
         stderr.contains("floe_trainer"),
         "the trainer's own error: {stderr}"
+    );
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    assert!(!out.join("sessions").exists());
+
+    // A fidelity check no measurement can pass (maxMismatch 0; the real one is ~1e-5): the
+    // probes sampled from the real vLLM and scored by the real trainer, then its one line,
+    // exit 2, everything stopped, no session.
+    let _memory = beside_one_other()?;
+    let strict = job(&model, &["Name a fruit.", "Name a colour."], &LEARNING).replacen(
+        "    maxStaleness: 0\n",
+        "    maxStaleness: 0\n    fidelityCheck: {maxMismatch: 0}\n",
+        1,
+    );
+    assert!(strict.contains("fidelityCheck"), "{strict}");
+    std::fs::write(&job_file, strict)?;
+    let out = dir.path().join("out-fidelity");
+    let result = floe_run(&job_file, &out, &python).output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    let line = stderr.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("fidelity check: the trainer's log-probs of ")
+            && line.contains("tokens sampled by the policy server are ")
+            && line.contains("maxMismatch 0")
+            && line.contains("would train a distribution vLLM does not sample"),
+        "{stderr}"
     );
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");

@@ -97,6 +97,7 @@ def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
         trainer.metrics.render,
         finish=trainer.finish,
         failed=trainer.sample_failed,
+        fidelity=trainer.fidelity,
         control_token=os.environ.get("FLOE_TRAINER_CONTROL_TOKEN"),
         ingest_token=os.environ.get("FLOE_TRAINER_INGEST_TOKEN") or None,
     )

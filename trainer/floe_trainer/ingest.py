@@ -12,7 +12,9 @@ checkpoint) needs the control token as a bearer token: the ingest port is reacha
 sandbox pods, whose agents must not end a training run. Without a token it is refused.
 ``POST /v1/failed`` ``{"group": G, "sample": S}`` (that sample's session failed for good by
 infrastructure: its retries are spent, no trajectory of it will come) takes the same token:
-its group then completes without it instead of waiting for the job's end.
+its group then completes without it instead of waiting for the job's end. ``POST
+/v1/fidelity`` (the same token) scores sampled tokens under the trainer's policy against
+vLLM's log-probs (``fidelity``): the check a train run makes before its first session.
 
 With an ingest token (``FLOE_TRAINER_INGEST_TOKEN``: the job's, which only floe's gateways
 hold), ``POST /v1/trajectories`` needs it as a bearer token too (401 without): an agent shares
@@ -117,6 +119,7 @@ def make_server(
     control_token: str | None = None,
     ingest_token: str | None = None,
     failed: Callable[[str, int], None] | None = None,
+    fidelity: Callable[[list], dict] | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
@@ -157,11 +160,28 @@ def make_server(
             failed(group, sample)
             self._reply(202, {"group": group, "sample": sample})
 
+        def _fidelity(self):
+            if not self._controlled("fidelity", fidelity):
+                return
+            from .fidelity import parse_request
+
+            length = int(self.headers.get("content-length") or 0)
+            try:
+                traces = parse_request(json.loads(self.rfile.read(min(length, 1 << 22))))
+            except ValueError as e:
+                return self._reply(400, {"error": str(e)})
+            try:
+                self._reply(200, fidelity(traces))
+            except NotImplementedError as e:
+                self._reply(501, {"error": str(e)})
+
         def do_POST(self):  # noqa: N802 (http.server's name)
             if self.path == "/v1/finish":
                 return self._finish()
             if self.path == "/v1/failed":
                 return self._failed()
+            if self.path == "/v1/fidelity":
+                return self._fidelity()
             if self.path != "/v1/trajectories":
                 return self._reply(404, {"error": f"no route {self.path}"})
             given = self.headers.get("authorization") or ""

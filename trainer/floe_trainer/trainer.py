@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from . import checkpoint, lora, memory_plan
+from . import checkpoint, fidelity, lora, memory_plan
 from .batching import Group, GroupBuffer
 from .distributed import (
     HEARTBEAT_SECONDS,
@@ -378,6 +378,8 @@ class Trainer:
         self.cfg = cfg
         self.metrics = Metrics()
         self.lock = threading.Lock()
+        # Held while a step trains and pushes, and while the fidelity check reads the model.
+        self.model_lock = threading.Lock()
         self.ckpt_dir = cfg.checkpoint_dir or cfg.state_dir / "checkpoints"
         # vLLM reloads from here (the model volume is read-only in the pod).
         self.weights_dir = cfg.state_dir / "weights"
@@ -518,6 +520,17 @@ class Trainer:
             )
         ]
 
+    def fidelity(self, traces: list) -> dict:
+        """The trainer's log-probs of sampled tokens against vLLM's (``fidelity``): the check a
+        train run makes before its first session. Never during a step (the model's lock)."""
+        if self.world.size > 1:
+            raise NotImplementedError(
+                "the fidelity check runs on a single-process trainer only (several processes "
+                "would all have to take part); each step's logprobMismatch still measures it"
+            )
+        with self.model_lock:
+            return fidelity.compare(self.model, traces, self.placement, self.loss_cfg.temperature)
+
     def sample_failed(self, group: str, sample: int) -> None:
         """That sample's session failed for good (its retries spent): no trajectory of it will
         come, so its group completes without it."""
@@ -562,7 +575,8 @@ class Trainer:
                 self._final_checkpoint()
             return None
         try:
-            return self._step(groups, stale_before)
+            with self.model_lock:
+                return self._step(groups, stale_before)
         finally:
             with self.lock:
                 self.training = False

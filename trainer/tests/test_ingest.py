@@ -195,3 +195,44 @@ def test_a_failed_sample_is_reported_with_the_control_token_only(tmp_path):
         assert failed == [("job/t", 2)]
     finally:
         srv.shutdown()
+
+
+def test_the_fidelity_check_takes_the_control_token_and_sampled_traces_only(tmp_path):
+    seen = []
+
+    def fidelity(traces):
+        seen.append(traces)
+        return {"tokens": 2, "mismatch": 0.01, "max": 0.02}
+
+    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
+    srv = make_server(
+        ingest, ("127.0.0.1", 0), lambda: {}, control_token="c0ntrol", fidelity=fidelity
+    )
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/fidelity"
+
+    def send(body, token=None):
+        headers = {"content-type": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    trace = {"prompt_token_ids": [1, 2], "response_token_ids": [3, 4], "logprobs": [-0.5, -1.0]}
+    good = json.dumps({"traces": [trace]}).encode()
+    try:
+        assert send(good)[0] == 401
+        assert send(b'{"traces": []}', "c0ntrol")[0] == 400
+        unknown = {**trace, "logprobs": [-0.5, None]}
+        code, body = send(json.dumps({"traces": [unknown]}).encode(), "c0ntrol")
+        assert code == 400 and "logprob" in body["error"]
+        assert seen == []
+        code, body = send(good, "c0ntrol")
+        assert (code, body["mismatch"]) == (200, 0.01)
+        assert seen[0][0].response_token_ids == [3, 4]
+    finally:
+        srv.shutdown()

@@ -18,6 +18,8 @@ use tokio::process::{Child, Command};
 use super::plan::Plan;
 use super::RunError;
 
+mod fidelity_check;
+
 /// Where this machine's vLLM and trainer programs are (flags of `floe run`).
 pub struct Programs {
     /// A Python with vLLM: runs `PYTHON -m vllm.entrypoints.openai.api_server`. Default:
@@ -217,7 +219,7 @@ impl Training {
                 format!("http://{}", layout.ingest_listen)
             }
         };
-        Ok(())
+        me.check_fidelity(plan).await
     }
 
     /// Where the gateway ships trajectories.

@@ -93,6 +93,57 @@ pub struct TrainSpec {
     /// training.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraSpec>,
+    /// Before the first session: a few completions sampled from the policy server with the
+    /// requests sessions make, scored by the trainer; their mean per-token log-prob mismatch
+    /// against vLLM's must be within `maxMismatch`, or the trainer would train a distribution
+    /// nothing samples (a model's sampling defaults, a tokenizer or dtype apart).
+    #[serde(default)]
+    pub fidelity_check: FidelityCheckSpec,
+}
+
+/// `train.fidelityCheck`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FidelityCheckSpec {
+    /// `Fail` (default): beyond `maxMismatch` the run stops before any session, saying so in
+    /// one line; `Warn`: the line is logged and the run goes on; `Off`: no check.
+    #[serde(default)]
+    pub action: FidelityAction,
+    /// Mean absolute difference per sampled token between the trainer's log-probs and vLLM's,
+    /// in nats (the step's `logprobMismatch`, and its alert's threshold).
+    #[serde(default = "default_max_mismatch")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub max_mismatch: f64,
+    /// Completions sampled (each from one of the job's first tasks' instructions).
+    #[serde(default = "default_fidelity_samples")]
+    #[schemars(range(min = 1, max = 16))]
+    pub samples: i32,
+}
+
+impl Default for FidelityCheckSpec {
+    fn default() -> Self {
+        Self {
+            action: FidelityAction::default(),
+            max_mismatch: default_max_mismatch(),
+            samples: default_fidelity_samples(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum FidelityAction {
+    #[default]
+    Fail,
+    Warn,
+    Off,
+}
+
+fn default_max_mismatch() -> f64 {
+    0.05
+}
+
+fn default_fidelity_samples() -> i32 {
+    4
 }
 
 /// `train.lora`: the adapter.

@@ -161,29 +161,7 @@ impl Gateway {
             if let Some(key) = &o.api_key {
                 upstream.api_key = Some(key.clone());
             }
-            if let Some(kind) = o.kind {
-                upstream.limits.kind = kind;
-            }
-            if let Some(model) = &o.model {
-                upstream.limits.upstream_model = model.clone();
-            }
-            if let Some(max) = o.max_response_tokens {
-                upstream.limits.max_response_tokens = max;
-            }
-            upstream.limits.temperature = o.temperature.or(upstream.limits.temperature);
-            upstream.limits.top_p = o.top_p.or(upstream.limits.top_p);
-            if let Some(mode) = o.caller_sampling {
-                upstream.limits.caller_sampling = mode;
-            }
-            if let Some(seconds) = o.call_timeout_seconds {
-                upstream.limits.call_deadline = Duration::from_secs(seconds.max(1).into());
-            }
-            if let Some(policy) = o.hosted_tools {
-                upstream.limits.hosted_tools = policy;
-            }
-            if let Some(retry) = o.retry {
-                upstream.limits.retry = retry.into();
-            }
+            o.apply_to(&mut upstream.limits);
         }
         upstream
     }

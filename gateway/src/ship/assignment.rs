@@ -97,6 +97,36 @@ impl From<RetryOverride> for crate::protocol::retry::RetryPolicy {
     }
 }
 
+impl UpstreamOverride {
+    /// A session's call limits: `limits` (the gateway's own) with what this overrides. One
+    /// place, so that what a train run's fidelity check sends is what its sessions send.
+    pub fn apply_to(&self, limits: &mut crate::protocol::upstream::CallLimits) {
+        if let Some(kind) = self.kind {
+            limits.kind = kind;
+        }
+        if let Some(model) = &self.model {
+            limits.upstream_model = model.clone();
+        }
+        if let Some(max) = self.max_response_tokens {
+            limits.max_response_tokens = max;
+        }
+        limits.temperature = self.temperature.or(limits.temperature);
+        limits.top_p = self.top_p.or(limits.top_p);
+        if let Some(mode) = self.caller_sampling {
+            limits.caller_sampling = mode;
+        }
+        if let Some(seconds) = self.call_timeout_seconds {
+            limits.call_deadline = Duration::from_secs(seconds.max(1).into());
+        }
+        if let Some(policy) = self.hosted_tools {
+            limits.hosted_tools = policy;
+        }
+        if let Some(retry) = self.retry {
+            limits.retry = retry.into();
+        }
+    }
+}
+
 /// An assignment as the runner receives it, with the session's model-API token.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Delivered {
