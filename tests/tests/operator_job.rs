@@ -605,7 +605,13 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         .iter()
         .find(|a| a["task"] == "k")
         .context("the keyed session")?;
-    assert_eq!(a["upstream"]["apiKey"], "t3acher");
+    // The key went to the pod's gateway (the real node's suite samples a teacher that demands
+    // it); the runner, which grades the agent's code, never holds it.
+    assert_eq!(
+        a["upstream"]["url"], "http://teacher.models.svc:8000",
+        "{a}"
+    );
+    assert!(a["upstream"].get("apiKey").is_none(), "{a}");
 
     // A deadline stops sessions that never finish: the job fails and says why. Its clock starts
     // at the first session's start, so both pods must be READY to claim at once: the keyed
@@ -727,8 +733,42 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
                 axum::http::StatusCode::ACCEPTED
             }),
         );
+    // The fidelity check before the first session: the policy server (here a stand-in for
+    // the trainer pod's policy proxy) samples, the trainer scores. What they were sent is kept.
+    let probes: Arc<std::sync::Mutex<Vec<(String, Value)>>> = Arc::default();
+    let (sampled, scored) = (probes.clone(), probes.clone());
+    let trainer = trainer.route(
+        "/v1/fidelity",
+        axum::routing::post(move |axum::Json(body): axum::Json<Value>| async move {
+            scored
+                .lock()
+                .map(|mut p| p.push(("fidelity".into(), body)))
+                .ok();
+            axum::Json(json!({"tokens": 4, "mismatch": 0.002, "max": 0.004}))
+        }),
+    );
+    let policy = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| async move {
+                let given = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                sampled.lock().map(|mut p| p.push((given, body))).ok();
+                axum::Json(json!({"model": "policy", "prompt_token_ids": [1, 2, 3],
+                    "choices": [{"index": 0, "finish_reason": "length",
+                                 "message": {"role": "assistant", "content": "ok"},
+                                 "token_ids": [7, 8],
+                                 "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]}}]}))
+            },
+        ),
+    );
     let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
     tokio::spawn(async move { axum::serve(listener, trainer).await });
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:8000")).await?;
+    tokio::spawn(async move { axum::serve(listener, policy).await });
     trainer_up.store(true, std::sync::atomic::Ordering::SeqCst);
     // The first epoch's group scored; the second's not claimed while the trainer is at
     // version 0 (the round that folds the first sessions is the one that would claim it).
@@ -762,6 +802,28 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     .await?;
     let progress = done.trainer.context("trainer")?;
     assert_eq!((progress.step, progress.policy_version), (3, 3));
+    // Checked once, before the first session, and kept in the status.
+    let fidelity = done.fidelity.context("status.fidelity")?;
+    assert_eq!((fidelity.tokens, fidelity.mismatch), (4, 0.002));
+    let probes = probes.lock().map(|p| p.clone()).unwrap_or_default();
+    let (samples, scores): (Vec<_>, Vec<_>) = probes.iter().partition(|(k, _)| k != "fidelity");
+    assert_eq!((samples.len(), scores.len()), (4, 1), "{probes:?}");
+    // Each probe is a session's request: the job's token, its model, the complete sampling set.
+    let (bearer, request) = &samples[0];
+    assert!(
+        bearer.starts_with("Bearer ") && bearer.len() > 20,
+        "{bearer}"
+    );
+    assert_eq!(request["model"], "policy");
+    assert_eq!(
+        (&request["top_k"], &request["min_p"], &request["logprobs"]),
+        (&json!(-1), &json!(0.0), &json!(true)),
+        "{request}"
+    );
+    assert_eq!(
+        scores[0].1["traces"][0],
+        json!({"prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8], "logprobs": [-0.5, -1.5]})
+    );
     assert!(
         finished.load(std::sync::atomic::Ordering::SeqCst) && progress.finished,
         "the job succeeds only once its trainer was told the sessions are done and finished"
@@ -900,7 +962,8 @@ async fn a_trainer_over_two_nodes_is_two_ranked_pods_that_follow_the_first() -> 
     sharded.spec.sft = None;
     sharded.spec.train = Some(serde_json::from_value(json!({
         "image": "floe-trainer:test", "model": "m", "modelClaimName": "models",
-        "gpus": 0, "nodes": 2, "checkpoint": {"claimName": "sharded-state"}}))?);
+        "gpus": 0, "nodes": 2, "checkpoint": {"claimName": "sharded-state"},
+        "fidelityCheck": {"action": "Off"}}))?);
     jobs.create(&PostParams::default(), &sharded).await?;
     let first_ip_uid = async || -> Result<Option<(String, String)>> {
         let Some(p) = pods.get_opt("sharded-trainer").await? else {
@@ -1424,7 +1487,8 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
     let mut spec = job("lossy", &["t"], 3, json!({"backoffLimit": 1}))?;
     spec.spec.sft = None;
     spec.spec.train = Some(serde_json::from_value(json!({
-        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0}}))?);
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
+        "fidelityCheck": {"action": "Off"}}))?);
     jobs.create(&PostParams::default(), &spec).await?;
     let ip = eventually("the trainer pod running", async || {
         Ok(pods
@@ -1491,6 +1555,109 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
             format!("Bearer {token}"),
             json!({"group": "lossy/t", "sample": 1})
         )
+    );
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
+/// A train job whose trainer and policy server disagree (the check's figure beyond
+/// `maxMismatch`) stops before any session, saying so; once its spec allows what was
+/// measured (`action: Warn`), it goes on without a second probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_train_job_whose_trainer_disagrees_with_its_policy_server_starts_no_session() -> Result<()>
+{
+    let (client, ns) = with_crds("jobfidelity").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    create_pool(&client, &ns.name, "warm", 2).await?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        18,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = job("apart", &["t"], 2, json!({}))?;
+    spec.spec.sft = None;
+    spec.spec.train = Some(serde_json::from_value(json!({
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0}}))?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    let ip = eventually("the trainer pod running", async || {
+        Ok(pods
+            .get_opt("apart-trainer")
+            .await?
+            .and_then(|p| p.status)
+            .and_then(|s| s.pod_ip))
+    })
+    .await?;
+    // The policy server samples; the trainer finds its own log-probs 0.4 nats apart (Qwen3's
+    // top_k 20 left to vLLM measured so).
+    let scored = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = scored.clone();
+    let trainer = axum::Router::new()
+        .route(
+            "/v1/status",
+            axum::routing::get(|| async {
+                axum::Json(json!({"step": 0, "policyVersion": 0, "pendingGroups": 0,
+                                  "readyGroups": 0, "training": false, "finished": false}))
+            }),
+        )
+        .route(
+            "/v1/fidelity",
+            axum::routing::post(move || async move {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                axum::Json(json!({"tokens": 8, "mismatch": 0.4, "max": 1.2}))
+            }),
+        );
+    let policy = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|| async {
+            axum::Json(json!({"model": "policy", "prompt_token_ids": [1, 2],
+                "choices": [{"index": 0, "finish_reason": "length",
+                             "message": {"role": "assistant", "content": "ok"},
+                             "token_ids": [7, 8], "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]}}]}))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
+    tokio::spawn(async move { axum::serve(listener, trainer).await });
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:8000")).await?;
+    tokio::spawn(async move { axum::serve(listener, policy).await });
+
+    let notes = stalled_for(&client, &jobs, &ns.name, "apart", "FidelityCheckFailed").await?;
+    let s = status(&jobs, "apart").await?;
+    let (_, message) = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled")
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .context("Stalled")?;
+    assert!(
+        message.contains("0.4000 nats apart") && message.contains("generation_config.json"),
+        "{message}"
+    );
+    assert!(!notes.is_empty());
+    assert_eq!(s.fidelity.as_ref().map(|f| f.mismatch), Some(0.4));
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(kubelet.taken().is_empty(), "a session started");
+    // Allowed by the spec now: the job goes on with what was measured.
+    jobs.patch(
+        "apart",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"train": {"fidelityCheck": {"action": "Warn"}}}})),
+    )
+    .await?;
+    eventually("sessions ran", async || {
+        Ok((!kubelet.taken().is_empty()).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        scored.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "probed once"
     );
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;

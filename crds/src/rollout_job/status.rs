@@ -57,6 +57,26 @@ pub struct RolloutJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<Time>>")]
     pub completion_time: Option<Time>,
+    /// A train job's fidelity check, made once before its first session
+    /// (`spec.train.fidelityCheck`); judged against the spec as it is now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity: Option<FidelityStatus>,
+}
+
+/// What the fidelity check measured: the trainer's log-probs of tokens the policy server
+/// sampled with the sessions' own requests, against the server's.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FidelityStatus {
+    /// Sampled tokens scored.
+    pub tokens: i64,
+    /// Mean absolute difference per token, nats.
+    pub mismatch: f64,
+    /// The largest one, nats.
+    pub max: f64,
+    /// Why no measurement was made (a trainer over several processes does not make it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

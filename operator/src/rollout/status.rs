@@ -127,6 +127,7 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         } else {
             None
         },
+        fidelity: i.previous.and_then(|p| p.fidelity.clone()),
     }
 }
 

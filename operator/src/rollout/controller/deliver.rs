@@ -45,7 +45,7 @@ pub(super) async fn job_token(ctx: &JobContext, job: &RolloutJob) -> Option<Stri
 
 /// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:
 /// the trainer's (or collector's) ingest and a train job's policy server demand it.
-fn wiring(
+pub(super) fn wiring(
     job: &RolloutJob,
     job_token: Option<String>,
     upstream_key: Option<String>,

@@ -6,6 +6,7 @@
 //! - [`context`]: what the controller shares across rounds, and remembers per job.
 //! - [`observe`]: a round's reads: the pool, the tasks, the job's pods.
 //! - [`own_pod`]: the job's own pod (trainer, dataset collector), its Services and its trainer.
+//! - [`fidelity_gate`]: a train job's fidelity check, before its first session.
 //! - [`claims`]: claiming READY pool pods and starting pre-warmed ones.
 //! - [`deliver`]: a session's assignment, to its pod's gateway.
 //! - [`pod_writes`]: releasing, stopping and creating the job's pods.
@@ -15,6 +16,7 @@
 mod claims;
 mod context;
 mod deliver;
+mod fidelity_gate;
 mod job_end;
 mod observe;
 mod own_pod;
@@ -143,6 +145,12 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
     let observed = observe::observe(job, ctx, ns).await?;
     let own_pod = own_pod::ensure(job, ctx, ns).await?;
     trainer_nodes::ensure(job, ctx, ns, own_pod.as_ref()).await?;
+    // A train job's trainer, Ready, is checked once before its first session.
+    if let fidelity_gate::Fidelity::Recorded =
+        fidelity_gate::check(ctx, job, ns, &observed, own_pod.as_ref()).await?
+    {
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
     let job_pod = aux_gate::read(job, own_pod.as_ref(), ctx.early_claims, now.0);
     let (trainer, trainer_state) = own_pod::trainer_progress(ctx, job, own_pod.as_ref())
         .await
