@@ -1,8 +1,8 @@
 //! Per-session resource limits in local mode: each session's harness and evaluator run in a
-//! cgroup of the session's own, with a memory and a process-count limit, so a fork bomb or a
-//! memory fill in one session cannot make a concurrent sibling time out or its evaluator die
-//! (scored 0, which raises the attacker's group advantage). Pods get the same from their
-//! containers' resources.
+//! cgroup of the session's own, with a memory and a process-count limit and an equal CPU
+//! weight, so a fork bomb, a memory fill or a thousand busy processes in one session cannot
+//! make a concurrent sibling time out or its evaluator die (scored 0, which raises the
+//! attacker's group advantage). Pods get the same from their containers' resources.
 //!
 //! floe makes the cgroups under its own, where the machine lets it: cgroup v2 with the
 //! `memory` and `pids` controllers delegated to floe's cgroup, or cgroup v1's `memory` and
@@ -17,8 +17,13 @@ use std::path::{Path, PathBuf};
 pub enum Hierarchy {
     /// cgroup v2: floe's own cgroup directory.
     V2(PathBuf),
-    /// cgroup v1: floe's cgroup in the `memory` and in the `pids` hierarchy.
-    V1 { memory: PathBuf, pids: PathBuf },
+    /// cgroup v1: floe's cgroup in the `memory` and in the `pids` hierarchy, and in the `cpu`
+    /// one where it is mounted.
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        cpu: Option<PathBuf>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +81,7 @@ impl std::fmt::Display for Limits {
 pub fn from_proc_cgroup(text: &str, root: &Path, v1: bool) -> Option<Hierarchy> {
     let mut memory = None;
     let mut pids = None;
+    let mut cpu = None;
     let mut unified = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
@@ -88,6 +94,8 @@ pub fn from_proc_cgroup(text: &str, root: &Path, v1: bool) -> Option<Hierarchy> 
             match c {
                 "memory" => memory = Some(root.join("memory").join(relative)),
                 "pids" => pids = Some(root.join("pids").join(relative)),
+                // Co-mounted with cpuacct, its directory is `cpu,cpuacct`, and `cpu` a link.
+                "cpu" => cpu = Some(root.join("cpu").join(relative)),
                 _ => {}
             }
         }
@@ -96,7 +104,7 @@ pub fn from_proc_cgroup(text: &str, root: &Path, v1: bool) -> Option<Hierarchy> 
         }
     }
     match (v1, memory, pids, unified) {
-        (true, Some(memory), Some(pids), _) => Some(Hierarchy::V1 { memory, pids }),
+        (true, Some(memory), Some(pids), _) => Some(Hierarchy::V1 { memory, pids, cpu }),
         (false, _, _, Some(dir)) => Some(Hierarchy::V2(dir)),
         _ => None,
     }
@@ -141,13 +149,17 @@ impl SessionCgroup {
         match &limits.hierarchy {
             Hierarchy::V2(base) => {
                 // The controllers must be enabled for floe's children (delegation allows it).
+                // `cpu` on its own: where it is not delegated, memory and pids still are. With
+                // it, sibling sessions share the CPU by equal weights, whatever their process
+                // counts: a session of a thousand busy processes gets no more than one of one.
                 let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
+                let _ = std::fs::write(base.join("cgroup.subtree_control"), "+cpu");
                 let dir = mkdir(&mut made, base.join(name))?;
                 write(&dir, "memory.max", limits.memory_bytes.to_string())?;
                 let _ = write(&dir, "memory.swap.max", "0".into());
                 write(&dir, "pids.max", limits.pids.to_string())?;
             }
-            Hierarchy::V1 { memory, pids } => {
+            Hierarchy::V1 { memory, pids, cpu } => {
                 let dir = mkdir(&mut made, memory.join(name))?;
                 write(
                     &dir,
@@ -162,6 +174,12 @@ impl SessionCgroup {
                 );
                 let dir = mkdir(&mut made, pids.join(name))?;
                 write(&dir, "pids.max", limits.pids.to_string())?;
+                // Equal `cpu.shares` (the default) among sibling sessions: the CPU is shared
+                // by session, not by process. Best effort: a cpu hierarchy floe cannot write
+                // leaves memory and pids limited.
+                if let Some(cpu) = cpu.as_ref().filter(|c| c.is_dir()) {
+                    let _ = mkdir(&mut made, cpu.join(name));
+                }
             }
         }
         Ok(made)
@@ -213,6 +231,50 @@ mod tests {
         assert!(parse_bytes("99999999999Ti").is_err());
     }
 
+    /// Where this machine lets floe make cgroups (a root run): a command that joins a
+    /// session's cgroups is in its own cpu cgroup too, so sessions share the CPU by session.
+    #[test]
+    fn a_session_shares_the_cpu_as_one() -> Result<(), Box<dyn std::error::Error>> {
+        let Ok(hierarchy) = detect() else {
+            eprintln!("no cgroups floe may make here: nothing to check");
+            return Ok(());
+        };
+        let limits = Limits {
+            hierarchy: hierarchy.clone(),
+            memory_bytes: 64 << 20,
+            pids: 16,
+        };
+        let name = format!("floe-cpu-test-{}", std::process::id());
+        let session = SessionCgroup::create(&limits, &name)?;
+        let mut args = vec!["-c".to_string(), JOIN.into(), "join".into()];
+        args.extend(session.procs().iter().map(|p| p.display().to_string()));
+        args.extend(["--", "cat", "/proc/self/cgroup"].map(String::from));
+        let out = std::process::Command::new("sh").args(&args).output()?;
+        let cgroups = String::from_utf8_lossy(&out.stdout);
+        match &hierarchy {
+            Hierarchy::V1 { cpu: Some(_), .. } => {
+                let cpu = cgroups.lines().find(|l| {
+                    l.split(':')
+                        .nth(1)
+                        .is_some_and(|c| c.split(',').any(|c| c == "cpu"))
+                });
+                assert!(
+                    cpu.is_some_and(|l| l.ends_with(&format!("/{name}"))),
+                    "{cgroups}"
+                );
+            }
+            Hierarchy::V2(base) => {
+                let parent = std::fs::read_to_string(base.join("cgroup.controllers"))?;
+                let mine = std::fs::read_to_string(base.join(&name).join("cgroup.controllers"))?;
+                if parent.split_whitespace().any(|c| c == "cpu") {
+                    assert!(mine.split_whitespace().any(|c| c == "cpu"), "{mine}");
+                }
+            }
+            Hierarchy::V1 { cpu: None, .. } => {}
+        }
+        Ok(())
+    }
+
     #[test]
     fn the_hierarchy_is_read_from_proc_self_cgroup() {
         let root = Path::new("/sys/fs/cgroup");
@@ -222,6 +284,16 @@ mod tests {
             Some(Hierarchy::V1 {
                 memory: "/sys/fs/cgroup/memory/process_api/abc".into(),
                 pids: "/sys/fs/cgroup/pids".into(),
+                cpu: None,
+            })
+        );
+        let with_cpu = "3:cpu,cpuacct:/job\n8:pids:/job\n4:memory:/job\n";
+        assert_eq!(
+            from_proc_cgroup(with_cpu, root, true),
+            Some(Hierarchy::V1 {
+                memory: "/sys/fs/cgroup/memory/job".into(),
+                pids: "/sys/fs/cgroup/pids/job".into(),
+                cpu: Some("/sys/fs/cgroup/cpu/job".into()),
             })
         );
         let v2 = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/floe.scope\n";
