@@ -71,6 +71,8 @@ class _Item:
     weight: float = 0.0
     # Per-response-token log-probabilities before the step ([R_i], float64, on CPU).
     logp_old: torch.Tensor | None = None
+    # The KL reference's, once taken this step (same shape).
+    logp_ref: torch.Tensor | None = None
 
 
 def _old_logprobs(
@@ -261,9 +263,20 @@ def train_step(
                     else:
                         logp = token_logprobs(model, batch)
                     ref = None
-                    if cfg.kl_coef > 0:
+                    cached = not idle and all(it.logp_ref is not None for it in chunk)
+                    if cfg.kl_coef > 0 and cached:
+                        # The reference never moves: its log-probs of a trace are taken once
+                        # a step, not once an epoch.
+                        ref = _padded([it.logp_ref for it in chunk], width, placement.device)
+                    elif cfg.kl_coef > 0:
                         with torch.no_grad():
                             ref = reference_logprobs(model, reference, batch)
+                        # Kept in one process only: sharded, every process must make the same
+                        # reference passes (their collectives), whatever it has seen before.
+                        if ref is not None and not idle and not world.sharded:
+                            for row, it in enumerate(chunk):
+                                n = len(it.trace.response_token_ids)
+                                it.logp_ref = ref[row, :n].detach().cpu()
                 old = (
                     logp.detach()
                     if on_policy or idle

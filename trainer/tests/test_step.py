@@ -198,3 +198,16 @@ def test_a_mini_batch_holds_whole_trajectories():
     s = _frozen_step(LossConfig(aggregation="SequenceMean"), mini_batches=2)
     assert s.updates == 2
     assert s.loss == pytest.approx((-1.0 * 6 + 1.0 * 3) / 9, abs=1e-9)
+
+
+def test_the_kl_reference_is_scored_once_a_step_not_once_an_epoch():
+    model, reference = tiny_llama(), tiny_llama(seed=1)
+    passes = []
+    reference.get_decoder().register_forward_hook(lambda *_: passes.append(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    cfg = LossConfig(kl_coef=0.1)
+    s = train_step(model, opt, groups(), cfg, micro_batch_size=2, reference=reference, epochs=3)
+    # 8 traces in micro-batches of 2: 4 reference passes, for 3 epochs of updates.
+    assert s.updates == 3
+    assert len(passes) == 4
+    assert s.kl_mean > 0
