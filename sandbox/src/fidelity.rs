@@ -17,6 +17,8 @@ use serde_json::{json, Value};
 
 /// Tokens sampled per probe completion (enough to see a sampling default, cheap on a CPU).
 pub const PROBE_TOKENS: u32 = 32;
+/// The longest a probe may take.
+const PROBE_DEADLINE: Duration = Duration::from_secs(120);
 /// Characters of a task's instruction a probe prompt keeps.
 const PROMPT_CHARS: usize = 2000;
 
@@ -86,6 +88,9 @@ pub async fn measure(p: &Probe<'_>) -> Result<Measured, FidelityError> {
     };
     p.upstream.apply_to(&mut limits);
     limits.max_response_tokens = limits.max_response_tokens.min(PROBE_TOKENS);
+    // A probe of 32 tokens: a server that takes longer is not answering (the operator's
+    // round waits on it).
+    limits.call_deadline = limits.call_deadline.min(PROBE_DEADLINE);
     let mut traces = Vec::new();
     for prompt in &p.prompts {
         let mut body = serde_json::Map::new();
@@ -145,7 +150,7 @@ pub async fn measure(p: &Probe<'_>) -> Result<Measured, FidelityError> {
         .post(&url)
         .bearer_auth(p.control_token)
         .json(&json!({"traces": traces}))
-        .timeout(Duration::from_secs(600))
+        .timeout(PROBE_DEADLINE)
         .send()
         .await
         .map_err(|e| FidelityError::Trainer(format!("POST {url}: {e}")))?;
