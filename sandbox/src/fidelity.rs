@@ -180,8 +180,11 @@ pub async fn measure(p: &Probe<'_>) -> Result<Measured, FidelityError> {
 pub fn verdict(spec: &FidelityCheckSpec, m: &Measured) -> Result<String, String> {
     let line = format!(
         "fidelity check: the trainer's log-probs of {} tokens sampled by the policy server are \
-         {:.4} nats apart on average (at most {:.4}; train.fidelityCheck.maxMismatch {})",
-        m.tokens, m.mismatch, m.max, spec.max_mismatch
+         {} nats apart on average (at most {}; train.fidelityCheck.maxMismatch {})",
+        m.tokens,
+        nats(m.mismatch),
+        nats(m.max),
+        spec.max_mismatch
     );
     // NaN (an answer without the figure) fails the comparison: never a pass.
     if m.mismatch <= spec.max_mismatch {
@@ -195,6 +198,15 @@ pub fn verdict(spec: &FidelityCheckSpec, m: &Measured) -> Result<String, String>
     match spec.action {
         FidelityAction::Fail => Err(why),
         FidelityAction::Warn | FidelityAction::Off => Ok(why),
+    }
+}
+
+/// `0.4000`, or `1.2e-5` below a thousandth (a healthy figure, which four decimals show as 0).
+fn nats(x: f64) -> String {
+    if x.abs() < 1e-3 && x != 0.0 {
+        format!("{x:.1e}")
+    } else {
+        format!("{x:.4}")
     }
 }
 
@@ -214,7 +226,8 @@ mod tests {
     #[test]
     fn within_the_tolerance_passes_beyond_it_fails_or_warns() {
         let spec = FidelityCheckSpec::default();
-        assert!(verdict(&spec, &measured(1e-5)).is_ok());
+        let passed = verdict(&spec, &measured(1.2e-5)).unwrap_or_default();
+        assert!(passed.contains("1.2e-5 nats apart"), "{passed}");
         let failed = verdict(&spec, &measured(0.40)).err().unwrap_or_default();
         assert!(failed.contains("0.4000 nats apart"), "{failed}");
         assert!(failed.contains("generation_config.json"), "{failed}");
