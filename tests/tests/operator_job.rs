@@ -64,6 +64,68 @@ fn condition<'a>(s: &'a RolloutJobStatus, type_: &str) -> Option<(&'a str, &'a s
         .map(|c| (c.status.as_str(), c.reason.as_str()))
 }
 
+/// What a stand-in recorded: each request's bearer credential and body.
+type Recorded = Arc<std::sync::Mutex<Vec<(String, Value)>>>;
+
+/// The IP of a train job's trainer pod, once the played kubelet gave it one.
+async fn trainer_ip(pods: &Api<Pod>, job: &str) -> Result<String> {
+    eventually("the trainer pod running", async || {
+        Ok(pods
+            .get_opt(&format!("{job}-trainer"))
+            .await?
+            .and_then(|p| p.status)
+            .and_then(|s| s.pod_ip))
+    })
+    .await
+}
+
+/// A train job's control token, from its trainer's Secret.
+async fn control_token(client: &Client, ns: &str, job: &str) -> Result<String> {
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+        .get(&format!("{job}-trainer-control"))
+        .await?
+        .data
+        .and_then(|d| {
+            d.get("control-token")
+                .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        })
+        .context("the control token")
+}
+
+/// The `authorization` header a stand-in was sent ("" without one).
+fn bearer(headers: &axum::http::HeaderMap) -> String {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A stand-in for the trainer pod's policy server: every chat completion answered with the
+/// same two sampled tokens, as vLLM shapes them, each request kept in `record`.
+fn policy_stand_in(record: Recorded) -> axum::Router {
+    axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| async move {
+                record.lock().map(|mut p| p.push((bearer(&headers), body))).ok();
+                axum::Json(json!({"model": "policy", "prompt_token_ids": [1, 2, 3],
+                    "choices": [{"index": 0, "finish_reason": "length",
+                                 "message": {"role": "assistant", "content": "ok"},
+                                 "token_ids": [7, 8],
+                                 "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]}}]}))
+            },
+        ),
+    )
+}
+
+/// Serve `router` on `ip:port` (a played pod's address) for the rest of the test.
+async fn serve_at(ip: &str, port: u16, router: axum::Router) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:{port}")).await?;
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(())
+}
+
 async fn job_pods(pods: &Api<Pod>, job: &str) -> Result<Vec<Pod>> {
     Ok(pods
         .list(&ListParams::default().labels(&format!("floe.dev/job={job}")))
@@ -658,14 +720,7 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         "maxStaleness": 0, "grpo": {"groupsPerStep": 1}, "epochs": 2,
         "checkpoint": {"claimName": "trained-state"}}))?);
     jobs.create(&PostParams::default(), &trained).await?;
-    let ip = eventually("the trainer pod running", async || {
-        Ok(pods
-            .get_opt("trained-trainer")
-            .await?
-            .and_then(|p| p.status)
-            .and_then(|s| s.pod_ip))
-    })
-    .await?;
+    let ip = trainer_ip(&pods, "trained").await?;
     // As the apiserver holds it: the checkpoint claim mounted, and the acknowledged
     // trajectories kept on it (a lost trainer pod loses none).
     let pod = serde_json::to_value(pods.get("trained-trainer").await?)?;
@@ -693,15 +748,7 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 300);
     // A stand-in for the trainer's HTTP face: it finishes only when told so with the token of
     // the job's control Secret, as `floe-trainer serve` does.
-    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns.name)
-        .get("trained-trainer-control")
-        .await?;
-    let token = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("control-token"))
-        .map(|b| String::from_utf8_lossy(&b.0).to_string())
-        .context("the control token")?;
+    let token = control_token(&client, &ns.name, "trained").await?;
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (said_done, told) = (finished.clone(), finished.clone());
     // Version 0 with a group pending (not idle) until the test moves it.
@@ -722,11 +769,7 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         .route(
             "/v1/finish",
             axum::routing::post(move |headers: axum::http::HeaderMap| async move {
-                let given = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default();
-                if given != format!("Bearer {token}") {
+                if bearer(&headers) != format!("Bearer {token}") {
                     return axum::http::StatusCode::UNAUTHORIZED;
                 }
                 told.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -735,7 +778,7 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         );
     // The fidelity check before the first session: the policy server (here a stand-in for
     // the trainer pod's policy proxy) samples, the trainer scores. What they were sent is kept.
-    let probes: Arc<std::sync::Mutex<Vec<(String, Value)>>> = Arc::default();
+    let probes: Recorded = Arc::default();
     let (sampled, scored) = (probes.clone(), probes.clone());
     let trainer = trainer.route(
         "/v1/fidelity",
@@ -747,28 +790,8 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
             axum::Json(json!({"tokens": 4, "mismatch": 0.002, "max": 0.004}))
         }),
     );
-    let policy = axum::Router::new().route(
-        "/v1/chat/completions",
-        axum::routing::post(
-            move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| async move {
-                let given = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string();
-                sampled.lock().map(|mut p| p.push((given, body))).ok();
-                axum::Json(json!({"model": "policy", "prompt_token_ids": [1, 2, 3],
-                    "choices": [{"index": 0, "finish_reason": "length",
-                                 "message": {"role": "assistant", "content": "ok"},
-                                 "token_ids": [7, 8],
-                                 "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]}}]}))
-            },
-        ),
-    );
-    let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
-    tokio::spawn(async move { axum::serve(listener, trainer).await });
-    let listener = tokio::net::TcpListener::bind(format!("{ip}:8000")).await?;
-    tokio::spawn(async move { axum::serve(listener, policy).await });
+    serve_at(&ip, 8100, trainer).await?;
+    serve_at(&ip, 8000, policy_stand_in(sampled)).await?;
     trainer_up.store(true, std::sync::atomic::Ordering::SeqCst);
     // The first epoch's group scored; the second's not claimed while the trainer is at
     // version 0 (the round that folds the first sessions is the one that would claim it).
@@ -1490,25 +1513,10 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
         "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
         "fidelityCheck": {"action": "Off"}}))?);
     jobs.create(&PostParams::default(), &spec).await?;
-    let ip = eventually("the trainer pod running", async || {
-        Ok(pods
-            .get_opt("lossy-trainer")
-            .await?
-            .and_then(|p| p.status)
-            .and_then(|s| s.pod_ip))
-    })
-    .await?;
-    let token = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns.name)
-        .get("lossy-trainer-control")
-        .await?
-        .data
-        .and_then(|d| {
-            d.get("control-token")
-                .map(|b| String::from_utf8_lossy(&b.0).to_string())
-        })
-        .context("the control token")?;
+    let ip = trainer_ip(&pods, "lossy").await?;
+    let token = control_token(&client, &ns.name, "lossy").await?;
     // A stand-in for the trainer's HTTP face: what it was told, with which credential.
-    let told: Arc<std::sync::Mutex<Vec<(String, Value)>>> = Arc::default();
+    let told: Recorded = Arc::default();
     let record = told.clone();
     let trainer = axum::Router::new()
         .route(
@@ -1522,18 +1530,12 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
             "/v1/failed",
             axum::routing::post(
                 move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| async move {
-                    let given = headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_string();
-                    record.lock().map(|mut t| t.push((given, body))).ok();
+                    record.lock().map(|mut t| t.push((bearer(&headers), body))).ok();
                     axum::http::StatusCode::ACCEPTED
                 },
             ),
         );
-    let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
-    tokio::spawn(async move { axum::serve(listener, trainer).await });
+    serve_at(&ip, 8100, trainer).await?;
     let failed = eventually("the sample failed for good", async || {
         let s = status(&jobs, "lossy").await?;
         Ok((s.sessions.failed >= 1 && s.sessions.succeeded >= 2).then_some(s))
@@ -1586,14 +1588,7 @@ async fn a_train_job_whose_trainer_disagrees_with_its_policy_server_starts_no_se
     spec.spec.train = Some(serde_json::from_value(json!({
         "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0}}))?);
     jobs.create(&PostParams::default(), &spec).await?;
-    let ip = eventually("the trainer pod running", async || {
-        Ok(pods
-            .get_opt("apart-trainer")
-            .await?
-            .and_then(|p| p.status)
-            .and_then(|s| s.pod_ip))
-    })
-    .await?;
+    let ip = trainer_ip(&pods, "apart").await?;
     // The policy server samples; the trainer finds its own log-probs 0.4 nats apart (Qwen3's
     // top_k 20 left to vLLM measured so).
     let scored = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -1613,19 +1608,8 @@ async fn a_train_job_whose_trainer_disagrees_with_its_policy_server_starts_no_se
                 axum::Json(json!({"tokens": 8, "mismatch": 0.4, "max": 1.2}))
             }),
         );
-    let policy = axum::Router::new().route(
-        "/v1/chat/completions",
-        axum::routing::post(|| async {
-            axum::Json(json!({"model": "policy", "prompt_token_ids": [1, 2],
-                "choices": [{"index": 0, "finish_reason": "length",
-                             "message": {"role": "assistant", "content": "ok"},
-                             "token_ids": [7, 8], "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]}}]}))
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind(format!("{ip}:8100")).await?;
-    tokio::spawn(async move { axum::serve(listener, trainer).await });
-    let listener = tokio::net::TcpListener::bind(format!("{ip}:8000")).await?;
-    tokio::spawn(async move { axum::serve(listener, policy).await });
+    serve_at(&ip, 8100, trainer).await?;
+    serve_at(&ip, 8000, policy_stand_in(Arc::default())).await?;
 
     let notes = stalled_for(&client, &jobs, &ns.name, "apart", "FidelityCheckFailed").await?;
     let s = status(&jobs, "apart").await?;
