@@ -47,13 +47,12 @@ def server(tmp_path):
     srv.shutdown()
 
 
-def post(url, body: bytes):
-    req = urllib.request.Request(
-        url + "/v1/trajectories",
-        data=body,
-        method="POST",
-        headers={"content-type": "application/json"},
-    )
+def post(url, body: bytes, token=None, path="/v1/trajectories"):
+    """POST ``body`` to ``url + path``, with ``token`` as a bearer token: status and answer."""
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url + path, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req) as r:
             return r.status, json.loads(r.read())
@@ -171,18 +170,10 @@ def test_a_failed_sample_is_reported_with_the_control_token_only(tmp_path):
         failed=lambda g, s: failed.append((g, s)),
     )
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/failed"
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
 
     def send(body, token=None):
-        headers = {"content-type": "application/json"}
-        if token:
-            headers["authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(url, data=body, method="POST", headers=headers)
-        try:
-            with urllib.request.urlopen(req) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
+        return post(url, body, token, "/v1/failed")[0]
 
     try:
         good = json.dumps({"group": "job/t", "sample": 2}).encode()
@@ -209,18 +200,10 @@ def test_the_fidelity_check_takes_the_control_token_and_sampled_traces_only(tmp_
         ingest, ("127.0.0.1", 0), lambda: {}, control_token="c0ntrol", fidelity=fidelity
     )
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/fidelity"
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
 
     def send(body, token=None):
-        headers = {"content-type": "application/json"}
-        if token:
-            headers["authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(url, data=body, method="POST", headers=headers)
-        try:
-            with urllib.request.urlopen(req) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return post(url, body, token, "/v1/fidelity")
 
     trace = {"prompt_token_ids": [1, 2], "response_token_ids": [3, 4], "logprobs": [-0.5, -1.0]}
     good = json.dumps({"traces": [trace]}).encode()
