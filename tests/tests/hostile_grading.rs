@@ -38,6 +38,63 @@ fn job(dir: &Path, model_url: &str) -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// A finished `floe run` of [`job`] with `tasks` instead of the attack table's, and `flags`.
+struct Ran {
+    _dir: tempfile::TempDir,
+    out: std::path::PathBuf,
+    summary: Value,
+    stderr: String,
+}
+
+impl Ran {
+    /// A session's summary, by its task.
+    fn session(&self, task: &str) -> Result<Value> {
+        Ok(serde_json::from_str(
+            &std::fs::read_to_string(
+                self.out
+                    .join("sessions")
+                    .join(format!("grading-{task}-0/summary.json")),
+            )
+            .with_context(|| format!("{task}: {}", self.stderr))?,
+        )?)
+    }
+}
+
+/// Run [`job`] with `tasks` and `flags`; it must exit 0.
+async fn run_tasks(tasks: Value, flags: &[&str]) -> Result<Ran> {
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("out");
+    let path = job(dir.path(), &model.url)?;
+    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    spec["spec"]["tasks"]["inline"] = tasks;
+    std::fs::write(&path, serde_json::to_string(&spec)?)?;
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(floe_bin()?)
+        .arg("run")
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .args(["--model-url", &model.url])
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
+    let stderr = std::fs::read_to_string(&log)?;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("summary.json")).with_context(|| stderr.clone())?,
+    )?;
+    Ok(Ran {
+        _dir: dir,
+        out,
+        summary,
+        stderr,
+    })
+}
+
 #[tokio::test]
 async fn no_attack_on_the_grade_forges_a_reward_or_escapes_scoring() -> Result<()> {
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
@@ -126,46 +183,22 @@ for c in children:
 filler = subprocess.run([sys.executable, "-c", "x = bytearray(1 << 30); print(len(x))"])
 json.dump({"forked": forked, "error": error, "fill_exit": filler.returncode}, open("hog.json", "w"))
 EOF"#;
-    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
-    let dir = tempfile::tempdir()?;
-    let out = dir.path().join("out");
-    let path = job(dir.path(), &model.url)?;
-    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-    spec["spec"]["tasks"]["inline"] = json!([
-        {"id": "hog", "instruction": HOG, "files": {"calc.py": BUGGY},
-         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
-        {"id": "fix", "instruction": FIX, "files": {"calc.py": BUGGY},
-         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
-    ]);
-    std::fs::write(&path, serde_json::to_string(&spec)?)?;
-    let log = dir.path().join("stderr");
-    let mut child = Command::new(floe_bin()?)
-        .arg("run")
-        .arg(&path)
-        .arg("--out")
-        .arg(&out)
-        .args(["--model-url", &model.url])
-        .args(["--session-pids", "128", "--session-memory", "256Mi"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()?;
-    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
-    let stderr = std::fs::read_to_string(&log)?;
-    assert_eq!(status.code(), Some(0), "{stderr}");
-    let summary: Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("summary.json")).with_context(|| stderr.clone())?,
-    )?;
-    let sandbox = summary["sandbox"].as_str().unwrap_or_default().to_string();
-    let session = |task: &str| -> Result<Value> {
-        Ok(serde_json::from_str(
-            &std::fs::read_to_string(
-                out.join("sessions")
-                    .join(format!("grading-{task}-0/summary.json")),
-            )
-            .with_context(|| format!("{task}: {stderr}"))?,
-        )?)
-    };
+    let ran = run_tasks(
+        json!([
+            {"id": "hog", "instruction": HOG, "files": {"calc.py": BUGGY},
+             "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
+            {"id": "fix", "instruction": FIX, "files": {"calc.py": BUGGY},
+             "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
+        ]),
+        &["--session-pids", "128", "--session-memory", "256Mi"],
+    )
+    .await?;
+    let (out, stderr) = (&ran.out, &ran.stderr);
+    let sandbox = ran.summary["sandbox"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let session = |task: &str| ran.session(task);
     assert_eq!(
         session("fix")?["reward"],
         1.0,
@@ -219,38 +252,16 @@ async fn a_session_that_fills_its_tmp_gets_no_space_not_the_machines_memory() ->
         "dd if=/dev/zero of=/tmp/fill bs=1M count=600 2>/dev/null; \
          du -sm /tmp/fill | cut -f1 > tmp_mib.txt; rm -f /tmp/fill; {FIX}"
     );
-    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
-    let dir = tempfile::tempdir()?;
-    let out = dir.path().join("out");
-    let path = job(dir.path(), &model.url)?;
-    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
-    spec["spec"]["tasks"]["inline"] = json!([
-        {"id": "filler", "instruction": filler, "files": {"calc.py": BUGGY},
-         "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
-    ]);
-    std::fs::write(&path, serde_json::to_string(&spec)?)?;
-    let log = dir.path().join("stderr");
-    let mut child = Command::new(floe_bin()?)
-        .arg("run")
-        .arg(&path)
-        .arg("--out")
-        .arg(&out)
-        .args(["--model-url", &model.url])
-        .args(["--session-memory", "256Mi"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()?;
-    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
-    let stderr = std::fs::read_to_string(&log)?;
-    assert_eq!(status.code(), Some(0), "{stderr}");
-    let summary: Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("summary.json")).with_context(|| stderr.clone())?,
-    )?;
-    let session: Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("sessions/grading-filler-0/summary.json"))
-            .with_context(|| stderr.clone())?,
-    )?;
+    let ran = run_tasks(
+        json!([
+            {"id": "filler", "instruction": filler, "files": {"calc.py": BUGGY},
+             "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
+        ]),
+        &["--session-memory", "256Mi"],
+    )
+    .await?;
+    let (out, summary) = (&ran.out, &ran.summary);
+    let session = ran.session("filler")?;
     eprintln!("{}\nfiller: {session}", summary["sandbox"]);
     assert_eq!(session["reward"], 1.0, "{session}");
     if summary["sandbox"]
