@@ -8,7 +8,7 @@
 use floe_crds::rollout_job::{FidelityAction, FidelityStatus, RolloutJob};
 use floe_sandbox::fidelity::{self, FidelityError, Measured, Probe};
 use floe_sandbox::session::{self, SessionOf};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
@@ -138,19 +138,13 @@ async fn measure(
     observed: &Observed,
     ip: &str,
 ) -> Result<Measured, Probing> {
-    let name = job.name_any();
     let not_yet = |e: String| Probing::NotYet(e);
     let job_token = super::deliver::job_token(ctx, job)
         .await
         .ok_or_else(|| not_yet("the job's token Secret is not readable yet".into()))?;
-    let control = aux_pods::trainer_control_secret(&name);
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get_opt(&control)
+    let control_token = super::own_pod::trainer_control_token(ctx, job, ns)
         .await
-        .map_err(|e| not_yet(format!("reading Secret {control}: {e}")))?
-        .ok_or_else(|| not_yet(format!("Secret {control} is missing")))?;
-    let control_token = crate::pods::view::control_token_of(&secret)
-        .ok_or_else(|| not_yet(format!("Secret {control} has no control token")))?;
+        .map_err(not_yet)?;
     let Some((task, place)) = observed.session(0) else {
         return Err(Probing::Unsupported("the job has no session".into()));
     };

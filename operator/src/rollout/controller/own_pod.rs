@@ -196,6 +196,23 @@ pub(super) async fn tell_trainer_failed(
     }
 }
 
+/// A train job's control token, from its trainer's Secret.
+pub(super) async fn trainer_control_token(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+) -> Result<String, String> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = aux_pods::trainer_control_secret(&job.name_any());
+    let secret = secrets
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading Secret {name}: {e}"))?
+        .ok_or_else(|| format!("Secret {name} is missing"))?;
+    crate::pods::view::control_token_of(&secret)
+        .ok_or_else(|| format!("Secret {name} has no {CONTROL_TOKEN_KEY}"))
+}
+
 /// `POST` to the trainer's `path` with the job's control token (from its Secret).
 async fn post_to_trainer(
     ctx: &JobContext,
@@ -206,15 +223,7 @@ async fn post_to_trainer(
     body: Option<&serde_json::Value>,
 ) -> Result<(), String> {
     let url = trainer_endpoint(pod, path).ok_or("the trainer pod has no IP")?;
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let name = aux_pods::trainer_control_secret(&job.name_any());
-    let secret = secrets
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("reading Secret {name}: {e}"))?
-        .ok_or_else(|| format!("Secret {name} is missing"))?;
-    let token = crate::pods::view::control_token_of(&secret)
-        .ok_or_else(|| format!("Secret {name} has no {CONTROL_TOKEN_KEY}"))?;
+    let token = trainer_control_token(ctx, job, ns).await?;
     let mut request = ctx
         .http
         .post(&url)
