@@ -74,6 +74,10 @@ pub struct SandboxArgs {
     #[arg(long, env = "FLOE_DISK_BUDGET", default_value = "0",
           value_parser = floe_sandbox::limits::parse_bytes)]
     disk_budget: u64,
+    /// A Python with the `swebench` package, which grades SWE-bench instances
+    /// (`reward.source: SWEBench`).
+    #[arg(long, env = "FLOE_SWEBENCH_PYTHON")]
+    swebench_python: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -174,6 +178,7 @@ pub fn main(args: SandboxArgs) -> i32 {
             }),
         egress_check: args.egress_check,
         disk_budget: (args.disk_budget > 0).then_some(args.disk_budget),
+        swebench_python: args.swebench_python,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::rollout_job::Task;
+use crate::rollout_job::{Task, TaskSource};
+use crate::swebench::{self, Checkouts};
 
 /// Why a task file is not a list of tasks, with the line that says so.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -15,6 +16,13 @@ pub enum TaskFileError {
     Invalid {
         line: usize,
         errors: Vec<crate::validation::FieldError>,
+    },
+    #[error("line {line}{id}: {message}")]
+    Instance {
+        line: usize,
+        /// ` (instance <id>)`, or empty when the line names none.
+        id: String,
+        message: String,
     },
     #[error("line {line}: duplicate task id {id:?} (first on line {first})")]
     DuplicateId {
@@ -36,18 +44,7 @@ fn join(errors: &[crate::validation::FieldError]) -> String {
 /// task: an unknown key is refused with its line and name, never dropped. An empty file is an empty list: what that means (a
 /// job with nothing to run) is the caller's to say.
 pub fn parse(text: &str) -> Result<Vec<Task>, TaskFileError> {
-    let mut tasks = Vec::new();
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let line_no = i + 1;
-        let unreadable = |e: serde_json::Error| TaskFileError::Unreadable {
-            line: line_no,
-            message: e.to_string(),
-        };
-        let value: serde_json::Value = serde_json::from_str(line).map_err(unreadable)?;
+    each_line(text, |line_no, value| {
         let errors = crate::validation::task_errors(&value);
         if !errors.is_empty() {
             return Err(TaskFileError::Invalid {
@@ -55,7 +52,66 @@ pub fn parse(text: &str) -> Result<Vec<Task>, TaskFileError> {
                 errors,
             });
         }
-        let task: Task = serde_json::from_value(value).map_err(unreadable)?;
+        serde_json::from_value(value).map_err(|e| TaskFileError::Unreadable {
+            line: line_no,
+            message: e.to_string(),
+        })
+    })
+}
+
+/// The tasks of a job's task file or ConfigMap, in the format `source` says: floe tasks, or
+/// SWE-bench instances (`tasks.swebench`), each made a task and checked as one.
+pub fn parse_source(
+    text: &str,
+    source: &TaskSource,
+    checkouts: Checkouts,
+) -> Result<Vec<Task>, TaskFileError> {
+    let Some(settings) = &source.swebench else {
+        return parse(text);
+    };
+    each_line(text, |line_no, value| {
+        let task =
+            swebench::to_task(value, settings, checkouts).map_err(|e| TaskFileError::Instance {
+                line: line_no,
+                id: e
+                    .id
+                    .map(|id| format!(" (instance {id})"))
+                    .unwrap_or_default(),
+                message: e.message,
+            })?;
+        let as_written = serde_json::to_value(&task).map_err(|e| TaskFileError::Unreadable {
+            line: line_no,
+            message: e.to_string(),
+        })?;
+        let errors = crate::validation::task_errors(&as_written);
+        if !errors.is_empty() {
+            return Err(TaskFileError::Invalid {
+                line: line_no,
+                errors,
+            });
+        }
+        Ok(task)
+    })
+}
+
+/// Each non-blank line's JSON through `task`, ids unique.
+fn each_line(
+    text: &str,
+    mut task: impl FnMut(usize, serde_json::Value) -> Result<Task, TaskFileError>,
+) -> Result<Vec<Task>, TaskFileError> {
+    let mut tasks = Vec::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let line_no = i + 1;
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| TaskFileError::Unreadable {
+                line: line_no,
+                message: e.to_string(),
+            })?;
+        let task = task(line_no, value)?;
         if let Some(first) = seen.insert(task.id.clone(), line_no) {
             return Err(TaskFileError::DuplicateId {
                 line: line_no,

@@ -49,6 +49,9 @@ pub struct RunnerConfig {
     /// Bytes the harness's workspace and home may hold together while it runs
     /// ([`crate::disk_budget`]); `None`: no budget.
     pub disk_budget: Option<u64>,
+    /// A Python with the `swebench` package, for `reward.source: SWEBench`
+    /// ([`crate::swebench_grade`]).
+    pub swebench_python: Option<PathBuf>,
 }
 
 /// Where the agent container is and what it shares with this one.

@@ -10,6 +10,8 @@
 
 use std::path::Path;
 
+use floe_crds::rollout_job::RewardSource;
+use floe_crds::swebench::EVAL_SCRIPT;
 use floe_gateway::trajectory::Evaluation;
 use serde_json::json;
 
@@ -69,8 +71,26 @@ pub(crate) async fn grade(
         Err(e) if e.is_the_agents() => return workspace_failure(summary, e),
         Err(e) => return Err(format!("diff: {e}")),
     };
-    let hidden = spec.all_hidden_files();
-    let Some((program, args)) = spec.evaluator.command.split_first() else {
+    let mut hidden = spec.all_hidden_files();
+    let eval_dir = config.state_dir.join("eval");
+    let task_evaluation = spec.task.evaluation.clone().unwrap_or_default();
+    let swebench = match spec.evaluator.reward.source {
+        RewardSource::SweBench => {
+            let prepared = swebench_prepare(config, &task_evaluation, pristine, &eval_dir).await?;
+            hidden.insert(EVAL_SCRIPT.to_string(), prepared.relocated.clone());
+            Some(prepared)
+        }
+        _ => None,
+    };
+    // A SWE-bench job may leave the command out: the instance's eval script, its stderr
+    // (where `set -x` writes swebench's markers) in the same log as its stdout.
+    let default_command =
+        ["bash", "-c", "exec 2>&1; exec bash \"$0\"", EVAL_SCRIPT].map(String::from);
+    let command = match (&swebench, spec.evaluator.command.is_empty()) {
+        (Some(_), true) => &default_command[..],
+        _ => &spec.evaluator.command[..],
+    };
+    let Some((program, args)) = command.split_first() else {
         return Err("evaluator.command is empty".into());
     };
     // The reward file is the evaluator's to write, and an evaluator script of the task's is the
@@ -82,18 +102,18 @@ pub(crate) async fn grade(
         .chain(spec.evaluator.reward.path.iter())
         .chain(evaluator_script.iter());
     let mut patterns = spec.evaluator.protected_paths.clone();
+    patterns.extend(task_evaluation.protected_paths.iter().cloned());
     if spec.evaluator.protect_test_config {
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
     let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
-    let eval_dir = config.state_dir.join("eval");
     let applied =
         match workspace::evaluation_copy(pristine, ws, &eval_dir, &changes, &protected, &hidden) {
             Ok(a) => a,
             Err(e) if e.is_the_agents() => return workspace_failure(summary, e),
             Err(e) => return Err(format!("evaluation copy: {e}")),
         };
-    let evaluation_env = spec.task.evaluation.clone().unwrap_or_default();
+    let evaluation_env = task_evaluation.clone();
     let mut evaluator = child(
         config,
         "evaluator",
@@ -159,7 +179,10 @@ pub(crate) async fn grade(
         }
     }
     let from_stdout = spec.evaluator.reward.path.is_none()
-        && spec.evaluator.reward.source == floe_crds::rollout_job::RewardSource::TestOutput;
+        && matches!(
+            spec.evaluator.reward.source,
+            RewardSource::TestOutput | RewardSource::SweBench
+        );
     if from_stdout && ran.stdout_bytes > REPORT_LIMIT {
         // Only its first bytes were kept: a summary printed first and pushed out of reach of
         // the real one by padding would otherwise be read as the only one.
@@ -173,12 +196,26 @@ pub(crate) async fn grade(
         .path
         .as_ref()
         .map(|p| workspace::read_report(&eval_dir, p, REPORT_LIMIT));
+    // swebench reads the log once everything the evaluator ran has ended.
+    let graded = match (&swebench, &ran.exit) {
+        (Some(prepared), Exit::Code(_)) => Some(
+            crate::swebench_grade::grade(
+                &prepared.python,
+                &prepared.grading,
+                &prepared.script,
+                &stdout,
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let verdict = match judge(
         &spec.evaluator.reward,
         &EvaluatorResult {
             exit: &ran.exit,
             stdout: &stdout,
             report,
+            swebench: graded.as_ref(),
         },
     ) {
         Ok(v) => v,
@@ -205,7 +242,56 @@ pub(crate) async fn grade(
             "tests": verdict.tests,
             "harnessExit": summary.harness_exit,
             "changes": changes_detail(&applied),
+            "swebench": graded,
         }),
+    })
+}
+
+/// What grading a SWE-bench instance needs before its evaluator runs.
+struct SweBenchPrepared {
+    python: std::path::PathBuf,
+    grading: floe_crds::rollout_job::SweBenchGrading,
+    /// The instance's eval script, as written.
+    script: String,
+    /// swebench's eval script with its repository directory moved to the evaluation copy.
+    relocated: String,
+}
+
+/// The checks that tell a broken instance (infrastructure) from a failed session, made on what
+/// the agent never touched, and the eval script as swebench runs it.
+async fn swebench_prepare(
+    config: &RunnerConfig,
+    evaluation: &floe_crds::rollout_job::TaskEvaluation,
+    pristine: &Path,
+    eval_dir: &Path,
+) -> Result<SweBenchPrepared, String> {
+    let grading = evaluation
+        .swebench
+        .clone()
+        .ok_or("reward.source SWEBench needs the task's evaluation.swebench (tasks.swebench)")?;
+    let python = config.swebench_python.clone().ok_or(
+        "SWE-bench grading needs a Python with the swebench package (floe run \
+         --swebench-python; FLOE_SWEBENCH_PYTHON for floe sandbox)",
+    )?;
+    let script = evaluation
+        .hidden_files
+        .get(EVAL_SCRIPT)
+        .cloned()
+        .ok_or_else(|| format!("the task has no {EVAL_SCRIPT}"))?;
+    crate::checkout::patch_applies(pristine, &grading.test_patch)
+        .await
+        .map_err(|e| format!("the instance's test patch does not apply to its base commit: {e}"))?;
+    let full = crate::swebench_grade::eval_script(&python, &grading, &script).await?;
+    let relocated = floe_crds::swebench::relocate(
+        &full,
+        &grading.repository_directory,
+        &eval_dir.to_string_lossy(),
+    );
+    Ok(SweBenchPrepared {
+        python,
+        grading,
+        script,
+        relocated,
     })
 }
 

@@ -19,6 +19,7 @@
 //! - [`runner`]: the whole session, talking to the gateway through [`client`].
 
 pub mod agent_link;
+pub mod checkout;
 pub mod checks;
 pub mod children;
 pub mod client;
@@ -36,6 +37,7 @@ pub mod runner;
 pub mod session;
 pub mod spec;
 pub mod summary;
+pub mod swebench_grade;
 pub mod syscall_filter;
 pub mod tree;
 pub mod workspace;

@@ -93,6 +93,86 @@ pub struct EvaluatorResult<'a> {
     pub stdout: &'a str,
     /// Contents of `reward.path` when the spec names one (or why it could not be read).
     pub report: Option<Result<String, String>>,
+    /// `SWEBench`: swebench's reading of the log (graded only when the evaluator exited).
+    pub swebench: Option<&'a SweBenchGraded>,
+}
+
+/// What the `swebench` package made of an eval log (its `get_eval_report`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweBenchGraded {
+    /// swebench found test results in the log (its `patch_successfully_applied`).
+    pub read: bool,
+    pub resolved: bool,
+    /// The fraction of `FAIL_TO_PASS` / `PASS_TO_PASS` that passed (when read).
+    pub fail_to_pass: Option<f64>,
+    pub pass_to_pass: Option<f64>,
+    pub tests: Option<TestCounts>,
+    /// swebench's advisory reading of a log without results (`infra_failure_reason`): kept in
+    /// the detail, never a reason not to score, since the code under test wrote the log.
+    pub hint: Option<String>,
+    pub version: String,
+}
+
+impl SweBenchGraded {
+    /// From the bridge's answer: `{"report": <get_eval_report's entry>, "f2p", "p2p", "version"}`.
+    pub fn from_report(answer: &serde_json::Value) -> Result<Self, String> {
+        let report = answer
+            .get("report")
+            .filter(|r| r.is_object())
+            .ok_or_else(|| format!("swebench answered no report: {answer}"))?;
+        let count = |kind: &str, side: &str| {
+            report["tests_status"][kind][side]
+                .as_array()
+                .map_or(0, |a| a.len() as u64)
+        };
+        let tests = report.get("tests_status").map(|_| TestCounts {
+            passed: count("FAIL_TO_PASS", "success") + count("PASS_TO_PASS", "success"),
+            failed: count("FAIL_TO_PASS", "failure") + count("PASS_TO_PASS", "failure"),
+            skipped: 0,
+        });
+        Ok(Self {
+            read: report["patch_successfully_applied"]
+                .as_bool()
+                .unwrap_or(false),
+            resolved: report["resolved"].as_bool().unwrap_or(false),
+            fail_to_pass: answer["f2p"].as_f64(),
+            pass_to_pass: answer["p2p"].as_f64(),
+            tests,
+            hint: report["infra_failure_reason"].as_str().map(str::to_string),
+            version: answer["version"].as_str().unwrap_or_default().to_string(),
+        })
+    }
+}
+
+/// swebench's verdict as a reward: resolved → 1; `Fraction` → the `FAIL_TO_PASS` fraction while
+/// every `PASS_TO_PASS` passes (swebench's `RESOLVED_PARTIAL`), else 0.
+fn swebench_verdict(
+    graded: &SweBenchGraded,
+    scoring: TestScoring,
+) -> Result<Verdict, EvaluatorFailure> {
+    if !graded.read {
+        let hint = graded
+            .hint
+            .as_ref()
+            .map(|h| format!(" (swebench's hint: {h})"))
+            .unwrap_or_default();
+        return Err(no_verdict(format!(
+            "swebench {} read no test results in the eval log{hint}",
+            graded.version
+        )));
+    }
+    let reward = match scoring {
+        _ if graded.resolved => 1.0,
+        TestScoring::AllPass => 0.0,
+        TestScoring::Fraction => match (graded.fail_to_pass, graded.pass_to_pass) {
+            (Some(f2p), Some(p2p)) if p2p >= 1.0 && f2p.is_finite() => f2p.clamp(0.0, 1.0),
+            _ => 0.0,
+        },
+    };
+    Ok(Verdict {
+        reward,
+        tests: graded.tests,
+    })
 }
 
 pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, EvaluatorFailure> {
@@ -162,6 +242,12 @@ pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, Eva
                 tests: Some(counts),
             })
         }
+        RewardSource::SweBench => match result.swebench {
+            Some(graded) => swebench_verdict(graded, spec.scoring),
+            None => Err(EvaluatorFailure::Broken(
+                "the SWE-bench log was not graded".into(),
+            )),
+        },
     }
 }
 
@@ -329,6 +415,7 @@ mod tests {
         judge(
             spec,
             &EvaluatorResult {
+                swebench: None,
                 exit: &exit,
                 stdout,
                 report,

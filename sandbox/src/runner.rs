@@ -364,7 +364,13 @@ async fn session_outcome(
     let ws = &config.workspace;
     let infra_error = |message: String| SessionOutcome::InfraError { message };
 
-    // The task: files, prepare steps, then the snapshot the evaluator starts from.
+    // The task: its repository, files, prepare steps, then the snapshot the evaluator starts
+    // from.
+    if let Some(repository) = &spec.task.repository {
+        if let Err(e) = crate::checkout::check_out(repository, ws).await {
+            return infra_error(e);
+        }
+    }
     if let Err(e) = workspace::write_files(ws, &spec.task.files) {
         return infra_error(format!("task files: {e}"));
     }

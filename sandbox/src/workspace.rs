@@ -138,6 +138,18 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<(), WorkspaceError> {
     copy_dir(&src, &dst, from)
 }
 
+/// [`copy_tree`] into an existing directory, leaving out the top-level entries named `except`.
+pub fn copy_tree_except(from: &Path, to: &Path, except: &[&str]) -> Result<(), WorkspaceError> {
+    let src = Dir::open(from).map_err(io(from))?;
+    let dst = Dir::open(to).map_err(io(to))?;
+    for name in src.names().map_err(io(from))? {
+        if !except.iter().any(|e| OsStr::new(e) == name) {
+            copy_entry(&src, &name, &dst, &from.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
 fn copy_dir(src: &Dir, dst: &Dir, at: &Path) -> Result<(), WorkspaceError> {
     for name in src.names().map_err(io(at))? {
         copy_entry(src, &name, dst, &at.join(&name))?;

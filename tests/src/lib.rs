@@ -22,6 +22,7 @@ pub mod processes;
 pub mod prometheus;
 pub mod scripted_upstream;
 pub mod sglang_shim;
+pub mod swebench_instance;
 pub mod toy_task;
 pub mod vllm;
 

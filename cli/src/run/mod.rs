@@ -28,6 +28,7 @@ mod signals;
 mod train;
 mod train_plan;
 
+pub use flags::{RunArgs, RunError};
 pub use sandboxing::works as sandbox_works;
 pub use signals::watchdog;
 
@@ -35,7 +36,6 @@ use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use floe_crds::rollout_job::{StalenessGate, TrainerState};
 use floe_gateway::server::{
     abandon_unfinished, drain, recover, redirect_trainer, router, Config, Gateway,
@@ -48,73 +48,6 @@ use queue::{Attempt, Queue};
 use report::SessionResult;
 use resume::{Earlier, RunRecord};
 use signals::{Signals, Stop};
-
-#[derive(Args)]
-pub struct RunArgs {
-    /// The RolloutJob file: the same YAML a cluster takes.
-    job: PathBuf,
-    /// Output directory (new or empty): summary.json, dataset.jsonl or trajectories.jsonl,
-    /// per-session logs, captures.
-    #[arg(long)]
-    out: PathBuf,
-    /// OpenAI-compatible model server (default: `spec.sft.upstream.url`).
-    #[arg(long)]
-    model_url: Option<String>,
-    /// Model name sent upstream (default: `spec.sft.upstream.model`, else `policy`).
-    #[arg(long)]
-    model_name: Option<String>,
-    /// Sessions at a time (default: `spec.concurrency`, else 2).
-    #[arg(long)]
-    concurrency: Option<usize>,
-    /// Run only the first N sessions (tasks × samples × epochs, task by task).
-    #[arg(long)]
-    sessions: Option<usize>,
-    /// Train mode: a trainer already running (its ingest URL) instead of starting one.
-    #[arg(long)]
-    trainer_url: Option<String>,
-    /// Train mode: a Python with vLLM, for the policy server (`PYTHON -m
-    /// vllm.entrypoints.openai.api_server`; default: `vllm serve` from PATH). `--model-url`
-    /// attaches to a running vLLM (dev mode) instead.
-    #[arg(long)]
-    vllm_python: Option<PathBuf>,
-    /// Train mode: a Python with `floe_trainer` importable (`PYTHON -m floe_trainer.cli
-    /// serve`; default: `floe-trainer` from PATH).
-    #[arg(long)]
-    trainer_python: Option<PathBuf>,
-    /// Train mode: seconds the policy server and the trainer may take to become ready.
-    #[arg(long, default_value_t = 900)]
-    start_timeout: u64,
-    /// Train mode: only collect trajectories into trajectories.jsonl against `--model-url`
-    /// (no trainer, no weight updates).
-    #[arg(long)]
-    collect_only: bool,
-    /// Continue the interrupted run in `--out` (same job, task file and `--sessions`):
-    /// sessions that finished are kept, the others run again.
-    #[arg(long)]
-    resume: bool,
-    /// Run the agents without a sandbox (bubblewrap): they can then read the hidden tests, the
-    /// captures and each other's sessions, and reach the network. Recorded in summary.json.
-    #[arg(long)]
-    no_sandbox: bool,
-    /// Serve `/metrics` here (e.g. `127.0.0.1:9464`): the job's session series, the gateway's
-    /// and the trainer's, labelled with the job's namespace and name, for the chart's rules.
-    #[arg(long)]
-    metrics_listen: Option<std::net::SocketAddr>,
-    #[command(flatten)]
-    limits: session_limits::SessionLimitArgs,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Plan(#[from] plan::PlanError),
-    #[error("{0}")]
-    Usage(String),
-    #[error("{0}")]
-    Preflight(String),
-    #[error("{0}")]
-    Io(String),
-}
 
 pub fn main(args: RunArgs) -> i32 {
     // Before any thread exists: everything this run starts carries its tag.
@@ -169,6 +102,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         out: args.out.clone(),
         job: args.job.clone(),
         task_file: plan.task_file.clone(),
+        repositories: plan::repositories(&plan),
     };
     // The name every call sends upstream (a train run names its own policy server).
     let served_name = args
@@ -176,6 +110,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         .clone()
         .or_else(|| upstream.and_then(|u| u.model.clone()))
         .unwrap_or_else(|| "policy".into());
+    preflight::swebench(&plan, args.swebench_python.as_deref())?;
     preflight::check(
         &plan,
         model_url
@@ -456,6 +391,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 // Its own network namespace reaches only the gateway ([`sandboxing`]).
                 egress_check: None,
                 disk_budget: (args.limits.session_disk > 0).then_some(args.limits.session_disk),
+                swebench_python: args.swebench_python.clone(),
             };
             running.spawn(async move {
                 let t0 = Instant::now();

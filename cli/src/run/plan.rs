@@ -63,7 +63,12 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join(file.path.trim_start_matches('/'));
-            let tasks = read_task_file(&file_path)?;
+            let mut tasks = read_task_file(&file_path, &spec.tasks)?;
+            // A repository (a SWE-bench instance's local checkout) is relative to the job file.
+            let base = path.parent().unwrap_or(Path::new("."));
+            for repository in tasks.iter_mut().filter_map(|t| t.repository.as_mut()) {
+                repository.path = base.join(&repository.path).to_string_lossy().into_owned();
+            }
             task_file = Some(file_path);
             tasks
         }
@@ -100,10 +105,26 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
     })
 }
 
+/// The distinct repositories the tasks check out (hidden from the sandbox).
+pub fn repositories(plan: &Plan) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = plan
+        .tasks
+        .iter()
+        .filter_map(|t| t.repository.as_ref().map(|r| PathBuf::from(&r.path)))
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
 /// The task file, through the one parser the operator uses too.
-fn read_task_file(path: &Path) -> Result<Vec<Task>, PlanError> {
+fn read_task_file(
+    path: &Path,
+    source: &floe_crds::rollout_job::TaskSource,
+) -> Result<Vec<Task>, PlanError> {
     let text = std::fs::read_to_string(path).map_err(|e| PlanError::Read(path.into(), e))?;
-    floe_crds::task_file::parse(&text).map_err(|e| PlanError::TaskFile(path.into(), e))
+    floe_crds::task_file::parse_source(&text, source, floe_crds::swebench::Checkouts::Local)
+        .map_err(|e| PlanError::TaskFile(path.into(), e))
 }
 
 /// How many sessions the run has: tasks × samples × epochs, at most `limit`.

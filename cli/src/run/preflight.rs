@@ -74,6 +74,50 @@ pub fn model_server_source(
     Ok((url, key))
 }
 
+/// SWE-bench instances (`tasks.swebench`): a Python whose `swebench` imports, git, and each
+/// instance's local checkout.
+pub fn swebench(plan: &Plan, python: Option<&Path>) -> Result<(), RunError> {
+    if plan.job.spec.tasks.swebench.is_none() {
+        return Ok(());
+    }
+    let Some(python) = python else {
+        return refuse(
+            "SWE-bench instances are graded by the swebench package: give --swebench-python \
+             (scripts/swebench-venv.sh makes one)"
+                .into(),
+        );
+    };
+    let imports = std::process::Command::new(python)
+        .args(["-I", "-c", "import swebench.harness.grading"])
+        .output();
+    match imports {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let last = stderr.lines().last().unwrap_or_default();
+            return refuse(format!(
+                "--swebench-python {}: swebench does not import: {last}",
+                python.display()
+            ));
+        }
+        Err(e) => return refuse(format!("--swebench-python {}: {e}", python.display())),
+    }
+    if !on_path("git") {
+        return refuse("SWE-bench instances need git (each workspace is a checkout)".into());
+    }
+    for task in &plan.tasks {
+        if let Some(repository) = &task.repository {
+            if !Path::new(&repository.path).join(".git").exists() {
+                return refuse(format!(
+                    "instance {}: no git checkout at {} (tasks.swebench.localCheckouts)",
+                    task.id, repository.path
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The model server a run samples, as the pre-flight checks it.
 pub struct ModelServer<'a> {
     pub url: &'a str,

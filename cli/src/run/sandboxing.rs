@@ -136,6 +136,9 @@ pub struct Private {
     pub out: PathBuf,
     pub job: PathBuf,
     pub task_file: Option<PathBuf>,
+    /// The repositories tasks check out (SWE-bench instances' local checkouts): their history
+    /// and working tree hold the fix.
+    pub repositories: Vec<PathBuf>,
 }
 
 /// The confinement every session of this run gets: the run's private paths hidden, the model
@@ -155,6 +158,9 @@ pub fn confinement(
     ];
     if let Some(f) = &private.task_file {
         hidden.push(Hidden::File(canonical(f)?));
+    }
+    for repository in &private.repositories {
+        hidden.push(Hidden::Dir(canonical(repository)?));
     }
     Ok(Confinement {
         bwrap: bwrap.path.clone(),

@@ -2,21 +2,21 @@
 // Each `printcolumn(...)` in the kube derive repeats `type_ = ...`; that is the API, not a mistake.
 #![allow(clippy::duplicated_attributes)]
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{EnvVar, LocalObjectReference};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::common::{PrepareStep, ProviderApi, SandboxTemplate};
+use crate::common::{ProviderApi, SandboxTemplate};
 
 pub mod numbering;
 mod status;
+mod tasks;
 mod train;
 
 pub use numbering::SessionPlace;
 pub use status::*;
+pub use tasks::*;
 pub use train::*;
 
 /// Runs every task `numSamples` times with an unmodified coding-agent harness, captures the
@@ -61,7 +61,16 @@ pub use train::*;
     ).message("a train job samples with sampling.temperature > 0: greedy decoding gives every sample of a group the same answer, and the trainer trains the tempered policy the tokens were drawn from"),
     validation = kube::core::Rule::new(
         "!has(self.train) || !has(self.sampling) || !has(self.sampling.topP) || self.sampling.topP == 1.0"
-    ).message("a train job samples with sampling.topP 1: the trainer models the tempered full-vocabulary distribution, and nucleus sampling would make every sampled token's log-prob disagree with it")
+    ).message("a train job samples with sampling.topP 1: the trainer models the tempered full-vocabulary distribution, and nucleus sampling would make every sampled token's log-prob disagree with it"),
+    validation = kube::core::Rule::new(
+        "!has(self.tasks.swebench) || (has(self.evaluator.reward) && has(self.evaluator.reward.source) && self.evaluator.reward.source == 'SWEBench')"
+    ).message("SWE-bench instances (tasks.swebench) are graded with evaluator.reward.source SWEBench"),
+    validation = kube::core::Rule::new(
+        "!has(self.tasks.inline) || !has(self.evaluator.reward) || !has(self.evaluator.reward.source) || self.evaluator.reward.source != 'SWEBench' || self.tasks.inline.all(t, has(t.evaluation) && has(t.evaluation.swebench))"
+    ).message("evaluator.reward.source SWEBench grades tasks that carry evaluation.swebench (tasks.swebench makes them from SWE-bench instances)"),
+    validation = kube::core::Rule::new(
+        "(has(self.evaluator.command) && size(self.evaluator.command) > 0) || (has(self.evaluator.reward) && has(self.evaluator.reward.source) && self.evaluator.reward.source == 'SWEBench')"
+    ).message("evaluator.command is required (with reward.source SWEBench it may be left out: each instance's eval script runs)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutJobSpec {
@@ -178,104 +187,6 @@ fn default_backoff_limit() -> i32 {
     3
 }
 
-/// Where the tasks come from: exactly one of `inline`, `configMap` or `file`.
-#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[x_kube(validation = kube::core::Rule::new(
-    "(has(self.inline) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.file) ? 1 : 0) == 1"
-).message("exactly one of tasks.inline, tasks.configMap or tasks.file must be set"))]
-#[serde(rename_all = "camelCase")]
-pub struct TaskSource {
-    /// Tasks written in the job itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 10000))]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
-    pub inline: Option<Vec<Task>>,
-    /// A ConfigMap whose key holds one JSON task per line (JSONL).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config_map: Option<ConfigMapTasks>,
-    /// A JSONL file: on a PersistentVolumeClaim in a cluster (a small loader pod of the job
-    /// mounts it read-only and serves it to the operator), relative to the job file in local
-    /// mode (`floe run`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file: Option<FileTasks>,
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ConfigMapTasks {
-    /// ConfigMap name (same namespace).
-    #[schemars(length(min = 1, max = 253))]
-    pub name: String,
-    /// Key holding the JSONL.
-    #[serde(default = "default_tasks_key")]
-    #[schemars(length(min = 1, max = 253))]
-    pub key: String,
-}
-
-fn default_tasks_key() -> String {
-    "tasks.jsonl".to_string()
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct FileTasks {
-    /// Path of the JSONL file inside the claim (in local mode, where `claimName` is ignored:
-    /// relative to the job file).
-    #[schemars(length(min = 1, max = 4096))]
-    pub path: String,
-    /// PersistentVolumeClaim holding the file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
-    pub claim_name: Option<String>,
-}
-
-/// One task. The same fields appear in each line of a JSONL task file.
-#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Task {
-    /// Unique within the job; part of every session id and the GRPO group id.
-    #[schemars(
-        length(min = 1, max = 128),
-        regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-    )]
-    pub id: String,
-    /// The prompt given to the harness.
-    #[schemars(length(min = 1, max = 262144))]
-    pub instruction: String,
-    /// Image for this task's sandbox instead of the pool's (lookahead pre-warming).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024))]
-    pub image: Option<String>,
-    /// Commands run in the sandbox before the harness starts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
-    pub prepare: Vec<PrepareStep>,
-    /// Files written into the workspace before the harness starts (path → content).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub files: BTreeMap<String, String>,
-    /// What the evaluator gets for this task; never visible while the agent runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evaluation: Option<TaskEvaluation>,
-    /// Free-form labels copied into every trajectory of the task.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub metadata: BTreeMap<String, String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct TaskEvaluation {
-    /// Files added to the evaluation copy of the workspace only (hidden tests), path → content.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub hidden_files: BTreeMap<String, String>,
-    /// Extra environment for the evaluator command.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-    /// Extra arguments appended to the evaluator command.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
-    pub args: Vec<String>,
-}
-
 /// The coding-agent harness, run unmodified.
 #[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[x_kube(
@@ -357,8 +268,10 @@ pub enum HarnessPreset {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EvaluatorSpec {
-    /// Argument vector, e.g. `["python", "-m", "pytest", "-q", "tests/"]`.
-    #[schemars(length(min = 1, max = 256))]
+    /// Argument vector, e.g. `["python", "-m", "pytest", "-q", "tests/"]`. Required, except
+    /// with `reward.source: SWEBench`, where it defaults to the instance's own eval script.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
     pub command: Vec<String>,
     /// Image for the evaluator (default: the sandbox image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -449,6 +362,13 @@ pub enum RewardSource {
     ExitCode,
     RewardFile,
     TestOutput,
+    /// The evaluator's output is a SWE-bench eval log (stdout and stderr together), graded by
+    /// the `swebench` package against the task's `evaluation.swebench`: 1 when resolved (every
+    /// `FAIL_TO_PASS` passes and every `PASS_TO_PASS` still does); with `scoring: Fraction`, the
+    /// fraction of `FAIL_TO_PASS` that pass while every `PASS_TO_PASS` does.
+    #[serde(rename = "SWEBench")]
+    #[schemars(rename = "SWEBench")]
+    SweBench,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -1,0 +1,210 @@
+//! A task's `repository`: the workspace becomes a git repository's tree at one commit, with that
+//! commit as its only history.
+//!
+//! One commit and no more, because a repository's later history holds the fix: an agent that
+//! can `git log --all` (or read a tag made after the base commit) can copy it. The public
+//! SWE-bench images keep the whole clone in `/testbed`; the workspace gets a fresh `.git` with
+//! the base commit fetched at depth 1, no tags, no remote.
+//!
+//! When the repository's own checkout is at that commit (an image's `/testbed`), its working
+//! tree is copied as it is — build products included (in-place extensions, `*.egg-info`) that
+//! the image's environment needs and git does not hold. Otherwise (a local checkout of many
+//! instances) the workspace is the commit's tree.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use floe_crds::rollout_job::TaskRepository;
+
+use crate::workspace;
+
+/// Makes `ws` (an existing directory) the repository's tree at its commit.
+pub async fn check_out(repository: &TaskRepository, ws: &Path) -> Result<(), String> {
+    let source = Path::new(&repository.path);
+    if !source.is_dir() {
+        return Err(format!(
+            "the task's repository {} is not a directory here",
+            source.display()
+        ));
+    }
+    let commit = format!("{}^{{commit}}", repository.commit);
+    let sha = git(source, &["rev-parse", "--verify", "--quiet", &commit])
+        .await
+        .map_err(|e| {
+            format!(
+                "the task's repository {} has no commit {}: {e}",
+                source.display(),
+                repository.commit
+            )
+        })?;
+    let head = git(source, &["rev-parse", "--verify", "--quiet", "HEAD"])
+        .await
+        .unwrap_or_default();
+    let url = format!("file://{}", source.display());
+    git(ws, &["init", "-q"]).await?;
+    git(
+        ws,
+        &["fetch", "-q", "--depth", "1", "--no-tags", &url, &sha],
+    )
+    .await?;
+    if head == sha {
+        workspace::copy_tree_except(source, ws, &[".git"]).map_err(|e| e.to_string())?;
+        // The index as the commit: `git status` shows what the image changed and the agent will.
+        git(ws, &["reset", "-q", &sha]).await?;
+    } else {
+        git(ws, &["reset", "-q", "--hard", &sha]).await?;
+    }
+    // It names where the commit came from; nothing the agent needs.
+    let _ = std::fs::remove_file(ws.join(".git/FETCH_HEAD"));
+    tracing::info!(commit = %sha, from = %source.display(), working_tree = head == sha, "checked out");
+    Ok(())
+}
+
+/// Whether `patch` applies to the commit of the repository in `dir` (its index, which a
+/// checkout leaves as the commit): checked on the untouched snapshot, so a patch that does not
+/// apply is the instance's fault, never the agent's.
+pub async fn patch_applies(dir: &Path, patch: &str) -> Result<(), String> {
+    let mut child = tokio::process::Command::new("git")
+        .args(["-c", "safe.directory=*", "-C"])
+        .arg(dir)
+        .args(["apply", "--check", "--cached", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("git: {e}"))?;
+    let mut stdin = child.stdin.take();
+    let body = patch.as_bytes().to_vec();
+    let write = async move {
+        if let Some(stdin) = stdin.as_mut() {
+            let _ = tokio::io::AsyncWriteExt::write_all(stdin, &body).await;
+        }
+        drop(stdin);
+    };
+    let (_, out) = tokio::join!(write, child.wait_with_output());
+    let out = out.map_err(|e| format!("git apply: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// `git -C dir args…`, its trimmed stdout; an error says what failed.
+async fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = tokio::process::Command::new("git")
+        // An image's repository belongs to whoever built it; the session runs as another user.
+        .args([
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "protocol.file.allow=always",
+            "-C",
+        ])
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("git (the task's repository needs git in the sandbox image): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(dir: &Path, args: &[&str]) -> String {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
+            .arg(dir)
+            .args(args)
+            .output()
+            .expect("git");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A repository with a base commit, a later "fix" commit and a tag on it.
+    fn repository(root: &Path) -> (std::path::PathBuf, String) {
+        let src = root.join("src");
+        std::fs::create_dir_all(&src).expect("mkdir");
+        run(&src, &["init", "-q"]);
+        std::fs::write(src.join("calc.py"), "def add(a, b):\n    return a - b\n").expect("w");
+        run(&src, &["add", "."]);
+        run(&src, &["commit", "-qm", "base"]);
+        let base = run(&src, &["rev-parse", "HEAD"]);
+        std::fs::write(src.join("calc.py"), "def add(a, b):\n    return a + b\n").expect("w");
+        run(&src, &["commit", "-qam", "the fix"]);
+        run(&src, &["tag", "v1"]);
+        (src, base)
+    }
+
+    #[tokio::test]
+    async fn the_workspace_has_the_base_commit_and_no_later_history() {
+        let root = tempfile::tempdir().expect("tmp");
+        let (src, base) = repository(root.path());
+        let ws = root.path().join("ws");
+        std::fs::create_dir(&ws).expect("mkdir");
+        let repo = TaskRepository {
+            path: src.to_string_lossy().into(),
+            commit: base[..12].to_string(),
+        };
+        check_out(&repo, &ws).await.expect("checkout");
+        assert_eq!(
+            std::fs::read_to_string(ws.join("calc.py")).expect("read"),
+            "def add(a, b):\n    return a - b\n"
+        );
+        assert_eq!(run(&ws, &["rev-parse", "HEAD"]), base);
+        assert_eq!(run(&ws, &["log", "--all", "--format=%s"]), "base");
+        assert_eq!(run(&ws, &["tag"]), "");
+        assert_eq!(run(&ws, &["remote"]), "");
+        assert_eq!(run(&ws, &["status", "--porcelain"]), "");
+        let all_objects = run(&ws, &["cat-file", "--batch-all-objects", "--batch-check"]);
+        assert!(!all_objects.contains("commit") || all_objects.matches("commit").count() == 1);
+    }
+
+    #[tokio::test]
+    async fn a_checkout_at_the_commit_keeps_its_untracked_build_products() {
+        let root = tempfile::tempdir().expect("tmp");
+        let (src, _) = repository(root.path());
+        let head = run(&src, &["rev-parse", "HEAD"]);
+        std::fs::write(src.join("_ext.so"), "built").expect("w");
+        let ws = root.path().join("ws");
+        std::fs::create_dir(&ws).expect("mkdir");
+        let repo = TaskRepository {
+            path: src.to_string_lossy().into(),
+            commit: "HEAD".into(),
+        };
+        check_out(&repo, &ws).await.expect("checkout");
+        assert_eq!(
+            std::fs::read_to_string(ws.join("_ext.so")).expect("read"),
+            "built"
+        );
+        assert_eq!(run(&ws, &["rev-parse", "HEAD"]), head);
+        assert_eq!(run(&ws, &["status", "--porcelain"]), "?? _ext.so");
+        // A commit it lacks is the task's error, said with the repository.
+        let missing = TaskRepository {
+            path: src.to_string_lossy().into(),
+            commit: "0000000000000000000000000000000000000001".into(),
+        };
+        let other = root.path().join("ws2");
+        std::fs::create_dir(&other).expect("mkdir");
+        let err = check_out(&missing, &other)
+            .await
+            .expect_err("no such commit");
+        assert!(
+            err.contains("has no commit 0000000000000000000000000000000000000001"),
+            "{err}"
+        );
+    }
+}

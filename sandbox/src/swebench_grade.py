@@ -1,0 +1,65 @@
+# floe's bridge to the `swebench` package (embedded in the floe binary, run as `python -I -c`).
+# Reads one JSON request on stdin, writes one JSON answer on stdout:
+#   {"do": "script", "instance": {...}}          -> {"eval_script": "..."}
+#   {"do": "grade", "instance": {...}, "log": ""} -> {"report": {...}, "f2p": x, "p2p": y}
+# or {"error": "..."} when swebench cannot do it (not installed, an unknown log parser).
+# Everything that decides a verdict is swebench's own: its TestSpec (which makes the eval script
+# record the test command's exit status), its log parsers and its report.
+import json
+import os
+import sys
+import tempfile
+
+
+def answer(value):
+    json.dump(value, sys.stdout)
+    sys.stdout.write("\n")
+
+
+def main():
+    request = json.load(sys.stdin)
+    try:
+        import swebench
+        from swebench.harness.grading import (
+            compute_fail_to_pass,
+            compute_pass_to_pass,
+            get_eval_report,
+        )
+        from swebench.harness.log_parsers import PARSER_REGISTRY
+        from swebench.harness.utils import make_test_spec
+    except Exception as e:  # noqa: BLE001 - any import failure is the same answer
+        return answer({"error": f"the swebench package does not import here: {e!r}"})
+    instance = request["instance"]
+    if instance["log_parser"] not in PARSER_REGISTRY:
+        return answer(
+            {
+                "error": f"swebench {swebench.__version__} has no log parser "
+                f"{instance['log_parser']!r}"
+            }
+        )
+    spec = make_test_spec(instance)
+    if request["do"] == "script":
+        return answer({"eval_script": spec.eval_script})
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "test_output.txt")
+        with open(log, "w") as f:
+            f.write(request["log"])
+        prediction = {
+            "instance_id": spec.instance_id,
+            "model_name_or_path": "floe",
+            "model_patch": "",
+        }
+        report = get_eval_report(spec, prediction, log, include_tests_status=True)
+    report = report[spec.instance_id]
+    tests = report.get("tests_status")
+    answer(
+        {
+            "version": swebench.__version__,
+            "report": report,
+            "f2p": compute_fail_to_pass(tests) if tests else None,
+            "p2p": compute_pass_to_pass(tests) if tests else None,
+        }
+    )
+
+
+main()

@@ -1,0 +1,114 @@
+//! SWE-bench grading through the `swebench` package (`evaluator.reward.source: SWEBench`).
+//!
+//! Two calls of a Python that has the package, each a fresh `python -I` (no workspace on its
+//! path, no `PYTHON*` variables) running floe's bridge (`swebench_grade.py`):
+//! - before the evaluator: the eval script as swebench's `TestSpec` makes it from the instance
+//!   (it adds the line recording the test command's exit status, which its grading reads);
+//! - after it, outside the evaluator's sandbox and after everything in it has ended: the log
+//!   (the script's stdout and stderr together, captured by floe) graded by swebench's parser and
+//!   report. Nothing the code under test leaves behind is read, only what it printed.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use floe_crds::rollout_job::SweBenchGrading;
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+
+use crate::reward::SweBenchGraded;
+
+const BRIDGE: &str = include_str!("swebench_grade.py");
+
+/// How long one call may take (the import is about a second; a log of 16 MiB a few more).
+const CALL_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The instance as swebench's `make_test_spec` reads it.
+fn instance(grading: &SweBenchGrading, eval_script: &str) -> serde_json::Value {
+    json!({
+        "instance_id": grading.instance_id,
+        "image": "",
+        "repo": grading.repo,
+        "version": grading.version,
+        "FAIL_TO_PASS": grading.fail_to_pass,
+        "PASS_TO_PASS": grading.pass_to_pass,
+        "log_parser": grading.log_parser,
+        "eval_type": grading.eval_type,
+        "eval_script": eval_script,
+    })
+}
+
+/// The eval script swebench runs for this instance.
+pub async fn eval_script(
+    python: &Path,
+    grading: &SweBenchGrading,
+    script: &str,
+) -> Result<String, String> {
+    let answer = call(
+        python,
+        json!({"do": "script", "instance": instance(grading, script)}),
+    )
+    .await?;
+    answer["eval_script"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("swebench answered no eval script: {answer}"))
+}
+
+/// swebench's verdict on `log`.
+pub async fn grade(
+    python: &Path,
+    grading: &SweBenchGrading,
+    script: &str,
+    log: &str,
+) -> Result<SweBenchGraded, String> {
+    let answer = call(
+        python,
+        json!({"do": "grade", "instance": instance(grading, script), "log": log}),
+    )
+    .await?;
+    SweBenchGraded::from_report(&answer)
+}
+
+async fn call(python: &Path, request: serde_json::Value) -> Result<serde_json::Value, String> {
+    let mut child = tokio::process::Command::new(python)
+        .args(["-I", "-c", BRIDGE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("SWE-bench grading: {}: {e}", python.display()))?;
+    let body = request.to_string();
+    let mut stdin = child.stdin.take();
+    let write = async move {
+        if let Some(stdin) = stdin.as_mut() {
+            let _ = stdin.write_all(body.as_bytes()).await;
+        }
+        drop(stdin);
+    };
+    let (_, out) = tokio::time::timeout(CALL_DEADLINE, async {
+        tokio::join!(write, child.wait_with_output())
+    })
+    .await
+    .map_err(|_| format!("SWE-bench grading took over {CALL_DEADLINE:?}"))?;
+    let out = out.map_err(|e| format!("SWE-bench grading: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        let tail: String = stderr
+            .chars()
+            .rev()
+            .take(800)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        return Err(format!("SWE-bench grading failed ({}): {tail}", out.status));
+    }
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("SWE-bench grading answered no JSON ({e}): {stderr}"))?;
+    match answer.get("error").and_then(|e| e.as_str()) {
+        Some(error) => Err(error.to_string()),
+        None => Ok(answer),
+    }
+}

@@ -1,0 +1,176 @@
+//! SWE-bench instances in local mode (`tasks.swebench`), graded by the official `swebench`
+//! package: instances this test makes in the exact SWE-bench format, one `floe run` (sandboxed,
+//! as a newcomer runs it), and a scripted agent per instance — the fix, nothing, tampered
+//! tests, deleted tests, a fix that breaks a `PASS_TO_PASS` test. Only the fix resolves. Every
+//! agent also looks for the gold patch and the test patch everywhere it can read (its
+//! workspace, the workspace's git history, the local checkout the instance came from, `$HOME`,
+//! `/tmp`) and reports what it found.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use floe_tests::swebench_instance::{self as swe, GOLD_PATCH_MARKER, TEST_PATCH_MARKER};
+use floe_tests::{floe_bin, wait_child, ScriptedUpstream, Step};
+use serde_json::{json, Value};
+
+/// One honest model call, then the behaviour the problem statement's last line names; before
+/// it, a search for both patches' markers, reported on stderr as `leaks: …`.
+const AGENT: &str = r#"
+import json, os, subprocess, urllib.request
+req = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps({"model": os.environ["FLOE_MODEL"], "messages": [{"role": "user", "content": "hi"}]}).encode(),
+    headers={"content-type": "application/json", "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
+)
+urllib.request.urlopen(req, timeout=30).read()
+statement = os.environ["FLOE_INSTRUCTION"]
+checkout = statement.split("checkout: ")[1].split()[0]
+behaviour = statement.strip().splitlines()[-1].split("agent: ")[1]
+found = []
+if "return a - b" not in open("calc.py").read():
+    found.append("no-buggy-workspace")
+for marker in ("MARK_TEST", "MARK_GOLD"):
+    for what, cmd in [
+        ("files", ["grep", "-rqs", marker, ".", os.environ.get("HOME", "/nonexistent"), "/tmp", checkout]),
+        ("history", ["sh", "-c", "git log --all -p | grep -q " + marker]),
+        ("checkout", ["sh", "-c", "git -C '%s' log --all -p | grep -q %s" % (checkout, marker)]),
+    ]:
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+            found.append(marker + ":" + what)
+print("leaks: " + (",".join(found) or "none"), file=os.sys.stderr, flush=True)
+scripts = {
+    "fix": "printf 'FIXED' > calc.py",
+    "nothing": "true",
+    "tamper": "printf 'def test_add():\\n    pass\\n\\n\\ndef test_sub():\\n    pass\\n' > tests/test_calc.py"
+              " && printf 'import pytest\\n@pytest.hookimpl(hookwrapper=True)\\ndef pytest_runtest_makereport(item, call):\\n"
+              "    outcome = yield\\n    outcome.get_result().outcome = \"passed\"\\n' > conftest.py"
+              " && git -c user.email=a@b -c user.name=a commit -qam tests-pass",
+    "delete-tests": "rm -rf tests",
+    "break-p2p": "printf 'BROKEN' > calc.py",
+}
+os.execvp("sh", ["sh", "-c", scripts[behaviour]])
+"#;
+
+/// (instance number, agent behaviour, reward).
+const AGENTS: &[(u32, &str, f64)] = &[
+    (1, "fix", 1.0),
+    (2, "nothing", 0.0),
+    (3, "tamper", 0.0),
+    (4, "delete-tests", 0.0),
+    (5, "break-p2p", 0.0),
+];
+
+fn agent() -> String {
+    let printf = |s: &str| s.replace('\n', "\\\\n");
+    AGENT
+        .replace("MARK_TEST", TEST_PATCH_MARKER)
+        .replace("MARK_GOLD", GOLD_PATCH_MARKER)
+        .replace("FIXED", &printf(swe::FIXED_CALC))
+        .replace(
+            "BROKEN",
+            &printf(&swe::FIXED_CALC.replace("return a - b", "return 0")),
+        )
+}
+
+fn job(dir: &Path, model_url: &str, activate: &Path) -> Result<std::path::PathBuf> {
+    let checkout = dir.join("repos").join(swe::REPO);
+    let up = swe::upstream(&checkout)?;
+    let lines: Vec<String> = AGENTS
+        .iter()
+        .map(|(n, behaviour, _)| {
+            let statement = format!(
+                "calc.add(2, 3) returns -1; it should return 5.\n\ncheckout: {}\nagent: {behaviour}\n",
+                checkout.display()
+            );
+            swe::instance(&up, *n, &statement, activate).to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("instances.jsonl"), lines.join("\n") + "\n")?;
+    let job = json!({
+        "apiVersion": "floe.dev/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": "swe"},
+        "spec": {
+            "numSamples": 1,
+            "concurrency": 2,
+            "backoffLimit": 0,
+            "poolRef": {"name": "local"},
+            "harness": {"preset": "custom", "model": "policy", "command": ["python3", "-c", agent()]},
+            "tasks": {"file": {"path": "instances.jsonl"}, "swebench": {}},
+            "evaluator": {"reward": {"source": "SWEBench"}},
+            "timeouts": {"agentSeconds": 60, "evaluatorSeconds": 120},
+            "sft": {"upstream": {"url": model_url}, "output": {"claimName": "unused"}},
+        },
+    });
+    let path = dir.join("job.yaml");
+    std::fs::write(&path, serde_json::to_string_pretty(&job)?)?;
+    Ok(path)
+}
+
+#[tokio::test]
+async fn swebench_instances_resolve_only_with_the_fix_and_the_agent_sees_no_patch() -> Result<()> {
+    let install = swe::install_dir()?;
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    // Not under /tmp: each sandbox has a /tmp of its own, which would hide the checkout
+    // whether or not floe does.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
+    let out = dir.path().join("out");
+    let job = job(
+        dir.path(),
+        &model.url,
+        &install.join("testbed/bin/activate"),
+    )?;
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(floe_bin()?)
+        .arg("run")
+        .arg(&job)
+        .arg("--out")
+        .arg(&out)
+        .args(["--model-url", &model.url])
+        .arg("--swebench-python")
+        .arg(install.join("venv/bin/python"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
+    let stderr = std::fs::read_to_string(&log)?;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let mut seen = BTreeMap::new();
+    for entry in std::fs::read_dir(out.join("sessions"))? {
+        let path = entry?.path();
+        let s: Value = serde_json::from_str(&std::fs::read_to_string(path.join("summary.json"))?)?;
+        seen.insert(
+            s["task"].as_str().unwrap_or_default().to_string(),
+            (s, path),
+        );
+    }
+    for (n, behaviour, reward) in AGENTS {
+        let id = format!("acme__calc-{n}");
+        let (s, path) = seen
+            .get(&id)
+            .with_context(|| format!("no session for {id}: {stderr}"))?;
+        eprintln!(
+            "{behaviour}: reward {} failure {}",
+            s["reward"], s["failure"]
+        );
+        let eval_log =
+            std::fs::read_to_string(path.join("state/logs/evaluator.stdout")).unwrap_or_default();
+        assert_ne!(s["status"], "infra_error", "{behaviour} went unscored: {s}");
+        assert_eq!(
+            s["reward"].as_f64(),
+            Some(*reward),
+            "{behaviour}: {s}\n{eval_log}"
+        );
+        let harness_log = std::fs::read_to_string(path.join("state/logs/harness.stderr"))
+            .with_context(|| format!("{behaviour}: the harness's stderr"))?;
+        assert!(
+            harness_log.contains("leaks: none"),
+            "{behaviour}: {harness_log}"
+        );
+    }
+    Ok(())
+}
