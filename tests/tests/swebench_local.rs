@@ -174,3 +174,90 @@ async fn swebench_instances_resolve_only_with_the_fix_and_the_agent_sees_no_patc
     }
     Ok(())
 }
+
+fn floe(args: &[&std::ffi::OsStr]) -> Result<(Option<i32>, String, String)> {
+    let out = Command::new(floe_bin()?)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()?;
+    Ok((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[test]
+fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_run() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let activate = Path::new("/opt/env/bin/activate");
+    let job = job(dir.path(), "http://127.0.0.1:9", activate)?;
+    let file = dir.path().join("instances.jsonl");
+    let (code, stdout, stderr) =
+        floe(&["tasks".as_ref(), file.as_os_str(), "--swebench".as_ref()])?;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("acme__calc-1\n  image       floe-test/sweb.eval.acme_1776_calc-1:latest"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("  repository  /testbed at "), "{stdout}");
+    assert!(
+        stdout.contains("1 FAIL_TO_PASS, 1 PASS_TO_PASS · parse_log_pytest"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  test        python -m pytest --no-header -rA tests/test_calc.py"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with("5 task(s), 5 image(s), 1 SWE-bench repository\n"),
+        "{stdout}"
+    );
+    // Through the job: the local checkout, relative to the job file, made absolute.
+    let (code, stdout, stderr) = floe(&["tasks".as_ref(), job.as_os_str()])?;
+    assert_eq!(code, Some(0), "{stderr}");
+    let checkout = dir.path().join("repos").join(swe::REPO);
+    assert!(
+        stdout.contains(&format!("  repository  {} at ", checkout.display())),
+        "{stdout}"
+    );
+    // What a line becomes: no gold patch anywhere.
+    let (_, json_lines, _) = floe(&[
+        "tasks".as_ref(),
+        file.as_os_str(),
+        "--swebench".as_ref(),
+        "--json".as_ref(),
+    ])?;
+    assert_eq!(json_lines.lines().count(), 5);
+    assert!(!json_lines.contains(GOLD_PATCH_MARKER), "{json_lines}");
+    // A malformed instance: one line naming it, exit 2, before any session.
+    let text = std::fs::read_to_string(&file)?;
+    let mut lines: Vec<Value> = text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    lines[2]
+        .as_object_mut()
+        .context("object")?
+        .remove("log_parser");
+    let broken: Vec<String> = lines.iter().map(Value::to_string).collect();
+    std::fs::write(&file, broken.join("\n") + "\n")?;
+    let why = "line 3 (instance acme__calc-3): log_parser is missing or empty";
+    let (code, _, stderr) = floe(&["tasks".as_ref(), file.as_os_str(), "--swebench".as_ref()])?;
+    assert_eq!((code, stderr.contains(why)), (Some(2), true), "{stderr}");
+    let out = dir.path().join("out");
+    let (code, _, stderr) = floe(&[
+        "run".as_ref(),
+        job.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ])?;
+    assert_eq!(
+        (code, stderr.trim().lines().count()),
+        (Some(2), 1),
+        "{stderr}"
+    );
+    assert!(stderr.contains(why), "{stderr}");
+    assert!(!out.join("sessions").exists());
+    Ok(())
+}

@@ -29,6 +29,7 @@ mod train;
 mod train_plan;
 
 pub use flags::{RunArgs, RunError};
+pub use plan::load as load_plan;
 pub use sandboxing::works as sandbox_works;
 pub use signals::watchdog;
 

@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use floe_crds::rollout_job::Task;
+use floe_crds::rollout_job::{Task, TaskSource};
 
-/// A task file's tasks ([`floe_crds::task_file`]); errors name `source` and the line.
-pub fn parse_jsonl(text: &str, source: &str) -> Result<Vec<Task>, String> {
-    floe_crds::task_file::parse(text).map_err(|e| format!("{source}, {e}"))
+/// A task file's tasks in the format `spec` says ([`floe_crds::task_file`]; SWE-bench instances
+/// check out the image's repository); errors name `source` and the line.
+pub fn parse_jsonl(text: &str, spec: &TaskSource, source: &str) -> Result<Vec<Task>, String> {
+    floe_crds::task_file::parse_source(text, spec, floe_crds::swebench::Checkouts::Image)
+        .map_err(|e| format!("{source}, {e}"))
 }
 
 /// `evaluator.hiddenFilesFrom`: ConfigMap keys are paths with `/` written as `__` (ConfigMap
@@ -26,21 +28,24 @@ mod tests {
     fn jsonl_tasks_parse_and_bad_lines_say_where() {
         let ok = parse_jsonl(
             "{\"id\":\"a\",\"instruction\":\"x\"}\n\n{\"id\":\"b\",\"instruction\":\"y\"}\n",
+            &Default::default(),
             "cm",
         );
         assert_eq!(ok.map(|t| t.len()), Ok(2));
         let bad = parse_jsonl(
             "{\"id\":\"a\",\"instruction\":\"x\"}\n{\"id\":\n",
+            &Default::default(),
             "ConfigMap tasks/tasks.jsonl",
         );
         assert!(bad.is_err_and(|e| e.starts_with("ConfigMap tasks/tasks.jsonl, line 2")));
         let dup = parse_jsonl(
             "{\"id\":\"a\",\"instruction\":\"x\"}\n{\"id\":\"a\",\"instruction\":\"y\"}\n",
+            &Default::default(),
             "cm",
         );
         assert!(dup.is_err());
         assert_eq!(
-            parse_jsonl("\n", "cm"),
+            parse_jsonl("\n", &Default::default(), "cm"),
             Ok(Vec::new()),
             "an empty job is refused with the other checks (`floe_sandbox::checks`)"
         );

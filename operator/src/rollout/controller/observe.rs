@@ -139,7 +139,11 @@ pub(super) async fn observe(
                     format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key),
                 );
             };
-            match tasks::parse_jsonl(text, &format!("ConfigMap {}/{}", cm.name, cm.key)) {
+            match tasks::parse_jsonl(
+                text,
+                &spec.tasks,
+                &format!("ConfigMap {}/{}", cm.name, cm.key),
+            ) {
                 Ok(t) => Arc::new(t),
                 Err(e) => return blocked("InvalidTasks", e),
             }
@@ -368,7 +372,7 @@ async fn file_tasks(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Arc<
         Err(e) => return waiting(format!("reading {url}: {e}")),
     };
     let file = job.spec.tasks.file.as_ref().map_or("", |f| f.path.as_str());
-    let tasks = match tasks::parse_jsonl(&text, &format!("task file {file}")) {
+    let tasks = match tasks::parse_jsonl(&text, &job.spec.tasks, &format!("task file {file}")) {
         Ok(t) => Arc::new(t),
         Err(e) => return stalled("InvalidTasks", e),
     };
