@@ -58,7 +58,9 @@ fn load(args: &TasksArgs) -> Result<Vec<Task>, String> {
                 "--swebench and --image are for a JSONL file; a job says it in spec.tasks".into(),
             );
         }
-        return crate::run::load_plan(&args.file)
+        // As `floe run` reads it: paths relative to the job file, made absolute.
+        let file = std::path::absolute(&args.file).map_err(|e| e.to_string())?;
+        return crate::run::load_plan(&file)
             .map(|plan| plan.tasks)
             .map_err(|e| e.to_string());
     }

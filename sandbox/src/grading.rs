@@ -17,6 +17,7 @@ use serde_json::json;
 
 use crate::children::{child, startable, tail, RunnerConfig};
 use crate::confine::Access;
+use crate::grading_swebench::SweBenchPrepared;
 use crate::process::{self, Exit};
 use crate::relay;
 use crate::reward::{judge, EvaluatorFailure, EvaluatorResult, FailureReason, FAILURE_REWARD};
@@ -25,7 +26,7 @@ use crate::summary::Summary;
 use crate::workspace::{self, Protected, WorkspaceError};
 
 /// The most bytes of a reward or test report file read.
-const REPORT_LIMIT: u64 = 16 << 20;
+pub(crate) const REPORT_LIMIT: u64 = 16 << 20;
 
 /// Grades the session whose agent left `ws` (started from `pristine`). `Err`: an
 /// infrastructure failure's message.
@@ -76,7 +77,8 @@ pub(crate) async fn grade(
     let task_evaluation = spec.task.evaluation.clone().unwrap_or_default();
     let swebench = match spec.evaluator.reward.source {
         RewardSource::SweBench => {
-            let prepared = swebench_prepare(config, &task_evaluation, pristine, &eval_dir).await?;
+            let prepared =
+                SweBenchPrepared::new(config, &task_evaluation, pristine, &eval_dir).await?;
             hidden.insert(EVAL_SCRIPT.to_string(), prepared.relocated.clone());
             Some(prepared)
         }
@@ -114,43 +116,17 @@ pub(crate) async fn grade(
             Err(e) => return Err(format!("evaluation copy: {e}")),
         };
     let evaluation_env = task_evaluation.clone();
-    let mut evaluator = child(
-        config,
-        "evaluator",
+    let evaluator = Evaluator {
         program,
-        args.iter().chain(&evaluation_env.args).cloned().collect(),
-        evaluation_env.env.into_iter().collect(),
-        &eval_dir,
-        spec.timeouts.evaluator_seconds,
-    );
-    // Its whole report, when the report is its stdout: the summary is at the end.
-    evaluator.cap_bytes = REPORT_LIMIT;
-    // A program that is not there is the job's (or the image's), not the code's: said here, so
-    // that an exit code the code under test can also produce (127) is never taken for it.
-    startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;
-    if let Some(confinement) = &config.confinement {
-        // Its own namespaces too: the agent's code it runs (tests import it) reaches neither
-        // the network nor any other session, and whatever it starts dies with the namespace
-        // before the reward is read.
-        let access = Access {
-            writable: vec![&eval_dir],
-            read_only: vec![],
-            model_api: false,
-            cgroup_procs: cgroup_procs.to_vec(),
-        };
-        evaluator = confinement.wrap(evaluator, &access);
-    }
+        args: args.iter().chain(&evaluation_env.args).cloned().collect(),
+        env: evaluation_env.env.into_iter().collect(),
+        timeout_seconds: spec.timeouts.evaluator_seconds,
+        cgroup_procs,
+    };
     // Whatever ran before (none should be left) is not the evaluator's doing.
     let before = process::other_processes();
-    let ran = process::run(&evaluator).await.map_err(|e| e.to_string())?;
+    let (evaluator, ran) = evaluator.run(config, "evaluator", &eval_dir).await?;
     summary.evaluator_seconds = ran.elapsed.as_secs_f64();
-    if config.confinement.is_some() && !sandbox_started(&evaluator.stderr) {
-        return Err(format!(
-            "the evaluator's sandbox did not start ({:?}): {}",
-            ran.exit,
-            tail(&evaluator.stderr, 500)
-        ));
-    }
     if config.confinement.is_some() && ran.exit == Exit::Code(relay::STRAGGLERS) {
         let why = "the evaluator's command left a process behind (it could have rewritten the \
                    verdict after the tests)";
@@ -198,15 +174,23 @@ pub(crate) async fn grade(
         .map(|p| workspace::read_report(&eval_dir, p, REPORT_LIMIT));
     // swebench reads the log once everything the evaluator ran has ended.
     let graded = match (&swebench, &ran.exit) {
-        (Some(prepared), Exit::Code(_)) => Some(
-            crate::swebench_grade::grade(
-                &prepared.python,
-                &prepared.grading,
-                &prepared.script,
-                &stdout,
-            )
-            .await?,
-        ),
+        (Some(prepared), Exit::Code(_)) => {
+            let graded = prepared.grade(&stdout).await?;
+            if !graded.read {
+                // No results: the agent's doing only if the untouched repository has some.
+                let baseline = Evaluator {
+                    program,
+                    args: args.to_vec(),
+                    env: task_evaluation.env.clone().into_iter().collect(),
+                    timeout_seconds: spec.timeouts.evaluator_seconds,
+                    cgroup_procs,
+                };
+                prepared
+                    .baseline(config, baseline, pristine, &hidden)
+                    .await?;
+            }
+            Some(graded)
+        }
         _ => None,
     };
     let verdict = match judge(
@@ -247,54 +231,6 @@ pub(crate) async fn grade(
     })
 }
 
-/// What grading a SWE-bench instance needs before its evaluator runs.
-struct SweBenchPrepared {
-    python: std::path::PathBuf,
-    grading: floe_crds::rollout_job::SweBenchGrading,
-    /// The instance's eval script, as written.
-    script: String,
-    /// swebench's eval script with its repository directory moved to the evaluation copy.
-    relocated: String,
-}
-
-/// The checks that tell a broken instance (infrastructure) from a failed session, made on what
-/// the agent never touched, and the eval script as swebench runs it.
-async fn swebench_prepare(
-    config: &RunnerConfig,
-    evaluation: &floe_crds::rollout_job::TaskEvaluation,
-    pristine: &Path,
-    eval_dir: &Path,
-) -> Result<SweBenchPrepared, String> {
-    let grading = evaluation
-        .swebench
-        .clone()
-        .ok_or("reward.source SWEBench needs the task's evaluation.swebench (tasks.swebench)")?;
-    let python = config.swebench_python.clone().ok_or(
-        "SWE-bench grading needs a Python with the swebench package (floe run \
-         --swebench-python; FLOE_SWEBENCH_PYTHON for floe sandbox)",
-    )?;
-    let script = evaluation
-        .hidden_files
-        .get(EVAL_SCRIPT)
-        .cloned()
-        .ok_or_else(|| format!("the task has no {EVAL_SCRIPT}"))?;
-    crate::checkout::patch_applies(pristine, &grading.test_patch)
-        .await
-        .map_err(|e| format!("the instance's test patch does not apply to its base commit: {e}"))?;
-    let full = crate::swebench_grade::eval_script(&python, &grading, &script).await?;
-    let relocated = floe_crds::swebench::relocate(
-        &full,
-        &grading.repository_directory,
-        &eval_dir.to_string_lossy(),
-    );
-    Ok(SweBenchPrepared {
-        python,
-        grading,
-        script,
-        relocated,
-    })
-}
-
 /// What of the agent's changes reached the evaluation copy, for the trajectory's detail.
 fn changes_detail(applied: &workspace::Applied) -> serde_json::Value {
     json!({
@@ -303,6 +239,62 @@ fn changes_detail(applied: &workspace::Applied) -> serde_json::Value {
         "deleted": applied.applied.deleted.len(),
         "discarded": applied.discarded.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
     })
+}
+
+/// An evaluator command, run in its own sandbox (local mode) in a directory.
+pub(crate) struct Evaluator<'a> {
+    pub program: &'a str,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub timeout_seconds: i32,
+    pub cgroup_procs: &'a [std::path::PathBuf],
+}
+
+impl Evaluator<'_> {
+    /// Runs it in `dir` (writable, nothing else is): its command spec (where its output went)
+    /// and how it ended. `Err`: it could not start (floe's side or the job's).
+    pub async fn run(
+        self,
+        config: &RunnerConfig,
+        name: &str,
+        dir: &Path,
+    ) -> Result<(process::CommandSpec, process::Finished), String> {
+        let mut evaluator = child(
+            config,
+            name,
+            self.program,
+            self.args,
+            self.env,
+            dir,
+            self.timeout_seconds,
+        );
+        // Its whole report, when the report is its stdout: the summary is at the end.
+        evaluator.cap_bytes = REPORT_LIMIT;
+        // A program that is not there is the job's (or the image's), not the code's: said here,
+        // so that an exit code the code under test can also produce (127) is never taken for it.
+        startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;
+        if let Some(confinement) = &config.confinement {
+            // Its own namespaces too: the agent's code it runs (tests import it) reaches neither
+            // the network nor any other session, and whatever it starts dies with the namespace
+            // before the reward is read.
+            let access = Access {
+                writable: vec![dir],
+                read_only: vec![],
+                model_api: false,
+                cgroup_procs: self.cgroup_procs.to_vec(),
+            };
+            evaluator = confinement.wrap(evaluator, &access);
+        }
+        let ran = process::run(&evaluator).await.map_err(|e| e.to_string())?;
+        if config.confinement.is_some() && !sandbox_started(&evaluator.stderr) {
+            return Err(format!(
+                "the {name}'s sandbox did not start ({:?}): {}",
+                ran.exit,
+                tail(&evaluator.stderr, 500)
+            ));
+        }
+        Ok((evaluator, ran))
+    }
 }
 
 /// Whether `floe sandbox-exec` announced the command started: its line comes first on stderr,

@@ -28,6 +28,7 @@ pub mod disk_budget;
 pub mod egress_check;
 pub mod fidelity;
 pub mod grading;
+mod grading_swebench;
 pub mod limits;
 pub mod presets;
 pub mod process;

@@ -146,7 +146,7 @@ impl SweBenchGraded {
 
 /// swebench's verdict as a reward: resolved → 1; `Fraction` → the `FAIL_TO_PASS` fraction while
 /// every `PASS_TO_PASS` passes (swebench's `RESOLVED_PARTIAL`), else 0.
-fn swebench_verdict(
+pub(crate) fn swebench_verdict(
     graded: &SweBenchGraded,
     scoring: TestScoring,
 ) -> Result<Verdict, EvaluatorFailure> {

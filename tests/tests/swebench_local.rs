@@ -50,6 +50,7 @@ scripts = {
               " && git -c user.email=a@b -c user.name=a commit -qam tests-pass",
     "delete-tests": "rm -rf tests",
     "break-p2p": "printf 'BROKEN' > calc.py",
+    "syntax-error": "printf 'def add(a, b)\\n' > calc.py",
 }
 os.execvp("sh", ["sh", "-c", scripts[behaviour]])
 "#;
@@ -61,6 +62,8 @@ const AGENTS: &[(u32, &str, f64)] = &[
     (3, "tamper", 0.0),
     (4, "delete-tests", 0.0),
     (5, "break-p2p", 0.0),
+    // Collection fails: the tests run on the untouched repository, so it is the agent's 0.
+    (6, "syntax-error", 0.0),
 ];
 
 fn agent() -> String {
@@ -76,9 +79,18 @@ fn agent() -> String {
 }
 
 fn job(dir: &Path, model_url: &str, activate: &Path) -> Result<std::path::PathBuf> {
+    job_of(dir, model_url, activate, AGENTS)
+}
+
+fn job_of(
+    dir: &Path,
+    model_url: &str,
+    activate: &Path,
+    agents: &[(u32, &str, f64)],
+) -> Result<std::path::PathBuf> {
     let checkout = dir.join("repos").join(swe::REPO);
     let up = swe::upstream(&checkout)?;
-    let lines: Vec<String> = AGENTS
+    let lines: Vec<String> = agents
         .iter()
         .map(|(n, behaviour, _)| {
             let statement = format!(
@@ -210,7 +222,7 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
         "{stdout}"
     );
     assert!(
-        stdout.ends_with("5 task(s), 5 image(s), 1 SWE-bench repository\n"),
+        stdout.ends_with("6 task(s), 6 image(s), 1 SWE-bench repository\n"),
         "{stdout}"
     );
     // Through the job: the local checkout, relative to the job file, made absolute.
@@ -228,7 +240,7 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
         "--swebench".as_ref(),
         "--json".as_ref(),
     ])?;
-    assert_eq!(json_lines.lines().count(), 5);
+    assert_eq!(json_lines.lines().count(), 6);
     assert!(!json_lines.contains(GOLD_PATCH_MARKER), "{json_lines}");
     // A malformed instance: one line naming it, exit 2, before any session.
     let text = std::fs::read_to_string(&file)?;
@@ -259,5 +271,41 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
     );
     assert!(stderr.contains(why), "{stderr}");
     assert!(!out.join("sessions").exists());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Result<()> {
+    let install = swe::install_dir()?;
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
+    let out = dir.path().join("out");
+    // An environment without pytest: no test ever runs, fixed or not.
+    let job = job_of(
+        dir.path(),
+        &model.url,
+        Path::new("/nonexistent/bin/activate"),
+        &[(1, "fix", 1.0)],
+    )?;
+    let (code, _, stderr) = floe(&[
+        "run".as_ref(),
+        job.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--model-url".as_ref(),
+        model.url.as_ref(),
+        "--swebench-python".as_ref(),
+        install.join("venv/bin/python").as_os_str(),
+    ])?;
+    assert_eq!(code, Some(1), "{stderr}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(
+        out.join("sessions/swe-acme__calc-1-0/summary.json"),
+    )?)?;
+    assert_eq!(s["status"], "infra_error", "{s}");
+    let message = s["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("untouched repository") && message.contains("No module named pytest"),
+        "{s}"
+    );
     Ok(())
 }

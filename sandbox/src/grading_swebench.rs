@@ -1,0 +1,194 @@
+//! Grading a SWE-bench instance (`reward.source: SWEBench`): what is checked on the untouched
+//! repository, so that a broken instance is infrastructure and never a session's 0, and the
+//! eval script and log through the `swebench` package ([`crate::swebench_grade`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use floe_crds::rollout_job::{SweBenchGrading, TaskEvaluation};
+use floe_crds::swebench::{relocate, EVAL_SCRIPT};
+
+use crate::children::RunnerConfig;
+use crate::grading::Evaluator;
+use crate::reward::SweBenchGraded;
+use crate::workspace;
+
+/// What grading a SWE-bench instance needs before its evaluator runs.
+pub(crate) struct SweBenchPrepared {
+    python: PathBuf,
+    grading: SweBenchGrading,
+    /// The instance's eval script, as written.
+    script: String,
+    /// swebench's eval script with its repository directory moved to the evaluation copy.
+    pub relocated: String,
+}
+
+impl SweBenchPrepared {
+    /// Checks the test patch applies to the untouched repository (`pristine`), and asks
+    /// swebench for the eval script.
+    pub async fn new(
+        config: &RunnerConfig,
+        evaluation: &TaskEvaluation,
+        pristine: &Path,
+        eval_dir: &Path,
+    ) -> Result<Self, String> {
+        let grading = evaluation.swebench.clone().ok_or(
+            "reward.source SWEBench needs the task's evaluation.swebench (tasks.swebench)",
+        )?;
+        let python = config.swebench_python.clone().ok_or(
+            "SWE-bench grading needs a Python with the swebench package (floe run \
+             --swebench-python; FLOE_SWEBENCH_PYTHON for floe sandbox)",
+        )?;
+        let script = evaluation
+            .hidden_files
+            .get(EVAL_SCRIPT)
+            .cloned()
+            .ok_or_else(|| format!("the task has no {EVAL_SCRIPT}"))?;
+        crate::checkout::patch_applies(pristine, &grading.test_patch)
+            .await
+            .map_err(|e| {
+                format!("the instance's test patch does not apply to its base commit: {e}")
+            })?;
+        let full = crate::swebench_grade::eval_script(&python, &grading, &script).await?;
+        let relocated = relocate(
+            &full,
+            &grading.repository_directory,
+            &eval_dir.to_string_lossy(),
+        );
+        Ok(Self {
+            python,
+            grading,
+            script,
+            relocated,
+        })
+    }
+
+    /// swebench's verdict on an eval log.
+    pub async fn grade(&self, log: &str) -> Result<SweBenchGraded, String> {
+        crate::swebench_grade::grade(&self.python, &self.grading, &self.script, log).await
+    }
+
+    /// The same eval script on the untouched repository, for a session whose log swebench
+    /// read no results from: when this one has none either, the instance's tests cannot run
+    /// here (an image without its environment, a parser that does not fit) — infrastructure,
+    /// `Err` with the reason. The repository at its base commit runs no agent code.
+    pub async fn baseline(
+        &self,
+        config: &RunnerConfig,
+        evaluator: Evaluator<'_>,
+        pristine: &Path,
+        hidden: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        let dir = config.state_dir.join("baseline");
+        let _ = std::fs::remove_dir_all(&dir);
+        workspace::copy_tree(pristine, &dir).map_err(|e| format!("baseline copy: {e}"))?;
+        let mut files = hidden.clone();
+        let script = self.relocated.replace(
+            &*config.state_dir.join("eval").to_string_lossy(),
+            &dir.to_string_lossy(),
+        );
+        files.insert(EVAL_SCRIPT.to_string(), script);
+        workspace::write_files(&dir, &files).map_err(|e| format!("baseline copy: {e}"))?;
+        let (spec, ran) = evaluator.run(config, "baseline", &dir).await?;
+        let log = crate::children::tail(&spec.stdout, crate::grading::REPORT_LIMIT as usize);
+        let graded = self.grade(&log).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        if graded.read {
+            return Ok(());
+        }
+        let hint = graded
+            .hint
+            .map(|h| format!(" (swebench's hint: {h})"))
+            .unwrap_or_default();
+        Err(format!(
+            "the instance's tests give swebench no results on its untouched repository either \
+             ({:?}{hint}): its environment or log parser does not fit; the tests' output ends: {}",
+            ran.exit,
+            test_output_tail(&log, 3)
+        ))
+    }
+}
+
+/// The last `n` lines the tests printed (between swebench's markers, else of the whole log).
+fn test_output_tail(log: &str, n: usize) -> String {
+    let section = log
+        .split_once(">>>>> Start Test Output")
+        .map_or(log, |(_, after)| after);
+    let section = section
+        .split_once(">>>>> End Test Output")
+        .map_or(section, |(before, _)| before);
+    let lines: Vec<&str> = section
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("+ "))
+        .collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use floe_crds::rollout_job::TestScoring;
+    use serde_json::json;
+
+    use crate::reward::{swebench_verdict, EvaluatorFailure, FailureReason, SweBenchGraded};
+
+    /// swebench's answer for a log with `f2p` of 2 FAIL_TO_PASS and `p2p` of 1 PASS_TO_PASS passing.
+    fn graded(f2p: usize, p2p: usize) -> SweBenchGraded {
+        let names = |n: usize, of: usize, t: &str| {
+            let all: Vec<String> = (0..of).map(|i| format!("{t}{i}")).collect();
+            json!({"success": all[..n], "failure": all[n..]})
+        };
+        let answer = json!({
+            "version": "5.0.2",
+            "report": {
+                "patch_successfully_applied": true,
+                "resolved": f2p == 2 && p2p == 1,
+                "tests_status": {"FAIL_TO_PASS": names(f2p, 2, "f"), "PASS_TO_PASS": names(p2p, 1, "p")},
+            },
+            "f2p": f2p as f64 / 2.0,
+            "p2p": p2p as f64,
+        });
+        SweBenchGraded::from_report(&answer).expect("graded")
+    }
+
+    #[test]
+    fn resolution_and_partial_credit_follow_swebench() {
+        let reward = |g: &SweBenchGraded, scoring| swebench_verdict(g, scoring).map(|v| v.reward);
+        assert_eq!(reward(&graded(2, 1), TestScoring::AllPass), Ok(1.0));
+        assert_eq!(reward(&graded(1, 1), TestScoring::AllPass), Ok(0.0));
+        // Partial credit only while every PASS_TO_PASS passes (RESOLVED_PARTIAL).
+        assert_eq!(reward(&graded(1, 1), TestScoring::Fraction), Ok(0.5));
+        assert_eq!(reward(&graded(1, 0), TestScoring::Fraction), Ok(0.0));
+        assert_eq!(reward(&graded(2, 0), TestScoring::Fraction), Ok(0.0));
+        let counts = swebench_verdict(&graded(1, 1), TestScoring::AllPass)
+            .expect("verdict")
+            .tests
+            .expect("counts");
+        assert_eq!((counts.passed, counts.failed), (2, 1));
+        // No results read: the policy's 0 with a reason, swebench's hint kept in the message.
+        let unread = SweBenchGraded::from_report(&json!({"version": "5.0.2", "report": {
+            "patch_successfully_applied": false, "resolved": false,
+            "infra_failure_reason": "no_tests_collected"}}))
+        .expect("graded");
+        match swebench_verdict(&unread, TestScoring::AllPass) {
+            Err(EvaluatorFailure::ByTheCode { reason, message }) => {
+                assert_eq!(reason, FailureReason::NoVerdict);
+                assert!(message.contains("no_tests_collected"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(SweBenchGraded::from_report(&json!({"error": "x"})).is_err());
+    }
+
+    #[test]
+    fn the_tail_is_what_the_tests_printed() {
+        let log = "+ cd /testbed\n+ : '>>>>> Start Test Output'\n+ python -m pytest\n\
+                   /usr/bin/python: No module named pytest\n+ SWEBENCH_TEST_EXIT_CODE=1\n\
+                   + : '>>>>> End Test Output'\n+ git checkout x\nUpdated 1 path\n";
+        assert_eq!(
+            super::test_output_tail(log, 3),
+            "/usr/bin/python: No module named pytest"
+        );
+    }
+}
