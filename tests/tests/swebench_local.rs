@@ -184,6 +184,35 @@ async fn swebench_instances_resolve_only_with_the_fix_and_the_agent_sees_no_patc
             "{behaviour}: {harness_log}"
         );
     }
+    // SFT over instances (Polar's offline mode): only resolved sessions are kept, each with
+    // swebench's verdict; the summary has the acceptance rate and each instance's resolution.
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+    assert_eq!(summary["dataset"]["accepted"], 1, "{summary}");
+    let rate = summary["dataset"]["acceptanceRate"].as_f64();
+    assert!(
+        rate.is_some_and(|r| (r - 1.0 / AGENTS.len() as f64).abs() < 1e-9),
+        "{summary}"
+    );
+    assert_eq!(
+        summary["tasks"]["acme__calc-1"]["passRate"], 1.0,
+        "{summary}"
+    );
+    assert_eq!(
+        summary["tasks"]["acme__calc-2"]["passRate"], 0.0,
+        "{summary}"
+    );
+    let dataset = std::fs::read_to_string(out.join("dataset.jsonl"))?;
+    let record: Value = serde_json::from_str(dataset.lines().next().context("a record")?)?;
+    let evaluation = &record["evaluation"];
+    assert_eq!(
+        evaluation["detail"]["swebench"]["resolved"], true,
+        "{evaluation}"
+    );
+    assert_eq!(
+        evaluation["detail"]["swebench"]["version"], "5.0.2",
+        "{evaluation}"
+    );
+    assert_eq!(record["metadata"]["swebench.repo"], swe::REPO, "{record}");
     Ok(())
 }
 
