@@ -16,6 +16,7 @@ mod run;
 mod sandbox;
 mod serve_http;
 mod serve_tasks;
+mod swebench_pod;
 mod tasks;
 mod trajectories;
 
@@ -98,6 +99,13 @@ enum Command {
         #[command(subcommand)]
         command: trajectories::TrajectoriesCommand,
     },
+    /// A SWE-bench pod's init step: copy the image's repository directory into the workspace
+    /// volume (docs/swebench.md).
+    #[command(hide = true)]
+    SeedWorkspace(swebench_pod::SeedArgs),
+    /// A SWE-bench pod's grading sidecar: the `swebench` package's eval scripts and verdicts,
+    /// on loopback, for the pod's runner (docs/swebench.md).
+    SwebenchBridge(swebench_pod::BridgeArgs),
     /// Started by `floe run`: kill what the run left once the run is gone (even SIGKILLed).
     #[command(hide = true)]
     RunWatchdog {
@@ -142,6 +150,8 @@ enum CliError {
     ServeTasks(#[from] serve_tasks::ServeTasksError),
     #[error(transparent)]
     PolicyProxy(#[from] policy_proxy::PolicyProxyError),
+    #[error(transparent)]
+    Serve(#[from] serve_http::ServeError),
     #[error("cannot install the floe binary to {0}: {1}")]
     Install(std::path::PathBuf, std::io::Error),
 }
@@ -193,6 +203,12 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::ServeTasks(args) => serve_tasks::run(args)?,
         Command::PolicyProxy(args) => policy_proxy::run(args)?,
         Command::Doctor(args) => return Ok(ExitCode::from(doctor::main(&args))),
+        Command::SeedWorkspace(args) => {
+            return Ok(ExitCode::from(
+                u8::try_from(swebench_pod::seed(&args)).unwrap_or(1),
+            ))
+        }
+        Command::SwebenchBridge(args) => swebench_pod::bridge(args)?,
         Command::Tasks(args) => {
             return Ok(ExitCode::from(
                 u8::try_from(tasks::main(&args)).unwrap_or(2),

@@ -76,8 +76,20 @@ pub struct SandboxArgs {
     disk_budget: u64,
     /// A Python with the `swebench` package, which grades SWE-bench instances
     /// (`reward.source: SWEBench`).
-    #[arg(long, env = "FLOE_SWEBENCH_PYTHON")]
+    #[arg(long, env = "FLOE_SWEBENCH_PYTHON", conflicts_with = "swebench_url")]
     swebench_python: Option<PathBuf>,
+    /// A `floe swebench-bridge` that grades them instead (a pod's sidecar).
+    #[arg(long, env = "FLOE_SWEBENCH_URL")]
+    swebench_url: Option<String>,
+    /// Build the evaluation copy here instead of under the state directory (a pod grading
+    /// SWE-bench instances: the image's repository directory, which its environment imports
+    /// from).
+    #[arg(long, env = "FLOE_EVAL_DIR")]
+    eval_dir: Option<PathBuf>,
+    /// The workspace already holds a copy of this image directory (the pod's seed step): a task
+    /// whose repository it is checks out in place.
+    #[arg(long, env = "FLOE_SEEDED_FROM")]
+    seeded_from: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -178,7 +190,13 @@ pub fn main(args: SandboxArgs) -> i32 {
             }),
         egress_check: args.egress_check,
         disk_budget: (args.disk_budget > 0).then_some(args.disk_budget),
-        swebench_python: args.swebench_python,
+        swebench: match (args.swebench_python, args.swebench_url) {
+            (Some(python), _) => Some(floe_sandbox::swebench_grade::Bridge::Python(python)),
+            (None, Some(url)) => Some(floe_sandbox::swebench_grade::Bridge::Url(url)),
+            (None, None) => None,
+        },
+        eval_dir: args.eval_dir,
+        seeded_from: args.seeded_from,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

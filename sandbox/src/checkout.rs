@@ -20,21 +20,66 @@ use crate::workspace;
 
 /// Makes `ws` (an existing directory) the repository's tree at its commit.
 pub async fn check_out(repository: &TaskRepository, ws: &Path) -> Result<(), String> {
-    let source = Path::new(&repository.path);
+    check_out_from(Path::new(&repository.path), &repository.commit, ws).await
+}
+
+/// The same for a workspace that already holds a copy of the repository (a pod's seed step
+/// copied the image's directory in): its `.git`, with all its history, is replaced by one
+/// holding the commit alone, built in `scratch` (runner-private).
+pub async fn check_out_in_place(commit: &str, ws: &Path, scratch: &Path) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(scratch);
+    std::fs::create_dir_all(scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    let sha = git(
+        ws,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{commit}^{{commit}}"),
+        ],
+    )
+    .await
+    .map_err(|e| format!("the seeded repository has no commit {commit}: {e}"))?;
+    let head = git(ws, &["rev-parse", "--verify", "--quiet", "HEAD"])
+        .await
+        .unwrap_or_default();
+    git(scratch, &["init", "-q"]).await?;
+    let url = format!("file://{}", ws.display());
+    git(
+        scratch,
+        &["fetch", "-q", "--depth", "1", "--no-tags", &url, &sha],
+    )
+    .await?;
+    let old = ws.join(".git");
+    std::fs::remove_dir_all(&old).map_err(|e| format!("{}: {e}", old.display()))?;
+    workspace::copy_tree(&scratch.join(".git"), &old).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_dir_all(scratch);
+    let _ = std::fs::remove_file(old.join("FETCH_HEAD"));
+    if head == sha {
+        // The index as the commit; the working tree stays the image's (its build products too).
+        git(ws, &["reset", "-q", &sha]).await?;
+    } else {
+        // A copy checked out elsewhere: the commit's files, untracked ones kept.
+        git(ws, &["reset", "-q", "--hard", &sha]).await?;
+    }
+    tracing::info!(commit = %sha, "checked out in place");
+    Ok(())
+}
+
+async fn check_out_from(source: &Path, commit: &str, ws: &Path) -> Result<(), String> {
     if !source.is_dir() {
         return Err(format!(
             "the task's repository {} is not a directory here",
             source.display()
         ));
     }
-    let commit = format!("{}^{{commit}}", repository.commit);
-    let sha = git(source, &["rev-parse", "--verify", "--quiet", &commit])
+    let wanted = format!("{commit}^{{commit}}");
+    let sha = git(source, &["rev-parse", "--verify", "--quiet", &wanted])
         .await
         .map_err(|e| {
             format!(
-                "the task's repository {} has no commit {}: {e}",
+                "the task's repository {} has no commit {commit}: {e}",
                 source.display(),
-                repository.commit
             )
         })?;
     let head = git(source, &["rev-parse", "--verify", "--quiet", "HEAD"])
@@ -171,6 +216,33 @@ mod tests {
         assert_eq!(run(&ws, &["status", "--porcelain"]), "");
         let all_objects = run(&ws, &["cat-file", "--batch-all-objects", "--batch-check"]);
         assert!(!all_objects.contains("commit") || all_objects.matches("commit").count() == 1);
+    }
+
+    #[tokio::test]
+    async fn a_seeded_workspace_keeps_its_files_and_loses_its_later_history() {
+        let root = tempfile::tempdir().expect("tmp");
+        let (src, base) = repository(root.path());
+        // The seed: the image's directory copied whole, `.git` and a build product included,
+        // checked out at the base commit as the public images are.
+        run(&src, &["checkout", "-q", &base]);
+        std::fs::write(src.join("_ext.so"), "built").expect("w");
+        check_out_in_place(&base, &src, &root.path().join("scratch"))
+            .await
+            .expect("in place");
+        assert_eq!(run(&src, &["log", "--all", "--format=%s"]), "base");
+        assert_eq!(run(&src, &["tag"]), "");
+        assert_eq!(run(&src, &["status", "--porcelain"]), "?? _ext.so");
+        assert!(!root.path().join("scratch").exists());
+        // A copy at another commit (the fix) gets the base commit's files.
+        let (other, base) = repository(&root.path().join("other"));
+        check_out_in_place(&base, &other, &root.path().join("scratch"))
+            .await
+            .expect("in place");
+        assert_eq!(
+            std::fs::read_to_string(other.join("calc.py")).expect("read"),
+            "def add(a, b):\n    return a - b\n"
+        );
+        assert_eq!(run(&other, &["log", "--all", "--format=%s"]), "base");
     }
 
     #[tokio::test]

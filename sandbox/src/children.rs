@@ -49,9 +49,24 @@ pub struct RunnerConfig {
     /// Bytes the harness's workspace and home may hold together while it runs
     /// ([`crate::disk_budget`]); `None`: no budget.
     pub disk_budget: Option<u64>,
-    /// A Python with the `swebench` package, for `reward.source: SWEBench`
-    /// ([`crate::swebench_grade`]).
-    pub swebench_python: Option<PathBuf>,
+    /// What grades `reward.source: SWEBench` ([`crate::swebench_grade`]).
+    pub swebench: Option<crate::swebench_grade::Bridge>,
+    /// Where the evaluation copy is built (default `state_dir/eval`). A pod grading SWE-bench
+    /// instances mounts it where the image keeps the repository (`/testbed`): the image's
+    /// environment (an editable install) imports from there.
+    pub eval_dir: Option<PathBuf>,
+    /// The workspace already holds a copy of this image directory (a pod's seed step copied it
+    /// before the runner started): a task whose `repository.path` it is checks out in place.
+    pub seeded_from: Option<PathBuf>,
+}
+
+impl RunnerConfig {
+    /// Where the evaluation copy is built.
+    pub fn eval_dir(&self) -> PathBuf {
+        self.eval_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("eval"))
+    }
 }
 
 /// Where the agent container is and what it shares with this one.

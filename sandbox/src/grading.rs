@@ -73,7 +73,7 @@ pub(crate) async fn grade(
         Err(e) => return Err(format!("diff: {e}")),
     };
     let mut hidden = spec.all_hidden_files();
-    let eval_dir = config.state_dir.join("eval");
+    let eval_dir = config.eval_dir();
     let task_evaluation = spec.task.evaluation.clone().unwrap_or_default();
     let swebench = match spec.evaluator.reward.source {
         RewardSource::SweBench => {
@@ -109,6 +109,8 @@ pub(crate) async fn grade(
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
     let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
+    // A mounted evaluation directory (a pod's `/testbed`) may hold an earlier attempt's copy.
+    workspace::clear(&eval_dir).map_err(|e| format!("evaluation copy: {e}"))?;
     let applied =
         match workspace::evaluation_copy(pristine, ws, &eval_dir, &changes, &protected, &hidden) {
             Ok(a) => a,

@@ -3,7 +3,7 @@
 //! eval script and log through the `swebench` package ([`crate::swebench_grade`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use floe_crds::rollout_job::{SweBenchGrading, TaskEvaluation};
 use floe_crds::swebench::{relocate, EVAL_SCRIPT};
@@ -11,11 +11,12 @@ use floe_crds::swebench::{relocate, EVAL_SCRIPT};
 use crate::children::RunnerConfig;
 use crate::grading::Evaluator;
 use crate::reward::SweBenchGraded;
+use crate::swebench_grade::Bridge;
 use crate::workspace;
 
 /// What grading a SWE-bench instance needs before its evaluator runs.
 pub(crate) struct SweBenchPrepared {
-    python: PathBuf,
+    bridge: Bridge,
     grading: SweBenchGrading,
     /// The instance's eval script, as written.
     script: String,
@@ -35,9 +36,9 @@ impl SweBenchPrepared {
         let grading = evaluation.swebench.clone().ok_or(
             "reward.source SWEBench needs the task's evaluation.swebench (tasks.swebench)",
         )?;
-        let python = config.swebench_python.clone().ok_or(
+        let bridge = config.swebench.clone().ok_or(
             "SWE-bench grading needs a Python with the swebench package (floe run \
-             --swebench-python; FLOE_SWEBENCH_PYTHON for floe sandbox)",
+             --swebench-python; floe sandbox --swebench-python or --swebench-url)",
         )?;
         let script = evaluation
             .hidden_files
@@ -49,14 +50,14 @@ impl SweBenchPrepared {
             .map_err(|e| {
                 format!("the instance's test patch does not apply to its base commit: {e}")
             })?;
-        let full = crate::swebench_grade::eval_script(&python, &grading, &script).await?;
+        let full = bridge.eval_script(&grading, &script).await?;
         let relocated = relocate(
             &full,
             &grading.repository_directory,
             &eval_dir.to_string_lossy(),
         );
         Ok(Self {
-            python,
+            bridge,
             grading,
             script,
             relocated,
@@ -65,7 +66,7 @@ impl SweBenchPrepared {
 
     /// swebench's verdict on an eval log.
     pub async fn grade(&self, log: &str) -> Result<SweBenchGraded, String> {
-        crate::swebench_grade::grade(&self.python, &self.grading, &self.script, log).await
+        self.bridge.grade(&self.grading, &self.script, log).await
     }
 
     /// The same eval script on the untouched repository, for a session whose log swebench
@@ -79,20 +80,15 @@ impl SweBenchPrepared {
         pristine: &Path,
         hidden: &BTreeMap<String, String>,
     ) -> Result<(), String> {
-        let dir = config.state_dir.join("baseline");
-        let _ = std::fs::remove_dir_all(&dir);
+        // Where the evaluation ran (the image's environment may import from there only), now
+        // holding the untouched repository.
+        let dir = config.eval_dir();
+        workspace::clear(&dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::copy_tree(pristine, &dir).map_err(|e| format!("baseline copy: {e}"))?;
-        let mut files = hidden.clone();
-        let script = self.relocated.replace(
-            &*config.state_dir.join("eval").to_string_lossy(),
-            &dir.to_string_lossy(),
-        );
-        files.insert(EVAL_SCRIPT.to_string(), script);
-        workspace::write_files(&dir, &files).map_err(|e| format!("baseline copy: {e}"))?;
+        workspace::write_files(&dir, hidden).map_err(|e| format!("baseline copy: {e}"))?;
         let (spec, ran) = evaluator.run(config, "baseline", &dir).await?;
         let log = crate::children::tail(&spec.stdout, crate::grading::REPORT_LIMIT as usize);
         let graded = self.grade(&log).await?;
-        let _ = std::fs::remove_dir_all(&dir);
         if graded.read {
             return Ok(());
         }

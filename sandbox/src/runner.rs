@@ -367,7 +367,15 @@ async fn session_outcome(
     // The task: its repository, files, prepare steps, then the snapshot the evaluator starts
     // from.
     if let Some(repository) = &spec.task.repository {
-        if let Err(e) = crate::checkout::check_out(repository, ws).await {
+        let seeded = config.seeded_from.as_deref() == Some(Path::new(&repository.path));
+        let checked_out = match seeded {
+            true => {
+                let scratch = state.join("checkout");
+                crate::checkout::check_out_in_place(&repository.commit, ws, &scratch).await
+            }
+            false => crate::checkout::check_out(repository, ws).await,
+        };
+        if let Err(e) = checked_out {
             return infra_error(e);
         }
     }

@@ -1,14 +1,16 @@
 //! SWE-bench grading through the `swebench` package (`evaluator.reward.source: SWEBench`).
 //!
 //! Two calls of a Python that has the package, each a fresh `python -I` (no workspace on its
-//! path, no `PYTHON*` variables) running floe's bridge (`swebench_grade.py`):
+//! path, no `PYTHON*` variables) running floe's bridge (`swebench_grade.py`) — here, or in a
+//! pod's grading sidecar (`floe swebench-bridge`, its own image) reached over loopback HTTP,
+//! since an instance's image has no swebench:
 //! - before the evaluator: the eval script as swebench's `TestSpec` makes it from the instance
 //!   (it adds the line recording the test command's exit status, which its grading reads);
 //! - after it, outside the evaluator's sandbox and after everything in it has ended: the log
 //!   (the script's stdout and stderr together, captured by floe) graded by swebench's parser and
 //!   report. Nothing the code under test leaves behind is read, only what it printed.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -38,39 +40,77 @@ fn instance(grading: &SweBenchGrading, eval_script: &str) -> serde_json::Value {
     })
 }
 
-/// The eval script swebench runs for this instance.
-pub async fn eval_script(
-    python: &Path,
-    grading: &SweBenchGrading,
-    script: &str,
-) -> Result<String, String> {
-    let answer = call(
-        python,
-        json!({"do": "script", "instance": instance(grading, script)}),
-    )
-    .await?;
-    answer["eval_script"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| format!("swebench answered no eval script: {answer}"))
+/// Where the bridge runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bridge {
+    /// This Python (it has swebench).
+    Python(PathBuf),
+    /// A `floe swebench-bridge` at this URL (a pod's sidecar).
+    Url(String),
 }
 
-/// swebench's verdict on `log`.
-pub async fn grade(
-    python: &Path,
-    grading: &SweBenchGrading,
-    script: &str,
-    log: &str,
-) -> Result<SweBenchGraded, String> {
-    let answer = call(
-        python,
-        json!({"do": "grade", "instance": instance(grading, script), "log": log}),
-    )
-    .await?;
-    SweBenchGraded::from_report(&answer)
+impl Bridge {
+    /// The eval script swebench runs for this instance.
+    pub async fn eval_script(
+        &self,
+        grading: &SweBenchGrading,
+        script: &str,
+    ) -> Result<String, String> {
+        let answer = self
+            .call(json!({"do": "script", "instance": instance(grading, script)}))
+            .await?;
+        answer["eval_script"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("swebench answered no eval script: {answer}"))
+    }
+
+    /// swebench's verdict on `log`.
+    pub async fn grade(
+        &self,
+        grading: &SweBenchGrading,
+        script: &str,
+        log: &str,
+    ) -> Result<SweBenchGraded, String> {
+        let answer = self
+            .call(json!({"do": "grade", "instance": instance(grading, script), "log": log}))
+            .await?;
+        SweBenchGraded::from_report(&answer)
+    }
+
+    async fn call(&self, request: serde_json::Value) -> Result<serde_json::Value, String> {
+        match self {
+            Self::Python(python) => call(python, request).await,
+            Self::Url(url) => {
+                let answer: serde_json::Value = reqwest::Client::new()
+                    .post(url)
+                    .json(&request)
+                    .timeout(CALL_DEADLINE)
+                    .send()
+                    .await
+                    .and_then(|r| r.error_for_status())
+                    .map_err(|e| format!("SWE-bench grading at {url}: {e}"))?
+                    .json()
+                    .await
+                    .map_err(|e| format!("SWE-bench grading at {url}: {e}"))?;
+                match answer.get("error").and_then(|e| e.as_str()) {
+                    Some(error) => Err(error.to_string()),
+                    None => Ok(answer),
+                }
+            }
+        }
+    }
 }
 
-async fn call(python: &Path, request: serde_json::Value) -> Result<serde_json::Value, String> {
+/// One call of the bridge with `python` (what `floe swebench-bridge` serves).
+pub async fn call(python: &Path, request: serde_json::Value) -> Result<serde_json::Value, String> {
+    call_python(python, request).await
+}
+
+async fn call_python(
+    python: &Path,
+    request: serde_json::Value,
+) -> Result<serde_json::Value, String> {
     let mut child = tokio::process::Command::new(python)
         .args(["-I", "-c", BRIDGE])
         .stdin(Stdio::piped())

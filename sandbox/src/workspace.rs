@@ -138,6 +138,16 @@ pub fn copy_tree(from: &Path, to: &Path) -> Result<(), WorkspaceError> {
     copy_dir(&src, &dst, from)
 }
 
+/// Empties `dir` (nothing followed), keeping the directory itself (a mount point); a `dir`
+/// that is not there is made.
+pub fn clear(dir: &Path) -> Result<(), WorkspaceError> {
+    let d = Dir::create(dir).map_err(io(dir))?;
+    for name in d.names().map_err(io(dir))? {
+        d.remove(&name).map_err(io(&dir.join(&name)))?;
+    }
+    Ok(())
+}
+
 /// [`copy_tree`] into an existing directory, leaving out the top-level entries named `except`.
 pub fn copy_tree_except(from: &Path, to: &Path, except: &[&str]) -> Result<(), WorkspaceError> {
     let src = Dir::open(from).map_err(io(from))?;

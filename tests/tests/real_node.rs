@@ -22,6 +22,8 @@ use serde_json::{json, Value};
 mod grading;
 #[path = "real_node/prometheus.rs"]
 mod prometheus;
+#[path = "real_node/swebench.rs"]
+mod swebench;
 #[path = "real_node/training.rs"]
 mod training;
 

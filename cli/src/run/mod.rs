@@ -392,7 +392,12 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 // Its own network namespace reaches only the gateway ([`sandboxing`]).
                 egress_check: None,
                 disk_budget: (args.limits.session_disk > 0).then_some(args.limits.session_disk),
-                swebench_python: args.swebench_python.clone(),
+                swebench: args
+                    .swebench_python
+                    .clone()
+                    .map(floe_sandbox::swebench_grade::Bridge::Python),
+                eval_dir: None,
+                seeded_from: None,
             };
             running.spawn(async move {
                 let t0 = Instant::now();

@@ -59,6 +59,11 @@ pub struct SweBenchTasks {
     #[serde(default = "default_local_checkouts")]
     #[schemars(length(min = 1, max = 4096))]
     pub local_checkouts: String,
+    /// Pods: the image of the grading sidecar, which has the `swebench` package and a `python3`
+    /// (an instance's image has neither); `deploy/swebench-grader/Dockerfile` builds it.
+    #[serde(default = "default_grader_image")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub grader_image: String,
 }
 
 impl Default for SweBenchTasks {
@@ -67,6 +72,7 @@ impl Default for SweBenchTasks {
             image: default_swebench_image(),
             repository_directory: default_repository_directory(),
             local_checkouts: default_local_checkouts(),
+            grader_image: default_grader_image(),
         }
     }
 }
@@ -76,6 +82,9 @@ fn default_swebench_image() -> String {
 }
 fn default_repository_directory() -> String {
     "/testbed".to_string()
+}
+fn default_grader_image() -> String {
+    "ghcr.io/floe-dev/swebench-grader:5.0.2".to_string()
 }
 fn default_local_checkouts() -> String {
     "repos/{repo}".to_string()
@@ -195,8 +204,7 @@ pub struct SweBenchGrading {
     /// `owner/name`.
     #[schemars(length(min = 1, max = 256))]
     pub repo: String,
-    /// The instance's `version` (the environment it was validated in).
-    #[serde(default)]
+    /// The instance's `version` (the environment it was validated in; may be empty).
     #[schemars(length(max = 64))]
     pub version: String,
     /// A parser of `swebench`'s registry (e.g. `parse_log_pytest`).
@@ -208,8 +216,7 @@ pub struct SweBenchGrading {
     pub eval_type: String,
     /// Tests the fix must make pass.
     pub fail_to_pass: Vec<String>,
-    /// Tests that must still pass.
-    #[serde(default)]
+    /// Tests that must still pass (may be empty).
     pub pass_to_pass: Vec<String>,
     /// The patch adding the instance's tests: floe checks it applies to the untouched
     /// repository, which tells a broken instance (infrastructure) from a failed one.

@@ -4,6 +4,7 @@
 
 pub mod names;
 pub mod sandbox;
+pub mod swebench;
 pub mod view;
 pub mod writes;
 

@@ -85,6 +85,9 @@ pub fn build(p: &SessionPodFor) -> Result<Pod, serde_json::Error> {
         secret: &secret,
         native_sidecars: p.native_sidecars,
     })?;
+    if let Some(settings) = &p.job.spec.tasks.swebench {
+        pod = crate::pods::swebench::adapt(pod, settings)?;
+    }
     let meta = &mut pod.metadata;
     let labels = meta.labels.get_or_insert_with(BTreeMap::new);
     // Not a pool's pod: no pool controller may count or adopt it.

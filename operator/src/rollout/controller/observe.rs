@@ -116,6 +116,14 @@ pub(super) async fn observe(
         }
         None => None,
     };
+    if spec.tasks.swebench.is_some() && spec.pool_ref.is_some() {
+        return blocked(
+            "InvalidSpec",
+            "SWE-bench instances (spec.tasks.swebench) each run in their own image: use \
+             spec.poolTemplate (a pod per session, lookahead pre-warming), not a pool"
+                .into(),
+        );
+    }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
         (Some(t), _, _) => Arc::new(t.clone()),

@@ -1,0 +1,152 @@
+//! A `poolTemplate` pod for SWE-bench instances (`tasks.swebench`; docs/swebench.md). The
+//! public images keep the repository, built and installed in place, at `/testbed`, and their
+//! environment imports from there; the pod's volumes would hide it. So:
+//! - an init container of the instance's image copies `/testbed` into the workspace volume
+//!   (`floe seed-workspace`); the runner then replaces its `.git` by one holding the base commit
+//!   alone before the agent starts;
+//! - the agent works in that volume mounted at `/testbed`, where its own test runs import it;
+//! - the grader mounts the workspace elsewhere and builds the evaluation copy in a volume of its
+//!   own mounted at `/testbed`, where the instance's eval script and environment expect it;
+//! - a sidecar of an image with the `swebench` package answers the grader on loopback.
+
+use floe_crds::rollout_job::SweBenchTasks;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
+
+use super::names::{AGENT_CONTAINER, GRADER_CONTAINER};
+
+/// The grader's view of the workspace volume (its `/testbed` is the evaluation copy's).
+const GRADER_WORKSPACE: &str = "/floe-workspace";
+const SEED_MOUNT: &str = "/floe-seed";
+pub const BRIDGE_CONTAINER: &str = "swebench";
+const BRIDGE_LISTEN: &str = "127.0.0.1:8391";
+
+/// Rewrites a sandbox pod built by [`super::sandbox::build`] for SWE-bench instances.
+pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Error> {
+    let mut v = serde_json::to_value(pod)?;
+    let repo = settings.repository_directory.as_str();
+    let spec = &mut v["spec"];
+    let floe = |c: &Value| c["command"][0].as_str().unwrap_or_default().to_string();
+    let grader = find(spec, GRADER_CONTAINER);
+    let (floe_bin, image, security, workspace_volume) = match &grader {
+        Some(g) => (
+            floe(g),
+            g["image"].clone(),
+            g["securityContext"].clone(),
+            volume(spec, "floe-workspace"),
+        ),
+        None => return serde_json::from_value(v),
+    };
+    let bin_mount = json!({"name": "floe-bin", "mountPath": floe_bin.trim_end_matches("/floe"), "readOnly": true});
+    // The agent's image, not the grader's: a template's graderImage has no `/testbed`.
+    let agent_image = find(spec, AGENT_CONTAINER).map_or(image, |a| a["image"].clone());
+    let seed = json!({
+        "name": "floe-seed",
+        "image": agent_image,
+        "command": [floe_bin, "seed-workspace"],
+        "args": ["--from", repo, "--into", SEED_MOUNT],
+        "volumeMounts": [bin_mount, {"name": "floe-workspace", "mountPath": SEED_MOUNT}],
+        "securityContext": security,
+    });
+    // Right after floe-init, which copies the binary it runs.
+    if let Some(init) = spec["initContainers"].as_array_mut() {
+        let at = init.len().min(1);
+        init.insert(at, seed);
+    }
+    let mut eval_volume = workspace_volume.unwrap_or_else(|| json!({"emptyDir": {}}));
+    eval_volume["name"] = "floe-eval".into();
+    if let Some(volumes) = spec["volumes"].as_array_mut() {
+        volumes.push(eval_volume);
+    }
+    let mut bridge = json!({
+        "name": BRIDGE_CONTAINER,
+        "image": settings.grader_image,
+        "command": [floe(grader.as_ref().unwrap_or(&Value::Null)), "swebench-bridge"],
+        "args": ["--listen", BRIDGE_LISTEN, "--python", "python3"],
+        "volumeMounts": [bin_mount],
+        "securityContext": grader.as_ref().map_or(Value::Null, |g| g["securityContext"].clone()),
+    });
+    for key in ["resources", "imagePullPolicy"] {
+        if let Some(value) = grader.as_ref().and_then(|g| g.get(key)) {
+            bridge[key] = value.clone();
+        }
+    }
+    for container in spec["containers"].as_array_mut().into_iter().flatten() {
+        match container["name"].as_str() {
+            Some(GRADER_CONTAINER) => {
+                remount(container, "floe-workspace", GRADER_WORKSPACE);
+                push(
+                    &mut container["volumeMounts"],
+                    json!({"name": "floe-eval", "mountPath": repo}),
+                );
+                container["workingDir"] = GRADER_WORKSPACE.into();
+                replace_arg(container, "--workspace", GRADER_WORKSPACE);
+                let args = &mut container["args"];
+                for arg in [
+                    "--eval-dir",
+                    repo,
+                    "--seeded-from",
+                    repo,
+                    "--swebench-url",
+                    &format!("http://{BRIDGE_LISTEN}/"),
+                ] {
+                    push(args, arg.into());
+                }
+            }
+            Some(AGENT_CONTAINER) => {
+                remount(container, "floe-workspace", repo);
+                container["workingDir"] = repo.into();
+            }
+            _ => {}
+        }
+    }
+    push(&mut spec["containers"], bridge);
+    serde_json::from_value(v)
+}
+
+fn find(spec: &Value, name: &str) -> Option<Value> {
+    spec["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+}
+
+fn volume(spec: &Value, name: &str) -> Option<Value> {
+    spec["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == name)
+        .cloned()
+}
+
+fn remount(container: &mut Value, volume: &str, path: &str) {
+    for mount in container["volumeMounts"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if mount["name"] == volume {
+            mount["mountPath"] = path.into();
+        }
+    }
+}
+
+fn replace_arg(container: &mut Value, flag: &str, value: &str) {
+    if let Some(args) = container["args"].as_array_mut() {
+        if let Some(i) = args.iter().position(|a| a == flag) {
+            if let Some(slot) = args.get_mut(i + 1) {
+                *slot = value.into();
+            }
+        }
+    }
+}
+
+fn push(list: &mut Value, item: Value) {
+    if let Some(items) = list.as_array_mut() {
+        items.push(item);
+    }
+}
+
+#[cfg(test)]
+mod tests;

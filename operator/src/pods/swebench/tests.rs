@@ -1,0 +1,113 @@
+use floe_crds::gateway_pool::GatewayPoolSpec;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::pods::sandbox::{build, SandboxPod};
+
+fn pod(native: bool) -> Value {
+    let spec: GatewayPoolSpec = serde_json::from_value(json!({
+        "replicas": 0,
+        "template": {"image": "swebench/sweb.eval.x86_64.acme_1776_calc-1:latest",
+                     "securityContext": {"runAsUser": 1000}},
+    }))
+    .expect("spec");
+    let pod = build(&SandboxPod {
+        name: "swe-0",
+        namespace: "ns",
+        pool: "swe",
+        spec: &spec,
+        floe_image: "ghcr.io/floe-dev/floe:0.1.0",
+        secret: "swe-0-control",
+        native_sidecars: native,
+    })
+    .expect("pod");
+    let settings = SweBenchTasks {
+        grader_image: "registry.local/swebench-grader:5.0.2".into(),
+        ..Default::default()
+    };
+    serde_json::to_value(adapt(pod, &settings).expect("adapted")).expect("json")
+}
+
+fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+fn mounts(c: &Value) -> Vec<(String, String)> {
+    c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap_or_default().into(),
+                m["mountPath"].as_str().unwrap_or_default().into(),
+            )
+        })
+        .collect()
+}
+
+fn has(c: &Value, volume: &str, path: &str) -> bool {
+    mounts(c).contains(&(volume.to_string(), path.to_string()))
+}
+
+#[test]
+fn the_agent_works_in_testbed_and_the_grader_evaluates_there() {
+    for native in [false, true] {
+        let p = pod(native);
+        let spec = &p["spec"];
+        // The seed copies the image's /testbed into the workspace, after floe-init.
+        let init = spec["initContainers"].as_array().expect("init");
+        assert_eq!(init[0]["name"], "floe-init");
+        assert_eq!(init[1]["name"], "floe-seed");
+        let seed = &init[1];
+        assert_eq!(
+            seed["image"],
+            "swebench/sweb.eval.x86_64.acme_1776_calc-1:latest"
+        );
+        assert_eq!(
+            seed["args"],
+            json!(["--from", "/testbed", "--into", "/floe-seed"])
+        );
+        assert!(has(seed, "floe-workspace", "/floe-seed"));
+        assert_eq!(seed["securityContext"]["runAsUser"], 1000);
+        let containers = &spec["containers"];
+        let agent = named(containers, AGENT_CONTAINER);
+        assert_eq!(agent["workingDir"], "/testbed");
+        assert!(has(agent, "floe-workspace", "/testbed"));
+        assert!(!mounts(agent).iter().any(|(v, _)| v == "floe-eval"));
+        let grader = named(containers, GRADER_CONTAINER);
+        assert!(has(grader, "floe-workspace", "/floe-workspace"));
+        assert!(has(grader, "floe-eval", "/testbed"));
+        let args: Vec<&str> = grader["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for pair in [
+            ["--workspace", "/floe-workspace"],
+            ["--eval-dir", "/testbed"],
+            ["--seeded-from", "/testbed"],
+            ["--swebench-url", "http://127.0.0.1:8391/"],
+        ] {
+            assert!(args.windows(2).any(|w| w == pair), "{pair:?} in {args:?}");
+        }
+        let bridge = named(containers, BRIDGE_CONTAINER);
+        assert_eq!(bridge["image"], "registry.local/swebench-grader:5.0.2");
+        assert_eq!(
+            bridge["args"],
+            json!(["--listen", "127.0.0.1:8391", "--python", "python3"])
+        );
+        assert!(
+            mounts(bridge).iter().all(|(v, _)| v == "floe-bin"),
+            "{bridge}"
+        );
+        // The evaluation copy gets the workspace's size limit.
+        assert_eq!(
+            named(&spec["volumes"], "floe-eval")["emptyDir"],
+            named(&spec["volumes"], "floe-workspace")["emptyDir"]
+        );
+    }
+}
