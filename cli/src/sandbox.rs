@@ -64,6 +64,10 @@ pub struct SandboxArgs {
     /// How long the agent container's supervisor may take to dial.
     #[arg(long, default_value_t = 300)]
     agent_dial_timeout_seconds: u64,
+    /// Where the agent container mounts the workspace, when not at `--workspace` (a SWE-bench
+    /// pod's agent works at the image's `/testbed`).
+    #[arg(long, requires = "agent_dir")]
+    agent_workspace: Option<PathBuf>,
     /// Check at start that this pod's egress is restricted (`warn` or `refuse` when it is
     /// not; the operator sets it from the pool's `spec.egress.unrestricted`).
     #[arg(long, env = "FLOE_EGRESS_CHECK")]
@@ -187,6 +191,7 @@ pub fn main(args: SandboxArgs) -> i32 {
                 listen,
                 dir,
                 dial_wait: Duration::from_secs(args.agent_dial_timeout_seconds),
+                workspace: args.agent_workspace,
             }),
         egress_check: args.egress_check,
         disk_budget: (args.disk_budget > 0).then_some(args.disk_budget),

@@ -79,6 +79,8 @@ pub struct AgentContainer {
     pub dir: PathBuf,
     /// How long the supervisor may take to dial (the container starting).
     pub dial_wait: Duration,
+    /// Where the agent container mounts the workspace, when not where this one does.
+    pub workspace: Option<PathBuf>,
 }
 
 /// A child process of the runner: `<name>.stdout/.stderr` in the state's `logs/`, the runner's

@@ -446,6 +446,10 @@ async fn session_outcome(
     );
     harness.stdout = agent_dir.join("logs/harness.stdout");
     harness.stderr = agent_dir.join("logs/harness.stderr");
+    if let Some(theirs) = config.agent.as_ref().and_then(|a| a.workspace.clone()) {
+        // The agent container mounts the workspace elsewhere (a SWE-bench pod: at `/testbed`).
+        harness.cwd = theirs;
+    }
     tracing::info!(%session, program = %harness.program, "starting the harness");
     if let Some(confinement) = &config.confinement {
         // Inside the sandbox a missing program is only an exit code: say it here instead.

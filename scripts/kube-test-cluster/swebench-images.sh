@@ -26,7 +26,7 @@ import() { grep -qx "$2" <<<"$have" || "${CTR[@]}" images import "$1" >/dev/null
 SITE=$(echo "$SWE"/venv/lib/python3.*/site-packages)
 
 # The grader: keyed by the swebench install (its directory name is its pins' key).
-G_TAG=$(echo "r1-${SWE##*/}" | sha256sum | cut -c1-16)
+G_TAG=$(echo "r2-${SWE##*/}" | sha256sum | cut -c1-16)
 G_IMAGE=floe.local/swebench-grader:$G_TAG
 G_TAR=$CACHE/swebench-grader-$G_TAG.tar
 if [ ! -f "$G_TAR" ]; then
@@ -35,6 +35,12 @@ if [ ! -f "$G_TAR" ]; then
   mkdir -p "$R/usr/local/lib/python3.11/dist-packages"
   tar -C "$SITE" --exclude='__pycache__' --exclude='pip' --exclude='pip-*' -cf - . \
     | tar -C "$R/usr/local/lib/python3.11/dist-packages" -xf -
+  # The extensions' own libraries (numpy's libstdc++, …) where a wheel does not bundle them.
+  find "$R/usr/local/lib/python3.11/dist-packages" -name '*.so*' -type f | while read -r so; do
+    { ldd "$so" 2>/dev/null || true; } | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+      [ -e "$R$lib" ] || cp -L --parents "$lib" "$R/"
+    done
+  done
   python3 "$HERE/mkimage.py" "$G_TAR.part" "$G_IMAGE" "$R" --cmd /usr/bin/python3 --user 65532:65532 >&2
   mv "$G_TAR.part" "$G_TAR"
   rm -rf "$R"
@@ -60,7 +66,7 @@ if ! grep -qx "$I_IMAGE" <<<"$have"; then
   [ -e "$R/usr/bin/git" ] || ln -s "$GIT" "$R/usr/bin/git"
   mkdir -p "$R/usr/local/lib/python3.11/dist-packages"
   T=$(echo "$SWE"/testbed/lib/python3.*/site-packages)
-  for p in _pytest pytest py.py pluggy iniconfig packaging; do cp -a "$T/$p" "$R/usr/local/lib/python3.11/dist-packages/"; done
+  for p in _pytest pytest py.py pluggy iniconfig packaging pygments; do cp -a "$T/$p" "$R/usr/local/lib/python3.11/dist-packages/"; done
   mkdir -p "$R/opt/miniconda3/bin"
   printf '# The public images activate their conda environment here; this one has none.\nconda() { :; }\n' > "$R/opt/miniconda3/bin/activate"
   cp -a "$REPO" "$R/testbed"

@@ -83,6 +83,8 @@ pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Erro
                 replace_arg(container, "--workspace", GRADER_WORKSPACE);
                 let args = &mut container["args"];
                 for arg in [
+                    "--agent-workspace",
+                    repo,
                     "--eval-dir",
                     repo,
                     "--seeded-from",

@@ -88,6 +88,7 @@ fn the_agent_works_in_testbed_and_the_grader_evaluates_there() {
             .collect();
         for pair in [
             ["--workspace", "/floe-workspace"],
+            ["--agent-workspace", "/testbed"],
             ["--eval-dir", "/testbed"],
             ["--seeded-from", "/testbed"],
             ["--swebench-url", "http://127.0.0.1:8391/"],
