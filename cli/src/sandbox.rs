@@ -173,7 +173,7 @@ pub fn main(args: SandboxArgs) -> i32 {
     };
     let config = RunnerConfig {
         gateway_url: args.gateway,
-        control_token: token,
+        control_token: token.clone(),
         workspace,
         state_dir: args.state_dir,
         pool_prepare,
@@ -197,7 +197,10 @@ pub fn main(args: SandboxArgs) -> i32 {
         disk_budget: (args.disk_budget > 0).then_some(args.disk_budget),
         swebench: match (args.swebench_python, args.swebench_url) {
             (Some(python), _) => Some(floe_sandbox::swebench_grade::Bridge::Python(python)),
-            (None, Some(url)) => Some(floe_sandbox::swebench_grade::Bridge::Url(url)),
+            (None, Some(url)) => Some(floe_sandbox::swebench_grade::Bridge::Url {
+                url,
+                token: token.clone(),
+            }),
             (None, None) => None,
         },
         eval_dir: args.eval_dir,

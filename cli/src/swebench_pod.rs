@@ -48,25 +48,56 @@ pub struct BridgeArgs {
     /// The Python that has swebench.
     #[arg(long, default_value = "python3")]
     python: PathBuf,
+    /// The bearer token every call must carry: the pod's control token, which the grader has
+    /// and the agent (on the same loopback) has not.
+    #[arg(long, env = "FLOE_CONTROL_TOKEN", hide_env_values = true)]
+    token: String,
+}
+
+struct Bridge {
+    python: PathBuf,
+    token: String,
+    /// One call at a time: a session grades once, and nothing else may queue work here.
+    one: tokio::sync::Semaphore,
 }
 
 pub fn bridge(args: BridgeArgs) -> Result<(), crate::serve_http::ServeError> {
-    let python = Arc::new(args.python);
+    let state = Arc::new(Bridge {
+        python: args.python,
+        token: args.token,
+        one: tokio::sync::Semaphore::new(1),
+    });
     let app = axum::Router::new()
         .route("/", axum::routing::post(answer))
-        .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
-        .with_state(python);
+        // A 16 MiB log of control characters is about 96 MiB once JSON-escaped.
+        .layer(axum::extract::DefaultBodyLimit::max(160 << 20))
+        .with_state(state);
     crate::serve_http::serve_blocking(app, args.listen, 2, "swebench bridge listening")
 }
 
-/// The bridge's answer, or `{"error": …}` (the runner makes that an infrastructure failure).
+/// The bridge's answer, or `{"error": …}`; 401 without the token.
 async fn answer(
-    State(python): State<Arc<PathBuf>>,
-    Json(request): Json<serde_json::Value>,
-) -> Json<serde_json::Value> {
+    State(bridge): State<Arc<Bridge>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if bridge.token.trim().is_empty()
+        || !floe_gateway::bearer::carries(&headers, bridge.token.trim())
+    {
+        return axum::http::StatusCode::UNAUTHORIZED.into_response();
+    }
+    let request: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return Json(json!({"error": format!("not JSON: {e}")})).into_response(),
+    };
+    let Ok(_one) = bridge.one.acquire().await else {
+        return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
     Json(
-        floe_sandbox::swebench_grade::call(&python, request)
+        floe_sandbox::swebench_grade::call(&bridge.python, request)
             .await
             .unwrap_or_else(|e| json!({"error": e})),
     )
+    .into_response()
 }

@@ -131,7 +131,10 @@ pub fn to_task(
             .replace("{repo}", &owner_name)
             .replace("{name}", &name),
     };
-    let mut protected_paths = patched_files(&test_patch);
+    let mut protected_paths: Vec<String> = patched_files(&test_patch)
+        .iter()
+        .map(|p| glob_literal(p))
+        .collect();
     // The grader checks the repository's own tests out of git: its history is floe's.
     protected_paths.push(".git/**".into());
     Ok(Task {
@@ -184,20 +187,116 @@ fn test_list(field: &str, value: Option<serde_json::Value>) -> Result<Vec<String
     serde_json::from_value(value).map_err(|_| format!("{field} must be a list of test names"))
 }
 
-/// The files a patch touches (`--- a/x` and `+++ b/x` headers), as workspace paths.
+/// The files a patch touches, as workspace paths: both sides of each `diff --git` header, of
+/// `---`/`+++` lines and of renames and copies, git's quoted form (`"b/t\303\251st.py"`)
+/// included — a new empty file or a pure rename has no `---`/`+++` line.
 pub fn patched_files(patch: &str) -> Vec<String> {
-    let mut files: Vec<String> = patch
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("--- a/")
-                .or_else(|| l.strip_prefix("+++ b/"))
-        })
-        .map(|p| p.split('\t').next().unwrap_or(p).trim_end().to_string())
-        .filter(|p| !p.is_empty())
-        .collect();
+    let mut files = Vec::new();
+    for line in patch.lines() {
+        if let Some(rest) = line.strip_prefix("diff --git ") {
+            files.extend(git_header_paths(rest));
+            continue;
+        }
+        let named = [
+            ("--- ", "a/"),
+            ("+++ ", "b/"),
+            ("rename from ", ""),
+            ("rename to ", ""),
+            ("copy from ", ""),
+            ("copy to ", ""),
+        ];
+        for (prefix, side) in named {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                let rest = rest.split('\t').next().unwrap_or(rest).trim_end();
+                let path = if rest.starts_with('"') {
+                    unquote(rest).map(|(p, _)| p)
+                } else {
+                    Some(rest.to_string())
+                };
+                if let Some(p) = path.and_then(|p| p.strip_prefix(side).map(str::to_string)) {
+                    files.push(p);
+                }
+            }
+        }
+    }
+    files.retain(|p| !p.is_empty() && p != "/dev/null" && p != "dev/null");
     files.sort();
     files.dedup();
     files
+}
+
+/// `a/X b/Y` (or git's quoted forms) of a `diff --git` header.
+fn git_header_paths(rest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if rest.starts_with('"') {
+        if let Some((a, after)) = unquote(rest) {
+            out.push(a);
+            let after = after.trim_start();
+            let b = if after.starts_with('"') {
+                unquote(after).map(|(b, _)| b)
+            } else {
+                Some(after.to_string())
+            };
+            out.extend(b);
+        }
+    } else if let Some((a, b)) = rest.split_once(" b/") {
+        out.push(a.to_string());
+        out.push(format!("b/{b}"));
+    }
+    out.into_iter()
+        .filter_map(|p| {
+            p.strip_prefix("a/")
+                .or_else(|| p.strip_prefix("b/"))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// A C-quoted string at the start of `s` (git's form for unusual names): the text and what
+/// follows it.
+fn unquote(s: &str) -> Option<(String, &str)> {
+    let body = s.strip_prefix('"')?;
+    let mut bytes = Vec::new();
+    let mut chars = body.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some((String::from_utf8_lossy(&bytes).into_owned(), &body[i + 1..])),
+            '\\' => {
+                let (_, e) = chars.next()?;
+                match e {
+                    'n' => bytes.push(b'\n'),
+                    't' => bytes.push(b'\t'),
+                    '0'..='7' => {
+                        let mut n = e.to_digit(8)?;
+                        for _ in 0..2 {
+                            let (_, d) = chars.next()?;
+                            n = n * 8 + d.to_digit(8)?;
+                        }
+                        bytes.push(u8::try_from(n).ok()?);
+                    }
+                    other => {
+                        let mut buf = [0u8; 4];
+                        bytes.extend_from_slice(other.encode_utf8(&mut buf).as_bytes());
+                    }
+                }
+            }
+            c => {
+                let mut buf = [0u8; 4];
+                bytes.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    None
+}
+
+/// A path as a glob that matches it alone (`[`, `*`, `?`, `{` are literal).
+pub fn glob_literal(path: &str) -> String {
+    path.chars()
+        .map(|c| match c {
+            '*' | '?' | '[' | ']' | '{' | '}' => format!("[{c}]"),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 /// The eval script with its repository directory moved to `to` (local mode, where the
@@ -206,6 +305,7 @@ pub fn patched_files(patch: &str) -> Vec<String> {
 /// `)`) outside here-documents. The test
 /// patch, inside a here-document, is left as written.
 pub fn relocate(script: &str, dir: &str, to: &str) -> String {
+    let (dir, to) = (dir.trim_end_matches('/'), to.trim_end_matches('/'));
     if dir == to || dir.is_empty() {
         return script.to_string();
     }
@@ -213,7 +313,8 @@ pub fn relocate(script: &str, dir: &str, to: &str) -> String {
     let mut heredoc_end: Option<String> = None;
     for line in script.split_inclusive('\n') {
         if let Some(end) = &heredoc_end {
-            if line.trim_end_matches(['\n', '\r']) == end {
+            // `<<-` strips leading tabs from the terminator too.
+            if line.trim_end_matches(['\n', '\r']).trim_start_matches('\t') == end {
                 heredoc_end = None;
             }
             out.push_str(line);
@@ -236,11 +337,11 @@ fn replace_path(line: &str, dir: &str, to: &str) -> String {
             .last()
             .filter(|_| at == 0)
             .or(rest[..at].chars().last());
-        let starts = before.is_none_or(|c| c.is_whitespace() || "'\"=;:(".contains(c));
+        let starts = before.is_none_or(|c| c.is_whitespace() || "'\"=;:(<>|&`".contains(c));
         let ends = after
             .chars()
             .next()
-            .is_none_or(|c| c.is_whitespace() || "/'\";:)".contains(c));
+            .is_none_or(|c| c.is_whitespace() || "/'\";:)<>|&`".contains(c));
         let whole = starts && ends;
         out.push_str(&rest[..at]);
         out.push_str(if whole { to } else { dir });
@@ -250,16 +351,38 @@ fn replace_path(line: &str, dir: &str, to: &str) -> String {
     out
 }
 
-/// The delimiter of a here-document a line opens (`<<'EOF'`, `<<"EOF"`, `<<EOF`, `<<-EOF`).
+/// The delimiter of a here-document a line opens (`<<'EOF'`, `<<"EOF-1"`, `<<EOF`, `<<-EOF`);
+/// a `<<` that opens none (`$((1<<2))`, a here-string `<<<`) is not one.
 fn heredoc_delimiter(line: &str) -> Option<String> {
-    let (_, after) = line.split_once("<<")?;
-    let after = after.trim_start_matches('-').trim_start();
-    let word: String = after
-        .trim_start_matches(['\'', '"'])
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect();
-    (!word.is_empty()).then_some(word)
+    let mut rest = line;
+    while let Some(at) = rest.find("<<") {
+        let after = &rest[at + 2..];
+        rest = after;
+        if after.starts_with('<') {
+            rest = after.trim_start_matches('<');
+            continue;
+        }
+        let word = after.trim_start_matches('-').trim_start();
+        let (quoted, word) = match word.chars().next() {
+            Some(q @ ('\'' | '"')) => (Some(q), &word[1..]),
+            _ => (None, word),
+        };
+        let delimiter: String = match quoted {
+            Some(q) => word.chars().take_while(|c| *c != q).collect(),
+            None => word
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect(),
+        };
+        if delimiter
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphabetic() || c == '_')
+        {
+            return Some(delimiter);
+        }
+    }
+    None
 }
 
 #[cfg(test)]

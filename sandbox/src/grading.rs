@@ -109,7 +109,25 @@ pub(crate) async fn grade(
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
     let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
-    // A mounted evaluation directory (a pod's `/testbed`) may hold an earlier attempt's copy.
+    let evaluation_env = task_evaluation.clone();
+    let evaluator = || Evaluator {
+        program,
+        args: args.iter().chain(&evaluation_env.args).cloned().collect(),
+        env: evaluation_env.env.clone().into_iter().collect(),
+        timeout_seconds: spec.timeouts.evaluator_seconds,
+        cgroup_procs,
+    };
+    // In a pod the evaluation runs the agent's code unconfined, as the runner's user: what it
+    // leaves (in the snapshot, `$HOME`, `/tmp`) could break a baseline run after it and turn
+    // its loss into infrastructure. So there the untouched repository runs first.
+    let baseline_first = swebench.is_some() && config.confinement.is_none();
+    if let (Some(prepared), true) = (&swebench, baseline_first) {
+        prepared
+            .baseline(config, evaluator(), pristine, &hidden)
+            .await?;
+    }
+    // A mounted evaluation directory (a pod's `/testbed`) may hold an earlier attempt's copy,
+    // or the baseline's.
     workspace::clear(&eval_dir).map_err(|e| format!("evaluation copy: {e}"))?;
     let applied =
         match workspace::evaluation_copy(pristine, ws, &eval_dir, &changes, &protected, &hidden) {
@@ -117,17 +135,9 @@ pub(crate) async fn grade(
             Err(e) if e.is_the_agents() => return workspace_failure(summary, e),
             Err(e) => return Err(format!("evaluation copy: {e}")),
         };
-    let evaluation_env = task_evaluation.clone();
-    let evaluator = Evaluator {
-        program,
-        args: args.iter().chain(&evaluation_env.args).cloned().collect(),
-        env: evaluation_env.env.into_iter().collect(),
-        timeout_seconds: spec.timeouts.evaluator_seconds,
-        cgroup_procs,
-    };
     // Whatever ran before (none should be left) is not the evaluator's doing.
     let before = process::other_processes();
-    let (evaluator, ran) = evaluator.run(config, "evaluator", &eval_dir).await?;
+    let (evaluator_ran, ran) = evaluator().run(config, "evaluator", &eval_dir).await?;
     summary.evaluator_seconds = ran.elapsed.as_secs_f64();
     if config.confinement.is_some() && ran.exit == Exit::Code(relay::STRAGGLERS) {
         let why = "the evaluator's command left a process behind (it could have rewritten the \
@@ -167,7 +177,7 @@ pub(crate) async fn grade(
         let why = format!("the evaluator wrote more than {REPORT_LIMIT} bytes on stdout");
         return failed_with(summary, FailureReason::NoVerdict, why, &applied);
     }
-    let stdout = tail(&evaluator.stdout, REPORT_LIMIT as usize);
+    let stdout = tail(&evaluator_ran.stdout, REPORT_LIMIT as usize);
     let report = spec
         .evaluator
         .reward
@@ -177,21 +187,8 @@ pub(crate) async fn grade(
     // swebench reads the log once everything the evaluator ran has ended.
     let graded = match (&swebench, &ran.exit) {
         (Some(prepared), Exit::Code(_)) => {
-            let graded = prepared.grade(&stdout).await?;
-            if !graded.read {
-                // No results: the agent's doing only if the untouched repository has some.
-                let baseline = Evaluator {
-                    program,
-                    args: args.to_vec(),
-                    env: task_evaluation.env.clone().into_iter().collect(),
-                    timeout_seconds: spec.timeouts.evaluator_seconds,
-                    cgroup_procs,
-                };
-                prepared
-                    .baseline(config, baseline, pristine, &hidden)
-                    .await?;
-            }
-            Some(graded)
+            let baseline = prepared.baseline(config, evaluator(), pristine, &hidden);
+            Some(prepared.verdict(&stdout, baseline_first, baseline).await?)
         }
         _ => None,
     };
@@ -211,7 +208,7 @@ pub(crate) async fn grade(
         Err(e @ EvaluatorFailure::Broken(_)) => {
             return Err(format!(
                 "{e}; evaluator stderr: {}",
-                tail(&evaluator.stderr, 500)
+                tail(&evaluator_ran.stderr, 500)
             ))
         }
     };

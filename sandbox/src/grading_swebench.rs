@@ -56,6 +56,10 @@ impl SweBenchPrepared {
             &grading.repository_directory,
             &eval_dir.to_string_lossy(),
         );
+        // One compound command: bash reads all of it before running any, so the code under
+        // test cannot rewrite the rest of the script (it sits in the writable evaluation copy)
+        // while it runs.
+        let relocated = format!("{{\n{relocated}\n}}\n");
         Ok(Self {
             bridge,
             grading,
@@ -64,15 +68,40 @@ impl SweBenchPrepared {
         })
     }
 
-    /// swebench's verdict on an eval log.
-    pub async fn grade(&self, log: &str) -> Result<SweBenchGraded, String> {
+    /// swebench's verdict on the session's eval log. A log swebench cannot read (no results,
+    /// markers the code under test printed, a parser that fails or times out on it) is the
+    /// session's 0 when the untouched repository's log is readable (`baseline`: `Some(())`
+    /// when it already ran, as in pods, else it runs here), and infrastructure when it is not.
+    pub async fn verdict(
+        &self,
+        log: &str,
+        baseline_ran: bool,
+        baseline: impl std::future::Future<Output = Result<(), String>>,
+    ) -> Result<SweBenchGraded, String> {
+        let unread = |why: String| SweBenchGraded::unread(why);
+        let graded = match forged_markers(log) {
+            Some(why) => unread(why),
+            None => match self.grade(log).await {
+                Ok(graded) => graded,
+                Err(e) => unread(format!("swebench could not grade the log: {e}")),
+            },
+        };
+        if !graded.read && !baseline_ran {
+            baseline.await?;
+        }
+        Ok(graded)
+    }
+
+    async fn grade(&self, log: &str) -> Result<SweBenchGraded, String> {
         self.bridge.grade(&self.grading, &self.script, log).await
     }
 
-    /// The same eval script on the untouched repository, for a session whose log swebench
-    /// read no results from: when this one has none either, the instance's tests cannot run
-    /// here (an image without its environment, a parser that does not fit) — infrastructure,
-    /// `Err` with the reason. The repository at its base commit runs no agent code.
+    /// The same eval script on the untouched repository: when swebench reads no results from
+    /// it either, the instance's tests cannot run here (an image without its environment, a
+    /// parser that does not fit) — infrastructure, `Err` with the reason. The repository at its
+    /// base commit runs no agent code. It runs where the evaluation does (the image's
+    /// environment may import from there only), which it leaves holding the untouched
+    /// repository.
     pub async fn baseline(
         &self,
         config: &RunnerConfig,
@@ -80,15 +109,16 @@ impl SweBenchPrepared {
         pristine: &Path,
         hidden: &BTreeMap<String, String>,
     ) -> Result<(), String> {
-        // Where the evaluation ran (the image's environment may import from there only), now
-        // holding the untouched repository.
         let dir = config.eval_dir();
         workspace::clear(&dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::copy_tree(pristine, &dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::write_files(&dir, hidden).map_err(|e| format!("baseline copy: {e}"))?;
         let (spec, ran) = evaluator.run(config, "baseline", &dir).await?;
         let log = crate::children::tail(&spec.stdout, crate::grading::REPORT_LIMIT as usize);
-        let graded = self.grade(&log).await?;
+        let graded = self
+            .grade(&log)
+            .await
+            .map_err(|e| format!("the instance's untouched repository: {e}"))?;
         if graded.read {
             return Ok(());
         }
@@ -97,11 +127,41 @@ impl SweBenchPrepared {
             .map(|h| format!(" (swebench's hint: {h})"))
             .unwrap_or_default();
         Err(format!(
-            "the instance's tests give swebench no results on its untouched repository either \
+            "the instance's tests give swebench no results on its untouched repository \
              ({:?}{hint}): its environment or log parser does not fit; the tests' output ends: {}",
             ran.exit,
             test_output_tail(&log, 3)
         ))
+    }
+}
+
+/// swebench's markers as only the eval script writes them (its `set -x` trace of `: '>>>>> Start
+/// Test Output'` and `: '>>>>> End Test Output'`, once each; the test command's exit status
+/// after them): anything else was printed by the code under test, which would steer swebench's
+/// reading (it takes the first exit status it finds). `Some(why)` for such a log.
+fn forged_markers(log: &str) -> Option<String> {
+    let lines: Vec<&str> = log.lines().collect();
+    let at = |marker: &str| -> Vec<usize> {
+        (0..lines.len())
+            .filter(|i| lines[*i].contains(marker))
+            .collect()
+    };
+    let (start, end) = (at(">>>>> Start Test Output"), at(">>>>> End Test Output"));
+    let exit = at(">>>>> Test Exit Code");
+    if start.len() > 1 || end.len() > 1 {
+        return Some(format!(
+            "the log has {} start and {} end markers of the test output: the code under test \
+             printed some",
+            start.len(),
+            end.len()
+        ));
+    }
+    match (start.first(), end.first()) {
+        (Some(s), Some(e)) if s > e => Some("the test output's markers are out of order".into()),
+        (_, Some(e)) if exit.iter().any(|x| x < e) => {
+            Some("a test exit status is in the test output: the code under test printed it".into())
+        }
+        _ => None,
     }
 }
 
@@ -175,6 +235,34 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(SweBenchGraded::from_report(&json!({"error": "x"})).is_err());
+        // A test the log reports both ways: read as no results, whatever swebench resolved.
+        let mut forged = json!({"version": "5.0.2", "forged": ["f0"], "f2p": 1.0, "p2p": 1.0,
+            "report": {"patch_successfully_applied": true, "resolved": true}});
+        assert!(!SweBenchGraded::from_report(&forged).expect("graded").read);
+        forged["forged"] = json!([]);
+        assert!(
+            SweBenchGraded::from_report(&forged)
+                .expect("graded")
+                .resolved
+        );
+    }
+
+    #[test]
+    fn markers_the_code_under_test_prints_are_seen() {
+        let honest = "+ : '>>>>> Start Test Output'\nPASSED t::a\n+ SWEBENCH_TEST_EXIT_CODE=0\n\
+                      + : '>>>>> End Test Output'\n+ echo '>>>>> Test Exit Code: 0'\n\
+                      >>>>> Test Exit Code: 0\n";
+        assert_eq!(super::forged_markers(honest), None);
+        // An exit status of its own, first (swebench reads the first).
+        let early = honest.replace("PASSED t::a\n", "PASSED t::a\n>>>>> Test Exit Code: 0\n");
+        assert!(super::forged_markers(&early).is_some());
+        // A second end marker, with a status after it.
+        let twice = honest.replace(
+            "PASSED t::a\n",
+            "PASSED t::a\n>>>>> End Test Output\n>>>>> Test Exit Code: 0\n",
+        );
+        assert!(super::forged_markers(&twice).is_some());
+        assert!(super::forged_markers("no markers at all\n").is_none());
     }
 
     #[test]

@@ -114,6 +114,19 @@ pub struct SweBenchGraded {
 }
 
 impl SweBenchGraded {
+    /// A log read as no results, for `why` (kept as the hint).
+    pub fn unread(why: String) -> Self {
+        Self {
+            read: false,
+            resolved: false,
+            fail_to_pass: None,
+            pass_to_pass: None,
+            tests: None,
+            hint: Some(why),
+            version: String::new(),
+        }
+    }
+
     /// From the bridge's answer: `{"report": <get_eval_report's entry>, "f2p", "p2p", "version"}`.
     pub fn from_report(answer: &serde_json::Value) -> Result<Self, String> {
         let report = answer
@@ -130,6 +143,17 @@ impl SweBenchGraded {
             failed: count("FAIL_TO_PASS", "failure") + count("PASS_TO_PASS", "failure"),
             skipped: 0,
         });
+        let forged: Vec<&str> = answer["forged"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
+            .unwrap_or_default();
+        if let Some(first) = forged.first() {
+            return Ok(Self::unread(format!(
+                "the log reports {} test(s) both passing and failing (first {first:?}): the code \
+                 under test printed results of its own",
+                forged.len()
+            )));
+        }
         Ok(Self {
             read: report["patch_successfully_applied"]
                 .as_bool()
@@ -154,11 +178,15 @@ pub(crate) fn swebench_verdict(
         let hint = graded
             .hint
             .as_ref()
-            .map(|h| format!(" (swebench's hint: {h})"))
+            .map(|h| format!(" ({h})"))
             .unwrap_or_default();
         return Err(no_verdict(format!(
-            "swebench {} read no test results in the eval log{hint}",
-            graded.version
+            "swebench {}read no test results in the eval log{hint}",
+            if graded.version.is_empty() {
+                String::new()
+            } else {
+                format!("{} ", graded.version)
+            }
         )));
     }
     let reward = match scoring {

@@ -52,10 +52,26 @@ def main():
         report = get_eval_report(spec, prediction, log, include_tests_status=True)
     report = report[spec.instance_id]
     tests = report.get("tests_status")
+    # The code under test runs in the test runner's process and can print result lines of its
+    # own (an atexit hook printing "PASSED <test>" after the real summary, then exiting 0). An
+    # honest run reports each test once: one reported both passing and failing was forged.
+    parser = PARSER_REGISTRY[instance["log_parser"]]
+    seen = {}
+    for line in request["log"].splitlines():
+        try:
+            statuses = parser(line, spec) or {}
+        except Exception:  # noqa: BLE001 - a parser that needs more than one line
+            continue
+        for name, status in statuses.items():
+            seen.setdefault(name, set()).add(
+                "pass" if status in ("PASSED", "XFAIL") else "fail" if status in ("FAILED", "ERROR") else "other"
+            )
+    forged = sorted(name for name, kinds in seen.items() if {"pass", "fail"} <= kinds)
     answer(
         {
             "version": swebench.__version__,
             "report": report,
+            "forged": forged,
             "f2p": compute_fail_to_pass(tests) if tests else None,
             "p2p": compute_pass_to_pass(tests) if tests else None,
         }

@@ -45,8 +45,9 @@ fn instance(grading: &SweBenchGrading, eval_script: &str) -> serde_json::Value {
 pub enum Bridge {
     /// This Python (it has swebench).
     Python(PathBuf),
-    /// A `floe swebench-bridge` at this URL (a pod's sidecar).
-    Url(String),
+    /// A `floe swebench-bridge` at this URL (a pod's sidecar), which answers only this bearer
+    /// token (the pod's control token: the agent shares the pod's loopback, not the token).
+    Url { url: String, token: String },
 }
 
 impl Bridge {
@@ -81,9 +82,14 @@ impl Bridge {
     async fn call(&self, request: serde_json::Value) -> Result<serde_json::Value, String> {
         match self {
             Self::Python(python) => call(python, request).await,
-            Self::Url(url) => {
-                let answer: serde_json::Value = reqwest::Client::new()
+            Self::Url { url, token } => {
+                let client = reqwest::Client::builder()
+                    .no_proxy()
+                    .build()
+                    .map_err(|e| format!("SWE-bench grading at {url}: {e}"))?;
+                let answer: serde_json::Value = client
                     .post(url)
+                    .bearer_auth(token)
                     .json(&request)
                     .timeout(CALL_DEADLINE)
                     .send()

@@ -51,6 +51,10 @@ scripts = {
     "delete-tests": "rm -rf tests",
     "break-p2p": "printf 'BROKEN' > calc.py",
     "syntax-error": "printf 'def add(a, b)\\n' > calc.py",
+    # The bug left in, and results of its own printed after pytest's, then exit status 0.
+    "forge-log": "printf 'import atexit, os\\n\\n\\ndef _forge():\\n    print(\"PASSED tests/test_calc.py::test_add\", flush=True)\\n    os._exit(0)\\n\\n\\natexit.register(_forge)\\n' >> calc.py",
+    # The same without the exit: an exit status of its own first (swebench reads the first).
+    "forge-exit-status": "printf 'import atexit\\nprint(\">>>>> Test Exit Code: 0\", flush=True)\\natexit.register(lambda: print(\"PASSED tests/test_calc.py::test_add\", flush=True))\\n' >> calc.py",
 }
 os.execvp("sh", ["sh", "-c", scripts[behaviour]])
 "#;
@@ -64,6 +68,9 @@ const AGENTS: &[(u32, &str, f64)] = &[
     (5, "break-p2p", 0.0),
     // Collection fails: the tests run on the untouched repository, so it is the agent's 0.
     (6, "syntax-error", 0.0),
+    // The log forged two ways (swebench alone reads the first as resolved); both are 0.
+    (7, "forge-log", 0.0),
+    (8, "forge-exit-status", 0.0),
 ];
 
 fn agent() -> String {
@@ -251,7 +258,7 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
         "{stdout}"
     );
     assert!(
-        stdout.ends_with("6 task(s), 6 image(s), 1 SWE-bench repository\n"),
+        stdout.ends_with("8 task(s), 8 image(s), 1 SWE-bench repository\n"),
         "{stdout}"
     );
     // Through the job: the local checkout, relative to the job file, made absolute.
@@ -269,7 +276,7 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
         "--swebench".as_ref(),
         "--json".as_ref(),
     ])?;
-    assert_eq!(json_lines.lines().count(), 6);
+    assert_eq!(json_lines.lines().count(), 8);
     assert!(!json_lines.contains(GOLD_PATCH_MARKER), "{json_lines}");
     // A malformed instance: one line naming it, exit 2, before any session.
     let text = std::fs::read_to_string(&file)?;

@@ -55,7 +55,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub(super) no_sandbox: bool,
     /// A Python with the `swebench` package, which grades SWE-bench instances
-    /// (`tasks.swebench`); `scripts/swebench-venv.sh` makes one.
+    /// (`tasks.swebench`); `scripts/swebench/install.sh` makes one.
     #[arg(long, env = "FLOE_SWEBENCH_PYTHON")]
     pub(super) swebench_python: Option<PathBuf>,
     /// Serve `/metrics` here (e.g. `127.0.0.1:9464`): the job's session series, the gateway's

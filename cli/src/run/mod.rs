@@ -111,7 +111,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         .clone()
         .or_else(|| upstream.and_then(|u| u.model.clone()))
         .unwrap_or_else(|| "policy".into());
-    preflight::swebench(&plan, args.swebench_python.as_deref())?;
+    preflight::swebench(&plan, args.swebench_python.as_deref(), &args.out)?;
     preflight::check(
         &plan,
         model_url

@@ -74,24 +74,31 @@ pub fn model_server_source(
     Ok((url, key))
 }
 
-/// SWE-bench instances (`tasks.swebench`): a Python whose `swebench` imports, git, and each
-/// instance's local checkout.
-pub fn swebench(plan: &Plan, python: Option<&Path>) -> Result<(), RunError> {
+/// SWE-bench instances (`tasks.swebench`): a Python whose `swebench` imports and has each
+/// instance's log parser, git, an `--out` the eval scripts can name, and each instance's local
+/// checkout, a plain clone (its history, which holds the fix, is hidden from the sandbox).
+pub fn swebench(plan: &Plan, python: Option<&Path>, out: &Path) -> Result<(), RunError> {
     if plan.job.spec.tasks.swebench.is_none() {
         return Ok(());
     }
     let Some(python) = python else {
         return refuse(
             "SWE-bench instances are graded by the swebench package: give --swebench-python \
-             (scripts/swebench-venv.sh makes one)"
+             (scripts/swebench/install.sh makes one)"
                 .into(),
         );
     };
-    let imports = std::process::Command::new(python)
-        .args(["-I", "-c", "import swebench.harness.grading"])
+    // The parsers this swebench has: an instance naming another would fail every session.
+    let parsers = std::process::Command::new(python)
+        .args([
+            "-I",
+            "-c",
+            "import json; from swebench.harness.log_parsers import PARSER_REGISTRY; \
+             print(json.dumps(sorted(PARSER_REGISTRY)))",
+        ])
         .output();
-    match imports {
-        Ok(out) if out.status.success() => {}
+    let parsers: Vec<String> = match parsers {
+        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout).unwrap_or_default(),
         Ok(out) => {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let last = stderr.lines().last().unwrap_or_default();
@@ -101,18 +108,56 @@ pub fn swebench(plan: &Plan, python: Option<&Path>) -> Result<(), RunError> {
             ));
         }
         Err(e) => return refuse(format!("--swebench-python {}: {e}", python.display())),
-    }
+    };
     if !on_path("git") {
         return refuse("SWE-bench instances need git (each workspace is a checkout)".into());
     }
+    // The eval script names the evaluation copy, under --out, unquoted.
+    let out = out.to_string_lossy();
+    if !out
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._+-".contains(c))
+    {
+        return refuse(format!(
+            "--out {out}: SWE-bench eval scripts name the evaluation copy under it unquoted; \
+             use a path of letters, digits and / . _ + -"
+        ));
+    }
     for task in &plan.tasks {
-        if let Some(repository) = &task.repository {
-            if !Path::new(&repository.path).join(".git").exists() {
+        let Some(evaluation) = &task.evaluation else {
+            continue;
+        };
+        if let Some(g) = &evaluation.swebench {
+            if !parsers.contains(&g.log_parser) {
                 return refuse(format!(
-                    "instance {}: no git checkout at {} (tasks.swebench.localCheckouts)",
-                    task.id, repository.path
+                    "instance {}: this swebench has no log parser {:?}",
+                    task.id, g.log_parser
                 ));
             }
+        }
+        let Some(repository) = &task.repository else {
+            continue;
+        };
+        let git = Path::new(&repository.path).join(".git");
+        if !git.is_dir() {
+            return refuse(format!(
+                "instance {}: no git checkout at {} (tasks.swebench.localCheckouts){}",
+                task.id,
+                repository.path,
+                if git.exists() {
+                    ": its .git is a file (a worktree or submodule), whose repository the \
+                     sandbox would not hide; use a plain clone"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if git.join("objects/info/alternates").exists() {
+            return refuse(format!(
+                "instance {}: {} borrows objects from another repository (alternates), which \
+                 the sandbox would not hide; use a plain clone",
+                task.id, repository.path
+            ));
         }
     }
     Ok(())

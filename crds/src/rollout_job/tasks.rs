@@ -49,10 +49,10 @@ pub struct SweBenchTasks {
     #[serde(default = "default_swebench_image")]
     #[schemars(length(min = 1, max = 1024))]
     pub image: String,
-    /// Where the image holds the repository at `base_commit`; the instances' eval scripts run
-    /// there.
+    /// Where the image holds the repository at `base_commit` (absolute); the instances' eval
+    /// scripts run there.
     #[serde(default = "default_repository_directory")]
-    #[schemars(length(min = 1, max = 4096))]
+    #[schemars(length(min = 2, max = 4096), regex(pattern = r"^/.*[^/]$"))]
     pub repository_directory: String,
     /// Local mode (`floe run`): where each instance's repository is a git checkout, relative to
     /// the job file; `{repo}` is the instance's `owner/name`, `{name}` the name alone.

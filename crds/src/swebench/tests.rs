@@ -170,6 +170,16 @@ fn patched_files_are_both_sides_of_each_header() {
         patched_files("--- a/x.py\t2024\n+++ b/y.py\n--- /dev/null\n"),
         ["x.py", "y.py"]
     );
+    // A pure rename and a new empty file have no ---/+++ lines; quoted names are unquoted.
+    let odd = "diff --git a/old.py b/new.py\nsimilarity index 100%\nrename from old.py\n\
+               rename to new.py\ndiff --git a/empty.py b/empty.py\nnew file mode 100644\n\
+               diff --git \"a/t\\303\\251st.py\" \"b/t\\303\\251st.py\"\n";
+    assert_eq!(
+        patched_files(odd),
+        ["empty.py", "new.py", "old.py", "tést.py"]
+    );
+    // Each is protected as itself, not as a glob.
+    assert_eq!(glob_literal("pages/[id].js"), "pages/[[]id[]].js");
 }
 
 #[test]
@@ -187,4 +197,17 @@ fn relocation_moves_whole_paths_outside_here_documents() {
          EOF_114329324912\npytest /tmp/eval/tests\n"
     );
     assert_eq!(relocate(script, "/testbed", "/testbed"), script);
+    assert_eq!(relocate(script, "/testbed/", "/tmp/eval"), moved);
+    // Arithmetic shifts and here-strings open no here-document; a hyphenated quoted delimiter
+    // and a tab-indented `<<-` terminator close theirs.
+    let shifts = "x=$((1<<2)); cat <<< /testbed\ncd /testbed\n";
+    assert_eq!(
+        relocate(shifts, "/testbed", "/e"),
+        "x=$((1<<2)); cat <<< /e\ncd /e\n"
+    );
+    let hyphen = "cat <<'EOF-1'\n/testbed\nEOF-1\ncd /testbed>log\ncat <<-END\n/testbed\n\tEND\nls /testbed|wc\n";
+    assert_eq!(
+        relocate(hyphen, "/testbed", "/e"),
+        "cat <<'EOF-1'\n/testbed\nEOF-1\ncd /e>log\ncat <<-END\n/testbed\n\tEND\nls /e|wc\n"
+    );
 }

@@ -40,6 +40,7 @@ pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Erro
     let bin_mount = json!({"name": "floe-bin", "mountPath": floe_bin.trim_end_matches("/floe"), "readOnly": true});
     // The agent's image, not the grader's: a template's graderImage has no `/testbed`.
     let agent_image = find(spec, AGENT_CONTAINER).map_or(image, |a| a["image"].clone());
+    let agent_image_name = agent_image.clone();
     let seed = json!({
         "name": "floe-seed",
         "image": agent_image,
@@ -71,9 +72,22 @@ pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Erro
             bridge[key] = value.clone();
         }
     }
+    // The grader's token, from the same Secret: the bridge answers nothing else (the agent
+    // shares the pod's loopback).
+    let token = grader.as_ref().and_then(|g| {
+        g["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == "FLOE_CONTROL_TOKEN")
+            .cloned()
+    });
+    bridge["env"] = json!(token.into_iter().collect::<Vec<_>>());
     for container in spec["containers"].as_array_mut().into_iter().flatten() {
         match container["name"].as_str() {
             Some(GRADER_CONTAINER) => {
+                // The eval script runs in the instance's environment: a grader image of its
+                // own (`evaluator.image`, the template's `graderImage`) has none.
+                container["image"] = agent_image_name.clone();
                 remount(container, "floe-workspace", GRADER_WORKSPACE);
                 push(
                     &mut container["volumeMounts"],

@@ -11,7 +11,7 @@ use floe_tests::swebench_instance::{self as swe, GOLD_PATCH_MARKER, TEST_PATCH_M
 /// One honest call, then the behaviour the problem statement's last line names. The fix is
 /// written only when neither patch can be found: a leak costs the reward.
 const AGENT: &str = r#"
-import json, os, subprocess, urllib.request
+import json, os, subprocess, urllib.error, urllib.request
 body = {"model": "policy", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 req = urllib.request.Request(os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
                              data=json.dumps(body).encode(),
@@ -23,6 +23,15 @@ behaviour = os.environ["FLOE_INSTRUCTION"].strip().splitlines()[-1].split("agent
 leaks = [m for m in ("MARK_TEST"[::-1], "MARK_GOLD"[::-1])
          if subprocess.run(["sh", "-c", "grep -rqs %s / --exclude-dir=proc --exclude-dir=sys; r=$?; "
                             "git log --all -p | grep -q %s || exit $r" % (m, m)]).returncode == 0]
+# The grading sidecar shares this pod's loopback: it must answer nothing without the token.
+try:
+    urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:8391/", data=b"{}"), timeout=10)
+    leaks.append("the bridge answered")
+except urllib.error.HTTPError as e:
+    if e.code != 401:
+        leaks.append("the bridge said %d" % e.code)
+except Exception as e:
+    leaks.append("the bridge: %r" % e)
 print("cwd", os.getcwd(), "leaks", leaks, flush=True)
 if behaviour == "fix" and not leaks and "return a - b" in open("calc.py").read():
     open("calc.py", "w").write(FIXED)

@@ -8,6 +8,7 @@ fn pod(native: bool) -> Value {
     let spec: GatewayPoolSpec = serde_json::from_value(json!({
         "replicas": 0,
         "template": {"image": "swebench/sweb.eval.x86_64.acme_1776_calc-1:latest",
+                     "graderImage": "graders/pytest:3",
                      "securityContext": {"runAsUser": 1000}},
     }))
     .expect("spec");
