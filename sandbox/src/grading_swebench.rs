@@ -9,7 +9,7 @@ use floe_crds::rollout_job::{SweBenchGrading, TaskEvaluation};
 use floe_crds::swebench::{relocate, EVAL_SCRIPT};
 
 use crate::children::RunnerConfig;
-use crate::grading::Evaluator;
+use crate::evaluator_run::{Evaluator, REPORT_LIMIT};
 use crate::reward::SweBenchGraded;
 use crate::swebench_grade::Bridge;
 use crate::workspace;
@@ -114,7 +114,7 @@ impl SweBenchPrepared {
         workspace::copy_tree(pristine, &dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::write_files(&dir, hidden).map_err(|e| format!("baseline copy: {e}"))?;
         let (spec, ran) = evaluator.run(config, "baseline", &dir).await?;
-        let log = crate::children::tail(&spec.stdout, crate::grading::REPORT_LIMIT as usize);
+        let log = crate::children::tail(&spec.stdout, REPORT_LIMIT as usize);
         let graded = self
             .grade(&log)
             .await

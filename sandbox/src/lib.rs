@@ -26,6 +26,7 @@ pub mod client;
 pub mod confine;
 pub mod disk_budget;
 pub mod egress_check;
+mod evaluator_run;
 pub mod fidelity;
 pub mod grading;
 mod grading_swebench;

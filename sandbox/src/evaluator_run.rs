@@ -1,0 +1,82 @@
+//! Running an evaluator command: in its own sandbox in local mode (bubblewrap, only its
+//! directory writable), checked to have started; shared by the grading of every reward source
+//! and the SWE-bench baseline run.
+
+use std::path::Path;
+
+use crate::children::{child, startable, tail, RunnerConfig};
+use crate::confine::Access;
+use crate::process;
+use crate::relay;
+
+/// The most bytes of a reward or test report file read.
+pub(crate) const REPORT_LIMIT: u64 = 16 << 20;
+
+/// An evaluator command, run in its own sandbox (local mode) in a directory.
+pub(crate) struct Evaluator<'a> {
+    pub program: &'a str,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub timeout_seconds: i32,
+    pub cgroup_procs: &'a [std::path::PathBuf],
+}
+
+impl Evaluator<'_> {
+    /// Runs it in `dir` (writable, nothing else is): its command spec (where its output went)
+    /// and how it ended. `Err`: it could not start (floe's side or the job's).
+    pub async fn run(
+        self,
+        config: &RunnerConfig,
+        name: &str,
+        dir: &Path,
+    ) -> Result<(process::CommandSpec, process::Finished), String> {
+        let mut evaluator = child(
+            config,
+            name,
+            self.program,
+            self.args,
+            self.env,
+            dir,
+            self.timeout_seconds,
+        );
+        // Its whole report, when the report is its stdout: the summary is at the end.
+        evaluator.cap_bytes = REPORT_LIMIT;
+        // A program that is not there is the job's (or the image's), not the code's: said here,
+        // so that an exit code the code under test can also produce (127) is never taken for it.
+        startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;
+        if let Some(confinement) = &config.confinement {
+            // Its own namespaces too: the agent's code it runs (tests import it) reaches neither
+            // the network nor any other session, and whatever it starts dies with the namespace
+            // before the reward is read.
+            let access = Access {
+                writable: vec![dir],
+                read_only: vec![],
+                model_api: false,
+                cgroup_procs: self.cgroup_procs.to_vec(),
+            };
+            evaluator = confinement.wrap(evaluator, &access);
+        }
+        let ran = process::run(&evaluator).await.map_err(|e| e.to_string())?;
+        if config.confinement.is_some() && !sandbox_started(&evaluator.stderr) {
+            return Err(format!(
+                "the {name}'s sandbox did not start ({:?}): {}",
+                ran.exit,
+                tail(&evaluator.stderr, 500)
+            ));
+        }
+        Ok((evaluator, ran))
+    }
+}
+
+/// Whether `floe sandbox-exec` announced the command started: its line comes first on stderr,
+/// before anything the command writes, and nothing can take back bytes from a pipe. Without
+/// it, `bwrap` failed to set the sandbox up (floe's side, not the code's).
+fn sandbox_started(stderr: &Path) -> bool {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(stderr)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    head[..n]
+        .split(|b| *b == b'\n')
+        .any(|line| line == relay::STARTED.as_bytes())
+}
