@@ -170,6 +170,14 @@ async fn warm_pool(n: &TestNode, client: &Client, ns: &str, python: &str) -> Res
     warm_pool_of(n, client, ns, "python", python).await
 }
 
+/// A sandbox template of `image` (imported, never pulled) with the ConfigMap `agent` at
+/// `/opt/agent`, where the tests' custom harnesses run from.
+fn agent_template(image: &str, agent: &str) -> Value {
+    json!({"image": image, "imagePullPolicy": "Never",
+           "volumes": [{"name": "agent", "configMap": {"name": agent}}],
+           "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent", "readOnly": true}]})
+}
+
 /// The GatewayPool `name` of two pods of `image`, once both are READY.
 async fn warm_pool_of(
     n: &TestNode,
@@ -184,10 +192,7 @@ async fn warm_pool_of(
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
                "metadata": {"name": name},
                "spec": {"replicas": 2,
-                        "template": {"image": image, "imagePullPolicy": "Never",
-                                     "volumes": [{"name": "agent", "configMap": {"name": "agent"}}],
-                                     "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
-                                                       "readOnly": true}]},
+                        "template": agent_template(image, "agent"),
                         "prepare": [{"name": "interpreter",
                                      "command": ["python3", "-c", "import json, sqlite3"]}]}}),
     )

@@ -142,22 +142,18 @@ async fn swebench_instances_resolve_only_with_the_fix_and_the_agent_sees_no_patc
         &model.url,
         &install.join("testbed/bin/activate"),
     )?;
-    let log = dir.path().join("stderr");
-    let mut child = Command::new(floe_bin()?)
-        .arg("run")
-        .arg(&job)
-        .arg("--out")
-        .arg(&out)
-        .args(["--model-url", &model.url])
-        .arg("--swebench-python")
-        .arg(install.join("venv/bin/python"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()?;
-    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
-    let stderr = std::fs::read_to_string(&log)?;
-    assert_eq!(status.code(), Some(0), "{stderr}");
+    let (code, _, stderr) = floe(&[
+        "run".as_ref(),
+        job.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--model-url".as_ref(),
+        model.url.as_ref(),
+        "--swebench-python".as_ref(),
+        install.join("venv/bin/python").as_os_str(),
+    ])
+    .await?;
+    assert_eq!(code, Some(0), "{stderr}");
     let mut seen = BTreeMap::new();
     for entry in std::fs::read_dir(out.join("sessions"))? {
         let path = entry?.path();
@@ -223,26 +219,34 @@ async fn swebench_instances_resolve_only_with_the_fix_and_the_agent_sees_no_patc
     Ok(())
 }
 
-fn floe(args: &[&std::ffi::OsStr]) -> Result<(Option<i32>, String, String)> {
-    let out = Command::new(floe_bin()?)
+/// `floe ARGS…` to its end (5 min at most): its exit code, stdout and stderr (to files, so
+/// that a long output never blocks it).
+async fn floe(args: &[&std::ffi::OsStr]) -> Result<(Option<i32>, String, String)> {
+    let logs = tempfile::tempdir()?;
+    let (out, err) = (logs.path().join("stdout"), logs.path().join("stderr"));
+    let mut child = Command::new(floe_bin()?)
         .args(args)
         .stdin(Stdio::null())
-        .output()?;
+        .stdout(std::fs::File::create(&out)?)
+        .stderr(std::fs::File::create(&err)?)
+        .spawn()?;
+    let status = wait_child(&mut child, Duration::from_secs(300)).await?;
     Ok((
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.code(),
+        std::fs::read_to_string(out)?,
+        std::fs::read_to_string(err)?,
     ))
 }
 
-#[test]
-fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_run() -> Result<()> {
+#[tokio::test]
+async fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_run(
+) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let activate = Path::new("/opt/env/bin/activate");
     let job = job(dir.path(), "http://127.0.0.1:9", activate)?;
     let file = dir.path().join("instances.jsonl");
     let (code, stdout, stderr) =
-        floe(&["tasks".as_ref(), file.as_os_str(), "--swebench".as_ref()])?;
+        floe(&["tasks".as_ref(), file.as_os_str(), "--swebench".as_ref()]).await?;
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.contains("acme__calc-1\n  image       floe-test/sweb.eval.acme_1776_calc-1:latest"),
@@ -262,7 +266,7 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
         "{stdout}"
     );
     // Through the job: the local checkout, relative to the job file, made absolute.
-    let (code, stdout, stderr) = floe(&["tasks".as_ref(), job.as_os_str()])?;
+    let (code, stdout, stderr) = floe(&["tasks".as_ref(), job.as_os_str()]).await?;
     assert_eq!(code, Some(0), "{stderr}");
     let checkout = dir.path().join("repos").join(swe::REPO);
     assert!(
@@ -275,7 +279,8 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
         file.as_os_str(),
         "--swebench".as_ref(),
         "--json".as_ref(),
-    ])?;
+    ])
+    .await?;
     assert_eq!(json_lines.lines().count(), 8);
     assert!(!json_lines.contains(GOLD_PATCH_MARKER), "{json_lines}");
     // A malformed instance: one line naming it, exit 2, before any session.
@@ -291,7 +296,8 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
     let broken: Vec<String> = lines.iter().map(Value::to_string).collect();
     std::fs::write(&file, broken.join("\n") + "\n")?;
     let why = "line 3 (instance acme__calc-3): log_parser is missing or empty";
-    let (code, _, stderr) = floe(&["tasks".as_ref(), file.as_os_str(), "--swebench".as_ref()])?;
+    let (code, _, stderr) =
+        floe(&["tasks".as_ref(), file.as_os_str(), "--swebench".as_ref()]).await?;
     assert_eq!((code, stderr.contains(why)), (Some(2), true), "{stderr}");
     let out = dir.path().join("out");
     let (code, _, stderr) = floe(&[
@@ -299,7 +305,8 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
         job.as_os_str(),
         "--out".as_ref(),
         out.as_os_str(),
-    ])?;
+    ])
+    .await?;
     assert_eq!(
         (code, stderr.trim().lines().count()),
         (Some(2), 1),
@@ -310,7 +317,7 @@ fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_stops_a_r
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Result<()> {
     let install = swe::install_dir()?;
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
@@ -332,7 +339,8 @@ async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Re
         model.url.as_ref(),
         "--swebench-python".as_ref(),
         install.join("venv/bin/python").as_os_str(),
-    ])?;
+    ])
+    .await?;
     assert_eq!(code, Some(1), "{stderr}");
     let s: Value = serde_json::from_str(&std::fs::read_to_string(
         out.join("sessions/swe-acme__calc-1-0/summary.json"),

@@ -49,17 +49,15 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
     )
     .await?;
     let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    let mut template = agent_template(&images.python, "shell-agent");
+    template["diskBudget"] = grading_attacks::DISK_BUDGET.into();
     apply(
         &client,
         &ns,
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
                "metadata": {"name": "python"},
                "spec": {"replicas": 2,
-                        "template": {"image": images.python, "imagePullPolicy": "Never",
-                                     "diskBudget": grading_attacks::DISK_BUDGET,
-                                     "volumes": [{"name": "agent", "configMap": {"name": "shell-agent"}}],
-                                     "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
-                                                       "readOnly": true}]}}}),
+                        "template": template}}),
     )
     .await?;
     let mut job = sft_job(

@@ -81,10 +81,7 @@ fn python_pool(image: &str, replicas: i32) -> Value {
     json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
            "metadata": {"name": "python"},
            "spec": {"replicas": replicas,
-                    "template": {"image": image, "imagePullPolicy": "Never",
-                                 "volumes": [{"name": "agent", "configMap": {"name": "agent"}}],
-                                 "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent",
-                                                   "readOnly": true}]}}})
+                    "template": agent_template(image, "agent")}})
 }
 
 /// Wait until Prometheus has scraped two of pool `python`'s pods before any call: a pod's
