@@ -74,24 +74,9 @@ fn load(args: &TasksArgs) -> Result<Vec<Task>, String> {
         swebench: args.swebench.then_some(settings),
         ..Default::default()
     };
-    let tasks = floe_crds::task_file::parse_source(&text, &source, Checkouts::Image)
-        .map_err(|e| format!("task file {}, {e}", args.file.display()))?;
-    let mut errors = floe_crds::validation::duplicate_task_ids(&tasks, "tasks");
-    for (i, task) in tasks.iter().enumerate() {
-        let value = serde_json::to_value(task).map_err(|e| e.to_string())?;
-        errors.extend(
-            floe_crds::validation::task_errors(&value)
-                .into_iter()
-                .map(|mut e| {
-                    e.field = format!("tasks[{i}].{}", e.field);
-                    e
-                }),
-        );
-    }
-    match errors.is_empty() {
-        true => Ok(tasks),
-        false => Err(floe_crds::ValidationError { errors }.to_string()),
-    }
+    // The parser checks each task against the schema and the ids for duplicates.
+    floe_crds::task_file::parse_source(&text, &source, Checkouts::Image)
+        .map_err(|e| format!("task file {}, {e}", args.file.display()))
 }
 
 /// One block per task, then the totals.

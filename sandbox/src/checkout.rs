@@ -109,26 +109,16 @@ async fn check_out_from(source: &Path, commit: &str, ws: &Path) -> Result<(), St
 /// checkout leaves as the commit): checked on the untouched snapshot, so a patch that does not
 /// apply is the instance's fault, never the agent's.
 pub async fn patch_applies(dir: &Path, patch: &str) -> Result<(), String> {
-    let mut child = tokio::process::Command::new("git")
-        .args(["-c", "safe.directory=*", "-C"])
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.args(["-c", "safe.directory=*", "-C"])
         .arg(dir)
         .args(["apply", "--check", "--cached", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("git: {e}"))?;
-    let mut stdin = child.stdin.take();
-    let body = patch.as_bytes().to_vec();
-    let write = async move {
-        if let Some(stdin) = stdin.as_mut() {
-            let _ = tokio::io::AsyncWriteExt::write_all(stdin, &body).await;
-        }
-        drop(stdin);
-    };
-    let (_, out) = tokio::join!(write, child.wait_with_output());
-    let out = out.map_err(|e| format!("git apply: {e}"))?;
+        .stderr(Stdio::piped());
+    let out = crate::process::output_with_input(cmd, patch.as_bytes().to_vec())
+        .await
+        .map_err(|e| format!("git apply: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {

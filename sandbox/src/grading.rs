@@ -106,11 +106,10 @@ pub(crate) async fn grade(
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
     let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
-    let evaluation_env = task_evaluation.clone();
     let evaluator = || Evaluator {
         program,
-        args: args.iter().chain(&evaluation_env.args).cloned().collect(),
-        env: evaluation_env.env.clone().into_iter().collect(),
+        args: args.iter().chain(&task_evaluation.args).cloned().collect(),
+        env: task_evaluation.env.clone().into_iter().collect(),
         timeout_seconds: spec.timeouts.evaluator_seconds,
         cgroup_procs,
     };

@@ -196,6 +196,26 @@ pub fn other_processes() -> std::collections::BTreeSet<u32> {
         .collect()
 }
 
+/// `cmd`'s output, with `input` written to its stdin while its output is read (so neither
+/// side waits on a full pipe); its stdin is closed after. `cmd` must pipe stdin and whatever
+/// output is wanted; it is killed if this future is dropped.
+pub async fn output_with_input(
+    mut cmd: tokio::process::Command,
+    input: Vec<u8>,
+) -> std::io::Result<std::process::Output> {
+    let mut child = cmd.kill_on_drop(true).spawn()?;
+    let mut stdin = child.stdin.take();
+    let write = async move {
+        if let Some(stdin) = stdin.as_mut() {
+            // A child that exits without reading all of it is answered by its exit status.
+            let _ = stdin.write_all(&input).await;
+        }
+        drop(stdin);
+    };
+    let (_, out) = tokio::join!(write, child.wait_with_output());
+    out
+}
+
 /// As PID 1 of a PID namespace (a container's init): SIGKILL every other process of it and
 /// reap until there is no child left; returns the processes there were besides this one.
 /// Every process of a PID namespace descends from its init, and orphans are re-parented to it,

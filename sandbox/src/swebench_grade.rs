@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use floe_crds::rollout_job::SweBenchGrading;
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
 
 use crate::reward::SweBenchGraded;
 
@@ -99,46 +98,34 @@ impl Bridge {
                     .json()
                     .await
                     .map_err(|e| format!("SWE-bench grading at {url}: {e}"))?;
-                match answer.get("error").and_then(|e| e.as_str()) {
-                    Some(error) => Err(error.to_string()),
-                    None => Ok(answer),
-                }
+                answered(answer)
             }
         }
     }
 }
 
-/// One call of the bridge with `python` (what `floe swebench-bridge` serves).
-pub async fn call(python: &Path, request: serde_json::Value) -> Result<serde_json::Value, String> {
-    call_python(python, request).await
+/// The bridge's answer, or the error it answered (`{"error": …}`).
+fn answered(answer: serde_json::Value) -> Result<serde_json::Value, String> {
+    match answer.get("error").and_then(|e| e.as_str()) {
+        Some(error) => Err(error.to_string()),
+        None => Ok(answer),
+    }
 }
 
-async fn call_python(
-    python: &Path,
-    request: serde_json::Value,
-) -> Result<serde_json::Value, String> {
-    let mut child = tokio::process::Command::new(python)
-        .args(["-I", "-c", BRIDGE])
+/// One call of the bridge with `python` (what `floe swebench-bridge` serves).
+pub async fn call(python: &Path, request: serde_json::Value) -> Result<serde_json::Value, String> {
+    let mut cmd = tokio::process::Command::new(python);
+    cmd.args(["-I", "-c", BRIDGE])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("SWE-bench grading: {}: {e}", python.display()))?;
-    let body = request.to_string();
-    let mut stdin = child.stdin.take();
-    let write = async move {
-        if let Some(stdin) = stdin.as_mut() {
-            let _ = stdin.write_all(body.as_bytes()).await;
-        }
-        drop(stdin);
-    };
-    let (_, out) = tokio::time::timeout(CALL_DEADLINE, async {
-        tokio::join!(write, child.wait_with_output())
-    })
+        .stderr(Stdio::piped());
+    let out = tokio::time::timeout(
+        CALL_DEADLINE,
+        crate::process::output_with_input(cmd, request.to_string().into_bytes()),
+    )
     .await
-    .map_err(|_| format!("SWE-bench grading took over {CALL_DEADLINE:?}"))?;
-    let out = out.map_err(|e| format!("SWE-bench grading: {e}"))?;
+    .map_err(|_| format!("SWE-bench grading took over {CALL_DEADLINE:?}"))?
+    .map_err(|e| format!("SWE-bench grading: {}: {e}", python.display()))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         let tail: String = stderr
@@ -153,8 +140,5 @@ async fn call_python(
     }
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("SWE-bench grading answered no JSON ({e}): {stderr}"))?;
-    match answer.get("error").and_then(|e| e.as_str()) {
-        Some(error) => Err(error.to_string()),
-        None => Ok(answer),
-    }
+    answered(answer)
 }

@@ -10,6 +10,15 @@ with_libs() {
     [ -e "$root$lib" ] || cp -L --parents "$lib" "$root/"
   done
 }
+# Copy into ROOT the shared libraries that the extension modules (*.so*) under DIR load.
+extension_libs() {
+  local root=$1 dir=$2
+  find "$dir" -name '*.so*' -type f | while read -r so; do
+    { ldd "$so" 2>/dev/null || true; } | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+      [ -e "$root$lib" ] || cp -L --parents "$lib" "$root/"
+    done
+  done
+}
 # The python sandbox's files under ROOT.
 python_root() {
   local R=$1
@@ -21,11 +30,7 @@ python_root() {
   tar -C / --exclude='__pycache__' --exclude='python3.11/test' --exclude='python3.11/idlelib' \
     --exclude='python3.11/tkinter' --exclude='python3.11/ensurepip' --exclude='python3.11/lib2to3' \
     -cf - usr/lib/python3.11 | tar -C "$R" -xf -
-  for so in "$R"/usr/lib/python3.11/lib-dynload/*.so; do
-    ldd "$so" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
-      [ -e "$R$lib" ] || cp -L --parents "$lib" "$R/"
-    done
-  done
+  extension_libs "$R" "$R/usr/lib/python3.11/lib-dynload"
   ln -s python3.11 "$R/usr/bin/python3"; ln -s python3.11 "$R/usr/bin/python"
   cp /bin/busybox "$R/bin/busybox"
   for a in $("$R/bin/busybox" --list); do [ -e "$R/bin/$a" ] || ln -s busybox "$R/bin/$a"; done

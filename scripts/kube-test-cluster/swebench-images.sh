@@ -36,11 +36,7 @@ if [ ! -f "$G_TAR" ]; then
   tar -C "$SITE" --exclude='__pycache__' --exclude='pip' --exclude='pip-*' -cf - . \
     | tar -C "$R/usr/local/lib/python3.11/dist-packages" -xf -
   # The extensions' own libraries (numpy's libstdc++, …) where a wheel does not bundle them.
-  find "$R/usr/local/lib/python3.11/dist-packages" -name '*.so*' -type f | while read -r so; do
-    { ldd "$so" 2>/dev/null || true; } | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
-      [ -e "$R$lib" ] || cp -L --parents "$lib" "$R/"
-    done
-  done
+  extension_libs "$R" "$R/usr/local/lib/python3.11/dist-packages"
   python3 "$HERE/mkimage.py" "$G_TAR.part" "$G_IMAGE" "$R" --cmd /usr/bin/python3 --user 65532:65532 >&2
   mv "$G_TAR.part" "$G_TAR"
   rm -rf "$R"

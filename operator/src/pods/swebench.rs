@@ -26,68 +26,64 @@ pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Erro
     let mut v = serde_json::to_value(pod)?;
     let repo = settings.repository_directory.as_str();
     let spec = &mut v["spec"];
-    let floe = |c: &Value| c["command"][0].as_str().unwrap_or_default().to_string();
-    let grader = find(spec, GRADER_CONTAINER);
-    let (floe_bin, image, security, workspace_volume) = match &grader {
-        Some(g) => (
-            floe(g),
-            g["image"].clone(),
-            g["securityContext"].clone(),
-            volume(spec, "floe-workspace"),
-        ),
-        None => return serde_json::from_value(v),
+    let Some(grader) = find(spec, GRADER_CONTAINER) else {
+        return serde_json::from_value(v);
     };
+    let floe_bin = grader["command"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let bin_mount = json!({"name": "floe-bin", "mountPath": floe_bin.trim_end_matches("/floe"), "readOnly": true});
     // The agent's image, not the grader's: a template's graderImage has no `/testbed`.
-    let agent_image = find(spec, AGENT_CONTAINER).map_or(image, |a| a["image"].clone());
-    let agent_image_name = agent_image.clone();
+    let instance_image =
+        find(spec, AGENT_CONTAINER).map_or(grader["image"].clone(), |a| a["image"].clone());
     let seed = json!({
         "name": "floe-seed",
-        "image": agent_image,
+        "image": instance_image,
         "command": [floe_bin, "seed-workspace"],
         "args": ["--from", repo, "--into", SEED_MOUNT],
         "volumeMounts": [bin_mount, {"name": "floe-workspace", "mountPath": SEED_MOUNT}],
-        "securityContext": security,
+        "securityContext": grader["securityContext"],
     });
     // Right after floe-init, which copies the binary it runs.
     if let Some(init) = spec["initContainers"].as_array_mut() {
         let at = init.len().min(1);
         init.insert(at, seed);
     }
-    let mut eval_volume = workspace_volume.unwrap_or_else(|| json!({"emptyDir": {}}));
+    let mut eval_volume = volume(spec, "floe-workspace").unwrap_or_else(|| json!({"emptyDir": {}}));
     eval_volume["name"] = "floe-eval".into();
     if let Some(volumes) = spec["volumes"].as_array_mut() {
         volumes.push(eval_volume);
     }
+    // The grader's token, from the same Secret: the bridge answers nothing else (the agent
+    // shares the pod's loopback).
+    let token: Vec<Value> = grader["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["name"] == "FLOE_CONTROL_TOKEN")
+        .cloned()
+        .collect();
     let mut bridge = json!({
         "name": BRIDGE_CONTAINER,
         "image": settings.grader_image,
-        "command": [floe(grader.as_ref().unwrap_or(&Value::Null)), "swebench-bridge"],
+        "command": [floe_bin, "swebench-bridge"],
         "args": ["--listen", BRIDGE_LISTEN, "--python", "python3"],
+        "env": token,
         "volumeMounts": [bin_mount],
-        "securityContext": grader.as_ref().map_or(Value::Null, |g| g["securityContext"].clone()),
+        "securityContext": grader["securityContext"],
     });
     for key in ["resources", "imagePullPolicy"] {
-        if let Some(value) = grader.as_ref().and_then(|g| g.get(key)) {
+        if let Some(value) = grader.get(key) {
             bridge[key] = value.clone();
         }
     }
-    // The grader's token, from the same Secret: the bridge answers nothing else (the agent
-    // shares the pod's loopback).
-    let token = grader.as_ref().and_then(|g| {
-        g["env"]
-            .as_array()?
-            .iter()
-            .find(|e| e["name"] == "FLOE_CONTROL_TOKEN")
-            .cloned()
-    });
-    bridge["env"] = json!(token.into_iter().collect::<Vec<_>>());
     for container in spec["containers"].as_array_mut().into_iter().flatten() {
         match container["name"].as_str() {
             Some(GRADER_CONTAINER) => {
                 // The eval script runs in the instance's environment: a grader image of its
                 // own (`evaluator.image`, the template's `graderImage`) has none.
-                container["image"] = agent_image_name.clone();
+                container["image"] = instance_image.clone();
                 remount(container, "floe-workspace", GRADER_WORKSPACE);
                 push(
                     &mut container["volumeMounts"],
