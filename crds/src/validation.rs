@@ -72,6 +72,10 @@ pub fn validate_rollout_job(job: &RolloutJob) -> Result<(), ValidationError> {
     if let Some(tasks) = &job.spec.tasks.inline {
         errors.extend(duplicate_task_ids(tasks, "spec.tasks.inline"));
     }
+    let held_out = job.spec.train.as_ref().and_then(|t| t.held_out.as_ref());
+    if let Some(tasks) = held_out.and_then(|h| h.tasks.inline.as_ref()) {
+        errors.extend(duplicate_task_ids(tasks, "spec.train.heldOut.tasks.inline"));
+    }
     errors.extend(pruned_fields(
         "RolloutJob",
         job.metadata.annotations.as_ref(),
@@ -136,6 +140,10 @@ pub fn validate_rollout_job_update(
     let mut errors = cel_errors(job.validate_cel_update(old));
     if let Some(tasks) = &job.spec.tasks.inline {
         errors.extend(duplicate_task_ids(tasks, "spec.tasks.inline"));
+    }
+    let held_out = job.spec.train.as_ref().and_then(|t| t.held_out.as_ref());
+    if let Some(tasks) = held_out.and_then(|h| h.tasks.inline.as_ref()) {
+        errors.extend(duplicate_task_ids(tasks, "spec.train.heldOut.tasks.inline"));
     }
     into_result(errors)
 }

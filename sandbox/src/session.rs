@@ -40,6 +40,7 @@ pub fn group_id(job: &str, task: &str, epoch: u32) -> String {
 }
 
 /// One attempt of one session.
+#[derive(Clone)]
 pub struct SessionOf<'a> {
     pub job: &'a str,
     pub spec: &'a RolloutJobSpec,
@@ -147,6 +148,24 @@ pub fn assignment(s: &SessionOf) -> Assignment {
         metadata,
         run: serde_json::to_value(&run).unwrap_or_default(),
     }
+}
+
+/// A held-out round's session (`train.heldOut`), sampled by the policy of step `step` and
+/// trained on by nobody: `<job>-<task>-<sample>.h<step>` (`-r<attempt>` for a retry), in
+/// group `<job>/<task>/h<step>`. No training session's id ends in `.h<n>`, so the two never
+/// meet whatever the task ids.
+pub fn held_out_assignment(s: &SessionOf, step: u64) -> Assignment {
+    let mut a = assignment(&SessionOf {
+        epoch: 0,
+        ..s.clone()
+    });
+    a.session = format!("{}-{}-{}.h{step}", s.job, s.task.id, s.sample);
+    if s.attempt > 0 {
+        a.session.push_str(&format!("-r{}", s.attempt));
+    }
+    a.group = format!("{}/{}/h{step}", s.job, s.task.id);
+    a.metadata.insert("heldOutStep".into(), step.into());
+    a
 }
 
 #[cfg(test)]

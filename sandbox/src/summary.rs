@@ -64,6 +64,10 @@ pub struct Summary {
     pub sampled_tokens: u64,
     pub trainable_tokens: u64,
     pub traces: u64,
+    /// The first and last policy version whose weights sampled the session's calls (from the
+    /// policy server's version header; none without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_versions: Option<[u64; 2]>,
     /// `shipped`, `pending` (still in the gateway's spool), `rejected`, `none`.
     pub shipment: String,
     /// Where the trajectory went (sink) — the full trajectory never passes through here.

@@ -265,6 +265,13 @@ async fn prometheus_reads_the_run(address: String) -> Result<()> {
         .then_some(()))
     })
     .await?;
+    // The held-out round before training is in by now: its figures, labelled with the job.
+    let held_out =
+        "floe_job_held_out{namespace=\"default\", rolloutjob=\"brief\", stat=\"pass_rate\"}";
+    eventually_within(120, "the held-out round's pass rate", async || {
+        Ok((!prom.query(held_out).await?.is_empty()).then_some(()))
+    })
+    .await?;
     let mut missing = Vec::new();
     for metric in referenced_metrics(&rules)?
         .into_iter()
@@ -343,7 +350,11 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
         "Name a river.",
         "Name a tree.",
     ];
-    std::fs::write(&job_file, job(&model, &questions, &LEARNING))?;
+    // Two held-out questions, measured every 2 steps and at the end, trained on by nobody.
+    let held_out = "    maxStaleness: 0\n    heldOut: {everySteps: 2, tasks: {inline: [\
+        {id: h0, instruction: \"Name a city.\"}, {id: h1, instruction: \"Name a metal.\"}]}}\n";
+    let text = job(&model, &questions, &LEARNING).replace("    maxStaleness: 0\n", held_out);
+    std::fs::write(&job_file, text)?;
     let out = dir.path().join("out");
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut run = floe_run(&job_file, &out, &python)
@@ -455,6 +466,47 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     }
     let curve = std::fs::read_to_string(out.join("reward-curve.svg"))?;
     assert!(curve.contains("<polyline"), "{curve}");
+    assert!(curve.contains("held-out pass rate"), "{curve}");
+
+    // Held-out rounds: before training, at step 2 and at the final version 3, each sampled by
+    // the policy of its step (never an older one; a step may land while a round runs), graded,
+    // written to held-out/ and never shipped to the trainer (its ingest holds the 24 above).
+    let rounds = training["heldOut"].as_array().context("training.heldOut")?;
+    let measured: Vec<(u64, bool, u64, u64)> = rounds
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r["step"].as_u64()?,
+                r["last"].as_bool().unwrap_or(false),
+                r["scored"].as_u64()?,
+                r["policyVersions"][0].as_u64()?,
+            ))
+        })
+        .collect();
+    assert_eq!(
+        measured,
+        [(0, false, 2, 0), (2, false, 2, 2), (3, true, 2, 3)],
+        "{training}"
+    );
+    assert!(
+        rounds.iter().all(|r| r["passRate"].is_number()),
+        "{training}"
+    );
+    let kept = ["accepted", "rejected"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(out.join("held-out").join(d)).ok())
+        .flatten()
+        .count();
+    assert_eq!(kept, 6, "held-out trajectories in {}", out.display());
+    assert!(out.join("sessions/brief-h1-0.h2").is_dir());
+    for step in [0, 2, 3] {
+        assert!(
+            said.iter()
+                .any(|l| l.starts_with(&format!("[held-out] step {step}"))),
+            "no round line for step {step} in {said:?}"
+        );
+    }
+    assert!(table.contains("held-out  pass rate step 0 "), "{table}");
     let left = processes_naming(&out);
     assert!(left.is_empty(), "processes left behind: {left:?}");
     Ok(())

@@ -558,6 +558,22 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
             .then_some(()))
     })
     .await?;
+    // Held-out rounds are `floe run`'s in this release: a cluster job naming them is refused
+    // in words, not run without the rounds it asked for.
+    let held_out = job(
+        "heldout",
+        &["a"],
+        1,
+        json!({"sft": null, "train": {"image": "trainer", "model": "m", "heldOut":
+               {"tasks": {"inline": [{"id": "h", "instruction": "x"}]}}}}),
+    )?;
+    jobs.create(&PostParams::default(), &held_out).await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "heldout", "InvalidSpec").await?;
+    assert!(
+        notes.iter().any(|n| n.contains("train.heldOut")),
+        "{notes:?}"
+    );
+    jobs.delete("heldout", &Default::default()).await?;
     jobs.delete("typo", &Default::default()).await?;
     // An evaluator image the pool does not grade in: refused before any claim.
     let other = job(

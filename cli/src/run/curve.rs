@@ -7,6 +7,8 @@
 
 use serde_json::Value;
 
+use super::held_out::RoundReport;
+
 /// One line of the picture.
 pub struct Series {
     pub name: &'static str,
@@ -84,8 +86,9 @@ pub fn svg(series: &[Series], title: &str) -> String {
 }
 
 /// The reward curve's lines: every session's mean reward and pass rate by the policy version
-/// that sampled it (dropped groups included), and the trained groups' mean reward by step.
-pub fn series(status: &Value) -> Vec<Series> {
+/// that sampled it (dropped groups included), the trained groups' mean reward by step, and the
+/// held-out rounds' pass rate by the step they measure.
+pub fn series(status: &Value, held_out: &[RoundReport]) -> Vec<Series> {
     let rows = |key: &str, x: &str, y: &str| -> Vec<(u64, f64)> {
         status[key]
             .as_array()
@@ -94,7 +97,7 @@ pub fn series(status: &Value) -> Vec<Series> {
             .map(|r| (r[x].as_u64().unwrap_or(0), r[y].as_f64().unwrap_or(0.0)))
             .collect()
     };
-    vec![
+    let mut lines = vec![
         Series {
             name: "— reward, every session sampled",
             color: "#1f77b4",
@@ -113,14 +116,34 @@ pub fn series(status: &Value) -> Vec<Series> {
             dash: "2,3",
             points: rows("steps", "step", "rewardMean"),
         },
-    ]
+    ];
+    if !held_out.is_empty() {
+        lines.push(Series {
+            name: "— held-out pass rate, by the step measured",
+            color: "#2ca02c",
+            dash: "",
+            points: held_out
+                .iter()
+                .filter_map(|r| Some((r.step, r.pass_rate?)))
+                .collect(),
+        });
+    }
+    lines
 }
 
 /// `reward-curve.svg` in `out`, from the trainer's last status.
-pub fn write(out: &std::path::Path, status: &Value, job: &str) -> std::io::Result<()> {
+pub fn write(
+    out: &std::path::Path,
+    status: &Value,
+    held_out: &[RoundReport],
+    job: &str,
+) -> std::io::Result<()> {
     std::fs::write(
         out.join("reward-curve.svg"),
-        svg(&series(status), &format!("{job}: reward by policy version")),
+        svg(
+            &series(status, held_out),
+            &format!("{job}: reward by policy version"),
+        ),
     )
 }
 

@@ -15,6 +15,7 @@
 mod curve;
 mod fail_fast;
 mod flags;
+mod held_out;
 mod metrics;
 mod plan;
 mod preflight;
@@ -102,7 +103,12 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let private = sandboxing::Private {
         out: args.out.clone(),
         job: args.job.clone(),
-        task_file: plan.task_file.clone(),
+        task_files: plan
+            .task_file
+            .iter()
+            .chain(&plan.held_out_file)
+            .cloned()
+            .collect(),
         repositories: plan::repositories(&plan),
     };
     // The name every call sends upstream (a train run names its own policy server).
@@ -337,12 +343,35 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let mut failure: Option<String> = None;
     let mut fail_fast = fail_fast::FailFast::default();
     let mut gave_up: Option<String> = None;
+    let mut held_out = match (
+        &training,
+        spec.train.as_ref().and_then(|t| t.held_out.as_ref()),
+    ) {
+        (Some(t), Some(h)) => {
+            let mut rounds = held_out::HeldOut::new(h, plan.held_out.clone(), count);
+            if let Some(status) = t.status().await {
+                queue.run_first(rounds.due(TrainerState::from_status(&status).policy_version));
+            }
+            Some(rounds)
+        }
+        _ => None,
+    };
+    let held_out_sink = Sink::Dataset {
+        dir: dataset_dir()?.with_file_name("held-out"),
+        min_reward: None,
+    };
+    // The trainer's final status, once it has trained everything (before the final held-out
+    // round, which samples the final version).
+    let mut trained: Option<serde_json::Value> = None;
     loop {
         while running.len() < concurrency {
             let now = Instant::now();
             let Some(next) = queue.peek(now) else { break };
             // The same gate as the operator's: a batch at most maxStaleness versions ahead.
+            let held = held_out.as_ref().filter(|h| h.owns(next.index));
             let may = match (&training, &spec.train) {
+                // A held-out session trains nothing: no staleness to keep.
+                _ if held.is_some() => true,
                 (Some(t), Some(train)) => {
                     let gate = |status: &serde_json::Value| {
                         StalenessGate::new(train, spec.samples(), TrainerState::from_status(status))
@@ -368,9 +397,14 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 break;
             }
             queue.pop(now);
-            let Some(assignment) = plan::assignment(&plan, &sink, next.index, next.attempt) else {
+            let assignment = match held {
+                Some(h) => plan::held_out_assignment(&plan, h, &held_out_sink, next),
+                None => plan::assignment(&plan, &sink, next.index, next.attempt),
+            };
+            let Some(assignment) = assignment else {
                 continue;
             };
+            let held = held.is_some();
             let session = assignment.session.clone();
             // Posted only now: a queued session holds no file or socket (10,000 sessions run
             // under the default `ulimit -n`).
@@ -404,9 +438,24 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 let report = run_sandbox(&config).await;
                 (next, slot, report, t0.elapsed().as_secs_f64())
             });
-            progress.started();
+            if !held {
+                progress.started();
+            }
         }
         if running.is_empty() && queue.is_empty() {
+            // Sessions done: the trainer trains what is left, and a final held-out round
+            // samples the version it ends at.
+            if let (Some(h), Some(t), None) = (held_out.as_mut(), training.as_mut(), &trained) {
+                let finished = finish_training(t, &mut signals).await;
+                let version = finished.status.as_ref().map(TrainerState::from_status);
+                trained = finished.status.or(Some(serde_json::Value::Null));
+                failure = finished.failure;
+                stopped = finished.stopped;
+                if let (Some(v), None, None) = (version, &failure, &stopped) {
+                    queue.run_first(h.last(v.policy_version));
+                    continue;
+                }
+            }
             break;
         }
         // A retry backing off while a slot is free: wake when it may start.
@@ -425,6 +474,9 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                     t.sample_policy_server().await;
                     if let Some(status) = t.status().await {
                         t.report_steps(&status);
+                        if let Some(h) = held_out.as_mut().filter(|_| trained.is_none()) {
+                            queue.run_first(h.due(TrainerState::from_status(&status).policy_version));
+                        }
                         trainer_status = status;
                     }
                     if let Some((what, status)) = t.exited() {
@@ -455,6 +507,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 };
                 let _ = std::fs::write(slot.join("summary.json"), resume::render_result(&result));
                 let first = first_attempt.get(&attempt.index).copied().unwrap_or(0);
+                let held = held_out.as_mut().filter(|h| h.owns(attempt.index));
                 let alike = fail_fast.ended(&fail_fast::Ended {
                     task: &result.task,
                     session: &session,
@@ -467,8 +520,10 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                         .map_or(0, |u| u.failed_calls()),
                 });
                 if let Some(cause) = alike {
-                    progress.finished(&session, &result);
-                    results.insert(attempt.index, result);
+                    if held.is_none() {
+                        progress.finished(&session, &result);
+                        results.insert(attempt.index, result);
+                    }
                     progress.clear();
                     let line = fail_fast::explain(&cause);
                     eprintln!("floe run: {line}");
@@ -476,6 +531,16 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                     running.abort_all();
                     while running.join_next().await.is_some() {}
                     break;
+                }
+                if let Some(h) = held {
+                    progress.clear();
+                    eprintln!("[held-out] {session}: {status} reward {}", result.summary.as_ref().and_then(|s| s.reward).map_or("-".into(), |r| r.to_string()));
+                    if queue.ended(attempt, &status, 0, Instant::now()).is_none() {
+                        if let Some(round) = h.ended(attempt.index, result) {
+                            progress.held_out(&round);
+                        }
+                    }
+                    continue;
                 }
                 match queue.ended(attempt, &status, first, Instant::now()) {
                     Some(retry) => {
@@ -524,27 +589,17 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             })
         })
         .collect();
-    let trained = match training.as_mut() {
-        Some(t) if stopped.is_none() && failure.is_none() && gave_up.is_none() => {
-            eprintln!(
-                "[train] sessions done: the trainer trains what is left and writes the final model"
-            );
-            tokio::select! {
-                r = t.finish() => match r {
-                    Ok(status) => Some(status),
-                    Err(e) => {
-                        failure = Some(e.to_string());
-                        t.status().await
-                    }
-                },
-                stop = signals.recv() => {
-                    stopped = Some(stop);
-                    t.status().await
-                }
-            }
+    let trained = match (training.as_mut(), trained) {
+        // Finished already, for the final held-out round: its status now.
+        (Some(t), Some(_)) => t.status().await,
+        (Some(t), None) if stopped.is_none() && failure.is_none() && gave_up.is_none() => {
+            let finished = finish_training(t, &mut signals).await;
+            failure = finished.failure;
+            stopped = finished.stopped;
+            finished.status
         }
-        Some(t) => t.status().await,
-        None => None,
+        (Some(t), None) => t.status().await,
+        (None, _) => None,
     };
     let busy = training.as_ref().and_then(train::Training::busy_fraction);
     if let Some(mut t) = training.take() {
@@ -564,8 +619,13 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     if let Some(status) = &trained {
         let mut t = train::summary(status, "reward-curve.svg");
         t["utilization"] = train::utilization(busy, status, started.elapsed().as_secs_f64());
+        let rounds = held_out.as_ref().map(held_out::HeldOut::reports);
+        if let Some(rounds) = &rounds {
+            t["heldOut"] = serde_json::json!(rounds);
+        }
         summary.training = Some(t);
-        curve::write(out, status, &plan.name).map_err(|e| io("reward-curve.svg", &e))?;
+        curve::write(out, status, rounds.as_deref().unwrap_or(&[]), &plan.name)
+            .map_err(|e| io("reward-curve.svg", &e))?;
     }
     if let Some(f) = &failure {
         eprintln!("floe run: training failed: {f}");
@@ -587,4 +647,35 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     } else {
         0
     })
+}
+
+/// What finishing the trainer came to.
+struct Finished {
+    status: Option<serde_json::Value>,
+    failure: Option<String>,
+    stopped: Option<Stop>,
+}
+
+/// The trainer trains what is left and writes the final model; a signal cuts it short.
+async fn finish_training(t: &mut train::Training, signals: &mut Signals) -> Finished {
+    eprintln!("[train] sessions done: the trainer trains what is left and writes the final model");
+    let (mut failure, mut stopped) = (None, None);
+    let status = tokio::select! {
+        r = t.finish() => match r {
+            Ok(status) => Some(status),
+            Err(e) => {
+                failure = Some(e.to_string());
+                t.status().await
+            }
+        },
+        stop = signals.recv() => {
+            stopped = Some(stop);
+            t.status().await
+        }
+    };
+    Finished {
+        status,
+        failure,
+        stopped,
+    }
 }

@@ -29,6 +29,9 @@ pub struct Plan {
     pub tasks: Vec<Task>,
     /// The JSONL task file the tasks came from (hidden from the sandbox, like the job file).
     pub task_file: Option<PathBuf>,
+    /// `train.heldOut`'s tasks (none without it), and their file.
+    pub held_out: Vec<Task>,
+    pub held_out_file: Option<PathBuf>,
 }
 
 impl Plan {
@@ -44,35 +47,15 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
     let job = floe_crds::validation::parse_rollout_job(&document)
         .map_err(|e| PlanError::Invalid(path.into(), e))?;
     let spec = &job.spec;
-    if spec.tasks.config_map.is_some() {
-        return Err(PlanError::Unsupported(
-            "read tasks from a ConfigMap: use spec.tasks.inline or spec.tasks.file".into(),
-        ));
-    }
     if spec.evaluator.hidden_files_from.is_some() {
         return Err(PlanError::Unsupported(
             "read evaluator.hiddenFilesFrom (a ConfigMap): put hidden files in each task's evaluation.hiddenFiles".into(),
         ));
     }
-    let mut task_file = None;
-    let tasks = match (&spec.tasks.inline, &spec.tasks.file) {
-        (Some(tasks), _) => tasks.clone(),
-        (None, Some(file)) => {
-            // A task file path is relative to the job file here (in a cluster: to the volume).
-            let file_path = path
-                .parent()
-                .unwrap_or(Path::new("."))
-                .join(file.path.trim_start_matches('/'));
-            let mut tasks = read_task_file(&file_path, &spec.tasks)?;
-            // A repository (a SWE-bench instance's local checkout) is relative to the job file.
-            let base = path.parent().unwrap_or(Path::new("."));
-            for repository in tasks.iter_mut().filter_map(|t| t.repository.as_mut()) {
-                repository.path = base.join(&repository.path).to_string_lossy().into_owned();
-            }
-            task_file = Some(file_path);
-            tasks
-        }
-        (None, None) => return Err(PlanError::Unsupported("run a job without tasks".into())),
+    let (tasks, task_file) = tasks_of(path, &spec.tasks, "spec.tasks")?;
+    let (held_out, held_out_file) = match spec.train.as_ref().and_then(|t| t.held_out.as_ref()) {
+        Some(h) => tasks_of(path, &h.tasks, "spec.train.heldOut.tasks")?,
+        None => (Vec::new(), None),
     };
     let name = job
         .metadata
@@ -91,6 +74,20 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
         &tasks_field,
         &Default::default(),
     ));
+    if let Some(h) = spec.train.as_ref().and_then(|t| t.held_out.as_ref()) {
+        let field = match &h.tasks.file {
+            Some(file) if h.tasks.inline.is_none() => file.path.clone(),
+            _ => "spec.train.heldOut.tasks.inline".to_string(),
+        };
+        errors.extend(floe_crds::validation::duplicate_task_ids(&held_out, &field));
+        errors.extend(floe_sandbox::checks::check_sessions(
+            &name,
+            spec,
+            &held_out,
+            &field,
+            &Default::default(),
+        ));
+    }
     if !errors.is_empty() {
         return Err(PlanError::Invalid(
             path.into(),
@@ -102,7 +99,40 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
         name,
         tasks,
         task_file,
+        held_out,
+        held_out_file,
     })
+}
+
+/// The tasks of one source (`spec.tasks`, `spec.train.heldOut.tasks`) and the file they came
+/// from, if any.
+fn tasks_of(
+    path: &Path,
+    source: &floe_crds::rollout_job::TaskSource,
+    field: &str,
+) -> Result<(Vec<Task>, Option<PathBuf>), PlanError> {
+    if source.config_map.is_some() {
+        return Err(PlanError::Unsupported(format!(
+            "read tasks from a ConfigMap: use {field}.inline or {field}.file"
+        )));
+    }
+    match (&source.inline, &source.file) {
+        (Some(tasks), _) => Ok((tasks.clone(), None)),
+        (None, Some(file)) => {
+            // A task file path is relative to the job file here (in a cluster: to the volume).
+            let base = path.parent().unwrap_or(Path::new("."));
+            let file_path = base.join(file.path.trim_start_matches('/'));
+            let mut tasks = read_task_file(&file_path, source)?;
+            // A repository (a SWE-bench instance's local checkout) is relative to the job file.
+            for repository in tasks.iter_mut().filter_map(|t| t.repository.as_mut()) {
+                repository.path = base.join(&repository.path).to_string_lossy().into_owned();
+            }
+            Ok((tasks, Some(file_path)))
+        }
+        (None, None) => Err(PlanError::Unsupported(format!(
+            "run a job without tasks ({field})"
+        ))),
+    }
 }
 
 /// The distinct repositories the tasks check out (hidden from the sandbox).
@@ -110,6 +140,7 @@ pub fn repositories(plan: &Plan) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = plan
         .tasks
         .iter()
+        .chain(&plan.held_out)
         .filter_map(|t| t.repository.as_ref().map(|r| PathBuf::from(&r.path)))
         .collect();
     paths.sort();
@@ -152,6 +183,30 @@ pub fn assignment(plan: &Plan, sink: &Sink, index: usize, attempt: u32) -> Optio
         upstream: Default::default(),
         shared_hidden_files: &Default::default(),
     }))
+}
+
+/// Attempt `next` of a held-out session (`train.heldOut`): its round's step, task and sample.
+pub fn held_out_assignment(
+    plan: &Plan,
+    rounds: &super::held_out::HeldOut,
+    sink: &Sink,
+    next: super::queue::Attempt,
+) -> Option<Assignment> {
+    let (step, task, sample) = rounds.session(next.index)?;
+    Some(session::held_out_assignment(
+        &SessionOf {
+            job: &plan.name,
+            spec: &plan.job.spec,
+            task,
+            epoch: 0,
+            sample,
+            attempt: next.attempt,
+            sink,
+            upstream: Default::default(),
+            shared_hidden_files: &Default::default(),
+        },
+        step,
+    ))
 }
 
 /// Every session's first attempt, in order, at most `limit`.

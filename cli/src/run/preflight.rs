@@ -78,7 +78,14 @@ pub fn model_server_source(
 /// instance's log parser, git, an `--out` the eval scripts can name, and each instance's local
 /// checkout, a plain clone (its history, which holds the fix, is hidden from the sandbox).
 pub fn swebench(plan: &Plan, python: Option<&Path>, out: &Path) -> Result<(), RunError> {
-    if plan.job.spec.tasks.swebench.is_none() {
+    let held_out = plan
+        .job
+        .spec
+        .train
+        .as_ref()
+        .and_then(|t| t.held_out.as_ref());
+    if plan.job.spec.tasks.swebench.is_none() && held_out.is_none_or(|h| h.tasks.swebench.is_none())
+    {
         return Ok(());
     }
     let Some(python) = python else {
@@ -123,7 +130,7 @@ pub fn swebench(plan: &Plan, python: Option<&Path>, out: &Path) -> Result<(), Ru
              use a path of letters, digits and / . _ + -"
         ));
     }
-    for task in &plan.tasks {
+    for task in plan.tasks.iter().chain(&plan.held_out) {
         let Some(evaluation) = &task.evaluation else {
             continue;
         };

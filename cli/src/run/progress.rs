@@ -97,6 +97,16 @@ impl Progress {
         self.draw();
     }
 
+    /// A held-out round is complete: its line, and its figures for Prometheus.
+    pub fn held_out(&self, round: &super::held_out::RoundReport) {
+        self.clear();
+        eprintln!("{}", super::held_out::line(round));
+        if let Some(m) = &self.metrics {
+            m.held_out(round.step, round.pass_rate, round.reward_mean);
+        }
+        self.draw();
+    }
+
     pub fn finished(&mut self, session: &str, result: &SessionResult) {
         self.running = self.running.saturating_sub(1);
         self.done += 1;
@@ -210,6 +220,15 @@ pub fn table(summary: &RunSummary) -> String {
             t["finalModel"].as_str().unwrap_or("-"),
             t["rewardCurve"].as_str().unwrap_or("-"),
         ));
+        let rounds: Vec<String> = t["heldOut"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| format!("step {} {}", r["step"], fmt(r["passRate"].as_f64())))
+            .collect();
+        if !rounds.is_empty() {
+            out.push_str(&format!("held-out  pass rate {}\n", rounds.join(" → ")));
+        }
     }
     out.push_str(&format!(
         "{:<32} {:>7} {:>8} {:>9}\n",

@@ -63,6 +63,13 @@ impl Queue {
         self.pending.iter().find(|a| self.ready(a, now)).copied()
     }
 
+    /// Attempts to start before every pending one, in their order (a held-out round).
+    pub fn run_first(&mut self, attempts: Vec<Attempt>) {
+        for a in attempts.into_iter().rev() {
+            self.pending.push_front(a);
+        }
+    }
+
     pub fn pop(&mut self, now: Instant) -> Option<Attempt> {
         let at = self.pending.iter().position(|a| self.ready(a, now))?;
         let a = self.pending.remove(at)?;

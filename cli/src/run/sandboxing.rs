@@ -135,7 +135,8 @@ pub fn find_on_path(program: &str) -> Option<PathBuf> {
 pub struct Private {
     pub out: PathBuf,
     pub job: PathBuf,
-    pub task_file: Option<PathBuf>,
+    /// The JSONL task files (the job's tasks and its held-out tasks).
+    pub task_files: Vec<PathBuf>,
     /// The repositories tasks check out (SWE-bench instances' local checkouts): their history
     /// and working tree hold the fix.
     pub repositories: Vec<PathBuf>,
@@ -156,7 +157,7 @@ pub fn confinement(
         Hidden::Dir(canonical(&private.out)?),
         Hidden::File(canonical(&private.job)?),
     ];
-    if let Some(f) = &private.task_file {
+    for f in &private.task_files {
         hidden.push(Hidden::File(canonical(f)?));
     }
     for repository in &private.repositories {

@@ -66,6 +66,9 @@ pub use train::*;
         "!has(self.tasks.swebench) || (has(self.evaluator.reward) && has(self.evaluator.reward.source) && self.evaluator.reward.source == 'SWEBench')"
     ).message("SWE-bench instances (tasks.swebench) are graded with evaluator.reward.source SWEBench"),
     validation = kube::core::Rule::new(
+        "!has(self.train) || !has(self.train.heldOut) || !has(self.train.heldOut.tasks.swebench) || (has(self.evaluator.reward) && has(self.evaluator.reward.source) && self.evaluator.reward.source == 'SWEBench')"
+    ).message("held-out SWE-bench instances (train.heldOut.tasks.swebench) are graded with evaluator.reward.source SWEBench"),
+    validation = kube::core::Rule::new(
         "!has(self.tasks.inline) || !has(self.evaluator.reward) || !has(self.evaluator.reward.source) || self.evaluator.reward.source != 'SWEBench' || self.tasks.inline.all(t, has(t.evaluation) && has(t.evaluation.swebench))"
     ).message("evaluator.reward.source SWEBench grades tasks that carry evaluation.swebench (tasks.swebench makes them from SWE-bench instances)"),
     validation = kube::core::Rule::new(

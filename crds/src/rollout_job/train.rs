@@ -99,6 +99,34 @@ pub struct TrainSpec {
     /// nothing samples (a model's sampling defaults, a tokenizer or dtype apart).
     #[serde(default)]
     pub fidelity_check: FidelityCheckSpec,
+    /// Tasks the policy is measured on and never trained on: a round of sessions over them
+    /// before the first step, every `everySteps` steps and at the final version, their pass
+    /// rate reported beside the reward curve (as verl's `test_freq` and TRL's `eval_steps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out: Option<HeldOutSpec>,
+}
+
+/// `train.heldOut`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldOutSpec {
+    /// The held-out tasks, from the same sources as `spec.tasks` (inline, a JSONL file, a
+    /// ConfigMap; SWE-bench instances). Graded by the job's evaluator; their trajectories go
+    /// to no trainer.
+    pub tasks: crate::rollout_job::TaskSource,
+    /// A round every this many optimizer steps (policy versions): one at version 0 before
+    /// training, one at each multiple the trainer reaches, one at the final version.
+    #[serde(default = "default_every_steps")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub every_steps: i32,
+    /// Sessions per held-out task in each round.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 64))]
+    pub samples: i32,
+}
+
+fn default_every_steps() -> i32 {
+    5
 }
 
 /// `train.fidelityCheck`.

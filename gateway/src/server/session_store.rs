@@ -167,6 +167,10 @@ fn summary(gateway: &Gateway, id: &str, entry: Option<&SpoolEntry>) -> serde_jso
         value["traces"] = json!(t.stats.traces);
         value["sampledTokens"] = json!(t.stats.sampled_tokens);
         value["trainableTokens"] = json!(t.stats.trainable_tokens);
+        // The first and last policy version that sampled it (held-out rounds report them).
+        if let (Some(first), Some(last)) = (t.policy_versions.first(), t.policy_versions.last()) {
+            value["policyVersions"] = json!([first, last]);
+        }
         if let Some(error) = t
             .evaluation
             .as_ref()

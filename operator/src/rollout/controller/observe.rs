@@ -124,6 +124,16 @@ pub(super) async fn observe(
                 .into(),
         );
     }
+    if spec.train.as_ref().is_some_and(|t| t.held_out.is_some()) {
+        // Refused rather than run without the rounds the job asks for.
+        return blocked(
+            "InvalidSpec",
+            "train.heldOut rounds are run by `floe run` only in this release: on a cluster, \
+             remove it and measure held-out tasks with a job of their own (docs/trainer.md, \
+             \"Held-out rounds\")"
+                .into(),
+        );
+    }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
         (Some(t), _, _) => Arc::new(t.clone()),

@@ -1,0 +1,305 @@
+//! Held-out rounds of a local train run (`train.heldOut`), pure: which sessions a round runs,
+//! when a round is due, and its pass rate once its sessions are in.
+//!
+//! A round samples every held-out task `samples` times with the policy of one step: before
+//! training (version 0), when the trainer's version reaches each multiple of `everySteps`, and
+//! at the final version once the trainer has trained everything. Its sessions go ahead of
+//! training sessions not yet started, but training does not wait for them: a step can land
+//! while a round runs, so each round also reports the versions its calls were sampled with.
+//! When the trainer skips past several multiples between two reads, only the latest is run.
+//!
+//! Held-out attempts share the run's queue and slots: their indices follow the training
+//! sessions' (`base + round × per_round + j`, `j` task-major over samples).
+
+use std::collections::BTreeMap;
+
+use floe_crds::rollout_job::{HeldOutSpec, Task};
+use serde::Serialize;
+
+use super::queue::Attempt;
+use super::report::SessionResult;
+
+pub struct HeldOut {
+    tasks: Vec<Task>,
+    samples: u32,
+    every: u64,
+    /// The training sessions' count: held-out indices start here.
+    base: usize,
+    /// The lowest version whose round has not been opened.
+    next_step: u64,
+    rounds: Vec<Round>,
+}
+
+struct Round {
+    step: u64,
+    /// Opened for the trainer's final version.
+    last: bool,
+    /// Each session's last attempt's result, by its place `j` in the round.
+    results: BTreeMap<usize, SessionResult>,
+}
+
+/// One round, as summary.json and the reward curve show it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoundReport {
+    /// The step whose policy the round measures (version `step`).
+    pub step: u64,
+    /// The round at the trainer's final version.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub last: bool,
+    pub sessions: usize,
+    pub scored: usize,
+    pub passed: usize,
+    pub pass_rate: Option<f64>,
+    pub reward_mean: Option<f64>,
+    /// Sessions that failed by infrastructure (not in the pass rate).
+    pub infra_errors: usize,
+    /// The lowest and highest policy version that sampled a call of the round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_versions: Option<[u64; 2]>,
+}
+
+impl HeldOut {
+    pub fn new(spec: &HeldOutSpec, tasks: Vec<Task>, base: usize) -> Self {
+        Self {
+            tasks,
+            samples: u32::try_from(spec.samples).unwrap_or(1).max(1),
+            every: u64::try_from(spec.every_steps).unwrap_or(1).max(1),
+            base,
+            next_step: 0,
+            rounds: Vec::new(),
+        }
+    }
+
+    fn per_round(&self) -> usize {
+        self.tasks.len() * self.samples as usize
+    }
+
+    /// Is this attempt index a held-out session's?
+    pub fn owns(&self, index: usize) -> bool {
+        index >= self.base
+    }
+
+    /// The round due at trainer version `version`, if one is: its attempts, to run first.
+    pub fn due(&mut self, version: u64) -> Vec<Attempt> {
+        if version < self.next_step {
+            return Vec::new();
+        }
+        let step = version - version % self.every;
+        self.next_step = step + self.every;
+        self.open(step, false)
+    }
+
+    /// The round at the final version, unless the last round already measured it.
+    pub fn last(&mut self, version: u64) -> Vec<Attempt> {
+        if let Some(r) = self.rounds.last_mut().filter(|r| r.step == version) {
+            r.last = true;
+            return Vec::new();
+        }
+        self.next_step = u64::MAX;
+        self.open(version, true)
+    }
+
+    fn open(&mut self, step: u64, last: bool) -> Vec<Attempt> {
+        let first = self.base + self.rounds.len() * self.per_round();
+        self.rounds.push(Round {
+            step,
+            last,
+            results: BTreeMap::new(),
+        });
+        (first..first + self.per_round())
+            .map(|index| Attempt { index, attempt: 0 })
+            .collect()
+    }
+
+    /// Round, task and sample of a held-out index.
+    fn place(&self, index: usize) -> Option<(usize, &Task, u32)> {
+        let within = index.checked_sub(self.base)?;
+        let per_round = self.per_round().max(1);
+        let j = within % per_round;
+        let task = self.tasks.get(j / self.samples as usize)?;
+        Some((within / per_round, task, (j % self.samples as usize) as u32))
+    }
+
+    /// The step, task and sample an attempt index runs.
+    pub fn session(&self, index: usize) -> Option<(u64, &Task, u32)> {
+        let (round, task, sample) = self.place(index)?;
+        Some((self.rounds.get(round)?.step, task, sample))
+    }
+
+    /// A session's last attempt ended: its round's report, once the round is complete.
+    pub fn ended(&mut self, index: usize, result: SessionResult) -> Option<RoundReport> {
+        let per_round = self.per_round().max(1);
+        let within = index.checked_sub(self.base)?;
+        let expected = self.per_round();
+        let round = self.rounds.get_mut(within / per_round)?;
+        round.results.insert(within % per_round, result);
+        (round.results.len() == expected).then(|| report(round, expected))
+    }
+
+    /// Every round so far, complete or not (an interrupted run reports what it has).
+    pub fn reports(&self) -> Vec<RoundReport> {
+        self.rounds
+            .iter()
+            .map(|r| report(r, self.per_round()))
+            .collect()
+    }
+}
+
+fn report(round: &Round, sessions: usize) -> RoundReport {
+    let summaries = || round.results.values().filter_map(|r| r.summary.as_ref());
+    let rewards: Vec<f64> = summaries().filter_map(|s| s.reward).collect();
+    let scored = rewards.len();
+    let passed = summaries()
+        .filter(|s| s.reward.is_some() && s.passed == Some(true))
+        .count();
+    let versions = summaries().filter_map(|s| s.policy_versions);
+    let first = versions.clone().map(|v| v[0]).min();
+    let high = versions.map(|v| v[1]).max();
+    let mean = |n: f64| (scored > 0).then(|| n / scored as f64);
+    RoundReport {
+        step: round.step,
+        last: round.last,
+        sessions,
+        scored,
+        passed,
+        pass_rate: mean(passed as f64),
+        reward_mean: mean(rewards.iter().sum()),
+        infra_errors: round.results.len() - scored,
+        policy_versions: first.zip(high).map(|(a, b)| [a, b]),
+    }
+}
+
+/// One line for the run's log.
+pub fn line(r: &RoundReport) -> String {
+    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
+    let versions = r
+        .policy_versions
+        .map(|[a, b]| {
+            if a == b {
+                format!("v{a}")
+            } else {
+                format!("v{a}–v{b}")
+            }
+        })
+        .unwrap_or_else(|| "-".into());
+    format!(
+        "[held-out] step {}{}: pass rate {} · reward {} over {} of {} sessions (sampled by {versions}){}",
+        r.step,
+        if r.last { " (final)" } else { "" },
+        fmt(r.pass_rate),
+        fmt(r.reward_mean),
+        r.scored,
+        r.sessions,
+        if r.infra_errors > 0 {
+            format!(" · {} infrastructure failures", r.infra_errors)
+        } else {
+            String::new()
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floe_sandbox::summary::Summary;
+
+    fn held_out(tasks: usize, samples: i32, every: i32) -> HeldOut {
+        let spec = HeldOutSpec {
+            tasks: Default::default(),
+            every_steps: every,
+            samples,
+        };
+        let tasks = (0..tasks)
+            .map(|i| {
+                serde_json::from_value(
+                    serde_json::json!({"id": format!("h{i}"), "instruction": "x"}),
+                )
+                .expect("a task")
+            })
+            .collect();
+        HeldOut::new(&spec, tasks, 100)
+    }
+
+    fn result(reward: Option<f64>, versions: [u64; 2]) -> SessionResult {
+        SessionResult {
+            task: "h".into(),
+            summary: Some(Summary {
+                status: if reward.is_some() {
+                    "completed"
+                } else {
+                    "infra_error"
+                }
+                .into(),
+                reward,
+                passed: reward.map(|r| r >= 1.0),
+                policy_versions: Some(versions),
+                ..Default::default()
+            }),
+            wall_seconds: 1.0,
+        }
+    }
+
+    #[test]
+    fn rounds_come_at_version_zero_each_multiple_and_the_final_version() {
+        let mut h = held_out(2, 2, 3);
+        let first = h.due(0);
+        assert_eq!(first.len(), 4);
+        assert_eq!(first[0].index, 100);
+        assert!(h.due(0).is_empty() && h.due(2).is_empty());
+        // Version 7 skips the round of step 3: only the latest multiple runs.
+        let second = h.due(7);
+        assert_eq!(second[0].index, 104);
+        assert_eq!(
+            h.session(104).map(|(step, t, s)| (step, t.id.as_str(), s)),
+            Some((6, "h0", 0))
+        );
+        assert_eq!(
+            h.session(107).map(|(step, t, s)| (step, t.id.as_str(), s)),
+            Some((6, "h1", 1))
+        );
+        assert!(h.due(8).is_empty());
+        // The final version 8 gets its own round; a final version already measured does not.
+        assert_eq!(h.last(8).len(), 4);
+        assert!(h.due(9).is_empty(), "no round after the final one");
+        let mut measured = held_out(1, 1, 2);
+        measured.due(0);
+        measured.due(2);
+        assert!(measured.last(2).is_empty());
+        assert!(measured.reports()[1].last);
+        assert!(h.owns(100) && !h.owns(99));
+    }
+
+    #[test]
+    fn a_round_reports_once_all_its_sessions_are_in_and_infrastructure_is_not_a_fail() {
+        let mut h = held_out(2, 1, 1);
+        h.due(0);
+        h.due(1);
+        assert_eq!(h.ended(100, result(Some(1.0), [0, 0])), None);
+        let r = h
+            .ended(101, result(None, [0, 1]))
+            .expect("round 0 complete");
+        assert_eq!(
+            r,
+            RoundReport {
+                step: 0,
+                last: false,
+                sessions: 2,
+                scored: 1,
+                passed: 1,
+                pass_rate: Some(1.0),
+                reward_mean: Some(1.0),
+                infra_errors: 1,
+                policy_versions: Some([0, 1]),
+            }
+        );
+        assert!(line(&r).contains("pass rate 1.000"), "{}", line(&r));
+        assert!(line(&r).contains("v0–v1") && line(&r).contains("1 infrastructure"));
+        h.ended(102, result(Some(0.0), [1, 1]));
+        let r = h.ended(103, result(Some(0.5), [2, 2])).expect("round 1");
+        assert_eq!((r.step, r.passed, r.scored), (1, 0, 2));
+        assert_eq!(r.reward_mean, Some(0.25));
+        assert_eq!(r.pass_rate, Some(0.0));
+        assert_eq!(h.reports().len(), 2);
+    }
+}
