@@ -1,10 +1,13 @@
 """Optimizer-step benchmark: one GRPO step over synthetic groups (random tokens, rewards
 spread so every group trains) for each training configuration, timed after a warm-up step.
 Prints step time, trained tokens/s, peak GPU memory and mean GPU utilization (NVML), and each
-configuration's speed as a ratio against the fp32 baseline measured in the same run.
+configuration's speed as a ratio against the first row, measured in the same run: fp32 with
+the traces' passes in arrival order (no length bucketing). With ``--response-min`` the
+responses' lengths spread uniformly between it and ``--response`` (agent traces vary so),
+which is where bucketing saves padding.
 
     python -m floe_trainer.bench_step --model-dir DIR [--groups 8 --samples 8
-        --prompt 512 --response 512 --micro-batch 8 --steps 3]"""
+        --prompt 512 --response 512 --response-min 64 --micro-batch 8 --steps 3]"""
 
 from __future__ import annotations
 
@@ -26,7 +29,13 @@ from .wire import parse
 
 
 def synthetic_groups(
-    groups: int, samples: int, prompt: int, response: int, vocab: int, seed: int = 0
+    groups: int,
+    samples: int,
+    prompt: int,
+    response: int,
+    vocab: int,
+    seed: int = 0,
+    response_min: int | None = None,
 ) -> list[Group]:
     rng = random.Random(seed)
     out = []
@@ -34,7 +43,8 @@ def synthetic_groups(
         p = [rng.randrange(vocab) for _ in range(prompt)]
         trajectories, advantages = [], []
         for s in range(samples):
-            r = [rng.randrange(vocab) for _ in range(response)]
+            n = rng.randint(response_min, response) if response_min else response
+            r = [rng.randrange(vocab) for _ in range(n)]
             body = {
                 "format": "floe.trajectory/v1",
                 "session": f"b{g}-{s}",
@@ -50,7 +60,7 @@ def synthetic_groups(
                     {
                         "prompt_token_ids": p,
                         "response_token_ids": r,
-                        "loss_mask": [1] * response,
+                        "loss_mask": [1] * n,
                         "logprobs": [-rng.uniform(0.1, 5.0) for _ in r],
                     }
                 ],
@@ -69,6 +79,7 @@ def measure(
     groups: list[Group],
     micro_batch: int,
     steps: int,
+    bucketing: bool = True,
 ) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.to(placement.device)
@@ -84,7 +95,15 @@ def measure(
     cuda = placement.device.type == "cuda"
 
     step = functools.partial(
-        train_step, model, opt, groups, cfg, micro_batch, placement=placement, reference=reference
+        train_step,
+        model,
+        opt,
+        groups,
+        cfg,
+        micro_batch,
+        placement=placement,
+        reference=reference,
+        length_bucketing=bucketing,
     )
 
     step()  # warm-up
@@ -120,23 +139,30 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--response", type=int, default=512)
+    p.add_argument("--response-min", type=int, help="responses spread from this to --response")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args()
     vocab = AutoModelForCausalLM.from_pretrained(a.model_dir).config.vocab_size
-    groups = synthetic_groups(a.groups, a.samples, a.prompt, a.response, vocab)
-    print(
-        f"{a.groups} groups x {a.samples} samples, prompt {a.prompt} + response {a.response} "
-        f"tokens, micro-batch {a.micro_batch}, {a.steps} timed steps"
+    groups = synthetic_groups(
+        a.groups, a.samples, a.prompt, a.response, vocab, response_min=a.response_min
     )
-    configs = [("fp32", False, False), ("bf16", False, False), ("bf16", True, False)]
-    configs.append(("bf16", False, True))
+    spread = f"{a.response_min}-" if a.response_min else ""
+    print(
+        f"{a.groups} groups x {a.samples} samples, prompt {a.prompt} + response {spread}"
+        f"{a.response} tokens, micro-batch {a.micro_batch}, {a.steps} timed steps"
+    )
+    # (precision, gradient checkpointing, KL reference, length bucketing)
+    configs = [("fp32", False, False, False), ("fp32", False, False, True)]
+    configs += [("bf16", False, False, True), ("bf16", True, False, True)]
+    configs.append(("bf16", False, True, True))
     base = None
-    for precision, ckpt, kl in configs:
+    for precision, ckpt, kl, bucketing in configs:
         placement = resolve(a.device, precision)
         name = precision + (" + grad checkpointing" if ckpt else "") + (" + KL ref" if kl else "")
+        name += "" if bucketing else ", arrival order"
         try:
-            r = measure(a.model_dir, placement, ckpt, kl, groups, a.micro_batch, a.steps)
+            r = measure(a.model_dir, placement, ckpt, kl, groups, a.micro_batch, a.steps, bucketing)
         except torch.OutOfMemoryError:
             print(f"{name:28s} out of GPU memory", flush=True)
             torch.cuda.empty_cache()

@@ -114,12 +114,18 @@ def _old_logprobs(
             items[index].logp_old = logp
 
 
-def micro_batches(items: list[T], micro: int, max_tokens: int | None, length) -> list[list[T]]:
-    """Passes over ``items``: ``micro`` a pass; with ``max_tokens``, sorted by ``length`` and
-    packed while rows × the longest row stay within it (a longer trace goes alone)."""
+def micro_batches(
+    items: list[T], micro: int, max_tokens: int | None, length, bucket: bool = True
+) -> list[list[T]]:
+    """Passes over ``items``: ``micro`` a pass, sorted by ``length`` (length bucketing: a pass
+    pads every row to its longest, so like lengths together pad least; the gradient is the
+    same sum in any order, each trace weighted by its mini-batch's normaliser); with
+    ``max_tokens``, packed while rows × the longest row stay within it (a longer trace goes
+    alone). ``bucket=False`` keeps ``items``' order (the benchmark's baseline)."""
     micro = max(micro, 1)
     if max_tokens is None:
-        return [items[k : k + micro] for k in range(0, len(items), micro)]
+        ordered = sorted(items, key=length) if bucket else items
+        return [ordered[k : k + micro] for k in range(0, len(ordered), micro)]
     out: list[list[T]] = []
     longest = 0
     for it in sorted(items, key=length):
@@ -180,10 +186,13 @@ def train_step(
     seed: int = 0,
     world: World = SINGLE,
     max_tokens_per_micro_batch: int | None = None,
+    length_bucketing: bool = True,
 ) -> StepStats:
     """``reference``: the frozen policy the KL term (``cfg.kl_coef``) pulls towards;
     ``seed``: the order of the mini-batches after the first epoch; ``world``: the processes
-    that train together (each calls this with the same groups, see ``distributed``)."""
+    that train together (each calls this with the same groups, see ``distributed``);
+    ``length_bucketing``: passes of like-length traces ([micro_batches]; off only to measure
+    what it saves)."""
     trajectories = [
         (t, adv) for g in groups for t, adv in zip(g.trajectories, g.advantages, strict=True)
     ]
@@ -238,7 +247,9 @@ def train_step(
             for it, w in zip(mini, weights, strict=True):
                 it.weight = w
             shares = [
-                micro_batches(share, micro, max_tokens_per_micro_batch, _trace_length)
+                micro_batches(
+                    share, micro, max_tokens_per_micro_batch, _trace_length, length_bucketing
+                )
                 for share in world.shares(mini)
             ]
             mine = shares[world.rank]

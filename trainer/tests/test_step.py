@@ -98,7 +98,9 @@ def test_micro_batches_hold_a_count_or_pack_by_tokens_with_long_traces_alone():
     from floe_trainer.step import micro_batches
 
     lengths = [5, 40, 7, 12, 100, 3]
-    assert micro_batches(lengths, 4, None, int) == [[5, 40, 7, 12], [100, 3]]
+    # Length bucketing: like lengths in one pass (each pads to its longest row).
+    assert micro_batches(lengths, 4, None, int) == [[3, 5, 7, 12], [40, 100]]
+    assert micro_batches(lengths, 4, None, int, bucket=False) == [[5, 40, 7, 12], [100, 3]]
     # Sorted by length; rows × the longest row stay within 30 tokens; at most 4 rows.
     packed = micro_batches(lengths, 4, 30, int)
     assert packed == [[3, 5, 7], [12], [40], [100]]
@@ -184,10 +186,15 @@ def test_micro_batches_and_packing_change_no_gradient(aggregation):
     one = _gradients(aggregation, micro_batch_size=1)
     whole = _gradients(aggregation, micro_batch_size=64)
     packed = _gradients(aggregation, micro_batch_size=64, max_tokens_per_micro_batch=30)
-    assert one.keys() == whole.keys() == packed.keys()
+    # Passes of two, in arrival order and bucketed by length.
+    arrival = _gradients(aggregation, micro_batch_size=2, length_bucketing=False)
+    bucketed = _gradients(aggregation, micro_batch_size=2)
+    assert one.keys() == whole.keys() == packed.keys() == arrival.keys() == bucketed.keys()
     for name in one:
         torch.testing.assert_close(whole[name], one[name], rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(packed[name], one[name], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(arrival[name], one[name], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(bucketed[name], one[name], rtol=1e-5, atol=1e-7)
     assert any(g.abs().sum() > 0 for g in one.values())
 
 
