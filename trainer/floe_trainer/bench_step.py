@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import random
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from .loss import LossConfig
 from .metrics import UtilizationSampler
 from .placement import Placement, resolve
 from .step import train_step
+from .vllm_sync import save_weights
 from .wire import parse
 
 
@@ -175,6 +177,27 @@ def main() -> None:
             f"speed x{base / r['step_s']:.2f} vs the first row",
             flush=True,
         )
+
+    push_write(a.model_dir)
+
+
+def push_write(model_dir: Path, repeats: int = 3) -> None:
+    """The File push's write (``model.safetensors``, fsynced) in fp32 and in bf16, the dtype a
+    bf16 vLLM serves: vLLM reads the same bytes back on reload."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    seconds = {}
+    with tempfile.TemporaryDirectory() as d:
+        for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+            save_weights(model, Path(d), dtype)  # warm-up
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                save_weights(model, Path(d), dtype)
+            seconds[name] = (time.perf_counter() - t0) / repeats
+    print(
+        f"File push write: fp32 {seconds['fp32']:.3f} s, bf16 {seconds['bf16']:.3f} s "
+        f"(x{seconds['fp32'] / seconds['bf16']:.2f} for a bf16 vLLM)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

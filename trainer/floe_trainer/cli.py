@@ -115,6 +115,7 @@ def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
     finished_logged = False
     while not stop.is_set():
         trainer.check_policy_server()
+        trainer.serve_fidelity()
         stats = trainer.run_once()
         if stats is None:
             trainer.heartbeat()

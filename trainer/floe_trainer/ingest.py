@@ -174,6 +174,8 @@ def make_server(
                 self._reply(200, fidelity(traces))
             except NotImplementedError as e:
                 self._reply(501, {"error": str(e)})
+            except Exception as e:  # noqa: BLE001 (the model's failure, in the caller's shape)
+                self._reply(500, {"error": f"the fidelity check failed: {e}"})
 
         def do_POST(self):  # noqa: N802 (http.server's name)
             if self.path == "/v1/finish":

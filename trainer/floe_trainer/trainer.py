@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import datetime
 import logging
+import queue
 import shutil
 import threading
 import time
 import urllib.error
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,7 +50,9 @@ from .step import StepStats, train_step
 from .vllm_sync import (
     BASE_VERSION_LABEL,
     FileWeightSync,
+    checkpoint_dtype,
     parse_version,
+    push_dtype,
     served_label,
     wait_healthy,
 )
@@ -106,6 +110,8 @@ class TrainerConfig:
     served_check_seconds: float = 5.0
     # The longest trace a step may see: vLLM's context length (default: the model's).
     max_sequence_tokens: int | None = None
+    # vLLM's ``--dtype`` in torch's name (``bfloat16``, ``float16``, ``float32``); None: auto.
+    serving_dtype: str | None = None
     # Training GPUs (``train.gpus``): one process each; None when the config does not say.
     gpus: int | None = None
     # Trainer pods (``train.nodes``), each with ``gpus`` processes (one on CPU), one world.
@@ -139,6 +145,7 @@ class TrainerConfig:
         take("final_dir", c, "finalDir", Path)
         take("ingest_dir", c, "ingestDir", Path)
         take("max_sequence_tokens", c, "maxSequenceTokens", int)
+        take("serving_dtype", c, "servingDtype", str)
         take("temperature", c, "temperature", float)
         take("max_response_tokens", c, "maxResponseTokens", int)
         take("memory_plan", c, "memoryPlan", lambda v: str(v).lower())
@@ -358,6 +365,8 @@ def follow(cfg: TrainerConfig, world: World) -> int:
                 world=world,
                 **step_options(cfg),
             )
+        elif what == "fidelity":
+            fidelity.compare(policy.model, command[1], policy.placement, loss_cfg.temperature)
         elif what == "weights":
             full_state_dict(policy.model, world)
         elif what == "adapter":
@@ -380,6 +389,9 @@ class Trainer:
         self.lock = threading.Lock()
         # Held while a step trains and pushes, and while the fidelity check reads the model.
         self.model_lock = threading.Lock()
+        # Fidelity checks of a trainer of several processes, for the loop's thread to serve:
+        # every process takes part in the forward, in the order the leader tells them.
+        self.fidelity_requests: queue.Queue[tuple[list, Future]] = queue.Queue()
         self.ckpt_dir = cfg.checkpoint_dir or cfg.state_dir / "checkpoints"
         # vLLM reloads from here (the model volume is read-only in the pod).
         self.weights_dir = cfg.state_dir / "weights"
@@ -453,7 +465,10 @@ class Trainer:
                 self.model, self.adapter_weights, self.cfg.policy_url, self.weights_dir
             )
         if self.cfg.weight_sync != "nccl":
-            return FileWeightSync(self.full_weights, self.cfg.policy_url, self.weights_dir)
+            dtype = push_dtype(
+                self.cfg.serving_dtype, checkpoint_dtype(self.cfg.model), self.cfg.vllm_gpus
+            )
+            return FileWeightSync(self.full_weights, self.cfg.policy_url, self.weights_dir, dtype)
         return NcclWeightSync(
             self.model,
             self.cfg.policy_url,
@@ -524,12 +539,30 @@ class Trainer:
         """The trainer's log-probs of sampled tokens against vLLM's (``fidelity``): the check a
         train run makes before its first session. Never during a step (the model's lock)."""
         if self.world.size > 1:
-            raise NotImplementedError(
-                "the fidelity check runs on a single-process trainer only (several processes "
-                "would all have to take part); each step's logprobMismatch still measures it"
-            )
+            # The other processes hear the leader's orders from the loop's thread only (two
+            # threads telling at once would interleave their collectives): queued for it.
+            answer: Future = Future()
+            self.fidelity_requests.put((traces, answer))
+            return answer.result(timeout=600)
         with self.model_lock:
             return fidelity.compare(self.model, traces, self.placement, self.loss_cfg.temperature)
+
+    def serve_fidelity(self) -> None:
+        """The loop's thread: the fidelity checks waiting, each made by every process."""
+        while True:
+            try:
+                traces, answer = self.fidelity_requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._tell("fidelity", traces)
+                with self.model_lock:
+                    temperature = self.loss_cfg.temperature
+                    answer.set_result(
+                        fidelity.compare(self.model, traces, self.placement, temperature)
+                    )
+            except Exception as e:  # noqa: BLE001 (the HTTP caller gets it as a 500)
+                answer.set_exception(e)
 
     def sample_failed(self, group: str, sample: int) -> None:
         """That sample's session failed for good (its retries spent): no trajectory of it will

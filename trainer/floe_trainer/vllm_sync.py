@@ -45,25 +45,60 @@ BASE_VERSION_LABEL = "default"
 Weights = Callable[[], "dict[str, torch.Tensor]"]
 
 
-def weights_state(model: torch.nn.Module | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state dict as separate CPU tensors. A tied head (``lm_head`` sharing the embedding,
-    as SmolLM2 and small Qwen3 ship) is written out as its own copy: safetensors refuses
-    shared storage, and vLLM 0.32's ``reload_weights`` leaves a tied head stale unless
-    ``lm_head.weight`` is in the file (measured: 1.6 nats off without it, 2e-5 with it)."""
+def push_dtype(serving: str | None, checkpoint: str | None, vllm_gpus: int) -> torch.dtype | None:
+    """The dtype the File push writes: the one vLLM serves in, so the file is no larger than
+    what vLLM keeps (bf16: half of fp32's bytes to write and read). ``serving``: vLLM's
+    ``--dtype`` (``servingDtype``); unset (``auto``), a vLLM on GPUs serves a bf16 or fp16
+    checkpoint (``checkpoint``: its ``config.json``'s dtype) in that dtype. Otherwise None:
+    the fp32 weights as trained (vLLM casts on load; a narrower file than it serves would
+    round weights it keeps wider)."""
+    names = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if serving is not None:
+        return names.get(serving)
+    if vllm_gpus > 0 and checkpoint in ("bfloat16", "float16"):
+        return names[checkpoint]
+    return None
+
+
+def checkpoint_dtype(model_dir: str | Path) -> str | None:
+    """The dtype a model directory's ``config.json`` names (``torch_dtype``, or ``dtype`` as
+    newer transformers write it); None without one."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("torch_dtype") or config.get("dtype")
+    return value if isinstance(value, str) else None
+
+
+def weights_state(
+    model: torch.nn.Module | dict[str, torch.Tensor], dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """The state dict as separate CPU tensors, floating ones in ``dtype`` when given. A tied
+    head (``lm_head`` sharing the embedding, as SmolLM2 and small Qwen3 ship) is written out as
+    its own copy: safetensors refuses shared storage, and vLLM 0.32's ``reload_weights`` leaves
+    a tied head stale unless ``lm_head.weight`` is in the file (measured: 1.6 nats off without
+    it, 2e-5 with it)."""
     seen: set[int] = set()
     out = {}
     state = model if isinstance(model, dict) else model.state_dict()
     for k, v in state.items():
         t = v.detach().to("cpu", copy=False)
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
         ptr = t.untyped_storage().data_ptr()
         out[k] = t.clone().contiguous() if ptr in seen else t.contiguous()
         seen.add(ptr)
     return out
 
 
-def save_weights(model: torch.nn.Module | dict[str, torch.Tensor], directory: Path) -> None:
+def save_weights(
+    model: torch.nn.Module | dict[str, torch.Tensor],
+    directory: Path,
+    dtype: torch.dtype | None = None,
+) -> None:
     """``model.safetensors`` replaced atomically (vLLM must never read a half-written file)."""
-    state = weights_state(model)
+    state = weights_state(model, dtype)
     tmp = directory / ".model.safetensors.tmp"
     save_file(state, str(tmp))
     with open(tmp, "rb") as f:
@@ -103,11 +138,17 @@ def paused(vllm_url: str, version: int, update: Callable[[], None]) -> None:
         post(f"{vllm_url}/resume")
 
 
-def push(weights: Weights, vllm_url: str, model_dir: Path, version: int) -> dict[str, float]:
-    """The weights (``weights()``: the whole state dict) as policy ``version``. Returns seconds
-    spent saving and in the server (paused time)."""
+def push(
+    weights: Weights,
+    vllm_url: str,
+    model_dir: Path,
+    version: int,
+    dtype: torch.dtype | None = None,
+) -> dict[str, float]:
+    """The weights (``weights()``: the whole state dict) as policy ``version``, written in
+    ``dtype`` ([push_dtype]). Returns seconds spent saving and in the server (paused time)."""
     t0 = time.monotonic()
-    save_weights(weights(), model_dir)
+    save_weights(weights(), model_dir, dtype)
     t1 = time.monotonic()
     paused(
         vllm_url,
@@ -124,11 +165,13 @@ class FileWeightSync:
     """``push`` with the weights and where vLLM reloads from bound (the trainer's default).
     ``weights``: the whole state dict (a sharded trainer gathers it from its processes)."""
 
-    def __init__(self, weights: Weights, vllm_url: str, model_dir: Path) -> None:
-        self.weights, self.url, self.dir = weights, vllm_url, model_dir
+    def __init__(
+        self, weights: Weights, vllm_url: str, model_dir: Path, dtype: torch.dtype | None = None
+    ) -> None:
+        self.weights, self.url, self.dir, self.dtype = weights, vllm_url, model_dir, dtype
 
     def push(self, version: int) -> dict[str, float]:
-        return push(self.weights, self.url, self.dir, version)
+        return push(self.weights, self.url, self.dir, version, self.dtype)
 
 
 def wait_healthy(url: str, timeout: float = 1800.0, every: float = 2.0) -> None:

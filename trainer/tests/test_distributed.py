@@ -164,3 +164,30 @@ def test_a_process_of_a_world_exits_with_its_output_flushed_and_one_process_as_u
     assert done.returncode == 3, done.stderr[-2000:]
     assert done.stdout == "done"  # flushed, and no atexit handler ran
     assert "logged" in done.stderr
+
+
+def test_a_trainer_of_two_processes_makes_the_fidelity_check_as_one_process_does(tmp_path):
+    """``POST /v1/fidelity`` on a sharded trainer: asked from the HTTP server's thread, the
+    leader's loop tells every process to take part in the forward (FSDP2's collectives), and the
+    figure is one process's (it answered 501 before: the check was recorded as skipped)."""
+    import fidelity_world
+    from tiny import tiny_llama
+
+    from floe_trainer.fidelity import compare
+    from floe_trainer.placement import CPU_FP32
+
+    model = tiny_llama(seed=9)
+    model.save_pretrained(tmp_path / "model")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), *sys.path])}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node=2", str(HERE / "fidelity_world.py")]
+    command += [str(tmp_path / "model"), str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    two = json.loads((tmp_path / "fidelity.json").read_text())
+    one = compare(model, fidelity_world.probes(), CPU_FP32, fidelity_world.TEMPERATURE)
+    assert two["processes"] == 2
+    assert two["tokens"] == one["tokens"] == 5
+    assert two["mismatch"] == pytest.approx(one["mismatch"], rel=1e-5)
+    assert two["max"] == pytest.approx(one["max"], rel=1e-5)

@@ -365,8 +365,9 @@ pub struct GrpoSpec {
     pub micro_batch_size: i32,
     /// At most this many tokens (traces × the longest one's length, padding included) in a
     /// forward/backward pass: short traces are packed up to `microBatchSize` a pass, a long
-    /// one goes alone. Traces are sorted by length within a mini-batch first. Unset: every
-    /// pass holds `microBatchSize` traces. The memory plan is made for this many tokens (or
+    /// one goes alone. Traces are sorted by length within a mini-batch first (with or without
+    /// this: like lengths share a pass and pad least). Unset: every pass holds
+    /// `microBatchSize` traces. The memory plan is made for this many tokens (or
     /// one trace of vLLM's context length, if longer) instead of `microBatchSize` traces of
     /// the whole context.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -135,15 +135,31 @@ pub fn vllm_args(train: &TrainSpec, layout: &Layout) -> Vec<String> {
 /// vLLM's context length when the job sets it (`--max-model-len N` or `--max-model-len=N`):
 /// the longest trace the trainer can be sent, which its memory plan is made for.
 pub fn max_model_len(args: &[String]) -> Option<u64> {
+    flag_value(args, "--max-model-len").and_then(parse_length)
+}
+
+/// The dtype vLLM serves in when the job sets it (`--dtype`), in torch's name: the trainer
+/// pushes weights in it (half the bytes of fp32 for bf16). `None` for `auto` or unset.
+pub fn serving_dtype(args: &[String]) -> Option<&'static str> {
+    match flag_value(args, "--dtype")? {
+        "bfloat16" => Some("bfloat16"),
+        "half" | "float16" => Some("float16"),
+        "float" | "float32" => Some("float32"),
+        _ => None,
+    }
+}
+
+/// The value of `flag` in `args` (`--flag V` or `--flag=V`), the first time it is given.
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let value = match arg.strip_prefix("--max-model-len") {
+        let value = match arg.strip_prefix(flag) {
             Some("") => it.next().map(String::as_str),
             Some(rest) => rest.strip_prefix('='),
             None => None,
         };
-        if let Some(v) = value {
-            return parse_length(v);
+        if value.is_some() {
+            return value;
         }
     }
     None
@@ -251,6 +267,7 @@ pub fn trainer_config(
         "grpo": train.grpo,
         "maxStaleness": train.max_staleness,
         "maxSequenceTokens": max_model_len(&train.vllm.args),
+        "servingDtype": serving_dtype(&train.vllm.args),
         "temperature": spec.sampling.temperature,
         // TokenSumNorm's constant: the longest response a call may sample.
         "maxResponseTokens": spec.sampling.max_response_tokens,
@@ -448,5 +465,22 @@ mod tests {
         assert_eq!(max_model_len(&args(&["--max-model-len"])), None);
         assert_eq!(max_model_len(&args(&["--max-model-length", "9"])), None);
         assert_eq!(max_model_len(&args(&[])), None);
+    }
+
+    #[test]
+    fn the_serving_dtype_is_read_in_each_of_vllms_spellings() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(serving_dtype(&args(&["--dtype", "half"])), Some("float16"));
+        assert_eq!(
+            serving_dtype(&args(&["--dtype=bfloat16"])),
+            Some("bfloat16")
+        );
+        assert_eq!(
+            serving_dtype(&args(&["--enforce-eager", "--dtype", "float"])),
+            Some("float32")
+        );
+        assert_eq!(serving_dtype(&args(&["--dtype", "auto"])), None);
+        assert_eq!(serving_dtype(&args(&["--dtype"])), None);
+        assert_eq!(serving_dtype(&args(&[])), None);
     }
 }
