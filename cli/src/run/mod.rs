@@ -397,8 +397,11 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 break;
             }
             queue.pop(now);
+            let mut next = next;
             let assignment = match held {
-                Some(h) => plan::held_out_assignment(&plan, h, &held_out_sink, next),
+                Some(h) => plan::held_out_assignment(&plan, h, &held_out_sink, &mut next, |id| {
+                    out.join("sessions").join(id).exists()
+                }),
                 None => plan::assignment(&plan, &sink, next.index, next.attempt),
             };
             let Some(assignment) = assignment else {
@@ -446,7 +449,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             // Sessions done: the trainer trains what is left, and a final held-out round
             // samples the version it ends at.
             if let (Some(h), Some(t), None) = (held_out.as_mut(), training.as_mut(), &trained) {
-                let finished = finish_training(t, &mut signals).await;
+                let finished = train::finish(t, &mut signals).await;
                 let version = finished.status.as_ref().map(TrainerState::from_status);
                 trained = finished.status.or(Some(serde_json::Value::Null));
                 failure = finished.failure;
@@ -593,7 +596,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         // Finished already, for the final held-out round: its status now.
         (Some(t), Some(_)) => t.status().await,
         (Some(t), None) if stopped.is_none() && failure.is_none() && gave_up.is_none() => {
-            let finished = finish_training(t, &mut signals).await;
+            let finished = train::finish(t, &mut signals).await;
             failure = finished.failure;
             stopped = finished.stopped;
             finished.status
@@ -647,35 +650,4 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     } else {
         0
     })
-}
-
-/// What finishing the trainer came to.
-struct Finished {
-    status: Option<serde_json::Value>,
-    failure: Option<String>,
-    stopped: Option<Stop>,
-}
-
-/// The trainer trains what is left and writes the final model; a signal cuts it short.
-async fn finish_training(t: &mut train::Training, signals: &mut Signals) -> Finished {
-    eprintln!("[train] sessions done: the trainer trains what is left and writes the final model");
-    let (mut failure, mut stopped) = (None, None);
-    let status = tokio::select! {
-        r = t.finish() => match r {
-            Ok(status) => Some(status),
-            Err(e) => {
-                failure = Some(e.to_string());
-                t.status().await
-            }
-        },
-        stop = signals.recv() => {
-            stopped = Some(stop);
-            t.status().await
-        }
-    };
-    Finished {
-        status,
-        failure,
-        stopped,
-    }
 }

@@ -186,27 +186,36 @@ pub fn assignment(plan: &Plan, sink: &Sink, index: usize, attempt: u32) -> Optio
 }
 
 /// Attempt `next` of a held-out session (`train.heldOut`): its round's step, task and sample.
+/// An id `taken` already (a resumed run measuring a step its interrupted run measured) moves
+/// `next` on to the first attempt whose id is free.
 pub fn held_out_assignment(
     plan: &Plan,
     rounds: &super::held_out::HeldOut,
     sink: &Sink,
-    next: super::queue::Attempt,
+    next: &mut super::queue::Attempt,
+    taken: impl Fn(&str) -> bool,
 ) -> Option<Assignment> {
     let (step, task, sample) = rounds.session(next.index)?;
-    Some(session::held_out_assignment(
-        &SessionOf {
-            job: &plan.name,
-            spec: &plan.job.spec,
-            task,
-            epoch: 0,
-            sample,
-            attempt: next.attempt,
-            sink,
-            upstream: Default::default(),
-            shared_hidden_files: &Default::default(),
-        },
-        step,
-    ))
+    loop {
+        let a = session::held_out_assignment(
+            &SessionOf {
+                job: &plan.name,
+                spec: &plan.job.spec,
+                task,
+                epoch: 0,
+                sample,
+                attempt: next.attempt,
+                sink,
+                upstream: Default::default(),
+                shared_hidden_files: &Default::default(),
+            },
+            step,
+        );
+        if !taken(&a.session) || next.attempt >= 1000 {
+            return Some(a);
+        }
+        next.attempt += 1;
+    }
 }
 
 /// Every session's first attempt, in order, at most `limit`.
@@ -277,6 +286,52 @@ spec:
             (Some(1.0), Some(1.0))
         );
         assert_eq!(expand(&p, &Sink::None, Some(4)).len(), 4);
+        Ok(())
+    }
+
+    #[test]
+    fn held_out_tasks_are_read_beside_the_job_and_get_ids_of_their_own() -> Result<(), PlanError> {
+        let job = JOB.replace(
+            "  sft: {upstream: {url: 'http://127.0.0.1:8000'}, output: {claimName: data}}\n",
+            "  train: {image: t, model: m, heldOut: {tasks: {file: {path: tasks.jsonl}}, everySteps: 3}}\n",
+        );
+        let p = plan(&job)?;
+        assert_eq!(p.held_out.len(), 2);
+        assert!(p
+            .held_out_file
+            .as_ref()
+            .is_some_and(|f| f.ends_with("tasks.jsonl")));
+        let spec = p.job.spec.train.as_ref().and_then(|t| t.held_out.clone());
+        let spec = spec.ok_or_else(|| PlanError::Unsupported("no heldOut".into()))?;
+        let mut rounds = super::super::held_out::HeldOut::new(&spec, p.held_out.clone(), 6);
+        let first = rounds.due(4);
+        assert_eq!(first.len(), 2);
+        let mut next = first[1];
+        let a = held_out_assignment(&p, &rounds, &Sink::None, &mut next, |_| false);
+        let a = a.ok_or_else(|| PlanError::Unsupported("no assignment".into()))?;
+        assert_eq!(
+            (a.session.as_str(), a.group.as_str()),
+            ("demo-b-0.h3", "demo/b/h3")
+        );
+        assert_eq!(a.metadata["heldOutStep"], 3);
+        // A resumed run's round at a step already measured: the next free attempt's id.
+        let a = held_out_assignment(&p, &rounds, &Sink::None, &mut next, |id| {
+            id == "demo-b-0.h3"
+        });
+        assert_eq!(a.map(|a| a.session), Some("demo-b-0.h3-r1".into()));
+        assert_eq!(next.attempt, 1);
+        // Duplicate ids and a ConfigMap are refused in words.
+        let dup = job.replace(
+            "heldOut: {tasks: {file: {path: tasks.jsonl}}",
+            "heldOut: {tasks: {inline: [{id: x, instruction: a}, {id: x, instruction: b}]}",
+        );
+        assert!(matches!(plan(&dup), Err(PlanError::Invalid(..))));
+        let cm = job.replace("{file: {path: tasks.jsonl}}", "{configMap: {name: h}}");
+        let refused = plan(&cm).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            refused.contains("spec.train.heldOut.tasks.inline"),
+            "{refused}"
+        );
         Ok(())
     }
 

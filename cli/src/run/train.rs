@@ -19,6 +19,9 @@ use super::plan::Plan;
 use super::RunError;
 
 mod fidelity_check;
+mod finish;
+
+pub use finish::finish;
 
 /// Where this machine's vLLM and trainer programs are (flags of `floe run`).
 pub struct Programs {
