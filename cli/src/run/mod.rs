@@ -43,7 +43,7 @@ use floe_gateway::server::{
     abandon_unfinished, drain, recover, redirect_trainer, router, Config, Gateway,
 };
 use floe_gateway::ship::{Assignment, Sink};
-use floe_sandbox::runner::{run as run_sandbox, RunnerConfig};
+use floe_sandbox::runner::run as run_sandbox;
 use rand::RngExt;
 
 use queue::{Attempt, Queue};
@@ -413,29 +413,13 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             // under the default `ulimit -n`).
             post(assignment).await.map_err(RunError::Io)?;
             let slot = out.join("sessions").join(&session);
-            let config = RunnerConfig {
-                gateway_url: gateway_url.clone(),
-                control_token: control_token.clone(),
-                workspace: slot.join("workspace"),
-                state_dir: slot.join("state"),
-                pool_prepare: vec![],
-                assignment_wait: Some(Duration::from_secs(30)),
-                session: Some(session),
-                ship_wait: Duration::from_secs(300),
-                log_cap_bytes: 1024 * 1024,
-                kill_grace: Duration::from_secs(5),
-                confinement: confinement.clone(),
-                agent: None,
-                // Its own network namespace reaches only the gateway ([`sandboxing`]).
-                egress_check: None,
-                disk_budget: (args.limits.session_disk > 0).then_some(args.limits.session_disk),
-                swebench: args
-                    .swebench_python
-                    .clone()
-                    .map(floe_sandbox::swebench_grade::Bridge::Python),
-                eval_dir: None,
-                seeded_from: None,
-            };
+            let config = sandboxing::runner_config(
+                &slot,
+                session,
+                (&gateway_url, &control_token),
+                confinement.clone(),
+                &args,
+            );
             running.spawn(async move {
                 let t0 = Instant::now();
                 let report = run_sandbox(&config).await;

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use floe_sandbox::confine::{Confinement, GatewayRoute, Hidden};
 use floe_sandbox::limits::Limits;
@@ -129,6 +130,40 @@ fn floe_binary() -> Result<PathBuf, RunError> {
 pub fn find_on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var("PATH").ok();
     floe_sandbox::confine::resolve_program(program, Path::new("/"), path.as_deref())
+}
+
+/// The runner of one local session: in its slot of `--out`, against the run's gateway
+/// (`(url, control token)`), confined so (`None`: `--no-sandbox`).
+pub fn runner_config(
+    slot: &Path,
+    session: String,
+    (gateway_url, control_token): (&str, &str),
+    confinement: Option<Confinement>,
+    args: &super::RunArgs,
+) -> floe_sandbox::runner::RunnerConfig {
+    floe_sandbox::runner::RunnerConfig {
+        gateway_url: gateway_url.to_string(),
+        control_token: control_token.to_string(),
+        workspace: slot.join("workspace"),
+        state_dir: slot.join("state"),
+        pool_prepare: vec![],
+        assignment_wait: Some(Duration::from_secs(30)),
+        session: Some(session),
+        ship_wait: Duration::from_secs(300),
+        log_cap_bytes: 1024 * 1024,
+        kill_grace: Duration::from_secs(5),
+        confinement,
+        agent: None,
+        // Its own network namespace reaches only the gateway ([`confinement`]).
+        egress_check: None,
+        disk_budget: (args.limits.session_disk > 0).then_some(args.limits.session_disk),
+        swebench: args
+            .swebench_python
+            .clone()
+            .map(floe_sandbox::swebench_grade::Bridge::Python),
+        eval_dir: None,
+        seeded_from: None,
+    }
 }
 
 /// The paths of this run that no agent may see, canonical (bubblewrap mounts over real paths).
