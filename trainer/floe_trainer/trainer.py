@@ -50,7 +50,6 @@ from .step import StepStats, train_step
 from .vllm_sync import (
     BASE_VERSION_LABEL,
     FileWeightSync,
-    checkpoint_dtype,
     parse_version,
     push_dtype,
     served_label,
@@ -465,9 +464,7 @@ class Trainer:
                 self.model, self.adapter_weights, self.cfg.policy_url, self.weights_dir
             )
         if self.cfg.weight_sync != "nccl":
-            dtype = push_dtype(
-                self.cfg.serving_dtype, checkpoint_dtype(self.cfg.model), self.cfg.vllm_gpus
-            )
+            dtype = push_dtype(self.cfg.serving_dtype)
             return FileWeightSync(self.full_weights, self.cfg.policy_url, self.weights_dir, dtype)
         return NcclWeightSync(
             self.model,
@@ -554,15 +551,21 @@ class Trainer:
                 traces, answer = self.fidelity_requests.get_nowait()
             except queue.Empty:
                 return
+            if self.followers_stopped:
+                answer.set_exception(RuntimeError("the trainer's processes have stopped"))
+                continue
+            self._tell("fidelity", traces)
             try:
-                self._tell("fidelity", traces)
                 with self.model_lock:
                     temperature = self.loss_cfg.temperature
                     answer.set_result(
                         fidelity.compare(self.model, traces, self.placement, temperature)
                     )
-            except Exception as e:  # noqa: BLE001 (the HTTP caller gets it as a 500)
+            except Exception as e:
+                # The caller hears why; the trainer cannot go on: the other processes may be
+                # inside a collective this one left, and its next order would pair with it.
                 answer.set_exception(e)
+                raise
 
     def sample_failed(self, group: str, sample: int) -> None:
         """That sample's session failed for good (its retries spent): no trajectory of it will

@@ -45,30 +45,15 @@ BASE_VERSION_LABEL = "default"
 Weights = Callable[[], "dict[str, torch.Tensor]"]
 
 
-def push_dtype(serving: str | None, checkpoint: str | None, vllm_gpus: int) -> torch.dtype | None:
-    """The dtype the File push writes: the one vLLM serves in, so the file is no larger than
-    what vLLM keeps (bf16: half of fp32's bytes to write and read). ``serving``: vLLM's
-    ``--dtype`` (``servingDtype``); unset (``auto``), a vLLM on GPUs serves a bf16 or fp16
-    checkpoint (``checkpoint``: its ``config.json``'s dtype) in that dtype. Otherwise None:
-    the fp32 weights as trained (vLLM casts on load; a narrower file than it serves would
-    round weights it keeps wider)."""
+def push_dtype(serving: str | None) -> torch.dtype | None:
+    """The dtype the File push writes: the one vLLM serves in, when the job says it (its
+    ``--dtype``, passed as ``servingDtype``), so the file is no larger than what vLLM keeps
+    (bf16: half of fp32's bytes to write and read). Otherwise None: the fp32 weights as
+    trained. With ``auto`` vLLM's choice depends on its platform (a bf16 checkpoint is served
+    in fp16 on GPUs without bf16, in fp32 on some CPUs): a file narrower than what vLLM keeps
+    would round the weights, so nothing is guessed."""
     names = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    if serving is not None:
-        return names.get(serving)
-    if vllm_gpus > 0 and checkpoint in ("bfloat16", "float16"):
-        return names[checkpoint]
-    return None
-
-
-def checkpoint_dtype(model_dir: str | Path) -> str | None:
-    """The dtype a model directory's ``config.json`` names (``torch_dtype``, or ``dtype`` as
-    newer transformers write it); None without one."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    value = config.get("torch_dtype") or config.get("dtype")
-    return value if isinstance(value, str) else None
+    return names.get(serving) if serving is not None else None
 
 
 def weights_state(

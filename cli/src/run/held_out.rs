@@ -3,10 +3,11 @@
 //!
 //! A round samples every held-out task `samples` times with the policy of one step: before
 //! training (version 0), when the trainer's version reaches each multiple of `everySteps`, and
-//! at the final version once the trainer has trained everything. Its sessions go ahead of
-//! training sessions not yet started, but training does not wait for them: a step can land
-//! while a round runs, so each round also reports the versions its calls were sampled with.
-//! When the trainer skips past several multiples between two reads, only the latest is run.
+//! at the final version once the trainer has trained everything. A round is labelled with the
+//! version the trainer had when it opened (a read that skips from 9 to 11 with `everySteps`
+//! 5 opens a round at 11, the next due at 15). Its sessions go ahead of training sessions not
+//! yet started, but training does not wait for them: a step can land while a round runs, so
+//! each round also reports the versions its calls were sampled with.
 //!
 //! Held-out attempts share the run's queue and slots: their indices follow the training
 //! sessions' (`base + round × per_round + j`, `j` task-major over samples).
@@ -28,6 +29,10 @@ pub struct HeldOut {
     /// The lowest version whose round has not been opened.
     next_step: u64,
     rounds: Vec<Round>,
+    /// Each held-out session's first attempt this run (a resumed run may skip ids taken), so
+    /// its retries are counted from there; and the attempts running now.
+    first_attempts: BTreeMap<usize, u32>,
+    running: usize,
 }
 
 struct Round {
@@ -68,6 +73,8 @@ impl HeldOut {
             base,
             next_step: 0,
             rounds: Vec::new(),
+            first_attempts: BTreeMap::new(),
+            running: 0,
         }
     }
 
@@ -85,9 +92,8 @@ impl HeldOut {
         if version < self.next_step {
             return Vec::new();
         }
-        let step = version - version % self.every;
-        self.next_step = step + self.every;
-        self.open(step, false)
+        self.next_step = (version / self.every + 1).saturating_mul(self.every);
+        self.open(version, false)
     }
 
     /// The round at the final version, unless the last round already measured it.
@@ -125,6 +131,24 @@ impl HeldOut {
     pub fn session(&self, index: usize) -> Option<(u64, &Task, u32)> {
         let (round, task, sample) = self.place(index)?;
         Some((self.rounds.get(round)?.step, task, sample))
+    }
+
+    /// Attempt `attempt` of held-out session `index` started.
+    pub fn started(&mut self, index: usize, attempt: u32) {
+        self.first_attempts.entry(index).or_insert(attempt);
+        self.running += 1;
+    }
+
+    /// An attempt of session `index` ended: the attempt the session started at this run
+    /// (its retries count from there).
+    pub fn attempt_ended(&mut self, index: usize) -> u32 {
+        self.running = self.running.saturating_sub(1);
+        self.first_attempts.get(&index).copied().unwrap_or(0)
+    }
+
+    /// Held-out attempts running now (they hold slots, not the trainer's batches).
+    pub fn running(&self) -> usize {
+        self.running
     }
 
     /// A session's last attempt ended: its round's report, once the round is complete.
@@ -247,21 +271,29 @@ mod tests {
         assert_eq!(first.len(), 4);
         assert_eq!(first[0].index, 100);
         assert!(h.due(0).is_empty() && h.due(2).is_empty());
-        // Version 7 skips the round of step 3: only the latest multiple runs.
+        // A read at version 7 (the trainer went past 3 and 6 between reads): one round,
+        // labelled 7, the version its sessions sample; the next is due at 9.
         let second = h.due(7);
         assert_eq!(second[0].index, 104);
         assert_eq!(
             h.session(104).map(|(step, t, s)| (step, t.id.as_str(), s)),
-            Some((6, "h0", 0))
+            Some((7, "h0", 0))
         );
         assert_eq!(
             h.session(107).map(|(step, t, s)| (step, t.id.as_str(), s)),
-            Some((6, "h1", 1))
+            Some((7, "h1", 1))
         );
         assert!(h.due(8).is_empty());
-        // The final version 8 gets its own round; a final version already measured does not.
-        assert_eq!(h.last(8).len(), 4);
-        assert!(h.due(9).is_empty(), "no round after the final one");
+        assert_eq!(h.due(9).len(), 4);
+        // The final version 10 gets its own round; a final version already measured does not.
+        assert_eq!(h.last(10).len(), 4);
+        assert!(h.due(12).is_empty(), "no round after the final one");
+        // Retries count from the attempt a session started at this run; slots held.
+        h.started(100, 2);
+        h.started(100, 3);
+        assert_eq!(h.running(), 2);
+        assert_eq!(h.attempt_ended(100), 2);
+        assert_eq!(h.running(), 1);
         let mut measured = held_out(1, 1, 2);
         measured.due(0);
         measured.due(2);

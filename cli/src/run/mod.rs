@@ -376,7 +376,11 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                     let gate = |status: &serde_json::Value| {
                         StalenessGate::new(train, spec.samples(), TrainerState::from_status(status))
                     };
-                    let (index, now_running) = (next.index as u64, running.len() as u64);
+                    // Training sessions: held-out ones hold slots, not the trainer's batches.
+                    let training_running = running
+                        .len()
+                        .saturating_sub(held_out.as_ref().map_or(0, |h| h.running()));
+                    let (index, now_running) = (next.index as u64, training_running as u64);
                     if gate(&trainer_status).in_reach(index) {
                         true
                     } else if gate(&trainer_status).may_start(index, now_running) {
@@ -399,8 +403,11 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             queue.pop(now);
             let mut next = next;
             let assignment = match held {
+                // A resumed run's ids must be new to both (see [`resume`]).
                 Some(h) => plan::held_out_assignment(&plan, h, &held_out_sink, &mut next, |id| {
-                    out.join("sessions").join(id).exists()
+                    ["sessions", "captures"]
+                        .iter()
+                        .any(|d| out.join(d).join(id).exists())
                 }),
                 None => plan::assignment(&plan, &sink, next.index, next.attempt),
             };
@@ -425,8 +432,9 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 let report = run_sandbox(&config).await;
                 (next, slot, report, t0.elapsed().as_secs_f64())
             });
-            if !held {
-                progress.started();
+            match held_out.as_mut().filter(|_| held) {
+                Some(h) => h.started(next.index, next.attempt),
+                None => progress.started(),
             }
         }
         if running.is_empty() && queue.is_empty() {
@@ -522,7 +530,8 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 if let Some(h) = held {
                     progress.clear();
                     eprintln!("[held-out] {session}: {status} reward {}", result.summary.as_ref().and_then(|s| s.reward).map_or("-".into(), |r| r.to_string()));
-                    if queue.ended(attempt, &status, 0, Instant::now()).is_none() {
+                    let first = h.attempt_ended(attempt.index);
+                    if queue.ended(attempt, &status, first, Instant::now()).is_none() {
                         if let Some(round) = h.ended(attempt.index, result) {
                             progress.held_out(&round);
                         }

@@ -311,14 +311,14 @@ spec:
         let a = a.ok_or_else(|| PlanError::Unsupported("no assignment".into()))?;
         assert_eq!(
             (a.session.as_str(), a.group.as_str()),
-            ("demo-b-0.h3", "demo/b/h3")
+            ("demo-b-0.h4", "demo/b/h4")
         );
-        assert_eq!(a.metadata["heldOutStep"], 3);
+        assert_eq!(a.metadata["heldOutStep"], 4);
         // A resumed run's round at a step already measured: the next free attempt's id.
         let a = held_out_assignment(&p, &rounds, &Sink::None, &mut next, |id| {
-            id == "demo-b-0.h3"
+            id == "demo-b-0.h4"
         });
-        assert_eq!(a.map(|a| a.session), Some("demo-b-0.h3-r1".into()));
+        assert_eq!(a.map(|a| a.session), Some("demo-b-0.h4-r1".into()));
         assert_eq!(next.attempt, 1);
         // Duplicate ids and a ConfigMap are refused in words.
         let dup = job.replace(

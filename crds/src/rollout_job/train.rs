@@ -110,9 +110,10 @@ pub struct TrainSpec {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeldOutSpec {
-    /// The held-out tasks, from the same sources as `spec.tasks` (inline, a JSONL file, a
-    /// ConfigMap; SWE-bench instances). Graded by the job's evaluator; their trajectories go
-    /// to no trainer.
+    /// The held-out tasks, in `spec.tasks`' shape: inline, or a JSONL file relative to the job
+    /// (SWE-bench instances with `swebench`). Graded by the job's evaluator; their
+    /// trajectories go to no trainer. Run by `floe run` only in this release: the operator
+    /// refuses a job that sets `heldOut` (`InvalidSpec`).
     pub tasks: crate::rollout_job::TaskSource,
     /// A round every this many optimizer steps (policy versions): one at version 0 before
     /// training, one at each multiple the trainer reaches, one at the final version.

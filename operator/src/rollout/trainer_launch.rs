@@ -149,20 +149,20 @@ pub fn serving_dtype(args: &[String]) -> Option<&'static str> {
     }
 }
 
-/// The value of `flag` in `args` (`--flag V` or `--flag=V`), the first time it is given.
+/// The value of `flag` in `args` (`--flag V` or `--flag=V`): the last one given, as vLLM's
+/// argument parser takes it.
 fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     let mut it = args.iter();
+    let mut last = None;
     while let Some(arg) = it.next() {
         let value = match arg.strip_prefix(flag) {
             Some("") => it.next().map(String::as_str),
             Some(rest) => rest.strip_prefix('='),
             None => None,
         };
-        if value.is_some() {
-            return value;
-        }
+        last = value.or(last);
     }
-    None
+    last
 }
 
 /// vLLM's own spellings: `16384`, `16k`/`16K` (×1000 / ×1024), `1m`/`1M`.
@@ -480,6 +480,15 @@ mod tests {
             Some("float32")
         );
         assert_eq!(serving_dtype(&args(&["--dtype", "auto"])), None);
+        // vLLM's parser keeps the last value given.
+        assert_eq!(
+            serving_dtype(&args(&["--dtype", "bfloat16", "--dtype", "float32"])),
+            Some("float32")
+        );
+        assert_eq!(
+            max_model_len(&args(&["--max-model-len=4k", "--max-model-len", "8192"])),
+            Some(8192)
+        );
         assert_eq!(serving_dtype(&args(&["--dtype"])), None);
         assert_eq!(serving_dtype(&args(&[])), None);
     }
