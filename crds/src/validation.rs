@@ -69,13 +69,7 @@ fn cel_errors(result: Result<(), kube::core::cel::ValidationErrors>) -> Vec<Fiel
 /// Validate a RolloutJob as the apiserver would on create, and refuse the fields it pruned.
 pub fn validate_rollout_job(job: &RolloutJob) -> Result<(), ValidationError> {
     let mut errors = cel_errors(job.validate_cel());
-    if let Some(tasks) = &job.spec.tasks.inline {
-        errors.extend(duplicate_task_ids(tasks, "spec.tasks.inline"));
-    }
-    let held_out = job.spec.train.as_ref().and_then(|t| t.held_out.as_ref());
-    if let Some(tasks) = held_out.and_then(|h| h.tasks.inline.as_ref()) {
-        errors.extend(duplicate_task_ids(tasks, "spec.train.heldOut.tasks.inline"));
-    }
+    errors.extend(inline_duplicates(job));
     errors.extend(pruned_fields(
         "RolloutJob",
         job.metadata.annotations.as_ref(),
@@ -132,19 +126,30 @@ fn schema_of(kind: &str) -> Result<serde_json::Value, FieldError> {
         .unwrap_or_default())
 }
 
+/// Task ids written twice in the job's inline tasks or its inline held-out tasks (a list-map
+/// key the apiserver before 1.25 does not check).
+fn inline_duplicates(job: &RolloutJob) -> Vec<FieldError> {
+    let held_out = job.spec.train.as_ref().and_then(|t| t.held_out.as_ref());
+    [
+        (job.spec.tasks.inline.as_ref(), "spec.tasks.inline"),
+        (
+            held_out.and_then(|h| h.tasks.inline.as_ref()),
+            "spec.train.heldOut.tasks.inline",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(tasks, field)| Some(duplicate_task_ids(tasks?, field)))
+    .flatten()
+    .collect()
+}
+
 /// Validate an update of a RolloutJob (transition rules such as immutability after start).
 pub fn validate_rollout_job_update(
     job: &RolloutJob,
     old: &RolloutJob,
 ) -> Result<(), ValidationError> {
     let mut errors = cel_errors(job.validate_cel_update(old));
-    if let Some(tasks) = &job.spec.tasks.inline {
-        errors.extend(duplicate_task_ids(tasks, "spec.tasks.inline"));
-    }
-    let held_out = job.spec.train.as_ref().and_then(|t| t.held_out.as_ref());
-    if let Some(tasks) = held_out.and_then(|h| h.tasks.inline.as_ref()) {
-        errors.extend(duplicate_task_ids(tasks, "spec.train.heldOut.tasks.inline"));
-    }
+    errors.extend(inline_duplicates(job));
     into_result(errors)
 }
 

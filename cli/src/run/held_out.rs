@@ -118,18 +118,18 @@ impl HeldOut {
             .collect()
     }
 
-    /// Round, task and sample of a held-out index.
-    fn place(&self, index: usize) -> Option<(usize, &Task, u32)> {
+    /// The round of a held-out index and its place `j` in the round.
+    fn slot(&self, index: usize) -> Option<(usize, usize)> {
         let within = index.checked_sub(self.base)?;
         let per_round = self.per_round().max(1);
-        let j = within % per_round;
-        let task = self.tasks.get(j / self.samples as usize)?;
-        Some((within / per_round, task, (j % self.samples as usize) as u32))
+        Some((within / per_round, within % per_round))
     }
 
     /// The step, task and sample an attempt index runs.
     pub fn session(&self, index: usize) -> Option<(u64, &Task, u32)> {
-        let (round, task, sample) = self.place(index)?;
+        let (round, j) = self.slot(index)?;
+        let task = self.tasks.get(j / self.samples as usize)?;
+        let sample = (j % self.samples as usize) as u32;
         Some((self.rounds.get(round)?.step, task, sample))
     }
 
@@ -153,11 +153,10 @@ impl HeldOut {
 
     /// A session's last attempt ended: its round's report, once the round is complete.
     pub fn ended(&mut self, index: usize, result: SessionResult) -> Option<RoundReport> {
-        let per_round = self.per_round().max(1);
-        let within = index.checked_sub(self.base)?;
+        let (round, j) = self.slot(index)?;
         let expected = self.per_round();
-        let round = self.rounds.get_mut(within / per_round)?;
-        round.results.insert(within % per_round, result);
+        let round = self.rounds.get_mut(round)?;
+        round.results.insert(j, result);
         (round.results.len() == expected).then(|| report(round, expected))
     }
 

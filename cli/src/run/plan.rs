@@ -257,6 +257,14 @@ spec:
   sft: {upstream: {url: 'http://127.0.0.1:8000'}, output: {claimName: data}}
 ";
 
+    /// `JOB` as a train job, its `train` line given.
+    fn train_job(train: &str) -> String {
+        JOB.replace(
+            "  sft: {upstream: {url: 'http://127.0.0.1:8000'}, output: {claimName: data}}\n",
+            train,
+        )
+    }
+
     #[test]
     fn tasks_times_samples_task_major_with_stable_ids() -> Result<(), PlanError> {
         let p = plan(JOB)?;
@@ -291,10 +299,7 @@ spec:
 
     #[test]
     fn held_out_tasks_are_read_beside_the_job_and_get_ids_of_their_own() -> Result<(), PlanError> {
-        let job = JOB.replace(
-            "  sft: {upstream: {url: 'http://127.0.0.1:8000'}, output: {claimName: data}}\n",
-            "  train: {image: t, model: m, heldOut: {tasks: {file: {path: tasks.jsonl}}, everySteps: 3}}\n",
-        );
+        let job = train_job("  train: {image: t, model: m, heldOut: {tasks: {file: {path: tasks.jsonl}}, everySteps: 3}}\n");
         let p = plan(&job)?;
         assert_eq!(p.held_out.len(), 2);
         assert!(p
@@ -337,10 +342,7 @@ spec:
 
     #[test]
     fn a_train_job_s_epochs_pass_over_the_tasks_again_as_new_groups() -> Result<(), PlanError> {
-        let job = JOB.replace(
-            "  sft: {upstream: {url: 'http://127.0.0.1:8000'}, output: {claimName: data}}\n",
-            "  train: {image: t, model: m, epochs: 3}\n",
-        );
+        let job = train_job("  train: {image: t, model: m, epochs: 3}\n");
         let p = plan(&job)?;
         let sessions = expand(&p, &Sink::None, None);
         assert_eq!(sessions.len(), 2 * 3 * 3, "tasks × samples × epochs");
