@@ -23,11 +23,25 @@ impl Events {
         reason: &str,
         note: String,
     ) {
+        self.publish_as(on, type_, reason, "Reconcile", note).await;
+    }
+
+    /// With an `action` of its own: the recorder folds an Event into an earlier one of the same
+    /// type, reason and action (a series, keeping the first note), so news that must each be
+    /// read — one per held-out round — need distinct actions.
+    pub async fn publish_as(
+        &self,
+        on: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.into(),
             note: Some(note),
-            action: "Reconcile".into(),
+            action: action.into(),
             secondary: None,
         };
         if let Err(e) = self.0.publish(&ev, on).await {

@@ -150,6 +150,15 @@ pub fn assignment(s: &SessionOf) -> Assignment {
     }
 }
 
+/// A held-out session's id ([`held_out_assignment`]).
+pub fn held_out_session_id(job: &str, task: &str, sample: u32, step: u64, attempt: u32) -> String {
+    let mut id = format!("{job}-{task}-{sample}.h{step}");
+    if attempt > 0 {
+        id.push_str(&format!("-r{attempt}"));
+    }
+    id
+}
+
 /// A held-out round's session (`train.heldOut`), sampled by the policy of step `step` and
 /// trained on by nobody: `<job>-<task>-<sample>.h<step>` (`-r<attempt>` for a retry), in
 /// group `<job>/<task>/h<step>`. No training session's id ends in `.h<n>`, so the two never
@@ -159,10 +168,7 @@ pub fn held_out_assignment(s: &SessionOf, step: u64) -> Assignment {
         epoch: 0,
         ..s.clone()
     });
-    a.session = format!("{}-{}-{}.h{step}", s.job, s.task.id, s.sample);
-    if s.attempt > 0 {
-        a.session.push_str(&format!("-r{}", s.attempt));
-    }
+    a.session = held_out_session_id(s.job, &s.task.id, s.sample, step, s.attempt);
     a.group = format!("{}/{}/h{step}", s.job, s.task.id);
     a.metadata.insert("heldOutStep".into(), step.into());
     a

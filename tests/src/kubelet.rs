@@ -29,6 +29,9 @@ use crate::processes::KillOnDrop;
 pub enum Verdict {
     /// Exit 0 (or 1 for an agent failure) with a reward in the summary.
     Scored { exit: i32, reward: f64 },
+    /// Exit 0 with a reward, the session's calls sampled by policy versions `versions`
+    /// (first, last), as a runner whose gateway read vLLM's version header reports them.
+    Sampled { reward: f64, versions: [u64; 2] },
     /// Exit 3: infrastructure failure.
     Infra { error: String },
     /// Not finished yet: asked again on the next sync (forever, unless the answer changes).
@@ -567,6 +570,13 @@ impl Node {
                        "agentSeconds": 0.1, "evaluatorSeconds": 0.1, "completions": 1,
                        "sampledTokens": 10, "trainableTokens": 10, "traces": 1,
                        "upstreamErrors": {"retried": {"http_503": 1}}}),
+            ),
+            Verdict::Sampled { reward, versions } => (
+                0,
+                json!({"session": session, "status": "completed", "reward": reward, "shipment": "none",
+                       "agentSeconds": 0.1, "evaluatorSeconds": 0.1, "completions": 1,
+                       "sampledTokens": 10, "trainableTokens": 10, "traces": 1,
+                       "policyVersions": versions}),
             ),
             Verdict::Infra { error } => (
                 3,

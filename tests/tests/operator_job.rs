@@ -558,19 +558,21 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
             .then_some(()))
     })
     .await?;
-    // Held-out rounds are `floe run`'s in this release: a cluster job naming them is refused
-    // in words, not run without the rounds it asked for.
+    // Held-out tasks in a file are `floe run`'s (the loader pod serves the job's own file
+    // only): a cluster job naming one is refused in words, not run without its rounds.
     let held_out = job(
         "heldout",
         &["a"],
         1,
         json!({"sft": null, "train": {"image": "trainer", "model": "m", "heldOut":
-               {"tasks": {"inline": [{"id": "h", "instruction": "x"}]}}}}),
+               {"tasks": {"file": {"path": "held.jsonl", "claimName": "data"}}}}}),
     )?;
     jobs.create(&PostParams::default(), &held_out).await?;
     let notes = stalled_for(&client, &jobs, &ns.name, "heldout", "InvalidSpec").await?;
     assert!(
-        notes.iter().any(|n| n.contains("train.heldOut")),
+        notes
+            .iter()
+            .any(|n| n.contains("spec.train.heldOut.tasks") && n.contains("ConfigMap")),
         "{notes:?}"
     );
     jobs.delete("heldout", &Default::default()).await?;
@@ -1658,6 +1660,202 @@ async fn a_train_job_whose_trainer_disagrees_with_its_policy_server_starts_no_se
         scored.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "probed once"
+    );
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
+/// A train job's held-out rounds on a cluster: a round at version 0 whose sessions go ahead of
+/// the job's own, one when the trainer reaches `everySteps`, and a final one once the trainer
+/// has finished, before the job completes. Each round is recorded in the status (sampled
+/// versions included), said by an Event and the gauge; held-out sessions ship their
+/// trajectories nowhere and are never reported to the trainer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_the_last(
+) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    let (client, ns) = with_crds("jobheldout").await?;
+    let operator = Operator::start(&ns.name, &[])?;
+    // Two READY pods: the first round's claims are the held-out round's two sessions.
+    create_pool(&client, &ns.name, "warm", 2).await?;
+    // What the stand-in trainer says: its version and whether it finished.
+    let version = Arc::new(AtomicU64::new(0));
+    let finished = Arc::new(AtomicBool::new(false));
+    // A held-out session passes once the policy it measures has trained (step ≥ 2); its
+    // calls were sampled by the version the trainer is at now.
+    let now = version.clone();
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        19,
+        Arc::new(
+            move |a: &Value| match a["metadata"]["heldOutStep"].as_u64() {
+                Some(step) => Verdict::Sampled {
+                    reward: if step >= 2 { 1.0 } else { 0.0 },
+                    versions: [step, now.load(SeqCst)],
+                },
+                None => Verdict::Scored {
+                    exit: 0,
+                    reward: 1.0,
+                },
+            },
+        ),
+    )?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "warm", 2, 60).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns.name);
+    configmaps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "held"},
+                "data": {"tasks.jsonl": "{\"id\": \"h\", \"instruction\": \"solve h\"}\n"}}))?,
+        )
+        .await?;
+    let mut spec = job("measured", &["a", "b"], 2, json!({}))?;
+    spec.spec.sft = None;
+    spec.spec.train = Some(serde_json::from_value(json!({
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
+        "maxStaleness": 4, "fidelityCheck": {"action": "Off"},
+        "heldOut": {"tasks": {"configMap": {"name": "held", "key": "tasks.jsonl"}},
+                    "everySteps": 2, "samples": 2}}))?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    let ip = trainer_ip(&pods, "measured").await?;
+    let told: Recorded = Arc::default();
+    let (record, at, done) = (told.clone(), version.clone(), finished.clone());
+    let trainer = axum::Router::new()
+        .route(
+            "/v1/status",
+            axum::routing::get(move || {
+                let (at, done) = (at.clone(), done.clone());
+                async move {
+                    axum::Json(
+                        json!({"step": at.load(SeqCst), "policyVersion": at.load(SeqCst),
+                                      "pendingGroups": 0, "readyGroups": 0, "training": false,
+                                      "finished": done.load(SeqCst)}),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/v1/{call}",
+            axum::routing::post(
+                move |axum::extract::Path(call): axum::extract::Path<String>,
+                      headers: axum::http::HeaderMap| async move {
+                    record
+                        .lock()
+                        .map(|mut t| t.push((bearer(&headers), json!(call))))
+                        .ok();
+                    axum::http::StatusCode::ACCEPTED
+                },
+            ),
+        );
+    serve_at(&ip, 8100, trainer).await?;
+    let rounds = |s: &RolloutJobStatus| -> Vec<(i64, bool, i32, Option<f64>)> {
+        s.held_out
+            .iter()
+            .flat_map(|h| h.rounds.iter())
+            .map(|r| (r.step, r.last, r.scored, r.pass_rate))
+            .collect()
+    };
+    // Round 0 measures the base policy: its two sessions were the first taken.
+    let first = eventually("round 0 scored", async || {
+        let s = status(&jobs, "measured").await?;
+        Ok((rounds(&s).first().is_some_and(|r| r.2 == 2)).then_some(s))
+    })
+    .await?;
+    assert_eq!(rounds(&first)[0], (0, false, 2, Some(0.0)));
+    let taken: Vec<String> = kubelet
+        .taken()
+        .iter()
+        .map(|a| a["session"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let mut first_two = taken[..2.min(taken.len())].to_vec();
+    first_two.sort();
+    assert_eq!(
+        first_two,
+        ["measured-h-0.h0", "measured-h-1.h0"],
+        "{taken:?}"
+    );
+    // The trainer reaches step 2: a round opens at it.
+    version.store(2, SeqCst);
+    eventually("round 2 scored", async || {
+        let s = status(&jobs, "measured").await?;
+        Ok((rounds(&s).get(1).is_some_and(|r| r.2 == 2)).then_some(()))
+    })
+    .await?;
+    // The job's own sessions are done: the job waits for its trainer, then for the final round.
+    let waiting = eventually("the trainer told to finish", async || {
+        let s = status(&jobs, "measured").await?;
+        let told_finish = told
+            .lock()
+            .map(|t| t.iter().any(|(_, c)| c == "finish"))
+            .unwrap_or(false);
+        Ok((told_finish && s.sessions.succeeded == 4).then_some(s))
+    })
+    .await?;
+    assert_eq!(waiting.phase, Some(RolloutJobPhase::Running));
+    assert_eq!(
+        rounds(&waiting).len(),
+        2,
+        "no final round before the trainer finished"
+    );
+    version.store(3, SeqCst);
+    finished.store(true, SeqCst);
+    let end = succeeded(&jobs, "measured", 60).await?;
+    assert_eq!(
+        rounds(&end),
+        [
+            (0, false, 2, Some(0.0)),
+            (2, false, 2, Some(1.0)),
+            (3, true, 2, Some(1.0))
+        ]
+    );
+    let held_out = end.held_out.clone().unwrap_or_default();
+    assert_eq!(held_out.rounds[2].policy_versions, [3, 3]);
+    assert_eq!(held_out.completed_indexes.as_deref(), Some("4-9"));
+    // The job's own counts and rewards are its own sessions'.
+    assert_eq!((end.sessions.total, end.sessions.succeeded), (4, 4));
+    assert_eq!(end.rewards.map(|r| r.scored), Some(4));
+    // Held-out assignments: ids and groups of their own, trajectories to nobody.
+    for a in kubelet.taken() {
+        let session = a["session"].as_str().unwrap_or_default();
+        if a["metadata"]["heldOutStep"].is_u64() {
+            assert_eq!(a["sink"], json!({"kind": "none"}), "{a}");
+            assert!(
+                a["group"]
+                    .as_str()
+                    .is_some_and(|g| g.starts_with("measured/h/h")),
+                "{a}"
+            );
+        } else {
+            assert!(!session.contains(".h"), "{session}");
+            assert_eq!(a["sink"]["kind"], "trainer", "{a}");
+        }
+    }
+    let notes = event_notes(&client, &ns.name, "HeldOutRound").await?;
+    for want in [
+        "step 0: pass rate 0.000 · reward 0.000 over 2 of 2 sessions (sampled by v0)",
+        "step 2: pass rate 1.000",
+        "step 3 (final): pass rate 1.000 · reward 1.000 over 2 of 2 sessions (sampled by v3)",
+    ] {
+        assert!(notes.iter().any(|n| n.contains(want)), "{want}: {notes:?}");
+    }
+    let page = operator.metrics().await?;
+    let series = |stat: &str| {
+        format!(
+            "floe_job_held_out{{namespace=\"{}\",rolloutjob=\"measured\",stat=\"{stat}\"}}",
+            ns.name
+        )
+    };
+    assert_eq!(metric_value(&page, &series("step")), Some(3.0), "{page}");
+    assert_eq!(
+        metric_value(&page, &series("pass_rate")),
+        Some(1.0),
+        "{page}"
     );
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;

@@ -22,8 +22,6 @@ use super::RunError;
 pub struct RunMetrics {
     registry: Registry,
     jobs: JobSeries,
-    /// The last complete held-out round (`train.heldOut`): its pass rate and its step.
-    held_out: prometheus::GaugeVec,
     namespace: String,
     job: String,
 }
@@ -35,19 +33,9 @@ impl RunMetrics {
         for c in jobs.collectors() {
             registry.register(c)?;
         }
-        let held_out = prometheus::GaugeVec::new(
-            prometheus::Opts::new(
-                "floe_job_held_out",
-                "The last complete held-out round: its pass rate (stat=pass_rate), mean reward \
-                 (stat=reward) and the step whose policy it measured (stat=step)",
-            ),
-            &["namespace", "rolloutjob", "stat"],
-        )?;
-        registry.register(Box::new(held_out.clone()))?;
         Ok(Self {
             registry,
             jobs,
-            held_out,
             namespace: namespace.to_string(),
             job: job.to_string(),
         })
@@ -62,17 +50,8 @@ impl RunMetrics {
 
     /// A held-out round is complete.
     pub fn held_out(&self, step: u64, pass_rate: Option<f64>, reward: Option<f64>) {
-        let set = |stat: &str, v: f64| {
-            self.held_out
-                .with_label_values(&[self.namespace.as_str(), self.job.as_str(), stat])
-                .set(v)
-        };
-        set("step", step as f64);
-        // A round with nothing scored leaves the last figures as they were.
-        if let (Some(p), Some(r)) = (pass_rate, reward) {
-            set("pass_rate", p);
-            set("reward", r);
-        }
+        self.jobs
+            .set_held_out(&self.namespace, &self.job, step, pass_rate, reward);
     }
 
     /// A session attempt ended so.

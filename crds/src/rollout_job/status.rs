@@ -61,6 +61,65 @@ pub struct RolloutJobStatus {
     /// (`spec.train.fidelityCheck`); judged against the spec as it is now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fidelity: Option<FidelityStatus>,
+    /// A train job's held-out rounds (`spec.train.heldOut`), as they were opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out: Option<HeldOutStatus>,
+}
+
+/// `status.heldOut`: each round, and which held-out sessions are done. Held-out sessions are
+/// numbered after the job's own: round `r`'s session `j` (task-major over samples) is
+/// `sessions.total + r × tasks × samples + j`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldOutStatus {
+    /// The rounds opened so far, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<HeldOutRound>,
+    /// Held-out sessions that finished with a reward, by index, as ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_indexes: Option<String>,
+    /// Held-out sessions that exhausted `backoffLimit`, by index, as ranges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_indexes: Option<String>,
+}
+
+/// One held-out round: every held-out task sampled `samples` times by one policy version.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldOutRound {
+    /// The trainer's policy version when the round opened: the policy it measures.
+    pub step: i64,
+    /// The round at the trainer's final version (opened once the trainer finished).
+    #[serde(default, rename = "final", skip_serializing_if = "std::ops::Not::not")]
+    pub last: bool,
+    /// The round's sessions.
+    pub sessions: i32,
+    /// Sessions scored so far.
+    #[serde(default)]
+    pub scored: i32,
+    /// Scored sessions with reward ≥ `passThreshold`.
+    #[serde(default)]
+    pub passed: i32,
+    /// Sum of the rewards (kept so that folding is exact).
+    #[serde(default)]
+    pub reward_sum: f64,
+    /// Sessions that failed for good by infrastructure (not in the pass rate).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub infra_errors: i32,
+    /// `passed / scored`, once a session is scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_rate: Option<f64>,
+    /// `rewardSum / scored`, once a session is scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_mean: Option<f64>,
+    /// The lowest and highest policy version that sampled a call of the round (training does
+    /// not wait for a round: a step may land while it runs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_versions: Vec<i64>,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// What the fidelity check measured: the trainer's log-probs of tokens the policy server

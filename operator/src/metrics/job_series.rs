@@ -2,13 +2,14 @@
 //! and on a local `floe run`'s (`--metrics-listen`), so the chart's rules and dashboard read
 //! both. `floe_sessions{namespace,rolloutjob,state}`,
 //! `floe_session_results_total{namespace,rolloutjob,result=scored|retried|failed}` and the
-//! `floe_session_reward` summary (sum and count per job).
+//! `floe_session_reward` summary (sum and count per job), and a train job's last complete
+//! held-out round, `floe_job_held_out{namespace,rolloutjob,stat=pass_rate|reward|step}`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use prometheus::core::Collector;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts};
 
 /// What became of a session attempt (`floe_session_results_total{result}`).
 #[derive(Clone, Copy, Debug)]
@@ -35,6 +36,7 @@ const SESSION_STATES: [&str; 4] = ["pending", "running", "succeeded", "failed"];
 pub struct JobSeries {
     sessions: IntGaugeVec,
     results: IntCounterVec,
+    held_out: GaugeVec,
     /// (namespace, job) → (scored sessions, reward sum).
     rewards: Mutex<BTreeMap<(String, String), (u64, f64)>>,
 }
@@ -52,19 +54,51 @@ impl JobSeries {
             ),
             &["namespace", "rolloutjob", "result"],
         )?;
+        let held_out = GaugeVec::new(
+            Opts::new(
+                "floe_job_held_out",
+                "The last complete held-out round: its pass rate (stat=pass_rate), mean reward \
+                 (stat=reward) and the step whose policy it measured (stat=step)",
+            ),
+            &["namespace", "rolloutjob", "stat"],
+        )?;
         Ok(Self {
             sessions,
             results,
+            held_out,
             rewards: Mutex::default(),
         })
     }
 
     /// What a registry holds of these (the reward summary is rendered by [`Self::render_rewards`]).
-    pub fn collectors(&self) -> [Box<dyn Collector>; 2] {
+    pub fn collectors(&self) -> [Box<dyn Collector>; 3] {
         [
             Box::new(self.sessions.clone()),
             Box::new(self.results.clone()),
+            Box::new(self.held_out.clone()),
         ]
+    }
+
+    /// A held-out round of a job is complete: the step it measured, its pass rate and mean
+    /// reward (a round with nothing scored leaves the last figures as they were).
+    pub fn set_held_out(
+        &self,
+        namespace: &str,
+        job: &str,
+        step: u64,
+        pass_rate: Option<f64>,
+        reward: Option<f64>,
+    ) {
+        let set = |stat: &str, v: f64| {
+            self.held_out
+                .with_label_values(&[namespace, job, stat])
+                .set(v)
+        };
+        set("step", step as f64);
+        if let (Some(p), Some(r)) = (pass_rate, reward) {
+            set("pass_rate", p);
+            set("reward", r);
+        }
     }
 
     /// A job's session counts.
@@ -116,6 +150,9 @@ impl JobSeries {
             let _ = self
                 .results
                 .remove_label_values(&[namespace, job, result.label()]);
+        }
+        for stat in ["pass_rate", "reward", "step"] {
+            let _ = self.held_out.remove_label_values(&[namespace, job, stat]);
         }
     }
 

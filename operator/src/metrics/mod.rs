@@ -26,6 +26,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use floe_crds::rollout_job::HeldOutRound;
+
 pub mod job_series;
 pub use job_series::{JobSeries, SessionResult};
 
@@ -387,6 +389,17 @@ impl Metrics {
     /// The reward tally of a job as its status records it.
     pub fn set_rewards(&self, namespace: &str, job: &str, scored: u64, sum: f64) {
         self.jobs.set_rewards(namespace, job, scored, sum);
+    }
+
+    /// A job's held-out round is complete ([`job_series::JobSeries::set_held_out`]).
+    pub fn set_held_out(&self, namespace: &str, job: &str, round: &HeldOutRound) {
+        self.jobs.set_held_out(
+            namespace,
+            job,
+            u64::try_from(round.step).unwrap_or(0),
+            round.pass_rate,
+            round.reward_mean,
+        );
     }
 
     pub fn render(&self) -> String {

@@ -55,6 +55,8 @@ pub fn job_state(
         lookahead,
         // Set from what the trainer says this round ([`staleness_gate`]).
         staleness: None,
+        // Set from the held-out tasks and the trainer this round (`held_out::HeldOutState`).
+        held_out: None,
         pass_threshold: spec.evaluator.reward.pass_threshold,
         suspend: spec.suspend,
         deadline_exceeded,

@@ -3,6 +3,8 @@
 //! - [`indexes`]: `completedIndexes`-style range sets.
 //! - [`job_state`]: what a job's spec and status say, as the planner reads it (sans-IO).
 //! - [`plan`]: the reconcile decision (sans-IO).
+//! - [`held_out`]: a train job's held-out rounds: when they open, their sessions, their tally
+//!   (sans-IO).
 //! - [`freshness`]: when a round may read the job's pods from the watch cache (sans-IO).
 //! - [`pod_view`]: what a claimed pod says (sans-IO).
 //! - [`status`]: counters, phase, conditions (sans-IO).
@@ -19,6 +21,7 @@ pub(crate) mod aux_gate;
 pub(crate) mod aux_pods;
 pub(crate) mod controller;
 pub(crate) mod freshness;
+pub(crate) mod held_out;
 pub(crate) mod indexes;
 pub(crate) mod job_state;
 pub(crate) mod plan;

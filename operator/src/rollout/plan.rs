@@ -13,6 +13,7 @@ use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::aux_gate::Gate;
+use super::held_out::HeldOutState;
 use super::indexes::IndexSet;
 
 /// What a finished session pod reported.
@@ -47,6 +48,8 @@ pub struct SessionPod {
     pub progress: PodProgress,
     /// The model-server failures its gateway met (from the runner's summary).
     pub upstream: UpstreamErrors,
+    /// The first and last policy version that sampled its calls (from the runner's summary).
+    pub policy_versions: Option<[u64; 2]>,
 }
 
 /// Rewards of the scored sessions, kept as sums so that folding is exact.
@@ -81,6 +84,8 @@ pub struct JobState {
     /// A train job's sessions start at most `maxStaleness` policy versions ahead of its
     /// trainer; `None` for an sft job.
     pub staleness: Option<StalenessGate>,
+    /// `train.heldOut`: its rounds so far and what the trainer said this reconcile.
+    pub held_out: Option<HeldOutState>,
 }
 
 /// Sessions running at once in `poolTemplate` mode when `concurrency` is not set: the job
@@ -99,14 +104,35 @@ impl JobState {
         }
     }
 
-    pub fn finished(&self) -> bool {
+    /// Every session of the job's own is done (held-out rounds aside).
+    pub fn training_done(&self) -> bool {
         (self.completed.len() + self.failed.len()) as u64 >= u64::from(self.total)
     }
 
-    /// May session `index` start, with `running` sessions running?
+    /// Every session is done, the final held-out round's included.
+    pub fn finished(&self) -> bool {
+        self.training_done() && self.held_out.as_ref().is_none_or(HeldOutState::done)
+    }
+
+    /// May session `index` start, with `running` of the job's own sessions running? A
+    /// held-out session passes no staleness gate: it trains nothing. The job's own wait for
+    /// the first held-out round to open (the trainer read at version 0), so that it measures
+    /// the policy before any of them ran.
     fn may_start(&self, index: u32, running: u32) -> bool {
+        if let Some(h) = &self.held_out {
+            if h.owns(index) {
+                return true;
+            }
+            if h.rounds.is_empty() {
+                return false;
+            }
+        }
         self.staleness
             .is_none_or(|g| g.may_start(u64::from(index), u64::from(running)))
+    }
+
+    fn held_out_owns(&self, index: u32) -> bool {
+        self.held_out.as_ref().is_some_and(|h| h.owns(index))
     }
 
     /// The attempt a session's next pod runs (its infrastructure failures so far).
@@ -115,9 +141,21 @@ impl JobState {
     }
 
     fn recorded(&self, pod: &SessionPod) -> bool {
-        self.completed.contains(pod.index)
-            || self.failed.contains(pod.index)
-            || self.attempt(pod.index) > pod.attempt
+        let done = match self.held_out.as_ref().filter(|h| h.owns(pod.index)) {
+            // A round not opened holds no session (its opening is written before its claims).
+            Some(h) => h.slot(pod.index).is_none() || h.recorded(pod.index),
+            None => self.completed.contains(pod.index) || self.failed.contains(pod.index),
+        };
+        done || self.attempt(pod.index) > pod.attempt
+    }
+
+    /// Sessions that may be claimed, in order: open held-out rounds' first, then the job's
+    /// own, lowest index first.
+    fn pending<'a>(&'a self, holding: &'a BTreeSet<u32>) -> impl Iterator<Item = u32> + 'a {
+        let held_out = self.held_out.iter().flat_map(|h| h.pending(holding));
+        held_out.chain((0..self.total).filter(|i| {
+            !self.completed.contains(*i) && !self.failed.contains(*i) && !holding.contains(i)
+        }))
     }
 }
 
@@ -162,6 +200,10 @@ pub struct JobPlan {
     pub starved: Vec<u32>,
     /// The status after the folds.
     pub next: JobState,
+    /// A held-out round was opened (or marked final): written with the folds, before claims.
+    pub rounds_changed: bool,
+    /// Held-out rounds whose last session these folds recorded.
+    pub rounds_done: Vec<usize>,
     /// Pods holding a session after this plan (active, not released), plus the new claims.
     pub running: u32,
 }
@@ -204,6 +246,8 @@ fn plan_sessions(
     let mut out = JobPlan::default();
     let mut holding: BTreeSet<u32> = BTreeSet::new();
     let mut running = 0u32;
+    // Held-out sessions among `running`: the staleness gate counts the job's own only.
+    let mut held_running = 0u32;
     let mut waiting: Vec<&SessionPod> = Vec::new();
     for pod in pods {
         if next.recorded(pod) {
@@ -236,6 +280,7 @@ fn plan_sessions(
             PodProgress::Active => {
                 holding.insert(pod.index);
                 running += 1;
+                held_running += u32::from(state.held_out_owns(pod.index));
                 if state.deadline_exceeded {
                     out.stop.push(pod.name.clone());
                 } else if !pod.assigned {
@@ -246,11 +291,18 @@ fn plan_sessions(
             PodProgress::Finished(PodResult::Scored { reward }) => {
                 next.upstream.add(&pod.upstream);
                 let reward = if reward.is_finite() { *reward } else { 0.0 };
-                next.completed.insert(pod.index);
-                next.rewards.scored += 1;
-                next.rewards.sum += reward;
-                if reward >= state.pass_threshold {
-                    next.rewards.passed += 1;
+                match next.held_out.as_mut().filter(|h| h.owns(pod.index)) {
+                    Some(h) => {
+                        h.scored(pod.index, reward, state.pass_threshold, pod.policy_versions)
+                    }
+                    None => {
+                        next.completed.insert(pod.index);
+                        next.rewards.scored += 1;
+                        next.rewards.sum += reward;
+                        if reward >= state.pass_threshold {
+                            next.rewards.passed += 1;
+                        }
+                    }
                 }
                 out.folds.push((
                     pod.name.clone(),
@@ -270,7 +322,12 @@ fn plan_sessions(
         };
         let next_attempt = pod.attempt + 1;
         let fold = if next_attempt > state.backoff_limit {
-            next.failed.insert(pod.index);
+            match next.held_out.as_mut().filter(|h| h.owns(pod.index)) {
+                Some(h) => h.failed(pod.index),
+                None => {
+                    next.failed.insert(pod.index);
+                }
+            }
             Fold::Failed {
                 index: pod.index,
                 reason: failure,
@@ -287,13 +344,24 @@ fn plan_sessions(
         out.release.push(pod.name.clone());
     }
 
+    if let (Some(before), Some(after)) = (&state.held_out, &next.held_out) {
+        out.rounds_done = (0..after.rounds.len())
+            .filter(|r| after.round_done(*r) && !before.round_done(*r))
+            .collect();
+    }
+    if !state.suspend && !state.deadline_exceeded {
+        let training_done = next.training_done();
+        if let Some(h) = next.held_out.as_mut() {
+            out.rounds_changed = h.open_due(training_done);
+        }
+    }
     if let Some(lookahead) = state.lookahead {
         plan_prewarmed(
             state,
             &next,
             &holding,
             &mut waiting,
-            running,
+            [running, held_running],
             lookahead,
             &mut out,
         );
@@ -305,12 +373,17 @@ fn plan_sessions(
         let room = state
             .concurrency
             .map_or(u32::MAX, |c| c.saturating_sub(running));
-        for index in pending(&next, &holding).take(usize::try_from(room).unwrap_or(usize::MAX)) {
+        let mut training = running - held_running;
+        for index in next
+            .pending(&holding)
+            .take(usize::try_from(room).unwrap_or(usize::MAX))
+        {
             // Lowest index first: once one waits for the trainer, so do all after it.
-            if !state.may_start(index, running + out.claim.len() as u32) {
+            if !next.may_start(index, training) {
                 break;
             }
             if out.claim.len() < ready_pods {
+                training += u32::from(!next.held_out_owns(index));
                 out.claim.push((index, next.attempt(index)));
             } else {
                 out.starved.push(index);
@@ -322,13 +395,6 @@ fn plan_sessions(
     out
 }
 
-/// Sessions neither finished nor holding a pod, lowest index first.
-fn pending<'a>(next: &'a JobState, holding: &'a BTreeSet<u32>) -> impl Iterator<Item = u32> + 'a {
-    (0..next.total).filter(|i| {
-        !next.completed.contains(*i) && !next.failed.contains(*i) && !holding.contains(i)
-    })
-}
-
 /// `poolTemplate` mode: start the lowest waiting sessions whose pods are Ready (up to the
 /// concurrency), and keep `concurrency + lookahead` pods alive by creating pods for the next
 /// pending sessions. A session that could start but whose pod is still warming is `starved`.
@@ -337,7 +403,7 @@ fn plan_prewarmed(
     next: &JobState,
     holding: &BTreeSet<u32>,
     waiting: &mut [&SessionPod],
-    running: u32,
+    [running, held_running]: [u32; 2],
     lookahead: u32,
     out: &mut JobPlan,
 ) {
@@ -346,13 +412,16 @@ fn plan_prewarmed(
     }
     let concurrency = state.concurrency.unwrap_or(TEMPLATE_CONCURRENCY);
     let mut room = concurrency.saturating_sub(running);
-    waiting.sort_by_key(|p| p.index);
+    let mut training = running - held_running;
+    // Held-out rounds first, then the job's own sessions, lowest index first.
+    waiting.sort_by_key(|p| (!next.held_out_owns(p.index), p.index));
     for pod in waiting.iter() {
-        if room == 0 || !state.may_start(pod.index, out.running + running) {
+        if room == 0 || !next.may_start(pod.index, training) {
             break;
         }
         room -= 1;
         if pod.ready {
+            training += u32::from(!next.held_out_owns(pod.index));
             out.start.push(pod.name.clone());
             out.running += 1;
         } else {
@@ -361,7 +430,7 @@ fn plan_prewarmed(
     }
     let alive = running as usize + waiting.len();
     let budget = concurrency.saturating_add(lookahead) as usize;
-    for index in pending(next, holding).take(budget.saturating_sub(alive)) {
+    for index in next.pending(holding).take(budget.saturating_sub(alive)) {
         if room > 0 {
             room -= 1;
             out.starved.push(index);
@@ -401,6 +470,7 @@ mod tests {
             ready: true,
             progress,
             upstream: UpstreamErrors::default(),
+            policy_versions: None,
         }
     }
 

@@ -21,6 +21,8 @@ struct Summary {
     error: Option<String>,
     #[serde(default, rename = "upstreamErrors")]
     upstream_errors: Option<UpstreamErrors>,
+    #[serde(default, rename = "policyVersions")]
+    policy_versions: Option<[u64; 2]>,
 }
 
 /// `None` for a pod that is not a session pod (no or unreadable claim annotations), or that
@@ -50,6 +52,7 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         ready: crate::pods::view::is_ready(pod),
         progress,
         upstream: upstream_errors(pod),
+        policy_versions: sandbox_summary(pod).and_then(|s| s.policy_versions),
     })
 }
 

@@ -48,6 +48,9 @@ impl Blocked {
 /// The reason while a train job's sessions are done and its trainer finishes.
 pub const TRAINING_LAST_GROUPS: &str = "TrainingLastGroups";
 
+/// The reason while a train job's trainer has finished and its final held-out round runs.
+pub const HELD_OUT_FINAL_ROUND: &str = "HeldOutFinalRound";
+
 pub struct StatusInput<'a> {
     pub previous: Option<&'a RolloutJobStatus>,
     pub generation: Option<i64>,
@@ -88,7 +91,8 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         running,
         succeeded: s.completed.len() as i32,
         failed: s.failed.len() as i32,
-        retried: s.retries.values().map(|r| *r as i32).sum(),
+        // Held-out sessions' retries are their rounds' business.
+        retried: s.retries.range(..s.total).map(|(_, r)| *r as i32).sum(),
     };
     let previous_completion = i.previous.and_then(|p| p.completion_time.clone());
     let (phase, mut conditions) = phase_and_conditions(i, &sessions);
@@ -128,6 +132,7 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
             None
         },
         fidelity: i.previous.and_then(|p| p.fidelity.clone()),
+        held_out: s.held_out.as_ref().map(|h| h.status()),
     }
 }
 
@@ -237,7 +242,7 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
         "{} of {} sessions scored, {} failed after retries",
         c.succeeded, c.total, c.failed
     );
-    if s.finished() {
+    if s.training_done() {
         if c.succeeded == 0 && c.total > 0 {
             out.push(condition(
                 "Failed",
@@ -264,6 +269,17 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
                 why.clone(),
             ));
             out.push(condition("Ready", false, TRAINING_LAST_GROUPS, why));
+            return (RolloutJobPhase::Running, out);
+        }
+        if !s.finished() && !s.deadline_exceeded {
+            let why = format!("{summary}; the final held-out round measures the final policy");
+            out.push(condition(
+                "Progressing",
+                true,
+                HELD_OUT_FINAL_ROUND,
+                why.clone(),
+            ));
+            out.push(condition("Ready", false, HELD_OUT_FINAL_ROUND, why));
             return (RolloutJobPhase::Running, out);
         }
         out.push(condition(
@@ -446,6 +462,46 @@ mod tests {
         let mut i = input(&late, None, 0);
         i.trainer_unfinished = true;
         assert_ne!(status(&i, None).phase, Some(RolloutJobPhase::Running));
+    }
+
+    #[test]
+    fn a_train_job_with_held_out_rounds_completes_after_its_final_round() {
+        use super::super::held_out::{HeldOutState, TrainerAt};
+        let mut s = state(1);
+        s.completed.insert(0);
+        s.rewards.scored = 1;
+        let mut h = HeldOutState {
+            base: 1,
+            per_round: 2,
+            every: 5,
+            trainer: Some(TrainerAt {
+                version: 3,
+                finished: true,
+            }),
+            ..Default::default()
+        };
+        assert!(h.open_due(true));
+        h.scored(1, 1.0, 1.0, Some([3, 3]));
+        s.held_out = Some(h);
+        let st = status(&input(&s, None, 1), None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Running));
+        assert_eq!(said(&st, "Progressing"), format!("{HELD_OUT_FINAL_ROUND}: 1 of 1 sessions scored, 0 failed after retries; the final held-out round measures the final policy"));
+        let rounds = st.held_out.map(|h| h.rounds).unwrap_or_default();
+        assert_eq!(
+            (rounds[0].step, rounds[0].last, rounds[0].scored),
+            (3, true, 1)
+        );
+        if let Some(h) = s.held_out.as_mut() {
+            h.failed(2);
+        }
+        let st = status(&input(&s, None, 0), None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Succeeded));
+        assert_eq!(
+            st.held_out.map(|h| h.rounds[0].infra_errors),
+            Some(1),
+            "a held-out failure is its round's"
+        );
+        assert_eq!(st.sessions.failed, 0, "and not the job's");
     }
 
     #[test]

@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use floe_crds::rollout_job::RolloutJob;
-use floe_sandbox::session;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
@@ -166,11 +165,11 @@ async fn claim(
     index: u32,
     attempt: u32,
 ) -> Result<Option<Pod>, JobError> {
-    let Some((task, place)) = o.session(index) else {
+    let Some(at) = o.session(index) else {
         tracing::error!(job = %o.name, index, "session index beyond the job's tasks");
         return Ok(None);
     };
-    let session = session::session_id(&o.name, &task.id, place.epoch, place.sample, attempt);
+    let session = at.id(&o.name, attempt);
     let owner = job.controller_owner_ref(&());
     let patch = json!({"metadata": {
         "resourceVersion": pod.resource_version(),

@@ -227,4 +227,23 @@ impl JobContext {
             .publish(&job.object_ref(&()), type_, reason, note)
             .await;
     }
+
+    /// An Event with an action of its own ([`crate::events::Events::publish_as`]).
+    pub(super) async fn event_as(
+        &self,
+        job: &RolloutJob,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        self.events
+            .publish_as(
+                &job.object_ref(&()),
+                EventType::Normal,
+                reason,
+                action,
+                note,
+            )
+            .await;
+    }
 }

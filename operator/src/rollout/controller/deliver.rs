@@ -123,7 +123,7 @@ pub(super) async fn deliver(
     ) else {
         return None;
     };
-    let Some((task, place)) = o.session(index) else {
+    let Some(at) = o.session(index) else {
         tracing::error!(%name, index, "session index beyond the job's tasks");
         return None;
     };
@@ -134,17 +134,27 @@ pub(super) async fn deliver(
         _ => Some(job_token(ctx, job).await?),
     };
     let (sink, upstream) = wiring(job, job_token, o.upstream_key.clone());
-    let assignment = session::assignment(&SessionOf {
+    // A held-out session's trajectory goes to no trainer: its reward is in its pod's result.
+    let sink = if at.held_out.is_some() {
+        Sink::None
+    } else {
+        sink
+    };
+    let of = SessionOf {
         job: &o.name,
         spec: &job.spec,
-        task,
-        epoch: place.epoch,
-        sample: place.sample,
+        task: at.task,
+        epoch: at.place.epoch,
+        sample: at.place.sample,
         attempt,
         sink: &sink,
         upstream,
         shared_hidden_files: &o.hidden,
-    });
+    };
+    let assignment = match at.held_out {
+        Some(step) => session::held_out_assignment(&of, step),
+        None => session::assignment(&of),
+    };
     let token = secret_token(
         ctx,
         &ns,

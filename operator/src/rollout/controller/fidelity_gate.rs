@@ -145,7 +145,7 @@ async fn measure(
     let control_token = super::own_pod::trainer_control_token(ctx, job, ns)
         .await
         .map_err(not_yet)?;
-    let Some((task, place)) = observed.session(0) else {
+    let Some(at) = observed.session(0) else {
         return Err(Probing::Unsupported("the job has no session".into()));
     };
     // Session 0's own upstream settings: what its gateway will send the policy server.
@@ -153,9 +153,9 @@ async fn measure(
     let first = session::assignment(&SessionOf {
         job: &observed.name,
         spec: &job.spec,
-        task,
-        epoch: place.epoch,
-        sample: place.sample,
+        task: at.task,
+        epoch: at.place.epoch,
+        sample: at.place.sample,
         attempt: 0,
         sink: &sink,
         upstream,

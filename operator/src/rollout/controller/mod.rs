@@ -36,6 +36,7 @@ use kube::{Api, ResourceExt};
 pub use context::{JobContext, DEFAULT_EARLY_CLAIM_LIMIT};
 
 use super::aux_gate;
+use super::held_out::{HeldOutState, TrainerAt};
 use super::job_state::{job_state, staleness_gate};
 use super::plan::{plan, Fold};
 use super::pod_view;
@@ -142,7 +143,7 @@ async fn apply(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
 async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Result<Action, Halt> {
     let started = Instant::now();
     // Observe: the pool, the tasks and the pods; the job's own pod, which gates its sessions.
-    let observed = observe::observe(job, ctx, ns).await?;
+    let mut observed = observe::observe(job, ctx, ns).await?;
     let own_pod = own_pod::ensure(job, ctx, ns).await?;
     trainer_nodes::ensure(job, ctx, ns, own_pod.as_ref()).await?;
     // A train job's trainer, Ready, is checked once before its first session.
@@ -156,15 +157,36 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         .await
         .unzip();
 
+    // A train job's sessions may all be done while its trainer still trains the last groups.
+    let trainer_unfinished = crate::rollout::status::trainer_unfinished(
+        job.spec.train.is_some(),
+        job.status.as_ref().and_then(|s| s.trainer.as_ref()),
+        trainer.as_ref(),
+    );
+
     // Plan.
     let mut state = job_state(job, job.status.as_ref(), now, observed.total());
     state.staleness = staleness_gate(job, trainer_state);
+    state.held_out = HeldOutState::of(job, observed.held_out.len(), state.total).map(|h| {
+        HeldOutState {
+            // Rounds open at what the trainer says, never at a version remembered.
+            trainer: trainer_state.map(|t| TrainerAt {
+                version: t.policy_version,
+                finished: !trainer_unfinished,
+            }),
+            ..h
+        }
+    });
     let sessions: Vec<_> = observed
         .pods
         .iter()
         .filter_map(pod_view::session_pod)
         .collect();
     let decided = plan(&state, &sessions, observed.ready.len(), job_pod.gate);
+    // The rounds this plan may have opened: their sessions are claimed below.
+    if let Some(h) = &decided.next.held_out {
+        observed.held_out_steps = h.rounds.iter().map(|r| r.step).collect();
+    }
 
     // Fold results into the status (guarded by the job's resourceVersion) ...
     let report = report::RoundReport {
@@ -173,12 +195,7 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         ns,
         now,
         job_pod: &job_pod,
-        // A train job's sessions may all be done while its trainer still trains the last groups.
-        trainer_unfinished: crate::rollout::status::trainer_unfinished(
-            job.spec.train.is_some(),
-            job.status.as_ref().and_then(|s| s.trainer.as_ref()),
-            trainer.as_ref(),
-        ),
+        trainer_unfinished,
     };
     let Some(written) = report.fold(&decided).await? else {
         // Someone else wrote first: look again before releasing anything.
@@ -192,9 +209,12 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
             Fold::Failed { index, .. } => observed.session(*index),
             _ => None,
         })
-        .map(|(task, place)| {
-            let group = floe_sandbox::session::group_id(&observed.name, &task.id, place.epoch);
-            (group, place.sample)
+        // A held-out sample is no trainer's.
+        .filter(|at| at.held_out.is_none())
+        .map(|at| {
+            let group =
+                floe_sandbox::session::group_id(&observed.name, &at.task.id, at.place.epoch);
+            (group, at.place.sample)
         })
         .collect();
     own_pod::tell_trainer_failed(ctx, job, ns, own_pod.as_ref(), &failed).await;

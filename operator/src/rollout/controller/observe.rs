@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floe_crds::gateway_pool::GatewayPool;
-use floe_crds::rollout_job::{RolloutJob, SessionPlace, Task};
+use floe_crds::rollout_job::{RolloutJob, SessionPlace, Task, TaskSource};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -28,6 +28,12 @@ pub(super) struct Observed {
     /// `train.epochs` (at least 1).
     pub(super) epochs: u32,
     pub(super) tasks: Arc<Vec<Task>>,
+    /// `train.heldOut`: its tasks (empty without), samples per task and the step each round
+    /// opened at (this round's plan may open one: [`Observed::held_out_steps`] is then set
+    /// from it before any claim).
+    pub(super) held_out: Arc<Vec<Task>>,
+    pub(super) held_out_samples: u32,
+    pub(super) held_out_steps: Vec<u64>,
     pub(super) hidden: BTreeMap<String, String>,
     pub(super) control_port: i32,
     /// The pool the job claims from (`None`: `poolTemplate`).
@@ -124,50 +130,31 @@ pub(super) async fn observe(
                 .into(),
         );
     }
-    if spec.train.as_ref().is_some_and(|t| t.held_out.is_some()) {
-        // Refused rather than run without the rounds the job asks for.
-        return blocked(
-            "InvalidSpec",
-            "train.heldOut rounds are run by `floe run` only in this release: on a cluster, \
-             remove it and measure held-out tasks with a job of their own (docs/trainer.md, \
-             \"Held-out rounds\")"
-                .into(),
-        );
-    }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
     let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
         (Some(t), _, _) => Arc::new(t.clone()),
-        (None, Some(cm), _) => {
-            let map = configmaps
-                .get_opt(&cm.name)
-                .await
-                .map_err(JobError::api(format!("reading ConfigMap {ns}/{}", cm.name)))?;
-            let Some(map) = map else {
-                return blocked(
-                    "TasksNotFound",
-                    format!(
-                        "ConfigMap {:?} (spec.tasks.configMap) does not exist",
-                        cm.name
-                    ),
-                );
-            };
-            let Some(text) = map.data.as_ref().and_then(|d| d.get(&cm.key)) else {
-                return blocked(
-                    "TasksNotFound",
-                    format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key),
-                );
-            };
-            match tasks::parse_jsonl(
-                text,
-                &spec.tasks,
-                &format!("ConfigMap {}/{}", cm.name, cm.key),
-            ) {
-                Ok(t) => Arc::new(t),
-                Err(e) => return blocked("InvalidTasks", e),
-            }
-        }
+        (None, Some(_), _) => config_map_tasks(&configmaps, ns, &spec.tasks, "spec.tasks").await?,
         (None, None, Some(_)) => file_tasks(job, ctx, ns).await?,
         (None, None, None) => return blocked("InvalidSpec", "spec.tasks names no source".into()),
+    };
+    let held_out_spec = spec.train.as_ref().and_then(|t| t.held_out.as_ref());
+    let held_out = match held_out_spec.map(|h| &h.tasks) {
+        None => Arc::default(),
+        Some(source) => match (&source.inline, &source.config_map) {
+            (Some(t), _) => Arc::new(t.clone()),
+            (None, Some(_)) => {
+                config_map_tasks(&configmaps, ns, source, "spec.train.heldOut.tasks").await?
+            }
+            // The loader pod serves the job's own task file only.
+            (None, None) => {
+                return blocked(
+                    "InvalidSpec",
+                    "spec.train.heldOut.tasks: on a cluster held-out tasks are inline or in a \
+                     ConfigMap (a file is read by `floe run` only)"
+                        .into(),
+                )
+            }
+        },
     };
     let hidden = match &spec.evaluator.hidden_files_from {
         Some(r) => match configmaps
@@ -196,7 +183,17 @@ pub(super) async fn observe(
         (None, None, Some(f)) => format!("task file {}", f.path),
         (None, None, None) => "spec.tasks".to_string(),
     };
-    let problems = floe_sandbox::checks::check_sessions(&name, spec, &tasks, &tasks_field, &hidden);
+    let mut problems =
+        floe_sandbox::checks::check_sessions(&name, spec, &tasks, &tasks_field, &hidden);
+    if !held_out.is_empty() {
+        problems.extend(floe_sandbox::checks::check_sessions(
+            &name,
+            spec,
+            &held_out,
+            "spec.train.heldOut.tasks",
+            &hidden,
+        ));
+    }
     if !problems.is_empty() {
         let error = floe_crds::validation::ValidationError { errors: problems };
         return blocked("InvalidTasks", error.to_string());
@@ -233,6 +230,19 @@ pub(super) async fn observe(
         samples: spec.samples(),
         epochs: spec.epochs(),
         tasks,
+        held_out_samples: held_out_spec.map_or(1, |h| u32::try_from(h.samples).unwrap_or(1).max(1)),
+        held_out_steps: job
+            .status
+            .as_ref()
+            .and_then(|s| s.held_out.as_ref())
+            .map(|h| {
+                h.rounds
+                    .iter()
+                    .map(|r| u64::try_from(r.step).unwrap_or(0))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        held_out,
         hidden,
         control_port: pool.as_ref().map_or_else(
             || floe_crds::gateway_pool::GatewaySettings::default().control_port,
@@ -243,6 +253,40 @@ pub(super) async fn observe(
         ready,
         upstream_key,
     })
+}
+
+/// Tasks from the ConfigMap `source` names (`field`: where the spec names it).
+async fn config_map_tasks(
+    configmaps: &Api<ConfigMap>,
+    ns: &str,
+    source: &TaskSource,
+    field: &str,
+) -> Result<Arc<Vec<Task>>, Halt> {
+    let blocked =
+        |reason: &str, message: String| Err(Halt::Blocked(Blocked::stalled(reason, message)));
+    let Some(cm) = &source.config_map else {
+        return blocked("InvalidSpec", format!("{field} names no ConfigMap"));
+    };
+    let map = configmaps
+        .get_opt(&cm.name)
+        .await
+        .map_err(JobError::api(format!("reading ConfigMap {ns}/{}", cm.name)))?;
+    let Some(map) = map else {
+        return blocked(
+            "TasksNotFound",
+            format!("ConfigMap {:?} ({field}.configMap) does not exist", cm.name),
+        );
+    };
+    let Some(text) = map.data.as_ref().and_then(|d| d.get(&cm.key)) else {
+        return blocked(
+            "TasksNotFound",
+            format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key),
+        );
+    };
+    match tasks::parse_jsonl(text, source, &format!("ConfigMap {}/{}", cm.name, cm.key)) {
+        Ok(t) => Ok(Arc::new(t)),
+        Err(e) => blocked("InvalidTasks", e),
+    }
 }
 
 /// The job's pods. A claim must never be made twice, so they come from the watch cache only
@@ -410,15 +454,62 @@ impl Observed {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    /// The task and place (epoch, sample) of a session index
-    /// ([`floe_crds::rollout_job::numbering`]).
-    pub(super) fn session(&self, index: u32) -> Option<(&Task, SessionPlace)> {
-        let place = floe_crds::rollout_job::numbering::session_at(
-            u64::from(index),
-            self.samples,
-            self.tasks.len(),
-            self.epochs,
-        )?;
-        Some((self.tasks.get(place.task)?, place))
+    /// The task and place of a session index: the job's own
+    /// ([`floe_crds::rollout_job::numbering`]), then the held-out rounds' (`base + round ×
+    /// per_round + j`, `j` task-major over samples) of the rounds opened.
+    pub(super) fn session(&self, index: u32) -> Option<SessionAt<'_>> {
+        let total = self.total();
+        if index < total {
+            let place = floe_crds::rollout_job::numbering::session_at(
+                u64::from(index),
+                self.samples,
+                self.tasks.len(),
+                self.epochs,
+            )?;
+            return Some(SessionAt {
+                task: self.tasks.get(place.task)?,
+                place,
+                held_out: None,
+            });
+        }
+        let per_round = u32::try_from(self.held_out.len())
+            .ok()?
+            .checked_mul(self.held_out_samples)?;
+        let offset = index - total;
+        let round = usize::try_from(offset.checked_div(per_round)?).ok()?;
+        let j = offset % per_round;
+        Some(SessionAt {
+            task: self
+                .held_out
+                .get(usize::try_from(j / self.held_out_samples).ok()?)?,
+            place: SessionPlace {
+                epoch: 0,
+                task: usize::try_from(j / self.held_out_samples).ok()?,
+                sample: j % self.held_out_samples,
+            },
+            held_out: Some(*self.held_out_steps.get(round)?),
+        })
+    }
+}
+
+/// One session: its task and place, and for a held-out one the step its round measures.
+pub(super) struct SessionAt<'a> {
+    pub(super) task: &'a Task,
+    pub(super) place: SessionPlace,
+    pub(super) held_out: Option<u64>,
+}
+
+impl SessionAt<'_> {
+    /// Its id for `attempt` ([`floe_sandbox::session`]).
+    pub(super) fn id(&self, job: &str, attempt: u32) -> String {
+        let (task, place) = (&self.task.id, &self.place);
+        match self.held_out {
+            Some(step) => {
+                floe_sandbox::session::held_out_session_id(job, task, place.sample, step, attempt)
+            }
+            None => {
+                floe_sandbox::session::session_id(job, task, place.epoch, place.sample, attempt)
+            }
+        }
     }
 }

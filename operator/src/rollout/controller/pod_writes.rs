@@ -3,7 +3,6 @@
 
 use floe_crds::gateway_pool::GatewayPool;
 use floe_crds::rollout_job::RolloutJob;
-use floe_sandbox::session;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -166,11 +165,10 @@ async fn create_prewarmed(
     ensure_job_egress_policy(ctx, job, None).await;
     let created: Vec<Result<(), JobError>> = futures::stream::iter(sessions.to_vec())
         .map(|(index, attempt)| async move {
-            let Some((task, place)) = observed.session(index) else {
+            let Some(at) = observed.session(index) else {
                 return Ok(());
             };
-            let session =
-                session::session_id(&observed.name, &task.id, place.epoch, place.sample, attempt);
+            let (task, session) = (at.task, at.id(&observed.name, attempt));
             let suffix = crate::pods::sandbox::random_suffix();
             let pod = crate::rollout::prewarm::build(&crate::rollout::prewarm::SessionPodFor {
                 job,

@@ -71,7 +71,7 @@ impl RoundReport<'_> {
             rv: job.resource_version(),
             status: job.status.clone(),
         };
-        if !decided.folds.is_empty() {
+        if !decided.folds.is_empty() || decided.rounds_changed {
             // Claims are not made yet; pre-warmed starts are (a pod lost before its start is
             // counted at the round's end).
             let running = decided.running_after(0, decided.start.len());
@@ -93,6 +93,7 @@ impl RoundReport<'_> {
                 status: Some(st),
             };
             report_folds(job, ctx, decided).await;
+            report_rounds(job, ctx, decided).await;
         }
         let rewards = &decided.next.rewards;
         ctx.metrics.set_rewards(
@@ -101,6 +102,15 @@ impl RoundReport<'_> {
             u64::from(rewards.scored),
             rewards.sum,
         );
+        // The last complete held-out round, as the status records it (an operator restarted
+        // since it completed says it too).
+        if let Some(h) = &decided.next.held_out {
+            let rounds = h.status().rounds;
+            let last = (0..rounds.len()).rev().find(|r| h.round_done(*r));
+            if let Some(round) = last.and_then(|r| rounds.get(r)) {
+                ctx.metrics.set_held_out(self.ns, &job.name_any(), round);
+            }
+        }
         Ok(Some(written))
     }
 
@@ -160,8 +170,14 @@ fn requeue_after(job: &RolloutJob, st: &RolloutJobStatus, now: &Time) -> Duratio
             None => Duration::from_secs(300),
         };
     }
-    // Pod changes wake the controller; this is the safety net, and the deadline's alarm.
-    let mut wait = Duration::from_secs(10);
+    // Pod changes wake the controller; this is the safety net, and the deadline's alarm. A
+    // held-out round opens at a trainer version, which no watch event announces: read soon.
+    let held_out = job
+        .spec
+        .train
+        .as_ref()
+        .is_some_and(|t| t.held_out.is_some());
+    let mut wait = Duration::from_secs(if held_out { 3 } else { 10 });
     if let (Some(deadline), Some(start)) = (job.spec.active_deadline_seconds, &st.start_time) {
         let left = deadline - now.0.duration_since(start.0).as_secs();
         wait = wait.min(Duration::from_secs(u64::try_from(left.max(1)).unwrap_or(1)));
@@ -232,6 +248,21 @@ async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
                 .await;
             }
         }
+    }
+}
+
+/// Each held-out round these folds completed: an Event with its figures, and the gauge.
+async fn report_rounds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
+    let Some(h) = decided.next.held_out.as_ref() else {
+        return;
+    };
+    let name = job.name_any();
+    let rounds = h.status().rounds;
+    for round in decided.rounds_done.iter().filter_map(|r| rounds.get(*r)) {
+        let line = crate::rollout::held_out::line(round);
+        tracing::info!(job = %name, "held-out round: {line}");
+        let action = format!("MeasureStep{}", round.step);
+        ctx.event_as(job, "HeldOutRound", &action, line).await;
     }
 }
 
