@@ -53,6 +53,11 @@ pub enum JobError {
     NoNamespace,
     #[error("cannot build a session pod: {0}")]
     PodSpec(#[from] serde_json::Error),
+    #[error(
+        "the RolloutJob CRD on the cluster is older than this operator: the apiserver dropped \
+         status.{0} from the job's status; apply the new CRDs (`floe crds | kubectl apply -f -`)"
+    )]
+    CrdOutdated(&'static str),
 }
 
 impl JobError {

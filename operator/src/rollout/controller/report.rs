@@ -201,6 +201,13 @@ async fn write_status(
         )
         .await
     {
+        // An older CRD prunes what it does not know: the rounds would be opened again and
+        // again, their sessions run for ever. Nothing is claimed until the CRD is new.
+        Ok(j)
+            if st.held_out.is_some() && j.status.as_ref().is_none_or(|s| s.held_out.is_none()) =>
+        {
+            Err(JobError::CrdOutdated("heldOut"))
+        }
         Ok(j) => Ok(j.resource_version()),
         Err(kube::Error::Api(s)) if s.is_conflict() => Ok(None),
         Err(e) => Err(JobError::api(format!(
