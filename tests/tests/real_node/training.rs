@@ -140,6 +140,10 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
                            "checkpoint": checkpoint,
                            "memoryPlan": "Warn",
                            "maxStaleness": 4,
+                           // Held-out rounds: the base policy, before any session of the
+                           // job's own, and the final one, once the trainer finished.
+                           "heldOut": {"tasks": {"inline": [task("animal", "Name an animal.")]},
+                                       "everySteps": 100, "samples": 2},
                            "vllm": {"gpus": 0, "args": ["--dtype", "float32", "--enforce-eager",
                                                         "--max-model-len", "2048"]},
                            "grpo": {"groupsPerStep": 1, "learningRate": 1e-5,
@@ -280,6 +284,21 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     }
     assert_eq!(status.sessions.total, 8, "{status:?}");
     assert_eq!(status.sessions.succeeded, 8, "{status:?}");
+    // The held-out rounds, in real pods against the real trainer's vLLM: version 0, and the
+    // final version once the trainer finished, each sampled by the weights it names (the
+    // gateways read vLLM's version header).
+    let held_out = status.held_out.clone().context("status.heldOut")?;
+    let rounds: Vec<(i64, bool, i32, Vec<i64>)> = held_out
+        .rounds
+        .iter()
+        .map(|r| (r.step, r.last, r.scored, r.policy_versions.clone()))
+        .collect();
+    let last = status.trainer.as_ref().map_or(0, |t| t.policy_version);
+    assert_eq!(
+        rounds,
+        [(0, false, 2, vec![0, 0]), (last, true, 2, vec![last, last])],
+        "{held_out:?}"
+    );
     // The trainer's own figures, read from its /v1/status by the operator: real steps, each
     // pushed into the pod's vLLM as the next policy version.
     let trainer = status
