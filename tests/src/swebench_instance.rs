@@ -34,7 +34,72 @@ pub struct Upstream {
     pub base_commit: String,
     pub gold_patch: String,
     pub test_patch: String,
+    recipe: &'static Recipe,
 }
+
+/// What an instance's repository holds: its files at `base_commit`, the fix and the tests
+/// committed after it, and the tests that decide it.
+pub struct Recipe {
+    pub repo: &'static str,
+    /// `instance_id` is `<id_prefix>-<n>`; the image `floe-test/sweb.eval.<image_id>-<n>`.
+    id_prefix: &'static str,
+    image_id: &'static str,
+    base: &'static [(&'static str, &'static str)],
+    /// Files the gold patch writes (outside the test directory).
+    fix: &'static [(&'static str, &'static str)],
+    /// Test files as the fix commit leaves them (the test patch).
+    tests: &'static [(&'static str, &'static str)],
+    fail_to_pass: &'static [&'static str],
+    pass_to_pass: &'static [&'static str],
+}
+
+/// `calc.add` subtracts: the fix is one line of code.
+pub const CALC: Recipe = Recipe {
+    repo: REPO,
+    id_prefix: "acme__calc",
+    image_id: "acme_1776_calc",
+    base: &[("calc.py", BUGGY_CALC), ("tests/test_calc.py", BASE_TESTS)],
+    fix: &[("calc.py", GOLD_CALC)],
+    tests: &[("tests/test_calc.py", NEW_TESTS)],
+    fail_to_pass: &[FAIL_TO_PASS],
+    pass_to_pass: &[PASS_TO_PASS],
+};
+
+/// An instance a model too small to fix code (the CPU ones) can still partly resolve: the
+/// change asked for is a one-line release note in `NOTE.md`, and the tests the fix commit added
+/// grade its length, so samples differ (`scoring: Fraction`: the share of them that pass).
+pub const NOTE: Recipe = Recipe {
+    repo: "acme/greet",
+    id_prefix: "acme__greet",
+    image_id: "acme_1776_greet",
+    base: &[
+        ("greet.py", "def greet(name):\n    return 'hello ' + name.strip()\n"),
+        (
+            "tests/test_greet.py",
+            "from greet import greet\n\n\ndef test_greet():\n    assert greet(' ada ') == 'hello ada'\n",
+        ),
+    ],
+    fix: &[("NOTE.md", "greet() strips spaces.\n")],
+    tests: &[(
+        "tests/test_note.py",
+        "import pathlib\n\nimport pytest\n\n\ndef note():\n    return pathlib.Path('NOTE.md').read_text().strip()\n\n\n\
+         def test_note_is_written():\n    assert note()\n\n\n\
+         def test_note_is_one_line():\n    assert len(note().splitlines()) == 1\n\n\n\
+         @pytest.mark.parametrize('limit', [8, 16, 32, 64, 128, 256])\n\
+         def test_note_is_brief(limit):\n    assert len(note()) <= limit\n",
+    )],
+    fail_to_pass: &[
+        "tests/test_note.py::test_note_is_written",
+        "tests/test_note.py::test_note_is_one_line",
+        "tests/test_note.py::test_note_is_brief[8]",
+        "tests/test_note.py::test_note_is_brief[16]",
+        "tests/test_note.py::test_note_is_brief[32]",
+        "tests/test_note.py::test_note_is_brief[64]",
+        "tests/test_note.py::test_note_is_brief[128]",
+        "tests/test_note.py::test_note_is_brief[256]",
+    ],
+    pass_to_pass: &["tests/test_greet.py::test_greet"],
+};
 
 fn git(dir: &Path, args: &[&str]) -> Result<String> {
     let out = Command::new("git")
@@ -53,26 +118,57 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Makes the repository at `checkout` (its `owner/name` directories included by the caller).
+fn write_all(dir: &Path, files: &[(&str, &str)]) -> Result<()> {
+    for (path, text) in files {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, text)?;
+    }
+    Ok(())
+}
+
+/// Makes the calc repository at `checkout` (its `owner/name` directories included by the
+/// caller).
 pub fn upstream(checkout: &Path) -> Result<Upstream> {
-    std::fs::create_dir_all(checkout.join("tests"))?;
+    upstream_of(&CALC, checkout)
+}
+
+/// Makes `recipe`'s repository at `checkout`: the base commit, then the fix and its tests in
+/// one commit (tagged), as upstream history has them.
+pub fn upstream_of(recipe: &'static Recipe, checkout: &Path) -> Result<Upstream> {
+    std::fs::create_dir_all(checkout)?;
     git(checkout, &["init", "-q"])?;
-    std::fs::write(checkout.join("calc.py"), BUGGY_CALC)?;
-    std::fs::write(checkout.join("tests/test_calc.py"), BASE_TESTS)?;
+    write_all(checkout, recipe.base)?;
     git(checkout, &["add", "."])?;
-    git(checkout, &["commit", "-qm", "calc"])?;
+    git(checkout, &["commit", "-qm", "base"])?;
     let base_commit = git(checkout, &["rev-parse", "HEAD"])?.trim().to_string();
-    std::fs::write(checkout.join("calc.py"), GOLD_CALC)?;
-    std::fs::write(checkout.join("tests/test_calc.py"), NEW_TESTS)?;
-    git(checkout, &["commit", "-qam", "fix add"])?;
+    write_all(checkout, recipe.fix)?;
+    write_all(checkout, recipe.tests)?;
+    git(checkout, &["add", "."])?;
+    git(checkout, &["commit", "-qm", "the fix"])?;
     git(checkout, &["tag", "v0.2"])?;
-    let gold_patch = git(checkout, &["diff", &base_commit, "HEAD", "--", "calc.py"])?;
-    let test_patch = git(checkout, &["diff", &base_commit, "HEAD", "--", "tests"])?;
+    let paths = |files: &[(&str, &str)]| -> Vec<String> {
+        files.iter().map(|(p, _)| p.to_string()).collect()
+    };
+    let diff = |files: &[(&str, &str)]| {
+        let mut args = vec![
+            "diff".to_string(),
+            base_commit.clone(),
+            "HEAD".into(),
+            "--".into(),
+        ];
+        args.extend(paths(files));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        git(checkout, &args)
+    };
     Ok(Upstream {
         checkout: checkout.to_path_buf(),
+        gold_patch: diff(recipe.fix)?,
+        test_patch: diff(recipe.tests)?,
         base_commit,
-        gold_patch,
-        test_patch,
+        recipe,
     })
 }
 
@@ -81,23 +177,39 @@ pub fn upstream(checkout: &Path) -> Result<Upstream> {
 /// markers, reset again. `activate` is the environment's `activate` script.
 pub fn eval_script(up: &Upstream, activate: &Path) -> String {
     let base = &up.base_commit;
+    let mut files: Vec<&str> = up
+        .recipe
+        .tests
+        .iter()
+        .chain(
+            up.recipe
+                .base
+                .iter()
+                .filter(|(p, _)| p.starts_with("tests/")),
+        )
+        .map(|(p, _)| *p)
+        .collect();
+    files.sort_unstable();
+    files.dedup();
+    let files = files.join(" ");
     format!(
         "#!/bin/bash\nset -uxo pipefail\nsource {activate}\ncd /testbed\n\
          git config --global --add safe.directory /testbed\ncd /testbed\ngit status\ngit show\n\
-         git -c core.fileMode=false diff {base}\ngit checkout {base} tests/test_calc.py\n\
+         git -c core.fileMode=false diff {base}\ngit checkout {base} {files}\n\
          git apply -v - <<'EOF_114329324912'\n{patch}\nEOF_114329324912\n\
-         : '>>>>> Start Test Output'\npython -m pytest --no-header -rA tests/test_calc.py\n\
-         : '>>>>> End Test Output'\ngit checkout {base} tests/test_calc.py\n",
+         : '>>>>> Start Test Output'\npython -m pytest --no-header -rA {files}\n\
+         : '>>>>> End Test Output'\ngit checkout {base} {files}\n",
         activate = activate.display(),
         patch = up.test_patch.trim_end(),
     )
 }
 
-/// One instance line: `problem_statement` is `statement`, the id `acme__calc-<n>`.
+/// One instance line: `problem_statement` is `statement`, the id `<prefix>-<n>`.
 pub fn instance(up: &Upstream, n: u32, statement: &str, activate: &Path) -> Value {
+    let r = up.recipe;
     json!({
-        "repo": REPO,
-        "instance_id": format!("acme__calc-{n}"),
+        "repo": r.repo,
+        "instance_id": format!("{}-{n}", r.id_prefix),
         "base_commit": up.base_commit,
         "patch": up.gold_patch,
         "test_patch": up.test_patch,
@@ -106,10 +218,10 @@ pub fn instance(up: &Upstream, n: u32, statement: &str, activate: &Path) -> Valu
         "created_at": "2026-11-30T00:00:00Z",
         "version": "0.1",
         // As on the Hub: the lists JSON-encoded in strings.
-        "FAIL_TO_PASS": serde_json::to_string(&[FAIL_TO_PASS]).unwrap_or_default(),
-        "PASS_TO_PASS": serde_json::to_string(&[PASS_TO_PASS]).unwrap_or_default(),
+        "FAIL_TO_PASS": serde_json::to_string(r.fail_to_pass).unwrap_or_default(),
+        "PASS_TO_PASS": serde_json::to_string(r.pass_to_pass).unwrap_or_default(),
         "environment_setup_commit": up.base_commit,
-        "image": format!("floe-test/sweb.eval.acme_1776_calc-{n}:latest"),
+        "image": format!("floe-test/sweb.eval.{}-{n}:latest", r.image_id),
         "eval_script": eval_script(up, activate),
         "log_parser": "parse_log_pytest",
         "eval_type": "pass_and_fail",

@@ -594,6 +594,113 @@ fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
     Ok(())
 }
 
+/// Issue 62's loop with a real harness on a SWE-bench-format instance: Pi (from npm,
+/// unmodified) works in the instance's repository at `base_commit`, swebench 5.0.2 grades the
+/// evaluation copy with the instance's own eval script and log parser (`scoring: Fraction`:
+/// the share of `FAIL_TO_PASS` that pass), and the trainer takes a step on Pi's four
+/// trajectories: the policy version advances. The instance asks for a one-line release note
+/// (`swebench_instance::NOTE`) because no model this machine can run fixes code: its tests
+/// grade the note's length, so a group's rewards differ and train.
+#[test]
+fn a_pi_train_job_on_a_swebench_instance_takes_a_step() -> Result<()> {
+    let _memory = alone()?;
+    let (python, models) = vllm_setup()?;
+    let pi = harness_bin_dir("pi")?;
+    let install = floe_tests::swebench_instance::install_dir()?;
+    // Not under /tmp: each sandbox has a /tmp of its own.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
+    let swe = &floe_tests::swebench_instance::NOTE;
+    let up =
+        floe_tests::swebench_instance::upstream_of(swe, &dir.path().join("repos").join(swe.repo))?;
+    let statement = "Write the release note for this change: greet() now strips the spaces \
+                     around a name. Answer with the note alone, in one short line.";
+    let line = floe_tests::swebench_instance::instance(
+        &up,
+        1,
+        statement,
+        &install.join("testbed/bin/activate"),
+    );
+    std::fs::write(dir.path().join("instances.jsonl"), format!("{line}\n"))?;
+    std::os::unix::fs::symlink(
+        models.join("smollm2-135m-instruct"),
+        dir.path().join("model"),
+    )?;
+    let job = serde_json::json!({
+        "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+        "metadata": {"name": "swe-pi"},
+        "spec": {
+            "numSamples": 4, "concurrency": 2, "poolRef": {"name": "local"},
+            "harness": {"preset": "pi", "model": "policy", "api": "openai-chat",
+                        "settings": {"contextWindow": 8192},
+                        // Pi's printed answer is its change to the repository.
+                        "command": ["sh", "-c", "pi --provider floe --model policy -p --offline --no-session \"$FLOE_INSTRUCTION\" > NOTE.md"]},
+            "tasks": {"file": {"path": "instances.jsonl"}, "swebench": {}},
+            "evaluator": {"reward": {"source": "SWEBench", "scoring": "Fraction",
+                                     "passThreshold": 0.5}},
+            "sampling": {"maxResponseTokens": 48, "temperature": 1.0},
+            "timeouts": {"agentSeconds": 300, "evaluatorSeconds": 120},
+            "train": {"image": "unused", "model": "model", "gpus": 0, "memoryPlan": "Warn",
+                      "maxStaleness": 0,
+                      "vllm": {"gpus": 0, "args": ["--dtype", "float32", "--enforce-eager",
+                                                   "--max-model-len", "8192"]},
+                      "grpo": {"groupsPerStep": 1, "learningRate": 2.0e-5,
+                               "microBatchSize": 2}}}});
+    let job_file = dir.path().join("job.yaml");
+    std::fs::write(&job_file, serde_json::to_string_pretty(&job)?)?;
+    let mut path = vec![pi];
+    path.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let out = dir.path().join("out");
+    let summary = succeeded(
+        floe_run(&job_file, &out, &python)
+            .env("PATH", std::env::join_paths(path)?)
+            .arg("--swebench-python")
+            .arg(install.join("venv/bin/python")),
+        &out,
+    )?;
+    assert_eq!(summary["sessions"]["completed"], 4, "{summary}");
+    // swebench's verdicts: each session's reward is the share of the eight FAIL_TO_PASS
+    // tests that passed, and they differ.
+    let mut rewards = Vec::new();
+    for entry in std::fs::read_dir(out.join("sessions"))? {
+        let s: Value = serde_json::from_str(&std::fs::read_to_string(
+            entry?.path().join("summary.json"),
+        )?)?;
+        let reward = s["reward"]
+            .as_f64()
+            .with_context(|| format!("a reward: {s}"))?;
+        assert!(
+            (reward * 8.0 - (reward * 8.0).round()).abs() < 1e-9,
+            "eighths: {s}"
+        );
+        rewards.push(reward);
+    }
+    let training = &summary["training"];
+    let steps = training["steps"].as_array().context("training.steps")?;
+    assert_eq!(steps.len(), 1, "rewards {rewards:?}: {training}");
+    assert_eq!(steps[0]["policyVersion"], 1, "{training}");
+    let mismatch = steps[0]["logprobMismatch"]
+        .as_f64()
+        .context("logprobMismatch")?;
+    assert!(
+        mismatch < 1e-3,
+        "trainer vs vLLM on Pi's tokens: {mismatch}"
+    );
+    for entry in std::fs::read_dir(out.join("trainer/state/ingest"))? {
+        let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
+        assert_eq!(t["task"], "acme__greet-1", "{}", t["task"]);
+        assert!(
+            t["stats"]["completions"].as_u64() >= Some(1),
+            "Pi called the model: {}",
+            t["stats"]
+        );
+    }
+    let left = processes_naming(&out);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    Ok(())
+}
+
 /// `train.lora` through `floe run`: vLLM serves the base as `policy-base` with the adapter
 /// the trainer pushes as `policy`, which is what the harness's gateway asks for; the trainer's
 /// log-probs of what vLLM sampled through the adapter match; each push is the adapter alone;
