@@ -1780,6 +1780,25 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
         ["measured-h-0.h0", "measured-h-1.h0"],
         "{taken:?}"
     );
+    // A held-out task added after the first round would move every later round's sessions:
+    // the job stalls, saying so, until the set is restored.
+    let two = "{\"id\": \"h\", \"instruction\": \"solve h\"}\n{\"id\": \"i\", \"instruction\": \"solve i\"}\n";
+    let set = |text: &str| json!({"data": {"tasks.jsonl": text}});
+    configmaps
+        .patch("held", &PatchParams::default(), &Patch::Merge(&set(two)))
+        .await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "measured", "HeldOutTasksChanged").await?;
+    assert!(
+        notes.iter().any(|n| n.contains("makes 4 sessions a round")),
+        "{notes:?}"
+    );
+    configmaps
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(&set("{\"id\": \"h\", \"instruction\": \"solve h\"}\n")),
+        )
+        .await?;
     // The trainer reaches step 2: a round opens at it.
     version.store(2, SeqCst);
     eventually("round 2 scored", async || {

@@ -175,6 +175,26 @@ pub(super) async fn observe(
         },
         None => BTreeMap::new(),
     };
+    if let Some(h) = held_out_spec {
+        // A round's sessions are numbered from its size: tasks or samples changed after the
+        // first round would move every later index.
+        let per_round = held_out.len() as u64 * u64::try_from(h.samples.max(1)).unwrap_or(1);
+        let recorded = job.status.as_ref().and_then(|s| s.held_out.as_ref());
+        if let Some(r) = recorded
+            .and_then(|h| h.rounds.first())
+            .filter(|r| u64::try_from(r.sessions).ok() != Some(per_round))
+        {
+            return blocked(
+                "HeldOutTasksChanged",
+                format!(
+                    "spec.train.heldOut now makes {per_round} sessions a round, but its rounds so \
+                     far had {}: its tasks or samples changed after the first round; restore \
+                     them, or run the changed set as a new job",
+                    r.sessions
+                ),
+            );
+        }
+    }
     let name = job.name_any();
     // What would fail every session only after its agent ran: refused before the first claim.
     let tasks_field = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
