@@ -65,30 +65,42 @@ pub const CALC: Recipe = Recipe {
     pass_to_pass: &[PASS_TO_PASS],
 };
 
-/// An instance a model too small to fix code (the CPU ones) can still partly resolve: the
-/// change asked for is a one-line release note in `NOTE.md`, and the tests the fix commit added
-/// grade its length, so samples differ (`scoring: Fraction`: the share of them that pass).
+/// A bug at `base_commit` (`greet` keeps the spaces around a name) whose fix commit also adds
+/// a one-line release note, `NOTE.md` (the agent's final answer), and tests of both: the fix's,
+/// and the note's length. A model too small to fix code (the CPU ones) still passes some of the
+/// note's tests, so under `scoring: Fraction` (the share of `FAIL_TO_PASS` that pass) a group's
+/// samples differ and train.
 pub const NOTE: Recipe = Recipe {
     repo: "acme/greet",
     id_prefix: "acme__greet",
     image_id: "acme_1776_greet",
     base: &[
+        ("greet.py", "def greet(name):\n    return 'hello ' + name\n"),
+        ("tests/test_greet.py", GREET_TESTS),
+    ],
+    fix: &[
         ("greet.py", "def greet(name):\n    return 'hello ' + name.strip()\n"),
+        ("NOTE.md", "greet() strips the spaces around a name.\n"),
+    ],
+    tests: &[
         (
             "tests/test_greet.py",
-            "from greet import greet\n\n\ndef test_greet():\n    assert greet(' ada ') == 'hello ada'\n",
+            concat!(
+                "from greet import greet\n\n\ndef test_greet():\n    assert greet('ada') == 'hello ada'\n",
+                "\n\ndef test_greet_strips():\n    assert greet(' ada ') == 'hello ada'\n"
+            ),
+        ),
+        (
+            "tests/test_note.py",
+            "import pathlib\n\nimport pytest\n\n\ndef note():\n    return pathlib.Path('NOTE.md').read_text().strip()\n\n\n\
+             def test_note_is_written():\n    assert note()\n\n\n\
+             def test_note_is_one_line():\n    assert len(note().splitlines()) == 1\n\n\n\
+             @pytest.mark.parametrize('limit', [8, 16, 32, 64, 128, 256])\n\
+             def test_note_is_brief(limit):\n    assert len(note()) <= limit\n",
         ),
     ],
-    fix: &[("NOTE.md", "greet() strips spaces.\n")],
-    tests: &[(
-        "tests/test_note.py",
-        "import pathlib\n\nimport pytest\n\n\ndef note():\n    return pathlib.Path('NOTE.md').read_text().strip()\n\n\n\
-         def test_note_is_written():\n    assert note()\n\n\n\
-         def test_note_is_one_line():\n    assert len(note().splitlines()) == 1\n\n\n\
-         @pytest.mark.parametrize('limit', [8, 16, 32, 64, 128, 256])\n\
-         def test_note_is_brief(limit):\n    assert len(note()) <= limit\n",
-    )],
     fail_to_pass: &[
+        "tests/test_greet.py::test_greet_strips",
         "tests/test_note.py::test_note_is_written",
         "tests/test_note.py::test_note_is_one_line",
         "tests/test_note.py::test_note_is_brief[8]",
@@ -100,6 +112,9 @@ pub const NOTE: Recipe = Recipe {
     ],
     pass_to_pass: &["tests/test_greet.py::test_greet"],
 };
+
+const GREET_TESTS: &str =
+    "from greet import greet\n\n\ndef test_greet():\n    assert greet('ada') == 'hello ada'\n";
 
 fn git(dir: &Path, args: &[&str]) -> Result<String> {
     let out = Command::new("git")

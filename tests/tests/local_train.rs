@@ -598,9 +598,10 @@ fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
 /// unmodified) works in the instance's repository at `base_commit`, swebench 5.0.2 grades the
 /// evaluation copy with the instance's own eval script and log parser (`scoring: Fraction`:
 /// the share of `FAIL_TO_PASS` that pass), and the trainer takes a step on Pi's four
-/// trajectories: the policy version advances. The instance asks for a one-line release note
-/// (`swebench_instance::NOTE`) because no model this machine can run fixes code: its tests
-/// grade the note's length, so a group's rewards differ and train.
+/// trajectories: the policy version advances. The instance (`swebench_instance::NOTE`) is a
+/// bug whose fix comes with a one-line release note, Pi's final answer: no model this machine
+/// can run fixes the bug, but the note's tests grade its length, so a group's rewards differ
+/// and train.
 #[test]
 fn a_pi_train_job_on_a_swebench_instance_takes_a_step() -> Result<()> {
     let _memory = alone()?;
@@ -612,8 +613,9 @@ fn a_pi_train_job_on_a_swebench_instance_takes_a_step() -> Result<()> {
     let swe = &floe_tests::swebench_instance::NOTE;
     let up =
         floe_tests::swebench_instance::upstream_of(swe, &dir.path().join("repos").join(swe.repo))?;
-    let statement = "Write the release note for this change: greet() now strips the spaces \
-                     around a name. Answer with the note alone, in one short line.";
+    let statement = "greet(' ada ') returns 'hello  ada ': it should strip the spaces around \
+                     a name and return 'hello ada'. Fix it. Your final answer is the release \
+                     note for the fix: one short line.";
     let line = floe_tests::swebench_instance::instance(
         &up,
         1,
@@ -660,8 +662,8 @@ fn a_pi_train_job_on_a_swebench_instance_takes_a_step() -> Result<()> {
         &out,
     )?;
     assert_eq!(summary["sessions"]["completed"], 4, "{summary}");
-    // swebench's verdicts: each session's reward is the share of the eight FAIL_TO_PASS
-    // tests that passed, and they differ.
+    // swebench's verdicts: each session's reward is the share of the nine FAIL_TO_PASS tests
+    // that passed.
     let mut rewards = Vec::new();
     for entry in std::fs::read_dir(out.join("sessions"))? {
         let s: Value = serde_json::from_str(&std::fs::read_to_string(
@@ -671,8 +673,8 @@ fn a_pi_train_job_on_a_swebench_instance_takes_a_step() -> Result<()> {
             .as_f64()
             .with_context(|| format!("a reward: {s}"))?;
         assert!(
-            (reward * 8.0 - (reward * 8.0).round()).abs() < 1e-9,
-            "eighths: {s}"
+            (reward * 9.0 - (reward * 9.0).round()).abs() < 1e-9,
+            "ninths: {s}"
         );
         rewards.push(reward);
     }
