@@ -156,7 +156,7 @@ pub struct SessionCounts {
     /// Waiting for a sandbox pod.
     #[serde(default)]
     pub pending: i32,
-    /// Assigned to a pod and not finished.
+    /// Assigned to a pod and not finished (a held-out round's sessions included).
     #[serde(default)]
     pub running: i32,
     /// Finished with a reward.
