@@ -49,8 +49,8 @@ pub struct Recipe {
     fix: &'static [(&'static str, &'static str)],
     /// Test files as the fix commit leaves them (the test patch).
     tests: &'static [(&'static str, &'static str)],
-    fail_to_pass: &'static [&'static str],
-    pass_to_pass: &'static [&'static str],
+    pub fail_to_pass: &'static [&'static str],
+    pub pass_to_pass: &'static [&'static str],
 }
 
 /// `calc.add` subtracts: the fix is one line of code.
@@ -68,8 +68,8 @@ pub const CALC: Recipe = Recipe {
 /// A bug at `base_commit` (`greet` keeps the spaces around a name) whose fix commit also adds
 /// a one-line release note, `NOTE.md` (the agent's final answer), and tests of both: the fix's,
 /// and the note's length. A model too small to fix code (the CPU ones) still passes some of the
-/// note's tests, so under `scoring: Fraction` (the share of `FAIL_TO_PASS` that pass) a group's
-/// samples differ and train.
+/// note's tests (one per 8 characters up to 320), so under `scoring: Fraction` (the share of
+/// `FAIL_TO_PASS` that pass) a group's samples differ and train.
 pub const NOTE: Recipe = Recipe {
     repo: "acme/greet",
     id_prefix: "acme__greet",
@@ -95,7 +95,7 @@ pub const NOTE: Recipe = Recipe {
             "import pathlib\n\nimport pytest\n\n\ndef note():\n    return pathlib.Path('NOTE.md').read_text().strip()\n\n\n\
              def test_note_is_written():\n    assert note()\n\n\n\
              def test_note_is_one_line():\n    assert len(note().splitlines()) == 1\n\n\n\
-             @pytest.mark.parametrize('limit', [8, 16, 32, 64, 128, 256])\n\
+             @pytest.mark.parametrize('limit', range(8, 321, 8))\n\
              def test_note_is_brief(limit):\n    assert len(note()) <= limit\n",
         ),
     ],
@@ -105,10 +105,44 @@ pub const NOTE: Recipe = Recipe {
         "tests/test_note.py::test_note_is_one_line",
         "tests/test_note.py::test_note_is_brief[8]",
         "tests/test_note.py::test_note_is_brief[16]",
+        "tests/test_note.py::test_note_is_brief[24]",
         "tests/test_note.py::test_note_is_brief[32]",
+        "tests/test_note.py::test_note_is_brief[40]",
+        "tests/test_note.py::test_note_is_brief[48]",
+        "tests/test_note.py::test_note_is_brief[56]",
         "tests/test_note.py::test_note_is_brief[64]",
+        "tests/test_note.py::test_note_is_brief[72]",
+        "tests/test_note.py::test_note_is_brief[80]",
+        "tests/test_note.py::test_note_is_brief[88]",
+        "tests/test_note.py::test_note_is_brief[96]",
+        "tests/test_note.py::test_note_is_brief[104]",
+        "tests/test_note.py::test_note_is_brief[112]",
+        "tests/test_note.py::test_note_is_brief[120]",
         "tests/test_note.py::test_note_is_brief[128]",
+        "tests/test_note.py::test_note_is_brief[136]",
+        "tests/test_note.py::test_note_is_brief[144]",
+        "tests/test_note.py::test_note_is_brief[152]",
+        "tests/test_note.py::test_note_is_brief[160]",
+        "tests/test_note.py::test_note_is_brief[168]",
+        "tests/test_note.py::test_note_is_brief[176]",
+        "tests/test_note.py::test_note_is_brief[184]",
+        "tests/test_note.py::test_note_is_brief[192]",
+        "tests/test_note.py::test_note_is_brief[200]",
+        "tests/test_note.py::test_note_is_brief[208]",
+        "tests/test_note.py::test_note_is_brief[216]",
+        "tests/test_note.py::test_note_is_brief[224]",
+        "tests/test_note.py::test_note_is_brief[232]",
+        "tests/test_note.py::test_note_is_brief[240]",
+        "tests/test_note.py::test_note_is_brief[248]",
         "tests/test_note.py::test_note_is_brief[256]",
+        "tests/test_note.py::test_note_is_brief[264]",
+        "tests/test_note.py::test_note_is_brief[272]",
+        "tests/test_note.py::test_note_is_brief[280]",
+        "tests/test_note.py::test_note_is_brief[288]",
+        "tests/test_note.py::test_note_is_brief[296]",
+        "tests/test_note.py::test_note_is_brief[304]",
+        "tests/test_note.py::test_note_is_brief[312]",
+        "tests/test_note.py::test_note_is_brief[320]",
     ],
     pass_to_pass: &["tests/test_greet.py::test_greet"],
 };
