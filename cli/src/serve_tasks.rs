@@ -1,7 +1,8 @@
-//! `floe serve-tasks`: a `tasks.file` RolloutJob's task loader pod. The operator reads no
-//! volumes itself; this pod mounts the job's PVC read-only and serves the JSONL file to it
-//! (`GET /tasks`). The file is read once at start: a missing or unreadable file ends the pod
-//! with the reason as its termination message, which the operator reports on the job.
+//! `floe serve-tasks`: a RolloutJob's task loader pod, for `tasks.file` and
+//! `train.heldOut.tasks.file`. The operator reads no volumes itself; this pod mounts the
+//! claims read-only and serves the JSONL files to it (`GET /tasks`, `GET /held-out`). The
+//! files are read once at start: a missing or unreadable one ends the pod with the reason as
+//! its termination message, which the operator reports on the job.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,9 +13,12 @@ use clap::Args;
 
 #[derive(Args)]
 pub struct ServeTasksArgs {
-    /// The JSONL task file (on the job's volume).
+    /// The job's JSONL task file (on its volume), served at `/tasks`.
     #[arg(long)]
-    file: PathBuf,
+    file: Option<PathBuf>,
+    /// The job's held-out task file, served at `/held-out`.
+    #[arg(long)]
+    held_out: Option<PathBuf>,
     #[arg(long, default_value = "0.0.0.0:8100")]
     listen: SocketAddr,
 }
@@ -23,23 +27,31 @@ pub struct ServeTasksArgs {
 pub enum ServeTasksError {
     #[error("cannot read the task file {0}: {1}")]
     Read(PathBuf, std::io::Error),
+    #[error("nothing to serve: give --file, --held-out or both")]
+    NoFile,
     #[error(transparent)]
     Serve(#[from] crate::serve_http::ServeError),
 }
 
 pub fn run(args: ServeTasksArgs) -> Result<(), ServeTasksError> {
-    let text =
-        std::fs::read(&args.file).map_err(|e| ServeTasksError::Read(args.file.clone(), e))?;
-    let app = axum::Router::new()
-        .route(
-            "/tasks",
+    let mut app = axum::Router::new().route("/healthz", get(|| async { "ok" }));
+    let mut what = Vec::new();
+    for (route, file) in [("/tasks", &args.file), ("/held-out", &args.held_out)] {
+        let Some(file) = file else { continue };
+        let text = std::fs::read(file).map_err(|e| ServeTasksError::Read(file.clone(), e))?;
+        app = app.route(
+            route,
             get(move || {
                 let text = text.clone();
                 async move { ([(header::CONTENT_TYPE, "application/x-ndjson")], text) }
             }),
-        )
-        .route("/healthz", get(|| async { "ok" }));
-    let what = format!("serving tasks from {}", args.file.display());
+        );
+        what.push(format!("{route} from {}", file.display()));
+    }
+    if what.is_empty() {
+        return Err(ServeTasksError::NoFile);
+    }
+    let what = format!("serving tasks: {}", what.join(", "));
     Ok(crate::serve_http::serve_blocking(
         app,
         args.listen,

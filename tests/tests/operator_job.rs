@@ -558,21 +558,21 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
             .then_some(()))
     })
     .await?;
-    // Held-out tasks in a file are `floe run`'s (the loader pod serves the job's own file
-    // only): a cluster job naming one is refused in words, not run without its rounds.
+    // Held-out tasks in a file with no claim (`floe run`'s, beside the job file): in a
+    // cluster the job says which claim it needs, not run without its rounds.
     let held_out = job(
         "heldout",
         &["a"],
         1,
         json!({"sft": null, "train": {"image": "trainer", "model": "m", "heldOut":
-               {"tasks": {"file": {"path": "held.jsonl", "claimName": "data"}}}}}),
+               {"tasks": {"file": {"path": "held.jsonl"}}}}}),
     )?;
     jobs.create(&PostParams::default(), &held_out).await?;
-    let notes = stalled_for(&client, &jobs, &ns.name, "heldout", "InvalidSpec").await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "heldout", "TaskFileNeedsClaim").await?;
     assert!(
         notes
             .iter()
-            .any(|n| n.contains("spec.train.heldOut.tasks") && n.contains("ConfigMap")),
+            .any(|n| n.contains("spec.train.heldOut.tasks.file.claimName")),
         "{notes:?}"
     );
     jobs.delete("heldout", &Default::default()).await?;
@@ -1670,7 +1670,8 @@ async fn a_train_job_whose_trainer_disagrees_with_its_policy_server_starts_no_se
 /// the job's own, one when the trainer reaches `everySteps`, and a final one once the trainer
 /// has finished, before the job completes. Each round is recorded in the status (sampled
 /// versions included), said by an Event and the gauge; held-out sessions ship their
-/// trajectories nowhere and are never reported to the trainer.
+/// trajectories nowhere and are never reported to the trainer. The held-out tasks are a file
+/// on a claim, which the job's loader pod serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_the_last(
 ) -> Result<()> {
@@ -1685,7 +1686,13 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
     // A held-out session passes once the policy it measures has trained (step ≥ 2); its
     // calls were sampled by the version the trainer is at now.
     let now = version.clone();
-    let kubelet = FakeKubelet::start(
+    // The held-out tasks in a file on a claim: the job's loader pod (really run here) serves it.
+    let volume = tempfile::tempdir()?;
+    std::fs::write(
+        volume.path().join("held.jsonl"),
+        "{\"id\": \"h\", \"instruction\": \"solve h\"}\n",
+    )?;
+    let kubelet = FakeKubelet::start_with(
         client.clone(),
         &ns.name,
         19,
@@ -1701,26 +1708,24 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
                 },
             },
         ),
+        NodeOptions {
+            volumes: std::collections::HashMap::from([(
+                "sets".to_string(),
+                volume.path().to_path_buf(),
+            )]),
+            ..Default::default()
+        },
     )?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     pool_ready(&pools, "warm", 2, 60).await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(client.clone(), &ns.name);
-    configmaps
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "held"},
-                "data": {"tasks.jsonl": "{\"id\": \"h\", \"instruction\": \"solve h\"}\n"}}))?,
-        )
-        .await?;
     let mut spec = job("measured", &["a", "b"], 2, json!({}))?;
     spec.spec.sft = None;
     spec.spec.train = Some(serde_json::from_value(json!({
         "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
         "maxStaleness": 4, "fidelityCheck": {"action": "Off"},
-        "heldOut": {"tasks": {"configMap": {"name": "held", "key": "tasks.jsonl"}},
+        "heldOut": {"tasks": {"file": {"claimName": "sets", "path": "held.jsonl"}},
                     "everySteps": 2, "samples": 2}}))?);
     jobs.create(&PostParams::default(), &spec).await?;
     let ip = trainer_ip(&pods, "measured").await?;
@@ -1780,25 +1785,26 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
         ["measured-h-0.h0", "measured-h-1.h0"],
         "{taken:?}"
     );
-    // A held-out task added after the first round would move every later round's sessions:
-    // the job stalls, saying so, until the set is restored.
-    let two = "{\"id\": \"h\", \"instruction\": \"solve h\"}\n{\"id\": \"i\", \"instruction\": \"solve i\"}\n";
-    let set = |text: &str| json!({"data": {"tasks.jsonl": text}});
-    configmaps
-        .patch("held", &PatchParams::default(), &Patch::Merge(&set(two)))
-        .await?;
+    // Samples changed after the first round would move every later round's sessions: the job
+    // stalls, saying so, until they are restored.
+    let samples = |n: u32| json!({"spec": {"train": {"heldOut": {"samples": n}}}});
+    jobs.patch(
+        "measured",
+        &PatchParams::default(),
+        &Patch::Merge(&samples(3)),
+    )
+    .await?;
     let notes = stalled_for(&client, &jobs, &ns.name, "measured", "HeldOutTasksChanged").await?;
     assert!(
-        notes.iter().any(|n| n.contains("makes 4 sessions a round")),
+        notes.iter().any(|n| n.contains("makes 3 sessions a round")),
         "{notes:?}"
     );
-    configmaps
-        .patch(
-            "held",
-            &PatchParams::default(),
-            &Patch::Merge(&set("{\"id\": \"h\", \"instruction\": \"solve h\"}\n")),
-        )
-        .await?;
+    jobs.patch(
+        "measured",
+        &PatchParams::default(),
+        &Patch::Merge(&samples(2)),
+    )
+    .await?;
     // The trainer reaches step 2: a round opens at it.
     version.store(2, SeqCst);
     eventually("round 2 scored", async || {

@@ -110,10 +110,10 @@ pub struct TrainSpec {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct HeldOutSpec {
-    /// The held-out tasks, in `spec.tasks`' shape: inline; a ConfigMap in a cluster, a JSONL
-    /// file relative to the job with `floe run` (SWE-bench instances with `swebench`). Graded
-    /// by the job's evaluator; their trajectories go to no trainer. Rounds are recorded in
-    /// `status.heldOut`.
+    /// The held-out tasks, in `spec.tasks`' shape: inline, a ConfigMap (in a cluster), or a
+    /// JSONL file (on a claim in a cluster, served by the job's task loader pod; relative to
+    /// the job with `floe run`); SWE-bench instances with `swebench`. Graded by the job's
+    /// evaluator; their trajectories go to no trainer. Rounds are recorded in `status.heldOut`.
     pub tasks: crate::rollout_job::TaskSource,
     /// A round every this many optimizer steps (policy versions): one at version 0 before
     /// training, one at each multiple the trainer reaches, one at the final version.

@@ -33,7 +33,7 @@ pub fn dataset_service(job: &str) -> String {
 
 use std::collections::BTreeMap;
 
-use floe_crds::rollout_job::{RolloutJob, TrainSpec};
+use floe_crds::rollout_job::{FileTasks, RolloutJob, TrainSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Value};
@@ -353,23 +353,61 @@ pub(super) fn pod_ip_env() -> Value {
     json!({"name": "FLOE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
 }
 
-/// Where a `tasks.file` job's task loader mounts the job's PVC.
+/// Where a job's task loader mounts the claim of its `tasks.file`, and (when it is another
+/// claim) that of its `train.heldOut.tasks.file`.
 pub const TASKS_MOUNT: &str = "/tasks-volume";
+pub const HELD_OUT_MOUNT: &str = "/held-out-volume";
 
 pub fn task_loader_name(job: &str) -> String {
     format!("{job}-tasks")
 }
 
-/// `tasks.file` in a cluster: a pod that mounts the claim read-only and serves the file to the
-/// operator (`floe serve-tasks`, `GET :8100/tasks`); `None` without a file or a claim.
+/// The task files of a job that a loader pod serves: its own and its held-out set's.
+pub fn task_files(job: &RolloutJob) -> [Option<&FileTasks>; 2] {
+    let held_out = job.spec.train.as_ref().and_then(|t| t.held_out.as_ref());
+    [
+        job.spec.tasks.file.as_ref(),
+        held_out.and_then(|h| h.tasks.file.as_ref()),
+    ]
+}
+
+/// A job's task files in a cluster: a pod that mounts their claims read-only and serves them
+/// to the operator (`floe serve-tasks`, `GET :8100/tasks` and `/held-out`); `None` without a
+/// file, or when a file names no claim.
 pub fn task_loader(job: &RolloutJob, floe_image: &str) -> Result<Option<Pod>, serde_json::Error> {
-    let Some(file) = &job.spec.tasks.file else {
+    let files = task_files(job);
+    if files.iter().all(Option::is_none) || files.iter().flatten().any(|f| f.claim_name.is_none()) {
         return Ok(None);
-    };
-    let Some(claim) = &file.claim_name else {
-        return Ok(None);
-    };
-    let path = format!("{TASKS_MOUNT}/{}", file.path.trim_start_matches('/'));
+    }
+    let mut args = vec!["serve-tasks".to_string()];
+    let mut volumes: Vec<Value> = Vec::new();
+    let mut mounts: Vec<Value> = Vec::new();
+    let mut claims: Vec<(&str, &str)> = Vec::new();
+    for ((flag, volume, mount), file) in [
+        ("--file", "tasks", TASKS_MOUNT),
+        ("--held-out", "held-out", HELD_OUT_MOUNT),
+    ]
+    .into_iter()
+    .zip(files)
+    {
+        let Some((file, claim)) = file.and_then(|f| Some((f, f.claim_name.as_deref()?))) else {
+            continue;
+        };
+        // Both files on one claim: mounted once.
+        let mount = match claims.iter().find(|(c, _)| *c == claim) {
+            Some((_, at)) => *at,
+            None => {
+                claims.push((claim, mount));
+                volumes.push(json!({"name": volume,
+                    "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}));
+                mounts.push(json!({"name": volume, "mountPath": mount, "readOnly": true}));
+                mount
+            }
+        };
+        args.push(flag.into());
+        args.push(format!("{mount}/{}", file.path.trim_start_matches('/')));
+    }
+    args.extend(["--listen".into(), format!("0.0.0.0:{INGEST_PORT}")]);
     let name = task_loader_name(&job.name_any());
     Ok(Some(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -380,16 +418,16 @@ pub fn task_loader(job: &RolloutJob, floe_image: &str) -> Result<Option<Pod>, se
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "fsGroup": 65532},
             "containers": [{
                 "name": "tasks", "image": floe_image, "command": ["floe"],
-                "args": ["serve-tasks", "--file", path, "--listen", format!("0.0.0.0:{INGEST_PORT}")],
+                "args": args,
                 "ports": [{"name": "http", "containerPort": INGEST_PORT}],
                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
                 // A file that cannot be read ends the container with the reason as its message.
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
-                "volumeMounts": [{"name": "tasks", "mountPath": TASKS_MOUNT, "readOnly": true}],
+                "volumeMounts": mounts,
                 "securityContext": restricted(),
             }],
-            "volumes": [{"name": "tasks", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}],
+            "volumes": volumes,
         },
     }))?))
 }
@@ -475,6 +513,61 @@ mod tests {
             task_loader(&job(json!({})), "floe:1")?.is_none(),
             "inline tasks"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn held_out_files_are_served_beside_the_jobs_own_one_mount_per_claim(
+    ) -> Result<(), serde_json::Error> {
+        let train = |held: Value| json!({"train": {"image": "t", "model": "m", "heldOut": {"tasks": {"file": held}}}});
+        let args = |j: &RolloutJob| -> Result<(Value, usize), serde_json::Error> {
+            let pod = serde_json::to_value(task_loader(j, "floe:1")?.expect("a loader"))?;
+            let c = &pod["spec"]["containers"][0];
+            let mounts = c["volumeMounts"].as_array().map_or(0, Vec::len);
+            Ok((c["args"].clone(), mounts))
+        };
+        // Inline tasks, held-out ones in a file: the loader serves that alone.
+        let j = job(train(json!({"claimName": "sets", "path": "held.jsonl"})));
+        assert_eq!(
+            args(&j)?,
+            (
+                json!([
+                    "serve-tasks",
+                    "--held-out",
+                    "/held-out-volume/held.jsonl",
+                    "--listen",
+                    "0.0.0.0:8100"
+                ]),
+                1
+            )
+        );
+        // Both on one claim: one mount.
+        let mut j = job(train(json!({"claimName": "sets", "path": "/h.jsonl"})));
+        j.spec.tasks =
+            serde_json::from_value(json!({"file": {"claimName": "sets", "path": "t.jsonl"}}))?;
+        assert_eq!(
+            args(&j)?,
+            (
+                json!([
+                    "serve-tasks",
+                    "--file",
+                    "/tasks-volume/t.jsonl",
+                    "--held-out",
+                    "/tasks-volume/h.jsonl",
+                    "--listen",
+                    "0.0.0.0:8100"
+                ]),
+                1
+            )
+        );
+        // On two claims: two.
+        let mut j = job(train(json!({"claimName": "held", "path": "/h.jsonl"})));
+        j.spec.tasks =
+            serde_json::from_value(json!({"file": {"claimName": "sets", "path": "t.jsonl"}}))?;
+        assert_eq!(args(&j)?.1, 2);
+        // A held-out file without a claim (`floe run`'s, beside the job file): no loader.
+        let j = job(train(json!({"path": "held.jsonl"})));
+        assert!(task_loader(&j, "floe:1")?.is_none());
         Ok(())
     }
 

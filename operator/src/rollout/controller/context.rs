@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use floe_crds::gateway_pool::GatewayPool;
-use floe_crds::rollout_job::{RolloutJob, Task};
+use floe_crds::rollout_job::RolloutJob;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
@@ -45,7 +45,7 @@ pub(super) struct JobMemory {
     /// the CEL rules costs tens of milliseconds, too much for every round of a running job.
     validated: Option<(SpecVersion, Result<(), String>)>,
     /// `tasks.file`: the loader arguments the tasks were read with, and the tasks.
-    pub(super) file_tasks: Option<(String, Arc<Vec<Task>>)>,
+    pub(super) file_tasks: Option<(String, super::task_sources::FileTasks)>,
     /// What the pod cache must show before a round may read the job's pods from it. `None`:
     /// the next round lists them from the apiserver.
     pub(super) bars: Option<Bars>,

@@ -102,7 +102,7 @@ async fn end_job_pods(
 ) -> Result<Option<Duration>, JobError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let name = job.name_any();
-    if job.spec.tasks.file.is_some() {
+    if aux_pods::task_files(job).iter().any(Option::is_some) {
         delete_pod(&pods, &aux_pods::task_loader_name(&name)).await?;
     }
     if let Some(train) = &job.spec.train {

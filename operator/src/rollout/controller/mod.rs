@@ -11,6 +11,7 @@
 //! - [`deliver`]: a session's assignment, to its pod's gateway.
 //! - [`pod_writes`]: releasing, stopping and creating the job's pods.
 //! - [`report`]: a round's status writes, Events and metrics.
+//! - [`task_sources`]: tasks from a ConfigMap, or from files on claims (a loader pod).
 //! - [`job_end`]: a finished job (its own pods, its TTL) and a deleted one.
 
 mod claims;
@@ -22,6 +23,7 @@ mod observe;
 mod own_pod;
 mod pod_writes;
 mod report;
+mod task_sources;
 mod trainer_nodes;
 
 use std::sync::Arc;

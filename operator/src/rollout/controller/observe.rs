@@ -3,22 +3,20 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use floe_crds::gateway_pool::GatewayPool;
-use floe_crds::rollout_job::{RolloutJob, SessionPlace, Task, TaskSource};
+use floe_crds::rollout_job::{RolloutJob, SessionPlace, Task};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use super::{own_pod, Halt, JobContext, JobError};
+use super::{task_sources, Halt, JobContext, JobError};
 use crate::metrics::PodSource;
 use crate::pods::names::{JOB_LABEL, POOL_LABEL, STATE_LABEL};
 use crate::pods::PodState;
 use crate::rollout::freshness::Bars;
-use crate::rollout::pod_view;
 use crate::rollout::status::Blocked;
-use crate::rollout::{aux_pods, tasks};
+use crate::rollout::tasks;
 
 /// Everything one round needs to know about where the job stands.
 pub(super) struct Observed {
@@ -131,27 +129,30 @@ pub(super) async fn observe(
         );
     }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, &spec.tasks.file) {
+    // Files on claims, the job's own and its held-out set's, come from one loader pod.
+    let files = task_sources::file_tasks(job, ctx, ns).await?;
+    let tasks = match (&spec.tasks.inline, &spec.tasks.config_map, files.tasks) {
         (Some(t), _, _) => Arc::new(t.clone()),
-        (None, Some(_), _) => config_map_tasks(&configmaps, ns, &spec.tasks, "spec.tasks").await?,
-        (None, None, Some(_)) => file_tasks(job, ctx, ns).await?,
+        (None, Some(_), _) => {
+            task_sources::config_map_tasks(&configmaps, ns, &spec.tasks, "spec.tasks").await?
+        }
+        (None, None, Some(t)) => t,
         (None, None, None) => return blocked("InvalidSpec", "spec.tasks names no source".into()),
     };
     let held_out_spec = spec.train.as_ref().and_then(|t| t.held_out.as_ref());
     let held_out = match held_out_spec.map(|h| &h.tasks) {
         None => Arc::default(),
-        Some(source) => match (&source.inline, &source.config_map) {
-            (Some(t), _) => Arc::new(t.clone()),
-            (None, Some(_)) => {
-                config_map_tasks(&configmaps, ns, source, "spec.train.heldOut.tasks").await?
+        Some(source) => match (&source.inline, &source.config_map, files.held_out) {
+            (Some(t), _, _) => Arc::new(t.clone()),
+            (None, Some(_), _) => {
+                let field = "spec.train.heldOut.tasks";
+                task_sources::config_map_tasks(&configmaps, ns, source, field).await?
             }
-            // The loader pod serves the job's own task file only.
-            (None, None) => {
+            (None, None, Some(t)) => t,
+            (None, None, None) => {
                 return blocked(
                     "InvalidSpec",
-                    "spec.train.heldOut.tasks: on a cluster held-out tasks are inline or in a \
-                     ConfigMap (a file is read by `floe run` only)"
-                        .into(),
+                    "spec.train.heldOut.tasks names no source".into(),
                 )
             }
         },
@@ -275,40 +276,6 @@ pub(super) async fn observe(
     })
 }
 
-/// Tasks from the ConfigMap `source` names (`field`: where the spec names it).
-async fn config_map_tasks(
-    configmaps: &Api<ConfigMap>,
-    ns: &str,
-    source: &TaskSource,
-    field: &str,
-) -> Result<Arc<Vec<Task>>, Halt> {
-    let blocked =
-        |reason: &str, message: String| Err(Halt::Blocked(Blocked::stalled(reason, message)));
-    let Some(cm) = &source.config_map else {
-        return blocked("InvalidSpec", format!("{field} names no ConfigMap"));
-    };
-    let map = configmaps
-        .get_opt(&cm.name)
-        .await
-        .map_err(JobError::api(format!("reading ConfigMap {ns}/{}", cm.name)))?;
-    let Some(map) = map else {
-        return blocked(
-            "TasksNotFound",
-            format!("ConfigMap {:?} ({field}.configMap) does not exist", cm.name),
-        );
-    };
-    let Some(text) = map.data.as_ref().and_then(|d| d.get(&cm.key)) else {
-        return blocked(
-            "TasksNotFound",
-            format!("ConfigMap {:?} has no key {:?}", cm.name, cm.key),
-        );
-    };
-    match tasks::parse_jsonl(text, source, &format!("ConfigMap {}/{}", cm.name, cm.key)) {
-        Ok(t) => Ok(Arc::new(t)),
-        Err(e) => blocked("InvalidTasks", e),
-    }
-}
-
 /// The job's pods. A claim must never be made twice, so they come from the watch cache only
 /// once it has caught up with every write of this operator (see [`crate::rollout::freshness`]);
 /// otherwise from the apiserver, a quorum list.
@@ -360,107 +327,6 @@ async fn job_pods(
     );
     ctx.remember(&uid, |m| m.bars = Some(bars));
     Ok(listed)
-}
-
-/// `tasks.file`: the operator reads no volumes, so a loader pod mounts the claim and serves
-/// the file (`aux_pods::task_loader`); the parsed tasks are kept per job (they cannot change
-/// once the job started) and the pod stays for an operator restart to read them again.
-async fn file_tasks(job: &RolloutJob, ctx: &JobContext, ns: &str) -> Result<Arc<Vec<Task>>, Halt> {
-    let stalled =
-        |reason: &str, message: String| Err(Halt::Blocked(Blocked::stalled(reason, message)));
-    let uid = job.uid().unwrap_or_default();
-    let Some(loader) = aux_pods::task_loader(job, &ctx.floe_image)? else {
-        return stalled(
-            "TaskFileNeedsClaim",
-            "spec.tasks.file.claimName: in a cluster the task file is read from a PersistentVolumeClaim (or use spec.tasks.inline / spec.tasks.configMap)".into(),
-        );
-    };
-    // The loader's arguments name the file: a changed path (before the job started) means a
-    // new loader and a new read.
-    let key = serde_json::to_string(&loader.spec.as_ref().map(|s| &s.containers[0].args))?;
-    let known = ctx.remember(&uid, |m| {
-        m.file_tasks
-            .as_ref()
-            .filter(|(k, _)| *k == key)
-            .map(|(_, tasks)| tasks.clone())
-    });
-    if let Some(tasks) = known {
-        return Ok(tasks);
-    }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let name = loader.name_any();
-    let found = pods
-        .get_opt(&name)
-        .await
-        .map_err(JobError::api(format!("reading pod {ns}/{name}")))?;
-    let pod = match found {
-        Some(p)
-            if serde_json::to_string(&p.spec.as_ref().map(|s| &s.containers[0].args))? != key =>
-        {
-            crate::pods::writes::delete(&pods, &name)
-                .await
-                .map_err(JobError::api(format!("deleting pod {ns}/{name}")))?;
-            None
-        }
-        Some(p) => Some(p),
-        // Suspended before its tasks were read (Kueue creates jobs suspended): no pod yet.
-        None if job.spec.suspend => {
-            return Err(Halt::Blocked(Blocked::waiting(
-                "JobSuspended",
-                format!("suspended; spec.tasks.file is read (pod {name}) once the job is resumed"),
-            )))
-        }
-        None => {
-            own_pod::refused(
-                own_pod::create_if_missing(&pods, &loader).await,
-                "pod",
-                &loader,
-            )?;
-            None
-        }
-    };
-    let waiting = |message: String| Err(Halt::Blocked(Blocked::waiting("LoadingTasks", message)));
-    let Some(pod) = pod else {
-        return waiting(format!("starting pod {name} to read spec.tasks.file"));
-    };
-    if let Some(why) = pod_view::crashed(&pod) {
-        return stalled("TaskFileUnreadable", format!("pod {name}: {why}"));
-    }
-    // Cannot be scheduled (a claim that does not exist), an image that cannot be pulled: the
-    // scheduler's or the kubelet's words, on the job.
-    if let Some(p) = crate::pod_problem::problem(&pod) {
-        return stalled(
-            &p.reason,
-            format!("the job's task loader cannot run: {}", p.describe()),
-        );
-    }
-    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
-    let (Some(ip), true) = (ip, crate::pods::view::is_ready(&pod)) else {
-        return waiting(format!("waiting for pod {name} to read spec.tasks.file"));
-    };
-    let url = format!("http://{ip}:{}/tasks", aux_pods::INGEST_PORT);
-    let text = match ctx
-        .http
-        .get(&url)
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => match r.text().await {
-            Ok(t) => t,
-            Err(e) => return waiting(format!("reading {url}: {e}")),
-        },
-        Ok(r) => return waiting(format!("{url} answered {}", r.status())),
-        Err(e) => return waiting(format!("reading {url}: {e}")),
-    };
-    let file = job.spec.tasks.file.as_ref().map_or("", |f| f.path.as_str());
-    let tasks = match tasks::parse_jsonl(&text, &job.spec.tasks, &format!("task file {file}")) {
-        Ok(t) => Arc::new(t),
-        Err(e) => return stalled("InvalidTasks", e),
-    };
-    tracing::info!(job = %job.name_any(), tasks = tasks.len(), "read the task file");
-    ctx.remember(&uid, |m| m.file_tasks = Some((key, tasks.clone())));
-    Ok(tasks)
 }
 
 impl Observed {
