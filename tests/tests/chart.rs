@@ -669,6 +669,22 @@ fn find<'a>(docs: &'a [Value], kind: &str) -> Result<&'a Value> {
 
 /// `/metrics` of a trainer ingest server (the trainer's own registry), started with the
 /// trainer package and the Python the real-vLLM tests use.
+/// A job's series as the one piece of code the operator and `floe run` both publish them with
+/// (`JobSeries`), each set once: a train job's held-out gauge appears only after its first
+/// round, which the sft job above never has.
+fn job_series_page() -> Result<String> {
+    use prometheus::Encoder;
+    let series = floe_operator::job_series::JobSeries::new()?;
+    let registry = prometheus::Registry::new();
+    for c in series.collectors() {
+        registry.register(c)?;
+    }
+    series.set_held_out("ns", "j", 2, Some(0.5), Some(0.5));
+    let mut out = Vec::new();
+    prometheus::TextEncoder::new().encode(&registry.gather(), &mut out)?;
+    Ok(String::from_utf8(out)?)
+}
+
 fn trainer_metrics_page() -> Result<String> {
     let python = std::env::var("FLOE_TEST_PYTHON").context(
         "FLOE_TEST_PYTHON (a Python with the trainer's dependencies; scripts/test.sh sets it)",
@@ -1045,6 +1061,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     exported.extend(exported_metrics(&gateway_page));
     exported.extend(exported_metrics(&gateway_with_traffic_page().await?));
     exported.extend(exported_metrics(&trainer_metrics_page()?));
+    exported.extend(exported_metrics(&job_series_page()?));
     let rules = rules_file(&manifest)?;
     let missing: Vec<String> = referenced_metrics(&rules)?
         .into_iter()
