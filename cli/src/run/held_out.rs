@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use floe_crds::rollout_job::{HeldOutSpec, Task};
+use floe_crds::rollout_job::{HeldOutRound, HeldOutSpec, Task};
 use serde::Serialize;
 
 use super::queue::Attempt;
@@ -193,33 +193,29 @@ fn report(round: &Round, sessions: usize) -> RoundReport {
     }
 }
 
-/// One line for the run's log.
+/// One line for the run's log, as the operator's Event says a round on a cluster.
 pub fn line(r: &RoundReport) -> String {
-    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
-    let versions = r
-        .policy_versions
-        .map(|[a, b]| {
-            if a == b {
-                format!("v{a}")
-            } else {
-                format!("v{a}–v{b}")
-            }
-        })
-        .unwrap_or_else(|| "-".into());
-    format!(
-        "[held-out] step {}{}: pass rate {} · reward {} over {} of {} sessions (sampled by {versions}){}",
-        r.step,
-        if r.last { " (final)" } else { "" },
-        fmt(r.pass_rate),
-        fmt(r.reward_mean),
-        r.scored,
-        r.sessions,
-        if r.infra_errors > 0 {
-            format!(" · {} infrastructure failures", r.infra_errors)
-        } else {
-            String::new()
-        }
-    )
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    let round = HeldOutRound {
+        step: i64::try_from(r.step).unwrap_or(i64::MAX),
+        last: r.last,
+        sessions: count(r.sessions),
+        scored: count(r.scored),
+        passed: count(r.passed),
+        infra_errors: count(r.infra_errors),
+        pass_rate: r.pass_rate,
+        reward_mean: r.reward_mean,
+        policy_versions: r
+            .policy_versions
+            .map(|v| {
+                v.iter()
+                    .map(|x| i64::try_from(*x).unwrap_or(i64::MAX))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    format!("[held-out] {}", round.line())
 }
 
 #[cfg(test)]

@@ -122,6 +122,33 @@ fn is_zero(n: &i32) -> bool {
     *n == 0
 }
 
+impl HeldOutRound {
+    /// One line for a log or an Event: `step 2: pass rate 0.500 · reward 0.542 over 2 of 2
+    /// sessions (sampled by v2)`.
+    pub fn line(&self) -> String {
+        let fmt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
+        let versions = match self.policy_versions.as_slice() {
+            [a, b] if a == b => format!("v{a}"),
+            [a, b] => format!("v{a}–v{b}"),
+            _ => "-".into(),
+        };
+        format!(
+            "step {}{}: pass rate {} · reward {} over {} of {} sessions (sampled by {versions}){}",
+            self.step,
+            if self.last { " (final)" } else { "" },
+            fmt(self.pass_rate),
+            fmt(self.reward_mean),
+            self.scored,
+            self.sessions,
+            if self.infra_errors > 0 {
+                format!(" · {} infrastructure failures", self.infra_errors)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
 /// What the fidelity check measured: the trainer's log-probs of tokens the policy server
 /// sampled with the sessions' own requests, against the server's.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -246,31 +246,6 @@ fn round_status(r: &RoundTally, sessions: u32) -> HeldOutRound {
     }
 }
 
-/// One line for a finished round's Event: `step 2: pass rate 0.500 · reward 0.542 over 2 of
-/// 2 sessions (sampled by v2)`.
-pub fn line(r: &HeldOutRound) -> String {
-    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.3}"));
-    let versions = match r.policy_versions.as_slice() {
-        [a, b] if a == b => format!("v{a}"),
-        [a, b] => format!("v{a}–v{b}"),
-        _ => "-".into(),
-    };
-    format!(
-        "step {}{}: pass rate {} · reward {} over {} of {} sessions (sampled by {versions}){}",
-        r.step,
-        if r.last { " (final)" } else { "" },
-        fmt(r.pass_rate),
-        fmt(r.reward_mean),
-        r.scored,
-        r.sessions,
-        if r.infra_errors > 0 {
-            format!(" · {} infrastructure failures", r.infra_errors)
-        } else {
-            String::new()
-        }
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::aux_gate::Gate;
@@ -354,7 +329,7 @@ mod tests {
         assert_eq!(r.policy_versions, [0, 1]);
         assert_eq!(st.completed_indexes.as_deref(), Some("10-11,13"));
         assert_eq!(
-            line(r),
+            r.line(),
             "step 0 (final): pass rate 0.333 · reward 0.500 over 3 of 4 sessions (sampled by v0–v1) · 1 infrastructure failures"
         );
         // Read back from the status as written.

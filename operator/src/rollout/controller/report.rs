@@ -266,7 +266,7 @@ async fn report_rounds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
     let name = job.name_any();
     let rounds = h.status().rounds;
     for round in decided.rounds_done.iter().filter_map(|r| rounds.get(*r)) {
-        let line = crate::rollout::held_out::line(round);
+        let line = round.line();
         tracing::info!(job = %name, "held-out round: {line}");
         let action = format!("MeasureStep{}", round.step);
         ctx.event_as(job, "HeldOutRound", &action, line).await;
