@@ -46,7 +46,11 @@ const FAST_RULES: &[&str] = &[
 /// Series only a train job's trainer pod (or a GPU node's DCGM exporter) has; this node runs
 /// no trainer. `tests/tests/chart.rs` reads them from the real trainer's own page.
 fn needs_a_trainer(metric: &str) -> bool {
-    metric.starts_with("floe_trainer_") || metric.starts_with("DCGM_")
+    // `floe_job_held_out`: a train job's held-out rounds (the chart test and `operator_job.rs`
+    // read it from the operator's code and page).
+    metric.starts_with("floe_trainer_")
+        || metric.starts_with("DCGM_")
+        || metric == "floe_job_held_out"
 }
 
 /// Wait until alert `name` fires with `labels`; its annotations' summary.
