@@ -111,6 +111,9 @@ fn lint_passes_and_the_schema_rejects_bad_values() -> Result<()> {
             "operator.watchNamespace",
         ),
         (&["--set", "operator.log.format=xml"], "operator.log.format"),
+        // A tag of digits only is a number to `--set` (and to YAML): refused, not rendered as
+        // `3.68351696377e+11`; `--set-string` (below) passes it.
+        (&["--set", "image.tag=368351696377"], "image.tag"),
         (
             &["--set", "networkPolicy.operator.apiServer.cidrs={10.0.0.1}"],
             "networkPolicy.operator.apiServer.cidrs",
@@ -142,6 +145,11 @@ fn lint_passes_and_the_schema_rejects_bad_values() -> Result<()> {
             "{args:?}: the error does not say {message:?}:\n{stderr}"
         );
     }
+    let digits = render(&["--set-string", "image.tag=368351696377"])?;
+    assert!(
+        digits.contains("image: ghcr.io/floe-dev/floe:368351696377\n"),
+        "{digits}"
+    );
     Ok(())
 }
 

@@ -670,17 +670,19 @@ fn install_chart(
     replicas: u32,
 ) -> Result<Vec<String>> {
     let (repository, tag) = images.floe.rsplit_once(':').context("image tag")?;
-    let release: Vec<String> = [
+    let mut release: Vec<String> = [
         "crds.install=false".to_string(),
         format!("operator.replicas={replicas}"),
         format!("operator.watchNamespace={watched}"),
         format!("image.repository={repository}"),
-        format!("image.tag={tag}"),
         "image.pullPolicy=Never".into(),
     ]
     .into_iter()
     .flat_map(|v| ["--set".to_string(), v])
     .collect();
+    // The tag is a hash prefix: `--set` reads one of digits only (1 in ~280 builds) as a number,
+    // which the chart's schema refuses (a CI run lost both chart tests to `368351696377`).
+    release.extend(["--set-string".to_string(), format!("image.tag={tag}")]);
     let chart_dir = chart::chart_dir();
     let mut install = vec![
         "install",
