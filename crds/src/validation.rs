@@ -173,6 +173,18 @@ pub fn duplicate_task_ids(tasks: &[Task], field: &str) -> Vec<FieldError> {
         .collect()
 }
 
+/// A held-out set must hold a task: a round of none would never open, and the job's own
+/// sessions wait for the first round (an empty file or ConfigMap, which no schema refuses).
+pub fn empty_held_out_set(tasks: &[Task], field: &str) -> Vec<FieldError> {
+    if !tasks.is_empty() {
+        return Vec::new();
+    }
+    vec![FieldError {
+        field: field.to_string(),
+        message: "holds no task: held-out rounds need at least one".into(),
+    }]
+}
+
 /// Validate a RolloutJob document (parsed YAML or JSON) the way the apiserver would on create:
 /// the CRD's OpenAPI schema (types, enums, ranges, patterns, required fields), then defaults
 /// and the CEL rules. For `floe run`, which has no apiserver in front of it.

@@ -576,6 +576,33 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         "{notes:?}"
     );
     jobs.delete("heldout", &Default::default()).await?;
+    // A held-out ConfigMap of blank lines (no schema refuses one): rounds of no task would
+    // never open, and the job's own sessions would wait for the first for ever.
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns.name);
+    config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "blank"},
+                                           "data": {"tasks.jsonl": "\n\n"}}))?,
+        )
+        .await?;
+    let blank = job(
+        "blankheld",
+        &["a"],
+        1,
+        json!({"sft": null, "train": {"image": "trainer", "model": "m", "heldOut":
+               {"tasks": {"configMap": {"name": "blank"}}}}}),
+    )?;
+    jobs.create(&PostParams::default(), &blank).await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "blankheld", "InvalidTasks").await?;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("spec.train.heldOut.tasks: holds no task")),
+        "{notes:?}"
+    );
+    jobs.delete("blankheld", &Default::default()).await?;
     jobs.delete("typo", &Default::default()).await?;
     // An evaluator image the pool does not grade in: refused before any claim.
     let other = job(
@@ -1803,6 +1830,37 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
         "measured",
         &PatchParams::default(),
         &Patch::Merge(&samples(2)),
+    )
+    .await?;
+    // New contents of the same size would make later rounds measure another set: stalled too.
+    // The same task from another source is the same set (the job goes on with it inline).
+    let held = |instruction: &str| {
+        json!({"spec": {"train": {"heldOut": {"tasks": {
+            "file": null, "inline": [{"id": "h", "instruction": instruction}]}}}}})
+    };
+    jobs.patch(
+        "measured",
+        &PatchParams::default(),
+        &Patch::Merge(&held("solve h, another way")),
+    )
+    .await?;
+    eventually("stalled for the held-out set's contents", async || {
+        let s = status(&jobs, "measured").await?;
+        Ok(s.conditions
+            .iter()
+            .any(|c| {
+                c.type_ == "Stalled"
+                    && c.status == "True"
+                    && c.reason == "HeldOutTasksChanged"
+                    && c.message.contains("tasks changed after the first round")
+            })
+            .then_some(()))
+    })
+    .await?;
+    jobs.patch(
+        "measured",
+        &PatchParams::default(),
+        &Patch::Merge(&held("solve h")),
     )
     .await?;
     // The trainer reaches step 2: a round opens at it.

@@ -79,6 +79,7 @@ pub fn load(path: &Path) -> Result<Plan, PlanError> {
             Some(file) if h.tasks.inline.is_none() => file.path.clone(),
             _ => "spec.train.heldOut.tasks.inline".to_string(),
         };
+        errors.extend(floe_crds::validation::empty_held_out_set(&held_out, &field));
         errors.extend(floe_crds::validation::duplicate_task_ids(&held_out, &field));
         errors.extend(floe_sandbox::checks::check_sessions(
             &name,
@@ -239,6 +240,8 @@ mod tests {
             "{\"id\": \"a\", \"instruction\": \"x\"}\n\n{\"id\": \"b\", \"instruction\": \"y\"}\n",
         )
         .map_err(|e| PlanError::Read(path.clone(), e))?;
+        std::fs::write(dir.path().join("blank.jsonl"), "\n\n")
+            .map_err(|e| PlanError::Read(path.clone(), e))?;
         load(&path)
     }
 
@@ -331,6 +334,13 @@ spec:
             "heldOut: {tasks: {inline: [{id: x, instruction: a}, {id: x, instruction: b}]}",
         );
         assert!(matches!(plan(&dup), Err(PlanError::Invalid(..))));
+        // A file of blank lines: rounds of no task would never open.
+        let blank = job.replace("{path: tasks.jsonl}", "{path: blank.jsonl}");
+        let refused = plan(&blank)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("blank.jsonl: holds no task"), "{refused}");
         let cm = job.replace("{file: {path: tasks.jsonl}}", "{configMap: {name: h}}");
         let refused = plan(&cm).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(

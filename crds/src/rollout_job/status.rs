@@ -81,6 +81,16 @@ pub struct HeldOutStatus {
     /// Held-out sessions that exhausted `backoffLimit`, by index, as ranges.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_indexes: Option<String>,
+    /// The first held-out session's index: the job's own session count when the first round
+    /// opened. A job whose count changed since (`train.epochs`, a task ConfigMap edited) is
+    /// stalled (`HeldOutTasksChanged`): its own sessions and the held-out ones would overlap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_index: Option<i64>,
+    /// A digest of the held-out set the rounds measure (its tasks and `samples`), recorded with
+    /// the first round: a later change stalls the job (`HeldOutTasksChanged`), so that every
+    /// round measures the same set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_digest: Option<String>,
 }
 
 /// One held-out round: every held-out task sampled `samples` times by one policy version.

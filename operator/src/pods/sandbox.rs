@@ -123,12 +123,7 @@ pub fn template_hash(spec: &GatewayPoolSpec) -> String {
             parts.push(json!(spec.egress));
         }
     }
-    let material = material.to_string();
-    // FNV-1a, 64 bit: stable across processes and releases (std's hasher is not).
-    let hash = material.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    });
-    format!("{hash:016x}")
+    crate::stable_hash::fnv1a_hex(&material.to_string())
 }
 
 /// The user a sandbox container runs as when its template sets no security context: most

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use floe_crds::rollout_job::{HeldOutRound, HeldOutStatus, RolloutJob};
+use floe_crds::rollout_job::{HeldOutRound, HeldOutStatus, RolloutJob, Task};
 
 use super::indexes::IndexSet;
 
@@ -53,6 +53,8 @@ pub struct HeldOutState {
     pub failed: IndexSet,
     /// Set each reconcile from the trainer; `None`: unread, no round opens.
     pub trainer: Option<TrainerAt>,
+    /// The held-out set's digest ([`digest`]), recorded with the rounds.
+    pub digest: Option<String>,
 }
 
 impl HeldOutState {
@@ -76,6 +78,7 @@ impl HeldOutState {
             completed: parse(status.and_then(|s| s.completed_indexes.as_ref())),
             failed: parse(status.and_then(|s| s.failed_indexes.as_ref())),
             trainer: None,
+            digest: status.and_then(|s| s.tasks_digest.clone()),
         })
     }
 
@@ -199,8 +202,56 @@ impl HeldOutState {
                 .collect(),
             completed_indexes: non_empty(&self.completed),
             failed_indexes: non_empty(&self.failed),
+            first_index: Some(i64::from(self.base)),
+            tasks_digest: self.digest.clone(),
         }
     }
+}
+
+/// The digest of a held-out set: its tasks as the job reads them (whatever their source) and
+/// `samples`.
+pub fn digest(tasks: &[Task], samples: u32) -> String {
+    let material = serde_json::json!({"tasks": tasks, "samples": samples});
+    crate::stable_hash::fnv1a_hex(&material.to_string())
+}
+
+/// Why the held-out set may not be measured as it is now, when it or the job changed since
+/// the rounds `recorded` began: a new size would move every later round's session indexes,
+/// new contents would make the rounds measure two sets, and a new count of the job's own
+/// sessions (`total`) would number some of them as held-out ones. `None` when it may.
+pub fn set_changed(
+    recorded: Option<&HeldOutStatus>,
+    total: u32,
+    per_round: u64,
+    digest: &str,
+) -> Option<String> {
+    let recorded = recorded?;
+    let first = recorded.rounds.first()?;
+    if let Some(was) = recorded.first_index.filter(|was| *was != i64::from(total)) {
+        return Some(format!(
+            "the job now has {total} sessions of its own, but its held-out rounds are numbered \
+             from {was} (its count when the first round opened): spec.train.epochs or the \
+             job's task set changed after the first held-out round; restore it, or run the \
+             changed job as a new one"
+        ));
+    }
+    if u64::try_from(first.sessions).ok() != Some(per_round) {
+        return Some(format!(
+            "spec.train.heldOut now makes {per_round} sessions a round, but its rounds so far \
+             had {}: its tasks or samples changed after the first round; restore them, or run \
+             the changed set as a new job",
+            first.sessions
+        ));
+    }
+    let was = recorded
+        .tasks_digest
+        .as_deref()
+        .filter(|was| *was != digest)?;
+    Some(format!(
+        "spec.train.heldOut's tasks changed after the first round (digest {was} then, {digest} \
+         now): later rounds would measure another set than the first; restore them, or run the \
+         changed set as a new job"
+    ))
 }
 
 fn tally_of(r: &HeldOutRound) -> RoundTally {
@@ -322,6 +373,7 @@ mod tests {
         );
         s.scored(13, 0.0, 1.0, None);
         assert!(s.done());
+        s.digest = Some(digest(&[], 4));
         let st = s.status();
         let r = &st.rounds[0];
         assert_eq!((r.scored, r.passed, r.infra_errors), (3, 1, 1));
@@ -347,6 +399,63 @@ mod tests {
         let mut back = HeldOutState::of(&job, 1, 10).expect("held out");
         back.trainer = s.trainer;
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn a_held_out_set_changed_after_the_first_round_is_named() {
+        let task = |id: &str, instruction: &str| -> Task {
+            serde_json::from_value(serde_json::json!({"id": id, "instruction": instruction}))
+                .expect("a task")
+        };
+        let set = [task("h", "solve h"), task("i", "solve i")];
+        let d = digest(&set, 2);
+        assert_eq!(d, digest(&set.clone(), 2), "the same set, the same digest");
+        let edited = [task("h", "solve h"), task("i", "solve i differently")];
+        let renamed = [task("h", "solve h"), task("j", "solve i")];
+        assert_ne!(d, digest(&edited, 2));
+        assert_ne!(d, digest(&renamed, 2));
+        assert_ne!(d, digest(&set, 3));
+
+        let mut s = state(5);
+        s.per_round = 4;
+        s.digest = Some(d.clone());
+        assert_eq!(
+            set_changed(Some(&s.status()), 10, 4, &d),
+            None,
+            "no round yet"
+        );
+        at(&mut s, 0, false);
+        assert!(s.open_due(false));
+        let recorded = s.status();
+        assert_eq!(set_changed(Some(&recorded), 10, 4, &d), None);
+        assert_eq!(set_changed(None, 10, 4, &d), None);
+        let resized = set_changed(Some(&recorded), 10, 6, &d).expect("a new size");
+        assert!(
+            resized.contains("makes 6 sessions a round, but its rounds so far had 4"),
+            "{resized}"
+        );
+        let other = digest(&edited, 2);
+        let changed = set_changed(Some(&recorded), 10, 4, &other).expect("new contents");
+        assert!(
+            changed.contains(&format!("digest {d} then, {other} now")),
+            "{changed}"
+        );
+        // The job's own sessions now 12 (epochs raised): 10 and 11 would be held-out indexes.
+        let moved = set_changed(Some(&recorded), 12, 4, &d).expect("a new count");
+        assert!(
+            moved.contains(
+                "now has 12 sessions of its own, but its held-out rounds are numbered from 10"
+            ),
+            "{moved}"
+        );
+        // A status written before digests and the first index were recorded: the size is all
+        // it can check.
+        let older = HeldOutStatus {
+            tasks_digest: None,
+            first_index: None,
+            ..recorded
+        };
+        assert_eq!(set_changed(Some(&older), 12, 4, &other), None);
     }
 
     /// A train job of 8 sessions (batches of 4, no staleness) at trainer version `version`,
@@ -426,6 +535,35 @@ mod tests {
         let p = plan(&j, &running, 10, Gate::OPEN);
         assert!(!p.rounds_changed, "version 0's round is open already");
         assert_eq!(p.claim.first(), Some(&(4, 0)));
+    }
+
+    #[test]
+    fn pods_outside_the_known_rounds_are_neither_folded_nor_lost() {
+        // Round 0 open (8-9); a pod of round 1 (10), as a read older than its opening sees it.
+        let mut j = train_job(0, false, false);
+        j.held_out = plan(&j, &[], 0, Gate::OPEN).next.held_out;
+        let scored = PodProgress::Finished(PodResult::Scored { reward: 1.0 });
+        let p = plan(&j, &[pod("r1", 10, scored.clone())], 0, Gate::OPEN);
+        assert!(p.folds.is_empty() && p.release.is_empty(), "{p:?}");
+        assert!(!p.claim.iter().any(|(i, _)| *i == 10));
+        // `heldOut` removed mid-round: its pods go, and count nothing towards the job's end.
+        let mut gone = j.clone();
+        gone.held_out = None;
+        for i in 0..6 {
+            gone.completed.insert(i);
+        }
+        let p = plan(
+            &gone,
+            &[pod("h0", 8, scored.clone()), pod("h1", 9, scored)],
+            0,
+            Gate::OPEN,
+        );
+        assert_eq!(p.release, ["h0", "h1"]);
+        assert!(p.folds.is_empty());
+        assert!(
+            !p.next.training_done(),
+            "6 of the job's 8 sessions are done"
+        );
     }
 
     #[test]

@@ -142,11 +142,26 @@ impl JobState {
 
     fn recorded(&self, pod: &SessionPod) -> bool {
         let done = match self.held_out.as_ref().filter(|h| h.owns(pod.index)) {
-            // A round not opened holds no session (its opening is written before its claims).
-            Some(h) => h.slot(pod.index).is_none() || h.recorded(pod.index),
+            Some(h) => h.recorded(pod.index),
             None => self.completed.contains(pod.index) || self.failed.contains(pod.index),
         };
         done || self.attempt(pod.index) > pod.attempt
+    }
+
+    /// A pod past the job's own sessions that no open held-out round holds: `Some(true)` to
+    /// let it go, `Some(false)` to leave it as it is, `None` for every other pod.
+    fn outside_rounds(&self, index: u32) -> Option<bool> {
+        if index < self.total {
+            return None;
+        }
+        match &self.held_out {
+            // `heldOut` removed mid-round: the session measures nothing now, and it is none of
+            // the job's own (folding it there would count it towards the job's end).
+            None => Some(true),
+            // A round's opening is written before its pods are claimed: a round this read does
+            // not know is a stale read, not an orphan. Its pods run on until the read catches up.
+            Some(h) => h.slot(index).is_none().then_some(false),
+        }
     }
 
     /// Sessions that may be claimed, in order: open held-out rounds' first, then the job's
@@ -250,6 +265,17 @@ fn plan_sessions(
     let mut held_running = 0u32;
     let mut waiting: Vec<&SessionPod> = Vec::new();
     for pod in pods {
+        match state.outside_rounds(pod.index) {
+            Some(true) => {
+                out.release.push(pod.name.clone());
+                continue;
+            }
+            Some(false) => {
+                holding.insert(pod.index);
+                continue;
+            }
+            None => {}
+        }
         if next.recorded(pod) {
             // Folded before (perhaps by an operator that died before releasing it).
             out.release.push(pod.name.clone());

@@ -271,6 +271,14 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
             out.push(condition("Ready", false, TRAINING_LAST_GROUPS, why));
             return (RolloutJobPhase::Running, out);
         }
+        if !s.finished() && !s.deadline_exceeded && s.suspend {
+            // The final round's sessions start only once the job is resumed.
+            let why = format!("{summary}; suspended before its final held-out round is done");
+            out.push(condition("Suspended", true, "JobSuspended", why.clone()));
+            out.push(condition("Progressing", false, "JobSuspended", why.clone()));
+            out.push(condition("Ready", false, "JobSuspended", why));
+            return (RolloutJobPhase::Suspended, out);
+        }
         if !s.finished() && !s.deadline_exceeded {
             let why = format!("{summary}; the final held-out round measures the final policy");
             out.push(condition(
@@ -491,6 +499,14 @@ mod tests {
             (rounds[0].step, rounds[0].last, rounds[0].scored),
             (3, true, 1)
         );
+        // Suspended meanwhile: no session of the round starts, and the status says so.
+        s.suspend = true;
+        let st = status(&input(&s, None, 1), None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Suspended));
+        assert!(
+            said(&st, "Suspended").contains("suspended before its final held-out round is done")
+        );
+        s.suspend = false;
         if let Some(h) = s.held_out.as_mut() {
             h.failed(2);
         }

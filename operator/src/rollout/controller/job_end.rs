@@ -102,8 +102,15 @@ async fn end_job_pods(
 ) -> Result<Option<Duration>, JobError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let name = job.name_any();
-    if aux_pods::task_files(job).iter().any(Option::is_some) {
-        delete_pod(&pods, &aux_pods::task_loader_name(&name)).await?;
+    // The loader of a source the spec no longer names (edited to inline mid-job) goes too.
+    let loader = aux_pods::task_loader_name(&name);
+    if aux_pods::task_files(job).iter().any(Option::is_some)
+        || ctx
+            .pods
+            .get(&kube::runtime::reflector::ObjectRef::new(&loader).within(ns))
+            .is_some()
+    {
+        delete_pod(&pods, &loader).await?;
     }
     if let Some(train) = &job.spec.train {
         // The other nodes' pods hold GPUs and have nothing left to do: their processes ended

@@ -57,7 +57,8 @@ pub enum JobError {
     PodSpec(#[from] serde_json::Error),
     #[error(
         "the RolloutJob CRD on the cluster is older than this operator: the apiserver dropped \
-         status.{0} from the job's status; apply the new CRDs (`floe crds | kubectl apply -f -`)"
+         (part of) status.{0} from the job's status; apply the new CRDs \
+         (`floe crds | kubectl apply -f -`)"
     )]
     CrdOutdated(&'static str),
 }
@@ -177,10 +178,16 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
     state.held_out = HeldOutState::of(job, observed.held_out.len(), state.total).map(|h| {
         HeldOutState {
             // Rounds open at what the trainer says, never at a version remembered.
+            // `finished` as this read says it, like the version: a trainer replaced since it
+            // finished (resumed from an older checkpoint) must not have a final round opened
+            // at the version it has now.
             trainer: trainer_state.map(|t| TrainerAt {
                 version: t.policy_version,
-                finished: !trainer_unfinished,
+                finished: trainer.as_ref().is_some_and(|p| p.finished),
             }),
+            // The set as it is now: `observe` stalled the job if it differs from the one the
+            // rounds recorded.
+            digest: Some(observed.held_out_digest.clone()),
             ..h
         }
     });

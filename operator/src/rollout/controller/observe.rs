@@ -15,6 +15,7 @@ use crate::metrics::PodSource;
 use crate::pods::names::{JOB_LABEL, POOL_LABEL, STATE_LABEL};
 use crate::pods::PodState;
 use crate::rollout::freshness::Bars;
+use crate::rollout::held_out;
 use crate::rollout::status::Blocked;
 use crate::rollout::tasks;
 
@@ -31,6 +32,8 @@ pub(super) struct Observed {
     /// from it before any claim).
     pub(super) held_out: Arc<Vec<Task>>,
     pub(super) held_out_samples: u32,
+    /// The held-out set's digest, recorded with its rounds ([`held_out::digest`]).
+    pub(super) held_out_digest: String,
     pub(super) held_out_steps: Vec<u64>,
     pub(super) hidden: BTreeMap<String, String>,
     pub(super) control_port: i32,
@@ -120,12 +123,23 @@ pub(super) async fn observe(
         }
         None => None,
     };
-    if spec.tasks.swebench.is_some() && spec.pool_ref.is_some() {
+    let held_out_swebench = spec
+        .train
+        .as_ref()
+        .and_then(|t| t.held_out.as_ref())
+        .is_some_and(|h| h.tasks.swebench.is_some());
+    let swebench_field = if spec.tasks.swebench.is_some() {
+        Some("spec.tasks.swebench")
+    } else {
+        held_out_swebench.then_some("spec.train.heldOut.tasks.swebench")
+    };
+    if let Some(field) = swebench_field.filter(|_| spec.pool_ref.is_some()) {
         return blocked(
             "InvalidSpec",
-            "SWE-bench instances (spec.tasks.swebench) each run in their own image: use \
-             spec.poolTemplate (a pod per session, lookahead pre-warming), not a pool"
-                .into(),
+            format!(
+                "SWE-bench instances ({field}) each run in their own image: use \
+                 spec.poolTemplate (a pod per session, lookahead pre-warming), not a pool"
+            ),
         );
     }
     let configmaps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
@@ -176,24 +190,20 @@ pub(super) async fn observe(
         },
         None => BTreeMap::new(),
     };
-    if let Some(h) = held_out_spec {
-        // A round's sessions are numbered from its size: tasks or samples changed after the
-        // first round would move every later index.
-        let per_round = held_out.len() as u64 * u64::try_from(h.samples.max(1)).unwrap_or(1);
+    let held_out_samples =
+        held_out_spec.map_or(1, |h| u32::try_from(h.samples).unwrap_or(1).max(1));
+    let held_out_digest = held_out::digest(&held_out, held_out_samples);
+    if held_out_spec.is_some() {
+        let per_round = held_out.len() as u64 * u64::from(held_out_samples);
         let recorded = job.status.as_ref().and_then(|s| s.held_out.as_ref());
-        if let Some(r) = recorded
-            .and_then(|h| h.rounds.first())
-            .filter(|r| u64::try_from(r.sessions).ok() != Some(per_round))
-        {
-            return blocked(
-                "HeldOutTasksChanged",
-                format!(
-                    "spec.train.heldOut now makes {per_round} sessions a round, but its rounds so \
-                     far had {}: its tasks or samples changed after the first round; restore \
-                     them, or run the changed set as a new job",
-                    r.sessions
-                ),
-            );
+        let total = floe_crds::rollout_job::numbering::session_count(
+            tasks.len(),
+            spec.samples(),
+            spec.epochs(),
+        );
+        let total = u32::try_from(total).unwrap_or(u32::MAX);
+        if let Some(why) = held_out::set_changed(recorded, total, per_round, &held_out_digest) {
+            return blocked("HeldOutTasksChanged", why);
         }
     }
     let name = job.name_any();
@@ -206,7 +216,11 @@ pub(super) async fn observe(
     };
     let mut problems =
         floe_sandbox::checks::check_sessions(&name, spec, &tasks, &tasks_field, &hidden);
-    if !held_out.is_empty() {
+    if held_out_spec.is_some() {
+        problems.extend(floe_crds::validation::empty_held_out_set(
+            &held_out,
+            "spec.train.heldOut.tasks",
+        ));
         problems.extend(floe_sandbox::checks::check_sessions(
             &name,
             spec,
@@ -251,7 +265,8 @@ pub(super) async fn observe(
         samples: spec.samples(),
         epochs: spec.epochs(),
         tasks,
-        held_out_samples: held_out_spec.map_or(1, |h| u32::try_from(h.samples).unwrap_or(1).max(1)),
+        held_out_samples,
+        held_out_digest,
         held_out_steps: job
             .status
             .as_ref()

@@ -201,10 +201,13 @@ async fn write_status(
         )
         .await
     {
-        // An older CRD prunes what it does not know: the rounds would be opened again and
-        // again, their sessions run for ever. Nothing is claimed until the CRD is new.
+        // An older CRD prunes what it does not know: without `heldOut` the rounds would be
+        // opened again and again, their sessions run for ever; without one of its fields the
+        // status would differ from every reconcile's and be written for ever. Nothing is
+        // claimed until the CRD is new.
         Ok(j)
-            if st.held_out.is_some() && j.status.as_ref().is_none_or(|s| s.held_out.is_none()) =>
+            if st.held_out.is_some()
+                && j.status.as_ref().and_then(|s| s.held_out.as_ref()) != st.held_out.as_ref() =>
         {
             Err(JobError::CrdOutdated("heldOut"))
         }
@@ -220,37 +223,54 @@ async fn write_status(
 
 async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
+    // A held-out session's step: its results are its round's (status.heldOut, the
+    // floe_job_held_out gauge), not the job's session counters.
+    let held_out_step = |index: u32| {
+        let h = decided.next.held_out.as_ref()?;
+        h.rounds.get(h.slot(index)?.0).map(|r| r.step)
+    };
     for (pod, fold) in &decided.folds {
-        let result = match fold {
-            Fold::Scored { .. } => SessionResult::Scored,
-            Fold::Retry { .. } => SessionResult::Retried,
-            Fold::Failed { .. } => SessionResult::Failed,
+        let (index, result) = match fold {
+            Fold::Scored { index, .. } => (*index, SessionResult::Scored),
+            Fold::Retry { index, .. } => (*index, SessionResult::Retried),
+            Fold::Failed { index, .. } => (*index, SessionResult::Failed),
         };
-        ctx.metrics.session_result(&ns, &name, result);
+        let step = held_out_step(index);
+        if step.is_none() {
+            ctx.metrics.session_result(&ns, &name, result);
+        }
+        let session = match step {
+            Some(step) => format!("held-out session {index} (the round at step {step})"),
+            None => format!("session {index}"),
+        };
         match fold {
             Fold::Scored { index, reward } => {
                 tracing::info!(job = %job.name_any(), %pod, index, reward, "session scored");
             }
             Fold::Retry {
-                index,
                 next_attempt,
                 reason,
+                ..
             } => {
                 tracing::warn!(job = %job.name_any(), %pod, index, "session retried: {reason}");
                 ctx.event(
                     job,
                     EventType::Warning,
                     "SessionRetried",
-                    format!("session {index} (pod {pod}) failed: {reason}; attempt {next_attempt} follows on a fresh pod"),
+                    format!("{session} (pod {pod}) failed: {reason}; attempt {next_attempt} follows on a fresh pod"),
                 )
                 .await;
             }
-            Fold::Failed { index, reason } => {
+            Fold::Failed { reason, .. } => {
+                let outcome = match step {
+                    Some(_) => "an infrastructure failure of its round, out of its pass rate",
+                    None => "no reward recorded",
+                };
                 ctx.event(
                     job,
                     EventType::Warning,
                     "SessionFailed",
-                    format!("session {index} (pod {pod}) failed after backoffLimit {} retries: {reason}; no reward recorded", job.spec.backoff_limit),
+                    format!("{session} (pod {pod}) failed after backoffLimit {} retries: {reason}; {outcome}", job.spec.backoff_limit),
                 )
                 .await;
             }
