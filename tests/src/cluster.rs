@@ -122,16 +122,66 @@ impl TestCluster {
 
     /// Install (server-side apply, idempotent) both CRDs and wait until they are Established.
     pub async fn install_crds(&self, client: &Client) -> Result<Vec<CustomResourceDefinition>> {
+        self.install_crds_edited(client, |_| Ok(())).await
+    }
+
+    /// As [`TestCluster::install_crds`], each CRD as `edit` leaves it (an older release's, on a
+    /// [`PrivateCluster`]: CRDs are the whole cluster's).
+    pub async fn install_crds_edited(
+        &self,
+        client: &Client,
+        edit: impl Fn(&mut CustomResourceDefinition) -> Result<()>,
+    ) -> Result<Vec<CustomResourceDefinition>> {
         let api: Api<CustomResourceDefinition> = Api::all(client.clone());
         let target = self.crd_target(client).await?;
         let params = PatchParams::apply("floe-tests").force();
         let mut installed = Vec::new();
-        for crd in crds(target)? {
+        for mut crd in crds(target)? {
+            edit(&mut crd)?;
             let name = crd.metadata.name.clone().context("CRD has a name")?;
             api.patch(&name, &params, &Patch::Apply(&crd)).await?;
             installed.push(wait_established(&api, &name).await?);
         }
         Ok(installed)
+    }
+}
+
+/// A control plane of one test's own (`start.sh` in a temporary directory, ~5 s), for what
+/// would disturb the tests sharing [`cluster()`]: CRDs of another release. Stopped on drop.
+pub struct PrivateCluster {
+    pub cluster: TestCluster,
+    state: tempfile::TempDir,
+}
+
+impl PrivateCluster {
+    pub fn start() -> Result<Self> {
+        let bin_dir = match std::env::var_os("FLOE_KAPI_BIN") {
+            Some(dir) => PathBuf::from(dir),
+            None => PathBuf::from(run_script(&mut Command::new(script("setup.sh")))?),
+        };
+        let state = tempfile::Builder::new().prefix("floe-kapi").tempdir()?;
+        let kubeconfig = PathBuf::from(run_script(
+            Command::new(script("start.sh"))
+                .arg(state.path())
+                .env("KAPI_BIN", &bin_dir),
+        )?);
+        Ok(Self {
+            cluster: TestCluster {
+                kubeconfig,
+                kubectl: bin_dir.join("kubectl"),
+            },
+            state,
+        })
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(script("stop.sh"))
+            .arg(self.state.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

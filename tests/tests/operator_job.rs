@@ -1944,3 +1944,95 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
     kubelet.stop().await?;
     Ok(())
 }
+
+/// An operator newer than the RolloutJob CRD on its cluster (the CRD of the release before
+/// `status.heldOut`, which prunes it): the first round cannot be recorded, so none of its
+/// sessions is claimed (else each reconcile would open round 0 again, its sessions without
+/// end), and the job says why and how to fix it. Once the new CRD is applied, the round is
+/// recorded and runs. On a control plane of its own: CRDs are the whole cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_newer_than_its_crd_stalls_a_held_out_job_until_the_crd_is_applied(
+) -> Result<()> {
+    let private = floe_tests::cluster::PrivateCluster::start()?;
+    let cluster = &private.cluster;
+    let client = cluster.client().await?;
+    cluster
+        .install_crds_edited(&client, |crd| {
+            if crd.spec.names.kind != "RolloutJob" {
+                return Ok(());
+            }
+            for version in &mut crd.spec.versions {
+                let status = version
+                    .schema
+                    .as_mut()
+                    .and_then(|s| s.open_api_v3_schema.as_mut())
+                    .and_then(|s| s.properties.as_mut())
+                    .and_then(|p| p.get_mut("status"))
+                    .and_then(|s| s.properties.as_mut())
+                    .context("the CRD's status schema")?;
+                anyhow::ensure!(status.remove("heldOut").is_some(), "no status.heldOut");
+            }
+            Ok(())
+        })
+        .await?;
+    let ns = floe_tests::namespace::TestNamespace::create(cluster, &client, "oldcrd").await?;
+    let _operator = Operator::start_on(cluster, "floe:test", &ns.name, &[], &[])?;
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        27,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "warm", 1, 60).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = job("measured", &["a"], 1, json!({}))?;
+    spec.spec.sft = None;
+    spec.spec.train = Some(serde_json::from_value(json!({
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
+        "fidelityCheck": {"action": "Off"},
+        "heldOut": {"tasks": {"inline": [{"id": "h", "instruction": "solve h"}]}}}))?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    let ip = trainer_ip(&pods, "measured").await?;
+    let trainer = axum::Router::new().route(
+        "/v1/status",
+        axum::routing::get(|| async {
+            axum::Json(json!({"step": 0, "policyVersion": 0, "pendingGroups": 0,
+                              "readyGroups": 0, "training": false, "finished": false}))
+        }),
+    );
+    serve_at(&ip, 8100, trainer).await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "measured", "CrdOutdated").await?;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("status.heldOut") && n.contains("floe crds | kubectl apply -f -")),
+        "{notes:?}"
+    );
+    assert!(
+        kubelet.taken().is_empty(),
+        "nothing claimed: {:?}",
+        kubelet.taken()
+    );
+    // The new CRD: round 0 is recorded, its session runs, and the job is no longer stalled.
+    cluster.install_crds(&client).await?;
+    eventually("round 0 recorded and scored", async || {
+        let s = status(&jobs, "measured").await?;
+        let scored = s
+            .held_out
+            .as_ref()
+            .and_then(|h| h.rounds.first())
+            .is_some_and(|r| r.step == 0 && r.scored == 1);
+        let stalled = condition(&s, "Stalled").is_some_and(|(v, _)| v == "True");
+        Ok((scored && !stalled).then_some(()))
+    })
+    .await?;
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

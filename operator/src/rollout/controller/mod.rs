@@ -143,6 +143,12 @@ async fn apply(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
     match round(job, ctx, &ns, &now).await {
         Ok(action) => Ok(action),
         Err(Halt::Blocked(blocked)) => report::blocked(job, ctx, &blocked, now).await,
+        // Only the user can apply the new CRDs: said on the job (a condition and an Event),
+        // not only in the operator's log. Its status write leaves `heldOut` alone.
+        Err(Halt::Failed(e @ JobError::CrdOutdated(_))) => {
+            let blocked = Blocked::stalled("CrdOutdated", e.to_string());
+            report::blocked(job, ctx, &blocked, now).await
+        }
         Err(Halt::Failed(e)) => Err(e),
     }
 }
