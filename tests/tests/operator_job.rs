@@ -1832,12 +1832,31 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
         &Patch::Merge(&samples(2)),
     )
     .await?;
-    // New contents of the same size would make later rounds measure another set: stalled too.
-    // The same task from another source is the same set (the job goes on with it inline).
+    // The same task from another source is the same set: the job goes on with it inline.
     let held = |instruction: &str| {
         json!({"spec": {"train": {"heldOut": {"tasks": {
             "file": null, "inline": [{"id": "h", "instruction": instruction}]}}}}})
     };
+    let digest = |s: &RolloutJobStatus| s.held_out.as_ref().and_then(|h| h.tasks_digest.clone());
+    let before = digest(&status(&jobs, "measured").await?).context("a recorded digest")?;
+    let moved = jobs
+        .patch(
+            "measured",
+            &PatchParams::default(),
+            &Patch::Merge(&held("solve h")),
+        )
+        .await?;
+    let seen = eventually("the move observed", async || {
+        let s = status(&jobs, "measured").await?;
+        Ok((s.observed_generation == moved.metadata.generation).then_some(s))
+    })
+    .await?;
+    assert_ne!(
+        condition(&seen, "Stalled").map(|c| c.0),
+        Some("True"),
+        "{seen:?}"
+    );
+    // New contents of the same size would make later rounds measure another set: stalled.
     jobs.patch(
         "measured",
         &PatchParams::default(),
@@ -1857,12 +1876,20 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
             .then_some(()))
     })
     .await?;
-    jobs.patch(
+    // Kept knowingly: the recorded digest removed, the job goes on and records the new one.
+    jobs.patch_status(
         "measured",
         &PatchParams::default(),
-        &Patch::Merge(&held("solve h")),
+        &Patch::Merge(&json!({"status": {"heldOut": {"tasksDigest": null}}})),
     )
     .await?;
+    let after = eventually("the new set's digest recorded", async || {
+        let s = status(&jobs, "measured").await?;
+        let stalled = condition(&s, "Stalled").is_some_and(|(v, _)| v == "True");
+        Ok(digest(&s).filter(|_| !stalled))
+    })
+    .await?;
+    assert_ne!(after, before);
     // The trainer reaches step 2: a round opens at it.
     version.store(2, SeqCst);
     eventually("round 2 scored", async || {

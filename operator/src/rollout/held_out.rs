@@ -250,7 +250,8 @@ pub fn set_changed(
     Some(format!(
         "spec.train.heldOut's tasks changed after the first round (digest {was} then, {digest} \
          now): later rounds would measure another set than the first; restore them, or run the \
-         changed set as a new job"
+         changed set as a new job (to go on with it knowingly, remove \
+         status.heldOut.tasksDigest)"
     ))
 }
 
