@@ -4,10 +4,12 @@ Prints step time, trained tokens/s, peak GPU memory and mean GPU utilization (NV
 configuration's speed as a ratio against the first row, measured in the same run: fp32 with
 the traces' passes in arrival order (no length bucketing). With ``--response-min`` the
 responses' lengths spread uniformly between it and ``--response`` (agent traces vary so),
-which is where bucketing saves padding.
+which is where bucketing saves padding. Each group's samples share their prompt, as GRPO's do,
+which is what prompt sharing (``sharing``) saves: the rows with and without it show how much.
 
     python -m floe_trainer.bench_step --model-dir DIR [--groups 8 --samples 8
-        --prompt 512 --response 512 --response-min 64 --micro-batch 8 --steps 3]"""
+        --prompt 512 --response 512 --response-min 64 --micro-batch 8 --steps 3
+        --precisions fp32,bf16]"""
 
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ def measure(
     micro_batch: int,
     steps: int,
     bucketing: bool = True,
+    sharing: bool = True,
 ) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.to(placement.device)
@@ -106,6 +109,7 @@ def measure(
         placement=placement,
         reference=reference,
         length_bucketing=bucketing,
+        prompt_sharing=sharing,
     )
 
     step()  # warm-up
@@ -114,10 +118,13 @@ def measure(
         torch.cuda.reset_peak_memory_stats()
     util = UtilizationSampler()
     t0 = time.perf_counter()
-    tokens = 0
+    tokens, computed, own = 0, 0, 0
     with util:
         for _ in range(steps):
-            tokens += step().tokens
+            stats = step()
+            tokens += stats.tokens
+            computed += stats.computed_tokens
+            own += stats.trace_tokens
         if cuda:
             torch.cuda.synchronize()
     secs = (time.perf_counter() - t0) / steps
@@ -126,6 +133,7 @@ def measure(
         "tokens_per_s": tokens / steps / secs,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "gpu_util": util.mean,
+        "computed_share": computed / max(own, 1),
     }
     del step, model, opt, reference
     if cuda:
@@ -144,6 +152,7 @@ def main() -> None:
     p.add_argument("--response-min", type=int, help="responses spread from this to --response")
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--precisions", default="fp32,bf16", help="the rows to run (bf16 is for a GPU)")
     a = p.parse_args()
     vocab = AutoModelForCausalLM.from_pretrained(a.model_dir).config.vocab_size
     groups = synthetic_groups(
@@ -154,17 +163,23 @@ def main() -> None:
         f"{a.groups} groups x {a.samples} samples, prompt {a.prompt} + response {spread}"
         f"{a.response} tokens, micro-batch {a.micro_batch}, {a.steps} timed steps"
     )
-    # (precision, gradient checkpointing, KL reference, length bucketing)
-    configs = [("fp32", False, False, False), ("fp32", False, False, True)]
-    configs += [("bf16", False, False, True), ("bf16", True, False, True)]
-    configs.append(("bf16", False, True, True))
+    # (precision, gradient checkpointing, KL reference, length bucketing, prompt sharing)
+    configs = [("fp32", False, False, False, False), ("fp32", False, False, True, False)]
+    configs.append(("fp32", False, False, True, True))
+    configs += [("bf16", False, False, True, False), ("bf16", False, False, True, True)]
+    configs += [("bf16", True, False, True, True), ("bf16", False, True, True, True)]
+    wanted = set(a.precisions.split(","))
     base = None
-    for precision, ckpt, kl, bucketing in configs:
+    for precision, ckpt, kl, bucketing, sharing in configs:
+        if precision not in wanted:
+            continue
         placement = resolve(a.device, precision)
         name = precision + (" + grad checkpointing" if ckpt else "") + (" + KL ref" if kl else "")
-        name += "" if bucketing else ", arrival order"
+        name += ("" if bucketing else ", arrival order") + (", shared" if sharing else "")
         try:
-            r = measure(a.model_dir, placement, ckpt, kl, groups, a.micro_batch, a.steps, bucketing)
+            r = measure(
+                a.model_dir, placement, ckpt, kl, groups, a.micro_batch, a.steps, bucketing, sharing
+            )
         except torch.OutOfMemoryError:
             print(f"{name:28s} out of GPU memory", flush=True)
             torch.cuda.empty_cache()
@@ -173,7 +188,8 @@ def main() -> None:
         mem = f", peak {r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else ""
         util = f", GPU util {r['gpu_util']:.0f} %" if r["gpu_util"] is not None else ""
         print(
-            f"{name:28s} step {r['step_s']:.3f} s, {r['tokens_per_s']:,.0f} tokens/s{mem}{util}, "
+            f"{name:36s} step {r['step_s']:.3f} s, {r['tokens_per_s']:,.0f} tokens/s{mem}{util}, "
+            f"computed/trace tokens {r['computed_share']:.2f}, "
             f"speed x{base / r['step_s']:.2f} vs the first row",
             flush=True,
         )

@@ -57,6 +57,12 @@ class Metrics:
             ["stat"],
             registry=r,
         )
+        self.computed_tokens = Gauge(
+            "floe_trainer_computed_token_ratio",
+            "Tokens the last step's passes computed (padding included) per token of its traces: "
+            "above 1 is padding, below 1 prompt sharing",
+            registry=r,
+        )
         # Every labelled series exists from the start (0 until the first step).
         for side in ("high", "low"):
             self.clip_side.labels(side)
@@ -168,6 +174,7 @@ class Metrics:
         self.entropy.set(s.entropy)
         self.response_tokens.labels("mean").set(s.response_tokens_mean)
         self.response_tokens.labels("max").set(s.response_tokens_max)
+        self.computed_tokens.set(s.computed_tokens / s.trace_tokens if s.trace_tokens else 0)
         self.tis_mean.set(s.tis_mean)
         self.tis_ess.set(s.tis_ess)
         self.mismatch.set(s.logprob_mismatch)

@@ -1,5 +1,6 @@
 """The policy being trained: a Hugging Face causal LM, and token log-probabilities of floe
-traces under it (padded batches; response tokens only)."""
+traces under it (padded batches, or rows shared by traces that begin alike: ``sharing``;
+response tokens only)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .sharing import Row
 from .wire import Trace
 
 
 @dataclass
 class Batch:
-    """Traces padded to one length: ``input_ids`` [B, L]; per-response-token tensors [B, R]."""
+    """Traces padded to one length: ``input_ids`` [B, L]; per-response-token tensors [B, R].
+    Shared (``make_shared_batch``): ``input_ids`` [rows, L], a 4-D ``attention_mask``,
+    ``position_ids``, and ``row_of`` [B], the row holding each trace."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -30,6 +34,8 @@ class Batch:
     # distribution the tokens were drawn from (vLLM reports those with
     # ``--logprobs-mode processed_logprobs``), so the PPO ratio and TIS weigh the right policy.
     temperature: float = 1.0
+    position_ids: torch.Tensor | None = None
+    row_of: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
         moved = {
@@ -69,6 +75,96 @@ def make_batch(traces: list[Trace], pad_id: int = 0, temperature: float = 1.0) -
         max(min(starts, default=0), 0),
         temperature,
     )
+
+
+def make_shared_batch(
+    traces: list[Trace],
+    rows: list[Row],
+    pad_id: int = 0,
+    temperature: float = 1.0,
+    attention: str = "sdpa",
+) -> Batch:
+    """``traces`` laid out in ``rows`` (``sharing.layout``): each row's common beginning once,
+    then each member's tokens after it, attending to the beginning and to themselves only, at
+    the positions they have alone. ``attention``: the model's attention implementation, which
+    decides the mask's form (SDPA takes booleans, eager an additive float mask)."""
+    width = max(r.width for r in rows)
+    allowed = torch.zeros(len(rows), 1, width, width, dtype=torch.bool)
+    input_ids, position_ids = [], []
+    row_of, positions, response, mask, behaviour, known = ([0] * len(traces) for _ in range(6))
+    resp = max(max(len(t.response_token_ids) for t in traces), 1)
+    for r, row in enumerate(rows):
+        p = row.prefix
+        head = traces[row.members[0]]
+        ids = (head.prompt_token_ids + head.response_token_ids)[:p]
+        allowed[r, 0, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+        for m in row.members:
+            t = traces[m]
+            rest = (t.prompt_token_ids + t.response_token_ids)[p:]
+            at, n = len(ids), len(rest)
+            ids += rest
+            allowed[r, 0, at : at + n, :p] = True
+            allowed[r, 0, at : at + n, at : at + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            row_of[m] = r
+            # The row index of the hidden state predicting each response token: the token
+            # before it, in the shared beginning or in this member's part.
+            before = [len(t.prompt_token_ids) - 1 + j for j in range(len(t.response_token_ids))]
+            k = len(before)
+            positions[m] = [max(q, 0) if q < p else at + q - p for q in before] + [0] * (resp - k)
+            response[m] = t.response_token_ids + [0] * (resp - k)
+            mask[m] = [float(v) for v in t.loss_mask] + [0.0] * (resp - k)
+            behaviour[m] = [0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * (resp - k)
+            known[m] = [lp is not None for lp in t.logprobs] + [False] * (resp - k)
+        pos = list(range(p)) + [q for m in row.members for q in range(p, p + _rest(traces[m], p))]
+        # Padding attends to itself only (a query attending to nothing gives NaN in SDPA).
+        for k in range(len(ids), width):
+            allowed[r, 0, k, k] = True
+        input_ids.append(ids + [pad_id] * (width - len(ids)))
+        position_ids.append(pos + [0] * (width - len(pos)))
+    if attention == "eager":
+        mask4d = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    else:
+        mask4d = allowed
+    return Batch(
+        torch.tensor(input_ids, dtype=torch.long),
+        mask4d,
+        torch.tensor(positions, dtype=torch.long),
+        torch.tensor(response, dtype=torch.long),
+        torch.tensor(mask, dtype=torch.float32),
+        torch.tensor(behaviour, dtype=torch.float64),
+        torch.tensor(known, dtype=torch.bool),
+        0,
+        temperature,
+        torch.tensor(position_ids, dtype=torch.long),
+        torch.tensor(row_of, dtype=torch.long),
+    )
+
+
+def _rest(t: Trace, prefix: int) -> int:
+    return len(t.prompt_token_ids) + len(t.response_token_ids) - prefix
+
+
+# Attention implementations whose 4-D masks transformers passes through as given.
+_SHARED_MASKS = ("sdpa", "eager")
+
+
+def sharing_hidden(model: torch.nn.Module) -> int | None:
+    """The hidden size ``sharing`` weighs a layout's cost with, or None when this model cannot
+    take shared rows: logits other than ``lm_head(decoder(...))``, an attention implementation
+    that takes no custom mask (FlashAttention), sliding-window layers (a custom mask replaces
+    the window), or a multimodal config (its position ids are not one per token)."""
+    config = getattr(model, "config", None)
+    if config is None or not _chunkable(model):
+        return None
+    if getattr(config, "_attn_implementation", None) not in _SHARED_MASKS:
+        return None
+    window = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    if window or "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return None
+    if hasattr(config, "vision_config") or hasattr(config, "text_config"):
+        return None
+    hidden = getattr(config, "hidden_size", None)
+    return hidden if isinstance(hidden, int) and hidden > 0 else None
 
 
 # Response positions whose logits exist at once. A trace's logits are [R, vocab] floats, and
@@ -135,11 +231,21 @@ def _chunked_logprobs(
     model: torch.nn.Module, batch: Batch, chunk: int, entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     hidden = model.get_decoder()(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
     ).last_hidden_state
-    # [B, R, H]: the row that predicts each response token.
-    index = batch.positions.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-    rows = torch.gather(hidden, 1, index)
+    if batch.row_of is None:
+        # [B, R, H]: the row that predicts each response token.
+        index = batch.positions.clamp(min=0).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        rows = torch.gather(hidden, 1, index)
+    else:
+        # Shared rows: trace b's hidden states are in row ``row_of[b]`` (a shared beginning's
+        # in every member's; its gradient sums theirs, as the traces' own copies would).
+        width = hidden.shape[1]
+        flat = batch.row_of.unsqueeze(-1) * width + batch.positions.clamp(min=0)
+        rows = hidden.reshape(-1, hidden.shape[-1])[flat]
     head = model.get_output_embeddings()
     parts, entropies = [], []
     for a in range(0, rows.shape[1], max(chunk, 1)):

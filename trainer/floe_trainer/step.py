@@ -7,8 +7,10 @@ acts; from the second update on the policy has moved and the clip bounds how far
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -19,8 +21,18 @@ from .batching import Group
 from .distributed import SINGLE, World, gather, total
 from .loss import LossConfig, LossStats, aggregation_weights, policy_loss
 from .placement import CPU_FP32, Placement
-from .policy import make_batch, token_logprobs, token_logprobs_and_entropy
+from .policy import (
+    Batch,
+    make_batch,
+    make_shared_batch,
+    sharing_hidden,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
+from .sharing import Pass, choose_passes, trie_batches
 from .wire import Trace
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -59,6 +71,11 @@ class StepStats:
     # The policy's mean entropy over the sampled tokens' positions (nats; first epoch). A
     # collapse towards 0 is the policy ceasing to explore (DAPO's clip-higher is against it).
     entropy: float = 0.0
+    # Tokens the first epoch's passes computed (rows × width, padding included), against the
+    # traces' own (prompt and response): below 1 where prompt sharing saved more than padding
+    # cost.
+    computed_tokens: int = 0
+    trace_tokens: int = 0
 
 
 @dataclass
@@ -84,30 +101,27 @@ def _old_logprobs(
     placement: Placement,
     world: World,
     temperature: float = 1.0,
+    hidden: int | None = None,
 ) -> None:
     """``logp_old`` of every item: each process computes its share (all making as many
     passes), and they swap them (mini-batches are shuffled after the first epoch, so a
     process later trains traces another one scored)."""
     model.eval()
-
-    def length(pair: tuple[int, _Item]) -> int:
-        return _trace_length(pair[1])
-
     shares = [
-        micro_batches(share, micro, max_tokens, length)
+        passes(share, micro, max_tokens, lambda pair: pair[1].trace, hidden)
         for share in world.shares(list(enumerate(items)))
     ]
     mine = shares[world.rank]
     scored: list[tuple[int, torch.Tensor]] = []
+    attention = _attention(model)
     with torch.no_grad():
         for k in range(max(max(len(b) for b in shares), 1)):
-            chunk = mine[k] if k < len(mine) else []
-            traces = [it.trace for _, it in chunk] or [items[0].trace]
+            chunk = mine[k] if k < len(mine) else Pass([])
+            traces = [it.trace for _, it in chunk.items] or [items[0].trace]
+            batch = _batch(chunk, traces, pad_id, temperature, attention)
             with placement.autocast():
-                logp = token_logprobs(
-                    model, make_batch(traces, pad_id, temperature).to(placement.device)
-                )
-            for row, (index, it) in enumerate(chunk):
+                logp = token_logprobs(model, batch.to(placement.device))
+            for row, (index, it) in enumerate(chunk.items):
                 scored.append((index, logp[row, : len(it.trace.response_token_ids)].cpu()))
     for part in gather(world, scored):
         for index, logp in part:
@@ -142,6 +156,102 @@ def micro_batches(
 
 def _trace_length(it: _Item) -> int:
     return len(it.trace.prompt_token_ids) + len(it.trace.response_token_ids)
+
+
+def _tokens(t: Trace) -> list[int]:
+    return t.prompt_token_ids + t.response_token_ids
+
+
+def passes(
+    items: list[T],
+    micro: int,
+    max_tokens: int | None,
+    trace_of: Callable[[T], Trace],
+    hidden: int | None,
+    bucket: bool = True,
+) -> list[Pass[T]]:
+    """The passes over ``items``: length-bucketed padded rows, or, when ``hidden`` is given
+    (the model takes shared rows) and it is cheaper, traces that begin alike in shared rows
+    (``sharing``)."""
+    bucketed = micro_batches(
+        items, micro, max_tokens, lambda it: len(_tokens(trace_of(it))), bucket
+    )
+    if hidden is None:
+        return [Pass(b) for b in bucketed]
+    trie = trie_batches(items, micro, max_tokens, lambda it: _tokens(trace_of(it)))
+    return choose_passes(bucketed, trie, lambda it: _tokens(trace_of(it)), hidden)
+
+
+def _attention(model: torch.nn.Module) -> str:
+    return str(getattr(getattr(model, "config", None), "_attn_implementation", "sdpa"))
+
+
+def _batch(p: Pass, traces: list[Trace], pad_id: int, temperature: float, attention: str) -> Batch:
+    if p.rows is None:
+        return make_batch(traces, pad_id, temperature)
+    return make_shared_batch(traces, p.rows, pad_id, temperature, attention)
+
+
+# The mean |difference| (nats per token) between a model's log-probs of traces in shared rows
+# and in padded rows beyond which shared rows are not used with it: a model whose attention
+# ignores the custom mask is off by nats; layouts that agree differ by rounding only (bf16's
+# is the larger).
+SHARING_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
+
+
+def _sharing_checked(
+    model: torch.nn.Module,
+    items: list[_Item],
+    micro: int,
+    max_tokens: int | None,
+    pad_id: int,
+    placement: Placement,
+    world: World,
+    temperature: float,
+) -> int | None:
+    """The hidden size ``passes`` lays out shared rows with, or None. The first time a step
+    would share rows with a model, the first shared pass is computed both ways and compared
+    (every process alike: the same items, the same passes); a model that gives other log-probs
+    in shared rows is never given them again, with a warning."""
+    hidden = sharing_hidden(model)
+    verdict = getattr(model, _SHARING_VERDICT, None)
+    if hidden is None or verdict is not None:
+        return hidden if verdict in (None, True) else None
+    probe = next((p for p in passes(items, micro, max_tokens, _trace_of, hidden) if p.rows), None)
+    if probe is None:
+        return hidden
+    traces = [it.trace for it in probe.items]
+    was_training = model.training
+    model.eval()
+    shared_batch = _batch(probe, traces, pad_id, temperature, _attention(model))
+    with torch.no_grad(), placement.autocast():
+        shared = token_logprobs(model, shared_batch.to(placement.device))
+        padded = token_logprobs(model, make_batch(traces, pad_id, temperature).to(placement.device))
+    model.train(was_training)
+    mask = torch.zeros_like(padded, dtype=torch.bool)
+    for row, t in enumerate(traces):
+        mask[row, : len(t.response_token_ids)] = True
+    diff = float((shared - padded).abs()[mask].mean()) if bool(mask.any()) else 0.0
+    ok = diff <= SHARING_TOLERANCE[placement.precision]
+    if world.sharded:
+        ok = total(world, 0.0 if ok else 1.0) == 0.0
+    setattr(model, _SHARING_VERDICT, ok)
+    if not ok:
+        log.warning(
+            "prompt sharing off for this model: its log-probs in shared rows differ from padded "
+            "rows' by %.3g nats per token (tolerance %g); its attention may ignore a custom mask",
+            diff,
+            SHARING_TOLERANCE[placement.precision],
+        )
+        return None
+    return hidden
+
+
+_SHARING_VERDICT = "floe_shared_rows_verified"
+
+
+def _trace_of(it: _Item) -> Trace:
+    return it.trace
 
 
 def _padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
@@ -187,12 +297,14 @@ def train_step(
     world: World = SINGLE,
     max_tokens_per_micro_batch: int | None = None,
     length_bucketing: bool = True,
+    prompt_sharing: bool = True,
 ) -> StepStats:
     """``reference``: the frozen policy the KL term (``cfg.kl_coef``) pulls towards;
     ``seed``: the order of the mini-batches after the first epoch; ``world``: the processes
     that train together (each calls this with the same groups, see ``distributed``);
     ``length_bucketing``: passes of like-length traces ([micro_batches]; off only to measure
-    what it saves)."""
+    what it saves); ``prompt_sharing``: traces that begin alike in shared rows where that is
+    cheaper (``sharing``; off only to measure what it saves)."""
     trajectories = [
         (t, adv) for g in groups for t, adv in zip(g.trajectories, g.advantages, strict=True)
     ]
@@ -206,6 +318,18 @@ def train_step(
     # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
     n_trajectories = len({it.trajectory for it in items})
     on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, n_trajectories)) == 1
+    hidden = None
+    if prompt_sharing and items:
+        hidden = _sharing_checked(
+            model,
+            items,
+            micro_batch_size,
+            max_tokens_per_micro_batch,
+            pad_id,
+            placement,
+            world,
+            cfg.temperature,
+        )
     if not on_policy:
         _old_logprobs(
             model,
@@ -216,6 +340,7 @@ def train_step(
             placement,
             world,
             cfg.temperature,
+            hidden,
         )
     model.train()
     rng = random.Random(seed)
@@ -223,6 +348,8 @@ def train_step(
     first_epoch: list[LossStats] = []
     last_update: list[LossStats] = []
     loss_first_epoch, grad_norm, updates, skipped = 0.0, 0.0, 0, 0
+    computed_tokens = 0
+    attention = _attention(model)
     grad_norms: list[float] = []
     micro = max(micro_batch_size, 1)
     # Mini-batches hold whole trajectories: a per_request trajectory's traces split across
@@ -247,8 +374,8 @@ def train_step(
             for it, w in zip(mini, weights, strict=True):
                 it.weight = w
             shares = [
-                micro_batches(
-                    share, micro, max_tokens_per_micro_batch, _trace_length, length_bucketing
+                passes(
+                    share, micro, max_tokens_per_micro_batch, _trace_of, hidden, length_bucketing
                 )
                 for share in world.shares(mini)
             ]
@@ -256,14 +383,16 @@ def train_step(
             optimizer.zero_grad(set_to_none=True)
             last_update = []
             for k in range(max(max(len(b) for b in shares), 1)):
-                chunk = mine[k] if k < len(mine) else []
+                this = mine[k] if k < len(mine) else Pass(mini[:1])
                 # A process with no trace left still makes the pass (FSDP's collectives run
                 # in every forward and backward), with a loss that counts zero.
-                idle = not chunk
-                chunk = chunk or mini[:1]
-                batch = make_batch([it.trace for it in chunk], pad_id, cfg.temperature).to(
-                    placement.device
-                )
+                idle = k >= len(mine)
+                chunk = this.items
+                batch = _batch(
+                    this, [it.trace for it in chunk], pad_id, cfg.temperature, attention
+                ).to(placement.device)
+                if epoch == 0 and not idle:
+                    computed_tokens += batch.input_ids.numel()
                 width = batch.response_ids.shape[1]
                 with placement.autocast():
                     # The policy's entropy, measured on the first epoch's passes (its logits
@@ -347,6 +476,7 @@ def train_step(
             updates += 1
     if world.sharded:
         loss_first_epoch = total(world, loss_first_epoch)
+        computed_tokens = int(total(world, float(computed_tokens)))
         all_stats, first_epoch, last_update = (
             [st for part in gather(world, kept) for st in part]
             for kept in (all_stats, first_epoch, last_update)
@@ -385,4 +515,6 @@ def train_step(
         response_tokens_mean=sum(lengths) / max(len(lengths), 1),
         response_tokens_max=max(lengths, default=0),
         grad_norms=grad_norms,
+        computed_tokens=computed_tokens,
+        trace_tokens=sum(_trace_length(it) for it in items),
     )

@@ -688,6 +688,8 @@ class Trainer:
                     "advantageStd": stats.advantage_std,
                     "responseTokensMean": stats.response_tokens_mean,
                     "responseTokensMax": stats.response_tokens_max,
+                    "computedTokens": stats.computed_tokens,
+                    "traceTokens": stats.trace_tokens,
                     "gradNorm": stats.grad_norm,
                     "gradNorms": stats.grad_norms,
                     "versionLagMax": max(lags, default=0),

@@ -1,0 +1,157 @@
+"""Prompt sharing: traces of one pass that begin alike are laid out in one row, the tokens
+they have in common once (pure: lists in, layouts out; ``policy.make_shared_batch`` turns a
+layout into tensors).
+
+GRPO samples each task's prompt ``numSamples`` times, and an agent's prompt (system prompt,
+tool schemas, the task) is most of a trace's tokens; a ``per_request`` trajectory's calls
+repeat the conversation so far. Padded rows compute that beginning once per trace. A shared
+row holds it once, then every member's remainder, each remainder attending to the shared
+beginning and to itself only (a 4-D mask), its positions continuing from the beginning's:
+every log-prob is the one the trace has alone (tested), from fewer tokens.
+
+A row's attention is dense (SDPA with a mask scores every pair in it), so a wide row costs
+quadratically: a trace joins a row only while the estimated cost of the row with it is below
+the row's without it plus the trace's own (``row_cost``), and a pass is laid out shared only
+when that is cheaper than its padded rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# A shared layout is taken only when it saves at least this share of the padded layout's cost:
+# the estimate is rough, and a masked attention cannot take the causal kernels' shortcuts.
+MIN_SAVING = 0.1
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a shared pass: ``prefix`` tokens common to every member, then each member's
+    tokens after them, in ``members`` order (indices into the pass's traces)."""
+
+    prefix: int
+    members: tuple[int, ...]
+    width: int
+
+
+@dataclass
+class Pass(Generic[T]):
+    """A forward (and backward) pass's items; ``rows`` when they are laid out shared, else
+    None (one padded row each)."""
+
+    items: list[T]
+    rows: list[Row] | None = None
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def row_cost(width: int, hidden: int) -> float:
+    """Relative compute of a row of ``width`` tokens: per token and layer, the projections and
+    the MLP (~24·h² FLOPs) and the attention over the row (~4·width·h), divided by 4h."""
+    return width * (6 * hidden + width)
+
+
+def padded_cost(lengths: Sequence[int], hidden: int) -> float:
+    return len(lengths) * row_cost(max(lengths, default=0), hidden)
+
+
+def shared_cost(rows: Sequence[Row], hidden: int) -> float:
+    return len(rows) * row_cost(max((r.width for r in rows), default=0), hidden)
+
+
+def plan_rows(seqs: Sequence[Sequence[int]], hidden: int) -> list[Row]:
+    """Rows over ``seqs`` (each a trace's prompt and response tokens), greedily in the given
+    order: callers sort so that sequences which begin alike are adjacent (in lexicographic
+    order, a sequence's common beginning with the row's first member is the one with all of
+    them). A sequence joins the current row while that is cheaper than a row of its own."""
+    rows: list[Row] = []
+    first, prefix, total, members = 0, 0, 0, []
+    for i, s in enumerate(seqs):
+        if members:
+            p = min(prefix, common_prefix(seqs[first], s))
+            width = total + len(s) - len(members) * p
+            if p > 0 and row_cost(width, hidden) < row_cost(
+                total - (len(members) - 1) * prefix, hidden
+            ) + row_cost(len(s), hidden):
+                prefix, total = p, total + len(s)
+                members.append(i)
+                continue
+            rows.append(Row(prefix, tuple(members), total - (len(members) - 1) * prefix))
+        first, prefix, total, members = i, len(s), len(s), [i]
+    if members:
+        rows.append(Row(prefix, tuple(members), total - (len(members) - 1) * prefix))
+    return rows
+
+
+def layout(seqs: Sequence[Sequence[int]], hidden: int) -> list[Row] | None:
+    """The shared rows of one pass (``seqs`` in the pass's order), or None when padded rows
+    cost no more. Never more query-key pairs than the padded rows (rows × width² against
+    traces × longest²): the mask and, on CPU, the attention scores stay within what the
+    memory plan counts for a pass."""
+    rows = plan_rows(seqs, hidden)
+    if len(rows) == len(seqs):
+        return None
+    width = max(r.width for r in rows)
+    if len(rows) * width * width > len(seqs) * max(len(s) for s in seqs) ** 2:
+        return None
+    padded = padded_cost([len(s) for s in seqs], hidden)
+    if shared_cost(rows, hidden) > (1 - MIN_SAVING) * padded:
+        return None
+    return rows
+
+
+def trie_batches(
+    items: list[T], micro: int, max_tokens: int | None, tokens: Callable[[T], Sequence[int]]
+) -> list[list[T]]:
+    """Passes of ``items`` in lexicographic order of their tokens (traces that begin alike
+    side by side): ``micro`` a pass, or, with ``max_tokens``, while the tokens a shared layout
+    would hold (each item's beyond its common beginning with the one before) stay within it."""
+    ordered = sorted(items, key=lambda it: list(tokens(it)))
+    micro = max(micro, 1)
+    if max_tokens is None:
+        return [ordered[k : k + micro] for k in range(0, len(ordered), micro)]
+    out: list[list[T]] = []
+    held = 0
+    for it in ordered:
+        s = tokens(it)
+        new = len(s) - (common_prefix(tokens(out[-1][-1]), s) if out and out[-1] else 0)
+        if out and len(out[-1]) < micro and held + new <= max_tokens:
+            out[-1].append(it)
+            held += new
+        else:
+            out.append([it])
+            held = len(s)
+    return out
+
+
+def choose_passes(
+    bucketed: list[list[T]],
+    trie: list[list[T]],
+    tokens: Callable[[T], Sequence[int]],
+    hidden: int | None,
+) -> list[Pass[T]]:
+    """The cheaper of two ways to make the passes: ``bucketed`` (like lengths together,
+    padded rows) or ``trie`` (like beginnings together, each pass shared where that is
+    cheaper). ``hidden`` None: prompt sharing is off (the model cannot take it)."""
+    plain = [Pass(b) for b in bucketed]
+    if hidden is None:
+        return plain
+    plain_cost = sum(padded_cost([len(tokens(it)) for it in b], hidden) for b in bucketed)
+    shared: list[Pass[T]] = []
+    cost = 0.0
+    for b in trie:
+        seqs = [tokens(it) for it in b]
+        rows = layout(seqs, hidden)
+        shared.append(Pass(b, rows))
+        cost += shared_cost(rows, hidden) if rows else padded_cost([len(s) for s in seqs], hidden)
+    return shared if cost < plain_cost else plain
