@@ -319,7 +319,8 @@ def train_step(
     n_trajectories = len({it.trajectory for it in items})
     on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, n_trajectories)) == 1
     hidden = None
-    if prompt_sharing and items:
+    # The KL reference computes the same passes: it must take shared rows too.
+    if prompt_sharing and items and (reference is None or sharing_hidden(reference)):
         hidden = _sharing_checked(
             model,
             items,
