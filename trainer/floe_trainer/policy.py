@@ -84,43 +84,46 @@ def make_shared_batch(
     temperature: float = 1.0,
     attention: str = "sdpa",
 ) -> Batch:
-    """``traces`` laid out in ``rows`` (``sharing.layout``): each row's common beginning once,
-    then each member's tokens after it, attending to the beginning and to themselves only, at
-    the positions they have alone. ``attention``: the model's attention implementation, which
-    decides the mask's form (SDPA takes booleans, eager an additive float mask)."""
+    """``traces`` laid out in ``rows`` (``sharing.layout``): each row the prefix tree of its
+    members' tokens, depth first; a token attends to its own path from the root only, at the
+    position its depth gives, so each trace's log-probs are the ones it has alone.
+    ``attention``: the model's attention implementation, which decides the mask's form (SDPA
+    takes booleans, eager an additive float mask)."""
     width = max(r.width for r in rows)
     allowed = torch.zeros(len(rows), 1, width, width, dtype=torch.bool)
     input_ids, position_ids = [], []
     row_of, positions, response, mask, behaviour, known = ([0] * len(traces) for _ in range(6))
     resp = max(max(len(t.response_token_ids) for t in traces), 1)
     for r, row in enumerate(rows):
-        p = row.prefix
-        head = traces[row.members[0]]
-        ids = (head.prompt_token_ids + head.response_token_ids)[:p]
-        allowed[r, 0, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
-        for m in row.members:
+        ids: list[int] = []
+        depth: list[int] = []
+        # The row index of each token of the member before (its path from the root).
+        path: list[int] = []
+        for m, common in zip(row.members, row.shared, strict=True):
             t = traces[m]
-            rest = (t.prompt_token_ids + t.response_token_ids)[p:]
-            at, n = len(ids), len(rest)
-            ids += rest
-            allowed[r, 0, at : at + n, :p] = True
-            allowed[r, 0, at : at + n, at : at + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            seq = t.prompt_token_ids + t.response_token_ids
+            at, new = len(ids), len(seq) - common
+            ids += seq[common:]
+            depth += range(common, len(seq))
+            # The new tokens see the path they branch from and, causally, each other.
+            allowed[r, 0, at : at + new, path[:common]] = True
+            allowed[r, 0, at : at + new, at : at + new] = torch.ones(new, new).tril().bool()
+            path = path[:common] + list(range(at, at + new))
             row_of[m] = r
             # The row index of the hidden state predicting each response token: the token
-            # before it, in the shared beginning or in this member's part.
-            before = [len(t.prompt_token_ids) - 1 + j for j in range(len(t.response_token_ids))]
-            k = len(before)
-            positions[m] = [max(q, 0) if q < p else at + q - p for q in before] + [0] * (resp - k)
-            response[m] = t.response_token_ids + [0] * (resp - k)
-            mask[m] = [float(v) for v in t.loss_mask] + [0.0] * (resp - k)
-            behaviour[m] = [0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * (resp - k)
-            known[m] = [lp is not None for lp in t.logprobs] + [False] * (resp - k)
-        pos = list(range(p)) + [q for m in row.members for q in range(p, p + _rest(traces[m], p))]
+            # before it on this trace's path.
+            n = len(t.response_token_ids)
+            before = [path[max(len(t.prompt_token_ids) - 1 + j, 0)] for j in range(n)]
+            positions[m] = before + [0] * (resp - n)
+            response[m] = t.response_token_ids + [0] * (resp - n)
+            mask[m] = [float(v) for v in t.loss_mask] + [0.0] * (resp - n)
+            behaviour[m] = [0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * (resp - n)
+            known[m] = [lp is not None for lp in t.logprobs] + [False] * (resp - n)
         # Padding attends to itself only (a query attending to nothing gives NaN in SDPA).
         for k in range(len(ids), width):
             allowed[r, 0, k, k] = True
         input_ids.append(ids + [pad_id] * (width - len(ids)))
-        position_ids.append(pos + [0] * (width - len(pos)))
+        position_ids.append(depth + [0] * (width - len(depth)))
     if attention == "eager":
         mask4d = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
     else:
@@ -138,10 +141,6 @@ def make_shared_batch(
         torch.tensor(position_ids, dtype=torch.long),
         torch.tensor(row_of, dtype=torch.long),
     )
-
-
-def _rest(t: Trace, prefix: int) -> int:
-    return len(t.prompt_token_ids) + len(t.response_token_ids) - prefix
 
 
 # Attention implementations whose 4-D masks transformers passes through as given.

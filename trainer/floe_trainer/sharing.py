@@ -1,13 +1,15 @@
-"""Prompt sharing: traces of one pass that begin alike are laid out in one row, the tokens
-they have in common once (pure: lists in, layouts out; ``policy.make_shared_batch`` turns a
-layout into tensors).
+"""Prompt sharing: traces of one pass that begin alike are laid out in one row as the tree of
+their tokens, each token once (pure: lists in, layouts out; ``policy.make_shared_batch``
+turns a layout into tensors).
 
 GRPO samples each task's prompt ``numSamples`` times, and an agent's prompt (system prompt,
 tool schemas, the task) is most of a trace's tokens; a ``per_request`` trajectory's calls
-repeat the conversation so far. Padded rows compute that beginning once per trace. A shared
-row holds it once, then every member's remainder, each remainder attending to the shared
-beginning and to itself only (a 4-D mask), its positions continuing from the beginning's:
-every log-prob is the one the trace has alone (tested), from fewer tokens.
+repeat the conversation so far. Padded rows compute those tokens once per trace. A shared row
+holds its first member whole, then each next member's tokens after the beginning it has in
+common with the one before (in lexicographic order, the most it has in common with any
+before it): a prefix tree, depth first. A token attends to the tokens on its own path from
+the root only (a 4-D mask), at the position its depth gives: every log-prob is the one the
+trace has alone (tested), from fewer tokens.
 
 A row's attention is dense (SDPA with a mask scores every pair in it), so a wide row costs
 quadratically: a trace joins a row only while the estimated cost of the row with it is below
@@ -30,11 +32,12 @@ MIN_SAVING = 0.1
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a shared pass: ``prefix`` tokens common to every member, then each member's
-    tokens after them, in ``members`` order (indices into the pass's traces)."""
+    """One row of a shared pass: ``members`` (indices into the pass's traces) in layout order;
+    ``shared[k]``, the tokens member k begins with in common with member k-1 (0 for the first),
+    which it takes from that member's path; ``width``, the tokens the row holds."""
 
-    prefix: int
     members: tuple[int, ...]
+    shared: tuple[int, ...]
     width: int
 
 
@@ -71,25 +74,28 @@ def shared_cost(rows: Sequence[Row], hidden: int) -> float:
 
 def plan_rows(seqs: Sequence[Sequence[int]], hidden: int) -> list[Row]:
     """Rows over ``seqs`` (each a trace's prompt and response tokens), greedily in the given
-    order: callers sort so that sequences which begin alike are adjacent (in lexicographic
-    order, a sequence's common beginning with the row's first member is the one with all of
-    them). A sequence joins the current row while that is cheaper than a row of its own."""
+    order: callers sort them lexicographically, so that a sequence's common beginning with the
+    one before it is the longest it has with any before it. A sequence joins the current row
+    while that is cheaper than a row of its own."""
     rows: list[Row] = []
-    first, prefix, total, members = 0, 0, 0, []
+    members: list[int] = []
+    shared: list[int] = []
+    width = 0
     for i, s in enumerate(seqs):
         if members:
-            p = min(prefix, common_prefix(seqs[first], s))
-            width = total + len(s) - len(members) * p
-            if p > 0 and row_cost(width, hidden) < row_cost(
-                total - (len(members) - 1) * prefix, hidden
-            ) + row_cost(len(s), hidden):
-                prefix, total = p, total + len(s)
+            common = common_prefix(seqs[members[-1]], s)
+            grown = width + len(s) - common
+            if common > 0 and row_cost(grown, hidden) < row_cost(width, hidden) + row_cost(
+                len(s), hidden
+            ):
                 members.append(i)
+                shared.append(common)
+                width = grown
                 continue
-            rows.append(Row(prefix, tuple(members), total - (len(members) - 1) * prefix))
-        first, prefix, total, members = i, len(s), len(s), [i]
+            rows.append(Row(tuple(members), tuple(shared), width))
+        members, shared, width = [i], [0], len(s)
     if members:
-        rows.append(Row(prefix, tuple(members), total - (len(members) - 1) * prefix))
+        rows.append(Row(tuple(members), tuple(shared), width))
     return rows
 
 
@@ -114,7 +120,7 @@ def trie_batches(
     items: list[T], micro: int, max_tokens: int | None, tokens: Callable[[T], Sequence[int]]
 ) -> list[list[T]]:
     """Passes of ``items`` in lexicographic order of their tokens (traces that begin alike
-    side by side): ``micro`` a pass, or, with ``max_tokens``, while the tokens a shared layout
+    side by side): ``micro`` a pass, or, with ``max_tokens``, while the tokens a shared row
     would hold (each item's beyond its common beginning with the one before) stay within it."""
     ordered = sorted(items, key=lambda it: list(tokens(it)))
     micro = max(micro, 1)

@@ -31,13 +31,19 @@ def test_common_prefix_counts_the_tokens_two_sequences_begin_with():
 def test_samples_of_one_prompt_share_a_row_and_unrelated_traces_do_not():
     seqs = [PROMPT + [50, 51], PROMPT + [52, 53, 54], PROMPT + [55], [60, 61, 62]]
     rows = plan_rows(seqs, hidden=64)
-    assert rows == [Row(40, (0, 1, 2), 40 + 2 + 3 + 1), Row(3, (3,), 3)]
+    assert rows == [Row((0, 1, 2), (0, 40, 40), 40 + 2 + 3 + 1), Row((3,), (0,), 3)]
 
 
-def test_a_row_takes_the_common_beginning_of_all_its_members():
+def test_a_row_is_the_prefix_tree_of_its_members():
+    # In lexicographic order each member branches from the one before it where they part.
     seqs = [PROMPT + [1, 2, 3], PROMPT + [1, 2, 4], PROMPT + [1, 9]]
     (row,) = plan_rows(seqs, hidden=64)
-    assert row.prefix == 41 and row.width == 41 + 2 + 2 + 1
+    assert row.shared == (0, 42, 41) and row.width == 43 + 1 + 1
+    # A per_request trajectory's calls: each holds the one before whole, so the row is as
+    # wide as the last call alone.
+    calls = [PROMPT + [50, 51], PROMPT + [50, 51, 7, 8, 52], PROMPT + [50, 51, 7, 8, 52, 9, 53]]
+    (row,) = plan_rows(calls, hidden=64)
+    assert row.shared == (0, 42, 45) and row.width == len(calls[-1])
 
 
 def test_a_row_stops_growing_where_its_attention_would_cost_more_than_it_saves():
@@ -106,15 +112,20 @@ def traces_that_begin_alike():
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-@pytest.mark.parametrize("which", ["all", "alike_responses"])
+@pytest.mark.parametrize("which", ["all", "alike_responses", "calls"])
 def test_shared_rows_give_every_trace_its_padded_log_probs_and_gradients(attention, which):
     model = tiny_llama(positions=128)
     model.config._attn_implementation = attention
     traces = traces_that_begin_alike()
-    # All five share the prompt; the two whose responses begin alike share into them.
-    traces, prefix = (traces, 20) if which == "all" else ([traces[1], traces[4]], 24)
+    # All five share the prompt; the two whose responses begin alike share into them; a
+    # per_request trajectory's second call holds its first whole.
+    traces, common = {
+        "all": (traces, 20),
+        "alike_responses": ([traces[1], traces[4]], 24),
+        "calls": ([traces[0], traces[3]], 25),
+    }[which]
     rows = plan_rows([t.prompt_token_ids + t.response_token_ids for t in traces], hidden=4096)
-    assert len(rows) == 1 and rows[0].prefix == prefix
+    assert len(rows) == 1 and min(rows[0].shared[1:]) == common
     shared = make_shared_batch(traces, rows, attention=attention)
     assert shared.input_ids.shape == (1, rows[0].width)
     padded = make_batch(traces)
@@ -161,7 +172,9 @@ def test_models_that_cannot_take_a_custom_mask_are_never_given_shared_rows():
     assert sharing_hidden(model) is None
 
 
-def grpo_groups(n_groups=2, n=4, prompt_len=20, response_len=8):
+def grpo_groups(n_groups=2, n=4, prompt_len=20, response_len=8, calls=1):
+    """Groups of ``n`` samples of one prompt each; with ``calls`` > 1 each sample is a
+    per_request trajectory, a call's prompt the conversation so far and a tool's output."""
     from floe_trainer.batching import Group
     from floe_trainer.wire import Trajectory
 
@@ -171,25 +184,30 @@ def grpo_groups(n_groups=2, n=4, prompt_len=20, response_len=8):
         prompt = torch.randint(1, 64, (prompt_len,), generator=g).tolist()
         trajs = []
         for s in range(n):
-            resp = torch.randint(1, 64, (response_len - s,), generator=g).tolist()
-            t = Trace(prompt, resp, [1] * len(resp), [-1.0] * len(resp))
-            trajs.append(Trajectory(f"s{gi}{s}", "t", f"g{gi}", s, True, float(s % 2), [0], [t]))
+            traces, context = [], prompt
+            for _ in range(calls):
+                resp = torch.randint(1, 64, (response_len - s,), generator=g).tolist()
+                traces.append(Trace(context, resp, [1] * len(resp), [-1.0] * len(resp)))
+                context = context + resp + torch.randint(1, 64, (3,), generator=g).tolist()
+            trajs.append(Trajectory(f"s{gi}{s}", "t", f"g{gi}", s, True, float(s % 2), [0], traces))
         out.append(Group(f"g{gi}", trajs, [1.0 if s % 2 else -1.0 for s in range(n)]))
     return out
 
 
-def shared_and_padded_steps(**kwargs):
+def shared_and_padded_steps(calls=1, **kwargs):
     from floe_trainer.loss import LossConfig
     from floe_trainer.step import train_step
 
     results = []
     for sharing in (True, False):
         model = tiny_llama()
-        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        # SGD: the update is the gradient's (AdamW divides a near-zero gradient by its own
+        # size, which turns rounding into a whole step).
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
         stats = train_step(
             model,
             opt,
-            grpo_groups(),
+            grpo_groups(calls=calls),
             LossConfig(epsilon_low=0.2, epsilon_high=0.28),
             micro_batch_size=4,
             prompt_sharing=sharing,
@@ -200,11 +218,19 @@ def shared_and_padded_steps(**kwargs):
 
 
 @pytest.mark.parametrize("updates", [(1, 1), (2, 2)])
-def test_a_step_in_shared_rows_trains_what_padded_rows_train(updates):
+@pytest.mark.parametrize("calls", [1, 3])
+def test_a_step_in_shared_rows_trains_what_padded_rows_train(updates, calls):
     mini_batches, epochs = updates
-    (shared, s), (padded, p) = shared_and_padded_steps(mini_batches=mini_batches, epochs=epochs)
-    # Each group's four samples in one row: the prompt computed once, not four times.
+    (shared, s), (padded, p) = shared_and_padded_steps(
+        calls, mini_batches=mini_batches, epochs=epochs, max_tokens_per_micro_batch=200
+    )
+    # A group's samples share a row: the prompt (and a trajectory's earlier calls) computed
+    # once, not once per trace.
     assert s.computed_tokens < p.computed_tokens
+    print(
+        f"computed/trace tokens: shared {s.computed_tokens}/{s.trace_tokens}, padded "
+        f"{p.computed_tokens}/{p.trace_tokens}"
+    )
     assert s.trace_tokens == p.trace_tokens and s.computed_tokens < s.trace_tokens
     assert shared.floe_shared_rows_verified is True
     assert s.updates == p.updates == mini_batches * epochs
@@ -259,7 +285,7 @@ def test_real_models_give_shared_rows_their_padded_log_probs(name):
     first = traces[0]
     traces.append(trace(first.prompt_token_ids + first.response_token_ids + tokens(5), tokens(9)))
     rows = layout([t.prompt_token_ids + t.response_token_ids for t in traces], hidden)
-    assert rows is not None and len(rows) == 1 and rows[0].prefix == 300
+    assert rows is not None and len(rows) == 1 and min(rows[0].shared[1:]) == 300
     with torch.no_grad():
         shared = token_logprobs(model, make_shared_batch(traces, rows))
         padded = token_logprobs(model, make_batch(traces))
