@@ -140,6 +140,9 @@ def test_one_trained_step_is_exactly_what_vllm_serves_after_the_push(served):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     stats = train_step(model, opt, [group], LossConfig(), micro_batch_size=2)
     assert stats.tokens == sum(len(b["traces"][0]["response_token_ids"]) for b in bodies)
+    # The samples share their prompt, so the step computed them in shared rows (prompt
+    # sharing): its log-probs still match what vLLM sampled with.
+    assert stats.computed_tokens < stats.trace_tokens
     assert stats.logprob_mismatch < 1e-3
     timing = push(model.state_dict, url, model_dir, 1)
     print(
