@@ -4,7 +4,9 @@ step's figures to ``OUT``. ``test_distributed.py`` runs it both ways and compare
 ``lora`` last, a LoRA adapter trains (the weights saved are the merged ones, the adapter
 beside them).
 
-    dp_step.py OUT adamw|sgd [lora] [SequenceMean|TokenSumNorm]"""
+    dp_step.py OUT adamw|sgd [lora] [SequenceMean|TokenSumNorm] [shared]
+
+``shared``: passes of up to four traces, so a group's samples share rows (prompt sharing)."""
 
 import json
 import sys
@@ -65,7 +67,9 @@ def groups() -> list[Group]:
     return out
 
 
-def main(out: Path, optimizer_name: str, adapter: bool, aggregation: str = "TokenMean") -> None:
+def main(
+    out: Path, optimizer_name: str, adapter: bool, aggregation: str = "TokenMean", micro: int = 1
+) -> None:
     torch.set_num_threads(1)
     # Responses of 3-6 tokens in chunks of 2: several chunks each, the checkpointed head of
     # the chunked log-probs, sharded too (``register_sharded_logprobs``), in both runs.
@@ -91,7 +95,7 @@ def main(out: Path, optimizer_name: str, adapter: bool, aggregation: str = "Toke
         optimizer,
         groups(),
         LossConfig(aggregation=aggregation, sum_norm=8.0),
-        micro_batch_size=1,
+        micro_batch_size=micro,
         mini_batches=2,
         epochs=2,
         world=world,
@@ -115,6 +119,6 @@ def main(out: Path, optimizer_name: str, adapter: bool, aggregation: str = "Toke
 
 if __name__ == "__main__":
     rest = sys.argv[3:]
-    modes = [a for a in rest if a != "lora"]
-    main(Path(sys.argv[1]), sys.argv[2], "lora" in rest, *modes)
+    modes = [a for a in rest if a not in ("lora", "shared")]
+    main(Path(sys.argv[1]), sys.argv[2], "lora" in rest, *modes, micro=4 if "shared" in rest else 1)
     exit_process(0)

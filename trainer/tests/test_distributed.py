@@ -62,6 +62,22 @@ def test_one_step_in_two_processes_updates_the_weights_as_one_process_does(tmp_p
         assert two["clip_fraction_last"] > 0
 
 
+def test_a_step_in_shared_rows_updates_alike_in_one_process_and_in_two(tmp_path):
+    """Prompt sharing sharded: each process lays its share's traces out in shared rows, and
+    the check against padded rows runs in every process alike (its collectives match)."""
+    from tiny import tiny_llama
+
+    one, w1 = run_step(tmp_path / "one", "sgd", 1, "TokenMean", "shared")
+    two, w2 = run_step(tmp_path / "two", "sgd", 2, "TokenMean", "shared")
+    for stats in (one, two):
+        assert stats["computed_tokens"] < stats["trace_tokens"], stats
+    start = tiny_llama(seed=3).state_dict()
+    diff = sum(float(((w1[k] - start[k]) - (w2[k] - start[k])).pow(2).sum()) for k in w1)
+    norm = sum(float((w1[k] - start[k]).pow(2).sum()) for k in w1)
+    assert norm > 0 and (diff / norm) ** 0.5 <= 1e-5, (diff / norm) ** 0.5
+    assert one["loss"] == pytest.approx(two["loss"], rel=1e-6)
+
+
 @pytest.mark.parametrize("aggregation", ["SequenceMean"])
 def test_each_aggregation_updates_alike_in_one_process_and_in_two(tmp_path, aggregation):
     """One normaliser per mini-batch, whatever share of it each process trains: SGD (the
