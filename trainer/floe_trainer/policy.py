@@ -97,23 +97,29 @@ def make_shared_batch(
     for r, row in enumerate(rows):
         ids: list[int] = []
         depth: list[int] = []
-        # The row index of each token of the member before (its path from the root).
-        path: list[int] = []
+        # The path from the root of the member before, as runs of the row: (first depth,
+        # first row index, tokens); a few runs, where a token list would be tens of thousands.
+        path: list[tuple[int, int, int]] = []
         for m, common in zip(row.members, row.shared, strict=True):
             t = traces[m]
             seq = t.prompt_token_ids + t.response_token_ids
             at, new = len(ids), len(seq) - common
             ids += seq[common:]
             depth += range(common, len(seq))
+            path = [(d, i, min(n, common - d)) for d, i, n in path if d < common]
             # The new tokens see the path they branch from and, causally, each other.
-            allowed[r, 0, at : at + new, path[:common]] = True
-            allowed[r, 0, at : at + new, at : at + new] = torch.ones(new, new).tril().bool()
-            path = path[:common] + list(range(at, at + new))
+            for _, i, n in path:
+                allowed[r, 0, at : at + new, i : i + n] = True
+            allowed[r, 0, at : at + new, at : at + new] = torch.ones(
+                new, new, dtype=torch.bool
+            ).tril()
+            if new:
+                path.append((common, at, new))
             row_of[m] = r
             # The row index of the hidden state predicting each response token: the token
             # before it on this trace's path.
             n = len(t.response_token_ids)
-            before = [path[max(len(t.prompt_token_ids) - 1 + j, 0)] for j in range(n)]
+            before = [_row_index(path, max(len(t.prompt_token_ids) - 1 + j, 0)) for j in range(n)]
             positions[m] = before + [0] * (resp - n)
             response[m] = t.response_token_ids + [0] * (resp - n)
             mask[m] = [float(v) for v in t.loss_mask] + [0.0] * (resp - n)
@@ -141,6 +147,14 @@ def make_shared_batch(
         torch.tensor(position_ids, dtype=torch.long),
         torch.tensor(row_of, dtype=torch.long),
     )
+
+
+def _row_index(path: list[tuple[int, int, int]], d: int) -> int:
+    """The row index of the token at depth ``d`` of a path (runs of the row)."""
+    for first, i, n in reversed(path):
+        if first <= d < first + n:
+            return i + d - first
+    raise IndexError(f"depth {d} is not on the path")
 
 
 # Attention implementations whose 4-D masks transformers passes through as given.

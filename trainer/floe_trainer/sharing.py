@@ -51,11 +51,19 @@ class Pass(Generic[T]):
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The tokens ``a`` and ``b`` begin with in common. Agent prompts run to tens of thousands
+    of tokens: they are compared a block at a time (a slice comparison runs in C), then token
+    by token within the first block that differs."""
     n = min(len(a), len(b))
     i = 0
+    while i + _BLOCK <= n and a[i : i + _BLOCK] == b[i : i + _BLOCK]:
+        i += _BLOCK
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+_BLOCK = 256
 
 
 def row_cost(width: int, hidden: int) -> float:

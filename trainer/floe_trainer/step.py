@@ -178,8 +178,14 @@ def passes(
     )
     if hidden is None:
         return [Pass(b) for b in bucketed]
-    trie = trie_batches(items, micro, max_tokens, lambda it: _tokens(trace_of(it)))
-    return choose_passes(bucketed, trie, lambda it: _tokens(trace_of(it)), hidden)
+    # Each item's tokens once (``id``: items need not be hashable; all live through the call).
+    cache = {id(it): _tokens(trace_of(it)) for it in items}
+
+    def tokens(it: T) -> list[int]:
+        return cache[id(it)]
+
+    trie = trie_batches(items, micro, max_tokens, tokens)
+    return choose_passes(bucketed, trie, tokens, hidden)
 
 
 def _attention(model: torch.nn.Module) -> str:

@@ -291,3 +291,11 @@ def test_real_models_give_shared_rows_their_padded_log_probs(name):
         padded = token_logprobs(model, make_batch(traces))
     mask = make_batch(traces).loss_mask.bool()
     assert (shared - padded).abs()[mask].max() < 1e-4
+
+
+def test_common_prefix_is_exact_across_its_blocks():
+    a = list(range(1000))
+    for cut in (0, 1, 255, 256, 257, 511, 512, 999):
+        b = a[:cut] + [-1] + a[cut + 1 :]
+        assert common_prefix(a, b) == cut
+    assert common_prefix(a, a) == 1000 and common_prefix(a, a[:300]) == 300
