@@ -199,10 +199,10 @@ def _batch(p: Pass, traces: list[Trace], pad_id: int, temperature: float, attent
 
 
 # The mean |difference| (nats per token) between a model's log-probs of traces in shared rows
-# and in padded rows beyond which shared rows are not used with it: a model whose attention
-# ignores the custom mask is off by nats; layouts that agree differ by rounding only (bf16's
-# is the larger).
-SHARING_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
+# and in padded rows beyond which shared rows are not used with it. Measured in fp32 on CPU
+# (SmolLM2): 3e-6 when the layouts agree, 0.32 with the mask ignored. bf16's rounding, with
+# other attention kernels for the two layouts, is the larger (not yet measured on a GPU).
+SHARING_TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}
 
 
 def _sharing_checked(
