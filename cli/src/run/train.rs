@@ -613,14 +613,21 @@ pub fn summary(status: &Value, curve_file: &str) -> Value {
 /// One progress line per optimizer step.
 pub fn step_line(s: &Value) -> String {
     let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+    // Tokens the step's passes computed per token of its traces: above 1 is padding, below 1
+    // what prompt sharing saved (a trainer before it reports neither).
+    let computed = match (s["computedTokens"].as_f64(), s["traceTokens"].as_f64()) {
+        (Some(c), Some(t)) if t > 0.0 => format!(" (computed {:.2}×)", c / t),
+        _ => String::new(),
+    };
     format!(
-        "[train] step {} · policy v{} · {} groups · reward {:.3} · pass {:.0}% · {} tokens · clip {:.3} · lag ≤{} · {} stale · train {:.1} s · push {:.1} s",
+        "[train] step {} · policy v{} · {} groups · reward {:.3} · pass {:.0}% · {} tokens{} · clip {:.3} · lag ≤{} · {} stale · train {:.1} s · push {:.1} s",
         s["step"],
         s["policyVersion"],
         s["groups"],
         f("rewardMean"),
         100.0 * f("passRate"),
         s["tokens"],
+        computed,
         f("clipFraction"),
         s["versionLagMax"],
         s["staleDrops"],
@@ -633,6 +640,16 @@ pub fn step_line(s: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_step_line_says_what_the_passes_computed_per_trace_token() {
+        let step = json!({"step": 3, "policyVersion": 3, "groups": 2, "tokens": 120,
+            "computedTokens": 420, "traceTokens": 1000});
+        assert!(step_line(&step).contains("120 tokens (computed 0.42×) · clip"));
+        // A trainer that does not report them: the line as before.
+        let older = json!({"step": 3, "policyVersion": 3, "groups": 2, "tokens": 120});
+        assert!(step_line(&older).contains("120 tokens · clip"));
+    }
 
     #[test]
     fn requests_running_sums_vllms_gauge_over_engines() {
