@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The trainer on a GPU, for a session lent one (never CI): converts SmolLM2-135M-Instruct from
 # its GGUF, runs the optimizer-step benchmark (fp32 vs bf16 vs bf16 + gradient checkpointing,
-# with GPU utilization from NVML), the memory plan's estimate against measured peaks, the unit
+# with GPU utilization from NVML; with and without prompt sharing), the memory plan's estimate against measured peaks, the unit
 # and GPU tests, and the learning demo sampling with the trained model itself.
 # vLLM is not used: its CUDA build cannot be installed on the lent machines (docs/trainer.md).
 # Usage: scripts/trainer/gpu-proof.sh GGUF_DIR WORK_DIR   (env: PYTHON, STEPS, BENCH_ARGS)
@@ -24,4 +24,7 @@ for probe in "--precision fp32 --sequence 4096" "--precision bf16 --sequence 819
 done
 # shellcheck disable=SC2086
 "$PY" -m floe_trainer.bench_step --model-dir "$W/smollm2-135m-instruct" --device cuda ${BENCH_ARGS:-}
+# Prompt sharing where it pays: a long shared prompt, responses of spread lengths (bf16 rows).
+"$PY" -m floe_trainer.bench_step --model-dir "$W/smollm2-135m-instruct" --device cuda \
+  --precisions bf16 --prompt 4096 --response 512 --response-min 64
 "$PY" -m floe_trainer.learn_demo --local --model-dir "$W/smollm2-135m-instruct" --device cuda --steps "${STEPS:-30}"
