@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The trainer on a GPU, for a session lent one (never CI): converts SmolLM2-135M-Instruct from
 # its GGUF, runs the optimizer-step benchmark (fp32 vs bf16 vs bf16 + gradient checkpointing,
-# with GPU utilization from NVML; with and without prompt sharing), the memory plan's estimate against measured peaks, the unit
-# and GPU tests, and the learning demo sampling with the trained model itself.
+# with GPU utilization from NVML; with and without prompt sharing), the memory plan's
+# estimate against measured peaks, the unit and GPU tests, and the learning demo sampling
+# with the trained model itself.
 # vLLM is not used: its CUDA build cannot be installed on the lent machines (docs/trainer.md).
 # Usage: scripts/trainer/gpu-proof.sh GGUF_DIR WORK_DIR   (env: PYTHON, STEPS, BENCH_ARGS)
 set -euo pipefail
