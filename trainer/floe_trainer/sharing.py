@@ -9,7 +9,9 @@ holds its first member whole, then each next member's tokens after the beginning
 common with the one before (in lexicographic order, the most it has in common with any
 before it): a prefix tree, depth first. A token attends to the tokens on its own path from
 the root only (a 4-D mask), at the position its depth gives: every log-prob is the one the
-trace has alone (tested), from fewer tokens.
+trace has alone (tested), from fewer tokens. Rows are then packed: trees side by side in a
+row no wider than the pass's widest (``pack``), so short traces stop costing a padded row
+each.
 
 A row's attention is dense (SDPA with a mask scores every pair in it), so a wide row costs
 quadratically: a trace joins a row only while the estimated cost of the row with it is below
@@ -107,12 +109,41 @@ def plan_rows(seqs: Sequence[Sequence[int]], hidden: int) -> list[Row]:
     return rows
 
 
+def pack(rows: list[Row]) -> list[Row]:
+    """``rows`` merged into as few as fit the widest (first fit, widest first). A pass pads
+    every row to its widest, and a row's dense attention costs its width squared whatever it
+    holds, so trees side by side in one row (each attending to itself only: a member that
+    shares nothing with the one before starts a tree of its own) cost no more than apart, and
+    the rows they leave cost nothing. Packing never makes a row wider than the pass's widest,
+    so it is never dearer."""
+    width = max((r.width for r in rows), default=0)
+    bins: list[list[Row]] = []
+    loads: list[int] = []
+    for r in sorted(rows, key=lambda r: -r.width):
+        fit = next((k for k, load in enumerate(loads) if load + r.width <= width), None)
+        if fit is None:
+            bins.append([r])
+            loads.append(r.width)
+        else:
+            bins[fit].append(r)
+            loads[fit] += r.width
+    return [
+        Row(
+            tuple(m for r in b for m in r.members),
+            tuple(c for r in b for c in r.shared),
+            sum(r.width for r in b),
+        )
+        for b in bins
+    ]
+
+
 def layout(seqs: Sequence[Sequence[int]], hidden: int) -> list[Row] | None:
-    """The shared rows of one pass (``seqs`` in the pass's order), or None when padded rows
-    cost no more. Never more query-key pairs than the padded rows (rows × width² against
-    traces × longest²): the mask and, on CPU, the attention scores stay within what the
-    memory plan counts for a pass."""
-    rows = plan_rows(seqs, hidden)
+    """The rows of one pass (``seqs`` in the pass's order): traces that begin alike shared
+    (``plan_rows``), rows packed (``pack``); or None when padded rows cost no more. Never
+    more query-key pairs than the padded rows (rows × width² against traces × longest²): the
+    mask and, on CPU, the attention scores stay within what the memory plan counts for a
+    pass."""
+    rows = pack(plan_rows(seqs, hidden))
     if len(rows) == len(seqs):
         return None
     width = max(r.width for r in rows)
@@ -154,18 +185,25 @@ def choose_passes(
     tokens: Callable[[T], Sequence[int]],
     hidden: int | None,
 ) -> list[Pass[T]]:
-    """The cheaper of two ways to make the passes: ``bucketed`` (like lengths together,
-    padded rows) or ``trie`` (like beginnings together, each pass shared where that is
-    cheaper). ``hidden`` None: prompt sharing is off (the model cannot take it)."""
-    plain = [Pass(b) for b in bucketed]
+    """The cheaper of two ways to make the passes: ``bucketed`` (like lengths together) or
+    ``trie`` (like beginnings together), each pass laid out in shared and packed rows where
+    that is cheaper than padded ones (``layout``). ``hidden`` None: padded rows only (the
+    model cannot take a custom mask)."""
     if hidden is None:
-        return plain
-    plain_cost = sum(padded_cost([len(tokens(it)) for it in b], hidden) for b in bucketed)
-    shared: list[Pass[T]] = []
+        return [Pass(b) for b in bucketed]
+    plain, plain_cost = _laid_out(bucketed, tokens, hidden)
+    shared, cost = _laid_out(trie, tokens, hidden)
+    return shared if cost < plain_cost else plain
+
+
+def _laid_out(
+    batches: list[list[T]], tokens: Callable[[T], Sequence[int]], hidden: int
+) -> tuple[list[Pass[T]], float]:
+    out: list[Pass[T]] = []
     cost = 0.0
-    for b in trie:
+    for b in batches:
         seqs = [tokens(it) for it in b]
         rows = layout(seqs, hidden)
-        shared.append(Pass(b, rows))
+        out.append(Pass(b, rows))
         cost += shared_cost(rows, hidden) if rows else padded_cost([len(s) for s in seqs], hidden)
-    return shared if cost < plain_cost else plain
+    return out, cost

@@ -12,6 +12,7 @@ from floe_trainer.sharing import (
     choose_passes,
     common_prefix,
     layout,
+    pack,
     plan_rows,
     row_cost,
     trie_batches,
@@ -63,6 +64,23 @@ def test_a_layout_that_saves_little_is_not_taken():
     assert layout(seqs, hidden=64) is not None
     # One token of ten in common: sharing it saves less than a mask is worth.
     assert layout([list(range(1, 11)), [1] + list(range(11, 20))], hidden=64) is None
+
+
+def test_rows_are_packed_into_as_few_as_fit_the_widest():
+    rows = [Row((0,), (0,), 10), Row((1,), (0,), 4), Row((2, 3), (0, 2), 5), Row((4,), (0,), 6)]
+    packed = pack(rows)
+    # Widest first, each into the first row with room: [10], [6, 4], [5].
+    assert packed == [
+        Row((0,), (0,), 10),
+        Row((4, 1), (0, 0), 10),
+        Row((2, 3), (0, 2), 5),
+    ]
+    # Unrelated traces of spread lengths: three padded rows' worth in place of five.
+    seqs = [list(range(100, 110)), [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11], [12] * 6]
+    laid = layout(seqs, hidden=64)
+    assert laid is not None and len(laid) == 3 and max(r.width for r in laid) == 10
+    # Traces of one length: nothing fits beside another, padded rows stay.
+    assert layout([[1, 2, 3], [4, 5, 6], [7, 8, 9]], hidden=64) is None
 
 
 def test_trie_batches_put_traces_that_begin_alike_in_one_pass():
@@ -157,6 +175,22 @@ def test_two_shared_rows_of_different_widths_pad_without_touching_either():
     mask = make_batch(traces).loss_mask.bool()
     assert torch.isfinite(shared).all()
     assert torch.allclose(shared[mask], padded[mask], atol=1e-5)
+
+
+def test_a_packed_row_keeps_its_trees_apart():
+    model = tiny_llama(positions=128).eval()
+    a = traces_that_begin_alike()[:2]
+    b = [trace([30, 31, 32], [36, 37]), trace([40, 41], [38, 39, 42])]
+    traces = a + b
+    rows = [Row((0, 1, 2, 3), (0, 20, 0, 0), 25 + 9 + 5 + 5)]
+    batch = make_shared_batch(traces, rows)
+    # Each tree's positions start again from 0.
+    assert batch.position_ids[0, 34:44].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
+    with torch.no_grad():
+        packed = token_logprobs(model, batch)
+        padded = token_logprobs(model, make_batch(traces))
+    mask = make_batch(traces).loss_mask.bool()
+    assert torch.allclose(packed[mask], padded[mask], atol=1e-5)
 
 
 def test_models_that_cannot_take_a_custom_mask_are_never_given_shared_rows():
