@@ -364,13 +364,14 @@ pub struct GrpoSpec {
     #[serde(default = "default_micro_batch")]
     #[schemars(range(min = 1, max = 4096))]
     pub micro_batch_size: i32,
-    /// At most this many tokens (traces × the longest one's length, padding included) in a
-    /// forward/backward pass: short traces are packed up to `microBatchSize` a pass, a long
-    /// one goes alone. Traces are sorted by length within a mini-batch first (with or without
-    /// this: like lengths share a pass and pad least). Unset: every pass holds
-    /// `microBatchSize` traces. The memory plan is made for this many tokens (or
-    /// one trace of vLLM's context length, if longer) instead of `microBatchSize` traces of
-    /// the whole context.
+    /// At most this many tokens (traces × the longest one's length, padding included; in
+    /// shared rows, the tokens the rows hold) in a forward/backward pass: short traces are
+    /// gathered up to `microBatchSize` a pass, a long one goes alone. Traces are sorted by
+    /// length within a mini-batch first (like lengths share a pass and pad least), or, where
+    /// the trainer's prompt sharing is cheaper, by their tokens (traces that begin alike share
+    /// a row). Unset: every pass holds `microBatchSize` traces. The memory plan is made for
+    /// this many tokens (or one trace of vLLM's context length, if longer) instead of
+    /// `microBatchSize` traces of the whole context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_tokens_per_micro_batch: Option<i64>,
