@@ -51,29 +51,41 @@ def make_batch(traces: list[Trace], pad_id: int = 0, temperature: float = 1.0) -
     # cost microseconds each and left the GPU idle for a third of a bf16 step.
     length = max(len(t.prompt_token_ids) + len(t.response_token_ids) for t in traces)
     resp = max(max(len(t.response_token_ids) for t in traces), 1)
-    input_ids, attention, positions, response, mask, behaviour, known = ([] for _ in range(7))
+    input_ids, attention, positions = [], [], []
     for t in traces:
         ids = t.prompt_token_ids + t.response_token_ids
         n, p = len(t.response_token_ids), len(t.prompt_token_ids)
-        pad = resp - n
         input_ids.append(ids + [pad_id] * (length - len(ids)))
         attention.append([1] * len(ids) + [0] * (length - len(ids)))
-        positions.append(list(range(p - 1, p - 1 + n)) + [0] * pad if n else [0] * resp)
-        response.append(t.response_token_ids + [0] * pad)
-        mask.append([float(m) for m in t.loss_mask] + [0.0] * pad)
-        behaviour.append([0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * pad)
-        known.append([lp is not None for lp in t.logprobs] + [False] * pad)
+        positions.append(list(range(p - 1, p - 1 + n)) + [0] * (resp - n) if n else [0] * resp)
     starts = [len(t.prompt_token_ids) - 1 for t in traces if t.response_token_ids]
     return Batch(
         torch.tensor(input_ids, dtype=torch.long),
         torch.tensor(attention, dtype=torch.long),
         torch.tensor(positions, dtype=torch.long),
+        *_response_columns(traces, resp),
+        max(min(starts, default=0), 0),
+        temperature,
+    )
+
+
+def _response_columns(
+    traces: list[Trace], width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per response token of each trace, padded to ``width``: the token, its loss mask, its
+    behaviour log-prob (0 where unknown) and whether that is known."""
+    response, mask, behaviour, known = ([] for _ in range(4))
+    for t in traces:
+        pad = width - len(t.response_token_ids)
+        response.append(t.response_token_ids + [0] * pad)
+        mask.append([float(m) for m in t.loss_mask] + [0.0] * pad)
+        behaviour.append([0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * pad)
+        known.append([lp is not None for lp in t.logprobs] + [False] * pad)
+    return (
         torch.tensor(response, dtype=torch.long),
         torch.tensor(mask, dtype=torch.float32),
         torch.tensor(behaviour, dtype=torch.float64),
         torch.tensor(known, dtype=torch.bool),
-        max(min(starts, default=0), 0),
-        temperature,
     )
 
 
@@ -92,7 +104,7 @@ def make_shared_batch(
     width = max(r.width for r in rows)
     allowed = torch.zeros(len(rows), 1, width, width, dtype=torch.bool)
     input_ids, position_ids = [], []
-    row_of, positions, response, mask, behaviour, known = ([0] * len(traces) for _ in range(6))
+    row_of, positions = [0] * len(traces), [[0]] * len(traces)
     resp = max(max(len(t.response_token_ids) for t in traces), 1)
     for r, row in enumerate(rows):
         ids: list[int] = []
@@ -121,10 +133,6 @@ def make_shared_batch(
             n = len(t.response_token_ids)
             before = [_row_index(path, max(len(t.prompt_token_ids) - 1 + j, 0)) for j in range(n)]
             positions[m] = before + [0] * (resp - n)
-            response[m] = t.response_token_ids + [0] * (resp - n)
-            mask[m] = [float(v) for v in t.loss_mask] + [0.0] * (resp - n)
-            behaviour[m] = [0.0 if lp is None else lp for lp in t.logprobs] + [0.0] * (resp - n)
-            known[m] = [lp is not None for lp in t.logprobs] + [False] * (resp - n)
         # Padding attends to itself only (a query attending to nothing gives NaN in SDPA).
         for k in range(len(ids), width):
             allowed[r, 0, k, k] = True
@@ -138,10 +146,7 @@ def make_shared_batch(
         torch.tensor(input_ids, dtype=torch.long),
         mask4d,
         torch.tensor(positions, dtype=torch.long),
-        torch.tensor(response, dtype=torch.long),
-        torch.tensor(mask, dtype=torch.float32),
-        torch.tensor(behaviour, dtype=torch.float64),
-        torch.tensor(known, dtype=torch.bool),
+        *_response_columns(traces, resp),
         0,
         temperature,
         torch.tensor(position_ids, dtype=torch.long),

@@ -92,33 +92,53 @@ class _Item:
     logp_ref: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How a step's traces become forward passes: the same for the old log-probs, the check of
+    shared rows and the updates."""
+
+    micro: int
+    max_tokens: int | None
+    pad_id: int
+    temperature: float
+    # The model's attention implementation (the form of a shared row's mask).
+    attention: str
+    # The hidden size shared rows are costed with; None: padded rows only.
+    hidden: int | None = None
+
+    def passes(
+        self, items: list[T], trace_of: Callable[[T], Trace], bucket: bool = True
+    ) -> list[Pass[T]]:
+        return passes(items, self.micro, self.max_tokens, trace_of, self.hidden, bucket)
+
+    def batch(self, p: Pass, traces: list[Trace]) -> Batch:
+        if p.rows is None:
+            return make_batch(traces, self.pad_id, self.temperature)
+        return make_shared_batch(traces, p.rows, self.pad_id, self.temperature, self.attention)
+
+
 def _old_logprobs(
     model: torch.nn.Module,
     items: list[_Item],
-    micro: int,
-    max_tokens: int | None,
-    pad_id: int,
+    layout: _Layout,
     placement: Placement,
     world: World,
-    temperature: float = 1.0,
-    hidden: int | None = None,
 ) -> None:
     """``logp_old`` of every item: each process computes its share (all making as many
     passes), and they swap them (mini-batches are shuffled after the first epoch, so a
     process later trains traces another one scored)."""
     model.eval()
     shares = [
-        passes(share, micro, max_tokens, lambda pair: pair[1].trace, hidden)
+        layout.passes(share, lambda pair: pair[1].trace)
         for share in world.shares(list(enumerate(items)))
     ]
     mine = shares[world.rank]
     scored: list[tuple[int, torch.Tensor]] = []
-    attention = _attention(model)
     with torch.no_grad():
         for k in range(max(max(len(b) for b in shares), 1)):
             chunk = mine[k] if k < len(mine) else Pass([])
             traces = [it.trace for _, it in chunk.items] or [items[0].trace]
-            batch = _batch(chunk, traces, pad_id, temperature, attention)
+            batch = layout.batch(chunk, traces)
             with placement.autocast():
                 logp = token_logprobs(model, batch.to(placement.device))
             for row, (index, it) in enumerate(chunk.items):
@@ -155,11 +175,15 @@ def micro_batches(
 
 
 def _trace_length(it: _Item) -> int:
-    return len(it.trace.prompt_token_ids) + len(it.trace.response_token_ids)
+    return _length(it.trace)
 
 
 def _tokens(t: Trace) -> list[int]:
     return t.prompt_token_ids + t.response_token_ids
+
+
+def _length(t: Trace) -> int:
+    return len(t.prompt_token_ids) + len(t.response_token_ids)
 
 
 def passes(
@@ -173,9 +197,7 @@ def passes(
     """The passes over ``items``: length-bucketed padded rows, or, when ``hidden`` is given
     (the model takes shared rows) and it is cheaper, traces that begin alike in shared rows
     (``sharing``)."""
-    bucketed = micro_batches(
-        items, micro, max_tokens, lambda it: len(_tokens(trace_of(it))), bucket
-    )
+    bucketed = micro_batches(items, micro, max_tokens, lambda it: _length(trace_of(it)), bucket)
     if hidden is None:
         return [Pass(b) for b in bucketed]
     # Each item's tokens once (``id``: items need not be hashable; all live through the call).
@@ -192,12 +214,6 @@ def _attention(model: torch.nn.Module) -> str:
     return str(getattr(getattr(model, "config", None), "_attn_implementation", "sdpa"))
 
 
-def _batch(p: Pass, traces: list[Trace], pad_id: int, temperature: float, attention: str) -> Batch:
-    if p.rows is None:
-        return make_batch(traces, pad_id, temperature)
-    return make_shared_batch(traces, p.rows, pad_id, temperature, attention)
-
-
 # The mean |difference| (nats per token) between a model's log-probs of traces in shared rows
 # and in padded rows beyond which shared rows are not used with it. Measured in fp32 on CPU
 # (SmolLM2): 3e-6 when the layouts agree, 0.32 with the mask ignored. bf16's rounding, with
@@ -208,12 +224,9 @@ SHARING_TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}
 def _sharing_checked(
     model: torch.nn.Module,
     items: list[_Item],
-    micro: int,
-    max_tokens: int | None,
-    pad_id: int,
+    layout: _Layout,
     placement: Placement,
     world: World,
-    temperature: float,
 ) -> int | None:
     """The hidden size ``passes`` lays out shared rows with, or None. The first time a step
     would share rows with a model, the first shared pass is computed both ways and compared
@@ -223,16 +236,16 @@ def _sharing_checked(
     verdict = getattr(model, _SHARING_VERDICT, None)
     if hidden is None or verdict is not None:
         return hidden if verdict in (None, True) else None
-    probe = next((p for p in passes(items, micro, max_tokens, _trace_of, hidden) if p.rows), None)
+    layout = replace(layout, hidden=hidden)
+    probe = next((p for p in layout.passes(items, _trace_of) if p.rows), None)
     if probe is None:
         return hidden
     traces = [it.trace for it in probe.items]
     was_training = model.training
     model.eval()
-    shared_batch = _batch(probe, traces, pad_id, temperature, _attention(model))
     with torch.no_grad(), placement.autocast():
-        shared = token_logprobs(model, shared_batch.to(placement.device))
-        padded = token_logprobs(model, make_batch(traces, pad_id, temperature).to(placement.device))
+        shared = token_logprobs(model, layout.batch(probe, traces).to(placement.device))
+        padded = token_logprobs(model, layout.batch(Pass(probe.items), traces).to(placement.device))
     model.train(was_training)
     mask = torch.zeros_like(padded, dtype=torch.bool)
     for row, t in enumerate(traces):
@@ -324,31 +337,14 @@ def train_step(
     # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
     n_trajectories = len({it.trajectory for it in items})
     on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, n_trajectories)) == 1
-    hidden = None
+    layout = _Layout(
+        micro_batch_size, max_tokens_per_micro_batch, pad_id, cfg.temperature, _attention(model)
+    )
     # The KL reference computes the same passes: it must take shared rows too.
     if prompt_sharing and items and (reference is None or sharing_hidden(reference)):
-        hidden = _sharing_checked(
-            model,
-            items,
-            micro_batch_size,
-            max_tokens_per_micro_batch,
-            pad_id,
-            placement,
-            world,
-            cfg.temperature,
-        )
+        layout = replace(layout, hidden=_sharing_checked(model, items, layout, placement, world))
     if not on_policy:
-        _old_logprobs(
-            model,
-            items,
-            micro_batch_size,
-            max_tokens_per_micro_batch,
-            pad_id,
-            placement,
-            world,
-            cfg.temperature,
-            hidden,
-        )
+        _old_logprobs(model, items, layout, placement, world)
     model.train()
     rng = random.Random(seed)
     all_stats: list[LossStats] = []
@@ -356,9 +352,7 @@ def train_step(
     last_update: list[LossStats] = []
     loss_first_epoch, grad_norm, updates, skipped = 0.0, 0.0, 0, 0
     computed_tokens = 0
-    attention = _attention(model)
     grad_norms: list[float] = []
-    micro = max(micro_batch_size, 1)
     # Mini-batches hold whole trajectories: a per_request trajectory's traces split across
     # mini-batches would count as a trajectory in each (SequenceMean, TokenSumNorm).
     by_trajectory: dict[int, list[_Item]] = {}
@@ -381,10 +375,7 @@ def train_step(
             for it, w in zip(mini, weights, strict=True):
                 it.weight = w
             shares = [
-                passes(
-                    share, micro, max_tokens_per_micro_batch, _trace_of, hidden, length_bucketing
-                )
-                for share in world.shares(mini)
+                layout.passes(share, _trace_of, length_bucketing) for share in world.shares(mini)
             ]
             mine = shares[world.rank]
             optimizer.zero_grad(set_to_none=True)
@@ -395,9 +386,7 @@ def train_step(
                 # in every forward and backward), with a loss that counts zero.
                 idle = k >= len(mine)
                 chunk = this.items
-                batch = _batch(
-                    this, [it.trace for it in chunk], pad_id, cfg.temperature, attention
-                ).to(placement.device)
+                batch = layout.batch(this, [it.trace for it in chunk]).to(placement.device)
                 if epoch == 0 and not idle:
                     computed_tokens += batch.input_ids.numel()
                 width = batch.response_ids.shape[1]
