@@ -6,7 +6,8 @@ Ready groups whose rewards are all equal are dropped (zero advantage: nothing to
 Trajectories sampled more than ``max_staleness`` policy versions ago are dropped (their samples
 still count towards the group being complete: none is sent again). Untrainable
 trajectories (infrastructure failures) never join a group — never as reward 0. Every drop is
-counted by reason.
+counted by reason. What a restarted trainer must not forget (groups closed, samples failed,
+versions lost) is saved with each checkpoint ([`GroupBuffer.saved`]).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class GroupBuffer:
         # Groups dropped whole (``zero_advantage`` and ``incomplete`` count groups; the other
         # reasons count trajectories).
         self.groups_dropped = 0
+        # Every sample reported failed, by group: a checkpoint keeps those of groups it does
+        # not close (a restarted trainer is not told again).
+        self.failures: dict[str, set[int]] = {}
+        # Policy versions whose weights are gone (``lose``): inclusive ranges.
+        self.lost: list[tuple[int, int]] = []
 
     def add(self, t: Trajectory, now: float) -> None:
         if not t.trainable or t.reward is None:
@@ -84,13 +90,55 @@ class GroupBuffer:
         otherwise wait until the job's end and be dropped as stale)."""
         if group in self.closed:
             return
+        self.failures.setdefault(group, set()).add(sample)
         p = self.pending.setdefault(group, _Pending(first_arrival=now))
         if sample not in p.by_sample and sample not in p.failed_samples:
             p.failed_samples.add(sample)
             self.dropped["failed"] += 1
 
+    def saved(self, open_groups: set[str]) -> dict:
+        """What a checkpoint keeps: ``open_groups`` were taken but not trained yet (a restart
+        takes them again from the trajectories it replays), so they are not closed there."""
+        closed = self.closed - open_groups
+        return {
+            "closed_groups": sorted(closed),
+            "failed_samples": {g: sorted(s) for g, s in self.failures.items() if g not in closed},
+            "lost_versions": [list(r) for r in self.lost],
+        }
+
+    def restore(
+        self, closed: list[str], failed: dict[str, list[int]], lost: list[list[int]], now: float
+    ) -> None:
+        """A checkpoint's [`saved`], into a new buffer (before any trajectory is replayed)."""
+        self.closed |= set(closed)
+        for first, last in lost:
+            self.lose(first, last)
+        for group, samples in failed.items():
+            for sample in samples:
+                self.sample_failed(group, sample, now)
+
+    def lose(self, first: int, last: int) -> None:
+        """Versions ``first..=last`` named weights that are gone, and ``last + 1`` names those
+        of ``first - 1`` again: a trainer resumed from a checkpoint older than what vLLM
+        served. A sample of a lost version is stale whatever its age."""
+        if first <= last:
+            self.lost.append((first, last))
+
+    def lag(self, sampled_by: int, version: int) -> int:
+        """How many updates the weights of ``version`` are past those of ``sampled_by``: the
+        labels between them, less each lost run crossed and the label that went back."""
+        skipped = sum(last - first + 2 for first, last in self.lost if sampled_by <= last < version)
+        return version - sampled_by - skipped
+
     def _stale(self, t: Trajectory, version: int) -> bool:
-        return bool(t.policy_versions) and min(t.policy_versions) < version - self.max_staleness
+        """Sampled by weights too far behind ``version``'s, or by weights that are gone."""
+        if not t.policy_versions:
+            return False
+        if any(lo <= v <= hi for v in t.policy_versions for lo, hi in self.lost):
+            return True
+        if max(t.policy_versions) > version:
+            return True  # weights this trainer never had (another trainer's push)
+        return self.lag(min(t.policy_versions), version) > self.max_staleness
 
     def take_ready(self, now: float, policy_version: int, leftovers: bool = False) -> list[Group]:
         """Remove and return the groups ready to train on, oldest first. ``leftovers``: no

@@ -1,5 +1,6 @@
 """Checkpoints: ``DIR/ckpt-<step>/`` with the model (safetensors + config), the optimizer, and
-``state.json`` (step, policy version, the sessions trained so far, the step table). Written to
+``state.json`` (step, policy version, the sessions trained so far, the step table, what the
+group buffer must not forget). Written to
 a temporary directory and renamed, so a checkpoint is whole or absent; the oldest beyond
 ``keep`` go."""
 
@@ -31,6 +32,14 @@ class State:
     # reward sum, passed], keyed by the version as text (JSON). Groups the trainer dropped (all
     # passed, all failed) count here too: the learning curve, not only what was trained.
     sampled: dict[str, list[float]] = field(default_factory=dict)
+    # What the group buffer must not forget across a restart ([`GroupBuffer.saved`]): groups
+    # closed (trained or dropped: a late sample of one is never a new group), samples that
+    # failed for good in groups still open, versions whose weights are gone.
+    closed_groups: list[str] = field(default_factory=list)
+    failed_samples: dict[str, list[int]] = field(default_factory=dict)
+    lost_versions: list[list[int]] = field(default_factory=list)
+    # Sessions already counted in ``sampled``: a replayed one is not counted twice.
+    seen_sessions: list[str] = field(default_factory=list)
 
 
 def latest(directory: Path) -> Path | None:

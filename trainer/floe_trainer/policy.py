@@ -347,3 +347,23 @@ def _logprobs_whole(
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 1.0 else logits / temperature
+
+
+def without_dropout(model: torch.nn.Module) -> list[str]:
+    """Every dropout of ``model`` set to 0; the names changed. vLLM samples without dropout, and
+    the old log-probs and the fidelity check are taken in eval mode: a training pass with
+    dropout would compute the gradient of a noisier policy nothing sampled (the first update's
+    ratio off 1, the clip firing on noise). HF attention keeps its rate as a float on the
+    module (``attention_dropout``), not as an ``nn.Dropout``: both are zeroed. The model's
+    config (saved with checkpoints) is left as it is."""
+    changed = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            module.p = 0.0
+            changed.append(name)
+            continue
+        for attr, value in list(vars(module).items()):
+            if "dropout" in attr and isinstance(value, float) and value > 0:
+                setattr(module, attr, 0.0)
+                changed.append(f"{name}.{attr}")
+    return changed

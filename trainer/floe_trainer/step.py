@@ -63,7 +63,8 @@ class StepStats:
     # The trajectories' advantages (after the group baseline).
     advantage_mean: float = 0.0
     advantage_std: float = 0.0
-    # Sampled tokens per trace (one model call's response).
+    # Sampled tokens per trace (its loss mask: a merged trace's tool output between its calls
+    # is not counted).
     response_tokens_mean: float = 0.0
     response_tokens_max: int = 0
     # The gradient norm of every update, before clipping (``grad_norm`` is the last).
@@ -487,7 +488,8 @@ def train_step(
     advantages = [adv for _, adv in trajectories]
     adv_mean = sum(advantages) / max(len(advantages), 1)
     adv_var = sum((a - adv_mean) ** 2 for a in advantages) / max(len(advantages), 1)
-    lengths = [len(it.trace.response_token_ids) for it in items]
+    # Sampled tokens only: a merged trace's tool output between calls is not the policy's.
+    lengths = [sum(it.trace.loss_mask) for it in items]
     return StepStats(
         loss=loss_first_epoch / max(total_tokens, 1),
         tokens=total_tokens,

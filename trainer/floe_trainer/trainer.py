@@ -12,6 +12,8 @@ model directory vLLM serves as the next job's model."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import datetime
 import logging
 import queue
@@ -46,6 +48,7 @@ from .loss import LossConfig
 from .metrics import Metrics
 from .nccl_sync import NcclWeightSync
 from .placement import Placement, grow_gpu_memory_in_place, resolve, return_freed_memory_on_cpu
+from .policy import without_dropout
 from .step import StepStats, train_step
 from .vllm_sync import (
     BASE_VERSION_LABEL,
@@ -294,6 +297,8 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
         model.to(dev)
         if resume:
             broadcast_weights(model, world)
+    if dropped := without_dropout(model):
+        log.info("dropout set to 0 in %d places (vLLM samples without it)", len(dropped))
     if cfg.gradient_checkpointing:
         # Activations recomputed in the backward pass: memory for time, on long traces.
         model.gradient_checkpointing_enable()
@@ -431,17 +436,32 @@ class Trainer:
         if resume or cfg.weight_sync == "nccl" or cfg.lora:
             wait_healthy(cfg.policy_url)
         self.sync = self._weight_sync()
-        if resume or cfg.lora:
+        self.buffer.restore(
+            self.state.closed_groups,
+            self.state.failed_samples,
+            self.state.lost_versions,
+            time.time(),
+        )
+        try:
+            lost = self._skip_versions_up_to(parse_version(served_label(cfg.policy_url)))
+        except OSError:
+            lost = False  # not up yet: it starts with the model's own weights
+        if resume or cfg.lora or lost:
             # vLLM may serve weights newer than the checkpoint: serve the checkpoint's again.
             # With LoRA, the adapter gateways ask for exists only once pushed: before this
             # trainer is ready (the job's sessions wait for it).
             self.sync.push(self.state.policy_version)
         self.store = Store(cfg.ingest_dir or cfg.state_dir / "ingest")
         self.ingest = Ingest(self.store, self.add)
+        # Sessions already counted in the reward by version (``_count_sampled``).
+        self.seen: set[str] = set(self.state.seen_sessions)
         trained = set(self.state.trained_sessions)
         for t in self.store.load():
-            if t.session not in trained:
-                self.buffer.add(t, time.time())
+            if t.session in trained:
+                continue
+            if t.session in self.seen and t.group in self.buffer.closed:
+                continue  # dropped before the checkpoint: it was counted then
+            self.add(t)
         self.loss_cfg = loss_config(cfg)
         self.metrics.progress(self.state.step, self.state.policy_version)
         self.waiting_since = time.monotonic()
@@ -458,6 +478,29 @@ class Trainer:
         self.resumed_from_step = self.state.step
         self.checkpointed_step = self.state.step
 
+    def _skip_versions_up_to(self, served: int | None) -> bool:
+        """vLLM outlives a trainer that crashed: it may serve a version this trainer, resumed
+        from an older checkpoint (or from none), never had. A label must never name two sets
+        of weights: the versions up to ``served`` are marked lost (samples of them are stale)
+        and this trainer goes on from the version after them; its caller pushes its weights
+        as that one. True when that happened."""
+        version = self.state.policy_version
+        if served is None or served <= version:
+            return False
+        log.warning(
+            "vLLM serves policy version %d, this trainer is at %d: versions %d..%d are "
+            "lost (their samples are dropped as stale); going on from version %d",
+            served,
+            version,
+            version + 1,
+            served,
+            served + 1,
+        )
+        self.buffer.lose(version + 1, served)
+        self.state.policy_version = served + 1
+        self.metrics.progress(self.state.step, self.state.policy_version)
+        return True
+
     def _weight_sync(self) -> FileWeightSync | NcclWeightSync | lora.LoraWeightSync:
         if self.cfg.lora:
             return lora.LoraWeightSync(
@@ -466,11 +509,14 @@ class Trainer:
         if self.cfg.weight_sync != "nccl":
             dtype = push_dtype(self.cfg.serving_dtype)
             return FileWeightSync(self.full_weights, self.cfg.policy_url, self.weights_dir, dtype)
+        # NCCL sends in the dtype vLLM keeps: the job's ``--dtype`` when it names one (bf16
+        # buffers into an fp32 or fp16 server would round every push), else bf16.
         return NcclWeightSync(
             self.model,
             self.cfg.policy_url,
             master_port=self.cfg.nccl_port,
             vllm_world_size=self.cfg.vllm_gpus,
+            served_dtype=push_dtype(self.cfg.serving_dtype) or torch.bfloat16,
         )
 
     def full_weights(self) -> dict[str, torch.Tensor]:
@@ -502,7 +548,9 @@ class Trainer:
 
     def add(self, t: Trajectory) -> None:
         with self.lock:
-            self._count_sampled(t)
+            if t.session not in self.seen:
+                self.seen.add(t.session)
+                self._count_sampled(t)
             self.buffer.add(t, time.time())
 
     def _count_sampled(self, t: Trajectory) -> None:
@@ -648,7 +696,7 @@ class Trainer:
             )
         t2 = time.monotonic()
         lags = [
-            s.policy_version - min(t.policy_versions)
+            self.buffer.lag(min(t.policy_versions), s.policy_version)
             for g in groups
             for t in g.trajectories
             if t.policy_versions
@@ -715,8 +763,13 @@ class Trainer:
         # A LoRA checkpoint holds the adapter alone.
         weights = full_state_dict(self.model, self.world, trainable_only=bool(self.cfg.lora))
         optimizer = full_optimizer_state(self.model, self.optimizer, self.world)
+        with self.lock:
+            # The ingest's thread goes on adding: a copy, whole as of now.
+            state = copy.deepcopy(self.state)
+            saved = self.buffer.saved({g.group for g in self.ready})
+            state = dataclasses.replace(state, **saved, seen_sessions=sorted(self.seen))
         checkpoint.save(
-            self.ckpt_dir, self.model, weights, optimizer, self.state, self.cfg.checkpoint_keep
+            self.ckpt_dir, self.model, weights, optimizer, state, self.cfg.checkpoint_keep
         )
         self.checkpointed_step = self.state.step
 
@@ -757,6 +810,7 @@ class Trainer:
         # With LoRA the trainer labels every push, version 0 too: vLLM's base label means the
         # adapter is not loaded (a restarted server).
         lost = self.cfg.lora is not None and label == BASE_VERSION_LABEL
+        lost |= self._skip_versions_up_to(served)
         if served != self.state.policy_version or lost:
             log.warning(
                 "vLLM serves policy version %s, the trainer is at %d: pushing again",

@@ -144,3 +144,50 @@ def test_a_sample_that_failed_for_good_completes_its_group_without_it():
         b.sample_failed("h", s, now=3)
     assert b.take_ready(now=3, policy_version=0) == []
     assert b.pending == {} and b.dropped["incomplete"] == 1
+
+
+def test_a_version_the_trainer_never_reached_or_lost_is_stale():
+    b = GroupBuffer(num_samples=2, max_staleness=1)
+    b.add(traj("future", 0, 0.0, versions=(7,)), now=0)
+    b.add(traj("future", 1, 1.0, versions=(7,)), now=0)
+    assert b.take_ready(now=0, policy_version=3) == []
+    assert b.dropped["stale"] == 2
+    # Versions 4..6 lost: 7 names version 3's weights again.
+    b.lose(4, 6)
+    assert [b.lag(3, 7), b.lag(3, 8), b.lag(2, 7), b.lag(7, 8)] == [0, 1, 1, 1]
+    b.add(traj("g", 0, 0.0, versions=(3,)), now=0)
+    b.add(traj("g", 1, 1.0, versions=(5,)), now=0)
+    b.add(traj("g", 2, 1.0, versions=(7,)), now=0)
+    b.num_samples = 3
+    [g] = b.take_ready(now=0, policy_version=8)
+    assert [t.sample for t in g.trajectories] == [0, 2], "the lost version's sample is stale"
+
+
+def test_what_a_checkpoint_keeps_restores_closed_groups_failures_and_lost_versions():
+    b = GroupBuffer(num_samples=2)
+    b.add(traj("done", 0, 0.0), now=0)
+    b.add(traj("done", 1, 1.0), now=0)
+    b.add(traj("ready", 0, 0.0), now=0)
+    b.add(traj("ready", 1, 1.0), now=0)
+    taken = b.take_ready(now=0, policy_version=0)
+    assert [g.group for g in taken] == ["done", "ready"]
+    b.sample_failed("open", 1, now=0)
+    b.lose(2, 3)
+    # "ready" was taken for a step that has not run: a restart must take it again.
+    saved = b.saved({"ready"})
+    assert saved == {
+        "closed_groups": ["done"],
+        "failed_samples": {"open": [1]},
+        "lost_versions": [[2, 3]],
+    }
+    again = GroupBuffer(num_samples=2)
+    again.restore(saved["closed_groups"], saved["failed_samples"], saved["lost_versions"], now=0)
+    again.add(traj("done", 0, 0.0), now=0)
+    assert again.dropped["late"] == 1
+    again.add(traj("open", 0, 0.0), now=0)
+    again.add(traj("ready", 0, 0.0), now=0)
+    again.add(traj("ready", 1, 1.0), now=0)
+    ready = again.take_ready(now=0, policy_version=0)
+    assert [g.group for g in ready] == ["ready"]
+    assert again.dropped["incomplete"] == 1, "open completes without its failed sample"
+    assert again.lost == [(2, 3)]

@@ -5,14 +5,13 @@ would have broadcast."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import types
 
 import pytest
 import torch
+from fake_vllm import FakeVllm
 
-from floe_trainer.trainer import TrainerConfig
+from floe_trainer.trainer import Trainer, TrainerConfig
 
 nccl_engine = pytest.importorskip("vllm.distributed.weight_transfer.nccl_engine")
 
@@ -28,37 +27,6 @@ class TiedLM(torch.nn.Module):
         self.mlp = torch.nn.Linear(4, 4)
         self.lm_head = torch.nn.Linear(4, 11, bias=False)
         self.lm_head.weight = self.embed.weight
-
-
-class FakeVllm:
-    """Records each control call: (path, JSON body)."""
-
-    def __init__(self, fail_on: str | None = None) -> None:
-        calls = self.calls = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                n = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(n) or b"null")
-                calls.append((self.path, body))
-                code = 500 if self.path == fail_on else 200
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def paths(self) -> list[str]:
-        return [p for p, _ in self.calls]
-
-    def close(self) -> None:
-        self.server.shutdown()
 
 
 @pytest.fixture
@@ -147,3 +115,23 @@ def test_weight_sync_is_chosen_in_the_job_and_checked(tmp_path):
     cpu = {**config(weightSync="NCCL"), "gpus": 0}
     with pytest.raises(ValueError, match="train.gpus 1"):
         TrainerConfig.from_operator(cpu, tmp_path)
+
+
+def test_the_nccl_push_sends_in_the_dtype_vllm_serves(transport, tmp_path):
+    """A job whose vLLM keeps fp32 (``--dtype float32``, passed as ``servingDtype``) is sent
+    fp32: bf16 buffers would round every push; without a ``--dtype``, bf16."""
+    vllm = FakeVllm()
+    try:
+        for serving, sent in (("float32", "float32"), ("float16", "float16"), (None, "bfloat16")):
+            conf = {**config(weightSync="NCCL"), "policyUrl": vllm.url}
+            if serving:
+                conf["servingDtype"] = serving
+            cfg = TrainerConfig.from_operator(conf, tmp_path)
+            sync = Trainer._weight_sync(types.SimpleNamespace(cfg=cfg, model=TiedLM()))
+            sync.push(1)
+            update = [b for p, b in vllm.calls if p == "/update_weights"][-1]["update_info"]
+            assert set(update["dtype_names"]) == {sent}, serving
+            _, tensors = transport["rounds"][-1]
+            assert {t.dtype for _, t in tensors} == {getattr(torch, sent)}
+    finally:
+        vllm.close()

@@ -142,3 +142,30 @@ def test_entropy_is_the_tempered_policys_at_each_response_position_on_every_path
     # Bounds: 0 for a certain policy, log(V) for a uniform one.
     vocab = logits.shape[-1]
     assert float(expected.max()) <= math.log(vocab) + 1e-5 and float(expected.min()) > 0
+
+
+def test_dropout_is_off_in_training_passes_and_the_config_keeps_it():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from floe_trainer.policy import without_dropout
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_dropout=0.5,
+    )
+    model = LlamaForCausalLM(cfg).train()
+    ids = torch.randint(1, 64, (1, 12))
+    assert not torch.equal(model(ids).logits, model(ids).logits), "dropout draws each pass"
+    changed = without_dropout(model)
+    assert len(changed) == 2, changed  # each layer's attention_dropout
+    assert torch.equal(model(ids).logits, model(ids).logits)
+    assert torch.allclose(model(ids).logits, model.eval()(ids).logits, atol=1e-6)
+    assert model.config.attention_dropout == 0.5, "what checkpoints save is the model's own"
+    drop = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))
+    assert without_dropout(drop) == ["1"] and drop[1].p == 0.0

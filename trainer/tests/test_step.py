@@ -218,3 +218,23 @@ def test_the_kl_reference_is_scored_once_a_step_not_once_an_epoch():
     assert s.updates == 3
     assert len(passes) == 4
     assert s.kl_mean > 0
+
+
+def test_the_response_length_counts_the_sampled_tokens_not_the_tool_output_between():
+    # A merged trace: two calls' answers (3 and 2 tokens) around a tool's 4-token output.
+    mask = [1, 1, 1, 0, 0, 0, 0, 1, 1]
+    trajs = [
+        Trajectory(
+            f"s{i}", "t", "g", i, True, float(i), [0], [Trace([1, 2], [5] * 9, mask, [None] * 9)]
+        )
+        for i in range(2)
+    ]
+    model = tiny_llama()
+    s = train_step(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+        [Group("g", trajs, [-1.0, 1.0])],
+        LossConfig(),
+        micro_batch_size=2,
+    )
+    assert (s.response_tokens_mean, s.response_tokens_max) == (5.0, 5)

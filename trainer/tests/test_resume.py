@@ -1,0 +1,148 @@
+"""A trainer restarted from its checkpoint (its container killed, the pod's vLLM going on)
+forgets nothing a group needs: groups closed stay closed, samples reported failed stay
+failed, and a policy version vLLM served past the checkpoint never names other weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fake_vllm import FakeVllm
+from tiny import tiny_llama
+
+from floe_trainer.learn_demo import trajectory
+from floe_trainer.trainer import Trainer, TrainerConfig
+
+
+@pytest.fixture
+def vllm():
+    server = FakeVllm()
+    yield server
+    server.close()
+
+
+def start(tmp_path, vllm, **conf) -> Trainer:
+    model_dir = tmp_path / "model"
+    if not model_dir.exists():
+        tiny_llama().save_pretrained(model_dir)
+    base = {
+        "model": str(model_dir),
+        "policyUrl": vllm.url,
+        "numSamples": 4,
+        "grpo": {
+            "groupsPerStep": 1,
+            "learningRate": 1e-3,
+            "microBatchSize": 4,
+            "minGroupFraction": 0.5,
+            "groupGraceSeconds": 0,
+        },
+        "device": "cpu",
+        "memoryPlan": "Warn",
+    }
+    return Trainer(TrainerConfig.from_operator({**base, **conf}, tmp_path / "state"))
+
+
+def send(trainer: Trainer, group: str, sample: int, reward: float, version: int = 0) -> None:
+    """A trajectory as the ingest takes it: stored (a restart replays it), then added."""
+    ids = [5 + sample, 6, 7]
+    choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+    body = trajectory(
+        f"{group.replace('/', '-')}-{sample}", group, sample, [1, 2, 3], choice, reward, version
+    )
+    code, answer = trainer.ingest.handle(json.dumps(body).encode())
+    assert code == 200, answer
+
+
+def test_a_late_sample_of_a_group_trained_before_the_checkpoint_stays_late(tmp_path, vllm):
+    trainer = start(tmp_path, vllm)
+    send(trainer, "j/a", 0, 0.0)
+    send(trainer, "j/a", 1, 1.0)
+    assert trainer.run_once() is not None, "half the group after its grace: trained"
+    send(trainer, "j/a", 2, 0.0)
+    send(trainer, "j/a", 3, 1.0)
+    assert trainer.buffer.dropped["late"] == 2
+    trainer.save_checkpoint()
+
+    again = start(tmp_path, vllm)
+    assert again.state.step == 1
+    assert again.run_once() is None, "the stragglers are no group of their own"
+    assert not again.buffer.pending
+    assert again.status()["groupsDone"] == 1
+
+
+def test_a_group_dropped_before_the_checkpoint_is_not_counted_again(tmp_path, vllm):
+    trainer = start(tmp_path, vllm, numSamples=2)
+    send(trainer, "j/a", 0, 1.0)
+    send(trainer, "j/a", 1, 1.0)  # all passed: nothing to learn
+    send(trainer, "j/b", 0, 0.0)
+    send(trainer, "j/b", 1, 1.0)
+    assert trainer.run_once() is not None
+    assert trainer.state.groups_done == 2
+    sampled = trainer.sampled_by_version()
+    trainer.save_checkpoint()
+
+    again = start(tmp_path, vllm, numSamples=2)
+    assert again.run_once() is None
+    assert again.state.groups_done == 2, "the dropped group is done once"
+    assert again.sampled_by_version() == sampled, "no session counted twice"
+
+
+def test_a_failed_sample_reported_before_the_checkpoint_still_completes_its_group(tmp_path, vllm):
+    # All samples needed, a long grace: only the failure report lets the group go.
+    conf = {
+        "numSamples": 3,
+        "grpo": {"groupsPerStep": 1, "microBatchSize": 4, "groupGraceSeconds": 3600},
+    }
+    trainer = start(tmp_path, vllm, **conf)
+    # A step first, so that there is a checkpoint to resume from.
+    for s, r in enumerate((0.0, 1.0, 1.0)):
+        send(trainer, "j/first", s, r)
+    assert trainer.run_once() is not None
+    trainer.sample_failed("j/a", 2)
+    send(trainer, "j/a", 0, 0.0)
+    assert trainer.run_once() is None
+    trainer.save_checkpoint()
+
+    again = start(tmp_path, vllm, **conf)
+    send(again, "j/a", 1, 1.0)
+    stats = again.run_once()
+    assert stats is not None and stats.sequences == 2, "trained without the failed sample"
+
+
+def test_versions_vllm_served_past_the_checkpoint_are_never_reused(tmp_path, vllm):
+    trainer = start(tmp_path, vllm, numSamples=2, maxStaleness=1)
+    send(trainer, "j/a", 0, 0.0)
+    send(trainer, "j/a", 1, 1.0)
+    assert trainer.run_once() is not None
+    trainer.save_checkpoint()
+    assert vllm.label == "1"
+    # The trainer went on to versions 2 and 3, then died before its next checkpoint.
+    vllm.label = "3"
+
+    again = start(tmp_path, vllm, numSamples=2, maxStaleness=1)
+    assert again.state.policy_version == 4, "on from the version after the last served"
+    assert vllm.label == "4", "the checkpoint's weights pushed as version 4"
+    # Samples of the lost weights are stale; those of the checkpoint's (version 1) are one
+    # update behind at most, as version 4's weights are version 1's.
+    send(again, "j/lost", 0, 0.0, version=3)
+    send(again, "j/lost", 1, 1.0, version=2)
+    send(again, "j/kept", 0, 0.0, version=1)
+    send(again, "j/kept", 1, 1.0, version=4)
+    stats = again.run_once()
+    assert stats is not None and stats.sequences == 2
+    assert again.buffer.dropped["stale"] == 2
+    assert again.state.policy_version == 5
+    again.save_checkpoint()
+
+    third = start(tmp_path, vllm, numSamples=2, maxStaleness=1)
+    assert third.buffer.lost == [(2, 3)], "the lost versions are remembered"
+    assert third.state.policy_version == 5 and vllm.label == "5"
+
+
+def test_a_trainer_without_a_checkpoint_skips_what_vllm_served_before_it(tmp_path, vllm):
+    """It died before its first checkpoint: vLLM still serves its version 2."""
+    vllm.label = "2"
+    trainer = start(tmp_path, vllm, numSamples=2)
+    assert trainer.state.policy_version == 3
+    assert vllm.label == "3", "the base weights pushed again, as version 3"
+    assert trainer.buffer.lag(0, 3) == 0, "version 3 is version 0's weights"
