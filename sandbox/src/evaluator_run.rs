@@ -22,14 +22,10 @@ pub(crate) struct Evaluator<'a> {
 }
 
 impl Evaluator<'_> {
-    /// Runs it in `dir` (writable, nothing else is): its command spec (where its output went)
-    /// and how it ended. `Err`: it could not start (floe's side or the job's).
-    pub async fn run(
-        self,
-        config: &RunnerConfig,
-        name: &str,
-        dir: &Path,
-    ) -> Result<(process::CommandSpec, process::Finished), String> {
+    /// Runs it in `dir` (writable, nothing else is): its command spec (where its output went),
+    /// how it ended and its stdout as read off the pipe (`Ran`). `Err`: it could not start
+    /// (floe's side or the job's).
+    pub async fn run(self, config: &RunnerConfig, name: &str, dir: &Path) -> Result<Ran, String> {
         let mut evaluator = child(
             config,
             name,
@@ -56,7 +52,9 @@ impl Evaluator<'_> {
             };
             evaluator = confinement.wrap(evaluator, &access);
         }
-        let ran = process::run(&evaluator).await.map_err(|e| e.to_string())?;
+        let (ran, stdout) = process::run_kept(&evaluator)
+            .await
+            .map_err(|e| e.to_string())?;
         if config.confinement.is_some() && !sandbox_started(&evaluator.stderr) {
             return Err(format!(
                 "the {name}'s sandbox did not start ({:?}): {}",
@@ -64,8 +62,23 @@ impl Evaluator<'_> {
                 tail(&evaluator.stderr, 500)
             ));
         }
-        Ok((evaluator, ran))
+        Ok(Ran {
+            stdout: String::from_utf8_lossy(&stdout).trim().to_string(),
+            spec: evaluator,
+            finished: ran,
+        })
     }
+}
+
+/// An evaluator's run.
+pub(crate) struct Ran {
+    /// Where its output went (the logs people read).
+    pub spec: process::CommandSpec,
+    pub finished: process::Finished,
+    /// Its stdout as the runner read it off the pipe (at most [`REPORT_LIMIT`] bytes, trimmed):
+    /// what a verdict is read from. The log file can be rewritten by what the evaluator ran
+    /// (in a pod it runs as the runner's own user); these bytes cannot.
+    pub stdout: String,
 }
 
 /// Whether `floe sandbox-exec` announced the command started: its line comes first on stderr,

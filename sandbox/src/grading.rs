@@ -133,7 +133,8 @@ pub(crate) async fn grade(
         };
     // Whatever ran before (none should be left) is not the evaluator's doing.
     let before = process::other_processes();
-    let (evaluator_ran, ran) = evaluator().run(config, "evaluator", &eval_dir).await?;
+    let evaluator_ran = evaluator().run(config, "evaluator", &eval_dir).await?;
+    let ran = &evaluator_ran.finished;
     summary.evaluator_seconds = ran.elapsed.as_secs_f64();
     if config.confinement.is_some() && ran.exit == Exit::Code(relay::STRAGGLERS) {
         let why = "the evaluator's command left a process behind (it could have rewritten the \
@@ -173,7 +174,8 @@ pub(crate) async fn grade(
         let why = format!("the evaluator wrote more than {REPORT_LIMIT} bytes on stdout");
         return failed_with(summary, FailureReason::NoVerdict, why, &applied);
     }
-    let stdout = tail(&evaluator_ran.stdout, REPORT_LIMIT as usize);
+    // Off the pipe, never the log file: the code under test could rewrite that.
+    let stdout = evaluator_ran.stdout;
     let report = spec
         .evaluator
         .reward
@@ -204,7 +206,7 @@ pub(crate) async fn grade(
         Err(e @ EvaluatorFailure::Broken(_)) => {
             return Err(format!(
                 "{e}; evaluator stderr: {}",
-                tail(&evaluator_ran.stderr, 500)
+                tail(&evaluator_ran.spec.stderr, 500)
             ))
         }
     };

@@ -9,7 +9,7 @@ use floe_crds::rollout_job::{SweBenchGrading, TaskEvaluation};
 use floe_crds::swebench::{relocate, EVAL_SCRIPT};
 
 use crate::children::RunnerConfig;
-use crate::evaluator_run::{Evaluator, REPORT_LIMIT};
+use crate::evaluator_run::Evaluator;
 use crate::reward::SweBenchGraded;
 use crate::swebench_grade::Bridge;
 use crate::workspace;
@@ -113,8 +113,9 @@ impl SweBenchPrepared {
         workspace::clear(&dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::copy_tree(pristine, &dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::write_files(&dir, hidden).map_err(|e| format!("baseline copy: {e}"))?;
-        let (spec, ran) = evaluator.run(config, "baseline", &dir).await?;
-        let log = crate::children::tail(&spec.stdout, REPORT_LIMIT as usize);
+        let ran = evaluator.run(config, "baseline", &dir).await?;
+        let log = ran.stdout;
+        let ran = ran.finished;
         let graded = self
             .grade(&log)
             .await

@@ -70,12 +70,31 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
         .map(|(finished, _)| finished)
 }
 
+/// [`run`], and the stdout it kept (the same bytes as its file) as read off the pipe. A verdict
+/// is read from these: the file is a log for people, and whatever the command ran (the code
+/// under test, as the runner's own user in a pod) could rewrite it once written.
+pub async fn run_kept(spec: &CommandSpec) -> Result<(Finished, Vec<u8>), OutputError> {
+    run_inner(spec, std::future::pending::<()>(), true)
+        .await
+        .map(|(finished, _, kept)| (finished, kept))
+}
+
 /// [`run`], ended early as by its timeout when `stop` completes first (a limit the caller
 /// watches): then [`Exit::TimedOut`] and `stop`'s output.
 pub async fn run_until<T>(
     spec: &CommandSpec,
     stop: impl std::future::Future<Output = T>,
 ) -> Result<(Finished, Option<T>), OutputError> {
+    run_inner(spec, stop, false)
+        .await
+        .map(|(finished, stopped, _)| (finished, stopped))
+}
+
+async fn run_inner<T>(
+    spec: &CommandSpec,
+    stop: impl std::future::Future<Output = T>,
+    keep_stdout: bool,
+) -> Result<(Finished, Option<T>, Vec<u8>), OutputError> {
     let open = |path: &PathBuf| {
         std::fs::File::create(path)
             .map(tokio::fs::File::from_std)
@@ -110,7 +129,7 @@ pub async fn run_until<T>(
                 stdout_bytes: 0,
                 stderr_bytes: 0,
             };
-            return Ok((finished, None));
+            return Ok((finished, None, Vec::new()));
         }
     };
     let group = child
@@ -125,11 +144,11 @@ pub async fn run_until<T>(
     let out = child
         .stdout
         .take()
-        .map(|s| tokio::spawn(copy_capped(s, out_file, spec.cap_bytes)));
+        .map(|s| tokio::spawn(copy_capped(s, out_file, spec.cap_bytes, keep_stdout)));
     let err = child
         .stderr
         .take()
-        .map(|s| tokio::spawn(copy_capped(s, err_file, spec.cap_bytes)));
+        .map(|s| tokio::spawn(copy_capped(s, err_file, spec.cap_bytes, false)));
 
     let mut stopped = None;
     let waited = tokio::select! {
@@ -154,25 +173,32 @@ pub async fn run_until<T>(
     // Whatever the command left running (servers, watchers, detached children) dies with it.
     signal_group(group, Signal::SIGKILL);
     kill_tagged(&tag);
-    let drained = |task: Option<tokio::task::JoinHandle<u64>>| async move {
+    let drained = |task: Option<tokio::task::JoinHandle<Copied>>| async move {
         match task {
             Some(t) => tokio::time::timeout(Duration::from_secs(5), t)
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .unwrap_or(0),
-            None => 0,
+                .unwrap_or_default(),
+            None => Copied::default(),
         }
     };
-    let stdout_bytes = drained(out).await;
-    let stderr_bytes = drained(err).await;
+    let stdout = drained(out).await;
+    let stderr_bytes = drained(err).await.total;
     let finished = Finished {
         exit,
         elapsed: started.elapsed(),
-        stdout_bytes,
+        stdout_bytes: stdout.total,
         stderr_bytes,
     };
-    Ok((finished, stopped))
+    Ok((finished, stopped, stdout.kept))
+}
+
+/// What [`copy_capped`] moved: every byte counted, those kept when asked.
+#[derive(Default)]
+struct Copied {
+    total: u64,
+    kept: Vec<u8>,
 }
 
 /// SIGTERM to the command's group, SIGKILL after `grace`; returns once the command is reaped.
@@ -334,15 +360,24 @@ fn signal_group(group: Option<Pid>, signal: Signal) {
 }
 
 /// Copy a stream into a file, keeping the first `cap` bytes; returns the total read.
-async fn copy_capped(mut from: impl AsyncRead + Unpin, mut to: tokio::fs::File, cap: u64) -> u64 {
+async fn copy_capped(
+    mut from: impl AsyncRead + Unpin,
+    mut to: tokio::fs::File,
+    cap: u64,
+    in_memory: bool,
+) -> Copied {
     let mut buf = vec![0u8; 64 * 1024];
     let mut total = 0u64;
+    let mut kept = Vec::new();
     loop {
         let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
         let keep = cap.saturating_sub(total).min(n as u64) as usize;
+        if in_memory {
+            kept.extend_from_slice(&buf[..keep]);
+        }
         if keep > 0 && to.write_all(&buf[..keep]).await.is_err() {
             break;
         }
@@ -356,7 +391,7 @@ async fn copy_capped(mut from: impl AsyncRead + Unpin, mut to: tokio::fs::File, 
         let _ = to.write_all(note.as_bytes()).await;
     }
     let _ = to.flush().await;
-    total
+    Copied { total, kept }
 }
 
 #[cfg(test)]
@@ -417,6 +452,29 @@ mod tests {
         assert!(out.starts_with("hi-0123456"), "{out}");
         assert!(out.contains("truncated, 10 of 20 bytes kept"), "{out}");
         assert_eq!(std::fs::read_to_string(dir.path().join("err"))?, "oops\n");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_kept_stdout_is_what_came_off_the_pipe_whatever_the_log_file_says_later(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        // The command rewrites its own log after writing it, as code under test running as the
+        // runner's user could: the verdict's bytes are the pipe's.
+        let mut s = spec(
+            dir.path(),
+            "echo '1 failed in 0.1s'; sleep 0.2; echo '1 passed in 0.1s' > out",
+            5000,
+        );
+        s.cap_bytes = 64;
+        let (done, kept) = run_kept(&s).await?;
+        assert!(done.success());
+        assert_eq!(String::from_utf8(kept)?, "1 failed in 0.1s\n");
+        let log = std::fs::read_to_string(dir.path().join("out"))?;
+        assert!(log.contains("1 passed"), "the file was rewritten: {log}");
+        // Kept up to the cap, as the file.
+        let (_, kept) = run_kept(&spec(dir.path(), "echo 0123456789abcdef", 5000)).await?;
+        assert_eq!(kept, b"0123456789");
         Ok(())
     }
 

@@ -126,6 +126,57 @@ async fn tampering_with_tests_cannot_change_the_grade() -> Result<()> {
     Ok(())
 }
 
+/// calc.py, unfixed, that rewrites the evaluator's log as the evaluator exits: the runner's
+/// open log file (found through its parent's descriptors, as a pod's runner is the grader's
+/// init and the evaluator runs as its user) gets "passed" for "failed", same length, once the
+/// real summary is in it. One summary, no test reported both ways, no process left behind.
+const LOG_REWRITE: &str = r#"import atexit, os, sys, time
+def _rewrite():
+    sys.stdout.flush()
+    time.sleep(0.5)
+    d = "/proc/%d/fd" % os.getppid()
+    for fd in os.listdir(d):
+        try:
+            path = os.readlink(os.path.join(d, fd))
+            if path.endswith("evaluator.stdout"):
+                text = open(path).read()
+                with open(path, "r+") as f:
+                    f.write(text.replace("failed", "passed"))
+        except OSError:
+            pass
+atexit.register(_rewrite)
+def add(a, b):
+    return a - b
+"#;
+
+#[tokio::test]
+async fn a_verdict_is_read_off_the_pipe_not_from_a_log_the_code_under_test_rewrites() -> Result<()>
+{
+    // Graded from stdout: the hidden test's outcome in pytest's summary form.
+    let evaluator = json!({
+        "command": ["python3", "-c", "import runpy\ntry:\n    runpy.run_path('test_hidden.py')\n    print('1 passed in 0.01s')\nexcept AssertionError:\n    print('1 failed in 0.01s')\n"],
+        "protectedPaths": ["test_*.py"],
+        "reward": {"source": "TestOutput", "format": "PytestSummary"},
+    });
+    let plant = format!("cat > calc.py <<'EOF'\n{LOG_REWRITE}EOF");
+    let run = session(
+        "log-rewrite",
+        vec![Step::Shell(plant), Step::Say("Fixed.".into())],
+        evaluator.clone(),
+    )
+    .await?;
+    assert_eq!(run.summary["reward"], 0.0, "{}", run.summary);
+    // The same evaluator passes a real fix.
+    let run = session(
+        "log-honest",
+        vec![Step::Shell(FIX.into()), Step::Say("Fixed.".into())],
+        evaluator,
+    )
+    .await?;
+    assert_eq!(run.summary["reward"], 1.0, "{}", run.summary);
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_broken_evaluator_is_an_infrastructure_failure_never_reward_0() -> Result<()> {
     let run = session(
