@@ -183,7 +183,7 @@ struct Node {
     pods: Api<Pod>,
     secrets: Api<Secret>,
     running: HashMap<String, Running>,
-    /// Job pods reported running.
+    /// Job pods reported running, by UID.
     aux: std::collections::HashSet<String>,
     next_aux: u32,
     next_ip: u32,
@@ -318,14 +318,23 @@ impl Node {
                 .any(|p| p.name_any() == *name && p.metadata.deletion_timestamp.is_none())
         };
         self.running.retain(|name, _| alive(name));
-        // A job pod made again under its old name (a replaced trainer pod) is started again.
-        self.aux.retain(alive);
+        // A job pod made again under its old name (a replaced trainer pod) is another UID: it
+        // is started again, however the watch events of the two came together.
+        self.aux.retain(|uid| {
+            pods.iter().any(|p| {
+                p.metadata.uid.as_deref() == Some(uid.as_str())
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+        });
         for pod in &pods {
             let name = pod.name_any();
             if pod.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            if self.aux.contains(&name) {
+            if self
+                .aux
+                .contains(pod.metadata.uid.as_deref().unwrap_or_default())
+            {
                 continue;
             }
             if !self.running.contains_key(&name) {
@@ -428,12 +437,13 @@ impl Node {
             .as_ref()
             .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
             .unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
         if let Some(command) = self.runnable(pod, &ip) {
-            self.aux.insert(name.clone());
+            self.aux.insert(uid);
             return self.run_job_pod(&name, &ip, &names, command).await;
         }
         let status = running_status(&ip, &names, true);
-        self.aux.insert(name.clone());
+        self.aux.insert(uid);
         if self.job_pod_start.is_zero() {
             return self.patch_status(&name, &status).await;
         }

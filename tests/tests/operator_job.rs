@@ -1009,6 +1009,65 @@ async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<(
     Ok(())
 }
 
+/// The job's own pod ended for good (evicted under node pressure: its containers restart
+/// `Always`, the pod itself never does): deleted and made again, said in a Warning, where the
+/// operator used to wait for it until the job's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_pod_that_ended_for_good_is_made_again() -> Result<()> {
+    let (client, ns) = with_crds("jobpodended").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        51,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    create_pool(&client, &ns.name, "warm", 0).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job("evicted", &["a"], 1, json!({}))?,
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let first = eventually("the collector Ready", async || {
+        Ok(pods.get_opt("evicted-dataset").await?.filter(pod_ready))
+    })
+    .await?;
+    // As a kubelet reports an eviction.
+    pods.patch_status(
+        "evicted-dataset",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Failed", "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "conditions": [{"type": "Ready", "status": "False"}],
+        }})),
+    )
+    .await?;
+    let second = eventually("a new collector Ready", async || {
+        Ok(pods
+            .get_opt("evicted-dataset")
+            .await?
+            .filter(|p| p.metadata.uid != first.metadata.uid && pod_ready(p)))
+    })
+    .await?;
+    assert_ne!(second.metadata.uid, first.metadata.uid);
+    let notes = event_notes(&client, &ns.name, "JobPodReplaced").await?;
+    assert!(
+        notes.iter().any(|n| n.contains(
+            "evicted-dataset ended (Failed, Evicted: The node was low on resource: memory.)"
+        )),
+        "{notes:?}"
+    );
+    kubelet.stop().await?;
+    delete_jobs(&jobs).await?;
+    Ok(())
+}
+
 /// `train.nodes: 2`: the first trainer pod, then (once it has an IP) the second, ranked and
 /// pointed at it; the first replaced, the second is replaced with it and joins the new one;
 /// the second failing, it is made again.

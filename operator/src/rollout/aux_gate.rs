@@ -54,6 +54,37 @@ pub fn aux_phase(aux: Option<&Pod>) -> AuxPhase {
     }
 }
 
+/// Why the job's own pod will never run again, when it will not: it ended (evicted under node
+/// pressure, stopped by a graceful node shutdown, its node lost) although its containers
+/// restart `Always`. The kubelet restarts a container that exits, never a pod that ended, so
+/// such a pod must be deleted and made again (a trainer resumes from its checkpoint); waiting
+/// for it held the job's sessions until its deadline.
+pub fn ended_for_good(pod: &Pod) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    // floe makes its job pods `Always`; the operator's pod cache keeps no spec.
+    let restart = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+    if restart.is_some_and(|r| r != "Always") {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let phase = status.phase.as_deref()?;
+    if phase != "Failed" && phase != "Succeeded" {
+        return None;
+    }
+    let why = [status.reason.as_deref(), status.message.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(": ");
+    Some(if why.is_empty() {
+        format!("ended ({phase})")
+    } else {
+        format!("ended ({phase}, {why})")
+    })
+}
+
 /// How long the job's pod has not been Ready: since its `Ready` condition last changed (or,
 /// before it has one, since the pod started).
 pub fn unready_for(pod: &Pod, now: k8s_openapi::jiff::Timestamp) -> Duration {
@@ -224,6 +255,48 @@ mod tests {
                 give_back: false,
             }
         );
+    }
+
+    #[test]
+    fn a_pod_that_ended_although_it_restarts_always_is_made_again() {
+        let with = |restart: Option<&str>, status: serde_json::Value| -> Pod {
+            let mut p = pod(status);
+            p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+                restart_policy: restart.map(str::to_string),
+                ..Default::default()
+            });
+            p
+        };
+        let evicted = json!({"phase": "Failed", "reason": "Evicted",
+                             "message": "The node was low on resource: memory."});
+        assert_eq!(
+            ended_for_good(&with(Some("Always"), evicted.clone())).as_deref(),
+            Some("ended (Failed, Evicted: The node was low on resource: memory.)")
+        );
+        // A graceful node shutdown: every container exited 0; as the operator's cache keeps
+        // a pod, without its spec.
+        assert_eq!(
+            ended_for_good(&pod(json!({"phase": "Succeeded"}))).as_deref(),
+            Some("ended (Succeeded)")
+        );
+        assert!(ended_for_good(&with(None, json!({"phase": "Succeeded"}))).is_some());
+        // Running, pending, crash-looping (the kubelet restarts it), another restart policy,
+        // or already being deleted: not this.
+        assert_eq!(ended_for_good(&with(Some("Always"), ready(false))), None);
+        assert_eq!(
+            ended_for_good(&with(Some("Always"), json!({"phase": "Pending"}))),
+            None
+        );
+        assert_eq!(
+            ended_for_good(&with(Some("OnFailure"), evicted.clone())),
+            None
+        );
+        let mut deleting = with(Some("Always"), evicted);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(ended_for_good(&deleting), None);
     }
 
     #[test]

@@ -6,14 +6,16 @@ use std::time::Duration;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress, TrainerState};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
+use super::trainer_nodes::delete_exactly;
 use super::{Halt, JobContext, JobError};
 use crate::pods::names::CONTROL_TOKEN_KEY;
 use crate::pods::view::join_host_port;
-use crate::rollout::aux_pods;
 use crate::rollout::status::{self, Blocked};
+use crate::rollout::{aux_gate, aux_pods};
 
 /// Create the job's trainer pod (train) or dataset collector (sft) and their Services when
 /// missing; returns the pod as it is now.
@@ -39,13 +41,18 @@ pub(super) async fn ensure(
         }
     };
     let name = objects.pod.name_any();
-    // The pod cache holds it (floe's label) with all a round reads of it: readiness and IP.
-    if let Some(p) = ctx.pods.get(&ObjectRef::new(&name).within(ns)) {
-        return Ok(Some((*p).clone()));
-    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    // The pod cache holds it (floe's label) with all a round reads of it: readiness and IP.
     let read = |e| JobError::api(format!("reading pod {ns}/{name}"))(e);
-    if let Some(p) = pods.get_opt(&name).await.map_err(read)? {
+    let found = match ctx.pods.get(&ObjectRef::new(&name).within(ns)) {
+        Some(p) => Some((*p).clone()),
+        None => pods.get_opt(&name).await.map_err(read)?,
+    };
+    if let Some(p) = found {
+        if let Some(why) = aux_gate::ended_for_good(&p) {
+            replace_ended(ctx, job, &pods, &p, &why).await?;
+        }
+        // Not Ready either way: the gate stays closed until the new one is.
         return Ok(Some(p));
     }
     // A job suspended before it ran (Kueue admits jobs by resuming them) holds no trainer GPU
@@ -69,6 +76,28 @@ pub(super) async fn ensure(
         &objects.pod,
     )?;
     Ok(pods.get_opt(&name).await.map_err(read)?)
+}
+
+/// Delete the job's pod that ended for good (`why`), saying so: the next round makes it again.
+async fn replace_ended(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    pods: &Api<Pod>,
+    pod: &Pod,
+    why: &str,
+) -> Result<(), Halt> {
+    let name = pod.name_any();
+    let resumes = if job.spec.train.is_some() {
+        " (the trainer resumes from its last checkpoint)"
+    } else {
+        ""
+    };
+    let note = format!("the job's pod {name} {why}: deleted to be made again{resumes}");
+    tracing::warn!(job = %job.name_any(), "{note}");
+    ctx.event(job, EventType::Warning, "JobPodReplaced", note)
+        .await;
+    // Only that pod: the cache may be behind one made since under its name.
+    delete_exactly(pods, &name, pod.metadata.uid.clone()).await
 }
 
 /// A create the apiserver refuses for good (an admission rule, a quota, a RuntimeClass that

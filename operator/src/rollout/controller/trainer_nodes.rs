@@ -60,7 +60,11 @@ pub(super) async fn ensure(
 
 /// Delete `name` only if it is still the pod of UID `uid` (the cache may be behind a pod made
 /// since for the new first pod); gone already, or another one now, is fine.
-async fn delete_exactly(pods: &Api<Pod>, name: &str, uid: Option<String>) -> Result<(), Halt> {
+pub(super) async fn delete_exactly(
+    pods: &Api<Pod>,
+    name: &str,
+    uid: Option<String>,
+) -> Result<(), Halt> {
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid,
