@@ -1009,6 +1009,61 @@ async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<(
     Ok(())
 }
 
+/// A job that stalls after it started (here its pool deleted under it) still meets its
+/// deadline: it fails saying what it waited for, and its pods end. It used to wait, holding
+/// them (and a trainer's GPUs), for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_stalled_after_it_started_still_meets_its_deadline() -> Result<()> {
+    let (client, ns) = with_crds("stalllate").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        52,
+        Arc::new(|_: &Value| Verdict::Hang),
+    )?;
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "warm", 1, 60).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job("stuck", &["slow"], 1, json!({"activeDeadlineSeconds": 15}))?,
+    )
+    .await?;
+    eventually("the session running", async || {
+        Ok((status(&jobs, "stuck").await?.sessions.running == 1).then_some(()))
+    })
+    .await?;
+    pools.delete("warm", &Default::default()).await?;
+    eventually("stalled for its pool", async || {
+        let s = status(&jobs, "stuck").await?;
+        Ok((condition(&s, "Stalled") == Some(("True", "PoolNotFound"))).then_some(()))
+    })
+    .await?;
+    let failed = eventually("the deadline", async || {
+        let s = status(&jobs, "stuck").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Failed)).then_some(s))
+    })
+    .await?;
+    let reason = failed
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed")
+        .context("a Failed condition")?;
+    assert_eq!(reason.reason, "DeadlineExceeded");
+    assert!(reason.message.contains("PoolNotFound"), "{reason:?}");
+    assert!(failed.completion_time.is_some());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    eventually("its pod ended", async || {
+        Ok(job_pods(&pods, "stuck").await?.is_empty().then_some(()))
+    })
+    .await?;
+    kubelet.stop().await?;
+    delete_jobs(&jobs).await?;
+    Ok(())
+}
+
 /// The job's own pod ended for good (evicted under node pressure: its containers restart
 /// `Always`, the pod itself never does): deleted and made again, said in a Warning, where the
 /// operator used to wait for it until the job's deadline.

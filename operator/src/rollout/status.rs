@@ -220,6 +220,19 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
         out.push(condition("Ready", false, "JobSuspended", b.message.clone()));
         return (RolloutJobPhase::Suspended, out);
     }
+    // The deadline passes whatever the job waits for: a job stalled after it started (its
+    // pool deleted, its trainer disagreeing with its policy server) held its claimed pods and
+    // its trainer's GPUs for good. Failed, it ends them.
+    if let Some(b) = i.blocked.filter(|_| s.deadline_exceeded && !s.suspend) {
+        let why = format!(
+            "activeDeadlineSeconds passed while {}: {}",
+            b.reason, b.message
+        );
+        out.push(condition("Failed", true, "DeadlineExceeded", why.clone()));
+        out.push(condition("Ready", false, "DeadlineExceeded", why.clone()));
+        out.push(condition("Stalled", true, "DeadlineExceeded", why));
+        return (RolloutJobPhase::Failed, out);
+    }
     if let Some(b) = i.blocked.filter(|b| b.transient) {
         out.push(condition("Ready", false, &b.reason, b.message.clone()));
         out.push(condition("Reconciling", true, &b.reason, b.message.clone()));
@@ -668,6 +681,18 @@ mod tests {
         assert_eq!(cond(&st, "Stalled"), None);
         assert_eq!(cond(&st, "Reconciling"), Some("True"));
         assert_eq!(cond(&st, "Ready"), Some("False"));
+        // Past its deadline, whatever it waits for: failed, completed (its pods end).
+        for b in [&blocked, &loading] {
+            let mut late = state(3);
+            late.deadline_exceeded = true;
+            let mut i = input(&late, None, 0);
+            i.blocked = Some(b);
+            let st = status(&i, None);
+            assert_eq!(st.phase, Some(RolloutJobPhase::Failed), "{}", b.reason);
+            assert_eq!(st.conditions[0].reason, "DeadlineExceeded");
+            assert!(st.conditions[0].message.contains(&b.reason));
+            assert!(st.completion_time.is_some());
+        }
         // Suspended before its task file was read: suspended is what it says.
         let mut s = state(0);
         s.suspend = true;
