@@ -408,3 +408,73 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
     assert_eq!(last["logit_bias"], json!({"42": 100}));
     Ok(())
 }
+
+/// Media named by a remote URL would have the model server fetch it for the agent, past its
+/// sandbox's network: refused in each API's own shape, and nothing reaches the server; the same
+/// image inline goes through.
+#[tokio::test]
+async fn media_by_remote_url_is_refused_in_each_apis_shape_and_inline_media_passes() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![Step::Say("ok".into())]).await?;
+    let gw = TestGateway::start(&model.url, 64).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("media", "t", 0).await?;
+    let leak = "http://127.0.0.1:9/x.png?stolen=secret";
+    let calls = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "look"},
+                {"type": "image_url", "image_url": {"url": leak}}]}]}),
+            "invalid_request_error",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": leak}},
+                {"type": "text", "text": "look"}]}]}),
+            "invalid_request_error",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "look"},
+                {"type": "input_image", "image_url": leak}]}]}),
+            "invalid_request_error",
+        ),
+    ];
+    for (path, body, kind) in &calls {
+        let (status, answer) = call(
+            &http,
+            &format!("{}{path}", gw.url),
+            &token,
+            serde_json::to_vec(body)?,
+        )
+        .await?;
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert_eq!(
+            answer["error"]["type"].as_str(),
+            Some(*kind),
+            "{path}: {answer}"
+        );
+        let said = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(said.contains("media must be inline"), "{path}: {said}");
+    }
+    assert_eq!(
+        model.requests().len(),
+        0,
+        "nothing reached the model server"
+    );
+    let inline = json!({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});
+    let (status, answer) = call(
+        &http,
+        &format!("{}/v1/chat/completions", gw.url),
+        &token,
+        serde_json::to_vec(&inline)?,
+    )
+    .await?;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(model.requests().len(), 1);
+    Ok(())
+}

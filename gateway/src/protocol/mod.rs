@@ -6,6 +6,7 @@ pub mod anthropic;
 pub mod errors;
 pub mod fuzz_inputs;
 pub mod gemini;
+pub mod media;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod retry;

@@ -92,6 +92,9 @@ pub fn finalize_request(
     mut body: Map<String, Value>,
     limits: &CallLimits,
 ) -> Result<Finalized, ProtocolError> {
+    if let Some(why) = super::media::remote_media(&body) {
+        return Err(ProtocolError::InvalidRequest(why));
+    }
     if body
         .get("n")
         .and_then(Value::as_u64)

@@ -1,0 +1,113 @@
+//! Media in a call must travel inline (sans-IO). A part that names its image, video, audio or
+//! file by a remote URL would have the model server fetch it: from the host in local mode, from
+//! the trainer pod in a cluster, past every rule of the agent's sandbox network (row 7 of
+//! docs/security.md). The query string of such a URL carries whatever the agent wants out, and
+//! a vision model's server is an open fetcher on the agent's behalf. So the gateway refuses
+//! anything but `data:` URLs, whatever the job, with a 400 in the caller's own shape. Every
+//! harness sends images inline (base64) already.
+
+use serde_json::{Map, Value};
+
+/// The parts of a Chat Completions content list that name media by URL, and where the URL is.
+const MEDIA: &[(&str, &str)] = &[
+    ("image_url", "url"),
+    ("video_url", "url"),
+    ("audio_url", "url"),
+    ("file", "file_data"),
+];
+
+/// Where `body` names media by anything but a `data:` URL (`messages[i].content[j]`), and its
+/// scheme; `None` when every media part is inline.
+pub fn remote_media(body: &Map<String, Value>) -> Option<String> {
+    let messages = body.get("messages")?.as_array()?;
+    for (i, message) in messages.iter().enumerate() {
+        let Some(parts) = message.get("content").and_then(Value::as_array) else {
+            continue;
+        };
+        for (j, part) in parts.iter().enumerate() {
+            for (kind, key) in MEDIA {
+                let Some(media) = part.get(*kind) else {
+                    continue;
+                };
+                // `image_url` may be the URL itself or an object holding it.
+                let url = media.as_str().or_else(|| media.get(*key)?.as_str());
+                if let Some(url) = url.filter(|u| !is_inline(u)) {
+                    let scheme = url.split_once(':').map_or("a relative", |(s, _)| s);
+                    return Some(format!(
+                        "messages[{i}].content[{j}].{kind}: media must be inline (a data: URL), \
+                         not a {scheme} URL the model server would fetch for the agent"
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn is_inline(url: &str) -> bool {
+    url.get(..5)
+        .is_some_and(|head| head.eq_ignore_ascii_case("data:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(content: Value) -> Map<String, Value> {
+        let v = json!({"messages": [{"role": "system", "content": "s"},
+                                    {"role": "user", "content": content}]});
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn inline_media_and_text_pass() {
+        let inline = json!([
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "image_url", "image_url": "DATA:image/png;base64,AAAA"},
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+        ]);
+        assert_eq!(remote_media(&body(inline)), None);
+        assert_eq!(remote_media(&body(json!("plain text"))), None);
+    }
+
+    #[test]
+    fn a_url_the_server_would_fetch_is_named() {
+        for (part, kind, scheme) in [
+            (
+                json!({"type": "image_url", "image_url": {"url": "http://10.0.0.1/x?k=secret"}}),
+                "image_url",
+                "http",
+            ),
+            (
+                json!({"type": "image_url", "image_url": "https://example.invalid/a.png"}),
+                "image_url",
+                "https",
+            ),
+            (
+                json!({"type": "video_url", "video_url": {"url": "file:///etc/passwd"}}),
+                "video_url",
+                "file",
+            ),
+            (
+                json!({"type": "audio_url", "audio_url": {"url": "ftp://h/a.wav"}}),
+                "audio_url",
+                "ftp",
+            ),
+            (
+                json!({"type": "file", "file": {"file_data": "http://h/f.pdf"}}),
+                "file",
+                "http",
+            ),
+        ] {
+            let said = remote_media(&body(json!([{"type": "text", "text": "t"}, part])));
+            let said = said.unwrap_or_default();
+            assert!(
+                said.starts_with(&format!("messages[1].content[1].{kind}:")),
+                "{said}"
+            );
+            assert!(said.contains(&format!("not a {scheme} URL")), "{said}");
+        }
+    }
+}
