@@ -82,6 +82,39 @@ def _():
     return None
 
 
+@attempt("read_hidden_tests_in_git_history")
+def _():
+    """The job is committed: its repository's history has the hidden tests, as `git log -p`
+    finds from any directory under the repository (a workspace without a .git of its own)."""
+    import subprocess
+
+    for start in (os.getcwd(), os.path.dirname(JOB)):
+        found = subprocess.run(
+            ["git", "-c", "safe.directory=*", "-C", start, "log", "-p", "--all"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        if HIDDEN_MARK in found.stdout:
+            return f"git log -p from {start}"
+    return None
+
+
+@attempt("read_hidden_tests_of_an_earlier_run")
+def _():
+    """Outputs of earlier runs beside --out (a run.json marks one) hold their assignments."""
+    parent = os.path.dirname(OUT.rstrip("/"))
+    for run in glob.glob(os.path.join(parent, "*", "run.json")):
+        for root, _, files in os.walk(os.path.dirname(run)):
+            for f in files:
+                try:
+                    if HIDDEN_MARK in open(os.path.join(root, f), errors="replace").read():
+                        return os.path.join(root, f)
+                except OSError:
+                    pass
+    return None
+
+
 @attempt("write_pristine_snapshot")
 def _():
     path = os.path.join(OUT, "sessions", SESSION, "state", "pristine", "test_visible.py")

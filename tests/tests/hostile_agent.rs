@@ -27,6 +27,8 @@ const EVALUATOR: &str = r#"sleep 1; python3 test_hidden.py && echo '{"reward": 1
 const REAL_WITHOUT_SANDBOX: &[&str] = &[
     "read_hidden_tests_in_job_file",
     "read_hidden_tests_under_out",
+    "read_hidden_tests_in_git_history",
+    "read_hidden_tests_of_an_earlier_run",
     "write_pristine_snapshot",
     "write_capture",
     "see_other_sessions",
@@ -111,7 +113,9 @@ struct Outcome {
 
 async fn run(sandbox: bool) -> Result<Outcome> {
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
-    let dir = tempfile::tempdir()?;
+    // Not under /tmp, which each sandbox replaces with its own: what the sandbox hides there
+    // must be hidden by floe, not by that.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
     let out = dir.path().join("out");
     let marker = format!("hostile-leftover-{}", std::process::id());
     // A host daemon's socket, outside /tmp (the sandbox shows the host read-only there, and a
@@ -130,6 +134,34 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         }
     });
     let job = job(dir.path(), &out, &model.url, &marker, &socket)?;
+    // The job committed in a repository around the run, and an earlier run's output beside
+    // --out, its assignment holding the hidden test.
+    for args in [
+        &["init", "-q"][..],
+        &["add", "job.yaml"],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "the job",
+        ],
+    ] {
+        let git = Command::new("git")
+            .args(args)
+            .current_dir(dir.path())
+            .status()?;
+        anyhow::ensure!(git.success(), "git {args:?}: {git}");
+    }
+    let earlier = dir.path().join("earlier/captures/hostile-fix-add-0");
+    std::fs::create_dir_all(&earlier)?;
+    std::fs::write(dir.path().join("earlier/run.json"), "{}")?;
+    std::fs::write(
+        earlier.join("assignment.json"),
+        json!({"hiddenFiles": {"test_hidden.py": HIDDEN_TEST}}).to_string(),
+    )?;
     let mut cmd = Command::new(floe_bin()?);
     cmd.arg("run")
         .arg(&job)
@@ -358,7 +390,9 @@ async fn without_bubblewrap_the_run_stops_before_any_session_and_says_how_to_go_
 #[tokio::test]
 async fn a_script_the_sandbox_cannot_see_is_refused_before_any_session() -> Result<()> {
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
-    let dir = tempfile::tempdir()?;
+    // Not under /tmp, which each sandbox replaces with its own: what the sandbox hides there
+    // must be hidden by floe, not by that.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
     let out = dir.path().join("out");
     let job = job(
         dir.path(),

@@ -198,6 +198,15 @@ pub fn confinement(
     for repository in &private.repositories {
         hidden.push(Hidden::Dir(canonical(repository)?));
     }
+    let mut anchors = vec![canonical(&private.out)?, canonical(&private.job)?];
+    for f in &private.task_files {
+        anchors.push(canonical(f)?);
+    }
+    for more in beside_the_run(&anchors) {
+        if !hidden.contains(&more) {
+            hidden.push(more);
+        }
+    }
     Ok(Confinement {
         bwrap: bwrap.path.clone(),
         hidden,
@@ -213,6 +222,57 @@ pub fn confinement(
     })
 }
 
+/// What else on the host holds this run's secrets, beside the paths [`Private`] names (each
+/// canonical; `anchors[0]` is `--out`):
+/// - the git metadata of every repository holding one of them: when the job or its tasks are
+///   committed, the history has the hidden tests, and `git log -p` in a workspace with no
+///   repository of its own walks up to it (a `.git` file, a worktree's or a submodule's, and
+///   the directory it points to);
+/// - earlier runs' outputs beside `--out` (a `run.json` in them): their captures and
+///   assignments hold the same hidden tests, as `examples/learn/evaluate.sh`'s second run
+///   beside its training run would show them.
+pub fn beside_the_run(anchors: &[PathBuf]) -> Vec<Hidden> {
+    let mut found: Vec<Hidden> = Vec::new();
+    let mut add = |h: Hidden| {
+        if !found.contains(&h) {
+            found.push(h);
+        }
+    };
+    for anchor in anchors {
+        for dir in anchor.ancestors().skip(1) {
+            let git = dir.join(".git");
+            if git.is_dir() {
+                add(Hidden::Dir(git));
+            } else if git.is_file() {
+                let target = std::fs::read_to_string(&git).ok().and_then(|text| {
+                    let to = PathBuf::from(text.trim().strip_prefix("gitdir:")?.trim());
+                    std::fs::canonicalize(dir.join(to)).ok()
+                });
+                add(Hidden::File(git));
+                if let Some(target) = target.filter(|t| t.is_dir()) {
+                    // A worktree's objects are in the repository it belongs to.
+                    let common = std::fs::read_to_string(target.join("commondir"))
+                        .ok()
+                        .and_then(|c| std::fs::canonicalize(target.join(c.trim())).ok());
+                    add(Hidden::Dir(target));
+                    if let Some(common) = common {
+                        add(Hidden::Dir(common));
+                    }
+                }
+            }
+        }
+    }
+    if let Some((out, parent)) = anchors.first().and_then(|o| Some((o, o.parent()?))) {
+        for entry in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path != *out && path.join(super::resume::RUN_FILE).is_file() {
+                add(Hidden::Dir(path));
+            }
+        }
+    }
+    found
+}
+
 /// A program that the sandbox cannot see: under `/tmp` (the sandbox has its own) or under a
 /// path hidden from it. `Some(why)` for the pre-flight error.
 pub fn invisible(program: &Path, private: &Private) -> Option<String> {
@@ -224,5 +284,47 @@ pub fn invisible(program: &Path, private: &Private) -> Option<String> {
         Some("it is under --out, which the sandbox hides".into())
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_repositories_holding_the_run_and_earlier_runs_beside_it_are_hidden(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let root = tempfile::tempdir()?;
+        let root = std::fs::canonicalize(root.path())?;
+        // The job in a repository; --out inside it, beside an earlier run and a plain folder.
+        std::fs::create_dir_all(root.join("repo/.git/objects"))?;
+        std::fs::create_dir_all(root.join("repo/jobs"))?;
+        std::fs::write(root.join("repo/jobs/job.yaml"), "x")?;
+        for dir in ["out", "earlier", "notes"] {
+            std::fs::create_dir_all(root.join("repo/runs").join(dir))?;
+        }
+        std::fs::write(root.join("repo/runs/earlier/run.json"), "{}")?;
+        // A task file in a worktree of another repository.
+        std::fs::create_dir_all(root.join("other/.git/worktrees/wt"))?;
+        std::fs::write(root.join("other/.git/worktrees/wt/commondir"), "../..\n")?;
+        std::fs::create_dir_all(root.join("wt"))?;
+        std::fs::write(root.join("wt/.git"), "gitdir: ../other/.git/worktrees/wt\n")?;
+        std::fs::write(root.join("wt/tasks.jsonl"), "{}")?;
+        let hidden = beside_the_run(&[
+            root.join("repo/runs/out"),
+            root.join("repo/jobs/job.yaml"),
+            root.join("wt/tasks.jsonl"),
+        ]);
+        assert_eq!(
+            hidden,
+            vec![
+                Hidden::Dir(root.join("repo/.git")),
+                Hidden::File(root.join("wt/.git")),
+                Hidden::Dir(root.join("other/.git/worktrees/wt")),
+                Hidden::Dir(root.join("other/.git")),
+                Hidden::Dir(root.join("repo/runs/earlier")),
+            ]
+        );
+        Ok(())
     }
 }
