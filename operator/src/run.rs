@@ -145,6 +145,7 @@ pub async fn run(client: Client, config: OperatorConfig) {
         })
         .await;
         metrics.set_leader(false);
+        metrics.forget_objects();
         match why_rx.await {
             Ok(Stop::LostLease) => continue,
             _ => {

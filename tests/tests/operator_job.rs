@@ -1009,6 +1009,89 @@ async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<(
     Ok(())
 }
 
+/// The job's tasks from a ConfigMap, edited after its first session: sessions are numbered by
+/// task order, so the job stalls (`TasksChanged`) instead of taking scored sessions for other
+/// tasks'; restored, it goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_configmap_edited_after_the_first_session_stalls_the_job() -> Result<()> {
+    let (client, ns) = with_crds("taskedit").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        53,
+        Arc::new(|_: &Value| Verdict::Hang),
+    )?;
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns.name);
+    let lines = |ids: &[&str]| -> String {
+        ids.iter()
+            .map(|t| {
+                format!(
+                    "{}\n",
+                    json!({"id": t, "instruction": format!("solve {t}")})
+                )
+            })
+            .collect()
+    };
+    let tasks_map = |ids: &[&str]| -> Result<k8s_openapi::api::core::v1::ConfigMap> {
+        Ok(serde_json::from_value(
+            json!({"metadata": {"name": "tasks"},
+                                          "data": {"tasks.jsonl": lines(ids)}}),
+        )?)
+    };
+    config_maps
+        .create(&PostParams::default(), &tasks_map(&["a", "b", "c"])?)
+        .await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job(
+            "edited",
+            &[],
+            1,
+            json!({"tasks": {"configMap": {"name": "tasks", "key": "tasks.jsonl"}}}),
+        )?,
+    )
+    .await?;
+    let begun = eventually(
+        "the first session running, the tasks recorded",
+        async || {
+            let s = status(&jobs, "edited").await?;
+            Ok((s.sessions.running == 1 && s.tasks_digest.is_some()).then_some(s))
+        },
+    )
+    .await?;
+    // Task "a" dropped from the source: "b" would be numbered as "a" was.
+    config_maps
+        .replace("tasks", &PostParams::default(), &tasks_map(&["b", "c"])?)
+        .await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "edited", "TasksChanged").await?;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("sessions are numbered by task order")),
+        "{notes:?}"
+    );
+    config_maps
+        .replace(
+            "tasks",
+            &PostParams::default(),
+            &tasks_map(&["a", "b", "c"])?,
+        )
+        .await?;
+    let back = eventually("the job going on", async || {
+        let s = status(&jobs, "edited").await?;
+        Ok(condition(&s, "Stalled").is_none().then_some(s))
+    })
+    .await?;
+    assert_eq!(back.tasks_digest, begun.tasks_digest);
+    kubelet.stop().await?;
+    delete_jobs(&jobs).await?;
+    Ok(())
+}
+
 /// A job that stalls after it started (here its pool deleted under it) still meets its
 /// deadline: it fails saying what it waited for, and its pods end. It used to wait, holding
 /// them (and a trainer's GPUs), for good.

@@ -64,6 +64,12 @@ pub struct RolloutJobStatus {
     /// A train job's held-out rounds (`spec.train.heldOut`), as they were opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_out: Option<HeldOutStatus>,
+    /// A digest of the job's tasks as read from their source (a ConfigMap is read again each
+    /// round), with `numSamples` and `epochs`, recorded when its first session was claimed.
+    /// Sessions are numbered by task order: a later change would take scored sessions for
+    /// other tasks' and leave tasks never run, so it stalls the job (`TasksChanged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_digest: Option<String>,
 }
 
 /// `status.heldOut`: each round, and which held-out sessions are done. Held-out sessions are

@@ -156,6 +156,13 @@ impl JobSeries {
         }
     }
 
+    /// Every job's series (this replica no longer leads: another says them now).
+    pub fn forget_all(&self) {
+        floe_gateway::sync::lock(&self.rewards).clear();
+        self.sessions.reset();
+        self.held_out.reset();
+    }
+
     /// The reward summary in the text format (the prometheus crate has no summary type; a
     /// summary without quantiles is sum + count).
     pub fn render_rewards(&self, text: &mut String) {

@@ -375,6 +375,27 @@ impl Metrics {
         }
     }
 
+    /// Every pool's and job's series go: this replica lost its lease and stands by, and the
+    /// leader now says them. Kept, they would be frozen at the hand-over and summed with the
+    /// leader's by every rule that does not filter on `floe_leader` (a blocked object paging
+    /// after it was fixed or deleted, running sessions counted twice, an empty pool hidden).
+    /// Counters stay: a standby adds nothing to them.
+    pub fn forget_objects(&self) {
+        for gauge in [
+            &self.pool_ready,
+            &self.pool_desired,
+            &self.pool_claimed,
+            &self.pool_blocked,
+            &self.job_blocked,
+            &self.waiting_for_pod,
+        ] {
+            gauge.reset();
+        }
+        floe_gateway::sync::lock(&self.blocked).clear();
+        floe_gateway::sync::lock(&self.pools).clear();
+        self.jobs.forget_all();
+    }
+
     /// A deleted job's series go away.
     pub fn forget_job(&self, namespace: &str, job: &str, pool: Option<&str>) {
         self.jobs.forget(namespace, job);
@@ -539,6 +560,40 @@ mod tests {
         m.forget_job("ns", "j", None);
         assert!(series(&m, "floe_pool_blocked").is_empty());
         assert!(series(&m, "floe_rolloutjob_blocked").is_empty());
+    }
+
+    #[test]
+    fn a_replica_that_stops_leading_says_no_pool_or_job_any_more() {
+        let m = Metrics::new().expect("metrics");
+        m.set_leader(true);
+        m.set_pool("ns", "warm", 3, 4, 1);
+        m.set_blocked(Kind::GatewayPool, "ns", "warm", Some("PodFailed"));
+        m.set_blocked(Kind::RolloutJob, "ns", "j", Some("PoolNotFound"));
+        m.set_sessions(
+            "ns",
+            "j",
+            &floe_crds::rollout_job::SessionCounts {
+                running: 2,
+                ..Default::default()
+            },
+        );
+        m.set_rewards("ns", "j", 3, 1.5);
+        m.set_leader(false);
+        m.forget_objects();
+        let text = m.render();
+        for gone in [
+            "floe_pool_ready{",
+            "floe_pool_blocked{",
+            "floe_rolloutjob_blocked{",
+            "floe_sessions{",
+            "floe_session_reward_count{",
+        ] {
+            assert!(!text.contains(gone), "{gone} left in:\n{text}");
+        }
+        assert!(text.contains("floe_leader 0"), "{text}");
+        // Leading again, it says them again as its reconciles find them.
+        m.set_pool("ns", "warm", 2, 4, 0);
+        assert!(series(&m, "floe_pool_ready").len() == 1);
     }
 
     #[test]

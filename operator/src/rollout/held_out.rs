@@ -215,6 +215,26 @@ pub fn digest(tasks: &[Task], samples: u32) -> String {
     crate::stable_hash::fnv1a_hex(&material.to_string())
 }
 
+/// The digest of a job's own tasks as they number its sessions: the tasks as the job reads them,
+/// `samples` and `epochs` ([`floe_crds::rollout_job::RolloutJobStatus::tasks_digest`]).
+pub fn job_tasks_digest(tasks: &[Task], samples: u32, epochs: u32) -> String {
+    let material = serde_json::json!({"tasks": tasks, "samples": samples, "epochs": epochs});
+    crate::stable_hash::fnv1a_hex(&material.to_string())
+}
+
+/// Why the job's own sessions may not go on as numbered, when its tasks changed since the
+/// first was claimed (`recorded`, the status's digest); `None` when they may.
+pub fn tasks_changed(recorded: Option<&str>, digest: &str) -> Option<String> {
+    let was = recorded.filter(|was| *was != digest)?;
+    Some(format!(
+        "the job's tasks changed after its first session (digest {was} then, {digest} now: \
+         spec.tasks' source edited, or numSamples or epochs): sessions are numbered by task \
+         order, so scored sessions would be taken for other tasks' and some tasks would never \
+         run; restore them, or run the changed set as a new job (to go on with it knowingly, \
+         remove status.tasksDigest)"
+    ))
+}
+
 /// Why the held-out set may not be measured as it is now, when it or the job changed since
 /// the rounds `recorded` began: a new size would move every later round's session indexes,
 /// new contents would make the rounds measure two sets, and a new count of the job's own
@@ -300,6 +320,34 @@ fn round_status(r: &RoundTally, sessions: u32) -> HeldOutRound {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_jobs_own_tasks_changed_is_said_against_their_recorded_digest() {
+        let task = |id: &str| -> Task {
+            serde_json::from_value(serde_json::json!({"id": id, "instruction": "x"}))
+                .expect("a task")
+        };
+        let set = vec![task("a"), task("b")];
+        let d = job_tasks_digest(&set, 2, 1);
+        assert_eq!(
+            tasks_changed(None, &d),
+            None,
+            "nothing recorded: nothing to compare"
+        );
+        assert_eq!(tasks_changed(Some(&d), &d), None);
+        for other in [
+            job_tasks_digest(&set[1..], 2, 1),
+            job_tasks_digest(&[task("b"), task("a")], 2, 1),
+            job_tasks_digest(&set, 3, 1),
+            job_tasks_digest(&set, 2, 2),
+        ] {
+            let why = tasks_changed(Some(&d), &other).unwrap_or_default();
+            assert!(
+                why.contains(&format!("digest {d} then, {other} now")),
+                "{why}"
+            );
+        }
+    }
+
     use super::super::aux_gate::Gate;
     use super::super::plan::{plan, JobState, PodProgress, PodResult, SessionPod};
     use super::*;

@@ -64,6 +64,8 @@ pub struct StatusInput<'a> {
     /// The job's own pod as this round read it: while it is not Ready, the job's conditions
     /// say what it waits for.
     pub job_pod: Option<&'a JobPodRound>,
+    /// The job's tasks' digest as this round read them: recorded once the job has begun.
+    pub tasks_digest: Option<&'a str>,
 }
 
 /// The job's `status.startTime`: kept once set, else now if the job has begun.
@@ -81,6 +83,7 @@ pub fn started(previous: Option<&RolloutJobStatus>, begun: bool, now: &Time) -> 
 }
 
 pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
+    let begun = start_time.is_some();
     let s = i.state;
     let done = (s.completed.len() + s.failed.len()) as i32;
     let total = s.total as i32;
@@ -133,6 +136,10 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         },
         fidelity: i.previous.and_then(|p| p.fidelity.clone()),
         held_out: s.held_out.as_ref().map(|h| h.status()),
+        tasks_digest: i
+            .previous
+            .and_then(|p| p.tasks_digest.clone())
+            .or_else(|| i.tasks_digest.filter(|_| begun).map(str::to_string)),
     }
 }
 
@@ -392,6 +399,7 @@ mod tests {
             running,
             blocked: None,
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            tasks_digest: None,
             trainer_unfinished: false,
             job_pod: None,
         }

@@ -216,6 +216,7 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         now,
         job_pod: &job_pod,
         trainer_unfinished,
+        tasks_digest: &observed.tasks_digest,
     };
     let Some(written) = report.fold(&decided).await? else {
         // Someone else wrote first: look again before releasing anything.

@@ -34,6 +34,9 @@ pub(super) struct Observed {
     pub(super) held_out_samples: u32,
     /// The held-out set's digest, recorded with its rounds ([`held_out::digest`]).
     pub(super) held_out_digest: String,
+    /// The job's own tasks' digest, recorded at its first claim
+    /// ([`held_out::job_tasks_digest`]).
+    pub(super) tasks_digest: String,
     pub(super) held_out_steps: Vec<u64>,
     pub(super) hidden: BTreeMap<String, String>,
     pub(super) control_port: i32,
@@ -153,6 +156,11 @@ pub(super) async fn observe(
         (None, None, Some(t)) => t,
         (None, None, None) => return blocked("InvalidSpec", "spec.tasks names no source".into()),
     };
+    let tasks_digest = held_out::job_tasks_digest(&tasks, spec.samples(), spec.epochs());
+    let recorded = job.status.as_ref().and_then(|s| s.tasks_digest.as_deref());
+    if let Some(why) = held_out::tasks_changed(recorded, &tasks_digest) {
+        return blocked("TasksChanged", why);
+    }
     let held_out_spec = spec.train.as_ref().and_then(|t| t.held_out.as_ref());
     let held_out = match held_out_spec.map(|h| &h.tasks) {
         None => Arc::default(),
@@ -267,6 +275,7 @@ pub(super) async fn observe(
         tasks,
         held_out_samples,
         held_out_digest,
+        tasks_digest,
         held_out_steps: job
             .status
             .as_ref()

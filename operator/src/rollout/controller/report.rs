@@ -28,6 +28,8 @@ pub(super) struct RoundReport<'a> {
     pub job_pod: &'a JobPodRound,
     /// A train job whose trainer has not finished (`status::StatusInput::trainer_unfinished`).
     pub trainer_unfinished: bool,
+    /// The job's tasks' digest as this round read them (`status::StatusInput::tasks_digest`).
+    pub tasks_digest: &'a str,
 }
 
 /// The job's status as this round last wrote it (or found it), with its resourceVersion.
@@ -58,6 +60,7 @@ impl RoundReport<'_> {
                 now: self.now.clone(),
                 trainer_unfinished: self.trainer_unfinished,
                 job_pod: Some(self.job_pod),
+                tasks_digest: Some(self.tasks_digest),
             },
             start_time,
         )
@@ -315,6 +318,7 @@ pub(super) async fn blocked(
             now,
             trainer_unfinished: false,
             job_pod: None,
+            tasks_digest: None,
         },
         previous.and_then(|s| s.start_time.clone()),
     );
