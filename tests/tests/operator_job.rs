@@ -16,7 +16,7 @@ use floe_tests::namespace::with_crds;
 use floe_tests::operator::{eventually, eventually_within, metric_value, pool_ready, Operator};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde_json::{json, Value};
 
 async fn create_pool(client: &Client, ns: &str, name: &str, replicas: i32) -> Result<()> {
@@ -1094,9 +1094,10 @@ async fn a_task_configmap_edited_after_the_first_session_stalls_the_job() -> Res
 
 /// A job that stalls after it started (here its pool deleted under it) still meets its
 /// deadline: it fails saying what it waited for, and its pods end. It used to wait, holding
-/// them (and a trainer's GPUs), for good.
+/// them (and a trainer's GPUs), for good. And a pod let go of whose DELETE never landed is
+/// deleted by a later round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_stalled_after_it_started_still_meets_its_deadline() -> Result<()> {
+async fn a_stalled_job_meets_its_deadline_and_no_pod_let_go_of_lingers() -> Result<()> {
     let (client, ns) = with_crds("stalllate").await?;
     let _operator = Operator::start(&ns.name, &[])?;
     let kubelet = FakeKubelet::start(
@@ -1140,6 +1141,34 @@ async fn a_job_stalled_after_it_started_still_meets_its_deadline() -> Result<()>
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     eventually("its pod ended", async || {
         Ok(job_pods(&pods, "stuck").await?.is_empty().then_some(()))
+    })
+    .await?;
+    // A pod let go of whose DELETE never landed (the operator died between its two writes):
+    // a later round deletes it, where it used to stay until the job ended.
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    pool_ready(&pools, "warm", 1, 60).await?;
+    jobs.create(
+        &PostParams::default(),
+        &job("dropped", &["slow"], 1, json!({}))?,
+    )
+    .await?;
+    let claimed = eventually("a session running", async || {
+        Ok(job_pods(&pods, "dropped").await?.into_iter().next())
+    })
+    .await?;
+    let name = claimed.name_any();
+    pods.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null,
+                                          "labels": {"floe.dev/state": "done"}}})),
+    )
+    .await?;
+    eventually("the pod let go of deleted", async || {
+        let left = pods.get_opt(&name).await?;
+        Ok(left
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(()))
     })
     .await?;
     kubelet.stop().await?;

@@ -25,6 +25,13 @@ struct Summary {
     policy_versions: Option<[u64; 2]>,
 }
 
+/// A pod the job let go of (`floe.dev/state: done`) that is not being deleted: its release's
+/// DELETE never landed.
+pub fn left_done(pod: &Pod) -> bool {
+    crate::pods::view::state(pod) == Some(crate::pods::PodState::Done.label())
+        && pod.metadata.deletion_timestamp.is_none()
+}
+
 /// `None` for a pod that is not a session pod (no or unreadable claim annotations), or that
 /// the job let go of (`floe.dev/state: done`: its result folded, or given back before its
 /// session started). A released pod can take a while to go (its gateway's drain); seen in

@@ -47,6 +47,18 @@ pub(super) async fn release_and_replace(
         let written = delete_pod(&pods, name).await?;
         ctx.raise_bar(&uid, name, bar_after_delete(written));
     }
+    // Let go of but never deleted (the operator died between the two writes, or the DELETE
+    // failed): no round would see it again, and it would keep its gateway and its resources
+    // until the job ended.
+    for pod in observed
+        .pods
+        .iter()
+        .filter(|p| crate::rollout::pod_view::left_done(p))
+    {
+        let name = pod.name_any();
+        let written = delete_pod(&pods, &name).await?;
+        ctx.raise_bar(&uid, &name, bar_after_delete(written));
+    }
     create_prewarmed(ctx, job, observed, &decided.prewarm).await
 }
 
