@@ -478,3 +478,55 @@ async fn media_by_remote_url_is_refused_in_each_apis_shape_and_inline_media_pass
     assert_eq!(model.requests().len(), 1);
     Ok(())
 }
+
+/// A session's calls in flight are bounded: past the bound a call is answered 429 in its API's
+/// shape at once (an agent opening hundreds would run the gateway out of memory), and places
+/// come back as calls end.
+#[tokio::test]
+async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<()> {
+    // A model server that takes connections and never answers: every call waits for its
+    // deadline.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let url = format!("http://{}", hung.local_addr()?);
+    let gw = TestGateway::start_with_deadline(
+        &url,
+        64,
+        Default::default(),
+        std::time::Duration::from_secs(4),
+    )
+    .await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("flood", "t", 0).await?;
+    let chat = format!("{}/v1/chat/completions", gw.url);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let waiting: Vec<_> = (0..16)
+        .map(|_| {
+            let (http, chat, token, body) =
+                (http.clone(), chat.clone(), token.clone(), body.clone());
+            tokio::spawn(async move { call(&http, &chat, &token, body.into_bytes()).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let (status, answer) = call(&http, &chat, &token, body.clone().into_bytes()).await?;
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(answer["error"]["code"], "rate_limit_exceeded", "{answer}");
+    let messages = format!("{}/v1/messages", gw.url);
+    let anthropic = json!({"model": "m", "max_tokens": 8,
+                           "messages": [{"role": "user", "content": "hi"}]});
+    let (status, answer) =
+        call(&http, &messages, &token, anthropic.to_string().into_bytes()).await?;
+    assert_eq!(
+        (status, &answer["error"]["type"]),
+        (429, &json!("rate_limit_error")),
+        "{answer}"
+    );
+    for w in waiting {
+        let (status, _) = w.await??;
+        assert_eq!(status, 504, "the hung calls end at their deadline");
+    }
+    // Their places are back: the next call is taken (and waits for the model, not refused).
+    let (status, _) = call(&http, &chat, &token, body.into_bytes()).await?;
+    assert_eq!(status, 504);
+    drop(hung);
+    Ok(())
+}

@@ -21,6 +21,8 @@ pub enum ProtocolError {
     Capture(String),
     #[error("no such endpoint: {0}")]
     NotFound(String),
+    #[error("this session already has {limit} model calls in flight: wait for one to finish")]
+    TooManyCalls { limit: usize },
 }
 
 impl ProtocolError {
@@ -35,6 +37,7 @@ impl ProtocolError {
         "upstream_timeout",
         "capture",
         "not_found",
+        "too_many_calls",
     ];
 
     pub fn status(&self) -> u16 {
@@ -43,6 +46,7 @@ impl ProtocolError {
             Self::Unauthorized => 401,
             Self::NotFound(_) => 404,
             Self::TooLarge { .. } => 413,
+            Self::TooManyCalls { .. } => 429,
             Self::Upstream(_) => 502,
             Self::UpstreamTimeout => 504,
             Self::Capture(_) => 500,
@@ -60,6 +64,7 @@ impl ProtocolError {
             Self::UpstreamTimeout => "upstream_timeout",
             Self::Capture(_) => "capture",
             Self::NotFound(_) => "not_found",
+            Self::TooManyCalls { .. } => "too_many_calls",
         }
     }
 
@@ -74,6 +79,7 @@ impl ProtocolError {
                     Self::InvalidRequest(_) | Self::TooLarge { .. } | Self::NotFound(_) => {
                         ("invalid_request_error", "invalid_request")
                     }
+                    Self::TooManyCalls { .. } => ("requests", "rate_limit_exceeded"),
                     _ => ("server_error", "server_error"),
                 };
                 serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
@@ -85,6 +91,7 @@ impl ProtocolError {
                     Self::NotFound(_) => "not_found_error",
                     Self::InvalidRequest(_) | Self::ContextTooLong(_) => "invalid_request_error",
                     Self::UpstreamTimeout => "timeout_error",
+                    Self::TooManyCalls { .. } => "rate_limit_error",
                     _ => "api_error",
                 };
                 serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
@@ -97,6 +104,7 @@ impl ProtocolError {
                     }
                     Self::NotFound(_) => "NOT_FOUND",
                     Self::UpstreamTimeout => "DEADLINE_EXCEEDED",
+                    Self::TooManyCalls { .. } => "RESOURCE_EXHAUSTED",
                     _ => "INTERNAL",
                 };
                 serde_json::json!({"error": {"code": self.status(), "message": message, "status": status}})
@@ -120,6 +128,7 @@ mod kinds_tests {
             ProtocolError::UpstreamTimeout,
             ProtocolError::Capture(String::new()),
             ProtocolError::NotFound(String::new()),
+            ProtocolError::TooManyCalls { limit: 1 },
         ];
         let kinds: Vec<&str> = all.iter().map(ProtocolError::kind).collect();
         assert_eq!(kinds, ProtocolError::KINDS);

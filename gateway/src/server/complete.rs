@@ -33,7 +33,9 @@ fn now_ms() -> u64 {
 }
 
 /// Run one call to completion in its own task, so that a client disconnecting mid-call cannot
-/// cancel the capture of tokens the model already sampled.
+/// cancel the capture of tokens the model already sampled. `place`: the call's among its
+/// session's calls in flight, given back when the task ends.
+#[allow(clippy::too_many_arguments)]
 pub async fn complete(
     gateway: Arc<Gateway>,
     session: Arc<Session>,
@@ -42,8 +44,10 @@ pub async fn complete(
     normalized: Map<String, Value>,
     keep_logprobs: bool,
     dropped: Vec<String>,
+    place: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<Completed, ProtocolError> {
     let task = tokio::spawn(async move {
+        let _place = place;
         let call = Call {
             api,
             original,

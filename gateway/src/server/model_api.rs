@@ -47,16 +47,29 @@ fn fail(gateway: &Gateway, api: Api, error: &ProtocolError) -> Response {
     (status, Json(error.body(api))).into_response()
 }
 
-/// Authenticate and read the body within the limit.
-async fn admit(
-    gateway: &Gateway,
-    api: Api,
-    request: Request,
-) -> Result<(Arc<Session>, axum::body::Bytes), ProtocolError> {
+/// A call admitted: its session, its body, and its place among the session's calls in flight
+/// (held until the call is done, even after its client went).
+struct Admitted {
+    session: Arc<Session>,
+    body: axum::body::Bytes,
+    permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Authenticate, take a place among the session's calls in flight, and read the body within
+/// the limit (a place first: a session over its bound reads no more bodies).
+async fn admit(gateway: &Gateway, api: Api, request: Request) -> Result<Admitted, ProtocolError> {
     let session = token(request.headers())
         .or_else(|| query_key(request.uri()))
         .and_then(|t| gateway.sessions.by_token(t))
         .ok_or(ProtocolError::Unauthorized)?;
+    let permit =
+        session
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ProtocolError::TooManyCalls {
+                limit: super::sessions::MAX_CALLS_IN_FLIGHT,
+            })?;
     let limit = gateway.config.max_body_bytes;
     let declared = request
         .headers()
@@ -73,7 +86,11 @@ async fn admit(
             limit,
         })?;
     gateway.metrics.bytes_in(api, body.len());
-    Ok((session, body))
+    Ok(Admitted {
+        session,
+        body,
+        permit,
+    })
 }
 
 /// What differs between provider APIs on the call path; everything else is shared.
@@ -218,7 +235,7 @@ async fn count_tokens(
     reply: impl FnOnce(u64) -> Value,
 ) -> Response {
     let counted = async {
-        let (session, body) = admit(gateway, api, request).await?;
+        let Admitted { session, body, .. } = admit(gateway, api, request).await?;
         let n = normalize(&body)?;
         let upstream = &session.upstream;
         let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": n.request["messages"], "add_generation_prompt": true});
@@ -276,7 +293,11 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     let api = W::API;
     let t0 = Instant::now();
     let uri = request.uri().clone();
-    let (session, body) = match admit(&gateway, api, request).await {
+    let Admitted {
+        session,
+        body,
+        permit,
+    } = match admit(&gateway, api, request).await {
         Ok(ok) => ok,
         Err(e) => return fail(&gateway, api, &e),
     };
@@ -310,6 +331,7 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
         upstream_request,
         normalized.wants_logprobs,
         normalized.dropped.clone(),
+        permit,
     );
     if !normalized.stream {
         return match call.await {

@@ -30,7 +30,15 @@ pub struct Session {
     durability: Durability,
     /// `None` once the session is closed (capture sealed).
     log: Mutex<Option<CaptureLog>>,
+    /// Its model calls in flight ([`MAX_CALLS_IN_FLIGHT`]).
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
+
+/// A session's model calls at once. Each holds its body (up to the body limit) several times
+/// over and a task that outlives its client; without a bound an agent opening hundreds at once
+/// would run the gateway (`floe run` itself, in local mode, outside any sandbox limit) out of
+/// memory, every session down with it. Harnesses make one at a time, a few with subagents.
+pub const MAX_CALLS_IN_FLIGHT: usize = 16;
 
 impl Session {
     /// Order number of the next call, taken when the request arrives.
@@ -164,6 +172,7 @@ impl Sessions {
             next_seq: AtomicU64::new(calls),
             durability,
             log: Mutex::new(log),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
         });
         by_id.insert(session.meta.session.clone(), session.clone());
         crate::sync::write(&self.by_token).insert(token, session.clone());
