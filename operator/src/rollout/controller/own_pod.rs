@@ -6,11 +6,11 @@ use std::time::Duration;
 use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress, TrainerState};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::trainer_nodes::delete_exactly;
 use super::{Halt, JobContext, JobError};
 use crate::pods::names::CONTROL_TOKEN_KEY;
 use crate::pods::view::join_host_port;
@@ -288,5 +288,29 @@ pub(super) async fn finish_trainer_when_done(
         if let Err(e) = finish_trainer(ctx, job, ns, pod).await {
             tracing::warn!(job = %job.name_any(), "cannot tell the trainer the sessions are done: {e}");
         }
+    }
+}
+
+/// Delete `name` only if it is still the pod of UID `uid` (the cache may be behind a pod made
+/// since for the new first pod); gone already, or another one now, is fine.
+pub(super) async fn delete_exactly(
+    pods: &Api<Pod>,
+    name: &str,
+    uid: Option<String>,
+) -> Result<(), Halt> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Halt::Failed(JobError::api(format!(
+            "deleting pod {}/{name}",
+            pods.namespace().unwrap_or_default()
+        ))(e))),
     }
 }

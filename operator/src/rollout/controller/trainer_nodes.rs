@@ -4,12 +4,11 @@
 
 use floe_crds::rollout_job::RolloutJob;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::own_pod::{create_if_missing, refused};
-use super::{Halt, JobContext, JobError};
+use super::own_pod::{create_if_missing, delete_exactly, refused};
+use super::{Halt, JobContext};
 use crate::rollout::status::Blocked;
 use crate::rollout::trainer_workers::{self, WorkerAction};
 
@@ -56,28 +55,4 @@ pub(super) async fn ensure(
         }
     }
     Ok(())
-}
-
-/// Delete `name` only if it is still the pod of UID `uid` (the cache may be behind a pod made
-/// since for the new first pod); gone already, or another one now, is fine.
-pub(super) async fn delete_exactly(
-    pods: &Api<Pod>,
-    name: &str,
-    uid: Option<String>,
-) -> Result<(), Halt> {
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid,
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match pods.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(Halt::Failed(JobError::api(format!(
-            "deleting pod {}/{name}",
-            pods.namespace().unwrap_or_default()
-        ))(e))),
-    }
 }
