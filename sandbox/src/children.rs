@@ -17,6 +17,31 @@ const PRIVATE_ENV: &[&str] = &[
     floe_gateway::bearer::UPSTREAM_KEY_ENV,
 ];
 
+/// Whether a variable of the machine `floe run` runs on looks like a credential (a token, a
+/// key, a password, a cloud's credentials, an ssh agent): a local harness does not inherit it.
+/// The agent has no network but its model API, yet what it reads it can write into its
+/// trajectory, and an RL run would learn to. A job that means a harness to have one names it
+/// in `harness.env`, which is set after this removal.
+pub(crate) fn credential_like(name: &str) -> bool {
+    let n = name.to_ascii_uppercase();
+    const SUFFIXES: &[&str] = &[
+        "TOKEN",
+        "SECRET",
+        "SECRET_KEY",
+        "ACCESS_KEY",
+        "API_KEY",
+        "APIKEY",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIALS",
+    ];
+    const PREFIXES: &[&str] = &["AWS_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS"];
+    const NAMES: &[&str] = &["KUBECONFIG", "SSH_AUTH_SOCK", "DOCKER_AUTH_CONFIG"];
+    SUFFIXES.iter().any(|s| n.ends_with(s))
+        || PREFIXES.iter().any(|p| n.starts_with(p))
+        || NAMES.contains(&n.as_str())
+}
+
 #[derive(Clone, Debug)]
 pub struct RunnerConfig {
     pub gateway_url: String,
@@ -141,4 +166,37 @@ pub(crate) fn tail_of(mut file: std::fs::File, max: usize) -> String {
         return String::new();
     }
     String::from_utf8_lossy(&bytes).trim().to_string()
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::credential_like;
+
+    #[test]
+    fn credentials_are_told_from_the_rest_of_the_environment() {
+        for name in [
+            "HF_TOKEN",
+            "GITHUB_TOKEN",
+            "gh_token",
+            "OPENAI_API_KEY",
+            "AWS_PROFILE",
+            "AWS_SECRET_ACCESS_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "PGPASSWORD",
+            "KUBECONFIG",
+            "SSH_AUTH_SOCK",
+        ] {
+            assert!(credential_like(name), "{name}");
+        }
+        for name in [
+            "PATH",
+            "HOME",
+            "LANG",
+            "NODE_OPTIONS",
+            "TERM",
+            "TOKENIZERS_PARALLELISM",
+        ] {
+            assert!(!credential_like(name), "{name}");
+        }
+    }
 }

@@ -100,6 +100,12 @@ def _():
     return None
 
 
+@attempt("credential_in_own_environment")
+def _():
+    """A token of the user's shell that `floe run` was started from (the test sets HF_TOKEN)."""
+    return os.environ.get("HF_TOKEN")
+
+
 @attempt("read_hidden_tests_of_an_earlier_run")
 def _():
     """Outputs of earlier runs beside --out (a run.json marks one) hold their assignments."""

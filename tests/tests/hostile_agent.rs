@@ -170,6 +170,8 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         .args(["--model-url", &model.url])
         // A model server key: the gateway sends it; no sandboxed process may see it.
         .env("FLOE_UPSTREAM_API_KEY", "the-model-servers-key")
+        // A credential of the user's shell: no harness inherits it, sandbox or not.
+        .env("HF_TOKEN", "hf_the-users-own-token")
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     if !sandbox {
@@ -330,8 +332,11 @@ async fn every_attack_is_refused_in_the_sandbox_and_works_without_it() -> Result
     // floe itself refuses these in both modes: the gateway the agent's token on its control
     // API,
     assert!(!any_session(&open, "report_own_result_to_gateway"));
-    // and the runner a reward file the agent left.
+    // and the runner a reward file the agent left, and the user's credentials from the
+    // harness's environment (a process that can read `floe run`'s still finds them there
+    // without a sandbox: `upstream_key_in_reach`).
     assert!(!any_session(&open, "plant_reward_file"));
+    assert!(!any_session(&open, "credential_in_own_environment"));
     Ok(())
 }
 
