@@ -38,6 +38,23 @@ async fn call(
     Ok((status, resp.json().await.unwrap_or(Value::Null)))
 }
 
+/// [`call`] with a JSON body, to `path` of the gateway at `base`.
+async fn call_json(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    token: &str,
+    body: &Value,
+) -> Result<(u16, Value)> {
+    call(
+        http,
+        &format!("{base}{path}"),
+        token,
+        serde_json::to_vec(body)?,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn every_api_answers_errors_in_its_own_shape() -> Result<()> {
     let gw = dead_upstream_gateway().await?;
@@ -298,13 +315,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         ),
     ];
     for (path, body) in &calls {
-        let (status, answer) = call(
-            &http,
-            &format!("{}{path}", gw.url),
-            &token,
-            serde_json::to_vec(body)?,
-        )
-        .await?;
+        let (status, answer) = call_json(&http, &gw.url, path, &token, body).await?;
         assert_eq!(status, 200, "{path}: {answer}");
     }
     let requests = model.requests();
@@ -392,13 +403,8 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
     let token = gw
         .session_with("contract-sft", "t", 0, json!({"temperature": 0.9}))
         .await?;
-    let (status, _) = call(
-        &http,
-        &format!("{}/v1/chat/completions", gw.url),
-        &token,
-        serde_json::to_vec(&calls[0].1)?,
-    )
-    .await?;
+    let (status, _) =
+        call_json(&http, &gw.url, "/v1/chat/completions", &token, &calls[0].1).await?;
     assert_eq!(status, 200);
     let last = model.requests().pop().unwrap_or_default();
     assert_eq!(
@@ -443,13 +449,7 @@ async fn media_by_remote_url_is_refused_in_each_apis_shape_and_inline_media_pass
         ),
     ];
     for (path, body, kind) in &calls {
-        let (status, answer) = call(
-            &http,
-            &format!("{}{path}", gw.url),
-            &token,
-            serde_json::to_vec(body)?,
-        )
-        .await?;
+        let (status, answer) = call_json(&http, &gw.url, path, &token, body).await?;
         assert_eq!(status, 400, "{path}: {answer}");
         assert_eq!(
             answer["error"]["type"].as_str(),
@@ -467,13 +467,8 @@ async fn media_by_remote_url_is_refused_in_each_apis_shape_and_inline_media_pass
     let inline = json!({"model": "m", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});
-    let (status, answer) = call(
-        &http,
-        &format!("{}/v1/chat/completions", gw.url),
-        &token,
-        serde_json::to_vec(&inline)?,
-    )
-    .await?;
+    let (status, answer) =
+        call_json(&http, &gw.url, "/v1/chat/completions", &token, &inline).await?;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(model.requests().len(), 1);
     Ok(())

@@ -145,21 +145,11 @@ def test_entropy_is_the_tempered_policys_at_each_response_position_on_every_path
 
 
 def test_dropout_is_off_in_training_passes_and_the_config_keeps_it():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tiny import tiny_llama
 
     from floe_trainer.policy import without_dropout
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attention_dropout=0.5,
-    )
-    model = LlamaForCausalLM(cfg).train()
+    model = tiny_llama(attention_dropout=0.5).train()
     ids = torch.randint(1, 64, (1, 12))
     assert not torch.equal(model(ids).logits, model(ids).logits), "dropout draws each pass"
     changed = without_dropout(model)

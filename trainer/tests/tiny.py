@@ -4,7 +4,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def tiny_llama(seed: int = 0, positions: int = 128) -> LlamaForCausalLM:
+def tiny_llama(seed: int = 0, positions: int = 128, **config) -> LlamaForCausalLM:
+    """``config``: more of ``LlamaConfig``'s settings (an ``attention_dropout``, say)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=64,
@@ -14,5 +15,6 @@ def tiny_llama(seed: int = 0, positions: int = 128) -> LlamaForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=positions,
+        **config,
     )
     return LlamaForCausalLM(cfg)

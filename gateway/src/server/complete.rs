@@ -33,42 +33,28 @@ fn now_ms() -> u64 {
 }
 
 /// Run one call to completion in its own task, so that a client disconnecting mid-call cannot
-/// cancel the capture of tokens the model already sampled. `place`: the call's among its
-/// session's calls in flight, given back when the task ends.
-#[allow(clippy::too_many_arguments)]
+/// cancel the capture of tokens the model already sampled; its place among the session's calls
+/// in flight is given back when the task ends.
 pub async fn complete(
     gateway: Arc<Gateway>,
     session: Arc<Session>,
-    api: Api,
-    original: Value,
-    normalized: Map<String, Value>,
-    keep_logprobs: bool,
-    dropped: Vec<String>,
-    place: tokio::sync::OwnedSemaphorePermit,
+    call: Call,
 ) -> Result<Completed, ProtocolError> {
-    let task = tokio::spawn(async move {
-        let _place = place;
-        let call = Call {
-            api,
-            original,
-            normalized,
-            keep_logprobs,
-            dropped,
-        };
-        call_and_capture(&gateway, &session, call).await
-    });
+    let task = tokio::spawn(async move { call_and_capture(&gateway, &session, call).await });
     task.await
         .unwrap_or_else(|e| Err(ProtocolError::Capture(format!("call task failed: {e}"))))
 }
 
 /// One model call as the harness made it.
-struct Call {
-    api: Api,
-    original: Value,
-    normalized: Map<String, Value>,
-    keep_logprobs: bool,
+pub struct Call {
+    pub api: Api,
+    pub original: Value,
+    pub normalized: Map<String, Value>,
+    pub keep_logprobs: bool,
     /// What the request asked for that could not go upstream (kept in the capture).
-    dropped: Vec<String>,
+    pub dropped: Vec<String>,
+    /// Its place among the session's calls in flight, held while the call runs.
+    pub place: tokio::sync::OwnedSemaphorePermit,
 }
 
 async fn call_and_capture(
@@ -82,6 +68,7 @@ async fn call_and_capture(
         normalized,
         keep_logprobs,
         dropped,
+        place: _place,
     } = call;
     let seq = session.next_seq();
     let started_at_ms = now_ms();

@@ -15,7 +15,7 @@ use axum::Json;
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
-use super::complete::complete;
+use super::complete::{complete, Call};
 use super::metrics::api_label;
 use super::sessions::Session;
 use super::Gateway;
@@ -326,12 +326,14 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     let call = complete(
         gateway.clone(),
         session,
-        api,
-        original,
-        upstream_request,
-        normalized.wants_logprobs,
-        normalized.dropped.clone(),
-        permit,
+        Call {
+            api,
+            original,
+            normalized: upstream_request,
+            keep_logprobs: normalized.wants_logprobs,
+            dropped: normalized.dropped.clone(),
+            place: permit,
+        },
     );
     if !normalized.stream {
         return match call.await {
