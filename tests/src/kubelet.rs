@@ -183,7 +183,7 @@ struct Node {
     pods: Api<Pod>,
     secrets: Api<Secret>,
     running: HashMap<String, Running>,
-    /// Job pods reported running, by UID.
+    /// Job pods reported running, and sandbox pods reported unable to pull, by UID.
     aux: std::collections::HashSet<String>,
     next_aux: u32,
     next_ip: u32,
@@ -297,6 +297,21 @@ async fn take_assignment(
     }
 }
 
+/// Images under this registry name are never found: a pod whose sandbox runs one stays
+/// Pending with `ErrImagePull`, as on a real node.
+pub const UNPULLABLE_REGISTRY: &str = "missing.invalid/";
+
+fn unpullable_image(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == "sandbox")?
+        .image
+        .clone()
+        .filter(|i| i.starts_with(UNPULLABLE_REGISTRY))
+}
+
 /// A pool's pod or a `poolTemplate` job's own session pod: both run the gateway sidecar.
 fn is_sandbox_pod(pod: &Pod) -> bool {
     pod.labels().contains_key("floe.dev/pool")
@@ -357,6 +372,21 @@ impl Node {
 
     async fn start_pod(&mut self, pod: &Pod) -> Result<()> {
         let name = pod.name_any();
+        if let Some(image) = unpullable_image(pod) {
+            // As a kubelet reports an image no registry has: Pending, the container waiting.
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if self.aux.insert(uid) {
+                let message = format!("failed to pull and unpack image \"{image}\": not found");
+                let waiting = json!({"waiting": {"reason": "ErrImagePull", "message": message}});
+                self.patch_status(
+                    &name,
+                    &json!({"status": {"phase": "Pending",
+                        "containerStatuses": [container("sandbox", waiting)]}}),
+                )
+                .await?;
+            }
+            return Ok(());
+        }
         let Some(secret) = self.secrets.get_opt(&format!("{name}-control")).await? else {
             return Ok(()); // the operator creates it right after the pod
         };

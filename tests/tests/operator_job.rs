@@ -1518,6 +1518,93 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
     Ok(())
 }
 
+/// `poolTemplate` with a task image no registry has: its pods stay Pending (`ErrImagePull`).
+/// The job says so (an Event naming the pod's reason), counts each pod still stuck past
+/// `timeouts.podStartSeconds` as a failed attempt, and ends that task's sessions failed at
+/// `backoffLimit` with the pod's reason, while the other task's sessions run. It used to wait
+/// on them for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_image_that_cannot_be_pulled_fails_its_sessions_instead_of_holding_the_job(
+) -> Result<()> {
+    let (client, ns) = with_crds("nopull").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        54,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = job(
+        "nopull",
+        &["good", "gone"],
+        1,
+        json!({"concurrency": 2, "lookahead": 0, "backoffLimit": 1,
+               "timeouts": {"podStartSeconds": 10}}),
+    )?;
+    spec.spec.pool_ref = None;
+    spec.spec.pool_template = Some(serde_json::from_value(
+        json!({"image": "ghcr.io/acme/harness:1", "workingDir": "/testbed"}),
+    )?);
+    if let Some(tasks) = spec.spec.tasks.inline.as_mut() {
+        tasks[1].image = Some(format!(
+            "{}gone:1",
+            floe_tests::kubelet::UNPULLABLE_REGISTRY
+        ));
+    }
+    jobs.create(&PostParams::default(), &spec).await?;
+    let warned = eventually("a SessionPodNotStarting event", async || {
+        let n = event_notes(&client, &ns.name, "SessionPodNotStarting").await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await?;
+    assert!(
+        warned[0].starts_with("session 1 attempt 0: pod nopull-s1-a0-")
+            && warned[0].contains("container sandbox: ErrImagePull")
+            && warned[0].contains("timeouts.podStartSeconds"),
+        "{warned:?}"
+    );
+    let done = succeeded(&jobs, "nopull", 120).await?;
+    assert_eq!(
+        (
+            done.sessions.succeeded,
+            done.sessions.failed,
+            done.sessions.retried
+        ),
+        (1, 1, 1),
+        "{done:?}"
+    );
+    assert_eq!(done.failed_indexes.as_deref(), Some("1"));
+    let failed = event_notes(&client, &ns.name, "SessionFailed").await?;
+    assert!(
+        failed.len() == 1
+            && failed[0].contains("session 1 (pod nopull-s1-a1-")
+            && failed[0].contains("its pod did not start within 10s")
+            && failed[0].contains("ErrImagePull"),
+        "{failed:?}"
+    );
+    // Only the task that could run took an assignment.
+    let taken = taken_sessions(&kubelet);
+    assert!(taken.len() == 1 && taken[0].contains("good"), "{taken:?}");
+    eventually("all session pods gone", async || {
+        Ok(job_pods(&pods_api(&client, &ns.name), "nopull")
+            .await?
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
+fn pods_api(client: &Client, ns: &str) -> Api<Pod> {
+    Api::namespaced(client.clone(), ns)
+}
+
 /// `tasks.file` in a cluster: the job's task loader pod mounts the claim (here the fake
 /// kubelet really runs its `floe serve-tasks` on a local directory standing in for the PVC)
 /// and the operator reads the tasks from it; a missing file stalls the job with the loader's

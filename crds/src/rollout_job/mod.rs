@@ -495,6 +495,16 @@ pub struct Timeouts {
     #[serde(default = "default_model_call_timeout")]
     #[schemars(range(min = 1, max = 86400))]
     pub model_call_seconds: i32,
+    /// With `poolTemplate`: a session's pod that reports a problem it will not get past on its
+    /// own (its image cannot be pulled, a container's config is refused, a container crash
+    /// loops) and is still not Ready this long after it was created counts as a failed attempt
+    /// of its session, like an infrastructure failure: retried on a fresh pod up to
+    /// `backoffLimit`, then failed with the pod's reason. A pod the scheduler has no room for
+    /// yet (`Unschedulable`) waits, whatever its age. (A pool's pods follow the pool's
+    /// `refill.unreadyTimeoutSeconds`.)
+    #[serde(default = "default_pod_start_timeout")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub pod_start_seconds: i32,
 }
 
 /// How the gateway retries a model call the infrastructure failed — connection errors, 429,
@@ -545,6 +555,7 @@ impl Default for Timeouts {
             agent_seconds: default_agent_timeout(),
             evaluator_seconds: default_evaluator_timeout(),
             model_call_seconds: default_model_call_timeout(),
+            pod_start_seconds: default_pod_start_timeout(),
         }
     }
 }
@@ -553,6 +564,9 @@ fn default_agent_timeout() -> i32 {
     1800
 }
 fn default_evaluator_timeout() -> i32 {
+    600
+}
+fn default_pod_start_timeout() -> i32 {
     600
 }
 fn default_model_call_timeout() -> i32 {

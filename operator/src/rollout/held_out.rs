@@ -543,6 +543,7 @@ mod tests {
             progress,
             upstream: Default::default(),
             policy_versions: Some([2, 3]),
+            start_failed: None,
         }
     }
 

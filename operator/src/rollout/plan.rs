@@ -50,6 +50,9 @@ pub struct SessionPod {
     pub upstream: UpstreamErrors,
     /// The first and last policy version that sampled its calls (from the runner's summary).
     pub policy_versions: Option<[u64; 2]>,
+    /// `poolTemplate`: why the pod, not Ready, will not start (stuck past
+    /// `timeouts.podStartSeconds`, [`super::pod_view::start_failure`]).
+    pub start_failed: Option<String>,
 }
 
 /// Rewards of the scored sessions, kept as sums so that folding is exact.
@@ -285,24 +288,42 @@ fn plan_sessions(
             pod.progress,
             PodProgress::Finished(PodResult::Scored { .. })
         );
+        let mut never_started = None;
         if state.lookahead.is_some() && !pod.assigned && !scored {
-            // A pre-warmed pod whose session has not started: not an attempt yet. If it dies
-            // while starting, it is simply replaced (same attempt), never counted as a retry.
+            // A pre-warmed pod whose session has not started. Deleted (evicted, drained, a
+            // `kubectl delete`), it is simply replaced: same attempt. But a pod that cannot
+            // start (its image cannot be pulled, its runner fails before its session) would be
+            // made again and fail again for good: that is a failed attempt, so a template or
+            // a task image that cannot run ends in `backoffLimit` attempts with its reason.
             // (A score is folded whatever the annotation says: it proves the session ran.)
-            if pod.progress == PodProgress::Active && !state.deadline_exceeded {
-                holding.insert(pod.index);
-                waiting.push(pod);
-            } else {
-                out.release.push(pod.name.clone());
+            never_started = match &pod.progress {
+                _ if state.deadline_exceeded => None,
+                PodProgress::Active => pod.start_failed.clone(),
+                PodProgress::Finished(PodResult::Infra { reason }) => Some(format!(
+                    "its pod failed before its session started: {reason}"
+                )),
+                _ => None,
+            };
+            if never_started.is_none() {
+                if pod.progress == PodProgress::Active && !state.deadline_exceeded {
+                    holding.insert(pod.index);
+                    waiting.push(pod);
+                } else {
+                    out.release.push(pod.name.clone());
+                }
+                continue;
             }
-            continue;
         }
         if give_back_unstarted && !pod.assigned && pod.progress == PodProgress::Active {
             // Claimed from the pool, its session never started: nothing to fold.
             out.release.push(pod.name.clone());
             continue;
         }
-        let failure = match &pod.progress {
+        let progress = match never_started {
+            Some(reason) => PodProgress::Finished(PodResult::Infra { reason }),
+            None => pod.progress.clone(),
+        };
+        let failure = match &progress {
             PodProgress::Active => {
                 holding.insert(pod.index);
                 running += 1;
@@ -497,6 +518,7 @@ mod tests {
             progress,
             upstream: UpstreamErrors::default(),
             policy_versions: None,
+            start_failed: None,
         }
     }
 
@@ -863,15 +885,72 @@ mod tests {
             ready: false,
             ..pod("w0", 0, 0, PodProgress::Lost)
         };
-        let crashed = SessionPod {
-            assigned: false,
-            ..pod("w1", 1, 0, infra())
-        };
-        let p = plan(&template_job(4), &[lost, crashed], 0, Gate::OPEN);
+        let p = plan(&template_job(4), &[lost], 0, Gate::OPEN);
         assert!(p.folds.is_empty(), "{:?}", p.folds);
-        assert_eq!(p.release, vec!["w0".to_string(), "w1".to_string()]);
+        assert_eq!(p.release, vec!["w0".to_string()]);
         assert!(p.next.retries.is_empty());
         assert_eq!(p.prewarm, vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
+    }
+
+    /// A pod that cannot start would be made again and fail again for good (an image that
+    /// cannot be pulled, a runner that fails before its session): each is a failed attempt,
+    /// so the session ends at `backoffLimit` with the pod's reason instead of holding the job.
+    #[test]
+    fn a_prewarmed_pod_that_cannot_start_is_a_failed_attempt() {
+        let crashed = SessionPod {
+            assigned: false,
+            ..pod("w0", 0, 0, infra())
+        };
+        let stuck = SessionPod {
+            start_failed: Some("its pod did not start within 600s: ErrImagePull".into()),
+            ..waiting("w1", 1, false)
+        };
+        let p = plan(&template_job(4), &[crashed, stuck.clone()], 0, Gate::OPEN);
+        assert_eq!(
+            p.folds,
+            [
+                (
+                    "w0".to_string(),
+                    Fold::Retry {
+                        index: 0,
+                        next_attempt: 1,
+                        reason: "its pod failed before its session started: evaluator crashed"
+                            .into()
+                    }
+                ),
+                (
+                    "w1".to_string(),
+                    Fold::Retry {
+                        index: 1,
+                        next_attempt: 1,
+                        reason: "its pod did not start within 600s: ErrImagePull".into()
+                    }
+                )
+            ]
+        );
+        assert_eq!(p.release, ["w0", "w1"]);
+        assert_eq!(p.prewarm, [(0, 1), (1, 1), (2, 0), (3, 0)]);
+        assert!(p.starved.contains(&0) && p.starved.contains(&1));
+        // The last attempt: failed, with the pod's reason; nothing made again for it.
+        let last = SessionPod {
+            attempt: 2,
+            ..stuck.clone()
+        };
+        let mut j = template_job(4);
+        j.retries.insert(1, 2);
+        let p = plan(&j, &[last], 0, Gate::OPEN);
+        assert!(
+            matches!(&p.folds[..], [(_, Fold::Failed { index: 1, reason })] if reason.contains("ErrImagePull"))
+        );
+        assert!(p.next.failed.contains(1));
+        assert!(p.prewarm.iter().all(|(i, _)| *i != 1), "{:?}", p.prewarm);
+        // Past the deadline, a pod that never started is let go of, not counted.
+        let late = JobState {
+            deadline_exceeded: true,
+            ..template_job(4)
+        };
+        let p = plan(&late, &[stuck], 0, Gate::OPEN);
+        assert!(p.folds.is_empty() && p.release == ["w1"]);
     }
 
     #[test]

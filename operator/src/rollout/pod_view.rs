@@ -3,6 +3,7 @@
 //! exit code and termination message, `docs/sandbox-contract.md`).
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Deserialize;
 
 use floe_gateway::capture::upstream_errors::UpstreamErrors;
@@ -60,6 +61,8 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         progress,
         upstream: upstream_errors(pod),
         policy_versions: sandbox_summary(pod).and_then(|s| s.policy_versions),
+        // Read against the clock by the round ([`start_failure`]).
+        start_failed: None,
     })
 }
 
@@ -135,6 +138,25 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
             })
         }
     }
+}
+
+/// Why a session's pod, not Ready, will not start as it is (`None` while it may still):
+/// what the kubelet reports about it (an image it cannot pull, a container config it
+/// refuses, a crash loop), once that has lasted past `timeout_seconds` of the pod's age. A
+/// pod the scheduler has no room for yet is waiting for running sessions to end, not failing.
+pub fn start_failure(pod: &Pod, now: &Time, timeout_seconds: i64) -> Option<String> {
+    if crate::pods::view::is_ready(pod) {
+        return None;
+    }
+    let problem = crate::pod_problem::problem(pod).filter(|p| p.reason != "Unschedulable")?;
+    let created = pod.metadata.creation_timestamp.as_ref()?;
+    let age = now.0.duration_since(created.0).as_secs();
+    (age >= timeout_seconds).then(|| {
+        format!(
+            "its pod did not start within {timeout_seconds}s: {}",
+            problem.describe()
+        )
+    })
 }
 
 /// Why a long-running pod's (first) container keeps failing: it ended with a non-zero exit,
@@ -259,6 +281,36 @@ mod tests {
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
         assert_eq!(session_pod(&p).map(|s| s.progress), Some(PodProgress::Lost));
+    }
+
+    #[test]
+    fn a_pod_that_cannot_start_fails_its_start_only_past_the_timeout() {
+        let at = |secs: i64| {
+            Time(k8s_openapi::jiff::Timestamp::from_second(1_000_000 + secs).unwrap_or_default())
+        };
+        let with = |status: serde_json::Value| {
+            let mut p = pod(status);
+            p.metadata.creation_timestamp = Some(at(0));
+            p
+        };
+        let pull = with(json!({"phase": "Pending", "containerStatuses": [
+            {"name": "sandbox", "ready": false, "restartCount": 0, "image": "missing/x:1", "imageID": "",
+             "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}}]}));
+        assert_eq!(start_failure(&pull, &at(599), 600), None, "not yet");
+        assert_eq!(
+            start_failure(&pull, &at(600), 600).as_deref(),
+            Some("its pod did not start within 600s: pod p container sandbox: ErrImagePull: pull access denied")
+        );
+        // No room yet: it waits for running sessions to end, whatever its age.
+        let unschedulable = with(json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/1 nodes are available: 1 Insufficient cpu."}]}));
+        assert_eq!(start_failure(&unschedulable, &at(86_400), 600), None);
+        // Pulling (no problem reported) is progress, however long.
+        let pulling = with(json!({"phase": "Pending", "containerStatuses": [
+            {"name": "sandbox", "ready": false, "restartCount": 0, "image": "big:1", "imageID": "",
+             "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
+        assert_eq!(start_failure(&pulling, &at(86_400), 600), None);
     }
 
     #[test]

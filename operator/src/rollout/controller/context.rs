@@ -55,6 +55,9 @@ pub(super) struct JobMemory {
     claimed_early: HashSet<String>,
     /// The job's egress NetworkPolicy last applied (its JSON, `None`: deleted) and when.
     egress_applied: Option<(Option<String>, Instant)>,
+    /// `poolTemplate`: the (pod, reason) of each problem a session's pod reported while
+    /// starting that an Event already told.
+    start_problems_told: HashSet<(String, String)>,
 }
 
 /// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).
@@ -159,6 +162,23 @@ impl JobContext {
 
     pub(super) fn egress_done(&self, uid: &str, applied: Option<String>) {
         self.remember(uid, |m| m.egress_applied = Some((applied, Instant::now())));
+    }
+
+    /// Whether the problem `reason` of `pod` is news (and remember it told): only the pods
+    /// still there are kept.
+    pub(super) fn start_problem_news(
+        &self,
+        uid: &str,
+        pods: &HashSet<&str>,
+        pod: &str,
+        reason: &str,
+    ) -> bool {
+        self.remember(uid, |m| {
+            m.start_problems_told
+                .retain(|(p, _)| pods.contains(p.as_str()));
+            m.start_problems_told
+                .insert((pod.to_string(), reason.to_string()))
+        })
     }
 
     pub(super) fn note_claimed_early(&self, uid: &str, pod: &str) {

@@ -197,12 +197,20 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
             ..h
         }
     });
+    let start_timeout = i64::from(job.spec.timeouts.pod_start_seconds);
     let sessions: Vec<_> = observed
         .pods
         .iter()
-        .filter_map(pod_view::session_pod)
+        .filter_map(|p| {
+            let mut session = pod_view::session_pod(p)?;
+            if state.lookahead.is_some() && !session.assigned {
+                session.start_failed = pod_view::start_failure(p, now, start_timeout);
+            }
+            Some(session)
+        })
         .collect();
     let decided = plan(&state, &sessions, observed.ready.len(), job_pod.gate);
+    report::start_problems(job, ctx, &observed.pods).await;
     // The rounds this plan may have opened: their sessions are claimed below.
     if let Some(h) = &decided.next.held_out {
         observed.held_out_steps = h.rounds.iter().map(|r| r.step).collect();

@@ -395,3 +395,51 @@ async fn announce_transition(
     };
     ctx.event(job, type_, reason, message).await;
 }
+
+/// `poolTemplate`: a Warning Event for each problem a session's pod reports while starting
+/// (once per pod and reason), saying what follows: a pod with no room waits, one that cannot
+/// start counts as a failed attempt once `timeouts.podStartSeconds` have passed.
+pub(super) async fn start_problems(job: &RolloutJob, ctx: &JobContext, pods: &[Pod]) {
+    if job.spec.pool_template.is_none() {
+        return;
+    }
+    let uid = job.uid().unwrap_or_default();
+    let names: std::collections::HashSet<&str> = pods
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    for pod in pods {
+        let Some(session) = crate::rollout::pod_view::session_pod(pod) else {
+            continue;
+        };
+        if session.assigned || crate::pods::view::is_ready(pod) {
+            continue;
+        }
+        let Some(problem) = crate::pod_problem::problem(pod) else {
+            continue;
+        };
+        if !ctx.start_problem_news(&uid, &names, &session.name, &problem.reason) {
+            continue;
+        }
+        let follows = if problem.reason == "Unschedulable" {
+            "it waits for room".to_string()
+        } else {
+            format!(
+                "still so {}s after its creation (timeouts.podStartSeconds), it counts as a failed attempt",
+                job.spec.timeouts.pod_start_seconds
+            )
+        };
+        ctx.event(
+            job,
+            EventType::Warning,
+            "SessionPodNotStarting",
+            format!(
+                "session {} attempt {}: {}; {follows}",
+                session.index,
+                session.attempt,
+                problem.describe()
+            ),
+        )
+        .await;
+    }
+}
