@@ -85,6 +85,7 @@ pub async fn measure(p: &Probe<'_>) -> Result<Measured, FidelityError> {
         call_deadline: Duration::from_secs(300),
         hosted_tools: Default::default(),
         retry: Default::default(),
+        session_budget: Default::default(),
     };
     p.upstream.apply_to(&mut limits);
     limits.max_response_tokens = limits.max_response_tokens.min(PROBE_TOKENS);

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use floe_crds::common::UpstreamKind as SpecKind;
 use floe_crds::rollout_job::{RolloutJobSpec, Task, TrajectoryBuilder};
 use floe_gateway::protocol::sampling::CallerSampling;
-use floe_gateway::protocol::upstream::UpstreamKind;
+use floe_gateway::protocol::upstream::{SessionBudget, UpstreamKind};
 use floe_gateway::protocol::HostedTools;
 use floe_gateway::ship::{Assignment, RetryOverride, Sink, UpstreamOverride};
 use floe_gateway::trajectory::Builder;
@@ -85,6 +85,21 @@ fn retry_override(r: &floe_crds::rollout_job::ModelCallRetry) -> RetryOverride {
     }
 }
 
+/// What one session of the job may spend, as the gateway takes it.
+fn session_budget(sampling: &floe_crds::rollout_job::SamplingSpec) -> SessionBudget {
+    let positive = |v: i64| u64::try_from(v).ok().filter(|v| *v > 0);
+    SessionBudget {
+        tokens: positive(
+            sampling
+                .max_session_tokens
+                .unwrap_or(floe_crds::rollout_job::DEFAULT_MAX_SESSION_TOKENS),
+        ),
+        calls: sampling
+            .max_calls_per_session
+            .and_then(|c| positive(i64::from(c))),
+    }
+}
+
 pub fn assignment(s: &SessionOf) -> Assignment {
     let spec = s.spec;
     let cap = u32::try_from(spec.sampling.max_response_tokens).ok();
@@ -111,6 +126,7 @@ pub fn assignment(s: &SessionOf) -> Assignment {
             floe_crds::rollout_job::HostedTools::Drop => HostedTools::Drop,
         }),
         retry: Some(retry_override(&spec.model_call_retry)),
+        session_budget: Some(session_budget(&spec.sampling)),
     };
     let builder = match spec.trajectory.builder {
         TrajectoryBuilder::PrefixMerging => Builder::PrefixMerging,
@@ -177,6 +193,16 @@ pub fn held_out_assignment(s: &SessionOf, step: u64) -> Assignment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default budget bounds what a session ships below what its trainer or collector
+    /// takes (256 MiB): past that, the trajectory would be refused and the session retried.
+    #[test]
+    fn the_default_session_budget_ships_less_than_an_ingest_takes() {
+        let most = usize::try_from(floe_crds::rollout_job::DEFAULT_MAX_SESSION_TOKENS)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(floe_gateway::trajectory::WORST_BYTES_PER_TOKEN);
+        assert!(most < 256 * 1024 * 1024, "{most}");
+    }
 
     #[test]
     fn a_retry_gets_its_own_session_id_in_the_same_group() {

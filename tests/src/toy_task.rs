@@ -71,6 +71,23 @@ pub async fn run_session_to(
     evaluator: &Value,
     sink: Option<Value>,
 ) -> Result<SessionRun> {
+    run_session_edited(name, harness, upstream_url, evaluator, |a| {
+        if let Some(sink) = sink {
+            a["sink"] = sink;
+        }
+    })
+    .await
+}
+
+/// [`run_session`] with the assignment as `edit` leaves it (the operator's other settings:
+/// the session's upstream override, its sink).
+pub async fn run_session_edited(
+    name: &str,
+    harness: &Value,
+    upstream_url: &str,
+    evaluator: &Value,
+    edit: impl FnOnce(&mut Value),
+) -> Result<SessionRun> {
     let preset = harness["preset"].as_str().context("preset")?;
     let bin = harness_bin_dir(preset)?;
     let tmp = tempfile::tempdir()?;
@@ -100,9 +117,7 @@ pub async fn run_session_to(
     )
     .await?;
     let mut assigned = assignment(name, &dataset, harness, evaluator);
-    if let Some(sink) = sink {
-        assigned["sink"] = sink;
-    }
+    edit(&mut assigned);
     gateway.assign(&assigned).await?;
     let status = wait_child(&mut runner, Duration::from_secs(240)).await?;
     let log = std::fs::read_to_string(root.join("sandbox.log")).unwrap_or_default();

@@ -525,3 +525,89 @@ async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<
     drop(hung);
     Ok(())
 }
+
+/// A session's budget (`sampling.maxCallsPerSession`, `maxSessionTokens`): past it, a call is
+/// refused with a 400 in its API's shape that names the budget (not a context-length error,
+/// which harnesses answer by compacting and calling again), and nothing reaches the server.
+/// The agent's doing: its session is graded as it stands, never retried as infrastructure.
+#[tokio::test]
+async fn a_session_past_its_budget_is_refused_in_each_apis_shape() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![Step::Say("ok".into())]).await?;
+    let gw = TestGateway::start(&model.url, 64).await?;
+    let http = reqwest::Client::new();
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let token = gw
+        .session_with("two-calls", "t", 0, json!({"sessionBudget": {"calls": 2}}))
+        .await?;
+    for _ in 0..2 {
+        let (status, answer) =
+            call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let refused = [
+        ("/v1/chat/completions", chat.clone()),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1beta/models/m:generateContent",
+            json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
+        ),
+    ];
+    let mut shapes = Vec::new();
+    for (path, body) in &refused {
+        let (status, answer) = call_json(&http, &gw.url, path, &token, body).await?;
+        assert_eq!(status, 400, "{path}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("budget of 2 model calls"),
+            "{path}: {answer}"
+        );
+        shapes.push(match *path {
+            "/v1/chat/completions" => answer["error"]["code"].clone(),
+            "/v1/messages" => answer["error"]["type"].clone(),
+            _ => answer["error"]["status"].clone(),
+        });
+    }
+    assert_eq!(
+        shapes,
+        [
+            json!("session_budget_exceeded"),
+            json!("invalid_request_error"),
+            json!("INVALID_ARGUMENT")
+        ]
+    );
+    assert_eq!(model.requests().len(), 2, "nothing more reached the server");
+
+    // Tokens: the first call spends the whole budget of one token; the next is refused.
+    let token = gw
+        .session_with("one-token", "t", 0, json!({"sessionBudget": {"tokens": 1}}))
+        .await?;
+    let (status, _) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
+    assert_eq!(status, 200);
+    let (status, answer) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("budget of 1 captured tokens")),
+        "{answer}"
+    );
+    gw.close("one-token").await?;
+    assert_eq!(read_session(&gw.session_dir("one-token"))?.records.len(), 1);
+    let page = http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("floe_gateway_errors_total")
+                && l.contains("kind=\"session_budget\"")
+                && !l.ends_with(" 0")),
+        "{page}"
+    );
+    Ok(())
+}

@@ -68,6 +68,45 @@ async fn a_correct_edit_passes_the_hidden_tests_and_ships_reward_1() -> Result<(
     Ok(())
 }
 
+/// A session past its budget (here one model call): the gateway refuses the harness's next
+/// call, the harness stops, and the session is graded as it stands — scored and shipped, with
+/// the calls it made. Never an infrastructure failure: an agent that could grow its session
+/// until something gave way would turn a loss into a retry.
+#[tokio::test]
+async fn a_session_past_its_budget_is_graded_as_it_stands_not_retried() -> Result<()> {
+    let upstream = ScriptedUpstream::start(vec![
+        Step::Shell(FIX.into()),
+        Step::Say("Fixed add().".into()),
+    ])
+    .await?;
+    let SessionRun {
+        exit,
+        summary,
+        trajectory,
+    } = floe_tests::toy_task::run_session_edited(
+        "budget-1",
+        &pi(),
+        &upstream.url,
+        &default_evaluator(),
+        |a| a["upstream"] = json!({"sessionBudget": {"calls": 1}}),
+    )
+    .await?;
+    assert_ne!(exit, 3, "not an infrastructure failure: {summary}");
+    assert_eq!(summary["reward"], 1.0, "{summary}");
+    assert_eq!(summary["shipment"], "shipped", "{summary}");
+    assert_eq!(
+        upstream.calls(),
+        1,
+        "the second call never reached the model"
+    );
+    let t = trajectory.context("trajectory in the dataset")?;
+    assert_eq!(
+        (&t["trainable"], &t["stats"]["completions"]),
+        (&json!(true), &json!(1))
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_wrong_edit_fails_the_hidden_tests_and_ships_reward_0() -> Result<()> {
     let run = session(

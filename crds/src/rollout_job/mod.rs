@@ -435,7 +435,27 @@ pub struct SamplingSpec {
     /// passes them through.
     #[serde(default, skip_serializing_if = "CallerParams::is_default")]
     pub caller_params: CallerParams,
+    /// Tokens one session's model calls may capture, prompts and sampled tokens summed over its
+    /// calls (default 6,000,000). Past it the gateway refuses the session's further calls with
+    /// a 400 in the caller's API shape (`session_budget_exceeded`), the harness stops, and the
+    /// session is graded as it stands: the agent's doing, scored like any other. It bounds what
+    /// a session ships — a trajectory too large for its trainer or collector (256 MiB) would be
+    /// an infrastructure failure, retried, so an agent could otherwise turn a loss into a retry
+    /// by growing it. The default fits that limit with sampled tokens at their largest (about
+    /// 40 bytes each, with their log-prob and mask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000))]
+    pub max_session_tokens: Option<i64>,
+    /// Model calls one session may make (unset: no limit but `maxSessionTokens`): a turn
+    /// limit, as verl's `max_assistant_turns` or SWE-agent's step limit. Past it, calls are
+    /// refused as above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_calls_per_session: Option<i32>,
 }
+
+/// `sampling.maxSessionTokens` when unset ([`SamplingSpec::max_session_tokens`]).
+pub const DEFAULT_MAX_SESSION_TOKENS: i64 = 6_000_000;
 
 /// What a train job does with a harness's distribution-changing sampling parameters.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
@@ -458,6 +478,8 @@ impl Default for SamplingSpec {
             temperature: default_temperature(),
             top_p: default_top_p(),
             caller_params: CallerParams::default(),
+            max_session_tokens: None,
+            max_calls_per_session: None,
         }
     }
 }

@@ -23,6 +23,9 @@ pub enum ProtocolError {
     NotFound(String),
     #[error("this session already has {limit} model calls in flight: wait for one to finish")]
     TooManyCalls { limit: usize },
+    /// The session's budget is spent (`sampling.maxSessionTokens`, `maxCallsPerSession`).
+    #[error("{0}")]
+    SessionBudget(String),
 }
 
 impl ProtocolError {
@@ -38,11 +41,12 @@ impl ProtocolError {
         "capture",
         "not_found",
         "too_many_calls",
+        "session_budget",
     ];
 
     pub fn status(&self) -> u16 {
         match self {
-            Self::InvalidRequest(_) | Self::ContextTooLong(_) => 400,
+            Self::InvalidRequest(_) | Self::ContextTooLong(_) | Self::SessionBudget(_) => 400,
             Self::Unauthorized => 401,
             Self::NotFound(_) => 404,
             Self::TooLarge { .. } => 413,
@@ -65,6 +69,7 @@ impl ProtocolError {
             Self::Capture(_) => "capture",
             Self::NotFound(_) => "not_found",
             Self::TooManyCalls { .. } => "too_many_calls",
+            Self::SessionBudget(_) => "session_budget",
         }
     }
 
@@ -80,6 +85,9 @@ impl ProtocolError {
                         ("invalid_request_error", "invalid_request")
                     }
                     Self::TooManyCalls { .. } => ("requests", "rate_limit_exceeded"),
+                    // Not `context_length_exceeded`: a harness answers that by compacting and
+                    // calling again.
+                    Self::SessionBudget(_) => ("invalid_request_error", "session_budget_exceeded"),
                     _ => ("server_error", "server_error"),
                 };
                 serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
@@ -89,7 +97,9 @@ impl ProtocolError {
                     Self::Unauthorized => "authentication_error",
                     Self::TooLarge { .. } => "request_too_large",
                     Self::NotFound(_) => "not_found_error",
-                    Self::InvalidRequest(_) | Self::ContextTooLong(_) => "invalid_request_error",
+                    Self::InvalidRequest(_) | Self::ContextTooLong(_) | Self::SessionBudget(_) => {
+                        "invalid_request_error"
+                    }
                     Self::UpstreamTimeout => "timeout_error",
                     Self::TooManyCalls { .. } => "rate_limit_error",
                     _ => "api_error",
@@ -99,9 +109,10 @@ impl ProtocolError {
             Api::Gemini => {
                 let status = match self {
                     Self::Unauthorized => "UNAUTHENTICATED",
-                    Self::InvalidRequest(_) | Self::ContextTooLong(_) | Self::TooLarge { .. } => {
-                        "INVALID_ARGUMENT"
-                    }
+                    Self::InvalidRequest(_)
+                    | Self::ContextTooLong(_)
+                    | Self::TooLarge { .. }
+                    | Self::SessionBudget(_) => "INVALID_ARGUMENT",
                     Self::NotFound(_) => "NOT_FOUND",
                     Self::UpstreamTimeout => "DEADLINE_EXCEEDED",
                     Self::TooManyCalls { .. } => "RESOURCE_EXHAUSTED",
@@ -129,6 +140,7 @@ mod kinds_tests {
             ProtocolError::Capture(String::new()),
             ProtocolError::NotFound(String::new()),
             ProtocolError::TooManyCalls { limit: 1 },
+            ProtocolError::SessionBudget(String::new()),
         ];
         let kinds: Vec<&str> = all.iter().map(ProtocolError::kind).collect();
         assert_eq!(kinds, ProtocolError::KINDS);

@@ -60,6 +60,38 @@ pub struct CallLimits {
     pub hosted_tools: super::HostedTools,
     /// How failed attempts are retried within the deadline (the job's `modelCallRetry`).
     pub retry: super::retry::RetryPolicy,
+    /// What one session may spend over all its calls.
+    pub session_budget: SessionBudget,
+}
+
+/// What one session's calls may capture in all: past it, its further calls are refused
+/// ([`super::ProtocolError::SessionBudget`]). Unset parts: no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionBudget {
+    /// Prompt and sampled tokens summed over the session's calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u64>,
+}
+
+impl SessionBudget {
+    /// `Err` when a session that made `calls` calls capturing `tokens` tokens may make no more.
+    pub fn admit(&self, calls: u64, tokens: u64) -> Result<(), super::ProtocolError> {
+        let spent = |what: &str, used: u64, limit: u64| {
+            Err(super::ProtocolError::SessionBudget(format!(
+                "this session has used its budget of {limit} {what} ({used} so far): no more model calls"
+            )))
+        };
+        if let Some(limit) = self.calls.filter(|l| calls >= *l) {
+            return spent("model calls", calls, limit);
+        }
+        if let Some(limit) = self.tokens.filter(|l| tokens >= *l) {
+            return spent("captured tokens", tokens, limit);
+        }
+        Ok(())
+    }
 }
 
 /// Parameters that have no meaning for, or are refused by, the upstream call and are removed.
@@ -176,6 +208,23 @@ pub fn upstream_error(status: u16, body: &str) -> ProtocolError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_session_budget_admits_calls_until_either_part_is_spent() {
+        let budget = SessionBudget {
+            tokens: Some(100),
+            calls: Some(3),
+        };
+        assert!(budget.admit(2, 99).is_ok());
+        let calls = budget.admit(3, 0).expect_err("3 calls made");
+        assert_eq!(calls.status(), 400);
+        assert!(calls
+            .to_string()
+            .contains("budget of 3 model calls (3 so far)"));
+        let tokens = budget.admit(1, 100).expect_err("100 tokens spent");
+        assert!(tokens.to_string().contains("budget of 100 captured tokens"));
+        assert!(SessionBudget::default().admit(u64::MAX, u64::MAX).is_ok());
+    }
+
     use super::*;
     use serde_json::json;
 
@@ -209,6 +258,7 @@ mod tests {
             call_deadline: std::time::Duration::from_secs(60),
             hosted_tools: Default::default(),
             retry: Default::default(),
+            session_budget: Default::default(),
         }
     }
 

@@ -70,6 +70,10 @@ async fn call_and_capture(
         dropped,
         place: _place,
     } = call;
+    if let Err(spent) = session.admit_call() {
+        tracing::warn!(session = %session.meta.session, "{spent}");
+        return Err(spent);
+    }
     let seq = session.next_seq();
     let started_at_ms = now_ms();
     let finalized = finalize_request(normalized, &session.upstream.limits)?;
@@ -91,6 +95,7 @@ async fn call_and_capture(
         }
     };
     let sampled = answer.sampled;
+    session.spend(sampled.prompt_token_ids.len() + sampled.token_ids.len());
     let response = as_received(text)?;
     let record = CompletionRecord {
         v: CAPTURE_FORMAT_VERSION,

@@ -125,6 +125,7 @@ impl Gateway {
                 call_deadline: config.upstream_timeout,
                 hosted_tools: Default::default(),
                 retry: Default::default(),
+                session_budget: Default::default(),
             },
             sessions: Sessions::default(),
             metrics: Metrics::new()?,

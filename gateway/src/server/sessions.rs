@@ -27,6 +27,8 @@ pub struct Session {
     pub dir: PathBuf,
     pub upstream: Upstream,
     next_seq: AtomicU64,
+    /// Prompt and sampled tokens its calls captured so far (its budget's measure).
+    captured_tokens: AtomicU64,
     durability: Durability,
     /// `None` once the session is closed (capture sealed).
     log: Mutex<Option<CaptureLog>>,
@@ -48,6 +50,20 @@ impl Session {
 
     pub fn calls(&self) -> u64 {
         self.next_seq.load(Ordering::SeqCst)
+    }
+
+    /// Whether the session may make another call within its budget.
+    pub fn admit_call(&self) -> Result<(), crate::protocol::ProtocolError> {
+        self.upstream
+            .limits
+            .session_budget
+            .admit(self.calls(), self.captured_tokens.load(Ordering::SeqCst))
+    }
+
+    /// A call's capture took `tokens` tokens of the budget.
+    pub fn spend(&self, tokens: usize) {
+        self.captured_tokens
+            .fetch_add(u64::try_from(tokens).unwrap_or(u64::MAX), Ordering::SeqCst);
     }
 
     pub fn is_open(&self) -> bool {
@@ -157,12 +173,22 @@ impl Sessions {
         } else {
             Some(CaptureLog::open(&dir, durability)?)
         };
-        let calls = if fresh {
-            0
+        // A restored session goes on from what its capture holds: its calls' numbering and
+        // what they spent.
+        let (calls, tokens) = if fresh {
+            (0, 0)
         } else {
             crate::capture::read_session(&dir)
-                .map(|c| c.records.iter().map(|r| r.seq + 1).max().unwrap_or(0))
-                .unwrap_or(0)
+                .map(|c| {
+                    let calls = c.records.iter().map(|r| r.seq + 1).max().unwrap_or(0);
+                    let tokens = c
+                        .records
+                        .iter()
+                        .map(|r| (r.prompt_token_ids.len() + r.completion_token_ids.len()) as u64)
+                        .sum();
+                    (calls, tokens)
+                })
+                .unwrap_or((0, 0))
         };
         let session = Arc::new(Session {
             meta,
@@ -170,6 +196,7 @@ impl Sessions {
             dir,
             upstream,
             next_seq: AtomicU64::new(calls),
+            captured_tokens: AtomicU64::new(tokens),
             durability,
             log: Mutex::new(log),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),

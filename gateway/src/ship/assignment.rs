@@ -76,6 +76,9 @@ pub struct UpstreamOverride {
     /// The job's `modelCallRetry`: how failed upstream attempts are retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryOverride>,
+    /// What one session may spend (`sampling.maxSessionTokens`, `maxCallsPerSession`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_budget: Option<crate::protocol::upstream::SessionBudget>,
 }
 
 /// A job's retry shape ([`crate::protocol::retry::RetryPolicy`]).
@@ -123,6 +126,9 @@ impl UpstreamOverride {
         }
         if let Some(retry) = self.retry {
             limits.retry = retry.into();
+        }
+        if let Some(budget) = self.session_budget {
+            limits.session_budget = budget;
         }
     }
 }

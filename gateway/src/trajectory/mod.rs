@@ -27,6 +27,11 @@ pub struct BuildOptions {
     pub max_length: Option<usize>,
 }
 
+/// Bytes a captured token takes in a shipped trajectory at most: a sampled token's id, mask
+/// and log-prob at their longest, with each trace's own fields (a prompt token costs less). A
+/// session's token budget times this bounds what it ships.
+pub const WORST_BYTES_PER_TOKEN: usize = 40;
+
 /// Build the traces of a session's completions (any order) and their statistics.
 pub fn build_traces(
     records: &[CompletionRecord],

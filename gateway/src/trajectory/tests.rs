@@ -453,3 +453,45 @@ fn dropped_hosted_tools_are_counted_per_trajectory_and_omitted_when_none() {
     let wire = serde_json::to_value(&clean.stats).expect("stats serialize");
     assert!(wire.get("dropped_hosted_tools").is_none(), "{wire}");
 }
+
+/// What a captured token costs in a shipped trajectory at most ([`WORST_BYTES_PER_TOKEN`]):
+/// sampled tokens with six-digit ids and log-probs at their longest, calls with tiny
+/// prompts, built one trace per call (a prompt token costs less than a sampled one).
+#[test]
+fn a_captured_token_costs_at_most_the_worst_bytes_in_a_trajectory() {
+    let records: Vec<CompletionRecord> = (0..20)
+        .map(|seq| CompletionRecord {
+            started_at_ms: seq,
+            logprobs: Some(vec![-1.2345678901234567e-5; 500]),
+            finish_reason: Some("length".into()),
+            ..CompletionRecord::from_tokens(seq, vec![262_143; 3], vec![262_143; 500])
+        })
+        .collect();
+    let captured: usize = records
+        .iter()
+        .map(|r| r.prompt_token_ids.len() + r.completion_token_ids.len())
+        .sum();
+    let options = BuildOptions {
+        builder: Builder::PerRequest,
+        ..Default::default()
+    };
+    let evaluation = Evaluation {
+        reward: Some(0.0),
+        passed: Some(false),
+        detail: serde_json::Value::Null,
+    };
+    let t = build_trajectory(
+        &session(),
+        &records,
+        &options,
+        &SessionOutcome::Completed { evaluation },
+    );
+    let bytes = serde_json::to_vec(&t)
+        .map(|b| b.len())
+        .unwrap_or(usize::MAX);
+    assert!(
+        bytes <= captured * WORST_BYTES_PER_TOKEN,
+        "{bytes} bytes for {captured} tokens: {} a token",
+        bytes / captured
+    );
+}
