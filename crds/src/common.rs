@@ -105,8 +105,10 @@ pub struct SandboxTemplate {
     /// `Mi`, `Gi`, `Ti` (default `8Gi`; `"0"`: none). The grader measures it every 2 s while
     /// the harness runs; past it the harness is stopped and the session scores 0
     /// (`disk_limit`), as `floe run --session-disk` does. Both volumes also get four times
-    /// this as their emptyDir `sizeLimit`, a backstop the kubelet enforces by evicting the pod
-    /// (an infrastructure failure) should a write outrun the check.
+    /// this as their emptyDir `sizeLimit`, and the agent container as its `ephemeral-storage`
+    /// limit (what it writes to its own layer, `/tmp`; unless `resources` sets one): backstops
+    /// the kubelet enforces by evicting the pod, which fails the session without a retry (the
+    /// agent's doing, nothing to score).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 24), regex(pattern = r"^[0-9]+(Ki|Mi|Gi|Ti)?$"))]
     pub disk_budget: Option<String>,

@@ -36,6 +36,9 @@ pub enum Verdict {
     Infra { error: String },
     /// Not finished yet: asked again on the next sync (forever, unless the answer changes).
     Hang,
+    /// Evicted by the kubelet with this message (its words for a limit exceeded, or node
+    /// pressure): phase Failed, reason Evicted, the containers killed with no summary.
+    Evicted { message: String },
 }
 
 pub type Decide = Arc<dyn Fn(&Value) -> Verdict + Send + Sync>;
@@ -602,6 +605,19 @@ impl Node {
             .to_string();
         let (exit, summary) = match (self.decide)(&assignment) {
             Verdict::Hang => return Ok(()),
+            Verdict::Evicted { message } => {
+                if let Some(r) = self.running.get_mut(name) {
+                    r.done = true;
+                }
+                let killed = json!({"terminated": {"exitCode": 137, "reason": "Error"}});
+                let status = json!({"status": {
+                    "phase": "Failed", "reason": "Evicted", "message": message,
+                    "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-22T00:00:00Z"}],
+                    "containerStatuses": [container("sandbox", killed.clone()),
+                                          container("floe-gateway", killed)],
+                }});
+                return self.patch_status(name, &status).await;
+            }
             Verdict::Scored { exit, reward } => (
                 exit,
                 // Each attempt reports the model-server failures its gateway met: one retried

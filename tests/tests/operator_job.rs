@@ -1601,6 +1601,72 @@ async fn a_task_image_that_cannot_be_pulled_fails_its_sessions_instead_of_holdin
     Ok(())
 }
 
+/// Evictions on the real apiserver: one for what the agent wrote past its disk backstop (its
+/// container's ephemeral-storage limit) fails its session at once, without a retry — a retry
+/// would give the agent another chance at a loss — and the trainer-side record says so; one
+/// for node pressure is infrastructure, retried on a fresh pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_for_the_agents_own_disk_fails_its_session_without_a_retry() -> Result<()> {
+    let (client, ns) = with_crds("evict").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    create_pool(&client, &ns.name, "warm", 3).await?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        55,
+        Arc::new(|a: &Value| match (a["sample"].as_u64(), attempt(a)) {
+            (Some(0), _) => Verdict::Evicted {
+                message: "Container agent exceeded its local ephemeral storage limit \"32Gi\". "
+                    .into(),
+            },
+            (Some(1), 0) => Verdict::Evicted {
+                message: "The node was low on resource: ephemeral-storage. ".into(),
+            },
+            _ => Verdict::Scored {
+                exit: 0,
+                reward: 1.0,
+            },
+        }),
+    )?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job("evict", &["t"], 3, json!({"backoffLimit": 2}))?,
+    )
+    .await?;
+    let done = succeeded(&jobs, "evict", 120).await?;
+    assert_eq!(
+        (
+            done.sessions.succeeded,
+            done.sessions.failed,
+            done.sessions.retried
+        ),
+        (2, 1, 1),
+        "{done:?}"
+    );
+    assert_eq!(done.failed_indexes.as_deref(), Some("0"));
+    assert!(
+        !done.retries.contains_key("0"),
+        "the agent's eviction was retried: {:?}",
+        done.retries
+    );
+    let failed = event_notes(&client, &ns.name, "SessionFailed").await?;
+    assert!(
+        failed.len() == 1
+            && failed[0].contains("failed without a retry, as the agent's own doing")
+            && failed[0].contains("exceeded its local ephemeral storage limit"),
+        "{failed:?}"
+    );
+    let retried = event_notes(&client, &ns.name, "SessionRetried").await?;
+    assert!(
+        retried.len() == 1 && retried[0].contains("The node was low on resource"),
+        "{retried:?}"
+    );
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
 fn pods_api(client: &Client, ns: &str) -> Api<Pod> {
     Api::namespaced(client.clone(), ns)
 }

@@ -35,6 +35,8 @@ pub const JOB_FINALIZER: &str = "floe.dev/sessions";
 pub const GRADER_CONTAINER: &str = "sandbox";
 /// The container the harness runs in (`floe agent`).
 pub const AGENT_CONTAINER: &str = "agent";
+/// The volumes only the agent fills (its workspace and its home), sized by its disk budget.
+pub const AGENT_VOLUMES: &[&str] = &["floe-workspace", "floe-agent"];
 
 /// Key of the control token in the per-pod Secret.
 pub const CONTROL_TOKEN_KEY: &str = "control-token";

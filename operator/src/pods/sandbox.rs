@@ -359,13 +359,37 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     }
 
     // What the agent writes: its budget is checked by the grader; the kubelet's backstop is
-    // four times that (a write must outrun the check by that much to be evicted).
-    let agent_volume = match floe_sandbox::limits::parse_bytes(disk_budget) {
-        Ok(bytes) if bytes > 0 => {
-            json!({"emptyDir": {"sizeLimit": bytes.saturating_mul(4).to_string()}})
-        }
-        _ => json!({"emptyDir": {}}),
+    // four times that (a write must outrun the check by that much to be evicted). What it
+    // writes outside its volumes (its container's own layer: `/tmp`, a `pip install` into the
+    // image's environment) has the same backstop as the agent container's ephemeral-storage
+    // limit, unless the template sets one. An eviction for either is the agent's doing: its
+    // session fails without a retry (`rollout::pod_view`), never an attempt made again.
+    let backstop = floe_sandbox::limits::parse_bytes(disk_budget)
+        .ok()
+        .filter(|b| *b > 0)
+        .map(|b| b.saturating_mul(4).to_string());
+    let agent_volume = match &backstop {
+        Some(limit) => json!({"emptyDir": {"sizeLimit": limit}}),
+        None => json!({"emptyDir": {}}),
     };
+    if let Some(limit) = &backstop {
+        if agent["resources"]["limits"]["ephemeral-storage"].is_null() {
+            if !agent["resources"].is_object() {
+                agent["resources"] = json!({});
+            }
+            for part in ["limits", "requests"] {
+                if !agent["resources"][part].is_object() {
+                    agent["resources"][part] = json!({});
+                }
+            }
+            agent["resources"]["limits"]["ephemeral-storage"] = limit.clone().into();
+            // A limit alone would be its request too: four times the budget reserved on the
+            // node for each pod, a few pods a node. The backstop reserves nothing.
+            if agent["resources"]["requests"]["ephemeral-storage"].is_null() {
+                agent["resources"]["requests"]["ephemeral-storage"] = "0".into();
+            }
+        }
+    }
     let named = |name: &str| {
         let mut v = agent_volume.clone();
         v["name"] = name.into();

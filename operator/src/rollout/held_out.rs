@@ -349,7 +349,7 @@ mod tests {
     }
 
     use super::super::aux_gate::Gate;
-    use super::super::plan::{plan, JobState, PodProgress, PodResult, SessionPod};
+    use super::super::plan::{plan, Fold, JobState, PodProgress, PodResult, SessionPod};
     use super::*;
     use floe_crds::rollout_job::{StalenessGate, TrainerState};
 
@@ -664,6 +664,29 @@ mod tests {
         let p2 = plan(&p.next, &again, 0, Gate::OPEN);
         assert_eq!(p2.next.held_out, p.next.held_out);
         assert_eq!(p2.release, ["h1b"]);
+    }
+
+    /// A held-out session the agent ended itself (evicted for its disk) is a task it did not
+    /// solve: scored 0 in its round's pass rate, neither retried nor left out of it.
+    #[test]
+    fn a_held_out_agent_fault_counts_as_unsolved() {
+        let mut j = train_job(0, false, false);
+        j.held_out = plan(&j, &[], 0, Gate::OPEN).next.held_out;
+        let fault = PodProgress::Finished(PodResult::AgentFault {
+            reason: "the agent outgrew its disk backstop".into(),
+        });
+        let p = plan(&j, &[pod("h0", 8, fault)], 0, Gate::OPEN);
+        assert!(matches!(p.folds[..], [(_, Fold::Scored { index: 8, reward })] if reward == 0.0));
+        assert!(p.next.retries.is_empty());
+        let h = p.next.held_out.as_ref().expect("held out");
+        assert_eq!(
+            (
+                h.rounds[0].scored,
+                h.rounds[0].passed,
+                h.rounds[0].infra_errors
+            ),
+            (1, 0, 0)
+        );
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub enum PodResult {
     Scored { reward: f64 },
     /// Infrastructure failure: retried on a fresh pod, never a reward of 0.
     Infra { reason: String },
+    /// Ended by the agent's own doing with nothing to score (the kubelet evicted the pod for
+    /// what the agent wrote past its disk backstop): failed at once, never retried — a retry
+    /// would turn the agent's loss into another chance — and no reward recorded.
+    AgentFault { reason: String },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -190,10 +194,13 @@ pub enum Fold {
         next_attempt: u32,
         reason: String,
     },
-    /// `backoffLimit` exhausted: failed, no reward.
+    /// `backoffLimit` exhausted, or the agent's own doing ([`PodResult::AgentFault`]):
+    /// failed, no reward.
     Failed {
         index: u32,
         reason: String,
+        /// Failed at this attempt whatever `backoffLimit` allows (the agent's doing).
+        agent_fault: bool,
     },
 }
 
@@ -299,7 +306,10 @@ fn plan_sessions(
             never_started = match &pod.progress {
                 _ if state.deadline_exceeded => None,
                 PodProgress::Active => pod.start_failed.clone(),
-                PodProgress::Finished(PodResult::Infra { reason }) => Some(format!(
+                // (No agent ran before its session: nothing it did.)
+                PodProgress::Finished(
+                    PodResult::Infra { reason } | PodResult::AgentFault { reason },
+                ) => Some(format!(
                     "its pod failed before its session started: {reason}"
                 )),
                 _ => None,
@@ -319,9 +329,16 @@ fn plan_sessions(
             out.release.push(pod.name.clone());
             continue;
         }
-        let progress = match never_started {
-            Some(reason) => PodProgress::Finished(PodResult::Infra { reason }),
-            None => pod.progress.clone(),
+        let progress = match (never_started, &pod.progress) {
+            (Some(reason), _) => PodProgress::Finished(PodResult::Infra { reason }),
+            // A held-out session measures the policy: what the agent did to itself is a task
+            // it did not solve, not a session left out of the pass rate.
+            (None, PodProgress::Finished(PodResult::AgentFault { .. }))
+                if state.held_out_owns(pod.index) =>
+            {
+                PodProgress::Finished(PodResult::Scored { reward: 0.0 })
+            }
+            (None, p) => p.clone(),
         };
         let failure = match &progress {
             PodProgress::Active => {
@@ -365,10 +382,18 @@ fn plan_sessions(
                 next.upstream.add(&pod.upstream);
                 reason.clone()
             }
+            PodProgress::Finished(PodResult::AgentFault { reason }) => {
+                next.upstream.add(&pod.upstream);
+                reason.clone()
+            }
             PodProgress::Lost => "the pod was deleted before the session finished".to_string(),
         };
+        let agent_fault = matches!(
+            progress,
+            PodProgress::Finished(PodResult::AgentFault { .. })
+        );
         let next_attempt = pod.attempt + 1;
-        let fold = if next_attempt > state.backoff_limit {
+        let fold = if agent_fault || next_attempt > state.backoff_limit {
             match next.held_out.as_mut().filter(|h| h.owns(pod.index)) {
                 Some(h) => h.failed(pod.index),
                 None => {
@@ -378,6 +403,7 @@ fn plan_sessions(
             Fold::Failed {
                 index: pod.index,
                 reason: failure,
+                agent_fault,
             }
         } else {
             next.retries.insert(pod.index, next_attempt);
@@ -940,7 +966,7 @@ mod tests {
         j.retries.insert(1, 2);
         let p = plan(&j, &[last], 0, Gate::OPEN);
         assert!(
-            matches!(&p.folds[..], [(_, Fold::Failed { index: 1, reason })] if reason.contains("ErrImagePull"))
+            matches!(&p.folds[..], [(_, Fold::Failed { index: 1, reason, agent_fault: false })] if reason.contains("ErrImagePull"))
         );
         assert!(p.next.failed.contains(1));
         assert!(p.prewarm.iter().all(|(i, _)| *i != 1), "{:?}", p.prewarm);
@@ -951,6 +977,27 @@ mod tests {
         };
         let p = plan(&late, &[stuck], 0, Gate::OPEN);
         assert!(p.folds.is_empty() && p.release == ["w1"]);
+    }
+
+    /// The agent's own doing with nothing to score (evicted for its disk): failed at its
+    /// first attempt whatever `backoffLimit` allows; a retry would be another chance at a loss.
+    #[test]
+    fn an_agent_fault_fails_its_session_without_a_retry() {
+        let fault = PodProgress::Finished(PodResult::AgentFault {
+            reason: "the agent outgrew its disk backstop".into(),
+        });
+        let p = plan(
+            &JobState::fresh(2, 3),
+            &[pod("a", 0, 0, fault)],
+            2,
+            Gate::OPEN,
+        );
+        assert!(matches!(
+            &p.folds[..],
+            [(_, Fold::Failed { index: 0, agent_fault: true, reason })] if reason.contains("disk backstop")
+        ));
+        assert!(p.next.failed.contains(0) && p.next.retries.is_empty());
+        assert_eq!(p.claim, [(1, 0)], "session 0 is not claimed again");
     }
 
     #[test]

@@ -11,7 +11,8 @@ use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use super::plan::{PodProgress, PodResult, SessionPod};
 
 use crate::pods::names::{
-    ASSIGNED_ANNOTATION, ATTEMPT_ANNOTATION, GRADER_CONTAINER, INDEX_ANNOTATION,
+    AGENT_CONTAINER, AGENT_VOLUMES, ASSIGNED_ANNOTATION, ATTEMPT_ANNOTATION, GRADER_CONTAINER,
+    INDEX_ANNOTATION,
 };
 
 /// The part of the runner's summary the operator needs.
@@ -99,10 +100,38 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
         .find(|c| c.name == GRADER_CONTAINER)
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.terminated.as_ref());
-    let phase = status.phase.as_deref();
+    let summary = sandbox_summary(pod);
+    // 0: scored; 1: agent failure, still scored — a valid sample (whatever ended the pod
+    // after the runner reported it).
+    if let (
+        Some(0 | 1),
+        Some(Summary {
+            reward: Some(reward),
+            ..
+        }),
+    ) = (terminated.map(|t| t.exit_code), &summary)
+    {
+        return Some(PodResult::Scored { reward: *reward });
+    }
+    // Ended before the runner reported: the pod's own words say why (an eviction kills the
+    // containers, whose exit code alone says nothing).
+    if status.phase.as_deref() == Some("Failed") && status.reason.as_deref() == Some("Evicted") {
+        if let Some(reason) = agent_outgrew_its_disk(status) {
+            return Some(PodResult::AgentFault { reason });
+        }
+        return Some(PodResult::Infra {
+            reason: format!(
+                "pod evicted: {}",
+                status
+                    .message
+                    .as_deref()
+                    .map_or("no reason given", str::trim)
+            ),
+        });
+    }
     let Some(t) = terminated else {
-        // Failed without the container ever reporting (evicted, image pull, node lost).
-        return (phase == Some("Failed")).then(|| PodResult::Infra {
+        // Failed without the container ever reporting (image pull, node lost).
+        return (status.phase.as_deref() == Some("Failed")).then(|| PodResult::Infra {
             reason: format!(
                 "pod failed: {}",
                 status
@@ -113,31 +142,37 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
             ),
         });
     };
-    let summary = sandbox_summary(pod);
-    match (t.exit_code, summary) {
-        // 0: scored; 1: agent failure, still scored — a valid sample.
-        (
-            0 | 1,
-            Some(Summary {
-                reward: Some(reward),
-                ..
-            }),
-        ) => Some(PodResult::Scored { reward }),
-        (code, summary) => {
-            let why = summary
-                .as_ref()
-                .and_then(|s| s.error.clone().or_else(|| s.status.clone()))
-                .unwrap_or_else(|| match code {
-                    0 | 1 => "the runner left no reward in its termination message".into(),
-                    2 => "the runner was started wrongly (exit 2)".into(),
-                    3 => "infrastructure failure (exit 3)".into(),
-                    c => format!("the sandbox container exited with {c}"),
-                });
-            Some(PodResult::Infra {
-                reason: format!("exit {code}: {why}"),
-            })
-        }
-    }
+    let code = t.exit_code;
+    let why = summary
+        .as_ref()
+        .and_then(|s| s.error.clone().or_else(|| s.status.clone()))
+        .unwrap_or_else(|| match code {
+            0 | 1 => "the runner left no reward in its termination message".into(),
+            2 => "the runner was started wrongly (exit 2)".into(),
+            3 => "infrastructure failure (exit 3)".into(),
+            c => format!("the sandbox container exited with {c}"),
+        });
+    Some(PodResult::Infra {
+        reason: format!("exit {code}: {why}"),
+    })
+}
+
+/// A pod the kubelet evicted for what the agent wrote: its container's ephemeral-storage limit
+/// or the `sizeLimit` of a volume only the agent fills (the backstops of its disk budget,
+/// `pods::sandbox`). The grader was stopped with it, so there is nothing to score; but it was
+/// the agent's doing, and retrying it would turn the agent's loss into another chance. Every
+/// other eviction (node pressure, a preemption, a limit of floe's own) is infrastructure.
+fn agent_outgrew_its_disk(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<String> {
+    let message = status.message.as_deref()?.trim();
+    // The kubelet's words (`pkg/kubelet/eviction/helpers.go`).
+    let container =
+        format!("Container {AGENT_CONTAINER} exceeded its local ephemeral storage limit");
+    let volume = |name: &str| format!("Usage of EmptyDir volume \"{name}\" exceeds the limit");
+    let agents = message.starts_with(&container)
+        || AGENT_VOLUMES
+            .iter()
+            .any(|v| message.starts_with(&volume(v)));
+    agents.then(|| format!("the agent outgrew its disk backstop (evicted: {message})"))
 }
 
 /// Why a session's pod, not Ready, will not start as it is (`None` while it may still):
@@ -264,9 +299,63 @@ mod tests {
         assert_eq!(
             result(&p),
             Some(PodResult::Infra {
-                reason: "pod failed: low on memory".into()
+                reason: "pod evicted: low on memory".into()
             })
         );
+        // Its containers killed with it: the eviction's words, not their exit code.
+        let killed = pod(json!({"phase": "Failed", "reason": "Evicted",
+            "message": "The node was low on resource: memory. ",
+            "containerStatuses": [
+                {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s", "imageID": "",
+                 "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}));
+        assert_eq!(
+            result(&killed),
+            Some(PodResult::Infra {
+                reason: "pod evicted: The node was low on resource: memory.".into()
+            })
+        );
+        // Evicted after its runner reported a score: the score stands.
+        let mut scored = terminated(1, r#"{"status":"agent_failed","reward":0.0}"#);
+        if let Some(st) = scored.status.as_mut() {
+            st.reason = Some("Evicted".into());
+            st.message = Some("Container agent exceeded its local ephemeral storage limit".into());
+        }
+        assert_eq!(result(&scored), Some(PodResult::Scored { reward: 0.0 }));
+    }
+
+    /// Evicted for what the agent wrote past its backstops: the agent's doing. Any other
+    /// eviction, a grader's limit included, is infrastructure.
+    #[test]
+    fn an_eviction_for_the_agents_own_disk_is_its_fault_any_other_infrastructure() {
+        let evicted = |message: &str| {
+            result(&pod(
+                json!({"phase": "Failed", "reason": "Evicted", "message": message,
+                "containerStatuses": [
+                    {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s", "imageID": "",
+                     "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}),
+            ))
+        };
+        for message in [
+            "Container agent exceeded its local ephemeral storage limit \"32Gi\". ",
+            "Usage of EmptyDir volume \"floe-workspace\" exceeds the limit \"32Gi\". ",
+            "Usage of EmptyDir volume \"floe-agent\" exceeds the limit \"32Gi\". ",
+        ] {
+            assert!(
+                matches!(evicted(message), Some(PodResult::AgentFault { reason }) if reason.contains(message.trim())),
+                "{message}"
+            );
+        }
+        for message in [
+            "The node was low on resource: ephemeral-storage. Container agent was using 20Gi, which exceeds its request of 0. ",
+            "Container sandbox exceeded its local ephemeral storage limit \"1Gi\". ",
+            "Usage of EmptyDir volume \"floe-state\" exceeds the limit \"1Gi\". ",
+            "Pod ephemeral local storage usage exceeds the total limit of containers 2Gi. ",
+        ] {
+            assert!(
+                matches!(evicted(message), Some(PodResult::Infra { .. })),
+                "{message}"
+            );
+        }
     }
 
     #[test]

@@ -363,11 +363,35 @@ fn the_agents_disk_budget_reaches_the_grader_and_bounds_its_volumes() {
     assert_eq!(volume(&p, "floe-state")["emptyDir"], json!({}));
     let agent = container(&p["spec"]["containers"], "agent");
     assert_eq!(env(agent, "FLOE_DISK_BUDGET"), None);
+    // What it writes outside them (its container's layer) has the same backstop...
+    assert_eq!(
+        agent["resources"]["limits"]["ephemeral-storage"],
+        (32u64 << 30).to_string()
+    );
+    // ... and reserves nothing on the node (a limit alone would be its request).
+    assert_eq!(agent["resources"]["requests"]["ephemeral-storage"], "0");
+    assert!(
+        container(&p["spec"]["containers"], "sandbox")["resources"]["limits"]["ephemeral-storage"]
+            .is_null()
+    );
+    // ... unless the template sets its own, which stays with the rest of its resources.
+    let mut s = spec(json!({}));
+    s.template.resources = Some(
+        serde_json::from_value(json!({"limits": {"ephemeral-storage": "1Gi", "cpu": "2"}}))
+            .unwrap_or_default(),
+    );
+    let p = pod(&s, false);
+    let agent = container(&p["spec"]["containers"], "agent");
+    assert_eq!(
+        agent["resources"]["limits"],
+        json!({"ephemeral-storage": "1Gi", "cpu": "2"})
+    );
     // "0": no budget, no sizeLimit.
     let mut s = spec(json!({}));
     s.template.disk_budget = Some("0".into());
     let p = pod(&s, false);
     assert_eq!(volume(&p, "floe-workspace")["emptyDir"], json!({}));
+    assert!(container(&p["spec"]["containers"], "agent")["resources"].is_null());
     let main = container(&p["spec"]["containers"], "sandbox");
     assert_eq!(env(main, "FLOE_DISK_BUDGET"), Some(&json!("0")));
 }

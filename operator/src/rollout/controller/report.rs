@@ -264,16 +264,28 @@ async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
                 )
                 .await;
             }
-            Fold::Failed { reason, .. } => {
+            Fold::Failed {
+                reason,
+                agent_fault,
+                ..
+            } => {
                 let outcome = match step {
                     Some(_) => "an infrastructure failure of its round, out of its pass rate",
                     None => "no reward recorded",
+                };
+                let how = if *agent_fault {
+                    "failed without a retry, as the agent's own doing".to_string()
+                } else {
+                    format!(
+                        "failed after backoffLimit {} retries",
+                        job.spec.backoff_limit
+                    )
                 };
                 ctx.event(
                     job,
                     EventType::Warning,
                     "SessionFailed",
-                    format!("{session} (pod {pod}) failed after backoffLimit {} retries: {reason}; {outcome}", job.spec.backoff_limit),
+                    format!("{session} (pod {pod}) {how}: {reason}; {outcome}"),
                 )
                 .await;
             }
