@@ -84,15 +84,98 @@ fn walk(dir: &Dir, depth: usize, budget: Budget, usage: &mut Usage) -> Result<()
 }
 
 /// Completes, saying why, once `roots` hold more than `budget`; never otherwise. Measured
-/// every [`CHECK_EVERY`] on a blocking thread.
-pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget) -> String {
+/// every [`CHECK_EVERY`] on a blocking thread. With `holder` (the harness's process), files
+/// its processes unlinked but keep open on the roots' file systems count too: no walk finds
+/// them, and an agent could otherwise fill the host's disk unseen (`fallocate`, `rm`, keep
+/// the descriptor).
+pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Option<u32>) -> String {
+    let devices: Vec<u64> = roots
+        .iter()
+        .filter_map(|r| std::fs::metadata(r).ok())
+        .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+        .collect();
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
-        let these = roots.clone();
-        if let Ok(Err(why)) = tokio::task::spawn_blocking(move || measure(&these, budget)).await {
+        let (these, devices) = (roots.clone(), devices.clone());
+        let check = move || {
+            let held = holder.map_or(0, |pid| unlinked_but_open(pid, &devices));
+            let rest = Budget {
+                bytes: budget.bytes.saturating_sub(held),
+                ..budget
+            };
+            let hidden = || {
+                format!(
+                    "more than {} bytes on disk, {held} of them in files deleted but still open",
+                    budget.bytes
+                )
+            };
+            match measure(&these, rest) {
+                Err(why) if held == 0 => Err(why),
+                Err(_) => Err(hidden()),
+                Ok(_) if held > budget.bytes => Err(hidden()),
+                Ok(_) => Ok(()),
+            }
+        };
+        if let Ok(Err(why)) = tokio::task::spawn_blocking(check).await {
             return why;
         }
     }
+}
+
+/// Bytes on `devices` that `root` and its descendants hold in files they unlinked but keep
+/// open. Every process of a sandbox descends from its `bwrap`: an orphan is reparented to
+/// the sandbox's own init, never outside its PID namespace.
+pub fn unlinked_but_open(root: u32, devices: &[u64]) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::HashSet::new();
+    let mut bytes = 0u64;
+    for pid in descendants(root) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let unlinked = std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().ends_with(" (deleted)"));
+            if !unlinked {
+                continue;
+            }
+            // The link leads to the open file itself, whatever became of its name.
+            let Ok(m) = std::fs::metadata(fd.path()) else {
+                continue;
+            };
+            if m.is_file()
+                && m.nlink() == 0
+                && devices.contains(&m.dev())
+                && seen.insert((m.dev(), m.ino()))
+            {
+                bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
+            }
+        }
+    }
+    bytes
+}
+
+/// `root` and every process below it, from each thread's `children` in `/proc`.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut found = vec![root];
+    let mut next = 0;
+    while next < found.len() {
+        let pid = found[next];
+        next += 1;
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for thread in threads.flatten() {
+            let children =
+                std::fs::read_to_string(thread.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if !found.contains(&child) {
+                    found.push(child);
+                }
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -104,6 +187,44 @@ mod tests {
         bytes: u64::MAX,
         entries: u64::MAX,
     };
+
+    /// A file unlinked but kept open by a process below the harness is on the disk all the
+    /// same: counted, once, on the roots' file systems only.
+    #[test]
+    fn files_deleted_but_held_open_below_the_harness_count(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("big");
+        // A grandchild (the subshell's `sleep`) holds it: 4 MiB written, then the name gone.
+        let script =
+            r#"( exec 3>"$1"; head -c 4194304 /dev/zero >&3; rm "$1"; exec sleep 30 ) & wait"#;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", script, "sh"])
+            .arg(&file)
+            .spawn()?;
+        let root = child.id();
+        let device = std::fs::metadata(dir.path())?.dev();
+        let mut held = 0;
+        for _ in 0..100 {
+            held = unlinked_but_open(root, &[device]);
+            if held > 0 && !file.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let elsewhere = unlinked_but_open(root, &[device.wrapping_add(1)]);
+        let mut sibling = std::process::Command::new("sleep").arg("30").spawn()?;
+        let not_below = unlinked_but_open(sibling.id(), &[device]);
+        for c in [&mut child, &mut sibling] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!((4 << 20..5 << 20).contains(&held), "{held} bytes");
+        assert_eq!(elsewhere, 0, "another file system's");
+        assert_eq!(not_below, 0, "another process tree's");
+        Ok(())
+    }
 
     #[test]
     fn counts_both_trees_on_disk_without_following_links() -> Result<(), Box<dyn std::error::Error>>
@@ -165,7 +286,7 @@ mod tests {
             bytes: 1 << 20,
             entries: u64::MAX,
         };
-        let watch = tokio::spawn(exceeded(vec![root.clone()], budget));
+        let watch = tokio::spawn(exceeded(vec![root.clone()], budget, None));
         tokio::time::sleep(CHECK_EVERY * 2).await;
         assert!(!watch.is_finished(), "an empty tree is within budget");
         std::fs::write(root.join("fill"), vec![7u8; 2 << 20])?;

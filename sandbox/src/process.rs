@@ -70,11 +70,25 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
         .map(|(finished, _)| finished)
 }
 
+/// [`run_until`] with a `stop` made from the command's process id once it started (a limit
+/// that watches what the command's processes hold).
+pub async fn run_watching<T, F>(
+    spec: &CommandSpec,
+    stop: impl FnOnce(u32) -> F,
+) -> Result<(Finished, Option<T>), OutputError>
+where
+    F: std::future::Future<Output = T>,
+{
+    run_inner(spec, Started(stop), false)
+        .await
+        .map(|(finished, stopped, _)| (finished, stopped))
+}
+
 /// [`run`], and the stdout it kept (the same bytes as its file) as read off the pipe. A verdict
 /// is read from these: the file is a log for people, and whatever the command ran (the code
 /// under test, as the runner's own user in a pod) could rewrite it once written.
 pub async fn run_kept(spec: &CommandSpec) -> Result<(Finished, Vec<u8>), OutputError> {
-    run_inner(spec, std::future::pending::<()>(), true)
+    run_inner(spec, Ready(std::future::pending::<()>()), true)
         .await
         .map(|(finished, _, kept)| (finished, kept))
 }
@@ -85,16 +99,51 @@ pub async fn run_until<T>(
     spec: &CommandSpec,
     stop: impl std::future::Future<Output = T>,
 ) -> Result<(Finished, Option<T>), OutputError> {
-    run_inner(spec, stop, false)
+    run_inner(spec, Ready(stop), false)
         .await
         .map(|(finished, stopped, _)| (finished, stopped))
 }
 
-async fn run_inner<T>(
+/// What ends a run early: a future made before it, or one made from its process id.
+trait Stop {
+    type Output;
+    fn start(self, pid: Option<u32>) -> impl std::future::Future<Output = Self::Output>;
+}
+
+struct Ready<F>(F);
+
+impl<F: std::future::Future> Stop for Ready<F> {
+    type Output = F::Output;
+    fn start(self, _: Option<u32>) -> impl std::future::Future<Output = F::Output> {
+        self.0
+    }
+}
+
+struct Started<C>(C);
+
+impl<C, F> Stop for Started<C>
+where
+    C: FnOnce(u32) -> F,
+    F: std::future::Future,
+{
+    type Output = F::Output;
+    fn start(self, pid: Option<u32>) -> impl std::future::Future<Output = F::Output> {
+        let stop = pid.map(self.0);
+        async move {
+            match stop {
+                Some(stop) => stop.await,
+                // A child without a pid has already been reaped: nothing to watch.
+                None => std::future::pending().await,
+            }
+        }
+    }
+}
+
+async fn run_inner<S: Stop>(
     spec: &CommandSpec,
-    stop: impl std::future::Future<Output = T>,
+    stop: S,
     keep_stdout: bool,
-) -> Result<(Finished, Option<T>, Vec<u8>), OutputError> {
+) -> Result<(Finished, Option<S::Output>, Vec<u8>), OutputError> {
     let open = |path: &PathBuf| {
         std::fs::File::create(path)
             .map(tokio::fs::File::from_std)
@@ -136,6 +185,7 @@ async fn run_inner<T>(
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(Pid::from_raw);
+    let stop = stop.start(child.id());
     // If this future is dropped (the session is cancelled), everything it started dies with it.
     let _guard = Cleanup {
         group,

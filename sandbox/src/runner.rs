@@ -476,24 +476,27 @@ async fn session_outcome(
     }
     summary.harness_started_unix_ms = unix_ms_now();
     // The harness is stopped once its workspace and home outgrow the session's disk budget.
-    let over_budget = async {
+    // Here the files its processes unlinked but keep open count too (`holder`: the harness's
+    // process); an agent container's are its own (bounded there by the kubelet's backstop).
+    let roots = vec![ws.to_path_buf(), home.clone()];
+    let over_budget = |holder: Option<u32>| async move {
         match config.disk_budget {
             Some(bytes) => {
                 let budget = crate::disk_budget::Budget {
                     bytes,
                     entries: crate::disk_budget::MAX_ENTRIES,
                 };
-                crate::disk_budget::exceeded(vec![ws.to_path_buf(), home.clone()], budget).await
+                crate::disk_budget::exceeded(roots, budget, holder).await
             }
             None => std::future::pending().await,
         }
     };
     let (ran, over_disk): (Finished, Option<String>) = match link {
-        Some(link) => match in_agent_container(link, &harness, over_budget).await {
+        Some(link) => match in_agent_container(link, &harness, over_budget(None)).await {
             Ok(f) => f,
             Err(message) => return infra_error(message),
         },
-        None => match process::run_until(&harness, over_budget).await {
+        None => match process::run_watching(&harness, |pid| over_budget(Some(pid))).await {
             Ok(f) => f,
             Err(e) => return infra_error(e.to_string()),
         },

@@ -441,8 +441,10 @@ pub struct SamplingSpec {
     /// session is graded as it stands: the agent's doing, scored like any other. It bounds what
     /// a session ships — a trajectory too large for its trainer or collector (256 MiB) would be
     /// an infrastructure failure, retried, so an agent could otherwise turn a loss into a retry
-    /// by growing it. The default fits that limit with sampled tokens at their largest (about
-    /// 40 bytes each, with their log-prob and mask).
+    /// by growing it. The default fits that limit with sampled tokens at their largest (34
+    /// bytes each measured, with their log-prob and mask; floe allows for 40). Above about
+    /// 6,700,000 a session can outgrow it again: a prefix-merging job ships less than the sum,
+    /// but only a job whose calls share their prefixes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_000_000_000))]
     pub max_session_tokens: Option<i64>,
@@ -519,7 +521,8 @@ pub struct Timeouts {
     pub model_call_seconds: i32,
     /// With `poolTemplate`: a session's pod that reports a problem it will not get past on its
     /// own (its image cannot be pulled, a container's config is refused, a container crash
-    /// loops) and is still not Ready this long after it was created counts as a failed attempt
+    /// loops) and has not been Ready for this long since it was placed on a node (or since it
+    /// last was Ready) counts as a failed attempt
     /// of its session, like an infrastructure failure: retried on a fresh pod up to
     /// `backoffLimit`, then failed with the pod's reason. A pod the scheduler has no room for
     /// yet (`Unschedulable`) waits, whatever its age. (A pool's pods follow the pool's

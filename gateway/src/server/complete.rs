@@ -70,11 +70,9 @@ async fn call_and_capture(
         dropped,
         place: _place,
     } = call;
-    if let Err(spent) = session.admit_call() {
+    let seq = session.admit_call().inspect_err(|spent| {
         tracing::warn!(session = %session.meta.session, "{spent}");
-        return Err(spent);
-    }
-    let seq = session.next_seq();
+    })?;
     let started_at_ms = now_ms();
     let finalized = finalize_request(normalized, &session.upstream.limits)?;
     let upstream_request = finalized.request;

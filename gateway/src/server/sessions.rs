@@ -43,21 +43,35 @@ pub struct Session {
 pub const MAX_CALLS_IN_FLIGHT: usize = 16;
 
 impl Session {
-    /// Order number of the next call, taken when the request arrives.
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq.fetch_add(1, Ordering::SeqCst)
-    }
-
     pub fn calls(&self) -> u64 {
         self.next_seq.load(Ordering::SeqCst)
     }
 
-    /// Whether the session may make another call within its budget.
-    pub fn admit_call(&self) -> Result<(), crate::protocol::ProtocolError> {
-        self.upstream
-            .limits
-            .session_budget
-            .admit(self.calls(), self.captured_tokens.load(Ordering::SeqCst))
+    /// The order number of a call that arrives now, if the session's budget admits one more:
+    /// checked and taken in one step, so calls arriving together cannot all pass at the limit.
+    /// (Tokens are spent when a call is answered: calls in flight may overshoot the token
+    /// budget by what they capture, at most [`MAX_CALLS_IN_FLIGHT`] calls' worth.)
+    pub fn admit_call(&self) -> Result<u64, crate::protocol::ProtocolError> {
+        let budget = self.upstream.limits.session_budget;
+        let tokens = self.captured_tokens.load(Ordering::SeqCst);
+        let mut refused = None;
+        self.next_seq
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |calls| {
+                match budget.admit(calls, tokens) {
+                    Ok(()) => Some(calls + 1),
+                    Err(e) => {
+                        refused = Some(e);
+                        None
+                    }
+                }
+            })
+            .map_err(|calls| {
+                refused.unwrap_or_else(|| {
+                    crate::protocol::ProtocolError::SessionBudget(format!(
+                        "this session's budget is spent ({calls} calls)"
+                    ))
+                })
+            })
     }
 
     /// A call's capture took `tokens` tokens of the budget.

@@ -164,6 +164,23 @@ fn grader_resources(harness: &k8s_openapi::api::core::v1::ResourceRequirements) 
     Some(json!({"limits": limits, "requests": requests}))
 }
 
+/// A container's `ephemeral-storage` limit, with a request of 0 unless it has one: a limit
+/// alone would be its request too, reserving that much of the node's disk for every pod.
+fn set_ephemeral_storage_limit(container: &mut Value, limit: String) {
+    if !container["resources"].is_object() {
+        container["resources"] = json!({});
+    }
+    for part in ["limits", "requests"] {
+        if !container["resources"][part].is_object() {
+            container["resources"][part] = json!({});
+        }
+    }
+    container["resources"]["limits"]["ephemeral-storage"] = limit.into();
+    if container["resources"]["requests"]["ephemeral-storage"].is_null() {
+        container["resources"]["requests"]["ephemeral-storage"] = "0".into();
+    }
+}
+
 /// [`EGRESS_CHECK_ENV`]'s value for a pool's pods.
 fn egress_check_mode(mode: floe_crds::gateway_pool::UnrestrictedEgress) -> &'static str {
     match mode {
@@ -374,20 +391,18 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     };
     if let Some(limit) = &backstop {
         if agent["resources"]["limits"]["ephemeral-storage"].is_null() {
-            if !agent["resources"].is_object() {
-                agent["resources"] = json!({});
-            }
-            for part in ["limits", "requests"] {
-                if !agent["resources"][part].is_object() {
-                    agent["resources"][part] = json!({});
-                }
-            }
-            agent["resources"]["limits"]["ephemeral-storage"] = limit.clone().into();
-            // A limit alone would be its request too: four times the budget reserved on the
-            // node for each pod, a few pods a node. The backstop reserves nothing.
-            if agent["resources"]["requests"]["ephemeral-storage"].is_null() {
-                agent["resources"]["requests"]["ephemeral-storage"] = "0".into();
-            }
+            set_ephemeral_storage_limit(&mut agent, limit.clone());
+        }
+        // The kubelet checks a pod's usage (every container's layer, every emptyDir) against
+        // the sum of its containers' limits *before* each container's own: with the agent's
+        // alone, that sum is the agent's, and the pod check would fire first, in words that
+        // name no one (infrastructure, retried). The grader's room, four times the agent's
+        // backstop, keeps the sum above anything honest, so the agent's own check names it.
+        if main["resources"]["limits"]["ephemeral-storage"].is_null() {
+            let room = floe_sandbox::limits::parse_bytes(disk_budget)
+                .unwrap_or(0)
+                .saturating_mul(16);
+            set_ephemeral_storage_limit(&mut main, room.to_string());
         }
     }
     let named = |name: &str| {

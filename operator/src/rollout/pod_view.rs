@@ -48,7 +48,11 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         .get(ATTEMPT_ANNOTATION)
         .and_then(|a| a.parse().ok())
         .unwrap_or(0);
+    let assigned = annotations.contains_key(ASSIGNED_ANNOTATION);
     let progress = match result(pod) {
+        // Before its session: a pod the node let go of is no failure of the session's, to be
+        // replaced as if deleted (not an attempt).
+        Some(_) if !assigned && disrupted(pod) => PodProgress::Lost,
         Some(r) => PodProgress::Finished(r),
         None if pod.metadata.deletion_timestamp.is_some() => PodProgress::Lost,
         None => PodProgress::Active,
@@ -57,7 +61,7 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         name: pod.metadata.name.clone().unwrap_or_default(),
         index,
         attempt,
-        assigned: annotations.contains_key(ASSIGNED_ANNOTATION),
+        assigned,
         ready: crate::pods::view::is_ready(pod),
         progress,
         upstream: upstream_errors(pod),
@@ -65,6 +69,28 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         // Read against the clock by the round ([`start_failure`]).
         start_failed: None,
     })
+}
+
+/// Ended by its node, not by anything it ran: evicted (node pressure, a limit), preempted,
+/// stopped by a node shutdown, or refused at admission.
+fn disrupted(pod: &Pod) -> bool {
+    const REASONS: &[&str] = &[
+        "Evicted",
+        "Preempting",
+        "Shutdown",
+        "NodeShutdown",
+        "Terminated",
+        "UnexpectedAdmissionError",
+        "NodeAffinity",
+    ];
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    status.phase.as_deref() == Some("Failed")
+        && status
+            .reason
+            .as_deref()
+            .is_some_and(|r| REASONS.contains(&r) || r.starts_with("OutOf"))
 }
 
 fn sandbox_summary(pod: &Pod) -> Option<Summary> {
@@ -177,15 +203,36 @@ fn agent_outgrew_its_disk(status: &k8s_openapi::api::core::v1::PodStatus) -> Opt
 
 /// Why a session's pod, not Ready, will not start as it is (`None` while it may still):
 /// what the kubelet reports about it (an image it cannot pull, a container config it
-/// refuses, a crash loop), once that has lasted past `timeout_seconds` of the pod's age. A
-/// pod the scheduler has no room for yet is waiting for running sessions to end, not failing.
+/// refuses, a crash loop), once the pod has been placed on a node and not Ready for
+/// `timeout_seconds`. Counted from the latest of its creation, its scheduling and its last
+/// change to not Ready: time spent waiting for room, or Ready before a restart, is not time
+/// spent failing to start. A pod the scheduler has no room for yet is waiting for running
+/// sessions to end, not failing.
 pub fn start_failure(pod: &Pod, now: &Time, timeout_seconds: i64) -> Option<String> {
     if crate::pods::view::is_ready(pod) {
         return None;
     }
     let problem = crate::pod_problem::problem(pod).filter(|p| p.reason != "Unschedulable")?;
-    let created = pod.metadata.creation_timestamp.as_ref()?;
-    let age = now.0.duration_since(created.0).as_secs();
+    let since = |type_: &str, status: &str| {
+        pod.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == type_ && c.status == status)?
+            .last_transition_time
+            .as_ref()
+            .map(|t| t.0)
+    };
+    let not_ready_since = [
+        pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        since("PodScheduled", "True"),
+        since("Ready", "False"),
+    ]
+    .into_iter()
+    .flatten()
+    .max()?;
+    let age = now.0.duration_since(not_ready_since).as_secs();
     (age >= timeout_seconds).then(|| {
         format!(
             "its pod did not start within {timeout_seconds}s: {}",
@@ -358,6 +405,31 @@ mod tests {
         }
     }
 
+    /// A pre-warmed pod its node let go of before its session started is replaced as if
+    /// deleted; one whose own start failed, or that held a session, ended as it ended.
+    #[test]
+    fn a_pod_evicted_before_its_session_is_lost_not_failed() {
+        let evicted = json!({"phase": "Failed", "reason": "Evicted",
+                             "message": "The node was low on resource: ephemeral-storage. "});
+        assert_eq!(
+            session_pod(&pod(evicted.clone())).map(|s| s.progress),
+            Some(PodProgress::Lost)
+        );
+        let mut started = pod(evicted);
+        if let Some(a) = started.metadata.annotations.as_mut() {
+            a.insert(ASSIGNED_ANNOTATION.into(), "t".into());
+        }
+        assert!(matches!(
+            session_pod(&started).map(|s| s.progress),
+            Some(PodProgress::Finished(PodResult::Infra { .. }))
+        ));
+        let crashed = terminated(3, r#"{"status":"infra_error","error":"egress is open"}"#);
+        assert!(matches!(
+            session_pod(&crashed).map(|s| s.progress),
+            Some(PodProgress::Finished(PodResult::Infra { .. }))
+        ));
+    }
+
     #[test]
     fn a_running_pod_is_active_and_a_deleted_one_lost() {
         let mut p = pod(json!({"phase": "Running"}));
@@ -400,6 +472,23 @@ mod tests {
             {"name": "sandbox", "ready": false, "restartCount": 0, "image": "big:1", "imageID": "",
              "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
         assert_eq!(start_failure(&pulling, &at(86_400), 600), None);
+        // Counted from when it was placed on a node (after waiting for room), or from when it
+        // last stopped being Ready: not from its creation.
+        let mut late = pull.clone();
+        if let Some(st) = late.status.as_mut() {
+            st.conditions = Some(vec![serde_json::from_value(json!(
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": at(3_000)}))
+            .unwrap_or_default()]);
+        }
+        assert_eq!(start_failure(&late, &at(3_599), 600), None);
+        assert!(start_failure(&late, &at(3_600), 600).is_some());
+        let mut dropped = pull.clone();
+        if let Some(st) = dropped.status.as_mut() {
+            st.conditions = Some(vec![serde_json::from_value(json!(
+                {"type": "Ready", "status": "False", "lastTransitionTime": at(5_000)}))
+            .unwrap_or_default()]);
+        }
+        assert_eq!(start_failure(&dropped, &at(5_599), 600), None);
     }
 
     #[test]

@@ -98,3 +98,86 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
     }
     Ok(())
 }
+
+/// An agent that fills its own container's layer (`/tmp`: no volume, no walk of the grader's
+/// sees it) past its backstop, four times the pool's `diskBudget`: the real kubelet evicts the
+/// pod for the agent container's `ephemeral-storage` limit, and the job fails that session at
+/// once, naming the eviction, without a retry — while a sibling scores 1. Before, every
+/// eviction was infrastructure (retried: another chance at a loss), and that layer unbounded.
+#[tokio::test]
+async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not_retried(
+) -> Result<()> {
+    let work = prepare("evict").await?;
+    let (n, images, client, ns) = (
+        work.n,
+        work.images,
+        work.client.clone(),
+        work.ns.name.clone(),
+    );
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shell-agent"},
+               "data": {"agent.py": SHELL_AGENT}}),
+    )
+    .await?;
+    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
+    let mut template = agent_template(&images.python, "shell-agent");
+    // The backstop: 4 × 8Mi = 32Mi for the agent's own layer.
+    template["diskBudget"] = "8Mi".into();
+    apply(
+        &client,
+        &ns,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": "python"},
+               "spec": {"replicas": 2, "template": template}}),
+    )
+    .await?;
+    let fill = json!({"id": "fill-layer", "files": {"calc.py": grading_attacks::BUGGY},
+        "instruction": "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 110",
+        "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
+    let mut fix = fix_add();
+    fix["instruction"] = grading_attacks::FIX.into();
+    let mut job = sft_job("evict", &ns, 1, "/evict", json!([fix, fill]));
+    job["spec"]["backoffLimit"] = 2.into();
+    job["spec"]["sft"]["minReward"] = 0.into();
+    apply(&client, &ns, job).await?;
+    let status = finished(n, &client, &ns, "evict").await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let notes = |reason: &'static str| {
+        let events = events.clone();
+        async move {
+            anyhow::Ok(
+                events
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some(reason))
+                    .filter_map(|e| e.note)
+                    .collect::<Vec<String>>(),
+            )
+        }
+    };
+    let (failed, retried) = (
+        notes("SessionFailed").await?,
+        notes("SessionRetried").await?,
+    );
+    assert_eq!(
+        (
+            status.sessions.succeeded,
+            status.sessions.failed,
+            status.sessions.retried
+        ),
+        (1, 1, 0),
+        "{status:?}\nretried: {retried:?}\nfailed: {failed:?}"
+    );
+    assert_eq!(status.failed_indexes.as_deref(), Some("1"));
+    assert!(
+        failed.len() == 1
+            && failed[0].contains("as the agent's own doing")
+            && failed[0].contains("Container agent exceeded its local ephemeral storage limit"),
+        "{failed:?}"
+    );
+    Ok(())
+}

@@ -284,15 +284,15 @@ fn the_agent_runs_apart_from_the_grader_without_the_token_or_floe_state() {
     // The PID namespaces stay apart: the agent's init is `floe agent`.
     assert_eq!(p["spec"].get("shareProcessNamespace"), None);
     // The harness keeps the template's resources; the grader its limits, small requests,
-    // and no GPU of its own.
+    // and no GPU of its own (and the room on disk its disk-budget test covers).
     assert_eq!(agent["resources"]["requests"]["nvidia.com/gpu"], "1");
     assert_eq!(
         grader["resources"]["limits"],
-        json!({"cpu": "2", "memory": "4Gi"})
+        json!({"cpu": "2", "memory": "4Gi", "ephemeral-storage": (128u64 << 30).to_string()})
     );
     assert_eq!(
         grader["resources"]["requests"],
-        json!({"cpu": "10m", "memory": "32Mi"})
+        json!({"cpu": "10m", "memory": "32Mi", "ephemeral-storage": "0"})
     );
     assert_eq!(agent["securityContext"], grader["securityContext"]);
 }
@@ -370,9 +370,15 @@ fn the_agents_disk_budget_reaches_the_grader_and_bounds_its_volumes() {
     );
     // ... and reserves nothing on the node (a limit alone would be its request).
     assert_eq!(agent["resources"]["requests"]["ephemeral-storage"], "0");
-    assert!(
-        container(&p["spec"]["containers"], "sandbox")["resources"]["limits"]["ephemeral-storage"]
-            .is_null()
+    // The grader's room keeps the pod's sum of limits (which the kubelet checks first) far
+    // above anything honest: the agent's own limit is the one that names it.
+    let grader = container(&p["spec"]["containers"], "sandbox");
+    assert_eq!(
+        (
+            &grader["resources"]["limits"]["ephemeral-storage"],
+            &grader["resources"]["requests"]["ephemeral-storage"]
+        ),
+        (&json!((128u64 << 30).to_string()), &json!("0"))
     );
     // ... unless the template sets its own, which stays with the rest of its resources.
     let mut s = spec(json!({}));
