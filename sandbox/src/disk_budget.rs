@@ -84,11 +84,11 @@ fn walk(dir: &Dir, depth: usize, budget: Budget, usage: &mut Usage) -> Result<()
 }
 
 /// Completes, saying why, once `roots` hold more than `budget`; never otherwise. Measured
-/// every [`CHECK_EVERY`] on a blocking thread. With `holder` (the harness's process), files
-/// its processes unlinked but keep open on the roots' file systems count too: no walk finds
+/// every [`CHECK_EVERY`] on a blocking thread. With a `holder` (the harness's processes),
+/// files they unlinked but keep open on the roots' file systems count too: no walk finds
 /// them, and an agent could otherwise fill the host's disk unseen (`fallocate`, `rm`, keep
 /// the descriptor).
-pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Option<u32>) -> String {
+pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Option<Holder>) -> String {
     let devices: Vec<u64> = roots
         .iter()
         .filter_map(|r| std::fs::metadata(r).ok())
@@ -96,25 +96,21 @@ pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Option<u32>) 
         .collect();
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
-        let (these, devices) = (roots.clone(), devices.clone());
+        let (these, devices, holder) = (roots.clone(), devices.clone(), holder.clone());
         let check = move || {
-            let held = holder.map_or(0, |pid| unlinked_but_open(pid, &devices));
-            let rest = Budget {
-                bytes: budget.bytes.saturating_sub(held),
-                ..budget
+            // The trees first, against the whole budget: no scan of descriptors can delay it.
+            let usage = measure(&these, budget)?;
+            let Some(holder) = holder else {
+                return Ok(());
             };
-            let hidden = || {
-                format!(
+            let held = unlinked_but_open(&holder, &devices)?;
+            if usage.bytes.saturating_add(held) > budget.bytes {
+                return Err(format!(
                     "more than {} bytes on disk, {held} of them in files deleted but still open",
                     budget.bytes
-                )
-            };
-            match measure(&these, rest) {
-                Err(why) if held == 0 => Err(why),
-                Err(_) => Err(hidden()),
-                Ok(_) if held > budget.bytes => Err(hidden()),
-                Ok(_) => Ok(()),
+                ));
             }
+            Ok(())
         };
         if let Ok(Err(why)) = tokio::task::spawn_blocking(check).await {
             return why;
@@ -122,42 +118,80 @@ pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Option<u32>) 
     }
 }
 
-/// Bytes on `devices` that `root` and its descendants hold in files they unlinked but keep
-/// open. Every process of a sandbox descends from its `bwrap`: an orphan is reparented to
-/// the sandbox's own init, never outside its PID namespace.
-pub fn unlinked_but_open(root: u32, devices: &[u64]) -> u64 {
+/// The harness's processes: its session's cgroup when it has one (every process of the
+/// session, whatever it forks), else every process below its `bwrap` (an orphan is reparented
+/// to the sandbox's own init, never outside its PID namespace).
+#[derive(Clone, Debug)]
+pub struct Holder {
+    pub root: u32,
+    /// A `cgroup.procs` of the session's cgroup.
+    pub cgroup_procs: Option<PathBuf>,
+}
+
+/// Descriptors one check reads at most: past it the session is over its budget (an agent
+/// could otherwise stall the check with millions of duplicated descriptors).
+pub const MAX_DESCRIPTORS: usize = 1_000_000;
+
+/// Bytes on `devices` that `holder`'s processes hold in files they unlinked but keep open.
+/// Best effort: what a process hides from `/proc` (made not dumpable, in a run that is not
+/// root) or holds only through a mapping is not seen.
+pub fn unlinked_but_open(holder: &Holder, devices: &[u64]) -> Result<u64, String> {
     use std::os::unix::fs::MetadataExt;
     let mut seen = std::collections::HashSet::new();
-    let mut bytes = 0u64;
-    for pid in descendants(root) {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+    let (mut bytes, mut read) = (0u64, 0usize);
+    for pid in members(holder) {
+        // Every thread's table: a thread may have one of its own (`unshare(CLONE_FILES)`), and
+        // a process whose main thread exited lists nothing at `/proc/<pid>/fd`.
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
         };
-        for fd in fds.flatten() {
-            let unlinked = std::fs::read_link(fd.path())
-                .is_ok_and(|target| target.to_string_lossy().ends_with(" (deleted)"));
-            if !unlinked {
-                continue;
-            }
-            // The link leads to the open file itself, whatever became of its name.
-            let Ok(m) = std::fs::metadata(fd.path()) else {
+        for thread in threads.flatten() {
+            let Ok(fds) = std::fs::read_dir(thread.path().join("fd")) else {
                 continue;
             };
-            if m.is_file()
-                && m.nlink() == 0
-                && devices.contains(&m.dev())
-                && seen.insert((m.dev(), m.ino()))
-            {
-                bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
+            for fd in fds.flatten() {
+                read += 1;
+                if read > MAX_DESCRIPTORS {
+                    return Err(format!("more than {MAX_DESCRIPTORS} open descriptors"));
+                }
+                let unlinked = std::fs::read_link(fd.path())
+                    .is_ok_and(|target| target.to_string_lossy().ends_with(" (deleted)"));
+                if !unlinked {
+                    continue;
+                }
+                // The link leads to the open file itself, whatever became of its name.
+                let Ok(m) = std::fs::metadata(fd.path()) else {
+                    continue;
+                };
+                if m.is_file()
+                    && m.nlink() == 0
+                    && devices.contains(&m.dev())
+                    && seen.insert((m.dev(), m.ino()))
+                {
+                    bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
+                }
             }
         }
     }
-    bytes
+    Ok(bytes)
+}
+
+fn members(holder: &Holder) -> Vec<u32> {
+    if let Some(procs) = &holder.cgroup_procs {
+        if let Ok(listed) = std::fs::read_to_string(procs) {
+            return listed
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+        }
+    }
+    descendants(holder.root)
 }
 
 /// `root` and every process below it, from each thread's `children` in `/proc`.
 fn descendants(root: u32) -> Vec<u32> {
     let mut found = vec![root];
+    let mut known: std::collections::HashSet<u32> = found.iter().copied().collect();
     let mut next = 0;
     while next < found.len() {
         let pid = found[next];
@@ -169,7 +203,7 @@ fn descendants(root: u32) -> Vec<u32> {
             let children =
                 std::fs::read_to_string(thread.path().join("children")).unwrap_or_default();
             for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                if !found.contains(&child) {
+                if known.insert(child) {
                     found.push(child);
                 }
             }
@@ -187,6 +221,13 @@ mod tests {
         bytes: u64::MAX,
         entries: u64::MAX,
     };
+
+    fn tree(root: u32) -> Holder {
+        Holder {
+            root,
+            cgroup_procs: None,
+        }
+    }
 
     /// A file unlinked but kept open by a process below the harness is on the disk all the
     /// same: counted, once, on the roots' file systems only.
@@ -207,15 +248,15 @@ mod tests {
         let device = std::fs::metadata(dir.path())?.dev();
         let mut held = 0;
         for _ in 0..100 {
-            held = unlinked_but_open(root, &[device]);
+            held = unlinked_but_open(&tree(root), &[device])?;
             if held > 0 && !file.exists() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        let elsewhere = unlinked_but_open(root, &[device.wrapping_add(1)]);
+        let elsewhere = unlinked_but_open(&tree(root), &[device.wrapping_add(1)])?;
         let mut sibling = std::process::Command::new("sleep").arg("30").spawn()?;
-        let not_below = unlinked_but_open(sibling.id(), &[device]);
+        let not_below = unlinked_but_open(&tree(sibling.id()), &[device])?;
         for c in [&mut child, &mut sibling] {
             let _ = c.kill();
             let _ = c.wait();

@@ -479,7 +479,7 @@ async fn session_outcome(
     // Here the files its processes unlinked but keep open count too (`holder`: the harness's
     // process); an agent container's are its own (bounded there by the kubelet's backstop).
     let roots = vec![ws.to_path_buf(), home.clone()];
-    let over_budget = |holder: Option<u32>| async move {
+    let over_budget = |holder: Option<crate::disk_budget::Holder>| async move {
         match config.disk_budget {
             Some(bytes) => {
                 let budget = crate::disk_budget::Budget {
@@ -496,7 +496,14 @@ async fn session_outcome(
             Ok(f) => f,
             Err(message) => return infra_error(message),
         },
-        None => match process::run_watching(&harness, |pid| over_budget(Some(pid))).await {
+        None => match process::run_watching(&harness, |root| {
+            over_budget(Some(crate::disk_budget::Holder {
+                root,
+                cgroup_procs: cgroup_procs.first().cloned(),
+            }))
+        })
+        .await
+        {
             Ok(f) => f,
             Err(e) => return infra_error(e.to_string()),
         },

@@ -521,8 +521,8 @@ pub struct Timeouts {
     pub model_call_seconds: i32,
     /// With `poolTemplate`: a session's pod that reports a problem it will not get past on its
     /// own (its image cannot be pulled, a container's config is refused, a container crash
-    /// loops) and has not been Ready for this long since it was placed on a node (or since it
-    /// last was Ready) counts as a failed attempt
+    /// loops) and has not been Ready for this long since it was placed on a node (and for a
+    /// minute at least since it last was) counts as a failed attempt
     /// of its session, like an infrastructure failure: retried on a fresh pod up to
     /// `backoffLimit`, then failed with the pod's reason. A pod the scheduler has no room for
     /// yet (`Unschedulable`) waits, whatever its age. (A pool's pods follow the pool's

@@ -404,6 +404,15 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
                 .saturating_mul(16);
             set_ephemeral_storage_limit(&mut main, room.to_string());
         }
+    } else if let Some(theirs) = agent["resources"]["limits"]["ephemeral-storage"]
+        .as_str()
+        .and_then(|l| floe_sandbox::limits::parse_bytes(l).ok())
+        .filter(|b| *b > 0)
+    {
+        // No budget, but the template limits the agent: the same room for the same reason.
+        if main["resources"]["limits"]["ephemeral-storage"].is_null() {
+            set_ephemeral_storage_limit(&mut main, theirs.saturating_mul(4).to_string());
+        }
     }
     let named = |name: &str| {
         let mut v = agent_volume.clone();

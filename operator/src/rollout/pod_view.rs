@@ -71,26 +71,25 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
     })
 }
 
-/// Ended by its node, not by anything it ran: evicted (node pressure, a limit), preempted,
-/// stopped by a node shutdown, or refused at admission.
+/// Ended by its node, not by anything it ran: evicted under node pressure, preempted, or
+/// stopped by a node shutdown. (An eviction for a limit of its own, or a refusal at
+/// admission, would happen again to the pod made in its place: a failed attempt, so that it
+/// ends.)
 fn disrupted(pod: &Pod) -> bool {
-    const REASONS: &[&str] = &[
-        "Evicted",
-        "Preempting",
-        "Shutdown",
-        "NodeShutdown",
-        "Terminated",
-        "UnexpectedAdmissionError",
-        "NodeAffinity",
-    ];
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
-    status.phase.as_deref() == Some("Failed")
-        && status
-            .reason
-            .as_deref()
-            .is_some_and(|r| REASONS.contains(&r) || r.starts_with("OutOf"))
+    if status.phase.as_deref() != Some("Failed") {
+        return false;
+    }
+    match status.reason.as_deref() {
+        Some("Preempting" | "Shutdown" | "NodeShutdown" | "Terminated") => true,
+        // The kubelet's words for node pressure (`pkg/kubelet/eviction/helpers.go`).
+        Some("Evicted") => status.message.as_deref().is_some_and(|m| {
+            m.starts_with("The node was low on resource") || m.starts_with("The node had condition")
+        }),
+        _ => false,
+    }
 }
 
 fn sandbox_summary(pod: &Pod) -> Option<Summary> {
@@ -203,11 +202,10 @@ fn agent_outgrew_its_disk(status: &k8s_openapi::api::core::v1::PodStatus) -> Opt
 
 /// Why a session's pod, not Ready, will not start as it is (`None` while it may still):
 /// what the kubelet reports about it (an image it cannot pull, a container config it
-/// refuses, a crash loop), once the pod has been placed on a node and not Ready for
-/// `timeout_seconds`. Counted from the latest of its creation, its scheduling and its last
-/// change to not Ready: time spent waiting for room, or Ready before a restart, is not time
-/// spent failing to start. A pod the scheduler has no room for yet is waiting for running
-/// sessions to end, not failing.
+/// refuses, a crash loop), once `timeout_seconds` have passed since it was placed on a node
+/// (time spent waiting for room is not time spent failing to start) and it has been down a
+/// minute (or the timeout, if shorter) since it last was Ready. A pod the scheduler has no
+/// room for yet is waiting for running sessions to end, not failing.
 pub fn start_failure(pod: &Pod, now: &Time, timeout_seconds: i64) -> Option<String> {
     if crate::pods::view::is_ready(pod) {
         return None;
@@ -224,16 +222,19 @@ pub fn start_failure(pod: &Pod, now: &Time, timeout_seconds: i64) -> Option<Stri
             .as_ref()
             .map(|t| t.0)
     };
-    let not_ready_since = [
+    let placed = [
         pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         since("PodScheduled", "True"),
-        since("Ready", "False"),
     ]
     .into_iter()
     .flatten()
     .max()?;
-    let age = now.0.duration_since(not_ready_since).as_secs();
-    (age >= timeout_seconds).then(|| {
+    let seconds = |from: k8s_openapi::jiff::Timestamp| now.0.duration_since(from).as_secs();
+    // Not Ready now for a while too: a pod Ready a long time that restarts once is Ready again
+    // within seconds; a crash loop, whose pod is Ready a moment each time, soon stays down
+    // longer than this between its runs.
+    let down = since("Ready", "False").is_none_or(|t| seconds(t) >= timeout_seconds.min(60));
+    (seconds(placed) >= timeout_seconds && down).then(|| {
         format!(
             "its pod did not start within {timeout_seconds}s: {}",
             problem.describe()
@@ -423,6 +424,13 @@ mod tests {
             session_pod(&started).map(|s| s.progress),
             Some(PodProgress::Finished(PodResult::Infra { .. }))
         ));
+        // Evicted for a limit of its own: it would be again, so it is a failed attempt.
+        let own_limit = json!({"phase": "Failed", "reason": "Evicted",
+            "message": "Usage of EmptyDir volume \"floe-run\" exceeds the limit \"1Gi\". "});
+        assert!(matches!(
+            session_pod(&pod(own_limit)).map(|s| s.progress),
+            Some(PodProgress::Finished(PodResult::Infra { .. }))
+        ));
         let crashed = terminated(3, r#"{"status":"infra_error","error":"egress is open"}"#);
         assert!(matches!(
             session_pod(&crashed).map(|s| s.progress),
@@ -482,13 +490,15 @@ mod tests {
         }
         assert_eq!(start_failure(&late, &at(3_599), 600), None);
         assert!(start_failure(&late, &at(3_600), 600).is_some());
+        // Ready until a moment ago (a restart): not yet; down a minute: yes.
         let mut dropped = pull.clone();
         if let Some(st) = dropped.status.as_mut() {
             st.conditions = Some(vec![serde_json::from_value(json!(
                 {"type": "Ready", "status": "False", "lastTransitionTime": at(5_000)}))
             .unwrap_or_default()]);
         }
-        assert_eq!(start_failure(&dropped, &at(5_599), 600), None);
+        assert_eq!(start_failure(&dropped, &at(5_059), 600), None);
+        assert!(start_failure(&dropped, &at(5_060), 600).is_some());
     }
 
     #[test]

@@ -398,6 +398,16 @@ fn the_agents_disk_budget_reaches_the_grader_and_bounds_its_volumes() {
     let p = pod(&s, false);
     assert_eq!(volume(&p, "floe-workspace")["emptyDir"], json!({}));
     assert!(container(&p["spec"]["containers"], "agent")["resources"].is_null());
+    // No budget but the template's own limit on the agent: the grader gets room all the same.
+    s.template.resources = Some(
+        serde_json::from_value(json!({"limits": {"ephemeral-storage": "1Gi"}})).unwrap_or_default(),
+    );
+    let p = pod(&s, false);
+    let grader = container(&p["spec"]["containers"], "sandbox");
+    assert_eq!(
+        grader["resources"]["limits"]["ephemeral-storage"],
+        (4u64 << 30).to_string()
+    );
     let main = container(&p["spec"]["containers"], "sandbox");
     assert_eq!(env(main, "FLOE_DISK_BUDGET"), Some(&json!("0")));
 }
