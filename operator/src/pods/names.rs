@@ -13,6 +13,9 @@ pub const JOB_LABEL: &str = "floe.dev/job";
 
 /// The pool template a pod was made from (`updateStrategy` compares it).
 pub const TEMPLATE_HASH_ANNOTATION: &str = "floe.dev/template-hash";
+/// On a sandbox pod: the grader's `ephemeral-storage` limit, floe's room beside the agent's
+/// disk backstop (`pods::sandbox`).
+pub const GRADER_ROOM_ANNOTATION: &str = "floe.dev/grader-disk-room";
 /// The session index a claimed pod holds.
 pub const INDEX_ANNOTATION: &str = "floe.dev/session-index";
 /// The attempt of that session (its infrastructure retries so far).

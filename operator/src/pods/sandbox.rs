@@ -414,6 +414,10 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
             set_ephemeral_storage_limit(&mut main, theirs.saturating_mul(4).to_string());
         }
     }
+    // The job reads an eviction for the pod's sum of limits by it (its pod cache keeps no spec).
+    if let Some(room) = main["resources"]["limits"]["ephemeral-storage"].as_str() {
+        annotations.insert(GRADER_ROOM_ANNOTATION.into(), room.to_string());
+    }
     let named = |name: &str| {
         let mut v = agent_volume.clone();
         v["name"] = name.into();

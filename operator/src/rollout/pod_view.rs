@@ -12,7 +12,7 @@ use super::plan::{PodProgress, PodResult, SessionPod};
 
 use crate::pods::names::{
     AGENT_CONTAINER, AGENT_VOLUMES, ASSIGNED_ANNOTATION, ATTEMPT_ANNOTATION, GRADER_CONTAINER,
-    INDEX_ANNOTATION,
+    GRADER_ROOM_ANNOTATION, INDEX_ANNOTATION,
 };
 
 /// The part of the runner's summary the operator needs.
@@ -141,7 +141,7 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
     // Ended before the runner reported: the pod's own words say why (an eviction kills the
     // containers, whose exit code alone says nothing).
     if status.phase.as_deref() == Some("Failed") && status.reason.as_deref() == Some("Evicted") {
-        if let Some(reason) = agent_outgrew_its_disk(status) {
+        if let Some(reason) = agent_outgrew_its_disk(pod, status) {
             return Some(PodResult::AgentFault { reason });
         }
         return Some(PodResult::Infra {
@@ -184,20 +184,42 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
 
 /// A pod the kubelet evicted for what the agent wrote: its container's ephemeral-storage limit
 /// or the `sizeLimit` of a volume only the agent fills (the backstops of its disk budget,
-/// `pods::sandbox`). The grader was stopped with it, so there is nothing to score; but it was
-/// the agent's doing, and retrying it would turn the agent's loss into another chance. Every
-/// other eviction (node pressure, a preemption, a limit of floe's own) is infrastructure.
-fn agent_outgrew_its_disk(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<String> {
+/// `pods::sandbox`), or the pod's sum of limits past both. The grader was stopped with it, so
+/// there is nothing to score; but it was the agent's doing, and retrying it would turn the
+/// agent's loss into another chance. Every other eviction (node pressure, a preemption, a limit
+/// of floe's own volumes) is infrastructure.
+fn agent_outgrew_its_disk(
+    pod: &Pod,
+    status: &k8s_openapi::api::core::v1::PodStatus,
+) -> Option<String> {
     let message = status.message.as_deref()?.trim();
     // The kubelet's words (`pkg/kubelet/eviction/helpers.go`).
     let container =
         format!("Container {AGENT_CONTAINER} exceeded its local ephemeral storage limit");
     let volume = |name: &str| format!("Usage of EmptyDir volume \"{name}\" exceeds the limit");
+    // The kubelet checks the pod's whole use against the sum of its containers' limits before
+    // each container's own: an agent that writes past the sum between two of its checks (a
+    // `fallocate` does at once) is evicted in words that name no container. The sum is the
+    // agent's backstop and the grader's room (`pods::sandbox`), far above anything honest
+    // grading holds: past it is the agent's doing (or the code of its that the evaluator ran).
+    let past_the_sum = message
+        .starts_with("Pod ephemeral local storage usage exceeds the total limit of containers")
+        && grader_has_room(pod);
     let agents = message.starts_with(&container)
+        || past_the_sum
         || AGENT_VOLUMES
             .iter()
             .any(|v| message.starts_with(&volume(v)));
     agents.then(|| format!("the agent outgrew its disk backstop (evicted: {message})"))
+}
+
+/// The grader has floe's room on disk beside the agent's backstop (the pod says so in an
+/// annotation: the job's pod cache keeps no spec).
+fn grader_has_room(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(GRADER_ROOM_ANNOTATION))
 }
 
 /// Why a session's pod, not Ready, will not start as it is (`None` while it may still):
@@ -404,6 +426,17 @@ mod tests {
                 "{message}"
             );
         }
+        // Past the pod's sum of limits when floe set the grader's room beside the agent's
+        // backstop: the agent's doing (it wrote past both between two of the kubelet's checks).
+        let mut roomy = pod(json!({"phase": "Failed", "reason": "Evicted",
+            "message": "Pod ephemeral local storage usage exceeds the total limit of containers 167772160. "}));
+        if let Some(a) = roomy.metadata.annotations.as_mut() {
+            a.insert(GRADER_ROOM_ANNOTATION.into(), "134217728".into());
+        }
+        assert!(matches!(
+            result(&roomy),
+            Some(PodResult::AgentFault { reason }) if reason.contains("total limit of containers")
+        ));
     }
 
     /// A pre-warmed pod its node let go of before its session started is replaced as if

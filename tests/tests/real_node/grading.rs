@@ -176,7 +176,10 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
     assert!(
         failed.len() == 1
             && failed[0].contains("as the agent's own doing")
-            && failed[0].contains("Container agent exceeded its local ephemeral storage limit"),
+            // The agent container's own check, or (written past it and the grader's room
+            // between two of the kubelet's checks) the pod's sum of limits.
+            && (failed[0].contains("Container agent exceeded its local ephemeral storage limit")
+                || failed[0].contains("exceeds the total limit of containers")),
         "{failed:?}"
     );
     Ok(())

@@ -380,6 +380,11 @@ fn the_agents_disk_budget_reaches_the_grader_and_bounds_its_volumes() {
         ),
         (&json!((128u64 << 30).to_string()), &json!("0"))
     );
+    // The pod says so where the job's pod cache keeps it (no spec there).
+    assert_eq!(
+        p["metadata"]["annotations"]["floe.dev/grader-disk-room"],
+        (128u64 << 30).to_string()
+    );
     // ... unless the template sets its own, which stays with the rest of its resources.
     let mut s = spec(json!({}));
     s.template.resources = Some(
