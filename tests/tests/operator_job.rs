@@ -1578,7 +1578,12 @@ async fn a_task_image_that_cannot_be_pulled_fails_its_sessions_instead_of_holdin
         "{done:?}"
     );
     assert_eq!(done.failed_indexes.as_deref(), Some("1"));
-    let failed = event_notes(&client, &ns.name, "SessionFailed").await?;
+    // Events are published beside the status write, not before it.
+    let failed = eventually("a SessionFailed event", async || {
+        let n = event_notes(&client, &ns.name, "SessionFailed").await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await?;
     assert!(
         failed.len() == 1
             && failed[0].contains("session 1 (pod nopull-s1-a1-")
@@ -1650,14 +1655,22 @@ async fn an_eviction_for_the_agents_own_disk_fails_its_session_without_a_retry()
         "the agent's eviction was retried: {:?}",
         done.retries
     );
-    let failed = event_notes(&client, &ns.name, "SessionFailed").await?;
+    let failed = eventually("a SessionFailed event", async || {
+        let n = event_notes(&client, &ns.name, "SessionFailed").await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await?;
     assert!(
         failed.len() == 1
             && failed[0].contains("failed without a retry, as the agent's own doing")
             && failed[0].contains("exceeded its local ephemeral storage limit"),
         "{failed:?}"
     );
-    let retried = event_notes(&client, &ns.name, "SessionRetried").await?;
+    let retried = eventually("a SessionRetried event", async || {
+        let n = event_notes(&client, &ns.name, "SessionRetried").await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await?;
     assert!(
         retried.len() == 1 && retried[0].contains("The node was low on resource"),
         "{retried:?}"

@@ -159,10 +159,14 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
             )
         }
     };
-    let (failed, retried) = (
-        notes("SessionFailed").await?,
-        notes("SessionRetried").await?,
-    );
+    // Events are published beside the status write, not before it.
+    let failed = eventually_within(60, "a SessionFailed event", async || {
+        let n = notes("SessionFailed").await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await
+    .unwrap_or_default();
+    let retried = notes("SessionRetried").await?;
     assert_eq!(
         (
             status.sessions.succeeded,
