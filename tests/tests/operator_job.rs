@@ -145,6 +145,16 @@ async fn event_notes(client: &Client, ns: &str, reason: &str) -> Result<Vec<Stri
         .collect())
 }
 
+/// The notes of the Events of `reason`, once there is one: they are published beside the
+/// status write that a test waits for, not before it.
+async fn noted(client: &Client, ns: &str, reason: &str) -> Result<Vec<String>> {
+    eventually(&format!("a {reason} event"), async || {
+        let n = event_notes(client, ns, reason).await?;
+        Ok((!n.is_empty()).then_some(n))
+    })
+    .await
+}
+
 /// Delete every job while the operator still runs (it takes the finalizers off), so the
 /// test namespace can go.
 /// Once job `name` is Stalled for `reason`: the notes of the job's Events of that reason.
@@ -1556,11 +1566,7 @@ async fn a_task_image_that_cannot_be_pulled_fails_its_sessions_instead_of_holdin
         ));
     }
     jobs.create(&PostParams::default(), &spec).await?;
-    let warned = eventually("a SessionPodNotStarting event", async || {
-        let n = event_notes(&client, &ns.name, "SessionPodNotStarting").await?;
-        Ok((!n.is_empty()).then_some(n))
-    })
-    .await?;
+    let warned = noted(&client, &ns.name, "SessionPodNotStarting").await?;
     assert!(
         warned[0].starts_with("session 1 attempt 0: pod nopull-s1-a0-")
             && warned[0].contains("container sandbox: ErrImagePull")
@@ -1578,12 +1584,7 @@ async fn a_task_image_that_cannot_be_pulled_fails_its_sessions_instead_of_holdin
         "{done:?}"
     );
     assert_eq!(done.failed_indexes.as_deref(), Some("1"));
-    // Events are published beside the status write, not before it.
-    let failed = eventually("a SessionFailed event", async || {
-        let n = event_notes(&client, &ns.name, "SessionFailed").await?;
-        Ok((!n.is_empty()).then_some(n))
-    })
-    .await?;
+    let failed = noted(&client, &ns.name, "SessionFailed").await?;
     assert!(
         failed.len() == 1
             && failed[0].contains("session 1 (pod nopull-s1-a1-")
@@ -1655,22 +1656,14 @@ async fn an_eviction_for_the_agents_own_disk_fails_its_session_without_a_retry()
         "the agent's eviction was retried: {:?}",
         done.retries
     );
-    let failed = eventually("a SessionFailed event", async || {
-        let n = event_notes(&client, &ns.name, "SessionFailed").await?;
-        Ok((!n.is_empty()).then_some(n))
-    })
-    .await?;
+    let failed = noted(&client, &ns.name, "SessionFailed").await?;
     assert!(
         failed.len() == 1
             && failed[0].contains("failed without a retry, as the agent's own doing")
             && failed[0].contains("exceeded its local ephemeral storage limit"),
         "{failed:?}"
     );
-    let retried = eventually("a SessionRetried event", async || {
-        let n = event_notes(&client, &ns.name, "SessionRetried").await?;
-        Ok((!n.is_empty()).then_some(n))
-    })
-    .await?;
+    let retried = noted(&client, &ns.name, "SessionRetried").await?;
     assert!(
         retried.len() == 1 && retried[0].contains("The node was low on resource"),
         "{retried:?}"
