@@ -300,7 +300,8 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
             "/v1/chat/completions",
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                 "logit_bias": {"42": 100}, "ignore_eos": true, "min_tokens": 20, "top_k": 3,
-                "repetition_penalty": 1.4, "guided_regex": "a+", "temperature": 0.0}),
+                "repetition_penalty": 1.4, "guided_regex": "a+", "temperature": 0.0,
+                "seed": 7}),
         ),
         (
             "/v1/messages",
@@ -310,7 +311,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         (
             "/v1beta/models/m:generateContent",
             json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
-                "generationConfig": {"topK": 7, "temperature": 0.2,
+                "generationConfig": {"topK": 7, "temperature": 0.2, "seed": 7,
                     "responseMimeType": "application/json"}}),
         ),
     ];
@@ -348,6 +349,8 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
             "min_tokens",
             "guided_regex",
             "response_format",
+            // Each sample alone is the policy's, but a pinned seed makes a group's alike.
+            "seed",
         ] {
             assert!(
                 r.get(foreign).is_none(),
@@ -366,6 +369,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         "sampling:logit_bias",
         "sampling:top_k",
         "sampling:response_format",
+        "sampling:seed",
     ] {
         assert!(dropped.contains(&name), "{name} in {dropped:?}");
     }

@@ -1651,11 +1651,9 @@ async fn an_eviction_for_the_agents_own_disk_fails_its_session_without_a_retry()
         "{done:?}"
     );
     assert_eq!(done.failed_indexes.as_deref(), Some("0"));
-    assert!(
-        !done.retries.contains_key("0"),
-        "the agent's eviction was retried: {:?}",
-        done.retries
-    );
+    // Every session is done, so the status keeps no count per session (it grew with every
+    // session a long job had ever retried); the total above still counts sample 1's retry.
+    assert!(done.retries.is_empty(), "{:?}", done.retries);
     let failed = noted(&client, &ns.name, "SessionFailed").await?;
     assert!(
         failed.len() == 1

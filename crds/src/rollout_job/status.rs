@@ -40,8 +40,9 @@ pub struct RolloutJobStatus {
     /// Sessions that exhausted `backoffLimit` (no reward recorded), by index, as ranges.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_indexes: Option<String>,
-    /// Infrastructure failures so far, by session index (only sessions that had one); the next
-    /// attempt of a session is this number.
+    /// Infrastructure failures so far, by session index, of the sessions not yet done that had
+    /// one; the next attempt of a session is this number. A session's entry goes when it is
+    /// scored or failed for good (`sessions.retried` keeps the total).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub retries: BTreeMap<String, i32>,
     /// Failed model-server attempts of the job's sessions by kind (`connect`, `timeout`,
@@ -208,7 +209,7 @@ pub struct SessionCounts {
     /// Sessions that exhausted `backoffLimit` on infrastructure failures (no reward recorded).
     #[serde(default)]
     pub failed: i32,
-    /// Infrastructure retries so far.
+    /// Infrastructure retries of the job's sessions so far, of done sessions too.
     #[serde(default)]
     pub retried: i32,
 }

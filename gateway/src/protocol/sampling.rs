@@ -8,6 +8,10 @@
 //! and counted, or refused, as the job says. What the request may carry is an allow-list: a
 //! parameter not on it is treated alike, so one vLLM adds later cannot slip through.
 //!
+//! `seed` is foreign too, though each sample alone is still drawn from the policy: a group's
+//! samples must be independent draws, and a seed the harness pins makes every sample of a task
+//! begin alike (vLLM seeds a generator per request), so its group has no advantage to learn.
+//!
 //! An sft job's calls pass the caller's parameters through (its data is judged by reward, not
 //! trained as the sampler's policy); only temperature and `top_p` are the job's.
 
@@ -43,7 +47,6 @@ const ALLOWED: &[&str] = &[
     "max_tokens",
     "stop",
     "stop_token_ids",
-    "seed",
     "stream",
     "n",
     "temperature",
@@ -165,6 +168,7 @@ mod tests {
                 "presence_penalty",
                 "repetition_penalty",
                 "response_format",
+                "seed",
                 "structured_outputs",
                 "top_k"
             ]
@@ -190,13 +194,7 @@ mod tests {
             )
         );
         // What shapes the prompt or where sampling stops stays.
-        for kept in [
-            "stop",
-            "seed",
-            "chat_template_kwargs",
-            "tools",
-            "tool_choice",
-        ] {
+        for kept in ["stop", "chat_template_kwargs", "tools", "tool_choice"] {
             assert!(b.contains_key(kept), "{kept}");
         }
         assert!(!b.contains_key("logit_bias") && !b.contains_key("ignore_eos"));

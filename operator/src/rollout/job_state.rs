@@ -70,6 +70,11 @@ pub fn job_state(
                     .collect()
             })
             .unwrap_or_default(),
+        // Counted as retries happen since the map forgets done sessions; a status from before
+        // counted the map's sum, which is the same number.
+        retried: previous
+            .and_then(|s| u32::try_from(s.sessions.retried).ok())
+            .unwrap_or(0),
         upstream: previous
             .and_then(|s| s.upstream_errors.as_ref())
             .map(|u| UpstreamErrors {

@@ -80,8 +80,13 @@ pub struct JobState {
     pub deadline_exceeded: bool,
     pub completed: IndexSet,
     pub failed: IndexSet,
-    /// Infrastructure failures per session index so far (the next attempt's number).
+    /// Infrastructure failures per session index so far (the next attempt's number), for
+    /// sessions not yet done: a done session's count is read by nothing, so the status holds
+    /// only those in flight however many sessions a long job retried.
     pub retries: BTreeMap<u32, u32>,
+    /// Infrastructure failures of the job's own sessions so far, done ones included
+    /// (`status.sessions.retried`; held-out sessions' are their rounds' business).
+    pub retried: u32,
     pub rewards: RewardTally,
     /// Model-server failures of every attempt folded so far.
     pub upstream: UpstreamErrors,
@@ -147,12 +152,25 @@ impl JobState {
         self.retries.get(&index).copied().unwrap_or(0)
     }
 
+    /// Session `index` is scored or failed for good.
+    fn done(&self, index: u32) -> bool {
+        match self.held_out.as_ref().filter(|h| h.owns(index)) {
+            Some(h) => h.recorded(index),
+            None => self.completed.contains(index) || self.failed.contains(index),
+        }
+    }
+
     fn recorded(&self, pod: &SessionPod) -> bool {
-        let done = match self.held_out.as_ref().filter(|h| h.owns(pod.index)) {
-            Some(h) => h.recorded(pod.index),
-            None => self.completed.contains(pod.index) || self.failed.contains(pod.index),
-        };
-        done || self.attempt(pod.index) > pod.attempt
+        self.done(pod.index) || self.attempt(pod.index) > pod.attempt
+    }
+
+    /// Drop the retry counts of done sessions (see [`JobState::retries`]).
+    fn forget_done_retries(&mut self) {
+        let retries = std::mem::take(&mut self.retries);
+        self.retries = retries
+            .into_iter()
+            .filter(|(i, _)| !self.done(*i))
+            .collect();
     }
 
     /// A pod past the job's own sessions that no open held-out round holds: `Some(true)` to
@@ -253,6 +271,7 @@ impl JobPlan {
 pub fn plan(state: &JobState, pods: &[SessionPod], ready_pods: usize, gate: Gate) -> JobPlan {
     let ready_pods = if gate.claim { ready_pods } else { 0 };
     let mut out = plan_sessions(state, pods, ready_pods, gate.give_back);
+    out.next.forget_done_retries();
     if !gate.deliver {
         out.running -= out.start.len() as u32;
         out.start.clear();
@@ -407,6 +426,9 @@ fn plan_sessions(
             }
         } else {
             next.retries.insert(pod.index, next_attempt);
+            if pod.index < state.total {
+                next.retried += 1;
+            }
             Fold::Retry {
                 index: pod.index,
                 next_attempt,
@@ -697,6 +719,30 @@ mod tests {
         );
         assert!(p.claim.is_empty());
         assert!(p.next.finished());
+    }
+
+    /// A long job retries many sessions: the status keeps the counts of those in flight only,
+    /// and the total goes on counting the ones done.
+    #[test]
+    fn a_done_sessions_retry_count_is_forgotten_but_still_counted() {
+        let j = job(2);
+        let p = plan(
+            &j,
+            &[pod("a", 0, 0, infra()), pod("b", 1, 0, infra())],
+            0,
+            Gate::OPEN,
+        );
+        assert_eq!((p.next.retries.len(), p.next.retried), (2, 2));
+        let p = plan(&p.next, &[pod("c", 0, 1, scored(1.0))], 0, Gate::OPEN);
+        assert_eq!(Vec::from_iter(p.next.retries.clone()), [(1, 1)]);
+        assert_eq!(p.next.retried, 2);
+        // A pod of an attempt before the one that scored is still let go, never folded.
+        let p = plan(&p.next, &[pod("a", 0, 0, infra())], 0, Gate::OPEN);
+        assert!(p.folds.is_empty());
+        assert_eq!(
+            (p.release.as_slice(), p.next.retried),
+            (&["a".to_string()][..], 2)
+        );
     }
 
     #[test]

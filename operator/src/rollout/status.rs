@@ -94,8 +94,7 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         running,
         succeeded: s.completed.len() as i32,
         failed: s.failed.len() as i32,
-        // Held-out sessions' retries are their rounds' business.
-        retried: s.retries.range(..s.total).map(|(_, r)| *r as i32).sum(),
+        retried: i32::try_from(s.retried).unwrap_or(i32::MAX),
     };
     let previous_completion = i.previous.and_then(|p| p.completion_time.clone());
     let (phase, mut conditions) = phase_and_conditions(i, &sessions);
@@ -610,7 +609,8 @@ mod tests {
         s.completed.insert(0);
         s.completed.insert(1);
         s.failed.insert(3);
-        s.retries.insert(3, 3);
+        s.retries.insert(2, 1);
+        s.retried = 3;
         s.rewards = RewardTally {
             scored: 2,
             sum: 1.5,

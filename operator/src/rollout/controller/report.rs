@@ -38,6 +38,38 @@ pub(super) struct Written {
     status: Option<RolloutJobStatus>,
 }
 
+impl Written {
+    /// The job's status as this round found it.
+    fn found(job: &RolloutJob) -> Self {
+        Self {
+            rv: job.resource_version(),
+            status: job.status.clone(),
+        }
+    }
+}
+
+/// The merge patch that makes the status `st`, guarded by `base`'s resourceVersion. A merge
+/// patch keeps a map's keys it does not name, so the retry counts of sessions done since
+/// `base` are named null: without it `status.retries` would keep every session ever retried.
+fn status_patch(base: &Written, st: &RolloutJobStatus) -> serde_json::Value {
+    let mut patch = json!({"metadata": {"resourceVersion": base.rv}, "status": st});
+    let gone: serde_json::Map<String, serde_json::Value> = base
+        .status
+        .iter()
+        .flat_map(|b| b.retries.keys())
+        .filter(|k| !st.retries.contains_key(*k))
+        .map(|k| (k.clone(), serde_json::Value::Null))
+        .collect();
+    if !gone.is_empty() {
+        let retries = &mut patch["status"]["retries"];
+        match retries.as_object_mut() {
+            Some(kept) => kept.extend(gone),
+            None => *retries = serde_json::Value::Object(gone),
+        }
+    }
+    patch
+}
+
 impl RoundReport<'_> {
     fn jobs(&self) -> Api<RolloutJob> {
         Api::namespaced(self.ctx.client.clone(), self.ns)
@@ -70,10 +102,7 @@ impl RoundReport<'_> {
     pub async fn fold(&self, decided: &JobPlan) -> Result<Option<Written>, JobError> {
         let (job, ctx) = (self.job, self.ctx);
         let previous = job.status.as_ref();
-        let mut written = Written {
-            rv: job.resource_version(),
-            status: job.status.clone(),
-        };
+        let mut written = Written::found(job);
         if !decided.folds.is_empty() || decided.rounds_changed {
             // Claims are not made yet; pre-warmed starts are (a pod lost before its start is
             // counted at the round's end).
@@ -84,8 +113,7 @@ impl RoundReport<'_> {
                 running,
                 previous.and_then(|s| s.start_time.clone()),
             );
-            let Some(rv) = write_status(&self.jobs(), job, written.rv.as_deref(), &st).await?
-            else {
+            let Some(rv) = write_status(&self.jobs(), job, &written, &st).await? else {
                 return Ok(None);
             };
             // The fold may finish the job: announce it now, or the final write (which then
@@ -154,10 +182,7 @@ impl RoundReport<'_> {
         ctx.metrics.set_sessions(ns, &job.name_any(), &st.sessions);
         if written.status.as_ref() != Some(&st) {
             let jobs = self.jobs();
-            if write_status(&jobs, job, written.rv.as_deref(), &st)
-                .await?
-                .is_none()
-            {
+            if write_status(&jobs, job, &written, &st).await?.is_none() {
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
             announce_transition(job, ctx, written.status.as_ref(), &st).await;
@@ -192,10 +217,10 @@ fn requeue_after(job: &RolloutJob, st: &RolloutJobStatus, now: &Time) -> Duratio
 async fn write_status(
     jobs: &Api<RolloutJob>,
     job: &RolloutJob,
-    rv: Option<&str>,
+    base: &Written,
     st: &RolloutJobStatus,
 ) -> Result<Option<String>, JobError> {
-    let patch = json!({"metadata": {"resourceVersion": rv}, "status": st});
+    let patch = status_patch(base, st);
     match jobs
         .patch_status(
             &job.name_any(),
@@ -350,7 +375,7 @@ pub(super) async fn blocked(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
     if blocked.transient {
         if previous != Some(&st) {
-            write_status(jobs, job, job.resource_version().as_deref(), &st).await?;
+            write_status(jobs, job, &Written::found(job), &st).await?;
         }
         // The pod it waits for triggers a reconcile when it changes; this is the fallback.
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -372,7 +397,7 @@ pub(super) async fn blocked(
         .await;
     }
     if previous != Some(&st) {
-        write_status(jobs, job, job.resource_version().as_deref(), &st).await?;
+        write_status(jobs, job, &Written::found(job), &st).await?;
     }
     // The user fixes the spec (a watch event) or creates the missing object.
     Ok(Action::requeue(Duration::from_secs(15)))
@@ -453,5 +478,40 @@ pub(super) async fn start_problems(job: &RolloutJob, ctx: &JobContext, pods: &[P
             ),
         )
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_retries(retries: &[(&str, i32)]) -> RolloutJobStatus {
+        RolloutJobStatus {
+            retries: retries.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_done_sessions_retry_count_is_named_null_so_the_merge_patch_removes_it() {
+        let base = Written {
+            rv: Some("7".into()),
+            status: Some(with_retries(&[("0", 1), ("1", 2)])),
+        };
+        let patch = status_patch(&base, &with_retries(&[("1", 2), ("5", 1)]));
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        assert_eq!(
+            patch["status"]["retries"],
+            json!({"0": null, "1": 2, "5": 1})
+        );
+        // None left: the map (skipped when empty) is only the removals.
+        let patch = status_patch(&base, &with_retries(&[]));
+        assert_eq!(patch["status"]["retries"], json!({"0": null, "1": null}));
+        let fresh = Written {
+            rv: Some("1".into()),
+            status: None,
+        };
+        let patch = status_patch(&fresh, &with_retries(&[]));
+        assert!(patch["status"].get("retries").is_none(), "{patch}");
     }
 }
