@@ -125,6 +125,15 @@ fn common_env(spec: &HarnessSpec, ctx: &PresetContext) -> Vec<(String, String)> 
     .collect()
 }
 
+/// How long a harness may wait on one streamed call: a day, the longest model-call deadline a
+/// job may set (`timeouts.modelCallSeconds`). The gateway keeps a stream alive while vLLM
+/// works, but with a keep-alive the official SDKs skip (an SSE comment on OpenAI's APIs), and
+/// Codex (300 s) and Qwen Code (240 s idle, 900 s in all) time a stream by the events their SDK
+/// yields: a long generation on a loaded policy server would be abandoned and sampled again, up
+/// to failing the session. The gateway's own deadline is what ends a stalled call, with an
+/// error in the caller's shape.
+const STREAM_WAIT_MS: u64 = 86_400_000;
+
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs
         .iter()
@@ -169,6 +178,7 @@ fn codex(spec: &HarnessSpec, ctx: &PresetContext, settings: &Value) -> Result<La
         "model_providers": {"floe": {
             "name": "floe", "base_url": format!("{gw}/v1"), "wire_api": "responses",
             "env_key": "FLOE_SESSION_TOKEN",
+            "stream_idle_timeout_ms": STREAM_WAIT_MS,
         }},
         "features": {"plugins": false, "apps": false, "remote_plugin": false},
         // Its hosted web search runs at OpenAI, not on vLLM: the gateway would refuse it.
@@ -244,6 +254,7 @@ fn qwen_code(
     settings: &Value,
 ) -> Result<Launch, PresetError> {
     let api = spec.api.unwrap_or(ProviderApi::OpenaiChat);
+    let wait = STREAM_WAIT_MS.to_string();
     let auth = match api {
         ProviderApi::OpenaiChat => "openai",
         ProviderApi::OpenaiResponses => "openai-responses",
@@ -271,7 +282,11 @@ fn qwen_code(
             "-m".into(),
             spec.model.clone(),
         ],
-        env: env(&[("OPENAI_MODEL", &spec.model)]),
+        env: env(&[
+            ("OPENAI_MODEL", &spec.model),
+            ("QWEN_STREAM_IDLE_TIMEOUT_MS", &wait),
+            ("QWEN_STREAM_MAX_LIFETIME_MS", &wait),
+        ]),
         files: vec![json_file(
             ctx.home.join(".qwen/settings.json"),
             base,

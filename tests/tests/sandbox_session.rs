@@ -332,6 +332,31 @@ async fn pi_preset_fixes_the_bug_over_each_api() -> Result<()> {
     Ok(())
 }
 
+/// Why the presets set the harnesses' own stream guards to a day: they count the events their
+/// SDK yields, and the gateway's keep-alive (an SSE comment, every 5 s) is none. Qwen Code told
+/// to give up after 6 s of silence abandons a call its model server answers in 7 s, though a
+/// keep-alive went out at 5 s, and samples it again: the session fails for a slow server.
+#[tokio::test]
+async fn a_harness_stream_guard_does_not_count_the_gateways_keep_alive() -> Result<()> {
+    let upstream = ScriptedUpstream::start(vec![
+        Step::Shell(FIX.into()),
+        Step::Say("Fixed add().".into()),
+    ])
+    .await?;
+    let proxy = floe_tests::FaultProxy::start(&upstream.url).await?;
+    proxy.set(floe_tests::Fault::Hang(std::time::Duration::from_secs(7)));
+    let harness = json!({"preset": "qwen-code",
+        "env": [{"name": "QWEN_STREAM_IDLE_TIMEOUT_MS", "value": "6000"}]});
+    let run = run_session("guard-1", &harness, &proxy.url, &default_evaluator()).await?;
+    assert_eq!(run.summary["reward"], 0.0, "{}", run.summary);
+    assert!(
+        proxy.calls() >= 2,
+        "not sampled again: {} calls",
+        proxy.calls()
+    );
+    Ok(())
+}
+
 /// The pod as the operator builds it: the gateway's own upstream is unusable, the operator
 /// reaches the gateway on its separate control address, and the assignment names the upstream
 /// (the job's trainer vLLM in train mode) and the job's sampling, which replace the harness's.

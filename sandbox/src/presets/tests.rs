@@ -94,6 +94,11 @@ fn codex_gets_a_responses_provider_with_outside_lookups_off() {
     assert_eq!(config["model_provider"].as_str(), Some("floe"));
     assert_eq!(config["features"]["plugins"].as_bool(), Some(false));
     assert_eq!(config["features"]["apps"].as_bool(), Some(false));
+    // Codex times a stream by the events it parses; the gateway's keep-alive is none.
+    assert_eq!(
+        provider["stream_idle_timeout_ms"].as_integer(),
+        Some(86_400_000)
+    );
 }
 
 #[test]
@@ -139,6 +144,10 @@ fn qwen_code_maps_each_api_to_its_auth_type_and_refuses_gemini() {
             file_json(&launch, ".qwen/settings.json")["telemetry"]["enabled"],
             false
         );
+        // Its stream guards count chunks, which the gateway's keep-alive is not.
+        for guard in ["QWEN_STREAM_IDLE_TIMEOUT_MS", "QWEN_STREAM_MAX_LIFETIME_MS"] {
+            assert_eq!(env_of(&launch, guard), Some("86400000"), "{guard}");
+        }
     }
     let mut s = spec(HarnessPreset::QwenCode);
     s.api = Some(ProviderApi::Gemini);
