@@ -306,7 +306,10 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         (
             "/v1/messages",
             json!({"model": "m", "max_tokens": 16, "top_k": 5, "temperature": 0.1,
-                "messages": [{"role": "user", "content": "hi"}]}),
+                "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "hi"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                        "data": "iVBORw0KGgo="}}]}]}),
         ),
         (
             "/v1beta/models/m:generateContent",
@@ -358,6 +361,12 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
             );
         }
     }
+    // The trainer takes text only: the image reached the server as a note, no media part.
+    let sent = requests[1]["messages"].to_string();
+    assert!(
+        sent.contains("media omitted") && !sent.contains("image_url"),
+        "{sent}"
+    );
     gw.close("contract-drop").await?;
     let capture = read_session(&gw.session_dir("contract-drop"))?;
     let dropped: Vec<&str> = capture
@@ -370,6 +379,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         "sampling:top_k",
         "sampling:response_format",
         "sampling:seed",
+        "sampling:image_url",
     ] {
         assert!(dropped.contains(&name), "{name} in {dropped:?}");
     }
@@ -400,7 +410,10 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
     assert_eq!(status, 400, "{answer}");
     assert_eq!(answer["type"], "error", "Anthropic's shape: {answer}");
     let message = answer["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("top_k"), "{answer}");
+    assert!(
+        message.contains("top_k") && message.contains("media (image_url)"),
+        "{answer}"
+    );
     assert_eq!(model.requests().len(), 3, "nothing more reached the server");
 
     // sft: the caller's parameters pass; temperature is still the job's.

@@ -5,6 +5,12 @@
 //! a vision model's server is an open fetcher on the agent's behalf. So the gateway refuses
 //! anything but `data:` URLs, whatever the job, with a 400 in the caller's own shape. Every
 //! harness sends images inline (base64) already.
+//!
+//! In a train job even inline media cannot stay: the trainer conditions on token ids alone, so
+//! an image the model server saw would be missing from what it trains on, and every token
+//! sampled after it would get its log-prob and gradient under another context than it was
+//! sampled in. Such a part becomes a short text note ([`TEXT_ONLY_NOTE`]), which the server
+//! and the trainer then see alike, and the agent learns it was not shown ([`to_text`]).
 
 use serde_json::{Map, Value};
 
@@ -15,6 +21,41 @@ const MEDIA: &[(&str, &str)] = &[
     ("audio_url", "url"),
     ("file", "file_data"),
 ];
+
+/// What a media part of a train job's call becomes.
+pub const TEXT_ONLY_NOTE: &str =
+    "[media omitted: this model is being trained on text only, so it is not shown media]";
+
+/// Replace every media part of `body`'s messages (inline or not, and `input_audio`) by a text
+/// part holding [`TEXT_ONLY_NOTE`]; `replace` false only looks. Returns the kinds found, in
+/// order of first appearance.
+pub fn to_text(body: &mut Map<String, Value>, replace: bool) -> Vec<String> {
+    let mut kinds: Vec<String> = Vec::new();
+    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
+        return kinds;
+    };
+    let parts = messages
+        .iter_mut()
+        .filter_map(|m| m.get_mut("content").and_then(Value::as_array_mut))
+        .flatten();
+    for part in parts {
+        let kind = MEDIA
+            .iter()
+            .map(|(kind, _)| *kind)
+            .chain(["input_audio"])
+            .find(|kind| part.get(*kind).is_some());
+        let Some(kind) = kind else {
+            continue;
+        };
+        if !kinds.iter().any(|k| k == kind) {
+            kinds.push(kind.to_string());
+        }
+        if replace {
+            *part = serde_json::json!({"type": "text", "text": TEXT_ONLY_NOTE});
+        }
+    }
+    kinds
+}
 
 /// Where `body` names media by anything but a `data:` URL (`messages[i].content[j]`), and its
 /// scheme; `None` when every media part is inline.
@@ -70,6 +111,27 @@ mod tests {
         ]);
         assert_eq!(remote_media(&body(inline)), None);
         assert_eq!(remote_media(&body(json!("plain text"))), None);
+    }
+
+    #[test]
+    fn a_train_calls_media_become_a_text_note_and_are_named() {
+        let mut b = body(json!([
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            {"type": "image_url", "image_url": "data:image/png;base64,BBBB"},
+        ]));
+        let before = b.clone();
+        assert_eq!(to_text(&mut b, false), ["image_url", "input_audio"]);
+        assert_eq!(b, before, "looking changes nothing");
+        assert_eq!(to_text(&mut b, true), ["image_url", "input_audio"]);
+        let parts = &b["messages"][1]["content"];
+        assert_eq!(parts[0], json!({"type": "text", "text": "look"}));
+        for i in 1..4 {
+            assert_eq!(parts[i]["text"], TEXT_ONLY_NOTE, "{parts}");
+        }
+        assert!(to_text(&mut b, true).is_empty(), "nothing left");
+        assert!(to_text(&mut body(json!("plain")), true).is_empty());
     }
 
     #[test]

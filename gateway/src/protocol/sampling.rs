@@ -90,7 +90,8 @@ fn neutral_value(key: &str, value: &Value) -> bool {
 }
 
 /// Applies the contract to `body` (a normalized Chat Completions request). Returns the names
-/// of the parameters removed; `Err` when the job refuses them.
+/// of the parameters removed and of the media kinds replaced by a note (the trainer takes
+/// text only: [`super::media::to_text`]); `Err` when the job refuses them.
 pub fn apply(
     body: &mut Map<String, Value>,
     mode: CallerSampling,
@@ -114,10 +115,21 @@ pub fn apply(
         })
         .map(|(k, _)| k.clone())
         .collect();
-    if mode == CallerSampling::Refuse && !foreign.is_empty() {
+    let media = super::media::to_text(body, false);
+    if mode == CallerSampling::Refuse && !(foreign.is_empty() && media.is_empty()) {
+        let mut why = Vec::new();
+        if !foreign.is_empty() {
+            why.push(format!("this train job samples only the policy's own distribution (temperature, full vocabulary), and {} would change it", foreign.join(", ")));
+        }
+        if !media.is_empty() {
+            why.push(format!(
+                "this train job's model is trained on text only, and the call carries media ({})",
+                media.join(", ")
+            ));
+        }
         return Err(ProtocolError::InvalidRequest(format!(
-            "this train job samples only the policy's own distribution (temperature, full vocabulary), and {} would change it: leave it out (spec.sampling.callerParams: Refuse)",
-            foreign.join(", ")
+            "{}: leave it out (spec.sampling.callerParams: Refuse)",
+            why.join("; ")
         )));
     }
     for key in &foreign {
@@ -126,7 +138,8 @@ pub fn apply(
     for (key, value) in neutral() {
         body.insert(key.into(), value);
     }
-    Ok(foreign)
+    super::media::to_text(body, true);
+    Ok(foreign.into_iter().chain(media).collect())
 }
 
 #[cfg(test)]
