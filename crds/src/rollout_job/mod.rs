@@ -429,10 +429,11 @@ pub struct SamplingSpec {
     /// and `topP` above, `top_k` -1, `min_p` 0, neutral penalties), whatever the model's
     /// `generation_config.json` says. A parameter from the harness that would change the
     /// distribution (`top_k`, `min_p`, penalties, `logit_bias`, `ignore_eos`, `min_tokens`,
-    /// guided decoding, a forced `tool_choice`, anything not known to leave it alone) is
-    /// `Drop`ped (default; counted in `floe_gateway_dropped_total{what="sampling:<name>"}` and
-    /// the capture's `dropped`) or `Refuse`d (the call gets a 400 in its API's shape). An sft job
-    /// passes them through.
+    /// guided decoding, a forced `tool_choice`, a `seed`, which makes a group's samples alike,
+    /// anything not known to leave it alone) is `Drop`ped (default; counted in
+    /// `floe_gateway_dropped_total{what="sampling:<name>"}` and the capture's `dropped`) or
+    /// `Refuse`d (the call gets a 400 in its API's shape). Media parts, which the trainer cannot
+    /// condition on, become a text note under `Drop`. An sft job passes them through.
     #[serde(default, skip_serializing_if = "CallerParams::is_default")]
     pub caller_params: CallerParams,
     /// Tokens one session's model calls may capture, prompts and sampled tokens summed over its
