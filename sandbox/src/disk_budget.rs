@@ -139,77 +139,81 @@ pub fn unlinked_but_open(holder: &Holder, devices: &[u64]) -> Result<u64, String
     use std::os::unix::fs::MetadataExt;
     let mut seen = std::collections::HashSet::new();
     let (mut bytes, mut read) = (0u64, 0usize);
-    for pid in members(holder) {
-        // Every thread's table: a thread may have one of its own (`unshare(CLONE_FILES)`), and
-        // a process whose main thread exited lists nothing at `/proc/<pid>/fd`.
-        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    // Every thread's table: a thread may have one of its own (`unshare(CLONE_FILES)`), and a
+    // process whose main thread exited lists nothing at `/proc/<pid>/fd`.
+    for thread in threads(holder) {
+        let Ok(fds) = std::fs::read_dir(thread.join("fd")) else {
             continue;
         };
-        for thread in threads.flatten() {
-            let Ok(fds) = std::fs::read_dir(thread.path().join("fd")) else {
+        for fd in fds.flatten() {
+            read += 1;
+            if read > MAX_DESCRIPTORS {
+                return Err(format!("more than {MAX_DESCRIPTORS} open descriptors"));
+            }
+            let unlinked = std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().ends_with(" (deleted)"));
+            if !unlinked {
+                continue;
+            }
+            // The link leads to the open file itself, whatever became of its name.
+            let Ok(m) = std::fs::metadata(fd.path()) else {
                 continue;
             };
-            for fd in fds.flatten() {
-                read += 1;
-                if read > MAX_DESCRIPTORS {
-                    return Err(format!("more than {MAX_DESCRIPTORS} open descriptors"));
-                }
-                let unlinked = std::fs::read_link(fd.path())
-                    .is_ok_and(|target| target.to_string_lossy().ends_with(" (deleted)"));
-                if !unlinked {
-                    continue;
-                }
-                // The link leads to the open file itself, whatever became of its name.
-                let Ok(m) = std::fs::metadata(fd.path()) else {
-                    continue;
-                };
-                if m.is_file()
-                    && m.nlink() == 0
-                    && devices.contains(&m.dev())
-                    && seen.insert((m.dev(), m.ino()))
-                {
-                    bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
-                }
+            if m.is_file()
+                && m.nlink() == 0
+                && devices.contains(&m.dev())
+                && seen.insert((m.dev(), m.ino()))
+            {
+                bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
             }
         }
     }
     Ok(bytes)
 }
 
-fn members(holder: &Holder) -> Vec<u32> {
-    if let Some(procs) = &holder.cgroup_procs {
-        if let Ok(listed) = std::fs::read_to_string(procs) {
-            return listed
-                .split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect();
-        }
+/// Every thread of `holder`'s processes, as its `/proc/<pid>/task/<tid>` directory: the
+/// session's cgroup's processes when it has one, else `root` and every process below it.
+fn threads(holder: &Holder) -> Vec<PathBuf> {
+    let listed = holder
+        .cgroup_procs
+        .as_ref()
+        .and_then(|procs| std::fs::read_to_string(procs).ok());
+    match listed {
+        Some(pids) => pids
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .flat_map(threads_of)
+            .collect(),
+        None => descendants(holder.root),
     }
-    descendants(holder.root)
 }
 
-/// `root` and every process below it, from each thread's `children` in `/proc`.
-fn descendants(root: u32) -> Vec<u32> {
-    let mut found = vec![root];
-    let mut known: std::collections::HashSet<u32> = found.iter().copied().collect();
+fn threads_of(pid: u32) -> Vec<PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|threads| threads.flatten().map(|t| t.path()).collect())
+        .unwrap_or_default()
+}
+
+/// The threads of `root` and of every process below it, found from each thread's `children`.
+fn descendants(root: u32) -> Vec<PathBuf> {
+    let mut pids = vec![root];
+    let mut known: std::collections::HashSet<u32> = pids.iter().copied().collect();
+    let mut threads = Vec::new();
     let mut next = 0;
-    while next < found.len() {
-        let pid = found[next];
+    while next < pids.len() {
+        let pid = pids[next];
         next += 1;
-        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for thread in threads.flatten() {
-            let children =
-                std::fs::read_to_string(thread.path().join("children")).unwrap_or_default();
+        for thread in threads_of(pid) {
+            let children = std::fs::read_to_string(thread.join("children")).unwrap_or_default();
             for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
                 if known.insert(child) {
-                    found.push(child);
+                    pids.push(child);
                 }
             }
+            threads.push(thread);
         }
     }
-    found
+    threads
 }
 
 #[cfg(test)]

@@ -381,17 +381,17 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
     // image's environment) has the same backstop as the agent container's ephemeral-storage
     // limit, unless the template sets one. An eviction for either is the agent's doing: its
     // session fails without a retry (`rollout::pod_view`), never an attempt made again.
-    let backstop = floe_sandbox::limits::parse_bytes(disk_budget)
+    let budget = floe_sandbox::limits::parse_bytes(disk_budget)
         .ok()
-        .filter(|b| *b > 0)
-        .map(|b| b.saturating_mul(4).to_string());
-    let agent_volume = match &backstop {
-        Some(limit) => json!({"emptyDir": {"sizeLimit": limit}}),
+        .filter(|b| *b > 0);
+    let backstop = budget.map(|b| b.saturating_mul(4));
+    let agent_volume = match backstop {
+        Some(limit) => json!({"emptyDir": {"sizeLimit": limit.to_string()}}),
         None => json!({"emptyDir": {}}),
     };
-    if let Some(limit) = &backstop {
+    if let Some(limit) = backstop {
         if agent["resources"]["limits"]["ephemeral-storage"].is_null() {
-            set_ephemeral_storage_limit(&mut agent, limit.clone());
+            set_ephemeral_storage_limit(&mut agent, limit.to_string());
         }
         // The kubelet checks a pod's usage (every container's layer, every emptyDir) against
         // the sum of its containers' limits *before* each container's own: with the agent's
@@ -399,10 +399,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         // name no one (infrastructure, retried). The grader's room, four times the agent's
         // backstop, keeps the sum above anything honest, so the agent's own check names it.
         if main["resources"]["limits"]["ephemeral-storage"].is_null() {
-            let room = floe_sandbox::limits::parse_bytes(disk_budget)
-                .unwrap_or(0)
-                .saturating_mul(16);
-            set_ephemeral_storage_limit(&mut main, room.to_string());
+            set_ephemeral_storage_limit(&mut main, limit.saturating_mul(4).to_string());
         }
     } else if let Some(theirs) = agent["resources"]["limits"]["ephemeral-storage"]
         .as_str()

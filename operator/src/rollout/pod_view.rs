@@ -71,6 +71,22 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
     })
 }
 
+/// How the kubelet's eviction messages begin (`pkg/kubelet/eviction/helpers.go`).
+mod evicted_for {
+    pub const NODE_PRESSURE: &str = "The node was low on resource";
+    pub const NODE_CONDITION: &str = "The node had condition";
+    pub const POD_SUM: &str =
+        "Pod ephemeral local storage usage exceeds the total limit of containers";
+
+    pub fn container(name: &str) -> String {
+        format!("Container {name} exceeded its local ephemeral storage limit")
+    }
+
+    pub fn volume(name: &str) -> String {
+        format!("Usage of EmptyDir volume \"{name}\" exceeds the limit")
+    }
+}
+
 /// Ended by its node, not by anything it ran: evicted under node pressure, preempted, or
 /// stopped by a node shutdown. (An eviction for a limit of its own, or a refusal at
 /// admission, would happen again to the pod made in its place: a failed attempt, so that it
@@ -84,9 +100,8 @@ fn disrupted(pod: &Pod) -> bool {
     }
     match status.reason.as_deref() {
         Some("Preempting" | "Shutdown" | "NodeShutdown" | "Terminated") => true,
-        // The kubelet's words for node pressure (`pkg/kubelet/eviction/helpers.go`).
         Some("Evicted") => status.message.as_deref().is_some_and(|m| {
-            m.starts_with("The node was low on resource") || m.starts_with("The node had condition")
+            m.starts_with(evicted_for::NODE_PRESSURE) || m.starts_with(evicted_for::NODE_CONDITION)
         }),
         _ => false,
     }
@@ -193,23 +208,17 @@ fn agent_outgrew_its_disk(
     status: &k8s_openapi::api::core::v1::PodStatus,
 ) -> Option<String> {
     let message = status.message.as_deref()?.trim();
-    // The kubelet's words (`pkg/kubelet/eviction/helpers.go`).
-    let container =
-        format!("Container {AGENT_CONTAINER} exceeded its local ephemeral storage limit");
-    let volume = |name: &str| format!("Usage of EmptyDir volume \"{name}\" exceeds the limit");
     // The kubelet checks the pod's whole use against the sum of its containers' limits before
     // each container's own: an agent that writes past the sum between two of its checks (a
     // `fallocate` does at once) is evicted in words that name no container. The sum is the
     // agent's backstop and the grader's room (`pods::sandbox`), far above anything honest
     // grading holds: past it is the agent's doing (or the code of its that the evaluator ran).
-    let past_the_sum = message
-        .starts_with("Pod ephemeral local storage usage exceeds the total limit of containers")
-        && grader_has_room(pod);
-    let agents = message.starts_with(&container)
+    let past_the_sum = message.starts_with(evicted_for::POD_SUM) && grader_has_room(pod);
+    let agents = message.starts_with(&evicted_for::container(AGENT_CONTAINER))
         || past_the_sum
         || AGENT_VOLUMES
             .iter()
-            .any(|v| message.starts_with(&volume(v)));
+            .any(|v| message.starts_with(&evicted_for::volume(v)));
     agents.then(|| format!("the agent outgrew its disk backstop (evicted: {message})"))
 }
 
