@@ -18,6 +18,31 @@ urllib.request.urlopen(req, timeout=120).read()
 os.execvp("sh", ["sh", "-c", os.environ["FLOE_INSTRUCTION"]])
 "#;
 
+/// The shell agent's ConfigMap, an operator, and a pool `python` of two pods that run it with
+/// `disk_budget`.
+async fn shell_agent_pool(work: &Work, disk_budget: &str) -> Result<Operator> {
+    let (client, ns) = (&work.client, &work.ns.name);
+    apply(
+        client,
+        ns,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shell-agent"},
+               "data": {"agent.py": SHELL_AGENT}}),
+    )
+    .await?;
+    let operator = Operator::start_on(&work.n.cluster, &work.images.floe, ns, &[], &[])?;
+    let mut template = agent_template(&work.images.python, "shell-agent");
+    template["diskBudget"] = disk_budget.into();
+    apply(
+        client,
+        ns,
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": "python"},
+               "spec": {"replicas": 2, "template": template}}),
+    )
+    .await?;
+    Ok(operator)
+}
+
 /// The attacks whose effect a pod shows as local mode does (the sibling ones are the
 /// containers' resources there).
 const IN_PODS: &[&str] = &[
@@ -35,31 +60,8 @@ const IN_PODS: &[&str] = &[
 #[tokio::test]
 async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<()> {
     let work = prepare("grading").await?;
-    let (n, images, client, ns) = (
-        work.n,
-        work.images,
-        work.client.clone(),
-        work.ns.name.clone(),
-    );
-    apply(
-        &client,
-        &ns,
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shell-agent"},
-               "data": {"agent.py": SHELL_AGENT}}),
-    )
-    .await?;
-    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
-    let mut template = agent_template(&images.python, "shell-agent");
-    template["diskBudget"] = grading_attacks::DISK_BUDGET.into();
-    apply(
-        &client,
-        &ns,
-        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
-               "metadata": {"name": "python"},
-               "spec": {"replicas": 2,
-                        "template": template}}),
-    )
-    .await?;
+    let _operator = shell_agent_pool(&work, grading_attacks::DISK_BUDGET).await?;
+    let (n, client, ns) = (work.n, work.client.clone(), work.ns.name.clone());
     let mut job = sft_job(
         "grading",
         &ns,
@@ -108,31 +110,9 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
 async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not_retried(
 ) -> Result<()> {
     let work = prepare("evict").await?;
-    let (n, images, client, ns) = (
-        work.n,
-        work.images,
-        work.client.clone(),
-        work.ns.name.clone(),
-    );
-    apply(
-        &client,
-        &ns,
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shell-agent"},
-               "data": {"agent.py": SHELL_AGENT}}),
-    )
-    .await?;
-    let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
-    let mut template = agent_template(&images.python, "shell-agent");
     // The backstop: 4 × 8Mi = 32Mi for the agent's own layer.
-    template["diskBudget"] = "8Mi".into();
-    apply(
-        &client,
-        &ns,
-        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
-               "metadata": {"name": "python"},
-               "spec": {"replicas": 2, "template": template}}),
-    )
-    .await?;
+    let _operator = shell_agent_pool(&work, "8Mi").await?;
+    let (n, client, ns) = (work.n, work.client.clone(), work.ns.name.clone());
     let fill = json!({"id": "fill-layer", "files": {"calc.py": grading_attacks::BUGGY},
         "instruction": "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 110",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
