@@ -432,6 +432,59 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
     Ok(())
 }
 
+/// A token count goes the way its call would: in a train job an image counts as the note it
+/// becomes there, however large; in an sft job as itself; a remote URL is refused in both.
+#[tokio::test]
+async fn a_token_count_counts_what_the_call_would_send() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![Step::Say("ok".into())]).await?;
+    let gw = TestGateway::start(&model.url, 64).await?;
+    let http = reqwest::Client::new();
+    let image = |data: String| {
+        json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": data}}]}]})
+    };
+    let (small, large) = (image("AAAA".into()), image("A".repeat(4000)));
+    let path = "/v1/messages/count_tokens";
+    let train = gw
+        .session_with(
+            "count-train",
+            "t",
+            0,
+            json!({"temperature": 1.0, "topP": 1.0, "callerSampling": "drop"}),
+        )
+        .await?;
+    let sft = gw.session_with("count-sft", "t", 0, json!({})).await?;
+    let mut counts = Vec::new();
+    for token in [&train, &sft] {
+        for body in [&small, &large] {
+            let (status, answer) = call_json(&http, &gw.url, path, token, body).await?;
+            assert_eq!(status, 200, "{answer}");
+            counts.push(answer["input_tokens"].as_u64().unwrap_or_default());
+        }
+    }
+    assert_eq!(
+        counts[0], counts[1],
+        "a train job counts the note: {counts:?}"
+    );
+    assert!(
+        counts[3] > counts[2],
+        "an sft job counts the image: {counts:?}"
+    );
+    let remote = json!({"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "http://10.0.0.1/x.png?k=secret"}}]}]});
+    for token in [&train, &sft] {
+        let (status, answer) = call_json(&http, &gw.url, path, token, &remote).await?;
+        assert_eq!(
+            (status, answer["type"].as_str()),
+            (400, Some("error")),
+            "{answer}"
+        );
+    }
+    Ok(())
+}
+
 /// Media named by a remote URL would have the model server fetch it for the agent, past its
 /// sandbox's network: refused in each API's own shape, and nothing reaches the server; the same
 /// image inline goes through.

@@ -148,11 +148,26 @@ async fn event_notes(client: &Client, ns: &str, reason: &str) -> Result<Vec<Stri
 /// The notes of the Events of `reason`, once there is one: they are published beside the
 /// status write that a test waits for, not before it.
 async fn noted(client: &Client, ns: &str, reason: &str) -> Result<Vec<String>> {
-    eventually(&format!("a {reason} event"), async || {
+    noted_until(client, ns, reason, |n| !n.is_empty()).await
+}
+
+/// The notes of the Events of `reason` once `enough` holds of them (as [`noted`]), or as they
+/// are when it never does, for the caller's assertion to show.
+async fn noted_until(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+    enough: impl Fn(&[String]) -> bool,
+) -> Result<Vec<String>> {
+    let waited = eventually(&format!("the {reason} events"), async || {
         let n = event_notes(client, ns, reason).await?;
-        Ok((!n.is_empty()).then_some(n))
+        Ok(enough(&n).then_some(n))
     })
-    .await
+    .await;
+    match waited {
+        Ok(notes) => Ok(notes),
+        Err(_) => event_notes(client, ns, reason).await,
+    }
 }
 
 /// Delete every job while the operator still runs (it takes the finalizers off), so the
@@ -343,13 +358,9 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
         Ok(job_pods(&pods, "big").await?.is_empty().then_some(()))
     })
     .await?;
-    let failed = event_notes(&client, &ns.name, "SessionFailed").await?;
-    assert!(
-        failed
-            .iter()
-            .any(|n| n.contains("session 28") && n.contains("evaluator exited 127")),
-        "{failed:?}"
-    );
+    let told = |n: &String| n.contains("session 28") && n.contains("evaluator exited 127");
+    let failed = noted_until(&client, &ns.name, "SessionFailed", |n| n.iter().any(told)).await?;
+    assert!(failed.iter().any(told), "{failed:?}");
     // The job's end is announced too (the last fold finishes it: no later status write).
     eventually("the Completed event", async || {
         let notes = event_notes(&client, &ns.name, "Completed").await?;
@@ -1233,13 +1244,11 @@ async fn a_job_pod_that_ended_for_good_is_made_again() -> Result<()> {
     })
     .await?;
     assert_ne!(second.metadata.uid, first.metadata.uid);
-    let notes = event_notes(&client, &ns.name, "JobPodReplaced").await?;
-    assert!(
-        notes.iter().any(|n| n.contains(
-            "evicted-dataset ended (Failed, Evicted: The node was low on resource: memory.)"
-        )),
-        "{notes:?}"
-    );
+    let told = |n: &String| {
+        n.contains("evicted-dataset ended (Failed, Evicted: The node was low on resource: memory.)")
+    };
+    let notes = noted_until(&client, &ns.name, "JobPodReplaced", |n| n.iter().any(told)).await?;
+    assert!(notes.iter().any(told), "{notes:?}");
     kubelet.stop().await?;
     delete_jobs(&jobs).await?;
     Ok(())
@@ -2329,12 +2338,14 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
             assert_eq!(a["sink"]["kind"], "trainer", "{a}");
         }
     }
-    let notes = event_notes(&client, &ns.name, "HeldOutRound").await?;
-    for want in [
+    let wants = [
         "step 0: pass rate 0.000 · reward 0.000 over 2 of 2 sessions (sampled by v0)",
         "step 2: pass rate 1.000",
         "step 3 (final): pass rate 1.000 · reward 1.000 over 2 of 2 sessions (sampled by v3)",
-    ] {
+    ];
+    let all = |n: &[String]| wants.iter().all(|w| n.iter().any(|x| x.contains(w)));
+    let notes = noted_until(&client, &ns.name, "HeldOutRound", all).await?;
+    for want in wants {
         assert!(notes.iter().any(|n| n.contains(want)), "{want}: {notes:?}");
     }
     let page = operator.metrics().await?;

@@ -40,6 +40,7 @@ fn text_blocks(content: &Value, what: &str) -> Result<String, ProtocolError> {
                     .as_str()
                     .map(str::to_owned)
                     .ok_or_else(|| invalid(format!("{what}: text block without text"))),
+                Some("image") => Ok(super::media::TOOL_RESULT_IMAGE_NOTE.to_string()),
                 _ => Ok(String::new()),
             })
             .collect::<Result<Vec<_>, _>>()
@@ -130,6 +131,10 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
                             let id = b["tool_use_id"].as_str().ok_or_else(|| {
                                 invalid(format!("messages[{i}]: tool_result without tool_use_id"))
                             })?;
+                            let images = b["content"].as_array().into_iter().flatten();
+                            if images.filter(|c| c["type"] == "image").count() > 0 {
+                                dropped.push("tool_result_image".to_string());
+                            }
                             let mut text = text_blocks(
                                 &b["content"],
                                 &format!("messages[{i}] tool_result content"),
@@ -531,6 +536,26 @@ mod tests {
         assert_eq!(m[1]["tool_calls"][0]["id"], "toolu_floe_1_1");
         assert_eq!(m[1]["tool_calls"][0]["function"]["arguments"], "{}");
         assert_eq!(m[2]["content"], "Error: boom");
+    }
+
+    /// Claude Code reading a PNG: the tool result's image cannot ride in a Chat tool message,
+    /// so the agent is told (not handed an empty result) and the drop is counted.
+    #[test]
+    fn an_image_in_a_tool_result_becomes_a_note_and_is_counted() {
+        let n = norm(json!({"max_tokens": 10, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "text", "text": "a.png: "},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]}));
+        let text = n.request["messages"][2]["content"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(
+            text,
+            format!("a.png: {}", crate::protocol::media::TOOL_RESULT_IMAGE_NOTE)
+        );
+        assert_eq!(n.dropped, ["tool_result_image"]);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! an image the model server saw would be missing from what it trains on, and every token
 //! sampled after it would get its log-prob and gradient under another context than it was
 //! sampled in. Such a part becomes a short text note ([`TEXT_ONLY_NOTE`]), which the server
-//! and the trainer then see alike, and the agent learns it was not shown ([`to_text`]).
+//! and the trainer then see alike, and the agent learns it was not shown ([`to_text`]). A
+//! token count takes the same path, so it counts what the call will send.
 
 use serde_json::{Map, Value};
 
@@ -22,13 +23,19 @@ const MEDIA: &[(&str, &str)] = &[
     ("file", "file_data"),
 ];
 
+/// What an image in a tool result becomes, in every job: a Chat Completions tool message holds
+/// text only, and the agent is told rather than handed an empty result.
+pub const TOOL_RESULT_IMAGE_NOTE: &str =
+    "[image omitted: an image in a tool result is not passed to the model]";
+
 /// What a media part of a train job's call becomes.
 pub const TEXT_ONLY_NOTE: &str =
     "[media omitted: this model is being trained on text only, so it is not shown media]";
 
-/// Replace every media part of `body`'s messages (inline or not, and `input_audio`) by a text
-/// part holding [`TEXT_ONLY_NOTE`]; `replace` false only looks. Returns the kinds found, in
-/// order of first appearance.
+/// Replace every media part of `body`'s messages (`image_url` and the others, `input_audio`,
+/// vLLM's `image_embeds` and `audio_embeds`) by a text part holding [`TEXT_ONLY_NOTE`];
+/// `replace` false only looks. Returns the kinds found, in order of first appearance. (A part
+/// naming a remote URL is refused before this: [`remote_media`].)
 pub fn to_text(body: &mut Map<String, Value>, replace: bool) -> Vec<String> {
     let mut kinds: Vec<String> = Vec::new();
     let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
@@ -42,7 +49,7 @@ pub fn to_text(body: &mut Map<String, Value>, replace: bool) -> Vec<String> {
         let kind = MEDIA
             .iter()
             .map(|(kind, _)| *kind)
-            .chain(["input_audio"])
+            .chain(["input_audio", "image_embeds", "audio_embeds"])
             .find(|kind| part.get(*kind).is_some());
         let Some(kind) = kind else {
             continue;
@@ -120,14 +127,16 @@ mod tests {
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
             {"type": "image_url", "image_url": "data:image/png;base64,BBBB"},
+            {"type": "image_embeds", "image_embeds": "AAAA"},
         ]));
         let before = b.clone();
-        assert_eq!(to_text(&mut b, false), ["image_url", "input_audio"]);
+        let kinds = ["image_url", "input_audio", "image_embeds"];
+        assert_eq!(to_text(&mut b, false), kinds);
         assert_eq!(b, before, "looking changes nothing");
-        assert_eq!(to_text(&mut b, true), ["image_url", "input_audio"]);
+        assert_eq!(to_text(&mut b, true), kinds);
         let parts = &b["messages"][1]["content"];
         assert_eq!(parts[0], json!({"type": "text", "text": "look"}));
-        for i in 1..4 {
+        for i in 1..5 {
             assert_eq!(parts[i]["text"], TEXT_ONLY_NOTE, "{parts}");
         }
         assert!(to_text(&mut b, true).is_empty(), "nothing left");

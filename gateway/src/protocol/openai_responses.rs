@@ -27,11 +27,18 @@ fn invalid(msg: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest(msg.into())
 }
 
-/// Text of a message's content: a string, or parts with `text`.
+/// Text of a message's content: a string, or parts with `text` (an image as a note: where this
+/// is read, a tool's output among them, Chat Completions holds text only).
 fn parts_text(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
-        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| match p["type"].as_str() {
+                Some("input_image") => Some(super::media::TOOL_RESULT_IMAGE_NOTE),
+                _ => p["text"].as_str(),
+            })
+            .collect(),
         _ => String::new(),
     }
 }
@@ -188,6 +195,9 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                 let call_id = item["call_id"]
                     .as_str()
                     .ok_or_else(|| invalid(format!("input[{i}]: {kind} without call_id")))?;
+                if has_image(&item["output"]) {
+                    dropped.push("tool_result_image".to_string());
+                }
                 out.push(json!({"role": "tool", "tool_call_id": call_id, "content": parts_text(&item["output"])}));
             }
             other => {
@@ -511,6 +521,21 @@ mod tests {
             json!({"enable_thinking": true})
         );
         assert_eq!(n.request["parallel_tool_calls"], false);
+    }
+
+    #[test]
+    fn an_image_in_a_tool_output_becomes_a_note_and_is_counted() {
+        let n = norm(json!({"input": [
+            {"type": "function_call", "call_id": "c", "name": "view_image", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": [
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}));
+        let tool = &n.request["messages"][1];
+        assert_eq!(tool["role"], "tool");
+        assert_eq!(
+            tool["content"],
+            crate::protocol::media::TOOL_RESULT_IMAGE_NOTE
+        );
+        assert_eq!(n.dropped, ["tool_result_image"]);
     }
 
     #[test]

@@ -236,10 +236,15 @@ async fn count_tokens(
 ) -> Response {
     let counted = async {
         let Admitted { session, body, .. } = admit(gateway, api, request).await?;
-        let n = normalize(&body)?;
+        let mut request = normalize(&body)?.request;
         let upstream = &session.upstream;
-        let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": n.request["messages"], "add_generation_prompt": true});
-        if let Some(tools) = n.request.get("tools") {
+        // Counted as the call would send it: its media refused or made a note as there.
+        if let Some(why) = crate::protocol::media::remote_media(&request) {
+            return Err(ProtocolError::InvalidRequest(why));
+        }
+        crate::protocol::sampling::apply(&mut request, upstream.limits.caller_sampling, None, None)?;
+        let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": request["messages"], "add_generation_prompt": true});
+        if let Some(tools) = request.get("tools") {
             tokenize["tools"] = tools.clone();
         }
         let url = format!("{}/tokenize", upstream.url.trim_end_matches('/'));

@@ -637,6 +637,7 @@ mod tests {
         let p = plan(&j, &done, 0, Gate::OPEN);
         assert_eq!(p.next.rewards, Default::default(), "the job's own tally");
         assert_eq!(p.next.retries.get(&9), Some(&1), "retried like any session");
+        assert_eq!(p.next.retried, 0, "the job's own retries only");
         assert!(p.rounds_done.is_empty());
         let h = p.next.held_out.as_ref().expect("held out");
         assert_eq!(h.rounds[0].passed, 1);

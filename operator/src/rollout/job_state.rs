@@ -70,10 +70,19 @@ pub fn job_state(
                     .collect()
             })
             .unwrap_or_default(),
-        // Counted as retries happen since the map forgets done sessions; a status from before
-        // counted the map's sum, which is the same number.
+        // Counted as retries happen since the map forgets done sessions. A status from before
+        // counted the map's sum, the same number; the larger of the two survives a status
+        // without the counter, or an older operator's write of the sum of a map since pruned.
         retried: previous
-            .and_then(|s| u32::try_from(s.sessions.retried).ok())
+            .map(|s| {
+                let summed: i64 = s
+                    .retries
+                    .iter()
+                    .filter(|(k, _)| k.parse::<u32>().is_ok_and(|i| i < total))
+                    .map(|(_, v)| i64::from(*v))
+                    .sum();
+                u32::try_from(i64::from(s.sessions.retried).max(summed)).unwrap_or(0)
+            })
             .unwrap_or(0),
         upstream: previous
             .and_then(|s| s.upstream_errors.as_ref())
@@ -153,5 +162,27 @@ mod tests {
         let mut sft = job.clone();
         sft.spec.train = None;
         assert_eq!(staleness_gate(&sft, Some(read)), None);
+    }
+
+    /// `sessions.retried` counts done sessions' retries too, which the map forgets; a status
+    /// an older operator wrote (its counter the map's sum) or without the counter still reads
+    /// the larger, and held-out sessions (past the job's own) count in neither.
+    #[test]
+    fn the_retry_total_is_the_counter_or_the_maps_sum_whichever_is_larger() {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let retried = |status: serde_json::Value| {
+            let job = train_job(status);
+            job_state(&job, job.status.as_ref(), &now, 2).retried
+        };
+        assert_eq!(retried(serde_json::json!({"sessions": {"retried": 5}})), 5);
+        assert_eq!(
+            retried(serde_json::json!({"retries": {"0": 2, "1": 1, "7": 3}})),
+            3
+        );
+        assert_eq!(
+            retried(serde_json::json!({"sessions": {"retried": 1}, "retries": {"1": 2}})),
+            2
+        );
+        assert_eq!(retried(serde_json::json!({})), 0);
     }
 }

@@ -164,12 +164,14 @@ impl JobState {
         self.done(pod.index) || self.attempt(pod.index) > pod.attempt
     }
 
-    /// Drop the retry counts of done sessions (see [`JobState::retries`]).
+    /// Drop the retry counts of done sessions (see [`JobState::retries`]), and of held-out
+    /// sessions once the job has no `heldOut` (their pods are let go unfolded).
     fn forget_done_retries(&mut self) {
         let retries = std::mem::take(&mut self.retries);
+        let orphan = |i: u32| i >= self.total && self.held_out.is_none();
         self.retries = retries
             .into_iter()
-            .filter(|(i, _)| !self.done(*i))
+            .filter(|(i, _)| !self.done(*i) && !orphan(*i))
             .collect();
     }
 
@@ -743,6 +745,17 @@ mod tests {
             (p.release.as_slice(), p.next.retried),
             (&["a".to_string()][..], 2)
         );
+    }
+
+    /// A held-out session's count, once the job has no `heldOut` left: its pods are let go
+    /// unfolded, so nothing would ever forget it.
+    #[test]
+    fn a_held_out_retry_count_goes_with_the_held_out_rounds() {
+        let mut j = job(1);
+        j.retries.insert(0, 1);
+        j.retries.insert(5, 1);
+        let p = plan(&j, &[], 0, Gate::OPEN);
+        assert_eq!(Vec::from_iter(p.next.retries), [(0, 1)]);
     }
 
     #[test]
