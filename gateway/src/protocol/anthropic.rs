@@ -131,8 +131,8 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
                             let id = b["tool_use_id"].as_str().ok_or_else(|| {
                                 invalid(format!("messages[{i}]: tool_result without tool_use_id"))
                             })?;
-                            let images = b["content"].as_array().into_iter().flatten();
-                            if images.filter(|c| c["type"] == "image").count() > 0 {
+                            let mut content = b["content"].as_array().into_iter().flatten();
+                            if content.any(|c| c["type"] == "image") {
                                 dropped.push("tool_result_image".to_string());
                             }
                             let mut text = text_blocks(

@@ -115,7 +115,8 @@ pub fn apply(
         })
         .map(|(k, _)| k.clone())
         .collect();
-    let media = super::media::to_text(body, false);
+    // Under `Drop` the media become notes here; under `Refuse` they are only named.
+    let media = super::media::to_text(body, mode == CallerSampling::Drop);
     if mode == CallerSampling::Refuse && !(foreign.is_empty() && media.is_empty()) {
         let mut why = Vec::new();
         if !foreign.is_empty() {
@@ -138,7 +139,6 @@ pub fn apply(
     for (key, value) in neutral() {
         body.insert(key.into(), value);
     }
-    super::media::to_text(body, true);
     Ok(foreign.into_iter().chain(media).collect())
 }
 

@@ -236,13 +236,9 @@ async fn count_tokens(
 ) -> Response {
     let counted = async {
         let Admitted { session, body, .. } = admit(gateway, api, request).await?;
-        let mut request = normalize(&body)?.request;
         let upstream = &session.upstream;
-        // Counted as the call would send it: its media refused or made a note as there.
-        if let Some(why) = crate::protocol::media::remote_media(&request) {
-            return Err(ProtocolError::InvalidRequest(why));
-        }
-        crate::protocol::sampling::apply(&mut request, upstream.limits.caller_sampling, None, None)?;
+        // Counted as the call would send it: refused, or its media made a note, as there.
+        let request = crate::protocol::upstream::finalize_request(normalize(&body)?.request, &upstream.limits)?.request;
         let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": request["messages"], "add_generation_prompt": true});
         if let Some(tools) = request.get("tools") {
             tokenize["tools"] = tools.clone();
