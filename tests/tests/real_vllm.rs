@@ -184,6 +184,70 @@ async fn captured_prompt_ids_are_the_servers_tokenization_and_samples_line_up() 
     Ok(())
 }
 
+#[tokio::test]
+async fn a_call_cut_at_the_jobs_cap_is_overlong_and_one_cut_at_the_callers_is_not() -> Result<()> {
+    // The job's cap is 16 tokens. Counting to 100 runs over it; Claude Code's one-token checks
+    // (`max_tokens: 1`, Anthropic's API) and a Chat call asking for 3 stop at their own cap.
+    let gw = TestGateway::start(&vllm().url, 16).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("overlong-1", "t", 0).await?;
+    let count = json!([{"role": "user", "content": "Count from 1 to 100, one number per line."}]);
+    chat(
+        &http,
+        &gw,
+        &token,
+        &json!({"model": "m", "messages": count}),
+    )
+    .await?;
+    chat(
+        &http,
+        &gw,
+        &token,
+        &json!({"model": "m", "max_tokens": 3, "messages": count}),
+    )
+    .await?;
+    let quota = http
+        .post(format!("{}/v1/messages", gw.url))
+        .header("x-api-key", &token)
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({"model": "claude-haiku-4-5", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "quota"}]}))
+        .send()
+        .await?;
+    anyhow::ensure!(quota.status().is_success(), "{}", quota.text().await?);
+    gw.close("overlong-1").await?;
+    let capture = read_session(&gw.session_dir("overlong-1"))?;
+    let cut: Vec<(usize, Option<&str>, bool)> = capture
+        .records
+        .iter()
+        .map(|r| {
+            let n = r.completion_token_ids.len();
+            (n, r.finish_reason.as_deref(), r.capped_by_caller)
+        })
+        .collect();
+    assert_eq!(
+        cut,
+        [
+            (16, Some("length"), false),
+            (3, Some("length"), true),
+            (1, Some("length"), true)
+        ]
+    );
+    for builder in [Builder::PrefixMerging, Builder::PerRequest] {
+        let options = BuildOptions {
+            builder,
+            ..BuildOptions::default()
+        };
+        let (_, stats) = build_traces(&capture.records, &options);
+        assert_eq!(
+            (stats.truncated_turns, stats.overlong_turns),
+            (3, 1),
+            "{builder:?}"
+        );
+    }
+    Ok(())
+}
+
 /// A harness-shaped session: a main agent that calls tools for 24 turns (with one history
 /// rewrite), and a sub-agent interleaved with it.
 async fn agentic_session(gw: &TestGateway, http: &reqwest::Client, id: &str) -> Result<usize> {

@@ -5,9 +5,12 @@ arrived, or when ``min_fraction`` of them arrived and ``grace_seconds`` passed s
 Ready groups whose rewards are all equal are dropped (zero advantage: nothing to learn).
 Trajectories sampled more than ``max_staleness`` policy versions ago are dropped (their samples
 still count towards the group being complete: none is sent again). Untrainable
-trajectories (infrastructure failures) never join a group — never as reward 0. Every drop is
-counted by reason. What a restarted trainer must not forget (groups closed, samples failed,
-versions lost) is saved with each checkpoint ([`GroupBuffer.saved`]).
+trajectories (infrastructure failures) never join a group — never as reward 0. With
+``mask_overlong`` (``grpo.overlong: Mask``, DAPO's overlong filtering), a session with a call cut
+at the job's response cap keeps its reward in its group's baseline and trains no token; a group
+of such sessions only is dropped (``overlong``). Every drop is counted by reason. What a
+restarted trainer must not forget (groups closed, samples failed, versions lost) is saved with
+each checkpoint ([`GroupBuffer.saved`]).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ class Group:
     group: str
     trajectories: list[Trajectory]
     advantages: list[float]
+    # Per trajectory: its loss is masked (an overlong session under ``mask_overlong``); its
+    # reward is still in the advantages' baseline. Empty: none is.
+    masked: list[bool] = field(default_factory=list)
 
     @property
     def rewards(self) -> list[float]:
@@ -49,8 +55,10 @@ class GroupBuffer:
         grace_seconds: float = 300.0,
         max_staleness: int = 1,
         estimator: str = "MeanStd",
+        mask_overlong: bool = False,
     ) -> None:
         self.num_samples = num_samples
+        self.mask_overlong = mask_overlong
         self.min_fraction = min_fraction
         self.grace_seconds = grace_seconds
         self.max_staleness = max_staleness
@@ -173,8 +181,19 @@ class GroupBuffer:
                 self.dropped["zero_advantage"] += 1
                 self.groups_dropped += 1
                 continue
-            out.append(Group(gid, trajs, group_advantages(rewards, self.estimator)))
+            self._keep(out, gid, trajs)
         return out
+
+    def _keep(self, out: list[Group], gid: str, trajs: list[Trajectory]) -> None:
+        """A group that can teach something (two or more samples, rewards differing), unless
+        every one of its sessions is masked (``overlong``: no token would train)."""
+        masked = [self.mask_overlong and t.overlong_turns > 0 for t in trajs]
+        if all(masked):
+            self.dropped["overlong"] += 1
+            self.groups_dropped += 1
+            return
+        rewards = [t.reward or 0.0 for t in trajs]
+        out.append(Group(gid, trajs, group_advantages(rewards, self.estimator), masked))
 
     def still_fresh(self, groups: list[Group], policy_version: int) -> list[Group]:
         """Groups taken earlier, checked again as their step starts (steps may have run since,
@@ -193,5 +212,5 @@ class GroupBuffer:
                 self.dropped["incomplete" if len(fresh) < 2 else "zero_advantage"] += 1
                 self.groups_dropped += 1
                 continue
-            out.append(Group(g.group, fresh, group_advantages(rewards, self.estimator)))
+            self._keep(out, g.group, fresh)
         return out

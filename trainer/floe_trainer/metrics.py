@@ -102,6 +102,18 @@ class Metrics:
             "Sum of the rewards of the scored sessions received (with sampled_sessions_total)",
             registry=r,
         )
+        self.sampled_overlong = PCounter(
+            "floe_trainer_sampled_overlong_sessions",
+            "Scored sessions received with a call cut at the job's response cap or the model's"
+            " context (with sampled_sessions_total: how often the policy runs over)",
+            registry=r,
+        )
+        self.overlong = Gauge(
+            "floe_trainer_overlong_fraction",
+            "Fraction of the last step's sessions with a call cut at the job's response cap"
+            " (masked from the loss under grpo.overlong: Mask)",
+            registry=r,
+        )
         self.sampled_passed = PCounter(
             "floe_trainer_sampled_passed",
             "Scored sessions received that passed",
@@ -153,11 +165,13 @@ class Metrics:
             self.version_lag.observe(lag)
             self.lag_counts[lag] += 1
 
-    def sampled(self, reward: float, passed: bool) -> None:
+    def sampled(self, reward: float, passed: bool, overlong: bool = False) -> None:
         self.sampled_sessions.inc()
         self.sampled_reward.inc(reward)
         if passed:
             self.sampled_passed.inc()
+        if overlong:
+            self.sampled_overlong.inc()
 
     def dropped(self, counts: Counter) -> None:
         self._dropped.counts = Counter(counts)
@@ -170,6 +184,7 @@ class Metrics:
         self.clip_side.labels("high").set(s.clip_fraction_high)
         self.clip_side.labels("low").set(s.clip_fraction_low)
         self.tis_truncated.set(s.tis_truncated_fraction)
+        self.overlong.set(s.overlong_sessions / s.sessions if s.sessions else 0.0)
         self.advantage_std.set(s.advantage_std)
         self.entropy.set(s.entropy)
         self.response_tokens.labels("mean").set(s.response_tokens_mean)
@@ -194,8 +209,18 @@ class Metrics:
 
 
 # What the batcher drops (floe_trainer.batching): trajectories untrainable, duplicate_sample,
-# stale; groups zero_advantage, incomplete.
-REASONS = ("untrainable", "duplicate_sample", "stale", "zero_advantage", "incomplete")
+# stale, late (of a group already taken), failed (samples reported failed for good); groups
+# zero_advantage, incomplete, overlong (every session masked).
+REASONS = (
+    "untrainable",
+    "duplicate_sample",
+    "stale",
+    "late",
+    "failed",
+    "zero_advantage",
+    "incomplete",
+    "overlong",
+)
 
 
 class _Dropped:
@@ -209,8 +234,8 @@ class _Dropped:
     def collect(self):
         family = CounterMetricFamily(
             "floe_trainer_dropped",
-            "Trajectories (untrainable, duplicate_sample, stale) or groups (zero_advantage)"
-            " dropped",
+            "Trajectories (untrainable, duplicate_sample, stale, late, failed) or groups"
+            " (zero_advantage, incomplete, overlong) dropped",
             labels=["reason"],
         )
         # Every reason from the start, at 0: a series born at its first drop shows Prometheus

@@ -77,6 +77,12 @@ class StepStats:
     # cost.
     computed_tokens: int = 0
     trace_tokens: int = 0
+    # Sessions in the step with a call cut at the job's response cap (``overlong_turns``), and
+    # of those the ones whose loss was masked (``grpo.overlong: Mask``).
+    overlong_sessions: int = 0
+    masked_sessions: int = 0
+    # Sessions (trajectories) in the step's groups.
+    sessions: int = 0
 
 
 @dataclass
@@ -328,12 +334,37 @@ def train_step(
     trajectories = [
         (t, adv) for g in groups for t, adv in zip(g.trajectories, g.advantages, strict=True)
     ]
+    masked = [m for g in groups for m in (g.masked or [False] * len(g.trajectories))]
+    # A masked session's reward is in its group's advantages; its traces are left out of the
+    # loss and of every normaliser (TRL's mask_truncated_completions does the same).
     items = [
         _Item(trace, adv, index)
         for index, (t, adv) in enumerate(trajectories)
+        if not masked[index]
         for trace in t.traces
         if any(trace.loss_mask)
     ]
+    counts = {
+        "overlong_sessions": sum(t.overlong_turns > 0 for t, _ in trajectories),
+        "masked_sessions": sum(masked),
+        "sessions": len(trajectories),
+    }
+    rewards = [r for g in groups for r in g.rewards]
+    if not items:
+        # Nothing to train (every trace masked or empty): no update, the same weights.
+        return StepStats(
+            loss=0.0,
+            tokens=0,
+            sequences=0,
+            grad_norm=0.0,
+            clip_fraction=0.0,
+            tis_mean=1.0,
+            tis_ess=1.0,
+            logprob_mismatch=0.0,
+            reward_mean=sum(rewards) / max(len(rewards), 1),
+            updates=0,
+            **counts,
+        )
     # One update: the policy before it is the policy in it, so its own log-probs (detached)
     # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
     n_trajectories = len({it.trajectory for it in items})
@@ -484,7 +515,6 @@ def train_step(
         n = sum(s.tokens for s in stats) or 1
         return sum(getattr(s, field) * s.tokens for s in stats) / n
 
-    rewards = [r for g in groups for r in g.rewards]
     advantages = [adv for _, adv in trajectories]
     adv_mean = sum(advantages) / max(len(advantages), 1)
     adv_var = sum((a - adv_mean) ** 2 for a in advantages) / max(len(advantages), 1)
@@ -515,4 +545,5 @@ def train_step(
         grad_norms=grad_norms,
         computed_tokens=computed_tokens,
         trace_tokens=sum(_trace_length(it) for it in items),
+        **counts,
     )

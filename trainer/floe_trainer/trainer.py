@@ -91,6 +91,9 @@ class TrainerConfig:
     precision: str = "auto"
     gradient_checkpointing: bool = False
     kl_coef: float = 0.0
+    # ``grpo.overlong``: "mask" keeps the loss of a session with a call cut at the job's
+    # response cap out of the step (its reward stays in its group's baseline); "train" trains it.
+    overlong: str = "train"
     # ``sampling.temperature``: the policy trained is the tempered one vLLM samples from.
     temperature: float = 1.0
     # ``sampling.maxResponseTokens``: TokenSumNorm's constant (Dr. GRPO's), so no length is
@@ -168,6 +171,7 @@ class TrainerConfig:
             ("precision", "precision", lambda v: str(v).lower()),
             ("gradient_checkpointing", "gradientCheckpointing", bool),
             ("kl_coef", "klCoef", float),
+            ("overlong", "overlong", lambda v: str(v).lower()),
             ("weight_sync", "weightSync", lambda v: str(v).lower()),
             ("mini_batches", "miniBatches", int),
             ("ppo_epochs", "ppoEpochs", int),
@@ -189,6 +193,8 @@ class TrainerConfig:
         if gpus is not None:
             given["device"] = "cpu" if int(gpus) == 0 else "cuda"
             given["gpus"] = int(gpus)
+        if given.get("overlong", "train") not in ("train", "mask"):
+            raise ValueError(f"grpo.overlong must be Train or Mask, got {g['overlong']!r}")
         if given.get("memory_plan", "enforce") not in memory_plan.MODES:
             raise ValueError(f"memoryPlan must be Enforce or Warn, got {c['memoryPlan']!r}")
         weight_sync = given.get("weight_sync", TrainerConfig.weight_sync)
@@ -405,6 +411,7 @@ class Trainer:
             cfg.group_grace_seconds,
             cfg.max_staleness,
             cfg.advantage,
+            mask_overlong=cfg.overlong == "mask",
         )
         self.ready: list[Group] = []
         resume = agree(world, checkpoint.latest(self.ckpt_dir))
@@ -565,7 +572,7 @@ class Trainer:
         row[0] += 1
         row[1] += t.reward
         row[2] += 1.0 if passed else 0.0
-        self.metrics.sampled(t.reward, passed)
+        self.metrics.sampled(t.reward, passed, t.overlong_turns > 0)
 
     def sampled_by_version(self) -> list[dict]:
         return [
@@ -740,6 +747,8 @@ class Trainer:
                     "traceTokens": stats.trace_tokens,
                     "gradNorm": stats.grad_norm,
                     "gradNorms": stats.grad_norms,
+                    "overlongSessions": stats.overlong_sessions,
+                    "maskedSessions": stats.masked_sessions,
                     "versionLagMax": max(lags, default=0),
                     "staleDrops": self.buffer.dropped["stale"] - stale_before,
                     "waitSeconds": round(waited, 3),

@@ -35,6 +35,9 @@ class Trajectory:
     reward: float | None
     policy_versions: list[int]
     traces: list[Trace]
+    # Calls cut at the job's response cap or the model's context (``stats.overlong_turns``):
+    # with ``grpo.overlong: Mask`` the session's reward counts in its group, its tokens do not.
+    overlong_turns: int = 0
 
 
 def _require(cond: bool, message: str) -> None:
@@ -114,6 +117,13 @@ def parse(body: object) -> Trajectory:
     traces = body.get("traces")
     _require(isinstance(traces, list), "traces must be an array")
     assert isinstance(traces, list)
+    stats = body.get("stats", {})
+    _require(isinstance(stats, dict), "stats must be an object")
+    overlong = stats.get("overlong_turns", 0)
+    _require(
+        isinstance(overlong, int) and not isinstance(overlong, bool) and overlong >= 0,
+        "stats.overlong_turns must be a non-negative integer",
+    )
     return Trajectory(
         session=body["session"],
         task=body["task"],
@@ -123,4 +133,5 @@ def parse(body: object) -> Trajectory:
         reward=None if reward is None else float(reward),
         policy_versions=list(versions),
         traces=[parse_trace(t, f"traces[{i}]") for i, t in enumerate(traces)],
+        overlong_turns=overlong,
     )

@@ -4,7 +4,7 @@ from floe_trainer.batching import GroupBuffer
 from floe_trainer.wire import Trajectory
 
 
-def traj(group, sample, reward, trainable=True, versions=(0,)):
+def traj(group, sample, reward, trainable=True, versions=(0,), overlong=0):
     return Trajectory(
         session=f"{group}-{sample}",
         task="t",
@@ -14,7 +14,45 @@ def traj(group, sample, reward, trainable=True, versions=(0,)):
         reward=reward if trainable else None,
         policy_versions=list(versions),
         traces=[],
+        overlong_turns=overlong,
     )
+
+
+def test_masked_overlong_sessions_keep_their_reward_in_the_baseline():
+    for mask in (False, True):
+        b = GroupBuffer(num_samples=3, mask_overlong=mask)
+        b.add(traj("g", 0, 1.0), now=0)
+        b.add(traj("g", 1, 0.0, overlong=2), now=0)
+        b.add(traj("g", 2, 0.0), now=0)
+        [g] = b.take_ready(now=0, policy_version=0)
+        # The advantages are the whole group's either way: the masked session's 0 is in them.
+        assert g.advantages == pytest.approx([1.41421, -0.70711, -0.70711], abs=1e-4)
+        assert g.masked == [False, mask, False]
+
+
+def test_a_group_of_masked_sessions_only_is_dropped_as_overlong():
+    b = GroupBuffer(num_samples=2, mask_overlong=True)
+    b.add(traj("g", 0, 1.0, overlong=1), now=0)
+    b.add(traj("g", 1, 0.0, overlong=1), now=0)
+    assert b.take_ready(now=0, policy_version=0) == []
+    assert (b.dropped["overlong"], b.groups_dropped) == (1, 1)
+    # Checked again as its step starts: the one unmasked sample went stale, so nothing left of
+    # the group would train.
+    b = GroupBuffer(num_samples=3, mask_overlong=True, max_staleness=1)
+    b.add(traj("h", 0, 1.0, versions=(1,), overlong=1), now=0)
+    b.add(traj("h", 1, 0.5, versions=(0,)), now=0)
+    b.add(traj("h", 2, 0.0, versions=(1,), overlong=1), now=0)
+    [g] = b.take_ready(now=0, policy_version=1)
+    assert g.masked == [True, False, True]
+    assert b.still_fresh([g], policy_version=2) == []
+    assert (b.dropped["stale"], b.dropped["overlong"]) == (1, 1)
+    # Without the mask the same two samples still teach.
+    b = GroupBuffer(num_samples=3, max_staleness=1)
+    b.add(traj("h", 0, 1.0, versions=(1,), overlong=1), now=0)
+    b.add(traj("h", 1, 0.5, versions=(0,)), now=0)
+    b.add(traj("h", 2, 0.0, versions=(1,)), now=0)
+    [g] = b.still_fresh(b.take_ready(now=0, policy_version=1), policy_version=2)
+    assert g.masked == [False, False] and g.rewards == [1.0, 0.0]
 
 
 def test_a_group_is_ready_when_every_sample_arrived():

@@ -107,6 +107,17 @@ def test_a_negative_kl_coefficient_is_refused():
         )
 
 
+def test_overlong_sessions_are_trained_unless_the_job_masks_them():
+    def overlong(grpo):
+        return TrainerConfig.from_operator(
+            {"model": "m", "numSamples": 2, "grpo": grpo}, Path("/tmp")
+        ).overlong
+
+    assert (overlong({}), overlong({"overlong": "Mask"})) == ("train", "mask")
+    with pytest.raises(ValueError, match="grpo.overlong must be Train or Mask"):
+        overlong({"overlong": "Drop"})
+
+
 def test_placement_resolves_and_refuses_unknown_values():
     from floe_trainer.placement import resolve
 

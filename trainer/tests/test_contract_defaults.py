@@ -26,6 +26,7 @@ GRPO = {
     "precision": ("precision", lambda v: str(v).lower()),
     "gradientCheckpointing": ("gradient_checkpointing", bool),
     "klCoef": ("kl_coef", float),
+    "overlong": ("overlong", lambda v: str(v).lower()),
     "weightSync": ("weight_sync", lambda v: str(v).lower()),
     "miniBatches": ("mini_batches", int),
     "ppoEpochs": ("ppo_epochs", int),

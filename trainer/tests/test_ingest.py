@@ -2,6 +2,7 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +119,23 @@ def test_bad_bodies_get_a_400_that_says_why_and_leave_nothing(server, body, why)
     assert code == 400
     assert why in reply["error"]
     assert got == [] and list(directory.glob("*.json")) == []
+
+
+def test_a_sessions_overlong_calls_are_read_from_its_stats():
+    from floe_trainer import wire
+
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs/trajectory.schema.json").read_text()
+    )
+    assert "overlong_turns" in schema["$defs"]["ReconstructionStats"]["properties"], (
+        "the gateway's name"
+    )
+    assert wire.parse(trajectory()).overlong_turns == 0, "absent: none"
+    got = wire.parse(trajectory(stats={"truncated_turns": 3, "overlong_turns": 2}))
+    assert got.overlong_turns == 2
+    for bad in ({"overlong_turns": -1}, {"overlong_turns": True}, []):
+        with pytest.raises(wire.InvalidTrajectory, match="stats"):
+            wire.parse(trajectory(stats=bad))
 
 
 def test_too_large_is_413(server):

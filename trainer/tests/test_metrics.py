@@ -19,6 +19,20 @@ def test_dropped_is_a_counter_family_with_the_batchers_tallies():
     assert "floe_trainer_groups_trained_total 4.0" in m.render().decode()
 
 
+def test_overlong_sessions_are_counted_as_received_and_per_step():
+    from floe_trainer.step import StepStats
+
+    m = Metrics()
+    m.sampled(0.0, False, overlong=True)
+    m.sampled(1.0, True)
+    stats = StepStats(0.0, 0, 0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.5, overlong_sessions=1, sessions=4)
+    m.step(stats, 0.5, 0.0, 1.0, 0.0)
+    text = m.render().decode()
+    assert "floe_trainer_sampled_overlong_sessions_total 1.0" in text
+    assert "floe_trainer_sampled_sessions_total 2.0" in text
+    assert "floe_trainer_overlong_fraction 0.25" in text
+
+
 def test_the_docs_list_every_metric_with_its_labels():
     """docs/trainer.md's Metrics section names every family the trainer exposes, with its
     labels, and nothing else."""

@@ -125,6 +125,52 @@ def test_an_update_with_a_non_finite_gradient_is_skipped_and_counted():
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
+@pytest.mark.parametrize("aggregation", ["TokenMean", "SequenceMean", "TokenSumNorm"])
+def test_a_masked_session_trains_nothing_and_is_in_no_normaliser(aggregation):
+    # Masking a session's loss (grpo.overlong: Mask) is the step without it, its advantage
+    # (from the group's baseline) kept on the others: the same update, whatever the aggregation.
+    import dataclasses
+
+    def update(gs):
+        torch.manual_seed(0)
+        model = tiny_llama()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        cfg = LossConfig(aggregation=aggregation)
+        s = train_step(model, opt, gs, cfg, micro_batch_size=3)
+        return s, [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)]
+
+    gs = groups()
+    masked = [
+        dataclasses.replace(t, overlong_turns=1) if t.sample == 1 else t for t in gs[0].trajectories
+    ]
+    with_mask = [Group("g0", masked, gs[0].advantages, [t.sample == 1 for t in masked]), gs[1]]
+    kept = [i for i, t in enumerate(masked) if t.sample != 1]
+    without = [
+        Group("g0", [masked[i] for i in kept], [gs[0].advantages[i] for i in kept]),
+        gs[1],
+    ]
+    s, got = update(with_mask)
+    _, expected = update(without)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert (s.overlong_sessions, s.masked_sessions, s.sessions) == (1, 1, 8)
+    trained, _ = update([Group("g0", masked, gs[0].advantages), gs[1]])
+    assert (trained.overlong_sessions, trained.masked_sessions) == (1, 0), "counted, trained"
+    assert trained.sequences == 8
+    assert s.sequences == 7 and s.tokens == 7 * 8
+
+
+def test_a_step_with_every_session_masked_makes_no_update():
+    gs = groups(n_groups=1, n=2)
+    g = Group("g0", gs[0].trajectories, gs[0].advantages, [True, True])
+    model = tiny_llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    s = train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), [g], LossConfig())
+    assert (s.updates, s.sequences, s.masked_sessions, s.sessions) == (0, 0, 2, 2)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+
+
 def _multi_trace_groups():
     # One group: a per_request trajectory of 3 calls (advantage +1, 2-token responses) and a
     # one-call trajectory (advantage -1, 3 tokens): it has more traces and more tokens.

@@ -619,8 +619,14 @@ pub fn step_line(s: &Value) -> String {
         (Some(c), Some(t)) if t > 0.0 => format!(" (computed {:.2}×)", c / t),
         _ => String::new(),
     };
+    // Sessions with a call cut at the job's response cap: said only when there are some.
+    let overlong = match (s["overlongSessions"].as_u64(), s["maskedSessions"].as_u64()) {
+        (Some(n), Some(m)) if m > 0 => format!(" · {n} overlong ({m} masked)"),
+        (Some(n), _) if n > 0 => format!(" · {n} overlong"),
+        _ => String::new(),
+    };
     format!(
-        "[train] step {} · policy v{} · {} groups · reward {:.3} · pass {:.0}% · {} tokens{} · clip {:.3} · lag ≤{} · {} stale · train {:.1} s · push {:.1} s",
+        "[train] step {} · policy v{} · {} groups · reward {:.3} · pass {:.0}% · {} tokens{}{} · clip {:.3} · lag ≤{} · {} stale · train {:.1} s · push {:.1} s",
         s["step"],
         s["policyVersion"],
         s["groups"],
@@ -628,6 +634,7 @@ pub fn step_line(s: &Value) -> String {
         100.0 * f("passRate"),
         s["tokens"],
         computed,
+        overlong,
         f("clipFraction"),
         s["versionLagMax"],
         s["staleDrops"],
@@ -649,6 +656,16 @@ mod tests {
         // A trainer that does not report them: the line as before.
         let older = json!({"step": 3, "policyVersion": 3, "groups": 2, "tokens": 120});
         assert!(step_line(&older).contains("120 tokens · clip"));
+    }
+
+    #[test]
+    fn a_step_line_names_its_overlong_sessions_only_when_there_are_some() {
+        let step = |o: u64, m: u64| {
+            step_line(&json!({"tokens": 9, "overlongSessions": o, "maskedSessions": m}))
+        };
+        assert!(step(0, 0).contains("9 tokens · clip"));
+        assert!(step(2, 0).contains("9 tokens · 2 overlong · clip"));
+        assert!(step(2, 2).contains("9 tokens · 2 overlong (2 masked) · clip"));
     }
 
     #[test]

@@ -356,6 +356,12 @@ pub struct GrpoSpec {
     /// How token losses are averaged: `TokenMean`, `SequenceMean` or `TokenSumNorm`.
     #[serde(default)]
     pub loss_aggregation: LossAggregation,
+    /// Sessions with a call cut at `sampling.maxResponseTokens` or the model's context (not
+    /// at a lower cap the harness asked for): `Train` them like any other, or `Mask` their
+    /// loss (DAPO's overlong filtering): their reward stays in their group's baseline, their
+    /// tokens train nothing, and a group of such sessions only is dropped (`overlong`).
+    #[serde(default)]
+    pub overlong: OverlongSessions,
     /// Groups (tasks) per optimizer step.
     #[serde(default = "default_groups_per_step")]
     #[schemars(range(min = 1, max = 4096))]
@@ -421,6 +427,7 @@ impl Default for GrpoSpec {
             tis_cap: default_tis_cap(),
             kl_coef: 0.0,
             loss_aggregation: LossAggregation::default(),
+            overlong: OverlongSessions::default(),
             groups_per_step: default_groups_per_step(),
             micro_batch_size: default_micro_batch(),
             max_tokens_per_micro_batch: None,
@@ -495,6 +502,17 @@ pub enum TrainingPrecision {
     BF16,
     /// Plain fp32.
     FP32,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum OverlongSessions {
+    /// Trained like any other session: a response the cap cut off is a sample of the policy's,
+    /// and its reward says what running over cost.
+    #[default]
+    Train,
+    /// Kept out of the loss (DAPO's overlong filtering, TRL's `mask_truncated_completions`):
+    /// a reward the cap decided is noise about the response itself.
+    Mask,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -116,6 +116,9 @@ pub const DROPPED_PARAMS: &[&str] = &[
 pub struct Finalized {
     pub request: Value,
     pub dropped_sampling: Vec<String>,
+    /// The caller asked for fewer tokens than the job's cap: a `length` stop is the caller's
+    /// own limit (Claude Code's one-token checks), not an overlong response of the policy's.
+    pub capped_by_caller: bool,
 }
 
 /// Turn a Chat Completions body into the upstream request: capture switches on, streaming
@@ -136,12 +139,11 @@ pub fn finalize_request(
             "n must be 1: floe captures one sample per call".into(),
         ));
     }
-    let asked = ["max_completion_tokens", "max_tokens"]
+    let job_cap = limits.max_response_tokens;
+    let callers_cap = ["max_completion_tokens", "max_tokens"]
         .iter()
-        .find_map(|k| body.get(*k).and_then(Value::as_u64))
-        .map_or(limits.max_response_tokens, |n| {
-            n.min(u64::from(limits.max_response_tokens)) as u32
-        });
+        .find_map(|k| body.get(*k).and_then(Value::as_u64));
+    let asked = callers_cap.map_or(job_cap, |n| n.min(u64::from(job_cap)) as u32);
     for key in DROPPED_PARAMS {
         body.remove(*key);
     }
@@ -169,6 +171,7 @@ pub fn finalize_request(
     Ok(Finalized {
         request: Value::Object(body),
         dropped_sampling,
+        capped_by_caller: callers_cap.is_some_and(|n| n < u64::from(job_cap)),
     })
 }
 
@@ -289,9 +292,26 @@ mod tests {
                 .unwrap_or_default(),
             &limits(),
         )
-        .expect("ok")
-        .request;
-        assert_eq!(small["max_tokens"], 7);
+        .expect("ok");
+        assert_eq!(small.request["max_tokens"], 7);
+        assert!(
+            small.capped_by_caller,
+            "7 < the job's 512: the caller's own limit"
+        );
+    }
+
+    #[test]
+    fn a_cap_at_or_above_the_jobs_is_the_jobs() {
+        for body in [
+            json!({}),
+            json!({"max_tokens": 512}),
+            json!({"max_completion_tokens": 9000}),
+        ] {
+            let out = finalize_request(body.as_object().cloned().unwrap_or_default(), &limits())
+                .expect("ok");
+            assert_eq!(out.request["max_tokens"], 512, "{body}");
+            assert!(!out.capped_by_caller, "{body}");
+        }
     }
 
     #[test]

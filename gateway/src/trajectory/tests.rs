@@ -97,7 +97,27 @@ fn a_truncated_turn_merges_with_the_template_closing_it_unmasked() {
     let (traces, stats) = merge(&[rec(0, &p0, &r0, "length"), rec(1, &p1, &[12, EOT], "stop")]);
     assert_eq!(traces.len(), 1);
     assert_eq!(traces[0].loss_mask, [1, 1, 0, 0, 1, 1]);
-    assert_eq!(stats.truncated_turns, 1);
+    assert_eq!((stats.truncated_turns, stats.overlong_turns), (1, 1));
+}
+
+#[test]
+fn a_length_stop_at_the_callers_own_lower_cap_is_not_overlong() {
+    // Claude Code's one-token checks stop at `length` by design; the job's cap cut the other.
+    let checked = CompletionRecord {
+        capped_by_caller: true,
+        ..rec(0, &[1, 2], &[10], "length")
+    };
+    let (_, stats) = merge(&[checked, rec(1, &[3, 4], &[11, 12], "length")]);
+    assert_eq!((stats.truncated_turns, stats.overlong_turns), (2, 1));
+    let (_, stats) = build_traces(
+        &[rec(0, &[1, 2], &[10], "length")],
+        &BuildOptions {
+            builder: Builder::PerRequest,
+            end_of_turn: Some(EOT),
+            max_length: None,
+        },
+    );
+    assert_eq!(stats.overlong_turns, 1);
 }
 
 #[test]

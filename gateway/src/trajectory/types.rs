@@ -129,8 +129,13 @@ pub struct ReconstructionStats {
     pub starts: BTreeMap<ChainStart, u64>,
     /// Traces that start because a chain broke (every reason where `is_break`).
     pub breaks: u64,
-    /// Calls cut by the token limit (`finish_reason: length`).
+    /// Calls cut by a token limit (`finish_reason: length`), whoever set it.
     pub truncated_turns: u64,
+    /// Of those, the calls cut by the job's own limit (`sampling.maxResponseTokens`) or the
+    /// model's context, not by a lower cap the caller asked for: the policy's overlong
+    /// responses, which a train job may keep out of the loss (`grpo.overlong: Mask`).
+    #[serde(default)]
+    pub overlong_turns: u64,
     /// Calls whose tool call could not be parsed (kept: a trainable negative).
     pub unparsed_tool_calls: u64,
     /// Sampled tokens without a behaviour logprob.
@@ -173,6 +178,9 @@ impl ReconstructionStats {
                 .sum(),
             starts,
             truncated_turns: count(&|r| u64::from(r.finish_reason.as_deref() == Some("length"))),
+            overlong_turns: count(&|r| {
+                u64::from(r.finish_reason.as_deref() == Some("length") && !r.capped_by_caller)
+            }),
             unparsed_tool_calls: count(&|r| u64::from(r.unparsed_tool_call)),
             dropped_hosted_tools: count(&|r| {
                 r.dropped
