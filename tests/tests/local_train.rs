@@ -435,9 +435,15 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     // Every completion carries the policy version that sampled it: the sessions of batch b
     // (tasks 2b and 2b+1) ran on version b, after the push that made it.
     let ingest = out.join("trainer/state/ingest");
-    let mut seen = 0;
+    let (mut seen, mut overlong) = (0, 0);
     for entry in std::fs::read_dir(&ingest)? {
         let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
+        overlong += u64::from(
+            t["stats"]["overlong_turns"]
+                .as_u64()
+                .context("overlong_turns")?
+                > 0,
+        );
         let task = t["task"].as_str().context("task")?;
         let index: u64 = task.trim_start_matches('q').parse()?;
         assert_eq!(
@@ -449,6 +455,13 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
         seen += 1;
     }
     assert_eq!(seen, 24);
+    // Sessions whose answer ran past the job's 24 tokens, as the gateway counted them against
+    // the real vLLM, are what the steps report (all 24 trained; `grpo.overlong: Train`, so
+    // none masked).
+    let per_step = |key: &str| steps.iter().filter_map(|s| s[key].as_u64()).sum::<u64>();
+    eprintln!("overlong sessions: {overlong} of 24");
+    assert_eq!(per_step("overlongSessions"), overlong, "{training}");
+    assert_eq!(per_step("maskedSessions"), 0, "{training}");
 
     // The final model is a directory a server loads as the next job's model.
     let final_model = PathBuf::from(training["finalModel"].as_str().context("finalModel")?);
