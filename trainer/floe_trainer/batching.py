@@ -92,12 +92,6 @@ class GroupBuffer:
             return
         p.by_sample[t.sample] = t
 
-    def rescored(self) -> None:
-        """An untrainable trajectory counted as dropped is coming back scored (an interrupted
-        session ruled the agent's own failure): it no longer counts as untrainable."""
-        if self.dropped["untrainable"] > 0:
-            self.dropped["untrainable"] -= 1
-
     def sample_failed(self, group: str, sample: int, now: float) -> None:
         """A sample that will never arrive: its session failed by infrastructure past its
         retries. Its group is complete without it (with ``minGroupFraction: 1`` it would

@@ -12,12 +12,7 @@ checkpoint) needs the control token as a bearer token: the ingest port is reacha
 sandbox pods, whose agents must not end a training run. Without a token it is refused.
 ``POST /v1/failed`` ``{"group": G, "sample": S}`` (that sample's session failed for good by
 infrastructure: its retries are spent, no trajectory of it will come) takes the same token:
-its group then completes without it instead of waiting for the job's end. With
-``"session": ID, "agentFault": why`` the failure was the agent's own doing (its pod evicted
-for what it wrote): the ``interrupted`` trajectory its gateway shipped as the pod stopped, if
-one came, is scored 0 and trains as the loss it is (``Ingest.score_interrupted``); without
-one the sample fails as above. Otherwise a policy that fills its disk when losing would see
-its losses vanish instead of being pushed down. ``POST
+its group then completes without it instead of waiting for the job's end. ``POST
 /v1/fidelity`` (the same token) scores sampled tokens under the trainer's policy against
 vLLM's log-probs (``fidelity``): the check a train run makes before its first session.
 
@@ -71,21 +66,6 @@ class Store:
                 os.close(fd)
             return True
 
-    def replace(self, session: str, raw: bytes) -> None:
-        """Rewrite a stored trajectory durably (temporary file, fsync, rename)."""
-        with self._lock:
-            tmp = self.dir / f".{session}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(raw)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(session))
-            fd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
     def load(self) -> list[wire.Trajectory]:
         """Every stored trajectory (a restart replays them), by file name."""
         out = []
@@ -129,34 +109,6 @@ class Ingest:
         self.on_trajectory(t)
         return 200, {"session": t.session, "accepted": True}
 
-    def score_interrupted(
-        self, session: str, group: str, sample: int, why: str
-    ) -> wire.Trajectory | None:
-        """The stored ``interrupted`` trajectory of ``session`` (of ``group``'s ``sample``),
-        rewritten durably as a trainable 0 (its masks were kept as built), or None when there
-        is none to score: never shipped, another session's, or not interrupted (a trajectory
-        with a verdict of its own keeps it)."""
-        if not SAFE_SESSION.match(session):
-            return None
-        try:
-            body = json.loads(self.store.path(session).read_bytes())
-        except (OSError, ValueError):
-            return None
-        if not (
-            isinstance(body, dict)
-            and body.get("status") == "interrupted"
-            and body.get("trainable") is False
-            and body.get("group") == group
-            and body.get("sample") == sample
-        ):
-            return None
-        body["trainable"] = True
-        body["reward"] = 0.0
-        body["evaluation"] = {"reward": 0.0, "passed": False, "detail": {"agent_fault": why}}
-        t = wire.parse(body)
-        self.store.replace(session, json.dumps(body).encode())
-        return t
-
 
 def make_server(
     ingest: Ingest,
@@ -166,7 +118,7 @@ def make_server(
     finish: Callable[[], None] | None = None,
     control_token: str | None = None,
     ingest_token: str | None = None,
-    failed: Callable[[str, int, str | None, str | None], dict] | None = None,
+    failed: Callable[[str, int], None] | None = None,
     fidelity: Callable[[list], dict] | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
@@ -201,18 +153,12 @@ def make_server(
             try:
                 body = json.loads(self.rfile.read(min(length, 65536)))
                 group, sample = body["group"], body["sample"]
-                session, why = body.get("session"), body.get("agentFault")
                 if not isinstance(group, str) or not isinstance(sample, int) or sample < 0:
                     raise ValueError("group must be a string and sample a whole number >= 0")
-                if (session is None) != (why is None) or not all(
-                    v is None or isinstance(v, str) for v in (session, why)
-                ):
-                    raise ValueError("session and agentFault are strings, given together")
             except (ValueError, KeyError, TypeError) as e:
                 return self._reply(400, {"error": f'expected {{"group": G, "sample": S}}: {e}'})
-            self._reply(
-                202, {"group": group, "sample": sample, **failed(group, sample, session, why)}
-            )
+            failed(group, sample)
+            self._reply(202, {"group": group, "sample": sample})
 
         def _fidelity(self):
             if not self._controlled("fidelity", fidelity):

@@ -555,8 +555,7 @@ class Trainer:
 
     def add(self, t: Trajectory) -> None:
         with self.lock:
-            # Counted once it has a reward (an interrupted session may be scored later).
-            if t.session not in self.seen and t.reward is not None:
+            if t.session not in self.seen:
                 self.seen.add(t.session)
                 self._count_sampled(t)
             self.buffer.add(t, time.time())
@@ -623,27 +622,11 @@ class Trainer:
                 answer.set_exception(e)
                 raise
 
-    def sample_failed(
-        self, group: str, sample: int, session: str | None = None, agent_fault: str | None = None
-    ) -> dict:
-        """That sample's session failed for good: no trajectory of it will come, so its group
-        completes without it. Unless the failure was the agent's own doing (``agent_fault``)
-        and its gateway shipped the session ``interrupted`` as the pod stopped: that one is
-        scored 0 and joins its group, a loss like any other."""
-        scored = (
-            self.ingest.score_interrupted(session, group, sample, agent_fault)
-            if session is not None and agent_fault is not None
-            else None
-        )
-        if scored is not None:
-            with self.lock:
-                self.buffer.rescored()
-            self.add(scored)
-            log.info("session %s: the agent's own failure (%s), scored 0", session, agent_fault)
-            return {"scored": 0.0, "session": session}
+    def sample_failed(self, group: str, sample: int) -> None:
+        """That sample's session failed for good (its retries spent): no trajectory of it will
+        come, so its group completes without it."""
         with self.lock:
             self.buffer.sample_failed(group, sample, time.time())
-        return {"failed": True}
 
     def finish(self) -> None:
         """No more trajectories will come: train what is left, then the final checkpoint."""

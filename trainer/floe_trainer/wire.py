@@ -38,9 +38,6 @@ class Trajectory:
     # Calls cut at the job's response cap or the model's context (``stats.overlong_turns``):
     # with ``grpo.overlong: Mask`` the session's reward counts in its group, its tokens do not.
     overlong_turns: int = 0
-    # ``completed``, ``timeout``, ``error`` or ``interrupted`` (the sandbox stopped mid-session:
-    # untrainable unless ruled the agent's own doing, see ``Ingest.score_interrupted``).
-    status: str = "completed"
 
 
 def _require(cond: bool, message: str) -> None:
@@ -137,5 +134,4 @@ def parse(body: object) -> Trajectory:
         policy_versions=list(versions),
         traces=[parse_trace(t, f"traces[{i}]") for i, t in enumerate(traces)],
         overlong_turns=overlong,
-        status=str(body.get("status", "completed")),
     )

@@ -277,11 +277,9 @@ pub fn redirect_trainer(gateway: &Gateway, to: &Sink) -> Result<usize, StoreErro
     Ok(changed + gateway.spool.redirect_pending(to).map_err(storage)?)
 }
 
-/// On shutdown: every assigned session without an outcome is shipped `interrupted`
-/// (untrainable, never as reward 0, its calls and masks kept: the operator may yet rule the
-/// stop the agent's doing), then wait up to `deadline` for the spool to drain. Returns how many
-/// are still pending. A pod's gateway has the kubelet's grace period for this: 2 s when the
-/// pod is evicted.
+/// On shutdown: every assigned session without an outcome gets an infrastructure-error
+/// outcome (untrainable; its captured calls are kept and shipped, never as reward 0), then
+/// wait up to `deadline` for the spool to drain. Returns how many are still pending.
 pub async fn drain(gateway: &Arc<Gateway>, deadline: Duration) -> usize {
     abandon_unfinished(gateway, "the sandbox stopped before the session finished").await;
     let until = tokio::time::Instant::now() + deadline;
@@ -297,9 +295,8 @@ pub async fn drain(gateway: &Arc<Gateway>, deadline: Duration) -> usize {
     }
 }
 
-/// Give every session without an outcome the outcome `interrupted` (its captured calls are
-/// shipped untrainable, masks as built) and take its assignment out of the queue. Returns
-/// their ids.
+/// Give every session without an outcome an infrastructure outcome (its captured calls are
+/// shipped untrainable) and take its assignment out of the queue. Returns their ids.
 pub async fn abandon_unfinished(gateway: &Arc<Gateway>, why: &str) -> Vec<String> {
     let unfinished: Vec<String> = gateway
         .assignments
@@ -317,7 +314,7 @@ pub async fn abandon_unfinished(gateway: &Arc<Gateway>, why: &str) -> Vec<String
         .collect();
     for id in &unfinished {
         gateway.assignments.withdraw(id);
-        let outcome = SessionOutcome::Interrupted {
+        let outcome = SessionOutcome::InfraError {
             message: why.to_string(),
         };
         let (gw, session) = (gateway.clone(), id.clone());

@@ -43,11 +43,6 @@ pub enum SessionStatus {
     Timeout,
     /// Infrastructure failure or evaluator timeout: untrainable (all masks 0), never a reward of 0.
     Error,
-    /// The sandbox stopped before the session finished (its pod deleted or evicted, its
-    /// gateway stopped): untrainable, no reward, masks as built. A train job's trainer scores
-    /// it 0 and trains it only when the operator rules the stop the agent's own doing (an
-    /// eviction for what it wrote); otherwise it stays out, like an infrastructure failure.
-    Interrupted,
 }
 
 /// Why a trace (a chain of merged calls) starts where it does. The first four are not breaks:
