@@ -1,0 +1,50 @@
+"""``grpo.overlong: Mask`` through the trainer itself: from the job's config and the wire's
+``stats.overlong_turns`` to a step that keeps the overlong session's reward in its group's
+baseline and none of its tokens in the loss."""
+
+import json
+import socket
+
+import pytest
+from tiny import tiny_llama
+
+from floe_trainer.learn_demo import trajectory
+from floe_trainer.trainer import Trainer, TrainerConfig
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize(("overlong", "masked"), [("Train", 0), ("Mask", 1)])
+def test_an_overlong_session_is_masked_only_when_the_job_says_so(tmp_path, overlong, masked):
+    model_dir = tmp_path / "model"
+    tiny_llama().save_pretrained(model_dir)
+    conf = {
+        "model": str(model_dir),
+        "policyUrl": f"http://127.0.0.1:{closed_port()}",
+        "numSamples": 3,
+        "grpo": {"groupsPerStep": 1, "microBatchSize": 4, "overlong": overlong},
+        "device": "cpu",
+        "memoryPlan": "Warn",
+    }
+    trainer = Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))
+    for i, reward in enumerate((1.0, 0.0, 0.0)):
+        ids = [5 + i, 6, 7]
+        choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+        t = trajectory(f"s-{i}", "j/t", i, [1, 2, 3], choice, reward, 0)
+        t["stats"] = {"truncated_turns": 2, "overlong_turns": 1 if i == 1 else 0}
+        assert trainer.ingest.handle(json.dumps(t).encode())[0] == 200
+    stats = trainer.run_once()
+    assert stats is not None
+    assert (stats.sessions, stats.overlong_sessions, stats.masked_sessions) == (3, 1, masked)
+    assert stats.sequences == 3 - masked
+    # The group's baseline is the three rewards either way: 1 above a mean of 1/3.
+    assert stats.reward_mean == pytest.approx(1 / 3)
+    row = trainer.status()["steps"][-1]
+    assert (row["overlongSessions"], row["maskedSessions"]) == (1, masked)
+    assert trainer.metrics.overlong._value.get() == pytest.approx(1 / 3)
