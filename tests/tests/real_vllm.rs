@@ -222,7 +222,7 @@ async fn a_call_cut_at_the_jobs_cap_is_overlong_and_one_cut_at_the_callers_is_no
         .iter()
         .map(|r| {
             let n = r.completion_token_ids.len();
-            (n, r.finish_reason.as_deref(), r.capped_by_caller)
+            (n, r.finish_reason.as_deref(), r.short_cap)
         })
         .collect();
     assert_eq!(

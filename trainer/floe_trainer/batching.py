@@ -68,8 +68,8 @@ class GroupBuffer:
         # ``late``, never a new group of stragglers trained against their own baseline.
         self.closed: set[str] = set()
         self.dropped: Counter[str] = Counter()
-        # Groups dropped whole (``zero_advantage`` and ``incomplete`` count groups; the other
-        # reasons count trajectories).
+        # Groups dropped whole (``zero_advantage``, ``incomplete`` and ``overlong`` count groups;
+        # the other reasons count trajectories).
         self.groups_dropped = 0
         # Every sample reported failed, by group: a checkpoint keeps those of groups it does
         # not close (a restarted trainer is not told again).

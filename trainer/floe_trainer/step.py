@@ -334,9 +334,14 @@ def train_step(
     trajectories = [
         (t, adv) for g in groups for t, adv in zip(g.trajectories, g.advantages, strict=True)
     ]
-    masked = [m for g in groups for m in (g.masked or [False] * len(g.trajectories))]
+    masked = [
+        m
+        for g in groups
+        for _, m in zip(g.trajectories, g.masked or [False] * len(g.trajectories), strict=True)
+    ]
     # A masked session's reward is in its group's advantages; its traces are left out of the
-    # loss and of every normaliser (TRL's mask_truncated_completions does the same).
+    # loss and of every normaliser (its tokens, and the trajectories SequenceMean and
+    # TokenSumNorm count).
     items = [
         _Item(trace, adv, index)
         for index, (t, adv) in enumerate(trajectories)

@@ -35,7 +35,7 @@ class Trajectory:
     reward: float | None
     policy_versions: list[int]
     traces: list[Trace]
-    # Calls cut at the job's response cap or the model's context (``stats.overlong_turns``):
+    # Calls cut at their token cap, not a short answer asked for (``stats.overlong_turns``):
     # with ``grpo.overlong: Mask`` the session's reward counts in its group, its tokens do not.
     overlong_turns: int = 0
 
@@ -117,7 +117,8 @@ def parse(body: object) -> Trajectory:
     traces = body.get("traces")
     _require(isinstance(traces, list), "traces must be an array")
     assert isinstance(traces, list)
-    stats = body.get("stats", {})
+    stats = body.get("stats")
+    stats = {} if stats is None else stats
     _require(isinstance(stats, dict), "stats must be an object")
     overlong = stats.get("overlong_turns", 0)
     _require(

@@ -126,18 +126,32 @@ def test_an_update_with_a_non_finite_gradient_is_skipped_and_counted():
 
 
 @pytest.mark.parametrize("aggregation", ["TokenMean", "SequenceMean", "TokenSumNorm"])
-def test_a_masked_session_trains_nothing_and_is_in_no_normaliser(aggregation):
+@pytest.mark.parametrize(("mini_batches", "epochs", "kl"), [(1, 1, 0.0), (2, 2, 0.1)])
+def test_a_masked_session_trains_nothing_and_is_in_no_normaliser(
+    aggregation, mini_batches, epochs, kl
+):
     # Masking a session's loss (grpo.overlong: Mask) is the step without it, its advantage
-    # (from the group's baseline) kept on the others: the same update, whatever the aggregation.
+    # (from the group's baseline) kept on the others: the same update, whatever the aggregation,
+    # with mini-batches, epochs (their shuffle) and the KL reference too.
     import dataclasses
 
     def update(gs):
         torch.manual_seed(0)
         model = tiny_llama()
+        reference = tiny_llama(seed=1) if kl else None
         before = [p.detach().clone() for p in model.parameters()]
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        cfg = LossConfig(aggregation=aggregation)
-        s = train_step(model, opt, gs, cfg, micro_batch_size=3)
+        cfg = LossConfig(aggregation=aggregation, kl_coef=kl)
+        s = train_step(
+            model,
+            opt,
+            gs,
+            cfg,
+            micro_batch_size=3,
+            reference=reference,
+            mini_batches=mini_batches,
+            epochs=epochs,
+        )
         return s, [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)]
 
     gs = groups()

@@ -356,10 +356,11 @@ pub struct GrpoSpec {
     /// How token losses are averaged: `TokenMean`, `SequenceMean` or `TokenSumNorm`.
     #[serde(default)]
     pub loss_aggregation: LossAggregation,
-    /// Sessions with a call cut at `sampling.maxResponseTokens` or the model's context (not
-    /// at a lower cap the harness asked for): `Train` them like any other, or `Mask` their
-    /// loss (DAPO's overlong filtering): their reward stays in their group's baseline, their
-    /// tokens train nothing, and a group of such sessions only is dropped (`overlong`).
+    /// Sessions with a call cut at its token cap (`sampling.maxResponseTokens`, or the
+    /// harness's own if lower; not a short answer the harness asked for, under 1,024 tokens):
+    /// `Train` them like any other, or `Mask` their loss (DAPO's overlong filtering): their
+    /// reward stays in their group's baseline, their tokens train nothing, and a group of such
+    /// sessions only is dropped (`overlong`).
     #[serde(default)]
     pub overlong: OverlongSessions,
     /// Groups (tasks) per optimizer step.

@@ -58,10 +58,10 @@ pub struct CompletionRecord<R = serde_json::Value> {
     /// The tool call in the response could not be parsed (the harness got plain text).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unparsed_tool_call: bool,
-    /// The caller asked for fewer tokens than the job's cap (`sampling.maxResponseTokens`), so
-    /// a `length` stop is its own limit, not an overlong response.
+    /// The caller asked for a short answer (a cap below the job's `sampling.maxResponseTokens`
+    /// and below 1,024 tokens), so a `length` stop there is by design, not an overlong response.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub capped_by_caller: bool,
+    pub short_cap: bool,
     /// What the request held that could not go upstream, e.g. `hosted_tool:web_search` when
     /// the job drops hosted tools.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -101,7 +101,7 @@ impl CompletionRecord {
             logprobs: None,
             finish_reason: Some("stop".into()),
             unparsed_tool_call: false,
-            capped_by_caller: false,
+            short_cap: false,
             dropped: Vec::new(),
             request: serde_json::Value::Null,
             normalized_request: serde_json::Value::Null,

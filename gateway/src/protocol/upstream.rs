@@ -111,14 +111,20 @@ pub const DROPPED_PARAMS: &[&str] = &[
     "max_completion_tokens",
 ];
 
+/// A caller's cap below this many tokens (and below the job's) asks for a short answer: a
+/// side call's, not an agent turn's, whose caps run to thousands (Claude Code's main calls ask
+/// for 32,000). A `length` stop at a cap of an agent turn's size is overlong, whoever set it.
+pub const SHORT_CAP_TOKENS: u32 = 1024;
+
 /// An upstream request, and the caller's sampling parameters the job's contract removed.
 #[derive(Debug)]
 pub struct Finalized {
     pub request: Value,
     pub dropped_sampling: Vec<String>,
-    /// The caller asked for fewer tokens than the job's cap: a `length` stop is the caller's
-    /// own limit (Claude Code's one-token checks), not an overlong response of the policy's.
-    pub capped_by_caller: bool,
+    /// The caller asked for a short answer (a cap below both the job's and
+    /// [`SHORT_CAP_TOKENS`]): a `length` stop there is by design (Claude Code's one-token
+    /// checks, a title of a few words), not an overlong response of the policy's.
+    pub short_cap: bool,
 }
 
 /// Turn a Chat Completions body into the upstream request: capture switches on, streaming
@@ -171,7 +177,7 @@ pub fn finalize_request(
     Ok(Finalized {
         request: Value::Object(body),
         dropped_sampling,
-        capped_by_caller: callers_cap.is_some_and(|n| n < u64::from(job_cap)),
+        short_cap: callers_cap.is_some_and(|n| n < u64::from(job_cap.min(SHORT_CAP_TOKENS))),
     })
 }
 
@@ -295,9 +301,30 @@ mod tests {
         .expect("ok");
         assert_eq!(small.request["max_tokens"], 7);
         assert!(
-            small.capped_by_caller,
-            "7 < the job's 512: the caller's own limit"
+            small.short_cap,
+            "7 < the job's 512: a short answer asked for"
         );
+    }
+
+    #[test]
+    fn a_cap_of_an_agent_turns_size_is_no_short_answer_whoever_set_it() {
+        let mut big_job = limits();
+        big_job.max_response_tokens = 65_536;
+        let capped = |n: u64| {
+            finalize_request(
+                json!({"max_tokens": n})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+                &big_job,
+            )
+            .expect("ok")
+        };
+        // Claude Code's main calls ask for 32,000: below this job's cap, but a turn's cap.
+        let turn = capped(32_000);
+        assert_eq!(turn.request["max_tokens"], 32_000);
+        assert!(!turn.short_cap);
+        assert!(capped(512).short_cap, "a title's few words");
     }
 
     #[test]
@@ -310,7 +337,7 @@ mod tests {
             let out = finalize_request(body.as_object().cloned().unwrap_or_default(), &limits())
                 .expect("ok");
             assert_eq!(out.request["max_tokens"], 512, "{body}");
-            assert!(!out.capped_by_caller, "{body}");
+            assert!(!out.short_cap, "{body}");
         }
     }
 

@@ -76,7 +76,7 @@ async fn call_and_capture(
     let started_at_ms = now_ms();
     let finalized = finalize_request(normalized, &session.upstream.limits)?;
     let upstream_request = finalized.request;
-    let capped_by_caller = finalized.capped_by_caller;
+    let short_cap = finalized.short_cap;
     let mut dropped = dropped;
     for name in finalized.dropped_sampling {
         gateway.metrics.dropped(api, &format!("sampling:{name}"));
@@ -111,7 +111,7 @@ async fn call_and_capture(
         logprobs: sampled.logprobs,
         finish_reason: sampled.finish_reason,
         unparsed_tool_call: sampled.unparsed_tool_call,
-        capped_by_caller,
+        short_cap,
         dropped,
         request: original,
         normalized_request: upstream_request,

@@ -101,10 +101,10 @@ fn a_truncated_turn_merges_with_the_template_closing_it_unmasked() {
 }
 
 #[test]
-fn a_length_stop_at_the_callers_own_lower_cap_is_not_overlong() {
+fn a_length_stop_at_a_short_cap_the_caller_asked_for_is_not_overlong() {
     // Claude Code's one-token checks stop at `length` by design; the job's cap cut the other.
     let checked = CompletionRecord {
-        capped_by_caller: true,
+        short_cap: true,
         ..rec(0, &[1, 2], &[10], "length")
     };
     let (_, stats) = merge(&[checked, rec(1, &[3, 4], &[11, 12], "length")]);
@@ -118,6 +118,17 @@ fn a_length_stop_at_the_callers_own_lower_cap_is_not_overlong() {
         },
     );
     assert_eq!(stats.overlong_turns, 1);
+    // A tool call that ran to the cap: vLLM says `tool_calls`, the whole cap was sampled.
+    let cut = CompletionRecord {
+        normalized_request: serde_json::json!({"max_tokens": 2}),
+        ..rec(0, &[1, 2], &[10, 11], "tool_calls")
+    };
+    let short = CompletionRecord {
+        normalized_request: serde_json::json!({"max_tokens": 3}),
+        ..rec(1, &[3], &[12], "tool_calls")
+    };
+    let (_, stats) = merge(&[cut, short]);
+    assert_eq!((stats.truncated_turns, stats.overlong_turns), (0, 1));
 }
 
 #[test]

@@ -131,9 +131,11 @@ pub struct ReconstructionStats {
     pub breaks: u64,
     /// Calls cut by a token limit (`finish_reason: length`), whoever set it.
     pub truncated_turns: u64,
-    /// Of those, the calls cut by the job's own limit (`sampling.maxResponseTokens`) or the
-    /// model's context, not by a lower cap the caller asked for: the policy's overlong
-    /// responses, which a train job may keep out of the loss (`grpo.overlong: Mask`).
+    /// Calls cut at their token cap (the job's `sampling.maxResponseTokens` or the harness's
+    /// own, if lower) unless the harness asked for a short answer (`short_cap`): the policy's
+    /// overlong responses, which a train job may keep out of the loss (`grpo.overlong: Mask`).
+    /// A call that sampled its whole cap counts even when the server reports its tool call
+    /// (`tool_calls`) rather than the cut.
     #[serde(default)]
     pub overlong_turns: u64,
     /// Calls whose tool call could not be parsed (kept: a trainable negative).
@@ -144,6 +146,17 @@ pub struct ReconstructionStats {
     /// `harness.hostedTools: Drop`): the policy acted without tools its prompt offered.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropped_hosted_tools: u64,
+}
+
+/// Cut at its cap: `length`, or its whole cap sampled (vLLM reports `tool_calls` for a
+/// response with a tool call whatever ended it); never a short answer the caller asked for.
+fn overlong(r: &CompletionRecord) -> bool {
+    let cap = r
+        .normalized_request
+        .get("max_tokens")
+        .and_then(serde_json::Value::as_u64);
+    let whole_cap = cap.is_some_and(|cap| r.completion_token_ids.len() as u64 >= cap);
+    (r.finish_reason.as_deref() == Some("length") || whole_cap) && !r.short_cap
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -178,9 +191,7 @@ impl ReconstructionStats {
                 .sum(),
             starts,
             truncated_turns: count(&|r| u64::from(r.finish_reason.as_deref() == Some("length"))),
-            overlong_turns: count(&|r| {
-                u64::from(r.finish_reason.as_deref() == Some("length") && !r.capped_by_caller)
-            }),
+            overlong_turns: count(&|r| u64::from(overlong(r))),
             unparsed_tool_calls: count(&|r| u64::from(r.unparsed_tool_call)),
             dropped_hosted_tools: count(&|r| {
                 r.dropped
