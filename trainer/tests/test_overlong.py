@@ -3,36 +3,16 @@
 baseline and none of its tokens in the loss."""
 
 import json
-import socket
 
 import pytest
-from tiny import tiny_llama
+from tiny import tiny_trainer
 
 from floe_trainer.learn_demo import trajectory
-from floe_trainer.trainer import Trainer, TrainerConfig
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.mark.parametrize(("overlong", "masked"), [("Train", 0), ("Mask", 1)])
 def test_an_overlong_session_is_masked_only_when_the_job_says_so(tmp_path, overlong, masked):
-    model_dir = tmp_path / "model"
-    tiny_llama().save_pretrained(model_dir)
-    conf = {
-        "model": str(model_dir),
-        "policyUrl": f"http://127.0.0.1:{closed_port()}",
-        "numSamples": 3,
-        "grpo": {"groupsPerStep": 1, "microBatchSize": 4, "overlong": overlong},
-        "device": "cpu",
-        "memoryPlan": "Warn",
-    }
-    trainer = Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))
+    trainer = tiny_trainer(tmp_path, 3, overlong=overlong)
     for i, reward in enumerate((1.0, 0.0, 0.0)):
         ids = [5 + i, 6, 7]
         choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}

@@ -18,3 +18,32 @@ def tiny_llama(seed: int = 0, positions: int = 128, **config) -> LlamaForCausalL
         **config,
     )
     return LlamaForCausalLM(cfg)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: a connection to it is refused."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def tiny_trainer(tmp_path, num_samples: int, **grpo):
+    """A CPU trainer of ``tiny_llama`` whose policy server is not there (its pushes fail and
+    are tried again later): the trainer's own path from ingest to step, with ``grpo``."""
+    from floe_trainer.trainer import Trainer, TrainerConfig
+
+    model_dir = tmp_path / "model"
+    tiny_llama().save_pretrained(model_dir)
+    conf = {
+        "model": str(model_dir),
+        "policyUrl": f"http://127.0.0.1:{closed_port()}",
+        "numSamples": num_samples,
+        "grpo": {"groupsPerStep": 1, "microBatchSize": 4, **grpo},
+        "device": "cpu",
+        "memoryPlan": "Warn",
+    }
+    return Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))
