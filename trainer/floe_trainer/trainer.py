@@ -689,6 +689,13 @@ class Trainer:
         )
         t1 = time.monotonic()
         s = self.state
+        if stats.updates == 0 and stats.skipped_updates == 0:
+            # Nothing to train (every trace masked or empty): the same weights, so no push and
+            # no new version, which would use up the staleness its samples are allowed.
+            s.trained_sessions += [t.session for g in groups for t in g.trajectories]
+            s.groups_done += len(groups)
+            self.waiting_since = time.monotonic()
+            return stats
         try:
             self.sync.push(s.policy_version + 1)
         except urllib.error.HTTPError:

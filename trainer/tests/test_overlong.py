@@ -26,5 +26,19 @@ def test_an_overlong_session_is_masked_only_when_the_job_says_so(tmp_path, overl
     # The group's baseline is the three rewards either way: 1 above a mean of 1/3.
     assert stats.reward_mean == pytest.approx(1 / 3)
     row = trainer.status()["steps"][-1]
+    assert trainer.state.policy_version == 1
     assert (row["overlongSessions"], row["maskedSessions"]) == (1, masked)
     assert trainer.metrics.overlong._value.get() == pytest.approx(1 / 3)
+
+
+def test_a_step_with_nothing_to_train_pushes_no_new_version(tmp_path):
+    trainer = tiny_trainer(tmp_path, 2)
+    for i, reward in enumerate((1.0, 0.0)):
+        choice = {"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -1.0]}}
+        t = trajectory(f"s-{i}", "j/t", i, [1, 2, 3], choice, reward, 0)
+        t["traces"][0]["loss_mask"] = [0, 0]  # nothing the policy sampled, say
+        assert trainer.ingest.handle(json.dumps(t).encode())[0] == 200
+    stats = trainer.run_once()
+    assert stats is not None and (stats.updates, stats.sequences) == (0, 0)
+    assert (trainer.state.step, trainer.state.policy_version) == (0, 0)
+    assert trainer.state.groups_done == 1
