@@ -29,7 +29,8 @@ class State:
     # group makes no step, yet the next groups may be sampled by the current policy.
     groups_done: int = 0
     # Every scored session by the policy version that sampled it (its oldest): [sessions,
-    # reward sum, passed], keyed by the version as text (JSON). Groups the trainer dropped (all
+    # reward sum, passed, overlong], keyed by the version as text (JSON; an older checkpoint's
+    # rows have no overlong count). Groups the trainer dropped (all
     # passed, all failed) count here too: the learning curve, not only what was trained.
     sampled: dict[str, list[float]] = field(default_factory=dict)
     # What the group buffer must not forget across a restart ([`GroupBuffer.saved`]): groups

@@ -567,25 +567,32 @@ class Trainer:
         if t.reward is None:
             return
         version = min(t.policy_versions) if t.policy_versions else 0
-        row = self.state.sampled.setdefault(str(version), [0.0, 0.0, 0.0])
+        row = self.state.sampled.setdefault(str(version), [0.0, 0.0, 0.0, 0.0])
+        if len(row) == 3:
+            row.append(0.0)  # a checkpoint from before overlong sessions were counted
         passed = t.reward >= self.cfg.pass_threshold
+        overlong = t.overlong_turns > 0
         row[0] += 1
         row[1] += t.reward
         row[2] += 1.0 if passed else 0.0
-        self.metrics.sampled(t.reward, passed, t.overlong_turns > 0)
+        row[3] += 1.0 if overlong else 0.0
+        self.metrics.sampled(t.reward, passed, overlong)
 
     def sampled_by_version(self) -> list[dict]:
-        return [
-            {
-                "policyVersion": int(v),
-                "sessions": int(n),
-                "rewardMean": total / n if n else 0.0,
-                "passRate": passed / n if n else 0.0,
-            }
-            for v, (n, total, passed) in sorted(
-                self.state.sampled.items(), key=lambda kv: int(kv[0])
+        out = []
+        for v, row in sorted(self.state.sampled.items(), key=lambda kv: int(kv[0])):
+            n, total, passed, overlong = (list(row) + [0.0])[:4]
+            out.append(
+                {
+                    "policyVersion": int(v),
+                    "sessions": int(n),
+                    "rewardMean": total / n if n else 0.0,
+                    "passRate": passed / n if n else 0.0,
+                    # Sessions with a call cut at its token cap (``grpo.overlong``).
+                    "overlongFraction": overlong / n if n else 0.0,
+                }
             )
-        ]
+        return out
 
     def fidelity(self, traces: list) -> dict:
         """The trainer's log-probs of sampled tokens against vLLM's (``fidelity``): the check a

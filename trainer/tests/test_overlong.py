@@ -27,6 +27,11 @@ def test_an_overlong_session_is_masked_only_when_the_job_says_so(tmp_path, overl
     assert stats.reward_mean == pytest.approx(1 / 3)
     row = trainer.status()["steps"][-1]
     assert trainer.state.policy_version == 1
+    [sampled] = trainer.sampled_by_version()
+    assert sampled["overlongFraction"] == pytest.approx(1 / 3)
+    # A checkpoint from before the count: its rows read as none overlong, then count on.
+    trainer.state.sampled["7"] = [2.0, 1.0, 1.0]
+    assert trainer.sampled_by_version()[-1]["overlongFraction"] == 0.0
     assert (row["overlongSessions"], row["maskedSessions"]) == (1, masked)
     assert trainer.metrics.overlong._value.get() == pytest.approx(1 / 3)
 

@@ -117,6 +117,16 @@ pub fn series(status: &Value, held_out: &[RoundReport]) -> Vec<Series> {
             points: rows("steps", "step", "rewardMean"),
         },
     ];
+    // How often each version ran over its token cap (`grpo.overlong`), when any did.
+    let overlong = rows("sampled", "policyVersion", "overlongFraction");
+    if overlong.iter().any(|(_, f)| *f > 0.0) {
+        lines.push(Series {
+            name: "-· overlong fraction, every session sampled",
+            color: "#d62728",
+            dash: "6,2,2,2",
+            points: overlong,
+        });
+    }
     if !held_out.is_empty() {
         lines.push(Series {
             name: "— held-out pass rate, by the step measured",
@@ -192,6 +202,27 @@ mod tests {
             .filter_map(|p| p.split(',').nth(1)?.parse().ok())
             .collect();
         assert!(ys.windows(2).all(|w| w[1] < w[0]), "{ys:?}");
+    }
+
+    #[test]
+    fn the_overlong_line_is_drawn_when_a_version_ran_over() {
+        let status = |f: f64| {
+            serde_json::json!({"sampled": [
+                {"policyVersion": 0, "rewardMean": 0.2, "passRate": 0.1, "overlongFraction": f},
+                {"policyVersion": 1, "rewardMean": 0.5, "passRate": 0.4, "overlongFraction": 0.0}]})
+        };
+        let names = |f| -> Vec<&str> { series(&status(f), &[]).iter().map(|s| s.name).collect() };
+        assert!(names(0.5).iter().any(|n| n.contains("overlong")));
+        assert!(
+            !names(0.0).iter().any(|n| n.contains("overlong")),
+            "never ran over"
+        );
+        let older = serde_json::json!({"sampled": [{"policyVersion": 0, "rewardMean": 0.2}]});
+        assert_eq!(
+            series(&older, &[]).len(),
+            3,
+            "a trainer that does not count it"
+        );
     }
 
     #[test]
