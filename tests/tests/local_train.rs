@@ -480,6 +480,15 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     let curve = std::fs::read_to_string(out.join("reward-curve.svg"))?;
     assert!(curve.contains("<polyline"), "{curve}");
     assert!(curve.contains("held-out pass rate"), "{curve}");
+    // By the version that sampled them, as the curve draws them once any ran over.
+    let by_version: f64 = training["sampled"]
+        .as_array()
+        .context("training.sampled")?
+        .iter()
+        .filter_map(|r| Some(r["sessions"].as_f64()? * r["overlongFraction"].as_f64()?))
+        .sum();
+    assert_eq!(by_version.round() as u64, overlong, "{training}");
+    assert_eq!(curve.contains("overlong fraction"), overlong > 0, "{curve}");
 
     // Held-out rounds: before training, at step 2 and at the final version 3, each sampled by
     // the policy of its step (never an older one; a step may land while a round runs), graded,
