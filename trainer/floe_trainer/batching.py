@@ -7,7 +7,7 @@ Trajectories sampled more than ``max_staleness`` policy versions ago are dropped
 still count towards the group being complete: none is sent again). Untrainable
 trajectories (infrastructure failures) never join a group — never as reward 0. With
 ``mask_overlong`` (``grpo.overlong: Mask``, DAPO's overlong filtering), a session with a call cut
-at the job's response cap keeps its reward in its group's baseline and trains no token; a group
+at its token cap keeps its reward in its group's baseline and trains no token; a group
 of such sessions only is dropped (``overlong``). Every drop is counted by reason. What a
 restarted trainer must not forget (groups closed, samples failed, versions lost) is saved with
 each checkpoint ([`GroupBuffer.saved`]).

@@ -104,14 +104,14 @@ class Metrics:
         )
         self.sampled_overlong = PCounter(
             "floe_trainer_sampled_overlong_sessions",
-            "Scored sessions received with a call cut at the job's response cap or the model's"
-            " context (with sampled_sessions_total: how often the policy runs over)",
+            "Scored sessions received with a call cut at its token cap (with"
+            " sampled_sessions_total: how often the policy runs over)",
             registry=r,
         )
         self.overlong = Gauge(
             "floe_trainer_overlong_fraction",
-            "Fraction of the last step's sessions with a call cut at the job's response cap"
-            " (masked from the loss under grpo.overlong: Mask)",
+            "Fraction of the last step's sessions with a call cut at its token cap (masked from"
+            " the loss under grpo.overlong: Mask)",
             registry=r,
         )
         self.sampled_passed = PCounter(

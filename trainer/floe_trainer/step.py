@@ -77,7 +77,7 @@ class StepStats:
     # cost.
     computed_tokens: int = 0
     trace_tokens: int = 0
-    # Sessions in the step with a call cut at the job's response cap (``overlong_turns``), and
+    # Sessions in the step with a call cut at its token cap (``overlong_turns``), and
     # of those the ones whose loss was masked (``grpo.overlong: Mask``).
     overlong_sessions: int = 0
     masked_sessions: int = 0

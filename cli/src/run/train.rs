@@ -619,7 +619,7 @@ pub fn step_line(s: &Value) -> String {
         (Some(c), Some(t)) if t > 0.0 => format!(" (computed {:.2}×)", c / t),
         _ => String::new(),
     };
-    // Sessions with a call cut at the job's response cap: said only when there are some.
+    // Sessions with a call cut at its token cap: said only when there are some.
     let overlong = match (s["overlongSessions"].as_u64(), s["maskedSessions"].as_u64()) {
         (Some(n), Some(m)) if m > 0 => format!(" · {n} overlong ({m} masked)"),
         (Some(n), _) if n > 0 => format!(" · {n} overlong"),
