@@ -29,9 +29,9 @@ class State:
     # group makes no step, yet the next groups may be sampled by the current policy.
     groups_done: int = 0
     # Every scored session by the policy version that sampled it (its oldest): [sessions,
-    # reward sum, passed, overlong], keyed by the version as text (JSON; an older checkpoint's
-    # rows have no overlong count). Groups the trainer dropped (all
-    # passed, all failed) count here too: the learning curve, not only what was trained.
+    # reward sum, passed, overlong], keyed by the version as text (JSON). Groups the trainer
+    # dropped (all passed, all failed) count here too: the learning curve, not only what was
+    # trained.
     sampled: dict[str, list[float]] = field(default_factory=dict)
     # What the group buffer must not forget across a restart ([`GroupBuffer.saved`]): groups
     # closed (trained or dropped: a late sample of one is never a new group), samples that
@@ -41,6 +41,11 @@ class State:
     lost_versions: list[list[int]] = field(default_factory=list)
     # Sessions already counted in ``sampled``: a replayed one is not counted twice.
     seen_sessions: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # A checkpoint from before overlong sessions were counted: its rows count none.
+        for row in self.sampled.values():
+            row.extend([0.0] * (4 - len(row)))
 
 
 def latest(directory: Path) -> Path | None:

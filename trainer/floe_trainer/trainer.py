@@ -91,8 +91,8 @@ class TrainerConfig:
     precision: str = "auto"
     gradient_checkpointing: bool = False
     kl_coef: float = 0.0
-    # ``grpo.overlong``: "mask" keeps the loss of a session with a call cut at the job's
-    # response cap out of the step (its reward stays in its group's baseline); "train" trains it.
+    # ``grpo.overlong``: "mask" keeps the loss of a session with a call cut at its token cap
+    # out of the step (its reward stays in its group's baseline); "train" trains it.
     overlong: str = "train"
     # ``sampling.temperature``: the policy trained is the tempered one vLLM samples from.
     temperature: float = 1.0
@@ -568,8 +568,6 @@ class Trainer:
             return
         version = min(t.policy_versions) if t.policy_versions else 0
         row = self.state.sampled.setdefault(str(version), [0.0, 0.0, 0.0, 0.0])
-        if len(row) == 3:
-            row.append(0.0)  # a checkpoint from before overlong sessions were counted
         passed = t.reward >= self.cfg.pass_threshold
         overlong = t.overlong_turns > 0
         row[0] += 1
@@ -580,8 +578,9 @@ class Trainer:
 
     def sampled_by_version(self) -> list[dict]:
         out = []
-        for v, row in sorted(self.state.sampled.items(), key=lambda kv: int(kv[0])):
-            n, total, passed, overlong = (list(row) + [0.0])[:4]
+        for v, (n, total, passed, overlong) in sorted(
+            self.state.sampled.items(), key=lambda kv: int(kv[0])
+        ):
             out.append(
                 {
                     "policyVersion": int(v),

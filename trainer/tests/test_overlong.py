@@ -7,6 +7,7 @@ import json
 import pytest
 from tiny import tiny_trainer
 
+from floe_trainer.checkpoint import State
 from floe_trainer.learn_demo import trajectory
 
 
@@ -26,13 +27,13 @@ def test_an_overlong_session_is_masked_only_when_the_job_says_so(tmp_path, overl
     # The group's baseline is the three rewards either way: 1 above a mean of 1/3.
     assert stats.reward_mean == pytest.approx(1 / 3)
     row = trainer.status()["steps"][-1]
+    assert (row["overlongSessions"], row["maskedSessions"]) == (1, masked)
     assert trainer.state.policy_version == 1
     [sampled] = trainer.sampled_by_version()
     assert sampled["overlongFraction"] == pytest.approx(1 / 3)
     # A checkpoint from before the count: its rows read as none overlong, then count on.
-    trainer.state.sampled["7"] = [2.0, 1.0, 1.0]
+    trainer.state = State(sampled={"7": [2.0, 1.0, 1.0]})
     assert trainer.sampled_by_version()[-1]["overlongFraction"] == 0.0
-    assert (row["overlongSessions"], row["maskedSessions"]) == (1, masked)
     assert trainer.metrics.overlong._value.get() == pytest.approx(1 / 3)
 
 
