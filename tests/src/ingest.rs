@@ -1,6 +1,7 @@
 //! A stand-in for the trainer's ingest endpoint that records every delivery and can be made
 //! to fail (503), to test the gateway's spool and retries. It is idempotent the way the real
-//! trainer must be: a repeated session id is acknowledged (409) and not stored again.
+//! trainer must be: a repeated session id is acknowledged (409) and not stored again. Snapshots
+//! of running sessions (`POST /v1/partial`) are recorded apart, in the order they came.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +18,8 @@ struct Inner {
     down: AtomicBool,
     /// session → every body delivered for it (accepted or not).
     posts: Mutex<BTreeMap<String, Vec<Value>>>,
+    /// session → every snapshot posted for it.
+    partials: Mutex<BTreeMap<String, Vec<Value>>>,
 }
 
 #[derive(Clone)]
@@ -30,6 +33,7 @@ impl TestIngest {
         let inner = Arc::new(Inner::default());
         let app = Router::new()
             .route("/v1/trajectories", post(ingest))
+            .route("/v1/partial", post(partial))
             .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/v1/trajectories", listener.local_addr()?);
@@ -50,6 +54,25 @@ impl TestIngest {
             .map(|p| p.clone())
             .unwrap_or_default()
     }
+
+    /// Snapshots of running sessions that reached `/v1/partial`, per session.
+    pub fn partials(&self) -> BTreeMap<String, Vec<Value>> {
+        self.inner
+            .partials
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default()
+    }
+}
+
+async fn partial(State(inner): State<Arc<Inner>>, Json(body): Json<Value>) -> StatusCode {
+    if inner.down.load(Ordering::SeqCst) {
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    let session = body["session"].as_str().unwrap_or_default().to_string();
+    let mut partials = inner.partials.lock().unwrap_or_else(|e| e.into_inner());
+    partials.entry(session).or_default().push(body);
+    StatusCode::OK
 }
 
 async fn ingest(State(inner): State<Arc<Inner>>, Json(body): Json<Value>) -> StatusCode {

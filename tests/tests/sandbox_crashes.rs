@@ -1,7 +1,9 @@
 //! Crashes around a sandbox session lose no captured completion: a gateway killed after the
 //! outcome was recorded but before the trainer took the trajectory ships it after its restart,
 //! exactly once; a sandbox whose runner and harness die mid-session still ships what was
-//! captured when the pod goes away — as an untrainable infrastructure failure, never reward 0.
+//! captured when the pod goes away — as an untrainable infrastructure failure, never reward 0;
+//! a train job's session killed with its gateway (an eviction: no grace period) has already
+//! left a snapshot of each call, posted before the agent got the reply.
 //! Real `floe gateway` / `floe sandbox` processes, Pi from npm, the scripted upstream, and a
 //! recording trainer-ingest stand-in.
 
@@ -170,6 +172,77 @@ async fn a_sandbox_dying_mid_session_still_ships_its_captured_calls_as_untrainab
     assert!(t["traces"][0]["response_token_ids"]
         .as_array()
         .is_some_and(|ids| !ids.is_empty()));
+    let _ = wait_child(&mut runner, Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// The kubelet evicts a pod with no grace period: the gateway dies with the agent and ships
+/// nothing more. Every call already left: its snapshot reached the trainer before its reply
+/// reached the agent, so what the agent did with the reply (here: the command it ran) comes
+/// after. The trainer scores it 0 if the operator rules the eviction the agent's doing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_killed_without_grace_left_a_snapshot_of_each_call_before_its_reply() -> Result<()>
+{
+    let pi = harness_bin_dir("pi")?;
+    let root = tempfile::tempdir()?;
+    let acted = root.path().join("workspace/acted");
+    let upstream = ScriptedUpstream::start(vec![
+        Step::Shell("echo one > first.txt".into()),
+        Step::Shell("touch acted; sleep 60".into()),
+        Step::Say("never reached".into()),
+    ])
+    .await?;
+    let trainer = TestIngest::start().await?;
+    let mut gateway = GatewayProcess::start(&root.path().join("gw"), &upstream.url, &[]).await?;
+    let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
+    gateway
+        .assign(&assignment("evicted-1", &trainer.url))
+        .await?;
+    wait_for(
+        "the agent to act on the second reply",
+        Duration::from_secs(120),
+        || acted.exists(),
+    )
+    .await?;
+    // Read before anything else can post: the second call's snapshot is already there.
+    let partials = trainer.partials();
+    gateway.kill();
+    kill_session(&mut runner)?;
+    let snapshots = partials
+        .get("evicted-1")
+        .with_context(|| format!("no snapshot; gateway log:\n{}", gateway.log()))?;
+    let completions: Vec<&Value> = snapshots
+        .iter()
+        .map(|t| &t["stats"]["completions"])
+        .collect();
+    assert_eq!(
+        completions,
+        [&json!(1), &json!(2)],
+        "one snapshot per call, in order"
+    );
+    let last = &snapshots[1];
+    assert_eq!(
+        (&last["status"], &last["trainable"], &last["reward"]),
+        (&json!("interrupted"), &json!(false), &Value::Null),
+        "{last}"
+    );
+    assert_eq!(
+        (&last["group"], &last["sample"]),
+        (&json!("job-1/hello"), &json!(1))
+    );
+    // Its masks as built, for a ruling: every sampled token would train.
+    assert_eq!(
+        last["stats"]["trainable_tokens"],
+        last["stats"]["sampled_tokens"]
+    );
+    assert!(
+        last["stats"]["sampled_tokens"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
+        "{last}"
+    );
+    // And no trajectory: nothing else left the pod.
+    assert!(trainer.accepted().is_empty());
     let _ = wait_child(&mut runner, Duration::from_secs(1)).await;
     Ok(())
 }

@@ -40,7 +40,14 @@ pub async fn complete(
     session: Arc<Session>,
     call: Call,
 ) -> Result<Completed, ProtocolError> {
-    let task = tokio::spawn(async move { call_and_capture(&gateway, &session, call).await });
+    let task = tokio::spawn(async move {
+        let completed = call_and_capture(&gateway, &session, call).await;
+        if completed.is_ok() {
+            // Before the reply: what the agent does with it comes after the call left the pod.
+            super::snapshot::ship(&gateway, &session).await;
+        }
+        completed
+    });
     task.await
         .unwrap_or_else(|e| Err(ProtocolError::Capture(format!("call task failed: {e}"))))
 }

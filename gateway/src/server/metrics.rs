@@ -26,6 +26,7 @@ pub struct Metrics {
     dropped: IntCounterVec,
     /// Trajectories by what happened to them: `shipped`, `retried`, `rejected`.
     trajectories: IntCounterVec,
+    snapshots: IntCounterVec,
     spool_pending: IntGauge,
     /// Failed upstream attempts by kind and what followed: `retried` or `failed` (the call
     /// failed for the harness; its session is an infrastructure failure).
@@ -148,6 +149,17 @@ impl Metrics {
             "Trajectories in the spool not yet accepted by their sink",
         )?;
         register(&registry, &mut families, &trajectories)?;
+        let snapshots = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_snapshots_total",
+                "Snapshots of running train-job sessions posted to the trainer after a call: shipped or failed (the reply went on without it)",
+            ),
+            &["result"],
+        )?;
+        for result in ["shipped", "failed"] {
+            snapshots.with_label_values(&[result]).inc_by(0);
+        }
+        register(&registry, &mut families, &snapshots)?;
         register(&registry, &mut families, &spool_pending)?;
         let upstream_errors = IntCounterVec::new(
             Opts::new(
@@ -186,6 +198,7 @@ impl Metrics {
             errors,
             dropped,
             trajectories,
+            snapshots,
             spool_pending,
             upstream_errors,
             delivery_errors,
@@ -274,6 +287,12 @@ impl Metrics {
     /// What happened to a trajectory's delivery: `shipped`, `retried` or `rejected`.
     pub fn trajectory(&self, fate: &str) {
         self.trajectories.with_label_values(&[fate]).inc();
+    }
+
+    /// A running session's snapshot reached the trainer (`true`) or did not.
+    pub fn snapshot(&self, shipped: bool) {
+        let result = if shipped { "shipped" } else { "failed" };
+        self.snapshots.with_label_values(&[result]).inc();
     }
 
     /// A failed delivery attempt, by cause.

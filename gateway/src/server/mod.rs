@@ -11,6 +11,7 @@ mod reply;
 pub mod session_store;
 pub mod sessions;
 mod shipping;
+pub mod snapshot;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

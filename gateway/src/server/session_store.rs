@@ -128,6 +128,19 @@ fn spool_trajectory(
     id: &str,
     outcome: &SessionOutcome,
 ) -> Result<SpoolEntry, StoreError> {
+    let entry = trajectory_of(gateway, dir, id, outcome)?;
+    gateway.spool.put(&entry).map_err(storage)?;
+    Ok(entry)
+}
+
+/// The session's trajectory as its capture stands, with `outcome`, and where it goes (the
+/// assignment's sink). Blocking: reads the capture.
+pub(super) fn trajectory_of(
+    gateway: &Gateway,
+    dir: &Path,
+    id: &str,
+    outcome: &SessionOutcome,
+) -> Result<SpoolEntry, StoreError> {
     let capture = read_session(dir).map_err(storage)?;
     let delivered = gateway.assignments.get(id);
     let meta = capture.meta.unwrap_or_default();
@@ -147,13 +160,11 @@ fn spool_trajectory(
     };
     let upstream = tally(dir).map_err(|e| storage(format!("{}: {e}", dir.display())))?;
     let outcome = account_for_calls(outcome.clone(), capture.records.len(), &upstream);
-    let entry = SpoolEntry {
+    Ok(SpoolEntry {
         sink,
         trajectory: build_trajectory(&info, &capture.records, &options, &outcome),
         rejected: None,
-    };
-    gateway.spool.put(&entry).map_err(storage)?;
-    Ok(entry)
+    })
 }
 
 fn summary(gateway: &Gateway, id: &str, entry: Option<&SpoolEntry>) -> serde_json::Value {

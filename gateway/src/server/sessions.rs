@@ -34,6 +34,9 @@ pub struct Session {
     log: Mutex<Option<CaptureLog>>,
     /// Its model calls in flight ([`MAX_CALLS_IN_FLIGHT`]).
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Held while a snapshot of it is built and posted ([`super::snapshot`]), so that
+    /// snapshots leave in the order of the calls they follow.
+    pub snapshot: tokio::sync::Mutex<()>,
 }
 
 /// A session's model calls at once. Each holds its body (up to the body limit) several times
@@ -214,6 +217,7 @@ impl Sessions {
             durability,
             log: Mutex::new(log),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
+            snapshot: tokio::sync::Mutex::new(()),
         });
         by_id.insert(session.meta.session.clone(), session.clone());
         crate::sync::write(&self.by_token).insert(token, session.clone());

@@ -5,6 +5,10 @@
 //!   a failure of the policy.
 //! - Infrastructure error or evaluator timeout: untrainable (every mask 0, reward `null`),
 //!   flagged, so the trainer never counts it as a reward of 0.
+//! - Interrupted (a snapshot of a session still running, shipped after each of a train job's
+//!   calls): untrainable, reward `null`, masks as built, so that a stop the operator rules the
+//!   agent's doing (an eviction for what it wrote, which kills the pod without a grace period)
+//!   can still be trained as the loss it is, where nothing else of the session survives.
 //!
 //! A tool call the gateway could not parse is none of these: the call is kept as a trainable
 //! negative (the model produced it), counted in `stats.unparsed_tool_calls`.
@@ -14,6 +18,7 @@ use crate::capture::upstream_errors::UpstreamErrors;
 
 /// As JSON (the sandbox runner's result): `{"status": "completed", "evaluation": {...}}`,
 /// `{"status": "agent_timeout"}`, `{"status": "infra_error", "message": "..."}`,
+/// `{"status": "interrupted", "message": "..."}`,
 /// `{"status": "evaluator_timeout"}`, `{"status": "unscored"}`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -27,6 +32,9 @@ pub enum SessionOutcome {
     },
     /// Pod lost, prepare failed, gateway or evaluator crashed, …
     InfraError { message: String },
+    /// No outcome yet: the session as it stands, shipped as a snapshot while it runs
+    /// ([`crate::server::snapshot`]).
+    Interrupted { message: String },
     /// The evaluator did not finish in time: the grade is unknown.
     EvaluatorTimeout,
     /// Not evaluated (yet), e.g. a capture inspected with `floe trajectories build`: tokens and
@@ -90,6 +98,16 @@ pub fn apply_outcome(trajectory: &mut Trajectory, outcome: &SessionOutcome) {
         }
         SessionOutcome::InfraError { message } => {
             mark_untrainable(trajectory, serde_json::json!({"error": message}));
+        }
+        SessionOutcome::Interrupted { message } => {
+            trajectory.status = SessionStatus::Interrupted;
+            trajectory.reward = None;
+            trajectory.trainable = false;
+            trajectory.evaluation = Some(Evaluation {
+                reward: None,
+                passed: None,
+                detail: serde_json::json!({"interrupted": message}),
+            });
         }
         SessionOutcome::EvaluatorTimeout => {
             mark_untrainable(

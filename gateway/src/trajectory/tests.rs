@@ -441,6 +441,29 @@ fn infrastructure_errors_and_evaluator_timeouts_are_untrainable_not_zero() {
 }
 
 #[test]
+fn an_interrupted_session_is_untrainable_with_its_masks_kept_for_a_ruling() {
+    let t = build_trajectory(
+        &session(),
+        &two_turns(),
+        &BuildOptions::default(),
+        &SessionOutcome::Interrupted {
+            message: "the sandbox stopped before the session finished".into(),
+        },
+    );
+    assert_eq!(
+        (t.status, t.trainable, t.reward),
+        (SessionStatus::Interrupted, false, None)
+    );
+    assert_eq!(
+        t.stats.trainable_tokens, 4,
+        "as built: never a reward, kept for a ruling"
+    );
+    let json = serde_json::to_value(&t).expect("json");
+    assert_eq!(json["status"], "interrupted");
+    assert!(json["evaluation"]["detail"]["interrupted"].is_string());
+}
+
+#[test]
 fn an_unparsed_tool_call_stays_a_trainable_negative() {
     let mut records = two_turns();
     records[1].unparsed_tool_call = true;

@@ -43,6 +43,12 @@ pub enum SessionStatus {
     Timeout,
     /// Infrastructure failure or evaluator timeout: untrainable (all masks 0), never a reward of 0.
     Error,
+    /// A snapshot of a session that has not finished (shipped to a train job's trainer after
+    /// each call): untrainable, no reward, masks as built. The trainer scores it 0 and trains
+    /// it only when the operator rules that the session failed by the agent's own doing (its
+    /// pod evicted for what it wrote, with no grace period to ship anything else); otherwise a
+    /// later trajectory of the session replaces it, or it stays out.
+    Interrupted,
 }
 
 /// Why a trace (a chain of merged calls) starts where it does. The first four are not breaks:
