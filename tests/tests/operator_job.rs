@@ -1918,28 +1918,31 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
 
 /// A train job's sample whose retries are spent will never reach the trainer: the operator
 /// says so (`POST /v1/failed` with the job's control token), once, so that its group completes
-/// without it instead of waiting until the job's end.
+/// without it instead of waiting until the job's end. A sample evicted for what its agent wrote
+/// is said so with its session, so that the trainer scores its gateway's last snapshot as 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()> {
     let (client, ns) = with_crds("jobfailed").await?;
     let _operator = Operator::start(&ns.name, &[])?;
     create_pool(&client, &ns.name, "warm", 3).await?;
-    // Sample 1 of every group fails in the infrastructure, every attempt.
+    // Sample 1 of every group fails in the infrastructure, every attempt; sample 2's agent
+    // fills its container's layer.
     let kubelet = FakeKubelet::start(
         client.clone(),
         &ns.name,
         17,
-        Arc::new(|a: &Value| {
-            if a["sample"] == 1 {
-                Verdict::Infra {
-                    error: "node lost".into(),
-                }
-            } else {
-                Verdict::Scored {
-                    exit: 0,
-                    reward: 1.0,
-                }
-            }
+        Arc::new(|a: &Value| match a["sample"].as_u64() {
+            Some(1) => Verdict::Infra {
+                error: "node lost".into(),
+            },
+            Some(2) => Verdict::Evicted {
+                message: "Container agent exceeded its local ephemeral storage limit \"32Mi\". "
+                    .into(),
+            },
+            _ => Verdict::Scored {
+                exit: 0,
+                reward: 1.0,
+            },
         }),
     )?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
@@ -1973,27 +1976,37 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
             ),
         );
     serve_at(&ip, 8100, trainer).await?;
-    let failed = eventually("the sample failed for good", async || {
+    let failed = eventually("the samples failed for good", async || {
         let s = status(&jobs, "lossy").await?;
-        Ok((s.sessions.failed >= 1 && s.sessions.succeeded >= 2).then_some(s))
+        Ok((s.sessions.failed >= 2 && s.sessions.succeeded >= 1).then_some(s))
     })
     .await?;
-    assert_eq!(failed.sessions.failed, 1, "{:?}", failed.sessions);
-    let reported = eventually("the trainer told", async || {
-        let t = told.lock().map(|t| t.clone()).unwrap_or_default();
-        Ok((!t.is_empty()).then_some(t))
+    assert_eq!(failed.sessions.failed, 2, "{:?}", failed.sessions);
+    eventually("the trainer told", async || {
+        let t = told.lock().map(|t| t.len()).unwrap_or_default();
+        Ok((t >= 2).then_some(()))
     })
     .await?;
-    // A few more rounds: it is said once.
+    // A few more rounds: each is said once.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let reported_later = told.lock().map(|t| t.clone()).unwrap_or_default();
-    assert_eq!(reported_later.len(), 1, "{reported_later:?}");
+    let mut reported = told.lock().map(|t| t.clone()).unwrap_or_default();
+    reported.sort_by_key(|(_, body)| body["sample"].as_u64());
+    assert_eq!(reported.len(), 2, "{reported:?}");
+    assert!(reported
+        .iter()
+        .all(|(auth, _)| *auth == format!("Bearer {token}")));
+    assert_eq!(reported[0].1, json!({"group": "lossy/t", "sample": 1}));
+    let fault = &reported[1].1;
     assert_eq!(
-        reported[0],
-        (
-            format!("Bearer {token}"),
-            json!({"group": "lossy/t", "sample": 1})
-        )
+        (&fault["group"], &fault["sample"], &fault["session"]),
+        (&json!("lossy/t"), &json!(2), &json!("lossy-t-2")),
+        "{fault}"
+    );
+    assert!(
+        fault["agentFault"]
+            .as_str()
+            .is_some_and(|why| why.contains("Container agent exceeded")),
+        "{fault}"
     );
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;

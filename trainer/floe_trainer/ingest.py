@@ -12,14 +12,25 @@ checkpoint) needs the control token as a bearer token: the ingest port is reacha
 sandbox pods, whose agents must not end a training run. Without a token it is refused.
 ``POST /v1/failed`` ``{"group": G, "sample": S}`` (that sample's session failed for good by
 infrastructure: its retries are spent, no trajectory of it will come) takes the same token:
-its group then completes without it instead of waiting for the job's end. ``POST
-/v1/fidelity`` (the same token) scores sampled tokens under the trainer's policy against
-vLLM's log-probs (``fidelity``): the check a train run makes before its first session.
+its group then completes without it instead of waiting for the job's end. With
+``"session": ID, "agentFault": why`` the failure was the agent's own doing (its pod evicted for
+what it wrote, which kills the pod with no grace period): the last snapshot of that session
+(below) is scored 0 and trains as the loss it is (``Ingest.score_partial``); without one the
+sample fails as above. Otherwise a policy that fills its disk when losing would see its losses
+vanish instead of being pushed down. ``POST /v1/fidelity`` (the same token) scores sampled
+tokens under the trainer's policy against vLLM's log-probs (``fidelity``): the check a train
+run makes before its first session.
 
 With an ingest token (``FLOE_TRAINER_INGEST_TOKEN``: the job's, which only floe's gateways
 hold), ``POST /v1/trajectories`` needs it as a bearer token too (401 without): an agent shares
 its pod's network with the gateway, and a trajectory it posted itself would be a reward it
 chose.
+
+``POST /v1/partial`` (the ingest token too) takes a snapshot of a train job's session while it
+runs: the trajectory as it stands, ``interrupted`` and untrainable, which each of its gateway's
+calls posts before its reply. The latest one (by calls) of each session without a trajectory
+is kept in ``DIR/partial/``; the session's trajectory deletes it. Nothing of it trains unless
+the operator rules the session's failure the agent's own doing.
 """
 
 from __future__ import annotations
@@ -38,6 +49,22 @@ from . import wire
 SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
+def _write_durably(target: Path, raw: bytes) -> None:
+    """Temporary file, fsync, rename, fsync of the directory."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Store:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -53,18 +80,37 @@ class Store:
             target = self.path(session)
             if target.exists():
                 return False
-            tmp = self.dir / f".{session}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(raw)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-            fd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_durably(target, raw)
+            # The session has its trajectory: its snapshot is of no more use.
+            self.partial_path(session).unlink(missing_ok=True)
             return True
+
+    def partial_path(self, session: str) -> Path:
+        return self.dir / "partial" / f"{session}.json"
+
+    def put_partial(self, session: str, calls: int, raw: bytes) -> bool:
+        """Keep a running session's snapshot unless the session has its trajectory or a
+        snapshot of more calls is kept (two calls' snapshots may cross). True when kept."""
+        with self._lock:
+            if self.path(session).exists():
+                return False
+            target = self.partial_path(session)
+            try:
+                kept = json.loads(target.read_bytes())
+                if int(kept["stats"]["completions"]) > calls:
+                    return False
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            _write_durably(target, raw)
+            return True
+
+    def put_scored(self, session: str, raw: bytes) -> bool:
+        """A snapshot scored by a ruling, stored as the session's trajectory (unless it has
+        one) with its snapshot gone. True when stored."""
+        if not self.put(session, raw):
+            return False
+        self.partial_path(session).unlink(missing_ok=True)
+        return True
 
     def load(self) -> list[wire.Trajectory]:
         """Every stored trajectory (a restart replays them), by file name."""
@@ -86,7 +132,16 @@ class Ingest:
         self.store = store
         self.on_trajectory = on_trajectory
         self.max_body_bytes = max_body_bytes
-        self.counts = {"accepted": 0, "duplicate": 0, "invalid": 0}
+        # ``partial``: snapshots kept; ``agentFault``: sessions scored 0 from their snapshot on
+        # a ruling; ``agentFaultUnscored``: ruled so, but no snapshot of it came.
+        self.counts = {
+            "accepted": 0,
+            "duplicate": 0,
+            "invalid": 0,
+            "partial": 0,
+            "agentFault": 0,
+            "agentFaultUnscored": 0,
+        }
 
     def handle(self, raw: bytes) -> tuple[int, dict]:
         try:
@@ -109,6 +164,53 @@ class Ingest:
         self.on_trajectory(t)
         return 200, {"session": t.session, "accepted": True}
 
+    def handle_partial(self, raw: bytes) -> tuple[int, dict]:
+        """A running session's snapshot: 200 whether kept or not (an older one, or a session
+        already in), 400 for a body that is not an untrainable ``interrupted`` trajectory."""
+        try:
+            body = json.loads(raw)
+            t = wire.parse(body)
+            calls = int(body.get("stats", {}).get("completions", 0))
+        except (UnicodeDecodeError, ValueError, AttributeError, TypeError) as e:
+            return 400, {"error": f"not a floe trajectory: {e}"}
+        if body.get("status") != "interrupted" or t.trainable:
+            return 400, {"error": "a snapshot is an untrainable interrupted trajectory"}
+        if not SAFE_SESSION.match(t.session):
+            return 400, {"error": f"session id {t.session!r} is not a safe file name"}
+        kept = self.store.put_partial(t.session, calls, raw)
+        if kept:
+            self.counts["partial"] += 1
+        return 200, {"session": t.session, "kept": kept}
+
+    def score_partial(
+        self, session: str, group: str, sample: int, why: str
+    ) -> wire.Trajectory | None:
+        """The last snapshot of ``session`` (of ``group``'s ``sample``), stored durably as its
+        trajectory, trainable with reward 0 (its masks were kept as built), or None when there
+        is none to score: never posted, another sample's, or the session has its trajectory."""
+        if not SAFE_SESSION.match(session):
+            return None
+        try:
+            body = json.loads(self.store.partial_path(session).read_bytes())
+        except (OSError, ValueError):
+            body = None
+        if not (
+            isinstance(body, dict)
+            and body.get("status") == "interrupted"
+            and body.get("group") == group
+            and body.get("sample") == sample
+        ):
+            self.counts["agentFaultUnscored"] += 1
+            return None
+        body["trainable"] = True
+        body["reward"] = 0.0
+        body["evaluation"] = {"reward": 0.0, "passed": False, "detail": {"agent_fault": why}}
+        t = wire.parse(body)
+        if not self.store.put_scored(session, json.dumps(body).encode()):
+            return None
+        self.counts["agentFault"] += 1
+        return t
+
 
 def make_server(
     ingest: Ingest,
@@ -118,7 +220,7 @@ def make_server(
     finish: Callable[[], None] | None = None,
     control_token: str | None = None,
     ingest_token: str | None = None,
-    failed: Callable[[str, int], None] | None = None,
+    failed: Callable[[str, int, str | None, str | None], dict] | None = None,
     fidelity: Callable[[list], dict] | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
@@ -153,12 +255,18 @@ def make_server(
             try:
                 body = json.loads(self.rfile.read(min(length, 65536)))
                 group, sample = body["group"], body["sample"]
+                session, why = body.get("session"), body.get("agentFault")
                 if not isinstance(group, str) or not isinstance(sample, int) or sample < 0:
                     raise ValueError("group must be a string and sample a whole number >= 0")
+                if (session is None) != (why is None) or not all(
+                    v is None or isinstance(v, str) for v in (session, why)
+                ):
+                    raise ValueError("session and agentFault are strings, given together")
             except (ValueError, KeyError, TypeError) as e:
                 return self._reply(400, {"error": f'expected {{"group": G, "sample": S}}: {e}'})
-            failed(group, sample)
-            self._reply(202, {"group": group, "sample": sample})
+            self._reply(
+                202, {"group": group, "sample": sample, **failed(group, sample, session, why)}
+            )
 
         def _fidelity(self):
             if not self._controlled("fidelity", fidelity):
@@ -184,7 +292,7 @@ def make_server(
                 return self._failed()
             if self.path == "/v1/fidelity":
                 return self._fidelity()
-            if self.path != "/v1/trajectories":
+            if self.path not in ("/v1/trajectories", "/v1/partial"):
                 return self._reply(404, {"error": f"no route {self.path}"})
             given = self.headers.get("authorization") or ""
             if ingest_token and not hmac.compare_digest(
@@ -196,7 +304,10 @@ def make_server(
                 return self._reply(
                     413, {"error": f"body of {length} bytes > {ingest.max_body_bytes}"}
                 )
-            code, body = ingest.handle(self.rfile.read(length))
+            raw = self.rfile.read(length)
+            if self.path == "/v1/partial":
+                return self._reply(*ingest.handle_partial(raw))
+            code, body = ingest.handle(raw)
             self._reply(code, body)
 
         def do_GET(self):  # noqa: N802

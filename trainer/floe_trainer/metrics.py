@@ -114,6 +114,12 @@ class Metrics:
             " the loss under grpo.overlong: Mask)",
             registry=r,
         )
+        self.agent_faults = PCounter(
+            "floe_trainer_agent_fault_sessions",
+            "Sessions failed by their agent's own doing (a pod evicted for what it wrote) and"
+            " trained as a loss from their last snapshot",
+            registry=r,
+        )
         self.sampled_passed = PCounter(
             "floe_trainer_sampled_passed",
             "Scored sessions received that passed",

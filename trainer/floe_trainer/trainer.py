@@ -628,11 +628,26 @@ class Trainer:
                 answer.set_exception(e)
                 raise
 
-    def sample_failed(self, group: str, sample: int) -> None:
-        """That sample's session failed for good (its retries spent): no trajectory of it will
-        come, so its group completes without it."""
+    def sample_failed(
+        self, group: str, sample: int, session: str | None = None, agent_fault: str | None = None
+    ) -> dict:
+        """That sample's session failed for good: no trajectory of it will come, so its group
+        completes without it. Unless the failure was the agent's own doing (``agent_fault``)
+        and its gateway posted snapshots of the session while it ran: the last one is scored 0
+        and joins its group, a loss like any other."""
+        scored = (
+            self.ingest.score_partial(session, group, sample, agent_fault)
+            if session is not None and agent_fault is not None
+            else None
+        )
+        if scored is not None:
+            self.metrics.agent_faults.inc()
+            self.add(scored)
+            log.info("session %s: the agent's own failure (%s), scored 0", session, agent_fault)
+            return {"scored": 0.0, "session": session}
         with self.lock:
             self.buffer.sample_failed(group, sample, time.time())
+        return {"failed": True}
 
     def finish(self) -> None:
         """No more trajectories will come: train what is left, then the final checkpoint."""

@@ -185,7 +185,7 @@ def test_a_failed_sample_is_reported_with_the_control_token_only(tmp_path):
         ("127.0.0.1", 0),
         lambda: {},
         control_token="c0ntrol",
-        failed=lambda g, s: failed.append((g, s)),
+        failed=lambda g, s, session, why: failed.append((g, s, session, why)) or {},
     )
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -201,7 +201,13 @@ def test_a_failed_sample_is_reported_with_the_control_token_only(tmp_path):
         assert send(b'{"group": "job/t", "sample": -1}', "c0ntrol") == 400
         assert failed == []
         assert send(good, "c0ntrol") == 202
-        assert failed == [("job/t", 2)]
+        assert failed == [("job/t", 2, None, None)]
+        # The agent's own failure names its session; one without the other is refused.
+        fault = {"group": "job/t", "sample": 3, "session": "job-t-3", "agentFault": "evicted"}
+        assert send(json.dumps(fault).encode(), "c0ntrol") == 202
+        assert failed[-1] == ("job/t", 3, "job-t-3", "evicted")
+        del fault["agentFault"]
+        assert send(json.dumps(fault).encode(), "c0ntrol") == 400
     finally:
         srv.shutdown()
 

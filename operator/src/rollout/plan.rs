@@ -221,6 +221,8 @@ pub enum Fold {
         reason: String,
         /// Failed at this attempt whatever `backoffLimit` allows (the agent's doing).
         agent_fault: bool,
+        /// The attempt that failed (its session id names it).
+        attempt: u32,
     },
 }
 
@@ -425,6 +427,7 @@ fn plan_sessions(
                 index: pod.index,
                 reason: failure,
                 agent_fault,
+                attempt: pod.attempt,
             }
         } else {
             next.retries.insert(pod.index, next_attempt);
@@ -1025,7 +1028,7 @@ mod tests {
         j.retries.insert(1, 2);
         let p = plan(&j, &[last], 0, Gate::OPEN);
         assert!(
-            matches!(&p.folds[..], [(_, Fold::Failed { index: 1, reason, agent_fault: false })] if reason.contains("ErrImagePull"))
+            matches!(&p.folds[..], [(_, Fold::Failed { index: 1, reason, agent_fault: false, .. })] if reason.contains("ErrImagePull"))
         );
         assert!(p.next.failed.contains(1));
         assert!(p.prewarm.iter().all(|(i, _)| *i != 1), "{:?}", p.prewarm);
@@ -1053,7 +1056,7 @@ mod tests {
         );
         assert!(matches!(
             &p.folds[..],
-            [(_, Fold::Failed { index: 0, agent_fault: true, reason })] if reason.contains("disk backstop")
+            [(_, Fold::Failed { index: 0, agent_fault: true, reason, attempt: 0 })] if reason.contains("disk backstop")
         ));
         assert!(p.next.failed.contains(0) && p.next.retries.is_empty());
         assert_eq!(p.claim, [(1, 0)], "session 0 is not claimed again");

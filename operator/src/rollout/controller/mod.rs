@@ -230,20 +230,27 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         // Someone else wrote first: look again before releasing anything.
         return Ok(Action::requeue(Duration::from_millis(200)));
     };
-    // Samples that failed for good, now folded: their groups need not wait for them.
-    let failed: Vec<(String, u32)> = decided
+    // Samples that failed for good, now folded: their groups need not wait for them, and one
+    // that failed by the agent's own doing is a loss the trainer scores from the last snapshot
+    // its gateway posted.
+    let failed: Vec<own_pod::FailedSample> = decided
         .folds
         .iter()
         .filter_map(|(_, fold)| match fold {
-            Fold::Failed { index, .. } => observed.session(*index),
+            Fold::Failed {
+                index,
+                agent_fault,
+                attempt,
+                reason,
+            } => Some((observed.session(*index)?, *agent_fault, *attempt, reason)),
             _ => None,
         })
         // A held-out sample is no trainer's.
-        .filter(|at| at.held_out.is_none())
-        .map(|at| {
-            let group =
-                floe_sandbox::session::group_id(&observed.name, &at.task.id, at.place.epoch);
-            (group, at.place.sample)
+        .filter(|(at, ..)| at.held_out.is_none())
+        .map(|(at, agent_fault, attempt, reason)| own_pod::FailedSample {
+            group: floe_sandbox::session::group_id(&observed.name, &at.task.id, at.place.epoch),
+            sample: at.place.sample,
+            agent_fault: agent_fault.then(|| (at.id(&observed.name, attempt), reason.clone())),
         })
         .collect();
     own_pod::tell_trainer_failed(ctx, job, ns, own_pod.as_ref(), &failed).await;

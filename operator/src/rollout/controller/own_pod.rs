@@ -203,22 +203,43 @@ async fn finish_trainer(
     post_to_trainer(ctx, job, ns, pod, "/v1/finish", None).await
 }
 
+/// A sample whose session failed for good.
+pub(super) struct FailedSample {
+    pub group: String,
+    pub sample: u32,
+    /// By the agent's own doing (its pod evicted for what it wrote): the failed attempt's
+    /// session id and why.
+    pub agent_fault: Option<(String, String)>,
+}
+
 /// `POST /v1/failed` for each sample whose session failed for good (its `backoffLimit`
 /// retries spent): its group completes without it instead of waiting for it until the job's
-/// end. Said once, as the round that folds the failure; a trainer that cannot be told keeps the
-/// old behaviour (the group's grace period, or the job's end), so a failure is only logged.
+/// end. For the agent's own failure the body names the session (`session`, `agentFault`): the
+/// trainer scores the last snapshot its gateway posted while it ran (the eviction left no time
+/// for more) as 0, so the loss trains instead of vanishing. Said once, as the round that folds the failure; a
+/// trainer that cannot be told keeps the old behaviour (the group's grace period, or the job's
+/// end), so a failure is only logged.
 pub(super) async fn tell_trainer_failed(
     ctx: &JobContext,
     job: &RolloutJob,
     ns: &str,
     pod: Option<&Pod>,
-    failed: &[(String, u32)],
+    failed: &[FailedSample],
 ) {
     let (Some(pod), Some(_)) = (pod, &job.spec.train) else {
         return;
     };
-    for (group, sample) in failed {
-        let body = serde_json::json!({"group": group, "sample": sample});
+    for FailedSample {
+        group,
+        sample,
+        agent_fault,
+    } in failed
+    {
+        let mut body = serde_json::json!({"group": group, "sample": sample});
+        if let Some((session, why)) = agent_fault {
+            body["session"] = session.as_str().into();
+            body["agentFault"] = why.as_str().into();
+        }
         if let Err(e) = post_to_trainer(ctx, job, ns, pod, "/v1/failed", Some(&body)).await {
             tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample: {e}");
         }

@@ -1,0 +1,132 @@
+"""A session that failed by the agent's own doing (its pod evicted for what it wrote) is a loss,
+never a sample that vanishes. The kubelet kills such a pod with no grace period, so its gateway
+posts a snapshot of the session after every call (``POST /v1/partial``); when the operator rules
+the failure the agent's, the last snapshot is scored 0 and trains with its group. Without it a
+policy that fills its disk when losing would see those losses left out of every group, and
+nothing would push that behaviour down."""
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+from tiny import tiny_llama
+
+from floe_trainer.ingest import make_server
+from floe_trainer.learn_demo import trajectory
+from floe_trainer.trainer import Trainer, TrainerConfig
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def sample(session, index, reward, calls=None, group="j/t"):
+    """A trajectory; with ``calls``, a gateway's snapshot after that many calls."""
+    ids = [5 + index, 6, 7]
+    choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+    t = trajectory(session, group, index, [1, 2, 3], choice, reward, 0)
+    if calls is not None:
+        t.update(status="interrupted", trainable=False, reward=None, evaluation=None)
+        t["stats"] = {"completions": calls}
+    return json.dumps(t).encode()
+
+
+def trainer_of(tmp_path) -> Trainer:
+    model_dir = tmp_path / "model"
+    tiny_llama().save_pretrained(model_dir)
+    conf = {
+        "model": str(model_dir),
+        "policyUrl": f"http://127.0.0.1:{closed_port()}",
+        "numSamples": 3,
+        "grpo": {"groupsPerStep": 1, "learningRate": 1e-3, "microBatchSize": 4},
+        "device": "cpu",
+        "memoryPlan": "Warn",
+    }
+    return Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))
+
+
+def test_an_evicted_agents_last_snapshot_is_scored_zero_and_trained(tmp_path):
+    trainer = trainer_of(tmp_path)
+    assert trainer.ingest.handle(sample("s-0", 0, 1.0))[0] == 200
+    assert trainer.ingest.handle(sample("s-2", 2, 1.0))[0] == 200
+    # Session 1's calls, each posted as it happened; the second call's crossed the third's.
+    for calls in (1, 3, 2):
+        assert trainer.ingest.handle_partial(sample("s-1", 1, None, calls))[0] == 200
+    kept = json.loads((tmp_path / "state/ingest/partial/s-1.json").read_text())
+    assert kept["stats"]["completions"] == 3, "the snapshot of the most calls is kept"
+    assert trainer.run_once() is None, "a snapshot is no sample"
+    assert trainer.ingest.counts["partial"] == 2
+
+    # A ruling on another sample does not score this session's snapshot.
+    assert trainer.sample_failed("j/t", 2, "s-1", "evicted") == {"failed": True}
+    assert trainer.run_once() is None, "the group still waits for sample 1"
+    got = trainer.sample_failed("j/t", 1, "s-1", "Container agent exceeded its local ephemeral")
+    assert got == {"scored": 0.0, "session": "s-1"}
+    stored = json.loads((tmp_path / "state/ingest/s-1.json").read_text())
+    assert (stored["trainable"], stored["reward"], stored["status"]) == (True, 0.0, "interrupted")
+    assert "ephemeral" in stored["evaluation"]["detail"]["agent_fault"]
+    assert not (tmp_path / "state/ingest/partial/s-1.json").exists()
+    assert trainer.ingest.counts["agentFault"] == 1
+
+    stats = trainer.run_once()
+    assert stats is not None, "the group trained, the agent's loss in it"
+    assert stats.sessions == 3 and stats.sequences == 3
+    assert stats.reward_mean == 2 / 3
+    assert [(r["sessions"], r["rewardMean"]) for r in trainer.sampled_by_version()] == [(3, 2 / 3)]
+    assert b"floe_trainer_agent_fault_sessions_total 1.0" in trainer.metrics.render()
+    # A restart replays it as the trajectory it became.
+    assert [t.session for t in trainer.ingest.store.load()] == ["s-0", "s-1", "s-2"]
+
+
+def test_a_session_with_its_own_trajectory_is_never_scored_from_a_snapshot(tmp_path):
+    trainer = trainer_of(tmp_path)
+    trainer.ingest.handle_partial(sample("s-0", 0, None, 1))
+    # Its trajectory came (its verdict its own): the snapshot is gone, later ones not kept.
+    assert trainer.ingest.handle(sample("s-0", 0, 1.0))[0] == 200
+    assert not (tmp_path / "state/ingest/partial/s-0.json").exists()
+    assert trainer.ingest.handle_partial(sample("s-0", 0, None, 2)) == (
+        200,
+        {"session": "s-0", "kept": False},
+    )
+    assert trainer.ingest.score_partial("s-0", "j/t", 0, "evicted") is None
+    # No snapshot at all (the agent never called the model): the sample fails, its group goes on.
+    trainer.ingest.handle(sample("s-2", 2, 0.0))
+    assert trainer.sample_failed("j/t", 1, "s-1", "evicted") == {"failed": True}
+    assert trainer.ingest.counts["agentFaultUnscored"] == 2, "s-0's ruling and s-1's"
+    stats = trainer.run_once()
+    assert stats is not None and stats.sessions == 2
+
+
+def test_snapshots_need_the_ingest_token_and_must_be_untrainable(tmp_path):
+    trainer = trainer_of(tmp_path)
+    srv = make_server(trainer.ingest, ("127.0.0.1", 0), lambda: {}, ingest_token="1ngest")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/partial"
+
+    def post(body: bytes, token: str | None) -> int:
+        req = urllib.request.Request(url, data=body, method="POST")
+        if token:
+            req.add_header("authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        # An agent shares its pod's network: a snapshot of its own making is refused.
+        assert post(sample("s-1", 1, None, 1), None) == 401
+        # A scored trajectory posted as a snapshot would be a reward chosen by its poster.
+        assert post(sample("s-1", 1, 1.0), "1ngest") == 400
+        assert post(b"{", "1ngest") == 400
+        assert not (tmp_path / "state/ingest/partial/s-1.json").exists()
+        assert post(sample("s-1", 1, None, 1), "1ngest") == 200
+        assert (tmp_path / "state/ingest/partial/s-1.json").exists()
+    finally:
+        srv.shutdown()
