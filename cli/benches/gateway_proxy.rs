@@ -17,7 +17,9 @@
 //! RSS figure: 256 sessions, Poisson arrivals at fixed total rates (the same seeded schedule
 //! for every target), each request sent at its scheduled time whether or not earlier ones
 //! returned. `-- --open-only` runs just that table at 128 req/s (to repeat it, or to profile
-//! the gateway: its pid is printed on stderr).
+//! the gateway: its pid is printed on stderr). The open loop also measures the plain gateway
+//! serving a train job's sessions: their sink is a trainer (the stub answers its
+//! `/v1/partial`), so each call posts a snapshot of its session before the reply.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,13 +52,15 @@ fn stub_answer() -> Vec<u8> {
 
 async fn start_stub() -> u16 {
     let body = axum::body::Bytes::from(stub_answer());
-    let app = axum::Router::new().route(
-        "/v1/chat/completions",
-        post(move || {
-            let body = body.clone();
-            async move { ([("content-type", "application/json")], body) }
-        }),
-    );
+    let app = axum::Router::new()
+        .route("/v1/partial", post(|| async { "{}" }))
+        .route(
+            "/v1/chat/completions",
+            post(move || {
+                let body = body.clone();
+                async move { ([("content-type", "application/json")], body) }
+            }),
+        );
     let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
         Ok(l) => l,
         Err(e) => panic!("stub listen: {e}"),
@@ -108,6 +112,45 @@ impl Gateway {
                     .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
             })
             .map_or(f64::NAN, |kib| kib / 1024.0)
+    }
+
+    /// A train job's session, as the operator assigns it (its sink the trainer at `trainer`)
+    /// and a runner takes it: the chat completions URL and the key to call it with.
+    async fn train_session(
+        &self,
+        http: &reqwest::Client,
+        id: &str,
+        trainer: &str,
+    ) -> (String, String) {
+        let assignment = json!({"session": id, "task": "bench", "group": "bench/t", "sample": 0,
+                                "sink": {"kind": "trainer", "url": format!("{trainer}/v1/trajectories"),
+                                         "snapshots": true}});
+        let posted = http
+            .post(format!("{}/floe/v1/assignments", self.base))
+            .bearer_auth("bench")
+            .json(&assignment)
+            .send()
+            .await;
+        assert!(
+            posted.is_ok_and(|r| r.status().is_success()),
+            "assignment of {id}"
+        );
+        let taken: Value = match http
+            .get(format!(
+                "{}/floe/v1/assignments/next?session={id}&waitSeconds=5",
+                self.base
+            ))
+            .bearer_auth("bench")
+            .send()
+            .await
+        {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(e) => panic!("taking {id}: {e}"),
+        };
+        (
+            format!("{}/v1/chat/completions", self.base),
+            taken["token"].as_str().unwrap_or_default().to_string(),
+        )
     }
 
     /// A new session; returns the chat completions URL and the key to call it with.
@@ -485,18 +528,23 @@ fn main() {
             for i in 0..n {
                 targets.push(gw.session(&http, &format!("open-{i}")).await);
             }
-            gateways.push((gw, targets));
+            gateways.push((gw.name, gw, targets));
         }
+        let mut train = Vec::new();
+        for i in 0..n {
+            train.push(floe.train_session(&http, &format!("train-{i}"), &stub).await);
+        }
+        gateways.push(("floe, train job (a snapshot each call)", &floe, train));
         for &rate in rates {
             let direct = open_loop(&http, &direct_targets, rate, duration).await;
             println!("| {rate:.0} | direct | {:.2} | {:.2} | – | – | – |", direct.pct(0.5), direct.pct(0.99));
-            for (gw, targets) in &gateways {
+            for (name, gw, targets) in &gateways {
                 let cpu0 = gw.cpu_seconds();
                 let run = open_loop(&http, targets, rate, duration).await;
                 let cpu = gw.cpu_seconds() - cpu0;
                 println!(
                     "| {rate:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
-                    gw.name, run.pct(0.5), run.pct(0.99), run.pct(0.5) - direct.pct(0.5),
+                    name, run.pct(0.5), run.pct(0.99), run.pct(0.5) - direct.pct(0.5),
                     run.pct(0.99) - direct.pct(0.99), 100.0 * cpu / duration.as_secs_f64()
                 );
             }

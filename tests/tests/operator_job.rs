@@ -346,6 +346,10 @@ async fn every_session_runs_exactly_once_through_retries_and_an_operator_crash()
         "the sft upstream's kind (vLLM by default)"
     );
     assert_eq!(first["sink"]["kind"], "trainer");
+    assert!(
+        first["sink"].get("snapshots").is_none(),
+        "an sft job's sessions post none"
+    );
     assert_eq!(
         first["sink"]["url"],
         format!("http://big-dataset.{}.svc:8100/v1/trajectories", ns.name)
@@ -1917,8 +1921,9 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
 }
 
 /// A train job's sample whose retries are spent will never reach the trainer: the operator
-/// says so (`POST /v1/failed` with the job's control token), once, so that its group completes
-/// without it instead of waiting until the job's end. A sample evicted for what its agent wrote
+/// says so (`POST /v1/failed` with the job's control token), until the trainer takes it and
+/// then never again, so that its group completes without it instead of waiting until the
+/// job's end. A sample evicted for what its agent wrote
 /// is said so with its session, so that the trainer scores its gateway's last snapshot as 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()> {
@@ -1955,9 +1960,14 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
     jobs.create(&PostParams::default(), &spec).await?;
     let ip = trainer_ip(&pods, "lossy").await?;
     let token = control_token(&client, &ns.name, "lossy").await?;
-    // A stand-in for the trainer's HTTP face: what it was told, with which credential.
+    // A stand-in for the trainer's HTTP face: what it was told, with which credential. It is
+    // down at first (its pod lost and not back yet): the operator tells it again until it
+    // answers.
     let told: Recorded = Arc::default();
     let record = told.clone();
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (is_up, refusing) = (up.clone(), refused.clone());
     let trainer = axum::Router::new()
         .route(
             "/v1/status",
@@ -1970,6 +1980,10 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
             "/v1/failed",
             axum::routing::post(
                 move |headers: axum::http::HeaderMap, axum::Json(body): axum::Json<Value>| async move {
+                    if !is_up.load(std::sync::atomic::Ordering::SeqCst) {
+                        refusing.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                    }
                     record.lock().map(|mut t| t.push((bearer(&headers), body))).ok();
                     axum::http::StatusCode::ACCEPTED
                 },
@@ -1982,12 +1996,17 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
     })
     .await?;
     assert_eq!(failed.sessions.failed, 2, "{:?}", failed.sessions);
+    eventually("a report the trainer could not take", async || {
+        Ok((refused.load(std::sync::atomic::Ordering::SeqCst) >= 1).then_some(()))
+    })
+    .await?;
+    up.store(true, std::sync::atomic::Ordering::SeqCst);
     eventually("the trainer told", async || {
         let t = told.lock().map(|t| t.len()).unwrap_or_default();
         Ok((t >= 2).then_some(()))
     })
     .await?;
-    // A few more rounds: each is said once.
+    // A few more rounds: each is said once it was taken.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let mut reported = told.lock().map(|t| t.clone()).unwrap_or_default();
     reported.sort_by_key(|(_, body)| body["sample"].as_u64());
@@ -2349,6 +2368,8 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
         } else {
             assert!(!session.contains(".h"), "{session}");
             assert_eq!(a["sink"]["kind"], "trainer", "{a}");
+            // Each call's snapshot leaves the pod first (an eviction leaves no grace period).
+            assert_eq!(a["sink"]["snapshots"], true, "{a}");
         }
     }
     let wants = [

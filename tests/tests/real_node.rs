@@ -167,7 +167,7 @@ async fn prepare_as(label: &str, node_use: NodeUse) -> Result<Work> {
 
 /// The GatewayPool `python` of two pods, once both are READY (the operator must run).
 async fn warm_pool(n: &TestNode, client: &Client, ns: &str, python: &str) -> Result<Vec<Pod>> {
-    warm_pool_of(n, client, ns, "python", python).await
+    warm_pool_of(n, client, ns, "python", python, None).await
 }
 
 /// A sandbox template of `image` (imported, never pulled) with the ConfigMap `agent` at
@@ -185,14 +185,19 @@ async fn warm_pool_of(
     ns: &str,
     name: &str,
     image: &str,
+    disk_budget: Option<&str>,
 ) -> Result<Vec<Pod>> {
+    let mut template = agent_template(image, "agent");
+    if let Some(budget) = disk_budget {
+        template["diskBudget"] = budget.into();
+    }
     apply(
         client,
         ns,
         json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
                "metadata": {"name": name},
                "spec": {"replicas": 2,
-                        "template": agent_template(image, "agent"),
+                        "template": template,
                         "prepare": [{"name": "interpreter",
                                      "command": ["python3", "-c", "import json, sqlite3"]}]}}),
     )
@@ -440,7 +445,7 @@ async fn pi_runs_in_real_pods_against_the_real_vllm() -> Result<()> {
         work.ns.name.clone(),
     );
     let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
-    warm_pool_of(n, &client, &ns, "pi", &images.harnesses).await?;
+    warm_pool_of(n, &client, &ns, "pi", &images.harnesses, None).await?;
     let mut job = sft_job("pi-fix", &ns, 2, "/pi", json!([fix_add()]));
     job["spec"]["poolRef"]["name"] = "pi".into();
     job["spec"]["harness"] = json!({"preset": "pi", "api": "openai-chat",

@@ -29,6 +29,13 @@ fn assignment(session: &str, trainer: &str) -> Value {
     })
 }
 
+/// A train job's on a cluster: its gateway posts a snapshot of the session after each call.
+fn train_job_assignment(session: &str, trainer: &str) -> Value {
+    let mut a = assignment(session, trainer);
+    a["sink"]["snapshots"] = true.into();
+    a
+}
+
 async fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
     let deadline = tokio::time::Instant::now() + limit;
     while !check() {
@@ -169,6 +176,8 @@ async fn a_sandbox_dying_mid_session_still_ships_its_captured_calls_as_untrainab
         t["reward"]
     );
     assert_eq!(t["stats"]["completions"], 1);
+    // Not a train job's on a cluster: no snapshot was posted.
+    assert!(trainer.partials().is_empty());
     assert!(t["traces"][0]["response_token_ids"]
         .as_array()
         .is_some_and(|ids| !ids.is_empty()));
@@ -196,7 +205,7 @@ async fn a_session_killed_without_grace_left_a_snapshot_of_each_call_before_its_
     let mut gateway = GatewayProcess::start(&root.path().join("gw"), &upstream.url, &[]).await?;
     let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
     gateway
-        .assign(&assignment("evicted-1", &trainer.url))
+        .assign(&train_job_assignment("evicted-1", &trainer.url))
         .await?;
     wait_for(
         "the agent to act on the second reply",

@@ -49,15 +49,19 @@ from . import wire
 SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
-def _write_durably(target: Path, raw: bytes) -> None:
-    """Temporary file, fsync, rename, fsync of the directory."""
+def _write_durably(target: Path, raw: bytes, sync: bool = True) -> None:
+    """Temporary file, fsync, rename, fsync of the directory (without ``sync``: whole or
+    absent after a crash, never torn, but maybe the older version)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp"
     with open(tmp, "wb") as f:
         f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, target)
+    if not sync:
+        return
     fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -70,12 +74,15 @@ class Store:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        # The calls of each kept snapshot (read back from its file after a restart).
+        self._partial_calls: dict[str, int] = {}
 
     def path(self, session: str) -> Path:
         return self.dir / f"{session}.json"
 
     def put(self, session: str, raw: bytes) -> bool:
-        """Persist durably; False if the session is already stored."""
+        """Persist durably (its snapshot, if any, deleted); False if the session is already
+        stored."""
         with self._lock:
             target = self.path(session)
             if target.exists():
@@ -83,6 +90,7 @@ class Store:
             _write_durably(target, raw)
             # The session has its trajectory: its snapshot is of no more use.
             self.partial_path(session).unlink(missing_ok=True)
+            self._partial_calls.pop(session, None)
             return True
 
     def partial_path(self, session: str) -> Path:
@@ -95,22 +103,18 @@ class Store:
             if self.path(session).exists():
                 return False
             target = self.partial_path(session)
-            try:
-                kept = json.loads(target.read_bytes())
-                if int(kept["stats"]["completions"]) > calls:
-                    return False
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-            _write_durably(target, raw)
+            kept = self._partial_calls.get(session)
+            if kept is None:
+                try:
+                    kept = int(json.loads(target.read_bytes())["stats"]["completions"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    kept = -1
+            if kept > calls:
+                return False
+            # One per call: not fsynced (a trainer that crashes may keep an older one).
+            _write_durably(target, raw, sync=False)
+            self._partial_calls[session] = calls
             return True
-
-    def put_scored(self, session: str, raw: bytes) -> bool:
-        """A snapshot scored by a ruling, stored as the session's trajectory (unless it has
-        one) with its snapshot gone. True when stored."""
-        if not self.put(session, raw):
-            return False
-        self.partial_path(session).unlink(missing_ok=True)
-        return True
 
     def load(self) -> list[wire.Trajectory]:
         """Every stored trajectory (a restart replays them), by file name."""
@@ -182,6 +186,10 @@ class Ingest:
             self.counts["partial"] += 1
         return 200, {"session": t.session, "kept": kept}
 
+    def has(self, session: str) -> bool:
+        """Whether ``session`` has its trajectory stored."""
+        return bool(SAFE_SESSION.match(session)) and self.store.path(session).exists()
+
     def score_partial(
         self, session: str, group: str, sample: int, why: str
     ) -> wire.Trajectory | None:
@@ -206,7 +214,8 @@ class Ingest:
         body["reward"] = 0.0
         body["evaluation"] = {"reward": 0.0, "passed": False, "detail": {"agent_fault": why}}
         t = wire.parse(body)
-        if not self.store.put_scored(session, json.dumps(body).encode()):
+        # Stored as its trajectory (which deletes the snapshot), unless it has one.
+        if not self.store.put(session, json.dumps(body).encode()):
             return None
         self.counts["agentFault"] += 1
         return t

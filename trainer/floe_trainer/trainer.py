@@ -635,6 +635,9 @@ class Trainer:
         completes without it. Unless the failure was the agent's own doing (``agent_fault``)
         and its gateway posted snapshots of the session while it ran: the last one is scored 0
         and joins its group, a loss like any other."""
+        if session is not None and agent_fault is not None and self.ingest.has(session):
+            # A ruling told again (its answer lost), or the session's own trajectory came.
+            return {"known": True, "session": session}
         scored = (
             self.ingest.score_partial(session, group, sample, agent_fault)
             if session is not None and agent_fault is not None

@@ -13,7 +13,7 @@ import urllib.request
 
 from tiny import tiny_llama
 
-from floe_trainer.ingest import make_server
+from floe_trainer.ingest import Store, make_server
 from floe_trainer.learn_demo import trajectory
 from floe_trainer.trainer import Trainer, TrainerConfig
 
@@ -60,6 +60,8 @@ def test_an_evicted_agents_last_snapshot_is_scored_zero_and_trained(tmp_path):
         assert trainer.ingest.handle_partial(sample("s-1", 1, None, calls))[0] == 200
     kept = json.loads((tmp_path / "state/ingest/partial/s-1.json").read_text())
     assert kept["stats"]["completions"] == 3, "the snapshot of the most calls is kept"
+    # So is it after a restart, read back from its file.
+    assert not Store(tmp_path / "state/ingest").put_partial("s-1", 2, b"{}")
     assert trainer.run_once() is None, "a snapshot is no sample"
     assert trainer.ingest.counts["partial"] == 2
 
@@ -68,6 +70,10 @@ def test_an_evicted_agents_last_snapshot_is_scored_zero_and_trained(tmp_path):
     assert trainer.run_once() is None, "the group still waits for sample 1"
     got = trainer.sample_failed("j/t", 1, "s-1", "Container agent exceeded its local ephemeral")
     assert got == {"scored": 0.0, "session": "s-1"}
+    # The operator tells a ruling until the trainer answers: told again, it changes nothing.
+    again = trainer.sample_failed("j/t", 1, "s-1", "Container agent exceeded its local ephemeral")
+    assert again == {"known": True, "session": "s-1"}
+    assert trainer.buffer.dropped["failed"] == 0
     stored = json.loads((tmp_path / "state/ingest/s-1.json").read_text())
     assert (stored["trainable"], stored["reward"], stored["status"]) == (True, 0.0, "interrupted")
     assert "ephemeral" in stored["evaluation"]["detail"]["agent_fault"]

@@ -177,6 +177,9 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         (Some(t), _) => Sink::Trainer {
             url: t.ingest_url(),
             token: t.ingest_token(),
+            // No kubelet evicts a local session: `floe run` stops one over its disk budget
+            // itself, and scores it.
+            snapshots: false,
         },
         (None, Some(_)) => Sink::Dataset {
             dir: dataset_dir()?,

@@ -89,7 +89,7 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<(), String> {
 /// trainer listens on a new address with a new ingest token each time it starts.
 fn comparable(a: &Assignment) -> Assignment {
     let mut a = a.clone();
-    if let Sink::Trainer { url, token } = &mut a.sink {
+    if let Sink::Trainer { url, token, .. } = &mut a.sink {
         url.clear();
         *token = None;
     }
@@ -410,6 +410,7 @@ mod tests {
                     sink: Sink::Trainer {
                         url: format!("http://127.0.0.1:{port}/v1/trajectories"),
                         token: Some(token.into()),
+                        snapshots: false,
                     },
                     ..assignment(s)
                 })

@@ -35,13 +35,19 @@ pub fn partial_url(trajectories_url: &str) -> Option<String> {
         .map(|base| format!("{base}/v1/partial"))
 }
 
-/// Post the session as it stands to its trainer, if its sink is one and it is still open.
+/// Post the session as it stands to its trainer, if its sink is one that takes snapshots (a
+/// train job's, on a cluster) and it is still open.
 pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
     let id = session.meta.session.clone();
     let Some(delivered) = gateway.assignments.get(&id) else {
         return;
     };
-    let Sink::Trainer { url, token } = delivered.assignment.sink else {
+    let Sink::Trainer {
+        url,
+        token,
+        snapshots: true,
+    } = delivered.assignment.sink
+    else {
         return;
     };
     let Some(partial) = partial_url(&url) else {

@@ -286,6 +286,7 @@ mod tests {
         d.assignment.sink = Sink::Trainer {
             url: "http://trainer:8100/v1/trajectories".into(),
             token: Some("ingest-secret".into()),
+            snapshots: true,
         };
         d.assignment.upstream = Some(UpstreamOverride {
             url: Some("http://policy:8000".into()),

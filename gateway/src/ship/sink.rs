@@ -20,6 +20,11 @@ pub enum Sink {
         url: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        /// After each call, post a snapshot of the running session to the trainer's
+        /// `/v1/partial` beside `url` ([`crate::server::snapshot`]): a train job's pods, which
+        /// the kubelet may evict with no grace period to ship anything.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        snapshots: bool,
     },
     /// Write `DIR/accepted/<session>.json` when the session is trainable and its reward is at
     /// least `minReward` (any reward when unset), else `DIR/rejected/<session>.json`.
@@ -73,7 +78,7 @@ pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<Strin
     let trajectory = &entry.trajectory;
     match &entry.sink {
         Sink::None => Ok("spool".into()),
-        Sink::Trainer { url, token } => {
+        Sink::Trainer { url, token, .. } => {
             let mut request = http
                 .post(url)
                 .timeout(DELIVERY_TIMEOUT)

@@ -270,10 +270,12 @@ mod tests {
         let old = Sink::Trainer {
             url: "http://127.0.0.1:1/v1/trajectories".into(),
             token: Some("old".into()),
+            snapshots: false,
         };
         let new = Sink::Trainer {
             url: "http://127.0.0.1:2/v1/trajectories".into(),
             token: Some("new".into()),
+            snapshots: false,
         };
         let mut to_trainer = entry("a");
         to_trainer.sink = old;

@@ -5,7 +5,10 @@
 //! pool pods sample the policy through the job's Service, ship their trajectories to the
 //! ingest, and the trainer takes real steps that the job's status shows. The first pod is
 //! deleted after a step: its successor resumes from the checkpoint it wrote on the job's claim
-//! and trains every acknowledged trajectory once over both.
+//! and trains every acknowledged trajectory once over both. One task's agent fills its own
+//! layer after its call: the kubelet evicts its pod with no grace period, and the trainer
+//! stores that session as a loss (reward 0) from the snapshot its gateway posted before the
+//! reply, on the operator's word that the eviction was the agent's doing.
 //!
 //! The trainer image runs the tests' vLLM venv from the pod's model volume (a read-only
 //! hostPath PersistentVolume of the cache holding it and the models): torch's CUDA build is
@@ -14,9 +17,11 @@
 
 use super::*;
 
-/// The learning agent: one model call through the gateway, its reply kept for the grader.
+/// The learning agent: one model call through the gateway, its reply kept for the grader. Told
+/// to fill its disk, it then writes 200 MiB into its own layer (`/tmp`), past its backstop of
+/// four times the pool's `diskBudget`, and waits to be evicted.
 const LEARN_AGENT: &str = r#"
-import json, os, pathlib, urllib.request
+import json, os, pathlib, time, urllib.request
 base = os.environ["OPENAI_BASE_URL"].rstrip("/")
 body = {"model": "policy", "max_tokens": 12,
         "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
@@ -25,7 +30,15 @@ req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).e
                                       "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
 reply = json.load(urllib.request.urlopen(req, timeout=120))
 pathlib.Path("reply.txt").write_text(reply["choices"][0]["message"]["content"] or "")
+if "fill your disk" in os.environ["FLOE_INSTRUCTION"]:
+    with open("/tmp/fill", "wb") as f:
+        for _ in range(200):
+            f.write(b"\0" * (1 << 20))
+    time.sleep(150)
 "#;
+
+/// The pool's disk budget: the agent container's own layer may hold four times it (32 MiB).
+const DISK_BUDGET: &str = "8Mi";
 
 /// The grader (a hidden file): shorter replies score higher, so the rewards of a group differ
 /// and each group trains (a group whose rewards are all equal has no advantage to learn from).
@@ -117,7 +130,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     )
     .await?;
     let _operator = Operator::start_on(&n.cluster, &images.floe, &ns, &[], &[])?;
-    warm_pool(n, &client, &ns, &images.python).await?;
+    warm_pool_of(n, &client, &ns, "python", &images.python, Some(DISK_BUDGET)).await?;
     let checkpoint = match loss {
         Loss::Deleted => json!({"claimName": "checkpoints"}),
         Loss::ForceDeleted => json!({"claimName": "checkpoints", "everySteps": 1}),
@@ -132,7 +145,8 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
                  "sampling": {"maxResponseTokens": 12},
                  "timeouts": {"agentSeconds": 180, "evaluatorSeconds": 30},
                  "tasks": {"inline": [task("fruit", "Name a fruit."),
-                                      task("colour", "Name a colour.")]},
+                                      task("colour", "Name a colour."),
+                                      task("tree", "Name a tree, then fill your disk.")]},
                  "train": {"image": trainer_image, "model": in_volume.display().to_string(),
                            "modelClaimName": "models", "gpus": 0, "nodes": 2, "epochs": 2,
                            // The checkpoints and every acknowledged trajectory outlive
@@ -262,7 +276,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     );
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns);
     // The trainer pod loads vLLM and the model on this 2-core node (~1-2 min) before any
-    // session starts; then 8 sessions (two tasks, two epochs) and up to four steps.
+    // session starts; then 12 sessions (three tasks, two epochs) and up to four steps.
     let done = eventually_within(600, "the train job to finish", async || {
         let job = jobs.get("learn").await?;
         let phase = job.status.as_ref().and_then(|s| s.phase);
@@ -282,8 +296,12 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
             trainer_logs(n, &ns)
         );
     }
-    assert_eq!(status.sessions.total, 8, "{status:?}");
-    assert_eq!(status.sessions.succeeded, 8, "{status:?}");
+    assert_eq!(status.sessions.total, 12, "{status:?}");
+    assert_eq!(
+        (status.sessions.succeeded, status.sessions.failed),
+        (8, 4),
+        "the tree task's four sessions evicted, failed without a retry: {status:?}"
+    );
     // The held-out rounds, in real pods against the real trainer's vLLM: version 0, and the
     // final version once the trainer finished, each sampled by the weights it names (the
     // gateways read vLLM's version header).
@@ -351,6 +369,62 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
         assert_eq!(c.restart_count, 0, "{} restarted: {:?}", c.name, c);
     }
     assert_eq!(containers.len(), 3, "{containers:?}");
+    // Each evicted session is on the claim as a trajectory of its own: its last snapshot
+    // (posted before the reply the agent acted on), scored 0 on the operator's ruling. None is
+    // left out of its group as a sample that vanished. (An attempt whose call failed while the
+    // trainer pod was gone was retried: it shipped untrainable, as infrastructure.)
+    let mut trees = Vec::new();
+    for entry in std::fs::read_dir(checkpoints.path().join("ingest"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let t: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+            if t["task"] == "tree" {
+                trees.push(t);
+            }
+        }
+    }
+    let (evicted, retried): (Vec<Value>, Vec<Value>) = trees
+        .into_iter()
+        .partition(|t| t["status"] == "interrupted");
+    let brief = |ts: &[Value]| -> Vec<String> {
+        ts.iter()
+            .map(|t| format!("{} {} {}", t["session"], t["status"], t["trainable"]))
+            .collect()
+    };
+    assert_eq!(
+        evicted.len(),
+        4,
+        "every evicted session scored from its snapshot: {:?} (others: {:?})\n{}",
+        brief(&evicted),
+        brief(&retried),
+        trainer_logs(n, &ns)
+    );
+    assert!(
+        retried
+            .iter()
+            .all(|t| t["trainable"] == false && t["status"] == "error"),
+        "{:?}",
+        brief(&retried)
+    );
+    for t in &evicted {
+        assert_eq!(
+            (&t["status"], &t["trainable"], &t["reward"]),
+            (&json!("interrupted"), &json!(true), &json!(0.0)),
+            "{t}"
+        );
+        assert!(
+            t["evaluation"]["detail"]["agent_fault"]
+                .as_str()
+                .is_some_and(|why| why.contains("ephemeral")),
+            "{}",
+            t["evaluation"]
+        );
+        assert!(
+            t["stats"]["sampled_tokens"].as_u64().is_some_and(|n| n > 0),
+            "the agent's call, as sampled: {}",
+            t["stats"]
+        );
+    }
     eventually_within(120, "the second trainer pod gone", async || {
         Ok(pods
             .get_opt("learn-trainer-1")

@@ -61,6 +61,9 @@ pub(super) fn wiring(
                     aux_pods::INGEST_PORT
                 ),
                 token: job_token.clone(),
+                // The kubelet evicts a pod with no grace period: each call's snapshot leaves
+                // first, so that an eviction the agent caused still trains as its loss.
+                snapshots: true,
             },
             // The job's own policy server is vLLM, whatever the pool's gateways default to.
             SessionUpstream {
@@ -83,6 +86,7 @@ pub(super) fn wiring(
                     aux_pods::INGEST_PORT
                 ),
                 token: job_token,
+                snapshots: false,
             },
             SessionUpstream {
                 url: Some(sft.upstream.url.clone()),

@@ -226,13 +226,10 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         trainer_unfinished,
         tasks_digest: &observed.tasks_digest,
     };
-    let Some(written) = report.fold(&decided).await? else {
-        // Someone else wrote first: look again before releasing anything.
-        return Ok(Action::requeue(Duration::from_millis(200)));
-    };
-    // Samples that failed for good, now folded: their groups need not wait for them, and one
-    // that failed by the agent's own doing is a loss the trainer scores from the last snapshot
-    // its gateway posted.
+    // Samples that failed for good: their groups need not wait for them, and one that failed
+    // by the agent's own doing is a loss the trainer scores from the last snapshot its gateway
+    // posted. Remembered before the fold, whose round may tell the trainer to finish: that
+    // waits until it was told of them. (A fold that loses its write decides them again.)
     let failed: Vec<own_pod::FailedSample> = decided
         .folds
         .iter()
@@ -253,7 +250,12 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
             agent_fault: agent_fault.then(|| (at.id(&observed.name, attempt), reason.clone())),
         })
         .collect();
-    own_pod::tell_trainer_failed(ctx, job, ns, own_pod.as_ref(), &failed).await;
+    own_pod::remember_failed(ctx, job, failed);
+    let Some(written) = report.fold(&decided).await? else {
+        // Someone else wrote first: look again before releasing anything.
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    };
+    own_pod::tell_trainer_failed(ctx, job, ns, own_pod.as_ref()).await;
     // ... then deliver and claim, so that new sessions are on their way ...
     let achieved =
         claims::claim_and_start(ctx, job, &observed, &decided, job_pod.gate, started).await?;

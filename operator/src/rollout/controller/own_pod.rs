@@ -199,7 +199,7 @@ async fn finish_trainer(
     job: &RolloutJob,
     ns: &str,
     pod: &Pod,
-) -> Result<(), String> {
+) -> Result<(), TellError> {
     post_to_trainer(ctx, job, ns, pod, "/v1/finish", None).await
 }
 
@@ -212,38 +212,66 @@ pub(super) struct FailedSample {
     pub agent_fault: Option<(String, String)>,
 }
 
+/// Samples of a train job that failed for good, folded this round: to be told to its trainer
+/// (by [`tell_trainer_failed`], this round and every next one until it answers).
+pub(super) fn remember_failed(ctx: &JobContext, job: &RolloutJob, failed: Vec<FailedSample>) {
+    if job.spec.train.is_none() || failed.is_empty() {
+        return;
+    }
+    ctx.remember(&job.uid().unwrap_or_default(), |m| {
+        for f in failed {
+            m.untold_failures.insert((f.group, f.sample), f.agent_fault);
+        }
+    });
+}
+
 /// `POST /v1/failed` for each sample whose session failed for good (its `backoffLimit`
-/// retries spent): its group completes without it instead of waiting for it until the job's
-/// end. For the agent's own failure the body names the session (`session`, `agentFault`): the
-/// trainer scores the last snapshot its gateway posted while it ran (the eviction left no time
-/// for more) as 0, so the loss trains instead of vanishing. Said once, as the round that folds the failure; a
-/// trainer that cannot be told keeps the old behaviour (the group's grace period, or the job's
-/// end), so a failure is only logged.
+/// retries spent) that the trainer has not acknowledged: its group completes without it
+/// instead of waiting for it until the job's end. For the agent's own failure the body names
+/// the session (`session`, `agentFault`): the trainer scores the last snapshot its gateway
+/// posted while it ran (the eviction left no time for more) as 0, so the loss trains instead
+/// of vanishing. A trainer that cannot be told now (its pod lost and not back yet) is told
+/// on a later round: the trainer takes a repeat as the same ruling.
 pub(super) async fn tell_trainer_failed(
     ctx: &JobContext,
     job: &RolloutJob,
     ns: &str,
     pod: Option<&Pod>,
-    failed: &[FailedSample],
 ) {
-    let (Some(pod), Some(_)) = (pod, &job.spec.train) else {
+    let uid = job.uid().unwrap_or_default();
+    let untold = ctx.remember(&uid, |m| m.untold_failures.clone());
+    let Some(pod) = pod.filter(|_| !untold.is_empty()) else {
         return;
     };
-    for FailedSample {
-        group,
-        sample,
-        agent_fault,
-    } in failed
-    {
+    for ((group, sample), agent_fault) in untold {
         let mut body = serde_json::json!({"group": group, "sample": sample});
-        if let Some((session, why)) = agent_fault {
+        if let Some((session, why)) = &agent_fault {
             body["session"] = session.as_str().into();
             body["agentFault"] = why.as_str().into();
         }
-        if let Err(e) = post_to_trainer(ctx, job, ns, pod, "/v1/failed", Some(&body)).await {
-            tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample: {e}");
+        match post_to_trainer(ctx, job, ns, pod, "/v1/failed", Some(&body)).await {
+            Ok(()) => {
+                ctx.remember(&uid, |m| m.untold_failures.remove(&(group, sample)));
+            }
+            Err(TellError::Refused(e)) => {
+                // Asking again cannot help (a trainer without the route): not waited for.
+                tracing::warn!(job = %job.name_any(), %group, sample, "the trainer refused a failed sample: {e}");
+                ctx.remember(&uid, |m| m.untold_failures.remove(&(group, sample)));
+            }
+            Err(e) => {
+                tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample yet: {e}");
+                // The trainer is not there: the rest wait for the next round too.
+                return;
+            }
         }
     }
+}
+
+/// Whether the trainer has been told of every sample that failed for good.
+fn told_every_failure(ctx: &JobContext, job: &RolloutJob) -> bool {
+    ctx.remember(&job.uid().unwrap_or_default(), |m| {
+        m.untold_failures.is_empty()
+    })
 }
 
 /// A train job's control token, from its trainer's Secret.
@@ -271,9 +299,12 @@ async fn post_to_trainer(
     pod: &Pod,
     path: &str,
     body: Option<&serde_json::Value>,
-) -> Result<(), String> {
-    let url = trainer_endpoint(pod, path).ok_or("the trainer pod has no IP")?;
-    let token = trainer_control_token(ctx, job, ns).await?;
+) -> Result<(), TellError> {
+    let url = trainer_endpoint(pod, path)
+        .ok_or_else(|| TellError::Unreachable("the trainer pod has no IP".into()))?;
+    let token = trainer_control_token(ctx, job, ns)
+        .await
+        .map_err(TellError::Unreachable)?;
     let mut request = ctx
         .http
         .post(&url)
@@ -285,11 +316,27 @@ async fn post_to_trainer(
     let reply = request
         .send()
         .await
-        .map_err(|e| format!("POST {url}: {e}"))?;
-    if !reply.status().is_success() {
-        return Err(format!("POST {url}: {}", reply.status()));
+        .map_err(|e| TellError::Unreachable(format!("POST {url}: {e}")))?;
+    let status = reply.status();
+    if status.is_success() {
+        return Ok(());
     }
-    Ok(())
+    let why = format!("POST {url}: {status}");
+    if status.is_client_error() && !matches!(status.as_u16(), 408 | 429) {
+        return Err(TellError::Refused(why));
+    }
+    Err(TellError::Unreachable(why))
+}
+
+/// Why the trainer was not told.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TellError {
+    /// Not there, or not able to take it now (connection, 5xx, 408, 429): worth another try.
+    #[error("{0}")]
+    Unreachable(String),
+    /// It answered no (another 4xx): another try would get the same answer.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// A train job whose sessions are done: tell its trainer, every round until it says it
@@ -305,7 +352,9 @@ pub(super) async fn finish_trainer_when_done(
         .conditions
         .iter()
         .any(|c| c.reason == status::TRAINING_LAST_GROUPS);
-    if let (true, Some(pod)) = (finishing, pod) {
+    // Told first of every sample that failed for good: a loss it would score after its finish
+    // would never train.
+    if let (true, Some(pod), true) = (finishing, pod, told_every_failure(ctx, job)) {
         if let Err(e) = finish_trainer(ctx, job, ns, pod).await {
             tracing::warn!(job = %job.name_any(), "cannot tell the trainer the sessions are done: {e}");
         }
