@@ -4,7 +4,7 @@
 //! of running sessions (`POST /v1/partial`) are recorded apart, in the order they came.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
@@ -20,6 +20,8 @@ struct Inner {
     posts: Mutex<BTreeMap<String, Vec<Value>>>,
     /// session → every snapshot posted for it.
     partials: Mutex<BTreeMap<String, Vec<Value>>>,
+    /// How long a snapshot's post takes before it is recorded and answered (ms).
+    partial_delay_ms: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -55,6 +57,12 @@ impl TestIngest {
             .unwrap_or_default()
     }
 
+    /// Each snapshot's post is recorded and answered only after `delay` (a slow trainer).
+    pub fn set_partial_delay(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.inner.partial_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
     /// Snapshots of running sessions that reached `/v1/partial`, per session.
     pub fn partials(&self) -> BTreeMap<String, Vec<Value>> {
         self.inner
@@ -69,6 +77,8 @@ async fn partial(State(inner): State<Arc<Inner>>, Json(body): Json<Value>) -> St
     if inner.down.load(Ordering::SeqCst) {
         return StatusCode::SERVICE_UNAVAILABLE;
     }
+    let delay = inner.partial_delay_ms.load(Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
     let session = body["session"].as_str().unwrap_or_default().to_string();
     let mut partials = inner.partials.lock().unwrap_or_else(|e| e.into_inner());
     partials.entry(session).or_default().push(body);

@@ -1968,12 +1968,23 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
     let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (is_up, refusing) = (up.clone(), refused.clone());
+    // Each /v1/finish, with whether the trainer was up (taking reports) by then.
+    let finishes: Arc<std::sync::Mutex<Vec<bool>>> = Arc::default();
+    let (finish_up, finish_log) = (up.clone(), finishes.clone());
     let trainer = axum::Router::new()
         .route(
             "/v1/status",
             axum::routing::get(|| async {
                 axum::Json(json!({"step": 0, "policyVersion": 0, "pendingGroups": 1,
                                   "readyGroups": 0, "training": false, "finished": false}))
+            }),
+        )
+        .route(
+            "/v1/finish",
+            axum::routing::post(move || async move {
+                let up = finish_up.load(std::sync::atomic::Ordering::SeqCst);
+                finish_log.lock().map(|mut f| f.push(up)).ok();
+                axum::http::StatusCode::ACCEPTED
             }),
         )
         .route(
@@ -2000,6 +2011,8 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
         Ok((refused.load(std::sync::atomic::Ordering::SeqCst) >= 1).then_some(()))
     })
     .await?;
+    // Down a few rounds more, the sessions all done: no finish may come before the reports.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
     up.store(true, std::sync::atomic::Ordering::SeqCst);
     eventually("the trainer told", async || {
         let t = told.lock().map(|t| t.len()).unwrap_or_default();
@@ -2014,7 +2027,26 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
     assert!(reported
         .iter()
         .all(|(auth, _)| *auth == format!("Bearer {token}")));
-    assert_eq!(reported[0].1, json!({"group": "lossy/t", "sample": 1}));
+    let infra = &reported[0].1;
+    assert_eq!(
+        (&infra["group"], &infra["sample"]),
+        (&json!("lossy/t"), &json!(1))
+    );
+    // Its last attempt's session, whose snapshot the trainer drops; no fault of the agent's.
+    assert!(
+        infra["session"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("lossy-t-1")),
+        "{infra}"
+    );
+    assert!(infra.get("agentFault").is_none(), "{infra}");
+    // The trainer is told to finish (the sessions are done), but only once it took them.
+    eventually("the trainer told to finish", async || {
+        Ok((!finishes.lock().map(|f| f.is_empty()).unwrap_or(true)).then_some(()))
+    })
+    .await?;
+    let finished_when = finishes.lock().map(|f| f.clone()).unwrap_or_default();
+    assert!(finished_when.iter().all(|up| *up), "{finished_when:?}");
     let fault = &reported[1].1;
     assert_eq!(
         (&fault["group"], &fault["sample"], &fault["session"]),

@@ -188,7 +188,9 @@ async fn a_sandbox_dying_mid_session_still_ships_its_captured_calls_as_untrainab
 /// The kubelet evicts a pod with no grace period: the gateway dies with the agent and ships
 /// nothing more. Every call already left: its snapshot reached the trainer before its reply
 /// reached the agent, so what the agent did with the reply (here: the command it ran) comes
-/// after. The trainer scores it 0 if the operator rules the eviction the agent's doing.
+/// after. The trainer scores it 0 if the operator rules the eviction the agent's doing. The
+/// trainer takes a second over each snapshot: one posted beside the reply, not before it,
+/// would arrive after the agent acted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_killed_without_grace_left_a_snapshot_of_each_call_before_its_reply() -> Result<()>
 {
@@ -202,6 +204,7 @@ async fn a_session_killed_without_grace_left_a_snapshot_of_each_call_before_its_
     ])
     .await?;
     let trainer = TestIngest::start().await?;
+    trainer.set_partial_delay(Duration::from_secs(1));
     let mut gateway = GatewayProcess::start(&root.path().join("gw"), &upstream.url, &[]).await?;
     let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
     gateway

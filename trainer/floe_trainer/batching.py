@@ -92,6 +92,12 @@ class GroupBuffer:
             return
         p.by_sample[t.sample] = t
 
+    def arrived(self, group: str, sample: int) -> bool:
+        """Whether ``group`` needs nothing more of ``sample``: it was taken (trained or
+        dropped), or the sample is in it."""
+        p = self.pending.get(group)
+        return group in self.closed or (p is not None and sample in p.by_sample)
+
     def sample_failed(self, group: str, sample: int, now: float) -> None:
         """A sample that will never arrive: its session failed by infrastructure past its
         retries. Its group is complete without it (with ``minGroupFraction: 1`` it would

@@ -28,9 +28,10 @@ chose.
 
 ``POST /v1/partial`` (the ingest token too) takes a snapshot of a train job's session while it
 runs: the trajectory as it stands, ``interrupted`` and untrainable, which each of its gateway's
-calls posts before its reply. The latest one (by calls) of each session without a trajectory
-is kept in ``DIR/partial/``; the session's trajectory deletes it. Nothing of it trains unless
-the operator rules the session's failure the agent's own doing.
+calls posts before its reply, with ``Floe-Session`` and ``Floe-Calls`` headers. The latest one
+(by calls) of each session without a trajectory is kept, unparsed, in ``DIR/partial/``; the
+session's trajectory deletes it, as do a failure not the agent's and the trainer's finish.
+Nothing of it trains unless the operator rules the session's failure the agent's own doing.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import hmac
 import json
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,7 +55,7 @@ def _write_durably(target: Path, raw: bytes, sync: bool = True) -> None:
     """Temporary file, fsync, rename, fsync of the directory (without ``sync``: whole or
     absent after a crash, never torn, but maybe the older version)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp"
+    tmp = target.parent / f".{target.stem}.tmp"
     with open(tmp, "wb") as f:
         f.write(raw)
         if sync:
@@ -98,23 +100,32 @@ class Store:
 
     def put_partial(self, session: str, calls: int, raw: bytes) -> bool:
         """Keep a running session's snapshot unless the session has its trajectory or a
-        snapshot of more calls is kept (two calls' snapshots may cross). True when kept."""
+        snapshot of more calls is kept (its gateway posts them in order; this is the guard).
+        True when kept. Written outside the store's lock, and not fsynced: one per call (a
+        trainer that crashes may keep an older one)."""
+        target = self.partial_path(session)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".partial-{threading.get_ident()}.tmp"
+        tmp.write_bytes(raw)
         with self._lock:
-            if self.path(session).exists():
+            if self.path(session).exists() or self._partial_calls.get(session, -1) > calls:
+                tmp.unlink(missing_ok=True)
                 return False
-            target = self.partial_path(session)
-            kept = self._partial_calls.get(session)
-            if kept is None:
-                try:
-                    kept = int(json.loads(target.read_bytes())["stats"]["completions"])
-                except (OSError, ValueError, KeyError, TypeError):
-                    kept = -1
-            if kept > calls:
-                return False
-            # One per call: not fsynced (a trainer that crashes may keep an older one).
-            _write_durably(target, raw, sync=False)
+            os.replace(tmp, target)
             self._partial_calls[session] = calls
             return True
+
+    def drop_partial(self, session: str) -> None:
+        """Forget a session's snapshot (its session failed, not by its agent)."""
+        with self._lock:
+            self.partial_path(session).unlink(missing_ok=True)
+            self._partial_calls.pop(session, None)
+
+    def drop_partials(self) -> None:
+        """Forget every snapshot left (the job's sessions are all done)."""
+        with self._lock:
+            shutil.rmtree(self.dir / "partial", ignore_errors=True)
+            self._partial_calls.clear()
 
     def load(self) -> list[wire.Trajectory]:
         """Every stored trajectory (a restart replays them), by file name."""
@@ -168,23 +179,20 @@ class Ingest:
         self.on_trajectory(t)
         return 200, {"session": t.session, "accepted": True}
 
-    def handle_partial(self, raw: bytes) -> tuple[int, dict]:
-        """A running session's snapshot: 200 whether kept or not (an older one, or a session
-        already in), 400 for a body that is not an untrainable ``interrupted`` trajectory."""
-        try:
-            body = json.loads(raw)
-            t = wire.parse(body)
-            calls = int(body.get("stats", {}).get("completions", 0))
-        except (UnicodeDecodeError, ValueError, AttributeError, TypeError) as e:
-            return 400, {"error": f"not a floe trajectory: {e}"}
-        if body.get("status") != "interrupted" or t.trainable:
-            return 400, {"error": "a snapshot is an untrainable interrupted trajectory"}
-        if not SAFE_SESSION.match(t.session):
-            return 400, {"error": f"session id {t.session!r} is not a safe file name"}
-        kept = self.store.put_partial(t.session, calls, raw)
+    def handle_partial(self, session: str, calls: str, raw: bytes) -> tuple[int, dict]:
+        """A running session's snapshot (its session and calls in the headers
+        ``Floe-Session`` and ``Floe-Calls``): 200 whether kept or not (an older one, or a
+        session already in), 400 without them. The body is kept as it came, never parsed
+        here: one comes with every call of every session, and it is read only if a ruling
+        scores it (``score_partial``, which checks it then)."""
+        if not SAFE_SESSION.match(session):
+            return 400, {"error": f"Floe-Session {session!r} is not a safe session id"}
+        if not calls.isdigit():
+            return 400, {"error": f"Floe-Calls {calls!r} is not a number of calls"}
+        kept = self.store.put_partial(session, int(calls), raw)
         if kept:
             self.counts["partial"] += 1
-        return 200, {"session": t.session, "kept": kept}
+        return 200, {"session": session, "kept": kept}
 
     def has(self, session: str) -> bool:
         """Whether ``session`` has its trajectory stored."""
@@ -204,7 +212,9 @@ class Ingest:
             body = None
         if not (
             isinstance(body, dict)
+            and body.get("session") == session
             and body.get("status") == "interrupted"
+            and body.get("trainable") is False
             and body.get("group") == group
             and body.get("sample") == sample
         ):
@@ -213,7 +223,11 @@ class Ingest:
         body["trainable"] = True
         body["reward"] = 0.0
         body["evaluation"] = {"reward": 0.0, "passed": False, "detail": {"agent_fault": why}}
-        t = wire.parse(body)
+        try:
+            t = wire.parse(body)
+        except wire.InvalidTrajectory:
+            self.counts["agentFaultUnscored"] += 1
+            return None
         # Stored as its trajectory (which deletes the snapshot), unless it has one.
         if not self.store.put(session, json.dumps(body).encode()):
             return None
@@ -267,15 +281,17 @@ def make_server(
                 session, why = body.get("session"), body.get("agentFault")
                 if not isinstance(group, str) or not isinstance(sample, int) or sample < 0:
                     raise ValueError("group must be a string and sample a whole number >= 0")
-                if (session is None) != (why is None) or not all(
+                if (why is not None and session is None) or not all(
                     v is None or isinstance(v, str) for v in (session, why)
                 ):
-                    raise ValueError("session and agentFault are strings, given together")
+                    raise ValueError("session and agentFault are strings; agentFault names one")
             except (ValueError, KeyError, TypeError) as e:
                 return self._reply(400, {"error": f'expected {{"group": G, "sample": S}}: {e}'})
-            self._reply(
-                202, {"group": group, "sample": sample, **failed(group, sample, session, why)}
-            )
+            try:
+                answer = failed(group, sample, session, why)
+            except Exception as e:  # noqa: BLE001 (the caller hears why, in its own shape)
+                return self._reply(500, {"error": f"the failed sample was not taken: {e}"})
+            self._reply(202, {"group": group, "sample": sample, **answer})
 
         def _fidelity(self):
             if not self._controlled("fidelity", fidelity):
@@ -315,7 +331,9 @@ def make_server(
                 )
             raw = self.rfile.read(length)
             if self.path == "/v1/partial":
-                return self._reply(*ingest.handle_partial(raw))
+                session = self.headers.get("floe-session") or ""
+                calls = self.headers.get("floe-calls") or ""
+                return self._reply(*ingest.handle_partial(session, calls, raw))
             code, body = ingest.handle(raw)
             self._reply(code, body)
 

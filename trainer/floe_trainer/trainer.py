@@ -397,6 +397,8 @@ class Trainer:
         self.cfg = cfg
         self.metrics = Metrics()
         self.lock = threading.Lock()
+        # One failed sample's ruling at a time (a repeat must find the first one's result).
+        self.ruling_lock = threading.Lock()
         # Held while a step trains and pushes, and while the fidelity check reads the model.
         self.model_lock = threading.Lock()
         # Fidelity checks of a trainer of several processes, for the loop's thread to serve:
@@ -634,28 +636,40 @@ class Trainer:
         """That sample's session failed for good: no trajectory of it will come, so its group
         completes without it. Unless the failure was the agent's own doing (``agent_fault``)
         and its gateway posted snapshots of the session while it ran: the last one is scored 0
-        and joins its group, a loss like any other."""
-        if session is not None and agent_fault is not None and self.ingest.has(session):
-            # A ruling told again (its answer lost), or the session's own trajectory came.
-            return {"known": True, "session": session}
-        scored = (
-            self.ingest.score_partial(session, group, sample, agent_fault)
-            if session is not None and agent_fault is not None
-            else None
-        )
-        if scored is not None:
-            self.metrics.agent_faults.inc()
-            self.add(scored)
-            log.info("session %s: the agent's own failure (%s), scored 0", session, agent_fault)
-            return {"scored": 0.0, "session": session}
-        with self.lock:
-            self.buffer.sample_failed(group, sample, time.time())
-        return {"failed": True}
+        and joins its group, a loss like any other. Told again (the operator tells until it
+        hears back), it changes nothing."""
+        with self.ruling_lock:
+            if session is not None and self.ingest.has(session):
+                # A ruling told again, or the session's own trajectory came: that stands. Its
+                # group needs no more of it, unless that trajectory was one it dropped.
+                with self.lock:
+                    if not self.buffer.arrived(group, sample):
+                        self.buffer.sample_failed(group, sample, time.time())
+                return {"known": True, "session": session}
+            scored = (
+                self.ingest.score_partial(session, group, sample, agent_fault)
+                if session is not None and agent_fault is not None
+                else None
+            )
+            if scored is not None:
+                self.metrics.agent_faults.inc()
+                self.add(scored)
+                log.info("session %s: the agent's own failure (%s), scored 0", session, agent_fault)
+                return {"scored": 0.0, "session": session}
+            if session is not None and agent_fault is None:
+                # Not the agent's doing: its snapshot will never train.
+                self.ingest.store.drop_partial(session)
+            with self.lock:
+                self.buffer.sample_failed(group, sample, time.time())
+            return {"failed": True}
 
     def finish(self) -> None:
         """No more trajectories will come: train what is left, then the final checkpoint."""
         with self.lock:
             self.finishing = True
+        # Every session is done and every failure told (the operator waits for that): no
+        # snapshot will be scored now.
+        self.ingest.store.drop_partials()
 
     def run_once(self, now: float | None = None) -> StepStats | None:
         """Train one step if enough groups are ready; the loop calls this."""

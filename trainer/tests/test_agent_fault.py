@@ -13,7 +13,7 @@ import urllib.request
 
 from tiny import tiny_llama
 
-from floe_trainer.ingest import Store, make_server
+from floe_trainer.ingest import make_server
 from floe_trainer.learn_demo import trajectory
 from floe_trainer.trainer import Trainer, TrainerConfig
 
@@ -37,6 +37,11 @@ def sample(session, index, reward, calls=None, group="j/t"):
     return json.dumps(t).encode()
 
 
+def partial(trainer, session, index, calls):
+    """A gateway's snapshot of ``session`` after ``calls`` calls, as its post brings it."""
+    return trainer.ingest.handle_partial(session, str(calls), sample(session, index, None, calls))
+
+
 def trainer_of(tmp_path) -> Trainer:
     model_dir = tmp_path / "model"
     tiny_llama().save_pretrained(model_dir)
@@ -57,11 +62,9 @@ def test_an_evicted_agents_last_snapshot_is_scored_zero_and_trained(tmp_path):
     assert trainer.ingest.handle(sample("s-2", 2, 1.0))[0] == 200
     # Session 1's calls, each posted as it happened; the second call's crossed the third's.
     for calls in (1, 3, 2):
-        assert trainer.ingest.handle_partial(sample("s-1", 1, None, calls))[0] == 200
+        assert partial(trainer, "s-1", 1, calls)[0] == 200
     kept = json.loads((tmp_path / "state/ingest/partial/s-1.json").read_text())
     assert kept["stats"]["completions"] == 3, "the snapshot of the most calls is kept"
-    # So is it after a restart, read back from its file.
-    assert not Store(tmp_path / "state/ingest").put_partial("s-1", 2, b"{}")
     assert trainer.run_once() is None, "a snapshot is no sample"
     assert trainer.ingest.counts["partial"] == 2
 
@@ -92,11 +95,11 @@ def test_an_evicted_agents_last_snapshot_is_scored_zero_and_trained(tmp_path):
 
 def test_a_session_with_its_own_trajectory_is_never_scored_from_a_snapshot(tmp_path):
     trainer = trainer_of(tmp_path)
-    trainer.ingest.handle_partial(sample("s-0", 0, None, 1))
+    partial(trainer, "s-0", 0, 1)
     # Its trajectory came (its verdict its own): the snapshot is gone, later ones not kept.
     assert trainer.ingest.handle(sample("s-0", 0, 1.0))[0] == 200
     assert not (tmp_path / "state/ingest/partial/s-0.json").exists()
-    assert trainer.ingest.handle_partial(sample("s-0", 0, None, 2)) == (
+    assert partial(trainer, "s-0", 0, 2) == (
         200,
         {"session": "s-0", "kept": False},
     )
@@ -115,8 +118,10 @@ def test_snapshots_need_the_ingest_token_and_must_be_untrainable(tmp_path):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/partial"
 
-    def post(body: bytes, token: str | None) -> int:
+    def post(body: bytes, token: str | None, session="s-1", calls="1") -> int:
         req = urllib.request.Request(url, data=body, method="POST")
+        req.add_header("floe-session", session)
+        req.add_header("floe-calls", calls)
         if token:
             req.add_header("authorization", f"Bearer {token}")
         try:
@@ -128,11 +133,62 @@ def test_snapshots_need_the_ingest_token_and_must_be_untrainable(tmp_path):
     try:
         # An agent shares its pod's network: a snapshot of its own making is refused.
         assert post(sample("s-1", 1, None, 1), None) == 401
-        # A scored trajectory posted as a snapshot would be a reward chosen by its poster.
-        assert post(sample("s-1", 1, 1.0), "1ngest") == 400
-        assert post(b"{", "1ngest") == 400
+        assert post(sample("s-1", 1, None, 1), "1ngest", session="../x") == 400
+        assert post(sample("s-1", 1, None, 1), "1ngest", calls="one") == 400
         assert not (tmp_path / "state/ingest/partial/s-1.json").exists()
         assert post(sample("s-1", 1, None, 1), "1ngest") == 200
         assert (tmp_path / "state/ingest/partial/s-1.json").exists()
     finally:
         srv.shutdown()
+    # Kept as it came; checked only when a ruling would score it. A body that is not a
+    # snapshot of that session and sample, untrainable, scores nothing.
+    for session, body in [
+        ("s-2", sample("s-2", 2, 1.0)),  # scored already: a reward chosen by its poster
+        ("s-3", b"{"),
+        ("s-4", sample("s-1", 1, None, 1)),  # another session's
+    ]:
+        assert trainer.ingest.handle_partial(session, "1", body)[0] == 200
+        assert trainer.ingest.score_partial(session, "j/t", int(session[-1]), "evicted") is None
+    assert trainer.ingest.counts["agentFaultUnscored"] == 3
+    # The session failed, not by its agent: its snapshot is dropped; at the end, all of them.
+    assert trainer.sample_failed("j/t", 1, "s-1") == {"failed": True}
+    assert not (tmp_path / "state/ingest/partial/s-1.json").exists()
+    trainer.finish()
+    assert not (tmp_path / "state/ingest/partial").exists()
+
+
+def test_a_ruling_the_trainer_fails_to_take_gets_a_500_that_says_why(tmp_path):
+    def failed(*_):
+        raise OSError(28, "No space left on device")
+
+    srv = make_server(None, ("127.0.0.1", 0), dict, control_token="c0ntrol", failed=failed)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    body = json.dumps({"group": "j/t", "sample": 1, "session": "s-1", "agentFault": "evicted"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{srv.server_address[1]}/v1/failed",
+        data=body.encode(),
+        method="POST",
+        headers={"authorization": "Bearer c0ntrol"},
+    )
+    try:
+        urllib.request.urlopen(req)
+        raise AssertionError("taken")
+    except urllib.error.HTTPError as e:
+        # The operator tells it again on its next round (a 5xx is worth another try).
+        assert e.code == 500
+        assert "No space left" in json.loads(e.read())["error"]
+    finally:
+        srv.shutdown()
+
+
+def test_the_ruling_a_trainer_could_not_take_is_told_again(tmp_path):
+    trainer = trainer_of(tmp_path)
+    trainer.ingest.handle(sample("s-0", 0, 1.0))
+    trainer.ingest.handle(sample("s-2", 2, 0.0))
+    # Its own trajectory came first, untrainable (dropped): the ruling completes its group.
+    body = json.loads(sample("s-1", 1, None, 1))
+    body["evaluation"] = {"reward": None, "passed": None, "detail": {"error": "pod lost"}}
+    trainer.ingest.handle(json.dumps(body).encode())
+    assert trainer.sample_failed("j/t", 1, "s-1", "evicted") == {"known": True, "session": "s-1"}
+    stats = trainer.run_once()
+    assert stats is not None and stats.sessions == 2, "the group did not wait for sample 1"

@@ -202,11 +202,11 @@ def test_a_failed_sample_is_reported_with_the_control_token_only(tmp_path):
         assert failed == []
         assert send(good, "c0ntrol") == 202
         assert failed == [("job/t", 2, None, None)]
-        # The agent's own failure names its session; one without the other is refused.
+        # The agent's own failure names its session; a fault without one is refused.
         fault = {"group": "job/t", "sample": 3, "session": "job-t-3", "agentFault": "evicted"}
         assert send(json.dumps(fault).encode(), "c0ntrol") == 202
         assert failed[-1] == ("job/t", 3, "job-t-3", "evicted")
-        del fault["agentFault"]
+        del fault["session"]
         assert send(json.dumps(fault).encode(), "c0ntrol") == 400
     finally:
         srv.shutdown()

@@ -34,9 +34,11 @@ pub struct Session {
     log: Mutex<Option<CaptureLog>>,
     /// Its model calls in flight ([`MAX_CALLS_IN_FLIGHT`]).
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Its calls written to the capture (what a snapshot of it now holds).
+    captured_calls: AtomicU64,
     /// Held while a snapshot of it is built and posted ([`super::snapshot`]), so that
-    /// snapshots leave in the order of the calls they follow.
-    pub snapshot: tokio::sync::Mutex<()>,
+    /// snapshots leave in the order of the calls they follow; what the last ones did.
+    pub snapshot: tokio::sync::Mutex<super::snapshot::Shipped>,
 }
 
 /// A session's model calls at once. Each holds its body (up to the body limit) several times
@@ -92,9 +94,18 @@ impl Session {
     pub fn capture_line(&self, line: &[u8]) -> Result<(), CaptureWriteError> {
         let mut guard = self.log.lock().map_err(|_| poisoned(&self.dir))?;
         match guard.as_mut() {
-            Some(log) => log.append_line(line),
+            Some(log) => {
+                log.append_line(line)?;
+                self.captured_calls.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
             None => Err(CaptureWriteError::Sealed(self.dir.clone())),
         }
+    }
+
+    /// Its calls written to the capture so far.
+    pub fn captured_calls(&self) -> u64 {
+        self.captured_calls.load(Ordering::SeqCst)
     }
 
     /// Whether a capture write waits for the disk (`--capture-fsync`) and so belongs on a
@@ -217,7 +228,8 @@ impl Sessions {
             durability,
             log: Mutex::new(log),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
-            snapshot: tokio::sync::Mutex::new(()),
+            captured_calls: AtomicU64::new(calls),
+            snapshot: tokio::sync::Mutex::default(),
         });
         by_id.insert(session.meta.session.clone(), session.clone());
         crate::sync::write(&self.by_token).insert(token, session.clone());

@@ -12,12 +12,15 @@
 //! session failed by the agent's own doing; the session's own trajectory replaces it otherwise.
 //!
 //! Best effort: a snapshot not delivered within [`SNAPSHOT_TIMEOUT`] is counted
-//! (`floe_gateway_snapshots_total{result="failed"}`) and the reply goes on; the next call
-//! posts the whole session again. Each snapshot is the whole session so far, so a session
-//! posts about its number of calls times its size in all (what `per_request` ships once).
+//! (`floe_gateway_snapshots_total{result="failed"}`) and the reply goes on; for
+//! [`SNAPSHOT_BACKOFF`] after that the session's calls do not wait for another try (a slow or
+//! lost trainer must not turn into sessions that time out, which would train as losses). A
+//! call whose record an earlier call's snapshot already carried (calls in flight at once)
+//! waits for nothing more. Each snapshot is the whole session so far, so a session posts
+//! about its number of calls times its size in all (what `per_request` ships once).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::sessions::Session;
 use super::Gateway;
@@ -25,7 +28,19 @@ use crate::ship::Sink;
 use crate::trajectory::SessionOutcome;
 
 /// How long a call's reply may wait for its snapshot to reach the trainer.
-pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// After a snapshot that failed, how long the session's calls go on without trying again.
+pub const SNAPSHOT_BACKOFF: Duration = Duration::from_secs(10);
+
+/// What a session's snapshots did so far.
+#[derive(Debug, Default)]
+pub struct Shipped {
+    /// Calls the last snapshot the trainer took carried.
+    calls: u64,
+    /// When the last snapshot failed, if it did.
+    failed_at: Option<Instant>,
+}
 
 /// The trainer's snapshot endpoint beside its ingest URL (`…/v1/trajectories`), or `None`
 /// for a sink at another path (it is not floe's trainer).
@@ -53,10 +68,18 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
     let Some(partial) = partial_url(&url) else {
         return;
     };
-    let _order = session.snapshot.lock().await;
-    if !session.is_open() {
-        // It has its outcome: its trajectory is on its way.
+    // This call's record is written: a snapshot from now on carries it.
+    let mine = session.captured_calls();
+    let mut shipped = session.snapshot.lock().await;
+    if !session.is_open() || shipped.calls >= mine {
+        // It has its outcome (its trajectory is on its way), or a snapshot carried this call.
         return;
+    }
+    if shipped
+        .failed_at
+        .is_some_and(|at| at.elapsed() < SNAPSHOT_BACKOFF)
+    {
+        return failed(gateway, &id, "the last snapshot failed moments ago");
     }
     let (gw, dir, sid) = (gateway.clone(), session.dir.clone(), id.clone());
     let built = tokio::task::spawn_blocking(move || {
@@ -71,22 +94,32 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
         Ok(Err(e)) => return failed(gateway, &id, &e.to_string()),
         Err(e) => return failed(gateway, &id, &e.to_string()),
     };
+    let calls = entry.trajectory.stats.completions as u64;
     let mut request = gateway
         .http
         .post(&partial)
         .timeout(SNAPSHOT_TIMEOUT)
+        // What the trainer keeps it by, without parsing it (it parses one only to score it).
+        .header("floe-session", &id)
+        .header("floe-calls", calls)
         .json(&entry.trajectory);
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
-    match request.send().await {
-        Ok(resp) if resp.status().is_success() => gateway.metrics.snapshot(true),
-        Ok(resp) => failed(gateway, &id, &format!("POST {partial}: {}", resp.status())),
-        Err(e) => {
-            let (_, chain) = crate::net_error::describe(&e);
-            failed(gateway, &id, &format!("POST {partial}: {chain}"));
+    let why = match request.send().await {
+        Ok(resp) if resp.status().is_success() => {
+            gateway.metrics.snapshot(true);
+            *shipped = Shipped {
+                calls,
+                failed_at: None,
+            };
+            return;
         }
-    }
+        Ok(resp) => format!("POST {partial}: {}", resp.status()),
+        Err(e) => format!("POST {partial}: {}", crate::net_error::describe(&e).1),
+    };
+    shipped.failed_at = Some(Instant::now());
+    failed(gateway, &id, &why);
 }
 
 fn failed(gateway: &Gateway, session: &str, why: &str) {

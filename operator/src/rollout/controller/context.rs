@@ -63,7 +63,7 @@ pub(super) struct JobMemory {
     /// until it answers, and its `/v1/finish` waits for them. The one thing here whose loss
     /// (an operator restarted before the trainer answered) is not only work: such a sample's
     /// group then waits for its grace period, and an agent's fault is not trained.
-    pub(super) untold_failures: BTreeMap<(String, u32), Option<(String, String)>>,
+    pub(super) untold_failures: BTreeMap<(String, u32), super::own_pod::UntoldFailure>,
 }
 
 /// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).

@@ -247,7 +247,8 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         .map(|(at, agent_fault, attempt, reason)| own_pod::FailedSample {
             group: floe_sandbox::session::group_id(&observed.name, &at.task.id, at.place.epoch),
             sample: at.place.sample,
-            agent_fault: agent_fault.then(|| (at.id(&observed.name, attempt), reason.clone())),
+            session: at.id(&observed.name, attempt),
+            agent_fault: agent_fault.then(|| reason.clone()),
         })
         .collect();
     own_pod::remember_failed(ctx, job, failed);

@@ -1,7 +1,7 @@
 //! The job's own pod: the trainer (train) or the dataset collector (sft), with its Services
 //! and Secrets, created when missing; and what its trainer says (progress, finish).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress, TrainerState};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
@@ -207,10 +207,23 @@ async fn finish_trainer(
 pub(super) struct FailedSample {
     pub group: String,
     pub sample: u32,
-    /// By the agent's own doing (its pod evicted for what it wrote): the failed attempt's
-    /// session id and why.
-    pub agent_fault: Option<(String, String)>,
+    /// The failed attempt's session id.
+    pub session: String,
+    /// Why, when it was the agent's own doing (its pod evicted for what it wrote).
+    pub agent_fault: Option<String>,
 }
+
+/// A failed sample its trainer has not acknowledged yet.
+#[derive(Clone, Debug)]
+pub(super) struct UntoldFailure {
+    session: String,
+    agent_fault: Option<String>,
+    since: Instant,
+}
+
+/// How long the operator keeps telling a trainer of a failed sample it does not take (it
+/// answers 5xx, or is not there): past this the job's end no longer waits for it.
+const TELL_FAILED_FOR: Duration = Duration::from_secs(15 * 60);
 
 /// Samples of a train job that failed for good, folded this round: to be told to its trainer
 /// (by [`tell_trainer_failed`], this round and every next one until it answers).
@@ -218,20 +231,28 @@ pub(super) fn remember_failed(ctx: &JobContext, job: &RolloutJob, failed: Vec<Fa
     if job.spec.train.is_none() || failed.is_empty() {
         return;
     }
+    let now = Instant::now();
     ctx.remember(&job.uid().unwrap_or_default(), |m| {
         for f in failed {
-            m.untold_failures.insert((f.group, f.sample), f.agent_fault);
+            m.untold_failures
+                .entry((f.group, f.sample))
+                .or_insert(UntoldFailure {
+                    session: f.session,
+                    agent_fault: f.agent_fault,
+                    since: now,
+                });
         }
     });
 }
 
 /// `POST /v1/failed` for each sample whose session failed for good (its `backoffLimit`
 /// retries spent) that the trainer has not acknowledged: its group completes without it
-/// instead of waiting for it until the job's end. For the agent's own failure the body names
-/// the session (`session`, `agentFault`): the trainer scores the last snapshot its gateway
-/// posted while it ran (the eviction left no time for more) as 0, so the loss trains instead
-/// of vanishing. A trainer that cannot be told now (its pod lost and not back yet) is told
-/// on a later round: the trainer takes a repeat as the same ruling.
+/// instead of waiting for it until the job's end, and the session's snapshot is dropped. For
+/// the agent's own failure the body says why (`agentFault`): the trainer scores the last
+/// snapshot its gateway posted while it ran (the eviction left no time for more) as 0, so the
+/// loss trains instead of vanishing. A trainer that cannot take it now (its pod lost and not
+/// back yet, a 5xx) is told again on a later round, for up to [`TELL_FAILED_FOR`]: the trainer
+/// takes a repeat as the same ruling.
 pub(super) async fn tell_trainer_failed(
     ctx: &JobContext,
     job: &RolloutJob,
@@ -243,26 +264,35 @@ pub(super) async fn tell_trainer_failed(
     let Some(pod) = pod.filter(|_| !untold.is_empty()) else {
         return;
     };
-    for ((group, sample), agent_fault) in untold {
-        let mut body = serde_json::json!({"group": group, "sample": sample});
-        if let Some((session, why)) = &agent_fault {
-            body["session"] = session.as_str().into();
+    for ((group, sample), untold) in untold {
+        let mut body =
+            serde_json::json!({"group": group, "sample": sample, "session": untold.session});
+        if let Some(why) = &untold.agent_fault {
             body["agentFault"] = why.as_str().into();
         }
-        match post_to_trainer(ctx, job, ns, pod, "/v1/failed", Some(&body)).await {
-            Ok(()) => {
-                ctx.remember(&uid, |m| m.untold_failures.remove(&(group, sample)));
-            }
+        let done = match post_to_trainer(ctx, job, ns, pod, "/v1/failed", Some(&body)).await {
+            Ok(()) => true,
             Err(TellError::Refused(e)) => {
                 // Asking again cannot help (a trainer without the route): not waited for.
                 tracing::warn!(job = %job.name_any(), %group, sample, "the trainer refused a failed sample: {e}");
-                ctx.remember(&uid, |m| m.untold_failures.remove(&(group, sample)));
+                true
             }
-            Err(e) => {
+            Err(e) if untold.since.elapsed() > TELL_FAILED_FOR => {
+                tracing::warn!(job = %job.name_any(), %group, sample, "the trainer did not take a failed sample in {TELL_FAILED_FOR:?}; no longer waited for: {e}");
+                true
+            }
+            Err(TellError::Busy(e)) => {
+                tracing::warn!(job = %job.name_any(), %group, sample, "the trainer did not take a failed sample yet: {e}");
+                false
+            }
+            Err(TellError::Unreachable(e)) => {
                 tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample yet: {e}");
                 // The trainer is not there: the rest wait for the next round too.
                 return;
             }
+        };
+        if done {
+            ctx.remember(&uid, |m| m.untold_failures.remove(&(group, sample)));
         }
     }
 }
@@ -325,15 +355,18 @@ async fn post_to_trainer(
     if status.is_client_error() && !matches!(status.as_u16(), 408 | 429) {
         return Err(TellError::Refused(why));
     }
-    Err(TellError::Unreachable(why))
+    Err(TellError::Busy(why))
 }
 
 /// Why the trainer was not told.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum TellError {
-    /// Not there, or not able to take it now (connection, 5xx, 408, 429): worth another try.
+    /// Not there (no IP, no answer): worth another try later.
     #[error("{0}")]
     Unreachable(String),
+    /// There, but it did not take this now (5xx, 408, 429): worth another try.
+    #[error("{0}")]
+    Busy(String),
     /// It answered no (another 4xx): another try would get the same answer.
     #[error("{0}")]
     Refused(String),
