@@ -6,24 +6,14 @@ policy that fills its disk when losing would see those losses left out of every 
 nothing would push that behaviour down."""
 
 import json
-import socket
 import threading
 import urllib.error
 import urllib.request
 
-from tiny import tiny_llama
+from tiny import tiny_trainer
 
 from floe_trainer.ingest import make_server
 from floe_trainer.learn_demo import trajectory
-from floe_trainer.trainer import Trainer, TrainerConfig
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def sample(session, index, reward, calls=None, group="j/t"):
@@ -42,18 +32,8 @@ def partial(trainer, session, index, calls):
     return trainer.ingest.handle_partial(session, str(calls), sample(session, index, None, calls))
 
 
-def trainer_of(tmp_path) -> Trainer:
-    model_dir = tmp_path / "model"
-    tiny_llama().save_pretrained(model_dir)
-    conf = {
-        "model": str(model_dir),
-        "policyUrl": f"http://127.0.0.1:{closed_port()}",
-        "numSamples": 3,
-        "grpo": {"groupsPerStep": 1, "learningRate": 1e-3, "microBatchSize": 4},
-        "device": "cpu",
-        "memoryPlan": "Warn",
-    }
-    return Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))
+def trainer_of(tmp_path):
+    return tiny_trainer(tmp_path, 3, learningRate=1e-3)
 
 
 def test_an_evicted_agents_last_snapshot_is_scored_zero_and_trained(tmp_path):
