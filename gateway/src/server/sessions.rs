@@ -36,9 +36,18 @@ pub struct Session {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// Its calls written to the capture (what a snapshot of it now holds).
     captured_calls: AtomicU64,
-    /// Held while a snapshot of it is built and posted ([`super::snapshot`]), so that
-    /// snapshots leave in the order of the calls they follow; what the last ones did.
-    pub snapshot: tokio::sync::Mutex<super::snapshot::Shipped>,
+    /// Held while a snapshot of it is built and posted (the gateway's snapshot module), so
+    /// that snapshots leave in the order of the calls they follow; what the last ones did.
+    pub snapshot: tokio::sync::Mutex<Shipped>,
+}
+
+/// What a session's snapshots did so far.
+#[derive(Debug, Default)]
+pub struct Shipped {
+    /// Calls the last snapshot the trainer took carried.
+    pub calls: u64,
+    /// When the last snapshot failed, if it did.
+    pub failed_at: Option<std::time::Instant>,
 }
 
 /// A session's model calls at once. Each holds its body (up to the body limit) several times

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::sessions::Session;
+use super::sessions::{Session, Shipped};
 use super::Gateway;
 use crate::ship::Sink;
 use crate::trajectory::SessionOutcome;
@@ -32,15 +32,6 @@ pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// After a snapshot that failed, how long the session's calls go on without trying again.
 pub const SNAPSHOT_BACKOFF: Duration = Duration::from_secs(10);
-
-/// What a session's snapshots did so far.
-#[derive(Debug, Default)]
-pub struct Shipped {
-    /// Calls the last snapshot the trainer took carried.
-    calls: u64,
-    /// When the last snapshot failed, if it did.
-    failed_at: Option<Instant>,
-}
 
 /// The trainer's snapshot endpoint beside its ingest URL (`…/v1/trajectories`), or `None`
 /// for a sink at another path (it is not floe's trainer).
