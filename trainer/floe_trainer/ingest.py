@@ -51,32 +51,13 @@ from . import wire
 SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
-def _write_durably(target: Path, raw: bytes, sync: bool = True) -> None:
-    """Temporary file, fsync, rename, fsync of the directory (without ``sync``: whole or
-    absent after a crash, never torn, but maybe the older version)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.stem}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(raw)
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, target)
-    if not sync:
-        return
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Store:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        # The calls of each kept snapshot (read back from its file after a restart).
+        # The calls of each snapshot kept since this process started (a restarted trainer
+        # takes the next one whatever it holds: a session's gateway posts them in order).
         self._partial_calls: dict[str, int] = {}
 
     def path(self, session: str) -> Path:
@@ -89,7 +70,17 @@ class Store:
             target = self.path(session)
             if target.exists():
                 return False
-            _write_durably(target, raw)
+            tmp = self.dir / f".{session}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(raw)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+            fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             # The session has its trajectory: its snapshot is of no more use.
             self.partial_path(session).unlink(missing_ok=True)
             self._partial_calls.pop(session, None)
