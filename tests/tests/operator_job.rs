@@ -1925,10 +1925,11 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
 /// then never again, so that its group completes without it instead of waiting until the
 /// job's end. A sample evicted for what its agent wrote
 /// is said so with its session, so that the trainer scores its gateway's last snapshot as 0.
+/// What is not taken yet is in the job's status: an operator restarted meanwhile tells it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()> {
     let (client, ns) = with_crds("jobfailed").await?;
-    let _operator = Operator::start(&ns.name, &[])?;
+    let mut operator = Operator::start(&ns.name, &[])?;
     create_pool(&client, &ns.name, "warm", 3).await?;
     // Sample 1 of every group fails in the infrastructure, every attempt; sample 2's agent
     // fills its container's layer.
@@ -2011,6 +2012,14 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
         Ok((refused.load(std::sync::atomic::Ordering::SeqCst) >= 1).then_some(()))
     })
     .await?;
+    // Not taken, so kept in the status, which is all a restarted operator knows of them.
+    let untold = status(&jobs, "lossy").await?.untold_failures;
+    let sessions: Vec<_> = untold.values().map(|f| f.session.as_str()).collect();
+    assert_eq!(untold.len(), 2, "{untold:?}");
+    assert!(sessions.contains(&"lossy-t-2"), "{sessions:?}");
+    operator.kill();
+    drop(operator);
+    let _operator = Operator::start(&ns.name, &[])?;
     // Down a few rounds more, the sessions all done: no finish may come before the reports.
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;
     up.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -2047,6 +2056,8 @@ async fn a_sample_that_failed_for_good_is_reported_to_the_trainer() -> Result<()
     .await?;
     let finished_when = finishes.lock().map(|f| f.clone()).unwrap_or_default();
     assert!(finished_when.iter().all(|up| *up), "{finished_when:?}");
+    let left = status(&jobs, "lossy").await?.untold_failures;
+    assert!(left.is_empty(), "taken, so gone from the status: {left:?}");
     let fault = &reported[1].1;
     assert_eq!(
         (&fault["group"], &fault["sample"], &fault["session"]),

@@ -45,6 +45,13 @@ pub struct RolloutJobStatus {
     /// scored or failed for good (`sessions.retried` keeps the total).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub retries: BTreeMap<String, i32>,
+    /// A train job's sessions that failed for good (their `backoffLimit` spent, or their pod
+    /// evicted for what the agent wrote) that its trainer has not taken yet, by session index.
+    /// The operator tells the trainer of each (`POST /v1/failed`) every round until it does,
+    /// and the trainer's finish waits for them; kept here so that an operator restarted
+    /// meanwhile still tells it (the trainer takes a repeat as the same ruling).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub untold_failures: BTreeMap<String, UntoldFailure>,
     /// Failed model-server attempts of the job's sessions by kind (`connect`, `timeout`,
     /// `http_503`, …): `retried` by the gateways within a call's deadline, and `failed` (the
     /// call failed for the harness; its session was an infrastructure failure, never scored).
@@ -71,6 +78,26 @@ pub struct RolloutJobStatus {
     /// other tasks' and leave tasks never run, so it stalls the job (`TasksChanged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_digest: Option<String>,
+}
+
+/// `status.untoldFailures`: a sample that failed for good, as its trainer is to be told.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UntoldFailure {
+    /// The sample's GRPO group (`<job>/<task>`, and `/e<epoch>` past the first epoch).
+    pub group: String,
+    /// The sample's number in its group.
+    pub sample: i32,
+    /// Its last attempt's session id: the trainer drops the session's snapshot, or scores it
+    /// as 0 when the failure was the agent's doing.
+    pub session: String,
+    /// Why, when the failure was the agent's own doing (its pod evicted for what it wrote).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_fault: Option<String>,
+    /// When the sample failed: a trainer that takes none of it for 15 minutes is no longer
+    /// waited for.
+    #[schemars(schema_with = "crate::schema::k8s::<Time>")]
+    pub since: Time,
 }
 
 /// `status.heldOut`: each round, and which held-out sessions are done. Held-out sessions are

@@ -84,6 +84,14 @@ pub fn job_state(
                 u32::try_from(i64::from(s.sessions.retried).max(summed)).unwrap_or(0)
             })
             .unwrap_or(0),
+        untold_failures: previous
+            .map(|s| {
+                s.untold_failures
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.parse().ok()?, v.clone())))
+                    .collect()
+            })
+            .unwrap_or_default(),
         upstream: previous
             .and_then(|s| s.upstream_errors.as_ref())
             .map(|u| UpstreamErrors {
@@ -162,6 +170,22 @@ mod tests {
         let mut sft = job.clone();
         sft.spec.train = None;
         assert_eq!(staleness_gate(&sft, Some(read)), None);
+    }
+
+    /// The failures a train job's trainer has yet to take are read back from the status by
+    /// session index (an operator restarted since they failed tells them still).
+    #[test]
+    fn untold_failures_are_read_back_from_the_status() {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let failure = serde_json::json!({"group": "j/a", "sample": 1, "session": "j-a-1-r1",
+                                         "agentFault": "evicted", "since": "2026-12-04T00:00:00Z"});
+        let job = train_job(serde_json::json!({"untoldFailures": {"1": failure}}));
+        let state = job_state(&job, job.status.as_ref(), &now, 2);
+        let read: Vec<_> = state.untold_failures.iter().collect();
+        assert!(
+            matches!(read[..], [(1, f)] if f.session == "j-a-1-r1" && f.agent_fault.as_deref() == Some("evicted")),
+            "{read:?}"
+        );
     }
 
     /// `sessions.retried` counts done sessions' retries too, which the map forgets; a status

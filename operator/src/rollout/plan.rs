@@ -8,7 +8,7 @@
 //! only then is the pod released. A pod whose result is already recorded is released without
 //! folding again — so an operator killed at any point neither loses nor double-counts a session.
 
-use floe_crds::rollout_job::StalenessGate;
+use floe_crds::rollout_job::{StalenessGate, UntoldFailure};
 use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -87,6 +87,10 @@ pub struct JobState {
     /// Infrastructure failures of the job's own sessions so far, done ones included
     /// (`status.sessions.retried`; held-out sessions' are their rounds' business).
     pub retried: u32,
+    /// A train job's samples failed for good that its trainer has not taken yet, by session
+    /// index (`status.untoldFailures`): filled and emptied by the controller, which tells the
+    /// trainer; the planner carries them.
+    pub untold_failures: BTreeMap<u32, UntoldFailure>,
     pub rewards: RewardTally,
     /// Model-server failures of every attempt folded so far.
     pub upstream: UpstreamErrors,

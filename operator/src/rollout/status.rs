@@ -123,6 +123,11 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
             .iter()
             .map(|(k, v)| (k.to_string(), *v as i32))
             .collect::<BTreeMap<_, _>>(),
+        untold_failures: s
+            .untold_failures
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
         upstream_errors: (!s.upstream.is_empty()).then(|| UpstreamErrorCounts {
             retried: counts(&s.upstream.retried),
             failed: counts(&s.upstream.failed),
@@ -611,6 +616,14 @@ mod tests {
         s.failed.insert(3);
         s.retries.insert(2, 1);
         s.retried = 3;
+        let untold = floe_crds::rollout_job::UntoldFailure {
+            group: "j/t".into(),
+            sample: 3,
+            session: "j-t-3".into(),
+            agent_fault: None,
+            since: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        s.untold_failures.insert(3, untold.clone());
         s.rewards = RewardTally {
             scored: 2,
             sum: 1.5,
@@ -630,6 +643,10 @@ mod tests {
         assert_eq!((r.mean, r.pass_rate), (0.75, 0.5));
         assert_eq!(st.completed_indexes.as_deref(), Some("0-1"));
         assert_eq!(st.failed_indexes.as_deref(), Some("3"));
+        assert_eq!(
+            st.untold_failures.clone().into_iter().collect::<Vec<_>>(),
+            [("3".to_string(), untold)]
+        );
         assert_eq!(st.observed_generation, Some(2));
         assert_eq!(st.phase, Some(RolloutJobPhase::Running));
         assert_eq!(cond(&st, "Reconciling"), Some("True"));

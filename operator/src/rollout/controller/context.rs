@@ -1,7 +1,7 @@
 //! What the job controller shares across rounds: clients, caches, and what it remembers
 //! about each job between rounds ([`JobMemory`], forgotten in one place).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,12 +58,6 @@ pub(super) struct JobMemory {
     /// `poolTemplate`: the (pod, reason) of each problem a session's pod reported while
     /// starting that an Event already told.
     start_problems_told: HashSet<(String, String)>,
-    /// A train job's samples failed for good that its trainer has not acknowledged (it may be
-    /// restarting), by (group, sample), with the agent's fault if it was one: told every round
-    /// until it answers, and its `/v1/finish` waits for them. The one thing here whose loss
-    /// (an operator restarted before the trainer answered) is not only work: such a sample's
-    /// group then waits for its grace period, and an agent's fault is not trained.
-    pub(super) untold_failures: BTreeMap<(String, u32), super::own_pod::UntoldFailure>,
 }
 
 /// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).

@@ -209,7 +209,7 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
             Some(session)
         })
         .collect();
-    let decided = plan(&state, &sessions, observed.ready.len(), job_pod.gate);
+    let mut decided = plan(&state, &sessions, observed.ready.len(), job_pod.gate);
     report::start_problems(job, ctx, &observed.pods).await;
     // The rounds this plan may have opened: their sessions are claimed below.
     if let Some(h) = &decided.next.held_out {
@@ -239,24 +239,41 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
                 agent_fault,
                 attempt,
                 reason,
-            } => Some((observed.session(*index)?, *agent_fault, *attempt, reason)),
+            } => Some((
+                *index,
+                observed.session(*index)?,
+                *agent_fault,
+                *attempt,
+                reason,
+            )),
             _ => None,
         })
         // A held-out sample is no trainer's.
-        .filter(|(at, ..)| at.held_out.is_none())
-        .map(|(at, agent_fault, attempt, reason)| own_pod::FailedSample {
-            group: floe_sandbox::session::group_id(&observed.name, &at.task.id, at.place.epoch),
-            sample: at.place.sample,
-            session: at.id(&observed.name, attempt),
-            agent_fault: agent_fault.then(|| reason.clone()),
-        })
+        .filter(|(_, at, ..)| at.held_out.is_none())
+        .map(
+            |(index, at, agent_fault, attempt, reason)| own_pod::FailedSample {
+                index,
+                group: floe_sandbox::session::group_id(&observed.name, &at.task.id, at.place.epoch),
+                sample: at.place.sample,
+                session: at.id(&observed.name, attempt),
+                agent_fault: agent_fault.then(|| reason.clone()),
+            },
+        )
         .collect();
-    own_pod::remember_failed(ctx, job, failed);
+    own_pod::remember_failed(job, &mut decided.next, failed, &now);
     let Some(written) = report.fold(&decided).await? else {
         // Someone else wrote first: look again before releasing anything.
         return Ok(Action::requeue(Duration::from_millis(200)));
     };
-    own_pod::tell_trainer_failed(ctx, job, ns, own_pod.as_ref()).await;
+    own_pod::tell_trainer_failed(
+        ctx,
+        job,
+        ns,
+        own_pod.as_ref(),
+        &mut decided.next.untold_failures,
+        &now,
+    )
+    .await;
     // ... then deliver and claim, so that new sessions are on their way ...
     let achieved =
         claims::claim_and_start(ctx, job, &observed, &decided, job_pod.gate, started).await?;

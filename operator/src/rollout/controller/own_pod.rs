@@ -1,9 +1,12 @@
 //! The job's own pod: the trainer (train) or the dataset collector (sft), with its Services
 //! and Secrets, created when missing; and what its trainer says (progress, finish).
 
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
-use floe_crds::rollout_job::{RolloutJob, RolloutJobStatus, TrainerProgress, TrainerState};
+use floe_crds::rollout_job::{
+    RolloutJob, RolloutJobStatus, TrainerProgress, TrainerState, UntoldFailure,
+};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Preconditions};
@@ -14,6 +17,7 @@ use kube::{Api, ResourceExt};
 use super::{Halt, JobContext, JobError};
 use crate::pods::names::CONTROL_TOKEN_KEY;
 use crate::pods::view::join_host_port;
+use crate::rollout::plan::JobState;
 use crate::rollout::status::{self, Blocked};
 use crate::rollout::{aux_gate, aux_pods};
 
@@ -205,6 +209,8 @@ async fn finish_trainer(
 
 /// A sample whose session failed for good.
 pub(super) struct FailedSample {
+    /// Its session index.
+    pub index: u32,
     pub group: String,
     pub sample: u32,
     /// The failed attempt's session id.
@@ -213,63 +219,65 @@ pub(super) struct FailedSample {
     pub agent_fault: Option<String>,
 }
 
-/// A failed sample its trainer has not acknowledged yet.
-#[derive(Clone, Debug)]
-pub(super) struct UntoldFailure {
-    session: String,
-    agent_fault: Option<String>,
-    since: Instant,
-}
-
 /// How long the operator keeps telling a trainer of a failed sample it does not take (it
 /// answers 5xx, or is not there): past this the job's end no longer waits for it.
 const TELL_FAILED_FOR: Duration = Duration::from_secs(15 * 60);
 
 /// Samples of a train job that failed for good, folded this round: to be told to its trainer
-/// (by [`tell_trainer_failed`], this round and every next one until it answers).
-pub(super) fn remember_failed(ctx: &JobContext, job: &RolloutJob, failed: Vec<FailedSample>) {
-    if job.spec.train.is_none() || failed.is_empty() {
+/// (by [`tell_trainer_failed`], this round and every next one until it answers). Kept in the
+/// status the fold writes (`untoldFailures`), so that an operator restarted before the trainer
+/// answered still tells it.
+pub(super) fn remember_failed(
+    job: &RolloutJob,
+    next: &mut JobState,
+    failed: Vec<FailedSample>,
+    now: &Time,
+) {
+    if job.spec.train.is_none() {
         return;
     }
-    let now = Instant::now();
-    ctx.remember(&job.uid().unwrap_or_default(), |m| {
-        for f in failed {
-            m.untold_failures
-                .entry((f.group, f.sample))
-                .or_insert(UntoldFailure {
-                    session: f.session,
-                    agent_fault: f.agent_fault,
-                    since: now,
-                });
-        }
-    });
+    for f in failed {
+        next.untold_failures
+            .entry(f.index)
+            .or_insert(UntoldFailure {
+                group: f.group,
+                sample: i32::try_from(f.sample).unwrap_or(i32::MAX),
+                session: f.session,
+                agent_fault: f.agent_fault,
+                since: now.clone(),
+            });
+    }
 }
 
 /// `POST /v1/failed` for each sample whose session failed for good (its `backoffLimit`
-/// retries spent) that the trainer has not acknowledged: its group completes without it
-/// instead of waiting for it until the job's end, and the session's snapshot is dropped. For
-/// the agent's own failure the body says why (`agentFault`): the trainer scores the last
-/// snapshot its gateway posted while it ran (the eviction left no time for more) as 0, so the
-/// loss trains instead of vanishing. A trainer that cannot take it now (its pod lost and not
+/// retries spent) that the trainer has not taken: its group completes without it instead of
+/// waiting for it until the job's end, and the session's snapshot is dropped. For the agent's
+/// own failure the body says why (`agentFault`): the trainer scores the last snapshot its
+/// gateway posted while it ran (the eviction left no time for more) as 0, so the loss trains
+/// instead of vanishing. Each one taken (or refused for good) leaves `untold`, which the
+/// round's status write then records. A trainer that cannot take it now (its pod lost and not
 /// back yet, a 5xx) is told again on a later round, for up to [`TELL_FAILED_FOR`]: the trainer
-/// takes a repeat as the same ruling.
+/// takes a repeat (a write lost, an operator restarted) as the same ruling.
 pub(super) async fn tell_trainer_failed(
     ctx: &JobContext,
     job: &RolloutJob,
     ns: &str,
     pod: Option<&Pod>,
+    untold: &mut BTreeMap<u32, UntoldFailure>,
+    now: &Time,
 ) {
-    let uid = job.uid().unwrap_or_default();
-    let untold = ctx.remember(&uid, |m| m.untold_failures.clone());
     let Some(pod) = pod.filter(|_| !untold.is_empty()) else {
         return;
     };
-    for ((group, sample), untold) in untold {
+    let mut taken = Vec::new();
+    for (index, failure) in untold.iter() {
+        let (group, sample) = (&failure.group, failure.sample);
         let mut body =
-            serde_json::json!({"group": group, "sample": sample, "session": untold.session});
-        if let Some(why) = &untold.agent_fault {
+            serde_json::json!({"group": group, "sample": sample, "session": failure.session});
+        if let Some(why) = &failure.agent_fault {
             body["agentFault"] = why.as_str().into();
         }
+        let waited = Duration::try_from(now.0.duration_since(failure.since.0)).unwrap_or_default();
         let done = match post_to_trainer(ctx, job, ns, pod, "/v1/failed", Some(&body)).await {
             Ok(()) => true,
             Err(TellError::Refused(e)) => {
@@ -277,7 +285,7 @@ pub(super) async fn tell_trainer_failed(
                 tracing::warn!(job = %job.name_any(), %group, sample, "the trainer refused a failed sample: {e}");
                 true
             }
-            Err(e) if untold.since.elapsed() > TELL_FAILED_FOR => {
+            Err(e) if waited > TELL_FAILED_FOR => {
                 tracing::warn!(job = %job.name_any(), %group, sample, "the trainer did not take a failed sample in {TELL_FAILED_FOR:?}; no longer waited for: {e}");
                 true
             }
@@ -288,20 +296,16 @@ pub(super) async fn tell_trainer_failed(
             Err(TellError::Unreachable(e)) => {
                 tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample yet: {e}");
                 // The trainer is not there: the rest wait for the next round too.
-                return;
+                break;
             }
         };
         if done {
-            ctx.remember(&uid, |m| m.untold_failures.remove(&(group, sample)));
+            taken.push(*index);
         }
     }
-}
-
-/// Whether the trainer has been told of every sample that failed for good.
-fn told_every_failure(ctx: &JobContext, job: &RolloutJob) -> bool {
-    ctx.remember(&job.uid().unwrap_or_default(), |m| {
-        m.untold_failures.is_empty()
-    })
+    for index in taken {
+        untold.remove(&index);
+    }
 }
 
 /// A train job's control token, from its trainer's Secret.
@@ -387,7 +391,7 @@ pub(super) async fn finish_trainer_when_done(
         .any(|c| c.reason == status::TRAINING_LAST_GROUPS);
     // Told first of every sample that failed for good: a loss it would score after its finish
     // would never train.
-    if let (true, Some(pod), true) = (finishing, pod, told_every_failure(ctx, job)) {
+    if let (true, Some(pod), true) = (finishing, pod, st.untold_failures.is_empty()) {
         if let Err(e) = finish_trainer(ctx, job, ns, pod).await {
             tracing::warn!(job = %job.name_any(), "cannot tell the trainer the sessions are done: {e}");
         }

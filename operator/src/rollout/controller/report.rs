@@ -49,25 +49,41 @@ impl Written {
 }
 
 /// The merge patch that makes the status `st`, guarded by `base`'s resourceVersion. A merge
-/// patch keeps a map's keys it does not name, so the retry counts of sessions done since
-/// `base` are named null: without it `status.retries` would keep every session ever retried.
+/// patch keeps a map's keys it does not name, so the keys of `base`'s maps that `st` drops are
+/// named null: without it `status.retries` would keep every session ever retried, and
+/// `status.untoldFailures` every failure its trainer took.
 fn status_patch(base: &Written, st: &RolloutJobStatus) -> serde_json::Value {
     let mut patch = json!({"metadata": {"resourceVersion": base.rv}, "status": st});
-    let gone: serde_json::Map<String, serde_json::Value> = base
-        .status
-        .iter()
-        .flat_map(|b| b.retries.keys())
-        .filter(|k| !st.retries.contains_key(*k))
+    let retries = base.status.iter().flat_map(|b| b.retries.keys());
+    null_dropped(&mut patch, "retries", retries, |k| {
+        st.retries.contains_key(k)
+    });
+    let untold = base.status.iter().flat_map(|b| b.untold_failures.keys());
+    null_dropped(&mut patch, "untoldFailures", untold, |k| {
+        st.untold_failures.contains_key(k)
+    });
+    patch
+}
+
+/// Name null in the patch's `status.<field>` each of `was` that `kept` says is gone.
+fn null_dropped<'a>(
+    patch: &mut serde_json::Value,
+    field: &str,
+    was: impl Iterator<Item = &'a String>,
+    kept: impl Fn(&String) -> bool,
+) {
+    let gone: serde_json::Map<String, serde_json::Value> = was
+        .filter(|k| !kept(k))
         .map(|k| (k.clone(), serde_json::Value::Null))
         .collect();
-    if !gone.is_empty() {
-        let retries = &mut patch["status"]["retries"];
-        match retries.as_object_mut() {
-            Some(kept) => kept.extend(gone),
-            None => *retries = serde_json::Value::Object(gone),
-        }
+    if gone.is_empty() {
+        return;
     }
-    patch
+    let map = &mut patch["status"][field];
+    match map.as_object_mut() {
+        Some(kept) => kept.extend(gone),
+        None => *map = serde_json::Value::Object(gone),
+    }
 }
 
 impl RoundReport<'_> {
@@ -512,6 +528,39 @@ mod tests {
             status: None,
         };
         let patch = status_patch(&fresh, &with_retries(&[]));
+        assert!(patch["status"].get("retries").is_none(), "{patch}");
+    }
+
+    /// A failure the trainer took leaves `untoldFailures` by a null (the map skipped once
+    /// empty would otherwise keep it, and the trainer's finish would wait for it forever).
+    #[test]
+    fn a_failure_the_trainer_took_is_named_null_so_the_merge_patch_removes_it() {
+        let failure = |sample: i32| floe_crds::rollout_job::UntoldFailure {
+            group: "j/t".into(),
+            sample,
+            session: format!("j-t-{sample}"),
+            agent_fault: None,
+            since: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        let with_untold = |samples: &[i32]| RolloutJobStatus {
+            untold_failures: samples
+                .iter()
+                .map(|s| (s.to_string(), failure(*s)))
+                .collect(),
+            ..Default::default()
+        };
+        let base = Written {
+            rv: Some("3".into()),
+            status: Some(with_untold(&[1, 2])),
+        };
+        let patch = status_patch(&base, &with_untold(&[2]));
+        assert_eq!(patch["status"]["untoldFailures"]["1"], json!(null));
+        assert_eq!(patch["status"]["untoldFailures"]["2"]["session"], "j-t-2");
+        let patch = status_patch(&base, &with_untold(&[]));
+        assert_eq!(
+            patch["status"]["untoldFailures"],
+            json!({"1": null, "2": null})
+        );
         assert!(patch["status"].get("retries").is_none(), "{patch}");
     }
 }
