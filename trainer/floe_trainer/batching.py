@@ -101,12 +101,15 @@ class GroupBuffer:
     def sample_failed(self, group: str, sample: int, now: float) -> None:
         """A sample that will never arrive: its session failed by infrastructure past its
         retries. Its group is complete without it (with ``minGroupFraction: 1`` it would
-        otherwise wait until the job's end and be dropped as stale)."""
-        if group in self.closed:
+        otherwise wait until the job's end and be dropped as stale). A sample its group needs
+        nothing more of (it arrived, say from an attempt whose report was lost) changes
+        nothing, and a checkpoint does not keep it: restored before the replay, it would count
+        as failed a sample that arrives."""
+        if self.arrived(group, sample):
             return
         self.failures.setdefault(group, set()).add(sample)
         p = self.pending.setdefault(group, _Pending(first_arrival=now))
-        if sample not in p.by_sample and sample not in p.failed_samples:
+        if sample not in p.failed_samples:
             p.failed_samples.add(sample)
             self.dropped["failed"] += 1
 

@@ -641,10 +641,10 @@ class Trainer:
         with self.ruling_lock:
             if session is not None and self.ingest.has(session):
                 # A ruling told again, or the session's own trajectory came: that stands. Its
-                # group needs no more of it, unless that trajectory was one it dropped.
+                # group needs no more of it, unless that trajectory was one it dropped (then
+                # the sample will not arrive).
                 with self.lock:
-                    if not self.buffer.arrived(group, sample):
-                        self.buffer.sample_failed(group, sample, time.time())
+                    self.buffer.sample_failed(group, sample, time.time())
                 return {"known": True, "session": session}
             scored = (
                 self.ingest.score_partial(session, group, sample, agent_fault)
