@@ -260,7 +260,7 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
             },
         )
         .collect();
-    own_pod::remember_failed(job, &mut decided.next, failed, &now);
+    own_pod::remember_failed(job, &mut decided.next, failed, now);
     let Some(written) = report.fold(&decided).await? else {
         // Someone else wrote first: look again before releasing anything.
         return Ok(Action::requeue(Duration::from_millis(200)));
@@ -271,7 +271,7 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         ns,
         own_pod.as_ref(),
         &mut decided.next.untold_failures,
-        &now,
+        now,
     )
     .await;
     // ... then deliver and claim, so that new sessions are on their way ...
