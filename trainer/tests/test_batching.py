@@ -186,10 +186,12 @@ def test_a_sample_that_failed_for_good_completes_its_group_without_it():
     # pod lost before the report): it stands, uncounted, and a checkpoint does not keep it.
     b.add(traj("k", 0, 1.0), now=4)
     b.sample_failed("k", 0, now=4)
-    assert b.dropped["failed"] == 3 and b.saved(set())["failed_samples"] == {}
+    assert b.dropped["failed"] == 4 and b.saved(set())["failed_samples"] == {}
     b.add(traj("k", 1, 0.0), now=4)
+    assert b.take_ready(now=4, policy_version=0) == [], "sample 2 may still come"
+    b.add(traj("k", 2, 0.0), now=4)
     [k] = b.take_ready(now=4, policy_version=0)
-    assert k.rewards == [1.0, 0.0]
+    assert k.rewards == [1.0, 0.0, 0.0] and b.dropped["failed"] == 4
 
 
 def test_a_version_the_trainer_never_reached_or_lost_is_stale():
