@@ -146,7 +146,7 @@ async fn apply(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
         // Only the user can apply the new CRDs: said on the job (a condition and an Event),
         // not only in the operator's log. Its status write leaves `heldOut` alone.
         Err(Halt::Failed(e @ JobError::CrdOutdated(_))) => {
-            let blocked = Blocked::stalled("CrdOutdated", e.to_string());
+            let blocked = Blocked::stalled(report::CRD_OUTDATED, e.to_string());
             report::blocked(job, ctx, &blocked, now).await
         }
         Err(Halt::Failed(e)) => Err(e),

@@ -32,6 +32,9 @@ pub(super) struct RoundReport<'a> {
     pub tasks_digest: &'a str,
 }
 
+/// The `Stalled` reason of a job whose CRD prunes what this operator writes.
+pub(super) const CRD_OUTDATED: &str = "CrdOutdated";
+
 /// The job's status as this round last wrote it (or found it), with its resourceVersion.
 pub(super) struct Written {
     rv: Option<String>,
@@ -63,6 +66,23 @@ fn status_patch(base: &Written, st: &RolloutJobStatus) -> serde_json::Value {
         st.untold_failures.contains_key(k)
     });
     patch
+}
+
+/// The status found with only `st`'s `heldOut`, where the job is stalled because its CRD
+/// pruned that field and `st` changes it.
+fn crd_probe(
+    previous: Option<&RolloutJobStatus>,
+    st: &RolloutJobStatus,
+) -> Option<RolloutJobStatus> {
+    let previous = previous?;
+    let stalled = previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Stalled" && c.status == "True" && c.reason == CRD_OUTDATED);
+    (stalled && previous.held_out != st.held_out).then(|| RolloutJobStatus {
+        held_out: st.held_out.clone(),
+        ..previous.clone()
+    })
 }
 
 /// Name null in the patch's `status.<field>` each of `was` that `kept` says is gone.
@@ -129,6 +149,19 @@ impl RoundReport<'_> {
                 running,
                 previous.and_then(|s| s.start_time.clone()),
             );
+            // A job stalled on an outdated CRD tries `heldOut` alone first: pruned again, that
+            // write changes nothing (no new resourceVersion, no watch event), whereas the whole
+            // status would clear `Stalled` only for the stall to write it back, each write
+            // triggering the next reconcile: a storm of writes and Events until the CRD is new.
+            if let Some(probe) = crd_probe(previous, &st) {
+                let Some(rv) = write_status(&self.jobs(), job, &written, &probe).await? else {
+                    return Ok(None);
+                };
+                written = Written {
+                    rv: Some(rv),
+                    status: Some(probe),
+                };
+            }
             let Some(rv) = write_status(&self.jobs(), job, &written, &st).await? else {
                 return Ok(None);
             };
@@ -562,5 +595,44 @@ mod tests {
             json!({"1": null, "2": null})
         );
         assert!(patch["status"].get("retries").is_none(), "{patch}");
+    }
+
+    #[test]
+    fn only_a_job_stalled_on_its_crd_tries_held_out_alone_first() {
+        use floe_crds::rollout_job::HeldOutStatus;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let stalled = |reason: &str| RolloutJobStatus {
+            progress: Some("0/4".into()),
+            conditions: vec![Condition {
+                type_: "Stalled".into(),
+                status: "True".into(),
+                reason: reason.into(),
+                message: "apply the new CRDs".into(),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        };
+        let opened = RolloutJobStatus {
+            progress: Some("0/5".into()),
+            held_out: Some(HeldOutStatus {
+                first_index: Some(4),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // The probe is the status found, with only the new heldOut.
+        let probe = crd_probe(Some(&stalled(CRD_OUTDATED)), &opened).expect("a probe");
+        assert_eq!(probe.held_out, opened.held_out);
+        assert_eq!(probe.progress.as_deref(), Some("0/4"));
+        assert_eq!(probe.conditions, stalled(CRD_OUTDATED).conditions);
+        // Stalled for another reason, or nothing new to record, or not stalled: no probe.
+        assert!(crd_probe(Some(&stalled("PoolNotFound")), &opened).is_none());
+        let recorded = RolloutJobStatus {
+            held_out: opened.held_out.clone(),
+            ..stalled(CRD_OUTDATED)
+        };
+        assert!(crd_probe(Some(&recorded), &opened).is_none());
+        assert!(crd_probe(None, &opened).is_none());
     }
 }
