@@ -456,6 +456,26 @@ mod document_tests {
     }
 
     #[test]
+    fn a_failure_reward_at_or_above_the_pass_threshold_is_refused() {
+        let mut spec = valid_spec();
+        spec["evaluator"]["reward"] = serde_json::json!({"failureReward": 1.0});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("a failure that passes");
+        assert!(
+            err.to_string().contains("failureReward must be below"),
+            "{err}"
+        );
+        spec["evaluator"]["reward"] = serde_json::json!({"failureReward": -1.0});
+        let parsed = parse_rollout_job(&job(spec.clone())).expect("a scale from -1");
+        assert_eq!(parsed.spec.evaluator.reward.failure_reward, -1.0);
+        spec["evaluator"]["reward"] = serde_json::json!({"passThreshold": 0.0});
+        let err = parse_rollout_job(&job(spec)).expect_err("the default 0 passing at 0");
+        assert!(
+            err.to_string().contains("failureReward must be below"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_train_job_refuses_greedy_sampling_and_an_sft_job_takes_it() {
         let mut spec = valid_spec();
         spec["sampling"] = serde_json::json!({"temperature": 0.0});

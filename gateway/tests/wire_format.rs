@@ -63,7 +63,10 @@ fn built_trajectories_validate_against_the_schema() {
                 detail: serde_json::json!({"tests": 3}),
             },
         },
-        SessionOutcome::AgentTimeout { evaluation: None },
+        SessionOutcome::AgentTimeout {
+            evaluation: None,
+            reward: -1.0,
+        },
         SessionOutcome::InfraError {
             message: "pod lost".into(),
         },

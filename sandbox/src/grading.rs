@@ -20,7 +20,7 @@ use crate::evaluator_run::{Evaluator, REPORT_LIMIT};
 use crate::grading_swebench::SweBenchPrepared;
 use crate::process::{self, Exit};
 use crate::relay;
-use crate::reward::{judge, EvaluatorFailure, EvaluatorResult, FailureReason, FAILURE_REWARD};
+use crate::reward::{judge, EvaluatorFailure, EvaluatorResult, FailureReason};
 use crate::spec::RunSpec;
 use crate::summary::Summary;
 use crate::workspace::{self, Protected, WorkspaceError};
@@ -39,7 +39,7 @@ pub(crate) async fn grade(
         tracing::info!(reason = reason.code(), %message, "scored as the policy's failure");
         summary.failure = Some(reason.code().to_string());
         Ok(Evaluation {
-            reward: Some(FAILURE_REWARD),
+            reward: Some(spec.evaluator.reward.failure_reward),
             passed: Some(false),
             detail: json!({
                 "failure": reason.code(),
@@ -224,6 +224,7 @@ pub(crate) async fn grade(
             "harnessExit": summary.harness_exit,
             "changes": changes_detail(&applied),
             "swebench": graded,
+            "evaluatorReward": verdict.evaluator_reward,
         }),
     })
 }

@@ -25,6 +25,9 @@ pub struct Verdict {
     pub reward: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tests: Option<TestCounts>,
+    /// The evaluator's own reward where it was below `failureReward` (and raised to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evaluator_reward: Option<f64>,
 }
 
 /// Why a session scored as a failure without a verdict of its evaluator: each is something the
@@ -63,9 +66,6 @@ impl FailureReason {
         }
     }
 }
-
-/// The reward of a session that failed for a [`FailureReason`].
-pub const FAILURE_REWARD: f64 = 0.0;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum EvaluatorFailure {
@@ -200,10 +200,29 @@ pub(crate) fn swebench_verdict(
     Ok(Verdict {
         reward,
         tests: graded.tests,
+        evaluator_reward: None,
     })
 }
 
 pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, EvaluatorFailure> {
+    judge_source(spec, result).map(|v| at_least_failure(spec, v))
+}
+
+/// No verdict below the job's `failureReward`, what a failure scores: an evaluator whose
+/// scale goes lower (a reward file of -1 under the default 0) would otherwise teach the policy
+/// that hanging the evaluator or running out its time pays better than a wrong answer.
+fn at_least_failure(spec: &RewardSpec, v: Verdict) -> Verdict {
+    if v.reward >= spec.failure_reward {
+        return v;
+    }
+    Verdict {
+        reward: spec.failure_reward,
+        evaluator_reward: Some(v.reward),
+        ..v
+    }
+}
+
+fn judge_source(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, EvaluatorFailure> {
     match result.exit {
         Exit::SpawnFailed(e) => {
             return Err(EvaluatorFailure::Broken(format!("did not start: {e}")))
@@ -228,6 +247,7 @@ pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, Eva
         RewardSource::ExitCode => Ok(Verdict {
             reward: f64::from(u8::from(*result.exit == Exit::Code(0))),
             tests: None,
+            evaluator_reward: None,
         }),
         RewardSource::RewardFile => {
             let text = match &result.report {
@@ -238,6 +258,7 @@ pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, Eva
             reward_file(text).map(|reward| Verdict {
                 reward,
                 tests: None,
+                evaluator_reward: None,
             })
         }
         RewardSource::TestOutput => {
@@ -268,6 +289,7 @@ pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, Eva
             Ok(Verdict {
                 reward,
                 tests: Some(counts),
+                evaluator_reward: None,
             })
         }
         RewardSource::SweBench => match result.swebench {
@@ -431,6 +453,7 @@ mod tests {
             format,
             scoring,
             pass_threshold: 1.0,
+            failure_reward: 0.0,
         }
     }
 
@@ -477,6 +500,35 @@ mod tests {
             judged(&s, Exit::SpawnFailed("x".into()), "", None),
             Err(EvaluatorFailure::Broken(_))
         ));
+    }
+
+    #[test]
+    fn no_reward_is_below_the_jobs_failure_reward() {
+        let mut s = spec(RewardSource::RewardFile, None, TestScoring::AllPass);
+        let result = |s: &RewardSpec, text: &str| {
+            let exit = Exit::Code(0);
+            judge(
+                s,
+                &EvaluatorResult {
+                    swebench: None,
+                    exit: &exit,
+                    stdout: "",
+                    report: Some(Ok(text.to_string())),
+                },
+            )
+            .map(|v| (v.reward, v.evaluator_reward))
+        };
+        // Under the default 0, a -1 would make failing (0) pay better than a wrong answer.
+        assert_eq!(result(&s, r#"{"reward": -1}"#), Ok((0.0, Some(-1.0))));
+        assert_eq!(result(&s, r#"{"reward": 0.25}"#), Ok((0.25, None)));
+        // A scale that goes to -1 says so, and keeps its rewards.
+        s.failure_reward = -1.0;
+        assert_eq!(result(&s, "-0.5"), Ok((-0.5, None)));
+        assert_eq!(result(&s, "-3"), Ok((-1.0, Some(-3.0))));
+        // Every source: an exit code's 0 is raised to a failure reward above it.
+        let mut exit_code = spec(RewardSource::ExitCode, None, TestScoring::AllPass);
+        exit_code.failure_reward = 0.5;
+        assert_eq!(judged(&exit_code, Exit::Code(1), "", None), Ok(0.5));
     }
 
     #[test]

@@ -147,6 +147,7 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
         SessionOutcome::Completed { evaluation }
         | SessionOutcome::AgentTimeout {
             evaluation: Some(evaluation),
+            ..
         } => {
             summary.passed = evaluation.passed;
         }
@@ -543,7 +544,7 @@ async fn session_outcome(
         };
     let mut evaluation = evaluation;
     if let Some(why) = over_disk {
-        // Out of disk as out of time: the policy's failure (reward 0 as `agent_timeout`), the
+        // Out of disk as out of time: the policy's failure (`failureReward` as `agent_timeout`), the
         // evaluator's verdict kept for the record.
         let reason = crate::reward::FailureReason::DiskLimit.code();
         let message = format!(
@@ -557,6 +558,7 @@ async fn session_outcome(
     if timed_out {
         SessionOutcome::AgentTimeout {
             evaluation: Some(evaluation),
+            reward: spec.evaluator.reward.failure_reward,
         }
     } else {
         SessionOutcome::Completed { evaluation }

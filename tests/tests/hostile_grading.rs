@@ -47,6 +47,16 @@ struct Ran {
 }
 
 impl Ran {
+    /// A session's trajectory, accepted into the dataset or rejected.
+    fn trajectory(&self, session: &str) -> Result<Value> {
+        let name = format!("{session}.json");
+        let found = walkdir(&self.out)?
+            .into_iter()
+            .find(|p| p.file_name().is_some_and(|n| n == name.as_str()))
+            .with_context(|| format!("no trajectory of {session}: {}", self.stderr))?;
+        Ok(serde_json::from_str(&std::fs::read_to_string(found)?)?)
+    }
+
     /// A session's summary, by its task.
     fn session(&self, task: &str) -> Result<Value> {
         Ok(serde_json::from_str(
@@ -62,12 +72,18 @@ impl Ran {
 
 /// Run [`job`] with `tasks` and `flags`; it must exit 0.
 async fn run_tasks(tasks: Value, flags: &[&str]) -> Result<Ran> {
+    run_job(tasks, flags, |_| {}).await
+}
+
+/// [`run_tasks`] with the job's spec edited by `edit`.
+async fn run_job(tasks: Value, flags: &[&str], edit: impl FnOnce(&mut Value)) -> Result<Ran> {
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("out");
     let path = job(dir.path(), &model.url)?;
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
     spec["spec"]["tasks"]["inline"] = tasks;
+    edit(&mut spec["spec"]);
     std::fs::write(&path, serde_json::to_string(&spec)?)?;
     let log = dir.path().join("stderr");
     let mut child = Command::new(floe_bin()?)
@@ -320,4 +336,88 @@ async fn a_file_deleted_but_held_open_counts_against_the_disk_budget() -> Result
         .join("sessions/grading-hider-0/workspace/filled.txt")
         .exists());
     Ok(())
+}
+
+/// An evaluator whose scale goes below 0 (a wrong answer -1): every failure of the policy's
+/// scores the job's `failureReward` and no answer scores below it. Were a failure worth more
+/// than a wrong answer (the 0 every failure once scored), the run would teach the agent to
+/// stall until its time ran out, or to hang the evaluator.
+#[tokio::test]
+async fn no_failure_pays_more_than_the_worst_answer() -> Result<()> {
+    const SCALE: &str = r#"
+import json, os, time
+answer = open("answer.txt").read().strip() if os.path.exists("answer.txt") else ""
+if answer == "hang":
+    time.sleep(100)
+reward = {"right": 1.0, "wrong": -1.0, "worst": -3.0}.get(answer, -1.0)
+json.dump({"reward": reward}, open("reward.json", "w"))
+"#;
+    let task = |id: &str, instruction: &str| json!({"id": id, "instruction": instruction});
+    let ran = run_job(
+        json!([
+            task("right", "echo right > answer.txt"),
+            task("wrong", "echo wrong > answer.txt"),
+            task("worst", "echo worst > answer.txt"),
+            task("stall", "sleep 60"),
+            task("hang", "echo hang > answer.txt"),
+        ]),
+        &[],
+        |spec| {
+            spec["evaluator"] = json!({
+                "command": ["python3", "-c", SCALE],
+                "reward": {"source": "RewardFile", "path": "reward.json",
+                           "passThreshold": 0.5, "failureReward": -1.0},
+            });
+            spec["timeouts"] = json!({"agentSeconds": 8, "evaluatorSeconds": 5});
+        },
+    )
+    .await?;
+    for (task, reward, status, failure) in [
+        ("right", 1.0, "completed", None),
+        ("wrong", -1.0, "completed", None),
+        ("worst", -1.0, "completed", None),
+        ("stall", -1.0, "agent_timeout", None),
+        ("hang", -1.0, "completed", Some("evaluator_timeout")),
+    ] {
+        let s = ran.session(task)?;
+        assert_eq!(
+            (
+                s["reward"].as_f64(),
+                s["status"].as_str(),
+                s["failure"].as_str()
+            ),
+            (Some(reward), Some(status), failure),
+            "{task}: {s}"
+        );
+    }
+    // The evaluator's own -3 is kept beside the reward it was raised from.
+    let worst = ran.trajectory("grading-worst-0")?;
+    assert_eq!(
+        (
+            &worst["reward"],
+            &worst["evaluation"]["detail"]["evaluatorReward"]
+        ),
+        (&json!(-1.0), &json!(-3.0)),
+        "{worst}"
+    );
+    let wrong = ran.trajectory("grading-wrong-0")?;
+    assert_eq!(
+        wrong["evaluation"]["detail"]["evaluatorReward"],
+        Value::Null
+    );
+    Ok(())
+}
+
+/// Every file under `dir`.
+fn walkdir(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            files.extend(walkdir(&path)?);
+        } else {
+            files.push(path);
+        }
+    }
+    Ok(files)
 }

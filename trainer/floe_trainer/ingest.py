@@ -15,7 +15,8 @@ infrastructure: its retries are spent, no trajectory of it will come) takes the 
 its group then completes without it instead of waiting for the job's end. With
 ``"session": ID, "agentFault": why`` the failure was the agent's own doing (its pod evicted for
 what it wrote, which kills the pod with no grace period): the last snapshot of that session
-(below) is scored 0 and trains as the loss it is (``Ingest.score_partial``); without one the
+(below) is scored the job's failure reward (``failureReward``, default 0) and trains as the
+loss it is (``Ingest.score_partial``); without one the
 sample fails as above. Otherwise a policy that fills its disk when losing would see its losses
 vanish instead of being pushed down. ``POST /v1/fidelity`` (the same token) scores sampled
 tokens under the trainer's policy against vLLM's log-probs (``fidelity``): the check a train
@@ -190,11 +191,12 @@ class Ingest:
         return bool(SAFE_SESSION.match(session)) and self.store.path(session).exists()
 
     def score_partial(
-        self, session: str, group: str, sample: int, why: str
+        self, session: str, group: str, sample: int, why: str, reward: float = 0.0
     ) -> wire.Trajectory | None:
         """The last snapshot of ``session`` (of ``group``'s ``sample``), stored durably as its
-        trajectory, trainable with reward 0 (its masks were kept as built), or None when there
-        is none to score: never posted, another sample's, or the session has its trajectory."""
+        trajectory, trainable with ``reward`` (the job's failure reward; its masks were kept as
+        built), or None when there is none to score: never posted, another sample's, or the
+        session has its trajectory."""
         if not SAFE_SESSION.match(session):
             return None
         try:
@@ -212,8 +214,8 @@ class Ingest:
             self.counts["agentFaultUnscored"] += 1
             return None
         body["trainable"] = True
-        body["reward"] = 0.0
-        body["evaluation"] = {"reward": 0.0, "passed": False, "detail": {"agent_fault": why}}
+        body["reward"] = reward
+        body["evaluation"] = {"reward": reward, "passed": False, "detail": {"agent_fault": why}}
         try:
             t = wire.parse(body)
         except wire.InvalidTrajectory:

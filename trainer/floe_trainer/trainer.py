@@ -70,6 +70,8 @@ class TrainerConfig:
     state_dir: Path
     num_samples: int
     pass_threshold: float = 1.0
+    # ``evaluator.reward.failureReward``: what a session failed by the agent's own doing scores.
+    failure_reward: float = 0.0
     learning_rate: float = 1e-6
     advantage: str = "MeanStd"
     epsilon_low: float = 0.2
@@ -144,6 +146,7 @@ class TrainerConfig:
 
         take("policy_url", c, "policyUrl", str)
         take("pass_threshold", c, "passThreshold", float)
+        take("failure_reward", c, "failureReward", float)
         take("max_staleness", c, "maxStaleness", int)
         take("vllm_gpus", c, "vllmGpus", int)
         take("nodes", c, "nodes", int)
@@ -635,9 +638,9 @@ class Trainer:
     ) -> dict:
         """That sample's session failed for good: no trajectory of it will come, so its group
         completes without it. Unless the failure was the agent's own doing (``agent_fault``)
-        and its gateway posted snapshots of the session while it ran: the last one is scored 0
-        and joins its group, a loss like any other. Told again (the operator tells until it
-        hears back), it changes nothing."""
+        and its gateway posted snapshots of the session while it ran: the last one is scored the
+        job's failure reward and joins its group, a loss like any other. Told again (the
+        operator tells until it hears back), it changes nothing."""
         with self.ruling_lock:
             if session is not None and self.ingest.has(session):
                 # A ruling told again, or the session's own trajectory came: that stands. Its
@@ -647,15 +650,22 @@ class Trainer:
                     self.buffer.sample_failed(group, sample, time.time())
                 return {"known": True, "session": session}
             scored = (
-                self.ingest.score_partial(session, group, sample, agent_fault)
+                self.ingest.score_partial(
+                    session, group, sample, agent_fault, self.cfg.failure_reward
+                )
                 if session is not None and agent_fault is not None
                 else None
             )
             if scored is not None:
                 self.metrics.agent_faults.inc()
                 self.add(scored)
-                log.info("session %s: the agent's own failure (%s), scored 0", session, agent_fault)
-                return {"scored": 0.0, "session": session}
+                log.info(
+                    "session %s: the agent's own failure (%s), scored %s",
+                    session,
+                    agent_fault,
+                    self.cfg.failure_reward,
+                )
+                return {"scored": self.cfg.failure_reward, "session": session}
             if session is not None and agent_fault is None:
                 # Not the agent's doing: its snapshot will never train.
                 self.ingest.store.drop_partial(session)

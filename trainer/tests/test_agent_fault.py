@@ -1,7 +1,8 @@
 """A session that failed by the agent's own doing (its pod evicted for what it wrote) is a loss,
 never a sample that vanishes. The kubelet kills such a pod with no grace period, so its gateway
 posts a snapshot of the session after every call (``POST /v1/partial``); when the operator rules
-the failure the agent's, the last snapshot is scored 0 and trains with its group. Without it a
+the failure the agent's, the last snapshot is scored the job's failure reward (default 0) and
+trains with its group. Without it a
 policy that fills its disk when losing would see those losses left out of every group, and
 nothing would push that behaviour down."""
 
@@ -71,6 +72,21 @@ def test_an_evicted_agents_last_snapshot_is_scored_zero_and_trained(tmp_path):
     assert b"floe_trainer_agent_fault_sessions_total 1.0" in trainer.metrics.render()
     # A restart replays it as the trajectory it became.
     assert [t.session for t in trainer.ingest.store.load()] == ["s-0", "s-1", "s-2"]
+
+
+def test_an_evicted_agent_scores_the_jobs_failure_reward_never_above_a_wrong_answer(tmp_path):
+    # An evaluator whose wrong answers score -1: a loss scored 0 would pay better than one.
+    trainer = tiny_trainer(tmp_path, 3, {"failureReward": -1.0}, learningRate=1e-3)
+    assert trainer.ingest.handle(sample("s-0", 0, 1.0))[0] == 200
+    assert trainer.ingest.handle(sample("s-2", 2, -1.0))[0] == 200
+    assert partial(trainer, "s-1", 1, 1)[0] == 200
+    got = trainer.sample_failed("j/t", 1, "s-1", "evicted for its disk")
+    assert got == {"scored": -1.0, "session": "s-1"}
+    stored = json.loads((tmp_path / "state/ingest/s-1.json").read_text())
+    assert (stored["reward"], stored["evaluation"]["reward"]) == (-1.0, -1.0)
+    stats = trainer.run_once()
+    assert stats is not None and stats.sessions == 3
+    assert stats.reward_mean == -1 / 3
 
 
 def test_a_session_with_its_own_trajectory_is_never_scored_from_a_snapshot(tmp_path):

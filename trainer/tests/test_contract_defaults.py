@@ -33,12 +33,16 @@ GRPO = {
 }
 
 
-def train_schema() -> dict:
+def spec_schema() -> dict:
     for doc in yaml.safe_load_all(CRDS.read_text()):
         if doc and doc["spec"]["names"]["kind"] == "RolloutJob":
             spec = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-            return spec["properties"]["train"]["properties"]
+            return spec["properties"]
     raise AssertionError(f"no RolloutJob CRD in {CRDS}")
+
+
+def train_schema() -> dict:
+    return spec_schema()["train"]["properties"]
 
 
 def test_every_grpo_default_of_the_crd_is_the_trainers():
@@ -61,6 +65,13 @@ def test_the_other_train_defaults_match_too():
     checkpoint = train["checkpoint"]["properties"]
     assert left_out.checkpoint_every == checkpoint["everySteps"]["default"]
     assert left_out.checkpoint_keep == checkpoint["keep"]["default"]
+
+
+def test_the_reward_defaults_match():
+    reward = spec_schema()["evaluator"]["properties"]["reward"]["properties"]
+    left_out = TrainerConfig.from_operator({"model": "m", "numSamples": 2}, Path("/tmp"))
+    assert left_out.pass_threshold == reward["passThreshold"]["default"]
+    assert left_out.failure_reward == reward["failureReward"]["default"]
 
 
 def test_the_lora_defaults_match():

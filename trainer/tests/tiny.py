@@ -31,9 +31,10 @@ def closed_port() -> int:
     return port
 
 
-def tiny_trainer(tmp_path, num_samples: int, **grpo):
+def tiny_trainer(tmp_path, num_samples: int, config: dict | None = None, **grpo):
     """A CPU trainer of ``tiny_llama`` whose policy server is not there (its pushes fail and
-    are tried again later): the trainer's own path from ingest to step, with ``grpo``."""
+    are tried again later): the trainer's own path from ingest to step, with ``grpo`` (and the
+    rest of ``config``, the operator's keys)."""
     from floe_trainer.trainer import Trainer, TrainerConfig
 
     model_dir = tmp_path / "model"
@@ -45,5 +46,6 @@ def tiny_trainer(tmp_path, num_samples: int, **grpo):
         "grpo": {"groupsPerStep": 1, "microBatchSize": 4, **grpo},
         "device": "cpu",
         "memoryPlan": "Warn",
+        **(config or {}),
     }
     return Trainer(TrainerConfig.from_operator(conf, tmp_path / "state"))

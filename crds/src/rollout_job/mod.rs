@@ -135,7 +135,7 @@ pub struct RolloutJobSpec {
     #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<i64>,
     /// Retries of a session after an infrastructure failure (pod lost, evaluator crash), each on a
-    /// fresh pod. A session that still fails counts as failed, never as reward 0.
+    /// fresh pod. A session that still fails counts as failed, never as scored.
     #[serde(default = "default_backoff_limit")]
     #[schemars(range(min = 0, max = 100))]
     pub backoff_limit: i32,
@@ -318,7 +318,9 @@ fn is_true(b: &bool) -> bool {
     validation = kube::core::Rule::new("self.source != 'RewardFile' || has(self.path)")
         .message("evaluator.reward.path is required when source is RewardFile"),
     validation = kube::core::Rule::new("self.source != 'TestOutput' || has(self.format)")
-        .message("evaluator.reward.format is required when source is TestOutput")
+        .message("evaluator.reward.format is required when source is TestOutput"),
+    validation = kube::core::Rule::new("self.failureReward < self.passThreshold")
+        .message("evaluator.reward.failureReward must be below passThreshold: a failure never passes")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RewardSpec {
@@ -339,6 +341,15 @@ pub struct RewardSpec {
     /// Reward at or above which a session counts as passed (pass rate, SFT acceptance default).
     #[serde(default = "default_pass_threshold")]
     pub pass_threshold: f64,
+    /// The reward of a session that failed by the policy's own doing: its agent timed out or
+    /// filled its disk budget, the evaluator timed out, died or found no verdict, a process
+    /// outlived it, the workspace could not be graded, or (train jobs) the pod was evicted for
+    /// what the agent wrote. No session scores below it: a lower reward from the evaluator is
+    /// raised to it (the evaluator's own in `evaluation.detail.evaluatorReward`), so failing
+    /// never pays better than an answer. Set it to the lowest reward of your scale (`-1` for
+    /// an evaluator that writes -1..1); below `passThreshold`.
+    #[serde(default)]
+    pub failure_reward: f64,
 }
 
 fn default_pass_threshold() -> f64 {
@@ -354,6 +365,7 @@ impl Default for RewardSpec {
             format: None,
             scoring: TestScoring::default(),
             pass_threshold: default_pass_threshold(),
+            failure_reward: 0.0,
         }
     }
 }
@@ -504,7 +516,8 @@ fn default_top_p() -> f64 {
 #[serde(rename_all = "camelCase")]
 pub struct Timeouts {
     /// Budget of the harness run; on expiry the process group is killed and the session gets
-    /// reward 0 with its traces trainable (the evaluator still runs; its verdict is recorded).
+    /// `evaluator.reward.failureReward` (default 0) with its traces trainable (the evaluator
+    /// still runs; its verdict is recorded).
     #[serde(default = "default_agent_timeout")]
     #[schemars(range(min = 1, max = 604800))]
     pub agent_seconds: i32,

@@ -1,8 +1,8 @@
 //! How a session's outcome turns into reward and trainability.
 //!
 //! - Completed: the evaluator's reward.
-//! - Agent budget ran out (timeout): traces stay trainable, reward 0 — running out of budget is
-//!   a failure of the policy.
+//! - Agent budget ran out (timeout): traces stay trainable, the job's failure reward (default
+//!   0) — running out of budget is a failure of the policy.
 //! - Infrastructure error or evaluator timeout: untrainable (every mask 0, reward `null`),
 //!   flagged, so the trainer never counts it as a reward of 0.
 //! - Interrupted (a snapshot of a session still running, shipped after each of a train job's
@@ -29,6 +29,10 @@ pub enum SessionOutcome {
     AgentTimeout {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         evaluation: Option<Evaluation>,
+        /// The session's reward: the job's `evaluator.reward.failureReward` (0 from a runner
+        /// older than that field).
+        #[serde(default)]
+        reward: f64,
     },
     /// Pod lost, prepare failed, gateway or evaluator crashed, …
     InfraError { message: String },
@@ -90,9 +94,9 @@ pub fn apply_outcome(trajectory: &mut Trajectory, outcome: &SessionOutcome) {
                 mask_out(trajectory);
             }
         }
-        SessionOutcome::AgentTimeout { evaluation } => {
+        SessionOutcome::AgentTimeout { evaluation, reward } => {
             trajectory.status = SessionStatus::Timeout;
-            trajectory.reward = Some(0.0);
+            trajectory.reward = Some(*reward);
             trajectory.trainable = true;
             trajectory.evaluation = evaluation.clone();
         }
@@ -169,7 +173,10 @@ mod tests {
             panic!("not reclassified");
         };
         assert!(message.contains("http_502 ×1"), "{message}");
-        let timeout = SessionOutcome::AgentTimeout { evaluation: None };
+        let timeout = SessionOutcome::AgentTimeout {
+            evaluation: None,
+            reward: 0.0,
+        };
         assert!(matches!(
             account_for_calls(timeout, 2, &upstream),
             SessionOutcome::InfraError { .. }

@@ -408,13 +408,32 @@ fn an_agent_timeout_is_a_trainable_zero() {
         &session(),
         &two_turns(),
         &BuildOptions::default(),
-        &SessionOutcome::AgentTimeout { evaluation: None },
+        &SessionOutcome::AgentTimeout {
+            evaluation: None,
+            reward: 0.0,
+        },
     );
     assert_eq!(
         (t.status, t.trainable, t.reward),
         (SessionStatus::Timeout, true, Some(0.0))
     );
     assert_eq!(t.stats.trainable_tokens, 4);
+}
+
+#[test]
+fn an_agent_timeout_scores_the_jobs_failure_reward_and_an_older_runners_zero() {
+    let timeout = |json: serde_json::Value| {
+        let outcome: SessionOutcome = serde_json::from_value(json).expect("an outcome");
+        build_trajectory(&session(), &two_turns(), &BuildOptions::default(), &outcome)
+    };
+    let t = timeout(serde_json::json!({"status": "agent_timeout", "reward": -1.0}));
+    assert_eq!(
+        (t.status, t.trainable, t.reward),
+        (SessionStatus::Timeout, true, Some(-1.0))
+    );
+    // A runner from before `failureReward` sends none.
+    let t = timeout(serde_json::json!({"status": "agent_timeout"}));
+    assert_eq!(t.reward, Some(0.0));
 }
 
 #[test]

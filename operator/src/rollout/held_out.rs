@@ -668,7 +668,8 @@ mod tests {
     }
 
     /// A held-out session the agent ended itself (evicted for its disk) is a task it did not
-    /// solve: scored 0 in its round's pass rate, neither retried nor left out of it.
+    /// solve: scored the failure reward (0 by default) in its round's pass rate, neither
+    /// retried nor left out of it.
     #[test]
     fn a_held_out_agent_fault_counts_as_unsolved() {
         let mut j = train_job(0, false, false);
@@ -676,8 +677,15 @@ mod tests {
         let fault = PodProgress::Finished(PodResult::AgentFault {
             reason: "the agent outgrew its disk backstop".into(),
         });
-        let p = plan(&j, &[pod("h0", 8, fault)], 0, Gate::OPEN);
+        let p = plan(&j, &[pod("h0", 8, fault.clone())], 0, Gate::OPEN);
         assert!(matches!(p.folds[..], [(_, Fold::Scored { index: 8, reward })] if reward == 0.0));
+        // The job's failure reward, where its scale goes below 0.
+        let minus_one = JobState {
+            failure_reward: -1.0,
+            ..j.clone()
+        };
+        let q = plan(&minus_one, &[pod("h0", 8, fault)], 0, Gate::OPEN);
+        assert!(matches!(q.folds[..], [(_, Fold::Scored { index: 8, reward })] if reward == -1.0));
         assert!(p.next.retries.is_empty());
         let h = p.next.held_out.as_ref().expect("held out");
         assert_eq!(

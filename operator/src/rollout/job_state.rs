@@ -58,6 +58,7 @@ pub fn job_state(
         // Set from the held-out tasks and the trainer this round (`held_out::HeldOutState`).
         held_out: None,
         pass_threshold: spec.evaluator.reward.pass_threshold,
+        failure_reward: spec.evaluator.reward.failure_reward,
         suspend: spec.suspend,
         deadline_exceeded,
         completed: parse(previous.and_then(|s| s.completed_indexes.as_ref())),

@@ -74,6 +74,8 @@ pub struct JobState {
     pub backoff_limit: u32,
     pub concurrency: Option<u32>,
     pub pass_threshold: f64,
+    /// `evaluator.reward.failureReward`: a held-out session the agent failed itself scores it.
+    pub failure_reward: f64,
     /// Stop claiming (`spec.suspend`); running sessions go on.
     pub suspend: bool,
     /// `activeDeadlineSeconds` passed: stop claiming and stop the running sessions.
@@ -116,6 +118,7 @@ impl JobState {
             total,
             backoff_limit,
             pass_threshold: 1.0,
+            failure_reward: 0.0,
             ..Default::default()
         }
     }
@@ -363,7 +366,9 @@ fn plan_sessions(
             (None, PodProgress::Finished(PodResult::AgentFault { .. }))
                 if state.held_out_owns(pod.index) =>
             {
-                PodProgress::Finished(PodResult::Scored { reward: 0.0 })
+                PodProgress::Finished(PodResult::Scored {
+                    reward: state.failure_reward,
+                })
             }
             (None, p) => p.clone(),
         };
@@ -381,7 +386,11 @@ fn plan_sessions(
             }
             PodProgress::Finished(PodResult::Scored { reward }) => {
                 next.upstream.add(&pod.upstream);
-                let reward = if reward.is_finite() { *reward } else { 0.0 };
+                let reward = if reward.is_finite() {
+                    *reward
+                } else {
+                    state.failure_reward
+                };
                 match next.held_out.as_mut().filter(|h| h.owns(pod.index)) {
                     Some(h) => {
                         h.scored(pod.index, reward, state.pass_threshold, pod.policy_versions)

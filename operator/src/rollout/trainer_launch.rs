@@ -257,6 +257,7 @@ pub fn trainer_config(
         "namespace": namespace,
         "numSamples": spec.num_samples,
         "passThreshold": spec.evaluator.reward.pass_threshold,
+        "failureReward": spec.evaluator.reward.failure_reward,
         "model": layout.model,
         "policyUrl": layout.vllm_url(),
         "servedModel": SERVED_MODEL,
