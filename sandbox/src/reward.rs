@@ -457,12 +457,12 @@ mod tests {
         }
     }
 
-    fn judged(
+    fn verdict(
         spec: &RewardSpec,
         exit: Exit,
         stdout: &str,
         report: Option<Result<String, String>>,
-    ) -> Result<f64, EvaluatorFailure> {
+    ) -> Result<Verdict, EvaluatorFailure> {
         judge(
             spec,
             &EvaluatorResult {
@@ -472,7 +472,15 @@ mod tests {
                 report,
             },
         )
-        .map(|v| v.reward)
+    }
+
+    fn judged(
+        spec: &RewardSpec,
+        exit: Exit,
+        stdout: &str,
+        report: Option<Result<String, String>>,
+    ) -> Result<f64, EvaluatorFailure> {
+        verdict(spec, exit, stdout, report).map(|v| v.reward)
     }
 
     #[test]
@@ -506,17 +514,8 @@ mod tests {
     fn no_reward_is_below_the_jobs_failure_reward() {
         let mut s = spec(RewardSource::RewardFile, None, TestScoring::AllPass);
         let result = |s: &RewardSpec, text: &str| {
-            let exit = Exit::Code(0);
-            judge(
-                s,
-                &EvaluatorResult {
-                    swebench: None,
-                    exit: &exit,
-                    stdout: "",
-                    report: Some(Ok(text.to_string())),
-                },
-            )
-            .map(|v| (v.reward, v.evaluator_reward))
+            verdict(s, Exit::Code(0), "", Some(Ok(text.to_string())))
+                .map(|v| (v.reward, v.evaluator_reward))
         };
         // Under the default 0, a -1 would make failing (0) pay better than a wrong answer.
         assert_eq!(result(&s, r#"{"reward": -1}"#), Ok((0.0, Some(-1.0))));

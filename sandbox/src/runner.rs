@@ -544,8 +544,8 @@ async fn session_outcome(
         };
     let mut evaluation = evaluation;
     if let Some(why) = over_disk {
-        // Out of disk as out of time: the policy's failure (`failureReward` as `agent_timeout`), the
-        // evaluator's verdict kept for the record.
+        // Out of disk as out of time: the policy's failure (`failureReward` as
+        // `agent_timeout`), the evaluator's verdict kept for the record.
         let reason = crate::reward::FailureReason::DiskLimit.code();
         let message = format!(
             "the harness was stopped: its workspace and home hold {why} (the session's disk budget)"

@@ -47,13 +47,19 @@ struct Ran {
 }
 
 impl Ran {
-    /// A session's trajectory, accepted into the dataset or rejected.
-    fn trajectory(&self, session: &str) -> Result<Value> {
-        let name = format!("{session}.json");
-        let found = walkdir(&self.out)?
+    /// A session's trajectory, by its task: where its summary says it went (accepted into
+    /// the dataset or rejected).
+    fn trajectory(&self, task: &str) -> Result<Value> {
+        let s = self.session(task)?;
+        let (dir, session) = (
+            s["trajectory"].as_str().context("no trajectory dir")?,
+            s["session"].as_str().context("no session")?,
+        );
+        let found = ["accepted", "rejected"]
+            .map(|sub| Path::new(dir).join(sub).join(format!("{session}.json")))
             .into_iter()
-            .find(|p| p.file_name().is_some_and(|n| n == name.as_str()))
-            .with_context(|| format!("no trajectory of {session}: {}", self.stderr))?;
+            .find(|p| p.exists())
+            .with_context(|| format!("no trajectory of {session}: {s}"))?;
         Ok(serde_json::from_str(&std::fs::read_to_string(found)?)?)
     }
 
@@ -391,7 +397,7 @@ json.dump({"reward": reward}, open("reward.json", "w"))
         );
     }
     // The evaluator's own -3 is kept beside the reward it was raised from.
-    let worst = ran.trajectory("grading-worst-0")?;
+    let worst = ran.trajectory("worst")?;
     assert_eq!(
         (
             &worst["reward"],
@@ -400,24 +406,10 @@ json.dump({"reward": reward}, open("reward.json", "w"))
         (&json!(-1.0), &json!(-3.0)),
         "{worst}"
     );
-    let wrong = ran.trajectory("grading-wrong-0")?;
+    let wrong = ran.trajectory("wrong")?;
     assert_eq!(
         wrong["evaluation"]["detail"]["evaluatorReward"],
         Value::Null
     );
     Ok(())
-}
-
-/// Every file under `dir`.
-fn walkdir(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.is_dir() {
-            files.extend(walkdir(&path)?);
-        } else {
-            files.push(path);
-        }
-    }
-    Ok(files)
 }

@@ -16,9 +16,9 @@ its group then completes without it instead of waiting for the job's end. With
 ``"session": ID, "agentFault": why`` the failure was the agent's own doing (its pod evicted for
 what it wrote, which kills the pod with no grace period): the last snapshot of that session
 (below) is scored the job's failure reward (``failureReward``, default 0) and trains as the
-loss it is (``Ingest.score_partial``); without one the
-sample fails as above. Otherwise a policy that fills its disk when losing would see its losses
-vanish instead of being pushed down. ``POST /v1/fidelity`` (the same token) scores sampled
+loss it is (``Ingest.score_partial``); without one the sample fails as above. Otherwise a
+policy that fills its disk when losing would see its losses vanish instead of being pushed
+down. ``POST /v1/fidelity`` (the same token) scores sampled
 tokens under the trainer's policy against vLLM's log-probs (``fidelity``): the check a train
 run makes before its first session.
 

@@ -2,9 +2,8 @@
 never a sample that vanishes. The kubelet kills such a pod with no grace period, so its gateway
 posts a snapshot of the session after every call (``POST /v1/partial``); when the operator rules
 the failure the agent's, the last snapshot is scored the job's failure reward (default 0) and
-trains with its group. Without it a
-policy that fills its disk when losing would see those losses left out of every group, and
-nothing would push that behaviour down."""
+trains with its group. Without it a policy that fills its disk when losing would see those
+losses left out of every group, and nothing would push that behaviour down."""
 
 import json
 import threading
