@@ -103,8 +103,11 @@ pub struct SandboxTemplate {
     pub security_context: Option<SecurityContext>,
     /// Disk the agent's workspace and harness home may fill together: bytes, or with `Ki`,
     /// `Mi`, `Gi`, `Ti` (default `8Gi`; `"0"`: none). The grader measures it every 2 s while
-    /// the harness runs; past it the harness is stopped and the session scores 0
-    /// (`disk_limit`), as `floe run --session-disk` does. Both volumes also get four times
+    /// the harness runs, with the files the agent's processes deleted but keep open on any
+    /// file system on disk (counted in the agent container by its supervisor: no walk, nor the
+    /// kubelet's measure, sees them); past it the harness is stopped and the session scores
+    /// the job's `failureReward` (`disk_limit`), as `floe run --session-disk` does. Both
+    /// volumes also get four times
     /// this as their emptyDir `sizeLimit`, and the agent container as its `ephemeral-storage`
     /// limit (what it writes to its own layer, `/tmp`; unless `resources` sets one): backstops
     /// the kubelet enforces by evicting the pod, which fails the session without a retry (the

@@ -12,6 +12,9 @@
 //! signals its own namespace sends it, and the supervisor is not dumpable, so the agent can
 //! neither trace it nor read its memory or file descriptors.
 //!
+//! The supervisor also keeps the half of the session's disk budget that only the agent's own
+//! namespace can see: the files its processes deleted but keep open ([`DiskWatch`]).
+//!
 //! Wire: one JSON line each way ([`Order`], [`Report`]).
 
 use std::net::SocketAddr;
@@ -21,12 +24,28 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::disk_budget::{self, Budget, Holder};
 use crate::process::{self, CommandSpec, Exit, Finished};
 
 /// What the grader tells the supervisor: the one command to run.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Order {
     pub run: CommandSpec,
+    /// The session's disk budget, when it has one.
+    #[serde(default)]
+    pub disk: Option<DiskWatch>,
+}
+
+/// The disk budget of the command's session, as the agent container sees it. The grader walks
+/// the workspace and home itself; the files the agent's processes deleted but keep open are
+/// visible only from their own PID namespace, so the supervisor adds those and stops the
+/// command, as its timeout would, once the two together pass `bytes`
+/// ([`disk_budget::held_exceeded`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DiskWatch {
+    /// The workspace and home, at their paths in the agent container.
+    pub roots: Vec<std::path::PathBuf>,
+    pub bytes: u64,
 }
 
 /// What the supervisor answers once the command and everything it started are gone.
@@ -36,6 +55,9 @@ pub struct Report {
     /// Every other process of the agent's PID namespace was killed and reaped (the supervisor
     /// is its init). `false` where it is not: the grader must not trust the container then.
     pub namespace_emptied: bool,
+    /// Why the supervisor stopped the command for the order's [`DiskWatch`], when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over_disk: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,22 +114,27 @@ const STOP: &str = "stop";
 impl Linked {
     /// [`Self::run_until`] with nothing to stop it early.
     pub async fn run(self, spec: &CommandSpec, slack: Duration) -> Result<Report, LinkError> {
-        self.run_until(spec, slack, std::future::pending::<()>())
+        self.run_until(spec, None, slack, std::future::pending::<()>())
             .await
             .map(|(report, _)| report)
     }
 
-    /// Runs `spec` in the agent container and waits for its report: at most the command's own
-    /// timeout and grace, and `slack` on top. When `stop` completes first, the command is
-    /// stopped as by its timeout ([`Exit::TimedOut`]) and `stop`'s output comes back with the
-    /// report.
+    /// Runs `spec` in the agent container, its supervisor keeping `disk`, and waits for its
+    /// report: at most the command's own timeout and grace, and `slack` on top. When `stop`
+    /// completes first, the command is stopped as by its timeout ([`Exit::TimedOut`]) and
+    /// `stop`'s output comes back with the report.
     pub async fn run_until<T>(
         mut self,
         spec: &CommandSpec,
+        disk: Option<DiskWatch>,
         slack: Duration,
         stop: impl std::future::Future<Output = T>,
     ) -> Result<(Report, Option<T>), LinkError> {
-        let mut line = serde_json::to_vec(&Order { run: spec.clone() })?;
+        let order = Order {
+            run: spec.clone(),
+            disk,
+        };
+        let mut line = serde_json::to_vec(&order)?;
         line.push(b'\n');
         self.stream.get_mut().write_all(&line).await?;
         let wait = spec.timeout + spec.kill_grace + slack;
@@ -118,7 +145,9 @@ impl Linked {
             read = tokio::time::timeout_at(deadline, self.stream.read_line(&mut reply)) => read,
             why = stop => {
                 stopped = Some(why);
-                self.stream.get_mut().write_all(format!("{STOP}\n").as_bytes()).await?;
+                // A supervisor that stopped the command itself may be gone already: its report
+                // is still to be read.
+                let _ = self.stream.get_mut().write_all(format!("{STOP}\n").as_bytes()).await;
                 tokio::time::timeout_at(deadline, self.stream.read_line(&mut reply)).await
             }
         };
@@ -147,14 +176,49 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
     tracing::info!(program = %order.run.program, "running the harness");
     // The grader's next line: `stop` ends the command as its timeout would; EOF or anything
     // else means the grader is gone.
-    let stop = async { matches!(lines.next_line().await, Ok(Some(line)) if line.trim() == STOP) };
+    let grader = async {
+        match lines.next_line().await {
+            Ok(Some(line)) if line.trim() == STOP => Ended::Stopped,
+            _ => Ended::GraderGone,
+        }
+    };
+    let disk = async {
+        match order.disk {
+            // Every process of the namespace is below its init, orphans included.
+            Some(watch) => {
+                let budget = Budget {
+                    bytes: watch.bytes,
+                    entries: disk_budget::MAX_ENTRIES,
+                };
+                let holder = Holder {
+                    root: std::process::id(),
+                    cgroup_procs: None,
+                };
+                Ended::OverDisk(disk_budget::held_exceeded(watch.roots, budget, holder).await)
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let stop = async {
+        tokio::select! {
+            ended = grader => ended,
+            ended = disk => ended,
+        }
+    };
+    let mut over_disk = None;
     let finished = match process::run_until(&order.run, stop).await {
-        Ok((_, Some(false))) => {
+        Ok((_, Some(Ended::GraderGone))) => {
             // The run was ended as by its timeout; nobody is left to report to.
             empty_namespace().await;
             return Err(LinkError::GraderGone);
         }
-        Ok((finished, _)) => finished,
+        Ok((finished, ended)) => {
+            if let Some(Ended::OverDisk(why)) = ended {
+                tracing::warn!("the harness was stopped: {why}");
+                over_disk = Some(why);
+            }
+            finished
+        }
         Err(e) => Finished {
             exit: Exit::SpawnFailed(e.to_string()),
             elapsed: Duration::ZERO,
@@ -166,11 +230,21 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
     let mut reply = serde_json::to_vec(&Report {
         finished,
         namespace_emptied,
+        over_disk,
     })?;
     reply.push(b'\n');
     write.write_all(&reply).await?;
     write.shutdown().await?;
     Ok(())
+}
+
+/// Why the supervisor's command ended before it finished.
+enum Ended {
+    /// The grader said `stop`.
+    Stopped,
+    GraderGone,
+    /// Past the order's [`DiskWatch`].
+    OverDisk(String),
 }
 
 async fn dial(grader: SocketAddr, wait: Duration) -> Result<TcpStream, LinkError> {
@@ -251,6 +325,7 @@ mod tests {
         let (report, stopped) = link
             .run_until(
                 &spec(dir.path(), "sleep 3; touch late"),
+                None,
                 Duration::from_secs(5),
                 stop,
             )
@@ -265,6 +340,43 @@ mod tests {
         assert!(matches!(supervisor.await, Ok(Ok(()))));
         tokio::time::sleep(Duration::from_millis(3200)).await;
         assert!(!dir.path().join("late").exists(), "the harness survived");
+        Ok(())
+    }
+
+    /// The file a process deleted but keeps open is seen only from the agent's own namespace:
+    /// the supervisor adds it to the session's disk budget and stops the command there.
+    #[tokio::test]
+    async fn the_supervisor_stops_a_command_holding_deleted_files_past_the_budget(
+    ) -> Result<(), LinkError> {
+        // On disk wherever the tests run (a `/tmp` may be memory, which does not count).
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR"))?;
+        let (link, supervisor) = linked().await?;
+        let script = "( exec 3>hidden; rm hidden; head -c 4194304 /dev/zero >&3; sleep 8 ); \
+                      touch late";
+        let watch = DiskWatch {
+            roots: vec![dir.path().to_path_buf()],
+            bytes: 1 << 20,
+        };
+        let started = Instant::now();
+        let (report, stopped) = link
+            .run_until(
+                &spec(dir.path(), script),
+                Some(watch),
+                Duration::from_secs(5),
+                std::future::pending::<()>(),
+            )
+            .await?;
+        assert_eq!(report.finished.exit, Exit::TimedOut);
+        assert_eq!(stopped, None, "the grader never asked");
+        let why = report.over_disk.unwrap_or_default();
+        assert!(why.contains("deleted but still open"), "{why}");
+        assert!(
+            started.elapsed() < Duration::from_secs(7),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(matches!(supervisor.await, Ok(Ok(()))));
+        assert!(!dir.path().join("late").exists(), "the command went on");
         Ok(())
     }
 
@@ -288,6 +400,7 @@ mod tests {
         let script = "sleep 1; touch late";
         let order = serde_json::to_vec(&Order {
             run: spec(dir.path(), script),
+            disk: None,
         })?;
         let mut stream = link.stream.into_inner();
         stream.write_all(&order).await?;

@@ -94,28 +94,88 @@ pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Option<Holder
         .filter_map(|r| std::fs::metadata(r).ok())
         .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
         .collect();
+    let on = FileSystems::Devices(devices);
+    first_failed_check(move || {
+        // The trees first, against the whole budget: no scan of descriptors can delay it.
+        let usage = measure(&roots, budget)?;
+        let Some(holder) = &holder else {
+            return Ok(());
+        };
+        within(usage, unlinked_but_open(holder, &on)?, budget)
+    })
+    .await
+}
+
+/// The agent container's half of a pod's budget: completes, saying why, once the files
+/// `holder`'s processes unlinked but keep open, on any file system on disk, and what `roots`
+/// hold come to more than `budget`. The grader walks the trees on its own every check, from
+/// a container whose CPU the agent cannot take; here they are walked only while some file is
+/// held, to add the two. Such a file escapes the kubelet too (it measures volumes and a
+/// container's layer by their names), so without this an agent could fill the node's disk.
+pub async fn held_exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Holder) -> String {
+    first_failed_check(
+        move || match unlinked_but_open(&holder, &FileSystems::OnDisk)? {
+            0 => Ok(()),
+            held => within(measure(&roots, budget)?, held, budget),
+        },
+    )
+    .await
+}
+
+/// `check`, every [`CHECK_EVERY`] on a blocking thread, until it fails: its reason.
+async fn first_failed_check<F>(check: F) -> String
+where
+    F: Fn() -> Result<(), String> + Clone + Send + 'static,
+{
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
-        let (these, devices, holder) = (roots.clone(), devices.clone(), holder.clone());
-        let check = move || {
-            // The trees first, against the whole budget: no scan of descriptors can delay it.
-            let usage = measure(&these, budget)?;
-            let Some(holder) = holder else {
-                return Ok(());
-            };
-            let held = unlinked_but_open(&holder, &devices)?;
-            if usage.bytes.saturating_add(held) > budget.bytes {
-                return Err(format!(
-                    "more than {} bytes on disk, {held} of them in files deleted but still open",
-                    budget.bytes
-                ));
-            }
-            Ok(())
-        };
-        if let Ok(Err(why)) = tokio::task::spawn_blocking(check).await {
+        if let Ok(Err(why)) = tokio::task::spawn_blocking(check.clone()).await {
             return why;
         }
     }
+}
+
+/// The trees' `usage` and `held` bytes of deleted files against `budget`.
+fn within(usage: Usage, held: u64, budget: Budget) -> Result<(), String> {
+    if usage.bytes.saturating_add(held) > budget.bytes {
+        return Err(format!(
+            "more than {} bytes on disk, {held} of them in files deleted but still open",
+            budget.bytes
+        ));
+    }
+    Ok(())
+}
+
+/// Whose deleted files count: where the agent can write and what would otherwise fill a disk.
+#[derive(Clone, Debug)]
+pub enum FileSystems {
+    /// Files on these devices (local mode: the roots'; the rest of the host is read-only in
+    /// the sandbox, and its `/tmp` is memory).
+    Devices(Vec<u64>),
+    /// Files on any file system not in memory (a pod's agent container: its own layer, its
+    /// volumes, wherever it can write). A file in memory (`tmpfs`, a `memfd`) is charged to
+    /// the container's memory limit instead.
+    OnDisk,
+}
+
+impl FileSystems {
+    /// Whether the open file `fd` (a `/proc` descriptor link) is on one of these.
+    fn holds(&self, fd: &std::path::Path, dev: u64) -> bool {
+        match self {
+            Self::Devices(devices) => devices.contains(&dev),
+            Self::OnDisk => rustix::fs::statfs(fd).is_ok_and(|fs| !in_memory(fs.f_type)),
+        }
+    }
+}
+
+/// File systems whose files are memory (`statfs`'s magic numbers, `linux/magic.h`): `tmpfs`
+/// (`memfd`s and `/dev/shm` too), `ramfs`, `hugetlbfs`. The type's width and sign vary with
+/// the target; the magic numbers are 32 bits.
+fn in_memory(f_type: impl Into<i128>) -> bool {
+    const TMPFS: i128 = 0x0102_1994;
+    const RAMFS: i128 = 0x8584_58f6;
+    const HUGETLBFS: i128 = 0x9584_58f6;
+    [TMPFS, RAMFS, HUGETLBFS].contains(&(f_type.into() & 0xffff_ffff))
 }
 
 /// The harness's processes: its session's cgroup when it has one (every process of the
@@ -132,10 +192,10 @@ pub struct Holder {
 /// could otherwise stall the check with millions of duplicated descriptors).
 pub const MAX_DESCRIPTORS: usize = 1_000_000;
 
-/// Bytes on `devices` that `holder`'s processes hold in files they unlinked but keep open.
+/// Bytes on `on` that `holder`'s processes hold in files they unlinked but keep open.
 /// Best effort: what a process hides from `/proc` (made not dumpable, in a run that is not
 /// root) or holds only through a mapping is not seen.
-pub fn unlinked_but_open(holder: &Holder, devices: &[u64]) -> Result<u64, String> {
+pub fn unlinked_but_open(holder: &Holder, on: &FileSystems) -> Result<u64, String> {
     use std::os::unix::fs::MetadataExt;
     let mut seen = std::collections::HashSet::new();
     let (mut bytes, mut read) = (0u64, 0usize);
@@ -161,7 +221,7 @@ pub fn unlinked_but_open(holder: &Holder, devices: &[u64]) -> Result<u64, String
             };
             if m.is_file()
                 && m.nlink() == 0
-                && devices.contains(&m.dev())
+                && on.holds(&fd.path(), m.dev())
                 && seen.insert((m.dev(), m.ino()))
             {
                 bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
@@ -220,6 +280,7 @@ fn descendants(root: u32) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+    use std::path::Path;
 
     const ROOMY: Budget = Budget {
         bytes: u64::MAX,
@@ -252,15 +313,16 @@ mod tests {
         let device = std::fs::metadata(dir.path())?.dev();
         let mut held = 0;
         for _ in 0..100 {
-            held = unlinked_but_open(&tree(root), &[device])?;
+            held = unlinked_but_open(&tree(root), &FileSystems::Devices(vec![device]))?;
             if held > 0 && !file.exists() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        let elsewhere = unlinked_but_open(&tree(root), &[device.wrapping_add(1)])?;
+        let elsewhere = unlinked_but_open(&tree(root), &FileSystems::Devices(vec![device + 1]))?;
         let mut sibling = std::process::Command::new("sleep").arg("30").spawn()?;
-        let not_below = unlinked_but_open(&tree(sibling.id()), &[device])?;
+        let not_below =
+            unlinked_but_open(&tree(sibling.id()), &FileSystems::Devices(vec![device]))?;
         for c in [&mut child, &mut sibling] {
             let _ = c.kill();
             let _ = c.wait();
@@ -268,6 +330,51 @@ mod tests {
         assert!((4 << 20..5 << 20).contains(&held), "{held} bytes");
         assert_eq!(elsewhere, 0, "another file system's");
         assert_eq!(not_below, 0, "another process tree's");
+        Ok(())
+    }
+
+    /// A process holding `file` (written with `mib` MiB, then unlinked) until killed.
+    fn hold_deleted(file: &Path, mib: u32) -> std::io::Result<std::process::Child> {
+        let script = format!(
+            r#"exec 3>"$1"; head -c {} /dev/zero >&3; rm "$1"; exec sleep 30"#,
+            mib << 20
+        );
+        std::process::Command::new("sh")
+            .args(["-c", &script, "sh"])
+            .arg(file)
+            .spawn()
+    }
+
+    /// In a pod's agent container a deleted file counts on any file system on disk, wherever
+    /// the agent opened it; one in memory (`/dev/shm`) is its memory limit's, not its disk's.
+    #[test]
+    fn on_disk_counts_a_deleted_file_on_any_disk_but_none_in_memory(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        // The checkout is on disk wherever the tests run (a `/tmp` may be memory).
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR"))?;
+        let on_disk = dir.path().join("big");
+        let mut held = vec![hold_deleted(&on_disk, 3)?];
+        let shm = Path::new("/dev/shm");
+        let in_shm = shm.join(format!("floe-test-{}", std::process::id()));
+        if rustix::fs::statfs(shm).is_ok_and(|fs| in_memory(fs.f_type)) {
+            held.push(hold_deleted(&in_shm, 5)?);
+        }
+        let mut counted = 0;
+        for _ in 0..100 {
+            counted = held
+                .iter()
+                .map(|c| unlinked_but_open(&tree(c.id()), &FileSystems::OnDisk))
+                .sum::<Result<u64, _>>()?;
+            if counted > 0 && !on_disk.exists() && !in_shm.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        for c in &mut held {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!((3 << 20..4 << 20).contains(&counted), "{counted} bytes");
         Ok(())
     }
 

@@ -302,20 +302,25 @@ fn died_before_calling(config: &RunnerConfig, exit: Option<i32>) -> Option<Strin
 /// The harness in the agent container, through its supervisor. `Err`: a message for an
 /// infrastructure failure. A container that died under its supervisor is the harness's own
 /// failure (its memory limit, say), never the infrastructure's: the agent could cause it.
-async fn in_agent_container<T>(
+async fn in_agent_container(
     link: Linked,
     harness: &CommandSpec,
-    stop: impl std::future::Future<Output = T>,
-) -> Result<(Finished, Option<T>), String> {
+    disk: Option<agent_link::DiskWatch>,
+    stop: impl std::future::Future<Output = String>,
+) -> Result<(Finished, Option<String>), String> {
     let started = std::time::Instant::now();
-    let report = link.run_until(harness, Duration::from_secs(60), stop).await;
+    let report = link
+        .run_until(harness, disk, Duration::from_secs(60), stop)
+        .await;
     match report {
         Ok((r, _)) if !r.namespace_emptied => Err(
             "the agent container's supervisor is not its PID 1, so its processes could outlive \
              it (a pod sharing its process namespace?): not graded"
                 .into(),
         ),
-        Ok((r, stopped)) => Ok((r.finished, stopped)),
+        // Over the disk budget: by the grader's walk, or by the deleted files its supervisor
+        // counted.
+        Ok((r, stopped)) => Ok((r.finished, stopped.or(r.over_disk))),
         // Silent, or a garbled line: its supervisor may still be alive, and so may the agent.
         Err(e) if !matches!(e, agent_link::LinkError::Gone) => Err(e.to_string()),
         Err(e) => {
@@ -477,9 +482,14 @@ async fn session_outcome(
     }
     summary.harness_started_unix_ms = unix_ms_now();
     // The harness is stopped once its workspace and home outgrow the session's disk budget.
-    // Here the files its processes unlinked but keep open count too (`holder`: the harness's
-    // process); an agent container's are its own (bounded there by the kubelet's backstop).
+    // The files its processes unlinked but keep open count too: here `holder` finds them (the
+    // harness's processes); in a pod the agent container's supervisor does, in the agent's own
+    // namespace, at the paths it sees the workspace and home by.
     let roots = vec![ws.to_path_buf(), home.clone()];
+    let agent_disk = config.disk_budget.map(|bytes| agent_link::DiskWatch {
+        roots: vec![harness.cwd.clone(), home.clone()],
+        bytes,
+    });
     let over_budget = |holder: Option<crate::disk_budget::Holder>| async move {
         match config.disk_budget {
             Some(bytes) => {
@@ -493,7 +503,8 @@ async fn session_outcome(
         }
     };
     let (ran, over_disk): (Finished, Option<String>) = match link {
-        Some(link) => match in_agent_container(link, &harness, over_budget(None)).await {
+        Some(link) => match in_agent_container(link, &harness, agent_disk, over_budget(None)).await
+        {
             Ok(f) => f,
             Err(message) => return infra_error(message),
         },

@@ -126,6 +126,18 @@ pub fn attacks() -> Vec<(&'static str, String, f64, Option<&'static str>)> {
             0.0,
             Some("disk_limit"),
         ),
+        // The same through a file deleted but kept open: no walk of the workspace finds it
+        // (nor the kubelet's measure, in a pod), yet it is on the disk all the same.
+        (
+            "held-open",
+            format!(
+                "{FIX} && ( exec 3>hidden.bin; rm hidden.bin; for i in $(seq 1 50); do \
+                 dd if=/dev/zero bs=1M count=4 2>/dev/null >&3; sleep 0.1; done; \
+                 echo filled > filled.txt; sleep 50 )"
+            ),
+            0.0,
+            Some("disk_limit"),
+        ),
         // Test-runner configuration: a `conftest.py` that patches the code under test before
         // the tests run (protected by default, `evaluator.protectTestConfig`).
         (

@@ -161,15 +161,22 @@ async fn no_attack_on_the_grade_forges_a_reward_or_escapes_scoring() -> Result<(
         assert_eq!(s["reward"].as_f64(), Some(reward), "{task}: {s}");
         assert_eq!(s["failure"].as_str(), failure, "{task}: {s}");
     }
-    // Stopped at the budget, not at the 60 s timeout, before it wrote all it meant to.
-    let filler = &seen["disk-fill"];
+    // Stopped at the budget, not at the 60 s timeout, before it wrote all it meant to; the
+    // file deleted but held open counted as such.
+    for filler in ["disk-fill", "held-open"] {
+        let s = &seen[filler];
+        assert!(s["agentSeconds"].as_f64().is_some_and(|t| t < 30.0), "{s}");
+        assert!(!out
+            .join(format!("sessions/grading-{filler}-0/workspace/filled.txt"))
+            .exists());
+    }
+    let held = &seen["held-open"];
     assert!(
-        filler["agentSeconds"].as_f64().is_some_and(|s| s < 30.0),
-        "{filler}"
+        held["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("deleted but still open")),
+        "{held}"
     );
-    assert!(!out
-        .join("sessions/grading-disk-fill-0/workspace/filled.txt")
-        .exists());
     assert_eq!(summary["sessions"]["infraError"], 0, "{summary}");
     assert_eq!(
         summary["sessions"]["failures"]["evaluator_timeout"], 1,
@@ -298,49 +305,6 @@ async fn a_session_that_fills_its_tmp_gets_no_space_not_the_machines_memory() ->
             .trim()
             .parse()?;
     assert!(tmp_mib <= 128, "/tmp held {tmp_mib} MiB");
-    Ok(())
-}
-
-/// A session that fills the disk with a file it unlinked but keeps open: no walk of its
-/// workspace and home finds it, yet it is on the host's disk all the same, and a full disk
-/// fails floe's own writes (infrastructure, for every session of the run). The budget counts
-/// what the harness's processes hold open: stopped there, scored 0 (`disk_limit`), long before
-/// it wrote all it meant to.
-#[tokio::test]
-async fn a_file_deleted_but_held_open_counts_against_the_disk_budget() -> Result<()> {
-    let hider = format!(
-        "{FIX} && ( exec 3>hidden.bin; rm hidden.bin; for i in $(seq 1 50); do \
-         dd if=/dev/zero bs=1M count=4 2>/dev/null >&3; sleep 0.1; done; \
-         echo filled > filled.txt; sleep 50 )"
-    );
-    let ran = run_tasks(
-        json!([
-            {"id": "hider", "instruction": hider, "files": {"calc.py": BUGGY},
-             "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}},
-        ]),
-        &["--session-disk", grading_attacks::DISK_BUDGET],
-    )
-    .await?;
-    let session = ran.session("hider")?;
-    assert_eq!(
-        (&session["reward"], &session["failure"]),
-        (&json!(0.0), &json!("disk_limit")),
-        "{session}"
-    );
-    assert!(
-        session["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("deleted but still open")),
-        "{session}"
-    );
-    assert!(
-        session["agentSeconds"].as_f64().is_some_and(|s| s < 30.0),
-        "{session}"
-    );
-    assert!(!ran
-        .out
-        .join("sessions/grading-hider-0/workspace/filled.txt")
-        .exists());
     Ok(())
 }
 

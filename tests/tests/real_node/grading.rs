@@ -54,6 +54,7 @@ const IN_PODS: &[&str] = &[
     "report-link",
     "straggler",
     "disk-fill",
+    "held-open",
     "conftest",
 ];
 
@@ -98,6 +99,18 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
             t["evaluation"]
         );
     }
+    // The file deleted but held open, which neither the grader's walk nor the kubelet sees,
+    // counted by the agent container's supervisor.
+    let held = lines
+        .iter()
+        .find(|t| t["session"] == "grading-held-open-0")
+        .context("no trajectory for held-open")?;
+    let why = held["evaluation"]["detail"]["failureMessage"].as_str();
+    assert!(
+        why.is_some_and(|w| w.contains("deleted but still open")),
+        "{}",
+        held["evaluation"]
+    );
     Ok(())
 }
 
