@@ -476,6 +476,34 @@ mod document_tests {
     }
 
     #[test]
+    fn an_overlong_buffer_fits_within_the_response_cap_its_default_included() {
+        use crate::rollout_job::DEFAULT_MAX_RESPONSE_TOKENS as CAP;
+        let mut spec = valid_spec();
+        spec.as_object_mut().map(|s| s.remove("sft"));
+        let train = |buffer: i32| {
+            serde_json::json!({"image": "x", "model": "m",
+                               "grpo": {"overlongPenalty": {"bufferTokens": buffer}}})
+        };
+        spec["train"] = train(CAP);
+        let parsed = parse_rollout_job(&job(spec.clone())).expect("the whole default cap");
+        let penalty = parsed
+            .spec
+            .train
+            .and_then(|t| t.grpo.overlong_penalty)
+            .expect("kept");
+        assert_eq!((penalty.buffer_tokens, penalty.factor), (CAP, 1.0));
+        spec["train"] = train(CAP + 1);
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("past the default cap");
+        assert!(err.to_string().contains("bufferTokens is at most"), "{err}");
+        spec["sampling"] = serde_json::json!({"maxResponseTokens": 512});
+        spec["train"] = train(513);
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("past the job's cap");
+        assert!(err.to_string().contains("bufferTokens is at most"), "{err}");
+        spec["train"] = train(512);
+        parse_rollout_job(&job(spec)).expect("within the job's cap");
+    }
+
+    #[test]
     fn a_train_job_refuses_greedy_sampling_and_an_sft_job_takes_it() {
         let mut spec = valid_spec();
         spec["sampling"] = serde_json::json!({"temperature": 0.0});

@@ -353,7 +353,13 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     // Two held-out questions, measured every 2 steps and at the end, trained on by nobody.
     let held_out = "    maxStaleness: 0\n    heldOut: {everySteps: 2, tasks: {inline: [\
         {id: h0, instruction: \"Name a city.\"}, {id: h1, instruction: \"Name a metal.\"}]}}\n";
-    let text = job(&model, &questions, &LEARNING).replace("    maxStaleness: 0\n", held_out);
+    // DAPO's soft overlong punishment over the last 8 of the 24 tokens a call may sample.
+    let text = job(&model, &questions, &LEARNING)
+        .replace("    maxStaleness: 0\n", held_out)
+        .replace(
+            "miniBatches: 2}",
+            "miniBatches: 2, overlongPenalty: {bufferTokens: 8, factor: 0.5}}",
+        );
     std::fs::write(&job_file, text)?;
     let out = dir.path().join("out");
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
@@ -435,7 +441,7 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     // Every completion carries the policy version that sampled it: the sessions of batch b
     // (tasks 2b and 2b+1) ran on version b, after the push that made it.
     let ingest = out.join("trainer/state/ingest");
-    let (mut seen, mut overlong) = (0, 0);
+    let (mut seen, mut overlong, mut penalized, mut penalty) = (0, 0, 0, 0.0);
     for entry in std::fs::read_dir(&ingest)? {
         let t: Value = serde_json::from_str(&std::fs::read_to_string(entry?.path())?)?;
         overlong += u64::from(
@@ -444,6 +450,14 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
                 .context("overlong_turns")?
                 > 0,
         );
+        // Its longest call, as the gateway counted it: past 16 tokens, into the buffer.
+        let longest = t["stats"]["longest_turn_tokens"]
+            .as_u64()
+            .context("longest_turn_tokens")?;
+        if longest > 16 {
+            penalized += 1;
+            penalty += 0.5 * ((longest - 16) as f64 / 8.0).min(1.0);
+        }
         let task = t["task"].as_str().context("task")?;
         let index: u64 = task.trim_start_matches('q').parse()?;
         assert_eq!(
@@ -462,6 +476,17 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
     eprintln!("overlong sessions: {overlong} of 24");
     assert_eq!(per_step("overlongSessions"), overlong, "{training}");
     assert_eq!(per_step("maskedSessions"), 0, "{training}");
+    // The overlong penalty of each session, from the gateway's count of its longest call, is
+    // what the steps took their advantages with (8 sessions a step).
+    eprintln!("penalized sessions: {penalized} of 24, penalties {penalty:.3} in all");
+    assert!(penalized > 0, "no session reached the buffer: {training}");
+    assert_eq!(per_step("penalizedSessions"), penalized, "{training}");
+    let stepped: f64 = steps
+        .iter()
+        .filter_map(|s| s["overlongPenalty"].as_f64())
+        .map(|mean| mean * 8.0)
+        .sum();
+    assert!((stepped - penalty).abs() < 1e-6, "{stepped} vs {penalty}");
 
     // The final model is a directory a server loads as the next job's model.
     let final_model = PathBuf::from(training["finalModel"].as_str().context("finalModel")?);

@@ -35,3 +35,13 @@ def group_advantages(rewards: Sequence[float], estimator: str = "MeanStd") -> li
 def uniform(rewards: Sequence[float]) -> bool:
     """All rewards equal: every advantage is 0 and the group teaches nothing."""
     return len(rewards) > 0 and max(rewards) - min(rewards) < 1e-12
+
+
+def overlong_penalty(longest: int, cap: int | None, buffer: int | None, factor: float) -> float:
+    """DAPO's soft overlong punishment (``grpo.overlongPenalty``): 0 while a session's longest
+    call stayed ``buffer`` tokens or more below the job's ``cap``, then growing linearly to
+    ``factor`` at the cap (a call the cap cut). 0 without a buffer or a cap."""
+    if not buffer or not cap:
+        return 0.0
+    into = longest - (cap - buffer)
+    return factor * min(1.0, into / buffer) if into > 0 else 0.0

@@ -8,7 +8,9 @@ still count towards the group being complete: none is sent again). Untrainable
 trajectories (infrastructure failures) never join a group — never as reward 0. With
 ``mask_overlong`` (``grpo.overlong: Mask``, DAPO's overlong filtering), a session with a call cut
 at its token cap keeps its reward in its group's baseline and trains no token; a group
-of such sessions only is dropped (``overlong``). Every drop is counted by reason. What a
+of such sessions only is dropped (``overlong``). With ``penalty`` (``grpo.overlongPenalty``,
+DAPO's soft overlong punishment) a session's advantage is of its reward less its penalty; the
+reward itself stays what it earned. Every drop is counted by reason. What a
 restarted trainer must not forget (groups closed, samples failed, versions lost) is saved with
 each checkpoint ([`GroupBuffer.saved`]).
 """
@@ -16,6 +18,7 @@ each checkpoint ([`GroupBuffer.saved`]).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .advantages import group_advantages, uniform
@@ -30,6 +33,8 @@ class Group:
     # Per trajectory: its loss is masked (an overlong session under ``mask_overlong``); its
     # reward is still in the advantages' baseline. Empty: none is.
     masked: list[bool] = field(default_factory=list)
+    # Per trajectory: the overlong penalty its advantage was taken with. Empty: none.
+    penalties: list[float] = field(default_factory=list)
 
     @property
     def rewards(self) -> list[float]:
@@ -56,9 +61,11 @@ class GroupBuffer:
         max_staleness: int = 1,
         estimator: str = "MeanStd",
         mask_overlong: bool = False,
+        penalty: Callable[[Trajectory], float] | None = None,
     ) -> None:
         self.num_samples = num_samples
         self.mask_overlong = mask_overlong
+        self.penalty = penalty
         self.min_fraction = min_fraction
         self.grace_seconds = grace_seconds
         self.max_staleness = max_staleness
@@ -180,7 +187,7 @@ class GroupBuffer:
             del self.pending[gid]
             self.closed.add(gid)
             trajs = [fresh[s] for s in sorted(fresh)]
-            rewards = [t.reward or 0.0 for t in trajs]
+            rewards = self._shaped(trajs)
             if len(trajs) < 2:
                 short = (leftovers and not complete) or bool(p.stale_samples | p.failed_samples)
                 self.dropped["incomplete" if short else "zero_advantage"] += 1
@@ -201,8 +208,16 @@ class GroupBuffer:
             self.dropped["overlong"] += 1
             self.groups_dropped += 1
             return
-        rewards = [t.reward or 0.0 for t in trajs]
-        out.append(Group(gid, trajs, group_advantages(rewards, self.estimator), masked))
+        penalties = [self.penalty(t) for t in trajs] if self.penalty else []
+        rewards = self._shaped(trajs)
+        advantages = group_advantages(rewards, self.estimator)
+        out.append(Group(gid, trajs, advantages, masked, penalties))
+
+    def _shaped(self, trajs: list[Trajectory]) -> list[float]:
+        """The rewards the advantages are of: each less its overlong penalty, if any. A group
+        whose sessions all passed but ran to different lengths can teach then."""
+        penalty = self.penalty or (lambda _: 0.0)
+        return [(t.reward or 0.0) - penalty(t) for t in trajs]
 
     def still_fresh(self, groups: list[Group], policy_version: int) -> list[Group]:
         """Groups taken earlier, checked again as their step starts (steps may have run since,
@@ -216,7 +231,7 @@ class GroupBuffer:
                 out.append(g)
                 continue
             self.dropped["stale"] += len(g.trajectories) - len(fresh)
-            rewards = [t.reward or 0.0 for t in fresh]
+            rewards = self._shaped(fresh)
             if len(fresh) < 2 or uniform(rewards):
                 self.dropped["incomplete" if len(fresh) < 2 else "zero_advantage"] += 1
                 self.groups_dropped += 1

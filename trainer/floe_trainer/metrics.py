@@ -114,6 +114,12 @@ class Metrics:
             " the loss under grpo.overlong: Mask)",
             registry=r,
         )
+        self.overlong_penalty = Gauge(
+            "floe_trainer_overlong_penalty_mean",
+            "Mean overlong penalty (grpo.overlongPenalty) the last step's sessions' advantages"
+            " were taken with",
+            registry=r,
+        )
         self.agent_faults = PCounter(
             "floe_trainer_agent_fault_sessions",
             "Sessions failed by their agent's own doing (a pod evicted for what it wrote) and"
@@ -191,6 +197,7 @@ class Metrics:
         self.clip_side.labels("low").set(s.clip_fraction_low)
         self.tis_truncated.set(s.tis_truncated_fraction)
         self.overlong.set(s.overlong_sessions / s.sessions if s.sessions else 0.0)
+        self.overlong_penalty.set(s.overlong_penalty_mean)
         self.advantage_std.set(s.advantage_std)
         self.entropy.set(s.entropy)
         self.response_tokens.labels("mean").set(s.response_tokens_mean)

@@ -81,6 +81,10 @@ class StepStats:
     # of those the ones whose loss was masked (``grpo.overlong: Mask``).
     overlong_sessions: int = 0
     masked_sessions: int = 0
+    # Sessions whose advantage was taken with an overlong penalty (``grpo.overlongPenalty``),
+    # and the penalty's mean over the step's sessions.
+    penalized_sessions: int = 0
+    overlong_penalty_mean: float = 0.0
     # Sessions (trajectories) in the step's groups.
     sessions: int = 0
 
@@ -353,6 +357,9 @@ def train_step(
         "overlong_sessions": sum(t.overlong_turns > 0 for t, _ in trajectories),
         "masked_sessions": sum(masked),
         "sessions": len(trajectories),
+        "penalized_sessions": sum(p > 0 for g in groups for p in g.penalties),
+        "overlong_penalty_mean": sum(p for g in groups for p in g.penalties)
+        / max(len(trajectories), 1),
     }
     rewards = [r for g in groups for r in g.rewards]
     if not items:

@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 import urllib.error
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from . import checkpoint, fidelity, lora, memory_plan
+from .advantages import overlong_penalty
 from .batching import Group, GroupBuffer
 from .distributed import (
     HEARTBEAT_SECONDS,
@@ -96,6 +98,10 @@ class TrainerConfig:
     # ``grpo.overlong``: "mask" keeps the loss of a session with a call cut at its token cap
     # out of the step (its reward stays in its group's baseline); "train" trains it.
     overlong: str = "train"
+    # ``grpo.overlongPenalty``: DAPO's soft overlong punishment, the buffer before
+    # ``max_response_tokens`` (None: off) and the penalty at the cap.
+    overlong_buffer: int | None = None
+    overlong_factor: float = 1.0
     # ``sampling.temperature``: the policy trained is the tempered one vLLM samples from.
     temperature: float = 1.0
     # ``sampling.maxResponseTokens``: TokenSumNorm's constant (Dr. GRPO's), so no length is
@@ -180,6 +186,10 @@ class TrainerConfig:
             ("ppo_epochs", "ppoEpochs", int),
         ]:
             take(field, g, key, convert)
+        penalty = g.get("overlongPenalty")
+        if penalty is not None:
+            take("overlong_buffer", penalty, "bufferTokens", int)
+            take("overlong_factor", penalty, "factor", float)
         take("checkpoint_every", ck, "everySteps", int)
         take("checkpoint_keep", ck, "keep", int)
         take("checkpoint_dir", ck, "dir", Path)
@@ -196,6 +206,18 @@ class TrainerConfig:
         if gpus is not None:
             given["device"] = "cpu" if int(gpus) == 0 else "cuda"
             given["gpus"] = int(gpus)
+        buffer = given.get("overlong_buffer")
+        if buffer is not None:
+            cap = given.get("max_response_tokens")
+            if buffer < 1 or cap is None or buffer > cap:
+                raise ValueError(
+                    f"grpo.overlongPenalty.bufferTokens must be 1..maxResponseTokens ({cap}), "
+                    f"got {buffer}"
+                )
+            if given.get("overlong_factor", 1.0) < 0:
+                raise ValueError(
+                    f"grpo.overlongPenalty.factor must be >= 0, got {given['overlong_factor']}"
+                )
         if given.get("overlong", "train") not in ("train", "mask"):
             raise ValueError(f"grpo.overlong must be Train or Mask, got {g['overlong']!r}")
         if given.get("memory_plan", "enforce") not in memory_plan.MODES:
@@ -395,6 +417,14 @@ def follow(cfg: TrainerConfig, world: World) -> int:
             raise ValueError(f"unknown command from the leader: {what!r}")
 
 
+def overlong_penalty_of(cfg: TrainerConfig) -> Callable[[Trajectory], float] | None:
+    """A session's ``grpo.overlongPenalty``, or None when the job sets none."""
+    if cfg.overlong_buffer is None:
+        return None
+    cap, buffer, factor = cfg.max_response_tokens, cfg.overlong_buffer, cfg.overlong_factor
+    return lambda t: overlong_penalty(t.longest_turn_tokens, cap, buffer, factor)
+
+
 class Trainer:
     def __init__(self, cfg: TrainerConfig, world: World = SINGLE) -> None:
         self.cfg = cfg
@@ -417,6 +447,7 @@ class Trainer:
             cfg.max_staleness,
             cfg.advantage,
             mask_overlong=cfg.overlong == "mask",
+            penalty=overlong_penalty_of(cfg),
         )
         self.ready: list[Group] = []
         resume = agree(world, checkpoint.latest(self.ckpt_dir))
@@ -804,6 +835,8 @@ class Trainer:
                     "gradNorms": stats.grad_norms,
                     "overlongSessions": stats.overlong_sessions,
                     "maskedSessions": stats.masked_sessions,
+                    "penalizedSessions": stats.penalized_sessions,
+                    "overlongPenalty": stats.overlong_penalty_mean,
                     "versionLagMax": max(lags, default=0),
                     "staleDrops": self.buffer.dropped["stale"] - stale_before,
                     "waitSeconds": round(waited, 3),

@@ -38,6 +38,9 @@ class Trajectory:
     # Calls cut at their token cap, not a short answer asked for (``stats.overlong_turns``):
     # with ``grpo.overlong: Mask`` the session's reward counts in its group, its tokens do not.
     overlong_turns: int = 0
+    # The most tokens one call sampled, short caps the harness asked for aside
+    # (``stats.longest_turn_tokens``): what ``grpo.overlongPenalty`` measures.
+    longest_turn_tokens: int = 0
 
 
 def _require(cond: bool, message: str) -> None:
@@ -121,10 +124,12 @@ def parse(body: object) -> Trajectory:
     stats = {} if stats is None else stats
     _require(isinstance(stats, dict), "stats must be an object")
     overlong = stats.get("overlong_turns", 0)
-    _require(
-        isinstance(overlong, int) and not isinstance(overlong, bool) and overlong >= 0,
-        "stats.overlong_turns must be a non-negative integer",
-    )
+    longest = stats.get("longest_turn_tokens", 0)
+    for name, value in (("overlong_turns", overlong), ("longest_turn_tokens", longest)):
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            f"stats.{name} must be a non-negative integer",
+        )
     return Trajectory(
         session=body["session"],
         task=body["task"],
@@ -135,4 +140,5 @@ def parse(body: object) -> Trajectory:
         policy_versions=list(versions),
         traces=[parse_trace(t, f"traces[{i}]") for i, t in enumerate(traces)],
         overlong_turns=overlong,
+        longest_turn_tokens=longest,
     )

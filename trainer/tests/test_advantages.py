@@ -37,3 +37,18 @@ def test_uniform_groups_and_unknown_estimators():
     assert not uniform([])
     with pytest.raises(ValueError):
         group_advantages([1.0], "Nope")
+
+
+def test_the_overlong_penalty_grows_through_the_buffer_to_its_factor_at_the_cap():
+    from floe_trainer.advantages import overlong_penalty
+
+    # Cap 100, buffer 20: none up to 80, linear to the factor at 100, never past it.
+    assert [overlong_penalty(n, 100, 20, 0.5) for n in (0, 80, 90, 100, 140)] == [
+        0.0,
+        0.0,
+        0.25,
+        0.5,
+        0.5,
+    ]
+    assert overlong_penalty(100, 100, None, 1.0) == 0.0, "no buffer: off"
+    assert overlong_penalty(100, None, 20, 1.0) == 0.0, "no cap to measure against"

@@ -3,6 +3,8 @@
 baseline and none of its tokens in the loss."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from tiny import tiny_trainer
@@ -48,3 +50,53 @@ def test_a_step_with_nothing_to_train_pushes_no_new_version(tmp_path):
     assert stats is not None and (stats.updates, stats.sequences) == (0, 0)
     assert (trainer.state.step, trainer.state.policy_version) == (0, 0)
     assert trainer.state.groups_done == 1
+
+
+def _ingest_lengths(trainer, rewards, longest):
+    for i, (reward, n) in enumerate(zip(rewards, longest, strict=True)):
+        ids = [5 + i, 6, 7]
+        choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+        t = trajectory(f"s-{i}", "j/t", i, [1, 2, 3], choice, reward, 0)
+        t["stats"] = {"longest_turn_tokens": n}
+        assert trainer.ingest.handle(json.dumps(t).encode())[0] == 200
+
+
+def test_the_overlong_penalty_shapes_the_advantage_not_the_reward(tmp_path):
+    # DAPO's soft punishment: a cap of 16 tokens, the last 8 a buffer. Both sessions passed;
+    # one stayed clear of the buffer, the other ran to the cap (penalty 1).
+    penalty = {"bufferTokens": 8, "factor": 1.0}
+    trainer = tiny_trainer(tmp_path, 2, config={"maxResponseTokens": 16}, overlongPenalty=penalty)
+    _ingest_lengths(trainer, (1.0, 1.0), (8, 16))
+    stats = trainer.run_once()
+    assert stats is not None, "two passes of different lengths teach something"
+    assert (stats.penalized_sessions, stats.overlong_penalty_mean) == (1, 0.5)
+    # What the sessions earned is unchanged: the reward curve and pass rate read it.
+    assert stats.reward_mean == 1.0
+    row = trainer.status()["steps"][-1]
+    assert (row["penalizedSessions"], row["overlongPenalty"], row["passRate"]) == (1, 0.5, 1.0)
+    assert trainer.metrics.overlong_penalty._value.get() == 0.5
+    assert trainer.state.policy_version == 1
+
+
+def test_without_the_penalty_passes_of_any_length_teach_nothing(tmp_path):
+    trainer = tiny_trainer(tmp_path, 2, config={"maxResponseTokens": 16})
+    _ingest_lengths(trainer, (1.0, 1.0), (8, 16))
+    assert trainer.run_once() is None
+    assert trainer.buffer.dropped["zero_advantage"] == 1
+
+
+@pytest.mark.parametrize(
+    ("config", "penalty", "error"),
+    [
+        ({"maxResponseTokens": 16}, {"bufferTokens": 17}, "1..maxResponseTokens (16)"),
+        ({}, {"bufferTokens": 8}, "1..maxResponseTokens (None)"),
+        ({"maxResponseTokens": 16}, {"bufferTokens": 0}, "got 0"),
+        ({"maxResponseTokens": 16}, {"bufferTokens": 8, "factor": -1}, "factor must be >= 0"),
+    ],
+)
+def test_an_overlong_penalty_the_cap_cannot_hold_is_refused(config, penalty, error):
+    from floe_trainer.trainer import TrainerConfig
+
+    conf = {"model": "m", "policyUrl": "u", "grpo": {"overlongPenalty": penalty}, **config}
+    with pytest.raises(ValueError, match=re.escape(error)):
+        TrainerConfig.from_operator(conf, Path("/nonexistent"))

@@ -625,8 +625,16 @@ pub fn step_line(s: &Value) -> String {
         (Some(n), _) if n > 0 => format!(" · {n} overlong"),
         _ => String::new(),
     };
+    // Sessions whose advantage a `grpo.overlongPenalty` lowered: said only when there are some.
+    let penalized = match (
+        s["penalizedSessions"].as_u64(),
+        s["overlongPenalty"].as_f64(),
+    ) {
+        (Some(n), Some(mean)) if n > 0 => format!(" · {n} penalized (mean {mean:.3})"),
+        _ => String::new(),
+    };
     format!(
-        "[train] step {} · policy v{} · {} groups · reward {:.3} · pass {:.0}% · {} tokens{}{} · clip {:.3} · lag ≤{} · {} stale · train {:.1} s · push {:.1} s",
+        "[train] step {} · policy v{} · {} groups · reward {:.3} · pass {:.0}% · {} tokens{}{}{} · clip {:.3} · lag ≤{} · {} stale · train {:.1} s · push {:.1} s",
         s["step"],
         s["policyVersion"],
         s["groups"],
@@ -635,6 +643,7 @@ pub fn step_line(s: &Value) -> String {
         s["tokens"],
         computed,
         overlong,
+        penalized,
         f("clipFraction"),
         s["versionLagMax"],
         s["staleDrops"],
@@ -666,6 +675,14 @@ mod tests {
         assert!(step(0, 0).contains("9 tokens · clip"));
         assert!(step(2, 0).contains("9 tokens · 2 overlong · clip"));
         assert!(step(2, 2).contains("9 tokens · 2 overlong (2 masked) · clip"));
+        let penalized = |n: u64| {
+            step_line(
+                &json!({"tokens": 9, "overlongSessions": 1, "maskedSessions": 0,
+                              "penalizedSessions": n, "overlongPenalty": 0.25}),
+            )
+        };
+        assert!(penalized(0).contains("9 tokens · 1 overlong · clip"));
+        assert!(penalized(3).contains("9 tokens · 1 overlong · 3 penalized (mean 0.250) · clip"));
     }
 
     #[test]

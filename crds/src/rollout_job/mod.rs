@@ -63,6 +63,9 @@ pub use train::*;
         "!has(self.train) || !has(self.sampling) || !has(self.sampling.topP) || self.sampling.topP == 1.0"
     ).message("a train job samples with sampling.topP 1: the trainer models the tempered full-vocabulary distribution, and nucleus sampling would make every sampled token's log-prob disagree with it"),
     validation = kube::core::Rule::new(
+        "!has(self.train) || !has(self.train.grpo) || !has(self.train.grpo.overlongPenalty) || self.train.grpo.overlongPenalty.bufferTokens <= (has(self.sampling) && has(self.sampling.maxResponseTokens) ? self.sampling.maxResponseTokens : 16384)"
+    ).message("train.grpo.overlongPenalty.bufferTokens is at most sampling.maxResponseTokens: the buffer is the last stretch before the cap"),
+    validation = kube::core::Rule::new(
         "!has(self.tasks.swebench) || (has(self.evaluator.reward) && has(self.evaluator.reward.source) && self.evaluator.reward.source == 'SWEBench')"
     ).message("SWE-bench instances (tasks.swebench) are graded with evaluator.reward.source SWEBench"),
     validation = kube::core::Rule::new(

@@ -363,6 +363,13 @@ pub struct GrpoSpec {
     /// sessions only is dropped (`overlong`).
     #[serde(default)]
     pub overlong: OverlongSessions,
+    /// DAPO's soft overlong punishment: a session whose longest call (calls with a short cap
+    /// the harness asked for aside) sampled into the last `bufferTokens` before
+    /// `sampling.maxResponseTokens` has its reward lowered, for its advantage only, by
+    /// `factor` × how far into that buffer it went (a call cut at the cap: `factor`). Its
+    /// evaluation, pass rate and reward curves keep the reward it earned. Unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlong_penalty: Option<OverlongPenalty>,
     /// Groups (tasks) per optimizer step.
     #[serde(default = "default_groups_per_step")]
     #[schemars(range(min = 1, max = 4096))]
@@ -429,6 +436,7 @@ impl Default for GrpoSpec {
             kl_coef: 0.0,
             loss_aggregation: LossAggregation::default(),
             overlong: OverlongSessions::default(),
+            overlong_penalty: None,
             groups_per_step: default_groups_per_step(),
             micro_batch_size: default_micro_batch(),
             max_tokens_per_micro_batch: None,
@@ -514,6 +522,24 @@ pub enum OverlongSessions {
     /// Kept out of the loss (DAPO's overlong filtering, TRL's `mask_truncated_completions`):
     /// a reward the cap decided is noise about the response itself.
     Mask,
+}
+
+/// `grpo.overlongPenalty` (DAPO, "soft overlong punishment"; verl's `overlong_buffer`).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OverlongPenalty {
+    /// The buffer before `sampling.maxResponseTokens` where the penalty grows from 0 to
+    /// `factor` (DAPO's L_cache; at most `maxResponseTokens`).
+    #[schemars(range(min = 1, max = 1048576))]
+    pub buffer_tokens: i32,
+    /// The penalty of a call that reached the cap.
+    #[serde(default = "default_penalty_factor")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub factor: f64,
+}
+
+fn default_penalty_factor() -> f64 {
+    1.0
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -109,6 +109,19 @@ fn a_length_stop_at_a_short_cap_the_caller_asked_for_is_not_overlong() {
     };
     let (_, stats) = merge(&[checked, rec(1, &[3, 4], &[11, 12], "length")]);
     assert_eq!((stats.truncated_turns, stats.overlong_turns), (2, 1));
+    assert_eq!(
+        stats.longest_turn_tokens, 2,
+        "the job's call, not the short one"
+    );
+    let long_short = CompletionRecord {
+        short_cap: true,
+        ..rec(0, &[1, 2], &[10, 11, 12, 13], "stop")
+    };
+    let (_, stats) = merge(&[long_short, rec(1, &[3, 4], &[11, 12, 13], "stop")]);
+    assert_eq!(
+        stats.longest_turn_tokens, 3,
+        "a short cap's call never measures the session's length"
+    );
     let (_, stats) = build_traces(
         &[rec(0, &[1, 2], &[10], "length")],
         &BuildOptions {

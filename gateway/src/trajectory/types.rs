@@ -144,6 +144,10 @@ pub struct ReconstructionStats {
     /// (`tool_calls`) rather than the cut.
     #[serde(default)]
     pub overlong_turns: u64,
+    /// The most tokens one call sampled, calls with a short cap the harness asked for aside:
+    /// what a train job's `grpo.overlongPenalty` measures against `sampling.maxResponseTokens`.
+    #[serde(default)]
+    pub longest_turn_tokens: u64,
     /// Calls whose tool call could not be parsed (kept: a trainable negative).
     pub unparsed_tool_calls: u64,
     /// Sampled tokens without a behaviour logprob.
@@ -198,6 +202,12 @@ impl ReconstructionStats {
             starts,
             truncated_turns: count(&|r| u64::from(r.finish_reason.as_deref() == Some("length"))),
             overlong_turns: count(&|r| u64::from(overlong(r))),
+            longest_turn_tokens: records
+                .iter()
+                .filter(|r| !r.short_cap)
+                .map(|r| r.completion_token_ids.len() as u64)
+                .max()
+                .unwrap_or(0),
             unparsed_tool_calls: count(&|r| u64::from(r.unparsed_tool_call)),
             dropped_hosted_tools: count(&|r| {
                 r.dropped
