@@ -30,6 +30,8 @@ GRPO = {
     "weightSync": ("weight_sync", lambda v: str(v).lower()),
     "miniBatches": ("mini_batches", int),
     "ppoEpochs": ("ppo_epochs", int),
+    # An object, unset by default: its buffer is then unset in the trainer (no penalty).
+    "overlongPenalty": ("overlong_buffer", int),
 }
 
 
@@ -54,6 +56,14 @@ def test_every_grpo_default_of_the_crd_is_the_trainers():
             assert getattr(left_out, attr) is None, f"{field}: unset in the CRD, so in the trainer"
             continue
         assert getattr(left_out, attr) == spell(grpo[field]["default"]), field
+
+
+def test_the_overlong_penalty_factor_defaults_alike():
+    penalty = train_schema()["grpo"]["properties"]["overlongPenalty"]["properties"]
+    conf = {"model": "m", "numSamples": 2, "maxResponseTokens": 16}
+    conf["grpo"] = {"overlongPenalty": {"bufferTokens": 4}}
+    told = TrainerConfig.from_operator(conf, Path("/tmp"))
+    assert (told.overlong_buffer, told.overlong_factor) == (4, penalty["factor"]["default"])
 
 
 def test_the_other_train_defaults_match_too():

@@ -97,6 +97,6 @@ def test_without_the_penalty_passes_of_any_length_teach_nothing(tmp_path):
 def test_an_overlong_penalty_the_cap_cannot_hold_is_refused(config, penalty, error):
     from floe_trainer.trainer import TrainerConfig
 
-    conf = {"model": "m", "policyUrl": "u", "grpo": {"overlongPenalty": penalty}, **config}
+    conf = {"model": "m", "numSamples": 2, "grpo": {"overlongPenalty": penalty}, **config}
     with pytest.raises(ValueError, match=re.escape(error)):
         TrainerConfig.from_operator(conf, Path("/nonexistent"))
