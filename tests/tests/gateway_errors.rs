@@ -681,3 +681,67 @@ async fn a_session_past_its_budget_is_refused_in_each_apis_shape() -> Result<()>
     );
     Ok(())
 }
+
+/// A caller that leaves before its answer comes (a harness's stream guard gave up, or it
+/// exited): the call still finishes and is captured, marked `abandoned`, so the trajectory
+/// leaves out a reply nobody acted on; one that stays is not marked. Both a plain call and a
+/// stream whose caller leaves between keep-alives (nothing written yet to find it gone).
+#[tokio::test]
+async fn a_reply_the_caller_left_before_is_captured_as_abandoned() -> Result<()> {
+    use floe_tests::{Fault, FaultProxy};
+    use std::time::Duration;
+    let upstream = ScriptedUpstream::start(vec![
+        Step::Say("one".into()),
+        Step::Say("two".into()),
+        Step::Say("three".into()),
+    ])
+    .await?;
+    let proxy = FaultProxy::start(&upstream.url).await?;
+    proxy.set(Fault::Hang(Duration::from_millis(700)));
+    // Keep-alives every second: the answers come before the first one is written.
+    let gw = TestGateway::start(&proxy.url, 16).await?;
+    let token = gw.session("left", "t", 0).await?;
+    let http = reqwest::Client::new();
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let plain = http
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth(&token)
+        .timeout(Duration::from_millis(200))
+        .json(&chat)
+        .send()
+        .await;
+    assert!(plain.is_err(), "the caller gave up: {plain:?}");
+    let messages = json!({"model": "m", "max_tokens": 16, "stream": true,
+                          "messages": [{"role": "user", "content": "hi"}]});
+    let stream = http
+        .post(format!("{}/v1/messages", gw.url))
+        .header("x-api-key", &token)
+        .json(&messages)
+        .send()
+        .await?;
+    assert_eq!(stream.status(), 200, "the stream's headers go out at once");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.set(Fault::None);
+    let (status, answer) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
+    assert_eq!(status, 200, "{answer}");
+    let records = read_session(&gw.session_dir("left"))?.records;
+    let marks: Vec<(u64, bool)> = records.iter().map(|r| (r.seq, r.abandoned)).collect();
+    assert_eq!(
+        marks,
+        [(0, true), (1, true), (2, false)],
+        "each call captured"
+    );
+    let metrics = http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await?
+        .text()
+        .await?;
+    for api in ["openai_chat", "anthropic"] {
+        let line = format!("floe_gateway_requests_total{{api=\"{api}\",status=\"abandoned\"}} 1");
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
+    Ok(())
+}

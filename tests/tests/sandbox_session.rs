@@ -335,7 +335,8 @@ async fn pi_preset_fixes_the_bug_over_each_api() -> Result<()> {
 /// Why the presets set the harnesses' own stream guards to a day: they count the events their
 /// SDK yields, and the gateway's keep-alive (an SSE comment, every 5 s) is none. Qwen Code told
 /// to give up after 6 s of silence abandons a call its model server answers in 7 s, though a
-/// keep-alive went out at 5 s, and samples it again: the session fails for a slow server.
+/// keep-alive went out at 5 s, and samples it again: the session fails for a slow server. The
+/// replies it gave up on are captured as abandoned and none is trained.
 #[tokio::test]
 async fn a_harness_stream_guard_does_not_count_the_gateways_keep_alive() -> Result<()> {
     let upstream = ScriptedUpstream::start(vec![
@@ -354,6 +355,16 @@ async fn a_harness_stream_guard_does_not_count_the_gateways_keep_alive() -> Resu
         "not sampled again: {} calls",
         proxy.calls()
     );
+    let trajectory = run.trajectory.context("no trajectory")?;
+    let stats = &trajectory["stats"];
+    // The last call may still be at the model server when the trajectory is built.
+    let abandoned = stats["abandoned_calls"].as_u64().unwrap_or(0);
+    assert!(abandoned + 1 >= proxy.calls() as u64, "{stats}");
+    assert_eq!(
+        stats["completions"], 0,
+        "a reply the harness gave up on trained: {stats}"
+    );
+    assert_eq!(trajectory["traces"], json!([]), "{stats}");
     Ok(())
 }
 

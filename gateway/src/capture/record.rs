@@ -62,6 +62,10 @@ pub struct CompletionRecord<R = serde_json::Value> {
     /// and below 1,024 tokens), so a `length` stop there is by design, not an overlong response.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub short_cap: bool,
+    /// The harness was gone before the answer came (it gave up on the call, or exited): no
+    /// one saw this reply, so no trajectory trains it. Kept here: the tokens were sampled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abandoned: bool,
     /// What the request held that could not go upstream, e.g. `hosted_tool:web_search` when
     /// the job drops hosted tools.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -102,6 +106,7 @@ impl CompletionRecord {
             finish_reason: Some("stop".into()),
             unparsed_tool_call: false,
             short_cap: false,
+            abandoned: false,
             dropped: Vec::new(),
             request: serde_json::Value::Null,
             normalized_request: serde_json::Value::Null,

@@ -34,21 +34,26 @@ fn now_ms() -> u64 {
 
 /// Run one call to completion in its own task, so that a client disconnecting mid-call cannot
 /// cancel the capture of tokens the model already sampled; its place among the session's calls
-/// in flight is given back when the task ends.
+/// in flight is given back when the task ends. A call whose caller is gone (this future
+/// dropped: the harness gave up waiting, or exited) before the answer came is captured as
+/// `abandoned`, which keeps it out of the trajectory: nobody acted on it.
 pub async fn complete(
     gateway: Arc<Gateway>,
     session: Arc<Session>,
     call: Call,
 ) -> Result<Completed, ProtocolError> {
-    let task = tokio::spawn(async move {
-        let completed = call_and_capture(&gateway, &session, call).await;
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let caller_gone = || answer.is_closed();
+        let completed = call_and_capture(&gateway, &session, call, &caller_gone).await;
         if completed.is_ok() {
             // Before the reply: what the agent does with it comes after the call left the pod.
             super::snapshot::ship(&gateway, &session).await;
         }
-        completed
+        let _ = answer.send(completed);
     });
-    task.await
+    answered
+        .await
         .unwrap_or_else(|e| Err(ProtocolError::Capture(format!("call task failed: {e}"))))
 }
 
@@ -68,6 +73,7 @@ async fn call_and_capture(
     gateway: &Gateway,
     session: &Arc<Session>,
     call: Call,
+    caller_gone: &(dyn Fn() -> bool + Sync),
 ) -> Result<Completed, ProtocolError> {
     let Call {
         api,
@@ -103,6 +109,11 @@ async fn call_and_capture(
     let sampled = answer.sampled;
     session.spend(sampled.prompt_token_ids.len() + sampled.token_ids.len());
     let response = as_received(text)?;
+    let abandoned = caller_gone();
+    if abandoned {
+        tracing::info!(session = %session.meta.session, seq, "the caller left before the answer: captured as abandoned");
+        gateway.metrics.request(api, "abandoned");
+    }
     let record = CompletionRecord {
         v: CAPTURE_FORMAT_VERSION,
         session: session.meta.session.clone(),
@@ -119,6 +130,7 @@ async fn call_and_capture(
         finish_reason: sampled.finish_reason,
         unparsed_tool_call: sampled.unparsed_tool_call,
         short_cap,
+        abandoned,
         dropped,
         request: original,
         normalized_request: upstream_request,

@@ -37,7 +37,10 @@ pub fn build_traces(
     records: &[CompletionRecord],
     options: &BuildOptions,
 ) -> (Vec<Trace>, ReconstructionStats) {
-    let mut ordered: Vec<&CompletionRecord> = records.iter().collect();
+    // A reply nobody saw is left out: its tokens were not the agent's act, and its session's
+    // outcome says nothing of them (the capture keeps it).
+    let (mut ordered, abandoned): (Vec<&CompletionRecord>, Vec<&CompletionRecord>) =
+        records.iter().partition(|r| !r.abandoned);
     ordered.sort_by_key(|r| (r.started_at_ms, r.seq));
     let traces = match options.builder {
         Builder::PerRequest => per_request::build(&ordered),
@@ -46,7 +49,7 @@ pub fn build_traces(
             prefix_merging::build(&ordered, eot, options.max_length)
         }
     };
-    let stats = ReconstructionStats::of(&ordered, &traces);
+    let stats = ReconstructionStats::of(&ordered, &traces).with_abandoned(&abandoned);
     (traces, stats)
 }
 
@@ -58,7 +61,11 @@ pub fn build_trajectory(
     outcome: &SessionOutcome,
 ) -> Trajectory {
     let (traces, stats) = build_traces(records, options);
-    let mut policy_versions: Vec<u64> = records.iter().filter_map(|r| r.policy_version).collect();
+    let mut policy_versions: Vec<u64> = records
+        .iter()
+        .filter(|r| !r.abandoned)
+        .filter_map(|r| r.policy_version)
+        .collect();
     policy_versions.sort_unstable();
     policy_versions.dedup();
     let mut trajectory = Trajectory {

@@ -261,6 +261,57 @@ fn retries_and_parallel_branches_are_forks_not_breaks() {
     assert_eq!(stats.breaks, 0);
 }
 
+/// A harness that gave up waiting on a long generation asks again with the same prompt: the
+/// reply it never saw is no fork of the session, and no sample of either builder.
+#[test]
+fn a_reply_nobody_saw_is_left_out_and_counted() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[11, EOT], &[20]]);
+    let given_up = CompletionRecord {
+        abandoned: true,
+        policy_version: Some(7),
+        ..rec(0, &p0, &[10, 10, 10, 10], "length")
+    };
+    let records = [
+        given_up,
+        rec(1, &p0, &[11, EOT], "tool_calls"),
+        rec(2, &p1, &[12, EOT], "stop"),
+    ];
+    let (traces, stats) = merge(&records);
+    assert_eq!(traces.len(), 1);
+    assert_eq!(traces[0].completions, [1, 2]);
+    assert_eq!(starts(&traces), [ChainStart::First]);
+    assert_eq!((stats.completions, stats.sampled_tokens), (2, 4));
+    assert_eq!((stats.abandoned_calls, stats.abandoned_tokens), (1, 4));
+    assert_eq!(
+        (stats.truncated_turns, stats.longest_turn_tokens),
+        (0, 2),
+        "its length is not the session's"
+    );
+    let options = BuildOptions {
+        builder: Builder::PerRequest,
+        ..Default::default()
+    };
+    let (traces, stats) = build_traces(&records, &options);
+    assert_eq!(traces.len(), 2);
+    assert!(traces.iter().all(|t| t.completions != [0]));
+    assert_eq!(stats.abandoned_calls, 1);
+    let t = build_trajectory(&session(), &records, &options, &passed());
+    assert_eq!(
+        t.policy_versions,
+        [0, 1],
+        "the version only the left-out call had is not listed"
+    );
+    let wire = serde_json::to_value(&t.stats).unwrap_or_default();
+    assert_eq!(wire["abandoned_calls"], 1);
+    let none = build_trajectory(&session(), &two_turns(), &options, &passed());
+    let wire = serde_json::to_value(&none.stats).unwrap_or_default();
+    assert!(
+        wire.get("abandoned_calls").is_none(),
+        "omitted when none: {wire}"
+    );
+}
+
 #[test]
 fn a_branch_whose_parent_never_continues_is_a_history_rewrite() {
     let p0 = [1, 2];
@@ -382,6 +433,16 @@ fn session() -> SessionInfo {
         group: "job/t1".into(),
         sample: 0,
         metadata: Default::default(),
+    }
+}
+
+fn passed() -> SessionOutcome {
+    SessionOutcome::Completed {
+        evaluation: Evaluation {
+            reward: Some(1.0),
+            passed: Some(true),
+            detail: serde_json::Value::Null,
+        },
     }
 }
 
@@ -520,21 +581,14 @@ fn dropped_hosted_tools_are_counted_per_trajectory_and_omitted_when_none() {
     let mut records = two_turns();
     records[0].dropped = vec!["hosted_tool:web_search".into(), "document".into()];
     records[1].dropped = vec!["hosted_tool:web_search".into()];
-    let outcome = || SessionOutcome::Completed {
-        evaluation: Evaluation {
-            reward: Some(1.0),
-            passed: Some(true),
-            detail: serde_json::Value::Null,
-        },
-    };
-    let t = build_trajectory(&session(), &records, &BuildOptions::default(), &outcome());
+    let t = build_trajectory(&session(), &records, &BuildOptions::default(), &passed());
     // Only hosted tools: a dropped `document` part is another kind of loss.
     assert_eq!(t.stats.dropped_hosted_tools, 2);
     let clean = build_trajectory(
         &session(),
         &two_turns(),
         &BuildOptions::default(),
-        &outcome(),
+        &passed(),
     );
     let wire = serde_json::to_value(&clean.stats).expect("stats serialize");
     assert!(wire.get("dropped_hosted_tools").is_none(), "{wire}");

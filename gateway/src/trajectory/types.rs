@@ -123,9 +123,10 @@ pub struct Trace {
 /// How the traces were reconstructed, for the trainer's logs and `floe trajectories stats`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ReconstructionStats {
+    /// Calls the traces were built from (abandoned ones aside).
     pub completions: u64,
     pub traces: u64,
-    /// Tokens sampled by the policy over all calls.
+    /// Tokens sampled by the policy over those calls.
     pub sampled_tokens: u64,
     /// Tokens with mask 1 (equals `sampled_tokens` unless the session is untrainable).
     pub trainable_tokens: u64,
@@ -156,6 +157,13 @@ pub struct ReconstructionStats {
     /// `harness.hostedTools: Drop`): the policy acted without tools its prompt offered.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub dropped_hosted_tools: u64,
+    /// Calls whose caller was gone before the answer came (the harness gave up waiting, or
+    /// exited): left out of the traces and of every count above, since nobody acted on them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub abandoned_calls: u64,
+    /// The tokens those calls sampled.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub abandoned_tokens: u64,
 }
 
 /// Cut at its cap: `length`, or its whole cap sampled (vLLM reports `tool_calls` for a
@@ -222,6 +230,20 @@ impl ReconstructionStats {
                     0
                 }
             }),
+            abandoned_calls: 0,
+            abandoned_tokens: 0,
+        }
+    }
+
+    /// Count the calls left out because nobody saw their reply.
+    pub fn with_abandoned(self, abandoned: &[&CompletionRecord]) -> Self {
+        Self {
+            abandoned_calls: abandoned.len() as u64,
+            abandoned_tokens: abandoned
+                .iter()
+                .map(|r| r.completion_token_ids.len() as u64)
+                .sum(),
+            ..self
         }
     }
 }
