@@ -6,7 +6,8 @@ call through the gateway, so the legitimate path is proven in the same sandbox.
 
 Told by the test (harness env): HOSTILE_JOB (the job file), HOSTILE_OUT (floe run's --out),
 HOSTILE_MODEL (the model server's own URL), HOSTILE_MARKER (names its leftover process),
-HOSTILE_SOCKET (a host daemon's unix socket, as /run/containerd/containerd.sock would be).
+HOSTILE_SOCKET (a host daemon's unix socket, as /run/containerd/containerd.sock would be),
+HOSTILE_HOME (the home of the user `floe run` runs as, holding an SSH key and a cloud login).
 """
 
 import glob
@@ -22,6 +23,7 @@ OUT = os.environ["HOSTILE_OUT"]
 MODEL = os.environ["HOSTILE_MODEL"]
 MARKER = os.environ["HOSTILE_MARKER"]
 SOCKET = os.environ["HOSTILE_SOCKET"]
+HOME = os.environ["HOSTILE_HOME"]
 HIDDEN_MARK = "assert add(2, 3) == 5"
 # What the test's host daemon answers every connection with.
 DAEMON_ANSWER = b"host-daemon-answer"
@@ -104,6 +106,41 @@ def _():
 def _():
     """A token of the user's shell that `floe run` was started from (the test sets HF_TOKEN)."""
     return os.environ.get("HF_TOKEN")
+
+
+@attempt("read_credential_files_of_the_user")
+def _():
+    """The host is shown read-only and the agent acts as `floe run`'s user: that user's SSH
+    key and cloud login are files it owns (the test planted them in its HOME)."""
+    found = []
+    for name in (".ssh/id_ed25519", ".aws/credentials"):
+        try:
+            if "THE-USERS-" in open(os.path.join(HOME, name)).read():
+                found.append(name)
+        except OSError:
+            pass
+    return ", ".join(found) or None
+
+
+@attempt("read_password_hashes")
+def _():
+    """/etc/shadow is root's: readable to the agent of a root run, mapped to host root."""
+    text = open("/etc/shadow").read()
+    return text[:12] if ":" in text else None
+
+
+@attempt("leave_a_setuid_program")
+def _():
+    """A program that runs as `floe run`'s user (host root, in a root run) for whoever starts
+    it, left in the workspace, which `--out` keeps after the run. Judged by the test: whether
+    another user of the host can reach it."""
+    import shutil
+    import stat
+
+    path = os.path.join(os.getcwd(), "setuid-true")
+    shutil.copy("/bin/true", path)
+    os.chmod(path, 0o4755)
+    return path if os.stat(path).st_mode & stat.S_ISUID else None
 
 
 @attempt("read_hidden_tests_of_an_earlier_run")

@@ -37,6 +37,7 @@ const REAL_WITHOUT_SANDBOX: &[&str] = &[
     "leave_a_process_running",
     // `floe run`'s own environment is readable by its user's processes.
     "upstream_key_in_reach",
+    "read_credential_files_of_the_user",
 ];
 
 /// The agent's source, given inline (`python3 -c`): a script file would have to live where the
@@ -66,6 +67,7 @@ fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> 
                     env("HOSTILE_MODEL", model_url),
                     env("HOSTILE_MARKER", marker),
                     env("HOSTILE_SOCKET", &socket.display().to_string()),
+                    env("HOSTILE_HOME", &dir.join("home").display().to_string()),
                 ],
             },
             "evaluator": {
@@ -116,6 +118,11 @@ async fn run(sandbox: bool) -> Result<Outcome> {
     // Not under /tmp, which each sandbox replaces with its own: what the sandbox hides there
     // must be hidden by floe, not by that.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
+    // Open to the host's other users, as a project's directory is (a temporary one is not).
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
     let out = dir.path().join("out");
     let marker = format!("hostile-leftover-{}", std::process::id());
     // A host daemon's socket, outside /tmp (the sandbox shows the host read-only there, and a
@@ -162,8 +169,18 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         earlier.join("assignment.json"),
         json!({"hiddenFiles": {"test_hidden.py": HIDDEN_TEST}}).to_string(),
     )?;
+    // The home of the user `floe run` runs as, with an SSH key and a cloud login of theirs.
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join(".ssh"))?;
+    std::fs::create_dir_all(home.join(".aws"))?;
+    std::fs::write(home.join(".ssh/id_ed25519"), "THE-USERS-SSH-KEY\n")?;
+    std::fs::write(
+        home.join(".aws/credentials"),
+        "[default]\naws_secret_access_key = THE-USERS-AWS-KEY\n",
+    )?;
     let mut cmd = Command::new(floe_bin()?);
     cmd.arg("run")
+        .env("HOME", &home)
         .arg(&job)
         .arg("--out")
         .arg(&out)
@@ -223,6 +240,10 @@ async fn run(sandbox: bool) -> Result<Outcome> {
             !discarded.contains(&json!("reward.json")),
         );
         succeeded.insert("leave_a_process_running".into(), !leftovers.is_empty());
+        succeeded.insert(
+            "leave_a_setuid_program".into(),
+            others_can_run_setuid(&slot.join("workspace/setuid-true")),
+        );
         // This session has a reward: its grading was not hung by the agent's FIFO.
         succeeded.insert("hang_grading_with_a_fifo".into(), false);
         attacks.insert(id, succeeded);
@@ -233,6 +254,19 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         rewards,
         leftovers: leftovers.len(),
     })
+}
+
+/// `path` is a set-user-id program that a user other than its owner can reach: every
+/// directory above it lets others in.
+fn others_can_run_setuid(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode());
+    let setuid = mode(path).is_ok_and(|m| m & 0o4000 != 0 && m & 0o001 != 0);
+    setuid
+        && path
+            .ancestors()
+            .skip(1)
+            .all(|dir| mode(dir).is_ok_and(|m| m & 0o001 != 0))
 }
 
 /// The session's trajectory as the dataset sink wrote it (accepted or rejected).
@@ -336,6 +370,8 @@ async fn every_attack_is_refused_in_the_sandbox_and_works_without_it() -> Result
     // harness's environment (a process that can read `floe run`'s still finds them there
     // without a sandbox: `upstream_key_in_reach`).
     assert!(!any_session(&open, "plant_reward_file"));
+    // and `--out` keeps what the agent left where only `floe run`'s user can reach it.
+    assert!(!any_session(&open, "leave_a_setuid_program"));
     assert!(!any_session(&open, "credential_in_own_environment"));
     Ok(())
 }

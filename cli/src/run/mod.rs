@@ -12,6 +12,7 @@
 //! infrastructure (see summary.json); 2 bad input or a failed pre-flight check (nothing ran);
 //! 130 interrupted (Ctrl-C), 143 terminated (SIGTERM) — everything captured so far is written.
 
+mod credentials;
 mod curve;
 mod fail_fast;
 mod flags;
@@ -167,6 +168,14 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let out_error =
         |e: &dyn std::fmt::Display| RunError::Io(format!("--out {}: {e}", out.display()));
     std::fs::create_dir_all(out.join("sessions")).map_err(|e| out_error(&e))?;
+    // Everything an agent can write lies below: a program it left set-user-id (it runs as this
+    // user, host root in a root run) must be out of other users' reach, for as long as `--out`
+    // keeps it.
+    std::fs::set_permissions(
+        out.join("sessions"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .map_err(|e| out_error(&e))?;
     let trajectories = out.join("trajectories");
     let dataset_dir = || -> Result<PathBuf, RunError> {
         Ok(std::fs::canonicalize(out)

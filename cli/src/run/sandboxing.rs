@@ -202,7 +202,14 @@ pub fn confinement(
     for f in &private.task_files {
         anchors.push(canonical(f)?);
     }
-    for more in beside_the_run(&anchors) {
+    let homes = super::credentials::homes();
+    for more in beside_the_run(&anchors)
+        .into_iter()
+        .chain(super::credentials::credential_stores(
+            &homes,
+            Path::new("/"),
+        ))
+    {
         if !hidden.contains(&more) {
             hidden.push(more);
         }
