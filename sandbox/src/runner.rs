@@ -192,6 +192,7 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
     summary.sampled_tokens = count("sampledTokens");
     summary.trainable_tokens = count("trainableTokens");
     summary.traces = count("traces");
+    summary.abandoned_calls = count("abandonedCalls");
     summary.policy_versions = serde_json::from_value(reported["policyVersions"].clone()).ok();
     let (shipment, shipment_error) = client.wait_shipped(&session, config.ship_wait).await;
     summary.shipment = shipment;

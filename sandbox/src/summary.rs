@@ -64,6 +64,10 @@ pub struct Summary {
     pub sampled_tokens: u64,
     pub trainable_tokens: u64,
     pub traces: u64,
+    /// Calls whose harness left before the answer came (its own stream guard gave up): in no
+    /// trace, nor in the counts above.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub abandoned_calls: u64,
     /// The first and last policy version whose weights sampled the session's calls (from the
     /// policy server's version header; none without one).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -79,6 +83,10 @@ pub struct Summary {
     /// and calls that failed for the harness (which make the session an infrastructure error).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_errors: Option<floe_gateway::capture::upstream_errors::UpstreamErrors>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Kubernetes keeps at most 4096 bytes of a termination message.

@@ -365,6 +365,11 @@ async fn a_harness_stream_guard_does_not_count_the_gateways_keep_alive() -> Resu
         "a reply the harness gave up on trained: {stats}"
     );
     assert_eq!(trajectory["traces"], json!([]), "{stats}");
+    assert_eq!(
+        run.summary["abandonedCalls"], stats["abandoned_calls"],
+        "{}",
+        run.summary
+    );
     Ok(())
 }
 

@@ -167,15 +167,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let io = |what: &str, e: &dyn std::fmt::Display| RunError::Io(format!("{what}: {e}"));
     let out_error =
         |e: &dyn std::fmt::Display| RunError::Io(format!("--out {}: {e}", out.display()));
-    std::fs::create_dir_all(out.join("sessions")).map_err(|e| out_error(&e))?;
-    // Everything an agent can write lies below: a program it left set-user-id (it runs as this
-    // user, host root in a root run) must be out of other users' reach, for as long as `--out`
-    // keeps it.
-    std::fs::set_permissions(
-        out.join("sessions"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .map_err(|e| out_error(&e))?;
+    sandboxing::sessions_dir(out).map_err(|e| out_error(&e))?;
     let trajectories = out.join("trajectories");
     let dataset_dir = || -> Result<PathBuf, RunError> {
         Ok(std::fs::canonicalize(out)

@@ -193,7 +193,7 @@ pub fn table(summary: &RunSummary) -> String {
         "job {} ({}){}\n\
          sessions  {} total: {} completed, {} agent failed, {} agent timeout, {} infra error, {} evaluator timeout, {} not finished\n\
          reward    mean {} · pass rate {} over {} scored\n\
-         tokens    {} sampled ({} trainable) in {} calls\n\
+         tokens    {} sampled ({} trainable) in {} calls{}\n\
          dataset   {}: {} accepted, {} rejected\n\
          time      {:.1} s wall · {:.2} sessions/min · per session: agent {:.1} s, evaluator {:.1} s, floe overhead {:.2} s (max {:.2} s)\n",
         summary.job,
@@ -202,6 +202,10 @@ pub fn table(summary: &RunSummary) -> String {
         s.total, s.completed, s.agent_failed, s.agent_timeout, s.infra_error, s.evaluator_timeout, s.not_finished,
         fmt(summary.reward.mean), fmt(summary.reward.pass_rate), summary.reward.scored,
         summary.tokens.sampled, summary.tokens.trainable, summary.tokens.completions,
+        match summary.tokens.abandoned_calls {
+            0 => String::new(),
+            n => format!(" · {n} abandoned by the harness, not trained"),
+        },
         summary.dataset.file, summary.dataset.accepted, summary.dataset.rejected,
         summary.timings.wall_seconds, summary.timings.sessions_per_minute,
         summary.timings.agent_seconds_mean, summary.timings.evaluator_seconds_mean,

@@ -52,6 +52,13 @@ pub struct Tokens {
     pub completions: u64,
     pub sampled: u64,
     pub trainable: u64,
+    /// Calls whose harness left before the answer came: trained in no trajectory.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub abandoned_calls: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -168,6 +175,7 @@ pub fn summarize(
         tokens.completions += s.completions;
         tokens.sampled += s.sampled_tokens;
         tokens.trainable += s.trainable_tokens;
+        tokens.abandoned_calls += s.abandoned_calls;
         agent += s.agent_seconds;
         evaluator += s.evaluator_seconds;
         overheads.push((r.wall_seconds - s.agent_seconds - s.evaluator_seconds).max(0.0));
@@ -304,6 +312,30 @@ mod tests {
         assert_eq!(s.tokens.trainable, 300);
         assert!((s.timings.overhead_seconds_mean - 0.5).abs() < 1e-9);
         assert!((s.timings.sessions_per_minute - 4.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn calls_the_harness_abandoned_are_counted_and_said_only_when_there_are_some() {
+        let mut left = result("a", "completed", Some(1.0), true);
+        if let Some(s) = left.summary.as_mut() {
+            s.abandoned_calls = 2;
+        }
+        let with = summarize("j", "sft", &[left], 60.0, true);
+        assert_eq!(with.tokens.abandoned_calls, 2);
+        let json = serde_json::to_value(&with.tokens).unwrap_or_default();
+        assert_eq!(json["abandonedCalls"], 2);
+        assert!(super::super::progress::table(&with)
+            .contains("in 3 calls · 2 abandoned by the harness, not trained\n"));
+        let without = summarize(
+            "j",
+            "sft",
+            &[result("a", "completed", Some(1.0), true)],
+            60.0,
+            true,
+        );
+        let json = serde_json::to_value(&without.tokens).unwrap_or_default();
+        assert!(json.get("abandonedCalls").is_none(), "{json}");
+        assert!(super::super::progress::table(&without).contains("in 3 calls\n"));
     }
 
     #[test]

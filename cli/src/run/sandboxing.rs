@@ -166,6 +166,18 @@ pub fn runner_config(
     }
 }
 
+/// `--out/sessions`, made mode 0700: everything an agent can write lies below it, and a program
+/// it left set-user-id (it runs as this user, host root in a root run) must be out of other
+/// users' reach for as long as `--out` keeps it.
+pub fn sessions_dir(out: &Path) -> std::io::Result<()> {
+    let sessions = out.join("sessions");
+    std::fs::create_dir_all(&sessions)?;
+    std::fs::set_permissions(
+        &sessions,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+}
+
 /// The paths of this run that no agent may see, canonical (bubblewrap mounts over real paths).
 pub struct Private {
     pub out: PathBuf,

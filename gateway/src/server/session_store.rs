@@ -178,6 +178,9 @@ fn summary(gateway: &Gateway, id: &str, entry: Option<&SpoolEntry>) -> serde_jso
         value["traces"] = json!(t.stats.traces);
         value["sampledTokens"] = json!(t.stats.sampled_tokens);
         value["trainableTokens"] = json!(t.stats.trainable_tokens);
+        if t.stats.abandoned_calls > 0 {
+            value["abandonedCalls"] = json!(t.stats.abandoned_calls);
+        }
         // The first and last policy version that sampled it (held-out rounds report them).
         if let (Some(first), Some(last)) = (t.policy_versions.first(), t.policy_versions.last()) {
             value["policyVersions"] = json!([first, last]);
