@@ -71,7 +71,9 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
         json!(grading_attacks::tasks(IN_PODS)),
     );
     job["spec"]["evaluator"] = grading_attacks::evaluator();
-    job["spec"]["timeouts"] = json!({"agentSeconds": 120, "evaluatorSeconds": 5});
+    // 20 s: an honest evaluator in a pod must finish on a node loaded by its siblings' disk
+    // fills (at 5 s, `fix` once timed out in CI); `hang` sleeps 600 s.
+    job["spec"]["timeouts"] = json!({"agentSeconds": 120, "evaluatorSeconds": 20});
     job["spec"]["backoffLimit"] = 0.into();
     job["spec"]["sft"]["minReward"] = 0.into();
     apply(&client, &ns, job).await?;
