@@ -1920,6 +1920,89 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
     Ok(())
 }
 
+/// A job that stalls while it holds pool pods it has not started a session on (claimed while
+/// its collector starts) gives them back: the pool is others' meanwhile, and a stall lasts
+/// until the job's deadline, or for good without one. It used to keep them. None counts as an
+/// attempt: once the job goes on, it claims again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on() -> Result<()> {
+    let (client, ns) = with_crds("giveback").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    // A collector that gets Ready only after the test: every claim stays unstarted.
+    let never = std::time::Duration::from_secs(3600);
+    let kubelet = warm_pool_and_slow_collector(&client, &ns.name, 57, 2, never).await?;
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), &ns.name);
+    let tasks_map = |ids: &[&str]| -> Result<k8s_openapi::api::core::v1::ConfigMap> {
+        let lines: String = ids
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}\n",
+                    json!({"id": t, "instruction": format!("solve {t}")})
+                )
+            })
+            .collect();
+        Ok(serde_json::from_value(
+            json!({"metadata": {"name": "tasks"}, "data": {"tasks.jsonl": lines}}),
+        )?)
+    };
+    config_maps
+        .create(&PostParams::default(), &tasks_map(&["a", "b"])?)
+        .await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job(
+            "held",
+            &[],
+            1,
+            json!({"concurrency": 2,
+                   "tasks": {"configMap": {"name": "tasks", "key": "tasks.jsonl"}}}),
+        )?,
+    )
+    .await?;
+    eventually("2 pods claimed, the tasks recorded", async || {
+        let s = status(&jobs, "held").await?;
+        Ok((held(&pods, "held").await? == 2 && s.tasks_digest.is_some()).then_some(()))
+    })
+    .await?;
+    // Task "a" dropped from the source: the job cannot go on as its sessions are numbered.
+    config_maps
+        .replace("tasks", &PostParams::default(), &tasks_map(&["b"])?)
+        .await?;
+    stalled_for(&client, &jobs, &ns.name, "held", "TasksChanged").await?;
+    eventually("the unstarted claims given back", async || {
+        Ok((held(&pods, "held").await? == 0).then_some(()))
+    })
+    .await?;
+    let notes = noted(&client, &ns.name, "PodsGivenBack").await?;
+    assert!(
+        notes.iter().any(|n| n.contains("gave back 2 pool pod(s)")),
+        "{notes:?}"
+    );
+    assert_eq!(kubelet.taken_count(), 0, "no session started");
+    // The pool made fresh ones, for anyone to claim.
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "warm", 2, 60).await?;
+    // The source mended: the job claims again, its sessions at their first attempt.
+    config_maps
+        .replace("tasks", &PostParams::default(), &tasks_map(&["a", "b"])?)
+        .await?;
+    let back = eventually("the job holding its 2 sessions again", async || {
+        let s = status(&jobs, "held").await?;
+        let going = condition(&s, "Stalled").is_none();
+        Ok((going && held(&pods, "held").await? == 2).then_some(s))
+    })
+    .await?;
+    assert!(back.retries.is_empty(), "{:?}", back.retries);
+    assert_eq!(back.sessions.failed, 0, "{:?}", back.sessions);
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
 /// A train job's sample whose retries are spent will never reach the trainer: the operator
 /// says so (`POST /v1/failed` with the job's control token), until the trainer takes it and
 /// then never again, so that its group completes without it instead of waiting until the

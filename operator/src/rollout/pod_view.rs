@@ -71,6 +71,12 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
     })
 }
 
+/// A pod claimed for a session that has not started: no assignment acknowledged, nothing
+/// ended, not being deleted. Given back unused, it is no attempt of the session's.
+pub fn unstarted_claim(pod: &Pod) -> bool {
+    session_pod(pod).is_some_and(|s| !s.assigned && s.progress == PodProgress::Active)
+}
+
 /// How the kubelet's eviction messages begin (`pkg/kubelet/eviction/helpers.go`).
 mod evicted_for {
     pub const NODE_PRESSURE: &str = "The node was low on resource";
@@ -309,6 +315,38 @@ mod tests {
             {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s", "imageID": "",
              "state": {"terminated": {"exitCode": code, "message": message}}}]}),
         )
+    }
+
+    #[test]
+    fn only_a_claim_whose_session_never_started_is_unstarted() {
+        let claimed = pod(json!({"phase": "Running"}));
+        assert!(unstarted_claim(&claimed));
+        let mut assigned = claimed.clone();
+        assigned
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ASSIGNED_ANNOTATION.to_string(), "1".to_string());
+        assert!(!unstarted_claim(&assigned), "its session runs");
+        assert!(
+            !unstarted_claim(&terminated(0, "")),
+            "ended: a result to fold"
+        );
+        let mut going = claimed.clone();
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!unstarted_claim(&going), "lost: replaced by the plan");
+        let mut done = claimed;
+        done.metadata.labels = Some(
+            [(
+                crate::pods::names::STATE_LABEL.to_string(),
+                "done".to_string(),
+            )]
+            .into(),
+        );
+        assert!(!unstarted_claim(&done), "already let go of");
     }
 
     #[test]

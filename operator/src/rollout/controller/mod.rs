@@ -142,15 +142,30 @@ async fn apply(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
     }
     match round(job, ctx, &ns, &now).await {
         Ok(action) => Ok(action),
-        Err(Halt::Blocked(blocked)) => report::blocked(job, ctx, &blocked, now).await,
+        Err(Halt::Blocked(blocked)) => stalled(job, ctx, &ns, &blocked, now).await,
         // Only the user can apply the new CRDs: said on the job (a condition and an Event),
         // not only in the operator's log. Its status write leaves `heldOut` alone.
         Err(Halt::Failed(e @ JobError::CrdOutdated(_))) => {
             let blocked = Blocked::stalled(report::CRD_OUTDATED, e.to_string());
-            report::blocked(job, ctx, &blocked, now).await
+            stalled(job, ctx, &ns, &blocked, now).await
         }
         Err(Halt::Failed(e)) => Err(e),
     }
+}
+
+/// A round halted before its plan: said on the job. One that waits for something to come
+/// keeps its claims; a stalled one gives back those it has not started a session on.
+async fn stalled(
+    job: &RolloutJob,
+    ctx: &JobContext,
+    ns: &str,
+    blocked: &Blocked,
+    now: Time,
+) -> Result<Action, JobError> {
+    if !blocked.transient {
+        pod_writes::give_back_unstarted(ctx, job, ns, &blocked.reason).await?;
+    }
+    report::blocked(job, ctx, blocked, now).await
 }
 
 /// observe → plan → fold → claim and deliver → release → status.

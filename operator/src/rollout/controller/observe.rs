@@ -303,7 +303,7 @@ pub(super) async fn observe(
 /// The job's pods. A claim must never be made twice, so they come from the watch cache only
 /// once it has caught up with every write of this operator (see [`crate::rollout::freshness`]);
 /// otherwise from the apiserver, a quorum list.
-async fn job_pods(
+pub(super) async fn job_pods(
     job: &RolloutJob,
     ctx: &JobContext,
     ns: &str,

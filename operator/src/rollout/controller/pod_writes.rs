@@ -32,13 +32,7 @@ pub(super) async fn release_and_replace(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let (pods_ref, ns_ref, uid_ref) = (&pods, &ns, &uid);
     let released: Vec<Result<(), JobError>> = futures::stream::iter(decided.release.clone())
-        .map(|name: String| async move {
-            ctx.tokens.forget(ns_ref, &name);
-            ctx.take_claimed_early(uid_ref, &name);
-            let written = release(pods_ref, &name).await?;
-            ctx.raise_bar(uid_ref, &name, bar_after_delete(written));
-            Ok(())
-        })
+        .map(|name: String| async move { let_go(ctx, pods_ref, ns_ref, uid_ref, &name).await })
         .buffer_unordered(ctx.in_flight)
         .collect()
         .await;
@@ -60,6 +54,65 @@ pub(super) async fn release_and_replace(
         ctx.raise_bar(&uid, &name, bar_after_delete(written));
     }
     create_prewarmed(ctx, job, observed, &decided.prewarm).await
+}
+
+/// A job that cannot go on until its user changes something holds no pool pod whose session
+/// has not started (claimed while its trainer or collector started, say): each goes back
+/// unused, no attempt of its session's, and is claimed again once the job goes on. Others may
+/// use the pool meanwhile; a stall may last until the job's deadline, or for good without one.
+/// Running sessions keep their pods, and ended ones theirs until their results are folded.
+/// Said in an Event when any went. (A `poolTemplate` job's pods are its own: kept.)
+pub(super) async fn give_back_unstarted(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+    why: &str,
+) -> Result<(), JobError> {
+    if job.spec.pool_ref.is_none() {
+        return Ok(());
+    }
+    let uid = job.uid().unwrap_or_default();
+    let unstarted: Vec<String> = super::observe::job_pods(job, ctx, ns, &job.name_any())
+        .await?
+        .iter()
+        .filter(|p| crate::rollout::pod_view::unstarted_claim(p))
+        .map(ResourceExt::name_any)
+        .collect();
+    if unstarted.is_empty() {
+        return Ok(());
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    for name in &unstarted {
+        let_go(ctx, &pods, ns, &uid, name).await?;
+    }
+    ctx.event(
+        job,
+        EventType::Normal,
+        "PodsGivenBack",
+        format!(
+            "stalled ({why}): gave back {} pool pod(s) whose sessions had not started; they \
+             are claimed again once the job goes on",
+            unstarted.len()
+        ),
+    )
+    .await;
+    Ok(())
+}
+
+/// One of the job's pods released ([`release`]), and forgotten: its control token, its early
+/// claim; the pod cache must show it terminating or gone before a round trusts it again.
+async fn let_go(
+    ctx: &JobContext,
+    pods: &Api<Pod>,
+    ns: &str,
+    uid: &str,
+    name: &str,
+) -> Result<(), JobError> {
+    ctx.tokens.forget(ns, name);
+    ctx.take_claimed_early(uid, name);
+    let written = release(pods, name).await?;
+    ctx.raise_bar(uid, name, bar_after_delete(written));
+    Ok(())
 }
 
 /// A pod whose result is recorded: its finalizer comes off and it is deleted (the pool
