@@ -7,6 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
+# A test's error (anyhow) without a backtrace of the test harness's frames: with RUST_BACKTRACE=1
+# in the environment each failed test printed ~100 lines of them after its message. Panics
+# keep theirs (RUST_BACKTRACE).
+export RUST_LIB_BACKTRACE=${RUST_LIB_BACKTRACE:-0}
 
 scripts/debian-packages.sh
 
