@@ -110,6 +110,56 @@ pub fn pruned_fields(
     errors
 }
 
+/// Fields the user applied under `spec` that the object as the apiserver stored it (`served`,
+/// raw: a typed object fills its defaults in) lacks, though they were not null: a CRD on the
+/// cluster older than this code pruned them, so a job that sets `failureReward` would run with
+/// the default, silently. Read back from `kubectl apply`'s annotation, as [`pruned_fields`]
+/// does for fields no CRD knows (call that first: this one reports any applied field missing,
+/// known or not). Objects created otherwise carry none, and pass.
+pub fn dropped_by_an_older_crd(
+    annotations: Option<&BTreeMap<String, String>>,
+    served: &serde_json::Value,
+) -> Vec<String> {
+    let Some(applied) = annotations
+        .and_then(|a| a.get(LAST_APPLIED))
+        .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+    else {
+        return Vec::new();
+    };
+    let mut dropped = Vec::new();
+    missing_fields(&applied["spec"], &served["spec"], "/spec", &mut dropped);
+    dropped
+}
+
+/// The paths of `applied`'s non-null fields that `kept` does not have.
+fn missing_fields(
+    applied: &serde_json::Value,
+    kept: &serde_json::Value,
+    pointer: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (applied, kept) {
+        (Value::Object(fields), Value::Object(kept_fields)) => {
+            for (key, value) in fields.iter().filter(|(_, v)| !v.is_null()) {
+                let path = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
+                match kept_fields.get(key) {
+                    Some(k) => missing_fields(value, k, &path, out),
+                    None => out.push(pointer_to_field(&path)),
+                }
+            }
+        }
+        (Value::Array(items), Value::Array(kept_items)) if items.len() == kept_items.len() => {
+            for (i, (item, k)) in items.iter().zip(kept_items).enumerate() {
+                missing_fields(item, k, &format!("{pointer}/{i}"), out);
+            }
+        }
+        // The whole of `spec` missing (nothing applied), or a value of another shape: not a
+        // pruned field.
+        _ => {}
+    }
+}
+
 /// The OpenAPI schema of one of floe's kinds, as the CRD carries it.
 fn schema_of(kind: &str) -> Result<serde_json::Value, FieldError> {
     let crds = crate::generate::crds(crate::generate::Target::LATEST).map_err(|e| FieldError {
@@ -620,6 +670,34 @@ mod document_tests {
             err.to_string(),
             "spec.timeouts.agentSecond: unknown field (did you mean `agentSeconds`?): the \
              apiserver dropped it, so it has no effect; fix the manifest"
+        );
+    }
+
+    #[test]
+    fn fields_an_older_crd_dropped_are_those_applied_and_not_kept() {
+        let mut applied = valid_spec();
+        applied["evaluator"]["reward"] = serde_json::json!({"source": "ExitCode",
+            "failureReward": -1.0, "passThreshold": null});
+        applied["tasks"]["inline"][0]["metadata"] = serde_json::json!({"difficulty": "hard"});
+        let annotations = BTreeMap::from([(LAST_APPLIED.to_string(), job(applied).to_string())]);
+        // As an older CRD kept it: `failureReward` and a task's `metadata` pruned; the null
+        // (a field `kubectl apply` deletes) and the defaults the apiserver added are no matter.
+        let mut kept = valid_spec();
+        kept["evaluator"]["reward"] = serde_json::json!({"source": "ExitCode"});
+        kept["numSamples"] = serde_json::json!(1);
+        assert_eq!(
+            dropped_by_an_older_crd(Some(&annotations), &job(kept.clone())),
+            [
+                "spec.evaluator.reward.failureReward",
+                "spec.tasks.inline[0].metadata"
+            ]
+        );
+        kept["evaluator"]["reward"]["failureReward"] = serde_json::json!(-1.0);
+        kept["tasks"]["inline"][0]["metadata"] = serde_json::json!({"difficulty": "hard"});
+        assert!(dropped_by_an_older_crd(Some(&annotations), &job(kept.clone())).is_empty());
+        assert!(
+            dropped_by_an_older_crd(None, &job(kept)).is_empty(),
+            "no annotation"
         );
     }
 

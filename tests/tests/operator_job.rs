@@ -2553,6 +2553,11 @@ async fn an_operator_newer_than_its_crd_stalls_a_held_out_job_until_the_crd_is_a
                     .context("the CRD's status schema")?;
                 anyhow::ensure!(status.remove("heldOut").is_some(), "no status.heldOut");
             }
+            // And one without `evaluator.reward.failureReward` (its property, its defaults and
+            // any rule naming it), as the CRDs before it were.
+            let mut v = serde_json::to_value(&*crd)?;
+            anyhow::ensure!(strip_field(&mut v, "failureReward"), "no failureReward");
+            *crd = serde_json::from_value(v)?;
             Ok(())
         })
         .await?;
@@ -2617,6 +2622,23 @@ async fn an_operator_newer_than_its_crd_stalls_a_held_out_job_until_the_crd_is_a
         "nothing claimed: {:?}",
         kubelet.taken()
     );
+    // A job whose `kubectl apply` sets a field that CRD prunes: it would run with the default
+    // (failures scored 0, not -1), so it stalls saying which field went, before any claim.
+    let mut pruned = job("pruned", &["a"], 1, json!({"suspend": true}))?;
+    pruned.spec.evaluator.reward.failure_reward = -1.0;
+    let kubectl_apply = |job: &RolloutJob| -> Result<()> {
+        let done = cluster.kubectl(
+            &["apply", "-n", &ns.name, "-f", "-"],
+            Some(serde_json::to_string(job)?.as_bytes()),
+        )?;
+        anyhow::ensure!(done.status.success(), "{done:?}");
+        Ok(())
+    };
+    kubectl_apply(&pruned)?;
+    stalled_for(&client, &jobs, &ns.name, "pruned", "CrdOutdated").await?;
+    let said = |n: &String| n.contains("dropped spec.evaluator.reward.failureReward from the job");
+    let notes = noted_until(&client, &ns.name, "CrdOutdated", |n| n.iter().any(said)).await?;
+    assert!(notes.iter().any(said), "{notes:?}");
     // The new CRD: round 0 is recorded, its session runs, and the job is no longer stalled.
     cluster.install_crds(&client).await?;
     // A stalled job is looked at again every 15 s, then claims, runs and folds its session:
@@ -2632,7 +2654,49 @@ async fn an_operator_newer_than_its_crd_stalls_a_held_out_job_until_the_crd_is_a
         Ok((scored && !stalled).then_some(()))
     })
     .await?;
+    // The pruned job stays stalled until it is applied again: the stored object still lacks
+    // the field. Applied again, it keeps it and goes on.
+    let s = status(&jobs, "pruned").await?;
+    assert_eq!(condition(&s, "Stalled"), Some(("True", "CrdOutdated")));
+    kubectl_apply(&pruned)?;
+    eventually_within(
+        60,
+        "the pruned job applied again, no longer stalled",
+        async || {
+            let job = jobs.get("pruned").await?;
+            let stalled = job
+                .status
+                .as_ref()
+                .and_then(|s| condition(s, "Stalled"))
+                .is_some();
+            Ok((!stalled && job.spec.evaluator.reward.failure_reward == -1.0).then_some(()))
+        },
+    )
+    .await?;
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;
     Ok(())
+}
+
+/// Remove every key `name` from a JSON document, however deep (a CRD's property, the defaults
+/// that name it); and every CEL rule whose text names it. Whether any was there.
+fn strip_field(v: &mut Value, name: &str) -> bool {
+    match v {
+        Value::Object(map) => {
+            let mut found = map.remove(name).is_some();
+            if let Some(Value::Array(rules)) = map.get_mut("x-kubernetes-validations") {
+                let before = rules.len();
+                rules.retain(|r| !r["rule"].as_str().is_some_and(|t| t.contains(name)));
+                found |= rules.len() != before;
+            }
+            for child in map.values_mut() {
+                found |= strip_field(child, name);
+            }
+            found
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |found, i| strip_field(i, name) | found),
+        _ => false,
+    }
 }

@@ -35,6 +35,21 @@ pub struct JobContext {
 /// last-applied annotation.
 type SpecVersion = (Option<i64>, Option<u64>);
 
+/// The job's [`SpecVersion`]. What `kubectl apply` last sent counts too: removing a field the
+/// apiserver pruned leaves the spec (and its generation) as it was.
+fn spec_version(job: &RolloutJob) -> SpecVersion {
+    let applied = job
+        .annotations()
+        .get(floe_crds::validation::LAST_APPLIED)
+        .map(|a| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            a.hash(&mut h);
+            h.finish()
+        });
+    (job.metadata.generation, applied)
+}
+
 /// What the controller keeps about one job between its rounds. Losing it (an operator
 /// restart) costs work, never correctness: each piece is read again or counted afresh.
 #[derive(Default)]
@@ -44,6 +59,8 @@ pub(super) struct JobMemory {
     /// Client-side validation of one generation (and last-applied annotation): evaluating
     /// the CEL rules costs tens of milliseconds, too much for every round of a running job.
     validated: Option<(SpecVersion, Result<(), String>)>,
+    /// [`JobContext::dropped_by_an_older_crd`]'s verdict on one spec version.
+    crd_dropped: Option<(SpecVersion, Option<String>)>,
     /// `tasks.file`: the loader arguments the tasks were read with, and the tasks.
     pub(super) file_tasks: Option<(String, super::task_sources::FileTasks)>,
     /// What the pod cache must show before a round may read the job's pods from it. `None`:
@@ -210,18 +227,7 @@ impl JobContext {
 
     pub(super) fn validate(&self, job: &RolloutJob) -> Result<(), String> {
         let uid = job.uid().unwrap_or_default();
-        // What `kubectl apply` last sent counts too: removing a field the apiserver pruned
-        // leaves the spec (and its generation) as it was.
-        let applied = job
-            .annotations()
-            .get(floe_crds::validation::LAST_APPLIED)
-            .map(|a| {
-                use std::hash::{Hash, Hasher};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                a.hash(&mut h);
-                h.finish()
-            });
-        let generation = (job.metadata.generation, applied);
+        let generation = spec_version(job);
         let known = self.remember(&uid, |m| {
             m.validated
                 .as_ref()
@@ -234,6 +240,56 @@ impl JobContext {
         let verdict = floe_crds::validation::validate_rollout_job(job).map_err(|e| e.to_string());
         self.remember(&uid, |m| m.validated = Some((generation, verdict.clone())));
         verdict
+    }
+
+    /// The stall's message when the job as `kubectl apply` last sent it has fields the
+    /// apiserver did not keep, though this operator knows them: the RolloutJob CRD on the
+    /// cluster is older ([`floe_crds::validation::dropped_by_an_older_crd`]). Read from the job
+    /// as stored (raw), once per spec version; a job with no such annotation is not read.
+    pub(super) async fn dropped_by_an_older_crd(
+        &self,
+        job: &RolloutJob,
+        ns: &str,
+    ) -> Result<Option<String>, JobError> {
+        use floe_crds::validation::{dropped_by_an_older_crd, LAST_APPLIED};
+        use kube::api::{ApiResource, DynamicObject};
+        if !job.annotations().contains_key(LAST_APPLIED) {
+            return Ok(None);
+        }
+        let uid = job.uid().unwrap_or_default();
+        let version = spec_version(job);
+        let known = self.remember(&uid, |m| {
+            m.crd_dropped
+                .as_ref()
+                .filter(|(v, _)| *v == version)
+                .map(|(_, d)| d.clone())
+        });
+        if let Some(verdict) = known {
+            return Ok(verdict);
+        }
+        let name = job.name_any();
+        let raw: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            ns,
+            &ApiResource::erase::<RolloutJob>(&()),
+        );
+        let stored = raw
+            .get(&name)
+            .await
+            .map_err(JobError::api(format!("reading RolloutJob {ns}/{name}")))?;
+        let served = serde_json::json!({"spec": stored.data.get("spec")});
+        let dropped = dropped_by_an_older_crd(job.metadata.annotations.as_ref(), &served);
+        let verdict = (!dropped.is_empty()).then(|| {
+            format!(
+                "the RolloutJob CRD on the cluster is older than this operator: the apiserver \
+                 dropped {} from the job as `kubectl apply` sent it, so the job would run \
+                 without them; apply the new CRDs (`floe crds | kubectl apply -f -`), then the \
+                 job again",
+                dropped.join(", ")
+            )
+        });
+        self.remember(&uid, |m| m.crd_dropped = Some((version, verdict.clone())));
+        Ok(verdict)
     }
 
     pub(super) async fn event(

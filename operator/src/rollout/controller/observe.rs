@@ -60,6 +60,9 @@ pub(super) async fn observe(
     if let Err(e) = ctx.validate(job) {
         return blocked("InvalidSpec", e);
     }
+    if let Some(why) = ctx.dropped_by_an_older_crd(job, ns).await? {
+        return blocked(super::report::CRD_OUTDATED, why);
+    }
     let spec = &job.spec;
     // A pool to claim from, or (poolTemplate) the job's own pods with default gateway ports.
     let pool = match &spec.pool_ref {
