@@ -567,6 +567,10 @@ fn a_train_job_trains_the_policy_its_later_sessions_sample_from() -> Result<()> 
 /// trained is `a_train_job_trains_the_policy_its_later_sessions_sample_from`'s, and CI's
 /// learning run's; `FLOE_TEST_FULL=1` runs both questions here.)
 #[test]
+#[ignore = "FLOE_TEST_FULL=1 only; in CI: a_pi_train_job_on_a_swebench_instance_takes_a_step \
+            (Pi's own sessions trained in one step, the trainer's log-probs of Pi's tokens \
+            vLLM's) and CI's learning run (later sessions sample the policy earlier ones \
+            trained); ~5 min of a slow 2-core machine alone"]
 fn a_pi_train_job_trains_on_pis_own_sessions() -> Result<()> {
     let _memory = alone()?;
     let (python, models) = vllm_setup()?;
