@@ -53,6 +53,23 @@ fn job(name: &str, tasks: &[&str], samples: i32, extra: Value) -> Result<Rollout
     }))?)
 }
 
+/// ConfigMap `tasks` holding the tasks `ids` (`solve <id>` each) as JSON lines under
+/// `tasks.jsonl`.
+fn tasks_config_map(ids: &[&str]) -> Result<k8s_openapi::api::core::v1::ConfigMap> {
+    let lines: String = ids
+        .iter()
+        .map(|t| {
+            format!(
+                "{}\n",
+                json!({"id": t, "instruction": format!("solve {t}")})
+            )
+        })
+        .collect();
+    Ok(serde_json::from_value(
+        json!({"metadata": {"name": "tasks"}, "data": {"tasks.jsonl": lines}}),
+    )?)
+}
+
 async fn status(jobs: &Api<RolloutJob>, name: &str) -> Result<RolloutJobStatus> {
     Ok(jobs.get(name).await?.status.unwrap_or_default())
 }
@@ -1050,24 +1067,8 @@ async fn a_task_configmap_edited_after_the_first_session_stalls_the_job() -> Res
     create_pool(&client, &ns.name, "warm", 1).await?;
     let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), &ns.name);
-    let lines = |ids: &[&str]| -> String {
-        ids.iter()
-            .map(|t| {
-                format!(
-                    "{}\n",
-                    json!({"id": t, "instruction": format!("solve {t}")})
-                )
-            })
-            .collect()
-    };
-    let tasks_map = |ids: &[&str]| -> Result<k8s_openapi::api::core::v1::ConfigMap> {
-        Ok(serde_json::from_value(
-            json!({"metadata": {"name": "tasks"},
-                                          "data": {"tasks.jsonl": lines(ids)}}),
-        )?)
-    };
     config_maps
-        .create(&PostParams::default(), &tasks_map(&["a", "b", "c"])?)
+        .create(&PostParams::default(), &tasks_config_map(&["a", "b", "c"])?)
         .await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     jobs.create(
@@ -1090,7 +1091,11 @@ async fn a_task_configmap_edited_after_the_first_session_stalls_the_job() -> Res
     .await?;
     // Task "a" dropped from the source: "b" would be numbered as "a" was.
     config_maps
-        .replace("tasks", &PostParams::default(), &tasks_map(&["b", "c"])?)
+        .replace(
+            "tasks",
+            &PostParams::default(),
+            &tasks_config_map(&["b", "c"])?,
+        )
         .await?;
     let notes = stalled_for(&client, &jobs, &ns.name, "edited", "TasksChanged").await?;
     assert!(
@@ -1103,7 +1108,7 @@ async fn a_task_configmap_edited_after_the_first_session_stalls_the_job() -> Res
         .replace(
             "tasks",
             &PostParams::default(),
-            &tasks_map(&["a", "b", "c"])?,
+            &tasks_config_map(&["a", "b", "c"])?,
         )
         .await?;
     let back = eventually("the job going on", async || {
@@ -1933,22 +1938,8 @@ async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on(
     let kubelet = warm_pool_and_slow_collector(&client, &ns.name, 57, 2, never).await?;
     let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), &ns.name);
-    let tasks_map = |ids: &[&str]| -> Result<k8s_openapi::api::core::v1::ConfigMap> {
-        let lines: String = ids
-            .iter()
-            .map(|t| {
-                format!(
-                    "{}\n",
-                    json!({"id": t, "instruction": format!("solve {t}")})
-                )
-            })
-            .collect();
-        Ok(serde_json::from_value(
-            json!({"metadata": {"name": "tasks"}, "data": {"tasks.jsonl": lines}}),
-        )?)
-    };
     config_maps
-        .create(&PostParams::default(), &tasks_map(&["a", "b"])?)
+        .create(&PostParams::default(), &tasks_config_map(&["a", "b"])?)
         .await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -1970,7 +1961,7 @@ async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on(
     .await?;
     // Task "a" dropped from the source: the job cannot go on as its sessions are numbered.
     config_maps
-        .replace("tasks", &PostParams::default(), &tasks_map(&["b"])?)
+        .replace("tasks", &PostParams::default(), &tasks_config_map(&["b"])?)
         .await?;
     stalled_for(&client, &jobs, &ns.name, "held", "TasksChanged").await?;
     eventually("the unstarted claims given back", async || {
@@ -1988,7 +1979,11 @@ async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on(
     pool_ready(&pools, "warm", 2, 60).await?;
     // The source mended: the job claims again, its sessions at their first attempt.
     config_maps
-        .replace("tasks", &PostParams::default(), &tasks_map(&["a", "b"])?)
+        .replace(
+            "tasks",
+            &PostParams::default(),
+            &tasks_config_map(&["a", "b"])?,
+        )
         .await?;
     let back = eventually("the job holding its 2 sessions again", async || {
         let s = status(&jobs, "held").await?;
