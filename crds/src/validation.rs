@@ -203,9 +203,15 @@ pub fn validate_rollout_job_update(
     into_result(errors)
 }
 
-/// Validate a GatewayPool as the apiserver would on create.
+/// Validate a GatewayPool as the apiserver would on create, and refuse the fields it pruned
+/// (a misspelled `egress.unrestricted` would leave the pods only warning of open egress).
 pub fn validate_gateway_pool(pool: &GatewayPool) -> Result<(), ValidationError> {
-    into_result(cel_errors(pool.validate_cel()))
+    let mut errors = cel_errors(pool.validate_cel());
+    errors.extend(pruned_fields(
+        "GatewayPool",
+        pool.metadata.annotations.as_ref(),
+    ));
+    into_result(errors)
 }
 
 /// Task ids key the GRPO groups, so they must be unique. For inline tasks the apiserver enforces
@@ -671,6 +677,37 @@ mod document_tests {
             "spec.timeouts.agentSecond: unknown field (did you mean `agentSeconds`?): the \
              apiserver dropped it, so it has no effect; fix the manifest"
         );
+    }
+
+    /// A pool's misspelled field runs as its default just as a job's would: here the pods
+    /// would only warn of open egress, where the manifest asked them to refuse it.
+    #[test]
+    fn a_pools_field_the_apiserver_pruned_is_refused() {
+        let pool = |egress: serde_json::Value| {
+            serde_json::json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+                "metadata": {"name": "p"},
+                "spec": {"replicas": 1, "template": {"image": "agent:1"}, "egress": egress}})
+        };
+        let applied = pool(serde_json::json!({"unrestrcted": "Refuse"}));
+        let mut kept: GatewayPool =
+            serde_json::from_value(pool(serde_json::json!({}))).expect("a pool");
+        validate_gateway_pool(&kept).expect("no annotation: nothing to read back");
+        kept.metadata.annotations = Some(BTreeMap::from([(
+            LAST_APPLIED.to_string(),
+            applied.to_string(),
+        )]));
+        let err = validate_gateway_pool(&kept).expect_err("a pruned field");
+        assert_eq!(
+            err.to_string(),
+            "spec.egress.unrestrcted: unknown field (did you mean `unrestricted`?): the \
+             apiserver dropped it, so it has no effect; fix the manifest"
+        );
+        let applied = pool(serde_json::json!({"unrestricted": "Refuse"}));
+        kept.metadata.annotations = Some(BTreeMap::from([(
+            LAST_APPLIED.to_string(),
+            applied.to_string(),
+        )]));
+        validate_gateway_pool(&kept).expect("a known field");
     }
 
     #[test]

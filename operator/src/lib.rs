@@ -20,6 +20,7 @@ pub(crate) mod pool;
 pub mod rollout;
 pub mod run;
 pub(crate) mod shared;
+pub(crate) mod spec_check;
 pub(crate) mod stable_hash;
 pub(crate) mod tokens;
 

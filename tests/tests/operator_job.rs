@@ -2525,16 +2525,22 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
 /// `status.heldOut`, which prunes it): the first round cannot be recorded, so none of its
 /// sessions is claimed (else each reconcile would open round 0 again, its sessions without
 /// end), and the job says why and how to fix it. Once the new CRD is applied, the round is
-/// recorded and runs. On a control plane of its own: CRDs are the whole cluster's.
+/// recorded and runs. And CRDs from before `failureReward` and `egress.unrestricted`: a job
+/// and a pool `kubectl apply`d with them stall, naming the field, until applied again after
+/// the new CRDs. On a control plane of its own: CRDs are the whole cluster's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_newer_than_its_crd_stalls_a_held_out_job_until_the_crd_is_applied(
+async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_applied(
 ) -> Result<()> {
     let private = floe_tests::cluster::PrivateCluster::start()?;
     let cluster = &private.cluster;
     let client = cluster.client().await?;
     cluster
         .install_crds_edited(&client, |crd| {
-            if crd.spec.names.kind != "RolloutJob" {
+            if crd.spec.names.kind == "GatewayPool" {
+                // A GatewayPool CRD from before `egress.unrestricted`.
+                let mut v = serde_json::to_value(&*crd)?;
+                anyhow::ensure!(strip_field(&mut v, "unrestricted"), "no unrestricted");
+                *crd = serde_json::from_value(v)?;
                 return Ok(());
             }
             for version in &mut crd.spec.versions {
@@ -2636,6 +2642,38 @@ async fn an_operator_newer_than_its_crd_stalls_a_held_out_job_until_the_crd_is_a
     let said = |n: &String| n.contains("dropped spec.evaluator.reward.failureReward from the job");
     let notes = noted_until(&client, &ns.name, "CrdOutdated", |n| n.iter().any(said)).await?;
     assert!(notes.iter().any(said), "{notes:?}");
+    // A pool likewise: with `egress.unrestricted: Refuse` pruned, its pods would serve with
+    // open egress, warning only. It makes no pod, and says which field went.
+    let refusing = json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "refusing"},
+        "spec": {"replicas": 1, "template": {"image": "sandbox:1"},
+                 "egress": {"unrestricted": "Refuse"}}});
+    let kubectl_apply_pool = || -> Result<()> {
+        let done = cluster.kubectl(
+            &["apply", "--validate=false", "-n", &ns.name, "-f", "-"],
+            Some(serde_json::to_string(&refusing)?.as_bytes()),
+        )?;
+        anyhow::ensure!(done.status.success(), "{done:?}");
+        Ok(())
+    };
+    kubectl_apply_pool()?;
+    let pool_stall = async || {
+        let s = pools.get("refusing").await?.status.unwrap_or_default();
+        anyhow::Ok(
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == "Stalled" && c.status == "True")
+                .map(|c| (c.reason, c.message)),
+        )
+    };
+    let (reason, message) = eventually_within(60, "the pool stalled", pool_stall).await?;
+    assert_eq!(reason, "CrdOutdated", "{message}");
+    assert!(
+        message.contains("dropped spec.egress.unrestricted from the pool"),
+        "{message}"
+    );
+    let pool_pods = ListParams::default().labels("floe.dev/pool=refusing");
+    assert!(pods.list(&pool_pods).await?.items.is_empty());
     // The new CRD: round 0 is recorded, its session runs, and the job is no longer stalled.
     cluster.install_crds(&client).await?;
     // A stalled job is looked at again every 15 s, then claims, runs and folds its session:
@@ -2651,10 +2689,17 @@ async fn an_operator_newer_than_its_crd_stalls_a_held_out_job_until_the_crd_is_a
         Ok((scored && !stalled).then_some(()))
     })
     .await?;
-    // The pruned job stays stalled until it is applied again: the stored object still lacks
-    // the field. Applied again, it keeps it and goes on.
+    // The pruned job and pool stay stalled until they are applied again: the stored objects
+    // still lack the field. Applied again, they keep it and go on.
     let s = status(&jobs, "pruned").await?;
     assert_eq!(condition(&s, "Stalled"), Some(("True", "CrdOutdated")));
+    assert!(pool_stall().await?.is_some_and(|(r, _)| r == "CrdOutdated"));
+    kubectl_apply_pool()?;
+    eventually_within(60, "the pool applied again makes its pod", async || {
+        let made = pods.list(&pool_pods).await?.items.len();
+        Ok((made == 1 && pool_stall().await?.is_none()).then_some(()))
+    })
+    .await?;
     kubectl_apply(&pruned)?;
     eventually_within(
         60,

@@ -459,3 +459,100 @@ async fn a_pod_the_apiserver_refuses_is_named_on_the_pool_which_backs_off() -> R
     .await?;
     Ok(())
 }
+
+/// A pool that cannot run as written makes no pod and says why, on its `Stalled` condition
+/// and in a Warning. Two ways: this apiserver (1.20; before 1.25) does not run the CRD's rules,
+/// so the operator does (the gateway's two ports must differ); and every apiserver prunes a
+/// field its CRD does not know, read back from `kubectl apply`'s record: misspelled here,
+/// `egress.unrestricted: Refuse` would leave the pods only warning of open egress. Mended, the
+/// pool fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result<()> {
+    let (client, ns) = with_crds("badpool").await?;
+    let _operator = start_operator(&ns.name)?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pool = |name: &str, extra: serde_json::Value| {
+        let mut spec = json!({"replicas": 1, "template": {"image": "sandbox:1"}});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+               "metadata": {"name": name}, "spec": spec})
+    };
+    let stalled = async |name: &str, reason: &str| {
+        let said = eventually("the pool stalled", async || {
+            let s = pools.get(name).await?.status.unwrap_or_default();
+            Ok(s.conditions
+                .iter()
+                .find(|c| c.type_ == "Stalled" && c.status == "True" && c.reason == reason)
+                .map(|c| c.message.clone()))
+        })
+        .await?;
+        anyhow::Ok(said)
+    };
+    let pods_of = async |name: &str| {
+        let listed = pods
+            .list(&ListParams::default().labels(&format!("floe.dev/pool={name}")))
+            .await?;
+        anyhow::Ok(listed.items.len())
+    };
+    let same_ports = pool(
+        "ports",
+        json!({"gateway": {"port": 8000, "controlPort": 8000}}),
+    );
+    pools
+        .create(&PostParams::default(), &serde_json::from_value(same_ports)?)
+        .await?;
+    let said = stalled("ports", "InvalidSpec").await?;
+    assert!(
+        said.contains("gateway.port and gateway.controlPort must differ"),
+        "{said}"
+    );
+    // `--validate=false`: this kubectl, 1.20's, refuses a field the CRD lacks itself; a newer
+    // one only warns, as the apiserver's field validation does, and Argo CD applies.
+    let apply = |pool: &serde_json::Value| -> Result<()> {
+        let done = floe_tests::cluster::cluster().kubectl(
+            &["apply", "--validate=false", "-n", &ns.name, "-f", "-"],
+            Some(serde_json::to_string(pool)?.as_bytes()),
+        )?;
+        anyhow::ensure!(done.status.success(), "{done:?}");
+        Ok(())
+    };
+    apply(&pool("typo", json!({"egress": {"unrestrcted": "Refuse"}})))?;
+    let said = stalled("typo", "InvalidSpec").await?;
+    assert!(
+        said.contains(
+            "spec.egress.unrestrcted: unknown field (did you mean `unrestricted`?): the \
+             apiserver dropped it"
+        ),
+        "{said}"
+    );
+    // The check comes before any create in a round: a few rounds later, still no pod.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!((pods_of("ports").await?, pods_of("typo").await?), (0, 0));
+    let warnings = event_reasons(&client, &ns.name).await?;
+    assert!(
+        warnings.iter().filter(|r| *r == "InvalidSpec").count() >= 2,
+        "{warnings:?}"
+    );
+    // Spelled right, the pool goes on: its pod is made, and it is no longer stalled.
+    apply(&pool("typo", json!({"egress": {"unrestricted": "Refuse"}})))?;
+    eventually("the mended pool makes its pod", async || {
+        let stalled = pools
+            .get("typo")
+            .await?
+            .status
+            .unwrap_or_default()
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Stalled" && c.status == "True");
+        Ok((!stalled && pods_of("typo").await? == 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        pools.get("typo").await?.spec.egress.unrestricted,
+        floe_crds::gateway_pool::UnrestrictedEgress::Refuse
+    );
+    Ok(())
+}

@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::expectations::{Expectations, Pending};
+use super::PoolError;
 use crate::pod_problem::PodProblem;
 use crate::shared::Shared;
+use crate::spec_check::{dropped_by_an_older_crd, spec_version, ForSpec, CRD_OUTDATED};
+use floe_crds::gateway_pool::GatewayPool;
 use floe_gateway::sync::lock;
 
 /// How often an unchanged egress policy is applied again (restoring one deleted by hand).
@@ -46,6 +49,11 @@ struct PoolMemory {
     ended: Option<(PodProblem, Instant, u32)>,
     /// The egress NetworkPolicy last applied (its JSON, `None`: deleted) and when.
     egress_applied: Option<(Option<String>, Instant)>,
+    /// Client-side validation of one spec version: the CEL rules an apiserver before 1.25
+    /// does not run, and the fields it pruned.
+    validated: ForSpec<Result<(), String>>,
+    /// [`PoolContext::spec_problem`]'s older-CRD verdict on one spec version.
+    crd_dropped: ForSpec<Option<String>>,
 }
 
 impl PoolContext {
@@ -63,6 +71,41 @@ impl PoolContext {
     /// Forget every pool but `live` (`namespace/name` keys): deleted pools leave nothing behind.
     pub fn forget_pools_except(&self, live: &BTreeSet<String>) {
         lock(&self.memory).retain(|key, _| live.contains(key));
+    }
+
+    /// Why the pool cannot run as written, as its `Stalled` reason and message: a spec the
+    /// CRD's rules refuse or with a field the apiserver pruned (`InvalidSpec`), or one the
+    /// cluster's older CRD cut short (`CrdOutdated`). Each verdict is made once per spec
+    /// version.
+    pub(super) async fn spec_problem(
+        &self,
+        pool: &GatewayPool,
+        key: &str,
+    ) -> Result<Option<(&'static str, String)>, PoolError> {
+        let version = spec_version(pool);
+        let validated = match self.remember(key, |m| m.validated.get(&version)) {
+            Some(verdict) => verdict,
+            None => {
+                let verdict =
+                    floe_crds::validation::validate_gateway_pool(pool).map_err(|e| e.to_string());
+                self.remember(key, |m| m.validated.set(version.clone(), verdict.clone()));
+                verdict
+            }
+        };
+        if let Err(why) = validated {
+            return Ok(Some(("InvalidSpec", why)));
+        }
+        let dropped = match self.remember(key, |m| m.crd_dropped.get(&version)) {
+            Some(verdict) => verdict,
+            None => {
+                let verdict = dropped_by_an_older_crd(&self.client, pool, "pool")
+                    .await
+                    .map_err(PoolError::api(format!("reading GatewayPool {key}")))?;
+                self.remember(key, |m| m.crd_dropped.set(version, verdict.clone()));
+                verdict
+            }
+        };
+        Ok(dropped.map(|why| (CRD_OUTDATED, why)))
     }
 
     pub(super) fn record_ended(&self, key: &str, problem: PodProblem) {

@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 
 use super::plan::{plan, DeleteReason, PoolPod, PoolView};
-use super::status::{write_status, Counts};
+use super::status::{write_status, Counts, Health};
 use super::{PoolContext, PoolError};
 use crate::metrics::Kind;
 use crate::pods::names::{POOL_LABEL, TEMPLATE_HASH_ANNOTATION};
@@ -40,10 +40,27 @@ async fn reconcile_pool(
         p.metadata.namespace.as_deref() == Some(ns.as_str())
             && p.labels().get(POOL_LABEL) == Some(&name)
     });
+    let hash = sandbox::template_hash(&pool.spec);
+    // apiservers < 1.25 do not run the CRD's rules, and every one prunes what its CRD does not
+    // know: a pool that cannot run as written makes no pod (else one with `egress.unrestricted:
+    // Refuse` lost would serve with open egress) and replaces none, and says why.
+    if let Some((reason, message)) = ctx.spec_problem(&pool, &key).await? {
+        tracing::warn!(pool = %key, reason, "{message}");
+        let health = Health::Spec { reason, message };
+        write_status(
+            &ctx,
+            &pool,
+            &ns,
+            Counts::as_labelled(&cached),
+            health,
+            &hash,
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
     ensure_egress_policy(&ctx, &pool, &ns, &key).await;
     let pending = ctx.pending(&key, &cached);
     let (creating, deleting) = (pending.creating, pending.deleting);
-    let hash = sandbox::template_hash(&pool.spec);
     let now = k8s_openapi::jiff::Timestamp::now();
 
     let mut unclaimed = Vec::new();
@@ -254,7 +271,15 @@ async fn reconcile_pool(
         ready,
         claimed,
     };
-    write_status(&ctx, &pool, &ns, counts, &kept_problems, &hash).await?;
+    write_status(
+        &ctx,
+        &pool,
+        &ns,
+        counts,
+        Health::Pods(&kept_problems),
+        &hash,
+    )
+    .await?;
     let settled = ready >= pool.spec.replicas && decided.deferred == 0 && decided.create == 0;
     Ok(Action::requeue(if settled {
         Duration::from_secs(60)

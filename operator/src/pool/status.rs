@@ -19,12 +19,50 @@ pub(super) struct Counts {
     pub claimed: i32,
 }
 
+impl Counts {
+    /// The pool's pods as their state labels say, for a round that acts on none of them.
+    pub fn as_labelled(pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>]) -> Self {
+        let mut counts = Self {
+            replicas: 0,
+            ready: 0,
+            claimed: 0,
+        };
+        for pod in pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            match crate::pods::view::state(pod) {
+                Some("warming") => counts.replicas += 1,
+                Some("ready") => {
+                    counts.replicas += 1;
+                    counts.ready += 1;
+                }
+                Some("claimed") => counts.claimed += 1,
+                _ => {}
+            }
+        }
+        counts
+    }
+}
+
+/// What the pool's conditions say is wrong, if anything.
+pub(super) enum Health<'a> {
+    /// As its pods go: the problem of each pod not READY (none: all READY, or warming).
+    Pods(&'a [&'a PodProblem]),
+    /// The spec cannot be run as written (`InvalidSpec`, `CrdOutdated`): the pool makes and
+    /// replaces no pod until it changes.
+    Spec {
+        reason: &'static str,
+        message: String,
+    },
+}
+
 pub(super) async fn write_status(
     ctx: &PoolContext,
     pool: &GatewayPool,
     ns: &str,
     counts: Counts,
-    problems: &[&PodProblem],
+    health: Health<'_>,
     hash: &str,
 ) -> Result<(), PoolError> {
     let Counts {
@@ -35,14 +73,24 @@ pub(super) async fn write_status(
     let desired = pool.spec.replicas;
     ctx.metrics
         .set_pool(ns, &pool.name_any(), ready, desired, claimed);
-    let (status, reason, message) = match problems.first() {
+    let problems = match &health {
+        Health::Pods(problems) => *problems,
+        Health::Spec { .. } => &[],
+    };
+    let (status, reason, message) = match (&health, problems.first()) {
+        // The spec cannot be run: no pod is made or replaced, however many are READY.
+        (Health::Spec { reason, message }, _) => (
+            "False",
+            reason.to_string(),
+            format!("{ready}/{desired} pods READY; {message}"),
+        ),
         _ if ready >= desired => (
             "True",
             "PoolReady".to_string(),
             format!("{ready}/{desired} pods READY"),
         ),
         // Where users look: the kubelet's or the scheduler's reason on the pool itself.
-        Some(p) => (
+        (_, Some(p)) => (
             "False",
             p.reason.clone(),
             format!(
@@ -54,7 +102,7 @@ pub(super) async fn write_status(
                 }
             ),
         ),
-        None => (
+        (_, None) => (
             "False",
             "Warming".to_string(),
             format!("{ready}/{desired} pods READY"),
@@ -68,7 +116,8 @@ pub(super) async fn write_status(
     let earlier = pool.status.as_ref().map(|s| s.conditions.as_slice());
     // kstatus: Reconciling while pods warm, Stalled while they cannot become READY as the
     // template stands (Argo CD and Flux show the pool Degraded then).
-    let stalled = status == "False" && !problems.is_empty();
+    let stalled =
+        status == "False" && (!problems.is_empty() || matches!(health, Health::Spec { .. }));
     ctx.metrics.set_blocked(
         crate::metrics::Kind::GatewayPool,
         ns,
@@ -95,14 +144,13 @@ pub(super) async fn write_status(
     if pool.status.as_ref() == Some(&new) {
         return Ok(());
     }
-    // A Warning when pods start failing for a new reason (once per reason, not per reconcile).
-    if let Some(p) = problems.first() {
-        if previous.is_none_or(|c| c.reason != reason) {
-            let note = new.conditions[0].message.clone();
-            ctx.events
-                .publish(&pool.object_ref(&()), EventType::Warning, &p.reason, note)
-                .await;
-        }
+    // A Warning when pods start failing, or the spec is refused, for a new reason (once per
+    // reason, not per reconcile).
+    if stalled && previous.is_none_or(|c| c.reason != reason) {
+        let note = new.conditions[0].message.clone();
+        ctx.events
+            .publish(&pool.object_ref(&()), EventType::Warning, &reason, note)
+            .await;
     }
     // An Event when READY flips, not on every count change.
     if previous.is_some_and(|c| c.status != status) || (previous.is_none() && status == "True") {

@@ -14,6 +14,7 @@ use kube::{Api, Resource, ResourceExt};
 use super::JobError;
 use crate::rollout::freshness::{Bar, Bars};
 use crate::shared::Shared;
+use crate::spec_check::{spec_version, ForSpec};
 use floe_gateway::sync::lock;
 
 pub struct JobContext {
@@ -31,25 +32,6 @@ pub struct JobContext {
     pub(super) early_claims: Option<Duration>,
 }
 
-/// What a validation verdict holds for: the spec's generation and a hash of the
-/// last-applied annotation.
-type SpecVersion = (Option<i64>, Option<u64>);
-
-/// The job's [`SpecVersion`]. What `kubectl apply` last sent counts too: removing a field the
-/// apiserver pruned leaves the spec (and its generation) as it was.
-fn spec_version(job: &RolloutJob) -> SpecVersion {
-    let applied = job
-        .annotations()
-        .get(floe_crds::validation::LAST_APPLIED)
-        .map(|a| {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            a.hash(&mut h);
-            h.finish()
-        });
-    (job.metadata.generation, applied)
-}
-
 /// What the controller keeps about one job between its rounds. Losing it (an operator
 /// restart) costs work, never correctness: each piece is read again or counted afresh.
 #[derive(Default)]
@@ -58,9 +40,9 @@ pub(super) struct JobMemory {
     starved: HashSet<u32>,
     /// Client-side validation of one generation (and last-applied annotation): evaluating
     /// the CEL rules costs tens of milliseconds, too much for every round of a running job.
-    validated: Option<(SpecVersion, Result<(), String>)>,
+    validated: ForSpec<Result<(), String>>,
     /// [`JobContext::dropped_by_an_older_crd`]'s verdict on one spec version.
-    crd_dropped: Option<(SpecVersion, Option<String>)>,
+    crd_dropped: ForSpec<Option<String>>,
     /// `tasks.file`: the loader arguments the tasks were read with, and the tasks.
     pub(super) file_tasks: Option<(String, super::task_sources::FileTasks)>,
     /// What the pod cache must show before a round may read the job's pods from it. `None`:
@@ -227,68 +209,35 @@ impl JobContext {
 
     pub(super) fn validate(&self, job: &RolloutJob) -> Result<(), String> {
         let uid = job.uid().unwrap_or_default();
-        let generation = spec_version(job);
-        let known = self.remember(&uid, |m| {
-            m.validated
-                .as_ref()
-                .filter(|(g, _)| *g == generation)
-                .map(|(_, v)| v.clone())
-        });
-        if let Some(verdict) = known {
+        let version = spec_version(job);
+        if let Some(verdict) = self.remember(&uid, |m| m.validated.get(&version)) {
             return verdict;
         }
         let verdict = floe_crds::validation::validate_rollout_job(job).map_err(|e| e.to_string());
-        self.remember(&uid, |m| m.validated = Some((generation, verdict.clone())));
+        self.remember(&uid, |m| m.validated.set(version, verdict.clone()));
         verdict
     }
 
     /// The stall's message when the job as `kubectl apply` last sent it has fields the
-    /// apiserver did not keep, though this operator knows them: the RolloutJob CRD on the
-    /// cluster is older ([`floe_crds::validation::dropped_by_an_older_crd`]). Read from the job
-    /// as stored (raw), once per spec version; a job with no such annotation is not read.
+    /// apiserver did not keep, though this operator knows them
+    /// ([`crate::spec_check::dropped_by_an_older_crd`]), once per spec version.
     pub(super) async fn dropped_by_an_older_crd(
         &self,
         job: &RolloutJob,
         ns: &str,
     ) -> Result<Option<String>, JobError> {
-        use floe_crds::validation::{dropped_by_an_older_crd, LAST_APPLIED};
-        use kube::api::{ApiResource, DynamicObject};
-        if !job.annotations().contains_key(LAST_APPLIED) {
-            return Ok(None);
-        }
         let uid = job.uid().unwrap_or_default();
         let version = spec_version(job);
-        let known = self.remember(&uid, |m| {
-            m.crd_dropped
-                .as_ref()
-                .filter(|(v, _)| *v == version)
-                .map(|(_, d)| d.clone())
-        });
-        if let Some(verdict) = known {
+        if let Some(verdict) = self.remember(&uid, |m| m.crd_dropped.get(&version)) {
             return Ok(verdict);
         }
-        let name = job.name_any();
-        let raw: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            ns,
-            &ApiResource::erase::<RolloutJob>(&()),
-        );
-        let stored = raw
-            .get(&name)
+        let verdict = crate::spec_check::dropped_by_an_older_crd(&self.client, job, "job")
             .await
-            .map_err(JobError::api(format!("reading RolloutJob {ns}/{name}")))?;
-        let served = serde_json::json!({"spec": stored.data.get("spec")});
-        let dropped = dropped_by_an_older_crd(job.metadata.annotations.as_ref(), &served);
-        let verdict = (!dropped.is_empty()).then(|| {
-            format!(
-                "the RolloutJob CRD on the cluster is older than this operator: the apiserver \
-                 dropped {} from the job as `kubectl apply` sent it, so the job would run \
-                 without them; apply the new CRDs (`floe crds | kubectl apply -f -`), then the \
-                 job again",
-                dropped.join(", ")
-            )
-        });
-        self.remember(&uid, |m| m.crd_dropped = Some((version, verdict.clone())));
+            .map_err(JobError::api(format!(
+                "reading RolloutJob {ns}/{}",
+                job.name_any()
+            )))?;
+        self.remember(&uid, |m| m.crd_dropped.set(version, verdict.clone()));
         Ok(verdict)
     }
 

@@ -32,8 +32,7 @@ pub(super) struct RoundReport<'a> {
     pub tasks_digest: &'a str,
 }
 
-/// The `Stalled` reason of a job whose CRD prunes what this operator writes.
-pub(super) const CRD_OUTDATED: &str = "CrdOutdated";
+pub(super) use crate::spec_check::CRD_OUTDATED;
 
 /// The job's status as this round last wrote it (or found it), with its resourceVersion.
 pub(super) struct Written {

@@ -1,0 +1,136 @@
+//! What both controllers check of a floe object's spec before acting on it, beyond what the
+//! apiserver checked: a field the object as `kubectl apply` sent it had that the object as
+//! stored lacks ([`dropped_by_an_older_crd`]), and each verdict remembered for the spec
+//! version it was made on ([`ForSpec`]), since a running object is reconciled every few
+//! seconds and the checks cost tens of milliseconds (CEL) or an apiserver call.
+
+use kube::api::{ApiResource, DynamicObject};
+use kube::{Api, Client, Resource, ResourceExt};
+
+/// What a verdict on a spec holds for: the object (its uid: a pool deleted and made again
+/// under its name is another), the spec's generation and a hash of the last-applied
+/// annotation. What `kubectl apply` last sent counts too: removing a field the apiserver
+/// pruned leaves the spec (and its generation) as it was.
+pub(crate) type SpecVersion = (Option<String>, Option<i64>, Option<u64>);
+
+pub(crate) fn spec_version<K: Resource>(object: &K) -> SpecVersion {
+    let applied = object
+        .annotations()
+        .get(floe_crds::validation::LAST_APPLIED)
+        .map(|a| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            a.hash(&mut h);
+            h.finish()
+        });
+    (object.meta().uid.clone(), object.meta().generation, applied)
+}
+
+/// The `Stalled` reason of an object whose CRD on the cluster prunes what this operator reads
+/// or writes.
+pub(crate) const CRD_OUTDATED: &str = "CrdOutdated";
+
+/// One verdict, for the spec version it was made on.
+pub(crate) struct ForSpec<T>(Option<(SpecVersion, T)>);
+
+impl<T> Default for ForSpec<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<T: Clone> ForSpec<T> {
+    /// The verdict, if it was made on `version`.
+    pub(crate) fn get(&self, version: &SpecVersion) -> Option<T> {
+        self.0
+            .as_ref()
+            .filter(|(v, _)| v == version)
+            .map(|(_, t)| t.clone())
+    }
+
+    pub(crate) fn set(&mut self, version: SpecVersion, verdict: T) {
+        self.0 = Some((version, verdict));
+    }
+}
+
+/// The stall's message when `object` as `kubectl apply` last sent it has fields the apiserver
+/// did not keep, though this operator knows them: the object's CRD on the cluster is older and
+/// pruned them, so the object would run with their defaults, silently (a job's
+/// `failureReward: -1` scored 0, a pool's `egress.unrestricted: Refuse` warning only).
+/// Compared with the object as stored, read raw: the typed object fills defaults in
+/// ([`floe_crds::validation::dropped_by_an_older_crd`]). An object with no such annotation
+/// (server-side apply, an API client) is not read, and passes. `noun` names the object to its
+/// user: "job", "pool".
+pub(crate) async fn dropped_by_an_older_crd<K>(
+    client: &Client,
+    object: &K,
+    noun: &str,
+) -> Result<Option<String>, kube::Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    use floe_crds::validation::LAST_APPLIED;
+    if !object.annotations().contains_key(LAST_APPLIED) {
+        return Ok(None);
+    }
+    let resource = ApiResource::erase::<K>(&());
+    let raw: Api<DynamicObject> = match object.namespace() {
+        Some(ns) => Api::namespaced_with(client.clone(), &ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let stored = raw.get(&object.name_any()).await?;
+    let served = serde_json::json!({"spec": stored.data.get("spec")});
+    let dropped =
+        floe_crds::validation::dropped_by_an_older_crd(object.meta().annotations.as_ref(), &served);
+    Ok((!dropped.is_empty()).then(|| {
+        format!(
+            "the {kind} CRD on the cluster is older than this operator: the apiserver dropped \
+             {fields} from the {noun} as `kubectl apply` sent it, so the {noun} would run \
+             without them; apply the new CRDs (`floe crds | kubectl apply -f -`), then the \
+             {noun} again",
+            kind = K::kind(&()),
+            fields = dropped.join(", "),
+        )
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floe_crds::gateway_pool::GatewayPool;
+
+    fn pool(uid: &str, generation: i64, applied: Option<&str>) -> GatewayPool {
+        let mut pool: GatewayPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+            "metadata": {"name": "p", "uid": uid, "generation": generation},
+            "spec": {"replicas": 1, "template": {"image": "agent:1"}}
+        }))
+        .expect("a pool");
+        if let Some(a) = applied {
+            pool.annotations_mut().insert(
+                floe_crds::validation::LAST_APPLIED.to_string(),
+                a.to_string(),
+            );
+        }
+        pool
+    }
+
+    /// A verdict holds for one object, one generation and one last-applied annotation: a
+    /// pool made again under the same name, a spec edit, or `kubectl apply` again (which may
+    /// change only the annotation, the pruned field still missing) each ask anew.
+    #[test]
+    fn a_verdict_holds_for_the_spec_version_it_was_made_on_only() {
+        let mut memo = ForSpec::default();
+        let first = spec_version(&pool("u1", 1, Some("{}")));
+        memo.set(first.clone(), "verdict");
+        assert_eq!(memo.get(&first), Some("verdict"));
+        for other in [
+            pool("u2", 1, Some("{}")),
+            pool("u1", 2, Some("{}")),
+            pool("u1", 1, Some("{\"spec\":{}}")),
+            pool("u1", 1, None),
+        ] {
+            assert_eq!(memo.get(&spec_version(&other)), None);
+        }
+    }
+}
