@@ -261,8 +261,10 @@ pub struct GatewayPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready` (all desired replicas READY), and kstatus `Reconciling` (pods warming) and
-    /// `Stalled` (pods cannot become READY as the template stands; Argo CD and Flux show the
-    /// pool Degraded), each with the reason and the pod's problem.
+    /// `Stalled` (pods cannot become READY as the template stands; or the spec cannot run as
+    /// written, reason InvalidSpec or CrdOutdated, and then no pod is made and `Reconciling`
+    /// is false; Argo CD and Flux show the pool Degraded), each with the reason and the pod's
+    /// or the spec's problem.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::k8s::<Vec<Condition>>")]
     pub conditions: Vec<Condition>,

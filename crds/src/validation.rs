@@ -110,53 +110,141 @@ pub fn pruned_fields(
     errors
 }
 
-/// Fields the user applied under `spec` that the object as the apiserver stored it (`served`,
-/// raw: a typed object fills its defaults in) lacks, though they were not null: a CRD on the
-/// cluster older than this code pruned them, so a job that sets `failureReward` would run with
-/// the default, silently. Read back from `kubectl apply`'s annotation, as [`pruned_fields`]
-/// does for fields no CRD knows (call that first: this one reports any applied field missing,
-/// known or not). Objects created otherwise carry none, and pass.
+/// Fields the user applied under `spec` that the object as the apiserver stored it lost: a
+/// CRD on the cluster older than this code pruned them, so a job that sets `failureReward`
+/// would run with the default, silently. `meta` and `spec` are the stored object's, read raw
+/// (a typed object fills defaults in). Read back from `kubectl apply`'s annotation, as
+/// [`pruned_fields`] does for fields no CRD knows (call that first: this one reports any
+/// applied field lost, known or not). A field is lost when the stored object lacks it (the
+/// older CRD is still there), or when the new CRD, installed since, fills its default in as
+/// the object is read: it then holds the schema's default where another value was applied,
+/// and no writer owns it (`managedFields`; a field pruned at its write was never recorded).
+/// A value a writer changed since — Kueue resuming a job with `suspend: false`, a scale — is
+/// owned by that writer, and kept. Objects created otherwise carry no record, and pass.
 pub fn dropped_by_an_older_crd(
-    annotations: Option<&BTreeMap<String, String>>,
-    served: &serde_json::Value,
+    kind: &str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &serde_json::Value,
 ) -> Vec<String> {
-    let Some(applied) = annotations
+    let Some(applied) = meta
+        .annotations
+        .as_ref()
         .and_then(|a| a.get(LAST_APPLIED))
         .and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok())
     else {
         return Vec::new();
     };
+    let owned: Vec<serde_json::Value> = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.fields_v1.as_ref())
+        .map(|f| f.0.clone())
+        .collect();
+    let walk = LostFields {
+        // Without any record of who wrote what, a default cannot be told from a value set to
+        // it: only a missing field counts.
+        owned: (!owned.is_empty()).then_some(owned.as_slice()),
+    };
+    let schema = schema_of(kind).unwrap_or_default();
     let mut dropped = Vec::new();
-    missing_fields(&applied["spec"], &served["spec"], "/spec", &mut dropped);
+    walk.compare(
+        &applied["spec"],
+        spec,
+        &schema["properties"]["spec"],
+        &["spec".to_string()],
+        &mut dropped,
+    );
     dropped
 }
 
-/// The paths of `applied`'s non-null fields that `kept` does not have.
-fn missing_fields(
-    applied: &serde_json::Value,
-    kept: &serde_json::Value,
-    pointer: &str,
-    out: &mut Vec<String>,
-) {
-    use serde_json::Value;
-    match (applied, kept) {
-        (Value::Object(fields), Value::Object(kept_fields)) => {
-            for (key, value) in fields.iter().filter(|(_, v)| !v.is_null()) {
-                let path = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
-                match kept_fields.get(key) {
-                    Some(k) => missing_fields(value, k, &path, out),
-                    None => out.push(pointer_to_field(&path)),
+/// [`dropped_by_an_older_crd`]'s walk of the applied spec beside the stored one.
+struct LostFields<'a> {
+    /// Each writer's `fieldsV1`, if the object has any.
+    owned: Option<&'a [serde_json::Value]>,
+}
+
+impl LostFields<'_> {
+    /// The fields of `applied` (non-null) that `kept` does not have, or has at the `schema`'s
+    /// default instead of the value applied, no writer owning them. `path`: the field names
+    /// and list indexes down to `applied`.
+    fn compare(
+        &self,
+        applied: &serde_json::Value,
+        kept: &serde_json::Value,
+        schema: &serde_json::Value,
+        path: &[String],
+        out: &mut Vec<String>,
+    ) {
+        use serde_json::Value;
+        match (applied, kept) {
+            (Value::Object(fields), Value::Object(kept_fields)) => {
+                for (key, value) in fields.iter().filter(|(_, v)| !v.is_null()) {
+                    let field_schema = schema["properties"]
+                        .get(key)
+                        .or_else(|| schema.get("additionalProperties"))
+                        .unwrap_or(&Value::Null);
+                    let mut below = path.to_vec();
+                    below.push(key.clone());
+                    match kept_fields.get(key) {
+                        Some(k) => self.compare(value, k, field_schema, &below, out),
+                        None => out.push(field_at(&below)),
+                    }
+                }
+            }
+            (Value::Array(items), Value::Array(kept_items)) if items.len() == kept_items.len() => {
+                for (i, (item, k)) in items.iter().zip(kept_items).enumerate() {
+                    let mut below = path.to_vec();
+                    below.push(i.to_string());
+                    self.compare(item, k, &schema["items"], &below, out);
+                }
+            }
+            _ => {
+                let defaulted = schema
+                    .get("default")
+                    .is_some_and(|d| same_value(kept, d) && !same_value(applied, d));
+                if defaulted && self.owned.is_some_and(|owned| !owned_by_any(owned, path)) {
+                    out.push(field_at(path));
                 }
             }
         }
-        (Value::Array(items), Value::Array(kept_items)) if items.len() == kept_items.len() => {
-            for (i, (item, k)) in items.iter().zip(kept_items).enumerate() {
-                missing_fields(item, k, &format!("{pointer}/{i}"), out);
+    }
+}
+
+/// `spec.tasks.inline[0].metadata` for the path `spec`, `tasks`, `inline`, `0`, `metadata`.
+fn field_at(path: &[String]) -> String {
+    pointer_to_field(
+        &path
+            .iter()
+            .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
+            .collect::<String>(),
+    )
+}
+
+/// Whether a writer's `fieldsV1` records the field at `path` (field names; a list index
+/// stops the walk, and the list's own record counts: its items are keyed by value, which the
+/// path does not carry).
+fn owned_by_any(owned: &[serde_json::Value], path: &[String]) -> bool {
+    owned.iter().any(|fields| {
+        let mut at = fields;
+        for step in path {
+            if step.parse::<usize>().is_ok() {
+                return true;
+            }
+            match at.get(format!("f:{step}")) {
+                Some(below) => at = below,
+                None => return false,
             }
         }
-        // The whole of `spec` missing (nothing applied), or a value of another shape: not a
-        // pruned field.
-        _ => {}
+        true
+    })
+}
+
+/// JSON equality with numbers by value (`1` and `1.0` are one number to the apiserver).
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
     }
 }
 
@@ -710,32 +798,81 @@ mod document_tests {
         validate_gateway_pool(&kept).expect("a known field");
     }
 
+    /// The stored object's metadata: `kubectl apply`'s record of `applied`, and the fields
+    /// each writer set (`fieldsV1`).
+    fn stored(
+        applied: &serde_json::Value,
+        writers: &[serde_json::Value],
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        serde_json::from_value(serde_json::json!({
+            "name": "j",
+            "annotations": {LAST_APPLIED: job(applied.clone()).to_string()},
+            "managedFields": writers.iter().map(|f| serde_json::json!({
+                "manager": "kubectl-client-side-apply", "operation": "Update",
+                "apiVersion": "floe.dev/v1alpha1", "fieldsType": "FieldsV1", "fieldsV1": f}))
+                .collect::<Vec<_>>(),
+        }))
+        .expect("metadata")
+    }
+
     #[test]
     fn fields_an_older_crd_dropped_are_those_applied_and_not_kept() {
         let mut applied = valid_spec();
         applied["evaluator"]["reward"] = serde_json::json!({"source": "ExitCode",
             "failureReward": -1.0, "passThreshold": null});
         applied["tasks"]["inline"][0]["metadata"] = serde_json::json!({"difficulty": "hard"});
-        let annotations = BTreeMap::from([(LAST_APPLIED.to_string(), job(applied).to_string())]);
-        // As an older CRD kept it: `failureReward` and a task's `metadata` pruned; the null
+        // What the older CRD let the apply record: neither field.
+        let written = serde_json::json!({"f:spec": {"f:numSamples": {},
+            "f:evaluator": {"f:reward": {"f:source": {}}}, "f:tasks": {"f:inline": {}}}});
+        let meta = stored(&applied, &[written]);
+        let dropped = |kept: &serde_json::Value| dropped_by_an_older_crd("RolloutJob", &meta, kept);
+        // As the older CRD kept it: `failureReward` and a task's `metadata` pruned; the null
         // (a field `kubectl apply` deletes) and the defaults the apiserver added are no matter.
         let mut kept = valid_spec();
         kept["evaluator"]["reward"] = serde_json::json!({"source": "ExitCode"});
-        kept["numSamples"] = serde_json::json!(1);
         assert_eq!(
-            dropped_by_an_older_crd(Some(&annotations), &job(kept.clone())),
+            dropped(&kept),
             [
                 "spec.evaluator.reward.failureReward",
                 "spec.tasks.inline[0].metadata"
             ]
         );
-        kept["evaluator"]["reward"]["failureReward"] = serde_json::json!(-1.0);
+        // The new CRD installed since: read, the object holds `failureReward`'s default 0,
+        // which nobody wrote. Still lost.
+        kept["evaluator"]["reward"]["failureReward"] = serde_json::json!(0);
         kept["tasks"]["inline"][0]["metadata"] = serde_json::json!({"difficulty": "hard"});
-        assert!(dropped_by_an_older_crd(Some(&annotations), &job(kept.clone())).is_empty());
+        assert_eq!(dropped(&kept), ["spec.evaluator.reward.failureReward"]);
+        // Applied again: kept as sent (`-1` is `-1.0`).
+        kept["evaluator"]["reward"]["failureReward"] = serde_json::json!(-1);
+        assert!(dropped(&kept).is_empty());
+        let no_record = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default();
         assert!(
-            dropped_by_an_older_crd(None, &job(kept)).is_empty(),
+            dropped_by_an_older_crd("RolloutJob", &no_record, &kept).is_empty(),
             "no annotation"
         );
+    }
+
+    /// A job applied suspended and resumed by a patch (as Kueue admits it) holds `suspend`'s
+    /// default against the record's `true`: the patch's writer owns it, so nothing was lost.
+    /// Without any writer's record a default cannot be told from a value set to it.
+    #[test]
+    fn a_default_a_writer_set_since_the_apply_is_not_a_lost_field() {
+        let mut applied = valid_spec();
+        applied["suspend"] = serde_json::json!(true);
+        let mut kept = valid_spec();
+        kept["suspend"] = serde_json::json!(false);
+        let apply = serde_json::json!({"f:spec": {"f:numSamples": {}}});
+        let resumed = serde_json::json!({"f:spec": {"f:suspend": {}}});
+        let meta = stored(&applied, &[apply.clone(), resumed]);
+        assert!(dropped_by_an_older_crd("RolloutJob", &meta, &kept).is_empty());
+        let meta = stored(&applied, &[apply]);
+        assert_eq!(
+            dropped_by_an_older_crd("RolloutJob", &meta, &kept),
+            ["spec.suspend"],
+            "a default nobody wrote"
+        );
+        let meta = stored(&applied, &[]);
+        assert!(dropped_by_an_older_crd("RolloutJob", &meta, &kept).is_empty());
     }
 
     #[test]

@@ -54,24 +54,25 @@ impl<T: Clone> ForSpec<T> {
 }
 
 /// The stall's message when `object` as `kubectl apply` last sent it has fields the apiserver
-/// did not keep, though this operator knows them: the object's CRD on the cluster is older and
-/// pruned them, so the object would run with their defaults, silently (a job's
-/// `failureReward: -1` scored 0, a pool's `egress.unrestricted: Refuse` warning only).
-/// Compared with the object as stored, read raw: the typed object fills defaults in
-/// ([`floe_crds::validation::dropped_by_an_older_crd`]). An object with no such annotation
+/// did not keep, though this operator knows them: the object's CRD on the cluster is (or was,
+/// when the object was written) older and pruned them, so the object would run with their
+/// defaults, silently (a job's `failureReward: -1` scored 0, a pool's `egress.unrestricted:
+/// Refuse` warning only). Read from the object as stored, raw: the typed object fills defaults
+/// in ([`floe_crds::validation::dropped_by_an_older_crd`]); with the spec version it holds for,
+/// the stored one's, which the cache may not show yet. An object with no such annotation
 /// (server-side apply, an API client) is not read, and passes. `noun` names the object to its
 /// user: "job", "pool".
 pub(crate) async fn dropped_by_an_older_crd<K>(
     client: &Client,
     object: &K,
     noun: &str,
-) -> Result<Option<String>, kube::Error>
+) -> Result<(SpecVersion, Option<String>), kube::Error>
 where
     K: Resource<DynamicType = ()>,
 {
     use floe_crds::validation::LAST_APPLIED;
     if !object.annotations().contains_key(LAST_APPLIED) {
-        return Ok(None);
+        return Ok((spec_version(object), None));
     }
     let resource = ApiResource::erase::<K>(&());
     let raw: Api<DynamicObject> = match object.namespace() {
@@ -79,19 +80,23 @@ where
         None => Api::all_with(client.clone(), &resource),
     };
     let stored = raw.get(&object.name_any()).await?;
-    let served = serde_json::json!({"spec": stored.data.get("spec")});
-    let dropped =
-        floe_crds::validation::dropped_by_an_older_crd(object.meta().annotations.as_ref(), &served);
-    Ok((!dropped.is_empty()).then(|| {
+    let spec = stored.data.get("spec").cloned().unwrap_or_default();
+    let dropped = floe_crds::validation::dropped_by_an_older_crd(
+        K::kind(&()).as_ref(),
+        &stored.metadata,
+        &spec,
+    );
+    let verdict = (!dropped.is_empty()).then(|| {
         format!(
-            "the {kind} CRD on the cluster is older than this operator: the apiserver dropped \
-             {fields} from the {noun} as `kubectl apply` sent it, so the {noun} would run \
-             without them; apply the new CRDs (`floe crds | kubectl apply -f -`), then the \
-             {noun} again",
+            "the {kind} CRD on the cluster is older than this operator, or was when the {noun} \
+             was applied: the apiserver dropped {fields} from the {noun} as `kubectl apply` sent \
+             it, so the {noun} would run without them; apply the new CRDs (`floe crds | kubectl \
+             apply -f -`), then the {noun} again",
             kind = K::kind(&()),
             fields = dropped.join(", "),
         )
-    }))
+    });
+    Ok((spec_version(&stored), verdict))
 }
 
 #[cfg(test)]

@@ -2563,7 +2563,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
         })
         .await?;
     let ns = floe_tests::namespace::TestNamespace::create(cluster, &client, "oldcrd").await?;
-    let _operator = Operator::start_on(cluster, "floe:test", &ns.name, &[], &[])?;
+    let operator = Operator::start_on(cluster, "floe:test", &ns.name, &[], &[])?;
     create_pool(&client, &ns.name, "warm", 1).await?;
     let kubelet = FakeKubelet::start(
         client.clone(),
@@ -2690,10 +2690,37 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     })
     .await?;
     // The pruned job and pool stay stalled until they are applied again: the stored objects
-    // still lack the field. Applied again, they keep it and go on.
+    // never got the field. Read now, they hold its default (the new CRD fills it in), which
+    // nobody wrote: an operator that starts afresh (a restart, a chart upgrade's rollout: no
+    // verdict remembered) sees the field lost too. Applied again, they keep it and go on.
+    drop(operator);
+    let operator = Operator::start_on(cluster, "floe:test", &ns.name, &[], &[])?;
+    // Its own verdicts, not the status the first one wrote: what it exports.
+    let series = [
+        format!(
+            "floe_rolloutjob_blocked{{namespace=\"{}\",reason=\"CrdOutdated\",rolloutjob=\"pruned\"}}",
+            ns.name
+        ),
+        format!(
+            "floe_pool_blocked{{namespace=\"{}\",pool=\"refusing\",reason=\"CrdOutdated\"}}",
+            ns.name
+        ),
+    ];
+    eventually_within(60, "the restarted operator stalls both again", async || {
+        // (Refused until it listens.)
+        let Ok(page) = operator.metrics().await else {
+            return Ok(None);
+        };
+        Ok(series
+            .iter()
+            .all(|s| metric_value(&page, s) == Some(1.0))
+            .then_some(()))
+    })
+    .await?;
     let s = status(&jobs, "pruned").await?;
     assert_eq!(condition(&s, "Stalled"), Some(("True", "CrdOutdated")));
     assert!(pool_stall().await?.is_some_and(|(r, _)| r == "CrdOutdated"));
+    assert!(pods.list(&pool_pods).await?.items.is_empty());
     kubectl_apply_pool()?;
     eventually_within(60, "the pool applied again makes its pod", async || {
         let made = pods.list(&pool_pods).await?.items.len();
@@ -2714,6 +2741,21 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
             Ok((!stalled && job.spec.evaluator.reward.failure_reward == -1.0).then_some(()))
         },
     )
+    .await?;
+    // Resumed by a patch, as Kueue admits a job: `suspend` now holds its default against the
+    // record's `true`, but the patch wrote it, so nothing was lost and the job runs.
+    jobs.patch(
+        "pruned",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"suspend": false}})),
+    )
+    .await?;
+    eventually_within(60, "the resumed job's session scored", async || {
+        let s = status(&jobs, "pruned").await?;
+        let lost = condition(&s, "Stalled") == Some(("True", "CrdOutdated"));
+        anyhow::ensure!(!lost, "stalled as if a field were lost: {s:?}");
+        Ok((s.sessions.succeeded == 1).then_some(()))
+    })
     .await?;
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;

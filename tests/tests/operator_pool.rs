@@ -469,7 +469,7 @@ async fn a_pod_the_apiserver_refuses_is_named_on_the_pool_which_backs_off() -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result<()> {
     let (client, ns) = with_crds("badpool").await?;
-    let _operator = start_operator(&ns.name)?;
+    let operator = start_operator(&ns.name)?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let pool = |name: &str, extra: serde_json::Value| {
@@ -509,6 +509,26 @@ async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result
         said.contains("gateway.port and gateway.controlPort must differ"),
         "{said}"
     );
+    // Not Ready and not Reconciling either: kstatus reads a stalled pool as failed, not one
+    // still on its way (Flux would wait out its timeout).
+    let conditions = pools
+        .get("ports")
+        .await?
+        .status
+        .unwrap_or_default()
+        .conditions;
+    let flags: Vec<(&str, &str)> = conditions
+        .iter()
+        .map(|c| (c.type_.as_str(), c.status.as_str()))
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            ("Ready", "False"),
+            ("Reconciling", "False"),
+            ("Stalled", "True")
+        ]
+    );
     // `--validate=false`: this kubectl, 1.20's, refuses a field the CRD lacks itself; a newer
     // one only warns, as the apiserver's field validation does, and Argo CD applies.
     let apply = |pool: &serde_json::Value| -> Result<()> {
@@ -536,6 +556,18 @@ async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result
         warnings.iter().filter(|r| *r == "InvalidSpec").count() >= 2,
         "{warnings:?}"
     );
+    // What `FloePoolBlocked` pages on.
+    let page = operator.metrics().await?;
+    let series = format!(
+        "floe_pool_blocked{{namespace=\"{}\",pool=\"typo\",reason=\"InvalidSpec\"}}",
+        ns.name
+    );
+    assert_eq!(metric_value(&page, &series), Some(1.0), "{page}");
+    // Stalled, the pool is left alone: no status write (each would be the next reconcile's
+    // trigger) once it says why.
+    let rv = pools.get("typo").await?.resource_version();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pools.get("typo").await?.resource_version(), rv);
     // Spelled right, the pool goes on: its pod is made, and it is no longer stalled.
     apply(&pool("typo", json!({"egress": {"unrestricted": "Refuse"}})))?;
     eventually("the mended pool makes its pod", async || {
@@ -554,5 +586,7 @@ async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result
         pools.get("typo").await?.spec.egress.unrestricted,
         floe_crds::gateway_pool::UnrestrictedEgress::Refuse
     );
+    let page = operator.metrics().await?;
+    assert_eq!(metric_value(&page, &series), None, "{page}");
     Ok(())
 }

@@ -98,10 +98,10 @@ impl PoolContext {
         let dropped = match self.remember(key, |m| m.crd_dropped.get(&version)) {
             Some(verdict) => verdict,
             None => {
-                let verdict = dropped_by_an_older_crd(&self.client, pool, "pool")
+                let (read, verdict) = dropped_by_an_older_crd(&self.client, pool, "pool")
                     .await
                     .map_err(PoolError::api(format!("reading GatewayPool {key}")))?;
-                self.remember(key, |m| m.crd_dropped.set(version, verdict.clone()));
+                self.remember(key, |m| m.crd_dropped.set(read, verdict.clone()));
                 verdict
             }
         };

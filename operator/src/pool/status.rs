@@ -116,17 +116,20 @@ pub(super) async fn write_status(
     let earlier = pool.status.as_ref().map(|s| s.conditions.as_slice());
     // kstatus: Reconciling while pods warm, Stalled while they cannot become READY as the
     // template stands (Argo CD and Flux show the pool Degraded then).
-    let stalled =
-        status == "False" && (!problems.is_empty() || matches!(health, Health::Spec { .. }));
+    let spec_stalled = matches!(health, Health::Spec { .. });
+    let stalled = status == "False" && (!problems.is_empty() || spec_stalled);
     ctx.metrics.set_blocked(
         crate::metrics::Kind::GatewayPool,
         ns,
         &pool.name_any(),
         stalled.then_some(reason.as_str()),
     );
+    // A spec that cannot run is not progressing toward anything: kstatus (Flux, Argo CD) reads
+    // a `Reconciling=True` first and would wait out its timeout on it instead of failing.
     let conditions = pool_conditions(
         earlier,
         status == "True",
+        status != "True" && !spec_stalled,
         stalled,
         &reason,
         &message,
@@ -152,8 +155,11 @@ pub(super) async fn write_status(
             .publish(&pool.object_ref(&()), EventType::Warning, &reason, note)
             .await;
     }
-    // An Event when READY flips, not on every count change.
-    if previous.is_some_and(|c| c.status != status) || (previous.is_none() && status == "True") {
+    // An Event when READY flips, not on every count change (a spec that cannot run has its
+    // Warning above: it is not warming).
+    let flipped =
+        previous.is_some_and(|c| c.status != status) || (previous.is_none() && status == "True");
+    if flipped && !spec_stalled {
         let why = if status == "True" {
             "PoolReady"
         } else {
@@ -194,6 +200,7 @@ pub fn unclaimed_selector(pool: &str) -> String {
 fn pool_conditions(
     earlier: Option<&[Condition]>,
     ready: bool,
+    reconciling: bool,
     stalled: bool,
     reason: &str,
     message: &str,
@@ -205,7 +212,7 @@ fn pool_conditions(
         condition(
             earlier,
             "Reconciling",
-            flag(!ready),
+            flag(reconciling),
             reason,
             message,
             generation,
@@ -257,7 +264,7 @@ mod tests {
     fn the_docs_list_the_pools_condition_types() {
         let mut seen = std::collections::BTreeSet::new();
         for (ready, stalled) in [(true, false), (false, false), (false, true)] {
-            for c in pool_conditions(None, ready, stalled, "R", "m", Some(1)) {
+            for c in pool_conditions(None, ready, !ready, stalled, "R", "m", Some(1)) {
                 seen.insert(c.type_);
             }
         }

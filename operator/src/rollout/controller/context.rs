@@ -231,13 +231,13 @@ impl JobContext {
         if let Some(verdict) = self.remember(&uid, |m| m.crd_dropped.get(&version)) {
             return Ok(verdict);
         }
-        let verdict = crate::spec_check::dropped_by_an_older_crd(&self.client, job, "job")
+        let (read, verdict) = crate::spec_check::dropped_by_an_older_crd(&self.client, job, "job")
             .await
             .map_err(JobError::api(format!(
                 "reading RolloutJob {ns}/{}",
                 job.name_any()
             )))?;
-        self.remember(&uid, |m| m.crd_dropped.set(version, verdict.clone()));
+        self.remember(&uid, |m| m.crd_dropped.set(read, verdict.clone()));
         Ok(verdict)
     }
 
