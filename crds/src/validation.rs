@@ -152,7 +152,7 @@ pub fn dropped_by_an_older_crd(
         &applied["spec"],
         spec,
         &schema["properties"]["spec"],
-        &["spec".to_string()],
+        &[Step::Field("spec".into())],
         &mut dropped,
     );
     dropped
@@ -164,19 +164,32 @@ struct LostFields<'a> {
     owned: Option<&'a [serde_json::Value]>,
 }
 
+/// One step down an object, as `managedFields` names it.
+#[derive(Clone)]
+enum Step {
+    /// A field or a map's key: `f:<name>`.
+    Field(String),
+    /// An item of a list keyed by some of its fields (`x-kubernetes-list-type: map`):
+    /// `k:{"id":"t1"}`; at `index` in the list.
+    Keyed { key: String, index: usize },
+    /// An item of any other list: the list is recorded whole, as one field.
+    Index(usize),
+}
+
 impl LostFields<'_> {
     /// The fields of `applied` (non-null) that `kept` does not have, or has at the `schema`'s
-    /// default instead of the value applied, no writer owning them. `path`: the field names
-    /// and list indexes down to `applied`.
+    /// default instead of the value applied, no writer owning them. `path`: the steps down
+    /// to `applied`.
     fn compare(
         &self,
         applied: &serde_json::Value,
         kept: &serde_json::Value,
         schema: &serde_json::Value,
-        path: &[String],
+        path: &[Step],
         out: &mut Vec<String>,
     ) {
         use serde_json::Value;
+        let below = |step: Step| [path, &[step]].concat();
         match (applied, kept) {
             (Value::Object(fields), Value::Object(kept_fields)) => {
                 for (key, value) in fields.iter().filter(|(_, v)| !v.is_null()) {
@@ -184,19 +197,18 @@ impl LostFields<'_> {
                         .get(key)
                         .or_else(|| schema.get("additionalProperties"))
                         .unwrap_or(&Value::Null);
-                    let mut below = path.to_vec();
-                    below.push(key.clone());
+                    let path = below(Step::Field(key.clone()));
                     match kept_fields.get(key) {
-                        Some(k) => self.compare(value, k, field_schema, &below, out),
-                        None => out.push(field_at(&below)),
+                        Some(k) => self.compare(value, k, field_schema, &path, out),
+                        None => out.push(field_at(&path)),
                     }
                 }
             }
             (Value::Array(items), Value::Array(kept_items)) if items.len() == kept_items.len() => {
-                for (i, (item, k)) in items.iter().zip(kept_items).enumerate() {
-                    let mut below = path.to_vec();
-                    below.push(i.to_string());
-                    self.compare(item, k, &schema["items"], &below, out);
+                for (index, (item, k)) in items.iter().zip(kept_items).enumerate() {
+                    let step = list_key(schema, item)
+                        .map_or(Step::Index(index), |key| Step::Keyed { key, index });
+                    self.compare(item, k, &schema["items"], &below(step), out);
                 }
             }
             _ => {
@@ -211,27 +223,50 @@ impl LostFields<'_> {
     }
 }
 
-/// `spec.tasks.inline[0].metadata` for the path `spec`, `tasks`, `inline`, `0`, `metadata`.
-fn field_at(path: &[String]) -> String {
-    pointer_to_field(
-        &path
-            .iter()
-            .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
-            .collect::<String>(),
-    )
+/// How `managedFields` names `item` of a list keyed by some of its fields (`schema`'s
+/// `x-kubernetes-list-map-keys`): `k:` and those fields as compact JSON, in name order.
+fn list_key(schema: &serde_json::Value, item: &serde_json::Value) -> Option<String> {
+    if schema["x-kubernetes-list-type"] != "map" {
+        return None;
+    }
+    let mut names: Vec<&str> = schema["x-kubernetes-list-map-keys"]
+        .as_array()?
+        .iter()
+        .filter_map(|k| k.as_str())
+        .collect();
+    names.sort_unstable();
+    let mut key = serde_json::Map::new();
+    for name in names {
+        key.insert(name.to_string(), item.get(name)?.clone());
+    }
+    Some(format!("k:{}", serde_json::Value::Object(key)))
 }
 
-/// Whether a writer's `fieldsV1` records the field at `path` (field names; a list index
-/// stops the walk, and the list's own record counts: its items are keyed by value, which the
-/// path does not carry).
-fn owned_by_any(owned: &[serde_json::Value], path: &[String]) -> bool {
+/// `spec.tasks.inline[0].metadata` for the steps `spec`, `tasks`, `inline`, item 0, `metadata`.
+fn field_at(path: &[Step]) -> String {
+    let mut out = String::new();
+    for step in path {
+        match step {
+            Step::Field(name) if out.is_empty() => out.push_str(name),
+            Step::Field(name) => out.push_str(&format!(".{name}")),
+            Step::Keyed { index, .. } | Step::Index(index) => out.push_str(&format!("[{index}]")),
+        }
+    }
+    out
+}
+
+/// Whether a writer's `fieldsV1` records the field at `path`. An item of a list that is not
+/// keyed is recorded as part of the list, which then counts.
+fn owned_by_any(owned: &[serde_json::Value], path: &[Step]) -> bool {
     owned.iter().any(|fields| {
         let mut at = fields;
         for step in path {
-            if step.parse::<usize>().is_ok() {
-                return true;
-            }
-            match at.get(format!("f:{step}")) {
+            let name = match step {
+                Step::Field(name) => format!("f:{name}"),
+                Step::Keyed { key, .. } => key.clone(),
+                Step::Index(_) => return true,
+            };
+            match at.get(name) {
                 Some(below) => at = below,
                 None => return false,
             }
@@ -872,6 +907,29 @@ mod document_tests {
             "a default nobody wrote"
         );
         let meta = stored(&applied, &[]);
+        assert!(dropped_by_an_older_crd("RolloutJob", &meta, &kept).is_empty());
+    }
+
+    /// Items of a keyed list (`tasks.inline`, by `id`) are recorded by their key: a default
+    /// inside one is lost only if no writer recorded it under that key.
+    #[test]
+    fn a_default_in_a_keyed_list_item_is_looked_up_by_its_key() {
+        let mut applied = valid_spec();
+        applied["tasks"]["inline"][0]["evaluation"] =
+            serde_json::json!({"swebench": {"evalType": "fail_only"}});
+        let mut kept = valid_spec();
+        kept["tasks"]["inline"][0]["evaluation"] =
+            serde_json::json!({"swebench": {"evalType": "pass_and_fail"}});
+        let item = serde_json::json!({"f:id": {}, "f:instruction": {}});
+        let written = |item: &serde_json::Value| serde_json::json!({"f:spec": {"f:tasks": {"f:inline": {"k:{\"id\":\"t1\"}": item}}}});
+        let meta = stored(&applied, &[written(&item)]);
+        assert_eq!(
+            dropped_by_an_older_crd("RolloutJob", &meta, &kept),
+            ["spec.tasks.inline[0].evaluation.swebench.evalType"]
+        );
+        let mut recorded = item.clone();
+        recorded["f:evaluation"] = serde_json::json!({"f:swebench": {"f:evalType": {}}});
+        let meta = stored(&applied, &[written(&recorded)]);
         assert!(dropped_by_an_older_crd("RolloutJob", &meta, &kept).is_empty());
     }
 

@@ -1,8 +1,9 @@
 //! What both controllers check of a floe object's spec before acting on it, beyond what the
-//! apiserver checked: a field the object as `kubectl apply` sent it had that the object as
-//! stored lacks ([`dropped_by_an_older_crd`]), and each verdict remembered for the spec
-//! version it was made on ([`ForSpec`]), since a running object is reconciled every few
-//! seconds and the checks cost tens of milliseconds (CEL) or an apiserver call.
+//! apiserver checked: a field the object as `kubectl apply` sent it had that an older CRD
+//! pruned from the object as stored ([`dropped_by_an_older_crd`]), and each verdict
+//! remembered for the spec version it holds for ([`ForSpec`]), since a running object is
+//! reconciled every few seconds and the checks cost tens of milliseconds (CEL) or an
+//! apiserver call.
 
 use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -30,7 +31,7 @@ pub(crate) fn spec_version<K: Resource>(object: &K) -> SpecVersion {
 /// or writes.
 pub(crate) const CRD_OUTDATED: &str = "CrdOutdated";
 
-/// One verdict, for the spec version it was made on.
+/// One verdict, for the spec version it holds for.
 pub(crate) struct ForSpec<T>(Option<(SpecVersion, T)>);
 
 impl<T> Default for ForSpec<T> {
@@ -40,7 +41,7 @@ impl<T> Default for ForSpec<T> {
 }
 
 impl<T: Clone> ForSpec<T> {
-    /// The verdict, if it was made on `version`.
+    /// The verdict, if it holds for `version`.
     pub(crate) fn get(&self, version: &SpecVersion) -> Option<T> {
         self.0
             .as_ref()
@@ -58,10 +59,10 @@ impl<T: Clone> ForSpec<T> {
 /// when the object was written) older and pruned them, so the object would run with their
 /// defaults, silently (a job's `failureReward: -1` scored 0, a pool's `egress.unrestricted:
 /// Refuse` warning only). Read from the object as stored, raw: the typed object fills defaults
-/// in ([`floe_crds::validation::dropped_by_an_older_crd`]); with the spec version it holds for,
-/// the stored one's, which the cache may not show yet. An object with no such annotation
-/// (server-side apply, an API client) is not read, and passes. `noun` names the object to its
-/// user: "job", "pool".
+/// in ([`floe_crds::validation::dropped_by_an_older_crd`]). Returned with the spec version the
+/// verdict holds for: the stored object's, which may be newer than the cache's. An object with
+/// no such annotation (server-side apply, an API client) is not read, and passes. `noun` names
+/// the object to its user: "job", "pool".
 pub(crate) async fn dropped_by_an_older_crd<K>(
     client: &Client,
     object: &K,
