@@ -134,12 +134,12 @@ pub fn dropped_by_an_older_crd(
     else {
         return Vec::new();
     };
-    let owned: Vec<serde_json::Value> = meta
+    let owned: Vec<&serde_json::Value> = meta
         .managed_fields
         .iter()
         .flatten()
         .filter_map(|m| m.fields_v1.as_ref())
-        .map(|f| f.0.clone())
+        .map(|f| &f.0)
         .collect();
     let walk = LostFields {
         // Without any record of who wrote what, a default cannot be told from a value set to
@@ -161,7 +161,7 @@ pub fn dropped_by_an_older_crd(
 /// [`dropped_by_an_older_crd`]'s walk of the applied spec beside the stored one.
 struct LostFields<'a> {
     /// Each writer's `fieldsV1`, if the object has any.
-    owned: Option<&'a [serde_json::Value]>,
+    owned: Option<&'a [&'a serde_json::Value]>,
 }
 
 /// One step down an object, as `managedFields` names it.
@@ -257,9 +257,9 @@ fn field_at(path: &[Step]) -> String {
 
 /// Whether a writer's `fieldsV1` records the field at `path`. An item of a list that is not
 /// keyed is recorded as part of the list, which then counts.
-fn owned_by_any(owned: &[serde_json::Value], path: &[Step]) -> bool {
+fn owned_by_any(owned: &[&serde_json::Value], path: &[Step]) -> bool {
     owned.iter().any(|fields| {
-        let mut at = fields;
+        let mut at = *fields;
         for step in path {
             let name = match step {
                 Step::Field(name) => format!("f:{name}"),

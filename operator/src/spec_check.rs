@@ -81,11 +81,10 @@ where
         None => Api::all_with(client.clone(), &resource),
     };
     let stored = raw.get(&object.name_any()).await?;
-    let spec = stored.data.get("spec").cloned().unwrap_or_default();
     let dropped = floe_crds::validation::dropped_by_an_older_crd(
         K::kind(&()).as_ref(),
         &stored.metadata,
-        &spec,
+        stored.data.get("spec").unwrap_or(&serde_json::Value::Null),
     );
     let verdict = (!dropped.is_empty()).then(|| {
         format!(
