@@ -12,6 +12,7 @@ pub mod generate;
 pub mod reference;
 pub mod rollout_job;
 mod schema;
+pub mod served_schema;
 pub mod swebench;
 pub mod task_file;
 pub mod validation;

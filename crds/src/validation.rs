@@ -284,7 +284,7 @@ fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 }
 
 /// The OpenAPI schema of one of floe's kinds, as the CRD carries it.
-fn schema_of(kind: &str) -> Result<serde_json::Value, FieldError> {
+pub(crate) fn schema_of(kind: &str) -> Result<serde_json::Value, FieldError> {
     let crds = crate::generate::crds(crate::generate::Target::LATEST).map_err(|e| FieldError {
         field: String::new(),
         message: format!("cannot build the CRD schema: {e}"),

@@ -19,6 +19,7 @@ pub(crate) mod pods;
 pub(crate) mod pool;
 pub mod rollout;
 pub mod run;
+pub(crate) mod served_crds;
 pub(crate) mod shared;
 pub(crate) mod spec_check;
 pub(crate) mod stable_hash;

@@ -185,12 +185,22 @@ async fn run_controllers(
         tracing::error!("the pod cache never became ready");
         return;
     }
+    // The served CRDs, read before the first round so that none acts on an object an older
+    // CRD cut short.
+    let served_crds = Arc::new(crate::served_crds::ServedCrds::default());
+    served_crds.read(&client, &metrics).await;
+    let crd_reads = tokio::spawn(crate::served_crds::keep_reading(
+        client.clone(),
+        served_crds.clone(),
+        metrics.clone(),
+    ));
     let shared = Arc::new(crate::shared::Shared::new(
         client,
         cache.store.clone(),
         metrics.clone(),
         config.floe_image.clone(),
         config.native_sidecars,
+        served_crds,
     ));
     let pool_context = Arc::new(PoolContext::new(shared.clone()));
     // The pool controller's own cache of pools is the job controller's too.
@@ -236,6 +246,7 @@ async fn run_controllers(
         });
     futures::join!(pool_runs, job_runs);
     prune.abort();
+    crd_reads.abort();
     cache.task.abort();
     tracing::info!("controllers stopped");
 }

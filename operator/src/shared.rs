@@ -10,6 +10,7 @@ use kube::Client;
 use crate::claim_gate::ClaimGate;
 use crate::events::Events;
 use crate::metrics::Metrics;
+use crate::served_crds::ServedCrds;
 use crate::tokens::ControlTokens;
 
 pub struct Shared {
@@ -27,6 +28,8 @@ pub struct Shared {
     pub events: Events,
     /// Held while a job's round claims; pools' refills wait for it ([`crate::claim_gate`]).
     pub claims: Arc<ClaimGate>,
+    /// The floe CRDs the cluster serves, as last read ([`crate::served_crds`]).
+    pub served_crds: Arc<ServedCrds>,
 }
 
 impl Shared {
@@ -36,6 +39,7 @@ impl Shared {
         metrics: Arc<Metrics>,
         floe_image: String,
         native_sidecars: bool,
+        served_crds: Arc<ServedCrds>,
     ) -> Self {
         Self {
             events: Events::new(client.clone()),
@@ -46,6 +50,7 @@ impl Shared {
             floe_image,
             native_sidecars,
             claims: Arc::default(),
+            served_crds,
         }
     }
 }

@@ -99,6 +99,47 @@ where
     Ok((spec_version(&stored), verdict))
 }
 
+/// The stall's message when `object` carries no `kubectl apply` record (server-side apply, as
+/// Flux does; Helm; an API client), the cluster serves its kind's CRD without fields this
+/// operator knows, and the object's spec was written through that CRD (at or after the
+/// CRD's own write): any of those fields the object set is gone, and nothing on it says
+/// which. Not remembered per spec version: applying the new CRDs lifts it, within
+/// [`crate::served_crds::READ_EVERY`]. An object with the record gets the exact check,
+/// [`dropped_by_an_older_crd`], instead; one written before the CRD (an object that ran
+/// before a downgrade) goes on, the gap exported and logged ([`crate::served_crds`]).
+pub(crate) fn written_through_an_older_crd<K>(
+    served: &crate::served_crds::ServedCrds,
+    object: &K,
+    noun: &str,
+) -> Option<String>
+where
+    K: Resource<DynamicType = ()>,
+{
+    use floe_crds::validation::LAST_APPLIED;
+    if object.annotations().contains_key(LAST_APPLIED) {
+        return None;
+    }
+    let kind = K::kind(&());
+    let crd = served.outdated(&kind)?;
+    let written = floe_crds::served_schema::spec_written(object.meta());
+    if let (Some(object_at), Some(crd_at)) = (written, crd.written) {
+        if object_at < crd_at {
+            return None;
+        }
+    }
+    const NAMED: usize = 6;
+    let mut fields = crd.lacking[..crd.lacking.len().min(NAMED)].join(", ");
+    if crd.lacking.len() > NAMED {
+        fields.push_str(&format!(" and {} more", crd.lacking.len() - NAMED));
+    }
+    Some(format!(
+        "the {kind} CRD on the cluster is older than this operator: it lacks {fields}, and the \
+         {noun} was written through it, so the apiserver dropped any of those the {noun} set; \
+         the {noun} carries no `kubectl apply` record to tell which. Apply the new CRDs (`floe \
+         crds | kubectl apply -f -`), then the {noun} again"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +159,58 @@ mod tests {
             );
         }
         pool
+    }
+
+    fn written_at(mut pool: GatewayPool, at: &str) -> GatewayPool {
+        pool.meta_mut().creation_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.parse().expect("a time")),
+        );
+        pool
+    }
+
+    /// An object without `kubectl apply`'s record is stalled when written through a served CRD
+    /// that lacks fields: not when written before it, not when the CRD is up to date, and not
+    /// when it has the record (the exact check reads that).
+    #[test]
+    fn an_unrecorded_object_written_through_an_older_crd_is_stalled() {
+        use crate::served_crds::{Outdated, ServedCrds};
+        let served = ServedCrds::default();
+        let new_pool = written_at(pool("u1", 1, None), "2026-01-02T00:00:00Z");
+        assert_eq!(
+            written_through_an_older_crd(&served, &new_pool, "pool"),
+            None
+        );
+        let lacking: Vec<String> = (0..8).map(|i| format!("spec.f{i}")).collect();
+        served.set(
+            "GatewayPool",
+            Some(Outdated {
+                lacking,
+                written: Some("2026-01-01T00:00:00Z".parse().expect("a time")),
+            }),
+        );
+        let why = written_through_an_older_crd(&served, &new_pool, "pool").expect("stalled");
+        assert!(
+            why.contains(
+                "it lacks spec.f0, spec.f1, spec.f2, spec.f3, spec.f4, spec.f5 and 2 more"
+            ),
+            "{why}"
+        );
+        assert!(why.contains("floe crds | kubectl apply -f -"), "{why}");
+        // The same second as the CRD counts as through it.
+        let same_second = written_at(pool("u1", 1, None), "2026-01-01T00:00:00Z");
+        assert!(written_through_an_older_crd(&served, &same_second, "pool").is_some());
+        let before = written_at(pool("u1", 1, None), "2025-12-31T23:59:59Z");
+        assert_eq!(written_through_an_older_crd(&served, &before, "pool"), None);
+        let recorded = written_at(pool("u1", 1, Some("{}")), "2026-01-02T00:00:00Z");
+        assert_eq!(
+            written_through_an_older_crd(&served, &recorded, "pool"),
+            None
+        );
+        served.set("GatewayPool", None);
+        assert_eq!(
+            written_through_an_older_crd(&served, &new_pool, "pool"),
+            None
+        );
     }
 
     /// A verdict holds for one object, one generation and one last-applied annotation: a

@@ -169,7 +169,7 @@ fn alerts_fire_on_synthetic_incidents_and_stay_silent_otherwise() -> Result<()> 
         "promtool",
         &["check", "rules", path_str(&dir.path().join("rules.yaml"))?],
     )?;
-    assert!(check.contains("SUCCESS: 18 rules found"), "{check}");
+    assert!(check.contains("SUCCESS: 19 rules found"), "{check}");
     let out = tool_ok("promtool", &["test", "rules", path_str(&test)?])?;
     assert!(out.contains("SUCCESS"), "{out}");
 
@@ -536,6 +536,27 @@ async fn the_helmless_rbac_manifest_applies_and_grants_the_operators_verbs() -> 
             true,
         ),
         (vec!["create", "leases.coordination.k8s.io", lease_ns], true),
+        (
+            vec![
+                "get",
+                "customresourcedefinitions.apiextensions.k8s.io/rolloutjobs.floe.dev",
+            ],
+            true,
+        ),
+        (
+            vec![
+                "get",
+                "customresourcedefinitions.apiextensions.k8s.io/gatewaypools.floe.dev",
+            ],
+            true,
+        ),
+        (
+            vec![
+                "get",
+                "customresourcedefinitions.apiextensions.k8s.io/pods.example.com",
+            ],
+            false,
+        ),
         (vec!["delete", "rolloutjobs.floe.dev", &in_ns], false),
         (vec!["list", "secrets", &in_ns], false),
         (vec!["create", "deployments.apps", &in_ns], false),
@@ -1046,6 +1067,11 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
     })
     .await
     .with_context(|| format!("operator log: {}", log.display()))?;
+    // The chart's rules let it read the served CRDs, which lack nothing it knows.
+    for crd in CRDS {
+        let series = format!("floe_crd_missing_fields{{crd=\"{crd}\"}} 0");
+        assert!(blocked_page.contains(&series), "{series}: {blocked_page}");
+    }
 
     // Every metric the dashboard and the alerts read is exported by the code: the operator
     // that just ran the job, a pool pod's real gateway, and the trainer's registry.

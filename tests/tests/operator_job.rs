@@ -2564,7 +2564,22 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
         .await?;
     let ns = floe_tests::namespace::TestNamespace::create(cluster, &client, "oldcrd").await?;
     let operator = Operator::start_on(cluster, "floe:test", &ns.name, &[], &[])?;
-    create_pool(&client, &ns.name, "warm", 1).await?;
+    // `kubectl apply`, which records what it sent: the operator checks such an object field by
+    // field. (`--validate=false`: this kubectl, 1.20's, refuses a field the CRD lacks itself; a
+    // newer one only warns, as the apiserver's field validation does, and Argo CD applies.)
+    let kubectl_apply = |doc: &Value| -> Result<()> {
+        let done = cluster.kubectl(
+            &["apply", "--validate=false", "-n", &ns.name, "-f", "-"],
+            Some(serde_json::to_string(doc)?.as_bytes()),
+        )?;
+        anyhow::ensure!(done.status.success(), "{done:?}");
+        Ok(())
+    };
+    kubectl_apply(
+        &json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "warm"},
+        "spec": {"replicas": 1, "template": {"image": "ghcr.io/acme/sandbox-pi:1"}}}),
+    )?;
     let kubelet = FakeKubelet::start(
         client.clone(),
         &ns.name,
@@ -2584,7 +2599,13 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
         "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
         "fidelityCheck": {"action": "Off"},
         "heldOut": {"tasks": {"inline": [{"id": "h", "instruction": "solve h"}]}}}))?);
-    jobs.create(&PostParams::default(), &spec).await?;
+    // (Without `failureReward`, which the typed job writes out at its default: this CRD lacks
+    // it, and it is the next case's.)
+    let mut measured = serde_json::to_value(&spec)?;
+    if let Some(reward) = measured["spec"]["evaluator"]["reward"].as_object_mut() {
+        reward.remove("failureReward");
+    }
+    kubectl_apply(&measured)?;
     let ip = trainer_ip(&pods, "measured").await?;
     let trainer = axum::Router::new().route(
         "/v1/status",
@@ -2627,16 +2648,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     // (failures scored 0, not -1), so it stalls saying which field went, before any claim.
     let mut pruned = job("pruned", &["a"], 1, json!({"suspend": true}))?;
     pruned.spec.evaluator.reward.failure_reward = -1.0;
-    // (`--validate=false`: this kubectl, 1.20's, refuses a field the CRD lacks itself; a
-    // newer one only warns, as the apiserver's field validation does, and Argo CD applies.)
-    let kubectl_apply = |job: &RolloutJob| -> Result<()> {
-        let done = cluster.kubectl(
-            &["apply", "--validate=false", "-n", &ns.name, "-f", "-"],
-            Some(serde_json::to_string(job)?.as_bytes()),
-        )?;
-        anyhow::ensure!(done.status.success(), "{done:?}");
-        Ok(())
-    };
+    let pruned = serde_json::to_value(&pruned)?;
     kubectl_apply(&pruned)?;
     stalled_for(&client, &jobs, &ns.name, "pruned", "CrdOutdated").await?;
     let said = |n: &String| n.contains("dropped spec.evaluator.reward.failureReward from the job");
@@ -2648,15 +2660,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
         "metadata": {"name": "refusing"},
         "spec": {"replicas": 1, "template": {"image": "sandbox:1"},
                  "egress": {"unrestricted": "Refuse"}}});
-    let kubectl_apply_pool = || -> Result<()> {
-        let done = cluster.kubectl(
-            &["apply", "--validate=false", "-n", &ns.name, "-f", "-"],
-            Some(serde_json::to_string(&refusing)?.as_bytes()),
-        )?;
-        anyhow::ensure!(done.status.success(), "{done:?}");
-        Ok(())
-    };
-    kubectl_apply_pool()?;
+    kubectl_apply(&refusing)?;
     let pool_stall = async || {
         let s = pools.get("refusing").await?.status.unwrap_or_default();
         anyhow::Ok(
@@ -2674,6 +2678,59 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     );
     let pool_pods = ListParams::default().labels("floe.dev/pool=refusing");
     assert!(pods.list(&pool_pods).await?.items.is_empty());
+    // Written with no record of what was sent (server-side apply, as Flux does): nothing on
+    // the objects says what went, but the operator reads the served CRDs, exports what they
+    // lack and stalls what was written through them, job and pool alike.
+    let flux = PatchParams::apply("flux-like");
+    let mut unrecorded = job("unrecorded", &["a"], 1, json!({"suspend": true}))?;
+    unrecorded.spec.evaluator.reward.failure_reward = -1.0;
+    jobs.patch("unrecorded", &flux, &Patch::Apply(&unrecorded))
+        .await?;
+    let unrecorded_pool = json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "unrecorded"},
+        "spec": {"replicas": 1, "template": {"image": "sandbox:1"},
+                 "egress": {"unrestricted": "Refuse"}}});
+    pools
+        .patch("unrecorded", &flux, &Patch::Apply(&unrecorded_pool))
+        .await?;
+    let lacking = |crd: &str| format!("floe_crd_missing_fields{{crd=\"{crd}\"}}");
+    let page = eventually_within(60, "the served CRDs' gaps exported", async || {
+        let Ok(page) = operator.metrics().await else {
+            return Ok(None);
+        };
+        let seen = |crd| metric_value(&page, &lacking(crd)).is_some_and(|n| n >= 1.0);
+        Ok((seen("rolloutjobs.floe.dev") && seen("gatewaypools.floe.dev")).then_some(page))
+    })
+    .await?;
+    let (reason, message) = eventually_within(60, "the unrecorded job stalled", async || {
+        let s = status(&jobs, "unrecorded").await?;
+        Ok(s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Stalled" && c.status == "True")
+            .map(|c| (c.reason, c.message)))
+    })
+    .await?;
+    assert_eq!(reason, "CrdOutdated", "{message}");
+    assert!(
+        message.contains("spec.evaluator.reward.failureReward")
+            && message.contains("no `kubectl apply` record"),
+        "{message} {page}"
+    );
+    let unrecorded_stall = async || {
+        let s = pools.get("unrecorded").await?.status.unwrap_or_default();
+        anyhow::Ok(
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == "Stalled" && c.status == "True")
+                .map(|c| (c.reason, c.message)),
+        )
+    };
+    let (reason, message) =
+        eventually_within(60, "the unrecorded pool stalled", unrecorded_stall).await?;
+    assert_eq!(reason, "CrdOutdated", "{message}");
+    assert!(message.contains("spec.egress.unrestricted"), "{message}");
+    let unrecorded_pods = ListParams::default().labels("floe.dev/pool=unrecorded");
+    assert!(pods.list(&unrecorded_pods).await?.items.is_empty());
     // The new CRD: round 0 is recorded, its session runs, and the job is no longer stalled.
     cluster.install_crds(&client).await?;
     // A stalled job is looked at again every 15 s, then claims, runs and folds its session:
@@ -2687,6 +2744,28 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
             .is_some_and(|r| r.step == 0 && r.scored == 1);
         let stalled = condition(&s, "Stalled").is_some_and(|(v, _)| v == "True");
         Ok((scored && !stalled).then_some(()))
+    })
+    .await?;
+    // Served up to date, the gaps read 0 and the unrecorded objects go on (the stall holds
+    // while the CRDs are old, not after: nothing on them tells a lost field from a default).
+    eventually_within(60, "the served CRDs up to date", async || {
+        let Ok(page) = operator.metrics().await else {
+            return Ok(None);
+        };
+        let none = |crd| metric_value(&page, &lacking(crd)) == Some(0.0);
+        Ok((none("rolloutjobs.floe.dev") && none("gatewaypools.floe.dev")).then_some(()))
+    })
+    .await?;
+    eventually_within(60, "the unrecorded pool makes its pod", async || {
+        let made = pods.list(&unrecorded_pods).await?.items.len();
+        Ok((made == 1 && unrecorded_stall().await?.is_none()).then_some(()))
+    })
+    .await?;
+    eventually_within(60, "the unrecorded job no longer stalled", async || {
+        let s = status(&jobs, "unrecorded").await?;
+        Ok(condition(&s, "Stalled")
+            .is_none_or(|(v, _)| v != "True")
+            .then_some(()))
     })
     .await?;
     // The pruned job and pool stay stalled until they are applied again: the stored objects
@@ -2721,7 +2800,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     assert_eq!(condition(&s, "Stalled"), Some(("True", "CrdOutdated")));
     assert!(pool_stall().await?.is_some_and(|(r, _)| r == "CrdOutdated"));
     assert!(pods.list(&pool_pods).await?.items.is_empty());
-    kubectl_apply_pool()?;
+    kubectl_apply(&refusing)?;
     eventually_within(60, "the pool applied again makes its pod", async || {
         let made = pods.list(&pool_pods).await?.items.len();
         Ok((made == 1 && pool_stall().await?.is_none()).then_some(()))

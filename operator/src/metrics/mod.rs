@@ -63,6 +63,7 @@ pub struct Metrics {
     refill_yield: prometheus::Counter,
     pool_blocked: IntGaugeVec,
     job_blocked: IntGaugeVec,
+    crd_missing_fields: IntGaugeVec,
     /// (kind, namespace, name) → the reason its `*_blocked` series carries now.
     blocked: Mutex<BTreeMap<(Kind, String, String), String>>,
     /// Pools with series, so a deleted pool's go ([`Metrics::forget_pools_except`]).
@@ -187,6 +188,13 @@ impl Metrics {
             ),
             &["namespace", "rolloutjob", "reason"],
         )?;
+        let crd_missing_fields = IntGaugeVec::new(
+            Opts::new(
+                "floe_crd_missing_fields",
+                "Fields this operator reads or writes that the floe CRD the cluster serves lacks (0: up to date): the apiserver prunes them from every object written through it; no series while the CRD cannot be read",
+            ),
+            &["crd"],
+        )?;
         // As controller-runtime does: each controller's series exist from the start, so error
         // ratios read 0 rather than nothing.
         for controller in [Kind::GatewayPool, Kind::RolloutJob].map(Kind::controller) {
@@ -214,6 +222,7 @@ impl Metrics {
             Box::new(refill_yield.clone()),
             Box::new(pool_blocked.clone()),
             Box::new(job_blocked.clone()),
+            Box::new(crd_missing_fields.clone()),
         ]
         .into_iter()
         .chain(jobs.collectors())
@@ -242,6 +251,7 @@ impl Metrics {
             refill_yield,
             pool_blocked,
             job_blocked,
+            crd_missing_fields,
             blocked: Mutex::default(),
             pools: Mutex::default(),
         })
@@ -343,6 +353,19 @@ impl Metrics {
         }
     }
 
+    /// How many fields the served CRD `crd` lacks; `None`: it could not be read.
+    pub fn set_crd_missing_fields(&self, crd: &str, missing: Option<usize>) {
+        match missing {
+            Some(n) => self
+                .crd_missing_fields
+                .with_label_values(&[crd])
+                .set(i64::try_from(n).unwrap_or(i64::MAX)),
+            None => {
+                let _ = self.crd_missing_fields.remove_label_values(&[crd]);
+            }
+        }
+    }
+
     /// A pool's gauges as its last reconcile found it.
     pub fn set_pool(&self, namespace: &str, pool: &str, ready: i32, desired: i32, claimed: i32) {
         let labels = [namespace, pool];
@@ -388,6 +411,7 @@ impl Metrics {
             &self.pool_blocked,
             &self.job_blocked,
             &self.waiting_for_pod,
+            &self.crd_missing_fields,
         ] {
             gauge.reset();
         }

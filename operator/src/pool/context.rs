@@ -11,7 +11,9 @@ use super::expectations::{Expectations, Pending};
 use super::PoolError;
 use crate::pod_problem::PodProblem;
 use crate::shared::Shared;
-use crate::spec_check::{dropped_by_an_older_crd, spec_version, ForSpec, CRD_OUTDATED};
+use crate::spec_check::{
+    dropped_by_an_older_crd, spec_version, written_through_an_older_crd, ForSpec, CRD_OUTDATED,
+};
 use floe_crds::gateway_pool::GatewayPool;
 use floe_gateway::sync::lock;
 
@@ -76,7 +78,7 @@ impl PoolContext {
     /// Why the pool cannot run as written, as its `Stalled` reason and message: a spec the
     /// CRD's rules refuse or with a field the apiserver pruned (`InvalidSpec`), or one the
     /// cluster's older CRD cut short (`CrdOutdated`). Each verdict is made once per spec
-    /// version.
+    /// version, but for the served CRD's, which a CRD upgrade lifts.
     pub(super) async fn spec_problem(
         &self,
         pool: &GatewayPool,
@@ -105,7 +107,8 @@ impl PoolContext {
                 verdict
             }
         };
-        Ok(dropped.map(|why| (CRD_OUTDATED, why)))
+        let unrecorded = || written_through_an_older_crd(&self.served_crds, pool, "pool");
+        Ok(dropped.or_else(unrecorded).map(|why| (CRD_OUTDATED, why)))
     }
 
     pub(super) fn record_ended(&self, key: &str, problem: PodProblem) {

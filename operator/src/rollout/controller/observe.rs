@@ -63,6 +63,10 @@ pub(super) async fn observe(
     if let Some(why) = ctx.dropped_by_an_older_crd(job, ns).await? {
         return blocked(super::report::CRD_OUTDATED, why);
     }
+    if let Some(why) = crate::spec_check::written_through_an_older_crd(&ctx.served_crds, job, "job")
+    {
+        return blocked(super::report::CRD_OUTDATED, why);
+    }
     let spec = &job.spec;
     // A pool to claim from, or (poolTemplate) the job's own pods with default gateway ports.
     let pool = match &spec.pool_ref {

@@ -1,0 +1,192 @@
+//! The CRD a cluster serves, against the one this code was built with: the fields it lacks
+//! are pruned from every object written through it, silently, so the operator must know them
+//! ([`fields_it_lacks`]), and which objects were written since the CRD was ([`spec_written`]).
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+
+/// The fields of floe's `kind` that the served CRD's schema (its `v1alpha1`) does not have,
+/// as paths such as `spec.evaluator.reward.failureReward` (an object it lacks whole is named
+/// once, not its fields). A part of the served schema that keeps unknown fields
+/// (`x-kubernetes-preserve-unknown-fields`) prunes nothing below it. A served CRD without
+/// `v1alpha1` lacks everything: `["v1alpha1"]`.
+pub fn fields_it_lacks(kind: &str, served: &CustomResourceDefinition) -> Vec<String> {
+    let Some(theirs) = served
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.name == crate::VERSION)
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok())
+    else {
+        return vec![crate::VERSION.to_string()];
+    };
+    let ours = crate::validation::schema_of(kind).unwrap_or_default();
+    let mut lacking = Vec::new();
+    for part in ["spec", "status"] {
+        lacks(
+            &ours["properties"][part],
+            &theirs["properties"][part],
+            part,
+            &mut lacking,
+        );
+    }
+    lacking
+}
+
+/// [`fields_it_lacks`]'s walk: what `ours` has below `path` that `theirs` does not.
+fn lacks(ours: &Value, theirs: &Value, path: &str, out: &mut Vec<String>) {
+    if ours.is_null() {
+        return;
+    }
+    if theirs.is_null() {
+        out.push(path.to_string());
+        return;
+    }
+    if theirs["x-kubernetes-preserve-unknown-fields"] == true {
+        return;
+    }
+    if let Some(fields) = ours["properties"].as_object() {
+        for (name, schema) in fields {
+            lacks(
+                schema,
+                &theirs["properties"][name],
+                &format!("{path}.{name}"),
+                out,
+            );
+        }
+    }
+    if ours["items"].is_object() {
+        lacks(&ours["items"], &theirs["items"], &format!("{path}[]"), out);
+    }
+    if ours["additionalProperties"].is_object() {
+        lacks(
+            &ours["additionalProperties"],
+            &theirs["additionalProperties"],
+            &format!("{path}.*"),
+            out,
+        );
+    }
+}
+
+/// When an object's `spec` was last written: the latest of its writers' records
+/// (`managedFields`) that hold a field of `spec`, else its creation. A CRD's own: when the
+/// schema the cluster serves was put there.
+pub fn spec_written(meta: &ObjectMeta) -> Option<Timestamp> {
+    let last_write = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.get("f:spec").is_some())
+        })
+        .filter_map(|m| m.time.as_ref().map(|t| t.0))
+        .max();
+    last_write.or_else(|| meta.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{crds, Target};
+
+    fn served(kind: &str, target: Target) -> CustomResourceDefinition {
+        crds(target)
+            .expect("crds")
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .expect("the kind")
+    }
+
+    fn edited(kind: &str, edit: impl FnOnce(&mut Value)) -> CustomResourceDefinition {
+        let mut v = serde_json::to_value(served(kind, Target::LATEST)).expect("json");
+        edit(&mut v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]);
+        serde_json::from_value(v).expect("a CRD")
+    }
+
+    /// Either rendering this code makes (with CEL rules, or without for apiservers before
+    /// 1.25) serves every field: an up-to-date cluster is never reported.
+    #[test]
+    fn the_crds_this_code_renders_lack_nothing() {
+        for kind in ["GatewayPool", "RolloutJob"] {
+            for target in [Target::LATEST, Target { cel: false }] {
+                assert_eq!(
+                    fields_it_lacks(kind, &served(kind, target)),
+                    Vec::<String>::new()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_older_crd_is_named_by_the_fields_it_lacks() {
+        let crd = edited("RolloutJob", |s| {
+            let reward = &mut s["properties"]["spec"]["properties"]["evaluator"]["properties"]
+                ["reward"]["properties"];
+            reward
+                .as_object_mut()
+                .expect("reward's fields")
+                .remove("failureReward");
+            s["properties"]["status"]["properties"]
+                .as_object_mut()
+                .expect("status fields")
+                .remove("heldOut");
+        });
+        assert_eq!(
+            fields_it_lacks("RolloutJob", &crd),
+            ["spec.evaluator.reward.failureReward", "status.heldOut"]
+        );
+        // Inside a list's items, and a map's values.
+        let crd = edited("RolloutJob", |s| {
+            let task = &mut s["properties"]["spec"]["properties"]["tasks"]["properties"]["inline"]
+                ["items"]["properties"];
+            task.as_object_mut().expect("a task").remove("instruction");
+        });
+        assert_eq!(
+            fields_it_lacks("RolloutJob", &crd),
+            ["spec.tasks.inline[].instruction"]
+        );
+    }
+
+    #[test]
+    fn a_crd_that_keeps_unknown_fields_or_lacks_the_version_is_read_as_such() {
+        let open = edited("GatewayPool", |s| {
+            let spec = &mut s["properties"]["spec"];
+            spec["x-kubernetes-preserve-unknown-fields"] = true.into();
+            spec["properties"] = serde_json::json!({});
+        });
+        assert_eq!(fields_it_lacks("GatewayPool", &open), Vec::<String>::new());
+        let mut other = served("GatewayPool", Target::LATEST);
+        other.spec.versions[0].name = "v1beta1".into();
+        assert_eq!(fields_it_lacks("GatewayPool", &other), ["v1alpha1"]);
+    }
+
+    #[test]
+    fn a_spec_was_written_at_its_last_write_of_spec_else_at_creation() {
+        let meta: ObjectMeta = serde_json::from_value(serde_json::json!({
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "managedFields": [
+                {"manager": "kubectl", "operation": "Update", "time": "2026-01-02T00:00:00Z",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+                {"manager": "floe", "operation": "Update", "time": "2026-01-03T00:00:00Z",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}, "subresource": "status"}
+            ]
+        }))
+        .expect("meta");
+        let at = |s: &str| s.parse::<Timestamp>().expect("a time");
+        assert_eq!(spec_written(&meta), Some(at("2026-01-02T00:00:00Z")));
+        let created_only = ObjectMeta {
+            managed_fields: None,
+            ..meta
+        };
+        assert_eq!(
+            spec_written(&created_only),
+            Some(at("2026-01-01T00:00:00Z"))
+        );
+    }
+}
