@@ -103,7 +103,11 @@ impl PoolContext {
                 let (read, verdict) = dropped_by_an_older_crd(&self.client, pool, "pool")
                     .await
                     .map_err(PoolError::api(format!("reading GatewayPool {key}")))?;
+                let behind = read != version;
                 self.remember(key, |m| m.crd_dropped.set(read, verdict.clone()));
+                if behind {
+                    return Err(PoolError::CacheBehind);
+                }
                 verdict
             }
         };
@@ -188,5 +192,68 @@ impl PoolContext {
 
     pub(super) fn record_created(&self, key: &str) {
         self.remember(key, |m| m.created.push_back(Instant::now()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A stand-in apiserver that serves one stored pool, `ns/p`, and counts its reads.
+    async fn apiserver(stored: serde_json::Value) -> (kube::Client, Arc<AtomicUsize>) {
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = reads.clone();
+        let app = axum::Router::new().route(
+            "/apis/floe.dev/v1alpha1/namespaces/ns/gatewaypools/p",
+            axum::routing::get(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let stored = stored.clone();
+                async move { axum::Json(stored) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}", listener.local_addr().expect("its address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(url.parse().expect("a URL"));
+        (kube::Client::try_from(config).expect("a client"), reads)
+    }
+
+    fn pool(generation: i64) -> serde_json::Value {
+        let spec = serde_json::json!({"replicas": 1, "template": {"image": "agent:1"}});
+        serde_json::json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "generation": generation,
+                "annotations": {floe_crds::validation::LAST_APPLIED:
+                    serde_json::json!({"spec": spec}).to_string()}},
+            "spec": spec
+        })
+    }
+
+    /// When the pool as stored is newer than the watch cache's (an operator that starts as the
+    /// pool is applied again), the verdict is of the newer one: the round on the cached one
+    /// does nothing and comes again, and the next, on the newer one, reads the verdict
+    /// remembered without asking the apiserver again.
+    #[tokio::test]
+    async fn a_round_on_a_spec_older_than_the_stored_one_waits_for_the_cache() {
+        let (client, reads) = apiserver(pool(2)).await;
+        let pods = kube::runtime::reflector::store::Writer::<Pod>::default().as_reader();
+        let metrics = Arc::new(crate::metrics::Metrics::new().expect("metrics"));
+        let shared = Shared::new(client, pods, metrics, "floe:1".into(), true, Arc::default());
+        let ctx = PoolContext::new(Arc::new(shared));
+        let cached: GatewayPool = serde_json::from_value(pool(1)).expect("a pool");
+        let behind = ctx.spec_problem(&cached, "ns/p").await;
+        assert!(matches!(behind, Err(PoolError::CacheBehind)), "{behind:?}");
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        let caught_up: GatewayPool = serde_json::from_value(pool(2)).expect("a pool");
+        let verdict = ctx
+            .spec_problem(&caught_up, "ns/p")
+            .await
+            .expect("a verdict");
+        assert_eq!(verdict, None);
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
     }
 }

@@ -44,7 +44,11 @@ async fn reconcile_pool(
     // apiservers < 1.25 do not run the CRD's rules, and every one prunes what its CRD does not
     // know: a pool that cannot run as written makes no pod (else one with `egress.unrestricted:
     // Refuse` lost would serve with open egress) and replaces none, and says why.
-    if let Some((reason, message)) = ctx.spec_problem(&pool, &key).await? {
+    let problem = match ctx.spec_problem(&pool, &key).await {
+        Err(PoolError::CacheBehind) => return Ok(Action::requeue(Duration::from_secs(1))),
+        problem => problem?,
+    };
+    if let Some((reason, message)) = problem {
         tracing::warn!(pool = %key, reason, "{message}");
         let health = Health::Spec { reason, message };
         write_status(
@@ -56,7 +60,13 @@ async fn reconcile_pool(
             &hash,
         )
         .await?;
-        return Ok(Action::requeue(Duration::from_secs(60)));
+        // A stall on the served CRD lifts with the CRDs, which no watch of the pool sees.
+        let again = if reason == crate::spec_check::CRD_OUTDATED {
+            crate::served_crds::READ_EVERY
+        } else {
+            Duration::from_secs(60)
+        };
+        return Ok(Action::requeue(again));
     }
     ensure_egress_policy(&ctx, &pool, &ns, &key).await;
     let pending = ctx.pending(&key, &cached);

@@ -25,6 +25,10 @@ pub enum PoolError {
     NoNamespace,
     #[error("cannot build the sandbox pod: {0}")]
     Template(#[from] serde_json::Error),
+    /// The pool as stored is a newer spec than the watch cache's: the round would act on the
+    /// older one with the newer one's verdict. The watch brings the newer one shortly.
+    #[error("the watch cache is behind the pool as stored")]
+    CacheBehind,
 }
 
 impl PoolError {

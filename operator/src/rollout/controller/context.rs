@@ -237,7 +237,11 @@ impl JobContext {
                 "reading RolloutJob {ns}/{}",
                 job.name_any()
             )))?;
+        let behind = read != version;
         self.remember(&uid, |m| m.crd_dropped.set(read, verdict.clone()));
+        if behind {
+            return Err(JobError::CacheBehind);
+        }
         Ok(verdict)
     }
 

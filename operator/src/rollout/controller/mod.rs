@@ -61,6 +61,10 @@ pub enum JobError {
          (`floe crds | kubectl apply -f -`)"
     )]
     CrdOutdated(&'static str),
+    /// The job as stored is a newer spec than the watch cache's: the round would act on the
+    /// older one with the newer one's verdict. The watch brings the newer one shortly.
+    #[error("the watch cache is behind the job as stored")]
+    CacheBehind,
 }
 
 impl JobError {
@@ -149,6 +153,7 @@ async fn apply(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
             let blocked = Blocked::stalled(report::CRD_OUTDATED, e.to_string());
             stalled(job, ctx, &ns, &blocked, now).await
         }
+        Err(Halt::Failed(JobError::CacheBehind)) => Ok(Action::requeue(Duration::from_secs(1))),
         Err(Halt::Failed(e)) => Err(e),
     }
 }
