@@ -1,10 +1,8 @@
-//! The CRD a cluster serves, against the one this code was built with: the fields it lacks
-//! are pruned from every object written through it, silently, so the operator must know them
-//! ([`fields_it_lacks`]), and which objects were written since the CRD was ([`spec_written`]).
+//! The CRD a cluster serves, against the one this code was built with: the apiserver prunes
+//! the fields it lacks from every object it stores or serves, silently, so the operator must
+//! know them ([`fields_it_lacks`]).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 
 /// The fields of floe's `kind` that the served CRD's schema (its `v1alpha1`) does not have,
@@ -46,7 +44,10 @@ fn lacks(ours: &Value, theirs: &Value, path: &str, out: &mut Vec<String>) {
         out.push(path.to_string());
         return;
     }
-    if theirs["x-kubernetes-preserve-unknown-fields"] == true {
+    // Pruning keeps what a map (`additionalProperties`) holds, as what a part that keeps
+    // unknown fields holds.
+    let a_map = !theirs["additionalProperties"].is_null() && theirs["properties"].is_null();
+    if theirs["x-kubernetes-preserve-unknown-fields"] == true || a_map {
         return;
     }
     if let Some(fields) = ours["properties"].as_object() {
@@ -70,24 +71,6 @@ fn lacks(ours: &Value, theirs: &Value, path: &str, out: &mut Vec<String>) {
             out,
         );
     }
-}
-
-/// When an object's `spec` was last written: the latest of its writers' records
-/// (`managedFields`) that hold a field of `spec`, else its creation. A CRD's own: when the
-/// schema the cluster serves was put there.
-pub fn spec_written(meta: &ObjectMeta) -> Option<Timestamp> {
-    let last_write = meta
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|m| {
-            m.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.get("f:spec").is_some())
-        })
-        .filter_map(|m| m.time.as_ref().map(|t| t.0))
-        .max();
-    last_write.or_else(|| meta.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 #[cfg(test)]
@@ -154,39 +137,21 @@ mod tests {
     }
 
     #[test]
-    fn a_crd_that_keeps_unknown_fields_or_lacks_the_version_is_read_as_such() {
+    fn a_crd_that_keeps_unknown_fields_or_a_map_or_lacks_the_version_is_read_as_such() {
         let open = edited("GatewayPool", |s| {
             let spec = &mut s["properties"]["spec"];
             spec["x-kubernetes-preserve-unknown-fields"] = true.into();
             spec["properties"] = serde_json::json!({});
         });
         assert_eq!(fields_it_lacks("GatewayPool", &open), Vec::<String>::new());
+        let a_map = edited("GatewayPool", |s| {
+            let spec = &mut s["properties"]["spec"];
+            spec["additionalProperties"] = serde_json::json!({"type": "string"});
+            spec.as_object_mut().expect("spec").remove("properties");
+        });
+        assert_eq!(fields_it_lacks("GatewayPool", &a_map), Vec::<String>::new());
         let mut other = served("GatewayPool", Target::LATEST);
         other.spec.versions[0].name = "v1beta1".into();
         assert_eq!(fields_it_lacks("GatewayPool", &other), ["v1alpha1"]);
-    }
-
-    #[test]
-    fn a_spec_was_written_at_its_last_write_of_spec_else_at_creation() {
-        let meta: ObjectMeta = serde_json::from_value(serde_json::json!({
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "managedFields": [
-                {"manager": "kubectl", "operation": "Update", "time": "2026-01-02T00:00:00Z",
-                 "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:replicas": {}}}},
-                {"manager": "floe", "operation": "Update", "time": "2026-01-03T00:00:00Z",
-                 "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}, "subresource": "status"}
-            ]
-        }))
-        .expect("meta");
-        let at = |s: &str| s.parse::<Timestamp>().expect("a time");
-        assert_eq!(spec_written(&meta), Some(at("2026-01-02T00:00:00Z")));
-        let created_only = ObjectMeta {
-            managed_fields: None,
-            ..meta
-        };
-        assert_eq!(
-            spec_written(&created_only),
-            Some(at("2026-01-01T00:00:00Z"))
-        );
     }
 }

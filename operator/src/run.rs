@@ -200,7 +200,7 @@ async fn run_controllers(
         metrics.clone(),
         config.floe_image.clone(),
         config.native_sidecars,
-        served_crds,
+        served_crds.clone(),
     ));
     let pool_context = Arc::new(PoolContext::new(shared.clone()));
     // The pool controller's own cache of pools is the job controller's too.
@@ -222,6 +222,7 @@ async fn run_controllers(
     tracing::info!(namespace = ?config.namespace, "controllers started");
     let pool_runs = pool_controller
         .reconcile_on(crate::pod_cache::stream(cache.pools))
+        .reconcile_all_on(served_crds.changes())
         .with_config(controller_config.clone())
         .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, pool_context)
@@ -232,6 +233,7 @@ async fn run_controllers(
         });
     let job_runs = Controller::new(jobs, watcher::Config::default())
         .reconcile_on(crate::pod_cache::stream(cache.jobs))
+        .reconcile_all_on(served_crds.changes())
         .with_config(controller_config)
         .graceful_shutdown_on(stop)
         .run(
@@ -247,6 +249,9 @@ async fn run_controllers(
     futures::join!(pool_runs, job_runs);
     prune.abort();
     crd_reads.abort();
+    // Ended before the caller drops this replica's series: a read still in flight would
+    // leave a frozen one on a standby, and `FloeCrdOutdated` takes the max over replicas.
+    let _ = crd_reads.await;
     cache.task.abort();
     tracing::info!("controllers stopped");
 }

@@ -1,109 +1,125 @@
 //! The floe CRDs the cluster serves, read every half minute and compared with the ones this
 //! operator was built with. A CRD older than the operator (the chart's `crds.install=false`
-//! with CRDs kept elsewhere, or an operator image bumped alone) prunes the fields it lacks
-//! from every object written through it, silently: a job's `failureReward: -1` would score
-//! failures 0, a pool's `egress.unrestricted: Refuse` would only warn. Objects that carry
-//! `kubectl apply`'s record are checked field by field
+//! with CRDs kept elsewhere, or an operator image bumped alone) has the apiserver prune the
+//! fields it lacks from every object it stores or serves, silently: a job's `failureReward:
+//! -1` would score failures 0, a pool's `egress.unrestricted: Refuse` would only warn.
+//! Objects that carry `kubectl apply`'s record are checked field by field
 //! ([`crate::spec_check::dropped_by_an_older_crd`]); the others (server-side apply, as Flux
-//! does; Helm; an API client) carry none, and are stalled when written through such a CRD
-//! ([`crate::spec_check::written_through_an_older_crd`]). Either way the gap is exported
-//! (`floe_crd_missing_fields`, alert `FloeCrdOutdated`) and logged.
+//! does; Helm; an API client) carry nothing that says what they set, and stall while such a
+//! CRD is served ([`crate::spec_check::served_crd_lacks`]). Either way the gap is exported
+//! (`floe_crd_missing_fields`, alert `FloeCrdOutdated`) and logged, and a change of verdict
+//! wakes both controllers ([`ServedCrds::changes`]).
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
 use std::time::Duration;
 
+use futures::Stream;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client, CustomResourceExt};
 
 use crate::metrics::Metrics;
 use floe_crds::{GatewayPool, RolloutJob};
+use floe_gateway::sync::{read, write};
 
 /// How often the served CRDs are read: a CRD upgrade lifts the stalls within this.
 pub const READ_EVERY: Duration = Duration::from_secs(30);
 
-/// A served CRD that lacks fields this operator knows.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Outdated {
-    /// The fields, as paths (`spec.evaluator.reward.failureReward`).
-    pub lacking: Vec<String>,
-    /// When the served schema was written (its last `spec` write): objects written since
-    /// went through it.
-    pub written: Option<Timestamp>,
-}
-
-/// What the last read found, per kind (`GatewayPool`, `RolloutJob`); a kind not there was
-/// up to date, or could not be read (then nothing is stalled for it: the check never stops
-/// an operator that may not read CRDs).
-#[derive(Default)]
+/// What the last read found, per kind (`GatewayPool`, `RolloutJob`): the fields its served CRD
+/// lacks (`spec.evaluator.reward.failureReward`, `status.heldOut`); a kind not there lacks
+/// nothing, or its CRD may not be read (a single-namespace install): then nothing is stalled
+/// for it, since the check must never stop an operator that may not read CRDs.
 pub struct ServedCrds {
-    outdated: RwLock<BTreeMap<String, Outdated>>,
+    lacking: RwLock<BTreeMap<String, Vec<String>>>,
     /// The last error per CRD, so each is logged once, not every half minute.
     errors: RwLock<BTreeMap<String, String>>,
+    /// Bumped when a verdict changes.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for ServedCrds {
+    fn default() -> Self {
+        Self {
+            lacking: RwLock::default(),
+            errors: RwLock::default(),
+            changed: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl ServedCrds {
-    /// The served CRD of `kind`, if it was read and lacks fields.
-    pub fn outdated(&self, kind: &str) -> Option<Outdated> {
-        floe_gateway::sync::read(&self.outdated).get(kind).cloned()
+    /// The fields `kind`'s served CRD lacks (empty: none, or it could not be read).
+    pub fn lacking(&self, kind: &str) -> Vec<String> {
+        read(&self.lacking).get(kind).cloned().unwrap_or_default()
     }
 
-    /// Read both CRDs once: the verdicts, the metric, a log line when one changes.
+    /// One item each time a verdict changes: for `Controller::reconcile_all_on`, so that a CRD
+    /// upgrade lifts the stalls at once, not at each object's next requeue.
+    pub fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+        futures::stream::unfold(self.changed.subscribe(), |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some(((), rx))
+        })
+    }
+
+    /// Read both CRDs once: the verdicts, the metric, a log line when one changes. A read
+    /// that fails keeps the verdict it had (an apiserver's blip must not let a stalled pool
+    /// make its pods), but for a CRD this operator may not read or that is not there.
     pub async fn read(&self, client: &Client, metrics: &Metrics) {
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         for (kind, name) in [
             ("GatewayPool", GatewayPool::crd_name()),
             ("RolloutJob", RolloutJob::crd_name()),
         ] {
-            let verdict = match crds.get(name).await {
+            match crds.get(name).await {
                 Ok(served) => {
-                    floe_gateway::sync::write(&self.errors).remove(name);
+                    write(&self.errors).remove(name);
                     let lacking = floe_crds::served_schema::fields_it_lacks(kind, &served);
                     metrics.set_crd_missing_fields(name, Some(lacking.len()));
-                    (!lacking.is_empty()).then(|| Outdated {
-                        lacking,
-                        written: floe_crds::served_schema::spec_written(&served.metadata),
-                    })
+                    self.set(kind, lacking);
                 }
                 Err(e) => {
+                    let gone = matches!(&e, kube::Error::Api(s) if s.code == 403 || s.code == 404);
                     let e = e.to_string();
-                    let mut errors = floe_gateway::sync::write(&self.errors);
-                    if errors.get(name) != Some(&e) {
+                    if write(&self.errors).insert(name.to_string(), e.clone()) != Some(e.clone()) {
                         tracing::warn!(
                             crd = name,
-                            "cannot read the served CRD, so objects written through an older \
-                             one without `kubectl apply`'s record are not caught: {e}"
+                            "cannot read the served CRD, so an older one is not caught for \
+                             objects without `kubectl apply`'s record: {e}"
                         );
-                        errors.insert(name.to_string(), e);
                     }
-                    metrics.set_crd_missing_fields(name, None);
-                    None
+                    if gone {
+                        metrics.set_crd_missing_fields(name, None);
+                        self.set(kind, Vec::new());
+                    }
                 }
-            };
-            self.set(kind, verdict);
+            }
         }
     }
 
-    /// The verdict on `kind`'s served CRD (`None`: up to date, or unread), logged when it
-    /// changes.
-    pub fn set(&self, kind: &str, verdict: Option<Outdated>) {
-        let mut outdated = floe_gateway::sync::write(&self.outdated);
-        if outdated.get(kind).map(|o| &o.lacking) != verdict.as_ref().map(|o| &o.lacking) {
-            match &verdict {
-                Some(o) => tracing::warn!(
-                    kind,
-                    lacking = %o.lacking.join(", "),
-                    "the CRD on the cluster is older than this operator: apply the new CRDs \
-                     (`floe crds | kubectl apply -f -`)"
-                ),
-                None => tracing::info!(kind, "the CRD on the cluster lacks nothing known"),
-            }
+    /// The fields `kind`'s served CRD lacks (empty: none, or unread), logged when they change.
+    pub fn set(&self, kind: &str, lacking: Vec<String>) {
+        let mut all = write(&self.lacking);
+        if all.get(kind).map_or(&[][..], |l| l.as_slice()) == lacking.as_slice() {
+            return;
         }
-        match verdict {
-            Some(o) => outdated.insert(kind.to_string(), o),
-            None => outdated.remove(kind),
-        };
+        if lacking.is_empty() {
+            tracing::info!(
+                kind,
+                "the CRD on the cluster lacks nothing this operator knows"
+            );
+            all.remove(kind);
+        } else {
+            tracing::warn!(
+                kind,
+                lacking = %lacking.join(", "),
+                "the CRD on the cluster is older than this operator: apply the new CRDs \
+                 (`floe crds | kubectl apply -f -`)"
+            );
+            all.insert(kind.to_string(), lacking);
+        }
+        drop(all);
+        self.changed.send_modify(|n| *n += 1);
     }
 }
 

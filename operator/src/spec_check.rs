@@ -100,14 +100,15 @@ where
 }
 
 /// The stall's message when `object` carries no `kubectl apply` record (server-side apply, as
-/// Flux does; Helm; an API client), the cluster serves its kind's CRD without fields this
-/// operator knows, and the object's spec was written through that CRD (at or after the
-/// CRD's own write): any of those fields the object set is gone, and nothing on it says
-/// which. Not remembered per spec version: applying the new CRDs lifts it, within
-/// [`crate::served_crds::READ_EVERY`]. An object with the record gets the exact check,
-/// [`dropped_by_an_older_crd`], instead; one written before the CRD (an object that ran
-/// before a downgrade) goes on, the gap exported and logged ([`crate::served_crds`]).
-pub(crate) fn written_through_an_older_crd<K>(
+/// Flux does; Helm; an API client) and the cluster serves its kind's CRD without `spec`
+/// fields this operator knows: the apiserver prunes them from every object it stores or
+/// serves, so the object may be without any it set, and nothing on it says which. Not
+/// remembered per spec version: the new CRDs lift it (both controllers are woken when the
+/// served CRDs change, [`crate::served_crds::ServedCrds::changes`]). An object with the
+/// record gets the exact check, [`dropped_by_an_older_crd`], instead. A CRD that lacks only
+/// `status` fields stalls nothing here: what the operator writes there is checked where it
+/// writes it.
+pub(crate) fn served_crd_lacks<K>(
     served: &crate::served_crds::ServedCrds,
     object: &K,
     noun: &str,
@@ -120,23 +121,25 @@ where
         return None;
     }
     let kind = K::kind(&());
-    let crd = served.outdated(&kind)?;
-    let written = floe_crds::served_schema::spec_written(object.meta());
-    if let (Some(object_at), Some(crd_at)) = (written, crd.written) {
-        if object_at < crd_at {
-            return None;
-        }
+    let lacking: Vec<String> = served
+        .lacking(&kind)
+        .into_iter()
+        .filter(|f| f.starts_with("spec."))
+        .collect();
+    if lacking.is_empty() {
+        return None;
     }
     const NAMED: usize = 6;
-    let mut fields = crd.lacking[..crd.lacking.len().min(NAMED)].join(", ");
-    if crd.lacking.len() > NAMED {
-        fields.push_str(&format!(" and {} more", crd.lacking.len() - NAMED));
+    let mut fields = lacking[..lacking.len().min(NAMED)].join(", ");
+    if lacking.len() > NAMED {
+        fields.push_str(&format!(" and {} more", lacking.len() - NAMED));
     }
     Some(format!(
-        "the {kind} CRD on the cluster is older than this operator: it lacks {fields}, and the \
-         {noun} was written through it, so the apiserver dropped any of those the {noun} set; \
-         the {noun} carries no `kubectl apply` record to tell which. Apply the new CRDs (`floe \
-         crds | kubectl apply -f -`), then the {noun} again"
+        "the {kind} CRD on the cluster is older than this operator: it lacks {fields}, which \
+         the apiserver prunes from every {kind} it stores or serves, so the {noun} is without \
+         any of those it set, and it carries no `kubectl apply` record to tell which. Apply \
+         the new CRDs (`floe crds | kubectl apply -f -`), then the {noun} again: one written \
+         while the older CRD was served lost those fields for good"
     ))
 }
 
@@ -161,34 +164,19 @@ mod tests {
         pool
     }
 
-    fn written_at(mut pool: GatewayPool, at: &str) -> GatewayPool {
-        pool.meta_mut().creation_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at.parse().expect("a time")),
-        );
-        pool
-    }
-
-    /// An object without `kubectl apply`'s record is stalled when written through a served CRD
-    /// that lacks fields: not when written before it, not when the CRD is up to date, and not
-    /// when it has the record (the exact check reads that).
+    /// An object without `kubectl apply`'s record is stalled while its served CRD lacks `spec`
+    /// fields: not when the CRD lacks only `status` fields, not when it is up to date, and
+    /// not when the object has the record (the exact check reads that).
     #[test]
-    fn an_unrecorded_object_written_through_an_older_crd_is_stalled() {
-        use crate::served_crds::{Outdated, ServedCrds};
+    fn an_unrecorded_object_stalls_while_its_crd_lacks_spec_fields() {
+        use crate::served_crds::ServedCrds;
         let served = ServedCrds::default();
-        let new_pool = written_at(pool("u1", 1, None), "2026-01-02T00:00:00Z");
-        assert_eq!(
-            written_through_an_older_crd(&served, &new_pool, "pool"),
-            None
-        );
-        let lacking: Vec<String> = (0..8).map(|i| format!("spec.f{i}")).collect();
-        served.set(
-            "GatewayPool",
-            Some(Outdated {
-                lacking,
-                written: Some("2026-01-01T00:00:00Z".parse().expect("a time")),
-            }),
-        );
-        let why = written_through_an_older_crd(&served, &new_pool, "pool").expect("stalled");
+        let unrecorded = pool("u1", 1, None);
+        assert_eq!(served_crd_lacks(&served, &unrecorded, "pool"), None);
+        let mut lacking: Vec<String> = (0..8).map(|i| format!("spec.f{i}")).collect();
+        lacking.push("status.g".into());
+        served.set("GatewayPool", lacking);
+        let why = served_crd_lacks(&served, &unrecorded, "pool").expect("stalled");
         assert!(
             why.contains(
                 "it lacks spec.f0, spec.f1, spec.f2, spec.f3, spec.f4, spec.f5 and 2 more"
@@ -196,21 +184,12 @@ mod tests {
             "{why}"
         );
         assert!(why.contains("floe crds | kubectl apply -f -"), "{why}");
-        // The same second as the CRD counts as through it.
-        let same_second = written_at(pool("u1", 1, None), "2026-01-01T00:00:00Z");
-        assert!(written_through_an_older_crd(&served, &same_second, "pool").is_some());
-        let before = written_at(pool("u1", 1, None), "2025-12-31T23:59:59Z");
-        assert_eq!(written_through_an_older_crd(&served, &before, "pool"), None);
-        let recorded = written_at(pool("u1", 1, Some("{}")), "2026-01-02T00:00:00Z");
-        assert_eq!(
-            written_through_an_older_crd(&served, &recorded, "pool"),
-            None
-        );
-        served.set("GatewayPool", None);
-        assert_eq!(
-            written_through_an_older_crd(&served, &new_pool, "pool"),
-            None
-        );
+        let recorded = pool("u1", 1, Some("{}"));
+        assert_eq!(served_crd_lacks(&served, &recorded, "pool"), None);
+        served.set("GatewayPool", vec!["status.g".into()]);
+        assert_eq!(served_crd_lacks(&served, &unrecorded, "pool"), None);
+        served.set("GatewayPool", Vec::new());
+        assert_eq!(served_crd_lacks(&served, &unrecorded, "pool"), None);
     }
 
     /// A verdict holds for one object, one generation and one last-applied annotation: a

@@ -12,7 +12,7 @@ use super::PoolError;
 use crate::pod_problem::PodProblem;
 use crate::shared::Shared;
 use crate::spec_check::{
-    dropped_by_an_older_crd, spec_version, written_through_an_older_crd, ForSpec, CRD_OUTDATED,
+    dropped_by_an_older_crd, served_crd_lacks, spec_version, ForSpec, CRD_OUTDATED,
 };
 use floe_crds::gateway_pool::GatewayPool;
 use floe_gateway::sync::lock;
@@ -111,7 +111,7 @@ impl PoolContext {
                 verdict
             }
         };
-        let unrecorded = || written_through_an_older_crd(&self.served_crds, pool, "pool");
+        let unrecorded = || served_crd_lacks(&self.served_crds, pool, "pool");
         Ok(dropped.or_else(unrecorded).map(|why| (CRD_OUTDATED, why)))
     }
 

@@ -60,13 +60,7 @@ async fn reconcile_pool(
             &hash,
         )
         .await?;
-        // A stall on the served CRD lifts with the CRDs, which no watch of the pool sees.
-        let again = if reason == crate::spec_check::CRD_OUTDATED {
-            crate::served_crds::READ_EVERY
-        } else {
-            Duration::from_secs(60)
-        };
-        return Ok(Action::requeue(again));
+        return Ok(Action::requeue(Duration::from_secs(60)));
     }
     ensure_egress_policy(&ctx, &pool, &ns, &key).await;
     let pending = ctx.pending(&key, &cached);

@@ -63,8 +63,7 @@ pub(super) async fn observe(
     if let Some(why) = ctx.dropped_by_an_older_crd(job, ns).await? {
         return blocked(super::report::CRD_OUTDATED, why);
     }
-    if let Some(why) = crate::spec_check::written_through_an_older_crd(&ctx.served_crds, job, "job")
-    {
+    if let Some(why) = crate::spec_check::served_crd_lacks(&ctx.served_crds, job, "job") {
         return blocked(super::report::CRD_OUTDATED, why);
     }
     let spec = &job.spec;
