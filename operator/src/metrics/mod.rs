@@ -191,7 +191,7 @@ impl Metrics {
         let crd_missing_fields = IntGaugeVec::new(
             Opts::new(
                 "floe_crd_missing_fields",
-                "Fields this operator reads or writes that the floe CRD the cluster serves lacks (0: up to date): the apiserver prunes them from every object written through it; no series while the CRD cannot be read",
+                "Fields this operator reads or writes that the floe CRD the cluster serves lacks (0: up to date): the apiserver prunes them from every object it stores or serves; no series while the CRD may not be read",
             ),
             &["crd"],
         )?;
