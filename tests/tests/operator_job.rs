@@ -2661,8 +2661,9 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
         "spec": {"replicas": 1, "template": {"image": "sandbox:1"},
                  "egress": {"unrestricted": "Refuse"}}});
     kubectl_apply(&refusing)?;
-    let pool_stall = async || {
-        let s = pools.get("refusing").await?.status.unwrap_or_default();
+    // A pool's `Stalled` reason and message, if it is stalled.
+    let stall_of = async |name: &str| {
+        let s = pools.get(name).await?.status.unwrap_or_default();
         anyhow::Ok(
             s.conditions
                 .into_iter()
@@ -2670,6 +2671,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
                 .map(|c| (c.reason, c.message)),
         )
     };
+    let pool_stall = async || stall_of("refusing").await;
     let (reason, message) = eventually_within(60, "the pool stalled", pool_stall).await?;
     assert_eq!(reason, "CrdOutdated", "{message}");
     assert!(
@@ -2716,15 +2718,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
             && message.contains("no `kubectl apply` record"),
         "{message} {page}"
     );
-    let unrecorded_stall = async || {
-        let s = pools.get("unrecorded").await?.status.unwrap_or_default();
-        anyhow::Ok(
-            s.conditions
-                .into_iter()
-                .find(|c| c.type_ == "Stalled" && c.status == "True")
-                .map(|c| (c.reason, c.message)),
-        )
-    };
+    let unrecorded_stall = async || stall_of("unrecorded").await;
     let (reason, message) =
         eventually_within(60, "the unrecorded pool stalled", unrecorded_stall).await?;
     assert_eq!(reason, "CrdOutdated", "{message}");
