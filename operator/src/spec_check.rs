@@ -99,15 +99,16 @@ where
     Ok((spec_version(&stored), verdict))
 }
 
-/// The stall's message when `object` carries no `kubectl apply` record (server-side apply, as
-/// Flux does; Helm; an API client) and the cluster serves its kind's CRD without `spec`
-/// fields this operator knows: the apiserver prunes them from every object it stores or
-/// serves, so the object may be without any it set, and nothing on it says which. Not
-/// remembered per spec version: the new CRDs lift it (both controllers are woken when the
-/// served CRDs change, [`crate::served_crds::ServedCrds::changes`]). An object with the
-/// record gets the exact check, [`dropped_by_an_older_crd`], instead. A CRD that lacks only
-/// `status` fields stalls nothing here: what the operator writes there is checked where it
-/// writes it.
+/// The stall's message when nothing on `object` says which `spec` fields it was written with
+/// ([`writers_past_the_record`]: no `kubectl apply` record, as with server-side apply (Flux),
+/// Helm or an API client; or other writers' changes to its spec since the record) and the
+/// cluster serves its kind's CRD without `spec` fields this operator knows: the apiserver
+/// prunes them from every object it stores or serves, so the object may be without any it
+/// set. Not remembered per spec version: the new CRDs lift it (both controllers are woken
+/// when the served CRDs change, [`crate::served_crds::ServedCrds::changes`]). An object
+/// whose spec only `kubectl apply` wrote gets the exact check, [`dropped_by_an_older_crd`],
+/// instead. A CRD that lacks only `status` fields stalls nothing here: what the operator
+/// writes there is checked where it writes it.
 pub(crate) fn served_crd_lacks<K>(
     served: &crate::served_crds::ServedCrds,
     object: &K,
@@ -116,10 +117,7 @@ pub(crate) fn served_crd_lacks<K>(
 where
     K: Resource<DynamicType = ()>,
 {
-    use floe_crds::validation::LAST_APPLIED;
-    if object.annotations().contains_key(LAST_APPLIED) {
-        return None;
-    }
+    let unknown = writers_past_the_record(object)?;
     let kind = K::kind(&());
     let lacking: Vec<String> = served
         .lacking(&kind)
@@ -129,18 +127,64 @@ where
     if lacking.is_empty() {
         return None;
     }
-    const NAMED: usize = 6;
-    let mut fields = lacking[..lacking.len().min(NAMED)].join(", ");
-    if lacking.len() > NAMED {
-        fields.push_str(&format!(" and {} more", lacking.len() - NAMED));
-    }
+    let fields = named(&lacking, 6);
+    let untold = match unknown.as_slice() {
+        [] => "it carries no `kubectl apply` record to tell which".to_string(),
+        writers => format!(
+            "its spec was written by {} since its `kubectl apply` record, which cannot tell \
+             which",
+            named(writers, 3)
+        ),
+    };
     Some(format!(
         "the {kind} CRD on the cluster is older than this operator: it lacks {fields}, which \
          the apiserver prunes from every {kind} it stores or serves, so the {noun} is without \
-         any of those it set, and it carries no `kubectl apply` record to tell which. Apply \
-         the new CRDs (`floe crds | kubectl apply -f -`), then the {noun} again: one written \
-         while the older CRD was served lost those fields for good"
+         any of those it set, and {untold}. Apply the new CRDs (`floe crds | kubectl apply -f \
+         -`), then the {noun} again: one written while the older CRD was served lost those \
+         fields for good"
     ))
+}
+
+/// The writer `kubectl apply` (client-side) records itself as in `managedFields`.
+const KUBECTL_APPLY: &str = "kubectl-client-side-apply";
+
+/// Why `object`'s `kubectl apply` record cannot say which `spec` fields it was written with:
+/// `None` when it can (the record is there and no other writer set anything under `spec`, or
+/// the apiserver keeps no `managedFields`), else the other writers by name, none when there is
+/// no record at all. A record alone is not enough: a field that Flux's server-side apply, a
+/// `kubectl patch` or `kubectl edit` set since was pruned too, and is in no record.
+fn writers_past_the_record<K: Resource>(object: &K) -> Option<Vec<String>> {
+    if !object
+        .annotations()
+        .contains_key(floe_crds::validation::LAST_APPLIED)
+    {
+        return Some(Vec::new());
+    }
+    let mut others: Vec<String> = object
+        .meta()
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() != Some(KUBECTL_APPLY))
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.get("f:spec").is_some())
+        })
+        .map(|m| format!("`{}`", m.manager.as_deref().unwrap_or("an unnamed writer")))
+        .collect();
+    others.sort();
+    others.dedup();
+    (!others.is_empty()).then_some(others)
+}
+
+/// Up to `at_most` of `names`, and how many more.
+fn named(names: &[String], at_most: usize) -> String {
+    let mut said = names[..names.len().min(at_most)].join(", ");
+    if names.len() > at_most {
+        said.push_str(&format!(" and {} more", names.len() - at_most));
+    }
+    said
 }
 
 #[cfg(test)]
@@ -166,7 +210,8 @@ mod tests {
 
     /// An object without `kubectl apply`'s record is stalled while its served CRD lacks `spec`
     /// fields: not when the CRD lacks only `status` fields, not when it is up to date, and
-    /// not when the object has the record (the exact check reads that).
+    /// not when the object has the record and no other writer set its spec (the exact check
+    /// reads that record); with one, it is.
     #[test]
     fn an_unrecorded_object_stalls_while_its_crd_lacks_spec_fields() {
         use crate::served_crds::ServedCrds;
@@ -186,6 +231,42 @@ mod tests {
         assert!(why.contains("floe crds | kubectl apply -f -"), "{why}");
         let recorded = pool("u1", 1, Some("{}"));
         assert_eq!(served_crd_lacks(&served, &recorded, "pool"), None);
+        // The record and `managedFields`: `kubectl apply` wrote the spec, the operator only
+        // its status and a finalizer, so the record tells all.
+        let written_by = |writers: &[(&str, serde_json::Value)]| {
+            let mut p = recorded.clone();
+            p.meta_mut().managed_fields = Some(
+                writers
+                    .iter()
+                    .map(|(manager, fields)| {
+                        serde_json::from_value(serde_json::json!({
+                            "manager": manager, "operation": "Update",
+                            "fieldsType": "FieldsV1", "fieldsV1": fields}))
+                        .expect("an entry")
+                    })
+                    .collect(),
+            );
+            p
+        };
+        let applied = (
+            KUBECTL_APPLY,
+            serde_json::json!({"f:spec": {"f:replicas": {}}}),
+        );
+        let operator = (
+            "floe",
+            serde_json::json!({"f:status": {}, "f:metadata": {"f:finalizers": {}}}),
+        );
+        let only_applied = written_by(&[applied.clone(), operator.clone()]);
+        assert_eq!(served_crd_lacks(&served, &only_applied, "pool"), None);
+        // Flux's server-side apply (or `kubectl patch`) set spec fields since: the record
+        // cannot tell which of those went.
+        let flux = ("flux", serde_json::json!({"f:spec": {"f:egress": {}}}));
+        let patched = written_by(&[applied, operator, flux.clone(), flux]);
+        let why = served_crd_lacks(&served, &patched, "pool").expect("stalled");
+        assert!(
+            why.contains("its spec was written by `flux` since its `kubectl apply` record"),
+            "{why}"
+        );
         served.set("GatewayPool", vec!["status.g".into()]);
         assert_eq!(served_crd_lacks(&served, &unrecorded, "pool"), None);
         served.set("GatewayPool", Vec::new());

@@ -2527,7 +2527,9 @@ async fn a_train_jobs_held_out_rounds_measure_the_policy_and_the_job_waits_for_t
 /// end), and the job says why and how to fix it. Once the new CRD is applied, the round is
 /// recorded and runs. And CRDs from before `failureReward` and `egress.unrestricted`: a job
 /// and a pool `kubectl apply`d with them stall, naming the field, until applied again after
-/// the new CRDs. On a control plane of its own: CRDs are the whole cluster's.
+/// the new CRDs; one written with no such record (server-side apply), or whose spec another
+/// writer changed since its record, stalls while the CRDs are old. On a control plane of its
+/// own: CRDs are the whole cluster's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_applied(
 ) -> Result<()> {
@@ -2725,6 +2727,29 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     assert!(message.contains("spec.egress.unrestricted"), "{message}");
     let unrecorded_pods = ListParams::default().labels("floe.dev/pool=unrecorded");
     assert!(pods.list(&unrecorded_pods).await?.items.is_empty());
+    // A record that no longer tells all: `kubectl apply`d at 0 replicas, then scaled up with
+    // `egress.unrestricted: Refuse` by server-side apply, which the CRD pruned as well. The
+    // pool stalls naming that writer, and makes no pod with open egress.
+    kubectl_apply(
+        &json!({"apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+        "metadata": {"name": "edited"},
+        "spec": {"replicas": 0, "template": {"image": "sandbox:1"}}}),
+    )?;
+    let mut edited = unrecorded_pool.clone();
+    edited["metadata"]["name"] = json!("edited");
+    pools
+        .patch("edited", &flux.clone().force(), &Patch::Apply(&edited))
+        .await?;
+    let edited_stall = async || stall_of("edited").await;
+    let (reason, message) = eventually_within(60, "the edited pool stalled", edited_stall).await?;
+    assert_eq!(reason, "CrdOutdated", "{message}");
+    assert!(
+        message.contains("spec.egress.unrestricted")
+            && message.contains("written by `flux-like` since its `kubectl apply` record"),
+        "{message}"
+    );
+    let edited_pods = ListParams::default().labels("floe.dev/pool=edited");
+    assert!(pods.list(&edited_pods).await?.items.is_empty());
     // The new CRD: round 0 is recorded, its session runs, and the job is no longer stalled.
     cluster.install_crds(&client).await?;
     // A stalled job is looked at again every 15 s, then claims, runs and folds its session:
@@ -2753,6 +2778,11 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     eventually_within(60, "the unrecorded pool makes its pod", async || {
         let made = pods.list(&unrecorded_pods).await?.items.len();
         Ok((made == 1 && unrecorded_stall().await?.is_none()).then_some(()))
+    })
+    .await?;
+    eventually_within(60, "the edited pool makes its pod", async || {
+        let made = pods.list(&edited_pods).await?.items.len();
+        Ok((made == 1 && edited_stall().await?.is_none()).then_some(()))
     })
     .await?;
     eventually_within(60, "the unrecorded job no longer stalled", async || {
