@@ -151,8 +151,10 @@ const KUBECTL_APPLY: &str = "kubectl-client-side-apply";
 /// Why `object`'s `kubectl apply` record cannot say which `spec` fields it was written with:
 /// `None` when it can (the record is there and no other writer set anything under `spec`, or
 /// the apiserver keeps no `managedFields`), else the other writers by name, none when there is
-/// no record at all. A record alone is not enough: a field that Flux's server-side apply, a
-/// `kubectl patch` or `kubectl edit` set since was pruned too, and is in no record.
+/// no record at all. A record alone is not enough: a field that Flux's server-side apply or a
+/// `kubectl patch` set since was pruned too, and is in no record. A writer of the record
+/// itself is not another: `kubectl apply`, and those that write the record as it does under
+/// their own name (Argo CD's client-side apply, `kubectl edit`, which updates it).
 fn writers_past_the_record<K: Resource>(object: &K) -> Option<Vec<String>> {
     if !object
         .annotations()
@@ -160,17 +162,17 @@ fn writers_past_the_record<K: Resource>(object: &K) -> Option<Vec<String>> {
     {
         return Some(Vec::new());
     }
+    let record = format!("f:{}", floe_crds::validation::LAST_APPLIED);
     let mut others: Vec<String> = object
         .meta()
         .managed_fields
         .iter()
         .flatten()
         .filter(|m| m.manager.as_deref() != Some(KUBECTL_APPLY))
-        .filter(|m| {
-            m.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.get("f:spec").is_some())
-        })
+        .filter_map(|m| Some((m, &m.fields_v1.as_ref()?.0)))
+        .filter(|(_, f)| f["f:metadata"]["f:annotations"].get(&record).is_none())
+        .filter(|(_, f)| f.get("f:spec").is_some())
+        .map(|(m, _)| m)
         .map(|m| format!("`{}`", m.manager.as_deref().unwrap_or("an unnamed writer")))
         .collect();
     others.sort();
@@ -258,6 +260,14 @@ mod tests {
         );
         let only_applied = written_by(&[applied.clone(), operator.clone()]);
         assert_eq!(served_crd_lacks(&served, &only_applied, "pool"), None);
+        // Argo CD's client-side apply writes the record under its own name.
+        let argo = (
+            "argocd-application-controller",
+            serde_json::json!({"f:spec": {"f:replicas": {}}, "f:metadata": {"f:annotations":
+                {format!("f:{}", floe_crds::validation::LAST_APPLIED): {}}}}),
+        );
+        let by_argo = written_by(&[argo, operator.clone()]);
+        assert_eq!(served_crd_lacks(&served, &by_argo, "pool"), None);
         // Flux's server-side apply (or `kubectl patch`) set spec fields since: the record
         // cannot tell which of those went.
         let flux = ("flux", serde_json::json!({"f:spec": {"f:egress": {}}}));
