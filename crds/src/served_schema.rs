@@ -23,15 +23,11 @@ pub fn fields_it_lacks(kind: &str, served: &CustomResourceDefinition) -> Vec<Str
         return vec![crate::VERSION.to_string()];
     };
     let ours = crate::validation::schema_of(kind).unwrap_or_default();
+    // From the root, which may keep unknown fields itself, down `spec` and `status` only.
+    let parts = serde_json::json!({"properties": {
+        "spec": ours["properties"]["spec"], "status": ours["properties"]["status"]}});
     let mut lacking = Vec::new();
-    for part in ["spec", "status"] {
-        lacks(
-            &ours["properties"][part],
-            &theirs["properties"][part],
-            part,
-            &mut lacking,
-        );
-    }
+    lacks(&parts, &theirs, "", &mut lacking);
     lacking
 }
 
@@ -44,21 +40,28 @@ fn lacks(ours: &Value, theirs: &Value, path: &str, out: &mut Vec<String>) {
         out.push(path.to_string());
         return;
     }
-    // Pruning keeps what a map (`additionalProperties`) holds, as what a part that keeps
-    // unknown fields holds.
-    let a_map = !theirs["additionalProperties"].is_null() && theirs["properties"].is_null();
-    if theirs["x-kubernetes-preserve-unknown-fields"] == true || a_map {
+    // Pruning keeps what a map (`additionalProperties`) holds; floe's maps all hold strings,
+    // so what is below one is not compared.
+    if !theirs["additionalProperties"].is_null() && theirs["properties"].is_null() {
         return;
     }
+    // A part that keeps unknown fields keeps a field it does not list whole, and prunes
+    // inside those it lists as their schemas say.
+    let keeps_unknown = theirs["x-kubernetes-preserve-unknown-fields"] == true;
+    let below = |name: &str| match path {
+        "" => name.to_string(),
+        _ => format!("{path}.{name}"),
+    };
     if let Some(fields) = ours["properties"].as_object() {
         for (name, schema) in fields {
-            lacks(
-                schema,
-                &theirs["properties"][name],
-                &format!("{path}.{name}"),
-                out,
-            );
+            let their_field = &theirs["properties"][name];
+            if !(keeps_unknown && their_field.is_null()) {
+                lacks(schema, their_field, &below(name), out);
+            }
         }
+    }
+    if keeps_unknown {
+        return;
     }
     if ours["items"].is_object() {
         lacks(&ours["items"], &theirs["items"], &format!("{path}[]"), out);
@@ -67,7 +70,7 @@ fn lacks(ours: &Value, theirs: &Value, path: &str, out: &mut Vec<String>) {
         lacks(
             &ours["additionalProperties"],
             &theirs["additionalProperties"],
-            &format!("{path}.*"),
+            &below("*"),
             out,
         );
     }
@@ -144,6 +147,30 @@ mod tests {
             spec["properties"] = serde_json::json!({});
         });
         assert_eq!(fields_it_lacks("GatewayPool", &open), Vec::<String>::new());
+        // Keeping unknown fields, it still prunes inside those it lists.
+        let listed = edited("GatewayPool", |s| {
+            let spec = &mut s["properties"]["spec"];
+            spec["x-kubernetes-preserve-unknown-fields"] = true.into();
+            let egress = &mut spec["properties"]["egress"]["properties"];
+            egress
+                .as_object_mut()
+                .expect("egress")
+                .remove("unrestricted");
+            spec["properties"]
+                .as_object_mut()
+                .expect("spec's fields")
+                .remove("template");
+        });
+        assert_eq!(
+            fields_it_lacks("GatewayPool", &listed),
+            ["spec.egress.unrestricted"]
+        );
+        // And at the root, with nothing listed: nothing is pruned.
+        let root = edited("GatewayPool", |s| {
+            *s =
+                serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+        });
+        assert_eq!(fields_it_lacks("GatewayPool", &root), Vec::<String>::new());
         let a_map = edited("GatewayPool", |s| {
             let spec = &mut s["properties"]["spec"];
             spec["additionalProperties"] = serde_json::json!({"type": "string"});

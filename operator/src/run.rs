@@ -186,9 +186,18 @@ async fn run_controllers(
         return;
     }
     // The served CRDs, read before the first round so that none acts on an object an older
-    // CRD cut short.
+    // CRD cut short: again until each is read (or may not be, or is not there), since a
+    // verdict not yet had would let every object without a record run unchecked.
     let served_crds = Arc::new(crate::served_crds::ServedCrds::default());
-    served_crds.read(&client, &metrics).await;
+    let mut wait = std::time::Duration::from_secs(1);
+    while !served_crds.read(&client, &metrics).await {
+        tracing::warn!(
+            "the served CRDs could not be read; the controllers start once they are (again in \
+             {wait:?})"
+        );
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(crate::served_crds::READ_EVERY);
+    }
     let crd_reads = tokio::spawn(crate::served_crds::keep_reading(
         client.clone(),
         served_crds.clone(),

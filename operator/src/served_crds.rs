@@ -65,7 +65,9 @@ impl ServedCrds {
     /// Read both CRDs once: the verdicts, the metric, a log line when one changes. A read
     /// that fails keeps the verdict it had (an apiserver's blip must not let a stalled pool
     /// make its pods), but for a CRD this operator may not read or that is not there.
-    pub async fn read(&self, client: &Client, metrics: &Metrics) {
+    /// Whether each verdict was had: `false` when a read failed otherwise.
+    pub async fn read(&self, client: &Client, metrics: &Metrics) -> bool {
+        let mut had = true;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         for (kind, name) in [
             ("GatewayPool", GatewayPool::crd_name()),
@@ -82,19 +84,24 @@ impl ServedCrds {
                     let gone = matches!(&e, kube::Error::Api(s) if s.code == 403 || s.code == 404);
                     let e = e.to_string();
                     if write(&self.errors).insert(name.to_string(), e.clone()) != Some(e.clone()) {
-                        tracing::warn!(
-                            crd = name,
-                            "cannot read the served CRD, so an older one is not caught for \
-                             objects without `kubectl apply`'s record: {e}"
-                        );
+                        let why = if gone {
+                            "so an older one is not caught for objects without `kubectl \
+                             apply`'s record"
+                        } else {
+                            "the last verdict holds until it is"
+                        };
+                        tracing::warn!(crd = name, "cannot read the served CRD, {why}: {e}");
                     }
                     if gone {
                         metrics.set_crd_missing_fields(name, None);
                         self.set(kind, Vec::new());
+                    } else {
+                        had = false;
                     }
                 }
             }
         }
+        had
     }
 
     /// The fields `kind`'s served CRD lacks (empty: none, or unread), logged when they change.

@@ -101,14 +101,14 @@ where
 
 /// The stall's message when nothing on `object` says which `spec` fields it was written with
 /// ([`writers_past_the_record`]: no `kubectl apply` record, as with server-side apply (Flux),
-/// Helm or an API client; or other writers' changes to its spec since the record) and the
-/// cluster serves its kind's CRD without `spec` fields this operator knows: the apiserver
-/// prunes them from every object it stores or serves, so the object may be without any it
-/// set. Not remembered per spec version: the new CRDs lift it (both controllers are woken
-/// when the served CRDs change, [`crate::served_crds::ServedCrds::changes`]). An object
-/// whose spec only `kubectl apply` wrote gets the exact check, [`dropped_by_an_older_crd`],
-/// instead. A CRD that lacks only `status` fields stalls nothing here: what the operator
-/// writes there is checked where it writes it.
+/// Helm or an API client; or other writers of its spec besides the record) and the cluster
+/// serves its kind's CRD without `spec` fields this operator knows: the apiserver prunes them
+/// from every object it stores or serves, so the object may be without any it set. Not
+/// remembered per spec version: the new CRDs lift it (both controllers are woken when the
+/// served CRDs change, [`crate::served_crds::ServedCrds::changes`]). An object whose spec
+/// only `kubectl apply` wrote gets the exact check, [`dropped_by_an_older_crd`], instead. A
+/// CRD that lacks only `status` fields stalls nothing here: what the operator writes there is
+/// checked where it writes it.
 pub(crate) fn served_crd_lacks<K>(
     served: &crate::served_crds::ServedCrds,
     object: &K,
@@ -117,22 +117,21 @@ pub(crate) fn served_crd_lacks<K>(
 where
     K: Resource<DynamicType = ()>,
 {
-    let unknown = writers_past_the_record(object)?;
     let kind = K::kind(&());
     let lacking: Vec<String> = served
         .lacking(&kind)
         .into_iter()
-        .filter(|f| f.starts_with("spec."))
+        .filter(|f| f == "spec" || f.starts_with("spec."))
         .collect();
     if lacking.is_empty() {
         return None;
     }
+    let unknown = writers_past_the_record(object, &lacking)?;
     let fields = named(&lacking, 6);
     let untold = match unknown.as_slice() {
         [] => "it carries no `kubectl apply` record to tell which".to_string(),
         writers => format!(
-            "its spec was written by {} since its `kubectl apply` record, which cannot tell \
-             which",
+            "{} wrote its spec besides its `kubectl apply` record, which cannot tell which",
             named(writers, 3)
         ),
     };
@@ -148,14 +147,17 @@ where
 /// The writer `kubectl apply` (client-side) records itself as in `managedFields`.
 const KUBECTL_APPLY: &str = "kubectl-client-side-apply";
 
-/// Why `object`'s `kubectl apply` record cannot say which `spec` fields it was written with:
-/// `None` when it can (the record is there and no other writer set anything under `spec`, or
-/// the apiserver keeps no `managedFields`), else the other writers by name, none when there is
-/// no record at all. A record alone is not enough: a field that Flux's server-side apply or a
-/// `kubectl patch` set since was pruned too, and is in no record. A writer of the record
-/// itself is not another: `kubectl apply`, and those that write the record as it does under
-/// their own name (Argo CD's client-side apply, `kubectl edit`, which updates it).
-fn writers_past_the_record<K: Resource>(object: &K) -> Option<Vec<String>> {
+/// Why `object`'s `kubectl apply` record cannot say which `spec` fields it was written with,
+/// `lacking` being the `spec` fields the served CRD lacks: `None` when it can (the record is
+/// there and no other writer set anything under `spec` that may have been pruned, or the
+/// apiserver keeps no `managedFields`), else the other writers by name, none when there is no
+/// record at all. A record alone is not enough: a field that Flux's server-side apply or a
+/// `kubectl patch` set besides it was pruned too, and is in no record. Not others: a writer of
+/// the record itself (`kubectl apply`; Argo CD's client-side apply and `kubectl edit`, which
+/// write it under their own names), a write through a subresource (`scale`, `status`), and
+/// one that set only top-level values the served CRD has (`kubectl scale`, an autoscaler's
+/// `replicas`, Kueue's `suspend`, as Kubernetes before 1.22 records them).
+fn writers_past_the_record<K: Resource>(object: &K, lacking: &[String]) -> Option<Vec<String>> {
     if !object
         .annotations()
         .contains_key(floe_crds::validation::LAST_APPLIED)
@@ -163,17 +165,33 @@ fn writers_past_the_record<K: Resource>(object: &K) -> Option<Vec<String>> {
         return Some(Vec::new());
     }
     let record = format!("f:{}", floe_crds::validation::LAST_APPLIED);
+    // A value at the top of `spec` ("f:replicas": {}) that the served CRD has whole.
+    let served_value = |(key, below): (&String, &serde_json::Value)| {
+        let Some(name) = key.strip_prefix("f:") else {
+            return false;
+        };
+        let under = |f: &String| {
+            f.strip_prefix("spec.")
+                .and_then(|f| f.strip_prefix(name))
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+        };
+        below.as_object().is_some_and(|b| b.is_empty()) && !lacking.iter().any(under)
+    };
     let mut others: Vec<String> = object
         .meta()
         .managed_fields
         .iter()
         .flatten()
         .filter(|m| m.manager.as_deref() != Some(KUBECTL_APPLY))
+        .filter(|m| m.subresource.as_deref().unwrap_or_default().is_empty())
         .filter_map(|m| Some((m, &m.fields_v1.as_ref()?.0)))
         .filter(|(_, f)| f["f:metadata"]["f:annotations"].get(&record).is_none())
-        .filter(|(_, f)| f.get("f:spec").is_some())
-        .map(|(m, _)| m)
-        .map(|m| format!("`{}`", m.manager.as_deref().unwrap_or("an unnamed writer")))
+        .filter(|(_, f)| {
+            f["f:spec"]
+                .as_object()
+                .is_some_and(|spec| !spec.iter().all(served_value))
+        })
+        .map(|(m, _)| format!("`{}`", m.manager.as_deref().unwrap_or("an unnamed writer")))
         .collect();
     others.sort();
     others.dedup();
@@ -270,13 +288,38 @@ mod tests {
         assert_eq!(served_crd_lacks(&served, &by_argo, "pool"), None);
         // Flux's server-side apply (or `kubectl patch`) set spec fields since: the record
         // cannot tell which of those went.
-        let flux = ("flux", serde_json::json!({"f:spec": {"f:egress": {}}}));
-        let patched = written_by(&[applied, operator, flux.clone(), flux]);
+        let flux = (
+            "flux",
+            serde_json::json!({"f:spec": {".": {}, "f:egress": {"f:unrestricted": {}}}}),
+        );
+        let patched = written_by(&[applied.clone(), operator.clone(), flux.clone(), flux]);
         let why = served_crd_lacks(&served, &patched, "pool").expect("stalled");
         assert!(
-            why.contains("its spec was written by `flux` since its `kubectl apply` record"),
+            why.contains("`flux` wrote its spec besides its `kubectl apply` record"),
             "{why}"
         );
+        // Not a scaler, nor Kueue: a value at the top of `spec` the served CRD has, or a
+        // write through the scale subresource. A top-level value the CRD lacks is another.
+        let scaler = ("hpa", serde_json::json!({"f:spec": {"f:replicas": {}}}));
+        let scaled = written_by(&[applied.clone(), operator.clone(), scaler]);
+        assert_eq!(served_crd_lacks(&served, &scaled, "pool"), None);
+        let mut through_scale = scaled.clone();
+        for m in through_scale.meta_mut().managed_fields.iter_mut().flatten() {
+            if m.manager.as_deref() == Some("hpa") {
+                m.fields_v1 = serde_json::from_value(
+                    serde_json::json!({"f:spec": {".": {}, "f:replicas": {}}}),
+                )
+                .ok();
+                m.subresource = Some("scale".into());
+            }
+        }
+        assert_eq!(served_crd_lacks(&served, &through_scale, "pool"), None);
+        let new_value = ("kubectl-patch", serde_json::json!({"f:spec": {"f:f0": {}}}));
+        let set_new = written_by(&[applied, operator, new_value]);
+        assert!(served_crd_lacks(&served, &set_new, "pool").is_some());
+        // A CRD without `spec` at all.
+        served.set("GatewayPool", vec!["spec".into()]);
+        assert!(served_crd_lacks(&served, &unrecorded, "pool").is_some());
         served.set("GatewayPool", vec!["status.g".into()]);
         assert_eq!(served_crd_lacks(&served, &unrecorded, "pool"), None);
         served.set("GatewayPool", Vec::new());

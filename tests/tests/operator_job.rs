@@ -2745,7 +2745,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     assert_eq!(reason, "CrdOutdated", "{message}");
     assert!(
         message.contains("spec.egress.unrestricted")
-            && message.contains("written by `flux-like` since its `kubectl apply` record"),
+            && message.contains("`flux-like` wrote its spec besides its `kubectl apply` record"),
         "{message}"
     );
     let edited_pods = ListParams::default().labels("floe.dev/pool=edited");
