@@ -141,3 +141,72 @@ pub async fn keep_reading(
         served.read(&client, &metrics).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::sync::Arc;
+
+    /// A stand-in apiserver that answers both CRDs with `answer`'s status code: 200 with this
+    /// code's CRDs, the RolloutJob one without `failureReward`; else a `Status` of that code.
+    async fn apiserver(answer: Arc<AtomicU16>) -> Client {
+        let crds = floe_crds::generate::crds(floe_crds::generate::Target::LATEST).expect("crds");
+        let app = axum::Router::new().route(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+            axum::routing::get(
+                move |axum::extract::Path(name): axum::extract::Path<String>| {
+                    let code = answer.load(Ordering::SeqCst);
+                    let crd = crds
+                        .iter()
+                        .find(|c| c.metadata.name.as_deref() == Some(&name));
+                    let mut body = serde_json::to_value(crd).expect("json");
+                    if name == RolloutJob::crd_name() {
+                        let reward = &mut body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+                            ["properties"]["spec"]["properties"]["evaluator"]["properties"]
+                            ["reward"]["properties"];
+                        reward.as_object_mut().map(|r| r.remove("failureReward"));
+                    }
+                    if code != 200 {
+                        body = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "message": "no", "reason": "x", "code": code});
+                    }
+                    let status = axum::http::StatusCode::from_u16(code).expect("a code");
+                    async move { (status, axum::Json(body)) }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}", listener.local_addr().expect("its address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Client::try_from(kube::Config::new(url.parse().expect("a URL"))).expect("a client")
+    }
+
+    /// A read that fails keeps the verdict and says it has none (the operator's start waits
+    /// on that); a CRD it may not read, or that is not there, clears it and counts as had.
+    #[tokio::test]
+    async fn a_failed_read_keeps_the_verdict_and_says_so() {
+        let answer = Arc::new(AtomicU16::new(500));
+        let client = apiserver(answer.clone()).await;
+        let metrics = Metrics::new().expect("metrics");
+        let served = ServedCrds::default();
+        assert!(!served.read(&client, &metrics).await);
+        assert!(served.lacking("RolloutJob").is_empty());
+        answer.store(200, Ordering::SeqCst);
+        assert!(served.read(&client, &metrics).await);
+        assert_eq!(
+            served.lacking("RolloutJob"),
+            ["spec.evaluator.reward.failureReward"]
+        );
+        assert!(served.lacking("GatewayPool").is_empty());
+        // (Not 503: the client itself retries that one, for minutes.)
+        answer.store(502, Ordering::SeqCst);
+        assert!(!served.read(&client, &metrics).await);
+        assert_eq!(served.lacking("RolloutJob").len(), 1);
+        answer.store(403, Ordering::SeqCst);
+        assert!(served.read(&client, &metrics).await);
+        assert!(served.lacking("RolloutJob").is_empty());
+    }
+}
