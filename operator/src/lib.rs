@@ -23,6 +23,8 @@ pub(crate) mod served_crds;
 pub(crate) mod shared;
 pub(crate) mod spec_check;
 pub(crate) mod stable_hash;
+#[cfg(test)]
+pub(crate) mod stand_in_apiserver;
 pub(crate) mod tokens;
 
 /// The condition types `docs/crds.md` lists for a kind (its `status.conditions` row: every

@@ -176,12 +176,7 @@ mod tests {
                 },
             ),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let url = format!("http://{}", listener.local_addr().expect("its address"));
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Client::try_from(kube::Config::new(url.parse().expect("a URL"))).expect("a client")
+        crate::stand_in_apiserver::client_of(app).await
     }
 
     /// A read that fails keeps the verdict and says it has none (the operator's start waits

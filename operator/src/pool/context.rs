@@ -213,13 +213,7 @@ mod tests {
                 async move { axum::Json(stored) }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let url = format!("http://{}", listener.local_addr().expect("its address"));
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let config = kube::Config::new(url.parse().expect("a URL"));
-        (kube::Client::try_from(config).expect("a client"), reads)
+        (crate::stand_in_apiserver::client_of(app).await, reads)
     }
 
     fn pool(generation: i64) -> serde_json::Value {
