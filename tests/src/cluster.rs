@@ -190,16 +190,22 @@ async fn wait_established(
     name: &str,
 ) -> Result<CustomResourceDefinition> {
     for _ in 0..100 {
-        let crd = api.get(name).await?;
+        let crd = match api.get(name).await {
+            Ok(crd) => Some(crd),
+            // A control plane a few seconds old once failed one read with its etcd stream's
+            // "unexpected EOF" (a 500): asked again, as for a CRD not yet Established.
+            Err(kube::Error::Api(s)) if s.code >= 500 => None,
+            Err(e) => return Err(e.into()),
+        };
         let established = crd
-            .status
             .as_ref()
+            .and_then(|c| c.status.as_ref())
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| {
                 cs.iter()
                     .any(|c| c.type_ == "Established" && c.status == "True")
             });
-        if established {
+        if let Some(crd) = crd.filter(|_| established) {
             return Ok(crd);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
