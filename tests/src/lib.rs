@@ -24,6 +24,7 @@ pub mod scripted_upstream;
 pub mod sglang_shim;
 pub mod swebench_instance;
 pub mod toy_task;
+pub mod trainer_ingest;
 pub mod vllm;
 
 pub use cluster::{cluster, floe_bin, workspace_root, TestCluster};
@@ -35,6 +36,7 @@ pub use namespace::TestNamespace;
 pub use processes::{harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess};
 pub use scripted_upstream::{ScriptedUpstream, Step};
 pub use sglang_shim::{SglangShim, SHIM_WEIGHT_VERSION};
+pub use trainer_ingest::TrainerIngest;
 pub use vllm::setup as vllm_setup;
 pub use vllm::{tokenize, tokenize_at, vllm, vllm_long, vllm_vision, Vllm};
 

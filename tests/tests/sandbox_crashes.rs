@@ -3,16 +3,18 @@
 //! exactly once; a sandbox whose runner and harness die mid-session still ships what was
 //! captured when the pod goes away — as an untrainable infrastructure failure, never reward 0;
 //! a train job's session killed with its gateway (an eviction: no grace period) has already
-//! left a snapshot of each call, posted before the agent got the reply.
-//! Real `floe gateway` / `floe sandbox` processes, Pi from npm, the scripted upstream, and a
-//! recording trainer-ingest stand-in.
+//! left a snapshot of each call, posted before the agent got the reply, and the trainer's own
+//! ingest, sent every snapshot after the first as a delta, scores the very session built from
+//! its capture.
+//! Real `floe gateway` / `floe sandbox` processes, Pi from npm, the scripted upstream, a
+//! recording trainer-ingest stand-in and the trainer's own ingest.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use floe_tests::{
-    harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess, ScriptedUpstream,
-    Step, TestIngest,
+    floe_bin, harness_bin_dir, kill_session, spawn_sandbox, wait_child, GatewayProcess,
+    ScriptedUpstream, Step, TestIngest, TrainerIngest,
 };
 use serde_json::{json, Value};
 
@@ -256,5 +258,90 @@ async fn a_session_killed_without_grace_left_a_snapshot_of_each_call_before_its_
     // And no trajectory: nothing else left the pod.
     assert!(trainer.accepted().is_empty());
     let _ = wait_child(&mut runner, Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// An evicted session's snapshot, as the trainer's own ingest scores it, is the session its
+/// capture holds, whichever builder: the gateway sent the first snapshot whole and each later
+/// one as the change to the last (a `per_request` session's earlier calls as indices, a merged
+/// chain as the tokens it grew by), and the ingest's files add up to the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_sent_as_deltas_add_up_at_the_trainer_to_the_session_captured() -> Result<()> {
+    for builder in ["per_request", "prefix_merging"] {
+        let pi = harness_bin_dir("pi")?;
+        let root = tempfile::tempdir()?;
+        let acted = root.path().join("workspace/acted");
+        let upstream = ScriptedUpstream::start(vec![
+            Step::Shell("echo one > one.txt".into()),
+            Step::Shell("echo two > two.txt".into()),
+            Step::Shell("echo three > three.txt".into()),
+            Step::Shell("touch acted; sleep 60".into()),
+            Step::Say("never reached".into()),
+        ])
+        .await?;
+        let trainer = TrainerIngest::start(&root.path().join("ingest"))?;
+        let mut gateway =
+            GatewayProcess::start(&root.path().join("gw"), &upstream.url, &[]).await?;
+        let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
+        let mut assigned = train_job_assignment("evicted-2", &trainer.url);
+        assigned["builder"] = builder.into();
+        gateway.assign(&assigned).await?;
+        wait_for(
+            "the agent to act on the fourth reply",
+            Duration::from_secs(120),
+            || acted.exists(),
+        )
+        .await?;
+        let counts = trainer.status().await?["ingest"].clone();
+        let metrics = reqwest::get(format!("{}/metrics", gateway.url))
+            .await?
+            .text()
+            .await?;
+        gateway.kill();
+        kill_session(&mut runner)?;
+        let _ = wait_child(&mut runner, Duration::from_secs(1)).await;
+        // Four calls, four snapshots kept: the first whole, three deltas.
+        assert_eq!(
+            (&counts["partial"], &counts["partialDeltas"]),
+            (&json!(4), &json!(3)),
+            "{builder}: {counts}\ngateway log:\n{}",
+            gateway.log()
+        );
+        let bytes = |kind: &str| -> u64 {
+            let series = format!("floe_gateway_snapshot_bytes_total{{kind=\"{kind}\"}} ");
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&series))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        assert!(bytes("whole") > 0 && bytes("delta") > 0, "{metrics}");
+
+        // The operator's ruling, taken by a trainer started since: it has only the files.
+        let said = trainer.score_partial("evicted-2", "job-1/hello", 1)?;
+        assert_eq!(said["scored"], true, "{builder}: {said}");
+        let stored: Value =
+            serde_json::from_slice(&std::fs::read(trainer.dir.join("evicted-2.json"))?)?;
+        let built = std::process::Command::new(floe_bin()?)
+            .args(["trajectories", "build", "--builder", builder])
+            .arg(gateway.root.join("captures/evicted-2"))
+            .output()?;
+        anyhow::ensure!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let captured: Value = serde_json::from_slice(&built.stdout)?;
+        assert_eq!(captured["stats"]["completions"], 4, "{}", captured["stats"]);
+        assert_eq!(
+            stored["traces"], captured["traces"],
+            "{builder}: the snapshot scored is the session captured"
+        );
+        assert_eq!(stored["stats"], captured["stats"]);
+        assert_eq!(
+            (&stored["status"], &stored["trainable"], &stored["reward"]),
+            (&json!("interrupted"), &json!(true), &json!(0.0))
+        );
+    }
     Ok(())
 }

@@ -32,6 +32,8 @@ runs: the trajectory as it stands, ``interrupted`` and untrainable, which each o
 calls posts before its reply, with ``Floe-Session`` and ``Floe-Calls`` headers. The latest one
 (by calls) of each session without a trajectory is kept, unparsed, in ``DIR/partial/``; the
 session's trajectory deletes it, as do a failure not the agent's and the trainer's finish.
+After the first, a gateway sends each as a delta on the last one kept (``Floe-Base-Calls``;
+``snapshot_delta``), kept beside it in ``DIR/partial/<session>.d/`` until a whole one comes.
 Nothing of it trains unless the operator rules the session's failure the agent's own doing.
 """
 
@@ -47,7 +49,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from . import wire
+from . import snapshot_delta, wire
 
 SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
@@ -83,12 +85,20 @@ class Store:
             finally:
                 os.close(fd)
             # The session has its trajectory: its snapshot is of no more use.
-            self.partial_path(session).unlink(missing_ok=True)
-            self._partial_calls.pop(session, None)
+            self._forget_partial(session)
             return True
 
     def partial_path(self, session: str) -> Path:
         return self.dir / "partial" / f"{session}.json"
+
+    def deltas_path(self, session: str) -> Path:
+        """Where the deltas on the kept snapshot wait, one file per snapshot, by its calls."""
+        return self.dir / "partial" / f"{session}.d"
+
+    def _forget_partial(self, session: str) -> None:
+        self.partial_path(session).unlink(missing_ok=True)
+        shutil.rmtree(self.deltas_path(session), ignore_errors=True)
+        self._partial_calls.pop(session, None)
 
     def put_partial(self, session: str, calls: int, raw: bytes) -> bool:
         """Keep a running session's snapshot unless the session has its trajectory or a
@@ -104,14 +114,53 @@ class Store:
                 tmp.unlink(missing_ok=True)
                 return False
             os.replace(tmp, target)
+            shutil.rmtree(self.deltas_path(session), ignore_errors=True)
             self._partial_calls[session] = calls
             return True
+
+    def put_partial_delta(self, session: str, base: int, calls: int, raw: bytes) -> str:
+        """Keep a delta on the kept snapshot of ``base`` calls: ``"kept"``; ``"done"`` when
+        the session has its trajectory; ``"conflict"`` when the snapshot kept (since this
+        process started) is not of ``base`` calls, so the gateway sends the whole one."""
+        folder = self.deltas_path(session)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder.parent / f".delta-{threading.get_ident()}.tmp"
+        tmp.write_bytes(raw)
+        with self._lock:
+            if self.path(session).exists():
+                tmp.unlink(missing_ok=True)
+                return "done"
+            if self._partial_calls.get(session) != base or not self.partial_path(session).exists():
+                tmp.unlink(missing_ok=True)
+                return "conflict"
+            folder.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, folder / f"{calls}.json")
+            self._partial_calls[session] = calls
+            return "kept"
+
+    def load_partial(self, session: str) -> dict | None:
+        """The last snapshot kept of ``session``: the whole one with its deltas applied in
+        order, up to the first that does not apply (a trainer that crashed may have lost the
+        end of one: what is left is still an earlier snapshot of the session)."""
+        try:
+            body = json.loads(self.partial_path(session).read_bytes())
+        except (OSError, ValueError):
+            return None
+        deltas = []
+        for path in self.deltas_path(session).glob("*.json"):
+            if path.stem.isdigit():
+                deltas.append((int(path.stem), path))
+        for _, path in sorted(deltas):
+            try:
+                body = snapshot_delta.apply_delta(body, json.loads(path.read_bytes()))
+            except (OSError, ValueError):
+                break
+        return body
 
     def drop_partial(self, session: str) -> None:
         """Forget a session's snapshot (its session failed, not by its agent)."""
         with self._lock:
-            self.partial_path(session).unlink(missing_ok=True)
-            self._partial_calls.pop(session, None)
+            self._forget_partial(session)
 
     def drop_partials(self) -> None:
         """Forget every snapshot left (the job's sessions are all done)."""
@@ -146,6 +195,7 @@ class Ingest:
             "duplicate": 0,
             "invalid": 0,
             "partial": 0,
+            "partialDeltas": 0,
             "agentFault": 0,
             "agentFaultUnscored": 0,
         }
@@ -171,20 +221,34 @@ class Ingest:
         self.on_trajectory(t)
         return 200, {"session": t.session, "accepted": True}
 
-    def handle_partial(self, session: str, calls: str, raw: bytes) -> tuple[int, dict]:
+    def handle_partial(
+        self, session: str, calls: str, raw: bytes, base: str | None = None
+    ) -> tuple[int, dict]:
         """A running session's snapshot (its session and calls in the headers
         ``Floe-Session`` and ``Floe-Calls``): 200 whether kept or not (an older one, or a
-        session already in), 400 without them. The body is kept as it came, never parsed
-        here: one comes with every call of every session, and it is read only if a ruling
-        scores it (``score_partial``, which checks it then)."""
+        session already in), 400 without them. With ``Floe-Base-Calls`` it is a delta on the
+        snapshot of that many calls (``snapshot_delta``): 409 when that is not the one kept,
+        and the gateway sends the whole one. The body is kept as it came, never parsed here:
+        one comes with every call of every session, and it is read only if a ruling scores it
+        (``score_partial``, which checks it then). Every answer says deltas are taken."""
         if not SAFE_SESSION.match(session):
             return 400, {"error": f"Floe-Session {session!r} is not a safe session id"}
         if not calls.isdigit():
             return 400, {"error": f"Floe-Calls {calls!r} is not a number of calls"}
-        kept = self.store.put_partial(session, int(calls), raw)
+        if base is None:
+            kept = self.store.put_partial(session, int(calls), raw)
+        elif not base.isdigit() or int(base) >= int(calls):
+            return 400, {"error": f"Floe-Base-Calls {base!r} is not a number below Floe-Calls"}
+        else:
+            result = self.store.put_partial_delta(session, int(base), int(calls), raw)
+            if result == "conflict":
+                return 409, {"error": f"no snapshot of {base} calls is kept", "deltas": True}
+            kept = result == "kept"
+            if kept:
+                self.counts["partialDeltas"] += 1
         if kept:
             self.counts["partial"] += 1
-        return 200, {"session": session, "kept": kept}
+        return 200, {"session": session, "kept": kept, "deltas": True}
 
     def has(self, session: str) -> bool:
         """Whether ``session`` has its trajectory stored."""
@@ -199,10 +263,7 @@ class Ingest:
         session has its trajectory."""
         if not SAFE_SESSION.match(session):
             return None
-        try:
-            body = json.loads(self.store.partial_path(session).read_bytes())
-        except (OSError, ValueError):
-            body = None
+        body = self.store.load_partial(session)
         if not (
             isinstance(body, dict)
             and body.get("session") == session
@@ -326,7 +387,8 @@ def make_server(
             if self.path == "/v1/partial":
                 session = self.headers.get("floe-session") or ""
                 calls = self.headers.get("floe-calls") or ""
-                return self._reply(*ingest.handle_partial(session, calls, raw))
+                base = self.headers.get("floe-base-calls")
+                return self._reply(*ingest.handle_partial(session, calls, raw, base))
             code, body = ingest.handle(raw)
             self._reply(code, body)
 

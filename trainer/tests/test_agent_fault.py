@@ -96,7 +96,7 @@ def test_a_session_with_its_own_trajectory_is_never_scored_from_a_snapshot(tmp_p
     assert not (tmp_path / "state/ingest/partial/s-0.json").exists()
     assert partial(trainer, "s-0", 0, 2) == (
         200,
-        {"session": "s-0", "kept": False},
+        {"session": "s-0", "kept": False, "deltas": True},
     )
     assert trainer.ingest.score_partial("s-0", "j/t", 0, "evicted") is None
     # No snapshot at all (the agent never called the model): the sample fails, its group goes on.

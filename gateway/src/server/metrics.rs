@@ -27,6 +27,7 @@ pub struct Metrics {
     /// Trajectories by what happened to them: `shipped`, `retried`, `rejected`.
     trajectories: IntCounterVec,
     snapshots: IntCounterVec,
+    snapshot_bytes: IntCounterVec,
     spool_pending: IntGauge,
     /// Failed upstream attempts by kind and what followed: `retried` or `failed` (the call
     /// failed for the harness; its session is an infrastructure failure).
@@ -160,6 +161,17 @@ impl Metrics {
             snapshots.with_label_values(&[result]).inc_by(0);
         }
         register(&registry, &mut families, &snapshots)?;
+        let snapshot_bytes = IntCounterVec::new(
+            Opts::new(
+                "floe_gateway_snapshot_bytes_total",
+                "Bytes of the snapshots the trainer took, by kind: whole, or delta (the change to the last one it took)",
+            ),
+            &["kind"],
+        )?;
+        for kind in ["whole", "delta"] {
+            snapshot_bytes.with_label_values(&[kind]).inc_by(0);
+        }
+        register(&registry, &mut families, &snapshot_bytes)?;
         register(&registry, &mut families, &spool_pending)?;
         let upstream_errors = IntCounterVec::new(
             Opts::new(
@@ -199,6 +211,7 @@ impl Metrics {
             dropped,
             trajectories,
             snapshots,
+            snapshot_bytes,
             spool_pending,
             upstream_errors,
             delivery_errors,
@@ -293,6 +306,14 @@ impl Metrics {
     pub fn snapshot(&self, shipped: bool) {
         let result = if shipped { "shipped" } else { "failed" };
         self.snapshots.with_label_values(&[result]).inc();
+    }
+
+    /// A snapshot of `bytes` the trainer took, whole or as a delta.
+    pub fn snapshot_taken(&self, delta: bool, bytes: usize) {
+        let kind = if delta { "delta" } else { "whole" };
+        self.snapshot_bytes
+            .with_label_values(&[kind])
+            .inc_by(bytes as u64);
     }
 
     /// A failed delivery attempt, by cause.

@@ -48,6 +48,10 @@ pub struct Shipped {
     pub calls: u64,
     /// When the last snapshot failed, if it did.
     pub failed_at: Option<std::time::Instant>,
+    /// Marks of the traces of the last snapshot the trainer took, when it takes deltas.
+    pub marks: Option<Vec<crate::trajectory::snapshot_delta::TraceMark>>,
+    /// The session's own key for those marks' hashes.
+    pub key: std::collections::hash_map::RandomState,
 }
 
 /// A session's model calls at once. Each holds its body (up to the body limit) several times

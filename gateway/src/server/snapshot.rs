@@ -16,16 +16,22 @@
 //! [`SNAPSHOT_BACKOFF`] after that the session's calls do not wait for another try (a slow or
 //! lost trainer must not turn into sessions that time out, which would train as losses). A
 //! call whose record an earlier call's snapshot already carried (calls in flight at once)
-//! waits for nothing more. Each snapshot is the whole session so far, so a session posts
-//! about its number of calls times its size in all (what `per_request` ships once).
+//! waits for nothing more.
+//!
+//! A trainer that says it takes deltas (`"deltas": true` in its answer) is sent each next
+//! snapshot as the change to the last one it took ([`snapshot_delta`]), so a session posts
+//! about its own size in all, not its calls times its size; one that holds another base
+//! answers 409 and is sent the whole snapshot, within the same deadline.
 
+use std::collections::hash_map::RandomState;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::sessions::{Session, Shipped};
 use super::Gateway;
 use crate::ship::Sink;
-use crate::trajectory::SessionOutcome;
+use crate::trajectory::snapshot_delta::{self, SnapshotDelta, TraceMark};
+use crate::trajectory::{SessionOutcome, Trajectory};
 
 /// How long a call's reply may wait for its snapshot to reach the trainer.
 pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -73,44 +79,171 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
         return failed(gateway, &id, "the last snapshot failed moments ago");
     }
     let (gw, dir, sid) = (gateway.clone(), session.dir.clone(), id.clone());
-    let built = tokio::task::spawn_blocking(move || {
+    let (base, key) = (shipped.marks.clone(), shipped.key.clone());
+    let base_calls = shipped.calls;
+    // Building, hashing and writing the session are CPU work over all of it.
+    let prepared = tokio::task::spawn_blocking(move || {
         let outcome = SessionOutcome::Interrupted {
             message: "a snapshot of the session while it ran".into(),
         };
         super::session_store::trajectory_of(&gw, &dir, &sid, &outcome)
+            .map(|entry| prepare(entry.trajectory, base.as_deref(), base_calls, &key))
+            .map_err(|e| e.to_string())
     })
     .await;
-    let entry = match built {
-        Ok(Ok(entry)) => entry,
-        Ok(Err(e)) => return failed(gateway, &id, &e.to_string()),
+    let prepared = match prepared {
+        Ok(Ok(prepared)) => prepared,
+        Ok(Err(e)) => return failed(gateway, &id, &e),
         Err(e) => return failed(gateway, &id, &e.to_string()),
     };
-    let calls = entry.trajectory.stats.completions as u64;
-    let mut request = gateway
-        .http
-        .post(&partial)
-        .timeout(SNAPSHOT_TIMEOUT)
-        // What the trainer keeps it by, without parsing it (it parses one only to score it).
-        .header("floe-session", &id)
-        .header("floe-calls", calls)
-        .json(&entry.trajectory);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    let why = match request.send().await {
-        Ok(resp) if resp.status().is_success() => {
-            gateway.metrics.snapshot(true);
-            *shipped = Shipped {
-                calls,
-                failed_at: None,
-            };
-            return;
-        }
-        Ok(resp) => format!("POST {partial}: {}", resp.status()),
-        Err(e) => format!("POST {partial}: {}", crate::net_error::describe(&e).1),
+    let post = Post {
+        gateway,
+        url: &partial,
+        token: token.as_deref(),
+        session: &id,
+        calls: prepared.calls,
+        deadline: Instant::now() + SNAPSHOT_TIMEOUT,
     };
+    let mut taken = None;
+    if let Some(delta) = prepared.delta {
+        let bytes = delta.len();
+        match post.send(Some(base_calls), delta).await {
+            Ok(Answer::Taken { deltas }) => taken = Some((true, bytes, deltas)),
+            // The trainer holds another snapshot (it restarted, or took one that timed out
+            // here): it is sent whole.
+            Ok(Answer::Conflict) => {}
+            Err(why) => return failed_now(gateway, &id, &mut shipped, &why),
+        }
+    }
+    if taken.is_none() {
+        let whole = match serde_json::to_vec(&prepared.trajectory) {
+            Ok(whole) => whole,
+            Err(e) => return failed(gateway, &id, &e.to_string()),
+        };
+        let bytes = whole.len();
+        match post.send(None, whole).await {
+            Ok(Answer::Taken { deltas }) => taken = Some((false, bytes, deltas)),
+            Ok(Answer::Conflict) => {
+                let why = format!("POST {partial}: 409 for a whole snapshot");
+                return failed_now(gateway, &id, &mut shipped, &why);
+            }
+            Err(why) => return failed_now(gateway, &id, &mut shipped, &why),
+        }
+    }
+    if let Some((delta, bytes, deltas)) = taken {
+        gateway.metrics.snapshot(true);
+        gateway.metrics.snapshot_taken(delta, bytes);
+        *shipped = Shipped {
+            calls: prepared.calls,
+            failed_at: None,
+            // A trainer that does not say it takes deltas (an older one) is sent whole ones.
+            marks: deltas.then_some(prepared.marks),
+            key: std::mem::take(&mut shipped.key),
+        };
+    }
+}
+
+/// A snapshot ready to post: its delta against the last one taken, when there is one to
+/// plan against, and the trajectory (sent whole without one, or when the trainer asks).
+struct Prepared {
+    calls: u64,
+    trajectory: Trajectory,
+    delta: Option<Vec<u8>>,
+    marks: Vec<TraceMark>,
+}
+
+fn prepare(
+    mut trajectory: Trajectory,
+    base: Option<&[TraceMark]>,
+    base_calls: u64,
+    key: &RandomState,
+) -> Prepared {
+    let calls = trajectory.stats.completions;
+    let traces = std::mem::take(&mut trajectory.traces);
+    let (delta, marks) = match base {
+        Some(base) => {
+            let (deltas, marks) = snapshot_delta::plan(base, &traces, key);
+            let body = SnapshotDelta {
+                format: snapshot_delta::DELTA_FORMAT,
+                base_calls,
+                trajectory: &trajectory,
+                traces: deltas,
+            };
+            // Serializing these types cannot fail; were it to, the whole one is sent.
+            (serde_json::to_vec(&body).ok(), marks)
+        }
+        None => (None, snapshot_delta::marks(&traces, key)),
+    };
+    trajectory.traces = traces;
+    Prepared {
+        calls,
+        trajectory,
+        delta,
+        marks,
+    }
+}
+
+/// How the trainer answered a snapshot.
+enum Answer {
+    /// Taken (or not needed: the session has its trajectory); `deltas`: it takes deltas.
+    Taken { deltas: bool },
+    /// A delta whose base the trainer does not hold.
+    Conflict,
+}
+
+/// One session's snapshot posts, all within one deadline.
+struct Post<'a> {
+    gateway: &'a Gateway,
+    url: &'a str,
+    token: Option<&'a str>,
+    session: &'a str,
+    calls: u64,
+    deadline: Instant,
+}
+
+impl Post<'_> {
+    async fn send(&self, base_calls: Option<u64>, body: Vec<u8>) -> Result<Answer, String> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("POST {}: no time left", self.url));
+        }
+        let mut request = self
+            .gateway
+            .http
+            .post(self.url)
+            .timeout(left)
+            // What the trainer keeps it by, without parsing it (it parses one only to score it).
+            .header("floe-session", self.session)
+            .header("floe-calls", self.calls)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        if let Some(base) = base_calls {
+            request = request.header("floe-base-calls", base);
+        }
+        if let Some(token) = self.token {
+            request = request.bearer_auth(token);
+        }
+        let resp = request
+            .send()
+            .await
+            .map_err(|e| format!("POST {}: {}", self.url, crate::net_error::describe(&e).1))?;
+        let status = resp.status();
+        if status == reqwest::StatusCode::CONFLICT && base_calls.is_some() {
+            return Ok(Answer::Conflict);
+        }
+        if !status.is_success() {
+            return Err(format!("POST {}: {status}", self.url));
+        }
+        let said: serde_json::Value = resp.json().await.unwrap_or_default();
+        Ok(Answer::Taken {
+            deltas: said["deltas"] == true,
+        })
+    }
+}
+
+fn failed_now(gateway: &Gateway, session: &str, shipped: &mut Shipped, why: &str) {
     shipped.failed_at = Some(Instant::now());
-    failed(gateway, &id, &why);
+    failed(gateway, session, why);
 }
 
 fn failed(gateway: &Gateway, session: &str, why: &str) {

@@ -10,6 +10,7 @@
 pub mod outcome;
 pub mod per_request;
 pub mod prefix_merging;
+pub mod snapshot_delta;
 mod types;
 
 pub use outcome::{apply_outcome, SessionOutcome};
