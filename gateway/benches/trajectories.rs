@@ -3,12 +3,16 @@
 //! system prompt, tool calls whose results are sizeable, sub-agents and background calls.
 //!
 //! Prints, in one run: samples and tokens per builder with the per_request baseline ratio for
-//! sessions of 10, 30 and 100 turns, and the build time of a 10,000-completion session for both
-//! builders, plus peak RSS.
+//! sessions of 10, 30 and 100 turns, the bytes a train job's session posts in snapshots (one
+//! after each call) whole against as deltas, and the build time of a 10,000-completion session
+//! for both builders, plus peak RSS.
 
 use std::time::Instant;
 
 use floe_gateway::capture::{Api, CompletionRecord};
+use std::collections::hash_map::RandomState;
+
+use floe_gateway::trajectory::snapshot_delta;
 use floe_gateway::trajectory::{build_traces, BuildOptions, Builder, ReconstructionStats};
 
 const EOT: u32 = 2;
@@ -147,6 +151,39 @@ fn time_build(records: &[CompletionRecord], builder: Builder, repeats: usize) ->
     best
 }
 
+/// Bytes of the snapshots posted after each call of `records` (their traces, JSON), whole and
+/// as deltas on the one before (the first whole), and the milliseconds spent making each kind.
+fn snapshot_bytes(records: &[CompletionRecord], builder: Builder) -> [(usize, f64); 2] {
+    let key = RandomState::new();
+    let options = BuildOptions {
+        builder,
+        ..Default::default()
+    };
+    let (mut whole, mut delta) = ((0, 0.0), (0, 0.0));
+    let mut held: Option<Vec<snapshot_delta::TraceMark>> = None;
+    for calls in 1..=records.len() {
+        let (traces, _) = build_traces(&records[..calls], &options);
+        let t0 = Instant::now();
+        whole.0 += serde_json::to_vec(&traces).map_or(0, |b| b.len());
+        whole.1 += t0.elapsed().as_secs_f64() * 1000.0;
+        let t0 = Instant::now();
+        let (bytes, marks) = match &held {
+            None => (
+                serde_json::to_vec(&traces).map_or(0, |b| b.len()),
+                snapshot_delta::marks(&traces, &key),
+            ),
+            Some(base) => {
+                let (deltas, marks) = snapshot_delta::plan(base, &traces, &key);
+                (serde_json::to_vec(&deltas).map_or(0, |b| b.len()), marks)
+            }
+        };
+        delta.0 += bytes;
+        delta.1 += t0.elapsed().as_secs_f64() * 1000.0;
+        held = Some(marks);
+    }
+    [whole, delta]
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let mut rng = Rng(0x5eed_f10e);
@@ -170,6 +207,33 @@ fn main() {
             a.trainable_tokens == b.trainable_tokens,
         );
         assert_eq!(a.trainable_tokens, b.trainable_tokens, "silent drop");
+    }
+    let turns = if quick { 10 } else { 30 };
+    let records = session(&mut rng, turns, 6000);
+    println!("\n## snapshots: what a train job's session of {turns} turns ({} calls) posts, one after each call\n", records.len());
+    println!("| builder | whole (MiB) | as deltas (MiB) | whole / deltas | final trajectory (MiB) | making them whole (ms) | as deltas (ms) |");
+    println!("|---|---|---|---|---|---|---|");
+    for builder in [Builder::PerRequest, Builder::PrefixMerging] {
+        let [whole, delta] = snapshot_bytes(&records, builder);
+        let (last, _) = build_traces(
+            &records,
+            &BuildOptions {
+                builder,
+                ..Default::default()
+            },
+        );
+        let last = serde_json::to_vec(&last).map_or(0, |b| b.len());
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        println!(
+            "| {builder:?} | {:.1} | {:.1} | {:.1}x | {:.1} | {:.0} | {:.0} |",
+            mib(whole.0),
+            mib(delta.0),
+            whole.0 as f64 / delta.0 as f64,
+            mib(last),
+            whole.1,
+            delta.1
+        );
+        assert!(delta.0 < whole.0, "deltas send less");
     }
     let (chains, turns) = if quick { (100, 20) } else { (400, 25) };
     let records = wide_session(&mut rng, chains, turns, 2000);
