@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from floe_trainer.ingest import Ingest, Store, make_server
 ingest = Ingest(Store(Path(sys.argv[1])), lambda t: None)
-srv = make_server(ingest, ("127.0.0.1", 0), lambda: {"ingest": dict(ingest.counts)})
+srv = make_server(ingest, ("127.0.0.1", int(sys.argv[2])), lambda: {"ingest": dict(ingest.counts)})
 print(srv.server_address[1], flush=True)
 srv.serve_forever()
 "#;
@@ -50,8 +50,13 @@ fn python(script: &str) -> Command {
 
 impl TrainerIngest {
     pub fn start(dir: &Path) -> Result<Self> {
+        Self::start_on(dir, 0)
+    }
+
+    fn start_on(dir: &Path, port: u16) -> Result<Self> {
         let mut child = python(SERVE)
             .arg(dir)
+            .arg(port.to_string())
             .stdout(Stdio::piped())
             .spawn()
             .context("python3 serving floe_trainer.ingest")?;
@@ -67,6 +72,22 @@ impl TrainerIngest {
             dir: dir.to_path_buf(),
             child,
         })
+    }
+
+    /// Stop it (SIGKILL, as a trainer pod lost) and start another on the same port and files:
+    /// it holds the snapshots on disk, and nothing of what it took since it started.
+    pub fn restart(&mut self) -> Result<()> {
+        let port: u16 = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .context("the ingest's port")?;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        *self = Self::start_on(&self.dir, port)?;
+        Ok(())
     }
 
     /// Its `/v1/status` (here: `{"ingest": counts}`).

@@ -264,22 +264,28 @@ async fn a_session_killed_without_grace_left_a_snapshot_of_each_call_before_its_
 /// An evicted session's snapshot, as the trainer's own ingest scores it, is the session its
 /// capture holds, whichever builder: the gateway sent the first snapshot whole and each later
 /// one as the change to the last (a `per_request` session's earlier calls as indices, a merged
-/// chain as the tokens it grew by), and the ingest's files add up to the last.
+/// chain as the tokens it grew by), and the ingest's files add up to the last. Once, the
+/// trainer is lost and started again between two calls: it holds no base, answers the next
+/// delta 409, is sent that snapshot whole, and the deltas go on from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_sent_as_deltas_add_up_at_the_trainer_to_the_session_captured() -> Result<()> {
-    for builder in ["per_request", "prefix_merging"] {
+    for (builder, restart) in [
+        ("per_request", false),
+        ("prefix_merging", false),
+        ("prefix_merging", true),
+    ] {
         let pi = harness_bin_dir("pi")?;
         let root = tempfile::tempdir()?;
-        let acted = root.path().join("workspace/acted");
+        let workspace = root.path().join("workspace");
         let upstream = ScriptedUpstream::start(vec![
             Step::Shell("echo one > one.txt".into()),
-            Step::Shell("echo two > two.txt".into()),
+            Step::Shell("touch waiting; while [ ! -e go ]; do sleep 0.1; done".into()),
             Step::Shell("echo three > three.txt".into()),
             Step::Shell("touch acted; sleep 60".into()),
             Step::Say("never reached".into()),
         ])
         .await?;
-        let trainer = TrainerIngest::start(&root.path().join("ingest"))?;
+        let mut trainer = TrainerIngest::start(&root.path().join("ingest"))?;
         let mut gateway =
             GatewayProcess::start(&root.path().join("gw"), &upstream.url, &[]).await?;
         let mut runner = spawn_sandbox(&gateway, root.path(), &[pi])?;
@@ -287,9 +293,19 @@ async fn snapshots_sent_as_deltas_add_up_at_the_trainer_to_the_session_captured(
         assigned["builder"] = builder.into();
         gateway.assign(&assigned).await?;
         wait_for(
+            "the agent to act on the second reply",
+            Duration::from_secs(120),
+            || workspace.join("waiting").exists(),
+        )
+        .await?;
+        if restart {
+            trainer.restart()?;
+        }
+        std::fs::write(workspace.join("go"), "")?;
+        wait_for(
             "the agent to act on the fourth reply",
             Duration::from_secs(120),
-            || acted.exists(),
+            || workspace.join("acted").exists(),
         )
         .await?;
         let counts = trainer.status().await?["ingest"].clone();
@@ -300,11 +316,13 @@ async fn snapshots_sent_as_deltas_add_up_at_the_trainer_to_the_session_captured(
         gateway.kill();
         kill_session(&mut runner)?;
         let _ = wait_child(&mut runner, Duration::from_secs(1)).await;
-        // Four calls, four snapshots kept: the first whole, three deltas.
+        // Four calls, four snapshots kept: the first whole, three deltas; after a restart
+        // between the second and third, this trainer took the third whole and the fourth.
+        let (kept, deltas) = if restart { (2, 1) } else { (4, 3) };
         assert_eq!(
             (&counts["partial"], &counts["partialDeltas"]),
-            (&json!(4), &json!(3)),
-            "{builder}: {counts}\ngateway log:\n{}",
+            (&json!(kept), &json!(deltas)),
+            "{builder}, restart {restart}: {counts}\ngateway log:\n{}",
             gateway.log()
         );
         let bytes = |kind: &str| -> u64 {
@@ -316,6 +334,10 @@ async fn snapshots_sent_as_deltas_add_up_at_the_trainer_to_the_session_captured(
                 .unwrap_or(0)
         };
         assert!(bytes("whole") > 0 && bytes("delta") > 0, "{metrics}");
+        assert!(
+            metrics.contains("floe_gateway_snapshots_total{result=\"failed\"} 0"),
+            "a refused delta is no failed snapshot: {metrics}"
+        );
 
         // The operator's ruling, taken by a trainer started since: it has only the files.
         let said = trainer.score_partial("evicted-2", "job-1/hello", 1)?;

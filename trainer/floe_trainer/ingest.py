@@ -32,7 +32,8 @@ runs: the trajectory as it stands, ``interrupted`` and untrainable, which each o
 calls posts before its reply, with ``Floe-Session`` and ``Floe-Calls`` headers. The latest one
 (by calls) of each session without a trajectory is kept, unparsed, in ``DIR/partial/``; the
 session's trajectory deletes it, as do a failure not the agent's and the trainer's finish.
-After the first, a gateway sends each as a delta on the last one kept (``Floe-Base-Calls``;
+After the first, a gateway sends each as a delta on the last one kept (``POST
+/v1/partial/delta``, naming that one's ``Floe-Snapshot`` id in ``Floe-Base-Snapshot``;
 ``snapshot_delta``), kept beside it in ``DIR/partial/<session>.d/`` until a whole one comes.
 Nothing of it trains unless the operator rules the session's failure the agent's own doing.
 """
@@ -52,6 +53,7 @@ from pathlib import Path
 from . import snapshot_delta, wire
 
 SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+SNAPSHOT_ID = re.compile(r"^[0-9a-f]{1,32}$")
 
 
 class Store:
@@ -62,6 +64,9 @@ class Store:
         # The calls of each snapshot kept since this process started (a restarted trainer
         # takes the next one whatever it holds: a session's gateway posts them in order).
         self._partial_calls: dict[str, int] = {}
+        # The id of each snapshot kept since this process started (``Floe-Snapshot``): the
+        # base a delta must name (``put_partial_delta``).
+        self._partial_ids: dict[str, str] = {}
 
     def path(self, session: str) -> Path:
         return self.dir / f"{session}.json"
@@ -99,12 +104,16 @@ class Store:
         self.partial_path(session).unlink(missing_ok=True)
         shutil.rmtree(self.deltas_path(session), ignore_errors=True)
         self._partial_calls.pop(session, None)
+        self._partial_ids.pop(session, None)
 
-    def put_partial(self, session: str, calls: int, raw: bytes) -> bool:
+    def put_partial(
+        self, session: str, calls: int, raw: bytes, snapshot: str | None = None
+    ) -> bool:
         """Keep a running session's snapshot unless the session has its trajectory or a
         snapshot of more calls is kept (its gateway posts them in order; this is the guard).
-        True when kept. Written outside the store's lock, and not fsynced: one per call (a
-        trainer that crashes may keep an older one)."""
+        True when kept; ``snapshot``: its id, which a delta on it names. Written outside the
+        store's lock, and not fsynced: one per call (a trainer that crashes may keep an older
+        one)."""
         target = self.partial_path(session)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".partial-{threading.get_ident()}.tmp"
@@ -116,26 +125,39 @@ class Store:
             os.replace(tmp, target)
             shutil.rmtree(self.deltas_path(session), ignore_errors=True)
             self._partial_calls[session] = calls
+            if snapshot is None:
+                self._partial_ids.pop(session, None)
+            else:
+                self._partial_ids[session] = snapshot
             return True
 
-    def put_partial_delta(self, session: str, base: int, calls: int, raw: bytes) -> str:
-        """Keep a delta on the kept snapshot of ``base`` calls: ``"kept"``; ``"done"`` when
-        the session has its trajectory; ``"conflict"`` when the snapshot kept (since this
-        process started) is not of ``base`` calls, so the gateway sends the whole one."""
-        folder = self.deltas_path(session)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder.parent / f".delta-{threading.get_ident()}.tmp"
+    def put_partial_delta(
+        self, session: str, base: str, calls: int, raw: bytes, snapshot: str
+    ) -> str:
+        """Keep a delta on the kept snapshot whose id is ``base``, as the snapshot ``snapshot``
+        of ``calls`` calls: ``"kept"``; ``"done"`` when the session has its trajectory;
+        ``"conflict"`` when the snapshot kept since this process started is another (or none),
+        so the gateway sends the whole one."""
+        parent = self.partial_path(session).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = parent / f".delta-{threading.get_ident()}.tmp"
         tmp.write_bytes(raw)
         with self._lock:
             if self.path(session).exists():
                 tmp.unlink(missing_ok=True)
                 return "done"
-            if self._partial_calls.get(session) != base or not self.partial_path(session).exists():
+            if (
+                self._partial_ids.get(session) != base
+                or self._partial_calls.get(session, -1) >= calls
+                or not self.partial_path(session).exists()
+            ):
                 tmp.unlink(missing_ok=True)
                 return "conflict"
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = self.deltas_path(session)
+            folder.mkdir(exist_ok=True)
             os.replace(tmp, folder / f"{calls}.json")
             self._partial_calls[session] = calls
+            self._partial_ids[session] = snapshot
             return "kept"
 
     def load_partial(self, session: str) -> dict | None:
@@ -167,6 +189,7 @@ class Store:
         with self._lock:
             shutil.rmtree(self.dir / "partial", ignore_errors=True)
             self._partial_calls.clear()
+            self._partial_ids.clear()
 
     def load(self) -> list[wire.Trajectory]:
         """Every stored trajectory (a restart replays them), by file name."""
@@ -222,30 +245,42 @@ class Ingest:
         return 200, {"session": t.session, "accepted": True}
 
     def handle_partial(
-        self, session: str, calls: str, raw: bytes, base: str | None = None
+        self,
+        session: str,
+        calls: str,
+        raw: bytes,
+        snapshot: str | None = None,
+        base: str | None = None,
     ) -> tuple[int, dict]:
-        """A running session's snapshot (its session and calls in the headers
-        ``Floe-Session`` and ``Floe-Calls``): 200 whether kept or not (an older one, or a
-        session already in), 400 without them. With ``Floe-Base-Calls`` it is a delta on the
-        snapshot of that many calls (``snapshot_delta``): 409 when that is not the one kept,
-        and the gateway sends the whole one. The body is kept as it came, never parsed here:
-        one comes with every call of every session, and it is read only if a ruling scores it
-        (``score_partial``, which checks it then). Every answer says deltas are taken."""
+        """A running session's snapshot (its session, calls and id in the headers
+        ``Floe-Session``, ``Floe-Calls`` and ``Floe-Snapshot``): 200 whether kept or not (an
+        older one, or a session already in), 400 without them. With ``base``
+        (``Floe-Base-Snapshot``, ``POST /v1/partial/delta``) it is a delta on the snapshot of
+        that id (``snapshot_delta``): 409 when that is not the one kept, and the gateway sends
+        the whole one. The body is kept as it came, never parsed here: one comes with every
+        call of every session, and it is read only if a ruling scores it (``score_partial``,
+        which checks it then). Every answer says deltas are taken."""
         if not SAFE_SESSION.match(session):
             return 400, {"error": f"Floe-Session {session!r} is not a safe session id"}
         if not calls.isdigit():
             return 400, {"error": f"Floe-Calls {calls!r} is not a number of calls"}
-        if base is None:
-            kept = self.store.put_partial(session, int(calls), raw)
-        elif not base.isdigit() or int(base) >= int(calls):
-            return 400, {"error": f"Floe-Base-Calls {base!r} is not a number below Floe-Calls"}
-        else:
-            result = self.store.put_partial_delta(session, int(base), int(calls), raw)
-            if result == "conflict":
-                return 409, {"error": f"no snapshot of {base} calls is kept", "deltas": True}
-            kept = result == "kept"
-            if kept:
-                self.counts["partialDeltas"] += 1
+        for name, value in (("Floe-Snapshot", snapshot), ("Floe-Base-Snapshot", base)):
+            if value is not None and not SNAPSHOT_ID.match(value):
+                return 400, {"error": f"{name} {value!r} is not a snapshot id"}
+        try:
+            if base is None:
+                kept = self.store.put_partial(session, int(calls), raw, snapshot)
+            elif snapshot is None:
+                return 400, {"error": "a delta needs its own Floe-Snapshot"}
+            else:
+                result = self.store.put_partial_delta(session, base, int(calls), raw, snapshot)
+                if result == "conflict":
+                    return 409, {"error": f"snapshot {base} is not the one kept", "deltas": True}
+                kept = result == "kept"
+                if kept:
+                    self.counts["partialDeltas"] += 1
+        except OSError as e:
+            return 500, {"error": f"the snapshot was not kept: {e}"}
         if kept:
             self.counts["partial"] += 1
         return 200, {"session": session, "kept": kept, "deltas": True}
@@ -371,7 +406,7 @@ def make_server(
                 return self._failed()
             if self.path == "/v1/fidelity":
                 return self._fidelity()
-            if self.path not in ("/v1/trajectories", "/v1/partial"):
+            if self.path not in ("/v1/trajectories", "/v1/partial", "/v1/partial/delta"):
                 return self._reply(404, {"error": f"no route {self.path}"})
             given = self.headers.get("authorization") or ""
             if ingest_token and not hmac.compare_digest(
@@ -384,11 +419,20 @@ def make_server(
                     413, {"error": f"body of {length} bytes > {ingest.max_body_bytes}"}
                 )
             raw = self.rfile.read(length)
-            if self.path == "/v1/partial":
-                session = self.headers.get("floe-session") or ""
-                calls = self.headers.get("floe-calls") or ""
-                base = self.headers.get("floe-base-calls")
-                return self._reply(*ingest.handle_partial(session, calls, raw, base))
+            if len(raw) != length:
+                # The poster gave up mid-body: a snapshot kept unparsed would be a torn one.
+                return self._reply(400, {"error": f"body of {len(raw)} bytes, not {length}"})
+            if self.path.startswith("/v1/partial"):
+                delta = self.path == "/v1/partial/delta"
+                return self._reply(
+                    *ingest.handle_partial(
+                        self.headers.get("floe-session") or "",
+                        self.headers.get("floe-calls") or "",
+                        raw,
+                        self.headers.get("floe-snapshot"),
+                        (self.headers.get("floe-base-snapshot") or "") if delta else None,
+                    )
+                )
             code, body = ingest.handle(raw)
             self._reply(code, body)
 

@@ -4,7 +4,8 @@ A train job's gateway posts a snapshot of each session after every call (``POST
 /v1/partial``). Posted whole, a session of ``n`` calls would send ``n`` times its size, and a
 ``per_request`` session's size itself grows with the square of its calls. So once the trainer
 says it takes deltas (``"deltas": true`` in its answer), the gateway sends each next snapshot
-as a delta (``Floe-Base-Calls``: the calls of the snapshot it is against)::
+as a delta (``POST /v1/partial/delta``; every snapshot has an id, ``Floe-Snapshot``, and a
+delta names the one it is on in ``Floe-Base-Snapshot``)::
 
     {"format": "floe.snapshot-delta/v1", "base_calls": 4,
      "trajectory": {...the trajectory's own fields, "traces": []...},

@@ -4,6 +4,7 @@ does not hold (409: the gateway sends the whole one), and a ruling scores the sn
 add up to, the same as the whole one would have been."""
 
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -127,9 +128,17 @@ def test_a_delta_that_does_not_fit_its_snapshot_is_refused(held, body, why):
         apply_delta(held, body)
 
 
+def sid(calls):
+    """The snapshot id a gateway gives the snapshot of ``calls`` calls here."""
+    return f"{calls:04x}"
+
+
 def post(ingest, body, calls, base=None):
+    """A whole snapshot of ``calls`` calls, or with ``base`` (calls) a delta on that one."""
     raw = json.dumps(body).encode()
-    return ingest.handle_partial("s-1", str(calls), raw, None if base is None else str(base))
+    return ingest.handle_partial(
+        "s-1", str(calls), raw, sid(calls), None if base is None else sid(base)
+    )
 
 
 def test_the_ingest_keeps_deltas_on_the_snapshot_they_build_on_and_scores_their_sum(tmp_path):
@@ -144,8 +153,15 @@ def test_the_ingest_keeps_deltas_on_the_snapshot_they_build_on_and_scores_their_
     assert post(ingest, THREE_ON_TWO, 4, 3)[0] == 200
     assert ingest.store.load_partial("s-1") == THREE
     assert ingest.counts["partial"] == 3 and ingest.counts["partialDeltas"] == 2
-    # A base that is not below the calls is no delta.
-    assert post(ingest, THREE_ON_TWO, 4, 4)[0] == 400
+    # Ids that are not ids, a delta without its own.
+    raw = json.dumps(THREE_ON_TWO).encode()
+    assert ingest.handle_partial("s-1", "5", raw, "x!", sid(4))[0] == 400
+    assert ingest.handle_partial("s-1", "5", raw, sid(5), "")[0] == 400
+    assert ingest.handle_partial("s-1", "5", raw, None, sid(4))[0] == 400
+    # A whole snapshot of as many calls posted late (its answer never reached the gateway,
+    # which went on with a delta) replaces the base: the next delta names another, refused.
+    assert ingest.handle_partial("s-1", "4", json.dumps(THREE).encode(), "ffff")[0] == 200
+    assert post(ingest, THREE_ON_TWO, 5, 4)[0] == 409
 
     # A restarted trainer holds the files, not which one is last: deltas are refused until a
     # whole one comes, and a ruling scores what the files add up to.
@@ -184,13 +200,15 @@ def test_a_delta_over_http_names_its_base_in_a_header(tmp_path):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/partial"
 
-    def send(body, calls, base=None):
-        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    def send(body, calls, base=None, path=""):
+        to = url + ("/delta" if base is not None else "") + path
+        req = urllib.request.Request(to, data=json.dumps(body).encode(), method="POST")
         req.add_header("floe-session", "s-1")
         req.add_header("floe-calls", str(calls))
+        req.add_header("floe-snapshot", sid(calls))
         req.add_header("authorization", "Bearer 1ngest")
         if base is not None:
-            req.add_header("floe-base-calls", str(base))
+            req.add_header("floe-base-snapshot", base)
         try:
             with urllib.request.urlopen(req) as r:
                 return r.status, json.loads(r.read())
@@ -198,10 +216,26 @@ def test_a_delta_over_http_names_its_base_in_a_header(tmp_path):
             return e.code, json.loads(e.read())
 
     try:
-        assert send(TWO_ON_ONE, 3, 1)[0] == 409
+        assert send(TWO_ON_ONE, 3, sid(1))[0] == 409
         assert send(ONE, 1) == (200, {"session": "s-1", "kept": True, "deltas": True})
         assert send(TWO_ON_ONE, 3, "one")[0] == 400
-        assert send(TWO_ON_ONE, 3, 1)[0] == 200
+        assert send(TWO_ON_ONE, 3, "")[0] == 400, "the delta route needs a base"
+        assert send(TWO_ON_ONE, 3, sid(1))[0] == 200
+        assert ingest.store.load_partial("s-1") == TWO
+        assert send(ONE, 1, path="/more")[0] == 404
+
+        # A poster that gave up mid-body: nothing of it is kept.
+        host, port = srv.server_address
+        with socket.create_connection((host, port)) as conn:
+            body = json.dumps(THREE).encode()
+            conn.sendall(
+                b"POST /v1/partial HTTP/1.1\r\nHost: x\r\nfloe-session: s-1\r\n"
+                b"floe-calls: 4\r\nauthorization: Bearer 1ngest\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body[:50]
+            )
+            conn.shutdown(socket.SHUT_WR)
+            assert b" 400 " in conn.recv(4096).split(b"\r\n")[0] + b" "
         assert ingest.store.load_partial("s-1") == TWO
     finally:
         srv.shutdown()

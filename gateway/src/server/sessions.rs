@@ -44,8 +44,11 @@ pub struct Session {
 /// What a session's snapshots did so far.
 #[derive(Debug, Default)]
 pub struct Shipped {
-    /// Calls the last snapshot the trainer took carried.
+    /// Calls the last snapshot the trainer took carried (abandoned ones aside: in no trace).
     pub calls: u64,
+    /// Calls captured when the last snapshot taken, or found to carry nothing new, was built:
+    /// a call at or below it needs no snapshot of its own.
+    pub captured: u64,
     /// When the last snapshot failed, if it did.
     pub failed_at: Option<std::time::Instant>,
     /// Marks of the traces of the last snapshot the trainer took, when it takes deltas.

@@ -19,9 +19,11 @@
 //! waits for nothing more.
 //!
 //! A trainer that says it takes deltas (`"deltas": true` in its answer) is sent each next
-//! snapshot as the change to the last one it took ([`snapshot_delta`]), so a session posts
-//! about its own size in all, not its calls times its size; one that holds another base
-//! answers 409 and is sent the whole snapshot, within the same deadline.
+//! snapshot as the change to the last one it took (`POST /v1/partial/delta`,
+//! [`snapshot_delta`]), so a session posts about its own size in all, not its calls times its
+//! size; one that holds another base answers 409, and one that takes none 404, and is sent
+//! the whole snapshot, within the same deadline. A call that added nothing to the snapshot
+//! taken (its session's new calls abandoned: in no trace) posts nothing.
 
 use std::collections::hash_map::RandomState;
 use std::sync::Arc;
@@ -68,7 +70,7 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
     // This call's record is written: a snapshot from now on carries it.
     let mine = session.captured_calls();
     let mut shipped = session.snapshot.lock().await;
-    if !session.is_open() || shipped.calls >= mine {
+    if !session.is_open() || shipped.captured >= mine {
         // It has its outcome (its trajectory is on its way), or a snapshot carried this call.
         return;
     }
@@ -78,6 +80,8 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
     {
         return failed(gateway, &id, "the last snapshot failed moments ago");
     }
+    // Read before the capture: every record it counts is in what the build reads.
+    let captured = session.captured_calls();
     let (gw, dir, sid) = (gateway.clone(), session.dir.clone(), id.clone());
     let (base, key) = (shipped.marks.clone(), shipped.key.clone());
     let base_calls = shipped.calls;
@@ -91,27 +95,33 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
             .map_err(|e| e.to_string())
     })
     .await;
-    let prepared = match prepared {
+    let mut prepared = match prepared {
         Ok(Ok(prepared)) => prepared,
         Ok(Err(e)) => return failed(gateway, &id, &e),
         Err(e) => return failed(gateway, &id, &e.to_string()),
     };
+    if prepared.calls <= shipped.calls {
+        // No call the trainer's snapshot lacks (the new ones were abandoned: in no trace).
+        shipped.captured = captured;
+        return;
+    }
     let post = Post {
         gateway,
         url: &partial,
         token: token.as_deref(),
         session: &id,
         calls: prepared.calls,
+        snapshot: &prepared.id,
         deadline: Instant::now() + SNAPSHOT_TIMEOUT,
     };
     let mut taken = None;
-    if let Some(delta) = prepared.delta {
+    if let Some((delta, base)) = prepared.delta.take() {
         let bytes = delta.len();
-        match post.send(Some(base_calls), delta).await {
+        match post.send(Some(&base), delta).await {
             Ok(Answer::Taken { deltas }) => taken = Some((true, bytes, deltas)),
-            // The trainer holds another snapshot (it restarted, or took one that timed out
-            // here): it is sent whole.
-            Ok(Answer::Conflict) => {}
+            // The trainer holds another snapshot (it restarted, or took one whose answer never
+            // came here), or does not take deltas after all: it is sent the whole one.
+            Ok(Answer::Refused) => shipped.marks = None,
             Err(why) => return failed_now(gateway, &id, &mut shipped, &why),
         }
     }
@@ -123,8 +133,8 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
         let bytes = whole.len();
         match post.send(None, whole).await {
             Ok(Answer::Taken { deltas }) => taken = Some((false, bytes, deltas)),
-            Ok(Answer::Conflict) => {
-                let why = format!("POST {partial}: 409 for a whole snapshot");
+            Ok(Answer::Refused) => {
+                let why = format!("POST {partial}: the whole snapshot refused");
                 return failed_now(gateway, &id, &mut shipped, &why);
             }
             Err(why) => return failed_now(gateway, &id, &mut shipped, &why),
@@ -135,6 +145,7 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
         gateway.metrics.snapshot_taken(delta, bytes);
         *shipped = Shipped {
             calls: prepared.calls,
+            captured,
             failed_at: None,
             // A trainer that does not say it takes deltas (an older one) is sent whole ones.
             marks: deltas.then_some(prepared.marks),
@@ -143,12 +154,14 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
     }
 }
 
-/// A snapshot ready to post: its delta against the last one taken, when there is one to
-/// plan against, and the trajectory (sent whole without one, or when the trainer asks).
+/// A snapshot ready to post: its id, and its delta against the last one taken with that
+/// one's id, when there is one to plan against; the trajectory, sent whole without one or
+/// when the trainer asks.
 struct Prepared {
     calls: u64,
+    id: String,
     trajectory: Trajectory,
-    delta: Option<Vec<u8>>,
+    delta: Option<(Vec<u8>, String)>,
     marks: Vec<TraceMark>,
 }
 
@@ -170,13 +183,17 @@ fn prepare(
                 traces: deltas,
             };
             // Serializing these types cannot fail; were it to, the whole one is sent.
-            (serde_json::to_vec(&body).ok(), marks)
+            let delta = serde_json::to_vec(&body)
+                .ok()
+                .map(|body| (body, snapshot_delta::id(base, base_calls, key)));
+            (delta, marks)
         }
         None => (None, snapshot_delta::marks(&traces, key)),
     };
     trajectory.traces = traces;
     Prepared {
         calls,
+        id: snapshot_delta::id(&marks, calls, key),
         trajectory,
         delta,
         marks,
@@ -187,8 +204,9 @@ fn prepare(
 enum Answer {
     /// Taken (or not needed: the session has its trajectory); `deltas`: it takes deltas.
     Taken { deltas: bool },
-    /// A delta whose base the trainer does not hold.
-    Conflict,
+    /// A delta's 4xx: its base is not what the trainer holds (409), or the trainer does not
+    /// take deltas (one rolled back since: 404 for the route).
+    Refused,
 }
 
 /// One session's snapshot posts, all within one deadline.
@@ -198,27 +216,36 @@ struct Post<'a> {
     token: Option<&'a str>,
     session: &'a str,
     calls: u64,
+    /// This snapshot's id: what a delta on it names as its base.
+    snapshot: &'a str,
     deadline: Instant,
 }
 
 impl Post<'_> {
-    async fn send(&self, base_calls: Option<u64>, body: Vec<u8>) -> Result<Answer, String> {
+    /// Post a whole snapshot (`base: None`), or a delta on the snapshot whose id is `base`
+    /// (to `…/v1/partial/delta`, which a trainer that takes none does not have).
+    async fn send(&self, base: Option<&str>, body: Vec<u8>) -> Result<Answer, String> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(format!("POST {}: no time left", self.url));
         }
+        let url = match base {
+            Some(_) => format!("{}/delta", self.url),
+            None => self.url.to_string(),
+        };
         let mut request = self
             .gateway
             .http
-            .post(self.url)
+            .post(&url)
             .timeout(left)
             // What the trainer keeps it by, without parsing it (it parses one only to score it).
             .header("floe-session", self.session)
             .header("floe-calls", self.calls)
+            .header("floe-snapshot", self.snapshot)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
-        if let Some(base) = base_calls {
-            request = request.header("floe-base-calls", base);
+        if let Some(base) = base {
+            request = request.header("floe-base-snapshot", base);
         }
         if let Some(token) = self.token {
             request = request.bearer_auth(token);
@@ -226,13 +253,13 @@ impl Post<'_> {
         let resp = request
             .send()
             .await
-            .map_err(|e| format!("POST {}: {}", self.url, crate::net_error::describe(&e).1))?;
+            .map_err(|e| format!("POST {url}: {}", crate::net_error::describe(&e).1))?;
         let status = resp.status();
-        if status == reqwest::StatusCode::CONFLICT && base_calls.is_some() {
-            return Ok(Answer::Conflict);
+        if base.is_some() && status.is_client_error() {
+            return Ok(Answer::Refused);
         }
         if !status.is_success() {
-            return Err(format!("POST {}: {status}", self.url));
+            return Err(format!("POST {url}: {status}"));
         }
         let said: serde_json::Value = resp.json().await.unwrap_or_default();
         Ok(Answer::Taken {

@@ -11,8 +11,8 @@
 //!
 //! Sans-IO: [`plan`] compares the traces with [`TraceMark`]s kept of the last snapshot taken
 //! (lengths and keyed hashes, not the tokens), and the trainer rebuilds the snapshot from the
-//! one it holds (`floe_trainer.ingest`). A trainer that holds another snapshot than the delta's
-//! base answers 409 and is sent the whole one.
+//! one it holds (`floe_trainer.snapshot_delta`). Each snapshot has an [`id`]; a delta names its
+//! base's, and a trainer that holds another snapshot answers 409 and is sent the whole one.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -21,12 +21,12 @@ use serde::Serialize;
 
 use super::{ChainStart, Trace, Trajectory};
 
-/// The `format` of a delta body (`POST /v1/partial` with a `Floe-Base-Calls` header).
+/// The `format` of a delta body (`POST /v1/partial/delta`, its base's id in `Floe-Base-Snapshot`).
 pub const DELTA_FORMAT: &str = "floe.snapshot-delta/v1";
 
 /// What the gateway keeps of one trace of the snapshot the trainer took: enough to tell
 /// whether a trace now is that one, or that one grown.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TraceMark {
     /// The capture `seq` the trace starts with: each call is in exactly one trace, so it names it.
     first: Option<u64>,
@@ -98,6 +98,8 @@ pub fn plan<'a>(
             Some((i, was)) if *was == now => TraceDelta::Same { same: i },
             Some((i, was))
                 if was.response_len <= trace.response_token_ids.len()
+                    && trace.loss_mask.len() == trace.response_token_ids.len()
+                    && trace.logprobs.len() == trace.response_token_ids.len()
                     && tokens_hash(trace, was.response_len, key) == was.tokens =>
             {
                 let from = was.response_len;
@@ -116,6 +118,15 @@ pub fn plan<'a>(
         marks.push(now);
     }
     (deltas, marks)
+}
+
+/// A snapshot's id, from its marks and calls: what a delta names as the snapshot it is on, so
+/// that a trainer holding any other (a late post of the same calls included) refuses it.
+pub fn id(marks: &[TraceMark], calls: u64, key: &impl BuildHasher) -> String {
+    let mut h = key.build_hasher();
+    calls.hash(&mut h);
+    marks.hash(&mut h);
+    format!("{:016x}", h.finish())
 }
 
 fn mark(trace: &Trace, key: &impl BuildHasher) -> TraceMark {

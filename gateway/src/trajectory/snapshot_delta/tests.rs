@@ -237,3 +237,20 @@ proptest! {
         prop_assert!(carried(&deltas) <= total);
     }
 }
+
+#[test]
+fn a_snapshot_id_names_its_traces_and_calls() {
+    let key = RandomState::new();
+    let records = session(5, 0);
+    let four = marks(&traces(&records[..4], Builder::PerRequest), &key);
+    let five = marks(&traces(&records, Builder::PerRequest), &key);
+    assert_eq!(id(&four, 4, &key), id(&four.clone(), 4, &key));
+    assert_ne!(id(&four, 4, &key), id(&five, 5, &key));
+    assert_ne!(
+        id(&four, 4, &key),
+        id(&four, 5, &key),
+        "the calls are part of it"
+    );
+    // Keyed per session: another session's ids tell nothing of this one's.
+    assert_ne!(id(&four, 4, &key), id(&four, 4, &RandomState::new()));
+}
