@@ -4,12 +4,15 @@
 //!
 //! Prints, in one run: samples and tokens per builder with the per_request baseline ratio for
 //! sessions of 10, 30 and 100 turns, the bytes a train job's session posts in snapshots (one
-//! after each call) whole against as deltas, and the build time of a 10,000-completion session
+//! after each call) whole against as deltas, what building each snapshot from the capture costs
+//! read whole against read as it grows, and the build time of a 10,000-completion session
 //! for both builders, plus peak RSS.
 
 use std::time::Instant;
 
-use floe_gateway::capture::{Api, CompletionRecord};
+use floe_gateway::capture::{
+    read_session, Api, CaptureLog, CaptureTail, CompletionRecord, Durability,
+};
 use std::collections::hash_map::RandomState;
 
 use floe_gateway::trajectory::snapshot_delta;
@@ -184,6 +187,43 @@ fn snapshot_bytes(records: &[CompletionRecord], builder: Builder) -> [(usize, f6
     [whole, delta]
 }
 
+/// A record as the gateway captures it: the harness's request and the one sent upstream each
+/// carry the conversation (about 4 bytes of text a token), the answer its text.
+fn with_bodies(record: &CompletionRecord) -> CompletionRecord {
+    let conversation = "x".repeat(4 * record.prompt_token_ids.len());
+    let answer = "y".repeat(4 * record.completion_token_ids.len());
+    CompletionRecord {
+        request: serde_json::json!({"messages": [{"role": "user", "content": conversation}]}),
+        normalized_request: serde_json::json!({"max_tokens": 4096, "messages": [{"role": "user", "content": conversation}]}),
+        response: serde_json::json!({"content": [{"type": "text", "text": answer}]}),
+        ..record.clone()
+    }
+}
+
+/// Milliseconds spent building a snapshot after each call of `records` from its capture (as
+/// the gateway does), the file read whole each time, and read as it grows; the file's size.
+fn snapshot_builds(records: &[CompletionRecord]) -> (f64, f64, u64) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut log = CaptureLog::open(dir.path(), Durability::Write).expect("a capture");
+    let mut tail = CaptureTail::default();
+    let options = BuildOptions::default();
+    let (mut whole, mut grown) = (0.0, 0.0);
+    for record in records {
+        log.append(&with_bodies(record)).expect("a capture line");
+        let t0 = Instant::now();
+        let capture = read_session(dir.path()).expect("the capture");
+        std::hint::black_box(build_traces(&capture.records, &options));
+        whole += t0.elapsed().as_secs_f64() * 1000.0;
+        let t0 = Instant::now();
+        tail.read_more(dir.path()).expect("the capture's new lines");
+        std::hint::black_box(build_traces(tail.records(), &options));
+        grown += t0.elapsed().as_secs_f64() * 1000.0;
+    }
+    let size = std::fs::metadata(dir.path().join(floe_gateway::capture::CAPTURE_FILE))
+        .map_or(0, |m| m.len());
+    (whole, grown, size)
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let mut rng = Rng(0x5eed_f10e);
@@ -235,6 +275,9 @@ fn main() {
         );
         assert!(delta.0 < whole.0, "deltas send less");
     }
+    let (whole, grown, size) = snapshot_builds(&records);
+    println!("\nBuilding those snapshots from the capture ({:.1} MiB at the end, its bodies included), all {} calls: the file read whole each time {whole:.0} ms, read as it grows {grown:.0} ms ({:.1}x)", size as f64 / (1 << 20) as f64, records.len(), whole / grown);
+    assert!(grown < whole, "reading only the new lines costs less");
     let (chains, turns) = if quick { (100, 20) } else { (400, 25) };
     let records = wide_session(&mut rng, chains, turns, 2000);
     let rss_before = peak_rss_mib();

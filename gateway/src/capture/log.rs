@@ -207,6 +207,26 @@ pub fn find_sessions(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// A session's `session.json`, or `None` when it has none.
+pub fn read_meta(dir: &Path) -> Result<Option<SessionMeta>, CaptureReadError> {
+    match std::fs::read(dir.join(META_FILE)) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| CaptureReadError::Corrupt {
+                    path: dir.join(META_FILE),
+                    line: 1,
+                    source,
+                })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(CaptureReadError::Io {
+            path: dir.join(META_FILE),
+            source,
+        }),
+    }
+}
+
 /// Read a session's capture directory. A torn *last* line is skipped; a bad line anywhere
 /// else is corruption and an error.
 pub fn read_session(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
@@ -220,23 +240,7 @@ pub fn read_session(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
         .lines()
         .collect::<Result<_, _>>()
         .map_err(io)?;
-    let meta =
-        match std::fs::read(dir.join(META_FILE)) {
-            Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|source| {
-                CaptureReadError::Corrupt {
-                    path: dir.join(META_FILE),
-                    line: 1,
-                    source,
-                }
-            })?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(source) => {
-                return Err(CaptureReadError::Io {
-                    path: dir.join(META_FILE),
-                    source,
-                })
-            }
-        };
+    let meta = read_meta(dir)?;
     let mut capture = SessionCapture {
         sealed: dir.join(SEAL_FILE).exists(),
         meta,

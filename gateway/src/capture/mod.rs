@@ -3,12 +3,14 @@
 
 mod log;
 mod record;
+mod tail;
 
 pub use log::{
-    encode_line, find_sessions, read_session, write_meta, CaptureLog, CaptureReadError,
+    encode_line, find_sessions, read_meta, read_session, write_meta, CaptureLog, CaptureReadError,
     CaptureWriteError, Durability, SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
 };
 pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};
+pub use tail::CaptureTail;
 pub mod upstream_errors;
 
 /// A session id is a directory or file name on the capture volume and in a dataset: 1–253

@@ -15,7 +15,7 @@ use serde_json::json;
 use super::sessions::SessionError;
 use super::Gateway;
 use crate::capture::upstream_errors::tally;
-use crate::capture::{read_session, SessionMeta};
+use crate::capture::{read_session, CompletionRecord, SessionMeta};
 use crate::ship::{shipper, Assignment, Delivered, Sink, SpoolEntry};
 use crate::trajectory::outcome::account_for_calls;
 use crate::trajectory::{build_trajectory, BuildOptions, SessionInfo, SessionOutcome};
@@ -142,8 +142,20 @@ pub(super) fn trajectory_of(
     outcome: &SessionOutcome,
 ) -> Result<SpoolEntry, StoreError> {
     let capture = read_session(dir).map_err(storage)?;
+    trajectory_from(gateway, dir, id, capture.meta, &capture.records, outcome)
+}
+
+/// The session's trajectory from `records` (its capture's, read already), with `outcome`.
+pub(super) fn trajectory_from(
+    gateway: &Gateway,
+    dir: &Path,
+    id: &str,
+    meta: Option<SessionMeta>,
+    records: &[CompletionRecord],
+    outcome: &SessionOutcome,
+) -> Result<SpoolEntry, StoreError> {
     let delivered = gateway.assignments.get(id);
-    let meta = capture.meta.unwrap_or_default();
+    let meta = meta.unwrap_or_default();
     let info = SessionInfo {
         session: id.to_string(),
         task: meta.task,
@@ -159,10 +171,10 @@ pub(super) fn trajectory_of(
         ..Default::default()
     };
     let upstream = tally(dir).map_err(|e| storage(format!("{}: {e}", dir.display())))?;
-    let outcome = account_for_calls(outcome.clone(), capture.records.len(), &upstream);
+    let outcome = account_for_calls(outcome.clone(), records.len(), &upstream);
     Ok(SpoolEntry {
         sink,
-        trajectory: build_trajectory(&info, &capture.records, &options, &outcome),
+        trajectory: build_trajectory(&info, records, &options, &outcome),
         rejected: None,
     })
 }

@@ -55,6 +55,8 @@ pub struct Shipped {
     pub marks: Option<Vec<crate::trajectory::snapshot_delta::TraceMark>>,
     /// The session's own key for those marks' hashes.
     pub key: std::collections::hash_map::RandomState,
+    /// Its capture's records read so far: each snapshot reads only the calls since.
+    pub tail: crate::capture::CaptureTail,
 }
 
 /// A session's model calls at once. Each holds its body (up to the body limit) several times

@@ -18,6 +18,10 @@
 //! call whose record an earlier call's snapshot already carried (calls in flight at once)
 //! waits for nothing more.
 //!
+//! Each snapshot reads only the calls captured since the last ([`crate::capture::CaptureTail`],
+//! their bodies dropped), so building it costs the session's records, not its whole capture
+//! file again.
+//!
 //! A trainer that says it takes deltas (`"deltas": true` in its answer) is sent each next
 //! snapshot as the change to the last one it took (`POST /v1/partial/delta`,
 //! [`snapshot_delta`]), so a session posts about its own size in all, not its calls times its
@@ -31,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use super::sessions::{Session, Shipped};
 use super::Gateway;
+use crate::capture::read_meta;
 use crate::ship::Sink;
 use crate::trajectory::snapshot_delta::{self, SnapshotDelta, TraceMark};
 use crate::trajectory::{SessionOutcome, Trajectory};
@@ -85,19 +90,40 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
     let (gw, dir, sid) = (gateway.clone(), session.dir.clone(), id.clone());
     let (base, key) = (shipped.marks.clone(), shipped.key.clone());
     let base_calls = shipped.calls;
-    // Building, hashing and writing the session are CPU work over all of it.
+    let mut tail = std::mem::take(&mut shipped.tail);
+    // Reading the new calls, then building, hashing and writing the session: CPU work.
     let prepared = tokio::task::spawn_blocking(move || {
         let outcome = SessionOutcome::Interrupted {
             message: "a snapshot of the session while it ran".into(),
         };
-        super::session_store::trajectory_of(&gw, &dir, &sid, &outcome)
-            .map(|entry| prepare(entry.trajectory, base.as_deref(), base_calls, &key))
+        let prepared = tail
+            .read_more(&dir)
             .map_err(|e| e.to_string())
+            .and_then(|()| read_meta(&dir).map_err(|e| e.to_string()))
+            .and_then(|meta| {
+                super::session_store::trajectory_from(
+                    &gw,
+                    &dir,
+                    &sid,
+                    meta,
+                    tail.records(),
+                    &outcome,
+                )
+                .map_err(|e| e.to_string())
+            })
+            .map(|entry| prepare(entry.trajectory, base.as_deref(), base_calls, &key));
+        (tail, prepared)
     })
     .await;
     let mut prepared = match prepared {
-        Ok(Ok(prepared)) => prepared,
-        Ok(Err(e)) => return failed(gateway, &id, &e),
+        Ok((tail, prepared)) => {
+            shipped.tail = tail;
+            match prepared {
+                Ok(prepared) => prepared,
+                Err(e) => return failed(gateway, &id, &e),
+            }
+        }
+        // Its records read so far are lost with the task: the next snapshot reads them again.
         Err(e) => return failed(gateway, &id, &e.to_string()),
     };
     if prepared.calls <= shipped.calls {
@@ -150,6 +176,7 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
             // A trainer that does not say it takes deltas (an older one) is sent whole ones.
             marks: deltas.then_some(prepared.marks),
             key: std::mem::take(&mut shipped.key),
+            tail: std::mem::take(&mut shipped.tail),
         };
     }
 }
