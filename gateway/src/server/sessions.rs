@@ -59,6 +59,15 @@ pub struct Shipped {
     pub tail: crate::capture::CaptureTail,
 }
 
+impl Shipped {
+    /// Drop what planning the next snapshot needs (the records read, the marks): the session
+    /// has its outcome.
+    pub fn forget(&mut self) {
+        self.tail = Default::default();
+        self.marks = None;
+    }
+}
+
 /// A session's model calls at once. Each holds its body (up to the body limit) several times
 /// over and a task that outlives its client; without a bound an agent opening hundreds at once
 /// would run the gateway (`floe run` itself, in local mode, outside any sandbox limit) out of
