@@ -32,25 +32,34 @@ impl CaptureTail {
             source,
         };
         let mut file = File::open(&path).map_err(io)?;
+        if file.metadata().map_err(io)?.len() < self.offset {
+            // Shorter than what was read: not the file read before. Read it again whole.
+            *self = Self::default();
+        }
         file.seek(SeekFrom::Start(self.offset)).map_err(io)?;
         let mut appended = Vec::new();
         file.read_to_end(&mut appended).map_err(io)?;
         let Some(end) = appended.iter().rposition(|&b| b == b'\n') else {
             return Ok(());
         };
+        // Kept only once every new line is read: a bad one leaves the tail as it was.
+        let mut read = Vec::new();
+        let mut lines = self.lines;
         for line in appended[..end].split(|&b| b == b'\n') {
-            self.lines += 1;
+            lines += 1;
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
             let record: CompletionRecord =
                 serde_json::from_slice(line).map_err(|source| CaptureReadError::Corrupt {
                     path: path.clone(),
-                    line: self.lines,
+                    line: lines,
                     source,
                 })?;
-            self.records.push(slim(record));
+            read.push(slim(record));
         }
+        self.records.append(&mut read);
+        self.lines = lines;
         self.offset += end as u64 + 1;
         Ok(())
     }
@@ -158,9 +167,29 @@ mod tests {
             [0, 1]
         );
         file.write_all(b"{not a record}\n").expect("write");
-        match tail.read_more(dir.path()) {
-            Err(CaptureReadError::Corrupt { line, .. }) => assert_eq!(line, 3),
-            other => panic!("{other:?}"),
+        for _ in 0..2 {
+            match tail.read_more(dir.path()) {
+                Err(CaptureReadError::Corrupt { line, .. }) => assert_eq!(line, 3),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(tail.records().len(), 2, "a failed read keeps nothing of it");
         }
+    }
+
+    #[test]
+    fn a_file_shorter_than_what_was_read_is_read_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = CaptureLog::open(dir.path(), Durability::Write).expect("open");
+        log.append(&call(0, 64, 3)).expect("append");
+        log.append(&call(1, 64, 3)).expect("append");
+        let mut tail = CaptureTail::default();
+        tail.read_more(dir.path()).expect("read");
+        drop(log);
+        std::fs::remove_file(dir.path().join(CAPTURE_FILE)).expect("remove");
+        let mut log = CaptureLog::open(dir.path(), Durability::Write).expect("open");
+        log.append(&call(0, 64, 2)).expect("append");
+        tail.read_more(dir.path()).expect("read");
+        assert_eq!(tail.records().len(), 1);
+        assert_eq!(tail.records()[0].completion_token_ids, [0, 1]);
     }
 }

@@ -113,10 +113,6 @@ pub fn finish(
         return Ok((summary(gateway, id, None), false));
     }
     session.close().map_err(storage)?;
-    // Its snapshots' state is of no more use (one still being posted clears it as it ends).
-    if let Ok(mut shipped) = session.snapshot.try_lock() {
-        shipped.forget();
-    }
     let bytes = serde_json::to_vec(&outcome).map_err(storage)?;
     crate::ship::write_durably(&path, &bytes).map_err(storage)?;
     let entry = spool_trajectory(gateway, &session.dir, id, &outcome)?;

@@ -143,11 +143,26 @@ impl Session {
     }
 
     /// Seal the capture; later calls with the token are refused. Idempotent.
-    pub fn close(&self) -> Result<(), CaptureWriteError> {
+    pub fn close(self: &Arc<Self>) -> Result<(), CaptureWriteError> {
         let mut guard = self.log.lock().map_err(|_| poisoned(&self.dir))?;
-        match guard.take() {
+        let sealed = match guard.take() {
             Some(log) => log.seal(),
             None => Ok(()),
+        };
+        drop(guard);
+        self.forget_snapshots();
+        sealed
+    }
+
+    /// Drop its snapshot state (the records read, the marks): of no more use once it is
+    /// closed. A snapshot being posted holds it: it is dropped once that one is done.
+    fn forget_snapshots(self: &Arc<Self>) {
+        if let Ok(mut shipped) = self.snapshot.try_lock() {
+            return shipped.forget();
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let session = self.clone();
+            runtime.spawn(async move { session.snapshot.lock().await.forget() });
         }
     }
 }
