@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 import re
 import shutil
@@ -51,6 +52,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from . import snapshot_delta, wire
+
+log = logging.getLogger("floe_trainer.ingest")
 
 SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 SNAPSHOT_ID = re.compile(r"^[0-9a-f]{1,32}$")
@@ -299,6 +302,12 @@ class Ingest:
         if not SAFE_SESSION.match(session):
             return None
         body = self.store.load_partial(session)
+        if body is None:
+            self.counts["agentFaultUnscored"] += 1
+            log.warning(
+                "session %s: ruled the agent's fault, but no snapshot of it is kept", session
+            )
+            return None
         if not (
             isinstance(body, dict)
             and body.get("session") == session
@@ -308,14 +317,24 @@ class Ingest:
             and body.get("sample") == sample
         ):
             self.counts["agentFaultUnscored"] += 1
+            log.warning(
+                "session %s: ruled the agent's fault, but its snapshot is not an untrainable one"
+                " of that session and sample (%s %s)",
+                session,
+                group,
+                sample,
+            )
             return None
         body["trainable"] = True
         body["reward"] = reward
         body["evaluation"] = {"reward": reward, "passed": False, "detail": {"agent_fault": why}}
         try:
             t = wire.parse(body)
-        except wire.InvalidTrajectory:
+        except wire.InvalidTrajectory as e:
             self.counts["agentFaultUnscored"] += 1
+            log.warning(
+                "session %s: ruled the agent's fault, but its snapshot is invalid: %s", session, e
+            )
             return None
         # Stored as its trajectory (which deletes the snapshot), unless it has one.
         if not self.store.put(session, json.dumps(body).encode()):

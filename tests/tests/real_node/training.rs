@@ -478,6 +478,42 @@ fn trainer_logs(n: &TestNode, ns: &str) -> String {
             );
         format!("--- {pod} {c}\n{out}")
     })
+    .chain(std::iter::once(rulings_and_snapshots(n, ns)))
     .collect::<Vec<_>>()
     .join("\n")
+}
+
+/// What the trainer made of each ruling, and every snapshot a session pod's gateway could not
+/// ship: what an evicted session missing from the claim needs explained.
+fn rulings_and_snapshots(n: &TestNode, ns: &str) -> String {
+    let lines = |args: &[&str], keep: &dyn Fn(&str) -> bool| {
+        n.cluster.kubectl(args, None).map_or_else(
+            |e| e.to_string(),
+            |o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter(|l| keep(l))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            },
+        )
+    };
+    let rulings = lines(
+        &["logs", "-n", ns, "learn-trainer", "-c", "trainer"],
+        &|l| l.contains("the agent's"),
+    );
+    let snapshots = lines(
+        &[
+            "logs",
+            "-n",
+            ns,
+            "--prefix",
+            "--all-containers",
+            "--tail=-1",
+            "-l",
+            "app.kubernetes.io/managed-by=floe",
+        ],
+        &|l| l.contains("snapshot"),
+    );
+    format!("--- rulings (learn-trainer)\n{rulings}\n--- snapshots not shipped (session pods)\n{snapshots}")
 }
