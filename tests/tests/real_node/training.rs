@@ -6,10 +6,9 @@
 //! ingest, and the trainer takes real steps that the job's status shows. The first pod is
 //! deleted after a step: its successor resumes from the checkpoint it wrote on the job's claim
 //! and trains every acknowledged trajectory once over both. One task's agent fills its own
-//! layer after its two calls: the kubelet evicts its pod with no grace period, and the trainer
-//! stores that session as a loss (reward 0) from the snapshots its gateway posted before each
-//! reply (the second a delta on the first), on the operator's word that the eviction was the
-//! agent's doing.
+//! layer after its call: the kubelet evicts its pod with no grace period, and the trainer
+//! stores that session as a loss (reward 0) from the snapshot its gateway posted before the
+//! reply, on the operator's word that the eviction was the agent's doing.
 //!
 //! The trainer image runs the tests' vLLM venv from the pod's model volume (a read-only
 //! hostPath PersistentVolume of the cache holding it and the models): torch's CUDA build is
@@ -19,24 +18,19 @@
 use super::*;
 
 /// The learning agent: one model call through the gateway, its reply kept for the grader. Told
-/// to fill its disk, it asks once more in the same conversation (its gateway's second snapshot
-/// goes to the trainer as a delta on the first), then writes 200 MiB into its own layer
-/// (`/tmp`), past its backstop of four times the pool's `diskBudget`, and waits to be evicted.
+/// to fill its disk, it then writes 200 MiB into its own layer (`/tmp`), past its backstop of
+/// four times the pool's `diskBudget`, and waits to be evicted.
 const LEARN_AGENT: &str = r#"
 import json, os, pathlib, time, urllib.request
 base = os.environ["OPENAI_BASE_URL"].rstrip("/")
-messages = [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]
-def ask():
-    body = {"model": "policy", "max_tokens": 12, "messages": messages}
-    req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json",
-                                          "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
-    return json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["message"]["content"] or ""
-reply = ask()
-pathlib.Path("reply.txt").write_text(reply)
+body = {"model": "policy", "max_tokens": 12,
+        "messages": [{"role": "user", "content": os.environ["FLOE_INSTRUCTION"]}]}
+req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json",
+                                      "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+reply = json.load(urllib.request.urlopen(req, timeout=120))
+pathlib.Path("reply.txt").write_text(reply["choices"][0]["message"]["content"] or "")
 if "fill your disk" in os.environ["FLOE_INSTRUCTION"]:
-    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another?"}]
-    ask()
     with open("/tmp/fill", "wb") as f:
         for _ in range(200):
             f.write(b"\0" * (1 << 20))
@@ -430,8 +424,6 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
             "the agent's call, as sampled: {}",
             t["stats"]
         );
-        // Both calls: the second's snapshot, a delta on the first's, reached the trainer.
-        assert_eq!(t["stats"]["completions"], 2, "{}", t["stats"]);
     }
     eventually_within(120, "the second trainer pod gone", async || {
         Ok(pods
