@@ -37,6 +37,7 @@ pub struct TrainerIngest {
     pub url: String,
     /// The ingest's store: `<session>.json`, `partial/`.
     pub dir: PathBuf,
+    port: u16,
     child: Child,
 }
 
@@ -70,6 +71,7 @@ impl TrainerIngest {
         Ok(Self {
             url: format!("http://127.0.0.1:{port}/v1/trajectories"),
             dir: dir.to_path_buf(),
+            port,
             child,
         })
     }
@@ -77,16 +79,9 @@ impl TrainerIngest {
     /// Stop it (SIGKILL, as a trainer pod lost) and start another on the same port and files:
     /// it holds the snapshots on disk, and nothing of what it took since it started.
     pub fn restart(&mut self) -> Result<()> {
-        let port: u16 = self
-            .url
-            .rsplit(':')
-            .next()
-            .and_then(|rest| rest.split('/').next())
-            .and_then(|p| p.parse().ok())
-            .context("the ingest's port")?;
         let _ = self.child.kill();
         let _ = self.child.wait();
-        *self = Self::start_on(&self.dir, port)?;
+        *self = Self::start_on(&self.dir, self.port)?;
         Ok(())
     }
 

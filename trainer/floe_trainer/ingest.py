@@ -64,12 +64,10 @@ class Store:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        # The calls of each snapshot kept since this process started (a restarted trainer
-        # takes the next one whatever it holds: a session's gateway posts them in order).
-        self._partial_calls: dict[str, int] = {}
-        # The id of each snapshot kept since this process started (``Floe-Snapshot``): the
-        # base a delta must name (``put_partial_delta``).
-        self._partial_ids: dict[str, str] = {}
+        # The calls and id (``Floe-Snapshot``, the base a delta must name) of each session's
+        # snapshot kept since this process started (a restarted trainer takes the next whole
+        # one whatever it holds: a session's gateway posts them in order).
+        self._held: dict[str, tuple[int, str | None]] = {}
 
     def path(self, session: str) -> Path:
         return self.dir / f"{session}.json"
@@ -106,8 +104,16 @@ class Store:
     def _forget_partial(self, session: str) -> None:
         self.partial_path(session).unlink(missing_ok=True)
         shutil.rmtree(self.deltas_path(session), ignore_errors=True)
-        self._partial_calls.pop(session, None)
-        self._partial_ids.pop(session, None)
+        self._held.pop(session, None)
+
+    def _stage(self, session: str, raw: bytes) -> Path:
+        """``raw`` written beside the session's snapshot, outside the store's lock, to be
+        renamed into place (or unlinked) under it."""
+        parent = self.partial_path(session).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = parent / f".partial-{threading.get_ident()}.tmp"
+        tmp.write_bytes(raw)
+        return tmp
 
     def put_partial(
         self, session: str, calls: int, raw: bytes, snapshot: str | None = None
@@ -117,21 +123,15 @@ class Store:
         True when kept; ``snapshot``: its id, which a delta on it names. Written outside the
         store's lock, and not fsynced: one per call (a trainer that crashes may keep an older
         one)."""
-        target = self.partial_path(session)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".partial-{threading.get_ident()}.tmp"
-        tmp.write_bytes(raw)
+        tmp = self._stage(session, raw)
         with self._lock:
-            if self.path(session).exists() or self._partial_calls.get(session, -1) > calls:
+            held_calls = self._held.get(session, (-1, None))[0]
+            if self.path(session).exists() or held_calls > calls:
                 tmp.unlink(missing_ok=True)
                 return False
-            os.replace(tmp, target)
+            os.replace(tmp, self.partial_path(session))
             shutil.rmtree(self.deltas_path(session), ignore_errors=True)
-            self._partial_calls[session] = calls
-            if snapshot is None:
-                self._partial_ids.pop(session, None)
-            else:
-                self._partial_ids[session] = snapshot
+            self._held[session] = (calls, snapshot)
             return True
 
     def put_partial_delta(
@@ -141,26 +141,19 @@ class Store:
         of ``calls`` calls: ``"kept"``; ``"done"`` when the session has its trajectory;
         ``"conflict"`` when the snapshot kept since this process started is another (or none),
         so the gateway sends the whole one."""
-        parent = self.partial_path(session).parent
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = parent / f".delta-{threading.get_ident()}.tmp"
-        tmp.write_bytes(raw)
+        tmp = self._stage(session, raw)
         with self._lock:
             if self.path(session).exists():
                 tmp.unlink(missing_ok=True)
                 return "done"
-            if (
-                self._partial_ids.get(session) != base
-                or self._partial_calls.get(session, -1) >= calls
-                or not self.partial_path(session).exists()
-            ):
+            held_calls, held_id = self._held.get(session, (-1, None))
+            if held_id != base or held_calls >= calls or not self.partial_path(session).exists():
                 tmp.unlink(missing_ok=True)
                 return "conflict"
             folder = self.deltas_path(session)
             folder.mkdir(exist_ok=True)
             os.replace(tmp, folder / f"{calls}.json")
-            self._partial_calls[session] = calls
-            self._partial_ids[session] = snapshot
+            self._held[session] = (calls, snapshot)
             return "kept"
 
     def load_partial(self, session: str) -> dict | None:
@@ -191,8 +184,7 @@ class Store:
         """Forget every snapshot left (the job's sessions are all done)."""
         with self._lock:
             shutil.rmtree(self.dir / "partial", ignore_errors=True)
-            self._partial_calls.clear()
-            self._partial_ids.clear()
+            self._held.clear()
 
     def load(self) -> list[wire.Trajectory]:
         """Every stored trajectory (a restart replays them), by file name."""

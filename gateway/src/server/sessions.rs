@@ -61,8 +61,8 @@ pub struct Shipped {
 
 impl Shipped {
     /// Drop what planning the next snapshot needs (the records read, the marks): the session
-    /// has its outcome.
-    pub fn forget(&mut self) {
+    /// is closed ([`Session::close`]).
+    fn forget(&mut self) {
         self.tail = Default::default();
         self.marks = None;
     }

@@ -75,13 +75,8 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
     // This call's record is written: a snapshot from now on carries it.
     let mine = session.captured_calls();
     let mut shipped = session.snapshot.lock().await;
-    if !session.is_open() {
-        // It has its outcome (its trajectory is on its way): nothing of it is needed here.
-        shipped.forget();
-        return;
-    }
-    if shipped.captured >= mine {
-        // A snapshot carried this call.
+    if !session.is_open() || shipped.captured >= mine {
+        // It has its outcome (its trajectory is on its way), or a snapshot carried this call.
         return;
     }
     if shipped
@@ -183,10 +178,6 @@ pub async fn ship(gateway: &Arc<Gateway>, session: &Arc<Session>) {
             key: std::mem::take(&mut shipped.key),
             tail: std::mem::take(&mut shipped.tail),
         };
-    }
-    if !session.is_open() {
-        // The session ended while this was posted.
-        shipped.forget();
     }
 }
 
