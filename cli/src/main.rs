@@ -114,6 +114,10 @@ enum Command {
         #[arg(long)]
         tag: String,
     },
+    /// Started by a root `floe run`: hold a new user namespace for its sandboxes until stdin
+    /// closes.
+    #[command(hide = true)]
+    SandboxUserns,
     /// Started by `floe run` inside each sandbox: run the command under the sandbox's syscall
     /// filter (for a harness, forwarding the gateway's loopback address to its unix socket),
     /// exit with its status.
@@ -127,6 +131,10 @@ enum Command {
         /// rewritten its verdict).
         #[arg(long)]
         no_stragglers: bool,
+        /// A root run's sandbox: become this `UID:GID` (which the run's user namespace maps to
+        /// the sandbox's host user) before anything else runs.
+        #[arg(long, value_parser = floe_sandbox::sandbox_user::parse)]
+        r#become: Option<(u32, u32)>,
         #[arg(required = true, last = true)]
         command: Vec<String>,
     },
@@ -168,6 +176,7 @@ fn install_binary(dest: &std::path::Path) -> Result<(), CliError> {
 fn sandbox_exec(
     relay_to: Option<(std::net::SocketAddr, std::path::PathBuf)>,
     no_stragglers: bool,
+    become_user: Option<(u32, u32)>,
     command: Vec<String>,
 ) -> u8 {
     use floe_sandbox::relay;
@@ -187,6 +196,7 @@ fn sandbox_exec(
     let code = runtime.block_on(relay::run(relay::ExecArgs {
         relay: relay_to,
         no_stragglers,
+        become_user,
         program: program.clone(),
         args: args.to_vec(),
     }));
@@ -222,15 +232,22 @@ fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 u8::try_from(run::watchdog(parent, &tag)).unwrap_or(1),
             ))
         }
+        Command::SandboxUserns => {
+            return Ok(ExitCode::from(
+                u8::try_from(floe_sandbox::sandbox_user::hold_new_namespace()).unwrap_or(1),
+            ))
+        }
         Command::SandboxExec {
             listen,
             socket,
             no_stragglers,
+            r#become,
             command,
         } => {
             return Ok(ExitCode::from(sandbox_exec(
                 listen.zip(socket),
                 no_stragglers,
+                r#become,
                 command,
             )))
         }

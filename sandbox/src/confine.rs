@@ -7,7 +7,8 @@
 //! - every namespace new (`--unshare-all`): its own PID namespace, so when the harness exits
 //!   the namespace's init dies and the kernel kills everything the agent left running, before
 //!   grading starts; its own network namespace with only a loopback device; a user namespace
-//!   in which it is an ordinary user with no capabilities;
+//!   in which it is an ordinary user with no capabilities — in a root run one that makes it an
+//!   unprivileged host user of its own ([`crate::sandbox_user`]);
 //! - the host's file system read-only, a fresh `/tmp`, and the run's private paths hidden
 //!   (`--out`, the job file, the task file: hidden tests, captures, spool, every session's
 //!   state) — then only its own workspace (and harness home) bound back writable;
@@ -32,9 +33,7 @@ use crate::process::CommandSpec;
 pub const FLOE_INSIDE: &str = "/tmp/.floe/floe";
 pub const SOCKET_INSIDE: &str = "/tmp/.floe/gateway.sock";
 
-/// The uid/gid the sandboxed processes have in their user namespace when the run is root's:
-/// not root (some harnesses refuse to run as root, and nothing in the sandbox needs it).
-const UNPRIVILEGED: u32 = 1000;
+use crate::sandbox_user::{Narrowed, SandboxUser, INSIDE as UNPRIVILEGED};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Confinement {
@@ -46,9 +45,13 @@ pub struct Confinement {
     pub gateway: Option<GatewayRoute>,
     /// The `floe` binary (its `sandbox-exec` subcommand starts every confined command).
     pub floe: PathBuf,
-    /// The uid/gid of the run (the sandboxed processes are mapped to them).
+    /// The uid/gid of the run (the sandboxed processes are mapped to them, unless `user`).
     pub uid: u32,
     pub gid: u32,
+    /// A root run's: the host user the sandboxed processes are instead ([`crate::sandbox_user`]).
+    pub user: Option<SandboxUser>,
+    /// Host directories `user` cannot enter, shown narrowed to what the sandbox needs of them.
+    pub narrowed: Vec<Narrowed>,
     /// Each session's cgroup limits ([`crate::limits`]); `None` where the machine does not let
     /// floe make cgroups.
     pub limits: Option<crate::limits::Limits>,
@@ -92,35 +95,84 @@ impl Confinement {
     /// `bwrap` options, in order: namespaces, the read-only host, what is hidden, then what is
     /// bound back (a later mount shadows an earlier one, so the order is the policy).
     pub fn options(&self, access: &Access, cwd: &Path) -> Vec<String> {
-        let mut args: Vec<String> = [
-            "--unshare-all",
-            "--die-with-parent",
-            // No controlling terminal to push input into (TIOCSTI), no signals to our group.
-            "--new-session",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        // tmpfs is memory: sized, so filling it cannot take the machine's (bwrap ≥ 0.7).
-        if self.tmp_bytes > 0 {
-            push(&mut args, ["--size", &self.tmp_bytes.to_string()]);
-        }
-        push(&mut args, ["--tmpfs", "/tmp"]);
-        let (uid, gid) = if self.uid == 0 {
-            (UNPRIVILEGED, UNPRIVILEGED)
-        } else {
-            (self.uid, self.gid)
+        let namespaces: &[&str] = match &self.user {
+            None => &["--unshare-all"],
+            // The run's user namespace, joined (`--userns` excludes unsharing one), with only
+            // the capabilities `floe sandbox-exec` needs to become the sandbox's user.
+            Some(_) => &[
+                "--userns",
+                crate::sandbox_user::USERNS_FD,
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--cap-drop",
+                "ALL",
+                "--cap-add",
+                "CAP_SETUID",
+                "--cap-add",
+                "CAP_SETGID",
+            ],
         };
-        push(&mut args, ["--uid", &uid.to_string()]);
-        push(&mut args, ["--gid", &gid.to_string()]);
-        for hidden in &self.hidden {
+        let mut args: Vec<String> = namespaces
+            .iter()
+            .chain(&[
+                "--die-with-parent",
+                // No controlling terminal to push input into (TIOCSTI), no signals to our group.
+                "--new-session",
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+            ])
+            .map(|s| s.to_string())
+            .collect();
+        // tmpfs is memory: sized, so filling it cannot take the machine's (bwrap ≥ 0.7).
+        // Set up by root in the run's namespace, `/tmp` and `/dev/shm` would be root's: they
+        // are made the sandbox user's to write, as a host's are (sticky, world-writable).
+        let shared_tmp: &[&str] = match self.user {
+            Some(_) => &["/tmp", "/dev/shm"],
+            None => &["/tmp"],
+        };
+        for dir in shared_tmp {
+            if self.tmp_bytes > 0 {
+                push(&mut args, ["--size", &self.tmp_bytes.to_string()]);
+            }
+            if self.user.is_some() {
+                push(&mut args, ["--perms", "1777"]);
+            }
+            push(&mut args, ["--tmpfs", dir]);
+        }
+        // With the run's namespace, the set-up is root's and `floe sandbox-exec` then becomes
+        // the sandbox's user.
+        if self.user.is_none() {
+            let (uid, gid) = if self.uid == 0 {
+                (UNPRIVILEGED, UNPRIVILEGED)
+            } else {
+                (self.uid, self.gid)
+            };
+            push(&mut args, ["--uid", &uid.to_string()]);
+            push(&mut args, ["--gid", &gid.to_string()]);
+        }
+        for narrowed in &self.narrowed {
+            push(&mut args, ["--perms", "0711", "--tmpfs", &s(&narrowed.dir)]);
+            for keep in &narrowed.keep {
+                push(&mut args, ["--ro-bind", &s(keep), &s(keep)]);
+            }
+        }
+        // A hidden path inside a narrowed directory and outside what it keeps is not there.
+        let shown = |p: &Path| {
+            self.narrowed
+                .iter()
+                .all(|n| !p.starts_with(&n.dir) || n.keep.iter().any(|k| p.starts_with(k)))
+        };
+        for hidden in self.hidden.iter().filter(|h| match h {
+            Hidden::Dir(p) | Hidden::File(p) => shown(p),
+        }) {
             match hidden {
                 Hidden::Dir(p) if self.tmp_bytes > 0 => push(
                     &mut args,
@@ -130,11 +182,22 @@ impl Confinement {
                 Hidden::File(p) => push(&mut args, ["--ro-bind", "/dev/null", &s(p)]),
             }
         }
-        for p in &access.writable {
-            push(&mut args, ["--bind", &s(p), &s(p)]);
-        }
-        for p in &access.read_only {
-            push(&mut args, ["--ro-bind", &s(p), &s(p)]);
+        for (p, bind) in access
+            .writable
+            .iter()
+            .map(|p| (p, "--bind"))
+            .chain(access.read_only.iter().map(|p| (p, "--ro-bind")))
+        {
+            if self.user.is_some() {
+                // The directories bubblewrap makes on the way to a bound path would be root's
+                // and closed (mode 0700): made first, open to pass through (0755).
+                let mut on_the_way: Vec<&Path> = p.ancestors().skip(1).collect();
+                on_the_way.pop();
+                for dir in on_the_way.into_iter().rev() {
+                    push(&mut args, ["--dir", &s(dir)]);
+                }
+            }
+            push(&mut args, [bind, &s(p), &s(p)]);
         }
         push(&mut args, ["--ro-bind", &s(&self.floe), FLOE_INSIDE]);
         if let (true, Some(route)) = (access.model_api, &self.gateway) {
@@ -170,12 +233,17 @@ impl Confinement {
             // The evaluator: a process it leaves behind voids its verdict.
             args.push("--no-stragglers".into());
         }
+        if self.user.is_some() {
+            let inside = format!("{UNPRIVILEGED}:{UNPRIVILEGED}");
+            push(&mut args, ["--become", &inside]);
+        }
         args.push("--".into());
         args.push(spec.program.clone());
         args.extend(spec.args.iter().cloned());
+        let (program, args) = self.launcher(args);
         if access.cgroup_procs.is_empty() {
             return CommandSpec {
-                program: s(&self.bwrap),
+                program,
                 args,
                 ..spec
             };
@@ -188,7 +256,7 @@ impl Confinement {
         ];
         joined.extend(access.cgroup_procs.iter().map(|p| s(p)));
         joined.push("--".into());
-        joined.push(s(&self.bwrap));
+        joined.push(program);
         joined.extend(args);
         CommandSpec {
             program: "sh".into(),
@@ -197,11 +265,35 @@ impl Confinement {
         }
     }
 
+    /// `bwrap` with these arguments; with the run's user namespace, behind the shell that
+    /// opens it on the descriptor `--userns` names.
+    fn launcher(&self, bwrap_args: Vec<String>) -> (String, Vec<String>) {
+        match &self.user {
+            None => (s(&self.bwrap), bwrap_args),
+            Some(user) => {
+                let mut args = vec![
+                    "-c".to_string(),
+                    crate::sandbox_user::OPEN_USERNS.to_string(),
+                    "floe-userns".into(),
+                    s(user.userns_path()),
+                    s(&self.bwrap),
+                ];
+                args.extend(bwrap_args);
+                ("sh".into(), args)
+            }
+        }
+    }
+
     /// A command that only checks the sandbox can be set up here (the pre-flight check).
     pub fn probe(&self, cwd: &Path) -> (String, Vec<String>) {
         let mut args = self.options(&Access::default(), cwd);
         args.extend(["--".to_string(), "true".to_string()]);
-        (s(&self.bwrap), args)
+        self.launcher(args)
+    }
+
+    /// The host uid/gid what the sandbox writes must belong to, when not `floe run`'s own.
+    pub fn host_owner(&self) -> Option<(u32, u32)> {
+        self.user.as_ref().map(|u| (u.uid, u.gid))
     }
 }
 
@@ -252,6 +344,8 @@ mod tests {
             floe: "/usr/local/bin/floe".into(),
             uid: 0,
             gid: 0,
+            user: None,
+            narrowed: vec![],
             limits: None,
             tmp_bytes: 0,
         }
@@ -380,6 +474,74 @@ mod tests {
         };
         let args = c.options(&Access::default(), Path::new("/"));
         position(&args, &["--uid", "1234", "--gid", "99"]);
+    }
+
+    #[test]
+    fn a_root_run_sets_up_in_its_namespace_and_becomes_the_sandbox_user() -> std::io::Result<()> {
+        let c = Confinement {
+            user: Some(SandboxUser::held_at(65534, 65534, "/proc/7/fd/9")?),
+            narrowed: vec![Narrowed {
+                dir: "/root".into(),
+                keep: vec!["/root/.cache".into()],
+            }],
+            hidden: vec![
+                Hidden::Dir("/runs/out".into()),
+                Hidden::Dir("/root/.ssh".into()),
+                Hidden::File("/root/.cache/huggingface/token".into()),
+            ],
+            ..confinement()
+        };
+        let access = writable(&[Path::new("/runs/out/s/workspace")], true);
+        let wrapped = c.wrap(spec(), &access);
+        assert_eq!(wrapped.program, "sh");
+        assert_eq!(
+            wrapped.args[..6],
+            [
+                "-c",
+                crate::sandbox_user::OPEN_USERNS,
+                "floe-userns",
+                "/proc/7/fd/9",
+                "/usr/bin/bwrap",
+                "--userns"
+            ]
+        );
+        let args = &wrapped.args;
+        // Set up as root in the run's namespace, no new one, no uid of bwrap's choosing.
+        assert!(!args.iter().any(|a| a == "--unshare-all" || a == "--uid"));
+        position(args, &["--cap-drop", "ALL", "--cap-add", "CAP_SETUID"]);
+        // Root's home: passable, holding only what is needed; what is hidden in it and not
+        // kept is not there at all, what is hidden in what is kept still is.
+        position(args, &["--perms", "1777", "--tmpfs", "/tmp"]);
+        position(args, &["--perms", "1777", "--tmpfs", "/dev/shm"]);
+        let narrowed = position(args, &["--perms", "0711", "--tmpfs", "/root"]);
+        let kept = position(args, &["--ro-bind", "/root/.cache", "/root/.cache"]);
+        assert!(narrowed < kept);
+        assert!(!args.iter().any(|a| a == "/root/.ssh"));
+        assert!(position(args, &["/dev/null", "/root/.cache/huggingface/token"]) > kept);
+        // The way to the workspace is made passable before it is bound.
+        let way = position(
+            args,
+            &[
+                "--dir",
+                "/runs",
+                "--dir",
+                "/runs/out",
+                "--dir",
+                "/runs/out/s",
+            ],
+        );
+        assert!(way < position(args, &["--bind", "/runs/out/s/workspace"]));
+        let tail = &args[position(args, &["--", FLOE_INSIDE])..];
+        position(tail, &["--become", "1000:1000", "--", "codex"]);
+        // The pre-flight probe goes through the same namespace.
+        let (program, probe) = c.probe(Path::new("/"));
+        assert_eq!(
+            (program.as_str(), &probe[3]),
+            ("sh", &"/proc/7/fd/9".to_string())
+        );
+        assert_eq!(c.host_owner(), Some((65534, 65534)));
+        assert_eq!(confinement().host_owner(), None);
+        Ok(())
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //!   [`syscall_filter`], the seccomp filter on what it starts.
 //! - [`agent_link`]: in pods, the harness in a container of its own, run by `floe agent`
 //!   for the grader, which waits until every agent process is gone.
+//! - [`sandbox_user`]: whom a root run's sandboxes are on the host.
 //! - [`runner`]: the whole session, talking to the gateway through [`client`].
 
 pub mod agent_link;
@@ -36,6 +37,7 @@ pub mod process;
 pub mod relay;
 pub mod reward;
 pub mod runner;
+pub mod sandbox_user;
 pub mod session;
 pub mod spec;
 pub mod summary;

@@ -44,6 +44,9 @@ pub struct ExecArgs {
     pub relay: Option<(SocketAddr, PathBuf)>,
     /// The evaluator: exit [`STRAGGLERS`] if the command left any process behind.
     pub no_stragglers: bool,
+    /// In a root run's sandbox: the uid/gid to become before anything else runs
+    /// ([`crate::sandbox_user::become_sandbox_user`]).
+    pub become_user: Option<(u32, u32)>,
     pub program: String,
     pub args: Vec<String>,
 }
@@ -74,6 +77,14 @@ pub async fn run(exec: ExecArgs) -> i32 {
         }
         None => None,
     };
+    // The listener and the socket are held (the port may be one only root may bind): from here
+    // on this process and all it starts are the sandbox's user.
+    if let Some((uid, gid)) = exec.become_user {
+        if let Err(e) = crate::sandbox_user::become_sandbox_user(uid, gid) {
+            eprintln!("floe sandbox-exec: cannot become the sandbox's user: {e}");
+            return NOT_STARTED;
+        }
+    }
     let (command, relay_filter) = match (syscall_filter::program(), syscall_filter::relay()) {
         (Ok(c), Ok(r)) => (c, r),
         (Err(e), _) | (_, Err(e)) => {

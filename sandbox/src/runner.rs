@@ -473,6 +473,17 @@ async fn session_outcome(
         if let Err(e) = startable(&harness) {
             return infra_error(format!("the harness did not start: {e}"));
         }
+        if let Some((uid, gid)) = confinement.host_owner() {
+            // A root run's agent is a host user of its own: what it may write is made its.
+            for dir in [ws, home.as_path()] {
+                if let Err(e) = crate::sandbox_user::give(dir, uid, gid) {
+                    return infra_error(format!(
+                        "giving {} to the sandbox's user: {e}",
+                        dir.display()
+                    ));
+                }
+            }
+        }
         let access = Access {
             writable: vec![ws, &home],
             read_only: vec![&instruction_file],

@@ -7,7 +7,8 @@ call through the gateway, so the legitimate path is proven in the same sandbox.
 Told by the test (harness env): HOSTILE_JOB (the job file), HOSTILE_OUT (floe run's --out),
 HOSTILE_MODEL (the model server's own URL), HOSTILE_MARKER (names its leftover process),
 HOSTILE_SOCKET (a host daemon's unix socket, as /run/containerd/containerd.sock would be),
-HOSTILE_HOME (the home of the user `floe run` runs as, holding an SSH key and a cloud login).
+HOSTILE_HOME (the home of the user `floe run` runs as, holding an SSH key and a cloud login);
+in a root run HOSTILE_ROOT_ONLY and HOSTILE_HOME_SECRET (see their attacks).
 """
 
 import glob
@@ -120,6 +121,25 @@ def _():
         except OSError:
             pass
     return ", ".join(found) or None
+
+
+# Only in a root run (the test sets them then): a file only root may read, outside every listed
+# credential store, and a secret in root's home that is on no list (a home only its user may
+# enter). An ordinary user's run gives its agent that user's rights, as docs/security.md says.
+ROOT_ONLY = os.environ.get("HOSTILE_ROOT_ONLY")
+HOME_SECRET = os.environ.get("HOSTILE_HOME_SECRET")
+if ROOT_ONLY:
+
+    @attempt("read_a_file_only_root_may_read")
+    def _():
+        return "ROOT-ONLY" in open(ROOT_ONLY).read() and ROOT_ONLY
+
+
+if HOME_SECRET:
+
+    @attempt("read_an_unlisted_secret_in_roots_home")
+    def _():
+        return "HOME-SECRET" in open(HOME_SECRET).read() and HOME_SECRET
 
 
 @attempt("read_password_hashes")

@@ -40,6 +40,20 @@ const REAL_WITHOUT_SANDBOX: &[&str] = &[
     "read_credential_files_of_the_user",
 ];
 
+/// Attacks only a root run has: its agent as host root (without a sandbox) reads what only root
+/// may, and writes files the host sees as root's; in the sandbox it is a user of its own.
+const REAL_WITHOUT_SANDBOX_AS_ROOT: &[&str] = &[
+    "read_a_file_only_root_may_read",
+    "read_an_unlisted_secret_in_roots_home",
+    "write_files_as_host_root",
+];
+
+/// Whether this test runs as root (`/proc/self` is its effective user's).
+fn root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
 /// The agent's source, given inline (`python3 -c`): a script file would have to live where the
 /// sandbox sees it, and a checkout under /tmp is not.
 const AGENT: &str = include_str!("../hostile/agent.py");
@@ -47,6 +61,24 @@ const AGENT: &str = include_str!("../hostile/agent.py");
 fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> Result<PathBuf> {
     let path = dir.join("job.yaml");
     let env = |name: &str, value: &str| json!({"name": name, "value": value});
+    let mut harness_env = vec![
+        env("HOSTILE_JOB", &path.display().to_string()),
+        env("HOSTILE_OUT", &out.display().to_string()),
+        env("HOSTILE_MODEL", model_url),
+        env("HOSTILE_MARKER", marker),
+        env("HOSTILE_SOCKET", &socket.display().to_string()),
+        env("HOSTILE_HOME", &dir.join("home").display().to_string()),
+    ];
+    if root() {
+        harness_env.push(env(
+            "HOSTILE_ROOT_ONLY",
+            &dir.join("root-only.key").display().to_string(),
+        ));
+        harness_env.push(env(
+            "HOSTILE_HOME_SECRET",
+            &dir.join("home/notes/deploy-token").display().to_string(),
+        ));
+    }
     // JSON is YAML: the job as the apiserver would take it.
     let job = json!({
         "apiVersion": "floe.dev/v1alpha1",
@@ -61,14 +93,7 @@ fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> 
                 "preset": "custom",
                 "model": "policy",
                 "command": ["python3", "-c", AGENT],
-                "env": [
-                    env("HOSTILE_JOB", &path.display().to_string()),
-                    env("HOSTILE_OUT", &out.display().to_string()),
-                    env("HOSTILE_MODEL", model_url),
-                    env("HOSTILE_MARKER", marker),
-                    env("HOSTILE_SOCKET", &socket.display().to_string()),
-                    env("HOSTILE_HOME", &dir.join("home").display().to_string()),
-                ],
+                "env": harness_env,
             },
             "evaluator": {
                 "command": ["sh", "-c", EVALUATOR],
@@ -178,6 +203,18 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         home.join(".aws/credentials"),
         "[default]\naws_secret_access_key = THE-USERS-AWS-KEY\n",
     )?;
+    // In a root run: a file only root may read beside the job (a directory others may enter),
+    // and a secret root keeps in its home (only root may enter it, as /root) on no list.
+    let root_only = dir.path().join("root-only.key");
+    let home_secret = home.join("notes/deploy-token");
+    if root() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&root_only, "ROOT-ONLY\n")?;
+        std::fs::set_permissions(&root_only, PermissionsExt::from_mode(0o600))?;
+        std::fs::create_dir_all(home_secret.parent().context("a parent")?)?;
+        std::fs::write(&home_secret, "HOME-SECRET\n")?;
+        std::fs::set_permissions(&home, PermissionsExt::from_mode(0o700))?;
+    }
     let mut cmd = Command::new(floe_bin()?);
     cmd.arg("run")
         .env("HOME", &home)
@@ -240,6 +277,12 @@ async fn run(sandbox: bool) -> Result<Outcome> {
             !discarded.contains(&json!("reward.json")),
         );
         succeeded.insert("leave_a_process_running".into(), !leftovers.is_empty());
+        if root() {
+            // What the agent wrote is host root's only if it acted as host root.
+            let owner = std::fs::metadata(slot.join("workspace/attacks.json"))
+                .map(|m| std::os::unix::fs::MetadataExt::uid(&m))?;
+            succeeded.insert("write_files_as_host_root".into(), owner == 0);
+        }
         succeeded.insert(
             "leave_a_setuid_program".into(),
             others_can_run_setuid(&slot.join("workspace/setuid-true")),
@@ -357,6 +400,25 @@ async fn every_attack_is_refused_in_the_sandbox_and_works_without_it() -> Result
         .is_some_and(|s| s.starts_with("none")));
     for name in REAL_WITHOUT_SANDBOX {
         assert!(any_session(&open, name), "{name} failed without a sandbox");
+    }
+    if root() {
+        for name in REAL_WITHOUT_SANDBOX_AS_ROOT {
+            assert!(any_session(&open, name), "{name} failed without a sandbox");
+        }
+        // In the sandbox they were tried, and refused (above), as the host user it names.
+        for name in REAL_WITHOUT_SANDBOX_AS_ROOT {
+            assert!(
+                confined.attacks.values().all(|a| a.contains_key(*name)),
+                "{name}"
+            );
+        }
+        assert!(
+            confined.summary["sandbox"]
+                .as_str()
+                .is_some_and(|s| s.contains("agents as host uid 65534:65534")),
+            "{}",
+            confined.summary
+        );
     }
     assert!(
         open.rewards.contains(&1.0),

@@ -99,7 +99,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let bwrap = if args.no_sandbox {
         None
     } else {
-        Some(sandboxing::check()?.with_limits(&args.limits))
+        Some(sandboxing::check(args.sandbox_user)?.with_limits(&args.limits))
     };
     let private = sandboxing::Private {
         out: args.out.clone(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use floe_sandbox::confine::{Confinement, GatewayRoute, Hidden};
 use floe_sandbox::limits::Limits;
+use floe_sandbox::sandbox_user::SandboxUser;
 
 use super::RunError;
 
@@ -24,6 +25,8 @@ pub struct Bubblewrap {
     tmp_bytes: u64,
     /// Each session's disk budget (`--session-disk`), for the description.
     disk_bytes: u64,
+    /// A root run's: the host user its sandboxes are (`--sandbox-user`).
+    user: Option<SandboxUser>,
 }
 
 impl Bubblewrap {
@@ -55,9 +58,16 @@ pub fn describe(bwrap: Option<&Bubblewrap>) -> String {
                 Some(Err(why)) => format!("{}; no per-session limits ({why})", b.version),
                 None => b.version.clone(),
             };
-            match b.disk_bytes {
+            let limits = match b.disk_bytes {
                 0 => format!("{limits}; no disk budget"),
                 bytes => format!("{limits}; {} MiB of disk per session", bytes >> 20),
+            };
+            match &b.user {
+                Some(user) => format!("{limits}; agents as host uid {}:{}", user.uid, user.gid),
+                None => format!(
+                    "{limits}; agents as floe run's user (uid {})",
+                    nix::unistd::geteuid()
+                ),
             }
         }
         None => {
@@ -66,8 +76,9 @@ pub fn describe(bwrap: Option<&Bubblewrap>) -> String {
     }
 }
 
-/// Finds bubblewrap and runs a probe sandbox with the options sessions will use.
-pub fn check() -> Result<Bubblewrap, RunError> {
+/// Finds bubblewrap and runs a probe sandbox with the options sessions will use; in a root
+/// run, as `sandbox_user` (`--sandbox-user`), in a user namespace made for it.
+pub fn check(sandbox_user: (u32, u32)) -> Result<Bubblewrap, RunError> {
     let hint = "or pass --no-sandbox to run the agents unconfined (recorded in summary.json)";
     let path = match std::env::var_os(BWRAP_VAR) {
         Some(p) => PathBuf::from(p),
@@ -82,6 +93,13 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         .output()
         .map_err(|e| RunError::Preflight(format!("{}: {e}; {hint}", path.display())))?;
     let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let user = match nix::unistd::geteuid().is_root() {
+        true => Some(
+            SandboxUser::create(&floe_binary()?, sandbox_user.0, sandbox_user.1)
+                .map_err(|e| RunError::Preflight(format!("{e}; {hint}")))?,
+        ),
+        false => None,
+    };
     let probe = Confinement {
         bwrap: path.clone(),
         hidden: vec![],
@@ -89,6 +107,8 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         floe: floe_binary()?,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
+        user: user.clone(),
+        narrowed: vec![],
         limits: None,
         tmp_bytes: 0,
     };
@@ -111,13 +131,14 @@ pub fn check() -> Result<Bubblewrap, RunError> {
         limits: None,
         tmp_bytes: 0,
         disk_bytes: 0,
+        user,
     })
 }
 
 /// Whether bubblewrap sets up this run's kind of sandbox here: `Ok("bubblewrap 0.8.0")`, or
 /// the pre-flight's words (for `floe doctor`).
 pub fn works() -> Result<String, String> {
-    check()
+    check(floe_sandbox::sandbox_user::DEFAULT)
         .map(|b| describe(Some(&b)))
         .map_err(|e| e.to_string())
 }
@@ -167,8 +188,8 @@ pub fn runner_config(
 }
 
 /// `--out/sessions`, made mode 0700: everything an agent can write lies below it, and a program
-/// it left set-user-id (it runs as this user, host root in a root run) must be out of other
-/// users' reach for as long as `--out` keeps it.
+/// it left set-user-id (it runs as this user, or in a root run as the sandbox's host user) must
+/// be out of other users' reach for as long as `--out` keeps it.
 pub fn sessions_dir(out: &Path) -> std::io::Result<()> {
     let sessions = out.join("sessions");
     std::fs::create_dir_all(&sessions)?;
@@ -226,6 +247,22 @@ pub fn confinement(
             hidden.push(more);
         }
     }
+    // A root run's sandbox user reaches the gateway's socket (in a directory of this run's,
+    // mode 0700) as its owner, and the directories on PATH through those it cannot enter.
+    let narrowed = match &bwrap.user {
+        Some(user) => {
+            std::os::unix::fs::chown(socket, Some(user.uid), Some(user.gid))
+                .map_err(|e| RunError::Io(format!("{}: {e}", socket.display())))?;
+            // `--out` too: the sessions' workspaces are bound in below it.
+            floe_sandbox::sandbox_user::narrowed_here(
+                std::env::var("PATH").ok().as_deref(),
+                &[canonical(&private.out)?],
+                user.uid,
+                user.gid,
+            )
+        }
+        None => vec![],
+    };
     Ok(Confinement {
         bwrap: bwrap.path.clone(),
         hidden,
@@ -236,6 +273,8 @@ pub fn confinement(
         floe: floe_binary()?,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
+        user: bwrap.user.clone(),
+        narrowed,
         limits: bwrap.limits.clone().and_then(Result::ok),
         tmp_bytes: bwrap.tmp_bytes,
     })
