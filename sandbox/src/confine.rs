@@ -279,7 +279,8 @@ impl Confinement {
                     s(&self.bwrap),
                 ];
                 args.extend(bwrap_args);
-                ("sh".into(), args)
+                // By its path: `floe doctor` probes with a PATH of its choosing.
+                ("/bin/sh".into(), args)
             }
         }
     }
@@ -493,7 +494,7 @@ mod tests {
         };
         let access = writable(&[Path::new("/runs/out/s/workspace")], true);
         let wrapped = c.wrap(spec(), &access);
-        assert_eq!(wrapped.program, "sh");
+        assert_eq!(wrapped.program, "/bin/sh");
         assert_eq!(
             wrapped.args[..6],
             [
@@ -537,7 +538,7 @@ mod tests {
         let (program, probe) = c.probe(Path::new("/"));
         assert_eq!(
             (program.as_str(), &probe[3]),
-            ("sh", &"/proc/7/fd/9".to_string())
+            ("/bin/sh", &"/proc/7/fd/9".to_string())
         );
         assert_eq!(c.host_owner(), Some((65534, 65534)));
         assert_eq!(confinement().host_owner(), None);

@@ -12,10 +12,10 @@
 //!   becomes uid 1000 before anything else runs ([`become_sandbox_user`]);
 //! - what the agent is given to write (its workspace, its home, the evaluation copy) is that
 //!   user's ([`give`]);
-//! - a host directory that user cannot enter (root's home, mode 0700) is shown as an empty
-//!   one it can pass through (mode 0711) holding only the entries on the way to what the
-//!   sandbox needs from under it: the directories on `PATH` (a harness installed under
-//!   `~/.cache`, a `pyenv` Python) ([`narrowed`]).
+//! - a host directory that user cannot enter on the way to what the sandbox needs (the
+//!   directories on `PATH`, `--out`) is shown as one it can pass through (mode 0711) holding
+//!   only the entries on the way; root's home (mode 0700) holding its directories, each with
+//!   its own mode, and none of its files ([`narrowed_here`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
@@ -241,13 +241,23 @@ pub fn narrowed(
 }
 
 /// [`narrowed`] on this host: the directories on `path_var` (as written, and where their links
-/// lead) and `more`.
+/// lead) and `more`; and each of `homes` (those of `floe run`'s user) that `uid`/`gid` cannot
+/// enter, shown with every directory in it (each with its own mode) and none of its files: the
+/// tools a home holds live in directories (`~/.pyenv`, `~/miniconda3`, `~/.cache`), its loose
+/// secrets in files (`~/.env`, `~/.netrc`).
 pub fn narrowed_here(
     path_var: Option<&str>,
     more: &[PathBuf],
+    homes: &[PathBuf],
     uid: u32,
     gid: u32,
 ) -> Vec<Narrowed> {
+    let stat = |dir: &Path| {
+        std::fs::metadata(dir)
+            .ok()
+            .filter(|m| m.is_dir())
+            .map(|m| (m.uid(), m.gid(), m.mode()))
+    };
     let mut needed: Vec<PathBuf> = more.to_vec();
     for dir in path_var
         .unwrap_or_default()
@@ -260,12 +270,33 @@ pub fn narrowed_here(
         }
         needed.push(dir);
     }
-    narrowed(&needed, uid, gid, |dir| {
-        std::fs::metadata(dir)
-            .ok()
-            .filter(|m| m.is_dir())
-            .map(|m| (m.uid(), m.gid(), m.mode()))
-    })
+    let mut all = narrowed(&needed, uid, gid, stat);
+    for home in homes {
+        let closed = stat(home).is_some_and(|(o, g, m)| !searchable(o, g, m, uid, gid));
+        if !closed {
+            continue;
+        }
+        let dirs = std::fs::read_dir(home)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| stat(p).is_some());
+        match all.iter_mut().find(|n| &n.dir == home) {
+            Some(n) => n.keep.extend(dirs),
+            None => all.push(Narrowed {
+                dir: home.clone(),
+                keep: dirs.collect(),
+            }),
+        }
+    }
+    for n in &mut all {
+        n.keep.sort();
+        n.keep.dedup();
+    }
+    // Parents first: a narrowed directory inside another is mounted over what that one keeps.
+    all.sort_by(|a, b| a.dir.cmp(&b.dir));
+    all
 }
 
 /// Makes `root` and everything under it `uid`/`gid`'s, links themselves and never what they
@@ -363,6 +394,49 @@ mod tests {
         );
         // The group that may enter is not narrowed for a member.
         assert_eq!(self::narrowed(&needed[3..4], 65534, 50, stat), vec![]);
+    }
+
+    #[test]
+    fn a_closed_home_shows_its_directories_and_none_of_its_files(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir()?;
+        let home = std::fs::canonicalize(root.path())?.join("home");
+        for dir in [".pyenv/shims", ".cache/tool/bin", "private/bin"] {
+            std::fs::create_dir_all(home.join(dir))?;
+        }
+        std::fs::write(home.join(".env"), "TOKEN=x\n")?;
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::set_permissions(home.join("private"), std::fs::Permissions::from_mode(0o700))?;
+        let path_var = format!("/usr/bin:{}", home.join("private/bin").display());
+        // As a user that is neither the home's owner nor in its group.
+        let (uid, gid) = (4_000_000_000, 4_000_000_000);
+        let narrowed = narrowed_here(Some(&path_var), &[], &[home.clone()], uid, gid);
+        assert_eq!(
+            narrowed,
+            vec![
+                Narrowed {
+                    dir: home.clone(),
+                    keep: vec![
+                        home.join(".cache"),
+                        home.join(".pyenv"),
+                        home.join("private")
+                    ],
+                },
+                // Closed itself, and on the way to PATH: only that.
+                Narrowed {
+                    dir: home.join("private"),
+                    keep: vec![home.join("private/bin")],
+                },
+            ]
+        );
+        // Its owner enters it: nothing to narrow.
+        let owner = std::fs::metadata(&home)?;
+        assert_eq!(
+            narrowed_here(Some(&path_var), &[], &[home], owner.uid(), owner.gid()),
+            vec![]
+        );
+        Ok(())
     }
 
     #[test]

@@ -76,7 +76,7 @@ fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> 
         ));
         harness_env.push(env(
             "HOSTILE_HOME_SECRET",
-            &dir.join("home/notes/deploy-token").display().to_string(),
+            &dir.join("home/deploy-token").display().to_string(),
         ));
     }
     // JSON is YAML: the job as the apiserver would take it.
@@ -204,14 +204,14 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         "[default]\naws_secret_access_key = THE-USERS-AWS-KEY\n",
     )?;
     // In a root run: a file only root may read beside the job (a directory others may enter),
-    // and a secret root keeps in its home (only root may enter it, as /root) on no list.
+    // and a secret root keeps in its home (only root may enter it, as /root), on no list and
+    // readable to all (a sandbox shows such a home's directories, not its files).
     let root_only = dir.path().join("root-only.key");
-    let home_secret = home.join("notes/deploy-token");
+    let home_secret = home.join("deploy-token");
     if root() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::write(&root_only, "ROOT-ONLY\n")?;
         std::fs::set_permissions(&root_only, PermissionsExt::from_mode(0o600))?;
-        std::fs::create_dir_all(home_secret.parent().context("a parent")?)?;
         std::fs::write(&home_secret, "HOME-SECRET\n")?;
         std::fs::set_permissions(&home, PermissionsExt::from_mode(0o700))?;
     }

@@ -55,9 +55,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub(super) no_sandbox: bool,
     /// A root run's agents act on files as this host user (`UID:GID`), not as root: what only
-    /// root may read stays out of their reach, and what they write is that user's. The
-    /// directories on `PATH` under one it cannot enter (root's home) are shown to it, nothing
-    /// else there. Ignored when `floe run` is not root (its agents are then its own user).
+    /// root may read stays out of their reach, and what they write is that user's. Root's home is
+    /// shown to them with its directories and none of its files. Ignored when `floe run` is not
+    /// root (its agents are then its own user).
     #[arg(long, default_value = "65534:65534", value_parser = floe_sandbox::sandbox_user::parse)]
     pub(super) sandbox_user: (u32, u32),
     /// A Python with the `swebench` package, which grades SWE-bench instances

@@ -248,7 +248,8 @@ pub fn confinement(
         }
     }
     // A root run's sandbox user reaches the gateway's socket (in a directory of this run's,
-    // mode 0700) as its owner, and the directories on PATH through those it cannot enter.
+    // mode 0700) as its owner, and the directories on PATH, `--out` and the tools of the homes
+    // through the directories it cannot enter.
     let narrowed = match &bwrap.user {
         Some(user) => {
             std::os::unix::fs::chown(socket, Some(user.uid), Some(user.gid))
@@ -257,6 +258,7 @@ pub fn confinement(
             floe_sandbox::sandbox_user::narrowed_here(
                 std::env::var("PATH").ok().as_deref(),
                 &[canonical(&private.out)?],
+                &homes,
                 user.uid,
                 user.gid,
             )
