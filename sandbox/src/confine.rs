@@ -33,7 +33,7 @@ use crate::process::CommandSpec;
 pub const FLOE_INSIDE: &str = "/tmp/.floe/floe";
 pub const SOCKET_INSIDE: &str = "/tmp/.floe/gateway.sock";
 
-use crate::sandbox_user::{Narrowed, SandboxUser, INSIDE as UNPRIVILEGED};
+use crate::sandbox_user::{Kept, Narrowed, SandboxUser, INSIDE as UNPRIVILEGED};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Confinement {
@@ -113,6 +113,9 @@ impl Confinement {
                 "CAP_SETUID",
                 "--cap-add",
                 "CAP_SETGID",
+                // To empty the bounding set before it becomes the sandbox's user.
+                "--cap-add",
+                "CAP_SETPCAP",
             ],
         };
         let mut args: Vec<String> = namespaces
@@ -161,14 +164,23 @@ impl Confinement {
         for narrowed in &self.narrowed {
             push(&mut args, ["--perms", "0711", "--tmpfs", &s(&narrowed.dir)]);
             for keep in &narrowed.keep {
-                push(&mut args, ["--ro-bind", &s(keep), &s(keep)]);
+                match keep {
+                    // `-try`: one removed since the run began is just not there.
+                    Kept::Dir(p) => push(&mut args, ["--ro-bind-try", &s(p), &s(p)]),
+                    Kept::Link { path, target } => {
+                        push(&mut args, ["--symlink", &s(target), &s(path)])
+                    }
+                }
             }
         }
         // A hidden path inside a narrowed directory and outside what it keeps is not there.
         let shown = |p: &Path| {
-            self.narrowed
-                .iter()
-                .all(|n| !p.starts_with(&n.dir) || n.keep.iter().any(|k| p.starts_with(k)))
+            self.narrowed.iter().all(|n| {
+                !p.starts_with(&n.dir)
+                    || n.keep
+                        .iter()
+                        .any(|k| matches!(k, Kept::Dir(d) if p.starts_with(d)))
+            })
         };
         for hidden in self.hidden.iter().filter(|h| match h {
             Hidden::Dir(p) | Hidden::File(p) => shown(p),
@@ -189,8 +201,8 @@ impl Confinement {
             .chain(access.read_only.iter().map(|p| (p, "--ro-bind")))
         {
             if self.user.is_some() {
-                // The directories bubblewrap makes on the way to a bound path would be root's
-                // and closed (mode 0700): made first, open to pass through (0755).
+                // The directories bubblewrap 0.8 made on the way to a bound path were root's
+                // and closed (mode 0700, seen here): made first, open to pass through (0755).
                 let mut on_the_way: Vec<&Path> = p.ancestors().skip(1).collect();
                 on_the_way.pop();
                 for dir in on_the_way.into_iter().rev() {
@@ -483,7 +495,13 @@ mod tests {
             user: Some(SandboxUser::held_at(65534, 65534, "/proc/7/fd/9")?),
             narrowed: vec![Narrowed {
                 dir: "/root".into(),
-                keep: vec!["/root/.cache".into()],
+                keep: vec![
+                    Kept::Dir("/root/.cache".into()),
+                    Kept::Link {
+                        path: "/root/data".into(),
+                        target: "/mnt/data".into(),
+                    },
+                ],
             }],
             hidden: vec![
                 Hidden::Dir("/runs/out".into()),
@@ -515,8 +533,10 @@ mod tests {
         position(args, &["--perms", "1777", "--tmpfs", "/tmp"]);
         position(args, &["--perms", "1777", "--tmpfs", "/dev/shm"]);
         let narrowed = position(args, &["--perms", "0711", "--tmpfs", "/root"]);
-        let kept = position(args, &["--ro-bind", "/root/.cache", "/root/.cache"]);
+        let kept = position(args, &["--ro-bind-try", "/root/.cache", "/root/.cache"]);
         assert!(narrowed < kept);
+        // A link stays a link: bound, it would show its target past what is hidden there.
+        assert!(position(args, &["--symlink", "/mnt/data", "/root/data"]) > narrowed);
         assert!(!args.iter().any(|a| a == "/root/.ssh"));
         assert!(position(args, &["/dev/null", "/root/.cache/huggingface/token"]) > kept);
         // The way to the workspace is made passable before it is bound.

@@ -77,9 +77,11 @@ pub async fn run(exec: ExecArgs) -> i32 {
         }
         None => None,
     };
-    // The listener and the socket are held (the port may be one only root may bind): from here
-    // on this process and all it starts are the sandbox's user.
+    // The listener and the socket are held: from here on this process and all it starts are
+    // the sandbox's user, and nothing it inherited past stdio (bubblewrap leaves the run's user
+    // namespace open on a descriptor) is passed on.
     if let Some((uid, gid)) = exec.become_user {
+        close_fds::set_fds_cloexec(3, &[]);
         if let Err(e) = crate::sandbox_user::become_sandbox_user(uid, gid) {
             eprintln!("floe sandbox-exec: cannot become the sandbox's user: {e}");
             return NOT_STARTED;

@@ -474,8 +474,9 @@ async fn session_outcome(
             return infra_error(format!("the harness did not start: {e}"));
         }
         if let Some((uid, gid)) = confinement.host_owner() {
-            // A root run's agent is a host user of its own: what it may write is made its.
-            for dir in [ws, home.as_path()] {
+            // A root run's agent is a host user of its own: what it may write is made its, and
+            // the instruction (bound read-only) readable to it whatever floe's umask.
+            for dir in [ws, home.as_path(), instruction_file.as_path()] {
                 if let Err(e) = crate::sandbox_user::give(dir, uid, gid) {
                     return infra_error(format!(
                         "giving {} to the sandbox's user: {e}",

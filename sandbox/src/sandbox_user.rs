@@ -190,45 +190,81 @@ pub fn searchable(owner: u32, group: u32, mode: u32, uid: u32, gid: u32) -> bool
 }
 
 /// A host directory the sandbox's user cannot enter, shown to it as an empty directory it can
-/// pass through (mode 0711) holding only `keep`, each bound read-only from the host.
+/// pass through (mode 0711) holding only `keep`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Narrowed {
     pub dir: PathBuf,
-    pub keep: Vec<PathBuf>,
+    pub keep: Vec<Kept>,
+}
+
+/// An entry of a narrowed directory, shown to the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kept {
+    /// A directory, bound read-only from the host (its own mode applies inside).
+    Dir(PathBuf),
+    /// A link, made again as the same link: inside, it leads through the sandbox's own view,
+    /// where the hidden paths are hidden (bound, it would show its target past them).
+    Link { path: PathBuf, target: PathBuf },
+}
+
+impl Kept {
+    pub fn path(&self) -> &Path {
+        match self {
+            Kept::Dir(p) | Kept::Link { path: p, .. } => p,
+        }
+    }
+}
+
+/// What [`narrowed`] needs to know of the host: `stat`, the ownership and mode of a directory
+/// (following links; `None`: not there, or not a directory); `link`, where a path that is itself
+/// a link leads (as written in it).
+pub struct Host<S, L> {
+    pub stat: S,
+    pub link: L,
 }
 
 /// For the paths the sandbox needs (absolute), each directory on the way that `uid`/`gid`
-/// cannot enter, with the entries of it on the way to them; parents first. `stat` tells the
-/// ownership and mode of a directory (`None`: it is not there, or not a directory).
-pub fn narrowed(
-    needed: &[PathBuf],
-    uid: u32,
-    gid: u32,
-    stat: impl Fn(&Path) -> Option<(u32, u32, u32)>,
-) -> Vec<Narrowed> {
-    let mut found: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+/// cannot enter, with the entries of it on the way to them; parents first. A closed directory
+/// whose owner is neither root nor that user keeps nothing: bubblewrap sets the sandbox up as
+/// root in the run's namespace, where such an owner is not mapped, so it could not read it.
+pub fn narrowed<S, L>(needed: &[PathBuf], uid: u32, gid: u32, host: &Host<S, L>) -> Vec<Narrowed>
+where
+    S: Fn(&Path) -> Option<(u32, u32, u32)>,
+    L: Fn(&Path) -> Option<PathBuf>,
+{
+    let mut found: BTreeMap<PathBuf, BTreeSet<Kept>> = BTreeMap::new();
     for path in needed
         .iter()
-        .filter(|p| p.is_absolute() && stat(p).is_some())
+        .filter(|p| p.is_absolute() && (host.stat)(p).is_some())
     {
         let mut ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
         ancestors.reverse();
         for dir in ancestors {
-            let Some((owner, group, mode)) = stat(dir) else {
+            let Some((owner, group, mode)) = (host.stat)(dir) else {
                 break;
             };
-            if !searchable(owner, group, mode, uid, gid) {
-                if let Some(child) = path
-                    .strip_prefix(dir)
-                    .ok()
-                    .and_then(|rest| rest.components().next())
-                {
-                    found
-                        .entry(dir.to_path_buf())
-                        .or_default()
-                        .insert(dir.join(child));
-                }
+            if searchable(owner, group, mode, uid, gid) {
+                continue;
             }
+            let kept = found.entry(dir.to_path_buf()).or_default();
+            let Some(child) = path
+                .strip_prefix(dir)
+                .ok()
+                .and_then(|rest| rest.components().next())
+                .map(|c| dir.join(c))
+                .filter(|_| owner == 0 || owner == uid)
+            else {
+                break;
+            };
+            if let Some(target) = (host.link)(&child) {
+                // The rest of the way is the target's, which is needed as well (canonical).
+                kept.insert(Kept::Link {
+                    path: child,
+                    target,
+                });
+                break;
+            }
+            kept.insert(Kept::Dir(child));
         }
     }
     found
@@ -242,9 +278,9 @@ pub fn narrowed(
 
 /// [`narrowed`] on this host: the directories on `path_var` (as written, and where their links
 /// lead) and `more`; and each of `homes` (those of `floe run`'s user) that `uid`/`gid` cannot
-/// enter, shown with every directory in it (each with its own mode) and none of its files: the
-/// tools a home holds live in directories (`~/.pyenv`, `~/miniconda3`, `~/.cache`), its loose
-/// secrets in files (`~/.env`, `~/.netrc`).
+/// enter, shown with every directory in it (each with its own mode, links as links) and none
+/// of its files: the tools a home holds live in directories (`~/.pyenv`, `~/miniconda3`,
+/// `~/.cache`), its loose secrets in files (`~/.env`, `~/.netrc`).
 pub fn narrowed_here(
     path_var: Option<&str>,
     more: &[PathBuf],
@@ -252,11 +288,19 @@ pub fn narrowed_here(
     uid: u32,
     gid: u32,
 ) -> Vec<Narrowed> {
-    let stat = |dir: &Path| {
-        std::fs::metadata(dir)
-            .ok()
-            .filter(|m| m.is_dir())
-            .map(|m| (m.uid(), m.gid(), m.mode()))
+    let host = Host {
+        stat: |dir: &Path| {
+            std::fs::metadata(dir)
+                .ok()
+                .filter(|m| m.is_dir())
+                .map(|m| (m.uid(), m.gid(), m.mode()))
+        },
+        link: |path: &Path| {
+            std::fs::symlink_metadata(path)
+                .ok()
+                .filter(|m| m.file_type().is_symlink())
+                .and_then(|_| std::fs::read_link(path).ok())
+        },
     };
     let mut needed: Vec<PathBuf> = more.to_vec();
     for dir in path_var
@@ -270,18 +314,26 @@ pub fn narrowed_here(
         }
         needed.push(dir);
     }
-    let mut all = narrowed(&needed, uid, gid, stat);
+    let mut all = narrowed(&needed, uid, gid, &host);
     for home in homes {
-        let closed = stat(home).is_some_and(|(o, g, m)| !searchable(o, g, m, uid, gid));
-        if !closed {
+        let Some((owner, group, mode)) = (host.stat)(home) else {
+            continue;
+        };
+        if searchable(owner, group, mode, uid, gid) {
             continue;
         }
+        let readable = owner == 0 || owner == uid;
         let dirs = std::fs::read_dir(home)
             .into_iter()
             .flatten()
             .flatten()
+            .filter(|_| readable)
             .map(|e| e.path())
-            .filter(|p| stat(p).is_some());
+            .filter(|p| (host.stat)(p).is_some())
+            .map(|p| match (host.link)(&p) {
+                Some(target) => Kept::Link { path: p, target },
+                None => Kept::Dir(p),
+            });
         match all.iter_mut().find(|n| &n.dir == home) {
             Some(n) => n.keep.extend(dirs),
             None => all.push(Narrowed {
@@ -313,25 +365,47 @@ pub fn give(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
 }
 
 /// In `floe sandbox-exec`, before anything else runs: become [`INSIDE`] (the host user the
-/// run's namespace maps it to), with no supplementary group and no capability left, which is
-/// checked.
+/// run's namespace maps it to), with no supplementary group and no capability left in any set,
+/// the bounding and ambient ones included, which is checked.
 pub fn become_sandbox_user(uid: u32, gid: u32) -> Result<(), String> {
     use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    // Each capability on its own, those this kernel knows (it refuses to read the others).
+    let known = || {
+        CapabilitySet::all()
+            .iter()
+            .filter(|c| rustix::thread::capability_is_in_bounding_set(*c).is_ok())
+    };
+    for cap in known() {
+        if rustix::thread::capability_is_in_bounding_set(cap) == Ok(true) {
+            rustix::thread::remove_capability_from_bounding_set(cap)
+                .map_err(|e| format!("dropping {cap:?} from the bounding set: {e}"))?;
+        }
+    }
+    rustix::thread::clear_ambient_capability_set().map_err(|e| format!("ambient set: {e}"))?;
     setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
     let (g, u) = (Gid::from_raw(gid), Uid::from_raw(uid));
     setresgid(g, g, g).map_err(|e| format!("setresgid({gid}): {e}"))?;
     setresuid(u, u, u).map_err(|e| format!("setresuid({uid}): {e}"))?;
     // Leaving uid 0 clears the permitted, effective and ambient sets; the inheritable one is
-    // cleared here, and all of them checked.
-    let none = rustix::thread::CapabilitySets {
-        effective: rustix::thread::CapabilitySet::empty(),
-        permitted: rustix::thread::CapabilitySet::empty(),
-        inheritable: rustix::thread::CapabilitySet::empty(),
+    // cleared here, and every set checked.
+    let none = CapabilitySets {
+        effective: CapabilitySet::empty(),
+        permitted: CapabilitySet::empty(),
+        inheritable: CapabilitySet::empty(),
     };
     rustix::thread::set_capabilities(None, none).map_err(|e| format!("capset: {e}"))?;
     let left = rustix::thread::capabilities(None).map_err(|e| format!("capget: {e}"))?;
-    if !(left.effective.is_empty() && left.permitted.is_empty() && left.inheritable.is_empty()) {
-        return Err("capabilities are left after becoming the sandbox's user".into());
+    let kept = known().find(|c| {
+        rustix::thread::capability_is_in_bounding_set(*c) == Ok(true)
+            || rustix::thread::capability_is_in_ambient_set(*c) == Ok(true)
+    });
+    if !(left.effective.is_empty() && left.permitted.is_empty() && left.inheritable.is_empty())
+        || kept.is_some()
+    {
+        return Err(format!(
+            "capabilities are left after becoming the sandbox's user: {left:?}, {kept:?}"
+        ));
     }
     Ok(())
 }
@@ -354,46 +428,66 @@ mod tests {
 
     #[test]
     fn only_the_entries_on_the_way_to_what_is_needed_are_kept() {
-        // /root 0700 holding a harness under ~/.cache and a pyenv Python; /srv/locked 0750
-        // holding tools; /usr/bin open.
-        let stat = |dir: &Path| -> Option<(u32, u32, u32)> {
-            match dir.to_str()? {
-                "/" | "/usr" | "/usr/bin" | "/srv" => Some((0, 0, 0o755)),
-                "/root" => Some((0, 0, 0o700)),
-                "/root/.cache" | "/root/.cache/h" | "/root/.pyenv" => Some((0, 0, 0o755)),
-                "/root/.cache/h/bin" | "/root/.pyenv/shims" => Some((0, 0, 0o755)),
-                "/srv/locked" => Some((0, 50, 0o750)),
-                "/srv/locked/tools" => Some((0, 50, 0o755)),
-                _ => None,
-            }
+        // /root 0700 holding a harness under ~/.cache, a pyenv Python and a link to tools;
+        // /srv/locked 0750 holding tools; /home/alice 0700, alice's; /usr/bin open.
+        let host = Host {
+            stat: |dir: &Path| -> Option<(u32, u32, u32)> {
+                match dir.to_str()? {
+                    "/" | "/usr" | "/usr/bin" | "/srv" | "/home" | "/opt" => Some((0, 0, 0o755)),
+                    "/root" => Some((0, 0, 0o700)),
+                    "/root/.cache" | "/root/.cache/h" | "/root/.pyenv" => Some((0, 0, 0o755)),
+                    "/root/.cache/h/bin" | "/root/.pyenv/shims" => Some((0, 0, 0o755)),
+                    "/root/tools" | "/opt/tools" | "/root/tools/bin" => Some((0, 0, 0o755)),
+                    "/srv/locked" => Some((0, 50, 0o750)),
+                    "/srv/locked/tools" => Some((0, 50, 0o755)),
+                    "/home/alice" => Some((1000, 1000, 0o700)),
+                    "/home/alice/bin" => Some((1000, 1000, 0o755)),
+                    _ => None,
+                }
+            },
+            link: |path: &Path| (path == Path::new("/root/tools")).then(|| "/opt/tools".into()),
         };
         let needed: Vec<PathBuf> = [
             "/usr/bin",
             "/root/.cache/h/bin",
             "/root/.pyenv/shims",
+            "/root/tools/bin",
             "/srv/locked/tools",
+            "/home/alice/bin",
             "/root/missing/bin",
             "relative/bin",
         ]
         .iter()
         .map(PathBuf::from)
         .collect();
-        let narrowed = narrowed(&needed, 65534, 65534, stat);
+        let narrowed = narrowed(&needed, 65534, 65534, &host);
         assert_eq!(
             narrowed,
             vec![
+                // alice's: bubblewrap, root in the run's namespace, could not read it.
+                Narrowed {
+                    dir: "/home/alice".into(),
+                    keep: vec![],
+                },
                 Narrowed {
                     dir: "/root".into(),
-                    keep: vec!["/root/.cache".into(), "/root/.pyenv".into(),],
+                    keep: vec![
+                        Kept::Dir("/root/.cache".into()),
+                        Kept::Dir("/root/.pyenv".into()),
+                        Kept::Link {
+                            path: "/root/tools".into(),
+                            target: "/opt/tools".into()
+                        },
+                    ],
                 },
                 Narrowed {
                     dir: "/srv/locked".into(),
-                    keep: vec!["/srv/locked/tools".into()],
+                    keep: vec![Kept::Dir("/srv/locked/tools".into())],
                 },
             ]
         );
         // The group that may enter is not narrowed for a member.
-        assert_eq!(self::narrowed(&needed[3..4], 65534, 50, stat), vec![]);
+        assert_eq!(self::narrowed(&needed[4..5], 65534, 50, &host), vec![]);
     }
 
     #[test]
@@ -401,37 +495,50 @@ mod tests {
     ) -> Result<(), Box<dyn std::error::Error>> {
         use std::os::unix::fs::PermissionsExt;
         let root = tempfile::tempdir()?;
-        let home = std::fs::canonicalize(root.path())?.join("home");
-        for dir in [".pyenv/shims", ".cache/tool/bin", "private/bin"] {
+        let root = std::fs::canonicalize(root.path())?;
+        let home = root.join("home");
+        for dir in [
+            ".pyenv/shims",
+            ".cache/tool/bin",
+            "private/bin",
+            "../data/cache",
+        ] {
             std::fs::create_dir_all(home.join(dir))?;
         }
         std::fs::write(home.join(".env"), "TOKEN=x\n")?;
+        std::os::unix::fs::symlink(root.join("data/cache"), home.join("cached"))?;
+        std::os::unix::fs::symlink(home.join(".env"), home.join("env-link"))?;
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
         std::fs::set_permissions(home.join("private"), std::fs::Permissions::from_mode(0o700))?;
         let path_var = format!("/usr/bin:{}", home.join("private/bin").display());
         // As a user that is neither the home's owner nor in its group.
         let (uid, gid) = (4_000_000_000, 4_000_000_000);
-        let narrowed = narrowed_here(Some(&path_var), &[], &[home.clone()], uid, gid);
-        assert_eq!(
-            narrowed,
-            vec![
-                Narrowed {
-                    dir: home.clone(),
-                    keep: vec![
-                        home.join(".cache"),
-                        home.join(".pyenv"),
-                        home.join("private")
-                    ],
-                },
-                // Closed itself, and on the way to PATH: only that.
-                Narrowed {
-                    dir: home.join("private"),
-                    keep: vec![home.join("private/bin")],
-                },
-            ]
-        );
-        // Its owner enters it: nothing to narrow.
         let owner = std::fs::metadata(&home)?;
+        let narrowed = narrowed_here(Some(&path_var), &[], std::slice::from_ref(&home), uid, gid);
+        // Its directories only, a link to one as a link (never its files, nor a link to one);
+        // and only when bubblewrap, root in the run's namespace, could read them: root's.
+        let mut want = vec![Narrowed {
+            dir: home.clone(),
+            keep: vec![],
+        }];
+        if owner.uid() == 0 {
+            want[0].keep = vec![
+                Kept::Dir(home.join(".cache")),
+                Kept::Dir(home.join(".pyenv")),
+                Kept::Dir(home.join("private")),
+                Kept::Link {
+                    path: home.join("cached"),
+                    target: root.join("data/cache"),
+                },
+            ];
+            // Closed itself, and on the way to PATH: only that.
+            want.push(Narrowed {
+                dir: home.join("private"),
+                keep: vec![Kept::Dir(home.join("private/bin"))],
+            });
+        }
+        assert_eq!(narrowed, want);
+        // Its owner enters it: nothing to narrow.
         assert_eq!(
             narrowed_here(Some(&path_var), &[], &[home], owner.uid(), owner.gid()),
             vec![]

@@ -112,9 +112,11 @@ def _():
 @attempt("read_credential_files_of_the_user")
 def _():
     """The host is shown read-only and the agent acts as `floe run`'s user: that user's SSH
-    key and cloud login are files it owns (the test planted them in its HOME)."""
+    key, cloud login and Hugging Face token are files it owns (the test planted them in its
+    HOME, the token behind a link)."""
     found = []
-    for name in (".ssh/id_ed25519", ".aws/credentials"):
+    # `.cache` is a link out of the home (as to a data disk): the token is hidden where it leads.
+    for name in (".ssh/id_ed25519", ".aws/credentials", ".cache/huggingface/token"):
         try:
             if "THE-USERS-" in open(os.path.join(HOME, name)).read():
                 found.append(name)
@@ -140,6 +142,21 @@ if HOME_SECRET:
     @attempt("read_an_unlisted_secret_in_roots_home")
     def _():
         return "HOME-SECRET" in open(HOME_SECRET).read() and HOME_SECRET
+
+
+@attempt("hold_a_namespace_descriptor_of_floes")
+def _():
+    # A root run's sandbox is set up in a user namespace floe holds open; bubblewrap passes the
+    # descriptor on to the sandbox's first process, which must not pass it to the agent.
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(("user:[", "mnt:[", "pid:[", "net:[")):
+            held.append(f"{fd} -> {target}")
+    return ", ".join(held) or None
 
 
 @attempt("read_password_hashes")

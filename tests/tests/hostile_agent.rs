@@ -203,6 +203,12 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         home.join(".aws/credentials"),
         "[default]\naws_secret_access_key = THE-USERS-AWS-KEY\n",
     )?;
+    // Its cache on another disk, linked in: the token there is hidden where the link leads
+    // (a root run's sandbox shows the home's link as a link, not as what it leads to).
+    let cache = dir.path().join("data-disk/cache");
+    std::fs::create_dir_all(cache.join("huggingface"))?;
+    std::fs::write(cache.join("huggingface/token"), "THE-USERS-HF-TOKEN\n")?;
+    std::os::unix::fs::symlink(&cache, home.join(".cache"))?;
     // In a root run: a file only root may read beside the job (a directory others may enter),
     // and a secret root keeps in its home (only root may enter it, as /root), on no list and
     // readable to all (a sandbox shows such a home's directories, not its files).
