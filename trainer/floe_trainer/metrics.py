@@ -144,6 +144,8 @@ class Metrics:
         )
         self._dropped = _Dropped()
         r.register(self._dropped)
+        self._ingest = _Ingest()
+        r.register(self._ingest)
         self.groups_trained = PCounter(
             "floe_trainer_groups_trained", "Groups that went into optimizer steps", registry=r
         )
@@ -214,6 +216,10 @@ class Metrics:
         for phase, secs in (("wait", wait), ("train", train), ("sync", sync)):
             self.phase.labels(phase).observe(secs)
 
+    def watch_ingest(self, counts) -> None:
+        """Expose the ingest's running counts (``Ingest.counts``, read at each scrape)."""
+        self._ingest.counts = counts
+
     def render(self) -> bytes:
         if self._nvml is not None:
             for i, util in self._nvml().items():
@@ -257,6 +263,42 @@ class _Dropped:
         counts.update(self.counts)
         for reason, n in sorted(counts.items()):
             family.add_metric([reason], n)
+        yield family
+
+
+# The ingest's counts by the name `/v1/status` gives them, and the label Prometheus gets.
+INGEST_RESULTS = {
+    "accepted": "accepted",
+    "duplicate": "duplicate",
+    "invalid": "invalid",
+    "partial": "partial",
+    "partialDeltas": "partial_delta",
+    "agentFault": "agent_fault",
+    "agentFaultUnscored": "agent_fault_unscored",
+}
+
+
+class _Ingest:
+    """``floe_trainer_ingest_total{result}``: what the ingest made of what gateways posted, read
+    off its own running counts at each scrape (they start again at 0 with the process, which
+    Prometheus reads as a counter reset). ``invalid`` and ``agent_fault_unscored`` are sessions
+    whose learning signal was lost here (``FloeTrainerSessionsLost``)."""
+
+    def __init__(self) -> None:
+        self.counts: dict = {}
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "floe_trainer_ingest",
+            "Posts to the trainer's ingest by result: trajectories accepted, duplicate or"
+            " invalid (refused, lost); snapshots kept whole (partial) or as deltas"
+            " (partial_delta); sessions ruled failed by their agent scored 0 from their"
+            " snapshot (agent_fault) or with no snapshot to score (agent_fault_unscored, lost)",
+            labels=["result"],
+        )
+        counts = dict(self.counts)
+        for key, result in INGEST_RESULTS.items():
+            family.add_metric([result], counts.get(key, 0))
         yield family
 
 

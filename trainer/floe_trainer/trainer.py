@@ -496,6 +496,7 @@ class Trainer:
             self.sync.push(self.state.policy_version)
         self.store = Store(cfg.ingest_dir or cfg.state_dir / "ingest")
         self.ingest = Ingest(self.store, self.add)
+        self.metrics.watch_ingest(self.ingest.counts)
         # Sessions already counted in the reward by version (``_count_sampled``).
         self.seen: set[str] = set(self.state.seen_sessions)
         trained = set(self.state.trained_sessions)

@@ -1,7 +1,7 @@
 from collections import Counter
 from pathlib import Path
 
-from floe_trainer.metrics import Metrics
+from floe_trainer.metrics import INGEST_RESULTS, Metrics
 
 
 def test_dropped_is_a_counter_family_with_the_batchers_tallies():
@@ -17,6 +17,24 @@ def test_dropped_is_a_counter_family_with_the_batchers_tallies():
     assert 'floe_trainer_dropped_total{reason="zero_advantage"} 2.0' in text
     m.groups_trained.inc(4)
     assert "floe_trainer_groups_trained_total 4.0" in m.render().decode()
+
+
+def test_the_ingests_counts_are_a_counter_family_read_at_each_scrape(tmp_path):
+    from floe_trainer.ingest import Ingest, Store
+
+    m = Metrics()
+    text = m.render().decode()
+    # Every result exists before its first post, at 0.
+    assert 'floe_trainer_ingest_total{result="invalid"} 0.0' in text
+    assert 'floe_trainer_ingest_total{result="agent_fault_unscored"} 0.0' in text
+    ingest = Ingest(Store(tmp_path), lambda t: None)
+    m.watch_ingest(ingest.counts)
+    assert ingest.handle(b"not json")[0] == 400
+    assert ingest.handle(b'{"session": "s"}')[0] == 400
+    text = m.render().decode()
+    assert 'floe_trainer_ingest_total{result="invalid"} 2.0' in text
+    # Every count the ingest keeps is exposed.
+    assert set(ingest.counts) == set(INGEST_RESULTS)
 
 
 def test_overlong_sessions_are_counted_as_received_and_per_step():
