@@ -547,6 +547,34 @@ mod tests {
     }
 
     #[test]
+    fn giving_a_tree_never_follows_its_links() -> Result<(), Box<dyn std::error::Error>> {
+        let root = tempfile::tempdir()?;
+        let outside = root.path().join("outside");
+        std::fs::write(&outside, "not the sandbox's")?;
+        let tree = root.path().join("ws");
+        std::fs::create_dir_all(tree.join("a/b"))?;
+        std::fs::write(tree.join("a/b/f"), "x")?;
+        std::os::unix::fs::symlink(&outside, tree.join("a/link"))?;
+        let me = std::fs::metadata(&outside)?;
+        // Root gives it away; anyone else can only give it to themselves.
+        let (uid, gid) = match me.uid() {
+            0 => (65534, 65534),
+            _ => (me.uid(), me.gid()),
+        };
+        give(&tree, uid, gid)?;
+        for p in ["", "a", "a/b", "a/b/f"] {
+            let m = std::fs::metadata(tree.join(p))?;
+            assert_eq!((m.uid(), m.gid()), (uid, gid), "{p}");
+        }
+        let link = std::fs::symlink_metadata(tree.join("a/link"))?;
+        assert_eq!((link.uid(), link.gid()), (uid, gid));
+        // What the link points to keeps its owner.
+        let after = std::fs::metadata(&outside)?;
+        assert_eq!((after.uid(), after.gid()), (me.uid(), me.gid()));
+        Ok(())
+    }
+
+    #[test]
     fn the_host_user_is_given_as_numbers_and_never_root() {
         assert_eq!(parse("65534:65534"), Ok((65534, 65534)));
         assert_eq!(parse("1234"), Ok((1234, 1234)));
