@@ -247,7 +247,10 @@ fn claude_code(
 }
 
 /// Qwen Code: `qwen -p --yolo` with `--auth-type openai` (Chat, default), `openai-responses` or
-/// `anthropic`; usage statistics, telemetry and update checks off in its settings file.
+/// `anthropic`; usage statistics, telemetry and update checks off in its settings file, and its
+/// managed auto-memory off: on by default, it runs a memory-extraction agent (shell and file
+/// tools, up to 5 turns) after the answer, before `-p` exits — calls that are not the task's,
+/// trained with its reward, and writes after the agent is done.
 fn qwen_code(
     spec: &HarnessSpec,
     ctx: &PresetContext,
@@ -270,6 +273,7 @@ fn qwen_code(
         "privacy": {"usageStatisticsEnabled": false},
         "telemetry": {"enabled": false},
         "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
+        "memory": {"enableManagedAutoMemory": false},
     });
     Ok(Launch {
         program: "qwen".into(),
@@ -338,7 +342,9 @@ fn pi(spec: &HarnessSpec, ctx: &PresetContext, settings: &Value) -> Result<Launc
 }
 
 /// Gemini CLI: `GOOGLE_GEMINI_BASE_URL` + API key, workspace trusted, `-m` pins the model,
-/// `--yolo` approves tool calls; statistics, telemetry and update checks off.
+/// `--yolo` approves tool calls; statistics, telemetry and update checks off, and loop
+/// detection off: past 30 turns it asks a model it names itself (`gemini-3-flash-preview`, not
+/// `-m`'s) whether the agent loops, calls the policy would answer and be trained on.
 fn gemini_cli(
     spec: &HarnessSpec,
     ctx: &PresetContext,
@@ -350,6 +356,7 @@ fn gemini_cli(
         "telemetry": {"enabled": false},
         "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
         "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "model": {"disableLoopDetection": true},
     });
     Ok(Launch {
         program: "gemini".into(),

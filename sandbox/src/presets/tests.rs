@@ -140,10 +140,10 @@ fn qwen_code_maps_each_api_to_its_auth_type_and_refuses_gemini() {
             .position(|a| a == "--auth-type")
             .expect("--auth-type");
         assert_eq!(launch.args[i + 1], auth);
-        assert_eq!(
-            file_json(&launch, ".qwen/settings.json")["telemetry"]["enabled"],
-            false
-        );
+        let settings = file_json(&launch, ".qwen/settings.json");
+        assert_eq!(settings["telemetry"]["enabled"], false);
+        // No memory-extraction agent after the answer.
+        assert_eq!(settings["memory"]["enableManagedAutoMemory"], false);
         // Its stream guards count chunks, which the gateway's keep-alive is not.
         for guard in ["QWEN_STREAM_IDLE_TIMEOUT_MS", "QWEN_STREAM_MAX_LIFETIME_MS"] {
             assert_eq!(env_of(&launch, guard), Some("86400000"), "{guard}");
@@ -206,10 +206,10 @@ fn gemini_cli_pins_the_model_and_trusts_the_workspace() {
         env_of(&launch, "GOOGLE_GEMINI_BASE_URL"),
         Some("http://127.0.0.1:8370")
     );
-    assert_eq!(
-        file_json(&launch, ".gemini/settings.json")["privacy"]["usageStatisticsEnabled"],
-        false
-    );
+    let settings = file_json(&launch, ".gemini/settings.json");
+    assert_eq!(settings["privacy"]["usageStatisticsEnabled"], false);
+    // No loop checks sent to a model of its own naming.
+    assert_eq!(settings["model"]["disableLoopDetection"], true);
 }
 
 #[test]
