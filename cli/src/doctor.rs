@@ -24,7 +24,8 @@ const TESTS_FREE_GIB: f64 = 30.0;
 #[derive(Debug)]
 pub struct Facts {
     pub root: bool,
-    /// `Ok(version)` when bubblewrap set up a probe sandbox, else why not.
+    /// `Ok(what)` when bubblewrap set up a probe sandbox (its version and whom the agents are
+    /// on the host), else why not.
     pub sandbox: Result<String, String>,
     /// `/proc/sys/kernel/unprivileged_userns_clone` (Debian's switch), when the kernel has it.
     pub userns_clone: Option<String>,
@@ -98,7 +99,7 @@ pub fn judge(f: &Facts, tests: bool) -> Vec<Check> {
     use Level::{Fail, Ok, Warn};
     let mut out = Vec::new();
     out.push(match &f.sandbox {
-        Result::Ok(version) => check(Ok, "sandbox", format!("{version} sets up a sandbox"), ""),
+        Result::Ok(what) => check(Ok, "sandbox", what.clone(), ""),
         Err(why) => check(
             Fail,
             "sandbox",
@@ -382,7 +383,7 @@ mod tests {
     fn healthy() -> Facts {
         Facts {
             root: true,
-            sandbox: Result::Ok("bubblewrap 0.8.0".into()),
+            sandbox: Result::Ok("bubblewrap 0.8.0 sets up a sandbox".into()),
             userns_clone: Some("1\n".into()),
             max_user_namespaces: Some("15000\n".into()),
             cgroup: Cgroups::V2 { writable: true },

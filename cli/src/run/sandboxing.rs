@@ -62,13 +62,7 @@ pub fn describe(bwrap: Option<&Bubblewrap>) -> String {
                 0 => format!("{limits}; no disk budget"),
                 bytes => format!("{limits}; {} MiB of disk per session", bytes >> 20),
             };
-            match &b.user {
-                Some(user) => format!("{limits}; agents as host uid {}:{}", user.uid, user.gid),
-                None => format!(
-                    "{limits}; agents as floe run's user (uid {})",
-                    nix::unistd::geteuid()
-                ),
-            }
+            format!("{limits}; {}", agents(b))
         }
         None => {
             "none (--no-sandbox: the agent could read hidden tests and reach the network)".into()
@@ -135,12 +129,19 @@ pub fn check(sandbox_user: (u32, u32)) -> Result<Bubblewrap, RunError> {
     })
 }
 
-/// Whether bubblewrap sets up this run's kind of sandbox here: `Ok("bubblewrap 0.8.0")`, or
-/// the pre-flight's words (for `floe doctor`).
+/// Whether bubblewrap sets up this run's kind of sandbox here: `Ok("bubblewrap 0.8.0 sets up a
+/// sandbox; agents as host uid 65534:65534")`, or the pre-flight's words (for `floe doctor`).
 pub fn works() -> Result<String, String> {
-    check(floe_sandbox::sandbox_user::DEFAULT)
-        .map(|b| describe(Some(&b)))
-        .map_err(|e| e.to_string())
+    let b = check(floe_sandbox::sandbox_user::DEFAULT).map_err(|e| e.to_string())?;
+    Ok(format!("{} sets up a sandbox; {}", b.version, agents(&b)))
+}
+
+/// Whom the agents are on the host: a root run's sandbox user, or `floe run`'s own.
+fn agents(b: &Bubblewrap) -> String {
+    match &b.user {
+        Some(user) => format!("agents as host uid {}:{}", user.uid, user.gid),
+        None => format!("agents as floe run's user (uid {})", nix::unistd::geteuid()),
+    }
 }
 
 fn floe_binary() -> Result<PathBuf, RunError> {
