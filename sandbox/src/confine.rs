@@ -308,6 +308,19 @@ impl Confinement {
     pub fn host_owner(&self) -> Option<(u32, u32)> {
         self.user.as_ref().map(|u| (u.uid, u.gid))
     }
+
+    /// Gives `paths` (trees floe made for a confined command) to the root run's sandbox user,
+    /// who must be able to write or read them; nothing to do otherwise.
+    pub fn hand_over(&self, paths: &[&Path]) -> Result<(), String> {
+        let Some((uid, gid)) = self.host_owner() else {
+            return Ok(());
+        };
+        for path in paths {
+            crate::sandbox_user::give(path, uid, gid)
+                .map_err(|e| format!("giving {} to the sandbox's user: {e}", path.display()))?;
+        }
+        Ok(())
+    }
 }
 
 fn push<const N: usize>(args: &mut Vec<String>, items: [&str; N]) {

@@ -41,11 +41,8 @@ impl Evaluator<'_> {
         // so that an exit code the code under test can also produce (127) is never taken for it.
         startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;
         if let Some(confinement) = &config.confinement {
-            if let Some((uid, gid)) = confinement.host_owner() {
-                // It runs as the root run's sandbox user, who must be able to write there.
-                crate::sandbox_user::give(dir, uid, gid)
-                    .map_err(|e| format!("giving {} to the sandbox's user: {e}", dir.display()))?;
-            }
+            // It runs as the root run's sandbox user, who must be able to write there.
+            confinement.hand_over(&[dir])?;
             // Its own namespaces too: the agent's code it runs (tests import it) reaches neither
             // the network nor any other session, and whatever it starts dies with the namespace
             // before the reward is read.

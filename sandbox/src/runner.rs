@@ -473,17 +473,10 @@ async fn session_outcome(
         if let Err(e) = startable(&harness) {
             return infra_error(format!("the harness did not start: {e}"));
         }
-        if let Some((uid, gid)) = confinement.host_owner() {
-            // A root run's agent is a host user of its own: what it may write is made its, and
-            // the instruction (bound read-only) readable to it whatever floe's umask.
-            for dir in [ws, home.as_path(), instruction_file.as_path()] {
-                if let Err(e) = crate::sandbox_user::give(dir, uid, gid) {
-                    return infra_error(format!(
-                        "giving {} to the sandbox's user: {e}",
-                        dir.display()
-                    ));
-                }
-            }
+        // A root run's agent is a host user of its own: what it may write is made its, and the
+        // instruction (bound read-only) readable to it whatever floe's umask.
+        if let Err(e) = confinement.hand_over(&[ws, &home, &instruction_file]) {
+            return infra_error(e);
         }
         let access = Access {
             writable: vec![ws, &home],

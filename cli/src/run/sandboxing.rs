@@ -87,9 +87,10 @@ pub fn check(sandbox_user: (u32, u32)) -> Result<Bubblewrap, RunError> {
         .output()
         .map_err(|e| RunError::Preflight(format!("{}: {e}; {hint}", path.display())))?;
     let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let floe = floe_binary()?;
     let user = match nix::unistd::geteuid().is_root() {
         true => Some(
-            SandboxUser::create(&floe_binary()?, sandbox_user.0, sandbox_user.1)
+            SandboxUser::create(&floe, sandbox_user.0, sandbox_user.1)
                 .map_err(|e| RunError::Preflight(format!("{e}; {hint}")))?,
         ),
         false => None,
@@ -98,7 +99,7 @@ pub fn check(sandbox_user: (u32, u32)) -> Result<Bubblewrap, RunError> {
         bwrap: path.clone(),
         hidden: vec![],
         gateway: None,
-        floe: floe_binary()?,
+        floe,
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
         user: user.clone(),
