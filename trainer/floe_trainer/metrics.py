@@ -142,9 +142,27 @@ class Metrics:
             buckets=STEP_BUCKETS,
             registry=r,
         )
-        self._dropped = _Dropped()
+        # The batcher's tallies (restored from the checkpoint).
+        self._dropped = _Tallies(
+            "floe_trainer_dropped",
+            "Trajectories (untrainable, duplicate_sample, stale, late, failed) or groups"
+            " (zero_advantage, incomplete, overlong) dropped",
+            "reason",
+            {reason: reason for reason in REASONS},
+        )
         r.register(self._dropped)
-        self._ingest = _Ingest()
+        # The ingest's own counts (they start again at 0 with the process, which Prometheus
+        # reads as a counter reset). ``invalid`` and ``agent_fault_unscored`` are sessions whose
+        # learning signal was lost here (``FloeTrainerSessionsLost``).
+        self._ingest = _Tallies(
+            "floe_trainer_ingest",
+            "Posts to the trainer's ingest by result: trajectories accepted, duplicate or"
+            " invalid (refused, lost); snapshots kept whole (partial) or as deltas"
+            " (partial_delta); sessions ruled failed by their agent scored 0 from their"
+            " snapshot (agent_fault) or with no snapshot to score (agent_fault_unscored, lost)",
+            "result",
+            INGEST_RESULTS,
+        )
         r.register(self._ingest)
         self.groups_trained = PCounter(
             "floe_trainer_groups_trained", "Groups that went into optimizer steps", registry=r
@@ -242,27 +260,24 @@ REASONS = (
 )
 
 
-class _Dropped:
-    """``floe_trainer_dropped_total{reason}``: a counter whose values are the batcher's own
-    running tallies (restored from the checkpoint), so it is exposed as a counter family rather
-    than incremented here."""
+class _Tallies:
+    """A counter family whose values are running tallies kept elsewhere (``counts``, read at
+    each scrape), so it is exposed as a family rather than incremented here. ``names`` maps a
+    tally's key to its label value; every one exists from the start, at 0: a series born at its
+    first count shows Prometheus no increase() for it (a dashboard panel or an alert on it would
+    stay empty until then). A key not in ``names`` is its own label value."""
 
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
+    def __init__(self, name: str, documentation: str, label: str, names: dict) -> None:
+        self.name, self.documentation, self.label, self.names = name, documentation, label, names
+        self.counts: dict = {}
 
     def collect(self):
-        family = CounterMetricFamily(
-            "floe_trainer_dropped",
-            "Trajectories (untrainable, duplicate_sample, stale, late, failed) or groups"
-            " (zero_advantage, incomplete, overlong) dropped",
-            labels=["reason"],
-        )
-        # Every reason from the start, at 0: a series born at its first drop shows Prometheus
-        # no increase() for it, and the dashboard's Dropped panel would be empty until then.
-        counts = dict.fromkeys(REASONS, 0)
-        counts.update(self.counts)
-        for reason, n in sorted(counts.items()):
-            family.add_metric([reason], n)
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        values = dict.fromkeys(self.names.values(), 0)
+        for key, n in dict(self.counts).items():
+            values[self.names.get(key, key)] = n
+        for value, n in sorted(values.items()):
+            family.add_metric([value], n)
         yield family
 
 
@@ -276,30 +291,6 @@ INGEST_RESULTS = {
     "agentFault": "agent_fault",
     "agentFaultUnscored": "agent_fault_unscored",
 }
-
-
-class _Ingest:
-    """``floe_trainer_ingest_total{result}``: what the ingest made of what gateways posted, read
-    off its own running counts at each scrape (they start again at 0 with the process, which
-    Prometheus reads as a counter reset). ``invalid`` and ``agent_fault_unscored`` are sessions
-    whose learning signal was lost here (``FloeTrainerSessionsLost``)."""
-
-    def __init__(self) -> None:
-        self.counts: dict = {}
-
-    def collect(self):
-        family = CounterMetricFamily(
-            "floe_trainer_ingest",
-            "Posts to the trainer's ingest by result: trajectories accepted, duplicate or"
-            " invalid (refused, lost); snapshots kept whole (partial) or as deltas"
-            " (partial_delta); sessions ruled failed by their agent scored 0 from their"
-            " snapshot (agent_fault) or with no snapshot to score (agent_fault_unscored, lost)",
-            labels=["result"],
-        )
-        counts = dict(self.counts)
-        for key, result in INGEST_RESULTS.items():
-            family.add_metric([result], counts.get(key, 0))
-        yield family
 
 
 def _nvml():
