@@ -10,7 +10,8 @@ trajectories (infrastructure failures) never join a group — never as reward 0.
 at its token cap keeps its reward in its group's baseline and trains no token; a group
 of such sessions only is dropped (``overlong``). With ``penalty`` (``grpo.overlongPenalty``,
 DAPO's soft overlong punishment) a session's advantage is of its reward less its penalty; the
-reward itself stays what it earned. Every drop is counted by reason. What a
+reward itself stays what it earned, and under ``MeanStd`` it decides whether a group is uniform
+(penalties alone never make a group of passes teach: see ``_uniform``). Every drop is counted by reason. What a
 restarted trainer must not forget (groups closed, samples failed, versions lost) is saved with
 each checkpoint ([`GroupBuffer.saved`]).
 """
@@ -187,13 +188,12 @@ class GroupBuffer:
             del self.pending[gid]
             self.closed.add(gid)
             trajs = [fresh[s] for s in sorted(fresh)]
-            rewards = self._shaped(trajs)
             if len(trajs) < 2:
                 short = (leftovers and not complete) or bool(p.stale_samples | p.failed_samples)
                 self.dropped["incomplete" if short else "zero_advantage"] += 1
                 self.groups_dropped += 1
                 continue
-            if uniform(rewards):
+            if self._uniform(trajs):
                 self.dropped["zero_advantage"] += 1
                 self.groups_dropped += 1
                 continue
@@ -214,10 +214,21 @@ class GroupBuffer:
         out.append(Group(gid, trajs, advantages, masked, penalties))
 
     def _shaped(self, trajs: list[Trajectory]) -> list[float]:
-        """The rewards the advantages are of: each less its overlong penalty, if any. A group
-        whose sessions all passed but ran to different lengths can teach then."""
+        """The rewards the advantages are of: each less its overlong penalty, if any."""
         penalty = self.penalty or (lambda _: 0.0)
         return [(t.reward or 0.0) - penalty(t) for t in trajs]
+
+    def _uniform(self, trajs: list[Trajectory]) -> bool:
+        """The group teaches nothing. Under ``MeanStd`` that is decided on the rewards the
+        sessions earned, as DAPO's dynamic sampling filters on accuracy: a group whose sessions
+        all passed differs only by overlong penalties, and dividing by their tiny std would
+        make one session a token or two into the buffer a full failure (16 passes, one 0.03
+        into it: advantage -3.9, as one real failure among 16). Under ``MeanOnly`` and
+        ``LeaveOneOut`` the penalised rewards decide: their advantages keep the penalty's own
+        scale, so passes of different lengths train towards the shorter, gently."""
+        if self.estimator == "MeanStd":
+            return uniform([t.reward or 0.0 for t in trajs])
+        return uniform(self._shaped(trajs))
 
     def still_fresh(self, groups: list[Group], policy_version: int) -> list[Group]:
         """Groups taken earlier, checked again as their step starts (steps may have run since,
@@ -231,8 +242,7 @@ class GroupBuffer:
                 out.append(g)
                 continue
             self.dropped["stale"] += len(g.trajectories) - len(fresh)
-            rewards = self._shaped(fresh)
-            if len(fresh) < 2 or uniform(rewards):
+            if len(fresh) < 2 or self._uniform(fresh):
                 self.dropped["incomplete" if len(fresh) < 2 else "zero_advantage"] += 1
                 self.groups_dropped += 1
                 continue

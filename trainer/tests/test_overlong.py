@@ -63,9 +63,16 @@ def _ingest_lengths(trainer, rewards, longest):
 
 def test_the_overlong_penalty_shapes_the_advantage_not_the_reward(tmp_path):
     # DAPO's soft punishment: a cap of 16 tokens, the last 8 a buffer. Both sessions passed;
-    # one stayed clear of the buffer, the other ran to the cap (penalty 1).
+    # one stayed clear of the buffer, the other ran to the cap (penalty 1). Under MeanOnly the
+    # advantages keep the penalty's own scale: the two passes train towards the shorter.
     penalty = {"bufferTokens": 8, "factor": 1.0}
-    trainer = tiny_trainer(tmp_path, 2, config={"maxResponseTokens": 16}, overlongPenalty=penalty)
+    trainer = tiny_trainer(
+        tmp_path,
+        2,
+        config={"maxResponseTokens": 16},
+        overlongPenalty=penalty,
+        advantage="MeanOnly",
+    )
     _ingest_lengths(trainer, (1.0, 1.0), (8, 16))
     stats = trainer.run_once()
     assert stats is not None, "two passes of different lengths teach something"
@@ -76,6 +83,16 @@ def test_the_overlong_penalty_shapes_the_advantage_not_the_reward(tmp_path):
     assert (row["penalizedSessions"], row["overlongPenalty"], row["passRate"]) == (1, 0.5, 1.0)
     assert trainer.metrics.overlong_penalty._value.get() == 0.5
     assert trainer.state.policy_version == 1
+
+
+def test_under_mean_std_penalties_alone_never_make_a_group_of_passes_teach(tmp_path):
+    # Dividing by the std of penalties alone would make the session a little into the buffer
+    # a full failure; DAPO filters such a group on accuracy, and so does floe.
+    penalty = {"bufferTokens": 8, "factor": 1.0}
+    trainer = tiny_trainer(tmp_path, 2, config={"maxResponseTokens": 16}, overlongPenalty=penalty)
+    _ingest_lengths(trainer, (1.0, 1.0), (8, 9))
+    assert trainer.run_once() is None
+    assert trainer.buffer.dropped["zero_advantage"] == 1
 
 
 def test_without_the_penalty_passes_of_any_length_teach_nothing(tmp_path):
