@@ -352,16 +352,36 @@ pub fn narrowed_here(
 }
 
 /// Makes `root` and everything under it `uid`/`gid`'s, links themselves and never what they
-/// point to: what the sandbox is given to write (floe made it, as root).
+/// point to: what the sandbox is given to write (floe made it, as root). Below `root` it moves
+/// through directory descriptors, one name at a time: the evaluation copy holds whatever
+/// the agent left, and a path of its longer than `PATH_MAX` (twenty directories of 255-byte
+/// names) must not fail the hand-over, which would make its session infrastructure's.
 pub fn give(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     std::os::unix::fs::lchown(root, Some(uid), Some(gid))?;
-    let meta = std::fs::symlink_metadata(root)?;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(root)? {
-            give(&entry?.path(), uid, gid)?;
-        }
+    if std::fs::symlink_metadata(root)?.is_dir() {
+        give_below(&crate::tree::Dir::open(root)?, uid, gid)?;
     }
     Ok(())
+}
+
+fn give_below(dir: &crate::tree::Dir, uid: u32, gid: u32) -> std::io::Result<()> {
+    let mut failed = None;
+    dir.each_name(|name| {
+        let given = dir
+            .chown(name, uid, gid)
+            .and_then(|()| match dir.kind(name)? {
+                Some(crate::tree::Kind::Dir) => give_below(&dir.subdir(name)?, uid, gid),
+                _ => Ok(()),
+            });
+        match given {
+            Ok(()) => std::ops::ControlFlow::Continue(()),
+            Err(e) => {
+                failed = Some(e);
+                std::ops::ControlFlow::Break(())
+            }
+        }
+    })?;
+    failed.map_or(Ok(()), Err)
 }
 
 /// In `floe sandbox-exec`, before anything else runs: become [`INSIDE`] (the host user the
@@ -571,6 +591,32 @@ mod tests {
         // What the link points to keeps its owner.
         let after = std::fs::metadata(&outside)?;
         assert_eq!((after.uid(), after.gid()), (me.uid(), me.gid()));
+        Ok(())
+    }
+
+    #[test]
+    fn a_tree_deeper_than_path_max_is_given_whole() -> Result<(), Box<dyn std::error::Error>> {
+        let root = tempfile::tempdir()?;
+        let me = std::fs::metadata(root.path())?;
+        let (uid, gid) = match me.uid() {
+            0 => (65534, 65534),
+            _ => (me.uid(), me.gid()),
+        };
+        // Twenty directories of 255-byte names: a path of over 5,000 bytes to the file.
+        let name = std::ffi::OsString::from("a".repeat(255));
+        let mut dir = crate::tree::Dir::open(root.path())?;
+        for _ in 0..20 {
+            dir = dir.mkdir(&name)?;
+        }
+        drop(dir.create_file(std::ffi::OsStr::new("deep"), 0o644)?);
+        give(root.path(), uid, gid)?;
+        let mut dir = crate::tree::Dir::open(root.path())?;
+        for _ in 0..20 {
+            dir = dir.subdir(&name)?;
+        }
+        let file = dir.open_file(std::ffi::OsStr::new("deep"))?;
+        let m = file.metadata()?;
+        assert_eq!((m.uid(), m.gid()), (uid, gid));
         Ok(())
     }
 

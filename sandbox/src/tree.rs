@@ -171,6 +171,22 @@ impl Dir {
         }
     }
 
+    /// Makes `name` (itself, never what a link points to) `uid`/`gid`'s.
+    pub fn chown(&self, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
+        let (uid, gid) = (
+            rustix::fs::Uid::from_raw(uid),
+            rustix::fs::Gid::from_raw(gid),
+        );
+        rustix::fs::chownat(
+            &self.fd,
+            name,
+            Some(uid),
+            Some(gid),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(err)
+    }
+
     /// Removes `name` whatever it is (a directory with everything in it), never following a
     /// link; nothing there is not an error.
     pub fn remove(&self, name: &OsStr) -> io::Result<()> {

@@ -108,6 +108,16 @@ pub fn attacks() -> Vec<(&'static str, String, f64, Option<&'static str>)> {
             1.0,
             None,
         ),
+        // A path longer than PATH_MAX (twenty directories of 255-byte names): a root run's
+        // hand-over of the evaluation copy to its sandbox user went by path and failed there.
+        (
+            "deep-path",
+            format!(
+                "{FIX} && python3 -c 'import os\nfor _ in range(20):\n    os.mkdir(\"d\" * 255)\n    os.chdir(\"d\" * 255)\nopen(\"deep\", \"w\").close()'"
+            ),
+            1.0,
+            None,
+        ),
         (
             "sparse-64g",
             format!("{FIX} && truncate -s 64G big.bin"),
