@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use floe_gateway::capture::{find_sessions, read_session, CaptureReadError};
+use floe_gateway::capture::{find_sessions, read_session_slim, CaptureReadError};
 use floe_gateway::trajectory::{
     build_trajectory, BuildOptions, Builder, SessionInfo, SessionOutcome, Trajectory,
 };
@@ -63,7 +63,7 @@ fn build_one(
     dir: &std::path::Path,
     options: &BuildOptions,
 ) -> Result<Trajectory, TrajectoriesError> {
-    let capture = read_session(dir)?;
+    let capture = read_session_slim(dir)?;
     let meta = capture.meta.unwrap_or_default();
     let info = SessionInfo {
         session: if meta.session.is_empty() {

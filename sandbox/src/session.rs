@@ -97,6 +97,11 @@ fn session_budget(sampling: &floe_crds::rollout_job::SamplingSpec) -> SessionBud
         calls: sampling
             .max_calls_per_session
             .and_then(|c| positive(i64::from(c))),
+        bytes: positive(
+            sampling
+                .max_session_bytes
+                .unwrap_or(floe_crds::rollout_job::DEFAULT_MAX_SESSION_BYTES),
+        ),
     }
 }
 

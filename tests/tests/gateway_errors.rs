@@ -112,6 +112,20 @@ async fn every_api_answers_errors_in_its_own_shape() -> Result<()> {
         "{b}"
     );
 
+    // A body of tiny values (a gigabyte once parsed) is refused before it is parsed.
+    let mut tiny = br#"{"messages": [], "metadata": {"pad": ["#.to_vec();
+    tiny.extend(b"0,".repeat(1_000_000));
+    tiny.extend(b"0]}}");
+    let (s, b) = call(&http, &chat, &token, tiny).await?;
+    assert_eq!(s, 400, "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("JSON values"),
+        "{b}"
+    );
+
     // Oversized: 413 in shape, before the body is read.
     let big = format!(
         r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#,
@@ -205,7 +219,7 @@ async fn every_api_answers_errors_in_its_own_shape() -> Result<()> {
         r#"kind="unauthorized"} 4"#,
         r#"kind="too_large"} 1"#,
         r#"kind="upstream"} 3"#,
-        r#"kind="invalid_request"} 2"#,
+        r#"kind="invalid_request"} 3"#,
     ] {
         assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");
     }
@@ -666,6 +680,35 @@ async fn a_session_past_its_budget_is_refused_in_each_apis_shape() -> Result<()>
     );
     gw.close("one-token").await?;
     assert_eq!(read_session(&gw.session_dir("one-token"))?.records.len(), 1);
+
+    // Bytes: what the capture holds, however little of it became tokens. A `metadata` the
+    // gateway drops before the model (no token) is captured as sent: two calls padded with
+    // 600 kB each fill a budget of 1 MB, and the third is refused.
+    let token = gw
+        .session_with(
+            "one-mb",
+            "t",
+            0,
+            json!({"sessionBudget": {"bytes": 1_000_000}}),
+        )
+        .await?;
+    let mut padded = chat.clone();
+    padded["metadata"] = json!({"pad": "x".repeat(600_000)});
+    for _ in 0..2 {
+        let (status, answer) =
+            call_json(&http, &gw.url, "/v1/chat/completions", &token, &padded).await?;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, answer) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("budget of 1000000 captured bytes")),
+        "{answer}"
+    );
+    gw.close("one-mb").await?;
+    assert_eq!(read_session(&gw.session_dir("one-mb"))?.records.len(), 2);
     let page = http
         .get(format!("{}/metrics", gw.url))
         .send()

@@ -470,7 +470,20 @@ pub struct SamplingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_000_000))]
     pub max_calls_per_session: Option<i32>,
+    /// Bytes one session's capture may hold (default 1 GiB): its calls' requests as the
+    /// harness sent them and as they went upstream, the answers, the token ids. Past it, calls
+    /// are refused as above. The token budget does not bound it: parts of a request that never
+    /// become tokens (a `metadata` the gateway drops) are captured as sent, so without it an
+    /// agent could fill its gateway's disk (the pod's, or `floe run`'s `--out`) and turn its
+    /// session into an infrastructure failure. An honest text-only session at 6,000,000 tokens
+    /// captures about 100 MB; raise it for jobs that send many inline images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1_048_576, max = 1_099_511_627_776_i64))]
+    pub max_session_bytes: Option<i64>,
 }
+
+/// `sampling.maxSessionBytes` when unset.
+pub const DEFAULT_MAX_SESSION_BYTES: i64 = 1 << 30;
 
 /// `sampling.maxSessionTokens` when unset ([`SamplingSpec::max_session_tokens`]).
 pub const DEFAULT_MAX_SESSION_TOKENS: i64 = 6_000_000;
@@ -498,6 +511,7 @@ impl Default for SamplingSpec {
             caller_params: CallerParams::default(),
             max_session_tokens: None,
             max_calls_per_session: None,
+            max_session_bytes: None,
         }
     }
 }

@@ -230,39 +230,60 @@ pub fn read_meta(dir: &Path) -> Result<Option<SessionMeta>, CaptureReadError> {
 /// Read a session's capture directory. A torn *last* line is skipped; a bad line anywhere
 /// else is corruption and an error.
 pub fn read_session(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
+    read_session_keeping(dir, |record| record)
+}
+
+/// [`read_session`] with each record slimmed as it is read ([`super::tail::slim`]): what
+/// building a trajectory reads, and no more. A capture holds every call's request twice and
+/// its answer (a long agent's conversation over again in every call, and what an agent
+/// padded its requests with), so whole it can take many times a trajectory's memory; the
+/// gateway reads a session this way whenever it ships one.
+pub fn read_session_slim(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
+    read_session_keeping(dir, super::tail::slim)
+}
+
+fn read_session_keeping(
+    dir: &Path,
+    keep: impl Fn(CompletionRecord) -> CompletionRecord,
+) -> Result<SessionCapture, CaptureReadError> {
     let path = dir.join(CAPTURE_FILE);
     let io = |source| CaptureReadError::Io {
         path: path.clone(),
         source,
     };
-    let file = File::open(&path).map_err(io)?;
-    let lines: Vec<String> = BufReader::new(file)
-        .lines()
-        .collect::<Result<_, _>>()
-        .map_err(io)?;
+    let mut file = BufReader::new(File::open(&path).map_err(io)?);
     let meta = read_meta(dir)?;
     let mut capture = SessionCapture {
         sealed: dir.join(SEAL_FILE).exists(),
         meta,
         ..Default::default()
     };
-    let last = lines.len().saturating_sub(1);
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
+    // A line that did not parse: corruption, unless no line follows it (a torn tail).
+    let mut bad: Option<(usize, serde_json::Error)> = None;
+    let mut line = Vec::new();
+    let mut number = 0;
+    loop {
+        line.clear();
+        if file.read_until(b'\n', &mut line).map_err(io)? == 0 {
+            break;
+        }
+        number += 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_str(line) {
-            Ok(record) => capture.records.push(record),
-            Err(_) if i == last => capture.torn_tail = true,
-            Err(source) => {
-                return Err(CaptureReadError::Corrupt {
-                    path: path.clone(),
-                    line: i + 1,
-                    source,
-                })
-            }
+        if let Some((at, source)) = bad.take() {
+            return Err(CaptureReadError::Corrupt {
+                path: path.clone(),
+                line: at,
+                source,
+            });
+        }
+        match serde_json::from_slice(&line) {
+            Ok(record) => capture.records.push(keep(record)),
+            Err(source) => bad = Some((number, source)),
         }
     }
+    capture.torn_tail = bad.is_some();
     Ok(capture)
 }
 
@@ -324,6 +345,34 @@ mod tests {
     }
 
     #[test]
+    fn a_slim_read_keeps_what_a_trajectory_reads_and_no_body() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = CaptureLog::open(dir.path(), Durability::Fsync).expect("open");
+        let padded = CompletionRecord {
+            request: serde_json::json!({"metadata": {"pad": "x".repeat(100_000)}}),
+            normalized_request: serde_json::json!({"max_tokens": 2, "messages": []}),
+            response: serde_json::json!({"choices": []}),
+            ..record(0)
+        };
+        log.append(&padded).expect("append");
+        drop(log);
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(CAPTURE_FILE))
+            .expect("file");
+        f.write_all(br#"{"v":1,"session":"s","#).expect("torn");
+        let capture = read_session_slim(dir.path()).expect("read");
+        let want = CompletionRecord {
+            request: serde_json::Value::Null,
+            normalized_request: serde_json::json!({"max_tokens": 2}),
+            response: serde_json::Value::Null,
+            ..record(0)
+        };
+        assert_eq!(capture.records, vec![want]);
+        assert!(capture.torn_tail);
+    }
+
+    #[test]
     fn a_bad_line_in_the_middle_is_corruption_not_silently_skipped() {
         let dir = tempfile::tempdir().expect("tempdir");
         let good = serde_json::to_string(&record(0)).expect("json");
@@ -332,9 +381,11 @@ mod tests {
             format!("{good}\nnot json\n{good}\n"),
         )
         .expect("write");
-        assert!(matches!(
-            read_session(dir.path()),
-            Err(CaptureReadError::Corrupt { line: 2, .. })
-        ));
+        for read in [read_session, read_session_slim] {
+            assert!(matches!(
+                read(dir.path()),
+                Err(CaptureReadError::Corrupt { line: 2, .. })
+            ));
+        }
     }
 }

@@ -6,8 +6,9 @@ mod record;
 mod tail;
 
 pub use log::{
-    encode_line, find_sessions, read_meta, read_session, write_meta, CaptureLog, CaptureReadError,
-    CaptureWriteError, Durability, SessionCapture, SessionMeta, CAPTURE_FILE, META_FILE, SEAL_FILE,
+    encode_line, find_sessions, read_meta, read_session, read_session_slim, write_meta, CaptureLog,
+    CaptureReadError, CaptureWriteError, Durability, SessionCapture, SessionMeta, CAPTURE_FILE,
+    META_FILE, SEAL_FILE,
 };
 pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};
 pub use tail::CaptureTail;

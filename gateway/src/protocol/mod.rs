@@ -65,8 +65,45 @@ pub struct Normalized {
 /// A request body as JSON: parsed once per call, by the server, and handed to a protocol's
 /// `normalize_value` (the capture keeps the same value as the original request).
 pub fn parse_body(body: &[u8]) -> Result<Value, ProtocolError> {
+    let values = json_values_at_most(body);
+    if values > MAX_JSON_VALUES {
+        return Err(ProtocolError::InvalidRequest(format!(
+            "the body holds about {values} JSON values, over the {MAX_JSON_VALUES} a model call may carry"
+        )));
+    }
     serde_json::from_slice(body)
         .map_err(|e| ProtocolError::InvalidRequest(format!("body is not JSON: {e}")))
+}
+
+/// JSON values one request body may hold. Parsed, each costs a `Value` (32 bytes, up to twice
+/// that in a growing array) whatever its text: a body of 16 million `0,` (32 MiB, within the
+/// body limit) took about a gigabyte, and a session has 16 calls in flight, so an agent could
+/// run its gateway (`floe run` itself, in local mode) out of memory and every session down
+/// with it. An honest call holds thousands (messages, parts, tool schemas; text and media are
+/// one string each), the longest agent conversations tens of thousands.
+pub const MAX_JSON_VALUES: usize = 1_000_000;
+
+/// An upper bound on the values in `body`, read without parsing it: one more than its
+/// commas, colons and opening brackets outside strings.
+fn json_values_at_most(body: &[u8]) -> usize {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b':' | b'[' | b'{' => count += 1,
+                _ => {}
+            }
+        }
+    }
+    count
 }
 
 /// The Chat Completions assistant message for a turn's text, reasoning and tool calls (the
@@ -165,4 +202,32 @@ pub(crate) fn function_tool(
         function["strict"] = strict.into();
     }
     serde_json::json!({"type": "function", "function": function})
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+
+    #[test]
+    fn values_are_counted_outside_strings_only() {
+        assert_eq!(json_values_at_most(br#"{"a":[1,2]}"#), 5);
+        // Commas, colons and brackets in text (escaped quotes too) are text.
+        assert_eq!(json_values_at_most(br#"{"t":"a,b:[{\",\\"}"#), 3);
+        assert_eq!(json_values_at_most(b"3"), 1);
+    }
+
+    #[test]
+    fn a_body_of_a_million_tiny_values_is_refused_and_long_text_is_not() {
+        let mut padded = br#"{"model":"m","messages":[],"metadata":{"pad":["#.to_vec();
+        padded.extend(b"0,".repeat(MAX_JSON_VALUES));
+        padded.extend(b"0]}}");
+        let refused = parse_body(&padded).expect_err("a million values");
+        assert!(refused.to_string().contains("JSON values"), "{refused}");
+        // The same bytes as one string: a single value.
+        let text = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "0,".repeat(MAX_JSON_VALUES)
+        );
+        assert!(parse_body(text.as_bytes()).is_ok());
+    }
 }

@@ -74,11 +74,17 @@ pub struct SessionBudget {
     pub tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calls: Option<u64>,
+    /// Bytes of the session's capture (its calls' requests as received and as sent upstream,
+    /// the answers, the token ids): what bounds the disk a session's calls take, and the
+    /// parts of a request that never become tokens (a `metadata` the gateway drops).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 impl SessionBudget {
-    /// `Err` when a session that made `calls` calls capturing `tokens` tokens may make no more.
-    pub fn admit(&self, calls: u64, tokens: u64) -> Result<(), super::ProtocolError> {
+    /// `Err` when a session that made `calls` calls capturing `tokens` tokens in `bytes` bytes
+    /// may make no more.
+    pub fn admit(&self, calls: u64, tokens: u64, bytes: u64) -> Result<(), super::ProtocolError> {
         let spent = |what: &str, used: u64, limit: u64| {
             Err(super::ProtocolError::SessionBudget(format!(
                 "this session has used its budget of {limit} {what} ({used} so far): no more model calls"
@@ -89,6 +95,9 @@ impl SessionBudget {
         }
         if let Some(limit) = self.tokens.filter(|l| tokens >= *l) {
             return spent("captured tokens", tokens, limit);
+        }
+        if let Some(limit) = self.bytes.filter(|l| bytes >= *l) {
+            return spent("captured bytes", bytes, limit);
         }
         Ok(())
     }
@@ -218,20 +227,25 @@ pub fn upstream_error(status: u16, body: &str) -> ProtocolError {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_session_budget_admits_calls_until_either_part_is_spent() {
+    fn a_session_budget_admits_calls_until_any_part_is_spent() {
         let budget = SessionBudget {
             tokens: Some(100),
             calls: Some(3),
+            bytes: Some(1000),
         };
-        assert!(budget.admit(2, 99).is_ok());
-        let calls = budget.admit(3, 0).expect_err("3 calls made");
+        assert!(budget.admit(2, 99, 999).is_ok());
+        let calls = budget.admit(3, 0, 0).expect_err("3 calls made");
         assert_eq!(calls.status(), 400);
         assert!(calls
             .to_string()
             .contains("budget of 3 model calls (3 so far)"));
-        let tokens = budget.admit(1, 100).expect_err("100 tokens spent");
+        let tokens = budget.admit(1, 100, 0).expect_err("100 tokens spent");
         assert!(tokens.to_string().contains("budget of 100 captured tokens"));
-        assert!(SessionBudget::default().admit(u64::MAX, u64::MAX).is_ok());
+        let bytes = budget.admit(1, 0, 1000).expect_err("1000 bytes captured");
+        assert!(bytes.to_string().contains("budget of 1000 captured bytes"));
+        assert!(SessionBudget::default()
+            .admit(u64::MAX, u64::MAX, u64::MAX)
+            .is_ok());
     }
 
     use super::*;

@@ -15,7 +15,7 @@ use serde_json::json;
 use super::sessions::SessionError;
 use super::Gateway;
 use crate::capture::upstream_errors::tally;
-use crate::capture::{read_session, CompletionRecord, SessionMeta};
+use crate::capture::{read_meta, read_session_slim, CompletionRecord, SessionMeta};
 use crate::ship::{shipper, Assignment, Delivered, Sink, SpoolEntry};
 use crate::trajectory::outcome::account_for_calls;
 use crate::trajectory::{build_trajectory, BuildOptions, SessionInfo, SessionOutcome};
@@ -141,7 +141,7 @@ pub(super) fn trajectory_of(
     id: &str,
     outcome: &SessionOutcome,
 ) -> Result<SpoolEntry, StoreError> {
-    let capture = read_session(dir).map_err(storage)?;
+    let capture = read_session_slim(dir).map_err(storage)?;
     trajectory_from(gateway, dir, id, capture.meta, &capture.records, outcome)
 }
 
@@ -243,9 +243,9 @@ pub fn recover(gateway: &Arc<Gateway>) -> Result<usize, StoreError> {
         let delivered: Delivered = serde_json::from_slice(&bytes)
             .map_err(|e| storage(format!("{}: {e}", dir.join(ASSIGNMENT_FILE).display())))?;
         let id = delivered.assignment.session.clone();
-        let meta = read_session(&dir)
+        let meta = read_meta(&dir)
             .ok()
-            .and_then(|c| c.meta)
+            .flatten()
             .unwrap_or_else(|| SessionMeta {
                 session: id.clone(),
                 ..Default::default()

@@ -29,6 +29,8 @@ pub struct Session {
     next_seq: AtomicU64,
     /// Prompt and sampled tokens its calls captured so far (its budget's measure).
     captured_tokens: AtomicU64,
+    /// Bytes the session's capture holds (the budget's `bytes`).
+    captured_bytes: AtomicU64,
     durability: Durability,
     /// `None` once the session is closed (capture sealed).
     log: Mutex<Option<CaptureLog>>,
@@ -81,15 +83,16 @@ impl Session {
 
     /// The order number of a call that arrives now, if the session's budget admits one more:
     /// checked and taken in one step, so calls arriving together cannot all pass at the limit.
-    /// (Tokens are spent when a call is answered: calls in flight may overshoot the token
+    /// (Tokens and bytes are spent when a call is captured: calls in flight may overshoot the
     /// budget by what they capture, at most [`MAX_CALLS_IN_FLIGHT`] calls' worth.)
     pub fn admit_call(&self) -> Result<u64, crate::protocol::ProtocolError> {
         let budget = self.upstream.limits.session_budget;
         let tokens = self.captured_tokens.load(Ordering::SeqCst);
+        let bytes = self.captured_bytes.load(Ordering::SeqCst);
         let mut refused = None;
         self.next_seq
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |calls| {
-                match budget.admit(calls, tokens) {
+                match budget.admit(calls, tokens, bytes) {
                     Ok(()) => Some(calls + 1),
                     Err(e) => {
                         refused = Some(e);
@@ -124,6 +127,8 @@ impl Session {
             Some(log) => {
                 log.append_line(line)?;
                 self.captured_calls.fetch_add(1, Ordering::SeqCst);
+                self.captured_bytes
+                    .fetch_add(line.len() as u64, Ordering::SeqCst);
                 Ok(())
             }
             None => Err(CaptureWriteError::Sealed(self.dir.clone())),
@@ -248,7 +253,7 @@ impl Sessions {
         let (calls, tokens) = if fresh {
             (0, 0)
         } else {
-            crate::capture::read_session(&dir)
+            crate::capture::read_session_slim(&dir)
                 .map(|c| {
                     let calls = c.records.iter().map(|r| r.seq + 1).max().unwrap_or(0);
                     let tokens = c
@@ -260,6 +265,8 @@ impl Sessions {
                 })
                 .unwrap_or((0, 0))
         };
+        let bytes =
+            std::fs::metadata(dir.join(crate::capture::CAPTURE_FILE)).map_or(0, |m| m.len());
         let session = Arc::new(Session {
             meta,
             token: token.clone(),
@@ -267,6 +274,7 @@ impl Sessions {
             upstream,
             next_seq: AtomicU64::new(calls),
             captured_tokens: AtomicU64::new(tokens),
+            captured_bytes: AtomicU64::new(bytes),
             durability,
             log: Mutex::new(log),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
