@@ -25,7 +25,9 @@ pub const MAX_CHANGED_BYTES: u64 = 2 << 30;
 /// Test runners' configuration files, protected unless a job says
 /// `evaluator.protectTestConfig: false`: they decide what a test run collects and how it
 /// reports (`python_files = chk_*.py` in a `pytest.ini` skips the hidden tests; a `conftest.py`
-/// hook rewrites outcomes; a `sitecustomize.py` runs before anything).
+/// hook rewrites outcomes; a `sitecustomize.py` runs before anything; a `.pth` file runs its
+/// `import` lines at start-up; a `*.dist-info` or `*.egg-info` on the import path declares a
+/// `pytest11` plugin, which pytest loads before collecting).
 pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/conftest.py",
     "**/pytest.ini",
@@ -37,6 +39,9 @@ pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/tox.ini",
     "**/sitecustomize.py",
     "**/usercustomize.py",
+    "**/*.pth",
+    "**/*.dist-info/**",
+    "**/*.egg-info/**",
     "**/jest.config.*",
     "**/vitest.config.*",
     "**/vite.config.*",
@@ -456,24 +461,54 @@ impl Protected {
     }
 
     /// Whether `path` would shadow a hidden module for Python's import: beside
-    /// `tests/test_hidden.py`, a `tests/test_hidden.so` or `.pyc`, or a package directory
-    /// `tests/test_hidden/`, is imported in its place.
+    /// `tests/test_hidden.py`, a `tests/test_hidden.so` (or `.abi3.so`, `.cpython-311-…so`,
+    /// `.pyc`: any name that is the module's up to its first dot), or a package directory
+    /// `tests/test_hidden/`, is imported in its place. So is a package on its way: a
+    /// `tests.py` beside a `tests/` without `__init__.py` (a namespace package comes last), or
+    /// the `__init__.py` of the hidden module's own directory made, changed or removed (one
+    /// that sets `__path__` sends `tests.test_hidden` to a directory of the agent's).
     pub fn shadows_hidden(&self, path: &Path) -> bool {
-        self.exact.iter().any(|hidden| {
-            let (Some(dir), Some(stem)) = (hidden.parent(), hidden.file_stem()) else {
-                return false;
-            };
-            let module = dir.join(stem);
-            path != hidden
-                && (path.starts_with(&module)
-                    || (path.parent() == Some(dir) && path.file_stem() == Some(stem)))
-        })
+        self.exact
+            .iter()
+            .any(|hidden| path != hidden && shadows(path, hidden))
     }
 
     /// Whether `path` is a directory that holds a protected or hidden path.
     pub fn guards(&self, path: &Path) -> bool {
         self.guarded.contains(path)
     }
+}
+
+/// A name as Python's import reads it: up to its first dot (`m.cpython-311-x86_64-linux-gnu.so`
+/// is the module `m`).
+fn module_name(path: &Path) -> Option<&str> {
+    let name = path.file_name()?.to_str()?;
+    name.split('.').next()
+}
+
+/// See [`Protected::shadows_hidden`].
+fn shadows(path: &Path, hidden: &Path) -> bool {
+    let (Some(dir), Some(name)) = (hidden.parent(), module_name(hidden)) else {
+        return false;
+    };
+    if path.starts_with(dir.join(name))
+        || (path.parent() == Some(dir) && module_name(path) == Some(name))
+    {
+        return true;
+    }
+    // Only the hidden module's own directory has its `__init__` kept: further up are the
+    // packages of the code under test (`astropy/__init__.py` above `astropy/units/tests/`),
+    // which a fix may change, and whose code runs in the evaluator's process anyway.
+    let own_init = !dir.as_os_str().is_empty()
+        && path.parent() == Some(dir)
+        && module_name(path) == Some("__init__");
+    own_init
+        || dir
+            .ancestors()
+            .filter(|package| !package.as_os_str().is_empty())
+            .any(|package| {
+                path.parent() == package.parent() && module_name(path) == module_name(package)
+            })
 }
 
 /// What reached the evaluation copy.
@@ -1024,6 +1059,9 @@ mod tests {
             "tests/conftest.py",
             "tox.ini",
             "sitecustomize.py",
+            ".venv/lib/python3.11/site-packages/evil.pth",
+            "zz.dist-info/entry_points.txt",
+            "calc.egg-info/entry_points.txt",
             "web/jest.config.js",
             ".mocharc.yml",
         ] {
@@ -1077,6 +1115,38 @@ mod tests {
             ]
         );
         Ok(())
+    }
+
+    #[test]
+    fn what_python_would_import_in_place_of_a_hidden_module_shadows_it() {
+        let hidden = Path::new("tests/unit/test_hidden.py");
+        for path in [
+            "tests/unit/test_hidden.so",
+            "tests/unit/test_hidden.abi3.so",
+            "tests/unit/test_hidden.cpython-311-x86_64-linux-gnu.so",
+            "tests/unit/test_hidden.pyc",
+            "tests/unit/test_hidden/__init__.py",
+            // The packages on its way: a module beside one, or its __init__.
+            "tests/unit.py",
+            "tests/unit.cpython-311-x86_64-linux-gnu.so",
+            "tests/unit/__init__.py",
+            "tests.py",
+        ] {
+            assert!(shadows(Path::new(path), hidden), "{path}");
+        }
+        for path in [
+            "tests/unit/test_other.py",
+            "tests/unit/test_hidden_helpers.py",
+            "tests/other/__init__.py",
+            "tests/other.py",
+            "unit.py",
+            "calc.py",
+            "__init__.py",
+            // A package further up is the code under test's: a fix may change it.
+            "tests/__init__.py",
+        ] {
+            assert!(!shadows(Path::new(path), hidden), "{path}");
+        }
     }
 
     #[test]

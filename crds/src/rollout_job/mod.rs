@@ -301,7 +301,9 @@ pub struct EvaluatorSpec {
     /// Protect the test runners' configuration files too, wherever they are in the workspace:
     /// `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`, `.pytest.toml`,
     /// `pyproject.toml`, `setup.cfg`, `tox.ini`, `sitecustomize.py`, `usercustomize.py`,
-    /// `package.json`, and Jest's, Vitest's, Vite's and Mocha's config files. They decide what a test run collects and reports (`python_files =
+    /// `*.pth`, what is in `*.dist-info/` and `*.egg-info/` (a `pytest11` entry point there is
+    /// a plugin pytest loads), `package.json`, and Jest's, Vitest's, Vite's and Mocha's config
+    /// files. They decide what a test run collects and reports (`python_files =
     /// chk_*.py` skips the hidden tests). Default `true`; `false` only for tasks whose solution
     /// must change one of them.
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
