@@ -42,6 +42,18 @@ pub(crate) fn credential_like(name: &str) -> bool {
         || NAMES.contains(&n.as_str())
 }
 
+/// In local mode a child would inherit the environment of `floe run`, the user's shell's (a
+/// pod's containers have only what their templates name): its credential-like variables are
+/// removed, the harness's and the evaluator's alike, since the evaluator runs the agent's code
+/// (tests import it). What the job names in the child's `env` is set after this.
+pub(crate) fn drop_users_credentials(spec: &mut CommandSpec) {
+    spec.env_remove.extend(
+        std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| credential_like(k)),
+    );
+}
+
 #[derive(Clone, Debug)]
 pub struct RunnerConfig {
     pub gateway_url: String,

@@ -37,6 +37,9 @@ impl Evaluator<'_> {
         );
         // Its whole report, when the report is its stdout: the summary is at the end.
         evaluator.cap_bytes = REPORT_LIMIT;
+        if config.agent.is_none() {
+            crate::children::drop_users_credentials(&mut evaluator);
+        }
         // A program that is not there is the job's (or the image's), not the code's: said here,
         // so that an exit code the code under test can also produce (127) is never taken for it.
         startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;

@@ -634,9 +634,21 @@ mod tests {
             })
         );
         // More than the runner said: code under test printing `ok` lines.
-        assert_eq!(tap("1..2\nnot ok 1\nnot ok 2\nok 1\n"), None, "a number twice");
-        assert_eq!(tap("1..2\nnot ok 1\nnot ok 2\nok\nok\nok\n"), None, "past the plan");
-        assert_eq!(tap("1..1\nnot ok 1\n1..3\nok 2\nok 3\n"), None, "a second plan");
+        assert_eq!(
+            tap("1..2\nnot ok 1\nnot ok 2\nok 1\n"),
+            None,
+            "a number twice"
+        );
+        assert_eq!(
+            tap("1..2\nnot ok 1\nnot ok 2\nok\nok\nok\n"),
+            None,
+            "past the plan"
+        );
+        assert_eq!(
+            tap("1..1\nnot ok 1\n1..3\nok 2\nok 3\n"),
+            None,
+            "a second plan"
+        );
         // A plan may come last.
         assert_eq!(
             tap("ok 1\nok 2\n1..2\n"),

@@ -455,13 +455,7 @@ async fn session_outcome(
     harness.stdout = agent_dir.join("logs/harness.stdout");
     harness.stderr = agent_dir.join("logs/harness.stderr");
     if config.agent.is_none() {
-        // Local mode: the harness would inherit the environment of `floe run`, the user's
-        // shell's (a pod's agent container has only what its template names).
-        harness.env_remove.extend(
-            std::env::vars_os()
-                .filter_map(|(k, _)| k.into_string().ok())
-                .filter(|k| crate::children::credential_like(k)),
-        );
+        crate::children::drop_users_credentials(&mut harness);
     }
     if let Some(theirs) = config.agent.as_ref().and_then(|a| a.workspace.clone()) {
         // The agent container mounts the workspace elsewhere (a SWE-bench pod: at `/testbed`).
