@@ -320,6 +320,8 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         (
             "/v1/messages",
             json!({"model": "m", "max_tokens": 16, "top_k": 5, "temperature": 0.1,
+                // vLLM would cut the answer's tool calls to one after sampling.
+                "tool_choice": {"type": "auto", "disable_parallel_tool_use": true},
                 "messages": [{"role": "user", "content": [
                     {"type": "text", "text": "hi"},
                     {"type": "image", "source": {"type": "base64", "media_type": "image/png",
@@ -368,6 +370,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
             "response_format",
             // Each sample alone is the policy's, but a pinned seed makes a group's alike.
             "seed",
+            "parallel_tool_calls",
         ] {
             assert!(
                 r.get(foreign).is_none(),
@@ -394,6 +397,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         "sampling:response_format",
         "sampling:seed",
         "sampling:image_url",
+        "sampling:parallel_tool_calls",
     ] {
         assert!(dropped.contains(&name), "{name} in {dropped:?}");
     }

@@ -107,6 +107,15 @@ pub fn apply(
     if mode == CallerSampling::PassThrough {
         return Ok(Vec::new());
     }
+    // `parallel_tool_calls: false` leaves sampling alone, but vLLM then cuts the answer's tool
+    // calls to the first *after* sampling, and its token ids keep the rest: the trainer would
+    // train calls the harness never ran, with the session's advantage. A train job's call goes
+    // without it (never refused: Codex and Claude Code's Messages requests carry it), and the
+    // harness gets every call the policy made.
+    let one_call = body.get("parallel_tool_calls") == Some(&Value::Bool(false));
+    if one_call {
+        body.remove("parallel_tool_calls");
+    }
     let foreign: Vec<String> = body
         .iter()
         .filter(|(k, v)| {
@@ -139,7 +148,8 @@ pub fn apply(
     for (key, value) in neutral() {
         body.insert(key.into(), value);
     }
-    Ok(foreign.into_iter().chain(media).collect())
+    let cut = one_call.then(|| "parallel_tool_calls".to_string());
+    Ok(foreign.into_iter().chain(media).chain(cut).collect())
 }
 
 #[cfg(test)]
@@ -162,6 +172,28 @@ mod tests {
             "temperature": 0.0, "top_p": 0.1, "stop": ["\n"], "seed": 7,
             "chat_template_kwargs": {"enable_thinking": false}}),
         )
+    }
+
+    #[test]
+    fn a_train_call_never_asks_vllm_to_cut_its_tool_calls_after_sampling() {
+        for mode in [CallerSampling::Drop, CallerSampling::Refuse] {
+            let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": false}));
+            let dropped = apply(&mut b, mode, Some(1.0), Some(1.0)).expect("not refused");
+            assert_eq!(dropped, ["parallel_tool_calls"], "{mode:?}");
+            assert!(!b.contains_key("parallel_tool_calls"), "{mode:?}");
+            // Allowing them is what vLLM does anyway.
+            let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": true}));
+            assert!(apply(&mut b, mode, Some(1.0), Some(1.0))
+                .expect("kept")
+                .is_empty());
+            assert_eq!(b["parallel_tool_calls"], true);
+        }
+        // An sft job's teacher is asked as the harness asked.
+        let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": false}));
+        assert!(apply(&mut b, CallerSampling::PassThrough, None, None)
+            .expect("passed")
+            .is_empty());
+        assert_eq!(b["parallel_tool_calls"], false);
     }
 
     #[test]
