@@ -11,9 +11,9 @@ at its token cap keeps its reward in its group's baseline and trains no token; a
 of such sessions only is dropped (``overlong``). With ``penalty`` (``grpo.overlongPenalty``,
 DAPO's soft overlong punishment) a session's advantage is of its reward less its penalty; the
 reward itself stays what it earned, and under ``MeanStd`` it decides whether a group is uniform
-(penalties alone never make a group of passes teach: see ``_uniform``). Every drop is counted by reason. What a
-restarted trainer must not forget (groups closed, samples failed, versions lost) is saved with
-each checkpoint ([`GroupBuffer.saved`]).
+(penalties alone never make a group of passes teach: see ``_uniform``). Every drop is counted
+by reason. What a restarted trainer must not forget (groups closed, samples failed, versions
+lost) is saved with each checkpoint ([`GroupBuffer.saved`]).
 """
 
 from __future__ import annotations
