@@ -148,16 +148,20 @@ pub(crate) fn child(
 
 /// Whether `spec`'s program exists and is executable, looked up as the sandbox will.
 pub(crate) fn startable(spec: &CommandSpec) -> Result<(), String> {
-    let path = spec
-        .env
+    startable_in(&spec.program, &spec.env, &spec.cwd)
+        .then_some(())
+        .ok_or_else(|| format!("{}: not found or not executable", spec.program))
+}
+
+/// Whether `program`, run in `cwd` with `env` (over `floe run`'s own), would be found.
+pub(crate) fn startable_in(program: &str, env: &[(String, String)], cwd: &Path) -> bool {
+    let path = env
         .iter()
         .rev()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.clone())
         .or_else(|| std::env::var("PATH").ok());
-    confine::resolve_program(&spec.program, &spec.cwd, path.as_deref())
-        .map(|_| ())
-        .ok_or_else(|| format!("{}: not found or not executable", spec.program))
+    confine::resolve_program(program, cwd, path.as_deref()).is_some()
 }
 
 /// The last `max` bytes of a log, read from its end (a log may be a 64 GiB sparse file).

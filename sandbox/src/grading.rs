@@ -131,6 +131,19 @@ pub(crate) async fn grade(
             Err(e) if e.is_the_agents() => return workspace_failure(summary, e),
             Err(e) => return Err(format!("evaluation copy: {e}")),
         };
+    // An evaluator program the task's tree holds (`node_modules/.bin/jest`, a relative `PATH`
+    // entry) whose link or file the agent removed or made unexecutable would not start: the
+    // workspace's doing, scored, never infrastructure's. One missing from the task itself
+    // stays the job's error.
+    let job_env = evaluator().env;
+    if !crate::children::startable_in(program, &job_env, &eval_dir)
+        && crate::children::startable_in(program, &job_env, pristine)
+    {
+        let why = format!(
+            "the evaluator's program {program} starts from the task's files but not from the              workspace the agent left"
+        );
+        return failed_with(summary, FailureReason::NoVerdict, why, &applied);
+    }
     // Whatever ran before (none should be left) is not the evaluator's doing.
     let before = process::other_processes();
     let evaluator_ran = evaluator().run(config, "evaluator", &eval_dir).await?;

@@ -83,6 +83,16 @@ async fn run_tasks(tasks: Value, flags: &[&str]) -> Result<Ran> {
 
 /// [`run_tasks`] with the job's spec edited by `edit`.
 async fn run_job(tasks: Value, flags: &[&str], edit: impl FnOnce(&mut Value)) -> Result<Ran> {
+    run_job_in(tasks, flags, edit, None).await
+}
+
+/// [`run_job`] with `floe run`'s `PATH` led by `path_first`.
+async fn run_job_in(
+    tasks: Value,
+    flags: &[&str],
+    edit: impl FnOnce(&mut Value),
+    path_first: Option<&Path>,
+) -> Result<Ran> {
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("out");
@@ -99,6 +109,10 @@ async fn run_job(tasks: Value, flags: &[&str], edit: impl FnOnce(&mut Value)) ->
         .arg(&out)
         .args(["--model-url", &model.url])
         .args(flags)
+        .envs(path_first.map(|first| {
+            let rest = std::env::var("PATH").unwrap_or_default();
+            ("PATH", format!("{}:{rest}", first.display()))
+        }))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
@@ -375,5 +389,66 @@ json.dump({"reward": reward}, open("reward.json", "w"))
         wrong["evaluation"]["detail"]["evaluatorReward"],
         Value::Null
     );
+    Ok(())
+}
+
+/// An evaluator program that the task's own tree holds through a link, as npm's
+/// `node_modules/.bin/jest -> ../jest/bin/jest.js` does: the program's path is protected, but
+/// where the link leads was not, and an agent removing it made the evaluator "not start", an
+/// infrastructure failure (retried, never scored), turning its loss into no sample at all. It
+/// is the workspace's doing, scored; a program missing from the task itself stays the job's.
+#[tokio::test]
+async fn an_evaluator_program_the_agent_broke_is_its_failure_not_infrastructures() -> Result<()> {
+    const SETUP: &str = r##"
+import os
+os.makedirs("tool/lib")
+os.makedirs("bin")
+open("tool/lib/grade.sh", "w").write("#!/bin/sh\necho '{\"reward\": 1}' > reward.json\n")
+os.chmod("tool/lib/grade.sh", 0o755)
+os.symlink("../tool/lib/grade.sh", "bin/grade")
+"##;
+    // Found on a `PATH` entry inside the workspace, as `npm test` finds `node_modules/.bin`.
+    let task = |id: &str, instruction: &str| {
+        json!({"id": id, "instruction": instruction,
+               "prepare": [{"name": "tool", "command": ["python3", "-c", SETUP]}],
+               "evaluation": {"env": {"PATH": "bin:/usr/local/bin:/usr/bin:/bin"}}})
+    };
+    // `floe run` checks the program is on its own `PATH` before any session: so it is, in a
+    // directory the evaluator's `PATH` does not name.
+    let elsewhere = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
+    let grade = elsewhere.path().join("grade");
+    std::fs::write(&grade, "#!/bin/sh\nexit 1\n")?;
+    std::fs::set_permissions(&grade, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let ran = run_job_in(
+        json!([
+            task("kept", "true"),
+            task("target-removed", "rm tool/lib/grade.sh"),
+            task("target-unexecutable", "chmod -x tool/lib/grade.sh"),
+        ]),
+        &[],
+        |spec| {
+            spec["evaluator"] = json!({
+                "command": ["grade"],
+                "reward": {"source": "RewardFile", "path": "reward.json"},
+            });
+        },
+        Some(elsewhere.path()),
+    )
+    .await?;
+    let kept = ran.session("kept")?;
+    assert_eq!(kept["reward"].as_f64(), Some(1.0), "{kept}");
+    for task in ["target-removed", "target-unexecutable"] {
+        let s = ran.session(task)?;
+        assert_eq!(
+            (
+                s["status"].as_str(),
+                s["reward"].as_f64(),
+                s["failure"].as_str()
+            ),
+            (Some("completed"), Some(0.0), Some("no_verdict")),
+            "{task}: {s}"
+        );
+    }
+    assert_eq!(ran.summary["sessions"]["infraError"], 0, "{}", ran.summary);
     Ok(())
 }
