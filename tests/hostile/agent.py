@@ -112,11 +112,16 @@ def _():
 @attempt("read_credential_files_of_the_user")
 def _():
     """The host is shown read-only and the agent acts as `floe run`'s user: that user's SSH
-    key, cloud login and Hugging Face token are files it owns (the test planted them in its
-    HOME, the token behind a link)."""
+    key, cloud login, Codex login and Hugging Face token are files it owns (the test planted
+    them in its HOME, the token behind a link)."""
     found = []
     # `.cache` is a link out of the home (as to a data disk): the token is hidden where it leads.
-    for name in (".ssh/id_ed25519", ".aws/credentials", ".cache/huggingface/token"):
+    for name in (
+        ".ssh/id_ed25519",
+        ".aws/credentials",
+        ".codex/auth.json",
+        ".cache/huggingface/token",
+    ):
         try:
             if "THE-USERS-" in open(os.path.join(HOME, name)).read():
                 found.append(name)

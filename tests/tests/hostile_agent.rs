@@ -203,6 +203,12 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         home.join(".aws/credentials"),
         "[default]\naws_secret_access_key = THE-USERS-AWS-KEY\n",
     )?;
+    // A coding agent's own login: the user runs Codex on this machine too.
+    std::fs::create_dir_all(home.join(".codex"))?;
+    std::fs::write(
+        home.join(".codex/auth.json"),
+        "{\"OPENAI_API_KEY\": \"THE-USERS-OPENAI-KEY\"}\n",
+    )?;
     // Its cache on another disk, linked in: the token there is hidden where the link leads
     // (a root run's sandbox shows the home's link as a link, not as what it leads to).
     let cache = dir.path().join("data-disk/cache");

@@ -49,6 +49,18 @@ pub const IN_HOME: &[&str] = &[
     ".boto",
     ".pgpass",
     ".my.cnf",
+    // The coding agents' own logins, on the machines of the people who train them: a
+    // subscription's OAuth token or an API key (each harness in a sandbox has a home of its
+    // own, so none of these is the one it uses).
+    ".codex/auth.json",
+    ".claude/.credentials.json",
+    ".claude.json",
+    ".gemini/oauth_creds.json",
+    ".gemini/.env",
+    ".qwen/oauth_creds.json",
+    ".qwen/.env",
+    ".pi/agent/auth.json",
+    ".env",
     ".bash_history",
     ".zsh_history",
     ".local/share/fish/fish_history",
