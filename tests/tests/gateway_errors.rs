@@ -610,6 +610,42 @@ async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<
     // Their places are back: the next call is taken (and waits for the model, not refused).
     let (status, _) = call(&http, &chat, &token, body.into_bytes()).await?;
     assert_eq!(status, 504);
+
+    // Bytes too: the bodies in flight stay within twice the body limit (4 MiB here), each
+    // held several times over while its call runs. Two calls of 3 MiB wait; a third is a 429,
+    // and a small one still fits.
+    let token = gw.session("heavy", "t", 0).await?;
+    let heavy =
+        json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(3 << 20)}]})
+            .to_string();
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let (http, chat, token, heavy) =
+                (http.clone(), chat.clone(), token.clone(), heavy.clone());
+            tokio::spawn(async move { call(&http, &chat, &token, heavy.into_bytes()).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let (status, answer) = call(&http, &chat, &token, heavy.clone().into_bytes()).await?;
+    assert_eq!(status, 429, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("bytes of request bodies")),
+        "{answer}"
+    );
+    let small = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _) = call(&http, &chat, &token, small.to_string().into_bytes()).await?;
+    assert_eq!(
+        status, 504,
+        "a small call fits beside them and waits for the model"
+    );
+    for w in waiting {
+        let (status, _) = w.await??;
+        assert_eq!(status, 504);
+    }
+    let (status, _) = call(&http, &chat, &token, heavy.into_bytes()).await?;
+    assert_eq!(status, 504, "their bytes are back");
     drop(hung);
     Ok(())
 }

@@ -23,6 +23,8 @@ pub enum ProtocolError {
     NotFound(String),
     #[error("this session already has {limit} model calls in flight: wait for one to finish")]
     TooManyCalls { limit: usize },
+    #[error("this session's model calls in flight already hold {limit} bytes of request bodies: wait for one to finish")]
+    TooManyBytes { limit: usize },
     /// The session's budget is spent (`sampling.maxSessionTokens`, `maxCallsPerSession`).
     #[error("{0}")]
     SessionBudget(String),
@@ -50,7 +52,7 @@ impl ProtocolError {
             Self::Unauthorized => 401,
             Self::NotFound(_) => 404,
             Self::TooLarge { .. } => 413,
-            Self::TooManyCalls { .. } => 429,
+            Self::TooManyCalls { .. } | Self::TooManyBytes { .. } => 429,
             Self::Upstream(_) => 502,
             Self::UpstreamTimeout => 504,
             Self::Capture(_) => 500,
@@ -68,7 +70,7 @@ impl ProtocolError {
             Self::UpstreamTimeout => "upstream_timeout",
             Self::Capture(_) => "capture",
             Self::NotFound(_) => "not_found",
-            Self::TooManyCalls { .. } => "too_many_calls",
+            Self::TooManyCalls { .. } | Self::TooManyBytes { .. } => "too_many_calls",
             Self::SessionBudget(_) => "session_budget",
         }
     }
@@ -84,7 +86,9 @@ impl ProtocolError {
                     Self::InvalidRequest(_) | Self::TooLarge { .. } | Self::NotFound(_) => {
                         ("invalid_request_error", "invalid_request")
                     }
-                    Self::TooManyCalls { .. } => ("requests", "rate_limit_exceeded"),
+                    Self::TooManyCalls { .. } | Self::TooManyBytes { .. } => {
+                        ("requests", "rate_limit_exceeded")
+                    }
                     // Not `context_length_exceeded`: a harness answers that by compacting and
                     // calling again.
                     Self::SessionBudget(_) => ("invalid_request_error", "session_budget_exceeded"),
@@ -101,7 +105,7 @@ impl ProtocolError {
                         "invalid_request_error"
                     }
                     Self::UpstreamTimeout => "timeout_error",
-                    Self::TooManyCalls { .. } => "rate_limit_error",
+                    Self::TooManyCalls { .. } | Self::TooManyBytes { .. } => "rate_limit_error",
                     _ => "api_error",
                 };
                 serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
@@ -115,7 +119,7 @@ impl ProtocolError {
                     | Self::SessionBudget(_) => "INVALID_ARGUMENT",
                     Self::NotFound(_) => "NOT_FOUND",
                     Self::UpstreamTimeout => "DEADLINE_EXCEEDED",
-                    Self::TooManyCalls { .. } => "RESOURCE_EXHAUSTED",
+                    Self::TooManyCalls { .. } | Self::TooManyBytes { .. } => "RESOURCE_EXHAUSTED",
                     _ => "INTERNAL",
                 };
                 serde_json::json!({"error": {"code": self.status(), "message": message, "status": status}})

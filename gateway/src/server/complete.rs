@@ -66,7 +66,7 @@ pub struct Call {
     /// What the request asked for that could not go upstream (kept in the capture).
     pub dropped: Vec<String>,
     /// Its place among the session's calls in flight, held while the call runs.
-    pub place: tokio::sync::OwnedSemaphorePermit,
+    pub place: super::sessions::InFlight,
 }
 
 async fn call_and_capture(

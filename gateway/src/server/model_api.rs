@@ -52,7 +52,7 @@ fn fail(gateway: &Gateway, api: Api, error: &ProtocolError) -> Response {
 struct Admitted {
     session: Arc<Session>,
     body: axum::body::Bytes,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: super::sessions::InFlight,
 }
 
 /// Authenticate, take a place among the session's calls in flight, and read the body within
@@ -86,6 +86,11 @@ async fn admit(gateway: &Gateway, api: Api, request: Request) -> Result<Admitted
             limit,
         })?;
     gateway.metrics.bytes_in(api, body.len());
+    let permit = session.take_place(
+        permit,
+        body.len(),
+        limit.saturating_mul(super::sessions::BODY_LIMITS_IN_FLIGHT),
+    )?;
     Ok(Admitted {
         session,
         body,

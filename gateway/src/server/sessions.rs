@@ -36,6 +36,8 @@ pub struct Session {
     log: Mutex<Option<CaptureLog>>,
     /// Its model calls in flight ([`MAX_CALLS_IN_FLIGHT`]).
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Bytes of the bodies of its calls in flight ([`Session::take_place`]).
+    body_bytes_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Its calls written to the capture (what a snapshot of it now holds).
     captured_calls: AtomicU64,
     /// Held while a snapshot of it is built and posted (the gateway's snapshot module), so
@@ -75,6 +77,50 @@ impl Shipped {
 /// would run the gateway (`floe run` itself, in local mode, outside any sandbox limit) out of
 /// memory, every session down with it. Harnesses make one at a time, a few with subagents.
 pub const MAX_CALLS_IN_FLIGHT: usize = 16;
+
+/// How many times the body limit a session's calls in flight may hold together. Each body is
+/// held several times over while its call runs (parsed, normalized, its capture line), so
+/// sixteen calls at the limit took gigabytes: an agent could run the gateway (`floe run`
+/// itself, in local mode) out of memory, every session down with it, its own loss unscored.
+/// Two: a call at the limit and the rest of a session's ordinary ones.
+pub const BODY_LIMITS_IN_FLIGHT: usize = 2;
+
+/// A call's place among its session's calls in flight, and its body's share of their bytes:
+/// held until the call is done, even after its client went.
+pub struct InFlight {
+    _call: tokio::sync::OwnedSemaphorePermit,
+    bytes: usize,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+impl Session {
+    /// A place for a call whose body holds `bytes`, if the bodies in flight stay within
+    /// `limit` (one call alone always fits). An `Err` is a 429 in the caller's shape, which
+    /// harnesses retry.
+    pub fn take_place(
+        &self,
+        call: tokio::sync::OwnedSemaphorePermit,
+        bytes: usize,
+        limit: usize,
+    ) -> Result<InFlight, crate::protocol::ProtocolError> {
+        self.body_bytes_in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                (held == 0 || held.saturating_add(bytes) <= limit).then_some(held + bytes)
+            })
+            .map_err(|_| crate::protocol::ProtocolError::TooManyBytes { limit })?;
+        Ok(InFlight {
+            _call: call,
+            bytes,
+            held: self.body_bytes_in_flight.clone(),
+        })
+    }
+}
 
 impl Session {
     pub fn calls(&self) -> u64 {
@@ -278,6 +324,7 @@ impl Sessions {
             durability,
             log: Mutex::new(log),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
+            body_bytes_in_flight: Arc::default(),
             captured_calls: AtomicU64::new(calls),
             snapshot: tokio::sync::Mutex::default(),
         });
