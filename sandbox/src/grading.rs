@@ -140,7 +140,8 @@ pub(crate) async fn grade(
         && crate::children::startable_in(program, &job_env, pristine)
     {
         let why = format!(
-            "the evaluator's program {program} starts from the task's files but not from the              workspace the agent left"
+            "the evaluator's program {program} starts from the task's files but not from the \
+             workspace the agent left"
         );
         return failed_with(summary, FailureReason::NoVerdict, why, &applied);
     }

@@ -365,23 +365,15 @@ pub fn give(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
 }
 
 fn give_below(dir: &crate::tree::Dir, uid: u32, gid: u32) -> std::io::Result<()> {
-    let mut failed = None;
-    dir.each_name(|name| {
-        let given = dir
-            .chown(name, uid, gid)
-            .and_then(|()| match dir.kind(name)? {
-                Some(crate::tree::Kind::Dir) => give_below(&dir.subdir(name)?, uid, gid),
-                _ => Ok(()),
-            });
-        match given {
-            Ok(()) => std::ops::ControlFlow::Continue(()),
-            Err(e) => {
-                failed = Some(e);
-                std::ops::ControlFlow::Break(())
-            }
+    // The names first, then down: one descriptor a level (the evaluation copy may be 257
+    // levels deep), not also the one a directory being read holds.
+    for name in dir.names()? {
+        dir.chown(&name, uid, gid)?;
+        if let Some(crate::tree::Kind::Dir) = dir.kind(&name)? {
+            give_below(&dir.subdir(&name)?, uid, gid)?;
         }
-    })?;
-    failed.map_or(Ok(()), Err)
+    }
+    Ok(())
 }
 
 /// In `floe sandbox-exec`, before anything else runs: become [`INSIDE`] (the host user the

@@ -479,20 +479,41 @@ impl Protected {
     }
 }
 
-/// A name as Python's import reads it: up to its first dot (`m.cpython-311-x86_64-linux-gnu.so`
-/// is the module `m`).
-fn module_name(path: &Path) -> Option<&str> {
-    let name = path.file_name()?.to_str()?;
-    name.split('.').next()
+/// The module Python would import a file of this name as: `m.py`, `m.pyc`, and extension
+/// modules, `m.so`, `m.abi3.so`, `m.cpython-311-x86_64-linux-gnu.so` (`.pyd` on Windows).
+/// `None` for anything else (`m.txt`, a dotfile).
+fn importable_as(file: &str) -> Option<&str> {
+    let (module, rest) = file.split_once('.')?;
+    let python = matches!(rest, "py" | "pyc" | "pyw" | "so" | "pyd")
+        || rest.ends_with(".so")
+        || rest.ends_with(".pyd");
+    (python && !module.is_empty()).then_some(module)
 }
 
-/// See [`Protected::shadows_hidden`].
+/// See [`Protected::shadows_hidden`]. Python's import rules only for a hidden Python module;
+/// any other hidden file (a co-located `calc.test.js`, a Rust `tests.rs`) keeps what stands
+/// in its place or in a directory of its stem, so that `calc.js` beside `calc.test.js` stays
+/// the agent's to fix.
 fn shadows(path: &Path, hidden: &Path) -> bool {
-    let (Some(dir), Some(name)) = (hidden.parent(), module_name(hidden)) else {
+    let Some(dir) = hidden.parent() else {
         return false;
     };
-    if path.starts_with(dir.join(name))
-        || (path.parent() == Some(dir) && module_name(path) == Some(name))
+    fn named(p: &Path) -> Option<&str> {
+        p.file_name().and_then(|n| n.to_str())
+    }
+    let module = named(hidden)
+        .filter(|n| n.ends_with(".py"))
+        .and_then(importable_as);
+    let Some(module) = module else {
+        let Some(stem) = hidden.file_stem() else {
+            return false;
+        };
+        return path.starts_with(dir.join(stem))
+            || (path.parent() == Some(dir) && path.file_stem() == Some(stem));
+    };
+    let imported_as = named(path).and_then(importable_as);
+    if path.starts_with(dir.join(module))
+        || (path.parent() == Some(dir) && imported_as == Some(module))
     {
         return true;
     }
@@ -501,14 +522,12 @@ fn shadows(path: &Path, hidden: &Path) -> bool {
     // which a fix may change, and whose code runs in the evaluator's process anyway.
     let own_init = !dir.as_os_str().is_empty()
         && path.parent() == Some(dir)
-        && module_name(path) == Some("__init__");
+        && imported_as == Some("__init__");
     own_init
         || dir
             .ancestors()
             .filter(|package| !package.as_os_str().is_empty())
-            .any(|package| {
-                path.parent() == package.parent() && module_name(path) == module_name(package)
-            })
+            .any(|package| path.parent() == package.parent() && imported_as == named(package))
 }
 
 /// What reached the evaluation copy.
@@ -1144,8 +1163,31 @@ mod tests {
             "__init__.py",
             // A package further up is the code under test's: a fix may change it.
             "tests/__init__.py",
+            // Not what Python imports.
+            "tests/unit.txt",
+            "tests/unit.iso",
+            "tests/unit/test_hidden.md",
         ] {
             assert!(!shadows(Path::new(path), hidden), "{path}");
+        }
+        // Other languages' hidden tests keep only what stands in their place: the code beside
+        // them is the agent's to fix.
+        for (hidden, path, shadowed) in [
+            ("src/calc.test.js", "src/calc.js", false),
+            ("src/calc.test.js", "src/calc/index.js", false),
+            ("src/calc.test.js", "src/calc.test.ts", true),
+            ("src/calc.test.js", "src/calc.test/x.js", true),
+            ("src/parser/tests.rs", "src/parser.rs", false),
+            ("pkg/calc/calc_test.go", "pkg/calc.go", false),
+            (".env.test", "calc.py", false),
+            (".floe-swebench/eval.sh", ".gitignore", false),
+            (".floe-swebench/eval.sh", ".floe-swebench/eval/x", true),
+        ] {
+            assert_eq!(
+                shadows(Path::new(path), Path::new(hidden)),
+                shadowed,
+                "{path} beside {hidden}"
+            );
         }
     }
 
