@@ -462,7 +462,7 @@ impl Protected {
 
     /// Whether `path` would shadow a hidden module for Python's import: beside
     /// `tests/test_hidden.py`, a `tests/test_hidden.so` (or `.abi3.so`, `.cpython-311-…so`,
-    /// `.pyc`: any name that is the module's up to its first dot), or a package directory
+    /// `.pyc`: any name Python imports as that module), or a package directory
     /// `tests/test_hidden/`, is imported in its place. So is a package on its way: a
     /// `tests.py` beside a `tests/` without `__init__.py` (a namespace package comes last), or
     /// the `__init__.py` of the hidden module's own directory made, changed or removed (one

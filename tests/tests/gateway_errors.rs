@@ -611,7 +611,7 @@ async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<
     let (status, _) = call(&http, &chat, &token, body.into_bytes()).await?;
     assert_eq!(status, 504);
 
-    // Bytes too: the bodies in flight stay within twice the body limit (4 MiB here), each
+    // Bytes too: the bodies in flight stay within twice the body limit (4 MiB here: 8 MiB), each
     // held several times over while its call runs. Two calls of 3 MiB wait; a third is a 429,
     // and a small one still fits.
     let token = gw.session("heavy", "t", 0).await?;

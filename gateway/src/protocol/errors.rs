@@ -23,7 +23,7 @@ pub enum ProtocolError {
     NotFound(String),
     #[error("this session already has {limit} model calls in flight: wait for one to finish")]
     TooManyCalls { limit: usize },
-    #[error("this session's model calls in flight already hold {limit} bytes of request bodies: wait for one to finish")]
+    #[error("this session's model calls in flight would hold more than {limit} bytes of request bodies: wait for one to finish")]
     TooManyBytes { limit: usize },
     /// The session's budget is spent (`sampling.maxSessionTokens`, `maxCallsPerSession`).
     #[error("{0}")]

@@ -240,7 +240,13 @@ async fn count_tokens(
     reply: impl FnOnce(u64) -> Value,
 ) -> Response {
     let counted = async {
-        let Admitted { session, body, .. } = admit(gateway, api, request).await?;
+        // Its place held until it is counted: `..` would drop it here, and any number of
+        // counts would hold their bodies at once.
+        let Admitted {
+            session,
+            body,
+            permit: _place,
+        } = admit(gateway, api, request).await?;
         let upstream = &session.upstream;
         // Counted as the call would send it: refused, or its media made a note, as there.
         let request = crate::protocol::upstream::finalize_request(normalize(&body)?.request, &upstream.limits)?.request;
