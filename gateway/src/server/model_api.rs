@@ -56,7 +56,8 @@ struct Admitted {
 }
 
 /// Authenticate, take a place among the session's calls in flight, and read the body within
-/// the limit (a place first: a session over its bound reads no more bodies).
+/// the limit (a place first, and the body's share of the bytes in flight by its
+/// `Content-Length`: a session over either bound reads no more bodies).
 async fn admit(gateway: &Gateway, api: Api, request: Request) -> Result<Admitted, ProtocolError> {
     let session = token(request.headers())
         .or_else(|| query_key(request.uri()))
@@ -79,6 +80,9 @@ async fn admit(gateway: &Gateway, api: Api, request: Request) -> Result<Admitted
     if let Some(size) = declared.filter(|s| *s > limit) {
         return Err(ProtocolError::TooLarge { size, limit });
     }
+    // Its share of the session's bytes in flight, by what it says it holds, before it is read.
+    let in_flight = limit.saturating_mul(super::sessions::BODY_LIMITS_IN_FLIGHT);
+    let mut permit = session.take_place(permit, declared.unwrap_or(0), in_flight)?;
     let body = to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| ProtocolError::TooLarge {
@@ -86,11 +90,7 @@ async fn admit(gateway: &Gateway, api: Api, request: Request) -> Result<Admitted
             limit,
         })?;
     gateway.metrics.bytes_in(api, body.len());
-    let permit = session.take_place(
-        permit,
-        body.len(),
-        limit.saturating_mul(super::sessions::BODY_LIMITS_IN_FLIGHT),
-    )?;
+    permit.holds(body.len(), in_flight)?;
     Ok(Admitted {
         session,
         body,

@@ -122,6 +122,27 @@ impl Session {
     }
 }
 
+impl InFlight {
+    /// The call's body turned out to hold `bytes` (it was reserved by what its
+    /// `Content-Length` said, or nothing without one): its share grows to that, if the bodies
+    /// in flight stay within `limit` (one call alone always fits).
+    pub fn holds(
+        &mut self,
+        bytes: usize,
+        limit: usize,
+    ) -> Result<(), crate::protocol::ProtocolError> {
+        let more = bytes.saturating_sub(self.bytes);
+        let mine = self.bytes;
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                (held == mine || held.saturating_add(more) <= limit).then_some(held + more)
+            })
+            .map_err(|_| crate::protocol::ProtocolError::TooManyBytes { limit })?;
+        self.bytes += more;
+        Ok(())
+    }
+}
+
 impl Session {
     pub fn calls(&self) -> u64 {
         self.next_seq.load(Ordering::SeqCst)
@@ -355,5 +376,40 @@ impl Sessions {
             .values()
             .filter(|s| s.is_open())
             .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(held: &Arc<std::sync::atomic::AtomicUsize>, bytes: usize) -> InFlight {
+        held.fetch_add(bytes, Ordering::SeqCst);
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        InFlight {
+            _call: slots.try_acquire_owned().expect("a slot"),
+            bytes,
+            held: held.clone(),
+        }
+    }
+
+    #[test]
+    fn a_body_read_without_a_length_grows_its_share_within_the_bound() {
+        let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // Alone, any size fits.
+        let mut alone = place(&held, 0);
+        alone.holds(100, 10).expect("alone");
+        assert_eq!(held.load(Ordering::SeqCst), 100);
+        drop(alone);
+        assert_eq!(held.load(Ordering::SeqCst), 0);
+        // Beside another, only within the bound; refused, it keeps what it had.
+        let _other = place(&held, 6);
+        let mut second = place(&held, 0);
+        second.holds(4, 10).expect("within");
+        let mut third = place(&held, 0);
+        assert!(third.holds(1, 10).is_err());
+        assert_eq!(held.load(Ordering::SeqCst), 10);
+        drop((second, third));
+        assert_eq!(held.load(Ordering::SeqCst), 6);
     }
 }
