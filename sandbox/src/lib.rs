@@ -31,6 +31,7 @@ mod evaluator_run;
 pub mod fidelity;
 pub mod grading;
 mod grading_swebench;
+mod import_shadowing;
 pub mod limits;
 pub mod presets;
 pub mod process;

@@ -233,13 +233,13 @@ pub fn read_session(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
     read_session_keeping(dir, |record| record)
 }
 
-/// [`read_session`] with each record slimmed as it is read ([`super::tail::slim`]): what
+/// [`read_session`] with each record slimmed as it is read ([`CompletionRecord::slimmed`]): what
 /// building a trajectory reads, and no more. A capture holds every call's request twice and
 /// its answer (a long agent's conversation over again in every call, and what an agent
 /// padded its requests with), so whole it can take many times a trajectory's memory; the
 /// gateway reads a session this way whenever it ships one.
 pub fn read_session_slim(dir: &Path) -> Result<SessionCapture, CaptureReadError> {
-    read_session_keeping(dir, super::tail::slim)
+    read_session_keeping(dir, CompletionRecord::slimmed)
 }
 
 fn read_session_keeping(

@@ -82,6 +82,20 @@ pub struct CompletionRecord<R = serde_json::Value> {
 }
 
 impl CompletionRecord {
+    /// The record with what building a trajectory reads of it: its bodies dropped, but for
+    /// the cap the request sent upstream put on the answer (an overlong answer is one cut at
+    /// its cap).
+    pub fn slimmed(mut self) -> Self {
+        let cap = self.normalized_request.get("max_tokens").cloned();
+        self.request = serde_json::Value::Null;
+        self.response = serde_json::Value::Null;
+        self.normalized_request = match cap {
+            Some(cap) => serde_json::json!({ "max_tokens": cap }),
+            None => serde_json::Value::Null,
+        };
+        self
+    }
+
     /// A record with only the token-level facts (no request or response bodies, finish reason
     /// `stop`, time = `seq`): what tests, benchmarks and session synthesizers need. Set the
     /// other fields with struct update syntax.

@@ -56,7 +56,7 @@ impl CaptureTail {
                     line: lines,
                     source,
                 })?;
-            read.push(slim(record));
+            read.push(record.slimmed());
         }
         self.records.append(&mut read);
         self.lines = lines;
@@ -64,23 +64,11 @@ impl CaptureTail {
         Ok(())
     }
 
-    /// The records read so far, slimmed ([`slim`]), in the order they were written.
+    /// The records read so far, slimmed ([`CompletionRecord::slimmed`]), in the order they
+    /// were written.
     pub fn records(&self) -> &[CompletionRecord] {
         &self.records
     }
-}
-
-/// A record with what building a trajectory reads of it: its bodies dropped, but for the cap
-/// the request sent upstream put on the answer (an overlong answer is one cut at its cap).
-pub fn slim(mut record: CompletionRecord) -> CompletionRecord {
-    let cap = record.normalized_request.get("max_tokens").cloned();
-    record.request = serde_json::Value::Null;
-    record.response = serde_json::Value::Null;
-    record.normalized_request = match cap {
-        Some(cap) => serde_json::json!({ "max_tokens": cap }),
-        None => serde_json::Value::Null,
-    };
-    record
 }
 
 #[cfg(test)]

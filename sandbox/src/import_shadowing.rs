@@ -1,0 +1,123 @@
+//! What a file of the agent's would be imported as in place of a hidden test: Python's rules
+//! for a hidden Python module (a module file or package of its name beside it, its directory's
+//! `__init__`, a module beside a package on its way), the file's own place for anything else.
+
+use std::path::Path;
+
+/// The module Python would import a file of this name as: `m.py`, `m.pyc`, and extension
+/// modules, `m.so`, `m.abi3.so`, `m.cpython-311-x86_64-linux-gnu.so` (`.pyd` on Windows).
+/// `None` for anything else (`m.txt`, a dotfile).
+fn importable_as(file: &str) -> Option<&str> {
+    let (module, rest) = file.split_once('.')?;
+    let python = matches!(rest, "py" | "pyc" | "pyw" | "so" | "pyd")
+        || rest.ends_with(".so")
+        || rest.ends_with(".pyd");
+    (python && !module.is_empty()).then_some(module)
+}
+
+/// Whether the agent's `path` would be imported in place of the hidden file `hidden`, or
+/// would stand where it is. Beside `tests/test_hidden.py`, a `tests/test_hidden.so` (or
+/// `.abi3.so`, `.cpython-311-…so`, `.pyc`: any name Python imports as that module), or a
+/// package directory `tests/test_hidden/`, is imported in its place. So is a package on its
+/// way: a `tests.py` beside a `tests/` without `__init__.py` (a namespace package comes last),
+/// or the `__init__.py` of the hidden module's own directory made, changed or removed (one
+/// that sets `__path__` sends `tests.test_hidden` to a directory of the agent's).
+///
+/// Python's rules only for a hidden Python module: any other hidden file (a co-located
+/// `calc.test.js`, a Rust `tests.rs`) keeps what stands in its place or in a directory of its
+/// stem, so that `calc.js` beside `calc.test.js` stays the agent's to fix.
+pub(crate) fn shadows(path: &Path, hidden: &Path) -> bool {
+    let Some(dir) = hidden.parent() else {
+        return false;
+    };
+    fn named(p: &Path) -> Option<&str> {
+        p.file_name().and_then(|n| n.to_str())
+    }
+    let module = named(hidden)
+        .filter(|n| n.ends_with(".py"))
+        .and_then(importable_as);
+    let Some(module) = module else {
+        let Some(stem) = hidden.file_stem() else {
+            return false;
+        };
+        return path.starts_with(dir.join(stem))
+            || (path.parent() == Some(dir) && path.file_stem() == Some(stem));
+    };
+    let imported_as = named(path).and_then(importable_as);
+    if path.starts_with(dir.join(module))
+        || (path.parent() == Some(dir) && imported_as == Some(module))
+    {
+        return true;
+    }
+    // Only the hidden module's own directory has its `__init__` kept: further up are the
+    // packages of the code under test (`astropy/__init__.py` above `astropy/units/tests/`),
+    // which a fix may change, and whose code runs in the evaluator's process anyway.
+    let own_init = !dir.as_os_str().is_empty()
+        && path.parent() == Some(dir)
+        && imported_as == Some("__init__");
+    own_init
+        || dir
+            .ancestors()
+            .filter(|package| !package.as_os_str().is_empty())
+            .any(|package| path.parent() == package.parent() && imported_as == named(package))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_python_would_import_in_place_of_a_hidden_module_shadows_it() {
+        let hidden = Path::new("tests/unit/test_hidden.py");
+        for path in [
+            "tests/unit/test_hidden.so",
+            "tests/unit/test_hidden.abi3.so",
+            "tests/unit/test_hidden.cpython-311-x86_64-linux-gnu.so",
+            "tests/unit/test_hidden.pyc",
+            "tests/unit/test_hidden/__init__.py",
+            // The packages on its way: a module beside one, or its __init__.
+            "tests/unit.py",
+            "tests/unit.cpython-311-x86_64-linux-gnu.so",
+            "tests/unit/__init__.py",
+            "tests.py",
+        ] {
+            assert!(shadows(Path::new(path), hidden), "{path}");
+        }
+        for path in [
+            "tests/unit/test_other.py",
+            "tests/unit/test_hidden_helpers.py",
+            "tests/other/__init__.py",
+            "tests/other.py",
+            "unit.py",
+            "calc.py",
+            "__init__.py",
+            // A package further up is the code under test's: a fix may change it.
+            "tests/__init__.py",
+            // Not what Python imports.
+            "tests/unit.txt",
+            "tests/unit.iso",
+            "tests/unit/test_hidden.md",
+        ] {
+            assert!(!shadows(Path::new(path), hidden), "{path}");
+        }
+        // Other languages' hidden tests keep only what stands in their place: the code beside
+        // them is the agent's to fix.
+        for (hidden, path, shadowed) in [
+            ("src/calc.test.js", "src/calc.js", false),
+            ("src/calc.test.js", "src/calc/index.js", false),
+            ("src/calc.test.js", "src/calc.test.ts", true),
+            ("src/calc.test.js", "src/calc.test/x.js", true),
+            ("src/parser/tests.rs", "src/parser.rs", false),
+            ("pkg/calc/calc_test.go", "pkg/calc.go", false),
+            (".env.test", "calc.py", false),
+            (".floe-swebench/eval.sh", ".gitignore", false),
+            (".floe-swebench/eval.sh", ".floe-swebench/eval/x", true),
+        ] {
+            assert_eq!(
+                shadows(Path::new(path), Path::new(hidden)),
+                shadowed,
+                "{path} beside {hidden}"
+            );
+        }
+    }
+}
