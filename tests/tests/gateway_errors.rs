@@ -38,6 +38,27 @@ async fn call(
     Ok((status, resp.json().await.unwrap_or(Value::Null)))
 }
 
+/// `n` [`call`]s of `body` to `url` at once, each in a task of its own.
+fn in_background(
+    n: usize,
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    body: &str,
+) -> Vec<tokio::task::JoinHandle<Result<(u16, Value)>>> {
+    (0..n)
+        .map(|_| {
+            let (http, url, token, body) = (
+                http.clone(),
+                url.to_string(),
+                token.to_string(),
+                body.to_string(),
+            );
+            tokio::spawn(async move { call(&http, &url, &token, body.into_bytes()).await })
+        })
+        .collect()
+}
+
 /// [`call`] with a JSON body, to `path` of the gateway at `base`.
 async fn call_json(
     http: &reqwest::Client,
@@ -582,13 +603,7 @@ async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<
     let token = gw.session("flood", "t", 0).await?;
     let chat = format!("{}/v1/chat/completions", gw.url);
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let waiting: Vec<_> = (0..16)
-        .map(|_| {
-            let (http, chat, token, body) =
-                (http.clone(), chat.clone(), token.clone(), body.clone());
-            tokio::spawn(async move { call(&http, &chat, &token, body.into_bytes()).await })
-        })
-        .collect();
+    let waiting = in_background(16, &http, &chat, &token, &body);
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     let (status, answer) = call(&http, &chat, &token, body.clone().into_bytes()).await?;
     assert_eq!(status, 429, "{answer}");
@@ -618,13 +633,7 @@ async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<
     let heavy =
         json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(3 << 20)}]})
             .to_string();
-    let waiting: Vec<_> = (0..2)
-        .map(|_| {
-            let (http, chat, token, heavy) =
-                (http.clone(), chat.clone(), token.clone(), heavy.clone());
-            tokio::spawn(async move { call(&http, &chat, &token, heavy.into_bytes()).await })
-        })
-        .collect();
+    let waiting = in_background(2, &http, &chat, &token, &heavy);
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let (status, answer) = call(&http, &chat, &token, heavy.clone().into_bytes()).await?;
     assert_eq!(status, 429, "{answer}");
