@@ -719,14 +719,8 @@ async fn a_session_past_its_budget_is_refused_in_each_apis_shape() -> Result<()>
         .await?;
     let (status, _) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
     assert_eq!(status, 200);
-    let (status, answer) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
-    assert_eq!(status, 400, "{answer}");
-    assert!(
-        answer["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("budget of 1 captured tokens")),
-        "{answer}"
-    );
+    let refused = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
+    past_the_budget(refused, "budget of 1 captured tokens");
     gw.close("one-token").await?;
     assert_eq!(read_session(&gw.session_dir("one-token"))?.records.len(), 1);
 
@@ -748,14 +742,8 @@ async fn a_session_past_its_budget_is_refused_in_each_apis_shape() -> Result<()>
             call_json(&http, &gw.url, "/v1/chat/completions", &token, &padded).await?;
         assert_eq!(status, 200, "{answer}");
     }
-    let (status, answer) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
-    assert_eq!(status, 400, "{answer}");
-    assert!(
-        answer["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("budget of 1000000 captured bytes")),
-        "{answer}"
-    );
+    let refused = call_json(&http, &gw.url, "/v1/chat/completions", &token, &chat).await?;
+    past_the_budget(refused, "budget of 1000000 captured bytes");
     gw.close("one-mb").await?;
     assert_eq!(read_session(&gw.session_dir("one-mb"))?.records.len(), 2);
     let page = http
@@ -772,6 +760,17 @@ async fn a_session_past_its_budget_is_refused_in_each_apis_shape() -> Result<()>
         "{page}"
     );
     Ok(())
+}
+
+/// A call refused as past the session's budget, its message naming `which`.
+fn past_the_budget((status, answer): (u16, Value), which: &str) {
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(which)),
+        "{answer}"
+    );
 }
 
 /// A caller that leaves before its answer comes (a harness's stream guard gave up, or it
