@@ -474,10 +474,11 @@ pub struct SamplingSpec {
     pub max_calls_per_session: Option<i32>,
     /// Bytes one session's capture may hold (default 1 GiB): its calls' requests as the
     /// harness sent them and as they went upstream, the answers, the token ids. Past it, calls
-    /// are refused as above (calls already in flight still land: a few hundred MiB at most). The token budget does not bound it: parts of a request that never
-    /// become tokens (a `metadata` the gateway drops) are captured as sent, so without it an
-    /// agent could fill its gateway's disk (the pod's, or `floe run`'s `--out`) and turn its
-    /// session into an infrastructure failure. An honest text-only session at 6,000,000 tokens
+    /// are refused as above (calls already in flight still land: a few hundred MiB at most).
+    /// The token budget does not bound it: parts of a request that never become tokens (a
+    /// `metadata` the gateway drops) are captured as sent, so without it an agent could fill
+    /// its gateway's disk (the pod's, or `floe run`'s `--out`) and turn its session into an
+    /// infrastructure failure. An honest text-only session at 6,000,000 tokens
     /// captures about 100 MB; raise it for jobs that send many inline images.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1_048_576, max = 1_099_511_627_776_i64))]

@@ -109,16 +109,13 @@ impl Session {
         bytes: usize,
         limit: usize,
     ) -> Result<InFlight, crate::protocol::ProtocolError> {
-        self.body_bytes_in_flight
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
-                (held == 0 || held.saturating_add(bytes) <= limit).then_some(held + bytes)
-            })
-            .map_err(|_| crate::protocol::ProtocolError::TooManyBytes { limit })?;
-        Ok(InFlight {
+        let mut place = InFlight {
             _call: call,
-            bytes,
+            bytes: 0,
             held: self.body_bytes_in_flight.clone(),
-        })
+        };
+        place.holds(bytes, limit)?;
+        Ok(place)
     }
 }
 
