@@ -115,6 +115,28 @@ pub struct SandboxTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 24), regex(pattern = r"^[0-9]+(Ki|Mi|Gi|Ti)?$"))]
     pub disk_budget: Option<String>,
+    /// Whether a volume that outlives the pod (a PersistentVolumeClaim, hostPath, NFS, CSI…)
+    /// may be mounted writable: `Refuse` (default: the pool or job stalls with
+    /// `InvalidSpec`) or `Allow`. Every session of the pool shares such a volume, so a
+    /// writable one is a channel between them: an agent could leave its answer there for a
+    /// later sample of its task, and the code the evaluator runs, with the hidden tests in
+    /// place, could copy them there for the next agent. Mount shared caches `readOnly: true`.
+    #[serde(default, skip_serializing_if = "SharedWritableVolumes::is_default")]
+    pub shared_writable_volumes: SharedWritableVolumes,
+}
+
+/// [`SandboxTemplate::shared_writable_volumes`].
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum SharedWritableVolumes {
+    #[default]
+    Refuse,
+    Allow,
+}
+
+impl SharedWritableVolumes {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// [`SandboxTemplate::disk_budget`] when unset.

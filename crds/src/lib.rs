@@ -13,6 +13,7 @@ pub mod reference;
 pub mod rollout_job;
 mod schema;
 pub mod served_schema;
+pub mod shared_volumes;
 pub mod swebench;
 pub mod task_file;
 pub mod validation;

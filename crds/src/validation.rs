@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use crate::shared_volumes::shared_writable_mounts;
 use crate::{GatewayPool, RolloutJob, Task};
 
 /// One problem with one field, in the apiserver's terms.
@@ -70,6 +71,9 @@ fn cel_errors(result: Result<(), kube::core::cel::ValidationErrors>) -> Vec<Fiel
 pub fn validate_rollout_job(job: &RolloutJob) -> Result<(), ValidationError> {
     let mut errors = cel_errors(job.validate_cel());
     errors.extend(inline_duplicates(job));
+    if let Some(template) = &job.spec.pool_template {
+        errors.extend(shared_writable_mounts(template, "spec.poolTemplate"));
+    }
     errors.extend(pruned_fields(
         "RolloutJob",
         job.metadata.annotations.as_ref(),
@@ -330,6 +334,7 @@ pub fn validate_rollout_job_update(
 /// (a misspelled `egress.unrestricted` would leave the pods only warning of open egress).
 pub fn validate_gateway_pool(pool: &GatewayPool) -> Result<(), ValidationError> {
     let mut errors = cel_errors(pool.validate_cel());
+    errors.extend(shared_writable_mounts(&pool.spec.template, "spec.template"));
     errors.extend(pruned_fields(
         "GatewayPool",
         pool.metadata.annotations.as_ref(),
@@ -624,6 +629,21 @@ mod document_tests {
         assert!(fields.contains(&"spec.numSamples"), "{err}");
         assert!(fields.contains(&"spec.tasks.inline[0].id"), "{err}");
         assert!(fields.contains(&"spec.harness.preset"), "{err}");
+    }
+
+    /// A job's own pods share its template's volumes as a pool's do.
+    #[test]
+    fn a_jobs_pool_template_may_not_share_a_writable_volume_unless_it_says_so() {
+        let mut spec = valid_spec();
+        spec.as_object_mut().map(|s| s.remove("poolRef"));
+        spec["poolTemplate"] = serde_json::json!({"image": "agent:1",
+            "volumes": [{"name": "cache", "hostPath": {"path": "/srv/cache"}}],
+            "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("a shared writable volume");
+        let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.poolTemplate.volumeMounts[0]"], "{err}");
+        spec["poolTemplate"]["sharedWritableVolumes"] = "Allow".into();
+        parse_rollout_job(&job(spec)).expect("allowed");
     }
 
     #[test]

@@ -464,8 +464,8 @@ async fn a_pod_the_apiserver_refuses_is_named_on_the_pool_which_backs_off() -> R
 /// and in a Warning. Two ways: this apiserver (1.20; before 1.25) does not run the CRD's rules,
 /// so the operator does (the gateway's two ports must differ); and every apiserver prunes a
 /// field its CRD does not know, read back from `kubectl apply`'s record: misspelled here,
-/// `egress.unrestricted: Refuse` would leave the pods only warning of open egress. Mended, the
-/// pool fills.
+/// `egress.unrestricted: Refuse` would leave the pods only warning of open egress. A third
+/// mounts a claim writable, a channel between its sessions. Mended, the pool fills.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result<()> {
     let (client, ns) = with_crds("badpool").await?;
@@ -548,9 +548,34 @@ async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result
         ),
         "{said}"
     );
+    // A writable claim in the template is a channel between the pool's sessions.
+    let shared = pool(
+        "shared",
+        json!({"template": {"image": "sandbox:1",
+                            "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "pip"}}],
+                            "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}}),
+    );
+    pools
+        .create(&PostParams::default(), &serde_json::from_value(shared)?)
+        .await?;
+    let said = stalled("shared", "InvalidSpec").await?;
+    assert!(
+        said.contains(
+            "spec.template.volumeMounts[0]: volume \"cache\" (persistentVolumeClaim) outlives \
+             the pod and is mounted writable"
+        ),
+        "{said}"
+    );
     // The check comes before any create in a round: a few rounds later, still no pod.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!((pods_of("ports").await?, pods_of("typo").await?), (0, 0));
+    assert_eq!(
+        (
+            pods_of("ports").await?,
+            pods_of("typo").await?,
+            pods_of("shared").await?
+        ),
+        (0, 0, 0)
+    );
     let warnings = event_reasons(&client, &ns.name).await?;
     assert!(
         warnings.iter().filter(|r| *r == "InvalidSpec").count() >= 2,

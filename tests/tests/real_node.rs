@@ -1141,7 +1141,10 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
                                             "type": "Directory"}}],
                                      "volumeMounts": [
                                         {"name": "agent", "mountPath": "/opt/agent", "readOnly": true},
-                                        {"name": "results", "mountPath": "/results"}]}}}),
+                                        {"name": "results", "mountPath": "/results"}],
+                                     // The probe's findings: a channel between sessions, which
+                                     // a pool must ask for.
+                                     "sharedWritableVolumes": "Allow"}}}),
     )
     .await?;
     // The teacher demands a key (floe's policy proxy in front of the real vLLM stands in for a
