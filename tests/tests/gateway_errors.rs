@@ -318,7 +318,7 @@ async fn the_control_api_guards_sessions() -> Result<()> {
 
 /// A train job's calls, through three provider APIs, with the parameters an agent once got
 /// through to the model server: upstream they carry the policy's own sampling set and none of
-/// the caller's; the capture and the gateway's metrics name what was dropped. With
+/// the caller's (nor a strict tool's grammar); the capture and the gateway's metrics name what was dropped. With
 /// `callerParams: Refuse` such a call gets a 400 in its own API's shape, naming them; an sft
 /// session passes them through.
 #[tokio::test]
@@ -343,6 +343,9 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
             json!({"model": "m", "max_tokens": 16, "top_k": 5, "temperature": 0.1,
                 // vLLM would cut the answer's tool calls to one after sampling.
                 "tool_choice": {"type": "auto", "disable_parallel_tool_use": true},
+                // vLLM would decode under the tool's grammar.
+                "tools": [{"name": "edit", "strict": true, "input_schema": {"type": "object",
+                    "properties": {"path": {"type": "string"}}}}],
                 "messages": [{"role": "user", "content": [
                     {"type": "text", "text": "hi"},
                     {"type": "image", "source": {"type": "base64", "media_type": "image/png",
@@ -399,6 +402,11 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
             );
         }
     }
+    let tools = &requests[1]["tools"];
+    assert!(
+        tools[0]["function"]["name"] == "edit" && tools[0]["function"].get("strict").is_none(),
+        "{tools}"
+    );
     // The trainer takes text only: the image reached the server as a note, no media part.
     let sent = requests[1]["messages"].to_string();
     assert!(
@@ -419,6 +427,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         "sampling:seed",
         "sampling:image_url",
         "sampling:parallel_tool_calls",
+        "sampling:strict",
     ] {
         assert!(dropped.contains(&name), "{name} in {dropped:?}");
     }

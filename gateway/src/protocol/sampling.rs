@@ -5,7 +5,8 @@
 //! leaves out from the model's `generation_config.json`, Qwen3's `top_k` 20 among them), and a
 //! parameter from the caller that would change the distribution (`top_k`, `min_p`, penalties,
 //! `logit_bias`, `ignore_eos`, `min_tokens`, guided decoding, a forced `tool_choice`) is dropped
-//! and counted, or refused, as the job says. What the request may carry is an allow-list: a
+//! and counted, or refused, as the job says; a tool's `strict` (grammar-constrained calls) is
+//! always dropped and counted. What the request may carry is an allow-list: a
 //! parameter not on it is treated alike, so one vLLM adds later cannot slip through.
 //!
 //! `seed` is foreign too, though each sample alone is still drawn from the policy: a group's
@@ -116,6 +117,7 @@ pub fn apply(
     if one_call {
         body.remove("parallel_tool_calls");
     }
+    let strict = unstrict_tools(body);
     let foreign: Vec<String> = body
         .iter()
         .filter(|(k, v)| {
@@ -149,7 +151,27 @@ pub fn apply(
         body.insert(key.into(), value);
     }
     let cut = one_call.then(|| "parallel_tool_calls".to_string());
-    Ok(foreign.into_iter().chain(media).chain(cut).collect())
+    let strict = strict.then(|| "strict".to_string());
+    Ok(foreign.into_iter().chain(media).chain(cut).chain(strict).collect())
+}
+
+/// Takes `strict` off every function tool; whether one had it. A strict tool makes vLLM
+/// (`--tool-strict-level auto`, its default) decode the answer under a grammar: every tool
+/// call's envelope and the strict tools' arguments are masked to their schema, a
+/// distribution the trainer does not model. Like `parallel_tool_calls`, never refused: the
+/// harnesses' own tools carry it (and a Gemini `ANY` mode implies it), and without it the
+/// call is only unconstrained, the policy's own.
+fn unstrict_tools(body: &mut Map<String, Value>) -> bool {
+    let Some(tools) = body.get_mut("tools").and_then(Value::as_array_mut) else {
+        return false;
+    };
+    let mut any = false;
+    for function in tools.iter_mut().filter_map(|t| t.get_mut("function")) {
+        if let Some(f) = function.as_object_mut() {
+            any |= f.remove("strict") == Some(Value::Bool(true));
+        }
+    }
+    any
 }
 
 #[cfg(test)]
@@ -243,6 +265,32 @@ mod tests {
             assert!(b.contains_key(kept), "{kept}");
         }
         assert!(!b.contains_key("logit_bias") && !b.contains_key("ignore_eos"));
+    }
+
+    #[test]
+    fn a_train_call_never_decodes_under_a_strict_tools_grammar() {
+        let tools = json!([
+            {"type": "function", "function": {"name": "a", "parameters": {}, "strict": true}},
+            {"type": "function", "function": {"name": "b", "parameters": {}, "strict": false}},
+            {"type": "function", "function": {"name": "c", "parameters": {}}}]);
+        for mode in [CallerSampling::Drop, CallerSampling::Refuse] {
+            let mut b = body(json!({"model": "x", "messages": [], "tools": tools}));
+            let dropped = apply(&mut b, mode, Some(1.0), None).expect("never refused");
+            assert_eq!(dropped, ["strict"], "{mode:?}");
+            let functions = b["tools"].as_array().expect("tools kept");
+            assert_eq!(functions.len(), 3);
+            assert!(functions.iter().all(|t| t["function"].get("strict").is_none()));
+            assert_eq!(functions[0]["function"]["name"], "a");
+            // Non-strict tools alone: nothing to count.
+            let mut b = body(json!({"model": "x", "messages": [], "tools": functions}));
+            assert!(apply(&mut b, mode, Some(1.0), None).expect("kept").is_empty());
+        }
+        // An sft job's teacher is asked as the harness asked.
+        let mut b = body(json!({"model": "x", "messages": [], "tools": tools}));
+        assert!(apply(&mut b, CallerSampling::PassThrough, None, None)
+            .expect("passed")
+            .is_empty());
+        assert_eq!(b["tools"][0]["function"]["strict"], true);
     }
 
     #[test]
