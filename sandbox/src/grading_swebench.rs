@@ -236,16 +236,6 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(SweBenchGraded::from_report(&json!({"error": "x"})).is_err());
-        // A test the log reports both ways: read as no results, whatever swebench resolved.
-        let mut forged = json!({"version": "5.0.2", "forged": ["f0"], "f2p": 1.0, "p2p": 1.0,
-            "report": {"patch_successfully_applied": true, "resolved": true}});
-        assert!(!SweBenchGraded::from_report(&forged).expect("graded").read);
-        forged["forged"] = json!([]);
-        assert!(
-            SweBenchGraded::from_report(&forged)
-                .expect("graded")
-                .resolved
-        );
     }
 
     #[test]

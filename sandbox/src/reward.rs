@@ -143,17 +143,6 @@ impl SweBenchGraded {
             failed: count("FAIL_TO_PASS", "failure") + count("PASS_TO_PASS", "failure"),
             skipped: 0,
         });
-        let forged: Vec<&str> = answer["forged"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
-            .unwrap_or_default();
-        if let Some(first) = forged.first() {
-            return Ok(Self::unread(format!(
-                "the log reports {} test(s) both passing and failing (first {first:?}): the code \
-                 under test printed results of its own",
-                forged.len()
-            )));
-        }
         Ok(Self {
             read: report["patch_successfully_applied"]
                 .as_bool()

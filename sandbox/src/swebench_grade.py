@@ -16,6 +16,22 @@ def answer(value):
     sys.stdout.write("\n")
 
 
+def reported_both_ways(parser, log, spec):
+    """The tests some line of the log reports passing and another failing, sorted."""
+    seen = {}
+    for line in log.splitlines():
+        try:
+            statuses = parser(line, spec) or {}
+        except Exception:  # noqa: BLE001 - a parser that needs more than one line
+            continue
+        for name, status in statuses.items():
+            if status in ("PASSED", "XFAIL"):
+                seen.setdefault(name, set()).add("pass")
+            elif status in ("FAILED", "ERROR"):
+                seen.setdefault(name, set()).add("fail")
+    return sorted(name for name, kinds in seen.items() if {"pass", "fail"} <= kinds)
+
+
 def main():
     request = json.load(sys.stdin)
     try:
@@ -25,6 +41,7 @@ def main():
             compute_pass_to_pass,
             get_eval_report,
         )
+        from swebench.harness.constants import TestStatus
         from swebench.harness.log_parsers import PARSER_REGISTRY
         from swebench.harness.utils import make_test_spec
     except Exception as e:  # noqa: BLE001 - any import failure is the same answer
@@ -40,6 +57,24 @@ def main():
     spec = make_test_spec(instance)
     if request["do"] == "script":
         return answer({"eval_script": spec.eval_script})
+    # The code under test runs in the test runner's process and can print result lines of its
+    # own (an atexit hook printing "PASSED <test>" after the real summary, then exiting 0).
+    # swebench lets a test's last line win; a test reported both passing and failing counts
+    # here as failed, so a forged pass never outweighs the runner's failure. Honest logs report
+    # some tests both ways too (pytest -rA: a test whose teardown errs is PASSED and ERROR; jest:
+    # one title in two files): failing them costs a listed test its pass, never the log.
+    parser = PARSER_REGISTRY[instance["log_parser"]]
+    conflicted = reported_both_ways(parser, request["log"], spec)
+    if conflicted:
+
+        def strict(log, test_spec):
+            statuses = parser(log, test_spec)
+            if statuses:
+                for name in conflicted:
+                    statuses[name] = TestStatus.FAILED.value
+            return statuses
+
+        PARSER_REGISTRY[instance["log_parser"]] = strict
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "test_output.txt")
         with open(log, "w") as f:
@@ -52,26 +87,11 @@ def main():
         report = get_eval_report(spec, prediction, log, include_tests_status=True)
     report = report[spec.instance_id]
     tests = report.get("tests_status")
-    # The code under test runs in the test runner's process and can print result lines of its
-    # own (an atexit hook printing "PASSED <test>" after the real summary, then exiting 0). An
-    # honest run reports each test once: one reported both passing and failing was forged.
-    parser = PARSER_REGISTRY[instance["log_parser"]]
-    seen = {}
-    for line in request["log"].splitlines():
-        try:
-            statuses = parser(line, spec) or {}
-        except Exception:  # noqa: BLE001 - a parser that needs more than one line
-            continue
-        for name, status in statuses.items():
-            seen.setdefault(name, set()).add(
-                "pass" if status in ("PASSED", "XFAIL") else "fail" if status in ("FAILED", "ERROR") else "other"
-            )
-    forged = sorted(name for name, kinds in seen.items() if {"pass", "fail"} <= kinds)
     answer(
         {
             "version": swebench.__version__,
             "report": report,
-            "forged": forged,
+            "conflicted": conflicted,
             "f2p": compute_fail_to_pass(tests) if tests else None,
             "p2p": compute_pass_to_pass(tests) if tests else None,
         }

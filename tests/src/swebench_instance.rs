@@ -20,9 +20,13 @@ pub const FIXED_CALC: &str =
 const GOLD_CALC: &str =
     "def add(a, b):\n    # floe-gold-patch-marker\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n";
 const BASE_TESTS: &str = "from calc import sub\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n";
+/// With an unlisted test whose teardown errs, which `pytest -rA` reports as honest logs do,
+/// both `PASSED` and `ERROR`: it must cost no listed test its result, nor the log its reading.
 const NEW_TESTS: &str =
-    "from calc import add, sub\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n\n\n\
-                         # floe-test-patch-marker\ndef test_add():\n    assert add(2, 3) == 5\n";
+    "import pytest\n\nfrom calc import add, sub\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n\n\n\
+                         # floe-test-patch-marker\ndef test_add():\n    assert add(2, 3) == 5\n\n\n\
+                         @pytest.fixture\ndef noisy():\n    yield\n    raise RuntimeError('teardown')\n\n\n\
+                         def test_teardown_errs(noisy):\n    pass\n";
 pub const TEST_PATCH_MARKER: &str = "floe-test-patch-marker";
 pub const GOLD_PATCH_MARKER: &str = "floe-gold-patch-marker";
 pub const FAIL_TO_PASS: &str = "tests/test_calc.py::test_add";
