@@ -181,6 +181,36 @@ async fn every_api_answers_errors_in_its_own_shape() -> Result<()> {
     )
     .await?;
     assert_eq!((s, b["error"]["type"].as_str()), (502, Some("api_error")));
+    // Streamed, the Responses API's failure is a typed event Codex acts on (a bare `error`
+    // object it dropped as unparsable, and read the stream as cut).
+    let sse = http
+        .post(&responses)
+        .bearer_auth(&token)
+        .json(&json!({"model": "m", "input": "hi", "stream": true}))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let failed: Value = sse
+        .lines()
+        .skip_while(|l| *l != "event: response.failed")
+        .find_map(|l| l.strip_prefix("data: "))
+        .map(serde_json::from_str)
+        .transpose()?
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            failed["type"].as_str(),
+            failed["response"]["status"].as_str(),
+            failed["response"]["error"]["code"].as_str()
+        ),
+        (
+            Some("response.failed"),
+            Some("failed"),
+            Some("server_error")
+        ),
+        "{sse}"
+    );
 
     // Unknown paths: 404 in the shape the path belongs to.
     let (s, b) = call(
@@ -239,7 +269,7 @@ async fn every_api_answers_errors_in_its_own_shape() -> Result<()> {
     for needle in [
         r#"kind="unauthorized"} 4"#,
         r#"kind="too_large"} 1"#,
-        r#"kind="upstream"} 3"#,
+        r#"kind="upstream"} 4"#,
         r#"kind="invalid_request"} 3"#,
     ] {
         assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");
@@ -843,5 +873,38 @@ async fn a_reply_the_caller_left_before_is_captured_as_abandoned() -> Result<()>
         let line = format!("floe_gateway_requests_total{{api=\"{api}\",status=\"abandoned\"}} 1");
         assert!(metrics.contains(&line), "{line} in\n{metrics}");
     }
+    Ok(())
+}
+
+/// An assignment past axum's default body limit (2 MiB): a SWE-bench instance carries its test
+/// patch twice (in the instance and in its eval script), and a task's hidden files can be
+/// large. The control port takes it whole, and the runner's poll gets it intact (it got a 413,
+/// which stopped a whole `floe run`).
+#[tokio::test]
+async fn an_assignment_as_large_as_a_big_instance_is_taken_whole() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![]).await?;
+    let gw = TestGateway::start(&model.url, 64).await?;
+    let http = reqwest::Client::new();
+    let patch = "+ a line of a large test patch\n".repeat(100_000);
+    let assignment = json!({"session": "big-1", "task": "t", "group": "j/t", "sample": 0,
+        "sink": {"kind": "trainer", "url": "http://127.0.0.1:9"},
+        "run": {"task": {"id": "t", "instruction": "x", "hiddenFiles": {"eval.sh": patch}}}});
+    let posted = http
+        .post(format!("{}/floe/v1/assignments", gw.url))
+        .bearer_auth(&gw.control_token)
+        .json(&assignment)
+        .send()
+        .await?;
+    let status = posted.status();
+    assert_eq!(status, 201, "{}", posted.text().await?);
+    let next: Value = http
+        .get(format!("{}/floe/v1/assignments/next?waitSeconds=5", gw.url))
+        .bearer_auth(&gw.control_token)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let taken = next["assignment"]["run"]["task"]["hiddenFiles"]["eval.sh"].as_str();
+    assert_eq!(taken.map(str::len), Some(patch.len()));
     Ok(())
 }

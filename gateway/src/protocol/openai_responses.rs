@@ -461,9 +461,37 @@ pub fn stream_events(response: &Value) -> Vec<(String, Value)> {
     events
 }
 
+/// A call that failed after its stream began, as the Responses API says it: a
+/// `response.failed` event whose response carries the error's `code` and `message`. Codex
+/// reads only typed events (a bare `{"error"}` was dropped as unparsable, and the stream read
+/// as cut, retried with backoff), and acts on the code: `context_length_exceeded` ends the
+/// turn as a full context window.
+pub fn failed_event(error: &Value, model: &str, created_at: u64) -> Value {
+    json!({"type": "response.failed", "sequence_number": 0, "response": {
+        "id": format!("resp_failed_{created_at}"), "object": "response", "created_at": created_at,
+        "status": "failed", "incomplete_details": null, "model": model, "output": [],
+        "parallel_tool_calls": true, "tool_choice": "auto", "tools": [], "usage": null,
+        "error": {"code": error["error"]["code"], "message": error["error"]["message"]},
+    }})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_stream_ends_in_response_failed_with_the_errors_code() {
+        let error = json!({"error": {"message": "past the budget", "type": "invalid_request_error",
+            "param": null, "code": "session_budget_exceeded"}});
+        let event = failed_event(&error, "gpt-5", 1_700_000_000);
+        assert_eq!(event["type"], "response.failed");
+        assert_eq!(event["response"]["status"], "failed");
+        assert_eq!(
+            event["response"]["error"],
+            json!({"code": "session_budget_exceeded", "message": "past the budget"})
+        );
+        assert_eq!(event["response"]["model"], "gpt-5");
+    }
 
     fn norm(v: Value) -> Normalized {
         normalize(v.to_string().as_bytes()).expect("valid request")

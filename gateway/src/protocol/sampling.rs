@@ -152,7 +152,12 @@ pub fn apply(
     }
     let cut = one_call.then(|| "parallel_tool_calls".to_string());
     let strict = strict.then(|| "strict".to_string());
-    Ok(foreign.into_iter().chain(media).chain(cut).chain(strict).collect())
+    Ok(foreign
+        .into_iter()
+        .chain(media)
+        .chain(cut)
+        .chain(strict)
+        .collect())
 }
 
 /// Takes `strict` off every function tool; whether one had it. A strict tool makes vLLM
@@ -279,11 +284,15 @@ mod tests {
             assert_eq!(dropped, ["strict"], "{mode:?}");
             let functions = b["tools"].as_array().expect("tools kept");
             assert_eq!(functions.len(), 3);
-            assert!(functions.iter().all(|t| t["function"].get("strict").is_none()));
+            assert!(functions
+                .iter()
+                .all(|t| t["function"].get("strict").is_none()));
             assert_eq!(functions[0]["function"]["name"], "a");
             // Non-strict tools alone: nothing to count.
             let mut b = body(json!({"model": "x", "messages": [], "tools": functions}));
-            assert!(apply(&mut b, mode, Some(1.0), None).expect("kept").is_empty());
+            assert!(apply(&mut b, mode, Some(1.0), None)
+                .expect("kept")
+                .is_empty());
         }
         // An sft job's teacher is asked as the harness asked.
         let mut b = body(json!({"model": "x", "messages": [], "tools": tools}));

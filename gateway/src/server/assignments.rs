@@ -17,6 +17,11 @@ use super::Gateway;
 use crate::ship::Assignment;
 use crate::trajectory::SessionOutcome;
 
+/// The largest assignment the control port takes. Past axum's default (2 MiB): a SWE-bench
+/// instance carries its test patch twice (in the instance and in its eval script), and hidden
+/// files can be large; the route needs the control token, so the agent cannot use it.
+pub const ASSIGNMENT_BODY_LIMIT: usize = 64 << 20;
+
 /// `POST /floe/v1/assignments`: create the session and queue its assignment for the runner.
 /// Idempotent by session id (200 for a repeat, 201 when new, 409 for different content).
 pub async fn post_assignment(

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
@@ -181,7 +182,11 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             "/floe/v1/sessions/{id}/result",
             post(assignments::post_result),
         )
-        .route("/floe/v1/assignments", post(assignments::post_assignment))
+        .route(
+            "/floe/v1/assignments",
+            post(assignments::post_assignment)
+                .layer(DefaultBodyLimit::max(assignments::ASSIGNMENT_BODY_LIMIT)),
+        )
         .route("/floe/v1/runner/ready", post(control::runner_ready))
         .route(
             "/floe/v1/assignments/next",

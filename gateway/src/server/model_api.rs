@@ -388,11 +388,22 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
                 gw.metrics.error(e.kind());
                 gw.metrics.request(api, "stream_error");
                 let body = e.body(api);
-                let event = Event::default().data(body.to_string());
-                vec![if api == Api::Anthropic {
-                    event.event("error")
-                } else {
-                    event
+                vec![match api {
+                    Api::Anthropic => Event::default().event("error").data(body.to_string()),
+                    Api::OpenaiResponses => {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs());
+                        let failed = crate::protocol::openai_responses::failed_event(
+                            &body,
+                            &normalized.model,
+                            now,
+                        );
+                        Event::default()
+                            .event("response.failed")
+                            .data(failed.to_string())
+                    }
+                    _ => Event::default().data(body.to_string()),
                 }]
             }
         };
