@@ -202,6 +202,15 @@ pub(crate) async fn grade(
             let baseline = prepared.baseline(config, evaluator(), pristine, &hidden);
             Some(prepared.verdict(&stdout, baseline_first, baseline).await?)
         }
+        // An instance whose honest tests outlast `evaluatorSeconds` would score every session
+        // 0: the untouched repository's run, in the same time, tells the two apart (in a pod
+        // it ran first). Its timing out too is infrastructure.
+        (Some(prepared), Exit::TimedOut) if !baseline_first => {
+            prepared
+                .baseline(config, evaluator(), pristine, &hidden)
+                .await?;
+            None
+        }
         _ => None,
     };
     let verdict = match judge(

@@ -62,6 +62,33 @@ pub(crate) fn shadows(path: &Path, hidden: &Path) -> bool {
             .any(|package| path.parent() == package.parent() && imported_as == named(package))
 }
 
+/// Compiled Python the interpreter would take over its source (an "unchecked hash" `.pyc` is
+/// never compared with the `.py`): Python writes its own when the evaluator runs.
+pub(crate) fn is_bytecode(path: &Path) -> bool {
+    path.components().any(|c| c.as_os_str() == "__pycache__")
+        || path.extension().is_some_and(|e| e == "pyc" || e == "pyo")
+}
+
+/// The Python module a protected path names when it is a literal path (a SWE-bench test
+/// patch's files are protected as such, each metacharacter escaped as `[c]`): `None` for a
+/// pattern that matches more than one path, or for a file that is not a `.py` module.
+pub(crate) fn literal_module(pattern: &str) -> Option<String> {
+    let mut path = String::new();
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '[' => {
+                let (escaped, close) = (chars.next()?, chars.next()?);
+                (close == ']').then_some(())?;
+                path.push(escaped);
+            }
+            '*' | '?' | ']' | '{' | '}' => return None,
+            c => path.push(c),
+        }
+    }
+    path.ends_with(".py").then_some(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +145,27 @@ mod tests {
                 shadowed,
                 "{path} beside {hidden}"
             );
+        }
+    }
+
+    #[test]
+    fn only_a_literal_python_path_names_a_module() {
+        assert_eq!(
+            literal_module("tests/utils_tests/test_text.py").as_deref(),
+            Some("tests/utils_tests/test_text.py")
+        );
+        assert_eq!(
+            literal_module("tests/test_[[]odd[]].py").as_deref(),
+            Some("tests/test_[odd].py")
+        );
+        for pattern in [
+            "tests/**",
+            "**/conftest.py",
+            "tests/test_?.py",
+            "a/{b,c}.py",
+            "t.json",
+        ] {
+            assert_eq!(literal_module(pattern), None, "{pattern}");
         }
     }
 }

@@ -16,6 +16,7 @@ use std::path::{Component, Path, PathBuf};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Serialize, Serializer};
 
+use crate::import_shadowing;
 use crate::tree::{self, Dir, Kind};
 
 /// The most bytes of the agent's changes copied into an evaluation copy: a workspace that holds
@@ -439,9 +440,15 @@ impl Protected {
             };
             guarded.extend(dir.ancestors().map(Path::to_path_buf));
         }
-        let exact: BTreeSet<PathBuf> = hidden
-            .into_iter()
-            .map(|p| Path::new(p.trim_start_matches("./")).components().collect())
+        // A protected test module is shadowed as a hidden one is: Django's runner imports
+        // `utils_tests.test_text`, which a package `test_text/` beside it would answer.
+        let modules = patterns
+            .iter()
+            .filter_map(|p| import_shadowing::literal_module(p));
+        let exact: BTreeSet<PathBuf> = (hidden.into_iter().map(|p| p.trim_start_matches("./")))
+            .map(str::to_string)
+            .chain(modules)
+            .map(|p| Path::new(&p).components().collect())
             .collect();
         for p in &exact {
             guarded.extend(p.ancestors().skip(1).map(Path::to_path_buf));
@@ -497,7 +504,7 @@ fn allowed(
         || protected.guards(path)
         || path.ancestors().skip(1).any(|a| protected.covers(a))
         || protected.shadows_hidden(path)
-        || is_bytecode(path)
+        || import_shadowing::is_bytecode(path)
     {
         return false;
     }
@@ -513,13 +520,6 @@ fn allowed(
         Some(Kind::Link(target)) => stays_inside(path, Path::new(OsStr::from_bytes(target))),
         _ => true,
     }
-}
-
-/// Compiled Python the interpreter would take over its source (an "unchecked hash" `.pyc` is
-/// never compared with the `.py`): Python writes its own when the evaluator runs.
-fn is_bytecode(path: &Path) -> bool {
-    path.components().any(|c| c.as_os_str() == "__pycache__")
-        || path.extension().is_some_and(|e| e == "pyc" || e == "pyo")
 }
 
 /// Whether the link at `at` pointing to `target` resolves inside the tree without leaving it:
@@ -1077,6 +1077,36 @@ mod tests {
                 "tests/test_regress.py/x",
             ]
         );
+        Ok(())
+    }
+
+    /// A SWE-bench test patch's files are protected by literal paths, not hidden: a package
+    /// beside a protected test module would be imported in its place by a runner that loads
+    /// tests by name (Django's `runtests.py utils_tests.test_text`).
+    #[test]
+    fn a_package_shadowing_a_protected_test_module_is_discarded(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let (eval, applied) = graded(
+            tmp.path(),
+            &[
+                ("text.py", "bug"),
+                ("tests/test_text.py", "the test patch's"),
+            ],
+            |ws| {
+                std::fs::create_dir_all(ws.join("tests/test_text"))?;
+                std::fs::write(ws.join("tests/test_text/__init__.py"), "all pass")?;
+                std::fs::write(ws.join("tests/data.py"), "fine")?;
+                std::fs::write(ws.join("text.py"), "fix")
+            },
+            &["tests/test_text.py", "tests/data.json"],
+            &[],
+        )?;
+        assert!(!eval.join("tests/test_text").exists());
+        assert_eq!(std::fs::read_to_string(eval.join("text.py"))?, "fix");
+        // A protected file that is not a Python module keeps only its own path.
+        assert_eq!(std::fs::read_to_string(eval.join("tests/data.py"))?, "fine");
+        assert_eq!(names(&applied.discarded), ["tests/test_text/__init__.py"]);
         Ok(())
     }
 

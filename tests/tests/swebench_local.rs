@@ -317,6 +317,8 @@ async fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_sto
     Ok(())
 }
 
+/// An instance whose tests cannot run (no pytest), or cannot finish in `evaluatorSeconds`, on
+/// its untouched repository is infrastructure, never the policy's 0.
 #[tokio::test]
 async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Result<()> {
     let install = swe::install_dir()?;
@@ -349,6 +351,39 @@ async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Re
     let message = s["error"].as_str().unwrap_or_default();
     assert!(
         message.contains("untouched repository") && message.contains("No module named pytest"),
+        "{s}"
+    );
+
+    // An environment whose tests outlast `evaluatorSeconds` even untouched: infrastructure
+    // too, not a 0 for every session (the fix's included).
+    let slow = dir.path().join("slow");
+    std::fs::create_dir_all(&slow)?;
+    let activate = slow.join("activate");
+    std::fs::write(&activate, "sleep 30\n")?;
+    let job = job_of(&slow, &model.url, &activate, &[(1, "fix", 1.0)])?;
+    let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&job)?)?;
+    spec["spec"]["timeouts"]["evaluatorSeconds"] = 3.into();
+    std::fs::write(&job, spec.to_string())?;
+    let out = slow.join("out");
+    let (code, _, stderr) = floe(&[
+        "run".as_ref(),
+        job.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--model-url".as_ref(),
+        model.url.as_ref(),
+        "--swebench-python".as_ref(),
+        install.join("venv/bin/python").as_os_str(),
+    ])
+    .await?;
+    assert_eq!(code, Some(1), "{stderr}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(
+        out.join("sessions/swe-acme__calc-1-0/summary.json"),
+    )?)?;
+    assert_eq!(s["status"], "infra_error", "{s}");
+    let message = s["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("untouched repository") && message.contains("TimedOut"),
         "{s}"
     );
     Ok(())

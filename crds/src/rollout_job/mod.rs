@@ -541,7 +541,10 @@ pub struct Timeouts {
     #[serde(default = "default_agent_timeout")]
     #[schemars(range(min = 1, max = 604800))]
     pub agent_seconds: i32,
-    /// Budget of the evaluator; on expiry the session is an infrastructure failure (retried).
+    /// Budget of the evaluator; on expiry the session scores `evaluator.reward.failureReward`
+    /// (`evaluator_timeout`: the code under test can hang its tests), not retried. For a
+    /// SWE-bench instance, the untouched repository's tests timing out too make it an
+    /// infrastructure failure instead (swebench's own harness allows 1800 s).
     #[serde(default = "default_evaluator_timeout")]
     #[schemars(range(min = 1, max = 86400))]
     pub evaluator_seconds: i32,
