@@ -108,7 +108,7 @@ fn summary(tasks: &[Task]) -> String {
             ));
         }
         if let Some(script) = evaluation.hidden_files.get(EVAL_SCRIPT) {
-            for line in test_commands(script) {
+            for line in floe_crds::swebench::test_commands(script) {
                 out.push_str(&format!("  test        {line}\n"));
             }
         }
@@ -129,27 +129,3 @@ fn summary(tasks: &[Task]) -> String {
     out
 }
 
-/// The lines of an eval script between swebench's test-output markers: its test command.
-fn test_commands(script: &str) -> Vec<&str> {
-    script
-        .lines()
-        .skip_while(|l| !l.contains(">>>>> Start Test Output"))
-        .skip(1)
-        .take_while(|l| !l.contains(">>>>> End Test Output"))
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_test_command_is_what_runs_between_the_markers() {
-        let script = "cd /testbed\n: '>>>>> Start Test Output'\npytest -rA tests/test_x.py\n\
-                      : '>>>>> End Test Output'\ngit checkout abc tests/test_x.py\n";
-        assert_eq!(test_commands(script), ["pytest -rA tests/test_x.py"]);
-        assert!(test_commands("pytest\n").is_empty());
-    }
-}

@@ -135,6 +135,14 @@ pub fn to_task(
         .iter()
         .map(|p| glob_literal(p))
         .collect();
+    // The repository's own test runner, which the eval script runs by path (Django's
+    // `./tests/runtests.py`, sympy's `bin/test`): rewritten, it would print a pass for every
+    // test it is given.
+    protected_paths.extend(
+        runner_scripts(&eval_script, &settings.repository_directory)
+            .iter()
+            .map(|p| glob_literal(p)),
+    );
     // The grader checks the repository's own tests out of git: its history is floe's.
     protected_paths.push(".git/**".into());
     Ok(Task {
@@ -185,6 +193,48 @@ fn test_list(field: &str, value: Option<serde_json::Value>) -> Result<Vec<String
         Some(v) => v,
     };
     serde_json::from_value(value).map_err(|_| format!("{field} must be a list of test names"))
+}
+
+/// The lines of an eval script between swebench's test-output markers: its test command.
+pub fn test_commands(script: &str) -> Vec<&str> {
+    script
+        .lines()
+        .skip_while(|l| !l.contains(">>>>> Start Test Output"))
+        .skip(1)
+        .take_while(|l| !l.contains(">>>>> End Test Output"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The repository's own files the test command runs as its program, as workspace paths:
+/// `./tests/runtests.py …`, `bin/test …`, `python tests/runtests.py …`, `/testbed/x.py …` (past
+/// leading `VAR=value` assignments); none for a program from the environment (`pytest`,
+/// `tox`, `python -m pytest`).
+pub fn runner_scripts(script: &str, repository: &str) -> Vec<String> {
+    let in_repo = |word: &str| -> Option<String> {
+        let relative = match word.strip_prefix(repository.trim_end_matches('/')) {
+            Some(rest) => rest.strip_prefix('/')?,
+            None if word.starts_with('/') => return None,
+            None => word.strip_prefix("./").unwrap_or(word),
+        };
+        (relative.contains('/') || word.starts_with("./")).then(|| relative.to_string())
+    };
+    test_commands(script)
+        .iter()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace().skip_while(|w| {
+                w.split_once('=')
+                    .is_some_and(|(name, _)| !name.is_empty() && !name.contains('/'))
+            });
+            let program = words.next()?;
+            match program.rsplit('/').next()? {
+                "python" | "python3" => words.next().filter(|w| w.ends_with(".py")),
+                _ => Some(program),
+            }
+            .and_then(in_repo)
+        })
+        .collect()
 }
 
 /// The files a patch touches, as workspace paths: both sides of each `diff --git` header, of

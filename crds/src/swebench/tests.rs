@@ -211,3 +211,48 @@ fn relocation_moves_whole_paths_outside_here_documents() {
         "cat <<'EOF-1'\n/testbed\nEOF-1\ncd /e>log\ncat <<-END\n/testbed\n\tEND\nls /e|wc\n"
     );
 }
+
+#[test]
+fn the_test_command_is_what_runs_between_the_markers() {
+    let script = "cd /testbed\n: '>>>>> Start Test Output'\npytest -rA tests/test_x.py\n\
+                  : '>>>>> End Test Output'\ngit checkout abc tests/test_x.py\n";
+    assert_eq!(test_commands(script), ["pytest -rA tests/test_x.py"]);
+    assert!(test_commands("pytest\n").is_empty());
+}
+
+/// Django's and sympy's test runners are files of their repositories (as swebench's specs
+/// write their commands); pytest and tox come from the environment.
+#[test]
+fn a_test_runner_the_repository_holds_is_protected() {
+    let script = |command: &str| {
+        format!(": '>>>>> Start Test Output'\n{command}\n: '>>>>> End Test Output'\n")
+    };
+    for (command, runner) in [
+        (
+            "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 utils_tests.test_text",
+            Some("tests/runtests.py"),
+        ),
+        (
+            "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose sympy/core/tests/test_basic.py",
+            Some("bin/test"),
+        ),
+        ("python tests/runtests.py admin_views", Some("tests/runtests.py")),
+        ("/testbed/scripts/run_tests.sh -k x", Some("scripts/run_tests.sh")),
+        ("./run.sh", Some("run.sh")),
+        ("pytest --no-header -rA tests/test_x.py", None),
+        ("python -m pytest -rA tests/test_x.py", None),
+        ("tox --current-env -epy39 -v -- tests/test_x.py", None),
+        ("/usr/bin/python3 -m pytest", None),
+    ] {
+        assert_eq!(
+            runner_scripts(&script(command), "/testbed"),
+            runner.map(String::from).into_iter().collect::<Vec<_>>(),
+            "{command}"
+        );
+    }
+    let mut line = instance();
+    line["eval_script"] = script("./tests/runtests.py utils_tests.test_text").into();
+    let task = to_task(line, &SweBenchTasks::default(), Checkouts::Image).expect("a task");
+    let protected = task.evaluation.expect("grading").protected_paths;
+    assert!(protected.contains(&"tests/runtests.py".to_string()), "{protected:?}");
+}
