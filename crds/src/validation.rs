@@ -159,6 +159,8 @@ pub fn dropped_by_an_older_crd(
         &[Step::Field("spec".into())],
         &mut dropped,
     );
+    // In field-name order, whatever order the manifest wrote them in.
+    dropped.sort();
     dropped
 }
 

@@ -644,6 +644,42 @@ mod tests {
         assert_eq!(response(&upstream, "m")["stop_reason"], "tool_use");
     }
 
+    /// The keys of a call's input in the order the model sampled them, both ways: the chat
+    /// template renders the next turn's history with them as they come, so a sorted copy
+    /// (`file_path, new_string, old_string` where Claude Code's Edit was sampled
+    /// `file_path, old_string, new_string`) re-renders the model's own tokens and splits the
+    /// session's prefix-merged chain at every such call.
+    #[test]
+    fn a_tool_calls_input_keeps_the_order_the_model_sampled() {
+        let sampled = r#"{"file_path": "a.py", "old_string": "x", "new_string": "y"}"#;
+        let upstream = json!({"choices": [{"finish_reason": "tool_calls", "message": {"content": null,
+            "tool_calls": [{"id": "c", "function": {"name": "Edit", "arguments": sampled}}]}}]});
+        let input = &response(&upstream, "m")["content"][0]["input"];
+        assert_eq!(
+            input.to_string(),
+            r#"{"file_path":"a.py","old_string":"x","new_string":"y"}"#
+        );
+        let next = json!({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "c", "name": "Edit", "input": input}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c", "content": "done"}]}],
+            "tools": [{"name": "Edit", "input_schema": {"type": "object", "properties": {
+                "file_path": {"type": "string"}, "old_string": {"type": "string"},
+                "new_string": {"type": "string"}}}}]});
+        let n = normalize(next.to_string().as_bytes()).expect("valid");
+        assert_eq!(
+            n.request["messages"][1]["tool_calls"][0]["function"]["arguments"],
+            r#"{"file_path":"a.py","old_string":"x","new_string":"y"}"#
+        );
+        // The tool's schema reaches the template in the harness's order too.
+        let properties: Vec<&String> = n.request["tools"][0]["function"]["parameters"]["properties"]
+            .as_object()
+            .expect("properties")
+            .keys()
+            .collect();
+        assert_eq!(properties, ["file_path", "old_string", "new_string"]);
+    }
+
     #[test]
     fn an_unparsable_tool_call_comes_back_as_text() {
         let upstream = json!({"choices": [{"finish_reason": "tool_calls", "message": {"content": null,

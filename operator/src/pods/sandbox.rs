@@ -123,7 +123,7 @@ pub fn template_hash(spec: &GatewayPoolSpec) -> String {
             parts.push(json!(spec.egress));
         }
     }
-    crate::stable_hash::fnv1a_hex(&material.to_string())
+    crate::stable_hash::of_json(&material)
 }
 
 /// The user a sandbox container runs as when its template sets no security context: most

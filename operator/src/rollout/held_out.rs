@@ -212,14 +212,14 @@ impl HeldOutState {
 /// `samples`.
 pub fn digest(tasks: &[Task], samples: u32) -> String {
     let material = serde_json::json!({"tasks": tasks, "samples": samples});
-    crate::stable_hash::fnv1a_hex(&material.to_string())
+    crate::stable_hash::of_json(&material)
 }
 
 /// The digest of a job's own tasks as they number its sessions: the tasks as the job reads them,
 /// `samples` and `epochs` ([`floe_crds::rollout_job::RolloutJobStatus::tasks_digest`]).
 pub fn job_tasks_digest(tasks: &[Task], samples: u32, epochs: u32) -> String {
     let material = serde_json::json!({"tasks": tasks, "samples": samples, "epochs": epochs});
-    crate::stable_hash::fnv1a_hex(&material.to_string())
+    crate::stable_hash::of_json(&material)
 }
 
 /// Why the job's own sessions may not go on as numbered, when its tasks changed since the
