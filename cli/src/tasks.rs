@@ -128,4 +128,3 @@ fn summary(tasks: &[Task]) -> String {
     ));
     out
 }
-

@@ -24,7 +24,12 @@ fn sorted(value: &serde_json::Value) -> serde_json::Value {
         Value::Object(map) => {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_by(|a, b| a.0.cmp(b.0));
-            Value::Object(entries.into_iter().map(|(k, v)| (k.clone(), sorted(v))).collect())
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), sorted(v)))
+                    .collect(),
+            )
         }
         Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
         other => other.clone(),
@@ -38,7 +43,10 @@ mod tests {
     #[test]
     fn json_hashes_with_its_keys_sorted_at_every_depth() {
         let built = serde_json::json!({"b": [{"z": 1, "y": 2}], "a": "x"});
-        assert_eq!(of_json(&built), fnv1a_hex(r#"{"a":"x","b":[{"y":2,"z":1}]}"#));
+        assert_eq!(
+            of_json(&built),
+            fnv1a_hex(r#"{"a":"x","b":[{"y":2,"z":1}]}"#)
+        );
     }
 
     #[test]

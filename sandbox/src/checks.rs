@@ -11,6 +11,11 @@ use floe_crds::validation::FieldError;
 use floe_gateway::capture::valid_session_id as valid_id;
 
 use crate::session::session_id;
+
+/// The longest instruction a harness can be started with: Linux refuses an `execve` one of
+/// whose arguments or environment strings is over `MAX_ARG_STRLEN` (32 pages, 131,072 bytes
+/// with its NUL), and the instruction is both (`FLOE_INSTRUCTION=…` and the presets' argv).
+pub const MAX_INSTRUCTION_BYTES: usize = 131_072 - "FLOE_INSTRUCTION=".len() - 1;
 use crate::workspace::{safe_join, Protected};
 
 /// Every problem found, each naming its field: `tasks` is where the tasks came from
@@ -55,6 +60,17 @@ pub fn check_sessions(
     for (i, task) in tasks.iter().enumerate() {
         let field = format!("{tasks_field}[{i}]");
         let id = session_id(job, &task.id, epochs - 1, samples - 1, attempts);
+        if task.instruction.len() > MAX_INSTRUCTION_BYTES {
+            push(
+                format!("{field}.instruction"),
+                format!(
+                    "is {} bytes: a harness takes the instruction as one argument and in \
+                     `FLOE_INSTRUCTION`, which Linux limits to {MAX_INSTRUCTION_BYTES} bytes \
+                     (MAX_ARG_STRLEN): it could never start",
+                    task.instruction.len()
+                ),
+            );
+        }
         if !valid_id(&id) {
             push(
                 format!("{field}.id"),
@@ -185,6 +201,19 @@ mod tests {
             check_sessions("j", &s, &[], "tasks.jsonl", &BTreeMap::new())[0].field,
             "tasks.jsonl"
         );
+    }
+
+    /// Past Linux's limit on one argument the harness could never start: every attempt an
+    /// infrastructure failure, retried.
+    #[test]
+    fn an_instruction_too_long_to_start_a_harness_with_is_refused() {
+        let mut at = task("a");
+        at.instruction = "é".repeat(MAX_INSTRUCTION_BYTES / 2);
+        let mut past = task("b");
+        past.instruction = "x".repeat(MAX_INSTRUCTION_BYTES + 1);
+        let errors = check_sessions("j", &spec(), &[at, past], "t", &BTreeMap::new());
+        assert_eq!(fields(&errors), ["t[1].instruction"], "{errors:?}");
+        assert!(errors[0].message.contains("MAX_ARG_STRLEN"), "{errors:?}");
     }
 
     #[test]

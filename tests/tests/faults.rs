@@ -618,6 +618,16 @@ async fn broken_job_files_and_flags_stop_before_any_session_with_one_line() -> R
             "spec.tasks.inline[0].id",
         ),
         (
+            // One byte past what `execve` takes as one string: no harness could start with it.
+            edit(
+                "instruction: \"calls 2\"}",
+                &format!("instruction: \"{}\"}}", "x".repeat(131_055)),
+            ),
+            vec![],
+            &model.url,
+            "spec.tasks.inline[0].instruction: is 131055 bytes",
+        ),
+        (
             edit(
                 "    inline:\n      - {id: t0, instruction: \"calls 2\"}\n",
                 "    file: {path: empty.jsonl}\n",

@@ -254,5 +254,8 @@ fn a_test_runner_the_repository_holds_is_protected() {
     line["eval_script"] = script("./tests/runtests.py utils_tests.test_text").into();
     let task = to_task(line, &SweBenchTasks::default(), Checkouts::Image).expect("a task");
     let protected = task.evaluation.expect("grading").protected_paths;
-    assert!(protected.contains(&"tests/runtests.py".to_string()), "{protected:?}");
+    assert!(
+        protected.contains(&"tests/runtests.py".to_string()),
+        "{protected:?}"
+    );
 }

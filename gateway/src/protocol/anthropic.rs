@@ -672,7 +672,8 @@ mod tests {
             r#"{"file_path":"a.py","old_string":"x","new_string":"y"}"#
         );
         // The tool's schema reaches the template in the harness's order too.
-        let properties: Vec<&String> = n.request["tools"][0]["function"]["parameters"]["properties"]
+        let properties: Vec<&String> = n.request["tools"][0]["function"]["parameters"]
+            ["properties"]
             .as_object()
             .expect("properties")
             .keys()
