@@ -46,6 +46,9 @@ struct Instance {
     eval_script: Option<String>,
     log_parser: Option<String>,
     eval_type: Option<String>,
+    /// SWE-bench Multimodal's files beside the patches, by patch: the test patch's are binary
+    /// baselines its tests compare against, which swebench's harness downloads and stages.
+    image_assets: Option<serde_json::Value>,
 }
 
 /// Why one instance cannot be a task.
@@ -91,6 +94,21 @@ pub fn to_task(
         .filter(|s| !s.trim().is_empty())
         .ok_or_else(|| fail(no_script.into()))?;
     let log_parser = required("log_parser", line.log_parser)?;
+    let assets = match line.image_assets {
+        Some(serde_json::Value::String(text)) => serde_json::from_str(&text).unwrap_or_default(),
+        other => other.unwrap_or_default(),
+    };
+    if let Some(n) = assets["test_patch"]
+        .as_array()
+        .map(Vec::len)
+        .filter(|n| *n > 0)
+    {
+        return Err(fail(format!(
+            "image_assets names {n} file(s) the test patch's tests compare against, which \
+             swebench downloads when it grades: floe fetches nothing at run time, and without \
+             them every session would fail its tests; put them in the instance's image"
+        )));
+    }
     let eval_type = line.eval_type.unwrap_or_else(|| "pass_and_fail".into());
     if !["pass_and_fail", "fail_only"].contains(&eval_type.as_str()) {
         return Err(fail(format!(

@@ -259,3 +259,23 @@ fn a_test_runner_the_repository_holds_is_protected() {
         "{protected:?}"
     );
 }
+
+/// SWE-bench Multimodal's test baselines are downloaded by swebench's own harness; without
+/// them every session fails its tests, a silent 0.
+#[test]
+fn an_instance_whose_tests_need_downloaded_assets_is_refused() {
+    let mut line = instance();
+    line["image_assets"] =
+        json!({"problem_statement": ["https://x/issue.png"], "test_patch": ["https://x/baseline.png"]})
+            .to_string()
+            .into();
+    let err =
+        to_task(line.clone(), &SweBenchTasks::default(), Checkouts::Image).expect_err("refused");
+    assert!(
+        err.message.starts_with("image_assets names 1 file(s)"),
+        "{err:?}"
+    );
+    // Images of the issue alone: the agent reads the text.
+    line["image_assets"] = json!({"problem_statement": ["https://x/issue.png"], "test_patch": []});
+    to_task(line, &SweBenchTasks::default(), Checkouts::Image).expect("a task");
+}
