@@ -36,6 +36,7 @@ struct Instance {
     repo: Option<String>,
     base_commit: Option<String>,
     problem_statement: Option<String>,
+    hints_text: Option<String>,
     test_patch: Option<String>,
     #[serde(rename = "FAIL_TO_PASS")]
     fail_to_pass: Option<serde_json::Value>,
@@ -163,9 +164,19 @@ pub fn to_task(
     );
     // The grader checks the repository's own tests out of git: its history is floe's.
     protected_paths.push(".git/**".into());
+    let instruction = fill(
+        &settings.instruction,
+        &[
+            ("problem_statement", &problem_statement),
+            ("repo", &repo),
+            ("instance_id", &instance_id),
+            ("hints_text", line.hints_text.as_deref().unwrap_or_default()),
+        ],
+    )
+    .map_err(fail)?;
     Ok(Task {
         id: instance_id.clone(),
-        instruction: problem_statement,
+        instruction,
         image: Some(image),
         prepare: Vec::new(),
         repository: Some(TaskRepository {
@@ -211,6 +222,39 @@ fn test_list(field: &str, value: Option<serde_json::Value>) -> Result<Vec<String
         Some(v) => v,
     };
     serde_json::from_value(value).map_err(|_| format!("{field} must be a list of test names"))
+}
+
+/// `template` with each `{name}` of `values` replaced, in one pass (a statement that itself
+/// holds `{repo}` stays as written). `Err` for a template without `{problem_statement}`: every
+/// session of every instance would get the same prompt.
+fn fill(template: &str, values: &[(&str, &str)]) -> Result<String, String> {
+    if !template.contains("{problem_statement}") {
+        return Err(
+            "tasks.swebench.instruction has no {problem_statement}: every instance would \
+                    get the same instruction"
+                .into(),
+        );
+    }
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open..];
+        match values.iter().find(|(name, _)| {
+            after[1..].starts_with(name) && after[1 + name.len()..].starts_with('}')
+        }) {
+            Some((name, value)) => {
+                out.push_str(value);
+                rest = &after[name.len() + 2..];
+            }
+            None => {
+                out.push('{');
+                rest = &after[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// The lines of an eval script between swebench's test-output markers: its test command.

@@ -64,6 +64,14 @@ pub struct SweBenchTasks {
     #[serde(default = "default_grader_image")]
     #[schemars(length(min = 1, max = 1024))]
     pub grader_image: String,
+    /// The instruction each instance's sessions get, with `{problem_statement}` (required),
+    /// `{repo}`, `{instance_id}` and `{hints_text}` (the issue's comments, which most RL setups
+    /// leave out) replaced. Default: the problem statement alone, verbatim. Agent scaffolds
+    /// frame it, e.g. `"Resolve this issue in the repository in your working directory; the
+    /// tests that check it are hidden.\n\n{problem_statement}"`.
+    #[serde(default = "default_swebench_instruction")]
+    #[schemars(length(min = 1, max = 65536))]
+    pub instruction: String,
 }
 
 impl Default for SweBenchTasks {
@@ -73,10 +81,14 @@ impl Default for SweBenchTasks {
             repository_directory: default_repository_directory(),
             local_checkouts: default_local_checkouts(),
             grader_image: default_grader_image(),
+            instruction: default_swebench_instruction(),
         }
     }
 }
 
+fn default_swebench_instruction() -> String {
+    "{problem_statement}".to_string()
+}
 fn default_swebench_image() -> String {
     "swebench/sweb.eval.x86_64.{id}:latest".to_string()
 }

@@ -279,3 +279,33 @@ fn an_instance_whose_tests_need_downloaded_assets_is_refused() {
     line["image_assets"] = json!({"problem_statement": ["https://x/issue.png"], "test_patch": []});
     to_task(line, &SweBenchTasks::default(), Checkouts::Image).expect("a task");
 }
+
+/// The statement framed as the job says, in one pass: a statement that holds `{repo}` keeps
+/// it as written.
+#[test]
+fn the_instruction_frames_the_problem_statement_as_the_job_says() {
+    let mut line = instance();
+    line["problem_statement"] = "add() subtracts; see {repo}".into();
+    line["hints_text"] = "try +".into();
+    let settings = SweBenchTasks {
+        instruction: "In {repo} ({instance_id}): {problem_statement}\nHints: {hints_text} {other}"
+            .into(),
+        ..Default::default()
+    };
+    let task = to_task(line.clone(), &settings, Checkouts::Image).expect("a task");
+    assert_eq!(
+        task.instruction,
+        "In acme/calc (acme__calc-12): add() subtracts; see {repo}\nHints: try + {other}"
+    );
+    let verbatim = to_task(line.clone(), &SweBenchTasks::default(), Checkouts::Image);
+    assert_eq!(
+        verbatim.expect("a task").instruction,
+        "add() subtracts; see {repo}"
+    );
+    let fixed = SweBenchTasks {
+        instruction: "Fix the bug.".into(),
+        ..Default::default()
+    };
+    let err = to_task(line, &fixed, Checkouts::Image).expect_err("no statement");
+    assert!(err.message.contains("no {problem_statement}"), "{err:?}");
+}
