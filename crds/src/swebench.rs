@@ -96,18 +96,25 @@ pub fn to_task(
         .ok_or_else(|| fail(no_script.into()))?;
     let log_parser = required("log_parser", line.log_parser)?;
     let assets = match line.image_assets {
-        Some(serde_json::Value::String(text)) => serde_json::from_str(&text).unwrap_or_default(),
-        other => other.unwrap_or_default(),
+        Some(serde_json::Value::String(text)) if !text.trim().is_empty() => {
+            serde_json::from_str(&text)
+                .map_err(|e| fail(format!("image_assets is not JSON: {e}")))?
+        }
+        Some(serde_json::Value::String(_)) | None => serde_json::Value::Null,
+        Some(other) => other,
     };
-    if let Some(n) = assets["test_patch"]
-        .as_array()
-        .map(Vec::len)
-        .filter(|n| *n > 0)
-    {
+    // The gold patch's and the test patch's files (binary baselines, images a fix adds),
+    // which swebench downloads and stages when it grades; the problem statement's are only
+    // pictures of the issue.
+    let staged: usize = ["patch", "test_patch"]
+        .iter()
+        .filter_map(|k| assets[k].as_array().map(Vec::len))
+        .sum();
+    if staged > 0 {
         return Err(fail(format!(
-            "image_assets names {n} file(s) the test patch's tests compare against, which \
-             swebench downloads when it grades: floe fetches nothing at run time, and without \
-             them every session would fail its tests; put them in the instance's image"
+            "image_assets names {staged} file(s) of the patches, which swebench downloads \
+             when it grades: floe fetches nothing at run time, and without them every session \
+             would fail its tests; put them in the instance's image"
         )));
     }
     let eval_type = line.eval_type.unwrap_or_else(|| "pass_and_fail".into());
@@ -154,14 +161,6 @@ pub fn to_task(
         .iter()
         .map(|p| glob_literal(p))
         .collect();
-    // The repository's own test runner, which the eval script runs by path (Django's
-    // `./tests/runtests.py`, sympy's `bin/test`): rewritten, it would print a pass for every
-    // test it is given.
-    protected_paths.extend(
-        runner_scripts(&eval_script, &settings.repository_directory)
-            .iter()
-            .map(|p| glob_literal(p)),
-    );
     // The grader checks the repository's own tests out of git: its history is floe's.
     protected_paths.push(".git/**".into());
     let instruction = fill(
@@ -273,14 +272,15 @@ pub fn test_commands(script: &str) -> Vec<&str> {
 /// `./tests/runtests.py …`, `bin/test …`, `python tests/runtests.py …`, `/testbed/x.py …` (past
 /// leading `VAR=value` assignments); none for a program from the environment (`pytest`,
 /// `tox`, `python -m pytest`).
-pub fn runner_scripts(script: &str, repository: &str) -> Vec<String> {
-    let in_repo = |word: &str| -> Option<String> {
+pub fn runner_scripts<'a>(script: &'a str, repository: &str) -> Vec<String> {
+    // A bare name is a program from `PATH` (`pytest`), but a script an interpreter is given.
+    let in_repo = |word: &str, bare: bool| -> Option<String> {
         let relative = match word.strip_prefix(repository.trim_end_matches('/')) {
             Some(rest) => rest.strip_prefix('/')?,
             None if word.starts_with('/') => return None,
             None => word.strip_prefix("./").unwrap_or(word),
         };
-        (relative.contains('/') || word.starts_with("./")).then(|| relative.to_string())
+        (bare || relative.contains('/') || word.starts_with("./")).then(|| relative.to_string())
     };
     test_commands(script)
         .iter()
@@ -289,12 +289,31 @@ pub fn runner_scripts(script: &str, repository: &str) -> Vec<String> {
                 w.split_once('=')
                     .is_some_and(|(name, _)| !name.is_empty() && !name.contains('/'))
             });
-            let program = words.next()?;
-            match program.rsplit('/').next()? {
-                "python" | "python3" => words.next().filter(|w| w.ends_with(".py")),
-                _ => Some(program),
+            let mut program = words.next()?;
+            // A wrapper that runs what follows it (`timeout 1800 ./x`, `env X=1 ./x`).
+            while matches!(program, "timeout" | "env" | "nice" | "exec") {
+                program = words.find(|w| !w.contains('=') && w.parse::<f64>().is_err())?;
             }
-            .and_then(in_repo)
+            let name = program.rsplit('/').next()?;
+            let interpreter = name.starts_with("python")
+                || matches!(name, "sh" | "bash" | "node" | "perl" | "ruby");
+            let unquoted = |w: &'a str| w.trim_matches(|c| c == '"' || c == '\'');
+            if !interpreter {
+                return in_repo(unquoted(program), false);
+            }
+            // An interpreter runs the script it is given, past its own flags (`-W ignore`);
+            // `-m` and `-c` run no file.
+            while let Some(word) = words.next() {
+                match word {
+                    "-m" | "-c" | "-e" => return None,
+                    "-W" | "-X" => {
+                        words.next();
+                    }
+                    flag if flag.starts_with('-') => {}
+                    script => return in_repo(unquoted(script), true),
+                }
+            }
+            None
         })
         .collect()
 }

@@ -60,6 +60,14 @@ pub fn check_sessions(
     for (i, task) in tasks.iter().enumerate() {
         let field = format!("{tasks_field}[{i}]");
         let id = session_id(job, &task.id, epochs - 1, samples - 1, attempts);
+        if task.instruction.contains('\0') {
+            push(
+                format!("{field}.instruction"),
+                "holds a NUL character, which no command-line argument can: it could never \
+                 start a harness"
+                    .into(),
+            );
+        }
         if task.instruction.len() > MAX_INSTRUCTION_BYTES {
             push(
                 format!("{field}.instruction"),
@@ -211,9 +219,16 @@ mod tests {
         at.instruction = "é".repeat(MAX_INSTRUCTION_BYTES / 2);
         let mut past = task("b");
         past.instruction = "x".repeat(MAX_INSTRUCTION_BYTES + 1);
-        let errors = check_sessions("j", &spec(), &[at, past], "t", &BTreeMap::new());
-        assert_eq!(fields(&errors), ["t[1].instruction"], "{errors:?}");
+        let mut nul = task("c");
+        nul.instruction = "a\0b".into();
+        let errors = check_sessions("j", &spec(), &[at, past, nul], "t", &BTreeMap::new());
+        assert_eq!(
+            fields(&errors),
+            ["t[1].instruction", "t[2].instruction"],
+            "{errors:?}"
+        );
         assert!(errors[0].message.contains("MAX_ARG_STRLEN"), "{errors:?}");
+        assert!(errors[1].message.contains("NUL"), "{errors:?}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use floe_crds::rollout_job::RewardSource;
-use floe_crds::swebench::EVAL_SCRIPT;
+use floe_crds::swebench::{self, EVAL_SCRIPT};
 use floe_gateway::trajectory::Evaluation;
 use serde_json::json;
 
@@ -104,6 +104,16 @@ pub(crate) async fn grade(
     patterns.extend(task_evaluation.protected_paths.iter().cloned());
     if spec.evaluator.protect_test_config {
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
+    }
+    // The repository's own test runner, which an instance's eval script runs by path (Django's
+    // `./tests/runtests.py`, sympy's `bin/test`): rewritten, it would print a pass for every
+    // test it is given. Decided here, not in the task, whose digest a running job keeps.
+    if let (Some(grading), Some(script)) = (
+        &task_evaluation.swebench,
+        task_evaluation.hidden_files.get(EVAL_SCRIPT),
+    ) {
+        let runners = swebench::runner_scripts(script, &grading.repository_directory);
+        patterns.extend(runners.iter().map(|p| swebench::glob_literal(p)));
     }
     let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
     let evaluator = || Evaluator {

@@ -62,6 +62,26 @@ pub(crate) fn shadows(path: &Path, hidden: &Path) -> bool {
             .any(|package| path.parent() == package.parent() && imported_as == named(package))
 }
 
+/// Whether the agent's `path` is what Python would import in place of the protected module
+/// `module` from its own directory: a module file of its name (`test_text.so`, `.pyc`) or a
+/// package directory `test_text/`. Not the `__init__` or package rules of [`shadows`]: the
+/// test patch's files sit among the code a fix may change (`django/contrib/admin/tests.py`
+/// beside `django/contrib/admin/__init__.py`).
+pub(crate) fn beside(path: &Path, module: &Path) -> bool {
+    let (Some(dir), Some(name)) = (module.parent(), module.file_name().and_then(|n| n.to_str()))
+    else {
+        return false;
+    };
+    let Some(name) = importable_as(name) else {
+        return false;
+    };
+    let imported_as = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(importable_as);
+    path.starts_with(dir.join(name)) || (path.parent() == Some(dir) && imported_as == Some(name))
+}
+
 /// Compiled Python the interpreter would take over its source (an "unchecked hash" `.pyc` is
 /// never compared with the `.py`): Python writes its own when the evaluator runs.
 pub(crate) fn is_bytecode(path: &Path) -> bool {

@@ -35,6 +35,7 @@ mod import_shadowing;
 pub mod limits;
 pub mod presets;
 pub mod process;
+mod protected;
 pub mod relay;
 pub mod reward;
 pub mod runner;

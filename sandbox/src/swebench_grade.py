@@ -7,6 +7,7 @@
 # record the test command's exit status), its log parsers and its report.
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -16,20 +17,27 @@ def answer(value):
     sys.stdout.write("\n")
 
 
-def reported_both_ways(parser, log, spec):
-    """The tests some line of the log reports passing and another failing, sorted."""
-    seen = {}
+# unittest's failure summary, `FAIL: test_x (m.C)` (Python 3.11 on: `(m.C.test_x)`), which
+# swebench's Django parser files under `test_x` alone.
+UNITTEST_SUMMARY = re.compile(r"^(?:FAIL|ERROR): (\S+) \(([^()\s]+)\)")
+
+
+def reported_failing(parser, log, spec):
+    """The tests some line of the log reports failing (and, for unittest's summary lines,
+    under the `name (Class)` key its result lines use), sorted."""
+    failing = set()
     for line in log.splitlines():
+        summary = UNITTEST_SUMMARY.match(line.strip())
+        if summary:
+            name, where = summary.groups()
+            where = where.removesuffix("." + name)
+            failing.add(f"{name} ({where})")
         try:
             statuses = parser(line, spec) or {}
         except Exception:  # noqa: BLE001 - a parser that needs more than one line
             continue
-        for name, status in statuses.items():
-            if status in ("PASSED", "XFAIL"):
-                seen.setdefault(name, set()).add("pass")
-            elif status in ("FAILED", "ERROR"):
-                seen.setdefault(name, set()).add("fail")
-    return sorted(name for name, kinds in seen.items() if {"pass", "fail"} <= kinds)
+        failing.update(n for n, status in statuses.items() if status in ("FAILED", "ERROR"))
+    return sorted(failing)
 
 
 def main():
@@ -59,18 +67,20 @@ def main():
         return answer({"eval_script": spec.eval_script})
     # The code under test runs in the test runner's process and can print result lines of its
     # own (an atexit hook printing "PASSED <test>" after the real summary, then exiting 0).
-    # swebench lets a test's last line win; a test reported both passing and failing counts
-    # here as failed, so a forged pass never outweighs the runner's failure. Honest logs report
-    # some tests both ways too (pytest -rA: a test whose teardown errs is PASSED and ERROR; jest:
-    # one title in two files): failing them costs a listed test its pass, never the log.
+    # swebench lets a test's last report win, over the whole log (Django's parser also takes an
+    # "ok" line for the last test it saw): a test that any line reports failing counts here as
+    # failed, so a forged pass never outweighs the runner's failure. Honest logs report a
+    # test failing where it also passes only when it fails somewhere (pytest -rA: a teardown
+    # error is PASSED and ERROR; jest: one title in two files): that fails the test, never the
+    # whole log.
     parser = PARSER_REGISTRY[instance["log_parser"]]
-    conflicted = reported_both_ways(parser, request["log"], spec)
-    if conflicted:
+    failing = reported_failing(parser, request["log"], spec)
+    if failing:
 
         def strict(log, test_spec):
             statuses = parser(log, test_spec)
             if statuses:
-                for name in conflicted:
+                for name in failing:
                     statuses[name] = TestStatus.FAILED.value
             return statuses
 
@@ -91,7 +101,7 @@ def main():
         {
             "version": swebench.__version__,
             "report": report,
-            "conflicted": conflicted,
+            "failing": failing,
             "f2p": compute_fail_to_pass(tests) if tests else None,
             "p2p": compute_pass_to_pass(tests) if tests else None,
         }

@@ -13,10 +13,10 @@ use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::{Serialize, Serializer};
 
 use crate::import_shadowing;
+pub use crate::protected::Protected;
 use crate::tree::{self, Dir, Kind};
 
 /// The most bytes of the agent's changes copied into an evaluation copy: a workspace that holds
@@ -402,83 +402,6 @@ fn same_entry(a: &Dir, b: &Dir, rel: &Path) -> std::io::Result<bool> {
         }
         _ => false,
     })
-}
-
-/// Paths the agent may not change for the grader: the job's protected globs and every hidden
-/// file (and the reward file).
-pub struct Protected {
-    globs: GlobSet,
-    exact: BTreeSet<PathBuf>,
-    /// Directories that hold a hidden or protected path: a link or file the agent puts there
-    /// would be written through, or would shadow what the grader relies on.
-    guarded: BTreeSet<PathBuf>,
-}
-
-impl Protected {
-    pub fn new<'a>(
-        patterns: &[String],
-        hidden: impl IntoIterator<Item = &'a String>,
-    ) -> Result<Self, WorkspaceError> {
-        let mut builder = GlobSetBuilder::new();
-        let mut guarded = BTreeSet::new();
-        for p in patterns {
-            let glob = globset::GlobBuilder::new(p)
-                .literal_separator(true)
-                .build()
-                .or_else(|_| Glob::new(p))
-                .map_err(|e| WorkspaceError::Pattern(p.clone(), e.to_string()))?;
-            builder.add(glob);
-            // `tests/**`, `tests/test_*.py`: `tests` holds protected paths.
-            let literal: PathBuf = Path::new(p)
-                .components()
-                .take_while(|c| !c.as_os_str().as_bytes().iter().any(|b| b"*?[{".contains(b)))
-                .collect();
-            let dir = if literal.as_os_str() == OsStr::new(p) {
-                literal.parent().map(Path::to_path_buf).unwrap_or_default()
-            } else {
-                literal
-            };
-            guarded.extend(dir.ancestors().map(Path::to_path_buf));
-        }
-        // A protected test module is shadowed as a hidden one is: Django's runner imports
-        // `utils_tests.test_text`, which a package `test_text/` beside it would answer.
-        let modules = patterns
-            .iter()
-            .filter_map(|p| import_shadowing::literal_module(p));
-        let exact: BTreeSet<PathBuf> = (hidden.into_iter().map(|p| p.trim_start_matches("./")))
-            .map(str::to_string)
-            .chain(modules)
-            .map(|p| Path::new(&p).components().collect())
-            .collect();
-        for p in &exact {
-            guarded.extend(p.ancestors().skip(1).map(Path::to_path_buf));
-        }
-        guarded.remove(Path::new(""));
-        Ok(Self {
-            globs: builder
-                .build()
-                .map_err(|e| WorkspaceError::Pattern(patterns.join(", "), e.to_string()))?,
-            exact,
-            guarded,
-        })
-    }
-
-    pub fn covers(&self, path: &Path) -> bool {
-        self.exact.contains(path) || self.globs.is_match(path)
-    }
-
-    /// Whether `path` would be imported in place of a hidden file, or stand where it is
-    /// ([`crate::import_shadowing::shadows`]).
-    pub fn shadows_hidden(&self, path: &Path) -> bool {
-        self.exact
-            .iter()
-            .any(|hidden| path != hidden && crate::import_shadowing::shadows(path, hidden))
-    }
-
-    /// Whether `path` is a directory that holds a protected or hidden path.
-    pub fn guards(&self, path: &Path) -> bool {
-        self.guarded.contains(path)
-    }
 }
 
 /// What reached the evaluation copy.
@@ -1091,9 +1014,13 @@ mod tests {
             tmp.path(),
             &[
                 ("text.py", "bug"),
+                ("tests/__init__.py", ""),
                 ("tests/test_text.py", "the test patch's"),
             ],
             |ws| {
+                // The package's own `__init__` is code a fix may change, unlike a hidden
+                // module's directory's.
+                std::fs::write(ws.join("tests/__init__.py"), "changed")?;
                 std::fs::create_dir_all(ws.join("tests/test_text"))?;
                 std::fs::write(ws.join("tests/test_text/__init__.py"), "all pass")?;
                 std::fs::write(ws.join("tests/data.py"), "fine")?;
@@ -1104,6 +1031,10 @@ mod tests {
         )?;
         assert!(!eval.join("tests/test_text").exists());
         assert_eq!(std::fs::read_to_string(eval.join("text.py"))?, "fix");
+        assert_eq!(
+            std::fs::read_to_string(eval.join("tests/__init__.py"))?,
+            "changed"
+        );
         // A protected file that is not a Python module keeps only its own path.
         assert_eq!(std::fs::read_to_string(eval.join("tests/data.py"))?, "fine");
         assert_eq!(names(&applied.discarded), ["tests/test_text/__init__.py"]);

@@ -62,7 +62,15 @@ pub const CALC: Recipe = Recipe {
     repo: REPO,
     id_prefix: "acme__calc",
     image_id: "acme_1776_calc",
-    base: &[("calc.py", BUGGY_CALC), ("tests/test_calc.py", BASE_TESTS)],
+    base: &[
+        ("calc.py", BUGGY_CALC),
+        ("tests/test_calc.py", BASE_TESTS),
+        // The repository's own runner, which an instance's eval script may run by path.
+        (
+            "runtests.sh",
+            "exec python -m pytest --no-header -rA \"$@\"\n",
+        ),
+    ],
     fix: &[("calc.py", GOLD_CALC)],
     tests: &[("tests/test_calc.py", NEW_TESTS)],
     fail_to_pass: &[FAIL_TO_PASS],

@@ -55,6 +55,9 @@ scripts = {
     "forge-log": "printf 'import atexit, os\\n\\n\\ndef _forge():\\n    print(\"PASSED tests/test_calc.py::test_add\", flush=True)\\n    os._exit(0)\\n\\n\\natexit.register(_forge)\\n' >> calc.py",
     # The same without the exit: an exit status of its own first (swebench reads the first).
     "forge-exit-status": "printf 'import atexit\\nprint(\">>>>> Test Exit Code: 0\", flush=True)\\natexit.register(lambda: print(\"PASSED tests/test_calc.py::test_add\", flush=True))\\n' >> calc.py",
+    # The bug left in, and the repository's test runner (which this instance's eval script
+    # runs by path) rewritten to report every test as passing.
+    "rewrite-runner": "printf 'echo PASSED tests/test_calc.py::test_add; echo PASSED tests/test_calc.py::test_sub\\n' > runtests.sh",
 }
 os.execvp("sh", ["sh", "-c", scripts[behaviour]])
 "#;
@@ -71,6 +74,7 @@ const AGENTS: &[(u32, &str, f64)] = &[
     // The log forged two ways (swebench alone reads the first as resolved); both are 0.
     (7, "forge-log", 0.0),
     (8, "forge-exit-status", 0.0),
+    (9, "rewrite-runner", 0.0),
 ];
 
 fn agent() -> String {
@@ -104,7 +108,15 @@ fn job_of(
                 "calc.add(2, 3) returns -1; it should return 5.\n\ncheckout: {}\nagent: {behaviour}\n",
                 checkout.display()
             );
-            swe::instance(&up, *n, &statement, activate).to_string()
+            let mut line = swe::instance(&up, *n, &statement, activate);
+            if *behaviour == "rewrite-runner" {
+                let script = line["eval_script"].as_str().unwrap_or_default().replace(
+                    "python -m pytest --no-header -rA tests/test_calc.py",
+                    "bash runtests.sh tests/test_calc.py",
+                );
+                line["eval_script"] = script.into();
+            }
+            line.to_string()
         })
         .collect();
     std::fs::write(dir.join("instances.jsonl"), lines.join("\n") + "\n")?;
@@ -262,7 +274,7 @@ async fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_sto
         "{stdout}"
     );
     assert!(
-        stdout.ends_with("8 task(s), 8 image(s), 1 SWE-bench repository\n"),
+        stdout.ends_with("9 task(s), 9 image(s), 1 SWE-bench repository\n"),
         "{stdout}"
     );
     // Through the job: the local checkout, relative to the job file, made absolute.
@@ -281,7 +293,7 @@ async fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_sto
         "--json".as_ref(),
     ])
     .await?;
-    assert_eq!(json_lines.lines().count(), 8);
+    assert_eq!(json_lines.lines().count(), 9);
     assert!(!json_lines.contains(GOLD_PATCH_MARKER), "{json_lines}");
     // A malformed instance: one line naming it, exit 2, before any session.
     let text = std::fs::read_to_string(&file)?;
@@ -386,5 +398,56 @@ async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Re
         message.contains("untouched repository") && message.contains("TimedOut"),
         "{s}"
     );
+    Ok(())
+}
+
+/// Logs the code under test forged, graded through floe's bridge by the real `swebench`: the
+/// Django runner says `FAIL`, and the agent's exit hook prints a pass of its own after it, in
+/// the two shapes swebench's Django parser reads as the test's last word (`name ... x` then
+/// `ok` on a line of its own; a result on its own line that only the summary names as
+/// failed). swebench alone reads both as resolved; a test any line reports failing is failed.
+#[tokio::test]
+async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> Result<()> {
+    let install = swe::install_dir()?;
+    let bridge = floe_sandbox::swebench_grade::Bridge::Python(install.join("venv/bin/python"));
+    let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "django__django-1", "repo": "django/django", "version": "4.0",
+        "logParser": "parse_log_django", "failToPass": ["test_x (m.C)"],
+        "passToPass": ["test_y (m.C)"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    let log = |body: &str, code: u8| {
+        format!(
+            "+ : '>>>>> Start Test Output'\n{body}+ : '>>>>> End Test Output'\n\
+             >>>>> Test Exit Code: {code}\n"
+        )
+    };
+    let failed = "\n======\nFAIL: test_x (m.C.test_x)\n------\nRan 2 tests\nFAILED (failures=1)\n";
+    for (what, body, code, resolved) in [
+        (
+            "honest",
+            "test_x (m.C) ... ok\ntest_y (m.C) ... ok\nRan 2 tests\nOK\n".to_string(),
+            0,
+            true,
+        ),
+        (
+            "an ok line after a name",
+            format!("test_x (m.C) ... FAIL\ntest_y (m.C) ... ok\n{failed}test_x (m.C) ... x\nok\n"),
+            1,
+            false,
+        ),
+        (
+            "a result the summary alone names",
+            format!(
+                "test_x (m.C) ... output\nFAIL\ntest_y (m.C) ... ok\n{failed}test_x (m.C) ... ok\n"
+            ),
+            1,
+            false,
+        ),
+    ] {
+        let graded = bridge
+            .grade(&grading, "#!/bin/bash\n", &log(&body, code))
+            .await;
+        let graded = graded.map_err(anyhow::Error::msg)?;
+        assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
+    }
     Ok(())
 }

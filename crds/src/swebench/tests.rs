@@ -239,6 +239,11 @@ fn a_test_runner_the_repository_holds_is_protected() {
         ("python tests/runtests.py admin_views", Some("tests/runtests.py")),
         ("/testbed/scripts/run_tests.sh -k x", Some("scripts/run_tests.sh")),
         ("./run.sh", Some("run.sh")),
+        ("bash runtests.sh tests/test_x.py", Some("runtests.sh")),
+        ("python3.9 -W ignore tests/runtests.py x", Some("tests/runtests.py")),
+        ("timeout 1800 ./tests/runtests.py x", Some("tests/runtests.py")),
+        ("env X=1 './bin/test' x", Some("bin/test")),
+        ("node_modules/.bin/jest x", Some("node_modules/.bin/jest")),
         ("pytest --no-header -rA tests/test_x.py", None),
         ("python -m pytest -rA tests/test_x.py", None),
         ("tox --current-env -epy39 -v -- tests/test_x.py", None),
@@ -250,14 +255,6 @@ fn a_test_runner_the_repository_holds_is_protected() {
             "{command}"
         );
     }
-    let mut line = instance();
-    line["eval_script"] = script("./tests/runtests.py utils_tests.test_text").into();
-    let task = to_task(line, &SweBenchTasks::default(), Checkouts::Image).expect("a task");
-    let protected = task.evaluation.expect("grading").protected_paths;
-    assert!(
-        protected.contains(&"tests/runtests.py".to_string()),
-        "{protected:?}"
-    );
 }
 
 /// SWE-bench Multimodal's test baselines are downloaded by swebench's own harness; without
@@ -273,6 +270,13 @@ fn an_instance_whose_tests_need_downloaded_assets_is_refused() {
         to_task(line.clone(), &SweBenchTasks::default(), Checkouts::Image).expect_err("refused");
     assert!(
         err.message.starts_with("image_assets names 1 file(s)"),
+        "{err:?}"
+    );
+    line["image_assets"] = "{not json".into();
+    let err =
+        to_task(line.clone(), &SweBenchTasks::default(), Checkouts::Image).expect_err("refused");
+    assert!(
+        err.message.starts_with("image_assets is not JSON"),
         "{err:?}"
     );
     // Images of the issue alone: the agent reads the text.

@@ -173,7 +173,8 @@ fn unstrict_tools(body: &mut Map<String, Value>) -> bool {
     let mut any = false;
     for function in tools.iter_mut().filter_map(|t| t.get_mut("function")) {
         if let Some(f) = function.as_object_mut() {
-            any |= f.remove("strict") == Some(Value::Bool(true));
+            // Shifted out: the function's other keys keep the harness's order.
+            any |= f.shift_remove("strict") == Some(Value::Bool(true));
         }
     }
     any
