@@ -7,6 +7,7 @@
 //! The CRD YAML is derived from these types ([`generate`]); `docs/crds.md` is the reference.
 
 pub mod common;
+mod field_error;
 pub mod gateway_pool;
 pub mod generate;
 pub mod reference;

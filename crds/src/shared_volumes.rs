@@ -11,7 +11,7 @@
 use k8s_openapi::api::core::v1::Volume;
 
 use crate::common::{SandboxTemplate, SharedWritableVolumes};
-use crate::validation::FieldError;
+use crate::field_error::FieldError;
 
 /// The template's mounts of volumes that outlive the pod, writable, unless the template allows
 /// them. `field` is the template's path (`spec.template`, `spec.poolTemplate`).

@@ -8,28 +8,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
-
+pub use crate::field_error::FieldError;
 use crate::shared_volumes::shared_writable_mounts;
 use crate::{GatewayPool, RolloutJob, Task};
-
-/// One problem with one field, in the apiserver's terms.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct FieldError {
-    /// Dotted path, e.g. `spec.tasks.inline[3].id`.
-    pub field: String,
-    pub message: String,
-}
-
-impl std::fmt::Display for FieldError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.field.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.field, self.message)
-        }
-    }
-}
 
 /// Every problem found in one object.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

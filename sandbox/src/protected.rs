@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use crate::import_shadowing;
-use crate::workspace::WorkspaceError;
+
+/// A protected-path pattern that is no glob.
+#[derive(Debug, thiserror::Error)]
+#[error("protected path pattern {0:?}: {1}")]
+pub struct PatternError(String, String);
 
 /// Paths the agent may not change for the grader: the job's protected globs and every hidden
 /// file (and the reward file).
@@ -27,7 +31,7 @@ impl Protected {
     pub fn new<'a>(
         patterns: &[String],
         hidden: impl IntoIterator<Item = &'a String>,
-    ) -> Result<Self, WorkspaceError> {
+    ) -> Result<Self, PatternError> {
         let mut builder = GlobSetBuilder::new();
         let mut guarded = BTreeSet::new();
         for p in patterns {
@@ -35,7 +39,7 @@ impl Protected {
                 .literal_separator(true)
                 .build()
                 .or_else(|_| Glob::new(p))
-                .map_err(|e| WorkspaceError::Pattern(p.clone(), e.to_string()))?;
+                .map_err(|e| PatternError(p.clone(), e.to_string()))?;
             builder.add(glob);
             // `tests/**`, `tests/test_*.py`: `tests` holds protected paths.
             let literal: PathBuf = Path::new(p)
@@ -68,7 +72,7 @@ impl Protected {
         Ok(Self {
             globs: builder
                 .build()
-                .map_err(|e| WorkspaceError::Pattern(patterns.join(", "), e.to_string()))?,
+                .map_err(|e| PatternError(patterns.join(", "), e.to_string()))?,
             exact,
             modules,
             guarded,
