@@ -338,32 +338,12 @@ async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Re
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
     let out = dir.path().join("out");
     // An environment without pytest: no test ever runs, fixed or not.
-    let job = job_of(
-        dir.path(),
-        &model.url,
-        Path::new("/nonexistent/bin/activate"),
-        &[(1, "fix", 1.0)],
-    )?;
-    let (code, _, stderr) = floe(&[
-        "run".as_ref(),
-        job.as_os_str(),
-        "--out".as_ref(),
-        out.as_os_str(),
-        "--model-url".as_ref(),
-        model.url.as_ref(),
-        "--swebench-python".as_ref(),
-        install.join("venv/bin/python").as_os_str(),
-    ])
-    .await?;
-    assert_eq!(code, Some(1), "{stderr}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(
-        out.join("sessions/swe-acme__calc-1-0/summary.json"),
-    )?)?;
-    assert_eq!(s["status"], "infra_error", "{s}");
-    let message = s["error"].as_str().unwrap_or_default();
+    let activate = Path::new("/nonexistent/bin/activate");
+    let job = job_of(dir.path(), &model.url, activate, &[(1, "fix", 1.0)])?;
+    let message = infra_error_of_the_fix(&job, &out, &model.url, &install).await?;
     assert!(
         message.contains("untouched repository") && message.contains("No module named pytest"),
-        "{s}"
+        "{message}"
     );
 
     // An environment whose tests outlast `evaluatorSeconds` even untouched: infrastructure
@@ -376,14 +356,29 @@ async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Re
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&job)?)?;
     spec["spec"]["timeouts"]["evaluatorSeconds"] = 3.into();
     std::fs::write(&job, spec.to_string())?;
-    let out = slow.join("out");
+    let message = infra_error_of_the_fix(&job, &slow.join("out"), &model.url, &install).await?;
+    assert!(
+        message.contains("untouched repository") && message.contains("TimedOut"),
+        "{message}"
+    );
+    Ok(())
+}
+
+/// `floe run` of `job`, whose one session (the fix of instance 1) must be an infrastructure
+/// error: its message.
+async fn infra_error_of_the_fix(
+    job: &Path,
+    out: &Path,
+    model_url: &str,
+    install: &Path,
+) -> Result<String> {
     let (code, _, stderr) = floe(&[
         "run".as_ref(),
         job.as_os_str(),
         "--out".as_ref(),
         out.as_os_str(),
         "--model-url".as_ref(),
-        model.url.as_ref(),
+        model_url.as_ref(),
         "--swebench-python".as_ref(),
         install.join("venv/bin/python").as_os_str(),
     ])
@@ -393,12 +388,7 @@ async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Re
         out.join("sessions/swe-acme__calc-1-0/summary.json"),
     )?)?;
     assert_eq!(s["status"], "infra_error", "{s}");
-    let message = s["error"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("untouched repository") && message.contains("TimedOut"),
-        "{s}"
-    );
-    Ok(())
+    Ok(s["error"].as_str().unwrap_or_default().to_string())
 }
 
 /// Logs the code under test forged, graded through floe's bridge by the real `swebench`: the
