@@ -27,28 +27,17 @@ fn importable_as(file: &str) -> Option<&str> {
 /// `calc.test.js`, a Rust `tests.rs`) keeps what stands in its place or in a directory of its
 /// stem, so that `calc.js` beside `calc.test.js` stays the agent's to fix.
 pub(crate) fn shadows(path: &Path, hidden: &Path) -> bool {
-    let Some(dir) = hidden.parent() else {
-        return false;
-    };
-    fn named(p: &Path) -> Option<&str> {
-        p.file_name().and_then(|n| n.to_str())
-    }
-    let module = named(hidden)
-        .filter(|n| n.ends_with(".py"))
-        .and_then(importable_as);
-    let Some(module) = module else {
-        let Some(stem) = hidden.file_stem() else {
+    let Some((dir, _)) = python_module(hidden) else {
+        let (Some(dir), Some(stem)) = (hidden.parent(), hidden.file_stem()) else {
             return false;
         };
         return path.starts_with(dir.join(stem))
             || (path.parent() == Some(dir) && path.file_stem() == Some(stem));
     };
-    let imported_as = named(path).and_then(importable_as);
-    if path.starts_with(dir.join(module))
-        || (path.parent() == Some(dir) && imported_as == Some(module))
-    {
+    if beside(path, hidden) {
         return true;
     }
+    let imported_as = named(path).and_then(importable_as);
     // Only the hidden module's own directory has its `__init__` kept: further up are the
     // packages of the code under test (`astropy/__init__.py` above `astropy/units/tests/`),
     // which a fix may change, and whose code runs in the evaluator's process anyway.
@@ -62,24 +51,30 @@ pub(crate) fn shadows(path: &Path, hidden: &Path) -> bool {
             .any(|package| path.parent() == package.parent() && imported_as == named(package))
 }
 
-/// Whether the agent's `path` is what Python would import in place of the protected module
-/// `module` from its own directory: a module file of its name (`test_text.so`, `.pyc`) or a
-/// package directory `test_text/`. Not the `__init__` or package rules of [`shadows`]: the
-/// test patch's files sit among the code a fix may change (`django/contrib/admin/tests.py`
-/// beside `django/contrib/admin/__init__.py`).
+/// Whether the agent's `path` is what Python would import in place of the module file
+/// `module` (a `.py`) from its own directory: a module file of its name (`test_text.so`,
+/// `.pyc`) or a package directory `test_text/`. For a protected module this alone, not the
+/// `__init__` or package rules of [`shadows`]: the test patch's files sit among the code a fix
+/// may change (`django/contrib/admin/tests.py` beside `django/contrib/admin/__init__.py`).
 pub(crate) fn beside(path: &Path, module: &Path) -> bool {
-    let (Some(dir), Some(name)) = (module.parent(), module.file_name().and_then(|n| n.to_str()))
-    else {
+    let Some((dir, module)) = python_module(module) else {
         return false;
     };
-    let Some(name) = importable_as(name) else {
-        return false;
-    };
-    let imported_as = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(importable_as);
-    path.starts_with(dir.join(name)) || (path.parent() == Some(dir) && imported_as == Some(name))
+    path.starts_with(dir.join(module))
+        || (path.parent() == Some(dir) && named(path).and_then(importable_as) == Some(module))
+}
+
+/// A `.py` file's directory and the module it is imported as.
+fn python_module(file: &Path) -> Option<(&Path, &str)> {
+    let dir = file.parent()?;
+    let module = named(file)
+        .filter(|n| n.ends_with(".py"))
+        .and_then(importable_as)?;
+    Some((dir, module))
+}
+
+fn named(p: &Path) -> Option<&str> {
+    p.file_name().and_then(|n| n.to_str())
 }
 
 /// Compiled Python the interpreter would take over its source (an "unchecked hash" `.pyc` is

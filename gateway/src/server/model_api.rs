@@ -391,13 +391,10 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
                 vec![match api {
                     Api::Anthropic => Event::default().event("error").data(body.to_string()),
                     Api::OpenaiResponses => {
-                        let now = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_secs());
                         let failed = crate::protocol::openai_responses::failed_event(
                             &body,
                             &normalized.model,
-                            now,
+                            super::complete::now_ms() / 1000,
                         );
                         Event::default()
                             .event("response.failed")
