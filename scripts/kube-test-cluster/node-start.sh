@@ -160,6 +160,9 @@ mkdir -p "$K"
 KUBELET_STARTED=$(cat "$K/started" 2>/dev/null || echo 0)
 if ! alive kubelet; then
   KUBELET_STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ); echo "$KUBELET_STARTED" > "$K/started"
+  # --eviction-hard in bytes, not percent: on a large, shared disk 2% is gigabytes, and under it
+  # the kubelet deletes "unused" images to reclaim space (the node's images are imported, no
+  # registry can give them back), so every later pod waits forever. Seen in CI with 5 GB free.
   # --kube-api-qps/burst: kubelet >= 1.27's defaults (50/100). At 1.20's 5/10 a busy node's pod
   # status reached the apiserver seconds late (a pool pod's Ready ~4 s after the kubelet saw it).
   AWS_EC2_METADATA_DISABLED=true "$BIN/kubelet" --kubeconfig="$KC" --hostname-override="$NODE_NAME" --node-ip="$HOST_IP" \
@@ -170,7 +173,7 @@ if ! alive kubelet; then
     --anonymous-auth=true --authorization-mode=AlwaysAllow \
     --pod-infra-container-image="$PAUSE_IMAGE" --resolv-conf= \
     --cluster-dns="$HOST_IP" --cluster-domain=cluster.local \
-    --eviction-hard='memory.available<100Mi,nodefs.available<2%,imagefs.available<2%' \
+    --eviction-hard='memory.available<100Mi,nodefs.available<512Mi,imagefs.available<512Mi' \
     --kube-api-qps=50 --kube-api-burst=100 \
     --image-gc-high-threshold=100 --image-gc-low-threshold=99 \
     --v=2 >> "$D/kubelet.log" 2>&1 8>&- &   # appended: a restarted kubelet's log follows the last
