@@ -28,11 +28,7 @@ mkdir -p "$D"
 exec 8>"$D/.knode.lock"   # one start.sh per STATE_DIR at a time (children get 8>&-)
 flock 8
 log() { echo "[knode $(date +%T)] $*" >&2; }
-# Running, and not a zombie its parent has yet to reap (kill -0 succeeds on those).
-alive() {
-  local pid; pid=$(cat "$D/$1.pid" 2>/dev/null) || return 1
-  kill -0 "$pid" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
-}
+. "$HERE/pid-lib.sh"   # alive NAME: the process recorded in $D/NAME.pid still runs
 t0=$(date +%s%N)
 ms() { echo $(( ($(date +%s%N) - t0) / 1000000 )); }
 

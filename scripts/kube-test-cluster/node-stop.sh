@@ -7,17 +7,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BRIDGE=floe0
 SOCK=$D/containerd/containerd.sock
 CTR=(ctr --address "$SOCK" -n k8s.io)
-alive() { [ -f "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
-# SIGTERM all the named PIDs at once, wait up to 5 s in total, SIGKILL what is left.
-stop_pid() {
-  local n pids=()
-  for n in "$@"; do [ -f "$D/$n.pid" ] && pids+=("$(cat "$D/$n.pid")"); done
-  [ ${#pids[@]} -gt 0 ] || return 0
-  kill "${pids[@]}" 2>/dev/null
-  for _ in $(seq 1 50); do kill -0 "${pids[@]}" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "${pids[@]}" 2>/dev/null
-  for n in "$@"; do rm -f "$D/$n.pid"; done
-}
+. "$HERE/pid-lib.sh"   # alive NAME, stop_pid NAME...: only processes started in $D
 
 # 1. Node agents first (no graceful pod deletion: controllers would only recreate the pods).
 stop_pid kube-proxy scheduler kubelet

@@ -22,11 +22,7 @@ exec 9>"$D/.lock"
 flock 9
 
 log() { echo "[kapi $(date +%T)] $*" >&2; }
-# Running, and not a zombie its parent has yet to reap (kill -0 succeeds on those).
-alive() {
-  local pid; pid=$(cat "$D/$1.pid" 2>/dev/null) || return 1
-  kill -0 "$pid" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]
-}
+. "$HERE/pid-lib.sh"   # alive NAME: the process recorded in $D/NAME.pid still runs
 ready() {
   [ -f "$D/port" ] && curl -sf --max-time 2 --cacert "$D/ca.crt" -H "Authorization: Bearer $(cat "$D/token")" \
     "https://$BIND:$(cat "$D/port")/readyz" >/dev/null 2>&1
