@@ -93,7 +93,9 @@ impl FakeKubelet {
         } = options;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let taken = Arc::new(Mutex::new(Vec::new()));
-        let dir = tempfile::tempdir()?.keep();
+        // The pods' files (gateway logs, stderr) go with the node: ~20 such directories a CI
+        // run were left in /tmp. FLOE_TEST_KEEP=1 keeps them.
+        let (dir, dir_guard) = crate::scratch_dir("the played kubelet")?;
         let ns = namespace.to_string();
         let seen = taken.clone();
         let task = tokio::spawn(async move {
@@ -137,6 +139,7 @@ impl FakeKubelet {
                 volumes,
                 job_pod_start,
                 processes: Vec::new(),
+                _dir_guard: dir_guard,
             };
             loop {
                 if let Err(e) = node.sync().await {
@@ -199,6 +202,8 @@ struct Node {
     job_pod_start: Duration,
     /// Job pods' processes, killed with the node.
     processes: Vec<KillOnDrop>,
+    /// Removes `dir` when the node goes, after its processes (fields drop in order).
+    _dir_guard: Option<tempfile::TempDir>,
 }
 
 /// The runner's wait for its assignment, as `floe sandbox` does it: one long poll at a time on

@@ -40,6 +40,19 @@ pub use trainer_ingest::TrainerIngest;
 pub use vllm::setup as vllm_setup;
 pub use vllm::{tokenize, tokenize_at, vllm, vllm_long, vllm_vision, Vllm};
 
+/// A scratch directory for a fixture's state (logs, pods' files): removed when the returned
+/// guard drops, unless `FLOE_TEST_KEEP` is set (then kept, and its path printed as `what`'s).
+pub fn scratch_dir(what: &str) -> std::io::Result<(std::path::PathBuf, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir()?;
+    if std::env::var_os("FLOE_TEST_KEEP").is_some() {
+        let kept = dir.keep();
+        eprintln!("{what}: keeping {}", kept.display());
+        Ok((kept, None))
+    } else {
+        Ok((dir.path().to_path_buf(), Some(dir)))
+    }
+}
+
 /// The `q` quantile (0–1) of `v`, nearest rank; `v` must not be empty.
 pub fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -90,15 +90,8 @@ pub async fn run_session_edited(
 ) -> Result<SessionRun> {
     let preset = harness["preset"].as_str().context("preset")?;
     let bin = harness_bin_dir(preset)?;
-    let tmp = tempfile::tempdir()?;
     // FLOE_TEST_KEEP=1 keeps the sandbox's state (harness logs, evaluation copy).
-    let (root, _cleanup) = if std::env::var_os("FLOE_TEST_KEEP").is_some() {
-        let kept = tmp.keep();
-        eprintln!("{name}: keeping {}", kept.display());
-        (kept, None)
-    } else {
-        (tmp.path().to_path_buf(), Some(tmp))
-    };
+    let (root, _cleanup) = crate::scratch_dir(name)?;
     let dataset = root.join("dataset");
     let gateway = GatewayProcess::start(
         &root.join("gw"),
