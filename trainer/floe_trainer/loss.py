@@ -51,6 +51,15 @@ class LossStats:
     # Mean entropy of the (tempered) policy over the sampled tokens' positions (first epoch's
     # passes; ``step.train_step`` fills it in).
     entropy: float = 0.0
+    # Sum and sum of squares of the (capped) TIS weights over tokens with a behaviour
+    # logprob: a step's effective sample size is of all its tokens, not the least of its
+    # passes' (which would change with ``microBatchSize``).
+    tis_sum: float = 0.0
+    tis_sq_sum: float = 0.0
+
+    @property
+    def behaviour_known(self) -> int:
+        return self.tokens - self.behaviour_unknown
 
 
 def policy_loss(
@@ -134,6 +143,8 @@ def policy_loss(
             kl_mean=float(kl[m].mean()) if tokens else 0.0,
             clip_high_fraction=float(clipped_high[m].float().mean()) if tokens else 0.0,
             clip_low_fraction=float(clipped_low[m].float().mean()) if tokens else 0.0,
+            tis_sum=float(wk.sum()),
+            tis_sq_sum=float((wk**2).sum()),
         )
     return loss, stats
 

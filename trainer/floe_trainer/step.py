@@ -292,9 +292,12 @@ def _padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch
 
 
 def _split(items: list[T], parts: int) -> list[list[T]]:
-    parts = max(1, min(parts, len(items)))
-    size = -(-len(items) // parts)
-    return [items[i : i + size] for i in range(0, len(items), size)]
+    """`parts` slices in order, sizes differing by at most one: fixed slices of ceil(n/parts)
+    made 3 updates of 6 trajectories out of `miniBatches: 4`, and left 1 trajectory alone to
+    drive the last update of 10 at full step size."""
+    n = len(items)
+    parts = max(1, min(parts, n))
+    return [items[i * n // parts : (i + 1) * n // parts] for i in range(parts)]
 
 
 def reference_logprobs(
@@ -527,6 +530,18 @@ def train_step(
         n = sum(s.tokens for s in stats) or 1
         return sum(getattr(s, field) * s.tokens for s in stats) / n
 
+    # The TIS figures are of the tokens with a behaviour logprob: a pass with none (its 1.0
+    # and 0.0 placeholders) weighed by all its tokens pulled them towards "no mismatch".
+    known = sum(s.behaviour_known for s in first_epoch)
+
+    def mean_known(field: str, none: float) -> float:
+        if not known:
+            return none
+        return sum(getattr(s, field) * s.behaviour_known for s in first_epoch) / known
+
+    w_sum = sum(s.tis_sum for s in first_epoch)
+    w_sq = sum(s.tis_sq_sum for s in first_epoch)
+
     advantages = [adv for _, adv in trajectories]
     adv_mean = sum(advantages) / max(len(advantages), 1)
     adv_var = sum((a - adv_mean) ** 2 for a in advantages) / max(len(advantages), 1)
@@ -538,9 +553,9 @@ def train_step(
         sequences=len(items),
         grad_norm=grad_norm,
         clip_fraction=mean(all_stats, "clip_fraction"),
-        tis_mean=mean(first_epoch, "tis_mean"),
-        tis_ess=min((s.tis_ess for s in first_epoch), default=1.0),
-        logprob_mismatch=mean(first_epoch, "logprob_mismatch"),
+        tis_mean=mean_known("tis_mean", 1.0),
+        tis_ess=w_sum**2 / (known * w_sq) if known and w_sq > 0 else 1.0,
+        logprob_mismatch=mean_known("logprob_mismatch", 0.0),
         reward_mean=sum(rewards) / max(len(rewards), 1),
         kl_mean=mean(all_stats, "kl_mean"),
         updates=updates,
@@ -548,7 +563,7 @@ def train_step(
         skipped_updates=skipped,
         clip_fraction_high=mean(all_stats, "clip_high_fraction"),
         clip_fraction_low=mean(all_stats, "clip_low_fraction"),
-        tis_truncated_fraction=mean(first_epoch, "tis_truncated_fraction"),
+        tis_truncated_fraction=mean_known("tis_truncated_fraction", 0.0),
         entropy=mean(first_epoch, "entropy"),
         advantage_mean=adv_mean,
         advantage_std=math.sqrt(adv_var),

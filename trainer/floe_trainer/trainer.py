@@ -769,9 +769,20 @@ class Trainer:
         )
         t1 = time.monotonic()
         s = self.state
-        if stats.updates == 0 and stats.skipped_updates == 0:
-            # Nothing to train (every trace masked or empty): the same weights, so no push and
-            # no new version, which would use up the staleness its samples are allowed.
+        if stats.updates == 0:
+            # Nothing trained (every trace masked or empty, or every update's gradient norm not
+            # finite): the same weights, so no push and no new version, which would use up the
+            # staleness its samples are allowed. Groups whose gradients were not finite are not
+            # queued again: they would give the same gradients.
+            if stats.skipped_updates:
+                self.metrics.skipped_updates.inc(stats.skipped_updates)
+                log.warning(
+                    "step %d: all %d updates skipped (gradient norm not finite); %d groups "
+                    "dropped, weights unchanged",
+                    s.step + 1,
+                    stats.skipped_updates,
+                    len(groups),
+                )
             s.trained_sessions += [t.session for g in groups for t in g.trajectories]
             s.groups_done += len(groups)
             self.waiting_since = time.monotonic()

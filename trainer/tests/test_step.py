@@ -87,6 +87,70 @@ def test_more_mini_batches_than_sequences_is_one_update_per_sequence():
     assert s.updates == 8
 
 
+@pytest.mark.parametrize(
+    ("n", "parts", "sizes"),
+    [
+        (6, 4, [1, 2, 1, 2]),
+        (10, 4, [2, 3, 2, 3]),
+        (60, 8, [7, 8, 7, 8, 7, 8, 7, 8]),
+        (3, 8, [1] * 3),
+    ],
+)
+def test_mini_batches_are_as_many_as_asked_and_even(n, parts, sizes):
+    # ceil-sized slices made [2, 2, 2] of 6 (three updates, not four) and [3, 3, 3, 1] of 10.
+    from floe_trainer.step import _split
+
+    split = _split(list(range(n)), parts)
+    assert [len(p) for p in split] == sizes
+    assert [x for p in split for x in p] == list(range(n))
+
+
+def test_an_uneven_step_makes_every_update_it_was_asked_for():
+    # 8 trajectories in 6 mini-batches: ceil-sized slices of 2 made 4 updates a epoch.
+    s = step(mini_batches=6, epochs=2, lr=1e-4)
+    assert s.updates == 12 and len(s.grad_norms) == 12
+
+
+def test_the_tis_figures_are_of_the_known_tokens_whatever_the_micro_batches():
+    # Half the trajectories carry vLLM's log-probs (half of them far from the policy's, so the
+    # cap truncates them), half none: one pass each weighed the unknown ones' placeholders
+    # (ratio 1, mismatch 0) by all their tokens, and the ESS was the least pass's.
+    def with_behaviour(gs):
+        out = []
+        for g in gs:
+            trajs = []
+            for i, t in enumerate(g.trajectories):
+                tr = t.traces[0]
+                lp = [-3.0] * 4 + [-6.0] * 4 if i % 2 == 0 else [None] * 8
+                trace = Trace(tr.prompt_token_ids, tr.response_token_ids, tr.loss_mask, lp)
+                trajs.append(
+                    Trajectory(
+                        t.session,
+                        t.task,
+                        t.group,
+                        t.sample,
+                        True,
+                        t.reward,
+                        t.policy_versions,
+                        [trace],
+                    )
+                )
+            out.append(Group(g.group, trajs, g.advantages))
+        return out
+
+    def figures(micro):
+        model = tiny_llama()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+        s = train_step(model, opt, with_behaviour(groups()), LossConfig(), micro_batch_size=micro)
+        return s.tis_mean, s.tis_ess, s.logprob_mismatch, s.tis_truncated_fraction
+
+    whole, one_by_one = figures(8), figures(1)
+    assert whole == pytest.approx(one_by_one, rel=1e-6)
+    # A random 64-token policy gives about -log(64) = -4.16: about 1.2 nats from either.
+    assert 0.9 < whole[2] < 1.6
+    assert whole[3] == pytest.approx(0.5, abs=0.15)
+
+
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_the_first_updates_loss_is_the_on_policy_loss(epochs):
     # The reported loss is the first epoch's: comparable across steps whatever the epochs.
