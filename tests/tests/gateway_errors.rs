@@ -494,12 +494,15 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
     );
     assert_eq!(model.requests().len(), 3, "nothing more reached the server");
 
-    // sft: the caller's parameters pass; temperature is still the job's.
+    // sft: the caller's parameters pass; temperature is still the job's, and no call asks
+    // vLLM to cut its tool calls after sampling (the dataset would keep the cut ones).
     let token = gw
         .session_with("contract-sft", "t", 0, json!({"temperature": 0.9}))
         .await?;
+    let mut sft_call = calls[0].1.clone();
+    sft_call["parallel_tool_calls"] = json!(false);
     let (status, _) =
-        call_json(&http, &gw.url, "/v1/chat/completions", &token, &calls[0].1).await?;
+        call_json(&http, &gw.url, "/v1/chat/completions", &token, &sft_call).await?;
     assert_eq!(status, 200);
     let last = model.requests().pop().unwrap_or_default();
     assert_eq!(
@@ -507,6 +510,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         (&json!(3), &json!(0.9))
     );
     assert_eq!(last["logit_bias"], json!({"42": 100}));
+    assert!(last.get("parallel_tool_calls").is_none(), "{last}");
     Ok(())
 }
 

@@ -108,6 +108,16 @@ impl ProtocolError {
                     Self::TooManyCalls { .. } | Self::TooManyBytes { .. } => "rate_limit_error",
                     _ => "api_error",
                 };
+                // The Messages API's own overflow reads "prompt is too long: N tokens > M
+                // maximum", the words its clients look for before they compact.
+                let message = match self {
+                    Self::ContextTooLong(m)
+                        if !m.to_lowercase().starts_with("prompt is too long") =>
+                    {
+                        format!("prompt is too long: {m}")
+                    }
+                    _ => message,
+                };
                 serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
             }
             Api::Gemini => {
@@ -131,6 +141,22 @@ impl ProtocolError {
 #[cfg(test)]
 mod kinds_tests {
     use super::ProtocolError;
+    use crate::capture::Api;
+
+    #[test]
+    fn an_overflow_reads_as_each_apis_own() {
+        let vllm = "The decoder prompt (length 9000) is longer than the maximum model length of 8192.";
+        let e = ProtocolError::ContextTooLong(vllm.into());
+        let anthropic = e.body(Api::Anthropic);
+        assert_eq!(anthropic["error"]["type"], "invalid_request_error");
+        assert_eq!(
+            anthropic["error"]["message"],
+            format!("prompt is too long: {vllm}")
+        );
+        let openai = e.body(Api::OpenaiChat);
+        assert_eq!(openai["error"]["code"], "context_length_exceeded");
+        assert_eq!(openai["error"]["message"], vllm);
+    }
 
     #[test]
     fn kinds_lists_every_variant() {

@@ -105,17 +105,18 @@ pub fn apply(
     if let Some(p) = top_p {
         body.insert("top_p".into(), p.into());
     }
-    if mode == CallerSampling::PassThrough {
-        return Ok(Vec::new());
-    }
     // `parallel_tool_calls: false` leaves sampling alone, but vLLM then cuts the answer's tool
-    // calls to the first *after* sampling, and its token ids keep the rest: the trainer would
-    // train calls the harness never ran, with the session's advantage. A train job's call goes
-    // without it (never refused: Codex and Claude Code's Messages requests carry it), and the
-    // harness gets every call the policy made.
+    // calls to the first *after* sampling, and its token ids keep the rest: the trainer (or an
+    // sft dataset) would learn calls the harness never ran. Every call goes without it (never
+    // refused: Codex and Claude Code's Messages requests carry it), and the harness gets every
+    // call the model made, so the tokens are what the harness saw.
     let one_call = body.get("parallel_tool_calls") == Some(&Value::Bool(false));
     if one_call {
         body.remove("parallel_tool_calls");
+    }
+    let cut = one_call.then(|| "parallel_tool_calls".to_string());
+    if mode == CallerSampling::PassThrough {
+        return Ok(cut.into_iter().collect());
     }
     let strict = unstrict_tools(body);
     let foreign: Vec<String> = body
@@ -150,7 +151,6 @@ pub fn apply(
     for (key, value) in neutral() {
         body.insert(key.into(), value);
     }
-    let cut = one_call.then(|| "parallel_tool_calls".to_string());
     let strict = strict.then(|| "strict".to_string());
     Ok(foreign
         .into_iter()
@@ -203,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn a_train_call_never_asks_vllm_to_cut_its_tool_calls_after_sampling() {
+    fn no_call_asks_vllm_to_cut_its_tool_calls_after_sampling() {
         for mode in [CallerSampling::Drop, CallerSampling::Refuse] {
             let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": false}));
             let dropped = apply(&mut b, mode, Some(1.0), Some(1.0)).expect("not refused");
@@ -216,12 +216,11 @@ mod tests {
                 .is_empty());
             assert_eq!(b["parallel_tool_calls"], true);
         }
-        // An sft job's teacher is asked as the harness asked.
+        // Nor an sft job's: its dataset would teach calls the harness never ran.
         let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": false}));
-        assert!(apply(&mut b, CallerSampling::PassThrough, None, None)
-            .expect("passed")
-            .is_empty());
-        assert_eq!(b["parallel_tool_calls"], false);
+        let dropped = apply(&mut b, CallerSampling::PassThrough, None, None).expect("passed");
+        assert_eq!(dropped, ["parallel_tool_calls"]);
+        assert!(!b.contains_key("parallel_tool_calls"));
     }
 
     #[test]

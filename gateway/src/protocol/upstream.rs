@@ -203,8 +203,11 @@ pub fn upstream_error(status: u16, body: &str) -> ProtocolError {
         })
         .unwrap_or_else(|| body.chars().take(500).collect());
     let lower = message.to_lowercase();
+    // vLLM's renderer says "maximum context length", its engine "longer than the maximum
+    // model length" (a prompt the renderer let through).
     if lower.contains("context length")
         || lower.contains("maximum context")
+        || lower.contains("maximum model length")
         || lower.contains("too long")
     {
         ProtocolError::ContextTooLong(message)
@@ -398,6 +401,11 @@ mod tests {
         let body = r#"{"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens","type":"BadRequestError","code":400}}"#;
         assert!(matches!(
             upstream_error(400, body),
+            ProtocolError::ContextTooLong(_)
+        ));
+        let engine = r#"{"error":{"message":"The decoder prompt (length 9000) is longer than the maximum model length of 8192. Make sure that `max_model_len` is no smaller than the number of text tokens."}}"#;
+        assert!(matches!(
+            upstream_error(400, engine),
             ProtocolError::ContextTooLong(_)
         ));
         assert!(matches!(

@@ -2,7 +2,7 @@
 //! Secret, marking its state, deleting it.
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
 use super::sandbox::{control_secret, new_control_token, state_mark_patch};
@@ -16,6 +16,25 @@ pub async fn delete(pods: &Api<Pod>, name: &str) -> Result<Option<String>, kube:
         // The pod itself while it terminates; a Status once it is gone.
         Ok(answer) => Ok(answer.left().and_then(|p| p.metadata.resource_version)),
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Delete an unclaimed pod as the cache last saw it: `false` (and nothing deleted) when it
+/// has changed since, a job's claim perhaps (claims are compare-and-swaps on the same
+/// resourceVersion), so a pool never deletes a pod a job has just claimed.
+pub async fn delete_unclaimed(pods: &Api<Pod>, pod: &Pod) -> Result<bool, kube::Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: pod.metadata.resource_version.clone(),
+            uid: pod.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(&pod.name_any(), &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(true),
+        Err(kube::Error::Api(status)) if status.is_conflict() => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -59,4 +78,57 @@ pub async fn create_with_control_secret(
         )
         .await?;
     Ok(created)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in apiserver holding pod `ns/p` at resourceVersion "2", deleting it only when
+    /// the request's preconditions name that version, as the real one does.
+    async fn apiserver() -> Api<Pod> {
+        let app = axum::Router::new().route(
+            "/api/v1/namespaces/ns/pods/p",
+            axum::routing::delete(|body: axum::body::Bytes| async move {
+                let params: serde_json::Value =
+                    serde_json::from_slice(&body).unwrap_or_default();
+                let rv = &params["preconditions"]["resourceVersion"];
+                let (code, status) = if rv == "2" {
+                    (200, serde_json::json!({"status": "Success"}))
+                } else {
+                    (409, serde_json::json!({"status": "Failure", "reason": "Conflict",
+                        "message": "the object has been modified", "code": 409}))
+                };
+                let body = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                    "metadata": {}})
+                .as_object()
+                .cloned()
+                .map(|mut o| {
+                    o.extend(status.as_object().cloned().unwrap_or_default());
+                    serde_json::Value::Object(o)
+                });
+                (
+                    axum::http::StatusCode::from_u16(code).unwrap_or_default(),
+                    axum::Json(body),
+                )
+            }),
+        );
+        Api::namespaced(crate::stand_in_apiserver::client_of(app).await, "ns")
+    }
+
+    fn seen_at(rv: &str) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.resource_version = Some(rv.into());
+        pod
+    }
+
+    /// A pool's cache showed the pod READY at "1"; a job's claim has since moved it to "2":
+    /// the pool's delete is refused and the claimed pod stays. As cached now, it goes.
+    #[tokio::test]
+    async fn a_pod_claimed_since_the_cache_saw_it_is_not_deleted() {
+        let pods = apiserver().await;
+        assert!(!delete_unclaimed(&pods, &seen_at("1")).await.expect("an answer"));
+        assert!(delete_unclaimed(&pods, &seen_at("2")).await.expect("an answer"));
+    }
 }

@@ -80,12 +80,12 @@ async fn reconcile_pool(
                 if finished(pod) {
                     // A warm pod that (partly) exited before being claimed is broken: replace it,
                     // saying why on the pool.
-                    writes::delete(&pods, &pod.name_any())
-                        .await
-                        .map_err(PoolError::api(format!(
-                            "deleting ended pod {ns}/{}",
-                            pod.name_any()
-                        )))?;
+                    let deleted = writes::delete_unclaimed(&pods, pod).await.map_err(
+                        PoolError::api(format!("deleting ended pod {ns}/{}", pod.name_any())),
+                    )?;
+                    if !deleted {
+                        continue;
+                    }
                     ctx.expect_deleted(&key, &pod.name_any());
                     let why = crate::pod_problem::ended(pod);
                     ctx.events
@@ -174,9 +174,16 @@ async fn reconcile_pool(
     }
     for (pod, reason) in &decided.delete {
         tracing::info!(pool = %key, %pod, ?reason, "deleting pod");
-        writes::delete(&pods, pod)
-            .await
-            .map_err(PoolError::api(format!("deleting pod {ns}/{pod}")))?;
+        let deleted = match cached.iter().find(|p| p.name_any() == *pod) {
+            Some(seen) => writes::delete_unclaimed(&pods, seen).await,
+            // Created this round, not yet cached: warming, so no job can have claimed it.
+            None => writes::delete(&pods, pod).await.map(|_| true),
+        }
+        .map_err(PoolError::api(format!("deleting pod {ns}/{pod}")))?;
+        if !deleted {
+            tracing::info!(pool = %key, %pod, "pod changed since the cache saw it (claimed?): left");
+            continue;
+        }
         ctx.expect_deleted(&key, pod);
         let (type_, why, note) = match reason {
             DeleteReason::Unready => (

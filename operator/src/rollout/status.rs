@@ -283,7 +283,21 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
             out.push(condition("Stalled", true, "AllSessionsFailed", summary));
             return (RolloutJobPhase::Failed, out);
         }
-        if i.trainer_unfinished && !s.deadline_exceeded {
+        // Past the deadline, what the job still waited for never comes: no final model, or no
+        // final held-out round. Succeeded would let a pipeline go on with neither.
+        let waiting = if i.trainer_unfinished {
+            Some("the trainer had not written the final model")
+        } else {
+            (!s.finished()).then_some("the final held-out round had not finished")
+        };
+        if let Some(what) = waiting.filter(|_| s.deadline_exceeded) {
+            let why = format!("activeDeadlineSeconds passed; {summary}, but {what}");
+            out.push(condition("Failed", true, "DeadlineExceeded", why.clone()));
+            out.push(condition("Ready", false, "DeadlineExceeded", why.clone()));
+            out.push(condition("Stalled", true, "DeadlineExceeded", why));
+            return (RolloutJobPhase::Failed, out);
+        }
+        if i.trainer_unfinished {
             let why =
                 format!("{summary}; the trainer trains the last groups and writes the final model");
             out.push(condition(
@@ -295,7 +309,7 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
             out.push(condition("Ready", false, TRAINING_LAST_GROUPS, why));
             return (RolloutJobPhase::Running, out);
         }
-        if !s.finished() && !s.deadline_exceeded && s.suspend {
+        if !s.finished() && s.suspend {
             // The final round's sessions start only once the job is resumed.
             let why = format!("{summary}; suspended before its final held-out round is done");
             out.push(condition("Suspended", true, "JobSuspended", why.clone()));
@@ -303,7 +317,7 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
             out.push(condition("Ready", false, "JobSuspended", why));
             return (RolloutJobPhase::Suspended, out);
         }
-        if !s.finished() && !s.deadline_exceeded {
+        if !s.finished() {
             let why = format!("{summary}; the final held-out round measures the final policy");
             out.push(condition(
                 "Progressing",
@@ -494,7 +508,11 @@ mod tests {
         late.deadline_exceeded = true;
         let mut i = input(&late, None, 0);
         i.trainer_unfinished = true;
-        assert_ne!(status(&i, None).phase, Some(RolloutJobPhase::Running));
+        let st = status(&i, None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Failed), "no final model: not Succeeded");
+        assert_eq!(cond(&st, "Failed"), Some("True"));
+        assert!(st.conditions.iter().all(|c| c.type_ != "Complete"));
+        assert!(st.conditions[0].message.contains("final model"));
     }
 
     #[test]
@@ -532,6 +550,12 @@ mod tests {
             said(&st, "Suspended").contains("suspended before its final held-out round is done")
         );
         s.suspend = false;
+        // Past the deadline before the round is done: the final policy was never measured.
+        s.deadline_exceeded = true;
+        let st = status(&input(&s, None, 1), None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Failed));
+        assert!(said(&st, "Failed").contains("the final held-out round had not finished"));
+        s.deadline_exceeded = false;
         if let Some(h) = s.held_out.as_mut() {
             h.failed(2);
         }
