@@ -188,6 +188,9 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
             ),
         });
     };
+    if let Some(reason) = grader_out_of_memory(pod, t) {
+        return Some(PodResult::AgentFault { reason });
+    }
     let code = t.exit_code;
     let why = summary
         .as_ref()
@@ -226,6 +229,32 @@ fn agent_outgrew_its_disk(
             .iter()
             .any(|v| message.starts_with(&evicted_for::volume(v)));
     agents.then(|| format!("the agent outgrew its disk backstop (evicted: {message})"))
+}
+
+/// The runner killed with the code it evaluated: on cgroup v2, Kubernetes 1.28 and later kill
+/// every process of a container when one outgrows its memory (`memory.oom.group`, unless the
+/// kubelet's `singleProcessOOMKill`), so the agent's code that the evaluator runs takes the
+/// runner with it and leaves no verdict. Local mode scores an evaluator out of memory 0;
+/// retried, it would turn the agent's loss into another chance (and at `backoffLimit` into
+/// "not scored"). Only once the agent has ended (the grader only waits before), and not in a
+/// SWE-bench pod, whose grader runs the untouched repository's tests first: an instance whose
+/// honest tests outgrow the limit is infrastructure.
+fn grader_out_of_memory(
+    pod: &Pod,
+    grader: &k8s_openapi::api::core::v1::ContainerStateTerminated,
+) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let agent_ended = statuses.iter().any(|c| {
+        c.name == AGENT_CONTAINER && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+    });
+    let swebench = statuses
+        .iter()
+        .any(|c| c.name == crate::pods::swebench::BRIDGE_CONTAINER);
+    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended && !swebench).then(|| {
+        "the grader ran out of memory evaluating the agent's code (OOMKilled, the runner with \
+         it): scored as the agent's"
+            .to_string()
+    })
 }
 
 /// The grader has floe's room on disk beside the agent's backstop (the pod says so in an
@@ -315,6 +344,49 @@ mod tests {
             {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s", "imageID": "",
              "state": {"terminated": {"exitCode": code, "message": message}}}]}),
         )
+    }
+
+    /// The agent ended, then the grader's container was OOM-killed with its runner.
+    fn oom_killed(extra: Option<&str>) -> Pod {
+        let mut statuses = vec![
+            json!({"name": "floe-gateway", "ready": true, "restartCount": 0, "image": "f",
+                "imageID": "", "state": {"running": {}}}),
+            json!({"name": AGENT_CONTAINER, "ready": false, "restartCount": 0, "image": "a",
+                "imageID": "", "state": {"terminated": {"exitCode": 0}}}),
+            json!({"name": GRADER_CONTAINER, "ready": false, "restartCount": 0, "image": "s",
+                "imageID": "", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}),
+        ];
+        if let Some(name) = extra {
+            statuses.push(json!({"name": name, "ready": true, "restartCount": 0, "image": "b",
+                "imageID": "", "state": {"running": {}}}));
+        }
+        pod(json!({"phase": "Running", "containerStatuses": statuses}))
+    }
+
+    #[test]
+    fn a_grader_killed_for_memory_after_the_agent_ended_is_the_agents_loss() {
+        assert!(
+            matches!(result(&oom_killed(None)), Some(PodResult::AgentFault { reason }) if reason.contains("OOMKilled")),
+            "{:?}",
+            result(&oom_killed(None))
+        );
+        // A SWE-bench grader ran the untouched repository's tests too: infrastructure.
+        let swebench = oom_killed(Some(crate::pods::swebench::BRIDGE_CONTAINER));
+        assert!(matches!(result(&swebench), Some(PodResult::Infra { .. })));
+        // Killed another way, or while the agent still ran: infrastructure, as before.
+        let mut other = oom_killed(None);
+        let mut running = oom_killed(None);
+        if let Some(st) = other.status.as_mut().and_then(|s| s.container_statuses.as_mut()) {
+            st[2] = serde_json::from_value(json!({"name": GRADER_CONTAINER, "ready": false,
+                "restartCount": 0, "image": "s", "imageID": "",
+                "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}))
+            .unwrap_or_default();
+        }
+        if let Some(st) = running.status.as_mut().and_then(|s| s.container_statuses.as_mut()) {
+            st[1].state = serde_json::from_value(json!({"running": {}})).ok();
+        }
+        assert!(matches!(result(&other), Some(PodResult::Infra { .. })));
+        assert!(matches!(result(&running), Some(PodResult::Infra { .. })));
     }
 
     #[test]
