@@ -335,6 +335,12 @@ class Ingest:
         return t
 
 
+# Seconds a connection may stay silent (each read from it): a thread serves each connection,
+# and sandbox pods may reach this port, so an agent's idle connections must not pile up until
+# the gateways' own posts find no thread. A gateway's post sends as it connects.
+IDLE_SECONDS = 60.0
+
+
 def make_server(
     ingest: Ingest,
     address: tuple[str, int],
@@ -347,6 +353,8 @@ def make_server(
     fidelity: Callable[[list], dict] | None = None,
 ) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
+        timeout = IDLE_SECONDS
+
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(code)

@@ -61,6 +61,28 @@ def post(url, body: bytes, token=None, path="/v1/trajectories"):
         return e.code, json.loads(e.read())
 
 
+def test_a_silent_connection_is_closed_and_others_are_served(tmp_path, monkeypatch):
+    # An agent's idle connections hold a thread each: they are let go of after IDLE_SECONDS.
+    import socket
+
+    from floe_trainer import ingest as ingest_module
+
+    monkeypatch.setattr(ingest_module, "IDLE_SECONDS", 0.5)
+    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
+    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {})
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        idle = socket.create_connection(srv.server_address, timeout=10)
+        idle.settimeout(10)
+        assert idle.recv(1) == b"", "closed by the server, not left open"
+        code, _ = post(
+            f"http://127.0.0.1:{srv.server_address[1]}", json.dumps(trajectory()).encode()
+        )
+        assert code == 200
+    finally:
+        srv.shutdown()
+
+
 def test_accepted_persisted_then_idempotent(server):
     url, got, directory = server
     code, body = post(url, json.dumps(trajectory()).encode())
