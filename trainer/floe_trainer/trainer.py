@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import datetime
 import logging
+import os
 import queue
 import shutil
 import threading
@@ -417,6 +418,29 @@ def follow(cfg: TrainerConfig, world: World) -> int:
             raise ValueError(f"unknown command from the leader: {what!r}")
 
 
+PUSHED_VERSION_FILE = "pushed-version"
+
+
+def read_pushed_version(state_dir: Path) -> int | None:
+    try:
+        return int((state_dir / PUSHED_VERSION_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def record_pushed_version(state_dir: Path, version: int) -> None:
+    """The highest version ever pushed, kept across restarts (temporary file, fsync, rename)."""
+    if (read_pushed_version(state_dir) or 0) >= version:
+        return
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / f".{PUSHED_VERSION_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(version))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, state_dir / PUSHED_VERSION_FILE)
+
+
 def overlong_penalty_of(cfg: TrainerConfig) -> Callable[[Trajectory], float] | None:
     """A session's ``grpo.overlongPenalty``, or None when the job sets none."""
     if cfg.overlong_buffer is None:
@@ -485,15 +509,20 @@ class Trainer:
             self.state.lost_versions,
             time.time(),
         )
+        # What this trainer pushed before, by its own record: a vLLM restarted with it (both
+        # in the pod that was deleted) serves the base weights and says nothing of them.
+        pushed = read_pushed_version(cfg.state_dir)
         try:
-            lost = self._skip_versions_up_to(parse_version(served_label(cfg.policy_url)))
+            served = parse_version(served_label(cfg.policy_url))
         except OSError:
-            lost = False  # not up yet: it starts with the model's own weights
+            served = None  # not up yet: it starts with the model's own weights
+        known = [v for v in (served, pushed) if v is not None]
+        lost = self._skip_versions_up_to(max(known) if known else None)
         if resume or cfg.lora or lost:
             # vLLM may serve weights newer than the checkpoint: serve the checkpoint's again.
             # With LoRA, the adapter gateways ask for exists only once pushed: before this
             # trainer is ready (the job's sessions wait for it).
-            self.sync.push(self.state.policy_version)
+            self._push(self.state.policy_version)
         self.store = Store(cfg.ingest_dir or cfg.state_dir / "ingest")
         self.ingest = Ingest(self.store, self.add)
         self.metrics.watch_ingest(self.ingest.counts)
@@ -522,6 +551,12 @@ class Trainer:
         self.resumed_from_step = self.state.step
         self.checkpointed_step = self.state.step
 
+    def _push(self, version: int) -> None:
+        """Every push: its version is recorded (synced) before vLLM may serve it, so that a
+        trainer resumed from an older checkpoint never labels other weights with it."""
+        record_pushed_version(self.cfg.state_dir, version)
+        self.sync.push(version)
+
     def _skip_versions_up_to(self, served: int | None) -> bool:
         """vLLM outlives a trainer that crashed: it may serve a version this trainer, resumed
         from an older checkpoint (or from none), never had. A label must never name two sets
@@ -532,7 +567,8 @@ class Trainer:
         if served is None or served <= version:
             return False
         log.warning(
-            "vLLM serves policy version %d, this trainer is at %d: versions %d..%d are "
+            "policy version %d was served (vLLM's label, or this trainer's record of its "
+            "pushes), this trainer is at %d: versions %d..%d are "
             "lost (their samples are dropped as stale); going on from version %d",
             served,
             version,
@@ -788,7 +824,7 @@ class Trainer:
             self.waiting_since = time.monotonic()
             return stats
         try:
-            self.sync.push(s.policy_version + 1)
+            self._push(s.policy_version + 1)
         except urllib.error.HTTPError:
             raise
         except OSError as e:
@@ -926,7 +962,7 @@ class Trainer:
                 served,
                 self.state.policy_version,
             )
-            self.sync.push(self.state.policy_version)
+            self._push(self.state.policy_version)
             self.repushes += 1
             self.metrics.repushes.inc()
 

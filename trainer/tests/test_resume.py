@@ -146,3 +146,33 @@ def test_a_trainer_without_a_checkpoint_skips_what_vllm_served_before_it(tmp_pat
     assert trainer.state.policy_version == 3
     assert vllm.label == "3", "the base weights pushed again, as version 3"
     assert trainer.buffer.lag(0, 3) == 0, "version 3 is version 0's weights"
+
+
+def test_versions_pushed_past_the_checkpoint_are_never_reused_when_vllm_restarted_too(
+    tmp_path, vllm
+):
+    """The trainer pod deleted: its vLLM restarts with it and serves the base weights,
+    saying nothing of versions 2 and 3. The trainer's own record of its pushes does."""
+    trainer = start(tmp_path, vllm, numSamples=2, maxStaleness=1)
+    send(trainer, "j/a", 0, 0.0)
+    send(trainer, "j/a", 1, 1.0)
+    assert trainer.run_once() is not None
+    trainer.save_checkpoint()
+    for group in ("j/b", "j/c"):
+        send(trainer, group, 0, 0.0, version=1)
+        send(trainer, group, 1, 1.0, version=1)
+    # Versions 2 and 3 pushed (sessions sampled them), then the pod went.
+    assert trainer.run_once() is not None and trainer.run_once() is not None
+    assert vllm.label == "3"
+    vllm.label = "default"
+
+    again = start(tmp_path, vllm, numSamples=2, maxStaleness=1)
+    assert again.state.policy_version == 4, "on from the version after the last pushed"
+    assert vllm.label == "4", "the checkpoint's weights pushed as version 4"
+    # A late sample of version 3's weights, which no longer exist, is stale, not fresh.
+    send(again, "j/late", 0, 0.0, version=3)
+    send(again, "j/late", 1, 1.0, version=3)
+    # (The groups trained after the checkpoint are trained again from it: replayed.)
+    steps = [again.run_once() for _ in range(4)]
+    assert sum(s is not None for s in steps) == 2
+    assert again.buffer.dropped["stale"] == 2
