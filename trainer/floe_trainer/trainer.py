@@ -421,24 +421,24 @@ def follow(cfg: TrainerConfig, world: World) -> int:
 PUSHED_VERSION_FILE = "pushed-version"
 
 
-def read_pushed_version(state_dir: Path) -> int | None:
+def read_pushed_version(directory: Path) -> int | None:
     try:
-        return int((state_dir / PUSHED_VERSION_FILE).read_text().strip())
+        return int((directory / PUSHED_VERSION_FILE).read_text().strip())
     except (OSError, ValueError):
         return None
 
 
-def record_pushed_version(state_dir: Path, version: int) -> None:
+def record_pushed_version(directory: Path, version: int) -> None:
     """The highest version ever pushed, kept across restarts (temporary file, fsync, rename)."""
-    if (read_pushed_version(state_dir) or 0) >= version:
+    if (read_pushed_version(directory) or 0) >= version:
         return
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / f".{PUSHED_VERSION_FILE}.tmp"
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{PUSHED_VERSION_FILE}.tmp"
     with open(tmp, "w") as f:
         f.write(str(version))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, state_dir / PUSHED_VERSION_FILE)
+    os.replace(tmp, directory / PUSHED_VERSION_FILE)
 
 
 def overlong_penalty_of(cfg: TrainerConfig) -> Callable[[Trajectory], float] | None:
@@ -511,7 +511,7 @@ class Trainer:
         )
         # What this trainer pushed before, by its own record: a vLLM restarted with it (both
         # in the pod that was deleted) serves the base weights and says nothing of them.
-        pushed = read_pushed_version(cfg.state_dir)
+        pushed = read_pushed_version(self.ckpt_dir)
         try:
             served = parse_version(served_label(cfg.policy_url))
         except OSError:
@@ -553,8 +553,9 @@ class Trainer:
 
     def _push(self, version: int) -> None:
         """Every push: its version is recorded (synced) before vLLM may serve it, so that a
-        trainer resumed from an older checkpoint never labels other weights with it."""
-        record_pushed_version(self.cfg.state_dir, version)
+        trainer resumed from an older checkpoint never labels other weights with it. Beside
+        the checkpoints, which outlive the pod (its state directory may not)."""
+        record_pushed_version(self.ckpt_dir, version)
         self.sync.push(version)
 
     def _skip_versions_up_to(self, served: int | None) -> bool:
