@@ -71,12 +71,21 @@ pub async fn create_with_control_secret(
     let token = new_control_token();
     tokens.remember(&ns, &created.name_any(), &token);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    secrets
+    if let Err(e) = secrets
         .create(
             &PostParams::default(),
             &control_secret(&created, label, &token),
         )
-        .await?;
+        .await
+    {
+        // A pod whose Secret was never made waits for its volume for ever (ContainerCreating
+        // is progress, never a start failure, and holds a session's place): it goes with the
+        // error, and the next round makes both again.
+        if let Err(gone) = delete(&pods, &created.name_any()).await {
+            tracing::warn!(pod = %created.name_any(), "deleting a pod without its control Secret: {gone}");
+        }
+        return Err(e);
+    }
     Ok(created)
 }
 
@@ -121,6 +130,52 @@ mod tests {
         pod.metadata.name = Some("p".into());
         pod.metadata.resource_version = Some(rv.into());
         pod
+    }
+
+    /// A quota refuses the control Secret: the pod made for it is deleted, not left waiting
+    /// for a volume that never comes.
+    #[tokio::test]
+    async fn a_pod_whose_control_secret_is_refused_goes_too() {
+        let deleted = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let seen = deleted.clone();
+        let app = axum::Router::new()
+            .route(
+                "/api/v1/namespaces/ns/pods",
+                axum::routing::post(|axum::Json(mut pod): axum::Json<serde_json::Value>| async move {
+                    pod["metadata"]["uid"] = "u1".into();
+                    pod["metadata"]["resourceVersion"] = "1".into();
+                    (axum::http::StatusCode::CREATED, axum::Json(pod))
+                }),
+            )
+            .route(
+                "/api/v1/namespaces/ns/secrets",
+                axum::routing::post(|| async {
+                    (
+                        axum::http::StatusCode::FORBIDDEN,
+                        axum::Json(serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "metadata": {}, "status": "Failure", "reason": "Forbidden",
+                            "code": 403, "message": "exceeded quota: secrets"})),
+                    )
+                }),
+            )
+            .route(
+                "/api/v1/namespaces/ns/pods/{name}",
+                axum::routing::delete(
+                    move |axum::extract::Path(name): axum::extract::Path<String>| async move {
+                        seen.lock().map(|mut d| d.push(name)).ok();
+                        axum::Json(serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "metadata": {}, "status": "Success"}))
+                    },
+                ),
+            );
+        let client = crate::stand_in_apiserver::client_of(app).await;
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.namespace = Some("ns".into());
+        let tokens = crate::tokens::ControlTokens::default();
+        let made = create_with_control_secret(&client, &tokens, &pod, ("floe.dev/pool", "w")).await;
+        assert!(made.is_err(), "the Secret's refusal is the caller's error");
+        assert_eq!(deleted.lock().map(|d| d.clone()).unwrap_or_default(), ["p"]);
     }
 
     /// A pool's cache showed the pod READY at "1"; a job's claim has since moved it to "2":
