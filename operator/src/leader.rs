@@ -126,24 +126,39 @@ impl Leader {
         }
     }
 
-    /// Renew until a renewal is lost (another replica took over, or the apiserver was
-    /// unreachable for longer than the lease); then return.
+    /// How long a leader goes on without a renewal: two thirds of the lease (client-go's 10 s
+    /// of 15), so that it has stopped (its controllers' rounds in flight ending) before the
+    /// lease expires and another replica may take it.
+    pub fn renew_deadline(&self) -> Duration {
+        self.config.duration * 2 / 3
+    }
+
+    /// Renew until a renewal is lost (another replica took over, or none succeeded within
+    /// [`Self::renew_deadline`]: an apiserver unreachable, or a call that never answers, which
+    /// is given only the time left); then return.
     pub async fn keep(&self) {
+        let deadline = self.renew_deadline();
+        // From when a renewal was sent: its `renewTime` is then, whenever the answer came.
         let mut last_renewal = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.config.renew_every).await;
-            match self.try_hold().await {
-                Ok(true) => last_renewal = tokio::time::Instant::now(),
-                Ok(false) => {
+            let sent = tokio::time::Instant::now();
+            let left = deadline.saturating_sub(last_renewal.elapsed());
+            match tokio::time::timeout(left, self.try_hold()).await {
+                Ok(Ok(true)) => last_renewal = sent,
+                Ok(Ok(false)) => {
                     tracing::warn!("lost the lease to another replica");
                     return;
                 }
-                Err(e) => {
-                    tracing::warn!("renewing the lease: {e}");
-                    if last_renewal.elapsed() >= self.config.duration {
-                        return;
-                    }
-                }
+                Ok(Err(e)) => tracing::warn!("renewing the lease: {e}"),
+                Err(_) => tracing::warn!("renewing the lease: no answer in time"),
+            }
+            if last_renewal.elapsed() >= deadline {
+                tracing::warn!(
+                    "no renewal of the lease for {} s: stepping down before it expires",
+                    deadline.as_secs_f64()
+                );
+                return;
             }
         }
     }
@@ -187,6 +202,37 @@ impl Leader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The apiserver stops answering (a dead connection, no read timeout): the leader steps
+    /// down within its renew deadline, before the lease could pass to another replica.
+    #[tokio::test]
+    async fn a_leader_whose_renewals_hang_steps_down_before_the_lease_expires() {
+        let app = axum::Router::new().route(
+            "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
+            axum::routing::get(|| std::future::pending::<String>()),
+        );
+        let client = crate::stand_in_apiserver::client_of(app).await;
+        let duration = Duration::from_secs(3);
+        let leader = Leader::new(
+            client,
+            LeaseConfig {
+                namespace: "ns".into(),
+                name: "l".into(),
+                identity: "me".into(),
+                duration,
+                renew_every: duration / 3,
+            },
+        );
+        let t0 = tokio::time::Instant::now();
+        tokio::time::timeout(duration * 4, leader.keep())
+            .await
+            .expect("it stepped down");
+        let took = t0.elapsed();
+        assert!(
+            took >= leader.renew_deadline() && took < duration,
+            "stepped down after {took:?}"
+        );
+    }
 
     fn held(by: &str, renewed_at: i64, duration: i32) -> LeaseSpec {
         LeaseSpec {
