@@ -63,6 +63,9 @@ def parse_trace(t: object, where: str) -> Trace:
     _require(isinstance(t, dict), f"{where} must be an object")
     assert isinstance(t, dict)
     prompt = _ints(t.get("prompt_token_ids"), f"{where}.prompt_token_ids")
+    # The first response token is predicted from the prompt's last position: without one, its
+    # log-prob would be read from its own position, silently wrong.
+    _require(len(prompt) > 0, f"{where}.prompt_token_ids must not be empty")
     response = _ints(t.get("response_token_ids"), f"{where}.response_token_ids")
     mask = t.get("loss_mask")
     _require(isinstance(mask, list), f"{where}.loss_mask must be an array")

@@ -133,6 +133,21 @@ def test_accepted_persisted_then_idempotent(server):
             ).encode(),
             "log-probability",
         ),
+        (
+            json.dumps(
+                trajectory(
+                    traces=[
+                        {
+                            "prompt_token_ids": [],
+                            "response_token_ids": [2],
+                            "loss_mask": [1],
+                            "logprobs": [-1.0],
+                        }
+                    ]
+                )
+            ).encode(),
+            "prompt_token_ids must not be empty",
+        ),
     ],
 )
 def test_bad_bodies_get_a_400_that_says_why_and_leave_nothing(server, body, why):
