@@ -101,8 +101,7 @@ impl ChainStart {
 /// behaviour logprobs they were sampled with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Trace {
-    /// Context before the first sampled token (at least one: it predicts the first); never
-    /// trained on.
+    /// Context before the first sampled token (at least one); never trained on.
     #[schemars(length(min = 1))]
     pub prompt_token_ids: Vec<u32>,
     /// Sampled tokens and, in merged traces, the interstitial tokens between turns.
