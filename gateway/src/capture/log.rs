@@ -57,6 +57,8 @@ pub enum CaptureWriteError {
     },
     #[error("record does not serialize: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("capture {0} took part of a record it could not take back: it takes no more")]
+    Poisoned(PathBuf),
 }
 
 /// How far a record gets before the harness gets its reply.
@@ -87,6 +89,9 @@ pub struct CaptureLog {
     dir: PathBuf,
     file: File,
     durability: Durability,
+    /// A failed write left bytes that could not be cut off again: a record appended after
+    /// them would make the file corrupt in its middle.
+    poisoned: bool,
 }
 
 impl CaptureLog {
@@ -111,6 +116,7 @@ impl CaptureLog {
             dir: dir.to_path_buf(),
             file,
             durability,
+            poisoned: false,
         })
     }
 
@@ -125,11 +131,24 @@ impl CaptureLog {
             path: self.dir.join(CAPTURE_FILE),
             source,
         };
-        self.file.write_all(line).map_err(io)?;
-        match self.durability {
-            Durability::Write => Ok(()),
-            Durability::Fsync => self.file.sync_data().map_err(io),
+        if self.poisoned {
+            return Err(CaptureWriteError::Poisoned(self.dir.join(CAPTURE_FILE)));
         }
+        // A record is whole or not there: the harness gets an error for a record the write or
+        // the sync failed on, and its retry must not land after a torn line (the reader would
+        // drop it as a torn tail, or refuse the whole capture) nor beside a copy of itself.
+        let before = self.file.metadata().map_err(io)?.len();
+        let written = self.file.write_all(line).and_then(|()| match self.durability {
+            Durability::Write => Ok(()),
+            Durability::Fsync => self.file.sync_data(),
+        });
+        if let Err(e) = written {
+            if self.file.set_len(before).is_err() {
+                self.poisoned = true;
+            }
+            return Err(io(e));
+        }
+        Ok(())
     }
 
     /// Seal the capture: no more records; readers know it is complete.
@@ -317,6 +336,30 @@ mod tests {
         assert!(matches!(
             CaptureLog::open(dir.path(), Durability::Fsync),
             Err(CaptureWriteError::Sealed(_))
+        ));
+    }
+
+    /// A write that fails (a full disk) with bytes that cannot be cut off again: the capture
+    /// takes no more records, rather than one after a torn line.
+    #[test]
+    fn a_failed_write_that_cannot_be_taken_back_poisons_the_capture() {
+        let Ok(full) = OpenOptions::new().append(true).open("/dev/full") else {
+            return; // not Linux
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = CaptureLog {
+            dir: dir.path().to_path_buf(),
+            file: full,
+            durability: Durability::Write,
+            poisoned: false,
+        };
+        assert!(matches!(
+            log.append(&record(0)),
+            Err(CaptureWriteError::Io { .. })
+        ));
+        assert!(matches!(
+            log.append(&record(0)),
+            Err(CaptureWriteError::Poisoned(_))
         ));
     }
 
