@@ -44,7 +44,7 @@ fn text_blocks(content: &Value, what: &str) -> Result<String, ProtocolError> {
                 _ => Ok(String::new()),
             })
             .collect::<Result<Vec<_>, _>>()
-            .map(|t| t.concat()),
+            .map(|t| super::join_texts(t.iter().map(String::as_str))),
         Value::Null => Ok(String::new()),
         _ => Err(invalid(format!(
             "{what} must be a string or an array of blocks"
@@ -162,7 +162,7 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
                     }
                 }
                 if parts.iter().all(|p| p["type"] == "text") {
-                    let text: String = parts.iter().filter_map(|p| p["text"].as_str()).collect();
+                    let text = super::join_texts(parts.iter().filter_map(|p| p["text"].as_str()));
                     if !text.is_empty() {
                         out.push(json!({"role": "user", "content": text}));
                     }
@@ -454,6 +454,19 @@ mod tests {
     }
 
     #[test]
+    fn a_users_text_blocks_are_a_line_apart_as_vllm_joins_a_chat_messages() {
+        // Claude Code's reminder block and the prompt: not "</system-reminder>fix the test".
+        let body = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>x</system-reminder>"},
+            {"type": "text", "text": "fix the test"}]}]});
+        let n = normalize(body.to_string().as_bytes()).expect("valid");
+        assert_eq!(
+            n.request["messages"][0]["content"],
+            "<system-reminder>x</system-reminder>\nfix the test"
+        );
+    }
+
+    #[test]
     fn a_claude_code_shaped_request_maps_to_chat() {
         let n = norm(json!({
             "model": "claude-sonnet-4-5", "max_tokens": 32000, "stream": true,
@@ -479,7 +492,8 @@ mod tests {
         let m = &n.request["messages"];
         assert_eq!(
             m[0],
-            json!({"role": "system", "content": "You are Claude Code. Be concise."})
+            // Blocks a line apart, as vLLM joins a Chat message's text parts.
+            json!({"role": "system", "content": "You are Claude Code.\n Be concise."})
         );
         assert_eq!(m[1], json!({"role": "user", "content": "fix the test"}));
         assert_eq!(m[2]["reasoning_content"], "look first");
@@ -553,7 +567,7 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(
             text,
-            format!("a.png: {}", crate::protocol::media::TOOL_RESULT_IMAGE_NOTE)
+            format!("a.png: \n{}", crate::protocol::media::TOOL_RESULT_IMAGE_NOTE)
         );
         assert_eq!(n.dropped, ["tool_result_image"]);
     }

@@ -115,7 +115,8 @@ pub fn normalize_value(
                     content.extend(images);
                     out.push(json!({"role": "user", "content": content}));
                 } else if !texts.is_empty() {
-                    out.push(json!({"role": "user", "content": texts.concat()}));
+                    let text = super::join_texts(texts.iter().map(String::as_str));
+                    out.push(json!({"role": "user", "content": text}));
                 }
             }
             "model" => {
@@ -452,6 +453,17 @@ pub fn response(upstream: &Value, model: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_text_parts_are_a_line_apart_as_vllm_joins_a_chat_messages() {
+        let body = json!({"contents": [{"role": "user", "parts": [
+            {"text": "<session_context>cwd: /w</session_context>"}, {"text": "fix the test"}]}]});
+        let n = normalize(body.to_string().as_bytes(), "m", false).expect("valid");
+        assert_eq!(
+            n.request["messages"][0]["content"],
+            "<session_context>cwd: /w</session_context>\nfix the test"
+        );
+    }
 
     #[test]
     fn a_gemini_cli_shaped_request_maps_to_chat() {

@@ -108,6 +108,13 @@ fn json_values_at_most(body: &[u8]) -> usize {
 
 /// The Chat Completions assistant message for a turn's text, reasoning and tool calls (the
 /// shape every provider's history folds into).
+/// Text blocks as one text, a line apart: what vLLM makes of the same parts sent as a Chat
+/// message's content array (`"\n".join`), so a call renders alike whichever API it came by
+/// (a `<system-reminder>` block and the prompt after it stay on lines of their own).
+pub(crate) fn join_texts<'a>(texts: impl Iterator<Item = &'a str>) -> String {
+    texts.filter(|t| !t.is_empty()).collect::<Vec<_>>().join("\n")
+}
+
 pub(crate) fn assistant_message(text: String, reasoning: String, calls: Vec<Value>) -> Value {
     let mut m = serde_json::json!({"role": "assistant", "content": text});
     if !reasoning.is_empty() {

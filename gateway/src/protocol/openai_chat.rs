@@ -97,7 +97,8 @@ fn merge_system(messages: Vec<Value>) -> Result<Vec<Value>, ProtocolError> {
     Ok(rest)
 }
 
-/// A string, or an array of `{"type": "text", "text": ...}` parts joined.
+/// A string, or an array of `{"type": "text", "text": ...}` parts joined a line apart (as
+/// vLLM joins them).
 fn text_of(content: &Value) -> Option<String> {
     match content {
         Value::String(s) => Some(s.clone()),
@@ -105,7 +106,7 @@ fn text_of(content: &Value) -> Option<String> {
             .iter()
             .map(|p| p.get("text").and_then(Value::as_str))
             .collect::<Option<Vec<_>>>()
-            .map(|texts| texts.concat()),
+            .map(|texts| super::join_texts(texts.into_iter())),
         _ => None,
     }
 }
@@ -194,7 +195,7 @@ mod tests {
             .filter_map(|m| m["role"].as_str())
             .collect();
         assert_eq!(roles, ["system", "user", "assistant"]);
-        assert_eq!(req["messages"][0]["content"], "be brief\n\nreminder: tests");
+        assert_eq!(req["messages"][0]["content"], "be brief\n\nreminder: \ntests");
     }
 
     #[test]
