@@ -57,6 +57,8 @@ pub(super) struct JobMemory {
     /// `poolTemplate`: the (pod, reason) of each problem a session's pod reported while
     /// starting that an Event already told.
     start_problems_told: HashSet<(String, String)>,
+    /// The resourceVersion of this process's last status write of the job.
+    status_written: Option<u64>,
 }
 
 /// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).
@@ -123,6 +125,20 @@ impl JobContext {
     /// Read or change what is remembered about job `uid`.
     pub(super) fn remember<T>(&self, uid: &str, f: impl FnOnce(&mut JobMemory) -> T) -> T {
         f(lock(&self.memory).entry(uid.to_string()).or_default())
+    }
+
+    /// Remember the resourceVersion a status write of the job's got.
+    pub(super) fn wrote_status(&self, uid: &str, resource_version: Option<&str>) {
+        let written = crate::rollout::freshness::version(resource_version);
+        self.remember(uid, |m| m.status_written = m.status_written.max(written));
+    }
+
+    /// Is the watch cache's copy of the job older than this process's last status write? A
+    /// round planned from it would see sessions that write folded as still pending, and claim
+    /// pods for them again.
+    pub(super) fn job_behind_own_write(&self, job: &RolloutJob) -> bool {
+        let written = self.remember(&job.uid().unwrap_or_default(), |m| m.status_written);
+        cache_behind(written, job.metadata.resource_version.as_deref())
     }
 
     /// A job is done or gone: forget everything this process kept about it.
@@ -274,5 +290,26 @@ impl JobContext {
                 note,
             )
             .await;
+    }
+}
+
+/// Sans-IO: is a cached object at `cached` older than a write answered at `written`? An
+/// unparsable version counts as behind (as the pods' bars do), so the round waits for the cache
+/// or, failing that, its next write lists afresh.
+fn cache_behind(written: Option<u64>, cached: Option<&str>) -> bool {
+    written.is_some_and(|w| crate::rollout::freshness::version(cached).is_none_or(|c| c < w))
+}
+
+#[cfg(test)]
+mod freshness_of_the_job {
+    use super::cache_behind;
+
+    #[test]
+    fn a_cached_job_older_than_its_last_status_write_is_behind() {
+        assert!(!cache_behind(None, Some("5")), "nothing written: trusted");
+        assert!(cache_behind(Some(7), Some("5")));
+        assert!(!cache_behind(Some(7), Some("7")));
+        assert!(!cache_behind(Some(7), Some("9")));
+        assert!(cache_behind(Some(7), None));
     }
 }

@@ -176,6 +176,10 @@ async fn stalled(
 /// observe → plan → fold → claim and deliver → release → status.
 async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Result<Action, Halt> {
     let started = Instant::now();
+    // The job as this process last wrote it, or later: an older copy would claim again.
+    if ctx.job_behind_own_write(job) {
+        return Err(Halt::Failed(JobError::CacheBehind));
+    }
     // Observe: the pool, the tasks and the pods; the job's own pod, which gates its sessions.
     let mut observed = observe::observe(job, ctx, ns).await?;
     let own_pod = own_pod::ensure(job, ctx, ns).await?;

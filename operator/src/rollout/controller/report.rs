@@ -153,7 +153,7 @@ impl RoundReport<'_> {
             // status would clear `Stalled` only for the stall to write it back, each write
             // triggering the next reconcile: a storm of writes and Events until the CRD is new.
             if let Some(probe) = crd_probe(previous, &st) {
-                let Some(rv) = write_status(&self.jobs(), job, &written, &probe).await? else {
+                let Some(rv) = write_status(ctx, &self.jobs(), job, &written, &probe).await? else {
                     return Ok(None);
                 };
                 written = Written {
@@ -161,7 +161,7 @@ impl RoundReport<'_> {
                     status: Some(probe),
                 };
             }
-            let Some(rv) = write_status(&self.jobs(), job, &written, &st).await? else {
+            let Some(rv) = write_status(ctx, &self.jobs(), job, &written, &st).await? else {
                 return Ok(None);
             };
             // The fold may finish the job: announce it now, or the final write (which then
@@ -230,7 +230,7 @@ impl RoundReport<'_> {
         ctx.metrics.set_sessions(ns, &job.name_any(), &st.sessions);
         if written.status.as_ref() != Some(&st) {
             let jobs = self.jobs();
-            if write_status(&jobs, job, &written, &st).await?.is_none() {
+            if write_status(ctx, &jobs, job, &written, &st).await?.is_none() {
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
             announce_transition(job, ctx, written.status.as_ref(), &st).await;
@@ -262,7 +262,9 @@ fn requeue_after(job: &RolloutJob, st: &RolloutJobStatus, now: &Time) -> Duratio
 }
 
 /// Writes the status with the job's resourceVersion as a precondition; `None` on a conflict.
+/// The version written is remembered: a round must not plan from a cached copy older than it.
 async fn write_status(
+    ctx: &JobContext,
     jobs: &Api<RolloutJob>,
     job: &RolloutJob,
     base: &Written,
@@ -287,7 +289,10 @@ async fn write_status(
         {
             Err(JobError::CrdOutdated("heldOut"))
         }
-        Ok(j) => Ok(j.resource_version()),
+        Ok(j) => {
+            ctx.wrote_status(&job.uid().unwrap_or_default(), j.resource_version().as_deref());
+            Ok(j.resource_version())
+        }
         Err(kube::Error::Api(s)) if s.is_conflict() => Ok(None),
         Err(e) => Err(JobError::api(format!(
             "writing the status of job {}/{}",
@@ -423,7 +428,7 @@ pub(super) async fn blocked(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
     if blocked.transient {
         if previous != Some(&st) {
-            write_status(jobs, job, &Written::found(job), &st).await?;
+            write_status(ctx, jobs, job, &Written::found(job), &st).await?;
         }
         // The pod it waits for triggers a reconcile when it changes; this is the fallback.
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -445,7 +450,7 @@ pub(super) async fn blocked(
         .await;
     }
     if previous != Some(&st) {
-        write_status(jobs, job, &Written::found(job), &st).await?;
+        write_status(ctx, jobs, job, &Written::found(job), &st).await?;
     }
     // The user fixes the spec (a watch event) or creates the missing object.
     Ok(Action::requeue(Duration::from_secs(15)))
