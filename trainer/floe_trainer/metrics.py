@@ -95,11 +95,18 @@ class Metrics:
             "Scored sessions received, whatever became of their group (trained or dropped)",
             registry=r,
         )
-        # A gauge: rewards may be negative. delta(...[w]) / increase(sessions[w]) is the
-        # mean reward of the sessions received in w.
-        self.sampled_reward = Gauge(
-            "floe_trainer_sampled_reward_sum",
-            "Sum of the rewards of the scored sessions received (with sampled_sessions_total)",
+        # Rewards may be negative, and a counter only grows: the sum is two counters, so
+        # that increase() sees a trainer's restart as a reset (a gauge's delta() read it as a
+        # fall). (increase(positive[w]) - increase(negative[w])) / increase(sessions[w]) is
+        # the mean reward of the sessions received in w.
+        self.sampled_reward_positive = PCounter(
+            "floe_trainer_sampled_reward_positive",
+            "Sum of the positive rewards of the scored sessions received",
+            registry=r,
+        )
+        self.sampled_reward_negative = PCounter(
+            "floe_trainer_sampled_reward_negative",
+            "Sum of the negative rewards' magnitudes of the scored sessions received",
             registry=r,
         )
         self.sampled_overlong = PCounter(
@@ -199,7 +206,10 @@ class Metrics:
 
     def sampled(self, reward: float, passed: bool, overlong: bool = False) -> None:
         self.sampled_sessions.inc()
-        self.sampled_reward.inc(reward)
+        if reward > 0:
+            self.sampled_reward_positive.inc(reward)
+        elif reward < 0:
+            self.sampled_reward_negative.inc(-reward)
         if passed:
             self.sampled_passed.inc()
         if overlong:

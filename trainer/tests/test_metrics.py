@@ -51,6 +51,18 @@ def test_overlong_sessions_are_counted_as_received_and_per_step():
     assert "floe_trainer_overlong_fraction 0.25" in text
 
 
+def test_the_sampled_reward_is_two_counters_that_only_grow():
+    # A gauge read with delta() took a trainer's restart (back to 0) for a fall in reward.
+    m = Metrics()
+    for reward in (1.0, -0.5, 0.0, 0.25):
+        m.sampled(reward, reward > 0)
+    text = m.render().decode()
+    assert "# TYPE floe_trainer_sampled_reward_positive_total counter" in text
+    assert "floe_trainer_sampled_reward_positive_total 1.25" in text
+    assert "floe_trainer_sampled_reward_negative_total 0.5" in text
+    assert "floe_trainer_sampled_sessions_total 4.0" in text
+
+
 def test_the_docs_list_every_metric_with_its_labels():
     """docs/trainer.md's Metrics section names every family the trainer exposes, with its
     labels, and nothing else."""
