@@ -420,6 +420,9 @@ def follow(cfg: TrainerConfig, world: World) -> int:
 
 PUSHED_VERSION_FILE = "pushed-version"
 
+# A merged final model that lost more than this share of the adapter's change is said loudly.
+MERGE_ROUNDING_WARN = 0.05
+
 
 def read_pushed_version(directory: Path) -> int | None:
     try:
@@ -925,7 +928,13 @@ class Trainer:
             lora.save_adapter(self.model, final, self.adapter_weights())
         elif self.cfg.lora:
             whole = self.full_weights()
-            merged = lora.merged_weights(whole, self.cfg.lora)
+            merged, rounding = lora.merged_weights(whole, self.cfg.lora)
+            # The adapter beside it is exact; the merge may not be (16-bit weights).
+            (log.warning if rounding > MERGE_ROUNDING_WARN else log.info)(
+                "final model: the merge kept the adapter's change within %.1f%% (16-bit "
+                "rounding); final/adapter/ holds it exactly",
+                100 * rounding,
+            )
             checkpoint.save_model(final, self.model.get_base_model(), merged, Path(self.cfg.model))
             lora.save_adapter(self.model, final / "adapter", whole)
         else:

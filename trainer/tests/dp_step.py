@@ -108,7 +108,7 @@ def main(
         out.mkdir(parents=True, exist_ok=True)
         if adapter:
             torch.save(adapter_only, out / "adapter.pt")
-            weights = lora.merged_weights(weights, lora.LoraSpec(4, 8.0))
+            weights, _ = lora.merged_weights(weights, lora.LoraSpec(4, 8.0))
         torch.save(weights, out / "weights.pt")
         # Whether its log-probs took the chunked path (sharded: the registered method).
         chunked = policy._chunkable(model)

@@ -67,11 +67,31 @@ def test_the_merged_weights_are_the_adapter_folded_into_the_base():
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.05)
-    merged = lora.merged_weights(model.state_dict(), lora.LoraSpec(4, 8.0))
+    merged, rounding = lora.merged_weights(model.state_dict(), lora.LoraSpec(4, 8.0))
     expected = model.merge_and_unload().state_dict()
     assert set(merged) == set(expected)
     for k, v in expected.items():
         torch.testing.assert_close(merged[k], v, rtol=0, atol=1e-6)
+    assert rounding < 1e-5, "fp32 keeps the adapter's change"
+
+
+def test_a_merge_into_16_bit_weights_says_how_much_of_a_small_update_it_lost():
+    # An RL-sized update (1e-5 a weight) in bf16, whose step near 0.02 is 1.2e-4: mostly lost.
+    model = lora.wrap(tiny_llama(seed=2), lora.LoraSpec(4, 8.0)).to(torch.bfloat16)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for k, v in state.items():
+        if "lora_A" in k:
+            state[k] = torch.full_like(v, 1e-2)
+        elif "lora_B" in k:
+            state[k] = torch.full_like(v, 1e-4 / 4)
+    _, small = lora.merged_weights(state, lora.LoraSpec(4, 8.0))
+    assert small > 0.5
+    # A large one survives the rounding.
+    for k, v in state.items():
+        if "lora_B" in k:
+            state[k] = torch.full_like(v, 1.0)
+    _, large = lora.merged_weights(state, lora.LoraSpec(4, 8.0))
+    assert large < 0.05
 
 
 def test_a_fresh_adapter_is_the_same_on_every_process_and_leaves_the_rng_alone():
