@@ -501,8 +501,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         .await?;
     let mut sft_call = calls[0].1.clone();
     sft_call["parallel_tool_calls"] = json!(false);
-    let (status, _) =
-        call_json(&http, &gw.url, "/v1/chat/completions", &token, &sft_call).await?;
+    let (status, _) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &sft_call).await?;
     assert_eq!(status, 200);
     let last = model.requests().pop().unwrap_or_default();
     assert_eq!(

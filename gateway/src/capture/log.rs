@@ -138,10 +138,13 @@ impl CaptureLog {
         // the sync failed on, and its retry must not land after a torn line (the reader would
         // drop it as a torn tail, or refuse the whole capture) nor beside a copy of itself.
         let before = self.file.metadata().map_err(io)?.len();
-        let written = self.file.write_all(line).and_then(|()| match self.durability {
-            Durability::Write => Ok(()),
-            Durability::Fsync => self.file.sync_data(),
-        });
+        let written = self
+            .file
+            .write_all(line)
+            .and_then(|()| match self.durability {
+                Durability::Write => Ok(()),
+                Durability::Fsync => self.file.sync_data(),
+            });
         if let Err(e) = written {
             if self.file.set_len(before).is_err() {
                 self.poisoned = true;

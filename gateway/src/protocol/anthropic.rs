@@ -567,7 +567,10 @@ mod tests {
             .unwrap_or_default();
         assert_eq!(
             text,
-            format!("a.png: \n{}", crate::protocol::media::TOOL_RESULT_IMAGE_NOTE)
+            format!(
+                "a.png: \n{}",
+                crate::protocol::media::TOOL_RESULT_IMAGE_NOTE
+            )
         );
         assert_eq!(n.dropped, ["tool_result_image"]);
     }

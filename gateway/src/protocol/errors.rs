@@ -145,7 +145,8 @@ mod kinds_tests {
 
     #[test]
     fn an_overflow_reads_as_each_apis_own() {
-        let vllm = "The decoder prompt (length 9000) is longer than the maximum model length of 8192.";
+        let vllm =
+            "The decoder prompt (length 9000) is longer than the maximum model length of 8192.";
         let e = ProtocolError::ContextTooLong(vllm.into());
         let anthropic = e.body(Api::Anthropic);
         assert_eq!(anthropic["error"]["type"], "invalid_request_error");

@@ -112,7 +112,10 @@ fn json_values_at_most(body: &[u8]) -> usize {
 /// message's content array (`"\n".join`), so a call renders alike whichever API it came by
 /// (a `<system-reminder>` block and the prompt after it stay on lines of their own).
 pub(crate) fn join_texts<'a>(texts: impl Iterator<Item = &'a str>) -> String {
-    texts.filter(|t| !t.is_empty()).collect::<Vec<_>>().join("\n")
+    texts
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 pub(crate) fn assistant_message(text: String, reasoning: String, calls: Vec<Value>) -> Value {

@@ -195,7 +195,10 @@ mod tests {
             .filter_map(|m| m["role"].as_str())
             .collect();
         assert_eq!(roles, ["system", "user", "assistant"]);
-        assert_eq!(req["messages"][0]["content"], "be brief\n\nreminder: \ntests");
+        assert_eq!(
+            req["messages"][0]["content"],
+            "be brief\n\nreminder: \ntests"
+        );
     }
 
     #[test]

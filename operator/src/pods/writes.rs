@@ -99,14 +99,16 @@ mod tests {
         let app = axum::Router::new().route(
             "/api/v1/namespaces/ns/pods/p",
             axum::routing::delete(|body: axum::body::Bytes| async move {
-                let params: serde_json::Value =
-                    serde_json::from_slice(&body).unwrap_or_default();
+                let params: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let rv = &params["preconditions"]["resourceVersion"];
                 let (code, status) = if rv == "2" {
                     (200, serde_json::json!({"status": "Success"}))
                 } else {
-                    (409, serde_json::json!({"status": "Failure", "reason": "Conflict",
-                        "message": "the object has been modified", "code": 409}))
+                    (
+                        409,
+                        serde_json::json!({"status": "Failure", "reason": "Conflict",
+                        "message": "the object has been modified", "code": 409}),
+                    )
                 };
                 let body = serde_json::json!({"kind": "Status", "apiVersion": "v1",
                     "metadata": {}})
@@ -141,11 +143,13 @@ mod tests {
         let app = axum::Router::new()
             .route(
                 "/api/v1/namespaces/ns/pods",
-                axum::routing::post(|axum::Json(mut pod): axum::Json<serde_json::Value>| async move {
-                    pod["metadata"]["uid"] = "u1".into();
-                    pod["metadata"]["resourceVersion"] = "1".into();
-                    (axum::http::StatusCode::CREATED, axum::Json(pod))
-                }),
+                axum::routing::post(
+                    |axum::Json(mut pod): axum::Json<serde_json::Value>| async move {
+                        pod["metadata"]["uid"] = "u1".into();
+                        pod["metadata"]["resourceVersion"] = "1".into();
+                        (axum::http::StatusCode::CREATED, axum::Json(pod))
+                    },
+                ),
             )
             .route(
                 "/api/v1/namespaces/ns/secrets",
@@ -183,7 +187,11 @@ mod tests {
     #[tokio::test]
     async fn a_pod_claimed_since_the_cache_saw_it_is_not_deleted() {
         let pods = apiserver().await;
-        assert!(!delete_unclaimed(&pods, &seen_at("1")).await.expect("an answer"));
-        assert!(delete_unclaimed(&pods, &seen_at("2")).await.expect("an answer"));
+        assert!(!delete_unclaimed(&pods, &seen_at("1"))
+            .await
+            .expect("an answer"));
+        assert!(delete_unclaimed(&pods, &seen_at("2"))
+            .await
+            .expect("an answer"));
     }
 }

@@ -80,9 +80,13 @@ async fn reconcile_pool(
                 if finished(pod) {
                     // A warm pod that (partly) exited before being claimed is broken: replace it,
                     // saying why on the pool.
-                    let deleted = writes::delete_unclaimed(&pods, pod).await.map_err(
-                        PoolError::api(format!("deleting ended pod {ns}/{}", pod.name_any())),
-                    )?;
+                    let deleted =
+                        writes::delete_unclaimed(&pods, pod)
+                            .await
+                            .map_err(PoolError::api(format!(
+                                "deleting ended pod {ns}/{}",
+                                pod.name_any()
+                            )))?;
                     if !deleted {
                         continue;
                     }

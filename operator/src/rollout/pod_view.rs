@@ -357,8 +357,10 @@ mod tests {
                 "imageID": "", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}),
         ];
         if let Some(name) = extra {
-            statuses.push(json!({"name": name, "ready": true, "restartCount": 0, "image": "b",
-                "imageID": "", "state": {"running": {}}}));
+            statuses.push(
+                json!({"name": name, "ready": true, "restartCount": 0, "image": "b",
+                "imageID": "", "state": {"running": {}}}),
+            );
         }
         pod(json!({"phase": "Running", "containerStatuses": statuses}))
     }
@@ -376,13 +378,21 @@ mod tests {
         // Killed another way, or while the agent still ran: infrastructure, as before.
         let mut other = oom_killed(None);
         let mut running = oom_killed(None);
-        if let Some(st) = other.status.as_mut().and_then(|s| s.container_statuses.as_mut()) {
+        if let Some(st) = other
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+        {
             st[2] = serde_json::from_value(json!({"name": GRADER_CONTAINER, "ready": false,
                 "restartCount": 0, "image": "s", "imageID": "",
                 "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}))
             .unwrap_or_default();
         }
-        if let Some(st) = running.status.as_mut().and_then(|s| s.container_statuses.as_mut()) {
+        if let Some(st) = running
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+        {
             st[1].state = serde_json::from_value(json!({"running": {}})).ok();
         }
         assert!(matches!(result(&other), Some(PodResult::Infra { .. })));

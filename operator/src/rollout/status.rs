@@ -509,7 +509,11 @@ mod tests {
         let mut i = input(&late, None, 0);
         i.trainer_unfinished = true;
         let st = status(&i, None);
-        assert_eq!(st.phase, Some(RolloutJobPhase::Failed), "no final model: not Succeeded");
+        assert_eq!(
+            st.phase,
+            Some(RolloutJobPhase::Failed),
+            "no final model: not Succeeded"
+        );
         assert_eq!(cond(&st, "Failed"), Some("True"));
         assert!(st.conditions.iter().all(|c| c.type_ != "Complete"));
         assert!(st.conditions[0].message.contains("final model"));

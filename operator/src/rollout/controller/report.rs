@@ -230,7 +230,10 @@ impl RoundReport<'_> {
         ctx.metrics.set_sessions(ns, &job.name_any(), &st.sessions);
         if written.status.as_ref() != Some(&st) {
             let jobs = self.jobs();
-            if write_status(ctx, &jobs, job, &written, &st).await?.is_none() {
+            if write_status(ctx, &jobs, job, &written, &st)
+                .await?
+                .is_none()
+            {
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
             announce_transition(job, ctx, written.status.as_ref(), &st).await;
@@ -290,7 +293,10 @@ async fn write_status(
             Err(JobError::CrdOutdated("heldOut"))
         }
         Ok(j) => {
-            ctx.wrote_status(&job.uid().unwrap_or_default(), j.resource_version().as_deref());
+            ctx.wrote_status(
+                &job.uid().unwrap_or_default(),
+                j.resource_version().as_deref(),
+            );
             Ok(j.resource_version())
         }
         Err(kube::Error::Api(s)) if s.is_conflict() => Ok(None),
