@@ -209,7 +209,7 @@ mod tests {
     async fn a_leader_whose_renewals_hang_steps_down_before_the_lease_expires() {
         let app = axum::Router::new().route(
             "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
-            axum::routing::get(|| std::future::pending::<String>()),
+            axum::routing::get(std::future::pending::<String>),
         );
         let client = crate::stand_in_apiserver::client_of(app).await;
         let duration = Duration::from_secs(3);
