@@ -504,7 +504,10 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                     summary: Some(report.summary),
                     wall_seconds: wall,
                 };
-                let _ = std::fs::write(slot.join("summary.json"), resume::render_result(&result));
+                if let Err(e) = resume::write_result(&slot, &result) {
+                    // The run's own summary still counts it; a resume decides it afresh.
+                    eprintln!("[run] {session}: summary.json not written: {e}");
+                }
                 let first = first_attempt.get(&attempt.index).copied().unwrap_or(0);
                 let held = held_out.as_mut().filter(|h| h.owns(attempt.index));
                 let alike = fail_fast.ended(&fail_fast::Ended {
@@ -603,7 +606,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     };
     let busy = training.as_ref().and_then(train::Training::busy_fraction);
     if let Some(mut t) = training.take() {
-        t.stop().await;
+        t.stop(Some(&mut signals)).await;
     }
     let mut summary = report::summarize(
         &plan.name,

@@ -232,15 +232,37 @@ fn read_result(dir: &Path) -> Result<Option<SessionResult>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let value: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let summary: floe_sandbox::summary::Summary =
-        serde_json::from_value(value.clone()).map_err(|e| format!("{}: {e}", path.display()))?;
+    // One cut short (a full disk, a crash mid-write before writes went by rename) is no
+    // result: the attempt is decided as one that never reported (by its delivered trajectory,
+    // or run again), not a run that can never be resumed.
+    let parsed = serde_json::from_slice::<serde_json::Value>(&text).and_then(|value| {
+        serde_json::from_value::<floe_sandbox::summary::Summary>(value.clone()).map(|s| (value, s))
+    });
+    let (value, summary) = match parsed {
+        Ok(read) => read,
+        Err(e) => {
+            eprintln!(
+                "[resume] {} is unreadable ({e}): taken as no result",
+                path.display()
+            );
+            return Ok(None);
+        }
+    };
     Ok(Some(SessionResult {
         task: summary.task.clone().unwrap_or_default(),
         wall_seconds: value["wallSeconds"].as_f64().unwrap_or(0.0),
         summary: Some(summary),
     }))
+}
+
+/// Write a finished attempt's `summary.json` whole or not at all (beside, synced, renamed).
+pub fn write_result(dir: &Path, result: &SessionResult) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp = dir.join(".summary.json.tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(render_result(result).as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join("summary.json"))
 }
 
 /// A finished attempt's `summary.json`: the runner's summary and the session's wall time.
@@ -302,6 +324,32 @@ mod tests {
         assert_eq!(earlier.done[&0].wall_seconds, 2.5);
         assert_eq!(earlier.next_attempt, BTreeMap::from([(1, 2), (2, 1)]));
         assert_eq!(earlier.retries, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_summary_cut_short_is_no_result_not_a_run_that_cannot_resume() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path();
+        let all: Vec<Assignment> = ["j-t-0", "j-t-1"].into_iter().map(assignment).collect();
+        finish(out, "j-t-0", "completed")?;
+        // A full disk (before summaries were written by rename): half a summary.
+        finish(out, "j-t-1", "completed")?;
+        std::fs::write(
+            out.join("sessions/j-t-1/summary.json"),
+            b"{\"session\": \"j-t",
+        )?;
+        let earlier = read(out, &all).map_err(std::io::Error::other)?;
+        assert_eq!(earlier.done.keys().copied().collect::<Vec<_>>(), [0]);
+        assert_eq!(earlier.next_attempt.get(&1), Some(&1), "run again");
+        // Written now, a summary is whole or absent: the temporary file is renamed.
+        let slot = out.join("sessions/j-t-1");
+        let again = read_result(&out.join("sessions/j-t-0"))
+            .map_err(std::io::Error::other)?
+            .ok_or_else(|| std::io::Error::other("j-t-0's result"))?;
+        write_result(&slot, &again)?;
+        assert!(!slot.join(".summary.json.tmp").exists());
+        assert!(read_result(&slot).map_err(std::io::Error::other)?.is_some());
         Ok(())
     }
 

@@ -129,7 +129,7 @@ impl Training {
         {
             Ok(()) => Ok(me),
             Err(e) => {
-                me.stop().await;
+                me.stop(None).await;
                 Err(e)
             }
         }
@@ -525,21 +525,45 @@ impl Training {
 
     /// SIGTERM to every process group started (trainer first), then SIGKILL after a grace;
     /// returns once no process of those groups is left (vLLM's engine runs in a child).
-    pub async fn stop(&mut self) {
+    /// `hurry`: a second Ctrl-C or SIGTERM ends the trainer's grace at once.
+    pub async fn stop(&mut self, mut hurry: Option<&mut super::signals::Signals>) {
         if let Some(tx) = self.proxy_stop.take() {
             let _ = tx.send(());
         }
         let mut children = std::mem::take(&mut self.children);
         // The trainer (started last) first, and alone: it finishes its step, which pushes to
-        // vLLM, and writes its last checkpoint before vLLM goes.
+        // vLLM, and writes its last checkpoint before vLLM goes. It gets the trainer pod's
+        // grace: a large model's checkpoint takes minutes, and one cut short is lost (the
+        // resumed run trains again from the periodic one before).
         children.reverse();
         for (what, child, pgid) in &mut children {
+            let trainer = what == "trainer";
+            let grace = Duration::from_secs(if trainer { TRAINER_GRACE_SECONDS } else { 20 });
             signal_group(*pgid, Signal::SIGTERM);
-            if tokio::time::timeout(Duration::from_secs(20), child.wait())
-                .await
-                .is_err()
-            {
-                eprintln!("[train] {what} did not stop in 20 s: killed");
+            if trainer && matches!(child.try_wait(), Ok(None)) {
+                eprintln!(
+                    "[train] stopping the trainer: it finishes its step and writes its checkpoint \
+                     (up to {} s; Ctrl-C again to kill it now)",
+                    grace.as_secs()
+                );
+            }
+            let waited = async {
+                match hurry.as_mut() {
+                    Some(signals) => tokio::select! {
+                        done = tokio::time::timeout(grace, child.wait()) => done.is_ok(),
+                        _ = signals.recv() => {
+                            eprintln!("[train] {what} killed at the second signal");
+                            true
+                        }
+                    },
+                    None => tokio::time::timeout(grace, child.wait()).await.is_ok(),
+                }
+            };
+            if !waited.await {
+                eprintln!(
+                    "[train] {what} did not stop in {} s: killed",
+                    grace.as_secs()
+                );
             }
             signal_group(*pgid, Signal::SIGKILL);
             let _ = child.wait().await;
@@ -547,6 +571,9 @@ impl Training {
         }
     }
 }
+
+/// The trainer's grace on a stop, as its pod's (`TRAINER_STOP_GRACE_SECONDS` in the operator).
+const TRAINER_GRACE_SECONDS: u64 = 300;
 
 fn signal_group(pgid: i32, signal: Signal) {
     let _ = killpg(Pid::from_raw(pgid), signal);
