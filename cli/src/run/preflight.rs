@@ -239,11 +239,31 @@ pub async fn check(
 }
 
 fn check_out(out: &Path, resume: bool) -> Result<(), RunError> {
-    let entries = match std::fs::read_dir(out) {
-        Ok(d) => Some(d.count()),
+    let names: Option<Vec<std::ffi::OsString>> = match std::fs::read_dir(out) {
+        Ok(d) => Some(d.filter_map(Result::ok).map(|e| e.file_name()).collect()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return refuse(format!("--out {}: {e}", out.display())),
     };
+    // A train run that failed or was stopped while its vLLM and trainer started leaves their
+    // directory (its logs) and nothing else: no session ran, there is nothing to resume.
+    if names.as_deref() == Some(&["trainer".into()]) {
+        if resume {
+            return refuse(format!(
+                "--resume: --out {} holds only the trainer's directory of a train run that \
+                 stopped before its first session: run it again without --resume",
+                out.display()
+            ));
+        }
+        // Reused, not removed (it could be someone's own): its logs are written afresh, and
+        // a trainer stopped before any session trained nothing to resume from.
+        eprintln!(
+            "floe run: --out {} holds only the trainer's directory of a train run that stopped \
+             before its first session: reused",
+            out.display()
+        );
+        return Ok(());
+    }
+    let entries = names.map(|n| n.len());
     match (entries, resume) {
         (Some(n), false) if n > 0 => refuse(format!(
             "--out {} is not empty (an earlier run?): add --resume to continue it, or use a new directory",
@@ -337,6 +357,15 @@ mod tests {
         let err = check_out(dir.path(), false).err().map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("--resume")));
         assert!(check_out(dir.path(), true).is_ok());
+        // A train run stopped while its vLLM and trainer started: only their directory. Run
+        // again, not resumed (nothing ran).
+        let started = dir.path().join("started");
+        std::fs::create_dir_all(started.join("trainer"))?;
+        std::fs::write(started.join("trainer/vllm.log"), "OOM")?;
+        assert!(check_out(&started, false).is_ok());
+        assert!(started.join("trainer/vllm.log").exists(), "nothing removed");
+        let err = check_out(&started, true).err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("without --resume")));
         Ok(())
     }
 
