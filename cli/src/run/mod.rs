@@ -367,7 +367,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     // The trainer's final status, once it has trained everything (before the final held-out
     // round, which samples the final version).
     let mut trained: Option<serde_json::Value> = None;
-    loop {
+    'sessions: loop {
         while running.len() < concurrency {
             let now = Instant::now();
             let Some(next) = queue.peek(now) else { break };
@@ -422,7 +422,17 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             let session = assignment.session.clone();
             // Posted only now: a queued session holds no file or socket (10,000 sessions run
             // under the default `ulimit -n`).
-            post(assignment).await.map_err(RunError::Io)?;
+            // Refused (the gateway's disk full, say) after sessions ran: the run ends as a
+            // failure (exit 1, summary written, trainer stopped with its checkpoint), not as
+            // bad input that ran nothing.
+            if let Err(e) = post(assignment).await {
+                failure = Some(format!("the gateway did not take session {session}: {e}"));
+                progress.clear();
+                eprintln!("floe run: the gateway did not take session {session}: {e}; cancelling running sessions");
+                running.abort_all();
+                while running.join_next().await.is_some() {}
+                break 'sessions;
+            }
             let slot = out.join("sessions").join(&session);
             let config = sandboxing::runner_config(
                 &slot,
@@ -608,6 +618,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     if let Some(mut t) = training.take() {
         t.stop(Some(&mut signals)).await;
     }
+    let mut unwritten = false;
     let mut summary = report::summarize(
         &plan.name,
         mode,
@@ -627,22 +638,34 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             t["heldOut"] = serde_json::json!(rounds);
         }
         summary.training = Some(t);
-        curve::write(out, status, rounds.as_deref().unwrap_or(&[]), &plan.name)
-            .map_err(|e| io("reward-curve.svg", &e))?;
+        if let Err(e) = curve::write(out, status, rounds.as_deref().unwrap_or(&[]), &plan.name) {
+            eprintln!("floe run: reward-curve.svg not written: {e}");
+            unwritten = true;
+        }
     }
     if let Some(f) = &failure {
         eprintln!("floe run: training failed: {f}");
     }
     if !trains {
-        summary.dataset =
-            report::dataset(&trajectories, out, plan.is_sft()).map_err(RunError::Io)?;
+        match report::dataset(&trajectories, out, plan.is_sft()) {
+            Ok(dataset) => summary.dataset = dataset,
+            Err(e) => {
+                eprintln!("floe run: dataset.jsonl not written: {e}");
+                unwritten = true;
+            }
+        }
     }
+    // Sessions ran: a file not written is the run's failure (1), never bad input (2).
     let json = serde_json::to_string_pretty(&summary).map_err(|e| io("summary.json", &e))?;
-    std::fs::write(out.join("summary.json"), json).map_err(|e| io("summary.json", &e))?;
+    if let Err(e) = std::fs::write(out.join("summary.json"), json) {
+        eprintln!("floe run: summary.json not written: {e}");
+        unwritten = true;
+    }
     print!("{}", progress::table(&summary));
     Ok(if let Some(stop) = stopped {
         stop.exit_code()
     } else if failure.is_some()
+        || unwritten
         || gave_up.is_some()
         || summary.sessions.infra_error + summary.sessions.evaluator_timeout > 0
     {
