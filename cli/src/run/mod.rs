@@ -499,7 +499,8 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                 }
             }
             joined = running.join_next(), if !running.is_empty() => {
-                let Some(Ok((attempt, slot, report, wall))) = joined else { continue };
+                let Some(Ok((attempt, slot, mut report, wall))) = joined else { continue };
+                unshipped_is_infrastructure(&mut report);
                 let session = report.summary.session.clone().unwrap_or_else(|| "unassigned".into());
                 // Its outcome is recorded and its trajectory shipped (or spooled, which the
                 // drain at the end waits for): the gateway need not keep it in memory.
@@ -673,4 +674,53 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     } else {
         0
     })
+}
+
+/// A session the runner scored but whose trajectory was not shipped (the trainer refused it,
+/// or it was still pending past `ship_wait`) ended by infrastructure, as the runner's exit
+/// says: never scored, retried (the sandbox contract's rule, which a pod follows by its exit
+/// code); counted as completed, its group would have waited for a sample never trained.
+fn unshipped_is_infrastructure(report: &mut floe_sandbox::runner::RunReport) {
+    if report.exit == floe_sandbox::summary::ExitKind::Infrastructure
+        && !queue::is_infrastructure(&report.summary.status)
+    {
+        report.summary.status = "infra_error".into();
+        report.summary.reward = None;
+        report.summary.passed = None;
+    }
+}
+
+#[cfg(test)]
+mod unshipped_tests {
+    use floe_sandbox::runner::RunReport;
+    use floe_sandbox::summary::{ExitKind, Summary};
+
+    fn report(exit: ExitKind, status: &str) -> RunReport {
+        RunReport {
+            exit,
+            summary: Summary {
+                status: status.into(),
+                reward: Some(1.0),
+                passed: Some(true),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_scored_session_whose_trajectory_was_not_shipped_is_infrastructure() {
+        let mut unshipped = report(ExitKind::Infrastructure, "completed");
+        super::unshipped_is_infrastructure(&mut unshipped);
+        assert_eq!(unshipped.summary.status, "infra_error");
+        assert_eq!(
+            (unshipped.summary.reward, unshipped.summary.passed),
+            (None, None)
+        );
+        let mut shipped = report(ExitKind::Success, "completed");
+        super::unshipped_is_infrastructure(&mut shipped);
+        assert_eq!(
+            (shipped.summary.status.as_str(), shipped.summary.reward),
+            ("completed", Some(1.0))
+        );
+    }
 }
