@@ -13,11 +13,14 @@ pub fn requests_running(metrics: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// How busy the run kept the policy server and the trainer, over `wall_seconds`.
+/// How busy the run kept the policy server and the trainer, over `wall_seconds` (this run's:
+/// a resumed run's step table holds the earlier run's steps too, which are not counted).
 pub fn utilization(busy: Option<f64>, status: &Value, wall_seconds: f64) -> Value {
     let steps = status["steps"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let resumed = status["resumedFromStep"].as_u64().unwrap_or(0);
     let working: f64 = steps
         .iter()
+        .filter(|s| s["step"].as_u64().is_none_or(|n| n > resumed))
         .map(|s| {
             s["trainSeconds"].as_f64().unwrap_or(0.0) + s["pushSeconds"].as_f64().unwrap_or(0.0)
         })
@@ -128,5 +131,17 @@ mod tests {
         let u = utilization(Some(0.5), &status, 10.0);
         assert_eq!(u["trainerIdleFraction"], 0.6);
         assert_eq!(u["policyServerBusyFraction"], 0.5);
+    }
+
+    #[test]
+    fn a_resumed_runs_idle_fraction_counts_its_own_steps_only() {
+        let step = |n: u64| json!({"step": n, "trainSeconds": 40.0, "pushSeconds": 10.0});
+        // Steps 1-4 ran before the resume (200 s of work), step 5 in this 100 s run.
+        let status = json!({"resumedFromStep": 4,
+            "steps": [step(1), step(2), step(3), step(4), step(5)]});
+        assert_eq!(
+            utilization(None, &status, 100.0)["trainerIdleFraction"],
+            0.5
+        );
     }
 }
