@@ -38,8 +38,13 @@ pub const JOB_FINALIZER: &str = "floe.dev/sessions";
 pub const GRADER_CONTAINER: &str = "sandbox";
 /// The container the harness runs in (`floe agent`).
 pub const AGENT_CONTAINER: &str = "agent";
-/// The volumes only the agent fills (its workspace and its home), sized by its disk budget.
-pub const AGENT_VOLUMES: &[&str] = &["floe-workspace", "floe-agent"];
+/// A SWE-bench pod's evaluation copy, mounted at `/testbed` in the grader (`pods::swebench`).
+pub const EVAL_VOLUME: &str = "floe-eval";
+/// The volumes only the agent fills, sized by its disk budget: its workspace and its home, and
+/// a SWE-bench pod's evaluation copy (its workspace copied, then what its code writes there
+/// while the tests run; the untouched repository's copy, run first, is cleared before it).
+/// An eviction for one of them is the agent's doing.
+pub const AGENT_VOLUMES: &[&str] = &["floe-workspace", "floe-agent", EVAL_VOLUME];
 
 /// Key of the control token in the per-pod Secret.
 pub const CONTROL_TOKEN_KEY: &str = "control-token";

@@ -51,7 +51,7 @@ pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Erro
         init.insert(at, seed);
     }
     let mut eval_volume = volume(spec, "floe-workspace").unwrap_or_else(|| json!({"emptyDir": {}}));
-    eval_volume["name"] = "floe-eval".into();
+    eval_volume["name"] = super::names::EVAL_VOLUME.into();
     if let Some(volumes) = spec["volumes"].as_array_mut() {
         volumes.push(eval_volume);
     }
@@ -87,7 +87,7 @@ pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Erro
                 remount(container, "floe-workspace", GRADER_WORKSPACE);
                 push(
                     &mut container["volumeMounts"],
-                    json!({"name": "floe-eval", "mountPath": repo}),
+                    json!({"name": super::names::EVAL_VOLUME, "mountPath": repo}),
                 );
                 container["workingDir"] = GRADER_WORKSPACE.into();
                 replace_arg(container, "--workspace", GRADER_WORKSPACE);

@@ -236,9 +236,11 @@ fn agent_outgrew_its_disk(
 /// kubelet's `singleProcessOOMKill`), so the agent's code that the evaluator runs takes the
 /// runner with it and leaves no verdict. Local mode scores an evaluator out of memory 0;
 /// retried, it would turn the agent's loss into another chance (and at `backoffLimit` into
-/// "not scored"). Only once the agent has ended (the grader only waits before), and not in a
-/// SWE-bench pod, whose grader runs the untouched repository's tests first: an instance whose
-/// honest tests outgrow the limit is infrastructure.
+/// "not scored"). Only once the agent has ended (the grader only waits before). A SWE-bench
+/// grader runs the untouched repository's tests first, and nothing tells the operator which
+/// run died: an instance whose honest tests outgrow the limit fails every session alike, a
+/// group that trains nothing (and a held-out instance counted unsolved), where an exception
+/// would let every SWE-bench agent make its loss a retry.
 fn grader_out_of_memory(
     pod: &Pod,
     grader: &k8s_openapi::api::core::v1::ContainerStateTerminated,
@@ -247,10 +249,7 @@ fn grader_out_of_memory(
     let agent_ended = statuses.iter().any(|c| {
         c.name == AGENT_CONTAINER && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
     });
-    let swebench = statuses
-        .iter()
-        .any(|c| c.name == crate::pods::swebench::BRIDGE_CONTAINER);
-    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended && !swebench).then(|| {
+    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended).then(|| {
         "the grader ran out of memory evaluating the agent's code (OOMKilled, the runner with \
          it): scored as the agent's"
             .to_string()
@@ -372,9 +371,9 @@ mod tests {
             "{:?}",
             result(&oom_killed(None))
         );
-        // A SWE-bench grader ran the untouched repository's tests too: infrastructure.
+        // A SWE-bench grader too (its untouched repository's tests ran first).
         let swebench = oom_killed(Some(crate::pods::swebench::BRIDGE_CONTAINER));
-        assert!(matches!(result(&swebench), Some(PodResult::Infra { .. })));
+        assert!(matches!(result(&swebench), Some(PodResult::AgentFault { .. })));
         // Killed another way, or while the agent still ran: infrastructure, as before.
         let mut other = oom_killed(None);
         let mut running = oom_killed(None);
@@ -538,6 +537,8 @@ mod tests {
             "Container agent exceeded its local ephemeral storage limit \"32Gi\". ",
             "Usage of EmptyDir volume \"floe-workspace\" exceeds the limit \"32Gi\". ",
             "Usage of EmptyDir volume \"floe-agent\" exceeds the limit \"32Gi\". ",
+            // A SWE-bench pod's evaluation copy, filled by the agent's code its tests import.
+            "Usage of EmptyDir volume \"floe-eval\" exceeds the limit \"32Gi\". ",
         ] {
             assert!(
                 matches!(evicted(message), Some(PodResult::AgentFault { reason }) if reason.contains(message.trim())),
