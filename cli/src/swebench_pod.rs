@@ -69,30 +69,37 @@ pub fn bridge(args: BridgeArgs) -> Result<(), crate::serve_http::ServeError> {
     });
     let app = axum::Router::new()
         .route("/", axum::routing::post(answer))
-        // A 16 MiB log of control characters is about 96 MiB once JSON-escaped.
-        .layer(axum::extract::DefaultBodyLimit::max(160 << 20))
         .with_state(state);
     crate::serve_http::serve_blocking(app, args.listen, 2, "swebench bridge listening")
 }
 
-/// The bridge's answer, or `{"error": …}`; 401 without the token.
+/// A 16 MiB log of control characters is about 96 MiB once JSON-escaped.
+const BODY_LIMIT: usize = 160 << 20;
+
+/// The bridge's answer, or `{"error": …}`; 401 without the token. The agent shares the pod's
+/// loopback: its calls are refused on their headers, before any body is read (bodies read
+/// first, many at once, could run the bridge out of memory, and every grading after it would
+/// fail as infrastructure), and the runner's are read one at a time.
 async fn answer(
     State(bridge): State<Arc<Bridge>>,
-    headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
+    request: axum::extract::Request,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     if bridge.token.trim().is_empty()
-        || !floe_gateway::bearer::carries(&headers, bridge.token.trim())
+        || !floe_gateway::bearer::carries(request.headers(), bridge.token.trim())
     {
         return axum::http::StatusCode::UNAUTHORIZED.into_response();
     }
+    let Ok(_one) = bridge.one.acquire().await else {
+        return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    let body = match axum::body::to_bytes(request.into_body(), BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(e) => return Json(json!({"error": format!("body: {e}")})).into_response(),
+    };
     let request: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return Json(json!({"error": format!("not JSON: {e}")})).into_response(),
-    };
-    let Ok(_one) = bridge.one.acquire().await else {
-        return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
     Json(
         floe_sandbox::swebench_grade::call(&bridge.python, request)
@@ -100,4 +107,43 @@ async fn answer(
             .unwrap_or_else(|e| json!({"error": e})),
     )
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// An agent's call without the token, announcing 100 MB it never sends: refused at
+    /// once on its headers (a bridge reading bodies first would wait for it, and hold it).
+    #[tokio::test]
+    async fn a_call_without_the_token_is_refused_before_its_body_is_read() {
+        let state = Arc::new(Bridge {
+            python: PathBuf::from("/nonexistent/python"),
+            token: "t0ken".into(),
+            one: tokio::sync::Semaphore::new(1),
+        });
+        let app = axum::Router::new()
+            .route("/", axum::routing::post(answer))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let address = listener.local_addr().expect("its address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connected");
+        stream
+            .write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000000\r\n\r\n{")
+            .await
+            .expect("sent");
+        let mut answer = [0u8; 64];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut answer))
+            .await
+            .expect("answered without the body")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer[..n]);
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
 }

@@ -373,7 +373,10 @@ mod tests {
         );
         // A SWE-bench grader too (its untouched repository's tests ran first).
         let swebench = oom_killed(Some(crate::pods::swebench::BRIDGE_CONTAINER));
-        assert!(matches!(result(&swebench), Some(PodResult::AgentFault { .. })));
+        assert!(matches!(
+            result(&swebench),
+            Some(PodResult::AgentFault { .. })
+        ));
         // Killed another way, or while the agent still ran: infrastructure, as before.
         let mut other = oom_killed(None);
         let mut running = oom_killed(None);
