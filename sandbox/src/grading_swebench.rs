@@ -56,10 +56,7 @@ impl SweBenchPrepared {
             &grading.repository_directory,
             &eval_dir.to_string_lossy(),
         );
-        // One compound command: bash reads all of it before running any, so the code under
-        // test cannot rewrite the rest of the script (it sits in the writable evaluation copy)
-        // while it runs.
-        let relocated = format!("{{\n{relocated}\n}}\n");
+        let relocated = read_whole_first(&relocated);
         Ok(Self {
             bridge,
             grading,
@@ -265,5 +262,33 @@ mod tests {
             super::test_output_tail(log, 3),
             "/usr/bin/python: No module named pytest"
         );
+    }
+}
+
+/// The eval script as one compound command: bash reads all of it before running any, so the
+/// code under test cannot rewrite the rest of the script (it sits in the writable evaluation
+/// copy) while it runs. It ends in `exit`: bash would read on past the `}`, and run what the
+/// code under test appended to the file meanwhile.
+fn read_whole_first(script: &str) -> String {
+    format!("{{\n{script}\nexit $?\n}}\n")
+}
+
+#[cfg(test)]
+mod whole_script_tests {
+    /// The code under test appends a command to the script file while it runs (as the
+    /// tests run, before the script's end): it never runs, and the script's status stays.
+    #[test]
+    fn what_the_code_under_test_appends_to_the_script_never_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("eval.sh");
+        let script = "echo tests ran\necho 'echo APPENDED' >> \"$0\"\nfalse";
+        std::fs::write(&file, super::read_whole_first(script)).expect("written");
+        let out = std::process::Command::new("bash")
+            .arg(&file)
+            .output()
+            .expect("bash runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout, "tests ran\n");
+        assert_eq!(out.status.code(), Some(1), "the script's own status");
     }
 }
