@@ -64,6 +64,23 @@ pub(crate) fn beside(path: &Path, module: &Path) -> bool {
         || (path.parent() == Some(dir) && named(path).and_then(importable_as) == Some(module))
 }
 
+/// Whether the agent's `path` is the `__init__` of a protected test module's own directory
+/// when that directory is a test package (a `tests`, `test` or `testing` directory, or one
+/// below it): its `__path__` could send `tests.utils_tests.test_text` to a copy of the agent's
+/// that swallows every failure. A test package's `__init__` is no fix's business; a
+/// `tests.py` among the code under test (`django/contrib/admin/`) keeps its directory's.
+pub(crate) fn test_package_init(path: &Path, module: &Path) -> bool {
+    let Some((dir, _)) = python_module(module) else {
+        return false;
+    };
+    let in_tests = dir
+        .components()
+        .any(|c| matches!(c.as_os_str().to_str(), Some("tests" | "test" | "testing")));
+    in_tests
+        && path.parent() == Some(dir)
+        && named(path).and_then(importable_as) == Some("__init__")
+}
+
 /// A `.py` file's directory and the module it is imported as.
 fn python_module(file: &Path) -> Option<(&Path, &str)> {
     let dir = file.parent()?;
@@ -161,6 +178,40 @@ mod tests {
                 "{path} beside {hidden}"
             );
         }
+    }
+
+    #[test]
+    fn a_test_packages_own_init_is_kept_for_its_protected_modules() {
+        // A test patch's module in a test package: its `__init__` could redirect it.
+        let module = Path::new("tests/utils_tests/test_text.py");
+        assert!(test_package_init(
+            Path::new("tests/utils_tests/__init__.py"),
+            module
+        ));
+        assert!(test_package_init(
+            Path::new("tests/utils_tests/__init__.so"),
+            module
+        ));
+        let nested = Path::new("astropy/units/tests/test_quantity.py");
+        assert!(test_package_init(
+            Path::new("astropy/units/tests/__init__.py"),
+            nested
+        ));
+        // The code under test's packages stay the agent's to fix.
+        assert!(!test_package_init(Path::new("tests/__init__.py"), module));
+        assert!(!test_package_init(
+            Path::new("astropy/units/__init__.py"),
+            nested
+        ));
+        let among_code = Path::new("django/contrib/admin/tests.py");
+        assert!(!test_package_init(
+            Path::new("django/contrib/admin/__init__.py"),
+            among_code
+        ));
+        assert!(!test_package_init(
+            Path::new("tests/utils_tests/helpers.py"),
+            module
+        ));
     }
 
     #[test]

@@ -89,10 +89,11 @@ impl Protected {
         self.exact
             .iter()
             .any(|hidden| path != hidden && import_shadowing::shadows(path, hidden))
-            || self
-                .modules
-                .iter()
-                .any(|module| path != module && import_shadowing::beside(path, module))
+            || self.modules.iter().any(|module| {
+                path != module
+                    && (import_shadowing::beside(path, module)
+                        || import_shadowing::test_package_init(path, module))
+            })
     }
 
     /// Whether `path` is a directory that holds a protected or hidden path.

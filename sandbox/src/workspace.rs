@@ -1015,28 +1015,35 @@ mod tests {
                 ("text.py", "bug"),
                 ("tests/__init__.py", ""),
                 ("tests/test_text.py", "the test patch's"),
+                ("pkg/__init__.py", ""),
+                ("pkg/tests.py", "the test patch's"),
             ],
             |ws| {
-                // The package's own `__init__` is code a fix may change, unlike a hidden
-                // module's directory's.
-                std::fs::write(ws.join("tests/__init__.py"), "changed")?;
+                // A test package's own `__init__` could send the module elsewhere
+                // (`__path__`); a package of the code under test is a fix's to change.
+                std::fs::write(ws.join("tests/__init__.py"), "__path__.insert(0, 'x')")?;
+                std::fs::write(ws.join("pkg/__init__.py"), "changed")?;
                 std::fs::create_dir_all(ws.join("tests/test_text"))?;
                 std::fs::write(ws.join("tests/test_text/__init__.py"), "all pass")?;
                 std::fs::write(ws.join("tests/data.py"), "fine")?;
                 std::fs::write(ws.join("text.py"), "fix")
             },
-            &["tests/test_text.py", "tests/data.json"],
+            &["tests/test_text.py", "tests/data.json", "pkg/tests.py"],
             &[],
         )?;
         assert!(!eval.join("tests/test_text").exists());
         assert_eq!(std::fs::read_to_string(eval.join("text.py"))?, "fix");
+        assert_eq!(std::fs::read_to_string(eval.join("tests/__init__.py"))?, "");
         assert_eq!(
-            std::fs::read_to_string(eval.join("tests/__init__.py"))?,
+            std::fs::read_to_string(eval.join("pkg/__init__.py"))?,
             "changed"
         );
         // A protected file that is not a Python module keeps only its own path.
         assert_eq!(std::fs::read_to_string(eval.join("tests/data.py"))?, "fine");
-        assert_eq!(names(&applied.discarded), ["tests/test_text/__init__.py"]);
+        assert_eq!(
+            names(&applied.discarded),
+            ["tests/__init__.py", "tests/test_text/__init__.py"]
+        );
         Ok(())
     }
 
