@@ -18,6 +18,7 @@ mod fail_fast;
 mod flags;
 mod held_out;
 mod metrics;
+mod outcome;
 mod plan;
 mod preflight;
 mod progress;
@@ -426,11 +427,11 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             // failure (exit 1, summary written, trainer stopped with its checkpoint), not as
             // bad input that ran nothing.
             if let Err(e) = post(assignment).await {
-                failure = Some(format!("the gateway did not take session {session}: {e}"));
-                progress.clear();
-                eprintln!("floe run: the gateway did not take session {session}: {e}; cancelling running sessions");
-                running.abort_all();
-                while running.join_next().await.is_some() {}
+                let why = format!("the gateway did not take session {session}: {e}");
+                progress
+                    .cancel(&mut running, &format!("{why}; cancelling running sessions"))
+                    .await;
+                failure = Some(why);
                 break 'sessions;
             }
             let slot = out.join("sessions").join(&session);
@@ -490,17 +491,14 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                     }
                     if let Some((what, status)) = t.exited() {
                         failure = Some(format!("{what} exited ({status}) during the run"));
-                        progress.clear();
-                        eprintln!("floe run: {what} exited ({status}); cancelling running sessions");
-                        running.abort_all();
-                        while running.join_next().await.is_some() {}
+                        progress.cancel(&mut running, &format!("{what} exited ({status}); cancelling running sessions")).await;
                         break;
                     }
                 }
             }
             joined = running.join_next(), if !running.is_empty() => {
                 let Some(Ok((attempt, slot, mut report, wall))) = joined else { continue };
-                unshipped_is_infrastructure(&mut report);
+                queue::unshipped_is_infrastructure(&mut report);
                 let session = report.summary.session.clone().unwrap_or_else(|| "unassigned".into());
                 // Its outcome is recorded and its trajectory shipped (or spooled, which the
                 // drain at the end waits for): the gateway need not keep it in memory.
@@ -537,12 +535,9 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                         progress.finished(&session, &result);
                         results.insert(attempt.index, result);
                     }
-                    progress.clear();
                     let line = fail_fast::explain(&cause);
-                    eprintln!("floe run: {line}");
+                    progress.cancel(&mut running, &line).await;
                     gave_up = Some(line);
-                    running.abort_all();
-                    while running.join_next().await.is_some() {}
                     break;
                 }
                 if let Some(h) = held {
@@ -577,10 +572,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             }
             stop = signals.recv() => {
                 stopped = Some(stop);
-                progress.clear();
-                eprintln!("floe run: {}; cancelling running sessions and writing what was captured", stop.name());
-                running.abort_all();
-                while running.join_next().await.is_some() {}
+                progress.cancel(&mut running, &format!("{}; cancelling running sessions and writing what was captured", stop.name())).await;
                 break;
             }
         }
@@ -619,7 +611,6 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     if let Some(mut t) = training.take() {
         t.stop(Some(&mut signals)).await;
     }
-    let mut unwritten = false;
     let mut summary = report::summarize(
         &plan.name,
         mode,
@@ -631,96 +622,27 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     summary.stopped_early = gave_up.clone();
     summary.sessions.retries = earlier.retries + queue.retries;
     summary.upstream_errors = upstream_errors;
+    let rounds = held_out.as_ref().map(held_out::HeldOut::reports);
     if let Some(status) = &trained {
         let mut t = train::summary(status, "reward-curve.svg");
         t["utilization"] = train::utilization(busy, status, started.elapsed().as_secs_f64());
-        let rounds = held_out.as_ref().map(held_out::HeldOut::reports);
         if let Some(rounds) = &rounds {
             t["heldOut"] = serde_json::json!(rounds);
         }
         summary.training = Some(t);
-        if let Err(e) = curve::write(out, status, rounds.as_deref().unwrap_or(&[]), &plan.name) {
-            eprintln!("floe run: reward-curve.svg not written: {e}");
-            unwritten = true;
-        }
     }
     if let Some(f) = &failure {
         eprintln!("floe run: training failed: {f}");
     }
-    if !trains {
-        match report::dataset(&trajectories, out, plan.is_sft()) {
-            Ok(dataset) => summary.dataset = dataset,
-            Err(e) => {
-                eprintln!("floe run: dataset.jsonl not written: {e}");
-                unwritten = true;
-            }
-        }
-    }
-    // Sessions ran: a file not written is the run's failure (1), never bad input (2).
-    let json = serde_json::to_string_pretty(&summary).map_err(|e| io("summary.json", &e))?;
-    if let Err(e) = std::fs::write(out.join("summary.json"), json) {
-        eprintln!("floe run: summary.json not written: {e}");
-        unwritten = true;
-    }
-    print!("{}", progress::table(&summary));
-    Ok(if let Some(stop) = stopped {
-        stop.exit_code()
-    } else if failure.is_some()
-        || unwritten
-        || gave_up.is_some()
-        || summary.sessions.infra_error + summary.sessions.evaluator_timeout > 0
-    {
-        1
-    } else {
-        0
-    })
-}
-
-/// A session the runner scored but whose trajectory was not shipped (the trainer refused it,
-/// or it was still pending past `ship_wait`) ended by infrastructure, as the runner's exit
-/// says: never scored, retried (the sandbox contract's rule, which a pod follows by its exit
-/// code); counted as completed, its group would have waited for a sample never trained.
-fn unshipped_is_infrastructure(report: &mut floe_sandbox::runner::RunReport) {
-    if report.exit == floe_sandbox::summary::ExitKind::Infrastructure
-        && !queue::is_infrastructure(&report.summary.status)
-    {
-        report.summary.status = "infra_error".into();
-        report.summary.reward = None;
-        report.summary.passed = None;
-    }
-}
-
-#[cfg(test)]
-mod unshipped_tests {
-    use floe_sandbox::runner::RunReport;
-    use floe_sandbox::summary::{ExitKind, Summary};
-
-    fn report(exit: ExitKind, status: &str) -> RunReport {
-        RunReport {
-            exit,
-            summary: Summary {
-                status: status.into(),
-                reward: Some(1.0),
-                passed: Some(true),
-                ..Default::default()
-            },
-        }
-    }
-
-    #[test]
-    fn a_scored_session_whose_trajectory_was_not_shipped_is_infrastructure() {
-        let mut unshipped = report(ExitKind::Infrastructure, "completed");
-        super::unshipped_is_infrastructure(&mut unshipped);
-        assert_eq!(unshipped.summary.status, "infra_error");
-        assert_eq!(
-            (unshipped.summary.reward, unshipped.summary.passed),
-            (None, None)
-        );
-        let mut shipped = report(ExitKind::Success, "completed");
-        super::unshipped_is_infrastructure(&mut shipped);
-        assert_eq!(
-            (shipped.summary.status.as_str(), shipped.summary.reward),
-            ("completed", Some(1.0))
-        );
-    }
+    let ended = outcome::Ended {
+        out,
+        job: &plan.name,
+        curve: trained
+            .as_ref()
+            .map(|s| (s, rounds.as_deref().unwrap_or(&[]))),
+        dataset: (!trains).then_some((trajectories.as_path(), plan.is_sft())),
+        stopped,
+        failed: failure.is_some() || gave_up.is_some(),
+    };
+    Ok(outcome::write(&mut summary, &ended))
 }

@@ -178,6 +178,15 @@ impl Progress {
         let _ = err.flush();
     }
 
+    /// The run stops (`why`, said on stderr): every running session is cancelled, and this
+    /// returns once each has ended.
+    pub async fn cancel<T: 'static>(&self, running: &mut tokio::task::JoinSet<T>, why: &str) {
+        self.clear();
+        eprintln!("floe run: {why}");
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+    }
+
     pub fn clear(&self) {
         if self.tty {
             eprint!("\r\x1b[2K");

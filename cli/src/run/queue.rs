@@ -114,6 +114,20 @@ impl Queue {
     }
 }
 
+/// A session the runner scored but whose trajectory was not shipped (the trainer refused it,
+/// or it was still pending past `ship_wait`) ended by infrastructure, as the runner's exit
+/// says: never scored, retried (the sandbox contract's rule, which a pod follows by its exit
+/// code); counted as completed, its group would have waited for a sample never trained.
+pub fn unshipped_is_infrastructure(report: &mut floe_sandbox::runner::RunReport) {
+    if report.exit == floe_sandbox::summary::ExitKind::Infrastructure
+        && !is_infrastructure(&report.summary.status)
+    {
+        report.summary.status = "infra_error".into();
+        report.summary.reward = None;
+        report.summary.passed = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +228,40 @@ mod tests {
         q.ended(retry, "infra_error", 0, at(20)).expect("again");
         assert_eq!(q.pop(at(21)), None);
         assert!(q.pop(at(22)).is_some());
+    }
+}
+
+#[cfg(test)]
+mod unshipped_tests {
+    use floe_sandbox::runner::RunReport;
+    use floe_sandbox::summary::{ExitKind, Summary};
+
+    fn report(exit: ExitKind, status: &str) -> RunReport {
+        RunReport {
+            exit,
+            summary: Summary {
+                status: status.into(),
+                reward: Some(1.0),
+                passed: Some(true),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_scored_session_whose_trajectory_was_not_shipped_is_infrastructure() {
+        let mut unshipped = report(ExitKind::Infrastructure, "completed");
+        super::unshipped_is_infrastructure(&mut unshipped);
+        assert_eq!(unshipped.summary.status, "infra_error");
+        assert_eq!(
+            (unshipped.summary.reward, unshipped.summary.passed),
+            (None, None)
+        );
+        let mut shipped = report(ExitKind::Success, "completed");
+        super::unshipped_is_infrastructure(&mut shipped);
+        assert_eq!(
+            (shipped.summary.status.as_str(), shipped.summary.reward),
+            ("completed", Some(1.0))
+        );
     }
 }
