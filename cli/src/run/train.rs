@@ -88,8 +88,13 @@ fn model_dir(plan: &Plan, job_file: &Path) -> Result<PathBuf, RunError> {
     std::fs::canonicalize(&dir).map_err(|e| RunError::Preflight(format!("{}: {e}", dir.display())))
 }
 
+/// Appended to, never truncated: a resumed run's logs follow the interrupted run's, whose
+/// end may be the only record of why it stopped (a trainer that crashed).
 fn log_file(path: &Path) -> Result<Stdio, RunError> {
-    std::fs::File::create(path)
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
         .map(Stdio::from)
         .map_err(|e| RunError::Io(format!("{}: {e}", path.display())))
 }
