@@ -339,6 +339,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let first_attempt: std::collections::BTreeMap<usize, u32> =
         firsts.iter().map(|a| (a.index, a.attempt)).collect();
     let mut queue = Queue::new(firsts, u32::try_from(spec.backoff_limit).unwrap_or(0));
+    let ran_before = earlier.done.len() as u64;
     let mut results = earlier.done;
     let mut upstream_errors = earlier.upstream;
     let mut running = tokio::task::JoinSet::new();
@@ -643,6 +644,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         dataset: (!trains).then_some((trajectories.as_path(), plan.is_sft())),
         stopped,
         failed: failure.is_some() || gave_up.is_some(),
+        ran_before,
     };
     Ok(outcome::write(&mut summary, &ended))
 }

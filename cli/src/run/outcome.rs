@@ -22,10 +22,13 @@ pub struct Ended<'a> {
     pub stopped: Option<Stop>,
     /// Training failed, or the run stopped early (`stoppedEarly`).
     pub failed: bool,
+    /// Sessions a resumed run found done: not finished in this run's wall time.
+    pub ran_before: u64,
 }
 
 /// Writes the run's files and says which exit code the run ends with.
 pub fn write(summary: &mut RunSummary, ended: &Ended) -> i32 {
+    per_minute_of_this_run(summary, ended.ran_before);
     let mut unwritten = false;
     let mut said = |what: &str, e: &dyn std::fmt::Display| {
         eprintln!("floe run: {what} not written: {e}");
@@ -54,6 +57,18 @@ pub fn write(summary: &mut RunSummary, ended: &Ended) -> i32 {
     exit_code(summary, ended, unwritten)
 }
 
+/// `sessionsPerMinute` of the sessions this run finished, in its wall time.
+fn per_minute_of_this_run(summary: &mut RunSummary, ran_before: u64) {
+    let s = &summary.sessions;
+    let finished = s.total.saturating_sub(s.not_finished).saturating_sub(ran_before);
+    let wall = summary.timings.wall_seconds;
+    summary.timings.sessions_per_minute = if wall > 0.0 {
+        finished as f64 * 60.0 / wall
+    } else {
+        0.0
+    };
+}
+
 fn exit_code(summary: &RunSummary, ended: &Ended, unwritten: bool) -> i32 {
     if let Some(stop) = ended.stopped {
         stop.exit_code()
@@ -64,5 +79,20 @@ fn exit_code(summary: &RunSummary, ended: &Ended, unwritten: bool) -> i32 {
         1
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resumed_runs_pace_counts_the_sessions_it_finished() {
+        let mut summary = report::summarize("j", "train", &[], 120.0, false);
+        summary.sessions.total = 10;
+        summary.sessions.not_finished = 2;
+        // 6 of the 8 finished were done before the resume: 2 in 2 minutes.
+        per_minute_of_this_run(&mut summary, 6);
+        assert_eq!(summary.timings.sessions_per_minute, 1.0);
     }
 }
