@@ -133,6 +133,12 @@ impl Leader {
         self.config.duration * 2 / 3
     }
 
+    /// How soon a failed renewal is tried again: several tries fit before the deadline
+    /// (client-go retries every 2 s within its 10), so one apiserver hiccup is not a step-down.
+    fn retry_every(&self) -> Duration {
+        (self.config.duration / 15).max(Duration::from_millis(100))
+    }
+
     /// Renew until a renewal is lost (another replica took over, or none succeeded within
     /// [`Self::renew_deadline`]: an apiserver unreachable, or a call that never answers, which
     /// is given only the time left); then return.
@@ -140,12 +146,17 @@ impl Leader {
         let deadline = self.renew_deadline();
         // From when a renewal was sent: its `renewTime` is then, whenever the answer came.
         let mut last_renewal = tokio::time::Instant::now();
+        let mut wait = self.config.renew_every;
         loop {
-            tokio::time::sleep(self.config.renew_every).await;
+            tokio::time::sleep(wait).await;
             let sent = tokio::time::Instant::now();
             let left = deadline.saturating_sub(last_renewal.elapsed());
+            wait = self.retry_every();
             match tokio::time::timeout(left, self.try_hold()).await {
-                Ok(Ok(true)) => last_renewal = sent,
+                Ok(Ok(true)) => {
+                    last_renewal = sent;
+                    wait = self.config.renew_every;
+                }
                 Ok(Ok(false)) => {
                     tracing::warn!("lost the lease to another replica");
                     return;
@@ -203,6 +214,69 @@ impl Leader {
 mod tests {
     use super::*;
 
+    /// One renewal fails (an apiserver restarting): it is tried again soon, and the leader
+    /// stays leader.
+    #[tokio::test]
+    async fn one_failed_renewal_is_tried_again_not_a_step_down() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let reads = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = reads.clone();
+        let lease = |now: Timestamp| {
+            serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "l", "namespace": "ns", "resourceVersion": "1"},
+                "spec": {"holderIdentity": "me", "leaseDurationSeconds": 3,
+                    "renewTime": MicroTime(now)}})
+        };
+        let path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l";
+        let app =
+            axum::Router::new().route(
+                path,
+                axum::routing::get(move || {
+                    let n = counted.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if n == 0 {
+                            let refused = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "metadata": {}, "status": "Failure", "code": 503,
+                            "reason": "ServiceUnavailable", "message": "restarting"});
+                            (
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                axum::Json(refused),
+                            )
+                        } else {
+                            (
+                                axum::http::StatusCode::OK,
+                                axum::Json(lease(Timestamp::now())),
+                            )
+                        }
+                    }
+                })
+                .put(
+                    move |axum::Json(body): axum::Json<serde_json::Value>| async move {
+                        axum::Json(body)
+                    },
+                ),
+            );
+        let client = crate::stand_in_apiserver::client_of(app).await;
+        let duration = Duration::from_secs(3);
+        let leader = Leader::new(
+            client,
+            LeaseConfig {
+                namespace: "ns".into(),
+                name: "l".into(),
+                identity: "me".into(),
+                duration,
+                renew_every: duration / 3,
+            },
+        );
+        // Past the deadline a single try would leave (2 s): still leader.
+        let kept = tokio::time::timeout(Duration::from_secs(4), leader.keep()).await;
+        assert!(kept.is_err(), "stepped down after one failed renewal");
+        assert!(
+            reads.load(Ordering::SeqCst) >= 3,
+            "tried again, then renewed"
+        );
+    }
+
     /// The apiserver stops answering (a dead connection, no read timeout): the leader steps
     /// down within its renew deadline, before the lease could pass to another replica.
     #[tokio::test]
@@ -212,7 +286,7 @@ mod tests {
             axum::routing::get(std::future::pending::<String>),
         );
         let client = crate::stand_in_apiserver::client_of(app).await;
-        let duration = Duration::from_secs(3);
+        let duration = Duration::from_secs(6);
         let leader = Leader::new(
             client,
             LeaseConfig {

@@ -64,21 +64,26 @@ pub(crate) fn beside(path: &Path, module: &Path) -> bool {
         || (path.parent() == Some(dir) && named(path).and_then(importable_as) == Some(module))
 }
 
-/// Whether the agent's `path` is the `__init__` of a protected test module's own directory
-/// when that directory is a test package (a `tests`, `test` or `testing` directory, or one
-/// below it): its `__path__` could send `tests.utils_tests.test_text` to a copy of the agent's
-/// that swallows every failure. A test package's `__init__` is no fix's business; a
-/// `tests.py` among the code under test (`django/contrib/admin/`) keeps its directory's.
+/// Whether the agent's `path` is the `__init__` of a test package on a protected test
+/// module's way (its own directory, or one above it, that is or lies within a `tests`, `test`
+/// or `testing` directory): a `__path__` set there sends `tests.utils_tests.test_text` to a
+/// copy of the agent's that swallows every failure. A test package's `__init__` is no fix's
+/// business; a `tests.py` among the code under test (`django/contrib/admin/`) keeps its
+/// directory's, and so do the packages above a `tests` directory (`astropy/units/`).
 pub(crate) fn test_package_init(path: &Path, module: &Path) -> bool {
     let Some((dir, _)) = python_module(module) else {
         return false;
     };
-    let in_tests = dir
-        .components()
-        .any(|c| matches!(c.as_os_str().to_str(), Some("tests" | "test" | "testing")));
-    in_tests
-        && path.parent() == Some(dir)
-        && named(path).and_then(importable_as) == Some("__init__")
+    let Some(package) = path.parent() else {
+        return false;
+    };
+    let is_test_dir = |c: std::path::Component| {
+        matches!(c.as_os_str().to_str(), Some("tests" | "test" | "testing"))
+    };
+    named(path).and_then(importable_as) == Some("__init__")
+        && !package.as_os_str().is_empty()
+        && dir.starts_with(package)
+        && package.components().any(is_test_dir)
 }
 
 /// A `.py` file's directory and the module it is imported as.
@@ -197,12 +202,21 @@ mod tests {
             Path::new("astropy/units/tests/__init__.py"),
             nested
         ));
+        // A test package further up the way too (`tests.unit` of `tests.unit.foo.test_x`).
+        assert!(test_package_init(Path::new("tests/__init__.py"), module));
+        let deep = Path::new("tests/unit/foo/test_x.py");
+        assert!(test_package_init(Path::new("tests/unit/__init__.py"), deep));
         // The code under test's packages stay the agent's to fix.
-        assert!(!test_package_init(Path::new("tests/__init__.py"), module));
         assert!(!test_package_init(
             Path::new("astropy/units/__init__.py"),
             nested
         ));
+        assert!(!test_package_init(Path::new("astropy/__init__.py"), nested));
+        assert!(!test_package_init(
+            Path::new("tests/other/__init__.py"),
+            module
+        ));
+        assert!(!test_package_init(Path::new("__init__.py"), module));
         let among_code = Path::new("django/contrib/admin/tests.py");
         assert!(!test_package_init(
             Path::new("django/contrib/admin/__init__.py"),

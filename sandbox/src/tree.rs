@@ -193,15 +193,26 @@ impl Dir {
         match self.kind(name)? {
             None => Ok(()),
             Some(Kind::Dir) => {
+                // (One it cannot enter, mode 000, `subdir` opens after adding its owner's bits.)
                 let sub = self.subdir(name)?;
-                let names = sub.names()?;
-                for (i, inner) in names.iter().enumerate() {
-                    match sub.remove(inner) {
+                let mut writable = false;
+                // Readable but not searchable (`chmod 444`): its names are not listed either.
+                let names = match sub.names() {
+                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                        self.add_owner_bits(name, 0o700)?;
+                        writable = true;
+                        sub.names()?
+                    }
+                    other => other?,
+                };
+                for inner in names {
+                    match sub.remove(&inner) {
                         // A directory made read-only (`chmod 555`, by the code the evaluator
                         // ran): its owner may write it again; the entries go then.
-                        Err(e) if i == 0 && e.kind() == io::ErrorKind::PermissionDenied => {
+                        Err(e) if !writable && e.kind() == io::ErrorKind::PermissionDenied => {
                             self.add_owner_bits(name, 0o700)?;
-                            sub.remove(inner)?;
+                            writable = true;
+                            sub.remove(&inner)?;
                         }
                         other => other?,
                     }
@@ -360,17 +371,24 @@ mod tests {
     fn a_directory_made_read_only_goes_with_what_it_holds() -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir()?;
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777))?;
         let root = tmp.path().to_path_buf();
         std::thread::spawn(move || -> io::Result<()> {
-            // This thread alone as an ordinary user (root's capabilities would write any
-            // directory, and the test could not fail): the file system ids are per thread.
-            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(65534));
-            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(65534));
+            // This thread alone without root's power over permissions (which would write any
+            // directory, and the test could not fail): capabilities are per thread.
+            use rustix::thread::CapabilitySet;
+            let mut caps = rustix::thread::capabilities(None)?;
+            caps.effective.remove(
+                CapabilitySet::DAC_OVERRIDE
+                    | CapabilitySet::DAC_READ_SEARCH
+                    | CapabilitySet::FOWNER,
+            );
+            rustix::thread::set_capabilities(None, caps)?;
             let ro = root.join("ro");
-            std::fs::create_dir_all(ro.join("sub"))?;
-            std::fs::write(ro.join("sub/f"), "x")?;
-            std::fs::set_permissions(ro.join("sub"), std::fs::Permissions::from_mode(0o555))?;
+            for (sub, mode) in [("a", 0o555), ("b", 0o444), ("c", 0o000)] {
+                std::fs::create_dir_all(ro.join(sub))?;
+                std::fs::write(ro.join(sub).join("f"), "x")?;
+                std::fs::set_permissions(ro.join(sub), std::fs::Permissions::from_mode(mode))?;
+            }
             std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555))?;
             Dir::open(&root)?.remove(OsStr::new("ro"))?;
             assert!(!ro.exists());

@@ -558,7 +558,17 @@ class Trainer:
         """Every push: its version is recorded (synced) before vLLM may serve it, so that a
         trainer resumed from an older checkpoint never labels other weights with it. Beside
         the checkpoints, which outlive the pod (its state directory may not)."""
-        record_pushed_version(self.ckpt_dir, version)
+        try:
+            record_pushed_version(self.ckpt_dir, version)
+        except OSError as e:
+            # Not vLLM's failure, and no reason to stop training: said as what it is.
+            log.error(
+                "cannot record policy version %d as pushed in %s (%s): a trainer resumed with "
+                "a restarted vLLM may label other weights with it",
+                version,
+                self.ckpt_dir,
+                e,
+            )
         self.sync.push(version)
 
     def _skip_versions_up_to(self, served: int | None) -> bool:

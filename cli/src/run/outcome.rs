@@ -60,7 +60,10 @@ pub fn write(summary: &mut RunSummary, ended: &Ended) -> i32 {
 /// `sessionsPerMinute` of the sessions this run finished, in its wall time.
 fn per_minute_of_this_run(summary: &mut RunSummary, ran_before: u64) {
     let s = &summary.sessions;
-    let finished = s.total.saturating_sub(s.not_finished).saturating_sub(ran_before);
+    let finished = s
+        .total
+        .saturating_sub(s.not_finished)
+        .saturating_sub(ran_before);
     let wall = summary.timings.wall_seconds;
     summary.timings.sessions_per_minute = if wall > 0.0 {
         finished as f64 * 60.0 / wall

@@ -254,7 +254,7 @@ fn check_out(out: &Path, resume: bool) -> Result<(), RunError> {
                 out.display()
             ));
         }
-        // Reused, not removed (it could be someone's own): its logs are written afresh, and
+        // Reused, not removed (it could be someone's own): its logs are appended to, and
         // a trainer stopped before any session trained nothing to resume from.
         eprintln!(
             "floe run: --out {} holds only the trainer's directory of a train run that stopped \

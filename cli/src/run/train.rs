@@ -327,6 +327,12 @@ impl Training {
         cmd.args(&line[1..]).arg("--state-dir").arg(&state);
         let token = || hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));
         let (control, ingest) = (token(), token());
+        if train.gpus > 1 {
+            // torchrun kills its processes 30 s after the stop's SIGTERM by default: too soon
+            // for the leader's last checkpoint of a large model. It waits out the grace.
+            let shutdown = (TRAINER_GRACE_SECONDS - 15).to_string();
+            cmd.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", shutdown);
+        }
         cmd.env("FLOE_TRAINER_CONFIG", config.to_string())
             .env("FLOE_TRAINER_CONTROL_TOKEN", &control)
             .env("FLOE_TRAINER_INGEST_TOKEN", &ingest);

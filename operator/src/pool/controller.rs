@@ -168,14 +168,7 @@ async fn reconcile_pool(
         decided.deferred += decided.create;
         decided.create = 0;
     }
-    let replaced_unready = decided
-        .delete
-        .iter()
-        .filter(|(_, r)| *r == DeleteReason::Unready)
-        .count() as u32;
-    if replaced_unready > 0 {
-        ctx.count_unready(&key, replaced_unready);
-    }
+    let mut replaced_unready = 0;
     for (pod, reason) in &decided.delete {
         tracing::info!(pool = %key, %pod, ?reason, "deleting pod");
         let deleted = match cached.iter().find(|p| p.name_any() == *pod) {
@@ -189,6 +182,11 @@ async fn reconcile_pool(
             continue;
         }
         ctx.expect_deleted(&key, pod);
+        // Counted as it goes: one left (changed since) is decided again next round.
+        if *reason == DeleteReason::Unready {
+            replaced_unready += 1;
+            ctx.count_unready(&key, 1);
+        }
         let (type_, why, note) = match reason {
             DeleteReason::Unready => (
                 EventType::Warning,
