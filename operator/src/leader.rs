@@ -214,6 +214,22 @@ impl Leader {
 mod tests {
     use super::*;
 
+    /// Replica "me" of lease `ns/l` on a stand-in apiserver, renewing every third of
+    /// `duration`, as `floe operator` does.
+    async fn leader_of(app: axum::Router, duration: Duration) -> Leader {
+        let client = crate::stand_in_apiserver::client_of(app).await;
+        Leader::new(
+            client,
+            LeaseConfig {
+                namespace: "ns".into(),
+                name: "l".into(),
+                identity: "me".into(),
+                duration,
+                renew_every: duration / 3,
+            },
+        )
+    }
+
     /// One renewal fails (an apiserver restarting): it is tried again soon, and the leader
     /// stays leader.
     #[tokio::test]
@@ -256,18 +272,7 @@ mod tests {
                     },
                 ),
             );
-        let client = crate::stand_in_apiserver::client_of(app).await;
-        let duration = Duration::from_secs(3);
-        let leader = Leader::new(
-            client,
-            LeaseConfig {
-                namespace: "ns".into(),
-                name: "l".into(),
-                identity: "me".into(),
-                duration,
-                renew_every: duration / 3,
-            },
-        );
+        let leader = leader_of(app, Duration::from_secs(3)).await;
         // Past the deadline a single try would leave (2 s): still leader.
         let kept = tokio::time::timeout(Duration::from_secs(4), leader.keep()).await;
         assert!(kept.is_err(), "stepped down after one failed renewal");
@@ -285,18 +290,8 @@ mod tests {
             "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
             axum::routing::get(std::future::pending::<String>),
         );
-        let client = crate::stand_in_apiserver::client_of(app).await;
         let duration = Duration::from_secs(6);
-        let leader = Leader::new(
-            client,
-            LeaseConfig {
-                namespace: "ns".into(),
-                name: "l".into(),
-                identity: "me".into(),
-                duration,
-                renew_every: duration / 3,
-            },
-        );
+        let leader = leader_of(app, duration).await;
         let t0 = tokio::time::Instant::now();
         tokio::time::timeout(duration * 4, leader.keep())
             .await

@@ -109,13 +109,19 @@ def test_a_failed_sample_reported_before_the_checkpoint_still_completes_its_grou
     assert stats is not None and stats.sequences == 2, "trained without the failed sample"
 
 
-def test_versions_vllm_served_past_the_checkpoint_are_never_reused(tmp_path, vllm):
+def checkpointed_at_version_1(tmp_path, vllm) -> Trainer:
+    """A trainer (groups of 2, staleness 1) that took a step and checkpointed it."""
     trainer = start(tmp_path, vllm, numSamples=2, maxStaleness=1)
     send(trainer, "j/a", 0, 0.0)
     send(trainer, "j/a", 1, 1.0)
     assert trainer.run_once() is not None
     trainer.save_checkpoint()
     assert vllm.label == "1"
+    return trainer
+
+
+def test_versions_vllm_served_past_the_checkpoint_are_never_reused(tmp_path, vllm):
+    checkpointed_at_version_1(tmp_path, vllm)
     # The trainer went on to versions 2 and 3, then died before its next checkpoint.
     vllm.label = "3"
 
@@ -153,11 +159,7 @@ def test_versions_pushed_past_the_checkpoint_are_never_reused_when_vllm_restarte
 ):
     """The trainer pod deleted: its vLLM restarts with it and serves the base weights,
     saying nothing of versions 2 and 3. The trainer's own record of its pushes does."""
-    trainer = start(tmp_path, vllm, numSamples=2, maxStaleness=1)
-    send(trainer, "j/a", 0, 0.0)
-    send(trainer, "j/a", 1, 1.0)
-    assert trainer.run_once() is not None
-    trainer.save_checkpoint()
+    trainer = checkpointed_at_version_1(tmp_path, vllm)
     for group in ("j/b", "j/c"):
         send(trainer, group, 0, 0.0, version=1)
         send(trainer, group, 1, 1.0, version=1)
