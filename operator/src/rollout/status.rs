@@ -211,6 +211,14 @@ fn condition(type_: &str, status: bool, reason: &str, message: String) -> Condit
     }
 }
 
+/// Failed at `activeDeadlineSeconds`, whatever the job was doing or waiting for (`why`).
+fn deadline_exceeded(mut out: Vec<Condition>, why: String) -> (RolloutJobPhase, Vec<Condition>) {
+    out.push(condition("Failed", true, "DeadlineExceeded", why.clone()));
+    out.push(condition("Ready", false, "DeadlineExceeded", why.clone()));
+    out.push(condition("Stalled", true, "DeadlineExceeded", why));
+    (RolloutJobPhase::Failed, out)
+}
+
 fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase, Vec<Condition>) {
     let s = i.state;
     let mut out = Vec::new();
@@ -239,10 +247,7 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
             "activeDeadlineSeconds passed while {}: {}",
             b.reason, b.message
         );
-        out.push(condition("Failed", true, "DeadlineExceeded", why.clone()));
-        out.push(condition("Ready", false, "DeadlineExceeded", why.clone()));
-        out.push(condition("Stalled", true, "DeadlineExceeded", why));
-        return (RolloutJobPhase::Failed, out);
+        return deadline_exceeded(out, why);
     }
     if let Some(b) = i.blocked.filter(|b| b.transient) {
         out.push(condition("Ready", false, &b.reason, b.message.clone()));
@@ -292,10 +297,7 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
         };
         if let Some(what) = waiting.filter(|_| s.deadline_exceeded) {
             let why = format!("activeDeadlineSeconds passed; {summary}, but {what}");
-            out.push(condition("Failed", true, "DeadlineExceeded", why.clone()));
-            out.push(condition("Ready", false, "DeadlineExceeded", why.clone()));
-            out.push(condition("Stalled", true, "DeadlineExceeded", why));
-            return (RolloutJobPhase::Failed, out);
+            return deadline_exceeded(out, why);
         }
         if i.trainer_unfinished {
             let why =
@@ -345,10 +347,7 @@ fn phase_and_conditions(i: &StatusInput, c: &SessionCounts) -> (RolloutJobPhase,
     }
     if s.deadline_exceeded {
         let why = format!("activeDeadlineSeconds passed; {summary}");
-        out.push(condition("Failed", true, "DeadlineExceeded", why.clone()));
-        out.push(condition("Ready", false, "DeadlineExceeded", why.clone()));
-        out.push(condition("Stalled", true, "DeadlineExceeded", why));
-        return (RolloutJobPhase::Failed, out);
+        return deadline_exceeded(out, why);
     }
     if s.suspend {
         let why = format!("suspended with {} sessions still running", c.running);
