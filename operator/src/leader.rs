@@ -251,12 +251,10 @@ mod tests {
                     let n = counted.fetch_add(1, Ordering::SeqCst);
                     async move {
                         if n == 0 {
-                            let refused = serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                            "metadata": {}, "status": "Failure", "code": 503,
-                            "reason": "ServiceUnavailable", "message": "restarting"});
-                            (
-                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                                axum::Json(refused),
+                            crate::stand_in_apiserver::status(
+                                503,
+                                "ServiceUnavailable",
+                                "restarting",
                             )
                         } else {
                             (

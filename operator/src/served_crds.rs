@@ -167,12 +167,12 @@ mod tests {
                             ["reward"]["properties"];
                         reward.as_object_mut().map(|r| r.remove("failureReward"));
                     }
-                    if code != 200 {
-                        body = serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                        "status": "Failure", "message": "no", "reason": "x", "code": code});
-                    }
-                    let status = axum::http::StatusCode::from_u16(code).expect("a code");
-                    async move { (status, axum::Json(body)) }
+                    let answer = if code == 200 {
+                        (axum::http::StatusCode::OK, axum::Json(body))
+                    } else {
+                        crate::stand_in_apiserver::status(code, "x", "no")
+                    };
+                    async move { answer }
                 },
             ),
         );

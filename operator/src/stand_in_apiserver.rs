@@ -10,3 +10,24 @@ pub(crate) async fn client_of(app: axum::Router) -> kube::Client {
     tokio::spawn(async move { axum::serve(listener, app).await });
     kube::Client::try_from(kube::Config::new(url.parse().expect("a URL"))).expect("a client")
 }
+
+/// A `Status` answer as the apiserver writes one: a success for a 2xx `code`, else a failure
+/// for `reason`.
+pub(crate) fn status(
+    code: u16,
+    reason: &str,
+    message: &str,
+) -> (axum::http::StatusCode, axum::Json<serde_json::Value>) {
+    let outcome = if (200..300).contains(&code) {
+        "Success"
+    } else {
+        "Failure"
+    };
+    (
+        axum::http::StatusCode::from_u16(code).expect("an HTTP status code"),
+        axum::Json(
+            serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": outcome, "code": code, "reason": reason, "message": message}),
+        ),
+    )
+}

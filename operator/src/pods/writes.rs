@@ -101,27 +101,15 @@ mod tests {
             axum::routing::delete(|body: axum::body::Bytes| async move {
                 let params: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let rv = &params["preconditions"]["resourceVersion"];
-                let (code, status) = if rv == "2" {
-                    (200, serde_json::json!({"status": "Success"}))
+                if rv == "2" {
+                    crate::stand_in_apiserver::status(200, "", "")
                 } else {
-                    (
+                    crate::stand_in_apiserver::status(
                         409,
-                        serde_json::json!({"status": "Failure", "reason": "Conflict",
-                        "message": "the object has been modified", "code": 409}),
+                        "Conflict",
+                        "the object has been modified",
                     )
-                };
-                let body = serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                    "metadata": {}})
-                .as_object()
-                .cloned()
-                .map(|mut o| {
-                    o.extend(status.as_object().cloned().unwrap_or_default());
-                    serde_json::Value::Object(o)
-                });
-                (
-                    axum::http::StatusCode::from_u16(code).unwrap_or_default(),
-                    axum::Json(body),
-                )
+                }
             }),
         );
         Api::namespaced(crate::stand_in_apiserver::client_of(app).await, "ns")
@@ -154,12 +142,7 @@ mod tests {
             .route(
                 "/api/v1/namespaces/ns/secrets",
                 axum::routing::post(|| async {
-                    (
-                        axum::http::StatusCode::FORBIDDEN,
-                        axum::Json(serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                            "metadata": {}, "status": "Failure", "reason": "Forbidden",
-                            "code": 403, "message": "exceeded quota: secrets"})),
-                    )
+                    crate::stand_in_apiserver::status(403, "Forbidden", "exceeded quota: secrets")
                 }),
             )
             .route(
@@ -167,8 +150,7 @@ mod tests {
                 axum::routing::delete(
                     move |axum::extract::Path(name): axum::extract::Path<String>| async move {
                         seen.lock().map(|mut d| d.push(name)).ok();
-                        axum::Json(serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                            "metadata": {}, "status": "Success"}))
+                        crate::stand_in_apiserver::status(200, "", "")
                     },
                 ),
             );
