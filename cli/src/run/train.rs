@@ -328,9 +328,7 @@ impl Training {
         let token = || hex::encode(rand::RngExt::random::<[u8; 24]>(&mut rand::rng()));
         let (control, ingest) = (token(), token());
         if train.gpus > 1 {
-            // torchrun kills its processes 30 s after the stop's SIGTERM by default: too soon
-            // for the leader's last checkpoint of a large model. It waits out the grace.
-            let shutdown = (TRAINER_GRACE_SECONDS - 15).to_string();
+            let shutdown = trainer_launch::torch_shutdown_timeout();
             cmd.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", shutdown);
         }
         cmd.env("FLOE_TRAINER_CONFIG", config.to_string())
@@ -549,7 +547,11 @@ impl Training {
         children.reverse();
         for (what, child, pgid) in &mut children {
             let trainer = what == "trainer";
-            let grace = Duration::from_secs(if trainer { TRAINER_GRACE_SECONDS } else { 20 });
+            let grace = Duration::from_secs(if trainer {
+                trainer_launch::TRAINER_STOP_GRACE_SECONDS
+            } else {
+                20
+            });
             signal_group(*pgid, Signal::SIGTERM);
             if trainer && matches!(child.try_wait(), Ok(None)) {
                 eprintln!(
@@ -582,9 +584,6 @@ impl Training {
         }
     }
 }
-
-/// The trainer's grace on a stop, as its pod's (`TRAINER_STOP_GRACE_SECONDS` in the operator).
-const TRAINER_GRACE_SECONDS: u64 = 300;
 
 fn signal_group(pgid: i32, signal: Signal) {
     let _ = killpg(Pid::from_raw(pgid), signal);

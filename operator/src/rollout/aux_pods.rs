@@ -6,14 +6,12 @@
 pub const VLLM_LOOPBACK_PORT: u16 = 8001;
 /// Shared by the trainer pod's two containers: ingest spool, the weights vLLM reloads.
 pub const TRAINER_STATE_DIR: &str = "/var/lib/floe-trainer";
-/// How long a deleted trainer pod has to write its last checkpoint.
-pub const TRAINER_STOP_GRACE_SECONDS: i64 = 300;
 /// The trainer pods' `fsGroup`: the floe-trainer image's group. Every container of the pod
 /// runs with it as a supplementary group, and the kubelet gives a claim that supports
 /// ownership (most provisioned volumes, not hostPath) to it, so a fresh root-owned checkpoint
 /// claim is writable by whichever user the trainer image runs as.
 pub const TRAINER_FS_GROUP: i64 = 1000;
-pub use super::trainer_launch::SERVED_MODEL;
+pub use super::trainer_launch::{SERVED_MODEL, TRAINER_STOP_GRACE_SECONDS};
 pub use crate::pods::names::{INGEST_PORT, OWNER_JOB_LABEL, ROLE_LABEL, VLLM_PORT};
 
 /// Service in front of the trainer pod's vLLM.
@@ -277,11 +275,9 @@ pub fn trainer(
         job_token_env(job, "FLOE_TRAINER_INGEST_TOKEN"),
     ];
     if train.nodes > 1 || train.gpus > 1 {
-        // torchrun passes the pod's SIGTERM to the processes and kills them 30 s later by
-        // default: too soon for the leader to gather and write its last checkpoint (a 135M
-        // model on two CPU pods took longer). It waits out the pod's grace instead.
+        // torchrun waits out the pod's grace for the leader's last checkpoint.
         trainer_env.push(json!({"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-                                "value": (TRAINER_STOP_GRACE_SECONDS - 15).to_string()}));
+                                "value": trainer_launch::torch_shutdown_timeout()}));
     }
     let mut trainer_ports = vec![json!({"name": "ingest", "containerPort": INGEST_PORT})];
     if train.nodes > 1 {

@@ -14,6 +14,17 @@ pub const CHECKPOINT_MOUNT: &str = "/checkpoints";
 pub const SERVED_MODEL: &str = "policy";
 /// The base model's name in vLLM when the policy is a LoRA adapter on it.
 pub const BASE_MODEL: &str = "policy-base";
+/// How long a stopped trainer has to finish its step and write its last checkpoint: its pod's
+/// grace, and `floe run`'s wait for it.
+pub const TRAINER_STOP_GRACE_SECONDS: u64 = 300;
+
+/// `TORCH_ELASTIC_SHUTDOWN_TIMEOUT` for a sharded trainer: torchrun passes the stop's SIGTERM
+/// to its processes and kills them 30 s later by default, too soon for the leader to gather
+/// and write its last checkpoint (a 135M model on two CPU pods took longer); it waits out the
+/// grace instead, less a margin to end them.
+pub fn torch_shutdown_timeout() -> String {
+    (TRAINER_STOP_GRACE_SECONDS - 15).to_string()
+}
 
 /// vLLM's `--max-lora-rank` takes one of these (vllm/config/lora.py).
 const VLLM_LORA_RANKS: &[i32] = &[1, 8, 16, 32, 64, 128, 256, 320, 512];
