@@ -257,12 +257,9 @@ fn read_result(dir: &Path) -> Result<Option<SessionResult>, String> {
 
 /// Write a finished attempt's `summary.json` whole or not at all (beside, synced, renamed).
 pub fn write_result(dir: &Path, result: &SessionResult) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let tmp = dir.join(".summary.json.tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(render_result(result).as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, dir.join("summary.json"))
+    let path = dir.join("summary.json");
+    floe_gateway::ship::write_durably(&path, render_result(result).as_bytes())
+        .map_err(std::io::Error::other)
 }
 
 /// A finished attempt's `summary.json`: the runner's summary and the session's wall time.
@@ -348,7 +345,7 @@ mod tests {
             .map_err(std::io::Error::other)?
             .ok_or_else(|| std::io::Error::other("j-t-0's result"))?;
         write_result(&slot, &again)?;
-        assert!(!slot.join(".summary.json.tmp").exists());
+        assert!(!slot.join("summary.json.tmp").exists());
         assert!(read_result(&slot).map_err(std::io::Error::other)?.is_some());
         Ok(())
     }
