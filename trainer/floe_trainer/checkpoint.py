@@ -7,13 +7,13 @@ a temporary directory and renamed, so a checkpoint is whole or absent; the oldes
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from . import durable
 
 
 @dataclass
@@ -67,7 +67,7 @@ def save(
         torch.save(optimizer_state, tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state.__dict__))
 
-    final = written_whole(directory / f"ckpt-{state.step}", write)
+    final = durable.write_with(directory / f"ckpt-{state.step}", write)
     old = sorted(
         (p for p in directory.glob("ckpt-*") if p.is_dir()),
         key=lambda p: int(p.name.split("-")[1]),
@@ -104,22 +104,7 @@ def save_model(final: Path, model, weights: dict, base: Path) -> Path:
             if (base / name).is_file() and not (tmp / name).exists():
                 shutil.copy(base / name, tmp / name)
 
-    return written_whole(final, write)
-
-
-def written_whole(final: Path, write: Callable[[Path], None]) -> Path:
-    """``write`` fills a directory beside ``final``, its files are synced, and it is renamed
-    to ``final``: a reader sees the whole directory or none (an old one until the rename)."""
-    tmp = final.parent / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    write(tmp)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
+    return durable.write_with(final, write)
 
 
 def load_state(path: Path) -> State:

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from . import snapshot_delta, wire
+from . import durable, snapshot_delta, wire
 
 log = logging.getLogger("floe_trainer.ingest")
 
@@ -79,17 +79,7 @@ class Store:
             target = self.path(session)
             if target.exists():
                 return False
-            tmp = self.dir / f".{session}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(raw)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-            fd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            durable.write_bytes(target, raw)
             # The session has its trajectory: its snapshot is of no more use.
             self._forget_partial(session)
             return True

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import written_whole
+from . import durable
 from .memory_plan import LORA_TARGETS
 from .vllm_sync import paused
 
@@ -91,7 +91,7 @@ def save_adapter(model, directory: Path, state: dict[str, torch.Tensor] | None =
     """The adapter's files (config + safetensors), written beside and renamed: whole or
     absent. ``state``: the model's state gathered whole (``distributed.full_state_dict``; a
     sharded model's own holds shards), from which PEFT keeps the adapter's tensors."""
-    return written_whole(directory, lambda tmp: model.save_pretrained(tmp, state_dict=state))
+    return durable.write_with(directory, lambda tmp: model.save_pretrained(tmp, state_dict=state))
 
 
 def adapter_module(key: str) -> str | None:

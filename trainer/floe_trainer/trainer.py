@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import datetime
 import logging
-import os
 import queue
 import shutil
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from . import checkpoint, fidelity, lora, memory_plan
+from . import checkpoint, durable, fidelity, lora, memory_plan
 from .advantages import overlong_penalty
 from .batching import Group, GroupBuffer
 from .distributed import (
@@ -432,16 +431,10 @@ def read_pushed_version(directory: Path) -> int | None:
 
 
 def record_pushed_version(directory: Path, version: int) -> None:
-    """The highest version ever pushed, kept across restarts (temporary file, fsync, rename)."""
+    """The highest version ever pushed, kept across restarts, durably."""
     if (read_pushed_version(directory) or 0) >= version:
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{PUSHED_VERSION_FILE}.tmp"
-    with open(tmp, "w") as f:
-        f.write(str(version))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / PUSHED_VERSION_FILE)
+    durable.write_bytes(directory / PUSHED_VERSION_FILE, str(version).encode())
 
 
 def overlong_penalty_of(cfg: TrainerConfig) -> Callable[[Trajectory], float] | None:

@@ -16,7 +16,6 @@ weights: version 0), which is how the trainer notices a restarted server.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Callable
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from . import durable
 
 
 def post(url: str, body: dict | None = None, timeout: float = 600) -> dict:
@@ -84,11 +85,7 @@ def save_weights(
 ) -> None:
     """``model.safetensors`` replaced atomically (vLLM must never read a half-written file)."""
     state = weights_state(model, dtype)
-    tmp = directory / ".model.safetensors.tmp"
-    save_file(state, str(tmp))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / "model.safetensors")
+    durable.write_with(directory / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
 
 
 def parse_version(label: object) -> int | None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from floe_trainer.checkpoint import latest, load_state, written_whole
+from floe_trainer.checkpoint import latest, load_state
+from floe_trainer.durable import write_with
 
 TRAINER = Path(__file__).resolve().parents[1]
 
@@ -20,7 +21,7 @@ TRAINER = Path(__file__).resolve().parents[1]
 HALF_WRITTEN = """
 import sys, time
 from pathlib import Path
-from floe_trainer.checkpoint import written_whole
+from floe_trainer.durable import write_with
 
 def write(tmp: Path) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
@@ -28,7 +29,7 @@ def write(tmp: Path) -> None:
     print("half", flush=True)
     time.sleep(600)
 
-written_whole(Path(sys.argv[1]) / f"ckpt-{sys.argv[2]}", write)
+write_with(Path(sys.argv[1]) / f"ckpt-{sys.argv[2]}", write)
 """
 
 
@@ -38,7 +39,7 @@ def whole(directory: Path, step: int) -> Path:
         (tmp / "model.safetensors").write_bytes(b"w" * 64)
         (tmp / "state.json").write_text(json.dumps({"step": step, "policy_version": step}))
 
-    return written_whole(directory / f"ckpt-{step}", write)
+    return write_with(directory / f"ckpt-{step}", write)
 
 
 def test_a_trainer_killed_while_writing_a_checkpoint_leaves_the_previous_one_newest(tmp_path):
@@ -77,7 +78,7 @@ def test_a_write_that_fails_midway_leaves_no_checkpoint_of_that_step(tmp_path):
         raise OSError("No space left on device")
 
     with pytest.raises(OSError, match="No space"):
-        written_whole(checkpoints / "ckpt-2", fails)
+        write_with(checkpoints / "ckpt-2", fails)
     assert latest(checkpoints) == checkpoints / "ckpt-1"
     # A directory named like a checkpoint with no state.json (copied in by hand, cut short)
     # is not one either.

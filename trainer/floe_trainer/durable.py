@@ -1,0 +1,77 @@
+"""Writes that survive a crash or a power loss whole or not at all: written beside their
+place under a hidden temporary name, synced, renamed into place, and the directory synced
+(a rename lives in the directory: without that sync a power loss may undo it, and the old
+file, or none, comes back). The trainer's acknowledged trajectories, its pushed-version
+record, its checkpoints and the weights vLLM loads all go through here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+
+def temporary(final: Path) -> Path:
+    """Where ``final`` is written before it is renamed into place: hidden, in its directory
+    (a rename is atomic only within one file system)."""
+    return final.parent / f".{final.name}.tmp"
+
+
+def sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Rename the written ``tmp`` (a file, or a directory of files) to ``final``, synced
+    first and its directory after. A directory ``final`` already there is replaced: moved
+    aside before the rename and removed after it, so a crash in between leaves the old one
+    (as ``.NAME.old``), never a half-written one."""
+    if tmp.is_dir():
+        for parent, _dirs, files in os.walk(tmp):
+            for name in files:
+                _sync_file(Path(parent, name))
+            sync_dir(Path(parent))
+    else:
+        _sync_file(tmp)
+    old = None
+    if final.is_dir():
+        old = final.parent / f".{final.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    sync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_bytes(final: Path, data: bytes) -> None:
+    """``data`` at ``final``, durably (see the module)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary(final)
+    with open(tmp, "wb") as f:
+        f.write(data)
+    publish(tmp, final)
+
+
+def write_with(final: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` fills ``final``'s temporary path (a file, or a directory it makes), which is
+    then published durably: a reader sees the whole of it or the old one."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary(final)
+    if tmp.is_dir():
+        shutil.rmtree(tmp)
+    else:
+        tmp.unlink(missing_ok=True)
+    write(tmp)
+    publish(tmp, final)
+    return final
