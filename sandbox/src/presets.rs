@@ -232,6 +232,9 @@ fn claude_code(
             ("ANTHROPIC_MODEL", &spec.model),
             ("ANTHROPIC_SMALL_FAST_MODEL", &spec.model),
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            // Each request says what it is for (`x-claude-code-request-class`: main,
+            // subagent, compaction, …), which every capture record keeps and stats count.
+            ("CLAUDE_CODE_GATEWAY_HINT_HEADERS", "1"),
             ("DISABLE_AUTOUPDATER", "1"),
             ("DISABLE_TELEMETRY", "1"),
             ("DISABLE_ERROR_REPORTING", "1"),

@@ -1,6 +1,8 @@
 //! How a session's result leaves the pod: a short JSON summary (Kubernetes caps termination
 //! messages at 4096 bytes) and an exit code the operator can act on without parsing anything.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The runner's exit code.
@@ -68,6 +70,10 @@ pub struct Summary {
     /// trace, nor in the counts above.
     #[serde(skip_serializing_if = "is_zero")]
     pub abandoned_calls: u64,
+    /// The calls by what the harness said each is for (Claude Code's request class), when
+    /// it says (the trajectory's `stats.calls_by_class`, at most nine keys).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub calls_by_class: BTreeMap<String, u64>,
     /// The first and last policy version whose weights sampled the session's calls (from the
     /// policy server's version header; none without one).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -116,6 +122,7 @@ pub fn render(summary: &Summary) -> String {
                 s.error = None;
                 s.trajectory = None;
                 s.upstream_errors = None;
+                s.calls_by_class.clear();
             }
         }
     }

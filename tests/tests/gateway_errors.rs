@@ -879,6 +879,46 @@ async fn a_reply_the_caller_left_before_is_captured_as_abandoned() -> Result<()>
     Ok(())
 }
 
+/// Claude Code's request-class header is kept on each call's capture record; the agent can
+/// send any header, so only a short lowercase word is kept (it keys a count in every
+/// trajectory), and anything else is left out, the call itself answered.
+#[tokio::test]
+async fn a_calls_request_class_is_captured_and_a_forged_one_left_out() -> Result<()> {
+    let steps = (0..5).map(|i| Step::Say(format!("answer {i}"))).collect();
+    let model = ScriptedUpstream::start(steps).await?;
+    let gw = TestGateway::start(&model.url, 16).await?;
+    let token = gw.session("classes", "t", 0).await?;
+    let http = reqwest::Client::new();
+    let body =
+        json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
+    let long = "x".repeat(33);
+    for class in [
+        Some("main"),
+        Some("compaction"),
+        Some("Main Loop"),
+        Some(long.as_str()),
+        None,
+    ] {
+        let mut post = http
+            .post(format!("{}/v1/messages", gw.url))
+            .header("x-api-key", &token)
+            .json(&body);
+        if let Some(class) = class {
+            post = post.header(floe_gateway::server::REQUEST_CLASS_HEADER, class);
+        }
+        let answer = post.send().await?;
+        assert_eq!(answer.status(), 200, "{class:?}: {}", answer.text().await?);
+    }
+    gw.close("classes").await?;
+    let records = read_session(&gw.session_dir("classes"))?.records;
+    let classes: Vec<Option<&str>> = records.iter().map(|r| r.request_class.as_deref()).collect();
+    assert_eq!(
+        classes,
+        [Some("main"), Some("compaction"), None, None, None]
+    );
+    Ok(())
+}
+
 /// An assignment past axum's default body limit (2 MiB): a SWE-bench instance carries its test
 /// patch twice (in the instance and in its eval script), and a task's hidden files can be
 /// large. The control port takes it whole, and the runner's poll gets it intact (it got a 413,

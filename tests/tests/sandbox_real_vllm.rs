@@ -9,7 +9,8 @@ use floe_tests::toy_task::{check_tokens, default_evaluator, run_session};
 use floe_tests::vllm_long;
 use serde_json::{json, Value};
 
-async fn preset_session(preset: &str, harness: Value) -> Result<()> {
+/// Runs the session and checks it; returns its trajectory.
+async fn preset_session(preset: &str, harness: Value) -> Result<Value> {
     let name = format!("vllm-{preset}");
     let run = run_session(&name, &harness, &vllm_long().url, &default_evaluator()).await?;
     // The harness may exit non-zero on nonsense (1 = agent failure): either way it was scored.
@@ -45,27 +46,37 @@ async fn preset_session(preset: &str, harness: Value) -> Result<()> {
         run.summary["agentSeconds"].as_f64().unwrap_or(0.0),
         t["stats"]["sampled_tokens"]
     );
-    Ok(())
+    Ok(t)
 }
 
 #[tokio::test]
 async fn codex_session_on_real_vllm() -> Result<()> {
-    preset_session("codex", json!({"preset": "codex"})).await
+    preset_session("codex", json!({"preset": "codex"})).await?;
+    Ok(())
 }
 
 #[tokio::test]
 async fn claude_code_session_on_real_vllm() -> Result<()> {
-    preset_session("claude-code", json!({"preset": "claude-code"})).await
+    let t = preset_session("claude-code", json!({"preset": "claude-code"})).await?;
+    // The preset turns on Claude Code's request-class header: its own turns say `main`.
+    let by_class = &t["stats"]["calls_by_class"];
+    assert!(
+        by_class["main"].as_u64().is_some_and(|n| n >= 1),
+        "calls by class: {by_class}"
+    );
+    Ok(())
 }
 
 #[tokio::test]
 async fn qwen_code_session_on_real_vllm() -> Result<()> {
-    preset_session("qwen-code", json!({"preset": "qwen-code"})).await
+    preset_session("qwen-code", json!({"preset": "qwen-code"})).await?;
+    Ok(())
 }
 
 #[tokio::test]
 async fn gemini_cli_session_on_real_vllm() -> Result<()> {
-    preset_session("gemini-cli", json!({"preset": "gemini-cli"})).await
+    preset_session("gemini-cli", json!({"preset": "gemini-cli"})).await?;
+    Ok(())
 }
 
 #[tokio::test]
@@ -74,5 +85,6 @@ async fn pi_session_on_real_vllm() -> Result<()> {
         "pi",
         json!({"preset": "pi", "settings": {"contextWindow": 40960}}),
     )
-    .await
+    .await?;
+    Ok(())
 }

@@ -194,6 +194,24 @@ impl Progress {
     }
 }
 
+/// What the table adds to the calls' count: those the harness abandoned, and the calls by
+/// what the harness said each is for.
+fn calls_said(tokens: &super::report::Tokens) -> String {
+    let mut said = match tokens.abandoned_calls {
+        0 => String::new(),
+        n => format!(" · {n} abandoned by the harness, not trained"),
+    };
+    if !tokens.calls_by_class.is_empty() {
+        let classes: Vec<String> = tokens
+            .calls_by_class
+            .iter()
+            .map(|(class, n)| format!("{n} {class}"))
+            .collect();
+        said.push_str(&format!(" · by class: {}", classes.join(", ")));
+    }
+    said
+}
+
 /// The final table, for people (the same numbers are in `summary.json`).
 pub fn table(summary: &RunSummary) -> String {
     let s = &summary.sessions;
@@ -211,10 +229,7 @@ pub fn table(summary: &RunSummary) -> String {
         s.total, s.completed, s.agent_failed, s.agent_timeout, s.infra_error, s.evaluator_timeout, s.not_finished,
         fmt(summary.reward.mean), fmt(summary.reward.pass_rate), summary.reward.scored,
         summary.tokens.sampled, summary.tokens.trainable, summary.tokens.completions,
-        match summary.tokens.abandoned_calls {
-            0 => String::new(),
-            n => format!(" · {n} abandoned by the harness, not trained"),
-        },
+        calls_said(&summary.tokens),
         summary.dataset.file, summary.dataset.accepted, summary.dataset.rejected,
         summary.timings.wall_seconds, summary.timings.sessions_per_minute,
         summary.timings.agent_seconds_mean, summary.timings.evaluator_seconds_mean,

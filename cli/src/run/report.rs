@@ -55,6 +55,10 @@ pub struct Tokens {
     /// Calls whose harness left before the answer came: trained in no trajectory.
     #[serde(skip_serializing_if = "is_zero")]
     pub abandoned_calls: u64,
+    /// Calls by what the harness said each is for (Claude Code's request class), over the
+    /// sessions that said: how much of the run is compaction, subagents, side calls.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub calls_by_class: BTreeMap<String, u64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -176,6 +180,9 @@ pub fn summarize(
         tokens.sampled += s.sampled_tokens;
         tokens.trainable += s.trainable_tokens;
         tokens.abandoned_calls += s.abandoned_calls;
+        for (class, n) in &s.calls_by_class {
+            *tokens.calls_by_class.entry(class.clone()).or_default() += n;
+        }
         agent += s.agent_seconds;
         evaluator += s.evaluator_seconds;
         overheads.push((r.wall_seconds - s.agent_seconds - s.evaluator_seconds).max(0.0));
@@ -336,6 +343,31 @@ mod tests {
         let json = serde_json::to_value(&without.tokens).unwrap_or_default();
         assert!(json.get("abandonedCalls").is_none(), "{json}");
         assert!(super::super::progress::table(&without).contains("in 3 calls\n"));
+    }
+
+    #[test]
+    fn calls_are_summed_by_the_class_the_harness_gave_them() {
+        let classes = |pairs: &[(&str, u64)]| {
+            let mut r = result("a", "completed", Some(1.0), true);
+            if let Some(s) = r.summary.as_mut() {
+                s.calls_by_class = pairs.iter().map(|(c, n)| (c.to_string(), *n)).collect();
+            }
+            r
+        };
+        let run = [
+            classes(&[("main", 2), ("compaction", 1)]),
+            classes(&[("main", 3)]),
+            result("b", "completed", Some(0.0), true),
+        ];
+        let summary = summarize("j", "sft", &run, 60.0, true);
+        let json = serde_json::to_value(&summary.tokens).unwrap_or_default();
+        assert_eq!(
+            json["callsByClass"],
+            serde_json::json!({"compaction": 1, "main": 5})
+        );
+        assert!(
+            super::super::progress::table(&summary).contains(" · by class: 1 compaction, 5 main\n")
+        );
     }
 
     #[test]

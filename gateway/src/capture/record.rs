@@ -70,6 +70,10 @@ pub struct CompletionRecord<R = serde_json::Value> {
     /// the job drops hosted tools.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<String>,
+    /// What the harness said the call is for, when it says: Claude Code's request class
+    /// (`main`, `subagent`, `compaction`, `auxiliary`, …). Counted in the trajectory's stats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_class: Option<String>,
     /// The harness's request as received.
     #[serde(default)]
     pub request: serde_json::Value,
@@ -122,6 +126,7 @@ impl CompletionRecord {
             short_cap: false,
             abandoned: false,
             dropped: Vec::new(),
+            request_class: None,
             request: serde_json::Value::Null,
             normalized_request: serde_json::Value::Null,
             response: serde_json::Value::Null,

@@ -65,6 +65,8 @@ pub struct Call {
     pub keep_logprobs: bool,
     /// What the request asked for that could not go upstream (kept in the capture).
     pub dropped: Vec<String>,
+    /// What the harness said the call is for (its request-class header), when it says.
+    pub class: Option<String>,
     /// Its place among the session's calls in flight, held while the call runs.
     pub place: super::sessions::InFlight,
 }
@@ -81,6 +83,7 @@ async fn call_and_capture(
         normalized,
         keep_logprobs,
         dropped,
+        class,
         place: _place,
     } = call;
     let seq = session.admit_call().inspect_err(|spent| {
@@ -132,6 +135,7 @@ async fn call_and_capture(
         short_cap,
         abandoned,
         dropped,
+        request_class: class,
         request: original,
         normalized_request: upstream_request,
         response: &*response,

@@ -24,6 +24,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use metrics::Metrics;
+pub use model_api::REQUEST_CLASS_HEADER;
 pub use session_store::{abandon_unfinished, drain, recover, redirect_trainer};
 use sessions::Sessions;
 

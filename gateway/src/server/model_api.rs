@@ -33,6 +33,21 @@ fn token(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
+/// The header Claude Code marks each request's purpose with (`main`, `subagent`,
+/// `compaction`, `auxiliary`, …) when `CLAUDE_CODE_GATEWAY_HINT_HEADERS=1`, as its preset sets.
+pub const REQUEST_CLASS_HEADER: &str = "x-claude-code-request-class";
+
+/// The harness's own name for what a call is for, kept when it is a short lowercase word: the
+/// agent can send any header, and the value becomes a count's key in every trajectory.
+fn request_class(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(REQUEST_CLASS_HEADER)?.to_str().ok()?.trim();
+    let word = (1..=32).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    word.then(|| value.to_owned())
+}
+
 /// Google's SDKs may also send the key as `?key=`.
 fn query_key(uri: &Uri) -> Option<&str> {
     uri.query()?
@@ -305,6 +320,7 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
     let api = W::API;
     let t0 = Instant::now();
     let uri = request.uri().clone();
+    let class = request_class(request.headers());
     let Admitted {
         session,
         body,
@@ -344,6 +360,7 @@ async fn handle<W: Wire>(gateway: Arc<Gateway>, request: Request) -> Response {
             normalized: upstream_request,
             keep_logprobs: normalized.wants_logprobs,
             dropped: normalized.dropped.clone(),
+            class,
             place: permit,
         },
     );

@@ -193,6 +193,9 @@ fn summary(gateway: &Gateway, id: &str, entry: Option<&SpoolEntry>) -> serde_jso
         if t.stats.abandoned_calls > 0 {
             value["abandonedCalls"] = json!(t.stats.abandoned_calls);
         }
+        if !t.stats.calls_by_class.is_empty() {
+            value["callsByClass"] = json!(t.stats.calls_by_class);
+        }
         // The first and last policy version that sampled it (held-out rounds report them).
         if let (Some(first), Some(last)) = (t.policy_versions.first(), t.policy_versions.last()) {
             value["policyVersions"] = json!([first, last]);

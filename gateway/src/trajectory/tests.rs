@@ -312,6 +312,57 @@ fn a_reply_nobody_saw_is_left_out_and_counted() {
     );
 }
 
+/// Claude Code says what each call is for: the trajectory counts its calls by that, its
+/// abandoned ones aside, so a run shows how much of what it trains is compaction or a subagent.
+#[test]
+fn calls_are_counted_by_the_class_the_harness_gave_them() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[11, EOT], &[20]]);
+    let class = |c: &str, r: CompletionRecord| CompletionRecord {
+        request_class: Some(c.into()),
+        ..r
+    };
+    let records = [
+        class("main", rec(0, &p0, &[11, EOT], "tool_calls")),
+        class("main", rec(1, &p1, &[12, EOT], "stop")),
+        class("compaction", rec(2, &[7, 8], &[9, EOT], "stop")),
+        CompletionRecord {
+            abandoned: true,
+            ..class("subagent", rec(3, &[5], &[6], "stop"))
+        },
+        rec(4, &[3], &[4, EOT], "stop"),
+    ];
+    for builder in [Builder::PrefixMerging, Builder::PerRequest] {
+        let options = BuildOptions {
+            builder,
+            ..Default::default()
+        };
+        let (_, stats) = build_traces(&records, &options);
+        let counted: Vec<(&str, u64)> = stats
+            .calls_by_class
+            .iter()
+            .map(|(c, n)| (c.as_str(), *n))
+            .collect();
+        assert_eq!(counted, [("compaction", 1), ("main", 2)], "{builder:?}");
+    }
+    let wire = serde_json::to_value(&merge(&two_turns()).1).unwrap_or_default();
+    assert!(
+        wire.get("calls_by_class").is_none(),
+        "omitted when no call said: {wire}"
+    );
+    // A forged header per call cannot grow the count past its bound.
+    let forged: Vec<CompletionRecord> = (0..20)
+        .map(|i| class(&format!("c{i:02}"), rec(i, &[1], &[2, EOT], "stop")))
+        .collect();
+    let (_, stats) = merge(&forged);
+    assert_eq!(stats.calls_by_class.len(), MAX_REQUEST_CLASSES + 1);
+    assert_eq!(
+        stats.calls_by_class[OTHER_CLASSES],
+        20 - MAX_REQUEST_CLASSES as u64
+    );
+    assert_eq!(stats.calls_by_class["c00"], 1);
+}
+
 #[test]
 fn a_branch_whose_parent_never_continues_is_a_history_rewrite() {
     let p0 = [1, 2];

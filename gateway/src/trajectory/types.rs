@@ -165,7 +165,18 @@ pub struct ReconstructionStats {
     /// The tokens those calls sampled.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub abandoned_tokens: u64,
+    /// The calls above by what the harness said each is for (Claude Code's request class:
+    /// `main`, `subagent`, `compaction`, `auxiliary`, …); calls that said nothing are not
+    /// counted here. Shows how much of a trajectory is not the agent's own turns.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub calls_by_class: BTreeMap<String, u64>,
 }
+
+/// Distinct request classes a trajectory counts apart (Claude Code has six); the agent can
+/// send any header, so further ones are counted together under [`OTHER_CLASSES`].
+pub const MAX_REQUEST_CLASSES: usize = 8;
+/// Where calls of classes past [`MAX_REQUEST_CLASSES`] are counted.
+pub const OTHER_CLASSES: &str = "other";
 
 /// Cut at its cap: `length`, or its whole cap sampled (vLLM reports `tool_calls` for a
 /// response with a tool call whatever ended it); never a short answer the caller asked for.
@@ -187,6 +198,13 @@ impl ReconstructionStats {
         let mut starts = BTreeMap::new();
         for t in traces {
             *starts.entry(t.start).or_insert(0) += 1;
+        }
+        let mut calls_by_class = BTreeMap::new();
+        for class in records.iter().filter_map(|r| r.request_class.as_ref()) {
+            let known =
+                calls_by_class.len() < MAX_REQUEST_CLASSES || calls_by_class.contains_key(class);
+            let key = if known { class.as_str() } else { OTHER_CLASSES };
+            *calls_by_class.entry(key.to_owned()).or_insert(0) += 1;
         }
         let count =
             |f: &dyn Fn(&CompletionRecord) -> u64| records.iter().map(|r| f(r)).sum::<u64>();
@@ -233,6 +251,7 @@ impl ReconstructionStats {
             }),
             abandoned_calls: 0,
             abandoned_tokens: 0,
+            calls_by_class,
         }
     }
 
