@@ -1546,6 +1546,68 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
     Ok(())
 }
 
+/// The operator killed between a `poolTemplate` pod and its control Secret: the pod waits for
+/// the Secret's volume for ever (`ContainerCreating` is progress, never a start failure), and
+/// holds its session's place. The next operator makes it a Secret, says so, and the session
+/// runs on that pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_template_pod_left_without_its_control_secret_gets_one() -> Result<()> {
+    let (client, ns) = with_crds("nosecret").await?;
+    let mut operator = Operator::start(&ns.name, &[])?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = job(
+        "nosecret",
+        &["t0"],
+        1,
+        json!({"concurrency": 1, "lookahead": 0}),
+    )?;
+    spec.spec.pool_ref = None;
+    spec.spec.pool_template = Some(serde_json::from_value(json!({"image": "harness:1"}))?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    // No kubelet yet: the pod stays unstarted. Its Secret is deleted while no operator runs,
+    // which is what an operator killed between the two writes leaves.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), &ns.name);
+    let pod = eventually("the session's pod and its Secret", async || {
+        let Some(pod) = job_pods(&pods, "nosecret").await?.into_iter().next() else {
+            return Ok(None);
+        };
+        let secret = format!("{}-control", pod.name_any());
+        Ok(secrets.get_opt(&secret).await?.map(|_| pod.name_any()))
+    })
+    .await?;
+    operator.kill();
+    secrets
+        .delete(&format!("{pod}-control"), &DeleteParams::default())
+        .await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        56,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    let done = succeeded(&jobs, "nosecret", 120).await?;
+    assert_eq!(
+        (done.sessions.succeeded, done.sessions.retried),
+        (1, 0),
+        "the session ran once, on its first pod"
+    );
+    assert_eq!(taken_sessions(&kubelet), ["nosecret-t0-0"]);
+    let told = noted(&client, &ns.name, "ControlSecretRestored").await?;
+    assert!(
+        told.iter().any(|n| n.contains(&pod)),
+        "an Event names the pod: {told:?}"
+    );
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
 /// `poolTemplate` with a task image no registry has: its pods stay Pending (`ErrImagePull`).
 /// The job says so (an Event naming the pod's reason), counts each pod still stuck past
 /// `timeouts.podStartSeconds` as a failed attempt, and ends that task's sessions failed at

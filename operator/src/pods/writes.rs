@@ -89,6 +89,36 @@ pub async fn create_with_control_secret(
     Ok(created)
 }
 
+/// Give a pod made by another operator process its control Secret when it has none: that
+/// process died between creating the pod and its Secret, and the pod waits for the Secret's
+/// volume for ever. Its gateway has not started, so a new token serves. True when it was
+/// made here; a Secret there (or made meanwhile) is left as it is.
+pub async fn restore_control_secret(
+    client: &Client,
+    tokens: &crate::tokens::ControlTokens,
+    pod: &Pod,
+    label: (&str, &str),
+) -> Result<bool, kube::Error> {
+    let ns = pod.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let name = crate::pods::sandbox::control_secret_name(&pod.name_any());
+    if secrets.get_opt(&name).await?.is_some() {
+        return Ok(false);
+    }
+    let token = new_control_token();
+    match secrets
+        .create(&PostParams::default(), &control_secret(pod, label, &token))
+        .await
+    {
+        Ok(_) => {
+            tokens.remember(&ns, &pod.name_any(), &token);
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.is_conflict() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

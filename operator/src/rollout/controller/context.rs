@@ -59,6 +59,9 @@ pub(super) struct JobMemory {
     start_problems_told: HashSet<(String, String)>,
     /// The resourceVersion of this process's last status write of the job.
     status_written: Option<u64>,
+    /// `poolTemplate`: the starting pods another operator process made whose control Secret
+    /// this one has looked for.
+    secrets_looked_for: HashSet<String>,
 }
 
 /// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).
@@ -194,6 +197,19 @@ impl JobContext {
             m.start_problems_told
                 .insert((pod.to_string(), reason.to_string()))
         })
+    }
+
+    /// Whether this process has looked for `pod`'s control Secret: only the pods still
+    /// there (`pods`) are kept.
+    pub(super) fn looked_for_secret(&self, uid: &str, pods: &HashSet<&str>, pod: &str) -> bool {
+        self.remember(uid, |m| {
+            m.secrets_looked_for.retain(|p| pods.contains(p.as_str()));
+            m.secrets_looked_for.contains(pod)
+        })
+    }
+
+    pub(super) fn note_looked_for_secret(&self, uid: &str, pod: &str) {
+        self.remember(uid, |m| m.secrets_looked_for.insert(pod.to_string()));
     }
 
     pub(super) fn note_claimed_early(&self, uid: &str, pod: &str) {

@@ -53,7 +53,70 @@ pub(super) async fn release_and_replace(
         let written = delete_pod(&pods, &name).await?;
         ctx.raise_bar(&uid, &name, bar_after_delete(written));
     }
+    restore_control_secrets(ctx, job, observed).await;
     create_prewarmed(ctx, job, observed, &decided.prewarm).await
+}
+
+/// `poolTemplate`: a starting pod another operator process made, which died before the pod's
+/// control Secret, waits for the Secret's volume for ever (`ContainerCreating` is progress,
+/// never a start failure, and the pod holds its session's place): it gets one. Looked for
+/// once per pod and process, for pods whose token this process does not know (it made the
+/// Secrets of its own pods, or deleted the pod).
+async fn restore_control_secrets(ctx: &JobContext, job: &RolloutJob, observed: &Observed) {
+    if job.spec.pool_template.is_none() {
+        return;
+    }
+    let (uid, ns, job_name) = (
+        job.uid().unwrap_or_default(),
+        job.namespace().unwrap_or_default(),
+        job.name_any(),
+    );
+    let names: std::collections::HashSet<String> =
+        observed.pods.iter().map(ResourceExt::name_any).collect();
+    let there: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+    for pod in &observed.pods {
+        let name = pod.name_any();
+        let sandbox = pod
+            .labels()
+            .get(crate::pods::names::SANDBOX_LABEL)
+            .map(String::as_str)
+            == Some("true");
+        let starting = sandbox
+            && pod.metadata.deletion_timestamp.is_none()
+            && !crate::pods::view::is_ready(pod);
+        if !starting
+            || ctx.tokens.get(&ns, &name).is_some()
+            || ctx.looked_for_secret(&uid, &there, &name)
+        {
+            continue;
+        }
+        match crate::pods::writes::restore_control_secret(
+            &ctx.client,
+            &ctx.tokens,
+            pod,
+            (JOB_LABEL, &job_name),
+        )
+        .await
+        {
+            Ok(restored) => {
+                ctx.note_looked_for_secret(&uid, &name);
+                if restored {
+                    tracing::warn!(job = %job_name, pod = %name, "the pod had no control Secret (an operator stopped between the two): made it");
+                    ctx.event(
+                        job,
+                        EventType::Warning,
+                        "ControlSecretRestored",
+                        format!("pod {name} had no control Secret (an operator stopped between creating the two): made it, so the pod can start"),
+                    )
+                    .await;
+                }
+            }
+            // Looked for again next round.
+            Err(e) => {
+                tracing::warn!(job = %job_name, pod = %name, "looking for the pod's control Secret: {e}")
+            }
+        }
+    }
 }
 
 /// A job that cannot go on until its user changes something holds no pool pod whose session
