@@ -68,16 +68,8 @@ pub async fn create_with_control_secret(
     let ns = pod.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let created = pods.create(&PostParams::default(), pod).await?;
-    let token = new_control_token();
-    tokens.remember(&ns, &created.name_any(), &token);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    if let Err(e) = secrets
-        .create(
-            &PostParams::default(),
-            &control_secret(&created, label, &token),
-        )
-        .await
-    {
+    if let Err(e) = make_control_secret(&secrets, tokens, &created, label).await {
         // A pod whose Secret was never made waits for its volume for ever (ContainerCreating
         // is progress, never a start failure, and holds a session's place): it goes with the
         // error, and the next round makes both again.
@@ -105,18 +97,30 @@ pub async fn restore_control_secret(
     if secrets.get_opt(&name).await?.is_some() {
         return Ok(false);
     }
-    let token = new_control_token();
-    match secrets
-        .create(&PostParams::default(), &control_secret(pod, label, &token))
-        .await
-    {
-        Ok(_) => {
-            tokens.remember(&ns, &pod.name_any(), &token);
-            Ok(true)
-        }
+    match make_control_secret(&secrets, tokens, pod, label).await {
+        Ok(()) => Ok(true),
         Err(kube::Error::Api(status)) if status.is_conflict() => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// A new control token in the pod's Secret (owned by the pod), remembered for deliveries.
+async fn make_control_secret(
+    secrets: &Api<Secret>,
+    tokens: &crate::tokens::ControlTokens,
+    pod: &Pod,
+    label: (&str, &str),
+) -> Result<(), kube::Error> {
+    let token = new_control_token();
+    secrets
+        .create(&PostParams::default(), &control_secret(pod, label, &token))
+        .await?;
+    tokens.remember(
+        &pod.namespace().unwrap_or_default(),
+        &pod.name_any(),
+        &token,
+    );
+    Ok(())
 }
 
 #[cfg(test)]
