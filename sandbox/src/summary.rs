@@ -71,7 +71,7 @@ pub struct Summary {
     #[serde(skip_serializing_if = "is_zero")]
     pub abandoned_calls: u64,
     /// The calls by what the harness said each is for (Claude Code's request class), when
-    /// it says (the trajectory's `stats.calls_by_class`, at most nine keys).
+    /// it says (the trajectory's `stats.calls_by_class`, at most eleven keys).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub calls_by_class: BTreeMap<String, u64>,
     /// The first and last policy version whose weights sampled the session's calls (from the

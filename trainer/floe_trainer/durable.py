@@ -6,6 +6,7 @@ record, its checkpoints and the weights vLLM loads all go through here."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Callable
@@ -22,8 +23,16 @@ def sync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        # Some file systems (network, FUSE) refuse to sync a directory: nothing more to do.
+        if e.errno != errno.EINVAL:
+            raise
     finally:
         os.close(fd)
+
+
+def _moved_aside(final: Path) -> Path:
+    return final.parent / f".{final.name}.old"
 
 
 def _sync_file(path: Path) -> None:
@@ -35,7 +44,8 @@ def publish(tmp: Path, final: Path) -> None:
     """Rename the written ``tmp`` (a file, or a directory of files) to ``final``, synced
     first and its directory after. A directory ``final`` already there is replaced: moved
     aside before the rename and removed after it, so a crash in between leaves the old one
-    (as ``.NAME.old``), never a half-written one."""
+    (as ``.NAME.old``, which the next write puts back or removes), never a half-written
+    one."""
     if tmp.is_dir():
         for parent, _dirs, files in os.walk(tmp):
             for name in files:
@@ -45,7 +55,7 @@ def publish(tmp: Path, final: Path) -> None:
         _sync_file(tmp)
     old = None
     if final.is_dir():
-        old = final.parent / f".{final.name}.old"
+        old = _moved_aside(final)
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
@@ -67,6 +77,14 @@ def write_with(final: Path, write: Callable[[Path], None]) -> Path:
     """``write`` fills ``final``'s temporary path (a file, or a directory it makes), which is
     then published durably: a reader sees the whole of it or the old one."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    # A crash between the two renames of an earlier write left the old one aside: back in
+    # place, so that a write failing now leaves it there.
+    old = _moved_aside(final)
+    if old.is_dir():
+        if final.exists():
+            shutil.rmtree(old)
+        else:
+            os.replace(old, final)
     tmp = temporary(final)
     if tmp.is_dir():
         shutil.rmtree(tmp)

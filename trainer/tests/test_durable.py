@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from floe_trainer import durable
+from floe_trainer.trainer import read_pushed_version, record_pushed_version
 
 
 @pytest.fixture
@@ -72,3 +73,26 @@ def test_a_write_that_fails_leaves_the_old_contents(tmp_path):
     durable.write_with(final, lambda tmp: tmp.write_bytes(b"v2"))
     assert final.read_bytes() == b"v2"
     assert not durable.temporary(final).exists()
+
+
+def test_an_old_directory_left_aside_by_a_crash_is_put_back_first(tmp_path):
+    final = tmp_path / "adapter"
+    aside = tmp_path / ".adapter.old"
+    aside.mkdir()
+    (aside / "weights.bin").write_bytes(b"old")
+
+    def fails(tmp: Path) -> None:
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        durable.write_with(final, fails)
+    assert (final / "weights.bin").read_bytes() == b"old", "the old one is back in place"
+    assert not aside.exists()
+
+
+def test_the_pushed_version_record_is_written_durably(tmp_path, synced):
+    record_pushed_version(tmp_path, 3)
+    assert read_pushed_version(tmp_path) == 3
+    assert synced[-1] == tmp_path, "its rename is synced through the directory"
+    record_pushed_version(tmp_path, 2)
+    assert read_pushed_version(tmp_path) == 3, "never goes back"

@@ -181,7 +181,7 @@ pub fn summarize(
         tokens.trainable += s.trainable_tokens;
         tokens.abandoned_calls += s.abandoned_calls;
         for (class, n) in &s.calls_by_class {
-            *tokens.calls_by_class.entry(class.clone()).or_default() += n;
+            floe_gateway::trajectory::count_calls_of_class(&mut tokens.calls_by_class, class, *n);
         }
         agent += s.agent_seconds;
         evaluator += s.evaluator_seconds;
@@ -359,6 +359,20 @@ mod tests {
             classes(&[("main", 3)]),
             result("b", "completed", Some(0.0), true),
         ];
+        // Each session's own classes are within bounds; their sum is too.
+        let forged: Vec<SessionResult> = (0..4)
+            .map(|i| {
+                classes(&[
+                    (format!("x{i}a").as_str(), 1),
+                    (format!("x{i}b").as_str(), 1),
+                ])
+            })
+            .collect();
+        let summed = summarize("j", "sft", &forged, 60.0, true)
+            .tokens
+            .calls_by_class;
+        assert_eq!(summed.len(), 5, "{summed:?}");
+        assert_eq!(summed["other"], 4);
         let summary = summarize("j", "sft", &run, 60.0, true);
         let json = serde_json::to_value(&summary.tokens).unwrap_or_default();
         assert_eq!(

@@ -350,17 +350,20 @@ fn calls_are_counted_by_the_class_the_harness_gave_them() {
         wire.get("calls_by_class").is_none(),
         "omitted when no call said: {wire}"
     );
-    // A forged header per call cannot grow the count past its bound.
-    let forged: Vec<CompletionRecord> = (0..20)
+    // A forged header per call cannot grow the count past its bound, nor push Claude Code's
+    // own classes into `other`.
+    let mut forged: Vec<CompletionRecord> = (0..20)
         .map(|i| class(&format!("c{i:02}"), rec(i, &[1], &[2, EOT], "stop")))
         .collect();
+    forged.push(class("main", rec(20, &[1], &[2, EOT], "stop")));
     let (_, stats) = merge(&forged);
-    assert_eq!(stats.calls_by_class.len(), MAX_REQUEST_CLASSES + 1);
+    let unknown = MAX_UNKNOWN_REQUEST_CLASSES as u64;
+    assert_eq!(stats.calls_by_class.len() as u64, unknown + 2);
+    assert_eq!(stats.calls_by_class[OTHER_CLASSES], 20 - unknown);
     assert_eq!(
-        stats.calls_by_class[OTHER_CLASSES],
-        20 - MAX_REQUEST_CLASSES as u64
+        (stats.calls_by_class["c00"], stats.calls_by_class["main"]),
+        (1, 1)
     );
-    assert_eq!(stats.calls_by_class["c00"], 1);
 }
 
 #[test]

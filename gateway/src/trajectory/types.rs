@@ -172,11 +172,30 @@ pub struct ReconstructionStats {
     pub calls_by_class: BTreeMap<String, u64>,
 }
 
-/// Distinct request classes a trajectory counts apart (Claude Code has six); the agent can
+/// Claude Code's request classes (2.1.330), each always counted apart.
+pub const KNOWN_REQUEST_CLASSES: &[&str] = &[
+    "main",
+    "subagent",
+    "workflow",
+    "compaction",
+    "auxiliary",
+    "side_reply",
+];
+/// Classes not in [`KNOWN_REQUEST_CLASSES`] counted apart, the first to come; the agent can
 /// send any header, so further ones are counted together under [`OTHER_CLASSES`].
-pub const MAX_REQUEST_CLASSES: usize = 8;
-/// Where calls of classes past [`MAX_REQUEST_CLASSES`] are counted.
+pub const MAX_UNKNOWN_REQUEST_CLASSES: usize = 4;
+/// Where calls of classes past [`MAX_UNKNOWN_REQUEST_CLASSES`] are counted.
 pub const OTHER_CLASSES: &str = "other";
+
+/// Add `calls` calls of `class` to a count by class, within its bounds (at most
+/// [`KNOWN_REQUEST_CLASSES`], [`MAX_UNKNOWN_REQUEST_CLASSES`] others and [`OTHER_CLASSES`]).
+pub fn count_calls_of_class(counts: &mut BTreeMap<String, u64>, class: &str, calls: u64) {
+    let known = |c: &str| KNOWN_REQUEST_CLASSES.contains(&c) || c == OTHER_CLASSES;
+    let unknown = counts.keys().filter(|c| !known(c)).count();
+    let apart = known(class) || counts.contains_key(class) || unknown < MAX_UNKNOWN_REQUEST_CLASSES;
+    let key = if apart { class } else { OTHER_CLASSES };
+    *counts.entry(key.to_owned()).or_insert(0) += calls;
+}
 
 /// Cut at its cap: `length`, or its whole cap sampled (vLLM reports `tool_calls` for a
 /// response with a tool call whatever ended it); never a short answer the caller asked for.
@@ -201,10 +220,7 @@ impl ReconstructionStats {
         }
         let mut calls_by_class = BTreeMap::new();
         for class in records.iter().filter_map(|r| r.request_class.as_ref()) {
-            let known =
-                calls_by_class.len() < MAX_REQUEST_CLASSES || calls_by_class.contains_key(class);
-            let key = if known { class.as_str() } else { OTHER_CLASSES };
-            *calls_by_class.entry(key.to_owned()).or_insert(0) += 1;
+            count_calls_of_class(&mut calls_by_class, class, 1);
         }
         let count =
             |f: &dyn Fn(&CompletionRecord) -> u64| records.iter().map(|r| f(r)).sum::<u64>();

@@ -16,6 +16,26 @@ pub fn join_host_port(ip: &str, port: i32) -> String {
 }
 
 /// The pod's `Ready` condition is `True`.
+/// Not started: not being deleted, `Pending` (or no phase yet), and no container running or
+/// ended (each waiting, or no status yet): a pod whose volumes never mounted, say.
+pub fn unstarted(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return pod.metadata.deletion_timestamp.is_none();
+    };
+    pod.metadata.deletion_timestamp.is_none()
+        && status.phase.as_deref().is_none_or(|p| p == "Pending")
+        && status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.container_statuses.iter().flatten())
+            .all(|c| {
+                c.state
+                    .as_ref()
+                    .is_none_or(|s| s.running.is_none() && s.terminated.is_none())
+            })
+}
+
 pub fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -100,5 +120,38 @@ mod tests {
             serde_json::json!({"waiting": {"reason": "ContainerCreating"}})
         )));
         assert!(finished(&pod("Failed", serde_json::json!({"running": {}}))));
+    }
+
+    #[test]
+    fn a_pod_that_ran_no_container_is_unstarted() {
+        let creating = serde_json::json!({"waiting": {"reason": "ContainerCreating"}});
+        let each = |phase: &str, state: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "status": {"phase": phase, "containerStatuses": [
+                    {"name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                     "state": creating},
+                    {"name": "agent", "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                     "state": state}]}
+            }))
+            .expect("pod")
+        };
+        assert!(unstarted(&each("Pending", creating.clone())));
+        assert!(unstarted(&Pod::default()), "no status yet");
+        assert!(
+            !unstarted(&pod("Pending", creating.clone())),
+            "one container runs"
+        );
+        assert!(!unstarted(&each(
+            "Pending",
+            serde_json::json!({"terminated": {"exitCode": 1}})
+        )));
+        assert!(!unstarted(&each("Failed", creating.clone())));
+        let mut going = each("Pending", creating.clone());
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(!unstarted(&going));
     }
 }

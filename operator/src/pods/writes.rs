@@ -99,7 +99,9 @@ pub async fn restore_control_secret(
     }
     match make_control_secret(&secrets, tokens, pod, label).await {
         Ok(()) => Ok(true),
-        Err(kube::Error::Api(status)) if status.is_conflict() => Ok(false),
+        Err(kube::Error::Api(status)) if status.is_already_exists() || status.is_conflict() => {
+            Ok(false)
+        }
         Err(e) => Err(e),
     }
 }

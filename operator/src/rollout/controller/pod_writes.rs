@@ -53,7 +53,11 @@ pub(super) async fn release_and_replace(
         let written = delete_pod(&pods, &name).await?;
         ctx.raise_bar(&uid, &name, bar_after_delete(written));
     }
-    restore_control_secrets(ctx, job, observed).await;
+    let gone: std::collections::HashSet<&str> = (decided.release.iter())
+        .chain(&decided.stop)
+        .map(String::as_str)
+        .collect();
+    restore_control_secrets(ctx, job, observed, &gone).await;
     create_prewarmed(ctx, job, observed, &decided.prewarm).await
 }
 
@@ -62,7 +66,12 @@ pub(super) async fn release_and_replace(
 /// never a start failure, and the pod holds its session's place): it gets one. Looked for
 /// once per pod and process, for pods whose token this process does not know (it made the
 /// Secrets of its own pods, or deleted the pod).
-async fn restore_control_secrets(ctx: &JobContext, job: &RolloutJob, observed: &Observed) {
+async fn restore_control_secrets(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    observed: &Observed,
+    gone: &std::collections::HashSet<&str>,
+) {
     if job.spec.pool_template.is_none() {
         return;
     }
@@ -76,14 +85,18 @@ async fn restore_control_secrets(ctx: &JobContext, job: &RolloutJob, observed: &
     let there: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
     for pod in &observed.pods {
         let name = pod.name_any();
+        // Unstarted: a pod whose Secret volume never mounted ran no container, so its
+        // gateway never read a token. Pods this round let go of or stopped are on their way
+        // out (their tokens forgotten), and so are those let go of before.
         let sandbox = pod
             .labels()
             .get(crate::pods::names::SANDBOX_LABEL)
             .map(String::as_str)
             == Some("true");
         let starting = sandbox
-            && pod.metadata.deletion_timestamp.is_none()
-            && !crate::pods::view::is_ready(pod);
+            && crate::pods::view::unstarted(pod)
+            && !gone.contains(name.as_str())
+            && !crate::rollout::pod_view::left_done(pod);
         if !starting
             || ctx.tokens.get(&ns, &name).is_some()
             || ctx.looked_for_secret(&uid, &there, &name)
