@@ -1402,7 +1402,7 @@ async fn a_pool_template_job_prewarms_its_own_pods_with_each_tasks_image() -> Re
     let kubelet = FakeKubelet::start(
         client.clone(),
         &ns.name,
-        12,
+        20,
         Arc::new(|a: &Value| {
             if a["task"] == "t1" && a["sample"] == 0 && attempt(a) == 0 {
                 return Verdict::Infra {
