@@ -82,7 +82,7 @@ pub fn check_sessions(
         if !valid_id(&id) {
             push(
                 format!("{field}.id"),
-                format!("task {:?} of job {job:?} makes session ids like {id:?}, which must be 1-253 characters of [A-Za-z0-9._-] not starting with a dot: shorten or rename the task (or the job)", task.id),
+                format!("task {:?} of job {job:?} makes session ids like {id:?}, which must be 1-{} characters of [A-Za-z0-9._-] not starting with a dot: shorten or rename the task (or the job)", task.id, floe_gateway::capture::MAX_SESSION_ID_LEN),
             );
         }
         let hidden = task
@@ -191,7 +191,8 @@ mod tests {
         let mut s = spec();
         s.evaluator.protected_paths = vec!["[".into()];
         s.evaluator.reward.path = Some("../reward.json".into());
-        let long = task(&"x".repeat(250));
+        // Its session ids are 245 characters: their files' names would pass Linux's 255 bytes.
+        let long = task(&"x".repeat(237));
         let errors = check_sessions("j", &s, &[bad, long], "spec.tasks.inline", &BTreeMap::new());
         let f = fields(&errors);
         assert!(f.contains(&"spec.tasks.inline[0].files"), "{errors:?}");

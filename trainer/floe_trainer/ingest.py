@@ -55,7 +55,8 @@ from . import durable, snapshot_delta, wire
 
 log = logging.getLogger("floe_trainer.ingest")
 
-SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+# The gateway's limit (``MAX_SESSION_ID_LEN``, 240): ``.<id>.json.tmp`` stays within 255 bytes.
+SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,239}$")
 SNAPSHOT_ID = re.compile(r"^[0-9a-f]{1,32}$")
 
 

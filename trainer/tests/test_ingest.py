@@ -94,6 +94,9 @@ def test_accepted_persisted_then_idempotent(server):
     assert len(got) == 1
     # A restart replays what was acknowledged.
     assert [t.session for t in Store(directory).load()] == ["job-t-0"]
+    # The longest session id the gateway makes is stored.
+    code, body = post(url, json.dumps(trajectory(session="s" * 240)).encode())
+    assert code == 200 and body["accepted"], body
 
 
 @pytest.mark.parametrize(
@@ -103,6 +106,8 @@ def test_accepted_persisted_then_idempotent(server):
         (json.dumps(trajectory(format="floe.trajectory/v2")).encode(), "format must be"),
         (json.dumps(trajectory(reward=None)).encode(), "needs a reward"),
         (json.dumps(trajectory(session="../x")).encode(), "not a safe file name"),
+        # Past the gateway's 240: its temporary file's name would pass 255 bytes.
+        (json.dumps(trajectory(session="s" * 241)).encode(), "not a safe file name"),
         (
             json.dumps(
                 trajectory(

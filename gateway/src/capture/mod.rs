@@ -14,12 +14,39 @@ pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};
 pub use tail::CaptureTail;
 pub mod upstream_errors;
 
-/// A session id is a directory or file name on the capture volume and in a dataset: 1–253
-/// characters of `[A-Za-z0-9._-]`, not starting with a dot.
+/// The longest session id. An id names files and directories (the capture volume, the spool,
+/// the trainer's store, a dataset), the longest of them the trainer's temporary
+/// `.<id>.json.tmp`, 10 bytes more, and Linux refuses a name past 255 bytes: an id of 250
+/// characters failed at its first write, after the session had run.
+pub const MAX_SESSION_ID_LEN: usize = 240;
+
+/// A session id is a directory or file name on the capture volume and in a dataset: 1 to
+/// [`MAX_SESSION_ID_LEN`] characters of `[A-Za-z0-9._-]`, not starting with a dot.
 pub fn valid_session_id(id: &str) -> bool {
-    (1..=253).contains(&id.len())
+    (1..=MAX_SESSION_ID_LEN).contains(&id.len())
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
         && !id.starts_with('.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_session_id_names_files_linux_accepts() {
+        let longest = "s".repeat(MAX_SESSION_ID_LEN);
+        assert!(valid_session_id(&longest));
+        assert!(!valid_session_id(&format!("{longest}s")));
+        // Every name made from an id: the trainer's temporary one is the longest.
+        for name in [
+            format!(".{longest}.json.tmp"),
+            format!("{longest}.json.tmp"),
+            format!("{longest}.jsonl.tmp"),
+        ] {
+            assert!(name.len() <= 255, "{} bytes", name.len());
+        }
+        assert!(!valid_session_id(".hidden") && !valid_session_id("a/b") && !valid_session_id(""));
+    }
 }

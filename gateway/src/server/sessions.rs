@@ -245,7 +245,7 @@ fn poisoned(dir: &Path) -> CaptureWriteError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    #[error("session id {0:?} must be 1-253 characters of [A-Za-z0-9._-]")]
+    #[error("session id {0:?} must be 1-240 characters of [A-Za-z0-9._-]")]
     BadId(String),
     #[error(transparent)]
     Capture(#[from] CaptureWriteError),
