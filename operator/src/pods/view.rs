@@ -15,7 +15,6 @@ pub fn join_host_port(ip: &str, port: i32) -> String {
     }
 }
 
-/// The pod's `Ready` condition is `True`.
 /// Not started: not being deleted, `Pending` (or no phase yet), and no container running or
 /// ended (each waiting, or no status yet): a pod whose volumes never mounted, say.
 pub fn unstarted(pod: &Pod) -> bool {
@@ -36,6 +35,7 @@ pub fn unstarted(pod: &Pod) -> bool {
             })
 }
 
+/// The pod's `Ready` condition is `True`.
 pub fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()

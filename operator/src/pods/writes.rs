@@ -91,12 +91,9 @@ pub async fn restore_control_secret(
     pod: &Pod,
     label: (&str, &str),
 ) -> Result<bool, kube::Error> {
-    let ns = pod.namespace().unwrap_or_default();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let name = crate::pods::sandbox::control_secret_name(&pod.name_any());
-    if secrets.get_opt(&name).await?.is_some() {
-        return Ok(false);
-    }
+    let secrets: Api<Secret> =
+        Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    // One create, no read first: a Secret already there is the apiserver's AlreadyExists.
     match make_control_secret(&secrets, tokens, pod, label).await {
         Ok(()) => Ok(true),
         Err(kube::Error::Api(status)) if status.is_already_exists() || status.is_conflict() => {

@@ -80,9 +80,9 @@ async fn restore_control_secrets(
         job.namespace().unwrap_or_default(),
         job.name_any(),
     );
-    let names: std::collections::HashSet<String> =
-        observed.pods.iter().map(ResourceExt::name_any).collect();
-    let there: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+    let there: std::collections::HashSet<&str> = (observed.pods.iter())
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
     for pod in &observed.pods {
         let name = pod.name_any();
         // Unstarted: a pod whose Secret volume never mounted ran no container, so its
