@@ -66,11 +66,7 @@ def publish(tmp: Path, final: Path) -> None:
 
 def write_bytes(final: Path, data: bytes) -> None:
     """``data`` at ``final``, durably (see the module)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary(final)
-    with open(tmp, "wb") as f:
-        f.write(data)
-    publish(tmp, final)
+    write_with(final, lambda tmp: tmp.write_bytes(data))
 
 
 def write_with(final: Path, write: Callable[[Path], None]) -> Path:
