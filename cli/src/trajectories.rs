@@ -24,6 +24,10 @@ pub enum TrajectoriesCommand {
         /// Longest merged trace, in tokens.
         #[arg(long)]
         max_length: Option<usize>,
+        /// Leave out the calls of this request class, as a job's
+        /// `trajectory.excludeRequestClasses` does (repeatable).
+        #[arg(long = "exclude-class", value_name = "CLASS")]
+        exclude_classes: Vec<String>,
         /// Session capture directories, or directories holding them.
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
@@ -92,12 +96,14 @@ pub fn run(command: TrajectoriesCommand, out: &mut impl Write) -> Result<(), Tra
             builder,
             end_of_turn,
             max_length,
+            exclude_classes,
             dirs,
         } => {
             let options = BuildOptions {
                 builder,
                 end_of_turn,
                 max_length,
+                exclude_classes,
             };
             for dir in sessions(&dirs)? {
                 serde_json::to_writer(&mut *out, &build_one(&dir, &options)?)?;

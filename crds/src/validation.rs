@@ -614,6 +614,28 @@ mod document_tests {
         assert!(fields.contains(&"spec.harness.preset"), "{err}");
     }
 
+    /// A class the gateway could never record (it keeps only short lowercase words) is a
+    /// typo the job would otherwise carry silently: every call trained.
+    #[test]
+    fn an_excluded_request_class_is_a_word_the_gateway_records() {
+        let mut spec = valid_spec();
+        spec["trajectory"] =
+            serde_json::json!({"excludeRequestClasses": ["auxiliary", "side_reply"]});
+        let parsed = parse_rollout_job(&job(spec.clone())).expect("valid");
+        assert_eq!(
+            parsed.spec.trajectory.exclude_request_classes,
+            ["auxiliary", "side_reply"]
+        );
+        spec["trajectory"]["excludeRequestClasses"] = serde_json::json!(["Auxiliary"]);
+        let err = parse_rollout_job(&job(spec)).expect_err("not a class the gateway records");
+        let fields: Vec<&str> = err.errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["spec.trajectory.excludeRequestClasses[0]"],
+            "{err}"
+        );
+    }
+
     /// A job's own pods share its template's volumes as a pool's do.
     #[test]
     fn a_jobs_pool_template_may_not_share_a_writable_volume_unless_it_says_so() {

@@ -149,7 +149,7 @@ proptest! {
     fn prefix_merging_keeps_every_sampled_token_exactly_once(steps in prop::collection::vec(step(), 1..40)) {
         let records = session(&steps);
         for eot in [Some(EOT), None] {
-            let options = BuildOptions { builder: Builder::PrefixMerging, end_of_turn: eot, max_length: None };
+            let options = BuildOptions { builder: Builder::PrefixMerging, end_of_turn: eot, ..Default::default() };
             let (traces, stats) = build_traces(&records, &options);
             check(&records, &traces)?;
             prop_assert_eq!(stats.trainable_tokens, stats.sampled_tokens);
@@ -172,7 +172,7 @@ proptest! {
     #[test]
     fn a_max_length_is_never_exceeded_by_a_merge(steps in prop::collection::vec(step(), 1..40), max in 8usize..64) {
         let records = session(&steps);
-        let options = BuildOptions { builder: Builder::PrefixMerging, end_of_turn: Some(EOT), max_length: Some(max) };
+        let options = BuildOptions { builder: Builder::PrefixMerging, end_of_turn: Some(EOT), max_length: Some(max), ..Default::default() };
         let (traces, _) = build_traces(&records, &options);
         check(&records, &traces)?;
         for t in traces.iter().filter(|t| t.completions.len() > 1) {

@@ -193,6 +193,7 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
     summary.trainable_tokens = count("trainableTokens");
     summary.traces = count("traces");
     summary.abandoned_calls = count("abandonedCalls");
+    summary.excluded_calls = count("excludedCalls");
     summary.calls_by_class =
         serde_json::from_value(reported["callsByClass"].clone()).unwrap_or_default();
     summary.policy_versions = serde_json::from_value(reported["policyVersions"].clone()).ok();

@@ -164,6 +164,7 @@ pub fn assignment(s: &SessionOf) -> Assignment {
         group: group_id(s.job, &s.task.id, s.epoch),
         sample: s.sample,
         builder,
+        exclude_classes: spec.trajectory.exclude_request_classes.clone(),
         sink: s.sink.clone(),
         upstream: Some(upstream),
         metadata,

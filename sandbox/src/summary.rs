@@ -70,6 +70,10 @@ pub struct Summary {
     /// trace, nor in the counts above.
     #[serde(skip_serializing_if = "is_zero")]
     pub abandoned_calls: u64,
+    /// Calls of a request class the job does not train on (`trajectory.excludeRequestClasses`):
+    /// in no trace, nor in the counts above.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub excluded_calls: u64,
     /// The calls by what the harness said each is for (Claude Code's request class), when
     /// it says (the trajectory's `stats.calls_by_class`, at most eleven keys).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]

@@ -2,7 +2,7 @@
 //! (no model server needed: the upstream is a closed port), and a train job's sampling
 //! contract as a scripted model server receives it.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use floe_gateway::capture::read_session;
 use floe_tests::{ScriptedUpstream, Step, TestGateway};
 use serde_json::{json, Value};
@@ -916,6 +916,95 @@ async fn a_calls_request_class_is_captured_and_a_forged_one_left_out() -> Result
         classes,
         [Some("main"), Some("compaction"), None, None, None]
     );
+    Ok(())
+}
+
+/// A job's `trajectory.excludeRequestClasses` reaches the gateway in its sessions'
+/// assignments: a call of an excluded class is answered and captured like any other, and the
+/// session's trajectory trains none of its tokens (counted as excluded); the rest are trained.
+#[tokio::test]
+async fn calls_of_a_class_the_job_excludes_are_answered_captured_and_not_trained() -> Result<()> {
+    let steps = (0..4).map(|i| Step::Say(format!("answer {i}"))).collect();
+    let model = ScriptedUpstream::start(steps).await?;
+    let gw = TestGateway::start(&model.url, 16).await?;
+    let dataset = tempfile::tempdir()?;
+    let http = reqwest::Client::new();
+    let assignment = json!({"session": "excl-1", "task": "t", "group": "j/t", "sample": 0,
+        "excludeClasses": ["auxiliary"], "builder": "per_request",
+        "sink": {"kind": "dataset", "dir": dataset.path()}, "run": {}});
+    let posted = http
+        .post(format!("{}/floe/v1/assignments", gw.url))
+        .bearer_auth(&gw.control_token)
+        .json(&assignment)
+        .send()
+        .await?;
+    let status = posted.status();
+    assert_eq!(status, 201, "{}", posted.text().await?);
+    let next: Value = http
+        .get(format!("{}/floe/v1/assignments/next?waitSeconds=5", gw.url))
+        .bearer_auth(&gw.control_token)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let token = next["token"].as_str().context("the session's token")?;
+    let body =
+        json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
+    for class in [Some("main"), Some("auxiliary"), None] {
+        let mut post = http
+            .post(format!("{}/v1/messages", gw.url))
+            .header("x-api-key", token)
+            .json(&body);
+        if let Some(class) = class {
+            post = post.header(floe_gateway::server::REQUEST_CLASS_HEADER, class);
+        }
+        let answer = post.send().await?;
+        assert_eq!(answer.status(), 200, "{class:?}: {}", answer.text().await?);
+    }
+    let summary: Value = http
+        .post(format!("{}/floe/v1/sessions/excl-1/result", gw.url))
+        .bearer_auth(&gw.control_token)
+        .json(&json!({"status": "completed", "evaluation": {"reward": 1.0}}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let records = read_session(&gw.session_dir("excl-1"))?.records;
+    assert_eq!(records.len(), 3, "every call is captured");
+    // Shipping follows the close.
+    let written = || {
+        ["accepted", "rejected"]
+            .iter()
+            .find_map(|d| std::fs::read(dataset.path().join(d).join("excl-1.json")).ok())
+    };
+    let shipped = floe_tests::operator::eventually_every(
+        std::time::Duration::from_millis(50),
+        20,
+        "the trajectory in the dataset",
+        async || Ok(written()),
+    )
+    .await?;
+    let t: Value = serde_json::from_slice(&shipped)?;
+    let trained: Vec<u64> = t["traces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|tr| tr["completions"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c.as_u64())
+        .collect();
+    let auxiliary = records
+        .iter()
+        .find(|r| r.request_class.as_deref() == Some("auxiliary"))
+        .map(|r| r.seq)
+        .context("the auxiliary call's record")?;
+    assert_eq!(trained.len(), 2, "{}", t["stats"]);
+    assert!(!trained.contains(&auxiliary), "trained: {trained:?}");
+    assert_eq!(t["stats"]["excluded_calls"], 1, "{}", t["stats"]);
+    assert_eq!(
+        t["stats"]["calls_by_class"],
+        json!({"auxiliary": 1, "main": 1})
+    );
+    assert_eq!(summary["excludedCalls"], 1, "{summary}");
     Ok(())
 }
 

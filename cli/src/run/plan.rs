@@ -297,6 +297,16 @@ spec:
             (Some(1.0), Some(1.0))
         );
         assert_eq!(expand(&p, &Sink::None, Some(4)).len(), 4);
+        assert!(sessions[0].exclude_classes.is_empty());
+        // The job's request classes left out of training reach every session's gateway.
+        let excluding = JOB.replace(
+            "  numSamples: 3\n",
+            "  numSamples: 3\n  trajectory: {excludeRequestClasses: [auxiliary, compaction]}\n",
+        );
+        let sessions = expand(&plan(&excluding)?, &Sink::None, None);
+        assert!(sessions
+            .iter()
+            .all(|a| a.exclude_classes == ["auxiliary", "compaction"]));
         Ok(())
     }
 

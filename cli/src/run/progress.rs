@@ -194,13 +194,17 @@ impl Progress {
     }
 }
 
-/// What the table adds to the calls' count: those the harness abandoned, and the calls by
-/// what the harness said each is for.
+/// What the table adds to the calls' count: those the harness abandoned, those of a class the
+/// job does not train on, and the calls by what the harness said each is for.
 fn calls_said(tokens: &super::report::Tokens) -> String {
     let mut said = match tokens.abandoned_calls {
         0 => String::new(),
         n => format!(" · {n} abandoned by the harness, not trained"),
     };
+    if tokens.excluded_calls > 0 {
+        let n = tokens.excluded_calls;
+        said.push_str(&format!(" · {n} of an excluded class, not trained"));
+    }
     if !tokens.calls_by_class.is_empty() {
         let classes: Vec<String> = tokens
             .calls_by_class

@@ -55,6 +55,9 @@ pub struct Tokens {
     /// Calls whose harness left before the answer came: trained in no trajectory.
     #[serde(skip_serializing_if = "is_zero")]
     pub abandoned_calls: u64,
+    /// Calls of a request class the job does not train on: trained in no trajectory.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub excluded_calls: u64,
     /// Calls by what the harness said each is for (Claude Code's request class), over the
     /// sessions that said: how much of the run is compaction, subagents, side calls.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -180,6 +183,7 @@ pub fn summarize(
         tokens.sampled += s.sampled_tokens;
         tokens.trainable += s.trainable_tokens;
         tokens.abandoned_calls += s.abandoned_calls;
+        tokens.excluded_calls += s.excluded_calls;
         for (class, n) in &s.calls_by_class {
             floe_gateway::trajectory::count_calls_of_class(&mut tokens.calls_by_class, class, *n);
         }
@@ -322,17 +326,26 @@ mod tests {
     }
 
     #[test]
-    fn calls_the_harness_abandoned_are_counted_and_said_only_when_there_are_some() {
+    fn calls_left_out_of_training_are_counted_and_said_only_when_there_are_some() {
         let mut left = result("a", "completed", Some(1.0), true);
         if let Some(s) = left.summary.as_mut() {
             s.abandoned_calls = 2;
+            s.excluded_calls = 1;
         }
-        let with = summarize("j", "sft", &[left], 60.0, true);
-        assert_eq!(with.tokens.abandoned_calls, 2);
+        let with = summarize("j", "sft", &[left.clone(), left], 60.0, true);
+        assert_eq!(with.tokens.abandoned_calls, 4);
+        assert_eq!(with.tokens.excluded_calls, 2);
         let json = serde_json::to_value(&with.tokens).unwrap_or_default();
-        assert_eq!(json["abandonedCalls"], 2);
-        assert!(super::super::progress::table(&with)
-            .contains("in 3 calls · 2 abandoned by the harness, not trained\n"));
+        assert_eq!(
+            (
+                json["abandonedCalls"].as_u64(),
+                json["excludedCalls"].as_u64()
+            ),
+            (Some(4), Some(2))
+        );
+        assert!(super::super::progress::table(&with).contains(
+            "in 6 calls · 4 abandoned by the harness, not trained · 2 of an excluded class, not trained\n"
+        ));
         let without = summarize(
             "j",
             "sft",
@@ -342,6 +355,7 @@ mod tests {
         );
         let json = serde_json::to_value(&without.tokens).unwrap_or_default();
         assert!(json.get("abandonedCalls").is_none(), "{json}");
+        assert!(json.get("excludedCalls").is_none(), "{json}");
         assert!(super::super::progress::table(&without).contains("in 3 calls\n"));
     }
 

@@ -412,6 +412,17 @@ pub struct TrajectorySpec {
     /// `prefixMerging` (default) or `perRequest`.
     #[serde(default)]
     pub builder: TrajectoryBuilder,
+    /// Request classes whose calls are not trained on (nor written to an sft job's dataset):
+    /// what the harness says a call is for, today Claude Code's `main`, `subagent`,
+    /// `workflow`, `compaction`, `auxiliary` and `side_reply`. `[auxiliary]` leaves out its
+    /// side calls (a session's title, a summary of a tool's use or of a fetched page, memories
+    /// to keep), whose tokens would carry the session's reward though the outcome says nothing
+    /// of them. The capture keeps every call; the trajectory counts those left out
+    /// (`stats.excluded_calls`). Default none: every call is trained, as Polar does. Calls
+    /// that say no class are always trained.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(regex(pattern = r"^[a-z0-9_-]{1,32}$")))]
+    pub exclude_request_classes: Vec<String>,
 }
 
 /// How captured model calls become training samples.

@@ -163,13 +163,16 @@ pub(super) fn trajectory_from(
         sample: meta.sample,
         metadata: meta.metadata,
     };
-    let (builder, sink) = delivered
-        .map(|d| (d.assignment.builder, d.assignment.sink))
-        .unwrap_or((Default::default(), Sink::None));
-    let options = BuildOptions {
-        builder,
-        ..Default::default()
-    };
+    let (options, sink) = delivered
+        .map(|d| {
+            let options = BuildOptions {
+                builder: d.assignment.builder,
+                exclude_classes: d.assignment.exclude_classes,
+                ..Default::default()
+            };
+            (options, d.assignment.sink)
+        })
+        .unwrap_or((BuildOptions::default(), Sink::None));
     let upstream = tally(dir).map_err(|e| storage(format!("{}: {e}", dir.display())))?;
     let outcome = account_for_calls(outcome.clone(), records.len(), &upstream);
     Ok(SpoolEntry {
@@ -192,6 +195,9 @@ fn summary(gateway: &Gateway, id: &str, entry: Option<&SpoolEntry>) -> serde_jso
         value["trainableTokens"] = json!(t.stats.trainable_tokens);
         if t.stats.abandoned_calls > 0 {
             value["abandonedCalls"] = json!(t.stats.abandoned_calls);
+        }
+        if t.stats.excluded_calls > 0 {
+            value["excludedCalls"] = json!(t.stats.excluded_calls);
         }
         if !t.stats.calls_by_class.is_empty() {
             value["callsByClass"] = json!(t.stats.calls_by_class);

@@ -25,6 +25,10 @@ pub struct Assignment {
     pub sample: u32,
     #[serde(default)]
     pub builder: Builder,
+    /// Request classes whose calls its trajectory leaves out (the job's
+    /// `trajectory.excludeRequestClasses`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_classes: Vec<String>,
     #[serde(default)]
     pub sink: Sink,
     /// Where this session's calls go, when not the gateway's own upstream.
@@ -271,6 +275,7 @@ mod tests {
                 group: format!("job/{task}"),
                 sample: 0,
                 builder: Builder::default(),
+                exclude_classes: Vec::new(),
                 sink: Sink::None,
                 upstream: None,
                 metadata: BTreeMap::new(),

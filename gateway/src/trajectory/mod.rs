@@ -26,6 +26,20 @@ pub struct BuildOptions {
     pub end_of_turn: Option<u32>,
     /// Longest trace (prompt + response tokens) a merge may produce; `None` = unbounded.
     pub max_length: Option<usize>,
+    /// Request classes whose calls are left out of the traces (a job's
+    /// `trajectory.excludeRequestClasses`): the capture keeps them, `stats.excluded_calls`
+    /// counts them, nobody trains on them.
+    pub exclude_classes: Vec<String>,
+}
+
+impl BuildOptions {
+    /// Whether a call is left out for its request class.
+    fn excludes(&self, record: &CompletionRecord) -> bool {
+        record
+            .request_class
+            .as_ref()
+            .is_some_and(|class| self.exclude_classes.contains(class))
+    }
 }
 
 /// Bytes a captured token takes in a shipped trajectory at most: a sampled token's id, mask
@@ -40,8 +54,12 @@ pub fn build_traces(
 ) -> (Vec<Trace>, ReconstructionStats) {
     // A reply nobody saw is left out: its tokens were not the agent's act, and its session's
     // outcome says nothing of them (the capture keeps it).
-    let (mut ordered, abandoned): (Vec<&CompletionRecord>, Vec<&CompletionRecord>) =
+    let (answered, abandoned): (Vec<&CompletionRecord>, Vec<&CompletionRecord>) =
         records.iter().partition(|r| !r.abandoned);
+    // Calls of a class the job does not train on are left out the same way (the capture
+    // keeps them too); whatever context they produced reaches later calls as prompt.
+    let (mut ordered, excluded): (Vec<&CompletionRecord>, Vec<&CompletionRecord>) =
+        answered.into_iter().partition(|r| !options.excludes(r));
     ordered.sort_by_key(|r| (r.started_at_ms, r.seq));
     let traces = match options.builder {
         Builder::PerRequest => per_request::build(&ordered),
@@ -50,7 +68,9 @@ pub fn build_traces(
             prefix_merging::build(&ordered, eot, options.max_length)
         }
     };
-    let stats = ReconstructionStats::of(&ordered, &traces).with_abandoned(&abandoned);
+    let stats = ReconstructionStats::of(&ordered, &traces)
+        .with_abandoned(&abandoned)
+        .with_excluded(&excluded);
     (traces, stats)
 }
 
@@ -64,7 +84,7 @@ pub fn build_trajectory(
     let (traces, stats) = build_traces(records, options);
     let mut policy_versions: Vec<u64> = records
         .iter()
-        .filter(|r| !r.abandoned)
+        .filter(|r| !r.abandoned && !options.excludes(r))
         .filter_map(|r| r.policy_version)
         .collect();
     policy_versions.sort_unstable();

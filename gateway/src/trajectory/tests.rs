@@ -32,6 +32,7 @@ fn merge(records: &[CompletionRecord]) -> (Vec<Trace>, ReconstructionStats) {
         builder: Builder::PrefixMerging,
         end_of_turn: Some(EOT),
         max_length: None,
+        ..Default::default()
     };
     build_traces(records, &options)
 }
@@ -128,6 +129,7 @@ fn a_length_stop_at_a_short_cap_the_caller_asked_for_is_not_overlong() {
             builder: Builder::PerRequest,
             end_of_turn: Some(EOT),
             max_length: None,
+            ..Default::default()
         },
     );
     assert_eq!(stats.overlong_turns, 1);
@@ -366,6 +368,83 @@ fn calls_are_counted_by_the_class_the_harness_gave_them() {
     );
 }
 
+/// A job may leave out the calls of some request classes (`trajectory.excludeRequestClasses`):
+/// they are in no trace and no count but their own and the count by class, the agent's own
+/// turns around them still merge, and a policy version only they had is not listed.
+#[test]
+fn calls_of_an_excluded_class_are_left_out_of_the_traces_and_counted() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[11, EOT], &[20]]);
+    let class = |c: &str, r: CompletionRecord| CompletionRecord {
+        request_class: Some(c.into()),
+        ..r
+    };
+    let side = CompletionRecord {
+        policy_version: Some(9),
+        ..class("auxiliary", rec(1, &[7, 8], &[30, 31, 32, EOT], "length"))
+    };
+    let records = [
+        class("main", rec(0, &p0, &[11, EOT], "tool_calls")),
+        side,
+        class("main", rec(2, &p1, &[12, EOT], "stop")),
+        rec(3, &[3], &[4, EOT], "stop"),
+    ];
+    let excluding = |builder| BuildOptions {
+        builder,
+        end_of_turn: Some(EOT),
+        exclude_classes: vec!["auxiliary".into(), "compaction".into()],
+        ..Default::default()
+    };
+    let (traces, stats) = build_traces(&records, &excluding(Builder::PrefixMerging));
+    let calls: Vec<&[u64]> = traces.iter().map(|t| t.completions.as_slice()).collect();
+    assert_eq!(calls, [&[0, 2][..], &[3]], "the main turns merge around it");
+    assert_eq!((stats.completions, stats.sampled_tokens), (3, 6));
+    assert_eq!((stats.excluded_calls, stats.excluded_tokens), (1, 4));
+    assert_eq!(
+        (
+            stats.truncated_turns,
+            stats.overlong_turns,
+            stats.longest_turn_tokens
+        ),
+        (0, 0, 2),
+        "its cut is not the policy's turn"
+    );
+    let counted: Vec<(&str, u64)> = stats
+        .calls_by_class
+        .iter()
+        .map(|(c, n)| (c.as_str(), *n))
+        .collect();
+    assert_eq!(counted, [("auxiliary", 1), ("main", 2)]);
+    let (traces, stats) = build_traces(&records, &excluding(Builder::PerRequest));
+    assert!(traces.iter().all(|t| t.completions != [1]));
+    assert_eq!((traces.len(), stats.excluded_calls), (3, 1));
+    let t = build_trajectory(
+        &session(),
+        &records,
+        &excluding(Builder::PerRequest),
+        &passed(),
+    );
+    assert_eq!(
+        t.policy_versions,
+        [0, 1],
+        "version 9 sampled only the side call"
+    );
+    let wire = serde_json::to_value(&t.stats).unwrap_or_default();
+    assert_eq!(
+        (
+            wire["excluded_calls"].as_u64(),
+            wire["excluded_tokens"].as_u64()
+        ),
+        (Some(1), Some(4))
+    );
+    // Nothing excluded: every call is trained, and the counts are not on the wire.
+    let (traces, stats) = merge(&records);
+    assert_eq!(traces.iter().map(|t| t.completions.len()).sum::<usize>(), 4);
+    assert_eq!(stats.excluded_calls, 0);
+    let wire = serde_json::to_value(&stats).unwrap_or_default();
+    assert!(wire.get("excluded_calls").is_none(), "{wire}");
+}
+
 #[test]
 fn a_branch_whose_parent_never_continues_is_a_history_rewrite() {
     let p0 = [1, 2];
@@ -425,6 +504,7 @@ fn max_length_breaks_the_chain() {
         builder: Builder::PrefixMerging,
         end_of_turn: Some(EOT),
         max_length: Some(8),
+        ..Default::default()
     };
     let (traces, _) = build_traces(
         &[

@@ -165,9 +165,17 @@ pub struct ReconstructionStats {
     /// The tokens those calls sampled.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub abandoned_tokens: u64,
-    /// The calls above by what the harness said each is for (Claude Code's request class:
-    /// `main`, `subagent`, `compaction`, `auxiliary`, …); calls that said nothing are not
-    /// counted here. Shows how much of a trajectory is not the agent's own turns.
+    /// Calls of a request class the job does not train on (`trajectory.excludeRequestClasses`):
+    /// left out of the traces and of every count above but `calls_by_class`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub excluded_calls: u64,
+    /// The tokens those calls sampled.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub excluded_tokens: u64,
+    /// The calls above, and the excluded ones, by what the harness said each is for (Claude
+    /// Code's request class: `main`, `subagent`, `compaction`, `auxiliary`, …); calls that said
+    /// nothing are not counted here. Shows how much of a trajectory is not the agent's own
+    /// turns.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub calls_by_class: BTreeMap<String, u64>,
 }
@@ -267,6 +275,8 @@ impl ReconstructionStats {
             }),
             abandoned_calls: 0,
             abandoned_tokens: 0,
+            excluded_calls: 0,
+            excluded_tokens: 0,
             calls_by_class,
         }
     }
@@ -275,13 +285,29 @@ impl ReconstructionStats {
     pub fn with_abandoned(self, abandoned: &[&CompletionRecord]) -> Self {
         Self {
             abandoned_calls: abandoned.len() as u64,
-            abandoned_tokens: abandoned
-                .iter()
-                .map(|r| r.completion_token_ids.len() as u64)
-                .sum(),
+            abandoned_tokens: sampled(abandoned),
             ..self
         }
     }
+
+    /// Count the calls left out for their request class, and add them to `calls_by_class`.
+    pub fn with_excluded(mut self, excluded: &[&CompletionRecord]) -> Self {
+        for class in excluded.iter().filter_map(|r| r.request_class.as_ref()) {
+            count_calls_of_class(&mut self.calls_by_class, class, 1);
+        }
+        Self {
+            excluded_calls: excluded.len() as u64,
+            excluded_tokens: sampled(excluded),
+            ..self
+        }
+    }
+}
+
+fn sampled(records: &[&CompletionRecord]) -> u64 {
+    records
+        .iter()
+        .map(|r| r.completion_token_ids.len() as u64)
+        .sum()
 }
 
 /// The evaluator's verdict.

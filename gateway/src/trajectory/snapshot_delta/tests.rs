@@ -88,6 +88,7 @@ fn traces(records: &[CompletionRecord], builder: Builder) -> Vec<Trace> {
         builder,
         end_of_turn: Some(2),
         max_length: None,
+        ..Default::default()
     };
     build_traces(records, &options).0
 }
