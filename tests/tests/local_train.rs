@@ -989,7 +989,11 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
         lora_rank: None,
     };
     let questions = ["Name a fruit.", "Name a colour."];
-    std::fs::write(&job_file, job(&model, &questions, &shape))?;
+    // A held-out question measured before training and at the final version only.
+    let held_out = "    maxStaleness: 0\n    heldOut: {everySteps: 1000, tasks: {inline: [\
+        {id: h0, instruction: \"Name a city.\"}]}}\n";
+    let text = job(&model, &questions, &shape).replace("    maxStaleness: 0\n", held_out);
+    std::fs::write(&job_file, text)?;
     let out = dir.path().join("out");
 
     let mut run = floe_run(&job_file, &out, &python)
@@ -1055,6 +1059,32 @@ fn a_stopped_train_run_resumes_from_the_checkpoint_its_trainer_wrote() -> Result
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
     assert_eq!(summary["interrupted"], false, "{summary}");
     assert_eq!(summary["sessions"]["total"], 8, "{summary}");
+    // The round before training is carried over as the stopped run measured it (the policy
+    // it measured is gone: it is not run again), then the final version's.
+    let rounds = |s: &Value| -> Vec<(u64, u64, Value)> {
+        s["training"]["heldOut"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                Some((
+                    r["step"].as_u64()?,
+                    r["scored"].as_u64()?,
+                    r["passRate"].clone(),
+                ))
+            })
+            .collect()
+    };
+    let (before, after) = (rounds(&stopped), rounds(&summary));
+    assert_eq!(before.first().map(|r| r.0), Some(0), "{stopped}");
+    assert_eq!(after.first(), before.first(), "{summary}");
+    assert_eq!(after.len(), 2, "{summary}");
+    assert_eq!(
+        Some(after[1].0),
+        summary["training"]["policyVersion"].as_u64(),
+        "{summary}"
+    );
+    assert!(!out.join("sessions/brief-h0-0.h0-r1").exists());
     assert_eq!(summary["sessions"]["completed"], 8, "{summary}");
     // Groups in run order (run.json: each session's first attempt, in order): the first epoch
     // as listed, then the second, each task once, as groups of their own.

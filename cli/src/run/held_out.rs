@@ -13,8 +13,10 @@
 //! sessions' (`base + round × per_round + j`, `j` task-major over samples).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use floe_crds::rollout_job::{HeldOutRound, HeldOutSpec, Task};
+use floe_sandbox::session::held_out_session_id;
 use serde::Serialize;
 
 use super::queue::Attempt;
@@ -160,6 +162,35 @@ impl HeldOut {
         (round.results.len() == expected).then(|| report(round, expected))
     }
 
+    /// Take back the rounds an interrupted run measured (`floe run --resume`; [`read_rounds`]),
+    /// before any round of this run opens, with the trainer at `version`. The rounds keep
+    /// their steps, so no later round measures a step again. A round of `version` itself that
+    /// was cut short measures the same weights still: its missing sessions are returned, to
+    /// run first. One of an earlier version stays short (its policy is gone), as it was.
+    pub fn restore(&mut self, earlier: Rounds, version: u64) -> Vec<Attempt> {
+        let mut missing = Vec::new();
+        for (step, results) in earlier {
+            let first = self.base + self.rounds.len() * self.per_round();
+            if step == version {
+                missing.extend(
+                    (0..self.per_round())
+                        .filter(|j| !results.contains_key(j))
+                        .map(|j| Attempt {
+                            index: first + j,
+                            attempt: 0,
+                        }),
+                );
+            }
+            self.next_step = (step / self.every + 1).saturating_mul(self.every);
+            self.rounds.push(Round {
+                step,
+                last: false,
+                results,
+            });
+        }
+        missing
+    }
+
     /// Every round so far, complete or not (an interrupted run reports what it has).
     pub fn reports(&self) -> Vec<RoundReport> {
         self.rounds
@@ -167,6 +198,62 @@ impl HeldOut {
             .map(|r| report(r, self.per_round()))
             .collect()
     }
+}
+
+/// Held-out results by round step, then by place `j` in the round.
+pub type Rounds = BTreeMap<u64, BTreeMap<usize, SessionResult>>;
+
+/// The held-out rounds an earlier run in `out` measured: each held-out session's last attempt
+/// that left a result in `sessions/`, by its id (`<job>-<task>-<sample>.h<step>[-r<attempt>]`).
+pub fn read_rounds(out: &Path, job: &str, tasks: &[Task], samples: u32) -> Result<Rounds, String> {
+    let samples = samples.max(1);
+    let places: BTreeMap<String, usize> = tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(t, task)| {
+            (0..samples).map(move |sample| {
+                let id = held_out_session_id(job, &task.id, sample, 0, 0);
+                let prefix = id.strip_suffix(".h0").unwrap_or(&id).to_owned();
+                (prefix, t * samples as usize + sample as usize)
+            })
+        })
+        .collect();
+    let mut latest: BTreeMap<(u64, usize), (u32, SessionResult)> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(out.join("sessions")) else {
+        return Ok(Rounds::new());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((prefix, step, attempt)) = split_held_out_id(&name) else {
+            continue;
+        };
+        let Some(&j) = places.get(prefix) else {
+            continue;
+        };
+        let Some(result) = super::resume::read_result(&entry.path())? else {
+            continue; // cancelled: no result
+        };
+        if latest.get(&(step, j)).is_none_or(|(a, _)| *a < attempt) {
+            latest.insert((step, j), (attempt, result));
+        }
+    }
+    let mut rounds = Rounds::new();
+    for ((step, j), (_, result)) in latest {
+        rounds.entry(step).or_default().insert(j, result);
+    }
+    Ok(rounds)
+}
+
+/// `<prefix>.h<step>` or `<prefix>.h<step>-r<attempt>` → (prefix, step, attempt).
+fn split_held_out_id(id: &str) -> Option<(&str, u64, u32)> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (head, attempt) = match id.rsplit_once("-r") {
+        Some((head, n)) if digits(n) => (head, n.parse().ok()?),
+        _ => (id, 0),
+    };
+    let (prefix, step) = head.rsplit_once(".h")?;
+    digits(step).then_some(())?;
+    Some((prefix, step.parse().ok()?, attempt))
 }
 
 fn report(round: &Round, sessions: usize) -> RoundReport {
@@ -328,5 +415,86 @@ mod tests {
         assert_eq!(r.reward_mean, Some(0.25));
         assert_eq!(r.pass_rate, Some(0.0));
         assert_eq!(h.reports().len(), 2);
+    }
+
+    /// `floe run --resume`: the rounds the interrupted run measured stay in the summary and
+    /// keep the cadence; a round of the trainer's current version cut short is completed with
+    /// the same weights, one of an earlier version is left as it was.
+    #[test]
+    fn a_resumed_run_keeps_the_rounds_measured_before_it() {
+        let mut h = held_out(2, 1, 5);
+        let mut earlier = Rounds::new();
+        earlier
+            .entry(0)
+            .or_default()
+            .insert(0, result(Some(0.0), [0, 0]));
+        earlier
+            .entry(0)
+            .or_default()
+            .insert(1, result(Some(1.0), [0, 0]));
+        earlier
+            .entry(5)
+            .or_default()
+            .insert(1, result(Some(1.0), [5, 5]));
+        let missing = h.restore(earlier.clone(), 5);
+        assert_eq!(missing.iter().map(|a| a.index).collect::<Vec<_>>(), [102]);
+        assert_eq!(
+            h.session(102).map(|(step, t, _)| (step, t.id.as_str())),
+            Some((5, "h0"))
+        );
+        assert!(h.due(5).is_empty() && h.due(9).is_empty(), "5 is measured");
+        let report = h
+            .ended(102, result(Some(1.0), [5, 5]))
+            .expect("round 5 complete");
+        assert_eq!((report.step, report.passed, report.sessions), (5, 2, 2));
+        assert_eq!(h.due(10).first().map(|a| a.index), Some(104));
+        let steps: Vec<(u64, Option<f64>)> =
+            h.reports().iter().map(|r| (r.step, r.pass_rate)).collect();
+        assert_eq!(steps, [(0, Some(0.5)), (5, Some(1.0)), (10, None)]);
+        // The trainer is past round 5's version: it stays one session short.
+        let mut later = held_out(2, 1, 5);
+        assert!(later.restore(earlier, 7).is_empty());
+        assert!(later.due(7).is_empty());
+        assert_eq!(later.reports()[1].scored, 1);
+    }
+
+    #[test]
+    fn the_rounds_of_an_earlier_run_are_read_from_its_sessions() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let h = held_out(2, 2, 5);
+        let write = |id: &str, reward: Option<f64>| {
+            let dir = out.path().join("sessions").join(id);
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            if let Some(summary) = result(reward, [0, 0]).summary {
+                let text = serde_json::to_vec(&summary).expect("json");
+                std::fs::write(dir.join("summary.json"), text).expect("write");
+            }
+        };
+        write("job-h0-0.h0", Some(0.0));
+        write("job-h0-0.h0-r1", Some(1.0)); // its retry: the last attempt counts
+        write("job-h1-1.h0-r2", None);
+        write("job-h1-1.h5", Some(1.0));
+        write("job-h0-0", Some(1.0)); // a training session
+        write("other-h0-0.h0", Some(1.0)); // another job's
+        std::fs::create_dir_all(out.path().join("sessions/job-h1-0.h5")).expect("cancelled");
+        let rounds = read_rounds(out.path(), "job", &h.tasks, 2).expect("read");
+        let read: Vec<(u64, usize, Option<f64>)> = rounds
+            .iter()
+            .flat_map(|(step, r)| {
+                r.iter()
+                    .map(|(j, res)| (*step, *j, res.summary.as_ref().and_then(|s| s.reward)))
+            })
+            .collect();
+        assert_eq!(read, [(0, 0, Some(1.0)), (0, 3, None), (5, 3, Some(1.0))]);
+        assert_eq!(
+            split_held_out_id("j-fix-regex-0.h3"),
+            Some(("j-fix-regex-0", 3, 0))
+        );
+        assert_eq!(split_held_out_id("j-t-0.h3-r12"), Some(("j-t-0", 3, 12)));
+        assert_eq!(split_held_out_id("j-t-0-r1"), None);
+        let none = tempfile::tempdir().expect("tempdir");
+        assert!(read_rounds(none.path(), "job", &h.tasks, 2)
+            .expect("read")
+            .is_empty());
     }
 }

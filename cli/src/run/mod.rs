@@ -198,9 +198,24 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         job: plan.name.clone(),
         mode: mode.into(),
         assignments: plan::expand(&plan, &sink, args.sessions),
+        held_out_digest: spec
+            .train
+            .as_ref()
+            .and_then(|t| t.held_out.as_ref())
+            .map(|h| {
+                let samples = u32::try_from(h.samples).unwrap_or(1);
+                floe_operator::rollout::held_out_digest(&plan.held_out, samples)
+            }),
     };
+    // The held-out rounds the interrupted run measured, carried into this run's.
+    let mut held_out_before = held_out::Rounds::new();
     let earlier = if args.resume {
         resume::check_record(out, &record).map_err(RunError::Preflight)?;
+        if let Some(h) = spec.train.as_ref().and_then(|t| t.held_out.as_ref()) {
+            let samples = u32::try_from(h.samples).unwrap_or(1);
+            held_out_before = held_out::read_rounds(out, &plan.name, &plan.held_out, samples)
+                .map_err(RunError::Preflight)?;
+        }
         resume::read(out, &record.assignments).map_err(RunError::Preflight)?
     } else {
         resume::write_record(out, &record).map_err(RunError::Io)?;
@@ -356,7 +371,9 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         (Some(t), Some(h)) => {
             let mut rounds = held_out::HeldOut::new(h, plan.held_out.clone(), count);
             if let Some(status) = t.status().await {
-                queue.run_first(rounds.due(TrainerState::from_status(&status).policy_version));
+                let version = TrainerState::from_status(&status).policy_version;
+                queue.run_first(rounds.restore(std::mem::take(&mut held_out_before), version));
+                queue.run_first(rounds.due(version));
             }
             Some(rounds)
         }

@@ -35,6 +35,10 @@ pub struct RunRecord {
     pub mode: String,
     /// Every session's first attempt, in order.
     pub assignments: Vec<Assignment>,
+    /// A train job's held-out set (`train.heldOut`: its tasks and samples), as the operator
+    /// records it: a resumed run carries the earlier rounds over only from the same set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out_digest: Option<String>,
 }
 
 /// What an earlier run left: results of the sessions that are done, and the first attempt
@@ -69,6 +73,13 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<(), String> {
             "--resume: --out holds a run of {} job {:?}, not of {} job {:?}",
             before.mode, before.job, now.mode, now.job
         ));
+    }
+    if let (Some(was), Some(is)) = (&before.held_out_digest, &now.held_out_digest) {
+        if was != is {
+            return Err(format!(
+                "--resume: the job's held-out set (train.heldOut: its tasks or samples) differs from the earlier run's (digest {was} then, {is} now): its rounds would not be one curve; restore it, or use a new --out"
+            ));
+        }
     }
     // The first session that differs, or where the shorter list ends.
     let (b, n) = (&before.assignments, &now.assignments);
@@ -225,7 +236,7 @@ fn delivered(out: &Path, session: &str) -> Result<Option<SessionResult>, String>
 }
 
 /// A finished attempt's `summary.json` (with the run's `wallSeconds`), if it has one.
-fn read_result(dir: &Path) -> Result<Option<SessionResult>, String> {
+pub(super) fn read_result(dir: &Path) -> Result<Option<SessionResult>, String> {
     let path = dir.join("summary.json");
     let text = match std::fs::read(&path) {
         Ok(t) => t,
@@ -391,6 +402,7 @@ mod tests {
             job: "j".into(),
             mode: "sft".into(),
             assignments: sessions.iter().map(|s| assignment(s)).collect(),
+            held_out_digest: None,
         };
         write_record(dir.path(), &record(&["a", "b"])).map_err(std::io::Error::other)?;
         assert!(check_record(dir.path(), &record(&["a", "b"])).is_ok());
@@ -405,6 +417,19 @@ mod tests {
         let mut other = record(&["a", "b"]);
         other.job = "k".into();
         assert!(check_record(dir.path(), &other).is_err());
+        // A held-out set changed: its rounds would not be one curve. One added or dropped
+        // leaves no earlier round to mix with.
+        let held = |digest: Option<&str>| RunRecord {
+            held_out_digest: digest.map(str::to_owned),
+            ..record(&["a", "b"])
+        };
+        write_record(dir.path(), &held(Some("d1"))).map_err(std::io::Error::other)?;
+        let err = check_record(dir.path(), &held(Some("d2")))
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("held-out set"), "{err}");
+        assert!(check_record(dir.path(), &held(Some("d1"))).is_ok());
+        assert!(check_record(dir.path(), &held(None)).is_ok());
         Ok(())
     }
 
@@ -460,6 +485,7 @@ mod tests {
                     ..assignment(s)
                 })
                 .collect(),
+            held_out_digest: None,
         };
         write_record(dir.path(), &record(1000, "first")).map_err(std::io::Error::other)?;
         assert!(check_record(dir.path(), &record(2000, "second")).is_ok());

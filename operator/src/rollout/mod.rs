@@ -31,4 +31,6 @@ pub(crate) mod status;
 pub(crate) mod summary;
 pub(crate) mod tasks;
 pub mod trainer_launch;
+/// A held-out set's digest, which `floe run --resume` checks as the operator does.
+pub use held_out::digest as held_out_digest;
 pub(crate) mod trainer_workers;
