@@ -13,10 +13,8 @@
 //! sessions' (`base + round × per_round + j`, `j` task-major over samples).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use floe_crds::rollout_job::{HeldOutRound, HeldOutSpec, Task};
-use floe_sandbox::session::held_out_session_id;
 use serde::Serialize;
 
 use super::queue::Attempt;
@@ -202,59 +200,6 @@ impl HeldOut {
 
 /// Held-out results by round step, then by place `j` in the round.
 pub type Rounds = BTreeMap<u64, BTreeMap<usize, SessionResult>>;
-
-/// The held-out rounds an earlier run in `out` measured: each held-out session's last attempt
-/// that left a result in `sessions/`, by its id (`<job>-<task>-<sample>.h<step>[-r<attempt>]`).
-pub fn read_rounds(out: &Path, job: &str, tasks: &[Task], samples: u32) -> Result<Rounds, String> {
-    let samples = samples.max(1);
-    let places: BTreeMap<String, usize> = tasks
-        .iter()
-        .enumerate()
-        .flat_map(|(t, task)| {
-            (0..samples).map(move |sample| {
-                let id = held_out_session_id(job, &task.id, sample, 0, 0);
-                let prefix = id.strip_suffix(".h0").unwrap_or(&id).to_owned();
-                (prefix, t * samples as usize + sample as usize)
-            })
-        })
-        .collect();
-    let mut latest: BTreeMap<(u64, usize), (u32, SessionResult)> = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(out.join("sessions")) else {
-        return Ok(Rounds::new());
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some((prefix, step, attempt)) = split_held_out_id(&name) else {
-            continue;
-        };
-        let Some(&j) = places.get(prefix) else {
-            continue;
-        };
-        let Some(result) = super::resume::read_result(&entry.path())? else {
-            continue; // cancelled: no result
-        };
-        if latest.get(&(step, j)).is_none_or(|(a, _)| *a < attempt) {
-            latest.insert((step, j), (attempt, result));
-        }
-    }
-    let mut rounds = Rounds::new();
-    for ((step, j), (_, result)) in latest {
-        rounds.entry(step).or_default().insert(j, result);
-    }
-    Ok(rounds)
-}
-
-/// `<prefix>.h<step>` or `<prefix>.h<step>-r<attempt>` → (prefix, step, attempt).
-fn split_held_out_id(id: &str) -> Option<(&str, u64, u32)> {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let (head, attempt) = match id.rsplit_once("-r") {
-        Some((head, n)) if digits(n) => (head, n.parse().ok()?),
-        _ => (id, 0),
-    };
-    let (prefix, step) = head.rsplit_once(".h")?;
-    digits(step).then_some(())?;
-    Some((prefix, step.parse().ok()?, attempt))
-}
 
 fn report(round: &Round, sessions: usize) -> RoundReport {
     let summaries = || round.results.values().filter_map(|r| r.summary.as_ref());
@@ -456,45 +401,5 @@ mod tests {
         assert!(later.restore(earlier, 7).is_empty());
         assert!(later.due(7).is_empty());
         assert_eq!(later.reports()[1].scored, 1);
-    }
-
-    #[test]
-    fn the_rounds_of_an_earlier_run_are_read_from_its_sessions() {
-        let out = tempfile::tempdir().expect("tempdir");
-        let h = held_out(2, 2, 5);
-        let write = |id: &str, reward: Option<f64>| {
-            let dir = out.path().join("sessions").join(id);
-            std::fs::create_dir_all(&dir).expect("mkdir");
-            if let Some(summary) = result(reward, [0, 0]).summary {
-                let text = serde_json::to_vec(&summary).expect("json");
-                std::fs::write(dir.join("summary.json"), text).expect("write");
-            }
-        };
-        write("job-h0-0.h0", Some(0.0));
-        write("job-h0-0.h0-r1", Some(1.0)); // its retry: the last attempt counts
-        write("job-h1-1.h0-r2", None);
-        write("job-h1-1.h5", Some(1.0));
-        write("job-h0-0", Some(1.0)); // a training session
-        write("other-h0-0.h0", Some(1.0)); // another job's
-        std::fs::create_dir_all(out.path().join("sessions/job-h1-0.h5")).expect("cancelled");
-        let rounds = read_rounds(out.path(), "job", &h.tasks, 2).expect("read");
-        let read: Vec<(u64, usize, Option<f64>)> = rounds
-            .iter()
-            .flat_map(|(step, r)| {
-                r.iter()
-                    .map(|(j, res)| (*step, *j, res.summary.as_ref().and_then(|s| s.reward)))
-            })
-            .collect();
-        assert_eq!(read, [(0, 0, Some(1.0)), (0, 3, None), (5, 3, Some(1.0))]);
-        assert_eq!(
-            split_held_out_id("j-fix-regex-0.h3"),
-            Some(("j-fix-regex-0", 3, 0))
-        );
-        assert_eq!(split_held_out_id("j-t-0.h3-r12"), Some(("j-t-0", 3, 12)));
-        assert_eq!(split_held_out_id("j-t-0-r1"), None);
-        let none = tempfile::tempdir().expect("tempdir");
-        assert!(read_rounds(none.path(), "job", &h.tasks, 2)
-            .expect("read")
-            .is_empty());
     }
 }

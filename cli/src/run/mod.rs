@@ -14,6 +14,7 @@
 
 mod credentials;
 mod curve;
+mod ended;
 mod fail_fast;
 mod flags;
 mod held_out;
@@ -50,7 +51,7 @@ use rand::RngExt;
 
 use queue::{Attempt, Queue};
 use report::SessionResult;
-use resume::{Earlier, RunRecord};
+use resume::RunRecord;
 use signals::{Signals, Stop};
 
 pub fn main(args: RunArgs) -> i32 {
@@ -194,33 +195,8 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     };
     let mode = if plan.is_sft() { "sft" } else { "train" };
     let count = plan::session_count(&plan, args.sessions);
-    let record = RunRecord {
-        job: plan.name.clone(),
-        mode: mode.into(),
-        assignments: plan::expand(&plan, &sink, args.sessions),
-        held_out_digest: spec
-            .train
-            .as_ref()
-            .and_then(|t| t.held_out.as_ref())
-            .map(|h| {
-                let samples = u32::try_from(h.samples).unwrap_or(1);
-                floe_operator::rollout::held_out_digest(&plan.held_out, samples)
-            }),
-    };
-    // The held-out rounds the interrupted run measured, carried into this run's.
-    let mut held_out_before = held_out::Rounds::new();
-    let earlier = if args.resume {
-        resume::check_record(out, &record).map_err(RunError::Preflight)?;
-        if let Some(h) = spec.train.as_ref().and_then(|t| t.held_out.as_ref()) {
-            let samples = u32::try_from(h.samples).unwrap_or(1);
-            held_out_before = held_out::read_rounds(out, &plan.name, &plan.held_out, samples)
-                .map_err(RunError::Preflight)?;
-        }
-        resume::read(out, &record.assignments).map_err(RunError::Preflight)?
-    } else {
-        resume::write_record(out, &record).map_err(RunError::Io)?;
-        Earlier::default()
-    };
+    let record = RunRecord::of(&plan, mode, plan::expand(&plan, &sink, args.sessions));
+    let earlier = resume::begin(out, &plan, &record, args.resume)?;
     drop(record);
 
     // One in-process gateway for all sessions, on a free loopback port.
@@ -364,6 +340,8 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let mut failure: Option<String> = None;
     let mut fail_fast = fail_fast::FailFast::default();
     let mut gave_up: Option<String> = None;
+    // Sessions that ended before a stop, not yet counted ([`ended::before_the_stop`]).
+    let mut late = Vec::new();
     let mut held_out = match (
         &training,
         spec.train.as_ref().and_then(|t| t.held_out.as_ref()),
@@ -372,7 +350,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             let mut rounds = held_out::HeldOut::new(h, plan.held_out.clone(), count);
             if let Some(status) = t.status().await {
                 let version = TrainerState::from_status(&status).policy_version;
-                queue.run_first(rounds.restore(std::mem::take(&mut held_out_before), version));
+                queue.run_first(rounds.restore(earlier.held_out, version));
                 queue.run_first(rounds.due(version));
             }
             Some(rounds)
@@ -446,7 +424,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             // bad input that ran nothing.
             if let Err(e) = post(assignment).await {
                 let why = format!("the gateway did not take session {session}: {e}");
-                progress
+                late = progress
                     .cancel(&mut running, &format!("{why}; cancelling running sessions"))
                     .await;
                 failure = Some(why);
@@ -509,32 +487,19 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                     }
                     if let Some((what, status)) = t.exited() {
                         failure = Some(format!("{what} exited ({status}) during the run"));
-                        progress.cancel(&mut running, &format!("{what} exited ({status}); cancelling running sessions")).await;
+                        late = progress.cancel(&mut running, &format!("{what} exited ({status}); cancelling running sessions")).await;
                         break;
                     }
                 }
             }
             joined = running.join_next(), if !running.is_empty() => {
-                let Some(Ok((attempt, slot, mut report, wall))) = joined else { continue };
-                queue::unshipped_is_infrastructure(&mut report);
-                let session = report.summary.session.clone().unwrap_or_else(|| "unassigned".into());
+                let Some(Ok(joined)) = joined else { continue };
+                let (attempt, session, result) = ended::result(joined, &mut upstream_errors);
                 // Its outcome is recorded and its trajectory shipped (or spooled, which the
                 // drain at the end waits for): the gateway need not keep it in memory.
                 gateway.sessions.remove(&session);
                 gateway.assignments.forget(&session);
-                if let Some(errors) = &report.summary.upstream_errors {
-                    upstream_errors.add(errors);
-                }
-                let status = report.summary.status.clone();
-                let result = SessionResult {
-                    task: report.summary.task.clone().unwrap_or_default(),
-                    summary: Some(report.summary),
-                    wall_seconds: wall,
-                };
-                if let Err(e) = resume::write_result(&slot, &result) {
-                    // The run's own summary still counts it; a resume decides it afresh.
-                    eprintln!("[run] {session}: summary.json not written: {e}");
-                }
+                let status = result.summary.as_ref().map(|s| s.status.clone()).unwrap_or_default();
                 let first = first_attempt.get(&attempt.index).copied().unwrap_or(0);
                 let held = held_out.as_mut().filter(|h| h.owns(attempt.index));
                 let alike = fail_fast.ended(&fail_fast::Ended {
@@ -554,7 +519,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
                         results.insert(attempt.index, result);
                     }
                     let line = fail_fast::explain(&cause);
-                    progress.cancel(&mut running, &line).await;
+                    late = progress.cancel(&mut running, &line).await;
                     gave_up = Some(line);
                     break;
                 }
@@ -590,11 +555,18 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             }
             stop = signals.recv() => {
                 stopped = Some(stop);
-                progress.cancel(&mut running, &format!("{}; cancelling running sessions and writing what was captured", stop.name())).await;
+                late = progress.cancel(&mut running, &format!("{}; cancelling running sessions and writing what was captured", stop.name())).await;
                 break;
             }
         }
     }
+    ended::before_the_stop(
+        late,
+        &mut results,
+        held_out.as_mut(),
+        &mut upstream_errors,
+        &mut progress,
+    );
     progress.clear();
     // Unfinished sessions (interrupted) get an infrastructure outcome; their captured calls
     // are shipped like every other trajectory.

@@ -180,11 +180,21 @@ impl Progress {
 
     /// The run stops (`why`, said on stderr): every running session is cancelled, and this
     /// returns once each has ended.
-    pub async fn cancel<T: 'static>(&self, running: &mut tokio::task::JoinSet<T>, why: &str) {
+    /// Stop every running session. Those whose task had returned before the stop came are
+    /// returned, to be counted as they ended.
+    pub async fn cancel<T: 'static>(
+        &self,
+        running: &mut tokio::task::JoinSet<T>,
+        why: &str,
+    ) -> Vec<T> {
         self.clear();
         eprintln!("floe run: {why}");
         running.abort_all();
-        while running.join_next().await.is_some() {}
+        let mut ended = Vec::new();
+        while let Some(joined) = running.join_next().await {
+            ended.extend(joined.ok());
+        }
+        ended
     }
 
     pub fn clear(&self) {

@@ -23,6 +23,10 @@ use std::path::Path;
 use floe_gateway::ship::{Assignment, Sink};
 use serde::{Deserialize, Serialize};
 
+use floe_crds::rollout_job::Task;
+use floe_sandbox::session::held_out_session_id;
+
+use super::held_out::Rounds;
 use super::queue::is_infrastructure;
 use super::report::SessionResult;
 
@@ -51,6 +55,58 @@ pub struct Earlier {
     pub retries: u64,
     /// The upstream failures of every attempt it finished.
     pub upstream: floe_gateway::capture::upstream_errors::UpstreamErrors,
+    /// The held-out rounds it measured, carried into this run's.
+    pub held_out: Rounds,
+}
+
+impl RunRecord {
+    /// The record of a run of `plan` whose sessions' first attempts are `assignments`.
+    pub fn of(plan: &super::plan::Plan, mode: &str, assignments: Vec<Assignment>) -> Self {
+        let held_out = plan
+            .job
+            .spec
+            .train
+            .as_ref()
+            .and_then(|t| t.held_out.as_ref());
+        Self {
+            job: plan.name.clone(),
+            mode: mode.into(),
+            assignments,
+            held_out_digest: held_out.map(|h| {
+                let samples = u32::try_from(h.samples).unwrap_or(1);
+                floe_operator::rollout::held_out_digest(&plan.held_out, samples)
+            }),
+        }
+    }
+}
+
+/// What a run starts from: a new run writes its record in `out`; `--resume` checks the record
+/// there and reads back what the earlier run left, its held-out rounds included.
+pub fn begin(
+    out: &Path,
+    plan: &super::plan::Plan,
+    record: &RunRecord,
+    resume: bool,
+) -> Result<Earlier, super::RunError> {
+    use super::RunError::{Io, Preflight};
+    if !resume {
+        write_record(out, record).map_err(Io)?;
+        return Ok(Earlier::default());
+    }
+    check_record(out, record).map_err(Preflight)?;
+    let mut earlier = read(out, &record.assignments).map_err(Preflight)?;
+    if let Some(h) = plan
+        .job
+        .spec
+        .train
+        .as_ref()
+        .and_then(|t| t.held_out.as_ref())
+    {
+        let samples = u32::try_from(h.samples).unwrap_or(1);
+        earlier.held_out =
+            read_rounds(out, &plan.name, &plan.held_out, samples).map_err(Preflight)?;
+    }
+    Ok(earlier)
 }
 
 pub fn write_record(out: &Path, record: &RunRecord) -> Result<(), String> {
@@ -181,6 +237,59 @@ pub fn read(out: &Path, assignments: &[Assignment]) -> Result<Earlier, String> {
     Ok(earlier)
 }
 
+/// The held-out rounds an earlier run in `out` measured: each held-out session's last attempt
+/// that left a result in `sessions/`, by its id (`<job>-<task>-<sample>.h<step>[-r<attempt>]`).
+fn read_rounds(out: &Path, job: &str, tasks: &[Task], samples: u32) -> Result<Rounds, String> {
+    let samples = samples.max(1);
+    let places: BTreeMap<String, usize> = tasks
+        .iter()
+        .enumerate()
+        .flat_map(|(t, task)| {
+            (0..samples).map(move |sample| {
+                let id = held_out_session_id(job, &task.id, sample, 0, 0);
+                let prefix = id.strip_suffix(".h0").unwrap_or(&id).to_owned();
+                (prefix, t * samples as usize + sample as usize)
+            })
+        })
+        .collect();
+    let mut latest: BTreeMap<(u64, usize), (u32, SessionResult)> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(out.join("sessions")) else {
+        return Ok(Rounds::new());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((prefix, step, attempt)) = split_held_out_id(&name) else {
+            continue;
+        };
+        let Some(&j) = places.get(prefix) else {
+            continue;
+        };
+        let Some(result) = read_result(&entry.path())? else {
+            continue; // cancelled: no result
+        };
+        if latest.get(&(step, j)).is_none_or(|(a, _)| *a < attempt) {
+            latest.insert((step, j), (attempt, result));
+        }
+    }
+    let mut rounds = Rounds::new();
+    for ((step, j), (_, result)) in latest {
+        rounds.entry(step).or_default().insert(j, result);
+    }
+    Ok(rounds)
+}
+
+/// `<prefix>.h<step>` or `<prefix>.h<step>-r<attempt>` → (prefix, step, attempt).
+fn split_held_out_id(id: &str) -> Option<(&str, u64, u32)> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (head, attempt) = match id.rsplit_once("-r") {
+        Some((head, n)) if digits(n) => (head, n.parse().ok()?),
+        _ => (id, 0),
+    };
+    let (prefix, step) = head.rsplit_once(".h")?;
+    digits(step).then_some(())?;
+    Some((prefix, step.parse().ok()?, attempt))
+}
+
 /// The result of an attempt whose trajectory the dataset sink already wrote, rebuilt from it
 /// (timings unknown: 0).
 fn delivered(out: &Path, session: &str) -> Result<Option<SessionResult>, String> {
@@ -236,7 +345,7 @@ fn delivered(out: &Path, session: &str) -> Result<Option<SessionResult>, String>
 }
 
 /// A finished attempt's `summary.json` (with the run's `wallSeconds`), if it has one.
-pub(super) fn read_result(dir: &Path) -> Result<Option<SessionResult>, String> {
+fn read_result(dir: &Path) -> Result<Option<SessionResult>, String> {
     let path = dir.join("summary.json");
     let text = match std::fs::read(&path) {
         Ok(t) => t,
@@ -494,5 +603,57 @@ mod tests {
         let err = check_record(dir.path(), &other).err().unwrap_or_default();
         assert!(err.contains("from session 1 on"), "{err}");
         Ok(())
+    }
+
+    #[test]
+    fn the_rounds_of_an_earlier_run_are_read_from_its_sessions() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let tasks: Vec<Task> = ["h0", "h1"]
+            .iter()
+            .map(|id| serde_json::from_value(serde_json::json!({"id": id, "instruction": "x"})))
+            .collect::<Result<_, _>>()
+            .expect("tasks");
+        let result = |reward: Option<f64>| floe_sandbox::summary::Summary {
+            status: if reward.is_some() {
+                "completed"
+            } else {
+                "infra_error"
+            }
+            .into(),
+            reward,
+            ..Default::default()
+        };
+        let write = |id: &str, reward: Option<f64>| {
+            let dir = out.path().join("sessions").join(id);
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            let text = serde_json::to_vec(&result(reward)).expect("json");
+            std::fs::write(dir.join("summary.json"), text).expect("write");
+        };
+        write("job-h0-0.h0", Some(0.0));
+        write("job-h0-0.h0-r1", Some(1.0)); // its retry: the last attempt counts
+        write("job-h1-1.h0-r2", None);
+        write("job-h1-1.h5", Some(1.0));
+        write("job-h0-0", Some(1.0)); // a training session
+        write("other-h0-0.h0", Some(1.0)); // another job's
+        std::fs::create_dir_all(out.path().join("sessions/job-h1-0.h5")).expect("cancelled");
+        let rounds = read_rounds(out.path(), "job", &tasks, 2).expect("read");
+        let read: Vec<(u64, usize, Option<f64>)> = rounds
+            .iter()
+            .flat_map(|(step, r)| {
+                r.iter()
+                    .map(|(j, res)| (*step, *j, res.summary.as_ref().and_then(|s| s.reward)))
+            })
+            .collect();
+        assert_eq!(read, [(0, 0, Some(1.0)), (0, 3, None), (5, 3, Some(1.0))]);
+        assert_eq!(
+            split_held_out_id("j-fix-regex-0.h3"),
+            Some(("j-fix-regex-0", 3, 0))
+        );
+        assert_eq!(split_held_out_id("j-t-0.h3-r12"), Some(("j-t-0", 3, 12)));
+        assert_eq!(split_held_out_id("j-t-0-r1"), None);
+        let none = tempfile::tempdir().expect("tempdir");
+        assert!(read_rounds(none.path(), "job", &tasks, 2)
+            .expect("read")
+            .is_empty());
     }
 }
