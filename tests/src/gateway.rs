@@ -113,6 +113,32 @@ impl TestGateway {
         Ok(body["token"].as_str().unwrap_or_default().to_string())
     }
 
+    /// Queue `assignment` as the operator does and take it as the sandbox runner does: the
+    /// runner's `{"assignment": …, "token": …}`.
+    pub async fn assign_and_take(&self, assignment: &Value) -> Result<Value> {
+        let posted = self
+            .http
+            .post(format!("{}/floe/v1/assignments", self.url))
+            .bearer_auth(&self.control_token)
+            .json(assignment)
+            .send()
+            .await?;
+        let status = posted.status();
+        if status != reqwest::StatusCode::CREATED {
+            bail!("assign: {status} {}", posted.text().await?);
+        }
+        let next = self
+            .http
+            .get(format!(
+                "{}/floe/v1/assignments/next?waitSeconds=5",
+                self.url
+            ))
+            .bearer_auth(&self.control_token)
+            .send()
+            .await?;
+        Ok(next.json().await?)
+    }
+
     pub async fn close(&self, id: &str) -> Result<Value> {
         let resp = self
             .http

@@ -932,21 +932,7 @@ async fn calls_of_a_class_the_job_excludes_are_answered_captured_and_not_trained
     let assignment = json!({"session": "excl-1", "task": "t", "group": "j/t", "sample": 0,
         "excludeClasses": ["auxiliary"], "builder": "per_request",
         "sink": {"kind": "dataset", "dir": dataset.path()}, "run": {}});
-    let posted = http
-        .post(format!("{}/floe/v1/assignments", gw.url))
-        .bearer_auth(&gw.control_token)
-        .json(&assignment)
-        .send()
-        .await?;
-    let status = posted.status();
-    assert_eq!(status, 201, "{}", posted.text().await?);
-    let next: Value = http
-        .get(format!("{}/floe/v1/assignments/next?waitSeconds=5", gw.url))
-        .bearer_auth(&gw.control_token)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let next = gw.assign_and_take(&assignment).await?;
     let token = next["token"].as_str().context("the session's token")?;
     let body =
         json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
@@ -1016,26 +1002,11 @@ async fn calls_of_a_class_the_job_excludes_are_answered_captured_and_not_trained
 async fn an_assignment_as_large_as_a_big_instance_is_taken_whole() -> Result<()> {
     let model = ScriptedUpstream::start(vec![]).await?;
     let gw = TestGateway::start(&model.url, 64).await?;
-    let http = reqwest::Client::new();
     let patch = "+ a line of a large test patch\n".repeat(100_000);
     let assignment = json!({"session": "big-1", "task": "t", "group": "j/t", "sample": 0,
         "sink": {"kind": "trainer", "url": "http://127.0.0.1:9"},
         "run": {"task": {"id": "t", "instruction": "x", "hiddenFiles": {"eval.sh": patch}}}});
-    let posted = http
-        .post(format!("{}/floe/v1/assignments", gw.url))
-        .bearer_auth(&gw.control_token)
-        .json(&assignment)
-        .send()
-        .await?;
-    let status = posted.status();
-    assert_eq!(status, 201, "{}", posted.text().await?);
-    let next: Value = http
-        .get(format!("{}/floe/v1/assignments/next?waitSeconds=5", gw.url))
-        .bearer_auth(&gw.control_token)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let next = gw.assign_and_take(&assignment).await?;
     let taken = next["assignment"]["run"]["task"]["hiddenFiles"]["eval.sh"].as_str();
     assert_eq!(taken.map(str::len), Some(patch.len()));
     Ok(())

@@ -38,6 +38,19 @@ impl Plan {
     pub fn is_sft(&self) -> bool {
         self.job.spec.sft.is_some()
     }
+
+    /// `train.heldOut`, when the job has one.
+    pub fn held_out_spec(&self) -> Option<&floe_crds::rollout_job::HeldOutSpec> {
+        self.job.spec.train.as_ref()?.held_out.as_ref()
+    }
+
+    /// `train.heldOut.samples` (at least 1).
+    pub fn held_out_samples(&self) -> u32 {
+        self.held_out_spec()
+            .and_then(|h| u32::try_from(h.samples).ok())
+            .unwrap_or(1)
+            .max(1)
+    }
 }
 
 pub fn load(path: &Path) -> Result<Plan, PlanError> {

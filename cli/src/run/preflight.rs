@@ -78,12 +78,7 @@ pub fn model_server_source(
 /// instance's log parser, git, an `--out` the eval scripts can name, and each instance's local
 /// checkout, a plain clone (its history, which holds the fix, is hidden from the sandbox).
 pub fn swebench(plan: &Plan, python: Option<&Path>, out: &Path) -> Result<(), RunError> {
-    let held_out = plan
-        .job
-        .spec
-        .train
-        .as_ref()
-        .and_then(|t| t.held_out.as_ref());
+    let held_out = plan.held_out_spec();
     if plan.job.spec.tasks.swebench.is_none() && held_out.is_none_or(|h| h.tasks.swebench.is_none())
     {
         return Ok(());

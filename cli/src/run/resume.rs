@@ -62,20 +62,13 @@ pub struct Earlier {
 impl RunRecord {
     /// The record of a run of `plan` whose sessions' first attempts are `assignments`.
     pub fn of(plan: &super::plan::Plan, mode: &str, assignments: Vec<Assignment>) -> Self {
-        let held_out = plan
-            .job
-            .spec
-            .train
-            .as_ref()
-            .and_then(|t| t.held_out.as_ref());
+        let digest =
+            |_| floe_operator::rollout::held_out_digest(&plan.held_out, plan.held_out_samples());
         Self {
             job: plan.name.clone(),
             mode: mode.into(),
             assignments,
-            held_out_digest: held_out.map(|h| {
-                let samples = u32::try_from(h.samples).unwrap_or(1);
-                floe_operator::rollout::held_out_digest(&plan.held_out, samples)
-            }),
+            held_out_digest: plan.held_out_spec().map(digest),
         }
     }
 }
@@ -95,14 +88,8 @@ pub fn begin(
     }
     check_record(out, record).map_err(Preflight)?;
     let mut earlier = read(out, &record.assignments).map_err(Preflight)?;
-    if let Some(h) = plan
-        .job
-        .spec
-        .train
-        .as_ref()
-        .and_then(|t| t.held_out.as_ref())
-    {
-        let samples = u32::try_from(h.samples).unwrap_or(1);
+    if plan.held_out_spec().is_some() {
+        let samples = plan.held_out_samples();
         earlier.held_out =
             read_rounds(out, &plan.name, &plan.held_out, samples).map_err(Preflight)?;
     }
