@@ -164,12 +164,20 @@ impl HeldOut {
     /// before any round of this run opens, with the trainer at `version`. The rounds keep
     /// their steps, so no later round measures a step again. A round of `version` itself that
     /// was cut short measures the same weights still: its missing sessions are returned, to
-    /// run first. One of an earlier version stays short (its policy is gone), as it was.
+    /// run first, and so are those whose last attempt failed by infrastructure (the stop came
+    /// before their retry). One of an earlier version stays short (its policy is gone).
     pub fn restore(&mut self, earlier: Rounds, version: u64) -> Vec<Attempt> {
         let mut missing = Vec::new();
-        for (step, results) in earlier {
+        for (step, mut results) in earlier {
             let first = self.base + self.rounds.len() * self.per_round();
             if step == version {
+                // Its infrastructure failures run again: their results are superseded, and
+                // the round is complete once every place has one again.
+                results.retain(|_, r| {
+                    r.summary
+                        .as_ref()
+                        .is_some_and(|s| !super::queue::is_infrastructure(&s.status))
+                });
                 missing.extend(
                     (0..self.per_round())
                         .filter(|j| !results.contains_key(j))
@@ -367,39 +375,57 @@ mod tests {
     /// the same weights, one of an earlier version is left as it was.
     #[test]
     fn a_resumed_run_keeps_the_rounds_measured_before_it() {
-        let mut h = held_out(2, 1, 5);
+        let mut h = held_out(3, 1, 5);
         let mut earlier = Rounds::new();
-        earlier
-            .entry(0)
-            .or_default()
-            .insert(0, result(Some(0.0), [0, 0]));
-        earlier
-            .entry(0)
-            .or_default()
-            .insert(1, result(Some(1.0), [0, 0]));
-        earlier
-            .entry(5)
-            .or_default()
-            .insert(1, result(Some(1.0), [5, 5]));
+        for (j, reward) in [0.0, 1.0, 1.0].into_iter().enumerate() {
+            earlier
+                .entry(0)
+                .or_default()
+                .insert(j, result(Some(reward), [0, 0]));
+        }
+        // Round 5: place 0 never ran, place 1 scored, place 2 failed by infrastructure (the
+        // stop came before its retry).
+        let five = earlier.entry(5).or_default();
+        five.insert(1, result(Some(1.0), [5, 5]));
+        five.insert(2, result(None, [5, 5]));
         let missing = h.restore(earlier.clone(), 5);
-        assert_eq!(missing.iter().map(|a| a.index).collect::<Vec<_>>(), [102]);
         assert_eq!(
-            h.session(102).map(|(step, t, _)| (step, t.id.as_str())),
+            missing.iter().map(|a| a.index).collect::<Vec<_>>(),
+            [103, 105]
+        );
+        assert_eq!(
+            h.session(103).map(|(step, t, _)| (step, t.id.as_str())),
             Some((5, "h0"))
         );
         assert!(h.due(5).is_empty() && h.due(9).is_empty(), "5 is measured");
+        assert!(h.ended(103, result(Some(1.0), [5, 5])).is_none());
         let report = h
-            .ended(102, result(Some(1.0), [5, 5]))
+            .ended(105, result(Some(0.0), [5, 5]))
             .expect("round 5 complete");
-        assert_eq!((report.step, report.passed, report.sessions), (5, 2, 2));
-        assert_eq!(h.due(10).first().map(|a| a.index), Some(104));
+        assert_eq!(
+            (
+                report.step,
+                report.passed,
+                report.scored,
+                report.infra_errors
+            ),
+            (5, 2, 3, 0)
+        );
+        assert_eq!(h.due(10).first().map(|a| a.index), Some(106));
         let steps: Vec<(u64, Option<f64>)> =
             h.reports().iter().map(|r| (r.step, r.pass_rate)).collect();
-        assert_eq!(steps, [(0, Some(0.5)), (5, Some(1.0)), (10, None)]);
-        // The trainer is past round 5's version: it stays one session short.
-        let mut later = held_out(2, 1, 5);
-        assert!(later.restore(earlier, 7).is_empty());
-        assert!(later.due(7).is_empty());
-        assert_eq!(later.reports()[1].scored, 1);
+        assert_eq!(
+            steps,
+            [(0, Some(2.0 / 3.0)), (5, Some(2.0 / 3.0)), (10, None)]
+        );
+        // The trainer is past round 5's version: it stays as it was; so it does when the
+        // trainer's version could not be read.
+        for version in [7, u64::MAX] {
+            let mut later = held_out(3, 1, 5);
+            assert!(later.restore(earlier.clone(), version).is_empty());
+            assert!(later.due(7).is_empty());
+            let five = &later.reports()[1];
+            assert_eq!((five.scored, five.infra_errors), (1, 1));
+        }
     }
 }

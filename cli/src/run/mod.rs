@@ -348,9 +348,13 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     ) {
         (Some(t), Some(h)) => {
             let mut rounds = held_out::HeldOut::new(h, plan.held_out.clone(), count);
-            if let Some(status) = t.status().await {
-                let version = TrainerState::from_status(&status).policy_version;
-                queue.run_first(rounds.restore(earlier.held_out, version));
+            let version = t
+                .status()
+                .await
+                .map(|s| TrainerState::from_status(&s).policy_version);
+            // Restored whatever the read said: a version unknown here completes no round.
+            queue.run_first(rounds.restore(earlier.held_out, version.unwrap_or(u64::MAX)));
+            if let Some(version) = version {
                 queue.run_first(rounds.due(version));
             }
             Some(rounds)

@@ -86,12 +86,20 @@ pub fn begin(
         write_record(out, record).map_err(Io)?;
         return Ok(Earlier::default());
     }
-    check_record(out, record).map_err(Preflight)?;
+    let before = check_record(out, record).map_err(Preflight)?;
     let mut earlier = read(out, &record.assignments).map_err(Preflight)?;
-    if plan.held_out_spec().is_some() {
-        let samples = plan.held_out_samples();
-        earlier.held_out =
-            read_rounds(out, &plan.name, &plan.held_out, samples).map_err(Preflight)?;
+    match (&before.held_out_digest, &record.held_out_digest) {
+        // The same set (checked).
+        (Some(_), Some(_)) => {
+            let samples = plan.held_out_samples();
+            earlier.held_out =
+                read_rounds(out, &plan.name, &plan.held_out, samples).map_err(Preflight)?;
+        }
+        // A record without the set's digest (no held-out set then, or a floe from before
+        // digests): its rounds may be of another set, so none is carried over. Recorded now,
+        // so a later resume checks it.
+        (None, Some(_)) => write_record(out, record).map_err(Io)?,
+        _ => {}
     }
     Ok(earlier)
 }
@@ -101,7 +109,8 @@ pub fn write_record(out: &Path, record: &RunRecord) -> Result<(), String> {
     std::fs::write(out.join(RUN_FILE), text).map_err(|e| format!("{}: {e}", out.display()))
 }
 
-pub fn check_record(out: &Path, now: &RunRecord) -> Result<(), String> {
+/// The earlier run's record, when `now` may continue it.
+pub fn check_record(out: &Path, now: &RunRecord) -> Result<RunRecord, String> {
     let path = out.join(RUN_FILE);
     let text = std::fs::read(&path).map_err(|e| {
         format!(
@@ -136,7 +145,7 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<(), String> {
             "--resume: the job's sessions differ from the earlier run's from session {first} on (job file, task file or --sessions changed); resume with the same ones, or use a new --out"
         ));
     }
-    Ok(())
+    Ok(before)
 }
 
 /// An assignment without what differs between two runs of the same job: a train run's
@@ -190,7 +199,7 @@ pub fn read(out: &Path, assignments: &[Assignment]) -> Result<Earlier, String> {
             }
             let result = match read_result(&entry.path())? {
                 Some(r) => r,
-                None => match delivered(out, &name)? {
+                None => match delivered(out, "trajectories", &name)? {
                     Some(r) => r,
                     None => continue, // cancelled: no result
                 },
@@ -251,8 +260,14 @@ fn read_rounds(out: &Path, job: &str, tasks: &[Task], samples: u32) -> Result<Ro
         let Some(&j) = places.get(prefix) else {
             continue;
         };
-        let Some(result) = read_result(&entry.path())? else {
-            continue; // cancelled: no result
+        // Killed before its summary.json, a session whose trajectory reached `held-out/` is
+        // done: run again, its round would hold two samples of one place.
+        let result = match read_result(&entry.path())? {
+            Some(r) => r,
+            None => match delivered(out, "held-out", &name)? {
+                Some(r) => r,
+                None => continue, // cancelled: no result
+            },
         };
         if latest.get(&(step, j)).is_none_or(|(a, _)| *a < attempt) {
             latest.insert((step, j), (attempt, result));
@@ -277,11 +292,12 @@ fn split_held_out_id(id: &str) -> Option<(&str, u64, u32)> {
     Some((prefix, step.parse().ok()?, attempt))
 }
 
-/// The result of an attempt whose trajectory the dataset sink already wrote, rebuilt from it
-/// (timings unknown: 0).
-fn delivered(out: &Path, session: &str) -> Result<Option<SessionResult>, String> {
+/// The result of an attempt whose trajectory the dataset sink already wrote (to `dataset` in
+/// `out`: `trajectories`, or `held-out` for a held-out session), rebuilt from it (timings
+/// unknown: 0).
+fn delivered(out: &Path, dataset: &str, session: &str) -> Result<Option<SessionResult>, String> {
     let file = format!("{session}.json");
-    let (dataset, spool) = (out.join("trajectories"), out.join("captures/.spool"));
+    let (dataset, spool) = (out.join(dataset), out.join("captures/.spool"));
     // The dataset's files are trajectories; the spool's (a train run's trainer sink: shipped,
     // or still pending, which the resumed run ships) hold one under `trajectory`.
     let found = ["accepted", "rejected"]
@@ -623,6 +639,13 @@ mod tests {
         write("job-h0-0", Some(1.0)); // a training session
         write("other-h0-0.h0", Some(1.0)); // another job's
         std::fs::create_dir_all(out.path().join("sessions/job-h1-0.h5")).expect("cancelled");
+        // Killed after its trajectory reached held-out/, before its summary.json.
+        std::fs::create_dir_all(out.path().join("sessions/job-h0-1.h5")).expect("mkdir");
+        let accepted = out.path().join("held-out/accepted");
+        std::fs::create_dir_all(&accepted).expect("mkdir");
+        let trajectory = serde_json::json!({"task": "h0", "status": "completed", "reward": 0.5,
+            "evaluation": {"passed": false, "detail": {"harnessExit": 0}}});
+        std::fs::write(accepted.join("job-h0-1.h5.json"), trajectory.to_string()).expect("write");
         let rounds = read_rounds(out.path(), "job", &tasks, 2).expect("read");
         let read: Vec<(u64, usize, Option<f64>)> = rounds
             .iter()
@@ -631,7 +654,15 @@ mod tests {
                     .map(|(j, res)| (*step, *j, res.summary.as_ref().and_then(|s| s.reward)))
             })
             .collect();
-        assert_eq!(read, [(0, 0, Some(1.0)), (0, 3, None), (5, 3, Some(1.0))]);
+        assert_eq!(
+            read,
+            [
+                (0, 0, Some(1.0)),
+                (0, 3, None),
+                (5, 1, Some(0.5)),
+                (5, 3, Some(1.0))
+            ]
+        );
         assert_eq!(
             split_held_out_id("j-fix-regex-0.h3"),
             Some(("j-fix-regex-0", 3, 0))
