@@ -259,7 +259,7 @@ pub fn line(r: &RoundReport) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use floe_sandbox::summary::Summary;
 
@@ -280,7 +280,8 @@ mod tests {
         HeldOut::new(&spec, tasks, 100)
     }
 
-    fn result(reward: Option<f64>, versions: [u64; 2]) -> SessionResult {
+    /// A held-out session's result: scored `reward`, or an infrastructure failure (`None`).
+    pub(in crate::run) fn result(reward: Option<f64>, versions: [u64; 2]) -> SessionResult {
         SessionResult {
             task: "h".into(),
             summary: Some(Summary {

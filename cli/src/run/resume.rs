@@ -197,12 +197,8 @@ pub fn read(out: &Path, assignments: &[Assignment]) -> Result<Earlier, String> {
             if attempt > 0 {
                 earlier.retries += 1;
             }
-            let result = match read_result(&entry.path())? {
-                Some(r) => r,
-                None => match delivered(out, "trajectories", &name)? {
-                    Some(r) => r,
-                    None => continue, // cancelled: no result
-                },
+            let Some(result) = attempt_result(out, "trajectories", &entry.path(), &name)? else {
+                continue; // cancelled: no result
             };
             if let Some(errors) = result
                 .summary
@@ -262,12 +258,8 @@ fn read_rounds(out: &Path, job: &str, tasks: &[Task], samples: u32) -> Result<Ro
         };
         // Killed before its summary.json, a session whose trajectory reached `held-out/` is
         // done: run again, its round would hold two samples of one place.
-        let result = match read_result(&entry.path())? {
-            Some(r) => r,
-            None => match delivered(out, "held-out", &name)? {
-                Some(r) => r,
-                None => continue, // cancelled: no result
-            },
+        let Some(result) = attempt_result(out, "held-out", &entry.path(), &name)? else {
+            continue; // cancelled: no result
         };
         if latest.get(&(step, j)).is_none_or(|(a, _)| *a < attempt) {
             latest.insert((step, j), (attempt, result));
@@ -278,6 +270,21 @@ fn read_rounds(out: &Path, job: &str, tasks: &[Task], samples: u32) -> Result<Ro
         rounds.entry(step).or_default().insert(j, result);
     }
     Ok(rounds)
+}
+
+/// An attempt's result: its `summary.json` in `dir`, or, killed before it wrote one, its
+/// trajectory as the `dataset` sink in `out` received it ([`delivered`]); `None` for one that
+/// left neither (cancelled).
+fn attempt_result(
+    out: &Path,
+    dataset: &str,
+    dir: &Path,
+    session: &str,
+) -> Result<Option<SessionResult>, String> {
+    match read_result(dir)? {
+        Some(result) => Ok(Some(result)),
+        None => delivered(out, dataset, session),
+    }
 }
 
 /// `<prefix>.h<step>` or `<prefix>.h<step>-r<attempt>` → (prefix, step, attempt).
@@ -616,16 +623,7 @@ mod tests {
             .map(|id| serde_json::from_value(serde_json::json!({"id": id, "instruction": "x"})))
             .collect::<Result<_, _>>()
             .expect("tasks");
-        let result = |reward: Option<f64>| floe_sandbox::summary::Summary {
-            status: if reward.is_some() {
-                "completed"
-            } else {
-                "infra_error"
-            }
-            .into(),
-            reward,
-            ..Default::default()
-        };
+        let result = |reward| super::super::held_out::tests::result(reward, [0, 0]).summary;
         let write = |id: &str, reward: Option<f64>| {
             let dir = out.path().join("sessions").join(id);
             std::fs::create_dir_all(&dir).expect("mkdir");

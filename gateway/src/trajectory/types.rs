@@ -235,7 +235,7 @@ impl ReconstructionStats {
         Self {
             completions: records.len() as u64,
             traces: traces.len() as u64,
-            sampled_tokens: count(&|r| r.completion_token_ids.len() as u64),
+            sampled_tokens: sampled(records),
             trainable_tokens: traces
                 .iter()
                 .flat_map(|t| &t.loss_mask)
