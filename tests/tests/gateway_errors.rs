@@ -994,6 +994,62 @@ async fn calls_of_a_class_the_job_excludes_are_answered_captured_and_not_trained
     Ok(())
 }
 
+/// One call of the agent's own nested 127 levels deep (under `metadata`, which never goes
+/// upstream) was answered, but its capture record, a level deeper, was past serde_json's 128:
+/// the session's capture no longer read back, its result was a 500 and the session an
+/// infrastructure failure, retried, a loss re-rolled at will. Such a body is refused in the
+/// caller's shape now, and the deepest body taken reads back: the session ends scored.
+#[tokio::test]
+async fn a_call_nested_past_what_its_capture_reads_back_is_refused_and_the_session_is_scored(
+) -> Result<()> {
+    let steps = (0..3).map(|i| Step::Say(format!("answer {i}"))).collect();
+    let model = ScriptedUpstream::start(steps).await?;
+    let gw = TestGateway::start(&model.url, 16).await?;
+    let dataset = tempfile::tempdir()?;
+    let http = reqwest::Client::new();
+    let assignment = json!({"session": "deep-1", "task": "t", "group": "j/t", "sample": 0,
+        "builder": "per_request", "sink": {"kind": "dataset", "dir": dataset.path()}, "run": {}});
+    let next = gw.assign_and_take(&assignment).await?;
+    let token = next["token"].as_str().context("the session's token")?;
+    let chat = format!("{}/v1/chat/completions", gw.url);
+    let nested = |depth: usize| {
+        format!(
+            r#"{{"model":"m","max_tokens":16,"messages":[{{"role":"user","content":"hi"}}],"metadata":{}0{}}}"#,
+            "[".repeat(depth - 1),
+            "]".repeat(depth - 1)
+        )
+        .into_bytes()
+    };
+    let (s, b) = call(&http, &chat, token, nested(127)).await?;
+    assert_eq!(s, 400, "{b}");
+    assert_eq!(b["error"]["type"], "invalid_request_error", "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("levels deep"),
+        "{b}"
+    );
+    let deepest = nested(floe_gateway::protocol::MAX_JSON_DEPTH);
+    for body in [deepest, nested(3)] {
+        let (s, b) = call(&http, &chat, token, body).await?;
+        assert_eq!(s, 200, "{b}");
+    }
+    let result = http
+        .post(format!("{}/floe/v1/sessions/deep-1/result", gw.url))
+        .bearer_auth(&gw.control_token)
+        .json(&json!({"status": "completed", "evaluation": {"reward": 0.0}}))
+        .send()
+        .await?;
+    let status = result.status();
+    let summary: Value = result.json().await?;
+    assert!(status.is_success(), "{status}: {summary}");
+    assert_eq!(summary["status"], "completed", "{summary}");
+    assert_eq!(summary["completions"], 2, "{summary}");
+    assert_eq!(read_session(&gw.session_dir("deep-1"))?.records.len(), 2);
+    Ok(())
+}
+
 /// An assignment past axum's default body limit (2 MiB): a SWE-bench instance carries its test
 /// patch twice (in the instance and in its eval script), and a task's hidden files can be
 /// large. The control port takes it whole, and the runner's poll gets it intact (it got a 413,

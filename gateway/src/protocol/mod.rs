@@ -65,10 +65,17 @@ pub struct Normalized {
 /// A request body as JSON: parsed once per call, by the server, and handed to a protocol's
 /// `normalize_value` (the capture keeps the same value as the original request).
 pub fn parse_body(body: &[u8]) -> Result<Value, ProtocolError> {
-    let values = json_values_at_most(body);
-    if values > MAX_JSON_VALUES {
+    let shape = json_shape(body);
+    if shape.values > MAX_JSON_VALUES {
         return Err(ProtocolError::InvalidRequest(format!(
-            "the body holds about {values} JSON values, over the {MAX_JSON_VALUES} a model call may carry"
+            "the body holds about {} JSON values, over the {MAX_JSON_VALUES} a model call may carry",
+            shape.values
+        )));
+    }
+    if shape.depth > MAX_JSON_DEPTH {
+        return Err(ProtocolError::InvalidRequest(format!(
+            "the body nests {} levels deep, over the {MAX_JSON_DEPTH} a model call may carry",
+            shape.depth
         )));
     }
     serde_json::from_slice(body)
@@ -83,10 +90,27 @@ pub fn parse_body(body: &[u8]) -> Result<Value, ProtocolError> {
 /// one string each), the longest agent conversations tens of thousands.
 pub const MAX_JSON_VALUES: usize = 1_000_000;
 
-/// An upper bound on the values in `body`, read without parsing it: one more than its
-/// commas, colons and opening brackets outside strings.
-fn json_values_at_most(body: &[u8]) -> usize {
-    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+/// How deep one request body may nest. The capture keeps the body inside its record (a level
+/// more, the upstream request a level or two more again) and reads it back with serde_json,
+/// whose limit is 128 levels: a body of 127 parsed here, but its record did not read back, so
+/// one call of the agent's own made its session's capture unreadable and the session an
+/// infrastructure failure, retried (a loss re-rolled at will). An honest call nests a dozen
+/// levels, its deepest tool schemas a few dozen.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// What [`json_shape`] reads of a body.
+struct JsonShape {
+    /// An upper bound on its values: one more than its commas, colons and opening brackets.
+    values: usize,
+    /// Its deepest nesting of arrays and objects.
+    depth: usize,
+}
+
+/// The values and nesting of `body`, read without parsing it (brackets and commas inside
+/// strings are text).
+fn json_shape(body: &[u8]) -> JsonShape {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    let (mut depth, mut deepest) = (0usize, 0usize);
     for &b in body {
         if in_string {
             match b {
@@ -98,12 +122,21 @@ fn json_values_at_most(body: &[u8]) -> usize {
         } else {
             match b {
                 b'"' => in_string = true,
-                b',' | b':' | b'[' | b'{' => count += 1,
+                b'[' | b'{' => {
+                    values += 1;
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                b',' | b':' => values += 1,
                 _ => {}
             }
         }
     }
-    count
+    JsonShape {
+        values,
+        depth: deepest,
+    }
 }
 
 /// The Chat Completions assistant message for a turn's text, reasoning and tool calls (the
@@ -219,11 +252,45 @@ mod body_tests {
     use super::*;
 
     #[test]
-    fn values_are_counted_outside_strings_only() {
-        assert_eq!(json_values_at_most(br#"{"a":[1,2]}"#), 5);
+    fn values_and_depth_are_counted_outside_strings_only() {
+        let shape = |b: &[u8]| {
+            let s = json_shape(b);
+            (s.values, s.depth)
+        };
+        assert_eq!(shape(br#"{"a":[1,2]}"#), (5, 2));
         // Commas, colons and brackets in text (escaped quotes too) are text.
-        assert_eq!(json_values_at_most(br#"{"t":"a,b:[{\",\\"}"#), 3);
-        assert_eq!(json_values_at_most(b"3"), 1);
+        assert_eq!(shape(br#"{"t":"a,b:[{\",\\"}"#), (3, 1));
+        assert_eq!(shape(b"3"), (1, 0));
+        assert_eq!(shape(br#"[[],[[]],{}]"#), (8, 3));
+    }
+
+    /// `depth` arrays around a `0`, under `metadata` (a key every API drops before upstream).
+    fn nested(depth: usize) -> Vec<u8> {
+        format!(
+            r#"{{"model":"m","messages":[],"metadata":{}0{}}}"#,
+            "[".repeat(depth - 1),
+            "]".repeat(depth - 1)
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_body_nested_deeper_than_its_capture_reads_back_is_refused() {
+        let deepest = nested(MAX_JSON_DEPTH);
+        assert_eq!(json_shape(&deepest).depth, MAX_JSON_DEPTH);
+        let taken = parse_body(&deepest).expect("the deepest body taken");
+        let refused = parse_body(&nested(MAX_JSON_DEPTH + 1)).expect_err("one level more");
+        assert!(refused.to_string().contains("levels deep"), "{refused}");
+        // serde_json parses 127 levels: without the limit this one was taken.
+        assert!(serde_json::from_slice::<Value>(&nested(127)).is_ok());
+        assert!(parse_body(&nested(127)).is_err());
+        // The deepest body taken reads back inside a capture record, its upstream request a
+        // few levels deeper still, with room to spare under serde_json's 128.
+        let record = serde_json::json!({"request": taken.clone(),
+            "normalized_request": {"tools": [{"function": {"parameters": taken}}]}});
+        let line = serde_json::to_vec(&record).expect("a record");
+        assert!(json_shape(&line).depth < 100);
+        assert!(serde_json::from_slice::<Value>(&line).is_ok());
     }
 
     #[test]
