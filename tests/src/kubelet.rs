@@ -477,8 +477,10 @@ impl Node {
             .unwrap_or_default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if let Some(command) = self.runnable(pod, &ip) {
+            // As a kubelet: a container whose Secret is missing waits for it (retried).
+            let env = self.container_env(pod).await?;
             self.aux.insert(uid);
-            return self.run_job_pod(&name, &ip, &names, command).await;
+            return self.run_job_pod(&name, &ip, &names, command, env).await;
         }
         let status = running_status(&ip, &names, true);
         self.aux.insert(uid);
@@ -497,6 +499,48 @@ impl Node {
             }
         });
         Ok(())
+    }
+
+    /// A job pod's container environment, as a kubelet resolves it: plain values, and those
+    /// from a Secret's key (the job's token), read when the container starts.
+    async fn container_env(&self, pod: &Pod) -> Result<Vec<(String, String)>> {
+        let mut env = Vec::new();
+        let containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
+        for e in containers
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|c| c.env.iter().flatten())
+        {
+            if let Some(value) = &e.value {
+                env.push((e.name.clone(), value.clone()));
+                continue;
+            }
+            let Some(r) = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+            else {
+                continue;
+            };
+            let secret = self.secrets.get(&r.name).await.with_context(|| {
+                format!(
+                    "{}: its env {} from Secret {}",
+                    pod.name_any(),
+                    e.name,
+                    r.name
+                )
+            })?;
+            let value = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(&r.key))
+                .with_context(|| format!("Secret {} has no key {}", r.name, r.key))?;
+            env.push((
+                e.name.clone(),
+                String::from_utf8_lossy(&value.0).into_owned(),
+            ));
+        }
+        Ok(env)
     }
 
     /// The `floe` arguments of a job pod that can really run here, rewritten for this node.
@@ -549,10 +593,12 @@ impl Node {
         ip: &str,
         containers: &[String],
         args: Vec<String>,
+        env: Vec<(String, String)>,
     ) -> Result<()> {
         let stderr = self.dir.join(format!("{name}.stderr"));
         let mut child = Command::new(floe_bin()?)
             .args(&args)
+            .envs(env)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr)?)
             .spawn()?;

@@ -2950,3 +2950,158 @@ fn strip_field(v: &mut Value, name: &str) -> bool {
         _ => false,
     }
 }
+
+/// A job deleted and made again under its name (a GitOps tool re-creating what a TTL deleted,
+/// `kubectl delete` then `apply`) meets the earlier job's collector pod and token Secret until
+/// garbage collection deletes them (held here by a finalizer, as a slow collection would). It
+/// took them as its own: its sessions went to the earlier collector, which garbage collection
+/// then deleted, and the operator sent the earlier token (remembered by the job's name). Now it
+/// deletes them, waits, and makes its own: its collector (really run here, its token read from
+/// its Secret as a kubelet reads it) takes the job's finish with the new token. Objects an
+/// orphaning delete left under its names stall it, saying which; deleted, it goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_made_again_under_its_name_makes_its_own_pods_and_uses_its_own_token() -> Result<()> {
+    let (client, ns) = with_crds("again").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let volume = tempfile::tempdir()?;
+    let kubelet = FakeKubelet::start_with(
+        client.clone(),
+        &ns.name,
+        22,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+        NodeOptions {
+            volumes: std::collections::HashMap::from([(
+                "sft-data".to_string(),
+                volume.path().to_path_buf(),
+            )]),
+            ..Default::default()
+        },
+    )?;
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), &ns.name);
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), &ns.name);
+    // Each job writes its dataset (and its summary, once its finish is taken) under `path`.
+    let again = |path: &str| -> Result<RolloutJob> {
+        let mut j = job("again", &["a"], 1, json!({}))?;
+        let mut sft = serde_json::to_value(&j.spec.sft)?;
+        sft["output"]["path"] = path.into();
+        j.spec.sft = serde_json::from_value(sft)?;
+        Ok(j)
+    };
+    let summary_of = |path: &str| volume.path().join(path).join("summary.json");
+    let token = async || -> Result<String> {
+        let s = secrets.get("again-token").await?;
+        let data = s.data.unwrap_or_default();
+        let t = data.get("control-token").context("the job's token")?;
+        Ok(String::from_utf8_lossy(&t.0).into_owned())
+    };
+    let gone = async |name: &str| -> Result<()> {
+        eventually(&format!("job {name} gone"), async || {
+            Ok(jobs.get_opt(name).await?.is_none().then_some(()))
+        })
+        .await
+    };
+    let reason_of = async |type_: &str| -> Result<(String, String)> {
+        eventually(&format!("a {type_} condition"), async || {
+            let s = status(&jobs, "again").await?;
+            Ok(s.conditions
+                .iter()
+                .find(|c| c.type_ == type_ && c.status == "True")
+                .map(|c| (c.reason.clone(), c.message.clone())))
+        })
+        .await
+    };
+
+    jobs.create(&PostParams::default(), &again("first")?)
+        .await?;
+    succeeded(&jobs, "again", 120).await?;
+    eventually("the first job's summary", async || {
+        Ok(summary_of("first").is_file().then_some(()))
+    })
+    .await?;
+    let first_token = token().await?;
+
+    // Garbage collection held back on the collector's Service and the token Secret (the
+    // finished job's collector is gone: it stopped once it wrote the summary).
+    let hold = json!({"metadata": {"finalizers": ["floe.test/hold"]}});
+    services
+        .patch(
+            "again-dataset",
+            &PatchParams::default(),
+            &Patch::Merge(&hold),
+        )
+        .await?;
+    secrets
+        .patch("again-token", &PatchParams::default(), &Patch::Merge(&hold))
+        .await?;
+    jobs.delete("again", &DeleteParams::default()).await?;
+    gone("again").await?;
+    jobs.create(&PostParams::default(), &again("second")?)
+        .await?;
+    let (reason, message) = reason_of("Progressing").await?;
+    assert_eq!(reason, "EarlierJobObjects", "{message}");
+    assert!(message.contains("again-dataset"), "{message}");
+    assert_eq!(
+        kubelet.taken_count(),
+        1,
+        "no session before its own collector"
+    );
+    let release = json!({"metadata": {"finalizers": null}});
+    services
+        .patch(
+            "again-dataset",
+            &PatchParams::default(),
+            &Patch::Merge(&release),
+        )
+        .await?;
+    secrets
+        .patch(
+            "again-token",
+            &PatchParams::default(),
+            &Patch::Merge(&release),
+        )
+        .await?;
+    let done = succeeded(&jobs, "again", 120).await?;
+    assert_eq!((done.sessions.total, done.sessions.succeeded), (1, 1));
+    assert_eq!(kubelet.taken_count(), 2);
+    assert_ne!(token().await?, first_token, "the new job's own token");
+    // Its finish, with its own token, taken by its own collector.
+    eventually("the second job's summary", async || {
+        Ok(summary_of("second").is_file().then_some(()))
+    })
+    .await?;
+
+    // An orphaning delete leaves the collector's Service and the Secret with no owner at all.
+    let orphan = DeleteParams {
+        propagation_policy: Some(kube::api::PropagationPolicy::Orphan),
+        ..DeleteParams::default()
+    };
+    jobs.delete("again", &orphan).await?;
+    gone("again").await?;
+    jobs.create(&PostParams::default(), &again("third")?)
+        .await?;
+    let (reason, message) = reason_of("Stalled").await?;
+    assert_eq!(reason, "NameTaken", "{message}");
+    assert!(message.contains("Service again-dataset"), "{message}");
+    services
+        .delete("again-dataset", &DeleteParams::default())
+        .await?;
+    secrets
+        .delete("again-token", &DeleteParams::default())
+        .await?;
+    let done = succeeded(&jobs, "again", 120).await?;
+    assert_eq!((done.sessions.total, done.sessions.succeeded), (1, 1));
+    eventually("the third job's summary", async || {
+        Ok(summary_of("third").is_file().then_some(()))
+    })
+    .await?;
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

@@ -12,20 +12,31 @@ use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
 use super::observe::Observed;
-use super::JobContext;
+use super::{name_holder, JobContext};
 use crate::pods::names::{ATTEMPT_ANNOTATION, INDEX_ANNOTATION};
 use crate::pods::view::join_host_port;
 use crate::rollout::aux_pods;
 
 /// The token a Secret holds, remembered under `key`: read once per operator process (the
-/// operator made most of them itself and remembered them then).
-async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Option<String> {
+/// operator made most of them itself and remembered them then). A Secret that is not
+/// `trusted` (an earlier job's, not yet garbage-collected) holds none.
+async fn secret_token(
+    ctx: &JobContext,
+    ns: &str,
+    key: &str,
+    secret: &str,
+    trusted: impl Fn(&Secret) -> bool,
+) -> Option<String> {
     if let Some(t) = ctx.tokens.get(ns, key) {
         return Some(t);
     }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let token = match secrets.get(secret).await {
-        Ok(s) => crate::pods::view::control_token_of(&s),
+        Ok(s) if trusted(&s) => crate::pods::view::control_token_of(&s),
+        Ok(_) => {
+            tracing::warn!(%secret, "token: the Secret is not this job's (an earlier job's)");
+            None
+        }
         Err(e) => {
             tracing::warn!(%secret, "token: {e}");
             None
@@ -40,7 +51,15 @@ async fn secret_token(ctx: &JobContext, ns: &str, key: &str, secret: &str) -> Op
 pub(super) async fn job_token(ctx: &JobContext, job: &RolloutJob) -> Option<String> {
     let secret = aux_pods::job_token_secret(&job.name_any());
     let ns = job.namespace().unwrap_or_default();
-    secret_token(ctx, &ns, &format!("secret/{secret}"), &secret).await
+    let ours = |s: &Secret| name_holder::holder(&s.metadata, job) == name_holder::Holder::ThisJob;
+    secret_token(ctx, &ns, &job_token_key(job), &secret, ours).await
+}
+
+/// Where [`job_token`] is remembered: by the job's UID, since a job made again under its name
+/// has a token of its own (it was remembered by name, and the earlier job's sent).
+pub(super) fn job_token_key(job: &RolloutJob) -> String {
+    let secret = aux_pods::job_token_secret(&job.name_any());
+    format!("secret/{secret}/{}", job.uid().unwrap_or_default())
 }
 
 /// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:
@@ -164,6 +183,8 @@ pub(super) async fn deliver(
         &ns,
         &name,
         &crate::pods::sandbox::control_secret_name(&name),
+        // The pod's own Secret, under the pod's (random) name.
+        |_| true,
     )
     .await?;
     let url = format!(

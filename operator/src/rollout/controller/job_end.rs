@@ -28,6 +28,7 @@ pub(super) async fn cleanup(job: &RolloutJob, ctx: &JobContext) -> Result<Action
     let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
     ctx.metrics.forget_job(&ns, &job.name_any(), pool);
     ctx.forget(&job.uid().unwrap_or_default());
+    ctx.tokens.forget(&ns, &super::deliver::job_token_key(job));
     Ok(Action::await_change())
 }
 

@@ -6,6 +6,7 @@
 //! - [`context`]: what the controller shares across rounds, and remembers per job.
 //! - [`observe`]: a round's reads: the pool, the tasks, the job's pods.
 //! - [`own_pod`]: the job's own pod (trainer, dataset collector), its Services and its trainer.
+//! - [`name_holder`]: whose an object under one of the job's names is (an earlier job's?).
 //! - [`fidelity_gate`]: a train job's fidelity check, before its first session.
 //! - [`claims`]: claiming READY pool pods and starting pre-warmed ones.
 //! - [`deliver`]: a session's assignment, to its pod's gateway.
@@ -19,6 +20,7 @@ mod context;
 mod deliver;
 mod fidelity_gate;
 mod job_end;
+mod name_holder;
 mod observe;
 mod own_pod;
 mod pod_writes;

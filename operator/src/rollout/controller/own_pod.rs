@@ -14,7 +14,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::{Halt, JobContext, JobError};
+use super::{name_holder, Halt, JobContext, JobError};
 use crate::pods::names::CONTROL_TOKEN_KEY;
 use crate::pods::view::join_host_port;
 use crate::rollout::plan::JobState;
@@ -53,6 +53,7 @@ pub(super) async fn ensure(
         None => pods.get_opt(&name).await.map_err(read)?,
     };
     if let Some(p) = found {
+        name_holder::ours(&pods, job, &p, "pod").await?;
         if let Some(why) = aux_gate::ended_for_good(&p) {
             replace_ended(ctx, job, &pods, &p, &why).await?;
         }
@@ -67,18 +68,14 @@ pub(super) async fn ensure(
     // Services first: the pod's clients find them ready when it is.
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     for svc in &objects.services {
-        refused(create_if_missing(&services, svc).await, "Service", svc)?;
+        name_holder::create_ours(&services, job, svc, "Service").await?;
     }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     for secret in &objects.secrets {
-        refused(create_if_missing(&secrets, secret).await, "Secret", secret)?;
+        name_holder::create_ours(&secrets, job, secret, "Secret").await?;
     }
     tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
-    refused(
-        create_if_missing(&pods, &objects.pod).await,
-        "pod",
-        &objects.pod,
-    )?;
+    name_holder::create_ours(&pods, job, &objects.pod, "pod").await?;
     Ok(pods.get_opt(&name).await.map_err(read)?)
 }
 
@@ -129,23 +126,6 @@ pub(super) fn refused<K: kube::Resource>(
         )));
     }
     Ok(created?)
-}
-
-pub(super) async fn create_if_missing<K>(api: &Api<K>, object: &K) -> Result<(), JobError>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    match api.create(&kube::api::PostParams::default(), object).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
-        Err(e) => Err(JobError::api(format!(
-            "creating {} {}/{}",
-            K::kind(&Default::default()),
-            api.namespace().unwrap_or_default(),
-            object.meta().name.as_deref().unwrap_or_default()
-        ))(e)),
-    }
 }
 
 /// `path` on the trainer pod's ingest port, once the pod has an IP.
@@ -321,6 +301,11 @@ pub(super) async fn trainer_control_token(
         .await
         .map_err(|e| format!("reading Secret {name}: {e}"))?
         .ok_or_else(|| format!("Secret {name} is missing"))?;
+    if name_holder::holder(&secret.metadata, job) != name_holder::Holder::ThisJob {
+        return Err(format!(
+            "Secret {name} is not this job's (an earlier job's)"
+        ));
+    }
     crate::pods::view::control_token_of(&secret)
         .ok_or_else(|| format!("Secret {name} has no {CONTROL_TOKEN_KEY}"))
 }

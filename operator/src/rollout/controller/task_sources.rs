@@ -8,7 +8,7 @@ use floe_crds::rollout_job::{RolloutJob, Task, TaskSource};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, ResourceExt};
 
-use super::{own_pod, Halt, JobContext, JobError};
+use super::{name_holder, Halt, JobContext, JobError};
 use crate::rollout::status::Blocked;
 use crate::rollout::{aux_pods, pod_view, tasks};
 
@@ -99,6 +99,9 @@ pub(super) async fn file_tasks(
         .get_opt(&name)
         .await
         .map_err(JobError::api(format!("reading pod {ns}/{name}")))?;
+    if let Some(p) = &found {
+        name_holder::ours(&pods, job, p, "pod").await?;
+    }
     let pod = match found {
         Some(p)
             if serde_json::to_string(&p.spec.as_ref().map(|s| &s.containers[0].args))? != key =>
@@ -117,11 +120,7 @@ pub(super) async fn file_tasks(
             )))
         }
         None => {
-            own_pod::refused(
-                own_pod::create_if_missing(&pods, &loader).await,
-                "pod",
-                &loader,
-            )?;
+            name_holder::create_ours(&pods, job, &loader, "pod").await?;
             None
         }
     };

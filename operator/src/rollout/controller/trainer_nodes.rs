@@ -7,7 +7,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::own_pod::{create_if_missing, delete_exactly, refused};
+use super::name_holder::create_ours;
+use super::own_pod::delete_exactly;
 use super::{Halt, JobContext};
 use crate::rollout::status::Blocked;
 use crate::rollout::trainer_workers::{self, WorkerAction};
@@ -45,7 +46,7 @@ pub(super) async fn ensure(
                     }
                 };
                 tracing::info!(job = %job.name_any(), pod = %name, rank, leader = %ip, "creating a trainer pod");
-                refused(create_if_missing(&pods, &pod).await, "pod", &pod)?;
+                create_ours(&pods, job, &pod, "pod").await?;
             }
             WorkerAction::Replace(why) => {
                 let old = existing.as_deref().and_then(|p| p.metadata.uid.clone());

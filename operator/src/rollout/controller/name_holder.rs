@@ -1,0 +1,195 @@
+//! Whose an object under one of the job's names is. A job deleted and made again under its
+//! name (a GitOps tool re-creating what a TTL deleted, `kubectl delete` then `apply`) finds
+//! the earlier job's trainer or collector pod, Services, Secrets and task loader still there
+//! until garbage collection deletes them. Taken as its own, the new job's sessions went to
+//! the earlier job's pod, which garbage collection then deleted with its Secret (a pod that
+//! exists is never made again with its objects), and the earlier token, kept in memory by
+//! name, was refused by the new trainer or collector: every session failed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::{Api, ResourceExt};
+
+use super::{Halt, JobError};
+use crate::rollout::status::Blocked;
+use floe_crds::rollout_job::RolloutJob;
+
+/// Whose an object under one of the job's names is.
+#[derive(Debug, PartialEq)]
+pub(super) enum Holder {
+    /// This job made it (its controller reference names the job's UID).
+    ThisJob,
+    /// An earlier job of this name, deleted (one name, one job at a time): garbage
+    /// collection deletes the object soon.
+    EarlierJob { uid: String },
+    /// Anything else: no controller, or another kind of owner.
+    Other,
+}
+
+pub(super) fn holder(meta: &ObjectMeta, job: &RolloutJob) -> Holder {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    match controller {
+        Some(o) if o.uid == uid => Holder::ThisJob,
+        Some(o)
+            if o.kind == "RolloutJob"
+                && o.name == job.name_any()
+                && o.api_version.starts_with("floe.dev/") =>
+        {
+            Holder::EarlierJob { uid: o.uid.clone() }
+        }
+        _ => Holder::Other,
+    }
+}
+
+/// Go on only with an object of this job's: an earlier job's is deleted (as garbage
+/// collection would: its owner is gone) and the round waits for it to go; anything else
+/// under the name stalls the job, saying what to delete.
+pub(super) async fn ours<K>(
+    api: &Api<K>,
+    job: &RolloutJob,
+    found: &K,
+    kind: &str,
+) -> Result<(), Halt>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let name = found.name_any();
+    match holder(found.meta(), job) {
+        Holder::ThisJob => Ok(()),
+        Holder::EarlierJob { uid } => {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: found.meta().uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    return Err(Halt::Failed(JobError::api(format!(
+                        "deleting {kind} {name} of an earlier job"
+                    ))(e)))
+                }
+            }
+            Err(Halt::Blocked(Blocked::waiting(
+                "EarlierJobObjects",
+                format!(
+                    "{kind} {name} is an earlier job {}'s (uid {uid}), not yet garbage-collected: \
+                     deleted, and waited for before this job makes its own",
+                    job.name_any()
+                ),
+            )))
+        }
+        Holder::Other if found.meta().deletion_timestamp.is_some() => {
+            Err(Halt::Blocked(Blocked::waiting(
+                "EarlierJobObjects",
+                format!("{kind} {name} is being deleted: waited for before this job makes its own"),
+            )))
+        }
+        Holder::Other => Err(Halt::Blocked(Blocked::stalled(
+            "NameTaken",
+            format!(
+                "{kind} {name} exists and is not this job's (an earlier job's left by an orphaning \
+                 delete, or another owner's): the job makes its own under that name; delete it"
+            ),
+        ))),
+    }
+}
+
+/// Create `object` unless there is one under its name; one there must be this job's
+/// ([`ours`]). A create the apiserver refuses for good stalls the job
+/// ([`super::own_pod::refused`]).
+pub(super) async fn create_ours<K>(
+    api: &Api<K>,
+    job: &RolloutJob,
+    object: &K,
+    kind: &str,
+) -> Result<(), Halt>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let name = object.name_any();
+    let created = match api.create(&PostParams::default(), object).await {
+        Ok(_) => return Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => None,
+        Err(e) => Some(Err(JobError::api(format!(
+            "creating {kind} {}/{name}",
+            api.namespace().unwrap_or_default()
+        ))(e))),
+    };
+    if let Some(failed) = created {
+        return super::own_pod::refused(failed, kind, object);
+    }
+    match api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Halt::Failed(JobError::api(format!("reading {kind} {name}"))(e)))?
+    {
+        Some(found) => ours(api, job, &found, kind).await,
+        // Gone since (an earlier job's, garbage-collected): made on the next round.
+        None => Err(Halt::Blocked(Blocked::waiting(
+            "EarlierJobObjects",
+            format!("{kind} {name} went as it was made: made again"),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn job(uid: &str) -> RolloutJob {
+        serde_json::from_value(json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": uid},
+            "spec": {"tasks": {"inline": [{"id": "a", "instruction": "x"}]}, "numSamples": 1,
+                     "harness": {"preset": "pi"}, "poolRef": {"name": "p"},
+                     "evaluator": {"command": ["true"]}},
+        }))
+        .expect("a job")
+    }
+
+    fn owned_by(
+        kind: &str,
+        api_version: &str,
+        name: &str,
+        uid: &str,
+        controller: bool,
+    ) -> ObjectMeta {
+        serde_json::from_value(json!({"name": "j-trainer", "ownerReferences": [{
+            "apiVersion": api_version, "kind": kind, "name": name, "uid": uid,
+            "controller": controller}]}))
+        .expect("metadata")
+    }
+
+    #[test]
+    fn an_object_is_this_jobs_an_earlier_jobs_of_its_name_or_another_owners() {
+        let now = job("u-2");
+        let v1 = "floe.dev/v1alpha1";
+        let mine = owned_by("RolloutJob", v1, "j", "u-2", true);
+        assert_eq!(holder(&mine, &now), Holder::ThisJob);
+        let earlier = owned_by("RolloutJob", v1, "j", "u-1", true);
+        assert_eq!(
+            holder(&earlier, &now),
+            Holder::EarlierJob { uid: "u-1".into() }
+        );
+        // Another job's name, another kind or group, or no controller: not ours to delete.
+        for other in [
+            owned_by("RolloutJob", v1, "k", "u-1", true),
+            owned_by("Job", "batch/v1", "j", "u-1", true),
+            owned_by("RolloutJob", "example.com/v1", "j", "u-1", true),
+            owned_by("RolloutJob", v1, "j", "u-1", false),
+            ObjectMeta::default(),
+        ] {
+            assert_eq!(holder(&other, &now), Holder::Other, "{other:?}");
+        }
+    }
+}
