@@ -65,6 +65,15 @@ from .wire import Trajectory
 log = logging.getLogger("floe_trainer")
 
 
+def push_failure_passes(e: OSError) -> bool:
+    """Whether a push that failed so is worth another later: vLLM unreachable, or answering a
+    5xx, 408 or 429. Any other 4xx is a policy server that does not take pushes as sent (a
+    route or a flag missing): the same every time, so the trainer stops saying so."""
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code >= 500 or e.code in (408, 429)
+    return True
+
+
 @dataclass
 class TrainerConfig:
     model: str
@@ -832,13 +841,15 @@ class Trainer:
             return stats
         try:
             self._push(s.policy_version + 1)
-        except urllib.error.HTTPError:
-            raise
         except OSError as e:
-            # vLLM unreachable: stopping with the pod (every container gets the pod's SIGTERM
-            # at once) or restarting. The step stands: its weights are this trainer's, a stop
-            # still checkpoints them, and ``check_policy_server`` pushes them again to a vLLM
-            # that answers with other weights.
+            # vLLM unreachable (stopping with the pod: every container gets the pod's SIGTERM
+            # at once; or restarting), or failing now (a 5xx: its engine died; a 429). The step
+            # stands: its weights are this trainer's, a stop still checkpoints them, and
+            # ``check_policy_server`` pushes them again to a vLLM that answers with other
+            # weights. (A 5xx ended the trainer here, its step neither counted nor
+            # checkpointed: a restart went back to the last periodic checkpoint.)
+            if not push_failure_passes(e):
+                raise
             log.warning(
                 "push of policy version %d failed (%s): pushed again later", s.policy_version + 1, e
             )
@@ -975,7 +986,17 @@ class Trainer:
                 served,
                 self.state.policy_version,
             )
-            self._push(self.state.policy_version)
+            try:
+                self._push(self.state.policy_version)
+            except OSError as e:
+                if not push_failure_passes(e):
+                    raise
+                log.warning(
+                    "pushing policy version %d again failed (%s): tried again later",
+                    self.state.policy_version,
+                    e,
+                )
+                return
             self.repushes += 1
             self.metrics.repushes.inc()
 

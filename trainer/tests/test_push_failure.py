@@ -1,6 +1,11 @@
 """A weight push that cannot reach vLLM (its container stopping with the pod, or restarting)
-does not end the trainer: the step stands and a stop checkpoints it."""
+or that vLLM fails now (a 5xx) does not end the trainer: the step stands, a stop checkpoints
+it, and it is pushed again later. A push vLLM refuses for good (another 4xx) ends it."""
 
+import io
+import urllib.error
+
+import pytest
 from tiny import tiny_trainer
 
 from floe_trainer.learn_demo import trajectory
@@ -45,3 +50,50 @@ def test_a_step_whose_every_update_was_skipped_pushes_nothing_and_counts_them(
     assert trainer.state.groups_done == 1, "its group is not queued again"
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in before.items())
     assert trainer.metrics.skipped_updates._value.get() == 2
+
+
+def http_error(code: int) -> urllib.error.HTTPError:
+    return urllib.error.HTTPError("http://vllm/update", code, "failed", {}, io.BytesIO(b""))
+
+
+def two_samples(trainer) -> None:
+    for i, ids in enumerate(([5, 6, 7], [8, 9])):
+        choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+        trainer.add(parse(trajectory(f"s-{i}", "j/t", i, [1, 2, 3], choice, float(i), 0)))
+
+
+def test_a_step_whose_push_vllm_fails_with_a_5xx_stands_and_is_pushed_again(tmp_path, monkeypatch):
+    # vLLM's engine died mid-push: a 500. It ended the trainer, the step neither counted nor
+    # checkpointed, so a restart went back to the last periodic checkpoint (every 50 steps).
+    trainer = tiny_trainer(tmp_path, 2, learningRate=1e-3, microBatchSize=2)
+    pushed: list[int] = []
+
+    def failing(version: int):
+        pushed.append(version)
+        raise http_error(500)
+
+    monkeypatch.setattr(trainer.sync, "push", failing)
+    two_samples(trainer)
+    assert trainer.run_once() is not None, "the step ran"
+    assert (trainer.state.step, trainer.state.policy_version) == (1, 1)
+    trainer.save_checkpoint()
+    assert (tmp_path / "state/checkpoints/ckpt-1/state.json").is_file()
+    # The check that finds vLLM serving other weights pushes again; its failing push waits for
+    # the next check instead of ending the trainer.
+    monkeypatch.setattr("floe_trainer.trainer.served_label", lambda url: "default")
+    trainer.check_policy_server(now=1e12)
+    assert pushed == [1, 1]
+    assert trainer.repushes == 0
+
+
+@pytest.mark.parametrize("code", [400, 404])
+def test_a_push_vllm_refuses_for_good_ends_the_trainer(tmp_path, monkeypatch, code):
+    trainer = tiny_trainer(tmp_path, 2, learningRate=1e-3, microBatchSize=2)
+
+    def refused(version: int):
+        raise http_error(code)
+
+    monkeypatch.setattr(trainer.sync, "push", refused)
+    two_samples(trainer)
+    with pytest.raises(urllib.error.HTTPError):
+        trainer.run_once()
