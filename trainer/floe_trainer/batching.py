@@ -200,6 +200,20 @@ class GroupBuffer:
             self._keep(out, gid, trajs)
         return out
 
+    @staticmethod
+    def oldest_first(groups: list[Group]) -> list[Group]:
+        """``groups`` by the oldest policy version that sampled any of their sessions, the
+        order they were taken in among equals: the group nearest to going stale trains first.
+        (Taken in arrival order, a group sampled earlier whose slowest session came last, or
+        groups replayed after a restart in the order of their files, trained after fresher
+        ones and could go stale waiting.) Groups of unversioned sessions never go stale: last."""
+
+        def oldest(g: Group) -> float:
+            versions = [min(t.policy_versions) for t in g.trajectories if t.policy_versions]
+            return min(versions, default=float("inf"))
+
+        return sorted(groups, key=oldest)
+
     def _keep(self, out: list[Group], gid: str, trajs: list[Trajectory]) -> None:
         """A group that can teach something (two or more samples, rewards differing), unless
         every one of its sessions is masked (``overlong``: no token would train)."""

@@ -778,6 +778,7 @@ class Trainer:
             self.metrics.dropped(self.buffer.dropped)
             groups: list[Group] = []
             if len(self.ready) >= self.cfg.groups_per_step or (self.finishing and self.ready):
+                self.ready = GroupBuffer.oldest_first(self.ready)
                 groups, self.ready = (
                     self.ready[: self.cfg.groups_per_step],
                     self.ready[self.cfg.groups_per_step :],

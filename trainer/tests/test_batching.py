@@ -1,7 +1,9 @@
 import pytest
+from tiny import tiny_trainer
 
 from floe_trainer.batching import GroupBuffer
-from floe_trainer.wire import Trajectory
+from floe_trainer.learn_demo import trajectory
+from floe_trainer.wire import Trajectory, parse
 
 
 def traj(group, sample, reward, trainable=True, versions=(0,), overlong=0):
@@ -239,3 +241,25 @@ def test_what_a_checkpoint_keeps_restores_closed_groups_failures_and_lost_versio
     assert [g.group for g in ready] == ["ready"]
     assert again.dropped["incomplete"] == 1, "open completes without its failed sample"
     assert again.lost == [(2, 3)]
+
+
+def test_the_group_sampled_by_the_oldest_policy_trains_first(tmp_path):
+    # Group b (sampled by version 1) came before group c (version 0, its slow session last):
+    # trained in arrival order, c would be stale (lag 2) after b's step; oldest first, both
+    # train, one step each.
+    def add(trainer, group: str, version: int) -> None:
+        for i, ids in enumerate(([5, 6, 7], [8, 9])):
+            choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+            sample = trajectory(f"{group}-{i}", f"j/{group}", i, [1, 2, 3], choice, i, version)
+            trainer.add(parse(sample))
+
+    trainer = tiny_trainer(tmp_path, 2, {"maxStaleness": 1}, learningRate=1e-3)
+    add(trainer, "a", 0)
+    assert trainer.run_once() is not None
+    assert trainer.state.policy_version == 1
+    add(trainer, "b", 1)
+    add(trainer, "c", 0)
+    while trainer.run_once() is not None:
+        pass
+    assert trainer.state.policy_version == 3, trainer.buffer.dropped
+    assert trainer.buffer.dropped["stale"] == 0
