@@ -3105,3 +3105,55 @@ async fn a_job_made_again_under_its_name_makes_its_own_pods_and_uses_its_own_tok
     kubelet.stop().await?;
     Ok(())
 }
+
+/// A finished job's spec edited (a kustomize patch or an image bump applied to every job in
+/// Git): the edit is observed and changes nothing. `observedGeneration` stayed behind for
+/// good, so Argo CD's health check and kstatus read the job as progressing for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_jobs_spec_edit_is_observed_and_changes_nothing() -> Result<()> {
+    let (client, ns) = with_crds("edited").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        23,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job("edited", &["a"], 1, json!({}))?,
+    )
+    .await?;
+    let done = succeeded(&jobs, "edited", 120).await?;
+    let edited = jobs
+        .patch(
+            "edited",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"concurrency": 3}})),
+        )
+        .await?;
+    let generation = edited.metadata.generation.context("generation")?;
+    assert!(done.observed_generation < Some(generation));
+    let seen = eventually("the edit observed", async || {
+        let s = status(&jobs, "edited").await?;
+        Ok((s.observed_generation == Some(generation)).then_some(s))
+    })
+    .await?;
+    assert_eq!(seen.phase, Some(RolloutJobPhase::Succeeded));
+    assert_eq!(seen.sessions, done.sessions);
+    assert_eq!(seen.completion_time, done.completion_time);
+    let notes = noted(&client, &ns.name, "FinishedSpecChanged").await?;
+    assert!(
+        notes.iter().any(|n| n.contains("changes nothing")),
+        "{notes:?}"
+    );
+    assert_eq!(kubelet.taken_count(), 1);
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

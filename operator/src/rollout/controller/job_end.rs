@@ -41,6 +41,7 @@ pub(super) async fn finished(
     now: &Time,
 ) -> Result<Action, JobError> {
     ctx.forget(&job.uid().unwrap_or_default());
+    super::report::observe_after_end(job, ctx).await?;
     // Pods stopped at a deadline end after the job did: let them go too.
     release_all(ctx, job, ns).await?;
     // The job's own pods end with it; a job due for deletion (its TTL) waits for none.

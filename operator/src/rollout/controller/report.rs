@@ -308,6 +308,40 @@ async fn write_status(
     }
 }
 
+/// A finished job whose spec changed since (a kustomize patch or an image bump applied to
+/// every job in Git): the edit is observed, and changes nothing. Without it
+/// `observedGeneration` stayed behind for good, and Argo CD's health check and kstatus
+/// (Flux's `wait`) read the job as progressing for ever, holding up whatever waited on it.
+pub(super) async fn observe_after_end(job: &RolloutJob, ctx: &JobContext) -> Result<(), JobError> {
+    let (Some(generation), Some(previous)) = (job.metadata.generation, job.status.as_ref()) else {
+        return Ok(());
+    };
+    if previous
+        .observed_generation
+        .is_some_and(|o| o >= generation)
+    {
+        return Ok(());
+    }
+    let st = RolloutJobStatus {
+        observed_generation: Some(generation),
+        ..previous.clone()
+    };
+    let jobs =
+        Api::<RolloutJob>::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
+    if write_status(ctx, &jobs, job, &Written::found(job), &st)
+        .await?
+        .is_some()
+    {
+        let note = format!(
+            "the job has finished: its spec's edit (generation {generation}) changes nothing; \
+             run the changed spec as a new job"
+        );
+        ctx.event(job, EventType::Normal, "FinishedSpecChanged", note)
+            .await;
+    }
+    Ok(())
+}
+
 async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
     let (ns, name) = (job.namespace().unwrap_or_default(), job.name_any());
     // A held-out session's step: its results are its round's (status.heldOut, the
