@@ -1994,7 +1994,7 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on() -> Result<()> {
     let (client, ns) = with_crds("giveback").await?;
-    let _operator = Operator::start(&ns.name, &[])?;
+    let operator = Operator::start(&ns.name, &[])?;
     // A collector that gets Ready only after the test: every claim stays unstarted.
     let never = std::time::Duration::from_secs(3600);
     let kubelet = warm_pool_and_slow_collector(&client, &ns.name, 57, 2, never).await?;
@@ -2010,8 +2010,8 @@ async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on(
         &job(
             "held",
             &[],
-            1,
-            json!({"concurrency": 2,
+            2,
+            json!({"concurrency": 4,
                    "tasks": {"configMap": {"name": "tasks", "key": "tasks.jsonl"}}}),
         )?,
     )
@@ -2021,6 +2021,18 @@ async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on(
         Ok((held(&pods, "held").await? == 2 && s.tasks_digest.is_some()).then_some(()))
     })
     .await?;
+    // Four sessions may run, two pods are there: two wait for a pod.
+    let waiting = async || -> Result<Option<f64>> {
+        let page = operator.metrics().await?;
+        Ok(page
+            .lines()
+            .find(|l| l.starts_with("floe_sessions_waiting_for_pod{") && l.contains("job=\"held\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok()))
+    };
+    eventually("two sessions waiting for a pod", async || {
+        Ok((waiting().await? == Some(2.0)).then_some(()))
+    })
+    .await?;
     // Task "a" dropped from the source: the job cannot go on as its sessions are numbered.
     config_maps
         .replace("tasks", &PostParams::default(), &tasks_config_map(&["b"])?)
@@ -2028,6 +2040,12 @@ async fn a_stalled_job_gives_back_the_pool_pods_it_has_not_started_a_session_on(
     stalled_for(&client, &jobs, &ns.name, "held", "TasksChanged").await?;
     eventually("the unstarted claims given back", async || {
         Ok((held(&pods, "held").await? == 0).then_some(()))
+    })
+    .await?;
+    // Stalled, it claims nothing: none of its sessions waits for a pod (the gauge kept 2, and
+    // FloePoolEmpty fired whenever the pool ran empty).
+    eventually("no session waiting for a pod", async || {
+        Ok((waiting().await? == Some(0.0)).then_some(()))
     })
     .await?;
     let notes = noted(&client, &ns.name, "PodsGivenBack").await?;

@@ -302,6 +302,15 @@ impl Metrics {
             .set(i64::try_from(sessions).unwrap_or(i64::MAX));
     }
 
+    /// A job that claims nothing now (stalled, waiting on something else, or finished): none
+    /// of its sessions waits for a pod. Left as its last claiming round set it, the gauge
+    /// kept a stalled job's count, and `FloePoolEmpty` fired whenever its pool ran empty.
+    pub fn none_waiting_for_pod(&self, namespace: &str, job: &str, pool: Option<&str>) {
+        if let Some(pool) = pool {
+            self.set_waiting_for_pod(namespace, job, pool, 0);
+        }
+    }
+
     /// A round read a job's pods.
     pub fn job_pods_read(&self, from: PodSource) {
         let source = match from {

@@ -42,6 +42,8 @@ pub(super) async fn finished(
 ) -> Result<Action, JobError> {
     ctx.forget(&job.uid().unwrap_or_default());
     super::report::observe_after_end(job, ctx).await?;
+    let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
+    ctx.metrics.none_waiting_for_pod(ns, &job.name_any(), pool);
     // Pods stopped at a deadline end after the job did: let them go too.
     release_all(ctx, job, ns).await?;
     // The job's own pods end with it; a job due for deletion (its TTL) waits for none.
