@@ -20,6 +20,13 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.step_g = Gauge("floe_trainer_step", "Optimizer steps taken", registry=r)
+        # The alerts on an idle or stalled trainer leave a finished one alone: a train job's
+        # final held-out round runs sessions after it (its GPUs idle by design).
+        self.finished = Gauge(
+            "floe_trainer_finished",
+            "1 once the trainer trained everything and wrote its final model",
+            registry=r,
+        )
         self.version = Gauge(
             "floe_trainer_policy_version", "Weights version vLLM serves", registry=r
         )

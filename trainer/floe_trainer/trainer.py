@@ -964,6 +964,7 @@ class Trainer:
         with self.lock:
             self.final_checkpoint = final
             self.finished = True
+        self.metrics.finished.set(1)
 
     def check_policy_server(self, now: float | None = None) -> None:
         """Every ``served_check_seconds``: a vLLM serving other weights than the trainer's

@@ -1,7 +1,11 @@
 from collections import Counter
 from pathlib import Path
 
+from tiny import tiny_trainer
+
+from floe_trainer.learn_demo import trajectory
 from floe_trainer.metrics import INGEST_RESULTS, Metrics
+from floe_trainer.wire import parse
 
 
 def test_dropped_is_a_counter_family_with_the_batchers_tallies():
@@ -82,3 +86,17 @@ def test_the_docs_list_every_metric_with_its_labels():
         name = family.name + ("_total" if family.type == "counter" else "")
         exposed[name] = {k for s in family.samples for k in s.labels if k != "le"}
     assert documented == exposed
+
+
+def test_a_finished_trainer_says_so(tmp_path):
+    # What the GPU-idle and stalled alerts leave alone: a train job's final held-out round
+    # runs sessions after the trainer finished.
+    trainer = tiny_trainer(tmp_path, 2, learningRate=1e-3)
+    assert "floe_trainer_finished 0.0" in trainer.metrics.render().decode()
+    for i, ids in enumerate(([5, 6, 7], [8, 9])):
+        choice = {"token_ids": ids, "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+        trainer.add(parse(trajectory(f"s-{i}", "j/t", i, [1, 2, 3], choice, float(i), 0)))
+    trainer.finish()
+    while not trainer.finished:
+        trainer.run_once()
+    assert "floe_trainer_finished 1.0" in trainer.metrics.render().decode()
