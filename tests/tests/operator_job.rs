@@ -1731,6 +1731,10 @@ async fn an_eviction_for_the_agents_own_disk_fails_its_session_without_a_retry()
         "{done:?}"
     );
     assert_eq!(done.failed_indexes.as_deref(), Some("0"));
+    // The evicted session is scored as the agent's failure (failureReward 0), as its trainer
+    // trains it: the pass rate counts it (it read 2 of 2).
+    let rewards = done.rewards.as_ref().context("rewards")?;
+    assert_eq!((rewards.scored, rewards.passed), (3, 2), "{rewards:?}");
     // Every session is done, so the status keeps no count per session (it grew with every
     // session a long job had ever retried); the total above still counts sample 1's retry.
     assert!(done.retries.is_empty(), "{:?}", done.retries);

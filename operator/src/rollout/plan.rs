@@ -434,6 +434,16 @@ fn plan_sessions(
                 Some(h) => h.failed(pod.index),
                 None => {
                     next.failed.insert(pod.index);
+                    // The agent's own failure is its score (the trainer trains it as a loss at
+                    // `failureReward`; `floe run` counts it so): left out, the pass rate read
+                    // higher exactly when the policy learned to blow up on hard tasks.
+                    if agent_fault {
+                        next.rewards.scored += 1;
+                        next.rewards.sum += state.failure_reward;
+                        if state.failure_reward >= state.pass_threshold {
+                            next.rewards.passed += 1;
+                        }
+                    }
                 }
             }
             Fold::Failed {
@@ -1073,6 +1083,14 @@ mod tests {
         ));
         assert!(p.next.failed.contains(0) && p.next.retries.is_empty());
         assert_eq!(p.claim, [(1, 0)], "session 0 is not claimed again");
+        // Scored as the agent's failure (the job's failureReward, 0 here), as the trainer
+        // trains it: the pass rate counts it. An infrastructure failure is not scored.
+        let r = &p.next.rewards;
+        assert_eq!((r.scored, r.sum, r.passed), (1, 0.0, 0));
+        let lost = pod("a", 0, 3, infra());
+        let p = plan(&JobState::fresh(2, 3), &[lost], 2, Gate::OPEN);
+        assert!(p.next.failed.contains(0));
+        assert_eq!(p.next.rewards.scored, 0);
     }
 
     #[test]
