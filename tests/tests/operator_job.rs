@@ -3179,3 +3179,86 @@ async fn a_finished_jobs_spec_edit_is_observed_and_changes_nothing() -> Result<(
     kubelet.stop().await?;
     Ok(())
 }
+
+/// A train job's trainer has its config baked in when its pod is made, while each session's
+/// assignment is built from the spec as it is: a GitOps commit that changed
+/// `spec.sampling.temperature` had new sessions sample at the new temperature and the trainer
+/// weigh them at the old. Such an edit stalls the job, naming the pod; restored, it goes on;
+/// an edit of what is read each round (the fidelity check) does not stall it; the pod deleted,
+/// it is made again from the new spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored_or_remade(
+) -> Result<()> {
+    let (client, ns) = with_crds("drift").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        24,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )?;
+    create_pool(&client, &ns.name, "warm", 0).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = job("drift", &["a"], 2, json!({}))?;
+    spec.spec.sft = None;
+    spec.spec.train = Some(serde_json::from_value(json!({
+        "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
+        "fidelityCheck": {"action": "Off"}}))?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    let first = trainer_ip(&pods, "drift").await?;
+    let made = pods.get("drift-trainer").await?;
+    assert!(
+        made.annotations().contains_key("floe.dev/spec-digest"),
+        "{:?}",
+        made.annotations()
+    );
+    let edit = async |patch: Value| -> Result<i64> {
+        let j = jobs
+            .patch("drift", &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        j.metadata.generation.context("generation")
+    };
+    // Once the operator has seen `generation`: whether the job is stalled, and why.
+    let seen = async |generation: i64| -> Result<Option<(String, String)>> {
+        eventually("the edit observed", async || {
+            let s = status(&jobs, "drift").await?;
+            let stalled = s
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Stalled" && c.status == "True")
+                .map(|c| (c.reason.clone(), c.message.clone()));
+            Ok((s.observed_generation >= Some(generation)).then_some(stalled))
+        })
+        .await
+    };
+    let stalled = seen(edit(json!({"spec": {"sampling": {"temperature": 0.7}}})).await?).await?;
+    let (reason, message) = stalled.context("stalled by the temperature's edit")?;
+    assert_eq!(reason, "OwnPodSpecChanged", "{message}");
+    assert!(message.contains("drift-trainer"), "{message}");
+    // Restored: it goes on.
+    let back = seen(edit(json!({"spec": {"sampling": {"temperature": 1.0}}})).await?).await?;
+    assert_eq!(back, None);
+    // The fidelity check is read each round: free to change.
+    let free = edit(json!({"spec": {"train": {"fidelityCheck": {"maxMismatch": 0.5}}}})).await?;
+    assert_eq!(seen(free).await?, None);
+    // Edited again, and the trainer pod deleted: made again from the new spec.
+    let again = seen(edit(json!({"spec": {"sampling": {"temperature": 0.7}}})).await?).await?;
+    assert!(again.is_some_and(|(r, _)| r == "OwnPodSpecChanged"));
+    pods.delete("drift-trainer", &DeleteParams::default())
+        .await?;
+    eventually("a new trainer pod, the job going on", async || {
+        let pod = pods.get_opt("drift-trainer").await?;
+        let remade = pod.is_some_and(|p| p.metadata.uid != made.metadata.uid);
+        let s = status(&jobs, "drift").await?;
+        Ok((remade && condition(&s, "Stalled").is_none_or(|(st, _)| st != "True")).then_some(()))
+    })
+    .await?;
+    assert_ne!(trainer_ip(&pods, "drift").await?, first);
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

@@ -14,6 +14,7 @@
 //! - [`aux_pods`]: the trainer pod (train) or dataset collector (sft) and their Services.
 //! - [`trainer_launch`]: the train job's vLLM, policy proxy and trainer arguments (sans-IO).
 //! - [`trainer_workers`]: a trainer over several nodes: the pods besides the first (sans-IO).
+//! - [`spec_digest`]: what the job's own pod was made from, against the spec now (sans-IO).
 //! - [`summary`]: a finished job's `summary.json` (sans-IO).
 //! - [`controller`]: the IO edge.
 
@@ -27,6 +28,7 @@ pub(crate) mod job_state;
 pub(crate) mod plan;
 pub(crate) mod pod_view;
 pub(crate) mod prewarm;
+pub(crate) mod spec_digest;
 pub(crate) mod status;
 pub(crate) mod summary;
 pub(crate) mod tasks;

@@ -9,7 +9,7 @@ use floe_crds::rollout_job::{
 };
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
@@ -19,7 +19,7 @@ use crate::pods::names::CONTROL_TOKEN_KEY;
 use crate::pods::view::join_host_port;
 use crate::rollout::plan::JobState;
 use crate::rollout::status::{self, Blocked};
-use crate::rollout::{aux_gate, aux_pods};
+use crate::rollout::{aux_gate, aux_pods, spec_digest};
 
 /// Create the job's trainer pod (train) or dataset collector (sft) and their Services when
 /// missing; returns the pod as it is now.
@@ -52,12 +52,17 @@ pub(super) async fn ensure(
         Some(p) => Some((*p).clone()),
         None => pods.get_opt(&name).await.map_err(read)?,
     };
+    let made_from = spec_digest::digest(&job.spec);
     if let Some(p) = found {
         name_holder::ours(&pods, job, &p, "pod").await?;
         if let Some(why) = aux_gate::ended_for_good(&p) {
             replace_ended(ctx, job, &pods, &p, &why).await?;
+            // Not Ready: the gate stays closed until the new one is.
+            return Ok(Some(p));
         }
-        // Not Ready either way: the gate stays closed until the new one is.
+        if let Some(now) = &made_from {
+            made_from_the_spec(job, &pods, &p, now).await?;
+        }
         return Ok(Some(p));
     }
     // A job suspended before it ran (Kueue admits jobs by resuming them) holds no trainer GPU
@@ -75,8 +80,59 @@ pub(super) async fn ensure(
         name_holder::create_ours(&secrets, job, secret, "Secret").await?;
     }
     tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
-    name_holder::create_ours(&pods, job, &objects.pod, "pod").await?;
+    let mut pod = objects.pod;
+    if let Some(digest) = made_from {
+        pod.annotations_mut()
+            .insert(spec_digest::ANNOTATION.into(), digest);
+    }
+    name_holder::create_ours(&pods, job, &pod, "pod").await?;
     Ok(pods.get_opt(&name).await.map_err(read)?)
+}
+
+/// The job's own pod runs with the spec it was made from (its config is baked in): a spec
+/// changed since in what it runs with stalls the job, saying how to go on. A pod whose digest
+/// cannot be compared (an older operator made it) gets the spec's as it is now.
+async fn made_from_the_spec(
+    job: &RolloutJob,
+    pods: &Api<Pod>,
+    pod: &Pod,
+    now: &str,
+) -> Result<(), Halt> {
+    let name = pod.name_any();
+    let recorded = pod.annotations().get(spec_digest::ANNOTATION);
+    match spec_digest::drift(recorded.map(String::as_str), now) {
+        spec_digest::Drift::Same => Ok(()),
+        spec_digest::Drift::Unknown => {
+            let patch =
+                serde_json::json!({"metadata": {"annotations": {spec_digest::ANNOTATION: now}}});
+            pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| Halt::Failed(JobError::api(format!("annotating pod {name}"))(e)))?;
+            Ok(())
+        }
+        spec_digest::Drift::Changed => {
+            let message = if job.spec.train.is_some() {
+                format!(
+                    "spec.train, spec.sampling, spec.numSamples or the evaluator's reward changed since \
+                     the trainer pod {name} was made: it trains with the config it was made with, \
+                     while new sessions would sample with the new spec (a gradient of a policy \
+                     nothing samples). Restore the spec, or delete pod {name} to have it made again \
+                     from the new one (it resumes from its last checkpoint; without \
+                     spec.train.checkpoint it starts over)"
+                )
+            } else {
+                format!(
+                    "spec.sft changed since the dataset collector pod {name} was made: it runs with \
+                     what it was made with. Restore the spec, or delete pod {name} to have it made \
+                     again from the new one"
+                )
+            };
+            Err(Halt::Blocked(Blocked::stalled(
+                "OwnPodSpecChanged",
+                message,
+            )))
+        }
+    }
 }
 
 /// Delete the job's pod that ended for good (`why`), saying so: the next round makes it again.
