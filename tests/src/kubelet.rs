@@ -57,10 +57,13 @@ pub struct NodeOptions {
     /// a model: minutes); by default this node reports it Ready at once. When set, the pod is
     /// reported Running (containers started, not Ready) at once and Ready after this long.
     pub job_pod_start: Duration,
+    /// Sandbox pods are reported Ready but their gateway stops once it was up: no delivery
+    /// reaches it, as with an operator that cannot reach the pods' control port.
+    pub dead_gateways: bool,
 }
 
 struct Running {
-    _gateway: KillOnDrop,
+    _gateway: Option<KillOnDrop>,
     /// What the pod's runner took from its gateway: filled by its long poll.
     assignment: Arc<Mutex<Option<Value>>>,
     _runner: AbortOnDrop,
@@ -90,6 +93,7 @@ impl FakeKubelet {
         let NodeOptions {
             volumes,
             job_pod_start,
+            dead_gateways,
         } = options;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let taken = Arc::new(Mutex::new(Vec::new()));
@@ -138,6 +142,7 @@ impl FakeKubelet {
                 taken: seen,
                 volumes,
                 job_pod_start,
+                dead_gateways,
                 processes: Vec::new(),
                 _dir_guard: dir_guard,
             };
@@ -200,6 +205,7 @@ struct Node {
     taken: Arc<Mutex<Vec<Value>>>,
     volumes: HashMap<String, PathBuf>,
     job_pod_start: Duration,
+    dead_gateways: bool,
     /// Job pods' processes, killed with the node.
     processes: Vec<KillOnDrop>,
     /// Removes `dir` when the node goes, after its processes (fields drop in order).
@@ -437,8 +443,8 @@ impl Node {
             self.taken.clone(),
             self.changed.clone(),
         ));
-        let running = Running {
-            _gateway: KillOnDrop(gateway),
+        let mut running = Running {
+            _gateway: Some(KillOnDrop(gateway)),
             assignment,
             _runner: AbortOnDrop(runner),
             done: false,
@@ -458,6 +464,10 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         anyhow::ensure!(up, "the gateway of {name} did not come up at {control}");
+        if self.dead_gateways {
+            // Killed, and waited for: its port answers nothing from here on.
+            running._gateway = None;
+        }
         self.running.insert(name.clone(), running);
         let containers = ["sandbox".to_string(), "floe-gateway".to_string()];
         self.patch_status(&name, &running_status(&ip, &containers, true))

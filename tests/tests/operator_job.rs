@@ -3262,3 +3262,77 @@ async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored
     kubelet.stop().await?;
     Ok(())
 }
+
+/// A pool's `gateway.controlPort` changed (in Git) after its pods were made: their gateways
+/// still listen where they were made to, and a claim of one is delivered there (read from
+/// the pod). Delivered to the pool's new port, the claims of those pods were never taken,
+/// and the job ran for ever with no word of why. A gateway that never takes an assignment
+/// at all (here: stopped once up, as for an operator that cannot reach the pods) fails its
+/// session's attempt after `timeouts.podStartSeconds`, retried on another pod, then failed
+/// with the reason, instead of holding the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_are_delivered_where_the_pod_listens_and_never_held_undelivered_for_good(
+) -> Result<()> {
+    let (client, ns) = with_crds("deliver").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let scored = Arc::new(|_: &Value| Verdict::Scored {
+        exit: 0,
+        reward: 1.0,
+    });
+    let kubelet = FakeKubelet::start(client.clone(), &ns.name, 25, scored.clone())?;
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "warm", 1, 60).await?;
+    let moved = json!({"spec": {"gateway": {"controlPort": 9555}}});
+    pools
+        .patch("warm", &PatchParams::default(), &Patch::Merge(&moved))
+        .await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(&PostParams::default(), &job("moved", &["a"], 1, json!({}))?)
+        .await?;
+    let done = succeeded(&jobs, "moved", 120).await?;
+    assert_eq!((done.sessions.succeeded, done.sessions.retried), (1, 0));
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+
+    let (client, ns) = with_crds("undelivered").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start_with(
+        client.clone(),
+        &ns.name,
+        26,
+        scored,
+        NodeOptions {
+            dead_gateways: true,
+            ..Default::default()
+        },
+    )?;
+    create_pool(&client, &ns.name, "warm", 2).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job(
+            "unheard",
+            &["a"],
+            1,
+            json!({"backoffLimit": 1, "timeouts": {"podStartSeconds": 10}}),
+        )?,
+    )
+    .await?;
+    let failed = eventually_within(120, "the job failed", async || {
+        let s = status(&jobs, "unheard").await?;
+        Ok((s.phase == Some(RolloutJobPhase::Failed)).then_some(s))
+    })
+    .await?;
+    assert_eq!((failed.sessions.failed, failed.sessions.retried), (1, 1));
+    let told =
+        |n: &String| n.contains("its gateway did not take the session's assignment within 10s");
+    let retried = noted(&client, &ns.name, "SessionRetried").await?;
+    assert!(retried.iter().any(told), "{retried:?}");
+    let ended = noted(&client, &ns.name, "SessionFailed").await?;
+    assert!(ended.iter().any(told), "{ended:?}");
+    assert_eq!(kubelet.taken_count(), 0);
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}

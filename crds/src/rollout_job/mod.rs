@@ -574,7 +574,9 @@ pub struct Timeouts {
     /// of its session, like an infrastructure failure: retried on a fresh pod up to
     /// `backoffLimit`, then failed with the pod's reason. A pod the scheduler has no room for
     /// yet (`Unschedulable`) waits, whatever its age. (A pool's pods follow the pool's
-    /// `refill.unreadyTimeoutSeconds`.)
+    /// `refill.unreadyTimeoutSeconds`.) Any job: a claimed pod whose gateway has not taken its
+    /// session's assignment for this long (every delivery failing: unreachable from the
+    /// operator, or refusing it) is a failed attempt too.
     #[serde(default = "default_pod_start_timeout")]
     #[schemars(range(min = 10, max = 86400))]
     pub pod_start_seconds: i32,

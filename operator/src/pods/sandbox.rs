@@ -40,6 +40,9 @@ pub fn state_mark_patch(resource_version: Option<String>, to: PodState) -> Value
 
 const BIN_DIR: &str = "/floe-bin";
 const CONTROL_DIR: &str = "/floe-control";
+/// The gateway container's port that its control API listens on: where the operator
+/// delivers, read from the pod ([`crate::pods::view::control_port`]).
+pub const CONTROL_PORT_NAME: &str = "floe-control";
 const STATE_DIR: &str = "/floe-state";
 const RUN_DIR: &str = "/floe-run";
 const DEFAULT_WORKDIR: &str = "/workspace";
@@ -262,7 +265,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         "command": ["floe"],
         "args": gateway_args,
         "env": gateway_env,
-        "ports": [{"name": "floe-control", "containerPort": g.control_port}],
+        "ports": [{"name": CONTROL_PORT_NAME, "containerPort": g.control_port}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": g.control_port}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": g.control_port}, "periodSeconds": 10},
         "volumeMounts": [

@@ -75,6 +75,20 @@ pub fn grader_image(pod: &Pod) -> Option<&str> {
         .as_deref()
 }
 
+/// The port the pod's gateway takes assignments on, as the pod was made (its container's
+/// port [`crate::pods::sandbox::CONTROL_PORT_NAME`], a native sidecar's too): a pool's
+/// `gateway.controlPort` changed since does not move the gateways of pods already made, and
+/// delivering to the pool's new port left their claims undelivered for good.
+pub fn control_port(pod: &Pod) -> Option<i32> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(crate::pods::sandbox::CONTROL_PORT_NAME))
+        .map(|p| p.container_port)
+}
+
 /// The control token a control-token Secret holds (sandbox pods' and a train job's trainer's).
 pub fn control_token_of(secret: &Secret) -> Option<String> {
     secret_value(secret, CONTROL_TOKEN_KEY)

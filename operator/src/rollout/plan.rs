@@ -359,6 +359,16 @@ fn plan_sessions(
             out.release.push(pod.name.clone());
             continue;
         }
+        // A pool pod whose gateway never took its session's assignment (unreachable from the
+        // operator, refusing it): a failed attempt, retried on another pod, so that a cause
+        // every pod shares ends the job's sessions with its reason instead of holding them.
+        if state.lookahead.is_none()
+            && !pod.assigned
+            && pod.progress == PodProgress::Active
+            && !state.deadline_exceeded
+        {
+            never_started = pod.start_failed.clone();
+        }
         let progress = match (never_started, &pod.progress) {
             (Some(reason), _) => PodProgress::Finished(PodResult::Infra { reason }),
             // A held-out session measures the policy: what the agent did to itself is a task
@@ -1001,6 +1011,37 @@ mod tests {
         assert_eq!(p.release, vec!["w0".to_string()]);
         assert!(p.next.retries.is_empty());
         assert_eq!(p.prewarm, vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
+    }
+
+    /// A pool pod whose gateway never took its assignment (the round says so once deliveries
+    /// have failed for the pod-start timeout): a failed attempt, retried on another pod. One
+    /// whose deliveries have not failed that long, or that took it, holds its session.
+    #[test]
+    fn a_pool_pod_whose_gateway_never_took_its_assignment_is_a_failed_attempt() {
+        let why = "its gateway did not take the session's assignment within 600s: refused";
+        let stuck = SessionPod {
+            assigned: false,
+            start_failed: Some(why.into()),
+            ..pod("p0", 0, 0, PodProgress::Active)
+        };
+        let waiting = SessionPod {
+            assigned: false,
+            ..pod("p1", 1, 0, PodProgress::Active)
+        };
+        let p = plan(&job(4), &[stuck, waiting], 2, Gate::OPEN);
+        assert_eq!(
+            p.folds,
+            [(
+                "p0".to_string(),
+                Fold::Retry {
+                    index: 0,
+                    next_attempt: 1,
+                    reason: why.into()
+                }
+            )]
+        );
+        assert_eq!(p.release, vec!["p0".to_string()]);
+        assert_eq!(p.deliver, vec!["p1".to_string()]);
     }
 
     /// A pod that cannot start would be made again and fail again for good (an image that

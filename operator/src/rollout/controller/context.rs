@@ -62,6 +62,9 @@ pub(super) struct JobMemory {
     /// `poolTemplate`: the starting pods another operator process made whose control Secret
     /// this one has looked for.
     secrets_looked_for: HashSet<String>,
+    /// Claimed pods whose gateway has not taken their assignment: since when each delivery
+    /// failed, and the last failure's words ([`JobContext::undelivered_for`]).
+    undelivered: HashMap<String, (Instant, String)>,
 }
 
 /// The shared part reads as the context's own (`ctx.client`, `ctx.metrics`, …).
@@ -222,6 +225,44 @@ impl JobContext {
         lock(&self.memory)
             .get_mut(uid)
             .is_some_and(|m| m.claimed_early.remove(pod))
+    }
+
+    /// A delivery to `pod` failed (`why`); the first failure of a run of them is kept.
+    pub(super) fn note_undelivered(&self, uid: &str, pod: &str, why: String) {
+        self.remember(uid, |m| {
+            let since = m
+                .undelivered
+                .get(pod)
+                .map_or_else(Instant::now, |(t, _)| *t);
+            m.undelivered.insert(pod.to_string(), (since, why));
+        });
+    }
+
+    /// `pod`'s gateway took its assignment (or the pod is gone).
+    pub(super) fn delivered(&self, uid: &str, pod: &str) {
+        if let Some(m) = lock(&self.memory).get_mut(uid) {
+            m.undelivered.remove(pod);
+        }
+    }
+
+    /// Why `pod`'s session never started, once its deliveries have failed for `timeout`: a
+    /// gateway that never takes an assignment (unreachable from the operator, refusing it)
+    /// held its claim for good, the job running for ever with no word of why. (A restarted
+    /// operator starts the clock again.)
+    pub(super) fn undelivered_for(
+        &self,
+        uid: &str,
+        pod: &str,
+        timeout: Duration,
+    ) -> Option<String> {
+        let m = lock(&self.memory);
+        let (since, why) = m.get(uid)?.undelivered.get(pod)?;
+        (since.elapsed() >= timeout).then(|| {
+            format!(
+                "its gateway did not take the session's assignment within {}s: {why}",
+                timeout.as_secs()
+            )
+        })
     }
 
     /// Sessions that could start but found no READY pod: their claims, later, count as cold.

@@ -189,7 +189,10 @@ pub(super) async fn deliver(
     .await?;
     let url = format!(
         "http://{}/floe/v1/assignments",
-        join_host_port(&ip, o.control_port)
+        join_host_port(
+            &ip,
+            crate::pods::view::control_port(pod).unwrap_or(o.control_port)
+        )
     );
     let sent = ctx
         .http
@@ -198,17 +201,20 @@ pub(super) async fn deliver(
         .json(&assignment)
         .send()
         .await;
+    let uid = job.uid().unwrap_or_default();
     match sent {
         Ok(r) if r.status().is_success() => {
             if let Some(t) = claimed {
                 ctx.metrics.claim_delivered(t);
             }
+            ctx.delivered(&uid, &name);
             return Some(name);
         }
         Ok(r) => {
             let code = r.status();
             let body = r.text().await.unwrap_or_default();
             tracing::warn!(%name, %code, "assignment refused: {body}");
+            ctx.note_undelivered(&uid, &name, format!("{url} answered {code}: {body}"));
             if code == reqwest::StatusCode::CONFLICT {
                 ctx.event(
                     job,
@@ -219,7 +225,10 @@ pub(super) async fn deliver(
                 .await;
             }
         }
-        Err(e) => tracing::warn!(%name, "cannot deliver the assignment: {e}"),
+        Err(e) => {
+            tracing::warn!(%name, "cannot deliver the assignment: {e}");
+            ctx.note_undelivered(&uid, &name, format!("POST {url}: {e}"));
+        }
     }
     None
 }

@@ -232,6 +232,11 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
             if state.lookahead.is_some() && !session.assigned {
                 session.start_failed = pod_view::start_failure(p, now, start_timeout);
             }
+            if session.start_failed.is_none() && !session.assigned {
+                let timeout = Duration::from_secs(u64::try_from(start_timeout).unwrap_or(0));
+                let uid = job.uid().unwrap_or_default();
+                session.start_failed = ctx.undelivered_for(&uid, &p.name_any(), timeout);
+            }
             Some(session)
         })
         .collect();
