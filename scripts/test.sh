@@ -124,23 +124,30 @@ NODE_LANE=(real_node)
 # train job waited for them, ~6 min into the node's suite, and the node lane idled meanwhile.)
 NODE_FIRST=training::
 LEASE_LAST=(real_vllm_vision local_train)
+# Of the first lane's targets, those whose tests mostly wait on the apiserver and the played
+# kubelet (stall requeues, deadlines, pods' starts) run with 4 test threads, not one per
+# core: operator_job took 228 s with 2 and 152 s with 4 (session 73), its CPU mostly idle.
+WAITING=(operator_job operator_pool)
 mapfile -t TARGETS < <(cargo metadata --locked --no-deps --format-version 1 | python3 -c '
 import json, sys
-after, node, last = (set(a.split()) for a in sys.argv[1:])
+after, node, last, waiting = (set(a.split()) for a in sys.argv[1:])
 m = json.load(sys.stdin)
 tests = sorted(t["name"] for p in m["packages"] for t in p["targets"] if t["kind"] == ["test"])
-missing = (after | node | last) - set(tests)
+missing = (after | node | last | waiting) - set(tests)
 assert not missing, f"scripts/test.sh names test targets that do not exist: {sorted(missing)}"
 assert node <= after, f"the node lane runs after the trainer: {sorted(node - after)}"
 assert last <= after - node, f"LEASE_LAST runs beside the node lane: {sorted(last - (after - node))}"
+assert not waiting & after, f"WAITING runs in the first lane: {sorted(waiting & after)}"
 for t in tests:
-    print(("node " if t in node else "after " if t in after else "beside ") + t)
-' "${AFTER_TRAINER[*]}" "${NODE_LANE[*]}" "${LEASE_LAST[*]}")
-BESIDE_ARGS=(--lib --bins) AFTER_ARGS=() NODE_ARGS=()
+    print(("node " if t in node else "after " if t in after else "waiting " if t in waiting
+           else "beside ") + t)
+' "${AFTER_TRAINER[*]}" "${NODE_LANE[*]}" "${LEASE_LAST[*]}" "${WAITING[*]}")
+BESIDE_ARGS=(--lib --bins) AFTER_ARGS=() NODE_ARGS=() WAITING_ARGS=()
 for t in "${TARGETS[@]}"; do
   case $t in
     after\ *) AFTER_ARGS+=(--test "${t#after }") ;;
     node\ *) NODE_ARGS+=(--test "${t#node }") ;;
+    waiting\ *) WAITING_ARGS+=(--test "${t#waiting }") ;;
     *) BESIDE_ARGS+=(--test "${t#beside }") ;;
   esac
 done
@@ -155,6 +162,8 @@ TRAINER_PID=$!
 (
   lane_t0=$(date +%s)
   cargo test --workspace --locked "${BESIDE_ARGS[@]}" "$@" "${FULL[@]}" \
+    && RUST_TEST_THREADS=${RUST_TEST_THREADS:-4} \
+      cargo test --workspace --locked "${WAITING_ARGS[@]}" "$@" "${FULL[@]}" \
     && cargo test --workspace --locked --doc "$@" "${FULL[@]}"
   rc=$?
   echo "[test] Rust tests beside the trainer's suite in $(( $(date +%s) - lane_t0 )) s" >&2
