@@ -105,7 +105,7 @@ where
 
 /// Create `object` unless there is one under its name; one there must be this job's
 /// ([`ours`]). A create the apiserver refuses for good stalls the job
-/// ([`super::own_pod::refused`]).
+/// ([`refused`]).
 pub(super) async fn create_ours<K>(
     api: &Api<K>,
     job: &RolloutJob,
@@ -125,7 +125,7 @@ where
         ))(e))),
     };
     if let Some(failed) = created {
-        return super::own_pod::refused(failed, kind, object);
+        return refused(failed, kind, object);
     }
     match api
         .get_opt(&name)
@@ -139,6 +139,33 @@ where
             format!("{kind} {name} went as it was made: made again"),
         ))),
     }
+}
+
+/// A create the apiserver refuses for good (an admission rule, a quota, a RuntimeClass that
+/// does not exist, RBAC) is the user's to fix: the job stalls saying which object and why,
+/// instead of failing every reconcile with the words in the operator's log only.
+fn refused<K: kube::Resource>(
+    created: Result<(), JobError>,
+    kind: &str,
+    object: &K,
+) -> Result<(), Halt> {
+    if let Some(refusal) = match &created {
+        Err(JobError::Api(call)) => call.refusal(),
+        _ => None,
+    } {
+        return Err(Halt::Blocked(Blocked::stalled(
+            if kind == "pod" {
+                "PodCreateRejected"
+            } else {
+                "CreateRejected"
+            },
+            format!(
+                "the apiserver refused the job's {kind} {}: {refusal}",
+                object.meta().name.as_deref().unwrap_or_default(),
+            ),
+        )));
+    }
+    Ok(created?)
 }
 
 #[cfg(test)]

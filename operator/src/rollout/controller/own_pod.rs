@@ -157,33 +157,6 @@ async fn replace_ended(
     delete_exactly(pods, &name, pod.metadata.uid.clone()).await
 }
 
-/// A create the apiserver refuses for good (an admission rule, a quota, a RuntimeClass that
-/// does not exist, RBAC) is the user's to fix: the job stalls saying which object and why,
-/// instead of failing every reconcile with the words in the operator's log only.
-pub(super) fn refused<K: kube::Resource>(
-    created: Result<(), JobError>,
-    kind: &str,
-    object: &K,
-) -> Result<(), Halt> {
-    if let Some(refusal) = match &created {
-        Err(JobError::Api(call)) => call.refusal(),
-        _ => None,
-    } {
-        return Err(Halt::Blocked(Blocked::stalled(
-            if kind == "pod" {
-                "PodCreateRejected"
-            } else {
-                "CreateRejected"
-            },
-            format!(
-                "the apiserver refused the job's {kind} {}: {refusal}",
-                object.meta().name.as_deref().unwrap_or_default(),
-            ),
-        )));
-    }
-    Ok(created?)
-}
-
 /// `path` on the trainer pod's ingest port, once the pod has an IP.
 pub(super) fn trainer_endpoint(pod: &Pod, path: &str) -> Option<String> {
     let ip = pod.status.as_ref()?.pod_ip.clone()?;
