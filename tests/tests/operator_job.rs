@@ -70,6 +70,19 @@ fn tasks_config_map(ids: &[&str]) -> Result<k8s_openapi::api::core::v1::ConfigMa
     )?)
 }
 
+/// A played node on loopback block `block` whose every session scores 1.
+fn scoring_node(client: &Client, ns: &str, block: u8) -> Result<FakeKubelet> {
+    FakeKubelet::start(
+        client.clone(),
+        ns,
+        block,
+        Arc::new(|_: &Value| Verdict::Scored {
+            exit: 0,
+            reward: 1.0,
+        }),
+    )
+}
+
 async fn status(jobs: &Api<RolloutJob>, name: &str) -> Result<RolloutJobStatus> {
     Ok(jobs.get(name).await?.status.unwrap_or_default())
 }
@@ -1213,15 +1226,7 @@ async fn a_stalled_job_meets_its_deadline_and_no_pod_let_go_of_lingers() -> Resu
 async fn a_job_pod_that_ended_for_good_is_made_again() -> Result<()> {
     let (client, ns) = with_crds("jobpodended").await?;
     let _operator = Operator::start(&ns.name, &[])?;
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &ns.name,
-        51,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-    )?;
+    let kubelet = scoring_node(&client, &ns.name, 51)?;
     create_pool(&client, &ns.name, "warm", 0).await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     jobs.create(
@@ -1582,15 +1587,7 @@ async fn a_pool_template_pod_left_without_its_control_secret_gets_one() -> Resul
         .delete(&format!("{pod}-control"), &DeleteParams::default())
         .await?;
     let _operator = Operator::start(&ns.name, &[])?;
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &ns.name,
-        56,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-    )?;
+    let kubelet = scoring_node(&client, &ns.name, 56)?;
     let done = succeeded(&jobs, "nosecret", 120).await?;
     assert_eq!(
         (done.sessions.succeeded, done.sessions.retried),
@@ -1618,15 +1615,7 @@ async fn a_task_image_that_cannot_be_pulled_fails_its_sessions_instead_of_holdin
 ) -> Result<()> {
     let (client, ns) = with_crds("nopull").await?;
     let _operator = Operator::start(&ns.name, &[])?;
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &ns.name,
-        54,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-    )?;
+    let kubelet = scoring_node(&client, &ns.name, 54)?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let mut spec = job(
         "nopull",
@@ -2246,15 +2235,7 @@ async fn a_train_job_whose_trainer_disagrees_with_its_policy_server_starts_no_se
     let (client, ns) = with_crds("jobfidelity").await?;
     let _operator = Operator::start(&ns.name, &[])?;
     create_pool(&client, &ns.name, "warm", 2).await?;
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &ns.name,
-        18,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-    )?;
+    let kubelet = scoring_node(&client, &ns.name, 18)?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let mut spec = job("apart", &["t"], 2, json!({}))?;
@@ -2666,15 +2647,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
         "metadata": {"name": "warm"},
         "spec": {"replicas": 1, "template": {"image": "ghcr.io/acme/sandbox-pi:1"}}}),
     )?;
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &ns.name,
-        27,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-    )?;
+    let kubelet = scoring_node(&client, &ns.name, 27)?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
     pool_ready(&pools, "warm", 1, 60).await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
@@ -3135,15 +3108,7 @@ async fn a_job_made_again_under_its_name_makes_its_own_pods_and_uses_its_own_tok
 async fn a_finished_jobs_spec_edit_is_observed_and_changes_nothing() -> Result<()> {
     let (client, ns) = with_crds("edited").await?;
     let _operator = Operator::start(&ns.name, &[])?;
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &ns.name,
-        23,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-    )?;
+    let kubelet = scoring_node(&client, &ns.name, 23)?;
     create_pool(&client, &ns.name, "warm", 1).await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     jobs.create(
@@ -3191,15 +3156,7 @@ async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored
 ) -> Result<()> {
     let (client, ns) = with_crds("drift").await?;
     let _operator = Operator::start(&ns.name, &[])?;
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &ns.name,
-        24,
-        Arc::new(|_: &Value| Verdict::Scored {
-            exit: 0,
-            reward: 1.0,
-        }),
-    )?;
+    let kubelet = scoring_node(&client, &ns.name, 24)?;
     create_pool(&client, &ns.name, "warm", 0).await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
