@@ -505,6 +505,7 @@ async fn the_helmless_rbac_manifest_applies_and_grants_the_operators_verbs() -> 
             true,
         ),
         (vec!["delete", "secrets", &in_ns], true),
+        (vec!["delete", "services", &in_ns], true),
         (vec!["list", "pods", &in_ns], true),
         (vec!["watch", "pods", &in_ns], true),
         (vec!["patch", "events.events.k8s.io", &in_ns], true),

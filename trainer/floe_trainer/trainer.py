@@ -777,19 +777,20 @@ class Trainer:
             self.state.groups_done += self.buffer.groups_dropped - dropped_before
             self.metrics.dropped(self.buffer.dropped)
             groups: list[Group] = []
+            if self.ready:
+                # Taken maybe steps ago: staleness is what it is now, as the step starts; then
+                # the oldest first (a stale group at the front would leave the step short).
+                before = self.buffer.groups_dropped
+                fresh = self.buffer.still_fresh(self.ready, self.state.policy_version)
+                self.ready = GroupBuffer.oldest_first(fresh)
+                self.state.groups_done += self.buffer.groups_dropped - before
+                self.metrics.dropped(self.buffer.dropped)
             if len(self.ready) >= self.cfg.groups_per_step or (self.finishing and self.ready):
-                self.ready = GroupBuffer.oldest_first(self.ready)
                 groups, self.ready = (
                     self.ready[: self.cfg.groups_per_step],
                     self.ready[self.cfg.groups_per_step :],
                 )
-                # Taken maybe steps ago: staleness is what it is now, as the step starts.
-                before = self.buffer.groups_dropped
-                groups = self.buffer.still_fresh(groups, self.state.policy_version)
-                self.state.groups_done += self.buffer.groups_dropped - before
-                self.metrics.dropped(self.buffer.dropped)
-            # Done only with nothing left anywhere: ``still_fresh`` may have emptied this
-            # step's groups while more wait in ``ready``.
+            # Done only with nothing left anywhere.
             done = (
                 self.finishing and not self.finished and not self.buffer.pending and not self.ready
             )

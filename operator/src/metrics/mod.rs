@@ -305,10 +305,8 @@ impl Metrics {
     /// A job that claims nothing now (stalled, waiting on something else, or finished): none
     /// of its sessions waits for a pod. Left as its last claiming round set it, the gauge
     /// kept a stalled job's count, and `FloePoolEmpty` fired whenever its pool ran empty.
-    pub fn none_waiting_for_pod(&self, namespace: &str, job: &str, pool: Option<&str>) {
-        if let Some(pool) = pool {
-            self.set_waiting_for_pod(namespace, job, pool, 0);
-        }
+    pub fn none_waiting_for_pod(&self, namespace: &str, job: &str, pool: &str) {
+        self.set_waiting_for_pod(namespace, job, pool, 0);
     }
 
     /// A round read a job's pods.
@@ -430,13 +428,12 @@ impl Metrics {
     }
 
     /// A deleted job's series go away.
-    pub fn forget_job(&self, namespace: &str, job: &str, pool: Option<&str>) {
+    /// `pool`: the job's pool, `""` for a `poolTemplate` job (its series' label).
+    pub fn forget_job(&self, namespace: &str, job: &str, pool: &str) {
         self.jobs.forget(namespace, job);
-        if let Some(pool) = pool {
-            let _ = self
-                .waiting_for_pod
-                .remove_label_values(&[namespace, job, pool]);
-        }
+        let _ = self
+            .waiting_for_pod
+            .remove_label_values(&[namespace, job, pool]);
         self.set_blocked(Kind::RolloutJob, namespace, job, None);
     }
 
@@ -590,9 +587,27 @@ mod tests {
             ["floe_rolloutjob_blocked{namespace=\"ns\",reason=\"PoolNotFound\",rolloutjob=\"j\"} 1"]
         );
         m.set_blocked(Kind::GatewayPool, "ns", "p", None);
-        m.forget_job("ns", "j", None);
+        m.forget_job("ns", "j", "");
         assert!(series(&m, "floe_pool_blocked").is_empty());
         assert!(series(&m, "floe_rolloutjob_blocked").is_empty());
+    }
+
+    #[test]
+    fn a_job_that_claims_nothing_has_no_session_waiting_and_a_deleted_one_no_series() {
+        let m = Metrics::new().expect("metrics");
+        // A `poolTemplate` job's series has pool "": reset and removed under that label too.
+        for pool in ["warm", ""] {
+            m.set_waiting_for_pod("ns", "j", pool, 3);
+            m.none_waiting_for_pod("ns", "j", pool);
+            assert_eq!(
+                series(&m, "floe_sessions_waiting_for_pod"),
+                [format!(
+                    "floe_sessions_waiting_for_pod{{namespace=\"ns\",pool=\"{pool}\",rolloutjob=\"j\"}} 0"
+                )]
+            );
+            m.forget_job("ns", "j", pool);
+            assert!(series(&m, "floe_sessions_waiting_for_pod").is_empty());
+        }
     }
 
     #[test]

@@ -128,6 +128,11 @@ pub fn staleness_gate(job: &RolloutJob, read: Option<TrainerState>) -> Option<St
     Some(StalenessGate::new(train, job.spec.samples(), trainer))
 }
 
+/// The `pool` label of a job's series: its pool's name, `""` for a `poolTemplate` job.
+pub fn pool_label(job: &RolloutJob) -> &str {
+    job.spec.pool_ref.as_ref().map_or("", |p| p.name.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,60 +1,69 @@
 //! What the job's own pod was made from (sans-IO). A train job's trainer has its config baked
 //! in when its pod is made (the GRPO settings, the temperature, `maxStaleness`, the reward's
-//! threshold), while each session's assignment is built from the spec as it is: a GitOps
-//! commit that changed `spec.sampling.temperature` under a running job had new sessions
-//! sample at the new temperature while the trainer weighed their tokens at the old, a
-//! gradient of a policy nothing samples. The pod carries a digest of those parts of the spec;
-//! a spec that no longer matches it stalls the job until it is restored or the pod is made
-//! again.
+//! threshold, vLLM's arguments), while each session's assignment is built from the spec as it
+//! is: a GitOps commit that changed `spec.sampling.temperature` under a running job had new
+//! sessions sample at the new temperature while the trainer weighed their tokens at the old,
+//! a gradient of a policy nothing samples. The pod carries a digest of what its containers
+//! run with (their commands, arguments and plain environment: the trainer's config is one of
+//! them); a spec that would make them run otherwise stalls the job until it is restored or
+//! the pod is made again. What the operator reads each round (`train.epochs`, the reward's
+//! source, the fidelity check, held-out rounds) and what only places the pod (its image, its
+//! resources, its node) are free to change.
 
-use floe_crds::rollout_job::RolloutJobSpec;
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 /// The pod annotation holding [`digest`] as the pod was made.
 pub const ANNOTATION: &str = "floe.dev/spec-digest";
 
-/// The digest of the spec a job's own pod runs with, tagged with this operator's version: a
-/// digest of another version is not compared (a release may write the same spec otherwise),
-/// only recorded again. `None` for a job with no own pod.
-pub fn digest(spec: &RolloutJobSpec) -> Option<String> {
-    let material = match (&spec.train, &spec.sft) {
-        (Some(train), _) => {
-            let mut train = serde_json::to_value(train).ok()?;
-            // Changed freely mid-job: the operator reads them each round (the fidelity check
-            // runs before the first session; held-out rounds have a digest of their own).
-            if let Some(t) = train.as_object_mut() {
-                t.remove("fidelityCheck");
-                t.remove("heldOut");
-            }
-            json!({"train": train, "sampling": spec.sampling, "numSamples": spec.num_samples,
-                   "reward": spec.evaluator.reward})
-        }
-        (None, Some(sft)) => json!({"sft": sft}),
-        (None, None) => return None,
-    };
-    Some(format!(
-        "{}/{}",
-        env!("CARGO_PKG_VERSION"),
-        crate::stable_hash::of_json(&material)
-    ))
+/// How the digest's material is built. A release that builds a job's own pod otherwise (a new
+/// argument, a new key in the trainer's config) bumps it: a digest of another version is not
+/// compared, only recorded again, so an upgrade never stalls a running job. The test
+/// `the_material_is_pinned` fails until it is bumped.
+const MATERIAL: u32 = 1;
+
+/// The digest of what `pod`'s containers run with, tagged with [`MATERIAL`].
+pub fn digest(pod: &Pod) -> String {
+    let containers: Vec<_> = pod
+        .spec
+        .iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .map(|c| {
+            let env: Vec<_> = c
+                .env
+                .iter()
+                .flatten()
+                .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)))
+                .collect();
+            json!({"name": c.name, "command": c.command, "args": c.args, "env": env})
+        })
+        .collect();
+    format!(
+        "{MATERIAL}/{}",
+        crate::stable_hash::of_json(&json!(containers))
+    )
 }
 
 /// How the spec stands against the digest its pod was made with.
 #[derive(Debug, PartialEq)]
 pub enum Drift {
     Same,
-    /// The spec changed since the pod was made.
+    /// The pod would be made otherwise now.
     Changed,
     /// Not comparable: no digest on the pod (an older operator made it) or one of another
-    /// operator version. Recorded again, as the spec is now.
+    /// [`MATERIAL`]. Recorded again, as the spec is now.
     Unknown,
 }
 
 pub fn drift(recorded: Option<&str>, now: &str) -> Drift {
-    let version = |d: &str| d.split_once('/').map(|(v, _)| v.to_string());
+    let material = |d: &str| d.split_once('/').map(|(v, _)| v.to_string());
     match recorded {
         Some(r) if r == now => Drift::Same,
-        Some(r) if version(r).is_some() && version(r) == version(now) => Drift::Changed,
+        Some(r) if material(r).is_some() && material(r) == material(now) => Drift::Changed,
         _ => Drift::Unknown,
     }
 }
@@ -62,56 +71,98 @@ pub fn drift(recorded: Option<&str>, now: &str) -> Drift {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollout::aux_pods;
     use floe_crds::rollout_job::RolloutJob;
 
-    fn train_job() -> RolloutJob {
+    fn job(mode: serde_json::Value) -> RolloutJob {
+        let mut spec = json!({"tasks": {"inline": [{"id": "a", "instruction": "x"}]},
+            "numSamples": 4, "harness": {"preset": "pi"}, "poolRef": {"name": "p"},
+            "evaluator": {"command": ["true"]}});
+        if let (Some(s), Some(m)) = (spec.as_object_mut(), mode.as_object()) {
+            s.extend(m.clone());
+        }
         serde_json::from_value(json!({
             "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
-            "metadata": {"name": "j", "namespace": "ns"},
-            "spec": {"tasks": {"inline": [{"id": "a", "instruction": "x"}]}, "numSamples": 4,
-                     "harness": {"preset": "pi"}, "poolRef": {"name": "p"},
-                     "evaluator": {"command": ["true"]},
-                     "train": {"image": "t", "model": "/m"}},
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}, "spec": spec,
         }))
         .expect("a job")
     }
 
+    fn train_job() -> RolloutJob {
+        job(json!({"train": {"image": "t", "model": "/m", "nodes": 2,
+            "checkpoint": {"claimName": "c"}, "lora": {"rank": 8},
+            "vllm": {"args": ["--max-model-len", "4096"]}}}))
+    }
+
+    fn made(job: &RolloutJob) -> String {
+        let built = match (&job.spec.train, &job.spec.sft) {
+            (Some(_), _) => aux_pods::trainer(job, "floe:1"),
+            _ => aux_pods::collector(job, "floe:1"),
+        };
+        digest(&built.expect("built").expect("a pod").pod)
+    }
+
     #[test]
-    fn what_the_trainer_is_made_from_changes_the_digest_and_nothing_else_does() {
-        let job = train_job();
-        let made = digest(&job.spec).expect("a train job's digest");
-        assert!(made.starts_with(concat!(env!("CARGO_PKG_VERSION"), "/")));
+    fn what_the_pod_runs_with_changes_the_digest_and_nothing_else_does() {
+        let trainer = train_job();
+        let first = made(&trainer);
+        assert_eq!(made(&trainer), first, "a pod is built the same way twice");
         let edited = |edit: &dyn Fn(&mut RolloutJob)| {
-            let mut j = job.clone();
+            let mut j = trainer.clone();
             edit(&mut j);
-            drift(Some(&made), &digest(&j.spec).expect("a digest"))
+            drift(Some(&first), &made(&j))
+        };
+        let train = |edit: &dyn Fn(&mut floe_crds::rollout_job::TrainSpec)| {
+            edited(&|j| {
+                if let Some(t) = j.spec.train.as_mut() {
+                    edit(t);
+                }
+            })
         };
         for changed in [
             edited(&|j| j.spec.sampling.temperature = 0.7),
             edited(&|j| j.spec.num_samples = 8),
             edited(&|j| j.spec.evaluator.reward.pass_threshold = 0.5),
-            edited(&|j| {
-                if let Some(t) = j.spec.train.as_mut() {
-                    t.max_staleness = 3;
-                }
-            }),
+            train(&|t| t.max_staleness = 3),
+            train(&|t| t.nodes = 1),
+            train(&|t| t.vllm.args = vec!["--max-model-len".into(), "8192".into()]),
         ] {
             assert_eq!(changed, Drift::Changed);
         }
-        // Read each round, never baked in: free to change.
+        // Read each round, or only where the pod runs: free to change.
         for same in [
             edited(&|j| j.spec.suspend = true),
             edited(&|j| j.spec.concurrency = Some(2)),
-            edited(&|j| {
-                if let Some(t) = j.spec.train.as_mut() {
-                    t.fidelity_check.max_mismatch = 0.5;
-                }
-            }),
+            train(&|t| t.fidelity_check.max_mismatch = 0.5),
+            train(&|t| t.epochs = 3),
+            train(&|t| t.image = "t:2".into()),
         ] {
             assert_eq!(same, Drift::Same);
         }
-        // A pod an older operator made, or another release's digest: recorded again.
-        assert_eq!(drift(None, &made), Drift::Unknown);
-        assert_eq!(drift(Some("0.0.1/0123456789abcdef"), &made), Drift::Unknown);
+        // An sft job's collector: its minimum reward (the threshold, when unset) is its own.
+        let sft = job(json!({"sft": {"upstream": {"url": "http://teacher:8000"},
+            "output": {"claimName": "d"}}}));
+        let mut stricter = sft.clone();
+        stricter.spec.evaluator.reward.pass_threshold = 0.5;
+        assert_eq!(drift(Some(&made(&sft)), &made(&stricter)), Drift::Changed);
+        // A pod an older operator made, or one of another material: recorded again.
+        assert_eq!(drift(None, &first), Drift::Unknown);
+        assert_eq!(drift(Some("0/0123456789abcdef"), &first), Drift::Unknown);
+    }
+
+    /// A release that builds these pods otherwise must bump [`MATERIAL`] (then update the
+    /// digests below): running jobs' pods, made by the release before, would read as changed.
+    #[test]
+    fn the_material_is_pinned() {
+        let sft = job(json!({"sft": {"upstream": {"url": "http://teacher:8000"},
+            "output": {"claimName": "d"}}}));
+        assert_eq!(
+            [made(&train_job()), made(&sft)],
+            [
+                "1/f28d13dc7f96876a".to_string(),
+                "1/619c684f488ae8ea".to_string()
+            ],
+            "the pods are built otherwise: bump MATERIAL in spec_digest.rs and pin the new digests"
+        );
     }
 }

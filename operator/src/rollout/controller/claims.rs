@@ -52,6 +52,16 @@ pub(super) async fn claim_and_start(
         .cloned()
         .collect();
     let uid = job.uid().unwrap_or_default();
+    // A failed delivery's clock runs only while deliveries are tried every round: a pod not
+    // tried now (held back by the gate, staleness or concurrency; released; gone) starts it
+    // again at its next failure.
+    let tried: Vec<&str> = decided
+        .deliver
+        .iter()
+        .chain(&decided.start)
+        .map(String::as_str)
+        .collect();
+    ctx.keep_undelivered(&uid, &tried);
     let uid_ref = &uid;
     let phase = |phase: ClaimPhase, since: Instant| ctx.metrics.claim_phase(phase, since);
     // Pods whose gateway acknowledged its assignment in this round: marked `assigned` once the
@@ -72,7 +82,7 @@ pub(super) async fn claim_and_start(
         .filter_map(std::future::ready)
         .collect()
         .await;
-    let pool_label = job.spec.pool_ref.as_ref().map_or("", |p| p.name.as_str());
+    let pool_label = crate::rollout::job_state::pool_label(job);
     ctx.metrics
         .set_waiting_for_pod(&ns, &job.name_any(), pool_label, decided.starved.len());
     ctx.note_starved(&uid, &decided.starved);

@@ -227,8 +227,10 @@ impl JobContext {
             .is_some_and(|m| m.claimed_early.remove(pod))
     }
 
-    /// A delivery to `pod` failed (`why`); the first failure of a run of them is kept.
+    /// A delivery to `pod` failed (`why`, cut to 300 characters); the first failure of a run
+    /// of them is kept.
     pub(super) fn note_undelivered(&self, uid: &str, pod: &str, why: String) {
+        let why: String = why.chars().take(300).collect();
         self.remember(uid, |m| {
             let since = m
                 .undelivered
@@ -236,6 +238,13 @@ impl JobContext {
                 .map_or_else(Instant::now, |(t, _)| *t);
             m.undelivered.insert(pod.to_string(), (since, why));
         });
+    }
+
+    /// Only the pods whose delivery is tried this round keep their run of failures.
+    pub(super) fn keep_undelivered(&self, uid: &str, tried: &[&str]) {
+        if let Some(m) = lock(&self.memory).get_mut(uid) {
+            m.undelivered.retain(|pod, _| tried.contains(&pod.as_str()));
+        }
     }
 
     /// `pod`'s gateway took its assignment (or the pod is gone).

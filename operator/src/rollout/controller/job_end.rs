@@ -25,8 +25,11 @@ use crate::rollout::{aux_pods, summary};
 pub(super) async fn cleanup(job: &RolloutJob, ctx: &JobContext) -> Result<Action, JobError> {
     let ns = job.namespace().ok_or(JobError::NoNamespace)?;
     release_all(ctx, job, &ns).await?;
-    let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
-    ctx.metrics.forget_job(&ns, &job.name_any(), pool);
+    ctx.metrics.forget_job(
+        &ns,
+        &job.name_any(),
+        crate::rollout::job_state::pool_label(job),
+    );
     ctx.forget(&job.uid().unwrap_or_default());
     ctx.tokens.forget(&ns, &super::deliver::job_token_key(job));
     Ok(Action::await_change())
@@ -41,9 +44,16 @@ pub(super) async fn finished(
     now: &Time,
 ) -> Result<Action, JobError> {
     ctx.forget(&job.uid().unwrap_or_default());
-    super::report::observe_after_end(job, ctx).await?;
-    let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
-    ctx.metrics.none_waiting_for_pod(ns, &job.name_any(), pool);
+    // Best effort: a status write refused for good must not keep a finished job from ending
+    // its pods and meeting its TTL.
+    if let Err(e) = super::report::observe_after_end(job, ctx).await {
+        tracing::warn!(job = %job.name_any(), "cannot record the spec's edit as observed: {e}");
+    }
+    ctx.metrics.none_waiting_for_pod(
+        ns,
+        &job.name_any(),
+        crate::rollout::job_state::pool_label(job),
+    );
     // Pods stopped at a deadline end after the job did: let them go too.
     release_all(ctx, job, ns).await?;
     // The job's own pods end with it; a job due for deletion (its TTL) waits for none.

@@ -52,7 +52,7 @@ pub(super) async fn ensure(
         Some(p) => Some((*p).clone()),
         None => pods.get_opt(&name).await.map_err(read)?,
     };
-    let made_from = spec_digest::digest(&job.spec);
+    let made_from = spec_digest::digest(&objects.pod);
     if let Some(p) = found {
         name_holder::ours(&pods, job, &p, "pod").await?;
         if let Some(why) = aux_gate::ended_for_good(&p) {
@@ -60,9 +60,7 @@ pub(super) async fn ensure(
             // Not Ready: the gate stays closed until the new one is.
             return Ok(Some(p));
         }
-        if let Some(now) = &made_from {
-            made_from_the_spec(job, &pods, &p, now).await?;
-        }
+        made_from_the_spec(job, &pods, &p, &made_from).await?;
         return Ok(Some(p));
     }
     // A job suspended before it ran (Kueue admits jobs by resuming them) holds no trainer GPU
@@ -81,10 +79,8 @@ pub(super) async fn ensure(
     }
     tracing::info!(job = %job.name_any(), pod = %name, "creating the job's pod");
     let mut pod = objects.pod;
-    if let Some(digest) = made_from {
-        pod.annotations_mut()
-            .insert(spec_digest::ANNOTATION.into(), digest);
-    }
+    pod.annotations_mut()
+        .insert(spec_digest::ANNOTATION.into(), made_from);
     name_holder::create_ours(&pods, job, &pod, "pod").await?;
     Ok(pods.get_opt(&name).await.map_err(read)?)
 }
@@ -113,18 +109,20 @@ async fn made_from_the_spec(
         spec_digest::Drift::Changed => {
             let message = if job.spec.train.is_some() {
                 format!(
-                    "spec.train, spec.sampling, spec.numSamples or the evaluator's reward changed since \
-                     the trainer pod {name} was made: it trains with the config it was made with, \
-                     while new sessions would sample with the new spec (a gradient of a policy \
-                     nothing samples). Restore the spec, or delete pod {name} to have it made again \
-                     from the new one (it resumes from its last checkpoint; without \
-                     spec.train.checkpoint it starts over)"
+                    "the spec changed since the trainer pod {name} was made in what it runs with \
+                     (spec.train, spec.sampling, spec.numSamples or the evaluator's reward): it \
+                     trains with the config it was made with, while new sessions would sample \
+                     with the new spec (a gradient of a policy nothing samples). Restore the \
+                     spec, or delete pod {name} to have it made again from the new one (it \
+                     resumes from its last checkpoint; without spec.train.checkpoint it starts \
+                     over)"
                 )
             } else {
                 format!(
-                    "spec.sft changed since the dataset collector pod {name} was made: it runs with \
-                     what it was made with. Restore the spec, or delete pod {name} to have it made \
-                     again from the new one"
+                    "the spec changed since the dataset collector pod {name} was made in what it \
+                     runs with (spec.sft, the minimum reward): it runs with what it was made \
+                     with. Restore the spec, or delete pod {name} to have it made again from the \
+                     new one"
                 )
             };
             Err(Halt::Blocked(Blocked::stalled(

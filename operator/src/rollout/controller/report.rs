@@ -457,9 +457,11 @@ pub(super) async fn blocked(
         progress: previous.and_then(|p| p.progress.clone()),
         ..st
     };
-    let pool = job.spec.pool_ref.as_ref().map(|p| p.name.as_str());
-    ctx.metrics
-        .none_waiting_for_pod(&job.namespace().unwrap_or_default(), &job.name_any(), pool);
+    ctx.metrics.none_waiting_for_pod(
+        &job.namespace().unwrap_or_default(),
+        &job.name_any(),
+        crate::rollout::job_state::pool_label(job),
+    );
     ctx.metrics.set_blocked(
         Kind::RolloutJob,
         &job.namespace().unwrap_or_default(),
