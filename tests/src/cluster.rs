@@ -22,11 +22,20 @@ pub struct TestCluster {
 
 static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
 
-/// The workspace root (the tests crate lives in `tests/`).
+/// The workspace root (each of its crates lives one level below it): of the checkout cargo
+/// runs the tests in (its `CARGO_MANIFEST_DIR` at run time), else the one this was compiled in.
+/// Two checkouts share one cargo target (`scripts/env.sh`), and cargo reuses a library built
+/// in the other when this one's files are older: the compiled-in path then named the other
+/// checkout (a CI clone), whose files and `floe` the tests used.
 pub fn workspace_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+        crate_dir
+            .parent()
+            .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+    })
 }
 
 /// The control plane for this test process, started or reused once. Panics (fails the test)
