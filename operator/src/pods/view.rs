@@ -64,6 +64,37 @@ pub fn finished(pod: &Pod) -> bool {
         })
 }
 
+/// Whether a [`finished`] pod has told how it ended: it ended whole, or its grader container
+/// did, or its first container ended 10 s ago. The agent's supervisor ends because the grader
+/// did, with a bare exit code, and the kubelet may report it a status update before the
+/// grader's own words: a pool that described the pod then named the agent's exit code
+/// instead of why the grader refused to serve.
+pub fn ending_told(pod: &Pod, now: k8s_openapi::jiff::Timestamp) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return true;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    let ended = |name: Option<&str>| {
+        status
+            .container_statuses
+            .iter()
+            .flatten()
+            .filter(|c| name.is_none_or(|n| c.name == n))
+            .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+            .map(|t| t.finished_at.as_ref().map(|at| at.0))
+            .collect::<Vec<_>>()
+    };
+    if !ended(Some(GRADER_CONTAINER)).is_empty() {
+        return true;
+    }
+    // Without a time (a status that does not say), as told as it will be.
+    ended(None)
+        .iter()
+        .any(|at| at.is_none_or(|at| now.duration_since(at).as_secs() >= 10))
+}
+
 /// The image of a sandbox pod's grader container (where its evaluator runs).
 pub fn grader_image(pod: &Pod) -> Option<&str> {
     pod.spec
@@ -106,6 +137,37 @@ pub fn secret_value(secret: &Secret, key: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_ended_pod_is_described_once_its_grader_has_said_how_it_ended() {
+        let pod = |phase: &str, agent: serde_json::Value, grader: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({"status": {"phase": phase,
+                "containerStatuses": [
+                    {"name": "agent", "ready": false, "restartCount": 0, "image": "", "imageID": "", "state": agent},
+                    {"name": "sandbox", "ready": false, "restartCount": 0, "image": "", "imageID": "", "state": grader}]}}))
+            .expect("a pod")
+        };
+        let now: k8s_openapi::jiff::Timestamp = "2026-12-06T00:00:30Z".parse().expect("time");
+        let ended_at =
+            |at: &str| serde_json::json!({"terminated": {"exitCode": 3, "finishedAt": at}});
+        let running = serde_json::json!({"running": {}});
+        // The agent's supervisor ended a moment ago, the grader not yet said: wait.
+        let early = pod("Running", ended_at("2026-12-06T00:00:25Z"), running.clone());
+        assert!(finished(&early) && !ending_told(&early, now));
+        // The grader has ended, or the whole pod: told.
+        let grader = pod(
+            "Running",
+            ended_at("2026-12-06T00:00:25Z"),
+            ended_at("2026-12-06T00:00:26Z"),
+        );
+        assert!(ending_told(&grader, now));
+        let failed = pod("Failed", ended_at("2026-12-06T00:00:25Z"), running.clone());
+        assert!(ending_told(&failed, now));
+        // 10 s on, the grader still running: as told as it will be.
+        let late = pod("Running", ended_at("2026-12-06T00:00:19Z"), running);
+        assert!(ending_told(&late, now));
+    }
+
     use super::*;
 
     fn pod(phase: &str, agent_state: serde_json::Value) -> Pod {

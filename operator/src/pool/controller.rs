@@ -77,7 +77,10 @@ async fn reconcile_pool(
         }
         match state(pod) {
             Some("warming") | Some("ready") => {
-                if finished(pod) {
+                // Once it has said how it ended (a round or two, at most 10 s on): until then
+                // it counts as an unready pod, so that nothing replaces it yet.
+                let ending = finished(pod);
+                if ending && crate::pods::view::ending_told(pod, now) {
                     // A warm pod that (partly) exited before being claimed is broken: replace it,
                     // saying why on the pool.
                     let deleted =
@@ -113,7 +116,7 @@ async fn reconcile_pool(
                         )))?;
                     ctx.pod_became_ready(&key);
                 }
-                if !ready {
+                if !ready && !ending {
                     problems.extend(crate::pod_problem::problem(pod));
                 }
                 let age = pod
