@@ -41,6 +41,9 @@ class State:
     lost_versions: list[list[int]] = field(default_factory=list)
     # Sessions already counted in ``sampled``: a replayed one is not counted twice.
     seen_sessions: list[str] = field(default_factory=list)
+    # Sessions whose groups were closed (trained or dropped) at this checkpoint: a restart
+    # does not read their stored trajectories again (a long run keeps every one it was sent).
+    settled_sessions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # A checkpoint from before overlong sessions were counted: its rows count none.

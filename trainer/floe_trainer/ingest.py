@@ -40,6 +40,7 @@ Nothing of it trains unless the operator rules the session's failure the agent's
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
@@ -47,7 +48,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -177,12 +178,53 @@ class Store:
             shutil.rmtree(self.dir / "partial", ignore_errors=True)
             self._held.clear()
 
-    def load(self) -> list[wire.Trajectory]:
-        """Every stored trajectory (a restart replays them), by file name."""
+    def failure_path(self, group: str, sample: int) -> Path:
+        digest = hashlib.sha256(group.encode()).hexdigest()[:32]
+        return self.dir / "failed" / f"{digest}-{sample}.json"
+
+    def put_failure(self, group: str, sample: int) -> None:
+        """Keep durably that ``group``'s ``sample`` failed for good, before the ruling is
+        answered: the operator tells it once, and a trainer that restarts before its next
+        checkpoint would otherwise wait for that sample until the job's end."""
+        body = json.dumps({"group": group, "sample": sample}).encode()
+        durable.write_bytes(self.failure_path(group, sample), body)
+
+    def failures(self) -> list[tuple[str, int]]:
+        """Every failure kept (``put_failure``); an unreadable record is skipped."""
         out = []
-        for p in sorted(self.dir.glob("*.json")):
-            out.append(wire.parse(json.loads(p.read_bytes())))
+        for p in sorted((self.dir / "failed").glob("*.json")):
+            try:
+                body = json.loads(p.read_bytes())
+                out.append((str(body["group"]), int(body["sample"])))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.error("cannot read the failure record %s (%s): skipped", p, e)
         return out
+
+    def drop_failures(self, groups: set[str]) -> None:
+        """Forget the failures of ``groups`` (closed, and saved so by a checkpoint)."""
+        for group, sample in self.failures():
+            if group in groups:
+                self.failure_path(group, sample).unlink(missing_ok=True)
+
+    def load(
+        self,
+        skip: Callable[[str], bool] = lambda _session: False,
+        on_unreadable: Callable[[Path, Exception], None] | None = None,
+    ) -> Iterator[wire.Trajectory]:
+        """The stored trajectories a restart replays, by file name, one at a time: a long run
+        stores every trajectory it was ever sent, so those of sessions ``skip`` names (done
+        with at the checkpoint) are never read, and none is held longer than its replay. One
+        that cannot be read or is no trajectory (a torn disk, a stricter trainer) is passed to
+        ``on_unreadable`` and left out: one bad file must not keep the trainer from starting."""
+        for p in sorted(self.dir.glob("*.json")):
+            if skip(p.stem):
+                continue
+            try:
+                yield wire.parse(json.loads(p.read_bytes()))
+            except (OSError, ValueError, wire.InvalidTrajectory) as e:
+                if on_unreadable is None:
+                    raise
+                on_unreadable(p, e)
 
 
 class Ingest:

@@ -57,6 +57,7 @@ from .vllm_sync import (
     FileWeightSync,
     parse_version,
     push_dtype,
+    resume,
     served_label,
     wait_healthy,
 )
@@ -508,6 +509,8 @@ class Trainer:
         if resume or cfg.weight_sync == "nccl" or cfg.lora:
             wait_healthy(cfg.policy_url)
         self.sync = self._weight_sync()
+        # A push failed: vLLM may be left paused (``check_policy_server`` resumes it).
+        self.resume_owed = False
         self.buffer.restore(
             self.state.closed_groups,
             self.state.failed_samples,
@@ -533,13 +536,21 @@ class Trainer:
         self.metrics.watch_ingest(self.ingest.counts)
         # Sessions already counted in the reward by version (``_count_sampled``).
         self.seen: set[str] = set(self.state.seen_sessions)
-        trained = set(self.state.trained_sessions)
-        for t in self.store.load():
-            if t.session in trained:
-                continue
+        # Sessions done with at the checkpoint (their groups closed: trained or dropped), and
+        # the group of each session added since (the next checkpoint's settled ones).
+        self.settled: set[str] = set(self.state.settled_sessions) | set(self.state.trained_sessions)
+        self.group_of: dict[str, str] = {}
+        for t in self.store.load(skip=self.settled.__contains__, on_unreadable=self._unreadable):
             if t.session in self.seen and t.group in self.buffer.closed:
-                continue  # dropped before the checkpoint: it was counted then
+                # Dropped before a checkpoint older than ``settled_sessions``: counted then.
+                self.settled.add(t.session)
+                continue
             self.add(t)
+        # Failures ruled since the checkpoint (it keeps those before): after the replay, so a
+        # sample whose trajectory is stored is not counted as failed.
+        for group, sample in self.store.failures():
+            if group not in self.buffer.closed:
+                self.buffer.sample_failed(group, sample, time.time())
         self.loss_cfg = loss_config(cfg)
         self.metrics.progress(self.state.step, self.state.policy_version)
         self.waiting_since = time.monotonic()
@@ -571,7 +582,14 @@ class Trainer:
                 self.ckpt_dir,
                 e,
             )
-        self.sync.push(version)
+        try:
+            self.sync.push(version)
+        except OSError:
+            # It may have failed past the pause, its own resume too: vLLM would stay paused
+            # (every agent's call waiting) while its label already names the version.
+            self.resume_owed = True
+            raise
+        self.resume_owed = False
 
     def _skip_versions_up_to(self, served: int | None) -> bool:
         """vLLM outlives a trainer that crashed: it may serve a version this trainer, resumed
@@ -642,8 +660,15 @@ class Trainer:
             self._tell("stop")
             self.followers_stopped = True
 
+    def _unreadable(self, path: Path, error: Exception) -> None:
+        """A stored trajectory the replay cannot read: its session is lost to learning
+        (counted as ``invalid``, the alert ``FloeTrainerSessionsLost``), the rest replays."""
+        log.error("cannot replay %s (%s): its session is left out", path, error)
+        self.ingest.counts["invalid"] += 1
+
     def add(self, t: Trajectory) -> None:
         with self.lock:
+            self.group_of[t.session] = t.group
             if t.session not in self.seen:
                 self.seen.add(t.session)
                 self._count_sampled(t)
@@ -730,6 +755,7 @@ class Trainer:
                 # A ruling told again, or the session's own trajectory came: that stands. Its
                 # group needs no more of it, unless that trajectory was one it dropped (then
                 # the sample will not arrive).
+                self.ingest.store.put_failure(group, sample)
                 with self.lock:
                     self.buffer.sample_failed(group, sample, time.time())
                 return {"known": True, "session": session}
@@ -753,6 +779,7 @@ class Trainer:
             if session is not None and agent_fault is None:
                 # Not the agent's doing: its snapshot will never train.
                 self.ingest.store.drop_partial(session)
+            self.ingest.store.put_failure(group, sample)
             with self.lock:
                 self.buffer.sample_failed(group, sample, time.time())
             return {"failed": True}
@@ -932,11 +959,27 @@ class Trainer:
             # The ingest's thread goes on adding: a copy, whole as of now.
             state = copy.deepcopy(self.state)
             saved = self.buffer.saved({g.group for g in self.ready})
-            state = dataclasses.replace(state, **saved, seen_sessions=sorted(self.seen))
+            closed = set(saved["closed_groups"])
+            settled = {s for s, g in self.group_of.items() if g in closed}
+            state = dataclasses.replace(
+                state,
+                **saved,
+                seen_sessions=sorted(self.seen),
+                settled_sessions=sorted(self.settled | settled),
+            )
         checkpoint.save(
             self.ckpt_dir, self.model, weights, optimizer, state, self.cfg.checkpoint_keep
         )
         self.checkpointed_step = self.state.step
+        with self.lock:
+            # Written: a restart never reads them again; this process need not remember them.
+            self.settled |= settled
+            for session in settled:
+                self.group_of.pop(session, None)
+        try:
+            self.store.drop_failures(closed)
+        except OSError as e:
+            log.warning("cannot forget the failures of closed groups: %s", e)
 
     def _final_checkpoint(self) -> None:
         final = self.cfg.final_dir or self.ckpt_dir / "final"
@@ -978,6 +1021,12 @@ class Trainer:
             label = served_label(self.cfg.policy_url)
         except OSError:
             return  # down or restarting: asked again next time
+        if self.resume_owed:
+            try:
+                resume(self.cfg.policy_url)
+                self.resume_owed = False
+            except OSError as e:
+                log.warning("cannot resume vLLM's generation after a failed push (%s)", e)
         served = parse_version(label)
         # With LoRA the trainer labels every push, version 0 too: vLLM's base label means the
         # adapter is not loaded (a restarted server).

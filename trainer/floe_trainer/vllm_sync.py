@@ -109,6 +109,11 @@ def served_version(vllm_url: str, timeout: float = 5) -> int | None:
     return parse_version(served_label(vllm_url, timeout))
 
 
+def resume(vllm_url: str) -> None:
+    """Generation goes on (a vLLM not paused is unchanged)."""
+    post(f"{vllm_url}/resume")
+
+
 def paused(vllm_url: str, version: int, update: Callable[[], None]) -> None:
     """``update`` (the weights change) while generation is paused, then the version label."""
     post(f"{vllm_url}/pause?mode=wait")
@@ -117,7 +122,7 @@ def paused(vllm_url: str, version: int, update: Callable[[], None]) -> None:
         post(f"{vllm_url}/reset_prefix_cache")
         post(f"{vllm_url}/update_weight_version", {"new_version": str(version)})
     finally:
-        post(f"{vllm_url}/resume")
+        resume(vllm_url)
 
 
 def push(

@@ -10,9 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeVllm:
-    def __init__(self, fail_on: str | None = None, label: str = "default") -> None:
+    def __init__(
+        self, fail_on: str | None = None, label: str = "default", failures: int | None = None
+    ) -> None:
+        """``fail_on``: a path answered 500, ``failures`` times (None: always)."""
         calls = self.calls = []
         self.label = label
+        self.failures_left = failures
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,7 +32,9 @@ class FakeVllm:
                 n = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(n) or b"null")
                 calls.append((self.path, body))
-                if self.path == fail_on:
+                if self.path == fail_on and fake.failures_left != 0:
+                    if fake.failures_left is not None:
+                        fake.failures_left -= 1
                     self._answer(500, {})
                     return
                 if self.path == "/update_weight_version":

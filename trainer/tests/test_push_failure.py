@@ -97,3 +97,24 @@ def test_a_push_vllm_refuses_for_good_ends_the_trainer(tmp_path, monkeypatch, co
     two_samples(trainer)
     with pytest.raises(urllib.error.HTTPError):
         trainer.run_once()
+
+
+def test_a_push_whose_resume_failed_leaves_no_vllm_paused(tmp_path):
+    # The label moved before vLLM's resume failed: the served-version check saw nothing amiss
+    # and generation stayed paused for good, every agent's call waiting until it timed out.
+    from fake_vllm import FakeVllm
+
+    vllm = FakeVllm(fail_on="/resume", failures=1)
+    try:
+        trainer = tiny_trainer(tmp_path, 2, {"policyUrl": vllm.url}, microBatchSize=2)
+        two_samples(trainer)
+        assert trainer.run_once() is not None, "the step stands"
+        assert vllm.label == "1" and vllm.paths()[-1] == "/resume"
+        resumes = vllm.paths().count("/resume")
+        trainer.check_policy_server(now=1e12)
+        assert vllm.paths().count("/resume") == resumes + 1, "resumed by the next check"
+        assert "/collective_rpc" not in vllm.paths()[-1:], "the weights are not pushed again"
+        trainer.check_policy_server(now=2e12)
+        assert vllm.paths().count("/resume") == resumes + 1, "and only once"
+    finally:
+        vllm.close()

@@ -178,3 +178,68 @@ def test_versions_pushed_past_the_checkpoint_are_never_reused_when_vllm_restarte
     steps = [again.run_once() for _ in range(4)]
     assert sum(s is not None for s in steps) == 2
     assert again.buffer.dropped["stale"] == 2
+
+
+def test_a_failed_sample_reported_after_the_checkpoint_survives_a_crash(tmp_path, vllm):
+    # The ruling is told once (the operator forgets it at the 202): a trainer killed before
+    # its next checkpoint waited for that sample until the job's end.
+    conf = {
+        "numSamples": 3,
+        "grpo": {"groupsPerStep": 1, "microBatchSize": 4, "groupGraceSeconds": 3600},
+    }
+    trainer = start(tmp_path, vllm, **conf)
+    send(trainer, "j/a", 0, 0.0)
+    trainer.sample_failed("j/a", 2)
+    # Killed: no checkpoint at all.
+
+    again = start(tmp_path, vllm, **conf)
+    send(again, "j/a", 1, 1.0)
+    stats = again.run_once()
+    assert stats is not None and stats.sequences == 2, "trained without the failed sample"
+    again.save_checkpoint()
+    assert not list((tmp_path / "state/ingest/failed").glob("*.json")), (
+        "a closed group's failures are forgotten once a checkpoint keeps it closed"
+    )
+
+
+def test_a_restart_reads_no_trajectory_of_a_group_closed_at_the_checkpoint(
+    tmp_path, vllm, monkeypatch
+):
+    # A long run keeps every trajectory it was sent: a restart parsed them all into memory
+    # before serving, so it grew with the run until it could not come back at all.
+    trainer = start(tmp_path, vllm, numSamples=2)
+    send(trainer, "j/a", 0, 0.0)
+    send(trainer, "j/a", 1, 1.0)  # trained
+    send(trainer, "j/b", 0, 1.0)
+    send(trainer, "j/b", 1, 1.0)  # all passed: dropped
+    assert trainer.run_once() is not None
+    send(trainer, "j/c", 0, 0.0)  # open at the checkpoint
+    trainer.save_checkpoint()
+    send(trainer, "j/c", 1, 1.0)  # after it
+
+    from floe_trainer import ingest
+
+    read: list[str] = []
+    real = ingest.wire.parse
+
+    def parse(body):
+        read.append(body["session"])
+        return real(body)
+
+    monkeypatch.setattr(ingest.wire, "parse", parse)
+    again = start(tmp_path, vllm, numSamples=2)
+    assert sorted(read) == ["j-c-0", "j-c-1"]
+    stats = again.run_once()
+    assert stats is not None and stats.sequences == 2, "the open group trains"
+    assert again.state.groups_done == 3
+
+
+def test_a_stored_trajectory_that_cannot_be_read_is_left_out_and_counted(tmp_path, vllm):
+    trainer = start(tmp_path, vllm, numSamples=2)
+    send(trainer, "j/a", 0, 0.0)
+    send(trainer, "j/a", 1, 1.0)
+    (tmp_path / "state/ingest/j-a-1.json").write_text('{"torn": ')
+
+    again = start(tmp_path, vllm, numSamples=2)
+    assert again.ingest.counts["invalid"] == 1, "a lost session (FloeTrainerSessionsLost)"
+    assert list(again.buffer.pending["j/a"].by_sample) == [0]
