@@ -74,17 +74,30 @@ class Store:
     def path(self, session: str) -> Path:
         return self.dir / f"{session}.json"
 
-    def put(self, session: str, raw: bytes) -> bool:
-        """Persist durably (its snapshot, if any, deleted); False if the session is already
-        stored."""
+    def put(
+        self, session: str, raw: bytes, trainable: bool = True, over_untrainable: bool = False
+    ) -> bool:
+        """Persist durably; False if the session is already stored (``over_untrainable``: unless
+        what is stored is an untrainable one, which this replaces). A trainable trajectory
+        deletes the session's snapshot; an untrainable one (a gateway drained as its pod went:
+        an infrastructure failure, or the agent's, which the operator rules after it) keeps it
+        for the ruling."""
         with self._lock:
             target = self.path(session)
-            if target.exists():
+            if target.exists() and not (over_untrainable and self.untrainable(session)):
                 return False
             durable.write_bytes(target, raw)
-            # The session has its trajectory: its snapshot is of no more use.
-            self._forget_partial(session)
+            if trainable:
+                # The session has its trajectory: its snapshot is of no more use.
+                self._forget_partial(session)
             return True
+
+    def untrainable(self, session: str) -> bool:
+        """Whether the trajectory stored for ``session`` is one that trains nothing."""
+        try:
+            return json.loads(self.path(session).read_bytes()).get("trainable") is False
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def partial_path(self, session: str) -> Path:
         return self.dir / "partial" / f"{session}.json"
@@ -265,7 +278,7 @@ class Ingest:
         if not SAFE_SESSION.match(t.session):
             self.counts["invalid"] += 1
             return 400, {"error": f"session id {t.session!r} is not a safe file name"}
-        if not self.store.put(t.session, raw):
+        if not self.store.put(t.session, raw, trainable=t.trainable):
             self.counts["duplicate"] += 1
             return 409, {"error": "already ingested", "session": t.session}
         self.counts["accepted"] += 1
@@ -361,8 +374,9 @@ class Ingest:
                 "session %s: ruled the agent's fault, but its snapshot is invalid: %s", session, e
             )
             return None
-        # Stored as its trajectory (which deletes the snapshot), unless it has one.
-        if not self.store.put(session, json.dumps(body).encode()):
+        # Stored as its trajectory (which deletes the snapshot), unless it has a trainable one:
+        # an untrainable one its gateway shipped as its pod went gives way to the ruling.
+        if not self.store.put(session, json.dumps(body).encode(), over_untrainable=True):
             return None
         self.counts["agentFault"] += 1
         return t

@@ -669,7 +669,9 @@ class Trainer:
     def add(self, t: Trajectory) -> None:
         with self.lock:
             self.group_of[t.session] = t.group
-            if t.session not in self.seen:
+            # Counted once scored: an untrainable one first (its gateway drained) leaves the
+            # session to count when a ruling scores it.
+            if t.session not in self.seen and t.reward is not None:
                 self.seen.add(t.session)
                 self._count_sampled(t)
             self.buffer.add(t, time.time())
@@ -751,7 +753,17 @@ class Trainer:
         job's failure reward and joins its group, a loss like any other. Told again (the
         operator tells until it hears back), it changes nothing."""
         with self.ruling_lock:
-            if session is not None and self.ingest.has(session):
+            stored = session is not None and self.ingest.has(session)
+            # An untrainable trajectory stored (the pod's gateway drained as the operator let
+            # the pod go, this ruling not heard yet) gives way to the agent's loss, when a
+            # snapshot of the session is there to score.
+            ruled_over = (
+                stored
+                and agent_fault is not None
+                and self.ingest.store.partial_path(session).exists()
+                and self.ingest.store.untrainable(session)
+            )
+            if stored and not ruled_over:
                 # A ruling told again, or the session's own trajectory came: that stands. Its
                 # group needs no more of it, unless that trajectory was one it dropped (then
                 # the sample will not arrive).

@@ -187,3 +187,33 @@ def test_the_ruling_a_trainer_could_not_take_is_told_again(tmp_path):
     assert trainer.sample_failed("j/t", 1, "s-1", "evicted") == {"known": True, "session": "s-1"}
     stats = trainer.run_once()
     assert stats is not None and stats.sessions == 2, "the group did not wait for sample 1"
+
+
+def test_a_ruling_heard_after_the_gateway_drained_still_scores_the_agents_loss(tmp_path):
+    # The operator lets the pod go whatever the trainer answered; its gateway, stopping, ships
+    # the session as an untrainable infrastructure failure. That deleted the snapshot and the
+    # ruling, told again, found the session "known": the loss vanished from its group.
+    trainer = trainer_of(tmp_path)
+    assert trainer.ingest.handle(sample("s-0", 0, 1.0))[0] == 200
+    assert trainer.ingest.handle(sample("s-2", 2, 1.0))[0] == 200
+    assert partial(trainer, "s-1", 1, 2)[0] == 200
+    drained = json.loads(sample("s-1", 1, None, 2))
+    drained["status"] = "infra_error"
+    assert trainer.ingest.handle(json.dumps(drained).encode())[0] == 200
+    assert trainer.run_once() is None, "no sample yet"
+    got = trainer.sample_failed("j/t", 1, "s-1", "the grader ran out of memory")
+    assert got == {"scored": 0.0, "session": "s-1"}
+    stats = trainer.run_once()
+    assert stats is not None and stats.sequences == 3, "the loss trains with its group"
+    assert [(r["sessions"], r["rewardMean"]) for r in trainer.sampled_by_version()] == [(3, 2 / 3)]
+    again = trainer.sample_failed("j/t", 1, "s-1", "the grader ran out of memory")
+    assert again == {"known": True, "session": "s-1"}, "told again, it changes nothing"
+
+
+def test_an_infrastructure_failure_ruled_so_keeps_its_untrainable_trajectory(tmp_path):
+    trainer = trainer_of(tmp_path)
+    assert partial(trainer, "s-1", 1, 2)[0] == 200
+    drained = json.loads(sample("s-1", 1, None, 2))
+    assert trainer.ingest.handle(json.dumps(drained).encode())[0] == 200
+    assert trainer.sample_failed("j/t", 1, "s-1") == {"known": True, "session": "s-1"}
+    assert trainer.buffer.dropped["failed"] == 1, "its group goes on without it"
