@@ -1392,6 +1392,23 @@ async fn a_trainer_over_two_nodes_is_two_ranked_pods_that_follow_the_first() -> 
         Ok(again.filter(|_| p.is_some_and(|p| p.metadata.uid != failed_uid)))
     })
     .await?;
+    // Suspended (Kueue's preemption), no session running: the first pod stops (it checkpoints
+    // on the claim as it does), then the second, which has nothing left to join.
+    let suspend = json!({"spec": {"suspend": true}});
+    jobs.patch("sharded", &PatchParams::default(), &Patch::Merge(&suspend))
+        .await?;
+    eventually("both trainer pods stopped", async || {
+        for name in ["sharded-trainer", "sharded-trainer-1"] {
+            if let Some(p) = pods.get_opt(name).await? {
+                if p.metadata.deletion_timestamp.is_some() {
+                    let _ = pods.delete(name, &at_once).await;
+                }
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;
     Ok(())
@@ -3215,6 +3232,78 @@ async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored
     })
     .await?;
     assert_ne!(trainer_ip(&pods, "drift").await?, first);
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
+/// A train job suspended after it started (Kueue preempts so, and gives its quota to another
+/// job): once none of its sessions runs, its trainer pod ends and its GPUs go free; resumed,
+/// the job makes it again (it goes on from its checkpoint). A trainer with no checkpoint
+/// volume keeps running: its steps live only in the pod.
+#[tokio::test]
+async fn a_train_job_suspended_after_it_started_frees_its_trainer_and_makes_it_again_resumed(
+) -> Result<()> {
+    let (client, ns) = with_crds("preempted").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = scoring_node(&client, &ns.name, 28)?;
+    create_pool(&client, &ns.name, "warm", 0).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    for (name, checkpoint) in [
+        ("kept", None),
+        ("freed", Some(json!({"claimName": "freed-state"}))),
+    ] {
+        let mut spec = job(name, &["a"], 2, json!({}))?;
+        spec.spec.sft = None;
+        let mut train = json!({
+            "image": "floe-trainer:test", "model": "/models/m", "gpus": 0, "vllm": {"gpus": 0},
+            "fidelityCheck": {"action": "Off"}});
+        if let Some(c) = checkpoint {
+            train["checkpoint"] = c;
+        }
+        spec.spec.train = Some(serde_json::from_value(train)?);
+        jobs.create(&PostParams::default(), &spec).await?;
+        trainer_ip(&pods, name).await?;
+    }
+    let made = pods.get("freed-trainer").await?;
+    let suspend = async |name: &str, suspend: bool| -> Result<()> {
+        let patch = json!({"spec": {"suspend": suspend}});
+        jobs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    };
+    suspend("kept", true).await?;
+    suspend("freed", true).await?;
+    eventually("the checkpointed trainer stopped", async || {
+        Ok(pods.get_opt("freed-trainer").await?.is_none().then_some(()))
+    })
+    .await?;
+    let notes = noted(&client, &ns.name, "TrainerStopped").await?;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("freed-trainer") && n.contains("freed-state")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.iter().all(|n| !n.contains("kept-trainer")),
+        "{notes:?}"
+    );
+    let s = status(&jobs, "freed").await?;
+    assert_eq!(s.phase, Some(RolloutJobPhase::Suspended));
+    // Without a checkpoint volume the trainer stays (suspended a while now, as long as the
+    // other took to stop).
+    let kept = pods.get("kept-trainer").await?;
+    assert!(kept.metadata.deletion_timestamp.is_none());
+    suspend("freed", false).await?;
+    eventually("the trainer made again", async || {
+        let pod = pods.get_opt("freed-trainer").await?;
+        Ok(pod
+            .filter(|p| p.metadata.uid != made.metadata.uid)
+            .map(|_| ()))
+    })
+    .await?;
     delete_jobs(&jobs).await?;
     kubelet.stop().await?;
     Ok(())

@@ -102,11 +102,10 @@ pub struct RolloutJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10000))]
     pub lookahead: Option<i32>,
-    /// With `poolTemplate`: where the job's own sandbox pods may connect, as a GatewayPool's
-    /// `spec.egress`. `Managed` (default): the operator keeps a NetworkPolicy
-    /// `<job>-job-egress`, owned by the job: TCP 8000 and 8100 of the job's own trainer or
-    /// dataset collector, TCP/UDP 53 on the cluster's DNS pods (`dns`), and `allow`; each pod
-    /// checks at start that it is enforced.
+    /// With `poolTemplate`: where the job's own sandbox pods may connect, as a pool's
+    /// `spec.egress`. `Managed` (default): the operator keeps a NetworkPolicy `<job>-job-egress`
+    /// owned by the job: TCP 8000 and 8100 of its own trainer or dataset collector, TCP/UDP 53
+    /// on the cluster's DNS pods (`dns`), and `allow`; each pod checks at start it is enforced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::gateway_pool::EgressSpec>,
     /// Scores each session after the harness exits.
@@ -137,12 +136,13 @@ pub struct RolloutJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub active_deadline_seconds: Option<i64>,
-    /// Retries of a session after an infrastructure failure (pod lost, evaluator crash), each on a
-    /// fresh pod. A session that still fails counts as failed, never as scored.
+    /// Retries of a session after an infrastructure failure (pod lost, evaluator crash), each on
+    /// a fresh pod; one that still fails counts as failed, never as scored.
     #[serde(default = "default_backoff_limit")]
     #[schemars(range(min = 0, max = 100))]
     pub backoff_limit: i32,
-    /// Stop claiming new pods; running sessions finish. Kueue sets and clears this.
+    /// Stop claiming new pods; running sessions finish, then a trainer with `train.checkpoint`
+    /// stops (GPUs free) until resumed, from its checkpoint. Kueue sets and clears this.
     #[serde(default)]
     pub suspend: bool,
     /// Delete the job this long after it finished.

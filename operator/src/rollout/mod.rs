@@ -16,6 +16,7 @@
 //! - [`trainer_workers`]: a trainer over several nodes: the pods besides the first (sans-IO).
 //! - [`spec_digest`]: what the job's own pod was made from, against the spec now (sans-IO).
 //! - [`summary`]: a finished job's `summary.json` (sans-IO).
+//! - [`suspended_trainer`]: when a suspended train job's trainer pod ends (sans-IO).
 //! - [`controller`]: the IO edge.
 
 pub(crate) mod aux_gate;
@@ -31,6 +32,7 @@ pub(crate) mod prewarm;
 pub(crate) mod spec_digest;
 pub(crate) mod status;
 pub(crate) mod summary;
+pub(crate) mod suspended_trainer;
 pub(crate) mod tasks;
 pub mod trainer_launch;
 /// A held-out set's digest, which `floe run --resume` checks as the operator does.

@@ -45,6 +45,7 @@ use super::job_state::{job_state, staleness_gate};
 use super::plan::{plan, Fold};
 use super::pod_view;
 use super::status::Blocked;
+use super::suspended_trainer::SuspendedTrainer;
 
 use crate::api_call::ApiCallError;
 pub use crate::pods::names::JOB_FINALIZER;
@@ -313,6 +314,15 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
 
     // The status after this round.
     let running = decided.running_after(achieved.claimed, achieved.started);
+    // Suspended (Kueue's preemption), its trainer's GPUs go free.
+    let round = SuspendedTrainer {
+        finished: !trainer_unfinished,
+        sessions_done: decided.next.training_done(),
+        running,
+        untold_failures: decided.next.untold_failures.len(),
+        ..SuspendedTrainer::default()
+    };
+    own_pod::stop_while_suspended(ctx, job, ns, own_pod.as_ref(), round).await?;
     Ok(report
         .finish(written, &decided.next, running, trainer, own_pod.as_ref())
         .await?)

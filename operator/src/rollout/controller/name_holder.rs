@@ -62,22 +62,7 @@ where
     match holder(found.meta(), job) {
         Holder::ThisJob => Ok(()),
         Holder::EarlierJob { uid } => {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: found.meta().uid.clone(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => {
-                    return Err(Halt::Failed(JobError::api(format!(
-                        "deleting {kind} {name} of an earlier job"
-                    ))(e)))
-                }
-            }
+            delete_exactly(api, kind, &name, found.meta().uid.clone()).await?;
             Err(Halt::Blocked(Blocked::waiting(
                 "EarlierJobObjects",
                 format!(
@@ -100,6 +85,34 @@ where
                  delete, or another owner's): the job makes its own under that name; delete it"
             ),
         ))),
+    }
+}
+
+/// Delete `name` only if it is still the object of UID `uid` (the cache may be behind one
+/// made since under the name); gone already, or another one now, is fine.
+pub(super) async fn delete_exactly<K>(
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    uid: Option<String>,
+) -> Result<(), Halt>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Halt::Failed(JobError::api(format!(
+            "deleting {kind} {}/{name}",
+            api.namespace().unwrap_or_default()
+        ))(e))),
     }
 }
 

@@ -9,7 +9,7 @@ use floe_crds::rollout_job::{
 };
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
@@ -19,6 +19,7 @@ use crate::pods::names::CONTROL_TOKEN_KEY;
 use crate::pods::view::join_host_port;
 use crate::rollout::plan::JobState;
 use crate::rollout::status::{self, Blocked};
+use crate::rollout::suspended_trainer::SuspendedTrainer;
 use crate::rollout::{aux_gate, aux_pods, spec_digest};
 
 /// Create the job's trainer pod (train) or dataset collector (sft) and their Services when
@@ -152,7 +153,7 @@ async fn replace_ended(
     ctx.event(job, EventType::Warning, "JobPodReplaced", note)
         .await;
     // Only that pod: the cache may be behind one made since under its name.
-    delete_exactly(pods, &name, pod.metadata.uid.clone()).await
+    name_holder::delete_exactly(pods, "pod", &name, pod.metadata.uid.clone()).await
 }
 
 /// `path` on the trainer pod's ingest port, once the pod has an IP.
@@ -410,26 +411,47 @@ pub(super) async fn finish_trainer_when_done(
     }
 }
 
-/// Delete `name` only if it is still the pod of UID `uid` (the cache may be behind a pod made
-/// since for the new first pod); gone already, or another one now, is fine.
-pub(super) async fn delete_exactly(
-    pods: &Api<Pod>,
-    name: &str,
-    uid: Option<String>,
+/// A train job suspended after it started: its trainer pod ends once nothing is owed to it
+/// ([`SuspendedTrainer`]), so its GPUs go free; resumed, [`ensure`] makes it again and it goes on
+/// from its checkpoint.
+pub(super) async fn stop_while_suspended(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+    pod: Option<&Pod>,
+    round: SuspendedTrainer,
 ) -> Result<(), Halt> {
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid,
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
+    let Some(train) = &job.spec.train else {
+        return Ok(());
     };
-    match pods.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(Halt::Failed(JobError::api(format!(
-            "deleting pod {}/{name}",
-            pods.namespace().unwrap_or_default()
-        ))(e))),
-    }
+    let decision = SuspendedTrainer {
+        suspended: job.spec.suspend,
+        checkpointed: train.checkpoint.is_some(),
+        pod_alive: pod.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        ..round
+    };
+    let (Some(pod), true) = (pod, decision.stops()) else {
+        return Ok(());
+    };
+    let name = pod.name_any();
+    let claim = train
+        .checkpoint
+        .as_ref()
+        .map(|c| c.claim_name.clone())
+        .unwrap_or_default();
+    tracing::info!(job = %job.name_any(), pod = %name, "suspended: stopping the trainer pod");
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    name_holder::delete_exactly(&pods, "pod", &name, pod.metadata.uid.clone()).await?;
+    ctx.event(
+        job,
+        EventType::Normal,
+        "TrainerStopped",
+        format!(
+            "suspended with no session running: trainer pod {name} stopped, its GPUs free (it \
+             checkpoints on claim {claim} as it stops); resumed, the job makes it again and it \
+             goes on from that checkpoint"
+        ),
+    )
+    .await;
+    Ok(())
 }

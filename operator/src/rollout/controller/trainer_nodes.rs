@@ -8,7 +8,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
 use super::name_holder::create_ours;
-use super::own_pod::delete_exactly;
+use super::name_holder::delete_exactly;
 use super::{Halt, JobContext};
 use crate::rollout::status::Blocked;
 use crate::rollout::trainer_workers::{self, WorkerAction};
@@ -21,13 +21,25 @@ pub(super) async fn ensure(
     leader: Option<&Pod>,
 ) -> Result<(), Halt> {
     let names = trainer_workers::worker_names(job);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    if job.spec.suspend && leader.is_none() {
+        // Suspended, its first pod stopped: the others have nothing to join, and one whose
+        // first pod was killed mid-collective restarts to wait at its rendezvous, GPUs held.
+        for name in &names {
+            if let Some(p) = ctx.pods.get(&ObjectRef::new(name).within(ns)) {
+                if p.metadata.deletion_timestamp.is_none() {
+                    delete_exactly(&pods, "pod", name, p.metadata.uid.clone()).await?;
+                }
+            }
+        }
+        return Ok(());
+    }
     let Some((ip, uid)) = leader.and_then(trainer_workers::leader_identity) else {
         return Ok(());
     };
     if names.is_empty() || job.spec.suspend {
         return Ok(());
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     for (rank, name) in (1..).zip(&names) {
         let existing = ctx.pods.get(&ObjectRef::new(name).within(ns));
         match trainer_workers::action(existing.as_deref(), uid) {
@@ -51,7 +63,7 @@ pub(super) async fn ensure(
             WorkerAction::Replace(why) => {
                 let old = existing.as_deref().and_then(|p| p.metadata.uid.clone());
                 tracing::info!(job = %job.name_any(), pod = %name, "replacing a trainer pod: {why}");
-                delete_exactly(&pods, name, old).await?;
+                delete_exactly(&pods, "pod", name, old).await?;
             }
         }
     }
