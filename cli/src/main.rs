@@ -69,7 +69,8 @@ enum Command {
     /// Run the gateway: provider APIs for the harness, vLLM upstream, token-level capture.
     Gateway(gateway::GatewayArgs),
     /// Run a RolloutJob on this machine: the same YAML, local processes instead of pods.
-    /// Exit 0 all sessions ran, 1 some failed by infrastructure, 2 bad input, 130 interrupted.
+    /// Exit 0 all sessions ran, 1 some failed by infrastructure, 2 bad input, 130 interrupted
+    /// (Ctrl-C), 143 terminated (SIGTERM).
     Run(run::RunArgs),
     /// Check what this machine lacks for local mode (`floe run`, the quickstart) and, with
     /// `--tests`, for floe's tests: each problem with its fix. Exit 0 when nothing is missing.

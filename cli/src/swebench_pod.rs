@@ -101,12 +101,18 @@ async fn answer(
         Ok(r) => r,
         Err(e) => return Json(json!({"error": format!("not JSON: {e}")})).into_response(),
     };
-    Json(
-        floe_sandbox::swebench_grade::call(&bridge.python, request)
-            .await
-            .unwrap_or_else(|e| json!({"error": e})),
-    )
-    .into_response()
+    use floe_sandbox::swebench_grade::{call_python, CallError};
+    match call_python(&bridge.python, request).await {
+        Ok(answer) => Json(answer).into_response(),
+        // Its Python could not run: the log was never read (the runner's infrastructure).
+        Err(CallError::Unreachable(e)) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": e})),
+        )
+            .into_response(),
+        // It ran and could not grade: what the log made of it (the session's).
+        Err(CallError::Failed(e)) => Json(json!({"error": e})).into_response(),
+    }
 }
 
 #[cfg(test)]
@@ -116,10 +122,10 @@ mod tests {
 
     /// An agent's call without the token, announcing 100 MB it never sends: refused at
     /// once on its headers (a bridge reading bodies first would wait for it, and hold it).
-    #[tokio::test]
-    async fn a_call_without_the_token_is_refused_before_its_body_is_read() {
+    /// A sidecar with `python` and the token `t0ken`, serving on loopback: its address.
+    async fn sidecar(python: &str) -> std::net::SocketAddr {
         let state = Arc::new(Bridge {
-            python: PathBuf::from("/nonexistent/python"),
+            python: PathBuf::from(python),
             token: "t0ken".into(),
             one: tokio::sync::Semaphore::new(1),
         });
@@ -131,6 +137,12 @@ mod tests {
             .expect("a port");
         let address = listener.local_addr().expect("its address");
         tokio::spawn(async move { axum::serve(listener, app).await });
+        address
+    }
+
+    #[tokio::test]
+    async fn a_call_without_the_token_is_refused_before_its_body_is_read() {
+        let address = sidecar("/nonexistent/python").await;
         let mut stream = tokio::net::TcpStream::connect(address)
             .await
             .expect("connected");
@@ -145,5 +157,31 @@ mod tests {
             .expect("read");
         let answer = String::from_utf8_lossy(&answer[..n]);
         assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
+
+    /// The sidecar's own Python that cannot run is infrastructure (a 503, which the runner
+    /// reads as no verdict to give), never the session's 0; one that runs and cannot grade
+    /// is the log's (the session's).
+    #[tokio::test]
+    async fn a_sidecar_whose_python_cannot_run_is_not_a_sessions_zero() {
+        use floe_sandbox::swebench_grade::{Bridge as Client, CallError};
+        let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+                "instanceId": "acme__calc-1", "repo": "acme/calc", "version": "1.0",
+                "logParser": "parse_log_pytest", "failToPass": ["t::a"], "passToPass": [],
+                "testPatch": "x", "repositoryDirectory": "/testbed"}))
+        .expect("grading");
+        for (python, unreachable) in [("/nonexistent/python", true), ("/bin/false", false)] {
+            let url = format!("http://{}/", sidecar(python).await);
+            let client = Client::Url {
+                url,
+                token: "t0ken".into(),
+            };
+            let graded = client.grade(&grading, "#!/bin/bash\n", "log").await;
+            match graded {
+                Err(CallError::Unreachable(_)) => assert!(unreachable, "{python}"),
+                Err(CallError::Failed(_)) => assert!(!unreachable, "{python}"),
+                Ok(g) => panic!("{python}: graded {g:?}"),
+            }
+        }
     }
 }

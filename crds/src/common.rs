@@ -26,8 +26,9 @@ pub struct SandboxTemplate {
     pub image: String,
     /// Image of the grader container, where the workspace is set up, the pool's prepare steps
     /// run and the evaluator runs (default: `image`). A job whose `evaluator.image` is set runs
-    /// only on a pool whose grader image is that image. Like the harness image, it needs glibc
-    /// and `libgcc_s` for the copied-in `floe` binary.
+    /// only on a pool whose grader image is that image. Any libc: the `floe` image's binary,
+    /// copied in, is static (a `floe` built for glibc, as the tests build it, needs glibc and
+    /// `libgcc_s` here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub grader_image: Option<String>,

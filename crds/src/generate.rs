@@ -73,9 +73,46 @@ pub fn crds_yaml(target: Target) -> Result<String, GenerateError> {
     let mut out = String::from(HEADER);
     for crd in crds(target)? {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd)?);
+        out.push_str(&yaml_read_alike_everywhere(&serde_json::to_value(crd)?)?);
     }
     Ok(out)
+}
+
+/// Words YAML 1.1 reads as booleans. serde_yaml writes YAML 1.2, where they are plain
+/// strings, but kubectl and Helm (go-yaml v2) and PyYAML read YAML 1.1: the enum value `Off`
+/// written bare reached the cluster's schema as `false`, and no job could name it.
+const YAML_1_1_BOOLEANS: &[&str] = &[
+    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off",
+    "OFF",
+];
+
+/// `value` as YAML that YAML 1.1 and 1.2 readers read alike: a string YAML 1.1 would read as
+/// a boolean is written quoted. Each is swapped for a marker before writing and the marker
+/// for the quoted word after (serde_yaml has no quoting option).
+fn yaml_read_alike_everywhere(value: &Value) -> Result<String, GenerateError> {
+    fn mark(value: &mut Value, words: &mut Vec<String>) {
+        match value {
+            Value::String(s) if YAML_1_1_BOOLEANS.contains(&s.as_str()) => {
+                words.push(std::mem::take(s));
+                *s = format!("floe-yaml-quoted-{}-end", words.len() - 1);
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| mark(v, words)),
+            Value::Object(map) => map.values_mut().for_each(|v| mark(v, words)),
+            _ => {}
+        }
+    }
+    let mut marked = value.clone();
+    let mut words = Vec::new();
+    mark(&mut marked, &mut words);
+    let mut text = serde_yaml::to_string(&marked)?;
+    for (i, word) in words.iter().enumerate() {
+        text = text.replacen(
+            &format!("floe-yaml-quoted-{i}-end"),
+            &format!("'{word}'"),
+            1,
+        );
+    }
+    Ok(text)
 }
 
 /// Walk the whole CRD and make its schema acceptable to the target apiserver.
@@ -170,6 +207,25 @@ mod tests {
         assert_eq!(
             crd.spec.names.short_names.as_deref(),
             Some(&["rj".to_string()][..])
+        );
+    }
+
+    #[test]
+    fn words_yaml_1_1_reads_as_booleans_are_written_quoted() {
+        let yaml = crds_yaml(Target::LATEST).expect("yaml");
+        assert!(yaml.contains("- 'Off'"), "the fidelity check's enum");
+        for line in yaml.lines() {
+            let value = line.trim_start().trim_start_matches("- ");
+            let value = value.split_once(": ").map_or(value, |(_, v)| v);
+            assert!(!YAML_1_1_BOOLEANS.contains(&value), "bare in {line:?}");
+        }
+        let back: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&yaml)
+            .map(|d| serde::Deserialize::deserialize(d).expect("a CRD"))
+            .collect();
+        assert_eq!(
+            back,
+            crds(Target::LATEST).expect("crds"),
+            "the same CRDs read back"
         );
     }
 

@@ -62,6 +62,7 @@ pub async fn check_out_in_place(commit: &str, ws: &Path, scratch: &Path) -> Resu
         // A copy checked out elsewhere: the commit's files, untracked ones kept.
         git(ws, &["reset", "-q", "--hard", &sha]).await?;
     }
+    history_shown_as_the_images(ws).await?;
     tracing::info!(commit = %sha, "checked out in place");
     Ok(())
 }
@@ -101,8 +102,19 @@ async fn check_out_from(source: &Path, commit: &str, ws: &Path) -> Result<(), St
     }
     // It names where the commit came from; nothing the agent needs.
     let _ = std::fs::remove_file(ws.join(".git/FETCH_HEAD"));
+    history_shown_as_the_images(ws).await?;
     tracing::info!(commit = %sha, from = %source.display(), working_tree = head == sha, "checked out");
     Ok(())
+}
+
+/// The base commit fetched alone has no parent, so `git show` (which SWE-bench's eval scripts
+/// run before the tests) printed the whole tree as its diff: megabytes of a large repository
+/// in the evaluation's log, past what its grading reads. In the images, with their history,
+/// it prints one commit's change; here it prints the commit alone.
+async fn history_shown_as_the_images(ws: &Path) -> Result<(), String> {
+    git(ws, &["config", "log.showRoot", "false"])
+        .await
+        .map(drop)
 }
 
 /// Whether `patch` applies to the commit of the repository in `dir` (its index, which a
@@ -204,6 +216,8 @@ mod tests {
         assert_eq!(run(&ws, &["tag"]), "");
         assert_eq!(run(&ws, &["remote"]), "");
         assert_eq!(run(&ws, &["status", "--porcelain"]), "");
+        // SWE-bench's eval scripts run `git show`: the commit, not the whole tree as its diff.
+        assert!(!run(&ws, &["show"]).contains("calc.py"), "no root diff");
         let all_objects = run(&ws, &["cat-file", "--batch-all-objects", "--batch-check"]);
         assert!(!all_objects.contains("commit") || all_objects.matches("commit").count() == 1);
     }
@@ -222,6 +236,7 @@ mod tests {
         assert_eq!(run(&src, &["log", "--all", "--format=%s"]), "base");
         assert_eq!(run(&src, &["tag"]), "");
         assert_eq!(run(&src, &["status", "--porcelain"]), "?? _ext.so");
+        assert!(!run(&src, &["show"]).contains("calc.py"), "no root diff");
         assert!(!root.path().join("scratch").exists());
         // A copy at another commit (the fix) gets the base commit's files.
         let (other, base) = repository(&root.path().join("other"));

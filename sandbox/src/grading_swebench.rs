@@ -11,7 +11,7 @@ use floe_crds::swebench::{relocate, EVAL_SCRIPT};
 use crate::children::RunnerConfig;
 use crate::evaluator_run::Evaluator;
 use crate::reward::SweBenchGraded;
-use crate::swebench_grade::Bridge;
+use crate::swebench_grade::{Bridge, CallError};
 use crate::workspace;
 
 /// What grading a SWE-bench instance needs before its evaluator runs.
@@ -69,6 +69,8 @@ impl SweBenchPrepared {
     /// markers the code under test printed, a parser that fails or times out on it) is the
     /// session's 0 when the untouched repository's log is readable (`baseline`: `Some(())`
     /// when it already ran, as in pods, else it runs here), and infrastructure when it is not.
+    /// A bridge that could not be asked at all (its sidecar down) is infrastructure too: the
+    /// log was never read.
     pub async fn verdict(
         &self,
         log: &str,
@@ -80,7 +82,10 @@ impl SweBenchPrepared {
             Some(why) => unread(why),
             None => match self.grade(log).await {
                 Ok(graded) => graded,
-                Err(e) => unread(format!("swebench could not grade the log: {e}")),
+                Err(CallError::Failed(e)) => {
+                    unread(format!("swebench could not grade the log: {e}"))
+                }
+                Err(CallError::Unreachable(e)) => return Err(e),
             },
         };
         if !graded.read && !baseline_ran {
@@ -89,7 +94,7 @@ impl SweBenchPrepared {
         Ok(graded)
     }
 
-    async fn grade(&self, log: &str) -> Result<SweBenchGraded, String> {
+    async fn grade(&self, log: &str) -> Result<SweBenchGraded, CallError> {
         self.bridge.grade(&self.grading, &self.script, log).await
     }
 
@@ -186,6 +191,47 @@ mod tests {
     use serde_json::json;
 
     use crate::reward::{swebench_verdict, EvaluatorFailure, FailureReason, SweBenchGraded};
+
+    fn prepared(bridge: super::Bridge) -> super::SweBenchPrepared {
+        super::SweBenchPrepared {
+            bridge,
+            grading: serde_json::from_value(json!({
+                "instanceId": "acme__calc-1", "repo": "acme/calc", "version": "1.0",
+                "logParser": "parse_log_pytest", "failToPass": ["t::a"], "passToPass": [],
+                "testPatch": "x", "repositoryDirectory": "/testbed"}))
+            .expect("grading"),
+            script: "#!/bin/bash\n".into(),
+            relocated: String::new(),
+        }
+    }
+
+    /// A grading sidecar that is down (or no such Python) never read the log: infrastructure,
+    /// never the session's 0. A bridge that ran and could not grade (a parser failing on what
+    /// the code under test printed) is the session's, once the baseline reads.
+    #[tokio::test]
+    async fn a_bridge_that_cannot_be_asked_is_infrastructure_not_the_sessions_zero() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/", closed.local_addr().expect("addr"));
+        drop(closed);
+        for bridge in [
+            super::Bridge::Url {
+                url,
+                token: "t".into(),
+            },
+            super::Bridge::Python("/nonexistent/python".into()),
+        ] {
+            let baseline_read = async { Ok::<(), String>(()) };
+            let verdict = prepared(bridge.clone())
+                .verdict("log", true, baseline_read)
+                .await;
+            assert!(verdict.is_err(), "{bridge:?}: {verdict:?}");
+        }
+        let failing = prepared(super::Bridge::Python("/bin/false".into()));
+        let verdict = failing
+            .verdict("log", true, async { Ok::<(), String>(()) })
+            .await;
+        assert!(matches!(verdict, Ok(ref g) if !g.read), "{verdict:?}");
+    }
 
     /// swebench's answer for a log with `f2p` of 2 FAIL_TO_PASS and `p2p` of 1 PASS_TO_PASS passing.
     fn graded(f2p: usize, p2p: usize) -> SweBenchGraded {

@@ -22,16 +22,31 @@ def answer(value):
 UNITTEST_SUMMARY = re.compile(r"^(?:FAIL|ERROR): (\S+) \(([^()\s]+)\)")
 
 
+def tested_section(parser, log, spec, start, end):
+    """The part of the log swebench reads results from (`get_logs_eval`): between its markers,
+    or the whole log when that part reports none. What the eval script prints before the tests
+    (`git show`: the base commit's message) is no test's result."""
+    if start in log and end in log:
+        sliced = log.split(start)[1].split(end)[0]
+        try:
+            if parser(sliced, spec):
+                return sliced
+        except Exception:  # noqa: BLE001 - swebench would fall back to the whole log too
+            pass
+    return log
+
+
 def reported_failing(parser, log, spec):
     """The tests some line of the log reports failing (and, for unittest's summary lines,
-    under the `name (Class)` key its result lines use), sorted."""
+    under the `name (Class)` key result lines use before Python 3.11 and the
+    `name (Class.name)` one they use since), sorted."""
     failing = set()
     for line in log.splitlines():
         summary = UNITTEST_SUMMARY.match(line.strip())
         if summary:
             name, where = summary.groups()
-            where = where.removesuffix("." + name)
             failing.add(f"{name} ({where})")
+            failing.add(f"{name} ({where.removesuffix('.' + name)})")
         try:
             statuses = parser(line, spec) or {}
         except Exception:  # noqa: BLE001 - a parser that needs more than one line
@@ -49,7 +64,11 @@ def main():
             compute_pass_to_pass,
             get_eval_report,
         )
-        from swebench.harness.constants import TestStatus
+        from swebench.harness.constants import (
+            END_TEST_OUTPUT,
+            START_TEST_OUTPUT,
+            TestStatus,
+        )
         from swebench.harness.log_parsers import PARSER_REGISTRY
         from swebench.harness.utils import make_test_spec
     except Exception as e:  # noqa: BLE001 - any import failure is the same answer
@@ -74,7 +93,8 @@ def main():
     # error is PASSED and ERROR; jest: one title in two files): that fails the test, never the
     # whole log.
     parser = PARSER_REGISTRY[instance["log_parser"]]
-    failing = reported_failing(parser, request["log"], spec)
+    tested = tested_section(parser, request["log"], spec, START_TEST_OUTPUT, END_TEST_OUTPUT)
+    failing = reported_failing(parser, tested, spec)
     if failing:
 
         def strict(log, test_spec):

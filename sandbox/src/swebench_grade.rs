@@ -24,6 +24,35 @@ const BRIDGE: &str = include_str!("swebench_grade.py");
 /// How long one call may take (the import is about a second; a log of 16 MiB a few more).
 const CALL_DEADLINE: Duration = Duration::from_secs(300);
 
+/// How long a pod's runner waits for its grading sidecar: past the sidecar's own deadline, so
+/// that a log its parser cannot finish is answered as such (the session's), not taken for a
+/// sidecar that does not answer (infrastructure).
+const SIDECAR_DEADLINE: Duration = Duration::from_secs(330);
+
+/// Calls of the sidecar before it is taken for gone ([`call_sidecar`]), and the wait between
+/// them once a call under way failed.
+const SIDECAR_TRIES: usize = 6;
+const SIDECAR_RESTART: Duration = Duration::from_secs(5);
+
+/// A call of the bridge that gave no verdict.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The bridge could not be asked (no such Python, its sidecar down or answering an HTTP
+    /// error): nothing the session did. Graded as infrastructure, never as the session's 0.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The bridge was asked and could not grade (a parser failing or out of time on the log,
+    /// swebench refusing the instance): what the log made of it.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<CallError> for String {
+    fn from(e: CallError) -> String {
+        e.to_string()
+    }
+}
+
 /// The instance as swebench's `make_test_spec` reads it.
 fn instance(grading: &SweBenchGrading, eval_script: &str) -> serde_json::Value {
     json!({
@@ -58,7 +87,8 @@ impl Bridge {
     ) -> Result<String, String> {
         let answer = self
             .call(json!({"do": "script", "instance": instance(grading, script)}))
-            .await?;
+            .await
+            .map_err(String::from)?;
         answer["eval_script"]
             .as_str()
             .map(str::to_string)
@@ -71,49 +101,85 @@ impl Bridge {
         grading: &SweBenchGrading,
         script: &str,
         log: &str,
-    ) -> Result<SweBenchGraded, String> {
+    ) -> Result<SweBenchGraded, CallError> {
         let answer = self
             .call(json!({"do": "grade", "instance": instance(grading, script), "log": log}))
             .await?;
-        SweBenchGraded::from_report(&answer)
+        SweBenchGraded::from_report(&answer).map_err(CallError::Failed)
     }
 
-    async fn call(&self, request: serde_json::Value) -> Result<serde_json::Value, String> {
+    async fn call(&self, request: serde_json::Value) -> Result<serde_json::Value, CallError> {
         match self {
-            Self::Python(python) => call(python, request).await,
-            Self::Url { url, token } => {
-                let client = reqwest::Client::builder()
-                    .no_proxy()
-                    .build()
-                    .map_err(|e| format!("SWE-bench grading at {url}: {e}"))?;
-                let answer: serde_json::Value = client
-                    .post(url)
-                    .bearer_auth(token)
-                    .json(&request)
-                    .timeout(CALL_DEADLINE)
-                    .send()
-                    .await
-                    .and_then(|r| r.error_for_status())
-                    .map_err(|e| format!("SWE-bench grading at {url}: {e}"))?
-                    .json()
-                    .await
-                    .map_err(|e| format!("SWE-bench grading at {url}: {e}"))?;
-                answered(answer)
-            }
+            Self::Python(python) => call_python(python, request).await,
+            Self::Url { url, token } => call_sidecar(url, token, &request).await,
         }
     }
 }
 
+/// One call of a pod's grading sidecar. It could not be asked (no connection, or it answered
+/// an HTTP error: 503 when its own Python could not run, 401 for a wrong token): the log was
+/// never read, infrastructure. A call that fails once under way (the sidecar died, perhaps of
+/// the log: a hostile one is sent whole) is made again once its sidecar is back; failing so a
+/// second time, the log is its cause, and it gets no verdict (the session's 0), never a retry
+/// of the session the agent could buy that way.
+async fn call_sidecar(
+    url: &str,
+    token: &str,
+    request: &serde_json::Value,
+) -> Result<serde_json::Value, CallError> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| CallError::Unreachable(format!("SWE-bench grading at {url}: {e}")))?;
+    let mut failed_under_way = 0;
+    let mut last = String::new();
+    for _ in 0..SIDECAR_TRIES {
+        let sent = client
+            .post(url)
+            .bearer_auth(token)
+            .json(request)
+            .timeout(SIDECAR_DEADLINE)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status());
+        let answer = match sent {
+            Ok(r) => r.json::<serde_json::Value>().await,
+            Err(e) => Err(e),
+        };
+        let e = match answer {
+            Ok(answer) => return answered(answer),
+            Err(e) => e,
+        };
+        last = format!("SWE-bench grading at {url}: {e}");
+        if e.is_connect() || e.is_status() || e.is_builder() {
+            if failed_under_way == 0 {
+                return Err(CallError::Unreachable(last));
+            }
+            // Down since a call under way failed: give it the time a restart takes.
+            tokio::time::sleep(SIDECAR_RESTART).await;
+            continue;
+        }
+        failed_under_way += 1;
+        if failed_under_way == 2 {
+            return Err(CallError::Failed(format!("{last} (twice on this log)")));
+        }
+    }
+    Err(CallError::Unreachable(last))
+}
+
 /// The bridge's answer, or the error it answered (`{"error": …}`).
-fn answered(answer: serde_json::Value) -> Result<serde_json::Value, String> {
+fn answered(answer: serde_json::Value) -> Result<serde_json::Value, CallError> {
     match answer.get("error").and_then(|e| e.as_str()) {
-        Some(error) => Err(error.to_string()),
+        Some(error) => Err(CallError::Failed(error.to_string())),
         None => Ok(answer),
     }
 }
 
 /// One call of the bridge with `python` (what `floe swebench-bridge` serves).
-pub async fn call(python: &Path, request: serde_json::Value) -> Result<serde_json::Value, String> {
+pub async fn call_python(
+    python: &Path,
+    request: serde_json::Value,
+) -> Result<serde_json::Value, CallError> {
     let mut cmd = tokio::process::Command::new(python);
     cmd.args(["-I", "-c", BRIDGE])
         .stdin(Stdio::piped())
@@ -124,8 +190,8 @@ pub async fn call(python: &Path, request: serde_json::Value) -> Result<serde_jso
         crate::process::output_with_input(cmd, request.to_string().into_bytes()),
     )
     .await
-    .map_err(|_| format!("SWE-bench grading took over {CALL_DEADLINE:?}"))?
-    .map_err(|e| format!("SWE-bench grading: {}: {e}", python.display()))?;
+    .map_err(|_| CallError::Failed(format!("SWE-bench grading took over {CALL_DEADLINE:?}")))?
+    .map_err(|e| CallError::Unreachable(format!("SWE-bench grading: {}: {e}", python.display())))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         let tail: String = stderr
@@ -136,9 +202,57 @@ pub async fn call(python: &Path, request: serde_json::Value) -> Result<serde_jso
             .into_iter()
             .rev()
             .collect();
-        return Err(format!("SWE-bench grading failed ({}): {tail}", out.status));
+        return Err(CallError::Failed(format!(
+            "SWE-bench grading failed ({}): {tail}",
+            out.status
+        )));
     }
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("SWE-bench grading answered no JSON ({e}): {stderr}"))?;
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        CallError::Failed(format!(
+            "SWE-bench grading answered no JSON ({e}): {stderr}"
+        ))
+    })?;
     answered(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sidecar that takes each call and drops it under way (dying of the log, say): asked
+    /// again once, then the log is its cause: no verdict, never the infrastructure retry an
+    /// agent could buy with a log that kills it. One that is not there at all is
+    /// infrastructure at once.
+    #[tokio::test]
+    async fn a_sidecar_that_fails_under_way_twice_gives_no_verdict_one_not_there_is_infrastructure()
+    {
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}/", listener.local_addr().expect("its address"));
+        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = taken.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut head = [0u8; 256];
+                let _ = stream.read(&mut head).await;
+                drop(stream);
+            }
+        });
+        let request = json!({"do": "grade"});
+        match call_sidecar(&url, "t", &request).await {
+            Err(CallError::Failed(e)) => assert!(e.contains("twice"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let gone = format!("http://{}/", closed.local_addr().expect("addr"));
+        drop(closed);
+        assert!(matches!(
+            call_sidecar(&gone, "t", &request).await,
+            Err(CallError::Unreachable(_))
+        ));
+    }
 }

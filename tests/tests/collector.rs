@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use floe_tests::operator::eventually_every;
-use floe_tests::toy_task::{default_evaluator, run_session_to, FIX, WRONG};
+use floe_tests::toy_task::{default_evaluator, run_session_edited, FIX, WRONG};
 use floe_tests::{floe_bin, ScriptedUpstream, Step};
 use serde_json::{json, Value};
 
@@ -62,17 +62,18 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     let mut collector = start(&dir, port).await?;
     let url = format!("http://127.0.0.1:{port}/v1/trajectories");
     let pi = json!({"preset": "pi", "api": "openai-chat", "settings": {"contextWindow": 200000}});
-    for (name, edit) in [("col-fix", FIX), ("col-wrong", WRONG)] {
+    for (sample, (name, edit)) in [("col-fix", FIX), ("col-wrong", WRONG)]
+        .into_iter()
+        .enumerate()
+    {
         let upstream =
             ScriptedUpstream::start(vec![Step::Shell(edit.into()), Step::Say("Done.".into())])
                 .await?;
-        let run = run_session_to(
-            name,
-            &pi,
-            &upstream.url,
-            &default_evaluator(),
-            Some(json!({"kind": "trainer", "url": url, "token": TOKEN})),
-        )
+        // Two samples of the task: the collector keeps one scored record per sample.
+        let run = run_session_edited(name, &pi, &upstream.url, &default_evaluator(), |a| {
+            a["sink"] = json!({"kind": "trainer", "url": url, "token": TOKEN});
+            a["sample"] = json!(sample);
+        })
         .await?;
         assert_eq!(run.summary["shipment"], "shipped", "{}", run.summary);
         assert_eq!(run.summary["trajectory"], url.as_str());
@@ -124,6 +125,28 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     // A repeat (a gateway retrying after a lost reply) is 409, which the sink counts as done.
     let again = http.post(&url).json(&accepted).send().await?;
     assert_eq!(again.status(), 409);
+    // Another attempt of a scored sample (the operator retried a pod it counted lost, whose
+    // gateway shipped attempt 0 as it drained): one record per sample, or the task has
+    // numSamples + 1 and the summary disagrees with the job's counts.
+    let mut retried = accepted.clone();
+    retried["session"] = json!("col-fix-r1");
+    let twice = http.post(&url).json(&retried).send().await?;
+    assert_eq!(twice.status(), 409);
+    assert!(!dir.join("accepted/col-fix-r1.json").exists());
+    // An infrastructure failure blocks nothing: its retry's scored record is kept.
+    let mut failed = accepted.clone();
+    failed["session"] = json!("col-other");
+    failed["sample"] = json!(7);
+    failed["trainable"] = json!(false);
+    failed["reward"] = Value::Null;
+    failed["status"] = json!("error");
+    assert_eq!(http.post(&url).json(&failed).send().await?.status(), 200);
+    let mut redone = accepted.clone();
+    redone["session"] = json!("col-other-r1");
+    redone["sample"] = json!(7);
+    assert_eq!(http.post(&url).json(&redone).send().await?.status(), 200);
+    // A write a crash cut short is no record.
+    std::fs::write(dir.join("accepted/col-cut.json.tmp"), "{")?;
     // Bad bodies get a 4xx that says why, in the collector's JSON shape.
     let bad = http.post(&url).body("{\"format\": 1}").send().await?;
     assert_eq!(bad.status(), 400);
@@ -150,8 +173,13 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
         assert_eq!(written["sessions"], record["sessions"]);
         assert_eq!(
             written["dataset"],
-            json!({"file": "dataset.jsonl", "accepted": 1, "rejected": 1, "acceptanceRate": 0.5})
+            json!({"file": "dataset.jsonl", "accepted": 2, "rejected": 2, "acceptanceRate": 0.5})
         );
+        // The dataset the job leaves is what accepted/ holds, whole.
+        let lines = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
+        assert_eq!(lines.lines().count(), 2, "{lines}");
+        // An append that failed part-way tore it: the finish writes it whole again.
+        std::fs::write(dir.join("dataset.jsonl"), format!("{lines}{{\"torn"))?;
     }
     let bad = http.post(&finish).body("[1]").send().await?;
     assert_eq!(bad.status(), 400);
@@ -166,7 +194,9 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     let rebuilt = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
     let line: Value = serde_json::from_str(rebuilt.lines().next().context("a line")?)?;
     assert_eq!(line["session"], "col-fix");
-    assert_eq!(rebuilt.lines().count(), 1);
+    assert_eq!(rebuilt.lines().count(), 2);
+    // The restarted collector still knows which samples it has.
+    assert_eq!(http.post(&url).json(&retried).send().await?.status(), 409);
     drop(collector);
     Ok(())
 }

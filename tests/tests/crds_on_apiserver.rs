@@ -127,6 +127,13 @@ async fn floe_crds_piped_into_kubectl_apply() -> Result<()> {
     );
     assert!(stdout.contains("gatewaypools.floe.dev"), "{stdout}");
     assert!(stdout.contains("rolloutjobs.floe.dev"), "{stdout}");
+    // kubectl reads YAML 1.1, where a bare `Off` is `false`: the enum must reach the cluster
+    // as the word it names (written bare, no job could ever say `action: "Off"`).
+    let got = c.kubectl(&["get", "crd", "rolloutjobs.floe.dev", "-o", "json"], None)?;
+    let crd: serde_json::Value = serde_json::from_slice(&got.stdout)?;
+    let action = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["train"]["properties"]["fidelityCheck"]["properties"]["action"];
+    assert_eq!(action["enum"], json!(["Fail", "Warn", "Off"]), "{action}");
     Ok(())
 }
 

@@ -439,5 +439,43 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         let graded = graded.map_err(anyhow::Error::msg)?;
         assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
     }
+    // Since Python 3.11 the result lines name a test `test_x (m.C.test_x)`, as newer
+    // instances' lists do: the summary's failure must stick under that name too.
+    let grading_311: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "django__django-2", "repo": "django/django", "version": "4.0",
+        "logParser": "parse_log_django", "failToPass": ["test_x (m.C.test_x)"],
+        "passToPass": ["test_y (m.C.test_y)"], "testPatch": "x",
+        "repositoryDirectory": "/testbed"}))?;
+    let forged = format!(
+        "test_x (m.C.test_x) ... output\nFAIL\ntest_y (m.C.test_y) ... ok\n{failed}\
+         test_x (m.C.test_x) ... ok\n"
+    );
+    let graded = bridge
+        .grade(&grading_311, "#!/bin/bash\n", &log(&forged, 1))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!(
+        (graded.read, graded.resolved),
+        (true, false),
+        "Python 3.11 names"
+    );
+    // What the eval script prints before the tests (`git show`: the base commit's message,
+    // indented) is no test's result: a message quoting a failure fails nothing.
+    let honest = format!(
+        "+ git show\n    FAIL: test_y (m.C)\n{}",
+        log(
+            "test_x (m.C) ... ok\ntest_y (m.C) ... ok\nRan 2 tests\nOK\n",
+            0
+        )
+    );
+    let graded = bridge
+        .grade(&grading, "#!/bin/bash\n", &honest)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!(
+        (graded.read, graded.resolved),
+        (true, true),
+        "a quoted failure"
+    );
     Ok(())
 }

@@ -30,6 +30,11 @@ class Metrics:
         self.version = Gauge(
             "floe_trainer_policy_version", "Weights version vLLM serves", registry=r
         )
+        self.replay_unreadable = Gauge(
+            "floe_trainer_replay_unreadable",
+            "Stored trajectories this trainer's start could not replay (sessions lost)",
+            registry=r,
+        )
         self.loss = Gauge("floe_trainer_loss", "Policy loss of the last step", registry=r)
         self.reward = Gauge(
             "floe_trainer_reward_mean", "Mean reward of the last step's groups", registry=r

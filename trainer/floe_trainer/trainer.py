@@ -665,6 +665,9 @@ class Trainer:
         (counted as ``invalid``, the alert ``FloeTrainerSessionsLost``), the rest replays."""
         log.error("cannot replay %s (%s): its session is left out", path, error)
         self.ingest.counts["invalid"] += 1
+        # Counted before the first scrape of a new pod, the counter starts at 1 there, which
+        # no ``increase()`` sees: a gauge says it (``FloeTrainerSessionsLost``).
+        self.metrics.replay_unreadable.inc()
 
     def add(self, t: Trajectory) -> None:
         with self.lock:
@@ -767,6 +770,9 @@ class Trainer:
                 # A ruling told again, or the session's own trajectory came: that stands. Its
                 # group needs no more of it, unless that trajectory was one it dropped (then
                 # the sample will not arrive).
+                if agent_fault is None:
+                    # Not the agent's doing: its snapshot will never train.
+                    self.ingest.store.drop_partial(session)
                 self.ingest.store.put_failure(group, sample)
                 with self.lock:
                     self.buffer.sample_failed(group, sample, time.time())
@@ -977,7 +983,8 @@ class Trainer:
                 state,
                 **saved,
                 seen_sessions=sorted(self.seen),
-                settled_sessions=sorted(self.settled | settled),
+                # Those not in ``trained_sessions`` already (a restart skips both).
+                settled_sessions=sorted((self.settled | settled) - set(state.trained_sessions)),
             )
         checkpoint.save(
             self.ckpt_dir, self.model, weights, optimizer, state, self.cfg.checkpoint_keep
@@ -990,6 +997,10 @@ class Trainer:
                 self.group_of.pop(session, None)
         try:
             self.store.drop_failures(closed)
+            # An untrainable trajectory keeps its session's snapshot for a ruling (the agent's
+            # fault); its group closed, none will come.
+            for session in settled:
+                self.store.drop_partial(session)
         except OSError as e:
             log.warning("cannot forget the failures of closed groups: %s", e)
 

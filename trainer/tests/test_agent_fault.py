@@ -198,7 +198,7 @@ def test_a_ruling_heard_after_the_gateway_drained_still_scores_the_agents_loss(t
     assert trainer.ingest.handle(sample("s-2", 2, 1.0))[0] == 200
     assert partial(trainer, "s-1", 1, 2)[0] == 200
     drained = json.loads(sample("s-1", 1, None, 2))
-    drained["status"] = "infra_error"
+    drained["status"] = "error"
     assert trainer.ingest.handle(json.dumps(drained).encode())[0] == 200
     assert trainer.run_once() is None, "no sample yet"
     got = trainer.sample_failed("j/t", 1, "s-1", "the grader ran out of memory")
@@ -217,3 +217,4 @@ def test_an_infrastructure_failure_ruled_so_keeps_its_untrainable_trajectory(tmp
     assert trainer.ingest.handle(json.dumps(drained).encode())[0] == 200
     assert trainer.sample_failed("j/t", 1, "s-1") == {"known": True, "session": "s-1"}
     assert trainer.buffer.dropped["failed"] == 1, "its group goes on without it"
+    assert not (tmp_path / "state/ingest/partial/s-1.json").exists(), "nothing to score it"

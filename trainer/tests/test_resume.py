@@ -241,5 +241,6 @@ def test_a_stored_trajectory_that_cannot_be_read_is_left_out_and_counted(tmp_pat
     (tmp_path / "state/ingest/j-a-1.json").write_text('{"torn": ')
 
     again = start(tmp_path, vllm, numSamples=2)
-    assert again.ingest.counts["invalid"] == 1, "a lost session (FloeTrainerSessionsLost)"
+    assert again.ingest.counts["invalid"] == 1, "a lost session"
+    assert again.metrics.replay_unreadable._value.get() == 1, "FloeTrainerSessionsLost"
     assert list(again.buffer.pending["j/a"].by_sample) == [0]

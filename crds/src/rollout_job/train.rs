@@ -135,7 +135,8 @@ fn default_every_steps() -> i32 {
 #[serde(rename_all = "camelCase")]
 pub struct FidelityCheckSpec {
     /// `Fail` (default): beyond `maxMismatch` the run stops before any session, saying so in
-    /// one line; `Warn`: the line is logged and the run goes on; `Off`: no check.
+    /// one line; `Warn`: the line is logged and the run goes on; `Off`: no check (quoted in
+    /// YAML, `"Off"`: kubectl reads a bare `Off` as `false`, which the schema refuses).
     #[serde(default)]
     pub action: FidelityAction,
     /// Mean absolute difference per sampled token between the trainer's log-probs and vLLM's,

@@ -5,10 +5,15 @@
 //! (`accepted/<session>.json` or `rejected/<session>.json`, fsynced) and collected into
 //! `dataset.jsonl` (accepted only, one trajectory per line, rebuilt from `accepted/` at start
 //! so a crash between the two writes cannot leave them disagreeing). When the job finished, the
-//! operator posts its summary to `POST /v1/finish`, written as `summary.json`. With a token
+//! operator posts its summary to `POST /v1/finish`, written as `summary.json` (after
+//! `dataset.jsonl` is rebuilt once more: an append that failed part-way may have torn it). One
+//! scored record per sample: a retried session's earlier attempt that arrives too (its pod
+//! drained after the operator counted it lost) is a repeat, 409; an untrainable one (the
+//! infrastructure failure the retry is for) blocks nothing. With a token
 //! (the job's ingest token), both posts need it as a bearer token: the sandbox pods reach this
 //! port, and an agent shares its pod's network with the gateway.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -36,8 +41,33 @@ pub struct Collector {
     min_reward: Option<f64>,
     http: reqwest::Client,
     /// One ingest at a time: the existence check, the write and the append are one step.
-    lock: Mutex<()>,
+    /// Under it, the (group, sample) of every scored (trainable) record kept.
+    lock: Mutex<HashSet<(String, u32)>>,
     token: Option<String>,
+}
+
+/// What names a record's sample (the rest of the trajectory is not needed for that).
+#[derive(serde::Deserialize)]
+struct SampleOf {
+    group: String,
+    sample: u32,
+    #[serde(default)]
+    trainable: bool,
+}
+
+/// The records kept under `dir`'s `accepted/` and `rejected/` (their `*.json`: a `.tmp` is a
+/// write a crash cut short).
+fn records(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for sub in ["accepted", "rejected"] {
+        for entry in std::fs::read_dir(dir.join(sub))? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|x| x == "json") {
+                out.push(path);
+            }
+        }
+    }
+    Ok(out)
 }
 
 impl Collector {
@@ -46,11 +76,22 @@ impl Collector {
         std::fs::create_dir_all(dir.join("accepted")).map_err(io)?;
         std::fs::create_dir_all(dir.join("rejected")).map_err(io)?;
         rebuild_dataset(dir).map_err(io)?;
+        let mut samples = HashSet::new();
+        for record in records(dir).map_err(io)? {
+            let read = std::fs::read(&record).map_err(io)?;
+            match serde_json::from_slice::<SampleOf>(&read) {
+                Ok(s) if s.trainable => {
+                    samples.insert((s.group, s.sample));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(record = %record.display(), "unreadable record: {e}"),
+            }
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             min_reward,
             http: reqwest::Client::new(),
-            lock: Mutex::new(()),
+            lock: Mutex::new(samples),
             token: None,
         })
     }
@@ -100,9 +141,20 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
             ),
         );
     }
-    let _one = c.lock.lock().await;
+    let mut samples = c.lock.lock().await;
     if c.seen(&trajectory.session) {
         return refuse(StatusCode::CONFLICT, "already collected");
+    }
+    let sample = (trajectory.group.clone(), trajectory.sample);
+    let trainable = trajectory.trainable;
+    if samples.contains(&sample) {
+        return refuse(
+            StatusCode::CONFLICT,
+            format!(
+                "already collected: sample {} of group {} (another attempt's session)",
+                sample.1, sample.0
+            ),
+        );
     }
     let session = trajectory.session.clone();
     let entry = SpoolEntry {
@@ -118,10 +170,14 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
         Err(DeliveryError::Retry(e)) => return refuse(StatusCode::SERVICE_UNAVAILABLE, e.message),
         Err(DeliveryError::Permanent(e)) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, e),
     }
+    if trainable {
+        samples.insert(sample);
+    }
     let accepted = c.dir.join("accepted").join(format!("{session}.json"));
     if accepted.exists() {
         if let Err(e) = append_line(&c.dir.join("dataset.jsonl"), &accepted) {
-            // The per-session file is the record; the next start rebuilds dataset.jsonl.
+            // The per-session file is the record; the finish and the next start rebuild
+            // dataset.jsonl from the records.
             tracing::error!(%session, "dataset.jsonl: {e}");
         }
         return (
@@ -137,6 +193,8 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
         .into_response()
 }
 
+/// One line more, or none: an append that fails part-way (a full disk) is cut back to where
+/// it began, so no later line joins a torn one (cutting back needs no space).
 fn append_line(dataset: &Path, record: &Path) -> std::io::Result<()> {
     use std::io::Write;
     let text = std::fs::read(record)?;
@@ -144,20 +202,26 @@ fn append_line(dataset: &Path, record: &Path) -> std::io::Result<()> {
         .create(true)
         .append(true)
         .open(dataset)?;
-    f.write_all(text.trim_ascii())?;
-    f.write_all(b"\n")?;
-    f.sync_data()
+    let began = f.metadata()?.len();
+    let written = f
+        .write_all(text.trim_ascii())
+        .and_then(|()| f.write_all(b"\n"))
+        .and_then(|()| f.sync_data());
+    if written.is_err() {
+        let _ = f.set_len(began);
+    }
+    written
 }
 
 impl Collector {
     /// Trajectories collected so far: (accepted, rejected).
     fn counts(&self) -> (usize, usize) {
-        let count = |sub: &str| {
-            std::fs::read_dir(self.dir.join(sub))
-                .map(|d| d.count())
-                .unwrap_or(0)
-        };
-        (count("accepted"), count("rejected"))
+        let records = records(&self.dir).unwrap_or_default();
+        let accepted = records
+            .iter()
+            .filter(|p| p.parent().is_some_and(|d| d.ends_with("accepted")))
+            .count();
+        (accepted, records.len() - accepted)
     }
 }
 
@@ -182,6 +246,13 @@ async fn finish(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
         };
     // After every ingest already answered: the counts include them.
     let _one = c.lock.lock().await;
+    // The dataset the job leaves is what `accepted/` holds, whatever an append that failed on
+    // the way left out. A rebuild that fails (a full disk) leaves it as it is, said in the
+    // summary: the records are the dataset.
+    let rebuilt = rebuild_dataset(&c.dir);
+    if let Err(e) = &rebuilt {
+        tracing::error!("rebuilding dataset.jsonl: {e}");
+    }
     let (accepted, rejected) = c.counts();
     let seen = accepted + rejected;
     summary.insert(
@@ -193,6 +264,14 @@ async fn finish(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
             "acceptanceRate": if seen == 0 { 0.0 } else { accepted as f64 / seen as f64 },
         }),
     );
+    if let Err(e) = rebuilt {
+        summary.insert(
+            "datasetNotRebuilt".into(),
+            json!(format!(
+                "{e}: dataset.jsonl may lack lines; accepted/ holds every record"
+            )),
+        );
+    }
     let summary = serde_json::Value::Object(summary);
     let text = match serde_json::to_vec_pretty(&summary) {
         Ok(t) => t,

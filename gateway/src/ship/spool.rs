@@ -182,7 +182,30 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), SpoolError> {
     let mut file = std::fs::File::create(&tmp).map_err(io)?;
     file.write_all(bytes).map_err(io)?;
     file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    std::fs::rename(&tmp, path).map_err(io)?;
+    // In place already: a directory that cannot be synced is said, not a failed write.
+    if let Err(e) = sync_parent(path) {
+        tracing::warn!(path = %path.display(), "cannot sync the directory of the rename: {e}");
+    }
+    Ok(())
+}
+
+/// The rename lives in the directory: without its own sync a power loss may undo it (the
+/// trajectory acknowledged, then gone). A file system that cannot sync a directory (some
+/// network and FUSE ones refuse) has nothing more to do.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    match std::fs::File::open(dir)?.sync_all() {
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
+        done => done,
+    }
 }
 
 /// `path` = the given JSON files, one compact line each, in the order given, written like
@@ -201,6 +224,7 @@ pub fn write_jsonl_durably(path: &Path, files: &[PathBuf]) -> std::io::Result<u6
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;
+    sync_parent(path)?;
     Ok(files.len() as u64)
 }
 
