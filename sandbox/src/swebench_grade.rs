@@ -29,11 +29,6 @@ const CALL_DEADLINE: Duration = Duration::from_secs(300);
 /// sidecar that does not answer (infrastructure).
 const SIDECAR_DEADLINE: Duration = Duration::from_secs(330);
 
-/// Calls of the sidecar before it is taken for gone ([`call_sidecar`]), and the wait between
-/// them once a call under way failed.
-const SIDECAR_TRIES: usize = 6;
-const SIDECAR_RESTART: Duration = Duration::from_secs(5);
-
 /// A call of the bridge that gave no verdict.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {
@@ -118,10 +113,11 @@ impl Bridge {
 
 /// One call of a pod's grading sidecar. It could not be asked (no connection, or it answered
 /// an HTTP error: 503 when its own Python could not run, 401 for a wrong token): the log was
-/// never read, infrastructure. A call that fails once under way (the sidecar died, perhaps of
-/// the log: a hostile one is sent whole) is made again once its sidecar is back; failing so a
-/// second time, the log is its cause, and it gets no verdict (the session's 0), never a retry
-/// of the session the agent could buy that way.
+/// never read, infrastructure. A call that fails under way (the connection dropped) is made
+/// once more; failing again in any way, the log is its cause: the sidecar is not restarted
+/// (the pod's containers run once), so one that died of the log (a parser out of memory
+/// takes its whole container) is gone, and a retry of the session is what the agent would
+/// buy with such a log. No verdict then: the session's 0.
 async fn call_sidecar(
     url: &str,
     token: &str,
@@ -131,9 +127,7 @@ async fn call_sidecar(
         .no_proxy()
         .build()
         .map_err(|e| CallError::Unreachable(format!("SWE-bench grading at {url}: {e}")))?;
-    let mut failed_under_way = 0;
-    let mut last = String::new();
-    for _ in 0..SIDECAR_TRIES {
+    let send = || async {
         let sent = client
             .post(url)
             .bearer_auth(token)
@@ -142,29 +136,26 @@ async fn call_sidecar(
             .send()
             .await
             .and_then(|r| r.error_for_status());
-        let answer = match sent {
+        match sent {
             Ok(r) => r.json::<serde_json::Value>().await,
             Err(e) => Err(e),
-        };
-        let e = match answer {
-            Ok(answer) => return answered(answer),
-            Err(e) => e,
-        };
-        last = format!("SWE-bench grading at {url}: {e}");
-        if e.is_connect() || e.is_status() || e.is_builder() {
-            if failed_under_way == 0 {
-                return Err(CallError::Unreachable(last));
-            }
-            // Down since a call under way failed: give it the time a restart takes.
-            tokio::time::sleep(SIDECAR_RESTART).await;
-            continue;
         }
-        failed_under_way += 1;
-        if failed_under_way == 2 {
-            return Err(CallError::Failed(format!("{last} (twice on this log)")));
+    };
+    let first = match send().await {
+        Ok(answer) => return answered(answer),
+        Err(e) if e.is_connect() || e.is_status() || e.is_builder() => {
+            return Err(CallError::Unreachable(format!(
+                "SWE-bench grading at {url}: {e}"
+            )))
         }
+        Err(e) => e,
+    };
+    match send().await {
+        Ok(answer) => answered(answer),
+        Err(e) => Err(CallError::Failed(format!(
+            "SWE-bench grading at {url} failed under way ({first}), then: {e}"
+        ))),
     }
-    Err(CallError::Unreachable(last))
 }
 
 /// The bridge's answer, or the error it answered (`{"error": …}`).
@@ -219,34 +210,38 @@ pub async fn call_python(
 mod tests {
     use super::*;
 
-    /// A sidecar that takes each call and drops it under way (dying of the log, say): asked
-    /// again once, then the log is its cause: no verdict, never the infrastructure retry an
-    /// agent could buy with a log that kills it. One that is not there at all is
+    /// A sidecar that drops a call under way (dying of the log, say), then is gone: no verdict,
+    /// never the infrastructure retry an agent could buy with a log that kills it. One that
+    /// drops every call: the same after a second try. One that is not there at all is
     /// infrastructure at once.
     #[tokio::test]
-    async fn a_sidecar_that_fails_under_way_twice_gives_no_verdict_one_not_there_is_infrastructure()
-    {
+    async fn a_sidecar_that_fails_under_way_gives_no_verdict_one_not_there_is_infrastructure() {
         use tokio::io::AsyncReadExt as _;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let url = format!("http://{}/", listener.local_addr().expect("its address"));
-        let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = taken.clone();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let mut head = [0u8; 256];
-                let _ = stream.read(&mut head).await;
-                drop(stream);
-            }
-        });
         let request = json!({"do": "grade"});
-        match call_sidecar(&url, "t", &request).await {
-            Err(CallError::Failed(e)) => assert!(e.contains("twice"), "{e}"),
-            other => panic!("{other:?}"),
+        for calls_taken in [1, 2] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a port");
+            let url = format!("http://{}/", listener.local_addr().expect("its address"));
+            let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let count = taken.clone();
+            tokio::spawn(async move {
+                for _ in 0..calls_taken {
+                    let Ok((mut stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let mut head = [0u8; 256];
+                    let _ = stream.read(&mut head).await;
+                }
+                // Gone: the listener closes with this task.
+            });
+            match call_sidecar(&url, "t", &request).await {
+                Err(CallError::Failed(e)) => assert!(e.contains("under way"), "{e}"),
+                other => panic!("{calls_taken}: {other:?}"),
+            }
+            assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), calls_taken);
         }
-        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 2);
         let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let gone = format!("http://{}/", closed.local_addr().expect("addr"));
         drop(closed);

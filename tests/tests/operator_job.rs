@@ -3253,6 +3253,7 @@ async fn a_train_job_suspended_after_it_started_frees_its_trainer_and_makes_it_a
     for (name, checkpoint) in [
         ("kept", None),
         ("freed", Some(json!({"claimName": "freed-state"}))),
+        ("stuck", Some(json!({"claimName": "stuck-state"}))),
     ] {
         let mut spec = job(name, &["a"], 2, json!({}))?;
         spec.spec.sft = None;
@@ -3273,10 +3274,23 @@ async fn a_train_job_suspended_after_it_started_frees_its_trainer_and_makes_it_a
             .await?;
         Ok(())
     };
+    // One that cannot go on (a spec edit its trainer was not made with) is preempted too.
+    let edit = json!({"spec": {"sampling": {"temperature": 0.7}}});
+    jobs.patch("stuck", &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    eventually("the edited job stalled", async || {
+        let s = status(&jobs, "stuck").await?;
+        let stalled = condition(&s, "Stalled").is_some_and(|(st, _)| st == "True");
+        Ok(stalled.then_some(()))
+    })
+    .await?;
     suspend("kept", true).await?;
     suspend("freed", true).await?;
-    eventually("the checkpointed trainer stopped", async || {
-        Ok(pods.get_opt("freed-trainer").await?.is_none().then_some(()))
+    suspend("stuck", true).await?;
+    eventually("the checkpointed trainers stopped", async || {
+        let freed = pods.get_opt("freed-trainer").await?.is_none();
+        let stuck = pods.get_opt("stuck-trainer").await?.is_none();
+        Ok((freed && stuck).then_some(()))
     })
     .await?;
     let notes = noted(&client, &ns.name, "TrainerStopped").await?;

@@ -141,6 +141,16 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
             ),
         );
     }
+    // Its own task: a poster that hangs up mid-write must not cut the write from its
+    // bookkeeping (the record kept, its sample not marked: a later attempt kept too).
+    match tokio::spawn(collect(c, trajectory)).await {
+        Ok(answer) => answer,
+        Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Keep `trajectory` unless its session or its scored sample is kept already.
+async fn collect(c: Arc<Collector>, trajectory: Trajectory) -> Response {
     let mut samples = c.lock.lock().await;
     if c.seen(&trajectory.session) {
         return refuse(StatusCode::CONFLICT, "already collected");

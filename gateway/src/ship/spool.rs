@@ -224,7 +224,9 @@ pub fn write_jsonl_durably(path: &Path, files: &[PathBuf]) -> std::io::Result<u6
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;
-    sync_parent(path)?;
+    if let Err(e) = sync_parent(path) {
+        tracing::warn!(path = %path.display(), "cannot sync the directory of the rename: {e}");
+    }
     Ok(files.len() as u64)
 }
 

@@ -173,6 +173,16 @@ async fn stalled(
     if !blocked.transient {
         pod_writes::give_back_unstarted(ctx, job, ns, &blocked.reason).await?;
     }
+    // Suspended while it cannot go on (Kueue preempts a stalled job too): its trainer's GPUs
+    // go free as in a round, by what the status says of its sessions.
+    if job.spec.suspend {
+        match own_pod::stop_while_suspended_and_blocked(ctx, job, ns).await {
+            Err(Halt::Failed(e)) => {
+                tracing::warn!(job = %job.name_any(), "cannot stop the suspended job's trainer: {e}");
+            }
+            Err(Halt::Blocked(_)) | Ok(()) => {}
+        }
+    }
     report::blocked(job, ctx, blocked, now).await
 }
 

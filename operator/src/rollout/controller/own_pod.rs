@@ -455,3 +455,24 @@ pub(super) async fn stop_while_suspended(
     .await;
     Ok(())
 }
+
+/// [`stop_while_suspended`] for a job whose round halted before it planned (blocked): what
+/// it needs of the round, read from the job's status and the pod cache.
+pub(super) async fn stop_while_suspended_and_blocked(
+    ctx: &JobContext,
+    job: &RolloutJob,
+    ns: &str,
+) -> Result<(), Halt> {
+    let name = aux_pods::trainer_service(&job.name_any());
+    let pod = ctx.pods.get(&ObjectRef::new(&name).within(ns));
+    let st = job.status.clone().unwrap_or_default();
+    let s = &st.sessions;
+    let round = SuspendedTrainer {
+        finished: !status::trainer_unfinished(job.spec.train.is_some(), st.trainer.as_ref(), None),
+        sessions_done: s.total > 0 && s.succeeded + s.failed >= s.total,
+        running: u32::try_from(s.running).unwrap_or(u32::MAX),
+        untold_failures: st.untold_failures.len(),
+        ..SuspendedTrainer::default()
+    };
+    stop_while_suspended(ctx, job, ns, pod.as_deref(), round).await
+}
