@@ -82,8 +82,7 @@ impl Bridge {
     ) -> Result<String, String> {
         let answer = self
             .call(json!({"do": "script", "instance": instance(grading, script)}))
-            .await
-            .map_err(String::from)?;
+            .await?;
         answer["eval_script"]
             .as_str()
             .map(str::to_string)

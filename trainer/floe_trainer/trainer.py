@@ -770,12 +770,7 @@ class Trainer:
                 # A ruling told again, or the session's own trajectory came: that stands. Its
                 # group needs no more of it, unless that trajectory was one it dropped (then
                 # the sample will not arrive).
-                if agent_fault is None:
-                    # Not the agent's doing: its snapshot will never train.
-                    self.ingest.store.drop_partial(session)
-                self.ingest.store.put_failure(group, sample)
-                with self.lock:
-                    self.buffer.sample_failed(group, sample, time.time())
+                self._sample_lost(group, sample, session, agent_fault)
                 return {"known": True, "session": session}
             scored = (
                 self.ingest.score_partial(
@@ -794,13 +789,20 @@ class Trainer:
                     self.cfg.failure_reward,
                 )
                 return {"scored": self.cfg.failure_reward, "session": session}
-            if session is not None and agent_fault is None:
-                # Not the agent's doing: its snapshot will never train.
-                self.ingest.store.drop_partial(session)
-            self.ingest.store.put_failure(group, sample)
-            with self.lock:
-                self.buffer.sample_failed(group, sample, time.time())
+            self._sample_lost(group, sample, session, agent_fault)
             return {"failed": True}
+
+    def _sample_lost(
+        self, group: str, sample: int, session: str | None, agent_fault: str | None
+    ) -> None:
+        """Its group completes without ``sample``: kept on disk first (a restart before the
+        next checkpoint still knows it), and a snapshot not the agent's doing, which will
+        never train, dropped."""
+        if session is not None and agent_fault is None:
+            self.ingest.store.drop_partial(session)
+        self.ingest.store.put_failure(group, sample)
+        with self.lock:
+            self.buffer.sample_failed(group, sample, time.time())
 
     def finish(self) -> None:
         """No more trajectories will come: train what is left, then the final checkpoint."""

@@ -55,17 +55,16 @@ struct SampleOf {
     trainable: bool,
 }
 
-/// The records kept under `dir`'s `accepted/` and `rejected/` (their `*.json`: a `.tmp` is a
-/// write a crash cut short).
-fn records(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+/// The records kept under `dir`'s `subs` (`accepted`, `rejected`): their `*.json` (a `.tmp`
+/// is a write a crash cut short).
+fn records(dir: &Path, subs: &[&str]) -> std::io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
-    for sub in ["accepted", "rejected"] {
-        for entry in std::fs::read_dir(dir.join(sub))? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|x| x == "json") {
-                out.push(path);
-            }
-        }
+    for sub in subs {
+        out.extend(
+            std::fs::read_dir(dir.join(sub))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json")),
+        );
     }
     Ok(out)
 }
@@ -77,7 +76,7 @@ impl Collector {
         std::fs::create_dir_all(dir.join("rejected")).map_err(io)?;
         rebuild_dataset(dir).map_err(io)?;
         let mut samples = HashSet::new();
-        for record in records(dir).map_err(io)? {
+        for record in records(dir, &["accepted", "rejected"]).map_err(io)? {
             let read = std::fs::read(&record).map_err(io)?;
             match serde_json::from_slice::<SampleOf>(&read) {
                 Ok(s) if s.trainable => {
@@ -110,10 +109,7 @@ impl Collector {
 
 /// `dataset.jsonl` = every accepted trajectory, ordered by session id.
 fn rebuild_dataset(dir: &Path) -> std::io::Result<()> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("accepted"))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
+    let mut files = records(dir, &["accepted"])?;
     files.sort();
     super::write_jsonl_durably(&dir.join("dataset.jsonl"), &files).map(|_| ())
 }
@@ -226,12 +222,8 @@ fn append_line(dataset: &Path, record: &Path) -> std::io::Result<()> {
 impl Collector {
     /// Trajectories collected so far: (accepted, rejected).
     fn counts(&self) -> (usize, usize) {
-        let records = records(&self.dir).unwrap_or_default();
-        let accepted = records
-            .iter()
-            .filter(|p| p.parent().is_some_and(|d| d.ends_with("accepted")))
-            .count();
-        (accepted, records.len() - accepted)
+        let count = |sub: &str| records(&self.dir, &[sub]).map_or(0, |r| r.len());
+        (count("accepted"), count("rejected"))
     }
 }
 

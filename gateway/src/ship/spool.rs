@@ -183,28 +183,28 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), SpoolError> {
     file.write_all(bytes).map_err(io)?;
     file.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
-    // In place already: a directory that cannot be synced is said, not a failed write.
-    if let Err(e) = sync_parent(path) {
-        tracing::warn!(path = %path.display(), "cannot sync the directory of the rename: {e}");
-    }
+    sync_parent(path);
     Ok(())
 }
 
 /// The rename lives in the directory: without its own sync a power loss may undo it (the
-/// trajectory acknowledged, then gone). A file system that cannot sync a directory (some
-/// network and FUSE ones refuse) has nothing more to do.
-fn sync_parent(path: &Path) -> std::io::Result<()> {
+/// trajectory acknowledged, then gone). The file is in place already, so a directory that
+/// cannot be synced is said, not a failed write; a file system that refuses to sync one (some
+/// network and FUSE ones) has nothing more to do.
+fn sync_parent(path: &Path) {
     let Some(dir) = path.parent() else {
-        return Ok(());
+        return;
     };
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
         dir
     };
-    match std::fs::File::open(dir)?.sync_all() {
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
-        done => done,
+    match std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        Err(e) if e.kind() != std::io::ErrorKind::InvalidInput => {
+            tracing::warn!(path = %path.display(), "cannot sync the directory of the rename: {e}");
+        }
+        _ => {}
     }
 }
 
@@ -224,9 +224,7 @@ pub fn write_jsonl_durably(path: &Path, files: &[PathBuf]) -> std::io::Result<u6
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;
-    if let Err(e) = sync_parent(path) {
-        tracing::warn!(path = %path.display(), "cannot sync the directory of the rename: {e}");
-    }
+    sync_parent(path);
     Ok(files.len() as u64)
 }
 

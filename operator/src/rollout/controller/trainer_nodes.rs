@@ -7,8 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::name_holder::create_ours;
-use super::name_holder::delete_exactly;
+use super::name_holder::{create_ours, delete_exactly};
 use super::{Halt, JobContext};
 use crate::rollout::status::Blocked;
 use crate::rollout::trainer_workers::{self, WorkerAction};
