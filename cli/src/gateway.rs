@@ -100,6 +100,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         keepalive: Duration::from_secs(args.keepalive_seconds.max(1)),
         upstream_timeout: Duration::from_secs(args.upstream_timeout_seconds),
         require_runner_ready: args.require_runner_ready,
+        connection_limits: floe_gateway::serve_limited::Limits::SESSION,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -260,6 +260,7 @@ pub fn run(args: PolicyProxyArgs) -> Result<(), PolicyProxyError> {
     Ok(crate::serve_http::serve_blocking(
         app,
         args.listen,
+        floe_gateway::serve_limited::Limits::SHARED,
         2,
         &what,
     )?)

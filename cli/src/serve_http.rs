@@ -11,10 +11,12 @@ pub enum ServeError {
     Runtime(std::io::Error),
 }
 
-/// Serve `app` until a stop signal; `what` names the server in the start-up log line.
+/// Serve `app` within `limits` until a stop signal; `what` names the server in the start-up
+/// log line.
 pub fn serve_blocking(
     app: axum::Router,
     listen: SocketAddr,
+    limits: floe_gateway::serve_limited::Limits,
     worker_threads: usize,
     what: &str,
 ) -> Result<(), ServeError> {
@@ -28,9 +30,13 @@ pub fn serve_blocking(
             .await
             .map_err(|e| ServeError::Listen(listen, e))?;
         tracing::info!(%listen, "{what}");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(floe_operator::run::shutdown_signal())
-            .await
-            .map_err(|e| ServeError::Listen(listen, e))
+        floe_gateway::serve_limited::serve(
+            listener,
+            app,
+            limits,
+            floe_operator::run::shutdown_signal(),
+        )
+        .await;
+        Ok(())
     })
 }

@@ -55,6 +55,7 @@ pub fn run(args: ServeTasksArgs) -> Result<(), ServeTasksError> {
     Ok(crate::serve_http::serve_blocking(
         app,
         args.listen,
+        floe_gateway::serve_limited::Limits::CONTROL,
         1,
         &what,
     )?)

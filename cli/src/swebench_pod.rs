@@ -70,7 +70,13 @@ pub fn bridge(args: BridgeArgs) -> Result<(), crate::serve_http::ServeError> {
     let app = axum::Router::new()
         .route("/", axum::routing::post(answer))
         .with_state(state);
-    crate::serve_http::serve_blocking(app, args.listen, 2, "swebench bridge listening")
+    crate::serve_http::serve_blocking(
+        app,
+        args.listen,
+        floe_gateway::serve_limited::Limits::CONTROL,
+        2,
+        "swebench bridge listening",
+    )
 }
 
 /// A 16 MiB log of control characters is about 96 MiB once JSON-escaped.

@@ -10,6 +10,7 @@ pub mod bearer;
 pub mod capture;
 pub mod net_error;
 pub mod protocol;
+pub mod serve_limited;
 pub mod server;
 pub mod ship;
 pub mod sync;

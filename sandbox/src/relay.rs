@@ -36,6 +36,12 @@ pub const STARTED: &str = "floe sandbox-exec: started";
 /// the policy's failure. The code under test can exit 253 itself: only to its own loss.
 pub const STRAGGLERS: i32 = 253;
 
+/// Connections one sandbox may hold through its relay at once; the next waits to be accepted.
+/// A harness makes a few calls at a time. The cap is what keeps sandboxes sharing one gateway
+/// (`floe run`'s) from starving each other: the gateway has room for every sandbox's whole
+/// share, and an agent that takes all of its own only delays its own calls.
+pub const MAX_CONNECTIONS: usize = 32;
+
 /// Exit status when the command cannot be started (as a shell says "command not found").
 pub const NOT_STARTED: i32 = 127;
 
@@ -118,10 +124,15 @@ pub async fn run(exec: ExecArgs) -> i32 {
         let mut child = child;
         child.wait()
     });
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        // A slot first, then the accept: a connection past the cap waits in the backlog.
         let accepted = async {
             match &relay {
-                Some((l, _)) => l.accept().await,
+                Some((l, _)) => {
+                    let slot = slots.clone().acquire_owned().await;
+                    l.accept().await.map(|accepted| (accepted, slot))
+                }
                 None => std::future::pending().await,
             }
         };
@@ -141,7 +152,7 @@ pub async fn run(exec: ExecArgs) -> i32 {
                 };
             }
             accepted = accepted => {
-                let (Ok((mut client, _)), Some((_, pinned))) = (accepted, &relay) else {
+                let (Ok(((mut client, _), slot)), Some((_, pinned))) = (accepted, &relay) else {
                     continue;
                 };
                 let dial = pinned.dial_path();
@@ -152,6 +163,7 @@ pub async fn run(exec: ExecArgs) -> i32 {
                         }
                         Err(e) => eprintln!("floe sandbox-exec: the gateway refused a connection: {e}"),
                     }
+                    drop(slot);
                 });
             }
         }

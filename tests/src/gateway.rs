@@ -64,6 +64,7 @@ impl TestGateway {
             keepalive: Duration::from_secs(1),
             upstream_timeout: call_deadline,
             require_runner_ready: false,
+            connection_limits: floe_gateway::serve_limited::Limits::SHARED,
         };
         let gateway = Gateway::new(config.clone())?;
         let app = router(gateway.clone());

@@ -116,3 +116,74 @@ async fn pi_fixes_the_bug_in_the_sandbox() -> Result<()> {
     )
     .await
 }
+
+/// The relay (`floe sandbox-exec`, a real process here, outside bubblewrap) holds at most its
+/// cap of connections from its sandbox at once: `floe run`'s gateway serves every session, and
+/// an agent opening connections without end would otherwise take the slots its siblings' calls
+/// need. The next connection waits, and is relayed once one ends.
+#[tokio::test]
+async fn the_relay_holds_no_more_connections_from_its_sandbox_than_its_cap() -> Result<()> {
+    use tokio::io::AsyncReadExt;
+    const CAP: usize = floe_sandbox::relay::MAX_CONNECTIONS;
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("gateway.sock");
+    let gateway = tokio::net::UnixListener::bind(&socket)?;
+    let relayed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let relayed = relayed.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = gateway.accept().await {
+                relayed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // Held until the sandbox's side ends, as a gateway holds a call.
+                tokio::spawn(async move {
+                    let mut sink = Vec::new();
+                    let _ = conn.read_to_end(&mut sink).await;
+                });
+            }
+        });
+    }
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut relay = tokio::process::Command::new(floe_bin()?)
+        .args(["sandbox-exec", "--listen", &listen.to_string(), "--socket"])
+        .arg(&socket)
+        .args(["--", "sleep", "60"])
+        .kill_on_drop(true)
+        .spawn()
+        .context("floe sandbox-exec")?;
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        if let Ok(c) = tokio::net::TcpStream::connect(listen).await {
+            held.push(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::ensure!(!held.is_empty(), "the relay never listened on {listen}");
+    for _ in 1..CAP + 8 {
+        held.push(tokio::net::TcpStream::connect(listen).await?);
+    }
+    let count = || relayed.load(std::sync::atomic::Ordering::SeqCst);
+    let settled = |want: usize| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while count() < want && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Past the cap, nothing more may come: give it time to.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        count()
+    };
+    assert_eq!(
+        settled(CAP).await,
+        CAP,
+        "the relay passed more than its cap"
+    );
+    drop(held.swap_remove(0));
+    assert_eq!(
+        settled(CAP + 1).await,
+        CAP + 1,
+        "a waiting connection was not relayed once one ended"
+    );
+    relay.start_kill()?;
+    let _ = relay.wait().await;
+    Ok(())
+}

@@ -37,7 +37,6 @@ pub use plan::load as load_plan;
 pub use sandboxing::works as sandbox_works;
 pub use signals::watchdog;
 
-use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -207,6 +206,12 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let listen = listener
         .local_addr()
         .map_err(|e| io("loopback listener", &e))?;
+    let concurrency = args
+        .concurrency
+        .or(spec.concurrency.and_then(|c| usize::try_from(c).ok()))
+        .unwrap_or(2)
+        .max(1);
+    let limits = session_limits::gateway_connections(concurrency);
     let config = Config {
         listen,
         control_listen: None,
@@ -230,6 +235,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             u64::try_from(spec.timeouts.model_call_seconds).unwrap_or(600),
         ),
         require_runner_ready: false,
+        connection_limits: limits,
     };
     let gateway = Gateway::new(config).map_err(|e| io("gateway", &e))?;
     if args.resume && training.is_some() {
@@ -256,11 +262,12 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let app = router(gateway.clone());
-    let server = tokio::spawn(
-        axum::serve(listener, app.clone())
-            .with_graceful_shutdown(stopping(stop_rx.clone()))
-            .into_future(),
-    );
+    let server = tokio::spawn(floe_gateway::serve_limited::serve(
+        listener,
+        app.clone(),
+        limits,
+        stopping(stop_rx.clone()),
+    ));
     // Sandboxed harnesses reach the same gateway through a unix socket (their relay forwards
     // their loopback to it): a short path of its own, private to this user, kept to the end.
     let (confinement, _socket_dir) = match &bwrap {
@@ -272,11 +279,12 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             let socket = socket_dir.path().join("gateway.sock");
             let unix = tokio::net::UnixListener::bind(&socket)
                 .map_err(|e| io("the gateway's unix socket", &e))?;
-            tokio::spawn(
-                axum::serve(unix, app)
-                    .with_graceful_shutdown(stopping(stop_rx.clone()))
-                    .into_future(),
-            );
+            tokio::spawn(floe_gateway::serve_limited::serve(
+                unix,
+                app,
+                limits,
+                stopping(stop_rx.clone()),
+            ));
             let confinement = sandboxing::confinement(b, &private, &socket, listen)?;
             (Some(confinement), Some(socket_dir))
         }
@@ -303,11 +311,6 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         }
     };
 
-    let concurrency = args
-        .concurrency
-        .or(spec.concurrency.and_then(|c| usize::try_from(c).ok()))
-        .unwrap_or(2)
-        .max(1);
     let started = Instant::now();
     let mut progress = progress::Progress::new(count);
     progress.resumed(earlier.done.len());

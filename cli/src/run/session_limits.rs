@@ -19,6 +19,18 @@ pub struct SessionLimitArgs {
     pub session_disk: u64,
 }
 
+/// What the run's one gateway (every session's) takes at once: room for each sandbox's whole
+/// share (its relay's cap), so sandboxes that fill theirs cannot starve a sibling's calls.
+pub fn gateway_connections(concurrency: usize) -> floe_gateway::serve_limited::Limits {
+    use floe_gateway::serve_limited::Limits as Connections;
+    Connections {
+        max_connections: Connections::SHARED
+            .max_connections
+            .max(concurrency.saturating_mul(floe_sandbox::relay::MAX_CONNECTIONS) + 64),
+        ..Connections::SHARED
+    }
+}
+
 /// The size of each sandbox's `/tmp`: half of `--session-memory` where bubblewrap can size a
 /// tmpfs (its pages count against the session's memory, so a full `/tmp` says "no space"
 /// before the memory limit kills the harness); `0` leaves tmpfs's default.
@@ -68,6 +80,17 @@ pub fn resolve(args: &SessionLimitArgs) -> Result<Limits, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every sandbox's relay may fill its share and the gateway still has room to spare.
+    #[test]
+    fn the_shared_gateway_has_room_for_every_sandboxs_share() {
+        let relay = floe_sandbox::relay::MAX_CONNECTIONS;
+        for concurrency in [1, 2, 31, 32, 64, 500] {
+            let cap = gateway_connections(concurrency).max_connections;
+            assert!(cap > concurrency * relay, "{concurrency}: {cap}");
+            assert!(cap >= floe_gateway::serve_limited::Limits::SHARED.max_connections);
+        }
+    }
 
     #[test]
     fn tmpfs_is_sized_from_bubblewrap_0_7() {

@@ -63,6 +63,9 @@ pub struct Config {
     /// `/readyz` stays 503 until the sandbox runner reports its prepare steps done
     /// (`POST /floe/v1/runner/ready`): a pool pod is READY only then.
     pub require_runner_ready: bool,
+    /// What the model API's port takes at once (the control port's are
+    /// [`crate::serve_limited::Limits::CONTROL`]).
+    pub connection_limits: crate::serve_limited::Limits,
 }
 
 pub struct Gateway {
@@ -284,13 +287,14 @@ pub async fn serve(
             released.subscribe()
         };
         let app = router(gateway.clone());
-        let server = async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = until.wait_for(|s| *s).await;
-                })
-                .await
+        let limits = if i == 0 {
+            gateway.config.connection_limits
+        } else {
+            crate::serve_limited::Limits::CONTROL
         };
+        let server = crate::serve_limited::serve(listener, app, limits, async move {
+            let _ = until.wait_for(|s| *s).await;
+        });
         if i == 0 {
             servers.spawn(server);
         } else {
@@ -300,8 +304,7 @@ pub async fn serve(
     shutdown.await;
     gateway.stopping.send_replace(true);
     while let Some(done) = servers.join_next().await {
-        done.map_err(|e| ServeError::Serve(std::io::Error::other(e)))?
-            .map_err(ServeError::Serve)?;
+        done.map_err(|e| ServeError::Serve(std::io::Error::other(e)))?;
     }
     drain(&gateway, DRAIN_DEADLINE).await;
     if !control.is_empty() && !final_scrape(&gateway, FINAL_SCRAPE_WAIT).await {
@@ -309,8 +312,7 @@ pub async fn serve(
     }
     released.send_replace(true);
     while let Some(done) = control.join_next().await {
-        done.map_err(|e| ServeError::Serve(std::io::Error::other(e)))?
-            .map_err(ServeError::Serve)?;
+        done.map_err(|e| ServeError::Serve(std::io::Error::other(e)))?;
     }
     Ok(())
 }
@@ -337,6 +339,7 @@ mod tests {
             keepalive: Duration::from_secs(5),
             upstream_timeout: Duration::from_secs(5),
             require_runner_ready: false,
+            connection_limits: crate::serve_limited::Limits::SHARED,
         })
         .expect("gateway")
     }
@@ -388,6 +391,55 @@ mod tests {
                 max_500_retries: 0,
             }
         );
+        Ok(())
+    }
+
+    /// The model API's port is served within the gateway's connection limits: a head the
+    /// agent never finishes is closed at the header timeout, and the port still serves.
+    #[tokio::test]
+    async fn the_model_port_does_not_hold_a_head_past_its_timeout() -> Result<(), std::io::Error> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir()?;
+        let free = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let mut config = gateway(dir.path(), None).config.clone();
+        config.listen = free;
+        config.connection_limits = crate::serve_limited::Limits {
+            max_connections: 4,
+            header_read_timeout: Duration::from_millis(300),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve(config, async {
+            let _ = stopped.await;
+        }));
+        let connect = || async {
+            for _ in 0..50 {
+                if let Ok(c) = tokio::net::TcpStream::connect(free).await {
+                    return Ok(c);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(std::io::Error::other("the gateway never listened"))
+        };
+        let mut slow = connect().await?;
+        slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n")
+            .await?;
+        let mut got = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut got)).await;
+        assert!(closed.is_ok(), "the gateway held a half-sent head");
+        let mut ready = connect().await?;
+        ready
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), ready.read_to_string(&mut answer))
+            .await
+            .map_err(std::io::Error::other)??;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        drop(stop);
+        served
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(std::io::Error::other)?;
         Ok(())
     }
 

@@ -328,8 +328,13 @@ pub async fn serve(
         .await
         .map_err(|e| CollectError::Listen(addr, e))?;
     tracing::info!(%addr, dir = %collector.dir.display(), "collecting the dataset");
-    axum::serve(listener, router(Arc::new(collector), max_body_bytes))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| CollectError::Listen(addr, e))
+    // Every sandbox pod of the job posts here: a model port's share.
+    crate::serve_limited::serve(
+        listener,
+        router(Arc::new(collector), max_body_bytes),
+        crate::serve_limited::Limits::SHARED,
+        shutdown,
+    )
+    .await;
+    Ok(())
 }

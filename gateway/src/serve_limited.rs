@@ -1,0 +1,254 @@
+//! The HTTP serving loop of every floe server an agent can reach: the gateway's model and
+//! control ports, the local run's gateway, a SWE-bench pod's grading bridge, the collector.
+//!
+//! It is `axum::serve` with the limits that one lacks. The agent shares its pod's loopback with
+//! these servers and may open as many connections as it likes and send request heads as slowly
+//! as it likes. `axum::serve` reads a head with no deadline (hyper's header timeout needs a
+//! timer, which it does not give) and accepts without bound, so thousands of half-sent heads,
+//! each holding a read buffer of up to ~400 KB, could run a sidecar out of memory; a dead
+//! sidecar reads as the pod's failure, not the agent's. Here:
+//! - at most [`Limits::max_connections`] at once: the next connection waits in the kernel's
+//!   backlog until one ends (none is refused, so a harness's call is late, never lost);
+//! - a request head must arrive whole within [`Limits::header_read_timeout`], which also closes
+//!   a keep-alive connection left idle that long;
+//! - a head (and a connection's buffer) is at most [`MAX_BUFFER_BYTES`];
+//! - HTTP/1 only: no client of these servers speaks h2c, and an h2 connection multiplies what
+//!   one connection may hold by its streams.
+//!
+//! So what one server can be made to hold is bounded, whoever connects. A slow request *body*
+//! holds its connection until the handler's own limits end it; with the cap, that is bounded
+//! too. Stopping is graceful as with `axum::serve`: no new connection, calls under way finish.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::Listener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+
+/// The most a connection's read (or write) buffer may hold, and so the largest request head.
+/// hyper's default is ~400 KB; SDKs send heads of a few KB.
+pub const MAX_BUFFER_BYTES: usize = 64 * 1024;
+
+/// How much one server takes at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// A request head must be read whole within this (from its first byte awaited).
+    pub header_read_timeout: Duration,
+}
+
+impl Limits {
+    /// A server many callers use at once: `floe run`'s gateway (every session's), a job's
+    /// collector and policy proxy (every pod's).
+    pub const SHARED: Self = Self {
+        max_connections: 1024,
+        header_read_timeout: Duration::from_secs(30),
+    };
+    /// A pod's gateway sidecar, its model API: one session's harness, which makes a few
+    /// calls at a time.
+    pub const SESSION: Self = Self {
+        max_connections: 256,
+        header_read_timeout: Duration::from_secs(30),
+    };
+    /// A server with a handful of callers: a control port, a grading bridge, a task loader.
+    pub const CONTROL: Self = Self {
+        max_connections: 128,
+        header_read_timeout: Duration::from_secs(30),
+    };
+}
+
+/// Serve `app` on `listener` within `limits` until `shutdown` resolves, then stop taking
+/// connections and wait for those open to finish their calls.
+pub async fn serve<L: Listener>(
+    mut listener: L,
+    app: axum::Router,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(MAX_BUFFER_BYTES)
+        .max_buf_size(MAX_BUFFER_BYTES);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        // A slot first, then the accept: a connection past the cap stays in the backlog.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let io = tokio::select! {
+            (io, _) = listener.accept() => io,
+            () = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(io), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    const HALF_HEAD: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n";
+    const REQUEST: &[u8] = b"GET /hello HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n";
+
+    /// A server on a free loopback port; dropping the sender stops it.
+    async fn server(limits: Limits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = axum::Router::new()
+            .route("/hello", axum::routing::get(|| async { "hello" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    "slow"
+                }),
+            );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(listener, app, limits, async {
+            let _ = stopped.await;
+        }));
+        (addr, stop)
+    }
+
+    /// Everything the server sends until it closes, or `None` if it neither answers nor closes
+    /// within `wait`.
+    async fn read_to_close(conn: &mut TcpStream, wait: Duration) -> Option<String> {
+        let mut got = Vec::new();
+        match tokio::time::timeout(wait, conn.read_to_end(&mut got)).await {
+            Ok(_) => Some(String::from_utf8_lossy(&got).into_owned()),
+            Err(_) => None,
+        }
+    }
+
+    /// A connection that sent the start of a head and no more.
+    async fn half_sent(addr: std::net::SocketAddr) -> TcpStream {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(HALF_HEAD).await.expect("write");
+        c
+    }
+
+    #[tokio::test]
+    async fn a_head_sent_too_slowly_is_closed_and_an_idle_keep_alive_too() {
+        let limits = Limits {
+            max_connections: 8,
+            header_read_timeout: Duration::from_millis(300),
+        };
+        let (addr, _stop) = server(limits).await;
+        let mut slow = half_sent(addr).await;
+        // axum::serve never closes it: the read would wait for ever.
+        let answer = read_to_close(&mut slow, Duration::from_secs(5)).await;
+        assert!(
+            answer.is_some(),
+            "a half-sent head was held past its timeout"
+        );
+
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"GET /hello HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            .await
+            .expect("write");
+        let answer = read_to_close(&mut idle, Duration::from_secs(5)).await;
+        assert!(
+            answer
+                .as_deref()
+                .is_some_and(|a| a.starts_with("HTTP/1.1 200") && a.ends_with("hello")),
+            "a keep-alive connection left idle was held: {answer:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_cap_waits_until_one_ends_and_is_then_served() {
+        let limits = Limits {
+            max_connections: 3,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let (addr, _stop) = server(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(half_sent(addr).await);
+        }
+        // Let the server take all three before the fourth comes.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut late = TcpStream::connect(addr).await.expect("connect");
+        late.write_all(REQUEST).await.expect("write");
+        let mut first = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(500), late.read(&mut first)).await;
+        assert!(
+            early.is_err(),
+            "a fourth connection was served past a cap of three"
+        );
+        drop(held.pop());
+        let answer = read_to_close(&mut late, Duration::from_secs(5))
+            .await
+            .unwrap_or_default();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+            "the waiting connection was not served once one ended: {answer:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_head_past_the_buffer_is_refused() {
+        let (addr, _stop) = server(Limits::CONTROL).await;
+        let mut big = TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "GET /hello HTTP/1.1\r\nHost: gateway\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(MAX_BUFFER_BYTES)
+        );
+        // The server may close before it has read it all.
+        let _ = big.write_all(head.as_bytes()).await;
+        let answer = read_to_close(&mut big, Duration::from_secs(5)).await;
+        assert!(
+            answer
+                .as_deref()
+                .is_some_and(|a| a.is_empty() || a.starts_with("HTTP/1.1 431")),
+            "a head past {MAX_BUFFER_BYTES} bytes was served: {answer:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn stopping_takes_no_new_connection_and_lets_a_call_under_way_finish() {
+        let (addr, stop) = server(Limits::CONTROL).await;
+        let mut under_way = TcpStream::connect(addr).await.expect("connect");
+        under_way
+            .write_all(b"GET /slow HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(stop);
+        let answer = read_to_close(&mut under_way, Duration::from_secs(5)).await;
+        assert!(
+            answer
+                .as_deref()
+                .is_some_and(|a| a.starts_with("HTTP/1.1 200") && a.ends_with("slow")),
+            "the call under way was cut: {answer:?}"
+        );
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "a stopped server still took a connection"
+        );
+    }
+}
