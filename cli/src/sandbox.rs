@@ -68,6 +68,11 @@ pub struct SandboxArgs {
     /// pod's agent works at the image's `/testbed`).
     #[arg(long, requires = "agent_dir")]
     agent_workspace: Option<PathBuf>,
+    /// The agent container's user, `UID:GID`, when this container runs as root (a SWE-bench
+    /// pod's grader): what the agent is given to write (the workspace, its home) is made its
+    /// before it starts, and every program this runner starts runs with no capability.
+    #[arg(long, requires = "agent_dir", value_parser = floe_sandbox::sandbox_user::parse)]
+    agent_user: Option<(u32, u32)>,
     /// Check at start that this pod's egress is restricted (`warn` or `refuse` when it is
     /// not; the operator sets it from the pool's `spec.egress.unrestricted`).
     #[arg(long, env = "FLOE_EGRESS_CHECK")]
@@ -192,6 +197,7 @@ pub fn main(args: SandboxArgs) -> i32 {
                 dir,
                 dial_wait: Duration::from_secs(args.agent_dial_timeout_seconds),
                 workspace: args.agent_workspace,
+                user: args.agent_user,
             }),
         egress_check: args.egress_check,
         disk_budget: (args.disk_budget > 0).then_some(args.disk_budget),

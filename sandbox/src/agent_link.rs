@@ -286,6 +286,7 @@ mod tests {
             cap_bytes: 1024,
             timeout: Duration::from_secs(10),
             kill_grace: Duration::from_millis(200),
+            drop_capabilities: false,
         }
     }
 

@@ -47,7 +47,19 @@ pub async fn check_out_in_place(commit: &str, ws: &Path, scratch: &Path) -> Resu
     let url = format!("file://{}", ws.display());
     git(
         scratch,
-        &["fetch", "-q", "--depth", "1", "--no-tags", &url, &sha],
+        &[
+            "fetch",
+            "-q",
+            "--depth",
+            "1",
+            "--no-tags",
+            // The source's own process reads it, without this command's `-c` (git clears them
+            // for a local repository): a root runner (a SWE-bench pod's grader) reading the
+            // seed's copy, which the agent's user owns, would be refused it as "dubious".
+            "--upload-pack=git -c safe.directory=* upload-pack",
+            &url,
+            &sha,
+        ],
     )
     .await?;
     let old = ws.join(".git");
@@ -172,7 +184,15 @@ mod tests {
 
     fn run(dir: &Path, args: &[&str]) -> String {
         let out = std::process::Command::new("git")
-            .args(["-c", "user.email=t@t", "-c", "user.name=t", "-C"])
+            .args([
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "user.name=t",
+                "-c",
+                "safe.directory=*",
+                "-C",
+            ])
             .arg(dir)
             .args(args)
             .output()
@@ -220,6 +240,24 @@ mod tests {
         assert!(!run(&ws, &["show"]).contains("calc.py"), "no root diff");
         let all_objects = run(&ws, &["cat-file", "--batch-all-objects", "--batch-check"]);
         assert!(!all_objects.contains("commit") || all_objects.matches("commit").count() == 1);
+    }
+
+    /// A SWE-bench pod's grader runs as root, and the seed it checks out in place is the
+    /// agent's user's: git reads another user's repository only when told it is safe.
+    #[tokio::test]
+    async fn a_root_runner_checks_out_a_seed_another_user_owns() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("not root: a repository of another user's cannot be made here");
+            return;
+        }
+        let root = tempfile::tempdir().expect("tmp");
+        let (src, base) = repository(root.path());
+        run(&src, &["checkout", "-q", &base]);
+        crate::sandbox_user::give(&src, 1000, 1000).expect("given");
+        check_out_in_place(&base, &src, &root.path().join("scratch"))
+            .await
+            .expect("in place");
+        assert_eq!(run(&src, &["log", "--all", "--format=%s"]), "base");
     }
 
     #[tokio::test]

@@ -389,6 +389,7 @@ mod tests {
             cap_bytes: 1,
             timeout: Duration::from_secs(1),
             kill_grace: Duration::from_secs(1),
+            drop_capabilities: false,
         }
     }
 

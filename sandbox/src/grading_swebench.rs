@@ -123,7 +123,13 @@ impl SweBenchPrepared {
             .await
             .map_err(|e| format!("the instance's untouched repository: {e}"))?;
         if graded.read {
-            return Ok(());
+            return match unfit_on_its_base(&graded) {
+                Some(why) => Err(format!(
+                    "{why}; the tests' output ends: {}",
+                    test_output_tail(&log, 3)
+                )),
+                None => Ok(()),
+            };
         }
         let hint = graded
             .hint
@@ -136,6 +142,42 @@ impl SweBenchPrepared {
             test_output_tail(&log, 3)
         ))
     }
+}
+
+/// Why an instance cannot grade here, from swebench's reading of its untouched repository's
+/// log: by definition its `PASS_TO_PASS` tests pass there and its `FAIL_TO_PASS` tests do not.
+/// A `PASS_TO_PASS` test failing (one that needs the network, a setup step the grader's user
+/// cannot run, an image that does not fit) fails every session's tests whatever the agent
+/// does, and an instance resolved untouched scores every session 1: either way its rewards say
+/// nothing of the policy, so the session is infrastructure, never a reward. The baseline runs
+/// no agent code (in a pod the agent never ran in its container), so the agent cannot cause it.
+fn unfit_on_its_base(graded: &SweBenchGraded) -> Option<String> {
+    const NAMED: usize = 5;
+    if !graded.pass_to_pass_failing.is_empty() {
+        let failing = &graded.pass_to_pass_failing;
+        let more = failing.len().saturating_sub(NAMED);
+        return Some(format!(
+            "{} of the instance's PASS_TO_PASS tests fail on its untouched repository ({}{}): \
+             its environment does not fit (a test that needs the network, a setup step the \
+             grader's user cannot run), so every session would score 0",
+            failing.len(),
+            failing[..failing.len().min(NAMED)].join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            },
+        ));
+    }
+    if graded.resolved {
+        return Some(
+            "the instance is resolved on its untouched repository (its FAIL_TO_PASS tests \
+             pass without a change): its image is not at its base commit, or its test lists do \
+             not fit, so every session would score 1"
+                .into(),
+        );
+    }
+    None
 }
 
 /// swebench's markers as only the eval script writes them (its `set -x` trace of `: '>>>>> Start
@@ -279,6 +321,26 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(SweBenchGraded::from_report(&json!({"error": "x"})).is_err());
+    }
+
+    /// On the untouched repository the instance's FAIL_TO_PASS fail and its PASS_TO_PASS
+    /// pass; anything else says the instance cannot grade here.
+    #[test]
+    fn an_untouched_repository_that_fails_pass_to_pass_or_resolves_is_unfit() {
+        assert_eq!(super::unfit_on_its_base(&graded(0, 1)), None);
+        // One FAIL_TO_PASS passing at its base: not resolved, no verdict on the instance.
+        assert_eq!(super::unfit_on_its_base(&graded(1, 1)), None);
+        let p2p = super::unfit_on_its_base(&graded(0, 0)).expect("unfit");
+        assert!(
+            p2p.contains("1 of the instance's PASS_TO_PASS") && p2p.contains("(p0)"),
+            "{p2p}"
+        );
+        let resolved = super::unfit_on_its_base(&graded(2, 1)).expect("unfit");
+        assert!(
+            resolved.contains("resolved on its untouched repository"),
+            "{resolved}"
+        );
+        assert_eq!(graded(0, 0).pass_to_pass_failing, ["p0"]);
     }
 
     #[test]

@@ -29,6 +29,54 @@ pub struct CommandSpec {
     pub timeout: Duration,
     /// Between SIGTERM and SIGKILL on timeout.
     pub kill_grace: Duration,
+    /// Start it with no capability in any set, the bounding one included, so that a program
+    /// a root runner starts (a SWE-bench pod's eval script, the agent's code in it) is root
+    /// over root's files and nothing more. Needs `CAP_SETPCAP`.
+    #[serde(default)]
+    pub drop_capabilities: bool,
+}
+
+/// Starts `command` from a thread of its own that first gives up every capability it could
+/// pass on: capabilities are a thread's, and a child is forked from the thread that spawns
+/// it, so the child starts with none while the runner keeps its own
+/// ([`CommandSpec::drop_capabilities`]). The thread ends once the child is started.
+fn spawn_without_capabilities(
+    command: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    let runtime = tokio::runtime::Handle::current();
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                drop_all_capabilities()?;
+                // The child is registered with the runtime's reaper from this thread.
+                let _entered = runtime.enter();
+                command.spawn()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the spawning thread panicked")))
+    })
+}
+
+/// This thread's bounding, ambient and inheritable sets emptied: what a root `execve` from it
+/// would give the new program.
+fn drop_all_capabilities() -> std::io::Result<()> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    for cap in CapabilitySet::all().iter() {
+        if rustix::thread::capability_is_in_bounding_set(cap) == Ok(true) {
+            rustix::thread::remove_capability_from_bounding_set(cap)?;
+        }
+    }
+    rustix::thread::clear_ambient_capability_set()?;
+    // A root `execve` gains the inheritable set too; the bounding set no longer has any.
+    let now = rustix::thread::capabilities(None)?;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            inheritable: CapabilitySet::empty(),
+            ..now
+        },
+    )?;
+    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -169,7 +217,11 @@ async fn run_inner<S: Stop>(
     command.envs(spec.env.iter().map(|(k, v)| (k, v)));
     let tag = new_tag();
     command.env(TAG_VAR, &tag);
-    let mut child = match command.spawn() {
+    let spawned = match spec.drop_capabilities {
+        true => spawn_without_capabilities(&mut command),
+        false => command.spawn(),
+    };
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             let finished = Finished {
@@ -484,7 +536,48 @@ mod tests {
             cap_bytes: 10,
             timeout: Duration::from_millis(timeout_ms),
             kill_grace: Duration::from_millis(200),
+            drop_capabilities: false,
         }
+    }
+
+    /// A capability set of `/proc/<pid>/status`, e.g. `CapBnd`.
+    fn capabilities(status: &str, set: &str) -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(&format!("{set}:")))?;
+        u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
+    }
+
+    /// A root runner's child started without capabilities has none in any set (a root
+    /// `execve` would otherwise give it the bounding set's), and the runner keeps its own.
+    /// Without `CAP_SETPCAP` (not root) the bounding set cannot be emptied: the child does
+    /// not start at all, rather than start with more than it should.
+    #[tokio::test]
+    async fn a_child_started_without_capabilities_has_none_and_the_runner_keeps_its_own(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        const SETPCAP: u64 = 1 << 8;
+        let ours = std::fs::read_to_string("/proc/self/status")?;
+        let ours_before = capabilities(&ours, "CapEff");
+        let dir = tempfile::tempdir()?;
+        let mut child = spec(dir.path(), "cat /proc/self/status", 5000);
+        child.cap_bytes = 1 << 20;
+        child.drop_capabilities = true;
+        let done = run(&child).await?;
+        if ours_before.unwrap_or(0) & SETPCAP == 0 {
+            assert!(matches!(done.exit, Exit::SpawnFailed(_)), "{:?}", done.exit);
+            return Ok(());
+        }
+        assert_eq!(done.exit, Exit::Code(0));
+        let theirs = std::fs::read_to_string(dir.path().join("out"))?;
+        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            assert_eq!(capabilities(&theirs, set), Some(0), "{set}: {theirs}");
+        }
+        let ours = std::fs::read_to_string("/proc/self/status")?;
+        assert_eq!(capabilities(&ours, "CapEff"), ours_before);
+        // And without the flag, a root child has what its runner may give.
+        child.drop_capabilities = false;
+        run(&child).await?;
+        let theirs = std::fs::read_to_string(dir.path().join("out"))?;
+        assert_ne!(capabilities(&theirs, "CapBnd"), Some(0), "{theirs}");
+        Ok(())
     }
 
     #[tokio::test]

@@ -107,6 +107,9 @@ pub struct SweBenchGraded {
     pub fail_to_pass: Option<f64>,
     pub pass_to_pass: Option<f64>,
     pub tests: Option<TestCounts>,
+    /// The `PASS_TO_PASS` tests that did not pass, by name (when read).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pass_to_pass_failing: Vec<String>,
     /// swebench's advisory reading of a log without results (`infra_failure_reason`): kept in
     /// the detail, never a reason not to score, since the code under test wrote the log.
     pub hint: Option<String>,
@@ -122,6 +125,7 @@ impl SweBenchGraded {
             fail_to_pass: None,
             pass_to_pass: None,
             tests: None,
+            pass_to_pass_failing: Vec::new(),
             hint: Some(why),
             version: String::new(),
         }
@@ -151,6 +155,12 @@ impl SweBenchGraded {
             fail_to_pass: answer["f2p"].as_f64(),
             pass_to_pass: answer["p2p"].as_f64(),
             tests,
+            pass_to_pass_failing: report["tests_status"]["PASS_TO_PASS"]["failure"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect(),
             hint: report["infra_failure_reason"].as_str().map(str::to_string),
             version: answer["version"].as_str().unwrap_or_default().to_string(),
         })

@@ -483,6 +483,16 @@ async fn session_outcome(
         };
         harness = confinement.wrap(harness, &access);
     }
+    // A root grader (a SWE-bench pod's) made the workspace's `.git`, the agent's home and
+    // files of the task: the agent container's user is given them, as it would own them had
+    // this runner been that user.
+    if let Some((uid, gid)) = config.agent.as_ref().and_then(|a| a.user) {
+        for path in [ws.as_path(), agent_dir.as_path()] {
+            if let Err(e) = crate::sandbox_user::give(path, uid, gid) {
+                return infra_error(format!("giving {} to the agent: {e}", path.display()));
+            }
+        }
+    }
     summary.harness_started_unix_ms = unix_ms_now();
     // The harness is stopped once its workspace and home outgrow the session's disk budget.
     // The files its processes unlinked but keep open count too: here `holder` finds them (the

@@ -6,9 +6,11 @@
 #                                     deploy/swebench-grader/Dockerfile builds it
 #   floe.local/sweb.eval.<id>:<k>     an instance's image as the public ones are: the python
 #                                     sandbox plus git, bash and pytest, a no-op
-#                                     /opt/miniconda3/bin/activate, and the repository at its
+#                                     /opt/miniconda3/bin/activate, the repository at its
 #                                     base commit in /testbed (its whole history kept, later
-#                                     commits and tags included)
+#                                     commits and tags included), and an environment of root's
+#                                     that the eval script installs into (/opt/site, holding
+#                                     the base commit's calc.py), as Django 1.x's images are
 #
 #   swebench-images.sh STATE_DIR SWEBENCH_DIR INSTANCE_ID REPOSITORY
 #     -> prints "grader=NAME" and "instance=NAME"
@@ -44,7 +46,7 @@ fi
 import "$G_TAR" "$G_IMAGE"
 
 # The instance: small, built each time from REPOSITORY (tagged by its content).
-I_TAG=$( (git -C "$REPO" rev-parse HEAD; cd "$REPO" && tar --sort=name --mtime=@0 -cf - . | sha256sum) | sha256sum | cut -c1-16)
+I_TAG=$( (echo r3; git -C "$REPO" rev-parse HEAD; cd "$REPO" && tar --sort=name --mtime=@0 -cf - . | sha256sum) | sha256sum | cut -c1-16)
 I_IMAGE=floe.local/sweb.eval.$ID:$I_TAG
 if ! grep -qx "$I_IMAGE" <<<"$have"; then
   R=$D/images/instance-root
@@ -66,6 +68,8 @@ if ! grep -qx "$I_IMAGE" <<<"$have"; then
   mkdir -p "$R/opt/miniconda3/bin"
   printf '# The public images activate their conda environment here; this one has none.\nconda() { :; }\n' > "$R/opt/miniconda3/bin/activate"
   cp -a "$REPO" "$R/testbed"
+  mkdir -p "$R/opt/site"
+  cp "$REPO/calc.py" "$R/opt/site/calc.py"
   python3 "$HERE/mkimage.py" "$D/images/instance.tar" "$I_IMAGE" "$R" --cmd /bin/sh --user 1000:1000 --workdir /testbed >&2
   "${CTR[@]}" images import "$D/images/instance.tar" >/dev/null
   rm -rf "$R" "$D/images/instance.tar"

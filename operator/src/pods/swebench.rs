@@ -7,7 +7,13 @@
 //! - the agent works in that volume mounted at `/testbed`, where its own test runs import it;
 //! - the grader mounts the workspace elsewhere and builds the evaluation copy in a volume of its
 //!   own mounted at `/testbed`, where the instance's eval script and environment expect it;
-//! - a sidecar of an image with the `swebench` package answers the grader on loopback.
+//! - a sidecar of an image with the `swebench` package answers the grader on loopback;
+//! - the grader runs as root, as swebench's harness runs the eval script: the public images'
+//!   environments are root's, and some eval scripts install the repository into them (or run
+//!   `locale-gen`) before the tests. It keeps the three capabilities it needs (to give the
+//!   agent what it prepared, to read what the agent left, to drop the rest), and every program
+//!   it starts, the eval script first, runs with none: root only over root's own files, in a
+//!   container the agent never ran in. A template's own `securityContext` replaces this.
 
 use floe_crds::rollout_job::SweBenchTasks;
 use k8s_openapi::api::core::v1::Pod;
@@ -21,8 +27,25 @@ const SEED_MOUNT: &str = "/floe-seed";
 pub const BRIDGE_CONTAINER: &str = "swebench";
 const BRIDGE_LISTEN: &str = "127.0.0.1:8391";
 
+/// The grader's security context where the template sets none (the module's comment).
+/// Capabilities from Pod Security's `baseline` list: `CHOWN` to give the agent its workspace
+/// and home, `DAC_OVERRIDE` to read what it left whatever their modes, `SETPCAP` to start
+/// every program with no capability at all.
+fn root_grader() -> Value {
+    json!({
+        "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false, "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "SETPCAP"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    })
+}
+
 /// Rewrites a sandbox pod built by [`super::sandbox::build`] for SWE-bench instances.
-pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Error> {
+/// `own_security`: the template sets its own `securityContext`, which every container keeps.
+pub fn adapt(
+    pod: Pod,
+    settings: &SweBenchTasks,
+    own_security: bool,
+) -> Result<Pod, serde_json::Error> {
     let mut v = serde_json::to_value(pod)?;
     let repo = settings.repository_directory.as_str();
     let spec = &mut v["spec"];
@@ -103,6 +126,12 @@ pub fn adapt(pod: Pod, settings: &SweBenchTasks) -> Result<Pod, serde_json::Erro
                     &format!("http://{BRIDGE_LISTEN}/"),
                 ] {
                     push(args, arg.into());
+                }
+                if !own_security {
+                    let agent = super::sandbox::SANDBOX_UID;
+                    push(args, "--agent-user".into());
+                    push(args, format!("{agent}:{agent}").into());
+                    container["securityContext"] = root_grader();
                 }
             }
             Some(AGENT_CONTAINER) => {

@@ -86,7 +86,8 @@ pub fn build(p: &SessionPodFor) -> Result<Pod, serde_json::Error> {
         native_sidecars: p.native_sidecars,
     })?;
     if let Some(settings) = &p.job.spec.tasks.swebench {
-        pod = crate::pods::swebench::adapt(pod, settings)?;
+        let own_security = spec.template.security_context.is_some();
+        pod = crate::pods::swebench::adapt(pod, settings, own_security)?;
     }
     let meta = &mut pod.metadata;
     let labels = meta.labels.get_or_insert_with(BTreeMap::new);

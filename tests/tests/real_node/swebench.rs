@@ -3,7 +3,11 @@
 //! images keep it), a pod per session from the job's `poolTemplate`, the seed step, the grading
 //! sidecar with the `swebench` package, and the instance's eval script run at `/testbed` in the
 //! grader container. An agent that fixes the bug (after finding no trace of either patch where
-//! it can look) resolves; one that does nothing scores 0.
+//! it can look) resolves; one that does nothing scores 0; an instance whose `PASS_TO_PASS` fails
+//! on its untouched repository is infrastructure, its fix never scored. The eval scripts
+//! install the repository into the image's root-owned environment before the tests, as
+//! Django 1.x's `setup.py install` does: the grader runs them as root, as swebench does, or the
+//! tests would import the image's copy and the fix would score 0.
 
 use super::*;
 use floe_tests::swebench_instance::{self as swe, GOLD_PATCH_MARKER, TEST_PATCH_MARKER};
@@ -36,6 +40,12 @@ print("cwd", os.getcwd(), "leaks", leaks, flush=True)
 if behaviour == "fix" and not leaks and "return a - b" in open("calc.py").read():
     open("calc.py", "w").write(FIXED)
 "#;
+
+/// The eval script's install into the image's environment (`/opt/site`, root's, holding the
+/// base commit's `calc.py`: `swebench-images.sh`), which the tests then import from, not from
+/// the evaluation copy (`PYTHONSAFEPATH`: not from the working directory).
+const REINSTALL: &str =
+    "cp calc.py /opt/site/calc.py\nexport PYTHONPATH=/opt/site PYTHONSAFEPATH=1\n";
 
 #[tokio::test]
 async fn swebench_instances_run_in_their_own_image_and_are_graded_by_swebench() -> Result<()> {
@@ -79,13 +89,25 @@ async fn swebench_instances_run_in_their_own_image_and_are_graded_by_swebench() 
     };
     let (grader, instance) = (image("grader")?, image("instance")?);
     let activate = std::path::Path::new("/opt/miniconda3/bin/activate");
-    let lines: Vec<String> = [(1, "fix"), (2, "nothing")]
+    let lines: Vec<String> = [(1, "fix"), (2, "nothing"), (3, "fix")]
         .iter()
         .map(|(k, behaviour)| {
             let statement =
                 format!("calc.add(2, 3) returns -1; it should return 5.\nagent: {behaviour}\n");
             let mut line = swe::instance(&up, *k, &statement, activate);
             line["image"] = instance.clone().into();
+            let script = line["eval_script"].as_str().unwrap_or_default().replacen(
+                "cd /testbed\n",
+                &format!("cd /testbed\n{REINSTALL}"),
+                1,
+            );
+            line["eval_script"] = script.into();
+            if *k == 3 {
+                // A PASS_TO_PASS test this environment never passes (as one that needs the
+                // network): every session of the instance would score 0.
+                line["PASS_TO_PASS"] =
+                    json!([swe::PASS_TO_PASS, "tests/test_calc.py::test_online"]);
+            }
             line.to_string()
         })
         .collect();
@@ -132,7 +154,34 @@ async fn swebench_instances_run_in_their_own_image_and_are_graded_by_swebench() 
     )
     .await?;
     let status = finished(n, &client, &ns, "swe").await?;
-    assert_eq!(status.sessions.succeeded, 2, "both scored: {status:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    // Events are published beside the status write, not before it.
+    let failed = eventually_within(60, "a SessionFailed event", async || {
+        let notes: Vec<String> = events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("SessionFailed"))
+            .filter_map(|e| e.note)
+            .collect();
+        Ok((!notes.is_empty()).then_some(notes))
+    })
+    .await
+    .unwrap_or_default();
+    assert_eq!(
+        (status.sessions.succeeded, status.sessions.failed),
+        (2, 1),
+        "two scored, the unfit instance failed: {status:?}\n{failed:?}"
+    );
+    assert!(
+        failed.len() == 1
+            // The third task, acme__calc-3.
+            && failed[0].starts_with("session 2 ")
+            && failed[0].contains("PASS_TO_PASS tests fail on its untouched repository")
+            && failed[0].contains("test_online"),
+        "{failed:?}"
+    );
     let lines = dataset(&work.data.path().join("swe"), 2).await?;
     for (id, reward) in [("acme__calc-1", 1.0), ("acme__calc-2", 0.0)] {
         let t = lines

@@ -5,13 +5,17 @@ use super::*;
 use crate::pods::sandbox::{build, SandboxPod};
 
 fn pod(native: bool) -> Value {
-    let spec: GatewayPoolSpec = serde_json::from_value(json!({
-        "replicas": 0,
-        "template": {"image": "swebench/sweb.eval.x86_64.acme_1776_calc-1:latest",
-                     "graderImage": "graders/pytest:3",
-                     "securityContext": {"runAsUser": 1000}},
-    }))
-    .expect("spec");
+    pod_with(native, Some(json!({"runAsUser": 1000})))
+}
+
+fn pod_with(native: bool, security: Option<Value>) -> Value {
+    let mut template = json!({"image": "swebench/sweb.eval.x86_64.acme_1776_calc-1:latest",
+                              "graderImage": "graders/pytest:3"});
+    if let Some(security) = &security {
+        template["securityContext"] = security.clone();
+    }
+    let spec: GatewayPoolSpec =
+        serde_json::from_value(json!({"replicas": 0, "template": template})).expect("spec");
     let pod = build(&SandboxPod {
         name: "swe-0",
         namespace: "ns",
@@ -26,7 +30,59 @@ fn pod(native: bool) -> Value {
         grader_image: "registry.local/swebench-grader:5.0.2".into(),
         ..Default::default()
     };
-    serde_json::to_value(adapt(pod, &settings).expect("adapted")).expect("json")
+    serde_json::to_value(adapt(pod, &settings, security.is_some()).expect("adapted")).expect("json")
+}
+
+/// The grader runs the eval script as swebench's harness does, as root (the images'
+/// environments are root's), keeping only what it needs and giving its programs nothing; the
+/// agent, the seed step and the bridge stay the sandbox's user. A template's own security
+/// context is every container's, as in any pod.
+#[test]
+fn the_grader_runs_as_root_with_three_capabilities_unless_the_template_says_otherwise() {
+    let p = pod_with(false, None);
+    let grader = named(&p["spec"]["containers"], "sandbox");
+    let sc = &grader["securityContext"];
+    assert_eq!(
+        (sc["runAsUser"].as_i64(), sc["runAsNonRoot"].as_bool()),
+        (Some(0), Some(false))
+    );
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(
+        sc["capabilities"]["add"],
+        json!(["CHOWN", "DAC_OVERRIDE", "SETPCAP"])
+    );
+    let args: Vec<&str> = grader["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--agent-user")
+        .expect("--agent-user");
+    assert_eq!(args[at + 1], "1000:1000");
+    for (list, name) in [
+        ("containers", "agent"),
+        ("containers", "swebench"),
+        ("initContainers", "floe-seed"),
+    ] {
+        let sc = &named(&p["spec"][list], name)["securityContext"];
+        assert_eq!(
+            (sc["runAsUser"].as_i64(), sc["runAsNonRoot"].as_bool()),
+            (Some(1000), Some(true)),
+            "{name}: {sc}"
+        );
+    }
+    let own = pod_with(false, Some(json!({"runAsUser": 1234})));
+    let grader = named(&own["spec"]["containers"], "sandbox");
+    assert_eq!(grader["securityContext"], json!({"runAsUser": 1234}));
+    assert!(!grader["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .any(|a| a == "--agent-user"));
 }
 
 fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
