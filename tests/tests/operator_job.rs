@@ -1064,6 +1064,59 @@ async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<(
     Ok(())
 }
 
+/// `poolTemplate` session pods the apiserver refuses for good (here a quota the job's own
+/// collector fills; in a cluster, Pod Security `restricted` refusing a SWE-bench job's root
+/// grader) while the job has no pod: the job stalls naming the pod and the apiserver's words,
+/// instead of failing every round in the operator's log only; once the quota allows them, the
+/// pods are made and the job runs to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_pods_the_apiserver_refuses_stall_the_job_saying_why() -> Result<()> {
+    let (client, ns) = with_crds("podrefused").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = scoring_node(&client, &ns.name, 58)?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(client.clone(), &ns.name);
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}},
+            }))?,
+        )
+        .await?;
+    // In force before the job (quota admission reads the apiserver's own cache).
+    eventually("the quota in force", async || {
+        let q = quotas.get("one-pod").await?;
+        Ok(q.status
+            .and_then(|s| s.hard)
+            .is_some_and(|h| h.contains_key("pods"))
+            .then_some(()))
+    })
+    .await?;
+    let mut spec = job("refused", &["a"], 1, json!({"lookahead": 0}))?;
+    spec.spec.pool_ref = None;
+    spec.spec.pool_template = Some(serde_json::from_value(
+        json!({"image": "ghcr.io/acme/harness:1", "workingDir": "/testbed"}),
+    )?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "refused", "PodCreateRejected").await?;
+    assert!(
+        notes[0].contains("the apiserver refused 1 session pod(s) of the job")
+            && notes[0].contains("creating session pod")
+            && notes[0].contains("quota"),
+        "{notes:?}"
+    );
+    quotas.delete("one-pod", &Default::default()).await?;
+    let done = succeeded(&jobs, "refused", 120).await?;
+    assert_eq!(done.sessions.succeeded, 1, "{done:?}");
+    assert!(condition(&done, "Stalled").is_none(), "{done:?}");
+    delete_jobs(&jobs).await?;
+    kubelet.stop().await?;
+    Ok(())
+}
+
 /// The job's tasks from a ConfigMap, edited after its first session: sessions are numbered by
 /// task order, so the job stalls (`TasksChanged`) instead of taking scored sessions for other
 /// tasks'; restored, it goes on.

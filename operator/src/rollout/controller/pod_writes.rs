@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::observe::Observed;
-use super::{JobContext, JobError};
+use super::{Halt, JobContext, JobError};
 use crate::pods::names::{JOB_LABEL, STATE_LABEL};
 use crate::pods::PodState;
 use crate::rollout::freshness::{version, Bar};
@@ -26,7 +26,7 @@ pub(super) async fn release_and_replace(
     job: &RolloutJob,
     observed: &Observed,
     decided: &JobPlan,
-) -> Result<(), JobError> {
+) -> Result<(), Halt> {
     let ns = job.namespace().unwrap_or_default();
     let uid = job.uid().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -294,7 +294,7 @@ async fn create_prewarmed(
     job: &RolloutJob,
     observed: &Observed,
     sessions: &[(u32, u32)],
-) -> Result<(), JobError> {
+) -> Result<(), Halt> {
     let Some(template) = &job.spec.pool_template else {
         return Ok(());
     };
@@ -348,5 +348,37 @@ async fn create_prewarmed(
         .buffer_unordered(ctx.in_flight)
         .collect()
         .await;
-    created.into_iter().collect()
+    refused_for_good(created, observed.pods.is_empty())
+}
+
+/// The creates of one round: when the apiserver refused every one for good (an admission rule
+/// such as Pod Security's, a quota of no pods, a RuntimeClass that does not exist) and the job
+/// has no pod at all, it cannot run a session until the user changes something: it stalls,
+/// saying which pod and why, instead of failing every round in the operator's log only. With
+/// pods of its own, a refusal (a quota the running ones fill) is tried again next round.
+fn refused_for_good(created: Vec<Result<(), JobError>>, no_pods: bool) -> Result<(), Halt> {
+    let refusals: Vec<&str> = created
+        .iter()
+        .filter_map(|c| match c {
+            Err(JobError::Api(call)) => call.refusal().map(|_| call.doing.as_str()),
+            _ => None,
+        })
+        .collect();
+    if no_pods && !created.is_empty() && refusals.len() == created.len() {
+        let first = created.iter().find_map(|c| match c {
+            Err(JobError::Api(call)) => call.refusal(),
+            _ => None,
+        });
+        return Err(Halt::Blocked(crate::rollout::status::Blocked::stalled(
+            "PodCreateRejected",
+            format!(
+                "the apiserver refused {} session pod(s) of the job ({}): {}",
+                refusals.len(),
+                refusals[0],
+                first.unwrap_or_default()
+            ),
+        )));
+    }
+    created.into_iter().collect::<Result<(), JobError>>()?;
+    Ok(())
 }
