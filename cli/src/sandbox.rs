@@ -70,7 +70,7 @@ pub struct SandboxArgs {
     agent_workspace: Option<PathBuf>,
     /// The agent container's user, `UID:GID`, when this container runs as root (a SWE-bench
     /// pod's grader): what the agent is given to write (the workspace, its home) is made its
-    /// before it starts, and every program this runner starts runs with no capability.
+    /// before it starts, and the evaluator runs with no capability.
     #[arg(long, requires = "agent_dir", value_parser = floe_sandbox::sandbox_user::parse)]
     agent_user: Option<(u32, u32)>,
     /// Check at start that this pod's egress is restricted (`warn` or `refuse` when it is

@@ -7,20 +7,25 @@
 //! timer, which it does not give) and accepts without bound, so thousands of half-sent heads,
 //! each holding a read buffer of up to ~400 KB, could run a sidecar out of memory; a dead
 //! sidecar reads as the pod's failure, not the agent's. Here:
-//! - at most [`Limits::max_connections`] at once: the next connection waits in the kernel's
-//!   backlog until one ends (none is refused, so a harness's call is late, never lost);
+//! - at most [`Limits::max_per_peer`] connections from one peer at once, the next one from it
+//!   closed at once: a peer is an address of another host, and every connection from this
+//!   one (loopback, or the pod's own address, which the agent shares) is one peer. So the agent
+//!   cannot take the kubelet's probe's slot, the operator's, or another pod's;
+//! - at most [`Limits::max_connections`] in all: the next waits in the kernel's backlog;
 //! - a request head must arrive whole within [`Limits::header_read_timeout`], which also closes
 //!   a keep-alive connection left idle that long;
 //! - a head (and a connection's buffer) is at most [`MAX_BUFFER_BYTES`];
 //! - HTTP/1 only: no client of these servers speaks h2c, and an h2 connection multiplies what
 //!   one connection may hold by its streams.
 //!
-//! So what one server can be made to hold is bounded, whoever connects. A slow request *body*
-//! holds its connection until the handler's own limits end it; with the cap, that is bounded
-//! too. Stopping is graceful as with `axum::serve`: no new connection, calls under way finish.
+//! So what heads one server can be made to hold is bounded, whoever connects. A request *body*
+//! is bounded by each server's own body limit per connection. Stopping is graceful as with
+//! `axum::serve`: no new connection, calls under way finish.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::serve::Listener;
@@ -32,11 +37,17 @@ use hyper_util::service::TowerToHyperService;
 /// hyper's default is ~400 KB; SDKs send heads of a few KB.
 pub const MAX_BUFFER_BYTES: usize = 64 * 1024;
 
+/// How long floe's own clients of these servers keep an idle connection: less than
+/// [`Limits::header_read_timeout`], so that the server never closes one as a call goes out on it.
+pub const CLIENT_IDLE: Duration = Duration::from_secs(20);
+
 /// How much one server takes at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Connections open at once; more wait to be accepted.
     pub max_connections: usize,
+    /// Connections from one peer ([`Peer`]) at once; more are closed as they come.
+    pub max_per_peer: usize,
     /// A request head must be read whole within this (from its first byte awaited).
     pub header_read_timeout: Duration,
 }
@@ -45,31 +56,116 @@ impl Limits {
     /// A server many callers use at once: `floe run`'s gateway (every session's), a job's
     /// collector and policy proxy (every pod's).
     pub const SHARED: Self = Self {
-        max_connections: 1024,
+        max_connections: 4096,
+        max_per_peer: 64,
         header_read_timeout: Duration::from_secs(30),
     };
     /// A pod's gateway sidecar, its model API: one session's harness, which makes a few
     /// calls at a time.
     pub const SESSION: Self = Self {
         max_connections: 256,
+        max_per_peer: 256,
         header_read_timeout: Duration::from_secs(30),
     };
-    /// A server with a handful of callers: a control port, a grading bridge, a task loader.
+    /// A server with a handful of callers: a control port (the kubelet's probes, the
+    /// operator, Prometheus, each a peer of its own), a grading bridge, a task loader.
     pub const CONTROL: Self = Self {
-        max_connections: 128,
+        max_connections: 256,
+        max_per_peer: 32,
         header_read_timeout: Duration::from_secs(30),
     };
 }
 
+/// Who a connection is from, for [`Limits::max_per_peer`]: another host by its address, and
+/// this one (loopback, or this host's own address: the agent shares the pod's) as one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Peer {
+    ThisHost,
+    Other(IpAddr),
+}
+
+impl Peer {
+    pub fn of(peer: IpAddr, local: IpAddr) -> Self {
+        let peer = peer.to_canonical();
+        if peer.is_loopback() || peer == local.to_canonical() {
+            Self::ThisHost
+        } else {
+            Self::Other(peer)
+        }
+    }
+}
+
+/// A connection's peer, as its stream tells.
+pub trait PeerOf {
+    fn peer(&self) -> Peer;
+}
+
+impl PeerOf for tokio::net::TcpStream {
+    fn peer(&self) -> Peer {
+        match (self.peer_addr(), self.local_addr()) {
+            (Ok(p), Ok(l)) => Peer::of(p.ip(), l.ip()),
+            _ => Peer::ThisHost,
+        }
+    }
+}
+
+impl PeerOf for tokio::net::UnixStream {
+    fn peer(&self) -> Peer {
+        Peer::ThisHost
+    }
+}
+
+/// Connections open, by peer.
+#[derive(Default)]
+struct PeerSlots(Mutex<HashMap<Peer, usize>>);
+
+impl PeerSlots {
+    /// One more of `peer`'s, unless it holds `max` already.
+    fn take(self: &Arc<Self>, peer: Peer, max: usize) -> Option<PeerSlot> {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = held.entry(peer).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(self.clone(), peer))
+    }
+}
+
+/// One connection of a peer's; given back when dropped.
+struct PeerSlot(Arc<PeerSlots>, Peer);
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut held = (self.0)
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.1);
+            }
+        }
+    }
+}
+
 /// Serve `app` on `listener` within `limits` until `shutdown` resolves, then stop taking
 /// connections and wait for those open to finish their calls.
-pub async fn serve<L: Listener>(
+pub async fn serve<L>(
     mut listener: L,
     app: axum::Router,
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send,
-) {
+) where
+    L: Listener,
+    L::Io: PeerOf,
+{
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let peers = Arc::new(PeerSlots::default());
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
@@ -90,13 +186,17 @@ pub async fn serve<L: Listener>(
             (io, _) = listener.accept() => io,
             () = &mut shutdown => break,
         };
+        // Past its peer's share: closed now, so that it never waits in front of another's.
+        let Some(peer_slot) = peers.take(io.peer(), limits.max_per_peer.max(1)) else {
+            continue;
+        };
         let service = TowerToHyperService::new(app.clone());
         let connection = graceful.watch(http.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(slot);
+            drop((slot, peer_slot));
         });
     }
     drop(listener);
@@ -155,6 +255,7 @@ mod tests {
     async fn a_head_sent_too_slowly_is_closed_and_an_idle_keep_alive_too() {
         let limits = Limits {
             max_connections: 8,
+            max_per_peer: 8,
             header_read_timeout: Duration::from_millis(300),
         };
         let (addr, _stop) = server(limits).await;
@@ -183,6 +284,7 @@ mod tests {
     async fn a_connection_past_the_cap_waits_until_one_ends_and_is_then_served() {
         let limits = Limits {
             max_connections: 3,
+            max_per_peer: 3,
             header_read_timeout: Duration::from_secs(60),
         };
         let (addr, _stop) = server(limits).await;
@@ -207,6 +309,54 @@ mod tests {
         assert!(
             answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
             "the waiting connection was not served once one ended: {answer:?}"
+        );
+    }
+
+    /// One peer past its share is closed at once (not queued in front of other peers'
+    /// connections), and its held connections keep being served.
+    #[tokio::test]
+    async fn a_peer_past_its_share_is_closed_at_once() {
+        let limits = Limits {
+            max_connections: 8,
+            max_per_peer: 2,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let (addr, _stop) = server(limits).await;
+        let held = [half_sent(addr).await, half_sent(addr).await];
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        let _ = third.write_all(REQUEST).await;
+        let answer = read_to_close(&mut third, Duration::from_secs(5)).await;
+        assert_eq!(
+            answer.as_deref(),
+            Some(""),
+            "a third connection of one peer was served"
+        );
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut again = TcpStream::connect(addr).await.expect("connect");
+        again.write_all(REQUEST).await.expect("write");
+        let answer = read_to_close(&mut again, Duration::from_secs(5)).await;
+        assert!(
+            answer.is_some_and(|a| a.starts_with("HTTP/1.1 200")),
+            "its share came back"
+        );
+    }
+
+    /// Loopback, and this host's own address, are one peer (the agent has both); any other
+    /// address is a peer of its own.
+    #[test]
+    fn this_host_is_one_peer_and_every_other_address_its_own() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        let pod = ip("10.244.0.9");
+        assert_eq!(Peer::of(ip("127.0.0.1"), ip("127.0.0.1")), Peer::ThisHost);
+        assert_eq!(Peer::of(ip("127.3.2.1"), pod), Peer::ThisHost);
+        assert_eq!(Peer::of(ip("::1"), pod), Peer::ThisHost);
+        assert_eq!(Peer::of(pod, pod), Peer::ThisHost);
+        assert_eq!(Peer::of(ip("::ffff:10.244.0.9"), pod), Peer::ThisHost);
+        assert_eq!(
+            Peer::of(ip("10.244.0.1"), pod),
+            Peer::Other(ip("10.244.0.1"))
         );
     }
 

@@ -120,8 +120,9 @@ pub struct AgentContainer {
     pub workspace: Option<PathBuf>,
     /// The agent container's `(uid, gid)` when this runner is root (a SWE-bench pod's grader,
     /// which the images' root-owned environments need): the workspace and the agent's
-    /// directory are made the agent's before it starts, and every child of the runner runs
-    /// with no capability ([`crate::process::CommandSpec::drop_capabilities`]).
+    /// directory are made the agent's before it starts, and the evaluator (the eval script,
+    /// the agent's code in it) runs with no capability
+    /// ([`crate::process::CommandSpec::drop_capabilities`]).
     pub user: Option<(u32, u32)>,
 }
 
@@ -148,7 +149,7 @@ pub(crate) fn child(
         cap_bytes: config.log_cap_bytes,
         timeout: Duration::from_secs(timeout_seconds.max(1) as u64),
         kill_grace: config.kill_grace,
-        drop_capabilities: config.agent.as_ref().is_some_and(|a| a.user.is_some()),
+        drop_capabilities: false,
     }
 }
 

@@ -32,7 +32,11 @@ impl GatewayClient {
         Self {
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
-            http: reqwest::Client::new(),
+            // The gateway closes a connection idle 30 s: let go first.
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(std::time::Duration::from_secs(20))
+                .build()
+                .unwrap_or_default(),
         }
     }
 

@@ -37,6 +37,9 @@ impl Evaluator<'_> {
         );
         // Its whole report, when the report is its stdout: the summary is at the end.
         evaluator.cap_bytes = REPORT_LIMIT;
+        // A root grader's (a SWE-bench pod's) capabilities are its own: the code under test
+        // is root over root's files and nothing more. Its prepare steps, the job's, keep them.
+        evaluator.drop_capabilities = config.agent.as_ref().is_some_and(|a| a.user.is_some());
         if config.agent.is_none() {
             crate::children::drop_users_credentials(&mut evaluator);
         }

@@ -129,7 +129,7 @@ pub(crate) async fn grade(
     let baseline_first = swebench.is_some() && config.confinement.is_none();
     if let (Some(prepared), true) = (&swebench, baseline_first) {
         prepared
-            .baseline(config, evaluator(), pristine, &hidden)
+            .baseline(config, evaluator(), pristine, &hidden, true)
             .await?;
     }
     // A mounted evaluation directory (a pod's `/testbed`) may hold an earlier attempt's copy,
@@ -209,7 +209,7 @@ pub(crate) async fn grade(
     // swebench reads the log once everything the evaluator ran has ended.
     let graded = match (&swebench, &ran.exit) {
         (Some(prepared), Exit::Code(_)) => {
-            let baseline = prepared.baseline(config, evaluator(), pristine, &hidden);
+            let baseline = prepared.baseline(config, evaluator(), pristine, &hidden, false);
             Some(prepared.verdict(&stdout, baseline_first, baseline).await?)
         }
         // An instance whose honest tests outlast `evaluatorSeconds` would score every session
@@ -217,7 +217,7 @@ pub(crate) async fn grade(
         // it ran first). Its timing out too is infrastructure.
         (Some(prepared), Exit::TimedOut) if !baseline_first => {
             prepared
-                .baseline(config, evaluator(), pristine, &hidden)
+                .baseline(config, evaluator(), pristine, &hidden, false)
                 .await?;
             None
         }

@@ -104,12 +104,19 @@ impl SweBenchPrepared {
     /// base commit runs no agent code. It runs where the evaluation does (the image's
     /// environment may import from there only), which it leaves holding the untouched
     /// repository.
+    ///
+    /// `judge_fit`: also refuse an instance whose untouched repository does not read as its
+    /// lists say ([`unfit_on_its_base`]). Only where the baseline runs on every session, before
+    /// the agent's evaluation (pods): run only for a log without results (`floe run`), it would
+    /// let an agent that hid its results make its loss on such an instance unscored while
+    /// honest sessions of it score 0.
     pub async fn baseline(
         &self,
         config: &RunnerConfig,
         evaluator: Evaluator<'_>,
         pristine: &Path,
         hidden: &BTreeMap<String, String>,
+        judge_fit: bool,
     ) -> Result<(), String> {
         let dir = config.eval_dir();
         workspace::clear(&dir).map_err(|e| format!("baseline copy: {e}"))?;
@@ -123,7 +130,7 @@ impl SweBenchPrepared {
             .await
             .map_err(|e| format!("the instance's untouched repository: {e}"))?;
         if graded.read {
-            return match unfit_on_its_base(&graded) {
+            return match unfit_on_its_base(&graded).filter(|_| judge_fit) {
                 Some(why) => Err(format!(
                     "{why}; the tests' output ends: {}",
                     test_output_tail(&log, 3)

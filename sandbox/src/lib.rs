@@ -33,6 +33,7 @@ pub mod grading;
 mod grading_swebench;
 mod import_shadowing;
 pub mod limits;
+pub mod pod_files;
 pub mod presets;
 pub mod process;
 mod protected;

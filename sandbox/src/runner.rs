@@ -560,12 +560,28 @@ async fn session_outcome(
         return infra_error(format!("closing the session: {e}"));
     }
 
-    // Evaluation in a fresh copy; hidden files only now.
-    let evaluation =
-        match crate::grading::grade(config, spec, &pristine, ws, &cgroup_procs, summary).await {
-            Ok(e) => e,
-            Err(message) => return infra_error(message),
-        };
+    // Evaluation in a fresh copy; hidden files only now. A root grader's evaluation could
+    // rewrite what the pod's containers resolve names by: put back before anything ships.
+    let root_grader = config.agent.as_ref().is_some_and(|a| a.user.is_some());
+    let shared = root_grader.then(|| {
+        let paths: Vec<&Path> = crate::pod_files::SHARED.iter().map(Path::new).collect();
+        crate::pod_files::Kept::read(&paths)
+    });
+    let graded = crate::grading::grade(config, spec, &pristine, ws, &cgroup_procs, summary).await;
+    match shared.as_ref().map(crate::pod_files::Kept::restore) {
+        Some(Ok(restored)) if !restored.is_empty() => {
+            tracing::warn!(
+                ?restored,
+                "the evaluation rewrote files the pod's containers share: put back"
+            );
+        }
+        Some(Err(e)) => return infra_error(e),
+        _ => {}
+    }
+    let evaluation = match graded {
+        Ok(e) => e,
+        Err(message) => return infra_error(message),
+    };
     let mut evaluation = evaluation;
     if let Some(why) = over_disk {
         // Out of disk as out of time: the policy's failure (`failureReward` as

@@ -997,6 +997,37 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
     Ok(())
 }
 
+/// A ResourceQuota of `pods` pods named `name`, once in force. Quota admission reads quotas
+/// from the apiserver's own cache, so a pod created right after the quota can slip through
+/// (CI saw it once); the controller-manager's status on the quota comes after the cache has it.
+async fn pod_quota(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    pods: u32,
+) -> Result<Api<k8s_openapi::api::core::v1::ResourceQuota>> {
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(client.clone(), ns);
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": name}, "spec": {"hard": {"pods": pods.to_string()}},
+            }))?,
+        )
+        .await?;
+    eventually("the quota in force", async || {
+        let q = quotas.get(name).await?;
+        Ok(q.status
+            .and_then(|s| s.hard)
+            .is_some_and(|h| h.contains_key("pods"))
+            .then_some(()))
+    })
+    .await?;
+    Ok(quotas)
+}
+
 /// The job's own pod (here the sft dataset collector) refused by the apiserver (a quota of no
 /// pods): the job stalls naming the pod and the apiserver's words, with a Warning and its
 /// blocker metric, instead of failing every reconcile in the operator's log only; once the
@@ -1006,28 +1037,7 @@ async fn a_job_pod_the_apiserver_refuses_stalls_the_job_saying_why() -> Result<(
     let (client, ns) = with_crds("jobrefused").await?;
     let operator = Operator::start(&ns.name, &[])?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
-    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
-        Api::namespaced(client.clone(), &ns.name);
-    quotas
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "ResourceQuota",
-                "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}},
-            }))?,
-        )
-        .await?;
-    // Quota admission reads quotas from the apiserver's own cache, so a pod created right
-    // after the quota can slip through (CI saw it once). The controller-manager's status
-    // on the quota comes after the cache has it.
-    eventually("the quota in force", async || {
-        let q = quotas.get("no-pods").await?;
-        Ok(q.status
-            .and_then(|s| s.hard)
-            .is_some_and(|h| h.contains_key("pods"))
-            .then_some(()))
-    })
-    .await?;
+    let quotas = pod_quota(&client, &ns.name, "no-pods", 0).await?;
     create_pool(&client, &ns.name, "warm", 0).await?;
     jobs.create(
         &PostParams::default(),
@@ -1075,26 +1085,7 @@ async fn session_pods_the_apiserver_refuses_stall_the_job_saying_why() -> Result
     let _operator = Operator::start(&ns.name, &[])?;
     let kubelet = scoring_node(&client, &ns.name, 58)?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
-    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
-        Api::namespaced(client.clone(), &ns.name);
-    quotas
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "ResourceQuota",
-                "metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}},
-            }))?,
-        )
-        .await?;
-    // In force before the job (quota admission reads the apiserver's own cache).
-    eventually("the quota in force", async || {
-        let q = quotas.get("one-pod").await?;
-        Ok(q.status
-            .and_then(|s| s.hard)
-            .is_some_and(|h| h.contains_key("pods"))
-            .then_some(()))
-    })
-    .await?;
+    let quotas = pod_quota(&client, &ns.name, "one-pod", 1).await?;
     let mut spec = job("refused", &["a"], 1, json!({"lookahead": 0}))?;
     spec.spec.pool_ref = None;
     spec.spec.pool_template = Some(serde_json::from_value(

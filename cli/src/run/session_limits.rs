@@ -21,15 +21,20 @@ pub struct SessionLimitArgs {
 
 /// What the run's one gateway (every session's) takes at once: room for each sandbox's whole
 /// share (its relay's cap), so sandboxes that fill theirs cannot starve a sibling's calls.
+/// Every connection comes from this host (the relays, a harness without a sandbox), one peer.
 pub fn gateway_connections(concurrency: usize) -> floe_gateway::serve_limited::Limits {
     use floe_gateway::serve_limited::Limits as Connections;
+    let most = MIN_GATEWAY_CONNECTIONS
+        .max(concurrency.saturating_mul(floe_sandbox::relay::MAX_CONNECTIONS) + 64);
     Connections {
-        max_connections: Connections::SHARED
-            .max_connections
-            .max(concurrency.saturating_mul(floe_sandbox::relay::MAX_CONNECTIONS) + 64),
+        max_connections: most,
+        max_per_peer: most,
         ..Connections::SHARED
     }
 }
+
+/// The least `floe run`'s gateway takes at once, however few sessions run.
+const MIN_GATEWAY_CONNECTIONS: usize = 1024;
 
 /// The size of each sandbox's `/tmp`: half of `--session-memory` where bubblewrap can size a
 /// tmpfs (its pages count against the session's memory, so a full `/tmp` says "no space"
@@ -86,9 +91,11 @@ mod tests {
     fn the_shared_gateway_has_room_for_every_sandboxs_share() {
         let relay = floe_sandbox::relay::MAX_CONNECTIONS;
         for concurrency in [1, 2, 31, 32, 64, 500] {
-            let cap = gateway_connections(concurrency).max_connections;
+            let limits = gateway_connections(concurrency);
+            let cap = limits.max_connections;
             assert!(cap > concurrency * relay, "{concurrency}: {cap}");
-            assert!(cap >= floe_gateway::serve_limited::Limits::SHARED.max_connections);
+            assert!(cap >= MIN_GATEWAY_CONNECTIONS);
+            assert_eq!(limits.max_per_peer, cap, "every connection is this host's");
         }
     }
 

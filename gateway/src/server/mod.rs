@@ -118,6 +118,8 @@ impl Gateway {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(256)
+            // floe's own servers close a connection idle 30 s (`serve_limited`): let go first.
+            .pool_idle_timeout(crate::serve_limited::CLIENT_IDLE)
             .tcp_nodelay(true)
             .build()?;
         Ok(Arc::new(Self {
@@ -405,6 +407,7 @@ mod tests {
         config.listen = free;
         config.connection_limits = crate::serve_limited::Limits {
             max_connections: 4,
+            max_per_peer: 4,
             header_read_timeout: Duration::from_millis(300),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

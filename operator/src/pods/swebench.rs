@@ -26,6 +26,8 @@ const GRADER_WORKSPACE: &str = "/floe-workspace";
 const SEED_MOUNT: &str = "/floe-seed";
 pub const BRIDGE_CONTAINER: &str = "swebench";
 const BRIDGE_LISTEN: &str = "127.0.0.1:8391";
+/// The grader's own `/dev/shm` (a memory-backed volume of its own).
+const GRADER_SHM: &str = "floe-grader-shm";
 
 /// The grader's security context where the template sets none (the module's comment).
 /// Capabilities from Pod Security's `baseline` list: `CHOWN` to give the agent its workspace
@@ -72,6 +74,9 @@ pub fn adapt(
     if let Some(init) = spec["initContainers"].as_array_mut() {
         let at = init.len().min(1);
         init.insert(at, seed);
+    }
+    if let Some(volumes) = spec["volumes"].as_array_mut() {
+        volumes.push(json!({"name": GRADER_SHM, "emptyDir": {"medium": "Memory"}}));
     }
     let mut eval_volume = volume(spec, "floe-workspace").unwrap_or_else(|| json!({"emptyDir": {}}));
     eval_volume["name"] = super::names::EVAL_VOLUME.into();
@@ -132,7 +137,26 @@ pub fn adapt(
                     push(args, "--agent-user".into());
                     push(args, format!("{agent}:{agent}").into());
                     container["securityContext"] = root_grader();
+                    // The template's own volumes (a dataset, a cache) may hold root's files
+                    // that later sessions read: the code under test, root here, writes none.
+                    for mount in container["volumeMounts"]
+                        .as_array_mut()
+                        .into_iter()
+                        .flatten()
+                    {
+                        let name = mount["name"].as_str().unwrap_or_default();
+                        if !name.starts_with("floe-") && name != super::names::EVAL_VOLUME {
+                            mount["readOnly"] = true.into();
+                        }
+                    }
                 }
+                // The pod's IPC namespace is shared, and so is its `/dev/shm`: what the agent
+                // left there (a full tmpfs) must not fail the untouched repository's tests,
+                // which would make its loss infrastructure.
+                push(
+                    &mut container["volumeMounts"],
+                    json!({"name": GRADER_SHM, "mountPath": "/dev/shm"}),
+                );
             }
             Some(AGENT_CONTAINER) => {
                 remount(container, "floe-workspace", repo);

@@ -10,7 +10,9 @@ fn pod(native: bool) -> Value {
 
 fn pod_with(native: bool, security: Option<Value>) -> Value {
     let mut template = json!({"image": "swebench/sweb.eval.x86_64.acme_1776_calc-1:latest",
-                              "graderImage": "graders/pytest:3"});
+                              "graderImage": "graders/pytest:3",
+                              "volumes": [{"name": "datasets", "emptyDir": {}}],
+                              "volumeMounts": [{"name": "datasets", "mountPath": "/data"}]});
     if let Some(security) = &security {
         template["securityContext"] = security.clone();
     }
@@ -75,6 +77,23 @@ fn the_grader_runs_as_root_with_three_capabilities_unless_the_template_says_othe
             "{name}: {sc}"
         );
     }
+    // Root writes none of the template's volumes; its `/dev/shm` is its own, not the pod's.
+    let mount = |c: &Value, path: &str| {
+        c["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .find(|m| m["mountPath"] == path)
+            .cloned()
+    };
+    assert_eq!(mount(grader, "/data").expect("/data")["readOnly"], true);
+    assert_eq!(
+        mount(grader, "/dev/shm").expect("shm")["name"],
+        "floe-grader-shm"
+    );
+    let agent = named(&p["spec"]["containers"], "agent");
+    assert!(mount(agent, "/dev/shm").is_none());
+    assert_ne!(mount(agent, "/data").expect("/data")["readOnly"], true);
     let own = pod_with(false, Some(json!({"runAsUser": 1234})));
     let grader = named(&own["spec"]["containers"], "sandbox");
     assert_eq!(grader["securityContext"], json!({"runAsUser": 1234}));

@@ -91,6 +91,8 @@ impl JobContext {
             early_claims: Some(DEFAULT_EARLY_CLAIM_LIMIT),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
+                // The gateways close a connection idle 30 s: let go first.
+                .pool_idle_timeout(floe_gateway::serve_limited::CLIENT_IDLE)
                 .build()
                 .unwrap_or_default(),
             memory: Mutex::default(),
