@@ -46,8 +46,11 @@ pub const CLIENT_IDLE: Duration = Duration::from_secs(20);
 pub struct Limits {
     /// Connections open at once; more wait to be accepted.
     pub max_connections: usize,
-    /// Connections from one peer ([`Peer`]) at once; more are closed as they come.
+    /// Connections from one other host ([`Peer::Other`]) at once; more are closed as they come.
     pub max_per_peer: usize,
+    /// Connections from this host ([`Peer::ThisHost`]: the pod itself, the agent included) at
+    /// once; more are closed as they come.
+    pub this_host_share: usize,
     /// A request head must be read whole within this (from its first byte awaited).
     pub header_read_timeout: Duration,
 }
@@ -58,6 +61,9 @@ impl Limits {
     pub const SHARED: Self = Self {
         max_connections: 4096,
         max_per_peer: 64,
+        // No agent runs beside a collector or a policy proxy; a service mesh's proxy makes
+        // every caller look like this host.
+        this_host_share: 4096,
         header_read_timeout: Duration::from_secs(30),
     };
     /// A pod's gateway sidecar, its model API: one session's harness, which makes a few
@@ -65,6 +71,7 @@ impl Limits {
     pub const SESSION: Self = Self {
         max_connections: 256,
         max_per_peer: 256,
+        this_host_share: 256,
         header_read_timeout: Duration::from_secs(30),
     };
     /// A server with a handful of callers: a control port (the kubelet's probes, the
@@ -72,6 +79,7 @@ impl Limits {
     pub const CONTROL: Self = Self {
         max_connections: 256,
         max_per_peer: 32,
+        this_host_share: 32,
         header_read_timeout: Duration::from_secs(30),
     };
 }
@@ -85,9 +93,12 @@ pub enum Peer {
 }
 
 impl Peer {
-    pub fn of(peer: IpAddr, local: IpAddr) -> Self {
-        let peer = peer.to_canonical();
-        if peer.is_loopback() || peer == local.to_canonical() {
+    /// `peer` reached `local`: a connection to a loopback address, or from one, or from the
+    /// address it reached, or from any other address of `own` (this host's interfaces: a pod
+    /// may have several) is this host's.
+    pub fn of(peer: IpAddr, local: IpAddr, own: &[IpAddr]) -> Self {
+        let (peer, local) = (peer.to_canonical(), local.to_canonical());
+        if peer.is_loopback() || local.is_loopback() || peer == local || own.contains(&peer) {
             Self::ThisHost
         } else {
             Self::Other(peer)
@@ -95,24 +106,53 @@ impl Peer {
     }
 }
 
-/// A connection's peer, as its stream tells.
+/// A connection's peer, as its stream tells; `own`: this host's addresses.
 pub trait PeerOf {
-    fn peer(&self) -> Peer;
+    fn peer(&self, own: &[IpAddr]) -> Peer;
 }
 
 impl PeerOf for tokio::net::TcpStream {
-    fn peer(&self) -> Peer {
+    fn peer(&self, own: &[IpAddr]) -> Peer {
         match (self.peer_addr(), self.local_addr()) {
-            (Ok(p), Ok(l)) => Peer::of(p.ip(), l.ip()),
+            (Ok(p), Ok(l)) => Peer::of(p.ip(), l.ip(), own),
             _ => Peer::ThisHost,
         }
     }
 }
 
 impl PeerOf for tokio::net::UnixStream {
-    fn peer(&self) -> Peer {
+    fn peer(&self, _own: &[IpAddr]) -> Peer {
         Peer::ThisHost
     }
+}
+
+/// This host's addresses (every interface's), read once as a server starts: an address of
+/// the pod's own is the pod, whichever it used.
+fn own_addresses() -> Vec<IpAddr> {
+    // `/proc/net/fib_trie` lists every local address (`/32 host LOCAL`) of the network
+    // namespace, IPv4; IPv6 ones are in `/proc/net/if_inet6`.
+    let mut own = Vec::new();
+    if let Ok(trie) = std::fs::read_to_string("/proc/net/fib_trie") {
+        let lines: Vec<&str> = trie.lines().collect();
+        for pair in lines.windows(2) {
+            if pair[1].contains("/32 host LOCAL") {
+                if let Ok(ip) = pair[0].trim().trim_start_matches("|-- ").parse() {
+                    own.push(ip);
+                }
+            }
+        }
+    }
+    if let Ok(v6) = std::fs::read_to_string("/proc/net/if_inet6") {
+        for line in v6.lines() {
+            let hex = line.split_whitespace().next().unwrap_or_default();
+            if let Ok(bits) = u128::from_str_radix(hex, 16) {
+                own.push(IpAddr::V6(std::net::Ipv6Addr::from(bits)));
+            }
+        }
+    }
+    own.sort();
+    own.dedup();
+    own
 }
 
 /// Connections open, by peer.
@@ -166,6 +206,7 @@ pub async fn serve<L>(
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let peers = Arc::new(PeerSlots::default());
+    let own = own_addresses();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
@@ -187,7 +228,12 @@ pub async fn serve<L>(
             () = &mut shutdown => break,
         };
         // Past its peer's share: closed now, so that it never waits in front of another's.
-        let Some(peer_slot) = peers.take(io.peer(), limits.max_per_peer.max(1)) else {
+        let peer = io.peer(&own);
+        let share = match peer {
+            Peer::ThisHost => limits.this_host_share,
+            Peer::Other(_) => limits.max_per_peer,
+        };
+        let Some(peer_slot) = peers.take(peer, share.max(1)) else {
             continue;
         };
         let service = TowerToHyperService::new(app.clone());
@@ -256,6 +302,7 @@ mod tests {
         let limits = Limits {
             max_connections: 8,
             max_per_peer: 8,
+            this_host_share: 8,
             header_read_timeout: Duration::from_millis(300),
         };
         let (addr, _stop) = server(limits).await;
@@ -285,6 +332,7 @@ mod tests {
         let limits = Limits {
             max_connections: 3,
             max_per_peer: 3,
+            this_host_share: 3,
             header_read_timeout: Duration::from_secs(60),
         };
         let (addr, _stop) = server(limits).await;
@@ -318,7 +366,8 @@ mod tests {
     async fn a_peer_past_its_share_is_closed_at_once() {
         let limits = Limits {
             max_connections: 8,
-            max_per_peer: 2,
+            max_per_peer: 8,
+            this_host_share: 2,
             header_read_timeout: Duration::from_secs(60),
         };
         let (addr, _stop) = server(limits).await;
@@ -343,20 +392,32 @@ mod tests {
         );
     }
 
-    /// Loopback, and this host's own address, are one peer (the agent has both); any other
-    /// address is a peer of its own.
+    /// Loopback, and this host's own addresses, are one peer (the agent has them all, and can
+    /// reach loopback from any of them); any other address is a peer of its own.
     #[test]
     fn this_host_is_one_peer_and_every_other_address_its_own() {
         let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
         let pod = ip("10.244.0.9");
-        assert_eq!(Peer::of(ip("127.0.0.1"), ip("127.0.0.1")), Peer::ThisHost);
-        assert_eq!(Peer::of(ip("127.3.2.1"), pod), Peer::ThisHost);
-        assert_eq!(Peer::of(ip("::1"), pod), Peer::ThisHost);
-        assert_eq!(Peer::of(pod, pod), Peer::ThisHost);
-        assert_eq!(Peer::of(ip("::ffff:10.244.0.9"), pod), Peer::ThisHost);
-        assert_eq!(
-            Peer::of(ip("10.244.0.1"), pod),
-            Peer::Other(ip("10.244.0.1"))
+        let own = [pod, ip("fd00::9")];
+        let of = |peer: &str, local: IpAddr| Peer::of(ip(peer), local, &own);
+        assert_eq!(of("127.0.0.1", ip("127.0.0.1")), Peer::ThisHost);
+        assert_eq!(of("127.3.2.1", pod), Peer::ThisHost);
+        assert_eq!(of("::1", pod), Peer::ThisHost);
+        assert_eq!(of("10.244.0.9", pod), Peer::ThisHost);
+        assert_eq!(of("::ffff:10.244.0.9", pod), Peer::ThisHost);
+        // From the pod's address to loopback; from its other address to this one.
+        assert_eq!(of("10.244.0.9", ip("127.0.0.1")), Peer::ThisHost);
+        assert_eq!(of("fd00::9", pod), Peer::ThisHost);
+        assert_eq!(of("10.244.0.1", pod), Peer::Other(ip("10.244.0.1")));
+    }
+
+    /// This machine's own addresses are found (loopback's among them).
+    #[test]
+    fn this_hosts_addresses_are_read() {
+        let own = own_addresses();
+        assert!(
+            own.contains(&"127.0.0.1".parse::<IpAddr>().expect("ip")),
+            "{own:?}"
         );
     }
 

@@ -3,8 +3,8 @@
 //! writable and root's. A SWE-bench pod's grader runs the agent's code as root
 //! ([`crate::children::AgentContainer::user`]): that code could point the name the gateway
 //! ships the session to at nothing, and turn its loss into an unshipped, retried session. So
-//! they are read before the evaluation and put back as they were after it, before anything
-//! ships.
+//! they are read before the session (before anything of the agent's runs) and put back as
+//! they were after the evaluation, before anything ships.
 
 use std::path::{Path, PathBuf};
 

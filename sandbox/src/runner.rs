@@ -374,6 +374,12 @@ async fn session_outcome(
     let state = &config.state_dir;
     let ws = &config.workspace;
     let infra_error = |message: String| SessionOutcome::InfraError { message };
+    // A pod's grader running as root (a SWE-bench pod's, or a template's own choice): the
+    // files its containers share, as they are before anything of the agent's runs.
+    let shared = (config.agent.is_some() && nix::unistd::geteuid().is_root()).then(|| {
+        let paths: Vec<&Path> = crate::pod_files::SHARED.iter().map(Path::new).collect();
+        crate::pod_files::Kept::read(&paths)
+    });
 
     // The task: its repository, files, prepare steps, then the snapshot the evaluator starts
     // from.
@@ -561,12 +567,8 @@ async fn session_outcome(
     }
 
     // Evaluation in a fresh copy; hidden files only now. A root grader's evaluation could
-    // rewrite what the pod's containers resolve names by: put back before anything ships.
-    let root_grader = config.agent.as_ref().is_some_and(|a| a.user.is_some());
-    let shared = root_grader.then(|| {
-        let paths: Vec<&Path> = crate::pod_files::SHARED.iter().map(Path::new).collect();
-        crate::pod_files::Kept::read(&paths)
-    });
+    // rewrite what the pod's containers resolve names by: put back (as they were before the
+    // agent) before anything ships.
     let graded = crate::grading::grade(config, spec, &pristine, ws, &cgroup_procs, summary).await;
     match shared.as_ref().map(crate::pod_files::Kept::restore) {
         Some(Ok(restored)) if !restored.is_empty() => {

@@ -1094,8 +1094,8 @@ async fn session_pods_the_apiserver_refuses_stall_the_job_saying_why() -> Result
     jobs.create(&PostParams::default(), &spec).await?;
     let notes = stalled_for(&client, &jobs, &ns.name, "refused", "PodCreateRejected").await?;
     assert!(
-        notes[0].contains("the apiserver refused 1 session pod(s) of the job")
-            && notes[0].contains("creating session pod")
+        notes[0].contains("the apiserver refused the job's session pods (1 this round)")
+            && notes[0].contains("session 0 attempt 0: pods \"<pod>\" is forbidden")
             && notes[0].contains("quota"),
         "{notes:?}"
     );

@@ -291,7 +291,11 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         None => (None, None),
     };
     let gateway_url = format!("http://{listen}");
-    let http = reqwest::Client::new();
+    // The gateway closes a connection idle 30 s: let go first.
+    let http = reqwest::Client::builder()
+        .pool_idle_timeout(floe_gateway::serve_limited::CLIENT_IDLE)
+        .build()
+        .unwrap_or_default();
     let post = |assignment: Assignment| {
         let (http, url, token) = (http.clone(), gateway_url.clone(), control_token.clone());
         async move {

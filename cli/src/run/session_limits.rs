@@ -29,6 +29,7 @@ pub fn gateway_connections(concurrency: usize) -> floe_gateway::serve_limited::L
     Connections {
         max_connections: most,
         max_per_peer: most,
+        this_host_share: most,
         ..Connections::SHARED
     }
 }
@@ -95,7 +96,10 @@ mod tests {
             let cap = limits.max_connections;
             assert!(cap > concurrency * relay, "{concurrency}: {cap}");
             assert!(cap >= MIN_GATEWAY_CONNECTIONS);
-            assert_eq!(limits.max_per_peer, cap, "every connection is this host's");
+            assert_eq!(
+                limits.this_host_share, cap,
+                "every connection is this host's"
+            );
         }
     }
 

@@ -408,6 +408,7 @@ mod tests {
         config.connection_limits = crate::serve_limited::Limits {
             max_connections: 4,
             max_per_peer: 4,
+            this_host_share: 4,
             header_read_timeout: Duration::from_millis(300),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

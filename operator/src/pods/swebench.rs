@@ -137,26 +137,20 @@ pub fn adapt(
                     push(args, "--agent-user".into());
                     push(args, format!("{agent}:{agent}").into());
                     container["securityContext"] = root_grader();
-                    // The template's own volumes (a dataset, a cache) may hold root's files
-                    // that later sessions read: the code under test, root here, writes none.
-                    for mount in container["volumeMounts"]
-                        .as_array_mut()
-                        .into_iter()
-                        .flatten()
-                    {
-                        let name = mount["name"].as_str().unwrap_or_default();
-                        if !name.starts_with("floe-") && name != super::names::EVAL_VOLUME {
-                            mount["readOnly"] = true.into();
-                        }
-                    }
                 }
                 // The pod's IPC namespace is shared, and so is its `/dev/shm`: what the agent
                 // left there (a full tmpfs) must not fail the untouched repository's tests,
-                // which would make its loss infrastructure.
-                push(
-                    &mut container["volumeMounts"],
-                    json!({"name": GRADER_SHM, "mountPath": "/dev/shm"}),
-                );
+                // which would make its loss infrastructure. (A template that mounts its own
+                // there keeps it: two mounts at one path make the pod invalid.)
+                let own_shm = container["volumeMounts"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|m| m["mountPath"] == "/dev/shm"));
+                if !own_shm {
+                    push(
+                        &mut container["volumeMounts"],
+                        json!({"name": GRADER_SHM, "mountPath": "/dev/shm"}),
+                    );
+                }
             }
             Some(AGENT_CONTAINER) => {
                 remount(container, "floe-workspace", repo);

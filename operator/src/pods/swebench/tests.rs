@@ -5,14 +5,18 @@ use super::*;
 use crate::pods::sandbox::{build, SandboxPod};
 
 fn pod(native: bool) -> Value {
-    pod_with(native, Some(json!({"runAsUser": 1000})))
+    pod_with(native, Some(json!({"runAsUser": 1000})), None)
 }
 
-fn pod_with(native: bool, security: Option<Value>) -> Value {
+fn pod_with(native: bool, security: Option<Value>, also_mount: Option<Value>) -> Value {
     let mut template = json!({"image": "swebench/sweb.eval.x86_64.acme_1776_calc-1:latest",
                               "graderImage": "graders/pytest:3",
-                              "volumes": [{"name": "datasets", "emptyDir": {}}],
+                              "volumes": [{"name": "datasets", "emptyDir": {}},
+                                          {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
                               "volumeMounts": [{"name": "datasets", "mountPath": "/data"}]});
+    if let (Some(mount), Some(mounts)) = (also_mount, template["volumeMounts"].as_array_mut()) {
+        mounts.push(mount);
+    }
     if let Some(security) = &security {
         template["securityContext"] = security.clone();
     }
@@ -41,7 +45,7 @@ fn pod_with(native: bool, security: Option<Value>) -> Value {
 /// context is every container's, as in any pod.
 #[test]
 fn the_grader_runs_as_root_with_three_capabilities_unless_the_template_says_otherwise() {
-    let p = pod_with(false, None);
+    let p = pod_with(false, None, None);
     let grader = named(&p["spec"]["containers"], "sandbox");
     let sc = &grader["securityContext"];
     assert_eq!(
@@ -77,24 +81,30 @@ fn the_grader_runs_as_root_with_three_capabilities_unless_the_template_says_othe
             "{name}: {sc}"
         );
     }
-    // Root writes none of the template's volumes; its `/dev/shm` is its own, not the pod's.
-    let mount = |c: &Value, path: &str| {
-        c["volumeMounts"]
-            .as_array()
-            .expect("mounts")
-            .iter()
-            .find(|m| m["mountPath"] == path)
+    // Its `/dev/shm` is its own, not the pod's; the template's volumes are its as before.
+    let mounts_at = |c: &Value, path: &str| -> Vec<Value> {
+        let all = c["volumeMounts"].as_array().expect("mounts");
+        all.iter()
+            .filter(|m| m["mountPath"] == path)
             .cloned()
+            .collect()
     };
-    assert_eq!(mount(grader, "/data").expect("/data")["readOnly"], true);
-    assert_eq!(
-        mount(grader, "/dev/shm").expect("shm")["name"],
-        "floe-grader-shm"
+    assert_eq!(mounts_at(grader, "/dev/shm")[0]["name"], "floe-grader-shm");
+    assert!(mounts_at(named(&p["spec"]["containers"], "agent"), "/dev/shm").is_empty());
+    assert_eq!(mounts_at(grader, "/data").len(), 1);
+    // A template that mounts its own `/dev/shm` keeps it, and only it (two mounts at one
+    // path would make the pod invalid).
+    let with_shm = pod_with(
+        false,
+        None,
+        Some(json!({"name": "dshm", "mountPath": "/dev/shm"})),
     );
-    let agent = named(&p["spec"]["containers"], "agent");
-    assert!(mount(agent, "/dev/shm").is_none());
-    assert_ne!(mount(agent, "/data").expect("/data")["readOnly"], true);
-    let own = pod_with(false, Some(json!({"runAsUser": 1234})));
+    let shm = mounts_at(
+        named(&with_shm["spec"]["containers"], "sandbox"),
+        "/dev/shm",
+    );
+    assert_eq!((shm.len(), shm[0]["name"].as_str()), (1, Some("dshm")));
+    let own = pod_with(false, Some(json!({"runAsUser": 1234})), None);
     let grader = named(&own["spec"]["containers"], "sandbox");
     assert_eq!(grader["securityContext"], json!({"runAsUser": 1234}));
     assert!(!grader["args"]

@@ -64,6 +64,9 @@ pub enum JobError {
          (`floe crds | kubectl apply -f -`)"
     )]
     CrdOutdated(&'static str),
+    /// The apiserver refused a write for good (said on the job where it stops the job).
+    #[error("the apiserver refused {0}")]
+    Refused(String),
     /// The job as stored is a newer spec than the watch cache's: the round would act on the
     /// older one with the newer one's verdict. The watch brings the newer one shortly.
     #[error("the watch cache is behind the job as stored")]

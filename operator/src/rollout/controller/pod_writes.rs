@@ -304,7 +304,7 @@ async fn create_prewarmed(
     // The pods' NetworkPolicy before the pods: applied with each batch of new pods, so one
     // deleted by hand comes back before the next untrusted agent starts.
     ensure_job_egress_policy(ctx, job, None).await;
-    let created: Vec<Result<(), JobError>> = futures::stream::iter(sessions.to_vec())
+    let created: Vec<Result<(), Created>> = futures::stream::iter(sessions.to_vec())
         .map(|(index, attempt)| async move {
             let Some(at) = observed.session(index) else {
                 return Ok(());
@@ -334,7 +334,8 @@ async fn create_prewarmed(
                 "creating session pod {}/{} and its control Secret",
                 pod.namespace().unwrap_or_default(),
                 pod.name_any()
-            )))?;
+            )))
+            .map_err(|e| Created::refused(e, index, attempt, &pod.name_any()))?;
             ctx.raise_bar(
                 &job.uid().unwrap_or_default(),
                 &created.name_any(),
@@ -351,34 +352,72 @@ async fn create_prewarmed(
     refused_for_good(created, observed.pods.is_empty())
 }
 
+/// Why a session pod was not made.
+enum Created {
+    /// The apiserver refused it for good; in words that stay the same from round to round
+    /// (the pod's random name taken out), so the stall is written once.
+    Refused(String),
+    Failed(JobError),
+}
+
+impl Created {
+    fn refused(e: JobError, index: u32, attempt: u32, pod: &str) -> Self {
+        match &e {
+            JobError::Api(call) => match call.refusal() {
+                Some(words) => Self::Refused(format!(
+                    "session {index} attempt {attempt}: {}",
+                    words.replace(pod, "<pod>")
+                )),
+                None => Self::Failed(e),
+            },
+            _ => Self::Failed(e),
+        }
+    }
+}
+
+impl From<JobError> for Created {
+    fn from(e: JobError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+impl From<serde_json::Error> for Created {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Failed(JobError::from(e))
+    }
+}
+
 /// The creates of one round: when the apiserver refused every one for good (an admission rule
 /// such as Pod Security's, a quota of no pods, a RuntimeClass that does not exist) and the job
 /// has no pod at all, it cannot run a session until the user changes something: it stalls,
-/// saying which pod and why, instead of failing every round in the operator's log only. With
-/// pods of its own, a refusal (a quota the running ones fill) is tried again next round.
-fn refused_for_good(created: Vec<Result<(), JobError>>, no_pods: bool) -> Result<(), Halt> {
-    let refusals: Vec<&str> = created
+/// saying why, instead of failing every round in the operator's log only. With pods of its
+/// own, a refusal (a quota the running ones fill) is tried again next round.
+fn refused_for_good(created: Vec<Result<(), Created>>, no_pods: bool) -> Result<(), Halt> {
+    let refused: Vec<&str> = created
         .iter()
         .filter_map(|c| match c {
-            Err(JobError::Api(call)) => call.refusal().map(|_| call.doing.as_str()),
+            Err(Created::Refused(why)) => Some(why.as_str()),
             _ => None,
         })
         .collect();
-    if no_pods && !created.is_empty() && refusals.len() == created.len() {
-        let first = created.iter().find_map(|c| match c {
-            Err(JobError::Api(call)) => call.refusal(),
-            _ => None,
-        });
+    if no_pods && !created.is_empty() && refused.len() == created.len() {
         return Err(Halt::Blocked(crate::rollout::status::Blocked::stalled(
             "PodCreateRejected",
             format!(
-                "the apiserver refused {} session pod(s) of the job ({}): {}",
-                refusals.len(),
-                refusals[0],
-                first.unwrap_or_default()
+                "the apiserver refused the job's session pods ({} this round), e.g. {}",
+                refused.len(),
+                refused[0]
             ),
         )));
     }
-    created.into_iter().collect::<Result<(), JobError>>()?;
+    for c in created {
+        match c {
+            Ok(()) => {}
+            Err(Created::Failed(e)) => return Err(e.into()),
+            Err(Created::Refused(why)) => {
+                return Err(JobError::Refused(format!("creating a session pod: {why}")).into())
+            }
+        }
+    }
     Ok(())
 }
