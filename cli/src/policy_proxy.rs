@@ -162,7 +162,12 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
         );
     }
     if let Some(token) = &proxy.token {
-        if parts.method == Method::POST && !floe_gateway::bearer::carries(&parts.headers, token) {
+        if floe_gateway::bearer::carries(&parts.headers, token) {
+            // A gateway's: the agent's connections from its pod cannot crowd it out.
+            if let Some(v) = parts.extensions.get::<floe_gateway::serve_limited::Vouch>() {
+                v.vouch();
+            }
+        } else if parts.method == Method::POST {
             return error(
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
@@ -269,6 +274,80 @@ pub fn run(args: PolicyProxyArgs) -> Result<(), PolicyProxyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use floe_gateway::serve_limited::{serve, Limits};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// The agent's pod shares its address with its gateway: connections it leaves half-sent
+    /// on the policy proxy cannot keep out the gateway's calls (its session would fail as
+    /// infrastructure, its loss unscored), nor close the gateway's connection once a call
+    /// carried the job's token.
+    #[tokio::test]
+    async fn connections_left_half_sent_cannot_keep_out_the_gateways_calls() {
+        let model = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let model_url = format!("http://{}", model.local_addr().expect("addr"));
+        let tokenize = axum::Router::new().route(
+            "/tokenize",
+            axum::routing::post(|| async { axum::Json(json!({"tokens": [1, 2]})) }),
+        );
+        tokio::spawn(async move { axum::serve(model, tokenize).await });
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = proxy.local_addr().expect("addr");
+        let app = router(&model_url, 1 << 20, Some("job-token".into())).expect("router");
+        // Every connection here is this host's, as the agent's and its gateway's are one
+        // peer's on a real proxy.
+        let limits = Limits {
+            this_host_share: 2,
+            max_per_peer: 2,
+            ..Limits::SHARED
+        };
+        tokio::spawn(serve(proxy, app, limits, std::future::pending()));
+        let half_sent = || async move {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            c.write_all(b"POST /tokenize HTTP/1.1\r\nHost: policy\r\n")
+                .await
+                .expect("write");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            c
+        };
+        async fn answered(c: &mut TcpStream) -> String {
+            let call =
+                "POST /tokenize HTTP/1.1\r\nHost: policy\r\nAuthorization: Bearer job-token\r\n\
+                        Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+            c.write_all(call.as_bytes()).await.expect("write");
+            // Until the answer's JSON is in, it closes, or 5 s pass.
+            let mut got = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                let mut buf = [0u8; 4096];
+                while !String::from_utf8_lossy(&got).contains("tokens") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+            })
+            .await;
+            String::from_utf8_lossy(&got).into_owned()
+        }
+        let agent = [half_sent().await, half_sent().await];
+        let mut gateway = TcpStream::connect(addr).await.expect("connect");
+        let first = answered(&mut gateway).await;
+        assert!(
+            first.starts_with("HTTP/1.1 200") && first.contains("tokens"),
+            "the gateway's call was kept out: {first:?}"
+        );
+        let more = [half_sent().await, half_sent().await, half_sent().await];
+        let second = answered(&mut gateway).await;
+        assert!(
+            second.starts_with("HTTP/1.1 200") && second.contains("tokens"),
+            "the gateway's vouched connection was closed: {second:?}"
+        );
+        drop((agent, more));
+    }
 
     #[test]
     fn inference_and_read_only_paths_pass_and_weight_control_does_not() {

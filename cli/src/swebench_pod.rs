@@ -96,6 +96,7 @@ async fn answer(
     {
         return axum::http::StatusCode::UNAUTHORIZED.into_response();
     }
+    floe_gateway::serve_limited::Vouch::for_request(&request);
     let Ok(_one) = bridge.one.acquire().await else {
         return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
     };

@@ -7,10 +7,13 @@
 //! timer, which it does not give) and accepts without bound, so thousands of half-sent heads,
 //! each holding a read buffer of up to ~400 KB, could run a sidecar out of memory; a dead
 //! sidecar reads as the pod's failure, not the agent's. Here:
-//! - at most [`Limits::max_per_peer`] connections from one peer at once, the next one from it
-//!   closed at once: a peer is an address of another host, and every connection from this
-//!   one (loopback, or the pod's own address, which the agent shares) is one peer. So the agent
-//!   cannot take the kubelet's probe's slot, the operator's, or another pod's;
+//! - at most [`Limits::max_per_peer`] connections from one peer at once that no request has
+//!   vouched for ([`Vouch`]): a peer is an address of another host, and every connection from
+//!   this one (loopback, or the pod's own address, which the agent shares) is one peer. Past
+//!   that, the peer's oldest connection not vouched for is closed to make room. So the agent
+//!   cannot take the kubelet's probe's slot, the operator's, or another pod's; and on a
+//!   collector or policy proxy, connections the agent holds from its pod's address cannot keep
+//!   out its own gateway's (which vouch with the job's token at their first request);
 //! - at most [`Limits::max_connections`] in all: the next waits in the kernel's backlog;
 //! - a request head must arrive whole within [`Limits::header_read_timeout`], which also closes
 //!   a keep-alive connection left idle that long;
@@ -22,9 +25,10 @@
 //! is bounded by each server's own body limit per connection. Stopping is graceful as with
 //! `axum::serve`: no new connection, calls under way finish.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,10 +50,11 @@ pub const CLIENT_IDLE: Duration = Duration::from_secs(20);
 pub struct Limits {
     /// Connections open at once; more wait to be accepted.
     pub max_connections: usize,
-    /// Connections from one other host ([`Peer::Other`]) at once; more are closed as they come.
+    /// Connections from one other host ([`Peer::Other`]) not vouched for, at once; past it,
+    /// its oldest is closed.
     pub max_per_peer: usize,
-    /// Connections from this host ([`Peer::ThisHost`]: the pod itself, the agent included) at
-    /// once; more are closed as they come.
+    /// Connections from this host ([`Peer::ThisHost`]: the pod itself, the agent included) not
+    /// vouched for, at once; past it, its oldest is closed.
     pub this_host_share: usize,
     /// A request head must be read whole within this (from its first byte awaited).
     pub header_read_timeout: Duration,
@@ -155,40 +160,92 @@ fn own_addresses() -> Vec<IpAddr> {
     own
 }
 
-/// Connections open, by peer.
+/// The connections of each peer that no request has vouched for, oldest first.
 #[derive(Default)]
-struct PeerSlots(Mutex<HashMap<Peer, usize>>);
+struct PeerSlots {
+    held: Mutex<HashMap<Peer, VecDeque<Arc<Held>>>>,
+    next_id: AtomicU64,
+}
+
+/// One connection in its peer's share: told to close when evicted.
+struct Held {
+    id: u64,
+    evicted: tokio::sync::Notify,
+}
 
 impl PeerSlots {
-    /// One more of `peer`'s, unless it holds `max` already.
-    fn take(self: &Arc<Self>, peer: Peer, max: usize) -> Option<PeerSlot> {
-        let mut held = self
-            .0
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Peer, VecDeque<Arc<Held>>>> {
+        self.held
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = held.entry(peer).or_insert(0);
-        if *n >= max {
-            return None;
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `peer`'s new connection; past `max`, its oldest not vouched for is told to close. The
+    /// oldest, not the new one: what holds a peer's share is what it opened and left, while a
+    /// client that means to call sends its head at once and vouches with it.
+    fn take(self: &Arc<Self>, peer: Peer, max: usize) -> Arc<PeerSlot> {
+        let held = Arc::new(Held {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            evicted: tokio::sync::Notify::new(),
+        });
+        let mut all = self.lock();
+        let mine = all.entry(peer).or_default();
+        while mine.len() >= max.max(1) {
+            if let Some(oldest) = mine.pop_front() {
+                tracing::debug!(?peer, "a connection not vouched for closed to make room");
+                // Stored if its task is not waiting yet: it closes when it looks.
+                oldest.evicted.notify_one();
+            }
         }
-        *n += 1;
-        Some(PeerSlot(self.clone(), peer))
+        mine.push_back(held.clone());
+        Arc::new(PeerSlot {
+            slots: self.clone(),
+            peer,
+            held,
+        })
+    }
+
+    /// `id` leaves `peer`'s share (vouched for, or closed).
+    fn leave(&self, peer: Peer, id: u64) {
+        let mut all = self.lock();
+        if let Some(mine) = all.get_mut(&peer) {
+            mine.retain(|h| h.id != id);
+            if mine.is_empty() {
+                all.remove(&peer);
+            }
+        }
     }
 }
 
-/// One connection of a peer's; given back when dropped.
-struct PeerSlot(Arc<PeerSlots>, Peer);
+/// One connection's place in its peer's share; left when vouched for or dropped.
+struct PeerSlot {
+    slots: Arc<PeerSlots>,
+    peer: Peer,
+    held: Arc<Held>,
+}
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        let mut held = (self.0)
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = held.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.1);
-            }
+        self.slots.leave(self.peer, self.held.id);
+    }
+}
+
+/// Put on every request a connection carries: a handler that has authenticated the request
+/// (the job's token, a control token) calls [`Vouch::vouch`], and the connection no longer
+/// counts in its peer's share nor can be closed to make room in it. It still counts in
+/// [`Limits::max_connections`].
+#[derive(Clone)]
+pub struct Vouch(Arc<PeerSlot>);
+
+impl Vouch {
+    pub fn vouch(&self) {
+        self.0.slots.leave(self.0.peer, self.0.held.id);
+    }
+
+    /// Vouch for the connection that carried `request`, if it came through [`serve`].
+    pub fn for_request<B>(request: &axum::http::Request<B>) {
+        if let Some(v) = request.extensions().get::<Self>() {
+            v.vouch();
         }
     }
 }
@@ -227,20 +284,31 @@ pub async fn serve<L>(
             (io, _) = listener.accept() => io,
             () = &mut shutdown => break,
         };
-        // Past its peer's share: closed now, so that it never waits in front of another's.
+        // Past its peer's share, its oldest connection not vouched for makes room.
         let peer = io.peer(&own);
         let share = match peer {
             Peer::ThisHost => limits.this_host_share,
             Peer::Other(_) => limits.max_per_peer,
         };
-        let Some(peer_slot) = peers.take(peer, share.max(1)) else {
-            continue;
-        };
-        let service = TowerToHyperService::new(app.clone());
+        let peer_slot = peers.take(peer, share);
+        let vouch = Vouch(peer_slot.clone());
+        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(vouch.clone());
+                request
+            },
+        ));
         let connection = graceful.watch(http.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                }
+                // Dropping it closes it, whatever it was doing.
+                () = peer_slot.held.evicted.notified() => {}
             }
             drop((slot, peer_slot));
         });
@@ -266,6 +334,13 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let app = axum::Router::new()
             .route("/hello", axum::routing::get(|| async { "hello" }))
+            .route(
+                "/vouch",
+                axum::routing::get(|request: axum::extract::Request| async move {
+                    Vouch::for_request(&request);
+                    "vouched"
+                }),
+            )
             .route(
                 "/slow",
                 axum::routing::get(|| async {
@@ -360,10 +435,10 @@ mod tests {
         );
     }
 
-    /// One peer past its share is closed at once (not queued in front of other peers'
-    /// connections), and its held connections keep being served.
+    /// One peer past its share loses its oldest connection not vouched for, and the new one is
+    /// served: connections left half-sent cannot keep out one that calls.
     #[tokio::test]
-    async fn a_peer_past_its_share_is_closed_at_once() {
+    async fn a_peer_past_its_share_loses_its_oldest_connection_not_vouched_for() {
         let limits = Limits {
             max_connections: 8,
             max_per_peer: 8,
@@ -371,25 +446,66 @@ mod tests {
             header_read_timeout: Duration::from_secs(60),
         };
         let (addr, _stop) = server(limits).await;
-        let held = [half_sent(addr).await, half_sent(addr).await];
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut oldest = half_sent(addr).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut second = half_sent(addr).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let mut third = TcpStream::connect(addr).await.expect("connect");
-        let _ = third.write_all(REQUEST).await;
+        third.write_all(REQUEST).await.expect("write");
         let answer = read_to_close(&mut third, Duration::from_secs(5)).await;
-        assert_eq!(
-            answer.as_deref(),
-            Some(""),
-            "a third connection of one peer was served"
-        );
-        drop(held);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let mut again = TcpStream::connect(addr).await.expect("connect");
-        again.write_all(REQUEST).await.expect("write");
-        let answer = read_to_close(&mut again, Duration::from_secs(5)).await;
         assert!(
             answer.is_some_and(|a| a.starts_with("HTTP/1.1 200")),
-            "its share came back"
+            "a third connection of one peer was not served"
         );
+        assert_eq!(
+            read_to_close(&mut oldest, Duration::from_secs(5))
+                .await
+                .as_deref(),
+            Some(""),
+            "its oldest half-sent connection was not closed"
+        );
+        assert_eq!(
+            read_to_close(&mut second, Duration::from_millis(300)).await,
+            None,
+            "a younger one was closed too"
+        );
+    }
+
+    /// A connection whose request vouched for it leaves its peer's share: the peer's next
+    /// connections close only others, never it.
+    #[tokio::test]
+    async fn a_vouched_connection_is_never_closed_to_make_room() {
+        let limits = Limits {
+            max_connections: 8,
+            max_per_peer: 8,
+            this_host_share: 1,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let (addr, _stop) = server(limits).await;
+        let mut vouched = TcpStream::connect(addr).await.expect("connect");
+        vouched
+            .write_all(b"GET /vouch HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 256];
+        let n = vouched.read(&mut buf).await.expect("read");
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(half_sent(addr).await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        vouched.write_all(REQUEST).await.expect("write");
+        let answer = read_to_close(&mut vouched, Duration::from_secs(5)).await;
+        assert!(
+            answer.is_some_and(|a| a.starts_with("HTTP/1.1 200") && a.ends_with("hello")),
+            "the vouched connection was closed to make room"
+        );
+        // Of the three not vouched for in a share of one, the first two were closed.
+        for (i, c) in held.iter_mut().enumerate() {
+            let closed = read_to_close(c, Duration::from_millis(300)).await.is_some();
+            assert_eq!(closed, i < 2, "connection {i} not vouched for");
+        }
     }
 
     /// Loopback, and this host's own addresses, are one peer (the agent has them all, and can

@@ -701,6 +701,76 @@ async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<
     Ok(())
 }
 
+/// A body sent chunked (no `Content-Length`) is charged to its session's bytes in flight as
+/// it arrives: two unfinished 3 MiB bodies hold 6 of the 8 MiB, and a third is a 429 in
+/// shape while still being sent (charged only once whole, each of sixteen could hold up to
+/// the 4 MiB limit, and the third would wait for its end).
+#[tokio::test]
+async fn a_chunked_body_is_charged_as_it_arrives() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hung = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let gw = TestGateway::start_with_deadline(
+        &format!("http://{}", hung.local_addr()?),
+        64,
+        Default::default(),
+        std::time::Duration::from_secs(30),
+    )
+    .await?;
+    let token = gw.session("chunked", "t", 0).await?;
+    let addr = gw.url.trim_start_matches("http://").to_owned();
+    // A chat call's head, then 3 MiB of its body in chunks, never finished.
+    let unfinished = || {
+        let (addr, token) = (addr.clone(), token.clone());
+        async move {
+            let mut c = tokio::net::TcpStream::connect(&addr).await?;
+            let head = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            );
+            c.write_all(head.as_bytes()).await?;
+            // A refused body's rest may meet a closed connection: its answer is read after.
+            let piece = [
+                format!("{:x}\r\n", 256 << 10).into_bytes(),
+                vec![b' '; 256 << 10],
+                b"\r\n".to_vec(),
+            ]
+            .concat();
+            for _ in 0..12 {
+                if c.write_all(&piece).await.is_err() {
+                    break;
+                }
+            }
+            anyhow::Ok(c)
+        }
+    };
+    let held = [unfinished().await?, unfinished().await?];
+    let mut third = unfinished().await?;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        // The answer's head and its JSON, without waiting for a close.
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&answer).contains("bytes of request bodies") {
+            let n = third.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        read.is_ok()
+            && answer.starts_with("HTTP/1.1 429")
+            && answer.contains("rate_limit_exceeded"),
+        "a third unfinished chunked body was not refused as it came: {answer:?}"
+    );
+    drop(held);
+    drop(hung);
+    Ok(())
+}
+
 /// A session's budget (`sampling.maxCallsPerSession`, `maxSessionTokens`): past it, a call is
 /// refused with a 400 in its API's shape that names the budget (not a context-length error,
 /// which harnesses answer by compacting and calling again), and nothing reaches the server.

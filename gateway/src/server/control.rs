@@ -23,6 +23,7 @@ pub async fn require_control_token(
     next: Next,
 ) -> Response {
     if crate::bearer::carries(request.headers(), &gateway.config.control_token) {
+        crate::serve_limited::Vouch::for_request(&request);
         next.run(request).await
     } else {
         error(

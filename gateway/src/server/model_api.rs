@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::to_bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -98,19 +97,39 @@ async fn admit(gateway: &Gateway, api: Api, request: Request) -> Result<Admitted
     // Its share of the session's bytes in flight, by what it says it holds, before it is read.
     let in_flight = limit.saturating_mul(super::sessions::BODY_LIMITS_IN_FLIGHT);
     let mut permit = session.take_place(permit, declared.unwrap_or(0), in_flight)?;
-    let body = to_bytes(request.into_body(), limit)
-        .await
-        .map_err(|_| ProtocolError::TooLarge {
-            size: limit + 1,
-            limit,
-        })?;
+    let body = read_charged(request.into_body(), limit, declared, &mut permit, in_flight).await?;
     gateway.metrics.bytes_in(api, body.len());
-    permit.holds(body.len(), in_flight)?;
     Ok(Admitted {
         session,
         body,
         permit,
     })
+}
+
+/// Read a body within `limit`, charging each piece to the session's bytes in flight as it
+/// arrives: a body without a `Content-Length` (chunked) declares nothing up front, and charged
+/// only once whole, sixteen of them could each hold up to the limit unfinished.
+async fn read_charged(
+    body: axum::body::Body,
+    limit: usize,
+    declared: Option<usize>,
+    permit: &mut super::sessions::InFlight,
+    in_flight: usize,
+) -> Result<axum::body::Bytes, ProtocolError> {
+    let mut read = Vec::with_capacity(declared.unwrap_or(0).min(limit));
+    let mut pieces = body.into_data_stream();
+    while let Some(piece) = pieces.next().await {
+        let piece = piece.map_err(|e| {
+            ProtocolError::InvalidRequest(format!("the request body could not be read: {e}"))
+        })?;
+        let size = read.len().saturating_add(piece.len());
+        if size > limit {
+            return Err(ProtocolError::TooLarge { size, limit });
+        }
+        permit.holds(size, in_flight)?;
+        read.extend_from_slice(&piece);
+    }
+    Ok(read.into())
 }
 
 /// What differs between provider APIs on the call path; everything else is shared.

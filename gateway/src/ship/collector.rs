@@ -297,7 +297,11 @@ async fn require_token(
             StatusCode::UNAUTHORIZED,
             "posting needs `Authorization: Bearer <the job's token>`",
         ),
-        _ => next.run(request).await,
+        Some(_) => {
+            crate::serve_limited::Vouch::for_request(&request);
+            next.run(request).await
+        }
+        None => next.run(request).await,
     }
 }
 
