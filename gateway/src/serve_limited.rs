@@ -10,7 +10,7 @@
 //! - at most [`Limits::max_per_peer`] connections from one peer at once that no request has
 //!   vouched for ([`Vouch`]): a peer is an address of another host, and every connection from
 //!   this one (loopback, or the pod's own address, which the agent shares) is one peer. Past
-//!   that, the peer's oldest connection not vouched for is closed to make room. So the agent
+//!   that, after a grace, the peer's oldest connections not vouched for are closed. So the agent
 //!   cannot take the kubelet's probe's slot, the operator's, or another pod's; and on a
 //!   collector or policy proxy, connections the agent holds from its pod's address cannot keep
 //!   out its own gateway's (which vouch with the job's token at their first request);
@@ -160,6 +160,12 @@ fn own_addresses() -> Vec<IpAddr> {
     own
 }
 
+/// How long a peer may hold more than its share of connections not vouched for: time for a
+/// connection just accepted to send its head and vouch (a client sends it at once; a busy
+/// server may take a while to read it). What a peer holds past its share meanwhile is bounded
+/// by [`Limits::max_connections`].
+const EVICTION_GRACE: Duration = Duration::from_millis(500);
+
 /// The connections of each peer that no request has vouched for, oldest first.
 #[derive(Default)]
 struct PeerSlots {
@@ -180,9 +186,12 @@ impl PeerSlots {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// `peer`'s new connection; past `max`, its oldest not vouched for is told to close. The
-    /// oldest, not the new one: what holds a peer's share is what it opened and left, while a
-    /// client that means to call sends its head at once and vouches with it.
+    /// `peer`'s new connection; past `max`, once [`EVICTION_GRACE`] has passed, its oldest
+    /// not vouched for then are told to close. The oldest, not the new one: what holds a
+    /// peer's share is what it opened and left, while a client that means to call sends its
+    /// head at once and vouches with it. After a grace, not at once: connections accepted in
+    /// one burst (a peer can queue thousands of handshakes behind another client's) would
+    /// otherwise close that client's before its task has read the head it already sent.
     fn take(self: &Arc<Self>, peer: Peer, max: usize) -> Arc<PeerSlot> {
         let held = Arc::new(Held {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -190,19 +199,37 @@ impl PeerSlots {
         });
         let mut all = self.lock();
         let mine = all.entry(peer).or_default();
-        while mine.len() >= max.max(1) {
+        mine.push_back(held.clone());
+        if mine.len() > max.max(1) {
+            let slots = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(EVICTION_GRACE).await;
+                slots.trim(peer, max.max(1));
+            });
+        }
+        Arc::new(PeerSlot {
+            slots: self.clone(),
+            peer,
+            held,
+        })
+    }
+
+    /// Close `peer`'s oldest connections not vouched for until it holds at most `max`.
+    fn trim(&self, peer: Peer, max: usize) {
+        let mut all = self.lock();
+        let Some(mine) = all.get_mut(&peer) else {
+            return;
+        };
+        while mine.len() > max {
             if let Some(oldest) = mine.pop_front() {
                 tracing::debug!(?peer, "a connection not vouched for closed to make room");
                 // Stored if its task is not waiting yet: it closes when it looks.
                 oldest.evicted.notify_one();
             }
         }
-        mine.push_back(held.clone());
-        Arc::new(PeerSlot {
-            slots: self.clone(),
-            peer,
-            held,
-        })
+        if mine.is_empty() {
+            all.remove(&peer);
+        }
     }
 
     /// `id` leaves `peer`'s share (vouched for, or closed).
@@ -284,7 +311,7 @@ pub async fn serve<L>(
             (io, _) = listener.accept() => io,
             () = &mut shutdown => break,
         };
-        // Past its peer's share, its oldest connection not vouched for makes room.
+        // Past its peer's share, its oldest connection not vouched for makes room (soon).
         let peer = io.peer(&own);
         let share = match peer {
             Peer::ThisHost => limits.this_host_share,
@@ -310,7 +337,10 @@ pub async fn serve<L>(
                 // Dropping it closes it, whatever it was doing.
                 () = peer_slot.held.evicted.notified() => {}
             }
-            drop((slot, peer_slot));
+            // Its share first: a connection taking its slot must not find it still counted
+            // (and close another to make room).
+            drop(peer_slot);
+            drop(slot);
         });
     }
     drop(listener);
@@ -363,6 +393,22 @@ mod tests {
             Ok(_) => Some(String::from_utf8_lossy(&got).into_owned()),
             Err(_) => None,
         }
+    }
+
+    /// What the server sends until `until` is in it, it closes, or 5 s pass.
+    async fn read_until(conn: &mut TcpStream, until: &str) -> String {
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut buf = [0u8; 1024];
+            while !String::from_utf8_lossy(&got).contains(until) {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        String::from_utf8_lossy(&got).into_owned()
     }
 
     /// A connection that sent the start of a head and no more.
@@ -450,13 +496,18 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut second = half_sent(addr).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
+        // Kept open after its answer: not vouched for, it counts in the share.
         let mut third = TcpStream::connect(addr).await.expect("connect");
-        third.write_all(REQUEST).await.expect("write");
-        let answer = read_to_close(&mut third, Duration::from_secs(5)).await;
+        third
+            .write_all(b"GET /hello HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            .await
+            .expect("write");
+        let answer = read_until(&mut third, "hello").await;
         assert!(
-            answer.is_some_and(|a| a.starts_with("HTTP/1.1 200")),
-            "a third connection of one peer was not served"
+            answer.starts_with("HTTP/1.1 200"),
+            "a third connection of one peer was not served: {answer:?}"
         );
+        tokio::time::sleep(EVICTION_GRACE * 2).await;
         assert_eq!(
             read_to_close(&mut oldest, Duration::from_secs(5))
                 .await
@@ -487,14 +538,14 @@ mod tests {
             .write_all(b"GET /vouch HTTP/1.1\r\nHost: gateway\r\n\r\n")
             .await
             .expect("write");
-        let mut buf = [0u8; 256];
-        let n = vouched.read(&mut buf).await.expect("read");
-        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        let answer = read_until(&mut vouched, "vouched").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
         let mut held = Vec::new();
         for _ in 0..3 {
             held.push(half_sent(addr).await);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        tokio::time::sleep(EVICTION_GRACE * 2).await;
         vouched.write_all(REQUEST).await.expect("write");
         let answer = read_to_close(&mut vouched, Duration::from_secs(5)).await;
         assert!(
@@ -506,6 +557,51 @@ mod tests {
             let closed = read_to_close(c, Duration::from_millis(300)).await.is_some();
             assert_eq!(closed, i < 2, "connection {i} not vouched for");
         }
+    }
+
+    /// A client's connection accepted in one burst with more of its peer's behind it (a peer
+    /// can queue thousands of handshakes) is not closed before its head is read: its head
+    /// vouches for it within the grace, and the peer's oldest ones not vouched for go instead.
+    #[tokio::test]
+    async fn a_connection_whose_head_vouches_within_the_grace_outlives_a_burst_behind_it() {
+        let limits = Limits {
+            max_connections: 16,
+            max_per_peer: 2,
+            this_host_share: 2,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let (addr, _stop) = server(limits).await;
+        let mut old = [half_sent(addr).await, half_sent(addr).await];
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        let mut burst = Vec::new();
+        for _ in 0..4 {
+            burst.push(half_sent(addr).await);
+        }
+        // Its head comes after the burst was taken (closed at once, it would be gone).
+        tokio::time::sleep(EVICTION_GRACE / 5).await;
+        client
+            .write_all(b"GET /vouch HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            .await
+            .expect("write");
+        let answer = read_until(&mut client, "vouched").await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "the client's connection was closed: {answer:?}"
+        );
+        tokio::time::sleep(EVICTION_GRACE * 2).await;
+        client.write_all(REQUEST).await.expect("write");
+        let answer = read_to_close(&mut client, Duration::from_secs(5)).await;
+        assert!(
+            answer.is_some_and(|a| a.ends_with("hello")),
+            "the vouched connection was closed after the grace"
+        );
+        // Six not vouched for, a share of two: the four oldest went.
+        let mut closed = Vec::new();
+        for c in old.iter_mut().chain(burst.iter_mut()) {
+            closed.push(read_to_close(c, Duration::from_millis(200)).await.is_some());
+        }
+        assert_eq!(closed, [true, true, true, true, false, false]);
     }
 
     /// Loopback, and this host's own addresses, are one peer (the agent has them all, and can

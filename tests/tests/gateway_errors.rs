@@ -702,9 +702,10 @@ async fn a_sessions_calls_in_flight_are_bounded_with_a_429_in_shape() -> Result<
 }
 
 /// A body sent chunked (no `Content-Length`) is charged to its session's bytes in flight as
-/// it arrives: two unfinished 3 MiB bodies hold 6 of the 8 MiB, and a third is a 429 in
-/// shape while still being sent (charged only once whole, each of sixteen could hold up to
-/// the 4 MiB limit, and the third would wait for its end).
+/// it arrives (for the memory it takes, which grows by doubling up to the 4 MiB limit): two
+/// unfinished 3 MiB bodies take the 8 MiB, and a third is a 429 in shape while still being
+/// sent (charged only once whole, each of sixteen could hold up to the limit, and the third
+/// would wait for its end).
 #[tokio::test]
 async fn a_chunked_body_is_charged_as_it_arrives() -> Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -744,6 +745,8 @@ async fn a_chunked_body_is_charged_as_it_arrives() -> Result<()> {
         }
     };
     let held = [unfinished().await?, unfinished().await?];
+    // Their bytes read (and charged) before the third's come.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let mut third = unfinished().await?;
     let mut answer = Vec::new();
     let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {

@@ -58,6 +58,8 @@ scripts = {
     # The bug left in, and the repository's test runner (which this instance's eval script
     # runs by path) rewritten to report every test as passing.
     "rewrite-runner": "printf 'echo PASSED tests/test_calc.py::test_add; echo PASSED tests/test_calc.py::test_sub\\n' > runtests.sh",
+    # The tests killed as they import the code: a log without results.
+    "hide-results": "printf 'import os\\nos._exit(3)\\n' >> calc.py",
 }
 os.execvp("sh", ["sh", "-c", scripts[behaviour]])
 "#;
@@ -75,6 +77,11 @@ const AGENTS: &[(u32, &str, f64)] = &[
     (7, "forge-log", 0.0),
     (8, "forge-exit-status", 0.0),
     (9, "rewrite-runner", 0.0),
+    // Its log has no results, on an instance whose PASS_TO_PASS fails untouched (below): the
+    // lazy baseline reads results, so it is the agent's 0. Judging the instance unfit there
+    // (as pods do, where the baseline runs on every session) would make only the sessions that
+    // hide their results unscored, while honest ones score 0.
+    (10, "hide-results", 0.0),
 ];
 
 fn agent() -> String {
@@ -115,6 +122,10 @@ fn job_of(
                     "bash runtests.sh tests/test_calc.py",
                 );
                 line["eval_script"] = script.into();
+            }
+            if *behaviour == "hide-results" {
+                line["PASS_TO_PASS"] =
+                    json!([swe::PASS_TO_PASS, "tests/test_calc.py::test_online"]);
             }
             line.to_string()
         })

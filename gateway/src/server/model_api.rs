@@ -106,8 +106,8 @@ async fn admit(gateway: &Gateway, api: Api, request: Request) -> Result<Admitted
     })
 }
 
-/// Read a body within `limit`, charging each piece to the session's bytes in flight as it
-/// arrives: a body without a `Content-Length` (chunked) declares nothing up front, and charged
+/// Read a body within `limit`, charging the memory it takes to the session's bytes in flight
+/// as it arrives: a body without a `Content-Length` (chunked) declares nothing up front, and charged
 /// only once whole, sixteen of them could each hold up to the limit unfinished.
 async fn read_charged(
     body: axum::body::Body,
@@ -126,7 +126,13 @@ async fn read_charged(
         if size > limit {
             return Err(ProtocolError::TooLarge { size, limit });
         }
-        permit.holds(size, in_flight)?;
+        if size > read.capacity() {
+            // Grown as a Vec grows (doubling) but never past the limit; charged for what it
+            // takes, not what it holds so far.
+            let room = size.max(read.capacity().saturating_mul(2)).min(limit);
+            permit.holds(room, in_flight)?;
+            read.reserve_exact(room - read.len());
+        }
         read.extend_from_slice(&piece);
     }
     Ok(read.into())
