@@ -744,32 +744,38 @@ async fn a_chunked_body_is_charged_as_it_arrives() -> Result<()> {
             anyhow::Ok(c)
         }
     };
-    let held = [unfinished().await?, unfinished().await?];
-    // Their bytes read (and charged) before the third's come.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let mut third = unfinished().await?;
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        // The answer's head and its JSON, without waiting for a close.
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&answer).contains("bytes of request bodies") {
-            let n = third.read(&mut buf).await?;
-            if n == 0 {
-                break;
+    // Which of the three crosses the bytes in flight depends on the order the gateway reads
+    // them in: one does, and is answered while the others still wait for their bodies.
+    let mut reads = tokio::task::JoinSet::new();
+    for i in 0..3 {
+        let mut c = unfinished().await?;
+        reads.spawn(async move {
+            // An answer's head and its JSON, without waiting for a close.
+            let mut answer = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&answer).contains("bytes of request bodies") {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
             }
-            answer.extend_from_slice(&buf[..n]);
-        }
-        anyhow::Ok(())
-    })
-    .await;
-    let answer = String::from_utf8_lossy(&answer);
+            (i, String::from_utf8_lossy(&answer).into_owned(), c)
+        });
+    }
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), reads.join_next()).await;
+    let Ok(Some(Ok((i, answer, _refused)))) = first else {
+        anyhow::bail!("no unfinished chunked body was refused as it came: {first:?}");
+    };
     assert!(
-        read.is_ok()
-            && answer.starts_with("HTTP/1.1 429")
-            && answer.contains("rate_limit_exceeded"),
-        "a third unfinished chunked body was not refused as it came: {answer:?}"
+        answer.starts_with("HTTP/1.1 429") && answer.contains("rate_limit_exceeded"),
+        "body {i} was answered, but not with a 429 in shape: {answer:?}"
     );
-    drop(held);
+    let next = tokio::time::timeout(std::time::Duration::from_millis(500), reads.join_next()).await;
+    assert!(
+        next.is_err(),
+        "a second body was answered: only one crossed the bytes in flight: {next:?}"
+    );
+    reads.abort_all();
     drop(hung);
     Ok(())
 }
