@@ -13,7 +13,8 @@
 use floe_crds::gateway_pool::{EgressPolicy, EgressSpec, GatewayPool};
 use floe_crds::rollout_job::RolloutJob;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -135,36 +136,152 @@ fn pool_rules(
     Ok(())
 }
 
+/// Whose policy `keep` writes: a pool's or a job's, by its kind, name and UID.
+#[derive(Clone, Copy, Debug)]
+pub struct Owner<'a> {
+    pub kind: &'static str,
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// Why [`keep`] did not make the policy what it should be.
+#[derive(Debug, thiserror::Error)]
+pub enum KeepError {
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    /// Someone else's policy under the name: a user's own (a pool set `Unmanaged` to keep its
+    /// own, under the name floe would use), or another controller's. Never written or deleted.
+    #[error(
+        "NetworkPolicy {name} exists and is not this {kind}'s ({holder}): floe leaves it as it \
+         is and keeps no egress policy of its own for these pods; rename or delete it"
+    )]
+    NotOurs {
+        name: String,
+        kind: String,
+        holder: String,
+    },
+}
+
+/// Whether a policy found under the name is `owner`'s to write: its own, or one an earlier
+/// object of its kind and name made (deleted, so garbage collection deletes its policy soon;
+/// taking it over leaves its pods no moment without one: the same field manager's apply
+/// replaces the earlier owner reference). Anything else (no controller, another owner) is
+/// someone else's.
+fn may_keep(found: &ObjectMeta, owner: Owner) -> Result<(), String> {
+    let controller = found
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    match controller {
+        Some(o)
+            if o.uid == owner.uid
+                || (o.kind == owner.kind
+                    && o.name == owner.name
+                    && o.api_version.starts_with("floe.dev/")) =>
+        {
+            Ok(())
+        }
+        Some(o) => Err(format!("its controller is {} {}", o.kind, o.name)),
+        None => Err("it has no controller: a user's own?".into()),
+    }
+}
+
 /// Make NetworkPolicy `name` what `wanted` says: applied (server-side, floe's field manager)
-/// or, with `None`, deleted (one already gone is fine). (The RolloutJob controller keeps its
+/// or, with `None`, deleted (one already gone is fine). Only `owner`'s ([`may_keep`]): a
+/// policy of someone else's under the name is neither overwritten nor deleted
+/// ([`KeepError::NotOurs`] when one is wanted). (The RolloutJob controller keeps its
 /// `poolTemplate` pods' policy with it too.)
 pub async fn keep(
     client: &Client,
     ns: &str,
     name: &str,
-    wanted: Option<&k8s_openapi::api::networking::v1::NetworkPolicy>,
-) -> Result<(), kube::Error> {
-    let api: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
-        Api::namespaced(client.clone(), ns);
-    match wanted {
-        Some(policy) => api
-            .patch(
+    owner: Owner<'_>,
+    wanted: Option<&NetworkPolicy>,
+) -> Result<(), KeepError> {
+    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    let found = api.get_opt(name).await?;
+    let mine = found.as_ref().map(|f| may_keep(&f.metadata, owner));
+    match (wanted, mine) {
+        (Some(_), Some(Err(holder))) => Err(KeepError::NotOurs {
+            name: name.into(),
+            kind: owner.kind.to_lowercase(),
+            holder,
+        }),
+        (Some(policy), _) => {
+            api.patch(
                 name,
                 &PatchParams::apply("floe-operator").force(),
                 &Patch::Apply(policy),
             )
-            .await
-            .map(|_| ()),
-        None => match api.delete(name, &DeleteParams::default()).await {
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            other => other.map(|_| ()),
-        },
+            .await?;
+            Ok(())
+        }
+        (None, Some(Ok(()))) => {
+            // Only the one read (the name may hold a new one since).
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: found.and_then(|f| f.metadata.uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(name, &params).await {
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+                other => other.map(|_| ()).map_err(KeepError::from),
+            }
+        }
+        // Nothing there, or someone else's: nothing to do.
+        (None, _) => Ok(()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// floe writes or deletes a policy under its name only when it is the owner's own or an
+    /// earlier same-named owner's: never a user's, nor another controller's.
+    #[test]
+    fn only_the_owners_policy_or_an_earlier_same_named_owners_is_kept() {
+        let owner = Owner {
+            kind: "GatewayPool",
+            name: "pi",
+            uid: "u-2",
+        };
+        let meta = |refs: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(json!({"name": "pi-egress", "ownerReferences": refs}))
+                .expect("meta")
+        };
+        let reference = |kind: &str, name: &str, uid: &str, controller: bool| {
+            json!({"apiVersion": "floe.dev/v1alpha1", "kind": kind, "name": name, "uid": uid,
+                   "controller": controller})
+        };
+        let kept = |m: ObjectMeta| may_keep(&m, owner);
+        assert_eq!(
+            kept(meta(json!([reference("GatewayPool", "pi", "u-2", true)]))),
+            Ok(())
+        );
+        // An earlier pool of the name, deleted: taken over.
+        assert_eq!(
+            kept(meta(json!([reference("GatewayPool", "pi", "u-1", true)]))),
+            Ok(())
+        );
+        assert!(kept(meta(json!([]))).is_err_and(|w| w.contains("no controller")));
+        // Owned without control (a user's Application, say), another pool's, a job's.
+        assert!(kept(meta(json!([reference("GatewayPool", "pi", "u-2", false)]))).is_err());
+        assert!(kept(meta(json!([reference(
+            "GatewayPool",
+            "other",
+            "u-3",
+            true
+        )])))
+        .is_err_and(|w| w.contains("GatewayPool other")));
+        assert!(kept(meta(json!([reference("RolloutJob", "pi", "u-4", true)]))).is_err());
+        let mut foreign = reference("GatewayPool", "pi", "u-5", true);
+        foreign["apiVersion"] = "example.com/v1".into();
+        assert!(kept(meta(json!([foreign]))).is_err());
+    }
 
     fn pool(egress: serde_json::Value) -> GatewayPool {
         serde_json::from_value(json!({

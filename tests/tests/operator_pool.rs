@@ -615,3 +615,101 @@ async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result
     assert_eq!(metric_value(&page, &series), None, "{page}");
     Ok(())
 }
+
+/// A NetworkPolicy under the name a pool's would take (`<pool>-egress`) that is not the
+/// pool's (a user's own, kept with `egress.policy: Unmanaged`, or one written before the pool)
+/// is never overwritten nor deleted: the pool says so in a Warning and keeps none of its own;
+/// once it is gone, the pool makes its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_policy_under_the_pools_name_that_is_not_its_own_is_left_alone() -> Result<()> {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let (client, ns) = with_crds("egressname").await?;
+    let _operator = start_operator(&ns.name)?;
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns.name);
+    // The user's: every pod of theirs with `app: locked` reaches nothing.
+    let own = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "mine-egress"},
+        "spec": {"podSelector": {"matchLabels": {"app": "locked"}}, "policyTypes": ["Egress"],
+                 "egress": []}});
+    policies
+        .create(&PostParams::default(), &serde_json::from_value(own)?)
+        .await?;
+    let pool = |policy: &str| -> Result<GatewayPool> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+            "metadata": {"name": "mine"},
+            "spec": {"replicas": 1, "template": {"image": "sandbox:1"},
+                     "egress": {"policy": policy}},
+        }))?)
+    };
+    pools
+        .create(&PostParams::default(), &pool("Managed")?)
+        .await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    let said = eventually("the pool's warning", async || {
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("EgressPolicyFailed"))
+            .find_map(|e| e.note))
+    })
+    .await?;
+    assert!(
+        said.contains("mine-egress exists and is not this gatewaypool's")
+            && said.contains("no controller"),
+        "{said}"
+    );
+    let untouched = |p: &NetworkPolicy| {
+        let spec = serde_json::to_value(&p.spec).unwrap_or_default();
+        p.metadata.owner_references.is_none()
+            && spec["podSelector"] == json!({"matchLabels": {"app": "locked"}})
+    };
+    assert!(
+        untouched(&policies.get("mine-egress").await?),
+        "overwritten"
+    );
+
+    // Unmanaged: the pool deletes the policy it would keep, never this one.
+    pools
+        .patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"egress": {"policy": "Unmanaged"}}})),
+        )
+        .await?;
+    let generation = pools.get("mine").await?.metadata.generation;
+    eventually("the pool reconciled its Unmanaged spec", async || {
+        let p = pools.get("mine").await?;
+        Ok((p.status.and_then(|s| s.observed_generation) == generation).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = policies.get_opt("mine-egress").await?;
+    assert!(
+        still.as_ref().is_some_and(untouched),
+        "deleted or changed: {still:?}"
+    );
+
+    // Gone, and the pool managed again: it makes its own.
+    policies.delete("mine-egress", &Default::default()).await?;
+    pools
+        .patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"egress": {"policy": "Managed"}}})),
+        )
+        .await?;
+    let made = eventually("the pool's own policy", async || {
+        Ok(policies
+            .get_opt("mine-egress")
+            .await?
+            .filter(|p| p.metadata.owner_references.is_some()))
+    })
+    .await?;
+    assert_eq!(made.owner_references()[0].kind, "GatewayPool");
+    Ok(())
+}

@@ -284,8 +284,11 @@ async fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_sto
         stdout.contains("  test        python -m pytest --no-header -rA tests/test_calc.py"),
         "{stdout}"
     );
+    let n = AGENTS.len();
     assert!(
-        stdout.ends_with("9 task(s), 9 image(s), 1 SWE-bench repository\n"),
+        stdout.ends_with(&format!(
+            "{n} task(s), {n} image(s), 1 SWE-bench repository\n"
+        )),
         "{stdout}"
     );
     // Through the job: the local checkout, relative to the job file, made absolute.
@@ -304,7 +307,7 @@ async fn floe_tasks_shows_what_an_instance_file_would_run_and_a_bad_instance_sto
         "--json".as_ref(),
     ])
     .await?;
-    assert_eq!(json_lines.lines().count(), 9);
+    assert_eq!(json_lines.lines().count(), n);
     assert!(!json_lines.contains(GOLD_PATCH_MARKER), "{json_lines}");
     // A malformed instance: one line naming it, exit 2, before any session.
     let text = std::fs::read_to_string(&file)?;

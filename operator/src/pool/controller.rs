@@ -320,7 +320,12 @@ async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, k
     if ctx.egress_fresh(key, &wanted_json) {
         return;
     }
-    match crate::egress_policy::keep(&ctx.client, ns, &name, wanted.as_ref()).await {
+    let owner = crate::egress_policy::Owner {
+        kind: "GatewayPool",
+        name: &pool.name_any(),
+        uid: pool.meta().uid.as_deref().unwrap_or_default(),
+    };
+    match crate::egress_policy::keep(&ctx.client, ns, &name, owner, wanted.as_ref()).await {
         Ok(()) => ctx.egress_done(key, wanted_json),
         Err(e) => {
             tracing::warn!(pool = %key, "egress policy {name}: {e}");

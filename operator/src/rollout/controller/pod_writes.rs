@@ -272,7 +272,12 @@ pub(super) async fn ensure_job_egress_policy(
     if memo && ctx.egress_fresh(&uid, &wanted_json) {
         return;
     }
-    let kept = crate::egress_policy::keep(&ctx.client, &ns, &name, wanted.as_ref()).await;
+    let owner = crate::egress_policy::Owner {
+        kind: "RolloutJob",
+        name: &job.name_any(),
+        uid: &uid,
+    };
+    let kept = crate::egress_policy::keep(&ctx.client, &ns, &name, owner, wanted.as_ref()).await;
     if kept.is_ok() {
         ctx.egress_done(&uid, wanted_json);
     }
