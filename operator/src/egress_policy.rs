@@ -153,13 +153,17 @@ pub enum KeepError {
     /// own, under the name floe would use), or another controller's. Never written or deleted.
     #[error(
         "NetworkPolicy {name} exists and is not this {kind}'s ({holder}): floe leaves it as it \
-         is and keeps no egress policy of its own for these pods; rename or delete it"
+         is, and starts no sandbox pod without its own policy; rename or delete it"
     )]
     NotOurs {
         name: String,
         kind: String,
         holder: String,
     },
+    /// Its own, being deleted (garbage collection deciding before a takeover, say): written
+    /// again once it is gone, rather than patched and then lost.
+    #[error("NetworkPolicy {0} is being deleted: it is made again once gone")]
+    BeingDeleted(String),
 }
 
 /// Whether a policy found under the name is `owner`'s to write: its own, or one an earlier
@@ -202,7 +206,11 @@ pub async fn keep(
     let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
     let found = api.get_opt(name).await?;
     let mine = found.as_ref().map(|f| may_keep(&f.metadata, owner));
+    let going = found
+        .as_ref()
+        .is_some_and(|f| f.metadata.deletion_timestamp.is_some());
     match (wanted, mine) {
+        (Some(_), Some(Ok(()))) if going => Err(KeepError::BeingDeleted(name.into())),
         (Some(_), Some(Err(holder))) => Err(KeepError::NotOurs {
             name: name.into(),
             kind: owner.kind.to_lowercase(),

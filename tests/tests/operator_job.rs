@@ -1108,6 +1108,61 @@ async fn session_pods_the_apiserver_refuses_stall_the_job_saying_why() -> Result
     Ok(())
 }
 
+/// A NetworkPolicy under the name the job's own would take (`<job>-job-egress`) that is not
+/// the job's (here a user's, with no controller): its pods would run without the job's
+/// policy, so the job stalls before making any and leaves the policy as it is; once the name
+/// is free, it makes its policy and its pods. (No kubelet: no pod is to run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_policy_under_the_jobs_name_that_is_not_its_own_stalls_it() -> Result<()> {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let (client, ns) = with_crds("egressjob").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns.name);
+    let own = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "squat-job-egress"},
+        "spec": {"podSelector": {"matchLabels": {"app": "other"}}, "policyTypes": ["Egress"]}});
+    policies
+        .create(&PostParams::default(), &serde_json::from_value(own)?)
+        .await?;
+    let mut spec = job("squat", &["a"], 1, json!({"lookahead": 0}))?;
+    spec.spec.pool_ref = None;
+    spec.spec.pool_template = Some(serde_json::from_value(
+        json!({"image": "ghcr.io/acme/harness:1"}),
+    )?);
+    jobs.create(&PostParams::default(), &spec).await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "squat", "EgressPolicyNotOurs").await?;
+    assert!(
+        notes[0].contains("squat-job-egress exists and is not this rolloutjob's")
+            && notes[0].contains("no controller"),
+        "{notes:?}"
+    );
+    assert!(
+        job_pods(&pods, "squat").await?.is_empty(),
+        "a pod without the job's policy"
+    );
+    let kept = policies.get("squat-job-egress").await?;
+    assert!(kept.metadata.owner_references.is_none(), "taken: {kept:?}");
+    policies
+        .delete("squat-job-egress", &Default::default())
+        .await?;
+    eventually("the job's policy and its first pod", async || {
+        let mine = policies
+            .get_opt("squat-job-egress")
+            .await?
+            .is_some_and(|p| {
+                p.owner_references()
+                    .first()
+                    .is_some_and(|o| o.name == "squat")
+            });
+        Ok((mine && !job_pods(&pods, "squat").await?.is_empty()).then_some(()))
+    })
+    .await?;
+    delete_jobs(&jobs).await?;
+    Ok(())
+}
+
 /// The job's tasks from a ConfigMap, edited after its first session: sessions are numbered by
 /// task order, so the job stalls (`TasksChanged`) instead of taking scored sessions for other
 /// tasks'; restored, it goes on.

@@ -618,14 +618,15 @@ async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result
 
 /// A NetworkPolicy under the name a pool's would take (`<pool>-egress`) that is not the
 /// pool's (a user's own, kept with `egress.policy: Unmanaged`, or one written before the pool)
-/// is never overwritten nor deleted: the pool says so in a Warning and keeps none of its own;
-/// once it is gone, the pool makes its own.
+/// is never overwritten nor deleted. While the pool wants its own, it makes no pod (they would
+/// run without it) and says why on its status; once the name is free, it makes its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_network_policy_under_the_pools_name_that_is_not_its_own_is_left_alone() -> Result<()> {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     let (client, ns) = with_crds("egressname").await?;
     let _operator = start_operator(&ns.name)?;
     let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns.name);
     // The user's: every pod of theirs with `app: locked` reaches nothing.
     let own = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -646,22 +647,31 @@ async fn a_network_policy_under_the_pools_name_that_is_not_its_own_is_left_alone
     pools
         .create(&PostParams::default(), &pool("Managed")?)
         .await?;
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let said = eventually("the pool's warning", async || {
-        Ok(events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some("EgressPolicyFailed"))
-            .find_map(|e| e.note))
+    let said = eventually("the pool stalled", async || {
+        let s = pools.get("mine").await?.status.unwrap_or_default();
+        Ok(s.conditions
+            .iter()
+            .find(|c| {
+                c.type_ == "Stalled" && c.status == "True" && c.reason == "EgressPolicyNotOurs"
+            })
+            .map(|c| c.message.clone()))
     })
     .await?;
     assert!(
         said.contains("mine-egress exists and is not this gatewaypool's")
             && said.contains("no controller"),
         "{said}"
+    );
+    let pool_pods = async || {
+        let listed = pods
+            .list(&ListParams::default().labels("floe.dev/pool=mine"))
+            .await?;
+        anyhow::Ok(listed.items.len())
+    };
+    assert_eq!(
+        pool_pods().await?,
+        0,
+        "a pod was made without the pool's policy"
     );
     let untouched = |p: &NetworkPolicy| {
         let spec = serde_json::to_value(&p.spec).unwrap_or_default();
@@ -693,6 +703,11 @@ async fn a_network_policy_under_the_pools_name_that_is_not_its_own_is_left_alone
         still.as_ref().is_some_and(untouched),
         "deleted or changed: {still:?}"
     );
+    // Its pods' egress is the cluster's to restrict now: they are made.
+    eventually("a pod of the Unmanaged pool", async || {
+        Ok((pool_pods().await? > 0).then_some(()))
+    })
+    .await?;
 
     // Gone, and the pool managed again: it makes its own.
     policies.delete("mine-egress", &Default::default()).await?;

@@ -62,7 +62,25 @@ async fn reconcile_pool(
         .await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
-    ensure_egress_policy(&ctx, &pool, &ns, &key).await;
+    // A policy of someone else's under the pool's name: its pods would run without floe's,
+    // so the pool makes none (nor replaces any) until the name is free.
+    if let Some(message) = ensure_egress_policy(&ctx, &pool, &ns, &key).await {
+        tracing::warn!(pool = %key, "{message}");
+        let health = Health::Spec {
+            reason: "EgressPolicyNotOurs",
+            message,
+        };
+        write_status(
+            &ctx,
+            &pool,
+            &ns,
+            Counts::as_labelled(&cached),
+            health,
+            &hash,
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(15)));
+    }
     let pending = ctx.pending(&key, &cached);
     let (creating, deleting) = (pending.creating, pending.deleting);
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -305,20 +323,26 @@ async fn reconcile_pool(
 }
 
 /// Keep the pool's egress NetworkPolicy ([`crate::egress_policy`]) as its spec says. A
-/// failure (an operator without RBAC for NetworkPolicies, say) is a Warning on the pool, not a
-/// failed reconcile: the pods' own check still says whether their egress is open.
-async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, key: &str) {
+/// failed write (an operator without RBAC for NetworkPolicies, say) is a Warning on the pool,
+/// not a failed reconcile: the pods' own check still says whether their egress is open. A
+/// policy of someone else's under the name is returned, to stall the pool.
+async fn ensure_egress_policy(
+    ctx: &PoolContext,
+    pool: &GatewayPool,
+    ns: &str,
+    key: &str,
+) -> Option<String> {
     let name = crate::egress_policy::policy_name(&pool.name_any());
     let wanted = match crate::egress_policy::build(pool) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(pool = %key, "egress policy: {e}");
-            return;
+            return None;
         }
     };
     let wanted_json = wanted.as_ref().and_then(|p| serde_json::to_string(p).ok());
     if ctx.egress_fresh(key, &wanted_json) {
-        return;
+        return None;
     }
     let owner = crate::egress_policy::Owner {
         kind: "GatewayPool",
@@ -327,6 +351,7 @@ async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, k
     };
     match crate::egress_policy::keep(&ctx.client, ns, &name, owner, wanted.as_ref()).await {
         Ok(()) => ctx.egress_done(key, wanted_json),
+        Err(e @ crate::egress_policy::KeepError::NotOurs { .. }) => return Some(e.to_string()),
         Err(e) => {
             tracing::warn!(pool = %key, "egress policy {name}: {e}");
             ctx.events
@@ -339,6 +364,7 @@ async fn ensure_egress_policy(ctx: &PoolContext, pool: &GatewayPool, ns: &str, k
                 .await;
         }
     }
+    None
 }
 
 async fn create_pod(

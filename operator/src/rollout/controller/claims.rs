@@ -97,11 +97,6 @@ pub(super) async fn claim_and_start(
     // Two stages: `in_flight` PATCHes at the apiserver, and each claimed pod's delivery (to
     // its own gateway, not the apiserver) beside the next PATCHes. The delivery stage holds
     // as many as the round claims, so it never stops the PATCH stage from being polled.
-    // The pods a round claims reach the job's trainer through the job's own policy: in place
-    // before the first claim (the pool's allows no trainer).
-    if !pairs.is_empty() && observed.pool.is_some() {
-        super::pod_writes::ensure_job_egress_policy(ctx, job, observed.pool.as_ref()).await;
-    }
     let deliveries = pairs.len().max(1);
     let claiming = (!pairs.is_empty()).then(|| ctx.claims.enter());
     let claims: Vec<Result<ClaimOutcome, JobError>> = futures::stream::iter(pairs)

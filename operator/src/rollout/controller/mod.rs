@@ -319,6 +319,11 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         now,
     )
     .await;
+    // The pods a round claims reach the job's trainer through the job's own policy: in place
+    // before the first claim (the pool's allows no trainer).
+    if !decided.claim.is_empty() && !observed.ready.is_empty() && observed.pool.is_some() {
+        pod_writes::ensure_job_egress_policy(ctx, job, observed.pool.as_ref()).await?;
+    }
     // ... then deliver and claim, so that new sessions are on their way ...
     let achieved =
         claims::claim_and_start(ctx, job, &observed, &decided, job_pod.gate, started).await?;

@@ -16,6 +16,7 @@ use crate::pods::names::{JOB_LABEL, STATE_LABEL};
 use crate::pods::PodState;
 use crate::rollout::freshness::{version, Bar};
 use crate::rollout::plan::JobPlan;
+use crate::rollout::status::Blocked;
 
 /// Only now (results recorded, new sessions on their way) let go of finished pods; then stop
 /// the pods past the deadline; then (`poolTemplate`) make the next sessions' pods, after the
@@ -256,41 +257,48 @@ pub(super) async fn ensure_job_egress_policy(
     ctx: &JobContext,
     job: &RolloutJob,
     pool: Option<&GatewayPool>,
-) {
+) -> Result<(), Halt> {
     let ns = job.namespace().unwrap_or_default();
     let name = crate::egress_policy::job_policy_name(&job.name_any());
     let wanted = match crate::egress_policy::build_for_job(job, pool) {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(job = %job.name_any(), "egress policy: {e}");
-            return;
+            return Ok(());
         }
     };
     let uid = job.uid().unwrap_or_default();
     let wanted_json = wanted.as_ref().and_then(|p| serde_json::to_string(p).ok());
     let memo = job.spec.pool_template.is_none();
     if memo && ctx.egress_fresh(&uid, &wanted_json) {
-        return;
+        return Ok(());
     }
     let owner = crate::egress_policy::Owner {
         kind: "RolloutJob",
         name: &job.name_any(),
         uid: &uid,
     };
-    let kept = crate::egress_policy::keep(&ctx.client, &ns, &name, owner, wanted.as_ref()).await;
-    if kept.is_ok() {
-        ctx.egress_done(&uid, wanted_json);
+    match crate::egress_policy::keep(&ctx.client, &ns, &name, owner, wanted.as_ref()).await {
+        Ok(()) => ctx.egress_done(&uid, wanted_json),
+        // Its pods would run without it: no claim and no new pod until the name is free.
+        Err(e @ crate::egress_policy::KeepError::NotOurs { .. }) => {
+            return Err(Halt::Blocked(Blocked::stalled(
+                "EgressPolicyNotOurs",
+                e.to_string(),
+            )))
+        }
+        Err(e) => {
+            tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
+            ctx.event(
+                job,
+                EventType::Warning,
+                "EgressPolicyFailed",
+                format!("cannot apply NetworkPolicy {name} (spec.egress): {e}"),
+            )
+            .await;
+        }
     }
-    if let Err(e) = kept {
-        tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
-        ctx.event(
-            job,
-            EventType::Warning,
-            "EgressPolicyFailed",
-            format!("cannot apply NetworkPolicy {name} (spec.egress): {e}"),
-        )
-        .await;
-    }
+    Ok(())
 }
 
 /// poolTemplate: create the pods (and their control-token Secrets) of the next sessions.
@@ -308,7 +316,7 @@ async fn create_prewarmed(
     }
     // The pods' NetworkPolicy before the pods: applied with each batch of new pods, so one
     // deleted by hand comes back before the next untrusted agent starts.
-    ensure_job_egress_policy(ctx, job, None).await;
+    ensure_job_egress_policy(ctx, job, None).await?;
     let created: Vec<Result<(), Created>> = futures::stream::iter(sessions.to_vec())
         .map(|(index, attempt)| async move {
             let Some(at) = observed.session(index) else {
