@@ -3069,7 +3069,8 @@ fn strip_field(v: &mut Value, name: &str) -> bool {
 /// then deleted, and the operator sent the earlier token (remembered by the job's name). Now it
 /// deletes them, waits, and makes its own: its collector (really run here, its token read from
 /// its Secret as a kubelet reads it) takes the job's finish with the new token. Objects an
-/// orphaning delete left under its names stall it, saying which; deleted, it goes on.
+/// orphaning delete left under its names stall it, saying which (its egress NetworkPolicy
+/// last, as its claims are about to start); deleted, it goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_made_again_under_its_name_makes_its_own_pods_and_uses_its_own_token() -> Result<()> {
     let (client, ns) = with_crds("again").await?;
@@ -3205,6 +3206,20 @@ async fn a_job_made_again_under_its_name_makes_its_own_pods_and_uses_its_own_tok
         .await?;
     secrets
         .delete("again-token", &DeleteParams::default())
+        .await?;
+    // The orphaned egress policy too: with no owner, it may be anyone's, so the job makes no
+    // claim without its own policy until it is gone.
+    let said = eventually("the egress policy's stall", async || {
+        let s = status(&jobs, "again").await?;
+        Ok(s.conditions
+            .iter()
+            .find(|c| c.type_ == "Stalled" && c.reason == "EgressPolicyNotOurs")
+            .map(|c| c.message.clone()))
+    })
+    .await?;
+    assert!(said.contains("again-job-egress"), "{said}");
+    Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), &ns.name)
+        .delete("again-job-egress", &DeleteParams::default())
         .await?;
     let done = succeeded(&jobs, "again", 120).await?;
     assert_eq!((done.sessions.total, done.sessions.succeeded), (1, 1));

@@ -287,6 +287,13 @@ pub(super) async fn ensure_job_egress_policy(
                 e.to_string(),
             )))
         }
+        // An earlier job's, going: made again once gone, before any claim.
+        Err(e @ crate::egress_policy::KeepError::BeingDeleted(_)) => {
+            return Err(Halt::Blocked(Blocked::waiting(
+                "EarlierJobObjects",
+                e.to_string(),
+            )))
+        }
         Err(e) => {
             tracing::warn!(job = %job.name_any(), "egress policy {name}: {e}");
             ctx.event(
