@@ -48,28 +48,18 @@ async fn reconcile_pool(
         Err(PoolError::CacheBehind) => return Ok(Action::requeue(Duration::from_secs(1))),
         problem => problem?,
     };
+    // A policy of someone else's under the pool's name: its pods would run without floe's,
+    // so the pool makes none (nor replaces any) until the name is free (looked at again
+    // every 15 s: nothing of the pool's changes when that policy goes).
+    let problem = match problem {
+        Some(problem) => Some(problem),
+        None => ensure_egress_policy(&ctx, &pool, &ns, &key)
+            .await
+            .map(|message| ("EgressPolicyNotOurs", message)),
+    };
     if let Some((reason, message)) = problem {
         tracing::warn!(pool = %key, reason, "{message}");
         let health = Health::Spec { reason, message };
-        write_status(
-            &ctx,
-            &pool,
-            &ns,
-            Counts::as_labelled(&cached),
-            health,
-            &hash,
-        )
-        .await?;
-        return Ok(Action::requeue(Duration::from_secs(60)));
-    }
-    // A policy of someone else's under the pool's name: its pods would run without floe's,
-    // so the pool makes none (nor replaces any) until the name is free.
-    if let Some(message) = ensure_egress_policy(&ctx, &pool, &ns, &key).await {
-        tracing::warn!(pool = %key, "{message}");
-        let health = Health::Spec {
-            reason: "EgressPolicyNotOurs",
-            message,
-        };
         write_status(
             &ctx,
             &pool,
