@@ -164,9 +164,7 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
     if let Some(token) = &proxy.token {
         if floe_gateway::bearer::carries(&parts.headers, token) {
             // A gateway's: the agent's connections from its pod cannot crowd it out.
-            if let Some(v) = parts.extensions.get::<floe_gateway::serve_limited::Vouch>() {
-                v.vouch();
-            }
+            floe_gateway::serve_limited::Vouch::for_extensions(&parts.extensions);
         } else if parts.method == Method::POST {
             return error(
                 StatusCode::UNAUTHORIZED,

@@ -271,7 +271,12 @@ impl Vouch {
 
     /// Vouch for the connection that carried `request`, if it came through [`serve`].
     pub fn for_request<B>(request: &axum::http::Request<B>) {
-        if let Some(v) = request.extensions().get::<Self>() {
+        Self::for_extensions(request.extensions());
+    }
+
+    /// [`Vouch::for_request`], from a request's extensions (a request taken apart).
+    pub fn for_extensions(extensions: &axum::http::Extensions) {
+        if let Some(v) = extensions.get::<Self>() {
             v.vouch();
         }
     }

@@ -58,17 +58,12 @@ fn the_grader_runs_as_root_with_three_capabilities_unless_the_template_says_othe
         sc["capabilities"]["add"],
         json!(["CHOWN", "DAC_OVERRIDE", "SETPCAP"])
     );
-    let args: Vec<&str> = grader["args"]
-        .as_array()
-        .expect("args")
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    let at = args
+    let grader_args = args(grader);
+    let at = grader_args
         .iter()
         .position(|a| *a == "--agent-user")
         .expect("--agent-user");
-    assert_eq!(args[at + 1], "1000:1000");
+    assert_eq!(grader_args[at + 1], "1000:1000");
     for (list, name) in [
         ("containers", "agent"),
         ("containers", "swebench"),
@@ -107,11 +102,17 @@ fn the_grader_runs_as_root_with_three_capabilities_unless_the_template_says_othe
     let own = pod_with(false, Some(json!({"runAsUser": 1234})), None);
     let grader = named(&own["spec"]["containers"], "sandbox");
     assert_eq!(grader["securityContext"], json!({"runAsUser": 1234}));
-    assert!(!grader["args"]
+    assert!(!args(grader).contains(&"--agent-user"));
+}
+
+/// A container's arguments.
+fn args(c: &Value) -> Vec<&str> {
+    c["args"]
         .as_array()
         .expect("args")
         .iter()
-        .any(|a| a == "--agent-user"));
+        .filter_map(Value::as_str)
+        .collect()
 }
 
 fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
@@ -166,12 +167,7 @@ fn the_agent_works_in_testbed_and_the_grader_evaluates_there() {
         let grader = named(containers, GRADER_CONTAINER);
         assert!(has(grader, "floe-workspace", "/floe-workspace"));
         assert!(has(grader, "floe-eval", "/testbed"));
-        let args: Vec<&str> = grader["args"]
-            .as_array()
-            .expect("args")
-            .iter()
-            .filter_map(Value::as_str)
-            .collect();
+        let args = args(grader);
         for pair in [
             ["--workspace", "/floe-workspace"],
             ["--agent-workspace", "/testbed"],
