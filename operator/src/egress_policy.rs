@@ -18,6 +18,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+use crate::controller_ref::{holder, Holder};
 use crate::pods::names::{
     INGEST_PORT, JOB_LABEL, OWNER_JOB_LABEL, POOL_LABEL, ROLE_LABEL, SANDBOX_LABEL, VLLM_PORT,
 };
@@ -172,22 +173,10 @@ pub enum KeepError {
 /// replaces the earlier owner reference). Anything else (no controller, another owner) is
 /// someone else's.
 fn may_keep(found: &ObjectMeta, owner: Owner) -> Result<(), String> {
-    let controller = found
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true));
-    match controller {
-        Some(o)
-            if o.uid == owner.uid
-                || (o.kind == owner.kind
-                    && o.name == owner.name
-                    && o.api_version.starts_with("floe.dev/")) =>
-        {
-            Ok(())
-        }
-        Some(o) => Err(format!("its controller is {} {}", o.kind, o.name)),
-        None => Err("it has no controller: a user's own?".into()),
+    match holder(found, owner.kind, owner.name, owner.uid) {
+        Holder::This | Holder::Earlier { .. } => Ok(()),
+        Holder::Other(Some(o)) => Err(format!("its controller is {} {}", o.kind, o.name)),
+        Holder::Other(None) => Err("it has no controller: a user's own?".into()),
     }
 }
 

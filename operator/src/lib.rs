@@ -7,6 +7,7 @@
 pub(crate) mod api_call;
 pub(crate) mod claim_gate;
 pub mod client_rate;
+pub(crate) mod controller_ref;
 pub(crate) mod egress_policy;
 pub(crate) mod events;
 pub mod leader;

@@ -51,7 +51,8 @@ async fn secret_token(
 pub(super) async fn job_token(ctx: &JobContext, job: &RolloutJob) -> Option<String> {
     let secret = aux_pods::job_token_secret(&job.name_any());
     let ns = job.namespace().unwrap_or_default();
-    let ours = |s: &Secret| name_holder::holder(&s.metadata, job) == name_holder::Holder::ThisJob;
+    let ours =
+        |s: &Secret| name_holder::holder(&s.metadata, job) == crate::controller_ref::Holder::This;
     secret_token(ctx, &ns, &job_token_key(job), &secret, ours).await
 }
 

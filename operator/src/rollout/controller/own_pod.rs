@@ -329,7 +329,7 @@ pub(super) async fn trainer_control_token(
         .await
         .map_err(|e| format!("reading Secret {name}: {e}"))?
         .ok_or_else(|| format!("Secret {name} is missing"))?;
-    if name_holder::holder(&secret.metadata, job) != name_holder::Holder::ThisJob {
+    if name_holder::holder(&secret.metadata, job) != crate::controller_ref::Holder::This {
         return Err(format!(
             "Secret {name} is not this job's (an earlier job's)"
         ));
