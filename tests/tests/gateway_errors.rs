@@ -500,7 +500,8 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
         .session_with("contract-sft", "t", 0, json!({"temperature": 0.9}))
         .await?;
     let mut sft_call = calls[0].1.clone();
-    sft_call["parallel_tool_calls"] = json!(false);
+    // `0` is `false` to vLLM's request model.
+    sft_call["parallel_tool_calls"] = json!(0);
     let (status, _) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &sft_call).await?;
     assert_eq!(status, 200);
     let last = model.requests().pop().unwrap_or_default();

@@ -109,8 +109,11 @@ pub fn apply(
     // calls to the first *after* sampling, and its token ids keep the rest: the trainer (or an
     // sft dataset) would learn calls the harness never ran. Every call goes without it (never
     // refused: Codex and Claude Code's Messages requests carry it), and the harness gets every
-    // call the model made, so the tokens are what the harness saw.
-    let one_call = body.get("parallel_tool_calls") == Some(&Value::Bool(false));
+    // call the model made, so the tokens are what the harness saw. Anything but `true` goes:
+    // vLLM's request model coerces `0` and `"false"` to `false` too.
+    let one_call = body
+        .get("parallel_tool_calls")
+        .is_some_and(|v| v != &Value::Bool(true));
     if one_call {
         body.remove("parallel_tool_calls");
     }
@@ -205,10 +208,20 @@ mod tests {
     #[test]
     fn no_call_asks_vllm_to_cut_its_tool_calls_after_sampling() {
         for mode in [CallerSampling::Drop, CallerSampling::Refuse] {
-            let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": false}));
-            let dropped = apply(&mut b, mode, Some(1.0), Some(1.0)).expect("not refused");
-            assert_eq!(dropped, ["parallel_tool_calls"], "{mode:?}");
-            assert!(!b.contains_key("parallel_tool_calls"), "{mode:?}");
+            // vLLM reads `0` and `"false"` as `false` (pydantic's lax bool).
+            for value in [
+                json!(false),
+                json!(0),
+                json!("false"),
+                json!("0"),
+                json!(null),
+            ] {
+                let mut b =
+                    body(json!({"model": "x", "messages": [], "parallel_tool_calls": value}));
+                let dropped = apply(&mut b, mode, Some(1.0), Some(1.0)).expect("not refused");
+                assert_eq!(dropped, ["parallel_tool_calls"], "{mode:?} {value}");
+                assert!(!b.contains_key("parallel_tool_calls"), "{mode:?} {value}");
+            }
             // Allowing them is what vLLM does anyway.
             let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": true}));
             assert!(apply(&mut b, mode, Some(1.0), Some(1.0))
@@ -217,7 +230,7 @@ mod tests {
             assert_eq!(b["parallel_tool_calls"], true);
         }
         // Nor an sft job's: its dataset would teach calls the harness never ran.
-        let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": false}));
+        let mut b = body(json!({"model": "x", "messages": [], "parallel_tool_calls": "false"}));
         let dropped = apply(&mut b, CallerSampling::PassThrough, None, None).expect("passed");
         assert_eq!(dropped, ["parallel_tool_calls"]);
         assert!(!b.contains_key("parallel_tool_calls"));
