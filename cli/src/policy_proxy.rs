@@ -9,7 +9,9 @@
 //! generation is paused for each push) and returns it as `x-floe-policy-version`, which the
 //! gateways record. Read before the call, the label is never newer than the weights that
 //! sampled it: a completion held in vLLM's queue during a push is labelled one version older
-//! than it is (conservative for `maxStaleness`); none is labelled newer.
+//! than it is (conservative for `maxStaleness`); none is labelled newer. A read that fails
+//! falls back on the last version read, which a vLLM restarted since would make newer than
+//! its weights: such a completion is asked about again after it ([`label`]).
 //!
 //! With a token (`FLOE_POLICY_TOKEN`, the job's: only its gateways have it), inference needs it
 //! as a bearer token. An agent shares its pod's network with its gateway, so it reaches this
@@ -96,15 +98,15 @@ fn samples(method: &Method, path: &str) -> bool {
     *method == Method::POST && matches!(path, "/v1/chat/completions" | "/v1/completions")
 }
 
-/// The weight version vLLM serves now. When `/weight_info` does not answer in time (a loaded
-/// vLLM), the last version it reported: versions only grow while it runs, so that label is
-/// never newer than the weights (the module's promise); without it the completion would carry
-/// no version and escape `maxStaleness`.
-async fn served_version(proxy: &Proxy) -> Option<u64> {
+/// The weight version vLLM serves now, and whether it was read now (`false`: [`last`]).
+/// When `/weight_info` does not answer in time (a loaded vLLM), the last version it reported:
+/// versions only grow while it runs, so that label is never newer than the weights (the
+/// module's promise); without it the completion would carry no version and escape
+/// `maxStaleness`.
+async fn served_version(proxy: &Proxy) -> (Option<u64>, bool) {
     if proxy.no_versions.load(Ordering::Relaxed) {
-        return None;
+        return (None, true);
     }
-    let last = || Some(proxy.last_version.load(Ordering::Relaxed)).filter(|v| *v != u64::MAX);
     let resp = match proxy
         .client
         .get(format!("{}/weight_info", proxy.upstream))
@@ -114,14 +116,14 @@ async fn served_version(proxy: &Proxy) -> Option<u64> {
     {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(last = ?last(), "/weight_info did not answer ({e}): labelled with the last version read");
-            return last();
+            tracing::warn!(last = ?last(proxy), "/weight_info did not answer ({e}): labelled with the last version read");
+            return (last(proxy), false);
         }
     };
     if resp.status() == StatusCode::NOT_FOUND {
         tracing::warn!("the policy server has no /weight_info (not vLLM in dev mode): completions carry no policy version");
         proxy.no_versions.store(true, Ordering::Relaxed);
-        return None;
+        return (None, true);
     }
     let read = match resp.json::<serde_json::Value>().await {
         Ok(body) => body["weight_version"].as_str().and_then(policy_version),
@@ -135,9 +137,29 @@ async fn served_version(proxy: &Proxy) -> Option<u64> {
     match read {
         Some(v) => {
             proxy.last_version.store(v, Ordering::Relaxed);
-            Some(v)
+            (Some(v), true)
         }
-        None => last(),
+        None => (last(proxy), false),
+    }
+}
+
+/// The last version `/weight_info` reported.
+fn last(proxy: &Proxy) -> Option<u64> {
+    Some(proxy.last_version.load(Ordering::Relaxed)).filter(|v| *v != u64::MAX)
+}
+
+/// The label of a completion whose version before it was `before` (`read`: read then). The
+/// last version reported is never newer than the weights only while vLLM runs: one restarted
+/// (its container, in the pod this proxy outlives it in) serves the weights it loaded,
+/// `default`, and does not answer while it loads them. So a completion labelled so is asked
+/// about again once vLLM has answered it, and gets the older of the two.
+async fn label(proxy: &Proxy, before: Option<u64>, read: bool) -> Option<u64> {
+    if read {
+        return before;
+    }
+    match served_version(proxy).await {
+        (Some(after), true) => Some(before.map_or(after, |b| b.min(after))),
+        _ => before,
     }
 }
 
@@ -188,10 +210,10 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
         .query()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
-    let version = if samples(&parts.method, path) {
+    let (version, read) = if samples(&parts.method, path) {
         served_version(&proxy).await
     } else {
-        None
+        (None, true)
     };
     let mut upstream = proxy
         .client
@@ -217,6 +239,7 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     match resp.bytes().await {
         Ok(b) => {
+            let version = label(&proxy, version, read).await;
             let mut out = Response::new(Body::from(b));
             *out.status_mut() = status;
             if let Some(ct) = content_type {
