@@ -18,6 +18,7 @@ lost) is saved with each checkpoint ([`GroupBuffer.saved`]).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,9 @@ class Group:
 
 @dataclass
 class _Pending:
-    first_arrival: float
+    # When its first trajectory arrived (the grace runs from then); ``None`` while it holds only
+    # samples that failed for good: a ruling that came first is no sample to be taken with.
+    first_arrival: float | None = None
     by_sample: dict[int, Trajectory] = field(default_factory=dict)
     # Samples that arrived and were dropped as stale: no session will send them again, so
     # they count towards the group being complete (or it would wait for them forever).
@@ -92,7 +95,9 @@ class GroupBuffer:
         if t.group in self.closed:
             self.dropped["late"] += 1
             return
-        p = self.pending.setdefault(t.group, _Pending(first_arrival=now))
+        p = self.pending.setdefault(t.group, _Pending())
+        if p.first_arrival is None:
+            p.first_arrival = now
         if t.sample in p.by_sample:
             # A second trainable trajectory for one sample (a retry after a lost reply): one
             # sample, one vote.
@@ -116,7 +121,7 @@ class GroupBuffer:
         if self.arrived(group, sample):
             return
         self.failures.setdefault(group, set()).add(sample)
-        p = self.pending.setdefault(group, _Pending(first_arrival=now))
+        p = self.pending.setdefault(group, _Pending())
         if sample not in p.failed_samples:
             p.failed_samples.add(sample)
             self.dropped["failed"] += 1
@@ -171,8 +176,8 @@ class GroupBuffer:
         is taken as it is; one that cannot teach anything is counted (``incomplete`` when
         fewer than two samples arrived)."""
         out: list[Group] = []
-        need = max(1, int(-(-self.min_fraction * self.num_samples // 1)))
-        for gid in sorted(self.pending, key=lambda g: self.pending[g].first_arrival):
+        need = self.needed()
+        for gid in sorted(self.pending, key=self._first_arrival):
             p = self.pending[gid]
             fresh = {s: t for s, t in p.by_sample.items() if not self._stale(t, policy_version)}
             stale = len(p.by_sample) - len(fresh)
@@ -182,7 +187,8 @@ class GroupBuffer:
                 p.by_sample = fresh
             gone = (p.stale_samples | p.failed_samples) - fresh.keys()
             complete = len(fresh) + len(gone) >= self.num_samples
-            enough = len(fresh) >= need and now - p.first_arrival >= self.grace_seconds
+            waited = p.first_arrival is not None and now - p.first_arrival >= self.grace_seconds
+            enough = len(fresh) >= need and waited
             if not (complete or enough or leftovers):
                 continue
             del self.pending[gid]
@@ -199,6 +205,16 @@ class GroupBuffer:
                 continue
             self._keep(out, gid, trajs)
         return out
+
+    def needed(self) -> int:
+        """The samples a group is taken with once its grace is over: ``min_fraction`` of
+        ``num_samples``, rounded up, but not past a float's error (``0.56 * 25`` is
+        ``14.000000000000002``, which is 14, not 15)."""
+        return max(1, math.ceil(self.min_fraction * self.num_samples - 1e-9))
+
+    def _first_arrival(self, group: str) -> float:
+        first = self.pending[group].first_arrival
+        return math.inf if first is None else first
 
     @staticmethod
     def oldest_first(groups: list[Group]) -> list[Group]:

@@ -88,6 +88,40 @@ def test_min_fraction_and_grace():
     assert len(g.trajectories) == 2
 
 
+def test_the_grace_runs_from_the_first_trajectory_not_a_failure_ruling_before_it():
+    # A sample ruled failed for good early (its pod never ran) is no arrival: the sessions
+    # still running get their grace from the first that arrives.
+    b = GroupBuffer(num_samples=4, min_fraction=0.5, grace_seconds=300)
+    b.sample_failed("g", 3, now=0)
+    b.add(traj("g", 0, 1.0), now=1000)
+    b.add(traj("g", 1, 0.0), now=1000)
+    assert b.take_ready(now=1000, policy_version=0) == []
+    assert b.take_ready(now=1299, policy_version=0) == []
+    [g] = b.take_ready(now=1300, policy_version=0)
+    assert g.rewards == [1.0, 0.0]
+
+
+def test_min_fraction_rounds_up_without_a_floats_error():
+    # 0.56 * 25 is 14.000000000000002 and 0.14 * 50 is 7.000000000000001 in floats.
+    for fraction, samples, need in [
+        (0.56, 25, 14),
+        (0.14, 50, 7),
+        (0.5, 5, 3),
+        (1.0, 8, 8),
+        (0.01, 4, 1),
+    ]:
+        b = GroupBuffer(num_samples=samples, min_fraction=fraction, grace_seconds=0)
+        assert b.needed() == need, (fraction, samples)
+        for s in range(need - 1):
+            b.add(traj("g", s, float(s % 2)), now=0)
+        if need > 2:
+            assert b.take_ready(now=0, policy_version=0) == [], (fraction, samples)
+        b.add(traj("g", need - 1, float((need - 1) % 2)), now=0)
+        if need >= 2:
+            [g] = b.take_ready(now=0, policy_version=0)
+            assert len(g.trajectories) == need, (fraction, samples)
+
+
 def test_uniform_rewards_are_dropped_and_counted():
     b = GroupBuffer(num_samples=2)
     b.add(traj("g", 0, 1.0), now=0)
