@@ -354,6 +354,14 @@ fn plan_sessions(
                 continue;
             }
         }
+        if !pod.assigned && pod.progress == PodProgress::Lost {
+            // Claimed from the pool and lost before its session started (a node drained, an
+            // eviction under node pressure, a `kubectl delete` while the job's own pod was
+            // starting): nothing of the session's ran, so it is claimed again at the same
+            // attempt, as a pre-warmed pod is replaced, not a failed attempt.
+            out.release.push(pod.name.clone());
+            continue;
+        }
         if give_back_unstarted && !pod.assigned && pod.progress == PodProgress::Active {
             // Claimed from the pool, its session never started: nothing to fold.
             out.release.push(pod.name.clone());
@@ -1011,6 +1019,27 @@ mod tests {
         assert_eq!(p.release, vec!["w0".to_string()]);
         assert!(p.next.retries.is_empty());
         assert_eq!(p.prewarm, vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
+    }
+
+    /// A pool pod lost before its session started (deleted, or evicted by its node, while
+    /// the job's own pod was starting) is no attempt: its session is claimed again at the same
+    /// attempt, and with no retries left it is not failed. One lost after its session
+    /// started is a failed attempt.
+    #[test]
+    fn a_pool_pod_lost_before_its_session_started_is_claimed_again_not_retried() {
+        let lost = SessionPod {
+            assigned: false,
+            ..pod("p0", 0, 0, PodProgress::Lost)
+        };
+        let state = JobState::fresh(1, 0);
+        let p = plan(&state, &[lost], 1, Gate::OPEN);
+        assert!(p.folds.is_empty(), "{:?}", p.folds);
+        assert_eq!(p.release, vec!["p0".to_string()]);
+        assert!(p.next.retries.is_empty() && p.next.failed.is_empty());
+        assert_eq!(p.claim, vec![(0, 0)]);
+        let started = pod("p1", 0, 0, PodProgress::Lost);
+        let p = plan(&state, &[started], 1, Gate::OPEN);
+        assert!(p.next.failed.contains(0), "{:?}", p.folds);
     }
 
     /// A pool pod whose gateway never took its assignment (the round says so once deliveries

@@ -141,15 +141,12 @@ pub(super) async fn claim_and_start(
         .collect()
         .await;
     drop(claiming);
-    let mut claimed = 0;
-    for c in claims {
-        if let ClaimOutcome::Claimed {
-            acknowledged: acked,
-        } = c?
-        {
-            claimed += 1;
-            acknowledged.extend(acked);
-        }
+    let (claimed, failed) = tally(claims, &mut acknowledged);
+    if let Some(e) = failed {
+        // The sessions that started this round are marked all the same: unmarked, a pod
+        // whose session runs reads as one never started, which a stalled job gives back.
+        mark_assigned(ctx, &ns, acknowledged).await;
+        return Err(e);
     }
     // poolTemplate: sessions start on their pre-warmed pods.
     let (started, acked) = start_prewarmed(ctx, job, observed, &decided.start, round).await;
@@ -226,6 +223,30 @@ enum ClaimOutcome {
     Claimed { acknowledged: Option<String> },
 }
 
+/// The claims that won their pod, with the pods whose gateway took its assignment added to
+/// `acknowledged`, and the first claim that failed: one failure loses none of the others'
+/// acknowledgments (each must be marked, failure or not).
+fn tally(
+    claims: Vec<Result<ClaimOutcome, JobError>>,
+    acknowledged: &mut Vec<String>,
+) -> (usize, Option<JobError>) {
+    let mut claimed = 0;
+    let mut failed = None;
+    for c in claims {
+        match c {
+            Ok(ClaimOutcome::Claimed {
+                acknowledged: acked,
+            }) => {
+                claimed += 1;
+                acknowledged.extend(acked);
+            }
+            Ok(ClaimOutcome::Lost) => {}
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    (claimed, failed)
+}
+
 /// poolTemplate: deliver the assignments of sessions whose pre-warmed pod is Ready (counted as
 /// claims: warm when the pod was Ready before the session could start, cold when the session
 /// waited for it). Returns how many pods were found to start, and those whose gateway
@@ -278,4 +299,33 @@ async fn mark_assigned(ctx: &JobContext, ns: &str, names: Vec<String>) {
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A claim the apiserver failed does not lose the acknowledgments of the others: their
+    /// sessions run, and a pod left unmarked reads as never started (a stalled job would give
+    /// it back, its session killed).
+    #[test]
+    fn a_failed_claim_keeps_the_rounds_acknowledgments() {
+        let mut acknowledged = vec!["owed".to_string()];
+        let claims = vec![
+            Ok(ClaimOutcome::Claimed {
+                acknowledged: Some("a".into()),
+            }),
+            Err(JobError::Refused("a claim".into())),
+            Ok(ClaimOutcome::Lost),
+            Ok(ClaimOutcome::Claimed {
+                acknowledged: Some("b".into()),
+            }),
+            Ok(ClaimOutcome::Claimed { acknowledged: None }),
+            Err(JobError::NoNamespace),
+        ];
+        let (claimed, failed) = tally(claims, &mut acknowledged);
+        assert_eq!(claimed, 3);
+        assert_eq!(acknowledged, ["owed", "a", "b"]);
+        assert!(matches!(failed, Some(JobError::Refused(_))), "{failed:?}");
+    }
 }
