@@ -145,6 +145,23 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     redone["session"] = json!("col-other-r1");
     redone["sample"] = json!(7);
     assert_eq!(http.post(&url).json(&redone).send().await?.status(), 200);
+    // Nor under the session's own id: the operator runs a session again at the same attempt
+    // when its pod went before it was marked started, whose drained gateway shipped first.
+    let mut drained = failed.clone();
+    drained["session"] = json!("col-same");
+    drained["sample"] = json!(8);
+    assert_eq!(http.post(&url).json(&drained).send().await?.status(), 200);
+    assert!(dir.join("rejected/col-same.json").exists());
+    let mut scored = accepted.clone();
+    scored["session"] = json!("col-same");
+    scored["sample"] = json!(8);
+    assert_eq!(http.post(&url).json(&scored).send().await?.status(), 200);
+    assert!(dir.join("accepted/col-same.json").exists());
+    assert!(!dir.join("rejected/col-same.json").exists());
+    // Once scored, it is a repeat, untrainable or not.
+    for again in [&scored, &drained] {
+        assert_eq!(http.post(&url).json(again).send().await?.status(), 409);
+    }
     // A write a crash cut short is no record.
     std::fs::write(dir.join("accepted/col-cut.json.tmp"), "{")?;
     // Bad bodies get a 4xx that says why, in the collector's JSON shape.
@@ -173,11 +190,11 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
         assert_eq!(written["sessions"], record["sessions"]);
         assert_eq!(
             written["dataset"],
-            json!({"file": "dataset.jsonl", "accepted": 2, "rejected": 2, "acceptanceRate": 0.5})
+            json!({"file": "dataset.jsonl", "accepted": 3, "rejected": 2, "acceptanceRate": 0.6})
         );
         // The dataset the job leaves is what accepted/ holds, whole.
         let lines = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
-        assert_eq!(lines.lines().count(), 2, "{lines}");
+        assert_eq!(lines.lines().count(), 3, "{lines}");
         // An append that failed part-way tore it: the finish writes it whole again.
         std::fs::write(dir.join("dataset.jsonl"), format!("{lines}{{\"torn"))?;
     }
@@ -194,7 +211,7 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     let rebuilt = std::fs::read_to_string(dir.join("dataset.jsonl"))?;
     let line: Value = serde_json::from_str(rebuilt.lines().next().context("a line")?)?;
     assert_eq!(line["session"], "col-fix");
-    assert_eq!(rebuilt.lines().count(), 2);
+    assert_eq!(rebuilt.lines().count(), 3);
     // The restarted collector still knows which samples it has.
     assert_eq!(http.post(&url).json(&retried).send().await?.status(), 409);
     drop(collector);

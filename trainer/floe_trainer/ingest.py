@@ -278,7 +278,10 @@ class Ingest:
         if not SAFE_SESSION.match(t.session):
             self.counts["invalid"] += 1
             return 400, {"error": f"session id {t.session!r} is not a safe file name"}
-        if not self.store.put(t.session, raw, trainable=t.trainable):
+        # A trainable trajectory replaces an untrainable one of its session: the operator runs
+        # a session again under the same id when its pod went before it was marked started (a
+        # mark lost to a crash), so the drained gateway's record of it can come first.
+        if not self.store.put(t.session, raw, trainable=t.trainable, over_untrainable=t.trainable):
             self.counts["duplicate"] += 1
             return 409, {"error": "already ingested", "session": t.session}
         self.counts["accepted"] += 1

@@ -99,6 +99,22 @@ def test_accepted_persisted_then_idempotent(server):
     assert code == 200 and body["accepted"], body
 
 
+def test_a_sessions_trajectory_replaces_its_untrainable_one_never_the_reverse(server):
+    # The operator runs a session again under the same id when its pod went before it was
+    # marked started; the drained gateway's untrainable record of it can come first.
+    url, got, directory = server
+    drained = trajectory(session="job-t-s", trainable=False, reward=None, status="error")
+    assert post(url, json.dumps(drained).encode())[0] == 200
+    code, body = post(url, json.dumps(trajectory(session="job-t-s", reward=0.0)).encode())
+    assert code == 200 and body["accepted"], body
+    assert [(t.session, t.trainable) for t in got] == [("job-t-s", False), ("job-t-s", True)]
+    # Once it trains, anything more of the session is a repeat, and what is kept trains.
+    for again in (drained, trajectory(session="job-t-s", reward=1.0)):
+        assert post(url, json.dumps(again).encode())[0] == 409
+    [kept] = Store(directory).load()
+    assert (kept.trainable, kept.reward) == (True, 0.0)
+
+
 @pytest.mark.parametrize(
     "body, why",
     [

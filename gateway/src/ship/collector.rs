@@ -103,7 +103,23 @@ impl Collector {
     fn seen(&self, session: &str) -> bool {
         ["accepted", "rejected"]
             .iter()
-            .any(|sub| self.dir.join(sub).join(format!("{session}.json")).exists())
+            .any(|sub| self.record(sub, session).exists())
+    }
+
+    fn record(&self, sub: &str, session: &str) -> PathBuf {
+        self.dir.join(sub).join(format!("{session}.json"))
+    }
+
+    /// Whether what is kept of `session` is an untrainable record only: a drained pod's
+    /// (an infrastructure failure), which the session's scored record replaces. The operator
+    /// runs a session again under the same id when its pod went before the operator marked it
+    /// started (a mark lost to a crash), so its drained gateway's record can come first.
+    fn untrainable_only(&self, session: &str) -> bool {
+        !self.record("accepted", session).exists()
+            && std::fs::read(self.record("rejected", session))
+                .ok()
+                .and_then(|r| serde_json::from_slice::<SampleOf>(&r).ok())
+                .is_some_and(|s| !s.trainable)
     }
 }
 
@@ -148,7 +164,8 @@ async fn ingest(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
 /// Keep `trajectory` unless its session or its scored sample is kept already.
 async fn collect(c: Arc<Collector>, trajectory: Trajectory) -> Response {
     let mut samples = c.lock.lock().await;
-    if c.seen(&trajectory.session) {
+    let replaces = trajectory.trainable && c.untrainable_only(&trajectory.session);
+    if c.seen(&trajectory.session) && !replaces {
         return refuse(StatusCode::CONFLICT, "already collected");
     }
     let sample = (trajectory.group.clone(), trajectory.sample);
@@ -179,7 +196,13 @@ async fn collect(c: Arc<Collector>, trajectory: Trajectory) -> Response {
     if trainable {
         samples.insert(sample);
     }
-    let accepted = c.dir.join("accepted").join(format!("{session}.json"));
+    let accepted = c.record("accepted", &session);
+    if replaces && accepted.exists() {
+        // (Written to `rejected/` instead, it replaced the untrainable record in place.)
+        if let Err(e) = std::fs::remove_file(c.record("rejected", &session)) {
+            tracing::error!(%session, "the untrainable record it replaces: {e}");
+        }
+    }
     if accepted.exists() {
         if let Err(e) = append_line(&c.dir.join("dataset.jsonl"), &accepted) {
             // The per-session file is the record; the finish and the next start rebuild
