@@ -41,7 +41,9 @@ pub struct Usage {
 pub fn measure(roots: &[PathBuf], budget: Budget) -> Result<Usage, String> {
     let mut usage = Usage::default();
     for root in roots {
-        if let Ok(dir) = Dir::open(root) {
+        // The agent owns its roots: one it made unreadable (`chmod 300`, still writable) would
+        // otherwise count as empty to a runner that is not root.
+        if let Ok(dir) = Dir::open_entering(root) {
             walk(&dir, 0, budget, &mut usage)?;
         }
     }
@@ -413,6 +415,36 @@ mod tests {
         };
         let over = measure(&[ws, home], few).err();
         assert_eq!(over.as_deref(), Some("more than 3 names"));
+        Ok(())
+    }
+
+    /// The agent owns its roots: one it made unreadable but still writable (`chmod 300`) is
+    /// counted, by a runner without root's power over permissions too.
+    #[test]
+    fn a_root_the_agent_made_unreadable_still_counts() -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(&home)?;
+        std::fs::write(home.join("fill"), vec![7u8; 2 << 20])?;
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o300))?;
+        let roots = vec![home];
+        let measured = std::thread::spawn(move || -> Result<Usage, String> {
+            // This thread alone without root's power (capabilities are per thread), or the
+            // test could not fail when it runs as root.
+            use rustix::thread::CapabilitySet;
+            let mut caps = rustix::thread::capabilities(None).map_err(|e| e.to_string())?;
+            caps.effective.remove(
+                CapabilitySet::DAC_OVERRIDE
+                    | CapabilitySet::DAC_READ_SEARCH
+                    | CapabilitySet::FOWNER,
+            );
+            rustix::thread::set_capabilities(None, caps).map_err(|e| e.to_string())?;
+            measure(&roots, ROOMY)
+        })
+        .join()
+        .map_err(|_| "the thread panicked")??;
+        assert!(measured.bytes >= 2 << 20, "{measured:?}");
         Ok(())
     }
 

@@ -50,6 +50,21 @@ impl Dir {
         Ok(Self { fd })
     }
 
+    /// [`Dir::open`], but a directory floe cannot enter (the agent's own root, `chmod 300`
+    /// in a run that is not root's) is made enterable first, as [`Dir::subdir`] does below.
+    pub fn open_entering(path: &Path) -> io::Result<Self> {
+        match Self::open(path) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                    return Err(e);
+                };
+                // (Opened for reading: its names can be listed.)
+                Self::open(parent)?.subdir(name)
+            }
+            other => other,
+        }
+    }
+
     /// `path`, created (with its parents) if missing.
     pub fn create(path: &Path) -> io::Result<Self> {
         std::fs::create_dir_all(path)?;
@@ -188,39 +203,65 @@ impl Dir {
     }
 
     /// Removes `name` whatever it is (a directory with everything in it), never following a
-    /// link; nothing there is not an error.
+    /// link; nothing there is not an error. The tree may be as deep as the code that made it
+    /// liked (what the code under test leaves is held to no cap): it is emptied from a stack of
+    /// its own, no recursion (20,000 levels would overflow a thread's stack), with at most
+    /// [`REMOVE_DEPTH`] directories open at once; a directory below that is moved up to `name`
+    /// itself (renamed by descriptor, within the tree) and emptied from there.
     pub fn remove(&self, name: &OsStr) -> io::Result<()> {
-        match self.kind(name)? {
-            None => Ok(()),
-            Some(Kind::Dir) => {
-                // (One it cannot enter, mode 000, `subdir` opens after adding its owner's bits.)
-                let sub = self.subdir(name)?;
-                let mut writable = false;
-                // Readable but not searchable (`chmod 444`): its names are not listed either.
-                let names = match sub.names() {
-                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                        self.add_owner_bits(name, 0o700)?;
-                        writable = true;
-                        sub.names()?
-                    }
-                    other => other?,
-                };
-                for inner in names {
-                    match sub.remove(&inner) {
-                        // A directory made read-only (`chmod 555`, by the code the evaluator
-                        // ran): its owner may write it again; the entries go then.
-                        Err(e) if !writable && e.kind() == io::ErrorKind::PermissionDenied => {
-                            self.add_owner_bits(name, 0o700)?;
-                            writable = true;
-                            sub.remove(&inner)?;
-                        }
-                        other => other?,
-                    }
-                }
-                rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR).map_err(err)
-            }
-            Some(_) => rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()).map_err(err),
+        if !matches!(self.kind(name)?, Some(Kind::Dir)) {
+            return match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
+                Err(Errno::NOENT) => Ok(()),
+                other => other.map_err(err),
+            };
         }
+        let mut stack = vec![Emptying::enter(self, name)?];
+        let mut moved_up = 0u64;
+        while let Some(i) = stack.len().checked_sub(1) {
+            let Some(inner) = stack[i].next_name()? else {
+                let Some(done) = stack.pop() else { break };
+                match i.checked_sub(1) {
+                    None => {
+                        rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR).map_err(err)?
+                    }
+                    Some(p) => Emptying::change(&mut stack, p, self, |d| {
+                        rustix::fs::unlinkat(&d.fd, &done.name, AtFlags::REMOVEDIR)
+                    })?,
+                }
+                continue;
+            };
+            match stack[i].dir.kind(&inner)? {
+                None => {}
+                Some(Kind::Dir) if stack.len() < REMOVE_DEPTH => {
+                    let next = Emptying::enter(&stack[i].dir, &inner)?;
+                    stack.push(next);
+                }
+                Some(Kind::Dir) => {
+                    // Renaming a directory writes its `..`: it must be writable, and so must
+                    // the top, which takes it.
+                    stack[i].dir.add_owner_bits(&inner, 0o700)?;
+                    if !stack[0].writable {
+                        self.add_owner_bits(name, 0o700)?;
+                        stack[0].writable = true;
+                    }
+                    let top = stack[0].dir.reopen()?;
+                    let up = loop {
+                        let candidate = OsString::from(format!(".floe-removing-{moved_up}"));
+                        moved_up += 1;
+                        if top.kind(&candidate)?.is_none() {
+                            break candidate;
+                        }
+                    };
+                    Emptying::change(&mut stack, i, self, |d| {
+                        rustix::fs::renameat(&d.fd, &inner, &top.fd, &up)
+                    })?;
+                }
+                Some(_) => Emptying::change(&mut stack, i, self, |d| {
+                    rustix::fs::unlinkat(&d.fd, &inner, AtFlags::empty())
+                })?,
+            }
+        }
+        Ok(())
     }
 
     /// The directory holding `rel` and its last name, made as needed: anything but a directory
@@ -284,6 +325,72 @@ impl Dir {
         let mode = Mode::from_raw_mode((stat.st_mode & 0o7777) | bits);
         let by_descriptor = format!("/proc/self/fd/{}", pinned.as_raw_fd());
         rustix::fs::chmod(by_descriptor.as_str(), mode).map_err(err)
+    }
+}
+
+/// The most directories [`Dir::remove`] holds open at once.
+const REMOVE_DEPTH: usize = 64;
+
+/// A directory [`Dir::remove`] is emptying: its names as listed, and whether it was made
+/// writable.
+struct Emptying {
+    dir: Dir,
+    name: OsString,
+    names: std::vec::IntoIter<OsString>,
+    writable: bool,
+}
+
+impl Emptying {
+    /// `parent`'s directory `name`, listed. (One it cannot enter, mode 000, `subdir` opens
+    /// after adding its owner's bits; one readable but not searchable, `chmod 444`, lists no
+    /// names until they are added too.)
+    fn enter(parent: &Dir, name: &OsStr) -> io::Result<Self> {
+        let dir = parent.subdir(name)?;
+        let mut writable = false;
+        let names = match dir.names() {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                parent.add_owner_bits(name, 0o700)?;
+                writable = true;
+                dir.names()?
+            }
+            other => other?,
+        };
+        Ok(Self {
+            dir,
+            name: name.to_os_string(),
+            names: names.into_iter(),
+            writable,
+        })
+    }
+
+    /// The next name to remove; once all listed are gone, those it holds now (a directory
+    /// moved up into the top one), until it is empty.
+    fn next_name(&mut self) -> io::Result<Option<OsString>> {
+        if let Some(name) = self.names.next() {
+            return Ok(Some(name));
+        }
+        self.names = self.dir.names()?.into_iter();
+        Ok(self.names.next())
+    }
+
+    /// `change` in `stack[i]`'s directory; refused there (made read-only, `chmod 555`, by the
+    /// code the evaluator ran), its owner's bits are added (by its parent: `root` for the
+    /// first) and it is tried again.
+    fn change(
+        stack: &mut [Emptying],
+        i: usize,
+        root: &Dir,
+        change: impl Fn(&Dir) -> Result<(), Errno>,
+    ) -> io::Result<()> {
+        match change(&stack[i].dir).map_err(err) {
+            Err(e) if !stack[i].writable && e.kind() == io::ErrorKind::PermissionDenied => {
+                let parent = i.checked_sub(1).map_or(root, |p| &stack[p].dir);
+                parent.add_owner_bits(&stack[i].name, 0o700)?;
+                stack[i].writable = true;
+                change(&stack[i].dir).map_err(err)
+            }
+            other => other,
+        }
     }
 }
 
@@ -396,6 +503,36 @@ mod tests {
         })
         .join()
         .map_err(|_| io::Error::other("the thread panicked"))?
+    }
+
+    /// What the code under test leaves is held to no depth: a tree deeper than a thread's
+    /// stack would recurse (or than the descriptors a process may hold, one per level) goes
+    /// whole, read-only directories on the way included.
+    #[test]
+    fn a_tree_deeper_than_a_stack_would_recurse_goes() -> io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let top = Dir::open(tmp.path())?.mkdir(OsStr::new("deep"))?;
+        let mut dir = top.reopen()?;
+        for level in 0..5000 {
+            dir.create_file(OsStr::new("f"), 0o644)?.write_all(b"x")?;
+            if level % 700 == 0 {
+                dir.mkdir(OsStr::new("ro"))?
+                    .create_file(OsStr::new("g"), 0o644)?;
+                rustix::fs::chmodat(&dir.fd, "ro", Mode::from_raw_mode(0o555), AtFlags::empty())
+                    .map_err(err)?;
+            }
+            dir = dir.mkdir(OsStr::new("d"))?;
+        }
+        drop((top, dir));
+        let root = tmp.path().to_path_buf();
+        // A small stack: recursing one frame per level overflows it (and aborts the process).
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || Dir::open(&root)?.remove(OsStr::new("deep")))?
+            .join()
+            .map_err(|_| io::Error::other("the thread panicked"))??;
+        assert!(!tmp.path().join("deep").exists());
+        Ok(())
     }
 
     #[test]
