@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::children::{child, startable, tail, RunnerConfig};
 use crate::confine::Access;
+use crate::disk_budget;
 use crate::process;
 use crate::relay;
 
@@ -19,6 +20,9 @@ pub(crate) struct Evaluator<'a> {
     pub env: Vec<(String, String)>,
     pub timeout_seconds: i32,
     pub cgroup_procs: &'a [std::path::PathBuf],
+    /// Bytes its directory may hold while it runs (the session's disk budget: the code under
+    /// test runs in it); past them it is stopped as by its timeout ([`Ran::over_disk`]).
+    pub disk_budget: Option<u64>,
 }
 
 impl Evaluator<'_> {
@@ -60,9 +64,24 @@ impl Evaluator<'_> {
             };
             evaluator = confinement.wrap(evaluator, &access);
         }
-        let (ran, stdout) = process::run_kept(&evaluator)
-            .await
-            .map_err(|e| e.to_string())?;
+        let roots = vec![dir.to_path_buf()];
+        let cgroup_procs = self.cgroup_procs.first().cloned();
+        let disk_budget = self.disk_budget;
+        let (ran, over_disk, stdout) = process::run_kept_watching(&evaluator, |root| async move {
+            match disk_budget {
+                Some(bytes) => {
+                    let budget = disk_budget::Budget {
+                        bytes,
+                        entries: disk_budget::MAX_ENTRIES,
+                    };
+                    let holder = disk_budget::Holder { root, cgroup_procs };
+                    disk_budget::exceeded(roots, budget, Some(holder)).await
+                }
+                None => std::future::pending().await,
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
         if config.confinement.is_some() && !sandbox_started(&evaluator.stderr) {
             return Err(format!(
                 "the {name}'s sandbox did not start ({:?}): {}",
@@ -74,6 +93,7 @@ impl Evaluator<'_> {
             stdout: String::from_utf8_lossy(&stdout).trim().to_string(),
             spec: evaluator,
             finished: ran,
+            over_disk,
         })
     }
 }
@@ -87,6 +107,8 @@ pub(crate) struct Ran {
     /// what a verdict is read from. The log file can be rewritten by what the evaluator ran
     /// (in a pod it runs as the runner's own user); these bytes cannot.
     pub stdout: String,
+    /// Stopped because its directory outgrew the disk budget: what it held.
+    pub over_disk: Option<String>,
 }
 
 /// Whether `floe sandbox-exec` announced the command started: its line comes first on stderr,

@@ -122,6 +122,7 @@ pub(crate) async fn grade(
         env: task_evaluation.env.clone().into_iter().collect(),
         timeout_seconds: spec.timeouts.evaluator_seconds,
         cgroup_procs,
+        disk_budget: None,
     };
     // In a pod the evaluation runs the agent's code unconfined, as the runner's user: what it
     // leaves (in the snapshot, `$HOME`, `/tmp`) could break a baseline run after it and turn
@@ -157,9 +158,26 @@ pub(crate) async fn grade(
     }
     // Whatever ran before (none should be left) is not the evaluator's doing.
     let before = process::other_processes();
-    let evaluator_ran = evaluator().run(config, "evaluator", &eval_dir).await?;
+    // The code under test runs here, held to the session's disk budget as the harness was
+    // (local mode: a pod's grader has its container's limits). The untouched repository's
+    // runs are the task's own: none.
+    let disk_budget = config.confinement.as_ref().and(config.disk_budget);
+    let evaluator_ran = Evaluator {
+        disk_budget,
+        ..evaluator()
+    }
+    .run(config, "evaluator", &eval_dir)
+    .await?;
     let ran = &evaluator_ran.finished;
     summary.evaluator_seconds = ran.elapsed.as_secs_f64();
+    if let Some(held) = &evaluator_ran.over_disk {
+        // What it wrote is gone at once: the disk is the run's, not the session's.
+        if let Err(e) = workspace::clear(&eval_dir) {
+            tracing::warn!("emptying the evaluation copy: {e}");
+        }
+        let why = format!("the evaluator was stopped: its directory held {held}");
+        return failed_with(summary, FailureReason::DiskLimit, why, &applied);
+    }
     if config.confinement.is_some() && ran.exit == Exit::Code(relay::STRAGGLERS) {
         let why = "the evaluator's command left a process behind (it could have rewritten the \
                    verdict after the tests)";

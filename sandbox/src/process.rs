@@ -118,6 +118,17 @@ pub async fn run(spec: &CommandSpec) -> Result<Finished, OutputError> {
         .map(|(finished, _)| finished)
 }
 
+/// [`run_kept`], ended early as [`run_watching`] is.
+pub async fn run_kept_watching<T, F>(
+    spec: &CommandSpec,
+    stop: impl FnOnce(u32) -> F,
+) -> Result<(Finished, Option<T>, Vec<u8>), OutputError>
+where
+    F: std::future::Future<Output = T>,
+{
+    run_inner(spec, Started(stop), true).await
+}
+
 /// [`run_until`] with a `stop` made from the command's process id once it started (a limit
 /// that watches what the command's processes hold).
 pub async fn run_watching<T, F>(

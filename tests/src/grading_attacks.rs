@@ -148,6 +148,23 @@ pub fn attacks() -> Vec<(&'static str, String, f64, Option<&'static str>)> {
             0.0,
             Some("disk_limit"),
         ),
+        // The same by the code under test, as the evaluator imports it: a correct `add`, and
+        // the evaluation copy filled first (the evaluator's directory is held to the budget
+        // too, in local mode; a pod's grader has its container's limits).
+        (
+            "eval-disk-fill",
+            calc(concat!(
+                "import time\n",
+                "for i in range(50):\n",
+                "    with open(f'fill{i}', 'wb') as f:\n",
+                "        f.write(bytes(4 << 20))\n",
+                "    time.sleep(0.05)\n",
+                "def add(a, b):\n",
+                "    return a + b\n",
+            )),
+            0.0,
+            Some("disk_limit"),
+        ),
         // Test-runner configuration: a `conftest.py` that patches the code under test before
         // the tests run (protected by default, `evaluator.protectTestConfig`).
         (

@@ -184,6 +184,14 @@ async fn no_attack_on_the_grade_forges_a_reward_or_escapes_scoring() -> Result<(
             .join(format!("sessions/grading-{filler}-0/workspace/filled.txt"))
             .exists());
     }
+    // The evaluator too, by what the code under test wrote in its directory.
+    let filled = &seen["eval-disk-fill"];
+    assert!(
+        filled["evaluatorSeconds"]
+            .as_f64()
+            .is_some_and(|t| t < 30.0),
+        "{filled}"
+    );
     let held = &seen["held-open"];
     assert!(
         held["error"]
