@@ -210,8 +210,9 @@ pub fn result(pod: &Pod) -> Option<PodResult> {
 /// or the `sizeLimit` of a volume only the agent fills (the backstops of its disk budget,
 /// `pods::sandbox`), or the pod's sum of limits past both. The grader was stopped with it, so
 /// there is nothing to score; but it was the agent's doing, and retrying it would turn the
-/// agent's loss into another chance. Every other eviction (node pressure, a preemption, a limit
-/// of floe's own volumes) is infrastructure.
+/// agent's loss into another chance. So is one for the grader's own limit once the agent has
+/// ended. Every other eviction (node pressure, a preemption, a limit of floe's own volumes) is
+/// infrastructure.
 fn agent_outgrew_its_disk(
     pod: &Pod,
     status: &k8s_openapi::api::core::v1::PodStatus,
@@ -223,8 +224,15 @@ fn agent_outgrew_its_disk(
     // agent's backstop and the grader's room (`pods::sandbox`), far above anything honest
     // grading holds: past it is the agent's doing (or the code of its that the evaluator ran).
     let past_the_sum = message.starts_with(evicted_for::POD_SUM) && grader_has_room(pod);
+    // The grader's own layer past floe's room for it, once the agent had ended: what the
+    // evaluator ran wrote it (`/tmp`, the code under test unconfined there), as with the
+    // grader's memory ([`grader_out_of_memory`]); the grader itself writes next to nothing.
+    let grader_filled = message.starts_with(&evicted_for::container(GRADER_CONTAINER))
+        && grader_has_room(pod)
+        && agent_ended(pod);
     let agents = message.starts_with(&evicted_for::container(AGENT_CONTAINER))
         || past_the_sum
+        || grader_filled
         || AGENT_VOLUMES
             .iter()
             .any(|v| message.starts_with(&evicted_for::volume(v)));
@@ -245,15 +253,24 @@ fn grader_out_of_memory(
     pod: &Pod,
     grader: &k8s_openapi::api::core::v1::ContainerStateTerminated,
 ) -> Option<String> {
-    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-    let agent_ended = statuses.iter().any(|c| {
-        c.name == AGENT_CONTAINER && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
-    });
-    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended).then(|| {
+    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended(pod)).then(|| {
         "the grader ran out of memory evaluating the agent's code (OOMKilled, the runner with \
          it): scored as the agent's"
             .to_string()
     })
+}
+
+/// The agent container has ended: its session is being graded (the grader only waits before).
+fn agent_ended(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|statuses| {
+            statuses.iter().any(|c| {
+                c.name == AGENT_CONTAINER
+                    && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+            })
+        })
 }
 
 /// The grader has floe's room on disk beside the agent's backstop (the pod says so in an
@@ -524,8 +541,8 @@ mod tests {
         assert_eq!(result(&scored), Some(PodResult::Scored { reward: 0.0 }));
     }
 
-    /// Evicted for what the agent wrote past its backstops: the agent's doing. Any other
-    /// eviction, a grader's limit included, is infrastructure.
+    /// Evicted for what the agent wrote past its backstops, or what the evaluator ran wrote
+    /// past the grader's room: the agent's doing. Any other eviction is infrastructure.
     #[test]
     fn an_eviction_for_the_agents_own_disk_is_its_fault_any_other_infrastructure() {
         let evicted = |message: &str| {
@@ -569,6 +586,30 @@ mod tests {
         assert!(matches!(
             result(&roomy),
             Some(PodResult::AgentFault { reason }) if reason.contains("total limit of containers")
+        ));
+        // The grader's own layer past floe's room for it, once the agent had ended: what the
+        // evaluator ran (the agent's code, unconfined there) wrote it. Before the agent ended,
+        // or past a limit of the template's own, it is infrastructure (the other loop above).
+        let grader_filled = |agent: serde_json::Value| {
+            let mut p = pod(json!({"phase": "Failed", "reason": "Evicted",
+                "message": "Container sandbox exceeded its local ephemeral storage limit \"128Mi\". ",
+                "containerStatuses": [
+                    {"name": "agent", "ready": false, "restartCount": 0, "image": "a",
+                     "imageID": "", "state": agent},
+                    {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s",
+                     "imageID": "", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}));
+            if let Some(a) = p.metadata.annotations.as_mut() {
+                a.insert(GRADER_ROOM_ANNOTATION.into(), "134217728".into());
+            }
+            result(&p)
+        };
+        assert!(matches!(
+            grader_filled(json!({"terminated": {"exitCode": 0}})),
+            Some(PodResult::AgentFault { reason }) if reason.contains("Container sandbox exceeded")
+        ));
+        assert!(matches!(
+            grader_filled(json!({"running": {}})),
+            Some(PodResult::Infra { .. })
         ));
     }
 
