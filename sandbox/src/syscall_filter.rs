@@ -4,8 +4,10 @@
 //! (`/run/containerd/containerd.sock`, a Docker socket, systemd's): without this filter an
 //! agent could ask a host daemon to do what the sandbox forbids. So, as Anthropic's
 //! sandbox-runtime does on Linux, creating a unix-domain socket is refused (`EPERM`);
-//! `socketpair` (pipes between processes) still works. io_uring is refused too: its socket and
-//! connect operations would bypass a per-syscall filter.
+//! `socketpair` (pipes between processes) still works. So is a vsock socket: vsock knows no
+//! network namespace, so from a sandbox with no network it would still reach the hypervisor's
+//! or a VM host's services. io_uring is refused too: its socket and connect operations would
+//! bypass a per-syscall filter.
 
 use std::collections::BTreeMap;
 
@@ -21,17 +23,16 @@ pub struct FilterError(String);
 /// The compiled filter for this machine's architecture.
 pub fn program() -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
-    let unix_domain = SeccompRule::new(vec![SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        libc::AF_UNIX as u64,
-    )
-    .map_err(|e| err(&e))?])
-    .map_err(|e| err(&e))?;
+    let family = |af: libc::c_int| -> Result<SeccompRule, FilterError> {
+        let first_argument =
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, af as u64)
+                .map_err(|e| err(&e))?;
+        SeccompRule::new(vec![first_argument]).map_err(|e| err(&e))
+    };
+    let refused_families = vec![family(libc::AF_UNIX)?, family(libc::AF_VSOCK)?];
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for socket in with_x32(libc::SYS_socket) {
-        rules.insert(socket, vec![unix_domain.clone()]);
+        rules.insert(socket, refused_families.clone());
     }
     // An empty rule list matches the syscall whatever its arguments.
     for io_uring in [
@@ -133,7 +134,7 @@ pub fn apply(program: &BpfProgram) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
-    /// A child under the filter: unix sockets refused, everything else as before.
+    /// A child under the filter: unix and vsock sockets refused, everything else as before.
     #[test]
     fn a_filtered_child_cannot_create_unix_sockets_but_keeps_pipes_and_inet() {
         let filter = program().expect("filter");
@@ -144,6 +145,11 @@ try:
     print("unix: allowed")
 except OSError as e:
     print("unix:", errno.errorcode[e.errno])
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    print("vsock: allowed")
+except OSError as e:
+    print("vsock:", errno.errorcode[e.errno])
 a, b = socket.socketpair()
 print("socketpair: ok")
 socket.socket(socket.AF_INET).close()
@@ -165,7 +171,10 @@ print("inet: ok")
             "{text} {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(text, "unix: EPERM\nsocketpair: ok\ninet: ok\n");
+        assert_eq!(
+            text,
+            "unix: EPERM\nvsock: EPERM\nsocketpair: ok\ninet: ok\n"
+        );
     }
 
     /// The relay's filter: it keeps dialling unix sockets, but cannot start a program.
