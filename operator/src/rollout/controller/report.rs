@@ -138,16 +138,19 @@ impl RoundReport<'_> {
         let (job, ctx) = (self.job, self.ctx);
         let previous = job.status.as_ref();
         let mut written = Written::found(job);
-        if !decided.folds.is_empty() || decided.rounds_changed {
+        // The first round to give a session a pod records the tasks' digest before it does
+        // (as the job's start): recorded after, an operator that died in between, or a final
+        // write that lost its conflict, left a task list changed since to be taken as the
+        // job's, and the sessions already started folded under indexes naming other tasks.
+        let begins = begins(previous, decided);
+        if !decided.folds.is_empty() || decided.rounds_changed || begins {
             // Claims are not made yet; pre-warmed starts are (a pod lost before its start is
             // counted at the round's end).
             let running = decided.running_after(0, decided.start.len());
-            let st = self.status(
-                previous,
-                &decided.next,
-                running,
-                previous.and_then(|s| s.start_time.clone()),
-            );
+            let start_time = previous
+                .and_then(|s| s.start_time.clone())
+                .or_else(|| begins.then(|| self.now.clone()));
+            let st = self.status(previous, &decided.next, running, start_time);
             // A job stalled on an outdated CRD tries `heldOut` alone first: pruned again, that
             // write changes nothing (no new resourceVersion, no watch event), whereas the whole
             // status would clear `Stalled` only for the stall to write it back, each write
@@ -579,9 +582,39 @@ pub(super) async fn start_problems(job: &RolloutJob, ctx: &JobContext, pods: &[P
     }
 }
 
+/// Whether this round gives the job's first session a pod (a claim, a start, a pre-warmed
+/// pod made) while no tasks' digest is recorded.
+fn begins(previous: Option<&RolloutJobStatus>, decided: &JobPlan) -> bool {
+    previous.and_then(|s| s.tasks_digest.as_ref()).is_none()
+        && !(decided.claim.is_empty() && decided.start.is_empty() && decided.prewarm.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The digest goes into the status written before a round's first claims, not after them.
+    #[test]
+    fn the_round_that_gives_the_first_session_a_pod_records_the_tasks_first() {
+        let claims = JobPlan {
+            claim: vec![(0, 0)],
+            ..JobPlan::default()
+        };
+        let prewarms = JobPlan {
+            prewarm: vec![(0, 0)],
+            ..JobPlan::default()
+        };
+        for plan in [&claims, &prewarms] {
+            assert!(begins(None, plan));
+            assert!(begins(Some(&RolloutJobStatus::default()), plan));
+        }
+        let recorded = RolloutJobStatus {
+            tasks_digest: Some("d".into()),
+            ..Default::default()
+        };
+        assert!(!begins(Some(&recorded), &claims));
+        assert!(!begins(None, &JobPlan::default()));
+    }
 
     fn with_retries(retries: &[(&str, i32)]) -> RolloutJobStatus {
         RolloutJobStatus {
