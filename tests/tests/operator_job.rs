@@ -2015,7 +2015,12 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
     let created = std::time::Instant::now();
     jobs.create(
         &PostParams::default(),
-        &job("early", &["a", "b"], 2, json!({"concurrency": 4}))?,
+        &job(
+            "early",
+            &["a", "b"],
+            2,
+            json!({"concurrency": 4, "backoffLimit": 0}),
+        )?,
     )
     .await?;
 
@@ -2024,6 +2029,15 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
         Ok((held(&pods, "early").await? == 4).then_some(()))
     })
     .await?;
+    // One of them deleted before its session started (a node drained, a `kubectl delete`):
+    // no attempt of its session's, which is claimed again at the same attempt (with
+    // `backoffLimit: 0` a failed attempt would fail it).
+    let first = job_pods(&pods, "early").await?;
+    let gone = first
+        .first()
+        .map(|p| p.name_any())
+        .context("a claimed pod")?;
+    pods.delete(&gone, &Default::default()).await?;
     let collector = pods.get("early-dataset").await?;
     let phase = collector.status.as_ref().and_then(|s| s.phase.clone());
     assert_eq!(phase.as_deref(), Some("Running"));
@@ -2054,7 +2068,15 @@ async fn pool_pods_are_claimed_while_the_collector_starts_and_sessions_start_onc
         created.elapsed() >= start,
         "the sessions waited for the collector"
     );
-    assert_eq!((done.sessions.total, done.sessions.succeeded), (4, 4));
+    assert_eq!(
+        (
+            done.sessions.total,
+            done.sessions.succeeded,
+            done.sessions.failed
+        ),
+        (4, 4, 0),
+        "{done:?}"
+    );
     let mut ids = taken_sessions(&kubelet);
     ids.sort();
     assert_eq!(ids, ["early-a-0", "early-a-1", "early-b-0", "early-b-1"]);
