@@ -300,7 +300,11 @@ fn judge_source(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, 
     }
 }
 
-/// `{"reward": <finite number>}` (a bare number is accepted too).
+/// The largest reward, either way, a reward file may give (the trainer takes no more: past
+/// any evaluator's scale, and the squares of a group's differences would overflow a float).
+pub const REWARD_LIMIT: f64 = 1e9;
+
+/// `{"reward": <finite number>}` (a bare number is accepted too), within ±[`REWARD_LIMIT`].
 fn reward_file(text: &str) -> Result<f64, EvaluatorFailure> {
     let value: serde_json::Value = serde_json::from_str(text.trim())
         .map_err(|e| no_verdict(format!("reward file is not JSON: {e}")))?;
@@ -308,10 +312,10 @@ fn reward_file(text: &str) -> Result<f64, EvaluatorFailure> {
         .get("reward")
         .unwrap_or(&value)
         .as_f64()
-        .filter(|r| r.is_finite())
+        .filter(|r| r.is_finite() && r.abs() <= REWARD_LIMIT)
         .ok_or_else(|| {
             no_verdict(format!(
-                "reward file must hold {{\"reward\": <number>}}, got {}",
+                "reward file must hold {{\"reward\": <number within ±{REWARD_LIMIT:e}>}}, got {}",
                 truncate(text.trim(), 200)
             ))
         })?;
@@ -540,6 +544,21 @@ mod tests {
         assert_eq!(judged(&s, Exit::Code(1), "", file("0.5\n")), Ok(0.5));
         assert!(judged(&s, Exit::Code(0), "", file(r#"{"score": 1}"#)).is_err());
         assert!(judged(&s, Exit::Code(0), "", file("nope")).is_err());
+        // Past ±1e9 (the code under test writing a reward the trainer's squares overflow on):
+        // the policy's failure.
+        assert_eq!(judged(&s, Exit::Code(0), "", file("1e9")), Ok(1e9));
+        for huge in [r#"{"reward": 1e300}"#, "-1.5e9"] {
+            assert!(
+                matches!(
+                    judged(&s, Exit::Code(0), "", file(huge)),
+                    Err(EvaluatorFailure::ByTheCode {
+                        reason: FailureReason::NoVerdict,
+                        ..
+                    })
+                ),
+                "{huge}"
+            );
+        }
         let missing = judged(&s, Exit::Code(0), "", Some(Err("missing".into())));
         assert!(
             matches!(

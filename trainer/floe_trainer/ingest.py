@@ -275,7 +275,7 @@ class Ingest:
         except wire.InvalidTrajectory as e:
             self.counts["invalid"] += 1
             return 400, {"error": f"not a floe trajectory: {e}"}
-        if not SAFE_SESSION.match(t.session):
+        if not SAFE_SESSION.fullmatch(t.session):
             self.counts["invalid"] += 1
             return 400, {"error": f"session id {t.session!r} is not a safe file name"}
         # A trainable trajectory replaces an untrainable one of its session: the operator runs
@@ -304,7 +304,7 @@ class Ingest:
         the whole one. The body is kept as it came, never parsed here: one comes with every
         call of every session, and it is read only if a ruling scores it (``score_partial``,
         which checks it then). Every answer says deltas are taken."""
-        if not SAFE_SESSION.match(session):
+        if not SAFE_SESSION.fullmatch(session):
             return 400, {"error": f"Floe-Session {session!r} is not a safe session id"}
         if not calls.isdigit():
             return 400, {"error": f"Floe-Calls {calls!r} is not a number of calls"}
@@ -331,7 +331,7 @@ class Ingest:
 
     def has(self, session: str) -> bool:
         """Whether ``session`` has its trajectory stored."""
-        return bool(SAFE_SESSION.match(session)) and self.store.path(session).exists()
+        return bool(SAFE_SESSION.fullmatch(session)) and self.store.path(session).exists()
 
     def score_partial(
         self, session: str, group: str, sample: int, why: str, reward: float = 0.0
@@ -340,7 +340,7 @@ class Ingest:
         trajectory, trainable with ``reward`` (the job's failure reward; its masks were kept as
         built), or None when there is none to score: never posted, another sample's, or the
         session has its trajectory."""
-        if not SAFE_SESSION.match(session):
+        if not SAFE_SESSION.fullmatch(session):
             return None
         body = self.store.load_partial(session)
         if body is None:

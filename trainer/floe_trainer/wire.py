@@ -43,6 +43,24 @@ class Trajectory:
     longest_turn_tokens: int = 0
 
 
+# The largest reward, either way, a trajectory may carry: far past any evaluator's scale, and
+# far below where a group's advantages (squares of differences) would overflow a float and
+# the trainer, replaying the same file after each restart, crash for good.
+REWARD_LIMIT = 1e9
+
+
+def _number(v: object) -> float | None:
+    """``v`` as a finite float, unless it is a bool, not a number, or past a float (an
+    integer of 400 digits: ``math.isfinite`` raises on it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise InvalidTrajectory(message)
@@ -75,14 +93,9 @@ def parse_trace(t: object, where: str) -> Trace:
     _require(isinstance(logprobs, list), f"{where}.logprobs must be an array")
     _require(len(logprobs) == len(response), f"{where}.logprobs must match response_token_ids")
     for i, lp in enumerate(logprobs):
+        number = _number(lp)
         _require(
-            lp is None
-            or (
-                isinstance(lp, (int, float))
-                and not isinstance(lp, bool)
-                and math.isfinite(lp)
-                and lp <= 0.0
-            ),
+            lp is None or (number is not None and number <= 0.0),
             f"{where}.logprobs[{i}] must be a log-probability (≤ 0) or null",
         )
     return Trace(
@@ -108,14 +121,10 @@ def parse(body: object) -> Trajectory:
     trainable = body.get("trainable")
     _require(isinstance(trainable, bool), "trainable must be a boolean")
     reward = body.get("reward")
+    number = _number(reward)
     _require(
-        reward is None
-        or (
-            isinstance(reward, (int, float))
-            and not isinstance(reward, bool)
-            and math.isfinite(reward)
-        ),
-        "reward must be a finite number or null",
+        reward is None or (number is not None and abs(number) <= REWARD_LIMIT),
+        f"reward must be a finite number within ±{REWARD_LIMIT:g}, or null",
     )
     _require(not (trainable and reward is None), "a trainable trajectory needs a reward")
     versions = body.get("policy_versions", [])

@@ -121,6 +121,11 @@ def test_a_sessions_trajectory_replaces_its_untrainable_one_never_the_reverse(se
         (b"{not json", "not JSON"),
         (json.dumps(trajectory(format="floe.trajectory/v2")).encode(), "format must be"),
         (json.dumps(trajectory(reward=None)).encode(), "needs a reward"),
+        # Past ±1e9: a group's squared differences would overflow, and the trainer, replaying
+        # the file after each restart, crash for good.
+        (json.dumps(trajectory(reward=1e300)).encode(), "reward must be"),
+        (json.dumps(trajectory(reward=10**400)).encode(), "reward must be"),
+        (json.dumps(trajectory(session="abc\n")).encode(), "not a safe file name"),
         (json.dumps(trajectory(session="../x")).encode(), "not a safe file name"),
         # Past the gateway's 240: its temporary file's name would pass 255 bytes.
         (json.dumps(trajectory(session="s" * 241)).encode(), "not a safe file name"),
