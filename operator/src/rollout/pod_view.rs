@@ -224,12 +224,14 @@ fn agent_outgrew_its_disk(
     // agent's backstop and the grader's room (`pods::sandbox`), far above anything honest
     // grading holds: past it is the agent's doing (or the code of its that the evaluator ran).
     let past_the_sum = message.starts_with(evicted_for::POD_SUM) && grader_has_room(pod);
-    // The grader's own layer past floe's room for it, once the agent had ended: what the
-    // evaluator ran wrote it (`/tmp`, the code under test unconfined there), as with the
-    // grader's memory ([`grader_out_of_memory`]); the grader itself writes next to nothing.
+    // The grader's own layer past floe's room for it, the agent having ended before the
+    // eviction (the kubelet kills every container of an evicted pod, so an agent that ended
+    // then says nothing): what the evaluator ran wrote it (`/tmp`, the code under test
+    // unconfined there), as with the grader's memory ([`grader_out_of_memory`]); the grader
+    // itself writes next to nothing.
     let grader_filled = message.starts_with(&evicted_for::container(GRADER_CONTAINER))
         && grader_has_room(pod)
-        && agent_ended(pod);
+        && agent_ended_before_the_grader(pod);
     let agents = message.starts_with(&evicted_for::container(AGENT_CONTAINER))
         || past_the_sum
         || grader_filled
@@ -271,6 +273,30 @@ fn agent_ended(pod: &Pod) -> bool {
                     && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
             })
         })
+}
+
+/// The agent container ended before the grader did (a second or more: the kubelet kills an
+/// evicted pod's containers at once, within the second its statuses are stamped with).
+fn agent_ended_before_the_grader(pod: &Pod) -> bool {
+    let finished = |name: &str| {
+        pod.status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .iter()
+            .find(|c| c.name == name)?
+            .state
+            .as_ref()?
+            .terminated
+            .as_ref()?
+            .finished_at
+            .as_ref()
+            .map(|t| t.0)
+    };
+    matches!(
+        (finished(AGENT_CONTAINER), finished(GRADER_CONTAINER)),
+        (Some(agent), Some(grader)) if agent < grader
+    )
 }
 
 /// The grader has floe's room on disk beside the agent's backstop (the pod says so in an
@@ -587,28 +613,32 @@ mod tests {
             result(&roomy),
             Some(PodResult::AgentFault { reason }) if reason.contains("total limit of containers")
         ));
-        // The grader's own layer past floe's room for it, once the agent had ended: what the
-        // evaluator ran (the agent's code, unconfined there) wrote it. Before the agent ended,
-        // or past a limit of the template's own, it is infrastructure (the other loop above).
-        let grader_filled = |agent: serde_json::Value| {
+        // The grader's own layer past floe's room for it, the agent having ended before: what
+        // the evaluator ran (the agent's code, unconfined there) wrote it. The agent killed
+        // with it, or a limit of the template's own, is infrastructure (the loop above).
+        let grader_filled = |agent_finished: &str| {
+            let killed = "2026-12-06T10:00:30Z";
             let mut p = pod(json!({"phase": "Failed", "reason": "Evicted",
                 "message": "Container sandbox exceeded its local ephemeral storage limit \"128Mi\". ",
                 "containerStatuses": [
                     {"name": "agent", "ready": false, "restartCount": 0, "image": "a",
-                     "imageID": "", "state": agent},
+                     "imageID": "", "state": {"terminated": {"exitCode": 0,
+                                                             "finishedAt": agent_finished}}},
                     {"name": "sandbox", "ready": false, "restartCount": 0, "image": "s",
-                     "imageID": "", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}));
+                     "imageID": "", "state": {"terminated": {"exitCode": 137, "reason": "Error",
+                                                             "finishedAt": killed}}}]}));
             if let Some(a) = p.metadata.annotations.as_mut() {
                 a.insert(GRADER_ROOM_ANNOTATION.into(), "134217728".into());
             }
             result(&p)
         };
         assert!(matches!(
-            grader_filled(json!({"terminated": {"exitCode": 0}})),
+            grader_filled("2026-12-06T10:00:12Z"),
             Some(PodResult::AgentFault { reason }) if reason.contains("Container sandbox exceeded")
         ));
+        // Killed with the grader by the eviction: the agent was still at work.
         assert!(matches!(
-            grader_filled(json!({"running": {}})),
+            grader_filled("2026-12-06T10:00:30Z"),
             Some(PodResult::Infra { .. })
         ));
     }

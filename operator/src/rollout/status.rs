@@ -64,8 +64,10 @@ pub struct StatusInput<'a> {
     /// The job's own pod as this round read it: while it is not Ready, the job's conditions
     /// say what it waits for.
     pub job_pod: Option<&'a JobPodRound>,
-    /// The job's tasks' digest as this round read them: recorded once the job has begun.
+    /// The job's tasks' digest as this round read them: recorded once the job has begun, or
+    /// with `record_digest` (a round about to give its first session a pod writes it first).
     pub tasks_digest: Option<&'a str>,
+    pub record_digest: bool,
 }
 
 /// The job's `status.startTime`: kept once set, else now if the job has begun.
@@ -140,10 +142,11 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         },
         fidelity: i.previous.and_then(|p| p.fidelity.clone()),
         held_out: s.held_out.as_ref().map(|h| h.status()),
-        tasks_digest: i
-            .previous
-            .and_then(|p| p.tasks_digest.clone())
-            .or_else(|| i.tasks_digest.filter(|_| begun).map(str::to_string)),
+        tasks_digest: i.previous.and_then(|p| p.tasks_digest.clone()).or_else(|| {
+            i.tasks_digest
+                .filter(|_| begun || i.record_digest)
+                .map(str::to_string)
+        }),
     }
 }
 
@@ -417,9 +420,28 @@ mod tests {
             blocked: None,
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             tasks_digest: None,
+            record_digest: false,
             trainer_unfinished: false,
             job_pod: None,
         }
+    }
+
+    /// The digest is recorded once the job began, or when the round asks (it is about to give
+    /// its first session a pod), the start time left as it is either way.
+    #[test]
+    fn the_tasks_digest_is_recorded_when_begun_or_asked_to() {
+        let s = state(2);
+        let mut i = input(&s, None, 0);
+        i.tasks_digest = Some("d");
+        assert_eq!(status(&i, None).tasks_digest, None);
+        let begun = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        assert_eq!(status(&i, Some(begun)).tasks_digest.as_deref(), Some("d"));
+        i.record_digest = true;
+        let asked = status(&i, None);
+        assert_eq!(
+            (asked.tasks_digest.as_deref(), asked.start_time),
+            (Some("d"), None)
+        );
     }
 
     fn waiting_for(problem: Option<&str>, claim: bool) -> JobPodRound {

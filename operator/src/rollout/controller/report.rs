@@ -116,6 +116,7 @@ impl RoundReport<'_> {
         state: &JobState,
         running: u32,
         start_time: Option<Time>,
+        record_digest: bool,
     ) -> RolloutJobStatus {
         status::status(
             &StatusInput {
@@ -128,6 +129,7 @@ impl RoundReport<'_> {
                 trainer_unfinished: self.trainer_unfinished,
                 job_pod: Some(self.job_pod),
                 tasks_digest: Some(self.tasks_digest),
+                record_digest,
             },
             start_time,
         )
@@ -138,8 +140,8 @@ impl RoundReport<'_> {
         let (job, ctx) = (self.job, self.ctx);
         let previous = job.status.as_ref();
         let mut written = Written::found(job);
-        // The first round to give a session a pod records the tasks' digest before it does
-        // (as the job's start): recorded after, an operator that died in between, or a final
+        // The first round to give a session a pod records the tasks' digest before it does:
+        // recorded after, an operator that died in between, or a final
         // write that lost its conflict, left a task list changed since to be taken as the
         // job's, and the sessions already started folded under indexes naming other tasks.
         let begins = begins(previous, decided);
@@ -147,10 +149,9 @@ impl RoundReport<'_> {
             // Claims are not made yet; pre-warmed starts are (a pod lost before its start is
             // counted at the round's end).
             let running = decided.running_after(0, decided.start.len());
-            let start_time = previous
-                .and_then(|s| s.start_time.clone())
-                .or_else(|| begins.then(|| self.now.clone()));
-            let st = self.status(previous, &decided.next, running, start_time);
+            // (The start time stays the first claim's: `activeDeadlineSeconds` counts from it.)
+            let start_time = previous.and_then(|s| s.start_time.clone());
+            let st = self.status(previous, &decided.next, running, start_time, begins);
             // A job stalled on an outdated CRD tries `heldOut` alone first: pruned again, that
             // write changes nothing (no new resourceVersion, no watch event), whereas the whole
             // status would clear `Stalled` only for the stall to write it back, each write
@@ -210,7 +211,7 @@ impl RoundReport<'_> {
         // a round whose status write lost a conflict must not leave the job without a start time.
         let began = running > 0 || !state.completed.is_empty() || !state.failed.is_empty();
         let start_time = status::started(job.status.as_ref(), began, self.now);
-        let mut st = self.status(written.status.as_ref(), state, running, start_time);
+        let mut st = self.status(written.status.as_ref(), state, running, start_time, false);
         let wait = self.job_pod.wait.as_ref();
         // Where users look: the job's own pod's problem is the job's reason, and its metric.
         ctx.metrics.set_blocked(
@@ -452,6 +453,7 @@ pub(super) async fn blocked(
             trainer_unfinished: false,
             job_pod: None,
             tasks_digest: None,
+            record_digest: false,
         },
         previous.and_then(|s| s.start_time.clone()),
     );
