@@ -103,14 +103,14 @@ fn samples(method: &Method, path: &str) -> bool {
 /// versions only grow while it runs, so that label is never newer than the weights (the
 /// module's promise); without it the completion would carry no version and escape
 /// `maxStaleness`.
-async fn served_version(proxy: &Proxy) -> (Option<u64>, bool) {
+async fn served_version(proxy: &Proxy, wait: Duration) -> (Option<u64>, bool) {
     if proxy.no_versions.load(Ordering::Relaxed) {
         return (None, true);
     }
     let resp = match proxy
         .client
         .get(format!("{}/weight_info", proxy.upstream))
-        .timeout(Duration::from_secs(5))
+        .timeout(wait)
         .send()
         .await
     {
@@ -148,18 +148,26 @@ fn last(proxy: &Proxy) -> Option<u64> {
     Some(proxy.last_version.load(Ordering::Relaxed)).filter(|v| *v != u64::MAX)
 }
 
+/// How long the read before a completion waits for `/weight_info`.
+const READ_BEFORE: Duration = Duration::from_secs(5);
+/// How long the read after one does: vLLM has just answered, so a short wait, and a loaded
+/// vLLM's calls are not held much longer for it.
+const READ_AFTER: Duration = Duration::from_secs(1);
+
 /// The label of a completion whose version before it was `before` (`read`: read then). The
 /// last version reported is never newer than the weights only while vLLM runs: one restarted
 /// (its container, in the pod this proxy outlives it in) serves the weights it loaded,
 /// `default`, and does not answer while it loads them. So a completion labelled so is asked
-/// about again once vLLM has answered it, and gets the older of the two.
+/// about again once vLLM has answered it, and keeps the older of the two. Only ever older:
+/// read after the completion, a version may be newer than the weights that sampled it (a push
+/// since), so a completion that had no label keeps none.
 async fn label(proxy: &Proxy, before: Option<u64>, read: bool) -> Option<u64> {
-    if read {
+    let Some(before) = before.filter(|_| !read) else {
         return before;
-    }
-    match served_version(proxy).await {
-        (Some(after), true) => Some(before.map_or(after, |b| b.min(after))),
-        _ => before,
+    };
+    match served_version(proxy, READ_AFTER).await {
+        (Some(after), true) => Some(before.min(after)),
+        _ => Some(before),
     }
 }
 
@@ -211,7 +219,7 @@ async fn forward(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
     let (version, read) = if samples(&parts.method, path) {
-        served_version(&proxy).await
+        served_version(&proxy, READ_BEFORE).await
     } else {
         (None, true)
     };
