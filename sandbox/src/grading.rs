@@ -158,10 +158,15 @@ pub(crate) async fn grade(
     }
     // Whatever ran before (none should be left) is not the evaluator's doing.
     let before = process::other_processes();
-    // The code under test runs here, held to the session's disk budget as the harness was
-    // (local mode: a pod's grader has its container's limits). The untouched repository's
-    // runs are the task's own: none.
-    let disk_budget = config.confinement.as_ref().and(config.disk_budget);
+    // The code under test runs here, held to twice the session's disk budget: the copy of
+    // the workspace (up to the budget), and as much again for what honest tests and builds
+    // write (local mode: a pod's grader has its container's limits). The untouched
+    // repository's runs are the task's own: none.
+    let disk_budget = config
+        .confinement
+        .as_ref()
+        .and(config.disk_budget)
+        .map(|b| b.saturating_mul(2));
     let evaluator_ran = Evaluator {
         disk_budget,
         ..evaluator()

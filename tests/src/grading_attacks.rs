@@ -149,16 +149,16 @@ pub fn attacks() -> Vec<(&'static str, String, f64, Option<&'static str>)> {
             Some("disk_limit"),
         ),
         // The same by the code under test, as the evaluator imports it: a correct `add`, and
-        // the evaluation copy filled first (the evaluator's directory is held to the budget
-        // too, in local mode; a pod's grader has its container's limits).
+        // the evaluation copy filled first, 300 MiB (the evaluator's directory is held to
+        // twice the budget in local mode; a pod's grader has its container's limits).
         (
             "eval-disk-fill",
             calc(concat!(
                 "import time\n",
-                "for i in range(50):\n",
+                "for i in range(75):\n",
                 "    with open(f'fill{i}', 'wb') as f:\n",
                 "        f.write(bytes(4 << 20))\n",
-                "    time.sleep(0.05)\n",
+                "    time.sleep(0.03)\n",
                 "def add(a, b):\n",
                 "    return a + b\n",
             )),
