@@ -49,10 +49,10 @@ import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from . import durable, snapshot_delta, wire
+from . import durable, http_limits, snapshot_delta, wire
 
 log = logging.getLogger("floe_trainer.ingest")
 
@@ -401,9 +401,30 @@ def make_server(
     ingest_token: str | None = None,
     failed: Callable[[str, int, str | None, str | None], dict] | None = None,
     fidelity: Callable[[list], dict] | None = None,
-) -> ThreadingHTTPServer:
+) -> http_limits.LimitedServer:
     class Handler(BaseHTTPRequestHandler):
         timeout = IDLE_SECONDS
+        server: http_limits.LimitedServer
+
+        def setup(self):
+            super().setup()
+            self.rfile = http_limits.HeadLimited(self.rfile)
+
+        def handle_one_request(self):
+            # Each request's head, keep-alive ones too, within its time and bytes.
+            self.rfile.budget = http_limits.HEAD_BYTES
+            self.server.head_started(self.connection)
+            super().handle_one_request()
+
+        def parse_request(self) -> bool:
+            parsed = super().parse_request()
+            self.server.head_done(self.connection)
+            return parsed
+
+        def _vouch(self):
+            """The request carried a token of the server's: its connection leaves its peer's
+            share (an agent holding its pod's cannot keep its own gateway out)."""
+            self.server.vouch(self.connection, self.client_address[0])
 
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
@@ -422,6 +443,7 @@ def make_server(
             if not hmac.compare_digest(given.encode(), f"Bearer {control_token}".encode()):
                 self._reply(401, {"error": f"{what} needs the control token"})
                 return False
+            self._vouch()
             return True
 
         def _finish(self):
@@ -482,6 +504,8 @@ def make_server(
                 given.encode(), f"Bearer {ingest_token}".encode()
             ):
                 return self._reply(401, {"error": "ingest needs the job's ingest token"})
+            if ingest_token:
+                self._vouch()
             length = int(self.headers.get("content-length") or 0)
             if length > ingest.max_body_bytes:
                 return self._reply(
@@ -517,4 +541,4 @@ def make_server(
         def log_message(self, format, *args):  # noqa: A002 (quiet by default)
             pass
 
-    return ThreadingHTTPServer(address, Handler)
+    return http_limits.LimitedServer(address, Handler)

@@ -1,3 +1,4 @@
+import http.client
 import json
 import threading
 import urllib.error
@@ -81,6 +82,84 @@ def test_a_silent_connection_is_closed_and_others_are_served(tmp_path, monkeypat
         assert code == 200
     finally:
         srv.shutdown()
+
+
+def test_a_head_sent_a_byte_at_a_time_is_cut_off_and_others_are_served(tmp_path, monkeypatch):
+    # Never silent for IDLE_SECONDS, the head never whole: it is cut at HEAD_SECONDS, and a
+    # head past HEAD_BYTES gets a 431, not a thread and megabytes held as long as the agent
+    # likes.
+    import socket
+    import time
+
+    from floe_trainer import http_limits
+
+    monkeypatch.setattr(http_limits, "HEAD_SECONDS", 1.0)
+    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
+    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {})
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        trickle = socket.create_connection(srv.server_address, timeout=10)
+        trickle.sendall(b"POST /v1/trajectories HTTP/1.1\r\n")
+        started = time.monotonic()
+        with pytest.raises(OSError):
+            while time.monotonic() - started < 8:
+                trickle.sendall(b"x")
+                time.sleep(0.2)
+                if trickle.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b"":
+                    raise ConnectionResetError("closed by the server")
+        assert time.monotonic() - started < 4, "cut at the head's deadline"
+        big = socket.create_connection(srv.server_address, timeout=10)
+        big.sendall(b"GET /healthz HTTP/1.1\r\n" + b"x-pad: " + b"a" * 60000 + b"\r\n")
+        big.sendall(b"x-more: " + b"b" * 60000 + b"\r\n\r\n")
+        assert big.recv(64).startswith(b"HTTP/1.0 431"), "refused past HEAD_BYTES"
+        code, _ = post(
+            f"http://127.0.0.1:{srv.server_address[1]}", json.dumps(trajectory()).encode()
+        )
+        assert code == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_peer_past_its_share_loses_its_oldest_connection_not_the_gateways(tmp_path, monkeypatch):
+    # The agent shares its pod's address with its gateway: connections it holds half-sent
+    # cannot keep out the gateway's post, and one that carried the token is never closed to
+    # make room.
+    import socket
+
+    from floe_trainer import http_limits
+
+    monkeypatch.setattr(http_limits, "PER_PEER", 2)
+    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
+    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {}, ingest_token="tok")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        held = []
+        for _ in range(2):
+            c = socket.create_connection(srv.server_address, timeout=10)
+            c.sendall(b"POST /v1/trajectories HTTP/1.1\r\n")
+            held.append(c)
+        code, _ = post(url, json.dumps(trajectory()).encode(), token="tok")
+        assert code == 200, "the gateway's post got in"
+        assert held[0].recv(1) == b"", "the oldest half-sent connection was closed"
+        # A connection that vouched (a keep-alive one of the gateway's) is not counted.
+        gateway = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+        body = json.dumps(trajectory(session="job-t-1")).encode()
+        headers = {"authorization": "Bearer tok", "content-type": "application/json"}
+        gateway.request("POST", "/v1/trajectories", body=body, headers=headers)
+        first = gateway.getresponse()
+        assert (first.status, bool(first.read())) == (200, True)
+        for _ in range(3):
+            c = socket.create_connection(srv.server_address, timeout=10)
+            c.sendall(b"POST /v1/trajectories HTTP/1.1\r\n")
+            held.append(c)
+        body = json.dumps(trajectory(session="job-t-2")).encode()
+        gateway.request("POST", "/v1/trajectories", body=body, headers=headers)
+        assert gateway.getresponse().status == 200, "the vouched connection still served"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_accepted_persisted_then_idempotent(server):
