@@ -59,6 +59,9 @@ log = logging.getLogger("floe_trainer.ingest")
 # The gateway's limit (``MAX_SESSION_ID_LEN``, 240): ``.<id>.json.tmp`` stays within 255 bytes.
 SAFE_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,239}$")
 SNAPSHOT_ID = re.compile(r"^[0-9a-f]{1,32}$")
+# The bytes of deltas kept on a session's snapshot before the whole one is asked for again:
+# its own size, or this much for a small one.
+DELTAS_AT_LEAST = 1 << 20
 
 
 class Store:
@@ -68,8 +71,9 @@ class Store:
         self._lock = threading.Lock()
         # The calls and id (``Floe-Snapshot``, the base a delta must name) of each session's
         # snapshot kept since this process started (a restarted trainer takes the next whole
-        # one whatever it holds: a session's gateway posts them in order).
-        self._held: dict[str, tuple[int, str | None]] = {}
+        # one whatever it holds: a session's gateway posts them in order), and the bytes of
+        # its whole snapshot and of the deltas kept on it.
+        self._held: dict[str, tuple[int, str | None, int, int]] = {}
 
     def path(self, session: str) -> Path:
         return self.dir / f"{session}.json"
@@ -130,13 +134,13 @@ class Store:
         one)."""
         tmp = self._stage(session, raw)
         with self._lock:
-            held_calls = self._held.get(session, (-1, None))[0]
+            held_calls = self._held.get(session, (-1, None, 0, 0))[0]
             if self.path(session).exists() or held_calls > calls:
                 tmp.unlink(missing_ok=True)
                 return False
             os.replace(tmp, self.partial_path(session))
             shutil.rmtree(self.deltas_path(session), ignore_errors=True)
-            self._held[session] = (calls, snapshot)
+            self._held[session] = (calls, snapshot, len(raw), 0)
             return True
 
     def put_partial_delta(
@@ -145,20 +149,28 @@ class Store:
         """Keep a delta on the kept snapshot whose id is ``base``, as the snapshot ``snapshot``
         of ``calls`` calls: ``"kept"``; ``"done"`` when the session has its trajectory;
         ``"conflict"`` when the snapshot kept since this process started is another (or none),
-        so the gateway sends the whole one."""
+        or when the deltas kept on it would outgrow it, so the gateway sends the whole one. (A
+        delta names every trace held, so deltas grow with the session: kept all, a session of
+        many short calls of its own filled the disk with the square of its calls.)"""
         tmp = self._stage(session, raw)
         with self._lock:
             if self.path(session).exists():
                 tmp.unlink(missing_ok=True)
                 return "done"
-            held_calls, held_id = self._held.get(session, (-1, None))
-            if held_id != base or held_calls >= calls or not self.partial_path(session).exists():
+            held_calls, held_id, whole, deltas = self._held.get(session, (-1, None, 0, 0))
+            outgrown = deltas + len(raw) > max(whole, DELTAS_AT_LEAST)
+            if (
+                held_id != base
+                or held_calls >= calls
+                or outgrown
+                or not self.partial_path(session).exists()
+            ):
                 tmp.unlink(missing_ok=True)
                 return "conflict"
             folder = self.deltas_path(session)
             folder.mkdir(exist_ok=True)
             os.replace(tmp, folder / f"{calls}.json")
-            self._held[session] = (calls, snapshot)
+            self._held[session] = (calls, snapshot, whole, deltas + len(raw))
             return "kept"
 
     def load_partial(self, session: str) -> dict | None:
@@ -309,7 +321,7 @@ class Ingest:
         if not calls.isdigit():
             return 400, {"error": f"Floe-Calls {calls!r} is not a number of calls"}
         for name, value in (("Floe-Snapshot", snapshot), ("Floe-Base-Snapshot", base)):
-            if value is not None and not SNAPSHOT_ID.match(value):
+            if value is not None and not SNAPSHOT_ID.fullmatch(value):
                 return 400, {"error": f"{name} {value!r} is not a snapshot id"}
         try:
             if base is None:

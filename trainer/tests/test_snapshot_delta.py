@@ -239,3 +239,27 @@ def test_a_delta_over_http_names_its_base_in_a_header(tmp_path):
         assert ingest.store.load_partial("s-1") == TWO
     finally:
         srv.shutdown()
+
+
+def test_the_deltas_kept_on_a_snapshot_never_outgrow_it(tmp_path, monkeypatch):
+    # A delta names every trace held, so a session of many short calls of its own (each a new
+    # trace) sends deltas that grow with it: kept all, the square of its calls on disk. Past
+    # the whole snapshot's size the trainer asks for the whole one again (409).
+    from floe_trainer import ingest as ingest_module
+
+    monkeypatch.setattr(ingest_module, "DELTAS_AT_LEAST", 0)
+    ingest = Ingest(Store(tmp_path), lambda t: None)
+    whole = json.dumps(ONE).encode()
+    assert ingest.handle_partial("s-1", "1", whole, sid(1))[0] == 200
+    delta = b"d" * (len(whole) // 3 + 1)
+    answers = [
+        ingest.handle_partial("s-1", str(calls), delta, sid(calls), sid(calls - 1))[0]
+        for calls in range(2, 6)
+    ]
+    assert answers == [200, 200, 409, 409], answers
+    kept = sum(p.stat().st_size for p in (tmp_path / "partial/s-1.d").iterdir())
+    assert kept <= len(whole)
+    # The whole one sent then starts afresh.
+    assert ingest.handle_partial("s-1", "4", whole, sid(4))[0] == 200
+    assert not (tmp_path / "partial/s-1.d").exists()
+    assert ingest.handle_partial("s-1", "5", delta, sid(5), sid(4))[0] == 200
