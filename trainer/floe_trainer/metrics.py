@@ -164,7 +164,8 @@ class Metrics:
         # The batcher's tallies (restored from the checkpoint).
         self._dropped = _Tallies(
             "floe_trainer_dropped",
-            "Trajectories (untrainable, duplicate_sample, stale, late, failed) or groups"
+            "Trajectories (untrainable, duplicate_sample, stale, late, failed, out_of_vocabulary)"
+            " or groups"
             " (zero_advantage, incomplete, overlong) dropped",
             "reason",
             {reason: reason for reason in REASONS},
@@ -268,7 +269,8 @@ class Metrics:
 
 
 # What the batcher drops (floe_trainer.batching): trajectories untrainable, duplicate_sample,
-# stale, late (of a group already taken), failed (samples reported failed for good); groups
+# stale, late (of a group already taken), failed (samples reported failed for good),
+# out_of_vocabulary (a token id past the model's embedding: the trainer); groups
 # zero_advantage, incomplete, overlong (every session masked).
 REASONS = (
     "untrainable",
@@ -276,6 +278,7 @@ REASONS = (
     "stale",
     "late",
     "failed",
+    "out_of_vocabulary",
     "zero_advantage",
     "incomplete",
     "overlong",

@@ -492,6 +492,7 @@ class Trainer:
             raise ValueError("grpo.weightSync NCCL is for one training process; use File")
         policy = load_policy(cfg, world, resume)
         self.placement, self.model = policy.placement, policy.model
+        self.vocab_rows = _vocab_rows(self.model)
         self.optimizer, self.reference = policy.optimizer, policy.reference
         self.memory_plan = policy.memory_plan
         self.lora_status = None
@@ -670,6 +671,18 @@ class Trainer:
         self.metrics.replay_unreadable.inc()
 
     def add(self, t: Trajectory) -> None:
+        if self.vocab_rows is not None and _past_vocabulary(t, self.vocab_rows):
+            # A token id the model has no row for fails the step it is in (on a GPU a device
+            # assert), and then every replay after a restart: the trainer would never train
+            # again. (vLLM samples none; a gateway of another model could ship one.)
+            log.error(
+                "session %s carries a token id past the model's %d rows: left out",
+                t.session,
+                self.vocab_rows,
+            )
+            with self.lock:
+                self.buffer.dropped["out_of_vocabulary"] += 1
+            return
         with self.lock:
             self.group_of[t.session] = t.group
             # Counted once scored: an untrainable one first (its gateway drained) leaves the
@@ -1103,3 +1116,21 @@ class Trainer:
 
     def state_dict(self) -> dict:
         return asdict(self.state)
+
+
+def _vocab_rows(model) -> int | None:
+    """The rows of the model's input embedding: token ids must be below it (``None``: not
+    known, no check)."""
+    try:
+        rows = model.get_input_embeddings().num_embeddings
+    except (AttributeError, NotImplementedError):
+        return None
+    return int(rows) if isinstance(rows, int) else None
+
+
+def _past_vocabulary(t: Trajectory, rows: int) -> bool:
+    return any(
+        max(trace.prompt_token_ids, default=0) >= rows
+        or max(trace.response_token_ids, default=0) >= rows
+        for trace in t.traces
+    )

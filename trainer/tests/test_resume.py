@@ -244,3 +244,26 @@ def test_a_stored_trajectory_that_cannot_be_read_is_left_out_and_counted(tmp_pat
     assert again.ingest.counts["invalid"] == 1, "a lost session"
     assert again.metrics.replay_unreadable._value.get() == 1, "FloeTrainerSessionsLost"
     assert list(again.buffer.pending["j/a"].by_sample) == [0]
+
+
+def test_a_token_id_past_the_models_vocabulary_is_left_out_not_a_crash_on_every_replay(
+    tmp_path, vllm
+):
+    # Taken, it would fail the step it is in (a device assert on a GPU), and then every replay
+    # after a restart: the trainer would never train again.
+    trainer = start(tmp_path, vllm)
+    assert trainer.vocab_rows is not None
+    body = trajectory(
+        "g-0",
+        "j/g",
+        0,
+        [1, 2, trainer.vocab_rows],
+        {"token_ids": [5, 6], "logprobs": {"token_logprobs": [-1.0, -1.0]}},
+        1.0,
+    )
+    assert trainer.ingest.handle(json.dumps(body).encode())[0] == 200
+    assert trainer.buffer.dropped["out_of_vocabulary"] == 1
+    assert not trainer.buffer.pending
+    for sample, reward in [(1, 1.0), (2, 0.0)]:
+        send(trainer, "j/h", sample, reward)
+    assert "j/h" in trainer.buffer.pending
