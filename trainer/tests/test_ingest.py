@@ -1,3 +1,4 @@
+import contextlib
 import http.client
 import json
 import threading
@@ -62,6 +63,19 @@ def post(url, body: bytes, token=None, path="/v1/trajectories"):
         return e.code, json.loads(e.read())
 
 
+@contextlib.contextmanager
+def served(tmp_path, **kwargs):
+    """A real ingest server on a free loopback port, for as long as the block runs."""
+    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
+    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {}, **kwargs)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def test_a_silent_connection_is_closed_and_others_are_served(tmp_path, monkeypatch):
     # An agent's idle connections hold a thread each: they are let go of after IDLE_SECONDS.
     import socket
@@ -69,10 +83,7 @@ def test_a_silent_connection_is_closed_and_others_are_served(tmp_path, monkeypat
     from floe_trainer import ingest as ingest_module
 
     monkeypatch.setattr(ingest_module, "IDLE_SECONDS", 0.5)
-    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
-    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {})
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with served(tmp_path) as srv:
         idle = socket.create_connection(srv.server_address, timeout=10)
         idle.settimeout(10)
         assert idle.recv(1) == b"", "closed by the server, not left open"
@@ -80,8 +91,6 @@ def test_a_silent_connection_is_closed_and_others_are_served(tmp_path, monkeypat
             f"http://127.0.0.1:{srv.server_address[1]}", json.dumps(trajectory()).encode()
         )
         assert code == 200
-    finally:
-        srv.shutdown()
 
 
 def test_a_head_sent_a_byte_at_a_time_is_cut_off_and_others_are_served(tmp_path, monkeypatch):
@@ -94,10 +103,7 @@ def test_a_head_sent_a_byte_at_a_time_is_cut_off_and_others_are_served(tmp_path,
     from floe_trainer import http_limits
 
     monkeypatch.setattr(http_limits, "HEAD_SECONDS", 1.0)
-    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
-    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {})
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with served(tmp_path) as srv:
         trickle = socket.create_connection(srv.server_address, timeout=10)
         trickle.sendall(b"POST /v1/trajectories HTTP/1.1\r\n")
         started = time.monotonic()
@@ -116,9 +122,6 @@ def test_a_head_sent_a_byte_at_a_time_is_cut_off_and_others_are_served(tmp_path,
             f"http://127.0.0.1:{srv.server_address[1]}", json.dumps(trajectory()).encode()
         )
         assert code == 200
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_a_peer_past_its_share_loses_its_oldest_connection_not_the_gateways(tmp_path, monkeypatch):
@@ -130,11 +133,8 @@ def test_a_peer_past_its_share_loses_its_oldest_connection_not_the_gateways(tmp_
     from floe_trainer import http_limits
 
     monkeypatch.setattr(http_limits, "PER_PEER", 2)
-    ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)
-    srv = make_server(ingest, ("127.0.0.1", 0), lambda: {}, ingest_token="tok")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with served(tmp_path, ingest_token="tok") as srv:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
         held = []
         for _ in range(2):
             c = socket.create_connection(srv.server_address, timeout=10)
@@ -157,9 +157,6 @@ def test_a_peer_past_its_share_loses_its_oldest_connection_not_the_gateways(tmp_
         body = json.dumps(trajectory(session="job-t-2")).encode()
         gateway.request("POST", "/v1/trajectories", body=body, headers=headers)
         assert gateway.getresponse().status == 200, "the vouched connection still served"
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_accepted_persisted_then_idempotent(server):
