@@ -9,9 +9,10 @@ until the trainer ran out of memory (and, restarted, lost the steps since its ch
   closed then too; floe's clients let go of theirs sooner), and be at most ``HEAD_BYTES``
   (431 past it).
 - One peer (an address) holds at most ``PER_PEER`` connections that no request has vouched
-  for (a request carrying a token of the server's, the gateways' ingest token); past it, its
-  oldest such connection is closed, so an agent holding its pod's share cannot keep out its
-  own gateway's posts. At most ``TOTAL`` connections in all: others wait in the backlog.
+  for (a request carrying a token of the server's: the gateways' ingest token, the
+  operator's control token); half a second after it goes past that, its oldest such
+  connections are closed, so an agent holding its pod's share cannot keep out its own
+  gateway's posts. At most ``TOTAL`` connections in all: others wait in the backlog.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ HEAD_SECONDS = 30.0
 HEAD_BYTES = 64 * 1024
 PER_PEER = 64
 TOTAL = 4096
+EVICTION_GRACE = 0.5
 
 
 class HeadLimited(io.RawIOBase):
@@ -64,75 +66,94 @@ class HeadLimited(io.RawIOBase):
 
 class LimitedServer(ThreadingHTTPServer):
     daemon_threads = True
+    # Connections past ``TOTAL`` wait here, not accepted.
+    request_queue_size = 1024
 
     def __init__(self, address, handler) -> None:
         super().__init__(address, handler)
-        self._lock = threading.Lock()
+        self._room = threading.Condition()
         self._total = 0
-        # Per peer, its connections no request vouched for, oldest first.
-        self._unvouched: dict[str, OrderedDict[socket.socket, None]] = {}
+        # Per peer, its connections no request vouched for, oldest first, and since when.
+        self._unvouched: dict[str, OrderedDict[socket.socket, float]] = {}
         # Connections reading a request head, and by when it must be whole.
         self._heads: dict[socket.socket, float] = {}
         self._closed = threading.Event()
-        threading.Thread(target=self._reap, name="head-deadlines", daemon=True).start()
+        threading.Thread(target=self._reap, name="http-limits", daemon=True).start()
+
+    def get_request(self):
+        # A slot first, then the accept: past ``TOTAL`` a connection waits in the backlog.
+        with self._room:
+            if not self._room.wait_for(lambda: self._total < TOTAL, timeout=0.5):
+                raise OSError("no room: the connection waits in the backlog")
+            self._total += 1
+        try:
+            return super().get_request()
+        except BaseException:
+            self._release(None, None)
+            raise
 
     def process_request(self, request, client_address) -> None:
-        peer = client_address[0] if isinstance(client_address, tuple) else str(client_address)
-        evicted = None
-        with self._lock:
-            if self._total >= TOTAL:
-                refused = True
-            else:
-                refused = False
-                self._total += 1
-                mine = self._unvouched.setdefault(peer, OrderedDict())
-                if len(mine) >= PER_PEER:
-                    evicted, _ = mine.popitem(last=False)
-                mine[request] = None
-        if refused:
-            self.shutdown_request(request)
-            return
-        if evicted is not None:
-            _close(evicted)
-        super().process_request(request, client_address)
+        peer = client_address[0]
+        with self._room:
+            self._unvouched.setdefault(peer, OrderedDict())[request] = time.monotonic()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            # No thread to serve it (a pids limit): its slot is given back here.
+            self._release(request, peer)
+            raise
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            with self._lock:
-                self._total -= 1
-                self._heads.pop(request, None)
-                mine = self._unvouched.get(client_address[0])
-                if mine is not None:
-                    mine.pop(request, None)
-                    if not mine:
-                        del self._unvouched[client_address[0]]
+            self._release(request, client_address[0])
+
+    def _release(self, request, peer) -> None:
+        with self._room:
+            self._total -= 1
+            self._heads.pop(request, None)
+            mine = self._unvouched.get(peer)
+            if mine is not None:
+                mine.pop(request, None)
+                if not mine:
+                    del self._unvouched[peer]
+            self._room.notify()
 
     def vouch(self, request, peer: str) -> None:
         """A request on ``request`` carried the server's token: it leaves its peer's share."""
-        with self._lock:
+        with self._room:
             mine = self._unvouched.get(peer)
             if mine is not None:
                 mine.pop(request, None)
 
     def head_started(self, request) -> None:
-        with self._lock:
+        with self._room:
             self._heads[request] = time.monotonic() + HEAD_SECONDS
 
     def head_done(self, request) -> None:
-        with self._lock:
+        with self._room:
             self._heads.pop(request, None)
 
     def _reap(self) -> None:
-        while not self._closed.wait(min(1.0, HEAD_SECONDS / 4)):
+        """Every quarter second: heads past their deadline are cut, and a peer past its share
+        loses its oldest connections no request vouched for, those accepted at least
+        ``EVICTION_GRACE`` ago (a gateway's connection accepted in a burst behind the agent's
+        has that long to send its head and vouch). Closed under the lock, so a connection that
+        vouches meanwhile is never closed."""
+        while not self._closed.wait(min(0.25, HEAD_SECONDS / 4)):
             now = time.monotonic()
-            with self._lock:
-                late = [c for c, by in self._heads.items() if by < now]
-                for c in late:
-                    del self._heads[c]
-            for c in late:
-                _close(c)
+            with self._room:
+                for conn in [c for c, by in self._heads.items() if by < now]:
+                    del self._heads[conn]
+                    _close(conn)
+                for mine in self._unvouched.values():
+                    while len(mine) > PER_PEER:
+                        oldest, since = next(iter(mine.items()))
+                        if now - since < EVICTION_GRACE:
+                            break
+                        del mine[oldest]
+                        _close(oldest)
 
     def server_close(self) -> None:
         self._closed.set()

@@ -681,7 +681,13 @@ class Trainer:
                 self.vocab_rows,
             )
             with self.lock:
-                self.buffer.dropped["out_of_vocabulary"] += 1
+                self.group_of[t.session] = t.group
+                if t.session not in self.seen:
+                    self.seen.add(t.session)
+                    self.buffer.dropped["out_of_vocabulary"] += 1
+                # It will not come again (its gateway was answered 200): the group completes
+                # without it, as without a sample failed for good, instead of waiting for it.
+                self.buffer.sample_failed(t.group, t.sample, time.time())
             return
         with self.lock:
             self.group_of[t.session] = t.group

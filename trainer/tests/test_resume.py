@@ -251,7 +251,9 @@ def test_a_token_id_past_the_models_vocabulary_is_left_out_not_a_crash_on_every_
 ):
     # Taken, it would fail the step it is in (a device assert on a GPU), and then every replay
     # after a restart: the trainer would never train again.
-    trainer = start(tmp_path, vllm)
+    grpo = {"groupsPerStep": 1, "learningRate": 1e-3, "microBatchSize": 4}
+    # Every sample waited for: the group completes only if the one left out counts as gone.
+    trainer = start(tmp_path, vllm, grpo={**grpo, "minGroupFraction": 1.0})
     assert trainer.vocab_rows is not None
     body = trajectory(
         "g-0",
@@ -263,7 +265,8 @@ def test_a_token_id_past_the_models_vocabulary_is_left_out_not_a_crash_on_every_
     )
     assert trainer.ingest.handle(json.dumps(body).encode())[0] == 200
     assert trainer.buffer.dropped["out_of_vocabulary"] == 1
-    assert not trainer.buffer.pending
-    for sample, reward in [(1, 1.0), (2, 0.0)]:
-        send(trainer, "j/h", sample, reward)
-    assert "j/h" in trainer.buffer.pending
+    # Its group does not wait for it: the rest of it trains.
+    for sample, reward in [(1, 1.0), (2, 0.0), (3, 0.0)]:
+        send(trainer, "j/g", sample, reward)
+    assert trainer.run_once() is not None, "the group of the other three trained"
+    assert "j/g" in trainer.buffer.closed
