@@ -108,6 +108,20 @@ pub async fn exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Option<Holder
     .await
 }
 
+/// [`exceeded`] for `bytes` (and [`MAX_ENTRIES`] names); with no budget, never.
+pub async fn watch(roots: Vec<PathBuf>, bytes: Option<u64>, holder: Option<Holder>) -> String {
+    match bytes {
+        Some(bytes) => {
+            let budget = Budget {
+                bytes,
+                entries: MAX_ENTRIES,
+            };
+            exceeded(roots, budget, holder).await
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// The agent container's half of a pod's budget: completes, saying why, once the files
 /// `holder`'s processes unlinked but keep open, on any file system on disk, and what `roots`
 /// hold come to more than `budget`. The grader walks the trees on its own every check, from

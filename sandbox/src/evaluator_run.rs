@@ -67,18 +67,9 @@ impl Evaluator<'_> {
         let roots = vec![dir.to_path_buf()];
         let cgroup_procs = self.cgroup_procs.first().cloned();
         let disk_budget = self.disk_budget;
-        let (ran, over_disk, stdout) = process::run_kept_watching(&evaluator, |root| async move {
-            match disk_budget {
-                Some(bytes) => {
-                    let budget = disk_budget::Budget {
-                        bytes,
-                        entries: disk_budget::MAX_ENTRIES,
-                    };
-                    let holder = disk_budget::Holder { root, cgroup_procs };
-                    disk_budget::exceeded(roots, budget, Some(holder)).await
-                }
-                None => std::future::pending().await,
-            }
+        let (ran, over_disk, stdout) = process::run_kept_watching(&evaluator, |root| {
+            let holder = disk_budget::Holder { root, cgroup_procs };
+            disk_budget::watch(roots, disk_budget, Some(holder))
         })
         .await
         .map_err(|e| e.to_string())?;

@@ -509,17 +509,8 @@ async fn session_outcome(
         roots: vec![harness.cwd.clone(), home.clone()],
         bytes,
     });
-    let over_budget = |holder: Option<crate::disk_budget::Holder>| async move {
-        match config.disk_budget {
-            Some(bytes) => {
-                let budget = crate::disk_budget::Budget {
-                    bytes,
-                    entries: crate::disk_budget::MAX_ENTRIES,
-                };
-                crate::disk_budget::exceeded(roots, budget, holder).await
-            }
-            None => std::future::pending().await,
-        }
+    let over_budget = |holder: Option<crate::disk_budget::Holder>| {
+        crate::disk_budget::watch(roots, config.disk_budget, holder)
     };
     let (ran, over_disk): (Finished, Option<String>) = match link {
         Some(link) => match in_agent_container(link, &harness, agent_disk, over_budget(None)).await

@@ -2,7 +2,7 @@
 //! annotations written by the claim) and what its runner reported (the sandbox container's
 //! exit code and termination message, `docs/sandbox-contract.md`).
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Deserialize;
 
@@ -113,17 +113,22 @@ fn disrupted(pod: &Pod) -> bool {
     }
 }
 
-fn sandbox_summary(pod: &Pod) -> Option<Summary> {
+/// How container `name` ended (`None` while it runs, or if the pod has none of that name).
+fn ended<'a>(pod: &'a Pod, name: &str) -> Option<&'a ContainerStateTerminated> {
     pod.status
         .as_ref()?
         .container_statuses
         .iter()
         .flatten()
-        .find(|c| c.name == GRADER_CONTAINER)?
+        .find(|c| c.name == name)?
         .state
         .as_ref()?
         .terminated
-        .as_ref()?
+        .as_ref()
+}
+
+fn sandbox_summary(pod: &Pod) -> Option<Summary> {
+    ended(pod, GRADER_CONTAINER)?
         .message
         .as_deref()
         .and_then(|m| serde_json::from_str(m.trim()).ok())
@@ -139,13 +144,7 @@ pub fn upstream_errors(pod: &Pod) -> UpstreamErrors {
 /// The session's result once the sandbox container (or the whole pod) has ended.
 pub fn result(pod: &Pod) -> Option<PodResult> {
     let status = pod.status.as_ref()?;
-    let terminated = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .find(|c| c.name == GRADER_CONTAINER)
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref());
+    let terminated = ended(pod, GRADER_CONTAINER);
     let summary = sandbox_summary(pod);
     // 0: scored; 1: agent failure, still scored — a valid sample (whatever ended the pod
     // after the runner reported it).
@@ -251,48 +250,19 @@ fn agent_outgrew_its_disk(
 /// run died: an instance whose honest tests outgrow the limit fails every session alike, a
 /// group that trains nothing (and a held-out instance counted unsolved), where an exception
 /// would let every SWE-bench agent make its loss a retry.
-fn grader_out_of_memory(
-    pod: &Pod,
-    grader: &k8s_openapi::api::core::v1::ContainerStateTerminated,
-) -> Option<String> {
-    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended(pod)).then(|| {
+fn grader_out_of_memory(pod: &Pod, grader: &ContainerStateTerminated) -> Option<String> {
+    let agent_ended = ended(pod, AGENT_CONTAINER).is_some();
+    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended).then(|| {
         "the grader ran out of memory evaluating the agent's code (OOMKilled, the runner with \
          it): scored as the agent's"
             .to_string()
     })
 }
 
-/// The agent container has ended: its session is being graded (the grader only waits before).
-fn agent_ended(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|statuses| {
-            statuses.iter().any(|c| {
-                c.name == AGENT_CONTAINER
-                    && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
-            })
-        })
-}
-
 /// The agent container ended before the grader did (a second or more: the kubelet kills an
 /// evicted pod's containers at once, within the second its statuses are stamped with).
 fn agent_ended_before_the_grader(pod: &Pod) -> bool {
-    let finished = |name: &str| {
-        pod.status
-            .as_ref()?
-            .container_statuses
-            .as_ref()?
-            .iter()
-            .find(|c| c.name == name)?
-            .state
-            .as_ref()?
-            .terminated
-            .as_ref()?
-            .finished_at
-            .as_ref()
-            .map(|t| t.0)
-    };
+    let finished = |name| ended(pod, name)?.finished_at.as_ref().map(|t| t.0);
     matches!(
         (finished(AGENT_CONTAINER), finished(GRADER_CONTAINER)),
         (Some(agent), Some(grader)) if agent < grader
