@@ -23,7 +23,7 @@ use floe_tests::operator::{eventually, eventually_within, pool_ready};
 use floe_tests::{cluster, floe_bin, workspace_root, ScriptedUpstream, Step, TestGateway};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
 
@@ -558,7 +558,9 @@ async fn the_helmless_rbac_manifest_applies_and_grants_the_operators_verbs() -> 
             ],
             false,
         ),
-        (vec!["delete", "rolloutjobs.floe.dev", &in_ns], false),
+        // ttlSecondsAfterFinished: the finished job is deleted; a pool is the user's.
+        (vec!["delete", "rolloutjobs.floe.dev", &in_ns], true),
+        (vec!["delete", "gatewaypools.floe.dev", &in_ns], false),
         (vec!["list", "secrets", &in_ns], false),
         (vec!["create", "deployments.apps", &in_ns], false),
     ] {
@@ -865,8 +867,15 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
         "{sandbox_policy}"
     );
     // Its own calls on port 8100: a trainer's status and finish (own_pod.rs), a task loader's
-    // tasks, an sft collector's finish (job_end.rs). The collector's was once left out.
-    for role in ["trainer", "tasks", "dataset"] {
+    // tasks, an sft collector's finish (job_end.rs). The collector's was once left out; so was
+    // the fidelity check's call to a trainer's policy server (8000), which held every train job
+    // at FidelityCheckPending where the CNI enforces policies.
+    for (role, port) in [
+        ("trainer", 8100),
+        ("tasks", 8100),
+        ("dataset", 8100),
+        ("trainer", 8000),
+    ] {
         let allowed = operator_policy["spec"]["egress"]
             .as_array()
             .into_iter()
@@ -874,12 +883,12 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
             .any(|rule| {
                 let port = rule["ports"]
                     .as_array()
-                    .is_some_and(|ps| ps.iter().any(|p| p["port"] == 8100));
+                    .is_some_and(|ps| ps.iter().any(|p| p["port"] == port));
                 let to_role = rule["to"].as_array().is_some_and(|to| {
                     to.iter().any(|peer| {
-                        peer["podSelector"]["matchExpressions"]
-                            .as_array()
-                            .is_some_and(|es| {
+                        let selector = &peer["podSelector"];
+                        selector["matchLabels"]["floe.dev/job-role"] == role
+                            || selector["matchExpressions"].as_array().is_some_and(|es| {
                                 es.iter().any(|e| {
                                     e["key"] == "floe.dev/job-role"
                                         && e["values"]
@@ -893,7 +902,7 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
             });
         assert!(
             allowed,
-            "the operator cannot reach a {role} pod on 8100: {operator_policy}"
+            "the operator cannot reach a {role} pod on {port}: {operator_policy}"
         );
     }
     let deployment = find(&docs, "Deployment")?.clone();
@@ -927,6 +936,10 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
         ),
         (
             vec!["delete", "rolloutjobs.floe.dev", ns_flag.as_str()],
+            true,
+        ),
+        (
+            vec!["delete", "gatewaypools.floe.dev", ns_flag.as_str()],
             false,
         ),
         (vec!["list", "secrets", ns_flag.as_str()], false),
@@ -1118,10 +1131,16 @@ async fn helm_install_runs_the_operator_under_the_charts_rbac() -> Result<()> {
         .to_string();
     assert!(upgraded_args.contains("--concurrency=9"), "{upgraded_args}");
 
-    // Delete the job while the operator runs (it takes the finalizer off), then uninstall:
+    // The finished job's TTL, set now, deletes it: the operator's own DELETE under the chart's
+    // RBAC, which once forbade it (the TTL then failed every 2 s for ever). Then uninstall:
     // the CRDs (and so every pool and job) survive it.
-    jobs.delete("chart", &DeleteParams::default()).await?;
-    eventually("the job deleted", async || {
+    jobs.patch(
+        "chart",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ttlSecondsAfterFinished": 0}})),
+    )
+    .await?;
+    eventually("the job deleted at its TTL", async || {
         Ok(jobs.get_opt("chart").await?.is_none().then_some(()))
     })
     .await?;

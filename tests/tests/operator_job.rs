@@ -800,6 +800,11 @@ async fn suspend_deadline_ttl_and_a_missing_pool_each_behave() -> Result<()> {
         failed.rewards, None,
         "stopped sessions are not rewards of 0"
     );
+    assert_eq!(
+        (failed.sessions.running, failed.sessions.pending),
+        (0, 2),
+        "stopped at the deadline, they run no more"
+    );
     eventually("the Failed event", async || {
         let notes = event_notes(&client, &ns.name, "Failed").await?;
         Ok((!notes.is_empty()).then_some(notes))
@@ -1241,7 +1246,7 @@ async fn a_task_configmap_edited_after_the_first_session_stalls_the_job() -> Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_job_meets_its_deadline_and_no_pod_let_go_of_lingers() -> Result<()> {
     let (client, ns) = with_crds("stalllate").await?;
-    let _operator = Operator::start(&ns.name, &[])?;
+    let operator = Operator::start(&ns.name, &[])?;
     let kubelet = FakeKubelet::start(
         client.clone(),
         &ns.name,
@@ -1280,6 +1285,22 @@ async fn a_stalled_job_meets_its_deadline_and_no_pod_let_go_of_lingers() -> Resu
     assert_eq!(reason.reason, "DeadlineExceeded");
     assert!(reason.message.contains("PoolNotFound"), "{reason:?}");
     assert!(failed.completion_time.is_some());
+    // Ended, it blocks nothing and runs nothing: the blocked gauge and the running sessions it
+    // had stalled with stayed for good (FloeRolloutJobBlocked, the trainer alerts paged).
+    assert_eq!(failed.sessions.running, 0, "{:?}", failed.sessions);
+    let series = "rolloutjob=\"stuck\"";
+    eventually("the ended job's series", async || {
+        let page = operator.metrics().await?;
+        let blocked = page
+            .lines()
+            .any(|l| l.starts_with("floe_rolloutjob_blocked{") && l.contains(series));
+        let running = format!(
+            "floe_sessions{{namespace=\"{}\",rolloutjob=\"stuck\",state=\"running\"}} 0",
+            ns.name
+        );
+        Ok((!blocked && page.contains(&running)).then_some(()))
+    })
+    .await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     eventually("its pod ended", async || {
         Ok(job_pods(&pods, "stuck").await?.is_empty().then_some(()))

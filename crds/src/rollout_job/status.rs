@@ -224,7 +224,8 @@ pub struct SessionCounts {
     /// Tasks × numSamples.
     #[serde(default)]
     pub total: i32,
-    /// Waiting for a sandbox pod.
+    /// Waiting for a sandbox pod; in a finished job, sessions that never finished (those its
+    /// deadline stopped included).
     #[serde(default)]
     pub pending: i32,
     /// Assigned to a pod and not finished (a held-out round's sessions included).
@@ -233,7 +234,9 @@ pub struct SessionCounts {
     /// Finished with a reward.
     #[serde(default)]
     pub succeeded: i32,
-    /// Sessions that exhausted `backoffLimit` on infrastructure failures (no reward recorded).
+    /// Sessions that exhausted `backoffLimit` on infrastructure failures (no reward recorded),
+    /// and those the agent failed by its own doing (its grader OOM-killed, its pod evicted for
+    /// its disk), scored at `failureReward` in `rewards`.
     #[serde(default)]
     pub failed: i32,
     /// Infrastructure retries of the job's sessions so far, of done sessions too.

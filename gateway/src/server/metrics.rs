@@ -36,6 +36,9 @@ pub struct Metrics {
     delivery_errors: IntCounterVec,
 }
 
+/// The `floe_gateway_requests_total` statuses whose series exist, at 0, before any call.
+const STATUSES_FROM_THE_START: [&str; 5] = ["200", "502", "504", "stream_error", "abandoned"];
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     30.0, 60.0, 120.0, 300.0,
@@ -125,9 +128,10 @@ impl Metrics {
         // Prometheus no increase() for that call (often the pod's only one), so the per-API
         // series of successful calls, of calls the upstream failed (the denominator of the
         // upstream-error ratio: without them a pod whose only call failed reads +Inf) and of
-        // latencies exist, empty, from the start.
+        // latencies exist, empty, from the start; so do abandoned calls (a harness that gives
+        // up once a session, then succeeds, would otherwise never show an increase()).
         for api in Api::ALL.map(api_label) {
-            for status in ["200", "502", "504", "stream_error"] {
+            for status in STATUSES_FROM_THE_START {
                 requests.with_label_values(&[api, status]).inc_by(0);
             }
             upstream_seconds.with_label_values(&[api]);
@@ -347,7 +351,7 @@ mod tests {
     #[test]
     fn the_upstream_failure_series_exist_before_any_call() {
         let page = Metrics::new().expect("metrics").render();
-        for status in ["200", "502", "504", "stream_error"] {
+        for status in ["200", "502", "504", "stream_error", "abandoned"] {
             let line =
                 format!("floe_gateway_requests_total{{api=\"gemini\",status=\"{status}\"}} 0");
             assert!(page.contains(&line), "{line}");

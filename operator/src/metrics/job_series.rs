@@ -50,7 +50,7 @@ impl JobSeries {
         let results = IntCounterVec::new(
             Opts::new(
                 "floe_session_results_total",
-                "Finished session attempts of a RolloutJob by result (scored; retried or failed: infrastructure)",
+                "Finished session attempts of a RolloutJob by result (scored, the agent's own failures at failureReward included; retried or failed: infrastructure)",
             ),
             &["namespace", "rolloutjob", "result"],
         )?;

@@ -90,7 +90,7 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
     let done = (s.completed.len() + s.failed.len()) as i32;
     let total = s.total as i32;
     let running = i.running as i32;
-    let sessions = SessionCounts {
+    let mut sessions = SessionCounts {
         total,
         pending: (total - done - running).max(0),
         running,
@@ -110,6 +110,9 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
         }
     }
     let finished = matches!(phase, RolloutJobPhase::Succeeded | RolloutJobPhase::Failed);
+    if finished {
+        sessions = ended(sessions);
+    }
     RolloutJobStatus {
         phase: Some(phase),
         progress: Some(format!("{done}/{total}")),
@@ -147,6 +150,17 @@ pub fn status(i: &StatusInput, start_time: Option<Time>) -> RolloutJobStatus {
                 .filter(|_| begun || i.record_digest)
                 .map(str::to_string)
         }),
+    }
+}
+
+/// A finished job's counts: nothing runs. What ran at its deadline is stopped in the round that
+/// failed it, never scored: it stays pending (not finished), not running for good, which read
+/// as sessions the trainer did not step for (`FloeTrainerStalled`).
+pub fn ended(counts: SessionCounts) -> SessionCounts {
+    SessionCounts {
+        pending: counts.pending + counts.running,
+        running: 0,
+        ..counts
     }
 }
 
@@ -538,6 +552,29 @@ mod tests {
         assert_eq!(cond(&st, "Failed"), Some("True"));
         assert!(st.conditions.iter().all(|c| c.type_ != "Complete"));
         assert!(st.conditions[0].message.contains("final model"));
+    }
+
+    /// The round that fails a job at its deadline stops what runs: the status it writes (the
+    /// last a finished job gets) counts none running, or the dashboard and the trainer alerts
+    /// saw them run for good.
+    #[test]
+    fn a_job_failed_at_its_deadline_runs_nothing() {
+        let mut late = state(4);
+        late.completed.insert(0);
+        late.deadline_exceeded = true;
+        let st = status(&input(&late, None, 2), None);
+        assert_eq!(st.phase, Some(RolloutJobPhase::Failed));
+        assert_eq!(
+            (
+                st.sessions.running,
+                st.sessions.pending,
+                st.sessions.succeeded
+            ),
+            (0, 3, 1)
+        );
+        // Before the deadline, they run.
+        late.deadline_exceeded = false;
+        assert_eq!(status(&input(&late, None, 2), None).sessions.running, 2);
     }
 
     #[test]

@@ -18,7 +18,8 @@ use kube::{Api, ResourceExt};
 use super::own_pod::trainer_endpoint;
 use super::pod_writes::{delete_pod, release_all};
 use super::{JobContext, JobError};
-use crate::rollout::{aux_pods, summary};
+use crate::metrics::Kind;
+use crate::rollout::{aux_pods, status, summary};
 
 /// A deleted job: its pods' finalizers come off (garbage collection deletes them); the
 /// finalizer helper then removes the job's own.
@@ -54,6 +55,14 @@ pub(super) async fn finished(
         &job.name_any(),
         crate::rollout::job_state::pool_label(job),
     );
+    // What the round that ended it published stays until the job goes: an ended job blocks
+    // nothing and runs nothing (its deadline stopped what ran), whatever that round said.
+    ctx.metrics
+        .set_blocked(Kind::RolloutJob, ns, &job.name_any(), None);
+    if let Some(st) = &job.status {
+        ctx.metrics
+            .set_sessions(ns, &job.name_any(), &status::ended(st.sessions.clone()));
+    }
     // Pods stopped at a deadline end after the job did: let them go too.
     release_all(ctx, job, ns).await?;
     // The job's own pods end with it; a job due for deletion (its TTL) waits for none.

@@ -355,61 +355,98 @@ async fn report_folds(job: &RolloutJob, ctx: &JobContext, decided: &JobPlan) {
         h.rounds.get(h.slot(index)?.0).map(|r| r.step)
     };
     for (pod, fold) in &decided.folds {
-        let (index, result) = match fold {
-            Fold::Scored { index, .. } => (*index, SessionResult::Scored),
-            Fold::Retry { index, .. } => (*index, SessionResult::Retried),
-            Fold::Failed { index, .. } => (*index, SessionResult::Failed),
-        };
-        let step = held_out_step(index);
+        let step = held_out_step(fold_index(fold));
+        let said = fold_said(job, pod, fold, step);
         if step.is_none() {
-            ctx.metrics.session_result(&ns, &name, result);
+            ctx.metrics.session_result(&ns, &name, said.result);
         }
-        let session = match step {
-            Some(step) => format!("held-out session {index} (the round at step {step})"),
-            None => format!("session {index}"),
-        };
-        match fold {
-            Fold::Scored { index, reward } => {
-                tracing::info!(job = %job.name_any(), %pod, index, reward, "session scored");
+        if let Fold::Scored { index, reward } = fold {
+            tracing::info!(job = %name, %pod, index, reward, "session scored");
+        }
+        if let Some((reason, note)) = said.event {
+            if let Fold::Retry { index, reason, .. } = fold {
+                tracing::warn!(job = %name, %pod, index, "session retried: {reason}");
             }
-            Fold::Retry {
-                next_attempt,
-                reason,
-                ..
-            } => {
-                tracing::warn!(job = %job.name_any(), %pod, index, "session retried: {reason}");
-                ctx.event(
-                    job,
-                    EventType::Warning,
-                    "SessionRetried",
-                    format!("{session} (pod {pod}) failed: {reason}; attempt {next_attempt} follows on a fresh pod"),
+            ctx.event(job, EventType::Warning, reason, note).await;
+        }
+    }
+}
+
+fn fold_index(fold: &Fold) -> u32 {
+    match fold {
+        Fold::Scored { index, .. } | Fold::Retry { index, .. } | Fold::Failed { index, .. } => {
+            *index
+        }
+    }
+}
+
+/// What a fold says: its result for `floe_session_results_total`, and its Warning Event.
+struct FoldSaid {
+    result: SessionResult,
+    event: Option<(&'static str, String)>,
+}
+
+/// `step`: the held-out round's step when the session is one of that round's.
+fn fold_said(job: &RolloutJob, pod: &str, fold: &Fold, step: Option<u64>) -> FoldSaid {
+    let session = match step {
+        Some(step) => format!(
+            "held-out session {} (the round at step {step})",
+            fold_index(fold)
+        ),
+        None => format!("session {}", fold_index(fold)),
+    };
+    match fold {
+        Fold::Scored { .. } => FoldSaid {
+            result: SessionResult::Scored,
+            event: None,
+        },
+        Fold::Retry {
+            next_attempt,
+            reason,
+            ..
+        } => FoldSaid {
+            result: SessionResult::Retried,
+            event: Some((
+                "SessionRetried",
+                format!("{session} (pod {pod}) failed: {reason}; attempt {next_attempt} follows on a fresh pod"),
+            )),
+        },
+        Fold::Failed {
+            reason,
+            agent_fault,
+            ..
+        } => {
+            let outcome = match (step, agent_fault) {
+                (Some(_), _) => {
+                    "an infrastructure failure of its round, out of its pass rate".to_string()
+                }
+                (None, true) => format!(
+                    "scored failureReward {}",
+                    job.spec.evaluator.reward.failure_reward
+                ),
+                (None, false) => "no reward recorded".to_string(),
+            };
+            let how = if *agent_fault {
+                "failed without a retry, as the agent's own doing".to_string()
+            } else {
+                format!(
+                    "failed after backoffLimit {} retries",
+                    job.spec.backoff_limit
                 )
-                .await;
-            }
-            Fold::Failed {
-                reason,
-                agent_fault,
-                ..
-            } => {
-                let outcome = match step {
-                    Some(_) => "an infrastructure failure of its round, out of its pass rate",
-                    None => "no reward recorded",
-                };
-                let how = if *agent_fault {
-                    "failed without a retry, as the agent's own doing".to_string()
+            };
+            FoldSaid {
+                // The agent's own failure is scored at `failureReward` (status.rewards, the
+                // trainer): counted with infrastructure's failures it paged as one, and the
+                // reward summary's count ran ahead of the scored results.
+                result: if *agent_fault {
+                    SessionResult::Scored
                 } else {
-                    format!(
-                        "failed after backoffLimit {} retries",
-                        job.spec.backoff_limit
-                    )
-                };
-                ctx.event(
-                    job,
-                    EventType::Warning,
+                    SessionResult::Failed
+                },
+                event: Some((
                     "SessionFailed",
                     format!("{session} (pod {pod}) {how}: {reason}; {outcome}"),
-                )
-                .await;
+                )),
             }
         }
     }
@@ -457,8 +494,14 @@ pub(super) async fn blocked(
         },
         previous.and_then(|s| s.start_time.clone()),
     );
+    let sessions = previous.map(|p| p.sessions.clone()).unwrap_or_default();
     let st = RolloutJobStatus {
-        sessions: previous.map(|p| p.sessions.clone()).unwrap_or_default(),
+        // Failed at its deadline, it stops what ran.
+        sessions: if st.completion_time.is_some() {
+            status::ended(sessions)
+        } else {
+            sessions
+        },
         progress: previous.and_then(|p| p.progress.clone()),
         ..st
     };
@@ -471,7 +514,8 @@ pub(super) async fn blocked(
         Kind::RolloutJob,
         &job.namespace().unwrap_or_default(),
         &job.name_any(),
-        (!blocked.transient).then_some(blocked.reason.as_str()),
+        // A job failed at its deadline is no longer blocked: it has ended.
+        (!blocked.transient && st.completion_time.is_none()).then_some(blocked.reason.as_str()),
     );
     let was = previous
         .and_then(|p| p.conditions.iter().find(|c| c.type_ == "Stalled"))
@@ -594,6 +638,62 @@ fn begins(previous: Option<&RolloutJobStatus>, decided: &JobPlan) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job() -> RolloutJob {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "j", "namespace": "ml"},
+            "spec": {"tasks": {"inline": [{"id": "a", "instruction": "x"}]},
+                     "pool": "p", "numSamples": 1, "harness": {"preset": "pi"}, "backoffLimit": 2,
+                     "evaluator": {"command": ["true"], "reward": {"failureReward": -1.0}}},
+        }))
+        .expect("job")
+    }
+
+    /// A session the agent failed by its own doing (its grader OOM-killed, its pod evicted
+    /// for its disk) was scored at `failureReward`: a scored result, and its Event says so;
+    /// only infrastructure's give-ups count as failed, which pages.
+    #[test]
+    fn the_agents_own_failure_is_a_scored_result_and_its_event_says_its_reward() {
+        let failed = |agent_fault| Fold::Failed {
+            index: 3,
+            reason: "OOMKilled".into(),
+            agent_fault,
+            attempt: 0,
+        };
+        let own = fold_said(&job(), "pod-a", &failed(true), None);
+        assert!(matches!(own.result, SessionResult::Scored));
+        let (reason, note) = own.event.expect("an Event");
+        assert_eq!(reason, "SessionFailed");
+        assert!(note.contains("as the agent's own doing"), "{note}");
+        assert!(note.ends_with("scored failureReward -1"), "{note}");
+        assert!(!note.contains("no reward"), "{note}");
+
+        let infra = fold_said(&job(), "pod-a", &failed(false), None);
+        assert!(matches!(infra.result, SessionResult::Failed));
+        let (_, note) = infra.event.expect("an Event");
+        assert!(
+            note.contains("backoffLimit 2") && note.ends_with("no reward recorded"),
+            "{note}"
+        );
+
+        let held_out = fold_said(&job(), "pod-a", &failed(false), Some(4));
+        let (_, note) = held_out.event.expect("an Event");
+        assert!(
+            note.starts_with("held-out session 3 (the round at step 4)"),
+            "{note}"
+        );
+        let scored = fold_said(
+            &job(),
+            "pod-a",
+            &Fold::Scored {
+                index: 3,
+                reward: 1.0,
+            },
+            None,
+        );
+        assert!(matches!(scored.result, SessionResult::Scored) && scored.event.is_none());
+    }
 
     /// The digest goes into the status written before a round's first claims, not after them.
     #[test]
