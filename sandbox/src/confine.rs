@@ -213,7 +213,9 @@ impl Confinement {
         }
         push(&mut args, ["--ro-bind", &s(&self.floe), FLOE_INSIDE]);
         if let (true, Some(route)) = (access.model_api, &self.gateway) {
-            push(&mut args, ["--bind", &s(&route.socket), SOCKET_INSIDE]);
+            // Read-only: `connect()` needs no writable mount, and one run's socket serves every
+            // session, so an agent that owns it (the sandbox user) must not chmod it shut.
+            push(&mut args, ["--ro-bind", &s(&route.socket), SOCKET_INSIDE]);
         }
         push(&mut args, ["--chdir", &s(cwd)]);
         args
@@ -448,6 +450,9 @@ mod tests {
                 "fix it"
             ]
         );
+        // The run's one gateway socket, which no session may chmod shut for the others.
+        let socket = position(&wrapped.args, &[SOCKET_INSIDE]);
+        assert_eq!(wrapped.args[socket - 2], "--ro-bind", "{:?}", wrapped.args);
         // Logs, environment and timeout are the runner's, outside the sandbox.
         assert_eq!(wrapped.stdout, spec().stdout);
         assert_eq!(wrapped.env, spec().env);
