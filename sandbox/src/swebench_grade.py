@@ -11,15 +11,24 @@ import re
 import sys
 import tempfile
 
+# The answer's own channel: some of swebench's parsers print (maven's warns of a test with no
+# BUILD line, on every line fed alone below), and stdout must hold the answer only.
+ANSWER = sys.stdout
+sys.stdout = sys.stderr
+
 
 def answer(value):
-    json.dump(value, sys.stdout)
-    sys.stdout.write("\n")
+    json.dump(value, ANSWER)
+    ANSWER.write("\n")
+    ANSWER.flush()
 
 
 # unittest's failure summary, `FAIL: test_x (m.C)` (Python 3.11 on: `(m.C.test_x)`), which
 # swebench's Django parser files under `test_x` alone.
 UNITTEST_SUMMARY = re.compile(r"^(?:FAIL|ERROR): (\S+) \(([^()\s]+)\)")
+# sympy's failure header, `___ sympy/core/tests/test_x.py:test_foo ___`, which its parser files
+# under the path while the instances' lists name `test_foo` alone.
+SYMPY_HEADER = re.compile(r"^_+ \S+\.py:(\S+) _+$")
 
 
 def tested_section(parser, log, spec, start, end):
@@ -41,12 +50,21 @@ def reported_failing(parser, log, spec):
     under the `name (Class)` key result lines use before Python 3.11 and the
     `name (Class.name)` one they use since), sorted."""
     failing = set()
-    for line in log.splitlines():
+    lines = log.splitlines()
+    for at, line in enumerate(lines):
         summary = UNITTEST_SUMMARY.match(line.strip())
         if summary:
             name, where = summary.groups()
             failing.add(f"{name} ({where})")
             failing.add(f"{name} ({where.removesuffix('.' + name)})")
+            # A test with a docstring: unittest gives its first line under the summary, the
+            # name Django's parser (and so the instance's lists) know the test by.
+            following = lines[at + 1].strip() if at + 1 < len(lines) else ""
+            if following and not following.startswith(("---", "===", "Traceback")):
+                failing.add(following)
+        header = SYMPY_HEADER.match(line.strip())
+        if header:
+            failing.add(header.group(1))
         try:
             statuses = parser(line, spec) or {}
         except Exception:  # noqa: BLE001 - a parser that needs more than one line

@@ -405,6 +405,27 @@ async fn infra_error_of_the_fix(
     Ok(s["error"].as_str().unwrap_or_default().to_string())
 }
 
+/// swebench's maven parser prints a warning on stdout for a line naming a test without its
+/// `BUILD` result, as floe feeds it each line alone: the bridge's answer, its stdout, was no
+/// JSON, and every gson, druid or javaparser instance unscored.
+#[tokio::test]
+async fn a_parser_that_prints_leaves_the_bridges_answer_whole() -> Result<()> {
+    let install = swe::install_dir()?;
+    let bridge = floe_sandbox::swebench_grade::Bridge::Python(install.join("venv/bin/python"));
+    let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "google__gson-1", "repo": "google/gson", "version": "2.10",
+        "logParser": "parse_log_maven", "failToPass": ["A#x"], "passToPass": [],
+        "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    let log = "+ : '>>>>> Start Test Output'\n+ mvn test -Dtest=A#x\n[INFO] BUILD SUCCESS\n\
+               + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n";
+    let graded = bridge
+        .grade(&grading, "#!/bin/bash\n", log)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!((graded.read, graded.resolved), (true, true));
+    Ok(())
+}
+
 /// Logs the code under test forged, graded through floe's bridge by the real `swebench`: the
 /// Django runner says `FAIL`, and the agent's exit hook prints a pass of its own after it, in
 /// the two shapes swebench's Django parser reads as the test's last word (`name ... x` then
@@ -473,6 +494,53 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         (true, false),
         "Python 3.11 names"
     );
+    // A test with a docstring is listed by its docstring's first line, which unittest's
+    // summary gives on the line under the failure: the code under test printing `x`, then
+    // `ok`, passed it.
+    let docstring: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "django__django-3", "repo": "django/django", "version": "4.0",
+        "logParser": "parse_log_django", "failToPass": ["Docstring."],
+        "passToPass": ["test_y (m.C)"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    for (body, code, resolved) in [
+        (
+            "test_x (m.C)\nDocstring. ... ok\ntest_y (m.C) ... ok\nRan 2 tests\nOK\n",
+            0,
+            true,
+        ),
+        (
+            "test_x (m.C)\nDocstring. ... x\nok\nFAIL\ntest_y (m.C) ... ok\n======\n\
+             FAIL: test_x (m.C)\nDocstring.\n------\nRan 2 tests\nFAILED (failures=1)\n",
+            1,
+            false,
+        ),
+    ] {
+        let graded = bridge
+            .grade(&docstring, "#!/bin/bash\n", &log(body, code))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!((graded.read, graded.resolved), (true, resolved), "{body}");
+    }
+    // sympy's runner prints a test's name, then its result: a test printing `ok` was read as
+    // passed, its runner's `F` on a line of its own, and its failure header names the path.
+    let sympy: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "sympy__sympy-1", "repo": "sympy/sympy", "version": "1.1",
+        "logParser": "parse_log_sympy", "failToPass": ["test_foo"],
+        "passToPass": ["test_bar"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    for (body, code, resolved) in [
+        ("test_foo ok\ntest_bar ok\n", 0, true),
+        (
+            "test_foo ok\nF\ntest_bar ok\n___ sympy/core/tests/test_x.py:test_foo ___\n\
+             AssertionError\n",
+            1,
+            false,
+        ),
+    ] {
+        let graded = bridge
+            .grade(&sympy, "#!/bin/bash\n", &log(body, code))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!((graded.read, graded.resolved), (true, resolved), "{body}");
+    }
     // What the eval script prints before the tests (`git show`: the base commit's message,
     // indented) is no test's result: a message quoting a failure fails nothing.
     let honest = format!(
