@@ -719,6 +719,69 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
     Ok(())
 }
 
+/// A Messages call ending in the assistant's words (a prefill) is continued, as Anthropic
+/// does: the prompt vLLM sampled from is the conversation rendered with that turn left open,
+/// not closed and followed by a new assistant turn (another question); count_tokens agrees.
+#[tokio::test]
+async fn an_anthropic_prefill_is_continued_by_the_real_vllm() -> Result<()> {
+    let gw = TestGateway::start(&vllm().url, 16).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("anthropic-prefill", "t", 0).await?;
+    let messages = json!([{"role": "user", "content": "What is 2+2?"},
+                          {"role": "assistant", "content": "The answer is"}]);
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 8, "temperature": 1.0,
+                      "messages": messages});
+    let resp = http
+        .post(format!("{}/v1/messages", gw.url))
+        .header("x-api-key", &token)
+        .json(&body)
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    let mut count_body = body.clone();
+    count_body.as_object_mut().map(|m| m.remove("max_tokens"));
+    let counted: Value = http
+        .post(format!("{}/v1/messages/count_tokens", gw.url))
+        .header("x-api-key", &token)
+        .json(&count_body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    gw.close("anthropic-prefill").await?;
+    let capture = read_session(&gw.session_dir("anthropic-prefill"))?;
+    let record = capture.records.first().context("the call's record")?;
+    let rendered = |continued: bool| {
+        let body = json!({"model": "policy", "messages": messages,
+                          "add_generation_prompt": !continued, "continue_final_message": continued});
+        let http = http.clone();
+        async move {
+            let r: Value = http
+                .post(format!("{}/tokenize", vllm().url))
+                .json(&body)
+                .send()
+                .await?
+                .json()
+                .await?;
+            serde_json::from_value::<Vec<u32>>(r["tokens"].clone())
+                .with_context(|| format!("tokenize answered {r}"))
+        }
+    };
+    let (open, answered_anew) = (rendered(true).await?, rendered(false).await?);
+    assert_ne!(open, answered_anew);
+    assert_eq!(
+        record.prompt_token_ids, open,
+        "the prefill's turn left open"
+    );
+    assert_eq!(
+        counted["input_tokens"].as_u64(),
+        Some(open.len() as u64),
+        "{counted}"
+    );
+    check_token_alignment(record, 16);
+    Ok(())
+}
+
 #[tokio::test]
 async fn openai_responses_round_trip_through_vllm_with_capture() -> Result<()> {
     let gw = TestGateway::start(&vllm().url, 16).await?;

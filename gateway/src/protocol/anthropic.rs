@@ -41,6 +41,7 @@ fn text_blocks(content: &Value, what: &str) -> Result<String, ProtocolError> {
                     .map(str::to_owned)
                     .ok_or_else(|| invalid(format!("{what}: text block without text"))),
                 Some("image") => Ok(super::media::TOOL_RESULT_IMAGE_NOTE.to_string()),
+                Some("document") => Ok(super::media::TOOL_RESULT_FILE_NOTE.to_string()),
                 _ => Ok(String::new()),
             })
             .collect::<Result<Vec<_>, _>>()
@@ -131,9 +132,14 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
                             let id = b["tool_use_id"].as_str().ok_or_else(|| {
                                 invalid(format!("messages[{i}]: tool_result without tool_use_id"))
                             })?;
-                            let mut content = b["content"].as_array().into_iter().flatten();
-                            if content.any(|c| c["type"] == "image") {
-                                dropped.push("tool_result_image".to_string());
+                            for c in b["content"].as_array().into_iter().flatten() {
+                                match c["type"].as_str() {
+                                    Some("image") => dropped.push("tool_result_image".to_string()),
+                                    Some("document") => {
+                                        dropped.push("tool_result_file".to_string())
+                                    }
+                                    _ => {}
+                                }
                             }
                             let mut text = text_blocks(
                                 &b["content"],
@@ -153,7 +159,12 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
                                 )))
                             }
                         },
-                        Some("document") => dropped.push("document".to_string()),
+                        // Told, not left to think it read the file.
+                        Some("document") => {
+                            dropped.push("document".to_string());
+                            parts
+                                .push(json!({"type": "text", "text": super::media::DOCUMENT_NOTE}));
+                        }
                         other => {
                             return Err(invalid(format!(
                                 "messages[{i}]: user block type {other:?} is not supported"
@@ -227,8 +238,17 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
     if !system.is_empty() {
         out.insert(0, json!({"role": "system", "content": system.join("\n\n")}));
     }
+    // A conversation that ends in the assistant's words is a prefill: Anthropic continues it.
+    // vLLM's default closes that turn and opens a new one, answering another question.
+    let prefill = out
+        .last()
+        .is_some_and(|m| m["role"] == "assistant" && m.get("tool_calls").is_none());
     let mut request = Map::new();
     request.insert("messages".into(), Value::Array(out));
+    if prefill {
+        request.insert("continue_final_message".into(), true.into());
+        request.insert("add_generation_prompt".into(), false.into());
+    }
     match req.get("max_tokens").and_then(Value::as_u64) {
         Some(max_tokens) => {
             request.insert("max_tokens".into(), max_tokens.into());
@@ -573,6 +593,41 @@ mod tests {
             )
         );
         assert_eq!(n.dropped, ["tool_result_image"]);
+    }
+
+    /// A last assistant message is a prefill, continued, not closed and answered anew.
+    #[test]
+    fn a_prefill_is_continued() {
+        let n = norm(json!({"max_tokens": 10, "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "The answer is"}]}));
+        assert_eq!(n.request["continue_final_message"], true);
+        assert_eq!(n.request["add_generation_prompt"], false);
+        let n = norm(json!({"max_tokens": 10, "messages": [{"role": "user", "content": "2+2?"}]}));
+        assert!(n.request.get("continue_final_message").is_none());
+        assert!(n.request.get("add_generation_prompt").is_none());
+    }
+
+    /// Claude Code answers a Read of a PDF with a text block and a `document` block: the model
+    /// was told the read worked and saw none of it, and nothing was counted.
+    #[test]
+    fn a_document_in_a_tool_result_or_from_the_user_becomes_a_note_and_is_counted() {
+        use crate::protocol::media::{DOCUMENT_NOTE, TOOL_RESULT_FILE_NOTE};
+        let pdf = json!({"type": "document", "source": {"type": "base64",
+                         "media_type": "application/pdf", "data": "JVBERi0="}});
+        let n = norm(json!({"max_tokens": 10, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "text", "text": "PDF file read: a.pdf (12 KB)"}, pdf.clone()]},
+                pdf, {"type": "text", "text": "and this one?"}]}]}));
+        let m = &n.request["messages"];
+        assert_eq!(
+            m[2]["content"],
+            format!("PDF file read: a.pdf (12 KB)\n{TOOL_RESULT_FILE_NOTE}")
+        );
+        assert_eq!(m[3]["content"], format!("{DOCUMENT_NOTE}\nand this one?"));
+        assert_eq!(n.dropped, ["tool_result_file", "document"]);
     }
 
     #[test]

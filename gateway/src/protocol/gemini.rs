@@ -97,7 +97,25 @@ pub fn normalize_value(
                                 .and_then(VecDeque::pop_front)
                                 .unwrap_or_else(|| format!("call_{name}_{i}_{k}")),
                         };
-                        out.push(json!({"role": "tool", "tool_call_id": id, "content": fr["response"].to_string()}));
+                        // A multimodal response's files (Gemini CLI's read of an image, for a
+                        // gemini-3 model) ride in its `parts`: told, and counted, as the other
+                        // APIs' are.
+                        let mut content = vec![fr["response"].to_string()];
+                        for part in fr["parts"].as_array().into_iter().flatten() {
+                            let image = part["inlineData"]["mimeType"]
+                                .as_str()
+                                .or_else(|| part["fileData"]["mimeType"].as_str())
+                                .is_some_and(|m| m.starts_with("image/"));
+                            let (note, what) = if image {
+                                (super::media::TOOL_RESULT_IMAGE_NOTE, "tool_result_image")
+                            } else {
+                                (super::media::TOOL_RESULT_FILE_NOTE, "tool_result_file")
+                            };
+                            content.push(note.to_string());
+                            dropped.push(what.to_string());
+                        }
+                        let content = super::join_texts(content.iter().map(String::as_str));
+                        out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                     } else if let Some(t) = p["text"].as_str() {
                         texts.push(t.to_string());
                     } else if let Some(d) = p.get("inlineData") {
@@ -495,6 +513,30 @@ mod tests {
             n.request["chat_template_kwargs"],
             json!({"enable_thinking": false})
         );
+    }
+
+    /// Gemini CLI puts a file it read in the `functionResponse`'s own `parts` for a gemini-3
+    /// model, its `response` saying only "Binary content provided": the file vanished without
+    /// a word or a count.
+    #[test]
+    fn files_in_a_function_response_become_notes_and_are_counted() {
+        use crate::protocol::media::{TOOL_RESULT_FILE_NOTE, TOOL_RESULT_IMAGE_NOTE};
+        let body = json!({"contents": [
+            {"role": "user", "parts": [{"text": "look"}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "read_file",
+                "response": {"output": "Binary content provided (2 item(s))."},
+                "parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
+                          {"inlineData": {"mimeType": "application/pdf", "data": "JVBERi0="}}]}}]}]});
+        let n =
+            normalize(body.to_string().as_bytes(), "gemini-3-pro-preview", false).expect("valid");
+        assert_eq!(
+            n.request["messages"][2]["content"],
+            format!(
+                "{{\"output\":\"Binary content provided (2 item(s)).\"}}\n{TOOL_RESULT_IMAGE_NOTE}\n{TOOL_RESULT_FILE_NOTE}"
+            )
+        );
+        assert_eq!(n.dropped, ["tool_result_image", "tool_result_file"]);
     }
 
     #[test]

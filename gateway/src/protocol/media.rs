@@ -28,6 +28,14 @@ const MEDIA: &[(&str, &str)] = &[
 pub const TOOL_RESULT_IMAGE_NOTE: &str =
     "[image omitted: an image in a tool result is not passed to the model]";
 
+/// The same for any other file in a tool result (Claude Code answers a Read of a PDF with a
+/// `document` block; Gemini CLI puts a read file in its `functionResponse.parts`).
+pub const TOOL_RESULT_FILE_NOTE: &str =
+    "[file omitted: a file in a tool result is not passed to the model]";
+
+/// A document the user attached, which no Chat Completions message can carry.
+pub const DOCUMENT_NOTE: &str = "[document omitted: a document is not passed to the model]";
+
 /// What a media part of a train job's call becomes.
 pub const TEXT_ONLY_NOTE: &str =
     "[media omitted: this model is being trained on text only, so it is not shown media]";

@@ -28,17 +28,19 @@ fn invalid(msg: impl Into<String>) -> ProtocolError {
 }
 
 /// Text of a message's content: a string, or parts with `text` (an image as a note: where this
-/// is read, a tool's output among them, Chat Completions holds text only).
+/// is read, a tool's output among them, Chat Completions holds text only), a line apart as
+/// the other APIs' parts are ([`super::join_texts`]): Codex sends its developer and context
+/// messages as several `input_text` parts, which ran together (`…</permissions
+/// instructions><collaboration_mode>…`).
 fn parts_text(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| match p["type"].as_str() {
+        Value::Array(parts) => {
+            super::join_texts(parts.iter().filter_map(|p| match p["type"].as_str() {
                 Some("input_image") => Some(super::media::TOOL_RESULT_IMAGE_NOTE),
                 _ => p["text"].as_str(),
-            })
-            .collect(),
+            }))
+        }
         _ => String::new(),
     }
 }
@@ -503,13 +505,15 @@ mod tests {
             "model": "gpt-5-codex", "instructions": "You are Codex.", "stream": true, "store": false,
             "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "medium", "summary": "auto"},
             "input": [
-                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>"}]},
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>"},
+                                                                      {"type": "input_text", "text": "<collaboration_mode>"}]},
                 {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
                 {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}], "encrypted_content": "gAAA"},
                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Running tests."}]},
                 {"type": "function_call", "call_id": "call_1", "name": "shell", "arguments": "{\"command\":[\"ls\"]}"},
                 {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"},
-                {"type": "function_call_output", "call_id": "call_1", "output": "a.py"},
+                {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "a.py"},
+                                                                                  {"type": "input_text", "text": "b.py"}]},
                 {"type": "custom_tool_call_output", "call_id": "call_2", "output": "Done"}],
             "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}},
                       {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
@@ -522,7 +526,7 @@ mod tests {
         let m = &n.request["messages"];
         assert_eq!(
             m[0],
-            json!({"role": "system", "content": "You are Codex.\n\n<permissions>"})
+            json!({"role": "system", "content": "You are Codex.\n\n<permissions>\n<collaboration_mode>"})
         );
         assert_eq!(m[1], json!({"role": "user", "content": "fix it"}));
         assert_eq!(m[2]["content"], "Running tests.");
@@ -533,7 +537,7 @@ mod tests {
         );
         assert_eq!(
             m[3],
-            json!({"role": "tool", "tool_call_id": "call_1", "content": "a.py"})
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"})
         );
         assert_eq!(m[4]["tool_call_id"], "call_2");
         let names: Vec<&str> = n.request["tools"]

@@ -3,7 +3,7 @@
 //! Every call goes upstream as a non-streaming OpenAI Chat Completions request with the
 //! server's capture switches on, so the gateway sees the server's own prompt token ids and the
 //! sampled token ids with their logprobs:
-//! - vLLM: `return_token_ids`, `logprobs`, `top_logprobs: 0`; the prompt ids come back at the
+//! - vLLM: `return_token_ids`, `logprobs`, `top_logprobs` (0 unless the caller asked); the prompt ids come back at the
 //!   top level, the sampled ids in `choices[0].token_ids`, the logprobs in OpenAI's shape.
 //! - SGLang: `return_prompt_token_ids`, `return_meta_info`, `logprobs`, `top_logprobs: 0`; the
 //!   prompt ids come back in `choices[0].prompt_token_ids`, the sampled ids with their
@@ -181,8 +181,15 @@ pub fn finalize_request(
             body.insert("return_meta_info".into(), true.into());
         }
     }
+    // A Chat caller's own alternatives (`top_logprobs` with `logprobs: true`, at most 20, as
+    // OpenAI takes) change nothing sampled: passed on, not answered with empty lists.
+    let callers_top = body
+        .get("top_logprobs")
+        .and_then(Value::as_u64)
+        .filter(|n| (1..=20).contains(n) && body.get("logprobs") == Some(&Value::Bool(true)))
+        .unwrap_or(0);
     body.insert("logprobs".into(), true.into());
-    body.insert("top_logprobs".into(), 0.into());
+    body.insert("top_logprobs".into(), callers_top.into());
     Ok(Finalized {
         request: Value::Object(body),
         dropped_sampling,
@@ -390,6 +397,17 @@ mod tests {
             ),
             (&json!(true), &json!(true), &json!(true), &json!(0))
         );
+        // A caller's own `top_logprobs` goes on with its `logprobs`, never alone or past 20.
+        for (asked, sent) in [
+            (json!({"logprobs": true, "top_logprobs": 5}), 5),
+            (json!({"top_logprobs": 5}), 0),
+            (json!({"logprobs": true, "top_logprobs": 50}), 0),
+        ] {
+            let mut body = asked.as_object().cloned().unwrap_or_default();
+            body.insert("messages".into(), json!([]));
+            let out = finalize_request(body, &l).expect("ok").request;
+            assert_eq!(out["top_logprobs"], sent, "{asked}");
+        }
         // vLLM's spelling is not sent to SGLang.
         assert!(out.get("return_token_ids").is_none());
         assert_eq!("SGLang".parse(), Ok(UpstreamKind::Sglang));

@@ -290,7 +290,10 @@ async fn count_tokens(
         let upstream = &session.upstream;
         // Counted as the call would send it: refused, or its media made a note, as there.
         let request = crate::protocol::upstream::finalize_request(normalize(&body)?.request, &upstream.limits)?.request;
-        let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": request["messages"], "add_generation_prompt": true});
+        // A prefill (continued, not answered anew) renders without a new turn's prompt.
+        let continued = request["continue_final_message"] == json!(true);
+        let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": request["messages"],
+                                  "add_generation_prompt": !continued, "continue_final_message": continued});
         if let Some(tools) = request.get("tools") {
             tokenize["tools"] = tools.clone();
         }
