@@ -27,6 +27,10 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::disk_budget::{self, Budget, Holder};
 use crate::process::{self, CommandSpec, Exit, Finished};
 
+/// The kubelet's termination-message file in the agent container: writable for all, on the
+/// node's disk, counted by no ephemeral-storage limit ([`disk_budget::held_exceeded`]).
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
 /// What the grader tells the supervisor: the one command to run.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Order {
@@ -194,7 +198,10 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
                     root: std::process::id(),
                     cgroup_procs: None,
                 };
-                Ended::OverDisk(disk_budget::held_exceeded(watch.roots, budget, holder).await)
+                let beside = vec![std::path::PathBuf::from(TERMINATION_LOG)];
+                Ended::OverDisk(
+                    disk_budget::held_exceeded(watch.roots, beside, budget, holder).await,
+                )
             }
             None => std::future::pending().await,
         }
@@ -216,6 +223,8 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
             if let Some(Ended::OverDisk(why)) = ended {
                 tracing::warn!("the harness was stopped: {why}");
                 over_disk = Some(why);
+                // What it wrote there stays on the node's disk until the pod goes.
+                disk_budget::empty_files(&[std::path::PathBuf::from(TERMINATION_LOG)]);
             }
             finished
         }

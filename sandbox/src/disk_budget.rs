@@ -128,14 +128,47 @@ pub async fn watch(roots: Vec<PathBuf>, bytes: Option<u64>, holder: Option<Holde
 /// a container whose CPU the agent cannot take; here they are walked only while some file is
 /// held, to add the two. Such a file escapes the kubelet too (it measures volumes and a
 /// container's layer by their names), so without this an agent could fill the node's disk.
-pub async fn held_exceeded(roots: Vec<PathBuf>, budget: Budget, holder: Holder) -> String {
-    first_failed_check(
-        move || match unlinked_but_open(&holder, &FileSystems::OnDisk)? {
+///
+/// `beside`: files the agent may write outside the trees, counted too, and emptied when the
+/// budget is passed: the kubelet's termination-message file, which it bind-mounts writable
+/// for all at `/dev/termination-log` in every container and no ephemeral-storage limit counts
+/// (kubernetes/kubernetes#122224), so an agent could fill the node through it.
+pub async fn held_exceeded(
+    roots: Vec<PathBuf>,
+    beside: Vec<PathBuf>,
+    budget: Budget,
+    holder: Holder,
+) -> String {
+    first_failed_check(move || {
+        let held = unlinked_but_open(&holder, &FileSystems::OnDisk)?
+            .saturating_add(beside.iter().map(|f| allocated(f)).sum::<u64>());
+        match held {
             0 => Ok(()),
             held => within(measure(&roots, budget)?, held, budget),
-        },
-    )
+        }
+    })
     .await
+}
+
+/// What a regular file at `path` takes on disk (0 for anything else, or nothing there).
+fn allocated(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .map_or(0, |m| m.blocks().saturating_mul(512))
+}
+
+/// Empties each regular file of `files` (the ones [`held_exceeded`] counts beside the trees).
+pub fn empty_files(files: &[PathBuf]) {
+    for f in files {
+        if std::fs::metadata(f).is_ok_and(|m| m.is_file()) {
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(f);
+        }
+    }
 }
 
 /// `check`, every [`CHECK_EVERY`] on a blocking thread, until it fails: its reason.
@@ -155,7 +188,8 @@ where
 fn within(usage: Usage, held: u64, budget: Budget) -> Result<(), String> {
     if usage.bytes.saturating_add(held) > budget.bytes {
         return Err(format!(
-            "more than {} bytes on disk, {held} of them in files deleted but still open",
+            "more than {} bytes on disk, {held} of them in files deleted but still open or \
+             outside the workspace and home",
             budget.bytes
         ));
     }
@@ -308,6 +342,33 @@ mod tests {
             root,
             cgroup_procs: None,
         }
+    }
+
+    /// A file beside the trees (a pod's `/dev/termination-log`) counts with them, and is
+    /// emptied once the budget is passed; a path that is no regular file counts nothing.
+    #[tokio::test]
+    async fn a_file_beside_the_trees_counts_and_is_emptied(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path().join("workspace");
+        std::fs::create_dir(&root)?;
+        std::fs::write(root.join("a"), vec![1u8; 256 << 10])?;
+        let log = dir.path().join("termination-log");
+        std::fs::write(&log, vec![1u8; 2 << 20])?;
+        let budget = Budget {
+            bytes: 1 << 20,
+            entries: MAX_ENTRIES,
+        };
+        let beside = vec![log.clone(), dir.path().join("absent"), root.clone()];
+        let why = tokio::time::timeout(
+            CHECK_EVERY * 3,
+            held_exceeded(vec![root], beside, budget, tree(std::process::id())),
+        )
+        .await?;
+        assert!(why.contains("outside the workspace"), "{why}");
+        empty_files(&[log.clone(), dir.path().join("absent")]);
+        assert_eq!(std::fs::metadata(&log)?.len(), 0);
+        Ok(())
     }
 
     /// A file unlinked but kept open by a process below the harness is on the disk all the

@@ -285,7 +285,13 @@ async fn run_inner<S: Stop>(
     };
     // Whatever the command left running (servers, watchers, detached children) dies with it.
     signal_group(group, Signal::SIGKILL);
-    kill_tagged(&tag);
+    // As a PID namespace's init (a pod's agent supervisor) everything else in it is the
+    // command's: killed at once, before a walk of every process's environment that hundreds
+    // of processes left busy (each with a large environment) could stretch past the grader's
+    // deadline.
+    if std::process::id() != 1 || empty_own_namespace().is_none() {
+        kill_tagged(&tag);
+    }
     let drained = |task: Option<tokio::task::JoinHandle<Copied>>| async move {
         match task {
             Some(t) => tokio::time::timeout(Duration::from_secs(5), t)
