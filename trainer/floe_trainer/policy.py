@@ -191,8 +191,16 @@ def sharing_hidden(model: torch.nn.Module) -> int | None:
 # chunk's worth (a second lm_head matmul per chunk: a few % of a step).
 LOGITS_CHUNK = 1024
 
-# Configs whose logits are not just ``lm_head(hidden)``: these models take the plain path.
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+# Configs whose logits are not just ``lm_head(hidden)``: these models take the plain path
+# (Gemma's soft cap, Cohere's scale, Granite's, Falcon-H1's multiplier, Inkling's muP divisor;
+# read on a composite model's text config too, which attribute lookups do not reach).
+_LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "lm_head_multiplier",
+    "logits_mup_width_multiplier",
+)
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, chunk: int | None = None) -> torch.Tensor:
@@ -319,7 +327,11 @@ def _chunkable(model: torch.nn.Module) -> bool:
 def _chunkable_shape(model: torch.nn.Module) -> bool:
     """Logits that are just ``lm_head(decoder(...))``, with both reachable apart."""
     config = getattr(model, "config", None)
-    if config is None or any(getattr(config, k, None) for k in _LOGIT_TRANSFORMS):
+    if config is None:
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    transformed = (getattr(c, k, None) for c in (config, text) for k in _LOGIT_TRANSFORMS)
+    if any(v not in (None, 1, 1.0) for v in transformed):
         return False
     try:
         decoder, head = model.get_decoder(), model.get_output_embeddings()
@@ -347,6 +359,19 @@ def _logprobs_whole(
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 1.0 else logits / temperature
+
+
+def train_deterministically(model: torch.nn.Module) -> torch.nn.Module:
+    """``model.train()`` only where a training pass needs it: the modules with HF's
+    ``gradient_checkpointing`` switch (a model, its decoder layers), which checkpoint only in
+    training mode; every other module in eval mode, as vLLM samples and as the old log-probs and
+    the fidelity check are taken. A mixture-of-experts block in training mode samples noise
+    nothing served: Mixtral's, MiniMax's and DBRX's router jitter, PhiMoE's sparsemixer, which
+    picks experts by Gumbel sampling; :func:`without_dropout` covers dropout under any name."""
+    model.train()
+    for module in model.modules():
+        module.training = hasattr(module, "gradient_checkpointing")
+    return model
 
 
 def without_dropout(model: torch.nn.Module) -> list[str]:

@@ -28,6 +28,7 @@ from .policy import (
     sharing_hidden,
     token_logprobs,
     token_logprobs_and_entropy,
+    train_deterministically,
 )
 from .sharing import Pass, choose_passes, trie_batches
 from .wire import Trace
@@ -392,7 +393,7 @@ def train_step(
         layout = replace(layout, hidden=_sharing_checked(model, items, layout, placement, world))
     if not on_policy:
         _old_logprobs(model, items, layout, placement, world)
-    model.train()
+    train_deterministically(model)
     rng = random.Random(seed)
     all_stats: list[LossStats] = []
     first_epoch: list[LossStats] = []

@@ -566,7 +566,14 @@ class Trainer:
         # checkpoint it resumed from, then this process's. Saved with each checkpoint.
         self.steps: list[dict] = self.state.steps
         self.resumed_from_step = self.state.step
-        self.checkpointed_step = self.state.step
+        self.checkpointed = self._progress()
+
+    def _progress(self) -> tuple[int, int, int]:
+        """What a checkpoint keeps that a restart would otherwise do again: the steps, and the
+        groups taken without a step (every update's gradient not finite: the same weights, but
+        those groups must not be trained again)."""
+        s = self.state
+        return (s.step, s.groups_done, len(s.trained_sessions))
 
     def _push(self, version: int) -> None:
         """Every push: its version is recorded (synced) before vLLM may serve it, so that a
@@ -988,7 +995,7 @@ class Trainer:
         """A checkpoint of the current step, unless there is one already (a stopped trainer
         writes one, so a restart trains nothing again that it had trained). Called by the
         thread that trains, never while a step runs; the lock stays free for the ingest."""
-        if self.state.step == self.checkpointed_step or self.followers_stopped:
+        if self._progress() == self.checkpointed or self.followers_stopped:
             return
         self._tell("checkpoint")
         # A LoRA checkpoint holds the adapter alone.
@@ -1010,7 +1017,7 @@ class Trainer:
         checkpoint.save(
             self.ckpt_dir, self.model, weights, optimizer, state, self.cfg.checkpoint_keep
         )
-        self.checkpointed_step = self.state.step
+        self.checkpointed = (state.step, state.groups_done, len(state.trained_sessions))
         with self.lock:
             # Written: a restart never reads them again; this process need not remember them.
             self.settled |= settled

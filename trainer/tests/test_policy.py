@@ -95,6 +95,20 @@ def test_a_model_whose_logits_are_transformed_takes_the_whole_forward():
     model = tiny_llama()
     model.config.logit_scale = 0.5
     assert not _chunkable(model)
+    # Falcon-H1's multiplier and Inkling's muP divisor were not on the list (the chunked path
+    # took the log-softmax of other logits than the model's); neither was a composite
+    # model's text config. An identity (1.0) is no transform.
+    for key in ("lm_head_multiplier", "logits_mup_width_multiplier"):
+        model = tiny_llama()
+        setattr(model.config, key, 0.25)
+        assert not _chunkable(model), key
+        setattr(model.config, key, 1.0)
+        assert _chunkable(model), key
+    model = tiny_llama()
+    text = type(model.config)(**model.config.to_dict())
+    text.final_logit_softcapping = 30.0
+    model.config.get_text_config = lambda *a, **k: text
+    assert not _chunkable(model)
 
 
 def test_logprobs_are_of_the_tempered_distribution_the_tokens_were_sampled_from():
@@ -159,3 +173,38 @@ def test_dropout_is_off_in_training_passes_and_the_config_keeps_it():
     assert model.config.attention_dropout == 0.5, "what checkpoints save is the model's own"
     drop = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))
     assert without_dropout(drop) == ["1"] and drop[1].p == 0.0
+
+
+def test_a_training_pass_of_a_mixture_of_experts_model_samples_no_router_noise():
+    """Mixtral's router jitter and PhiMoE's sparsemixer (Gumbel sampling of the experts) run in
+    training mode: a step trained a noisily routed model vLLM never sampled, the first update's
+    ratio off 1. Only the modules that checkpoint stay in training mode."""
+    from transformers import MixtralConfig, MixtralForCausalLM, PhimoeConfig, PhimoeForCausalLM
+
+    from floe_trainer.policy import token_logprobs, train_deterministically, without_dropout
+
+    small = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
+    batch = make_batch([trace(list(range(1, 9)), [9, 10, 11], [1, 1, 1], [None] * 3)])
+    for model in (
+        MixtralForCausalLM(MixtralConfig(router_jitter_noise=0.5, **small)),
+        PhimoeForCausalLM(PhimoeConfig(router_jitter_noise=0.5, input_jitter_noise=0.5, **small)),
+    ):
+        torch.manual_seed(0)
+        without_dropout(model)
+        served = token_logprobs(model.eval(), batch)
+        noisy = token_logprobs(model.train(), batch)
+        assert not torch.allclose(noisy, served, atol=1e-6), "training mode draws noise"
+        trained = token_logprobs(train_deterministically(model), batch)
+        assert torch.allclose(trained, served, atol=1e-6), type(model).__name__
+        layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+        assert layers and all(m.training for m in layers), "they checkpoint only in training"

@@ -50,6 +50,14 @@ def test_a_step_whose_every_update_was_skipped_pushes_nothing_and_counts_them(
     assert trainer.state.groups_done == 1, "its group is not queued again"
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in before.items())
     assert trainer.metrics.skipped_updates._value.get() == 2
+    # A stop checkpoints the groups it took, though no step counted: a restart replayed them
+    # and ran the same doomed step again.
+    trainer.save_checkpoint()
+    import json
+
+    saved = json.loads((tmp_path / "state/checkpoints/ckpt-0/state.json").read_text())
+    assert sorted(saved["trained_sessions"]) == ["s-0", "s-1"]
+    assert saved["groups_done"] == 1
 
 
 def http_error(code: int) -> urllib.error.HTTPError:
