@@ -58,14 +58,64 @@ pub enum GenerateError {
 
 /// Both CRDs for the target, GatewayPool first (a RolloutJob refers to a pool).
 pub fn crds(target: Target) -> Result<Vec<CustomResourceDefinition>, GenerateError> {
+    built(target, Defaults::OutsideLists)
+}
+
+/// [`crds`] as `docs/crds.md` shows them: with the defaults of list items' fields, which the
+/// served schema leaves to the operator ([`Defaults`]).
+pub fn crds_documented() -> Result<Vec<CustomResourceDefinition>, GenerateError> {
+    built(Target::LATEST, Defaults::All)
+}
+
+/// Which schema defaults the apiserver fills. One inside a list's items (`prepare[].retries`)
+/// makes Argo CD's diff of a custom resource, which replaces a list whole, see every such list
+/// differ from Git for good (argoproj/argo-cd#11074): those are left to serde's defaults,
+/// which are the same values.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Defaults {
+    OutsideLists,
+    All,
+}
+
+fn built(
+    target: Target,
+    defaults: Defaults,
+) -> Result<Vec<CustomResourceDefinition>, GenerateError> {
     [GatewayPool::crd(), RolloutJob::crd()]
         .into_iter()
         .map(|crd| {
             let mut value = serde_json::to_value(crd)?;
             adapt_schema(&mut value, target);
+            if defaults == Defaults::OutsideLists {
+                strip_list_item_defaults(&mut value, false, false);
+            }
             Ok(serde_json::from_value(value)?)
         })
         .collect()
+}
+
+/// Removes `default` from every schema below an `items`. `properties`: `value` is a
+/// `properties` map (its keys are field names, one may be called `default`).
+fn strip_list_item_defaults(value: &mut Value, in_items: bool, properties: bool) {
+    match value {
+        Value::Object(map) => {
+            if in_items && !properties {
+                map.remove("default");
+            }
+            for (key, v) in map.iter_mut() {
+                let schema_key = !properties;
+                strip_list_item_defaults(
+                    v,
+                    in_items || (schema_key && key == "items"),
+                    schema_key && key == "properties",
+                );
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| strip_list_item_defaults(v, in_items, false)),
+        _ => {}
+    }
 }
 
 /// Both CRDs as one multi-document YAML stream.
@@ -140,6 +190,55 @@ mod tests {
 
     fn latest() -> Vec<CustomResourceDefinition> {
         crds(Target::LATEST).expect("crds")
+    }
+
+    /// No default below a list's items, where Argo CD would see the apiserver's filled-in
+    /// value as a difference from Git for good; the documented schema keeps them, and a field
+    /// named `default` is a field, not a default.
+    #[test]
+    fn no_list_item_field_has_a_schema_default() {
+        fn defaults_below_items(v: &Value, in_items: bool, properties: bool, found: &mut usize) {
+            match v {
+                Value::Object(map) => {
+                    if in_items && !properties && map.contains_key("default") {
+                        *found += 1;
+                    }
+                    for (k, v) in map {
+                        let schema_key = !properties;
+                        defaults_below_items(
+                            v,
+                            in_items || (schema_key && k == "items"),
+                            schema_key && k == "properties",
+                            found,
+                        );
+                    }
+                }
+                Value::Array(vs) => vs
+                    .iter()
+                    .for_each(|v| defaults_below_items(v, in_items, false, found)),
+                _ => {}
+            }
+        }
+        let count = |crds: Vec<CustomResourceDefinition>| {
+            let mut found = 0;
+            for crd in crds {
+                let v = serde_json::to_value(crd).expect("json");
+                defaults_below_items(&v, false, false, &mut found);
+            }
+            found
+        };
+        assert_eq!(count(latest()), 0);
+        assert!(
+            count(crds_documented().expect("crds")) > 0,
+            "prepare[].retries and others"
+        );
+        let mut field = serde_json::json!({"items": {"properties": {"default": {"type": "string",
+            "default": "x"}}}});
+        strip_list_item_defaults(&mut field, false, false);
+        assert_eq!(
+            field,
+            serde_json::json!({"items": {"properties": {"default": {"type": "string"}}}})
+        );
     }
 
     #[test]

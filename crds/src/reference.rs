@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use crate::generate::{crds, GenerateError, Target};
+use crate::generate::{crds_documented, GenerateError};
 
 /// Render the reference. `examples` are the parsed example objects (any order).
 pub fn reference_markdown(examples: &[Value]) -> Result<String, GenerateError> {
@@ -51,7 +51,7 @@ fn render(examples: &[Value]) -> Result<(String, Vec<String>), GenerateError> {
          apiserver's schema validation; the rules under *CEL rules* are enforced by the apiserver \
          on Kubernetes ≥ 1.25 and by the operator (and `floe run`) everywhere.\n",
     );
-    for crd in crds(Target::LATEST)? {
+    for crd in crds_documented()? {
         let kind = crd.spec.names.kind.clone();
         let crd = serde_json::to_value(&crd)?;
         let version = &crd["spec"]["versions"][0];

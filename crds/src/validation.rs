@@ -272,7 +272,9 @@ fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 
 /// The OpenAPI schema of one of floe's kinds, as the CRD carries it.
 pub(crate) fn schema_of(kind: &str) -> Result<serde_json::Value, FieldError> {
-    let crds = crate::generate::crds(crate::generate::Target::LATEST).map_err(|e| FieldError {
+    // With every default: a list item's, which the served schema leaves to serde, is what an
+    // older CRD's apiserver filled in for a field it pruned.
+    let crds = crate::generate::crds_documented().map_err(|e| FieldError {
         field: String::new(),
         message: format!("cannot build the CRD schema: {e}"),
     })?;
@@ -317,6 +319,18 @@ pub fn validate_rollout_job_update(
 /// (a misspelled `egress.unrestricted` would leave the pods only warning of open egress).
 pub fn validate_gateway_pool(pool: &GatewayPool) -> Result<(), ValidationError> {
     let mut errors = cel_errors(pool.validate_cel());
+    // Its pods carry its name as a label value, which holds 63 characters at most.
+    let name = pool.metadata.name.as_deref().unwrap_or_default();
+    if name.len() > POOL_NAME_MAX {
+        errors.push(FieldError {
+            field: "metadata.name".into(),
+            message: format!(
+                "a GatewayPool's name is at most {POOL_NAME_MAX} characters (its pods carry it \
+                 as a label value); this one has {}",
+                name.len()
+            ),
+        });
+    }
     errors.extend(shared_writable_mounts(&pool.spec.template, "spec.template"));
     errors.extend(pruned_fields(
         "GatewayPool",
@@ -324,6 +338,8 @@ pub fn validate_gateway_pool(pool: &GatewayPool) -> Result<(), ValidationError> 
     ));
     into_result(errors)
 }
+
+const POOL_NAME_MAX: usize = 63;
 
 /// Task ids key the GRPO groups, so they must be unique. For inline tasks the apiserver enforces
 /// this through `x-kubernetes-list-type: map`; tasks from a ConfigMap or file are checked here.
@@ -612,6 +628,40 @@ mod document_tests {
         assert!(fields.contains(&"spec.numSamples"), "{err}");
         assert!(fields.contains(&"spec.tasks.inline[0].id"), "{err}");
         assert!(fields.contains(&"spec.harness.preset"), "{err}");
+    }
+
+    /// A name Kubernetes takes but the job's Services cannot carry (a leading digit, a dot,
+    /// 56 characters) failed only at the job's first Service; the same for a pool's name past
+    /// a label value's 63 characters at its first pod.
+    #[test]
+    fn names_the_derived_objects_cannot_carry_are_refused() {
+        for (name, ok) in [
+            ("grpo-q4", true),
+            (&"a".repeat(55), true),
+            ("2026-q4-grpo", false),
+            ("grpo.q4", false),
+            ("grpo-", false),
+            (&"a".repeat(56), false),
+        ] {
+            let mut doc = job(valid_spec());
+            doc["metadata"]["name"] = name.into();
+            let parsed = parse_rollout_job(&doc);
+            match (ok, parsed) {
+                (true, Ok(_)) => {}
+                (false, Err(e)) => assert!(e.to_string().contains("metadata.name must"), "{e}"),
+                (_, other) => panic!("{name}: {other:?}"),
+            }
+        }
+        let pool = |name: &str| -> GatewayPool {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",
+                "metadata": {"name": name},
+                "spec": {"replicas": 1, "template": {"image": "agent:1"}}}))
+            .expect("pool")
+        };
+        assert!(validate_gateway_pool(&pool(&"p".repeat(63))).is_ok());
+        let err = validate_gateway_pool(&pool(&"p".repeat(64))).expect_err("too long");
+        assert!(err.to_string().contains("at most 63"), "{err}");
     }
 
     /// A class the gateway could never record (it keeps only short lowercase words) is a

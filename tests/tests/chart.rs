@@ -111,6 +111,11 @@ fn lint_passes_and_the_schema_rejects_bad_values() -> Result<()> {
             "operator.watchNamespace",
         ),
         (&["--set", "operator.log.format=xml"], "operator.log.format"),
+        // Two operators acting at once: two claims for one session, pools over-filled.
+        (
+            &["--set", "operator.leaderElection.enabled=false"],
+            "operator.leaderElection.enabled=false with operator.replicas > 1",
+        ),
         // A tag of digits only is a number to `--set` (and to YAML): refused, not rendered as
         // `3.68351696377e+11`; `--set-string` (below) passes it.
         (&["--set", "image.tag=368351696377"], "image.tag"),
@@ -145,6 +150,15 @@ fn lint_passes_and_the_schema_rejects_bad_values() -> Result<()> {
             "{args:?}: the error does not say {message:?}:\n{stderr}"
         );
     }
+    // One replica without leader election: never two at once, a rolling update included.
+    let alone = render(&[
+        "--set",
+        "operator.leaderElection.enabled=false",
+        "--set",
+        "operator.replicas=1",
+    ])?;
+    assert!(alone.contains("type: Recreate"), "{alone}");
+    assert!(!render(&[])?.contains("type: Recreate"));
     let digits = render(&["--set-string", "image.tag=368351696377"])?;
     assert!(
         digits.contains("image: ghcr.io/floe-dev/floe:368351696377\n"),
