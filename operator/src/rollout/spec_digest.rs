@@ -20,7 +20,7 @@ pub const ANNOTATION: &str = "floe.dev/spec-digest";
 /// argument, a new key in the trainer's config) bumps it: a digest of another version is not
 /// compared, only recorded again, so an upgrade never stalls a running job. The test
 /// `the_material_is_pinned` fails until it is bumped.
-const MATERIAL: u32 = 1;
+const MATERIAL: u32 = 2;
 
 /// The digest of what `pod`'s containers run with, tagged with [`MATERIAL`].
 pub fn digest(pod: &Pod) -> String {
@@ -42,9 +42,17 @@ pub fn digest(pod: &Pod) -> String {
             json!({"name": c.name, "command": c.command, "args": c.args, "env": env})
         })
         .collect();
+    // The claims it writes to (an sft collector's dataset, a trainer's checkpoints): an edit
+    // of `sft.output.claimName` left the collector writing to the old claim, unsaid.
+    let claims: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.as_str()))
+        .collect();
     format!(
         "{MATERIAL}/{}",
-        crate::stable_hash::of_json(&json!(containers))
+        crate::stable_hash::of_json(&json!({"containers": containers, "claims": claims}))
     )
 }
 
@@ -145,6 +153,20 @@ mod tests {
         let mut stricter = sft.clone();
         stricter.spec.evaluator.reward.pass_threshold = 0.5;
         assert_eq!(drift(Some(&made(&sft)), &made(&stricter)), Drift::Changed);
+        // Its dataset's claim, or a trainer's checkpoint claim: written to by the pod as made.
+        let mut elsewhere = sft.clone();
+        if let Some(s) = elsewhere.spec.sft.as_mut() {
+            s.output.claim_name = "d2".into();
+        }
+        assert_eq!(drift(Some(&made(&sft)), &made(&elsewhere)), Drift::Changed);
+        assert_eq!(
+            train(&|t| {
+                if let Some(c) = t.checkpoint.as_mut() {
+                    c.claim_name = "c2".into();
+                }
+            }),
+            Drift::Changed
+        );
         // A pod an older operator made, or one of another material: recorded again.
         assert_eq!(drift(None, &first), Drift::Unknown);
         assert_eq!(drift(Some("0/0123456789abcdef"), &first), Drift::Unknown);
@@ -159,8 +181,8 @@ mod tests {
         assert_eq!(
             [made(&train_job()), made(&sft)],
             [
-                "1/f28d13dc7f96876a".to_string(),
-                "1/619c684f488ae8ea".to_string()
+                "2/3a8a9f819768ecba".to_string(),
+                "2/2131ecd80697df13".to_string()
             ],
             "the pods are built otherwise: bump MATERIAL in spec_digest.rs and pin the new digests"
         );
