@@ -18,6 +18,10 @@ for pair in curl:curl openssl:openssl flock:util-linux python3:python3 dpkg-deb:
 done
 # Debian's system python3 ships venv/ensurepip separately (vLLM's venv needs them).
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+# cargo links with `cc`, and crates in Cargo.lock (ring, mimalloc) compile C: a minimal Debian
+# has neither a compiler nor libc's headers.
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
+[ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
 
 # `node --version` → 0 when it is at least 20.6 (what the harnesses need).
 node_new_enough() { # VERSION (v20.6.0 or 20.6.0~dfsg-1)
@@ -42,8 +46,9 @@ if [ -n "$need_node" ]; then
     # NodeSource's nodejs carries npm; Debian's wants the npm package.
     case "$candidate" in *nodesource*) ;; *) missing+=(npm) ;; esac
   else
-    echo "[deps] Node >= 20.6 is not installed, and apt offers ${candidate:-none}: install Node 20.6 or newer (NodeSource's nodejs package, or nvm), then run this again" >&2
-    exit 1
+    # Said after the rest is installed (curl among them, which NodeSource's and nvm's
+    # installers need).
+    no_node="Node >= 20.6 is not installed, and apt offers ${candidate:-none}: install Node 20.6 or newer (NodeSource's nodejs package, or nvm), then run this again"
   fi
 fi
 if [ ${#missing[@]} -gt 0 ]; then
@@ -51,6 +56,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   as_root "${missing[*]}"
   apt_update
   $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+if [ -n "${no_node:-}" ]; then
+  echo "[deps] $no_node" >&2
+  exit 1
 fi
 version=$(node --version)
 node_new_enough "$version" || {

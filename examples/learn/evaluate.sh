@@ -9,13 +9,16 @@
 # EVAL_SAMPLES=N (with LEARN_JOB): N samples per held-out task instead of the job's (more tasks in
 #   fewer sessions: task difficulty varies more than one task's samples do).
 set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 MODEL_DIR OUT_DIR [floe run flags…]   (MODEL_DIR: learn-out/final-model, or base)" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# Both paths from where it was called, not from the repository root it works in.
 OUT=$(realpath -m "$2")
+MODEL=$1; [ "$MODEL" = base ] || MODEL=$(realpath -m "$MODEL")
 cd "$ROOT"
 source scripts/env.sh
 FLOE=$(floe_binary)
 read -r VLLM_PYTHON VLLM_MODELS < <(scripts/vllm-cpu/setup.sh)
-MODEL=$1; [ "$MODEL" = base ] && MODEL=$VLLM_MODELS/smollm2-135m-instruct
+[ "$MODEL" = base ] && MODEL=$VLLM_MODELS/smollm2-135m-instruct
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mkdir -p "$OUT.logs"
 VLLM_MAX_MODEL_LEN=2048 setsid scripts/vllm-cpu/serve.sh "$VLLM_PYTHON" "$MODEL" "$PORT" >"$OUT.logs/vllm.log" 2>&1 &
