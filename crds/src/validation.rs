@@ -652,6 +652,10 @@ mod document_tests {
                 (_, other) => panic!("{name}: {other:?}"),
             }
         }
+        // A local job file may leave its name out (`floe run` calls it `local`).
+        let mut nameless = job(valid_spec());
+        nameless["metadata"] = serde_json::json!({});
+        assert!(parse_rollout_job(&nameless).is_ok());
         let pool = |name: &str| -> GatewayPool {
             serde_json::from_value(serde_json::json!({
                 "apiVersion": "floe.dev/v1alpha1", "kind": "GatewayPool",

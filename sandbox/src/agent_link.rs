@@ -213,7 +213,7 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
         }
     };
     let mut over_disk = None;
-    let finished = match process::run_until(&order.run, stop).await {
+    let finished = match process::run_until_as_init(&order.run, stop).await {
         Ok((_, Some(Ended::GraderGone))) => {
             // The run was ended as by its timeout; nobody is left to report to.
             empty_namespace().await;

@@ -126,7 +126,7 @@ pub async fn run_kept_watching<T, F>(
 where
     F: std::future::Future<Output = T>,
 {
-    run_inner(spec, Started(stop), true).await
+    run_inner(spec, Started(stop), true, Leftovers::Tagged).await
 }
 
 /// [`run_until`] with a `stop` made from the command's process id once it started (a limit
@@ -138,7 +138,7 @@ pub async fn run_watching<T, F>(
 where
     F: std::future::Future<Output = T>,
 {
-    run_inner(spec, Started(stop), false)
+    run_inner(spec, Started(stop), false, Leftovers::Tagged)
         .await
         .map(|(finished, stopped, _)| (finished, stopped))
 }
@@ -147,9 +147,14 @@ where
 /// is read from these: the file is a log for people, and whatever the command ran (the code
 /// under test, as the runner's own user in a pod) could rewrite it once written.
 pub async fn run_kept(spec: &CommandSpec) -> Result<(Finished, Vec<u8>), OutputError> {
-    run_inner(spec, Ready(std::future::pending::<()>()), true)
-        .await
-        .map(|(finished, _, kept)| (finished, kept))
+    run_inner(
+        spec,
+        Ready(std::future::pending::<()>()),
+        true,
+        Leftovers::Tagged,
+    )
+    .await
+    .map(|(finished, _, kept)| (finished, kept))
 }
 
 /// [`run`], ended early as by its timeout when `stop` completes first (a limit the caller
@@ -158,9 +163,32 @@ pub async fn run_until<T>(
     spec: &CommandSpec,
     stop: impl std::future::Future<Output = T>,
 ) -> Result<(Finished, Option<T>), OutputError> {
-    run_inner(spec, Ready(stop), false)
+    run_inner(spec, Ready(stop), false, Leftovers::Tagged)
         .await
         .map(|(finished, stopped, _)| (finished, stopped))
+}
+
+/// [`run_until`] by a PID namespace's init whose every other process is the command's (a pod's
+/// agent supervisor): once the command ends, they are all killed at once, before any walk of
+/// `/proc`, which hundreds of processes left busy, each with a large environment, could
+/// stretch past the grader's deadline. Anywhere else (a grader, whose leftovers it must see
+/// itself; `floe run` as a container's PID 1) it is [`run_until`].
+pub async fn run_until_as_init<T>(
+    spec: &CommandSpec,
+    stop: impl std::future::Future<Output = T>,
+) -> Result<(Finished, Option<T>), OutputError> {
+    run_inner(spec, Ready(stop), false, Leftovers::WholeNamespace)
+        .await
+        .map(|(finished, stopped, _)| (finished, stopped))
+}
+
+/// How what a command left running is found and killed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leftovers {
+    /// By the tag in their environment ([`kill_tagged`]).
+    Tagged,
+    /// Every other process of this namespace, when this is its init ([`empty_own_namespace`]).
+    WholeNamespace,
 }
 
 /// What ends a run early: a future made before it, or one made from its process id.
@@ -202,6 +230,7 @@ async fn run_inner<S: Stop>(
     spec: &CommandSpec,
     stop: S,
     keep_stdout: bool,
+    leftovers: Leftovers,
 ) -> Result<(Finished, Option<S::Output>, Vec<u8>), OutputError> {
     let open = |path: &PathBuf| {
         std::fs::File::create(path)
@@ -285,11 +314,7 @@ async fn run_inner<S: Stop>(
     };
     // Whatever the command left running (servers, watchers, detached children) dies with it.
     signal_group(group, Signal::SIGKILL);
-    // As a PID namespace's init (a pod's agent supervisor) everything else in it is the
-    // command's: killed at once, before a walk of every process's environment that hundreds
-    // of processes left busy (each with a large environment) could stretch past the grader's
-    // deadline.
-    if std::process::id() != 1 || empty_own_namespace().is_none() {
+    if leftovers != Leftovers::WholeNamespace || empty_own_namespace().is_none() {
         kill_tagged(&tag);
     }
     let drained = |task: Option<tokio::task::JoinHandle<Copied>>| async move {

@@ -97,52 +97,6 @@ pub fn relay() -> Result<BpfProgram, FilterError> {
     refusing(rules)
 }
 
-/// A pod's agent supervisor's filter, which the harness inherits: no process may change
-/// another's scheduling (`sched_setscheduler`, `sched_setparam`, `sched_setattr`, `setpriority`)
-/// or lower its limits (`prlimit64`). The supervisor is the same user as the agent, so
-/// `SCHED_IDLE` or nice 19 on it, behind a few hundred busy processes, starved it past the
-/// grader's deadline: a losing session made an infrastructure failure. A process still
-/// changes its own (pid 0; `nice`, `setpriority(PRIO_PROCESS, 0, n)`).
-pub fn others_untouched() -> Result<BpfProgram, FilterError> {
-    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
-    let not_zero = |arg: u8, len: SeccompCmpArgLen| -> Result<SeccompRule, FilterError> {
-        let c = SeccompCondition::new(arg, len, SeccompCmpOp::Ne, 0).map_err(|e| err(&e))?;
-        SeccompRule::new(vec![c]).map_err(|e| err(&e))
-    };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for sched in [
-        libc::SYS_sched_setscheduler,
-        libc::SYS_sched_setparam,
-        libc::SYS_sched_setattr,
-    ] {
-        for nr in with_x32(sched) {
-            rules.insert(nr, vec![not_zero(0, SeccompCmpArgLen::Dword)?]);
-        }
-    }
-    // setpriority(which, who, prio): only PRIO_PROCESS (0) of who 0, the caller itself.
-    for nr in with_x32(libc::SYS_setpriority) {
-        rules.insert(
-            nr,
-            vec![
-                not_zero(0, SeccompCmpArgLen::Dword)?,
-                not_zero(1, SeccompCmpArgLen::Dword)?,
-            ],
-        );
-    }
-    // prlimit64(pid, resource, new, old): setting another's (reading is harmless).
-    let others_new_limit = SeccompRule::new(vec![
-        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, 0)
-            .map_err(|e| err(&e))?,
-        SeccompCondition::new(2, SeccompCmpArgLen::Qword, SeccompCmpOp::Ne, 0)
-            .map_err(|e| err(&e))?,
-    ])
-    .map_err(|e| err(&e))?;
-    for nr in with_x32(libc::SYS_prlimit64) {
-        rules.insert(nr, vec![others_new_limit.clone()]);
-    }
-    refusing(rules)
-}
-
 /// A filter that refuses (`EPERM`) what `rules` match and allows everything else, for this
 /// machine's architecture.
 fn refusing(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, FilterError> {
@@ -231,49 +185,6 @@ print("inet: ok")
         assert_eq!(
             text,
             "add_key: EPERM\nunix: EPERM\nvsock: EPERM\nsocketpair: ok\ninet: ok\n"
-        );
-    }
-
-    /// A pod's harness cannot slow or limit its supervisor (its parent here), but still sets
-    /// its own niceness and limits.
-    #[test]
-    fn under_the_supervisors_filter_no_process_changes_anothers_scheduling() {
-        let filter = others_untouched().expect("filter");
-        let probe = r#"
-import os, resource, sys
-parent = os.getppid()
-def tried(what, f):
-    try:
-        f()
-        print(what, "allowed")
-    except OSError as e:
-        print(what, e.errno)
-tried("idle parent", lambda: os.sched_setscheduler(parent, os.SCHED_IDLE, os.sched_param(0)))
-tried("nice parent", lambda: os.setpriority(os.PRIO_PROCESS, parent, 19))
-tried("nice user", lambda: os.setpriority(os.PRIO_USER, 0, 19))
-tried("limit parent", lambda: resource.prlimit(parent, resource.RLIMIT_CPU, (1, 1)))
-tried("read parent", lambda: resource.prlimit(parent, resource.RLIMIT_CPU))
-tried("nice self", lambda: os.setpriority(os.PRIO_PROCESS, 0, 5))
-tried("idle self", lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)))
-"#;
-        let out = std::thread::spawn(move || {
-            apply(&filter).expect("filter installed");
-            std::process::Command::new("python3")
-                .args(["-c", probe])
-                .output()
-                .expect("python3 runs")
-        })
-        .join()
-        .expect("thread");
-        let eperm = libc::EPERM;
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            format!(
-                "idle parent {eperm}\nnice parent {eperm}\nnice user {eperm}\nlimit parent {eperm}\n\
-                 read parent allowed\nnice self allowed\nidle self allowed\n"
-            ),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
         );
     }
 

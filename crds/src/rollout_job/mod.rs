@@ -36,10 +36,11 @@ pub use train::*;
     validation = kube::core::Rule::new(
         "!has(oldSelf.status) || !has(oldSelf.status.startTime) || (self.spec.tasks == oldSelf.spec.tasks && self.spec.numSamples == oldSelf.spec.numSamples)"
     ).message("spec.tasks and spec.numSamples are immutable once the job has started"),
-    // Its Services (`<job>-trainer`, `-policy`, `-dataset`) need a DNS-1035 label, and its name
-    // is a label value (63 at most): a name Kubernetes takes otherwise fails at the first one.
+    // Every job has Services named after it (a train job's `<job>-trainer` and `-policy`, an
+    // sft job's `-dataset`), which need a DNS-1035 label: a name Kubernetes takes otherwise
+    // failed at the first one. A local job file may have no name.
     validation = kube::core::Rule::new(
-        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 55"
+        "!has(self.metadata.name) || (size(self.metadata.name) <= 55 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))"
     ).message("metadata.name must start with a lowercase letter, hold only lowercase letters, digits and '-', end with a letter or digit, and be at most 55 characters: the job's Services are named after it"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Done/Total", type_ = "string", json_path = ".status.progress"),
