@@ -15,6 +15,39 @@ import torch
 
 from . import durable
 
+OWNER = "owner.json"
+
+
+class ForeignCheckpoints(Exception):
+    """The checkpoint directory holds another run's state (one line, for the job's condition)."""
+
+
+def claim(directory: Path | None, job: str | None, uid: str | None) -> None:
+    """The checkpoint directory is this job's run's, recorded on its first start: a job deleted
+    and created again under its name on the same claim found the earlier run's state, resumed
+    it, and answered every session of the new run, under the same ids, "already ingested" (or
+    its group closed): dropped, while the job counted them done. Refused instead, saying so.
+    A directory without a record (a run before records were kept) is taken as this run's;
+    without a job uid (``floe run``, whose ``--resume`` is its own) nothing is checked."""
+    if directory is None or not uid:
+        return
+    path = directory / OWNER
+    try:
+        owner = json.loads(path.read_text())
+    except FileNotFoundError:
+        directory.mkdir(parents=True, exist_ok=True)
+        durable.write_bytes(path, json.dumps({"job": job, "uid": uid}).encode())
+        return
+    except (OSError, ValueError) as e:
+        raise ForeignCheckpoints(f"cannot read {path}: {e}") from e
+    if owner.get("uid") != uid:
+        raise ForeignCheckpoints(
+            f"the checkpoint claim holds the state of another run of job "
+            f"{owner.get('job')!r} (uid {owner.get('uid')}; this run is uid {uid}): resuming it "
+            f"would drop this run's sessions as already trained. Give the job a new "
+            f"train.checkpoint.claimName, or empty the claim"
+        )
+
 
 @dataclass
 class State:

@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+from . import checkpoint
 from .distributed import exit_process, from_env, leave
 from .ingest import make_server
 from .memory_plan import LoraTargetError, MemoryPlanError
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(review_memory(cfg, Path(cfg.model), processes)))
             return 0
         check_processes(cfg, processes)
+        checkpoint.claim(cfg.checkpoint_dir, cfg.job, cfg.job_uid)
         world = from_env(resolve(cfg.device, cfg.precision).device.type)
         if not world.leader:
             # Stopped by the leader only: torchrun passes a pod's SIGTERM to every process,
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 leave()
         trainer = Trainer(cfg, world)
-    except (MemoryPlanError, LoraTargetError) as e:
+    except (MemoryPlanError, LoraTargetError, checkpoint.ForeignCheckpoints) as e:
         refuse(str(e))
         return 3
     try:

@@ -101,6 +101,9 @@ class TrainerConfig:
     checkpoint_every: int = 50
     checkpoint_keep: int = 3
     checkpoint_dir: Path | None = None
+    # The job (its name and the uid of this run of it) whose state the checkpoints hold.
+    job: str | None = None
+    job_uid: str | None = None
     device: str = "auto"
     precision: str = "auto"
     gradient_checkpointing: bool = False
@@ -160,6 +163,8 @@ class TrainerConfig:
             if source.get(key) is not None:
                 given[field] = convert(source[key])
 
+        take("job", c, "job", str)
+        take("job_uid", c, "jobUid", str)
         take("policy_url", c, "policyUrl", str)
         take("pass_threshold", c, "passThreshold", float)
         take("failure_reward", c, "failureReward", float)

@@ -85,3 +85,49 @@ def test_a_write_that_fails_midway_leaves_no_checkpoint_of_that_step(tmp_path):
     (checkpoints / "ckpt-3").mkdir()
     (checkpoints / "ckpt-3/model.safetensors").write_bytes(b"x")
     assert latest(checkpoints) == checkpoints / "ckpt-1"
+
+
+def test_a_checkpoint_claim_holding_another_runs_state_is_refused(tmp_path):
+    """A job deleted and made again under its name, on the same claim, resumed the earlier
+    run's state and dropped every session of its own as already ingested: refused, saying so."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from floe_trainer.checkpoint import OWNER, ForeignCheckpoints, claim
+
+    ckpt = tmp_path / "checkpoints"
+    claim(ckpt, "swe", "uid-1")
+    assert json.loads((ckpt / OWNER).read_text()) == {"job": "swe", "uid": "uid-1"}
+    claim(ckpt, "swe", "uid-1")  # its own run, restarted: fine
+    claim(ckpt, "swe", None)  # floe run: its --resume is its own
+    with pytest.raises(ForeignCheckpoints, match="another run of job 'swe'"):
+        claim(ckpt, "swe", "uid-2")
+    # The trainer says it in one line (the job's condition) before loading anything.
+    from tiny import tiny_llama
+
+    tiny_llama().save_pretrained(tmp_path / "model")
+    conf = {
+        "job": "swe",
+        "jobUid": "uid-2",
+        "model": str(tmp_path / "model"),
+        "numSamples": 2,
+        "gpus": 0,
+        "ingestListen": "127.0.0.1:0",
+        "checkpoint": {"dir": str(ckpt)},
+    }
+    state = tmp_path / "state"
+    done = subprocess.run(
+        [sys.executable, "-m", "floe_trainer.cli", "serve", "--state-dir", str(state)],
+        env={**os.environ, "FLOE_TRAINER_CONFIG": json.dumps(conf)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "holds the state of another run of job 'swe'" in last, last
+    assert not (state / "weights").exists()

@@ -178,6 +178,16 @@ fn gpus(n: i32) -> Value {
     }
 }
 
+/// The trainer's config in a job's pods: with this run's uid, which the trainer records on its
+/// checkpoint claim and checks at every start (a job made again under its name on the same
+/// claim is refused, not fed the earlier run's state).
+pub(super) fn pod_trainer_config(job: &RolloutJob, train: &TrainSpec, layout: &Layout) -> String {
+    let mut config =
+        trainer_launch::trainer_config(&job.name_any(), job.namespace(), &job.spec, train, layout);
+    config["jobUid"] = json!(job.uid());
+    config.to_string()
+}
+
 /// Where a `train` job's processes find each other and keep their files in its pods.
 pub(super) fn trainer_layout(train: &TrainSpec) -> Layout {
     Layout {
@@ -256,9 +266,7 @@ pub fn trainer(
             json!({"name": "checkpoints", "persistentVolumeClaim": {"claimName": c.claim_name}}),
         );
     }
-    let config =
-        trainer_launch::trainer_config(&job.name_any(), job.namespace(), &job.spec, train, &layout)
-            .to_string();
+    let config = pod_trainer_config(job, train, &layout);
     // Several nodes: the first pod's own IP (the kubelet expands `$(FLOE_POD_IP)` in its
     // arguments) is where torchrun's rendezvous store listens.
     let node = trainer_launch::TrainerNode {
@@ -697,6 +705,8 @@ mod tests {
                 .unwrap_or_default();
         assert_eq!(config["numSamples"], 4);
         assert_eq!(config["checkpoint"]["dir"], "/checkpoints");
+        // This run's uid, which the trainer records on the claim and checks at each start.
+        assert_eq!(config["jobUid"], "u-1");
         assert_eq!(
             config["ingestDir"], "/checkpoints/ingest",
             "acknowledged trajectories outlive the pod on the checkpoint claim"

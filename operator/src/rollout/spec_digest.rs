@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(
             [made(&train_job()), made(&sft)],
             [
-                "2/3a8a9f819768ecba".to_string(),
+                "2/995d85209cc15ce4".to_string(),
                 "2/2131ecd80697df13".to_string()
             ],
             "the pods are built otherwise: bump MATERIAL in spec_digest.rs and pin the new digests"

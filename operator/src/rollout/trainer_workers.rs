@@ -102,9 +102,7 @@ pub fn worker(
         return Ok(None);
     }
     let layout = trainer_layout(train);
-    let config =
-        trainer_launch::trainer_config(&job.name_any(), job.namespace(), &job.spec, train, &layout)
-            .to_string();
+    let config = super::aux_pods::pod_trainer_config(job, train, &layout);
     let node = TrainerNode {
         rank,
         leader_addr: leader_ip,
