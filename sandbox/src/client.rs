@@ -174,15 +174,28 @@ impl GatewayClient {
         outcome: &SessionOutcome,
     ) -> Result<Value, ClientError> {
         let body = serde_json::to_value(outcome).unwrap_or_default();
-        self.call(
-            reqwest::Method::POST,
-            &format!("/floe/v1/sessions/{session}/result"),
-            Some(&body),
-            Duration::from_secs(120),
-            Duration::from_secs(120),
-        )
-        .await
-        .map(|(_, v)| v)
+        // A 5xx is the gateway's storage (its outcome may be recorded and its trajectory not
+        // yet spooled, which the same result posted again spools): asked twice more before the
+        // session is given up as infrastructure.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/floe/v1/sessions/{session}/result"),
+                    Some(&body),
+                    Duration::from_secs(120),
+                    Duration::from_secs(120),
+                )
+                .await
+            {
+                Err(ClientError::Status { status, .. }) if status >= 500 && tries < 3 => {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                done => return done.map(|(_, v)| v),
+            }
+        }
     }
 
     /// Wait until the trajectory left the spool (`shipped` or `rejected`), up to `within`.
@@ -217,5 +230,45 @@ impl GatewayClient {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A result the gateway failed to store (a 5xx) is posted again, twice at most: the same
+    /// outcome again spools a trajectory whose first spooling failed.
+    #[tokio::test]
+    async fn a_result_answered_with_a_server_error_is_posted_again() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}", listener.local_addr().expect("its address"));
+        let served = tokio::spawn(async move {
+            let mut posts = 0;
+            for answer in [
+                "HTTP/1.1 500 Internal Server Error\r\nconnection: close\r\ncontent-length: 2\r\n\r\n{}",
+                "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 23\r\n\r\n{\"shipment\": \"pending\"}",
+            ] {
+                let (mut stream, _) = listener.accept().await.expect("a post");
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = stream.read(&mut buf).await;
+                posts += 1;
+                stream.write_all(answer.as_bytes()).await.expect("answered");
+            }
+            posts
+        });
+        let outcome: SessionOutcome = serde_json::from_value(
+            serde_json::json!({"status": "completed", "evaluation": {"reward": 1.0}}),
+        )
+        .expect("outcome");
+        let answer = GatewayClient::new(&url, "t")
+            .result("s", &outcome)
+            .await
+            .expect("the second post");
+        assert_eq!(answer["shipment"], "pending");
+        assert_eq!(served.await.expect("server"), 2);
     }
 }

@@ -217,3 +217,24 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     drop(collector);
     Ok(())
 }
+
+/// A volume with no room for a second copy of the dataset: the collector's start rebuilt
+/// `dataset.jsonl` beside itself first, failed, and so failed every restart (its gateways then
+/// gave their sessions up as infrastructure). It comes up, the file's torn tail cut.
+#[tokio::test]
+async fn a_collector_that_cannot_rebuild_its_dataset_still_starts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // The rebuild's temporary file cannot be written: a directory holds its name.
+    std::fs::create_dir_all(dir.path().join("dataset.jsonl.tmp/x"))?;
+    std::fs::write(dir.path().join("dataset.jsonl"), "{\"a\":1}\n{\"torn")?;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let _collector = start(dir.path(), port).await?;
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("dataset.jsonl"))?,
+        "{\"a\":1}\n"
+    );
+    Ok(())
+}

@@ -1147,3 +1147,49 @@ async fn an_assignment_as_large_as_a_big_instance_is_taken_whole() -> Result<()>
     assert_eq!(taken.map(str::len), Some(patch.len()));
     Ok(())
 }
+
+/// A result whose trajectory could not be spooled (its outcome recorded first: a full disk,
+/// say) is spooled when the runner posts it again; it was recorded and never shipped, while the
+/// runner's retry did the session again.
+#[tokio::test]
+async fn a_result_whose_spooling_failed_is_spooled_when_posted_again() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
+    let gw = TestGateway::start(&model.url, 64).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("spool-1", "t", 0).await?;
+    let chat = format!("{}/v1/chat/completions", gw.url);
+    let (s, b) = call(
+        &http,
+        &chat,
+        &token,
+        serde_json::to_vec(
+            &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        )?,
+    )
+    .await?;
+    assert_eq!(s, 200, "{b}");
+    let pending = gw
+        .capture_dir
+        .parent()
+        .context("the gateway's directory")?
+        .join("spool/pending");
+    let aside = pending.with_extension("aside");
+    std::fs::rename(&pending, &aside)?;
+    std::fs::write(&pending, b"not a directory")?;
+    let post = || {
+        http.post(format!("{}/floe/v1/sessions/spool-1/result", gw.url))
+            .bearer_auth(&gw.control_token)
+            .json(&json!({"status": "completed", "evaluation": {"reward": 1.0}}))
+            .send()
+    };
+    let failed = post().await?;
+    assert!(failed.status().is_server_error(), "{}", failed.status());
+    std::fs::remove_file(&pending)?;
+    std::fs::rename(&aside, &pending)?;
+    let again = post().await?;
+    let status = again.status();
+    let summary: Value = again.json().await?;
+    assert_eq!(status, 200, "{summary}");
+    assert_ne!(summary["shipment"], "none", "{summary}");
+    Ok(())
+}

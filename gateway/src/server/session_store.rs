@@ -110,6 +110,15 @@ pub fn finish(
         if recorded.as_ref() != Some(&outcome) {
             return Err(StoreError::DifferentOutcome(id.to_string()));
         }
+        // Recorded, but its trajectory never reached the spool (the write failed: a full
+        // disk, say): spooled now, as a restart's `recover` would, or a scored session would
+        // never ship while its retry did the work again.
+        if shipment(gateway, id) == "none" {
+            let entry = spool_trajectory(gateway, &session.dir, id, &outcome)?;
+            let summary = summary(gateway, id, Some(&entry));
+            shipper::spawn(gateway.clone(), entry);
+            return Ok((summary, false));
+        }
         return Ok((summary(gateway, id, None), false));
     }
     session.close().map_err(storage)?;

@@ -74,7 +74,14 @@ impl Collector {
         let io = |e| CollectError::Io(dir.to_path_buf(), e);
         std::fs::create_dir_all(dir.join("accepted")).map_err(io)?;
         std::fs::create_dir_all(dir.join("rejected")).map_err(io)?;
-        rebuild_dataset(dir).map_err(io)?;
+        // Rebuilt whole (a crash may have cut an append short); a volume with no room for a
+        // second copy of the dataset keeps its file with any torn last line cut, rather than
+        // failing every start (the records in accepted/ are the truth, and `finish` rebuilds
+        // again).
+        if let Err(e) = rebuild_dataset(dir) {
+            tracing::error!(dir = %dir.display(), "cannot rebuild dataset.jsonl: {e}; its torn tail, if any, is cut");
+            cut_torn_tail(&dir.join("dataset.jsonl")).map_err(io)?;
+        }
         let mut samples = HashSet::new();
         for record in records(dir, &["accepted", "rejected"]).map_err(io)? {
             let read = std::fs::read(&record).map_err(io)?;
@@ -128,6 +135,22 @@ fn rebuild_dataset(dir: &Path) -> std::io::Result<()> {
     let mut files = records(dir, &["accepted"])?;
     files.sort();
     super::write_jsonl_durably(&dir.join("dataset.jsonl"), &files).map(|_| ())
+}
+
+/// `path` up to its last newline (nothing if it is not there).
+fn cut_torn_tail(path: &Path) -> std::io::Result<()> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    if whole < bytes.len() {
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        file.set_len(whole as u64)?;
+        file.sync_all()?;
+    }
+    Ok(())
 }
 
 fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
