@@ -74,6 +74,9 @@ class Store:
         # one whatever it holds: a session's gateway posts them in order), and the bytes of
         # its whole snapshot and of the deltas kept on it.
         self._held: dict[str, tuple[int, str | None, int, int]] = {}
+        # Sessions whose stored trajectory is untrainable (a drained run) and whose run again,
+        # under the same id, has had a snapshot kept since this process started.
+        self._rerun: set[str] = set()
 
     def path(self, session: str) -> Path:
         return self.dir / f"{session}.json"
@@ -114,6 +117,7 @@ class Store:
         self.partial_path(session).unlink(missing_ok=True)
         shutil.rmtree(self.deltas_path(session), ignore_errors=True)
         self._held.pop(session, None)
+        self._rerun.discard(session)
 
     def _stage(self, session: str, raw: bytes) -> Path:
         """``raw`` written beside the session's snapshot, outside the store's lock, to be
@@ -135,7 +139,17 @@ class Store:
         tmp = self._stage(session, raw)
         with self._lock:
             held_calls = self._held.get(session, (-1, None, 0, 0))[0]
-            if self.path(session).exists() or held_calls > calls:
+            if self.path(session).exists():
+                # A run stored untrainable (drained as its pod went) then run again under its
+                # id: the new run's snapshots are its own, kept over the old run's (whatever
+                # its calls), or a ruling on the new run would score the old one's.
+                if not self.untrainable(session):
+                    tmp.unlink(missing_ok=True)
+                    return False
+                if session not in self._rerun:
+                    self._rerun.add(session)
+                    held_calls = -1
+            if held_calls > calls:
                 tmp.unlink(missing_ok=True)
                 return False
             os.replace(tmp, self.partial_path(session))
@@ -154,9 +168,11 @@ class Store:
         many short calls of its own filled the disk with the square of its calls.)"""
         tmp = self._stage(session, raw)
         with self._lock:
-            if self.path(session).exists():
+            stored = self.path(session).exists()
+            if stored and not (session in self._rerun and self.untrainable(session)):
                 tmp.unlink(missing_ok=True)
-                return "done"
+                # A run again after an untrainable one: its first snapshot comes whole.
+                return "conflict" if stored and self.untrainable(session) else "done"
             held_calls, held_id, whole, deltas = self._held.get(session, (-1, None, 0, 0))
             outgrown = deltas + len(raw) > max(whole, DELTAS_AT_LEAST)
             if (

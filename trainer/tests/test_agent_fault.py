@@ -218,3 +218,23 @@ def test_an_infrastructure_failure_ruled_so_keeps_its_untrainable_trajectory(tmp
     assert trainer.sample_failed("j/t", 1, "s-1") == {"known": True, "session": "s-1"}
     assert trainer.buffer.dropped["failed"] == 1, "its group goes on without it"
     assert not (tmp_path / "state/ingest/partial/s-1.json").exists(), "nothing to score it"
+
+
+def test_a_session_run_again_after_an_untrainable_record_is_scored_from_its_own_snapshots(
+    tmp_path,
+):
+    """A session whose gateway was drained (an untrainable record stored, its snapshot kept)
+    and that runs again under its id (its pod went before its assigned mark): the new run's
+    snapshots were answered "not kept", so a ruling on the new run scored the old run's."""
+    trainer = trainer_of(tmp_path)
+    assert partial(trainer, "s-1", 1, 5)[0] == 200
+    assert trainer.ingest.handle(sample("s-1", 1, None, calls=5))[0] == 200
+    assert trainer.ingest.store.untrainable("s-1")
+    # The run again: fewer calls than the old run's snapshot, kept all the same, then in order.
+    for calls, kept in ((2, True), (3, True), (1, False)):
+        assert partial(trainer, "s-1", 1, calls)[1]["kept"] is kept, calls
+    held = json.loads((tmp_path / "state/ingest/partial/s-1.json").read_text())
+    assert held["stats"]["completions"] == 3, "the new run's last snapshot"
+    # A delta goes on that snapshot only: before the new run's first whole one, a conflict.
+    store = trainer.ingest.store
+    assert store.put_partial_delta("s-1", "none", 4, b"{}", "x") == "conflict"
