@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::common::{ProviderApi, SandboxTemplate};
 
 pub mod numbering;
+mod rules;
 mod status;
 mod tasks;
 mod train;
@@ -33,15 +34,8 @@ pub use train::*;
     status = "RolloutJobStatus",
     doc = "Rollouts of a coding-agent harness over a task set, for GRPO training or SFT data.",
     cel,
-    validation = kube::core::Rule::new(
-        "!has(oldSelf.status) || !has(oldSelf.status.startTime) || (self.spec.tasks == oldSelf.spec.tasks && self.spec.numSamples == oldSelf.spec.numSamples)"
-    ).message("spec.tasks and spec.numSamples are immutable once the job has started"),
-    // Every job has Services named after it (a train job's `<job>-trainer` and `-policy`, an
-    // sft job's `-dataset`), which need a DNS-1035 label: a name Kubernetes takes otherwise
-    // failed at the first one. A local job file may have no name.
-    validation = kube::core::Rule::new(
-        "!has(self.metadata.name) || (size(self.metadata.name) <= 55 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))"
-    ).message("metadata.name must start with a lowercase letter, hold only lowercase letters, digits and '-', end with a letter or digit, and be at most 55 characters: the job's Services are named after it"),
+    validation = rules::tasks_immutable_once_started(),
+    validation = rules::name_fits_its_services(),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Done/Total", type_ = "string", json_path = ".status.progress"),
     printcolumn(name = "Pass", type_ = "number", json_path = ".status.rewards.passRate"),
