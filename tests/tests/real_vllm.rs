@@ -684,16 +684,7 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
         .collect();
 
     // count_tokens (no max_tokens): vLLM's own count of the prompt the streamed call was given.
-    let mut count_body = request(&messages, false);
-    count_body.as_object_mut().map(|m| m.remove("max_tokens"));
-    let counted: Value = http
-        .post(format!("{}/v1/messages/count_tokens", gw.url))
-        .header("x-api-key", &token)
-        .json(&count_body)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let counted = count_tokens(&http, &gw, &token, request(&messages, false)).await?;
 
     // Wrong key: Anthropic's error shape.
     let denied = http
@@ -738,6 +729,24 @@ async fn anthropic_messages_round_trip_through_vllm_with_capture() -> Result<()>
     Ok(())
 }
 
+/// The gateway's Messages `count_tokens` of `body` (its `max_tokens` left out, as the SDKs send).
+async fn count_tokens(
+    http: &reqwest::Client,
+    gw: &TestGateway,
+    token: &str,
+    mut body: Value,
+) -> Result<Value> {
+    body.as_object_mut().map(|m| m.remove("max_tokens"));
+    Ok(http
+        .post(format!("{}/v1/messages/count_tokens", gw.url))
+        .header("x-api-key", token)
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
 /// A Messages call ending in the assistant's words (a prefill) is continued, as Anthropic
 /// does: the prompt vLLM sampled from is the conversation rendered with that turn left open,
 /// not closed and followed by a new assistant turn (another question); count_tokens agrees.
@@ -757,16 +766,7 @@ async fn an_anthropic_prefill_is_continued_by_the_real_vllm() -> Result<()> {
         .send()
         .await?;
     assert_eq!(resp.status(), 200);
-    let mut count_body = body.clone();
-    count_body.as_object_mut().map(|m| m.remove("max_tokens"));
-    let counted: Value = http
-        .post(format!("{}/v1/messages/count_tokens", gw.url))
-        .header("x-api-key", &token)
-        .json(&count_body)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let counted = count_tokens(&http, &gw, &token, body.clone()).await?;
     gw.close("anthropic-prefill").await?;
     let capture = read_session(&gw.session_dir("anthropic-prefill"))?;
     let record = capture.records.first().context("the call's record")?;

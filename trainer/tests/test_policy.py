@@ -179,20 +179,13 @@ def test_a_training_pass_of_a_mixture_of_experts_model_samples_no_router_noise()
     """Mixtral's router jitter and PhiMoE's sparsemixer (Gumbel sampling of the experts) run in
     training mode: a step trained a noisily routed model vLLM never sampled, the first update's
     ratio off 1. Only the modules that checkpoint stay in training mode."""
+    from tiny import TINY_SHAPE
     from transformers import MixtralConfig, MixtralForCausalLM, PhimoeConfig, PhimoeForCausalLM
 
     from floe_trainer.policy import token_logprobs, train_deterministically, without_dropout
 
     small = dict(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=64,
+        **TINY_SHAPE, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64
     )
     batch = make_batch([trace(list(range(1, 9)), [9, 10, 11], [1, 1, 1], [None] * 3)])
     for model in (
