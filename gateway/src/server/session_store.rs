@@ -328,7 +328,9 @@ pub async fn drain(gateway: &Arc<Gateway>, deadline: Duration) -> usize {
     abandon_unfinished(gateway, "the sandbox stopped before the session finished").await;
     let until = tokio::time::Instant::now() + deadline;
     loop {
-        let pending = gateway.spool.pending().map(|p| p.len()).unwrap_or(0);
+        // Unreadable, the spool is taken as still holding one: the drain waits out its
+        // deadline rather than leaving at once.
+        let pending = gateway.spool.pending_count().unwrap_or(1);
         if pending == 0 || tokio::time::Instant::now() >= until {
             if pending > 0 {
                 tracing::warn!(pending, "stopping with trajectories still in the spool");

@@ -120,6 +120,29 @@ impl Spool {
         })
     }
 
+    /// How many entries wait for delivery, by their names: [`Spool::pending`] reads and parses
+    /// each (a trajectory may be hundreds of MiB), which a drain polling every 100 ms must not.
+    pub fn pending_count(&self) -> Result<usize, SpoolError> {
+        let dir = self.root.join(PENDING);
+        let io = |source| SpoolError::Io {
+            path: dir.clone(),
+            source,
+        };
+        let mut n = 0;
+        for item in std::fs::read_dir(&dir).map_err(io)? {
+            if item
+                .map_err(io)?
+                .path()
+                .extension()
+                .and_then(|e| e.to_str())
+                == Some("json")
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Entries waiting for delivery (after a restart: everything not yet acknowledged).
     pub fn pending(&self) -> Result<Vec<SpoolEntry>, SpoolError> {
         let dir = self.root.join(PENDING);
@@ -275,10 +298,12 @@ mod tests {
             .map(|e| e.trajectory.session)
             .collect();
         assert_eq!(sessions, ["a", "b"]);
+        assert_eq!(reopened.pending_count()?, 2, "the torn temp file is none");
         reopened.mark_shipped("a")?;
         assert!(reopened.is_shipped("a"));
         reopened.mark_rejected(entry("b"), "400 bad")?;
         assert!(reopened.pending()?.is_empty());
+        assert_eq!(reopened.pending_count()?, 0);
         let rejected = read_entry(&dir.path().join("rejected/b.json"))?;
         assert_eq!(rejected.rejected.as_deref(), Some("400 bad"));
         Ok(())
