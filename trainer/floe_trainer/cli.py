@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(review_memory(cfg, Path(cfg.model), processes)))
             return 0
         check_processes(cfg, processes)
-        checkpoint.claim(cfg.checkpoint_dir, cfg.job, cfg.job_uid)
         world = from_env(resolve(cfg.device, cfg.precision).device.type)
+        if world.leader:
+            # Only the first process (its pod alone mounts the checkpoint claim) keeps state.
+            checkpoint.claim(cfg.checkpoint_dir, cfg.job, cfg.job_uid)
         if not world.leader:
             # Stopped by the leader only: torchrun passes a pod's SIGTERM to every process,
             # and the leader's last checkpoint needs them all.
