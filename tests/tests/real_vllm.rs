@@ -184,6 +184,22 @@ async fn captured_prompt_ids_are_the_servers_tokenization_and_samples_line_up() 
     Ok(())
 }
 
+/// How many times `body` was asked, at most 10, until an answer was cut (`length`).
+async fn calls_until_cut(
+    http: &reqwest::Client,
+    gw: &TestGateway,
+    token: &str,
+    body: Value,
+) -> Result<usize> {
+    for calls in 1..=10 {
+        let reply = chat(http, gw, token, &body).await?;
+        if reply["choices"][0]["finish_reason"] == "length" {
+            return Ok(calls);
+        }
+    }
+    anyhow::bail!("no answer to {body} was cut in 10 calls")
+}
+
 #[tokio::test]
 async fn a_call_cut_at_the_jobs_cap_is_overlong_and_one_cut_at_the_callers_is_not() -> Result<()> {
     // The job's cap is 16 tokens. Counting to 100 runs over it; Claude Code's one-token checks
@@ -193,41 +209,17 @@ async fn a_call_cut_at_the_jobs_cap_is_overlong_and_one_cut_at_the_callers_is_no
     let token = gw.session("overlong-1", "t", 0).await?;
     let count = json!([{"role": "user", "content": "Count from 1 to 100, one number per line."}]);
     // Sampled: the model may stop early (5 tokens once in CI); asked again until one is cut.
-    let mut calls = 0;
-    loop {
-        calls += 1;
-        let reply = chat(
-            &http,
-            &gw,
-            &token,
-            &json!({"model": "m", "messages": count}),
-        )
-        .await?;
-        if reply["choices"][0]["finish_reason"] == "length" {
-            break;
-        }
-        anyhow::ensure!(calls < 10, "no answer ran past 16 tokens in {calls} calls");
-    }
+    let calls =
+        calls_until_cut(&http, &gw, &token, json!({"model": "m", "messages": count})).await?;
     // The same for the caller's own cap: the model may end its answer within 3 tokens (seen
     // once in CI), which cuts nothing.
-    let mut short_calls = 0;
-    loop {
-        short_calls += 1;
-        let reply = chat(
-            &http,
-            &gw,
-            &token,
-            &json!({"model": "m", "max_tokens": 3, "messages": count}),
-        )
-        .await?;
-        if reply["choices"][0]["finish_reason"] == "length" {
-            break;
-        }
-        anyhow::ensure!(
-            short_calls < 10,
-            "no answer ran to 3 tokens in {short_calls} calls"
-        );
-    }
+    let short_calls = calls_until_cut(
+        &http,
+        &gw,
+        &token,
+        json!({"model": "m", "max_tokens": 3, "messages": count}),
+    )
+    .await?;
     let quota = http
         .post(format!("{}/v1/messages", gw.url))
         .header("x-api-key", &token)

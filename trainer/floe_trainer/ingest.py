@@ -169,10 +169,12 @@ class Store:
         tmp = self._stage(session, raw)
         with self._lock:
             stored = self.path(session).exists()
-            if stored and not (session in self._rerun and self.untrainable(session)):
+            # Read (and parsed) once: the stored trajectory may be large, and the lock is held.
+            untrainable = stored and self.untrainable(session)
+            if stored and not (session in self._rerun and untrainable):
                 tmp.unlink(missing_ok=True)
                 # A run again after an untrainable one: its first snapshot comes whole.
-                return "conflict" if stored and self.untrainable(session) else "done"
+                return "conflict" if untrainable else "done"
             held_calls, held_id, whole, deltas = self._held.get(session, (-1, None, 0, 0))
             outgrown = deltas + len(raw) > max(whole, DELTAS_AT_LEAST)
             if (
