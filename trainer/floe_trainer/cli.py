@@ -93,6 +93,15 @@ def refuse(line: str) -> None:
 
 
 def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
+    server = start_server(trainer, conf)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return train_until_stopped(trainer, server, stop, poll_seconds)
+
+
+def start_server(trainer: Trainer, conf: dict):
+    """The ingest, status and metrics server on ``ingestListen``, serving in a thread."""
     host, _, port = conf.get("ingestListen", "0.0.0.0:8100").rpartition(":")
     server = make_server(
         trainer.ingest,
@@ -113,9 +122,13 @@ def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
         trainer.state.step,
         trainer.state.policy_version,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    return server
+
+
+def train_until_stopped(
+    trainer: Trainer, server, stop: threading.Event, poll_seconds: float
+) -> int:
+    """Train until ``stop`` is set, then write the stop checkpoint, serving all the while."""
     finished_logged = False
     while not stop.is_set():
         trainer.check_policy_server()
@@ -137,11 +150,18 @@ def serve(trainer: Trainer, conf: dict, poll_seconds: float) -> int:
                 stats.tokens,
                 stats.clip_fraction,
             )
-    server.shutdown()
-    # Stopped (SIGTERM: a pod deleted, `floe run` interrupted): steps since the last periodic
-    # checkpoint are kept, so a restart need not train their trajectories again.
-    trainer.save_checkpoint()
-    trainer.stop_followers()
+    try:
+        # Stopped (SIGTERM: a pod deleted, `floe run` interrupted): steps since the last
+        # periodic checkpoint are kept, so a restart need not train their trajectories again.
+        # The ingest serves until it is written: the pod's vLLM, stopping beside it, may still
+        # answer a call whose snapshot comes after the SIGTERM, and a snapshot refused there
+        # is a loss that vanishes if that agent is then evicted. What comes in meanwhile is
+        # on disk, which a restart reads.
+        trainer.save_checkpoint()
+        trainer.stop_followers()
+    finally:
+        server.shutdown()
+        server.server_close()
     return 0
 
 

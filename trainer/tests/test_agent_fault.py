@@ -238,3 +238,44 @@ def test_a_session_run_again_after_an_untrainable_record_is_scored_from_its_own_
     # A delta goes on that snapshot only: before the new run's first whole one, a conflict.
     store = trainer.ingest.store
     assert store.put_partial_delta("s-1", "none", 4, b"{}", "x") == "conflict"
+
+
+def test_a_snapshot_posted_while_the_trainer_stops_is_kept_for_the_ruling_its_successor_hears(
+    tmp_path,
+):
+    # A pod deleted: SIGTERM reaches the trainer and the pod's vLLM at once, and vLLM may still
+    # answer a call whose snapshot comes after it. The ingest serves through the stop
+    # checkpoint, so that snapshot is kept, and the restarted trainer scores the agent's loss.
+    from floe_trainer import cli
+
+    trainer = trainer_of(tmp_path)
+    server = cli.start_server(trainer, {"ingestListen": "127.0.0.1:0"})
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/partial"
+
+    def post() -> int:
+        req = urllib.request.Request(url, data=sample("s-1", 1, None, 1), method="POST")
+        req.add_header("floe-session", "s-1")
+        req.add_header("floe-calls", "1")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+
+    posted = []
+    save = trainer.save_checkpoint
+
+    def save_checkpoint():
+        posted.append(post())
+        save()
+
+    trainer.save_checkpoint = save_checkpoint
+    stop = threading.Event()
+    stop.set()
+    assert cli.train_until_stopped(trainer, server, stop, 0.01) == 0
+    assert posted == [200]
+    try:
+        post()
+        raise AssertionError("the stopped trainer still serves")
+    except urllib.error.URLError:
+        pass
+    successor = trainer_of(tmp_path)
+    got = successor.sample_failed("j/t", 1, "s-1", "Pod ephemeral local storage usage exceeds")
+    assert got == {"scored": 0.0, "session": "s-1"}

@@ -16,6 +16,8 @@
 //! (`scripts/kube-test-cluster/images.sh`).
 
 use super::*;
+use floe_tests::processes::KillOnDrop;
+use std::path::Path;
 
 /// The learning agent: one model call through the gateway, its reply kept for the grader. Told
 /// to fill its disk, it then writes 200 MiB into its own layer (`/tmp`), past its backstop of
@@ -163,6 +165,9 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
                            "grpo": {"groupsPerStep": 1, "learningRate": 1e-5,
                                     "microBatchSize": 4}}}});
     apply(&client, &ns, job).await?;
+    // What the first trainer pod logs, once the test follows it before deleting it: its logs
+    // go with it, and its rulings explain an evicted session missing from the claim.
+    let first_log = tempfile::NamedTempFile::new()?;
     // The second trainer pod, made once the first has an IP, pointed at it.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let leader_ip = eventually_within(
@@ -184,7 +189,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
         },
     )
     .await
-    .with_context(|| trainer_logs(n, &ns))?;
+    .with_context(|| trainer_logs(n, &ns, first_log.path()))?;
     // The first's trainer planned its step for a sharded world: each process holds half the
     // state plus the layers it gathers.
     let http = reqwest::Client::new();
@@ -197,7 +202,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
         Ok(status.get("memoryPlan").cloned())
     })
     .await
-    .with_context(|| trainer_logs(n, &ns))?;
+    .with_context(|| trainer_logs(n, &ns, first_log.path()))?;
     assert!(
         plan["items"]["gathered layers"]
             .as_f64()
@@ -225,7 +230,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
             .filter(|step| *step >= 1))
     })
     .await
-    .with_context(|| trainer_logs(n, &ns))?;
+    .with_context(|| trainer_logs(n, &ns, first_log.path()))?;
     let first_uid = pods
         .get("learn-trainer")
         .await?
@@ -248,6 +253,14 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
             }
         }
     };
+    let _follow = KillOnDrop(
+        std::process::Command::new(&n.cluster.kubectl)
+            .args(["logs", "-f", "-n", &ns, "learn-trainer", "-c", "trainer"])
+            .env("KUBECONFIG", &n.cluster.kubeconfig)
+            .stdout(first_log.reopen()?)
+            .stderr(std::process::Stdio::null())
+            .spawn()?,
+    );
     eprintln!("[test] deleting the first trainer pod after step {step_then} ({params:?})");
     pods.delete("learn-trainer", &params).await?;
     let resumed = eventually_within(
@@ -269,7 +282,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
         },
     )
     .await
-    .with_context(|| trainer_logs(n, &ns))?;
+    .with_context(|| trainer_logs(n, &ns, first_log.path()))?;
     assert!(
         resumed >= step_then,
         "resumed from step {resumed}, after step {step_then}"
@@ -287,13 +300,13 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
         .then_some(job))
     })
     .await
-    .with_context(|| trainer_logs(n, &ns))?;
+    .with_context(|| trainer_logs(n, &ns, first_log.path()))?;
     let status = done.status.context("status")?;
     if status.phase != Some(RolloutJobPhase::Succeeded) {
         bail!(
             "{status:?}\n{}\n{}",
             pod_logs(n, &ns)?,
-            trainer_logs(n, &ns)
+            trainer_logs(n, &ns, first_log.path())
         );
     }
     assert_eq!(status.sessions.total, 12, "{status:?}");
@@ -327,7 +340,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
     assert!(
         trainer.step >= 1 && trainer.policy_version >= 1,
         "{trainer:?}\n{}",
-        trainer_logs(n, &ns)
+        trainer_logs(n, &ns, first_log.path())
     );
     assert!(trainer.final_model.is_some(), "{trainer:?}");
     assert!(trainer.step as u64 >= resumed, "{trainer:?}");
@@ -397,7 +410,7 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
         "every evicted session scored from its snapshot: {:?} (others: {:?})\n{}",
         brief(&evicted),
         brief(&retried),
-        trainer_logs(n, &ns)
+        trainer_logs(n, &ns, first_log.path())
     );
     assert!(
         retried
@@ -452,7 +465,7 @@ fn latest_checkpoint(dir: &std::path::Path) -> Result<Option<u64>> {
 }
 
 /// The trainer pod's containers' last lines.
-fn trainer_logs(n: &TestNode, ns: &str) -> String {
+fn trainer_logs(n: &TestNode, ns: &str, first_log: &Path) -> String {
     [
         ("learn-trainer", "vllm"),
         ("learn-trainer", "trainer"),
@@ -470,14 +483,14 @@ fn trainer_logs(n: &TestNode, ns: &str) -> String {
             );
         format!("--- {pod} {c}\n{out}")
     })
-    .chain(std::iter::once(rulings_and_snapshots(n, ns)))
+    .chain(std::iter::once(rulings_and_snapshots(n, ns, first_log)))
     .collect::<Vec<_>>()
     .join("\n")
 }
 
 /// What the trainer made of each ruling, and every snapshot a session pod's gateway could not
 /// ship: what an evicted session missing from the claim needs explained.
-fn rulings_and_snapshots(n: &TestNode, ns: &str) -> String {
+fn rulings_and_snapshots(n: &TestNode, ns: &str, first_log: &Path) -> String {
     let lines = |args: &[&str], keep: &dyn Fn(&str) -> bool| {
         n.cluster.kubectl(args, None).map_or_else(
             |e| e.to_string(),
@@ -507,5 +520,16 @@ fn rulings_and_snapshots(n: &TestNode, ns: &str) -> String {
         ],
         &|l| l.contains("snapshot"),
     );
-    format!("--- rulings (learn-trainer)\n{rulings}\n--- snapshots not shipped (session pods)\n{snapshots}")
+    // The deleted first pod's, as the test followed them: its rulings, and what it made of
+    // each snapshot it was posted (a refusal logs; a kept one does not).
+    let deleted = std::fs::read_to_string(first_log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("the agent's") || l.contains("snapshot") || l.contains("step"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    format!(
+        "--- rulings (learn-trainer)\n{rulings}\n--- the deleted learn-trainer's rulings, \
+         snapshots and steps\n{deleted}\n--- snapshots not shipped (session pods)\n{snapshots}"
+    )
 }
