@@ -120,10 +120,7 @@ pub fn agent_main(args: AgentArgs) -> i32 {
         eprintln!("floe agent: cannot make this process undumpable: {e}");
         return ExitKind::Infrastructure.code();
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match floe_sandbox::agent_link::supervisor_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("floe agent: cannot start the async runtime: {e}");

@@ -12,6 +12,10 @@
 //! signals its own namespace sends it, and the supervisor is not dumpable, so the agent can
 //! neither trace it nor read its memory or file descriptors.
 //!
+//! Nor can it slow the supervisor down (its scheduling, priority, affinity or limits, as the
+//! same user): the harness starts under [`crate::supervisor_guard`], which needs every thread
+//! of the supervisor made before the harness ([`supervisor_runtime`]).
+//!
 //! The supervisor also keeps the half of the session's disk budget that only the agent's own
 //! namespace can see: the files its processes deleted but keep open ([`DiskWatch`]).
 //!
@@ -30,6 +34,31 @@ use crate::process::{self, CommandSpec, Exit, Finished};
 /// The kubelet's termination-message file in the agent container: writable for all, on the
 /// node's disk, counted by no ephemeral-storage limit ([`disk_budget::held_exceeded`]).
 const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The blocking threads the supervisor's runtime keeps: more than it ever uses at once (its
+/// command's two output copies, the disk watch, emptying its namespace).
+const SUPERVISOR_BLOCKING_THREADS: usize = 8;
+
+/// The supervisor's runtime: one thread, and its blocking threads all made now and kept for
+/// good, so that no thread of the supervisor is made once the harness runs
+/// ([`crate::supervisor_guard`] guards the ids below the harness's).
+pub fn supervisor_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(SUPERVISOR_BLOCKING_THREADS)
+        .thread_keep_alive(Duration::from_secs(365 * 24 * 3600))
+        .build()?;
+    // Each waits until all are there: the pool makes a thread for each.
+    let all = std::sync::Arc::new(std::sync::Barrier::new(SUPERVISOR_BLOCKING_THREADS + 1));
+    for _ in 0..SUPERVISOR_BLOCKING_THREADS {
+        let all = all.clone();
+        runtime.spawn_blocking(move || {
+            all.wait();
+        });
+    }
+    all.wait();
+    Ok(runtime)
+}
 
 /// What the grader tells the supervisor: the one command to run.
 #[derive(Debug, Serialize, Deserialize)]
@@ -282,6 +311,31 @@ async fn empty_namespace() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every blocking task of the supervisor runs on a thread made before its runtime was
+    /// returned: a thread made after it has a higher id than all of them.
+    #[test]
+    fn the_supervisor_makes_no_thread_once_its_runtime_is_built() {
+        let runtime = supervisor_runtime().expect("runtime");
+        let tid = || rustix::thread::gettid().as_raw_nonzero().get();
+        let later = std::thread::spawn(tid).join().expect("thread");
+        let seen = runtime.block_on(async {
+            let tasks: Vec<_> = (0..40)
+                .map(|_| {
+                    tokio::task::spawn_blocking(move || {
+                        std::thread::sleep(Duration::from_millis(5));
+                        tid()
+                    })
+                })
+                .collect();
+            let mut seen = Vec::new();
+            for t in tasks {
+                seen.push(t.await.expect("task"));
+            }
+            seen
+        });
+        assert!(seen.iter().all(|t| *t < later), "{seen:?} against {later}");
+    }
 
     fn spec(dir: &std::path::Path, script: &str) -> CommandSpec {
         CommandSpec {

@@ -44,6 +44,7 @@ pub mod sandbox_user;
 pub mod session;
 pub mod spec;
 pub mod summary;
+pub mod supervisor_guard;
 pub mod swebench_grade;
 pub mod syscall_filter;
 pub mod tree;

@@ -36,18 +36,18 @@ pub struct CommandSpec {
     pub drop_capabilities: bool,
 }
 
-/// Starts `command` from a thread of its own that first gives up every capability it could
-/// pass on: capabilities are a thread's, and a child is forked from the thread that spawns
-/// it, so the child starts with none while the runner keeps its own
-/// ([`CommandSpec::drop_capabilities`]). The thread ends once the child is started.
-fn spawn_without_capabilities(
+/// Starts `command` from a thread of its own that first runs `prepare` on itself: what a
+/// thread holds (capabilities, a seccomp filter) a child forked from it starts with, while
+/// the runner keeps its own. The thread ends once the child is started.
+fn spawn_from_thread(
     command: &mut tokio::process::Command,
+    prepare: impl FnOnce() -> std::io::Result<()> + Send,
 ) -> std::io::Result<tokio::process::Child> {
     let runtime = tokio::runtime::Handle::current();
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                drop_all_capabilities()?;
+                prepare()?;
                 // The child is registered with the runtime's reaper from this thread.
                 let _entered = runtime.enter();
                 command.spawn()
@@ -55,6 +55,44 @@ fn spawn_without_capabilities(
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the spawning thread panicked")))
     })
+}
+
+/// What the command's spawning thread does first: give up every capability it could pass on
+/// ([`CommandSpec::drop_capabilities`]), and, for a harness under its supervisor (this
+/// process its namespace's init), install [`crate::supervisor_guard`].
+fn spawn(
+    command: &mut tokio::process::Command,
+    drop_capabilities: bool,
+    guard_supervisor: bool,
+) -> std::io::Result<tokio::process::Child> {
+    if !drop_capabilities && !guard_supervisor {
+        return command.spawn();
+    }
+    spawn_from_thread(command, || {
+        if drop_capabilities {
+            drop_all_capabilities()?;
+        }
+        if guard_supervisor {
+            crate::supervisor_guard::install_for_next_child()?;
+        }
+        Ok(())
+    })
+}
+
+/// Whether [`crate::supervisor_guard`] can be installed (this process has `no_new_privs`);
+/// said once when it cannot.
+fn guard_available() -> bool {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let available = crate::supervisor_guard::available();
+    if !available {
+        SAID.call_once(|| {
+            tracing::warn!(
+                "no_new_privs is off (the template allows privilege escalation): the harness \
+                 may change its supervisor's scheduling (docs/security.md)"
+            )
+        });
+    }
+    available
 }
 
 /// This thread's bounding, ambient and inheritable sets emptied: what a root `execve` from it
@@ -257,10 +295,8 @@ async fn run_inner<S: Stop>(
     command.envs(spec.env.iter().map(|(k, v)| (k, v)));
     let tag = new_tag();
     command.env(TAG_VAR, &tag);
-    let spawned = match spec.drop_capabilities {
-        true => spawn_without_capabilities(&mut command),
-        false => command.spawn(),
-    };
+    let guard_supervisor = leftovers == Leftovers::WholeNamespace && guard_available();
+    let spawned = spawn(&mut command, spec.drop_capabilities, guard_supervisor);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {

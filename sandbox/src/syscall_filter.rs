@@ -23,6 +23,12 @@ use seccompiler::{
 #[error("cannot build the sandbox's seccomp filter: {0}")]
 pub struct FilterError(String);
 
+impl FilterError {
+    pub(crate) fn new(why: &str) -> Self {
+        FilterError(why.to_string())
+    }
+}
+
 /// The compiled filter for this machine's architecture.
 pub fn program() -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());

@@ -185,6 +185,38 @@ def _():
     return "PID 1 is gone" if not os.path.exists("/proc/1/cmdline") else None
 
 
+@attempt("starve_the_supervisor")
+def _():
+    # Same user as PID 1: idle it, nice it, pin it, limit its CPU (and each of its threads),
+    # then stay busy, so that it reports the harness's end past the grader's deadline and a
+    # loss ends as infrastructure. Every change that took is reported.
+    import resource
+
+    took = []
+    for tid in sorted(int(t) for t in os.listdir("/proc/1/task")):
+        for name, change in [
+            ("idle", lambda: os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))),
+            ("nice", lambda: os.setpriority(os.PRIO_PROCESS, tid, 19)),
+            ("pin", lambda: os.sched_setaffinity(tid, {min(os.sched_getaffinity(0))})),
+            ("cpu", lambda: resource.prlimit(tid, resource.RLIMIT_CPU, (1, 1))),
+        ]:
+            try:
+                change()
+                took.append(f"{name} {tid}")
+            except OSError:
+                pass
+    for name, change in [
+        ("nice the user", lambda: os.setpriority(os.PRIO_USER, 0, 19)),
+        ("nice group 1", lambda: os.setpriority(os.PRIO_PGRP, 1, 19)),
+    ]:
+        try:
+            change()
+            took.append(name)
+        except OSError:
+            pass
+    return ", ".join(took) or None
+
+
 @attempt("steal_the_agent_link")
 def _():
     s = socket.create_connection(("127.0.0.1", 8379), timeout=3)

@@ -1248,6 +1248,7 @@ async fn a_hostile_agent_in_a_real_pod_cannot_forge_its_reward() -> Result<()> {
             "see_floe_processes",
             "read_supervisor_memory",
             "kill_the_supervisor",
+            "starve_the_supervisor",
             "steal_the_agent_link",
             // The harness shares the pod's network with the gateway, but not the key.
             "call_model_server_directly",
