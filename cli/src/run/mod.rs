@@ -317,7 +317,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
 
     let started = Instant::now();
     let mut progress = progress::Progress::new(count);
-    progress.resumed(earlier.done.len());
+    progress.resumed(earlier.done.values());
     if let Some(listen) = args.metrics_listen {
         let namespace = plan.job.metadata.namespace.as_deref().unwrap_or("default");
         let run_metrics = metrics::RunMetrics::new(namespace, &plan.name)

@@ -72,10 +72,33 @@ impl Progress {
         self.draw();
     }
 
-    /// Sessions an earlier run finished (`--resume`).
-    pub fn resumed(&mut self, done: usize) {
-        self.done += done;
+    /// Sessions an earlier run finished (`--resume`), counted as they ended then (a failed
+    /// one is not a succeeded one now).
+    pub fn resumed<'a>(&mut self, done: impl IntoIterator<Item = &'a SessionResult>) {
+        for result in done {
+            self.done += 1;
+            self.tally(result);
+        }
         self.count(None);
+    }
+
+    /// A finished session's reward, tokens and failure into the counts; whether it failed
+    /// (by infrastructure, or with no summary: the runner reported nothing, not the policy's
+    /// result).
+    fn tally(&mut self, result: &SessionResult) -> bool {
+        let failed = match &result.summary {
+            Some(s) => {
+                if let Some(r) = s.reward {
+                    self.reward_sum += r;
+                    self.scored += 1;
+                }
+                self.sampled_tokens += s.sampled_tokens;
+                matches!(s.status.as_str(), "infra_error" | "evaluator_timeout")
+            }
+            None => true,
+        };
+        self.failed += usize::from(failed);
+        failed
     }
 
     /// An attempt failed by infrastructure and runs again as `retry`.
@@ -110,38 +133,22 @@ impl Progress {
     pub fn finished(&mut self, session: &str, result: &SessionResult) {
         self.running = self.running.saturating_sub(1);
         self.done += 1;
-        let failed_before = self.failed;
-        if let Some(s) = &result.summary {
-            if let Some(r) = s.reward {
-                self.reward_sum += r;
-                self.scored += 1;
-            }
-            if matches!(s.status.as_str(), "infra_error" | "evaluator_timeout") {
-                self.failed += 1;
-            }
-            self.sampled_tokens += s.sampled_tokens;
-            if !self.tty {
-                let reward = s.reward.map_or("-".to_string(), |r| format!("{r}"));
-                eprintln!(
-                    "[{}/{}] {session}: {} reward {reward} ({:.1} s, {} calls){}",
-                    self.done,
-                    self.total,
-                    s.status,
-                    result.wall_seconds,
-                    s.completions,
-                    s.error
-                        .as_ref()
-                        .map(|e| format!(": {e}"))
-                        .unwrap_or_default()
-                );
-            }
+        let failed = self.tally(result);
+        if let (false, Some(s)) = (self.tty, &result.summary) {
+            let reward = s.reward.map_or("-".to_string(), |r| format!("{r}"));
+            eprintln!(
+                "[{}/{}] {session}: {} reward {reward} ({:.1} s, {} calls){}",
+                self.done,
+                self.total,
+                s.status,
+                result.wall_seconds,
+                s.completions,
+                s.error
+                    .as_ref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            );
         }
-        // Without a summary the runner reported nothing: not the policy's result (failed in
-        // the session counts too, as in the results).
-        if result.summary.is_none() {
-            self.failed += 1;
-        }
-        let failed = self.failed > failed_before;
         self.count(Some(if failed {
             Outcome::Failed
         } else {
@@ -312,5 +319,36 @@ mod tests {
         ] {
             assert!(page.lines().any(|l| l == line), "{line} not in:\n{page}");
         }
+    }
+
+    #[test]
+    fn a_resumed_run_counts_the_earlier_runs_failures_as_failed_and_its_rewards() {
+        let metrics = Arc::new(RunMetrics::new("ns", "j").expect("metrics"));
+        let mut progress = Progress::new(4);
+        progress.export(metrics.clone());
+        let ended = |status: &str, reward: Option<f64>| SessionResult {
+            task: "t".into(),
+            summary: Some(floe_sandbox::summary::Summary {
+                status: status.into(),
+                reward,
+                ..Default::default()
+            }),
+            wall_seconds: 1.0,
+        };
+        let earlier = [
+            ended("completed", Some(1.0)),
+            ended("infra_error", None),
+            ended("agent_failed", Some(0.0)),
+        ];
+        progress.resumed(&earlier);
+        let page = metrics.page("", None);
+        for line in [
+            "floe_sessions{namespace=\"ns\",rolloutjob=\"j\",state=\"succeeded\"} 2",
+            "floe_sessions{namespace=\"ns\",rolloutjob=\"j\",state=\"failed\"} 1",
+            "floe_sessions{namespace=\"ns\",rolloutjob=\"j\",state=\"pending\"} 1",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} not in:\n{page}");
+        }
+        assert_eq!((progress.scored, progress.reward_sum), (2, 1.0));
     }
 }
