@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
-use floe_gateway::ship::collector::{serve, CollectError, Collector};
+use floe_gateway::ship::collector::{serve, CollectError, Collector, Run};
 
 /// The job's ingest token; posts without it are refused.
 pub const INGEST_TOKEN_ENV: &str = "FLOE_INGEST_TOKEN";
@@ -22,6 +22,12 @@ pub struct CollectArgs {
     /// accepted).
     #[arg(long)]
     min_reward: Option<f64>,
+    /// The job this collector writes for, and its uid: the directory is that run's (recorded
+    /// in `owner.json`), and another run's is refused.
+    #[arg(long, default_value = "")]
+    job: String,
+    #[arg(long)]
+    job_uid: Option<String>,
     /// Largest trajectory accepted, in bytes.
     #[arg(long, default_value_t = 256 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -48,7 +54,11 @@ pub enum CollectCliError {
 }
 
 pub fn run(args: CollectArgs) -> Result<(), CollectCliError> {
-    let collector = match Collector::open(&args.dir, args.min_reward) {
+    let run = Run {
+        job: &args.job,
+        uid: args.job_uid.as_deref(),
+    };
+    let collector = match Collector::open(&args.dir, args.min_reward, run) {
         Ok(c) => c,
         Err(CollectError::Io(dir, e)) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Err(CollectCliError::NotWritable {

@@ -238,3 +238,47 @@ async fn a_collector_that_cannot_rebuild_its_dataset_still_starts() -> Result<()
     );
     Ok(())
 }
+
+/// A job deleted and made again under its name, on the same dataset directory: its sessions
+/// have the earlier run's ids, and the collector answered each "already kept" (409), which
+/// its gateways took as delivered. The directory is its first run's; another run's collector
+/// stops at start with what to do, as its pod's termination message.
+#[tokio::test]
+async fn a_collector_refuses_the_dataset_of_another_run_of_its_job() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let run = |uid: &str| {
+        Command::new(floe_bin()?)
+            .args(["collect", "--listen", "127.0.0.1:0", "--job", "distil"])
+            .args(["--job-uid", uid])
+            .arg("--dir")
+            .arg(dir.path())
+            .env("FLOE_INGEST_TOKEN", TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("floe collect")
+    };
+    // The first run's collector takes the directory and serves.
+    let mut first = Collector(run("uid-1")?);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        first.0.try_wait()?.is_none(),
+        "the first run's collector stopped"
+    );
+    drop(first);
+    let second = run("uid-2")?.wait_with_output()?;
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{said}");
+    assert!(
+        said.contains("another run of job \"distil\" (uid uid-1; this run is uid uid-2)"),
+        "{said}"
+    );
+    // The first run restarted keeps its directory.
+    let mut again = Collector(run("uid-1")?);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        again.0.try_wait()?.is_none(),
+        "the first run's collector, restarted, stopped"
+    );
+    Ok(())
+}

@@ -34,6 +34,14 @@ pub enum CollectError {
     Io(PathBuf, std::io::Error),
     #[error("cannot listen on {0}: {1}")]
     Listen(std::net::SocketAddr, std::io::Error),
+    #[error(transparent)]
+    Foreign(#[from] super::dataset_owner::ForeignDataset),
+}
+
+/// The run a collector writes for: its job's name and uid (none for a local run).
+pub struct Run<'a> {
+    pub job: &'a str,
+    pub uid: Option<&'a str>,
 }
 
 pub struct Collector {
@@ -70,10 +78,12 @@ fn records(dir: &Path, subs: &[&str]) -> std::io::Result<Vec<PathBuf>> {
 }
 
 impl Collector {
-    pub fn open(dir: &Path, min_reward: Option<f64>) -> Result<Self, CollectError> {
+    pub fn open(dir: &Path, min_reward: Option<f64>, run: Run<'_>) -> Result<Self, CollectError> {
         let io = |e| CollectError::Io(dir.to_path_buf(), e);
         std::fs::create_dir_all(dir.join("accepted")).map_err(io)?;
         std::fs::create_dir_all(dir.join("rejected")).map_err(io)?;
+        // Before anything is read or written: the directory may be another run's.
+        super::dataset_owner::claim(dir, run.job, run.uid)?;
         // Rebuilt whole (a crash may have cut an append short); a volume with no room for a
         // second copy of the dataset keeps its file with any torn last line cut, rather than
         // failing every start (the records in accepted/ are the truth, and `finish` rebuilds

@@ -7,6 +7,7 @@
 
 mod assignment;
 pub mod collector;
+pub mod dataset_owner;
 pub mod shipper;
 mod sink;
 mod spool;

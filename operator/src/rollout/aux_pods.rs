@@ -145,7 +145,8 @@ pub fn collector(
                 // A dataset directory it cannot write ends it with the reason as its message.
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "args": ["collect", "--listen", format!("0.0.0.0:{INGEST_PORT}"), "--dir", dir,
-                         "--min-reward", min_reward.to_string()],
+                         "--min-reward", min_reward.to_string(),
+                         "--job", job.name_any(), "--job-uid", job.uid().unwrap_or_default()],
                 "ports": [{"name": "http", "containerPort": INGEST_PORT}],
                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
                 "env": [job_token_env(job, "FLOE_INGEST_TOKEN")],
@@ -473,6 +474,8 @@ mod tests {
         let args = &pod["spec"]["containers"][0]["args"];
         assert_eq!(args[4], "/data/runs/1");
         assert_eq!(args[6], "0.5", "minReward defaults to the pass threshold");
+        // The directory is this run's: a job made again under its name is told, not dropped.
+        assert_eq!((&args[8], &args[10]), (&json!("j"), &json!("u-1")));
         assert_eq!(
             pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
             "data"

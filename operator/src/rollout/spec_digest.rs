@@ -20,7 +20,7 @@ pub const ANNOTATION: &str = "floe.dev/spec-digest";
 /// argument, a new key in the trainer's config) bumps it: a digest of another version is not
 /// compared, only recorded again, so an upgrade never stalls a running job. The test
 /// `the_material_is_pinned` fails until it is bumped.
-const MATERIAL: u32 = 2;
+const MATERIAL: u32 = 3;
 
 /// The digest of what `pod`'s containers run with, tagged with [`MATERIAL`].
 pub fn digest(pod: &Pod) -> String {
@@ -181,8 +181,8 @@ mod tests {
         assert_eq!(
             [made(&train_job()), made(&sft)],
             [
-                "2/995d85209cc15ce4".to_string(),
-                "2/2131ecd80697df13".to_string()
+                "3/995d85209cc15ce4".to_string(),
+                "3/976df02e1a317317".to_string()
             ],
             "the pods are built otherwise: bump MATERIAL in spec_digest.rs and pin the new digests"
         );
