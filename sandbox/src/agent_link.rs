@@ -31,9 +31,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::disk_budget::{self, Budget, Holder};
 use crate::process::{self, CommandSpec, Exit, Finished};
 
-/// The kubelet's termination-message file in the agent container: writable for all, on the
-/// node's disk, counted by no ephemeral-storage limit ([`disk_budget::held_exceeded`]).
-const TERMINATION_LOG: &str = "/dev/termination-log";
+use crate::disk_budget::{TERMINATION_LOG, TERMINATION_LOG_LIMIT};
 
 /// The blocking threads the supervisor's runtime keeps: more than it ever uses at once (its
 /// command's two output copies, the disk watch, emptying its namespace).
@@ -215,7 +213,7 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
             _ => Ended::GraderGone,
         }
     };
-    let disk = async {
+    let budget = async {
         match order.disk {
             // Every process of the namespace is below its init, orphans included.
             Some(watch) => {
@@ -233,6 +231,14 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
                 )
             }
             None => std::future::pending().await,
+        }
+    };
+    // The termination log alone, budget or not.
+    let disk = async {
+        let log = vec![std::path::PathBuf::from(TERMINATION_LOG)];
+        tokio::select! {
+            ended = budget => ended,
+            why = disk_budget::files_outgrown(log, TERMINATION_LOG_LIMIT) => Ended::OverDisk(why),
         }
     };
     let stop = async {

@@ -150,6 +150,42 @@ pub async fn held_exceeded(
     .await
 }
 
+/// The kubelet's termination-message file, bind-mounted writable for all in every container,
+/// on the node's disk and counted by no ephemeral-storage limit (kubernetes/kubernetes#122224).
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// The most it may take: the kubelet reads 4096 bytes of it, and floe's own summary is less.
+pub const TERMINATION_LOG_LIMIT: u64 = 1 << 20;
+/// How often such files are measured: a `stat` each, so often.
+const FILES_CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// Completes, saying why, once one of `files` takes more than `limit` bytes on disk, emptied
+/// first; never when none of them is there. With or without a disk budget: whoever can write
+/// there (the agent, or its code under test in the grader) could otherwise fill the node's
+/// disk through it, and a node under disk pressure evicts its pods, a loss turned into
+/// infrastructure.
+pub async fn files_outgrown(files: Vec<PathBuf>, limit: u64) -> String {
+    let files: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|f| std::fs::metadata(f).is_ok_and(|m| m.is_file()))
+        .collect();
+    if files.is_empty() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(FILES_CHECK_EVERY).await;
+        for f in &files {
+            let held = allocated(f);
+            if held > limit {
+                empty_files(std::slice::from_ref(f));
+                return format!(
+                    "{held} bytes written to {}, which no storage limit counts (at most {limit})",
+                    f.display()
+                );
+            }
+        }
+    }
+}
+
 /// What a regular file at `path` takes on disk (0 for anything else, or nothing there).
 fn allocated(path: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -342,6 +378,47 @@ mod tests {
             root,
             cgroup_procs: None,
         }
+    }
+
+    /// A pod's termination log on its own, with no budget: past its limit it is emptied and
+    /// the watch says so; under it, or absent, the watch never completes.
+    #[tokio::test]
+    async fn a_file_past_its_own_limit_is_emptied_and_said(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("termination-log");
+        std::fs::write(&log, b"short")?;
+        let quiet = tokio::time::timeout(
+            FILES_CHECK_EVERY * 4,
+            files_outgrown(vec![log.clone(), dir.path().join("absent")], 4096),
+        )
+        .await;
+        assert!(quiet.is_err(), "a file within its limit: {quiet:?}");
+        let absent = tokio::time::timeout(
+            FILES_CHECK_EVERY * 2,
+            files_outgrown(vec![dir.path().join("x")], 0),
+        )
+        .await;
+        assert!(absent.is_err(), "no file: {absent:?}");
+        let writer = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(FILES_CHECK_EVERY);
+                std::fs::write(&log, vec![1u8; 64 << 10])
+            })
+        };
+        let why = tokio::time::timeout(
+            FILES_CHECK_EVERY * 8,
+            files_outgrown(vec![log.clone()], 4096),
+        )
+        .await?;
+        writer.join().map_err(|_| "writer")??;
+        assert!(
+            why.contains("termination-log") && why.contains("at most 4096"),
+            "{why}"
+        );
+        assert_eq!(std::fs::metadata(&log)?.len(), 0, "emptied");
+        Ok(())
     }
 
     /// A file beside the trees (a pod's `/dev/termination-log`) counts with them, and is

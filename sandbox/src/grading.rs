@@ -180,7 +180,7 @@ pub(crate) async fn grade(
         if let Err(e) = workspace::clear(&eval_dir) {
             tracing::warn!("emptying the evaluation copy: {e}");
         }
-        let why = format!("the evaluator was stopped: its directory held {held}");
+        let why = format!("the evaluator was stopped: {held}");
         return failed_with(summary, FailureReason::DiskLimit, why, &applied);
     }
     if config.confinement.is_some() && ran.exit == Exit::Code(relay::STRAGGLERS) {

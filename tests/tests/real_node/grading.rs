@@ -58,18 +58,43 @@ const IN_PODS: &[&str] = &[
     "conftest",
 ];
 
+/// Pod-only: the kubelet's termination-message file, writable for all in every container and
+/// counted by no storage limit, filled past its 1 MiB limit by the agent after a fix, and by
+/// its code under test in the grader (a correct `add`, the file filled at import). Each would
+/// otherwise write the node's disk unbounded.
+fn termination_log_tasks() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "termlog",
+            format!(
+                "{} && dd if=/dev/zero of=/dev/termination-log bs=1M count=4 2>/dev/null; \
+                 echo filled > filled.txt; sleep 50",
+                grading_attacks::FIX
+            ),
+        ),
+        (
+            "eval-termlog",
+            "cat > calc.py <<'EOF'\nimport time\nwith open('/dev/termination-log', 'wb') as f:\n    \
+             f.write(bytes(4 << 20))\ntime.sleep(3)\ndef add(a, b):\n    return a + b\nEOF"
+                .into(),
+        ),
+    ]
+}
+
 #[tokio::test]
 async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<()> {
     let work = prepare("grading").await?;
     let _operator = shell_agent_pool(&work, grading_attacks::DISK_BUDGET).await?;
     let (n, client, ns) = (work.n, work.client.clone(), work.ns.name.clone());
-    let mut job = sft_job(
-        "grading",
-        &ns,
-        1,
-        "/grading",
-        json!(grading_attacks::tasks(IN_PODS)),
-    );
+    let mut tasks = grading_attacks::tasks(IN_PODS);
+    for (id, commands) in termination_log_tasks() {
+        let mut task = tasks[0].clone();
+        task["id"] = id.into();
+        task["instruction"] = commands.into();
+        tasks.push(task);
+    }
+    let sessions = tasks.len();
+    let mut job = sft_job("grading", &ns, 1, "/grading", json!(tasks));
     job["spec"]["evaluator"] = grading_attacks::evaluator();
     // 20 s: an honest evaluator in a pod must finish on a node loaded by its siblings' disk
     // fills (at 5 s, `fix` once timed out in CI); `hang` sleeps 600 s.
@@ -79,11 +104,10 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
     apply(&client, &ns, job).await?;
     let status = finished(n, &client, &ns, "grading").await?;
     assert_eq!(
-        status.sessions.succeeded as usize,
-        IN_PODS.len(),
+        status.sessions.succeeded as usize, sessions,
         "every session scored, none failed as infrastructure: {status:?}"
     );
-    let lines = dataset(&work.data.path().join("grading"), IN_PODS.len()).await?;
+    let lines = dataset(&work.data.path().join("grading"), sessions).await?;
     for (task, _, reward, failure) in attacks()
         .into_iter()
         .filter(|(id, ..)| IN_PODS.contains(id))
@@ -99,6 +123,27 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
             failure,
             "{task}: {}",
             t["evaluation"]
+        );
+    }
+    // The termination log filled, in the agent's container and in the grader's: stopped at
+    // its limit and scored 0, with or without a disk budget.
+    for task in ["termlog", "eval-termlog"] {
+        let t = lines
+            .iter()
+            .find(|t| t["session"] == format!("grading-{task}-0").as_str())
+            .with_context(|| format!("no trajectory for {task}"))?;
+        assert_eq!(t["reward"].as_f64(), Some(0.0), "{task}: {t}");
+        let detail = &t["evaluation"]["detail"];
+        assert_eq!(
+            detail["failure"].as_str(),
+            Some("disk_limit"),
+            "{task}: {detail}"
+        );
+        assert!(
+            detail["failureMessage"]
+                .as_str()
+                .is_some_and(|w| w.contains("/dev/termination-log")),
+            "{task}: {detail}"
         );
     }
     // The file deleted but held open, which neither the grader's walk nor the kubelet sees,
