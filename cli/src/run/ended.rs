@@ -41,6 +41,25 @@ pub fn result(joined: Joined, upstream: &mut UpstreamErrors) -> (Attempt, String
     (attempt, session, result)
 }
 
+/// The report of an attempt whose runner panicked: an infrastructure failure, saying so.
+pub fn panicked(session: &str, task: &str, panic: &(dyn std::any::Any + Send)) -> RunReport {
+    let why = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    RunReport {
+        exit: floe_sandbox::summary::ExitKind::Infrastructure,
+        summary: floe_sandbox::summary::Summary {
+            session: Some(session.into()),
+            task: Some(task.into()),
+            status: "infra_error".into(),
+            error: Some(format!("the session's runner panicked: {why}")),
+            ..Default::default()
+        },
+    }
+}
+
 /// Sessions whose runners had returned when the run was stopped (a signal, a failure, a cause
 /// every session shares), before the run took their results: counted as they ended, not as
 /// never finished. The run stops, so none is retried.
@@ -71,6 +90,7 @@ pub fn before_the_stop(
 mod tests {
     use super::*;
     use floe_sandbox::summary::{ExitKind, Summary};
+    use futures::FutureExt;
 
     fn joined(dir: &std::path::Path, index: usize, session: &str, status: &str) -> Joined {
         let slot = dir.join(session);
@@ -87,6 +107,34 @@ mod tests {
             summary,
         };
         (Attempt { index, attempt: 0 }, slot, report, 2.0)
+    }
+
+    /// A runner that panicked is an infrastructure failure of its attempt, which the run
+    /// retries and tells the trainer of, never a session it loses (and exits 0 over).
+    #[tokio::test]
+    async fn a_runner_that_panics_is_its_attempts_infrastructure_failure() {
+        let caught = std::panic::AssertUnwindSafe(async {
+            panic!("index out of bounds");
+        })
+        .catch_unwind()
+        .await
+        .map(|()| unreachable_report())
+        .unwrap_or_else(|p| panicked("j-t-0", "t", p.as_ref()));
+        assert_eq!(caught.summary.status, "infra_error");
+        assert_eq!(caught.summary.session.as_deref(), Some("j-t-0"));
+        assert_eq!(caught.summary.task.as_deref(), Some("t"));
+        assert_eq!(
+            caught.summary.error.as_deref(),
+            Some("the session's runner panicked: index out of bounds")
+        );
+        assert!(queue::is_infrastructure(&caught.summary.status));
+    }
+
+    fn unreachable_report() -> RunReport {
+        RunReport {
+            exit: ExitKind::Success,
+            summary: Summary::default(),
+        }
     }
 
     /// A session that ended just before Ctrl-C is the run's result as it ended, and `--resume`

@@ -46,6 +46,7 @@ use floe_gateway::server::{
 };
 use floe_gateway::ship::{Assignment, Sink};
 use floe_sandbox::runner::run as run_sandbox;
+use futures::FutureExt;
 use rand::RngExt;
 
 use queue::{Attempt, Queue};
@@ -428,6 +429,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             };
             let held = held.is_some();
             let session = assignment.session.clone();
+            let task = assignment.task.clone();
             // Posted only now: a queued session holds no file or socket (10,000 sessions run
             // under the default `ulimit -n`).
             // Refused (the gateway's disk full, say) after sessions ran: the run ends as a
@@ -444,14 +446,19 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             let slot = out.join("sessions").join(&session);
             let config = sandboxing::runner_config(
                 &slot,
-                session,
+                session.clone(),
                 (&gateway_url, &control_token),
                 confinement.clone(),
                 &args,
             );
             running.spawn(async move {
                 let t0 = Instant::now();
-                let report = run_sandbox(&config).await;
+                // A runner that panics is its attempt's infrastructure failure (retried, and
+                // told to the trainer), not a session the run forgets.
+                let report = std::panic::AssertUnwindSafe(run_sandbox(&config))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| ended::panicked(&session, &task, panic.as_ref()));
                 (next, slot, report, t0.elapsed().as_secs_f64())
             });
             match held_out.as_mut().filter(|_| held) {
@@ -635,9 +642,15 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     if let Some(f) = &failure {
         eprintln!("floe run: training failed: {f}");
     }
+    // The attempt each session ended with: the one its dataset record is, of several.
+    let counted: std::collections::BTreeSet<String> = all
+        .iter()
+        .filter_map(|r| r.summary.as_ref()?.session.clone())
+        .collect();
     let ended = outcome::Ended {
         out,
         job: &plan.name,
+        counted: &counted,
         curve: trained
             .as_ref()
             .map(|s| (s, rounds.as_deref().unwrap_or(&[]))),

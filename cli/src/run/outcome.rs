@@ -15,6 +15,8 @@ use super::signals::Stop;
 pub struct Ended<'a> {
     pub out: &'a Path,
     pub job: &'a str,
+    /// The session id of the attempt each session's result is.
+    pub counted: &'a std::collections::BTreeSet<String>,
     /// A train run's trainer status and its held-out rounds: the reward curve.
     pub curve: Option<(&'a Value, &'a [RoundReport])>,
     /// Not a train run: the dataset is written from these trajectories (`sft`: its filter).
@@ -40,7 +42,7 @@ pub fn write(summary: &mut RunSummary, ended: &Ended) -> i32 {
         }
     }
     if let Some((trajectories, sft)) = ended.dataset {
-        match report::dataset(trajectories, ended.out, sft) {
+        match report::dataset(trajectories, ended.out, sft, ended.counted) {
             Ok(dataset) => summary.dataset = dataset,
             Err(e) => said("dataset.jsonl", &e),
         }
@@ -48,7 +50,8 @@ pub fn write(summary: &mut RunSummary, ended: &Ended) -> i32 {
     let written = serde_json::to_string_pretty(&summary)
         .map_err(|e| e.to_string())
         .and_then(|json| {
-            std::fs::write(ended.out.join("summary.json"), json).map_err(|e| e.to_string())
+            floe_gateway::ship::write_durably(&ended.out.join("summary.json"), json.as_bytes())
+                .map_err(|e| e.to_string())
         });
     if let Err(e) = written {
         said("summary.json", &e);
@@ -78,6 +81,8 @@ fn exit_code(summary: &RunSummary, ended: &Ended, unwritten: bool) -> i32 {
     } else if ended.failed
         || unwritten
         || summary.sessions.infra_error + summary.sessions.evaluator_timeout > 0
+        // Not every session ran, yet nothing stopped the run.
+        || summary.sessions.not_finished > 0
     {
         1
     } else {

@@ -2,7 +2,7 @@
 //! task, tokens, acceptance, timings) and the dataset / GRPO trajectory files assembled from the
 //! per-session files the gateway's dataset sink wrote. Aggregation is pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use floe_sandbox::summary::Summary;
@@ -120,14 +120,19 @@ pub struct RunSummary {
 
 /// The run's output file from its trajectories (`dataset.jsonl` for sft, `trajectories.jsonl`
 /// for a train job's `--collect-only`), and what went into it.
-pub fn dataset(trajectories: &Path, out: &Path, sft: bool) -> Result<Dataset, String> {
+pub fn dataset(
+    trajectories: &Path,
+    out: &Path,
+    sft: bool,
+    counted: &BTreeSet<String>,
+) -> Result<Dataset, String> {
     let file = if sft {
         "dataset.jsonl"
     } else {
         "trajectories.jsonl"
     };
     let (accepted, rejected) =
-        assemble(trajectories, &out.join(file)).map_err(|e| format!("{file}: {e}"))?;
+        assemble(trajectories, &out.join(file), counted).map_err(|e| format!("{file}: {e}"))?;
     Ok(Dataset {
         file: file.into(),
         accepted,
@@ -229,7 +234,17 @@ pub fn summarize(
 
 /// Join the per-session files under `dir/accepted/` into one JSONL file, ordered by GRPO group
 /// then sample (each group's samples contiguous). Returns (accepted, rejected) counts.
-pub fn assemble(dir: &Path, out_file: &Path) -> std::io::Result<(u64, u64)> {
+///
+/// One record per sample: an attempt the run retried (its trajectory not shipped in time, its
+/// session then an infrastructure failure) may still ship later, beside the retry's. The
+/// record of the attempt the run `counted` is kept, else the first by session id. Rejected
+/// records are counted for counted attempts only (a retried attempt's untrainable one is no
+/// session of the dataset's).
+pub fn assemble(
+    dir: &Path,
+    out_file: &Path,
+    counted: &BTreeSet<String>,
+) -> std::io::Result<(u64, u64)> {
     let files = |sub: &str| -> std::io::Result<Vec<std::path::PathBuf>> {
         let path = dir.join(sub);
         if !path.exists() {
@@ -242,7 +257,14 @@ pub fn assemble(dir: &Path, out_file: &Path) -> std::io::Result<(u64, u64)> {
                 found.push(p);
             }
         }
+        found.sort();
         Ok(found)
+    };
+    let session_of = |p: &Path| {
+        p.file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string()
     };
     /// What the dataset is ordered by; the rest of a trajectory is skipped, not kept.
     #[derive(serde::Deserialize)]
@@ -252,16 +274,28 @@ pub fn assemble(dir: &Path, out_file: &Path) -> std::io::Result<(u64, u64)> {
     }
     // Keys first, then the files streamed in that order: one trajectory in memory at a time
     // (all of them at once would be the whole dataset's size).
-    let mut keyed = Vec::new();
+    let mut keyed: BTreeMap<(String, u64), std::path::PathBuf> = BTreeMap::new();
     for p in files("accepted")? {
         let key: Key = serde_json::from_slice(&std::fs::read(&p)?)
             .map_err(|e| std::io::Error::other(format!("{}: {e}", p.display())))?;
-        keyed.push(((key.group, key.sample), p));
+        match keyed.entry((key.group, key.sample)) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(p);
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                if counted.contains(&session_of(&p)) && !counted.contains(&session_of(o.get())) {
+                    o.insert(p);
+                }
+            }
+        }
     }
-    keyed.sort();
-    let ordered: Vec<_> = keyed.into_iter().map(|(_, p)| p).collect();
+    let ordered: Vec<_> = keyed.into_values().collect();
     let accepted = floe_gateway::ship::write_jsonl_durably(out_file, &ordered)?;
-    Ok((accepted, files("rejected")?.len() as u64))
+    let rejected = files("rejected")?
+        .iter()
+        .filter(|p| counted.contains(&session_of(p)))
+        .count() as u64;
+    Ok((accepted, rejected))
 }
 
 #[cfg(test)]
@@ -411,8 +445,14 @@ mod tests {
             )?;
         }
         std::fs::write(dir.path().join("rejected/w.json"), "{}")?;
+        // A retried attempt's records: one accepted late beside its retry's (`z`), one
+        // rejected as the infrastructure failure that was retried.
+        let late = serde_json::json!({"session": "late", "group": "g1", "sample": 0});
+        std::fs::write(dir.path().join("accepted/late.json"), late.to_string())?;
+        std::fs::write(dir.path().join("rejected/w-r0.json"), "{}")?;
+        let counted: BTreeSet<String> = ["w", "x", "y", "z"].map(String::from).into();
         let out = dir.path().join("out.jsonl");
-        assert_eq!(assemble(dir.path(), &out)?, (3, 1));
+        assert_eq!(assemble(dir.path(), &out, &counted)?, (3, 1));
         let sessions: Vec<String> = std::fs::read_to_string(&out)?
             .lines()
             .map(|l| serde_json::from_str::<serde_json::Value>(l).map(|v| v["session"].to_string()))

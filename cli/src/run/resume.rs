@@ -106,7 +106,9 @@ pub fn begin(
 
 pub fn write_record(out: &Path, record: &RunRecord) -> Result<(), String> {
     let text = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-    std::fs::write(out.join(RUN_FILE), text).map_err(|e| format!("{}: {e}", out.display()))
+    // Whole or not at all: a torn record would make the run impossible to resume.
+    floe_gateway::ship::write_durably(&out.join(RUN_FILE), &text)
+        .map_err(|e| format!("{}: {e}", out.display()))
 }
 
 /// The earlier run's record, when `now` may continue it.
