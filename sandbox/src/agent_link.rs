@@ -319,12 +319,14 @@ mod tests {
     use super::*;
 
     /// Every blocking task of the supervisor runs on a thread made before its runtime was
-    /// returned: a thread made after it has a higher id than all of them.
+    /// returned, after its threads idled past tokio's default keep-alive (10 s): a thread
+    /// made after it has a higher id than all of them.
     #[test]
     fn the_supervisor_makes_no_thread_once_its_runtime_is_built() {
         let runtime = supervisor_runtime().expect("runtime");
         let tid = || rustix::thread::gettid().as_raw_nonzero().get();
         let later = std::thread::spawn(tid).join().expect("thread");
+        std::thread::sleep(Duration::from_secs(11));
         let seen = runtime.block_on(async {
             let tasks: Vec<_> = (0..40)
                 .map(|_| {

@@ -8,7 +8,7 @@
 //! floe can show is not the code's is an infrastructure failure: an evaluator whose program is
 //! not there, a sandbox that did not start, a job that names no reward file, floe's own side.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use floe_crds::rollout_job::RewardSource;
 use floe_crds::swebench::{self, EVAL_SCRIPT};
@@ -16,6 +16,7 @@ use floe_gateway::trajectory::Evaluation;
 use serde_json::json;
 
 use crate::children::{tail, RunnerConfig};
+use crate::disk_budget;
 use crate::evaluator_run::{Evaluator, REPORT_LIMIT};
 use crate::grading_swebench::SweBenchPrepared;
 use crate::process::{self, Exit};
@@ -176,6 +177,12 @@ pub(crate) async fn grade(
     let ran = &evaluator_ran.finished;
     summary.evaluator_seconds = ran.elapsed.as_secs_f64();
     if let Some(held) = &evaluator_ran.over_disk {
+        if config.confinement.is_none() {
+            // In a pod, what the evaluator left (a process out of its group and tag) would
+            // go on writing, where nothing watches now: killed first, as below.
+            let _ = tokio::task::spawn_blocking(process::empty_own_namespace).await;
+            disk_budget::empty_files(&[PathBuf::from(disk_budget::TERMINATION_LOG)]);
+        }
         // What it wrote is gone at once: the disk is the run's, not the session's.
         if let Err(e) = workspace::clear(&eval_dir) {
             tracing::warn!("emptying the evaluation copy: {e}");

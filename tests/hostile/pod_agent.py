@@ -188,8 +188,8 @@ def _():
 @attempt("starve_the_supervisor")
 def _():
     # Same user as PID 1: idle it, nice it, pin it, limit its CPU (and each of its threads),
-    # then stay busy, so that it reports the harness's end past the grader's deadline and a
-    # loss ends as infrastructure. Every change that took is reported.
+    # which behind busy processes would have it report the harness's end past the grader's
+    # deadline, a loss ended as infrastructure. Every change that took is reported.
     import resource
 
     took = []

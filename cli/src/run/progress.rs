@@ -82,7 +82,7 @@ impl Progress {
         self.count(None);
     }
 
-    /// A finished session's reward, tokens and failure into the counts; whether it failed
+    /// A finished session's reward and failure into the counts; whether it failed
     /// (by infrastructure, or with no summary: the runner reported nothing, not the policy's
     /// result).
     fn tally(&mut self, result: &SessionResult) -> bool {
@@ -92,7 +92,6 @@ impl Progress {
                     self.reward_sum += r;
                     self.scored += 1;
                 }
-                self.sampled_tokens += s.sampled_tokens;
                 matches!(s.status.as_str(), "infra_error" | "evaluator_timeout")
             }
             None => true,
@@ -134,6 +133,8 @@ impl Progress {
         self.running = self.running.saturating_sub(1);
         self.done += 1;
         let failed = self.tally(result);
+        // This run's tokens only: the rate is over this process's time.
+        self.sampled_tokens += result.summary.as_ref().map_or(0, |s| s.sampled_tokens);
         if let (false, Some(s)) = (self.tty, &result.summary) {
             let reward = s.reward.map_or("-".to_string(), |r| format!("{r}"));
             eprintln!(

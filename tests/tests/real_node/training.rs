@@ -261,6 +261,11 @@ async fn train_job_outlives_losing_its_trainer_pod(loss: Loss) -> Result<()> {
             .stderr(std::process::Stdio::null())
             .spawn()?,
     );
+    // Following before the pod goes (a force-deleted one may be gone before kubectl asks).
+    eventually_within(30, "the first trainer pod's log followed", async || {
+        Ok((std::fs::metadata(first_log.path())?.len() > 0).then_some(()))
+    })
+    .await?;
     eprintln!("[test] deleting the first trainer pod after step {step_then} ({params:?})");
     pods.delete("learn-trainer", &params).await?;
     let resumed = eventually_within(
