@@ -895,8 +895,27 @@ fn a_train_job_that_cannot_start_fails_before_any_session() -> Result<()> {
     assert!(!refused.join("trainer/vllm.log").exists());
     assert!(!refused.join("sessions").exists());
 
-    // A policy server that exits while starting: its log, exit 2.
+    // `--resume` into another job's run: refused before vLLM or the trainer starts (which
+    // would take minutes, and replay the other run's trajectories under this job).
     std::fs::write(&job_file, job(&model, &["Name a fruit."], &LEARNING))?;
+    let other = dir.path().join("out-other");
+    std::fs::create_dir_all(&other)?;
+    std::fs::write(
+        other.join("run.json"),
+        r#"{"job": "other", "mode": "train", "assignments": []}"#,
+    )?;
+    let result = floe_run(&job_file, &other, &python)
+        .arg("--resume")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(r#"--out holds a run of train job "other", not of train job "brief""#),
+        "{stderr}"
+    );
+    assert!(!other.join("trainer/vllm.log").exists(), "vLLM was started");
+
+    // A policy server that exits while starting: its log, exit 2.
     let cmd = floe_run(&job_file, &out, &python);
     let args: Vec<_> = cmd.get_args().map(|a| a.to_os_string()).collect();
     let envs: Vec<_> = cmd

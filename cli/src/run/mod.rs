@@ -137,6 +137,18 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     )
     .await?;
     let model_url = model_url.map(|(u, _)| u);
+    if args.resume && trains {
+        // Refused before vLLM and the trainer start (minutes, a GPU), and before a trainer
+        // replays its stored trajectories under a job that changed: the record does not hold
+        // the trainer's address or token, so a placeholder sink compares the same.
+        let sink = Sink::Trainer {
+            url: String::new(),
+            token: None,
+            snapshots: false,
+        };
+        let record = RunRecord::of(&plan, "train", plan::expand(&plan, &sink, args.sessions));
+        resume::check_record(&args.out, &record).map_err(RunError::Preflight)?;
+    }
     let mut training = if trains {
         let programs = train::Programs {
             vllm_python: args.vllm_python.clone(),
