@@ -9,6 +9,8 @@ use floe_gateway::ship::collector::{serve, CollectError, Collector, Run};
 
 /// The job's ingest token; posts without it are refused.
 pub const INGEST_TOKEN_ENV: &str = "FLOE_INGEST_TOKEN";
+/// The job's teacher (`spec.sft.upstream`, JSON), named in `summary.json`.
+pub const TEACHER_ENV: &str = "FLOE_TEACHER";
 
 #[derive(Args)]
 pub struct CollectArgs {
@@ -71,7 +73,11 @@ pub fn run(args: CollectArgs) -> Result<(), CollectCliError> {
         Err(e) => return Err(e.into()),
     };
     let token = floe_gateway::bearer::token_from_env(INGEST_TOKEN_ENV, "post trajectories");
-    let collector = collector.with_token(token);
+    // Set by the operator from `spec.sft.upstream`; a value that is no JSON is kept as text.
+    let teacher = std::env::var(TEACHER_ENV)
+        .ok()
+        .map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t)));
+    let collector = collector.with_token(token).with_teacher(teacher);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

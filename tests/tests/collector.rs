@@ -18,6 +18,8 @@ struct Collector(Child);
 
 /// The job's ingest token, as the operator gives it to the collector and the gateways.
 const TOKEN: &str = "the-jobs-ingest-token";
+/// The job's teacher (`spec.sft.upstream`), as the operator gives it to the collector.
+const TEACHER: &str = r#"{"url":"http://teacher:8000","model":"big","kind":"vLLM"}"#;
 
 impl Drop for Collector {
     fn drop(&mut self) {
@@ -38,6 +40,7 @@ async fn start(dir: &std::path::Path, port: u16) -> Result<Collector> {
         .arg("--dir")
         .arg(dir)
         .env("FLOE_INGEST_TOKEN", TOKEN)
+        .env("FLOE_TEACHER", TEACHER)
         .stdout(Stdio::null())
         .spawn()?;
     let collector = Collector(child);
@@ -188,6 +191,8 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
             serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json"))?)?;
         assert_eq!(written, answer.json::<Value>().await?);
         assert_eq!(written["sessions"], record["sessions"]);
+        // The dataset says which model made it.
+        assert_eq!(written["teacher"], serde_json::from_str::<Value>(TEACHER)?);
         assert_eq!(
             written["dataset"],
             json!({"file": "dataset.jsonl", "accepted": 3, "rejected": 2, "acceptanceRate": 0.6})

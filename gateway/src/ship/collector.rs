@@ -52,6 +52,9 @@ pub struct Collector {
     /// Under it, the (group, sample) of every scored (trainable) record kept.
     lock: Mutex<HashSet<(String, u32)>>,
     token: Option<String>,
+    /// The teacher the job's sessions sample (`spec.sft.upstream`, as this collector's pod was
+    /// made): written into `summary.json`, so a dataset says which model made it.
+    teacher: Option<serde_json::Value>,
 }
 
 /// What names a record's sample (the rest of the trajectory is not needed for that).
@@ -109,12 +112,18 @@ impl Collector {
             http: reqwest::Client::new(),
             lock: Mutex::new(samples),
             token: None,
+            teacher: None,
         })
     }
 
     /// Posts need `Authorization: Bearer <token>`.
     pub fn with_token(self, token: Option<String>) -> Self {
         Self { token, ..self }
+    }
+
+    /// The teacher to name in `summary.json`.
+    pub fn with_teacher(self, teacher: Option<serde_json::Value>) -> Self {
+        Self { teacher, ..self }
     }
 
     fn seen(&self, session: &str) -> bool {
@@ -322,6 +331,9 @@ async fn finish(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
             "acceptanceRate": if seen == 0 { 0.0 } else { accepted as f64 / seen as f64 },
         }),
     );
+    if let Some(teacher) = &c.teacher {
+        summary.insert("teacher".into(), teacher.clone());
+    }
     if let Err(e) = rebuilt {
         summary.insert(
             "datasetNotRebuilt".into(),

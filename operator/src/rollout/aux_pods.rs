@@ -149,7 +149,10 @@ pub fn collector(
                          "--job", job.name_any(), "--job-uid", job.uid().unwrap_or_default()],
                 "ports": [{"name": "http", "containerPort": INGEST_PORT}],
                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
-                "env": [job_token_env(job, "FLOE_INGEST_TOKEN")],
+                // The teacher as the pod was made: in its spec digest, so a teacher edited
+                // mid-job stalls the job rather than mixing two teachers in one dataset.
+                "env": [job_token_env(job, "FLOE_INGEST_TOKEN"),
+                        {"name": "FLOE_TEACHER", "value": serde_json::to_string(&sft.upstream)?}],
                 "volumeMounts": [{"name": "dataset", "mountPath": "/data"}],
                 "securityContext": restricted(),
             }],
@@ -482,6 +485,14 @@ mod tests {
         );
         assert_eq!(aux.services[0].metadata.name.as_deref(), Some("j-dataset"));
         // Posts need the job's token, from its own Secret (made with the pod).
+        let teacher = &pod["spec"]["containers"][0]["env"][1];
+        assert_eq!(
+            (&teacher["name"], &teacher["value"]),
+            (
+                &json!("FLOE_TEACHER"),
+                &json!(r#"{"url":"http://t:8000","kind":"vLLM"}"#)
+            )
+        );
         let env = &pod["spec"]["containers"][0]["env"][0];
         assert_eq!(env["name"], "FLOE_INGEST_TOKEN");
         assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "j-token");

@@ -159,6 +159,15 @@ mod tests {
             s.output.claim_name = "d2".into();
         }
         assert_eq!(drift(Some(&made(&sft)), &made(&elsewhere)), Drift::Changed);
+        // Its teacher: new sessions would sample another model into the same dataset.
+        let mut other_teacher = sft.clone();
+        if let Some(s) = other_teacher.spec.sft.as_mut() {
+            s.upstream.model = Some("a-larger-teacher".into());
+        }
+        assert_eq!(
+            drift(Some(&made(&sft)), &made(&other_teacher)),
+            Drift::Changed
+        );
         assert_eq!(
             train(&|t| {
                 if let Some(c) = t.checkpoint.as_mut() {
@@ -182,7 +191,7 @@ mod tests {
             [made(&train_job()), made(&sft)],
             [
                 "3/995d85209cc15ce4".to_string(),
-                "3/976df02e1a317317".to_string()
+                "3/d8e71aeafb6d9056".to_string()
             ],
             "the pods are built otherwise: bump MATERIAL in spec_digest.rs and pin the new digests"
         );

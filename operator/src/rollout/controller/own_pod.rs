@@ -121,9 +121,10 @@ async fn made_from_the_spec(
             } else {
                 format!(
                     "the spec changed since the dataset collector pod {name} was made in what it \
-                     runs with (spec.sft, the minimum reward): it runs with what it was made \
-                     with. Restore the spec, or delete pod {name} to have it made again from the \
-                     new one"
+                     runs with (spec.sft: its teacher, output or minimum reward): it runs with \
+                     what it was made with, and new sessions would sample another teacher into \
+                     the same dataset. Restore the spec, or delete pod {name} to have it made \
+                     again from the new one"
                 )
             };
             Err(Halt::Blocked(Blocked::stalled(
