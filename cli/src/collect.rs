@@ -24,10 +24,11 @@ pub struct CollectArgs {
     /// accepted).
     #[arg(long)]
     min_reward: Option<f64>,
-    /// The job this collector writes for, and its uid: the directory is that run's (recorded
-    /// in `owner.json`), and another run's is refused.
+    /// The job this collector writes for (named in `owner.json`).
     #[arg(long, default_value = "")]
     job: String,
+    /// That job's uid: the directory is this run's (recorded in `owner.json`), and one another
+    /// run recorded is refused. Without it nothing is checked.
     #[arg(long)]
     job_uid: Option<String>,
     /// Largest trajectory accepted, in bytes.

@@ -41,6 +41,42 @@ pub fn result(joined: Joined, upstream: &mut UpstreamErrors) -> (Attempt, String
     (attempt, session, result)
 }
 
+/// One attempt's runner to its report. A runner that panics is its attempt's infrastructure
+/// failure (retried, and told to the trainer), not a session the run forgets.
+pub async fn run_caught(
+    config: &floe_sandbox::runner::RunnerConfig,
+    session: &str,
+    task: &str,
+) -> RunReport {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(floe_sandbox::runner::run(config))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| panicked(session, task, panic.as_ref()))
+}
+
+/// Posts a session's assignment to the run's gateway.
+pub async fn post_assignment(
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    assignment: floe_gateway::ship::Assignment,
+) -> Result<(), String> {
+    let resp = http
+        .post(format!("{url}/floe/v1/assignments"))
+        .bearer_auth(&token)
+        .json(&assignment)
+        .send()
+        .await
+        .map_err(|e| format!("posting an assignment: {e}"))?;
+    if resp.status().is_success() {
+        Ok(())
+    } else {
+        let body = resp.text().await.unwrap_or_default();
+        Err(format!("the gateway refused an assignment: {body}"))
+    }
+}
+
 /// The report of an attempt whose runner panicked: an infrastructure failure, saying so.
 pub fn panicked(session: &str, task: &str, panic: &(dyn std::any::Any + Send)) -> RunReport {
     let why = panic

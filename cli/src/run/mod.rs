@@ -45,8 +45,6 @@ use floe_gateway::server::{
     abandon_unfinished, drain, recover, redirect_trainer, router, Config, Gateway,
 };
 use floe_gateway::ship::{Assignment, Sink};
-use floe_sandbox::runner::run as run_sandbox;
-use futures::FutureExt;
 use rand::RngExt;
 
 use queue::{Attempt, Queue};
@@ -138,16 +136,8 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     .await?;
     let model_url = model_url.map(|(u, _)| u);
     if args.resume && trains {
-        // Refused before vLLM and the trainer start (minutes, a GPU), and before a trainer
-        // replays its stored trajectories under a job that changed: the record does not hold
-        // the trainer's address or token, so a placeholder sink compares the same.
-        let sink = Sink::Trainer {
-            url: String::new(),
-            token: None,
-            snapshots: false,
-        };
-        let record = RunRecord::of(&plan, "train", plan::expand(&plan, &sink, args.sessions));
-        resume::check_record(&args.out, &record).map_err(RunError::Preflight)?;
+        resume::check_before_training(&args.out, &plan, args.sessions)
+            .map_err(RunError::Preflight)?;
     }
     let mut training = if trains {
         let programs = train::Programs {
@@ -310,22 +300,12 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         .build()
         .unwrap_or_default();
     let post = |assignment: Assignment| {
-        let (http, url, token) = (http.clone(), gateway_url.clone(), control_token.clone());
-        async move {
-            let resp = http
-                .post(format!("{url}/floe/v1/assignments"))
-                .bearer_auth(&token)
-                .json(&assignment)
-                .send()
-                .await
-                .map_err(|e| format!("posting an assignment: {e}"))?;
-            if resp.status().is_success() {
-                Ok(())
-            } else {
-                let body = resp.text().await.unwrap_or_default();
-                Err(format!("the gateway refused an assignment: {body}"))
-            }
-        }
+        ended::post_assignment(
+            http.clone(),
+            gateway_url.clone(),
+            control_token.clone(),
+            assignment,
+        )
     };
 
     let started = Instant::now();
@@ -465,12 +445,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
             );
             running.spawn(async move {
                 let t0 = Instant::now();
-                // A runner that panics is its attempt's infrastructure failure (retried, and
-                // told to the trainer), not a session the run forgets.
-                let report = std::panic::AssertUnwindSafe(run_sandbox(&config))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| ended::panicked(&session, &task, panic.as_ref()));
+                let report = ended::run_caught(&config, &session, &task).await;
                 (next, slot, report, t0.elapsed().as_secs_f64())
             });
             match held_out.as_mut().filter(|_| held) {

@@ -111,6 +111,23 @@ pub fn write_record(out: &Path, record: &RunRecord) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", out.display()))
 }
 
+/// A train run's `--resume`, checked before vLLM and the trainer start (minutes, a GPU, and
+/// a trainer that replays its stored trajectories under a job that changed): the record holds
+/// no trainer address or token, so a placeholder sink compares the same.
+pub fn check_before_training(
+    out: &Path,
+    plan: &super::plan::Plan,
+    sessions: Option<usize>,
+) -> Result<(), String> {
+    let sink = Sink::Trainer {
+        url: String::new(),
+        token: None,
+        snapshots: false,
+    };
+    let record = RunRecord::of(plan, "train", super::plan::expand(plan, &sink, sessions));
+    check_record(out, &record).map(|_| ())
+}
+
 /// The earlier run's record, when `now` may continue it.
 pub fn check_record(out: &Path, now: &RunRecord) -> Result<RunRecord, String> {
     let path = out.join(RUN_FILE);
