@@ -143,20 +143,10 @@ tried("child", lambda: os.setpriority(os.PRIO_PROCESS, child, 10))
 os.waitpid(child, 0)
 "#;
     let me = std::process::id().to_string();
-    let out = std::thread::spawn(move || {
-        install_for_next_child().expect("guard installed");
-        std::process::Command::new("python3")
-            .args(["-c", probe, &me])
-            .output()
-            .expect("python3 runs")
-    })
-    .join()
-    .expect("thread");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text} {}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = crate::syscall_filter::python_under(
+        || install_for_next_child().expect("guard installed"),
+        probe,
+        &me,
     );
     assert_eq!(
         text,

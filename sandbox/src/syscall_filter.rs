@@ -142,6 +142,34 @@ pub fn apply(program: &BpfProgram) -> std::io::Result<()> {
     seccompiler::apply_filter(program).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
+/// Test only: `python3 -c probe arg` started from a thread that ran `install` first (a
+/// filter, as `floe sandbox-exec` and `floe agent` install theirs), which must succeed; its
+/// stdout.
+#[cfg(test)]
+pub(crate) fn python_under(
+    install: impl FnOnce() + Send + 'static,
+    probe: &'static str,
+    arg: &str,
+) -> String {
+    let arg = arg.to_string();
+    let out = std::thread::spawn(move || {
+        install();
+        std::process::Command::new("python3")
+            .args(["-c", probe, &arg])
+            .output()
+            .expect("python3 runs")
+    })
+    .join()
+    .expect("thread");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,20 +201,10 @@ socket.socket(socket.AF_INET).close()
 print("inet: ok")
 "#;
         // As `floe sandbox-exec` does: a thread of its own installs the filter, then starts it.
-        let out = std::thread::spawn(move || {
-            apply(&filter).expect("filter installed");
-            std::process::Command::new("python3")
-                .args(["-c", probe, &libc::SYS_add_key.to_string()])
-                .output()
-                .expect("python3 runs")
-        })
-        .join()
-        .expect("thread");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{text} {}",
-            String::from_utf8_lossy(&out.stderr)
+        let text = python_under(
+            move || apply(&filter).expect("filter installed"),
+            probe,
+            &libc::SYS_add_key.to_string(),
         );
         assert_eq!(
             text,
