@@ -156,11 +156,14 @@ impl JobSeries {
         }
     }
 
-    /// Every job's series (this replica no longer leads: another says them now).
+    /// Every job's series (this replica no longer leads: another says them now). The result
+    /// counters too: a standby never counts, and kept they would outlive a job deleted while
+    /// another replica leads, as series no one forgets (the leader counts from its own 0).
     pub fn forget_all(&self) {
         floe_gateway::sync::lock(&self.rewards).clear();
         self.sessions.reset();
         self.held_out.reset();
+        self.results.reset();
     }
 
     /// The reward summary in the text format (the prometheus crate has no summary type; a

@@ -409,7 +409,7 @@ impl Metrics {
     /// leader now says them. Kept, they would be frozen at the hand-over and summed with the
     /// leader's by every rule that does not filter on `floe_leader` (a blocked object paging
     /// after it was fixed or deleted, running sessions counted twice, an empty pool hidden).
-    /// Counters stay: a standby adds nothing to them.
+    /// The jobs' result counters go too (a job deleted meanwhile would keep them for good).
     pub fn forget_objects(&self) {
         for gauge in [
             &self.pool_ready,
@@ -626,6 +626,7 @@ mod tests {
             },
         );
         m.set_rewards("ns", "j", 3, 1.5);
+        m.jobs.session_result("ns", "j", super::SessionResult::Failed);
         m.set_leader(false);
         m.forget_objects();
         let text = m.render();
@@ -635,6 +636,7 @@ mod tests {
             "floe_rolloutjob_blocked{",
             "floe_sessions{",
             "floe_session_reward_count{",
+            "floe_session_results_total{",
         ] {
             assert!(!text.contains(gone), "{gone} left in:\n{text}");
         }
