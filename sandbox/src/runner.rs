@@ -144,12 +144,17 @@ pub async fn run(config: &RunnerConfig) -> RunReport {
     // are shipped (an infrastructure failure as untrainable, never as reward 0).
     let _ = client.close(&session).await;
     match &outcome {
-        SessionOutcome::Completed { evaluation }
-        | SessionOutcome::AgentTimeout {
-            evaluation: Some(evaluation),
+        SessionOutcome::Completed { evaluation } => {
+            summary.passed = evaluation.passed;
+        }
+        // Scored the failure reward, below any pass, whatever its evaluator said (kept in the
+        // trajectory's evaluation for the record): a held-out round or the run's pass rate
+        // counted a timed-out session whose tests passed as passed.
+        SessionOutcome::AgentTimeout {
+            evaluation: Some(_),
             ..
         } => {
-            summary.passed = evaluation.passed;
+            summary.passed = Some(false);
         }
         SessionOutcome::InfraError { message } => {
             summary.status = "infra_error".into();

@@ -350,7 +350,8 @@ json.dump({"reward": reward}, open("reward.json", "w"))
             task("right", "echo right > answer.txt"),
             task("wrong", "echo wrong > answer.txt"),
             task("worst", "echo worst > answer.txt"),
-            task("stall", "sleep 60"),
+            // The right answer, then its time runs out: a loss all the same.
+            task("stall", "echo right > answer.txt; sleep 60"),
             task("hang", "echo hang > answer.txt"),
         ]),
         &[],
@@ -382,6 +383,11 @@ json.dump({"reward": reward}, open("reward.json", "w"))
             "{task}: {s}"
         );
     }
+    // Not a pass, though its evaluator passed it (that verdict is kept for the record): a
+    // pass rate counted it as one.
+    assert_eq!(ran.session("stall")?["passed"], json!(false));
+    let stall = ran.trajectory("stall")?;
+    assert_eq!(stall["evaluation"]["passed"], json!(true), "{stall}");
     // The evaluator's own -3 is kept beside the reward it was raised from.
     let worst = ran.trajectory("worst")?;
     assert_eq!(
