@@ -8,6 +8,7 @@ mod control;
 mod metrics;
 mod model_api;
 mod reply;
+pub use reply::ASSIGNED_DIFFERENTLY;
 pub mod session_store;
 pub mod sessions;
 mod shipping;

@@ -626,7 +626,8 @@ mod tests {
             },
         );
         m.set_rewards("ns", "j", 3, 1.5);
-        m.jobs.session_result("ns", "j", super::SessionResult::Failed);
+        m.jobs
+            .session_result("ns", "j", super::SessionResult::Failed);
         m.set_leader(false);
         m.forget_objects();
         let text = m.render();

@@ -214,6 +214,25 @@ pub(super) async fn deliver(
         Ok(r) => {
             let code = r.status();
             let body = r.text().await.unwrap_or_default();
+            if code == reqwest::StatusCode::CONFLICT && holds_it_already(&body, &assignment.session)
+            {
+                // Its mark was lost, and what the assignment is made from changed since (a
+                // ConfigMap, a Secret): the pod runs the session with what it was first given.
+                // Delivered, not a session to fail when its start never shows.
+                ctx.event(
+                    job,
+                    EventType::Warning,
+                    "AssignmentChanged",
+                    format!(
+                        "pod {name} runs session {} with the assignment it was first given; \
+                         what it is made from changed since",
+                        assignment.session
+                    ),
+                )
+                .await;
+                ctx.delivered(&uid, &name);
+                return Some(name);
+            }
             tracing::warn!(%name, %code, "assignment refused: {body}");
             ctx.note_undelivered(&uid, &name, format!("{url} answered {code}: {body}"));
             if code == reqwest::StatusCode::CONFLICT {
@@ -232,4 +251,31 @@ pub(super) async fn deliver(
         }
     }
     None
+}
+
+/// Whether a 409's `body` says the pod holds `session` already (assigned before with other
+/// content), rather than another session.
+fn holds_it_already(body: &str, session: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body).is_ok_and(|b| {
+        b["reason"] == floe_gateway::server::ASSIGNED_DIFFERENTLY && b["session"] == session
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gateway's 409 for the same session, assigned before with other content, is the
+    /// pod running it; one for a pod that holds another session (or any other body) is not.
+    #[test]
+    fn a_conflict_over_the_same_session_is_its_pod_running_it() {
+        let same = serde_json::json!({"error": "session \"j-t-0\" was already assigned with different content",
+                                      "reason": "AssignedDifferently", "session": "j-t-0"})
+        .to_string();
+        assert!(holds_it_already(&same, "j-t-0"));
+        assert!(!holds_it_already(&same, "j-t-1"));
+        let other = r#"{"error": "the pod holds another session"}"#;
+        assert!(!holds_it_already(other, "j-t-0"));
+        assert!(!holds_it_already("not json", "j-t-0"));
+    }
 }

@@ -286,17 +286,11 @@ async fn write_status(
         )
         .await
     {
-        // An older CRD prunes what it does not know: without `heldOut` the rounds would be
-        // opened again and again, their sessions run for ever; without one of its fields the
-        // status would differ from every reconcile's and be written for ever. Nothing is
-        // claimed until the CRD is new.
-        Ok(j)
-            if st.held_out.is_some()
-                && j.status.as_ref().and_then(|s| s.held_out.as_ref()) != st.held_out.as_ref() =>
-        {
-            Err(JobError::CrdOutdated("heldOut"))
-        }
         Ok(j) => {
+            // An older CRD prunes what it does not know. Nothing is claimed until it is new.
+            if let Some(field) = pruned(st, j.status.as_ref()) {
+                return Err(JobError::CrdOutdated(field));
+            }
             ctx.wrote_status(
                 &job.uid().unwrap_or_default(),
                 j.resource_version().as_deref(),
@@ -635,9 +629,53 @@ fn begins(previous: Option<&RolloutJobStatus>, decided: &JobPlan) -> bool {
         && !(decided.claim.is_empty() && decided.start.is_empty() && decided.prewarm.is_empty())
 }
 
+/// The status field `sent` held that the apiserver's answer lacks: an older CRD pruned it.
+/// Without `heldOut` the rounds would be opened again and again, their sessions run for ever
+/// (without one of its fields the status would differ from every reconcile's and be written
+/// for ever); without `untoldFailures` a failure the trainer did not answer at once is never
+/// told again, and the trainer finishes without it; without `tasksDigest` a changed task list
+/// is never noticed.
+fn pruned(sent: &RolloutJobStatus, kept: Option<&RolloutJobStatus>) -> Option<&'static str> {
+    let kept_held_out = kept.and_then(|k| k.held_out.as_ref());
+    if sent.held_out.is_some() && kept_held_out != sent.held_out.as_ref() {
+        return Some("heldOut");
+    }
+    if !sent.untold_failures.is_empty() && kept.is_none_or(|k| k.untold_failures.is_empty()) {
+        return Some("untoldFailures");
+    }
+    if sent.tasks_digest.is_some() && kept.is_none_or(|k| k.tasks_digest.is_none()) {
+        return Some("tasksDigest");
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What an older CRD prunes from the status the operator wrote is named: each of these
+    /// the operator relies on reading back.
+    #[test]
+    fn a_status_field_an_older_crd_pruned_is_named() {
+        let mut sent = RolloutJobStatus {
+            tasks_digest: Some("d".into()),
+            ..Default::default()
+        };
+        let kept = sent.clone();
+        assert_eq!(pruned(&sent, Some(&kept)), None);
+        assert_eq!(
+            pruned(&sent, Some(&RolloutJobStatus::default())),
+            Some("tasksDigest")
+        );
+        sent.untold_failures.insert(
+            "j-t-0".into(),
+            serde_json::from_value(serde_json::json!({"group": "j/t", "sample": 0, "session": "j-t-0", "since": "2026-12-07T00:00:00Z"}))
+                .expect("an untold failure"),
+        );
+        assert_eq!(pruned(&sent, Some(&kept)), Some("untoldFailures"));
+        assert_eq!(pruned(&sent, None), Some("untoldFailures"));
+        assert_eq!(pruned(&sent, Some(&sent.clone())), None);
+    }
 
     fn job() -> RolloutJob {
         serde_json::from_value(serde_json::json!({
