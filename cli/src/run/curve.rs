@@ -1,7 +1,7 @@
 //! The reward curve of a train run as an SVG picture (`reward-curve.svg`), for a person to look
 //! at: by policy version, the mean reward and pass rate of every session it sampled (groups the
 //! trainer dropped for all passing or all failing included), beside the mean reward of the
-//! groups each step trained on (step k makes version k). The trained groups alone read lower
+//! groups each step trained on, at the version that step made. The trained groups alone read lower
 //! as the policy improves: a group that all passes teaches nothing and is dropped. Pure: series
 //! in, text out.
 
@@ -51,7 +51,7 @@ pub fn svg(series: &[Series], title: &str) -> String {
         ));
     }
     out.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">policy version (step k makes version k; {} to {})</text>\n",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">policy version ({} to {})</text>\n",
         (L + W - R) / 2.0,
         H - 12.0,
         first,
@@ -86,7 +86,8 @@ pub fn svg(series: &[Series], title: &str) -> String {
 }
 
 /// The reward curve's lines: every session's mean reward and pass rate by the policy version
-/// that sampled it (dropped groups included), the trained groups' mean reward by step, and the
+/// that sampled it (dropped groups included), the trained groups' mean reward by the version
+/// their step made, and the
 /// held-out rounds' pass rate by the step they measure.
 pub fn series(status: &Value, held_out: &[RoundReport]) -> Vec<Series> {
     let rows = |key: &str, x: &str, y: &str| -> Vec<(u64, f64)> {
@@ -111,10 +112,12 @@ pub fn series(status: &Value, held_out: &[RoundReport]) -> Vec<Series> {
             points: rows("sampled", "policyVersion", "passRate"),
         },
         Series {
-            name: "··· reward, groups trained at step k",
+            name: "··· reward, groups trained by the step that made it",
             color: "#7f7f7f",
             dash: "2,3",
-            points: rows("steps", "step", "rewardMean"),
+            // By the version the step made, not its number: a trainer resumed after a crash
+            // skips the versions it lost, and every other line is by version.
+            points: rows("steps", "policyVersion", "rewardMean"),
         },
     ];
     // How often each version ran over its token cap (`grpo.overlong`), when any did.
@@ -223,6 +226,21 @@ mod tests {
             3,
             "a trainer that does not count it"
         );
+    }
+
+    /// A trainer resumed after a crash lost versions 12 to 15: its step 11 made version 16.
+    /// The trained groups' point is at the version, where the other lines put theirs.
+    #[test]
+    fn the_trained_groups_are_drawn_at_the_version_their_step_made() {
+        let status = serde_json::json!({
+            "sampled": [{"policyVersion": 16, "rewardMean": 0.5, "passRate": 0.5}],
+            "steps": [{"step": 11, "policyVersion": 16, "rewardMean": 0.25}]});
+        let lines = series(&status, &[]);
+        let trained = lines
+            .iter()
+            .find(|s| s.name.contains("groups trained"))
+            .expect("the trained line");
+        assert_eq!(trained.points, [(16, 0.25)]);
     }
 
     #[test]

@@ -80,7 +80,9 @@ impl JobSeries {
     }
 
     /// A held-out round of a job is complete: the step it measured, its pass rate and mean
-    /// reward (a round with nothing scored leaves the last figures as they were).
+    /// reward, together. A round with nothing scored leaves the last round's three as they
+    /// were (its step beside another round's figures would be read as that step's), and so
+    /// does a round of an earlier step completing late (a local run's retried session).
     pub fn set_held_out(
         &self,
         namespace: &str,
@@ -89,16 +91,17 @@ impl JobSeries {
         pass_rate: Option<f64>,
         reward: Option<f64>,
     ) {
-        let set = |stat: &str, v: f64| {
-            self.held_out
-                .with_label_values(&[namespace, job, stat])
-                .set(v)
+        let (Some(p), Some(r)) = (pass_rate, reward) else {
+            return;
         };
-        set("step", step as f64);
-        if let (Some(p), Some(r)) = (pass_rate, reward) {
-            set("pass_rate", p);
-            set("reward", r);
+        let gauge = |stat: &str| self.held_out.with_label_values(&[namespace, job, stat]);
+        let shown = gauge("step");
+        if shown.get() > step as f64 {
+            return;
         }
+        shown.set(step as f64);
+        gauge("pass_rate").set(p);
+        gauge("reward").set(r);
     }
 
     /// A job's session counts.

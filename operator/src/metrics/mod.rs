@@ -610,6 +610,32 @@ mod tests {
         }
     }
 
+    /// The held-out gauge says one round's three figures together: a round with nothing
+    /// scored, or one of an earlier step completing late, leaves the last round's.
+    #[test]
+    fn the_held_out_gauge_never_pairs_one_rounds_step_with_anothers_figures() {
+        let m = Metrics::new().expect("metrics");
+        let shown = |m: &Metrics| {
+            let mut s = series(m, "floe_job_held_out");
+            s.sort();
+            s
+        };
+        m.jobs.set_held_out("ns", "j", 5, Some(0.5), Some(0.25));
+        let at_5 = shown(&m);
+        assert_eq!(at_5.len(), 3, "{at_5:?}");
+        assert!(at_5
+            .iter()
+            .any(|l| l.contains("stat=\"step\"") && l.ends_with(" 5")));
+        m.jobs.set_held_out("ns", "j", 10, None, None);
+        assert_eq!(shown(&m), at_5, "a round with nothing scored");
+        m.jobs.set_held_out("ns", "j", 0, Some(0.0), Some(0.0));
+        assert_eq!(shown(&m), at_5, "an earlier round, late");
+        m.jobs.set_held_out("ns", "j", 10, Some(1.0), Some(1.0));
+        assert!(shown(&m)
+            .iter()
+            .all(|l| l.ends_with(" 10") || l.ends_with(" 1")));
+    }
+
     #[test]
     fn a_replica_that_stops_leading_says_no_pool_or_job_any_more() {
         let m = Metrics::new().expect("metrics");
