@@ -546,12 +546,17 @@ class Trainer:
         # the group of each session added since (the next checkpoint's settled ones).
         self.settled: set[str] = set(self.state.settled_sessions) | set(self.state.trained_sessions)
         self.group_of: dict[str, str] = {}
+        # The stored trajectories the checkpoint lacks were counted to Prometheus by the
+        # process that took them: counted again here, a restart's counter (from 0) would add
+        # them twice to every increase() over it.
+        self._replaying = True
         for t in self.store.load(skip=self.settled.__contains__, on_unreadable=self._unreadable):
             if t.session in self.seen and t.group in self.buffer.closed:
                 # Dropped before a checkpoint older than ``settled_sessions``: counted then.
                 self.settled.add(t.session)
                 continue
             self.add(t)
+        self._replaying = False
         # Failures ruled since the checkpoint (it keeps those before): after the replay, so a
         # sample whose trajectory is stored is not counted as failed.
         for group, sample in self.store.failures():
@@ -724,7 +729,8 @@ class Trainer:
         row[1] += t.reward
         row[2] += 1.0 if passed else 0.0
         row[3] += 1.0 if overlong else 0.0
-        self.metrics.sampled(t.reward, passed, overlong)
+        if not self._replaying:
+            self.metrics.sampled(t.reward, passed, overlong)
 
     def sampled_by_version(self) -> list[dict]:
         out = []

@@ -270,3 +270,25 @@ def test_a_token_id_past_the_models_vocabulary_is_left_out_not_a_crash_on_every_
         send(trainer, "j/g", sample, reward)
     assert trainer.run_once() is not None, "the group of the other three trained"
     assert "j/g" in trainer.buffer.closed
+
+
+def test_sessions_replayed_after_a_crash_are_not_counted_to_prometheus_again(tmp_path, vllm):
+    # The killed trainer counted them as they came; its successor's counter starts at 0, so
+    # counting them again would add them twice to every increase() over the restart.
+    def counted(t: Trainer) -> float:
+        for line in t.metrics.render().decode().splitlines():
+            if line.startswith("floe_trainer_sampled_sessions_total "):
+                return float(line.split()[1])
+        raise AssertionError("no floe_trainer_sampled_sessions_total")
+
+    trainer = start(tmp_path, vllm, numSamples=3)
+    send(trainer, "j/a", 0, 1.0)
+    send(trainer, "j/a", 1, 0.0)
+    assert counted(trainer) == 2
+    # Killed: no checkpoint at all.
+    again = start(tmp_path, vllm, numSamples=3)
+    assert counted(again) == 0
+    # The status's curve still has them (it is rebuilt, not a counter).
+    assert [r["sessions"] for r in again.sampled_by_version()] == [2]
+    send(again, "j/a", 2, 1.0)
+    assert counted(again) == 1, "what comes after the restart is counted"
