@@ -357,7 +357,10 @@ fn delivered(out: &Path, dataset: &str, session: &str) -> Result<Option<SessionR
         task: t["task"].as_str().map(str::to_owned),
         status: status.into(),
         reward: t["reward"].as_f64(),
-        passed: evaluation["passed"].as_bool(),
+        // A timed-out session is no pass, whatever its evaluator said (as the runner says).
+        passed: evaluation["passed"]
+            .as_bool()
+            .map(|p| p && status != "agent_timeout"),
         completions: count("completions"),
         sampled_tokens: count("sampled_tokens"),
         trainable_tokens: count("trainable_tokens"),
@@ -530,6 +533,29 @@ mod tests {
         );
         // The infrastructure failure runs again, as its next attempt.
         assert_eq!(earlier.next_attempt, BTreeMap::from([(1, 1)]));
+        Ok(())
+    }
+
+    /// A timed-out session's delivered trajectory keeps its evaluator's pass for the record;
+    /// the session read back is no pass, as the runner said it.
+    #[test]
+    fn a_delivered_timed_out_session_is_no_pass() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path();
+        let all: Vec<Assignment> = ["j-t-0"].into_iter().map(assignment).collect();
+        std::fs::create_dir_all(out.join("sessions/j-t-0"))?;
+        std::fs::create_dir_all(out.join("trajectories/accepted"))?;
+        std::fs::write(
+            out.join("trajectories/accepted/j-t-0.json"),
+            r#"{"session": "j-t-0", "task": "t", "status": "timeout", "reward": 0.0,
+                "evaluation": {"reward": 0.0, "passed": true, "detail": {}}}"#,
+        )?;
+        let earlier = read(out, &all).map_err(std::io::Error::other)?;
+        let summary = earlier.done[&0].summary.clone().unwrap_or_default();
+        assert_eq!(
+            (summary.status.as_str(), summary.passed),
+            ("agent_timeout", Some(false))
+        );
         Ok(())
     }
 

@@ -152,7 +152,7 @@ pub fn collector(
                 // The teacher as the pod was made: in its spec digest, so a teacher edited
                 // mid-job stalls the job rather than mixing two teachers in one dataset.
                 "env": [job_token_env(job, "FLOE_INGEST_TOKEN"),
-                        {"name": "FLOE_TEACHER", "value": serde_json::to_string(&sft.upstream)?}],
+                        {"name": "FLOE_TEACHER", "value": teacher(&sft.upstream)?}],
                 "volumeMounts": [{"name": "dataset", "mountPath": "/data"}],
                 "securityContext": restricted(),
             }],
@@ -164,6 +164,20 @@ pub fn collector(
         secrets: vec![job_token_secret_object(job, "dataset")?],
         services: vec![service(job, &name, "dataset", INGEST_PORT)?],
     }))
+}
+
+/// The job's teacher as the collector names it: its upstream, without credentials a URL may
+/// carry (`https://user:key@host`), which would otherwise be in the pod and the dataset's
+/// `summary.json`.
+fn teacher(upstream: &floe_crds::common::UpstreamSpec) -> Result<String, serde_json::Error> {
+    let mut shown = upstream.clone();
+    if let Some((scheme, rest)) = shown.url.split_once("://") {
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            shown.url = format!("{scheme}://{}", &rest[at + 1..]);
+        }
+    }
+    serde_json::to_string(&shown)
 }
 
 fn model_path(train: &TrainSpec) -> String {
@@ -499,6 +513,17 @@ mod tests {
         assert_eq!(aux.secrets.len(), 1);
         assert_eq!(aux.secrets[0].metadata.name.as_deref(), Some("j-token"));
         assert!(trainer(&j, "floe:1")?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn the_teacher_named_carries_no_credentials() -> Result<(), serde_json::Error> {
+        let upstream = |url: &str| -> floe_crds::common::UpstreamSpec {
+            serde_json::from_value(json!({"url": url})).expect("upstream")
+        };
+        assert!(teacher(&upstream("https://user:k3y@api.example/v1"))?
+            .contains(r#""url":"https://api.example/v1""#));
+        assert!(teacher(&upstream("http://t:8000/a@b"))?.contains(r#""url":"http://t:8000/a@b""#));
         Ok(())
     }
 

@@ -230,6 +230,9 @@ pub(super) async fn deliver(
                     ),
                 )
                 .await;
+                if let Some(t) = claimed {
+                    ctx.metrics.claim_delivered(t);
+                }
                 ctx.delivered(&uid, &name);
                 return Some(name);
             }

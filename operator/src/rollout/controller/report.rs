@@ -632,49 +632,32 @@ fn begins(previous: Option<&RolloutJobStatus>, decided: &JobPlan) -> bool {
 /// The status field `sent` held that the apiserver's answer lacks: an older CRD pruned it.
 /// Without `heldOut` the rounds would be opened again and again, their sessions run for ever
 /// (without one of its fields the status would differ from every reconcile's and be written
-/// for ever); without `untoldFailures` a failure the trainer did not answer at once is never
-/// told again, and the trainer finishes without it; without `tasksDigest` a changed task list
-/// is never noticed.
+/// for ever). (`untoldFailures` and `tasksDigest` are not checked here: stalled after the
+/// fold's write, the round would return before telling the trainer, and the next fold would
+/// clear the stall; a CRD without them wants a stall before any write.)
 fn pruned(sent: &RolloutJobStatus, kept: Option<&RolloutJobStatus>) -> Option<&'static str> {
     let kept_held_out = kept.and_then(|k| k.held_out.as_ref());
-    if sent.held_out.is_some() && kept_held_out != sent.held_out.as_ref() {
-        return Some("heldOut");
-    }
-    if !sent.untold_failures.is_empty() && kept.is_none_or(|k| k.untold_failures.is_empty()) {
-        return Some("untoldFailures");
-    }
-    if sent.tasks_digest.is_some() && kept.is_none_or(|k| k.tasks_digest.is_none()) {
-        return Some("tasksDigest");
-    }
-    None
+    (sent.held_out.is_some() && kept_held_out != sent.held_out.as_ref()).then_some("heldOut")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// What an older CRD prunes from the status the operator wrote is named: each of these
-    /// the operator relies on reading back.
+    /// An older CRD that pruned `heldOut` from the status the operator wrote is named.
     #[test]
-    fn a_status_field_an_older_crd_pruned_is_named() {
-        let mut sent = RolloutJobStatus {
-            tasks_digest: Some("d".into()),
+    fn a_held_out_status_an_older_crd_pruned_is_named() {
+        let sent = RolloutJobStatus {
+            held_out: Some(Default::default()),
             ..Default::default()
         };
-        let kept = sent.clone();
-        assert_eq!(pruned(&sent, Some(&kept)), None);
+        assert_eq!(pruned(&sent, Some(&sent.clone())), None);
         assert_eq!(
             pruned(&sent, Some(&RolloutJobStatus::default())),
-            Some("tasksDigest")
+            Some("heldOut")
         );
-        sent.untold_failures.insert(
-            "j-t-0".into(),
-            serde_json::from_value(serde_json::json!({"group": "j/t", "sample": 0, "session": "j-t-0", "since": "2026-12-07T00:00:00Z"}))
-                .expect("an untold failure"),
-        );
-        assert_eq!(pruned(&sent, Some(&kept)), Some("untoldFailures"));
-        assert_eq!(pruned(&sent, None), Some("untoldFailures"));
-        assert_eq!(pruned(&sent, Some(&sent.clone())), None);
+        assert_eq!(pruned(&sent, None), Some("heldOut"));
+        assert_eq!(pruned(&RolloutJobStatus::default(), None), None);
     }
 
     fn job() -> RolloutJob {
