@@ -144,6 +144,39 @@ where
     ))
 }
 
+/// The RolloutJob `status` fields the operator must read back from its own writes: failures
+/// the trainer is still to be told (`untoldFailures`: the round after the one that failed to
+/// tell it reads them there) and the tasks' digest (`tasksDigest`: a changed task list is
+/// caught by it). An older CRD prunes them from every write, silently.
+const STATUS_READ_BACK: &[&str] = &["status.untoldFailures", "status.tasksDigest"];
+
+/// The stall's message when the served RolloutJob CRD lacks a field of [`STATUS_READ_BACK`]
+/// (or `status`, or the version, whole): decided before a round writes anything, since a
+/// stall after the write would leave the round's failures untold and the next round's write
+/// would lift it. An unreadable CRD lacks nothing here, as in [`served_crd_lacks`].
+pub(crate) fn served_crd_lacks_status(served: &crate::served_crds::ServedCrds) -> Option<String> {
+    let lacking = served.lacking("RolloutJob");
+    let pruned: Vec<String> = STATUS_READ_BACK
+        .iter()
+        .filter(|f| {
+            lacking
+                .iter()
+                .any(|l| l == *f || l == "status" || l == floe_crds::VERSION)
+        })
+        .map(|f| f.to_string())
+        .collect();
+    if pruned.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the RolloutJob CRD on the cluster is older than this operator: it lacks {}, which the \
+         apiserver prunes from the status the operator writes and must read back (failures \
+         its trainer is still to be told; the digest that catches a changed task list). Apply \
+         the new CRDs (`floe crds | kubectl apply -f -`)",
+        named(&pruned, 6)
+    ))
+}
+
 /// The writer `kubectl apply` (client-side) records itself as in `managedFields`.
 const KUBECTL_APPLY: &str = "kubectl-client-side-apply";
 
@@ -226,6 +259,30 @@ mod tests {
             );
         }
         pool
+    }
+
+    /// A served RolloutJob CRD without the status fields the operator reads back stalls every
+    /// job; one lacking other status fields (checked where they are written) does not.
+    #[test]
+    fn a_crd_without_the_status_the_operator_reads_back_stalls_jobs() {
+        use crate::served_crds::ServedCrds;
+        let served = ServedCrds::default();
+        assert_eq!(served_crd_lacks_status(&served), None);
+        served.set("RolloutJob", vec!["status.heldOut".into()]);
+        assert_eq!(served_crd_lacks_status(&served), None);
+        served.set(
+            "RolloutJob",
+            vec!["status.heldOut".into(), "status.untoldFailures".into()],
+        );
+        let why = served_crd_lacks_status(&served).expect("stalled");
+        assert!(
+            why.contains("it lacks status.untoldFailures,")
+                && why.contains("floe crds | kubectl apply -f -"),
+            "{why}"
+        );
+        served.set("RolloutJob", vec!["status".into()]);
+        assert!(served_crd_lacks_status(&served)
+            .is_some_and(|w| w.contains("status.untoldFailures, status.tasksDigest")));
     }
 
     /// An object without `kubectl apply`'s record is stalled while its served CRD lacks `spec`

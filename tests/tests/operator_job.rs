@@ -3082,6 +3082,53 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
     Ok(())
 }
 
+/// A RolloutJob CRD from before `status.untoldFailures` prunes the failures the operator has
+/// still to tell the trainer from every status it writes: the round after one whose telling
+/// failed would never tell it, and the trainer would finish without it. Every job stalls
+/// before its first write, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_without_the_status_the_operator_reads_back_stalls_jobs_before_any_write(
+) -> Result<()> {
+    let private = floe_tests::cluster::PrivateCluster::start()?;
+    let cluster = &private.cluster;
+    let client = cluster.client().await?;
+    cluster
+        .install_crds_edited(&client, |crd| {
+            if crd.spec.names.kind != "RolloutJob" {
+                return Ok(());
+            }
+            for version in &mut crd.spec.versions {
+                let status = version
+                    .schema
+                    .as_mut()
+                    .and_then(|s| s.open_api_v3_schema.as_mut())
+                    .and_then(|s| s.properties.as_mut())
+                    .and_then(|p| p.get_mut("status"))
+                    .and_then(|s| s.properties.as_mut())
+                    .context("the CRD's status schema")?;
+                anyhow::ensure!(
+                    status.remove("untoldFailures").is_some(),
+                    "no status.untoldFailures"
+                );
+            }
+            Ok(())
+        })
+        .await?;
+    let ns = floe_tests::namespace::TestNamespace::create(cluster, &client, "oldstatus").await?;
+    let _operator = Operator::start_on(cluster, "floe:test", &ns.name, &[], &[])?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(&PostParams::default(), &job("told", &["a"], 1, json!({}))?)
+        .await?;
+    let notes = stalled_for(&client, &jobs, &ns.name, "told", "CrdOutdated").await?;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("status.untoldFailures") && n.contains("floe crds | kubectl apply")),
+        "{notes:?}"
+    );
+    Ok(())
+}
+
 /// Remove every key `name` from a JSON document, however deep (a CRD's property, the defaults
 /// that name it); and every CEL rule whose text names it. Whether any was there.
 fn strip_field(v: &mut Value, name: &str) -> bool {

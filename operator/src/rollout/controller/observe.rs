@@ -66,6 +66,9 @@ pub(super) async fn observe(
     if let Some(why) = crate::spec_check::served_crd_lacks(&ctx.served_crds, job, "job") {
         return blocked(super::report::CRD_OUTDATED, why);
     }
+    if let Some(why) = crate::spec_check::served_crd_lacks_status(&ctx.served_crds) {
+        return blocked(super::report::CRD_OUTDATED, why);
+    }
     let spec = &job.spec;
     // A pool to claim from, or (poolTemplate) the job's own pods with default gateway ports.
     let pool = match &spec.pool_ref {
