@@ -31,7 +31,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::disk_budget::{self, Budget, Holder};
 use crate::process::{self, CommandSpec, Exit, Finished};
 
-use crate::disk_budget::{TERMINATION_LOG, TERMINATION_LOG_LIMIT};
+use crate::disk_budget::TERMINATION_LOG;
 
 /// The blocking threads the supervisor's runtime keeps: more than it ever uses at once (its
 /// command's two output copies, the disk watch, emptying its namespace).
@@ -235,10 +235,9 @@ pub async fn supervise(grader: SocketAddr, dial_wait: Duration) -> Result<(), Li
     };
     // The termination log alone, budget or not.
     let disk = async {
-        let log = vec![std::path::PathBuf::from(TERMINATION_LOG)];
         tokio::select! {
             ended = budget => ended,
-            why = disk_budget::files_outgrown(log, TERMINATION_LOG_LIMIT) => Ended::OverDisk(why),
+            why = disk_budget::termination_log_outgrown() => Ended::OverDisk(why),
         }
     };
     let stop = async {

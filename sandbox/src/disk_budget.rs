@@ -186,6 +186,12 @@ pub async fn files_outgrown(files: Vec<PathBuf>, limit: u64) -> String {
     }
 }
 
+/// [`files_outgrown`] for the kubelet's termination log ([`TERMINATION_LOG`], where there is
+/// one), at [`TERMINATION_LOG_LIMIT`].
+pub async fn termination_log_outgrown() -> String {
+    files_outgrown(vec![PathBuf::from(TERMINATION_LOG)], TERMINATION_LOG_LIMIT).await
+}
+
 /// What a regular file at `path` takes on disk (0 for anything else, or nothing there).
 fn allocated(path: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;

@@ -2,7 +2,7 @@
 //! directory writable), checked to have started; shared by the grading of every reward source
 //! and the SWE-bench baseline run.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::children::{child, startable, tail, RunnerConfig};
 use crate::confine::Access;
@@ -69,12 +69,11 @@ impl Evaluator<'_> {
         let disk_budget = self.disk_budget;
         let (ran, over_disk, stdout) = process::run_kept_watching(&evaluator, |root| {
             let holder = disk_budget::Holder { root, cgroup_procs };
-            let log = vec![PathBuf::from(disk_budget::TERMINATION_LOG)];
             async move {
                 // In a pod the code under test can write the grader's termination log too.
                 tokio::select! {
                     why = disk_budget::watch(roots, disk_budget, Some(holder)) => why,
-                    why = disk_budget::files_outgrown(log, disk_budget::TERMINATION_LOG_LIMIT) => why,
+                    why = disk_budget::termination_log_outgrown() => why,
                 }
             }
         })

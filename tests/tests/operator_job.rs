@@ -2769,17 +2769,7 @@ async fn an_operator_newer_than_its_crds_stalls_what_they_prune_until_they_are_a
                 *crd = serde_json::from_value(v)?;
                 return Ok(());
             }
-            for version in &mut crd.spec.versions {
-                let status = version
-                    .schema
-                    .as_mut()
-                    .and_then(|s| s.open_api_v3_schema.as_mut())
-                    .and_then(|s| s.properties.as_mut())
-                    .and_then(|p| p.get_mut("status"))
-                    .and_then(|s| s.properties.as_mut())
-                    .context("the CRD's status schema")?;
-                anyhow::ensure!(status.remove("heldOut").is_some(), "no status.heldOut");
-            }
+            remove_status_field(crd, "heldOut")?;
             // And one without `evaluator.reward.failureReward` (its property, its defaults and
             // any rule naming it), as the CRDs before it were.
             let mut v = serde_json::to_value(&*crd)?;
@@ -3097,21 +3087,7 @@ async fn a_crd_without_the_status_the_operator_reads_back_stalls_jobs_before_any
             if crd.spec.names.kind != "RolloutJob" {
                 return Ok(());
             }
-            for version in &mut crd.spec.versions {
-                let status = version
-                    .schema
-                    .as_mut()
-                    .and_then(|s| s.open_api_v3_schema.as_mut())
-                    .and_then(|s| s.properties.as_mut())
-                    .and_then(|p| p.get_mut("status"))
-                    .and_then(|s| s.properties.as_mut())
-                    .context("the CRD's status schema")?;
-                anyhow::ensure!(
-                    status.remove("untoldFailures").is_some(),
-                    "no status.untoldFailures"
-                );
-            }
-            Ok(())
+            remove_status_field(crd, "untoldFailures")
         })
         .await?;
     let ns = floe_tests::namespace::TestNamespace::create(cluster, &client, "oldstatus").await?;
@@ -3126,6 +3102,25 @@ async fn a_crd_without_the_status_the_operator_reads_back_stalls_jobs_before_any
             .any(|n| n.contains("status.untoldFailures") && n.contains("floe crds | kubectl apply")),
         "{notes:?}"
     );
+    Ok(())
+}
+
+/// A CRD from before `status.<field>`: the field gone from every version's status schema.
+fn remove_status_field(
+    crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    field: &str,
+) -> Result<()> {
+    for version in &mut crd.spec.versions {
+        let status = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("status"))
+            .and_then(|s| s.properties.as_mut())
+            .context("the CRD's status schema")?;
+        anyhow::ensure!(status.remove(field).is_some(), "no status.{field}");
+    }
     Ok(())
 }
 

@@ -92,7 +92,7 @@ impl Progress {
                     self.reward_sum += r;
                     self.scored += 1;
                 }
-                matches!(s.status.as_str(), "infra_error" | "evaluator_timeout")
+                super::queue::is_infrastructure(&s.status)
             }
             None => true,
         };

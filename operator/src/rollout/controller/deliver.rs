@@ -203,14 +203,15 @@ pub(super) async fn deliver(
         .send()
         .await;
     let uid = job.uid().unwrap_or_default();
-    match sent {
-        Ok(r) if r.status().is_success() => {
-            if let Some(t) = claimed {
-                ctx.metrics.claim_delivered(t);
-            }
-            ctx.delivered(&uid, &name);
-            return Some(name);
+    let taken = || {
+        if let Some(t) = claimed {
+            ctx.metrics.claim_delivered(t);
         }
+        ctx.delivered(&uid, &name);
+        Some(name.clone())
+    };
+    match sent {
+        Ok(r) if r.status().is_success() => return taken(),
         Ok(r) => {
             let code = r.status();
             let body = r.text().await.unwrap_or_default();
@@ -230,11 +231,7 @@ pub(super) async fn deliver(
                     ),
                 )
                 .await;
-                if let Some(t) = claimed {
-                    ctx.metrics.claim_delivered(t);
-                }
-                ctx.delivered(&uid, &name);
-                return Some(name);
+                return taken();
             }
             tracing::warn!(%name, %code, "assignment refused: {body}");
             ctx.note_undelivered(&uid, &name, format!("{url} answered {code}: {body}"));
