@@ -3365,8 +3365,9 @@ async fn a_finished_jobs_spec_edit_is_observed_and_changes_nothing() -> Result<(
 /// assignment is built from the spec as it is: a GitOps commit that changed
 /// `spec.sampling.temperature` had new sessions sample at the new temperature and the trainer
 /// weigh them at the old. Such an edit stalls the job, naming the pod; restored, it goes on;
-/// an edit of what is read each round (the fidelity check) does not stall it; the pod deleted,
-/// it is made again from the new spec.
+/// an edit of what is read each round (the fidelity check) does not stall it; an operator
+/// upgraded to another digest material keeps the stall; the pod deleted, it is made again
+/// from the new spec.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored_or_remade(
 ) -> Result<()> {
@@ -3421,6 +3422,33 @@ async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored
     // Edited again, and the trainer pod deleted: made again from the new spec.
     let again = seen(edit(json!({"spec": {"sampling": {"temperature": 0.7}}})).await?).await?;
     assert!(again.is_some_and(|(r, _)| r == "OwnPodSpecChanged"));
+    // An upgrade that builds pods otherwise (another digest material, as the pod's digest
+    // of an earlier one reads) cannot tell whether the spec was restored: the stall stays.
+    let older =
+        json!({"metadata": {"annotations": {"floe.dev/spec-digest": "0/0123456789abcdef"}}});
+    pods.patch(
+        "drift-trainer",
+        &PatchParams::default(),
+        &Patch::Merge(older),
+    )
+    .await?;
+    eventually("the stall kept across the digest's material", async || {
+        let s = status(&jobs, "drift").await?;
+        let stalled = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Stalled" && c.status == "True");
+        let pod = pods.get("drift-trainer").await?;
+        let digest = pod.annotations().get("floe.dev/spec-digest").cloned();
+        anyhow::ensure!(
+            stalled.is_some() && digest.as_deref() == Some("0/0123456789abcdef"),
+            "the stall was lifted, the pod's digest recorded again: {digest:?}"
+        );
+        Ok(stalled
+            .filter(|c| c.reason == "OwnPodSpecChanged" && c.message.contains("cannot tell"))
+            .map(|_| ()))
+    })
+    .await?;
     pods.delete("drift-trainer", &DeleteParams::default())
         .await?;
     eventually("a new trainer pod, the job going on", async || {

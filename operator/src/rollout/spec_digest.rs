@@ -65,13 +65,19 @@ pub enum Drift {
     /// Not comparable: no digest on the pod (an older operator made it) or one of another
     /// [`MATERIAL`]. Recorded again, as the spec is now.
     Unknown,
+    /// Not comparable, while the job stands stalled for a change an operator of another
+    /// [`MATERIAL`] found: whether the spec was restored since cannot be told, and recording
+    /// the spec as it is would let that change through (an upgrade lifting the stall).
+    UnknownWhileStalled,
 }
 
-pub fn drift(recorded: Option<&str>, now: &str) -> Drift {
+/// `stalled_for_it`: the job stands stalled for [`Drift::Changed`] (its `Stalled` condition).
+pub fn drift(recorded: Option<&str>, now: &str, stalled_for_it: bool) -> Drift {
     let material = |d: &str| d.split_once('/').map(|(v, _)| v.to_string());
     match recorded {
         Some(r) if r == now => Drift::Same,
         Some(r) if material(r).is_some() && material(r) == material(now) => Drift::Changed,
+        _ if stalled_for_it => Drift::UnknownWhileStalled,
         _ => Drift::Unknown,
     }
 }
@@ -118,7 +124,7 @@ mod tests {
         let edited = |edit: &dyn Fn(&mut RolloutJob)| {
             let mut j = trainer.clone();
             edit(&mut j);
-            drift(Some(&first), &made(&j))
+            drift(Some(&first), &made(&j), false)
         };
         let train = |edit: &dyn Fn(&mut floe_crds::rollout_job::TrainSpec)| {
             edited(&|j| {
@@ -152,20 +158,26 @@ mod tests {
             "output": {"claimName": "d"}}}));
         let mut stricter = sft.clone();
         stricter.spec.evaluator.reward.pass_threshold = 0.5;
-        assert_eq!(drift(Some(&made(&sft)), &made(&stricter)), Drift::Changed);
+        assert_eq!(
+            drift(Some(&made(&sft)), &made(&stricter), false),
+            Drift::Changed
+        );
         // Its dataset's claim, or a trainer's checkpoint claim: written to by the pod as made.
         let mut elsewhere = sft.clone();
         if let Some(s) = elsewhere.spec.sft.as_mut() {
             s.output.claim_name = "d2".into();
         }
-        assert_eq!(drift(Some(&made(&sft)), &made(&elsewhere)), Drift::Changed);
+        assert_eq!(
+            drift(Some(&made(&sft)), &made(&elsewhere), false),
+            Drift::Changed
+        );
         // Its teacher: new sessions would sample another model into the same dataset.
         let mut other_teacher = sft.clone();
         if let Some(s) = other_teacher.spec.sft.as_mut() {
             s.upstream.model = Some("a-larger-teacher".into());
         }
         assert_eq!(
-            drift(Some(&made(&sft)), &made(&other_teacher)),
+            drift(Some(&made(&sft)), &made(&other_teacher), false),
             Drift::Changed
         );
         assert_eq!(
@@ -177,8 +189,27 @@ mod tests {
             Drift::Changed
         );
         // A pod an older operator made, or one of another material: recorded again.
-        assert_eq!(drift(None, &first), Drift::Unknown);
-        assert_eq!(drift(Some("0/0123456789abcdef"), &first), Drift::Unknown);
+        assert_eq!(drift(None, &first, false), Drift::Unknown);
+        assert_eq!(
+            drift(Some("0/0123456789abcdef"), &first, false),
+            Drift::Unknown
+        );
+    }
+
+    /// An operator of a new material, met with a job stalled for a change an earlier one found,
+    /// keeps the stall: it cannot tell whether the spec was restored. A spec restored under the
+    /// same material lifts it.
+    #[test]
+    fn a_stall_for_a_change_survives_an_upgrade_of_the_material() {
+        let first = made(&train_job());
+        let older = "2/0123456789abcdef";
+        assert_eq!(drift(Some(older), &first, true), Drift::UnknownWhileStalled);
+        assert_eq!(drift(None, &first, true), Drift::UnknownWhileStalled);
+        assert_eq!(drift(Some(older), &first, false), Drift::Unknown);
+        assert_eq!(drift(Some(&first), &first, true), Drift::Same);
+        let mut hotter = train_job();
+        hotter.spec.sampling.temperature = 0.7;
+        assert_eq!(drift(Some(&first), &made(&hotter), true), Drift::Changed);
     }
 
     /// A release that builds these pods otherwise must bump [`MATERIAL`] (then update the

@@ -51,6 +51,15 @@ pub const TRAINING_LAST_GROUPS: &str = "TrainingLastGroups";
 /// The reason while a train job's trainer has finished and its final held-out round runs.
 pub const HELD_OUT_FINAL_ROUND: &str = "HeldOutFinalRound";
 
+/// Whether `status` says the job stands stalled for `reason` (its `Stalled` condition).
+pub fn stalled_for(status: Option<&RolloutJobStatus>, reason: &str) -> bool {
+    status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Stalled" && c.status == "True" && c.reason == reason)
+    })
+}
+
 pub struct StatusInput<'a> {
     pub previous: Option<&'a RolloutJobStatus>,
     pub generation: Option<i64>,

@@ -97,7 +97,8 @@ async fn made_from_the_spec(
 ) -> Result<(), Halt> {
     let name = pod.name_any();
     let recorded = pod.annotations().get(spec_digest::ANNOTATION);
-    match spec_digest::drift(recorded.map(String::as_str), now) {
+    let stalled_for_it = status::stalled_for(job.status.as_ref(), OWN_POD_SPEC_CHANGED);
+    match spec_digest::drift(recorded.map(String::as_str), now, stalled_for_it) {
         spec_digest::Drift::Same => Ok(()),
         spec_digest::Drift::Unknown => {
             let patch =
@@ -128,12 +129,30 @@ async fn made_from_the_spec(
                 )
             };
             Err(Halt::Blocked(Blocked::stalled(
-                "OwnPodSpecChanged",
+                OWN_POD_SPEC_CHANGED,
                 message,
             )))
         }
+        spec_digest::Drift::UnknownWhileStalled => Err(Halt::Blocked(Blocked::stalled(
+            OWN_POD_SPEC_CHANGED,
+            format!(
+                "the job was stalled for a spec changed since its pod {name} was made, and this \
+                 operator builds the pod otherwise than the one that found it (an upgrade), so \
+                 it cannot tell whether the spec was restored since. Delete pod {name} to have \
+                 it made again from the spec as it is{}",
+                if job.spec.train.is_some() {
+                    " (it resumes from its last checkpoint; without spec.train.checkpoint it \
+                     starts over)"
+                } else {
+                    ""
+                }
+            ),
+        ))),
     }
 }
+
+/// The reason a job stalls for a spec its own pod was not made from.
+const OWN_POD_SPEC_CHANGED: &str = "OwnPodSpecChanged";
 
 /// Delete the job's pod that ended for good (`why`), saying so: the next round makes it again.
 async fn replace_ended(

@@ -74,10 +74,7 @@ fn crd_probe(
     st: &RolloutJobStatus,
 ) -> Option<RolloutJobStatus> {
     let previous = previous?;
-    let stalled = previous
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Stalled" && c.status == "True" && c.reason == CRD_OUTDATED);
+    let stalled = status::stalled_for(Some(previous), CRD_OUTDATED);
     (stalled && previous.held_out != st.held_out).then(|| RolloutJobStatus {
         held_out: st.held_out.clone(),
         ..previous.clone()
