@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import free_port, one_group, running, served_against
+from vllm_server import ending_with_pytest, free_port, one_group, running, served_against
 
 from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.loss import LossConfig
@@ -481,6 +481,7 @@ def test_two_nodes_train_a_step_vllm_serves_and_resume_from_the_first_ones_check
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=ending_with_pytest(),
         )
 
     def logs() -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server import free_port, one_group, running, served_against
+from vllm_server import ending_with_pytest, free_port, one_group, running, served_against
 
 from floe_trainer.learn_demo import sample, trajectory
 from floe_trainer.policy import make_batch, token_logprobs
@@ -158,6 +158,7 @@ def test_two_processes_train_the_adapter_vllm_serves_and_end_with_the_merged_mod
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=ending_with_pytest(),
     )
 
     def call(path: str, body: dict | None = None, auth: str | None = None) -> dict:

@@ -2,6 +2,7 @@
 on a free loopback port with the model given, waited for, and stopped with its process group."""
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -22,6 +23,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ending_with_pytest():
+    """A ``preexec_fn`` that has the child (a process group of its own, so not signalled with
+    pytest's) sent SIGTERM when pytest dies: a pytest killed by a signal runs no fixture
+    teardown, and its vLLM or trainer would outlive the run holding cores and memory."""
+    parent = os.getpid()
+
+    def arm() -> None:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # pytest died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
 @contextlib.contextmanager
 def running(model_dir: Path, *args: str, env: dict | None = None) -> Iterator[str]:
     """vLLM serving ``model_dir`` (extra server ``args``, extra ``env``); yields its URL. Its
@@ -35,6 +51,7 @@ def running(model_dir: Path, *args: str, env: dict | None = None) -> Iterator[st
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=ending_with_pytest(),
             env={**os.environ, **(env or {})},
         )
         url = f"http://127.0.0.1:{port}"
