@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use floe_operator::client_rate::RateLimit;
-use floe_operator::leader::LeaseConfig;
+use floe_operator::clients::operator_clients;
+use floe_operator::leader::{Election, LeaseConfig};
+use floe_operator::lease_fence::LeaseValidity;
 use floe_operator::run::{run, OperatorConfig};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -86,7 +88,10 @@ pub enum OperatorError {
     Runtime(std::io::Error),
 }
 
-async fn client(args: &OperatorArgs) -> Result<kube::Client, OperatorError> {
+async fn clients(
+    args: &OperatorArgs,
+    validity: &LeaseValidity,
+) -> Result<(kube::Client, kube::Client), OperatorError> {
     let config = match &args.kubeconfig {
         Some(path) => {
             let bad =
@@ -104,9 +109,7 @@ async fn client(args: &OperatorArgs) -> Result<kube::Client, OperatorError> {
         qps: args.kube_qps,
         burst: args.kube_burst,
     };
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&limit)
-        .build())
+    Ok(operator_clients(config, limit, validity)?)
 }
 
 pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
@@ -115,7 +118,12 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
         .build()
         .map_err(OperatorError::Runtime)?;
     runtime.block_on(async {
-        let client = client(&args).await?;
+        let validity = if args.leader_elect {
+            LeaseValidity::elected()
+        } else {
+            LeaseValidity::unelected()
+        };
+        let (client, lease_client) = clients(&args, &validity).await?;
         let native_sidecars = match args.sidecars {
             Sidecars::Native => true,
             Sidecars::Plain => false,
@@ -135,7 +143,7 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                     format!("{}-{}", host.trim(), std::process::id())
                 });
             let duration = std::time::Duration::from_secs(args.lease_duration_seconds.max(3));
-            LeaseConfig {
+            let lease = LeaseConfig {
                 namespace: args
                     .lease_namespace
                     .clone()
@@ -146,6 +154,11 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                 identity,
                 duration,
                 renew_every: duration / 3,
+            };
+            Election {
+                lease,
+                client: lease_client,
+                validity,
             }
         });
         run(

@@ -12,6 +12,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
+use crate::lease_fence::LeaseValidity;
+
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
     pub namespace: String,
@@ -24,9 +26,21 @@ pub struct LeaseConfig {
     pub renew_every: Duration,
 }
 
+/// Leader election as `floe operator` runs it.
+#[derive(Clone)]
+pub struct Election {
+    pub lease: LeaseConfig,
+    /// The lease's own client (see [`Leader::new`]).
+    pub client: Client,
+    /// Shared with the [`crate::lease_fence::Fence`] of the controllers' client.
+    pub validity: LeaseValidity,
+}
+
 pub struct Leader {
     api: Api<Lease>,
     config: LeaseConfig,
+    /// Extended on each renewal won, read by the controllers' write fence.
+    validity: LeaseValidity,
 }
 
 /// Sans-IO: may `me` take a lease held as `spec`, at `now`?
@@ -44,10 +58,13 @@ pub fn may_take(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> bool {
 }
 
 impl Leader {
-    pub fn new(client: Client, config: LeaseConfig) -> Self {
+    /// `client` should be one of the lease's own: neither rate-limited behind the controllers'
+    /// requests nor fenced (see [`crate::lease_fence`]).
+    pub fn new(client: Client, config: LeaseConfig, validity: LeaseValidity) -> Self {
         Self {
             api: Api::namespaced(client, &config.namespace),
             config,
+            validity,
         }
     }
 
@@ -75,7 +92,16 @@ impl Leader {
 
     /// One attempt to take or keep the lease. `Ok(true)`: we hold it now.
     pub async fn try_hold(&self) -> Result<bool, kube::Error> {
-        let now = Timestamp::now();
+        // As of when this attempt started: the Lease it writes says `renewTime` is then.
+        let sent = tokio::time::Instant::now();
+        let held = self.write_hold(Timestamp::now()).await;
+        if let Ok(true) = held {
+            self.validity.renewed(sent, self.renew_deadline());
+        }
+        held
+    }
+
+    async fn write_hold(&self, now: Timestamp) -> Result<bool, kube::Error> {
         match self.api.get_opt(&self.config.name).await? {
             None => {
                 let lease = Lease {
@@ -159,6 +185,7 @@ impl Leader {
                 }
                 Ok(Ok(false)) => {
                     tracing::warn!("lost the lease to another replica");
+                    self.validity.revoked();
                     return;
                 }
                 Ok(Err(e)) => tracing::warn!("renewing the lease: {e}"),
@@ -169,6 +196,7 @@ impl Leader {
                     "no renewal of the lease for {} s: stepping down before it expires",
                     deadline.as_secs_f64()
                 );
+                self.validity.revoked();
                 return;
             }
         }
@@ -177,6 +205,8 @@ impl Leader {
     /// Give the lease up (on shutdown), so another replica takes over without waiting for it
     /// to expire.
     pub async fn release(&self) {
+        // No write of the controllers goes once this replica gives the lease up.
+        self.validity.revoked();
         let name = &self.config.name;
         // Said when it fails (an uninstall that removed the operator's RBAC first, say): the
         // next leader then waits for the lease to expire.
@@ -227,6 +257,7 @@ mod tests {
                 duration,
                 renew_every: duration / 3,
             },
+            LeaseValidity::elected(),
         )
     }
 
@@ -278,6 +309,10 @@ mod tests {
             reads.load(Ordering::SeqCst) >= 3,
             "tried again, then renewed"
         );
+        assert!(
+            leader.validity.holds(tokio::time::Instant::now()),
+            "the renewal let the controllers write"
+        );
     }
 
     /// The apiserver stops answering (a dead connection, no read timeout): the leader steps
@@ -291,6 +326,8 @@ mod tests {
         let duration = Duration::from_secs(6);
         let leader = leader_of(app, duration).await;
         let t0 = tokio::time::Instant::now();
+        // As `acquire` leaves it: held as of now.
+        leader.validity.renewed(t0, leader.renew_deadline());
         tokio::time::timeout(duration * 4, leader.keep())
             .await
             .expect("it stepped down");
@@ -299,6 +336,7 @@ mod tests {
             took >= leader.renew_deadline() && took < duration,
             "stepped down after {took:?}"
         );
+        assert!(!leader.validity.holds(tokio::time::Instant::now()));
     }
 
     fn held(by: &str, renewed_at: i64, duration: i32) -> LeaseSpec {

@@ -7,10 +7,12 @@
 pub(crate) mod api_call;
 pub(crate) mod claim_gate;
 pub mod client_rate;
+pub mod clients;
 pub(crate) mod controller_ref;
 pub(crate) mod egress_policy;
 pub(crate) mod events;
 pub mod leader;
+pub mod lease_fence;
 pub(crate) mod metrics;
 /// A RolloutJob's session series, shared with `floe run --metrics-listen`.
 pub use metrics::job_series;

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, Controller};
 use kube::{Api, Client, ResourceExt};
 
-use crate::leader::{Leader, LeaseConfig};
+use crate::leader::{Election, Leader};
 use crate::metrics::Metrics;
 use crate::pool::{error_policy, reconcile, PoolContext};
 use crate::rollout::controller as job_controller;
@@ -30,8 +30,9 @@ pub struct OperatorConfig {
     /// Claim pool pods for a job's sessions while its trainer or collector pod is starting,
     /// holding them at most this long; `None` claims only once it is Ready.
     pub claim_while_starting: Option<std::time::Duration>,
-    /// Leader election; `None` runs unconditionally (a single replica).
-    pub leader: Option<LeaseConfig>,
+    /// Leader election; `None` runs unconditionally (a single replica). Under election the
+    /// client given to [`run`] should carry its [`crate::lease_fence::Fence`].
+    pub leader: Option<Election>,
     /// `/metrics`, `/healthz`, `/readyz` are served here.
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
@@ -99,7 +100,7 @@ pub async fn run(client: Client, config: OperatorConfig) {
     let leader = config
         .leader
         .clone()
-        .map(|c| Arc::new(Leader::new(client.clone(), c)));
+        .map(|e| Arc::new(Leader::new(e.client, e.lease, e.validity)));
     let signal = Arc::new(tokio::sync::Notify::new());
     {
         let signal = signal.clone();

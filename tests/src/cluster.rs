@@ -93,10 +93,13 @@ impl TestCluster {
     /// A kube client for the admin user. Make one per test: a client belongs to the tokio
     /// runtime it was made on, and every `#[tokio::test]` has its own.
     pub async fn client(&self) -> Result<Client> {
+        Ok(Client::try_from(self.config().await?)?)
+    }
+
+    /// The admin user's client configuration, for a client built otherwise.
+    pub async fn config(&self) -> Result<Config> {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
-        let config =
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        Ok(Client::try_from(config)?)
+        Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
     }
 
     /// Run Debian's kubectl 1.20 against the test cluster, optionally feeding `stdin`.

@@ -290,6 +290,70 @@ async fn with_two_replicas_only_the_leader_acts_and_the_other_takes_over() -> Re
     Ok(())
 }
 
+/// A replica's writes are fenced by its lease (`lease_fence`): a leader frozen past its lease,
+/// or one whose renewals fail, wakes with rounds under way while another replica acts. Through
+/// the controllers' client as `floe operator` builds it, against the real apiserver: with the
+/// lease not renewed within its deadline no write goes (the object is not made, the error says
+/// why) while reads do, and the lease's own client is not fenced; renewed, writes go again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_hold_its_lease_sends_no_write() -> Result<()> {
+    use floe_operator::client_rate::RateLimit;
+    use floe_operator::clients::operator_clients;
+    use floe_operator::lease_fence::LeaseValidity;
+    let (admin, ns) = with_crds("fence").await?;
+    let validity = LeaseValidity::elected();
+    let config = floe_tests::cluster::cluster().config().await?;
+    let limit = RateLimit {
+        qps: 50.0,
+        burst: 100,
+    };
+    let (controllers, lease) = operator_clients(config, limit, &validity)?;
+    let fenced: Api<Secret> = Api::namespaced(controllers, &ns.name);
+    let own: Api<Secret> = Api::namespaced(lease, &ns.name);
+    let seen: Api<Secret> = Api::namespaced(admin, &ns.name);
+    let secret = |name: &str| -> Result<Secret> {
+        Ok(serde_json::from_value(json!({"metadata": {"name": name}}))?)
+    };
+    let names = async || -> Result<Vec<String>> {
+        let mut n: Vec<String> = seen
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|s| s.name_any())
+            .filter(|n| !n.starts_with("default-token"))
+            .collect();
+        n.sort();
+        Ok(n)
+    };
+    let refused = fenced
+        .create(&PostParams::default(), &secret("unheld")?)
+        .await
+        .err()
+        .context("a write went without the lease")?;
+    assert!(refused.to_string().contains("leader lease"), "{refused}");
+    assert!(
+        fenced.list(&ListParams::default()).await.is_ok(),
+        "reads go"
+    );
+    own.create(&PostParams::default(), &secret("renewal")?)
+        .await?;
+    validity.renewed(tokio::time::Instant::now(), Duration::from_secs(10));
+    fenced
+        .create(&PostParams::default(), &secret("held")?)
+        .await?;
+    validity.revoked();
+    let patch = Patch::Merge(json!({"metadata": {"labels": {"after": "loss"}}}));
+    let refused = fenced.patch("held", &PatchParams::default(), &patch).await;
+    assert!(
+        refused.is_err(),
+        "a write went after the lease was given up"
+    );
+    assert_eq!(names().await?, ["held", "renewal"]);
+    assert!(seen.get("held").await?.labels().get("after").is_none());
+    Ok(())
+}
+
 async fn event_reasons(client: &kube::Client, ns: &str) -> Result<Vec<String>> {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
     Ok(events
