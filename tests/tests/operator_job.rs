@@ -3550,6 +3550,71 @@ async fn a_train_job_suspended_after_it_started_frees_its_trainer_and_makes_it_a
     Ok(())
 }
 
+/// A pod's assignment mark was lost (the operator stopped between the gateway's
+/// acknowledgment and the mark's write) and what the assignment is made from changed since
+/// (here the job's model-call timeout): the operator delivers again, and the pod's gateway,
+/// running the session with what it was first given, answers 409 `AssignedDifferently`. That
+/// is the session running: taken as delivered, said in an `AssignmentChanged` Event, the mark
+/// written again. It used to be counted undelivered (an `AssignmentConflict`), and the running
+/// session failed once its delivery had failed long enough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_its_pod_runs_with_an_earlier_assignment_is_taken_as_delivered() -> Result<()> {
+    let (client, ns) = with_crds("reassign").await?;
+    let _operator = Operator::start(&ns.name, &[])?;
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &ns.name,
+        71,
+        Arc::new(|_: &Value| Verdict::Hang),
+    )?;
+    create_pool(&client, &ns.name, "warm", 1).await?;
+    let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &job("reassign", &["a"], 1, json!({}))?,
+    )
+    .await?;
+    let assigned = async || -> Result<Option<Pod>> {
+        Ok(job_pods(&pods, "reassign")
+            .await?
+            .into_iter()
+            .find(|p| p.annotations().contains_key("floe.dev/assigned")))
+    };
+    let pod = eventually("the session's pod marked assigned", assigned).await?;
+    let name = pod.name_any();
+    assert_eq!(kubelet.taken_count(), 1);
+    let edited = jobs
+        .patch(
+            "reassign",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"timeouts": {"modelCallSeconds": 77}}})),
+        )
+        .await?
+        .metadata
+        .generation;
+    eventually("the edit observed", async || {
+        Ok((status(&jobs, "reassign").await?.observed_generation >= edited).then_some(()))
+    })
+    .await?;
+    let lost = json!({"metadata": {"annotations": {"floe.dev/assigned": null}}});
+    pods.patch(&name, &PatchParams::default(), &Patch::Merge(lost))
+        .await?;
+    let notes = noted(&client, &ns.name, "AssignmentChanged").await?;
+    assert!(notes.iter().any(|n| n.contains(&name)), "{notes:?}");
+    eventually("the mark written again", assigned).await?;
+    assert_eq!(
+        event_notes(&client, &ns.name, "AssignmentConflict").await?,
+        Vec::<String>::new()
+    );
+    let s = status(&jobs, "reassign").await?;
+    assert_eq!((s.sessions.running, s.sessions.failed), (1, 0), "{s:?}");
+    assert_eq!(kubelet.taken_count(), 1, "the session ran once");
+    kubelet.stop().await?;
+    delete_jobs(&jobs).await?;
+    Ok(())
+}
+
 /// A pool's `gateway.controlPort` changed (in Git) after its pods were made: their gateways
 /// still listen where they were made to, and a claim of one is delivered there (read from
 /// the pod). Delivered to the pool's new port, the claims of those pods were never taken,
