@@ -32,6 +32,8 @@ def test_a_server_started_by_a_test_ends_when_pytest_is_killed(tmp_path):
         time.sleep(0.05)
     server = int(pid_file.read_text())
     try:
+        time.sleep(0.2)
+        assert _alive(server), "the server did not start (its preexec_fn failed)"
         runner.send_signal(signal.SIGKILL)
         runner.wait(timeout=10)
         deadline = time.monotonic() + 10

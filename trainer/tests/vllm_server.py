@@ -28,10 +28,14 @@ def ending_with_pytest():
     pytest's) sent SIGTERM when pytest dies: a pytest killed by a signal runs no fixture
     teardown, and its vLLM or trainer would outlive the run holding cores and memory."""
     parent = os.getpid()
+    # Looked up here, in the parent: loading a library in a child forked from a threaded
+    # parent can deadlock on the loader's lock.
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
 
     def arm() -> None:
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if prctl(pr_set_pdeathsig, int(signal.SIGTERM)) != 0:
+            os._exit(126)
         if os.getppid() != parent:  # pytest died before the signal was armed
             os._exit(1)
 
