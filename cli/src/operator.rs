@@ -109,7 +109,12 @@ async fn clients(
         qps: args.kube_qps,
         burst: args.kube_burst,
     };
-    Ok(operator_clients(config, limit, validity)?)
+    let connect_within = args.leader_elect.then(|| lease_duration(args) / 3);
+    Ok(operator_clients(config, limit, validity, connect_within)?)
+}
+
+fn lease_duration(args: &OperatorArgs) -> std::time::Duration {
+    std::time::Duration::from_secs(args.lease_duration_seconds.max(3))
 }
 
 pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
@@ -142,7 +147,7 @@ pub fn main(args: OperatorArgs) -> Result<(), OperatorError> {
                     let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
                     format!("{}-{}", host.trim(), std::process::id())
                 });
-            let duration = std::time::Duration::from_secs(args.lease_duration_seconds.max(3));
+            let duration = lease_duration(&args);
             let lease = LeaseConfig {
                 namespace: args
                     .lease_namespace

@@ -1,12 +1,13 @@
 //! The controllers' apiserver writes are fenced by the lease. A leader steps down once it has
 //! not renewed for `renew_deadline` (two thirds of the lease's duration), but a round already
-//! under way went on writing until it ended, and a replica frozen (a stopped process, a paused
-//! VM, a node under memory pressure) woke up past its lease, another replica's by then, with
+//! under way went on writing until it ended, and a replica frozen (a stopped process, a frozen
+//! cgroup) woke up past its lease, another replica's by then, with
 //! its rounds resuming before its renewal loop noticed: two replicas writing, each from its own
 //! view (pods claimed twice, sessions counted twice). Every write the controllers' client sends
 //! is now refused unless this replica renewed its lease within `renew_deadline`, read from the
-//! monotonic clock (which counts time a process spent stopped), so a write that does go out
-//! leaves a third of the duration before anyone else may take the lease. Reads (the caches'
+//! monotonic clock (which counts time a process spent stopped, not time a paused VM stood
+//! still), so a write handed on leaves about a third of the duration, for what lies below the
+//! fence, before anyone else may take the lease (see [`crate::clients`]). Reads (the caches'
 //! watches among them) are never refused. The lease's own client is not fenced (it renews).
 
 use std::future::Future;

@@ -119,32 +119,47 @@ pub async fn run(client: Client, config: OperatorConfig) {
         }
         // The lease keeper runs in its own task (kube's futures are not Sync, the controller's
         // shutdown trigger must be); it says why through `why` and stops the controllers
-        // through `stop`.
+        // through `stop`. Stopped by a signal, it renews on while the rounds under way finish
+        // (their writes are fenced by the lease), until `drained`.
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (why_tx, why_rx) = tokio::sync::oneshot::channel::<Stop>();
-        {
+        let drained = Arc::new(tokio::sync::Notify::new());
+        let keeper = {
             let leader = leader.clone();
             let signal = signal.clone();
+            let drained = drained.clone();
             tokio::spawn(async move {
-                let why = match leader {
-                    Some(l) => tokio::select! {
-                        _ = l.keep() => Stop::LostLease,
-                        _ = signal.notified() => Stop::Signal,
-                    },
-                    None => {
-                        signal.notified().await;
-                        Stop::Signal
-                    }
+                let Some(l) = leader else {
+                    signal.notified().await;
+                    let _ = why_tx.send(Stop::Signal);
+                    let _ = stop_tx.send(());
+                    return;
                 };
+                let keep = l.keep();
+                tokio::pin!(keep);
+                let why = tokio::select! {
+                    _ = &mut keep => Stop::LostLease,
+                    _ = signal.notified() => Stop::Signal,
+                };
+                let draining = matches!(why, Stop::Signal);
                 let _ = why_tx.send(why);
                 let _ = stop_tx.send(());
-            });
-        }
+                if draining {
+                    tokio::select! {
+                        _ = &mut keep => {},
+                        _ = drained.notified() => {},
+                    }
+                }
+            })
+        };
         metrics.set_leader(true);
         run_controllers(client.clone(), &config, metrics.clone(), async move {
             let _ = stop_rx.await;
         })
         .await;
+        // No renewal in flight once the keeper has ended: `release` must not race one.
+        drained.notify_one();
+        let _ = keeper.await;
         metrics.set_leader(false);
         metrics.forget_objects();
         match why_rx.await {

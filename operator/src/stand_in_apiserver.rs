@@ -3,12 +3,17 @@
 
 /// A client of `app`, served on a free loopback port for as long as the test's runtime runs.
 pub(crate) async fn client_of(app: axum::Router) -> kube::Client {
+    kube::Client::try_from(config_of(app).await).expect("a client")
+}
+
+/// A client configuration for `app`, served as [`client_of`] serves it.
+pub(crate) async fn config_of(app: axum::Router) -> kube::Config {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
     let url = format!("http://{}", listener.local_addr().expect("its address"));
     tokio::spawn(async move { axum::serve(listener, app).await });
-    kube::Client::try_from(kube::Config::new(url.parse().expect("a URL"))).expect("a client")
+    kube::Config::new(url.parse().expect("a URL"))
 }
 
 /// A `Status` answer as the apiserver writes one: a success for a 2xx `code`, else a failure

@@ -3422,8 +3422,23 @@ async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored
     // Edited again, and the trainer pod deleted: made again from the new spec.
     let again = seen(edit(json!({"spec": {"sampling": {"temperature": 0.7}}})).await?).await?;
     assert!(again.is_some_and(|(r, _)| r == "OwnPodSpecChanged"));
+    let marked = pods.get("drift-trainer").await?;
+    assert!(
+        marked.annotations().contains_key("floe.dev/spec-changed"),
+        "{:?}",
+        marked.annotations()
+    );
     // An upgrade that builds pods otherwise (another digest material, as the pod's digest
-    // of an earlier one reads) cannot tell whether the spec was restored: the stall stays.
+    // of an earlier one reads) cannot tell whether the spec was restored: the stall stays,
+    // even when another stall found first (here its pool deleted; an outdated CRD during the
+    // upgrade itself) took the job's condition meanwhile.
+    let pools: Api<GatewayPool> = Api::namespaced(client.clone(), &ns.name);
+    pools.delete("warm", &DeleteParams::default()).await?;
+    eventually("the job stalled for its pool", async || {
+        let s = status(&jobs, "drift").await?;
+        Ok((condition(&s, "Stalled") == Some(("True", "PoolNotFound"))).then_some(()))
+    })
+    .await?;
     let older =
         json!({"metadata": {"annotations": {"floe.dev/spec-digest": "0/0123456789abcdef"}}});
     pods.patch(
@@ -3432,6 +3447,7 @@ async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored
         &Patch::Merge(older),
     )
     .await?;
+    create_pool(&client, &ns.name, "warm", 0).await?;
     eventually("the stall kept across the digest's material", async || {
         let s = status(&jobs, "drift").await?;
         let stalled = s

@@ -307,7 +307,8 @@ async fn a_replica_that_does_not_hold_its_lease_sends_no_write() -> Result<()> {
         qps: 50.0,
         burst: 100,
     };
-    let (controllers, lease) = operator_clients(config, limit, &validity)?;
+    let (controllers, lease) =
+        operator_clients(config, limit, &validity, Some(Duration::from_secs(5)))?;
     let fenced: Api<Secret> = Api::namespaced(controllers, &ns.name);
     let own: Api<Secret> = Api::namespaced(lease, &ns.name);
     let seen: Api<Secret> = Api::namespaced(admin, &ns.name);

@@ -16,6 +16,10 @@ use serde_json::json;
 /// The pod annotation holding [`digest`] as the pod was made.
 pub const ANNOTATION: &str = "floe.dev/spec-digest";
 
+/// On the pod while the spec stands changed from what it was made with ([`Drift::Changed`]):
+/// kept across an upgrade that computes the digest otherwise ([`Drift::UnknownWhileStalled`]).
+pub const CHANGED_ANNOTATION: &str = "floe.dev/spec-changed";
+
 /// How the digest's material is built. A release that builds a job's own pod otherwise (a new
 /// argument, a new key in the trainer's config) bumps it: a digest of another version is not
 /// compared, only recorded again, so an upgrade never stalls a running job. The test
@@ -71,7 +75,8 @@ pub enum Drift {
     UnknownWhileStalled,
 }
 
-/// `stalled_for_it`: the job stands stalled for [`Drift::Changed`] (its `Stalled` condition).
+/// `stalled_for_it`: the spec was found changed and not restored since ([`CHANGED_ANNOTATION`]
+/// on the pod, or the job's `Stalled` condition).
 pub fn drift(recorded: Option<&str>, now: &str, stalled_for_it: bool) -> Drift {
     let material = |d: &str| d.split_once('/').map(|(v, _)| v.to_string());
     match recorded {

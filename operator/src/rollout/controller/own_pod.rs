@@ -97,18 +97,33 @@ async fn made_from_the_spec(
 ) -> Result<(), Halt> {
     let name = pod.name_any();
     let recorded = pod.annotations().get(spec_digest::ANNOTATION);
-    let stalled_for_it = status::stalled_for(job.status.as_ref(), OWN_POD_SPEC_CHANGED);
+    // On the pod, where a stall for another reason found first (an outdated CRD during the
+    // very upgrade) cannot hide it; the job's condition for pods stalled before it was kept.
+    let marked = pod
+        .annotations()
+        .contains_key(spec_digest::CHANGED_ANNOTATION);
+    let stalled_for_it = marked || status::stalled_for(job.status.as_ref(), OWN_POD_SPEC_CHANGED);
+    let annotate = async |value: Option<&str>| {
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            spec_digest::ANNOTATION: now, spec_digest::CHANGED_ANNOTATION: value}}});
+        pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| Halt::Failed(JobError::api(format!("annotating pod {name}"))(e)))
+    };
     match spec_digest::drift(recorded.map(String::as_str), now, stalled_for_it) {
+        // Restored: the mark goes.
+        spec_digest::Drift::Same if marked => annotate(None).await,
         spec_digest::Drift::Same => Ok(()),
-        spec_digest::Drift::Unknown => {
-            let patch =
-                serde_json::json!({"metadata": {"annotations": {spec_digest::ANNOTATION: now}}});
-            pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| Halt::Failed(JobError::api(format!("annotating pod {name}"))(e)))?;
-            Ok(())
-        }
+        spec_digest::Drift::Unknown => annotate(None).await,
         spec_digest::Drift::Changed => {
+            if !marked {
+                let patch = serde_json::json!({"metadata": {"annotations": {
+                    spec_digest::CHANGED_ANNOTATION: "true"}}});
+                pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|e| Halt::Failed(JobError::api(format!("marking pod {name}"))(e)))?;
+            }
             let message = if job.spec.train.is_some() {
                 format!(
                     "the spec changed since the trainer pod {name} was made in what it runs with \
