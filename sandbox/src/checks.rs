@@ -104,6 +104,14 @@ pub fn check_sessions(
                 );
             }
         }
+        if let Some(e) = task.evaluation.as_ref() {
+            if let Err(err) = Protected::new(&e.protected_paths, std::iter::empty()) {
+                push(
+                    format!("{field}.evaluation.protectedPaths"),
+                    err.to_string(),
+                );
+            }
+        }
         // A file that another needs as its directory (`tests` and `tests/test_x.py`): one
         // would silently replace the other when the workspace or the evaluation copy is made.
         let task_hidden = task.evaluation.as_ref().map(|e| &e.hidden_files);
@@ -185,8 +193,11 @@ mod tests {
         let mut bad = task("t");
         bad.files.insert("../escape.py".into(), String::new());
         bad.evaluation = Some(
-            serde_json::from_value(serde_json::json!({"hiddenFiles": {"/etc/passwd": "", "": ""}}))
-                .expect("evaluation"),
+            serde_json::from_value(
+                serde_json::json!({"hiddenFiles": {"/etc/passwd": "", "": ""},
+                "protectedPaths": ["../outside/**"]}),
+            )
+            .expect("evaluation"),
         );
         let mut s = spec();
         s.evaluator.protected_paths = vec!["[".into()];
@@ -204,6 +215,10 @@ mod tests {
             "{errors:?}"
         );
         assert!(f.contains(&"spec.evaluator.protectedPaths"), "{errors:?}");
+        assert!(
+            f.contains(&"spec.tasks.inline[0].evaluation.protectedPaths"),
+            "{errors:?}"
+        );
         assert!(f.contains(&"spec.evaluator.reward.path"), "{errors:?}");
         assert!(f.contains(&"spec.tasks.inline[1].id"), "{errors:?}");
         assert_eq!(

@@ -162,13 +162,16 @@ pub(crate) fn startable(spec: &CommandSpec) -> Result<(), String> {
 
 /// Whether `program`, run in `cwd` with `env` (over `floe run`'s own), would be found.
 pub(crate) fn startable_in(program: &str, env: &[(String, String)], cwd: &Path) -> bool {
-    let path = env
-        .iter()
+    confine::resolve_program(program, cwd, path_in(env).as_deref()).is_some()
+}
+
+/// The `PATH` a command run with `env` (over `floe run`'s own) looks programs up on.
+pub(crate) fn path_in(env: &[(String, String)]) -> Option<String> {
+    env.iter()
         .rev()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var("PATH").ok());
-    confine::resolve_program(program, cwd, path.as_deref()).is_some()
+        .or_else(|| std::env::var("PATH").ok())
 }
 
 /// The last `max` bytes of a log, read from its end (a log may be a 64 GiB sparse file).

@@ -103,6 +103,16 @@ pub(crate) async fn grade(
         .chain(evaluator_script.iter());
     let mut patterns = spec.evaluator.protected_paths.clone();
     patterns.extend(task_evaluation.protected_paths.iter().cloned());
+    // What the program is found as: through a link, an absolute path into the copy, or a
+    // `PATH` directory of the copy's.
+    let path_var =
+        crate::children::path_in(&task_evaluation.env.clone().into_iter().collect::<Vec<_>>());
+    patterns.extend(crate::evaluator_program::owned_patterns(
+        program,
+        path_var.as_deref(),
+        &eval_dir,
+        pristine,
+    ));
     if spec.evaluator.protect_test_config {
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
@@ -117,6 +127,11 @@ pub(crate) async fn grade(
         patterns.extend(runners.iter().map(|p| swebench::glob_literal(p)));
     }
     let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
+    let protected = if spec.evaluator.protect_test_config {
+        protected.refusing_runner_modules()
+    } else {
+        protected
+    };
     let evaluator = || Evaluator {
         program,
         args: args.iter().chain(&task_evaluation.args).cloned().collect(),

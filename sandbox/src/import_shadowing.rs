@@ -7,7 +7,7 @@ use std::path::Path;
 /// The module Python would import a file of this name as: `m.py`, `m.pyc`, and extension
 /// modules, `m.so`, `m.abi3.so`, `m.cpython-311-x86_64-linux-gnu.so` (`.pyd` on Windows).
 /// `None` for anything else (`m.txt`, a dotfile).
-fn importable_as(file: &str) -> Option<&str> {
+pub(crate) fn importable_as(file: &str) -> Option<&str> {
     let (module, rest) = file.split_once('.')?;
     let python = matches!(rest, "py" | "pyc" | "pyw" | "so" | "pyd")
         || rest.ends_with(".so")

@@ -25,6 +25,35 @@ pub struct Protected {
     /// Directories that hold a hidden or protected path: a link or file the agent puts there
     /// would be written through, or would shadow what the grader relies on.
     guarded: BTreeSet<PathBuf>,
+    /// Refuse a module added at the top named after a test runner's or the standard library's
+    /// ([`crate::runner_shadowing`]); with the test runners' configuration.
+    runner_modules: bool,
+}
+
+/// A pattern as it is meant: `./tests/**` is `tests/**`, and a path with no wildcard (`tests`,
+/// `tests/`) names a file or a directory, whose files are then protected too (`tests/**`):
+/// as written, these matched nothing or only the directory's own entry, and the files a job
+/// meant to keep were the agent's to edit. A pattern that leaves the tree (absolute, `..`)
+/// can protect nothing there and is refused.
+fn as_written(p: &str) -> Result<Vec<String>, PatternError> {
+    let mut q = p;
+    while let Some(rest) = q.strip_prefix("./") {
+        q = rest;
+    }
+    let q = q.trim_end_matches('/');
+    let leaves = q.starts_with('/') || Path::new(q).components().any(|c| c.as_os_str() == "..");
+    if leaves || q.is_empty() {
+        return Err(PatternError(
+            p.to_string(),
+            "must name paths inside the workspace: relative, with no `..`".into(),
+        ));
+    }
+    let wildcard = q.bytes().any(|b| b"*?[{".contains(&b));
+    Ok(if wildcard {
+        vec![q.to_string()]
+    } else {
+        vec![q.to_string(), format!("{q}/**")]
+    })
 }
 
 impl Protected {
@@ -34,6 +63,12 @@ impl Protected {
     ) -> Result<Self, PatternError> {
         let mut builder = GlobSetBuilder::new();
         let mut guarded = BTreeSet::new();
+        let patterns = patterns
+            .iter()
+            .map(|p| as_written(p))
+            .collect::<Result<Vec<_>, _>>()?
+            .concat();
+        let patterns = &patterns;
         for p in patterns {
             let glob = globset::GlobBuilder::new(p)
                 .literal_separator(true)
@@ -76,7 +111,22 @@ impl Protected {
             exact,
             modules,
             guarded,
+            runner_modules: false,
         })
+    }
+
+    /// Also refuse what would stand in a test runner's place ([`Self::adds_a_runner_module`]).
+    pub fn refusing_runner_modules(self) -> Self {
+        Self {
+            runner_modules: true,
+            ..self
+        }
+    }
+
+    /// Whether `path`, not among the task's paths (`pristine`), adds at the top a module a
+    /// test runner would import in place of its own or the standard library's.
+    pub fn adds_a_runner_module(&self, path: &Path, pristine: &BTreeSet<PathBuf>) -> bool {
+        self.runner_modules && crate::runner_shadowing::adds_a_runner_module(path, pristine)
     }
 
     pub fn covers(&self, path: &Path) -> bool {
@@ -99,5 +149,38 @@ impl Protected {
     /// Whether `path` is a directory that holds a protected or hidden path.
     pub fn guards(&self, path: &Path) -> bool {
         self.guarded.contains(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn protects(pattern: &str, path: &str) -> bool {
+        Protected::new(&[pattern.to_string()], std::iter::empty::<&String>())
+            .expect("a pattern")
+            .covers(Path::new(path))
+    }
+
+    /// The spellings a job author writes for a directory protect the files in it: `./tests/**`
+    /// and `tests` matched nothing in them before.
+    #[test]
+    fn a_pattern_protects_what_it_names_however_it_is_spelled() {
+        for pattern in ["tests/**", "./tests/**", "tests", "tests/", "./tests/"] {
+            assert!(protects(pattern, "tests/test_visible.py"), "{pattern}");
+            assert!(protects(pattern, "tests/deep/x.py"), "{pattern}");
+            assert!(!protects(pattern, "testsuite.py"), "{pattern}");
+        }
+        assert!(protects("./grade.sh", "grade.sh"));
+        assert!(
+            !protects("tests/*.py", "tests/deep/x.py"),
+            "a wildcard is as written"
+        );
+        for outside in ["/tests/**", "../tests/**", "tests/../../x", "./", ""] {
+            assert!(
+                Protected::new(&[outside.to_string()], std::iter::empty::<&String>()).is_err(),
+                "{outside:?}"
+            );
+        }
     }
 }

@@ -28,7 +28,10 @@ pub const MAX_CHANGED_BYTES: u64 = 2 << 30;
 /// reports (`python_files = chk_*.py` in a `pytest.ini` skips the hidden tests; a `conftest.py`
 /// hook rewrites outcomes; a `sitecustomize.py` runs before anything; a `.pth` file runs its
 /// `import` lines at start-up; a `*.dist-info` or `*.egg-info` on the import path declares a
-/// `pytest11` plugin, which pytest loads before collecting).
+/// `pytest11` plugin, which pytest loads before collecting; an `.npmrc` sets the shell `npm
+/// test` runs its script with, or `node-options=--require` preloads code into Jest; a
+/// `.yarnrc.yml` names the yarn that runs; a Babel configuration transforms every test file,
+/// hidden ones included, before Jest runs it).
 pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/conftest.py",
     "**/pytest.ini",
@@ -48,6 +51,12 @@ pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/vite.config.*",
     "**/package.json",
     "**/.mocharc*",
+    "**/.npmrc",
+    "**/.yarnrc",
+    "**/.yarnrc.yml",
+    "**/babel.config.*",
+    "**/.babelrc",
+    "**/.babelrc.*",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -425,6 +434,7 @@ fn allowed(
         || protected.guards(path)
         || path.ancestors().skip(1).any(|a| protected.covers(a))
         || protected.shadows_hidden(path)
+        || protected.adds_a_runner_module(path, pristine)
         || import_shadowing::is_bytecode(path)
     {
         return false;
@@ -949,6 +959,11 @@ mod tests {
             "calc.egg-info/entry_points.txt",
             "web/jest.config.js",
             ".mocharc.yml",
+            ".npmrc",
+            "web/.yarnrc.yml",
+            "babel.config.js",
+            ".babelrc",
+            ".babelrc.json",
         ] {
             assert!(p.covers(Path::new(path)), "{path}");
         }

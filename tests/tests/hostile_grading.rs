@@ -406,27 +406,32 @@ json.dump({"reward": reward}, open("reward.json", "w"))
     Ok(())
 }
 
-/// An evaluator program that the task's own tree holds through a link, as npm's
-/// `node_modules/.bin/jest -> ../jest/bin/jest.js` does: the program's path is protected, but
-/// where the link leads was not, and an agent removing it made the evaluator "not start", an
-/// infrastructure failure (retried, never scored), turning its loss into no sample at all. It
-/// is the workspace's doing, scored; a program missing from the task itself stays the job's.
+/// An evaluator program that the task's own tree holds, found on a `PATH` entry inside the
+/// workspace (as `npm test` finds `node_modules/.bin`), through a link (as
+/// `node_modules/.bin/jest -> ../jest/bin/jest.js`). Only a program path with a `/` was kept
+/// from the agent, as written: the link, where it leads and the `PATH` directory were the
+/// agent's, and an evaluator it rewrote (or a `tee` it added where the evaluator looks
+/// programs up) wrote the reward it liked; one it removed made the evaluator "not start", an
+/// infrastructure failure (retried, never scored). Each change is now discarded: the task's
+/// evaluator runs and says 0.5, and nothing is infrastructure.
 #[tokio::test]
-async fn an_evaluator_program_the_agent_broke_is_its_failure_not_infrastructures() -> Result<()> {
+async fn the_evaluator_program_and_what_it_runs_are_the_tasks_not_the_agents() -> Result<()> {
     const SETUP: &str = r##"
 import os
 os.makedirs("tool/lib")
 os.makedirs("bin")
-open("tool/lib/grade.sh", "w").write("#!/bin/sh\necho '{\"reward\": 1}' > reward.json\n")
+open("tool/lib/grade.sh", "w").write("#!/bin/sh\necho 0.5 | tee reward.json > /dev/null\n")
 os.chmod("tool/lib/grade.sh", 0o755)
 os.symlink("../tool/lib/grade.sh", "bin/grade")
 "##;
-    // Found on a `PATH` entry inside the workspace, as `npm test` finds `node_modules/.bin`.
     let task = |id: &str, instruction: &str| {
         json!({"id": id, "instruction": instruction,
                "prepare": [{"name": "tool", "command": ["python3", "-c", SETUP]}],
                "evaluation": {"env": {"PATH": "bin:/usr/local/bin:/usr/bin:/bin"}}})
     };
+    const CHEAT: &str = r"printf '#!/bin/sh
+echo 1 > reward.json
+'";
     // `floe run` checks the program is on its own `PATH` before any session: so it is, in a
     // directory the evaluator's `PATH` does not name.
     let elsewhere = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))?;
@@ -438,6 +443,15 @@ os.symlink("../tool/lib/grade.sh", "bin/grade")
             task("kept", "true"),
             task("target-removed", "rm tool/lib/grade.sh"),
             task("target-unexecutable", "chmod -x tool/lib/grade.sh"),
+            task("target-rewritten", &format!("{CHEAT} > tool/lib/grade.sh"),),
+            task(
+                "link-replaced",
+                &format!("rm bin/grade && {CHEAT} > bin/grade && chmod +x bin/grade"),
+            ),
+            task(
+                "on-its-path",
+                &format!("{CHEAT} > bin/tee && chmod +x bin/tee"),
+            ),
         ]),
         &[],
         |spec| {
@@ -449,17 +463,18 @@ os.symlink("../tool/lib/grade.sh", "bin/grade")
         Some(elsewhere.path()),
     )
     .await?;
-    let kept = ran.session("kept")?;
-    assert_eq!(kept["reward"].as_f64(), Some(1.0), "{kept}");
-    for task in ["target-removed", "target-unexecutable"] {
+    for task in [
+        "kept",
+        "target-removed",
+        "target-unexecutable",
+        "target-rewritten",
+        "link-replaced",
+        "on-its-path",
+    ] {
         let s = ran.session(task)?;
         assert_eq!(
-            (
-                s["status"].as_str(),
-                s["reward"].as_f64(),
-                s["failure"].as_str()
-            ),
-            (Some("completed"), Some(0.0), Some("no_verdict")),
+            (s["status"].as_str(), s["reward"].as_f64()),
+            (Some("completed"), Some(0.5)),
             "{task}: {s}"
         );
     }

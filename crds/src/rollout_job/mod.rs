@@ -293,7 +293,9 @@ pub struct EvaluatorSpec {
     pub hidden_files_from: Option<LocalObjectReference>,
     /// Workspace paths (globs; `*` within a directory, `**` across directories) whose changes by
     /// the agent are discarded before the evaluator runs, e.g. `tests/**` or `**/conftest.py`.
-    /// Hidden files are always protected.
+    /// A path with no wildcard protects what is in it too (`tests` is `tests/**` as well); a
+    /// leading `./` is dropped; absolute or `..` patterns are refused. Hidden files and the
+    /// evaluator's program as the task's tree provides it are always protected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(inner(length(min = 1, max = 1024)))]
@@ -302,10 +304,13 @@ pub struct EvaluatorSpec {
     /// `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`, `.pytest.toml`,
     /// `pyproject.toml`, `setup.cfg`, `tox.ini`, `sitecustomize.py`, `usercustomize.py`,
     /// `*.pth`, what is in `*.dist-info/` and `*.egg-info/` (a `pytest11` entry point there is
-    /// a plugin pytest loads), `package.json`, and Jest's, Vitest's, Vite's and Mocha's config
-    /// files. They decide what a test run collects and reports (`python_files =
-    /// chk_*.py` skips the hidden tests). Default `true`; `false` only for tasks whose solution
-    /// must change one of them.
+    /// a plugin pytest loads), `package.json`, `.npmrc`, `.yarnrc`, `.yarnrc.yml`, Babel's and
+    /// Jest's, Vitest's, Vite's and Mocha's config files. They decide what a test run collects
+    /// and reports (`python_files = chk_*.py` skips the hidden tests). With them, a module the
+    /// agent adds at the workspace's top named after one of the standard library's or a
+    /// Python test runner's (`pytest.py`, `pkgutil.py`) is discarded: the runner would import
+    /// it in place of its own. Default `true`; `false` only for tasks whose solution must
+    /// change one of them.
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
     pub protect_test_config: bool,
 }

@@ -56,6 +56,7 @@ const IN_PODS: &[&str] = &[
     "disk-fill",
     "held-open",
     "conftest",
+    "stdlib-shadow",
 ];
 
 /// Pod-only: the kubelet's termination-message file, writable for all in every container and
