@@ -714,6 +714,20 @@ mod document_tests {
     }
 
     #[test]
+    fn a_max_reward_below_the_pass_threshold_is_refused() {
+        let mut spec = valid_spec();
+        spec["evaluator"]["reward"] = serde_json::json!({"maxReward": 0.5});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("no session could pass");
+        assert!(
+            err.to_string().contains("maxReward must be at least"),
+            "{err}"
+        );
+        spec["evaluator"]["reward"] = serde_json::json!({"maxReward": 1.0});
+        let parsed = parse_rollout_job(&job(spec)).expect("a scale to 1");
+        assert_eq!(parsed.spec.evaluator.reward.max_reward, Some(1.0));
+    }
+
+    #[test]
     fn a_failure_reward_at_or_above_the_pass_threshold_is_refused() {
         let mut spec = valid_spec();
         spec["evaluator"]["reward"] = serde_json::json!({"failureReward": 1.0});

@@ -204,18 +204,21 @@ pub(crate) fn swebench_verdict(
 }
 
 pub fn judge(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, EvaluatorFailure> {
-    judge_source(spec, result).map(|v| at_least_failure(spec, v))
+    judge_source(spec, result).map(|v| within_scale(spec, v))
 }
 
 /// No verdict below the job's `failureReward`, what a failure scores: an evaluator whose
 /// scale goes lower (a reward file of -1 under the default 0) would otherwise teach the policy
-/// that hanging the evaluator or running out its time pays better than a wrong answer.
-fn at_least_failure(spec: &RewardSpec, v: Verdict) -> Verdict {
-    if v.reward >= spec.failure_reward {
+/// that hanging the evaluator or running out its time pays better than a wrong answer. None
+/// above its `maxReward`, when set: a reward file the code under test wrote could claim more.
+fn within_scale(spec: &RewardSpec, v: Verdict) -> Verdict {
+    let top = spec.max_reward.unwrap_or(f64::INFINITY);
+    let reward = v.reward.max(spec.failure_reward).min(top);
+    if reward == v.reward {
         return v;
     }
     Verdict {
-        reward: spec.failure_reward,
+        reward,
         evaluator_reward: Some(v.reward),
         ..v
     }
@@ -457,6 +460,7 @@ mod tests {
             scoring,
             pass_threshold: 1.0,
             failure_reward: 0.0,
+            max_reward: None,
         }
     }
 
@@ -531,6 +535,21 @@ mod tests {
         let mut exit_code = spec(RewardSource::ExitCode, None, TestScoring::AllPass);
         exit_code.failure_reward = 0.5;
         assert_eq!(judged(&exit_code, Exit::Code(1), "", None), Ok(0.5));
+    }
+
+    /// A reward file the code under test wrote claims no more than the job's scale allows.
+    #[test]
+    fn no_reward_is_above_the_jobs_max_reward() {
+        let mut s = spec(RewardSource::RewardFile, None, TestScoring::AllPass);
+        let result = |s: &RewardSpec, text: &str| {
+            verdict(s, Exit::Code(0), "", Some(Ok(text.to_string())))
+                .map(|v| (v.reward, v.evaluator_reward))
+        };
+        assert_eq!(result(&s, "1e9"), Ok((1e9, None)), "unset: unbounded");
+        s.max_reward = Some(1.0);
+        assert_eq!(result(&s, "1e9"), Ok((1.0, Some(1e9))));
+        assert_eq!(result(&s, "0.75"), Ok((0.75, None)));
+        assert_eq!(result(&s, "-3"), Ok((0.0, Some(-3.0))));
     }
 
     #[test]

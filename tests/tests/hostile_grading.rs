@@ -333,7 +333,8 @@ async fn a_session_that_fills_its_tmp_gets_no_space_not_the_machines_memory() ->
 /// An evaluator whose scale goes below 0 (a wrong answer -1): every failure of the policy's
 /// scores the job's `failureReward` and no answer scores below it. Were a failure worth more
 /// than a wrong answer (the 0 every failure once scored), the run would teach the agent to
-/// stall until its time ran out, or to hang the evaluator.
+/// stall until its time ran out, or to hang the evaluator. Nor does any reward pay more than
+/// the scale's `maxReward`.
 #[tokio::test]
 async fn no_failure_pays_more_than_the_worst_answer() -> Result<()> {
     const SCALE: &str = r#"
@@ -341,7 +342,7 @@ import json, os, time
 answer = open("answer.txt").read().strip() if os.path.exists("answer.txt") else ""
 if answer == "hang":
     time.sleep(100)
-reward = {"right": 1.0, "wrong": -1.0, "worst": -3.0}.get(answer, -1.0)
+reward = {"right": 1.0, "wrong": -1.0, "worst": -3.0, "forged": 1e9}.get(answer, -1.0)
 json.dump({"reward": reward}, open("reward.json", "w"))
 "#;
     let task = |id: &str, instruction: &str| json!({"id": id, "instruction": instruction});
@@ -350,6 +351,8 @@ json.dump({"reward": reward}, open("reward.json", "w"))
             task("right", "echo right > answer.txt"),
             task("wrong", "echo wrong > answer.txt"),
             task("worst", "echo worst > answer.txt"),
+            // A reward the code under test could write: no more than the scale's top.
+            task("forged", "echo forged > answer.txt"),
             // The right answer, then its time runs out: a loss all the same.
             task("stall", "echo right > answer.txt; sleep 60"),
             task("hang", "echo hang > answer.txt"),
@@ -359,7 +362,7 @@ json.dump({"reward": reward}, open("reward.json", "w"))
             spec["evaluator"] = json!({
                 "command": ["python3", "-c", SCALE],
                 "reward": {"source": "RewardFile", "path": "reward.json",
-                           "passThreshold": 0.5, "failureReward": -1.0},
+                           "passThreshold": 0.5, "failureReward": -1.0, "maxReward": 1.0},
             });
             spec["timeouts"] = json!({"agentSeconds": 8, "evaluatorSeconds": 5});
         },
@@ -369,6 +372,7 @@ json.dump({"reward": reward}, open("reward.json", "w"))
         ("right", 1.0, "completed", None),
         ("wrong", -1.0, "completed", None),
         ("worst", -1.0, "completed", None),
+        ("forged", 1.0, "completed", None),
         ("stall", -1.0, "agent_timeout", None),
         ("hang", -1.0, "completed", Some("evaluator_timeout")),
     ] {
@@ -397,6 +401,12 @@ json.dump({"reward": reward}, open("reward.json", "w"))
         ),
         (&json!(-1.0), &json!(-3.0)),
         "{worst}"
+    );
+    let forged = ran.trajectory("forged")?;
+    assert_eq!(
+        forged["evaluation"]["detail"]["evaluatorReward"],
+        json!(1e9),
+        "{forged}"
     );
     let wrong = ran.trajectory("wrong")?;
     assert_eq!(

@@ -330,7 +330,9 @@ fn is_true(b: &bool) -> bool {
     validation = kube::core::Rule::new("self.source != 'TestOutput' || has(self.format)")
         .message("evaluator.reward.format is required when source is TestOutput"),
     validation = kube::core::Rule::new("self.failureReward < self.passThreshold")
-        .message("evaluator.reward.failureReward must be below passThreshold: a failure never passes")
+        .message("evaluator.reward.failureReward must be below passThreshold: a failure never passes"),
+    validation = kube::core::Rule::new("!has(self.maxReward) || self.maxReward >= self.passThreshold")
+        .message("evaluator.reward.maxReward must be at least passThreshold: no session could pass")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RewardSpec {
@@ -360,6 +362,13 @@ pub struct RewardSpec {
     /// an evaluator that writes -1..1); below `passThreshold`.
     #[serde(default)]
     pub failure_reward: f64,
+    /// The highest reward of your scale: a reward above it is lowered to it (the evaluator's
+    /// own in `evaluation.detail.evaluatorReward`). A reward file the code under test can
+    /// write could otherwise claim up to 1e9, which under `train.grpo.advantage: MeanOnly`
+    /// (Dr. GRPO: advantages not divided by the group's spread) is that session's weight in
+    /// the update. Unset: no bound but that one. At least `passThreshold`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_reward: Option<f64>,
 }
 
 fn default_pass_threshold() -> f64 {
@@ -376,6 +385,7 @@ impl Default for RewardSpec {
             scoring: TestScoring::default(),
             pass_threshold: default_pass_threshold(),
             failure_reward: 0.0,
+            max_reward: None,
         }
     }
 }
