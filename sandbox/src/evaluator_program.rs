@@ -19,31 +19,43 @@ pub(crate) fn owned_patterns(
     eval_dir: &Path,
     pristine: &Path,
 ) -> Vec<String> {
+    let leads = |rel: &Path| with_where_it_leads(rel, pristine, eval_dir);
     let mut out = Vec::new();
     if program.contains('/') {
         if let Some(rel) = inside(program, eval_dir) {
-            out.extend(with_where_it_leads(&rel, pristine).map(|p| glob_literal(&p)));
+            out.extend(leads(&rel).map(|p| glob_literal(&p)));
         }
         return out;
     }
-    for dir in path_var.unwrap_or_default().split(':') {
-        if dir.is_empty() {
-            continue;
-        }
+    // An empty entry is the working directory, as `.` is.
+    for dir in path_var.into_iter().flat_map(|p| p.split(':')) {
+        let dir = if dir.is_empty() { "." } else { dir };
         let Some(rel) = inside(dir, eval_dir) else {
             continue;
         };
         // `PATH=.`: the copy's top itself; its other files stay the agent's.
         if rel.as_os_str().is_empty() {
-            out.extend(with_where_it_leads(Path::new(program), pristine).map(|p| glob_literal(&p)));
+            out.extend(leads(Path::new(program)).map(|p| glob_literal(&p)));
             continue;
         }
-        for d in with_where_it_leads(&rel, pristine) {
+        for d in leads(&rel) {
             out.push(format!("{}/*", glob_literal(&d)));
         }
-        out.extend(with_where_it_leads(&rel.join(program), pristine).map(|p| glob_literal(&p)));
+        out.extend(leads(&rel.join(program)).map(|p| glob_literal(&p)));
     }
     out
+}
+
+/// The directories, relative to the copy's top, of the scripts the evaluator's `command` runs
+/// by path (its program, a `*.py` argument): Python imports from a script's own directory
+/// first.
+pub(crate) fn script_dirs(command: &[String], eval_dir: &Path) -> Vec<PathBuf> {
+    command
+        .iter()
+        .enumerate()
+        .filter(|(i, word)| word.contains('/') && (*i == 0 || word.ends_with(".py")))
+        .filter_map(|(_, word)| inside(word, eval_dir)?.parent().map(Path::to_path_buf))
+        .collect()
 }
 
 /// `p` (relative to the copy, or absolute under `eval_dir`) as a path relative to the copy,
@@ -76,18 +88,70 @@ fn normal(p: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-/// `rel` and, when the task's tree makes it a link (or a path through one), where it leads
-/// inside the tree.
-fn with_where_it_leads(rel: &Path, pristine: &Path) -> impl Iterator<Item = String> {
-    let real = pristine.canonicalize().ok().and_then(|root| {
-        let resolved = pristine.join(rel).canonicalize().ok()?;
-        Some(resolved.strip_prefix(&root).ok()?.to_path_buf())
-    });
+/// `rel` and, when the task's tree makes it a link (or a path through one), where it leads.
+fn with_where_it_leads(
+    rel: &Path,
+    pristine: &Path,
+    eval_dir: &Path,
+) -> impl Iterator<Item = String> {
     let mut paths = vec![rel.to_string_lossy().into_owned()];
-    if let Some(real) = real.filter(|r| r.as_path() != rel && !r.as_os_str().is_empty()) {
+    if let Some(real) =
+        resolve(rel, pristine, eval_dir).filter(|r| r.as_path() != rel && !r.as_os_str().is_empty())
+    {
         paths.push(real.to_string_lossy().into_owned());
     }
     paths.into_iter()
+}
+
+/// Where `rel` leads in the task's tree, its links followed one component at a time as the
+/// evaluation copy will have them (relative targets in the tree, absolute ones under
+/// `eval_dir`), at most 32 of them; a name the task lacks is taken as named (the agent may
+/// make it, and what it makes there is then kept from it). `None` when it leaves the tree.
+fn resolve(rel: &Path, pristine: &Path, eval_dir: &Path) -> Option<PathBuf> {
+    let mut todo: Vec<std::ffi::OsString> = rel
+        .components()
+        .rev()
+        .map(|c| c.as_os_str().to_os_string())
+        .collect();
+    let mut at = PathBuf::new();
+    let mut links = 0;
+    while let Some(part) = todo.pop() {
+        match Path::new(&part).components().next() {
+            Some(Component::CurDir) | None => {}
+            Some(Component::ParentDir) => {
+                if !at.pop() {
+                    return None;
+                }
+            }
+            Some(Component::Normal(name)) => {
+                let next = at.join(name);
+                let meta = std::fs::symlink_metadata(pristine.join(&next));
+                if !meta.is_ok_and(|m| m.file_type().is_symlink()) {
+                    at = next;
+                    continue;
+                }
+                links += 1;
+                let target = std::fs::read_link(pristine.join(&next)).ok()?;
+                if links > 32 {
+                    return None;
+                }
+                let target = if target.is_absolute() {
+                    at = PathBuf::new();
+                    target.strip_prefix(eval_dir).ok()?.to_path_buf()
+                } else {
+                    target
+                };
+                todo.extend(
+                    target
+                        .components()
+                        .rev()
+                        .map(|c| c.as_os_str().to_os_string()),
+                );
+            }
+            Some(Component::RootDir | Component::Prefix(_)) => return None,
+        }
+    }
+    Some(at)
 }
 
 #[cfg(test)]
@@ -129,6 +193,49 @@ mod tests {
         // The image's own programs, and paths that climb out, are not the task's.
         assert!(owned_patterns("/usr/bin/python", None, eval, pristine).is_empty());
         assert!(owned_patterns("../x/grade", None, eval, pristine).is_empty());
+    }
+
+    /// Links as the copy will have them: an absolute one into the evaluation directory (a
+    /// pod's `/testbed`), and one to what the task lacks (the agent could make it).
+    #[test]
+    fn links_are_followed_in_the_tree_as_the_copy_has_it() {
+        let t = tree();
+        let root = t.path();
+        symlink("/testbed/tool/lib/grade.sh", root.join("bin/abs")).expect("a link");
+        symlink("../made/later.sh", root.join("bin/later")).expect("a link");
+        symlink("/etc/passwd", root.join("bin/out")).expect("a link");
+        let eval = Path::new("/testbed");
+        assert_eq!(
+            owned_patterns("bin/abs", None, eval, root),
+            ["bin/abs", "tool/lib/grade.sh"]
+        );
+        assert_eq!(
+            owned_patterns("bin/later", None, eval, root),
+            ["bin/later", "made/later.sh"]
+        );
+        assert_eq!(owned_patterns("bin/out", None, eval, root), ["bin/out"]);
+    }
+
+    #[test]
+    fn the_scripts_a_command_runs_by_path_name_their_directories() {
+        let eval = Path::new("/testbed");
+        let command = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            script_dirs(
+                &command(&["python", "tests/runtests.py", "-v", "a/b"]),
+                eval
+            ),
+            [PathBuf::from("tests")]
+        );
+        assert_eq!(
+            script_dirs(&command(&["./bin/test", "x.py"]), eval),
+            [PathBuf::from("bin")]
+        );
+        assert_eq!(
+            script_dirs(&command(&["/testbed/run/go.py"]), eval),
+            [PathBuf::from("run")]
+        );
+        assert!(script_dirs(&command(&["python", "-m", "pytest"]), eval).is_empty());
     }
 
     #[test]

@@ -107,28 +107,34 @@ pub(crate) async fn grade(
     // `PATH` directory of the copy's.
     let path_var =
         crate::children::path_in(&task_evaluation.env.clone().into_iter().collect::<Vec<_>>());
-    patterns.extend(crate::evaluator_program::owned_patterns(
-        program,
-        path_var.as_deref(),
-        &eval_dir,
-        pristine,
-    ));
+    let owned =
+        crate::evaluator_program::owned_patterns(program, path_var.as_deref(), &eval_dir, pristine);
     if spec.evaluator.protect_test_config {
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
+    let mut script_dirs = crate::evaluator_program::script_dirs(command, &eval_dir);
     // The repository's own test runner, which an instance's eval script runs by path (Django's
     // `./tests/runtests.py`, sympy's `bin/test`): rewritten, it would print a pass for every
     // test it is given. Decided here, not in the task, whose digest a running job keeps.
+    let mut derived = owned;
     if let (Some(grading), Some(script)) = (
         &task_evaluation.swebench,
         task_evaluation.hidden_files.get(EVAL_SCRIPT),
     ) {
         let runners = swebench::runner_scripts(script, &grading.repository_directory);
-        patterns.extend(runners.iter().map(|p| swebench::glob_literal(p)));
+        derived.extend(runners.iter().map(|p| swebench::glob_literal(p)));
+        script_dirs.extend(
+            runners
+                .iter()
+                .filter_map(|p| Some(Path::new(p).parent()?.into())),
+        );
     }
+    // What floe derives itself and could not protect (a script outside the copy) is left out,
+    // not a job's error.
+    patterns.extend(derived.into_iter().filter(|p| Protected::names_the_tree(p)));
     let protected = Protected::new(&patterns, evaluator_owned).map_err(|e| e.to_string())?;
     let protected = if spec.evaluator.protect_test_config {
-        protected.refusing_runner_modules()
+        protected.refusing_runner_modules(script_dirs)
     } else {
         protected
     };

@@ -25,9 +25,10 @@ pub struct Protected {
     /// Directories that hold a hidden or protected path: a link or file the agent puts there
     /// would be written through, or would shadow what the grader relies on.
     guarded: BTreeSet<PathBuf>,
-    /// Refuse a module added at the top named after a test runner's or the standard library's
-    /// ([`crate::runner_shadowing`]); with the test runners' configuration.
-    runner_modules: bool,
+    /// Where a module named after a test runner's or the standard library's may not be added
+    /// ([`crate::runner_shadowing`]): with the test runners' configuration, the top and the
+    /// directories of scripts the evaluator runs by path.
+    runner_module_dirs: Vec<PathBuf>,
 }
 
 /// A pattern as it is meant: `./tests/**` is `tests/**`, and a path with no wildcard (`tests`,
@@ -111,22 +112,36 @@ impl Protected {
             exact,
             modules,
             guarded,
-            runner_modules: false,
+            runner_module_dirs: Vec::new(),
         })
     }
 
-    /// Also refuse what would stand in a test runner's place ([`Self::adds_a_runner_module`]).
-    pub fn refusing_runner_modules(self) -> Self {
+    /// Also refuse what would stand in a test runner's place ([`Self::adds_a_runner_module`]),
+    /// at the top and in `script_dirs` (relative to the top).
+    pub fn refusing_runner_modules(self, script_dirs: impl IntoIterator<Item = PathBuf>) -> Self {
+        let mut dirs = vec![PathBuf::new()];
+        dirs.extend(script_dirs.into_iter().map(|d| {
+            d.components()
+                .filter(|c| !matches!(c, std::path::Component::CurDir))
+                .collect::<PathBuf>()
+        }));
+        dirs.sort();
+        dirs.dedup();
         Self {
-            runner_modules: true,
+            runner_module_dirs: dirs,
             ..self
         }
     }
 
-    /// Whether `path`, not among the task's paths (`pristine`), adds at the top a module a
-    /// test runner would import in place of its own or the standard library's.
+    /// Whether `path`, beyond the task's paths (`pristine`), adds a module a test runner would
+    /// import in place of its own or the standard library's.
     pub fn adds_a_runner_module(&self, path: &Path, pristine: &BTreeSet<PathBuf>) -> bool {
-        self.runner_modules && crate::runner_shadowing::adds_a_runner_module(path, pristine)
+        crate::runner_shadowing::adds_a_runner_module(path, &self.runner_module_dirs, pristine)
+    }
+
+    /// Whether `pattern` names paths inside the tree (as [`Self::new`] takes it).
+    pub fn names_the_tree(pattern: &str) -> bool {
+        as_written(pattern).is_ok()
     }
 
     pub fn covers(&self, path: &Path) -> bool {

@@ -25,7 +25,8 @@ pub struct Verdict {
     pub reward: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tests: Option<TestCounts>,
-    /// The evaluator's own reward where it was below `failureReward` (and raised to it).
+    /// The evaluator's own reward where it was below `failureReward` (and raised to it) or
+    /// above `maxReward` (and lowered to it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evaluator_reward: Option<f64>,
 }

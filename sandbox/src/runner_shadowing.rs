@@ -1,12 +1,14 @@
-//! What the agent may not add at the top of the evaluation copy: a module named after one a
-//! Python test runner imports from elsewhere. `python -m pytest` (so `python -m unittest`, or
-//! a script at the top) puts the working directory first on `sys.path`, ahead of the standard
+//! What the agent may not add where a Python test runner looks for modules first: a module
+//! named after one the runner imports from elsewhere. `python -m pytest` (so `python -m
+//! unittest`, or `python -c`) puts the working directory first on `sys.path`, and a script
+//! run by its path (`python tests/runtests.py`) its own directory, ahead of the standard
 //! library and site-packages: a `pytest.py` or `pytest/` package there *is* pytest, and one
 //! that prints `1 passed` and exits 0 is the only summary the log holds, no hidden test having
-//! run; a `json.py` or `argparse.py` runs in pytest's process before any test is collected.
-//! Unlike a module the tests import, nothing of the task needs to touch the agent's code.
-//! Only additions are refused (a file or directory at the top that the task does not have):
-//! the repository's own files of such names stay the agent's to fix.
+//! run; a `json.py`, an `argparse.py` or a plugin's name (`anyio.py`) runs in pytest's process
+//! before any test is collected. Unlike a module the tests import, nothing of the task needs
+//! to touch the agent's code. Only additions are refused (what makes such a name importable
+//! there where the task did not: a module file, or a package's `__init__`, a directory the
+//! task has not): the repository's own files of such names stay the agent's to fix.
 
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
@@ -15,8 +17,9 @@ use crate::import_shadowing::importable_as;
 
 /// The standard library's top-level modules (Python 3.11's `sys.stdlib_module_names`, with
 /// those removed since 3.11 and before: `distutils`, `imp`, `asynchat`, `asyncore`, `smtpd`;
-/// without `test`, which no runner imports and a workspace often adds) and the test runners'
-/// own (pytest with its dependencies and common plugins, nose, unittest2). Sorted.
+/// without `test`, which no runner imports and a workspace often adds), the test runners' own
+/// (pytest with what its versions import and common plugins load at start-up, nose,
+/// unittest2). Sorted. Besides, any `pytest_*` (plugins pytest loads by entry point).
 const SHADOWED: &[&str] = &[
     "__future__",
     "_abc",
@@ -47,6 +50,7 @@ const SHADOWED: &[&str] = &[
     "_datetime",
     "_dbm",
     "_decimal",
+    "_distutils_hack",
     "_elementtree",
     "_frozen_importlib",
     "_frozen_importlib_external",
@@ -54,6 +58,8 @@ const SHADOWED: &[&str] = &[
     "_gdbm",
     "_hashlib",
     "_heapq",
+    "_hypothesis_ftz_detector",
+    "_hypothesis_pytestplugin",
     "_imp",
     "_io",
     "_json",
@@ -110,6 +116,7 @@ const SHADOWED: &[&str] = &[
     "abc",
     "aifc",
     "antigravity",
+    "anyio",
     "argparse",
     "array",
     "ast",
@@ -117,6 +124,9 @@ const SHADOWED: &[&str] = &[
     "asyncio",
     "asyncore",
     "atexit",
+    "atomicwrites",
+    "attr",
+    "attrs",
     "audioop",
     "base64",
     "bdb",
@@ -135,6 +145,7 @@ const SHADOWED: &[&str] = &[
     "codecs",
     "codeop",
     "collections",
+    "colorama",
     "colorsys",
     "compileall",
     "concurrent",
@@ -162,6 +173,8 @@ const SHADOWED: &[&str] = &[
     "enum",
     "errno",
     "exceptiongroup",
+    "execnet",
+    "faker",
     "faulthandler",
     "fcntl",
     "filecmp",
@@ -186,10 +199,12 @@ const SHADOWED: &[&str] = &[
     "http",
     "hypothesis",
     "idlelib",
+    "idna",
     "imaplib",
     "imghdr",
     "imp",
     "importlib",
+    "importlib_metadata",
     "iniconfig",
     "inspect",
     "io",
@@ -208,7 +223,9 @@ const SHADOWED: &[&str] = &[
     "math",
     "mimetypes",
     "mmap",
+    "mock",
     "modulefinder",
+    "more_itertools",
     "msilib",
     "msvcrt",
     "multiprocessing",
@@ -232,6 +249,7 @@ const SHADOWED: &[&str] = &[
     "pickle",
     "pickletools",
     "pipes",
+    "pkg_resources",
     "pkgutil",
     "platform",
     "plistlib",
@@ -250,9 +268,8 @@ const SHADOWED: &[&str] = &[
     "pydoc",
     "pydoc_data",
     "pyexpat",
+    "pygments",
     "pytest",
-    "pytest_cov",
-    "pytest_xdist",
     "queue",
     "quopri",
     "random",
@@ -266,14 +283,17 @@ const SHADOWED: &[&str] = &[
     "secrets",
     "select",
     "selectors",
+    "setuptools",
     "shelve",
     "shlex",
     "shutil",
     "signal",
     "site",
+    "six",
     "smtpd",
     "smtplib",
     "sndhdr",
+    "sniffio",
     "socket",
     "socketserver",
     "spwd",
@@ -306,16 +326,19 @@ const SHADOWED: &[&str] = &[
     "tkinter",
     "token",
     "tokenize",
+    "toml",
     "tomli",
     "tomllib",
     "trace",
     "traceback",
     "tracemalloc",
+    "trio",
     "tty",
     "turtle",
     "turtledemo",
     "types",
     "typing",
+    "typing_extensions",
     "unicodedata",
     "unittest",
     "unittest2",
@@ -325,6 +348,7 @@ const SHADOWED: &[&str] = &[
     "venv",
     "warnings",
     "wave",
+    "wcwidth",
     "weakref",
     "webbrowser",
     "winreg",
@@ -337,25 +361,49 @@ const SHADOWED: &[&str] = &[
     "zipapp",
     "zipfile",
     "zipimport",
+    "zipp",
     "zlib",
     "zoneinfo",
 ];
 
-/// Whether the agent's `path` adds, at the top of the tree, a module of a name in [`SHADOWED`]
-/// (a `name.py`, any file Python imports as `name`, a `name` directory or what is in it) that
-/// `pristine` (the task's paths) does not have.
-pub(crate) fn adds_a_runner_module(path: &Path, pristine: &BTreeSet<PathBuf>) -> bool {
-    let Some(Component::Normal(top)) = path.components().next() else {
-        return false;
-    };
-    if pristine.contains(Path::new(top)) {
-        return false;
-    }
-    let Some(name) = top.to_str() else {
-        return false;
-    };
-    let module = importable_as(name).unwrap_or(name);
-    SHADOWED.binary_search(&module).is_ok()
+/// Whether `name` is a module a runner would import in place of its own.
+fn shadowed(name: &str) -> bool {
+    name.starts_with("pytest_") || SHADOWED.binary_search(&name).is_ok()
+}
+
+/// Whether the agent's `path` makes a module of a [`shadowed`] name importable in one of
+/// `dirs` (each relative to the tree's top, `""` the top itself) where `pristine` (the task's
+/// paths) did not: a module file there (`name.py`, any file Python imports as `name`), a
+/// directory of that name the task has not, or what is in it, or the `__init__` that makes a
+/// directory of the task's a package.
+pub(crate) fn adds_a_runner_module(
+    path: &Path,
+    dirs: &[PathBuf],
+    pristine: &BTreeSet<PathBuf>,
+) -> bool {
+    dirs.iter().any(|dir| {
+        let Ok(rest) = path.strip_prefix(dir) else {
+            return false;
+        };
+        let mut parts = rest.components();
+        let Some(Component::Normal(top)) = parts.next() else {
+            return false;
+        };
+        let Some(name) = top.to_str() else {
+            return false;
+        };
+        if !shadowed(importable_as(name).unwrap_or(name)) {
+            return false;
+        }
+        if !pristine.contains(&dir.join(top)) {
+            return true;
+        }
+        // A directory of the task's, made a package by an `__init__` it did not have.
+        let init = parts.next().and_then(|c| c.as_os_str().to_str());
+        parts.next().is_none()
+            && init.and_then(importable_as) == Some("__init__")
+            && !pristine.contains(path)
+    })
 }
 
 #[cfg(test)]
@@ -369,21 +417,34 @@ mod tests {
 
     #[test]
     fn a_runner_or_library_module_added_at_the_top_is_refused_and_nothing_else() {
-        let pristine: BTreeSet<PathBuf> = ["calc.py", "tests", "tests/test_calc.py", "json"]
-            .iter()
-            .map(PathBuf::from)
-            .collect();
+        let pristine: BTreeSet<PathBuf> = [
+            "calc.py",
+            "tests",
+            "tests/test_calc.py",
+            "json",
+            "json/data.txt",
+            "types",
+            "types/__init__.py",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let top = [PathBuf::new()];
         for refused in [
             "pytest.py",
             "pytest/__main__.py",
             "_pytest/main.py",
             "unittest.py",
             "argparse.py",
+            "anyio.py",
+            "pytest_timeout.py",
             "pluggy.cpython-311-x86_64-linux-gnu.so",
             "inspect/__init__.py",
+            // The task's data directory made a package that answers for the library's.
+            "json/__init__.py",
         ] {
             assert!(
-                adds_a_runner_module(Path::new(refused), &pristine),
+                adds_a_runner_module(Path::new(refused), &top, &pristine),
                 "{refused}"
             );
         }
@@ -392,15 +453,48 @@ mod tests {
             "helpers.py",
             "pkg/json.py",
             "json/extra.py",
+            "json/sub/__init__.py",
+            "types/__init__.py",
             "tests/pytest.py",
             "test/test_new.py",
             "pytest.md",
             "notes.txt",
         ] {
             assert!(
-                !adds_a_runner_module(Path::new(allowed), &pristine),
+                !adds_a_runner_module(Path::new(allowed), &top, &pristine),
                 "{allowed}"
             );
         }
+    }
+
+    /// A script run by its path (`python tests/runtests.py`) imports from its own directory
+    /// first: there too.
+    #[test]
+    fn the_directory_of_a_script_the_evaluator_runs_counts_too() {
+        let pristine: BTreeSet<PathBuf> = ["tests", "tests/runtests.py"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        let dirs = [PathBuf::new(), PathBuf::from("tests")];
+        assert!(adds_a_runner_module(
+            Path::new("tests/argparse.py"),
+            &dirs,
+            &pristine
+        ));
+        assert!(adds_a_runner_module(
+            Path::new("argparse.py"),
+            &dirs,
+            &pristine
+        ));
+        assert!(!adds_a_runner_module(
+            Path::new("tests/helpers.py"),
+            &dirs,
+            &pristine
+        ));
+        assert!(!adds_a_runner_module(
+            Path::new("pkg/argparse.py"),
+            &dirs,
+            &pristine
+        ));
     }
 }

@@ -30,8 +30,9 @@ pub const MAX_CHANGED_BYTES: u64 = 2 << 30;
 /// `import` lines at start-up; a `*.dist-info` or `*.egg-info` on the import path declares a
 /// `pytest11` plugin, which pytest loads before collecting; an `.npmrc` sets the shell `npm
 /// test` runs its script with, or `node-options=--require` preloads code into Jest; a
-/// `.yarnrc.yml` names the yarn that runs; a Babel configuration transforms every test file,
-/// hidden ones included, before Jest runs it).
+/// `.yarnrc.yml` names the yarn that runs, which with its plugins and Plug'n'Play loader is
+/// in the tree; a Babel or SWC configuration transforms every test file, hidden ones
+/// included, before Jest runs it).
 pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/conftest.py",
     "**/pytest.ini",
@@ -57,6 +58,12 @@ pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/babel.config.*",
     "**/.babelrc",
     "**/.babelrc.*",
+    "**/vitest.workspace.*",
+    "**/.swcrc",
+    "**/.pnp.cjs",
+    "**/.pnp.loader.mjs",
+    "**/.yarn/releases/**",
+    "**/.yarn/plugins/**",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -964,6 +971,8 @@ mod tests {
             "babel.config.js",
             ".babelrc",
             ".babelrc.json",
+            ".yarn/releases/yarn-4.1.0.cjs",
+            ".pnp.cjs",
         ] {
             assert!(p.covers(Path::new(path)), "{path}");
         }

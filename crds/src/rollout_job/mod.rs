@@ -295,7 +295,9 @@ pub struct EvaluatorSpec {
     /// the agent are discarded before the evaluator runs, e.g. `tests/**` or `**/conftest.py`.
     /// A path with no wildcard protects what is in it too (`tests` is `tests/**` as well); a
     /// leading `./` is dropped; absolute or `..` patterns are refused. Hidden files and the
-    /// evaluator's program as the task's tree provides it are always protected.
+    /// evaluator's program as the task's tree provides it (where a link there leads; for a
+    /// bare name, every entry of each `PATH` directory inside the workspace) are always
+    /// protected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[schemars(inner(length(min = 1, max = 1024)))]
@@ -304,12 +306,13 @@ pub struct EvaluatorSpec {
     /// `conftest.py`, `pytest.ini`, `.pytest.ini`, `pytest.toml`, `.pytest.toml`,
     /// `pyproject.toml`, `setup.cfg`, `tox.ini`, `sitecustomize.py`, `usercustomize.py`,
     /// `*.pth`, what is in `*.dist-info/` and `*.egg-info/` (a `pytest11` entry point there is
-    /// a plugin pytest loads), `package.json`, `.npmrc`, `.yarnrc`, `.yarnrc.yml`, Babel's and
-    /// Jest's, Vitest's, Vite's and Mocha's config files. They decide what a test run collects
+    /// a plugin pytest loads), `package.json`, `.npmrc`, `.yarnrc`, `.yarnrc.yml`, Yarn's
+    /// releases, plugins and Plug'n'Play loader, and Babel's, SWC's, Jest's, Vitest's, Vite's
+    /// and Mocha's config files. They decide what a test run collects
     /// and reports (`python_files = chk_*.py` skips the hidden tests). With them, a module the
-    /// agent adds at the workspace's top named after one of the standard library's or a
-    /// Python test runner's (`pytest.py`, `pkgutil.py`) is discarded: the runner would import
-    /// it in place of its own. Default `true`; `false` only for tasks whose solution must
+    /// agent adds at the workspace's top (or beside a script the evaluator runs by path) named
+    /// after one of the standard library's or a Python test runner's (`pytest.py`,
+    /// `pkgutil.py`) is discarded: the runner would import it in place of its own. Default `true`; `false` only for tasks whose solution must
     /// change one of them.
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
     pub protect_test_config: bool,

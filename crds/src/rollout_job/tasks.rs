@@ -181,7 +181,8 @@ pub struct TaskEvaluation {
     #[schemars(length(max = 64))]
     pub args: Vec<String>,
     /// Workspace paths (globs) of this task whose changes by the agent are discarded before the
-    /// evaluator runs, added to `evaluator.protectedPaths`.
+    /// evaluator runs, added to `evaluator.protectedPaths` and read as they are (a path with no
+    /// wildcard protects what is in it too; absolute or `..` patterns are refused).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 4096))]
     #[schemars(inner(length(min = 1, max = 4096)))]
