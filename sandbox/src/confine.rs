@@ -134,14 +134,12 @@ impl Confinement {
             ])
             .map(|s| s.to_string())
             .collect();
-        // tmpfs is memory: sized, so filling it cannot take the machine's (bwrap ≥ 0.7).
-        // Set up by root in the run's namespace, `/tmp` and `/dev/shm` would be root's: they
-        // are made the sandbox user's to write, as a host's are (sticky, world-writable).
-        let shared_tmp: &[&str] = match self.user {
-            Some(_) => &["/tmp", "/dev/shm"],
-            None => &["/tmp"],
-        };
-        for dir in shared_tmp {
+        // tmpfs is memory: sized, so filling it cannot take the machine's (bwrap ≥ 0.7);
+        // `/dev/shm` too, which `--dev` would leave at half the machine's memory, counted
+        // by no budget (memory no process holds, so an OOM kill would take another's). Set
+        // up by root in the run's namespace, `/tmp` and `/dev/shm` would be root's: they are
+        // made the sandbox user's to write, as a host's are (sticky, world-writable).
+        for dir in ["/tmp", "/dev/shm"] {
             if self.tmp_bytes > 0 {
                 push(&mut args, ["--size", &self.tmp_bytes.to_string()]);
             }
@@ -494,6 +492,8 @@ mod tests {
         };
         let args = sized.options(&Access::default(), Path::new("/"));
         position(&args, &["--size", "4294967296", "--tmpfs", "/tmp"]);
+        // In a non-root run too: `--dev` alone leaves it at half the machine's memory.
+        position(&args, &["--size", "4294967296", "--tmpfs", "/dev/shm"]);
         position(&args, &["--size", "1048576", "--tmpfs", "/runs/out"]);
     }
 

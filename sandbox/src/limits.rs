@@ -132,14 +132,14 @@ pub fn detect() -> Result<Hierarchy, String> {
 /// A session's cgroup(s), removed when dropped (whatever is left in them killed first).
 pub struct SessionCgroup {
     dirs: Vec<PathBuf>,
+    limits: Limits,
 }
 
 impl SessionCgroup {
     pub fn create(limits: &Limits, name: &str) -> Result<Self, String> {
-        let mut made = Self { dirs: Vec::new() };
-        let write = |dir: &Path, file: &str, value: String| {
-            std::fs::write(dir.join(file), value)
-                .map_err(|e| format!("{}: {e}", dir.join(file).display()))
+        let mut made = Self {
+            dirs: Vec::new(),
+            limits: limits.clone(),
         };
         let mkdir = |made: &mut Self, dir: PathBuf| -> Result<PathBuf, String> {
             std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -154,26 +154,11 @@ impl SessionCgroup {
                 // counts: a session of a thousand busy processes gets no more than one of one.
                 let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
                 let _ = std::fs::write(base.join("cgroup.subtree_control"), "+cpu");
-                let dir = mkdir(&mut made, base.join(name))?;
-                write(&dir, "memory.max", limits.memory_bytes.to_string())?;
-                let _ = write(&dir, "memory.swap.max", "0".into());
-                write(&dir, "pids.max", limits.pids.to_string())?;
+                mkdir(&mut made, base.join(name))?;
             }
             Hierarchy::V1 { memory, pids, cpu } => {
-                let dir = mkdir(&mut made, memory.join(name))?;
-                write(
-                    &dir,
-                    "memory.limit_in_bytes",
-                    limits.memory_bytes.to_string(),
-                )?;
-                // With swap accounting the limit covers swap too; without, the file is absent.
-                let _ = write(
-                    &dir,
-                    "memory.memsw.limit_in_bytes",
-                    limits.memory_bytes.to_string(),
-                );
-                let dir = mkdir(&mut made, pids.join(name))?;
-                write(&dir, "pids.max", limits.pids.to_string())?;
+                mkdir(&mut made, memory.join(name))?;
+                mkdir(&mut made, pids.join(name))?;
                 // Equal `cpu.shares` (the default) among sibling sessions: the CPU is shared
                 // by session, not by process. Best effort: a cpu hierarchy floe cannot write
                 // leaves memory and pids limited.
@@ -182,7 +167,39 @@ impl SessionCgroup {
                 }
             }
         }
+        made.set_limits()?;
         Ok(made)
+    }
+
+    /// Write the session's limits (again): the evaluator runs in this cgroup after the agent,
+    /// which, where the run's user owns the cgroup (a delegated one), could have rewritten
+    /// them from a cgroup namespace of its own (lifted, to starve its siblings, or lowered,
+    /// so that the evaluator could not start: infrastructure, retried).
+    pub fn set_limits(&self) -> Result<(), String> {
+        let write = |dir: &Path, file: &str, value: String| {
+            std::fs::write(dir.join(file), value)
+                .map_err(|e| format!("{}: {e}", dir.join(file).display()))
+        };
+        let (memory, pids) = (self.limits.memory_bytes, self.limits.pids);
+        match (&self.limits.hierarchy, self.dirs.as_slice()) {
+            (Hierarchy::V2(_), [dir, ..]) => {
+                write(dir, "memory.max", memory.to_string())?;
+                let _ = write(dir, "memory.swap.max", "0".into());
+                write(dir, "pids.max", pids.to_string())?;
+            }
+            (Hierarchy::V1 { .. }, [memory_dir, pids_dir, ..]) => {
+                write(memory_dir, "memory.limit_in_bytes", memory.to_string())?;
+                // With swap accounting the limit covers swap too; without, the file is absent.
+                let _ = write(
+                    memory_dir,
+                    "memory.memsw.limit_in_bytes",
+                    memory.to_string(),
+                );
+                write(pids_dir, "pids.max", pids.to_string())?;
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The `cgroup.procs` files a command's first process writes itself into.

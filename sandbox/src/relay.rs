@@ -86,8 +86,10 @@ pub async fn run(exec: ExecArgs) -> i32 {
     // The listener and the socket are held: from here on this process and all it starts are
     // the sandbox's user, and nothing it inherited past stdio (bubblewrap leaves the run's user
     // namespace open on a descriptor) is passed on.
+    // Whatever `floe run` inherited (a make jobserver, a CI log, a launcher's socket) stays
+    // out of the command too.
+    close_fds::set_fds_cloexec(3, &[]);
     if let Some((uid, gid)) = exec.become_user {
-        close_fds::set_fds_cloexec(3, &[]);
         if let Err(e) = crate::sandbox_user::become_sandbox_user(uid, gid) {
             eprintln!("floe sandbox-exec: cannot become the sandbox's user: {e}");
             return NOT_STARTED;
@@ -210,13 +212,15 @@ impl PinnedSocket {
 /// which a thread holding another filter would refuse). The command inherits stdio,
 /// environment and working directory: the relay is invisible.
 fn start_filtered(
-    filter: seccompiler::BpfProgram,
+    filters: Vec<seccompiler::BpfProgram>,
     program: &str,
     args: &[String],
 ) -> std::io::Result<Child> {
     let (program, args) = (program.to_string(), args.to_vec());
     std::thread::spawn(move || {
-        syscall_filter::apply(&filter)?;
+        for filter in &filters {
+            syscall_filter::apply(filter)?;
+        }
         std::process::Command::new(&program).args(&args).spawn()
     })
     .join()

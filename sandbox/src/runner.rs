@@ -517,6 +517,7 @@ async fn session_outcome(
     let over_budget = |holder: Option<crate::disk_budget::Holder>| {
         crate::disk_budget::watch(roots, config.disk_budget, holder)
     };
+    let in_a_pod = link.is_some();
     let (ran, over_disk): (Finished, Option<String>) = match link {
         Some(link) => match in_agent_container(link, &harness, agent_disk, over_budget(None)).await
         {
@@ -538,6 +539,17 @@ async fn session_outcome(
     summary.agent_seconds = ran.elapsed.as_secs_f64();
     if let Some(why) = &over_disk {
         tracing::warn!(%session, "the harness was stopped: its workspace and home hold {why}");
+        // Local mode: what it wrote is on the run's disk, which one `fallocate` can fill at
+        // once; left there, the session's own capture and result would fail for want of room
+        // (infrastructure, retried) and so would its siblings'. Gone at once, ungraded (the
+        // verdict cannot change the outcome). A pod's volumes are bounded by the kubelet.
+        if !in_a_pod {
+            for dir in [ws, home.as_path()] {
+                if let Err(e) = crate::workspace::clear(dir) {
+                    tracing::warn!(%session, "emptying {}: {e}", dir.display());
+                }
+            }
+        }
     }
     let timed_out = ran.exit == Exit::TimedOut;
     match &ran.exit {
@@ -565,7 +577,21 @@ async fn session_outcome(
     // Evaluation in a fresh copy; hidden files only now. A root grader's evaluation could
     // rewrite what the pod's containers resolve names by: put back (as they were before the
     // agent) before anything ships.
-    let graded = crate::grading::grade(config, spec, &pristine, ws, &cgroup_procs, summary).await;
+    if let Some(Err(e)) = cgroup
+        .as_ref()
+        .map(crate::limits::SessionCgroup::set_limits)
+    {
+        return infra_error(format!("the session's cgroup: {e}"));
+    }
+    let graded = match &over_disk {
+        Some(why) if !in_a_pod => Ok(floe_gateway::trajectory::Evaluation {
+            reward: Some(spec.evaluator.reward.failure_reward),
+            passed: Some(false),
+            detail: serde_json::json!({"harnessExit": summary.harness_exit,
+                "ungraded": format!("its workspace and home, which held {why}, were emptied")}),
+        }),
+        _ => crate::grading::grade(config, spec, &pristine, ws, &cgroup_procs, summary).await,
+    };
     match shared.as_ref().map(crate::pod_files::Kept::restore) {
         Some(Ok(restored)) if !restored.is_empty() => {
             tracing::warn!(

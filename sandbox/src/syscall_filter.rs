@@ -4,7 +4,8 @@
 //! (`/run/containerd/containerd.sock`, a Docker socket, systemd's): without this filter an
 //! agent could ask a host daemon to do what the sandbox forbids. So, as Anthropic's
 //! sandbox-runtime does on Linux, creating a unix-domain socket is refused (`EPERM`);
-//! `socketpair` (pipes between processes) still works. So is a vsock socket: vsock knows no
+//! `socketpair` (pipes between processes) still works, stream ones only (a datagram pair can
+//! `sendto` a host daemon's datagram socket by path: systemd's journal, its notify socket). So is a vsock socket: vsock knows no
 //! network namespace, so from a sandbox with no network it would still reach the hypervisor's
 //! or a VM host's services. io_uring is refused too: its socket and connect operations would
 //! bypass a per-syscall filter. So are the kernel's keyrings (`add_key`, `keyctl`,
@@ -29,8 +30,38 @@ impl FilterError {
     }
 }
 
-/// The compiled filter for this machine's architecture.
-pub fn program() -> Result<BpfProgram, FilterError> {
+/// The compiled filters for this machine's architecture, each to install in turn: [`refused`]
+/// and [`fallocate_unsupported`].
+pub fn program() -> Result<Vec<BpfProgram>, FilterError> {
+    Ok(vec![refused()?, fallocate_unsupported()?])
+}
+
+/// `fallocate` answered "not supported" (`EOPNOTSUPP`): it takes the disk at once, the whole
+/// of it in one call, long before the disk budget's next look (a local run's disk is every
+/// session's, the run's own files included). Programs that use it fall back to writing
+/// (`posix_fallocate` does), which the budget sees as it goes.
+fn fallocate_unsupported() -> Result<BpfProgram, FilterError> {
+    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
+    let rules = with_x32(libc::SYS_fallocate)
+        .into_iter()
+        .map(|nr| (nr, vec![]))
+        .collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EOPNOTSUPP as u32),
+        arch,
+    )
+    .map_err(|e| err(&e))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| err(&e))
+}
+
+/// What is refused (`EPERM`): unix and vsock sockets, datagram socket pairs (one can `sendto`
+/// a host daemon's datagram socket by path, as `socket` cannot), io_uring, keyrings.
+fn refused() -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
     let family = |af: libc::c_int| -> Result<SeccompRule, FilterError> {
         let first_argument =
@@ -42,6 +73,18 @@ pub fn program() -> Result<BpfProgram, FilterError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for socket in with_x32(libc::SYS_socket) {
         rules.insert(socket, refused_families.clone());
+    }
+    // The type's low bits, without SOCK_NONBLOCK and SOCK_CLOEXEC.
+    let datagram = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(0xf),
+        libc::SOCK_DGRAM as u64,
+    )
+    .map_err(|e| err(&e))?;
+    let datagram = SeccompRule::new(vec![datagram]).map_err(|e| err(&e))?;
+    for pair in with_x32(libc::SYS_socketpair) {
+        rules.insert(pair, vec![datagram.clone()]);
     }
     // An empty rule list matches the syscall whatever its arguments.
     for refused in [
@@ -178,9 +221,9 @@ mod tests {
     /// before.
     #[test]
     fn a_filtered_child_cannot_create_unix_sockets_but_keeps_pipes_and_inet() {
-        let filter = program().expect("filter");
+        let filters = program().expect("filters");
         let probe = r#"
-import ctypes, socket, errno, sys
+import ctypes, os, socket, errno, sys
 libc = ctypes.CDLL(None, use_errno=True)
 # add_key("user", "p", "x", 1, KEY_SPEC_USER_KEYRING)
 added = libc.syscall(int(sys.argv[1]), b"user", b"p", b"x", 1, -4)
@@ -197,18 +240,37 @@ except OSError as e:
     print("vsock:", errno.errorcode[e.errno])
 a, b = socket.socketpair()
 print("socketpair: ok")
+try:
+    socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    print("datagram pair: allowed")
+except OSError as e:
+    print("datagram pair:", errno.errorcode[e.errno])
 socket.socket(socket.AF_INET).close()
 print("inet: ok")
+with open("/dev/shm/floe-fallocate-probe", "wb") as f:
+    got = libc.fallocate(f.fileno(), 0, ctypes.c_long(0), ctypes.c_long(4096))
+    e = ctypes.get_errno()
+    # errno names EOPNOTSUPP's number ENOTSUP, its other name on Linux.
+    print("fallocate:", "allowed" if got == 0 else "EOPNOTSUPP" if e == errno.EOPNOTSUPP else e)
+    # glibc's falls back to writing.
+    os.posix_fallocate(f.fileno(), 0, 4096)
+    print("posix_fallocate: ok")
+os.unlink("/dev/shm/floe-fallocate-probe")
 "#;
-        // As `floe sandbox-exec` does: a thread of its own installs the filter, then starts it.
+        // As `floe sandbox-exec` does: a thread of its own installs the filters, then starts it.
         let text = python_under(
-            move || apply(&filter).expect("filter installed"),
+            move || {
+                for filter in &filters {
+                    apply(filter).expect("filter installed");
+                }
+            },
             probe,
             &libc::SYS_add_key.to_string(),
         );
         assert_eq!(
             text,
-            "add_key: EPERM\nunix: EPERM\nvsock: EPERM\nsocketpair: ok\ninet: ok\n"
+            "add_key: EPERM\nunix: EPERM\nvsock: EPERM\nsocketpair: ok\n\
+             datagram pair: EPERM\ninet: ok\nfallocate: EOPNOTSUPP\nposix_fallocate: ok\n"
         );
     }
 

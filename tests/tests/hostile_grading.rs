@@ -176,13 +176,15 @@ async fn no_attack_on_the_grade_forges_a_reward_or_escapes_scoring() -> Result<(
         assert_eq!(s["failure"].as_str(), failure, "{task}: {s}");
     }
     // Stopped at the budget, not at the 60 s timeout, before it wrote all it meant to; the
-    // file deleted but held open counted as such.
+    // file deleted but held open counted as such. What it wrote is gone at once (the run's
+    // disk, which one `fallocate` fills): its workspace emptied, ungraded.
     for filler in ["disk-fill", "held-open"] {
         let s = &seen[filler];
         assert!(s["agentSeconds"].as_f64().is_some_and(|t| t < 30.0), "{s}");
-        assert!(!out
-            .join(format!("sessions/grading-{filler}-0/workspace/filled.txt"))
-            .exists());
+        let ws = out.join(format!("sessions/grading-{filler}-0/workspace"));
+        assert!(!ws.join("filled.txt").exists());
+        assert!(std::fs::read_dir(&ws)?.next().is_none(), "{filler}: {s}");
+        assert_eq!(s["evaluatorSeconds"].as_f64(), Some(0.0), "{filler}: {s}");
     }
     // The evaluator too, by what the code under test wrote in its directory.
     let filled = &seen["eval-disk-fill"];
