@@ -30,27 +30,35 @@ impl FilterError {
     }
 }
 
-/// The compiled filters for this machine's architecture, each to install in turn: [`refused`]
-/// and [`fallocate_unsupported`].
+/// The compiled filters for this machine's architecture, each to install in turn: [`refused`],
+/// `fallocate` as not supported and `clone3` as not there ([`answered`]).
 pub fn program() -> Result<Vec<BpfProgram>, FilterError> {
-    Ok(vec![refused()?, fallocate_unsupported()?])
+    Ok(vec![
+        refused()?,
+        // `fallocate` takes the disk at once, the whole of it in one call, long before the
+        // disk budget's next look (a local run's disk is every session's, the run's own
+        // files included). Programs that use it fall back to writing (`posix_fallocate`
+        // does), which the budget sees as it goes.
+        answered(libc::SYS_fallocate, libc::EOPNOTSUPP)?,
+        // `clone3` passes its flags in memory, where a filter cannot look for
+        // `CLONE_NEWUSER` (refused on `clone` and `unshare`): as Docker's default profile
+        // does, it is not there, and the C library falls back to `clone`.
+        answered(libc::SYS_clone3, libc::ENOSYS)?,
+    ])
 }
 
-/// `fallocate` answered "not supported" (`EOPNOTSUPP`): it takes the disk at once, the whole
-/// of it in one call, long before the disk budget's next look (a local run's disk is every
-/// session's, the run's own files included). Programs that use it fall back to writing
-/// (`posix_fallocate` does), which the budget sees as it goes.
-fn fallocate_unsupported() -> Result<BpfProgram, FilterError> {
+/// A filter answering `syscall` with `errno` and allowing everything else.
+fn answered(syscall: i64, errno: libc::c_int) -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
-    let rules = with_x32(libc::SYS_fallocate)
+    let rules = with_x32(syscall)
         .into_iter()
         .map(|nr| (nr, vec![]))
         .collect();
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
-        SeccompAction::Errno(libc::EOPNOTSUPP as u32),
+        SeccompAction::Errno(errno as u32),
         arch,
     )
     .map_err(|e| err(&e))?;
@@ -60,7 +68,10 @@ fn fallocate_unsupported() -> Result<BpfProgram, FilterError> {
 }
 
 /// What is refused (`EPERM`): unix and vsock sockets, datagram socket pairs (one can `sendto`
-/// a host daemon's datagram socket by path, as `socket` cannot), io_uring, keyrings.
+/// a host daemon's datagram socket by path, as `socket` cannot), new user namespaces (as a
+/// pod's `RuntimeDefault` profile refuses them: in one of its own the agent could mount the
+/// session's cgroup and rewrite its limits, or reach kernel code, `nf_tables` and the like,
+/// that only a namespace's root may), io_uring, keyrings.
 fn refused() -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
     let family = |af: libc::c_int| -> Result<SeccompRule, FilterError> {
@@ -85,6 +96,20 @@ fn refused() -> Result<BpfProgram, FilterError> {
     let datagram = SeccompRule::new(vec![datagram]).map_err(|e| err(&e))?;
     for pair in with_x32(libc::SYS_socketpair) {
         rules.insert(pair, vec![datagram.clone()]);
+    }
+    let new_user_namespace = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_NEWUSER as u64),
+        libc::CLONE_NEWUSER as u64,
+    )
+    .map_err(|e| err(&e))?;
+    let new_user_namespace = SeccompRule::new(vec![new_user_namespace]).map_err(|e| err(&e))?;
+    for nr in [libc::SYS_unshare, libc::SYS_clone]
+        .into_iter()
+        .flat_map(with_x32)
+    {
+        rules.insert(nr, vec![new_user_namespace.clone()]);
     }
     // An empty rule list matches the syscall whatever its arguments.
     for refused in [
@@ -256,6 +281,14 @@ with open("/dev/shm/floe-fallocate-probe", "wb") as f:
     os.posix_fallocate(f.fileno(), 0, 4096)
     print("posix_fallocate: ok")
 os.unlink("/dev/shm/floe-fallocate-probe")
+CLONE_NEWUSER = 0x10000000
+got = libc.unshare(CLONE_NEWUSER)
+print("user namespace:", "allowed" if got == 0 else errno.errorcode[ctypes.get_errno()])
+import subprocess, threading
+t = threading.Thread(target=lambda: None)
+t.start()
+t.join()
+print("thread: ok", subprocess.run(["true"]).returncode)
 "#;
         // As `floe sandbox-exec` does: a thread of its own installs the filters, then starts it.
         let text = python_under(
@@ -270,7 +303,8 @@ os.unlink("/dev/shm/floe-fallocate-probe")
         assert_eq!(
             text,
             "add_key: EPERM\nunix: EPERM\nvsock: EPERM\nsocketpair: ok\n\
-             datagram pair: EPERM\ninet: ok\nfallocate: EOPNOTSUPP\nposix_fallocate: ok\n"
+             datagram pair: EPERM\ninet: ok\nfallocate: EOPNOTSUPP\nposix_fallocate: ok\n\
+             user namespace: EPERM\nthread: ok 0\n"
         );
     }
 
