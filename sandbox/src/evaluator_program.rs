@@ -46,16 +46,36 @@ pub(crate) fn owned_patterns(
     out
 }
 
-/// The directories, relative to the copy's top, of the scripts the evaluator's `command` runs
-/// by path (its program, a `*.py` argument): Python imports from a script's own directory
-/// first.
-pub(crate) fn script_dirs(command: &[String], eval_dir: &Path) -> Vec<PathBuf> {
-    command
+/// The directories, relative to the copy's top, where Python looks for modules before the
+/// standard library: those of the scripts the evaluator's `command` runs by path (its
+/// program, a `*.py` argument; where a link there leads), and those of `PYTHONPATH` inside
+/// the copy.
+pub(crate) fn script_dirs(
+    command: &[String],
+    python_path: Option<&str>,
+    eval_dir: &Path,
+    pristine: &Path,
+) -> Vec<PathBuf> {
+    let scripts = command
         .iter()
         .enumerate()
         .filter(|(i, word)| word.contains('/') && (*i == 0 || word.ends_with(".py")))
-        .filter_map(|(_, word)| inside(word, eval_dir)?.parent().map(Path::to_path_buf))
-        .collect()
+        .filter_map(|(_, word)| inside(word, eval_dir))
+        .flat_map(|script| {
+            let real = resolve(&script, pristine, eval_dir).map(|(real, _)| real);
+            [Some(script), real]
+        })
+        .flatten()
+        .filter_map(|script| script.parent().map(Path::to_path_buf));
+    let path = python_path
+        .into_iter()
+        .flat_map(|p| p.split(':'))
+        .filter(|d| !d.is_empty())
+        .filter_map(|d| inside(d, eval_dir));
+    let mut dirs: Vec<PathBuf> = scripts.chain(path).collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }
 
 /// `p` (relative to the copy, or absolute under `eval_dir`) as a path relative to the copy,
@@ -88,26 +108,33 @@ fn normal(p: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-/// `rel` and, when the task's tree makes it a link (or a path through one), where it leads.
+/// `rel` and, when the task's tree makes it a link (or a path through one), where it leads
+/// and every link on the way (a link in the middle, repointed, would lead elsewhere).
 fn with_where_it_leads(
     rel: &Path,
     pristine: &Path,
     eval_dir: &Path,
 ) -> impl Iterator<Item = String> {
-    let mut paths = vec![rel.to_string_lossy().into_owned()];
-    if let Some(real) =
-        resolve(rel, pristine, eval_dir).filter(|r| r.as_path() != rel && !r.as_os_str().is_empty())
-    {
-        paths.push(real.to_string_lossy().into_owned());
+    let mut paths = vec![rel.to_path_buf()];
+    if let Some((real, links)) = resolve(rel, pristine, eval_dir) {
+        paths.extend(links);
+        paths.push(real);
     }
-    paths.into_iter()
+    let mut seen = std::collections::BTreeSet::new();
+    paths
+        .into_iter()
+        .filter(|p| !p.as_os_str().is_empty() && seen.insert(p.clone()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .into_iter()
 }
 
 /// Where `rel` leads in the task's tree, its links followed one component at a time as the
 /// evaluation copy will have them (relative targets in the tree, absolute ones under
 /// `eval_dir`), at most 32 of them; a name the task lacks is taken as named (the agent may
 /// make it, and what it makes there is then kept from it). `None` when it leaves the tree.
-fn resolve(rel: &Path, pristine: &Path, eval_dir: &Path) -> Option<PathBuf> {
+fn resolve(rel: &Path, pristine: &Path, eval_dir: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
+    let mut crossed = Vec::new();
     let mut todo: Vec<std::ffi::OsString> = rel
         .components()
         .rev()
@@ -132,6 +159,7 @@ fn resolve(rel: &Path, pristine: &Path, eval_dir: &Path) -> Option<PathBuf> {
                 }
                 links += 1;
                 let target = std::fs::read_link(pristine.join(&next)).ok()?;
+                crossed.push(next);
                 if links > 32 {
                     return None;
                 }
@@ -151,7 +179,7 @@ fn resolve(rel: &Path, pristine: &Path, eval_dir: &Path) -> Option<PathBuf> {
             Some(Component::RootDir | Component::Prefix(_)) => return None,
         }
     }
-    Some(at)
+    Some((at, crossed))
 }
 
 #[cfg(test)]
@@ -188,7 +216,7 @@ mod tests {
         );
         assert_eq!(
             owned_patterns("/testbed/lib/grade.sh", None, eval, pristine),
-            ["lib/grade.sh", "tool/lib/grade.sh"]
+            ["lib/grade.sh", "lib", "tool/lib/grade.sh"]
         );
         // The image's own programs, and paths that climb out, are not the task's.
         assert!(owned_patterns("/usr/bin/python", None, eval, pristine).is_empty());
@@ -214,28 +242,42 @@ mod tests {
             ["bin/later", "made/later.sh"]
         );
         assert_eq!(owned_patterns("bin/out", None, eval, root), ["bin/out"]);
+        // A link in the middle is kept too: repointed, the chain would lead elsewhere.
+        symlink("../lib/grade.sh", root.join("bin/chained")).expect("a link");
+        assert_eq!(
+            owned_patterns("bin/chained", None, eval, root),
+            ["bin/chained", "lib", "tool/lib/grade.sh"]
+        );
     }
 
     #[test]
     fn the_scripts_a_command_runs_by_path_name_their_directories() {
         let eval = Path::new("/testbed");
         let command = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        let t = tree();
+        let pristine = t.path();
+        let dirs = |words: &[&str], python_path: Option<&str>| {
+            script_dirs(&command(words), python_path, eval, pristine)
+        };
         assert_eq!(
-            script_dirs(
-                &command(&["python", "tests/runtests.py", "-v", "a/b"]),
-                eval
-            ),
+            dirs(&["python", "tests/runtests.py", "-v", "a/b"], None),
             [PathBuf::from("tests")]
         );
+        assert_eq!(dirs(&["./bin/test", "x.py"], None), [PathBuf::from("bin")]);
+        assert_eq!(dirs(&["/testbed/run/go.py"], None), [PathBuf::from("run")]);
+        // A script that is a link: Python looks beside where it leads.
         assert_eq!(
-            script_dirs(&command(&["./bin/test", "x.py"]), eval),
-            [PathBuf::from("bin")]
+            dirs(&["./bin/grade"], None),
+            [PathBuf::from("bin"), PathBuf::from("tool/lib")]
         );
         assert_eq!(
-            script_dirs(&command(&["/testbed/run/go.py"]), eval),
-            [PathBuf::from("run")]
+            dirs(
+                &["python", "-m", "pytest"],
+                Some("src:/usr/lib/x:/testbed/lib2")
+            ),
+            [PathBuf::from("lib2"), PathBuf::from("src")]
         );
-        assert!(script_dirs(&command(&["python", "-m", "pytest"]), eval).is_empty());
+        assert!(dirs(&["python", "-m", "pytest"], None).is_empty());
     }
 
     #[test]

@@ -112,7 +112,14 @@ pub(crate) async fn grade(
     if spec.evaluator.protect_test_config {
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
-    let mut script_dirs = crate::evaluator_program::script_dirs(command, &eval_dir);
+    let evaluator_env: Vec<_> = task_evaluation.env.clone().into_iter().collect();
+    let python_path = evaluator_env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PYTHONPATH")
+        .map(|(_, v)| v.as_str());
+    let mut script_dirs =
+        crate::evaluator_program::script_dirs(command, python_path, &eval_dir, pristine);
     // The repository's own test runner, which an instance's eval script runs by path (Django's
     // `./tests/runtests.py`, sympy's `bin/test`): rewritten, it would print a pass for every
     // test it is given. Decided here, not in the task, whose digest a running job keeps.

@@ -68,7 +68,8 @@ fn answered(syscall: i64, errno: libc::c_int) -> Result<BpfProgram, FilterError>
 }
 
 /// What is refused (`EPERM`): unix and vsock sockets, datagram socket pairs (one can `sendto`
-/// a host daemon's datagram socket by path, as `socket` cannot), new user namespaces (as a
+/// a host daemon's datagram socket by path, as `socket` cannot), the `ioctl`s that reserve
+/// disk space as `fallocate` does, new user namespaces (as a
 /// pod's `RuntimeDefault` profile refuses them: in one of its own the agent could mount the
 /// session's cgroup and rewrite its limits, or reach kernel code, `nf_tables` and the like,
 /// that only a namespace's root may), io_uring, keyrings.
@@ -85,17 +86,51 @@ fn refused() -> Result<BpfProgram, FilterError> {
     for socket in with_x32(libc::SYS_socket) {
         rules.insert(socket, refused_families.clone());
     }
-    // The type's low bits, without SOCK_NONBLOCK and SOCK_CLOEXEC.
-    let datagram = SeccompCondition::new(
-        1,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::MaskedEq(0xf),
-        libc::SOCK_DGRAM as u64,
-    )
-    .map_err(|e| err(&e))?;
-    let datagram = SeccompRule::new(vec![datagram]).map_err(|e| err(&e))?;
+    // The type's low bits, without SOCK_NONBLOCK and SOCK_CLOEXEC: a unix `SOCK_RAW` pair is
+    // made a datagram one by the kernel.
+    let pair_of = |kind: libc::c_int| -> Result<SeccompRule, FilterError> {
+        let kind = SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(0xf),
+            kind as u64,
+        )
+        .map_err(|e| err(&e))?;
+        SeccompRule::new(vec![kind]).map_err(|e| err(&e))
+    };
+    let datagram_pairs = vec![pair_of(libc::SOCK_DGRAM)?, pair_of(libc::SOCK_RAW)?];
     for pair in with_x32(libc::SYS_socketpair) {
-        rules.insert(pair, vec![datagram.clone()]);
+        rules.insert(pair, datagram_pairs.clone());
+    }
+    // `fallocate` by another name: the `ioctl`s that reserve space (XFS's, which ext4 and
+    // btrfs take too: `FS_IOC_RESVSP`, `FS_IOC_RESVSP64`, `FS_IOC_ZERO_RANGE`; 32-bit layouts
+    // too).
+    let reserving = [
+        0x4030_5828u64,
+        0x4030_582a,
+        0x4030_5839,
+        0x402c_5828,
+        0x402c_582a,
+        0x402c_5839,
+    ]
+    .into_iter()
+    .map(|cmd| {
+        let cmd = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd)
+            .map_err(|e| err(&e))?;
+        SeccompRule::new(vec![cmd]).map_err(|e| err(&e))
+    })
+    .collect::<Result<Vec<_>, _>>()?;
+    // x32's `ioctl` has a number of its own (514).
+    let x32_ioctl: &[i64] = if cfg!(target_arch = "x86_64") {
+        &[514 | 0x4000_0000]
+    } else {
+        &[]
+    };
+    for nr in with_x32(libc::SYS_ioctl)
+        .into_iter()
+        .chain(x32_ioctl.iter().copied())
+    {
+        rules.insert(nr, reserving.clone());
     }
     let new_user_namespace = SeccompCondition::new(
         0,
@@ -265,14 +300,20 @@ except OSError as e:
     print("vsock:", errno.errorcode[e.errno])
 a, b = socket.socketpair()
 print("socketpair: ok")
-try:
-    socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-    print("datagram pair: allowed")
-except OSError as e:
-    print("datagram pair:", errno.errorcode[e.errno])
+for kind in (socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, socket.SOCK_RAW):
+    try:
+        socket.socketpair(socket.AF_UNIX, kind)
+        print("datagram pair: allowed")
+    except OSError as e:
+        print("datagram pair:", errno.errorcode[e.errno])
 socket.socket(socket.AF_INET).close()
 print("inet: ok")
 with open("/dev/shm/floe-fallocate-probe", "wb") as f:
+    # struct space_resv: l_type, l_whence, l_start, l_len, ...
+    resv = (ctypes.c_int64 * 6)(0, 0, 4096, 0, 0, 0)
+    got = libc.ioctl(f.fileno(), ctypes.c_ulong(0x4030582a), resv)
+    e = ctypes.get_errno()
+    print("reserving ioctl:", "allowed" if got == 0 else errno.errorcode[e])
     got = libc.fallocate(f.fileno(), 0, ctypes.c_long(0), ctypes.c_long(4096))
     e = ctypes.get_errno()
     # errno names EOPNOTSUPP's number ENOTSUP, its other name on Linux.
@@ -303,7 +344,8 @@ print("thread: ok", subprocess.run(["true"]).returncode)
         assert_eq!(
             text,
             "add_key: EPERM\nunix: EPERM\nvsock: EPERM\nsocketpair: ok\n\
-             datagram pair: EPERM\ninet: ok\nfallocate: EOPNOTSUPP\nposix_fallocate: ok\n\
+             datagram pair: EPERM\ndatagram pair: EPERM\ninet: ok\nreserving ioctl: EPERM\n\
+             fallocate: EOPNOTSUPP\nposix_fallocate: ok\n\
              user namespace: EPERM\nthread: ok 0\n"
         );
     }
