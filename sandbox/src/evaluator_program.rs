@@ -67,11 +67,17 @@ pub(crate) fn script_dirs(
         })
         .flatten()
         .filter_map(|script| script.parent().map(Path::to_path_buf));
+    // A directory on it that is a link: the diff sees its files where it leads.
     let path = python_path
         .into_iter()
         .flat_map(|p| p.split(':'))
         .filter(|d| !d.is_empty())
-        .filter_map(|d| inside(d, eval_dir));
+        .filter_map(|d| inside(d, eval_dir))
+        .flat_map(|dir| {
+            let real = resolve(&dir, pristine, eval_dir).map(|(real, _)| real);
+            [Some(dir), real]
+        })
+        .flatten();
     let mut dirs: Vec<PathBuf> = scripts.chain(path).collect();
     dirs.sort();
     dirs.dedup();
@@ -276,6 +282,10 @@ mod tests {
                 Some("src:/usr/lib/x:/testbed/lib2")
             ),
             [PathBuf::from("lib2"), PathBuf::from("src")]
+        );
+        assert_eq!(
+            dirs(&["python", "-m", "pytest"], Some("lib")),
+            [PathBuf::from("lib"), PathBuf::from("tool/lib")]
         );
         assert!(dirs(&["python", "-m", "pytest"], None).is_empty());
     }
