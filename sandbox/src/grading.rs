@@ -103,27 +103,21 @@ pub(crate) async fn grade(
         .chain(evaluator_script.iter());
     let mut patterns = spec.evaluator.protected_paths.clone();
     patterns.extend(task_evaluation.protected_paths.iter().cloned());
-    // What the program is found as: through a link, an absolute path into the copy, or a
-    // `PATH` directory of the copy's.
-    let path_var =
-        crate::children::path_in(&task_evaluation.env.clone().into_iter().collect::<Vec<_>>());
-    let owned =
-        crate::evaluator_program::owned_patterns(program, path_var.as_deref(), &eval_dir, pristine);
     if spec.evaluator.protect_test_config {
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
-    let evaluator_env: Vec<_> = task_evaluation.env.clone().into_iter().collect();
-    let python_path = evaluator_env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PYTHONPATH")
-        .map(|(_, v)| v.as_str());
+    let evaluator_env: Vec<(String, String)> = task_evaluation.env.clone().into_iter().collect();
+    // What the program is found as: through a link, an absolute path into the copy, or a
+    // `PATH` directory of the copy's.
+    let path_var = crate::children::path_in(&evaluator_env);
+    let mut derived =
+        crate::evaluator_program::owned_patterns(program, path_var.as_deref(), &eval_dir, pristine);
+    let python_path = task_evaluation.env.get("PYTHONPATH").map(String::as_str);
     let mut script_dirs =
         crate::evaluator_program::script_dirs(command, python_path, &eval_dir, pristine);
     // The repository's own test runner, which an instance's eval script runs by path (Django's
     // `./tests/runtests.py`, sympy's `bin/test`): rewritten, it would print a pass for every
     // test it is given. Decided here, not in the task, whose digest a running job keeps.
-    let mut derived = owned;
     if let (Some(grading), Some(script)) = (
         &task_evaluation.swebench,
         task_evaluation.hidden_files.get(EVAL_SCRIPT),
@@ -148,7 +142,7 @@ pub(crate) async fn grade(
     let evaluator = || Evaluator {
         program,
         args: args.iter().chain(&task_evaluation.args).cloned().collect(),
-        env: task_evaluation.env.clone().into_iter().collect(),
+        env: evaluator_env.clone(),
         timeout_seconds: spec.timeouts.evaluator_seconds,
         cgroup_procs,
         disk_budget: None,

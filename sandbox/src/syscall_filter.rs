@@ -49,22 +49,11 @@ pub fn program() -> Result<Vec<BpfProgram>, FilterError> {
 
 /// A filter answering `syscall` with `errno` and allowing everything else.
 fn answered(syscall: i64, errno: libc::c_int) -> Result<BpfProgram, FilterError> {
-    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
     let rules = with_x32(syscall)
         .into_iter()
         .map(|nr| (nr, vec![]))
         .collect();
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(errno as u32),
-        arch,
-    )
-    .map_err(|e| err(&e))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| err(&e))
+    answering(rules, errno)
 }
 
 /// What is refused (`EPERM`): unix and vsock sockets, datagram socket pairs (one can `sendto`
@@ -209,12 +198,21 @@ pub fn relay() -> Result<BpfProgram, FilterError> {
 /// A filter that refuses (`EPERM`) what `rules` match and allows everything else, for this
 /// machine's architecture.
 fn refusing(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, FilterError> {
+    answering(rules, libc::EPERM)
+}
+
+/// A filter that answers what `rules` match with `errno` and allows everything else, for this
+/// machine's architecture.
+fn answering(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    errno: libc::c_int,
+) -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
+        SeccompAction::Errno(errno as u32),
         arch,
     )
     .map_err(|e| err(&e))?;

@@ -103,9 +103,8 @@ async fn made_from_the_spec(
         .annotations()
         .contains_key(spec_digest::CHANGED_ANNOTATION);
     let stalled_for_it = marked || status::stalled_for(job.status.as_ref(), OWN_POD_SPEC_CHANGED);
-    let annotate = async |value: Option<&str>| {
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            spec_digest::ANNOTATION: now, spec_digest::CHANGED_ANNOTATION: value}}});
+    let annotate = async |annotations: serde_json::Value| {
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
@@ -113,16 +112,16 @@ async fn made_from_the_spec(
     };
     match spec_digest::drift(recorded.map(String::as_str), now, stalled_for_it) {
         // Restored: the mark goes.
-        spec_digest::Drift::Same if marked => annotate(None).await,
+        spec_digest::Drift::Same if marked => {
+            annotate(serde_json::json!({spec_digest::CHANGED_ANNOTATION: null})).await
+        }
         spec_digest::Drift::Same => Ok(()),
-        spec_digest::Drift::Unknown => annotate(None).await,
+        spec_digest::Drift::Unknown => {
+            annotate(serde_json::json!({spec_digest::ANNOTATION: now})).await
+        }
         spec_digest::Drift::Changed => {
             if !marked {
-                let patch = serde_json::json!({"metadata": {"annotations": {
-                    spec_digest::CHANGED_ANNOTATION: "true"}}});
-                pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(|e| Halt::Failed(JobError::api(format!("marking pod {name}"))(e)))?;
+                annotate(serde_json::json!({spec_digest::CHANGED_ANNOTATION: "true"})).await?;
             }
             let message = if job.spec.train.is_some() {
                 format!(
