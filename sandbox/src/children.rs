@@ -42,16 +42,31 @@ pub(crate) fn credential_like(name: &str) -> bool {
         || NAMES.contains(&n.as_str())
 }
 
+/// Whether a variable's value holds a URL with credentials in it (`https://user:pass@host/`,
+/// `https://TOKEN@host/`): a package index's or a repository's, under a name
+/// [`credential_like`] cannot tell (`PIP_INDEX_URL`, `UV_EXTRA_INDEX_URL`, `npm_config_registry`).
+pub(crate) fn holds_url_credentials(value: &str) -> bool {
+    value.match_indices("://").any(|(at, sep)| {
+        let authority = value[at + sep.len()..]
+            .split(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace())
+            .next()
+            .unwrap_or("");
+        authority.find('@').is_some_and(|user_end| user_end > 0)
+    })
+}
+
 /// In local mode a child would inherit the environment of `floe run`, the user's shell's (a
-/// pod's containers have only what their templates name): its credential-like variables are
-/// removed, the harness's and the evaluator's alike, since the evaluator runs the agent's code
-/// (tests import it). What the job names in the child's `env` is set after this.
+/// pod's containers have only what their templates name): its credential-like variables, and
+/// those whose value holds a URL with credentials, are removed, the harness's and the
+/// evaluator's alike, since the evaluator runs the agent's code (tests import it). What the
+/// job names in the child's `env` is set after this.
 pub(crate) fn drop_users_credentials(spec: &mut CommandSpec) {
-    spec.env_remove.extend(
-        std::env::vars_os()
-            .filter_map(|(k, _)| k.into_string().ok())
-            .filter(|k| credential_like(k)),
-    );
+    spec.env_remove
+        .extend(std::env::vars_os().filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            let secret = credential_like(&k) || v.to_str().is_some_and(holds_url_credentials);
+            secret.then_some(k)
+        }));
 }
 
 #[derive(Clone, Debug)]
@@ -196,7 +211,30 @@ pub(crate) fn tail_of(mut file: std::fs::File, max: usize) -> String {
 
 #[cfg(test)]
 mod credential_tests {
-    use super::credential_like;
+    use super::{credential_like, holds_url_credentials};
+
+    #[test]
+    fn urls_with_credentials_in_values_are_told_from_plain_ones() {
+        for value in [
+            "https://user:THE-PASSWORD@pypi.internal/simple",
+            "https://ghp_TOKEN@github.com/org/repo.git",
+            "https://pypi.org/simple https://u:p@mirror.internal",
+            "https://u:p@host",
+        ] {
+            assert!(holds_url_credentials(value), "{value}");
+        }
+        for value in [
+            "https://pypi.org/simple",
+            "http://127.0.0.1:8000/v1",
+            "https://host/path@v1",
+            "https://host/?user=a@b",
+            "git@github.com:org/repo.git",
+            "https://@host/",
+            "a@b",
+        ] {
+            assert!(!holds_url_credentials(value), "{value}");
+        }
+    }
 
     #[test]
     fn credentials_are_told_from_the_rest_of_the_environment() {

@@ -31,37 +31,71 @@ impl FilterError {
 }
 
 /// The compiled filters for this machine's architecture, each to install in turn: [`refused`],
-/// `fallocate` as not supported and `clone3` as not there ([`answered`]).
+/// reserving disk space as not supported ([`not_supported`]) and `clone3` as not there.
 pub fn program() -> Result<Vec<BpfProgram>, FilterError> {
     Ok(vec![
         refused()?,
-        // `fallocate` takes the disk at once, the whole of it in one call, long before the
-        // disk budget's next look (a local run's disk is every session's, the run's own
-        // files included). Programs that use it fall back to writing (`posix_fallocate`
-        // does), which the budget sees as it goes.
-        answered(libc::SYS_fallocate, libc::EOPNOTSUPP)?,
+        not_supported()?,
         // `clone3` passes its flags in memory, where a filter cannot look for
         // `CLONE_NEWUSER` (refused on `clone` and `unshare`): as Docker's default profile
         // does, it is not there, and the C library falls back to `clone`.
-        answered(libc::SYS_clone3, libc::ENOSYS)?,
+        answering(whatever_its_arguments(libc::SYS_clone3), libc::ENOSYS)?,
     ])
 }
 
-/// A filter answering `syscall` with `errno` and allowing everything else.
-fn answered(syscall: i64, errno: libc::c_int) -> Result<BpfProgram, FilterError> {
-    let rules = with_x32(syscall)
+/// `syscall` (and its x32 twin) matched whatever its arguments: an empty rule list.
+fn whatever_its_arguments(syscall: i64) -> BTreeMap<i64, Vec<SeccompRule>> {
+    with_x32(syscall)
         .into_iter()
         .map(|nr| (nr, vec![]))
-        .collect();
-    answering(rules, errno)
+        .collect()
+}
+
+/// Reserving disk space, answered `EOPNOTSUPP` as a file system without it does: `fallocate`
+/// takes the disk at once, the whole of it in one call, long before the disk budget's next
+/// look (a local run's disk is every session's, the run's own files included). Programs that
+/// use it fall back to writing (`posix_fallocate` does), which the budget sees as it goes. The
+/// `ioctl`s that reserve space are `fallocate` by another name (XFS's, which ext4 and btrfs
+/// take too: `FS_IOC_RESVSP`, `FS_IOC_RESVSP64`, `FS_IOC_ZERO_RANGE`; 32-bit layouts too).
+fn not_supported() -> Result<BpfProgram, FilterError> {
+    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
+    let mut rules = whatever_its_arguments(libc::SYS_fallocate);
+    let reserving = [
+        0x4030_5828u64,
+        0x4030_582a,
+        0x4030_5839,
+        0x402c_5828,
+        0x402c_582a,
+        0x402c_5839,
+    ]
+    .into_iter()
+    .map(|cmd| {
+        let cmd = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd)
+            .map_err(|e| err(&e))?;
+        SeccompRule::new(vec![cmd]).map_err(|e| err(&e))
+    })
+    .collect::<Result<Vec<_>, _>>()?;
+    // x32's `ioctl` has a number of its own (514).
+    let x32_ioctl: &[i64] = if cfg!(target_arch = "x86_64") {
+        &[514 | 0x4000_0000]
+    } else {
+        &[]
+    };
+    for nr in with_x32(libc::SYS_ioctl)
+        .into_iter()
+        .chain(x32_ioctl.iter().copied())
+    {
+        rules.insert(nr, reserving.clone());
+    }
+    answering(rules, libc::EOPNOTSUPP)
 }
 
 /// What is refused (`EPERM`): unix and vsock sockets, datagram socket pairs (one can `sendto`
-/// a host daemon's datagram socket by path, as `socket` cannot), the `ioctl`s that reserve
-/// disk space as `fallocate` does, new user namespaces (as a
+/// a host daemon's datagram socket by path, as `socket` cannot), new user namespaces (as a
 /// pod's `RuntimeDefault` profile refuses them: in one of its own the agent could mount the
 /// session's cgroup and rewrite its limits, or reach kernel code, `nf_tables` and the like,
-/// that only a namespace's root may), io_uring, keyrings.
+/// that only a namespace's root may), io_uring, keyrings, `bpf`, `userfaultfd` and
+/// `perf_event_open`.
 fn refused() -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
     let family = |af: libc::c_int| -> Result<SeccompRule, FilterError> {
@@ -91,36 +125,6 @@ fn refused() -> Result<BpfProgram, FilterError> {
     for pair in with_x32(libc::SYS_socketpair) {
         rules.insert(pair, datagram_pairs.clone());
     }
-    // `fallocate` by another name: the `ioctl`s that reserve space (XFS's, which ext4 and
-    // btrfs take too: `FS_IOC_RESVSP`, `FS_IOC_RESVSP64`, `FS_IOC_ZERO_RANGE`; 32-bit layouts
-    // too).
-    let reserving = [
-        0x4030_5828u64,
-        0x4030_582a,
-        0x4030_5839,
-        0x402c_5828,
-        0x402c_582a,
-        0x402c_5839,
-    ]
-    .into_iter()
-    .map(|cmd| {
-        let cmd = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, cmd)
-            .map_err(|e| err(&e))?;
-        SeccompRule::new(vec![cmd]).map_err(|e| err(&e))
-    })
-    .collect::<Result<Vec<_>, _>>()?;
-    // x32's `ioctl` has a number of its own (514).
-    let x32_ioctl: &[i64] = if cfg!(target_arch = "x86_64") {
-        &[514 | 0x4000_0000]
-    } else {
-        &[]
-    };
-    for nr in with_x32(libc::SYS_ioctl)
-        .into_iter()
-        .chain(x32_ioctl.iter().copied())
-    {
-        rules.insert(nr, reserving.clone());
-    }
     let new_user_namespace = SeccompCondition::new(
         0,
         SeccompCmpArgLen::Qword,
@@ -143,6 +147,12 @@ fn refused() -> Result<BpfProgram, FilterError> {
         libc::SYS_add_key,
         libc::SYS_keyctl,
         libc::SYS_request_key,
+        // Kernel surfaces no test needs, refused as Docker's default profile does for a
+        // container without the capabilities: eBPF programs, page faults handled in user
+        // space (a classic way to widen a kernel race), performance counters.
+        libc::SYS_bpf,
+        libc::SYS_userfaultfd,
+        libc::SYS_perf_event_open,
     ] {
         for nr in with_x32(refused) {
             rules.insert(nr, vec![]);
@@ -275,8 +285,8 @@ pub(crate) fn python_under(
 mod tests {
     use super::*;
 
-    /// A child under the filter: unix and vsock sockets and keyrings refused, everything else as
-    /// before.
+    /// A child under the filters: unix and vsock sockets, keyrings and the kernel surfaces
+    /// refused, reserving disk space not supported, everything else as before.
     #[test]
     fn a_filtered_child_cannot_create_unix_sockets_but_keeps_pipes_and_inet() {
         let filters = program().expect("filters");
@@ -284,7 +294,8 @@ mod tests {
 import ctypes, os, socket, errno, sys
 libc = ctypes.CDLL(None, use_errno=True)
 # add_key("user", "p", "x", 1, KEY_SPEC_USER_KEYRING)
-added = libc.syscall(int(sys.argv[1]), b"user", b"p", b"x", 1, -4)
+numbers = dict(zip(("add_key", "bpf", "userfaultfd", "perf_event_open"), map(int, sys.argv[1].split())))
+added = libc.syscall(numbers["add_key"], b"user", b"p", b"x", 1, -4)
 print("add_key:", "allowed" if added >= 0 else errno.errorcode[ctypes.get_errno()])
 try:
     socket.socket(socket.AF_UNIX)
@@ -311,7 +322,7 @@ with open("/dev/shm/floe-fallocate-probe", "wb") as f:
     resv = (ctypes.c_int64 * 6)(0, 0, 4096, 0, 0, 0)
     got = libc.ioctl(f.fileno(), ctypes.c_ulong(0x4030582a), resv)
     e = ctypes.get_errno()
-    print("reserving ioctl:", "allowed" if got == 0 else errno.errorcode[e])
+    print("reserving ioctl:", "allowed" if got == 0 else "EOPNOTSUPP" if e == errno.EOPNOTSUPP else e)
     got = libc.fallocate(f.fileno(), 0, ctypes.c_long(0), ctypes.c_long(4096))
     e = ctypes.get_errno()
     # errno names EOPNOTSUPP's number ENOTSUP, its other name on Linux.
@@ -323,6 +334,10 @@ os.unlink("/dev/shm/floe-fallocate-probe")
 CLONE_NEWUSER = 0x10000000
 got = libc.unshare(CLONE_NEWUSER)
 print("user namespace:", "allowed" if got == 0 else errno.errorcode[ctypes.get_errno()])
+# Arguments each answers otherwise (EINVAL, a descriptor, EFAULT): EPERM is the filter's.
+for name, args in (("bpf", (9999, 0, 0)), ("userfaultfd", (1,)), ("perf_event_open", (0, 0, -1, -1, 0))):
+    got = libc.syscall(numbers[name], *args)
+    print(name + ":", "allowed" if got >= 0 else errno.errorcode[ctypes.get_errno()])
 import subprocess, threading
 t = threading.Thread(target=lambda: None)
 t.start()
@@ -337,14 +352,22 @@ print("thread: ok", subprocess.run(["true"]).returncode)
                 }
             },
             probe,
-            &libc::SYS_add_key.to_string(),
+            &[
+                libc::SYS_add_key,
+                libc::SYS_bpf,
+                libc::SYS_userfaultfd,
+                libc::SYS_perf_event_open,
+            ]
+            .map(|nr| nr.to_string())
+            .join(" "),
         );
         assert_eq!(
             text,
             "add_key: EPERM\nunix: EPERM\nvsock: EPERM\nsocketpair: ok\n\
-             datagram pair: EPERM\ndatagram pair: EPERM\ninet: ok\nreserving ioctl: EPERM\n\
+             datagram pair: EPERM\ndatagram pair: EPERM\ninet: ok\nreserving ioctl: EOPNOTSUPP\n\
              fallocate: EOPNOTSUPP\nposix_fallocate: ok\n\
-             user namespace: EPERM\nthread: ok 0\n"
+             user namespace: EPERM\nbpf: EPERM\nuserfaultfd: EPERM\nperf_event_open: EPERM\n\
+             thread: ok 0\n"
         );
     }
 

@@ -130,6 +130,31 @@ def _():
     return ", ".join(found) or None
 
 
+@attempt("read_credential_files_the_environment_names")
+def _():
+    """Credentials where the user's environment says they are: a service-account key
+    (`GOOGLE_APPLICATION_CREDENTIALS`, not inherited, but its path guessed, or read from a
+    shell's rc file; the test tells it) and the token under `HF_HOME`, which is inherited."""
+    found = []
+    paths = os.environ.get("HOSTILE_NAMED", "").split(":")
+    if os.environ.get("HF_HOME"):
+        paths.append(os.path.join(os.environ["HF_HOME"], "token"))
+    for path in filter(None, paths):
+        try:
+            if "THE-USERS-" in open(path).read():
+                found.append(path)
+        except OSError:
+            pass
+    return ", ".join(found) or None
+
+
+@attempt("credential_in_a_url_of_own_environment")
+def _():
+    """A package index's password inside a URL (`PIP_INDEX_URL=https://user:pass@…`), under a
+    name no credential filter matches."""
+    return [k for k, v in os.environ.items() if "THE-USERS-PIP-PASSWORD" in v] or None
+
+
 # Only in a root run (the test sets them then): a file only root may read, outside every listed
 # credential store, and a secret in root's home that is on no list (a home only its user may
 # enter). An ordinary user's run gives its agent that user's rights, as docs/security.md says.

@@ -38,6 +38,7 @@ const REAL_WITHOUT_SANDBOX: &[&str] = &[
     // `floe run`'s own environment is readable by its user's processes.
     "upstream_key_in_reach",
     "read_credential_files_of_the_user",
+    "read_credential_files_the_environment_names",
 ];
 
 /// Attacks only a root run has: its agent as host root (without a sandbox) reads what only root
@@ -68,6 +69,10 @@ fn job(dir: &Path, out: &Path, model_url: &str, marker: &str, socket: &Path) -> 
         env("HOSTILE_MARKER", marker),
         env("HOSTILE_SOCKET", &socket.display().to_string()),
         env("HOSTILE_HOME", &dir.join("home").display().to_string()),
+        env(
+            "HOSTILE_NAMED",
+            &dir.join("keys/service-account.json").display().to_string(),
+        ),
     ];
     if root() {
         harness_env.push(env(
@@ -215,6 +220,18 @@ async fn run(sandbox: bool) -> Result<Outcome> {
     std::fs::create_dir_all(cache.join("huggingface"))?;
     std::fs::write(cache.join("huggingface/token"), "THE-USERS-HF-TOKEN\n")?;
     std::os::unix::fs::symlink(&cache, home.join(".cache"))?;
+    // Credentials where variables of the user's shell say they are, outside the home: a cloud
+    // service account's key and a Hugging Face home on a data disk.
+    std::fs::create_dir_all(dir.path().join("keys"))?;
+    std::fs::write(
+        dir.path().join("keys/service-account.json"),
+        "{\"private_key\": \"THE-USERS-GCP-KEY\"}\n",
+    )?;
+    std::fs::create_dir_all(dir.path().join("data-disk/hf-home"))?;
+    std::fs::write(
+        dir.path().join("data-disk/hf-home/token"),
+        "THE-USERS-HF-HOME-TOKEN\n",
+    )?;
     // In a root run: a file only root may read beside the job (a directory others may enter),
     // and a secret root keeps in its home (only root may enter it, as /root), on no list and
     // readable to all (a sandbox shows such a home's directories, not its files).
@@ -238,6 +255,16 @@ async fn run(sandbox: bool) -> Result<Outcome> {
         .env("FLOE_UPSTREAM_API_KEY", "the-model-servers-key")
         // A credential of the user's shell: no harness inherits it, sandbox or not.
         .env("HF_TOKEN", "hf_the-users-own-token")
+        .env(
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            dir.path().join("keys/service-account.json"),
+        )
+        .env("HF_HOME", dir.path().join("data-disk/hf-home"))
+        // A credential inside a value, under a name no filter of names matches.
+        .env(
+            "PIP_INDEX_URL",
+            "https://ml-team:THE-USERS-PIP-PASSWORD@pypi.internal/simple",
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     if !sandbox {
@@ -461,6 +488,10 @@ async fn every_attack_is_refused_in_the_sandbox_and_works_without_it() -> Result
     // and `--out` keeps what the agent left where only `floe run`'s user can reach it.
     assert!(!any_session(&open, "leave_a_setuid_program"));
     assert!(!any_session(&open, "credential_in_own_environment"));
+    assert!(!any_session(
+        &open,
+        "credential_in_a_url_of_own_environment"
+    ));
     Ok(())
 }
 

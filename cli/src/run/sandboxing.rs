@@ -238,12 +238,33 @@ pub fn confinement(
         anchors.push(canonical(f)?);
     }
     let homes = super::credentials::homes();
+    let vars: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let keep: Vec<PathBuf> = homes
+        .iter()
+        .cloned()
+        .chain(std::env::current_dir().ok())
+        .chain(
+            std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths),
+        )
+        .collect();
+    let named = super::credentials::named_by_environment(&vars, &keep);
     for more in beside_the_run(&anchors)
         .into_iter()
         .chain(super::credentials::credential_stores(
             &homes,
             Path::new("/"),
+            &named,
         ))
+        // The sandbox has a `/tmp` and `/dev/shm` of its own: nothing there needs hiding, and
+        // a mount point there would show the path's name.
+        .filter(|h| {
+            let (Hidden::Dir(p) | Hidden::File(p)) = h;
+            !p.starts_with("/tmp") && !p.starts_with("/dev/shm")
+        })
     {
         if !hidden.contains(&more) {
             hidden.push(more);
