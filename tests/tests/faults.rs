@@ -514,6 +514,44 @@ async fn sigterm_ends_a_run_like_ctrl_c_and_sigkill_leaves_nothing_behind_then_r
     Ok(())
 }
 
+/// Killed after the gateway recorded a session's outcome and before it spooled its
+/// trajectory (so before its `summary.json`), the session is done: the resumed run's gateway
+/// ships it as it recovers, and running it again would put a second sample of its group in
+/// the dataset (in a train run, train it twice).
+#[tokio::test]
+async fn a_session_whose_outcome_was_recorded_but_not_spooled_is_done_on_resume() -> Result<()> {
+    let model = upstream().await?;
+    let dir = tempfile::tempdir()?;
+    let job = Job::default().write(dir.path())?;
+    let out = dir.path().join("out");
+    let (code, stderr) = run_to_end(floe_run(&job, &out, &model.url)?).await?;
+    assert_eq!(code, 0, "{stderr}");
+    // What the disk holds when the kill comes between the outcome and the spool: the outcome,
+    // and nothing downstream of it.
+    let id = "faults-t0-1";
+    assert!(out.join("captures").join(id).join("outcome.json").is_file());
+    for gone in [
+        out.join("sessions").join(id).join("summary.json"),
+        out.join("captures/.spool/shipped")
+            .join(format!("{id}.json")),
+        out.join("trajectories/accepted").join(format!("{id}.json")),
+        out.join("summary.json"),
+        out.join("dataset.jsonl"),
+    ] {
+        std::fs::remove_file(&gone).with_context(|| gone.display().to_string())?;
+    }
+    let (code, stderr) = run_to_end(resuming(floe_run(&job, &out, &model.url)?)).await?;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("2 of 2 sessions done"), "{stderr}");
+    assert!(!out.join("sessions").join(format!("{id}-r1")).exists());
+    assert!(out
+        .join("trajectories/accepted")
+        .join(format!("{id}.json"))
+        .is_file());
+    assert_eq!(summary(&out)?["sessions"]["completed"], 2);
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_run_s_open_files_do_not_grow_with_its_queue() -> Result<()> {
     let model = upstream().await?;

@@ -198,8 +198,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let mode = if plan.is_sft() { "sft" } else { "train" };
     let count = plan::session_count(&plan, args.sessions);
     let record = RunRecord::of(&plan, mode, plan::expand(&plan, &sink, args.sessions));
-    let earlier = resume::begin(out, &plan, &record, args.resume)?;
-    drop(record);
+    let before = resume::begin(out, &record, args.resume)?;
 
     // One in-process gateway for all sessions, on a free loopback port.
     let control_token = hex::encode(rand::rng().random::<[u8; 24]>());
@@ -246,6 +245,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
         redirect_trainer(&gateway, &sink).map_err(|e| io("gateway", &e))?;
     }
     recover(&gateway).map_err(|e| io("gateway", &e))?;
+    let earlier = resume::earlier(out, &plan, record, before)?;
     if args.resume {
         // Sessions the interrupted run left without an outcome: their calls are shipped
         // untrainable, and the sessions run again under new attempt ids.

@@ -74,19 +74,35 @@ impl RunRecord {
 }
 
 /// What a run starts from: a new run writes its record in `out`; `--resume` checks the record
-/// there and reads back what the earlier run left, its held-out rounds included.
+/// there, and returns the earlier run's for [`earlier`].
 pub fn begin(
     out: &Path,
-    plan: &super::plan::Plan,
     record: &RunRecord,
     resume: bool,
-) -> Result<Earlier, super::RunError> {
+) -> Result<Option<RunRecord>, super::RunError> {
     use super::RunError::{Io, Preflight};
     if !resume {
         write_record(out, record).map_err(Io)?;
-        return Ok(Earlier::default());
+        return Ok(None);
     }
-    let before = check_record(out, record).map_err(Preflight)?;
+    check_record(out, record).map(Some).map_err(Preflight)
+}
+
+/// What the earlier run in `out` left (`before`, its record; `None` for a new run), its
+/// held-out rounds included. Read once the gateway has recovered the earlier run's sessions:
+/// a session whose outcome it had recorded but not yet spooled when the run was killed is
+/// spooled then, and so is done, not run again (a second sample of its group in the dataset,
+/// or trained twice).
+pub fn earlier(
+    out: &Path,
+    plan: &super::plan::Plan,
+    record: RunRecord,
+    before: Option<RunRecord>,
+) -> Result<Earlier, super::RunError> {
+    use super::RunError::{Io, Preflight};
+    let Some(before) = before else {
+        return Ok(Earlier::default());
+    };
     let mut earlier = read(out, &record.assignments).map_err(Preflight)?;
     match (&before.held_out_digest, &record.held_out_digest) {
         // The same set (checked).
@@ -98,7 +114,7 @@ pub fn begin(
         // A record without the set's digest (no held-out set then, or a floe from before
         // digests): its rounds may be of another set, so none is carried over. Recorded now,
         // so a later resume checks it.
-        (None, Some(_)) => write_record(out, record).map_err(Io)?,
+        (None, Some(_)) => write_record(out, &record).map_err(Io)?,
         _ => {}
     }
     Ok(earlier)
@@ -326,14 +342,13 @@ fn delivered(out: &Path, dataset: &str, session: &str) -> Result<Option<SessionR
     let (dataset, spool) = (out.join(dataset), out.join("captures/.spool"));
     // The dataset's files are trajectories; the spool's (a train run's trainer sink: shipped,
     // or still pending, which the resumed run ships) hold one under `trajectory`.
-    let found = ["accepted", "rejected"]
-        .iter()
-        .map(|sub| (dataset.join(sub).join(&file), false))
-        .chain(
-            ["shipped", "pending"]
-                .iter()
-                .map(|sub| (spool.join(sub).join(&file), true)),
-        )
+    // In the order a trajectory moves (spooled, written by the sink, marked shipped), so one
+    // the recovered gateway is shipping while this looks is found wherever it goes next.
+    let found = [(spool.join("pending"), true)]
+        .into_iter()
+        .chain(["accepted", "rejected"].map(|sub| (dataset.join(sub), false)))
+        .chain([(spool.join("shipped"), true)])
+        .map(|(dir, spooled)| (dir.join(&file), spooled))
         .find(|(p, _)| p.is_file());
     let Some((path, spooled)) = found else {
         return Ok(None);
