@@ -3488,7 +3488,10 @@ async fn a_spec_edit_the_trainer_was_not_made_with_stalls_the_job_until_restored
 async fn a_train_job_suspended_after_it_started_frees_its_trainer_and_makes_it_again_resumed(
 ) -> Result<()> {
     let (client, ns) = with_crds("preempted").await?;
-    let _operator = Operator::start(&ns.name, &[])?;
+    // The pod cache behind the apiserver (fault injection): a round after the trainer's delete
+    // still sees it alive.
+    let _operator =
+        Operator::start_with_env(&ns.name, &[], &[("FLOE_FAULT_POD_WATCH_LAG_MS", "1500")])?;
     let kubelet = scoring_node(&client, &ns.name, 28)?;
     create_pool(&client, &ns.name, "warm", 0).await?;
     let jobs: Api<RolloutJob> = Api::namespaced(client.clone(), &ns.name);
@@ -3546,6 +3549,21 @@ async fn a_train_job_suspended_after_it_started_frees_its_trainer_and_makes_it_a
     assert!(
         notes.iter().all(|n| !n.contains("kept-trainer")),
         "{notes:?}"
+    );
+    // Once: a round whose pod cache is behind the delete does not stop it (and say so) again.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    let stopped: Vec<_> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("TrainerStopped"))
+        .map(|e| (e.note.unwrap_or_default(), e.series.map(|s| s.count)))
+        .collect();
+    assert!(
+        stopped.len() == 2 && stopped.iter().all(|(_, series)| series.is_none()),
+        "{stopped:?}"
     );
     let s = status(&jobs, "freed").await?;
     assert_eq!(s.phase, Some(RolloutJobPhase::Suspended));

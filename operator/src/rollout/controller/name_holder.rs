@@ -74,16 +74,46 @@ pub(super) async fn delete_exactly<K>(
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    let preconditions = Preconditions {
+        uid,
+        resource_version: None,
+    };
+    delete_if(api, kind, name, preconditions).await.map(|_| ())
+}
+
+/// Delete the object `seen` only if it is still as the cache showed it (its UID and resource
+/// version): `true` when this call deleted it. A delete that began since changed the
+/// version, so a round whose cache is behind it neither deletes again nor says it did.
+pub(super) async fn delete_as_seen<K>(api: &Api<K>, kind: &str, seen: &K) -> Result<bool, Halt>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let meta = seen.meta();
+    let preconditions = Preconditions {
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+    };
+    delete_if(api, kind, &seen.name_any(), preconditions).await
+}
+
+/// Delete `name` under `preconditions`: `true` when this call deleted it; gone already, or
+/// not as the preconditions say (409), is `false`.
+async fn delete_if<K>(
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    preconditions: Preconditions,
+) -> Result<bool, Halt>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid,
-            resource_version: None,
-        }),
+        preconditions: Some(preconditions),
         ..DeleteParams::default()
     };
     match api.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
         Err(e) => Err(Halt::Failed(JobError::api(format!(
             "deleting {kind} {}/{name}",
             api.namespace().unwrap_or_default()

@@ -475,7 +475,11 @@ pub(super) async fn stop_while_suspended(
         .unwrap_or_default();
     tracing::info!(job = %job.name_any(), pod = %name, "suspended: stopping the trainer pod");
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    name_holder::delete_exactly(&pods, "pod", &name, pod.metadata.uid.clone()).await?;
+    if !name_holder::delete_as_seen(&pods, "pod", pod).await? {
+        // Changed since the cache saw it: deleted already (the cache is behind), or to be
+        // judged again from what it is now.
+        return Ok(());
+    }
     ctx.event(
         job,
         EventType::Normal,
