@@ -87,24 +87,31 @@ impl Collector {
         std::fs::create_dir_all(dir.join("rejected")).map_err(io)?;
         // Before anything is read or written: the directory may be another run's.
         super::dataset_owner::claim(dir, run.job, run.uid)?;
+        // The (group, sample) of every scored record kept, read as `dataset.jsonl` is rebuilt
+        // from the accepted ones (each record read once: a dataset can be large).
+        let mut samples = HashSet::new();
+        let mut note = |record: &Path, bytes: &[u8]| match serde_json::from_slice::<SampleOf>(bytes)
+        {
+            Ok(s) if s.trainable => {
+                samples.insert((s.group, s.sample));
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(record = %record.display(), "unreadable record: {e}"),
+        };
         // Rebuilt whole (a crash may have cut an append short); a volume with no room for a
         // second copy of the dataset keeps its file with any torn last line cut, rather than
         // failing every start (the records in accepted/ are the truth, and `finish` rebuilds
         // again).
-        if let Err(e) = rebuild_dataset(dir) {
-            tracing::error!(dir = %dir.display(), "cannot rebuild dataset.jsonl: {e}; its torn tail, if any, is cut");
-            cut_torn_tail(&dir.join("dataset.jsonl")).map_err(io)?;
-        }
-        let mut samples = HashSet::new();
-        for record in records(dir, &["accepted", "rejected"]).map_err(io)? {
-            let read = std::fs::read(&record).map_err(io)?;
-            match serde_json::from_slice::<SampleOf>(&read) {
-                Ok(s) if s.trainable => {
-                    samples.insert((s.group, s.sample));
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(record = %record.display(), "unreadable record: {e}"),
+        let unread: &[&str] = match rebuild_dataset(dir, &mut note) {
+            Ok(()) => &["rejected"],
+            Err(e) => {
+                tracing::error!(dir = %dir.display(), "cannot rebuild dataset.jsonl: {e}; its torn tail, if any, is cut");
+                cut_torn_tail(&dir.join("dataset.jsonl")).map_err(io)?;
+                &["accepted", "rejected"]
             }
+        };
+        for record in records(dir, unread).map_err(io)? {
+            note(&record, &std::fs::read(&record).map_err(io)?);
         }
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -149,11 +156,11 @@ impl Collector {
     }
 }
 
-/// `dataset.jsonl` = every accepted trajectory, ordered by session id.
-fn rebuild_dataset(dir: &Path) -> std::io::Result<()> {
+/// `dataset.jsonl` = every accepted trajectory, ordered by session id; `seen` is shown each.
+fn rebuild_dataset(dir: &Path, seen: impl FnMut(&Path, &[u8])) -> std::io::Result<()> {
     let mut files = records(dir, &["accepted"])?;
     files.sort();
-    super::write_jsonl_durably(&dir.join("dataset.jsonl"), &files).map(|_| ())
+    super::write_jsonl_durably_seeing(&dir.join("dataset.jsonl"), &files, seen).map(|_| ())
 }
 
 /// `path` up to its last newline (nothing if it is not there).
@@ -316,7 +323,7 @@ async fn finish(State(c): State<Arc<Collector>>, body: axum::body::Bytes) -> Res
     // The dataset the job leaves is what `accepted/` holds, whatever an append that failed on
     // the way left out. A rebuild that fails (a full disk) leaves it as it is, said in the
     // summary: the records are the dataset.
-    let rebuilt = rebuild_dataset(&c.dir);
+    let rebuilt = rebuild_dataset(&c.dir, |_, _| ());
     if let Err(e) = &rebuilt {
         tracing::error!("rebuilding dataset.jsonl: {e}");
     }

@@ -16,4 +16,6 @@ pub use assignment::{
     Assignment, AssignmentError, Assignments, Delivered, RetryOverride, UpstreamOverride,
 };
 pub use sink::{deliver, DeliveryError, Failure, Sink};
-pub use spool::{write_durably, write_jsonl_durably, Spool, SpoolEntry, SpoolError};
+pub use spool::{
+    write_durably, write_jsonl_durably, write_jsonl_durably_seeing, Spool, SpoolEntry, SpoolError,
+};

@@ -235,11 +235,22 @@ fn sync_parent(path: &Path) {
 /// [`write_durably`] but streamed: one file in memory at a time, however large the dataset
 /// (a whole dataset held at once is the size of every trajectory in it). Returns the lines.
 pub fn write_jsonl_durably(path: &Path, files: &[PathBuf]) -> std::io::Result<u64> {
+    write_jsonl_durably_seeing(path, files, |_, _| ())
+}
+
+/// [`write_jsonl_durably`], showing `seen` each file's path and bytes as they are written (so
+/// a caller that needs them too reads each file once).
+pub fn write_jsonl_durably_seeing(
+    path: &Path,
+    files: &[PathBuf],
+    mut seen: impl FnMut(&Path, &[u8]),
+) -> std::io::Result<u64> {
     use std::io::Write;
     let tmp = path.with_extension("jsonl.tmp");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
     for file in files {
         let text = std::fs::read(file)?;
+        seen(file, &text);
         // Each file is one JSON value written compactly (`serde_json::to_vec`): no newline.
         out.write_all(text.trim_ascii())?;
         out.write_all(b"\n")?;
