@@ -177,9 +177,17 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
     let fill = json!({"id": "fill-layer", "files": {"calc.py": grading_attacks::BUGGY},
         "instruction": "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 110",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
+    // Code under test that fills the grader's own layer when the evaluator imports it, after
+    // the agent ended: past floe's room for the grader (16 × 8Mi), the grader is evicted, and
+    // that too is the agent's doing.
+    let fill_grader = json!({"id": "fill-grader", "files": {"calc.py": grading_attacks::BUGGY},
+        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(300): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
+        "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     let mut fix = fix_add();
     fix["instruction"] = grading_attacks::FIX.into();
-    let mut job = sft_job("evict", &ns, 1, "/evict", json!([fix, fill]));
+    let mut job = sft_job("evict", &ns, 1, "/evict", json!([fix, fill, fill_grader]));
+    // Time for the kubelet's checks (every 10 s) while the evaluator fills and waits.
+    job["spec"]["timeouts"]["evaluatorSeconds"] = 90.into();
     job["spec"]["backoffLimit"] = 2.into();
     job["spec"]["sft"]["minReward"] = 0.into();
     apply(&client, &ns, job).await?;
@@ -214,17 +222,26 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
             status.sessions.failed,
             status.sessions.retried
         ),
-        (1, 1, 0),
+        (1, 2, 0),
         "{status:?}\nretried: {retried:?}\nfailed: {failed:?}"
     );
-    assert_eq!(status.failed_indexes.as_deref(), Some("1"));
+    assert_eq!(status.failed_indexes.as_deref(), Some("1,2"));
+    // The container's own check, or (written past it and the grader's room between two of
+    // the kubelet's checks) the pod's sum of limits.
+    let evicted_for = |failed: &str, container: &str| {
+        failed.contains("as the agent's own doing")
+            && (failed.contains(&format!(
+                "Container {container} exceeded its local ephemeral storage limit"
+            )) || failed.contains("exceeds the total limit of containers"))
+    };
     assert!(
-        failed.len() == 1
-            && failed[0].contains("as the agent's own doing")
-            // The agent container's own check, or (written past it and the grader's room
-            // between two of the kubelet's checks) the pod's sum of limits.
-            && (failed[0].contains("Container agent exceeded its local ephemeral storage limit")
-                || failed[0].contains("exceeds the total limit of containers")),
+        failed.len() == 2
+            && failed
+                .iter()
+                .any(|f| f.contains("evict-fill-layer-") && evicted_for(f, "agent"))
+            && failed
+                .iter()
+                .any(|f| f.contains("evict-fill-grader-") && evicted_for(f, "grader")),
         "{failed:?}"
     );
     Ok(())
