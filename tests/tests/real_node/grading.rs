@@ -209,9 +209,9 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
         }
     };
     // Events are published beside the status write, not before it.
-    let failed = eventually_within(60, "a SessionFailed event", async || {
+    let failed = eventually_within(60, "two SessionFailed events", async || {
         let n = notes("SessionFailed").await?;
-        Ok((!n.is_empty()).then_some(n))
+        Ok((n.len() >= 2).then_some(n))
     })
     .await
     .unwrap_or_default();
