@@ -55,6 +55,13 @@ pub(crate) fn holds_url_credentials(value: &str) -> bool {
     })
 }
 
+/// Whether variable `name`'s value holds credentials: a URL with them, or a proxy written
+/// without a scheme (`HTTPS_PROXY=user:pass@proxy:3128`, which curl and pip take).
+pub(crate) fn secret_in_value(name: &str, value: &str) -> bool {
+    holds_url_credentials(value)
+        || (name.to_ascii_uppercase().ends_with("_PROXY") && value.contains('@'))
+}
+
 /// In local mode a child would inherit the environment of `floe run`, the user's shell's (a
 /// pod's containers have only what their templates name): its credential-like variables, and
 /// those whose value holds a URL with credentials, are removed, the harness's and the
@@ -64,7 +71,7 @@ pub(crate) fn drop_users_credentials(spec: &mut CommandSpec) {
     spec.env_remove
         .extend(std::env::vars_os().filter_map(|(k, v)| {
             let k = k.into_string().ok()?;
-            let secret = credential_like(&k) || v.to_str().is_some_and(holds_url_credentials);
+            let secret = credential_like(&k) || v.to_str().is_some_and(|v| secret_in_value(&k, v));
             secret.then_some(k)
         }));
 }
@@ -211,7 +218,7 @@ pub(crate) fn tail_of(mut file: std::fs::File, max: usize) -> String {
 
 #[cfg(test)]
 mod credential_tests {
-    use super::{credential_like, holds_url_credentials};
+    use super::{credential_like, holds_url_credentials, secret_in_value};
 
     #[test]
     fn urls_with_credentials_in_values_are_told_from_plain_ones() {
@@ -234,6 +241,9 @@ mod credential_tests {
         ] {
             assert!(!holds_url_credentials(value), "{value}");
         }
+        assert!(secret_in_value("https_proxy", "user:pass@proxy:3128"));
+        assert!(!secret_in_value("HTTPS_PROXY", "proxy:3128"));
+        assert!(!secret_in_value("MAINTAINER", "a@b"));
     }
 
     #[test]

@@ -180,8 +180,16 @@ impl Confinement {
                         .any(|k| matches!(k, Kept::Dir(d) if p.starts_with(d)))
             })
         };
-        for hidden in self.hidden.iter().filter(|h| match h {
-            Hidden::Dir(p) | Hidden::File(p) => shown(p),
+        // One below a hidden directory is hidden with it (and its mount point could not be
+        // made, were it gone since: the directory is a fresh tmpfs by then).
+        let within_another = |p: &Path| {
+            self.hidden
+                .iter()
+                .any(|h| matches!(h, Hidden::Dir(d) if p != d && p.starts_with(d)))
+        };
+        for hidden in self.hidden.iter().filter(|h| {
+            let (Hidden::Dir(p) | Hidden::File(p)) = h;
+            shown(p) && !within_another(p)
         }) {
             match hidden {
                 Hidden::Dir(p) if self.tmp_bytes > 0 => push(
@@ -222,7 +230,7 @@ impl Confinement {
     /// `spec` run inside the sandbox: the same logs, timeout and environment, its program
     /// behind `bwrap` and `floe sandbox-exec` (the relay too, for a harness).
     pub fn wrap(&self, spec: CommandSpec, access: &Access) -> CommandSpec {
-        let mut args = self.options(access, &spec.cwd);
+        let mut args = self.still_there().options(access, &spec.cwd);
         if !access.model_api {
             // The evaluator's `floe sandbox-exec` is the namespace's init: every orphan comes
             // to it, and nothing the evaluated code runs can signal it (an init ignores its own
@@ -295,6 +303,23 @@ impl Confinement {
                 ("/bin/sh".into(), args)
             }
         }
+    }
+
+    /// This confinement without the hidden paths removed since the run began (a token logged
+    /// out, a mounted secret rotated): bubblewrap would have to make their mount points on the
+    /// read-only host, and every later session would fail to start.
+    fn still_there(&self) -> std::borrow::Cow<'_, Confinement> {
+        let there = |h: &Hidden| {
+            let (Hidden::Dir(p) | Hidden::File(p)) = h;
+            std::fs::symlink_metadata(p).is_ok()
+        };
+        if self.hidden.iter().all(there) {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(Confinement {
+            hidden: self.hidden.iter().filter(|h| there(h)).cloned().collect(),
+            ..self.clone()
+        })
     }
 
     /// A command that only checks the sandbox can be set up here (the pre-flight check).
@@ -424,6 +449,37 @@ mod tests {
         assert!(args.contains(&"--unshare-all".to_string()));
         // A root run's agent is an ordinary user in its namespace.
         position(&args, &["--uid", "1000"]);
+    }
+
+    #[test]
+    fn a_hidden_path_below_a_hidden_directory_or_gone_since_is_not_mounted() -> std::io::Result<()>
+    {
+        let host = tempfile::tempdir()?;
+        let (kept, gone) = (host.path().join("secrets"), host.path().join("token"));
+        std::fs::create_dir(&kept)?;
+        let mut c = confinement();
+        c.hidden = vec![
+            Hidden::File(kept.join("..2026_12_07/token")),
+            Hidden::Dir(kept.clone()),
+            Hidden::File(gone.clone()),
+        ];
+        let args = c.options(&Access::default(), Path::new("/"));
+        assert!(!args.iter().any(|a| a.contains("..2026_12_07")), "{args:?}");
+        position(&args, &["--tmpfs", &kept.display().to_string()]);
+        // Gone since the run began: bubblewrap could not make its mount point on the read-only
+        // host, and the session would not start.
+        position(
+            &args,
+            &["--ro-bind", "/dev/null", &gone.display().to_string()],
+        );
+        let wrapped = c.wrap(spec(), &Access::default());
+        assert!(
+            !wrapped.args.contains(&gone.display().to_string()),
+            "{:?}",
+            wrapped.args
+        );
+        position(&wrapped.args, &["--tmpfs", &kept.display().to_string()]);
+        Ok(())
     }
 
     #[test]
@@ -557,7 +613,10 @@ mod tests {
         // A link stays a link: bound, it would show its target past what is hidden there.
         assert!(position(args, &["--symlink", "/mnt/data", "/root/data"]) > narrowed);
         assert!(!args.iter().any(|a| a == "/root/.ssh"));
-        assert!(position(args, &["/dev/null", "/root/.cache/huggingface/token"]) > kept);
+        // (`options`: `wrap` leaves out hidden paths this host lacks.)
+        let options = c.options(&access, Path::new("/"));
+        let kept_there = position(&options, &["--ro-bind-try", "/root/.cache", "/root/.cache"]);
+        assert!(position(&options, &["/dev/null", "/root/.cache/huggingface/token"]) > kept_there);
         // The way to the workspace is made passable before it is bound.
         let way = position(
             args,

@@ -60,13 +60,18 @@ fn whatever_its_arguments(syscall: i64) -> BTreeMap<i64, Vec<SeccompRule>> {
 fn not_supported() -> Result<BpfProgram, FilterError> {
     let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
     let mut rules = whatever_its_arguments(libc::SYS_fallocate);
+    // `XFS_IOC_ALLOCSP` and `ALLOCSP64` too, which allocate on kernels before 5.17.
     let reserving = [
         0x4030_5828u64,
         0x4030_582a,
         0x4030_5839,
+        0x4030_580a,
+        0x4030_5824,
         0x402c_5828,
         0x402c_582a,
         0x402c_5839,
+        0x402c_580a,
+        0x402c_5824,
     ]
     .into_iter()
     .map(|cmd| {

@@ -114,6 +114,12 @@ pub const NAMING_A_STORE: &[&str] = &[
     "PGPASSFILE",
     "HISTFILE",
     "SSH_AUTH_SOCK",
+    "KUBE_CONFIG_PATH",
+    "DOCKER_CERT_PATH",
+    "SOPS_AGE_KEY_FILE",
+    "GIT_SSL_KEY",
+    // Kerberos' ticket cache, as `FILE:/path` or a path.
+    "KRB5CCNAME",
 ];
 
 /// Variables that move a directory the lists above name a file in: where a tool keeps its
@@ -122,7 +128,7 @@ pub const MOVING_A_STORE: &[(&str, &[&str])] = &[
     ("HF_HOME", &["token", "stored_tokens"]),
     ("CARGO_HOME", &["credentials", "credentials.toml"]),
     ("CODEX_HOME", &["auth.json"]),
-    ("CLAUDE_CONFIG_DIR", &[".credentials.json"]),
+    ("CLAUDE_CONFIG_DIR", &[".credentials.json", ".claude.json"]),
     // Podman's and skopeo's login, when no `REGISTRY_AUTH_FILE` says otherwise.
     ("XDG_RUNTIME_DIR", &["containers/auth.json"]),
 ];
@@ -142,7 +148,7 @@ pub fn named_by_environment(vars: &[(String, String)], keep: &[PathBuf]) -> Vec<
     let value = |name: &str| {
         vars.iter()
             .find(|(k, v)| k == name && !v.is_empty())
-            .map(|(_, v)| PathBuf::from(v))
+            .map(|(_, v)| PathBuf::from(v.strip_prefix("FILE:").unwrap_or(v)))
     };
     let mut named: Vec<PathBuf> = NAMING_A_STORE.iter().filter_map(|n| value(n)).collect();
     // A list of files, `:`-separated, as kubectl reads it.
@@ -200,10 +206,24 @@ pub fn credential_stores(homes: &[PathBuf], root: &Path, named: &[PathBuf]) -> V
         let Ok(real) = std::fs::canonicalize(&path) else {
             continue;
         };
-        let h = if real.is_dir() {
+        // Nothing of the kernel's: `HISTFILE=/dev/null` (or a history linked there) would
+        // cover the sandbox's own `/dev/null` with a bind that cannot be opened.
+        if ["/dev", "/proc", "/sys"]
+            .iter()
+            .any(|k| real.starts_with(k))
+        {
+            continue;
+        }
+        let Ok(kind) = std::fs::symlink_metadata(&real).map(|m| m.file_type()) else {
+            continue;
+        };
+        use std::os::unix::fs::FileTypeExt;
+        let h = if kind.is_dir() {
             Hidden::Dir(real)
-        } else {
+        } else if kind.is_file() || kind.is_socket() {
             Hidden::File(real)
+        } else {
+            continue;
         };
         if !hidden.contains(&h) {
             hidden.push(h);
@@ -297,6 +317,8 @@ mod tests {
             var("DOCKER_CONFIG", &home),
             var("GNUPGHOME", Path::new("/")),
             ("NETRC".into(), String::new()),
+            // Not to be covered: the sandbox's own `/dev/null` is needed.
+            var("HISTFILE", Path::new("/dev/null")),
             var("UNRELATED", &keys.join("sa.json")),
         ];
         let named = named_by_environment(&vars, std::slice::from_ref(&home));

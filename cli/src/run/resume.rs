@@ -343,17 +343,27 @@ fn delivered(out: &Path, dataset: &str, session: &str) -> Result<Option<SessionR
     // The dataset's files are trajectories; the spool's (a train run's trainer sink: shipped,
     // or still pending, which the resumed run ships) hold one under `trajectory`.
     // In the order a trajectory moves (spooled, written by the sink, marked shipped), so one
-    // the recovered gateway is shipping while this looks is found wherever it goes next.
-    let found = [(spool.join("pending"), true)]
+    // the recovered gateway is shipping while this looks is found wherever it goes next (gone
+    // from one place between the look and the read, it is looked for in the next).
+    let mut found = None;
+    for (dir, spooled) in [(spool.join("pending"), true)]
         .into_iter()
         .chain(["accepted", "rejected"].map(|sub| (dataset.join(sub), false)))
         .chain([(spool.join("shipped"), true)])
-        .map(|(dir, spooled)| (dir.join(&file), spooled))
-        .find(|(p, _)| p.is_file());
-    let Some((path, spooled)) = found else {
+    {
+        let path = dir.join(&file);
+        match std::fs::read(&path) {
+            Ok(text) => {
+                found = Some((path, spooled, text));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+    let Some((path, spooled, text)) = found else {
         return Ok(None);
     };
-    let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut t: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     if spooled {

@@ -265,6 +265,17 @@ pub fn confinement(
             let (Hidden::Dir(p) | Hidden::File(p)) = h;
             !p.starts_with("/tmp") && !p.starts_with("/dev/shm")
         })
+        // A root run's sandbox is set up in a namespace that maps root and the sandbox user
+        // only: behind a directory neither may pass (`sudo -E` keeps the invoking user's
+        // `SSH_AUTH_SOCK` in `/run/user/1000`, mode 0700), the sandbox cannot reach the path,
+        // and bubblewrap could not mount over it.
+        .filter(|h| {
+            let (Hidden::Dir(p) | Hidden::File(p)) = h;
+            bwrap
+                .user
+                .as_ref()
+                .is_none_or(|u| passable(p, u.uid, u.gid))
+        })
     {
         if !hidden.contains(&more) {
             hidden.push(more);
@@ -302,6 +313,20 @@ pub fn confinement(
         narrowed,
         limits: bwrap.limits.clone().and_then(Result::ok),
         tmp_bytes: bwrap.tmp_bytes,
+    })
+}
+
+/// Whether every directory above `path` lets the set-up of a root run's sandbox pass: owned
+/// by root or the sandbox's user (`uid`/`gid`), mapped in its namespace, or searchable by that
+/// user.
+fn passable(path: &Path, uid: u32, gid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    path.ancestors().skip(1).all(|dir| {
+        std::fs::metadata(dir).is_ok_and(|m| {
+            m.uid() == 0
+                || m.uid() == uid
+                || floe_sandbox::sandbox_user::searchable(m.uid(), m.gid(), m.mode(), uid, gid)
+        })
     })
 }
 
@@ -408,6 +433,27 @@ mod tests {
                 Hidden::Dir(root.join("repo/runs/earlier")),
             ]
         );
+        Ok(())
+    }
+
+    /// A root run's set-up passes what root or the sandbox user owns, or what others may
+    /// search; not another user's closed directory (as root, the test can make one).
+    #[test]
+    fn a_root_runs_setup_passes_only_what_its_namespace_may() -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        let theirs = dir.path().join("run-user-1000");
+        std::fs::create_dir(&theirs)?;
+        if std::os::unix::fs::chown(&theirs, Some(1000), Some(1000)).is_err() {
+            return Ok(()); // not root: no other user's directory to make
+        }
+        let socket = theirs.join("ssh");
+        std::fs::set_permissions(&theirs, PermissionsExt::from_mode(0o700))?;
+        assert!(!passable(&socket, 65534, 65534));
+        // The sandbox user's own, or open to others: passed.
+        assert!(passable(&socket, 1000, 1000));
+        std::fs::set_permissions(&theirs, PermissionsExt::from_mode(0o711))?;
+        assert!(passable(&socket, 65534, 65534));
         Ok(())
     }
 }
