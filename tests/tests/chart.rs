@@ -183,7 +183,7 @@ fn alerts_fire_on_synthetic_incidents_and_stay_silent_otherwise() -> Result<()> 
         "promtool",
         &["check", "rules", path_str(&dir.path().join("rules.yaml"))?],
     )?;
-    assert!(check.contains("SUCCESS: 21 rules found"), "{check}");
+    assert!(check.contains("SUCCESS: 22 rules found"), "{check}");
     let out = tool_ok("promtool", &["test", "rules", path_str(&test)?])?;
     assert!(out.contains("SUCCESS"), "{out}");
 

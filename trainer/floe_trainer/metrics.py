@@ -28,7 +28,15 @@ class Metrics:
             registry=r,
         )
         self.version = Gauge(
-            "floe_trainer_policy_version", "Weights version vLLM serves", registry=r
+            "floe_trainer_policy_version",
+            "The trainer's policy version (its last step's weights)",
+            registry=r,
+        )
+        self.served_version = Gauge(
+            "floe_trainer_served_policy_version",
+            "The policy version vLLM said it serves at the trainer's last look (-1: a label"
+            " not floe's); below floe_trainer_policy_version, a push has not reached it",
+            registry=r,
         )
         self.replay_unreadable = Gauge(
             "floe_trainer_replay_unreadable",
@@ -53,6 +61,12 @@ class Metrics:
         self.tis_truncated = Gauge(
             "floe_trainer_tis_truncated_fraction",
             "Fraction of tokens whose importance weight was truncated at tisCap",
+            registry=r,
+        )
+        self.behaviour_unknown = Gauge(
+            "floe_trainer_behaviour_unknown_fraction",
+            "Fraction of the last step's trained tokens the sampler gave no log-prob for (no "
+            "importance weight; the TIS and mismatch figures are of the others)",
             registry=r,
         )
         self.entropy = Gauge(
@@ -166,7 +180,7 @@ class Metrics:
             "floe_trainer_dropped",
             "Trajectories (untrainable, duplicate_sample, stale, late, failed, out_of_vocabulary)"
             " or groups"
-            " (zero_advantage, incomplete, overlong) dropped",
+            " (zero_advantage, incomplete, overlong, no_update) dropped",
             "reason",
             {reason: reason for reason in REASONS},
         )
@@ -239,6 +253,7 @@ class Metrics:
         self.clip_side.labels("high").set(s.clip_fraction_high)
         self.clip_side.labels("low").set(s.clip_fraction_low)
         self.tis_truncated.set(s.tis_truncated_fraction)
+        self.behaviour_unknown.set(s.behaviour_unknown_fraction)
         self.overlong.set(s.overlong_sessions / s.sessions if s.sessions else 0.0)
         self.overlong_penalty.set(s.overlong_penalty_mean)
         self.advantage_std.set(s.advantage_std)
@@ -282,6 +297,7 @@ REASONS = (
     "zero_advantage",
     "incomplete",
     "overlong",
+    "no_update",
 )
 
 

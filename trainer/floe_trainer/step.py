@@ -61,11 +61,15 @@ class StepStats:
     clip_fraction_low: float = 0.0
     # Tokens whose importance weight was truncated at tisCap (first pass).
     tis_truncated_fraction: float = 0.0
+    # Trained tokens the sampler gave no log-prob for (first epoch): they get no importance
+    # weight, and the TIS figures above are of the others only (all of them ideal when none
+    # has one). Above 0, the policy server is not answering with log-probs.
+    behaviour_unknown_fraction: float = 0.0
     # The trajectories' advantages (after the group baseline).
     advantage_mean: float = 0.0
     advantage_std: float = 0.0
     # Sampled tokens per trace (its loss mask: a merged trace's tool output between its calls
-    # is not counted).
+    # is not counted), of every session in the step, masked ones included.
     response_tokens_mean: float = 0.0
     response_tokens_max: int = 0
     # The gradient norm of every update, before clipping (``grad_norm`` is the last).
@@ -357,7 +361,15 @@ def train_step(
         for trace in t.traces
         if any(trace.loss_mask)
     ]
+    # Sampled tokens per trace, of every session in the step: the masked overlong ones too,
+    # the longest, which a policy's length blow-up shows in first. (Sampled tokens only: a
+    # merged trace's tool output between calls is not the policy's.)
+    lengths = [
+        sum(trace.loss_mask) for t, _ in trajectories for trace in t.traces if any(trace.loss_mask)
+    ]
     counts = {
+        "response_tokens_mean": sum(lengths) / max(len(lengths), 1),
+        "response_tokens_max": max(lengths, default=0),
         "overlong_sessions": sum(t.overlong_turns > 0 for t, _ in trajectories),
         "masked_sessions": sum(masked),
         "sessions": len(trajectories),
@@ -546,8 +558,6 @@ def train_step(
     advantages = [adv for _, adv in trajectories]
     adv_mean = sum(advantages) / max(len(advantages), 1)
     adv_var = sum((a - adv_mean) ** 2 for a in advantages) / max(len(advantages), 1)
-    # Sampled tokens only: a merged trace's tool output between calls is not the policy's.
-    lengths = [sum(it.trace.loss_mask) for it in items]
     return StepStats(
         loss=loss_first_epoch / max(total_tokens, 1),
         tokens=total_tokens,
@@ -565,11 +575,13 @@ def train_step(
         clip_fraction_high=mean(all_stats, "clip_high_fraction"),
         clip_fraction_low=mean(all_stats, "clip_low_fraction"),
         tis_truncated_fraction=mean_known("tis_truncated_fraction", 0.0),
+        behaviour_unknown_fraction=(
+            sum(s.behaviour_unknown for s in first_epoch)
+            / max(sum(s.tokens for s in first_epoch), 1)
+        ),
         entropy=mean(first_epoch, "entropy"),
         advantage_mean=adv_mean,
         advantage_std=math.sqrt(adv_var),
-        response_tokens_mean=sum(lengths) / max(len(lengths), 1),
-        response_tokens_max=max(lengths, default=0),
         grad_norms=grad_norms,
         computed_tokens=computed_tokens,
         trace_tokens=sum(_trace_length(it) for it in items),

@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 import urllib.error
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -562,6 +563,10 @@ class Trainer:
         for group, sample in self.store.failures():
             if group not in self.buffer.closed:
                 self.buffer.sample_failed(group, sample, time.time())
+        # What the restore and the replay dropped again was counted by the process that took
+        # it: from here on only this process's own drops are reported (Prometheus reads the
+        # counter's restart from 0 as new increase: replayed drops would show as a burst).
+        self.dropped_at_start = Counter(self.buffer.dropped)
         self.loss_cfg = loss_config(cfg)
         self.metrics.progress(self.state.step, self.state.policy_version)
         self.waiting_since = time.monotonic()
@@ -859,7 +864,7 @@ class Trainer:
                 now, self.state.policy_version, leftovers=self.finishing
             )
             self.state.groups_done += self.buffer.groups_dropped - dropped_before
-            self.metrics.dropped(self.buffer.dropped)
+            self.metrics.dropped(self._dropped_here())
             groups: list[Group] = []
             if self.ready:
                 # Taken maybe steps ago: staleness is what it is now, as the step starts; then
@@ -868,7 +873,7 @@ class Trainer:
                 fresh = self.buffer.still_fresh(self.ready, self.state.policy_version)
                 self.ready = GroupBuffer.oldest_first(fresh)
                 self.state.groups_done += self.buffer.groups_dropped - before
-                self.metrics.dropped(self.buffer.dropped)
+                self.metrics.dropped(self._dropped_here())
             if len(self.ready) >= self.cfg.groups_per_step or (self.finishing and self.ready):
                 groups, self.ready = (
                     self.ready[: self.cfg.groups_per_step],
@@ -923,6 +928,9 @@ class Trainer:
                 )
             s.trained_sessions += [t.session for g in groups for t in g.trajectories]
             s.groups_done += len(groups)
+            # Neither trained nor dropped before: such groups vanished from the counts.
+            self.buffer.dropped["no_update"] += len(groups)
+            self.metrics.dropped(self._dropped_here())
             self.waiting_since = time.monotonic()
             return stats
         try:
@@ -976,6 +984,7 @@ class Trainer:
                     "logprobMismatch": stats.logprob_mismatch,
                     "tisMean": stats.tis_mean,
                     "tisTruncatedFraction": stats.tis_truncated_fraction,
+                    "behaviourUnknownFraction": stats.behaviour_unknown_fraction,
                     "entropy": stats.entropy,
                     "advantageMean": stats.advantage_mean,
                     "advantageStd": stats.advantage_std,
@@ -1090,6 +1099,7 @@ class Trainer:
             except OSError as e:
                 log.warning("cannot resume vLLM's generation after a failed push (%s)", e)
         served = parse_version(label)
+        self.metrics.served_version.set(-1 if served is None else served)
         # With LoRA the trainer labels every push, version 0 too: vLLM's base label means the
         # adapter is not loaded (a restarted server).
         lost = self.cfg.lora is not None and label == BASE_VERSION_LABEL
@@ -1114,6 +1124,10 @@ class Trainer:
             self.repushes += 1
             self.metrics.repushes.inc()
 
+    def _dropped_here(self) -> Counter:
+        """What this process dropped, not what the restore and replay dropped again."""
+        return self.buffer.dropped - self.dropped_at_start
+
     def status(self) -> dict:
         with self.lock:
             return {
@@ -1124,7 +1138,7 @@ class Trainer:
                 "readyGroups": len(self.ready),
                 "groupsDone": self.state.groups_done,
                 "training": self.training,
-                "dropped": dict(self.buffer.dropped),
+                "dropped": dict(self._dropped_here()),
                 "ingest": dict(self.ingest.counts),
                 "versionLag": {str(k): v for k, v in sorted(self.metrics.lag_counts.items())},
                 "repushes": self.repushes,

@@ -50,6 +50,8 @@ def test_a_step_whose_every_update_was_skipped_pushes_nothing_and_counts_them(
     assert trainer.state.groups_done == 1, "its group is not queued again"
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in before.items())
     assert trainer.metrics.skipped_updates._value.get() == 2
+    # Its group is neither trained nor vanished: counted among the drops.
+    assert trainer.status()["dropped"] == {"no_update": 1}
     # A stop checkpoints the groups it took, though no step counted: a restart replayed them
     # and ran the same doomed step again.
     trainer.save_checkpoint()
@@ -92,6 +94,9 @@ def test_a_step_whose_push_vllm_fails_with_a_5xx_stands_and_is_pushed_again(tmp_
     trainer.check_policy_server(now=1e12)
     assert pushed == [1, 1]
     assert trainer.repushes == 0
+    # What vLLM serves, beside the trainer's own version: a push that did not reach it shows.
+    assert trainer.metrics.served_version._value.get() == 0
+    assert trainer.metrics.version._value.get() == 1
 
 
 @pytest.mark.parametrize("code", [400, 404])

@@ -292,3 +292,25 @@ def test_sessions_replayed_after_a_crash_are_not_counted_to_prometheus_again(tmp
     assert [r["sessions"] for r in again.sampled_by_version()] == [2]
     send(again, "j/a", 2, 1.0)
     assert counted(again) == 1, "what comes after the restart is counted"
+
+
+def test_what_the_restore_and_replay_drop_again_is_not_counted_again(tmp_path, vllm):
+    # The drops of the process that took them were counted to Prometheus then: a restart's
+    # counter (from 0) that counted them again showed a burst of drops that never happened.
+    every = {"groupsPerStep": 1, "minGroupFraction": 1.0}
+    trainer = start(tmp_path, vllm, numSamples=3, grpo=every)
+    send(trainer, "j/a", 0, 0.0)
+    trainer.sample_failed("j/a", 1)  # kept by the checkpoint: its group is open
+    trainer.save_checkpoint()
+    trainer.sample_failed("j/b", 0)  # after it: its record replayed
+    assert trainer.status()["dropped"] == {"failed": 2}
+
+    again = start(tmp_path, vllm, numSamples=3, grpo=every)
+    assert again.buffer.dropped["failed"] == 2, "both still failed"
+    assert again.status()["dropped"] == {}
+    again.sample_failed("j/c", 0)
+    assert again.status()["dropped"] == {"failed": 1}
+    again.run_once()  # the counter follows each round
+    families = {m.name: m for m in again.metrics.registry.collect()}
+    dropped = families["floe_trainer_dropped"].samples
+    assert [s.value for s in dropped if s.labels["reason"] == "failed"] == [1]

@@ -142,13 +142,16 @@ def test_the_tis_figures_are_of_the_known_tokens_whatever_the_micro_batches():
         model = tiny_llama()
         opt = torch.optim.AdamW(model.parameters(), lr=0.0)
         s = train_step(model, opt, with_behaviour(groups()), LossConfig(), micro_batch_size=micro)
-        return s.tis_mean, s.tis_ess, s.logprob_mismatch, s.tis_truncated_fraction
+        figures = (s.tis_mean, s.tis_ess, s.logprob_mismatch, s.tis_truncated_fraction)
+        return (*figures, s.behaviour_unknown_fraction)
 
     whole, one_by_one = figures(8), figures(1)
     assert whole == pytest.approx(one_by_one, rel=1e-6)
     # A random 64-token policy gives about -log(64) = -4.16: about 1.2 nats from either.
     assert 0.9 < whole[2] < 1.6
     assert whole[3] == pytest.approx(0.5, abs=0.15)
+    # Half the trajectories came without log-probs: said, not hidden behind ideal TIS figures.
+    assert whole[4] == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("epochs", [1, 2])
@@ -246,6 +249,9 @@ def test_a_step_with_every_session_masked_makes_no_update():
     before = [p.detach().clone() for p in model.parameters()]
     s = train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), [g], LossConfig())
     assert (s.updates, s.sequences, s.masked_sessions, s.sessions) == (0, 0, 2, 2)
+    # Their lengths are still the step's: the longest, cut off, are what a length blow-up
+    # shows in first.
+    assert (s.response_tokens_mean, s.response_tokens_max) == (8, 8)
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
 
 
