@@ -16,6 +16,10 @@ impl Events {
         Self(Recorder::new(client, reporter))
     }
 
+    /// The recorder folds an Event into an earlier one of the same type, reason and action
+    /// within minutes, keeping the first note: two sessions failed at once read as one
+    /// `SessionFailed` (x2) naming only the first. So the action carries a digest of the note:
+    /// the same news again is still a series, other news an Event of its own.
     pub async fn publish(
         &self,
         on: &ObjectReference,
@@ -23,12 +27,13 @@ impl Events {
         reason: &str,
         note: String,
     ) {
-        self.publish_as(on, type_, reason, "Reconcile", note).await;
+        let action = action_of(&note);
+        self.publish_as(on, type_, reason, &action, note).await;
     }
 
     /// With an `action` of its own: the recorder folds an Event into an earlier one of the same
     /// type, reason and action (a series, keeping the first note), so news that must each be
-    /// read — one per held-out round — need distinct actions.
+    /// read need distinct actions (one per held-out round).
     pub async fn publish_as(
         &self,
         on: &ObjectReference,
@@ -47,5 +52,27 @@ impl Events {
         if let Err(e) = self.0.publish(&ev, on).await {
             tracing::warn!(object = ?on.name, "cannot publish event {reason}: {e}");
         }
+    }
+}
+
+/// `Reconcile-<digest of note>` (FNV-1a, 64 bits): short, and the same for the same note on
+/// every replica.
+fn action_of(note: &str) -> String {
+    let digest = note.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("Reconcile-{digest:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::action_of;
+
+    #[test]
+    fn the_same_note_has_the_same_action_and_another_note_another() {
+        let a = action_of("evict-a-0 (pod p1) failed: evicted");
+        assert_eq!(a, action_of("evict-a-0 (pod p1) failed: evicted"));
+        assert_ne!(a, action_of("evict-b-0 (pod p2) failed: evicted"));
+        assert!(a.starts_with("Reconcile-") && a.len() <= 128, "{a}");
     }
 }
