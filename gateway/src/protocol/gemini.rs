@@ -3,8 +3,10 @@
 //!
 //! Request rules:
 //! - `systemInstruction` → the leading system message.
-//! - `user` contents: `text` → user message, `functionResponse` → `tool` message (its
-//!   `response` serialized), `inlineData` → `image_url` data URL.
+//! - `user` contents: `text` → user message, `functionResponse` → `tool` message (Gemini
+//!   CLI's `{"output": text}` as that text, `{"error": text}` as `Error: text`, as the other
+//!   APIs' tool results read; any other `response` serialized), `inlineData` → `image_url`
+//!   data URL.
 //! - `model` contents: `text` → assistant content, `thought: true` text → `reasoning_content`,
 //!   `functionCall` → `tool_calls`; `thoughtSignature` is opaque and not sent upstream.
 //!   Gemini pairs a `functionResponse` with its call by id when it has one, else by name in
@@ -37,6 +39,23 @@ fn invalid(msg: impl Into<String>) -> ProtocolError {
 /// Split `gemini-2.5-pro:streamGenerateContent` into model and method.
 pub fn model_and_method(segment: &str) -> Option<(&str, &str)> {
     segment.rsplit_once(':')
+}
+
+/// A `functionResponse`'s `response` as the model reads it: Gemini CLI's `{"output": text}`
+/// is that text and `{"error": text}` is `Error: text` (as a failed tool result of the other
+/// APIs reads), not a JSON line with every newline and quote escaped (a file's contents would
+/// read `line one\nline two`); any other response is its JSON.
+fn response_text(response: &Value) -> String {
+    let only = response
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.iter().next())
+        .and_then(|(k, v)| Some((k.as_str(), v.as_str()?)));
+    match only {
+        Some(("output", text)) => text.to_string(),
+        Some(("error", text)) => format!("Error: {text}"),
+        _ => response.to_string(),
+    }
 }
 
 pub fn normalize(body: &[u8], model: &str, stream: bool) -> Result<Normalized, ProtocolError> {
@@ -100,7 +119,7 @@ pub fn normalize_value(
                         // A multimodal response's files (Gemini CLI's read of an image, for a
                         // gemini-3 model) ride in its `parts`: told, and counted, as the other
                         // APIs' are.
-                        let mut content = vec![fr["response"].to_string()];
+                        let mut content = vec![response_text(&fr["response"])];
                         for part in fr["parts"].as_array().into_iter().flatten() {
                             let image = part["inlineData"]["mimeType"]
                                 .as_str()
@@ -473,6 +492,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn gemini_clis_tool_results_reach_the_model_as_text() {
+        use super::response_text;
+        assert_eq!(
+            response_text(&json!({"output": "line one\nline \"two\""})),
+            "line one\nline \"two\""
+        );
+        assert_eq!(
+            response_text(&json!({"error": "No such file"})),
+            "Error: No such file"
+        );
+        // Anything else is the tool's own structure.
+        assert_eq!(response_text(&json!({"t": "noon"})), "{\"t\":\"noon\"}");
+        assert_eq!(
+            response_text(&json!({"output": "a", "extra": 1})),
+            "{\"output\":\"a\",\"extra\":1}"
+        );
+        assert_eq!(response_text(&json!({"output": 3})), "{\"output\":3}");
+    }
+
+    #[test]
     fn a_users_text_parts_are_a_line_apart_as_vllm_joins_a_chat_messages() {
         let body = json!({"contents": [{"role": "user", "parts": [
             {"text": "<session_context>cwd: /w</session_context>"}, {"text": "fix the test"}]}]});
@@ -504,7 +543,7 @@ mod tests {
         let id = m[2]["tool_calls"][0]["id"].as_str().expect("invented id");
         assert_eq!(
             m[3],
-            json!({"role": "tool", "tool_call_id": id, "content": "{\"output\":\"a.py\"}"})
+            json!({"role": "tool", "tool_call_id": id, "content": "a.py"})
         );
         assert_eq!(n.request["tool_choice"], "required");
         assert_eq!(n.request["max_tokens"], 100);
@@ -533,7 +572,7 @@ mod tests {
         assert_eq!(
             n.request["messages"][2]["content"],
             format!(
-                "{{\"output\":\"Binary content provided (2 item(s)).\"}}\n{TOOL_RESULT_IMAGE_NOTE}\n{TOOL_RESULT_FILE_NOTE}"
+                "Binary content provided (2 item(s)).\n{TOOL_RESULT_IMAGE_NOTE}\n{TOOL_RESULT_FILE_NOTE}"
             )
         );
         assert_eq!(n.dropped, ["tool_result_image", "tool_result_file"]);
