@@ -178,10 +178,11 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
         "instruction": "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 110",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     // Code under test that fills the grader's own layer when the evaluator imports it, after
-    // the agent ended: past floe's room for the grader (16 × 8Mi), the grader is evicted, and
-    // that too is the agent's doing.
+    // the agent ended: past floe's room for the grader (16 × 8Mi = 128Mi) and within the pod's
+    // sum (160Mi), the grader is evicted for its own limit, and that too is the agent's doing
+    // (told by the agent container having ended first).
     let fill_grader = json!({"id": "fill-grader", "files": {"calc.py": grading_attacks::BUGGY},
-        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(300): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
+        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(140): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     let mut fix = fix_add();
     fix["instruction"] = grading_attacks::FIX.into();
@@ -238,10 +239,12 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
         failed.len() == 2
             && failed
                 .iter()
-                .any(|f| f.contains("evict-fill-layer-") && evicted_for(f, "agent"))
-            && failed
-                .iter()
-                .any(|f| f.contains("evict-fill-grader-") && evicted_for(f, "grader")),
+                .any(|f| f.starts_with("session 1 (") && evicted_for(f, "agent"))
+            && failed.iter().any(|f| {
+                f.starts_with("session 2 (")
+                    && f.contains("Container grader exceeded its local ephemeral storage limit")
+                    && evicted_for(f, "grader")
+            }),
         "{failed:?}"
     );
     Ok(())
