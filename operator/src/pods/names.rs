@@ -26,6 +26,11 @@ pub const SESSION_ANNOTATION: &str = "floe.dev/session";
 pub const ASSIGNED_ANNOTATION: &str = "floe.dev/assigned";
 /// When the pod was claimed.
 pub const CLAIMED_AT_ANNOTATION: &str = "floe.dev/claimed-at";
+/// Set by the operator once it saw the pod's agent container ended while the pod ran: the
+/// kubelet's status of a pod it evicted may keep no container statuses (Kubernetes 1.20's
+/// keeps none), and an eviction for the grader's own disk is the agent's doing only if the
+/// agent had ended before it.
+pub const AGENT_ENDED_ANNOTATION: &str = "floe.dev/agent-ended";
 
 /// On a claimed pod: keeps it until its result is folded into the job's status.
 pub const SESSION_FINALIZER: &str = "floe.dev/session";

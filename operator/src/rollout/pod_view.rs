@@ -11,8 +11,8 @@ use floe_gateway::capture::upstream_errors::UpstreamErrors;
 use super::plan::{PodProgress, PodResult, SessionPod};
 
 use crate::pods::names::{
-    AGENT_CONTAINER, AGENT_VOLUMES, ASSIGNED_ANNOTATION, ATTEMPT_ANNOTATION, GRADER_CONTAINER,
-    GRADER_ROOM_ANNOTATION, INDEX_ANNOTATION,
+    AGENT_CONTAINER, AGENT_ENDED_ANNOTATION, AGENT_VOLUMES, ASSIGNED_ANNOTATION,
+    ATTEMPT_ANNOTATION, GRADER_CONTAINER, GRADER_ROOM_ANNOTATION, INDEX_ANNOTATION,
 };
 
 /// The part of the runner's summary the operator needs.
@@ -69,6 +69,28 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
         // Read against the clock by the round ([`start_failure`]).
         start_failed: None,
     })
+}
+
+/// A session pod still running whose agent container has ended, not yet marked so
+/// ([`AGENT_ENDED_ANNOTATION`]): the round marks it, for an eviction's status that may say
+/// nothing of its containers.
+pub fn agent_ended_unmarked(pod: &Pod) -> bool {
+    !marked_agent_ended(pod)
+        && ended(pod, AGENT_CONTAINER).is_some()
+        && session_pod(pod).is_some_and(|s| s.progress == PodProgress::Active)
+}
+
+/// The agent ended while the pod ran: its container's status says so, or the operator saw it
+/// and marked the pod ([`agent_ended_unmarked`]).
+fn agent_ended(pod: &Pod) -> bool {
+    ended(pod, AGENT_CONTAINER).is_some() || marked_agent_ended(pod)
+}
+
+fn marked_agent_ended(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(AGENT_ENDED_ANNOTATION))
 }
 
 /// A pod claimed for a session that has not started: no assignment acknowledged, nothing
@@ -251,22 +273,25 @@ fn agent_outgrew_its_disk(
 /// group that trains nothing (and a held-out instance counted unsolved), where an exception
 /// would let every SWE-bench agent make its loss a retry.
 fn grader_out_of_memory(pod: &Pod, grader: &ContainerStateTerminated) -> Option<String> {
-    let agent_ended = ended(pod, AGENT_CONTAINER).is_some();
-    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended).then(|| {
+    (grader.reason.as_deref() == Some("OOMKilled") && agent_ended(pod)).then(|| {
         "the grader ran out of memory evaluating the agent's code (OOMKilled, the runner with \
          it): scored as the agent's"
             .to_string()
     })
 }
 
-/// The agent container ended before the grader did (a second or more: the kubelet kills an
-/// evicted pod's containers at once, within the second its statuses are stamped with).
+/// The agent container ended before the grader did: the operator saw it ended while the pod
+/// ran (the kubelet's status of an evicted pod may keep no container statuses: Kubernetes
+/// 1.20's keeps none, and on the real node this rule never applied until the mark), or the
+/// statuses say so, a second or more apart (the kubelet kills an evicted pod's containers at
+/// once, within the second its statuses are stamped with).
 fn agent_ended_before_the_grader(pod: &Pod) -> bool {
     let finished = |name| ended(pod, name)?.finished_at.as_ref().map(|t| t.0);
-    matches!(
-        (finished(AGENT_CONTAINER), finished(GRADER_CONTAINER)),
-        (Some(agent), Some(grader)) if agent < grader
-    )
+    marked_agent_ended(pod)
+        || matches!(
+            (finished(AGENT_CONTAINER), finished(GRADER_CONTAINER)),
+            (Some(agent), Some(grader)) if agent < grader
+        )
 }
 
 /// The grader has floe's room on disk beside the agent's backstop (the pod says so in an
@@ -611,6 +636,40 @@ mod tests {
             grader_filled("2026-12-06T10:00:30Z"),
             Some(PodResult::Infra { .. })
         ));
+    }
+
+    /// Kubernetes 1.20's kubelet writes an evicted pod's status with no container statuses
+    /// (seen on the real node): only the operator's mark, made while the pod ran, says the
+    /// agent had ended before the grader filled its disk.
+    #[test]
+    fn the_operators_mark_tells_an_agent_that_ended_before_an_eviction_said_nothing_of() {
+        let running_after_the_agent = json!({"phase": "Running", "containerStatuses": [
+            {"name": "agent", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+             "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-12-06T10:00:12Z"}}},
+            {"name": "sandbox", "ready": true, "restartCount": 0, "image": "s", "imageID": "",
+             "state": {"running": {}}}]});
+        let seen = pod(running_after_the_agent);
+        assert!(agent_ended_unmarked(&seen), "marked by the round");
+        let mut marked = seen.clone();
+        if let Some(a) = marked.metadata.annotations.as_mut() {
+            a.insert(AGENT_ENDED_ANNOTATION.into(), "2026-12-06T10:00:13Z".into());
+        }
+        assert!(!agent_ended_unmarked(&marked), "once");
+        // Still at work: nothing to mark.
+        assert!(!agent_ended_unmarked(&pod(json!({"phase": "Running"}))));
+        let evicted = |mark: bool| {
+            let mut p = pod(json!({"phase": "Failed", "reason": "Evicted",
+                "message": "Container sandbox exceeded its local ephemeral storage limit \"134217728\". "}));
+            if let Some(a) = p.metadata.annotations.as_mut() {
+                a.insert(GRADER_ROOM_ANNOTATION.into(), "134217728".into());
+                if mark {
+                    a.insert(AGENT_ENDED_ANNOTATION.into(), "2026-12-06T10:00:13Z".into());
+                }
+            }
+            result(&p)
+        };
+        assert!(matches!(evicted(true), Some(PodResult::AgentFault { .. })));
+        assert!(matches!(evicted(false), Some(PodResult::Infra { .. })));
     }
 
     /// A pre-warmed pod its node let go of before its session started is replaced as if

@@ -179,10 +179,12 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     // Code under test that fills the grader's own layer when the evaluator imports it, after
     // the agent ended: past floe's room for the grader (16 × 8Mi = 128Mi) and within the pod's
-    // sum (160Mi), the grader is evicted for its own limit, and that too is the agent's doing
-    // (told by the agent container having ended first).
+    // sum (160Mi), the grader (container `sandbox`) is evicted for its own limit, and that too
+    // is the agent's doing: the operator marked the pod when its agent container ended, since
+    // this kubelet's status of an evicted pod keeps no container statuses (before the mark,
+    // retried as infrastructure).
     let fill_grader = json!({"id": "fill-grader", "files": {"calc.py": grading_attacks::BUGGY},
-        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(140): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
+        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(132): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     let mut fix = fix_add();
     fix["instruction"] = grading_attacks::FIX.into();
@@ -242,8 +244,8 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
                 .any(|f| f.starts_with("session 1 (") && evicted_for(f, "agent"))
             && failed.iter().any(|f| {
                 f.starts_with("session 2 (")
-                    && f.contains("Container grader exceeded its local ephemeral storage limit")
-                    && evicted_for(f, "grader")
+                    && f.contains("Container sandbox exceeded its local ephemeral storage limit")
+                    && evicted_for(f, "sandbox")
             }),
         "{failed:?}"
     );

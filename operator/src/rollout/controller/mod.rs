@@ -256,6 +256,7 @@ async fn round(job: &RolloutJob, ctx: &JobContext, ns: &str, now: &Time) -> Resu
         .collect();
     let mut decided = plan(&state, &sessions, observed.ready.len(), job_pod.gate);
     report::start_problems(job, ctx, &observed.pods).await;
+    pod_writes::mark_agents_ended(ctx, ns, &observed).await;
     // The rounds this plan may have opened: their sessions are claimed below.
     if let Some(h) = &decided.next.held_out {
         observed.held_out_steps = h.rounds.iter().map(|r| r.step).collect();

@@ -12,11 +12,38 @@ use serde_json::json;
 
 use super::observe::Observed;
 use super::{Halt, JobContext, JobError};
-use crate::pods::names::{JOB_LABEL, STATE_LABEL};
+use crate::pods::names::{AGENT_ENDED_ANNOTATION, JOB_LABEL, STATE_LABEL};
 use crate::pods::PodState;
 use crate::rollout::freshness::{version, Bar};
 use crate::rollout::plan::JobPlan;
 use crate::rollout::status::Blocked;
+
+/// Mark the session pods whose agent container has ended while they run
+/// ([`crate::rollout::pod_view::agent_ended_unmarked`]): an eviction's status may say nothing
+/// of the containers, and the mark tells an agent that ended before it. Best effort: a mark
+/// not written leaves such an eviction infrastructure, as it was.
+pub(super) async fn mark_agents_ended(ctx: &JobContext, ns: &str, observed: &Observed) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let pods = &pods;
+    let names: Vec<String> = observed
+        .pods
+        .iter()
+        .filter(|p| crate::rollout::pod_view::agent_ended_unmarked(p))
+        .map(ResourceExt::name_any)
+        .collect();
+    futures::stream::iter(names)
+        .for_each_concurrent(ctx.in_flight, |name: String| async move {
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            let patch = json!({"metadata": {"annotations": {AGENT_ENDED_ANNOTATION: now}}});
+            if let Err(e) = pods
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(%name, "cannot mark the agent ended: {e}");
+            }
+        })
+        .await;
+}
 
 /// Only now (results recorded, new sessions on their way) let go of finished pods; then stop
 /// the pods past the deadline; then (`poolTemplate`) make the next sessions' pods, after the
