@@ -17,7 +17,8 @@ pub struct GatewayArgs {
     /// `--listen` stays on loopback for the harness).
     #[arg(long)]
     control_listen: Option<SocketAddr>,
-    /// Base URL of the OpenAI-compatible model server (vLLM), without `/v1`.
+    /// Base URL of the OpenAI-compatible model server (vLLM), without `/v1`; its key, if it
+    /// takes one, in the environment variable `FLOE_UPSTREAM_API_KEY`.
     #[arg(long)]
     upstream: String,
     /// Model name sent upstream (vLLM's --served-model-name).

@@ -15,7 +15,8 @@ pub struct RunArgs {
     /// per-session logs, captures.
     #[arg(long)]
     pub(super) out: PathBuf,
-    /// OpenAI-compatible model server (default: `spec.sft.upstream.url`).
+    /// OpenAI-compatible model server (default: `spec.sft.upstream.url`); its key, if it
+    /// takes one, in the environment variable `FLOE_UPSTREAM_API_KEY`.
     #[arg(long)]
     pub(super) model_url: Option<String>,
     /// Model name sent upstream (default: `spec.sft.upstream.model`, else `policy`).

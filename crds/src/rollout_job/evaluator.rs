@@ -76,7 +76,8 @@ fn is_true(b: &bool) -> bool {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RewardSpec {
-    /// Where the reward comes from: `ExitCode` (default), `RewardFile` or `TestOutput`.
+    /// Where the reward comes from: `ExitCode` (default), `RewardFile`, `TestOutput` or
+    /// `SWEBench` (a SWE-bench instance's own tests, graded as the harness grades them).
     #[serde(default)]
     pub source: RewardSource,
     /// `RewardFile`: JSON file `{"reward": <number>}` written by the evaluator; `TestOutput`:
