@@ -178,13 +178,13 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
         "instruction": "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 110",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     // Code under test that fills the grader's own layer when the evaluator imports it, after
-    // the agent ended: past floe's room for the grader (16 × 8Mi = 128Mi) and within the pod's
-    // sum (160Mi), the grader (container `sandbox`) is evicted for its own limit, and that too
-    // is the agent's doing: the operator marked the pod when its agent container ended, since
-    // this kubelet's status of an evicted pod keeps no container statuses (before the mark,
-    // retried as infrastructure).
+    // the agent ended: past floe's room for the grader (16 × 8Mi = 128Mi), the grader
+    // (container `sandbox`) is evicted for its own limit, or for the pod's sum (160Mi) when the
+    // pod's other usage takes it past first, and either is the agent's doing. For its own
+    // limit the operator's mark tells it: this kubelet's status of an evicted pod keeps no
+    // container statuses (before the mark, retried as infrastructure).
     let fill_grader = json!({"id": "fill-grader", "files": {"calc.py": grading_attacks::BUGGY},
-        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(132): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
+        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(130): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     let mut fix = fix_add();
     fix["instruction"] = grading_attacks::FIX.into();
@@ -242,12 +242,13 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
             && failed
                 .iter()
                 .any(|f| f.starts_with("session 1 (") && evicted_for(f, "agent"))
-            && failed.iter().any(|f| {
-                f.starts_with("session 2 (")
-                    && f.contains("Container sandbox exceeded its local ephemeral storage limit")
-                    && evicted_for(f, "sandbox")
-            }),
+            && failed
+                .iter()
+                .any(|f| f.starts_with("session 2 (") && evicted_for(f, "sandbox")),
         "{failed:?}"
     );
+    // Which of the kubelet's checks came first (the pod's other usage, a few tens of MiB,
+    // can take the sum past first): printed, for the record of which rule was shown.
+    eprintln!("grader-filled session: {failed:?}");
     Ok(())
 }
