@@ -171,20 +171,21 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
 async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not_retried(
 ) -> Result<()> {
     let work = prepare("evict").await?;
-    // The backstop: 4 × 8Mi = 32Mi for the agent's own layer.
-    let _operator = shell_agent_pool(&work, "8Mi").await?;
+    // The backstop: 4 × 16Mi = 64Mi for the agent's own layer; the grader's room 16 × 16Mi =
+    // 256Mi; the pod's sum 320Mi.
+    let _operator = shell_agent_pool(&work, "16Mi").await?;
     let (n, client, ns) = (work.n, work.client.clone(), work.ns.name.clone());
     let fill = json!({"id": "fill-layer", "files": {"calc.py": grading_attacks::BUGGY},
         "instruction": "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 110",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     // Code under test that fills the grader's own layer when the evaluator imports it, after
-    // the agent ended: past floe's room for the grader (16 × 8Mi = 128Mi), the grader
-    // (container `sandbox`) is evicted for its own limit, or for the pod's sum (160Mi) when the
-    // pod's other usage takes it past first, and either is the agent's doing. For its own
-    // limit the operator's mark tells it: this kubelet's status of an evicted pod keeps no
-    // container statuses (before the mark, retried as infrastructure).
+    // the agent ended: past floe's room for the grader (256Mi) and well within the pod's sum
+    // (the pod's other usage is a few tens of MiB), the grader (container `sandbox`) is
+    // evicted for its own limit, and that is the agent's doing: the operator's mark tells it,
+    // since this kubelet's status of an evicted pod keeps no container statuses (before the
+    // mark, retried as infrastructure).
     let fill_grader = json!({"id": "fill-grader", "files": {"calc.py": grading_attacks::BUGGY},
-        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(130): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
+        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(272): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     let mut fix = fix_add();
     fix["instruction"] = grading_attacks::FIX.into();
@@ -242,13 +243,12 @@ async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not
             && failed
                 .iter()
                 .any(|f| f.starts_with("session 1 (") && evicted_for(f, "agent"))
-            && failed
-                .iter()
-                .any(|f| f.starts_with("session 2 (") && evicted_for(f, "sandbox")),
+            && failed.iter().any(|f| {
+                f.starts_with("session 2 (")
+                    && f.contains("as the agent's own doing")
+                    && f.contains("Container sandbox exceeded its local ephemeral storage limit")
+            }),
         "{failed:?}"
     );
-    // Which of the kubelet's checks came first (the pod's other usage, a few tens of MiB,
-    // can take the sum past first): printed, for the record of which rule was shown.
-    eprintln!("grader-filled session: {failed:?}");
     Ok(())
 }
