@@ -167,6 +167,9 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
 /// pod for the agent container's `ephemeral-storage` limit, and the job fails that session at
 /// once, naming the eviction, without a retry — while a sibling scores 1. Before, every
 /// eviction was infrastructure (retried: another chance at a loss), and that layer unbounded.
+/// So is code of the agent's that the evaluator runs filling the grader's own layer once the
+/// agent ended (retried before session 81: this kubelet says nothing of an evicted pod's
+/// containers, and only the operator's `floe.dev/agent-ended` mark tells that the agent ended).
 #[tokio::test]
 async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not_retried(
 ) -> Result<()> {
