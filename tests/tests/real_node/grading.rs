@@ -174,21 +174,22 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
 async fn an_agent_that_fills_its_own_layer_is_evicted_and_its_session_failed_not_retried(
 ) -> Result<()> {
     let work = prepare("evict").await?;
-    // The backstop: 4 × 16Mi = 64Mi for the agent's own layer; the grader's room 16 × 16Mi =
-    // 256Mi; the pod's sum 320Mi.
-    let _operator = shell_agent_pool(&work, "16Mi").await?;
+    // The backstop: 4 × 32Mi = 128Mi for the agent's own layer; the grader's room 16 × 32Mi =
+    // 512Mi; the pod's sum 640Mi (the pod's other usage, its volumes' copy of floe among them,
+    // is some 50MiB: a grader past its room by less than the rest is evicted for its own limit).
+    let _operator = shell_agent_pool(&work, "32Mi").await?;
     let (n, client, ns) = (work.n, work.client.clone(), work.ns.name.clone());
     let fill = json!({"id": "fill-layer", "files": {"calc.py": grading_attacks::BUGGY},
         "instruction": "dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>/dev/null; sleep 110",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     // Code under test that fills the grader's own layer when the evaluator imports it, after
-    // the agent ended: past floe's room for the grader (256Mi) and well within the pod's sum
-    // (the pod's other usage is a few tens of MiB), the grader (container `sandbox`) is
+    // the agent ended: past floe's room for the grader (512Mi) and well within the pod's sum,
+    // the grader (container `sandbox`) is
     // evicted for its own limit, and that is the agent's doing: the operator's mark tells it,
     // since this kubelet's status of an evicted pod keeps no container statuses (before the
     // mark, retried as infrastructure).
     let fill_grader = json!({"id": "fill-grader", "files": {"calc.py": grading_attacks::BUGGY},
-        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(272): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
+        "instruction": "printf '%s\\n' 'f = open(\"/tmp/fill\", \"wb\")' 'for _ in range(530): f.write(bytes(1 << 20))' 'f.flush()' 'import time; time.sleep(80)' 'def add(a, b): return a + b' > calc.py",
         "evaluation": {"hiddenFiles": {"test_hidden.py": "from calc import add\nassert add(2, 3) == 5\n"}}});
     let mut fix = fix_add();
     fix["instruction"] = grading_attacks::FIX.into();
