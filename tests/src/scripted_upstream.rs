@@ -84,6 +84,17 @@ fn tokens(text: &str) -> Vec<u32> {
     text.bytes().map(|b| u32::from(b) + 3).collect()
 }
 
+/// A fixed chat template over the messages (and tools), as bytes; with thinking off
+/// (`chat_template_kwargs.enable_thinking: false`), an empty think block opens the answer, as
+/// Qwen3's template does.
+fn render_call(body: &Value) -> String {
+    let mut out = render(&body["messages"], &body["tools"]);
+    if body["chat_template_kwargs"]["enable_thinking"] == json!(false) {
+        out.push_str("<think></think>");
+    }
+    out
+}
+
 /// A fixed chat template over the messages (and tools), as bytes.
 fn render(messages: &Value, tools: &Value) -> String {
     let mut out = String::new();
@@ -111,7 +122,7 @@ fn render(messages: &Value, tools: &Value) -> String {
 
 async fn tokenize(Json(body): Json<Value>) -> Json<Value> {
     let text = match body.get("messages") {
-        Some(messages) => render(messages, &body["tools"]),
+        Some(_) => render_call(&body),
         None => body["prompt"].as_str().unwrap_or_default().to_string(),
     };
     let ids = tokens(&text);
@@ -172,7 +183,7 @@ async fn complete(State(state): State<Shared>, Json(body): Json<Value>) -> Json<
         .get(turn)
         .cloned()
         .unwrap_or_else(|| Step::Say("Done.".into()));
-    let prompt_ids = tokens(&render(&body["messages"], &body["tools"]));
+    let prompt_ids = tokens(&render_call(&body));
     let (message, finish, sampled_text) = match step {
         Step::Shell(command) => match shell_call(&body["tools"], &command) {
             Some((name, args)) => {

@@ -554,6 +554,20 @@ async fn a_token_count_counts_what_the_call_would_send() -> Result<()> {
         counts[3] > counts[2],
         "an sft job counts the image: {counts:?}"
     );
+    // Rendered with the call's template switches: thinking off (Qwen3's empty think block)
+    // counts what the call's prompt holds.
+    let no_thinking = json!({"model": "m", "max_tokens": 8, "thinking": {"type": "disabled"},
+                             "messages": [{"role": "user", "content": "hi"}]});
+    let mut count_body = no_thinking.clone();
+    count_body.as_object_mut().map(|m| m.remove("max_tokens"));
+    let (status, counted) = call_json(&http, &gw.url, path, &sft, &count_body).await?;
+    assert_eq!(status, 200, "{counted}");
+    let (status, answered) = call_json(&http, &gw.url, "/v1/messages", &sft, &no_thinking).await?;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(
+        counted["input_tokens"], answered["usage"]["input_tokens"],
+        "{counted} {answered}"
+    );
     let remote = json!({"messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "url", "url": "http://10.0.0.1/x.png?k=secret"}}]}]});
     for token in [&train, &sft] {

@@ -294,8 +294,11 @@ async fn count_tokens(
         let continued = request["continue_final_message"] == json!(true);
         let mut tokenize = json!({"model": upstream.limits.upstream_model, "messages": request["messages"],
                                   "add_generation_prompt": !continued, "continue_final_message": continued});
-        if let Some(tools) = request.get("tools") {
-            tokenize["tools"] = tools.clone();
+        // The template's switches too: Qwen3's with thinking off adds an empty think block.
+        for key in ["tools", "chat_template_kwargs"] {
+            if let Some(value) = request.get(key) {
+                tokenize[key] = value.clone();
+            }
         }
         let url = format!("{}/tokenize", upstream.url.trim_end_matches('/'));
         // Not retried (a count is advisory, and nothing is sampled), but bounded like a call.
