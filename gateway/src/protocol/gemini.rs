@@ -96,7 +96,10 @@ pub fn normalize_value(
         match c["role"].as_str().unwrap_or("user") {
             "user" | "function" => {
                 let mut texts = Vec::new();
-                let mut images = Vec::new();
+                // Text and images in the order given ("describe this" after its image reads
+                // otherwise than before it), for a message with images.
+                let mut ordered = Vec::new();
+                let mut images = 0;
                 for (k, p) in parts.iter().enumerate() {
                     if let Some(fr) = p.get("functionResponse") {
                         let name = fr["name"].as_str().ok_or_else(|| {
@@ -137,20 +140,17 @@ pub fn normalize_value(
                         out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                     } else if let Some(t) = p["text"].as_str() {
                         texts.push(t.to_string());
+                        ordered.push(json!({"type": "text", "text": t}));
                     } else if let Some(d) = p.get("inlineData") {
-                        images.push(json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}",
+                        images += 1;
+                        ordered.push(json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}",
                             d["mimeType"].as_str().unwrap_or("application/octet-stream"), d["data"].as_str().unwrap_or_default())}}));
                     } else {
                         dropped.push("unsupported_part".to_string());
                     }
                 }
-                if !images.is_empty() {
-                    let mut content: Vec<Value> = texts
-                        .iter()
-                        .map(|t| json!({"type": "text", "text": t}))
-                        .collect();
-                    content.extend(images);
-                    out.push(json!({"role": "user", "content": content}));
+                if images > 0 {
+                    out.push(json!({"role": "user", "content": ordered}));
                 } else if !texts.is_empty() {
                     let text = super::join_texts(texts.iter().map(String::as_str));
                     out.push(json!({"role": "user", "content": text}));
@@ -745,6 +745,22 @@ mod tests {
                 json!({"type": "object", "properties": {"city": {"type": "string"}}})
             );
         }
+    }
+
+    #[test]
+    fn an_image_before_its_question_stays_before_it() {
+        let body = json!({"contents": [{"role": "user", "parts": [
+            {"inlineData": {"mimeType": "image/png", "data": "AA=="}},
+            {"text": "describe this"},
+            {"inlineData": {"mimeType": "image/png", "data": "BB=="}}]}]});
+        let n = normalize(body.to_string().as_bytes(), "m", false).expect("valid");
+        let kinds: Vec<&str> = n.request["messages"][0]["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["type"].as_str())
+            .collect();
+        assert_eq!(kinds, ["image_url", "text", "image_url"]);
     }
 
     #[test]
