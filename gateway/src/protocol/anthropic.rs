@@ -138,7 +138,13 @@ fn translate(value: Value, generate: bool) -> Result<Normalized, ProtocolError> 
                                     Some("document") => {
                                         dropped.push("tool_result_file".to_string())
                                     }
-                                    _ => {}
+                                    Some("text") => {}
+                                    // Not passed to the model (`tool_reference`,
+                                    // `search_result`, …): counted, as every drop is.
+                                    other => dropped.push(format!(
+                                        "tool_result_block:{}",
+                                        other.unwrap_or("untyped")
+                                    )),
                                 }
                             }
                             let mut text = text_blocks(
@@ -570,6 +576,18 @@ mod tests {
         assert_eq!(m[1]["tool_calls"][0]["id"], "toolu_floe_1_1");
         assert_eq!(m[1]["tool_calls"][0]["function"]["arguments"], "{}");
         assert_eq!(m[2]["content"], "Error: boom");
+    }
+
+    #[test]
+    fn a_tool_result_block_not_passed_on_is_counted() {
+        let n = norm(json!({"max_tokens": 10, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "find", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "text", "text": "found"},
+                {"type": "tool_reference", "tool_name": "Grep"}]}]}]}));
+        assert_eq!(n.request["messages"][2]["content"], "found");
+        assert_eq!(n.dropped, ["tool_result_block:tool_reference"]);
     }
 
     /// Claude Code reading a PNG: the tool result's image cannot ride in a Chat tool message,

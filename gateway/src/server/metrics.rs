@@ -24,6 +24,9 @@ pub struct Metrics {
     capture_write_seconds: HistogramVec,
     errors: IntCounterVec,
     dropped: IntCounterVec,
+    /// The `what` values `dropped` has series for: they come from requests (a hosted tool's
+    /// type, a sampling parameter's name), so an agent could otherwise make series without end.
+    dropped_seen: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Trajectories by what happened to them: `shipped`, `retried`, `rejected`.
     trajectories: IntCounterVec,
     snapshots: IntCounterVec,
@@ -35,6 +38,9 @@ pub struct Metrics {
     /// Failed trajectory deliveries by cause (`crate::net_error::KINDS`, `http_<status>`, `disk`).
     delivery_errors: IntCounterVec,
 }
+
+/// How many distinct `what` values `floe_gateway_dropped_total` keeps series for.
+const DROPPED_LABELS: usize = 64;
 
 /// The `floe_gateway_requests_total` statuses whose series exist, at 0, before any call.
 const STATUSES_FROM_THE_START: [&str; 5] = ["200", "502", "504", "stream_error", "abandoned"];
@@ -213,6 +219,7 @@ impl Metrics {
             capture_write_seconds,
             errors,
             dropped,
+            dropped_seen: Default::default(),
             trajectories,
             snapshots,
             snapshot_bytes,
@@ -256,9 +263,27 @@ impl Metrics {
 
     /// Something of the harness's request was dropped in translation.
     pub fn dropped(&self, api: Api, what: &str) {
+        let what = self.dropped_label(what);
         self.dropped
-            .with_label_values(&[api_label(api), what])
+            .with_label_values(&[api_label(api), &what])
             .inc();
+    }
+
+    /// `what` as a label: itself while it is short and plain and one of the first
+    /// [`DROPPED_LABELS`] seen, else `other` (the capture keeps it whole).
+    fn dropped_label(&self, what: &str) -> String {
+        let plain = what.len() <= 64
+            && what
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':' | b'.' | b'-'));
+        let Ok(mut seen) = self.dropped_seen.lock() else {
+            return "other".into();
+        };
+        if plain && (seen.contains(what) || seen.len() < DROPPED_LABELS) {
+            seen.insert(what.to_string());
+            return what.to_string();
+        }
+        "other".into()
     }
 
     /// One upstream call (with its retries) took this long.
@@ -344,6 +369,30 @@ pub fn api_label(api: Api) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use super::{Api, DROPPED_LABELS};
+
+    #[test]
+    fn what_a_request_names_makes_no_series_without_end() {
+        let m = Metrics::new().expect("metrics");
+        m.dropped(Api::Anthropic, "hosted_tool:web_search_20250305");
+        m.dropped(Api::Anthropic, &"x".repeat(65));
+        m.dropped(Api::Anthropic, "hosted_tool:a b");
+        for n in 0..200 {
+            m.dropped(Api::Anthropic, &format!("hosted_tool:t{n}"));
+        }
+        let page = m.render();
+        let series = page
+            .lines()
+            .filter(|l| l.starts_with("floe_gateway_dropped_total{"))
+            .count();
+        assert_eq!(series, DROPPED_LABELS + 1, "{page}");
+        assert!(
+            page.contains(r#"what="hosted_tool:web_search_20250305"} 1"#),
+            "{page}"
+        );
+        assert!(page.contains(r#"what="other"} 139"#), "{page}");
+    }
+
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::Metrics;
