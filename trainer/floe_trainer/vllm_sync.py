@@ -115,14 +115,17 @@ def resume(vllm_url: str) -> None:
 
 
 def paused(vllm_url: str, version: int, update: Callable[[], None]) -> None:
-    """``update`` (the weights change) while generation is paused, then the version label."""
+    """``update`` (the weights change) while generation is paused, then the version label.
+    A failure on the way leaves generation paused: the weights may have changed already (a
+    reload that failed part-way, or one whose cache reset or label then failed), and resumed
+    they would be sampled under the old label, from a prefix cache of the old weights, a
+    policy no label names. The trainer pushes again and resumes once a push went through
+    (``Trainer.check_policy_server``)."""
     post(f"{vllm_url}/pause?mode=wait")
-    try:
-        update()
-        post(f"{vllm_url}/reset_prefix_cache")
-        post(f"{vllm_url}/update_weight_version", {"new_version": str(version)})
-    finally:
-        resume(vllm_url)
+    update()
+    post(f"{vllm_url}/reset_prefix_cache")
+    post(f"{vllm_url}/update_weight_version", {"new_version": str(version)})
+    resume(vllm_url)
 
 
 def push(

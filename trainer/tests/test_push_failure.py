@@ -131,3 +131,25 @@ def test_a_push_whose_resume_failed_leaves_no_vllm_paused(tmp_path):
         assert vllm.paths().count("/resume") == resumes + 1, "and only once"
     finally:
         vllm.close()
+
+
+@pytest.mark.parametrize("failing", ["/reset_prefix_cache", "/update_weight_version"])
+def test_a_push_that_failed_after_the_reload_serves_nothing_until_pushed_again(tmp_path, failing):
+    # The new weights were in, the cache reset or the label failed: resumed at once, vLLM
+    # served them under the old label (from a prefix cache of the old weights), a policy no
+    # label names, until the next check pushed again.
+    from fake_vllm import FakeVllm
+
+    vllm = FakeVllm(fail_on=failing, failures=1)
+    try:
+        trainer = tiny_trainer(tmp_path, 2, {"policyUrl": vllm.url}, microBatchSize=2)
+        two_samples(trainer)
+        assert trainer.run_once() is not None, "the step stands"
+        assert vllm.label == "default" and "/resume" not in vllm.paths(), "still paused"
+        trainer.check_policy_server(now=1e12)
+        tail = vllm.paths()[-5:]
+        assert tail[0] == "/pause?mode=wait" and tail[-1] == "/resume", tail
+        assert vllm.label == "1"
+        assert vllm.paths().count("/resume") == 1, "resumed once, by the push that went through"
+    finally:
+        vllm.close()
