@@ -422,7 +422,11 @@ def train_step(
         order = list(by_trajectory.values())
         if epoch > 0:
             rng.shuffle(order)
-        for part in _split(order, mini_batches):
+        for part_index, part in enumerate(_split(order, mini_batches)):
+            # The first update's policy is the one before the step: its own pass's log-probs
+            # are the old ones exactly (those computed before, in passes laid out for the
+            # whole step, differ by the numerics of another layout: in bf16 enough to clip).
+            first_update = epoch == 0 and part_index == 0
             mini = [it for traj in part for it in traj]
             mini_tokens = sum(sum(it.trace.loss_mask) for it in mini)
             # The whole mini-batch's normaliser, before it is split among processes and passes.
@@ -475,7 +479,7 @@ def train_step(
                                 it.logp_ref = ref[row, :n].detach().cpu()
                 old = (
                     logp.detach()
-                    if on_policy or idle
+                    if on_policy or idle or first_update
                     else _padded([it.logp_old for it in chunk], width, placement.device)
                 )
                 loss, stats = policy_loss(

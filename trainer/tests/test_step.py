@@ -44,6 +44,34 @@ def test_one_update_is_on_policy_and_never_clips():
     assert s.clip_fraction == 0.0
 
 
+def test_the_first_update_takes_its_own_passes_log_probs_as_the_old_ones(monkeypatch):
+    # Before the step, in passes laid out for the whole step, a trace's log-probs differ from
+    # the first update's own passes by the numerics of another layout (in bf16 enough to clip):
+    # stood for here by shifting them. The first update's ratio is exactly 1 all the same.
+    from floe_trainer import step as step_module
+
+    real_old, real_loss = step_module._old_logprobs, step_module.policy_loss
+
+    def shifted(model, items, *a, **k):
+        real_old(model, items, *a, **k)
+        for it in items:
+            it.logp_old = it.logp_old + 0.5
+
+    ratios = []
+
+    def loss(logp, logp_old, *a, **k):
+        ratios.append(float((logp.detach() - logp_old).abs().max()))
+        return real_loss(logp, logp_old, *a, **k)
+
+    monkeypatch.setattr(step_module, "_old_logprobs", shifted)
+    monkeypatch.setattr(step_module, "policy_loss", loss)
+    s = step(mini_batches=2, epochs=1)
+    first = len(ratios) // 2  # the passes of the first of two mini-batches
+    assert s.updates == 2
+    assert max(ratios[:first]) == 0.0, ratios
+    assert min(ratios[first:]) > 0.4, "the second update reads the old log-probs taken before"
+
+
 def test_later_updates_see_the_policy_move_and_the_clip_acts():
     s = step(mini_batches=2, epochs=3)
     assert s.updates == 6
