@@ -346,6 +346,11 @@ pub fn response(upstream: &Value, n: &Normalized) -> Value {
                 .and_then(|v| v["input"].as_str().map(str::to_owned))
                 .unwrap_or_else(|| args.to_string());
             output.push(json!({"type": "custom_tool_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "input": input}));
+        } else if super::call_arguments(call).is_none() {
+            // Arguments that are no JSON object cannot be a call the harness runs (nor go
+            // back upstream in its history): the text the model meant, as the other APIs give.
+            output.push(json!({"type": "message", "id": format!("msg_{id}_{k}"), "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": super::call_as_text(call), "annotations": []}]}));
         } else {
             output.push(json!({"type": "function_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "arguments": args}));
         }
@@ -592,6 +597,21 @@ mod tests {
             let err = normalize(body.to_string().as_bytes()).expect_err("invalid");
             assert!(err.to_string().contains(needle), "{body}: {err}");
         }
+    }
+
+    #[test]
+    fn a_call_whose_arguments_are_no_object_comes_back_as_the_text_meant() {
+        let n = norm(json!({"model": "m", "input": "x"}));
+        let upstream = json!({"id": "chatcmpl-8", "created": 1,
+            "choices": [{"finish_reason": "tool_calls", "message": {"content": null, "tool_calls": [
+                {"id": "call_a", "function": {"name": "shell", "arguments": "ls -la"}},
+                {"id": "call_b", "function": {"name": "shell", "arguments": "{\"command\": [\"ls\"]}"}}]}}]});
+        let r = response(&upstream, &n);
+        let output = r["output"].as_array().cloned().unwrap_or_default();
+        assert_eq!(output.len(), 2, "{r}");
+        assert_eq!(output[0]["type"], "message");
+        assert_eq!(output[0]["content"][0]["text"], "shell(ls -la)");
+        assert_eq!(output[1]["type"], "function_call");
     }
 
     #[test]
