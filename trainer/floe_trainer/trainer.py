@@ -608,9 +608,8 @@ class Trainer:
         try:
             self.sync.push(version)
         except OSError:
-            # Failed past the pause, it leaves vLLM paused (every agent's call waiting):
-            # ``check_policy_server`` pushes again, or resumes it once the label names the
-            # version (a push whose own resume failed).
+            # It may have failed past the pause, its own resume too: vLLM would stay paused
+            # (every agent's call waiting) while its label already names the version.
             self.resume_owed = True
             raise
         self.resume_owed = False
@@ -1093,16 +1092,13 @@ class Trainer:
             label = served_label(self.cfg.policy_url)
         except OSError:
             return  # down or restarting: asked again next time
-        served = parse_version(label)
-        # A push that failed left generation paused: resumed here only once the label names
-        # the trainer's weights (the push went through, its resume did not); otherwise the
-        # push below, once it goes through, resumes it.
-        if self.resume_owed and served == self.state.policy_version:
+        if self.resume_owed:
             try:
                 resume(self.cfg.policy_url)
                 self.resume_owed = False
             except OSError as e:
                 log.warning("cannot resume vLLM's generation after a failed push (%s)", e)
+        served = parse_version(label)
         self.metrics.served_version.set(-1 if served is None else served)
         # With LoRA the trainer labels every push, version 0 too: vLLM's base label means the
         # adapter is not loaded (a restarted server).

@@ -15,6 +15,7 @@ weights: version 0), which is how the trainer notices a restarted server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -116,16 +117,23 @@ def resume(vllm_url: str) -> None:
 
 def paused(vllm_url: str, version: int, update: Callable[[], None]) -> None:
     """``update`` (the weights change) while generation is paused, then the version label.
-    A failure on the way leaves generation paused: the weights may have changed already (a
-    reload that failed part-way, or one whose cache reset or label then failed), and resumed
-    they would be sampled under the old label, from a prefix cache of the old weights, a
-    policy no label names. The trainer pushes again and resumes once a push went through
-    (``Trainer.check_policy_server``)."""
+    Generation always resumes (left paused, every agent's call would wait on a push that may
+    never come: a restarted trainer, a finished one). A failure on the way may leave the new
+    weights in already (a reload that failed part-way, or one whose label then failed): the
+    prefix cache is reset all the same, so nothing computed with the old weights serves them;
+    their old label lasts until the trainer's next served-version check pushes again."""
     post(f"{vllm_url}/pause?mode=wait")
-    update()
-    post(f"{vllm_url}/reset_prefix_cache")
-    post(f"{vllm_url}/update_weight_version", {"new_version": str(version)})
-    resume(vllm_url)
+    try:
+        update()
+        post(f"{vllm_url}/reset_prefix_cache")
+        post(f"{vllm_url}/update_weight_version", {"new_version": str(version)})
+    except BaseException:
+        # The push's own failure is what is raised.
+        with contextlib.suppress(OSError):
+            post(f"{vllm_url}/reset_prefix_cache")
+        raise
+    finally:
+        resume(vllm_url)
 
 
 def push(

@@ -133,11 +133,15 @@ def test_a_push_whose_resume_failed_leaves_no_vllm_paused(tmp_path):
         vllm.close()
 
 
-@pytest.mark.parametrize("failing", ["/reset_prefix_cache", "/update_weight_version"])
-def test_a_push_that_failed_after_the_reload_serves_nothing_until_pushed_again(tmp_path, failing):
-    # The new weights were in, the cache reset or the label failed: resumed at once, vLLM
-    # served them under the old label (from a prefix cache of the old weights), a policy no
-    # label names, until the next check pushed again.
+@pytest.mark.parametrize(
+    "failing", ["/collective_rpc", "/reset_prefix_cache", "/update_weight_version"]
+)
+def test_a_push_that_failed_after_the_reload_resets_the_cache_and_is_pushed_again(
+    tmp_path, failing
+):
+    # The new weights in, or half of them (a reload failing part-way), the cache reset or the
+    # label failed: vLLM resumed with a prefix cache of the old weights serving the new ones.
+    # The cache is reset all the same; the old label lasts until the next check pushes again.
     from fake_vllm import FakeVllm
 
     vllm = FakeVllm(fail_on=failing, failures=1)
@@ -145,11 +149,14 @@ def test_a_push_that_failed_after_the_reload_serves_nothing_until_pushed_again(t
         trainer = tiny_trainer(tmp_path, 2, {"policyUrl": vllm.url}, microBatchSize=2)
         two_samples(trainer)
         assert trainer.run_once() is not None, "the step stands"
-        assert vllm.label == "default" and "/resume" not in vllm.paths(), "still paused"
+        paths = vllm.paths()
+        reload = paths.index("/collective_rpc")
+        assert paths[-1] == "/resume" and vllm.label == "default"
+        # A reset answered after the reload (the failing path fails once only).
+        resets = paths[reload:].count("/reset_prefix_cache") - (failing == "/reset_prefix_cache")
+        assert resets >= 1, paths
         trainer.check_policy_server(now=1e12)
-        tail = vllm.paths()[-5:]
-        assert tail[0] == "/pause?mode=wait" and tail[-1] == "/resume", tail
-        assert vllm.label == "1"
-        assert vllm.paths().count("/resume") == 1, "resumed once, by the push that went through"
+        assert vllm.label == "1", "pushed again"
+        assert vllm.paths()[-1] == "/resume"
     finally:
         vllm.close()
