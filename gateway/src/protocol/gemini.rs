@@ -140,7 +140,10 @@ pub fn normalize_value(
                         out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
                     } else if let Some(t) = p["text"].as_str() {
                         texts.push(t.to_string());
-                        ordered.push(json!({"type": "text", "text": t}));
+                        // An empty part adds nothing (joined, it is left out too).
+                        if !t.is_empty() {
+                            ordered.push(json!({"type": "text", "text": t}));
+                        }
                     } else if let Some(d) = p.get("inlineData") {
                         images += 1;
                         ordered.push(json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}",

@@ -270,7 +270,8 @@ impl Metrics {
     }
 
     /// `what` as a label: itself while it is short and plain and one of the first
-    /// [`DROPPED_LABELS`] seen, else `other` (the capture keeps it whole).
+    /// [`DROPPED_LABELS`] seen (or a word of the gateway's own), else `other` (the capture
+    /// keeps it whole).
     fn dropped_label(&self, what: &str) -> String {
         let plain = what.len() <= 64
             && what
@@ -279,7 +280,10 @@ impl Metrics {
         let Ok(mut seen) = self.dropped_seen.lock() else {
             return "other".into();
         };
-        if plain && (seen.contains(what) || seen.len() < DROPPED_LABELS) {
+        // A word of the gateway's own (`tool_result_image`) names no request's thing: always
+        // kept, so requests cannot use the room up before it.
+        let own = !what.contains(':');
+        if plain && (own || seen.contains(what) || seen.len() < DROPPED_LABELS) {
             seen.insert(what.to_string());
             return what.to_string();
         }
@@ -391,6 +395,9 @@ mod tests {
             "{page}"
         );
         assert!(page.contains(r#"what="other"} 139"#), "{page}");
+        // The gateway's own words keep their series, whatever requests used up.
+        m.dropped(Api::Anthropic, "tool_result_image");
+        assert!(m.render().contains(r#"what="tool_result_image"} 1"#));
     }
 
     use std::collections::{BTreeMap, BTreeSet};

@@ -80,6 +80,14 @@ pub fn agent_ended_unmarked(pod: &Pod) -> bool {
         && session_pod(pod).is_some_and(|s| s.progress == PodProgress::Active)
 }
 
+/// When the agent container ended, as its status says (RFC 3339), if it has.
+pub fn agent_finished_at(pod: &Pod) -> Option<String> {
+    ended(pod, AGENT_CONTAINER)?
+        .finished_at
+        .as_ref()
+        .map(|t| t.0.to_string())
+}
+
 /// The agent ended while the pod ran: its container's status says so, or the operator saw it
 /// and marked the pod ([`agent_ended_unmarked`]).
 fn agent_ended(pod: &Pod) -> bool {
@@ -650,6 +658,11 @@ mod tests {
              "state": {"running": {}}}]});
         let seen = pod(running_after_the_agent);
         assert!(agent_ended_unmarked(&seen), "marked by the round");
+        // With when it ended: a round behind the mark writes the same again.
+        assert_eq!(
+            agent_finished_at(&seen).as_deref(),
+            Some("2026-12-06T10:00:12Z")
+        );
         let mut marked = seen.clone();
         if let Some(a) = marked.metadata.annotations.as_mut() {
             a.insert(AGENT_ENDED_ANNOTATION.into(), "2026-12-06T10:00:13Z".into());

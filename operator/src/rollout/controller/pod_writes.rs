@@ -25,16 +25,20 @@ use crate::rollout::status::Blocked;
 pub(super) async fn mark_agents_ended(ctx: &JobContext, ns: &str, observed: &Observed) {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let pods = &pods;
-    let names: Vec<String> = observed
+    // Its value is when the agent container ended: a round whose cache is behind the mark
+    // writes the same again, a no-op.
+    let marks: Vec<(String, String)> = observed
         .pods
         .iter()
         .filter(|p| crate::rollout::pod_view::agent_ended_unmarked(p))
-        .map(ResourceExt::name_any)
+        .map(|p| {
+            let when = crate::rollout::pod_view::agent_finished_at(p).unwrap_or_default();
+            (p.name_any(), when)
+        })
         .collect();
-    futures::stream::iter(names)
-        .for_each_concurrent(ctx.in_flight, |name: String| async move {
-            let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            let patch = json!({"metadata": {"annotations": {AGENT_ENDED_ANNOTATION: now}}});
+    futures::stream::iter(marks)
+        .for_each_concurrent(ctx.in_flight, |(name, when): (String, String)| async move {
+            let patch = json!({"metadata": {"annotations": {AGENT_ENDED_ANNOTATION: when}}});
             if let Err(e) = pods
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
