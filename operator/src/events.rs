@@ -55,13 +55,10 @@ impl Events {
     }
 }
 
-/// `Reconcile-<digest of note>` (FNV-1a, 64 bits): short, and the same for the same note on
-/// every replica.
+/// `Reconcile-<digest of note>` ([`crate::stable_hash::fnv1a_hex`]): short, and the same for
+/// the same note on every replica.
 fn action_of(note: &str) -> String {
-    let digest = note.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("Reconcile-{digest:016x}")
+    format!("Reconcile-{}", crate::stable_hash::fnv1a_hex(note))
 }
 
 #[cfg(test)]

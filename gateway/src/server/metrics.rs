@@ -373,36 +373,9 @@ pub fn api_label(api: Api) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::{Api, DROPPED_LABELS};
-
-    #[test]
-    fn what_a_request_names_makes_no_series_without_end() {
-        let m = Metrics::new().expect("metrics");
-        m.dropped(Api::Anthropic, "hosted_tool:web_search_20250305");
-        m.dropped(Api::Anthropic, &"x".repeat(65));
-        m.dropped(Api::Anthropic, "hosted_tool:a b");
-        for n in 0..200 {
-            m.dropped(Api::Anthropic, &format!("hosted_tool:t{n}"));
-        }
-        let page = m.render();
-        let series = page
-            .lines()
-            .filter(|l| l.starts_with("floe_gateway_dropped_total{"))
-            .count();
-        assert_eq!(series, DROPPED_LABELS + 1, "{page}");
-        assert!(
-            page.contains(r#"what="hosted_tool:web_search_20250305"} 1"#),
-            "{page}"
-        );
-        assert!(page.contains(r#"what="other"} 139"#), "{page}");
-        // The gateway's own words keep their series, whatever requests used up.
-        m.dropped(Api::Anthropic, "tool_result_image");
-        assert!(m.render().contains(r#"what="tool_result_image"} 1"#));
-    }
-
     use std::collections::{BTreeMap, BTreeSet};
 
-    use super::Metrics;
+    use super::{Api, Metrics, DROPPED_LABELS};
 
     #[test]
     fn the_upstream_failure_series_exist_before_any_call() {
@@ -453,5 +426,30 @@ mod tests {
             documented, registered,
             "docs/gateway.md's metrics vs the registry"
         );
+    }
+
+    #[test]
+    fn what_a_request_names_makes_no_series_without_end() {
+        let m = Metrics::new().expect("metrics");
+        m.dropped(Api::Anthropic, "hosted_tool:web_search_20250305");
+        m.dropped(Api::Anthropic, &"x".repeat(65));
+        m.dropped(Api::Anthropic, "hosted_tool:a b");
+        for n in 0..200 {
+            m.dropped(Api::Anthropic, &format!("hosted_tool:t{n}"));
+        }
+        let page = m.render();
+        let series = page
+            .lines()
+            .filter(|l| l.starts_with("floe_gateway_dropped_total{"))
+            .count();
+        assert_eq!(series, DROPPED_LABELS + 1, "{page}");
+        assert!(
+            page.contains(r#"what="hosted_tool:web_search_20250305"} 1"#),
+            "{page}"
+        );
+        assert!(page.contains(r#"what="other"} 139"#), "{page}");
+        // The gateway's own words keep their series, whatever requests used up.
+        m.dropped(Api::Anthropic, "tool_result_image");
+        assert!(m.render().contains(r#"what="tool_result_image"} 1"#));
     }
 }
