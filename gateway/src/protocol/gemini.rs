@@ -242,6 +242,19 @@ pub fn normalize_value(
         }
     }
     if !functions.is_empty() {
+        // Gemini's ANY and VALIDATED modes may name the functions the model may call.
+        if let Some(names) = req
+            .get("toolConfig")
+            .and_then(|c| c["functionCallingConfig"]["allowedFunctionNames"].as_array())
+            .filter(|names| !names.is_empty())
+        {
+            let names = names.iter().filter_map(Value::as_str);
+            functions = super::only_allowed(
+                functions,
+                names,
+                "toolConfig.functionCallingConfig.allowedFunctionNames",
+            )?;
+        }
         request.insert("tools".into(), Value::Array(functions));
         match mode {
             Some("ANY") => request.insert("tool_choice".into(), "required".into()),
@@ -764,6 +777,33 @@ mod tests {
             .filter_map(|p| p["type"].as_str())
             .collect();
         assert_eq!(kinds, ["image_url", "text", "image_url"]);
+    }
+
+    #[test]
+    fn allowed_function_names_show_the_model_those_functions_only() {
+        let body = |names: Value| {
+            json!({"contents": [{"role": "user", "parts": [{"text": "go"}]}],
+                "tools": [{"functionDeclarations": [{"name": "ls"}, {"name": "cat"}, {"name": "rm"}]}],
+                "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": names}}})
+        };
+        let n =
+            normalize(body(json!(["rm", "ls"])).to_string().as_bytes(), "m", false).expect("valid");
+        let names: Vec<&str> = n.request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["ls", "rm"]);
+        assert_eq!(n.request["tool_choice"], "required");
+        // Empty: no restriction.
+        let all = normalize(body(json!([])).to_string().as_bytes(), "m", false).expect("valid");
+        assert_eq!(all.request["tools"].as_array().map(Vec::len), Some(3));
+        let refused = normalize(body(json!(["mv"])).to_string().as_bytes(), "m", false);
+        assert!(
+            matches!(&refused, Err(ProtocolError::InvalidRequest(m)) if m.contains("allowedFunctionNames")),
+            "{refused:?}"
+        );
     }
 
     #[test]

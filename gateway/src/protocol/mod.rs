@@ -247,6 +247,33 @@ pub(crate) fn function_tool(
     serde_json::json!({"type": "function", "function": function})
 }
 
+/// The chat functions a caller's allowed-tools choice leaves (OpenAI's `allowed_tools`,
+/// Gemini's `allowedFunctionNames`). vLLM has no such choice, and constraining its decoding to
+/// them would sample a distribution the trainer does not model: the model is shown only those
+/// (and the captured prompt is what it was shown). A name not declared is ignored; a choice that
+/// leaves none is the caller's error, named by `field`.
+pub(crate) fn only_allowed<'a>(
+    functions: Vec<Value>,
+    allowed: impl IntoIterator<Item = &'a str>,
+    field: &str,
+) -> Result<Vec<Value>, ProtocolError> {
+    let allowed: std::collections::BTreeSet<&str> = allowed.into_iter().collect();
+    let kept: Vec<Value> = functions
+        .into_iter()
+        .filter(|f| {
+            f["function"]["name"]
+                .as_str()
+                .is_some_and(|n| allowed.contains(n))
+        })
+        .collect();
+    if kept.is_empty() {
+        return Err(ProtocolError::InvalidRequest(format!(
+            "{field} names none of the declared tools"
+        )));
+    }
+    Ok(kept)
+}
+
 #[cfg(test)]
 mod body_tests {
     use super::*;

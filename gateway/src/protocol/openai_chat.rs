@@ -39,6 +39,7 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
         ));
     }
     req.insert("messages".into(), Value::Array(merge_system(messages)?));
+    allowed_tools(&mut req)?;
     // OpenAI's hosted web search, asked for by a parameter rather than a tool: vLLM has none.
     let mut dropped = Vec::new();
     if req
@@ -63,6 +64,42 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
         stream,
         ..Default::default()
     })
+}
+
+/// `tool_choice: {"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required",
+/// "tools": [{"type": "function", "function": {"name": …}}, …]}}`, which vLLM does not take:
+/// the model is shown those tools only, with the choice's mode.
+fn allowed_tools(req: &mut serde_json::Map<String, Value>) -> Result<(), ProtocolError> {
+    let Some(choice) = req
+        .get("tool_choice")
+        .filter(|c| c["type"] == "allowed_tools")
+    else {
+        return Ok(());
+    };
+    let allowed = &choice["allowed_tools"];
+    let names: Vec<String> = allowed["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+        .collect();
+    let mode = if allowed["mode"] == "required" {
+        "required"
+    } else {
+        "auto"
+    };
+    let functions = match req.remove("tools") {
+        Some(Value::Array(tools)) => tools,
+        _ => Vec::new(),
+    };
+    let kept = super::only_allowed(
+        functions,
+        names.iter().map(String::as_str),
+        "tool_choice.allowed_tools.tools",
+    )?;
+    req.insert("tools".into(), Value::Array(kept));
+    req.insert("tool_choice".into(), mode.into());
+    Ok(())
 }
 
 /// All `system` and `developer` messages, wherever they appear, become one leading system
@@ -198,6 +235,37 @@ mod tests {
         assert_eq!(
             req["messages"][0]["content"],
             "be brief\n\nreminder: \ntests"
+        );
+    }
+
+    #[test]
+    fn an_allowed_tools_choice_shows_the_model_those_tools_only() {
+        let tool =
+            |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {}}});
+        let body = |names: Value| {
+            json!({"messages": [{"role": "user", "content": "go"}],
+                "tools": [tool("read"), tool("write"), tool("shell")],
+                "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "required",
+                    "tools": names}}})
+        };
+        let n = normalize(
+            body(json!([{"type": "function", "function": {"name": "shell"}},
+                        {"type": "function", "function": {"name": "read"}},
+                        {"type": "function", "function": {"name": "undeclared"}}]))
+            .to_string()
+            .as_bytes(),
+        )
+        .expect("valid");
+        assert_eq!(n.request["tools"], json!([tool("read"), tool("shell")]));
+        assert_eq!(n.request["tool_choice"], "required");
+        let none = normalize(
+            body(json!([{"type": "function", "function": {"name": "undeclared"}}]))
+                .to_string()
+                .as_bytes(),
+        );
+        assert!(
+            matches!(&none, Err(ProtocolError::InvalidRequest(m)) if m.contains("tool_choice.allowed_tools.tools")),
+            "{none:?}"
         );
     }
 

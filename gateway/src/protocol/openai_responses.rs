@@ -4,7 +4,8 @@
 //! Request rules:
 //! - `instructions` and `system`/`developer` messages → one leading system message.
 //! - `message` items → user/assistant messages (`input_text`/`output_text` parts joined,
-//!   `input_image` → `image_url`); consecutive assistant text, `reasoning` and
+//!   `input_image` → `image_url`, inline only: a `file_id` is refused; `input_file` → a note,
+//!   counted); consecutive assistant text, `reasoning` and
 //!   `function_call` / `custom_tool_call` items fold into one assistant message (reasoning →
 //!   `reasoning_content`; `encrypted_content` is opaque and not sent upstream);
 //!   `function_call_output` / `custom_tool_call_output` → `tool` messages.
@@ -23,21 +24,25 @@ use serde_json::{json, Map, Value};
 
 use super::{assistant_message, reasoning_of, Normalized, ProtocolError};
 
+/// What a file the user (or a system message) attached becomes.
+const DOC: &str = super::media::DOCUMENT_NOTE;
+
 fn invalid(msg: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest(msg.into())
 }
 
-/// Text of a message's content: a string, or parts with `text` (an image as a note: where this
-/// is read, a tool's output among them, Chat Completions holds text only), a line apart as
-/// the other APIs' parts are ([`super::join_texts`]): Codex sends its developer and context
-/// messages as several `input_text` parts, which ran together (`…</permissions
-/// instructions><collaboration_mode>…`).
-fn parts_text(content: &Value) -> String {
+/// Text of a message's content: a string, or parts with `text` (an image or a file as a note:
+/// where this is read, a tool's output among them, Chat Completions holds text only; `file_note`
+/// says which), a line apart as the other APIs' parts are ([`super::join_texts`]): Codex sends
+/// its developer and context messages as several `input_text` parts, which ran together
+/// (`…</permissions instructions><collaboration_mode>…`).
+fn parts_text(content: &Value, file_note: &'static str) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => {
             super::join_texts(parts.iter().filter_map(|p| match p["type"].as_str() {
                 Some("input_image") => Some(super::media::TOOL_RESULT_IMAGE_NOTE),
+                Some("input_file") => Some(file_note),
                 _ => p["text"].as_str(),
             }))
         }
@@ -45,28 +50,38 @@ fn parts_text(content: &Value) -> String {
     }
 }
 
-fn has_image(content: &Value) -> bool {
-    content
-        .as_array()
-        .is_some_and(|parts| parts.iter().any(|p| p["type"] == "input_image"))
+/// How many parts of `content` are of type `kind`.
+fn count_parts(content: &Value, kind: &str) -> usize {
+    content.as_array().map_or(0, |parts| {
+        parts.iter().filter(|p| p["type"] == kind).count()
+    })
 }
 
-fn chat_parts(content: &Value) -> Value {
-    let parts: Vec<Value> = content
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| match p["type"].as_str() {
+/// A user message's parts for Chat Completions, images kept (inline ones: a `file_id` names a
+/// file uploaded to OpenAI, which the gateway has no copy of) and files as a note.
+fn chat_parts(content: &Value, at: usize) -> Result<Value, ProtocolError> {
+    let mut parts = Vec::new();
+    for p in content.as_array().into_iter().flatten() {
+        match p["type"].as_str() {
             Some("input_text" | "output_text" | "text") => {
-                Some(json!({"type": "text", "text": p["text"]}))
+                parts.push(json!({"type": "text", "text": p["text"]}))
             }
-            Some("input_image") => p["image_url"]
-                .as_str()
-                .map(|u| json!({"type": "image_url", "image_url": {"url": u}})),
-            _ => None,
-        })
-        .collect();
-    Value::Array(parts)
+            Some("input_image") => {
+                let url = p["image_url"].as_str().ok_or_else(|| {
+                    invalid(format!(
+                        "input[{at}]: input_image needs an image_url (a data: URL); a file_id \
+                         is not supported: the floe gateway has no Files API"
+                    ))
+                })?;
+                parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+            }
+            Some("input_file") => {
+                parts.push(json!({"type": "text", "text": super::media::DOCUMENT_NOTE}))
+            }
+            _ => {}
+        }
+    }
+    Ok(Value::Array(parts))
 }
 
 /// The assistant message being assembled from consecutive output items.
@@ -150,14 +165,17 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                     .as_str()
                     .ok_or_else(|| invalid(format!("input[{i}].role must be a string")))?;
                 match role {
-                    "system" | "developer" => system.push(parts_text(&item["content"])),
-                    "assistant" => assistant.text.push_str(&parts_text(&item["content"])),
+                    "system" | "developer" => system.push(parts_text(&item["content"], DOC)),
+                    "assistant" => assistant.text.push_str(&parts_text(&item["content"], DOC)),
                     "user" => {
                         assistant.flush(&mut out);
-                        let content = if has_image(&item["content"]) {
-                            chat_parts(&item["content"])
+                        // Told, not left to think it read the file (as Anthropic's documents).
+                        let files = count_parts(&item["content"], "input_file");
+                        dropped.extend(std::iter::repeat_n("document".to_string(), files));
+                        let content = if count_parts(&item["content"], "input_image") > 0 {
+                            chat_parts(&item["content"], i)?
                         } else {
-                            parts_text(&item["content"]).into()
+                            parts_text(&item["content"], DOC).into()
                         };
                         out.push(json!({"role": "user", "content": content}));
                     }
@@ -197,10 +215,15 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                 let call_id = item["call_id"]
                     .as_str()
                     .ok_or_else(|| invalid(format!("input[{i}]: {kind} without call_id")))?;
-                if has_image(&item["output"]) {
-                    dropped.push("tool_result_image".to_string());
+                for (kind, what) in [
+                    ("input_image", "tool_result_image"),
+                    ("input_file", "tool_result_file"),
+                ] {
+                    let n = count_parts(&item["output"], kind);
+                    dropped.extend(std::iter::repeat_n(what.to_string(), n));
                 }
-                out.push(json!({"role": "tool", "tool_call_id": call_id, "content": parts_text(&item["output"])}));
+                let text = parts_text(&item["output"], super::media::TOOL_RESULT_FILE_NOTE);
+                out.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
             }
             other => {
                 return Err(invalid(format!(
@@ -227,17 +250,33 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
         }
     }
     if !functions.is_empty() {
-        request.insert("tools".into(), Value::Array(functions));
+        let mut functions = functions;
         if let Some(choice) = req.get("tool_choice").filter(|c| !c.is_null()) {
             let mapped = match (choice.as_str(), choice["type"].as_str()) {
                 (Some(c @ ("auto" | "required" | "none")), _) => json!(c),
                 (None, Some("function" | "custom")) => {
                     json!({"type": "function", "function": {"name": choice["name"]}})
                 }
+                // `{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type":
+                // "function", "name": …}, …]}`: the model is shown those tools only.
+                (None, Some("allowed_tools")) => {
+                    let names = choice["tools"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|t| t["name"].as_str());
+                    functions = super::only_allowed(functions, names, "tool_choice.tools")?;
+                    json!(if choice["mode"] == "required" {
+                        "required"
+                    } else {
+                        "auto"
+                    })
+                }
                 _ => json!("auto"),
             };
             request.insert("tool_choice".into(), mapped);
         }
+        request.insert("tools".into(), Value::Array(functions));
     }
     if let Some(effort) = req.get("reasoning").and_then(|r| r["effort"].as_str()) {
         request.insert(
@@ -505,6 +544,36 @@ mod tests {
     }
 
     #[test]
+    fn an_allowed_tools_choice_shows_the_model_those_tools_only() {
+        let request = |mode: &str| {
+            json!({"input": "go", "tools": [
+                {"type": "function", "name": "read", "parameters": {"type": "object"}},
+                {"type": "custom", "name": "apply_patch"},
+                {"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+                "tool_choice": {"type": "allowed_tools", "mode": mode, "tools": [
+                    {"type": "custom", "name": "apply_patch"}, {"type": "function", "name": "shell"},
+                    {"type": "mcp", "server_label": "docs"}]}})
+        };
+        let n = norm(request("auto"));
+        let names: Vec<&str> = n.request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["apply_patch", "shell"]);
+        assert_eq!(n.request["tool_choice"], "auto");
+        assert_eq!(norm(request("required")).request["tool_choice"], "required");
+        let mut none = request("auto");
+        none["tool_choice"]["tools"] = json!([{"type": "function", "name": "gone"}]);
+        let refused = normalize(none.to_string().as_bytes());
+        assert!(
+            matches!(&refused, Err(ProtocolError::InvalidRequest(m)) if m.contains("tool_choice.tools")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
     fn a_codex_shaped_request_maps_to_chat() {
         let n = norm(json!({
             "model": "gpt-5-codex", "instructions": "You are Codex.", "stream": true, "store": false,
@@ -573,6 +642,46 @@ mod tests {
             crate::protocol::media::TOOL_RESULT_IMAGE_NOTE
         );
         assert_eq!(n.dropped, ["tool_result_image"]);
+    }
+
+    #[test]
+    fn files_become_notes_and_are_counted_and_an_image_by_file_id_is_refused() {
+        let pdf = json!({"type": "input_file", "filename": "a.pdf", "file_data": "data:application/pdf;base64,AA=="});
+        let png = json!({"type": "input_image", "image_url": "data:image/png;base64,AAAA"});
+        let n = norm(json!({"input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "read"}, pdf, png]},
+            {"type": "function_call", "call_id": "c", "name": "read_file", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": [
+                {"type": "input_text", "text": "here"}, pdf, png]}]}));
+        let media = crate::protocol::media::TOOL_RESULT_IMAGE_NOTE;
+        let m = &n.request["messages"];
+        assert_eq!(
+            m[0]["content"],
+            json!([{"type": "text", "text": "read"},
+                   {"type": "text", "text": crate::protocol::media::DOCUMENT_NOTE},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])
+        );
+        let note = crate::protocol::media::TOOL_RESULT_FILE_NOTE;
+        assert_eq!(m[2]["content"], format!("here\n{note}\n{media}"));
+        assert_eq!(
+            n.dropped,
+            ["document", "tool_result_image", "tool_result_file"]
+        );
+        // A user's file alone (no image): the text form, the note in it.
+        let alone = norm(json!({"input": [{"role": "user", "content": [pdf]}]}));
+        assert_eq!(
+            alone.request["messages"][0]["content"],
+            crate::protocol::media::DOCUMENT_NOTE
+        );
+        let by_id = normalize(
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]})
+                .to_string()
+                .as_bytes(),
+        );
+        assert!(
+            matches!(&by_id, Err(ProtocolError::InvalidRequest(m)) if m.contains("file_id")),
+            "{by_id:?}"
+        );
     }
 
     #[test]
