@@ -1,6 +1,7 @@
 """One GRPO step over ready groups (a rollout batch): each trajectory's advantage on every one
 of its traces' sampled tokens. The batch's log-probabilities under the policy as it was before
-the step (``logp_old``) are computed once; then ``epochs`` passes over the batch, each split
+the step (``logp_old``) are computed once, each first-epoch mini-batch in the passes its update
+makes (the first update reads its own); then ``epochs`` passes over the batch, each split
 into ``mini_batches`` optimizer updates (micro-batches with gradient accumulation inside each,
 grad-norm clipping per update). With one update the PPO ratio is exactly 1 and the clip never
 acts; from the second update on the policy has moved and the clip bounds how far."""
@@ -136,32 +137,45 @@ class _Layout:
 def _old_logprobs(
     model: torch.nn.Module,
     items: list[_Item],
+    minis: list[list[_Item]],
     layout: _Layout,
     placement: Placement,
     world: World,
+    bucket: bool = True,
 ) -> None:
-    """``logp_old`` of every item: each process computes its share (all making as many
-    passes), and they swap them (mini-batches are shuffled after the first epoch, so a
-    process later trains traces another one scored)."""
+    """``logp_old`` of the items of ``minis`` (first-epoch mini-batches whose updates read
+    them), each mini-batch scored in the very passes its update makes (per process, its
+    share): the old log-probs then differ from the update's own by the policy's move alone,
+    not by the numerics of another layout too (in bf16 enough to clip). Every process makes
+    as many passes, and they swap what they scored (later epochs shuffle the mini-batches,
+    so a process trains traces another one scored)."""
     model.eval()
-    shares = [
-        layout.passes(share, lambda pair: pair[1].trace)
-        for share in world.shares(list(enumerate(items)))
-    ]
-    mine = shares[world.rank]
+    index = {id(it): k for k, it in enumerate(items)}
     scored: list[tuple[int, torch.Tensor]] = []
     with torch.no_grad():
-        for k in range(max(max(len(b) for b in shares), 1)):
-            chunk = mine[k] if k < len(mine) else Pass([])
-            traces = [it.trace for _, it in chunk.items] or [items[0].trace]
-            batch = layout.batch(chunk, traces)
-            with placement.autocast():
-                logp = token_logprobs(model, batch.to(placement.device))
-            for row, (index, it) in enumerate(chunk.items):
-                scored.append((index, logp[row, : len(it.trace.response_token_ids)].cpu()))
+        for mini in minis:
+            shares = [layout.passes(share, _trace_of, bucket) for share in world.shares(mini)]
+            mine = shares[world.rank]
+            for k in range(max(max(len(b) for b in shares), 1)):
+                # A process with nothing left still makes the pass (FSDP's collectives).
+                idle = k >= len(mine)
+                chunk = Pass(mini[:1]) if idle else mine[k]
+                batch = layout.batch(chunk, [it.trace for it in chunk.items])
+                with placement.autocast():
+                    logp = token_logprobs(model, batch.to(placement.device))
+                if idle:
+                    continue
+                for row, it in enumerate(chunk.items):
+                    n = len(it.trace.response_token_ids)
+                    scored.append((index[id(it)], logp[row, :n].cpu()))
     for part in gather(world, scored):
-        for index, logp in part:
-            items[index].logp_old = logp
+        for k, logp in part:
+            items[k].logp_old = logp
+
+
+def _mini_batches(trajectories: list[list[_Item]], parts: int) -> list[list[_Item]]:
+    """``parts`` mini-batches of whole trajectories, in order, as the items they hold."""
+    return [[it for traj in part for it in traj] for part in _split(trajectories, parts)]
 
 
 def micro_batches(
@@ -403,8 +417,17 @@ def train_step(
     # The KL reference computes the same passes: it must take shared rows too.
     if prompt_sharing and items and (reference is None or sharing_hidden(reference)):
         layout = replace(layout, hidden=_sharing_checked(model, items, layout, placement, world))
-    if not on_policy:
-        _old_logprobs(model, items, layout, placement, world)
+    # Mini-batches hold whole trajectories: a per_request trajectory's traces split across
+    # mini-batches would count as a trajectory in each (SequenceMean, TokenSumNorm).
+    by_trajectory: dict[int, list[_Item]] = {}
+    for it in items:
+        by_trajectory.setdefault(it.trajectory, []).append(it)
+    # The first update reads its own passes' log-probs: its mini-batch is scored before the
+    # step only when a later epoch trains it again.
+    first = _mini_batches(list(by_trajectory.values()), mini_batches)
+    scored_before = first if epochs > 1 else first[1:]
+    if not on_policy and scored_before:
+        _old_logprobs(model, items, scored_before, layout, placement, world, length_bucketing)
     train_deterministically(model)
     rng = random.Random(seed)
     all_stats: list[LossStats] = []
@@ -413,21 +436,17 @@ def train_step(
     loss_first_epoch, grad_norm, updates, skipped = 0.0, 0.0, 0, 0
     computed_tokens = 0
     grad_norms: list[float] = []
-    # Mini-batches hold whole trajectories: a per_request trajectory's traces split across
-    # mini-batches would count as a trajectory in each (SequenceMean, TokenSumNorm).
-    by_trajectory: dict[int, list[_Item]] = {}
-    for it in items:
-        by_trajectory.setdefault(it.trajectory, []).append(it)
     for epoch in range(max(1, epochs)):
-        order = list(by_trajectory.values())
-        if epoch > 0:
+        if epoch == 0:
+            minis = first
+        else:
+            order = list(by_trajectory.values())
             rng.shuffle(order)
-        for part_index, part in enumerate(_split(order, mini_batches)):
-            # The first update's policy is the one before the step: its own pass's log-probs
-            # are the old ones exactly (those computed before, in passes laid out for the
-            # whole step, differ by the numerics of another layout: in bf16 enough to clip).
+            minis = _mini_batches(order, mini_batches)
+        for part_index, mini in enumerate(minis):
+            # The first update's policy is the one before the step: its own passes'
+            # log-probs are the old ones exactly.
             first_update = epoch == 0 and part_index == 0
-            mini = [it for traj in part for it in traj]
             mini_tokens = sum(sum(it.trace.loss_mask) for it in mini)
             # The whole mini-batch's normaliser, before it is split among processes and passes.
             weights = aggregation_weights(

@@ -55,7 +55,8 @@ def test_the_first_update_takes_its_own_passes_log_probs_as_the_old_ones(monkeyp
     def shifted(model, items, *a, **k):
         real_old(model, items, *a, **k)
         for it in items:
-            it.logp_old = it.logp_old + 0.5
+            if it.logp_old is not None:
+                it.logp_old = it.logp_old + 0.5
 
     ratios = []
 
@@ -70,6 +71,82 @@ def test_the_first_update_takes_its_own_passes_log_probs_as_the_old_ones(monkeyp
     assert s.updates == 2
     assert max(ratios[:first]) == 0.0, ratios
     assert min(ratios[first:]) > 0.4, "the second update reads the old log-probs taken before"
+
+
+def uneven_groups(n_groups=4, n=4):
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for gi in range(n_groups):
+        trajs = []
+        for s in range(n):
+            width = int(torch.randint(3, 12, (1,), generator=g))
+            prompt = torch.randint(1, 64, (width,), generator=g)
+            size = int(torch.randint(2, 14, (1,), generator=g))
+            resp = torch.randint(1, 64, (size,), generator=g).tolist()
+            trace = Trace(prompt.tolist(), resp, [1] * size, [None] * size)
+            trajs.append(
+                Trajectory(f"s{gi}{s}", "t", f"g{gi}", s, True, float(s % 2), [0], [trace])
+            )
+        out.append(Group(f"g{gi}", trajs, [1.0 if s % 2 else -1.0 for s in range(n)]))
+    return out
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_the_old_log_probs_are_taken_in_the_passes_their_updates_make(monkeypatch, epochs):
+    # A pass's numerics depend on its layout (which rows, padded to what): scored in passes
+    # laid out for the whole step, a trace's old log-probs differed from its update's own by
+    # more than the policy's move. Each first-epoch mini-batch is scored in its update's very
+    # passes, and the first one not at all unless a later epoch trains it again.
+    from floe_trainer import step as step_module
+
+    phase, passes, update = ["before"], {"old": [], "train": []}, [0]
+    real_old = step_module._old_logprobs
+    real_lp, real_lpe = step_module.token_logprobs, step_module.token_logprobs_and_entropy
+
+    def old(*a, **k):
+        phase[0] = "old"
+        real_old(*a, **k)
+        phase[0] = "train"
+
+    def record(batch):
+        if phase[0] != "before":
+            passes[phase[0]].append((update[0], sorted(map(tuple, batch.input_ids.tolist()))))
+
+    def lp(model, batch, *a, **k):
+        record(batch)
+        return real_lp(model, batch, *a, **k)
+
+    def lpe(model, batch, *a, **k):
+        record(batch)
+        return real_lpe(model, batch, *a, **k)
+
+    monkeypatch.setattr(step_module, "_old_logprobs", old)
+    monkeypatch.setattr(step_module, "token_logprobs", lp)
+    monkeypatch.setattr(step_module, "token_logprobs_and_entropy", lpe)
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    real_step = opt.step
+
+    def counted(*a, **k):
+        update[0] += 1
+        return real_step(*a, **k)
+
+    opt.step = counted
+    s = train_step(
+        model,
+        opt,
+        uneven_groups(),
+        LossConfig(),
+        micro_batch_size=3,
+        mini_batches=2,
+        epochs=epochs,
+    )
+    assert s.updates == 2 * epochs
+    scored = [rows for _, rows in passes["old"]]
+    by_update = [[rows for u, rows in passes["train"] if u == k] for k in range(2)]
+    # The first update's passes are scored before the step only when epoch 2 trains them.
+    expected = by_update[0] + by_update[1] if epochs > 1 else by_update[1]
+    assert by_update[0] and by_update[1] and scored == expected
 
 
 def test_later_updates_see_the_policy_move_and_the_clip_acts():
