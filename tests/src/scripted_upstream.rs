@@ -23,6 +23,8 @@ pub enum Step {
     Shell(String),
     /// Answer with text and stop.
     Say(String),
+    /// Call the tool with this name (as the model is shown it) with these arguments.
+    Call(String, Value),
 }
 
 pub struct ScriptedUpstream {
@@ -170,6 +172,18 @@ fn shell_call(tools: &Value, command: &str) -> Option<(String, Value)> {
     Some((tool["name"].as_str()?.to_string(), args))
 }
 
+/// The assistant message calling `name`, its finish reason and the text sampled for it.
+fn tool_call(n: usize, name: &str, args: &Value) -> (Value, &'static str, String) {
+    let call = json!({"id": format!("call_{n}"), "type": "function",
+        "function": {"name": name, "arguments": args.to_string()}});
+    let text = call["function"].to_string();
+    (
+        json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+        "tool_calls",
+        text,
+    )
+}
+
 async fn complete(State(state): State<Shared>, Json(body): Json<Value>) -> Json<Value> {
     let (script, calls, requests) = &*state;
     let n = calls.fetch_add(1, Ordering::SeqCst);
@@ -186,22 +200,14 @@ async fn complete(State(state): State<Shared>, Json(body): Json<Value>) -> Json<
     let prompt_ids = tokens(&render_call(&body));
     let (message, finish, sampled_text) = match step {
         Step::Shell(command) => match shell_call(&body["tools"], &command) {
-            Some((name, args)) => {
-                let call = json!({"id": format!("call_{n}"), "type": "function",
-                    "function": {"name": name, "arguments": args.to_string()}});
-                let text = call["function"].to_string();
-                (
-                    json!({"role": "assistant", "content": null, "tool_calls": [call]}),
-                    "tool_calls",
-                    text,
-                )
-            }
+            Some((name, args)) => tool_call(n, &name, &args),
             None => {
                 let text = "I have no shell tool.".to_string();
                 (json!({"role": "assistant", "content": text}), "stop", text)
             }
         },
         Step::Say(text) => (json!({"role": "assistant", "content": text}), "stop", text),
+        Step::Call(name, args) => tool_call(n, &name, &args),
     };
     let mut sampled = tokens(&sampled_text);
     sampled.push(END_OF_TURN);

@@ -1,12 +1,12 @@
 //! Real, unmodified coding-agent harness CLIs (from npm) against the floe gateway and the
 //! real vLLM: Pi (`@mariozechner/pi-coding-agent`), once per provider API it speaks, and Codex
-//! CLI (`@openai/codex`, Responses API).
+//! CLI (`@openai/codex`, Responses API), with an MCP server's tool too.
 
 use std::process::Command;
 
 use anyhow::Result;
 use floe_gateway::capture::{read_session, Api};
-use floe_tests::{harness_bin_dir, tokenize, vllm, TestGateway};
+use floe_tests::{harness_bin_dir, tokenize, vllm, ScriptedUpstream, Step, TestGateway};
 use serde_json::json;
 
 /// The harness's executable, installed (once, cached) from npm.
@@ -139,23 +139,24 @@ async fn pi_runs_headless_through_the_gateway_on_each_api() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()> {
-    let codex = install("codex", "codex")?;
-    let gw = TestGateway::start(&vllm().url, 48).await?;
-    let http = reqwest::Client::new();
-    let token = gw.session("codex-1", "hello", 0).await?;
-    let home = tempfile::tempdir()?;
+/// What floe's codex preset writes: a custom provider on the Responses wire API, outside
+/// lookups (plugins, apps) and hosted web search off. The harness binary is untouched.
+fn codex_config(gateway: &str) -> String {
+    format!(
+        "model = \"policy\"\nmodel_provider = \"floe\"\nweb_search = \"disabled\"\n\n[model_providers.floe]\nname = \"floe\"\nbase_url = \"{gateway}/v1\"\n\
+         wire_api = \"responses\"\nenv_key = \"FLOE_API_KEY\"\n\n[features]\nplugins = false\napps = false\nremote_plugin = false\n"
+    )
+}
+
+/// `codex exec <prompt>` with its home at `home`, in a working directory of its own.
+async fn codex_exec(
+    codex: String,
+    home: &std::path::Path,
+    token: String,
+    prompt: &'static str,
+) -> Result<std::process::Output> {
     let work = tempfile::tempdir()?;
-    // What floe's codex preset writes: a custom provider on the Responses wire API, outside
-    // lookups (plugins, apps) and hosted web search off. The harness binary is untouched.
-    let config = format!(
-        "model = \"policy\"\nmodel_provider = \"floe\"\nweb_search = \"disabled\"\n\n[model_providers.floe]\nname = \"floe\"\nbase_url = \"{}/v1\"\n\
-         wire_api = \"responses\"\nenv_key = \"FLOE_API_KEY\"\n\n[features]\nplugins = false\napps = false\nremote_plugin = false\n",
-        gw.url
-    );
-    std::fs::write(home.path().join("config.toml"), config)?;
-    let (home_dir, work_dir) = (home.path().to_path_buf(), work.path().to_path_buf());
+    let (home, work_dir) = (home.to_path_buf(), work.path().to_path_buf());
     let out = tokio::task::spawn_blocking(move || {
         Command::new("timeout")
             .args([
@@ -164,15 +165,33 @@ async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()
                 &codex,
                 "exec",
                 "--skip-git-repo-check",
-                "Say hello in one short sentence.",
+                prompt,
             ])
-            .env("CODEX_HOME", home_dir)
+            .env("CODEX_HOME", home)
             .env("FLOE_API_KEY", token)
             .current_dir(work_dir)
             .stdin(std::process::Stdio::null())
             .output()
     })
     .await??;
+    Ok(out)
+}
+
+#[tokio::test]
+async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()> {
+    let codex = install("codex", "codex")?;
+    let gw = TestGateway::start(&vllm().url, 48).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session("codex-1", "hello", 0).await?;
+    let home = tempfile::tempdir()?;
+    std::fs::write(home.path().join("config.toml"), codex_config(&gw.url))?;
+    let out = codex_exec(
+        codex,
+        home.path(),
+        token,
+        "Say hello in one short sentence.",
+    )
+    .await?;
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let stderr = String::from_utf8_lossy(&out.stderr);
     // SmolLM2 sometimes runs into the 48-token cap; the gateway then answers an incomplete
@@ -199,5 +218,83 @@ async fn codex_exec_runs_through_the_gateway_on_the_responses_api() -> Result<()
         "{label}: exit {}, {calls} calls captured, answer {stdout:?}",
         out.status
     );
+    Ok(())
+}
+
+/// A Model Context Protocol server on stdio with one read-only tool, `lookup`, whose calls it
+/// writes to the file named by its argument.
+const MCP_SERVER: &str = r#"
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m:
+        continue
+    method = m.get("method")
+    if method == "initialize":
+        result = {"protocolVersion": m["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "docs", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "lookup", "description": "Look a word up.",
+                  "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+                  "annotations": {"readOnlyHint": True}}]}
+    elif method == "tools/call":
+        with open(sys.argv[1], "a") as f:
+            f.write(json.dumps(m["params"]["arguments"]) + "\n")
+        result = {"content": [{"type": "text", "text": "MCP-ANSWER-42"}], "isError": False}
+    else:
+        result = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": result}), flush=True)
+"#;
+
+/// Codex sends an MCP server's tools (and its own sub-agents' tools) as Responses `namespace`
+/// tools (`{"type": "namespace", "name": "mcp__docs", "tools": [{"name": "lookup", …}]}`) and
+/// routes a call by its namespace and name. Calls went back without their namespace, and
+/// Codex itself answered them `unsupported call: lookup` (0.169): no MCP tool could be used
+/// through the gateway.
+#[tokio::test]
+async fn codex_calls_an_mcp_servers_tool_through_the_gateway() -> Result<()> {
+    let codex = install("codex", "codex")?;
+    let model = ScriptedUpstream::start(vec![
+        Step::Call("lookup".into(), json!({"q": "floe"})),
+        Step::Say("Looked it up.".into()),
+    ])
+    .await?;
+    let gw = TestGateway::start(&model.url, 256).await?;
+    let token = gw.session("codex-mcp", "lookup", 0).await?;
+    let home = tempfile::tempdir()?;
+    let (server, called) = (home.path().join("docs.py"), home.path().join("called"));
+    std::fs::write(&server, MCP_SERVER)?;
+    let config = format!(
+        "{}\n[mcp_servers.docs]\ncommand = \"python3\"\nargs = [{:?}, {:?}]\n",
+        codex_config(&gw.url),
+        server.display().to_string(),
+        called.display().to_string()
+    );
+    std::fs::write(home.path().join("config.toml"), config)?;
+    let out = codex_exec(codex, home.path(), token, "Look up floe.").await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "codex exec: {}\n{stderr}", out.status);
+    let requests = model.requests();
+    let shown: Vec<&str> = requests
+        .first()
+        .and_then(|r| r["tools"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(shown.contains(&"lookup"), "tools shown: {shown:?}");
+    let results: Vec<String> = requests
+        .iter()
+        .flat_map(|r| r["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].to_string())
+        .collect();
+    assert!(
+        results.iter().any(|r| r.contains("MCP-ANSWER-42")),
+        "the MCP tool's answer did not reach the model: {results:?}"
+    );
+    let calls = std::fs::read_to_string(&called).unwrap_or_default();
+    assert_eq!(calls.trim(), r#"{"q": "floe"}"#, "the MCP server's calls");
+    gw.close("codex-mcp").await?;
     Ok(())
 }

@@ -60,6 +60,9 @@ pub struct Normalized {
     pub reply_as_array: bool,
     /// Responses: freeform `custom` tools, whose calls go back as `custom_tool_call`.
     pub custom_tools: std::collections::BTreeSet<String>,
+    /// Responses: tools declared in a `namespace`, by the name the model is shown → their
+    /// namespace and own name, which their calls go back with.
+    pub namespaced_tools: std::collections::BTreeMap<String, (String, String)>,
 }
 
 /// A request body as JSON: parsed once per call, by the server, and handed to a protocol's

@@ -9,7 +9,9 @@
 //!   `function_call` / `custom_tool_call` items fold into one assistant message (reasoning →
 //!   `reasoning_content`; `encrypted_content` is opaque and not sent upstream);
 //!   `function_call_output` / `custom_tool_call_output` → `tool` messages.
-//! - `function` tools → functions; `namespace` tools are flattened to their inner functions;
+//! - `function` tools → functions; `namespace` tools are flattened to their inner functions
+//!   (qualified `<namespace>__<name>` only where names clash), whose calls go back with their
+//!   `namespace` (Codex routes an MCP tool's call by it);
 //!   `custom` (freeform, e.g. Codex's `apply_patch`) → a function with one string parameter
 //!   `input` — vLLM cannot enforce their grammar — and its calls come back as
 //!   `custom_tool_call`; hosted tools (`web_search`, `file_search`, `code_interpreter`,
@@ -18,7 +20,7 @@
 //! - `reasoning.effort` → `chat_template_kwargs.enable_thinking` (false for `minimal`/`none`),
 //!   `text.format` json_schema / json_object → `response_format`, `max_output_tokens` → `max_tokens`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Map, Value};
 
@@ -148,7 +150,11 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
     {
         system.push(i.to_string());
     }
-    let (functions, custom) = tools(req.get("tools"), &mut dropped)?;
+    let Tools {
+        functions,
+        custom,
+        namespaced,
+    } = tools(req.get("tools"), &mut dropped)?;
     let mut out = Vec::new();
     let mut assistant = Assistant::default();
     for (i, item) in items.iter().enumerate() {
@@ -203,6 +209,7 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                 let name = item["name"]
                     .as_str()
                     .ok_or_else(|| invalid(format!("input[{i}]: {kind} without name")))?;
+                let name = name_shown(&namespaced, item["namespace"].as_str(), name);
                 let arguments = if kind == "custom_tool_call" {
                     json!({"input": item["input"]}).to_string()
                 } else {
@@ -260,11 +267,16 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                 // `{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type":
                 // "function", "name": …}, …]}`: the model is shown those tools only.
                 (None, Some("allowed_tools")) => {
-                    let names = choice["tools"]
+                    let names: Vec<String> = choice["tools"]
                         .as_array()
                         .into_iter()
                         .flatten()
-                        .filter_map(|t| t["name"].as_str());
+                        .filter_map(|t| {
+                            let name = t["name"].as_str()?;
+                            Some(name_shown(&namespaced, t["namespace"].as_str(), name))
+                        })
+                        .collect();
+                    let names = names.iter().map(String::as_str);
                     functions = super::only_allowed(functions, names, "tool_choice.tools")?;
                     json!(if choice["mode"] == "required" {
                         "required"
@@ -306,51 +318,112 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
         model,
         dropped,
         custom_tools: custom,
+        namespaced_tools: namespaced,
         ..Default::default()
     })
 }
 
-/// Chat functions for the tools; the names of freeform custom tools.
-fn tools(
-    tools: Option<&Value>,
-    dropped: &mut Vec<String>,
-) -> Result<(Vec<Value>, BTreeSet<String>), ProtocolError> {
-    let mut functions = Vec::new();
-    let mut custom = BTreeSet::new();
-    let mut queue: Vec<&Value> = tools
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .collect();
-    while let Some(t) = queue.pop() {
-        match t["type"].as_str() {
-            Some("function") => functions.push(super::function_tool(
-                &t["name"],
-                t.get("description"),
-                t.get("parameters")
-                    .cloned()
-                    .unwrap_or(json!({"type": "object", "properties": {}})),
-                t["strict"].as_bool(),
-            )),
-            Some("namespace") => queue.extend(t["tools"].as_array().into_iter().flatten()),
-            Some("custom") => {
-                let name = t["name"]
-                    .as_str()
-                    .ok_or_else(|| invalid("custom tool without name"))?;
-                custom.insert(name.to_string());
-                functions.push(super::function_tool(
-                    &t["name"],
-                    t.get("description"),
-                    json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}),
-                    None,
-                ));
+/// What the request's tools became: chat functions, and what the reply needs to give calls of
+/// them back in the caller's own terms.
+#[derive(Default)]
+struct Tools {
+    functions: Vec<Value>,
+    /// The names (as the model sees them) of freeform custom tools.
+    custom: BTreeSet<String>,
+    /// A tool declared in a `namespace` (an MCP server's, say): the name the model sees → its
+    /// namespace and own name, which its calls carry back (`function_call.namespace`).
+    namespaced: BTreeMap<String, (String, String)>,
+}
+
+/// The name the model sees for `name` declared in `namespace`: its own, unless another tool
+/// the model is shown has that name too; then `<namespace>__<name>`.
+fn visible_name(namespace: &str, name: &str, taken: &BTreeMap<&str, usize>) -> String {
+    if taken.get(name).copied().unwrap_or(0) > 1 {
+        format!("{namespace}__{name}")
+    } else {
+        name.to_string()
+    }
+}
+
+/// Chat functions for the tools (a `namespace`'s tools flattened among them).
+fn tools(tools: Option<&Value>, dropped: &mut Vec<String>) -> Result<Tools, ProtocolError> {
+    // (namespace, tool), in order.
+    let mut declared: Vec<(Option<&str>, &Value)> = Vec::new();
+    for t in tools.and_then(Value::as_array).into_iter().flatten() {
+        if t["type"] == "namespace" {
+            let namespace = t["name"]
+                .as_str()
+                .ok_or_else(|| invalid("namespace tool without name"))?;
+            for inner in t["tools"].as_array().into_iter().flatten() {
+                declared.push((Some(namespace), inner));
             }
-            Some(hosted) => dropped.push(format!("hosted_tool:{hosted}")),
-            None => return Err(invalid("every tool needs a type")),
+        } else {
+            declared.push((None, t));
         }
     }
-    functions.reverse();
-    Ok((functions, custom))
+    let mut taken: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, t) in &declared {
+        if matches!(t["type"].as_str(), Some("function" | "custom")) {
+            if let Some(name) = t["name"].as_str() {
+                *taken.entry(name).or_default() += 1;
+            }
+        }
+    }
+    let mut out = Tools::default();
+    for (namespace, t) in declared {
+        let kind = t["type"].as_str();
+        let parameters = match kind {
+            Some("function") => t
+                .get("parameters")
+                .cloned()
+                .unwrap_or(json!({"type": "object", "properties": {}})),
+            Some("custom") => {
+                json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]})
+            }
+            Some(hosted) => {
+                dropped.push(format!("hosted_tool:{hosted}"));
+                continue;
+            }
+            None => return Err(invalid("every tool needs a type")),
+        };
+        let mut name = t["name"].clone();
+        if let (Some(namespace), Some(own)) = (namespace, t["name"].as_str()) {
+            let visible = visible_name(namespace, own, &taken);
+            out.namespaced
+                .insert(visible.clone(), (namespace.to_string(), own.to_string()));
+            name = visible.into();
+        }
+        if kind == Some("custom") {
+            let name = name
+                .as_str()
+                .ok_or_else(|| invalid("custom tool without name"))?;
+            out.custom.insert(name.to_string());
+        }
+        let strict = if kind == Some("function") {
+            t["strict"].as_bool()
+        } else {
+            None
+        };
+        out.functions.push(super::function_tool(
+            &name,
+            t.get("description"),
+            parameters,
+            strict,
+        ));
+    }
+    Ok(out)
+}
+
+/// The name the model was shown for a tool the caller names by `name` (and `namespace`).
+fn name_shown(
+    namespaced: &BTreeMap<String, (String, String)>,
+    namespace: Option<&str>,
+    name: &str,
+) -> String {
+    namespaced
+        .iter()
+        .find(|(_, (ns, own))| Some(ns.as_str()) == namespace && own == name)
+        .map_or_else(|| name.to_string(), |(visible, _)| visible.clone())
 }
 
 /// The Responses object for an upstream Chat Completions response.
@@ -376,23 +449,33 @@ pub fn response(upstream: &Value, n: &Normalized) -> Value {
         .flatten()
         .enumerate()
     {
-        let name = call["function"]["name"].as_str().unwrap_or_default();
+        let shown = call["function"]["name"].as_str().unwrap_or_default();
         let args = call["function"]["arguments"].as_str().unwrap_or("{}");
         let item_id = format!("fc_{id}_{k}");
-        if n.custom_tools.contains(name) {
+        // A namespaced tool's call names it as the caller declared it, with its namespace.
+        let (namespace, name) = match n.namespaced_tools.get(shown) {
+            Some((namespace, own)) => (Some(namespace.as_str()), own.as_str()),
+            None => (None, shown),
+        };
+        let mut item = if n.custom_tools.contains(shown) {
             let input = serde_json::from_str::<Value>(args)
                 .ok()
                 .and_then(|v| v["input"].as_str().map(str::to_owned))
                 .unwrap_or_else(|| args.to_string());
-            output.push(json!({"type": "custom_tool_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "input": input}));
+            json!({"type": "custom_tool_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "input": input})
         } else if super::call_arguments(call).is_none() {
             // Arguments that are no JSON object cannot be a call the harness runs (nor go
             // back upstream in its history): the text the model meant, as the other APIs give.
             output.push(json!({"type": "message", "id": format!("msg_{id}_{k}"), "status": "completed", "role": "assistant",
                 "content": [{"type": "output_text", "text": super::call_as_text(call), "annotations": []}]}));
+            continue;
         } else {
-            output.push(json!({"type": "function_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "arguments": args}));
+            json!({"type": "function_call", "id": item_id, "status": "completed", "call_id": call["id"], "name": name, "arguments": args})
+        };
+        if let Some(namespace) = namespace {
+            item["namespace"] = namespace.into();
         }
+        output.push(item);
     }
     let truncated = choice["finish_reason"] == "length";
     let (input, out_tokens) = (
@@ -706,6 +789,59 @@ mod tests {
             let err = normalize(body.to_string().as_bytes()).expect_err("invalid");
             assert!(err.to_string().contains(needle), "{body}: {err}");
         }
+    }
+
+    #[test]
+    fn a_namespaced_tools_calls_go_back_with_its_namespace_and_own_name() {
+        // Two MCP servers each with a `search`, and a `read` of one server's only: the model
+        // is shown unique names (qualified only where they clash); calls go back as declared.
+        let f = |name: &str| json!({"type": "function", "name": name, "parameters": {"type": "object"}});
+        let n = norm(json!({"model": "m", "input": [
+                {"role": "user", "content": "find"},
+                {"type": "function_call", "call_id": "c0", "namespace": "docs", "name": "search", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c0", "output": "none"}],
+            "tools": [f("shell"),
+                {"type": "namespace", "name": "docs", "description": "Docs", "tools": [f("search"), f("read")]},
+                {"type": "namespace", "name": "code", "tools": [f("search")]}]}));
+        let names: Vec<&str> = n.request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["shell", "docs__search", "read", "code__search"]);
+        // The history's call is named as the model was shown it.
+        assert_eq!(
+            n.request["messages"][1]["tool_calls"][0]["function"]["name"],
+            "docs__search"
+        );
+        let upstream = json!({"id": "chatcmpl-9", "created": 1,
+            "choices": [{"finish_reason": "tool_calls", "message": {"content": null, "tool_calls": [
+                {"id": "a", "function": {"name": "code__search", "arguments": "{}"}},
+                {"id": "b", "function": {"name": "read", "arguments": "{}"}},
+                {"id": "c", "function": {"name": "shell", "arguments": "{}"}}]}}]});
+        let r = response(&upstream, &n);
+        let calls: Vec<(&str, Option<&str>)> = r["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| (o["name"].as_str().unwrap_or(""), o["namespace"].as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("search", Some("code")),
+                ("read", Some("docs")),
+                ("shell", None)
+            ]
+        );
+        // The stream's items carry it too.
+        let added: Vec<Value> = stream_events(&r)
+            .into_iter()
+            .filter(|(name, _)| name == "response.output_item.added")
+            .map(|(_, data)| data["item"]["namespace"].clone())
+            .collect();
+        assert_eq!(added, [json!("code"), json!("docs"), Value::Null]);
     }
 
     #[test]
