@@ -2,6 +2,7 @@
 //! specs of prepare steps, the harness and the evaluator, with their logs, and reading those
 //! logs back. Shared by [`crate::runner`] and [`crate::grading`].
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -55,10 +56,46 @@ pub(crate) fn holds_url_credentials(value: &str) -> bool {
     })
 }
 
-/// Whether variable `name`'s value holds credentials: a URL with them, or a proxy written
-/// without a scheme (`HTTPS_PROXY=user:pass@proxy:3128`, which curl and pip take).
+/// Whether a URL in the value carries a secret in its query string: a signed URL's
+/// (`X-Amz-Signature`, `X-Goog-Signature`, an Azure SAS's `sig`), or a token or key passed
+/// as a parameter (`?access_token=…`, `?api_key=…`), with a value.
+pub(crate) fn holds_query_secret(value: &str) -> bool {
+    const PARTS: &[&str] = &[
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "signature",
+        "credential",
+        "apikey",
+    ];
+    const NAMES: &[&str] = &["sig", "key", "auth", "pwd", "pass"];
+    value.match_indices("://").any(|(at, sep)| {
+        let url = value[at + sep.len()..]
+            .split(char::is_whitespace)
+            .next()
+            .unwrap_or("");
+        let query = url.split_once('?').map_or("", |(_, q)| q);
+        let query = query.split('#').next().unwrap_or("");
+        query.split('&').any(|pair| {
+            let (key, val) = pair.split_once('=').unwrap_or((pair, ""));
+            let key: String = key
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .collect::<String>()
+                .to_ascii_lowercase();
+            !val.is_empty()
+                && (PARTS.iter().any(|p| key.contains(p)) || NAMES.contains(&key.as_str()))
+        })
+    })
+}
+
+/// Whether variable `name`'s value holds credentials: a URL with them (in its authority or
+/// its query string), or a proxy written without a scheme (`HTTPS_PROXY=user:pass@proxy:3128`,
+/// which curl and pip take).
 pub(crate) fn secret_in_value(name: &str, value: &str) -> bool {
     holds_url_credentials(value)
+        || holds_query_secret(value)
         || (name.to_ascii_uppercase().ends_with("_PROXY") && value.contains('@'))
 }
 
@@ -69,11 +106,19 @@ pub(crate) fn secret_in_value(name: &str, value: &str) -> bool {
 /// job names in the child's `env` is set after this.
 pub(crate) fn drop_users_credentials(spec: &mut CommandSpec) {
     spec.env_remove
-        .extend(std::env::vars_os().filter_map(|(k, v)| {
-            let k = k.into_string().ok()?;
-            let secret = credential_like(&k) || v.to_str().is_some_and(|v| secret_in_value(&k, v));
-            secret.then_some(k)
-        }));
+        .extend(users_credentials(std::env::vars_os()));
+}
+
+/// The names of `vars` that hold credentials. A name or value that is not UTF-8 is read as far
+/// as it is (a credential in it is ASCII all the same): skipped, such a variable was inherited
+/// unread.
+fn users_credentials(vars: impl Iterator<Item = (OsString, OsString)>) -> Vec<OsString> {
+    vars.filter(|(k, v)| {
+        let name = k.to_string_lossy();
+        credential_like(&name) || secret_in_value(&name, &v.to_string_lossy())
+    })
+    .map(|(k, _)| k)
+    .collect()
 }
 
 #[derive(Clone, Debug)]
@@ -164,7 +209,7 @@ pub(crate) fn child(
         program: program.to_string(),
         args,
         env,
-        env_remove: PRIVATE_ENV.iter().map(|s| s.to_string()).collect(),
+        env_remove: PRIVATE_ENV.iter().map(OsString::from).collect(),
         cwd: cwd.to_path_buf(),
         stdout: logs.join(format!("{name}.stdout")),
         stderr: logs.join(format!("{name}.stderr")),
@@ -218,7 +263,25 @@ pub(crate) fn tail_of(mut file: std::fs::File, max: usize) -> String {
 
 #[cfg(test)]
 mod credential_tests {
-    use super::{credential_like, holds_url_credentials, secret_in_value};
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+
+    use super::{credential_like, holds_url_credentials, secret_in_value, users_credentials};
+
+    #[test]
+    fn variables_that_are_not_utf8_are_read_too() {
+        let os = |b: &[u8]| OsString::from_vec(b.to_vec());
+        let vars = [
+            (os(b"PIP_INDEX_URL"), os(b"https://u:p@mirror/simple \xff")),
+            (os(b"MY_\xffTOKEN"), os(b"t")),
+            (os(b"LANG\xff"), os(b"C")),
+            (os(b"NOTE"), os(b"caf\xe9")),
+        ];
+        assert_eq!(
+            users_credentials(vars.into_iter()),
+            [os(b"PIP_INDEX_URL"), os(b"MY_\xffTOKEN")]
+        );
+    }
 
     #[test]
     fn urls_with_credentials_in_values_are_told_from_plain_ones() {
@@ -240,6 +303,25 @@ mod credential_tests {
             "a@b",
         ] {
             assert!(!holds_url_credentials(value), "{value}");
+        }
+        for value in [
+            "https://bucket.s3.amazonaws.com/w.bin?X-Amz-Credential=AK%2F1&X-Amz-Signature=ab12",
+            "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sig=Zm9v",
+            "https://storage.googleapis.com/b/o?X-Goog-Signature=00ff",
+            "wss://feed.internal/stream?access_token=eyJ",
+            "https://api.internal/v1?api_key=k1#top",
+            "https://hooks.internal/x?key=abc",
+        ] {
+            assert!(secret_in_value("DATA_URL", value), "{value}");
+        }
+        for value in [
+            "https://pypi.org/simple?format=json",
+            "https://host/search?q=token",
+            "https://host/?token=",
+            "https://host/path/token=abc",
+            "no url ?token=abc",
+        ] {
+            assert!(!secret_in_value("DATA_URL", value), "{value}");
         }
         assert!(secret_in_value("https_proxy", "user:pass@proxy:3128"));
         assert!(!secret_in_value("HTTPS_PROXY", "proxy:3128"));

@@ -19,8 +19,9 @@ pub struct CommandSpec {
     pub args: Vec<String>,
     /// Set on top of the runner's environment.
     pub env: Vec<(String, String)>,
-    /// Removed from the runner's environment (e.g. the runner's own credentials).
-    pub env_remove: Vec<String>,
+    /// Removed from the runner's environment (e.g. the runner's own credentials); names need
+    /// not be UTF-8, as the environment's need not.
+    pub env_remove: Vec<std::ffi::OsString>,
     pub cwd: PathBuf,
     pub stdout: PathBuf,
     pub stderr: PathBuf,

@@ -150,7 +150,8 @@ def _():
 
 @attempt("credential_in_a_url_of_own_environment")
 def _():
-    """A package index's password inside a URL (`PIP_INDEX_URL=https://user:pass@…`), under a
+    """A package index's password inside a URL (`PIP_INDEX_URL=https://user:pass@…`), or a
+    signed URL's signature in its query string (`DATASET_URL=…?X-Amz-Signature=…`), under a
     name no credential filter matches."""
     return [k for k, v in os.environ.items() if "THE-USERS-PIP-PASSWORD" in v] or None
 

@@ -265,6 +265,11 @@ async fn run(sandbox: bool) -> Result<Outcome> {
             "PIP_INDEX_URL",
             "https://ml-team:THE-USERS-PIP-PASSWORD@pypi.internal/simple",
         )
+        // And one in a signed URL's query string.
+        .env(
+            "DATASET_URL",
+            "https://bucket.s3.amazonaws.com/d.tar?X-Amz-Signature=THE-USERS-PIP-PASSWORD-SIGNED",
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     if !sandbox {
