@@ -802,7 +802,15 @@ mod document_tests {
             "{err}"
         );
         spec["train"]["grpo"] = serde_json::json!({"maxGradNorm": 0.5});
-        parse_rollout_job(&job(spec)).expect("maxGradNorm 0.5");
+        parse_rollout_job(&job(spec.clone())).expect("maxGradNorm 0.5");
+        spec["train"]["grpo"] = serde_json::json!({"dualClip": 1.0});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("dualClip 1");
+        assert!(
+            err.to_string().contains("grpo.dualClip must be above 1"),
+            "{err}"
+        );
+        spec["train"]["grpo"] = serde_json::json!({"dualClip": 1.5});
+        parse_rollout_job(&job(spec)).expect("dualClip 1.5");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-"""The GRPO policy loss on padded token tensors: token-level PPO-clip with clip-higher,
-truncated importance sampling (TIS) against the gateway's behaviour logprobs, and a choice of
-aggregation. Shapes: ``[batch, tokens]`` for per-token tensors, ``[batch]`` for advantages.
+"""The GRPO policy loss on padded token tensors: token-level PPO-clip with clip-higher and a
+dual clip, truncated importance sampling (TIS) against the gateway's behaviour logprobs, and a
+choice of aggregation. Shapes: ``[batch, tokens]`` for per-token tensors, ``[batch]`` for
+advantages.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ KL_TOKEN_BOUND = 10.0
 class LossConfig:
     epsilon_low: float = 0.2
     epsilon_high: float = 0.28
+    # Dual clip: a token with a negative advantage costs at most this × |advantage|.
+    dual_clip: float = 3.0
     tis_cap: float = 2.0
     # TokenMean (DAPO), SequenceMean (original GRPO) or TokenSumNorm (Dr. GRPO).
     aggregation: str = "TokenMean"
@@ -48,6 +51,9 @@ class LossStats:
     # update would raise a token further), below 1 - epsilon_low on a negative one.
     clip_high_fraction: float = 0.0
     clip_low_fraction: float = 0.0
+    # Tokens with a negative advantage whose ratio went past ``dual_clip``: their cost is
+    # bounded there (and they give no gradient).
+    clip_dual_fraction: float = 0.0
     # Mean entropy of the (tempered) policy over the sampled tokens' positions (first epoch's
     # passes; ``step.train_step`` fills it in).
     entropy: float = 0.0
@@ -85,6 +91,9 @@ def policy_loss(
     ratio = torch.exp(logp - logp_old.detach())
     clipped = torch.clamp(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
+    # Dual clip (verl's ``clip_ratio_c``): on a negative advantage the clip above leaves the
+    # cost |A| × ratio unbounded; it stops at |A| × dual_clip.
+    per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * cfg.dual_clip), per_token)
     # TIS: the sample came from vLLM's policy, not exactly the trainer's; weight by the
     # (capped) ratio, 1 where the behaviour logprob is unknown.
     known = behaviour_known.to(torch.bool) & (mask > 0)
@@ -126,6 +135,7 @@ def policy_loss(
         clipped_low = (ratio < 1.0 - cfg.epsilon_low) & (adv < 0)
         clipped_high = (ratio > 1.0 + cfg.epsilon_high) & (adv > 0)
         is_clipped = clipped_low | clipped_high
+        dual = (ratio > cfg.dual_clip) & (adv < 0)
         wk = w[known]
         ess = float(wk.sum() ** 2 / (wk.numel() * (wk**2).sum())) if wk.numel() else 1.0
         stats = LossStats(
@@ -143,6 +153,7 @@ def policy_loss(
             kl_mean=float(kl[m].mean()) if tokens else 0.0,
             clip_high_fraction=float(clipped_high[m].float().mean()) if tokens else 0.0,
             clip_low_fraction=float(clipped_low[m].float().mean()) if tokens else 0.0,
+            clip_dual_fraction=float(dual[m].float().mean()) if tokens else 0.0,
             tis_sum=float(wk.sum()),
             tis_sq_sum=float((wk**2).sum()),
         )

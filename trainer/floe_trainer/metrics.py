@@ -54,7 +54,8 @@ class Metrics:
         self.clip_side = Gauge(
             "floe_trainer_clip_fraction_by_side",
             "Fraction of tokens clipped: high (ratio above 1 + epsilonHigh, positive "
-            "advantage) or low (below 1 - epsilonLow, negative advantage)",
+            "advantage), low (below 1 - epsilonLow, negative advantage) or dual (above "
+            "dualClip, negative advantage)",
             ["side"],
             registry=r,
         )
@@ -90,7 +91,7 @@ class Metrics:
             registry=r,
         )
         # Every labelled series exists from the start (0 until the first step).
-        for side in ("high", "low"):
+        for side in ("high", "low", "dual"):
             self.clip_side.labels(side)
         for stat in ("mean", "max"):
             self.response_tokens.labels(stat)
@@ -252,6 +253,7 @@ class Metrics:
         self.clip.set(s.clip_fraction)
         self.clip_side.labels("high").set(s.clip_fraction_high)
         self.clip_side.labels("low").set(s.clip_fraction_low)
+        self.clip_side.labels("dual").set(s.clip_fraction_dual)
         self.tis_truncated.set(s.tis_truncated_fraction)
         self.behaviour_unknown.set(s.behaviour_unknown_fraction)
         self.overlong.set(s.overlong_sessions / s.sessions if s.sessions else 0.0)

@@ -60,6 +60,8 @@ class StepStats:
     # The clip by side, over every update (see ``LossStats``).
     clip_fraction_high: float = 0.0
     clip_fraction_low: float = 0.0
+    # Tokens of a negative advantage bounded by the dual clip, over every update.
+    clip_fraction_dual: float = 0.0
     # Tokens whose importance weight was truncated at tisCap (first pass).
     tis_truncated_fraction: float = 0.0
     # Trained tokens the sampler gave no log-prob for (first epoch): they get no importance
@@ -597,6 +599,7 @@ def train_step(
         skipped_updates=skipped,
         clip_fraction_high=mean(all_stats, "clip_high_fraction"),
         clip_fraction_low=mean(all_stats, "clip_low_fraction"),
+        clip_fraction_dual=mean(all_stats, "clip_dual_fraction"),
         tis_truncated_fraction=mean_known("tis_truncated_fraction", 0.0),
         behaviour_unknown_fraction=(
             sum(s.behaviour_unknown for s in first_epoch)

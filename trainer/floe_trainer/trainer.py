@@ -89,6 +89,7 @@ class TrainerConfig:
     advantage: str = "MeanStd"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.28
+    dual_clip: float = 3.0
     tis_cap: float = 2.0
     loss_aggregation: str = "TokenMean"
     groups_per_step: int = 8
@@ -185,6 +186,7 @@ class TrainerConfig:
             ("advantage", "advantage", str),
             ("epsilon_low", "epsilonLow", float),
             ("epsilon_high", "epsilonHigh", float),
+            ("dual_clip", "dualClip", float),
             ("tis_cap", "tisCap", float),
             ("loss_aggregation", "lossAggregation", str),
             ("groups_per_step", "groupsPerStep", int),
@@ -216,6 +218,8 @@ class TrainerConfig:
             )
         if given.get("kl_coef", 0.0) < 0:
             raise ValueError(f"grpo.klCoef must be >= 0, got {given['kl_coef']}")
+        if given.get("dual_clip", TrainerConfig.dual_clip) <= 1:
+            raise ValueError(f"grpo.dualClip must be above 1, got {given['dual_clip']}")
         # train.gpus: 0 trains on CPU, 1 on the pod's GPU, more on that many processes under
         # torchrun (``processes``: checked against the processes started, never ignored).
         gpus = c.get("gpus")
@@ -374,6 +378,7 @@ def loss_config(cfg: TrainerConfig) -> LossConfig:
     return LossConfig(
         epsilon_low=cfg.epsilon_low,
         epsilon_high=cfg.epsilon_high,
+        dual_clip=cfg.dual_clip,
         tis_cap=cfg.tis_cap,
         aggregation=cfg.loss_aggregation,
         kl_coef=cfg.kl_coef,
@@ -981,6 +986,7 @@ class Trainer:
                     "clipFraction": stats.clip_fraction,
                     "clipFractionHigh": stats.clip_fraction_high,
                     "clipFractionLow": stats.clip_fraction_low,
+                    "clipFractionDual": stats.clip_fraction_dual,
                     "logprobMismatch": stats.logprob_mismatch,
                     "tisMean": stats.tis_mean,
                     "tisTruncatedFraction": stats.tis_truncated_fraction,

@@ -98,6 +98,10 @@ def test_training_gpus_need_as_many_processes_never_fewer():
             {"model": "m", "numSamples": 2, "gpus": 2, "grpo": {"weightSync": "NCCL"}},
             Path("/tmp"),
         )
+    with pytest.raises(ValueError, match="dualClip must be above 1"):
+        TrainerConfig.from_operator(
+            {"model": "m", "numSamples": 2, "grpo": {"dualClip": 1.0}}, Path("/tmp")
+        )
 
 
 def test_a_negative_kl_coefficient_is_refused():

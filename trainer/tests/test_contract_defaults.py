@@ -15,6 +15,7 @@ GRPO = {
     "advantage": ("advantage", str),
     "epsilonLow": ("epsilon_low", float),
     "epsilonHigh": ("epsilon_high", float),
+    "dualClip": ("dual_clip", float),
     "tisCap": ("tis_cap", float),
     "lossAggregation": ("loss_aggregation", str),
     "groupsPerStep": ("groups_per_step", int),

@@ -55,6 +55,24 @@ def test_clip_low_applies_to_negative_advantages():
     assert grad[0, 0].item() == 0.0
 
 
+def test_the_dual_clip_bounds_a_negative_advantages_cost():
+    # A < 0 and ratio e^1.5 = 4.48, past the clip's range: PPO's clip leaves the cost
+    # |A| x ratio (the larger term wins); the dual clip stops it at |A| x 3, with no gradient.
+    # Ratio e^0.5 = 1.65 is below 3: the cost is |A| x ratio, its gradient intact.
+    ratios, old = [[0.5 - 1.0, 1.5 - 1.0]], [[-1.0, -1.0]]
+    loss, grad, stats = run(ratios, old, old, [[True, True]], [-2.0], [[1, 1]])
+    assert loss == pytest.approx((2.0 * math.exp(0.5) + 2.0 * 3.0) / 2)
+    assert grad[0, 0].item() == pytest.approx(2.0 * math.exp(0.5) / 2)
+    assert grad[0, 1].item() == 0.0
+    assert stats.clip_dual_fraction == pytest.approx(0.5)
+    # A looser bound leaves both unbounded; a positive advantage is never dual-clipped.
+    loss, grad, stats = run(ratios, old, old, [[True, True]], [-2.0], [[1, 1]], dual_clip=10.0)
+    assert loss == pytest.approx((2.0 * math.exp(0.5) + 2.0 * math.exp(1.5)) / 2)
+    assert grad[0, 1].item() > 0 and stats.clip_dual_fraction == 0.0
+    _, _, stats = run(ratios, old, old, [[True, True]], [2.0], [[1, 1]])
+    assert stats.clip_dual_fraction == 0.0
+
+
 def test_truncated_importance_sampling_weights_by_the_capped_ratio():
     # old - behaviour = ln 1.5 -> weight 1.5; = ln 3 -> capped at 2; unknown -> 1.
     old = [[-1.0, -1.0, -1.0]]

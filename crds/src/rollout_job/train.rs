@@ -21,6 +21,9 @@ use crate::common::UpstreamSpec;
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.grpo) || !has(self.grpo.maxGradNorm) || self.grpo.maxGradNorm > 0.0")
     .message("grpo.maxGradNorm must be above 0: clipping to 0 zeroes every update"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.grpo) || !has(self.grpo.dualClip) || self.grpo.dualClip > 1.0")
+    .message("grpo.dualClip must be above 1: it bounds a negative advantage's cost past the clip's own"))]
 #[serde(rename_all = "camelCase")]
 pub struct TrainSpec {
     /// Trainer image (vLLM + `floe-trainer`).
@@ -344,6 +347,14 @@ pub struct GrpoSpec {
     #[serde(default = "default_epsilon_high")]
     #[schemars(range(min = 0.0, max = 10.0))]
     pub epsilon_high: f64,
+    /// Dual clip (Ye et al. 2020; verl's `clip_ratio_c`): a token with a negative advantage
+    /// costs at most `dualClip` × |advantage|, however far the PPO ratio has moved. The clip
+    /// (`epsilonLow`/`epsilonHigh`) leaves that side unbounded, so one token the policy has made
+    /// many times likelier since sampling could drive a whole update. Acts only from the second
+    /// update of a step on (with one update the ratio is 1). Must be above 1.
+    #[serde(default = "default_dual_clip")]
+    #[schemars(range(min = 1.0, max = 100.0))]
+    pub dual_clip: f64,
     /// Cap of the truncated importance-sampling ratio against the behaviour logprobs.
     #[serde(default = "default_tis_cap")]
     #[schemars(range(min = 1.0, max = 100.0))]
@@ -433,6 +444,7 @@ impl Default for GrpoSpec {
             advantage: AdvantageEstimator::default(),
             epsilon_low: default_epsilon_low(),
             epsilon_high: default_epsilon_high(),
+            dual_clip: default_dual_clip(),
             tis_cap: default_tis_cap(),
             kl_coef: 0.0,
             loss_aggregation: LossAggregation::default(),
@@ -461,6 +473,9 @@ fn default_epsilon_low() -> f64 {
 }
 fn default_epsilon_high() -> f64 {
     0.28
+}
+fn default_dual_clip() -> f64 {
+    3.0
 }
 fn default_tis_cap() -> f64 {
     2.0
