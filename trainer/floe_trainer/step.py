@@ -144,13 +144,14 @@ def _old_logprobs(
     placement: Placement,
     world: World,
     bucket: bool = True,
+    swap: bool = True,
 ) -> None:
     """``logp_old`` of the items of ``minis`` (first-epoch mini-batches whose updates read
     them), each mini-batch scored in the very passes its update makes (per process, its
     share): the old log-probs then differ from the update's own by the policy's move alone,
     not by the numerics of another layout too (in bf16 enough to clip). Every process makes
-    as many passes, and they swap what they scored (later epochs shuffle the mini-batches,
-    so a process trains traces another one scored)."""
+    as many passes, and with ``swap`` they swap what they scored (later epochs shuffle the
+    mini-batches, so a process trains traces another one scored)."""
     model.eval()
     index = {id(it): k for k, it in enumerate(items)}
     scored: list[tuple[int, torch.Tensor]] = []
@@ -170,7 +171,8 @@ def _old_logprobs(
                 for row, it in enumerate(chunk.items):
                     n = len(it.trace.response_token_ids)
                     scored.append((index[id(it)], logp[row, :n].cpu()))
-    for part in gather(world, scored):
+    # Without a later epoch each process trains only what it scored: nothing to swap.
+    for part in gather(world, scored) if swap else [scored]:
         for k, logp in part:
             items[k].logp_old = logp
 
@@ -429,7 +431,9 @@ def train_step(
     first = _mini_batches(list(by_trajectory.values()), mini_batches)
     scored_before = first if epochs > 1 else first[1:]
     if not on_policy and scored_before:
-        _old_logprobs(model, items, scored_before, layout, placement, world, length_bucketing)
+        _old_logprobs(
+            model, items, scored_before, layout, placement, world, length_bucketing, epochs > 1
+        )
     train_deterministically(model)
     rng = random.Random(seed)
     all_stats: list[LossStats] = []

@@ -69,8 +69,12 @@ def test_the_dual_clip_bounds_a_negative_advantages_cost():
     loss, grad, stats = run(ratios, old, old, [[True, True]], [-2.0], [[1, 1]], dual_clip=10.0)
     assert loss == pytest.approx((2.0 * math.exp(0.5) + 2.0 * math.exp(1.5)) / 2)
     assert grad[0, 1].item() > 0 and stats.clip_dual_fraction == 0.0
-    _, _, stats = run(ratios, old, old, [[True, True]], [2.0], [[1, 1]])
-    assert stats.clip_dual_fraction == 0.0
+    loss, _, stats = run(ratios, old, old, [[True, True]], [2.0], [[1, 1]])
+    assert loss == pytest.approx(-2.0 * 1.28) and stats.clip_dual_fraction == 0.0
+    # The bounded cost is weighed by the token's TIS weight like any other (here e^0.5).
+    behaviour = [[-1.5, -1.5]]
+    loss, _, _ = run(ratios, old, behaviour, [[True, True]], [-2.0], [[1, 1]])
+    assert loss == pytest.approx(math.exp(0.5) * (2.0 * math.exp(0.5) + 2.0 * 3.0) / 2)
 
 
 def test_truncated_importance_sampling_weights_by_the_capped_ratio():

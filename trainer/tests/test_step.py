@@ -73,14 +73,17 @@ def test_the_first_update_takes_its_own_passes_log_probs_as_the_old_ones(monkeyp
     assert min(ratios[first:]) > 0.4, "the second update reads the old log-probs taken before"
 
 
-def uneven_groups(n_groups=4, n=4):
+def uneven_groups(n_groups=4, n=4, shared=False):
+    """Groups of traces of uneven lengths; ``shared``: a group's samples share one long prompt
+    (the trainer's prompt sharing may then put them in shared rows)."""
     g = torch.Generator().manual_seed(7)
     out = []
     for gi in range(n_groups):
         trajs = []
+        common = torch.randint(1, 64, (48,), generator=g)
         for s in range(n):
             width = int(torch.randint(3, 12, (1,), generator=g))
-            prompt = torch.randint(1, 64, (width,), generator=g)
+            prompt = common if shared else torch.randint(1, 64, (width,), generator=g)
             size = int(torch.randint(2, 14, (1,), generator=g))
             resp = torch.randint(1, 64, (size,), generator=g).tolist()
             trace = Trace(prompt.tolist(), resp, [1] * size, [None] * size)
@@ -91,8 +94,17 @@ def uneven_groups(n_groups=4, n=4):
     return out
 
 
-@pytest.mark.parametrize("epochs", [1, 2])
-def test_the_old_log_probs_are_taken_in_the_passes_their_updates_make(monkeypatch, epochs):
+@pytest.mark.parametrize(
+    "epochs, options",
+    [
+        (1, {}),
+        (2, {}),
+        (1, {"length_bucketing": False}),
+        (2, {"max_tokens_per_micro_batch": 40}),
+        (1, {"shared_prompt": True}),
+    ],
+)
+def test_the_old_log_probs_are_taken_in_the_passes_their_updates_make(monkeypatch, epochs, options):
     # A pass's numerics depend on its layout (which rows, padded to what): scored in passes
     # laid out for the whole step, a trace's old log-probs differed from its update's own by
     # more than the policy's move. Each first-epoch mini-batch is scored in its update's very
@@ -132,14 +144,17 @@ def test_the_old_log_probs_are_taken_in_the_passes_their_updates_make(monkeypatc
         return real_step(*a, **k)
 
     opt.step = counted
+    options = dict(options)
+    groups = uneven_groups(shared=options.pop("shared_prompt", False))
     s = train_step(
         model,
         opt,
-        uneven_groups(),
+        groups,
         LossConfig(),
         micro_batch_size=3,
         mini_batches=2,
         epochs=epochs,
+        **options,
     )
     assert s.updates == 2 * epochs
     scored = [rows for _, rows in passes["old"]]

@@ -348,10 +348,11 @@ pub struct GrpoSpec {
     #[schemars(range(min = 0.0, max = 10.0))]
     pub epsilon_high: f64,
     /// Dual clip (Ye et al. 2020; verl's `clip_ratio_c`): a token with a negative advantage
-    /// costs at most `dualClip` × |advantage|, however far the PPO ratio has moved. The clip
-    /// (`epsilonLow`/`epsilonHigh`) leaves that side unbounded, so one token the policy has made
-    /// many times likelier since sampling could drive a whole update. Acts only from the second
-    /// update of a step on (with one update the ratio is 1). Must be above 1.
+    /// costs at most `dualClip` × |advantage| (times its importance weight), however far the
+    /// PPO ratio has moved. The clip (`epsilonLow`/`epsilonHigh`) leaves that side unbounded,
+    /// so one token the policy has made many times likelier since the step began could drive a
+    /// whole update. Acts only from the second update of a step on (with one update the ratio
+    /// is 1). Must be above 1 (the rule refuses 1 itself).
     #[serde(default = "default_dual_clip")]
     #[schemars(range(min = 1.0, max = 100.0))]
     pub dual_clip: f64,
