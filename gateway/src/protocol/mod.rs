@@ -254,17 +254,23 @@ pub(crate) fn function_tool(
 /// Gemini's `allowedFunctionNames`). vLLM has no such choice, and constraining its decoding to
 /// them would sample a distribution the trainer does not model: the model is shown only those
 /// (and the captured prompt is what it was shown). A name not declared is ignored; a choice that
-/// leaves none is the caller's error, named by `field`.
+/// names functions but none declared is the caller's error, named by `field`; one that names
+/// none (only hosted tools, which the gateway drops or refuses anyway) leaves no function.
 pub(crate) fn only_allowed<'a>(
     functions: Vec<Value>,
     allowed: impl IntoIterator<Item = &'a str>,
     field: &str,
 ) -> Result<Vec<Value>, ProtocolError> {
     let allowed: std::collections::BTreeSet<&str> = allowed.into_iter().collect();
+    if allowed.is_empty() {
+        return Ok(Vec::new());
+    }
     let kept: Vec<Value> = functions
         .into_iter()
         .filter(|f| {
-            f["function"]["name"]
+            // A chat tool is `{"type": "function", "function": {"name": …}}` (or `custom`).
+            let kind = f["type"].as_str().unwrap_or("function");
+            f[kind]["name"]
                 .as_str()
                 .is_some_and(|n| allowed.contains(n))
         })

@@ -81,7 +81,10 @@ fn allowed_tools(req: &mut serde_json::Map<String, Value>) -> Result<(), Protoco
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+        .filter_map(|t| {
+            let kind = t["type"].as_str()?;
+            t[kind]["name"].as_str().map(str::to_string)
+        })
         .collect();
     let mode = if allowed["mode"] == "required" {
         "required"
@@ -97,8 +100,13 @@ fn allowed_tools(req: &mut serde_json::Map<String, Value>) -> Result<(), Protoco
         names.iter().map(String::as_str),
         "tool_choice.allowed_tools.tools",
     )?;
-    req.insert("tools".into(), Value::Array(kept));
-    req.insert("tool_choice".into(), mode.into());
+    if kept.is_empty() {
+        // It names no function (a custom tool only, say): none may be called.
+        req.remove("tool_choice");
+    } else {
+        req.insert("tools".into(), Value::Array(kept));
+        req.insert("tool_choice".into(), mode.into());
+    }
     Ok(())
 }
 
@@ -267,6 +275,12 @@ mod tests {
             matches!(&none, Err(ProtocolError::InvalidRequest(m)) if m.contains("tool_choice.allowed_tools.tools")),
             "{none:?}"
         );
+        // A custom tool is named under its own type.
+        let custom = json!({"type": "custom", "custom": {"name": "patch"}});
+        let mut with_custom = body(json!([{"type": "custom", "custom": {"name": "patch"}}]));
+        with_custom["tools"] = json!([tool("read"), custom]);
+        let n = normalize(with_custom.to_string().as_bytes()).expect("valid");
+        assert_eq!(n.request["tools"], json!([custom]));
     }
 
     #[test]

@@ -170,14 +170,15 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                 let role = item["role"]
                     .as_str()
                     .ok_or_else(|| invalid(format!("input[{i}].role must be a string")))?;
+                // A file is told as a note, not left to be thought read (as Anthropic's
+                // documents), and counted.
+                let files = count_parts(&item["content"], "input_file");
+                dropped.extend(std::iter::repeat_n("document".to_string(), files));
                 match role {
                     "system" | "developer" => system.push(parts_text(&item["content"], DOC)),
                     "assistant" => assistant.text.push_str(&parts_text(&item["content"], DOC)),
                     "user" => {
                         assistant.flush(&mut out);
-                        // Told, not left to think it read the file (as Anthropic's documents).
-                        let files = count_parts(&item["content"], "input_file");
-                        dropped.extend(std::iter::repeat_n("document".to_string(), files));
                         let content = if count_parts(&item["content"], "input_image") > 0 {
                             chat_parts(&item["content"], i)?
                         } else {
@@ -262,7 +263,11 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
             let mapped = match (choice.as_str(), choice["type"].as_str()) {
                 (Some(c @ ("auto" | "required" | "none")), _) => json!(c),
                 (None, Some("function" | "custom")) => {
-                    json!({"type": "function", "function": {"name": choice["name"]}})
+                    let name = choice["name"]
+                        .as_str()
+                        .ok_or_else(|| invalid("tool_choice.name must be a string"))?;
+                    let shown = name_shown(&namespaced, choice["namespace"].as_str(), name);
+                    json!({"type": "function", "function": {"name": shown}})
                 }
                 // `{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type":
                 // "function", "name": …}, …]}`: the model is shown those tools only.
@@ -271,6 +276,7 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                         .as_array()
                         .into_iter()
                         .flatten()
+                        .filter(|t| matches!(t["type"].as_str(), Some("function" | "custom")))
                         .filter_map(|t| {
                             let name = t["name"].as_str()?;
                             Some(name_shown(&namespaced, t["namespace"].as_str(), name))
@@ -288,7 +294,12 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
             };
             request.insert("tool_choice".into(), mapped);
         }
-        request.insert("tools".into(), Value::Array(functions));
+        if functions.is_empty() {
+            // An allowed-tools choice of hosted tools only: no function may be called.
+            request.remove("tool_choice");
+        } else {
+            request.insert("tools".into(), Value::Array(functions));
+        }
     }
     if let Some(effort) = req.get("reasoning").and_then(|r| r["effort"].as_str()) {
         request.insert(
@@ -335,40 +346,73 @@ struct Tools {
     namespaced: BTreeMap<String, (String, String)>,
 }
 
-/// The name the model sees for `name` declared in `namespace`: its own, unless another tool
-/// the model is shown has that name too; then `<namespace>__<name>`.
-fn visible_name(namespace: &str, name: &str, taken: &BTreeMap<&str, usize>) -> String {
-    if taken.get(name).copied().unwrap_or(0) > 1 {
+/// The name the model sees for `name` declared in `namespace`: its own, unless another
+/// declared tool has that name too; then `<namespace>__<name>`; and, should that be another
+/// tool's already, a numbered one: every name the model sees is one tool's.
+fn visible_name(
+    namespace: &str,
+    name: &str,
+    declared: &BTreeMap<&str, usize>,
+    used: &BTreeSet<String>,
+) -> String {
+    let mut visible = if declared.get(name).copied().unwrap_or(0) > 1 {
         format!("{namespace}__{name}")
     } else {
         name.to_string()
+    };
+    let base = visible.clone();
+    let mut n = 2;
+    while used.contains(&visible) {
+        visible = format!("{base}_{n}");
+        n += 1;
     }
+    visible
+}
+
+/// Every tool of `tools`, each with the namespace it was declared in (the innermost, where
+/// namespaces nest).
+fn declared_in<'a>(
+    tools: &'a Value,
+    namespace: Option<&'a str>,
+    out: &mut Vec<(Option<&'a str>, &'a Value)>,
+) -> Result<(), ProtocolError> {
+    for t in tools.as_array().into_iter().flatten() {
+        if t["type"] == "namespace" {
+            let inner = t["name"]
+                .as_str()
+                .ok_or_else(|| invalid("namespace tool without name"))?;
+            declared_in(&t["tools"], Some(inner), out)?;
+        } else {
+            out.push((namespace, t));
+        }
+    }
+    Ok(())
 }
 
 /// Chat functions for the tools (a `namespace`'s tools flattened among them).
 fn tools(tools: Option<&Value>, dropped: &mut Vec<String>) -> Result<Tools, ProtocolError> {
-    // (namespace, tool), in order.
     let mut declared: Vec<(Option<&str>, &Value)> = Vec::new();
-    for t in tools.and_then(Value::as_array).into_iter().flatten() {
-        if t["type"] == "namespace" {
-            let namespace = t["name"]
-                .as_str()
-                .ok_or_else(|| invalid("namespace tool without name"))?;
-            for inner in t["tools"].as_array().into_iter().flatten() {
-                declared.push((Some(namespace), inner));
-            }
-        } else {
-            declared.push((None, t));
-        }
+    if let Some(tools) = tools {
+        declared_in(tools, None, &mut declared)?;
     }
-    let mut taken: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, t) in &declared {
         if matches!(t["type"].as_str(), Some("function" | "custom")) {
-            if let Some(name) = t["name"].as_str() {
-                *taken.entry(name).or_default() += 1;
-            }
+            let name = t["name"].as_str().ok_or_else(|| {
+                invalid(format!(
+                    "{} tool without name",
+                    t["type"].as_str().unwrap_or("a")
+                ))
+            })?;
+            *counts.entry(name).or_default() += 1;
         }
     }
+    // Top-level tools keep their own names; namespaced ones are named around them.
+    let mut used: BTreeSet<String> = declared
+        .iter()
+        .filter(|(namespace, _)| namespace.is_none())
+        .filter_map(|(_, t)| t["name"].as_str().map(str::to_string))
+        .collect();
     let mut out = Tools::default();
     for (namespace, t) in declared {
         let kind = t["type"].as_str();
@@ -386,18 +430,20 @@ fn tools(tools: Option<&Value>, dropped: &mut Vec<String>) -> Result<Tools, Prot
             }
             None => return Err(invalid("every tool needs a type")),
         };
-        let mut name = t["name"].clone();
-        if let (Some(namespace), Some(own)) = (namespace, t["name"].as_str()) {
-            let visible = visible_name(namespace, own, &taken);
-            out.namespaced
-                .insert(visible.clone(), (namespace.to_string(), own.to_string()));
-            name = visible.into();
-        }
+        // Checked above: a function or custom tool has a name.
+        let own = t["name"].as_str().unwrap_or_default();
+        let name = match namespace {
+            Some(namespace) => {
+                let visible = visible_name(namespace, own, &counts, &used);
+                used.insert(visible.clone());
+                out.namespaced
+                    .insert(visible.clone(), (namespace.to_string(), own.to_string()));
+                visible
+            }
+            None => own.to_string(),
+        };
         if kind == Some("custom") {
-            let name = name
-                .as_str()
-                .ok_or_else(|| invalid("custom tool without name"))?;
-            out.custom.insert(name.to_string());
+            out.custom.insert(name.clone());
         }
         let strict = if kind == Some("function") {
             t["strict"].as_bool()
@@ -405,7 +451,7 @@ fn tools(tools: Option<&Value>, dropped: &mut Vec<String>) -> Result<Tools, Prot
             None
         };
         out.functions.push(super::function_tool(
-            &name,
+            &Value::String(name),
             t.get("description"),
             parameters,
             strict,
@@ -842,6 +888,60 @@ mod tests {
             .map(|(_, data)| data["item"]["namespace"].clone())
             .collect();
         assert_eq!(added, [json!("code"), json!("docs"), Value::Null]);
+    }
+
+    #[test]
+    fn every_name_the_model_sees_is_one_tools_and_a_forced_choice_names_it_so() {
+        // `docs__search` declared at the top level, and `search` in two namespaces, one of
+        // them `docs`: qualifying `docs`'s would take the top-level tool's name.
+        let f = |name: &str| json!({"type": "function", "name": name, "parameters": {"type": "object"}});
+        let n = norm(json!({"model": "m", "input": "x",
+            "tools": [f("docs__search"),
+                {"type": "namespace", "name": "docs", "tools": [f("search")]},
+                {"type": "namespace", "name": "code", "tools": [
+                    {"type": "namespace", "name": "deep", "tools": [f("search")]}]}],
+            "tool_choice": {"type": "function", "name": "search", "namespace": "deep"}}));
+        let names: Vec<&str> = n.request["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["docs__search", "docs__search_2", "deep__search"]);
+        assert_eq!(
+            n.namespaced_tools.get("docs__search_2"),
+            Some(&("docs".to_string(), "search".to_string()))
+        );
+        assert_eq!(
+            n.request["tool_choice"],
+            json!({"type": "function", "function": {"name": "deep__search"}})
+        );
+        // A function without a name is the caller's error, in its own shape.
+        let nameless = normalize(
+            json!({"input": "x", "tools": [{"type": "namespace", "name": "a", "tools": [{"type": "function"}]}]})
+                .to_string()
+                .as_bytes(),
+        );
+        assert!(
+            matches!(&nameless, Err(ProtocolError::InvalidRequest(m)) if m.contains("function tool without name")),
+            "{nameless:?}"
+        );
+        // An allowed-tools choice of hosted tools only leaves no function to call.
+        let hosted = norm(
+            json!({"input": "x", "tools": [f("shell"), {"type": "web_search"}],
+            "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "web_search"}]}}),
+        );
+        assert!(
+            hosted.request.get("tools").is_none(),
+            "{:?}",
+            hosted.request
+        );
+        assert!(hosted.request.get("tool_choice").is_none());
+        // A file in a developer message is counted too.
+        let dev = norm(json!({"input": [
+            {"role": "developer", "content": [{"type": "input_file", "file_data": "data:application/pdf;base64,AA=="}]},
+            {"role": "user", "content": "hi"}]}));
+        assert_eq!(dev.dropped, ["document"]);
     }
 
     #[test]
