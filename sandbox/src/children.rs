@@ -35,6 +35,9 @@ pub(crate) fn credential_like(name: &str) -> bool {
         "PASSWORD",
         "PASSWD",
         "CREDENTIALS",
+        // An exporter's request headers (`OTEL_EXPORTER_OTLP_HEADERS=api-key=…`): an API key
+        // or an `Authorization` header, as often as not.
+        "_HEADERS",
     ];
     const PREFIXES: &[&str] = &["AWS_", "AZURE_", "GOOGLE_APPLICATION_CREDENTIALS"];
     const NAMES: &[&str] = &["KUBECONFIG", "SSH_AUTH_SOCK", "DOCKER_AUTH_CONFIG"];
@@ -341,6 +344,8 @@ mod credential_tests {
             "PGPASSWORD",
             "KUBECONFIG",
             "SSH_AUTH_SOCK",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
         ] {
             assert!(credential_like(name), "{name}");
         }
