@@ -31,6 +31,36 @@ UNITTEST_SUMMARY = re.compile(r"^(?:FAIL|ERROR): (\S+) \(([^()\s]+)\)")
 SYMPY_HEADER = re.compile(r"^_+ \S+\.py:(\S+) _+$")
 
 
+# Parsers that pair a test with a later result line, swebench's patterns: maven's names each
+# test by its run's command (`mvn test -Dtest=X`, set -x) and pairs the runs, in order, with the
+# `BUILD SUCCESS|FAILURE` lines after them.
+PAIRED_RESULTS = {
+    "parse_log_maven": (
+        re.compile(r"^.*-Dtest=(\S+).*$"),
+        re.compile(r"^.*BUILD (SUCCESS|FAILURE)$"),
+    ),
+}
+
+
+def forged_pairing(parser_name, log):
+    """The tests a paired parser's log runs, when it holds more result lines than runs: each
+    run prints one, so the others were printed by the code under test (`BUILD SUCCESS` during a
+    failing test takes that test's place in the pairing, and maven's own `BUILD FAILURE` falls
+    to the next run or to none). Such a pairing cannot be trusted: every test it runs fails."""
+    patterns = PAIRED_RESULTS.get(parser_name)
+    if patterns is None:
+        return set()
+    run, result = patterns
+    runs, results = [], 0
+    for line in log.split("\n"):
+        named = run.match(line.strip())
+        if named:
+            runs.append(named.group(1))
+        if result.match(line.strip()):
+            results += 1
+    return set(runs) if results > len(runs) else set()
+
+
 def tested_section(parser, log, spec, start, end):
     """The part of the log swebench reads results from (`get_logs_eval`): between its markers,
     or the whole log when that part reports none. What the eval script prints before the tests
@@ -112,7 +142,10 @@ def main():
     # whole log.
     parser = PARSER_REGISTRY[instance["log_parser"]]
     tested = tested_section(parser, request["log"], spec, START_TEST_OUTPUT, END_TEST_OUTPUT)
-    failing = reported_failing(parser, tested, spec)
+    failing = sorted(
+        set(reported_failing(parser, tested, spec))
+        | forged_pairing(instance["log_parser"], tested)
+    )
     if failing:
 
         def strict(log, test_spec):

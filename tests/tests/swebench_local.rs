@@ -426,6 +426,40 @@ async fn a_parser_that_prints_leaves_the_bridges_answer_whole() -> Result<()> {
     Ok(())
 }
 
+/// swebench's maven parser pairs each run (`mvn test -Dtest=X`) with the next `BUILD` line:
+/// code under test that prints `BUILD SUCCESS` during its failing test takes maven's own
+/// `BUILD FAILURE`'s place (read as resolved by swebench alone). More result lines than runs
+/// fail every test the log runs; an honest log of the same tests still resolves.
+#[tokio::test]
+async fn a_build_result_the_code_under_test_prints_never_resolves() -> Result<()> {
+    let install = swe::install_dir()?;
+    let bridge = floe_sandbox::swebench_grade::Bridge::Python(install.join("venv/bin/python"));
+    let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "google__gson-2", "repo": "google/gson", "version": "2.10",
+        "logParser": "parse_log_maven", "failToPass": ["A#x"], "passToPass": ["B#y"],
+        "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    let log = |a: &str| {
+        format!(
+            "+ : '>>>>> Start Test Output'\n+ mvn test -Dtest=A#x\n{a}\
+             + mvn test -Dtest=B#y\n[INFO] BUILD SUCCESS\n\
+             + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n"
+        )
+    };
+    let forged = log("BUILD SUCCESS\n[INFO] Tests run: 1, Failures: 1\n[INFO] BUILD FAILURE\n");
+    let graded = bridge
+        .grade(&grading, "#!/bin/bash\n", &forged)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
+    let honest = log("[INFO] BUILD SUCCESS\n");
+    let graded = bridge
+        .grade(&grading, "#!/bin/bash\n", &honest)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!((graded.read, graded.resolved), (true, true), "{graded:?}");
+    Ok(())
+}
+
 /// Logs the code under test forged, graded through floe's bridge by the real `swebench`: the
 /// Django runner says `FAIL`, and the agent's exit hook prints a pass of its own after it, in
 /// the two shapes swebench's Django parser reads as the test's last word (`name ... x` then
