@@ -9,6 +9,7 @@ pub mod gemini;
 pub mod media;
 pub mod openai_chat;
 pub mod openai_responses;
+mod responses_tools;
 pub mod retry;
 pub mod sampling;
 pub mod upstream;
