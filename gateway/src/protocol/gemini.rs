@@ -788,12 +788,7 @@ mod tests {
         };
         let n =
             normalize(body(json!(["rm", "ls"])).to_string().as_bytes(), "m", false).expect("valid");
-        let names: Vec<&str> = n.request["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["function"]["name"].as_str())
-            .collect();
+        let names = crate::protocol::tool_names(&n.request);
         assert_eq!(names, ["ls", "rm"]);
         assert_eq!(n.request["tool_choice"], "required");
         // Empty: no restriction.

@@ -284,6 +284,18 @@ pub(crate) fn only_allowed<'a>(
     Ok(kept)
 }
 
+/// The names of a normalized request's tools, in order (for tests).
+#[cfg(test)]
+pub(crate) fn tool_names(request: &Map<String, Value>) -> Vec<&str> {
+    request
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect()
+}
+
 #[cfg(test)]
 mod body_tests {
     use super::*;

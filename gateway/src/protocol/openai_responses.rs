@@ -545,12 +545,7 @@ mod tests {
                     {"type": "mcp", "server_label": "docs"}]}})
         };
         let n = norm(request("auto"));
-        let names: Vec<&str> = n.request["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["function"]["name"].as_str())
-            .collect();
+        let names = crate::protocol::tool_names(&n.request);
         assert_eq!(names, ["apply_patch", "shell"]);
         assert_eq!(n.request["tool_choice"], "auto");
         assert_eq!(norm(request("required")).request["tool_choice"], "required");
@@ -604,12 +599,7 @@ mod tests {
             json!({"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"})
         );
         assert_eq!(m[4]["tool_call_id"], "call_2");
-        let names: Vec<&str> = n.request["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["function"]["name"].as_str())
-            .collect();
+        let names = crate::protocol::tool_names(&n.request);
         assert_eq!(names, ["shell", "apply_patch", "mcp__docs__search"]);
         assert!(n.custom_tools.contains("apply_patch"));
         assert_eq!(
@@ -710,12 +700,7 @@ mod tests {
             "tools": [f("shell"),
                 {"type": "namespace", "name": "docs", "description": "Docs", "tools": [f("search"), f("read")]},
                 {"type": "namespace", "name": "code", "tools": [f("search")]}]}));
-        let names: Vec<&str> = n.request["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["function"]["name"].as_str())
-            .collect();
+        let names = crate::protocol::tool_names(&n.request);
         assert_eq!(names, ["shell", "docs__search", "read", "code__search"]);
         // The history's call is named as the model was shown it.
         assert_eq!(
@@ -762,12 +747,7 @@ mod tests {
                 {"type": "namespace", "name": "code", "tools": [
                     {"type": "namespace", "name": "deep", "tools": [f("search")]}]}],
             "tool_choice": {"type": "function", "name": "search", "namespace": "deep"}}));
-        let names: Vec<&str> = n.request["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["function"]["name"].as_str())
-            .collect();
+        let names = crate::protocol::tool_names(&n.request);
         assert_eq!(names, ["docs__search", "docs__search_2", "deep__search"]);
         assert_eq!(
             n.namespaced_tools.get("docs__search_2"),
