@@ -153,6 +153,7 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
         functions,
         custom,
         namespaced,
+        shown,
     } = tools(req.get("tools"), &mut dropped)?;
     let mut out = Vec::new();
     let mut assistant = Assistant::default();
@@ -209,7 +210,7 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                 let name = item["name"]
                     .as_str()
                     .ok_or_else(|| invalid(format!("input[{i}]: {kind} without name")))?;
-                let name = name_shown(&namespaced, item["namespace"].as_str(), name);
+                let name = name_shown(&shown, item["namespace"].as_str(), name);
                 let arguments = if kind == "custom_tool_call" {
                     json!({"input": item["input"]}).to_string()
                 } else {
@@ -265,8 +266,8 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                     let name = choice["name"]
                         .as_str()
                         .ok_or_else(|| invalid("tool_choice.name must be a string"))?;
-                    let shown = name_shown(&namespaced, choice["namespace"].as_str(), name);
-                    json!({"type": "function", "function": {"name": shown}})
+                    let forced = name_shown(&shown, choice["namespace"].as_str(), name);
+                    json!({"type": "function", "function": {"name": forced}})
                 }
                 // `{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type":
                 // "function", "name": …}, …]}`: the model is shown those tools only.
@@ -278,7 +279,7 @@ pub fn normalize_value(value: Value) -> Result<Normalized, ProtocolError> {
                         .filter(|t| matches!(t["type"].as_str(), Some("function" | "custom")))
                         .filter_map(|t| {
                             let name = t["name"].as_str()?;
-                            Some(name_shown(&namespaced, t["namespace"].as_str(), name))
+                            Some(name_shown(&shown, t["namespace"].as_str(), name))
                         })
                         .collect();
                     let names = names.iter().map(String::as_str);

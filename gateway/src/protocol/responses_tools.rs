@@ -22,29 +22,38 @@ pub(super) struct Tools {
     /// A tool declared in a `namespace` (an MCP server's, say): the name the model sees → its
     /// namespace and own name, which its calls carry back (`function_call.namespace`).
     pub namespaced: BTreeMap<String, (String, String)>,
+    /// The same the other way: (namespace, own name) → the name the model sees.
+    pub shown: BTreeMap<(String, String), String>,
 }
 
-/// The name the model sees for `name` declared in `namespace`: its own, unless another
-/// declared tool has that name too; then `<namespace>__<name>`; and, should that be another
-/// tool's already, a numbered one: every name the model sees is one tool's.
-fn visible_name(
-    namespace: &str,
-    name: &str,
-    declared: &BTreeMap<&str, usize>,
-    used: &BTreeSet<String>,
-) -> String {
-    let mut visible = if declared.get(name).copied().unwrap_or(0) > 1 {
-        format!("{namespace}__{name}")
-    } else {
-        name.to_string()
-    };
-    let base = visible.clone();
-    let mut n = 2;
-    while used.contains(&visible) {
-        visible = format!("{base}_{n}");
-        n += 1;
+/// The names the model is shown, each one tool's.
+#[derive(Default)]
+struct Names {
+    used: BTreeSet<String>,
+    /// The next number to try after a taken name (so naming n clashing tools takes n tries,
+    /// not n²: a request is the agent's to shape).
+    next: BTreeMap<String, usize>,
+}
+
+impl Names {
+    /// The name the model sees for `name` declared in `namespace`: its own, unless another
+    /// declared tool has that name too; then `<namespace>__<name>`; and, should that be
+    /// another tool's already, a numbered one.
+    fn visible(&mut self, namespace: &str, name: &str, declared: &BTreeMap<&str, usize>) -> String {
+        let base = if declared.get(name).copied().unwrap_or(0) > 1 {
+            format!("{namespace}__{name}")
+        } else {
+            name.to_string()
+        };
+        let mut visible = base.clone();
+        while self.used.contains(&visible) {
+            let n = self.next.entry(base.clone()).or_insert(2);
+            visible = format!("{base}_{n}");
+            *n += 1;
+        }
+        self.used.insert(visible.clone());
+        visible
     }
-    visible
 }
 
 /// Every tool of `tools`, each with the namespace it was declared in (the innermost, where
@@ -89,11 +98,14 @@ pub(super) fn tools(
         }
     }
     // Top-level tools keep their own names; namespaced ones are named around them.
-    let mut used: BTreeSet<String> = declared
-        .iter()
-        .filter(|(namespace, _)| namespace.is_none())
-        .filter_map(|(_, t)| t["name"].as_str().map(str::to_string))
-        .collect();
+    let mut names = Names {
+        used: declared
+            .iter()
+            .filter(|(namespace, _)| namespace.is_none())
+            .filter_map(|(_, t)| t["name"].as_str().map(str::to_string))
+            .collect(),
+        ..Names::default()
+    };
     let mut out = Tools::default();
     for (namespace, t) in declared {
         let kind = t["type"].as_str();
@@ -115,10 +127,10 @@ pub(super) fn tools(
         let own = t["name"].as_str().unwrap_or_default();
         let name = match namespace {
             Some(namespace) => {
-                let visible = visible_name(namespace, own, &counts, &used);
-                used.insert(visible.clone());
-                out.namespaced
-                    .insert(visible.clone(), (namespace.to_string(), own.to_string()));
+                let visible = names.visible(namespace, own, &counts);
+                let declared_as = (namespace.to_string(), own.to_string());
+                out.shown.insert(declared_as.clone(), visible.clone());
+                out.namespaced.insert(visible.clone(), declared_as);
                 visible
             }
             None => own.to_string(),
@@ -143,12 +155,41 @@ pub(super) fn tools(
 
 /// The name the model was shown for a tool the caller names by `name` (and `namespace`).
 pub(super) fn name_shown(
-    namespaced: &BTreeMap<String, (String, String)>,
+    shown: &BTreeMap<(String, String), String>,
     namespace: Option<&str>,
     name: &str,
 ) -> String {
-    namespaced
-        .iter()
-        .find(|(_, (ns, own))| Some(ns.as_str()) == namespace && own == name)
-        .map_or_else(|| name.to_string(), |(visible, _)| visible.clone())
+    namespace
+        .and_then(|ns| shown.get(&(ns.to_string(), name.to_string())))
+        .map_or_else(|| name.to_string(), String::clone)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::tools;
+
+    #[test]
+    fn clashing_names_are_numbered_past_every_name_taken() {
+        // Three `x` in namespace `a` (each `a__x` first), and `a__x_2` declared at the top.
+        let f = |name: &str| json!({"type": "function", "name": name});
+        let declared = json!([f("a__x_2"), f("x"),
+            {"type": "namespace", "name": "a", "tools": [f("x"), f("x"), f("x")]}]);
+        let t = tools(Some(&declared), &mut Vec::new()).expect("valid");
+        let names: Vec<&str> = t
+            .functions
+            .iter()
+            .filter_map(|f| f["function"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["a__x_2", "x", "a__x", "a__x_3", "a__x_4"]);
+        assert_eq!(t.namespaced.len(), 3);
+        assert_eq!(
+            t.shown
+                .get(&("a".to_string(), "x".to_string()))
+                .map(String::as_str),
+            Some("a__x_4"),
+            "a name declared twice in one namespace is the caller's ambiguity: the last wins"
+        );
+    }
 }
