@@ -23,7 +23,7 @@
 //!   into JSON Schema) → `response_format` json_schema, without a schema → json_object;
 //!   `text/x.enum` with an enum schema → `structured_outputs.choice`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde_json::{json, Map, Value};
 
@@ -31,6 +31,40 @@ use super::{
     assistant_message, call_arguments, call_as_text, json_schema_format, reasoning_of, Normalized,
     ProtocolError,
 };
+
+/// Call ids (given or invented) waiting for their response, by function name, in order. A
+/// response naming its id answers that call: marked, and skipped when a response without one
+/// takes the earliest (taking it out of the queue would cost the queue's length each time, and
+/// a request may hold 100k calls of one name).
+#[derive(Default)]
+struct PendingCalls {
+    waiting: HashMap<String, VecDeque<String>>,
+    answered: HashSet<(String, String)>,
+}
+
+impl PendingCalls {
+    fn call(&mut self, name: &str, id: &str) {
+        let key = (name.to_string(), id.to_string());
+        // A call id used again (after its answer) is waiting again.
+        self.answered.remove(&key);
+        self.waiting.entry(key.0).or_default().push_back(key.1);
+    }
+
+    fn answer(&mut self, name: &str, id: &str) {
+        self.answered.insert((name.to_string(), id.to_string()));
+    }
+
+    /// The earliest call of `name` not answered yet, now answered.
+    fn earliest(&mut self, name: &str) -> Option<String> {
+        let queue = self.waiting.get_mut(name)?;
+        while let Some(id) = queue.pop_front() {
+            if !self.answered.contains(&(name.to_string(), id.clone())) {
+                return Some(id);
+            }
+        }
+        None
+    }
+}
 
 fn invalid(msg: impl Into<String>) -> ProtocolError {
     ProtocolError::InvalidRequest(msg.into())
@@ -87,8 +121,7 @@ pub fn normalize_value(
     if !system.is_empty() {
         out.push(json!({"role": "system", "content": system}));
     }
-    // Call ids (given or invented) waiting for their response, by function name.
-    let mut pending: HashMap<String, VecDeque<String>> = HashMap::new();
+    let mut pending = PendingCalls::default();
     for (i, c) in contents.iter().enumerate() {
         let parts = c["parts"]
             .as_array()
@@ -109,14 +142,11 @@ pub fn normalize_value(
                         })?;
                         let id = match fr["id"].as_str().filter(|id| !id.is_empty()) {
                             Some(id) => {
-                                if let Some(waiting) = pending.get_mut(name) {
-                                    waiting.retain(|w| w != id);
-                                }
+                                pending.answer(name, id);
                                 id.to_string()
                             }
                             None => pending
-                                .get_mut(name)
-                                .and_then(VecDeque::pop_front)
+                                .earliest(name)
                                 .unwrap_or_else(|| format!("call_{name}_{i}_{k}")),
                         };
                         // A multimodal response's files (Gemini CLI's read of an image, for a
@@ -174,10 +204,7 @@ pub fn normalize_value(
                             Some(id) => id.to_string(),
                             None => format!("call_{name}_{i}_{k}"),
                         };
-                        pending
-                            .entry(name.to_string())
-                            .or_default()
-                            .push_back(id.clone());
+                        pending.call(name, &id);
                         let args = if fc["args"].is_null() {
                             json!({})
                         } else {
@@ -637,6 +664,22 @@ mod tests {
             response(&cut, "m")["candidates"][0]["finishReason"],
             "MAX_TOKENS"
         );
+    }
+
+    #[test]
+    fn a_call_answered_by_its_id_is_skipped_when_the_earliest_is_taken() {
+        let mut p = PendingCalls::default();
+        for id in ["a", "b", "c"] {
+            p.call("f", id);
+        }
+        p.answer("f", "a");
+        p.answer("f", "c");
+        assert_eq!(p.earliest("f").as_deref(), Some("b"));
+        assert_eq!(p.earliest("f"), None);
+        // An id called again after its answer waits again.
+        p.call("f", "a");
+        assert_eq!(p.earliest("f").as_deref(), Some("a"));
+        assert_eq!(p.earliest("g"), None);
     }
 
     #[test]

@@ -56,6 +56,21 @@ impl Names {
     }
 }
 
+/// The longest tool or namespace name taken (OpenAI allows 64 characters). A namespaced tool's
+/// name is kept with its namespace's for each tool: a namespace named in megabytes over 100k
+/// tools would take the gateway's memory.
+const MAX_NAME_BYTES: usize = 256;
+
+fn checked_name(kind: &str, name: &str) -> Result<(), ProtocolError> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(invalid(format!(
+            "a {kind} tool's name is {} bytes, over the {MAX_NAME_BYTES} taken",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Every tool of `tools`, each with the namespace it was declared in (the innermost, where
 /// namespaces nest).
 fn declared_in<'a>(
@@ -68,6 +83,7 @@ fn declared_in<'a>(
             let inner = t["name"]
                 .as_str()
                 .ok_or_else(|| invalid("namespace tool without name"))?;
+            checked_name("namespace", inner)?;
             declared_in(&t["tools"], Some(inner), out)?;
         } else {
             out.push((namespace, t));
@@ -88,12 +104,11 @@ pub(super) fn tools(
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, t) in &declared {
         if matches!(t["type"].as_str(), Some("function" | "custom")) {
-            let name = t["name"].as_str().ok_or_else(|| {
-                invalid(format!(
-                    "{} tool without name",
-                    t["type"].as_str().unwrap_or("a")
-                ))
-            })?;
+            let kind = t["type"].as_str().unwrap_or("a");
+            let name = t["name"]
+                .as_str()
+                .ok_or_else(|| invalid(format!("{kind} tool without name")))?;
+            checked_name(kind, name)?;
             *counts.entry(name).or_default() += 1;
         }
     }
@@ -184,6 +199,19 @@ mod tests {
             .collect();
         assert_eq!(names, ["a__x_2", "x", "a__x", "a__x_3", "a__x_4"]);
         assert_eq!(t.namespaced.len(), 3);
+        let long = "n".repeat(257);
+        for declared in [
+            json!([{"type": "namespace", "name": long, "tools": [f("x")]}]),
+            json!([f(&long)]),
+        ] {
+            let refused = tools(Some(&declared), &mut Vec::new()).err();
+            assert!(
+                refused
+                    .as_ref()
+                    .is_some_and(|e| e.to_string().contains("over the 256")),
+                "{refused:?}"
+            );
+        }
         assert_eq!(
             t.shown
                 .get(&("a".to_string(), "x".to_string()))
