@@ -343,9 +343,14 @@ fn attach(
     // Nothing to extend. A call from a point some *other* chain passed through is a branch.
     // (The candidates are excluded: this prompt holds their whole last prompt, so it diverges
     // inside their last turn, which is a rewrite, not a branch.)
-    let others: Vec<usize> = (0..chains.len())
-        .filter(|i| !candidates.contains(i))
-        .collect();
+    // (A flag per chain: `candidates.contains` for every chain was chains × candidates steps a
+    // call, and a session's calls are the agent's to shape: n forks from one point, each
+    // refused, took n³ steps over the session.)
+    let mut is_candidate = vec![false; chains.len()];
+    for &i in &candidates {
+        is_candidate[i] = true;
+    }
+    let others: Vec<usize> = (0..chains.len()).filter(|&i| !is_candidate[i]).collect();
     let same_point = others.iter().any(|&i| {
         let c = &chains[i];
         c.prompt_ends
