@@ -81,8 +81,10 @@ pub struct Gateway {
     pub shipping: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The last failed delivery attempt of each session not yet shipped (for its outcome).
     pub delivery_errors: std::sync::Mutex<std::collections::HashMap<String, String>>,
-    /// Serializes recording outcomes (a result and a shutdown may race).
-    pub finishing: std::sync::Mutex<()>,
+    /// Serializes recording a session's outcome (a result and a shutdown may race), per
+    /// session: building one session's trajectory (its calls are the agent's to shape) holds
+    /// up no other session's finish.
+    pub finishing: crate::sync::KeyedLocks,
     /// Flips to true when the gateway starts stopping (ends long polls).
     pub stopping: tokio::sync::watch::Sender<bool>,
     pub runner_ready: std::sync::atomic::AtomicBool,

@@ -99,7 +99,8 @@ pub fn finish(
     id: &str,
     outcome: SessionOutcome,
 ) -> Result<(serde_json::Value, bool), StoreError> {
-    let _guard = crate::sync::lock(&gateway.finishing);
+    let this = gateway.finishing.of(id);
+    let _guard = crate::sync::lock(&this);
     let session = gateway
         .sessions
         .get(id)
