@@ -24,7 +24,7 @@ pub const CHANGED_ANNOTATION: &str = "floe.dev/spec-changed";
 /// argument, a new key in the trainer's config) bumps it: a digest of another version is not
 /// compared, only recorded again, so an upgrade never stalls a running job. The test
 /// `the_material_is_pinned` fails until it is bumped.
-const MATERIAL: u32 = 3;
+const MATERIAL: u32 = 4;
 
 /// The digest of what `pod`'s containers run with, tagged with [`MATERIAL`].
 pub fn digest(pod: &Pod) -> String {
@@ -226,8 +226,8 @@ mod tests {
         assert_eq!(
             [made(&train_job()), made(&sft)],
             [
-                "3/995d85209cc15ce4".to_string(),
-                "3/d8e71aeafb6d9056".to_string()
+                "4/9a802c74b4ee58b9".to_string(),
+                "4/d8e71aeafb6d9056".to_string()
             ],
             "the pods are built otherwise: bump MATERIAL in spec_digest.rs and pin the new digests"
         );
