@@ -203,7 +203,7 @@ node_ready() {
 }
 for _ in $(seq 1 240); do
   node_ready && break
-  for c in containerd kubelet scheduler; do alive $c || { log "$c exited:"; tail -20 "$D/$c.log" >&2; exit 1; }; done
+  for c in containerd kubelet scheduler; do running $c || { log "$c exited:"; tail -20 "$D/$c.log" >&2; exit 1; }; done
   sleep 0.5
 done
 node_ready || { log "node $NODE_NAME not Ready after 120 s"; tail -30 "$D/kubelet.log" >&2; exit 1; }

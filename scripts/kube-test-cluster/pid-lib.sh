@@ -15,6 +15,19 @@ recorded_pid() {
 }
 alive() { recorded_pid "$1" > /dev/null; }
 
+# running NAME: the process this script has just started in the background still runs. Between
+# its fork and its exec its command line is the script's own, which names the state dir without
+# a `/` after it, so `alive` said no: under load the first check came before etcd's exec, and a
+# healthy start failed as "etcd exited" with an empty log. Only for a PID recorded moments ago
+# by the caller itself (no wrap to fear); a zombie, exited and not yet reaped, is not running.
+running() {
+  local pid state
+  pid=$(cat "$D/$1.pid" 2>/dev/null) || return 1
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
 # stop_pid NAME...: SIGTERM those still running at once, wait up to 5 s in all, SIGKILL the rest;
 # their PID files go either way.
 stop_pid() {

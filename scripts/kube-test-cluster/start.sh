@@ -58,7 +58,11 @@ PORT=$(cat "$D/port" 2>/dev/null || true)
 if [ -z "$PORT" ] || ! python3 -c 'import socket,sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$PORT" 2>/dev/null; then
   PORT=$(free_port)
 fi
+# Three ports asked for one after another: each was free when asked, and the kernel may hand
+# one back twice (etcd then dies at once binding its second, as a run saw once: "etcd exited").
 ETCD_PORT=$(free_port); ETCD_PEER=$(free_port)
+while [ "$ETCD_PORT" = "$PORT" ]; do ETCD_PORT=$(free_port); done
+while [ "$ETCD_PEER" = "$PORT" ] || [ "$ETCD_PEER" = "$ETCD_PORT" ]; do ETCD_PEER=$(free_port); done
 echo "$PORT" > "$D/port"
 cat > "$D/kubeconfig" <<KC
 apiVersion: v1
@@ -97,8 +101,8 @@ SA_ADMISSION=(--disable-admission-plugins=ServiceAccount)
 echo $! > "$D/apiserver.pid"
 for _ in $(seq 1 300); do
   ready && break
-  alive apiserver || { log "kube-apiserver exited:"; tail -20 "$D/apiserver.log" >&2; exit 1; }
-  alive etcd || { log "etcd exited:"; tail -20 "$D/etcd.log" >&2; exit 1; }
+  running apiserver || { log "kube-apiserver exited:"; tail -20 "$D/apiserver.log" >&2; exit 1; }
+  running etcd || { log "etcd exited:"; tail -20 "$D/etcd.log" >&2; exit 1; }
   sleep 0.2
 done
 ready || { log "kube-apiserver not ready after 60 s"; tail -20 "$D/apiserver.log" >&2; exit 1; }
