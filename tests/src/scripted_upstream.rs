@@ -68,6 +68,16 @@ impl ScriptedUpstream {
         self.requests.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
+    /// The content of every tool message the model was sent, over all requests, in order.
+    pub fn tool_results(&self) -> Vec<Value> {
+        self.requests()
+            .iter()
+            .flat_map(|r| r["messages"].as_array().cloned().unwrap_or_default())
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["content"].clone())
+            .collect()
+    }
+
     /// Chat completions answered so far.
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)

@@ -283,12 +283,7 @@ async fn codex_calls_an_mcp_servers_tool_through_the_gateway() -> Result<()> {
         .filter_map(|t| t["function"]["name"].as_str())
         .collect();
     assert!(shown.contains(&"lookup"), "tools shown: {shown:?}");
-    let results: Vec<String> = requests
-        .iter()
-        .flat_map(|r| r["messages"].as_array().cloned().unwrap_or_default())
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].to_string())
-        .collect();
+    let results: Vec<String> = model.tool_results().iter().map(|c| c.to_string()).collect();
     assert!(
         results.iter().any(|r| r.contains("MCP-ANSWER-42")),
         "the MCP tool's answer did not reach the model: {results:?}"

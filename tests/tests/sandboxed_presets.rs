@@ -87,13 +87,7 @@ async fn preset_fixes_the_bug_in_the_sandbox(preset: &str, harness: Value) -> Re
     );
     // The shell's output reaches the model as the text it is, whatever the harness's API
     // wraps it in (Gemini CLI's `{"output": …}` was passed on as one escaped JSON line).
-    let tool_results: Vec<Value> = model
-        .requests()
-        .iter()
-        .flat_map(|r| r["messages"].as_array().cloned().unwrap_or_default())
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].clone())
-        .collect();
+    let tool_results = model.tool_results();
     assert!(
         !tool_results.is_empty(),
         "{preset}: no tool result reached the model"

@@ -405,13 +405,18 @@ async fn infra_error_of_the_fix(
     Ok(s["error"].as_str().unwrap_or_default().to_string())
 }
 
+/// floe's grading bridge on the installed swebench's Python.
+fn local_bridge() -> Result<floe_sandbox::swebench_grade::Bridge> {
+    let python = swe::install_dir()?.join("venv/bin/python");
+    Ok(floe_sandbox::swebench_grade::Bridge::Python(python))
+}
+
 /// swebench's maven parser prints a warning on stdout for a line naming a test without its
 /// `BUILD` result, as floe feeds it each line alone: the bridge's answer, its stdout, was no
 /// JSON, and every gson, druid or javaparser instance unscored.
 #[tokio::test]
 async fn a_parser_that_prints_leaves_the_bridges_answer_whole() -> Result<()> {
-    let install = swe::install_dir()?;
-    let bridge = floe_sandbox::swebench_grade::Bridge::Python(install.join("venv/bin/python"));
+    let bridge = local_bridge()?;
     let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
         "instanceId": "google__gson-1", "repo": "google/gson", "version": "2.10",
         "logParser": "parse_log_maven", "failToPass": ["A#x"], "passToPass": [],
@@ -432,8 +437,7 @@ async fn a_parser_that_prints_leaves_the_bridges_answer_whole() -> Result<()> {
 /// fail every test the log runs; an honest log of the same tests still resolves.
 #[tokio::test]
 async fn a_build_result_the_code_under_test_prints_never_resolves() -> Result<()> {
-    let install = swe::install_dir()?;
-    let bridge = floe_sandbox::swebench_grade::Bridge::Python(install.join("venv/bin/python"));
+    let bridge = local_bridge()?;
     let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
         "instanceId": "google__gson-2", "repo": "google/gson", "version": "2.10",
         "logParser": "parse_log_maven", "failToPass": ["A#x"], "passToPass": ["B#y"],
@@ -467,8 +471,7 @@ async fn a_build_result_the_code_under_test_prints_never_resolves() -> Result<()
 /// failed). swebench alone reads both as resolved; a test any line reports failing is failed.
 #[tokio::test]
 async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> Result<()> {
-    let install = swe::install_dir()?;
-    let bridge = floe_sandbox::swebench_grade::Bridge::Python(install.join("venv/bin/python"));
+    let bridge = local_bridge()?;
     let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
         "instanceId": "django__django-1", "repo": "django/django", "version": "4.0",
         "logParser": "parse_log_django", "failToPass": ["test_x (m.C)"],
