@@ -411,10 +411,6 @@ def train_step(
             updates=0,
             **counts,
         )
-    # One update: the policy before it is the policy in it, so its own log-probs (detached)
-    # are the old ones and the extra forward pass is saved (a quarter of a step, measured).
-    n_trajectories = len({it.trajectory for it in items})
-    on_policy = max(1, epochs) * min(max(1, mini_batches), max(1, n_trajectories)) == 1
     layout = _Layout(
         micro_batch_size, max_tokens_per_micro_batch, pad_id, cfg.temperature, _attention(model)
     )
@@ -426,11 +422,13 @@ def train_step(
     by_trajectory: dict[int, list[_Item]] = {}
     for it in items:
         by_trajectory.setdefault(it.trajectory, []).append(it)
-    # The first update reads its own passes' log-probs: its mini-batch is scored before the
-    # step only when a later epoch trains it again.
+    # The first update's policy is the one before the step, so its own passes' log-probs
+    # (detached) are the old ones: its mini-batch is scored before the step only when a later
+    # epoch trains it again. With one update no pass is made before it (a quarter of a step,
+    # measured).
     first = _mini_batches(list(by_trajectory.values()), mini_batches)
     scored_before = first if epochs > 1 else first[1:]
-    if not on_policy and scored_before:
+    if scored_before:
         _old_logprobs(
             model, items, scored_before, layout, placement, world, length_bucketing, epochs > 1
         )
@@ -504,7 +502,7 @@ def train_step(
                                 it.logp_ref = ref[row, :n].detach().cpu()
                 old = (
                     logp.detach()
-                    if on_policy or idle or first_update
+                    if idle or first_update
                     else _padded([it.logp_old for it in chunk], width, placement.device)
                 )
                 loss, stats = policy_loss(
