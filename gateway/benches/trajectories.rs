@@ -5,8 +5,9 @@
 //! Prints, in one run: samples and tokens per builder with the per_request baseline ratio for
 //! sessions of 10, 30 and 100 turns, the bytes a train job's session posts in snapshots (one
 //! after each call) whole against as deltas, what building each snapshot from the capture costs
-//! read whole against read as it grows, and the build time of a 10,000-completion session
-//! for both builders, plus peak RSS.
+//! read whole against read as it grows, the build time of a 10,000-completion session for
+//! both builders, how prefix merging's build grows with an agent's worst case (many samples
+//! from one point, every continuation refused), plus peak RSS.
 
 use std::time::Instant;
 
@@ -111,6 +112,30 @@ fn wide_session(
             let n = rng.range(20, 200);
             agent.extend(rng.tokens(n));
         }
+    }
+    records
+}
+
+/// An agent's worst case for prefix merging: `n` samples from one point, then `n` calls each
+/// going on from one of them without log-probs, so that no chain may be continued and each
+/// call is refused by every sample it extends.
+fn refused_forks(n: u32) -> Vec<CompletionRecord> {
+    let point = vec![7u32; 64];
+    let mut records = Vec::new();
+    for i in 0..n {
+        let seq = u64::from(i);
+        records.push(CompletionRecord {
+            logprobs: Some(vec![-0.5, -0.5]),
+            ..CompletionRecord::from_tokens(seq, point.clone(), vec![1000 + i, EOT])
+        });
+    }
+    for i in 0..n {
+        let prompt = [&point[..], &[1000 + i, EOT, 5]].concat();
+        records.push(CompletionRecord::from_tokens(
+            u64::from(n + i),
+            prompt,
+            vec![6, EOT],
+        ));
     }
     records
 }
@@ -296,6 +321,21 @@ fn main() {
         "| prefix_merging | {merged:.1} | {:.2}x | {} |",
         merged / per_request,
         s.traces
+    );
+    let n = if quick { 1000 } else { 4000 };
+    let (small, large) = (refused_forks(n), refused_forks(4 * n));
+    let small_ms = time_build(&small, Builder::PrefixMerging, repeats);
+    let large_ms = time_build(&large, Builder::PrefixMerging, repeats);
+    println!(
+        "\n## an agent's worst case: n samples from one point, each continued without log-probs\n"
+    );
+    println!("| n | prefix_merging, best of {repeats} (ms) |");
+    println!("|---|---|");
+    println!("| {} | {small_ms:.1} |", small.len() / 2);
+    println!("| {} | {large_ms:.1} |", large.len() / 2);
+    println!(
+        "\n4n against n: {:.1}x (a build linear in its calls: 4x; quadratic: 16x)",
+        large_ms / small_ms
     );
     println!(
         "\npeak RSS {:.0} MiB (input records alone: {:.0} MiB at start of build)",
