@@ -8,6 +8,9 @@
 //! read whole against read as it grows, the build time of a 10,000-completion session for
 //! both builders, how prefix merging's build grows with an agent's worst case (many samples
 //! from one point, every continuation refused), plus peak RSS.
+//!
+//! The builder's cost on the other shapes an agent can give its calls is pinned by counting
+//! tests (`prefix_merging::tests`: tokens compared per prompt token), not timed here.
 
 use std::time::Instant;
 
@@ -117,8 +120,9 @@ fn wide_session(
 }
 
 /// An agent's worst case for prefix merging: `n` samples from one point, then `n` calls each
-/// going on from one of them without log-probs, so that no chain may be continued and each
-/// call is refused by every sample it extends.
+/// going on from one of them without log-probs: every sample's last prompt begins the call's
+/// prompt, so each is a candidate, and none may be continued (the scan weighed each one on
+/// every call). Each call starts a chain of its own and closes the candidate tried first.
 fn refused_forks(n: u32) -> Vec<CompletionRecord> {
     let point = vec![7u32; 64];
     let mut records = Vec::new();

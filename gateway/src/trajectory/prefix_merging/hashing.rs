@@ -20,6 +20,9 @@ pub struct PrefixHash {
     keys: Vec<u64>,
     /// splitmix64's state: the next key's.
     state: u64,
+    /// ANDed into each key: all ones, or none for a hash under which every prefix of a length
+    /// collides (tests of the paths a collision takes).
+    mask: u64,
 }
 
 impl PrefixHash {
@@ -31,6 +34,16 @@ impl PrefixHash {
         Self {
             keys: Vec::new(),
             state: seed,
+            mask: u64::MAX,
+        }
+    }
+
+    /// Every prefix of a length has one hash: every lookup hits, every hit needs its comparison.
+    #[cfg(test)]
+    pub fn colliding() -> Self {
+        Self {
+            mask: 0,
+            ..Self::seeded(0)
         }
     }
 
@@ -42,7 +55,7 @@ impl PrefixHash {
             let mut z = self.state;
             z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            self.keys.push(z ^ (z >> 31));
+            self.keys.push((z ^ (z >> 31)) & self.mask);
         }
         &self.keys[from..from + n]
     }

@@ -67,16 +67,20 @@ impl<K: Ord> Position<K> {
     }
 }
 
-/// The marks' hashes are keyed per build already (the agent cannot aim at a bucket): hashing
-/// them again is a cost on every lookup and buys nothing.
-type KeyedAlready = BuildHasherDefault<AsIs>;
+/// The marks' hashes are keyed per build already, so a cheap mix is enough: hashbrown picks a
+/// bucket by the low bits and a tag by the top ones, and prompts whose tokens differ by
+/// multiples of 2¹⁶ (ids 5 and 65,541 in a 150k vocabulary) have hashes equal in their low
+/// bits, which as they are would share a probe sequence (murmur3's finalizer folds the high
+/// bits in).
+type KeyedAlready = BuildHasherDefault<Mixed>;
 
 #[derive(Default)]
-struct AsIs(u64);
+struct Mixed(u64);
 
-impl Hasher for AsIs {
+impl Hasher for Mixed {
     fn finish(&self) -> u64 {
-        self.0
+        let z = (self.0 ^ (self.0 >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        z ^ (z >> 33)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -132,7 +136,7 @@ impl<K: Ord + Copy> MarkIndex<K> {
         &'a self,
         range: std::ops::Range<usize>,
         prompt: &'a Prompt,
-    ) -> impl Iterator<Item = (usize, &'a BTreeSet<K>)> + 'a {
+    ) -> impl Iterator<Item = (usize, &'a BTreeSet<K>)> + Clone + 'a {
         let end = range.end.min(prompt.len() + 1);
         let range = range.start..end.max(range.start);
         self.by_position

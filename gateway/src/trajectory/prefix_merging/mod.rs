@@ -13,11 +13,13 @@
 //!
 //! Cost: each call hashes the part of its prompt the previous call's prompt does not share,
 //! then looks its prefix hashes up in indexes of the chains' marks ([`index`]): at most a
-//! lookup per distinct marked position shorter than its prompt, and one exact comparison for
-//! each hit acted on. A session's build is therefore linear in its prompts' tokens (which its
-//! budget bounds) whatever number of chains its agent makes, and many agents sharing a long
-//! system prompt cost no more than one. [`Merger`] takes the calls one at a time, so a build
-//! can be continued as the session goes on.
+//! lookup per distinct marked position shorter than its prompt. Each search ranks its hits by
+//! the hashes alone and compares only the one it acts on token by token (a collision, when
+//! that one is not a prefix, sends it the long way: each hit compared in order). A session's
+//! build is therefore linear in its prompts' tokens (which its budget bounds) whatever number
+//! of chains its agent makes, and many agents sharing a long system prompt cost no more than
+//! one. [`Merger`] takes the calls one at a time, so a build can be continued as the session
+//! goes on.
 
 mod chain;
 mod hashing;
@@ -75,12 +77,19 @@ pub struct Merger {
     prompt_ends: MarkIndex<usize>,
     /// Every chain by the end of each of its turns but the last: a call may branch there.
     turn_ends: MarkIndex<usize>,
+    /// Tokens compared confirming hits, for tests of what a build costs.
+    #[cfg(test)]
+    compared: std::cell::Cell<usize>,
 }
 
 impl Merger {
     pub fn new(eot: Option<u32>, max_length: Option<usize>) -> Self {
+        Self::with_hash(PrefixHash::random(), eot, max_length)
+    }
+
+    fn with_hash(hash: PrefixHash, eot: Option<u32>, max_length: Option<usize>) -> Self {
         Self {
-            hash: PrefixHash::random(),
+            hash,
             eot,
             max_length,
             chains: Vec::new(),
@@ -91,10 +100,13 @@ impl Merger {
             open_first: MarkIndex::default(),
             prompt_ends: MarkIndex::default(),
             turn_ends: MarkIndex::default(),
+            #[cfg(test)]
+            compared: std::cell::Cell::new(0),
         }
     }
 
-    /// Take the next call (in time order).
+    /// Take the next call. Calls must come in time order (`started_at_ms`, then `seq`): a
+    /// call taken late is not where a build from scratch would put it.
     pub fn push(&mut self, r: &CompletionRecord) {
         let previous = self
             .previous
@@ -181,6 +193,8 @@ impl Merger {
 
     /// Does chain `i`'s context up to `mark` begin `prompt`? Exact: a hash hit confirmed.
     fn begins(&self, i: usize, mark: Mark, prompt: &Prompt) -> bool {
+        #[cfg(test)]
+        self.compared.set(self.compared.get() + mark.at);
         prompt.starts_with(self.chains[i].at(mark), mark.hash)
     }
 
@@ -249,8 +263,9 @@ impl Merger {
                     self.close(i);
                     return Err((reason, None));
                 }
-                // (`continued` found every candidate that may be continued.)
+                // `continued` finds every candidate that may be continued: never here.
                 None => {
+                    debug_assert!(false, "chain {i} may be continued but was not found");
                     self.extend(i, r, prompt);
                     return Ok(i);
                 }
@@ -270,28 +285,38 @@ impl Merger {
             return None;
         }
         let logprobs = has_logprobs(r);
-        let mut best: Option<(usize, usize)> = None;
-        for (at, keys) in self.open_whole.matching_in(0..len + 1, prompt) {
-            let closed = self.eot.is_some() && prompt.tokens.get(at) == self.eot.as_ref();
-            for needs_closing in [false, true] {
-                if needs_closing && !closed {
-                    continue;
-                }
-                let class =
-                    (logprobs, needs_closing, 0, 0)..=(logprobs, needs_closing, len, usize::MAX);
-                for &(_, _, last_at, i) in keys.range(class).rev() {
-                    if best.is_some_and(|b| b >= (last_at, i)) {
-                        break;
-                    }
-                    // A candidate's last prompt is a strict prefix of the prompt.
-                    if last_at < len && self.begins(i, self.chains[i].whole, prompt) {
-                        best = Some((last_at, i));
-                        break;
-                    }
-                }
-            }
+        // The entries that may be continued, as far as the hashes tell, by position and
+        // class: a candidate's last prompt is a strict prefix of the prompt.
+        let classes = self
+            .open_whole
+            .matching_in(0..len + 1, prompt)
+            .flat_map(|(at, keys)| {
+                let closed = self.eot.is_some() && prompt.tokens.get(at) == self.eot.as_ref();
+                [false, true]
+                    .into_iter()
+                    .filter(move |&needs_closing| closed || !needs_closing)
+                    .map(move |nc| keys.range((logprobs, nc, 0, 0)..(logprobs, nc, len, 0)))
+            });
+        // The best by its hashes alone, then confirmed: comparing each hit that would beat
+        // the best so far costs a session's forks times their length on every call. A hit
+        // that is not a prefix (a collision, at most 2⁻³² a pair) sends it the long way:
+        // every entry in rank order, each confirmed.
+        let best = classes
+            .clone()
+            .filter_map(|mut class| class.next_back())
+            .map(|&(_, _, last_at, i)| (last_at, i))
+            .max()?;
+        if self.begins(best.1, self.chains[best.1].whole, prompt) {
+            return Some(best.1);
         }
-        best.map(|(_, i)| i)
+        let mut all: Vec<(usize, usize)> = classes
+            .flatten()
+            .map(|&(_, _, last_at, i)| (last_at, i))
+            .collect();
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        all.into_iter()
+            .map(|(_, i)| i)
+            .find(|&i| self.begins(i, self.chains[i].whole, prompt))
     }
 
     fn extend(&mut self, i: usize, r: &CompletionRecord, prompt: &Prompt) {
@@ -311,20 +336,37 @@ impl Merger {
             return ChainStart::First;
         }
         // Keeps an open chain's whole first prompt, then differs: its later history was
-        // rewritten. (The earliest such chain.)
-        let rewritten = self
+        // rewritten. (The earliest such chain: found by the hashes, then confirmed; the long
+        // way, each entry confirmed in order, only on a collision.)
+        let len = prompt.len();
+        let first_of = |(at, keys): (usize, &std::collections::BTreeSet<usize>)| {
+            keys.first().map(|&i| (i, at))
+        };
+        let earliest = self
             .open_first
-            .matching_in(0..prompt.len(), prompt)
-            .filter_map(|(at, keys)| {
-                let first = Mark {
-                    at,
-                    hash: prompt.hash(at),
-                };
-                keys.iter()
-                    .copied()
-                    .find(|&i| self.begins(i, first, prompt))
-            })
+            .matching_in(0..len, prompt)
+            .filter_map(first_of)
             .min();
+        let confirmed = |&(i, at): &(usize, usize)| {
+            let first = Mark {
+                at,
+                hash: prompt.hash(at),
+            };
+            self.begins(i, first, prompt)
+        };
+        let rewritten = match earliest {
+            Some(hit) if confirmed(&hit) => Some(hit.0),
+            Some(_) => {
+                let mut all: Vec<(usize, usize)> = self
+                    .open_first
+                    .matching_in(0..len, prompt)
+                    .flat_map(|(at, keys)| keys.iter().map(move |&i| (i, at)))
+                    .collect();
+                all.sort_unstable();
+                all.into_iter().find(confirmed).map(|(i, _)| i)
+            }
+            None => None,
+        };
         match rewritten {
             Some(i) => {
                 self.close(i);

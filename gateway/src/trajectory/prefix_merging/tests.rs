@@ -3,8 +3,10 @@
 
 use proptest::prelude::*;
 
-use super::{build, reference};
+use super::hashing::PrefixHash;
+use super::{build, reference, Merger};
 use crate::capture::CompletionRecord;
+use crate::trajectory::Trace;
 
 const EOT: u32 = 9;
 
@@ -93,8 +95,19 @@ proptest! {
         let refs: Vec<&CompletionRecord> = records.iter().collect();
         let indexed = build(&refs, eot, max_length);
         let scanned = reference::build(&refs, eot, max_length);
-        prop_assert_eq!(indexed, scanned);
+        prop_assert_eq!(&indexed, &scanned);
+        // With every prefix of a length colliding, each search takes the way a collision
+        // sends it (each hit confirmed) and must still find the same chains.
+        prop_assert_eq!(colliding(&refs, eot, max_length), scanned);
     }
+}
+
+fn colliding(records: &[&CompletionRecord], eot: Option<u32>, max: Option<usize>) -> Vec<Trace> {
+    let mut merger = Merger::with_hash(PrefixHash::colliding(), eot, max);
+    for r in records {
+        merger.push(r);
+    }
+    merger.finish()
 }
 
 #[test]
@@ -120,4 +133,73 @@ fn many_forks_from_one_point_each_refused_are_built_like_before() {
     let indexed = build(&refs, Some(EOT), None);
     assert_eq!(indexed, reference::build(&refs, Some(EOT), None));
     assert_eq!(indexed.len(), 2 * n as usize);
+}
+
+/// Tokens a build compares confirming its hits, against the tokens of its prompts: an agent
+/// shapes its calls, so this must stay linear however it does.
+fn compared_per_prompt_token(records: &[CompletionRecord], eot: Option<u32>) -> f64 {
+    let mut merger = Merger::new(eot, None);
+    for r in records {
+        merger.push(r);
+    }
+    let prompts: usize = records.iter().map(|r| r.prompt_token_ids.len()).sum();
+    merger.compared.get() as f64 / prompts as f64
+}
+
+fn record(seq: usize, prompt: Vec<u32>, completion: Vec<u32>) -> CompletionRecord {
+    CompletionRecord::from_tokens(seq as u64, prompt, completion)
+}
+
+#[test]
+fn rewrites_of_many_open_chains_compare_one_first_prompt_each() {
+    // m chains whose first prompts nest (1, 1..2, …, 1..m), each continued away from the
+    // others; then m calls that keep every first prompt and continue none: each compared
+    // every chain's first prompt, m² tokens a call.
+    let m = 300u32;
+    let p: Vec<u32> = (1..=m).collect();
+    let x = 100_000;
+    let mut records = Vec::new();
+    for k in (1..=m as usize).rev() {
+        records.push(record(records.len(), p[..k].to_vec(), vec![x]));
+    }
+    for k in 1..=m as usize {
+        let prompt = [&p[..k], &[x, 200_000 + k as u32]].concat();
+        records.push(record(records.len(), prompt, vec![x]));
+    }
+    for j in 0..m {
+        records.push(record(
+            records.len(),
+            [&p[..], &[300_000 + j]].concat(),
+            vec![x],
+        ));
+    }
+    let refs: Vec<&CompletionRecord> = records.iter().collect();
+    assert_eq!(
+        build(&refs, None, None),
+        reference::build(&refs, None, None)
+    );
+    let ratio = compared_per_prompt_token(&records, None);
+    assert!(ratio <= 2.0, "{ratio:.1} tokens compared a prompt token");
+}
+
+#[test]
+fn forks_whose_answers_nest_are_not_each_compared_on_every_call() {
+    // Samples from one point whose answers are prefixes of each other (greedy decoding, a
+    // varying max_tokens), then calls continuing the longest: each compared every fork.
+    let m = 200u32;
+    let mut records = Vec::new();
+    for k in (1..=m).rev() {
+        records.push(record(records.len(), vec![1], (2..2 + k).collect()));
+    }
+    for _ in 0..m {
+        let prompt = [&[1][..], &(2..2 + m).collect::<Vec<u32>>(), &[9_999]].concat();
+        records.push(record(records.len(), prompt, vec![7]));
+    }
+    let refs: Vec<&CompletionRecord> = records.iter().collect();
+    assert_eq!(
+        build(&refs, None, None),
+        reference::build(&refs, None, None)
+    );
+    let ratio = compared_per_prompt_token(&records, None);
+    assert!(ratio <= 2.0, "{ratio:.1} tokens compared a prompt token");
 }
