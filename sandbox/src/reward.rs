@@ -283,11 +283,13 @@ fn judge_source(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, 
                     "no test results found in the {format:?} output"
                 )));
             };
+            // A skip past those the task allows is a test the code under test kept from
+            // failing (pytest.skip() where it fails): it counts as failed.
+            let failed =
+                counts.failed + counts.skipped.saturating_sub(u64::from(spec.allowed_skips));
             let reward = match spec.scoring {
-                TestScoring::AllPass => f64::from(u8::from(counts.failed == 0)),
-                TestScoring::Fraction => {
-                    counts.passed as f64 / (counts.passed + counts.failed) as f64
-                }
+                TestScoring::AllPass => f64::from(u8::from(failed == 0)),
+                TestScoring::Fraction => counts.passed as f64 / (counts.passed + failed) as f64,
             };
             Ok(Verdict {
                 reward,
@@ -331,7 +333,8 @@ fn truncate(s: &str, max: usize) -> &str {
 }
 
 /// pytest's summary line, e.g. `==== 3 passed, 1 failed, 2 errors in 0.12s ====` or, with
-/// `-q`, `3 passed, 1 failed in 0.12s`. Errors count as failures, xpassed as passes.
+/// `-q`, `3 passed, 1 failed in 0.12s`. Errors count as failures, xpassed as passes, xfailed
+/// as skips; deselected tests are not counted.
 ///
 /// There must be exactly one: the code under test runs in pytest's process and can print a
 /// second one after pytest's (an `atexit` hook, a leftover child), and "the last one wins"
@@ -362,8 +365,9 @@ fn pytest_summary_line(line: &str) -> Option<TestCounts> {
         match word {
             "passed" | "xpassed" => counts.passed += n,
             "failed" | "error" | "errors" => counts.failed += n,
-            "skipped" | "xfailed" | "deselected" => counts.skipped += n,
-            "warning" | "warnings" | "rerun" | "reruns" | "subtests" => {}
+            "skipped" | "xfailed" => counts.skipped += n,
+            // Left out of the run by its command (`-k`, `-m`), not by the code under test.
+            "deselected" | "warning" | "warnings" | "rerun" | "reruns" | "subtests" => {}
             _ => {
                 matched = false;
                 break;
@@ -459,6 +463,7 @@ mod tests {
             path: None,
             format,
             scoring,
+            allowed_skips: 0,
             pass_threshold: 1.0,
             failure_reward: 0.0,
             max_reward: None,
@@ -617,6 +622,10 @@ mod tests {
             pytest_summary("1 failed, 1 xpassed, 2 xfailed in 1.0s"),
             c(1, 1, 2)
         );
+        assert_eq!(
+            pytest_summary("2 passed, 1 skipped, 40 deselected in 1.0s"),
+            c(2, 0, 1)
+        );
         assert_eq!(pytest_summary("no tests ran in 0.01s"), None);
         assert_eq!(pytest_summary("all good"), None);
         // A second summary (the code under test printing one after pytest's) is no verdict.
@@ -703,6 +712,39 @@ mod tests {
         assert_eq!(
             judged(&all, Exit::Code(2), "1 error in 0.1s", None),
             Ok(0.0)
+        );
+        // The code under test skipping the tests it fails (`pytest.skip()`, `unittest.SkipTest`,
+        // `pytest.xfail()`): each skip is a failure, past the skips the task allows.
+        let skipping = "3 passed, 2 skipped in 0.1s";
+        assert_eq!(judged(&all, Exit::Code(0), skipping, None), Ok(0.0));
+        assert_eq!(judged(&frac, Exit::Code(0), skipping, None), Ok(0.6));
+        assert_eq!(
+            judged(&all, Exit::Code(0), "3 passed, 1 xfailed in 0.1s", None),
+            Ok(0.0)
+        );
+        let mut allowing = all.clone();
+        allowing.allowed_skips = 2;
+        assert_eq!(judged(&allowing, Exit::Code(0), skipping, None), Ok(1.0));
+        allowing.allowed_skips = 1;
+        assert_eq!(judged(&allowing, Exit::Code(0), skipping, None), Ok(0.0));
+        let mut fraction_allowing = frac.clone();
+        fraction_allowing.allowed_skips = 1;
+        assert_eq!(
+            judged(&fraction_allowing, Exit::Code(0), skipping, None),
+            Ok(0.75)
+        );
+        // Every test skipped: no result at all, as before.
+        assert!(matches!(
+            judged(&allowing, Exit::Code(0), "4 skipped in 0.1s", None),
+            Err(EvaluatorFailure::ByTheCode {
+                reason: FailureReason::NoVerdict,
+                ..
+            })
+        ));
+        // Deselected by the command: not counted.
+        assert_eq!(
+            judged(&all, Exit::Code(0), "4 passed, 9 deselected in 0.1s", None),
+            Ok(1.0)
         );
         // A named report file wins over stdout.
         let mut from_file = all.clone();

@@ -103,6 +103,12 @@ def reported_failing(parser, log, spec):
     return sorted(failing)
 
 
+def names_one_of(key, names):
+    """Whether status key `key` is one of `names`' tests (exactly, or one a truncated name
+    begins)."""
+    return any(key == n or (n.count("[") > n.count("]") and key.startswith(n)) for n in names)
+
+
 def main():
     request = json.load(sys.stdin)
     try:
@@ -146,16 +152,22 @@ def main():
         set(reported_failing(parser, tested, spec))
         | forged_pairing(instance["log_parser"], tested)
     )
-    if failing:
+    # swebench counts an expected failure (XFAIL) as a pass. A FAIL_TO_PASS test passes after
+    # a fix; one that "xfails" is one the code under test told the runner to expect failing
+    # (`pytest.xfail()` called where it fails): it is failed here.
+    fail_to_pass = list(spec.FAIL_TO_PASS)
 
-        def strict(log, test_spec):
-            statuses = parser(log, test_spec)
-            if statuses:
-                for name in failing:
-                    statuses[name] = TestStatus.FAILED.value
-            return statuses
+    def strict(log, test_spec):
+        statuses = parser(log, test_spec)
+        if statuses:
+            for name in failing:
+                statuses[name] = TestStatus.FAILED.value
+            for key, status in list(statuses.items()):
+                if status == TestStatus.XFAIL.value and names_one_of(key, fail_to_pass):
+                    statuses[key] = TestStatus.FAILED.value
+        return statuses
 
-        PARSER_REGISTRY[instance["log_parser"]] = strict
+    PARSER_REGISTRY[instance["log_parser"]] = strict
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "test_output.txt")
         with open(log, "w") as f:

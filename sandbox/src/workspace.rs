@@ -32,8 +32,19 @@ pub const MAX_CHANGED_BYTES: u64 = 2 << 30;
 /// test` runs its script with, or `node-options=--require` preloads code into Jest; a
 /// `.yarnrc.yml` names the yarn that runs, which with its plugins and Plug'n'Play loader is
 /// in the tree; a Babel or SWC configuration transforms every test file, hidden ones
-/// included, before Jest runs it).
+/// included, before Jest runs it). With them, what runs the tests: `node_modules` (`npm test`
+/// and `npx jest` put `node_modules/.bin` first on their `PATH` whatever the evaluator's is,
+/// so an added `node_modules/.bin/jest` printing a pass, or an edited
+/// `node_modules/jest-cli`, was the runner), and `.git` (an evaluator that runs `git checkout`,
+/// `git status` or `git diff` in the copy runs the hooks, `core.fsmonitor` and filters its
+/// `.git` names: before the hidden tests are read, they could be rewritten).
 pub const TEST_RUNNER_CONFIG: &[&str] = &[
+    // The directories themselves too: a link by that name where the task has none would lead
+    // the runner into the agent's files, and a `.git` file names a git directory elsewhere.
+    "**/node_modules",
+    "**/node_modules/**",
+    "**/.git",
+    "**/.git/**",
     "**/conftest.py",
     "**/pytest.ini",
     "**/.pytest.ini",
@@ -973,10 +984,20 @@ mod tests {
             ".babelrc.json",
             ".yarn/releases/yarn-4.1.0.cjs",
             ".pnp.cjs",
+            "node_modules/.bin/jest",
+            "web/node_modules/jest-cli/build/run.js",
+            ".git/hooks/post-checkout",
+            ".git/config",
+            "vendor/lib/.git/config",
+            "node_modules",
+            "web/node_modules",
+            ".git",
         ] {
             assert!(p.covers(Path::new(path)), "{path}");
         }
         assert!(!p.covers(Path::new("calc.py")));
+        assert!(!p.covers(Path::new("src/node_modules.md")));
+        assert!(!p.covers(Path::new(".gitignore")));
         assert!(!p.covers(Path::new("docs/pytest.md")));
         Ok(())
     }

@@ -493,3 +493,79 @@ echo 1 > reward.json
     assert_eq!(ran.summary["sessions"]["infraError"], 0, "{}", ran.summary);
     Ok(())
 }
+
+/// A pytest-like runner for [`skipped_tests_and_a_runner_the_agent_added_never_pass`]: a smoke
+/// test that passes and the hidden test, whose `unittest.SkipTest` (raised by the code under
+/// test) is a skip, as pytest reports it; its summary in `report.txt`.
+const SKIP_AWARE_RUNNER: &str = r#"
+import runpy, sys, unittest
+sys.path.insert(0, ".")
+counts = {"passed": 1, "failed": 0, "skipped": 0}
+try:
+    runpy.run_path("tests/test_hidden.py")
+    counts["passed"] += 1
+except unittest.SkipTest:
+    counts["skipped"] += 1
+except Exception:
+    counts["failed"] += 1
+summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+open("report.txt", "w").write(summary + " in 0.01s\n")
+"#;
+
+/// The code under test skipping the test it fails (`raise unittest.SkipTest`, as
+/// `pytest.skip()` does) read "1 passed, 1 skipped": every test that ran passed, reward 1.
+/// And the evaluator's `PATH` led by `node_modules/.bin`, as `npm test` and `npx` lead theirs
+/// whatever the task says: a `python3` the agent put there (or a `node_modules` link to a
+/// directory holding one) ran instead of the real one and wrote a pass. A skip is now a
+/// failure past the skips the task allows (none here), and `node_modules` is the task's.
+#[tokio::test]
+async fn skipped_tests_and_a_runner_the_agent_added_never_pass() -> Result<()> {
+    const FAKE: &str = r"printf '#!/bin/sh\necho 2 passed in 0.01s > report.txt\n' > $D/python3 && chmod +x $D/python3";
+    let task = |id: &str, instruction: String| {
+        json!({"id": id, "instruction": instruction, "files": {"calc.py": BUGGY},
+               "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST,
+                                              "tests/runner.py": SKIP_AWARE_RUNNER}}})
+    };
+    let ran = run_job(
+        json!([
+            task("fix", FIX.into()),
+            task(
+                "skip",
+                r"printf 'import unittest\nraise unittest.SkipTest(0)\n' > calc.py".into()
+            ),
+            task(
+                "runner-added",
+                format!("D=node_modules/.bin && mkdir -p $D && {FAKE}")
+            ),
+            task(
+                "runner-linked",
+                format!("D=lib/.bin && mkdir -p $D && {FAKE} && ln -s lib node_modules")
+            ),
+        ]),
+        &[],
+        |spec| {
+            spec["evaluator"] = json!({
+                "command": ["sh", "-c",
+                            "PATH=\"$PWD/node_modules/.bin:$PATH\" exec python3 tests/runner.py"],
+                "reward": {"source": "TestOutput", "format": "PytestSummary",
+                           "path": "report.txt"},
+            });
+        },
+    )
+    .await?;
+    let mut wrong = Vec::new();
+    for (task, reward) in [
+        ("fix", 1.0),
+        ("skip", 0.0),
+        ("runner-added", 0.0),
+        ("runner-linked", 0.0),
+    ] {
+        let s = ran.session(task)?;
+        if (s["status"].as_str(), s["reward"].as_f64()) != (Some("completed"), Some(reward)) {
+            wrong.push(format!("{task}: {s}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert_eq!(ran.summary["sessions"]["infraError"], 0, "{}", ran.summary);
+    Ok(())
+}

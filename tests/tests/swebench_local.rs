@@ -598,3 +598,55 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
     );
     Ok(())
 }
+
+/// The code under test can tell the runner to expect the failure it causes (`pytest.xfail()`
+/// where it fails) or to skip the test (`pytest.skip()`, `raise unittest.SkipTest`):
+/// swebench counts an expected failure as a pass, so a `FAIL_TO_PASS` test that "xfails"
+/// resolved the instance. Through floe's bridge it fails, and a skipped one does too
+/// (swebench's own rule since 5.0). An honest log of the same tests resolves.
+#[tokio::test]
+async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_resolves(
+) -> Result<()> {
+    let bridge = local_bridge()?;
+    let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "acme__calc-9", "repo": "acme/calc", "version": "1.0",
+        "logParser": "parse_log_pytest",
+        "failToPass": ["tests/test_calc.py::test_add", "tests/test_calc.py::test_sum[1-2"],
+        "passToPass": ["tests/test_calc.py::test_sub"], "testPatch": "x",
+        "repositoryDirectory": "/testbed"}))?;
+    let log = |add: &str, sum: &str| {
+        format!(
+            "+ : '>>>>> Start Test Output'\n{add}\n{sum}\nPASSED tests/test_calc.py::test_sub\n\
+             + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n"
+        )
+    };
+    let (add, sum) = (
+        "PASSED tests/test_calc.py::test_add",
+        "PASSED tests/test_calc.py::test_sum[1-2-3]",
+    );
+    for (what, text, resolved) in [
+        ("honest", log(add, sum), true),
+        (
+            "xfail",
+            log("XFAIL tests/test_calc.py::test_add - expected", sum),
+            false,
+        ),
+        (
+            "xfail under a truncated id",
+            log(add, "XFAIL tests/test_calc.py::test_sum[1-2-3] - expected"),
+            false,
+        ),
+        (
+            "skip",
+            log("SKIPPED [1] tests/test_calc.py:3: not today", sum),
+            false,
+        ),
+    ] {
+        let graded = bridge
+            .grade(&grading, "#!/bin/bash\n", &text)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
+    }
+    Ok(())
+}

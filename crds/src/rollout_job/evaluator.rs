@@ -63,6 +63,10 @@ fn is_true(b: &bool) -> bool {
     *b
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[derive(KubeSchema, Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[x_kube(
     validation = kube::core::Rule::new("self.source != 'RewardFile' || has(self.path)")
@@ -91,6 +95,13 @@ pub struct RewardSpec {
     /// `TestOutput`: 1 only when every test passed (`AllPass`) or the passed fraction (`Fraction`).
     #[serde(default)]
     pub scoring: TestScoring,
+    /// `TestOutput`: how many tests may be skipped (pytest's `skipped` and `xfailed`, TAP's
+    /// `# SKIP` and `# TODO`, JUnit's `<skipped>`) without counting as failed. The code under
+    /// test runs inside the test runner and can skip the tests it fails (`pytest.skip()`,
+    /// `raise unittest.SkipTest`): past this many, each skip is a failure. Set it to the
+    /// skips the task's tests have on a correct solution (platform-dependent ones).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allowed_skips: u32,
     /// Reward at or above which a session counts as passed (pass rate, SFT acceptance default).
     #[serde(default = "default_pass_threshold")]
     pub pass_threshold: f64,
@@ -124,6 +135,7 @@ impl Default for RewardSpec {
             path: None,
             format: None,
             scoring: TestScoring::default(),
+            allowed_skips: 0,
             pass_threshold: default_pass_threshold(),
             failure_reward: 0.0,
             max_reward: None,
