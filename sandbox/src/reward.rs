@@ -278,18 +278,28 @@ fn judge_source(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, 
                 TestOutputFormat::Tap => tap(text),
                 TestOutputFormat::JUnitXml => junit_xml(text)?,
             };
-            let Some(counts) = counts.filter(|c| c.passed + c.failed > 0) else {
+            let Some(counts) = counts.filter(|c| c.passed.saturating_add(c.failed) > 0) else {
                 return Err(no_verdict(format!(
                     "no test results found in the {format:?} output"
                 )));
             };
+            // The code under test can stop the run inside the test it fails (`pytest.exit()`,
+            // a KeyboardInterrupt): pytest still prints the tally of the tests before it.
+            if let Some(banner) = interrupted(result.stdout).or_else(|| interrupted(text)) {
+                return Err(no_verdict(format!(
+                    "the test run was interrupted ({banner}): the tests after it never ran"
+                )));
+            }
             // A skip past those the task allows is a test the code under test kept from
             // failing (pytest.skip() where it fails): it counts as failed.
-            let failed =
-                counts.failed + counts.skipped.saturating_sub(u64::from(spec.allowed_skips));
+            let failed = counts
+                .failed
+                .saturating_add(counts.skipped.saturating_sub(u64::from(spec.allowed_skips)));
             let reward = match spec.scoring {
                 TestScoring::AllPass => f64::from(u8::from(failed == 0)),
-                TestScoring::Fraction => counts.passed as f64 / (counts.passed + failed) as f64,
+                TestScoring::Fraction => {
+                    counts.passed as f64 / counts.passed.saturating_add(failed) as f64
+                }
             };
             Ok(Verdict {
                 reward,
@@ -332,6 +342,15 @@ fn truncate(s: &str, max: usize) -> &str {
     s.char_indices().nth(max).map_or(s, |(i, _)| &s[..i])
 }
 
+/// pytest's banner for a run it stopped before its end (`!!!!! _pytest.outcomes.Exit: … !!!!!`,
+/// `!!!!! KeyboardInterrupt !!!!!`, `!!!!! stopping after 1 failures !!!!!`), if `text` has one.
+pub fn interrupted(text: &str) -> Option<&str> {
+    text.lines()
+        .map(str::trim)
+        .find(|l| l.len() > 6 && l.starts_with("!!!") && l.ends_with("!!!"))
+        .map(|l| l.trim_matches('!').trim())
+}
+
 /// pytest's summary line, e.g. `==== 3 passed, 1 failed, 2 errors in 0.12s ====` or, with
 /// `-q`, `3 passed, 1 failed in 0.12s`. Errors count as failures, xpassed as passes, xfailed
 /// as skips; deselected tests are not counted.
@@ -363,9 +382,9 @@ fn pytest_summary_line(line: &str) -> Option<TestCounts> {
             break;
         };
         match word {
-            "passed" | "xpassed" => counts.passed += n,
-            "failed" | "error" | "errors" => counts.failed += n,
-            "skipped" | "xfailed" => counts.skipped += n,
+            "passed" | "xpassed" => counts.passed = counts.passed.saturating_add(n),
+            "failed" | "error" | "errors" => counts.failed = counts.failed.saturating_add(n),
+            "skipped" | "xfailed" => counts.skipped = counts.skipped.saturating_add(n),
             // Left out of the run by its command (`-k`, `-m`), not by the code under test.
             "deselected" | "warning" | "warnings" | "rerun" | "reruns" | "subtests" => {}
             _ => {
@@ -378,8 +397,9 @@ fn pytest_summary_line(line: &str) -> Option<TestCounts> {
     matched.then_some(counts)
 }
 
-/// Test Anything Protocol: `ok` / `not ok` lines; `# SKIP` and `# TODO` are not counted;
-/// tests the plan (`1..N`) promises but never reports count as failed; `Bail out!` fails one.
+/// Test Anything Protocol: `ok` / `not ok` lines; `# SKIP` and `# TODO` are skips (after the
+/// first `#` not escaped as `\#`); tests the plan (`1..N`) promises but never reports count as
+/// failed; `Bail out!` fails one.
 pub fn tap(text: &str) -> Option<TestCounts> {
     let mut counts = TestCounts::default();
     let mut plan = None;
@@ -413,9 +433,7 @@ pub fn tap(text: &str) -> Option<TestCounts> {
         }
         any = true;
         seen += 1;
-        let directive = rest
-            .split_once('#')
-            .map(|(_, d)| d.trim().to_ascii_uppercase());
+        let directive = directive_of(rest).map(|d| d.trim().to_ascii_uppercase());
         match directive.as_deref() {
             Some(d) if d.starts_with("SKIP") || d.starts_with("TODO") => counts.skipped += 1,
             _ if ok => counts.passed += 1,
@@ -423,9 +441,18 @@ pub fn tap(text: &str) -> Option<TestCounts> {
         }
     }
     if let Some(planned) = plan {
-        counts.failed += planned.saturating_sub(seen);
+        counts.failed = counts.failed.saturating_add(planned.saturating_sub(seen));
     }
     any.then_some(counts)
+}
+
+/// What follows a TAP test line's first `#` that is not escaped (`\#` is a `#` of the
+/// description: `ok 3 - issue \#12 # SKIP` is a skip).
+fn directive_of(rest: &str) -> Option<&str> {
+    let bytes = rest.as_bytes();
+    (0..bytes.len())
+        .find(|&i| bytes[i] == b'#' && (i == 0 || bytes[i - 1] != b'\\'))
+        .map(|i| &rest[i + 1..])
 }
 
 /// JUnit XML: every `<testcase>`; one with `<failure>` or `<error>` failed, with `<skipped>`
@@ -651,6 +678,21 @@ mod tests {
                 skipped: 2
             })
         );
+        // An escaped `#` is the description's; the directive follows the first bare one.
+        assert_eq!(
+            tap("ok 1 - issue \\#12 # SKIP later\nok 2 - c\\# # todo\n"),
+            Some(TestCounts {
+                passed: 0,
+                failed: 0,
+                skipped: 2
+            })
+        );
+        // A plan of 2⁶⁴−1 and two bail-outs wrapped the failures round to none.
+        assert_eq!(
+            tap("ok 1\nnot ok 2\n1..18446744073709551615\nBail out!\nBail out!\n")
+                .map(|c| c.failed),
+            Some(u64::MAX)
+        );
         assert_eq!(tap("okay\nnothing"), None);
         assert_eq!(
             tap("ok\nBail out! db down"),
@@ -741,6 +783,33 @@ mod tests {
                 ..
             })
         ));
+        // Stopped inside the test it fails (`pytest.exit("x", returncode=0)`, a
+        // KeyboardInterrupt): the tally of the tests before it is no verdict.
+        for stopped in [
+            ".\n1 passed in 0.31s\n!!!!!!!!!! _pytest.outcomes.Exit: bye !!!!!!!!!!\n",
+            ".\n!!!!!!!!!! KeyboardInterrupt !!!!!!!!!!\n/t/test_a.py:4: KeyboardInterrupt\n1 passed in 0.7s\n",
+        ] {
+            assert!(
+                matches!(
+                    judged(&all, Exit::Code(0), stopped, None),
+                    Err(EvaluatorFailure::ByTheCode {
+                        reason: FailureReason::NoVerdict,
+                        ..
+                    })
+                ),
+                "{stopped}"
+            );
+        }
+        // Huge counts saturate instead of wrapping (to a total of 0, or to a reward past 1).
+        assert_eq!(
+            judged(
+                &all,
+                Exit::Code(0),
+                "18446744073709551615 passed, 18446744073709551615 passed, 1 failed in 1s",
+                None
+            ),
+            Ok(0.0)
+        );
         // Deselected by the command: not counted.
         assert_eq!(
             judged(&all, Exit::Code(0), "4 passed, 9 deselected in 0.1s", None),

@@ -78,7 +78,10 @@ def tested_section(parser, log, spec, start, end):
 def reported_failing(parser, log, spec):
     """The tests some line of the log reports failing (and, for unittest's summary lines,
     under the `name (Class)` key result lines use before Python 3.11 and the
-    `name (Class.name)` one they use since), sorted."""
+    `name (Class.name)` one they use since), and the `FAIL_TO_PASS` tests some line reports
+    skipped or expected to fail (a pass the code under test prints after it would otherwise
+    be the test's last word), sorted."""
+    fail_to_pass = list(spec.FAIL_TO_PASS)
     failing = set()
     lines = log.splitlines()
     for at, line in enumerate(lines):
@@ -99,7 +102,12 @@ def reported_failing(parser, log, spec):
             statuses = parser(line, spec) or {}
         except Exception:  # noqa: BLE001 - a parser that needs more than one line
             continue
-        failing.update(n for n, status in statuses.items() if status in ("FAILED", "ERROR"))
+        failing.update(
+            n
+            for n, status in statuses.items()
+            if status in ("FAILED", "ERROR")
+            or (status in ("XFAIL", "SKIPPED") and names_one_of(n, fail_to_pass))
+        )
     return sorted(failing)
 
 

@@ -641,6 +641,14 @@ async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_
             log("SKIPPED [1] tests/test_calc.py:3: not today", sum),
             false,
         ),
+        (
+            "xfail, then a pass the code under test printed",
+            log(
+                "XFAIL tests/test_calc.py::test_add - expected\nPASSED tests/test_calc.py::test_add",
+                sum,
+            ),
+            false,
+        ),
     ] {
         let graded = bridge
             .grade(&grading, "#!/bin/bash\n", &text)
@@ -648,5 +656,19 @@ async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_
             .map_err(anyhow::Error::msg)?;
         assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
     }
+    // Django's runner names a skipped test on its line; an `ok` printed for it later was its
+    // last word.
+    let django: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "django__django-9", "repo": "django/django", "version": "4.0",
+        "logParser": "parse_log_django", "failToPass": ["test_x (m.C)"],
+        "passToPass": ["test_y (m.C)"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    let skipped = "+ : '>>>>> Start Test Output'\ntest_x (m.C) ... skipped 'later'\n\
+                   test_y (m.C) ... ok\nRan 2 tests\nOK (skipped=1)\ntest_x (m.C) ... ok\n\
+                   + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n";
+    let graded = bridge
+        .grade(&django, "#!/bin/bash\n", skipped)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
     Ok(())
 }
