@@ -207,3 +207,21 @@ impl Chain {
         })
     }
 }
+
+/// The chains' traces, with the decision made in hindsight: a branch whose parent never went
+/// on was not a parallel branch, the harness rewrote the history (compaction, trimmed tool
+/// output) and continued from the rewritten version.
+pub fn into_traces(mut chains: Vec<Chain>) -> Vec<Trace> {
+    let last_call: Vec<Option<u64>> = chains
+        .iter()
+        .map(|c| c.completions.last().copied())
+        .collect();
+    for chain in &mut chains {
+        if let Some(parent) = chain.branched_from {
+            if last_call[parent] < chain.completions.first().copied() {
+                chain.start = ChainStart::PrefixChanged;
+            }
+        }
+    }
+    chains.into_iter().map(Chain::into_trace).collect()
+}

@@ -140,22 +140,7 @@ impl Merger {
 
     /// The traces, with the decisions made in hindsight.
     pub fn finish(self) -> Vec<Trace> {
-        let mut chains = self.chains;
-        // A branch whose parent never went on was not a parallel branch: the harness rewrote
-        // the history (compaction, trimmed tool output) and continued from the rewritten
-        // version.
-        let last_call: Vec<Option<u64>> = chains
-            .iter()
-            .map(|c| c.completions.last().copied())
-            .collect();
-        for chain in &mut chains {
-            if let Some(parent) = chain.branched_from {
-                if last_call[parent] < chain.completions.first().copied() {
-                    chain.start = ChainStart::PrefixChanged;
-                }
-            }
-        }
-        chains.into_iter().map(Chain::into_trace).collect()
+        chain::into_traces(self.chains)
     }
 
     /// The continuable key of open chain `i`.

@@ -33,20 +33,7 @@ pub fn build(
         }
         previous = &r.prompt_token_ids;
     }
-    // A branch whose parent never went on was not a parallel branch: the harness rewrote the
-    // history (compaction, trimmed tool output) and continued from the rewritten version.
-    let last_call: Vec<Option<u64>> = chains
-        .iter()
-        .map(|c| c.completions.last().copied())
-        .collect();
-    for chain in &mut chains {
-        if let Some(parent) = chain.branched_from {
-            if last_call[parent] < chain.completions.first().copied() {
-                chain.start = ChainStart::PrefixChanged;
-            }
-        }
-    }
-    chains.into_iter().map(Chain::into_trace).collect()
+    super::chain::into_traces(chains)
 }
 
 /// Extend the right chain with `r` (→ `None`), or say why `r` starts a new one (and which
