@@ -8,7 +8,6 @@
 //! floe can show is not the code's is an infrastructure failure: an evaluator whose program is
 //! not there, a sandbox that did not start, a job that names no reward file, floe's own side.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use floe_crds::rollout_job::RewardSource;
@@ -107,7 +106,7 @@ pub(crate) async fn grade(
     if spec.evaluator.protect_test_config {
         patterns.extend(workspace::TEST_RUNNER_CONFIG.iter().map(|p| p.to_string()));
     }
-    let evaluator_env = evaluator_env(&task_evaluation.env);
+    let evaluator_env: Vec<(String, String)> = task_evaluation.env.clone().into_iter().collect();
     // What the program is found as: through a link, an absolute path into the copy, or a
     // `PATH` directory of the copy's.
     let path_var = crate::children::path_in(&evaluator_env);
@@ -323,49 +322,4 @@ fn changes_detail(applied: &workspace::Applied) -> serde_json::Value {
         "deleted": applied.applied.deleted.len(),
         "discarded": applied.discarded.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
     })
-}
-
-/// The evaluator's environment: the task's, and git told to take a directory as a bare
-/// repository only when named (`safe.bareRepository=explicit`). The agent's `.git` never
-/// reaches the copy, but git also takes a directory holding `HEAD`, `objects/` and `refs/` for
-/// a repository, and runs the hooks and `core.fsmonitor` its `config` names, for an evaluator
-/// that runs `git` there. A task that sets git's `GIT_CONFIG_COUNT` itself keeps its own.
-fn evaluator_env(task: &BTreeMap<String, String>) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = task.clone().into_iter().collect();
-    if !task.contains_key("GIT_CONFIG_COUNT") {
-        env.extend(
-            [
-                ("GIT_CONFIG_COUNT", "1"),
-                ("GIT_CONFIG_KEY_0", "safe.bareRepository"),
-                ("GIT_CONFIG_VALUE_0", "explicit"),
-            ]
-            .map(|(k, v)| (k.to_string(), v.to_string())),
-        );
-    }
-    env
-}
-
-#[cfg(test)]
-mod env_tests {
-    use super::*;
-
-    #[test]
-    fn git_takes_no_directory_for_a_bare_repository_unless_the_task_configures_git() {
-        let env = evaluator_env(&BTreeMap::from([("PATH".into(), "bin:/usr/bin".into())]));
-        let get = |env: &[(String, String)], k: &str| {
-            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-        };
-        assert_eq!(get(&env, "PATH").as_deref(), Some("bin:/usr/bin"));
-        assert_eq!(
-            get(&env, "GIT_CONFIG_KEY_0").as_deref(),
-            Some("safe.bareRepository")
-        );
-        assert_eq!(get(&env, "GIT_CONFIG_VALUE_0").as_deref(), Some("explicit"));
-        let own = evaluator_env(&BTreeMap::from([
-            ("GIT_CONFIG_COUNT".into(), "1".into()),
-            ("GIT_CONFIG_KEY_0".into(), "user.name".into()),
-        ]));
-        assert_eq!(get(&own, "GIT_CONFIG_KEY_0").as_deref(), Some("user.name"));
-        assert_eq!(own.len(), 2);
-    }
 }

@@ -284,8 +284,13 @@ fn judge_source(spec: &RewardSpec, result: &EvaluatorResult) -> Result<Verdict, 
                 )));
             };
             // The code under test can stop the run inside the test it fails (`pytest.exit()`,
-            // a KeyboardInterrupt): pytest still prints the tally of the tests before it.
-            if let Some(banner) = interrupted(result.stdout).or_else(|| interrupted(text)) {
+            // a KeyboardInterrupt): pytest still prints the tally of the tests before it. Its
+            // banner is in its output: stdout, or the report that is pytest's output (not a
+            // JUnit report's captured `system-out`).
+            let report_is_output = format == TestOutputFormat::PytestSummary;
+            let banner = interrupted(result.stdout)
+                .or_else(|| report_is_output.then(|| interrupted(text)).flatten());
+            if let Some(banner) = banner {
                 return Err(no_verdict(format!(
                     "the test run was interrupted ({banner}): the tests after it never ran"
                 )));
@@ -342,12 +347,17 @@ fn truncate(s: &str, max: usize) -> &str {
     s.char_indices().nth(max).map_or(s, |(i, _)| &s[..i])
 }
 
-/// pytest's banner for a run it stopped before its end (`!!!!! _pytest.outcomes.Exit: … !!!!!`,
-/// `!!!!! KeyboardInterrupt !!!!!`, `!!!!! stopping after 1 failures !!!!!`), if `text` has one.
+/// pytest's banner for a run it stopped before its end, if `text` has one: a line that begins
+/// with `!`s and a space (`!!!!! _pytest.outcomes.Exit: … !!!!!`, `!!!!! KeyboardInterrupt
+/// !!!!!`, `!!!!! stopping after 1 failures !!!!!`). Not the title: the code under test picks
+/// it (an `Exit` subclass, its reason), and a long one leaves a single `!` on each side, a
+/// multi-line one none on the right of its first line.
 pub fn interrupted(text: &str) -> Option<&str> {
     text.lines()
-        .map(str::trim)
-        .find(|l| l.len() > 6 && l.starts_with("!!!") && l.ends_with("!!!"))
+        .find(|l| {
+            let rest = l.trim_start_matches('!');
+            rest.len() < l.len() && rest.starts_with(' ')
+        })
         .map(|l| l.trim_matches('!').trim())
 }
 
@@ -450,8 +460,10 @@ pub fn tap(text: &str) -> Option<TestCounts> {
 /// description: `ok 3 - issue \#12 # SKIP` is a skip).
 fn directive_of(rest: &str) -> Option<&str> {
     let bytes = rest.as_bytes();
+    // Escaped by an odd run of backslashes before it (`\\#` is a backslash, then a `#`).
+    let escaped = |i: usize| bytes[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1;
     (0..bytes.len())
-        .find(|&i| bytes[i] == b'#' && (i == 0 || bytes[i - 1] != b'\\'))
+        .find(|&i| bytes[i] == b'#' && !escaped(i))
         .map(|i| &rest[i + 1..])
 }
 
@@ -680,11 +692,11 @@ mod tests {
         );
         // An escaped `#` is the description's; the directive follows the first bare one.
         assert_eq!(
-            tap("ok 1 - issue \\#12 # SKIP later\nok 2 - c\\# # todo\n"),
+            tap("ok 1 - issue \\#12 # SKIP later\nok 2 - c\\# # todo\nok 3 - dir\\\\# SKIP\n"),
             Some(TestCounts {
                 passed: 0,
                 failed: 0,
-                skipped: 2
+                skipped: 3
             })
         );
         // A plan of 2⁶⁴−1 and two bail-outs wrapped the failures round to none.
@@ -788,6 +800,9 @@ mod tests {
         for stopped in [
             ".\n1 passed in 0.31s\n!!!!!!!!!! _pytest.outcomes.Exit: bye !!!!!!!!!!\n",
             ".\n!!!!!!!!!! KeyboardInterrupt !!!!!!!!!!\n/t/test_a.py:4: KeyboardInterrupt\n1 passed in 0.7s\n",
+            // A long title leaves one `!` a side; a multi-line one none after its first line.
+            &format!("1 passed in 0.01s\n! _pytest.outcomes.Exit: {} !\n", "x".repeat(60)),
+            "1 passed in 0.01s\n!!!!! mine.Stop: one\ntwo !!!!!\n",
         ] {
             assert!(
                 matches!(
@@ -809,6 +824,16 @@ mod tests {
                 None
             ),
             Ok(0.0)
+        );
+        // Lines of `!`s alone, or with no space after them, are a test's output, not a banner.
+        assert_eq!(
+            judged(
+                &all,
+                Exit::Code(0),
+                "!!!!!!!!\n!!!WARNING\n2 passed in 0.1s\n",
+                None
+            ),
+            Ok(1.0)
         );
         // Deselected by the command: not counted.
         assert_eq!(

@@ -37,8 +37,8 @@ pub const MAX_CHANGED_BYTES: u64 = 2 << 30;
 /// so an added `node_modules/.bin/jest` printing a pass, or an edited
 /// `node_modules/jest-cli`, was the runner), and `.git` (an evaluator that runs `git checkout`,
 /// `git status` or `git diff` in the copy runs the hooks, `core.fsmonitor` and filters its
-/// `.git` names: before the hidden tests are read, they could be rewritten; `.hg` likewise,
-/// which Jest's `--onlyChanged` asks; under Yarn's Plug'n'Play the runner is loaded from
+/// `.git` names: before the hidden tests are read, they could be rewritten; `.hg` and `.sl`
+/// likewise, which Jest's `--onlyChanged` asks; under Yarn's Plug'n'Play the runner is loaded from
 /// `.yarn/cache` and `.yarn/unplugged`, as laid out in `.pnp.data.json`).
 pub const TEST_RUNNER_CONFIG: &[&str] = &[
     // The directories themselves too: a link by that name where the task has none would lead
@@ -49,7 +49,11 @@ pub const TEST_RUNNER_CONFIG: &[&str] = &[
     "**/.git/**",
     "**/.hg",
     "**/.hg/**",
+    "**/.sl",
+    "**/.sl/**",
+    "**/.yarn/cache",
     "**/.yarn/cache/**",
+    "**/.yarn/unplugged",
     "**/.yarn/unplugged/**",
     "**/.pnp.data.json",
     "**/conftest.py",
@@ -1000,6 +1004,8 @@ mod tests {
             "web/node_modules",
             ".git",
             ".hg/hgrc",
+            ".sl/config",
+            ".yarn/unplugged",
             ".yarn/cache/jest-npm-29.7.0-abc.zip",
             ".yarn/unplugged/jest-cli-npm-29.7.0/node_modules/jest-cli/bin/jest.js",
             ".pnp.data.json",

@@ -52,7 +52,7 @@ pub struct EvaluatorSpec {
     /// `pkgutil.py`) is discarded: the runner would import it in place of its own. So are the
     /// agent's changes to what runs the tests and what a `git` or `hg` in the evaluator reads:
     /// `node_modules` (`npm test` and `npx` look programs up in `node_modules/.bin` first),
-    /// Yarn's package cache and unplugged packages, `.git` and `.hg` (their hooks). An
+    /// Yarn's package cache and unplugged packages, `.git`, `.hg` and `.sl` (their hooks). An
     /// evaluator that needs the agent's `npm install`, commits or index sees the task's.
     /// Default `true`; `false` only for tasks whose solution must change one of them.
     #[serde(default = "default_true", skip_serializing_if = "is_true")]
