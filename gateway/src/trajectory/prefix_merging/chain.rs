@@ -2,17 +2,10 @@
 
 use std::collections::HashMap;
 
-use super::hashing::{PrefixHash, Prompt};
+use super::hashing::{Mark, PrefixHash, Prompt};
 use crate::capture::CompletionRecord;
 use crate::trajectory::per_request::sampled_logprobs;
 use crate::trajectory::types::{ChainStart, Trace};
-
-/// A position in a chain's token sequence, with the hash of the tokens before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mark {
-    pub at: usize,
-    pub hash: u64,
-}
 
 pub struct Chain {
     /// prompt₀ + response₀ + interstitial₁ + response₁ + …: exactly the context the model saw.
@@ -23,11 +16,6 @@ pub struct Chain {
     pub last_prompt: Mark,
     /// The end of `tokens`: a call whose prompt starts with all of them may continue the chain.
     pub whole: Mark,
-    /// End of each turn but the last: a branch may continue from one of these.
-    pub turn_ends: Vec<Mark>,
-    /// End of every prompt of the chain: a call with exactly one of these prompts is another
-    /// sample from the same point.
-    pub prompt_ends: Vec<Mark>,
     pub mask: Vec<u8>,
     pub logprobs: Vec<Option<f64>>,
     pub completions: Vec<u64>,
@@ -48,10 +36,7 @@ impl Chain {
         start: ChainStart,
         branched_from: Option<usize>,
     ) -> Self {
-        let end = Mark {
-            at: prompt.len(),
-            hash: prompt.hash(prompt.len()),
-        };
+        let end = prompt.mark(prompt.len());
         let mut tokens: Vec<u32> =
             Vec::with_capacity(r.prompt_token_ids.len() + r.completion_token_ids.len());
         tokens.extend_from_slice(&r.prompt_token_ids);
@@ -64,8 +49,6 @@ impl Chain {
                 at: r.prompt_token_ids.len() + r.completion_token_ids.len(),
                 hash: hash.continued(end.at, end.hash, &r.completion_token_ids),
             },
-            turn_ends: Vec::new(),
-            prompt_ends: vec![end],
             mask: vec![1; r.completion_token_ids.len()],
             logprobs: sampled_logprobs(r),
             completions: vec![r.seq],
@@ -85,20 +68,24 @@ impl Chain {
         &self.tokens[self.last_prompt.at..]
     }
 
+    /// Whether a call continuing this chain must find the end-of-turn token right after it:
+    /// its last turn stopped on its own without sampling one.
+    pub fn needs_closing(&self, eot: Option<u32>) -> bool {
+        eot.is_some_and(|eot| {
+            stopped_on_its_own(self.finish_reason.as_deref())
+                && self.last_response().last() != Some(&eot)
+        })
+    }
+
     /// Append a call whose prompt extends `tokens` (checked by the caller).
     pub fn extend(&mut self, r: &CompletionRecord, prompt: &Prompt, hash: &mut PrefixHash) {
         let turn_end = self.tokens.len();
-        self.turn_ends.push(self.whole);
         let interstitial = &r.prompt_token_ids[turn_end..];
         self.mask.extend(std::iter::repeat_n(0, interstitial.len()));
         self.logprobs
             .extend(std::iter::repeat_n(None, interstitial.len()));
         self.tokens.extend_from_slice(interstitial);
-        self.last_prompt = Mark {
-            at: self.tokens.len(),
-            hash: prompt.hash(self.tokens.len()),
-        };
-        self.prompt_ends.push(self.last_prompt);
+        self.last_prompt = prompt.mark(self.tokens.len());
         self.tokens.extend_from_slice(&r.completion_token_ids);
         self.mask
             .extend(std::iter::repeat_n(1, r.completion_token_ids.len()));
@@ -195,17 +182,6 @@ pub fn merge_blocker(
         return Some(ChainStart::MaxLength);
     }
     None
-}
-
-impl Chain {
-    /// Whether a call continuing this chain must find the end-of-turn token right after it:
-    /// its last turn stopped on its own without sampling one.
-    pub fn needs_closing(&self, eot: Option<u32>) -> bool {
-        eot.is_some_and(|eot| {
-            stopped_on_its_own(self.finish_reason.as_deref())
-                && self.last_response().last() != Some(&eot)
-        })
-    }
 }
 
 /// The chains' traces, with the decision made in hindsight: a branch whose parent never went

@@ -97,6 +97,13 @@ pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
         .count()
 }
 
+/// A position in a token sequence, with the hash of the tokens before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub at: usize,
+    pub hash: u64,
+}
+
 /// A prompt with its prefix hashes.
 pub struct Prompt<'a> {
     pub tokens: &'a [u32],
@@ -111,6 +118,14 @@ impl Prompt<'_> {
     /// The hash of the first `n` tokens (`n` at most the prompt's length).
     pub fn hash(&self, n: usize) -> u64 {
         self.h[n]
+    }
+
+    /// The mark of its first `at` tokens (`at` at most its length).
+    pub fn mark(&self, at: usize) -> Mark {
+        Mark {
+            at,
+            hash: self.hash(at),
+        }
     }
 
     /// Is `prefix` (hash `hash`) a prefix of this prompt? Exact.

@@ -29,9 +29,11 @@ mod reference;
 #[cfg(test)]
 mod tests;
 
-use chain::{has_logprobs, merge_blocker, Chain, Mark};
-use hashing::{common_prefix_len, PrefixHash, Prompt, SEED};
+use chain::{has_logprobs, merge_blocker, Chain};
+use hashing::{common_prefix_len, Mark, PrefixHash, Prompt, SEED};
 use index::MarkIndex;
+
+use std::cmp::Reverse;
 
 use super::types::{ChainStart, Trace};
 use crate::capture::CompletionRecord;
@@ -212,13 +214,8 @@ impl Merger {
         // last turn, which is a rewrite, not a branch; its prompts and turn ends all lie
         // before its last prompt's end, which the searches below start after.)
         let same_point = self.prompt_ends.matching(len, prompt).is_some_and(|keys| {
-            keys.iter().any(|&i| {
-                let end = Mark {
-                    at: len,
-                    hash: prompt.hash(len),
-                };
-                self.begins(i, end, prompt)
-            })
+            keys.iter()
+                .any(|&i| self.begins(i, prompt.mark(len), prompt))
         });
         if same_point {
             return Err((ChainStart::Fork, None));
@@ -230,14 +227,10 @@ impl Merger {
             .turn_ends
             .matching_in(deepest_candidate + 1..len, prompt)
             .find_map(|(at, keys)| {
-                let end = Mark {
-                    at,
-                    hash: prompt.hash(at),
-                };
                 keys.iter()
                     .rev()
                     .copied()
-                    .find(|&i| self.begins(i, end, prompt))
+                    .find(|&i| self.begins(i, prompt.mark(at), prompt))
             });
         if let Some(parent) = branch {
             return Err((ChainStart::Fork, Some(parent)));
@@ -282,26 +275,15 @@ impl Merger {
                     .filter(move |&needs_closing| closed || !needs_closing)
                     .map(move |nc| keys.range((logprobs, nc, 0, 0)..(logprobs, nc, len, 0)))
             });
-        // The best by its hashes alone, then confirmed: comparing each hit that would beat
-        // the best so far costs a session's forks times their length on every call. A hit
-        // that is not a prefix (a collision, at most 2⁻³² a pair) sends it the long way:
-        // every entry in rank order, each confirmed.
-        let best = classes
-            .clone()
-            .filter_map(|mut class| class.next_back())
-            .map(|&(_, _, last_at, i)| (last_at, i))
-            .max()?;
-        if self.begins(best.1, self.chains[best.1].whole, prompt) {
-            return Some(best.1);
-        }
-        let mut all: Vec<(usize, usize)> = classes
-            .flatten()
-            .map(|&(_, _, last_at, i)| (last_at, i))
-            .collect();
-        all.sort_unstable_by(|a, b| b.cmp(a));
-        all.into_iter()
-            .map(|(_, i)| i)
-            .find(|&i| self.begins(i, self.chains[i].whole, prompt))
+        let rank = |&(_, _, last_at, i): &Continuable| (last_at, i);
+        best_confirmed(
+            classes
+                .clone()
+                .filter_map(|mut class| class.next_back().map(rank)),
+            || classes.flatten().map(rank).collect(),
+            |(_, i)| self.begins(i, self.chains[i].whole, prompt),
+        )
+        .map(|(_, i)| i)
     }
 
     fn extend(&mut self, i: usize, r: &CompletionRecord, prompt: &Prompt) {
@@ -321,43 +303,42 @@ impl Merger {
             return ChainStart::First;
         }
         // Keeps an open chain's whole first prompt, then differs: its later history was
-        // rewritten. (The earliest such chain: found by the hashes, then confirmed; the long
-        // way, each entry confirmed in order, only on a collision.)
-        let len = prompt.len();
-        let first_of = |(at, keys): (usize, &std::collections::BTreeSet<usize>)| {
-            keys.first().map(|&i| (i, at))
-        };
-        let earliest = self
-            .open_first
-            .matching_in(0..len, prompt)
-            .filter_map(first_of)
-            .min();
-        let confirmed = |&(i, at): &(usize, usize)| {
-            let first = Mark {
-                at,
-                hash: prompt.hash(at),
-            };
-            self.begins(i, first, prompt)
-        };
-        let rewritten = match earliest {
-            Some(hit) if confirmed(&hit) => Some(hit.0),
-            Some(_) => {
-                let mut all: Vec<(usize, usize)> = self
-                    .open_first
-                    .matching_in(0..len, prompt)
-                    .flat_map(|(at, keys)| keys.iter().map(move |&i| (i, at)))
-                    .collect();
-                all.sort_unstable();
-                all.into_iter().find(confirmed).map(|(i, _)| i)
-            }
-            None => None,
-        };
+        // rewritten. (The earliest such chain.)
+        let hits = || self.open_first.matching_in(0..prompt.len(), prompt);
+        let rewritten = best_confirmed(
+            hits().filter_map(|(at, keys)| keys.first().map(|&i| Reverse((i, at)))),
+            || {
+                hits()
+                    .flat_map(|(at, keys)| keys.iter().map(move |&i| Reverse((i, at))))
+                    .collect()
+            },
+            |Reverse((i, at))| self.begins(i, prompt.mark(at), prompt),
+        );
         match rewritten {
-            Some(i) => {
+            Some(Reverse((i, _))) => {
                 self.close(i);
                 ChainStart::PrefixChanged
             }
             None => ChainStart::NewContext,
         }
     }
+}
+
+/// The best hit (the greatest) that `confirm` accepts. The hits are ranked by their hashes
+/// alone: only the best of `tops` (each bucket's best) is compared token by token, since
+/// comparing every hit that would beat the best so far costs a session's chains times their
+/// length on every call. One that is not a prefix (a collision, at most 2⁻³² a pair) sends
+/// the search the long way: `all` the hits, best first, each confirmed.
+fn best_confirmed<T: Ord + Copy>(
+    tops: impl Iterator<Item = T>,
+    all: impl FnOnce() -> Vec<T>,
+    confirm: impl Fn(T) -> bool,
+) -> Option<T> {
+    let best = tops.max()?;
+    if confirm(best) {
+        return Some(best);
+    }
+    let mut all = all();
+    all.sort_unstable_by(|a, b| b.cmp(a));
+    all.into_iter().find(|&hit| confirm(hit))
 }

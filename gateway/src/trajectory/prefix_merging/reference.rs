@@ -2,7 +2,7 @@
 //! Slow, and plainly right; the tests check that [`super::Merger`] builds the same traces.
 
 use super::chain::{merge_blocker, Chain};
-use super::hashing::{common_prefix_len, PrefixHash, Prompt, SEED};
+use super::hashing::{common_prefix_len, Mark, PrefixHash, Prompt, SEED};
 use crate::capture::CompletionRecord;
 use crate::trajectory::types::{ChainStart, Trace};
 
@@ -13,6 +13,8 @@ pub fn build(
     max_length: Option<usize>,
 ) -> Vec<Trace> {
     let mut chains: Vec<Chain> = Vec::new();
+    // Each chain's prompt ends and turn ends, which the indexed builder keeps in its indexes.
+    let mut ends: Vec<Ends> = Vec::new();
     // One hash buffer for the whole build: consecutive prompts share at least the system
     // prompt, whose hashes are kept instead of recomputed or copied.
     let mut hash = PrefixHash::random();
@@ -26,20 +28,38 @@ pub fn build(
             tokens: &r.prompt_token_ids,
             h: &h,
         };
-        if let Some((start, branched_from)) =
-            attach(&mut chains, r, &prompt, &mut hash, eot, max_length)
-        {
-            chains.push(Chain::new(r, &prompt, &mut hash, start, branched_from));
+        if let Some((start, branched_from)) = attach(
+            &mut chains,
+            &mut ends,
+            r,
+            &prompt,
+            &mut hash,
+            eot,
+            max_length,
+        ) {
+            let chain = Chain::new(r, &prompt, &mut hash, start, branched_from);
+            ends.push(Ends {
+                prompts: vec![chain.last_prompt],
+                turns: Vec::new(),
+            });
+            chains.push(chain);
         }
         previous = &r.prompt_token_ids;
     }
     super::chain::into_traces(chains)
 }
 
+/// Where a chain's prompts and turns (all but the last) end.
+struct Ends {
+    prompts: Vec<Mark>,
+    turns: Vec<Mark>,
+}
+
 /// Extend the right chain with `r` (→ `None`), or say why `r` starts a new one (and which
 /// chain it branched off after a completed turn, if any).
 fn attach(
     chains: &mut [Chain],
+    ends: &mut [Ends],
     r: &CompletionRecord,
     prompt: &Prompt,
     hash: &mut PrefixHash,
@@ -62,7 +82,9 @@ fn attach(
     for &i in &candidates {
         match merge_blocker(&chains[i], r, eot, max_length) {
             None => {
+                ends[i].turns.push(chains[i].whole);
                 chains[i].extend(r, prompt, hash);
+                ends[i].prompts.push(chains[i].last_prompt);
                 return None;
             }
             Some(reason) => blockers.push((i, reason)),
@@ -80,10 +102,10 @@ fn attach(
     }
     let others: Vec<usize> = (0..chains.len()).filter(|&i| !is_candidate[i]).collect();
     let same_point = others.iter().any(|&i| {
-        let c = &chains[i];
-        c.prompt_ends
+        ends[i]
+            .prompts
             .iter()
-            .any(|&end| end.at == len && prompt.starts_with(c.at(end), end.hash))
+            .any(|&end| end.at == len && prompt.starts_with(chains[i].at(end), end.hash))
     });
     if same_point {
         return Some((ChainStart::Fork, None));
@@ -93,7 +115,7 @@ fn attach(
     let deepest_candidate = candidates.first().map_or(0, |&i| chains[i].last_prompt.at);
     let branch = others
         .iter()
-        .flat_map(|&i| chains[i].turn_ends.iter().map(move |&end| (end, i)))
+        .flat_map(|&i| ends[i].turns.iter().map(move |&end| (end, i)))
         .filter(|&(end, i)| {
             end.at > deepest_candidate
                 && end.at < len
