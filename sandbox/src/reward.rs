@@ -535,6 +535,17 @@ mod tests {
         verdict(spec, exit, stdout, report).map(|v| v.reward)
     }
 
+    /// The policy's failure without a verdict of its evaluator.
+    fn is_no_verdict(judged: &Result<f64, EvaluatorFailure>) -> bool {
+        matches!(
+            judged,
+            Err(EvaluatorFailure::ByTheCode {
+                reason: FailureReason::NoVerdict,
+                ..
+            })
+        )
+    }
+
     #[test]
     fn exit_code_rewards_and_broken_evaluators() {
         let s = spec(RewardSource::ExitCode, None, TestScoring::AllPass);
@@ -613,27 +624,12 @@ mod tests {
         assert_eq!(judged(&s, Exit::Code(0), "", file("1e9")), Ok(1e9));
         for huge in [r#"{"reward": 1e300}"#, "-1.5e9"] {
             assert!(
-                matches!(
-                    judged(&s, Exit::Code(0), "", file(huge)),
-                    Err(EvaluatorFailure::ByTheCode {
-                        reason: FailureReason::NoVerdict,
-                        ..
-                    })
-                ),
+                is_no_verdict(&judged(&s, Exit::Code(0), "", file(huge))),
                 "{huge}"
             );
         }
         let missing = judged(&s, Exit::Code(0), "", Some(Err("missing".into())));
-        assert!(
-            matches!(
-                missing,
-                Err(EvaluatorFailure::ByTheCode {
-                    reason: FailureReason::NoVerdict,
-                    ..
-                })
-            ),
-            "{missing:?}"
-        );
+        assert!(is_no_verdict(&missing), "{missing:?}");
         // A job without reward.path cannot be judged by anyone: infrastructure.
         assert!(matches!(
             judged(&s, Exit::Code(0), "", None),
@@ -756,13 +752,12 @@ mod tests {
         );
         // Collected nothing (e.g. the agent broke an import the tests need is *not* this: that
         // is "1 error"); no test ran, or the code exited before any summary: the code's failure.
-        assert!(matches!(
-            judged(&all, Exit::Code(5), "no tests ran in 0.01s", None),
-            Err(EvaluatorFailure::ByTheCode {
-                reason: FailureReason::NoVerdict,
-                ..
-            })
-        ));
+        assert!(is_no_verdict(&judged(
+            &all,
+            Exit::Code(5),
+            "no tests ran in 0.01s",
+            None
+        )));
         assert_eq!(
             judged(&all, Exit::Code(2), "1 error in 0.1s", None),
             Ok(0.0)
@@ -788,13 +783,12 @@ mod tests {
             Ok(0.75)
         );
         // Every test skipped: no result at all, as before.
-        assert!(matches!(
-            judged(&allowing, Exit::Code(0), "4 skipped in 0.1s", None),
-            Err(EvaluatorFailure::ByTheCode {
-                reason: FailureReason::NoVerdict,
-                ..
-            })
-        ));
+        assert!(is_no_verdict(&judged(
+            &allowing,
+            Exit::Code(0),
+            "4 skipped in 0.1s",
+            None
+        )));
         // Stopped inside the test it fails (`pytest.exit("x", returncode=0)`, a
         // KeyboardInterrupt): the tally of the tests before it is no verdict.
         for stopped in [
@@ -805,13 +799,7 @@ mod tests {
             "1 passed in 0.01s\n!!!!! mine.Stop: one\ntwo !!!!!\n",
         ] {
             assert!(
-                matches!(
-                    judged(&all, Exit::Code(0), stopped, None),
-                    Err(EvaluatorFailure::ByTheCode {
-                        reason: FailureReason::NoVerdict,
-                        ..
-                    })
-                ),
+                is_no_verdict(&judged(&all, Exit::Code(0), stopped, None)),
                 "{stopped}"
             );
         }

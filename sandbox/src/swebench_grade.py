@@ -81,7 +81,6 @@ def reported_failing(parser, log, spec):
     `name (Class.name)` one they use since), and the `FAIL_TO_PASS` tests some line reports
     skipped or expected to fail (a pass the code under test prints after it would otherwise
     be the test's last word), sorted."""
-    fail_to_pass = list(spec.FAIL_TO_PASS)
     failing = set()
     lines = log.splitlines()
     for at, line in enumerate(lines):
@@ -106,7 +105,7 @@ def reported_failing(parser, log, spec):
             n
             for n, status in statuses.items()
             if status in ("FAILED", "ERROR")
-            or (status in ("XFAIL", "SKIPPED") and names_one_of(n, fail_to_pass))
+            or (status in ("XFAIL", "SKIPPED") and names_one_of(n, spec.FAIL_TO_PASS))
         )
     return sorted(failing)
 
@@ -163,15 +162,13 @@ def main():
     # swebench counts an expected failure (XFAIL) as a pass. A FAIL_TO_PASS test passes after
     # a fix; one that "xfails" is one the code under test told the runner to expect failing
     # (`pytest.xfail()` called where it fails): it is failed here.
-    fail_to_pass = list(spec.FAIL_TO_PASS)
-
     def strict(log, test_spec):
         statuses = parser(log, test_spec)
         if statuses:
             for name in failing:
                 statuses[name] = TestStatus.FAILED.value
             for key, status in list(statuses.items()):
-                if status == TestStatus.XFAIL.value and names_one_of(key, fail_to_pass):
+                if status == TestStatus.XFAIL.value and names_one_of(key, spec.FAIL_TO_PASS):
                     statuses[key] = TestStatus.FAILED.value
         return statuses
 
