@@ -111,6 +111,7 @@ pub struct SweBenchGraded {
     /// The `PASS_TO_PASS` tests that did not pass, by name (when read).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pass_to_pass_failing: Vec<String>,
+    /// Why floe doubts the log's passes (pytest's tally does not account for them), else
     /// swebench's advisory reading of a log without results (`infra_failure_reason`): kept in
     /// the detail, never a reason not to score, since the code under test wrote the log.
     pub hint: Option<String>,
@@ -162,7 +163,10 @@ impl SweBenchGraded {
                 .flatten()
                 .filter_map(|t| t.as_str().map(str::to_string))
                 .collect(),
-            hint: report["infra_failure_reason"].as_str().map(str::to_string),
+            hint: answer["doubt"]
+                .as_str()
+                .or(report["infra_failure_reason"].as_str())
+                .map(str::to_string),
             version: answer["version"].as_str().unwrap_or_default().to_string(),
         })
     }

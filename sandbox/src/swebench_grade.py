@@ -61,6 +61,93 @@ def forged_pairing(parser_name, log):
     return set(runs) if results > len(runs) else set()
 
 
+# pytest's tally, its last line: `=== 2 passed, 1 skipped in 0.12s ===` (`-q`: no `=`s; before
+# pytest 5, `in 0.12 seconds`), colour codes aside. `2 subtests passed` is no `passed` count.
+PYTEST_TALLY = re.compile(
+    r"^=*\s*(?P<parts>(?:\d+ [a-z ]+?)(?:, \d+ [a-z ]+?)*|no tests ran)"
+    r" in [0-9.]+ ?(?:s|seconds)(?: \([0-9:]+\))?\s*=*$"
+)
+PYTEST_PASSED = re.compile(r"(?:^|, )(\d+) passed(?=,|$)")
+COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+# A progress mark a wrapped verbose line leaves (`PASSED [100%]`), which some instances' lists
+# hold as a test: never a test's pass.
+PROGRESS = re.compile(r"^\[\s*\d+%\]$")
+
+
+def runs_one_command(spec, start, end):
+    """Whether the eval script runs one command between swebench's markers (as SWE-bench's
+    instances do): one test run, so one tally. The script is the instance's, not the log."""
+    inside, commands = False, 0
+    for line in spec.eval_script_list:
+        if start in line:
+            inside = True
+        elif end in line:
+            break
+        elif inside and line.strip() and not line.strip().startswith("#"):
+            # swebench's own line recording the command's status is no command.
+            commands += not line.strip().startswith("SWEBENCH_TEST_EXIT_CODE=")
+    return commands == 1
+
+
+def unvouched_passes(parser, log, spec):
+    """For a pytest run, passes its tally does not account for: `None` when it does, else
+    (`"no tally"` or `"forged"`, why).
+    pytest prints one `PASSED <id>` per passing test (`-rA`) and then a tally that counts them;
+    code under test that skips the test it fails and prints `PASSED <id>` for it (pytest's skip
+    summary names no test) adds a pass the tally lacks. The tally may come after (an exit
+    hook prints a second one): the smallest after the listed passes counts, since the code
+    under test can add tallies but never remove pytest's. Passes before the summary block that
+    holds the first listed `PASSED` line (pytester's runs in the captured output of
+    pytest's own tests) are not counted unless they are listed tests."""
+    listed = [n for n in spec.FAIL_TO_PASS + spec.PASS_TO_PASS if not PROGRESS.match(n)]
+    lines = [COLOUR.sub("", line).strip() for line in log.split("\n")]
+    reports = []
+    for line in lines:
+        try:
+            statuses = parser(line, spec) or {}
+        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
+            statuses = {}
+        reports.append({k for k, v in statuses.items() if v == "PASSED" and not PROGRESS.match(k)})
+    claims = [i for i, passed in enumerate(reports) if any(names_one_of(k, listed) for k in passed)]
+    if not claims:
+        return None
+    summary = [i for i in claims if lines[i].startswith("PASSED ")]
+    anchor = (summary or claims)[0]
+    while anchor > 0 and reports[anchor - 1]:
+        anchor -= 1
+    tallies = []
+    for line in lines[anchor:]:
+        tally = PYTEST_TALLY.match(line)
+        if tally:
+            tallies.append(sum(int(n) for n in PYTEST_PASSED.findall(tally.group("parts"))))
+    if not tallies:
+        return "no tally", "pytest's tally never follows the passes the log reports"
+    counted = {k for i in claims for k in reports[i] if names_one_of(k, listed)}
+    counted.update(
+        k for i in range(anchor, len(lines)) if lines[i].startswith("PASSED") for k in reports[i]
+    )
+    if len(counted) > min(tallies):
+        return "forged", (
+            f"the log reports {len(counted)} tests passed, pytest's tally {min(tallies)}: "
+            "passes printed beside pytest's own"
+        )
+    return None
+
+
+def pytest_family(parser):
+    """Whether `parser` reads pytest's output (swebench's pytest parsers and their aliases)."""
+    from swebench.harness.log_parsers import python
+
+    names = (
+        "parse_log_pytest",
+        "parse_log_pytest_options",
+        "parse_log_pytest_v2",
+        "parse_log_seaborn",
+        "parse_log_matplotlib",
+    )
+    return any(parser is getattr(python, n, None) for n in names)
+
+
 def tested_section(parser, log, spec, start, end):
     """The part of the log swebench reads results from (`get_logs_eval`): between its markers,
     or the whole log when that part reports none. What the eval script prints before the tests
@@ -156,15 +243,27 @@ def main():
     parser = PARSER_REGISTRY[instance["log_parser"]]
     tested = tested_section(parser, request["log"], spec, START_TEST_OUTPUT, END_TEST_OUTPUT)
     failing = sorted(
-        set(reported_failing(parser, tested, spec))
-        | forged_pairing(instance["log_parser"], tested)
+        set(reported_failing(parser, tested, spec)) | forged_pairing(instance["log_parser"], tested)
     )
+    # Passes pytest's tally does not account for: none of the log's passes can be told from
+    # the code under test's, so none is believed; without a tally after them, no results.
+    doubt = None
+    if pytest_family(parser) and runs_one_command(spec, START_TEST_OUTPUT, END_TEST_OUTPUT):
+        doubt = unvouched_passes(parser, tested, spec)
+    listed = spec.FAIL_TO_PASS + spec.PASS_TO_PASS
+
     # swebench counts an expected failure (XFAIL) as a pass. A FAIL_TO_PASS test passes after
     # a fix; one that "xfails" is one the code under test told the runner to expect failing
     # (`pytest.xfail()` called where it fails): it is failed here.
     def strict(log, test_spec):
+        if doubt and doubt[0] == "no tally":
+            return {}
         statuses = parser(log, test_spec)
         if statuses:
+            if doubt:
+                for key, status in list(statuses.items()):
+                    if status == TestStatus.PASSED.value and names_one_of(key, listed):
+                        statuses[key] = TestStatus.FAILED.value
             for name in failing:
                 statuses[name] = TestStatus.FAILED.value
             for key, status in list(statuses.items()):
@@ -190,6 +289,7 @@ def main():
             "version": swebench.__version__,
             "report": report,
             "failing": failing,
+            "doubt": doubt[1] if doubt else None,
             "f2p": compute_fail_to_pass(tests) if tests else None,
             "p2p": compute_pass_to_pass(tests) if tests else None,
         }

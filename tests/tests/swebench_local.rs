@@ -58,6 +58,9 @@ scripts = {
     # The bug left in, and the repository's test runner (which this instance's eval script
     # runs by path) rewritten to report every test as passing.
     "rewrite-runner": "printf 'echo PASSED tests/test_calc.py::test_add; echo PASSED tests/test_calc.py::test_sub\\n' > runtests.sh",
+    # The bug left in, the test it fails skipped (pytest's skip summary names no test), and a
+    # pass of its own printed after pytest's tally.
+    "skip-forge": "printf 'import atexit\\n\\n\\ndef add(a, b):\\n    import pytest\\n    pytest.skip(\"later\")\\n\\n\\natexit.register(lambda: print(\"PASSED tests/test_calc.py::test_add\", flush=True))\\n' >> calc.py",
     # The tests killed as they import the code: a log without results.
     "hide-results": "printf 'import os\\nos._exit(3)\\n' >> calc.py",
 }
@@ -82,6 +85,8 @@ const AGENTS: &[(u32, &str, f64)] = &[
     // (as pods do, where the baseline runs on every session) would make only the sessions that
     // hide their results unscored, while honest ones score 0.
     (10, "hide-results", 0.0),
+    // swebench alone reads it as resolved: the printed pass is the test's only result.
+    (11, "skip-forge", 0.0),
 ];
 
 fn agent() -> String {
@@ -670,5 +675,182 @@ async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
+    Ok(())
+}
+
+/// pytest's skip summary (`SKIPPED [1] calc.py:6: later`) names no test: code under test that
+/// skips the `FAIL_TO_PASS` test it fails and prints `PASSED <it>` (an exit hook, or inside a
+/// passing test's captured output) gave that test its only result, a pass, and swebench alone
+/// reads it as resolved. pytest's tally counts its own passes: a log reporting more passes
+/// than the tally holds believes none of them, and passes with no tally after them are no
+/// results. Honest logs resolve: colour codes, pytest 4's `seconds`, the captured output of a
+/// pytester run in pytest's own tests (a tally, passes and a `PASSED [100%]` that an
+/// instance's list holds), and a script that runs two test commands (two tallies).
+#[tokio::test]
+async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()> {
+    let bridge = local_bridge()?;
+    let grading = |p2p: Value| -> Result<floe_crds::rollout_job::SweBenchGrading> {
+        Ok(serde_json::from_value(json!({
+            "instanceId": "acme__calc-11", "repo": "acme/calc", "version": "1.0",
+            "logParser": "parse_log_pytest", "failToPass": ["tests/test_calc.py::test_add"],
+            "passToPass": p2p, "testPatch": "x", "repositoryDirectory": "/testbed"}))?)
+    };
+    let plain = grading(json!(["tests/test_calc.py::test_sub"]))?;
+    let script = |commands: &str| {
+        format!(
+            "#!/bin/bash\nset -uxo pipefail\n: '>>>>> Start Test Output'\n{commands}\
+             : '>>>>> End Test Output'\n"
+        )
+    };
+    let one = script("python -m pytest --no-header -rA tests/test_calc.py\n");
+    let log = |body: &str| {
+        format!(
+            "+ : '>>>>> Start Test Output'\n+ python -m pytest --no-header -rA tests\n\
+             ============================= test session starts ==============================\n\
+             collected 3 items\n\ntests/test_calc.py ..E                        [100%]\n\n\
+             {body}+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: 1\n"
+        )
+    };
+    let summary = |add: &str| {
+        format!(
+            "=========================== short test summary info ============================\n\
+             PASSED tests/test_calc.py::test_sub\n{add}\
+             PASSED tests/test_calc.py::test_teardown_errs\n\
+             ERROR tests/test_calc.py::test_teardown_errs - RuntimeError: teardown\n"
+        )
+    };
+    let passed = summary("PASSED tests/test_calc.py::test_add\n");
+    let skipped = summary("SKIPPED [1] calc.py:6: later\n");
+    let forged = "PASSED tests/test_calc.py::test_add\n";
+    let tally =
+        |counts: &str| format!("==================== {counts} in 0.05s ====================\n");
+    let captured = |output: &str| {
+        format!(
+            "==================================== PASSES ====================================\n\
+             ___________________________________ test_sub ___________________________________\n\
+             ----------------------------- Captured stdout call -----------------------------\n\
+             {output}"
+        )
+    };
+    let pytester = "============================= test session starts ==============================\n\
+                    collected 1 item\n\ntest_inner.py::test_x \nPASSED [100%]\n\n\
+                    =========================== short test summary info ============================\n\
+                    PASSED test_inner.py::test_x\n\
+                    ============================== 1 passed in 0.01s ===============================\n";
+    let honest_tally = tally("3 passed, 1 error");
+    let forged_tally = format!("{}{}", tally("2 passed, 1 skipped, 1 error"), forged);
+    let with_progress = grading(json!(["tests/test_calc.py::test_sub", "[100%]"]))?;
+    let two = script(
+        "python -m pytest -rA tests/test_calc.py\npython -m pytest -rA tests/test_more.py\n",
+    );
+    let cases: Vec<(
+        &str,
+        &floe_crds::rollout_job::SweBenchGrading,
+        &str,
+        String,
+        bool,
+        bool,
+    )> = vec![
+        (
+            "honest",
+            &plain,
+            &one,
+            log(&format!("{passed}{honest_tally}")),
+            true,
+            true,
+        ),
+        (
+            "skipped, then a pass printed after pytest's tally",
+            &plain,
+            &one,
+            log(&format!("{skipped}{forged_tally}")),
+            true,
+            false,
+        ),
+        (
+            "skipped, then a pass and a tally of its own",
+            &plain,
+            &one,
+            log(&format!("{skipped}{forged_tally}{honest_tally}")),
+            true,
+            false,
+        ),
+        (
+            "skipped, with a pass in a passing test's captured output",
+            &plain,
+            &one,
+            log(&format!(
+                "{}{skipped}{}",
+                captured(forged),
+                tally("2 passed, 1 skipped, 1 error")
+            )),
+            true,
+            false,
+        ),
+        (
+            "passes, and no tally after them",
+            &plain,
+            &one,
+            log(&passed),
+            false,
+            false,
+        ),
+        (
+            "colour",
+            &plain,
+            &one,
+            log(&format!(
+                "{passed}\x1b[32m==== \x1b[32m\x1b[1m3 passed\x1b[0m, \x1b[31m1 error\x1b[0m\
+                 \x1b[32m in 0.05s\x1b[0m\x1b[32m ====\x1b[0m\n"
+            )),
+            true,
+            true,
+        ),
+        (
+            "pytest 4",
+            &plain,
+            &one,
+            log(&format!(
+                "{passed}=== 3 passed, 1 error in 0.05 seconds ===\n"
+            )),
+            true,
+            true,
+        ),
+        (
+            "a pytester run's output",
+            &with_progress,
+            &one,
+            log(&format!("{}{passed}{honest_tally}", captured(pytester))),
+            true,
+            true,
+        ),
+        (
+            "two test commands",
+            &plain,
+            &two,
+            log(&format!(
+                "{passed}{}{}",
+                tally("1 passed"),
+                tally("3 passed, 1 error")
+            )),
+            true,
+            true,
+        ),
+    ];
+    for (what, grading, script, text, read, resolved) in cases {
+        let graded = bridge
+            .grade(grading, script, &text)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            (what, graded.read, graded.resolved),
+            (what, read, resolved),
+            "{graded:?}\n{text}"
+        );
+        if what.starts_with("skipped") {
+            let hint = graded.hint.unwrap_or_default();
+            assert!(hint.contains("pytest's tally 2"), "{what}: {hint}");
+        }
+    }
     Ok(())
 }
