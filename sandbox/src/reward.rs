@@ -386,8 +386,7 @@ fn pytest_summary_line(line: &str) -> Option<TestCounts> {
     let mut counts = TestCounts::default();
     let mut matched = false;
     for part in body.split(", ") {
-        let mut words = part.split_whitespace();
-        let (Some(n), Some(word), None) = (words.next(), words.next(), words.next()) else {
+        let Some((n, word)) = part.split_once(' ') else {
             matched = false;
             break;
         };
@@ -397,10 +396,18 @@ fn pytest_summary_line(line: &str) -> Option<TestCounts> {
         };
         match word {
             "passed" | "xpassed" => counts.passed = counts.passed.saturating_add(n),
-            "failed" | "error" | "errors" => counts.failed = counts.failed.saturating_add(n),
-            "skipped" | "xfailed" => counts.skipped = counts.skipped.saturating_add(n),
-            // Left out of the run by its command (`-k`, `-m`), not by the code under test.
-            "deselected" | "warning" | "warnings" | "rerun" | "reruns" | "subtests" => {}
+            // A failed subtest (pytest 9, pytest-subtests) fails its test too in the versions
+            // that say so; counted here as well, since older ones left the test passed.
+            "failed" | "error" | "errors" | "subtests failed" => {
+                counts.failed = counts.failed.saturating_add(n)
+            }
+            "skipped" | "xfailed" | "subtests skipped" | "subtests xfailed" => {
+                counts.skipped = counts.skipped.saturating_add(n)
+            }
+            // Left out of the run by its command (`-k`, `-m`), not by the code under test; a
+            // passed subtest is part of its test, counted once as that test.
+            "deselected" | "warning" | "warnings" | "rerun" | "reruns" | "subtests"
+            | "subtests passed" => {}
             _ => {
                 matched = false;
                 break;
@@ -665,6 +672,25 @@ mod tests {
             pytest_summary("2 passed, 1 skipped, 40 deselected in 1.0s"),
             c(2, 0, 1)
         );
+        // Subtests (pytest 9's, pytest-subtests'): `-v` counts the passed ones, which read as
+        // no summary at all before (no verdict for every session); a failed one fails.
+        assert_eq!(
+            pytest_summary("===== 2 passed, 5 subtests passed in 0.12s =====\n"),
+            c(2, 0, 0)
+        );
+        assert_eq!(
+            pytest_summary("1 failed, 1 passed, 2 subtests failed, 3 subtests passed in 1s"),
+            c(1, 3, 0)
+        );
+        assert_eq!(
+            pytest_summary("1 passed, 1 subtests failed in 1s"),
+            c(1, 1, 0)
+        );
+        assert_eq!(
+            pytest_summary("1 passed, 1 subtests skipped in 1s"),
+            c(1, 0, 1)
+        );
+        assert_eq!(pytest_summary("1 passed, 1 subtests vanished in 1s"), None);
         assert_eq!(pytest_summary("no tests ran in 0.01s"), None);
         assert_eq!(pytest_summary("all good"), None);
         // A second summary (the code under test printing one after pytest's) is no verdict.
