@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use floe_crds::rollout_job::RewardSource;
+use floe_crds::rollout_job::{RewardSource, RewardSpec, TaskEvaluation};
 use floe_crds::swebench::{self, EVAL_SCRIPT};
 use floe_gateway::trajectory::Evaluation;
 use serde_json::json;
@@ -276,7 +276,7 @@ pub(crate) async fn grade(
         _ => None,
     };
     let verdict = match judge(
-        &spec.evaluator.reward,
+        &task_reward(&spec.evaluator.reward, &task_evaluation),
         &EvaluatorResult {
             exit: &ran.exit,
             stdout: &stdout,
@@ -315,6 +315,15 @@ pub(crate) async fn grade(
 }
 
 /// What of the agent's changes reached the evaluation copy, for the trajectory's detail.
+/// The job's reward with what the task sets instead (its `allowedSkips`).
+fn task_reward(reward: &RewardSpec, task: &TaskEvaluation) -> RewardSpec {
+    let mut reward = reward.clone();
+    if let Some(skips) = task.allowed_skips {
+        reward.allowed_skips = skips;
+    }
+    reward
+}
+
 fn changes_detail(applied: &workspace::Applied) -> serde_json::Value {
     json!({
         "added": applied.applied.added.len(),
@@ -322,4 +331,26 @@ fn changes_detail(applied: &workspace::Applied) -> serde_json::Value {
         "deleted": applied.applied.deleted.len(),
         "discarded": applied.discarded.iter().map(|p| p.to_string_lossy()).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task's `allowedSkips` replaces the job's, either way; unset, the job's holds.
+    #[test]
+    fn a_tasks_allowed_skips_replace_the_jobs() {
+        let job = RewardSpec {
+            allowed_skips: 2,
+            ..RewardSpec::default()
+        };
+        let task = |skips| TaskEvaluation {
+            allowed_skips: skips,
+            ..TaskEvaluation::default()
+        };
+        assert_eq!(task_reward(&job, &task(None)).allowed_skips, 2);
+        assert_eq!(task_reward(&job, &task(Some(0))).allowed_skips, 0);
+        assert_eq!(task_reward(&job, &task(Some(5))).allowed_skips, 5);
+        assert_eq!(task_reward(&job, &task(Some(5))).source, job.source);
+    }
 }

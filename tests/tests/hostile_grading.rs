@@ -517,7 +517,8 @@ open("report.txt", "w").write(summary + " in 0.01s\n")
 /// And the evaluator's `PATH` led by `node_modules/.bin`, as `npm test` and `npx` lead theirs
 /// whatever the task says: a `python3` the agent put there (or a `node_modules` link to a
 /// directory holding one) ran instead of the real one and wrote a pass. A skip is now a
-/// failure past the skips the task allows (none here), and `node_modules` is the task's.
+/// failure past the skips the job allows (none here) or the task does (`skip-allowed`'s one,
+/// its own `allowedSkips`), and `node_modules` is the task's.
 #[tokio::test]
 async fn skipped_tests_and_a_runner_the_agent_added_never_pass() -> Result<()> {
     const FAKE: &str = r"printf '#!/bin/sh\necho 2 passed in 0.01s > report.txt\n' > $D/python3 && chmod +x $D/python3";
@@ -526,6 +527,13 @@ async fn skipped_tests_and_a_runner_the_agent_added_never_pass() -> Result<()> {
                "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST,
                                               "tests/runner.py": SKIP_AWARE_RUNNER}}})
     };
+    // A task whose correct solutions skip one test (a platform's) says so itself: its
+    // allowance replaces the job's 0, for it alone.
+    let mut skip_allowed = task(
+        "skip-allowed",
+        r"printf 'import unittest\nraise unittest.SkipTest(0)\n' > calc.py".into(),
+    );
+    skip_allowed["evaluation"]["allowedSkips"] = json!(1);
     let ran = run_job(
         json!([
             task("fix", FIX.into()),
@@ -533,6 +541,7 @@ async fn skipped_tests_and_a_runner_the_agent_added_never_pass() -> Result<()> {
                 "skip",
                 r"printf 'import unittest\nraise unittest.SkipTest(0)\n' > calc.py".into()
             ),
+            skip_allowed,
             task(
                 "runner-added",
                 format!("D=node_modules/.bin && mkdir -p $D && {FAKE}")
@@ -557,6 +566,7 @@ async fn skipped_tests_and_a_runner_the_agent_added_never_pass() -> Result<()> {
     for (task, reward) in [
         ("fix", 1.0),
         ("skip", 0.0),
+        ("skip-allowed", 1.0),
         ("runner-added", 0.0),
         ("runner-linked", 0.0),
     ] {

@@ -187,6 +187,10 @@ pub struct TaskEvaluation {
     #[schemars(length(max = 4096))]
     #[schemars(inner(length(min = 1, max = 4096)))]
     pub protected_paths: Vec<String>,
+    /// `TestOutput`: the skips this task's tests have on a correct solution (platform-dependent
+    /// ones), instead of `evaluator.reward.allowedSkips`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_skips: Option<u32>,
     /// What SWE-bench's grading needs (`evaluator.reward.source: SWEBench`); filled from an
     /// instance by `tasks.swebench`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
