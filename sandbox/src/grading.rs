@@ -151,10 +151,13 @@ pub(crate) async fn grade(
     // leaves (in the snapshot, `$HOME`, `/tmp`) could break a baseline run after it and turn
     // its loss into infrastructure. So there the untouched repository runs first.
     let baseline_first = swebench.is_some() && config.confinement.is_none();
+    let mut baseline_log = None;
     if let (Some(prepared), true) = (&swebench, baseline_first) {
-        prepared
-            .baseline(config, evaluator(), pristine, &hidden, true)
-            .await?;
+        baseline_log = Some(
+            prepared
+                .baseline(config, evaluator(), pristine, &hidden, true)
+                .await?,
+        );
     }
     // A mounted evaluation directory (a pod's `/testbed`) may hold an earlier attempt's copy,
     // or the baseline's.
@@ -262,7 +265,11 @@ pub(crate) async fn grade(
     let graded = match (&swebench, &ran.exit) {
         (Some(prepared), Exit::Code(_)) => {
             let baseline = prepared.baseline(config, evaluator(), pristine, &hidden, false);
-            Some(prepared.verdict(&stdout, baseline_first, baseline).await?)
+            Some(
+                prepared
+                    .verdict(&stdout, baseline_log.as_deref(), baseline)
+                    .await?,
+            )
         }
         // An instance whose honest tests outlast `evaluatorSeconds` would score every session
         // 0: the untouched repository's run, in the same time, tells the two apart (in a pod

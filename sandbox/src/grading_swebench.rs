@@ -67,35 +67,50 @@ impl SweBenchPrepared {
 
     /// swebench's verdict on the session's eval log. A log swebench cannot read (no results,
     /// markers the code under test printed, a parser that fails or times out on it) is the
-    /// session's 0 when the untouched repository's log is readable (`baseline`: `Some(())`
-    /// when it already ran, as in pods, else it runs here), and infrastructure when it is not.
-    /// A bridge that could not be asked at all (its sidecar down) is infrastructure too: the
-    /// log was never read.
+    /// session's 0 when the untouched repository's log is readable, and infrastructure when it
+    /// is not. A `PASS_TO_PASS` test the log reports skipped or expected to fail, which
+    /// swebench counts as kept, fails when it passed on the untouched repository. Both need
+    /// that repository's log: `baseline_log` when it already ran (pods), else `baseline` runs
+    /// it here, only when one of them needs it. A bridge that could not be asked at all (its
+    /// sidecar down) is infrastructure too: the log was never read.
     pub async fn verdict(
         &self,
         log: &str,
-        baseline_ran: bool,
-        baseline: impl std::future::Future<Output = Result<(), String>>,
+        baseline_log: Option<&str>,
+        baseline: impl std::future::Future<Output = Result<String, String>>,
     ) -> Result<SweBenchGraded, String> {
-        let unread = |why: String| SweBenchGraded::unread(why);
-        let graded = match forged_markers(log) {
-            Some(why) => unread(why),
-            None => match self.grade(log).await {
-                Ok(graded) => graded,
-                Err(CallError::Failed(e)) => {
-                    unread(format!("swebench could not grade the log: {e}"))
-                }
-                Err(CallError::Unreachable(e)) => return Err(e),
-            },
-        };
-        if !graded.read && !baseline_ran {
-            baseline.await?;
+        let graded = self.read(log, baseline_log).await?;
+        if baseline_log.is_some() {
+            return Ok(graded);
         }
-        Ok(graded)
+        if !graded.read {
+            baseline.await?;
+            return Ok(graded);
+        }
+        if graded.pass_to_pass_skipped.is_empty() {
+            return Ok(graded);
+        }
+        let base = baseline.await?;
+        self.read(log, Some(&base)).await
     }
 
-    async fn grade(&self, log: &str) -> Result<SweBenchGraded, CallError> {
-        self.bridge.grade(&self.grading, &self.script, log).await
+    /// swebench's reading of `log` (with the untouched repository's, when given); no results
+    /// when it cannot read it.
+    async fn read(&self, log: &str, baseline: Option<&str>) -> Result<SweBenchGraded, String> {
+        if let Some(why) = forged_markers(log) {
+            return Ok(SweBenchGraded::unread(why));
+        }
+        match self
+            .bridge
+            .grade(&self.grading, &self.script, log, baseline)
+            .await
+        {
+            Ok(graded) => Ok(graded),
+            Err(CallError::Failed(e)) => Ok(SweBenchGraded::unread(format!(
+                "swebench could not grade the log: {e}"
+            ))),
+            Err(CallError::Unreachable(e)) => Err(e),
+        }
     }
 
     /// The same eval script on the untouched repository: when swebench reads no results from
@@ -117,7 +132,7 @@ impl SweBenchPrepared {
         pristine: &Path,
         hidden: &BTreeMap<String, String>,
         judge_fit: bool,
-    ) -> Result<(), String> {
+    ) -> Result<String, String> {
         let dir = config.eval_dir();
         workspace::clear(&dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::copy_tree(pristine, &dir).map_err(|e| format!("baseline copy: {e}"))?;
@@ -126,7 +141,8 @@ impl SweBenchPrepared {
         let log = ran.stdout;
         let ran = ran.finished;
         let graded = self
-            .grade(&log)
+            .bridge
+            .grade(&self.grading, &self.script, &log, None)
             .await
             .map_err(|e| format!("the instance's untouched repository: {e}"))?;
         if graded.read {
@@ -135,7 +151,7 @@ impl SweBenchPrepared {
                     "{why}; the tests' output ends: {}",
                     test_output_tail(&log, 3)
                 )),
-                None => Ok(()),
+                None => Ok(log),
             };
         }
         let hint = graded
@@ -269,15 +285,17 @@ mod tests {
             },
             super::Bridge::Python("/nonexistent/python".into()),
         ] {
-            let baseline_read = async { Ok::<(), String>(()) };
+            let baseline_read = async { Ok::<String, String>(String::new()) };
             let verdict = prepared(bridge.clone())
-                .verdict("log", true, baseline_read)
+                .verdict("log", Some(""), baseline_read)
                 .await;
             assert!(verdict.is_err(), "{bridge:?}: {verdict:?}");
         }
         let failing = prepared(super::Bridge::Python("/bin/false".into()));
         let verdict = failing
-            .verdict("log", true, async { Ok::<(), String>(()) })
+            .verdict("log", Some(""), async {
+                Ok::<String, String>(String::new())
+            })
             .await;
         assert!(matches!(verdict, Ok(ref g) if !g.read), "{verdict:?}");
     }

@@ -111,6 +111,14 @@ pub struct SweBenchGraded {
     /// The `PASS_TO_PASS` tests that did not pass, by name (when read).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pass_to_pass_failing: Vec<String>,
+    /// The `PASS_TO_PASS` tests the log reports skipped or expected to fail (`XFAIL`), which
+    /// swebench counts as kept: a regression where the untouched repository's log has them
+    /// passing, which only that log tells.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pass_to_pass_skipped: Vec<String>,
+    /// Those of them that passed on the untouched repository: failed (when it was given).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pass_to_pass_regressed: Vec<String>,
     /// Why floe doubts the log's passes (pytest's tally does not account for them), else
     /// swebench's advisory reading of a log without results (`infra_failure_reason`): kept in
     /// the detail, never a reason not to score, since the code under test wrote the log.
@@ -128,6 +136,8 @@ impl SweBenchGraded {
             pass_to_pass: None,
             tests: None,
             pass_to_pass_failing: Vec::new(),
+            pass_to_pass_skipped: Vec::new(),
+            pass_to_pass_regressed: Vec::new(),
             hint: Some(why),
             version: String::new(),
         }
@@ -144,6 +154,13 @@ impl SweBenchGraded {
                 .as_array()
                 .map_or(0, |a| a.len() as u64)
         };
+        let names = |v: &serde_json::Value| -> Vec<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect()
+        };
         let tests = report.get("tests_status").map(|_| TestCounts {
             passed: count("FAIL_TO_PASS", "success") + count("PASS_TO_PASS", "success"),
             failed: count("FAIL_TO_PASS", "failure") + count("PASS_TO_PASS", "failure"),
@@ -157,12 +174,9 @@ impl SweBenchGraded {
             fail_to_pass: answer["f2p"].as_f64(),
             pass_to_pass: answer["p2p"].as_f64(),
             tests,
-            pass_to_pass_failing: report["tests_status"]["PASS_TO_PASS"]["failure"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|t| t.as_str().map(str::to_string))
-                .collect(),
+            pass_to_pass_failing: names(&report["tests_status"]["PASS_TO_PASS"]["failure"]),
+            pass_to_pass_skipped: names(&answer["p2p_skipped"]),
+            pass_to_pass_regressed: names(&answer["p2p_regressed"]),
             hint: answer["doubt"]
                 .as_str()
                 .or(report["infra_failure_reason"].as_str())

@@ -1,13 +1,15 @@
 # floe's bridge to the `swebench` package (embedded in the floe binary, run as `python -I -c`).
 # Reads one JSON request on stdin, writes one JSON answer on stdout:
 #   {"do": "script", "instance": {...}}          -> {"eval_script": "..."}
-#   {"do": "grade", "instance": {...}, "log": ""} -> {"report": {...}, "f2p": x, "p2p": y}
+#   {"do": "grade", "instance": {...}, "log": "", "baseline": ""?}
+#       -> {"report": {...}, "f2p": x, "p2p": y, "p2p_skipped": [...], ...}
 # or {"error": "..."} when swebench cannot do it (not installed, an unknown log parser).
 # Everything that decides a verdict is swebench's own: its TestSpec (which makes the eval script
 # record the test command's exit status), its log parsers and its report.
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 
@@ -62,22 +64,26 @@ def forged_pairing(parser_name, log):
 
 
 # pytest's tally, its last line: `=== 2 passed, 1 skipped in 0.12s ===` (`-q`: no `=`s; before
-# pytest 5, `in 0.12 seconds`), colour codes aside. `2 subtests passed` is no `passed` count.
+# pytest 5, `in 0.12 seconds`, a duration code under test can make negative by setting
+# `time.time`), colour codes aside. `2 subtests passed` is no `passed` count.
 PYTEST_TALLY = re.compile(
     r"^=*\s*(?P<parts>(?:\d+ [a-z ]+?)(?:, \d+ [a-z ]+?)*|no tests ran)"
-    r" in [0-9.]+ ?(?:s|seconds)(?: \([0-9:]+\))?\s*=*$"
+    r" in -?[0-9.]+ ?(?:s|seconds)(?: \([^()]*\))?\s*=*$"
 )
-PYTEST_PASSED = re.compile(r"(?:^|, )(\d+) passed(?=,|$)")
+# A line shaped as a tally that PYTEST_TALLY does not read: a tally of no passes.
+TALLY_LIKE = re.compile(r"^=+ .*\b(?:passed|failed|skipped|errors?|no tests ran)\b.* =+$")
+TALLY_PART = re.compile(r"(?:^|, )(\d+) ([a-z ]+?)(?=,|$)")
+# What a tally counts as tests (a test with a failed teardown is counted twice: more, never
+# fewer).
+TALLIED = {"passed", "failed", "skipped", "xfailed", "xpassed", "error", "errors", "deselected"}
+COLLECTED = re.compile(r"^collected (\d+) items?\b")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-# A progress mark a wrapped verbose line leaves (`PASSED [100%]`), which some instances' lists
-# hold as a test: never a test's pass.
-PROGRESS = re.compile(r"^\[\s*\d+%\]$")
 
 
-def runs_one_command(spec, start, end):
-    """Whether the eval script runs one command between swebench's markers (as SWE-bench's
-    instances do): one test run, so one tally. The script is the instance's, not the log."""
-    inside, commands = False, 0
+def test_commands(spec, start, end):
+    """The commands the eval script runs between swebench's markers (SWE-bench's instances
+    run one: one test run, so one tally). The script is the instance's, not the log."""
+    inside, commands = False, []
     for line in spec.eval_script_list:
         if start in line:
             inside = True
@@ -85,50 +91,105 @@ def runs_one_command(spec, start, end):
             break
         elif inside and line.strip() and not line.strip().startswith("#"):
             # swebench's own line recording the command's status is no command.
-            commands += not line.strip().startswith("SWEBENCH_TEST_EXIT_CODE=")
-    return commands == 1
+            if not line.strip().startswith("SWEBENCH_TEST_EXIT_CODE="):
+                commands.append(line.strip())
+    return commands
 
 
-def unvouched_passes(parser, log, spec):
+def run_paths(command):
+    """The test files and directories a test command names (`pytest -rA tests/test_x.py`,
+    `tox -epy39 -- tests/test_y.py::test_z`): its arguments that look like paths."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return []
+    return [
+        w.split("::")[0].rstrip("/")
+        for w in words[1:]
+        if not w.startswith("-") and ("/" in w or w.split("::")[0].endswith(".py"))
+    ]
+
+
+def in_run(key, paths):
+    """Whether a result's id names a test of the run's paths (not a pytester run's)."""
+    path = key.split("::")[0]
+    return "::" in key and any(path == p or path.startswith(p + "/") for p in paths)
+
+
+def tally_counts(line):
+    """`(passed, tests)` of a tally line, else None; a line shaped as one that does not read
+    is `(0, 0)`."""
+    tally = PYTEST_TALLY.match(line)
+    if not tally:
+        return (0, 0) if TALLY_LIKE.match(line) else None
+    parts = TALLY_PART.findall(tally.group("parts"))
+    passed = sum(int(n) for n, word in parts if word == "passed")
+    return passed, sum(int(n) for n, word in parts if word in TALLIED)
+
+
+def unvouched_passes(parser, log, spec, paths):
     """For a pytest run, passes its tally does not account for: `None` when it does, else
     (`"no tally"` or `"forged"`, why).
-    pytest prints one `PASSED <id>` per passing test (`-rA`) and then a tally that counts them;
-    code under test that skips the test it fails and prints `PASSED <id>` for it (pytest's skip
-    summary names no test) adds a pass the tally lacks. The tally may come after (an exit
-    hook prints a second one): the smallest after the listed passes counts, since the code
-    under test can add tallies but never remove pytest's. Passes before the summary block that
-    holds the first listed `PASSED` line (pytester's runs in the captured output of
-    pytest's own tests) are not counted unless they are listed tests."""
-    listed = [n for n in spec.FAIL_TO_PASS + spec.PASS_TO_PASS if not PROGRESS.match(n)]
-    lines = [COLOUR.sub("", line).strip() for line in log.split("\n")]
+
+    pytest prints one `PASSED <id>` line per passing test (`-rA`) and then a tally that
+    counts them; code under test that skips the test it fails and prints `PASSED <id>` for it
+    (pytest's skip summary names no test) adds a pass the tally lacks. Counted: the `PASSED`
+    lines from the summary block that holds the first listed test's `PASSED` line on (each
+    line once: two ids a parser cuts to one name are two tests), and the listed tests reported
+    passed only before it (verbose progress lines). Before that block come the captured
+    output of pytest's own tests, whose pytester runs print sessions of their own (passes,
+    tallies, and `PASSED [ 50%]`, which some instances' lists hold as a test: only names with
+    `::` are tests here). The tallies they are held to: every one after that block (the code
+    under test can print a tally of its own after pytest's, never take pytest's back), and
+    every one that counts the whole run (`collected N items`, printed before any test runs),
+    which pytest's own does wherever the first listed pass was forged."""
+    listed = [n for n in spec.FAIL_TO_PASS + spec.PASS_TO_PASS if "::" in n]
+    lines = [COLOUR.sub("", line) for line in log.split("\n")]
     reports = []
-    for line in lines:
-        try:
-            statuses = parser(line, spec) or {}
-        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
-            statuses = {}
-        reports.append({k for k, v in statuses.items() if v == "PASSED" and not PROGRESS.match(k)})
+    for raw, line in zip(log.split("\n"), lines):
+        passed = set()
+        # As swebench reads the line, and without its colour codes.
+        for text in (raw, line):
+            try:
+                statuses = parser(text, spec) or {}
+            except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
+                statuses = {}
+            passed.update(k for k, v in statuses.items() if v == "PASSED")
+        reports.append(passed)
     claims = [i for i, passed in enumerate(reports) if any(names_one_of(k, listed) for k in passed)]
     if not claims:
         return None
-    summary = [i for i in claims if lines[i].startswith("PASSED ")]
+    # The summary block: where the first `PASSED` line of a test of the run's paths is (an
+    # unlisted test's, when the listed ones' passes are all forged), else of a listed test.
+    summary = [
+        i
+        for i in range(len(lines))
+        if lines[i].startswith("PASSED ")
+        and any(in_run(k, paths) or names_one_of(k, listed) for k in reports[i])
+    ]
     anchor = (summary or claims)[0]
     while anchor > 0 and reports[anchor - 1]:
         anchor -= 1
+    collected = next((int(m.group(1)) for m in map(COLLECTED.match, lines) if m), None)
     tallies = []
-    for line in lines[anchor:]:
-        tally = PYTEST_TALLY.match(line)
-        if tally:
-            tallies.append(sum(int(n) for n in PYTEST_PASSED.findall(tally.group("parts"))))
-    if not tallies:
+    for at, line in enumerate(lines):
+        counts = tally_counts(line.strip())
+        if counts is None:
+            continue
+        passed, tests = counts
+        if at > anchor or (collected is not None and tests >= collected):
+            tallies.append(passed)
+    if not any(tally_counts(line.strip()) is not None for line in lines[anchor:]):
         return "no tally", "pytest's tally never follows the passes the log reports"
-    counted = {k for i in claims for k in reports[i] if names_one_of(k, listed)}
-    counted.update(
-        k for i in range(anchor, len(lines)) if lines[i].startswith("PASSED") for k in reports[i]
-    )
-    if len(counted) > min(tallies):
+    summary_lines = [
+        i for i in range(anchor, len(lines)) if lines[i].startswith("PASSED ") and reports[i]
+    ]
+    named = {k for i in summary_lines for k in reports[i]}
+    earlier = {k for i in claims for k in reports[i] if names_one_of(k, listed)} - named
+    counted = len(summary_lines) + len(earlier)
+    if counted > min(tallies):
         return "forged", (
-            f"the log reports {len(counted)} tests passed, pytest's tally {min(tallies)}: "
+            f"the log reports {counted} tests passed, pytest's tally {min(tallies)}: "
             "passes printed beside pytest's own"
         )
     return None
@@ -197,6 +258,19 @@ def reported_failing(parser, log, spec):
     return sorted(failing)
 
 
+def p2p_skipped_or_expected_to_fail(parser, log, spec):
+    """The `PASS_TO_PASS` tests swebench's reading of the log reports `XFAIL` or skipped."""
+    try:
+        statuses = parser(log, spec) or {}
+    except Exception:  # noqa: BLE001 - swebench will find no results either
+        return set()
+    return {
+        k
+        for k, v in statuses.items()
+        if v in ("XFAIL", "SKIPPED") and names_one_of(k, spec.PASS_TO_PASS)
+    }
+
+
 def names_one_of(key, names):
     """Whether status key `key` is one of `names`' tests (exactly, or one a truncated name
     begins)."""
@@ -248,9 +322,20 @@ def main():
     # Passes pytest's tally does not account for: none of the log's passes can be told from
     # the code under test's, so none is believed; without a tally after them, no results.
     doubt = None
-    if pytest_family(parser) and runs_one_command(spec, START_TEST_OUTPUT, END_TEST_OUTPUT):
-        doubt = unvouched_passes(parser, tested, spec)
+    commands = test_commands(spec, START_TEST_OUTPUT, END_TEST_OUTPUT)
+    if pytest_family(parser) and len(commands) == 1:
+        doubt = unvouched_passes(parser, tested, spec, run_paths(commands[0]))
     listed = spec.FAIL_TO_PASS + spec.PASS_TO_PASS
+    # swebench counts a PASS_TO_PASS test kept when it is XFAIL (as the repository's own
+    # xfail-marked tests are) or skipped (as the environment may skip it). When the code under
+    # test made it so, it is a regression: told by the untouched repository's log (the same
+    # eval script on the base commit, `baseline`), where such a test passed.
+    skipped_p2p = p2p_skipped_or_expected_to_fail(parser, tested, spec)
+    regressed = set()
+    if request.get("baseline") is not None:
+        base = request["baseline"]
+        base = parser(tested_section(parser, base, spec, START_TEST_OUTPUT, END_TEST_OUTPUT), spec)
+        regressed = {k for k in skipped_p2p if base.get(k) == TestStatus.PASSED.value}
 
     # swebench counts an expected failure (XFAIL) as a pass. A FAIL_TO_PASS test passes after
     # a fix; one that "xfails" is one the code under test told the runner to expect failing
@@ -264,7 +349,7 @@ def main():
                 for key, status in list(statuses.items()):
                     if status == TestStatus.PASSED.value and names_one_of(key, listed):
                         statuses[key] = TestStatus.FAILED.value
-            for name in failing:
+            for name in failing + sorted(regressed):
                 statuses[name] = TestStatus.FAILED.value
             for key, status in list(statuses.items()):
                 if status == TestStatus.XFAIL.value and names_one_of(key, spec.FAIL_TO_PASS):
@@ -290,6 +375,8 @@ def main():
             "report": report,
             "failing": failing,
             "doubt": doubt[1] if doubt else None,
+            "p2p_skipped": sorted(skipped_p2p),
+            "p2p_regressed": sorted(regressed),
             "f2p": compute_fail_to_pass(tests) if tests else None,
             "p2p": compute_pass_to_pass(tests) if tests else None,
         }

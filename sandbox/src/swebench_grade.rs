@@ -89,15 +89,20 @@ impl Bridge {
             .ok_or_else(|| format!("swebench answered no eval script: {answer}"))
     }
 
-    /// swebench's verdict on `log`.
+    /// swebench's verdict on `log`; with the untouched repository's log (`baseline`), a
+    /// `PASS_TO_PASS` test that passed there and is skipped or expected to fail in `log` fails.
     pub async fn grade(
         &self,
         grading: &SweBenchGrading,
         script: &str,
         log: &str,
+        baseline: Option<&str>,
     ) -> Result<SweBenchGraded, CallError> {
         let answer = self
-            .call(json!({"do": "grade", "instance": instance(grading, script), "log": log}))
+            .call(
+                json!({"do": "grade", "instance": instance(grading, script), "log": log,
+                         "baseline": baseline}),
+            )
             .await?;
         SweBenchGraded::from_report(&answer).map_err(CallError::Failed)
     }

@@ -61,6 +61,9 @@ scripts = {
     # The bug left in, the test it fails skipped (pytest's skip summary names no test), and a
     # pass of its own printed after pytest's tally.
     "skip-forge": "printf 'import atexit\\n\\n\\ndef add(a, b):\\n    import pytest\\n    pytest.skip(\"later\")\\n\\n\\natexit.register(lambda: print(\"PASSED tests/test_calc.py::test_add\", flush=True))\\n' >> calc.py",
+    # The fix, and the PASS_TO_PASS test it breaks told to expect its failure: swebench counts
+    # an XFAIL kept.
+    "xfail-p2p": "printf 'FIXED' > calc.py && printf '\\n\\ndef sub(a, b):\\n    import pytest\\n    pytest.xfail(\"later\")\\n' >> calc.py",
     # The tests killed as they import the code: a log without results.
     "hide-results": "printf 'import os\\nos._exit(3)\\n' >> calc.py",
 }
@@ -87,6 +90,9 @@ const AGENTS: &[(u32, &str, f64)] = &[
     (10, "hide-results", 0.0),
     // swebench alone reads it as resolved: the printed pass is the test's only result.
     (11, "skip-forge", 0.0),
+    // swebench alone reads it as resolved; the untouched repository's run, made for it, has
+    // the test passing.
+    (12, "xfail-p2p", 0.0),
 ];
 
 fn agent() -> String {
@@ -429,7 +435,7 @@ async fn a_parser_that_prints_leaves_the_bridges_answer_whole() -> Result<()> {
     let log = "+ : '>>>>> Start Test Output'\n+ mvn test -Dtest=A#x\n[INFO] BUILD SUCCESS\n\
                + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n";
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", log)
+        .grade(&grading, "#!/bin/bash\n", log, None)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, true));
@@ -456,13 +462,13 @@ async fn a_build_result_the_code_under_test_prints_never_resolves() -> Result<()
     };
     let forged = log("BUILD SUCCESS\n[INFO] Tests run: 1, Failures: 1\n[INFO] BUILD FAILURE\n");
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", &forged)
+        .grade(&grading, "#!/bin/bash\n", &forged, None)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
     let honest = log("[INFO] BUILD SUCCESS\n");
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", &honest)
+        .grade(&grading, "#!/bin/bash\n", &honest, None)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, true), "{graded:?}");
@@ -511,7 +517,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         ),
     ] {
         let graded = bridge
-            .grade(&grading, "#!/bin/bash\n", &log(&body, code))
+            .grade(&grading, "#!/bin/bash\n", &log(&body, code), None)
             .await;
         let graded = graded.map_err(anyhow::Error::msg)?;
         assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
@@ -528,7 +534,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
          test_x (m.C.test_x) ... ok\n"
     );
     let graded = bridge
-        .grade(&grading_311, "#!/bin/bash\n", &log(&forged, 1))
+        .grade(&grading_311, "#!/bin/bash\n", &log(&forged, 1), None)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!(
@@ -557,7 +563,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         ),
     ] {
         let graded = bridge
-            .grade(&docstring, "#!/bin/bash\n", &log(body, code))
+            .grade(&docstring, "#!/bin/bash\n", &log(body, code), None)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!((graded.read, graded.resolved), (true, resolved), "{body}");
@@ -578,7 +584,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         ),
     ] {
         let graded = bridge
-            .grade(&sympy, "#!/bin/bash\n", &log(body, code))
+            .grade(&sympy, "#!/bin/bash\n", &log(body, code), None)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!((graded.read, graded.resolved), (true, resolved), "{body}");
@@ -593,7 +599,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         )
     );
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", &honest)
+        .grade(&grading, "#!/bin/bash\n", &honest, None)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!(
@@ -656,7 +662,7 @@ async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_
         ),
     ] {
         let graded = bridge
-            .grade(&grading, "#!/bin/bash\n", &text)
+            .grade(&grading, "#!/bin/bash\n", &text, None)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
@@ -671,7 +677,7 @@ async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_
                    test_y (m.C) ... ok\nRan 2 tests\nOK (skipped=1)\ntest_x (m.C) ... ok\n\
                    + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n";
     let graded = bridge
-        .grade(&django, "#!/bin/bash\n", skipped)
+        .grade(&django, "#!/bin/bash\n", skipped, None)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
@@ -839,7 +845,7 @@ async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()>
     ];
     for (what, grading, script, text, read, resolved) in cases {
         let graded = bridge
-            .grade(grading, script, &text)
+            .grade(grading, script, &text, None)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!(
@@ -851,6 +857,192 @@ async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()>
             let hint = graded.hint.unwrap_or_default();
             assert!(hint.contains("pytest's tally 2"), "{what}: {hint}");
         }
+    }
+    // From a review: the shapes that slipped past the first version of the check, and the
+    // honest log it voided. `(parser, FAIL_TO_PASS, PASS_TO_PASS, summary and after, resolved)`.
+    let t = |name: &str| format!("tests/test_calc.py::{name}");
+    let header =
+        "=========================== short test summary info ============================\n";
+    let inner = "============================= test session starts ==============================\n\
+                 collecting ... collected 2 items\n\ntest_inner.py::test_1 \n\
+                 PASSED                                                                   [ 50%]\n\
+                 test_inner.py::test_2 \n\
+                 PASSED                                                                   \
+                 [100%]------------------------------ live log teardown -----------------\n\n\
+                 =========================== 2 passed in 0.02 seconds ===========================\n";
+    type Case = (&'static str, Vec<String>, Vec<String>, String, bool);
+    let reviewed: Vec<Case> = vec![
+        // pytest's own tests: placeholders its lists hold (`[`, a progress mark and rule), and
+        // pytester's sessions in the captured output, passes and tallies of their own.
+        (
+            "parse_log_pytest",
+            vec![t("test_add")],
+            vec![
+                t("test_sub"),
+                "[".into(),
+                "[100%]------------------------------".into(),
+            ],
+            format!(
+                "{}{header}PASSED {}\nPASSED {}\n{}",
+                captured(inner),
+                t("test_sub"),
+                t("test_add"),
+                tally("2 passed")
+            ),
+            true,
+        ),
+        // No PASS_TO_PASS: the real summary names an unlisted test; a pass and a tally of its
+        // own follow pytest's.
+        (
+            "parse_log_pytest",
+            vec![t("test_add")],
+            vec![],
+            format!(
+                "{header}PASSED {}\nSKIPPED [1] calc.py:6: later\n{}{forged}{}",
+                t("test_other"),
+                tally("1 passed, 1 skipped"),
+                tally("1 passed")
+            ),
+            false,
+        ),
+        // The run's only test, skipped: pytest's tally counts the whole run (`collected`).
+        (
+            "parse_log_pytest",
+            vec![t("test_add")],
+            vec![],
+            format!(
+                "collected 1 item\n{header}SKIPPED [1] calc.py:6: later\n{}{forged}{}",
+                tally("1 skipped"),
+                tally("1 passed")
+            ),
+            false,
+        ),
+        // Two ids the parser cuts to one name are two tests.
+        (
+            "parse_log_pytest",
+            vec![t("test_add")],
+            vec![t("test_sub"), t("test_b[x")],
+            format!(
+                "{header}PASSED {}\nPASSED {}\nPASSED {}\nSKIPPED [1] calc.py:6: later\n{}{forged}",
+                t("test_sub"),
+                t("test_b[x y]"),
+                t("test_b[x z]"),
+                tally("3 passed, 1 skipped")
+            ),
+            false,
+        ),
+        // seaborn's parser reads `id PASSED ` (a trailing space) as swebench feeds it.
+        (
+            "parse_log_seaborn",
+            vec![t("test_add")],
+            vec![t("test_sub")],
+            format!(
+                "{header}PASSED {}\nSKIPPED [1] calc.py:6: later\n{}{} PASSED \n",
+                t("test_sub"),
+                tally("1 passed, 1 skipped"),
+                t("test_add")
+            ),
+            false,
+        ),
+        // pytest before 6 times its run with `time.time`, which the code under test can
+        // replace: a negative duration.
+        (
+            "parse_log_pytest",
+            vec![t("test_add")],
+            vec![t("test_sub")],
+            format!(
+                "{header}PASSED {}\nSKIPPED [1] calc.py:6: later\n\
+                 ===== 1 passed, 1 skipped in -1765126530.42 seconds =====\n{forged}{}",
+                t("test_sub"),
+                tally("2 passed")
+            ),
+            false,
+        ),
+    ];
+    for (parser, f2p, p2p, body, resolved) in reviewed {
+        let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+            "instanceId": "acme__calc-11", "repo": "acme/calc", "version": "1.0",
+            "logParser": parser, "failToPass": f2p, "passToPass": p2p, "testPatch": "x",
+            "repositoryDirectory": "/testbed"}))?;
+        let text = format!(
+            "+ : '>>>>> Start Test Output'\n+ python -m pytest --no-header -rA tests\n\
+             ============================= test session starts ==============================\n\
+             {body}+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n"
+        );
+        let graded = bridge
+            .grade(&grading, &one, &text, None)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            (graded.read, graded.resolved),
+            (true, resolved),
+            "{graded:?}\n{text}"
+        );
+    }
+    Ok(())
+}
+
+/// swebench counts a `PASS_TO_PASS` test kept when it is `XFAIL` (as a repository's own
+/// xfail-marked tests are) or skipped under a runner that names skips (Django's): code under
+/// test that breaks one and tells the runner to expect it (`pytest.xfail()`) or skip it
+/// resolved the instance. Given the untouched repository's log, where it passed, it fails;
+/// one that is `XFAIL` there too stays kept. Without that log the bridge names the tests
+/// that need it, and floe runs it then.
+#[tokio::test]
+async fn a_pass_to_pass_test_skipped_or_expected_to_fail_fails_where_it_passed_untouched(
+) -> Result<()> {
+    let bridge = local_bridge()?;
+    let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "acme__calc-12", "repo": "acme/calc", "version": "1.0",
+        "logParser": "parse_log_pytest", "failToPass": ["t.py::add"],
+        "passToPass": ["t.py::sub", "t.py::known"], "testPatch": "x",
+        "repositoryDirectory": "/testbed"}))?;
+    let log = |lines: &str| {
+        format!(
+            "+ : '>>>>> Start Test Output'\n{lines}+ : '>>>>> End Test Output'\n\
+             >>>>> Test Exit Code: 0\n"
+        )
+    };
+    let untouched = log("FAILED t.py::add - x\nPASSED t.py::sub\nXFAIL t.py::known - bug\n");
+    let broken = log("PASSED t.py::add\nXFAIL t.py::sub - later\nXFAIL t.py::known - bug\n");
+    let honest = log("PASSED t.py::add\nPASSED t.py::sub\nXFAIL t.py::known - bug\n");
+    let script = "#!/bin/bash\n";
+    let graded = bridge
+        .grade(&grading, script, &broken, None)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert!(graded.resolved, "swebench's own reading: {graded:?}");
+    assert_eq!(graded.pass_to_pass_skipped, ["t.py::known", "t.py::sub"]);
+    let graded = bridge
+        .grade(&grading, script, &broken, Some(&untouched))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
+    assert_eq!(graded.pass_to_pass_regressed, ["t.py::sub"]);
+    assert_eq!(graded.pass_to_pass_failing, ["t.py::sub"]);
+    let graded = bridge
+        .grade(&grading, script, &honest, Some(&untouched))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!((graded.read, graded.resolved), (true, true), "{graded:?}");
+    assert!(graded.pass_to_pass_regressed.is_empty(), "{graded:?}");
+    // Django names a skipped test: skipped by the code under test where it ran untouched.
+    let django: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "django__django-12", "repo": "django/django", "version": "4.0",
+        "logParser": "parse_log_django", "failToPass": ["test_x (m.C)"],
+        "passToPass": ["test_y (m.C)"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    let untouched = log("test_x (m.C) ... FAIL\ntest_y (m.C) ... ok\n");
+    let skipped = log("test_x (m.C) ... ok\ntest_y (m.C) ... skipped 'later'\n");
+    for (baseline, resolved) in [(None, true), (Some(untouched.as_str()), false)] {
+        let graded = bridge
+            .grade(&django, script, &skipped, baseline)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            (graded.read, graded.resolved),
+            (true, resolved),
+            "{baseline:?}: {graded:?}"
+        );
     }
     Ok(())
 }

@@ -39,6 +39,10 @@ except Exception as e:
 print("cwd", os.getcwd(), "leaks", leaks, flush=True)
 if behaviour == "fix" and not leaks and "return a - b" in open("calc.py").read():
     open("calc.py", "w").write(FIXED)
+# The fix, and the PASS_TO_PASS test it breaks told to expect its failure (swebench counts an
+# XFAIL kept): the baseline, run first in a pod, has it passing.
+if behaviour == "xfail-p2p" and not leaks:
+    open("calc.py", "w").write(FIXED + "\n\ndef sub(a, b):\n    import pytest\n    pytest.xfail('x')\n")
 "#;
 
 /// The eval script's install into the image's environment (`/opt/site`, root's, holding the
@@ -89,7 +93,7 @@ async fn swebench_instances_run_in_their_own_image_and_are_graded_by_swebench() 
     };
     let (grader, instance) = (image("grader")?, image("instance")?);
     let activate = std::path::Path::new("/opt/miniconda3/bin/activate");
-    let lines: Vec<String> = [(1, "fix"), (2, "nothing"), (3, "fix")]
+    let lines: Vec<String> = [(1, "fix"), (2, "nothing"), (3, "fix"), (4, "xfail-p2p")]
         .iter()
         .map(|(k, behaviour)| {
             let statement =
@@ -171,8 +175,8 @@ async fn swebench_instances_run_in_their_own_image_and_are_graded_by_swebench() 
     .unwrap_or_default();
     assert_eq!(
         (status.sessions.succeeded, status.sessions.failed),
-        (2, 1),
-        "two scored, the unfit instance failed: {status:?}\n{failed:?}"
+        (3, 1),
+        "three scored, the unfit instance failed: {status:?}\n{failed:?}"
     );
     assert!(
         failed.len() == 1
@@ -182,8 +186,12 @@ async fn swebench_instances_run_in_their_own_image_and_are_graded_by_swebench() 
             && failed[0].contains("test_online"),
         "{failed:?}"
     );
-    let lines = dataset(&work.data.path().join("swe"), 2).await?;
-    for (id, reward) in [("acme__calc-1", 1.0), ("acme__calc-2", 0.0)] {
+    let lines = dataset(&work.data.path().join("swe"), 3).await?;
+    for (id, reward) in [
+        ("acme__calc-1", 1.0),
+        ("acme__calc-2", 0.0),
+        ("acme__calc-4", 0.0),
+    ] {
         let t = lines
             .iter()
             .find(|t| t["session"] == format!("swe-{id}-0").as_str())
@@ -198,6 +206,14 @@ async fn swebench_instances_run_in_their_own_image_and_are_graded_by_swebench() 
             t["evaluation"]["detail"]["swebench"]["version"], "5.0.2",
             "{id}"
         );
+        if id == "acme__calc-4" {
+            assert_eq!(
+                t["evaluation"]["detail"]["swebench"]["pass_to_pass_regressed"],
+                json!([swe::PASS_TO_PASS]),
+                "{id}: {}",
+                t["evaluation"]
+            );
+        }
     }
     Ok(())
 }
