@@ -1,6 +1,6 @@
-//! Per-session resource limits in local mode: each session's harness and evaluator run in a
-//! cgroup of the session's own, with a memory and a process-count limit and an equal CPU
-//! weight, so a fork bomb, a memory fill or a thousand busy processes in one session cannot
+//! Per-session resource limits in local mode: each session's harness, and then its evaluator,
+//! run in a cgroup of the session's own (one each), with a memory and a process-count limit
+//! and an equal CPU weight, so a fork bomb, a memory fill or a thousand busy processes in one session cannot
 //! make a concurrent sibling time out or its evaluator die (scored 0, which raises the
 //! attacker's group advantage). Pods get the same from their containers' resources.
 //!
@@ -171,11 +171,11 @@ impl SessionCgroup {
         Ok(made)
     }
 
-    /// Write the session's limits (again): the evaluator runs in this cgroup after the agent,
-    /// which, where the run's user owns the cgroup (a delegated one), could have rewritten
-    /// them from a cgroup namespace of its own (lifted, to starve its siblings, or lowered,
-    /// so that the evaluator could not start: infrastructure, retried).
-    pub fn set_limits(&self) -> Result<(), String> {
+    /// Write the session's limits. The evaluator runs in a cgroup of its own, made after the
+    /// agent ended (the agent's could have had its limits rewritten, where the run's user owns
+    /// it, from a cgroup namespace of the agent's own, and still holds the memory of the files
+    /// it left on a tmpfs).
+    fn set_limits(&self) -> Result<(), String> {
         let write = |dir: &Path, file: &str, value: String| {
             std::fs::write(dir.join(file), value)
                 .map_err(|e| format!("{}: {e}", dir.join(file).display()))

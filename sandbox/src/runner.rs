@@ -350,6 +350,18 @@ async fn in_agent_container(
 }
 
 /// A session's cgroup: unique on the machine (two runs may hold the same session ids).
+/// A number no one can tell in advance (std's per-process random hash keys, and the clock).
+fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 fn cgroup_name(session: &str) -> String {
     let safe: String = session
         .chars()
@@ -577,12 +589,29 @@ async fn session_outcome(
     // Evaluation in a fresh copy; hidden files only now. A root grader's evaluation could
     // rewrite what the pod's containers resolve names by: put back (as they were before the
     // agent) before anything ships.
-    if let Some(Err(e)) = cgroup
+    //
+    // Local mode: the evaluator runs in a cgroup of its own, with the session's limits. The
+    // agent's still holds what the agent left in files on a `--out` on tmpfs (memory, which
+    // it cannot reclaim without swap), up to its limit: the evaluator there was OOM-killed,
+    // a correct session's 0, or infrastructure when its sandbox had not yet started. The
+    // name is not one the agent could have made first.
+    let grading_cgroup = match (
+        config.confinement.as_ref().and_then(|c| c.limits.as_ref()),
+        &cgroup,
+    ) {
+        (Some(limits), Some(_)) => {
+            let name = format!("{}-grading-{:016x}", cgroup_name(session), nonce());
+            match crate::limits::SessionCgroup::create(limits, &name) {
+                Ok(cg) => Some(cg),
+                Err(e) => return infra_error(format!("the session's grading cgroup: {e}")),
+            }
+        }
+        _ => None,
+    };
+    let grading_procs = grading_cgroup
         .as_ref()
-        .map(crate::limits::SessionCgroup::set_limits)
-    {
-        return infra_error(format!("the session's cgroup: {e}"));
-    }
+        .map(|c| c.procs())
+        .unwrap_or_default();
     let graded = match &over_disk {
         Some(why) if !in_a_pod => Ok(floe_gateway::trajectory::Evaluation {
             reward: Some(spec.evaluator.reward.failure_reward),
@@ -590,7 +619,7 @@ async fn session_outcome(
             detail: serde_json::json!({"harnessExit": summary.harness_exit,
                 "ungraded": format!("its workspace and home, which held {why}, were emptied")}),
         }),
-        _ => crate::grading::grade(config, spec, &pristine, ws, &cgroup_procs, summary).await,
+        _ => crate::grading::grade(config, spec, &pristine, ws, &grading_procs, summary).await,
     };
     match shared.as_ref().map(crate::pod_files::Kept::restore) {
         Some(Ok(restored)) if !restored.is_empty() => {

@@ -40,6 +40,8 @@ fn job(dir: &Path, model_url: &str) -> Result<std::path::PathBuf> {
 
 /// A finished `floe run` of [`job`] with `tasks` instead of the attack table's, and `flags`.
 struct Ran {
+    // Before `_dir`: a tmpfs at `out` is unmounted before its directory goes.
+    _tmpfs: Option<Tmpfs>,
     _dir: tempfile::TempDir,
     out: std::path::PathBuf,
     summary: Value,
@@ -86,6 +88,27 @@ async fn run_job(tasks: Value, flags: &[&str], edit: impl FnOnce(&mut Value)) ->
     run_job_in(tasks, flags, edit, None).await
 }
 
+/// A tmpfs mounted for a test (root only), unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Result<Self> {
+        std::fs::create_dir_all(at)?;
+        let done = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "floe-test"])
+            .arg(at)
+            .status()?;
+        anyhow::ensure!(done.success(), "mount -t tmpfs {}: {done}", at.display());
+        Ok(Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 /// [`run_job`] with `floe run`'s `PATH` led by `path_first`.
 async fn run_job_in(
     tasks: Value,
@@ -93,9 +116,24 @@ async fn run_job_in(
     edit: impl FnOnce(&mut Value),
     path_first: Option<&Path>,
 ) -> Result<Ran> {
+    run_job_with(tasks, flags, edit, path_first, false).await
+}
+
+/// [`run_job_in`], with `--out` on a tmpfs of its own when `tmpfs_out` (root only).
+async fn run_job_with(
+    tasks: Value,
+    flags: &[&str],
+    edit: impl FnOnce(&mut Value),
+    path_first: Option<&Path>,
+    tmpfs_out: bool,
+) -> Result<Ran> {
     let model = ScriptedUpstream::start(vec![Step::Say("done".into())]).await?;
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("out");
+    let tmpfs = match tmpfs_out {
+        true => Some(Tmpfs::mount(&out, "2G")?),
+        false => None,
+    };
     let path = job(dir.path(), &model.url)?;
     let mut spec: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
     spec["spec"]["tasks"]["inline"] = tasks;
@@ -124,6 +162,7 @@ async fn run_job_in(
         &std::fs::read_to_string(out.join("summary.json")).with_context(|| stderr.clone())?,
     )?;
     Ok(Ran {
+        _tmpfs: tmpfs,
         _dir: dir,
         out,
         summary,
@@ -329,6 +368,57 @@ async fn a_session_that_fills_its_tmp_gets_no_space_not_the_machines_memory() ->
             .trim()
             .parse()?;
     assert!(tmp_mib <= 128, "/tmp held {tmp_mib} MiB");
+    Ok(())
+}
+
+/// A session whose agent leaves its memory limit's worth of files in a `--out` on tmpfs (as
+/// `/tmp` is on Fedora, Arch, Debian 13): they are the session's cgroup's memory, which it
+/// cannot reclaim without swap. The evaluator ran in that cgroup and was OOM-killed: here as it
+/// ran (`no_verdict`, a correct fix's 0, measured), or before its sandbox started, which is
+/// infrastructure (the agent turning its loss into "not scored"). The evaluator now runs in a
+/// cgroup of its own, with the same limits, and the session is graded (root only: a tmpfs of
+/// its own).
+#[tokio::test]
+async fn files_the_agent_leaves_in_a_tmpfs_out_never_keep_its_evaluator_from_running() -> Result<()>
+{
+    if !nix_is_root() {
+        eprintln!("not root: no tmpfs of its own");
+        return Ok(());
+    }
+    let task = |id: &str, fill: &str| {
+        json!({"id": id, "instruction": format!("{FIX}; {fill}"), "files": {"calc.py": BUGGY},
+               "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}}})
+    };
+    let ran = run_job_with(
+        json!([
+            task(
+                "fills",
+                "dd if=/dev/zero of=fill bs=1M count=250 2>/dev/null; true"
+            ),
+            task(
+                "fills-less",
+                "dd if=/dev/zero of=fill bs=1M count=8 2>/dev/null; true"
+            ),
+        ]),
+        &["--session-memory", "256Mi"],
+        |_| {},
+        None,
+        true,
+    )
+    .await?;
+    // `fills` ends killed for its memory (its harness's exit 137, status `agent_failed`); its
+    // fix was made first, and is graded: before, the evaluator died in the agent's cgroup
+    // (`no_verdict`, reward 0).
+    for task in ["fills", "fills-less"] {
+        let s = ran.session(task)?;
+        assert_eq!(
+            (s["reward"].as_f64(), s["passed"].as_bool(), &s["failure"]),
+            (Some(1.0), Some(true), &Value::Null),
+            "{task}: {s}\n{}",
+            ran.stderr
+        );
+    }
+    assert_eq!(ran.summary["sessions"]["infraError"], 0, "{}", ran.summary);
     Ok(())
 }
 
