@@ -183,7 +183,9 @@ mod tests {
                 url,
                 token: "t0ken".into(),
             };
-            let graded = client.grade(&grading, "#!/bin/bash\n", "log", None).await;
+            let graded = client
+                .grade(&grading, "#!/bin/bash\n", "log", None, false)
+                .await;
             match graded {
                 Err(CallError::Unreachable(_)) => assert!(unreachable, "{python}"),
                 Err(CallError::Failed(_)) => assert!(!unreachable, "{python}"),

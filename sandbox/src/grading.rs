@@ -267,7 +267,7 @@ pub(crate) async fn grade(
             let baseline = prepared.baseline(config, evaluator(), pristine, &hidden, false);
             Some(
                 prepared
-                    .verdict(&stdout, baseline_log.as_deref(), baseline)
+                    .verdict(&stdout, baseline_log.as_ref(), baseline)
                     .await?,
             )
         }

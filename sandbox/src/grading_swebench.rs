@@ -70,24 +70,29 @@ impl SweBenchPrepared {
     /// session's 0 when the untouched repository's log is readable, and infrastructure when it
     /// is not. A `PASS_TO_PASS` test the log reports skipped or expected to fail, which
     /// swebench counts as kept, fails when it passed on the untouched repository. Both need
-    /// that repository's log: `baseline_log` when it already ran (pods), else `baseline` runs
-    /// it here, only when one of them needs it. A bridge that could not be asked at all (its
-    /// sidecar down) is infrastructure too: the log was never read.
+    /// swebench's reading of that repository's log: `baseline_read` when it already ran
+    /// (pods), else `baseline` runs it here, only when one of them needs it: a log without
+    /// results, or one whose reward such a test could lower (resolved, or every
+    /// `PASS_TO_PASS` kept and a `FAIL_TO_PASS` passing), so that printing such a line in a
+    /// lost session buys no run that could end as infrastructure. A bridge that could not be
+    /// asked at all (its sidecar down) is infrastructure too: the log was never read.
     pub async fn verdict(
         &self,
         log: &str,
-        baseline_log: Option<&str>,
-        baseline: impl std::future::Future<Output = Result<String, String>>,
+        baseline_read: Option<&serde_json::Value>,
+        baseline: impl std::future::Future<Output = Result<serde_json::Value, String>>,
     ) -> Result<SweBenchGraded, String> {
-        let graded = self.read(log, baseline_log).await?;
-        if baseline_log.is_some() {
+        let graded = self.read(log, baseline_read).await?;
+        if baseline_read.is_some() {
             return Ok(graded);
         }
         if !graded.read {
             baseline.await?;
             return Ok(graded);
         }
-        if graded.pass_to_pass_skipped.is_empty() {
+        let could_score = graded.resolved
+            || (graded.pass_to_pass == Some(1.0) && graded.fail_to_pass.is_some_and(|f| f > 0.0));
+        if graded.pass_to_pass_skipped.is_empty() || !could_score {
             return Ok(graded);
         }
         let base = baseline.await?;
@@ -96,13 +101,17 @@ impl SweBenchPrepared {
 
     /// swebench's reading of `log` (with the untouched repository's, when given); no results
     /// when it cannot read it.
-    async fn read(&self, log: &str, baseline: Option<&str>) -> Result<SweBenchGraded, String> {
+    async fn read(
+        &self,
+        log: &str,
+        baseline: Option<&serde_json::Value>,
+    ) -> Result<SweBenchGraded, String> {
         if let Some(why) = forged_markers(log) {
             return Ok(SweBenchGraded::unread(why));
         }
         match self
             .bridge
-            .grade(&self.grading, &self.script, log, baseline)
+            .grade(&self.grading, &self.script, log, baseline, false)
             .await
         {
             Ok(graded) => Ok(graded),
@@ -132,7 +141,7 @@ impl SweBenchPrepared {
         pristine: &Path,
         hidden: &BTreeMap<String, String>,
         judge_fit: bool,
-    ) -> Result<String, String> {
+    ) -> Result<serde_json::Value, String> {
         let dir = config.eval_dir();
         workspace::clear(&dir).map_err(|e| format!("baseline copy: {e}"))?;
         workspace::copy_tree(pristine, &dir).map_err(|e| format!("baseline copy: {e}"))?;
@@ -142,7 +151,7 @@ impl SweBenchPrepared {
         let ran = ran.finished;
         let graded = self
             .bridge
-            .grade(&self.grading, &self.script, &log, None)
+            .grade(&self.grading, &self.script, &log, None, true)
             .await
             .map_err(|e| format!("the instance's untouched repository: {e}"))?;
         if graded.read {
@@ -151,7 +160,7 @@ impl SweBenchPrepared {
                     "{why}; the tests' output ends: {}",
                     test_output_tail(&log, 3)
                 )),
-                None => Ok(log),
+                None => Ok(graded.statuses.unwrap_or_else(|| serde_json::json!({}))),
             };
         }
         let hint = graded
@@ -285,16 +294,16 @@ mod tests {
             },
             super::Bridge::Python("/nonexistent/python".into()),
         ] {
-            let baseline_read = async { Ok::<String, String>(String::new()) };
+            let baseline_read = async { Ok::<serde_json::Value, String>(json!({})) };
             let verdict = prepared(bridge.clone())
-                .verdict("log", Some(""), baseline_read)
+                .verdict("log", Some(&json!({})), baseline_read)
                 .await;
             assert!(verdict.is_err(), "{bridge:?}: {verdict:?}");
         }
         let failing = prepared(super::Bridge::Python("/bin/false".into()));
         let verdict = failing
-            .verdict("log", Some(""), async {
-                Ok::<String, String>(String::new())
+            .verdict("log", Some(&json!({})), async {
+                Ok::<serde_json::Value, String>(json!({}))
             })
             .await;
         assert!(matches!(verdict, Ok(ref g) if !g.read), "{verdict:?}");

@@ -119,6 +119,9 @@ pub struct SweBenchGraded {
     /// Those of them that passed on the untouched repository: failed (when it was given).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pass_to_pass_regressed: Vec<String>,
+    /// swebench's own reading of the log, by test (when asked: an untouched repository's).
+    #[serde(skip)]
+    pub statuses: Option<serde_json::Value>,
     /// Why floe doubts the log's passes (pytest's tally does not account for them), else
     /// swebench's advisory reading of a log without results (`infra_failure_reason`): kept in
     /// the detail, never a reason not to score, since the code under test wrote the log.
@@ -138,6 +141,7 @@ impl SweBenchGraded {
             pass_to_pass_failing: Vec::new(),
             pass_to_pass_skipped: Vec::new(),
             pass_to_pass_regressed: Vec::new(),
+            statuses: None,
             hint: Some(why),
             version: String::new(),
         }
@@ -177,6 +181,7 @@ impl SweBenchGraded {
             pass_to_pass_failing: names(&report["tests_status"]["PASS_TO_PASS"]["failure"]),
             pass_to_pass_skipped: names(&answer["p2p_skipped"]),
             pass_to_pass_regressed: names(&answer["p2p_regressed"]),
+            statuses: answer.get("statuses").filter(|s| s.is_object()).cloned(),
             hint: answer["doubt"]
                 .as_str()
                 .or(report["infra_failure_reason"].as_str())

@@ -1,8 +1,8 @@
 # floe's bridge to the `swebench` package (embedded in the floe binary, run as `python -I -c`).
 # Reads one JSON request on stdin, writes one JSON answer on stdout:
 #   {"do": "script", "instance": {...}}          -> {"eval_script": "..."}
-#   {"do": "grade", "instance": {...}, "log": "", "baseline": ""?}
-#       -> {"report": {...}, "f2p": x, "p2p": y, "p2p_skipped": [...], ...}
+#   {"do": "grade", "instance": {...}, "log": "", "baseline": {statuses}?, "statuses": bool?}
+#       -> {"report": {...}, "f2p": x, "p2p": y, "p2p_skipped": [...], "statuses": {...}?, ...}
 # or {"error": "..."} when swebench cannot do it (not installed, an unknown log parser).
 # Everything that decides a verdict is swebench's own: its TestSpec (which makes the eval script
 # record the test command's exit status), its log parsers and its report.
@@ -76,7 +76,9 @@ TALLY_PART = re.compile(r"(?:^|, )(\d+) ([a-z ]+?)(?=,|$)")
 # What a tally counts as tests (a test with a failed teardown is counted twice: more, never
 # fewer).
 TALLIED = {"passed", "failed", "skipped", "xfailed", "xpassed", "error", "errors", "deselected"}
-COLLECTED = re.compile(r"^collected (\d+) items?\b")
+COLLECTED = re.compile(r"^(?:collecting \.\.\. )?collected (\d+) items?\b(.*)$")
+# `collected 0 items / 1 skipped`: a module skipped as it was collected, a test the tally counts.
+COLLECTED_SKIPPED = re.compile(r"/ (\d+) skipped\b")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -117,14 +119,22 @@ def in_run(key, paths):
 
 
 def tally_counts(line):
-    """`(passed, tests)` of a tally line, else None; a line shaped as one that does not read
-    is `(0, 0)`."""
+    """`(passed, tests, errors)` of a tally line (`tests` without errors, which may count a
+    test twice: a teardown's), else None; a line shaped as one that does not read is
+    `(0, 0, 0)`."""
     tally = PYTEST_TALLY.match(line)
     if not tally:
-        return (0, 0) if TALLY_LIKE.match(line) else None
+        return (0, 0, 0) if TALLY_LIKE.match(line) else None
     parts = TALLY_PART.findall(tally.group("parts"))
-    passed = sum(int(n) for n, word in parts if word == "passed")
-    return passed, sum(int(n) for n, word in parts if word in TALLIED)
+    count = lambda words: sum(int(n) for n, word in parts if word in words)  # noqa: E731
+    return count({"passed"}), count(TALLIED - {"error", "errors"}), count({"error", "errors"})
+
+
+def counts_the_run(counts, collected):
+    """Whether a tally counts every test `collected` (`collected N items` and what it adds):
+    each has one outcome, and an error may be a test's own or a second one."""
+    _, tests, errors = counts
+    return collected is not None and tests <= collected <= tests + errors
 
 
 def unvouched_passes(parser, log, spec, paths):
@@ -141,8 +151,8 @@ def unvouched_passes(parser, log, spec, paths):
     tallies, and `PASSED [ 50%]`, which some instances' lists hold as a test: only names with
     `::` are tests here). The tallies they are held to: every one after that block (the code
     under test can print a tally of its own after pytest's, never take pytest's back), and
-    every one that counts the whole run (`collected N items`, printed before any test runs),
-    which pytest's own does wherever the first listed pass was forged."""
+    the last one before that block when it counts the whole run (`collected N items`, printed
+    before any test runs): pytest's own, where every pass was forged after it."""
     listed = [n for n in spec.FAIL_TO_PASS + spec.PASS_TO_PASS if "::" in n]
     lines = [COLOUR.sub("", line) for line in log.split("\n")]
     reports = []
@@ -170,16 +180,18 @@ def unvouched_passes(parser, log, spec, paths):
     anchor = (summary or claims)[0]
     while anchor > 0 and reports[anchor - 1]:
         anchor -= 1
-    collected = next((int(m.group(1)) for m in map(COLLECTED.match, lines) if m), None)
-    tallies = []
-    for at, line in enumerate(lines):
-        counts = tally_counts(line.strip())
-        if counts is None:
-            continue
-        passed, tests = counts
-        if at > anchor or (collected is not None and tests >= collected):
-            tallies.append(passed)
-    if not any(tally_counts(line.strip()) is not None for line in lines[anchor:]):
+    first = next((m for m in map(COLLECTED.match, lines) if m), None)
+    collected = None
+    if first:
+        collected = int(first.group(1)) + sum(map(int, COLLECTED_SKIPPED.findall(first.group(2))))
+    tallies = [c[0] for c in map(tally_counts, (x.strip() for x in lines[anchor:])) if c]
+    # The last tally before the block, when it counts the whole run: pytest's own, where the
+    # first pass was forged after it (an instance with no PASS_TO_PASS whose only test is
+    # skipped). Not the ones before it: pytester's sessions in the captured output.
+    before = [c for c in map(tally_counts, (x.strip() for x in lines[:anchor])) if c]
+    if before and counts_the_run(before[-1], collected):
+        tallies.append(before[-1][0])
+    if not tallies or not any(tally_counts(x.strip()) for x in lines[anchor:]):
         return "no tally", "pytest's tally never follows the passes the log reports"
     summary_lines = [
         i for i in range(anchor, len(lines)) if lines[i].startswith("PASSED ") and reports[i]
@@ -259,16 +271,24 @@ def reported_failing(parser, log, spec):
 
 
 def p2p_skipped_or_expected_to_fail(parser, log, spec):
-    """The `PASS_TO_PASS` tests swebench's reading of the log reports `XFAIL` or skipped."""
-    try:
-        statuses = parser(log, spec) or {}
-    except Exception:  # noqa: BLE001 - swebench will find no results either
-        return set()
-    return {
-        k
-        for k, v in statuses.items()
-        if v in ("XFAIL", "SKIPPED") and names_one_of(k, spec.PASS_TO_PASS)
-    }
+    """The `PASS_TO_PASS` tests (by their lists' names) that swebench's reading of the log, or
+    of one of its lines, reports `XFAIL` or skipped: a line the code under test prints after
+    (Django's parser takes an `ok` for the last test named) does not take that back."""
+    readings = []
+    for text in [log] + log.split("\n"):
+        try:
+            readings.append(parser(text, spec) or {})
+        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
+            continue
+    keys = {k for r in readings for k, v in r.items() if v in ("XFAIL", "SKIPPED")}
+    return {n for n in spec.PASS_TO_PASS if any(names_one_of(k, [n]) for k in keys)}
+
+
+def passed_in(name, statuses):
+    """Whether test `name` of a list passed in `statuses` (every key it names, for a truncated
+    name)."""
+    keys = [k for k in statuses if names_one_of(k, [name])]
+    return bool(keys) and all(statuses[k] == "PASSED" for k in keys)
 
 
 def names_one_of(key, names):
@@ -330,12 +350,10 @@ def main():
     # xfail-marked tests are) or skipped (as the environment may skip it). When the code under
     # test made it so, it is a regression: told by the untouched repository's log (the same
     # eval script on the base commit, `baseline`), where such a test passed.
+    # `baseline`: swebench's reading of that log (`statuses` of its grading), by test key.
     skipped_p2p = p2p_skipped_or_expected_to_fail(parser, tested, spec)
-    regressed = set()
-    if request.get("baseline") is not None:
-        base = request["baseline"]
-        base = parser(tested_section(parser, base, spec, START_TEST_OUTPUT, END_TEST_OUTPUT), spec)
-        regressed = {k for k in skipped_p2p if base.get(k) == TestStatus.PASSED.value}
+    base = request.get("baseline")
+    regressed = {n for n in skipped_p2p if passed_in(n, base)} if isinstance(base, dict) else set()
 
     # swebench counts an expected failure (XFAIL) as a pass. A FAIL_TO_PASS test passes after
     # a fix; one that "xfails" is one the code under test told the runner to expect failing
@@ -351,6 +369,9 @@ def main():
                         statuses[key] = TestStatus.FAILED.value
             for name in failing + sorted(regressed):
                 statuses[name] = TestStatus.FAILED.value
+            for key in list(statuses):
+                if names_one_of(key, regressed):
+                    statuses[key] = TestStatus.FAILED.value
             for key, status in list(statuses.items()):
                 if status == TestStatus.XFAIL.value and names_one_of(key, spec.FAIL_TO_PASS):
                     statuses[key] = TestStatus.FAILED.value
@@ -377,6 +398,8 @@ def main():
             "doubt": doubt[1] if doubt else None,
             "p2p_skipped": sorted(skipped_p2p),
             "p2p_regressed": sorted(regressed),
+            # swebench's own reading of the log (asked for the untouched repository's).
+            "statuses": parser(tested, spec) if request.get("statuses") else None,
             "f2p": compute_fail_to_pass(tests) if tests else None,
             "p2p": compute_pass_to_pass(tests) if tests else None,
         }

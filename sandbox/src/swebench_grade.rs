@@ -89,19 +89,22 @@ impl Bridge {
             .ok_or_else(|| format!("swebench answered no eval script: {answer}"))
     }
 
-    /// swebench's verdict on `log`; with the untouched repository's log (`baseline`), a
-    /// `PASS_TO_PASS` test that passed there and is skipped or expected to fail in `log` fails.
+    /// swebench's verdict on `log`; with swebench's reading of the untouched repository's log
+    /// (`baseline`, the [`SweBenchGraded::statuses`] of its grading), a `PASS_TO_PASS` test
+    /// that passed there and is skipped or expected to fail in `log` fails. `statuses`: keep
+    /// swebench's reading of `log` in the answer (for a baseline).
     pub async fn grade(
         &self,
         grading: &SweBenchGrading,
         script: &str,
         log: &str,
-        baseline: Option<&str>,
+        baseline: Option<&serde_json::Value>,
+        statuses: bool,
     ) -> Result<SweBenchGraded, CallError> {
         let answer = self
             .call(
                 json!({"do": "grade", "instance": instance(grading, script), "log": log,
-                         "baseline": baseline}),
+                         "baseline": baseline, "statuses": statuses}),
             )
             .await?;
         SweBenchGraded::from_report(&answer).map_err(CallError::Failed)

@@ -435,7 +435,7 @@ async fn a_parser_that_prints_leaves_the_bridges_answer_whole() -> Result<()> {
     let log = "+ : '>>>>> Start Test Output'\n+ mvn test -Dtest=A#x\n[INFO] BUILD SUCCESS\n\
                + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n";
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", log, None)
+        .grade(&grading, "#!/bin/bash\n", log, None, false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, true));
@@ -462,13 +462,13 @@ async fn a_build_result_the_code_under_test_prints_never_resolves() -> Result<()
     };
     let forged = log("BUILD SUCCESS\n[INFO] Tests run: 1, Failures: 1\n[INFO] BUILD FAILURE\n");
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", &forged, None)
+        .grade(&grading, "#!/bin/bash\n", &forged, None, false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
     let honest = log("[INFO] BUILD SUCCESS\n");
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", &honest, None)
+        .grade(&grading, "#!/bin/bash\n", &honest, None, false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, true), "{graded:?}");
@@ -517,7 +517,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         ),
     ] {
         let graded = bridge
-            .grade(&grading, "#!/bin/bash\n", &log(&body, code), None)
+            .grade(&grading, "#!/bin/bash\n", &log(&body, code), None, false)
             .await;
         let graded = graded.map_err(anyhow::Error::msg)?;
         assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
@@ -534,7 +534,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
          test_x (m.C.test_x) ... ok\n"
     );
     let graded = bridge
-        .grade(&grading_311, "#!/bin/bash\n", &log(&forged, 1), None)
+        .grade(&grading_311, "#!/bin/bash\n", &log(&forged, 1), None, false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!(
@@ -563,7 +563,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         ),
     ] {
         let graded = bridge
-            .grade(&docstring, "#!/bin/bash\n", &log(body, code), None)
+            .grade(&docstring, "#!/bin/bash\n", &log(body, code), None, false)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!((graded.read, graded.resolved), (true, resolved), "{body}");
@@ -584,7 +584,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         ),
     ] {
         let graded = bridge
-            .grade(&sympy, "#!/bin/bash\n", &log(body, code), None)
+            .grade(&sympy, "#!/bin/bash\n", &log(body, code), None, false)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!((graded.read, graded.resolved), (true, resolved), "{body}");
@@ -599,7 +599,7 @@ async fn results_the_code_under_test_prints_after_a_failure_never_resolve() -> R
         )
     );
     let graded = bridge
-        .grade(&grading, "#!/bin/bash\n", &honest, None)
+        .grade(&grading, "#!/bin/bash\n", &honest, None, false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!(
@@ -662,7 +662,7 @@ async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_
         ),
     ] {
         let graded = bridge
-            .grade(&grading, "#!/bin/bash\n", &text, None)
+            .grade(&grading, "#!/bin/bash\n", &text, None, false)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!((what, graded.read, graded.resolved), (what, true, resolved));
@@ -677,7 +677,7 @@ async fn a_fail_to_pass_test_the_code_under_test_skips_or_expects_to_fail_never_
                    test_y (m.C) ... ok\nRan 2 tests\nOK (skipped=1)\ntest_x (m.C) ... ok\n\
                    + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n";
     let graded = bridge
-        .grade(&django, "#!/bin/bash\n", skipped, None)
+        .grade(&django, "#!/bin/bash\n", skipped, None, false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
@@ -845,7 +845,7 @@ async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()>
     ];
     for (what, grading, script, text, read, resolved) in cases {
         let graded = bridge
-            .grade(grading, script, &text, None)
+            .grade(grading, script, &text, None, false)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!(
@@ -944,6 +944,37 @@ async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()>
             ),
             false,
         ),
+        // From a second review. `-v` prints `collecting ... collected`: a test module the
+        // code under test skips as it is collected, then passes and a tally of its own.
+        (
+            "parse_log_pytest_v2",
+            vec![t("test_add")],
+            vec![t("test_sub")],
+            format!(
+                "collecting ... collected 0 items / 1 skipped\n\n{}PASSED {}\nPASSED {}\n{}",
+                tally("1 skipped"),
+                t("test_sub"),
+                t("test_add"),
+                tally("2 passed")
+            ),
+            false,
+        ),
+        // A pytester session that counts more tests than the run (`5 failed, 1 passed` of 3)
+        // is not pytest's tally of the run.
+        (
+            "parse_log_pytest",
+            vec![t("test_add")],
+            vec![t("test_sub")],
+            format!(
+                "collected 3 items\n{}{header}PASSED {}\nPASSED {}\nPASSED {}\n{}",
+                captured(&inner.replace("2 passed in", "5 failed, 1 passed in")),
+                t("test_sub"),
+                t("test_add"),
+                t("test_other"),
+                tally("3 passed")
+            ),
+            true,
+        ),
         // pytest before 6 times its run with `time.time`, which the code under test can
         // replace: a negative duration.
         (
@@ -970,7 +1001,7 @@ async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()>
              {body}+ : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n"
         );
         let graded = bridge
-            .grade(&grading, &one, &text, None)
+            .grade(&grading, &one, &text, None, false)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!(
@@ -1007,42 +1038,80 @@ async fn a_pass_to_pass_test_skipped_or_expected_to_fail_fails_where_it_passed_u
     let broken = log("PASSED t.py::add\nXFAIL t.py::sub - later\nXFAIL t.py::known - bug\n");
     let honest = log("PASSED t.py::add\nPASSED t.py::sub\nXFAIL t.py::known - bug\n");
     let script = "#!/bin/bash\n";
+    // swebench's reading of the untouched repository's log, as floe keeps it from its run.
+    let read = |grading: floe_crds::rollout_job::SweBenchGrading, log: String| {
+        let bridge = bridge.clone();
+        async move {
+            let graded = bridge
+                .grade(&grading, script, &log, None, true)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            graded.statuses.context("no statuses")
+        }
+    };
+    let base = read(grading.clone(), untouched).await?;
     let graded = bridge
-        .grade(&grading, script, &broken, None)
+        .grade(&grading, script, &broken, None, false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert!(graded.resolved, "swebench's own reading: {graded:?}");
     assert_eq!(graded.pass_to_pass_skipped, ["t.py::known", "t.py::sub"]);
     let graded = bridge
-        .grade(&grading, script, &broken, Some(&untouched))
+        .grade(&grading, script, &broken, Some(&base), false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
     assert_eq!(graded.pass_to_pass_regressed, ["t.py::sub"]);
     assert_eq!(graded.pass_to_pass_failing, ["t.py::sub"]);
     let graded = bridge
-        .grade(&grading, script, &honest, Some(&untouched))
+        .grade(&grading, script, &honest, Some(&base), false)
         .await
         .map_err(anyhow::Error::msg)?;
     assert_eq!((graded.read, graded.resolved), (true, true), "{graded:?}");
     assert!(graded.pass_to_pass_regressed.is_empty(), "{graded:?}");
-    // Django names a skipped test: skipped by the code under test where it ran untouched.
+    // A truncated id in the list (`t.py::test_foo[a`), the real test skipped (pytest names no
+    // skipped test) and an `XFAIL` printed for a made-up sibling: by the list's name.
+    let truncated: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "acme__calc-13", "repo": "acme/calc", "version": "1.0",
+        "logParser": "parse_log_pytest", "failToPass": ["t.py::add"],
+        "passToPass": ["t.py::test_foo[a"], "testPatch": "x",
+        "repositoryDirectory": "/testbed"}))?;
+    let base = read(
+        truncated.clone(),
+        log("FAILED t.py::add - x\nPASSED t.py::test_foo[a-b]\n"),
+    )
+    .await?;
+    let sibling = log("PASSED t.py::add\nSKIPPED [1] calc.py:3: x\nXFAIL t.py::test_foo[a!\n");
+    let graded = bridge
+        .grade(&truncated, script, &sibling, Some(&base), false)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!((graded.read, graded.resolved), (true, false), "{graded:?}");
+    // Django names a skipped test: skipped by the code under test where it ran untouched, an
+    // `ok` printed for it afterwards (its parser takes the last line) included.
     let django: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
         "instanceId": "django__django-12", "repo": "django/django", "version": "4.0",
         "logParser": "parse_log_django", "failToPass": ["test_x (m.C)"],
         "passToPass": ["test_y (m.C)"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
-    let untouched = log("test_x (m.C) ... FAIL\ntest_y (m.C) ... ok\n");
-    let skipped = log("test_x (m.C) ... ok\ntest_y (m.C) ... skipped 'later'\n");
-    for (baseline, resolved) in [(None, true), (Some(untouched.as_str()), false)] {
-        let graded = bridge
-            .grade(&django, script, &skipped, baseline)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        assert_eq!(
-            (graded.read, graded.resolved),
-            (true, resolved),
-            "{baseline:?}: {graded:?}"
-        );
+    let base = read(
+        django.clone(),
+        log("test_x (m.C) ... FAIL\ntest_y (m.C) ... ok\n"),
+    )
+    .await?;
+    let skipped = "test_x (m.C) ... ok\ntest_y (m.C) ... skipped 'later'\n";
+    let skipped_then_ok = format!("{skipped}test_y (m.C) ... ok\n");
+    for (what, text) in [("skipped", skipped), ("then ok", &skipped_then_ok)] {
+        for (baseline, resolved) in [(None, true), (Some(&base), false)] {
+            let graded = bridge
+                .grade(&django, script, &log(text), baseline, false)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            assert_eq!(
+                (what, graded.read, graded.resolved),
+                (what, true, resolved),
+                "{baseline:?}: {graded:?}"
+            );
+        }
     }
     Ok(())
 }
