@@ -136,6 +136,20 @@ pub struct SessionCgroup {
 }
 
 impl SessionCgroup {
+    /// The cgroup a session's harness runs in.
+    pub fn for_session(limits: &Limits, session: &str) -> Result<Self, String> {
+        Self::create(limits, &cgroup_name(session))
+    }
+
+    /// A cgroup of its own for a session's evaluator, made once its agent ended, under a name
+    /// the agent could not have made first.
+    pub fn for_grading(limits: &Limits, session: &str) -> Result<Self, String> {
+        Self::create(
+            limits,
+            &format!("{}-grading-{:016x}", cgroup_name(session), nonce()),
+        )
+    }
+
     pub fn create(limits: &Limits, name: &str) -> Result<Self, String> {
         let mut made = Self {
             dirs: Vec::new(),
@@ -226,6 +240,34 @@ impl Drop for SessionCgroup {
             }
         }
     }
+}
+
+/// A session's cgroup: unique on the machine (two runs may hold the same session ids).
+fn cgroup_name(session: &str) -> String {
+    let safe: String = session
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    format!("floe-{}-{safe}", std::process::id())
+}
+
+/// A number no one can tell in advance (std's per-process random hash keys, and the clock).
+fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// The shell that puts a command into the session's cgroups: `sh -c JOIN floe-cgroup PROCS…

@@ -349,34 +349,6 @@ async fn in_agent_container(
     }
 }
 
-/// A session's cgroup: unique on the machine (two runs may hold the same session ids).
-/// A number no one can tell in advance (std's per-process random hash keys, and the clock).
-fn nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
-fn cgroup_name(session: &str) -> String {
-    let safe: String = session
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(100)
-        .collect();
-    format!("floe-{}-{safe}", std::process::id())
-}
-
 /// Everything between the assignment and the outcome. Infrastructure problems become an
 /// `InfraError` outcome; the summary's timing and harness fields are filled as it goes.
 async fn session_outcome(
@@ -427,7 +399,7 @@ async fn session_outcome(
     // Local mode: the session's own cgroup for the harness and the evaluator (removed, with
     // anything left in it, when this function returns).
     let cgroup = match config.confinement.as_ref().and_then(|c| c.limits.as_ref()) {
-        Some(limits) => match crate::limits::SessionCgroup::create(limits, &cgroup_name(session)) {
+        Some(limits) => match crate::limits::SessionCgroup::for_session(limits, session) {
             Ok(cg) => Some(cg),
             Err(e) => return infra_error(format!("the session's cgroup: {e}")),
         },
@@ -593,19 +565,16 @@ async fn session_outcome(
     // Local mode: the evaluator runs in a cgroup of its own, with the session's limits. The
     // agent's still holds what the agent left in files on a `--out` on tmpfs (memory, which
     // it cannot reclaim without swap), up to its limit: the evaluator there was OOM-killed,
-    // a correct session's 0, or infrastructure when its sandbox had not yet started. The
-    // name is not one the agent could have made first.
+    // a correct session's 0, or infrastructure when its sandbox had not yet started.
     let grading_cgroup = match (
         config.confinement.as_ref().and_then(|c| c.limits.as_ref()),
         &cgroup,
     ) {
-        (Some(limits), Some(_)) => {
-            let name = format!("{}-grading-{:016x}", cgroup_name(session), nonce());
-            match crate::limits::SessionCgroup::create(limits, &name) {
-                Ok(cg) => Some(cg),
-                Err(e) => return infra_error(format!("the session's grading cgroup: {e}")),
-            }
-        }
+        (Some(limits), Some(_)) => match crate::limits::SessionCgroup::for_grading(limits, session)
+        {
+            Ok(cg) => Some(cg),
+            Err(e) => return infra_error(format!("the session's grading cgroup: {e}")),
+        },
         _ => None,
     };
     let grading_procs = grading_cgroup
