@@ -9,7 +9,7 @@
 //! sized at start ([`crate::confine`]); pods get the same from their volumes' `sizeLimit`.
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::tree::{Dir, Kind};
@@ -258,6 +258,11 @@ impl FileSystems {
             Self::OnDisk => rustix::fs::statfs(fd).is_ok_and(|fs| !in_memory(fs.f_type)),
         }
     }
+}
+
+/// Whether `path` is on a file system whose files are memory (a tmpfs `/tmp`).
+pub fn is_memory(path: &Path) -> bool {
+    rustix::fs::statfs(path).is_ok_and(|fs| in_memory(fs.f_type))
 }
 
 /// File systems whose files are memory (`statfs`'s magic numbers, `linux/magic.h`): `tmpfs`

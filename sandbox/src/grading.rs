@@ -321,7 +321,6 @@ pub(crate) async fn grade(
     })
 }
 
-/// What of the agent's changes reached the evaluation copy, for the trajectory's detail.
 /// The job's reward with what the task sets instead (its `allowedSkips`).
 fn task_reward(reward: &RewardSpec, task: &TaskEvaluation) -> RewardSpec {
     let mut reward = reward.clone();
@@ -331,6 +330,7 @@ fn task_reward(reward: &RewardSpec, task: &TaskEvaluation) -> RewardSpec {
     reward
 }
 
+/// What of the agent's changes reached the evaluation copy, for the trajectory's detail.
 fn changes_detail(applied: &workspace::Applied) -> serde_json::Value {
     json!({
         "added": applied.applied.added.len(),

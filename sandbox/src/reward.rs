@@ -426,7 +426,7 @@ fn pytest_summary_line(line: &str) -> Option<TestCounts> {
             // Left out of the run by its command (`-k`, `-m`), not by the code under test; a
             // passed subtest is part of its test, counted once as that test.
             "deselected" | "warning" | "warnings" | "rerun" | "reruns" | "subtests"
-            | "subtests passed" => {}
+            | "subtests passed" | "subtests xpassed" => {}
             _ => {
                 matched = false;
                 break;
@@ -708,6 +708,10 @@ mod tests {
         assert_eq!(
             pytest_summary("1 passed, 1 subtests skipped in 1s"),
             c(1, 0, 1)
+        );
+        assert_eq!(
+            pytest_summary("1 xfailed, 2 subtests xpassed in 1s"),
+            c(0, 0, 1)
         );
         assert_eq!(pytest_summary("1 passed, 1 subtests vanished in 1s"), None);
         assert_eq!(pytest_summary("no tests ran in 0.01s"), None);

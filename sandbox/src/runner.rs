@@ -396,8 +396,8 @@ async fn session_outcome(
         return infra_error(format!("snapshot: {e}"));
     }
 
-    // Local mode: the session's own cgroup for the harness and the evaluator (removed, with
-    // anything left in it, when this function returns).
+    // Local mode: the session's own cgroup for the harness (removed, with anything left in
+    // it, when this function returns; its evaluator gets one of its own below).
     let cgroup = match config.confinement.as_ref().and_then(|c| c.limits.as_ref()) {
         Some(limits) => match crate::limits::SessionCgroup::for_session(limits, session) {
             Ok(cg) => Some(cg),
@@ -566,21 +566,8 @@ async fn session_outcome(
     // agent's still holds what the agent left in files on a `--out` on tmpfs (memory, which
     // it cannot reclaim without swap), up to its limit: the evaluator there was OOM-killed,
     // a correct session's 0, or infrastructure when its sandbox had not yet started.
-    let grading_cgroup = match (
-        config.confinement.as_ref().and_then(|c| c.limits.as_ref()),
-        &cgroup,
-    ) {
-        (Some(limits), Some(_)) => match crate::limits::SessionCgroup::for_grading(limits, session)
-        {
-            Ok(cg) => Some(cg),
-            Err(e) => return infra_error(format!("the session's grading cgroup: {e}")),
-        },
-        _ => None,
-    };
-    let grading_procs = grading_cgroup
-        .as_ref()
-        .map(|c| c.procs())
-        .unwrap_or_default();
+    // Made only where an evaluator runs: a session stopped for its disk is scored as it is.
+    let limits = config.confinement.as_ref().and_then(|c| c.limits.as_ref());
     let graded = match &over_disk {
         Some(why) if !in_a_pod => Ok(floe_gateway::trajectory::Evaluation {
             reward: Some(spec.evaluator.reward.failure_reward),
@@ -588,7 +575,22 @@ async fn session_outcome(
             detail: serde_json::json!({"harnessExit": summary.harness_exit,
                 "ungraded": format!("its workspace and home, which held {why}, were emptied")}),
         }),
-        _ => crate::grading::grade(config, spec, &pristine, ws, &grading_procs, summary).await,
+        _ => {
+            let grading_cgroup = match (limits, &cgroup) {
+                (Some(limits), Some(_)) => {
+                    match crate::limits::SessionCgroup::for_grading(limits, session) {
+                        Ok(cg) => Some(cg),
+                        Err(e) => return infra_error(format!("the grading cgroup: {e}")),
+                    }
+                }
+                _ => None,
+            };
+            let procs = grading_cgroup
+                .as_ref()
+                .map(|c| c.procs())
+                .unwrap_or_default();
+            crate::grading::grade(config, spec, &pristine, ws, &procs, summary).await
+        }
     };
     match shared.as_ref().map(crate::pod_files::Kept::restore) {
         Some(Ok(restored)) if !restored.is_empty() => {

@@ -195,6 +195,12 @@ pub fn runner_config(
 pub fn sessions_dir(out: &Path) -> std::io::Result<()> {
     let sessions = out.join("sessions");
     std::fs::create_dir_all(&sessions)?;
+    if floe_sandbox::disk_budget::is_memory(&sessions) {
+        eprintln!(
+            "floe run: --out {} is memory (tmpfs): every session's workspace and copies stay              there until the run ends, and an agent's files are memory its cgroup cannot              reclaim without swap; put --out on a disk",
+            out.display()
+        );
+    }
     std::fs::set_permissions(
         &sessions,
         std::os::unix::fs::PermissionsExt::from_mode(0o700),
