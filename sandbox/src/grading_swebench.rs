@@ -92,6 +92,13 @@ impl SweBenchPrepared {
         }
         let could_score = graded.resolved
             || (graded.pass_to_pass == Some(1.0) && graded.fail_to_pass.is_some_and(|f| f > 0.0));
+        if graded.doubt.is_some() {
+            // A check that voided this log's passes: the agent's 0, unless it voids the
+            // untouched repository's too, whose log no agent wrote (the check does not fit
+            // the instance: infrastructure, said loudly, never every session's silent 0).
+            baseline.await?;
+            return Ok(graded);
+        }
         if graded.pass_to_pass_skipped.is_empty() || !could_score {
             return Ok(graded);
         }
@@ -154,6 +161,12 @@ impl SweBenchPrepared {
             .grade(&self.grading, &self.script, &log, None, true)
             .await
             .map_err(|e| format!("the instance's untouched repository: {e}"))?;
+        if let (true, Some(doubt)) = (graded.read, &graded.doubt) {
+            return Err(format!(
+                "floe's check of the passes against the test runner's tally voids the                  instance's untouched repository's log ({doubt}): it does not fit this                  instance; the tests' output ends: {}",
+                test_output_tail(&log, 3)
+            ));
+        }
         if graded.read {
             return match unfit_on_its_base(&graded).filter(|_| judge_fit) {
                 Some(why) => Err(format!(

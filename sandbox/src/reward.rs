@@ -122,7 +122,9 @@ pub struct SweBenchGraded {
     /// swebench's own reading of the log, by test (when asked: an untouched repository's).
     #[serde(skip)]
     pub statuses: Option<serde_json::Value>,
-    /// Why floe doubts the log's passes (pytest's tally does not account for them), else
+    /// Why floe believed none of the log's passes (more than its runner's tally counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub doubt: Option<String>,
     /// swebench's advisory reading of a log without results (`infra_failure_reason`): kept in
     /// the detail, never a reason not to score, since the code under test wrote the log.
     pub hint: Option<String>,
@@ -142,6 +144,7 @@ impl SweBenchGraded {
             pass_to_pass_skipped: Vec::new(),
             pass_to_pass_regressed: Vec::new(),
             statuses: None,
+            doubt: None,
             hint: Some(why),
             version: String::new(),
         }
@@ -182,10 +185,8 @@ impl SweBenchGraded {
             pass_to_pass_skipped: names(&answer["p2p_skipped"]),
             pass_to_pass_regressed: names(&answer["p2p_regressed"]),
             statuses: answer.get("statuses").filter(|s| s.is_object()).cloned(),
-            hint: answer["doubt"]
-                .as_str()
-                .or(report["infra_failure_reason"].as_str())
-                .map(str::to_string),
+            doubt: answer["doubt"].as_str().map(str::to_string),
+            hint: report["infra_failure_reason"].as_str().map(str::to_string),
             version: answer["version"].as_str().unwrap_or_default().to_string(),
         })
     }

@@ -207,6 +207,55 @@ def unvouched_passes(parser, log, spec, paths):
     return None
 
 
+# unittest's tally (Django's runner): `Ran 5 tests in 0.123s`, then `OK (skipped=1)` or
+# `FAILED (failures=1, skipped=2, expected failures=1)`.
+UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in -?[0-9.]+s$")
+UNITTEST_RESULT = re.compile(r"^(?:OK|FAILED)(?: \((?P<parts>[a-z =0-9,]*)\))?$")
+
+
+def unvouched_unittest_passes(parser, log, spec):
+    """For a unittest run (Django's), passes its tally does not account for: `None` when it
+    does, else why. A test the code under test skips (its runner's `skipped` on a line of its
+    own after output it printed, which names no test) and then reports `ok` for (a line it
+    prints) passes in swebench's reading; the tally counts the skip. Each tally (`Ran N`, then
+    its result line) allows N less the skipped and expected failures; the smallest counts (the
+    code under test can print one of its own after the runner's, never take that back).
+    Failures and errors are not taken off: subtests count one each, and a failure's own
+    summary line already fails its test."""
+    lines = [line.strip() for line in log.split("\n")]
+    allowed = []
+    for at, line in enumerate(lines):
+        ran = UNITTEST_RAN.match(line)
+        if not ran:
+            continue
+        result = next((m for m in map(UNITTEST_RESULT.match, lines[at + 1 : at + 4]) if m), None)
+        if result is None:
+            continue
+        parts = dict(
+            (k.strip(), int(v))
+            for k, v in (
+                p.split("=", 1) for p in (result.group("parts") or "").split(",") if "=" in p
+            )
+            if v.strip().isdigit()
+        )
+        off = parts.get("skipped", 0) + parts.get("expected failures", 0)
+        allowed.append(int(ran.group(1)) - off)
+    if not allowed:
+        return None
+    passed = set()
+    for text in [log] + log.split("\n"):
+        try:
+            passed.update(k for k, v in (parser(text, spec) or {}).items() if v == "PASSED")
+        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
+            continue
+    if len(passed) > min(allowed):
+        return "forged", (
+            f"the log reports {len(passed)} tests passed, unittest's tally allows "
+            f"{min(allowed)}: passes printed beside the runner's own"
+        )
+    return None
+
+
 def pytest_family(parser):
     """Whether `parser` reads pytest's output (swebench's pytest parsers and their aliases)."""
     from swebench.harness.log_parsers import python
@@ -345,6 +394,8 @@ def main():
     commands = test_commands(spec, START_TEST_OUTPUT, END_TEST_OUTPUT)
     if pytest_family(parser) and len(commands) == 1:
         doubt = unvouched_passes(parser, tested, spec, run_paths(commands[0]))
+    if instance["log_parser"] == "parse_log_django" and len(commands) == 1:
+        doubt = unvouched_unittest_passes(parser, tested, spec)
     listed = spec.FAIL_TO_PASS + spec.PASS_TO_PASS
     # swebench counts a PASS_TO_PASS test kept when it is XFAIL (as the repository's own
     # xfail-marked tests are) or skipped (as the environment may skip it). When the code under

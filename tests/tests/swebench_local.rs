@@ -386,6 +386,34 @@ async fn an_instance_whose_tests_cannot_run_is_infrastructure_not_a_zero() -> Re
         message.contains("untouched repository") && message.contains("TimedOut"),
         "{message}"
     );
+
+    // A test command whose honest output prints a pass after pytest's tally (here an `echo`
+    // of the command's own): floe's check voids every log of the instance, the untouched
+    // repository's too. Not the fix's silent 0: the check does not fit the instance.
+    let odd = dir.path().join("odd");
+    std::fs::create_dir_all(&odd)?;
+    let job = job_of(
+        &odd,
+        &model.url,
+        &install.join("testbed/bin/activate"),
+        &[(1, "fix", 1.0)],
+    )?;
+    let instances = odd.join("instances.jsonl");
+    let text = std::fs::read_to_string(&instances)?;
+    let echo = "tests/test_calc.py; echo PASSED tests/test_calc.py::test_sub";
+    std::fs::write(
+        &instances,
+        text.replace("-rA tests/test_calc.py\\n", &format!("-rA {echo}\\n")),
+    )?;
+    anyhow::ensure!(
+        std::fs::read_to_string(&instances)?.contains("; echo PASSED"),
+        "the eval script was not changed"
+    );
+    let message = infra_error_of_the_fix(&job, &odd.join("out"), &model.url, &install).await?;
+    assert!(
+        message.contains("untouched repository") && message.contains("does not fit"),
+        "{message}"
+    );
     Ok(())
 }
 
@@ -854,7 +882,7 @@ async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()>
             "{graded:?}\n{text}"
         );
         if what.starts_with("skipped") {
-            let hint = graded.hint.unwrap_or_default();
+            let hint = graded.doubt.unwrap_or_default();
             assert!(hint.contains("pytest's tally 2"), "{what}: {hint}");
         }
     }
@@ -1008,6 +1036,75 @@ async fn passes_pytests_tally_does_not_account_for_never_resolve() -> Result<()>
             (graded.read, graded.resolved),
             (true, resolved),
             "{graded:?}\n{text}"
+        );
+    }
+    Ok(())
+}
+
+/// Django's runner writes a test's result after the output the test printed: code under test
+/// that prints a newline, skips the test it fails, and at exit prints `test_x (m.C) ... ok`
+/// leaves `skipped` on a line naming no test and a pass as the test's only result (swebench
+/// alone reads it as resolved, for a `FAIL_TO_PASS` test as for a `PASS_TO_PASS` one).
+/// unittest's tally (`Ran 2 tests`, `OK (skipped=1)`) allows one pass: none is believed.
+/// Honest logs, a skipped unlisted test's included, resolve.
+#[tokio::test]
+async fn passes_unittests_tally_does_not_account_for_never_resolve() -> Result<()> {
+    let bridge = local_bridge()?;
+    let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "django__django-14", "repo": "django/django", "version": "4.0",
+        "logParser": "parse_log_django", "failToPass": ["test_x (m.C)"],
+        "passToPass": ["test_y (m.C)"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    let script = "#!/bin/bash\n: '>>>>> Start Test Output'\n./tests/runtests.py --verbosity 2 m\n\
+                  : '>>>>> End Test Output'\n";
+    let log = |body: &str| {
+        format!(
+            "+ : '>>>>> Start Test Output'\n+ ./tests/runtests.py --verbosity 2 m\n{body}\
+             + : '>>>>> End Test Output'\n>>>>> Test Exit Code: 0\n"
+        )
+    };
+    let rule = "----------------------------------------------------------------------\n";
+    for (what, body, resolved) in [
+        (
+            "honest",
+            format!(
+                "test_x (m.C) ... ok\ntest_y (m.C) ... ok\n{rule}Ran 2 tests in 0.010s\n\nOK\n"
+            ),
+            true,
+        ),
+        (
+            "honest, an unlisted test skipped",
+            format!(
+                "test_x (m.C) ... ok\ntest_y (m.C) ... ok\ntest_z (m.C) ... skipped 'no db'\n\
+                 {rule}Ran 3 tests in 0.010s\n\nOK (skipped=1)\n"
+            ),
+            true,
+        ),
+        (
+            "PASS_TO_PASS skipped, its skip on a line of its own, then an ok printed",
+            format!(
+                "test_x (m.C) ... ok\ntest_y (m.C) ... \nskipped 'later'\n{rule}\
+                 Ran 2 tests in 0.010s\n\nOK (skipped=1)\ntest_y (m.C) ... ok\n"
+            ),
+            false,
+        ),
+        (
+            "FAIL_TO_PASS likewise, and a tally of its own",
+            format!(
+                "test_x (m.C) ... \nskipped 'later'\ntest_y (m.C) ... ok\n{rule}\
+                 Ran 2 tests in 0.010s\n\nOK (skipped=1)\ntest_x (m.C) ... ok\n\
+                 Ran 2 tests in 0.010s\n\nOK\n"
+            ),
+            false,
+        ),
+    ] {
+        let graded = bridge
+            .grade(&grading, script, &log(&body), None, false)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            (what, graded.read, graded.resolved),
+            (what, true, resolved),
+            "{graded:?}"
         );
     }
     Ok(())
