@@ -256,6 +256,33 @@ def unvouched_unittest_passes(parser, log, spec):
     return None
 
 
+# sympy's runner's tally, centred in `=`s: `=== tests finished: 5 passed, 1 skipped, in 0.10
+# seconds ===` (its first line: the runner wraps a long one).
+SYMPY_TALLY = re.compile(r"^=*\s*tests finished: (\d+) passed,")
+
+
+def unvouched_sympy_passes(parser, log, spec):
+    """For sympy's runner (`bin/test`), passes its tally does not account for: `None` when it
+    does, else why. A test the code under test skips prints no result swebench's parser
+    reads, so a `test_foo ok` it prints is the test's only one; the tally counts passes
+    alone. The smallest tally counts (one the code under test prints can only lower it)."""
+    tallies = [int(m.group(1)) for m in map(SYMPY_TALLY.match, log.split("\n")) if m]
+    if not tallies:
+        return None
+    passed = set()
+    for text in [log] + log.split("\n"):
+        try:
+            passed.update(k for k, v in (parser(text, spec) or {}).items() if v == "PASSED")
+        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
+            continue
+    if len(passed) > min(tallies):
+        return "forged", (
+            f"the log reports {len(passed)} tests passed, sympy's tally {min(tallies)}: "
+            "passes printed beside the runner's own"
+        )
+    return None
+
+
 def pytest_family(parser):
     """Whether `parser` reads pytest's output (swebench's pytest parsers and their aliases)."""
     from swebench.harness.log_parsers import python
@@ -396,6 +423,8 @@ def main():
         doubt = unvouched_passes(parser, tested, spec, run_paths(commands[0]))
     if instance["log_parser"] == "parse_log_django" and len(commands) == 1:
         doubt = unvouched_unittest_passes(parser, tested, spec)
+    if instance["log_parser"] == "parse_log_sympy" and len(commands) == 1:
+        doubt = unvouched_sympy_passes(parser, tested, spec)
     listed = spec.FAIL_TO_PASS + spec.PASS_TO_PASS
     # swebench counts a PASS_TO_PASS test kept when it is XFAIL (as the repository's own
     # xfail-marked tests are) or skipped (as the environment may skip it). When the code under

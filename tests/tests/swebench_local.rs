@@ -436,10 +436,11 @@ async fn infra_error_of_the_fix(
         install.join("venv/bin/python").as_os_str(),
     ])
     .await?;
-    assert_eq!(code, Some(1), "{stderr}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(
-        out.join("sessions/swe-acme__calc-1-0/summary.json"),
-    )?)?;
+    let session = out.join("sessions/swe-acme__calc-1-0");
+    let eval_log =
+        std::fs::read_to_string(session.join("state/logs/evaluator.stdout")).unwrap_or_default();
+    assert_eq!(code, Some(1), "{stderr}\n{eval_log}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(session.join("summary.json"))?)?;
     assert_eq!(s["status"], "infra_error", "{s}");
     Ok(s["error"].as_str().unwrap_or_default().to_string())
 }
@@ -1093,6 +1094,59 @@ async fn passes_unittests_tally_does_not_account_for_never_resolve() -> Result<(
                 "test_x (m.C) ... \nskipped 'later'\ntest_y (m.C) ... ok\n{rule}\
                  Ran 2 tests in 0.010s\n\nOK (skipped=1)\ntest_x (m.C) ... ok\n\
                  Ran 2 tests in 0.010s\n\nOK\n"
+            ),
+            false,
+        ),
+    ] {
+        let graded = bridge
+            .grade(&grading, script, &log(&body), None, false)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        assert_eq!(
+            (what, graded.read, graded.resolved),
+            (what, true, resolved),
+            "{graded:?}"
+        );
+    }
+    Ok(())
+}
+
+/// sympy's runner prints nothing swebench's parser reads for a skipped test (`test_foo s`), so
+/// a `test_foo ok` the code under test prints at exit was the `FAIL_TO_PASS` test's only
+/// result; its tally (`tests finished: 1 passed, 1 skipped`) counts the runner's passes.
+#[tokio::test]
+async fn passes_sympys_tally_does_not_account_for_never_resolve() -> Result<()> {
+    let bridge = local_bridge()?;
+    let grading: floe_crds::rollout_job::SweBenchGrading = serde_json::from_value(json!({
+        "instanceId": "sympy__sympy-14", "repo": "sympy/sympy", "version": "1.1",
+        "logParser": "parse_log_sympy", "failToPass": ["test_foo"],
+        "passToPass": ["test_bar"], "testPatch": "x", "repositoryDirectory": "/testbed"}))?;
+    let script = "#!/bin/bash\n: '>>>>> Start Test Output'\n\
+                  bin/test -C --verbose sympy/core/tests/test_x.py\n: '>>>>> End Test Output'\n";
+    let log = |body: &str| {
+        format!(
+            "+ : '>>>>> Start Test Output'\n+ bin/test -C --verbose sympy/core/tests/test_x.py\n\
+             ============================= test process starts ==============================\n\
+             sympy/core/tests/test_x.py[2]\n{body}+ : '>>>>> End Test Output'\n\
+             >>>>> Test Exit Code: 0\n"
+        )
+    };
+    let tally = |counts: &str| {
+        format!(
+            "\n================== tests finished: {counts}, in 0.10 seconds ===================\n"
+        )
+    };
+    for (what, body, resolved) in [
+        (
+            "honest",
+            format!("test_foo ok\ntest_bar ok\n{}", tally("2 passed")),
+            true,
+        ),
+        (
+            "skipped, then an ok printed",
+            format!(
+                "test_foo s\ntest_bar ok\n{}test_foo ok\n",
+                tally("1 passed, 1 skipped")
             ),
             false,
         ),
