@@ -207,6 +207,17 @@ def unvouched_passes(parser, log, spec, paths):
     return None
 
 
+def reported_passed(parser, log, spec):
+    """The tests swebench's reading of the log, or of one of its lines, reports passed."""
+    passed = set()
+    for text in [log] + log.split("\n"):
+        try:
+            passed.update(k for k, v in (parser(text, spec) or {}).items() if v == "PASSED")
+        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
+            continue
+    return passed
+
+
 # unittest's tally (Django's runner): `Ran 5 tests in 0.123s`, then `OK (skipped=1)` or
 # `FAILED (failures=1, skipped=2, expected failures=1)`.
 UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in -?[0-9.]+s$")
@@ -242,12 +253,7 @@ def unvouched_unittest_passes(parser, log, spec):
         allowed.append(int(ran.group(1)) - off)
     if not allowed:
         return None
-    passed = set()
-    for text in [log] + log.split("\n"):
-        try:
-            passed.update(k for k, v in (parser(text, spec) or {}).items() if v == "PASSED")
-        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
-            continue
+    passed = reported_passed(parser, log, spec)
     if len(passed) > min(allowed):
         return "forged", (
             f"the log reports {len(passed)} tests passed, unittest's tally allows "
@@ -269,12 +275,7 @@ def unvouched_sympy_passes(parser, log, spec):
     tallies = [int(m.group(1)) for m in map(SYMPY_TALLY.match, log.split("\n")) if m]
     if not tallies:
         return None
-    passed = set()
-    for text in [log] + log.split("\n"):
-        try:
-            passed.update(k for k, v in (parser(text, spec) or {}).items() if v == "PASSED")
-        except Exception:  # noqa: BLE001 - a line the parser refuses reports nothing
-            continue
+    passed = reported_passed(parser, log, spec)
     if len(passed) > min(tallies):
         return "forged", (
             f"the log reports {len(passed)} tests passed, sympy's tally {min(tallies)}: "
