@@ -277,9 +277,7 @@ fn cached(cache: &Path, prefix: &str) -> bool {
 }
 
 fn free_gib(path: &Path) -> Option<f64> {
-    let existing = path.ancestors().find(|p| p.exists())?;
-    let stat = nix::sys::statvfs::statvfs(existing).ok()?;
-    Some(stat.blocks_available() as f64 * stat.fragment_size() as f64 / (1u64 << 30) as f64)
+    Some(crate::run::session_limits::free_bytes(path)? as f64 / (1u64 << 30) as f64)
 }
 
 /// This process's cgroup directory for `controller` (`""`: the unified hierarchy), from

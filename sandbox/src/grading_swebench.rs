@@ -163,7 +163,9 @@ impl SweBenchPrepared {
             .map_err(|e| format!("the instance's untouched repository: {e}"))?;
         if let (true, Some(doubt)) = (graded.read, &graded.doubt) {
             return Err(format!(
-                "floe's check of the passes against the test runner's tally voids the                  instance's untouched repository's log ({doubt}): it does not fit this                  instance; the tests' output ends: {}",
+                "floe's check of the passes against the test runner's tally voids the \
+                 instance's untouched repository's log ({doubt}): it does not fit this \
+                 instance; the tests' output ends: {}",
                 test_output_tail(&log, 3)
             ));
         }

@@ -421,6 +421,12 @@ async fn files_the_agent_leaves_in_a_tmpfs_out_never_keep_its_evaluator_from_run
     assert_eq!(ran.summary["sessions"]["infraError"], 0, "{}", ran.summary);
     // And the run said where its output was.
     assert!(ran.stderr.contains("is memory (tmpfs)"), "{}", ran.stderr);
+    // And that its 2 GiB could fill before any session reached its 8 GiB disk budget.
+    assert!(
+        ran.stderr.contains("GiB free, and") && ran.stderr.contains("may each fill --session-disk"),
+        "{}",
+        ran.stderr
+    );
     Ok(())
 }
 

@@ -247,3 +247,50 @@ fn no_source_file_has_more_than_650_lines_of_code_before_its_tests() {
     }
     assert!(long.is_empty(), "split by role: {long:?}");
 }
+
+/// A message line of code (a line that opens a string literal) with a run of eight spaces or
+/// more between words: a `\` continuation lost in an edit, which prints the next line's
+/// indentation in the middle of the message.
+#[test]
+fn no_message_carries_a_lost_lines_indentation() {
+    let mut broken = Vec::new();
+    for krate in CRATES {
+        let mut files = Vec::new();
+        sources(&workspace().join(krate).join("src"), &mut files);
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            for (at, line) in before_tests(&text).lines().enumerate() {
+                if indented_run_inside_a_string(line) {
+                    broken.push(format!("{}:{}", file.display(), at + 1));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "a lost `\\` continuation: {broken:?}");
+}
+
+/// Whether `line`, a line that begins with a string literal, has eight spaces or more between
+/// two other characters inside it.
+fn indented_run_inside_a_string(line: &str) -> bool {
+    let Some(literal) = line.trim_start().strip_prefix('"') else {
+        return false;
+    };
+    let literal = literal.split('"').next().unwrap_or_default();
+    literal
+        .trim()
+        .split("        ")
+        .filter(|part| !part.is_empty())
+        .count()
+        > 1
+}
+
+#[test]
+fn a_lost_continuation_is_seen() {
+    assert!(indented_run_inside_a_string(
+        r#"            "stay              there until","#
+    ));
+    assert!(!indented_run_inside_a_string(r#"            "stay \"#));
+    assert!(!indented_run_inside_a_string(
+        r#"    let x = "a        b";"#
+    ));
+}

@@ -27,7 +27,7 @@ mod queue;
 mod report;
 mod resume;
 mod sandboxing;
-mod session_limits;
+pub(crate) mod session_limits;
 mod signals;
 mod train;
 mod train_plan;
@@ -208,12 +208,9 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let listen = listener
         .local_addr()
         .map_err(|e| io("loopback listener", &e))?;
-    let concurrency = args
-        .concurrency
-        .or(spec.concurrency.and_then(|c| usize::try_from(c).ok()))
-        .unwrap_or(2)
-        .max(1);
+    let concurrency = session_limits::concurrency(args.concurrency, spec.concurrency);
     let limits = session_limits::gateway_connections(concurrency);
+    session_limits::warn_when_out_is_small(out, concurrency, args.limits.session_disk);
     let config = Config {
         listen,
         control_listen: None,

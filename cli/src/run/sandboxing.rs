@@ -197,7 +197,9 @@ pub fn sessions_dir(out: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(&sessions)?;
     if floe_sandbox::disk_budget::is_memory(&sessions) {
         eprintln!(
-            "floe run: --out {} is memory (tmpfs): every session's workspace and copies stay              there until the run ends, and an agent's files are memory its cgroup cannot              reclaim without swap; put --out on a disk",
+            "floe run: --out {} is memory (tmpfs): every session's workspace and copies stay \
+             there until the run ends, and an agent's files are memory its cgroup cannot \
+             reclaim without swap; put --out on a disk",
             out.display()
         );
     }

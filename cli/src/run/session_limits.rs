@@ -19,6 +19,53 @@ pub struct SessionLimitArgs {
     pub session_disk: u64,
 }
 
+/// Sessions at a time: `--concurrency`, else the job's `spec.concurrency`, else 2.
+pub fn concurrency(flag: Option<usize>, spec: Option<i32>) -> usize {
+    flag.or(spec.and_then(|c| usize::try_from(c).ok()))
+        .unwrap_or(2)
+        .max(1)
+}
+
+/// Says at start when `--out` ([`out_room_warning`]) has less room than the sessions at once
+/// may fill.
+pub fn warn_when_out_is_small(out: &std::path::Path, concurrency: usize, session_disk: u64) {
+    let room = free_bytes(out).and_then(|free| out_room_warning(free, concurrency, session_disk));
+    if let Some(why) = room {
+        eprintln!("floe run: --out {}: {why}", out.display());
+    }
+}
+
+/// Bytes an unprivileged writer may still fill on `path`'s file system (its nearest existing
+/// ancestor's).
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let stat = nix::sys::statvfs::statvfs(existing).ok()?;
+    Some((stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64))
+}
+
+/// Why `--out`'s file system (`free` bytes left) may fill before any session reaches its disk
+/// budget: `concurrency` sessions at once may each fill `session_disk` (`0`: no budget, so
+/// any amount). A full disk fails floe's own writes (captures, trajectories, the evaluator's
+/// copy) for every session at once, which then end as infrastructure, not as the policy's.
+/// `None`: room enough.
+pub fn out_room_warning(free: u64, concurrency: usize, session_disk: u64) -> Option<String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    if session_disk == 0 {
+        return None; // no budget to weigh against: said at start as no limit
+    }
+    let need = session_disk.saturating_mul(concurrency as u64);
+    (free < need).then(|| {
+        format!(
+            "{:.1} GiB free, and {concurrency} session(s) at once may each fill --session-disk \
+             ({:.1} GiB), and twice that more while graded: the disk can fill first, failing \
+             every session's writes (infrastructure, never scored); lower --session-disk or \
+             --concurrency, or free space there",
+            gib(free),
+            gib(session_disk)
+        )
+    })
+}
+
 /// What the run's one gateway (every session's) takes at once: room for each sandbox's whole
 /// share (its relay's cap), so sandboxes that fill theirs cannot starve a sibling's calls.
 /// Every connection comes from this host (the relays, a harness without a sandbox), one peer.
@@ -86,6 +133,24 @@ pub fn resolve(args: &SessionLimitArgs) -> Result<Limits, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--out` is weighed against every session at once filling its budget, not one.
+    #[test]
+    fn out_is_too_small_when_the_sessions_at_once_can_fill_it_within_their_budgets() {
+        let gib = 1u64 << 30;
+        assert_eq!(out_room_warning(16 * gib, 2, 8 * gib), None);
+        let warned = out_room_warning(16 * gib - 1, 2, 8 * gib);
+        assert!(
+            warned
+                .as_deref()
+                .is_some_and(|w| w.starts_with("16.0 GiB free, and 2 session(s)")),
+            "{warned:?}"
+        );
+        assert!(out_room_warning(gib, 4, 8 * gib).is_some());
+        // No budget: nothing to weigh (the run says so at start).
+        assert_eq!(out_room_warning(0, 4, 0), None);
+        assert!(out_room_warning(0, usize::MAX, u64::MAX).is_some());
+    }
 
     /// Every sandbox's relay may fill its share and the gateway still has room to spare.
     #[test]
