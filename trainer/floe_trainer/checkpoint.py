@@ -101,7 +101,7 @@ def save(
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         torch.save(optimizer_state, tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps(state.__dict__))
+        (tmp / "state.json").write_text(durable.strict_json(state.__dict__))
 
     final = durable.write_with(directory / f"ckpt-{state.step}", write)
     old = sorted(

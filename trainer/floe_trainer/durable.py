@@ -7,6 +7,8 @@ record, its checkpoints and the weights vLLM loads all go through here."""
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -89,3 +91,21 @@ def write_with(final: Path, write: Callable[[Path], None]) -> Path:
     write(tmp)
     publish(tmp, final)
     return final
+
+
+def strict_json(value) -> str:
+    """``value`` as JSON that every reader takes: a non-finite float (Python's ``NaN`` and
+    ``Infinity``, which ``json.dumps`` writes and serde_json, Go's and browsers' parsers
+    refuse) becomes ``null``. One NaN in a step's row made every later ``/v1/status`` unreadable
+    to the operator and ``floe run``, and it was kept in each checkpoint's ``state.json``."""
+
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(value), allow_nan=False)

@@ -457,7 +457,7 @@ def make_server(
             self.server.vouch(self.connection, self.client_address[0])
 
         def _reply(self, code: int, body: dict | str, content_type: str = "application/json"):
-            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            data = body.encode() if isinstance(body, str) else durable.strict_json(body).encode()
             self.send_response(code)
             self.send_header("content-type", content_type)
             self.send_header("content-length", str(len(data)))

@@ -438,6 +438,8 @@ def train_step(
     first_epoch: list[LossStats] = []
     last_update: list[LossStats] = []
     loss_first_epoch, grad_norm, updates, skipped = 0.0, 0.0, 0, 0
+    # The tokens of the first epoch's applied updates: the step's loss is their mean.
+    loss_tokens = 0
     computed_tokens = 0
     grad_norms: list[float] = []
     for epoch in range(max(1, epochs)):
@@ -466,7 +468,9 @@ def train_step(
             ]
             mine = shares[world.rank]
             optimizer.zero_grad(set_to_none=True)
-            last_update = []
+            # This update's figures, kept only if it is applied: a skipped one's loss and
+            # statistics are those of the non-finite passes that made it skipped (NaN).
+            update_loss, update_first, update_stats = 0.0, [], []
             for k in range(max(max(len(b) for b in shares), 1)):
                 this = mine[k] if k < len(mine) else Pass(mini[:1])
                 # A process with no trace left still makes the pass (FSDP's collectives run
@@ -536,13 +540,12 @@ def train_step(
                     continue
                 if epoch == 0:
                     # The mini-batch's loss, weighted by its tokens for the step's figure.
-                    loss_first_epoch += loss_value * mini_tokens
+                    update_loss += loss_value * mini_tokens
                     if entropy is not None and stats.tokens:
                         mask = batch_mask.to(entropy.dtype)
                         stats = replace(stats, entropy=float((entropy * mask).sum() / mask.sum()))
-                    first_epoch.append(stats)
-                last_update.append(stats)
-                all_stats.append(stats)
+                    update_first.append(stats)
+                update_stats.append(stats)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             # Sharded parameters give a DTensor norm (already over every process's shard), so
             # every process decides alike below.
@@ -553,6 +556,14 @@ def train_step(
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
                 continue
+            if epoch == 0:
+                # ``mini_tokens`` is the whole mini-batch's (every process's): added alike by
+                # each, not summed across them.
+                loss_first_epoch += update_loss
+                loss_tokens += mini_tokens
+            first_epoch += update_first
+            all_stats += update_stats
+            last_update = update_stats
             grad_norm = norm_value
             grad_norms.append(norm_value)
             optimizer.step()
@@ -586,7 +597,7 @@ def train_step(
     adv_mean = sum(advantages) / max(len(advantages), 1)
     adv_var = sum((a - adv_mean) ** 2 for a in advantages) / max(len(advantages), 1)
     return StepStats(
-        loss=loss_first_epoch / max(total_tokens, 1),
+        loss=loss_first_epoch / max(loss_tokens, 1),
         tokens=total_tokens,
         sequences=len(items),
         grad_norm=grad_norm,

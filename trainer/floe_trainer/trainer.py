@@ -1060,6 +1060,11 @@ class Trainer:
 
     def _final_checkpoint(self) -> None:
         final = self.cfg.final_dir or self.ckpt_dir / "final"
+        # The resumable state of the last step first, on every world size: a trainer killed
+        # without its stop (a node lost, an OOM kill) after this resumes from it. From an older
+        # periodic checkpoint it would train that step's weights on and write them over
+        # ``final/``: the job's model silently steps back (up to ``everySteps`` − 1 steps).
+        self.save_checkpoint()
         if self.cfg.lora and not self.cfg.lora.merge_final:
             lora.save_adapter(self.model, final, self.adapter_weights())
         elif self.cfg.lora:
@@ -1076,11 +1081,10 @@ class Trainer:
         else:
             checkpoint.save_model(final, self.model, self.full_weights(), Path(self.cfg.model))
         if self.world.sharded:
-            # Nothing is left for the other processes: the resumable state goes to the
-            # checkpoints, then they end (their pods' GPUs go free; the job's end deletes them)
-            # and this one serves its status alone. Before "finished": the job's end, which
-            # that answer starts, finds everything on disk.
-            self.save_checkpoint()
+            # Nothing is left for the other processes (the resumable state is saved above):
+            # they end (their pods' GPUs go free; the job's end deletes them) and this one
+            # serves its status alone. Before "finished": the job's end, which that answer
+            # starts, finds everything on disk.
             self.stop_followers()
         with self.lock:
             self.final_checkpoint = final

@@ -2,6 +2,7 @@
 itself synced through its directory, so a power loss cannot bring the old file back (the
 pushed-version record going back would let a restarted trainer reuse a version label)."""
 
+import math
 import os
 from pathlib import Path
 
@@ -96,3 +97,14 @@ def test_the_pushed_version_record_is_written_durably(tmp_path, synced):
     assert synced[-1] == tmp_path, "its rename is synced through the directory"
     record_pushed_version(tmp_path, 2)
     assert read_pushed_version(tmp_path) == 3, "never goes back"
+
+
+def test_strict_json_writes_null_for_what_no_json_reader_takes():
+    import json
+
+    from floe_trainer.durable import strict_json
+
+    row = {"loss": float("nan"), "steps": [{"kl": float("inf"), "n": 2}], "t": (1.5, -math.inf)}
+    text = strict_json(row)
+    assert json.loads(text) == {"loss": None, "steps": [{"kl": None, "n": 2}], "t": [1.5, None]}
+    assert "NaN" not in text and "Infinity" not in text

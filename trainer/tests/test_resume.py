@@ -314,3 +314,28 @@ def test_what_the_restore_and_replay_drop_again_is_not_counted_again(tmp_path, v
     families = {m.name: m for m in again.metrics.registry.collect()}
     dropped = families["floe_trainer_dropped"].samples
     assert [s.value for s in dropped if s.labels["reason"] == "failed"] == [1]
+
+
+def test_a_trainer_killed_after_it_finished_resumes_from_its_last_step_not_an_older_one(
+    tmp_path, vllm
+):
+    # Periodic checkpoints every 10 steps: a one-process trainer that finished after step 2
+    # and was then killed without its stop (no SIGTERM checkpoint) resumed from none (here) or
+    # an older one, trained those weights on and wrote them over final/.
+    trainer = start(tmp_path, vllm, checkpoint={"everySteps": 10})
+    for step, group in enumerate(["j/a", "j/b"]):
+        send(trainer, group, 0, 0.0)
+        send(trainer, group, 1, 1.0)
+        assert trainer.run_once() is not None, f"step {step + 1}"
+    trainer.finish()
+    assert trainer.run_once() is None and trainer.finished
+    final = trainer.final_checkpoint
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+    again = start(tmp_path, vllm, checkpoint={"everySteps": 10})
+    assert (again.state.step, again.state.groups_done) == (2, 2)
+    resumed = again.model.state_dict()
+    assert all(resumed[k].equal(v) for k, v in weights.items()), "the final step's weights"
+    again.finish()
+    assert again.run_once() is None and again.finished
+    assert again.final_checkpoint == final and again.state.step == 2

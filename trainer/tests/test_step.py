@@ -1,6 +1,7 @@
 """One GRPO step on a tiny random model: the old log-probs are taken once before the first
 update, so the PPO clip acts from the second update on (and never with a single update)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -307,6 +308,16 @@ def test_an_update_with_a_non_finite_gradient_is_skipped_and_counted():
     gs[0] = Group(gs[0].group, gs[0].trajectories, [float("nan")] * len(gs[0].advantages))
     s = train_step(model, opt, gs, LossConfig(), micro_batch_size=2, mini_batches=2, epochs=1)
     assert s.skipped_updates == 1 and s.updates == 1
+    # The step's figures are the applied update's: none of the skipped one's NaN (the row
+    # goes into /v1/status, which a NaN made unreadable, and into every checkpoint).
+    # (The advantages' own figures are of this test's NaN input, which no group can carry.)
+    figures = {
+        k: v
+        for k, v in dataclasses.asdict(s).items()
+        if isinstance(v, float) and not k.startswith("advantage_")
+    }
+    assert all(math.isfinite(v) for v in figures.values()), figures
+    assert s.grad_norms == [s.grad_norm] and s.grad_norm > 0
     after = list(model.parameters())
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
