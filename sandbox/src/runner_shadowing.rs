@@ -15,8 +15,11 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::import_shadowing::importable_as;
 
-/// The standard library's top-level modules (Python 3.11's `sys.stdlib_module_names`, with
-/// those removed since 3.11 and before: `distutils`, `imp`, `asynchat`, `asyncore`, `smtpd`;
+/// The standard library's top-level modules (Python 3.11's `sys.stdlib_module_names` and those
+/// added up to 3.14: on 3.13 `opcode` imports `_opcode_metadata`, which pytest reaches through
+/// `inspect` before any test, so a workspace's `_opcode_metadata.py` forged a run where 3.11's
+/// list was all there was; with those removed since 3.11 and before: `distutils`, `imp`,
+/// `asynchat`, `asyncore`, `smtpd`, and PEP 594's;
 /// without `test`, which no runner imports and a workspace often adds), the test runners' own
 /// (pytest with what its versions import and common plugins load at start-up, nose,
 /// unittest2). Sorted. Besides, any `pytest_*` (plugins pytest loads by entry point).
@@ -24,6 +27,8 @@ const SHADOWED: &[&str] = &[
     "__future__",
     "_abc",
     "_aix_support",
+    "_android_support",
+    "_apple_support",
     "_ast",
     "_asyncio",
     "_bisect",
@@ -39,6 +44,7 @@ const SHADOWED: &[&str] = &[
     "_codecs_tw",
     "_collections",
     "_collections_abc",
+    "_colorize",
     "_compat_pickle",
     "_compression",
     "_contextvars",
@@ -58,10 +64,15 @@ const SHADOWED: &[&str] = &[
     "_gdbm",
     "_hashlib",
     "_heapq",
+    "_hmac",
     "_hypothesis_ftz_detector",
     "_hypothesis_pytestplugin",
     "_imp",
+    "_interpchannels",
+    "_interpqueues",
+    "_interpreters",
     "_io",
+    "_ios_support",
     "_json",
     "_locale",
     "_lsprof",
@@ -72,6 +83,7 @@ const SHADOWED: &[&str] = &[
     "_multibytecodec",
     "_multiprocessing",
     "_opcode",
+    "_opcode_metadata",
     "_operator",
     "_osx_support",
     "_overlapped",
@@ -79,13 +91,18 @@ const SHADOWED: &[&str] = &[
     "_posixshmem",
     "_posixsubprocess",
     "_py_abc",
+    "_pydatetime",
     "_pydecimal",
     "_pyio",
+    "_pylong",
+    "_pyrepl",
     "_pytest",
     "_queue",
     "_random",
+    "_remote_debugging",
     "_scproxy",
     "_sha1",
+    "_sha2",
     "_sha256",
     "_sha3",
     "_sha512",
@@ -100,7 +117,9 @@ const SHADOWED: &[&str] = &[
     "_string",
     "_strptime",
     "_struct",
+    "_suggestions",
     "_symtable",
+    "_sysconfig",
     "_thread",
     "_threading_local",
     "_tkinter",
@@ -112,9 +131,12 @@ const SHADOWED: &[&str] = &[
     "_weakref",
     "_weakrefset",
     "_winapi",
+    "_wmi",
     "_zoneinfo",
+    "_zstd",
     "abc",
     "aifc",
+    "annotationlib",
     "antigravity",
     "anyio",
     "argparse",
@@ -148,6 +170,7 @@ const SHADOWED: &[&str] = &[
     "colorama",
     "colorsys",
     "compileall",
+    "compression",
     "concurrent",
     "configparser",
     "contextlib",
@@ -440,6 +463,10 @@ mod tests {
             "pytest_timeout.py",
             "pluggy.cpython-311-x86_64-linux-gnu.so",
             "inspect/__init__.py",
+            // Python 3.13's and 3.14's, imported before any test (`opcode`, `traceback`).
+            "_opcode_metadata.py",
+            "_colorize.py",
+            "annotationlib.py",
             // The task's data directory made a package that answers for the library's.
             "json/__init__.py",
         ] {

@@ -96,7 +96,8 @@ fn not_supported() -> Result<BpfProgram, FilterError> {
 }
 
 /// What is refused (`EPERM`): unix and vsock sockets, datagram socket pairs (one can `sendto`
-/// a host daemon's datagram socket by path, as `socket` cannot), new user namespaces (as a
+/// a host daemon's datagram socket by path, as `socket` cannot), `clone` with `CLONE_PARENT`
+/// (a process adopted by its grandparent), new user namespaces (as a
 /// pod's `RuntimeDefault` profile refuses them: in one of its own the agent could mount the
 /// session's cgroup and rewrite its limits, or reach kernel code, `nf_tables` and the like,
 /// that only a namespace's root may), io_uring, keyrings, `bpf`, `userfaultfd` and
@@ -138,11 +139,23 @@ fn refused() -> Result<BpfProgram, FilterError> {
     )
     .map_err(|e| err(&e))?;
     let new_user_namespace = SeccompRule::new(vec![new_user_namespace]).map_err(|e| err(&e))?;
-    for nr in [libc::SYS_unshare, libc::SYS_clone]
-        .into_iter()
-        .flat_map(with_x32)
-    {
+    for nr in with_x32(libc::SYS_unshare) {
         rules.insert(nr, vec![new_user_namespace.clone()]);
+    }
+    // `CLONE_PARENT` makes the new process its parent's sibling: repeated, code under test
+    // puts a process of its own among the children of the evaluator's shell, which reaps it
+    // like its own, so it is never a straggler when the evaluator ends, and it can rewrite
+    // the reward file a later step of the evaluator writes (a read-only review, session 85).
+    let sibling = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_PARENT as u64),
+        libc::CLONE_PARENT as u64,
+    )
+    .map_err(|e| err(&e))?;
+    let sibling = SeccompRule::new(vec![sibling]).map_err(|e| err(&e))?;
+    for nr in with_x32(libc::SYS_clone) {
+        rules.insert(nr, vec![new_user_namespace.clone(), sibling.clone()]);
     }
     // An empty rule list matches the syscall whatever its arguments.
     for refused in [
@@ -299,7 +312,7 @@ mod tests {
 import ctypes, os, socket, errno, sys
 libc = ctypes.CDLL(None, use_errno=True)
 # add_key("user", "p", "x", 1, KEY_SPEC_USER_KEYRING)
-numbers = dict(zip(("add_key", "bpf", "userfaultfd", "perf_event_open"), map(int, sys.argv[1].split())))
+numbers = dict(zip(("add_key", "bpf", "userfaultfd", "perf_event_open", "clone"), map(int, sys.argv[1].split())))
 added = libc.syscall(numbers["add_key"], b"user", b"p", b"x", 1, -4)
 print("add_key:", "allowed" if added >= 0 else errno.errorcode[ctypes.get_errno()])
 try:
@@ -339,6 +352,11 @@ os.unlink("/dev/shm/floe-fallocate-probe")
 CLONE_NEWUSER = 0x10000000
 got = libc.unshare(CLONE_NEWUSER)
 print("user namespace:", "allowed" if got == 0 else errno.errorcode[ctypes.get_errno()])
+# clone(CLONE_PARENT | SIGCHLD): a child that would be this process's sibling.
+got = libc.syscall(numbers["clone"], 0x8000 | 17, 0, 0, 0, 0)
+if got == 0:
+    os._exit(0)
+print("sibling clone:", "allowed" if got > 0 else errno.errorcode[ctypes.get_errno()])
 # Arguments each answers otherwise (EINVAL, a descriptor, EFAULT): EPERM is the filter's.
 for name, args in (("bpf", (9999, 0, 0)), ("userfaultfd", (1,)), ("perf_event_open", (0, 0, -1, -1, 0))):
     got = libc.syscall(numbers[name], *args)
@@ -362,6 +380,7 @@ print("thread: ok", subprocess.run(["true"]).returncode)
                 libc::SYS_bpf,
                 libc::SYS_userfaultfd,
                 libc::SYS_perf_event_open,
+                libc::SYS_clone,
             ]
             .map(|nr| nr.to_string())
             .join(" "),
@@ -371,7 +390,7 @@ print("thread: ok", subprocess.run(["true"]).returncode)
             "add_key: EPERM\nunix: EPERM\nvsock: EPERM\nsocketpair: ok\n\
              datagram pair: EPERM\ndatagram pair: EPERM\ninet: ok\nreserving ioctl: EOPNOTSUPP\n\
              fallocate: EOPNOTSUPP\nposix_fallocate: ok\n\
-             user namespace: EPERM\nbpf: EPERM\nuserfaultfd: EPERM\nperf_event_open: EPERM\n\
+             user namespace: EPERM\nsibling clone: EPERM\nbpf: EPERM\nuserfaultfd: EPERM\nperf_event_open: EPERM\n\
              thread: ok 0\n"
         );
     }
