@@ -46,6 +46,59 @@ pub(crate) fn owned_patterns(
     out
 }
 
+/// The script an interpreter in the evaluator's `command` runs (`bash grade.sh`, `python3
+/// tests/grade.py`, `sh -c ./grade.sh`), as a path with a `/` (`./grade.sh`): it is the
+/// evaluator as much as a program run by its path is. `None` when the program is no
+/// interpreter, or runs no file of its own (`python -m pytest`, `bash -c 'pytest -q'`).
+pub(crate) fn interpreted_script(command: &[String]) -> Option<String> {
+    let (program, args) = command.split_first()?;
+    let name = program.rsplit('/').next().unwrap_or(program);
+    let shell = matches!(name, "sh" | "bash" | "dash" | "zsh" | "ksh" | "mksh");
+    let python = name.starts_with("python") || name.starts_with("pypy");
+    // The options that take the next word as theirs, and those that run no file (a module, a
+    // command string, standard input).
+    let (taking, no_file): (&[&str], &[&str]) = if shell {
+        (&["-o", "-O", "+o", "+O"], &["-s", "-"])
+    } else if python {
+        (&["-X", "-W"], &["-m", "-c", "-"])
+    } else if matches!(name, "node" | "nodejs") {
+        (
+            &["-r", "--require", "--import", "--loader"],
+            &["-e", "--eval", "-p", "--print", "-"],
+        )
+    } else if matches!(name, "perl" | "ruby" | "php") {
+        (&[], &["-e", "-E", "-r", "-"])
+    } else {
+        return None;
+    };
+    let mut words = args.iter();
+    while let Some(word) = words.next() {
+        let word = word.as_str();
+        if shell && word == "-c" {
+            // A shell's command string: the file it starts with, when it names one by path.
+            let mut first = words.next()?.split_whitespace();
+            let first = first
+                .next()
+                .filter(|w| *w != "exec")
+                .or_else(|| first.next())?;
+            return first.contains('/').then(|| first.to_string());
+        }
+        if no_file.contains(&word) {
+            return None;
+        }
+        if taking.contains(&word) {
+            words.next();
+        } else if !word.starts_with('-') {
+            return Some(if word.contains('/') {
+                word.to_string()
+            } else {
+                format!("./{word}")
+            });
+        }
+    }
+    None
+}
+
 /// The directories, relative to the copy's top, where Python looks for modules before the
 /// standard library: those of the scripts the evaluator's `command` runs by path (its
 /// program, a `*.py` argument; where a link there leads), and those of `PYTHONPATH` inside
@@ -191,6 +244,34 @@ fn resolve(rel: &Path, pristine: &Path, eval_dir: &Path) -> Option<(PathBuf, Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_script_an_interpreter_runs_is_found_and_nothing_else() {
+        let script = |words: &[&str]| {
+            interpreted_script(&words.iter().map(|w| w.to_string()).collect::<Vec<_>>())
+        };
+        let found = |words: &[&str], path: &str| assert_eq!(script(words).as_deref(), Some(path));
+        found(&["bash", "grade.sh"], "./grade.sh");
+        found(&["/bin/sh", "-e", "tests/run.sh", "x"], "tests/run.sh");
+        found(&["bash", "-o", "pipefail", "grade.sh"], "./grade.sh");
+        found(&["sh", "-c", "./grade.sh --all"], "./grade.sh");
+        found(&["sh", "-c", "exec tool/grade.sh"], "tool/grade.sh");
+        found(&["python3", "-u", "-X", "dev", "grade.py"], "./grade.py");
+        found(&["/usr/bin/python3.11", "tests/grade.py"], "tests/grade.py");
+        found(&["node", "--require", "x.js", "grade.js"], "./grade.js");
+        found(&["perl", "-w", "grade.pl"], "./grade.pl");
+        for none in [
+            &["python3", "-m", "pytest", "tests"][..],
+            &["python", "-c", "print(1)"],
+            &["bash", "-c", "pytest -q"],
+            &["bash"],
+            &["pytest", "tests/test_x.py"],
+            &["./grade.sh", "arg.sh"],
+            &["node", "-e", "1"],
+        ] {
+            assert_eq!(script(none), None, "{none:?}");
+        }
+    }
     use std::os::unix::fs::symlink;
 
     fn tree() -> tempfile::TempDir {

@@ -94,13 +94,24 @@ pub(crate) async fn grade(
         return Err("evaluator.command is empty".into());
     };
     // The reward file is the evaluator's to write, and an evaluator script of the task's is the
-    // evaluator: what the agent left at either path is discarded.
-    let evaluator_script = (program.contains('/') && !program.starts_with('/'))
-        .then(|| program.trim_start_matches("./").to_string());
+    // evaluator: what the agent left at either path is discarded. So is the script an
+    // interpreter runs (`bash grade.sh`, the task's `args` included).
+    let whole: Vec<String> = command
+        .iter()
+        .chain(&task_evaluation.args)
+        .cloned()
+        .collect();
+    let interpreted = crate::evaluator_program::interpreted_script(&whole);
+    let evaluator_scripts: Vec<String> = [program.as_str()]
+        .into_iter()
+        .chain(interpreted.as_deref())
+        .filter(|p| p.contains('/') && !p.starts_with('/'))
+        .map(|p| p.trim_start_matches("./").to_string())
+        .collect();
     let evaluator_owned = hidden
         .keys()
         .chain(spec.evaluator.reward.path.iter())
-        .chain(evaluator_script.iter());
+        .chain(evaluator_scripts.iter());
     let mut patterns = spec.evaluator.protected_paths.clone();
     patterns.extend(task_evaluation.protected_paths.iter().cloned());
     if spec.evaluator.protect_test_config {
@@ -112,6 +123,12 @@ pub(crate) async fn grade(
     let path_var = crate::children::path_in(&evaluator_env);
     let mut derived =
         crate::evaluator_program::owned_patterns(program, path_var.as_deref(), &eval_dir, pristine);
+    // Where the interpreted script leads (a link, an absolute path into the copy).
+    if let Some(script) = &interpreted {
+        derived.extend(crate::evaluator_program::owned_patterns(
+            script, None, &eval_dir, pristine,
+        ));
+    }
     let python_path = task_evaluation.env.get("PYTHONPATH").map(String::as_str);
     let mut script_dirs =
         crate::evaluator_program::script_dirs(command, python_path, &eval_dir, pristine);

@@ -592,6 +592,71 @@ echo 1 > reward.json
     Ok(())
 }
 
+/// The script an interpreter runs as the evaluator (`bash tool/lib/grade.sh`, the script in the
+/// task's `args`; `sh -c ./grade.sh`) is the evaluator as much as a program run by its path:
+/// the agent's rewrite of it is discarded (a read-only review, session 85; reward 1 before).
+#[tokio::test]
+async fn the_script_an_interpreter_runs_as_the_evaluator_is_the_tasks() -> Result<()> {
+    const SETUP: &str = r##"
+import os
+os.makedirs("tool/lib")
+for path in ("tool/lib/grade.sh", "grade.sh"):
+    open(path, "w").write("#!/bin/sh\necho 0.5 > reward.json\n")
+    os.chmod(path, 0o755)
+"##;
+    const CHEAT: &str = r"printf '#!/bin/sh
+echo 1 > reward.json
+'";
+    let task = |id: &str, instruction: &str, args: &[&str]| {
+        json!({"id": id, "instruction": instruction,
+               "prepare": [{"name": "tool", "command": ["python3", "-c", SETUP]}],
+               "evaluation": {"args": args}})
+    };
+    let ran = run_job_in(
+        json!([
+            task("kept", "true", &["tool/lib/grade.sh"]),
+            task(
+                "by-path-rewritten",
+                &format!("{CHEAT} > tool/lib/grade.sh"),
+                &["tool/lib/grade.sh"]
+            ),
+            task(
+                "bare-name-rewritten",
+                &format!("{CHEAT} > grade.sh"),
+                &["grade.sh"]
+            ),
+            task(
+                "command-string-rewritten",
+                &format!("{CHEAT} > grade.sh"),
+                &["-c", "./grade.sh"]
+            ),
+        ]),
+        &[],
+        |spec| {
+            spec["evaluator"] = json!({
+                "command": ["sh"],
+                "reward": {"source": "RewardFile", "path": "reward.json"},
+            });
+        },
+        None,
+    )
+    .await?;
+    for task in [
+        "kept",
+        "by-path-rewritten",
+        "bare-name-rewritten",
+        "command-string-rewritten",
+    ] {
+        let s = ran.session(task)?;
+        assert_eq!(
+            (s["status"].as_str(), s["reward"].as_f64()),
+            (Some("completed"), Some(0.5)),
+            "{task}: {s}"
+        );
+    }
+    Ok(())
+}
+
 /// A pytest-like runner for [`skipped_tests_and_a_runner_the_agent_added_never_pass`]: a smoke
 /// test that passes and the hidden test, whose `unittest.SkipTest` (raised by the code under
 /// test) is a skip, as pytest reports it; its summary in `report.txt`.
