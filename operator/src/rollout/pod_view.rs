@@ -51,8 +51,12 @@ pub fn session_pod(pod: &Pod) -> Option<SessionPod> {
     let assigned = annotations.contains_key(ASSIGNED_ANNOTATION);
     let progress = match result(pod) {
         // Before its session: a pod the node let go of is no failure of the session's, to be
-        // replaced as if deleted (not an attempt).
-        Some(_) if !assigned && disrupted(pod) => PodProgress::Lost,
+        // replaced as if deleted (not an attempt). Not one whose runner scored the session: the
+        // score proves it ran (its mark lost), and its trajectory was shipped; run again, the
+        // job would fold the rerun's reward beside the first run's trained one.
+        Some(r) if !assigned && disrupted(pod) && !matches!(r, PodResult::Scored { .. }) => {
+            PodProgress::Lost
+        }
         Some(r) => PodProgress::Finished(r),
         None if pod.metadata.deletion_timestamp.is_some() => PodProgress::Lost,
         None => PodProgress::Active,
@@ -710,6 +714,18 @@ mod tests {
             session_pod(&pod(own_limit)).map(|s| s.progress),
             Some(PodProgress::Finished(PodResult::Infra { .. }))
         ));
+        // Scored, then evicted before the result was folded, its assignment's mark lost: the
+        // session ran (a review, session 85: it ran again under the same id).
+        let mut scored = terminated(0, r#"{"status":"completed","reward":1.0}"#);
+        if let Some(st) = scored.status.as_mut() {
+            st.phase = Some("Failed".into());
+            st.reason = Some("Evicted".into());
+            st.message = Some("The node was low on resource: memory. ".into());
+        }
+        assert_eq!(
+            session_pod(&scored).map(|s| s.progress),
+            Some(PodProgress::Finished(PodResult::Scored { reward: 1.0 }))
+        );
         let crashed = terminated(3, r#"{"status":"infra_error","error":"egress is open"}"#);
         assert!(matches!(
             session_pod(&crashed).map(|s| s.progress),
