@@ -810,7 +810,16 @@ mod document_tests {
             "{err}"
         );
         spec["train"]["grpo"] = serde_json::json!({"dualClip": 1.5});
-        parse_rollout_job(&job(spec)).expect("dualClip 1.5");
+        parse_rollout_job(&job(spec.clone())).expect("dualClip 1.5");
+        // Nor an adapter scaled to nothing (it pushed a new version every step of the base).
+        spec["train"]["lora"] = serde_json::json!({"alpha": 0.0});
+        let err = parse_rollout_job(&job(spec.clone())).expect_err("lora alpha 0");
+        assert!(
+            err.to_string().contains("train.lora.alpha must be above 0"),
+            "{err}"
+        );
+        spec["train"]["lora"] = serde_json::json!({"alpha": 8.0});
+        parse_rollout_job(&job(spec)).expect("lora alpha 8");
     }
 
     #[test]

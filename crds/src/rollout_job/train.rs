@@ -22,6 +22,9 @@ use crate::common::UpstreamSpec;
     "!has(self.grpo) || !has(self.grpo.maxGradNorm) || self.grpo.maxGradNorm > 0.0")
     .message("grpo.maxGradNorm must be above 0: clipping to 0 zeroes every update"))]
 #[x_kube(validation = kube::core::Rule::new(
+    "!has(self.lora) || !has(self.lora.alpha) || self.lora.alpha > 0.0")
+    .message("train.lora.alpha must be above 0: the adapter's update is scaled by alpha / rank, and 0 trains nothing"))]
+#[x_kube(validation = kube::core::Rule::new(
     "!has(self.grpo) || !has(self.grpo.dualClip) || self.grpo.dualClip > 1.0")
     .message("grpo.dualClip must be above 1: it bounds a negative advantage's cost past the clip's own"))]
 #[serde(rename_all = "camelCase")]
