@@ -126,6 +126,13 @@ class ModelShape:
         if shapes:
             for name, shape in shapes.items():
                 parts = name.split(".")
+                # Only the modules of the repeated blocks (a numbered layer), not the token
+                # embeddings nor the output head: an adapter there is no ``lora_A``/``lora_B``
+                # pair the merge knows (PEFT's embedding one is ``lora_embedding_*``: the final
+                # merge failed after the whole run), and a tied head's merged delta would be
+                # tied back to the embeddings by whoever loads the model.
+                if not any(p.isdigit() for p in parts):
+                    continue
                 if len(shape) == 2 and parts[-1] == "weight" and len(parts) > 1:
                     key = (parts[-2], int(shape[1]), int(shape[0]))
                     linears[key] = linears.get(key, 0) + 1

@@ -114,6 +114,8 @@ def test_the_adapter_size_comes_from_the_weights_headers(tmp_path):
         p.numel() for p in lora.trainable(model)
     )
     assert shape.missing_modules(("q_proj", "c_attn")) == ["c_attn"]
+    # Neither the embeddings nor the head take an adapter the merge knows.
+    assert shape.missing_modules(("embed_tokens", "lm_head")) == ["embed_tokens", "lm_head"]
 
 
 def test_a_target_module_the_model_lacks_is_refused_before_it_loads(tmp_path):
