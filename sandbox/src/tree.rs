@@ -443,7 +443,7 @@ fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Copies `from` into a new file `name` in `to`, keeping its permission bits; returns the
 /// bytes copied.
-pub fn copy_file(from: &mut File, mode: u32, to: &Dir, name: &OsStr) -> io::Result<u64> {
+pub fn copy_file(from: &mut impl io::Read, mode: u32, to: &Dir, name: &OsStr) -> io::Result<u64> {
     let mut out = to.create_file(name, mode | 0o600)?;
     let n = io::copy(from, &mut out)?;
     out.flush()?;

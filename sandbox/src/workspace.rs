@@ -231,6 +231,28 @@ fn copy_entry(src: &Dir, name: &OsStr, dst: &Dir, at: &Path) -> Result<(), Works
     }
 }
 
+/// Copies the agent's `name` as [`allowed`] judged it (`kind`): a link with the target judged,
+/// a regular file (opened without following a link) up to the length counted. What a process
+/// of the agent's swapped in since is never what is copied.
+fn copy_judged(
+    src: &Dir,
+    name: &OsStr,
+    kind: &Kind,
+    dst: &Dir,
+    at: &Path,
+) -> Result<(), WorkspaceError> {
+    match kind {
+        Kind::Link(target) => dst.symlink(target, name).map_err(io(at)),
+        Kind::File { mode, len, .. } => {
+            let file = src.open_file(name).map_err(io(at))?;
+            tree::copy_file(&mut std::io::Read::take(file, *len), *mode, dst, name)
+                .map(|_| ())
+                .map_err(io(at))
+        }
+        Kind::Dir | Kind::Other => Ok(()),
+    }
+}
+
 /// The bytes a copy of `name` would write (a directory's files, recursively).
 fn size_of(dir: &Dir, name: &OsStr, kind: &Kind) -> std::io::Result<u64> {
     match kind {
@@ -539,6 +561,13 @@ pub fn evaluation_copy(
         let (Some((src, name)), Some(kind)) = (from, kind) else {
             continue; // gone since the listing: nothing to apply
         };
+        // The listing holds files and links only: a directory (or a FIFO) there now was
+        // swapped in since, by a process of the agent's still running, and would be copied
+        // whole, unjudged (its `conftest.py`, past the size cap).
+        if matches!(kind, Kind::Dir | Kind::Other) {
+            result.discarded.push(path.clone());
+            continue;
+        }
         // Counted before a byte is written: a 64 GiB sparse file is refused, not copied.
         copied += size_of(&src, &name, &kind).map_err(agents(path))?;
         if copied > MAX_CHANGED_BYTES {
@@ -548,7 +577,7 @@ pub fn evaluation_copy(
         }
         let (parent, last) = dst.make_parents(path).map_err(io(&eval.join(path)))?;
         parent.remove(&last).map_err(io(&eval.join(path)))?;
-        copy_entry(&src, &name, &parent, path).map_err(to_agents)?;
+        copy_judged(&src, &name, &kind, &parent, path).map_err(to_agents)?;
         let bucket = if added {
             &mut result.applied.added
         } else {
@@ -651,6 +680,45 @@ mod tests {
         )?;
         assert!(eval.join("new.py").exists());
         assert!(!eval.join("calc.py.fifo").exists());
+        Ok(())
+    }
+
+    /// What a process of the agent's swaps in after the diff listed a file is not copied: a
+    /// directory in its place (its `conftest.py` unjudged, past the size cap) was copied whole.
+    #[test]
+    fn what_was_swapped_in_after_the_listing_is_not_copied(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let (pristine, ws, eval) = (
+            dir.path().join("p"),
+            dir.path().join("w"),
+            dir.path().join("e"),
+        );
+        std::fs::create_dir_all(&pristine)?;
+        std::fs::write(pristine.join("calc.py"), "x")?;
+        copy_tree(&pristine, &ws)?;
+        std::fs::write(ws.join("new.py"), "y")?;
+        std::fs::write(ws.join("calc.py"), "fixed")?;
+        let changes = diff(&pristine, &ws)?;
+        assert_eq!(
+            (names(&changes.added), names(&changes.modified)),
+            (vec!["new.py".to_string()], vec!["calc.py".to_string()])
+        );
+        // After the listing: the new file made a directory.
+        std::fs::remove_file(ws.join("new.py"))?;
+        std::fs::create_dir_all(ws.join("new.py"))?;
+        std::fs::write(ws.join("new.py/conftest.py"), "forged")?;
+        let applied = evaluation_copy(
+            &pristine,
+            &ws,
+            &eval,
+            &changes,
+            &Protected::new(&[], std::iter::empty())?,
+            &BTreeMap::new(),
+        )?;
+        assert_eq!(names(&applied.discarded), ["new.py"]);
+        assert!(!eval.join("new.py").exists());
+        assert_eq!(std::fs::read_to_string(eval.join("calc.py"))?, "fixed");
         Ok(())
     }
 
