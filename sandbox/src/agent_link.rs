@@ -357,6 +357,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             kill_grace: Duration::from_millis(200),
             drop_capabilities: false,
+            refuse_adoption: false,
         }
     }
 

@@ -220,6 +220,7 @@ pub(crate) fn child(
         timeout: Duration::from_secs(timeout_seconds.max(1) as u64),
         kill_grace: config.kill_grace,
         drop_capabilities: false,
+        refuse_adoption: false,
     }
 }
 

@@ -415,6 +415,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             kill_grace: Duration::from_secs(1),
             drop_capabilities: false,
+            refuse_adoption: false,
         }
     }
 

@@ -47,6 +47,10 @@ impl Evaluator<'_> {
         if config.agent.is_none() {
             crate::children::drop_users_credentials(&mut evaluator);
         }
+        // Its init (the runner, in a pod) counts what the code under test leaves behind: no
+        // process of that code's may become a child of the evaluator's own, whose shell would
+        // reap it unseen. A local sandbox's `floe sandbox-exec` refuses it with the rest.
+        evaluator.refuse_adoption = config.confinement.is_none();
         // A program that is not there is the job's (or the image's), not the code's: said here,
         // so that an exit code the code under test can also produce (127) is never taken for it.
         startable(&evaluator).map_err(|e| format!("the evaluator did not start: {e}"))?;

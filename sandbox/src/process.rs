@@ -35,6 +35,10 @@ pub struct CommandSpec {
     /// over root's files and nothing more. Needs `CAP_SETPCAP`.
     #[serde(default)]
     pub drop_capabilities: bool,
+    /// Start it under [`crate::syscall_filter::no_adoption`] (where this process has
+    /// `no_new_privs`): a pod's evaluator, whose leftovers its init counts.
+    #[serde(default)]
+    pub refuse_adoption: bool,
 }
 
 /// Starts `command` from a thread of its own that first runs `prepare` on itself: what a
@@ -65,8 +69,9 @@ fn spawn(
     command: &mut tokio::process::Command,
     drop_capabilities: bool,
     guard_supervisor: bool,
+    refuse_adoption: bool,
 ) -> std::io::Result<tokio::process::Child> {
-    if !drop_capabilities && !guard_supervisor {
+    if !drop_capabilities && !guard_supervisor && !refuse_adoption {
         return command.spawn();
     }
     spawn_from_thread(command, || {
@@ -75,6 +80,11 @@ fn spawn(
         }
         if guard_supervisor {
             crate::supervisor_guard::install_for_next_child()?;
+        }
+        if refuse_adoption {
+            for filter in crate::syscall_filter::no_adoption().map_err(std::io::Error::other)? {
+                crate::syscall_filter::apply(&filter)?;
+            }
         }
         Ok(())
     })
@@ -297,7 +307,13 @@ async fn run_inner<S: Stop>(
     let tag = new_tag();
     command.env(TAG_VAR, &tag);
     let guard_supervisor = leftovers == Leftovers::WholeNamespace && guard_available();
-    let spawned = spawn(&mut command, spec.drop_capabilities, guard_supervisor);
+    let refuse_adoption = spec.refuse_adoption && crate::supervisor_guard::available();
+    let spawned = spawn(
+        &mut command,
+        spec.drop_capabilities,
+        guard_supervisor,
+        refuse_adoption,
+    );
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -616,6 +632,7 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             kill_grace: Duration::from_millis(200),
             drop_capabilities: false,
+            refuse_adoption: false,
         }
     }
 

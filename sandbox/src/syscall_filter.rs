@@ -43,6 +43,38 @@ pub fn program() -> Result<Vec<BpfProgram>, FilterError> {
     ])
 }
 
+/// `clone` with `CLONE_PARENT`, which makes the new process its parent's sibling: repeated,
+/// code under test puts a process of its own among the children of the evaluator's shell,
+/// which reaps it like its own, so it is never a straggler when the evaluator ends, and it can
+/// rewrite the reward file a later step of the evaluator writes (a read-only review, session
+/// 85).
+fn sibling_clone() -> Result<SeccompRule, FilterError> {
+    let err = |e: &dyn std::fmt::Display| FilterError(e.to_string());
+    let sibling = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_PARENT as u64),
+        libc::CLONE_PARENT as u64,
+    )
+    .map_err(|e| err(&e))?;
+    SeccompRule::new(vec![sibling]).map_err(|e| err(&e))
+}
+
+/// The filters a pod's evaluator runs under (its grader's init, the runner, counts what the
+/// code under test leaves behind): `clone` with `CLONE_PARENT` refused ([`sibling_clone`]),
+/// and `clone3`, whose flags no filter can read, not there (the C library falls back to
+/// `clone`). The rest is the pod's own profile's.
+pub fn no_adoption() -> Result<Vec<BpfProgram>, FilterError> {
+    let mut rules = BTreeMap::new();
+    for nr in with_x32(libc::SYS_clone) {
+        rules.insert(nr, vec![sibling_clone()?]);
+    }
+    Ok(vec![
+        refusing(rules)?,
+        answering(whatever_its_arguments(libc::SYS_clone3), libc::ENOSYS)?,
+    ])
+}
+
 /// `syscall` (and its x32 twin) matched whatever its arguments: an empty rule list.
 fn whatever_its_arguments(syscall: i64) -> BTreeMap<i64, Vec<SeccompRule>> {
     with_x32(syscall)
@@ -142,18 +174,7 @@ fn refused() -> Result<BpfProgram, FilterError> {
     for nr in with_x32(libc::SYS_unshare) {
         rules.insert(nr, vec![new_user_namespace.clone()]);
     }
-    // `CLONE_PARENT` makes the new process its parent's sibling: repeated, code under test
-    // puts a process of its own among the children of the evaluator's shell, which reaps it
-    // like its own, so it is never a straggler when the evaluator ends, and it can rewrite
-    // the reward file a later step of the evaluator writes (a read-only review, session 85).
-    let sibling = SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Qword,
-        SeccompCmpOp::MaskedEq(libc::CLONE_PARENT as u64),
-        libc::CLONE_PARENT as u64,
-    )
-    .map_err(|e| err(&e))?;
-    let sibling = SeccompRule::new(vec![sibling]).map_err(|e| err(&e))?;
+    let sibling = sibling_clone()?;
     for nr in with_x32(libc::SYS_clone) {
         rules.insert(nr, vec![new_user_namespace.clone(), sibling.clone()]);
     }
@@ -393,6 +414,32 @@ print("thread: ok", subprocess.run(["true"]).returncode)
              user namespace: EPERM\nsibling clone: EPERM\nbpf: EPERM\nuserfaultfd: EPERM\nperf_event_open: EPERM\n\
              thread: ok 0\n"
         );
+    }
+
+    /// A pod evaluator's filters: no sibling clone, and nothing else of the sandbox's.
+    #[test]
+    fn a_pod_evaluator_cannot_clone_a_sibling_but_keeps_the_rest() {
+        let filters = no_adoption().expect("filters");
+        let probe = r#"
+import ctypes, errno, os, socket, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+got = libc.syscall(int(sys.argv[1]), 0x8000 | 17, 0, 0, 0, 0)
+if got == 0:
+    os._exit(0)
+print("sibling clone:", "allowed" if got > 0 else errno.errorcode[ctypes.get_errno()])
+socket.socket(socket.AF_UNIX).close()
+print("unix: ok", subprocess.run(["true"]).returncode)
+"#;
+        let text = python_under(
+            move || {
+                for filter in &filters {
+                    apply(filter).expect("filter installed");
+                }
+            },
+            probe,
+            &libc::SYS_clone.to_string(),
+        );
+        assert_eq!(text, "sibling clone: EPERM\nunix: ok 0\n");
     }
 
     /// The relay's filter: it keeps dialling unix sockets, but cannot start a program.

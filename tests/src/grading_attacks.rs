@@ -257,3 +257,75 @@ pub fn evaluator() -> Value {
         "reward": {"source": "TestOutput", "format": "PytestSummary", "path": "report.txt"},
     })
 }
+
+/// The first step of [`two_step_evaluator`]: the hidden test, its result on stdout.
+const TEST_STEP: &str = r#"
+import runpy, sys
+sys.path.insert(0, ".")
+try:
+    runpy.run_path("tests/test_hidden.py")
+    print("passed")
+except AssertionError:
+    print("failed")
+"#;
+
+/// The second step of [`two_step_evaluator`]: the verdict, in pytest's summary form.
+const VERDICT_STEP: &str = r#"
+result = open("result.txt").read().strip()
+open("report.txt", "w").write(("1 passed" if result == "passed" else "1 failed") + " in 0.01s\n")
+"#;
+
+/// An evaluator of two steps under a shell, as a `run_tests.sh` is: the hidden test, then the
+/// verdict from its result, each its own Python. The shell waits for any child of its own.
+pub fn two_step_evaluator() -> Value {
+    json!({
+        "command": ["sh", "-c", "python3 -c \"$0\" > result.txt; python3 -c \"$1\"",
+                    TEST_STEP, VERDICT_STEP],
+        "protectedPaths": ["tests/**"],
+        "reward": {"source": "TestOutput", "format": "PytestSummary", "path": "report.txt"},
+    })
+}
+
+/// calc.py, unfixed, that makes a process its test step's sibling (`clone` with
+/// `CLONE_PARENT`): a child of [`two_step_evaluator`]'s shell, which reaps it as its own, so
+/// no process is left behind when the evaluator ends. It waits for the failing verdict of the
+/// step after, rewrites it and exits (forged 1 before session 85, measured here and on the
+/// host). Refused, `clone` answers -1 and the tests run on the bug.
+pub const SIBLING_FORGER: &str = r#"import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine, 56)
+if libc.syscall(nr, 0x8000 | 17, 0, 0, 0, 0) == 0:
+    end = time.time() + 20
+    while time.time() < end:
+        try:
+            if "failed" in open("report.txt").read():
+                open("report.txt", "w").write("1 passed in 0.01s\n")
+                os._exit(0)
+        except OSError:
+            pass
+        time.sleep(0.0005)
+    os._exit(0)
+def add(a, b):
+    return a - b
+"#;
+
+/// The tasks against [`two_step_evaluator`]: the fix (1) and [`SIBLING_FORGER`] (0).
+pub fn sibling_tasks() -> Vec<Value> {
+    [
+        ("fix", FIX.to_string()),
+        (
+            "sibling",
+            format!("cat > calc.py <<'EOF'\n{SIBLING_FORGER}EOF"),
+        ),
+    ]
+    .into_iter()
+    .map(|(id, commands)| {
+        json!({
+            "id": id,
+            "instruction": commands,
+            "files": {"calc.py": BUGGY},
+            "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}},
+        })
+    })
+    .collect()
+}

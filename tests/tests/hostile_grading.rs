@@ -592,6 +592,30 @@ echo 1 > reward.json
     Ok(())
 }
 
+/// Code under test that makes a process of its own a child of the evaluator's shell (`clone`
+/// with `CLONE_PARENT`), which reaps it unseen: it rewrote the verdict a later step wrote
+/// (reward 1 before session 85; `clone` with that flag is refused now).
+#[tokio::test]
+async fn code_under_test_cannot_slip_a_process_among_the_evaluators_own() -> Result<()> {
+    let ran = run_job_in(
+        json!(grading_attacks::sibling_tasks()),
+        &[],
+        |spec| spec["evaluator"] = grading_attacks::two_step_evaluator(),
+        None,
+    )
+    .await?;
+    // The plain failure of its tests: the `clone` refused, no process left to find.
+    for (task, reward) in [("fix", 1.0), ("sibling", 0.0)] {
+        let s = ran.session(task)?;
+        assert_eq!(
+            (s["status"].as_str(), s["reward"].as_f64(), &s["failure"]),
+            (Some("completed"), Some(reward), &Value::Null),
+            "{task}: {s}"
+        );
+    }
+    Ok(())
+}
+
 /// The script an interpreter runs as the evaluator (`bash tool/lib/grade.sh`, the script in the
 /// task's `args`; `sh -c ./grade.sh`) is the evaluator as much as a program run by its path:
 /// the agent's rewrite of it is discarded (a read-only review, session 85; reward 1 before).

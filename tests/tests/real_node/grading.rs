@@ -159,6 +159,34 @@ async fn attacks_on_the_grade_in_real_pods_are_scored_never_retried() -> Result<
         "{}",
         held["evaluation"]
     );
+
+    // Code under test that slips a process of its own among the children of a two-step
+    // evaluator's shell (`clone` with `CLONE_PARENT`), which reaps it unseen by the grader's
+    // init: it rewrote the verdict of the step after. In a pod the init's scan for the run's
+    // tag caught it once it outlived the shell (`evaluator_straggler`, measured), a race the
+    // process can win; since session 85 the evaluator's filter refuses the `clone`, and the
+    // session is the plain failure of its tests.
+    let tasks = grading_attacks::sibling_tasks();
+    let mut job = sft_job("sibling", &ns, 1, "/sibling", json!(tasks));
+    job["spec"]["evaluator"] = grading_attacks::two_step_evaluator();
+    job["spec"]["timeouts"] = json!({"agentSeconds": 120, "evaluatorSeconds": 20});
+    job["spec"]["backoffLimit"] = 0.into();
+    job["spec"]["sft"]["minReward"] = 0.into();
+    apply(&client, &ns, job).await?;
+    let status = finished(n, &client, &ns, "sibling").await?;
+    assert_eq!(status.sessions.succeeded, 2, "{status:?}");
+    let lines = dataset(&work.data.path().join("sibling"), 2).await?;
+    for (task, reward) in [("fix", 1.0), ("sibling", 0.0)] {
+        let t = lines
+            .iter()
+            .find(|t| t["session"] == format!("sibling-{task}-0").as_str())
+            .with_context(|| format!("no trajectory for {task}"))?;
+        assert_eq!(t["reward"].as_f64(), Some(reward), "{task}: {t}");
+        assert!(
+            t["evaluation"]["detail"]["failure"].is_null(),
+            "{task}: {t}"
+        );
+    }
     Ok(())
 }
 
