@@ -649,18 +649,21 @@ mod tests {
             .collect()
     }
 
+    /// A task of one file (`calc.py`) under `dir`: its pristine snapshot, the workspace made of
+    /// it, and where the evaluation copy goes.
+    fn one_file_task(dir: &Path) -> std::io::Result<(PathBuf, PathBuf, PathBuf)> {
+        let (pristine, ws, eval) = (dir.join("p"), dir.join("w"), dir.join("e"));
+        std::fs::create_dir_all(&pristine)?;
+        std::fs::write(pristine.join("calc.py"), "x")?;
+        copy_tree(&pristine, &ws).map_err(std::io::Error::other)?;
+        Ok((pristine, ws, eval))
+    }
+
     #[test]
     fn a_fifo_the_agent_left_is_neither_diffed_nor_copied() -> Result<(), Box<dyn std::error::Error>>
     {
         let dir = tempfile::tempdir()?;
-        let (pristine, ws, eval) = (
-            dir.path().join("p"),
-            dir.path().join("w"),
-            dir.path().join("e"),
-        );
-        std::fs::create_dir_all(&pristine)?;
-        std::fs::write(pristine.join("calc.py"), "x")?;
-        copy_tree(&pristine, &ws)?;
+        let (pristine, ws, eval) = one_file_task(dir.path())?;
         // Nobody will ever write to it: reading it would block the runner forever.
         let made = std::process::Command::new("mkfifo")
             .arg(ws.join("calc.py.fifo"))
@@ -689,14 +692,7 @@ mod tests {
     fn what_was_swapped_in_after_the_listing_is_not_copied(
     ) -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let (pristine, ws, eval) = (
-            dir.path().join("p"),
-            dir.path().join("w"),
-            dir.path().join("e"),
-        );
-        std::fs::create_dir_all(&pristine)?;
-        std::fs::write(pristine.join("calc.py"), "x")?;
-        copy_tree(&pristine, &ws)?;
+        let (pristine, ws, eval) = one_file_task(dir.path())?;
         std::fs::write(ws.join("new.py"), "y")?;
         std::fs::write(ws.join("calc.py"), "fixed")?;
         let changes = diff(&pristine, &ws)?;

@@ -233,15 +233,19 @@ pub fn tasks(only: &[&str]) -> Vec<Value> {
     attacks()
         .into_iter()
         .filter(|(id, ..)| only.is_empty() || only.contains(id))
-        .map(|(id, commands, _, _)| {
-            json!({
-                "id": id,
-                "instruction": commands,
-                "files": {"calc.py": BUGGY},
-                "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}},
-            })
-        })
+        .map(|(id, commands, _, _)| task(id, &commands))
         .collect()
+}
+
+/// A task whose instruction is the agent's `commands`, on the bug in `calc.py`, with the hidden
+/// test in `tests/`.
+fn task(id: &str, commands: &str) -> Value {
+    json!({
+        "id": id,
+        "instruction": commands,
+        "files": {"calc.py": BUGGY},
+        "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}},
+    })
 }
 
 /// The sessions' disk budget (`floe run --session-disk`, a template's `diskBudget`).
@@ -311,21 +315,6 @@ def add(a, b):
 
 /// The tasks against [`two_step_evaluator`]: the fix (1) and [`SIBLING_FORGER`] (0).
 pub fn sibling_tasks() -> Vec<Value> {
-    [
-        ("fix", FIX.to_string()),
-        (
-            "sibling",
-            format!("cat > calc.py <<'EOF'\n{SIBLING_FORGER}EOF"),
-        ),
-    ]
-    .into_iter()
-    .map(|(id, commands)| {
-        json!({
-            "id": id,
-            "instruction": commands,
-            "files": {"calc.py": BUGGY},
-            "evaluation": {"hiddenFiles": {"tests/test_hidden.py": HIDDEN_TEST}},
-        })
-    })
-    .collect()
+    let forger = format!("cat > calc.py <<'EOF'\n{SIBLING_FORGER}EOF");
+    vec![task("fix", FIX), task("sibling", &forger)]
 }
