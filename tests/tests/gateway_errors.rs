@@ -1144,6 +1144,48 @@ async fn a_call_nested_past_what_its_capture_reads_back_is_refused_and_the_sessi
     Ok(())
 }
 
+/// A value the model server cannot take (a stop token id of 2^64, which serde reads as a float
+/// and vLLM's engine failed to encode: a 500, infrastructure, the session unscored and retried)
+/// is refused by the gateway in the caller's shape, never sent upstream: an agent losing its
+/// task cannot turn its loss into "not scored" so (a review, session 85).
+#[tokio::test]
+async fn a_value_the_model_server_cannot_take_is_refused_in_shape_not_sent() -> Result<()> {
+    let model = ScriptedUpstream::start(vec![Step::Say("ok".into())]).await?;
+    let gw = TestGateway::start(&model.url, 16).await?;
+    let http = reqwest::Client::new();
+    let token = gw.session_with("values", "t", 0, json!({})).await?;
+    let chat = format!("{}/v1/chat/completions", gw.url);
+    let huge = r#"{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}],"stop_token_ids":[18446744073709551616]}"#;
+    let (s, b) = call(&http, &chat, &token, huge.as_bytes().to_vec()).await?;
+    assert_eq!(
+        (s, b["error"]["type"].as_str()),
+        (400, Some("invalid_request_error")),
+        "{b}"
+    );
+    let messages = json!({"model": "m", "max_tokens": 16, "stop_sequences": [7],
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (s, b) = call_json(&http, &gw.url, "/v1/messages", &token, &messages).await?;
+    assert_eq!((s, b["type"].as_str()), (400, Some("error")), "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("stop"),
+        "{b}"
+    );
+    assert!(
+        model.requests().is_empty(),
+        "nothing reached the model server"
+    );
+    // And an honest call goes on.
+    let fine = json!({"model": "m", "max_tokens": 16, "stop_token_ids": [2],
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (s, b) = call_json(&http, &gw.url, "/v1/chat/completions", &token, &fine).await?;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(model.requests()[0]["stop_token_ids"], json!([2]));
+    Ok(())
+}
+
 /// An assignment past axum's default body limit (2 MiB): a SWE-bench instance carries its test
 /// patch twice (in the instance and in its eval script), and a task's hidden files can be
 /// large. The control port takes it whole, and the runner's poll gets it intact (it got a 413,

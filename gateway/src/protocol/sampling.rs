@@ -57,7 +57,6 @@ const ALLOWED: &[&str] = &[
     "return_token_ids",
     "return_prompt_token_ids",
     "return_meta_info",
-    "chat_template",
     "chat_template_kwargs",
     "add_generation_prompt",
     "continue_final_message",
@@ -68,6 +67,36 @@ const ALLOWED: &[&str] = &[
     "skip_special_tokens",
     "spaces_between_special_tokens",
 ];
+
+/// Values of parameters that go upstream as the caller wrote them, checked to be what the
+/// server takes: one it cannot handle fails inside it (vLLM answers 500: infrastructure, the
+/// session unscored and retried), which an agent losing its task could send on purpose, a
+/// loss turned into "not scored" (a stop token id of 2^64, read as a float on the way, was one
+/// a read-only review found, session 85). Refused here instead, a 400 in the caller's shape.
+pub fn check_values(body: &Map<String, Value>) -> Result<(), ProtocolError> {
+    let given = |key: &str| body.get(key).filter(|v| !v.is_null());
+    let token_id = |v: &Value| v.as_u64().is_some_and(|n| n <= u64::from(u32::MAX));
+    if given("stop_token_ids")
+        .is_some_and(|v| !v.as_array().is_some_and(|a| a.iter().all(token_id)))
+    {
+        return Err(ProtocolError::InvalidRequest(
+            "stop_token_ids must be a list of token ids (integers from 0 to 4294967295)".into(),
+        ));
+    }
+    let strings =
+        |v: &Value| v.is_string() || v.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+    if given("stop").is_some_and(|v| !strings(v)) {
+        return Err(ProtocolError::InvalidRequest(
+            "stop must be a string or a list of strings".into(),
+        ));
+    }
+    if given("chat_template_kwargs").is_some_and(|v| !v.is_object()) {
+        return Err(ProtocolError::InvalidRequest(
+            "chat_template_kwargs must be an object".into(),
+        ));
+    }
+    Ok(())
+}
 
 /// The knobs a train job's call sets to neutral, whatever the model's generation config says.
 fn neutral() -> [(&'static str, Value); 5] {
@@ -186,6 +215,38 @@ fn unstrict_tools(body: &mut Map<String, Value>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_the_server_cannot_take_are_refused_before_it() {
+        let body = |v: Value| v.as_object().cloned().unwrap_or_default();
+        for fine in [
+            json!({"stop_token_ids": [2, 151645], "stop": ["\n\n"], "chat_template_kwargs": {"enable_thinking": false}}),
+            json!({"stop": "END", "stop_token_ids": null}),
+            json!({}),
+        ] {
+            assert!(check_values(&body(fine.clone())).is_ok(), "{fine}");
+        }
+        // 2^64 reaches serde_json as a float; vLLM's engine failed on its encoding (500).
+        let huge: Value = serde_json::from_str(r#"{"stop_token_ids": [18446744073709551616]}"#)
+            .unwrap_or_default();
+        for bad in [
+            huge,
+            json!({"stop_token_ids": [4294967296u64]}),
+            json!({"stop_token_ids": [-1]}),
+            json!({"stop_token_ids": [1.5]}),
+            json!({"stop_token_ids": 7}),
+            json!({"stop": [1, 2]}),
+            json!({"chat_template_kwargs": "x"}),
+        ] {
+            assert!(
+                matches!(
+                    check_values(&body(bad.clone())),
+                    Err(ProtocolError::InvalidRequest(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
     use serde_json::json;
 
     fn body(v: Value) -> Map<String, Value> {

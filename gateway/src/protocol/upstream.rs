@@ -145,6 +145,7 @@ pub fn finalize_request(
     if let Some(why) = super::media::remote_media(&body) {
         return Err(ProtocolError::InvalidRequest(why));
     }
+    super::sampling::check_values(&body)?;
     if body
         .get("n")
         .and_then(Value::as_u64)

@@ -110,15 +110,32 @@ pub fn build_trajectory(
 }
 
 /// The end-of-turn token: the most common last sampled token of calls that stopped on their
-/// own (`stop` / `tool_calls`). `None` when no call did.
+/// own (`stop` / `tool_calls`). `None` when no call did. Calls that named stops of their own
+/// (`stop`, `stop_token_ids`) count only when no other call stopped: vLLM keeps a matched stop
+/// id as the last sampled token, and side calls stopping on one of the agent's choosing would
+/// outnumber the turns and turn every real turn's end into a break (a review, session 85).
 pub fn infer_end_of_turn(records: &[CompletionRecord]) -> Option<u32> {
+    let own_stops = |r: &CompletionRecord| {
+        ["stop", "stop_token_ids"].iter().any(|k| {
+            let v = &r.normalized_request[*k];
+            !(v.is_null() || v.as_array().is_some_and(Vec::is_empty) || v.as_str() == Some(""))
+        })
+    };
+    let stopped =
+        |r: &&CompletionRecord| matches!(r.finish_reason.as_deref(), Some("stop" | "tool_calls"));
+    let plain: Vec<&CompletionRecord> = records
+        .iter()
+        .filter(stopped)
+        .filter(|r| !own_stops(r))
+        .collect();
+    let counted: Vec<&CompletionRecord> = if plain.is_empty() {
+        records.iter().filter(stopped).collect()
+    } else {
+        plain
+    };
     let mut counts = std::collections::BTreeMap::<u32, usize>::new();
-    for r in records {
-        if matches!(r.finish_reason.as_deref(), Some("stop" | "tool_calls")) {
-            if let Some(last) = r.completion_token_ids.last() {
-                *counts.entry(*last).or_default() += 1;
-            }
-        }
+    for last in counted.iter().filter_map(|r| r.completion_token_ids.last()) {
+        *counts.entry(*last).or_default() += 1;
     }
     counts
         .into_iter()

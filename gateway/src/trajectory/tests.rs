@@ -540,6 +540,27 @@ fn end_of_turn_is_inferred_from_calls_that_stopped() {
     assert_eq!(infer_end_of_turn(&records[2..3]), None);
 }
 
+/// Side calls that stop on a token of the agent's choosing (`stop_token_ids`, kept as the last
+/// sampled token) outnumber the turns: the end of turn is still the turns' own.
+#[test]
+fn calls_stopping_on_the_callers_own_stops_do_not_pick_the_end_of_turn() {
+    let with_stop = |seq: u64, stop: serde_json::Value| CompletionRecord {
+        normalized_request: serde_json::json!({"stop_token_ids": stop}),
+        ..rec(seq, &[1], &[30, 77], "stop")
+    };
+    let mut records = vec![
+        rec(0, &[1], &[10, EOT], "stop"),
+        rec(1, &[1], &[11, EOT], "tool_calls"),
+    ];
+    records.extend((2..7).map(|seq| with_stop(seq, serde_json::json!([77]))));
+    assert_eq!(infer_end_of_turn(&records), Some(EOT));
+    // Only such calls: theirs is all there is.
+    assert_eq!(infer_end_of_turn(&records[2..]), Some(77));
+    // An empty list is no stop of the caller's.
+    let empty = [with_stop(9, serde_json::json!([]))];
+    assert_eq!(infer_end_of_turn(&empty), Some(77));
+}
+
 #[test]
 fn per_request_gives_one_trace_per_call() {
     let p0 = [1, 2];
