@@ -25,7 +25,7 @@ pub mod run;
 pub(crate) mod served_crds;
 pub(crate) mod shared;
 pub(crate) mod spec_check;
-pub(crate) mod stable_hash;
+pub mod stable_hash;
 #[cfg(test)]
 pub(crate) mod stand_in_apiserver;
 pub(crate) mod tokens;

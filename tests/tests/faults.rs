@@ -511,6 +511,20 @@ async fn sigterm_ends_a_run_like_ctrl_c_and_sigkill_leaves_nothing_behind_then_r
     let (code, stderr) = run_to_end(resuming(floe_run(&other, &out, &model.url)?)).await?;
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("differ from the earlier run"), "{stderr}");
+    // Nor the same job sampling another model (here: the record says it did), which the
+    // preflight's name check passes when the new server serves the name asked for: one
+    // dataset would hold two policies' sessions.
+    let record = out.join("run.json");
+    let text = std::fs::read_to_string(&record)?;
+    let mut was: Value = serde_json::from_str(&text)?;
+    anyhow::ensure!(was["policyDigest"].is_string(), "no policy in {text}");
+    was["policyDigest"] = "another".into();
+    std::fs::write(&record, was.to_string())?;
+    let (code, stderr) = run_to_end(resuming(floe_run(&job, &out, &model.url)?)).await?;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("the job's policy"), "{stderr}");
+    // Refused, the run left its summary where it was.
+    assert_eq!(summary(&out)?["sessions"]["completed"], 8);
     Ok(())
 }
 

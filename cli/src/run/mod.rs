@@ -171,7 +171,7 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     let io = |what: &str, e: &dyn std::fmt::Display| RunError::Io(format!("{what}: {e}"));
     let out_error =
         |e: &dyn std::fmt::Display| RunError::Io(format!("--out {}: {e}", out.display()));
-    sandboxing::sessions_dir(out).map_err(|e| out_error(&e))?;
+    std::fs::create_dir_all(out).map_err(|e| out_error(&e))?;
     let trajectories = out.join("trajectories");
     let dataset_dir = || -> Result<PathBuf, RunError> {
         Ok(std::fs::canonicalize(out)
@@ -197,8 +197,11 @@ async fn run(mut args: RunArgs) -> Result<i32, RunError> {
     };
     let mode = if plan.is_sft() { "sft" } else { "train" };
     let count = plan::session_count(&plan, args.sessions);
-    let record = RunRecord::of(&plan, mode, plan::expand(&plan, &sink, args.sessions));
+    let record = RunRecord::of(&plan, mode, plan::expand(&plan, &sink, args.sessions))
+        .sampling(training.is_none().then_some(model_name.as_str()));
     let before = resume::begin(out, &record, args.resume)?;
+    // After `--resume`'s check: a directory it refuses is left as it was.
+    sandboxing::sessions_dir(out).map_err(|e| out_error(&e))?;
 
     // One in-process gateway for all sessions, on a free loopback port.
     let control_token = hex::encode(rand::rng().random::<[u8; 24]>());

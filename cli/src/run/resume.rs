@@ -43,6 +43,12 @@ pub struct RunRecord {
     /// records it: a resumed run carries the earlier rounds over only from the same set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_out_digest: Option<String>,
+    /// The policy the run trains or samples: a train job's `spec.train` whole (its model,
+    /// adapter, optimiser and loss), an sft run's model name ([`RunRecord::sampling`]). Resumed
+    /// under another, a checkpoint of one model went on against another's KL reference and
+    /// tokenizer, or one dataset mixed two policies' sessions (a review, session 85).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_digest: Option<String>,
 }
 
 /// What an earlier run left: results of the sessions that are done, and the first attempt
@@ -64,12 +70,27 @@ impl RunRecord {
     pub fn of(plan: &super::plan::Plan, mode: &str, assignments: Vec<Assignment>) -> Self {
         let digest =
             |_| floe_operator::rollout::held_out_digest(&plan.held_out, plan.held_out_samples());
+        let train = plan.job.spec.train.as_ref();
+        let policy = train.map(|t| {
+            floe_operator::stable_hash::of_json(&serde_json::to_value(t).unwrap_or_default())
+        });
         Self {
             job: plan.name.clone(),
             mode: mode.into(),
             assignments,
             held_out_digest: plan.held_out_spec().map(digest),
+            policy_digest: policy,
         }
+    }
+
+    /// An sft run's record, with the model its calls name upstream (`None`: a train run's,
+    /// whose policy is its `spec.train`).
+    pub fn sampling(mut self, model: Option<&str>) -> Self {
+        if let Some(model) = model {
+            let material = serde_json::json!({"sftModel": model});
+            self.policy_digest = Some(floe_operator::stable_hash::of_json(&material));
+        }
+        self
     }
 }
 
@@ -85,7 +106,16 @@ pub fn begin(
         write_record(out, record).map_err(Io)?;
         return Ok(None);
     }
-    check_record(out, record).map(Some).map_err(Preflight)
+    let before = check_record(out, record).map_err(Preflight)?;
+    // The earlier run's summary is of that run: were this one killed, it would read as this
+    // run's, finished. Written again at this run's end.
+    match std::fs::remove_file(out.join("summary.json")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(Io(format!("{}: {e}", out.display())))
+        }
+        _ => {}
+    }
+    Ok(Some(before))
 }
 
 /// What the earlier run in `out` left (`before`, its record; `None` for a new run), its
@@ -165,6 +195,13 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<RunRecord, String> {
         if was != is {
             return Err(format!(
                 "--resume: the job's held-out set (train.heldOut: its tasks or samples) differs from the earlier run's (digest {was} then, {is} now): its rounds would not be one curve; restore it, or use a new --out"
+            ));
+        }
+    }
+    if let (Some(was), Some(is)) = (&before.policy_digest, &now.policy_digest) {
+        if was != is {
+            return Err(format!(
+                "--resume: the job's policy (spec.train: its model, adapter, optimiser or loss; an sft run's model) differs from the earlier run's (digest {was} then, {is} now): the run would go on with another policy than the one it trained or sampled; restore it, or use a new --out"
             ));
         }
     }
@@ -592,6 +629,7 @@ mod tests {
             mode: "sft".into(),
             assignments: sessions.iter().map(|s| assignment(s)).collect(),
             held_out_digest: None,
+            policy_digest: None,
         };
         write_record(dir.path(), &record(&["a", "b"])).map_err(std::io::Error::other)?;
         assert!(check_record(dir.path(), &record(&["a", "b"])).is_ok());
@@ -619,6 +657,21 @@ mod tests {
         assert!(err.contains("held-out set"), "{err}");
         assert!(check_record(dir.path(), &held(Some("d1"))).is_ok());
         assert!(check_record(dir.path(), &held(None)).is_ok());
+        // Another policy: refused; a record from before the digest is taken.
+        let policy = |model: &str| record(&["a", "b"]).sampling(Some(model));
+        write_record(dir.path(), &policy("m1")).map_err(std::io::Error::other)?;
+        assert!(check_record(dir.path(), &policy("m1")).is_ok());
+        let err = check_record(dir.path(), &policy("m2"))
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("the job's policy"), "{err}");
+        write_record(dir.path(), &record(&["a", "b"])).map_err(std::io::Error::other)?;
+        assert!(check_record(dir.path(), &policy("m2")).is_ok());
+        // A resumed run starts without the earlier run's summary (its own comes at its end).
+        std::fs::write(dir.path().join("summary.json"), "{}")?;
+        begin(dir.path(), &record(&["a", "b"]), true)
+            .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        assert!(!dir.path().join("summary.json").exists());
         Ok(())
     }
 
@@ -675,6 +728,7 @@ mod tests {
                 })
                 .collect(),
             held_out_digest: None,
+            policy_digest: None,
         };
         write_record(dir.path(), &record(1000, "first")).map_err(std::io::Error::other)?;
         assert!(check_record(dir.path(), &record(2000, "second")).is_ok());
