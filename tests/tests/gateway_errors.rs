@@ -1144,10 +1144,11 @@ async fn a_call_nested_past_what_its_capture_reads_back_is_refused_and_the_sessi
     Ok(())
 }
 
-/// A value the model server cannot take (a stop token id of 2^64, which serde reads as a float
-/// and vLLM's engine failed to encode: a 500, infrastructure, the session unscored and retried)
-/// is refused by the gateway in the caller's shape, never sent upstream: an agent losing its
-/// task cannot turn its loss into "not scored" so (a review, session 85).
+/// A value the model server cannot take (a stop token id of 2^64, which serde reads as a float)
+/// is refused by the gateway in the caller's shape, never sent upstream: whatever a server
+/// version does with it (vLLM 0.32 answers 400, measured; a 500 would be infrastructure, the
+/// session unscored and retried), an agent losing its task cannot turn its loss into "not
+/// scored" so (a review's worry, session 85).
 #[tokio::test]
 async fn a_value_the_model_server_cannot_take_is_refused_in_shape_not_sent() -> Result<()> {
     let model = ScriptedUpstream::start(vec![Step::Say("ok".into())]).await?;

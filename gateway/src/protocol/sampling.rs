@@ -69,10 +69,11 @@ const ALLOWED: &[&str] = &[
 ];
 
 /// Values of parameters that go upstream as the caller wrote them, checked to be what the
-/// server takes: one it cannot handle fails inside it (vLLM answers 500: infrastructure, the
-/// session unscored and retried), which an agent losing its task could send on purpose, a
-/// loss turned into "not scored" (a stop token id of 2^64, read as a float on the way, was one
-/// a read-only review found, session 85). Refused here instead, a 400 in the caller's shape.
+/// server takes, and refused here, a 400 in the caller's shape. A server that failed on one
+/// (a 500) would make the call infrastructure, the session unscored and retried: an agent
+/// losing its task could send it on purpose, a loss turned into "not scored" (a read-only
+/// review's worry, session 85: a stop token id of 2^64, read as a float on the way). vLLM 0.32
+/// answers each of these 400 itself (measured); refused first, no server version decides.
 pub fn check_values(body: &Map<String, Value>) -> Result<(), ProtocolError> {
     let given = |key: &str| body.get(key).filter(|v| !v.is_null());
     let token_id = |v: &Value| v.as_u64().is_some_and(|n| n <= u64::from(u32::MAX));
@@ -226,7 +227,7 @@ mod tests {
         ] {
             assert!(check_values(&body(fine.clone())).is_ok(), "{fine}");
         }
-        // 2^64 reaches serde_json as a float; vLLM's engine failed on its encoding (500).
+        // 2^64 reaches serde_json as a float, sent on as one.
         let huge: Value = serde_json::from_str(r#"{"stop_token_ids": [18446744073709551616]}"#)
             .unwrap_or_default();
         for bad in [
