@@ -74,6 +74,19 @@ pub(crate) fn interpreted_script(command: &[String]) -> Option<String> {
     let mut words = args.iter();
     while let Some(word) = words.next() {
         let word = word.as_str();
+        // A cluster of one-letter options: a shell's `-lc` or `-ce` takes a command string,
+        // Python's `-Bc` or `-Bm` ends with the option whose argument follows.
+        let cluster = word
+            .strip_prefix('-')
+            .filter(|w| !w.starts_with('-') && w.len() > 1)
+            .unwrap_or_default();
+        let word = if (shell && cluster.contains('c')) || (python && cluster.ends_with('c')) {
+            "-c"
+        } else if python && cluster.ends_with('m') {
+            "-m"
+        } else {
+            word
+        };
         if shell && word == "-c" {
             // A shell's command string: the file it starts with, when it names one by path.
             let mut first = words.next()?.split_whitespace();
@@ -256,6 +269,7 @@ mod tests {
         found(&["bash", "-o", "pipefail", "grade.sh"], "./grade.sh");
         found(&["sh", "-c", "./grade.sh --all"], "./grade.sh");
         found(&["sh", "-c", "exec tool/grade.sh"], "tool/grade.sh");
+        found(&["bash", "-lc", "./grade.sh"], "./grade.sh");
         found(&["python3", "-u", "-X", "dev", "grade.py"], "./grade.py");
         found(&["/usr/bin/python3.11", "tests/grade.py"], "tests/grade.py");
         found(&["node", "--require", "x.js", "grade.js"], "./grade.js");
@@ -264,6 +278,10 @@ mod tests {
             &["python3", "-m", "pytest", "tests"][..],
             &["python", "-c", "print(1)"],
             &["bash", "-c", "pytest -q"],
+            &["bash", "-lc", "pytest -q"],
+            &["bash", "-ce", "pytest -q"],
+            &["python3", "-Bm", "pytest"],
+            &["python3", "-Bc", "print(1)"],
             &["bash"],
             &["pytest", "tests/test_x.py"],
             &["./grade.sh", "arg.sh"],
