@@ -324,6 +324,15 @@ pub(crate) fn python_under(
 mod tests {
     use super::*;
 
+    /// What a spawning thread runs first: `filters` installed, each in turn.
+    fn installing(filters: Vec<BpfProgram>) -> impl FnOnce() + Send + 'static {
+        move || {
+            for filter in &filters {
+                apply(filter).expect("filter installed");
+            }
+        }
+    }
+
     /// A child under the filters: unix and vsock sockets, keyrings and the kernel surfaces
     /// refused, reserving disk space not supported, everything else as before.
     #[test]
@@ -390,11 +399,7 @@ print("thread: ok", subprocess.run(["true"]).returncode)
 "#;
         // As `floe sandbox-exec` does: a thread of its own installs the filters, then starts it.
         let text = python_under(
-            move || {
-                for filter in &filters {
-                    apply(filter).expect("filter installed");
-                }
-            },
+            installing(filters),
             probe,
             &[
                 libc::SYS_add_key,
@@ -430,15 +435,7 @@ print("sibling clone:", "allowed" if got > 0 else errno.errorcode[ctypes.get_err
 socket.socket(socket.AF_UNIX).close()
 print("unix: ok", subprocess.run(["true"]).returncode)
 "#;
-        let text = python_under(
-            move || {
-                for filter in &filters {
-                    apply(filter).expect("filter installed");
-                }
-            },
-            probe,
-            &libc::SYS_clone.to_string(),
-        );
+        let text = python_under(installing(filters), probe, &libc::SYS_clone.to_string());
         assert_eq!(text, "sibling clone: EPERM\nunix: ok 0\n");
     }
 
