@@ -58,7 +58,10 @@ pub(crate) fn interpreted_script(command: &[String]) -> Option<String> {
     // The options that take the next word as theirs, and those that run no file (a module, a
     // command string, standard input).
     let (taking, no_file): (&[&str], &[&str]) = if shell {
-        (&["-o", "-O", "+o", "+O"], &["-s", "-"])
+        (
+            &["-o", "-O", "+o", "+O", "--rcfile", "--init-file"],
+            &["-s", "-"],
+        )
     } else if python {
         (&["-X", "-W"], &["-m", "-c", "-"])
     } else if matches!(name, "node" | "nodejs") {
@@ -66,8 +69,10 @@ pub(crate) fn interpreted_script(command: &[String]) -> Option<String> {
             &["-r", "--require", "--import", "--loader"],
             &["-e", "--eval", "-p", "--print", "-"],
         )
-    } else if matches!(name, "perl" | "ruby" | "php") {
-        (&[], &["-e", "-E", "-r", "-"])
+    } else if matches!(name, "perl" | "ruby") {
+        (&["-I", "-C", "-r", "-x"], &["-e", "-E", "-"])
+    } else if name == "php" {
+        (&["-c", "-d", "-z"], &["-r", "-"])
     } else {
         return None;
     };
@@ -274,6 +279,13 @@ mod tests {
         found(&["/usr/bin/python3.11", "tests/grade.py"], "tests/grade.py");
         found(&["node", "--require", "x.js", "grade.js"], "./grade.js");
         found(&["perl", "-w", "grade.pl"], "./grade.pl");
+        // An option's own argument is no script (`lib` protected whole scored a fix 0).
+        found(&["ruby", "-I", "lib", "test/x_test.rb"], "test/x_test.rb");
+        found(&["perl", "-I", "lib", "t/a.t"], "t/a.t");
+        found(
+            &["php", "-d", "memory_limit=1G", "grade.php"],
+            "./grade.php",
+        );
         for none in [
             &["python3", "-m", "pytest", "tests"][..],
             &["python", "-c", "print(1)"],

@@ -101,7 +101,14 @@ pub(crate) async fn grade(
         .chain(&task_evaluation.args)
         .cloned()
         .collect();
-    let interpreted = crate::evaluator_program::interpreted_script(&whole);
+    // A script of the task's: a word that names no file of its tree is not protected (an
+    // option's argument read as the script would protect a whole directory of the agent's).
+    // (An absolute one is judged where it leads, into the copy or not, below.)
+    let interpreted = crate::evaluator_program::interpreted_script(&whole).filter(|script| {
+        script.starts_with('/')
+            || crate::workspace::safe_relative(script.trim_start_matches("./"))
+                .is_ok_and(|rel| pristine.join(rel).is_file())
+    });
     let evaluator_scripts: Vec<String> = [program.as_str()]
         .into_iter()
         .chain(interpreted.as_deref())

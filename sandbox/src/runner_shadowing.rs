@@ -91,6 +91,7 @@ const SHADOWED: &[&str] = &[
     "_posixshmem",
     "_posixsubprocess",
     "_py_abc",
+    "_py_warnings",
     "_pydatetime",
     "_pydecimal",
     "_pyio",

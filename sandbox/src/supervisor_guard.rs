@@ -25,8 +25,8 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule, TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
 };
 
 use crate::syscall_filter::FilterError;
@@ -101,33 +101,8 @@ pub fn program(first_own: u32) -> Result<BpfProgram, FilterError> {
     let Some((audit, calls)) = compat() else {
         return Ok(native);
     };
-    // Compiled as if native, then its architecture check made the 32-bit one's, and a
-    // mismatch there allowed (any other architecture cannot run here).
-    let mut compat = compiled(&[calls], first_own, std::env::consts::ARCH)?;
-    if compat.len() < 3 || native.len() < 3 {
-        return Err(FilterError::new(
-            "the compiled filter has no architecture check",
-        ));
-    }
-    compat[1].k = audit;
-    compat[2] = sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: libc::SECCOMP_RET_ALLOW,
-    };
-    // The native program's mismatch (kill) becomes a jump to the 32-bit one.
-    let mut whole = native;
-    let jump = u32::try_from(whole.len() - 3)
-        .map_err(|_| FilterError::new("the native filter is too long"))?;
-    whole[2] = sock_filter {
-        code: (libc::BPF_JMP | libc::BPF_JA) as u16,
-        jt: 0,
-        jf: 0,
-        k: jump,
-    };
-    whole.extend(compat);
-    Ok(whole)
+    let compat = compiled(&[calls], first_own, std::env::consts::ARCH)?;
+    crate::syscall_filter::spliced(native, audit, compat)
 }
 
 /// On x86-64, each call again under its x32 number (`nr | 0x40000000`): an x32 call passes

@@ -1,4 +1,5 @@
 use super::*;
+use seccompiler::sock_filter;
 
 /// What the kernel's classic-BPF seccomp interpreter returns for one call, for the opcodes a
 /// compiled filter uses: the 32-bit and x32 paths checked without a 32-bit program.
@@ -153,4 +154,41 @@ os.waitpid(child, 0)
         "idle EPERM\nnice EPERM\nuser EPERM\npin EPERM\ncpu EPERM\nown nice allowed\n\
          own idle allowed\nthread allowed\nchild allowed\n"
     );
+}
+
+/// A pod evaluator's filters ([`crate::syscall_filter::no_adoption`]): `clone` with
+/// `CLONE_PARENT` refused and `clone3` not there on every ABI, a 32-bit program's under its own
+/// numbers; nothing else refused, and no 32-bit call killed at the architecture check (before
+/// these filters, a 32-bit program ran in the grader).
+#[test]
+fn a_pod_evaluators_filters_hold_32_bit_programs_to_the_same_and_kill_none() {
+    let programs = crate::syscall_filter::no_adoption().expect("filters");
+    let native_arch = if cfg!(target_arch = "x86_64") {
+        0xC000_003E // AUDIT_ARCH_X86_64
+    } else {
+        0xC000_00B7 // AUDIT_ARCH_AARCH64
+    };
+    let (compat_arch, _) = compat().expect("a 32-bit architecture");
+    // The first filter the kernel reports that is not "allow" decides (the strictest).
+    let verdict = |arch: u32, nr: i64, flags: u64| {
+        programs
+            .iter()
+            .map(|p| run(p, arch, nr, [flags, 0, 0, 0, 0, 0]))
+            .find(|v| *v != ALLOW)
+            .unwrap_or(ALLOW)
+    };
+    let enosys = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+    let sibling = libc::CLONE_PARENT as u64 | 17;
+    for (arch, clone, clone3) in [
+        (native_arch, libc::SYS_clone, libc::SYS_clone3),
+        (compat_arch, 120, 435),
+    ] {
+        assert_eq!(verdict(arch, clone, sibling), EPERM, "{arch:#x}");
+        // A thread's or a fork's flags pass.
+        assert_eq!(verdict(arch, clone, 0x3d0f00), ALLOW, "{arch:#x}");
+        assert_eq!(verdict(arch, clone, 17), ALLOW, "{arch:#x}");
+        assert_eq!(verdict(arch, clone3, 0), enosys, "{arch:#x}");
+        // Any other call passes (i386's `write` is 4, arm's too; x86-64's 1).
+        assert_eq!(verdict(arch, 4, 0), ALLOW, "{arch:#x}");
+    }
 }

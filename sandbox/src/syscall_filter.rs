@@ -63,16 +63,76 @@ fn sibling_clone() -> Result<SeccompRule, FilterError> {
 /// The filters a pod's evaluator runs under (its grader's init, the runner, counts what the
 /// code under test leaves behind): `clone` with `CLONE_PARENT` refused ([`sibling_clone`]),
 /// and `clone3`, whose flags no filter can read, not there (the C library falls back to
-/// `clone`). The rest is the pod's own profile's.
+/// `clone`). The rest is the pod's own profile's. A 32-bit program (i386 on x86-64, arm on
+/// arm64) is held to the same under its own numbers, never killed at the architecture check
+/// as seccompiler's programs kill a call of another architecture: before these filters it ran.
 pub fn no_adoption() -> Result<Vec<BpfProgram>, FilterError> {
-    let mut rules = BTreeMap::new();
-    for nr in with_x32(libc::SYS_clone) {
-        rules.insert(nr, vec![sibling_clone()?]);
-    }
-    Ok(vec![
-        refusing(rules)?,
+    let refusing_siblings = |clone: Vec<i64>| -> Result<BpfProgram, FilterError> {
+        let mut rules = BTreeMap::new();
+        for nr in clone {
+            rules.insert(nr, vec![sibling_clone()?]);
+        }
+        refusing(rules)
+    };
+    let no_clone3 = |nr: i64| answering(BTreeMap::from([(nr, vec![])]), libc::ENOSYS);
+    let native = [
+        refusing_siblings(with_x32(libc::SYS_clone))?,
         answering(whatever_its_arguments(libc::SYS_clone3), libc::ENOSYS)?,
+    ];
+    // `clone` is 120 and `clone3` 435 on i386 and on arm (their flags first there too).
+    let Some(audit) = compat_arch() else {
+        return Ok(native.into());
+    };
+    let [siblings, clone3] = native;
+    Ok(vec![
+        spliced(siblings, audit, refusing_siblings(vec![120])?)?,
+        spliced(clone3, audit, no_clone3(435)?)?,
     ])
+}
+
+/// The audit value of the 32-bit architecture this one runs programs of (i386 on x86-64, arm
+/// on arm64), if any.
+pub(crate) fn compat_arch() -> Option<u32> {
+    if cfg!(target_arch = "x86_64") {
+        Some(0x4000_0003) // AUDIT_ARCH_I386
+    } else if cfg!(target_arch = "aarch64") {
+        Some(0x4000_0028) // AUDIT_ARCH_ARM
+    } else {
+        None
+    }
+}
+
+/// One program of `native` and `compat`, both compiled by seccompiler for this machine's
+/// architecture: `compat`'s architecture check made `audit`'s (and a mismatch there allowed:
+/// no other architecture runs here), and `native`'s mismatch, which kills, a jump to it.
+pub(crate) fn spliced(
+    native: BpfProgram,
+    audit: u32,
+    mut compat: BpfProgram,
+) -> Result<BpfProgram, FilterError> {
+    if compat.len() < 3 || native.len() < 3 {
+        return Err(FilterError::new(
+            "the compiled filter has no architecture check",
+        ));
+    }
+    compat[1].k = audit;
+    compat[2] = seccompiler::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: libc::SECCOMP_RET_ALLOW,
+    };
+    let mut whole = native;
+    let jump = u32::try_from(whole.len() - 3)
+        .map_err(|_| FilterError::new("the native filter is too long"))?;
+    whole[2] = seccompiler::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JA) as u16,
+        jt: 0,
+        jf: 0,
+        k: jump,
+    };
+    whole.extend(compat);
+    Ok(whole)
 }
 
 /// `syscall` (and its x32 twin) matched whatever its arguments: an empty rule list.

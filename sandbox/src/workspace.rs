@@ -466,7 +466,8 @@ fn same_entry(a: &Dir, b: &Dir, rel: &Path) -> std::io::Result<bool> {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Applied {
     pub applied: Changes,
-    /// Changes to protected paths (or their directories), not applied.
+    /// Changes not applied: to protected paths (or their directories), and files that were
+    /// a directory or a FIFO by the time the copy was made.
     #[serde(serialize_with = "lossy")]
     pub discarded: Vec<PathBuf>,
 }

@@ -371,6 +371,14 @@ def load_policy(cfg: TrainerConfig, world: World, resume: Path | None) -> Policy
     if agree(world, bool(own_resume and (own_resume / "optimizer.pt").exists())):
         saved = torch.load(own_resume / "optimizer.pt", map_location=dev) if own_resume else {}
         load_optimizer_state(model, optimizer, saved, world)
+        # The restored state carries the learning rate it was saved with: the job's own
+        # (changed before a resume, say) is the one that trains, not silently the old one.
+        for group in optimizer.param_groups:
+            if group["lr"] != cfg.learning_rate:
+                log.info(
+                    "learning rate %g (the checkpoint's was %g)", cfg.learning_rate, group["lr"]
+                )
+                group["lr"] = cfg.learning_rate
     return Policy(placement, model, optimizer, reference, plan)
 
 

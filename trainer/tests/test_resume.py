@@ -339,3 +339,27 @@ def test_a_trainer_killed_after_it_finished_resumes_from_its_last_step_not_an_ol
     again.finish()
     assert again.run_once() is None and again.finished
     assert again.final_checkpoint == final and again.state.step == 2
+
+
+def test_a_learning_rate_changed_before_a_resume_is_the_one_that_trains(tmp_path, vllm):
+    # The optimizer's restored state carried the learning rate it was saved with, and the
+    # job's new one was silently ignored.
+    trainer = start(tmp_path, vllm)
+    send(trainer, "j/a", 0, 0.0)
+    send(trainer, "j/a", 1, 1.0)
+    assert trainer.run_once() is not None
+    trainer.save_checkpoint()
+
+    grpo = {
+        "groupsPerStep": 1,
+        "learningRate": 3e-4,
+        "microBatchSize": 4,
+        "minGroupFraction": 0.5,
+        "groupGraceSeconds": 0,
+    }
+    again = start(tmp_path, vllm, grpo=grpo)
+    assert again.state.step == 1
+    assert [g["lr"] for g in again.optimizer.param_groups] == [3e-4] * len(
+        again.optimizer.param_groups
+    )
+    assert any(again.optimizer.state.values()), "the moments were restored"

@@ -43,10 +43,12 @@ pub struct RunRecord {
     /// records it: a resumed run carries the earlier rounds over only from the same set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_out_digest: Option<String>,
-    /// The policy the run trains or samples: a train job's `spec.train` whole (its model,
-    /// adapter, optimiser and loss), an sft run's model name ([`RunRecord::sampling`]). Resumed
-    /// under another, a checkpoint of one model went on against another's KL reference and
-    /// tokenizer, or one dataset mixed two policies' sessions (a review, session 85).
+    /// The policy the run trains or samples: a train job's model and adapter (`train.model`,
+    /// `train.lora`: what its checkpoints are made of), an sft run's model name
+    /// ([`RunRecord::sampling`]). Resumed under another, a checkpoint of one model went on
+    /// against another's KL reference and tokenizer, or one dataset mixed two policies'
+    /// sessions (a review, session 85). Settings of how it trains (batch sizes, the learning
+    /// rate, memory, checkpoints) may change between runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_digest: Option<String>,
 }
@@ -72,7 +74,8 @@ impl RunRecord {
             |_| floe_operator::rollout::held_out_digest(&plan.held_out, plan.held_out_samples());
         let train = plan.job.spec.train.as_ref();
         let policy = train.map(|t| {
-            floe_operator::stable_hash::of_json(&serde_json::to_value(t).unwrap_or_default())
+            let material = serde_json::json!({"model": t.model, "lora": t.lora});
+            floe_operator::stable_hash::of_json(&material)
         });
         Self {
             job: plan.name.clone(),
@@ -201,7 +204,7 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<RunRecord, String> {
     if let (Some(was), Some(is)) = (&before.policy_digest, &now.policy_digest) {
         if was != is {
             return Err(format!(
-                "--resume: the job's policy (spec.train: its model, adapter, optimiser or loss; an sft run's model) differs from the earlier run's (digest {was} then, {is} now): the run would go on with another policy than the one it trained or sampled; restore it, or use a new --out"
+                "--resume: the job's policy (train.model or train.lora; an sft run's model) differs from the earlier run's (digest {was} then, {is} now): the run would go on with another policy than the one it trained or sampled; restore it, or use a new --out"
             ));
         }
     }
