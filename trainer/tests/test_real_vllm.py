@@ -351,8 +351,9 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     assert max(abs(a - b) for a, b in zip(served_lp, mine_now(trainer, prompt), strict=True)) < 2e-3
 
     # The job's sessions are done: half a group is still pending; it is trained, then the
-    # final checkpoint is a model directory with the tokenizer. (No periodic checkpoint of
-    # that last step: the one a stopping trainer writes is checked below.)
+    # final checkpoint is a model directory with the tokenizer. No periodic checkpoint is due
+    # at that last step, but the finish saves one (a trainer killed after it resumes there,
+    # not from an older one that it would train on and write over final/).
     trainer.cfg.checkpoint_every = 100
     for body in group_bodies(url, prompt, "hue", version=2)[:2]:
         assert post_json(f"{ingest}/v1/trajectories", body) == 200
@@ -365,8 +366,9 @@ def test_the_loop_trains_pushes_checkpoints_and_resumes_without_losing_anything(
     assert (final / "chat_template.jinja").exists() and (final / "config.json").exists()
     status = json.loads(urllib.request.urlopen(f"{ingest}/v1/status").read())
     assert status["finished"] and [r["step"] for r in status["steps"]] == [1, 2, 3]
-    assert not (tmp_path / "state/checkpoints/ckpt-3").exists()
-    trainer.save_checkpoint()  # what `floe-trainer serve` does when stopped
+    saved_at_finish = (tmp_path / "state/checkpoints/ckpt-3/state.json").stat().st_mtime_ns
+    trainer.save_checkpoint()  # what `floe-trainer serve` does when stopped: nothing new
+    assert (tmp_path / "state/checkpoints/ckpt-3/state.json").stat().st_mtime_ns == saved_at_finish
     saved = json.loads((tmp_path / "state/checkpoints/ckpt-3/state.json").read_text())
     assert [r["step"] for r in saved["steps"]] == [1, 2, 3] and saved["policy_version"] == 3
     assert status["steps"][-1]["groups"] == 1 and status["steps"][-1]["sequences"] == 2
