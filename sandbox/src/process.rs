@@ -82,9 +82,8 @@ fn spawn(
             crate::supervisor_guard::install_for_next_child()?;
         }
         if refuse_adoption {
-            for filter in crate::syscall_filter::no_adoption().map_err(std::io::Error::other)? {
-                crate::syscall_filter::apply(&filter)?;
-            }
+            let filters = crate::syscall_filter::no_adoption().map_err(std::io::Error::other)?;
+            crate::syscall_filter::apply_each(&filters)?;
         }
         Ok(())
     })

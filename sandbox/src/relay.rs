@@ -218,9 +218,7 @@ fn start_filtered(
 ) -> std::io::Result<Child> {
     let (program, args) = (program.to_string(), args.to_vec());
     std::thread::spawn(move || {
-        for filter in &filters {
-            syscall_filter::apply(filter)?;
-        }
+        syscall_filter::apply_each(&filters)?;
         std::process::Command::new(&program).args(&args).spawn()
     })
     .join()

@@ -53,38 +53,33 @@ const NATIVE: Calls = Calls {
     prlimit64: libc::SYS_prlimit64,
 };
 
-/// The 32-bit architecture this one runs programs of, its audit value and its numbers
-/// (`arch/x86/entry/syscalls/syscall_32.tbl`, `arch/arm/tools/syscall.tbl`).
+/// The 32-bit architecture this one runs programs of ([`crate::syscall_filter::compat_arch`]),
+/// its audit value and its numbers (`arch/x86/entry/syscalls/syscall_32.tbl`,
+/// `arch/arm/tools/syscall.tbl`).
 fn compat() -> Option<(u32, Calls)> {
-    if cfg!(target_arch = "x86_64") {
-        Some((
-            0x4000_0003, // AUDIT_ARCH_I386
-            Calls {
-                setpriority: 97,
-                sched_setparam: 154,
-                sched_setscheduler: 156,
-                sched_setaffinity: 241,
-                sched_setattr: 351,
-                ioprio_set: 289,
-                prlimit64: 340,
-            },
-        ))
-    } else if cfg!(target_arch = "aarch64") {
-        Some((
-            0x4000_0028, // AUDIT_ARCH_ARM
-            Calls {
-                setpriority: 97,
-                sched_setparam: 154,
-                sched_setscheduler: 156,
-                sched_setaffinity: 241,
-                sched_setattr: 380,
-                ioprio_set: 314,
-                prlimit64: 369,
-            },
-        ))
+    let audit = crate::syscall_filter::compat_arch()?;
+    let calls = if cfg!(target_arch = "x86_64") {
+        Calls {
+            setpriority: 97,
+            sched_setparam: 154,
+            sched_setscheduler: 156,
+            sched_setaffinity: 241,
+            sched_setattr: 351,
+            ioprio_set: 289,
+            prlimit64: 340,
+        }
     } else {
-        None
-    }
+        Calls {
+            setpriority: 97,
+            sched_setparam: 154,
+            sched_setscheduler: 156,
+            sched_setaffinity: 241,
+            sched_setattr: 380,
+            ioprio_set: 314,
+            prlimit64: 369,
+        }
+    };
+    Some((audit, calls))
 }
 
 const PRIO_PROCESS: u64 = 0;

@@ -218,6 +218,21 @@ def reported_passed(parser, log, spec):
     return passed
 
 
+def passes_past(parser, log, spec, allowances, tally):
+    """Why the tests the log reports passed are more than the least of `allowances` (its
+    runner's tallies, named `tally` in the reason), else `None`; `None` too without a tally,
+    nothing to hold them to."""
+    if not allowances:
+        return None
+    passed = reported_passed(parser, log, spec)
+    if len(passed) > min(allowances):
+        return "forged", (
+            f"the log reports {len(passed)} tests passed, {tally} {min(allowances)}: "
+            "passes printed beside the runner's own"
+        )
+    return None
+
+
 # unittest's tally (Django's runner): `Ran 5 tests in 0.123s`, then `OK (skipped=1)` or
 # `FAILED (failures=1, skipped=2, expected failures=1)`.
 UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in -?[0-9.]+s$")
@@ -251,15 +266,7 @@ def unvouched_unittest_passes(parser, log, spec):
         )
         off = parts.get("skipped", 0) + parts.get("expected failures", 0)
         allowed.append(int(ran.group(1)) - off)
-    if not allowed:
-        return None
-    passed = reported_passed(parser, log, spec)
-    if len(passed) > min(allowed):
-        return "forged", (
-            f"the log reports {len(passed)} tests passed, unittest's tally allows "
-            f"{min(allowed)}: passes printed beside the runner's own"
-        )
-    return None
+    return passes_past(parser, log, spec, allowed, "unittest's tally allows")
 
 
 # sympy's runner's tally, centred in `=`s: `=== tests finished: 5 passed, 1 skipped, in 0.10
@@ -273,15 +280,7 @@ def unvouched_sympy_passes(parser, log, spec):
     reads, so a `test_foo ok` it prints is the test's only one; the tally counts passes
     alone. The smallest tally counts (one the code under test prints can only lower it)."""
     tallies = [int(m.group(1)) for m in map(SYMPY_TALLY.match, log.split("\n")) if m]
-    if not tallies:
-        return None
-    passed = reported_passed(parser, log, spec)
-    if len(passed) > min(tallies):
-        return "forged", (
-            f"the log reports {len(passed)} tests passed, sympy's tally {min(tallies)}: "
-            "passes printed beside the runner's own"
-        )
-    return None
+    return passes_past(parser, log, spec, tallies, "sympy's tally")
 
 
 def pytest_family(parser):

@@ -352,6 +352,11 @@ pub fn apply(program: &BpfProgram) -> std::io::Result<()> {
     seccompiler::apply_filter(program).map_err(|e| std::io::Error::other(e.to_string()))
 }
 
+/// [`apply`] for each of `programs`, in turn.
+pub fn apply_each(programs: &[BpfProgram]) -> std::io::Result<()> {
+    programs.iter().try_for_each(apply)
+}
+
 /// Test only: `python3 -c probe arg` started from a thread that ran `install` first (a
 /// filter, as `floe sandbox-exec` and `floe agent` install theirs), which must succeed; its
 /// stdout.
@@ -386,11 +391,7 @@ mod tests {
 
     /// What a spawning thread runs first: `filters` installed, each in turn.
     fn installing(filters: Vec<BpfProgram>) -> impl FnOnce() + Send + 'static {
-        move || {
-            for filter in &filters {
-                apply(filter).expect("filter installed");
-            }
-        }
+        move || apply_each(&filters).expect("filters installed")
     }
 
     /// A child under the filters: unix and vsock sockets, keyrings and the kernel surfaces

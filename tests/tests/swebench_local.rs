@@ -1064,7 +1064,7 @@ async fn passes_unittests_tally_does_not_account_for_never_resolve() -> Result<(
         )
     };
     let rule = "----------------------------------------------------------------------\n";
-    for (what, body, resolved) in [
+    let cases = [
         (
             "honest",
             format!(
@@ -1097,18 +1097,8 @@ async fn passes_unittests_tally_does_not_account_for_never_resolve() -> Result<(
             ),
             false,
         ),
-    ] {
-        let graded = bridge
-            .grade(&grading, script, &log(&body), None, false)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        assert_eq!(
-            (what, graded.read, graded.resolved),
-            (what, true, resolved),
-            "{graded:?}"
-        );
-    }
-    Ok(())
+    ];
+    resolve_as_said(&bridge, &grading, script, log, cases).await
 }
 
 /// sympy's runner prints nothing swebench's parser reads for a skipped test (`test_foo s`), so
@@ -1136,7 +1126,7 @@ async fn passes_sympys_tally_does_not_account_for_never_resolve() -> Result<()> 
             "\n================== tests finished: {counts}, in 0.10 seconds ===================\n"
         )
     };
-    for (what, body, resolved) in [
+    let cases = [
         (
             "honest",
             format!("test_foo ok\ntest_bar ok\n{}", tally("2 passed")),
@@ -1150,9 +1140,22 @@ async fn passes_sympys_tally_does_not_account_for_never_resolve() -> Result<()> 
             ),
             false,
         ),
-    ] {
+    ];
+    resolve_as_said(&bridge, &grading, script, log, cases).await
+}
+
+/// Each case's log (`log` of its body), graded through floe's bridge: read, and resolved as
+/// the case says.
+async fn resolve_as_said<const N: usize>(
+    bridge: &floe_sandbox::swebench_grade::Bridge,
+    grading: &floe_crds::rollout_job::SweBenchGrading,
+    script: &str,
+    log: impl Fn(&str) -> String,
+    cases: [(&str, String, bool); N],
+) -> Result<()> {
+    for (what, body, resolved) in cases {
         let graded = bridge
-            .grade(&grading, script, &log(&body), None, false)
+            .grade(grading, script, &log(&body), None, false)
             .await
             .map_err(anyhow::Error::msg)?;
         assert_eq!(
