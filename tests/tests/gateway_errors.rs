@@ -973,6 +973,85 @@ async fn a_reply_the_caller_left_before_is_captured_as_abandoned() -> Result<()>
     Ok(())
 }
 
+/// A train job's reply waits for the session's snapshot to reach the trainer. A caller that
+/// gives up in that window never saw the reply its record (written before the snapshot) says
+/// was answered: the call is noted beside the capture, read back as abandoned, counted, and
+/// left out of the trajectory the trainer gets.
+#[tokio::test]
+async fn a_caller_that_leaves_while_its_snapshot_is_posted_is_noted_as_abandoned() -> Result<()> {
+    use std::time::Duration;
+    let steps = (0..2).map(|i| Step::Say(format!("answer {i}"))).collect();
+    let model = ScriptedUpstream::start(steps).await?;
+    let gw = TestGateway::start(&model.url, 16).await?;
+    let trainer = floe_tests::TestIngest::start().await?;
+    trainer.set_partial_delay(Duration::from_millis(1500));
+    let assignment = json!({"session": "left-late", "task": "t", "group": "j/t", "sample": 0,
+        "builder": "per_request", "sink": {"kind": "trainer", "url": trainer.url, "snapshots": true},
+        "run": {}});
+    let next = gw.assign_and_take(&assignment).await?;
+    let token = next["token"].as_str().context("the session's token")?;
+    let http = reqwest::Client::new();
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let gave_up = http
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .bearer_auth(token)
+        .timeout(Duration::from_millis(500))
+        .json(&chat)
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the caller gave up: {gave_up:?}");
+    // Its snapshot is posted by now (it carried the call: the caller was there at capture).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, answer) = call_json(&http, &gw.url, "/v1/chat/completions", token, &chat).await?;
+    assert_eq!(status, 200, "{answer}");
+    let summary: Value = http
+        .post(format!("{}/floe/v1/sessions/left-late/result", gw.url))
+        .bearer_auth(&gw.control_token)
+        .json(&json!({"status": "completed", "evaluation": {"reward": 1.0}}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(summary["abandonedCalls"], 1, "{summary}");
+    let records = read_session(&gw.session_dir("left-late"))?.records;
+    let marks: Vec<(u64, bool)> = records.iter().map(|r| (r.seq, r.abandoned)).collect();
+    assert_eq!(marks, [(0, true), (1, false)]);
+    let shipped = floe_tests::operator::eventually_every(
+        Duration::from_millis(50),
+        100,
+        "the trajectory at the trainer",
+        async || {
+            Ok(trainer
+                .accepted()
+                .get("left-late")
+                .and_then(|t| t.first().cloned()))
+        },
+    )
+    .await?;
+    let trained: Vec<u64> = shipped["traces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|tr| tr["completions"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c.as_u64())
+        .collect();
+    assert_eq!(trained, [1], "{}", shipped["stats"]);
+    assert_eq!(
+        shipped["stats"]["abandoned_calls"], 1,
+        "{}",
+        shipped["stats"]
+    );
+    let metrics = http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let line = "floe_gateway_requests_total{api=\"openai_chat\",status=\"abandoned\"} 1";
+    assert!(metrics.contains(line), "{line} in\n{metrics}");
+    Ok(())
+}
+
 /// Claude Code's request-class header is kept on each call's capture record; the agent can
 /// send any header, so only a short lowercase word is kept (it keys a count in every
 /// trajectory), and anything else is left out, the call itself answered.

@@ -306,6 +306,7 @@ fn read_session_keeping(
         }
     }
     capture.torn_tail = bad.is_some();
+    super::left::mark(dir, &mut capture.records)?;
     Ok(capture)
 }
 

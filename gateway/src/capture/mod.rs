@@ -1,6 +1,7 @@
 //! The capture log: one directory per session, one append-only JSONL file of
 //! [`CompletionRecord`]s, written and flushed before the harness gets its reply.
 
+pub mod left;
 mod log;
 mod record;
 mod tail;

@@ -58,6 +58,11 @@ impl CaptureTail {
                 })?;
             read.push(record.slimmed());
         }
+        if !read.is_empty() {
+            // Calls noted as left before their line is read here. One noted later stays as
+            // read: a snapshot may already have carried it (the whole read does not).
+            super::left::mark(dir, &mut read)?;
+        }
         self.records.append(&mut read);
         self.lines = lines;
         self.offset += end as u64 + 1;
@@ -162,6 +167,27 @@ mod tests {
             }
             assert_eq!(tail.records().len(), 2, "a failed read keeps nothing of it");
         }
+    }
+
+    #[test]
+    fn a_call_noted_as_left_reads_as_abandoned_unless_it_was_read_before() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = CaptureLog::open(dir.path(), Durability::Write).expect("open");
+        let mut tail = CaptureTail::default();
+        log.append(&call(0, 64, 3)).expect("append");
+        tail.read_more(dir.path()).expect("read");
+        log.append(&call(1, 64, 3)).expect("append");
+        for seq in [0, 1] {
+            crate::capture::left::append(dir.path(), seq, 1).expect("note");
+        }
+        tail.read_more(dir.path()).expect("read");
+        let marks = |records: &[CompletionRecord]| -> Vec<bool> {
+            records.iter().map(|r| r.abandoned).collect()
+        };
+        // The first was read (and may have been in a snapshot) before its note.
+        assert_eq!(marks(tail.records()), [false, true]);
+        let whole = read_session(dir.path()).expect("read");
+        assert_eq!(marks(&whole.records), [true, true]);
     }
 
     #[test]

@@ -36,7 +36,10 @@ pub(super) fn now_ms() -> u64 {
 /// cancel the capture of tokens the model already sampled; its place among the session's calls
 /// in flight is given back when the task ends. A call whose caller is gone (this future
 /// dropped: the harness gave up waiting, or exited) before the answer came is captured as
-/// `abandoned`, which keeps it out of the trajectory: nobody acted on it.
+/// `abandoned`, which keeps it out of the trajectory: nobody acted on it. One whose caller
+/// leaves after its record was written (a train job's reply waits for the session's snapshot
+/// to reach the trainer) is noted beside the capture to the same effect
+/// ([`crate::capture::left`]).
 pub async fn complete(
     gateway: Arc<Gateway>,
     session: Arc<Session>,
@@ -45,16 +48,54 @@ pub async fn complete(
     let (answer, answered) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let caller_gone = || answer.is_closed();
-        let completed = call_and_capture(&gateway, &session, call, &caller_gone).await;
+        let (completed, mut captured) =
+            match call_and_capture(&gateway, &session, call, &caller_gone).await {
+                Ok((completed, captured)) => (Ok(completed), captured),
+                Err(e) => (Err(e), None),
+            };
         if completed.is_ok() {
+            if caller_gone() {
+                // Noted before the snapshot, which then leaves the call out.
+                if let Some(call) = captured.take() {
+                    left_after_capture(&gateway, &session, call);
+                }
+            }
             // Before the reply: what the agent does with it comes after the call left the pod.
             super::snapshot::ship(&gateway, &session).await;
         }
-        let _ = answer.send(completed);
+        if answer.send(completed).is_err() {
+            if let Some(call) = captured {
+                left_after_capture(&gateway, &session, call);
+            }
+        }
     });
     answered
         .await
         .unwrap_or_else(|e| Err(ProtocolError::Capture(format!("call task failed: {e}"))))
+}
+
+/// A call captured as answered: its API and its place in the session.
+struct Captured {
+    api: Api,
+    seq: u64,
+}
+
+/// The caller of a call captured as answered left before its reply went out.
+fn left_after_capture(gateway: &Gateway, session: &Session, call: Captured) {
+    let Captured { api, seq } = call;
+    gateway.metrics.request(api, "abandoned");
+    let id = &session.meta.session;
+    match session.note_left(seq, now_ms()) {
+        Ok(true) => {
+            tracing::info!(session = %id, seq, "the caller left after the call was captured, before its reply: noted as abandoned")
+        }
+        Ok(false) => {
+            tracing::warn!(session = %id, seq, "the caller left after the call was captured, and the session was closed first: its trajectory has the call as answered")
+        }
+        Err(e) => {
+            tracing::warn!(session = %id, seq, "the caller left after the call was captured; noting it failed, so its trajectory has the call as answered: {e}")
+        }
+    }
 }
 
 /// One model call as the harness made it.
@@ -76,7 +117,7 @@ async fn call_and_capture(
     session: &Arc<Session>,
     call: Call,
     caller_gone: &(dyn Fn() -> bool + Sync),
-) -> Result<Completed, ProtocolError> {
+) -> Result<(Completed, Option<Captured>), ProtocolError> {
     let Call {
         api,
         original,
@@ -153,10 +194,11 @@ async fn call_and_capture(
         session.capture_line(&line).map_err(capture_err)?;
     }
     gateway.metrics.capture_written(api, t_capture.elapsed());
-    Ok(Completed {
+    let completed = Completed {
         response: answer.reply,
         upstream,
-    })
+    };
+    Ok((completed, (!abandoned).then_some(Captured { api, seq })))
 }
 
 /// One attempt's end: the answer, the request's own error (a 4xx: not retried, not the

@@ -199,6 +199,23 @@ impl Session {
         }
     }
 
+    /// Note that the caller of call `seq` left after its record was written
+    /// ([`crate::capture::left`]), while the capture is open: its trajectory is built from the
+    /// sealed capture, so a note after that would come too late. Whether it was noted.
+    pub fn note_left(&self, seq: u64, at_ms: u64) -> Result<bool, CaptureWriteError> {
+        let guard = self.log.lock().map_err(|_| poisoned(&self.dir))?;
+        if guard.is_none() {
+            return Ok(false);
+        }
+        crate::capture::left::append(&self.dir, seq, at_ms).map_err(|source| {
+            CaptureWriteError::Io {
+                path: self.dir.join(crate::capture::left::LEFT_FILE),
+                source,
+            }
+        })?;
+        Ok(true)
+    }
+
     /// Its calls written to the capture so far.
     pub fn captured_calls(&self) -> u64 {
         self.captured_calls.load(Ordering::SeqCst)
