@@ -384,6 +384,28 @@ pub fn task_loader_name(job: &str) -> String {
     format!("{job}-tasks")
 }
 
+/// Where the task loader reads the token the operator shows it (a Secret's key, never an
+/// argument).
+pub const TASKS_TOKEN_ENV: &str = "FLOE_TASKS_TOKEN";
+
+/// The Secret holding the token a job's task loader serves its files for (key
+/// [`crate::pods::names::CONTROL_TOKEN_KEY`]): the operator's alone. The files hold every
+/// task's hidden tests, and the loader's port is in reach of any pod where the cluster's CNI
+/// does not enforce the sandboxes' NetworkPolicy (`egress.unrestricted: Warn` lets them run):
+/// an agent that read them would pass what it was meant to solve.
+pub fn task_loader_secret(job: &str) -> String {
+    format!("{job}-tasks-token")
+}
+
+/// A new token for a job's task loader, in its Secret.
+pub fn task_loader_secret_object(job: &RolloutJob) -> Result<Secret, serde_json::Error> {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": meta(job, &task_loader_secret(&job.name_any()), "tasks"),
+        "stringData": {crate::pods::names::CONTROL_TOKEN_KEY: crate::pods::sandbox::new_control_token()},
+    }))
+}
+
 /// The task files of a job that a loader pod serves: its own and its held-out set's.
 pub fn task_files(job: &RolloutJob) -> [Option<&FileTasks>; 2] {
     let held_out = job.spec.train.as_ref().and_then(|t| t.held_out.as_ref());
@@ -441,6 +463,9 @@ pub fn task_loader(job: &RolloutJob, floe_image: &str) -> Result<Option<Pod>, se
             "containers": [{
                 "name": "tasks", "image": floe_image, "command": ["floe"],
                 "args": args,
+                "env": [{"name": TASKS_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+                    "name": task_loader_secret(&job.name_any()),
+                    "key": crate::pods::names::CONTROL_TOKEN_KEY}}}],
                 "ports": [{"name": "http", "containerPort": INGEST_PORT}],
                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": INGEST_PORT}, "periodSeconds": 2},
                 // A file that cannot be read ends the container with the reason as its message.
@@ -548,6 +573,17 @@ mod tests {
             ])
         );
         assert_eq!(c["volumeMounts"][0]["readOnly"], true);
+        // It serves only the operator, by a token of the job's own Secret.
+        assert_eq!(c["env"][0]["name"], TASKS_TOKEN_ENV);
+        assert_eq!(
+            c["env"][0]["valueFrom"]["secretKeyRef"]["name"],
+            "j-tasks-token"
+        );
+        let secret = task_loader_secret_object(&j)?;
+        assert_eq!(secret.metadata.name.as_deref(), Some("j-tasks-token"));
+        assert!(secret
+            .string_data
+            .is_some_and(|d| d.values().all(|t| t.len() >= 32)));
         assert_eq!(
             pod["spec"]["volumes"][0]["persistentVolumeClaim"],
             json!({"claimName": "swe", "readOnly": true})

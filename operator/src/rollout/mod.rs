@@ -36,5 +36,6 @@ pub(crate) mod suspended_trainer;
 pub(crate) mod tasks;
 pub mod trainer_launch;
 /// A held-out set's digest, which `floe run --resume` checks as the operator does.
+pub use aux_pods::TASKS_TOKEN_ENV;
 pub use held_out::digest as held_out_digest;
 pub(crate) mod trainer_workers;

@@ -20,7 +20,7 @@ use crate::rollout::aux_pods;
 /// The token a Secret holds, remembered under `key`: read once per operator process (the
 /// operator made most of them itself and remembered them then). A Secret that is not
 /// `trusted` (an earlier job's, not yet garbage-collected) holds none.
-async fn secret_token(
+pub(super) async fn secret_token(
     ctx: &JobContext,
     ns: &str,
     key: &str,

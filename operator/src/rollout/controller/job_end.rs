@@ -33,6 +33,8 @@ pub(super) async fn cleanup(job: &RolloutJob, ctx: &JobContext) -> Result<Action
     );
     ctx.forget(&job.uid().unwrap_or_default());
     ctx.tokens.forget(&ns, &super::deliver::job_token_key(job));
+    ctx.tokens
+        .forget(&ns, &super::task_sources::loader_token_key(job));
     Ok(Action::await_change())
 }
 

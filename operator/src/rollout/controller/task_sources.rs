@@ -5,12 +5,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floe_crds::rollout_job::{RolloutJob, Task, TaskSource};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::{Api, ResourceExt};
 
 use super::{name_holder, Halt, JobContext, JobError};
 use crate::rollout::status::Blocked;
 use crate::rollout::{aux_pods, pod_view, tasks};
+
+/// Where the task loader's token is remembered: by the job's UID, as the job's token is
+/// ([`super::deliver::job_token_key`]).
+pub(super) fn loader_token_key(job: &RolloutJob) -> String {
+    let secret = aux_pods::task_loader_secret(&job.name_any());
+    format!("secret/{secret}/{}", job.uid().unwrap_or_default())
+}
 
 /// Tasks from the ConfigMap `source` names (`field`: where the spec names it).
 pub(super) async fn config_map_tasks(
@@ -120,6 +127,10 @@ pub(super) async fn file_tasks(
             )))
         }
         None => {
+            // Its token first: the pod waits for the Secret it reads it from.
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+            let secret = aux_pods::task_loader_secret_object(job)?;
+            name_holder::create_ours(&secrets, job, &secret, "Secret").await?;
             name_holder::create_ours(&pods, job, &loader, "pod").await?;
             None
         }
@@ -143,11 +154,19 @@ pub(super) async fn file_tasks(
     let (Some(ip), true) = (ip, crate::pods::view::is_ready(&pod)) else {
         return waiting(format!("waiting for pod {name} to read the task files"));
     };
+    let secret = aux_pods::task_loader_secret(&job.name_any());
+    let ours =
+        |s: &Secret| name_holder::holder(&s.metadata, job) == crate::controller_ref::Holder::This;
+    let token_key = loader_token_key(job);
+    let Some(token) = super::deliver::secret_token(ctx, ns, &token_key, &secret, ours).await else {
+        return waiting(format!("reading the task loader's token (Secret {secret})"));
+    };
     let read = async |route: &str| -> Result<String, String> {
         let url = format!("http://{ip}:{}{route}", aux_pods::INGEST_PORT);
         match ctx
             .http
             .get(&url)
+            .bearer_auth(&token)
             .timeout(Duration::from_secs(60))
             .send()
             .await
