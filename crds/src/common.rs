@@ -98,7 +98,10 @@ pub struct SandboxTemplate {
     pub service_account_name: Option<String>,
     /// Security context of the agent and grader containers. When unset, floe applies the restricted
     /// profile (uid and gid 1000, non-root, no privilege escalation, all capabilities dropped,
-    /// the runtime's seccomp profile). When set, it is used as given.
+    /// the runtime's seccomp profile). When set, the grader runs with it as given and the agent
+    /// with it less any capability and privilege escalation; one that would run the agent as
+    /// root (`runAsUser: 0`, `runAsNonRoot: false`) is refused: root could rewrite the pod's
+    /// shared `/etc/hosts`, by which its gateway finds the trainer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::k8s::<Option<SecurityContext>>")]
     pub security_context: Option<SecurityContext>,

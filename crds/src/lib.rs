@@ -12,6 +12,7 @@ pub mod gateway_pool;
 pub mod generate;
 pub mod reference;
 pub mod rollout_job;
+pub mod root_agent;
 mod schema;
 pub mod served_schema;
 pub mod shared_volumes;

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use crate::field_error::FieldError;
+use crate::root_agent::root_agent;
 use crate::shared_volumes::shared_writable_mounts;
 use crate::{GatewayPool, RolloutJob, Task};
 
@@ -54,6 +55,7 @@ pub fn validate_rollout_job(job: &RolloutJob) -> Result<(), ValidationError> {
     errors.extend(inline_duplicates(job));
     if let Some(template) = &job.spec.pool_template {
         errors.extend(shared_writable_mounts(template, "spec.poolTemplate"));
+        errors.extend(root_agent(template, "spec.poolTemplate"));
     }
     errors.extend(pruned_fields(
         "RolloutJob",
@@ -332,6 +334,7 @@ pub fn validate_gateway_pool(pool: &GatewayPool) -> Result<(), ValidationError> 
         });
     }
     errors.extend(shared_writable_mounts(&pool.spec.template, "spec.template"));
+    errors.extend(root_agent(&pool.spec.template, "spec.template"));
     errors.extend(pruned_fields(
         "GatewayPool",
         pool.metadata.annotations.as_ref(),

@@ -631,15 +631,32 @@ async fn a_pool_that_cannot_run_as_written_makes_no_pod_and_says_why() -> Result
         ),
         "{said}"
     );
+    // An agent run as root could rewrite the pod's shared /etc/hosts, by which its gateway
+    // finds the trainer.
+    let root = pool(
+        "root",
+        json!({"template": {"image": "sandbox:1", "securityContext": {"runAsUser": 0}}}),
+    );
+    pools
+        .create(&PostParams::default(), &serde_json::from_value(root)?)
+        .await?;
+    let said = stalled("root", "InvalidSpec").await?;
+    assert!(
+        said.contains(
+            "spec.template.securityContext.runAsUser: runAsUser: 0 would run the agent as root"
+        ),
+        "{said}"
+    );
     // The check comes before any create in a round: a few rounds later, still no pod.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         (
             pods_of("ports").await?,
             pods_of("typo").await?,
-            pods_of("shared").await?
+            pods_of("shared").await?,
+            pods_of("root").await?
         ),
-        (0, 0, 0)
+        (0, 0, 0, 0)
     );
     let warnings = event_reasons(&client, &ns.name).await?;
     assert!(

@@ -145,6 +145,20 @@ fn restricted(uid: i64) -> Value {
     })
 }
 
+/// A template's security context for the agent: as given, less any capability and privilege
+/// escalation (a setuid or file-capability program, `ping`'s raw sockets among them, could
+/// read the gateway's plaintext traffic to the trainer, the job's token in it). Root is
+/// refused before a pod is made ([`floe_crds::root_agent`]).
+fn without_privileges(context: &Value) -> Value {
+    let mut context = context.clone();
+    if let Some(fields) = context.as_object_mut() {
+        fields.remove("privileged");
+        fields.insert("allowPrivilegeEscalation".into(), false.into());
+        fields.insert("capabilities".into(), json!({"drop": ["ALL"]}));
+    }
+    context
+}
+
 /// The grader's resources, from the harness container's: the same CPU and memory limits (an
 /// evaluator is held to what the harness was), but requests of its own that are small, so a
 /// pool's pods do not ask the scheduler for twice the harness's share. Extended resources
@@ -365,7 +379,7 @@ pub fn build(p: &SandboxPod) -> Result<Pod, serde_json::Error> {
         "env": agent_env,
         "envFrom": t.env_from,
         "volumeMounts": agent_mounts,
-        "securityContext": main["securityContext"].clone(),
+        "securityContext": without_privileges(&main["securityContext"]),
     });
     if let Some(policy) = t.image_pull_policy {
         main["imagePullPolicy"] = serde_json::to_value(policy)?;
