@@ -298,7 +298,8 @@ pub(super) fn remember_failed(
 /// gateway posted while it ran (the eviction left no time for more) as 0, so the loss trains
 /// instead of vanishing. Each one taken (or refused for good) leaves `untold`, which the
 /// round's status write then records. A trainer that cannot take it now (its pod lost and not
-/// back yet, a 5xx) is told again on a later round, for up to [`TELL_FAILED_FOR`]: the trainer
+/// back yet, a 5xx) is told again on a later round (one that answers 5xx, for up to
+/// [`TELL_FAILED_FOR`]; one not there, until it is): the trainer
 /// takes a repeat (a write lost, an operator restarted) as the same ruling.
 pub(super) async fn tell_trainer_failed(
     ctx: &JobContext,
@@ -327,6 +328,14 @@ pub(super) async fn tell_trainer_failed(
                 tracing::warn!(job = %job.name_any(), %group, sample, "the trainer refused a failed sample: {e}");
                 true
             }
+            Err(TellError::Unreachable(e)) => {
+                tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample yet: {e}");
+                // The trainer is not there: the rest wait for the next round too. Never given
+                // up on for that: a trainer back after a long outage that was not told would
+                // hold the sample's group until the job's end (and, within `maxStaleness`, the
+                // job with it); its finish, which waits for these, needs it there anyway.
+                break;
+            }
             Err(e) if waited > TELL_FAILED_FOR => {
                 tracing::warn!(job = %job.name_any(), %group, sample, "the trainer did not take a failed sample in {TELL_FAILED_FOR:?}; no longer waited for: {e}");
                 true
@@ -334,11 +343,6 @@ pub(super) async fn tell_trainer_failed(
             Err(TellError::Busy(e)) => {
                 tracing::warn!(job = %job.name_any(), %group, sample, "the trainer did not take a failed sample yet: {e}");
                 false
-            }
-            Err(TellError::Unreachable(e)) => {
-                tracing::warn!(job = %job.name_any(), %group, sample, "cannot tell the trainer of a failed sample yet: {e}");
-                // The trainer is not there: the rest wait for the next round too.
-                break;
             }
         };
         if done {
