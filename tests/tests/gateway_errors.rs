@@ -973,6 +973,29 @@ async fn a_reply_the_caller_left_before_is_captured_as_abandoned() -> Result<()>
     Ok(())
 }
 
+/// The session's result, as its runner posts it: completed, reward 1. Its summary.
+async fn passed(http: &reqwest::Client, gw: &TestGateway, session: &str) -> Result<Value> {
+    Ok(http
+        .post(format!("{}/floe/v1/sessions/{session}/result", gw.url))
+        .bearer_auth(&gw.control_token)
+        .json(&json!({"status": "completed", "evaluation": {"reward": 1.0}}))
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
+/// The calls a trajectory's traces train, by their capture `seq`.
+fn trained_calls(trajectory: &Value) -> Vec<u64> {
+    trajectory["traces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|tr| tr["completions"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c.as_u64())
+        .collect()
+}
+
 /// A train job's reply waits for the session's snapshot to reach the trainer. A caller that
 /// gives up in that window never saw the reply its record (written before the snapshot) says
 /// was answered: the call is noted beside the capture, read back as abandoned, counted, and
@@ -1004,14 +1027,7 @@ async fn a_caller_that_leaves_while_its_snapshot_is_posted_is_noted_as_abandoned
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (status, answer) = call_json(&http, &gw.url, "/v1/chat/completions", token, &chat).await?;
     assert_eq!(status, 200, "{answer}");
-    let summary: Value = http
-        .post(format!("{}/floe/v1/sessions/left-late/result", gw.url))
-        .bearer_auth(&gw.control_token)
-        .json(&json!({"status": "completed", "evaluation": {"reward": 1.0}}))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let summary = passed(&http, &gw, "left-late").await?;
     assert_eq!(summary["abandonedCalls"], 1, "{summary}");
     let records = read_session(&gw.session_dir("left-late"))?.records;
     let marks: Vec<(u64, bool)> = records.iter().map(|r| (r.seq, r.abandoned)).collect();
@@ -1028,13 +1044,7 @@ async fn a_caller_that_leaves_while_its_snapshot_is_posted_is_noted_as_abandoned
         },
     )
     .await?;
-    let trained: Vec<u64> = shipped["traces"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|tr| tr["completions"].as_array().cloned().unwrap_or_default())
-        .filter_map(|c| c.as_u64())
-        .collect();
+    let trained = trained_calls(&shipped);
     assert_eq!(trained, [1], "{}", shipped["stats"]);
     assert_eq!(
         shipped["stats"]["abandoned_calls"], 1,
@@ -1120,14 +1130,7 @@ async fn calls_of_a_class_the_job_excludes_are_answered_captured_and_not_trained
         let answer = post.send().await?;
         assert_eq!(answer.status(), 200, "{class:?}: {}", answer.text().await?);
     }
-    let summary: Value = http
-        .post(format!("{}/floe/v1/sessions/excl-1/result", gw.url))
-        .bearer_auth(&gw.control_token)
-        .json(&json!({"status": "completed", "evaluation": {"reward": 1.0}}))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let summary = passed(&http, &gw, "excl-1").await?;
     let records = read_session(&gw.session_dir("excl-1"))?.records;
     assert_eq!(records.len(), 3, "every call is captured");
     // Shipping follows the close.
@@ -1144,13 +1147,7 @@ async fn calls_of_a_class_the_job_excludes_are_answered_captured_and_not_trained
     )
     .await?;
     let t: Value = serde_json::from_slice(&shipped)?;
-    let trained: Vec<u64> = t["traces"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|tr| tr["completions"].as_array().cloned().unwrap_or_default())
-        .filter_map(|c| c.as_u64())
-        .collect();
+    let trained = trained_calls(&t);
     let auxiliary = records
         .iter()
         .find(|r| r.request_class.as_deref() == Some("auxiliary"))

@@ -9,42 +9,14 @@ use floe_gateway::ship::Sink;
 use floe_sandbox::session::{self, SessionOf, SessionUpstream};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::runtime::events::EventType;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 
 use super::observe::Observed;
+use super::secret_token::secret_token;
 use super::{name_holder, JobContext};
 use crate::pods::names::{ATTEMPT_ANNOTATION, INDEX_ANNOTATION};
 use crate::pods::view::join_host_port;
 use crate::rollout::aux_pods;
-
-/// The token a Secret holds, remembered under `key`: read once per operator process (the
-/// operator made most of them itself and remembered them then). A Secret that is not
-/// `trusted` (an earlier job's, not yet garbage-collected) holds none.
-pub(super) async fn secret_token(
-    ctx: &JobContext,
-    ns: &str,
-    key: &str,
-    secret: &str,
-    trusted: impl Fn(&Secret) -> bool,
-) -> Option<String> {
-    if let Some(t) = ctx.tokens.get(ns, key) {
-        return Some(t);
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let token = match secrets.get(secret).await {
-        Ok(s) if trusted(&s) => crate::pods::view::control_token_of(&s),
-        Ok(_) => {
-            tracing::warn!(%secret, "token: the Secret is not this job's (an earlier job's)");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(%secret, "token: {e}");
-            None
-        }
-    }?;
-    ctx.tokens.remember(ns, key, &token);
-    Some(token)
-}
 
 /// The job's token (its Secret [`aux_pods::job_token_secret`]): what its gateways show
 /// its ingest and policy server, and the operator the collector's finish.

@@ -25,6 +25,7 @@ mod observe;
 mod own_pod;
 mod pod_writes;
 mod report;
+mod secret_token;
 mod task_sources;
 mod trainer_nodes;
 

@@ -13,7 +13,7 @@ use crate::rollout::status::Blocked;
 use crate::rollout::{aux_pods, pod_view, tasks};
 
 /// Where the task loader's token is remembered: by the job's UID, as the job's token is
-/// ([`super::deliver::job_token_key`]).
+/// (`deliver::job_token_key`).
 pub(super) fn loader_token_key(job: &RolloutJob) -> String {
     let secret = aux_pods::task_loader_secret(&job.name_any());
     format!("secret/{secret}/{}", job.uid().unwrap_or_default())
@@ -158,7 +158,8 @@ pub(super) async fn file_tasks(
     let ours =
         |s: &Secret| name_holder::holder(&s.metadata, job) == crate::controller_ref::Holder::This;
     let token_key = loader_token_key(job);
-    let Some(token) = super::deliver::secret_token(ctx, ns, &token_key, &secret, ours).await else {
+    let Some(token) = super::secret_token::secret_token(ctx, ns, &token_key, &secret, ours).await
+    else {
         return waiting(format!("reading the task loader's token (Secret {secret})"));
     };
     let read = async |route: &str| -> Result<String, String> {
