@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import json
 import logging
 import queue
 import shutil
@@ -698,12 +699,24 @@ class Trainer:
 
     def _unreadable(self, path: Path, error: Exception) -> None:
         """A stored trajectory the replay cannot read: its session is lost to learning
-        (counted as ``invalid``, the alert ``FloeTrainerSessionsLost``), the rest replays."""
+        (counted as ``invalid``, the alert ``FloeTrainerSessionsLost``), the rest replays.
+        When the file still says whose sample it was (JSON a stricter trainer refuses), its
+        group completes without it: that sample will not come again (its gateway was answered),
+        and with ``minGroupFraction: 1`` the group would wait for the job's end, and under
+        ``maxStaleness`` could hold the job with it."""
         log.error("cannot replay %s (%s): its session is left out", path, error)
         self.ingest.counts["invalid"] += 1
         # Counted before the first scrape of a new pod, the counter starts at 1 there, which
         # no ``increase()`` sees: a gauge says it (``FloeTrainerSessionsLost``).
         self.metrics.replay_unreadable.inc()
+        try:
+            body = json.loads(path.read_bytes())
+            group, sample = body["group"], body["sample"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if isinstance(group, str) and type(sample) is int and sample >= 0:
+            with self.lock:
+                self.buffer.sample_failed(group, sample, time.time())
 
     def add(self, t: Trajectory) -> None:
         if self.vocab_rows is not None and _past_vocabulary(t, self.vocab_rows):
@@ -825,6 +838,19 @@ class Trainer:
                 # A ruling told again, or the session's own trajectory came: that stands. Its
                 # group needs no more of it, unless that trajectory was one it dropped (then
                 # the sample will not arrive).
+                lost_loss = (
+                    agent_fault is not None
+                    and self.ingest.store.untrainable(session)
+                    and not self.ingest.store.failure_path(group, sample).exists()
+                )
+                if lost_loss:
+                    # The agent's loss, drained as untrainable with no snapshot to score: lost
+                    # as when the ruling comes first (``agentFaultUnscored``), counted once.
+                    self.ingest.counts["agentFaultUnscored"] += 1
+                    log.warning(
+                        "session %s: ruled the agent's fault, but no snapshot of it is kept",
+                        session,
+                    )
                 self._sample_lost(group, sample, session, agent_fault)
                 return {"known": True, "session": session}
             scored = (

@@ -185,6 +185,10 @@ def test_the_ruling_a_trainer_could_not_take_is_told_again(tmp_path):
     body["evaluation"] = {"reward": None, "passed": None, "detail": {"error": "pod lost"}}
     trainer.ingest.handle(json.dumps(body).encode())
     assert trainer.sample_failed("j/t", 1, "s-1", "evicted") == {"known": True, "session": "s-1"}
+    # The agent's loss, with no snapshot to score: lost, and counted so (as a ruling heard
+    # before the drain is), once however often it is told.
+    assert trainer.sample_failed("j/t", 1, "s-1", "evicted") == {"known": True, "session": "s-1"}
+    assert trainer.ingest.counts["agentFaultUnscored"] == 1
     stats = trainer.run_once()
     assert stats is not None and stats.sessions == 2, "the group did not wait for sample 1"
 

@@ -246,6 +246,26 @@ def test_a_stored_trajectory_that_cannot_be_read_is_left_out_and_counted(tmp_pat
     assert list(again.buffer.pending["j/a"].by_sample) == [0]
 
 
+def test_a_stored_trajectory_a_stricter_trainer_refuses_completes_its_group_without_it(
+    tmp_path, vllm
+):
+    # Every sample waited for: one that will never come again (its gateway was answered)
+    # must count as gone, or its group waits for the job's end.
+    grpo = {"groupsPerStep": 1, "learningRate": 1e-3, "microBatchSize": 4, "minGroupFraction": 1.0}
+    trainer = start(tmp_path, vllm, numSamples=3, grpo=grpo)
+    for sample, reward in [(0, 0.0), (1, 1.0), (2, 1.0)]:
+        send(trainer, "j/a", sample, reward)
+    stored = tmp_path / "state/ingest/j-a-2.json"
+    body = json.loads(stored.read_text())
+    body["traces"] = "not traces"  # what a stricter trainer refuses, its sample still named
+    stored.write_text(json.dumps(body))
+
+    again = start(tmp_path, vllm, numSamples=3, grpo=grpo)
+    assert again.ingest.counts["invalid"] == 1
+    stats = again.run_once()
+    assert stats is not None and stats.sessions == 2, "the group trains without sample 2"
+
+
 def test_a_token_id_past_the_models_vocabulary_is_left_out_not_a_crash_on_every_replay(
     tmp_path, vllm
 ):
