@@ -421,6 +421,10 @@ class Ingest:
 IDLE_SECONDS = 60.0
 
 
+# Rows of ``steps`` and ``sampled`` ``/v1/status`` gives a caller without the control token.
+STATUS_ROWS = 20
+
+
 def make_server(
     ingest: Ingest,
     address: tuple[str, int],
@@ -463,6 +467,25 @@ def make_server(
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def _status(self) -> dict:
+            """The trainer's status; its per-step rows and rewards by version whole only to a
+            caller with the control token (``floe run``; the trainer's port is open to every
+            sandbox pod of the job, and the lists grow with the run: an agent asking in a loop
+            would have the trainer serialise megabytes each time), else their last
+            :data:`STATUS_ROWS` (what the operator and a look with curl need)."""
+            body = status()
+            given = self.headers.get("authorization") or ""
+            if not control_token or hmac.compare_digest(
+                given.encode(), f"Bearer {control_token}".encode()
+            ):
+                return body
+            for key in ("steps", "sampled"):
+                rows = body.get(key)
+                if isinstance(rows, list) and len(rows) > STATUS_ROWS:
+                    body[key] = rows[-STATUS_ROWS:]
+                    body[f"{key}Omitted"] = len(rows) - STATUS_ROWS
+            return body
 
         def _controlled(self, what: str, handler) -> bool:
             """The control token's check; False (and the reply sent) when it fails."""
@@ -563,7 +586,7 @@ def make_server(
             if self.path == "/healthz":
                 return self._reply(200, "ok", "text/plain")
             if self.path == "/v1/status":
-                return self._reply(200, status())
+                return self._reply(200, self._status())
             if self.path == "/metrics" and metrics is not None:
                 return self._reply(200, metrics().decode(), "text/plain; version=0.0.4")
             self._reply(404, {"error": f"no route {self.path}"})

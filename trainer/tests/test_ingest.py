@@ -331,6 +331,40 @@ def test_with_an_ingest_token_only_its_bearer_may_post(tmp_path):
         srv.shutdown()
 
 
+def test_the_status_gives_its_growing_lists_whole_to_the_control_token_only(tmp_path):
+    # The trainer's port is open to every sandbox pod of the job; the per-step rows grow with
+    # the run, and serialising them for an agent asking in a loop would cost the trainer.
+    rows = [{"step": i} for i in range(1, 31)]
+    status = {"step": 30, "steps": rows, "sampled": rows[:5]}
+    srv = make_server(
+        Ingest(Store(tmp_path / "ingest"), lambda t: None),
+        ("127.0.0.1", 0),
+        lambda: {k: list(v) if isinstance(v, list) else v for k, v in status.items()},
+        control_token="c0ntrol",
+    )
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/status"
+
+    def get(token=None):
+        req = urllib.request.Request(url)
+        if token:
+            req.add_header("authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req) as r:
+            return json.loads(r.read())
+
+    try:
+        for token in (None, "session-token"):
+            part = get(token)
+            assert part["step"] == 30
+            assert [r["step"] for r in part["steps"]] == list(range(11, 31)), "the last 20"
+            assert part["stepsOmitted"] == 10
+            assert len(part["sampled"]) == 5 and "sampledOmitted" not in part
+        whole = get("c0ntrol")
+        assert len(whole["steps"]) == 30 and "stepsOmitted" not in whole
+    finally:
+        srv.shutdown()
+
+
 def test_a_failed_sample_is_reported_with_the_control_token_only(tmp_path):
     failed = []
     ingest = Ingest(Store(tmp_path / "ingest"), lambda t: None)

@@ -409,15 +409,17 @@ impl Training {
         }
     }
 
-    /// The trainer's `/v1/status`, if it answers.
+    /// The trainer's `/v1/status`, if it answers: whole, with the control token (without it,
+    /// only the last rows of its per-step table).
     pub async fn status(&self) -> Option<Value> {
-        let r = self
+        let mut get = self
             .http
             .get(format!("{}/v1/status", self.trainer_url))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .ok()?;
+            .timeout(Duration::from_secs(5));
+        if let Some(token) = &self.control_token {
+            get = get.bearer_auth(token);
+        }
+        let r = get.send().await.ok()?;
         r.json().await.ok()
     }
 
