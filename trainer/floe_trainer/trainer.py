@@ -565,6 +565,9 @@ class Trainer:
         # process that took them: counted again here, a restart's counter (from 0) would add
         # them twice to every increase() over it.
         self._replaying = True
+        # Samples whose stored trajectory no longer reads (``_unreadable``): gone, after the
+        # replay (another attempt's may be stored).
+        self.unreadable_samples: list[tuple[str, int]] = []
         for t in self.store.load(skip=self.settled.__contains__, on_unreadable=self._unreadable):
             if t.session in self.seen and t.group in self.buffer.closed:
                 # Dropped before a checkpoint older than ``settled_sessions``: counted then.
@@ -574,7 +577,7 @@ class Trainer:
         self._replaying = False
         # Failures ruled since the checkpoint (it keeps those before): after the replay, so a
         # sample whose trajectory is stored is not counted as failed.
-        for group, sample in self.store.failures():
+        for group, sample in [*self.store.failures(), *self.unreadable_samples]:
             if group not in self.buffer.closed:
                 self.buffer.sample_failed(group, sample, time.time())
         # What the restore and the replay dropped again was counted by the process that took
@@ -700,10 +703,12 @@ class Trainer:
     def _unreadable(self, path: Path, error: Exception) -> None:
         """A stored trajectory the replay cannot read: its session is lost to learning
         (counted as ``invalid``, the alert ``FloeTrainerSessionsLost``), the rest replays.
-        When the file still says whose sample it was (JSON a stricter trainer refuses), its
-        group completes without it: that sample will not come again (its gateway was answered),
-        and with ``minGroupFraction: 1`` the group would wait for the job's end, and under
-        ``maxStaleness`` could hold the job with it."""
+        When the file still says whose sample it was and that it was scored and trainable (JSON
+        a stricter trainer refuses), its group completes without it after the replay: that
+        sample will not come again (its gateway was answered, and a scored session is not run
+        again), and with ``minGroupFraction: 1`` the group would wait for the job's end, and
+        under ``maxStaleness`` could hold the job with it. An untrainable one's sample is run
+        again (another attempt), so its group waits for that."""
         log.error("cannot replay %s (%s): its session is left out", path, error)
         self.ingest.counts["invalid"] += 1
         # Counted before the first scrape of a new pod, the counter starts at 1 there, which
@@ -712,11 +717,11 @@ class Trainer:
         try:
             body = json.loads(path.read_bytes())
             group, sample = body["group"], body["sample"]
+            scored = body["trainable"] is True and body["reward"] is not None
         except (OSError, ValueError, KeyError, TypeError):
             return
-        if isinstance(group, str) and type(sample) is int and sample >= 0:
-            with self.lock:
-                self.buffer.sample_failed(group, sample, time.time())
+        if scored and isinstance(group, str) and type(sample) is int and sample >= 0:
+            self.unreadable_samples.append((group, sample))
 
     def add(self, t: Trajectory) -> None:
         if self.vocab_rows is not None and _past_vocabulary(t, self.vocab_rows):

@@ -253,17 +253,23 @@ def test_a_stored_trajectory_a_stricter_trainer_refuses_completes_its_group_with
     # must count as gone, or its group waits for the job's end.
     grpo = {"groupsPerStep": 1, "learningRate": 1e-3, "microBatchSize": 4, "minGroupFraction": 1.0}
     trainer = start(tmp_path, vllm, numSamples=3, grpo=grpo)
-    for sample, reward in [(0, 0.0), (1, 1.0), (2, 1.0)]:
-        send(trainer, "j/a", sample, reward)
-    stored = tmp_path / "state/ingest/j-a-2.json"
-    body = json.loads(stored.read_text())
-    body["traces"] = "not traces"  # what a stricter trainer refuses, its sample still named
-    stored.write_text(json.dumps(body))
+    for group in ("j/a", "j/b"):
+        for sample, reward in [(0, 0.0), (1, 1.0), (2, 1.0)]:
+            send(trainer, group, sample, reward)
+    for session, trainable in [("j-a-2", True), ("j-b-2", False)]:
+        stored = tmp_path / f"state/ingest/{session}.json"
+        body = json.loads(stored.read_text())
+        body["traces"] = "not traces"  # what a stricter trainer refuses, its sample still named
+        if not trainable:
+            # An infrastructure failure's: its sample runs again, so its group waits for it.
+            body.update(trainable=False, reward=None)
+        stored.write_text(json.dumps(body))
 
     again = start(tmp_path, vllm, numSamples=3, grpo=grpo)
-    assert again.ingest.counts["invalid"] == 1
+    assert again.ingest.counts["invalid"] == 2
     stats = again.run_once()
-    assert stats is not None and stats.sessions == 2, "the group trains without sample 2"
+    assert stats is not None and stats.sessions == 2, "j/a trains without sample 2"
+    assert list(again.buffer.pending) == ["j/b"], "j/b waits for its sample 2's next attempt"
 
 
 def test_a_token_id_past_the_models_vocabulary_is_left_out_not_a_crash_on_every_replay(

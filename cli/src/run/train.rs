@@ -38,6 +38,10 @@ pub struct Programs {
     pub start_timeout: Duration,
 }
 
+/// Where the trainer reads its control token (`floe run` sets it for the one it starts, and
+/// reads it for one it attaches to with `--trainer-url`).
+const CONTROL_TOKEN_ENV: &str = "FLOE_TRAINER_CONTROL_TOKEN";
+
 /// A running train job's policy server, proxy and trainer.
 pub struct Training {
     /// What the gateway calls: the policy proxy (it labels each completion's policy version).
@@ -53,7 +57,8 @@ pub struct Training {
     proxy_stop: Option<tokio::sync::oneshot::Sender<()>>,
     http: reqwest::Client,
     /// Steps already printed as progress lines.
-    reported_steps: usize,
+    /// The last step whose line was printed.
+    reported_step: u64,
     /// Samples of vLLM's `vllm:num_requests_running`: (all, with requests running).
     busy_samples: (u64, u64),
 }
@@ -125,7 +130,7 @@ impl Training {
             children: Vec::new(),
             proxy_stop: None,
             http: reqwest::Client::new(),
-            reported_steps: 0,
+            reported_step: 0,
             busy_samples: (0, 0),
         };
         match me
@@ -214,11 +219,16 @@ impl Training {
         };
         me.start_proxy(&vllm_url).await?;
         me.trainer_url = match trainer_url {
-            // The trainer's base URL (its ingest is `/v1/trajectories` under it).
-            Some(url) => url
-                .trim_end_matches('/')
-                .trim_end_matches("/v1/trajectories")
-                .to_string(),
+            // The trainer's base URL (its ingest is `/v1/trajectories` under it), and its
+            // control token when the environment has it, as the trainer reads it: without it
+            // the trainer is not told the sessions are done, nor what failed, and its status
+            // lists only its last steps.
+            Some(url) => {
+                me.control_token = floe_gateway::bearer::env_secret(CONTROL_TOKEN_ENV);
+                url.trim_end_matches('/')
+                    .trim_end_matches("/v1/trajectories")
+                    .to_string()
+            }
             None => {
                 let mut config = config.unwrap_or_default();
                 if model_url.is_some() {
@@ -332,7 +342,7 @@ impl Training {
             cmd.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", shutdown);
         }
         cmd.env("FLOE_TRAINER_CONFIG", config.to_string())
-            .env("FLOE_TRAINER_CONTROL_TOKEN", &control)
+            .env(CONTROL_TOKEN_ENV, &control)
             .env("FLOE_TRAINER_INGEST_TOKEN", &ingest);
         self.control_token = Some(control);
         self.ingest_token = Some(ingest);
@@ -446,22 +456,26 @@ impl Training {
         (self.busy_samples.0 > 0).then(|| self.busy_samples.1 as f64 / self.busy_samples.0 as f64)
     }
 
-    /// Prints a line for every step the trainer took since the last call.
+    /// Prints a line for every step the trainer took since the last call, by step number (a
+    /// trainer that is not told the control token lists only its last steps).
     pub fn report_steps(&mut self, status: &Value) {
         let steps = status["steps"].as_array().map(Vec::as_slice).unwrap_or(&[]);
         // Steps an earlier run took (`--resume`) were printed by that run.
         let resumed = status["resumedFromStep"].as_u64().unwrap_or(0);
-        if resumed > 0 && self.reported_steps == 0 {
+        if resumed > 0 && self.reported_step == 0 {
             eprintln!(
                 "[train] resumed from the checkpoint of step {resumed} (policy version {})",
                 status["policyVersion"]
             );
-            self.reported_steps = usize::try_from(resumed).unwrap_or(0).min(steps.len());
+            self.reported_step = resumed;
         }
-        for s in steps.iter().skip(self.reported_steps) {
-            eprintln!("{}", step_line(s));
+        for s in steps {
+            let step = s["step"].as_u64().unwrap_or(0);
+            if step > self.reported_step {
+                eprintln!("{}", step_line(s));
+                self.reported_step = step;
+            }
         }
-        self.reported_steps = self.reported_steps.max(steps.len());
     }
 
     /// A session that failed for good by infrastructure (its retries spent): its group need

@@ -45,23 +45,35 @@ pub async fn complete(
     session: Arc<Session>,
     call: Call,
 ) -> Result<Completed, ProtocolError> {
-    let (answer, answered) = tokio::sync::oneshot::channel();
+    let (mut answer, answered) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let caller_gone = || answer.is_closed();
-        let (completed, mut captured) =
-            match call_and_capture(&gateway, &session, call, &caller_gone).await {
-                Ok((completed, captured)) => (Ok(completed), captured),
-                Err(e) => (Err(e), None),
-            };
+        let caller_gone = |answer: &tokio::sync::oneshot::Sender<_>| answer.is_closed();
+        let captured = call_and_capture(&gateway, &session, call, &|| caller_gone(&answer)).await;
+        let (completed, mut captured) = match captured {
+            Ok((completed, captured)) => (Ok(completed), captured),
+            Err(e) => (Err(e), None),
+        };
         if completed.is_ok() {
-            if caller_gone() {
+            if caller_gone(&answer) {
                 // Noted before the snapshot, which then leaves the call out.
                 if let Some(call) = captured.take() {
                     left_after_capture(&gateway, &session, call);
                 }
             }
             // Before the reply: what the agent does with it comes after the call left the pod.
-            super::snapshot::ship(&gateway, &session).await;
+            let ship = super::snapshot::ship(&gateway, &session);
+            tokio::pin!(ship);
+            tokio::select! {
+                () = &mut ship => {}
+                () = answer.closed(), if captured.is_some() => {
+                    // Noted as the caller leaves, not once the post is done: a harness that
+                    // exited has its session closed meanwhile, and a note after that is late.
+                    if let Some(call) = captured.take() {
+                        left_after_capture(&gateway, &session, call);
+                    }
+                    ship.await;
+                }
+            }
         }
         if answer.send(completed).is_err() {
             if let Some(call) = captured {

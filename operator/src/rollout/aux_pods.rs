@@ -394,7 +394,8 @@ pub const TASKS_TOKEN_ENV: &str = "FLOE_TASKS_TOKEN";
 /// does not enforce the sandboxes' NetworkPolicy (`egress.unrestricted: Warn` lets them run):
 /// an agent that read them would pass what it was meant to solve.
 pub fn task_loader_secret(job: &str) -> String {
-    format!("{job}-tasks-token")
+    // Not `-tasks-token`: the job token Secret of a job named `<job>-tasks`.
+    format!("{job}-tasks-key")
 }
 
 /// A new token for a job's task loader, in its Secret.
@@ -577,10 +578,10 @@ mod tests {
         assert_eq!(c["env"][0]["name"], TASKS_TOKEN_ENV);
         assert_eq!(
             c["env"][0]["valueFrom"]["secretKeyRef"]["name"],
-            "j-tasks-token"
+            "j-tasks-key"
         );
         let secret = task_loader_secret_object(&j)?;
-        assert_eq!(secret.metadata.name.as_deref(), Some("j-tasks-token"));
+        assert_eq!(secret.metadata.name.as_deref(), Some("j-tasks-key"));
         assert!(secret
             .string_data
             .is_some_and(|d| d.values().all(|t| t.len() >= 32)));

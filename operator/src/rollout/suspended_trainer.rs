@@ -1,9 +1,10 @@
 //! A train job suspended after it started. Kueue preempts a job by suspending it and hands its
 //! quota to another; a trainer left running kept the GPUs Kueue counted free. Once none of its
-//! sessions runs and every failure is told, the trainer pod ends (its SIGTERM checkpoints the
-//! steps since its last checkpoint), and a resumed job makes it again: it goes on from that
-//! checkpoint, replaying from the claim what it had not trained. Only with a checkpoint volume:
-//! without one the trainer's steps live only in its pod, which keeps running (sans-IO).
+//! sessions runs and every failure is told (or it cannot hear them: not Ready), the trainer
+//! pod ends (its SIGTERM checkpoints the steps since its last checkpoint), and a resumed job
+//! makes it again: it goes on from that checkpoint, replaying from the claim what it had not
+//! trained. Only with a checkpoint volume: without one the trainer's steps live only in its
+//! pod, which keeps running (sans-IO).
 
 /// What the round knows of a train job and its trainer pod.
 #[derive(Debug, Clone, Copy, Default)]
@@ -13,6 +14,8 @@ pub struct SuspendedTrainer {
     pub checkpointed: bool,
     /// The trainer pod is there and not being deleted.
     pub pod_alive: bool,
+    /// The trainer pod is Ready: it can be told what failed.
+    pub pod_ready: bool,
     /// The trainer said it finished (its final model written): the job's end takes it.
     pub finished: bool,
     /// Every session of the job's own is done: the trainer trains the last groups and writes
@@ -34,7 +37,10 @@ impl SuspendedTrainer {
             && !self.finished
             && !self.sessions_done
             && self.running == 0
-            && self.untold_failures == 0
+            // Told first if it can hear them; one that cannot (Pending, crash-looping) is
+            // told once the resumed job's trainer is back (they stay in the job's status),
+            // and must not keep GPUs while the job is suspended meanwhile.
+            && (self.untold_failures == 0 || !self.pod_ready)
     }
 }
 
@@ -47,8 +53,19 @@ mod tests {
             suspended: true,
             checkpointed: true,
             pod_alive: true,
+            pod_ready: true,
             ..SuspendedTrainer::default()
         }
+    }
+
+    #[test]
+    fn a_trainer_that_cannot_hear_its_untold_failures_stops_all_the_same() {
+        let unready = SuspendedTrainer {
+            untold_failures: 1,
+            pod_ready: false,
+            ..suspended()
+        };
+        assert!(unready.stops());
     }
 
     #[test]

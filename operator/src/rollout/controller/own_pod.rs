@@ -261,8 +261,9 @@ pub(super) struct FailedSample {
     pub agent_fault: Option<String>,
 }
 
-/// How long the operator keeps telling a trainer of a failed sample it does not take (it
-/// answers 5xx, or is not there): past this the job's end no longer waits for it.
+/// How long the operator keeps telling a trainer of a failed sample it answers 5xx for: past
+/// this the job's end no longer waits for it. One not there is told once it is, however long
+/// that takes.
 const TELL_FAILED_FOR: Duration = Duration::from_secs(15 * 60);
 
 /// Samples of a train job that failed for good, folded this round: to be told to its trainer
@@ -466,6 +467,7 @@ pub(super) async fn stop_while_suspended(
         suspended: job.spec.suspend,
         checkpointed: train.checkpoint.is_some(),
         pod_alive: pod.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        pod_ready: pod.is_some_and(crate::pods::view::is_ready),
         ..round
     };
     let (Some(pod), true) = (pod, decision.stops()) else {

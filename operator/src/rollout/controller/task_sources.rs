@@ -12,6 +12,14 @@ use super::{name_holder, Halt, JobContext, JobError};
 use crate::rollout::status::Blocked;
 use crate::rollout::{aux_pods, pod_view, tasks};
 
+/// What a loader pod is made from: the files its arguments name, and its environment (the
+/// token's Secret: a loader an older operator made, which takes none, is made again with it,
+/// or a running job's tasks could never be read after an upgrade).
+fn loader_key(pod: &Pod) -> Result<String, serde_json::Error> {
+    let container = pod.spec.as_ref().and_then(|s| s.containers.first());
+    serde_json::to_string(&container.map(|c| (&c.args, &c.env)))
+}
+
 /// Where the task loader's token is remembered: by the job's UID, as the job's token is
 /// (`deliver::job_token_key`).
 pub(super) fn loader_token_key(job: &RolloutJob) -> String {
@@ -90,7 +98,7 @@ pub(super) async fn file_tasks(
     };
     // The loader's arguments name the files: a changed path (before the job started) means a
     // new loader and a new read.
-    let key = serde_json::to_string(&loader.spec.as_ref().map(|s| &s.containers[0].args))?;
+    let key = loader_key(&loader)?;
     let known = ctx.remember(&uid, |m| {
         m.file_tasks
             .as_ref()
@@ -110,9 +118,7 @@ pub(super) async fn file_tasks(
         name_holder::ours(&pods, job, p, "pod").await?;
     }
     let pod = match found {
-        Some(p)
-            if serde_json::to_string(&p.spec.as_ref().map(|s| &s.containers[0].args))? != key =>
-        {
+        Some(p) if loader_key(&p)? != key => {
             crate::pods::writes::delete(&pods, &name)
                 .await
                 .map_err(JobError::api(format!("deleting pod {ns}/{name}")))?;
