@@ -12,12 +12,19 @@ use super::{name_holder, Halt, JobContext, JobError};
 use crate::rollout::status::Blocked;
 use crate::rollout::{aux_pods, pod_view, tasks};
 
-/// What a loader pod is made from: the files its arguments name, and its environment (the
-/// token's Secret: a loader an older operator made, which takes none, is made again with it,
-/// or a running job's tasks could never be read after an upgrade).
+/// What a loader pod is made from: the files its arguments name, and the names of its
+/// variables (the token's: a loader an older operator made, which takes none, is made again
+/// with it, or a running job's tasks could never be read after an upgrade). Names only: the
+/// apiserver's copy of a value is not ours to compare byte for byte.
 fn loader_key(pod: &Pod) -> Result<String, serde_json::Error> {
     let container = pod.spec.as_ref().and_then(|s| s.containers.first());
-    serde_json::to_string(&container.map(|c| (&c.args, &c.env)))
+    let names: Vec<&str> = container
+        .and_then(|c| c.env.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    serde_json::to_string(&(container.map(|c| &c.args), names))
 }
 
 /// Where the task loader's token is remembered: by the job's UID, as the job's token is
@@ -211,4 +218,32 @@ pub(super) async fn file_tasks(
     tracing::info!(job = %job.name_any(), "read the task files");
     ctx.remember(&uid, |m| m.file_tasks = Some((key, out.clone())));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loader an older operator made (no token variable) is not taken for the loader this
+    /// one makes, so it is made again with its token; the same loader read back is.
+    #[test]
+    fn a_loader_without_the_token_is_not_the_loader_now_made() -> Result<(), serde_json::Error> {
+        let job: RolloutJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+            "spec": {"tasks": {"file": {"claimName": "c", "path": "t.jsonl"}}, "numSamples": 1,
+                     "harness": {"preset": "pi"}, "poolRef": {"name": "p"},
+                     "evaluator": {"command": ["true"]}}}))?;
+        let Some(now) = aux_pods::task_loader(&job, "floe:1")? else {
+            panic!("a loader");
+        };
+        let mut older = now.clone();
+        if let Some(spec) = older.spec.as_mut() {
+            spec.containers[0].env = None;
+        }
+        let read_back: Pod = serde_json::from_value(serde_json::to_value(&now)?)?;
+        assert_eq!(loader_key(&read_back)?, loader_key(&now)?);
+        assert_ne!(loader_key(&older)?, loader_key(&now)?);
+        Ok(())
+    }
 }
