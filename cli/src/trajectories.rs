@@ -104,6 +104,7 @@ pub fn run(command: TrajectoriesCommand, out: &mut impl Write) -> Result<(), Tra
                 end_of_turn,
                 max_length,
                 exclude_classes,
+                ..Default::default()
             };
             for dir in sessions(&dirs)? {
                 serde_json::to_writer(&mut *out, &build_one(&dir, &options)?)?;

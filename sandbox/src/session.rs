@@ -165,6 +165,7 @@ pub fn assignment(s: &SessionOf) -> Assignment {
         sample: s.sample,
         builder,
         exclude_classes: spec.trajectory.exclude_request_classes.clone(),
+        imitation: spec.sft.is_some(),
         sink: s.sink.clone(),
         upstream: Some(upstream),
         metadata,

@@ -180,6 +180,18 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
     let mut sneaky = accepted.clone();
     sneaky["session"] = json!("../../etc/x");
     assert_eq!(http.post(&url).json(&sneaky).send().await?.status(), 400);
+    // A passing session with no token to train (every call abandoned, of an excluded class,
+    // or not to be imitated) is no example: kept, as rejected.
+    let mut empty = accepted.clone();
+    empty["session"] = json!("col-empty");
+    empty["sample"] = json!(9);
+    for trace in empty["traces"].as_array_mut().into_iter().flatten() {
+        let n = trace["loss_mask"].as_array().map_or(0, Vec::len);
+        trace["loss_mask"] = json!(vec![0; n]);
+    }
+    assert_eq!(http.post(&url).json(&empty).send().await?.status(), 200);
+    assert!(dir.join("rejected/col-empty.json").exists());
+    assert!(!dir.join("accepted/col-empty.json").exists());
 
     // The job finished: the operator's summary is written beside the dataset, with the
     // collector's counts; again (an operator restarted before it deleted the pod) the same.
@@ -195,7 +207,7 @@ async fn sessions_ship_to_the_collector_which_keeps_exactly_one_record_each() ->
         assert_eq!(written["teacher"], serde_json::from_str::<Value>(TEACHER)?);
         assert_eq!(
             written["dataset"],
-            json!({"file": "dataset.jsonl", "accepted": 3, "rejected": 2, "acceptanceRate": 0.6})
+            json!({"file": "dataset.jsonl", "accepted": 3, "rejected": 3, "acceptanceRate": 0.5})
         );
         // The dataset the job leaves is what accepted/ holds, whole.
         let lines = std::fs::read_to_string(dir.join("dataset.jsonl"))?;

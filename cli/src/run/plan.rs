@@ -311,6 +311,14 @@ spec:
         );
         assert_eq!(expand(&p, &Sink::None, Some(4)).len(), 4);
         assert!(sessions[0].exclude_classes.is_empty());
+        // An sft job's trajectories are for imitation; a train job's are not.
+        assert!(sessions.iter().all(|a| a.imitation));
+        let trained = expand(
+            &plan(&train_job("  train: {image: t, model: m}\n"))?,
+            &Sink::None,
+            None,
+        );
+        assert!(trained.iter().all(|a| !a.imitation));
         // The job's request classes left out of training reach every session's gateway.
         let excluding = JOB.replace(
             "  numSamples: 3\n",

@@ -178,6 +178,7 @@ pub(super) fn trajectory_from(
             let options = BuildOptions {
                 builder: d.assignment.builder,
                 exclude_classes: d.assignment.exclude_classes,
+                imitation: d.assignment.imitation,
                 ..Default::default()
             };
             (options, d.assignment.sink)

@@ -29,6 +29,10 @@ pub struct Assignment {
     /// `trajectory.excludeRequestClasses`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude_classes: Vec<String>,
+    /// Its trajectory is for imitation (an sft job's dataset): the calls a student should not
+    /// copy train no token ([`crate::trajectory::BuildOptions::imitation`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub imitation: bool,
     #[serde(default)]
     pub sink: Sink,
     /// Where this session's calls go, when not the gateway's own upstream.
@@ -276,6 +280,7 @@ mod tests {
                 sample: 0,
                 builder: Builder::default(),
                 exclude_classes: Vec::new(),
+                imitation: false,
                 sink: Sink::None,
                 upstream: None,
                 metadata: BTreeMap::new(),

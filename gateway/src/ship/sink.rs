@@ -26,8 +26,9 @@ pub enum Sink {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         snapshots: bool,
     },
-    /// Write `DIR/accepted/<session>.json` when the session is trainable and its reward is at
-    /// least `minReward` (any reward when unset), else `DIR/rejected/<session>.json`.
+    /// Write `DIR/accepted/<session>.json` when the session is trainable, trains a token and
+    /// its reward is at least `minReward` (any reward when unset), else
+    /// `DIR/rejected/<session>.json`.
     #[serde(rename_all = "camelCase")]
     Dataset {
         dir: PathBuf,
@@ -104,7 +105,11 @@ pub async fn deliver(http: &reqwest::Client, entry: &SpoolEntry) -> Result<Strin
             }
         }
         Sink::Dataset { dir, min_reward } => {
+            // A passing session with no token to train (every call abandoned, of an excluded
+            // class, or not to be imitated) is no example: a line of nothing.
+            let trains = trajectory.traces.iter().any(|t| t.loss_mask.contains(&1));
             let accepted = trajectory.trainable
+                && trains
                 && trajectory
                     .reward
                     .is_some_and(|r| min_reward.is_none_or(|min| r >= min));

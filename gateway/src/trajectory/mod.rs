@@ -30,6 +30,9 @@ pub struct BuildOptions {
     /// `trajectory.excludeRequestClasses`): the capture keeps them, `stats.excluded_calls`
     /// counts them, nobody trains on them.
     pub exclude_classes: Vec<String>,
+    /// The trajectory is for imitation (an sft job's dataset): the calls a student should not
+    /// copy train no token ([`leave_out_of_imitation`]).
+    pub imitation: bool,
 }
 
 impl BuildOptions {
@@ -61,17 +64,53 @@ pub fn build_traces(
     let (mut ordered, excluded): (Vec<&CompletionRecord>, Vec<&CompletionRecord>) =
         answered.into_iter().partition(|r| !options.excludes(r));
     ordered.sort_by_key(|r| (r.started_at_ms, r.seq));
-    let traces = match options.builder {
+    let mut traces = match options.builder {
         Builder::PerRequest => per_request::build(&ordered),
         Builder::PrefixMerging => {
             let eot = options.end_of_turn.or_else(|| infer_end_of_turn(records));
             prefix_merging::build(&ordered, eot, options.max_length)
         }
     };
-    let stats = ReconstructionStats::of(&ordered, &traces)
+    let not_imitated = if options.imitation {
+        leave_out_of_imitation(&mut traces, &ordered)
+    } else {
+        0
+    };
+    let mut stats = ReconstructionStats::of(&ordered, &traces)
         .with_abandoned(&abandoned)
         .with_excluded(&excluded);
+    stats.not_imitated_calls = not_imitated;
     (traces, stats)
+}
+
+/// For imitation (an sft job's dataset, which a student copies token for token), the calls
+/// it should not copy train no token: a tool call the harness could not parse (under GRPO a
+/// trainable negative, which a low reward pushes down; imitation has no negative) and a
+/// response cut at its cap (copied, a student learns to run on until it is cut). Their tokens
+/// stay in the trace, as the context the later turns saw. Returns how many calls.
+fn leave_out_of_imitation(traces: &mut [Trace], records: &[&CompletionRecord]) -> u64 {
+    let by_seq: std::collections::HashMap<u64, &CompletionRecord> =
+        records.iter().map(|r| (r.seq, *r)).collect();
+    let mut left_out = 0;
+    for trace in traces {
+        // The builders train exactly the sampled tokens: each call's are the next run of
+        // trained ones, in the order the trace lists its calls (what is between is prompt).
+        let mask = &mut trace.loss_mask;
+        let mut at = 0;
+        for seq in &trace.completions {
+            let Some(r) = by_seq.get(seq) else { continue };
+            while mask.get(at) == Some(&0) {
+                at += 1;
+            }
+            let end = (at + r.completion_token_ids.len()).min(mask.len());
+            if r.unparsed_tool_call || types::overlong(r) {
+                mask[at..end].fill(0);
+                left_out += 1;
+            }
+            at = end;
+        }
+    }
+    left_out
 }
 
 /// Build a session's trajectory and apply its outcome.

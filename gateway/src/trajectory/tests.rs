@@ -790,3 +790,52 @@ fn a_captured_token_costs_at_most_the_worst_bytes_in_a_trajectory() {
         bytes / captured
     );
 }
+
+/// An sft job's dataset is copied token for token: a tool call the harness could not parse
+/// and a response cut at its cap train no token there (under GRPO both stay trainable: a low
+/// reward pushes them down), and stay in the trace as the context later turns saw.
+#[test]
+fn an_imitation_dataset_trains_no_token_of_a_broken_tool_call_or_a_cut_response() {
+    let p0 = [1, 2];
+    let p1 = cat(&[&p0, &[10, EOT], &[20]]);
+    let p2 = cat(&[&p1, &[11, 12, EOT], &[21]]);
+    let p3 = cat(&[&p2, &[13, 14, 15], &[22]]);
+    let records = [
+        rec(0, &p0, &[10, EOT], "tool_calls"),
+        CompletionRecord {
+            unparsed_tool_call: true,
+            ..rec(1, &p1, &[11, 12, EOT], "stop")
+        },
+        rec(2, &p2, &[13, 14, 15], "length"),
+        rec(3, &p3, &[16, EOT], "stop"),
+    ];
+    for builder in [Builder::PerRequest, Builder::PrefixMerging] {
+        let options = |imitation| BuildOptions {
+            builder,
+            end_of_turn: Some(EOT),
+            imitation,
+            ..Default::default()
+        };
+        let trained = |traces: &[Trace]| -> Vec<u32> {
+            traces
+                .iter()
+                .flat_map(|t| t.response_token_ids.iter().zip(&t.loss_mask))
+                .filter(|(_, m)| **m == 1)
+                .map(|(t, _)| *t)
+                .collect()
+        };
+        let (traces, stats) = build_traces(&records, &options(false));
+        assert_eq!(
+            trained(&traces),
+            [10, EOT, 11, 12, EOT, 13, 14, 15, 16, EOT],
+            "{builder:?}"
+        );
+        assert_eq!(stats.not_imitated_calls, 0);
+        let (traces, stats) = build_traces(&records, &options(true));
+        assert_eq!(trained(&traces), [10, EOT, 16, EOT], "{builder:?}");
+        assert_eq!(stats.not_imitated_calls, 2, "{builder:?}");
+        assert_eq!(stats.trainable_tokens, 4, "{builder:?}");
+        let kept: usize = traces.iter().map(|t| t.response_token_ids.len()).sum();
+        assert!(kept >= 10, "the tokens stay, as context: {builder:?}");
+    }
+}
