@@ -461,12 +461,7 @@ async fn a_train_job_samples_only_the_policy_s_distribution() -> Result<()> {
     ] {
         assert!(dropped.contains(&name), "{name} in {dropped:?}");
     }
-    let page = http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let page = metrics_page(&http, &gw).await?;
     assert!(
         page.lines()
             .any(|l| l.starts_with("floe_gateway_dropped_total")
@@ -882,12 +877,7 @@ async fn a_session_past_its_budget_is_refused_in_each_apis_shape() -> Result<()>
     past_the_budget(refused, "budget of 1000000 captured bytes");
     gw.close("one-mb").await?;
     assert_eq!(read_session(&gw.session_dir("one-mb"))?.records.len(), 2);
-    let page = http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let page = metrics_page(&http, &gw).await?;
     assert!(
         page.lines()
             .any(|l| l.starts_with("floe_gateway_errors_total")
@@ -960,17 +950,22 @@ async fn a_reply_the_caller_left_before_is_captured_as_abandoned() -> Result<()>
         [(0, true), (1, true), (2, false)],
         "each call captured"
     );
-    let metrics = http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let metrics = metrics_page(&http, &gw).await?;
     for api in ["openai_chat", "anthropic"] {
         let line = format!("floe_gateway_requests_total{{api=\"{api}\",status=\"abandoned\"}} 1");
         assert!(metrics.contains(&line), "{line} in\n{metrics}");
     }
     Ok(())
+}
+
+/// The gateway's Prometheus page.
+async fn metrics_page(http: &reqwest::Client, gw: &TestGateway) -> Result<String> {
+    Ok(http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await?
+        .text()
+        .await?)
 }
 
 /// The session's result, as its runner posts it: completed, reward 1. Its summary.
@@ -1053,12 +1048,7 @@ async fn a_caller_that_leaves_while_its_snapshot_is_posted_is_noted_as_abandoned
         "{}",
         shipped["stats"]
     );
-    let metrics = http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let metrics = metrics_page(&http, &gw).await?;
     let line = "floe_gateway_requests_total{api=\"openai_chat\",status=\"abandoned\"} 1";
     assert!(metrics.contains(line), "{line} in\n{metrics}");
     Ok(())
