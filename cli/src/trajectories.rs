@@ -28,6 +28,10 @@ pub enum TrajectoriesCommand {
         /// `trajectory.excludeRequestClasses` does (repeatable).
         #[arg(long = "exclude-class", value_name = "CLASS")]
         exclude_classes: Vec<String>,
+        /// Build for imitation, as an sft job's dataset is: a tool call the harness could not
+        /// parse and a response cut at its cap train no token.
+        #[arg(long)]
+        imitation: bool,
         /// Session capture directories, or directories holding them.
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
@@ -97,6 +101,7 @@ pub fn run(command: TrajectoriesCommand, out: &mut impl Write) -> Result<(), Tra
             end_of_turn,
             max_length,
             exclude_classes,
+            imitation,
             dirs,
         } => {
             let options = BuildOptions {
@@ -104,7 +109,7 @@ pub fn run(command: TrajectoriesCommand, out: &mut impl Write) -> Result<(), Tra
                 end_of_turn,
                 max_length,
                 exclude_classes,
-                ..Default::default()
+                imitation,
             };
             for dir in sessions(&dirs)? {
                 serde_json::to_writer(&mut *out, &build_one(&dir, &options)?)?;

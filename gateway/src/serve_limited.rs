@@ -10,7 +10,9 @@
 //! - at most [`Limits::max_per_peer`] connections from one peer at once that no request has
 //!   vouched for ([`Vouch`]): a peer is an address of another host, and every connection from
 //!   this one (loopback, or the pod's own address, which the agent shares) is one peer. Past
-//!   that, after a grace, the peer's oldest connections not vouched for are closed. So the agent
+//!   that, after a grace, the peer's oldest connections not vouched for are closed (at once
+//!   when every slot is taken: a peer opening connections faster than the grace lets them go
+//!   would otherwise hold them all). So the agent
 //!   cannot take the kubelet's probe's slot, the operator's, or another pod's; and on a
 //!   collector or policy proxy, connections the agent holds from its pod's address cannot keep
 //!   out its own gateway's (which vouch with the job's token at their first request);
@@ -192,7 +194,8 @@ impl PeerSlots {
     /// peer's share is what it opened and left, while a client that means to call sends its
     /// head at once and vouches with it. After a grace, not at once: connections accepted in
     /// one burst (a peer can queue thousands of handshakes behind another client's) would
-    /// otherwise close that client's before its task has read the head it already sent.
+    /// otherwise close that client's before its task has read the head it already sent. (At
+    /// the cap there is no grace: [`PeerSlots::trim_all`].)
     fn take(self: &Arc<Self>, peer: Peer, max: usize) -> Arc<PeerSlot> {
         let held = Arc::new(Held {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),

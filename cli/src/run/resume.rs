@@ -224,9 +224,12 @@ pub fn check_record(out: &Path, now: &RunRecord) -> Result<RunRecord, String> {
 }
 
 /// An assignment without what differs between two runs of the same job: a train run's
-/// trainer listens on a new address with a new ingest token each time it starts.
+/// trainer listens on a new address with a new ingest token each time it starts; `imitation`
+/// follows the job's mode, which the record checks already, and a run of an earlier floe
+/// recorded none.
 fn comparable(a: &Assignment) -> Assignment {
     let mut a = a.clone();
+    a.imitation = false;
     if let Sink::Trainer { url, token, .. } = &mut a.sink {
         url.clear();
         *token = None;
@@ -497,6 +500,19 @@ mod tests {
             "builder": "prefix_merging", "sink": {"kind": "none"},
         }))
         .expect("assignment")
+    }
+
+    /// An sft run an earlier floe recorded (no `imitation`) is the same sessions as this one's.
+    #[test]
+    fn an_earlier_floes_sft_sessions_compare_equal_to_this_ones() {
+        let recorded = assignment("j-t-0");
+        let now = Assignment {
+            imitation: true,
+            ..assignment("j-t-0")
+        };
+        assert_eq!(comparable(&recorded), comparable(&now));
+        let other = assignment("j-t-1");
+        assert_ne!(comparable(&other), comparable(&now));
     }
 
     fn finish(out: &Path, id: &str, status: &str) -> std::io::Result<()> {

@@ -12,19 +12,34 @@ use super::{name_holder, Halt, JobContext, JobError};
 use crate::rollout::status::Blocked;
 use crate::rollout::{aux_pods, pod_view, tasks};
 
-/// What a loader pod is made from: the files its arguments name, and the names of its
-/// variables (the token's: a loader an older operator made, which takes none, is made again
-/// with it, or a running job's tasks could never be read after an upgrade). Names only: the
-/// apiserver's copy of a value is not ours to compare byte for byte.
+/// The files a loader pod's arguments name.
 fn loader_key(pod: &Pod) -> Result<String, serde_json::Error> {
-    let container = pod.spec.as_ref().and_then(|s| s.containers.first());
-    let names: Vec<&str> = container
-        .and_then(|c| c.env.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|e| e.name.as_str())
-        .collect();
-    serde_json::to_string(&(container.map(|c| &c.args), names))
+    serde_json::to_string(&pod.spec.as_ref().map(|s| &s.containers[0].args))
+}
+
+/// Whether `found` reads every variable `made` does, from the same Secret key (its token): a
+/// loader an older operator made, which takes none, is made again with it, or a running job's
+/// tasks could never be read after an upgrade. Variables of its own beside ours (a mutating
+/// webhook's) are no difference, nor is how the apiserver copies a value back.
+fn carries_our_variables(found: &Pod, made: &Pod) -> bool {
+    let variables = |pod: &Pod| -> Vec<(String, Option<(String, String)>)> {
+        let container = pod.spec.as_ref().and_then(|s| s.containers.first());
+        container
+            .and_then(|c| c.env.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let secret = e
+                    .value_from
+                    .as_ref()
+                    .and_then(|v| v.secret_key_ref.as_ref())
+                    .map(|r| (r.name.clone(), r.key.clone()));
+                (e.name.clone(), secret)
+            })
+            .collect()
+    };
+    let theirs = variables(found);
+    variables(made).iter().all(|v| theirs.contains(v))
 }
 
 /// Where the task loader's token is remembered: by the job's UID, as the job's token is
@@ -125,7 +140,7 @@ pub(super) async fn file_tasks(
         name_holder::ours(&pods, job, p, "pod").await?;
     }
     let pod = match found {
-        Some(p) if loader_key(&p)? != key => {
+        Some(p) if loader_key(&p)? != key || !carries_our_variables(&p, &loader) => {
             crate::pods::writes::delete(&pods, &name)
                 .await
                 .map_err(JobError::api(format!("deleting pod {ns}/{name}")))?;
@@ -224,10 +239,12 @@ pub(super) async fn file_tasks(
 mod tests {
     use super::*;
 
-    /// A loader an older operator made (no token variable) is not taken for the loader this
-    /// one makes, so it is made again with its token; the same loader read back is.
+    /// A loader an older operator made (no token variable, or another Secret's) is not taken
+    /// for the loader this one makes, so it is made again with its token; the same loader
+    /// read back is, and so is one a mutating webhook added variables to.
     #[test]
-    fn a_loader_without_the_token_is_not_the_loader_now_made() -> Result<(), serde_json::Error> {
+    fn a_loader_not_reading_this_token_is_made_again_and_one_with_more_variables_is_not(
+    ) -> Result<(), serde_json::Error> {
         let job: RolloutJob = serde_json::from_value(serde_json::json!({
             "apiVersion": "floe.dev/v1alpha1", "kind": "RolloutJob",
             "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
@@ -242,8 +259,30 @@ mod tests {
             spec.containers[0].env = None;
         }
         let read_back: Pod = serde_json::from_value(serde_json::to_value(&now)?)?;
-        assert_eq!(loader_key(&read_back)?, loader_key(&now)?);
-        assert_ne!(loader_key(&older)?, loader_key(&now)?);
+        assert!(carries_our_variables(&read_back, &now));
+        assert!(!carries_our_variables(&older, &now));
+        // Another Secret for the same variable (an earlier build's name): not ours.
+        let mut elsewhere = now.clone();
+        let mut webhooked = now.clone();
+        if let (Some(e), Some(w)) = (elsewhere.spec.as_mut(), webhooked.spec.as_mut()) {
+            let env = e.containers[0].env.get_or_insert_with(Vec::new);
+            if let Some(r) = env[0]
+                .value_from
+                .as_mut()
+                .and_then(|v| v.secret_key_ref.as_mut())
+            {
+                r.name = "j-tasks-token".into();
+            }
+            w.containers[0]
+                .env
+                .get_or_insert_with(Vec::new)
+                .push(serde_json::from_value(
+                    serde_json::json!({"name": "AWS_REGION", "value": "x"}),
+                )?);
+        }
+        assert!(!carries_our_variables(&elsewhere, &now));
+        // A mutating webhook's variable beside ours: the same loader (else made again for ever).
+        assert!(carries_our_variables(&webhooked, &now));
         Ok(())
     }
 }
