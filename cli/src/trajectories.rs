@@ -29,7 +29,7 @@ pub enum TrajectoriesCommand {
         #[arg(long = "exclude-class", value_name = "CLASS")]
         exclude_classes: Vec<String>,
         /// Build for imitation, as an sft job's dataset is: a tool call the harness could not
-        /// parse and a response cut at its cap train no token.
+        /// parse trains no token.
         #[arg(long)]
         imitation: bool,
         /// Session capture directories, or directories holding them.

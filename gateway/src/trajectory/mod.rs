@@ -30,8 +30,8 @@ pub struct BuildOptions {
     /// `trajectory.excludeRequestClasses`): the capture keeps them, `stats.excluded_calls`
     /// counts them, nobody trains on them.
     pub exclude_classes: Vec<String>,
-    /// The trajectory is for imitation (an sft job's dataset): the calls a student should not
-    /// copy train no token ([`leave_out_of_imitation`]).
+    /// The trajectory is for imitation (an sft job's dataset): a call a student should not
+    /// copy trains no token ([`leave_out_of_imitation`]).
     pub imitation: bool,
 }
 
@@ -83,11 +83,12 @@ pub fn build_traces(
     (traces, stats)
 }
 
-/// For imitation (an sft job's dataset, which a student copies token for token), the calls
-/// it should not copy train no token: a tool call the harness could not parse (under GRPO a
-/// trainable negative, which a low reward pushes down; imitation has no negative) and a
-/// response cut at its cap (copied, a student learns to run on until it is cut). Their tokens
-/// stay in the trace, as the context the later turns saw. Returns how many calls.
+/// For imitation (an sft job's dataset, which a student copies token for token), a call it
+/// should not copy trains no token: a tool call the harness could not parse (under GRPO a
+/// trainable negative, which a low reward pushes down; imitation has no negative). Its tokens
+/// stay in the trace, as the context the later turns saw. Returns how many calls. (A response
+/// cut at its cap stays: its tokens are the teacher's, and no end of turn is learnt at the
+/// cut, as when a trainer truncates a long example.)
 fn leave_out_of_imitation(traces: &mut [Trace], records: &[&CompletionRecord]) -> u64 {
     let by_seq: std::collections::HashMap<u64, &CompletionRecord> =
         records.iter().map(|r| (r.seq, *r)).collect();
@@ -103,7 +104,7 @@ fn leave_out_of_imitation(traces: &mut [Trace], records: &[&CompletionRecord]) -
                 at += 1;
             }
             let end = (at + r.completion_token_ids.len()).min(mask.len());
-            if r.unparsed_tool_call || types::overlong(r) {
+            if r.unparsed_tool_call {
                 mask[at..end].fill(0);
                 left_out += 1;
             }

@@ -152,8 +152,8 @@ pub struct ReconstructionStats {
     pub longest_turn_tokens: u64,
     /// Calls whose tool call could not be parsed (kept: a trainable negative).
     pub unparsed_tool_calls: u64,
-    /// Calls an imitation dataset (an sft job's) trains no token of: a tool call the harness
-    /// could not parse, or a response cut at its cap.
+    /// Calls an imitation dataset (an sft job's) trains no token of: tool calls the harness
+    /// could not parse.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub not_imitated_calls: u64,
     /// Sampled tokens without a behaviour logprob.
@@ -211,7 +211,7 @@ pub fn count_calls_of_class(counts: &mut BTreeMap<String, u64>, class: &str, cal
 
 /// Cut at its cap: `length`, or its whole cap sampled (vLLM reports `tool_calls` for a
 /// response with a tool call whatever ended it); never a short answer the caller asked for.
-pub(super) fn overlong(r: &CompletionRecord) -> bool {
+fn overlong(r: &CompletionRecord) -> bool {
     let cap = r
         .normalized_request
         .get("max_tokens")
