@@ -408,6 +408,14 @@ mod tests {
 
     /// A server on a free loopback port; dropping the sender stops it.
     async fn server(limits: Limits) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        server_with(limits, EVICTION_GRACE).await
+    }
+
+    /// [`server`] with its own eviction grace.
+    async fn server_with(
+        limits: Limits,
+        grace: Duration,
+    ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -429,7 +437,7 @@ mod tests {
                 }),
             );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, app, limits, async {
+        tokio::spawn(serve_with_grace(listener, app, limits, grace, async {
             let _ = stopped.await;
         }));
         (addr, stop)
@@ -544,20 +552,8 @@ mod tests {
             this_host_share: 1,
             header_read_timeout: Duration::from_secs(60),
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let app = axum::Router::new().route("/hello", axum::routing::get(|| async { "hello" }));
         // A grace longer than the test: only the cap's trim can make room.
-        let grace = Duration::from_secs(600);
-        tokio::spawn(serve_with_grace(
-            listener,
-            app,
-            limits,
-            grace,
-            std::future::pending(),
-        ));
+        let (addr, _stop) = server_with(limits, Duration::from_secs(600)).await;
         let mut flood = Vec::new();
         for _ in 0..4 {
             flood.push(half_sent(addr).await);

@@ -475,10 +475,7 @@ def make_server(
             would have the trainer serialise megabytes each time), else their last
             :data:`STATUS_ROWS` (what the operator and a look with curl need)."""
             body = status()
-            given = self.headers.get("authorization") or ""
-            if not control_token or hmac.compare_digest(
-                given.encode(), f"Bearer {control_token}".encode()
-            ):
+            if not control_token or self._shows_control_token():
                 return body
             for key in ("steps", "sampled"):
                 rows = body.get(key)
@@ -487,13 +484,16 @@ def make_server(
                     body[f"{key}Omitted"] = len(rows) - STATUS_ROWS
             return body
 
+        def _shows_control_token(self) -> bool:
+            given = self.headers.get("authorization") or ""
+            return hmac.compare_digest(given.encode(), f"Bearer {control_token}".encode())
+
         def _controlled(self, what: str, handler) -> bool:
             """The control token's check; False (and the reply sent) when it fails."""
-            given = self.headers.get("authorization") or ""
             if handler is None or not control_token:
                 self._reply(403, {"error": f"{what} is disabled: no control token"})
                 return False
-            if not hmac.compare_digest(given.encode(), f"Bearer {control_token}".encode()):
+            if not self._shows_control_token():
                 self._reply(401, {"error": f"{what} needs the control token"})
                 return False
             self._vouch()

@@ -11,7 +11,6 @@
 //! capture still reads it (as it did before: every call answered).
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -29,14 +28,7 @@ struct Left {
 
 /// Note that the caller of call `seq` left after its record was written.
 pub fn append(dir: &Path, seq: u64, at_ms: u64) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(&Left { seq, at_ms }).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    // One write of a short line to an O_APPEND file: concurrent calls do not interleave.
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(LEFT_FILE))?
-        .write_all(&line)
+    super::append_json_line(&dir.join(LEFT_FILE), &Left { seq, at_ms })
 }
 
 /// Mark the calls among `records` noted so far as abandoned. No file is none noted. A line
@@ -61,6 +53,8 @@ pub fn mark(dir: &Path, records: &mut [CompletionRecord]) -> Result<(), CaptureR
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     #[test]

@@ -15,6 +15,20 @@ pub use record::{Api, CompletionRecord, CAPTURE_FORMAT_VERSION};
 pub use tail::CaptureTail;
 pub mod upstream_errors;
 
+/// Append `value` to the JSON-lines file at `path` (made if missing): one write of a short
+/// line to an `O_APPEND` file, so concurrent calls do not interleave. The files beside a
+/// capture (`upstream-errors.jsonl`, `left-after-capture.jsonl`).
+fn append_json_line(path: &std::path::Path, value: &impl serde::Serialize) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(&line)
+}
+
 /// The longest session id. An id names files and directories (the capture volume, the spool,
 /// the trainer's store, a dataset), the longest of them the trainer's temporary
 /// `.<id>.json.tmp`, 10 bytes more, and Linux refuses a name past 255 bytes: an id of 250

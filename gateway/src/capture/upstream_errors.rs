@@ -3,7 +3,6 @@
 //! still knows the session met an outage when its outcome arrives.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -75,14 +74,7 @@ impl UpstreamErrors {
 }
 
 pub fn append(dir: &Path, record: &UpstreamErrorRecord) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    // One write of a short line to an O_APPEND file: concurrent calls do not interleave.
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(UPSTREAM_ERRORS_FILE))?
-        .write_all(&line)
+    super::append_json_line(&dir.join(UPSTREAM_ERRORS_FILE), record)
 }
 
 /// The tally of a session's file; no file is no error. A torn last line (a crash mid-write)
@@ -110,6 +102,8 @@ pub fn tally(dir: &Path) -> std::io::Result<UpstreamErrors> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     fn record(seq: u64, kind: &str, result: &str) -> UpstreamErrorRecord {
