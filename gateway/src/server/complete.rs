@@ -47,24 +47,19 @@ pub async fn complete(
 ) -> Result<Completed, ProtocolError> {
     let (mut answer, answered) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let caller_gone = |answer: &tokio::sync::oneshot::Sender<_>| answer.is_closed();
-        let captured = call_and_capture(&gateway, &session, call, &|| caller_gone(&answer)).await;
+        let captured = call_and_capture(&gateway, &session, call, &|| answer.is_closed()).await;
         let (completed, mut captured) = match captured {
             Ok((completed, captured)) => (Ok(completed), captured),
             Err(e) => (Err(e), None),
         };
         if completed.is_ok() {
-            if caller_gone(&answer) {
-                // Noted before the snapshot, which then leaves the call out.
-                if let Some(call) = captured.take() {
-                    left_after_capture(&gateway, &session, call);
-                }
-            }
             // Before the reply: what the agent does with it comes after the call left the pod.
             let ship = super::snapshot::ship(&gateway, &session);
             tokio::pin!(ship);
             tokio::select! {
-                () = &mut ship => {}
+                // The caller's leaving first: one gone already is noted before the snapshot
+                // reads the capture, which then leaves the call out.
+                biased;
                 () = answer.closed(), if captured.is_some() => {
                     // Noted as the caller leaves, not once the post is done: a harness that
                     // exited has its session closed meanwhile, and a note after that is late.
@@ -73,6 +68,7 @@ pub async fn complete(
                     }
                     ship.await;
                 }
+                () = &mut ship => {}
             }
         }
         if answer.send(completed).is_err() {
