@@ -7,13 +7,13 @@ use floe_crds::rollout_job::RolloutJob;
 use floe_gateway::protocol::upstream::UpstreamKind;
 use floe_gateway::ship::Sink;
 use floe_sandbox::session::{self, SessionOf, SessionUpstream};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 
 use super::observe::Observed;
 use super::secret_token::secret_token;
-use super::{name_holder, JobContext};
+use super::JobContext;
 use crate::pods::names::{ATTEMPT_ANNOTATION, INDEX_ANNOTATION};
 use crate::pods::view::join_host_port;
 use crate::rollout::aux_pods;
@@ -21,18 +21,12 @@ use crate::rollout::aux_pods;
 /// The job's token (its Secret [`aux_pods::job_token_secret`]): what its gateways show
 /// its ingest and policy server, and the operator the collector's finish.
 pub(super) async fn job_token(ctx: &JobContext, job: &RolloutJob) -> Option<String> {
-    let secret = aux_pods::job_token_secret(&job.name_any());
-    let ns = job.namespace().unwrap_or_default();
-    let ours =
-        |s: &Secret| name_holder::holder(&s.metadata, job) == crate::controller_ref::Holder::This;
-    secret_token(ctx, &ns, &job_token_key(job), &secret, ours).await
+    super::secret_token::of_job(ctx, job, &aux_pods::job_token_secret(&job.name_any())).await
 }
 
-/// Where [`job_token`] is remembered: by the job's UID, since a job made again under its name
-/// has a token of its own (it was remembered by name, and the earlier job's sent).
+/// Where [`job_token`] is remembered.
 pub(super) fn job_token_key(job: &RolloutJob) -> String {
-    let secret = aux_pods::job_token_secret(&job.name_any());
-    format!("secret/{secret}/{}", job.uid().unwrap_or_default())
+    super::secret_token::job_key(job, &aux_pods::job_token_secret(&job.name_any()))
 }
 
 /// Where sessions' model calls and trajectories go, by the job's mode, with the job's token:

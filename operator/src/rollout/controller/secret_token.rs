@@ -1,10 +1,26 @@
 //! Tokens the operator keeps in Secrets of a job's own (its gateways', its task loader's),
 //! read once per operator process.
 
+use floe_crds::rollout_job::RolloutJob;
 use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
+use kube::{Api, ResourceExt};
 
-use super::JobContext;
+use super::{name_holder, JobContext};
+
+/// The token of `job`'s own Secret `secret`, remembered under [`job_key`]; none from a Secret
+/// that is not this job's (an earlier job's under the same name).
+pub(super) async fn of_job(ctx: &JobContext, job: &RolloutJob, secret: &str) -> Option<String> {
+    let ns = job.namespace().unwrap_or_default();
+    let ours =
+        |s: &Secret| name_holder::holder(&s.metadata, job) == crate::controller_ref::Holder::This;
+    secret_token(ctx, &ns, &job_key(job, secret), secret, ours).await
+}
+
+/// Where [`of_job`] remembers a token: by the job's UID, since a job made again under its name
+/// has a token of its own (it was remembered by name, and the earlier job's sent).
+pub(super) fn job_key(job: &RolloutJob, secret: &str) -> String {
+    format!("secret/{secret}/{}", job.uid().unwrap_or_default())
+}
 
 /// The token a Secret holds, remembered under `key`: read once per operator process (the
 /// operator made most of them itself and remembered them then). A Secret that is not

@@ -45,8 +45,7 @@ fn carries_our_variables(found: &Pod, made: &Pod) -> bool {
 /// Where the task loader's token is remembered: by the job's UID, as the job's token is
 /// (`deliver::job_token_key`).
 pub(super) fn loader_token_key(job: &RolloutJob) -> String {
-    let secret = aux_pods::task_loader_secret(&job.name_any());
-    format!("secret/{secret}/{}", job.uid().unwrap_or_default())
+    super::secret_token::job_key(job, &aux_pods::task_loader_secret(&job.name_any()))
 }
 
 /// Tasks from the ConfigMap `source` names (`field`: where the spec names it).
@@ -183,11 +182,7 @@ pub(super) async fn file_tasks(
         return waiting(format!("waiting for pod {name} to read the task files"));
     };
     let secret = aux_pods::task_loader_secret(&job.name_any());
-    let ours =
-        |s: &Secret| name_holder::holder(&s.metadata, job) == crate::controller_ref::Holder::This;
-    let token_key = loader_token_key(job);
-    let Some(token) = super::secret_token::secret_token(ctx, ns, &token_key, &secret, ours).await
-    else {
+    let Some(token) = super::secret_token::of_job(ctx, job, &secret).await else {
         return waiting(format!("reading the task loader's token (Secret {secret})"));
     };
     let read = async |route: &str| -> Result<String, String> {
